@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# deps.sh -- installs the Debian packages that building and testing tinygrad.c need, and only those
+# that are missing. Idempotent; one dpkg-query call when everything is already there.
+#
+#   build-essential      gcc, g++, make, libc headers
+#   clang                clang/clang++ (header checks, fuzzing)
+#   zlib1g-dev           -lz (compressed datasets and checkpoints)
+#   pkg-config           the installed-library test uses `pkg-config --cflags --libs tinygrad`
+#   python3-torch        reference implementation for the differential tests (/usr/bin/python3)
+#   python3-numpy
+#   libclang-rt-14-dev   sanitizer runtimes for clang
+#   libfuzzer-14-dev     libFuzzer (make fuzz)
+#   dataset-fashion-mnist  /usr/share/datasets/fashion-mnist (IDX files for examples and tests)
+#
+# Set TG_SKIP_DEPS=1 to skip this check entirely.
+set -euo pipefail
+
+if [ "${TG_SKIP_DEPS:-0}" = 1 ]; then exit 0; fi
+
+PKGS=(build-essential clang zlib1g-dev pkg-config python3 python3-torch python3-numpy
+      libclang-rt-14-dev libfuzzer-14-dev dataset-fashion-mnist)
+
+if ! command -v dpkg-query >/dev/null 2>&1; then
+  echo "deps.sh: not a Debian system; make sure these (or their equivalents) are installed:" >&2
+  echo "  ${PKGS[*]}" >&2
+  exit 0
+fi
+
+# Packages dpkg has never heard of print nothing on stdout (an error on stderr, ignored).
+installed=$(dpkg-query -W -f='${Package} ${Status}\n' "${PKGS[@]}" pkgconf 2>/dev/null |
+            awk '$NF == "installed" && $(NF-1) == "ok" && $(NF-2) == "install" { print $1 }') || true
+
+missing=()
+for p in "${PKGS[@]}"; do
+  if grep -qx -- "$p" <<<"$installed"; then continue; fi
+  # pkgconf provides the pkg-config command as well.
+  if [ "$p" = pkg-config ] && grep -qx pkgconf <<<"$installed" && command -v pkg-config >/dev/null; then
+    continue
+  fi
+  missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
+
+if [ "$(id -u)" != 0 ]; then
+  echo "deps.sh: missing Debian packages: ${missing[*]}" >&2
+  echo "deps.sh: install them as root:  apt-get install ${missing[*]}" >&2
+  exit 1
+fi
+
+echo "deps.sh: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,50 @@
+/*
+ * codegen.h -- from a kernel AST (SINK of one STORE) to a linear kernel description and source code.
+ *
+ * LKernel is the lowered form the renderers consume: the loop nest (global loops, then the reduce
+ * loops of the kernel's single REDUCE), and three expressions over the loop variables: the reduce
+ * body, the value stored (with the reduction's result standing in as a placeholder), and the store
+ * index.
+ */
+#ifndef TG_CODEGEN_H
+#define TG_CODEGEN_H
+
+#include "../uop/uop.h"
+
+typedef struct {
+  UOp **granges; /* global loop RANGE nodes, outermost first (owned refs) */
+  int ng;
+  UOp **rranges; /* reduce loop RANGE nodes, outermost first (owned refs) */
+  int nr;
+  UOp *rbody;    /* value accumulated by the reduction, NULL if none (owned) */
+  int rop;       /* OP_ADD / OP_MUL / OP_MAX */
+  tg_dtype racc; /* accumulator dtype */
+  UOp *rplace;   /* placeholder node for the reduction result inside `value` (owned) */
+  UOp *value;    /* stored value (owned) */
+  UOp *sidx;     /* store index (owned) */
+  tg_dtype *pdt; /* dtype of each param buffer; param 0 is the output */
+  int np;
+} LKernel;
+
+typedef struct {
+  char name[64];
+  char *src;             /* malloc'd source text */
+  int64_t global_size[3];
+  int64_t local_size[3]; /* local_size[0] = thread count hint for CPU (1 = single thread, 0 = all) */
+  uint64_t ops;          /* estimated FLOPs per launch */
+  int nparams;
+} KernelCode;
+
+/* Lowers and renders `ast` for the C renderer. Returns NULL with an error recorded on failure. */
+KernelCode *codegen_c(UOp *ast);
+void kernel_code_free(KernelCode *k);
+
+/* Lowering (shared by every renderer): builds the LKernel of an AST, with adjacent loops merged
+ * wherever that removes index arithmetic (contiguous access becomes a single running index). */
+LKernel *lower_kernel(UOp *ast);
+void lkernel_free(LKernel *k);
+
+/* The C renderer: LKernel -> C source (malloc'd). */
+char *render_c(const LKernel *k, const char *name);
+
+#endif

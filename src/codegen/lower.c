@@ -1,0 +1,237 @@
+/*
+ * lower.c -- kernel AST -> LKernel: separates the loop nest from the expressions, drops size-1 loops
+ * and merges adjacent loops when the merge does not add index arithmetic (tinygrad's
+ * simplify_merge_adjacent, decided here by counting div/mod nodes after symbolic simplification).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "../uop/ptrmap.h"
+#include "codegen.h"
+
+static void collect(UOp *u, PtrMap *seen, PtrVec *ranges, UOp **reduce) {
+  if (pm_has(seen, (uint64_t)(uintptr_t)u)) return;
+  pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
+  if (u->op == OP_RANGE) pv_push(ranges, u);
+  if (u->op == OP_REDUCE) {
+    TG_ASSERT(*reduce == NULL || *reduce == u);
+    *reduce = u;
+  }
+  for (uint32_t i = 0; i < u->nsrc; i++) collect(u->src[i], seen, ranges, reduce);
+}
+
+static int range_cmp(const void *a, const void *b) {
+  const UOp *x = *(UOp *const *)a, *y = *(UOp *const *)b;
+  return x->arg.i < y->arg.i ? -1 : x->arg.i > y->arg.i;
+}
+
+static int count_divmod(UOp *u, PtrMap *seen) {
+  if (pm_has(seen, (uint64_t)(uintptr_t)u)) return 0;
+  pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
+  int n = (u->dtype == DT_INDEX && (u->op == OP_IDIV || u->op == OP_MOD)) ? 1 : 0;
+  for (uint32_t i = 0; i < u->nsrc; i++) n += count_divmod(u->src[i], seen);
+  return n;
+}
+
+static int kernel_divmod(LKernel *k) {
+  PtrMap seen;
+  pm_init(&seen);
+  int n = count_divmod(k->value, &seen) + count_divmod(k->sidx, &seen);
+  if (k->rbody) n += count_divmod(k->rbody, &seen);
+  pm_free(&seen);
+  return n;
+}
+
+static void subst_all(LKernel *k, USubst *s, int ns) {
+  UOp *v = uop_substitute(k->value, s, ns), *i = uop_substitute(k->sidx, s, ns);
+  uop_unref(k->value);
+  uop_unref(k->sidx);
+  k->value = v, k->sidx = i;
+  if (k->rbody) {
+    UOp *b = uop_substitute(k->rbody, s, ns);
+    uop_unref(k->rbody);
+    k->rbody = b;
+  }
+}
+
+/* Removes loops of size 1 (their variable is 0). */
+static void drop_unit(LKernel *k, UOp **rs, int *n) {
+  int m = 0;
+  for (int i = 0; i < *n; i++) {
+    if (rs[i]->iarg[0] == 1) {
+      UOp *z = s_const(0);
+      USubst s = {rs[i], z};
+      subst_all(k, &s, 1);
+      uop_unref(z);
+      uop_unref(rs[i]);
+    } else {
+      rs[m++] = rs[i];
+    }
+  }
+  *n = m;
+}
+
+static int next_axis;
+
+/* Tries to merge loops rs[i] (outer) and rs[i+1] (inner). */
+static bool try_merge(LKernel *k, UOp **rs, int *n, int i) {
+  int64_t na = rs[i]->iarg[0], nb = rs[i + 1]->iarg[0];
+  if (na <= 0 || nb <= 0) return false;
+  int before = kernel_divmod(k);
+  UOp *R = s_range(next_axis++, na * nb);
+  UOp *d = s_divc(R, nb), *m = s_modc(R, nb);
+  USubst s[2] = {{rs[i], d}, {rs[i + 1], m}};
+  LKernel trial = *k;
+  trial.value = uop_substitute(k->value, s, 2);
+  trial.sidx = uop_substitute(k->sidx, s, 2);
+  trial.rbody = k->rbody ? uop_substitute(k->rbody, s, 2) : NULL;
+  int after = kernel_divmod(&trial);
+  bool ok = after <= before;
+  if (ok) {
+    uop_unref(k->value);
+    uop_unref(k->sidx);
+    uop_unref(k->rbody);
+    k->value = trial.value, k->sidx = trial.sidx, k->rbody = trial.rbody;
+    uop_unref(rs[i]);
+    uop_unref(rs[i + 1]);
+    rs[i] = R;
+    memmove(&rs[i + 1], &rs[i + 2], sizeof(UOp *) * (size_t)(*n - i - 2));
+    (*n)--;
+  } else {
+    uop_unref(trial.value);
+    uop_unref(trial.sidx);
+    uop_unref(trial.rbody);
+    uop_unref(R);
+  }
+  uop_unref(d);
+  uop_unref(m);
+  return ok;
+}
+
+static void merge_all(LKernel *k, UOp **rs, int *n) {
+  for (int i = *n - 2; i >= 0; i--) {
+    while (i < *n - 1 && try_merge(k, rs, n, i)) {
+    }
+  }
+}
+
+static void collect_params(UOp *u, PtrMap *seen, LKernel *k) {
+  if (pm_has(seen, (uint64_t)(uintptr_t)u)) return;
+  pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
+  if (u->op == OP_DEFINE_GLOBAL) {
+    int p = (int)u->arg.i;
+    if (p >= k->np) {
+      k->pdt = tg_xrealloc(k->pdt, sizeof(tg_dtype) * (size_t)(p + 1));
+      for (int i = k->np; i <= p; i++) k->pdt[i] = TG_DTYPE_DEFAULT;
+      k->np = p + 1;
+    }
+    k->pdt[p] = (tg_dtype)u->dtype;
+  }
+  for (uint32_t i = 0; i < u->nsrc; i++) collect_params(u->src[i], seen, k);
+}
+
+LKernel *lower_kernel(UOp *ast) {
+  TG_ASSERT(ast->op == OP_SINK && ast->nsrc == 1 && ast->src[0]->op == OP_STORE);
+  UOp *store = ast->src[0];
+  LKernel *k = tg_xcalloc(1, sizeof(LKernel));
+  PtrMap seen;
+  pm_init(&seen);
+  collect_params(ast, &seen, k);
+  pm_clear(&seen);
+  PtrVec ranges = {0};
+  UOp *red = NULL;
+  collect(store, &seen, &ranges, &red);
+  pm_free(&seen);
+  next_axis = 1000;
+  k->granges = tg_xmalloc(sizeof(UOp *) * (ranges.n + 1));
+  k->rranges = tg_xmalloc(sizeof(UOp *) * (ranges.n + 1));
+  for (size_t i = 0; i < ranges.n; i++) {
+    UOp *r = ranges.p[i];
+    bool is_red = false;
+    for (uint32_t j = 1; red && j < red->nsrc; j++) is_red = is_red || red->src[j] == r;
+    if (is_red) k->rranges[k->nr++] = uop_ref(r);
+    else k->granges[k->ng++] = uop_ref(r);
+    if (r->arg.i >= next_axis) next_axis = (int)r->arg.i + 1;
+  }
+  pv_free(&ranges);
+  qsort(k->granges, (size_t)k->ng, sizeof(UOp *), range_cmp);
+  qsort(k->rranges, (size_t)k->nr, sizeof(UOp *), range_cmp);
+  k->sidx = uop_ref(store->src[1]);
+  if (red) {
+    k->rop = (int)red->arg.i;
+    k->racc = (tg_dtype)red->dtype;
+    k->rbody = uop_ref(red->src[0]);
+    UArg a;
+    a.i = -1;
+    k->rplace = uop_new(OP_NOOP, (tg_dtype)red->dtype, NULL, 0, NULL, 0, a);
+    USubst s = {red, k->rplace};
+    k->value = uop_substitute(store->src[2], &s, 1);
+  } else {
+    k->value = uop_ref(store->src[2]);
+  }
+  drop_unit(k, k->granges, &k->ng);
+  drop_unit(k, k->rranges, &k->nr);
+  if (getenv_int("NOOPT", 0) == 0) {
+    merge_all(k, k->granges, &k->ng);
+    merge_all(k, k->rranges, &k->nr);
+  }
+  return k;
+}
+
+void lkernel_free(LKernel *k) {
+  if (!k) return;
+  for (int i = 0; i < k->ng; i++) uop_unref(k->granges[i]);
+  for (int i = 0; i < k->nr; i++) uop_unref(k->rranges[i]);
+  free(k->granges);
+  free(k->rranges);
+  uop_unref(k->rbody);
+  uop_unref(k->rplace);
+  uop_unref(k->value);
+  uop_unref(k->sidx);
+  free(k->pdt);
+  free(k);
+}
+
+static uint64_t count_alu(UOp *u, PtrMap *seen) {
+  if (!u || pm_has(seen, (uint64_t)(uintptr_t)u)) return 0;
+  pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
+  uint64_t n = (op_is_alu(u->op) && u->dtype != DT_INDEX && u->dtype != TG_BOOL && u->op != OP_CAST) ? 1 : 0;
+  for (uint32_t i = 0; i < u->nsrc; i++) n += count_alu(u->src[i], seen);
+  return n;
+}
+
+KernelCode *codegen_c(UOp *ast) {
+  LKernel *k = lower_kernel(ast);
+  KernelCode *kc = tg_xcalloc(1, sizeof(KernelCode));
+  /* tinygrad-style name: E_ (elementwise) or r_ (reduce) followed by the loop sizes */
+  int o = snprintf(kc->name, sizeof kc->name, "%s", k->rbody ? "r" : "E");
+  for (int i = 0; i < k->ng && o < (int)sizeof kc->name - 24; i++)
+    o += snprintf(kc->name + o, sizeof kc->name - (size_t)o, "_%lld", (long long)k->granges[i]->iarg[0]);
+  for (int i = 0; i < k->nr && o < (int)sizeof kc->name - 24; i++)
+    o += snprintf(kc->name + o, sizeof kc->name - (size_t)o, "_%lld", (long long)k->rranges[i]->iarg[0]);
+  kc->src = render_c(k, kc->name);
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < k->ng; i++) outer *= k->granges[i]->iarg[0];
+  for (int i = 0; i < k->nr; i++) inner *= k->rranges[i]->iarg[0];
+  kc->global_size[0] = k->ng ? k->granges[0]->iarg[0] : 1;
+  kc->global_size[1] = kc->global_size[2] = 1;
+  /* small kernels run on the calling thread: waking workers costs more than the work */
+  int64_t work = outer * (inner > 0 ? inner : 1);
+  kc->local_size[0] = (work < 65536 || kc->global_size[0] < 2) ? 1 : 0;
+  kc->local_size[1] = kc->local_size[2] = 1;
+  PtrMap seen;
+  pm_init(&seen);
+  uint64_t post = count_alu(k->value, &seen);
+  uint64_t body = count_alu(k->rbody, &seen);
+  pm_free(&seen);
+  kc->ops = (uint64_t)outer * (post + (k->rbody ? (uint64_t)inner * (body + 1) : 0));
+  kc->nparams = k->np;
+  lkernel_free(k);
+  return kc;
+}
+
+void kernel_code_free(KernelCode *k) {
+  if (!k) return;
+  free(k->src);
+  free(k);
+}

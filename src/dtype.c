@@ -1,0 +1,370 @@
+/*
+ * dtype.c -- element-type metadata, tinygrad's promotion lattice, and conversions between host
+ * values (double / int64) and element storage, including float16 and bfloat16 bit patterns.
+ *
+ * In: a tg_dtype (0 = TG_DTYPE_DEFAULT and out-of-range values are "invalid" everywhere except where
+ * a function says otherwise). Out: static metadata, a promoted dtype, or converted values.
+ * Invariants: the table is indexed by tg_dtype and covers every real dtype; conversions never invoke
+ * undefined behaviour (out-of-range float -> int casts are defined here: NaN -> 0, in-range values
+ * truncate toward zero and wrap to the target width, values beyond int64 saturate first); float16 and
+ * bfloat16 rounding is round-to-nearest-even done once from the exact source value.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "helpers.h"
+
+/* cname is the C spelling used by the C renderer. float16 uses _Float16 (arithmetic type on gcc >= 12
+ * for x86-64); bfloat16 has no portable C type, so it is stored as its 16 raw bits and the renderer
+ * converts explicitly. */
+static const DTypeInfo dtype_table[TG_DTYPE_COUNT] = {
+    [TG_BOOL] = {"bool", "_Bool", 1, 'b'},
+    [TG_INT8] = {"char", "signed char", 1, 'i'},
+    [TG_INT16] = {"short", "short", 2, 'i'},
+    [TG_INT32] = {"int", "int", 4, 'i'},
+    [TG_INT64] = {"long", "long long", 8, 'i'},
+    [TG_UINT8] = {"uchar", "unsigned char", 1, 'u'},
+    [TG_UINT16] = {"ushort", "unsigned short", 2, 'u'},
+    [TG_UINT32] = {"uint", "unsigned int", 4, 'u'},
+    [TG_UINT64] = {"ulong", "unsigned long long", 8, 'u'},
+    [TG_FLOAT16] = {"half", "_Float16", 2, 'f'},
+    [TG_BFLOAT16] = {"bfloat16", "unsigned short", 2, 'f'},
+    [TG_FLOAT32] = {"float", "float", 4, 'f'},
+    [TG_FLOAT64] = {"double", "double", 8, 'f'},
+};
+
+bool dtype_valid(tg_dtype dt) { return (int)dt > 0 && (int)dt < TG_DTYPE_COUNT; }
+
+const DTypeInfo *dtype_info(tg_dtype dt) { return dtype_valid(dt) ? &dtype_table[dt] : NULL; }
+
+const char *tg_dtype_name(tg_dtype dt) {
+  if (dt == TG_DTYPE_DEFAULT) return "default";
+  return dtype_valid(dt) ? dtype_table[dt].name : "invalid";
+}
+
+size_t tg_dtype_itemsize(tg_dtype dt) { return dtype_valid(dt) ? (size_t)dtype_table[dt].itemsize : 0; }
+bool tg_dtype_is_float(tg_dtype dt) { return dtype_valid(dt) && dtype_table[dt].kind == 'f'; }
+bool tg_dtype_is_int(tg_dtype dt) {
+  return dtype_valid(dt) && (dtype_table[dt].kind == 'i' || dtype_table[dt].kind == 'u');
+}
+bool tg_dtype_is_unsigned(tg_dtype dt) { return dtype_valid(dt) && dtype_table[dt].kind == 'u'; }
+
+/* Every spelling a user may know: tinygrad's attribute names and aliases, tinygrad's DType.name
+ * strings (C spellings), and numpy/torch names. Matched case-insensitively, as tinygrad's to_dtype
+ * lowercases. */
+static const struct {
+  const char *name;
+  tg_dtype dt;
+} dtype_names[] = {
+    {"bool", TG_BOOL},           {"int8", TG_INT8},
+    {"char", TG_INT8},           {"signed char", TG_INT8},
+    {"int16", TG_INT16},         {"short", TG_INT16},
+    {"int32", TG_INT32},         {"int", TG_INT32},
+    {"int64", TG_INT64},         {"long", TG_INT64},
+    {"long long", TG_INT64},     {"uint8", TG_UINT8},
+    {"uchar", TG_UINT8},         {"unsigned char", TG_UINT8},
+    {"uint16", TG_UINT16},       {"ushort", TG_UINT16},
+    {"unsigned short", TG_UINT16}, {"uint32", TG_UINT32},
+    {"uint", TG_UINT32},         {"unsigned int", TG_UINT32},
+    {"uint64", TG_UINT64},       {"ulong", TG_UINT64},
+    {"unsigned long", TG_UINT64}, {"unsigned long long", TG_UINT64},
+    {"float16", TG_FLOAT16},     {"half", TG_FLOAT16},
+    {"bfloat16", TG_BFLOAT16},   {"__bf16", TG_BFLOAT16},
+    {"float32", TG_FLOAT32},     {"float", TG_FLOAT32},
+    {"float64", TG_FLOAT64},     {"double", TG_FLOAT64},
+};
+
+tg_dtype dtype_from_name(const char *name) {
+  if (!name) return TG_DTYPE_DEFAULT;
+  for (size_t i = 0; i < sizeof dtype_names / sizeof dtype_names[0]; i++)
+    if (strcasecmp(name, dtype_names[i].name) == 0) return dtype_names[i].dt;
+  return TG_DTYPE_DEFAULT;
+}
+
+tg_dtype tg_default_float(void) {
+  tg_dtype dt = dtype_from_name(getenv_str("DEFAULT_FLOAT", "FLOAT32"));
+  return tg_dtype_is_float(dt) ? dt : TG_FLOAT32;
+}
+
+/* ---- promotion ----
+ * tinygrad's lattice (JAX JEP 9407 without complex). A signed integer and uint64 share no integer
+ * supertype; in tinygrad they meet at the weak float, which becomes the default float once
+ * materialised. We model that weak float as one extra node. fp8 types sit between the weak float and
+ * half/bfloat16 in tinygrad; leaving them out changes no result between the dtypes we have. */
+enum { NODE_WEAKFLOAT = TG_DTYPE_COUNT, NODE_COUNT };
+
+/* Edges as bitmasks of direct parents. */
+static const unsigned lattice_up[NODE_COUNT] = {
+    [TG_BOOL] = 1u << TG_INT8 | 1u << TG_UINT8,
+    [TG_INT8] = 1u << TG_INT16,
+    [TG_INT16] = 1u << TG_INT32,
+    [TG_INT32] = 1u << TG_INT64,
+    [TG_INT64] = 1u << NODE_WEAKFLOAT,
+    [TG_UINT8] = 1u << TG_INT16 | 1u << TG_UINT16,
+    [TG_UINT16] = 1u << TG_INT32 | 1u << TG_UINT32,
+    [TG_UINT32] = 1u << TG_INT64 | 1u << TG_UINT64,
+    [TG_UINT64] = 1u << NODE_WEAKFLOAT,
+    [NODE_WEAKFLOAT] = 1u << TG_FLOAT16 | 1u << TG_BFLOAT16,
+    [TG_FLOAT16] = 1u << TG_FLOAT32,
+    [TG_BFLOAT16] = 1u << TG_FLOAT32,
+    [TG_FLOAT32] = 1u << TG_FLOAT64,
+    [TG_FLOAT64] = 0,
+};
+
+/* The lattice's total order used to pick the least of the common supertypes (tinygrad's DType
+ * priority; it differs from the enum order: uint8 ranks between int8 and int16). */
+static const int lattice_order[] = {TG_BOOL,   TG_INT8,   TG_UINT8,      TG_INT16,     TG_UINT16,
+                                    TG_INT32,  TG_UINT32, TG_INT64,      TG_UINT64,    NODE_WEAKFLOAT,
+                                    TG_FLOAT16, TG_BFLOAT16, TG_FLOAT32, TG_FLOAT64};
+
+static unsigned lattice_closure(int node) {
+  unsigned mask = 1u << node;
+  /* The lattice is small and acyclic: iterate to a fixed point instead of recursing. */
+  for (;;) {
+    unsigned next = mask;
+    for (int n = 0; n < NODE_COUNT; n++)
+      if (mask & (1u << n)) next |= lattice_up[n];
+    if (next == mask) return mask;
+    mask = next;
+  }
+}
+
+tg_dtype tg_dtype_promote(tg_dtype a, tg_dtype b) {
+  if (!dtype_valid(a) || !dtype_valid(b)) {
+    tg_set_error(TG_ERR_INVALID, "tg_dtype_promote: invalid dtype (%d, %d)", (int)a, (int)b);
+    return TG_DTYPE_DEFAULT;
+  }
+  if (a == b) return a;
+  unsigned common = lattice_closure(a) & lattice_closure(b);
+  for (size_t i = 0; i < sizeof lattice_order / sizeof lattice_order[0]; i++) {
+    int n = lattice_order[i];
+    if (common & (1u << n)) return n == NODE_WEAKFLOAT ? tg_default_float() : (tg_dtype)n;
+  }
+  TG_ASSERT(0 && "float64 is above every dtype");
+}
+
+tg_dtype dtype_sum_acc(tg_dtype dt) {
+  switch (dt) {
+  case TG_BOOL:
+  case TG_INT8:
+  case TG_INT16: return TG_INT32;
+  case TG_UINT8:
+  case TG_UINT16: return TG_UINT32;
+  case TG_FLOAT16:
+  case TG_BFLOAT16: return TG_FLOAT32;
+  default: return dt;
+  }
+}
+
+/* Identities of max/min reductions as tinygrad defines them: +-inf for floats, the integer range for
+ * ints, 0/1 for bool. int64/uint64 limits are not exact in double (they round to +-2^63 / 2^64). */
+double dtype_min(tg_dtype dt) {
+  switch (dt) {
+  case TG_BOOL: return 0;
+  case TG_INT8: return INT8_MIN;
+  case TG_INT16: return INT16_MIN;
+  case TG_INT32: return INT32_MIN;
+  case TG_INT64: return (double)INT64_MIN;
+  case TG_UINT8:
+  case TG_UINT16:
+  case TG_UINT32:
+  case TG_UINT64: return 0;
+  case TG_FLOAT16:
+  case TG_BFLOAT16:
+  case TG_FLOAT32:
+  case TG_FLOAT64: return -INFINITY;
+  default: return 0;
+  }
+}
+
+double dtype_max(tg_dtype dt) {
+  switch (dt) {
+  case TG_BOOL: return 1;
+  case TG_INT8: return INT8_MAX;
+  case TG_INT16: return INT16_MAX;
+  case TG_INT32: return INT32_MAX;
+  case TG_INT64: return (double)INT64_MAX;
+  case TG_UINT8: return UINT8_MAX;
+  case TG_UINT16: return UINT16_MAX;
+  case TG_UINT32: return UINT32_MAX;
+  case TG_UINT64: return (double)UINT64_MAX;
+  case TG_FLOAT16:
+  case TG_BFLOAT16:
+  case TG_FLOAT32:
+  case TG_FLOAT64: return INFINITY;
+  default: return 0;
+  }
+}
+
+/* ---- float16 / bfloat16 ---- */
+
+static uint64_t double_bits(double d) {
+  uint64_t u;
+  memcpy(&u, &d, sizeof u);
+  return u;
+}
+
+/* Rounds a double to a binary format with `mbits` stored mantissa bits and exponent bias `bias`
+ * (5/15 for half, 8/127 for bfloat16), nearest-even, with subnormals, overflow to inf and a quiet
+ * NaN that keeps the sign. Working from the double's bits makes the rounding single-step for both
+ * float and double inputs. */
+static uint16_t round_to_small_float(double d, int ebits, int mbits) {
+  uint64_t u = double_bits(d);
+  uint16_t sign = (uint16_t)((u >> 63) << 15);
+  uint64_t frac = u & ((1ULL << 52) - 1);
+  int exp_field = (int)((u >> 52) & 0x7ff);
+  uint16_t exp_all = (uint16_t)(((1u << ebits) - 1) << mbits);
+  if (exp_field == 0x7ff) {
+    if (frac == 0) return sign | exp_all;
+    return sign | exp_all | (uint16_t)(1u << (mbits - 1)); /* quiet NaN */
+  }
+  if (exp_field == 0) return sign; /* zero or double subnormal: far below every small subnormal */
+  int bias = (1 << (ebits - 1)) - 1;
+  int e = exp_field - 1023;
+  uint64_t m = frac | (1ULL << 52);
+  int shift;     /* bits of m dropped */
+  uint32_t base; /* exponent field placed above the kept mantissa */
+  if (e >= 1 - bias) {
+    shift = 52 - mbits;
+    base = (uint32_t)(e + bias) << mbits;
+    if (e + bias >= (1 << ebits) - 1) return sign | exp_all; /* overflow */
+    m &= (1ULL << 52) - 1;                                    /* implicit bit lives in base */
+  } else {
+    shift = 52 - mbits + (1 - bias - e);
+    base = 0;
+    if (shift >= 64) return sign;
+  }
+  uint64_t kept = m >> shift;
+  uint64_t rest = m & ((1ULL << shift) - 1);
+  uint64_t half = 1ULL << (shift - 1);
+  uint32_t r = base + (uint32_t)kept;
+  if (rest > half || (rest == half && (kept & 1))) r++; /* a carry into the exponent is correct */
+  if (r >= exp_all) return sign | exp_all;
+  return sign | (uint16_t)r;
+}
+
+static double small_float_to_double(uint16_t h, int ebits, int mbits) {
+  int sign = h >> 15;
+  int exp_field = (h >> mbits) & ((1 << ebits) - 1);
+  int mant = h & ((1 << mbits) - 1);
+  int bias = (1 << (ebits - 1)) - 1;
+  double v;
+  if (exp_field == (1 << ebits) - 1) v = mant ? NAN : INFINITY;
+  else if (exp_field == 0) v = ldexp(mant, 1 - bias - mbits);
+  else v = ldexp(mant | (1 << mbits), exp_field - bias - mbits);
+  return sign ? -v : v;
+}
+
+float half_to_float(uint16_t h) { return (float)small_float_to_double(h, 5, 10); }
+uint16_t float_to_half(float f) { return round_to_small_float(f, 5, 10); }
+float bf16_to_float(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+uint16_t float_to_bf16(float f) { return round_to_small_float(f, 8, 7); }
+
+/* ---- host value <-> storage ---- */
+
+/* double -> int64 with C truncation where defined; NaN -> 0 and out-of-range saturates, so the
+ * conversion is total. */
+static int64_t double_to_i64(double v) {
+  if (isnan(v)) return 0;
+  if (v >= 9223372036854775808.0) return INT64_MAX;
+  if (v < -9223372036854775808.0) return INT64_MIN;
+  return (int64_t)v;
+}
+
+static uint64_t double_to_u64_bits(double v) {
+  /* values in [2^63, 2^64) only fit the unsigned conversion */
+  if (v >= 9223372036854775808.0 && v < 18446744073709551616.0) return (uint64_t)v;
+  return (uint64_t)double_to_i64(v);
+}
+
+/* int64 -> double rounded to odd when inexact: a later rounding to 24 or fewer bits then equals a
+ * single rounding of the exact integer. */
+static double i64_to_double_sticky(int64_t v) {
+  uint64_t a = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+  int k = 0;
+  while ((a >> k) >= (1ULL << 53)) k++;
+  uint64_t m = a >> k;
+  if (k && (a & ((1ULL << k) - 1))) m |= 1;
+  double d = ldexp((double)m, k);
+  return v < 0 ? -d : d;
+}
+
+static void store_bits(tg_dtype dt, void *dst, uint64_t bits) {
+  switch (dtype_table[dt].itemsize) {
+  case 1: { uint8_t x = (uint8_t)bits; memcpy(dst, &x, 1); break; }
+  case 2: { uint16_t x = (uint16_t)bits; memcpy(dst, &x, 2); break; }
+  case 4: { uint32_t x = (uint32_t)bits; memcpy(dst, &x, 4); break; }
+  default: memcpy(dst, &bits, 8); break;
+  }
+}
+
+void dtype_store(tg_dtype dt, void *dst, double v) {
+  TG_ASSERT(dtype_valid(dt));
+  switch (dt) {
+  case TG_BOOL: { uint8_t b = v != 0; memcpy(dst, &b, 1); return; } /* NaN is true, as in C */
+  case TG_FLOAT16: { uint16_t h = round_to_small_float(v, 5, 10); memcpy(dst, &h, 2); return; }
+  case TG_BFLOAT16: { uint16_t h = round_to_small_float(v, 8, 7); memcpy(dst, &h, 2); return; }
+  case TG_FLOAT32: { float f = (float)v; memcpy(dst, &f, 4); return; }
+  case TG_FLOAT64: memcpy(dst, &v, 8); return;
+  case TG_UINT64: store_bits(dt, dst, double_to_u64_bits(v)); return;
+  default: store_bits(dt, dst, (uint64_t)double_to_i64(v)); return;
+  }
+}
+
+void dtype_store_i64(tg_dtype dt, void *dst, int64_t v) {
+  TG_ASSERT(dtype_valid(dt));
+  switch (dt) {
+  case TG_BOOL: { uint8_t b = v != 0; memcpy(dst, &b, 1); return; }
+  case TG_FLOAT16: { uint16_t h = round_to_small_float(i64_to_double_sticky(v), 5, 10); memcpy(dst, &h, 2); return; }
+  case TG_BFLOAT16: { uint16_t h = round_to_small_float(i64_to_double_sticky(v), 8, 7); memcpy(dst, &h, 2); return; }
+  case TG_FLOAT32: { float f = (float)v; memcpy(dst, &f, 4); return; }
+  case TG_FLOAT64: { double d = (double)v; memcpy(dst, &d, 8); return; }
+  default: store_bits(dt, dst, (uint64_t)v); return; /* wraps modulo 2^bits */
+  }
+}
+
+/* Reads the raw element as an integer of its own width and signedness. */
+static int64_t load_int_raw(tg_dtype dt, const void *src, uint64_t *as_unsigned) {
+  int64_t s = 0;
+  uint64_t u = 0;
+  switch (dt) {
+  case TG_BOOL: { uint8_t x; memcpy(&x, src, 1); u = x != 0; s = (int64_t)u; break; }
+  case TG_INT8: { int8_t x; memcpy(&x, src, 1); s = x; u = (uint64_t)s; break; }
+  case TG_INT16: { int16_t x; memcpy(&x, src, 2); s = x; u = (uint64_t)s; break; }
+  case TG_INT32: { int32_t x; memcpy(&x, src, 4); s = x; u = (uint64_t)s; break; }
+  case TG_INT64: { memcpy(&s, src, 8); u = (uint64_t)s; break; }
+  case TG_UINT8: { uint8_t x; memcpy(&x, src, 1); u = x; s = (int64_t)u; break; }
+  case TG_UINT16: { uint16_t x; memcpy(&x, src, 2); u = x; s = (int64_t)u; break; }
+  case TG_UINT32: { uint32_t x; memcpy(&x, src, 4); u = x; s = (int64_t)u; break; }
+  case TG_UINT64: { memcpy(&u, src, 8); s = (int64_t)u; break; }
+  default: TG_ASSERT(0 && "not an integer dtype");
+  }
+  if (as_unsigned) *as_unsigned = u;
+  return s;
+}
+
+double dtype_load(tg_dtype dt, const void *src) {
+  TG_ASSERT(dtype_valid(dt));
+  switch (dt) {
+  case TG_FLOAT16: { uint16_t h; memcpy(&h, src, 2); return small_float_to_double(h, 5, 10); }
+  case TG_BFLOAT16: { uint16_t h; memcpy(&h, src, 2); return bf16_to_float(h); }
+  case TG_FLOAT32: { float f; memcpy(&f, src, 4); return f; }
+  case TG_FLOAT64: { double d; memcpy(&d, src, 8); return d; }
+  case TG_UINT64: { uint64_t u; load_int_raw(dt, src, &u); return (double)u; }
+  default: return (double)load_int_raw(dt, src, NULL);
+  }
+}
+
+/* uint64 values >= 2^63 come back as their two's-complement int64 bits. */
+int64_t dtype_load_i64(tg_dtype dt, const void *src) {
+  TG_ASSERT(dtype_valid(dt));
+  if (tg_dtype_is_float(dt)) return double_to_i64(dtype_load(dt, src));
+  return load_int_raw(dt, src, NULL);
+}

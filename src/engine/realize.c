@@ -1,0 +1,142 @@
+/*
+ * realize.c -- runs schedules: compiles kernels (cached by AST identity, then by source on disk),
+ * allocates buffers just before the kernel that writes them and frees them right after their last
+ * reader (so dead intermediates are recycled by the device's caching allocator), launches, and
+ * swaps realized nodes into every live tensor handle.
+ *
+ * Invariant: after realize_uops succeeds, every target that needed computing has ->realized set to a
+ * BUFFER node of the same shape and dtype, and live handles that held the target now hold that node.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../codegen/codegen.h"
+#include "../schedule/schedule.h"
+#include "../uop/ptrmap.h"
+
+typedef struct {
+  UOp *ast;  /* owned key */
+  Program *prg;
+  KernelCode *code;
+} CachedKernel;
+
+static PtrMap kcache; /* AST pointer -> CachedKernel* (per device kind: CPU only today) */
+static pthread_mutex_t kc_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static CachedKernel *get_kernel(UOp *ast, Device *dev) {
+  pthread_mutex_lock(&kc_lock);
+  CachedKernel *ck = pm_get(&kcache, (uint64_t)(uintptr_t)ast);
+  pthread_mutex_unlock(&kc_lock);
+  if (ck) return ck;
+  KernelCode *kc = codegen_c(ast);
+  if (!kc) return NULL;
+  if (debug_level() >= 4) fprintf(stderr, "%s\n", kc->src);
+  Program *p = program_get(dev, kc->name, kc->src);
+  if (!p) {
+    kernel_code_free(kc);
+    return NULL;
+  }
+  ck = tg_xcalloc(1, sizeof *ck);
+  ck->ast = uop_ref(ast);
+  ck->prg = p;
+  ck->code = kc;
+  free(kc->src); /* keep only the metadata */
+  kc->src = NULL;
+  pthread_mutex_lock(&kc_lock);
+  pm_put(&kcache, (uint64_t)(uintptr_t)ast, ck);
+  pthread_mutex_unlock(&kc_lock);
+  return ck;
+}
+
+static void print_kernel_line(Device *dev, const char *name, int nbufs, size_t mem, double t, uint64_t ops) {
+  double us = t * 1e6;
+  fprintf(stderr, "*** %-8s %6llu %-32s arg %2d mem %6.3f GB tm %9.2fus/%9.2fms (%8.2f GFLOPS %6.1f GB/s)\n",
+          dev->name, (unsigned long long)g_counters.kernel_count, name, nbufs, (double)mem * 1e-9, us,
+          g_counters.time_sum_s * 1e3, t > 0 ? (double)ops / t * 1e-9 : 0.0, t > 0 ? (double)mem / t * 1e-9 : 0.0);
+}
+
+static tg_status run_schedule(Schedule *s) {
+  int dbg = debug_level();
+  for (int i = 0; i < s->nitems; i++) {
+    SItem *it = &s->items[i];
+    SBuf *out = &s->bufs[it->bufs[0]];
+    if (!out->buf) {
+      out->buf = buffer_new(out->dev, out->nbytes);
+      if (!out->buf) return tg_last_status();
+    }
+    if (it->kind == SI_COPY) {
+      SBuf *in = &s->bufs[it->bufs[1]];
+      tg_status st = buffer_copy(out->buf, in->buf, out->nbytes);
+      if (st != TG_OK) return st;
+      g_counters.global_mem += out->nbytes;
+      if (dbg >= 2)
+        fprintf(stderr, "*** %-8s %6s copy %zu bytes %s -> %s\n", out->dev->name, "", out->nbytes, in->dev->name,
+                out->dev->name);
+    } else if (out->nbytes > 0) {
+      CachedKernel *ck = get_kernel(it->ast, it->dev);
+      if (!ck) return tg_last_status();
+      void *ptrs[16];
+      void **bufs = it->nbufs <= 16 ? ptrs : tg_xmalloc(sizeof(void *) * (size_t)it->nbufs);
+      size_t mem = 0;
+      for (int j = 0; j < it->nbufs; j++) {
+        bufs[j] = s->bufs[it->bufs[j]].buf->ptr;
+        mem += s->bufs[it->bufs[j]].nbytes;
+      }
+      double t = program_exec(ck->prg, bufs, it->nbufs, ck->code->global_size, ck->code->local_size, dbg >= 2);
+      if (bufs != ptrs) free(bufs);
+      if (t < 0) return tg_last_status() ? tg_last_status() : TG_ERR_RUNTIME;
+      g_counters.kernel_count++;
+      g_counters.global_ops += ck->code->ops;
+      g_counters.global_mem += mem;
+      if (dbg >= 2) {
+        g_counters.time_sum_s += t;
+        print_kernel_line(it->dev, ck->code->name, it->nbufs, mem, t, ck->code->ops);
+      }
+    }
+    /* free inputs that die here (targets and pre-existing buffers are kept) */
+    for (int j = 1; j < it->nbufs; j++) {
+      SBuf *b = &s->bufs[it->bufs[j]];
+      if (!b->keep && b->last_use == i && b->buf) {
+        buffer_unref(b->buf);
+        b->buf = NULL;
+      }
+    }
+  }
+  return TG_OK;
+}
+
+tg_status realize_uops(UOp **targets, int n) {
+  /* only nodes that are neither realized nor plain views of a buffer need work */
+  UOp **todo = tg_xmalloc(sizeof(UOp *) * (size_t)(n + 1));
+  int m = 0;
+  for (int i = 0; i < n; i++) {
+    UOp *t = targets[i];
+    if (t->realized || g_base_buffer(t)) continue;
+    bool dup = false;
+    for (int j = 0; j < m && !dup; j++) dup = todo[j] == t;
+    if (!dup) todo[m++] = t;
+  }
+  if (m == 0) {
+    free(todo);
+    return TG_OK;
+  }
+  Schedule s;
+  int *tbuf = tg_xmalloc(sizeof(int) * (size_t)m);
+  tg_status st = schedule_build(&s, todo, m, tbuf);
+  if (st == TG_OK) st = run_schedule(&s);
+  if (st == TG_OK) {
+    for (int i = 0; i < m; i++) {
+      UOp *t = todo[i];
+      if (tbuf[i] < 0) continue;
+      Buffer *b = s.bufs[tbuf[i]].buf;
+      UOp *bn = g_buffer(buffer_ref(b), (tg_dtype)t->dtype, t->shape, t->ndim);
+      t->realized = bn; /* owned by t */
+      t_replace_everywhere(t, bn);
+    }
+  }
+  schedule_free(&s);
+  free(tbuf);
+  free(todo);
+  return st;
+}

@@ -1,0 +1,413 @@
+/*
+ * helpers.c -- process-wide plumbing every layer uses: checked allocation, the thread's first error,
+ * settings (environment + Context overrides), GlobalCounters, a monotonic clock, a string builder and
+ * a 64-bit hash.
+ *
+ * In: environment variables (read once per name, then cached for the process, as tinygrad's getenv
+ * is cached) and Context overrides (per thread). Out: settings, error state, counters.
+ * Invariants:
+ *  - The error slot of a thread holds the first error since the last tg_clear_error; later errors are
+ *    dropped so the root cause survives a chain of propagating calls.
+ *  - tl_override_count is the number of name/value pairs in this thread's open Context levels, so
+ *    debug_level() with no Context is one thread-local read plus one relaxed atomic read.
+ *  - Strings handed out by getenv_str stay valid: environment copies for the process, Context values
+ *    until their level ends (a re-set in the same level appends instead of overwriting).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "helpers.h"
+
+tg_counters g_counters;
+
+/* ---- invariants and memory ---- */
+
+_Noreturn void tg__assert_fail(const char *cond, const char *file, int line) {
+  fprintf(stderr, "tinygrad.c: internal assertion failed: %s (%s:%d)\n", cond, file, line);
+  fflush(stderr);
+  abort();
+}
+
+static _Noreturn void out_of_memory(size_t n) {
+  fprintf(stderr, "tinygrad.c: out of host memory (requested %zu bytes)\n", n);
+  fflush(stderr);
+  abort();
+}
+
+void *tg_xmalloc(size_t n) {
+  void *p = malloc(n ? n : 1);
+  if (!p) out_of_memory(n);
+  return p;
+}
+
+void *tg_xcalloc(size_t n, size_t sz) {
+  if (sz && n > SIZE_MAX / sz) out_of_memory(SIZE_MAX);
+  void *p = calloc(n ? n : 1, sz ? sz : 1);
+  if (!p) out_of_memory(n * sz);
+  return p;
+}
+
+void *tg_xrealloc(void *p, size_t n) {
+  void *q = realloc(p, n ? n : 1);
+  if (!q) out_of_memory(n);
+  return q;
+}
+
+char *tg_xstrdup(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *d = tg_xmalloc(n);
+  memcpy(d, s, n);
+  return d;
+}
+
+/* Grows *buf (capacity *cap, elements of size sz) to hold at least need elements. */
+static void grow(void **buf, size_t *cap, size_t need, size_t sz) {
+  if (need <= *cap) return;
+  size_t c = *cap ? *cap : 4;
+  while (c < need) c *= 2;
+  *buf = tg_xrealloc(*buf, c * sz);
+  *cap = c;
+}
+
+/* ---- per-thread state ---- */
+
+typedef struct {
+  char *name, *value;
+} CtxPair;
+
+typedef struct {
+  CtxPair *pairs;
+  size_t n, cap;
+} CtxLevel;
+
+typedef struct {
+  char *err_msg;
+  size_t err_cap;
+  tg_status err_status;
+  bool err_set;
+  CtxLevel *levels;
+  size_t nlevels, cap_levels;
+} ThreadState;
+
+static _Thread_local ThreadState *tl_state;
+static _Thread_local size_t tl_override_count;
+
+static pthread_key_t thread_key;
+static pthread_once_t thread_key_once = PTHREAD_ONCE_INIT;
+
+static void free_level(CtxLevel *l) {
+  for (size_t i = 0; i < l->n; i++) {
+    free(l->pairs[i].name);
+    free(l->pairs[i].value);
+  }
+  free(l->pairs);
+  memset(l, 0, sizeof *l);
+}
+
+/* Runs at thread exit so that threads which recorded errors or left Contexts open do not leak. */
+static void thread_state_destroy(void *p) {
+  ThreadState *st = p;
+  for (size_t i = 0; i < st->nlevels; i++) free_level(&st->levels[i]);
+  free(st->levels);
+  free(st->err_msg);
+  free(st);
+  if (tl_state == st) {
+    tl_state = NULL;
+    tl_override_count = 0;
+  }
+}
+
+static void thread_key_create(void) {
+  if (pthread_key_create(&thread_key, thread_state_destroy) != 0) {
+    fprintf(stderr, "tinygrad.c: pthread_key_create failed\n");
+    abort();
+  }
+}
+
+static ThreadState *thread_state(void) {
+  if (tl_state) return tl_state;
+  pthread_once(&thread_key_once, thread_key_create);
+  ThreadState *st = tg_xcalloc(1, sizeof *st);
+  st->err_status = TG_OK;
+  pthread_setspecific(thread_key, st);
+  tl_state = st;
+  return st;
+}
+
+/* ---- errors ---- */
+
+tg_status tg_set_error(tg_status st, const char *fmt, ...) {
+  TG_ASSERT(st < 0);
+  ThreadState *ts = thread_state();
+  if (ts->err_set) return st;
+  /* Reuse the thread's buffer: it only grows, so long compiler messages are kept whole. */
+  SB b = {ts->err_msg, 0, ts->err_cap};
+  va_list ap;
+  va_start(ap, fmt);
+  sb_vprintf(&b, fmt, ap);
+  va_end(ap);
+  ts->err_msg = b.s;
+  ts->err_cap = b.cap;
+  ts->err_status = st;
+  ts->err_set = true;
+  return st;
+}
+
+bool tg_has_error(void) { return tl_state && tl_state->err_set; }
+
+const char *tg_last_error(void) { return tg_has_error() ? tl_state->err_msg : NULL; }
+
+tg_status tg_last_status(void) { return tg_has_error() ? tl_state->err_status : TG_OK; }
+
+void tg_clear_error(void) {
+  if (!tl_state) return;
+  tl_state->err_set = false;
+  tl_state->err_status = TG_OK;
+}
+
+/* ---- settings ---- */
+
+/* Environment values, looked up once per name. Entries are never freed, so pointers into them stay
+ * valid for the process. */
+typedef struct {
+  char *name;
+  char *value; /* NULL if unset */
+} EnvEntry;
+
+static pthread_mutex_t env_lock = PTHREAD_MUTEX_INITIALIZER;
+static EnvEntry *env_entries;
+static size_t env_n, env_cap;
+
+static const char *env_cached(const char *name) {
+  pthread_mutex_lock(&env_lock);
+  const char *v = NULL;
+  size_t i = 0;
+  for (; i < env_n; i++)
+    if (strcmp(env_entries[i].name, name) == 0) break;
+  if (i == env_n) {
+    grow((void **)&env_entries, &env_cap, env_n + 1, sizeof *env_entries);
+    const char *e = getenv(name);
+    env_entries[env_n].name = tg_xstrdup(name);
+    env_entries[env_n].value = e ? tg_xstrdup(e) : NULL;
+    env_n++;
+  }
+  v = env_entries[i].value;
+  pthread_mutex_unlock(&env_lock);
+  return v;
+}
+
+/* Innermost Context override of name on this thread, or NULL. */
+static const char *ctx_lookup(const char *name) {
+  if (tl_override_count == 0) return NULL;
+  ThreadState *ts = tl_state;
+  for (size_t l = ts->nlevels; l-- > 0;) {
+    CtxLevel *lv = &ts->levels[l];
+    for (size_t i = lv->n; i-- > 0;)
+      if (strcmp(lv->pairs[i].name, name) == 0) return lv->pairs[i].value;
+  }
+  return NULL;
+}
+
+/* Whole-string integer (decimal, or 0x.. hex), surrounding whitespace allowed; false if invalid. */
+static bool parse_int(const char *s, int64_t *out) {
+  if (!s) return false;
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 0);
+  if (end == s || errno == ERANGE) return false;
+  while (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r') end++;
+  if (*end) return false;
+  *out = (int64_t)v;
+  return true;
+}
+
+const char *getenv_str(const char *name, const char *def) {
+  const char *v = ctx_lookup(name);
+  if (v) return v;
+  v = env_cached(name);
+  return v ? v : def;
+}
+
+int64_t getenv_int(const char *name, int64_t def) {
+  int64_t v;
+  return parse_int(getenv_str(name, NULL), &v) ? v : def;
+}
+
+int64_t tg_getenv_int(const char *name, int64_t def) {
+  if (!name) {
+    tg_set_error(TG_ERR_INVALID, "tg_getenv_int: name is NULL");
+    return def;
+  }
+  return getenv_int(name, def);
+}
+
+/* DEBUG from the environment; INT_MIN until first read. */
+static atomic_int debug_env = INT_MIN;
+
+int debug_level(void) {
+  if (tl_override_count) {
+    const char *v = ctx_lookup("DEBUG");
+    int64_t d;
+    if (v) return parse_int(v, &d) ? (int)d : 0;
+  }
+  int d = atomic_load_explicit(&debug_env, memory_order_relaxed);
+  if (d == INT_MIN) {
+    int64_t e;
+    const char *s = env_cached("DEBUG");
+    d = parse_int(s, &e) && e > INT_MIN && e <= INT_MAX ? (int)e : 0;
+    atomic_store_explicit(&debug_env, d, memory_order_relaxed);
+  }
+  return d;
+}
+
+void tg_context_begin(void) {
+  ThreadState *ts = thread_state();
+  grow((void **)&ts->levels, &ts->cap_levels, ts->nlevels + 1, sizeof *ts->levels);
+  memset(&ts->levels[ts->nlevels], 0, sizeof ts->levels[0]);
+  ts->nlevels++;
+}
+
+tg_status tg_context_set(const char *name, const char *value) {
+  if (!name || !*name || !value)
+    return tg_set_error(TG_ERR_INVALID, "tg_context_set: name and value must be non-empty strings");
+  ThreadState *ts = tl_state;
+  if (!ts || ts->nlevels == 0)
+    return tg_set_error(TG_ERR_INVALID,
+                        "tg_context_set: no open context (call tg_context_begin first)");
+  CtxLevel *lv = &ts->levels[ts->nlevels - 1];
+  grow((void **)&lv->pairs, &lv->cap, lv->n + 1, sizeof *lv->pairs);
+  lv->pairs[lv->n].name = tg_xstrdup(name);
+  lv->pairs[lv->n].value = tg_xstrdup(value);
+  lv->n++;
+  tl_override_count++;
+  return TG_OK;
+}
+
+tg_status tg_context_set_int(const char *name, int64_t value) {
+  char buf[32];
+  snprintf(buf, sizeof buf, "%" PRId64, value);
+  return tg_context_set(name, buf);
+}
+
+void tg_context_end(void) {
+  ThreadState *ts = tl_state;
+  if (!ts || ts->nlevels == 0) {
+    tg_set_error(TG_ERR_INVALID, "tg_context_end: no open context (unbalanced tg_context_begin/end)");
+    return;
+  }
+  CtxLevel *lv = &ts->levels[--ts->nlevels];
+  tl_override_count -= lv->n;
+  free_level(lv);
+}
+
+/* ---- counters ---- */
+
+tg_counters tg_global_counters(void) { return g_counters; }
+void tg_global_counters_reset(void) { memset(&g_counters, 0, sizeof g_counters); }
+
+/* ---- time ---- */
+
+double now_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- string builder: s is NUL-terminated whenever it is non-NULL ---- */
+
+void sb_init(SB *b) { memset(b, 0, sizeof *b); }
+
+void sb_free(SB *b) {
+  free(b->s);
+  memset(b, 0, sizeof *b);
+}
+
+static void sb_reserve(SB *b, size_t extra) {
+  if (extra > SIZE_MAX - b->len - 1) out_of_memory(SIZE_MAX);
+  grow((void **)&b->s, &b->cap, b->len + extra + 1, 1);
+}
+
+static void sb_append(SB *b, const char *s, size_t n) {
+  sb_reserve(b, n);
+  memcpy(b->s + b->len, s, n);
+  b->len += n;
+  b->s[b->len] = '\0';
+}
+
+void sb_puts(SB *b, const char *s) { sb_append(b, s, strlen(s)); }
+void sb_putc(SB *b, char c) { sb_append(b, &c, 1); }
+
+void sb_vprintf(SB *b, const char *fmt, va_list ap) {
+  /* Format straight into the spare capacity; only an overflowing message formats twice. */
+  sb_reserve(b, 64);
+  size_t avail = b->cap - b->len;
+  va_list ap2;
+  va_copy(ap2, ap);
+  int n = vsnprintf(b->s + b->len, avail, fmt, ap);
+  if (n > 0 && (size_t)n >= avail) {
+    sb_reserve(b, (size_t)n);
+    vsnprintf(b->s + b->len, (size_t)n + 1, fmt, ap2);
+  }
+  va_end(ap2);
+  if (n > 0) b->len += (size_t)n;
+  b->s[b->len] = '\0';
+}
+
+void sb_printf(SB *b, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  sb_vprintf(b, fmt, ap);
+  va_end(ap);
+}
+
+char *sb_take(SB *b) {
+  char *s = b->s ? b->s : tg_xstrdup("");
+  memset(b, 0, sizeof *b);
+  return s;
+}
+
+/* ---- hashing ----
+ * Multiply-fold mixing over 16-byte blocks: each step multiplies two 64-bit words into 128 bits and
+ * folds the halves, so every input bit reaches every output bit within two steps. Not for hostile
+ * inputs; used for hash-consing and cache keys. */
+
+static const uint64_t HK0 = 0xa0761d6478bd642fULL, HK1 = 0xe7037ed1a0b428dbULL,
+                      HK2 = 0x8ebc6af09c88c6e3ULL, HK3 = 0x589965cc75374cc3ULL;
+
+static inline uint64_t mulfold(uint64_t a, uint64_t b) {
+  __uint128_t r = (__uint128_t)a * b;
+  return (uint64_t)r ^ (uint64_t)(r >> 64);
+}
+
+static inline uint64_t load64(const unsigned char *p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+}
+
+uint64_t hash_bytes(const void *data, size_t n, uint64_t seed) {
+  const unsigned char *p = data;
+  uint64_t h = seed ^ mulfold(seed ^ HK0, (uint64_t)n ^ HK1);
+  size_t left = n;
+  while (left >= 16) {
+    h = mulfold(load64(p) ^ HK1 ^ h, load64(p + 8) ^ HK2);
+    p += 16;
+    left -= 16;
+  }
+  uint64_t a = 0, b = 0;
+  if (left >= 8) {
+    a = load64(p);
+    memcpy(&b, p + 8, left - 8);
+  } else if (left) {
+    memcpy(&a, p, left);
+  }
+  h = mulfold(a ^ HK3 ^ h, b ^ HK2 ^ (uint64_t)left);
+  return mulfold(h ^ HK0, (uint64_t)n ^ HK3);
+}

@@ -1,0 +1,100 @@
+/*
+ * helpers.h -- shared internals: error recording, settings (getenv + Context), GlobalCounters,
+ * timing, a growable string builder, hashing, and dtype metadata used by every layer.
+ * Nothing here knows about tensors, graphs or devices.
+ */
+#ifndef TG_HELPERS_H
+#define TG_HELPERS_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tinygrad.h"
+
+/* ---- internal invariants (never user input): print and abort ---- */
+#define TG_ASSERT(c)                                                                               \
+  do {                                                                                             \
+    if (!(c)) tg__assert_fail(#c, __FILE__, __LINE__);                                             \
+  } while (0)
+_Noreturn void tg__assert_fail(const char *cond, const char *file, int line);
+
+/* ---- memory: out-of-memory on the host is an internal failure (abort with message) ---- */
+void *tg_xmalloc(size_t n);
+void *tg_xcalloc(size_t n, size_t sz);
+void *tg_xrealloc(void *p, size_t n);
+char *tg_xstrdup(const char *s);
+
+/* ---- errors: first error of the thread wins until tg_clear_error ---- */
+/* Records an error (if none recorded yet) with printf formatting. Always returns TG_ERR-status `st`. */
+tg_status tg_set_error(tg_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+bool tg_has_error(void);
+
+/* ---- settings ---- */
+/* Integer setting from Context override, else environment, else def. Cached env lookups are fine:
+ * Context overrides always take precedence. */
+int64_t getenv_int(const char *name, int64_t def);
+/* String setting (Context override, else environment, else def). Returned string valid until the
+ * Context level that set it ends / process end. */
+const char *getenv_str(const char *name, const char *def);
+/* Shorthand for getenv_int("DEBUG", 0). Must be cheap (called on hot paths). */
+int debug_level(void);
+
+/* ---- counters ---- */
+extern tg_counters g_counters;
+
+/* ---- time ---- */
+double now_seconds(void); /* monotonic */
+
+/* ---- string builder ---- */
+typedef struct {
+  char *s;
+  size_t len, cap;
+} SB;
+void sb_init(SB *b);
+void sb_free(SB *b);
+void sb_puts(SB *b, const char *s);
+void sb_putc(SB *b, char c);
+void sb_printf(SB *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void sb_vprintf(SB *b, const char *fmt, va_list ap);
+char *sb_take(SB *b); /* returns the malloc'd string, builder left empty */
+
+/* ---- hashing ---- */
+uint64_t hash_bytes(const void *p, size_t n, uint64_t seed);
+static inline uint64_t hash_mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  h *= 0xff51afd7ed558ccdULL;
+  return h ^ (h >> 33);
+}
+
+/* ---- dtypes ---- */
+typedef struct {
+  const char *name;  /* tinygrad's name: "float", "half", "int", ... */
+  const char *cname; /* C type used in generated code */
+  int itemsize;
+  char kind;         /* 'b' bool, 'i' signed int, 'u' unsigned int, 'f' float */
+} DTypeInfo;
+const DTypeInfo *dtype_info(tg_dtype dt); /* NULL if invalid */
+bool dtype_valid(tg_dtype dt);            /* a real dtype (not DEFAULT, in range) */
+/* Accumulator dtype for sum (tinygrad sum_acc_dtype): bool/int8/16 -> int32, uint8/16 -> uint32,
+ * half/bfloat16 -> float32, else itself. */
+tg_dtype dtype_sum_acc(tg_dtype dt);
+tg_dtype dtype_from_name(const char *name); /* "float32"/"float"/"half"/... -> dtype; 0 if unknown */
+/* Minimum/maximum finite value of a dtype, as double (for max/min reductions identities). */
+double dtype_min(tg_dtype dt);
+double dtype_max(tg_dtype dt);
+/* Converting between host values and element storage. */
+void dtype_store(tg_dtype dt, void *dst, double v);          /* C cast semantics */
+void dtype_store_i64(tg_dtype dt, void *dst, int64_t v);
+double dtype_load(tg_dtype dt, const void *src);
+int64_t dtype_load_i64(tg_dtype dt, const void *src);
+float half_to_float(uint16_t h);
+uint16_t float_to_half(float f);   /* round to nearest even */
+float bf16_to_float(uint16_t h);
+uint16_t float_to_bf16(float f);   /* round to nearest even */
+
+/* numpy-style formatting of a contiguous host array (used by tg_to_string). Returns malloc'd. */
+char *format_array(const void *data, tg_dtype dt, const int64_t *shape, int ndim);
+
+#endif

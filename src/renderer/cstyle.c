@@ -1,0 +1,418 @@
+/*
+ * cstyle.c -- the C renderer: LKernel -> C source for the CPU device.
+ *
+ * Every value node becomes one local variable, declared at the outermost loop level where all its
+ * inputs are available (loop-invariant code is hoisted by construction). float16 and bfloat16 are
+ * stored as 16-bit integers and computed in float, rounded after every operation so results match
+ * a true half-precision computation. Integer division and modulo by zero give 0 instead of
+ * trapping; signed overflow wraps (kernels are compiled with -fwrapv).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../codegen/codegen.h"
+#include "../uop/ptrmap.h"
+
+static const char *ctype(tg_dtype dt) {
+  switch (dt) {
+  case TG_BOOL: return "_Bool";
+  case TG_INT8: return "signed char";
+  case TG_INT16: return "short";
+  case TG_INT32: return "int";
+  case TG_INT64: return "long long";
+  case TG_UINT8: return "unsigned char";
+  case TG_UINT16: return "unsigned short";
+  case TG_UINT32: return "unsigned int";
+  case TG_UINT64: return "unsigned long long";
+  case TG_FLOAT16: return "float";
+  case TG_BFLOAT16: return "float";
+  case TG_FLOAT32: return "float";
+  case TG_FLOAT64: return "double";
+  default: return "int";
+  }
+}
+/* storage type in memory */
+static const char *stype(tg_dtype dt) {
+  if (dt == TG_FLOAT16 || dt == TG_BFLOAT16) return "unsigned short";
+  return ctype(dt);
+}
+static bool is_half(tg_dtype dt) { return dt == TG_FLOAT16 || dt == TG_BFLOAT16; }
+/* rounding wrapper for 16-bit floats computed in float */
+static const char *rnd(tg_dtype dt) { return dt == TG_FLOAT16 ? "tg_rh" : dt == TG_BFLOAT16 ? "tg_rb" : ""; }
+
+static const char PRELUDE_HALF[] =
+    "static inline float tg_h2f(unsigned short h){unsigned int s=(h&0x8000u)<<16,e=(h>>10)&0x1f,m=h&0x3ff,b;"
+    "if(e==0){if(m==0)b=s;else{e=113;while(!(m&0x400)){m<<=1;e--;}m&=0x3ff;b=s|(e<<23)|(m<<13);}}"
+    "else if(e==31)b=s|0x7f800000u|(m<<13);else b=s|((e+112)<<23)|(m<<13);float f;__builtin_memcpy(&f,&b,4);return f;}\n"
+    "static inline unsigned short tg_f2h(float f){unsigned int x;__builtin_memcpy(&x,&f,4);unsigned int s=(x>>16)&0x8000,"
+    "a=x&0x7fffffffu;if(a>0x7f800000u)return (unsigned short)(s|0x7e00);if(a>=0x477ff000u)return (unsigned short)(s|0x7c00);"
+    "if(a<0x38800000u){if(a<0x33000000u)return (unsigned short)s;unsigned int e=a>>23,m=(a&0x7fffff)|0x800000,sh=126-e,"
+    "r=m>>sh,rem=m&((1u<<sh)-1),half=1u<<(sh-1);if(rem>half||(rem==half&&(r&1)))r++;return (unsigned short)(s|r);}"
+    "unsigned int r=a+0xc8000fffu+((a>>13)&1);return (unsigned short)(s|(r>>13));}\n"
+    "static inline float tg_rh(float f){return tg_h2f(tg_f2h(f));}\n";
+static const char PRELUDE_BF16[] =
+    "static inline float tg_b2f(unsigned short h){unsigned int b=(unsigned int)h<<16;float f;__builtin_memcpy(&f,&b,4);return f;}\n"
+    "static inline unsigned short tg_f2b(float f){unsigned int x;__builtin_memcpy(&x,&f,4);if((x&0x7fffffffu)>0x7f800000u)"
+    "return (unsigned short)((x>>16)|0x40);x+=0x7fffu+((x>>16)&1);return (unsigned short)(x>>16);}\n"
+    "static inline float tg_rb(float f){return tg_b2f(tg_f2b(f));}\n";
+
+typedef struct {
+  SB *b;
+  PtrMap names; /* node -> malloc'd expression string */
+  int nvar;
+  int indent;
+  bool uses_half, uses_bf16;
+} R;
+
+static const char *nm(R *r, UOp *u) { return pm_get(&r->names, (uint64_t)(uintptr_t)u); }
+
+static void ind(R *r) {
+  for (int i = 0; i < r->indent; i++) sb_puts(r->b, "  ");
+}
+
+static char *const_str(tg_dtype dt, const UOp *u) {
+  SB s;
+  sb_init(&s);
+  if (tg_dtype_is_float(dt)) {
+    double v = u->arg.f;
+    bool dbl = dt == TG_FLOAT64;
+    if (isnan(v)) sb_puts(&s, dbl ? "__builtin_nan(\"\")" : "__builtin_nanf(\"\")");
+    else if (isinf(v)) sb_printf(&s, "%s%s", v < 0 ? "-" : "", dbl ? "__builtin_inf()" : "__builtin_inff()");
+    else if (dbl) sb_printf(&s, "%a", v);
+    else sb_printf(&s, "%af", (double)(float)v);
+  } else if (dt == TG_BOOL) {
+    sb_puts(&s, u->arg.i ? "1" : "0");
+  } else if (dt == TG_UINT64) {
+    sb_printf(&s, "%lluULL", (unsigned long long)u->arg.i);
+  } else if (dt == TG_UINT32) {
+    sb_printf(&s, "%lluu", (unsigned long long)(uint32_t)u->arg.i);
+  } else if (u->arg.i == INT64_MIN) {
+    sb_puts(&s, "(-9223372036854775807LL-1)");
+  } else {
+    sb_printf(&s, "%lldLL", (long long)u->arg.i);
+  }
+  /* parenthesize negatives so "a - -1" never appears */
+  if (s.s[0] == '-') {
+    SB p;
+    sb_init(&p);
+    sb_printf(&p, "(%s)", s.s);
+    sb_free(&s);
+    return sb_take(&p);
+  }
+  return sb_take(&s);
+}
+
+static const char *bin_op_str(int op) {
+  switch (op) {
+  case OP_ADD: return "+";
+  case OP_SUB: return "-";
+  case OP_MUL: return "*";
+  case OP_FDIV: return "/";
+  case OP_CMPLT: return "<";
+  case OP_CMPNE: return "!=";
+  case OP_CMPEQ: return "==";
+  case OP_AND: return "&";
+  case OP_OR: return "|";
+  case OP_XOR: return "^";
+  default: return NULL;
+  }
+}
+
+static const char *fsuf(tg_dtype dt) { return dt == TG_FLOAT64 ? "" : "f"; }
+
+static const char *utype(tg_dtype dt) {
+  switch (tg_dtype_itemsize(dt)) {
+  case 1: return "unsigned char";
+  case 2: return "unsigned short";
+  case 4: return "unsigned int";
+  default: return "unsigned long long";
+  }
+}
+
+/* Expression for an ALU/LOAD node given its sources' names. */
+static void render_expr(R *r, UOp *u, SB *e) {
+  tg_dtype dt = (tg_dtype)u->dtype;
+  const char *a = u->nsrc > 0 ? nm(r, u->src[0]) : NULL, *b = u->nsrc > 1 ? nm(r, u->src[1]) : NULL,
+             *c = u->nsrc > 2 ? nm(r, u->src[2]) : NULL;
+  tg_dtype sdt = u->nsrc > 0 ? (tg_dtype)u->src[0]->dtype : dt;
+  bool fl = tg_dtype_is_float(dt);
+  const char *rd = fl ? rnd(dt) : "";
+  switch (u->op) {
+  case OP_LOAD: {
+    const char *conv = dt == TG_FLOAT16 ? "tg_h2f" : dt == TG_BFLOAT16 ? "tg_b2f" : "";
+    if (u->nsrc > 2) sb_printf(e, "(%s ? %s(%s[%s]) : 0)", c, conv, a, b);
+    else sb_printf(e, "%s(%s[%s])", conv, a, b);
+    return;
+  }
+  case OP_EXP2: sb_printf(e, "%s(__builtin_exp2%s(%s))", rd, fsuf(dt), a); return;
+  case OP_LOG2: sb_printf(e, "%s(__builtin_log2%s(%s))", rd, fsuf(dt), a); return;
+  case OP_SIN: sb_printf(e, "%s(__builtin_sin%s(%s))", rd, fsuf(dt), a); return;
+  case OP_SQRT: sb_printf(e, "%s(__builtin_sqrt%s(%s))", rd, fsuf(dt), a); return;
+  case OP_TRUNC:
+    if (fl) sb_printf(e, "__builtin_trunc%s(%s)", fsuf(dt), a);
+    else sb_printf(e, "%s", a);
+    return;
+  case OP_RECIP: sb_printf(e, "%s(1.0%s/%s)", rd, fsuf(dt), a); return;
+  case OP_NEG:
+    if (dt == TG_BOOL) sb_printf(e, "(!%s)", a);
+    else if (tg_dtype_is_unsigned(dt)) sb_printf(e, "(%s)(0u-%s)", ctype(dt), a);
+    else sb_printf(e, "(-%s)", a);
+    return;
+  case OP_CAST:
+    if (dt == TG_BOOL) sb_printf(e, "(%s != 0)", a);
+    else if (fl && is_half(dt)) sb_printf(e, "%s((float)%s)", rd, a);
+    else sb_printf(e, "(%s)(%s)", ctype(dt), a);
+    return;
+  case OP_BITCAST: {
+    /* reinterpret the storage bits: 16-bit floats are converted to/from their bit patterns */
+    SB src;
+    sb_init(&src);
+    if (sdt == TG_FLOAT16) sb_printf(&src, "tg_f2h(%s)", a);
+    else if (sdt == TG_BFLOAT16) sb_printf(&src, "tg_f2b(%s)", a);
+    else sb_printf(&src, "%s", a);
+    const char *st = is_half(sdt) ? "unsigned short" : ctype(sdt);
+    const char *dstt = is_half(dt) ? "unsigned short" : ctype(dt);
+    const char *conv = dt == TG_FLOAT16 ? "tg_h2f" : dt == TG_BFLOAT16 ? "tg_b2f" : "";
+    sb_printf(e, "%s(({%s s_=%s;%s d_;__builtin_memcpy(&d_,&s_,sizeof d_);d_;}))", conv, st, src.s, dstt);
+    sb_free(&src);
+    return;
+  }
+  case OP_IDIV:
+    if (fl) sb_printf(e, "%s(__builtin_trunc%s(%s/%s))", rd, fsuf(dt), a, b);
+    else if (tg_dtype_is_unsigned(dt) || dt == TG_BOOL) sb_printf(e, "(%s ? (%s)(%s/%s) : 0)", b, ctype(dt), a, b);
+    else sb_printf(e, "((%s==0||(%s==-1&&%s<0&&%s==-%s)) ? 0 : (%s)(%s/%s))", b, b, a, a, a, ctype(dt), a, b);
+    return;
+  case OP_MOD:
+    if (fl) sb_printf(e, "%s(__builtin_fmod%s(%s,%s))", rd, fsuf(dt), a, b);
+    else if (tg_dtype_is_unsigned(dt) || dt == TG_BOOL) sb_printf(e, "(%s ? (%s)(%s%%%s) : 0)", b, ctype(dt), a, b);
+    else sb_printf(e, "((%s==0||%s==-1) ? 0 : (%s)(%s%%%s))", b, b, ctype(dt), a, b);
+    return;
+  case OP_MAX:
+    if (fl) sb_printf(e, "((%s>%s||%s!=%s)?%s:%s)", a, b, a, a, a, b);
+    else sb_printf(e, "(%s>%s?%s:%s)", a, b, a, b);
+    return;
+  case OP_SHL:
+    sb_printf(e, "(%s)((%s)%s<<(%s&%d))", ctype(dt), utype(dt), a, b, (int)tg_dtype_itemsize(dt) * 8 - 1);
+    return;
+  case OP_SHR:
+    sb_printf(e, "(%s)(%s>>(%s&%d))", ctype(dt), a, b, (int)tg_dtype_itemsize(dt) * 8 - 1);
+    return;
+  case OP_POW:
+    if (fl) sb_printf(e, "%s(__builtin_pow%s(%s,%s))", rd, fsuf(dt), a, b);
+    else sb_printf(e, "(%s)tg_ipow((long long)%s,(long long)%s)", ctype(dt), a, b);
+    return;
+  case OP_WHERE: sb_printf(e, "(%s?%s:%s)", a, b, c); return;
+  default: break;
+  }
+  const char *op = bin_op_str(u->op);
+  TG_ASSERT(op != NULL);
+  bool cmp = u->op == OP_CMPLT || u->op == OP_CMPNE || u->op == OP_CMPEQ;
+  if (fl && !cmp && *rd) sb_printf(e, "%s(%s%s%s)", rd, a, op, b);
+  else if (!fl && !cmp && dt != TG_BOOL && dt != DT_INDEX) sb_printf(e, "(%s)(%s%s%s)", ctype(dt), a, op, b);
+  else sb_printf(e, "(%s%s%s)", a, op, b);
+}
+
+typedef struct {
+  PtrMap level;  /* node -> level+1 */
+  PtrMap post;   /* nodes depending on the reduce placeholder */
+  PtrVec order;  /* post-order of all nodes */
+  PtrMap seen;
+} Lin;
+
+static void topo(Lin *l, UOp *u) {
+  if (pm_has(&l->seen, (uint64_t)(uintptr_t)u)) return;
+  pm_put(&l->seen, (uint64_t)(uintptr_t)u, (void *)1);
+  for (uint32_t i = 0; i < u->nsrc; i++) topo(l, u->src[i]);
+  pv_push(&l->order, u);
+}
+
+static bool needs_var(UOp *u) {
+  return u->op != OP_CONST && u->op != OP_RANGE && u->op != OP_DEFINE_GLOBAL && u->op != OP_NOOP;
+}
+
+static void emit_level(R *r, Lin *l, int level, bool post_phase) {
+  for (size_t i = 0; i < l->order.n; i++) {
+    UOp *u = l->order.p[i];
+    if (!needs_var(u) || nm(r, u)) continue;
+    intptr_t lv = (intptr_t)pm_get(&l->level, (uint64_t)(uintptr_t)u) - 1;
+    bool is_post = pm_has(&l->post, (uint64_t)(uintptr_t)u);
+    if (lv != level || is_post != post_phase) continue;
+    SB e;
+    sb_init(&e);
+    render_expr(r, u, &e);
+    char name[32];
+    snprintf(name, sizeof name, "v%d", r->nvar++);
+    ind(r);
+    sb_printf(r->b, "%s %s = %s;\n", ctype((tg_dtype)u->dtype), name, e.s);
+    sb_free(&e);
+    pm_put(&r->names, (uint64_t)(uintptr_t)u, tg_xstrdup(name));
+  }
+}
+
+char *render_c(const LKernel *k, const char *name) {
+  SB out, body;
+  sb_init(&out);
+  sb_init(&body);
+  R r;
+  memset(&r, 0, sizeof r);
+  r.b = &body;
+  pm_init(&r.names);
+  Lin l;
+  memset(&l, 0, sizeof l);
+  pm_init(&l.level);
+  pm_init(&l.post);
+  pm_init(&l.seen);
+  /* names for leaves */
+  int nloops = k->ng + k->nr;
+  for (int i = 0; i < k->ng; i++) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "ridx%d", i);
+    pm_put(&r.names, (uint64_t)(uintptr_t)k->granges[i], tg_xstrdup(buf));
+    pm_put(&l.level, (uint64_t)(uintptr_t)k->granges[i], (void *)(intptr_t)(i + 2));
+  }
+  for (int i = 0; i < k->nr; i++) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "ridx%d", k->ng + i);
+    pm_put(&r.names, (uint64_t)(uintptr_t)k->rranges[i], tg_xstrdup(buf));
+    pm_put(&l.level, (uint64_t)(uintptr_t)k->rranges[i], (void *)(intptr_t)(k->ng + i + 2));
+  }
+  if (k->rbody) topo(&l, k->rbody);
+  topo(&l, k->value);
+  topo(&l, k->sidx);
+  for (size_t i = 0; i < l.order.n; i++) {
+    UOp *u = l.order.p[i];
+    if (u->op == OP_RANGE) continue;
+    intptr_t lv = 0;
+    bool post = u == k->rplace;
+    if (u == k->rplace) lv = k->ng;
+    for (uint32_t j = 0; j < u->nsrc; j++) {
+      intptr_t sl = (intptr_t)pm_get(&l.level, (uint64_t)(uintptr_t)u->src[j]) - 1;
+      if (sl > lv) lv = sl;
+      if (pm_has(&l.post, (uint64_t)(uintptr_t)u->src[j])) post = true;
+    }
+    pm_put(&l.level, (uint64_t)(uintptr_t)u, (void *)(intptr_t)(lv + 1));
+    if (post) pm_put(&l.post, (uint64_t)(uintptr_t)u, (void *)1);
+    if (u->dtype == TG_FLOAT16) r.uses_half = true;
+    if (u->dtype == TG_BFLOAT16) r.uses_bf16 = true;
+    if (u->op == OP_CONST || u->op == OP_DEFINE_GLOBAL) {
+      if (u->op == OP_CONST) pm_put(&r.names, (uint64_t)(uintptr_t)u, const_str((tg_dtype)u->dtype, u));
+      else {
+        char buf[32];
+        snprintf(buf, sizeof buf, "data%lld", (long long)u->arg.i);
+        pm_put(&r.names, (uint64_t)(uintptr_t)u, tg_xstrdup(buf));
+      }
+    }
+  }
+  for (int i = 0; i < k->np; i++) {
+    if (k->pdt[i] == TG_FLOAT16) r.uses_half = true;
+    if (k->pdt[i] == TG_BFLOAT16) r.uses_bf16 = true;
+  }
+  if (k->rbody && k->racc == TG_FLOAT16) r.uses_half = true;
+  if (k->rbody && k->racc == TG_BFLOAT16) r.uses_bf16 = true;
+
+  r.indent = 1;
+  for (int i = 0; i < k->np; i++) {
+    ind(&r);
+    sb_printf(&body, "%s%s *restrict data%d = (%s%s *)bufs[%d];\n", i ? "const " : "", stype(k->pdt[i]), i,
+              i ? "const " : "", stype(k->pdt[i]), i);
+  }
+  emit_level(&r, &l, 0, false);
+  if (k->ng == 0) {
+    ind(&r);
+    sb_puts(&body, "for (long long g_ = gstart; g_ < gend; g_++) {\n");
+    r.indent++;
+  }
+  for (int lv = 1; lv <= nloops; lv++) {
+    bool is_red = lv > k->ng;
+    if (is_red && lv == k->ng + 1) {
+      /* accumulator */
+      tg_dtype at = k->racc;
+      const char *init;
+      char ib[64];
+      if (k->rop == OP_ADD) init = "0";
+      else if (k->rop == OP_MUL) init = "1";
+      else if (tg_dtype_is_float(at)) init = at == TG_FLOAT64 ? "-__builtin_inf()" : "-__builtin_inff()";
+      else if (at == TG_BOOL || tg_dtype_is_unsigned(at)) init = "0";
+      else {
+        snprintf(ib, sizeof ib, "(%s)(%lldLL-1)", ctype(at), (long long)dtype_min(at) + 1);
+        init = ib;
+      }
+      ind(&r);
+      sb_printf(&body, "%s acc0 = %s;\n", ctype(at), init);
+    }
+    UOp *rg = lv <= k->ng ? k->granges[lv - 1] : k->rranges[lv - 1 - k->ng];
+    ind(&r);
+    if (lv == 1 && k->ng > 0) sb_printf(&body, "for (long long ridx0 = gstart; ridx0 < gend; ridx0++) {\n");
+    else sb_printf(&body, "for (long long ridx%d = 0; ridx%d < %lldLL; ridx%d++) {\n", lv - 1, lv - 1,
+                   (long long)rg->iarg[0], lv - 1);
+    r.indent++;
+    emit_level(&r, &l, lv, false);
+    if (lv == nloops && k->rbody) {
+      const char *v = nm(&r, k->rbody);
+      const char *rd = tg_dtype_is_float(k->racc) ? rnd(k->racc) : "";
+      ind(&r);
+      if (k->rop == OP_ADD) sb_printf(&body, "acc0 = %s(acc0 + %s);\n", rd, v);
+      else if (k->rop == OP_MUL) sb_printf(&body, "acc0 = %s(acc0 * %s);\n", rd, v);
+      else if (tg_dtype_is_float(k->racc)) sb_printf(&body, "acc0 = (%s > acc0 || %s != %s) ? %s : acc0;\n", v, v, v, v);
+      else sb_printf(&body, "acc0 = %s > acc0 ? %s : acc0;\n", v, v);
+    }
+    if (lv == k->ng && !k->rbody) {
+      /* elementwise: store in the innermost loop */
+    }
+    if (lv > k->ng) {
+      /* close reduce loops at the end */
+    }
+    if (lv == nloops) {
+      /* close loops from the innermost, emitting the post-reduce code at the global level */
+      for (int c = nloops; c >= 1; c--) {
+        if (c == k->ng || (c == nloops && k->ng == nloops)) {
+        }
+        if (c <= k->ng && c == k->ng) {
+          if (k->rbody) pm_put(&r.names, (uint64_t)(uintptr_t)k->rplace, tg_xstrdup("acc0"));
+          emit_level(&r, &l, k->ng, true);
+          /* the store */
+          tg_dtype odt = k->pdt[0];
+          const char *conv = odt == TG_FLOAT16 ? "tg_f2h" : odt == TG_BFLOAT16 ? "tg_f2b" : "";
+          ind(&r);
+          sb_printf(&body, "data0[%s] = %s(%s);\n", nm(&r, k->sidx), conv, nm(&r, k->value));
+        }
+        r.indent--;
+        ind(&r);
+        sb_puts(&body, "}\n");
+      }
+    }
+  }
+  if (nloops == 0 || k->ng == 0) {
+    if (nloops == 0) emit_level(&r, &l, 0, true);
+    if (k->rbody) pm_put(&r.names, (uint64_t)(uintptr_t)k->rplace, tg_xstrdup("acc0"));
+    emit_level(&r, &l, 0, true);
+    if (k->ng == 0) {
+      tg_dtype odt = k->pdt[0];
+      const char *conv = odt == TG_FLOAT16 ? "tg_f2h" : odt == TG_BFLOAT16 ? "tg_f2b" : "";
+      ind(&r);
+      sb_printf(&body, "data0[%s] = %s(%s);\n", nm(&r, k->sidx), conv, nm(&r, k->value));
+    }
+    r.indent--;
+    ind(&r);
+    sb_puts(&body, "}\n");
+  }
+
+  if (r.uses_half) sb_puts(&out, PRELUDE_HALF);
+  if (r.uses_bf16) sb_puts(&out, PRELUDE_BF16);
+  if (strstr(body.s ? body.s : "", "tg_ipow"))
+    sb_puts(&out, "static inline long long tg_ipow(long long b,long long e){long long r=1;if(e<0)return b==1?1:(b==-1?((e&1)?-1:1):0);"
+                  "while(e){if(e&1)r*=b;b*=b;e>>=1;}return r;}\n");
+  sb_printf(&out, "void %s(void **restrict bufs, long long gstart, long long gend) {\n", name);
+  sb_puts(&out, body.s ? body.s : "");
+  sb_puts(&out, "}\n");
+  sb_free(&body);
+  for (size_t i = 0; i < r.names.cap; i++)
+    if (r.names.keys[i]) free(r.names.vals[i]);
+  pm_free(&r.names);
+  pm_free(&l.level);
+  pm_free(&l.post);
+  pm_free(&l.seen);
+  pv_free(&l.order);
+  return sb_take(&out);
+}

@@ -1,0 +1,537 @@
+/*
+ * device.c -- the device registry, device buffers with a caching allocator, and the in-memory
+ * program cache. Everything device-specific goes through a DeviceVT.
+ *
+ * In: device strings ("CPU", "cpu:1", NULL = DEV), buffer sizes, kernel sources.
+ * Out: Device*, Buffer*, Program* that stay valid as documented in device.h.
+ * Invariants:
+ *  - A Device is opened at most once per (kind, index) and is never closed: its table only grows,
+ *    and device_by_id/device_get read it without locking.
+ *  - A block on a device's free list is not referenced by any Buffer; the sum of their sizes is
+ *    Device.cached_bytes and never exceeds CACHE_CAP after a free returns.
+ *  - A Program is created once per (device, fname, source) and lives for the process; it stays
+ *    reachable from the program table, so leak checkers see no leak.
+ */
+#include "device.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------------------------------------- */
+/* registry                                                                                        */
+
+typedef struct {
+  const char *name;
+  const DeviceVT *vt;
+  /* Buffers are plain host pointers in this process: copies need no staging buffer, and a program
+   * loaded for one instance can run on every instance of the kind. */
+  bool host_memory;
+} DeviceKind;
+
+static const DeviceKind g_kinds[] = {
+    {"CPU", &cpu_device_vt, true},
+};
+#define NKINDS (sizeof g_kinds / sizeof g_kinds[0])
+
+/* Bucket of the caching allocator: every cached block of exactly `nbytes` (0 = empty slot). */
+struct FreeBlock {
+  size_t nbytes;
+  void **ptrs;
+  size_t n, cap;
+};
+
+typedef struct {
+  Device pub; /* first: a Device* is a DeviceImpl* */
+  const DeviceKind *kind;
+  pthread_mutex_t lock; /* guards pub.free_list, pub.cached_bytes, nbuckets, nused */
+  size_t nbuckets;      /* power of two (or 0): capacity of the open-addressing table free_list */
+  size_t nused;
+} DeviceImpl;
+
+static pthread_mutex_t g_dev_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic(Device **) g_devs;
+static _Atomic int g_ndevs;
+static int g_devcap;
+/* Superseded copies of the table: a lock-free reader may still be looking at one. */
+static Device ***g_old_tables;
+static size_t g_nold;
+
+static const DeviceKind *kind_of(const Device *d) { return ((const DeviceImpl *)d)->kind; }
+
+static Device *find_open(const DeviceKind *k, int index) {
+  int n = atomic_load_explicit(&g_ndevs, memory_order_acquire);
+  Device **t = atomic_load_explicit(&g_devs, memory_order_acquire);
+  for (int i = 0; i < n; i++)
+    if (kind_of(t[i]) == k && t[i]->index == index) return t[i];
+  return NULL;
+}
+
+static void unknown_device(const char *name) {
+  SB avail;
+  sb_init(&avail);
+  for (size_t i = 0; i < NKINDS; i++)
+    sb_printf(&avail, "%s%s, %s:<n>", i ? ", " : "", g_kinds[i].name, g_kinds[i].name);
+  tg_set_error(TG_ERR_INVALID, "device_get: unknown device '%s' (available: %s)", name, avail.s);
+  sb_free(&avail);
+}
+
+/* "KIND" or "KIND:<decimal index>", case-insensitive. */
+static bool parse_device(const char *name, const DeviceKind **kind, int *index) {
+  const char *colon = strchr(name, ':');
+  size_t klen = colon ? (size_t)(colon - name) : strlen(name);
+  *kind = NULL;
+  for (size_t i = 0; i < NKINDS; i++)
+    if (strlen(g_kinds[i].name) == klen && strncasecmp(g_kinds[i].name, name, klen) == 0) *kind = &g_kinds[i];
+  if (!*kind) return false;
+  *index = 0;
+  if (!colon) return true;
+  const char *p = colon + 1;
+  if (!*p) return false;
+  int64_t v = 0;
+  for (; *p; p++) {
+    if (*p < '0' || *p > '9') return false;
+    v = v * 10 + (*p - '0');
+    if (v > 1000000) return false; /* not a device anyone has; also keeps the name short */
+  }
+  *index = (int)v;
+  return true;
+}
+
+static Device *open_device(const DeviceKind *k, int index) {
+  pthread_mutex_lock(&g_dev_lock);
+  Device *d = find_open(k, index);
+  if (d) {
+    pthread_mutex_unlock(&g_dev_lock);
+    return d;
+  }
+  void *state = k->vt->open(index);
+  if (!state) {
+    pthread_mutex_unlock(&g_dev_lock);
+    tg_set_error(TG_ERR_RUNTIME, "device_get: cannot open %s:%d", k->name, index);
+    return NULL;
+  }
+  DeviceImpl *di = tg_xcalloc(1, sizeof *di);
+  di->kind = k;
+  pthread_mutex_init(&di->lock, NULL);
+  d = &di->pub;
+  d->vt = k->vt;
+  d->state = state;
+  d->index = index;
+  if (index == 0)
+    snprintf(d->name, sizeof d->name, "%s", k->name);
+  else
+    snprintf(d->name, sizeof d->name, "%s:%d", k->name, index);
+  int n = atomic_load(&g_ndevs);
+  Device **t = atomic_load(&g_devs);
+  if (n == g_devcap) {
+    int cap = g_devcap ? g_devcap * 2 : 4;
+    Device **nt = tg_xcalloc((size_t)cap, sizeof *nt);
+    if (n) memcpy(nt, t, (size_t)n * sizeof *nt);
+    if (t) {
+      g_old_tables = tg_xrealloc(g_old_tables, (g_nold + 1) * sizeof *g_old_tables);
+      g_old_tables[g_nold++] = t;
+    }
+    t = nt;
+    g_devcap = cap;
+    atomic_store_explicit(&g_devs, t, memory_order_release);
+  }
+  d->id = n;
+  t[n] = d;
+  atomic_store_explicit(&g_ndevs, n + 1, memory_order_release);
+  pthread_mutex_unlock(&g_dev_lock);
+  if (debug_level() >= 1) {
+    if (n == 0) device_list_print();
+    fprintf(stderr, "opened device %s from pid:%d\n", d->name, (int)getpid());
+  }
+  return d;
+}
+
+Device *device_get(const char *name) {
+  if (!name || !*name) name = getenv_str("DEV", "CPU");
+  if (!name || !*name) name = "CPU";
+  const DeviceKind *k;
+  int index;
+  if (!parse_device(name, &k, &index)) {
+    unknown_device(name);
+    return NULL;
+  }
+  Device *d = find_open(k, index);
+  return d ? d : open_device(k, index);
+}
+
+Device *device_default(void) { return device_get(NULL); }
+
+Device *device_by_id(int id) {
+  int n = atomic_load_explicit(&g_ndevs, memory_order_acquire);
+  if (id < 0 || id >= n) return NULL;
+  return atomic_load_explicit(&g_devs, memory_order_acquire)[id];
+}
+
+void device_list_print(void) {
+  fprintf(stderr, "device kinds:");
+  for (size_t i = 0; i < NKINDS; i++) fprintf(stderr, " %s (%s:<n>)", g_kinds[i].name, g_kinds[i].name);
+  fprintf(stderr, "\nopened devices:");
+  int n = atomic_load_explicit(&g_ndevs, memory_order_acquire);
+  Device **t = atomic_load_explicit(&g_devs, memory_order_acquire);
+  for (int i = 0; i < n; i++) fprintf(stderr, " %s", t[i]->name);
+  fprintf(stderr, "%s\n", n ? "" : " (none)");
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* caching allocator                                                                               */
+
+/* Past this many idle bytes the whole cache is returned to the device: simple, and it bounds the
+ * memory a training loop with changing shapes can strand. */
+#define CACHE_CAP ((size_t)1 << 30)
+#define BLOCK_ALIGN ((size_t)64)
+
+static _Atomic size_t g_live_buffers;
+
+static inline size_t bucket_index(size_t nbytes, size_t mask) {
+  return (size_t)hash_mix(0, (uint64_t)nbytes) & mask;
+}
+
+static struct FreeBlock *bucket_find(DeviceImpl *d, size_t nbytes) {
+  if (!d->nbuckets) return NULL;
+  size_t mask = d->nbuckets - 1;
+  for (size_t i = bucket_index(nbytes, mask);; i = (i + 1) & mask) {
+    struct FreeBlock *b = &d->pub.free_list[i];
+    if (b->nbytes == nbytes) return b;
+    if (b->nbytes == 0) return NULL;
+  }
+}
+
+static struct FreeBlock *bucket_insert(DeviceImpl *d, size_t nbytes) {
+  if ((d->nused + 1) * 2 > d->nbuckets) {
+    size_t ncap = d->nbuckets ? d->nbuckets * 2 : 16;
+    struct FreeBlock *old = d->pub.free_list;
+    size_t oldcap = d->nbuckets;
+    d->pub.free_list = tg_xcalloc(ncap, sizeof(struct FreeBlock));
+    d->nbuckets = ncap;
+    for (size_t i = 0; i < oldcap; i++) {
+      if (!old[i].nbytes) continue;
+      size_t mask = ncap - 1, j = bucket_index(old[i].nbytes, mask);
+      while (d->pub.free_list[j].nbytes) j = (j + 1) & mask;
+      d->pub.free_list[j] = old[i];
+    }
+    free(old);
+  }
+  size_t mask = d->nbuckets - 1, i = bucket_index(nbytes, mask);
+  while (d->pub.free_list[i].nbytes) i = (i + 1) & mask;
+  d->pub.free_list[i].nbytes = nbytes;
+  d->nused++;
+  return &d->pub.free_list[i];
+}
+
+/* Frees every cached block and the bucket table. Caller holds d->lock. */
+static void cache_drop_locked(DeviceImpl *d) {
+  for (size_t i = 0; i < d->nbuckets; i++) {
+    struct FreeBlock *b = &d->pub.free_list[i];
+    for (size_t j = 0; j < b->n; j++) d->pub.vt->free(d->pub.state, b->ptrs[j], b->nbytes);
+    free(b->ptrs);
+  }
+  free(d->pub.free_list);
+  d->pub.free_list = NULL;
+  d->nbuckets = d->nused = 0;
+  d->pub.cached_bytes = 0;
+}
+
+static void *cache_take(DeviceImpl *d, size_t nbytes) {
+  void *p = NULL;
+  pthread_mutex_lock(&d->lock);
+  struct FreeBlock *b = bucket_find(d, nbytes);
+  if (b && b->n) {
+    p = b->ptrs[--b->n];
+    d->pub.cached_bytes -= nbytes;
+  }
+  pthread_mutex_unlock(&d->lock);
+  return p;
+}
+
+static void cache_put(DeviceImpl *d, void *ptr, size_t nbytes) {
+  if (nbytes > CACHE_CAP) {
+    d->pub.vt->free(d->pub.state, ptr, nbytes);
+    return;
+  }
+  pthread_mutex_lock(&d->lock);
+  if (d->pub.cached_bytes + nbytes > CACHE_CAP) cache_drop_locked(d);
+  struct FreeBlock *b = bucket_find(d, nbytes);
+  if (!b) b = bucket_insert(d, nbytes);
+  if (b->n == b->cap) {
+    b->cap = b->cap ? b->cap * 2 : 4;
+    b->ptrs = tg_xrealloc(b->ptrs, b->cap * sizeof *b->ptrs);
+  }
+  b->ptrs[b->n++] = ptr;
+  d->pub.cached_bytes += nbytes;
+  pthread_mutex_unlock(&d->lock);
+}
+
+/* Size of the block backing a buffer of nbytes; 0 on overflow. Zero-byte buffers get a real block
+ * so that every buffer has a distinct, valid pointer. */
+static size_t block_size(size_t nbytes) {
+  if (nbytes > SIZE_MAX - BLOCK_ALIGN) return 0;
+  size_t sz = (nbytes + BLOCK_ALIGN - 1) & ~(BLOCK_ALIGN - 1);
+  return sz ? sz : BLOCK_ALIGN;
+}
+
+static Buffer *buffer_struct(Device *dev, void *ptr, size_t nbytes, bool external) {
+  Buffer *b = tg_xmalloc(sizeof *b);
+  b->dev = dev;
+  b->nbytes = nbytes;
+  b->ptr = ptr;
+  b->refcount = 1;
+  b->external = external;
+  atomic_fetch_add_explicit(&g_live_buffers, 1, memory_order_relaxed);
+  return b;
+}
+
+Buffer *buffer_new(Device *dev, size_t nbytes) {
+  if (!dev) {
+    tg_set_error(TG_ERR_INVALID, "buffer_new: no device");
+    return NULL;
+  }
+  DeviceImpl *d = (DeviceImpl *)dev;
+  size_t sz = block_size(nbytes);
+  if (!sz) {
+    tg_set_error(TG_ERR_RUNTIME, "buffer_new: cannot allocate %zu bytes on %s (size overflows)", nbytes,
+                 dev->name);
+    return NULL;
+  }
+  void *ptr = cache_take(d, sz);
+  if (!ptr) {
+    bool had_error = tg_has_error();
+    ptr = dev->vt->alloc(dev->state, sz);
+    if (!ptr) {
+      /* Idle cached blocks may be what is missing: return them and try once more. */
+      pthread_mutex_lock(&d->lock);
+      bool had_cache = d->pub.cached_bytes > 0;
+      if (had_cache) cache_drop_locked(d);
+      pthread_mutex_unlock(&d->lock);
+      if (had_cache) {
+        if (!had_error) tg_clear_error();
+        ptr = dev->vt->alloc(dev->state, sz);
+      }
+    }
+    if (!ptr) {
+      tg_set_error(TG_ERR_RUNTIME, "buffer_new: cannot allocate %zu bytes on %s", nbytes, dev->name);
+      return NULL;
+    }
+  }
+  return buffer_struct(dev, ptr, nbytes, false);
+}
+
+Buffer *buffer_wrap(Device *dev, void *ptr, size_t nbytes) {
+  if (!dev || (!ptr && nbytes)) {
+    tg_set_error(TG_ERR_INVALID, "buffer_wrap: %s", dev ? "NULL pointer" : "no device");
+    return NULL;
+  }
+  return buffer_struct(dev, ptr, nbytes, true);
+}
+
+Buffer *buffer_ref(Buffer *b) {
+  if (b) __atomic_fetch_add(&b->refcount, 1, __ATOMIC_RELAXED);
+  return b;
+}
+
+void buffer_unref(Buffer *b) {
+  if (!b) return;
+  int left = __atomic_sub_fetch(&b->refcount, 1, __ATOMIC_ACQ_REL);
+  TG_ASSERT(left >= 0);
+  if (left) return;
+  if (!b->external) cache_put((DeviceImpl *)b->dev, b->ptr, block_size(b->nbytes));
+  free(b);
+  atomic_fetch_sub_explicit(&g_live_buffers, 1, memory_order_relaxed);
+}
+
+size_t buffer_live_count(void) { return atomic_load(&g_live_buffers); }
+
+tg_status buffer_copyin(Buffer *b, const void *src, size_t nbytes) {
+  if (!b || (!src && nbytes))
+    return tg_set_error(TG_ERR_INVALID, "buffer_copyin: %s", b ? "NULL source" : "no buffer");
+  if (nbytes > b->nbytes)
+    return tg_set_error(TG_ERR_INVALID, "buffer_copyin: %zu bytes into a buffer of %zu", nbytes, b->nbytes);
+  if (!nbytes) return TG_OK;
+  return b->dev->vt->copyin(b->dev->state, b->ptr, src, nbytes);
+}
+
+tg_status buffer_copyout(Buffer *b, void *dst, size_t nbytes) {
+  if (!b || (!dst && nbytes))
+    return tg_set_error(TG_ERR_INVALID, "buffer_copyout: %s", b ? "NULL destination" : "no buffer");
+  if (nbytes > b->nbytes)
+    return tg_set_error(TG_ERR_INVALID, "buffer_copyout: %zu bytes from a buffer of %zu", nbytes, b->nbytes);
+  if (!nbytes) return TG_OK;
+  return b->dev->vt->copyout(b->dev->state, dst, b->ptr, nbytes);
+}
+
+tg_status buffer_copy(Buffer *dst, Buffer *src, size_t nbytes) {
+  if (!dst || !src) return tg_set_error(TG_ERR_INVALID, "buffer_copy: no buffer");
+  if (nbytes > dst->nbytes || nbytes > src->nbytes)
+    return tg_set_error(TG_ERR_INVALID, "buffer_copy: %zu bytes from %zu-byte %s to %zu-byte %s", nbytes,
+                        src->nbytes, src->dev->name, dst->nbytes, dst->dev->name);
+  if (!nbytes || (dst->ptr == src->ptr && dst->dev == src->dev)) return TG_OK;
+  /* A host-memory side is its own staging buffer. */
+  if (kind_of(dst->dev)->host_memory)
+    return src->dev->vt->copyout(src->dev->state, dst->ptr, src->ptr, nbytes);
+  if (kind_of(src->dev)->host_memory)
+    return dst->dev->vt->copyin(dst->dev->state, dst->ptr, src->ptr, nbytes);
+  void *tmp = malloc(nbytes);
+  if (!tmp) return tg_set_error(TG_ERR_RUNTIME, "buffer_copy: no host memory for %zu bytes", nbytes);
+  tg_status st = src->dev->vt->copyout(src->dev->state, tmp, src->ptr, nbytes);
+  if (st == TG_OK) st = dst->dev->vt->copyin(dst->dev->state, dst->ptr, tmp, nbytes);
+  free(tmp);
+  return st;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* program cache                                                                                   */
+
+typedef struct ProgEntry {
+  Program pub;
+  uint64_t hash; /* of fname and src: entries for every device of one source share a chain */
+  char *src;
+  size_t srclen;
+  bool ready; /* false while one thread compiles it; others wait on g_prog_cond */
+  struct ProgEntry *next;
+} ProgEntry;
+
+static pthread_mutex_t g_prog_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_prog_cond = PTHREAD_COND_INITIALIZER;
+static ProgEntry **g_prog_tab;
+static size_t g_prog_cap, g_prog_n;
+
+static void prog_insert_locked(ProgEntry *e) {
+  if ((g_prog_n + 1) * 4 > g_prog_cap * 3) {
+    size_t ncap = g_prog_cap ? g_prog_cap * 2 : 256;
+    ProgEntry **nt = tg_xcalloc(ncap, sizeof *nt);
+    for (size_t i = 0; i < g_prog_cap; i++) {
+      for (ProgEntry *x = g_prog_tab[i], *nx; x; x = nx) {
+        nx = x->next;
+        x->next = nt[x->hash & (ncap - 1)];
+        nt[x->hash & (ncap - 1)] = x;
+      }
+    }
+    free(g_prog_tab);
+    g_prog_tab = nt;
+    g_prog_cap = ncap;
+  }
+  ProgEntry **slot = &g_prog_tab[e->hash & (g_prog_cap - 1)];
+  e->next = *slot;
+  *slot = e;
+  g_prog_n++;
+}
+
+static void prog_remove_locked(ProgEntry *e) {
+  for (ProgEntry **pp = &g_prog_tab[e->hash & (g_prog_cap - 1)]; *pp; pp = &(*pp)->next) {
+    if (*pp == e) {
+      *pp = e->next;
+      g_prog_n--;
+      return;
+    }
+  }
+}
+
+static ProgEntry *prog_new(Device *dev, const char *fname, const char *src, size_t srclen, uint64_t h) {
+  ProgEntry *e = tg_xcalloc(1, sizeof *e);
+  e->pub.dev = dev;
+  e->pub.name = tg_xstrdup(fname);
+  e->hash = h;
+  e->src = tg_xmalloc(srclen + 1);
+  memcpy(e->src, src, srclen + 1);
+  e->srclen = srclen;
+  return e;
+}
+
+static void prog_free(ProgEntry *e) {
+  free(e->pub.name);
+  free(e->src);
+  free(e);
+}
+
+Program *program_get(Device *dev, const char *fname, const char *src) {
+  if (!dev || !fname || !src) {
+    tg_set_error(TG_ERR_INVALID, "program_get: %s", !dev ? "no device" : !fname ? "no name" : "no source");
+    return NULL;
+  }
+  size_t srclen = strlen(src);
+  uint64_t h = hash_bytes(src, srclen, hash_bytes(fname, strlen(fname), 0x7467707267ULL));
+  bool shareable = kind_of(dev)->host_memory;
+
+  pthread_mutex_lock(&g_prog_lock);
+  for (;;) {
+    ProgEntry *mine = NULL, *sibling = NULL;
+    bool busy = false;
+    if (g_prog_cap) {
+      for (ProgEntry *e = g_prog_tab[h & (g_prog_cap - 1)]; e; e = e->next) {
+        if (e->hash != h || e->srclen != srclen || strcmp(e->pub.name, fname) != 0 ||
+            memcmp(e->src, src, srclen) != 0)
+          continue;
+        if (e->pub.dev == dev) {
+          mine = e;
+          break;
+        }
+        if (shareable && e->pub.dev->vt == dev->vt) {
+          if (e->ready)
+            sibling = e;
+          else
+            busy = true;
+        }
+      }
+    }
+    if (mine && mine->ready) {
+      pthread_mutex_unlock(&g_prog_lock);
+      return &mine->pub;
+    }
+    if (mine || (busy && !sibling)) {
+      /* Someone is compiling this source: wait rather than compile it twice. */
+      pthread_cond_wait(&g_prog_cond, &g_prog_lock);
+      continue;
+    }
+    ProgEntry *e = prog_new(dev, fname, src, srclen, h);
+    if (sibling) {
+      /* Same code in the same address space: share the loaded program (never unloaded). */
+      e->pub.handle = sibling->pub.handle;
+      e->ready = true;
+      prog_insert_locked(e);
+      pthread_mutex_unlock(&g_prog_lock);
+      return &e->pub;
+    }
+    prog_insert_locked(e);
+    pthread_mutex_unlock(&g_prog_lock);
+
+    uint8_t *lib = NULL;
+    size_t liblen = 0;
+    void *handle = NULL;
+    if (dev->vt->compile(dev->state, src, &lib, &liblen) == TG_OK) {
+      __atomic_fetch_add(&g_counters.compile_count, 1, __ATOMIC_RELAXED);
+      handle = dev->vt->load(dev->state, fname, lib, liblen);
+    }
+    free(lib);
+
+    pthread_mutex_lock(&g_prog_lock);
+    if (handle) {
+      e->pub.handle = handle;
+      e->ready = true;
+    } else {
+      prog_remove_locked(e);
+      prog_free(e);
+      e = NULL;
+    }
+    pthread_cond_broadcast(&g_prog_cond);
+    pthread_mutex_unlock(&g_prog_lock);
+    return e ? &e->pub : NULL;
+  }
+}
+
+double program_exec(Program *p, void **bufs, int nbufs, const int64_t *global_size, const int64_t *local_size,
+                    bool wait) {
+  if (!p) {
+    tg_set_error(TG_ERR_INVALID, "program_exec: no program");
+    return -1.0;
+  }
+  return p->dev->vt->exec(p->dev->state, p->handle, bufs, nbufs, global_size, local_size, wait);
+}

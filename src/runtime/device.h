@@ -1,0 +1,100 @@
+/*
+ * device.h -- the runtime layer: devices as const vtables in one registry, device buffers, and
+ * compiled programs. The layers above (engine, schedule) only talk to devices through this header;
+ * adding OpenCL/CUDA/LLVM means adding one DeviceVT and one registry row.
+ *
+ * Kernel ABI for CPU-like devices (what the C renderer emits and ops_cpu launches):
+ *   void <name>(void **restrict bufs, int64_t gstart, int64_t gend);
+ * The kernel computes the slice [gstart, gend) of its outermost global loop (global_size[0]); the
+ * runtime splits global_size[0] across its worker threads. Other global dims are looped inside.
+ */
+#ifndef TG_DEVICE_H
+#define TG_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../helpers.h"
+
+typedef struct Device Device;
+
+typedef struct DeviceVT {
+  const char *name; /* "CPU" */
+  /* Creates the device state for instance `index` (CPU:0, CPU:1, ...). NULL + tg_set_error on failure. */
+  void *(*open)(int index);
+  void (*close)(void *state);
+  /* Raw memory. alloc returns NULL + tg_set_error on failure. */
+  void *(*alloc)(void *state, size_t nbytes);
+  void (*free)(void *state, void *ptr, size_t nbytes);
+  tg_status (*copyin)(void *state, void *dst, const void *src, size_t nbytes);
+  tg_status (*copyout)(void *state, void *dst, const void *src, size_t nbytes);
+  /* Source -> binary. Thread-safe; uses the on-disk cache. On failure returns TG_ERR_COMPILE and
+   * records the compiler's message with tg_set_error. *lib is malloc'd, caller frees. */
+  tg_status (*compile)(void *state, const char *src, uint8_t **lib, size_t *liblen);
+  /* Binary -> loaded program (opaque). NULL + error on failure. */
+  void *(*load)(void *state, const char *fname, const uint8_t *lib, size_t liblen);
+  void (*unload)(void *state, void *prg);
+  /* Runs prg over bufs. global_size/local_size have 3 entries. If `wait`, blocks until done and
+   * returns elapsed seconds (>= 0); else may return 0 immediately. Negative on failure. */
+  double (*exec)(void *state, void *prg, void **bufs, int nbufs, const int64_t *global_size,
+                 const int64_t *local_size, bool wait);
+  void (*synchronize)(void *state);
+  /* Identifies the compiler + flags (part of every cache key). Static string. */
+  const char *(*compiler_id)(void *state);
+} DeviceVT;
+
+struct Device {
+  const DeviceVT *vt;
+  void *state;
+  int index;        /* instance number */
+  char name[32];    /* canonical name: "CPU" for index 0, "CPU:1" otherwise */
+  int id;           /* position in the open-device table (small int, stable for the process) */
+  /* caching allocator: freed blocks kept per size for reuse */
+  struct FreeBlock *free_list;
+  size_t cached_bytes;
+};
+
+/* Parses a tinygrad device string ("CPU", "cpu", "CPU:1", NULL = default from DEV) and returns the
+ * opened device (opened once, kept for the process). NULL + tg_set_error if unknown. */
+Device *device_get(const char *name);
+Device *device_default(void);
+Device *device_by_id(int id);
+/* Prints the device list (DEBUG>=1 at first use). */
+void device_list_print(void);
+
+/* Device buffers: reference counted. An external buffer wraps caller memory and is never freed. */
+typedef struct Buffer {
+  Device *dev;
+  size_t nbytes;
+  void *ptr;
+  int refcount;
+  bool external;
+} Buffer;
+Buffer *buffer_new(Device *dev, size_t nbytes);              /* NULL + error on failure */
+Buffer *buffer_wrap(Device *dev, void *ptr, size_t nbytes);  /* external */
+Buffer *buffer_ref(Buffer *b);
+void buffer_unref(Buffer *b);
+tg_status buffer_copyin(Buffer *b, const void *src, size_t nbytes);
+tg_status buffer_copyout(Buffer *b, void *dst, size_t nbytes);
+/* Device to device copy (through the host if the devices differ). */
+tg_status buffer_copy(Buffer *dst, Buffer *src, size_t nbytes);
+size_t buffer_live_count(void);
+
+/* Compiled programs, cached in memory by (device, source). */
+typedef struct Program {
+  Device *dev;
+  char *name;
+  void *handle;
+} Program;
+/* Compiles (disk cache) and loads `src` whose entry point is `fname`. Returns a program owned by
+ * the in-memory cache (valid for the process), or NULL + error (TG_ERR_COMPILE with the compiler's
+ * message). */
+Program *program_get(Device *dev, const char *fname, const char *src);
+double program_exec(Program *p, void **bufs, int nbufs, const int64_t *global_size,
+                    const int64_t *local_size, bool wait);
+
+/* Registry of device kinds. */
+extern const DeviceVT cpu_device_vt;
+
+#endif

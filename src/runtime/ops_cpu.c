@@ -1,0 +1,560 @@
+/*
+ * ops_cpu.c -- the CPU device: host memory, kernels in C compiled by the system C compiler, loaded
+ * with dlopen, run on the persistent thread pool.
+ *
+ * In: C source defining `void <fname>(void **restrict bufs, int64_t gstart, int64_t gend)`.
+ * Out: shared-object bytes (compile), a callable program (load), a synchronous run (exec).
+ * Invariants:
+ *  - compile never crashes on bad input or a missing compiler: it returns TG_ERR_COMPILE with the
+ *    compiler's own diagnostic.
+ *  - A disk-cache entry is only ever seen complete (written to a private name, then rename()d) and
+ *    is checked (magic, version, length, checksum) before use; a bad one is deleted and rebuilt.
+ *    Without a usable cache directory everything still works, just uncached.
+ *  - Every loaded object gets a file name never used before in this process: glibc's dlopen
+ *    returns an already-loaded object when the path string repeats, so reusing
+ *    "/proc/self/fd/<n>" (memfd) after the fd number is recycled would silently run the wrong code.
+ *
+ * exec: local_size[0] is the number of threads to use (0, negative or NULL = all of them, THREADS
+ * or the online CPUs); global_size[0] is split into that many contiguous chunks, the caller runs
+ * one. global_size[0] <= 0 runs nothing.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <spawn.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysinfo.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "device.h"
+#include "threadpool.h"
+
+extern char **environ;
+
+/* Lean on purpose: compile time is paid on every cache miss (BEAM compiles thousands). Valid for
+ * gcc and clang. -fno-stack-protector keeps register-tile kernels free of canary checks on
+ * distributions that enable the protector by default. */
+static const char *const CPU_CFLAGS[] = {"-shared",
+                                         "-fPIC",
+                                         "-O2",
+                                         "-march=native",
+                                         "-fno-math-errno",
+                                         "-ffp-contract=fast",
+                                         "-fno-stack-protector",
+                                         "-w",
+                                         "-pipe"};
+#define N_CFLAGS (sizeof CPU_CFLAGS / sizeof CPU_CFLAGS[0])
+
+#define CACHE_MAGIC "TGCK"
+#define CACHE_VERSION 1u
+#define CACHE_HDR 16
+#define CACHE_TRAILER 8
+#define CACHE_SEED 0x54474b45524e4c31ULL
+#define DIAG_KEEP 65536 /* compiler output read into memory */
+#define DIAG_SHOW 4096  /* compiler output put in the error message */
+
+typedef struct {
+  int index;
+} CpuState;
+
+typedef struct {
+  tp_range_fn fn;
+  void *dl;
+} CpuProgram;
+
+static _Atomic uint64_t g_file_counter;
+
+/* ---------------------------------------------------------------------------------------------- */
+/* small file and process helpers                                                                  */
+
+static bool write_all(int fd, const void *p, size_t n) {
+  const uint8_t *c = p;
+  while (n) {
+    ssize_t w = write(fd, c, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    c += w;
+    n -= (size_t)w;
+  }
+  return true;
+}
+
+/* Whole file into a malloc'd buffer; NULL if it cannot be read. */
+static uint8_t *read_file(const char *path, size_t *len) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return NULL;
+  struct stat st;
+  uint8_t *buf = NULL;
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    size_t n = (size_t)st.st_size, got = 0;
+    buf = tg_xmalloc(n ? n : 1);
+    while (got < n) {
+      ssize_t r = read(fd, buf + got, n - got);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) break;
+      got += (size_t)r;
+    }
+    if (got != n) {
+      free(buf);
+      buf = NULL;
+    }
+    *len = n;
+  }
+  close(fd);
+  return buf;
+}
+
+static bool mkdir_p(const char *path) {
+  char *p = tg_xstrdup(path);
+  for (char *s = p + 1; *s; s++) {
+    if (*s != '/') continue;
+    *s = '\0';
+    mkdir(p, 0755);
+    *s = '/';
+  }
+  mkdir(p, 0755);
+  struct stat st;
+  bool ok = stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+  free(p);
+  return ok;
+}
+
+/* Runs the program at `path` with stdin from /dev/null; stdout and stderr go to `out` (the first
+ * `keep` bytes; the rest is drained so the child never blocks). Returns 0 and the wait status, or
+ * the errno of a failed spawn. */
+static int run_capture(const char *path, char *const argv[], SB *out, size_t keep, int *wstatus) {
+  int pfd[2];
+  if (pipe2(pfd, O_CLOEXEC) != 0) return errno;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, pfd[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, pfd[1], 2);
+  pid_t pid;
+  int rc = posix_spawn(&pid, path, &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(pfd[1]);
+  if (rc != 0) {
+    close(pfd[0]);
+    return rc;
+  }
+  char buf[4096];
+  for (;;) {
+    ssize_t r = read(pfd[0], buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    if (out->len < keep) {
+      size_t take = (size_t)r < keep - out->len ? (size_t)r : keep - out->len;
+      sb_printf(out, "%.*s", (int)take, buf);
+    }
+  }
+  close(pfd[0]);
+  *wstatus = -1;
+  while (waitpid(pid, wstatus, 0) < 0 && errno == EINTR) {
+  }
+  return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* compiler identity                                                                               */
+
+typedef struct CompilerInfo {
+  char *cc;    /* the CC setting as given, e.g. "cc" or "ccache clang" */
+  char **argv; /* cc split on blanks, NULL-terminated */
+  int argc;
+  char *path; /* argv[0] resolved through PATH; NULL if not found */
+  char *id;   /* part of every disk-cache key */
+  struct CompilerInfo *next;
+} CompilerInfo;
+
+static pthread_mutex_t g_cc_lock = PTHREAD_MUTEX_INITIALIZER;
+static CompilerInfo *g_compilers; /* one per CC value seen; never freed (ids are handed out) */
+
+static char *which(const char *prog) {
+  if (strchr(prog, '/')) return access(prog, X_OK) == 0 ? tg_xstrdup(prog) : NULL;
+  const char *pathenv = getenv("PATH");
+  if (!pathenv || !*pathenv) pathenv = "/usr/local/bin:/usr/bin:/bin";
+  SB b;
+  sb_init(&b);
+  for (const char *p = pathenv;;) {
+    const char *e = strchr(p, ':');
+    size_t n = e ? (size_t)(e - p) : strlen(p);
+    b.len = 0;
+    sb_printf(&b, "%.*s/%s", (int)n, n ? p : ".", prog);
+    struct stat st;
+    if (access(b.s, X_OK) == 0 && stat(b.s, &st) == 0 && S_ISREG(st.st_mode)) return sb_take(&b);
+    if (!e) break;
+    p = e + 1;
+  }
+  sb_free(&b);
+  return NULL;
+}
+
+static CompilerInfo *compiler_new(const char *cc) {
+  CompilerInfo *ci = tg_xcalloc(1, sizeof *ci);
+  ci->cc = tg_xstrdup(cc);
+  char *copy = tg_xstrdup(cc);
+  for (char *save = NULL, *tok = strtok_r(copy, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
+    ci->argv = tg_xrealloc(ci->argv, (size_t)(ci->argc + 2) * sizeof *ci->argv);
+    ci->argv[ci->argc++] = tg_xstrdup(tok);
+    ci->argv[ci->argc] = NULL;
+  }
+  free(copy);
+  if (ci->argc) ci->path = which(ci->argv[0]);
+
+  SB version;
+  sb_init(&version);
+  if (ci->path) {
+    char **argv = tg_xcalloc((size_t)ci->argc + 2, sizeof *argv);
+    for (int i = 0; i < ci->argc; i++) argv[i] = ci->argv[i];
+    argv[ci->argc] = "--version";
+    int ws;
+    if (run_capture(ci->path, argv, &version, 4096, &ws) != 0) version.len = 0;
+    free(argv);
+    if (version.s) {
+      version.s[strcspn(version.s, "\n")] = '\0';
+      version.len = strlen(version.s);
+    }
+  }
+  SB id;
+  sb_init(&id);
+  sb_printf(&id, "cc:%s@%s:%s|", ci->cc, ci->path ? ci->path : "(missing)", version.len ? version.s : "?");
+  for (size_t i = 0; i < N_CFLAGS; i++) sb_printf(&id, "%s%s", i ? " " : "", CPU_CFLAGS[i]);
+  sb_free(&version);
+  ci->id = sb_take(&id);
+  return ci;
+}
+
+/* Compiler for the current CC setting (a Context may change it, so it is looked up each time). */
+static CompilerInfo *compiler_get(void) {
+  const char *cc = getenv_str("CC", "cc");
+  if (!cc || !*cc) cc = "cc";
+  pthread_mutex_lock(&g_cc_lock);
+  CompilerInfo *ci = g_compilers;
+  while (ci && strcmp(ci->cc, cc) != 0) ci = ci->next;
+  if (!ci) {
+    ci = compiler_new(cc);
+    ci->next = g_compilers;
+    g_compilers = ci;
+  }
+  pthread_mutex_unlock(&g_cc_lock);
+  return ci;
+}
+
+static const char *cpu_compiler_id(void *state) {
+  (void)state;
+  return compiler_get()->id;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* on-disk cache                                                                                   */
+
+static char *cache_dir(void) {
+  SB b;
+  sb_init(&b);
+  const char *d = getenv_str("TINYGRAD_CACHE_DIR", NULL);
+  if (d && *d) {
+    sb_puts(&b, d);
+  } else if ((d = getenv_str("XDG_CACHE_HOME", NULL)) && *d) {
+    sb_printf(&b, "%s/tinygrad.c", d);
+  } else if ((d = getenv_str("HOME", NULL)) && *d) {
+    sb_printf(&b, "%s/.cache/tinygrad.c", d);
+  } else {
+    return NULL;
+  }
+  sb_puts(&b, "/kernels");
+  return sb_take(&b);
+}
+
+/* Payload of a valid entry (malloc'd), or NULL; an entry that exists but is damaged is deleted. */
+static uint8_t *cache_read(const char *path, size_t *len) {
+  size_t n = 0;
+  uint8_t *buf = read_file(path, &n);
+  if (!buf) return NULL;
+  uint32_t version;
+  uint64_t plen, sum;
+  bool ok = n >= CACHE_HDR + CACHE_TRAILER && memcmp(buf, CACHE_MAGIC, 4) == 0;
+  if (ok) {
+    memcpy(&version, buf + 4, 4);
+    memcpy(&plen, buf + 8, 8);
+    ok = version == CACHE_VERSION && plen == n - CACHE_HDR - CACHE_TRAILER;
+  }
+  if (ok) {
+    memcpy(&sum, buf + CACHE_HDR + plen, 8);
+    ok = sum == hash_bytes(buf + CACHE_HDR, (size_t)plen, CACHE_SEED);
+  }
+  if (!ok) {
+    if (debug_level() >= 2) fprintf(stderr, "kernel cache: discarding damaged entry %s\n", path);
+    unlink(path);
+    free(buf);
+    return NULL;
+  }
+  memmove(buf, buf + CACHE_HDR, (size_t)plen);
+  *len = (size_t)plen;
+  return buf;
+}
+
+/* Best effort: a failure leaves no file behind and is otherwise ignored. */
+static void cache_write(const char *dir, const char *path, const uint8_t *lib, size_t len) {
+  SB tmp;
+  sb_init(&tmp);
+  sb_printf(&tmp, "%s/.tmp-%d-%ld-%llu", dir, (int)getpid(), (long)syscall(SYS_gettid),
+            (unsigned long long)atomic_fetch_add(&g_file_counter, 1));
+  int fd = open(tmp.s, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd >= 0) {
+    uint8_t hdr[CACHE_HDR];
+    uint32_t version = CACHE_VERSION;
+    uint64_t plen = len, sum = hash_bytes(lib, len, CACHE_SEED);
+    memcpy(hdr, CACHE_MAGIC, 4);
+    memcpy(hdr + 4, &version, 4);
+    memcpy(hdr + 8, &plen, 8);
+    bool ok = write_all(fd, hdr, sizeof hdr) && write_all(fd, lib, len) && write_all(fd, &sum, 8);
+    ok = close(fd) == 0 && ok;
+    if (!ok || rename(tmp.s, path) != 0) unlink(tmp.s);
+  }
+  sb_free(&tmp);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* compile                                                                                         */
+
+/* The kernel's name for error messages: the identifier before the first "(void **". */
+static void kernel_name(const char *src, char *out, size_t cap) {
+  const char *p = strstr(src, "(void **");
+  const char *e = p;
+  while (p && p > src &&
+         (p[-1] == '_' || (p[-1] >= '0' && p[-1] <= '9') || ((p[-1] | 32) >= 'a' && (p[-1] | 32) <= 'z')))
+    p--;
+  snprintf(out, cap, "%.*s", p && e > p ? (int)(e - p) : 1, p && e > p ? p : "?");
+}
+
+static tg_status compile_now(CompilerInfo *ci, const char *src, uint8_t **lib, size_t *liblen) {
+  if (!ci->path) return tg_set_error(TG_ERR_COMPILE, "C compiler '%s' not found (set CC)", ci->cc);
+  const char *tmpdir = getenv("TMPDIR");
+  if (!tmpdir || !*tmpdir) tmpdir = "/tmp";
+  SB cpath, opath, diag;
+  sb_init(&cpath);
+  sb_init(&opath);
+  sb_init(&diag);
+  sb_printf(&cpath, "%s/tgk-XXXXXX.c", tmpdir);
+  int fd = mkstemps(cpath.s, 2);
+  if (fd < 0) {
+    tg_status st = tg_set_error(TG_ERR_COMPILE, "compile failed: cannot create a file in %s: %s", tmpdir,
+                                strerror(errno));
+    sb_free(&cpath);
+    return st;
+  }
+  bool wrote = write_all(fd, src, strlen(src));
+  close(fd);
+  /* The .c name is ours (mkstemps), so the matching .so name cannot collide either. */
+  sb_printf(&opath, "%.*s.so", (int)(cpath.len - 2), cpath.s);
+
+  tg_status st = TG_OK;
+  char name[96];
+  kernel_name(src, name, sizeof name);
+  size_t nargs = (size_t)ci->argc + N_CFLAGS + 5, k = 0;
+  char **argv = tg_xcalloc(nargs, sizeof *argv);
+  for (int i = 0; i < ci->argc; i++) argv[k++] = ci->argv[i];
+  for (size_t i = 0; i < N_CFLAGS; i++) argv[k++] = (char *)CPU_CFLAGS[i];
+  argv[k++] = "-o";
+  argv[k++] = opath.s;
+  argv[k++] = cpath.s;
+  argv[k++] = "-lm";
+  argv[k] = NULL;
+  int ws = 0, rc = wrote ? run_capture(ci->path, argv, &diag, DIAG_KEEP, &ws) : EIO;
+  free(argv);
+  unlink(cpath.s);
+  if (rc == ENOENT) {
+    st = tg_set_error(TG_ERR_COMPILE, "C compiler '%s' not found (set CC)", ci->cc);
+  } else if (rc != 0) {
+    st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s': cannot run '%s': %s", name, ci->path,
+                      strerror(rc));
+  } else if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0) {
+    while (diag.len && (diag.s[diag.len - 1] == '\n' || diag.s[diag.len - 1] == ' '))
+      diag.s[--diag.len] = '\0';
+    st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s' (%s, %s %d):\n%.*s%s", name, ci->cc,
+                      WIFEXITED(ws) ? "exit" : "signal",
+                      WIFEXITED(ws)     ? WEXITSTATUS(ws)
+                      : WIFSIGNALED(ws) ? WTERMSIG(ws)
+                                        : -1,
+                      (int)(diag.len < DIAG_SHOW ? diag.len : DIAG_SHOW), diag.s ? diag.s : "",
+                      diag.len > DIAG_SHOW ? "\n... (truncated)" : "");
+  } else if (!(*lib = read_file(opath.s, liblen))) {
+    st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s': no output from '%s'", name, ci->cc);
+  }
+  unlink(opath.s);
+  sb_free(&cpath);
+  sb_free(&opath);
+  sb_free(&diag);
+  return st;
+}
+
+static tg_status cpu_compile(void *state, const char *src, uint8_t **lib, size_t *liblen) {
+  (void)state;
+  *lib = NULL;
+  *liblen = 0;
+  if (!src) return tg_set_error(TG_ERR_INVALID, "compile: no source");
+  CompilerInfo *ci = compiler_get();
+  char *dir = NULL;
+  SB entry;
+  sb_init(&entry);
+  if (getenv_int("DISABLE_COMPILER_CACHE", 0) == 0 && (dir = cache_dir())) {
+    size_t n = strlen(src);
+    uint64_t base = hash_bytes(ci->id, strlen(ci->id), CACHE_SEED);
+    uint64_t h1 = hash_bytes(src, n, base), h2 = hash_bytes(src, n, ~base);
+    sb_printf(&entry, "%s/%016llx%016llx.so", dir, (unsigned long long)h1, (unsigned long long)h2);
+    if ((*lib = cache_read(entry.s, liblen))) {
+      free(dir);
+      sb_free(&entry);
+      return TG_OK;
+    }
+  }
+  tg_status st = compile_now(ci, src, lib, liblen);
+  if (st == TG_OK && dir && mkdir_p(dir)) cache_write(dir, entry.s, *lib, *liblen);
+  free(dir);
+  sb_free(&entry);
+  return st;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* load, exec                                                                                      */
+
+static void *cpu_load(void *state, const char *fname, const uint8_t *lib, size_t liblen) {
+  (void)state;
+  if (!fname || !lib) {
+    tg_set_error(TG_ERR_INVALID, "load: no %s", fname ? "binary" : "name");
+    return NULL;
+  }
+  /* tmpfs first (no disk I/O); the others in case it is missing, full or mounted noexec. */
+  const char *dirs[] = {"/dev/shm", getenv("TMPDIR"), "/tmp"};
+  void *dl = NULL;
+  char why[512] = "no writable temporary directory";
+  for (size_t i = 0; i < sizeof dirs / sizeof dirs[0] && !dl; i++) {
+    if (!dirs[i] || !*dirs[i]) continue;
+    char path[4096];
+    int len = snprintf(path, sizeof path, "%s/tgk-%d-%llu-XXXXXX.so", dirs[i], (int)getpid(),
+                       (unsigned long long)atomic_fetch_add(&g_file_counter, 1));
+    if (len < 0 || (size_t)len >= sizeof path) continue;
+    int fd = mkstemps(path, 3);
+    if (fd < 0) continue;
+    bool ok = write_all(fd, lib, liblen);
+    ok = close(fd) == 0 && ok;
+    if (ok) {
+      dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+      if (!dl) snprintf(why, sizeof why, "%s", dlerror());
+    }
+    unlink(path);
+  }
+  if (!dl) {
+    tg_set_error(TG_ERR_RUNTIME, "cannot load kernel '%s': %s", fname, why);
+    return NULL;
+  }
+  void *sym = dlsym(dl, fname);
+  if (!sym) {
+    tg_set_error(TG_ERR_RUNTIME, "cannot load kernel '%s': symbol not found in its binary", fname);
+    dlclose(dl);
+    return NULL;
+  }
+  CpuProgram *p = tg_xmalloc(sizeof *p);
+  p->fn = (tp_range_fn)sym;
+  p->dl = dl;
+  return p;
+}
+
+static void cpu_unload(void *state, void *prg) {
+  (void)state;
+  CpuProgram *p = prg;
+  if (!p) return;
+  dlclose(p->dl);
+  free(p);
+}
+
+static double cpu_exec(void *state, void *prg, void **bufs, int nbufs, const int64_t *global_size,
+                       const int64_t *local_size, bool wait) {
+  (void)state;
+  (void)nbufs;
+  const CpuProgram *p = prg;
+  if (!p) {
+    tg_set_error(TG_ERR_INVALID, "exec: no program");
+    return -1.0;
+  }
+  int64_t n = global_size ? global_size[0] : 1;
+  int64_t nt = local_size ? local_size[0] : 0;
+  int nthreads = nt > 0 && nt < INT32_MAX ? (int)nt : 0;
+  if (!wait) {
+    tp_parallel_for(p->fn, bufs, n, nthreads);
+    return 0.0;
+  }
+  double t0 = now_seconds();
+  tp_parallel_for(p->fn, bufs, n, nthreads);
+  return now_seconds() - t0;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* memory                                                                                          */
+
+static void *cpu_open(int index) {
+  CpuState *s = tg_xcalloc(1, sizeof *s);
+  s->index = index;
+  return s;
+}
+
+static void cpu_close(void *state) { free(state); }
+
+static void *cpu_alloc(void *state, size_t nbytes) {
+  (void)state;
+  /* Reject what RAM plus swap could never hold, instead of letting the allocator (or ASan's)
+   * abort or the kernel overcommit into an OOM kill later. */
+  static _Atomic size_t limit;
+  size_t lim = atomic_load_explicit(&limit, memory_order_relaxed);
+  if (!lim) {
+    struct sysinfo si;
+    lim = sysinfo(&si) == 0 ? (size_t)(si.totalram + si.totalswap) * si.mem_unit : SIZE_MAX / 2;
+    atomic_store_explicit(&limit, lim, memory_order_relaxed);
+  }
+  if (nbytes > lim) {
+    tg_set_error(TG_ERR_RUNTIME, "CPU: cannot allocate %zu bytes (RAM + swap is %zu bytes)", nbytes, lim);
+    return NULL;
+  }
+  size_t sz = (nbytes + 63) & ~(size_t)63;
+  void *p = aligned_alloc(64, sz ? sz : 64);
+  if (!p) tg_set_error(TG_ERR_RUNTIME, "CPU: cannot allocate %zu bytes: out of memory", nbytes);
+  return p;
+}
+
+static void cpu_free(void *state, void *ptr, size_t nbytes) {
+  (void)state;
+  (void)nbytes;
+  free(ptr);
+}
+
+static tg_status cpu_copy(void *state, void *dst, const void *src, size_t nbytes) {
+  (void)state;
+  if (nbytes) memmove(dst, src, nbytes);
+  return TG_OK;
+}
+
+static void cpu_synchronize(void *state) { (void)state; }
+
+const DeviceVT cpu_device_vt = {
+    .name = "CPU",
+    .open = cpu_open,
+    .close = cpu_close,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copyin = cpu_copy,
+    .copyout = cpu_copy,
+    .compile = cpu_compile,
+    .load = cpu_load,
+    .unload = cpu_unload,
+    .exec = cpu_exec,
+    .synchronize = cpu_synchronize,
+    .compiler_id = cpu_compiler_id,
+};

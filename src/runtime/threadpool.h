@@ -1,0 +1,23 @@
+/*
+ * threadpool.h -- a process-wide pool of persistent worker threads for CPU kernels.
+ *
+ * tp_parallel_for(fn, arg, n, nthreads) runs fn(arg, start, end) over [0, n) split into nthreads
+ * contiguous chunks; the calling thread runs chunks too and the call returns when all are done.
+ * The range function has exactly the CPU kernel ABI, so kernels are dispatched without a trampoline.
+ */
+#ifndef TG_THREADPOOL_H
+#define TG_THREADPOOL_H
+
+#include <stdint.h>
+
+typedef void (*tp_range_fn)(void **arg, int64_t start, int64_t end);
+
+/* Threads the pool can use including the caller: THREADS, else the number of online CPUs. Read once. */
+int tp_max_threads(void);
+
+/* Runs fn over [0, n) with up to nthreads threads (<= 0 or more than tp_max_threads(): all of
+ * them). Synchronous. Re-entrant: a call made while the pool is busy (another thread, or a kernel
+ * calling back in) runs on the calling thread alone instead of waiting. */
+void tp_parallel_for(tp_range_fn fn, void **arg, int64_t n, int nthreads);
+
+#endif

@@ -1,0 +1,605 @@
+/*
+ * schedule.c -- fusion and kernel construction.
+ *
+ * In: the target nodes of a realize. Out: an ordered list of kernels (each a kernel AST over
+ * parameter buffers) and the buffers they use, with last uses marked so the engine can free and
+ * reuse memory as soon as it dies.
+ *
+ * Fusion rules (decided in one pass from consumers to producers):
+ *  - realize targets, CONTIGUOUS, COPY and ASSIGN are materialized (each is a kernel "root");
+ *  - elementwise and movement nodes are never materialized: every kernel that needs them recomputes
+ *    them inline (movement ops become index arithmetic, so views cost nothing);
+ *  - a reduction fuses into the kernel of its single consumer when the path up to that kernel's root
+ *    is single-consumer and only elementwise ops and reshapes (so output positions map 1:1), and the
+ *    kernel has no other reduction; otherwise it is materialized as its own kernel, with the
+ *    elementwise ops feeding it fused in.
+ * Kernel ASTs are built by propagating index expressions from the output down to the loads:
+ * a PAD adds a validity condition, EXPAND zeroes an index, RESHAPE re-linearizes, and the symbolic
+ * simplifier (uop.c) folds the results.
+ */
+#include "schedule.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "../uop/ptrmap.h"
+
+typedef struct {
+  UOp *n;
+  int ncons;
+  UOp *cons;
+  int root;
+  bool fusable;
+  bool mat;
+  bool leaf;
+  bool target;
+  UOp *fused_reduce;
+  int sbuf;
+  bool emitted;
+} NI;
+
+typedef struct {
+  Schedule *s;
+  PtrMap idx; /* node -> index + 1 */
+  NI *ni;
+  int nn, capn;
+  PtrMap bufslot; /* Buffer* -> sbuf index + 1 */
+  PtrVec pending_assign; /* NI indices (as intptr) of ASSIGN kernels not yet emitted */
+} SCtx;
+
+static NI *info(SCtx *c, UOp *n) {
+  intptr_t i = (intptr_t)pm_get(&c->idx, (uint64_t)(uintptr_t)n);
+  return i ? &c->ni[i - 1] : NULL;
+}
+
+static bool is_leaf_node(UOp *n) { return n->realized || n->op == OP_BUFFER || n->op == OP_CONST; }
+
+static void visit(SCtx *c, UOp *n, bool target) {
+  if (pm_has(&c->idx, (uint64_t)(uintptr_t)n)) {
+    if (target) info(c, n)->target = true;
+    return;
+  }
+  bool leaf = is_leaf_node(n) && !(target && n->op == OP_CONST && !n->realized);
+  if (!leaf)
+    for (uint32_t i = 0; i < n->nsrc; i++) visit(c, n->src[i], false);
+  if (c->nn == c->capn) {
+    c->capn = c->capn ? c->capn * 2 : 64;
+    c->ni = tg_xrealloc(c->ni, sizeof(NI) * (size_t)c->capn);
+  }
+  NI *x = &c->ni[c->nn++];
+  memset(x, 0, sizeof *x);
+  x->n = n;
+  x->leaf = leaf;
+  x->target = target;
+  x->root = -1;
+  x->sbuf = -1;
+  pm_put(&c->idx, (uint64_t)(uintptr_t)n, (void *)(intptr_t)c->nn);
+  if (!leaf)
+    for (uint32_t i = 0; i < n->nsrc; i++) {
+      NI *s = info(c, n->src[i]);
+      if (s->ncons == 0 || s->cons != n) {
+        s->ncons++;
+        s->cons = n;
+      }
+    }
+}
+
+static void decide(SCtx *c) {
+  for (int i = c->nn - 1; i >= 0; i--) {
+    NI *x = &c->ni[i];
+    if (x->leaf) continue;
+    UOp *n = x->n;
+    if (x->target || n->op == OP_CONTIGUOUS || n->op == OP_COPY || n->op == OP_ASSIGN) x->mat = true;
+    if (!x->mat && x->ncons == 1) {
+      NI *cn = info(c, x->cons);
+      if (cn->n->op == OP_COPY) {
+        x->mat = true;
+      } else {
+        x->root = cn->root;
+        int cop = cn->n->op;
+        x->fusable = cn->fusable && cop != OP_REDUCE_AXIS &&
+                     (op_is_alu(cop) || cop == OP_RESHAPE || cop == OP_CONTIGUOUS || cop == OP_ASSIGN);
+      }
+    }
+    if (x->mat) {
+      x->root = i;
+      x->fusable = n->op != OP_REDUCE_AXIS;
+      if (n->op == OP_REDUCE_AXIS) x->fused_reduce = n;
+      continue;
+    }
+    if (n->op == OP_REDUCE_AXIS) {
+      NI *r = x->root >= 0 ? &c->ni[x->root] : NULL;
+      if (x->fusable && r && !r->fused_reduce) {
+        r->fused_reduce = n;
+      } else {
+        x->mat = true;
+        x->root = i;
+        x->fused_reduce = n;
+      }
+    }
+  }
+}
+
+/* ---- buffers ---- */
+static int sbuf_new(Schedule *s, Device *dev, size_t nbytes, UOp *node) {
+  if (s->nbufs == s->capbufs) {
+    s->capbufs = s->capbufs ? s->capbufs * 2 : 16;
+    s->bufs = tg_xrealloc(s->bufs, sizeof(SBuf) * (size_t)s->capbufs);
+  }
+  SBuf *b = &s->bufs[s->nbufs];
+  memset(b, 0, sizeof *b);
+  b->dev = dev;
+  b->nbytes = nbytes;
+  b->last_use = -1;
+  b->node = node;
+  return s->nbufs++;
+}
+
+/* sbuf for an existing Buffer (deduplicated by Buffer identity, so aliasing views share a param) */
+static int sbuf_existing(SCtx *c, Buffer *buf, UOp *node) {
+  intptr_t i = (intptr_t)pm_get(&c->bufslot, (uint64_t)(uintptr_t)buf);
+  if (i) return (int)i - 1;
+  int k = sbuf_new(c->s, buf->dev, buf->nbytes, node);
+  c->s->bufs[k].buf = buffer_ref(buf);
+  c->s->bufs[k].keep = true;
+  pm_put(&c->bufslot, (uint64_t)(uintptr_t)buf, (void *)(intptr_t)(k + 1));
+  return k;
+}
+
+static int leaf_sbuf(SCtx *c, NI *x) {
+  if (x->sbuf >= 0) return x->sbuf;
+  UOp *b = x->n->realized ? x->n->realized : x->n;
+  TG_ASSERT(b->op == OP_BUFFER);
+  x->sbuf = sbuf_existing(c, g_buffer_of(b), b);
+  return x->sbuf;
+}
+
+static SItem *item_new(Schedule *s) {
+  if (s->nitems == s->capitems) {
+    s->capitems = s->capitems ? s->capitems * 2 : 16;
+    s->items = tg_xrealloc(s->items, sizeof(SItem) * (size_t)s->capitems);
+  }
+  SItem *it = &s->items[s->nitems++];
+  memset(it, 0, sizeof *it);
+  return it;
+}
+
+/* ---- kernel building ---- */
+typedef struct {
+  SCtx *c;
+  UOp *root;
+  UOp *reduce_node;
+  UOp *reduce_uop;
+  PtrMap memo;    /* key node -> result */
+  PtrVec keys;    /* owned key nodes */
+  int *params;    /* sbuf index per param */
+  int nparams;
+  PtrVec pre;     /* NI indices of pending assigns this kernel reads */
+} KB;
+
+static int kb_param(KB *kb, int sbuf) {
+  for (int i = 0; i < kb->nparams; i++)
+    if (kb->params[i] == sbuf) return i;
+  kb->params = tg_xrealloc(kb->params, sizeof(int) * (size_t)(kb->nparams + 1));
+  kb->params[kb->nparams] = sbuf;
+  return kb->nparams++;
+}
+
+static UOp *k_global(int param, tg_dtype dt) {
+  UArg a;
+  a.i = param;
+  return uop_new(OP_DEFINE_GLOBAL, dt, NULL, 0, NULL, 0, a);
+}
+
+static UOp *flat_index(UOp **idx, const int64_t *shape, int ndim) {
+  UOp *acc = s_const(0);
+  int64_t st = 1;
+  for (int i = ndim - 1; i >= 0; i--) {
+    if (shape[i] != 1) {
+      UOp *t = s_mulc(idx[i], st);
+      UOp *nx = s_add(acc, t);
+      uop_unref(t);
+      uop_unref(acc);
+      acc = nx;
+    }
+    st *= shape[i];
+  }
+  return acc;
+}
+
+/* idx_out[j] = (F // stride_j) % shape_j over a contiguous shape */
+static void unravel(UOp *F, const int64_t *shape, int ndim, UOp **out) {
+  int64_t st = 1;
+  for (int j = ndim - 1; j >= 0; j--) {
+    if (shape[j] == 1) {
+      out[j] = s_const(0);
+    } else {
+      UOp *d = s_divc(F, st);
+      out[j] = s_modc(d, shape[j]);
+      uop_unref(d);
+    }
+    st *= shape[j];
+  }
+}
+
+static UOp *k_zero(tg_dtype dt) { return tg_dtype_is_float(dt) ? uop_const_f(dt, 0.0) : uop_const_i(dt, 0); }
+
+static UOp *k_load(KB *kb, int sbuf, tg_dtype dt, UOp *index, UOp *valid) {
+  int p = kb_param(kb, sbuf);
+  UOp *g = k_global(p, dt);
+  UOp *s[3] = {g, index, valid};
+  UArg z = {0};
+  UOp *r = uop_new(OP_LOAD, dt, s, valid ? 3 : 2, NULL, 0, z);
+  uop_unref(g);
+  return r;
+}
+
+static UOp *kbuild(KB *kb, UOp *n, UOp **idx, UOp *valid);
+
+static void flush_assign(SCtx *c, int ni_index);
+
+static UOp *kbuild_inner(KB *kb, UOp *n, UOp **idx, UOp *valid) {
+  SCtx *c = kb->c;
+  NI *x = info(c, n);
+  tg_dtype dt = (tg_dtype)n->dtype;
+  if (n == kb->reduce_node && n != kb->root) return uop_ref(kb->reduce_uop);
+  if (n->op == OP_CONST && !n->realized) {
+    {
+      UOp *k = tg_dtype_is_float(dt) ? uop_const_f(dt, n->arg.f) : uop_const_i(dt, n->arg.i);
+      if (!valid) return k;
+      UOp *z = k_zero(dt);
+      UOp *r = uop_alu(OP_WHERE, dt, valid, k, z);
+      uop_unref(k);
+      uop_unref(z);
+      return r;
+    }
+  }
+  if (x->leaf || (x->mat && n != kb->root)) {
+    int sb;
+    if (x->leaf) {
+      sb = leaf_sbuf(c, x);
+    } else {
+      if (n->op == OP_ASSIGN && !x->emitted) flush_assign(c, (int)(x - c->ni));
+      sb = x->sbuf;
+      TG_ASSERT(sb >= 0);
+    }
+    UOp *fi = flat_index(idx, n->shape, n->ndim);
+    UOp *r = k_load(kb, sb, dt, fi, valid);
+    uop_unref(fi);
+    return r;
+  }
+  int nd = n->ndim;
+  if (op_is_alu(n->op)) {
+    UOp *s[3] = {NULL, NULL, NULL};
+    for (uint32_t i = 0; i < n->nsrc; i++) s[i] = kbuild(kb, n->src[i], idx, valid);
+    UOp *r = uop_alu(n->op, dt, s[0], s[1], s[2]);
+    for (uint32_t i = 0; i < n->nsrc; i++) uop_unref(s[i]);
+    if (valid && !(op_flags[n->op] & OPF_ZERO)) {
+      UOp *z = k_zero(dt);
+      UOp *w = uop_alu(OP_WHERE, dt, valid, r, z);
+      uop_unref(z);
+      uop_unref(r);
+      r = w;
+    }
+    return r;
+  }
+  if (op_is_movement(n->op)) {
+    UOp *src = n->src[0];
+    int snd = src->ndim;
+    UOp *sidx_buf[16];
+    UOp **sidx = snd <= 16 ? sidx_buf : tg_xmalloc(sizeof(UOp *) * (size_t)snd);
+    UOp *nvalid = valid ? uop_ref(valid) : NULL;
+    switch (n->op) {
+    case OP_RESHAPE: {
+      UOp *F = flat_index(idx, n->shape, nd);
+      unravel(F, src->shape, snd, sidx);
+      uop_unref(F);
+      break;
+    }
+    case OP_PERMUTE:
+      for (int i = 0; i < nd; i++) sidx[n->iarg[i]] = uop_ref(idx[i]);
+      break;
+    case OP_EXPAND:
+      for (int i = 0; i < nd; i++) sidx[i] = (src->shape[i] == 1 && n->shape[i] != 1) ? s_const(0) : uop_ref(idx[i]);
+      break;
+    case OP_PAD:
+      for (int i = 0; i < nd; i++) {
+        int64_t before = n->iarg[2 * i];
+        sidx[i] = s_addc(idx[i], -before);
+        if (before || n->iarg[2 * i + 1]) {
+          UOp *ge = s_gec(sidx[i], 0), *lt = s_ltc(sidx[i], src->shape[i]);
+          UOp *both = s_and(ge, lt);
+          UOp *nv = s_and(nvalid, both);
+          uop_unref(ge);
+          uop_unref(lt);
+          uop_unref(both);
+          uop_unref(nvalid);
+          nvalid = nv;
+        }
+      }
+      break;
+    case OP_SHRINK:
+      for (int i = 0; i < nd; i++) sidx[i] = s_addc(idx[i], n->iarg[2 * i]);
+      break;
+    case OP_FLIP:
+      for (int i = 0; i < nd; i++) {
+        if (n->iarg[i]) {
+          UOp *m = s_mulc(idx[i], -1);
+          sidx[i] = s_addc(m, src->shape[i] - 1);
+          uop_unref(m);
+        } else {
+          sidx[i] = uop_ref(idx[i]);
+        }
+      }
+      break;
+    default:
+      TG_ASSERT(0);
+    }
+    UOp *r;
+    if (nvalid && nvalid->op == OP_CONST && nvalid->arg.i == 0) {
+      r = k_zero(dt); /* the whole access is padding */
+    } else {
+      UOp *v = (nvalid && nvalid->op == OP_CONST) ? NULL : nvalid;
+      r = kbuild(kb, src, sidx, v);
+    }
+    for (int i = 0; i < snd; i++) uop_unref(sidx[i]);
+    if (sidx != sidx_buf) free(sidx);
+    uop_unref(nvalid);
+    return r;
+  }
+  if (n->op == OP_CONTIGUOUS) return kbuild(kb, n->src[0], idx, valid);
+  TG_ASSERT(0 && "unexpected node in kernel");
+  return NULL;
+}
+
+static UOp *kbuild(KB *kb, UOp *n, UOp **idx, UOp *valid) {
+  UOp *ks_buf[18];
+  int nk = n->ndim + 2;
+  UOp **ks = nk <= 18 ? ks_buf : tg_xmalloc(sizeof(UOp *) * (size_t)nk);
+  ks[0] = n;
+  for (int i = 0; i < n->ndim; i++) ks[i + 1] = idx[i];
+  int m = n->ndim + 1;
+  if (valid) ks[m++] = valid;
+  UArg z = {0};
+  z.i = valid ? 1 : 0;
+  UOp *key = uop_new(OP_NOOP, TG_DTYPE_DEFAULT, ks, m, NULL, 0, z);
+  if (ks != ks_buf) free(ks);
+  UOp *r = pm_get(&kb->memo, (uint64_t)(uintptr_t)key);
+  if (r) {
+    uop_unref(key);
+    return uop_ref(r);
+  }
+  r = kbuild_inner(kb, n, idx, valid);
+  pm_put(&kb->memo, (uint64_t)(uintptr_t)key, r);
+  pv_push(&kb->keys, key);
+  uop_ref(r);
+  return r;
+}
+
+static void kb_free(KB *kb) {
+  for (size_t i = 0; i < kb->memo.cap; i++)
+    if (kb->memo.keys[i]) uop_unref(kb->memo.vals[i]);
+  pm_free(&kb->memo);
+  for (size_t i = 0; i < kb->keys.n; i++) uop_unref(kb->keys.p[i]);
+  pv_free(&kb->keys);
+  free(kb->params);
+  uop_unref(kb->reduce_uop);
+}
+
+/* Does any LOAD of param 0 use an index other than `sidx`? (in-place hazard for assign) */
+static bool reads_out_elsewhere(UOp *u, UOp *sidx, PtrMap *seen) {
+  if (pm_has(seen, (uint64_t)(uintptr_t)u)) return false;
+  pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
+  if (u->op == OP_LOAD && u->src[0]->arg.i == 0 && (u->src[1] != sidx || u->nsrc > 2)) return true;
+  for (uint32_t i = 0; i < u->nsrc; i++)
+    if (reads_out_elsewhere(u->src[i], sidx, seen)) return true;
+  return false;
+}
+
+/* Builds the kernel computing `value` (shape of root) into sbuf `out`. Returns the SINK AST or NULL
+ * if an in-place hazard was found (only possible when out already holds an input). */
+static UOp *build_kernel(SCtx *c, UOp *root, UOp *value, UOp *reduce, int out, int **params, int *nparams,
+                         bool check_hazard) {
+  KB kb;
+  memset(&kb, 0, sizeof kb);
+  kb.c = c;
+  kb.root = root;
+  kb_param(&kb, out);
+  UOp *sidx, *val;
+  if (reduce) {
+    UOp *in = reduce->src[0];
+    int k = in->ndim;
+    UOp **r = tg_xmalloc(sizeof(UOp *) * (size_t)(k + 1));
+    for (int i = 0; i < k; i++) r[i] = s_range(i, in->shape[i]);
+    UOp *vin = kbuild(&kb, in, r, NULL);
+    int na = (int)reduce->niarg;
+    UOp **rs = tg_xmalloc(sizeof(UOp *) * (size_t)(na + 1));
+    rs[0] = vin;
+    for (int i = 0; i < na; i++) rs[i + 1] = r[reduce->iarg[i]];
+    kb.reduce_uop = uop_new(OP_REDUCE, (tg_dtype)reduce->dtype, rs, na + 1, NULL, 0, reduce->arg);
+    kb.reduce_node = reduce;
+    uop_unref(vin);
+    free(rs);
+    UOp **o = tg_xmalloc(sizeof(UOp *) * (size_t)(k + 1));
+    for (int i = 0; i < k; i++) o[i] = (reduce->shape[i] == 1 && in->shape[i] != 1) ? s_const(0) : uop_ref(r[i]);
+    for (int i = 0; i < (int)reduce->niarg; i++) {
+      uop_unref(o[reduce->iarg[i]]);
+      o[reduce->iarg[i]] = s_const(0);
+    }
+    UOp *F = flat_index(o, reduce->shape, k);
+    if (value == reduce) {
+      sidx = uop_ref(F);
+      val = uop_ref(kb.reduce_uop);
+    } else {
+      UOp **vi = tg_xmalloc(sizeof(UOp *) * (size_t)(value->ndim + 1));
+      unravel(F, value->shape, value->ndim, vi);
+      val = kbuild(&kb, value, vi, NULL);
+      sidx = flat_index(vi, value->shape, value->ndim);
+      for (int i = 0; i < value->ndim; i++) uop_unref(vi[i]);
+      free(vi);
+    }
+    uop_unref(F);
+    for (int i = 0; i < k; i++) uop_unref(o[i]), uop_unref(r[i]);
+    free(o);
+    free(r);
+  } else {
+    int k = value->ndim;
+    UOp **r = tg_xmalloc(sizeof(UOp *) * (size_t)(k + 1));
+    for (int i = 0; i < k; i++) r[i] = s_range(i, value->shape[i]);
+    val = kbuild(&kb, value, r, NULL);
+    sidx = flat_index(r, value->shape, k);
+    for (int i = 0; i < k; i++) uop_unref(r[i]);
+    free(r);
+  }
+  UOp *ast = NULL;
+  bool hazard = false;
+  if (check_hazard) {
+    PtrMap seen;
+    pm_init(&seen);
+    hazard = reads_out_elsewhere(val, sidx, &seen);
+    pm_free(&seen);
+  }
+  if (!hazard) {
+    tg_dtype odt = (tg_dtype)root->dtype;
+    UOp *g = k_global(0, odt);
+    UOp *cv = (val->dtype == odt) ? uop_ref(val) : uop_alu(OP_CAST, odt, val, NULL, NULL);
+    UOp *st[3] = {g, sidx, cv};
+    UArg z = {0};
+    UOp *store = uop_new(OP_STORE, odt, st, 3, NULL, 0, z);
+    ast = uop_new(OP_SINK, TG_DTYPE_DEFAULT, &store, 1, NULL, 0, z);
+    uop_unref(store);
+    uop_unref(cv);
+    uop_unref(g);
+    *params = kb.params;
+    *nparams = kb.nparams;
+    kb.params = NULL;
+  }
+  uop_unref(val);
+  uop_unref(sidx);
+  kb_free(&kb);
+  return ast;
+}
+
+static void add_item(SCtx *c, int kind, UOp *ast, int *params, int nparams, Device *dev) {
+  Schedule *s = c->s;
+  SItem *it = item_new(s);
+  it->kind = kind;
+  it->ast = ast;
+  it->bufs = params;
+  it->nbufs = nparams;
+  it->dev = dev;
+  int me = s->nitems - 1;
+  for (int i = 1; i < nparams; i++) s->bufs[params[i]].last_use = me;
+  if (s->bufs[params[0]].last_use < me) s->bufs[params[0]].last_use = me;
+}
+
+/* A plain copy kernel out[i] = in[i] over `shape` (used when an assign must go through a temp). */
+static UOp *copy_ast(tg_dtype dt, int64_t numel) {
+  UOp *r = s_range(0, numel);
+  UOp *g1 = k_global(1, dt);
+  UOp *ls[2] = {g1, r};
+  UArg z = {0};
+  UOp *ld = uop_new(OP_LOAD, dt, ls, 2, NULL, 0, z);
+  UOp *g0 = k_global(0, dt);
+  UOp *st[3] = {g0, r, ld};
+  UOp *store = uop_new(OP_STORE, dt, st, 3, NULL, 0, z);
+  UOp *ast = uop_new(OP_SINK, TG_DTYPE_DEFAULT, &store, 1, NULL, 0, z);
+  uop_unref(store);
+  uop_unref(g0);
+  uop_unref(ld);
+  uop_unref(g1);
+  uop_unref(r);
+  return ast;
+}
+
+static void emit_assign(SCtx *c, NI *x) {
+  UOp *n = x->n;
+  Device *dev = device_by_id(n->device);
+  int *params = NULL, np = 0;
+  UOp *ast = build_kernel(c, n, n->src[1], x->fused_reduce, x->sbuf, &params, &np, true);
+  if (!ast) {
+    /* the value reads the target at other positions: compute it into a temp first */
+    size_t nbytes = (size_t)shape_numel(n->shape, n->ndim) * tg_dtype_itemsize((tg_dtype)n->dtype);
+    int tmp = sbuf_new(c->s, dev, nbytes, NULL);
+    ast = build_kernel(c, n, n->src[1], x->fused_reduce, tmp, &params, &np, false);
+    add_item(c, SI_KERNEL, ast, params, np, dev);
+    int *p2 = tg_xmalloc(sizeof(int) * 2);
+    p2[0] = x->sbuf, p2[1] = tmp;
+    add_item(c, SI_KERNEL, copy_ast((tg_dtype)n->dtype, shape_numel(n->shape, n->ndim)), p2, 2, dev);
+  } else {
+    add_item(c, SI_KERNEL, ast, params, np, dev);
+  }
+  x->emitted = true;
+}
+
+static void flush_assign(SCtx *c, int ni_index) {
+  for (size_t i = 0; i < c->pending_assign.n; i++) {
+    if ((intptr_t)c->pending_assign.p[i] == ni_index) {
+      c->pending_assign.p[i] = (void *)(intptr_t)-1;
+      emit_assign(c, &c->ni[ni_index]);
+      return;
+    }
+  }
+}
+
+tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
+  SCtx c;
+  memset(&c, 0, sizeof c);
+  c.s = s;
+  memset(s, 0, sizeof *s);
+  for (int i = 0; i < n; i++) visit(&c, targets[i], true);
+  decide(&c);
+  for (int i = 0; i < c.nn; i++) {
+    NI *x = &c.ni[i];
+    if (!x->mat) continue;
+    UOp *nd = x->n;
+    Device *dev = device_by_id(nd->device);
+    size_t nbytes = (size_t)shape_numel(nd->shape, nd->ndim) * tg_dtype_itemsize((tg_dtype)nd->dtype);
+    if (nd->op == OP_ASSIGN) {
+      NI *t = info(&c, nd->src[0]);
+      x->sbuf = leaf_sbuf(&c, t);
+      pv_push(&c.pending_assign, (void *)(intptr_t)i);
+      continue;
+    }
+    x->sbuf = sbuf_new(s, dev, nbytes, nd);
+    s->bufs[x->sbuf].keep = x->target;
+    if (nd->op == OP_COPY) {
+      NI *src = info(&c, nd->src[0]);
+      if (src->n->op == OP_ASSIGN && !src->emitted) flush_assign(&c, (int)(src - c.ni));
+      int in = src->leaf ? leaf_sbuf(&c, src) : src->sbuf;
+      int *params = tg_xmalloc(sizeof(int) * 2);
+      params[0] = x->sbuf, params[1] = in;
+      add_item(&c, SI_COPY, NULL, params, 2, dev);
+      continue;
+    }
+    UOp *value = nd->op == OP_CONTIGUOUS ? nd->src[0] : nd;
+    int *params = NULL, np = 0;
+    UOp *ast = build_kernel(&c, nd, value, x->fused_reduce, x->sbuf, &params, &np, false);
+    add_item(&c, SI_KERNEL, ast, params, np, dev);
+  }
+  for (size_t i = 0; i < c.pending_assign.n; i++) {
+    intptr_t k = (intptr_t)c.pending_assign.p[i];
+    if (k >= 0 && !c.ni[k].emitted) emit_assign(&c, &c.ni[k]);
+  }
+  for (int i = 0; i < n; i++) {
+    NI *x = info(&c, targets[i]);
+    tbuf[i] = (x && x->mat) ? x->sbuf : -1;
+  }
+  pm_free(&c.idx);
+  pm_free(&c.bufslot);
+  pv_free(&c.pending_assign);
+  free(c.ni);
+  return TG_OK;
+}
+
+void schedule_free(Schedule *s) {
+  for (int i = 0; i < s->nitems; i++) {
+    uop_unref(s->items[i].ast);
+    free(s->items[i].bufs);
+  }
+  for (int i = 0; i < s->nbufs; i++)
+    if (s->bufs[i].buf) buffer_unref(s->bufs[i].buf);
+  free(s->items);
+  free(s->bufs);
+  memset(s, 0, sizeof *s);
+}

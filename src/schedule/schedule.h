@@ -1,0 +1,42 @@
+/*
+ * schedule.h -- turning a lazy tensor graph into an ordered list of kernels (fusion) and the buffers
+ * they read and write (memory planning).
+ */
+#ifndef TG_SCHEDULE_H
+#define TG_SCHEDULE_H
+
+#include "../tensor/tensor.h"
+
+enum { SI_KERNEL, SI_COPY };
+
+/* One buffer of a schedule: pre-existing (a realized input) or created by a kernel. */
+typedef struct {
+  Buffer *buf;    /* owned ref once allocated; NULL until the producing item runs */
+  Device *dev;
+  size_t nbytes;
+  int last_use;   /* index of the last item that reads it */
+  bool keep;      /* outlives the schedule (realize target, or pre-existing) */
+  UOp *node;      /* tensor node this buffer holds (borrowed) */
+} SBuf;
+
+typedef struct {
+  int kind;
+  UOp *ast;       /* SI_KERNEL: kernel AST (owned). Param i of the AST is bufs[i]; bufs[0] is the output */
+  int *bufs;
+  int nbufs;
+  Device *dev;
+} SItem;
+
+typedef struct {
+  SItem *items;
+  int nitems, capitems;
+  SBuf *bufs;
+  int nbufs, capbufs;
+} Schedule;
+
+/* Builds the schedule realizing `targets` (nodes already realized or plain buffer views produce no
+ * items). On success each target that needs a buffer has tbuf[i] = index into s->bufs (else -1). */
+tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf);
+void schedule_free(Schedule *s);
+
+#endif

@@ -1,0 +1,586 @@
+/*
+ * creation.c -- creating tensors (from data, from a caller's buffer, constants, ranges, random),
+ * properties, data out, realize and device moves.
+ *
+ * Constants (zeros/ones/full) are lazy: a 0-d CONST expanded to the shape, so they fuse into whatever
+ * uses them and cost no memory. Random numbers come from threefry2x32 built out of uint32 ops, so
+ * they are generated inside a fused kernel and are identical on every device.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tensor.h"
+
+#define NONE ((tg_tensor){0})
+#define GET(var, t, fn)                                                                            \
+  UOp *var = t_get(t, fn);                                                                         \
+  if (!var) return NONE
+
+int norm_axis(const char *fn, int axis, int ndim, int *out);
+UOp *n_exp(UOp *a);
+UOp *n_log(UOp *a);
+
+static Device *opts_device(const char *fn, const tg_opts *o) {
+  Device *d = device_get(o ? o->device : NULL);
+  if (!d && !tg_has_error()) tg_set_error(TG_ERR_INVALID, "%s: unknown device", fn);
+  (void)fn;
+  return d;
+}
+
+static bool opts_dtype(const char *fn, const tg_opts *o, tg_dtype def, tg_dtype *out) {
+  tg_dtype dt = (o && o->dtype != TG_DTYPE_DEFAULT) ? o->dtype : def;
+  if (!dtype_valid(dt)) {
+    tg_set_error(TG_ERR_INVALID, "%s: invalid dtype %d (use a TG_* dtype)", fn, (int)dt);
+    return false;
+  }
+  *out = dt;
+  return true;
+}
+
+static bool check_shape(const char *fn, const int64_t *shape, int ndim, int64_t *numel) {
+  if (ndim < 0 || ndim > 64) {
+    tg_set_error(TG_ERR_INVALID, "%s: ndim %d is out of range (0..64)", fn, ndim);
+    return false;
+  }
+  if (ndim > 0 && !shape) {
+    tg_set_error(TG_ERR_INVALID, "%s: shape is NULL with ndim=%d", fn, ndim);
+    return false;
+  }
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) {
+    char b[256];
+    if (shape[i] < 0) {
+      tg_set_error(TG_ERR_INVALID, "%s: negative dimension %lld in shape %s", fn, (long long)shape[i], fmt_shape(b, sizeof b, shape, ndim));
+      return false;
+    }
+    if (__builtin_mul_overflow(n, shape[i], &n) || n > ((int64_t)1 << 48)) {
+      tg_set_error(TG_ERR_INVALID, "%s: shape %s is too large", fn, fmt_shape(b, sizeof b, shape, ndim));
+      return false;
+    }
+  }
+  *numel = n;
+  return true;
+}
+
+static tg_tensor finish(UOp *u, const tg_opts *o) {
+  tg_tensor t = t_wrap(u);
+  if (o && o->requires_grad) {
+    Slot *s = t_slot(t);
+    if (s) s->requires_grad = true;
+  }
+  return t;
+}
+
+tg_tensor tg_from_data(const void *data, const int64_t *shape, int ndim, const tg_opts *opts) {
+  int64_t n;
+  tg_dtype dt;
+  if (!check_shape("tg_from_data", shape, ndim, &n) || !opts_dtype("tg_from_data", opts, tg_default_float(), &dt)) return NONE;
+  if (!data && n > 0) return tg_set_error(TG_ERR_INVALID, "tg_from_data: data is NULL"), NONE;
+  Device *d = opts_device("tg_from_data", opts);
+  if (!d) return NONE;
+  size_t nbytes = (size_t)n * tg_dtype_itemsize(dt);
+  Buffer *b = buffer_new(d, nbytes);
+  if (!b) return NONE;
+  if (nbytes && buffer_copyin(b, data, nbytes) != TG_OK) {
+    buffer_unref(b);
+    return NONE;
+  }
+  return finish(g_buffer(b, dt, shape, ndim), opts);
+}
+
+tg_tensor tg_from_blob(void *data, const int64_t *shape, int ndim, const tg_opts *opts) {
+  int64_t n;
+  tg_dtype dt;
+  if (!check_shape("tg_from_blob", shape, ndim, &n) || !opts_dtype("tg_from_blob", opts, tg_default_float(), &dt)) return NONE;
+  if (!data) return tg_set_error(TG_ERR_INVALID, "tg_from_blob: data is NULL"), NONE;
+  Device *d = opts_device("tg_from_blob", opts);
+  if (!d) return NONE;
+  if (strncmp(d->name, "CPU", 3) != 0)
+    return tg_set_error(TG_ERR_INVALID, "tg_from_blob: device %s cannot wrap host memory (use tg_from_data)", d->name), NONE;
+  Buffer *b = buffer_wrap(d, data, (size_t)n * tg_dtype_itemsize(dt));
+  if (!b) return NONE;
+  return finish(g_buffer(b, dt, shape, ndim), opts);
+}
+
+tg_tensor tg_scalar(double value, const tg_opts *opts) {
+  tg_dtype dt;
+  if (!opts_dtype("tg_scalar", opts, tg_default_float(), &dt)) return NONE;
+  Device *d = opts_device("tg_scalar", opts);
+  if (!d) return NONE;
+  return finish(g_const(value, dt, d->id), opts);
+}
+
+tg_tensor tg_full(const int64_t *shape, int ndim, double value, const tg_opts *opts) {
+  int64_t n;
+  tg_dtype dt;
+  if (!check_shape("tg_full", shape, ndim, &n) || !opts_dtype("tg_full", opts, tg_default_float(), &dt)) return NONE;
+  Device *d = opts_device("tg_full", opts);
+  if (!d) return NONE;
+  return finish(g_const_shaped(value, dt, d->id, shape, ndim), opts);
+}
+tg_tensor tg_zeros(const int64_t *shape, int ndim, const tg_opts *opts) { return tg_full(shape, ndim, 0.0, opts); }
+tg_tensor tg_ones(const int64_t *shape, int ndim, const tg_opts *opts) { return tg_full(shape, ndim, 1.0, opts); }
+
+tg_tensor tg_empty(const int64_t *shape, int ndim, const tg_opts *opts) {
+  int64_t n;
+  tg_dtype dt;
+  if (!check_shape("tg_empty", shape, ndim, &n) || !opts_dtype("tg_empty", opts, tg_default_float(), &dt)) return NONE;
+  Device *d = opts_device("tg_empty", opts);
+  if (!d) return NONE;
+  Buffer *b = buffer_new(d, (size_t)n * tg_dtype_itemsize(dt));
+  if (!b) return NONE;
+  return finish(g_buffer(b, dt, shape, ndim), opts);
+}
+
+static tg_opts like_opts(UOp *u, const tg_opts *o) {
+  tg_opts r = {0};
+  if (o) r = *o;
+  if (r.dtype == TG_DTYPE_DEFAULT) r.dtype = (tg_dtype)u->dtype;
+  if (!r.device) r.device = device_by_id(u->device)->name;
+  return r;
+}
+tg_tensor tg_empty_like(tg_tensor t, const tg_opts *opts) {
+  GET(u, t, "tg_empty_like");
+  tg_opts o = like_opts(u, opts);
+  return tg_empty(u->shape, u->ndim, &o);
+}
+tg_tensor tg_zeros_like(tg_tensor t, const tg_opts *opts) { return tg_full_like(t, 0.0, opts); }
+tg_tensor tg_ones_like(tg_tensor t, const tg_opts *opts) { return tg_full_like(t, 1.0, opts); }
+tg_tensor tg_full_like(tg_tensor t, double value, const tg_opts *opts) {
+  GET(u, t, "tg_full_like");
+  tg_opts o = like_opts(u, opts);
+  return tg_full(u->shape, u->ndim, value, &o);
+}
+
+/* Host-computed small index tensors: arange, linspace and eye are uploaded once (they are tiny next
+ * to the data that uses them) */
+static tg_tensor from_doubles(const char *fn, const double *v, const int64_t *shape, int ndim, tg_dtype dt, const tg_opts *opts) {
+  int64_t n = shape_numel(shape, ndim);
+  size_t isz = tg_dtype_itemsize(dt);
+  unsigned char *buf = tg_xmalloc((size_t)n * isz + 1);
+  for (int64_t i = 0; i < n; i++) dtype_store(dt, buf + (size_t)i * isz, v[i]);
+  tg_opts o = {0};
+  if (opts) o = *opts;
+  o.dtype = dt;
+  tg_tensor t = tg_from_data(buf, shape, ndim, &o);
+  free(buf);
+  (void)fn;
+  return t;
+}
+
+tg_tensor tg_arange(double start, double stop, double step, const tg_opts *opts) {
+  if (step == 0 || !isfinite(start) || !isfinite(stop) || !isfinite(step))
+    return tg_set_error(TG_ERR_INVALID, "tg_arange: start=%g stop=%g step=%g: step must be non-zero and values finite", start, stop, step), NONE;
+  double cnt = ceil((stop - start) / step);
+  if (cnt < 0) cnt = 0;
+  if (cnt > (double)((int64_t)1 << 40)) return tg_set_error(TG_ERR_INVALID, "tg_arange: %g elements is too many", cnt), NONE;
+  bool ints = start == trunc(start) && stop == trunc(stop) && step == trunc(step);
+  tg_dtype dt;
+  if (!opts_dtype("tg_arange", opts, ints ? TG_INT32 : tg_default_float(), &dt)) return NONE;
+  int64_t n = (int64_t)cnt;
+  double *v = tg_xmalloc(sizeof(double) * (size_t)(n + 1));
+  for (int64_t i = 0; i < n; i++) v[i] = start + (double)i * step;
+  tg_tensor t = from_doubles("tg_arange", v, &n, 1, dt, opts);
+  free(v);
+  return t;
+}
+
+tg_tensor tg_linspace(double start, double stop, int64_t steps, const tg_opts *opts) {
+  if (steps < 0) return tg_set_error(TG_ERR_INVALID, "tg_linspace: steps=%lld must be >= 0", (long long)steps), NONE;
+  if (steps > ((int64_t)1 << 40)) return tg_set_error(TG_ERR_INVALID, "tg_linspace: steps=%lld is too many", (long long)steps), NONE;
+  tg_dtype dt;
+  if (!opts_dtype("tg_linspace", opts, tg_default_float(), &dt)) return NONE;
+  double *v = tg_xmalloc(sizeof(double) * (size_t)(steps + 1));
+  for (int64_t i = 0; i < steps; i++) v[i] = steps == 1 ? start : start + (stop - start) * (double)i / (double)(steps - 1);
+  tg_tensor t = from_doubles("tg_linspace", v, &steps, 1, dt, opts);
+  free(v);
+  return t;
+}
+
+tg_tensor tg_eye(int64_t n, int64_t m, const tg_opts *opts) {
+  if (m <= 0) m = n;
+  if (n < 0 || n > (1 << 20) || m > (1 << 20)) return tg_set_error(TG_ERR_INVALID, "tg_eye: n=%lld m=%lld out of range", (long long)n, (long long)m), NONE;
+  tg_dtype dt;
+  if (!opts_dtype("tg_eye", opts, tg_default_float(), &dt)) return NONE;
+  double *v = tg_xcalloc((size_t)(n * m + 1), sizeof(double));
+  for (int64_t i = 0; i < n && i < m; i++) v[i * m + i] = 1;
+  int64_t sh[2] = {n, m};
+  tg_tensor t = from_doubles("tg_eye", v, sh, 2, dt, opts);
+  free(v);
+  return t;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* random: threefry2x32 (20 rounds) over (counter, 0) with key (seed, call number)                 */
+
+static uint64_t rng_seed = 0, rng_calls = 0;
+void tg_manual_seed(uint64_t seed) {
+  rng_seed = seed;
+  rng_calls = 0;
+}
+
+static UOp *u32c(UOp *like, uint32_t v) { return g_const_shaped((double)v, TG_UINT32, like->device, like->shape, like->ndim); }
+static UOp *u32op(int op, UOp *a, UOp *b) { return g_alu(op, TG_UINT32, a, b, NULL); }
+static UOp *u32add_c(UOp *a, uint32_t c) {
+  UOp *k = u32c(a, c);
+  UOp *r = u32op(OP_ADD, a, k);
+  uop_unref(k);
+  return r;
+}
+static UOp *rotl(UOp *x, int r) {
+  UOp *a = u32c(x, (uint32_t)r), *b = u32c(x, (uint32_t)(32 - r));
+  UOp *l = u32op(OP_SHL, x, a), *h = u32op(OP_SHR, x, b);
+  UOp *o = u32op(OP_OR, l, h);
+  uop_unref(a), uop_unref(b), uop_unref(l), uop_unref(h);
+  return o;
+}
+
+/* Random uint32 bits for `n` elements (1-D), new ref. */
+static UOp *random_bits(int device, int64_t n) {
+  uint64_t call = rng_calls++;
+  uint32_t k0 = (uint32_t)(rng_seed ^ (rng_seed >> 32)), k1 = (uint32_t)call, k2 = k0 ^ k1 ^ 0x1BD11BDAu;
+  uint32_t ks[3] = {k0, k1, k2};
+  /* counter: a host-made uint32 index (lazy iota would need a cumsum) */
+  uint32_t *idx = tg_xmalloc(sizeof(uint32_t) * (size_t)(n + 1));
+  for (int64_t i = 0; i < n; i++) idx[i] = (uint32_t)i;
+  tg_opts o = {.dtype = TG_UINT32, .device = device_by_id(device)->name};
+  tg_tensor ct = tg_from_data(idx, &n, 1, &o);
+  free(idx);
+  UOp *c = t_get(ct, "tg_rand");
+  if (!c) return NULL;
+  c = uop_ref(c);
+  tg_free(ct);
+  static const int R[8] = {13, 15, 26, 6, 17, 29, 16, 24};
+  UOp *x0 = u32add_c(c, ks[0]);
+  UOp *zero = u32c(c, 0);
+  UOp *x1 = u32add_c(zero, ks[1]);
+  uop_unref(zero);
+  for (int i = 0; i < 5; i++) {
+    for (int j = 0; j < 4; j++) {
+      UOp *s = u32op(OP_ADD, x0, x1);
+      uop_unref(x0);
+      x0 = s;
+      UOp *rl = rotl(x1, R[(i % 2) * 4 + j]);
+      uop_unref(x1);
+      x1 = u32op(OP_XOR, rl, x0);
+      uop_unref(rl);
+    }
+    UOp *a = u32add_c(x0, ks[(i + 1) % 3]);
+    UOp *b = u32add_c(x1, ks[(i + 2) % 3] + (uint32_t)(i + 1));
+    uop_unref(x0), uop_unref(x1);
+    x0 = a, x1 = b;
+  }
+  uop_unref(x1);
+  uop_unref(c);
+  return x0;
+}
+
+/* uniform [0, 1) float32 of numel n (1-D), new ref */
+static UOp *rand01(int device, int64_t n) {
+  UOp *bits = random_bits(device, n);
+  if (!bits) return NULL;
+  UOp *nine = u32c(bits, 9), *one = u32c(bits, 0x3F800000u);
+  UOp *sh = u32op(OP_SHR, bits, nine);
+  UOp *o = u32op(OP_OR, sh, one);
+  UOp *f = g_bitcast(o, TG_FLOAT32);
+  UOp *fo = g_const_shaped(1.0, TG_FLOAT32, device, f->shape, f->ndim);
+  UOp *r = g_alu(OP_SUB, TG_FLOAT32, f, fo, NULL);
+  uop_unref(bits), uop_unref(nine), uop_unref(one), uop_unref(sh), uop_unref(o), uop_unref(f), uop_unref(fo);
+  return r;
+}
+
+static tg_tensor rand_shaped(const char *fn, const int64_t *shape, int ndim, const tg_opts *opts, double scale, double shift, bool normal) {
+  int64_t n;
+  tg_dtype dt;
+  if (!check_shape(fn, shape, ndim, &n) || !opts_dtype(fn, opts, tg_default_float(), &dt)) return NONE;
+  if (!tg_dtype_is_float(dt)) return tg_set_error(TG_ERR_INVALID, "%s: dtype %s is not a float dtype", fn, tg_dtype_name(dt)), NONE;
+  Device *d = opts_device(fn, opts);
+  if (!d) return NONE;
+  UOp *r;
+  if (!normal) {
+    r = rand01(d->id, n);
+  } else {
+    /* Box-Muller: cos(2*pi*u0) * sqrt(-2*log(1-u1)) */
+    UOp *u = rand01(d->id, 2 * n);
+    if (!u) return NONE;
+    int64_t b0[2] = {0, n}, b1[2] = {n, 2 * n};
+    UOp *u0 = g_shrink(u, b0), *u1 = g_shrink(u, b1);
+    UOp *k = g_const_shaped(2 * M_PI, TG_FLOAT32, d->id, u0->shape, 1), *hp = g_const_shaped(M_PI / 2, TG_FLOAT32, d->id, u0->shape, 1);
+    UOp *ang = g_alu(OP_MUL, TG_FLOAT32, u0, k, NULL), *ang2 = g_alu(OP_ADD, TG_FLOAT32, ang, hp, NULL);
+    UOp *cs = g_alu(OP_SIN, TG_FLOAT32, ang2, NULL, NULL);
+    UOp *one = g_const_shaped(1, TG_FLOAT32, d->id, u0->shape, 1), *m2 = g_const_shaped(-2, TG_FLOAT32, d->id, u0->shape, 1);
+    UOp *om = g_alu(OP_SUB, TG_FLOAT32, one, u1, NULL);
+    UOp *lg = n_log(om);
+    UOp *t = g_alu(OP_MUL, TG_FLOAT32, lg, m2, NULL);
+    UOp *sq = g_alu(OP_SQRT, TG_FLOAT32, t, NULL, NULL);
+    r = g_alu(OP_MUL, TG_FLOAT32, cs, sq, NULL);
+    UOp *all[] = {u, u0, u1, k, hp, ang, ang2, cs, one, m2, om, lg, t, sq};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) uop_unref(all[i]);
+  }
+  if (!r) return NONE;
+  if (scale != 1.0) {
+    UOp *s = g_const_shaped(scale, TG_FLOAT32, d->id, r->shape, 1);
+    UOp *m = g_alu(OP_MUL, TG_FLOAT32, r, s, NULL);
+    uop_unref(s), uop_unref(r);
+    r = m;
+  }
+  if (shift != 0.0) {
+    UOp *s = g_const_shaped(shift, TG_FLOAT32, d->id, r->shape, 1);
+    UOp *m = g_alu(OP_ADD, TG_FLOAT32, r, s, NULL);
+    uop_unref(s), uop_unref(r);
+    r = m;
+  }
+  UOp *c = g_cast(r, dt);
+  uop_unref(r);
+  UOp *rs = g_reshape(c, shape, ndim);
+  uop_unref(c);
+  return finish(rs, opts);
+}
+
+tg_tensor tg_rand(const int64_t *shape, int ndim, const tg_opts *opts) { return rand_shaped("tg_rand", shape, ndim, opts, 1, 0, false); }
+tg_tensor tg_randn(const int64_t *shape, int ndim, const tg_opts *opts) { return rand_shaped("tg_randn", shape, ndim, opts, 1, 0, true); }
+tg_tensor tg_uniform(const int64_t *shape, int ndim, double low, double high, const tg_opts *opts) {
+  return rand_shaped("tg_uniform", shape, ndim, opts, high - low, low, false);
+}
+tg_tensor tg_normal(const int64_t *shape, int ndim, double mean, double std, const tg_opts *opts) {
+  return rand_shaped("tg_normal", shape, ndim, opts, std, mean, true);
+}
+tg_tensor tg_randint(const int64_t *shape, int ndim, int64_t low, int64_t high, const tg_opts *opts) {
+  if (high <= low) return tg_set_error(TG_ERR_INVALID, "tg_randint: low=%lld must be < high=%lld", (long long)low, (long long)high), NONE;
+  tg_dtype dt;
+  if (!opts_dtype("tg_randint", opts, TG_INT32, &dt)) return NONE;
+  if (!tg_dtype_is_int(dt)) return tg_set_error(TG_ERR_INVALID, "tg_randint: dtype %s is not an integer dtype", tg_dtype_name(dt)), NONE;
+  tg_opts o = {0};
+  if (opts) o = *opts;
+  o.dtype = TG_FLOAT32;
+  o.requires_grad = false;
+  tg_tensor u = rand_shaped("tg_randint", shape, ndim, &o, (double)(high - low), 0, false);
+  UOp *uu = t_get(u, "tg_randint");
+  if (!uu) return NONE;
+  /* floor(u * (high-low)) + low, computed in int after truncation (u >= 0) */
+  UOp *ti = g_cast(uu, TG_INT64);
+  UOp *lo = g_const_shaped((double)low, TG_INT64, uu->device, uu->shape, uu->ndim);
+  UOp *s = g_alu(OP_ADD, TG_INT64, ti, lo, NULL);
+  UOp *r = g_cast(s, dt);
+  uop_unref(ti), uop_unref(lo), uop_unref(s);
+  tg_free(u);
+  return t_wrap(r);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* properties                                                                                      */
+
+int tg_ndim(tg_tensor t) {
+  UOp *u = t_get(t, "tg_ndim");
+  return u ? u->ndim : -1;
+}
+int tg_shape(tg_tensor t, int64_t *out) {
+  UOp *u = t_get(t, "tg_shape");
+  if (!u) return -1;
+  if (!out && u->ndim) {
+    tg_set_error(TG_ERR_INVALID, "tg_shape: out is NULL");
+    return -1;
+  }
+  if (u->ndim) memcpy(out, u->shape, sizeof(int64_t) * (size_t)u->ndim);
+  return u->ndim;
+}
+int64_t tg_dim(tg_tensor t, int axis) {
+  UOp *u = t_get(t, "tg_dim");
+  int ax;
+  if (!u || norm_axis("tg_dim", axis, u->ndim, &ax) < 0) return -1;
+  return u->ndim ? u->shape[ax] : 1;
+}
+int64_t tg_numel(tg_tensor t) {
+  UOp *u = t_get(t, "tg_numel");
+  return u ? shape_numel(u->shape, u->ndim) : -1;
+}
+tg_dtype tg_dtype_of(tg_tensor t) {
+  UOp *u = t_get(t, "tg_dtype_of");
+  return u ? (tg_dtype)u->dtype : TG_DTYPE_DEFAULT;
+}
+const char *tg_device_of(tg_tensor t) {
+  UOp *u = t_get(t, "tg_device_of");
+  return u ? device_by_id(u->device)->name : NULL;
+}
+bool tg_is_realized(tg_tensor t) {
+  Slot *s = t_slot(t);
+  return s && (s->u->realized || g_base_buffer(s->u));
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* realize and data                                                                                */
+
+tg_status tg_realize(tg_tensor t) { return tg_realize_many(&t, 1); }
+
+tg_status tg_realize_many(const tg_tensor *ts, int n) {
+  if (n < 0 || (n > 0 && !ts)) return tg_set_error(TG_ERR_INVALID, "tg_realize_many: ts is NULL or n=%d < 0", n);
+  UOp **us = tg_xmalloc(sizeof(UOp *) * (size_t)(n + 1));
+  for (int i = 0; i < n; i++) {
+    us[i] = t_get(ts[i], "tg_realize");
+    if (!us[i]) {
+      free(us);
+      return TG_ERR_HANDLE;
+    }
+    uop_ref(us[i]);
+  }
+  tg_status st = realize_uops(us, n);
+  for (int i = 0; i < n; i++) uop_unref(us[i]);
+  free(us);
+  return st;
+}
+
+/* A BUFFER node holding u's elements contiguously (realizing or copying as needed); new ref. */
+static UOp *contiguous_buffer(UOp *u, tg_status *st) {
+  UOp *r = u->realized ? u->realized : u;
+  if (r->op == OP_BUFFER) {
+    *st = TG_OK;
+    return uop_ref(r);
+  }
+  UOp *c = g_contiguous(u);
+  *st = realize_uops(&c, 1);
+  UOp *b = (*st == TG_OK) ? uop_ref(c->realized) : NULL;
+  uop_unref(c);
+  return b;
+}
+
+tg_status tg_data(tg_tensor t, void *out, size_t nbytes) {
+  UOp *u = t_get(t, "tg_data");
+  if (!u) return TG_ERR_HANDLE;
+  size_t need = (size_t)shape_numel(u->shape, u->ndim) * tg_dtype_itemsize((tg_dtype)u->dtype);
+  if (!out && need) return tg_set_error(TG_ERR_INVALID, "tg_data: out is NULL");
+  if (nbytes < need)
+    return tg_set_error(TG_ERR_INVALID, "tg_data: out has %zu bytes but the tensor needs %zu (%lld elements of %s)", nbytes, need,
+                        (long long)shape_numel(u->shape, u->ndim), tg_dtype_name((tg_dtype)u->dtype));
+  uop_ref(u);
+  tg_status st;
+  UOp *b = contiguous_buffer(u, &st);
+  uop_unref(u);
+  if (!b) return st;
+  /* the realized node now backs the handle too */
+  Slot *s = t_slot(t);
+  if (s && s->u == u && u->realized) t_replace_everywhere(u, u->realized);
+  st = need ? buffer_copyout(g_buffer_of(b), out, need) : TG_OK;
+  uop_unref(b);
+  return st;
+}
+
+tg_status tg_item(tg_tensor t, double *out) {
+  UOp *u = t_get(t, "tg_item");
+  if (!u) return TG_ERR_HANDLE;
+  if (!out) return tg_set_error(TG_ERR_INVALID, "tg_item: out is NULL");
+  char b[256];
+  if (shape_numel(u->shape, u->ndim) != 1)
+    return tg_set_error(TG_ERR_INVALID, "tg_item: tensor of shape %s has %lld elements, item needs exactly 1", fmt_shape(b, sizeof b, u->shape, u->ndim),
+                        (long long)shape_numel(u->shape, u->ndim));
+  unsigned char tmp[16];
+  tg_status st = tg_data(t, tmp, sizeof tmp);
+  if (st == TG_OK) *out = dtype_load((tg_dtype)u->dtype, tmp);
+  return st;
+}
+
+tg_status tg_item_i64(tg_tensor t, int64_t *out) {
+  UOp *u = t_get(t, "tg_item_i64");
+  if (!u) return TG_ERR_HANDLE;
+  if (!out) return tg_set_error(TG_ERR_INVALID, "tg_item_i64: out is NULL");
+  if (shape_numel(u->shape, u->ndim) != 1) return tg_set_error(TG_ERR_INVALID, "tg_item_i64: tensor has %lld elements, item needs exactly 1", (long long)shape_numel(u->shape, u->ndim));
+  unsigned char tmp[16];
+  tg_status st = tg_data(t, tmp, sizeof tmp);
+  if (st == TG_OK) *out = dtype_load_i64((tg_dtype)u->dtype, tmp);
+  return st;
+}
+
+char *tg_to_string(tg_tensor t) {
+  UOp *u = t_get(t, "tg_to_string");
+  if (!u) return NULL;
+  size_t need = (size_t)shape_numel(u->shape, u->ndim) * tg_dtype_itemsize((tg_dtype)u->dtype);
+  void *buf = tg_xmalloc(need + 1);
+  int64_t *sh = u->ndim ? tg_xmalloc(sizeof(int64_t) * (size_t)u->ndim) : NULL;
+  int nd = u->ndim;
+  tg_dtype dt = (tg_dtype)u->dtype;
+  if (nd) memcpy(sh, u->shape, sizeof(int64_t) * (size_t)nd);
+  char *s = NULL;
+  if (tg_data(t, buf, need) == TG_OK) s = format_array(buf, dt, sh, nd);
+  free(buf);
+  free(sh);
+  return s;
+}
+
+tg_status tg_print(tg_tensor t) {
+  char *s = tg_to_string(t);
+  if (!s) return tg_last_status() ? tg_last_status() : TG_ERR_INVALID;
+  printf("%s\n", s);
+  free(s);
+  return TG_OK;
+}
+
+tg_tensor tg_to(tg_tensor t, const char *device) {
+  GET(u, t, "tg_to");
+  Device *d = device_get(device);
+  if (!d) return NONE;
+  if (d->id == u->device) return t_wrap(uop_ref(u));
+  return t_wrap(g_copy(u, d->id));
+}
+
+tg_tensor tg_contiguous(tg_tensor t) {
+  GET(u, t, "tg_contiguous");
+  UOp *r = u->realized ? u->realized : u;
+  if (r->op == OP_BUFFER) return t_wrap(uop_ref(u));
+  return t_wrap(g_contiguous(u));
+}
+
+tg_tensor tg_clone(tg_tensor t) {
+  GET(u, t, "tg_clone");
+  return t_wrap(g_contiguous(u));
+}
+
+tg_tensor tg_detach(tg_tensor t) {
+  GET(u, t, "tg_detach");
+  return t_wrap(uop_ref(u));
+}
+
+tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
+  GET(tu, target, "tg_assign");
+  GET(vu, value, "tg_assign");
+  char b1[256], b2[256];
+  if (tu->ndim != vu->ndim || (tu->ndim && memcmp(tu->shape, vu->shape, sizeof(int64_t) * (size_t)tu->ndim)))
+    return tg_set_error(TG_ERR_INVALID, "tg_assign: value shape %s does not match target shape %s", fmt_shape(b1, sizeof b1, vu->shape, vu->ndim),
+                        fmt_shape(b2, sizeof b2, tu->shape, tu->ndim)),
+           NONE;
+  if (tu->device != vu->device)
+    return tg_set_error(TG_ERR_INVALID, "tg_assign: value is on %s but the target is on %s", device_by_id(vu->device)->name, device_by_id(tu->device)->name), NONE;
+  /* the target must be backed by its own contiguous buffer */
+  UOp *tb = tu->realized ? tu->realized : tu;
+  if (tb->op != OP_BUFFER) {
+    if (tb->op == OP_ASSIGN || !g_base_buffer(tb)) {
+      if (tg_realize(target) != TG_OK) return NONE;
+      tu = t_get(target, "tg_assign");
+      tb = tu->realized ? tu->realized : tu;
+    }
+    if (tb->op != OP_BUFFER)
+      return tg_set_error(TG_ERR_INVALID, "tg_assign: target of shape %s is a view of another tensor; assign into a contiguous tensor (tg_contiguous) instead",
+                          fmt_shape(b1, sizeof b1, tu->shape, tu->ndim)),
+             NONE;
+  }
+  UOp *v = g_cast(vu, (tg_dtype)tb->dtype);
+  UOp *a = g_assign(tb, v);
+  uop_unref(v);
+  Slot *s = t_slot(target);
+  UOp *old = s->u;
+  s->u = a;
+  uop_unref(old);
+  return target;
+}
+
+const char *tg_default_device(void) {
+  Device *d = device_default();
+  return d ? d->name : NULL;
+}
+
+tg_status tg_synchronize(const char *device) {
+  Device *d = device_get(device);
+  if (!d) return TG_ERR_INVALID;
+  if (d->vt->synchronize) d->vt->synchronize(d->state);
+  return TG_OK;
+}

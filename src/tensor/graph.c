@@ -1,0 +1,219 @@
+/*
+ * graph.c -- builders for lazy tensor-graph nodes. Each builder computes the node's shape and device
+ * the first time the (hash-consed) node is created. Inputs are assumed valid: the public ops check
+ * arguments and report errors before calling these.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tensor.h"
+
+#define META_SET 1
+
+int64_t shape_numel(const int64_t *shape, int ndim) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= shape[i];
+  return n;
+}
+
+const char *fmt_shape(char *buf, size_t n, const int64_t *shape, int ndim) {
+  size_t o = 0;
+  o += (size_t)snprintf(buf + o, n - o, "(");
+  for (int i = 0; i < ndim && o < n; i++)
+    o += (size_t)snprintf(buf + o, n - o, i ? ", %lld" : "%lld", (long long)shape[i]);
+  if (o < n) snprintf(buf + o, n - o, ndim == 1 ? ",)" : ")");
+  return buf;
+}
+
+static void set_meta(UOp *u, const int64_t *shape, int ndim, int device) {
+  if (u->flags & META_SET) return;
+  u->flags |= META_SET;
+  u->ndim = ndim;
+  u->device = device;
+  if (ndim) {
+    u->shape = tg_xmalloc(sizeof(int64_t) * (size_t)ndim);
+    memcpy(u->shape, shape, sizeof(int64_t) * (size_t)ndim);
+  }
+}
+
+static void buffer_release(void *b) { buffer_unref((Buffer *)b); }
+extern void (*uop_buffer_release_hook)(void *buf);
+
+UOp *g_buffer(Buffer *b, tg_dtype dt, const int64_t *shape, int ndim) {
+  /* every wrap is a distinct node (a unique id in iarg): a buffer written by an assign gets a new
+   * node, so values derived from the old contents are never confused with new ones */
+  static uint64_t uniq;
+  uop_buffer_release_hook = buffer_release;
+  UArg a;
+  a.p = b;
+  int64_t id = (int64_t)__atomic_add_fetch(&uniq, 1, __ATOMIC_RELAXED);
+  UOp *u = uop_new(OP_BUFFER, dt, NULL, 0, &id, 1, a);
+  set_meta(u, shape, ndim, b->dev->id);
+  return u;
+}
+
+Buffer *g_buffer_of(UOp *u) { return u && u->op == OP_BUFFER ? (Buffer *)u->arg.p : NULL; }
+
+UOp *g_const(double v, tg_dtype dt, int device) {
+  UArg a;
+  if (tg_dtype_is_float(dt)) {
+    /* store the value as the dtype sees it, so 0.1 as half and as float differ */
+    unsigned char tmp[8];
+    dtype_store(dt, tmp, v);
+    a.f = dtype_load(dt, tmp);
+  } else if (dt == TG_BOOL) {
+    a.i = v != 0;
+  } else {
+    unsigned char tmp[8];
+    dtype_store(dt, tmp, v);
+    a.i = dtype_load_i64(dt, tmp);
+  }
+  int64_t dev = device;
+  UOp *u = uop_new(OP_CONST, dt, NULL, 0, &dev, 1, a);
+  set_meta(u, NULL, 0, device);
+  return u;
+}
+
+UOp *g_const_shaped(double v, tg_dtype dt, int device, const int64_t *shape, int ndim) {
+  UOp *c = g_const(v, dt, device);
+  if (ndim == 0) return c;
+  int64_t ones[64];
+  int64_t *o = ndim <= 64 ? ones : tg_xmalloc(sizeof(int64_t) * (size_t)ndim);
+  for (int i = 0; i < ndim; i++) o[i] = 1;
+  UOp *r = g_reshape(c, o, ndim);
+  uop_unref(c);
+  UOp *e = g_expand(r, shape);
+  uop_unref(r);
+  if (o != ones) free(o);
+  return e;
+}
+
+UOp *g_alu(int op, tg_dtype dt, UOp *a, UOp *b, UOp *c) {
+  UOp *u = uop_alu(op, dt, a, b, c);
+  set_meta(u, a->shape, a->ndim, a->device);
+  return u;
+}
+
+UOp *g_cast(UOp *a, tg_dtype dt) {
+  if (a->dtype == dt) return uop_ref(a);
+  return g_alu(OP_CAST, dt, a, NULL, NULL);
+}
+
+UOp *g_bitcast(UOp *a, tg_dtype dt) {
+  if (a->dtype == dt) return uop_ref(a);
+  return g_alu(OP_BITCAST, dt, a, NULL, NULL);
+}
+
+static UOp *mk_move(int op, UOp *a, const int64_t *iarg, int niarg, const int64_t *shape, int ndim) {
+  UArg z = {0};
+  UOp *u = uop_new(op, (tg_dtype)a->dtype, &a, 1, iarg, niarg, z);
+  set_meta(u, shape, ndim, a->device);
+  return u;
+}
+
+UOp *g_reshape(UOp *a, const int64_t *shape, int ndim) {
+  if (ndim == a->ndim && (ndim == 0 || !memcmp(shape, a->shape, sizeof(int64_t) * (size_t)ndim))) return uop_ref(a);
+  /* collapse reshape chains: reshape(reshape(x)) == reshape(x) */
+  if (a->op == OP_RESHAPE) a = a->src[0];
+  if (ndim == a->ndim && (ndim == 0 || !memcmp(shape, a->shape, sizeof(int64_t) * (size_t)ndim))) return uop_ref(a);
+  return mk_move(OP_RESHAPE, a, shape, ndim, shape, ndim);
+}
+
+UOp *g_permute(UOp *a, const int64_t *order) {
+  bool ident = true;
+  int64_t shape[64];
+  int64_t *sh = a->ndim <= 64 ? shape : tg_xmalloc(sizeof(int64_t) * (size_t)a->ndim);
+  for (int i = 0; i < a->ndim; i++) {
+    sh[i] = a->shape[order[i]];
+    if (order[i] != i) ident = false;
+  }
+  UOp *u = ident ? uop_ref(a) : mk_move(OP_PERMUTE, a, order, a->ndim, sh, a->ndim);
+  if (sh != shape) free(sh);
+  return u;
+}
+
+UOp *g_expand(UOp *a, const int64_t *shape) {
+  if (a->ndim == 0 || !memcmp(shape, a->shape, sizeof(int64_t) * (size_t)a->ndim)) return uop_ref(a);
+  return mk_move(OP_EXPAND, a, shape, a->ndim, shape, a->ndim);
+}
+
+UOp *g_pad(UOp *a, const int64_t *pads) {
+  bool any = false;
+  int64_t shape[64];
+  int64_t *sh = a->ndim <= 64 ? shape : tg_xmalloc(sizeof(int64_t) * (size_t)a->ndim);
+  for (int i = 0; i < a->ndim; i++) {
+    sh[i] = a->shape[i] + pads[2 * i] + pads[2 * i + 1];
+    any = any || pads[2 * i] || pads[2 * i + 1];
+  }
+  UOp *u = any ? mk_move(OP_PAD, a, pads, 2 * a->ndim, sh, a->ndim) : uop_ref(a);
+  if (sh != shape) free(sh);
+  return u;
+}
+
+UOp *g_shrink(UOp *a, const int64_t *bounds) {
+  bool any = false;
+  int64_t shape[64];
+  int64_t *sh = a->ndim <= 64 ? shape : tg_xmalloc(sizeof(int64_t) * (size_t)a->ndim);
+  for (int i = 0; i < a->ndim; i++) {
+    sh[i] = bounds[2 * i + 1] - bounds[2 * i];
+    any = any || bounds[2 * i] != 0 || bounds[2 * i + 1] != a->shape[i];
+  }
+  UOp *u = any ? mk_move(OP_SHRINK, a, bounds, 2 * a->ndim, sh, a->ndim) : uop_ref(a);
+  if (sh != shape) free(sh);
+  return u;
+}
+
+UOp *g_flip(UOp *a, const int64_t *flags) {
+  bool any = false;
+  for (int i = 0; i < a->ndim; i++) any = any || (flags[i] && a->shape[i] > 1);
+  if (!any) return uop_ref(a);
+  return mk_move(OP_FLIP, a, flags, a->ndim, a->shape, a->ndim);
+}
+
+UOp *g_reduce(UOp *a, int op, const int64_t *axes, int naxes) {
+  if (naxes == 0) return uop_ref(a);
+  int64_t shape[64];
+  int64_t *sh = a->ndim <= 64 ? shape : tg_xmalloc(sizeof(int64_t) * (size_t)a->ndim);
+  memcpy(sh, a->shape, sizeof(int64_t) * (size_t)a->ndim);
+  for (int i = 0; i < naxes; i++) sh[axes[i]] = 1;
+  UArg arg;
+  arg.i = op;
+  UOp *u = uop_new(OP_REDUCE_AXIS, (tg_dtype)a->dtype, &a, 1, axes, naxes, arg);
+  set_meta(u, sh, a->ndim, a->device);
+  if (sh != shape) free(sh);
+  return u;
+}
+
+UOp *g_contiguous(UOp *a) {
+  UArg z = {0};
+  UOp *u = uop_new(OP_CONTIGUOUS, (tg_dtype)a->dtype, &a, 1, NULL, 0, z);
+  set_meta(u, a->shape, a->ndim, a->device);
+  return u;
+}
+
+UOp *g_copy(UOp *a, int device) {
+  UArg arg;
+  arg.i = device;
+  UOp *u = uop_new(OP_COPY, (tg_dtype)a->dtype, &a, 1, NULL, 0, arg);
+  set_meta(u, a->shape, a->ndim, device);
+  return u;
+}
+
+UOp *g_assign(UOp *target, UOp *value) {
+  UOp *s[2] = {target, value};
+  UArg z = {0};
+  UOp *u = uop_new(OP_ASSIGN, (tg_dtype)target->dtype, s, 2, NULL, 0, z);
+  set_meta(u, target->shape, target->ndim, target->device);
+  return u;
+}
+
+UOp *g_base_buffer(UOp *u) {
+  while (u) {
+    if (u->realized) u = u->realized;
+    if (u->op == OP_BUFFER) return u;
+    if (!op_is_movement(u->op)) return NULL;
+    u = u->src[0];
+  }
+  return NULL;
+}

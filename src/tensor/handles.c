@@ -1,0 +1,218 @@
+/*
+ * handles.c -- the registry of live tensors: generational handles in a slot table, and scopes.
+ *
+ * In: handles from the user. Out: the UOp behind a handle, or a clear error for none/freed/stale.
+ * Invariants: a handle id = (generation << 32) | (slot + 1); a slot's generation increments when it is
+ * freed, so stale ids never alias a new tensor. Each slot belongs to one scope depth; scope lists
+ * record ids (not slots), so an entry whose id went stale or whose slot moved out is skipped.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "../uop/ptrmap.h"
+#include "tensor.h"
+
+static pthread_mutex_t h_lock = PTHREAD_MUTEX_INITIALIZER;
+static Slot *slots;
+static size_t nslots, capslots, nlive;
+static int32_t free_head = -1;
+
+/* per-thread scope stack: lists of ids owned by each open scope (depth 1..n; depth 0 = root) */
+typedef struct {
+  uint64_t *ids;
+  size_t n, cap;
+} IdList;
+static _Thread_local IdList *scope_stack;
+static _Thread_local int scope_depth, scope_cap;
+
+static inline uint32_t id_slot(uint64_t id) { return (uint32_t)(id & 0xffffffffu) - 1; }
+static inline uint32_t id_gen(uint64_t id) { return (uint32_t)(id >> 32); }
+
+static Slot *slot_lookup(uint64_t id) {
+  if (!id) return NULL;
+  uint32_t s = id_slot(id);
+  if (s >= nslots) return NULL;
+  Slot *sl = &slots[s];
+  if (sl->scope < 0 || sl->gen != id_gen(id)) return NULL;
+  return sl;
+}
+
+UOp *t_get(tg_tensor t, const char *fn) {
+  pthread_mutex_lock(&h_lock);
+  Slot *s = slot_lookup(t.id);
+  UOp *u = s ? s->u : NULL;
+  pthread_mutex_unlock(&h_lock);
+  if (!u) {
+    if (!tg_has_error()) {
+      if (!t.id)
+        tg_set_error(TG_ERR_HANDLE, "%s: got a none tensor (an earlier call failed or the handle was never set)", fn);
+      else
+        tg_set_error(TG_ERR_HANDLE, "%s: stale tensor handle %#llx (freed, or its scope ended); keep it with tg_keep/tg_persist", fn,
+                     (unsigned long long)t.id);
+    }
+  }
+  return u;
+}
+
+Slot *t_slot(tg_tensor t) {
+  pthread_mutex_lock(&h_lock);
+  Slot *s = slot_lookup(t.id);
+  pthread_mutex_unlock(&h_lock);
+  return s;
+}
+size_t t_slot_count(void) { return nslots; }
+Slot *t_slot_at(size_t i) { return &slots[i]; }
+
+static void scope_push_id(uint64_t id) {
+  if (scope_depth == 0) return;
+  IdList *l = &scope_stack[scope_depth - 1];
+  if (l->n == l->cap) {
+    l->cap = l->cap ? l->cap * 2 : 64;
+    l->ids = tg_xrealloc(l->ids, l->cap * sizeof(uint64_t));
+  }
+  l->ids[l->n++] = id;
+}
+
+tg_tensor t_wrap(UOp *u) {
+  tg_tensor t = {0};
+  if (!u) return t;
+  pthread_mutex_lock(&h_lock);
+  uint32_t s;
+  if (free_head >= 0) {
+    s = (uint32_t)free_head;
+    free_head = slots[s].next_free;
+  } else {
+    if (nslots == capslots) {
+      capslots = capslots ? capslots * 2 : 256;
+      slots = tg_xrealloc(slots, capslots * sizeof(Slot));
+    }
+    s = (uint32_t)nslots++;
+    slots[s].gen = 1;
+  }
+  Slot *sl = &slots[s];
+  sl->u = u;
+  sl->scope = scope_depth;
+  sl->requires_grad = false;
+  sl->grad = NULL;
+  sl->next_free = -1;
+  nlive++;
+  t.id = ((uint64_t)sl->gen << 32) | (uint64_t)(s + 1);
+  pthread_mutex_unlock(&h_lock);
+  scope_push_id(t.id);
+  return t;
+}
+
+/* Caller holds h_lock. Returns the UOps to release (outside the lock). */
+static void slot_release(Slot *sl, UOp **u, UOp **g) {
+  *u = sl->u;
+  *g = sl->grad;
+  sl->u = NULL;
+  sl->grad = NULL;
+  sl->scope = -1;
+  sl->gen++;
+  if (sl->gen == 0) sl->gen = 1;
+  sl->next_free = free_head;
+  free_head = (int32_t)(sl - slots);
+  nlive--;
+}
+
+void tg_free(tg_tensor t) {
+  pthread_mutex_lock(&h_lock);
+  Slot *s = slot_lookup(t.id);
+  UOp *u = NULL, *g = NULL;
+  if (s) slot_release(s, &u, &g);
+  pthread_mutex_unlock(&h_lock);
+  uop_unref(u);
+  uop_unref(g);
+}
+
+bool tg_valid(tg_tensor t) { return t_slot(t) != NULL; }
+
+size_t tg_live_count(void) { return nlive; }
+
+void tg_scope_begin(void) {
+  if (scope_depth == scope_cap) {
+    scope_cap = scope_cap ? scope_cap * 2 : 8;
+    scope_stack = tg_xrealloc(scope_stack, (size_t)scope_cap * sizeof(IdList));
+  }
+  scope_stack[scope_depth].ids = NULL;
+  scope_stack[scope_depth].n = scope_stack[scope_depth].cap = 0;
+  scope_depth++;
+}
+
+void tg_scope_end(void) {
+  if (scope_depth == 0) {
+    tg_set_error(TG_ERR_INVALID, "tg_scope_end: no open scope (calls to tg_scope_begin/tg_scope_end are unbalanced)");
+    return;
+  }
+  IdList *l = &scope_stack[scope_depth - 1];
+  PtrVec dead = {0};
+  pthread_mutex_lock(&h_lock);
+  for (size_t i = 0; i < l->n; i++) {
+    Slot *s = slot_lookup(l->ids[i]);
+    if (!s || s->scope != scope_depth) continue;
+    UOp *u, *g;
+    slot_release(s, &u, &g);
+    pv_push(&dead, u);
+    if (g) pv_push(&dead, g);
+  }
+  pthread_mutex_unlock(&h_lock);
+  for (size_t i = 0; i < dead.n; i++) uop_unref(dead.p[i]);
+  pv_free(&dead);
+  free(l->ids);
+  scope_depth--;
+  if (scope_depth == 0) {
+    free(scope_stack);
+    scope_stack = NULL;
+    scope_cap = 0;
+  }
+}
+
+tg_tensor tg_keep(tg_tensor t) {
+  pthread_mutex_lock(&h_lock);
+  Slot *s = slot_lookup(t.id);
+  bool ok = s != NULL;
+  if (s && s->scope > 0) s->scope--;
+  int32_t depth = s ? s->scope : 0;
+  pthread_mutex_unlock(&h_lock);
+  if (!ok) {
+    t_get(t, "tg_keep");
+    return (tg_tensor){0};
+  }
+  if (depth > 0 && depth <= scope_depth) {
+    int saved = scope_depth;
+    scope_depth = depth;
+    scope_push_id(t.id);
+    scope_depth = saved;
+  }
+  return t;
+}
+
+tg_tensor tg_persist(tg_tensor t) {
+  pthread_mutex_lock(&h_lock);
+  Slot *s = slot_lookup(t.id);
+  if (s) s->scope = 0;
+  pthread_mutex_unlock(&h_lock);
+  if (!s) {
+    t_get(t, "tg_persist");
+    return (tg_tensor){0};
+  }
+  return t;
+}
+
+void t_replace_everywhere(UOp *from, UOp *to) {
+  int n = 0;
+  pthread_mutex_lock(&h_lock);
+  for (size_t i = 0; i < nslots; i++) {
+    if (slots[i].scope >= 0 && slots[i].u == from) {
+      slots[i].u = to;
+      n++;
+    }
+  }
+  pthread_mutex_unlock(&h_lock);
+  /* adjust references outside the lock: each replaced slot drops `from` and holds `to` */
+  for (int i = 0; i < n; i++) {
+    uop_ref(to);
+    uop_unref(from);
+  }
+}

@@ -1,0 +1,846 @@
+/*
+ * ops.c -- the public lazy op surface: argument checking, broadcasting, tinygrad's type promotion,
+ * and the decomposition of higher-level ops into primitive graph nodes (so they fuse).
+ *
+ * In: handles and arguments from the user. Out: new handles (or none + an error naming the function,
+ * the shapes/values and a hint). Nothing here computes data; realize happens in the engine.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tensor.h"
+
+#define NONE ((tg_tensor){0})
+#define GET(var, t, fn)                                                                            \
+  UOp *var = t_get(t, fn);                                                                         \
+  if (!var) return NONE
+
+static const char *shp(char *buf, size_t n, UOp *u) { return fmt_shape(buf, n, u->shape, u->ndim); }
+
+static tg_tensor fail(tg_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static tg_tensor fail(tg_status st, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  tg_set_error(st, "%s", msg);
+  return NONE;
+}
+
+int norm_axis(const char *fn, int axis, int ndim, int *out);
+int norm_axis(const char *fn, int axis, int ndim, int *out) {
+  int lo = ndim ? -ndim : -1, hi = ndim ? ndim - 1 : 0;
+  if (axis < lo || axis > hi) {
+    tg_set_error(TG_ERR_INVALID, "%s: axis %d is out of range for a %d-d tensor (expected %d..%d)", fn, axis, ndim, lo, hi);
+    return -1;
+  }
+  *out = axis < 0 ? axis + (ndim ? ndim : 1) : axis;
+  return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* dtype helpers                                                                                   */
+
+static tg_dtype float_of(tg_dtype dt) { return tg_dtype_is_float(dt) ? dt : tg_default_float(); }
+
+/* Python-scalar semantics (tinygrad's _broadcasted): a float x keeps its dtype; an integer x keeps
+ * its dtype for an integral scalar; otherwise the scalar is int32 / DEFAULT_FLOAT and promotes. */
+static tg_dtype scalar_dtype(tg_dtype xdt, double v) {
+  bool integral = isfinite(v) && v == trunc(v);
+  if (tg_dtype_is_float(xdt) || (tg_dtype_is_int(xdt) && integral)) return xdt;
+  if (xdt == TG_BOOL && (v == 0.0 || v == 1.0) && 0) return TG_BOOL;
+  return integral ? TG_INT32 : tg_default_float();
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* broadcasting                                                                                    */
+
+static UOp *bcast_to(UOp *u, const int64_t *shape, int ndim) {
+  int64_t tmp[64] = {0};
+  int64_t *s = ndim <= 64 ? tmp : tg_xmalloc(sizeof(int64_t) * (size_t)ndim);
+  int off = ndim - u->ndim;
+  for (int i = 0; i < ndim; i++) s[i] = i < off ? 1 : u->shape[i - off];
+  UOp *r = g_reshape(u, s, ndim);
+  UOp *e = g_expand(r, shape);
+  uop_unref(r);
+  if (s != tmp) free(s);
+  return e;
+}
+
+/* Broadcast n nodes to a common shape. Returns 0 or -1 with an error. out[i] are new refs. */
+static int broadcast_n(const char *fn, UOp **in, int n, UOp **out) {
+  int nd = 0;
+  for (int i = 0; i < n; i++)
+    if (in[i]->ndim > nd) nd = in[i]->ndim;
+  int64_t shape[64];
+  if (nd > 64) {
+    tg_set_error(TG_ERR_INVALID, "%s: more than 64 dimensions are not supported", fn);
+    return -1;
+  }
+  for (int d = 0; d < nd; d++) {
+    int64_t s = 1;
+    for (int i = 0; i < n; i++) {
+      int k = d - (nd - in[i]->ndim);
+      if (k < 0) continue;
+      int64_t v = in[i]->shape[k];
+      if (v == s || v == 1) continue;
+      if (s == 1) {
+        s = v;
+        continue;
+      }
+      char a[256], b[256];
+      tg_set_error(TG_ERR_INVALID, "%s: shapes %s and %s cannot broadcast (each dimension must match or be 1)", fn,
+                   shp(a, sizeof a, in[0]), shp(b, sizeof b, in[i]));
+      return -1;
+    }
+    shape[d] = s;
+  }
+  for (int i = 0; i < n; i++) {
+    if (in[i]->device != in[0]->device) {
+      tg_set_error(TG_ERR_INVALID, "%s: tensors are on different devices (%s and %s); move one with tg_to", fn,
+                   device_by_id(in[0]->device)->name, device_by_id(in[i]->device)->name);
+      for (int j = 0; j < i; j++) uop_unref(out[j]);
+      return -1;
+    }
+    out[i] = bcast_to(in[i], shape, nd);
+  }
+  return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* generic elementwise builders on nodes (new refs)                                                */
+
+static UOp *n_const_like(UOp *like, double v, tg_dtype dt) { return g_const_shaped(v, dt, like->device, like->shape, like->ndim); }
+
+static UOp *n_binary(int op, tg_dtype dt, UOp *a, UOp *b) { return g_alu(op, dt, a, b, NULL); }
+
+/* Applies op to x (and y) after promotion to a common dtype `dt` and broadcasting. */
+static tg_tensor binary_nodes(const char *fn, int op, UOp *x, UOp *y, tg_dtype dt, tg_dtype out_dt) {
+  UOp *in[2] = {x, y}, *b[2];
+  if (broadcast_n(fn, in, 2, b) < 0) return NONE;
+  UOp *cx = g_cast(b[0], dt), *cy = g_cast(b[1], dt);
+  UOp *r = n_binary(op, out_dt, cx, cy);
+  uop_unref(cx), uop_unref(cy), uop_unref(b[0]), uop_unref(b[1]);
+  return t_wrap(r);
+}
+
+static UOp *scalar_node(UOp *x, double v) {
+  tg_dtype dt = scalar_dtype((tg_dtype)x->dtype, v);
+  return g_const(v, dt, x->device);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* binary ops                                                                                      */
+
+typedef enum { K_ARITH, K_TRUEDIV, K_INT, K_CMP, K_BITS, K_FLOATOK } Kind;
+
+static UOp *promote_pair(UOp *x, UOp *y, tg_dtype *dt) {
+  *dt = tg_dtype_promote((tg_dtype)x->dtype, (tg_dtype)y->dtype);
+  return NULL;
+}
+
+static tg_tensor binop_nodes(const char *fn, int op, UOp *x, UOp *y, Kind kind) {
+  tg_dtype dt;
+  promote_pair(x, y, &dt);
+  if (kind == K_TRUEDIV) dt = float_of(dt);
+  if (kind == K_BITS && tg_dtype_is_float(dt))
+    return fail(TG_ERR_INVALID, "%s: bitwise ops need integer or bool tensors, got %s", fn, tg_dtype_name(dt));
+  if (kind == K_INT && (tg_dtype_is_float(dt) || dt == TG_BOOL))
+    return fail(TG_ERR_INVALID, "%s: needs integer tensors, got %s (use tg_div for floats)", fn, tg_dtype_name(dt));
+  tg_dtype out = kind == K_CMP ? TG_BOOL : dt;
+  return binary_nodes(fn, op, x, y, dt, out);
+}
+
+#define BINOP(name, op, kind)                                                                      \
+  tg_tensor tg_##name(tg_tensor x, tg_tensor y) {                                                  \
+    GET(a, x, "tg_" #name);                                                                        \
+    GET(b, y, "tg_" #name);                                                                        \
+    return binop_nodes("tg_" #name, op, a, b, kind);                                               \
+  }
+BINOP(add, OP_ADD, K_ARITH)
+BINOP(mul, OP_MUL, K_ARITH)
+BINOP(div, OP_FDIV, K_TRUEDIV)
+BINOP(idiv, OP_IDIV, K_INT)
+BINOP(lt, OP_CMPLT, K_CMP)
+BINOP(eq, OP_CMPEQ, K_CMP)
+BINOP(ne, OP_CMPNE, K_CMP)
+BINOP(bitwise_and, OP_AND, K_BITS)
+BINOP(bitwise_or, OP_OR, K_BITS)
+BINOP(bitwise_xor, OP_XOR, K_BITS)
+BINOP(lshift, OP_SHL, K_BITS)
+BINOP(rshift, OP_SHR, K_BITS)
+BINOP(pow, OP_POW, K_ARITH)
+
+tg_tensor tg_sub(tg_tensor x, tg_tensor y) {
+  GET(a, x, "tg_sub");
+  GET(b, y, "tg_sub");
+  tg_dtype dt = tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)b->dtype);
+  if (dt == TG_BOOL) return fail(TG_ERR_INVALID, "tg_sub: subtracting bool tensors is not supported (use tg_bitwise_xor)");
+  return binop_nodes("tg_sub", OP_SUB, a, b, K_ARITH);
+}
+
+tg_tensor tg_gt(tg_tensor x, tg_tensor y) {
+  GET(a, x, "tg_gt");
+  GET(b, y, "tg_gt");
+  return binop_nodes("tg_gt", OP_CMPLT, b, a, K_CMP);
+}
+
+static tg_tensor not_of(tg_tensor t) {
+  UOp *u = t_get(t, "tg_not");
+  if (!u) return NONE;
+  UOp *r = g_alu(OP_NEG, TG_BOOL, u, NULL, NULL);
+  tg_free(t);
+  return t_wrap(r);
+}
+tg_tensor tg_le(tg_tensor x, tg_tensor y) { return not_of(tg_gt(x, y)); }
+tg_tensor tg_ge(tg_tensor x, tg_tensor y) { return not_of(tg_lt(x, y)); }
+
+tg_tensor tg_maximum(tg_tensor x, tg_tensor y) {
+  GET(a, x, "tg_maximum");
+  GET(b, y, "tg_maximum");
+  return binop_nodes("tg_maximum", OP_MAX, a, b, K_ARITH);
+}
+
+static tg_tensor minimum_nodes(const char *fn, UOp *a, UOp *b) {
+  tg_dtype dt = tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)b->dtype);
+  UOp *in[2] = {a, b}, *bb[2];
+  if (broadcast_n(fn, in, 2, bb) < 0) return NONE;
+  UOp *x = g_cast(bb[0], dt), *y = g_cast(bb[1], dt);
+  UOp *r;
+  if (tg_dtype_is_float(dt)) {
+    /* -max(-x, -y) keeps max's NaN propagation */
+    UOp *nx = g_alu(OP_NEG, dt, x, NULL, NULL), *ny = g_alu(OP_NEG, dt, y, NULL, NULL);
+    UOp *m = g_alu(OP_MAX, dt, nx, ny, NULL);
+    r = g_alu(OP_NEG, dt, m, NULL, NULL);
+    uop_unref(nx), uop_unref(ny), uop_unref(m);
+  } else {
+    UOp *lt = g_alu(OP_CMPLT, TG_BOOL, x, y, NULL);
+    r = g_alu(OP_WHERE, dt, lt, x, y);
+    uop_unref(lt);
+  }
+  uop_unref(x), uop_unref(y), uop_unref(bb[0]), uop_unref(bb[1]);
+  return t_wrap(r);
+}
+
+tg_tensor tg_minimum(tg_tensor x, tg_tensor y) {
+  GET(a, x, "tg_minimum");
+  GET(b, y, "tg_minimum");
+  return minimum_nodes("tg_minimum", a, b);
+}
+
+/* Python modulo: the result takes the sign of the divisor. */
+static tg_tensor mod_nodes(const char *fn, UOp *a, UOp *b) {
+  tg_dtype dt = tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)b->dtype);
+  if (dt == TG_BOOL) return fail(TG_ERR_INVALID, "%s: modulo of bool tensors is not supported", fn);
+  UOp *in[2] = {a, b}, *bb[2];
+  if (broadcast_n(fn, in, 2, bb) < 0) return NONE;
+  UOp *x = g_cast(bb[0], dt), *y = g_cast(bb[1], dt);
+  UOp *r = g_alu(OP_MOD, dt, x, y, NULL);
+  if (!tg_dtype_is_unsigned(dt)) {
+    UOp *z = n_const_like(r, 0, dt);
+    UOp *rnz = g_alu(OP_CMPNE, TG_BOOL, r, z, NULL);
+    UOp *rneg = g_alu(OP_CMPLT, TG_BOOL, r, z, NULL), *yneg = g_alu(OP_CMPLT, TG_BOOL, y, z, NULL);
+    UOp *diff = g_alu(OP_CMPNE, TG_BOOL, rneg, yneg, NULL);
+    UOp *fix = g_alu(OP_AND, TG_BOOL, rnz, diff, NULL);
+    UOp *ry = g_alu(OP_ADD, dt, r, y, NULL);
+    UOp *w = g_alu(OP_WHERE, dt, fix, ry, r);
+    uop_unref(z), uop_unref(rnz), uop_unref(rneg), uop_unref(yneg), uop_unref(diff), uop_unref(fix), uop_unref(ry);
+    uop_unref(r);
+    r = w;
+  }
+  uop_unref(x), uop_unref(y), uop_unref(bb[0]), uop_unref(bb[1]);
+  return t_wrap(r);
+}
+
+tg_tensor tg_mod(tg_tensor x, tg_tensor y) {
+  GET(a, x, "tg_mod");
+  GET(b, y, "tg_mod");
+  return mod_nodes("tg_mod", a, b);
+}
+
+tg_tensor tg_where(tg_tensor cond, tg_tensor x, tg_tensor y) {
+  GET(c, cond, "tg_where");
+  GET(a, x, "tg_where");
+  GET(b, y, "tg_where");
+  UOp *in[3] = {c, a, b}, *bb[3];
+  if (broadcast_n("tg_where", in, 3, bb) < 0) return NONE;
+  tg_dtype dt = tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)b->dtype);
+  UOp *cc = g_cast(bb[0], TG_BOOL), *xa = g_cast(bb[1], dt), *yb = g_cast(bb[2], dt);
+  UOp *r = g_alu(OP_WHERE, dt, cc, xa, yb);
+  uop_unref(cc), uop_unref(xa), uop_unref(yb);
+  for (int i = 0; i < 3; i++) uop_unref(bb[i]);
+  return t_wrap(r);
+}
+
+/* ---- scalar right operands ---- */
+#define SCALAR_OP(name, fnname, kind, op, swap)                                                    \
+  tg_tensor name {                                                                                 \
+    GET(a, T, fnname);                                                                             \
+    UOp *s = scalar_node(a, V);                                                                    \
+    tg_tensor r = swap ? binop_nodes(fnname, op, s, a, kind) : binop_nodes(fnname, op, a, s, kind); \
+    uop_unref(s);                                                                                  \
+    return r;                                                                                      \
+  }
+#define T x
+#define V y
+SCALAR_OP(tg_add_s(tg_tensor x, double y), "tg_add_s", K_ARITH, OP_ADD, 0)
+SCALAR_OP(tg_sub_s(tg_tensor x, double y), "tg_sub_s", K_ARITH, OP_SUB, 0)
+SCALAR_OP(tg_mul_s(tg_tensor x, double y), "tg_mul_s", K_ARITH, OP_MUL, 0)
+SCALAR_OP(tg_div_s(tg_tensor x, double y), "tg_div_s", K_TRUEDIV, OP_FDIV, 0)
+SCALAR_OP(tg_pow_s(tg_tensor x, double y), "tg_pow_s", K_ARITH, OP_POW, 0)
+SCALAR_OP(tg_maximum_s(tg_tensor x, double y), "tg_maximum_s", K_ARITH, OP_MAX, 0)
+SCALAR_OP(tg_lt_s(tg_tensor x, double y), "tg_lt_s", K_CMP, OP_CMPLT, 0)
+SCALAR_OP(tg_gt_s(tg_tensor x, double y), "tg_gt_s", K_CMP, OP_CMPLT, 1)
+SCALAR_OP(tg_eq_s(tg_tensor x, double y), "tg_eq_s", K_CMP, OP_CMPEQ, 0)
+SCALAR_OP(tg_ne_s(tg_tensor x, double y), "tg_ne_s", K_CMP, OP_CMPNE, 0)
+#undef T
+#undef V
+#define T y
+#define V x
+SCALAR_OP(tg_rsub_s(double x, tg_tensor y), "tg_rsub_s", K_ARITH, OP_SUB, 1)
+SCALAR_OP(tg_rdiv_s(double x, tg_tensor y), "tg_rdiv_s", K_TRUEDIV, OP_FDIV, 1)
+#undef T
+#undef V
+
+tg_tensor tg_minimum_s(tg_tensor x, double y) {
+  GET(a, x, "tg_minimum_s");
+  UOp *s = scalar_node(a, y);
+  tg_tensor r = minimum_nodes("tg_minimum_s", a, s);
+  uop_unref(s);
+  return r;
+}
+
+tg_tensor tg_const_like(tg_tensor like, double value) {
+  GET(a, like, "tg_const_like");
+  return t_wrap(scalar_node(a, value));
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* unary ops                                                                                       */
+
+static tg_tensor unary_float(const char *fn, tg_tensor x, int op) {
+  GET(a, x, fn);
+  tg_dtype dt = float_of((tg_dtype)a->dtype);
+  UOp *c = g_cast(a, dt);
+  UOp *r = g_alu(op, dt, c, NULL, NULL);
+  uop_unref(c);
+  return t_wrap(r);
+}
+tg_tensor tg_exp2(tg_tensor x) { return unary_float("tg_exp2", x, OP_EXP2); }
+tg_tensor tg_log2(tg_tensor x) { return unary_float("tg_log2", x, OP_LOG2); }
+tg_tensor tg_sin(tg_tensor x) { return unary_float("tg_sin", x, OP_SIN); }
+tg_tensor tg_sqrt(tg_tensor x) { return unary_float("tg_sqrt", x, OP_SQRT); }
+tg_tensor tg_reciprocal(tg_tensor x) { return unary_float("tg_reciprocal", x, OP_RECIP); }
+
+tg_tensor tg_neg(tg_tensor x) {
+  GET(a, x, "tg_neg");
+  return t_wrap(g_alu(OP_NEG, (tg_dtype)a->dtype, a, NULL, NULL));
+}
+tg_tensor tg_trunc(tg_tensor x) {
+  GET(a, x, "tg_trunc");
+  if (!tg_dtype_is_float((tg_dtype)a->dtype)) return t_wrap(uop_ref(a));
+  return t_wrap(g_alu(OP_TRUNC, (tg_dtype)a->dtype, a, NULL, NULL));
+}
+
+static UOp *mul_const(UOp *a, double c) {
+  UOp *k = n_const_like(a, c, (tg_dtype)a->dtype);
+  UOp *r = g_alu(OP_MUL, (tg_dtype)a->dtype, a, k, NULL);
+  uop_unref(k);
+  return r;
+}
+
+UOp *n_exp(UOp *a);
+UOp *n_exp(UOp *a) {
+  UOp *m = mul_const(a, 1.0 / M_LN2);
+  UOp *r = g_alu(OP_EXP2, (tg_dtype)a->dtype, m, NULL, NULL);
+  uop_unref(m);
+  return r;
+}
+UOp *n_log(UOp *a);
+UOp *n_log(UOp *a) {
+  UOp *l = g_alu(OP_LOG2, (tg_dtype)a->dtype, a, NULL, NULL);
+  UOp *r = mul_const(l, M_LN2);
+  uop_unref(l);
+  return r;
+}
+
+tg_tensor tg_exp(tg_tensor x) {
+  GET(a, x, "tg_exp");
+  UOp *c = g_cast(a, float_of((tg_dtype)a->dtype));
+  UOp *r = n_exp(c);
+  uop_unref(c);
+  return t_wrap(r);
+}
+tg_tensor tg_log(tg_tensor x) {
+  GET(a, x, "tg_log");
+  UOp *c = g_cast(a, float_of((tg_dtype)a->dtype));
+  UOp *r = n_log(c);
+  uop_unref(c);
+  return t_wrap(r);
+}
+
+tg_tensor tg_relu(tg_tensor x) {
+  GET(a, x, "tg_relu");
+  tg_dtype dt = (tg_dtype)a->dtype;
+  UOp *z = n_const_like(a, 0, dt);
+  UOp *gt = g_alu(OP_CMPLT, TG_BOOL, z, a, NULL);
+  UOp *r = g_alu(OP_WHERE, dt, gt, a, z);
+  uop_unref(z), uop_unref(gt);
+  return t_wrap(r);
+}
+
+tg_tensor tg_cast(tg_tensor x, tg_dtype dtype) {
+  GET(a, x, "tg_cast");
+  if (!dtype_valid(dtype)) return fail(TG_ERR_INVALID, "tg_cast: invalid dtype %d", (int)dtype);
+  return t_wrap(g_cast(a, dtype));
+}
+
+tg_tensor tg_bitcast(tg_tensor x, tg_dtype dtype) {
+  GET(a, x, "tg_bitcast");
+  if (!dtype_valid(dtype)) return fail(TG_ERR_INVALID, "tg_bitcast: invalid dtype %d", (int)dtype);
+  size_t si = tg_dtype_itemsize((tg_dtype)a->dtype), di = tg_dtype_itemsize(dtype);
+  if (si == di) return t_wrap(g_bitcast(a, dtype));
+  if (a->dtype == TG_BOOL || dtype == TG_BOOL) return fail(TG_ERR_INVALID, "tg_bitcast: cannot bitcast to or from bool with a different size");
+  int64_t last = a->ndim ? a->shape[a->ndim - 1] : 1;
+  if (a->ndim == 0 || (int64_t)(last * (int64_t)si) % (int64_t)di != 0) {
+    char b[256];
+    return fail(TG_ERR_INVALID, "tg_bitcast: last dimension of shape %s (%s, %zu bytes) is not a whole number of %s (%zu bytes)",
+                shp(b, sizeof b, a), tg_dtype_name((tg_dtype)a->dtype), si, tg_dtype_name(dtype), di);
+  }
+  /* different sizes reinterpret the realized contiguous bytes */
+  UOp *c = g_contiguous(a);
+  tg_status st = realize_uops(&c, 1);
+  if (st != TG_OK) {
+    uop_unref(c);
+    return NONE;
+  }
+  UOp *bn = c->realized;
+  int64_t *sh = tg_xmalloc(sizeof(int64_t) * (size_t)a->ndim);
+  memcpy(sh, a->shape, sizeof(int64_t) * (size_t)a->ndim);
+  sh[a->ndim - 1] = last * (int64_t)si / (int64_t)di;
+  UOp *r = g_buffer(buffer_ref(g_buffer_of(bn)), dtype, sh, a->ndim);
+  free(sh);
+  uop_unref(c);
+  return t_wrap(r);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* reductions                                                                                      */
+
+/* Normalizes axes (naxes == 0: all). Returns count or -1. */
+static int norm_axes(const char *fn, UOp *a, const int *axes, int naxes, int64_t *out) {
+  if (naxes < 0 || (naxes > 0 && !axes)) {
+    tg_set_error(TG_ERR_INVALID, "%s: axes is NULL with naxes=%d", fn, naxes);
+    return -1;
+  }
+  if (naxes == 0) {
+    for (int i = 0; i < a->ndim; i++) out[i] = i;
+    return a->ndim;
+  }
+  for (int i = 0; i < naxes; i++) {
+    int ax;
+    if (norm_axis(fn, axes[i], a->ndim, &ax) < 0) return -1;
+    if (a->ndim == 0) return 0;
+    for (int j = 0; j < i; j++)
+      if (out[j] == ax) {
+        tg_set_error(TG_ERR_INVALID, "%s: axis %d appears twice in axes", fn, axes[i]);
+        return -1;
+      }
+    out[i] = ax;
+  }
+  return naxes;
+}
+
+static UOp *squeeze_axes(UOp *r, const int64_t *ax, int nax) {
+  int64_t sh[64];
+  int k = 0;
+  for (int i = 0; i < r->ndim; i++) {
+    bool red = false;
+    for (int j = 0; j < nax; j++) red = red || ax[j] == i;
+    if (!red) sh[k++] = r->shape[i];
+  }
+  return g_reshape(r, sh, k);
+}
+
+static tg_tensor reduce_nodes(const char *fn, UOp *a, int op, const int *axes, int naxes, bool keepdim, tg_dtype acc,
+                              tg_dtype out) {
+  int64_t ax[64];
+  if (a->ndim > 64) return fail(TG_ERR_INVALID, "%s: more than 64 dimensions are not supported", fn);
+  int nax = norm_axes(fn, a, axes, naxes, ax);
+  if (nax < 0) return NONE;
+  UOp *c = g_cast(a, acc);
+  UOp *r = g_reduce(c, op, ax, nax);
+  uop_unref(c);
+  if (!keepdim) {
+    UOp *s = squeeze_axes(r, ax, nax);
+    uop_unref(r);
+    r = s;
+  }
+  UOp *o = g_cast(r, out);
+  uop_unref(r);
+  return t_wrap(o);
+}
+
+tg_tensor tg_sum(tg_tensor x, const int *axes, int naxes, bool keepdim) {
+  GET(a, x, "tg_sum");
+  tg_dtype dt = (tg_dtype)a->dtype, acc = dtype_sum_acc(dt);
+  tg_dtype out = (dt == TG_FLOAT16 || dt == TG_BFLOAT16) ? dt : acc;
+  return reduce_nodes("tg_sum", a, OP_ADD, axes, naxes, keepdim, acc, out);
+}
+tg_tensor tg_prod(tg_tensor x, const int *axes, int naxes, bool keepdim) {
+  GET(a, x, "tg_prod");
+  tg_dtype dt = (tg_dtype)a->dtype, acc = dtype_sum_acc(dt);
+  tg_dtype out = (dt == TG_FLOAT16 || dt == TG_BFLOAT16) ? dt : acc;
+  return reduce_nodes("tg_prod", a, OP_MUL, axes, naxes, keepdim, acc, out);
+}
+tg_tensor tg_max(tg_tensor x, const int *axes, int naxes, bool keepdim) {
+  GET(a, x, "tg_max");
+  return reduce_nodes("tg_max", a, OP_MAX, axes, naxes, keepdim, (tg_dtype)a->dtype, (tg_dtype)a->dtype);
+}
+tg_tensor tg_min(tg_tensor x, const int *axes, int naxes, bool keepdim) {
+  GET(a, x, "tg_min");
+  tg_dtype dt = (tg_dtype)a->dtype;
+  /* min(x) = inv(max(inv(x))) where inv is an order-reversing bijection of the dtype */
+  UOp *inv;
+  if (dt == TG_BOOL || tg_dtype_is_unsigned(dt)) {
+    UOp *m = n_const_like(a, dt == TG_BOOL ? 1 : dtype_max(dt), dt);
+    inv = g_alu(OP_XOR, dt, a, m, NULL);
+    uop_unref(m);
+  } else {
+    inv = g_alu(OP_NEG, dt, a, NULL, NULL);
+  }
+  tg_tensor r = reduce_nodes("tg_min", inv, OP_MAX, axes, naxes, keepdim, dt, dt);
+  uop_unref(inv);
+  UOp *ru = t_get(r, "tg_min");
+  if (!ru) return NONE;
+  UOp *o;
+  if (dt == TG_BOOL || tg_dtype_is_unsigned(dt)) {
+    UOp *m = n_const_like(ru, dt == TG_BOOL ? 1 : dtype_max(dt), dt);
+    o = g_alu(OP_XOR, dt, ru, m, NULL);
+    uop_unref(m);
+  } else {
+    o = g_alu(OP_NEG, dt, ru, NULL, NULL);
+  }
+  tg_free(r);
+  return t_wrap(o);
+}
+
+tg_tensor tg_mean(tg_tensor x, const int *axes, int naxes, bool keepdim) {
+  GET(a, x, "tg_mean");
+  tg_dtype dt = (tg_dtype)a->dtype;
+  tg_dtype out = float_of(dt);
+  int64_t ax[64];
+  if (a->ndim > 64) return fail(TG_ERR_INVALID, "tg_mean: more than 64 dimensions are not supported");
+  int nax = norm_axes("tg_mean", a, axes, naxes, ax);
+  if (nax < 0) return NONE;
+  int64_t cnt = 1;
+  for (int i = 0; i < nax; i++) cnt *= a->shape[ax[i]];
+  tg_tensor s = reduce_nodes("tg_mean", a, OP_ADD, axes, naxes, keepdim, tg_dtype_is_float(dt) ? dtype_sum_acc(dt) : out, out);
+  UOp *su = t_get(s, "tg_mean");
+  if (!su) return NONE;
+  UOp *d = n_const_like(su, cnt ? 1.0 / (double)cnt : NAN, out);
+  UOp *r = g_alu(OP_MUL, out, su, d, NULL);
+  uop_unref(d);
+  tg_free(s);
+  return t_wrap(r);
+}
+
+/* softmax pieces along one axis: m = x - max(x), e = exp(m), s = sum(e) (keepdim) */
+static int softmax_parts(const char *fn, UOp *a, int axis, UOp **m, UOp **e, UOp **s) {
+  int ax;
+  if (norm_axis(fn, axis, a->ndim, &ax) < 0) return -1;
+  tg_dtype dt = float_of((tg_dtype)a->dtype);
+  UOp *x = g_cast(a, dt);
+  int64_t axx = ax;
+  int nax = a->ndim ? 1 : 0;
+  UOp *mx = g_reduce(x, OP_MAX, &axx, nax);
+  UOp *mxe = g_expand(mx, x->shape);
+  *m = g_alu(OP_SUB, dt, x, mxe, NULL);
+  *e = n_exp(*m);
+  UOp *sm = g_reduce(*e, OP_ADD, &axx, nax);
+  *s = g_expand(sm, x->shape);
+  uop_unref(x), uop_unref(mx), uop_unref(mxe), uop_unref(sm);
+  return 0;
+}
+
+tg_tensor tg_softmax(tg_tensor x, int axis) {
+  GET(a, x, "tg_softmax");
+  UOp *m, *e, *s;
+  if (softmax_parts("tg_softmax", a, axis, &m, &e, &s) < 0) return NONE;
+  UOp *r = g_alu(OP_FDIV, (tg_dtype)e->dtype, e, s, NULL);
+  uop_unref(m), uop_unref(e), uop_unref(s);
+  return t_wrap(r);
+}
+
+tg_tensor tg_log_softmax(tg_tensor x, int axis) {
+  GET(a, x, "tg_log_softmax");
+  UOp *m, *e, *s;
+  if (softmax_parts("tg_log_softmax", a, axis, &m, &e, &s) < 0) return NONE;
+  UOp *ls = n_log(s);
+  UOp *r = g_alu(OP_SUB, (tg_dtype)m->dtype, m, ls, NULL);
+  uop_unref(m), uop_unref(e), uop_unref(s), uop_unref(ls);
+  return t_wrap(r);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* movement                                                                                        */
+
+static bool check_ndim(const char *fn, int ndim, const void *p) {
+  if (ndim < 0 || ndim > 64) {
+    tg_set_error(TG_ERR_INVALID, "%s: ndim %d is out of range (0..64)", fn, ndim);
+    return false;
+  }
+  if (ndim > 0 && !p) {
+    tg_set_error(TG_ERR_INVALID, "%s: NULL array with ndim=%d", fn, ndim);
+    return false;
+  }
+  return true;
+}
+
+tg_tensor tg_reshape(tg_tensor x, const int64_t *shape, int ndim) {
+  GET(a, x, "tg_reshape");
+  if (!check_ndim("tg_reshape", ndim, shape)) return NONE;
+  int64_t sh[64];
+  int infer = -1;
+  int64_t known = 1;
+  char b1[256], b2[256];
+  for (int i = 0; i < ndim; i++) {
+    sh[i] = shape[i];
+    if (shape[i] == -1) {
+      if (infer >= 0) return fail(TG_ERR_INVALID, "tg_reshape: only one dimension can be -1 (new shape %s)", fmt_shape(b1, sizeof b1, shape, ndim));
+      infer = i;
+    } else if (shape[i] < 0) {
+      return fail(TG_ERR_INVALID, "tg_reshape: negative dimension %lld in new shape %s", (long long)shape[i], fmt_shape(b1, sizeof b1, shape, ndim));
+    } else if (__builtin_mul_overflow(known, shape[i], &known)) {
+      return fail(TG_ERR_INVALID, "tg_reshape: new shape %s overflows int64", fmt_shape(b1, sizeof b1, shape, ndim));
+    }
+  }
+  int64_t numel = shape_numel(a->shape, a->ndim);
+  if (infer >= 0) {
+    if (known == 0 || numel % known != 0)
+      return fail(TG_ERR_INVALID, "tg_reshape: cannot infer -1 in %s for a tensor of shape %s (%lld elements)",
+                  fmt_shape(b1, sizeof b1, shape, ndim), shp(b2, sizeof b2, a), (long long)numel);
+    sh[infer] = numel / known;
+    known = numel;
+  }
+  if (known != numel)
+    return fail(TG_ERR_INVALID, "tg_reshape: cannot reshape %s (%lld elements) to %s (%lld elements)", shp(b2, sizeof b2, a),
+                (long long)numel, fmt_shape(b1, sizeof b1, sh, ndim), (long long)known);
+  return t_wrap(g_reshape(a, sh, ndim));
+}
+
+tg_tensor tg_permute(tg_tensor x, const int *order, int ndim) {
+  GET(a, x, "tg_permute");
+  char b[256];
+  if (ndim != a->ndim || (ndim > 0 && !order))
+    return fail(TG_ERR_INVALID, "tg_permute: order has %d entries but the tensor of shape %s has %d dims", ndim, shp(b, sizeof b, a), a->ndim);
+  int64_t o[64];
+  bool seen[64] = {0};
+  for (int i = 0; i < ndim; i++) {
+    int ax;
+    if (norm_axis("tg_permute", order[i], ndim, &ax) < 0) return NONE;
+    if (seen[ax]) return fail(TG_ERR_INVALID, "tg_permute: axis %d appears twice in the order (not a permutation)", order[i]);
+    seen[ax] = true;
+    o[i] = ax;
+  }
+  return t_wrap(g_permute(a, o));
+}
+
+tg_tensor tg_expand(tg_tensor x, const int64_t *shape, int ndim) {
+  GET(a, x, "tg_expand");
+  if (!check_ndim("tg_expand", ndim, shape)) return NONE;
+  char b1[256], b2[256];
+  if (ndim < a->ndim)
+    return fail(TG_ERR_INVALID, "tg_expand: cannot expand %s to fewer dims %s", shp(b1, sizeof b1, a), fmt_shape(b2, sizeof b2, shape, ndim));
+  int64_t sh[64];
+  int off = ndim - a->ndim;
+  for (int i = 0; i < ndim; i++) {
+    int64_t old = i < off ? 1 : a->shape[i - off];
+    int64_t s = shape[i] == -1 ? old : shape[i];
+    if (s < 0 || (old != 1 && s != old))
+      return fail(TG_ERR_INVALID, "tg_expand: cannot expand %s to %s (only size-1 dims expand)", shp(b1, sizeof b1, a),
+                  fmt_shape(b2, sizeof b2, shape, ndim));
+    sh[i] = s;
+  }
+  return t_wrap(bcast_to(a, sh, ndim));
+}
+
+tg_tensor tg_shrink(tg_tensor x, const int64_t *bounds, int nbounds) {
+  GET(a, x, "tg_shrink");
+  char b[256];
+  if (nbounds != 2 * a->ndim || (nbounds && !bounds))
+    return fail(TG_ERR_INVALID, "tg_shrink: expected %d bounds (start, end per dim) for shape %s, got %d", 2 * a->ndim, shp(b, sizeof b, a), nbounds);
+  for (int i = 0; i < a->ndim; i++)
+    if (bounds[2 * i] < 0 || bounds[2 * i] > bounds[2 * i + 1] || bounds[2 * i + 1] > a->shape[i])
+      return fail(TG_ERR_INVALID, "tg_shrink: bounds (%lld, %lld) for dim %d of shape %s must satisfy 0 <= start <= end <= %lld",
+                  (long long)bounds[2 * i], (long long)bounds[2 * i + 1], i, shp(b, sizeof b, a), (long long)a->shape[i]);
+  return t_wrap(g_shrink(a, bounds));
+}
+
+tg_tensor tg_pad(tg_tensor x, const int64_t *pads, int npads, double value) {
+  GET(a, x, "tg_pad");
+  char b[256];
+  if (npads != 2 * a->ndim || (npads && !pads))
+    return fail(TG_ERR_INVALID, "tg_pad: expected %d pads (before, after per dim) for shape %s, got %d", 2 * a->ndim, shp(b, sizeof b, a), npads);
+  int64_t sb[128], pp[128];
+  bool neg = false;
+  for (int i = 0; i < a->ndim; i++) {
+    int64_t lo = pads[2 * i], hi = pads[2 * i + 1];
+    if (-lo - hi > a->shape[i] || lo > (int64_t)1 << 40 || hi > (int64_t)1 << 40)
+      return fail(TG_ERR_INVALID, "tg_pad: pads (%lld, %lld) for dim %d of shape %s are out of range", (long long)lo, (long long)hi, i, shp(b, sizeof b, a));
+    sb[2 * i] = lo < 0 ? -lo : 0;
+    sb[2 * i + 1] = a->shape[i] - (hi < 0 ? -hi : 0);
+    pp[2 * i] = lo > 0 ? lo : 0;
+    pp[2 * i + 1] = hi > 0 ? hi : 0;
+    neg = neg || lo < 0 || hi < 0;
+  }
+  UOp *s = neg ? g_shrink(a, sb) : uop_ref(a);
+  UOp *p = g_pad(s, pp);
+  if (value != 0.0) {
+    UOp *t = g_const_shaped(1, TG_BOOL, s->device, s->shape, s->ndim);
+    UOp *mask = g_pad(t, pp);
+    UOp *v = n_const_like(p, value, (tg_dtype)a->dtype);
+    UOp *w = g_alu(OP_WHERE, (tg_dtype)a->dtype, mask, p, v);
+    uop_unref(t), uop_unref(mask), uop_unref(v), uop_unref(p);
+    p = w;
+  }
+  uop_unref(s);
+  return t_wrap(p);
+}
+
+tg_tensor tg_flip(tg_tensor x, const int *axes, int naxes) {
+  GET(a, x, "tg_flip");
+  int64_t f[64] = {0};
+  if (naxes < 0 || (naxes && !axes)) return fail(TG_ERR_INVALID, "tg_flip: axes is NULL with naxes=%d", naxes);
+  for (int i = 0; i < naxes; i++) {
+    int ax;
+    if (norm_axis("tg_flip", axes[i], a->ndim, &ax) < 0) return NONE;
+    if (a->ndim == 0) continue;
+    if (f[ax]) return fail(TG_ERR_INVALID, "tg_flip: axis %d appears twice", axes[i]);
+    f[ax] = 1;
+  }
+  return t_wrap(g_flip(a, f));
+}
+
+tg_tensor tg_transpose(tg_tensor x, int dim0, int dim1) {
+  GET(a, x, "tg_transpose");
+  int d0, d1;
+  if (norm_axis("tg_transpose", dim0, a->ndim, &d0) < 0 || norm_axis("tg_transpose", dim1, a->ndim, &d1) < 0) return NONE;
+  if (a->ndim == 0) return t_wrap(uop_ref(a));
+  int64_t o[64];
+  for (int i = 0; i < a->ndim; i++) o[i] = i;
+  o[d0] = d1, o[d1] = d0;
+  return t_wrap(g_permute(a, o));
+}
+
+tg_tensor tg_flatten(tg_tensor x, int start_dim, int end_dim) {
+  GET(a, x, "tg_flatten");
+  int s, e;
+  if (norm_axis("tg_flatten", start_dim, a->ndim, &s) < 0 || norm_axis("tg_flatten", end_dim, a->ndim, &e) < 0) return NONE;
+  if (a->ndim == 0) {
+    int64_t one = 1;
+    return t_wrap(g_reshape(a, &one, 1));
+  }
+  if (s > e) return fail(TG_ERR_INVALID, "tg_flatten: start_dim %d comes after end_dim %d", start_dim, end_dim);
+  int64_t sh[64];
+  int k = 0;
+  for (int i = 0; i < s; i++) sh[k++] = a->shape[i];
+  int64_t m = 1;
+  for (int i = s; i <= e; i++) m *= a->shape[i];
+  sh[k++] = m;
+  for (int i = e + 1; i < a->ndim; i++) sh[k++] = a->shape[i];
+  return t_wrap(g_reshape(a, sh, k));
+}
+
+tg_tensor tg_unsqueeze(tg_tensor x, int dim) {
+  GET(a, x, "tg_unsqueeze");
+  int d;
+  if (norm_axis("tg_unsqueeze", dim, a->ndim + 1, &d) < 0) return NONE;
+  if (a->ndim >= 64) return fail(TG_ERR_INVALID, "tg_unsqueeze: more than 64 dimensions are not supported");
+  int64_t sh[64];
+  int k = 0;
+  for (int i = 0; i <= a->ndim; i++) {
+    if (i == d) sh[k++] = 1;
+    if (i < a->ndim) sh[k++] = a->shape[i];
+  }
+  return t_wrap(g_reshape(a, sh, a->ndim + 1));
+}
+
+tg_tensor tg_squeeze(tg_tensor x, int dim) {
+  GET(a, x, "tg_squeeze");
+  int d;
+  if (norm_axis("tg_squeeze", dim, a->ndim, &d) < 0) return NONE;
+  if (a->ndim == 0 || a->shape[d] != 1) return t_wrap(uop_ref(a));
+  int64_t sh[64];
+  int k = 0;
+  for (int i = 0; i < a->ndim; i++)
+    if (i != d) sh[k++] = a->shape[i];
+  return t_wrap(g_reshape(a, sh, k));
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* matmul: (x[..., n, 1, k] * w[..., 1, m, k]).sum(-1), fused into one reduce kernel                */
+
+tg_tensor tg_matmul(tg_tensor x, tg_tensor w) {
+  GET(a, x, "tg_matmul");
+  GET(b, w, "tg_matmul");
+  char s1[256], s2[256];
+  if (a->ndim == 0 || b->ndim == 0)
+    return fail(TG_ERR_INVALID, "tg_matmul: both arguments need at least 1 dimension, got %s and %s", shp(s1, sizeof s1, a), shp(s2, sizeof s2, b));
+  int64_t k = a->shape[a->ndim - 1];
+  int64_t kb = b->shape[b->ndim >= 2 ? b->ndim - 2 : 0];
+  if (k != kb)
+    return fail(TG_ERR_INVALID, "tg_matmul: inner dimensions differ: %s @ %s (%lld != %lld)", shp(s1, sizeof s1, a), shp(s2, sizeof s2, b),
+                (long long)k, (long long)kb);
+  if (a->ndim > 60 || b->ndim > 60) return fail(TG_ERR_INVALID, "tg_matmul: too many dimensions");
+  tg_dtype dt = tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)b->dtype);
+  /* x: (..., n, k) -> (..., n, 1, k); w: (..., k, m) -> (..., 1, m, k) */
+  int64_t sa[64], sbb[64];
+  int na = 0, nb = 0;
+  for (int i = 0; i < a->ndim - 1; i++) sa[na++] = a->shape[i];
+  if (b->ndim >= 2) sa[na++] = 1;
+  sa[na++] = k;
+  UOp *xa = g_reshape(a, sa, na);
+  UOp *wt;
+  if (b->ndim >= 2) {
+    int64_t o[64];
+    for (int i = 0; i < b->ndim; i++) o[i] = i;
+    o[b->ndim - 1] = b->ndim - 2, o[b->ndim - 2] = b->ndim - 1;
+    UOp *p = g_permute(b, o);
+    for (int i = 0; i < b->ndim - 2; i++) sbb[nb++] = b->shape[i];
+    sbb[nb++] = 1;
+    sbb[nb++] = b->shape[b->ndim - 1];
+    sbb[nb++] = k;
+    wt = g_reshape(p, sbb, nb);
+    uop_unref(p);
+  } else {
+    wt = uop_ref(b);
+  }
+  UOp *in[2] = {xa, wt}, *bb[2];
+  int rc = broadcast_n("tg_matmul", in, 2, bb);
+  uop_unref(xa), uop_unref(wt);
+  if (rc < 0) return NONE;
+  UOp *cx = g_cast(bb[0], dt), *cw = g_cast(bb[1], dt);
+  UOp *m = g_alu(OP_MUL, dt, cx, cw, NULL);
+  uop_unref(cx), uop_unref(cw), uop_unref(bb[0]), uop_unref(bb[1]);
+  tg_tensor mt = t_wrap(m);
+  tg_tensor r = tg_sum(mt, TG_AXES(-1), false);
+  tg_free(mt);
+  if (!tg_valid(r)) return r;
+  UOp *ru = t_get(r, "tg_matmul");
+  if (ru->dtype != dt) {
+    UOp *c = g_cast(ru, dt);
+    tg_free(r);
+    return t_wrap(c);
+  }
+  /* a 1-D first argument drops its n dimension */
+  if (a->ndim == 1 && b->ndim >= 2) {
+    tg_tensor s = tg_squeeze(r, -2);
+    tg_free(r);
+    return s;
+  }
+  return r;
+}

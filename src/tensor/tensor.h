@@ -1,0 +1,68 @@
+/*
+ * tensor.h -- internals of the tensor layer: the handle table and the lazy-graph node builders.
+ *
+ * A tg_tensor handle names a slot; the slot holds a reference to an immutable UOp (the lazy value).
+ * Graph builders (g_*) return new references with shape, dtype and device filled in; they assume
+ * valid input (the public ops in ops.c validate and report errors first).
+ */
+#ifndef TG_TENSOR_INTERNAL_H
+#define TG_TENSOR_INTERNAL_H
+
+#include "../runtime/device.h"
+#include "../uop/uop.h"
+
+/* ---- handles ---- */
+/* Borrowed UOp of a live handle; NULL and an error naming `fn` if t is none, freed or stale. */
+UOp *t_get(tg_tensor t, const char *fn);
+/* Wraps a UOp (ownership taken) into a new handle in the current scope. NULL -> none. */
+tg_tensor t_wrap(UOp *u);
+/* Replaces the UOp of every live handle that holds `from` with `to` (after realize). */
+void t_replace_everywhere(UOp *from, UOp *to);
+/* Handle slot fields used by autograd. */
+typedef struct Slot {
+  UOp *u;
+  uint32_t gen;
+  int32_t scope;    /* scope depth owning the handle; -1 when free */
+  bool requires_grad;
+  int32_t next_free;
+  UOp *grad;        /* owned; NULL when no gradient */
+} Slot;
+Slot *t_slot(tg_tensor t);
+/* Iterates live slots: returns the number of slots (some free); t_slot_at(i) may be free (scope -1). */
+size_t t_slot_count(void);
+Slot *t_slot_at(size_t i);
+
+/* ---- graph builders (new references) ---- */
+UOp *g_buffer(Buffer *b, tg_dtype dt, const int64_t *shape, int ndim); /* takes the Buffer ref */
+UOp *g_const(double v, tg_dtype dt, int device);                          /* 0-d */
+UOp *g_const_shaped(double v, tg_dtype dt, int device, const int64_t *shape, int ndim);
+UOp *g_alu(int op, tg_dtype dt, UOp *a, UOp *b, UOp *c); /* same shapes required */
+UOp *g_cast(UOp *a, tg_dtype dt);                         /* no-op if same dtype */
+UOp *g_bitcast(UOp *a, tg_dtype dt);
+UOp *g_reshape(UOp *a, const int64_t *shape, int ndim);
+UOp *g_permute(UOp *a, const int64_t *order);
+UOp *g_expand(UOp *a, const int64_t *shape);
+UOp *g_pad(UOp *a, const int64_t *pads); /* 2*ndim (before, after), non-negative */
+UOp *g_shrink(UOp *a, const int64_t *bounds);
+UOp *g_flip(UOp *a, const int64_t *flags); /* ndim 0/1 flags */
+UOp *g_reduce(UOp *a, int op, const int64_t *axes, int naxes); /* keepdim result */
+UOp *g_contiguous(UOp *a);
+UOp *g_copy(UOp *a, int device);
+UOp *g_assign(UOp *target, UOp *value);
+
+int64_t shape_numel(const int64_t *shape, int ndim);
+/* The BUFFER node at the base of a chain of movement ops (NULL if the base is not a buffer); also
+ * looks through realized caches. */
+UOp *g_base_buffer(UOp *u);
+/* The value that `u` denotes right now for scheduling: its realized BUFFER if it has one. */
+static inline UOp *g_resolve(UOp *u) { return u->realized ? u->realized : u; }
+Buffer *g_buffer_of(UOp *buf_node);
+
+/* Formats a shape "(3, 4)" into buf (static-size safe: truncates). */
+const char *fmt_shape(char *buf, size_t n, const int64_t *shape, int ndim);
+
+/* ---- realize (engine) ---- */
+/* Realizes the given nodes; afterwards each non-view node has ->realized set. */
+tg_status realize_uops(UOp **targets, int n);
+
+#endif

@@ -1,0 +1,162 @@
+/*
+ * uop.h -- the UOp IR shared by every layer: an immutable, hash-consed DAG of {op, dtype, src[], arg}.
+ *
+ * The same node type describes the lazy tensor graph (BUFFER, CONST, ALU ops, REDUCE_AXIS, movement
+ * ops, COPY, ASSIGN), the kernel AST produced by the scheduler (DEFINE_GLOBAL, RANGE, LOAD, REDUCE,
+ * STORE, SINK) and the index arithmetic inside kernels. Hash-consing makes structurally equal graphs
+ * pointer-equal, which gives common-subexpression elimination and O(1) kernel-cache keys for free.
+ *
+ * Ownership: uop_new returns a new reference; the caller owns it and releases it with uop_unref.
+ * A node holds references to its sources. Nodes are freed when their count drops to zero.
+ */
+#ifndef TG_UOP_H
+#define TG_UOP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../helpers.h"
+
+/* X(name, flags). Flags: U unary ALU, B binary ALU, T ternary, Z zero-preserving (f(0,..)=0), M
+ * movement op. Adding an op = a row here + its semantics in the renderer/tensor tables. */
+#define TG_OPS(X)                                                                                  \
+  X(NOOP, 0)                                                                                       \
+  /* tensor graph leaves */                                                                        \
+  X(BUFFER, 0)                                                                                     \
+  X(CONST, 0)                                                                                      \
+  /* unary ALU */                                                                                  \
+  X(EXP2, OPF_UNARY)                                                                               \
+  X(LOG2, OPF_UNARY)                                                                               \
+  X(SIN, OPF_UNARY | OPF_ZERO)                                                                     \
+  X(SQRT, OPF_UNARY | OPF_ZERO)                                                                    \
+  X(RECIP, OPF_UNARY)                                                                              \
+  X(NEG, OPF_UNARY | OPF_ZERO)                                                                     \
+  X(TRUNC, OPF_UNARY | OPF_ZERO)                                                                   \
+  X(CAST, OPF_UNARY | OPF_ZERO)                                                                    \
+  X(BITCAST, OPF_UNARY | OPF_ZERO)                                                                 \
+  /* binary ALU */                                                                                 \
+  X(ADD, OPF_BINARY | OPF_ZERO)                                                                    \
+  X(SUB, OPF_BINARY | OPF_ZERO)                                                                    \
+  X(MUL, OPF_BINARY | OPF_ZERO)                                                                    \
+  X(FDIV, OPF_BINARY)                                                                              \
+  X(IDIV, OPF_BINARY)                                                                              \
+  X(MOD, OPF_BINARY)                                                                               \
+  X(MAX, OPF_BINARY | OPF_ZERO)                                                                    \
+  X(CMPLT, OPF_BINARY | OPF_ZERO)                                                                  \
+  X(CMPNE, OPF_BINARY | OPF_ZERO)                                                                  \
+  X(CMPEQ, OPF_BINARY)                                                                             \
+  X(AND, OPF_BINARY | OPF_ZERO)                                                                    \
+  X(OR, OPF_BINARY | OPF_ZERO)                                                                     \
+  X(XOR, OPF_BINARY | OPF_ZERO)                                                                    \
+  X(SHL, OPF_BINARY | OPF_ZERO)                                                                    \
+  X(SHR, OPF_BINARY | OPF_ZERO)                                                                    \
+  X(POW, OPF_BINARY)                                                                               \
+  /* ternary */                                                                                    \
+  X(WHERE, OPF_TERNARY | OPF_ZERO)                                                                 \
+  /* tensor graph: reduce over iarg axes (keepdim shape), arg.i = ADD/MUL/MAX op */                \
+  X(REDUCE_AXIS, 0)                                                                                \
+  /* movement ops (iarg holds the argument) */                                                     \
+  X(RESHAPE, OPF_MOVE)                                                                             \
+  X(PERMUTE, OPF_MOVE)                                                                             \
+  X(EXPAND, OPF_MOVE)                                                                              \
+  X(PAD, OPF_MOVE)                                                                                 \
+  X(SHRINK, OPF_MOVE)                                                                              \
+  X(FLIP, OPF_MOVE)                                                                                \
+  /* tensor graph: materialization and side effects */                                             \
+  X(CONTIGUOUS, 0)                                                                                 \
+  X(COPY, 0)                                                                                       \
+  X(ASSIGN, 0)                                                                                     \
+  /* kernel AST */                                                                                 \
+  X(DEFINE_GLOBAL, 0)                                                                              \
+  X(RANGE, 0)                                                                                      \
+  X(LOAD, 0)                                                                                       \
+  X(REDUCE, 0)                                                                                     \
+  X(STORE, 0)                                                                                      \
+  X(SINK, 0)
+
+enum { OPF_UNARY = 1, OPF_BINARY = 2, OPF_TERNARY = 4, OPF_ZERO = 8, OPF_MOVE = 16 };
+
+typedef enum {
+#define X(name, flags) OP_##name,
+  TG_OPS(X)
+#undef X
+      OP_COUNT
+} Op;
+
+extern const char *const op_names[OP_COUNT];
+extern const int op_flags[OP_COUNT];
+static inline bool op_is_alu(int op) { return (op_flags[op] & (OPF_UNARY | OPF_BINARY | OPF_TERNARY)) != 0; }
+static inline bool op_is_movement(int op) { return (op_flags[op] & OPF_MOVE) != 0; }
+
+/* The dtype used for index arithmetic inside kernels. */
+#define DT_INDEX TG_INT64
+
+typedef union {
+  int64_t i;
+  double f;
+  void *p;
+} UArg;
+
+typedef struct UOp UOp;
+struct UOp {
+  uint16_t op;
+  uint8_t dtype;
+  uint8_t flags;     /* internal */
+  uint32_t nsrc;
+  uint32_t rc;       /* reference count */
+  uint32_t niarg;
+  uint64_t hash;
+  uint64_t id;       /* creation order: a stable total order for canonical sorting */
+  UOp **src;
+  int64_t *iarg;     /* op argument: shape, axes, pads... (part of identity) */
+  UArg arg;          /* scalar argument (part of identity): CONST value, BUFFER pointer, RANGE axis */
+  /* derived, not part of identity */
+  int64_t *shape;    /* tensor-graph nodes: the shape; NULL for 0-d and kernel nodes */
+  int ndim;
+  int device;        /* device id (tensor-graph nodes) */
+  int64_t vmin, vmax;/* index-arithmetic bounds (kernel nodes of integer dtype) */
+  UOp *realized;     /* tensor graph: BUFFER node holding this node's value once realized (owned ref) */
+  UOp *next;         /* intern-table chain */
+};
+
+/* Creates (or finds) a node. Takes no ownership of srcs (they are ref'd by the new node). Returns a
+ * new reference. iarg copied. shape/ndim/device are set by the caller on first creation (check
+ * `uop_is_fresh`). */
+UOp *uop_new(int op, tg_dtype dt, UOp *const *src, int nsrc, const int64_t *iarg, int niarg, UArg arg);
+UOp *uop_ref(UOp *u);
+void uop_unref(UOp *u);
+size_t uop_live_count(void);
+
+/* Convenience constructors (all return new references, srcs are borrowed). */
+UOp *uop_const_i(tg_dtype dt, int64_t v);
+UOp *uop_const_f(tg_dtype dt, double v);
+UOp *uop_alu(int op, tg_dtype dt, UOp *a, UOp *b, UOp *c); /* b/c may be NULL */
+/* CONST value as double / int64 regardless of dtype. */
+double uop_const_as_f(const UOp *u);
+int64_t uop_const_as_i(const UOp *u);
+
+/* ---- symbolic index arithmetic (int64, bounds tracked in vmin/vmax) ----
+ * These smart constructors keep index expressions in a canonical affine form (sum of terms times
+ * constants plus a constant) and simplify division and modulo by constants using the bounds, so
+ * contiguous access comes out as a plain running index. All take borrowed refs, return new refs. */
+UOp *s_const(int64_t v);
+UOp *s_range(int axis, int64_t size);
+UOp *s_add(UOp *a, UOp *b);
+UOp *s_addc(UOp *a, int64_t c);
+UOp *s_mulc(UOp *a, int64_t c);
+UOp *s_divc(UOp *a, int64_t c); /* floor division by c > 0 (exact for the valid, non-negative range) */
+UOp *s_modc(UOp *a, int64_t c); /* modulo by c > 0 */
+/* Boolean conditions: a < c, a >= c, and conjunction (NULL = true). */
+UOp *s_ltc(UOp *a, int64_t c);
+UOp *s_gec(UOp *a, int64_t c);
+UOp *s_and(UOp *a, UOp *b);
+/* Rebuilds `u` with RANGE nodes replaced (subst[i].from -> subst[i].to), re-simplifying. */
+typedef struct {
+  UOp *from, *to;
+} USubst;
+UOp *uop_substitute(UOp *u, const USubst *subst, int n);
+
+/* Debug: prints a node tree to stderr. */
+void uop_print(const UOp *u);
+
+#endif

@@ -1,0 +1,222 @@
+#!/usr/bin/env bash
+# run_tests.sh -- runs every test of tinygrad.c and prints one aggregated closing line.
+#
+#   tests/run_tests.sh [--c-only]        (normally through `make test` / `make asan`)
+#
+# Runs, in this order:
+#   1. $BUILD/tests/test_X for every tests/test_X.c (C unit tests, linked against libtinygrad.a)
+#   2. every tests/test_*.py with $PYTHON (differential tests against PyTorch; they load the library
+#      from $TINYGRAD_LIB)                                                      [skipped by --c-only]
+#   3. header checks: tests/test_header.c with gcc and clang (-std=c11 -pedantic), and
+#      tests/test_header_cpp.cpp with g++ and clang++ (-std=c++11 -pedantic)   [skipped by --c-only]
+#   4. install check: `make install` into a temporary prefix, then a program built with
+#      `pkg-config --cflags --libs tinygrad` (and --static), DESTDIR staging, `make uninstall`
+#                                                                               [skipped by --c-only]
+# Every program ends its output with "<name>: N passed, N failed"; the counts are summed. A program
+# that exits non-zero, dies from a signal, times out or prints no such line counts at least one
+# failure. The last line printed is "N passed, N failed"; the exit status is 1 if anything failed.
+#
+# Environment: BUILD (default build), PYTHON (default /usr/bin/python3), TINYGRAD_LIB (default
+# $BUILD/libtinygrad.so), TEST_TIMEOUT (seconds per program, default 600), TEST_FILTER (passed on to
+# the C tests: run only tests whose name contains it), MAKE, TINYGRAD_CACHE_DIR (kernel cache; passed
+# through untouched).
+set -u
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+ROOT=$PWD
+
+C_ONLY=0
+for arg in "$@"; do
+  case $arg in
+    --c-only) C_ONLY=1 ;;
+    -h | --help) sed -n '2,25p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    *) echo "run_tests.sh: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
+
+BUILD=${BUILD:-build}
+PYTHON=${PYTHON:-/usr/bin/python3}
+MAKE=${MAKE:-make}
+TEST_TIMEOUT=${TEST_TIMEOUT:-600}
+export TINYGRAD_LIB=${TINYGRAD_LIB:-$ROOT/$BUILD/libtinygrad.so}
+export PYTHONDONTWRITEBYTECODE=1
+LDLIBS=(-pthread -ldl -lm -lpthread -lz)
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/tinygrad-tests.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+
+total_pass=0
+total_fail=0
+programs=0
+failed_programs=()
+
+# record NAME RC LOGFILE: adds the counts from LOGFILE's last "N passed, N failed" line; a non-zero
+# exit or a missing line adds a failure.
+record() {
+  local name=$1 rc=$2 log=$3 line p=0 f=0 why=
+  line=$(grep -aE '[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+  if [[ $line =~ ([0-9]+)\ passed,\ ([0-9]+)\ failed ]]; then
+    p=${BASH_REMATCH[1]}
+    f=${BASH_REMATCH[2]}
+  else
+    why="printed no 'N passed, N failed' line"
+  fi
+  if [ "$rc" -ne 0 ]; then
+    if [ "$rc" -eq 124 ]; then
+      why="timed out after ${TEST_TIMEOUT}s"
+    elif [ "$rc" -gt 128 ]; then
+      why="killed by signal $((rc - 128)) (SIG$(kill -l $((rc - 128)) 2>/dev/null || echo '?'))"
+    elif [ -n "$why" ]; then
+      why="exited with status $rc and printed no 'N passed, N failed' line (a sanitizer report above?)"
+    elif [ "$f" -eq 0 ]; then
+      why="exited with status $rc but reported no failed test"
+    fi
+  fi
+  if [ -n "$why" ] && [ "$f" -eq 0 ]; then f=1; fi
+  total_pass=$((total_pass + p))
+  total_fail=$((total_fail + f))
+  programs=$((programs + 1))
+  if [ "$f" -ne 0 ] || [ "$rc" -ne 0 ]; then
+    failed_programs+=("$name${why:+ ($why)}")
+    [ -n "$why" ] && echo "!! $name: $why"
+  fi
+  return 0
+}
+
+# run NAME CMD...: runs CMD with the time limit, shows its output, records its counts.
+run() {
+  local name=$1 log="$TMP/run.log" rc t0 t1
+  shift
+  echo "== $name"
+  t0=$(date +%s%N)
+  { timeout -k 10 "$TEST_TIMEOUT" "$@" >"$log" 2>&1 </dev/null; } 2>/dev/null
+  rc=$?
+  t1=$(date +%s%N)
+  cat "$log"
+  record "$name" "$rc" "$log"
+  printf '   (%s: exit %d, %d.%02d s)\n' "$name" "$rc" $(((t1 - t0) / 1000000000)) $((((t1 - t0) / 10000000) % 100))
+}
+
+# fail NAME MESSAGE LOGFILE: a check that could not even run (a compile error) counts one failure.
+fail() {
+  echo "== $1"
+  [ -f "$3" ] && cat "$3"
+  echo "!! $1: $2"
+  total_fail=$((total_fail + 1))
+  programs=$((programs + 1))
+  failed_programs+=("$1 ($2)")
+}
+
+# ---- 1. C test binaries -------------------------------------------------------------------------
+shopt -s nullglob
+# One binary per tests/test_*.c (so a stale binary whose source is gone does not run).
+for src in tests/test_*.c; do
+  [ "$src" = tests/test_header.c ] && continue
+  name=$(basename "$src" .c)
+  if [ -x "$BUILD/tests/$name" ]; then
+    run "$name" "$BUILD/tests/$name"
+  else
+    fail "$name" "$BUILD/tests/$name was not built" /dev/null
+  fi
+done
+
+if [ $C_ONLY = 0 ]; then
+  # ---- 2. Python differential tests -------------------------------------------------------------
+  for py in tests/test_*.py; do
+    run "$(basename "$py")" "$PYTHON" "$py"
+  done
+
+  # ---- 3. header checks -------------------------------------------------------------------------
+  mkdir -p "$TMP/hdr"
+  for cc in gcc clang; do
+    out="$TMP/hdr/test_header_$cc"
+    if ! command -v "$cc" >/dev/null; then fail "header ($cc)" "$cc not installed" /dev/null; continue; fi
+    if "$cc" -std=c11 -Wall -Wextra -Werror -pedantic -Iinclude tests/test_header.c -o "$out" \
+        "$BUILD/libtinygrad.a" "${LDLIBS[@]}" >"$TMP/hdr/cc.log" 2>&1; then
+      run "header ($cc, -std=c11 -pedantic)" "$out"
+    else
+      fail "header ($cc)" "tests/test_header.c does not compile" "$TMP/hdr/cc.log"
+    fi
+  done
+  for cxx in g++ clang++; do
+    out="$TMP/hdr/test_header_cpp_$cxx"
+    if ! command -v "$cxx" >/dev/null; then fail "header ($cxx)" "$cxx not installed" /dev/null; continue; fi
+    if "$cxx" -std=c++11 -Wall -Wextra -Werror -pedantic -Iinclude tests/test_header_cpp.cpp -o "$out" \
+        "$BUILD/libtinygrad.a" "${LDLIBS[@]}" >"$TMP/hdr/cxx.log" 2>&1; then
+      run "header ($cxx, -std=c++11 -pedantic)" "$out"
+    else
+      fail "header ($cxx)" "tests/test_header_cpp.cpp does not compile" "$TMP/hdr/cxx.log"
+    fi
+  done
+
+  # ---- 4. install + pkg-config --------------------------------------------------------------------
+  # A sub-make of its own: the parent's flags (-j jobserver, -n) must not leak into it.
+  # Compiler and linker flags from pkg-config are split into words on purpose.
+  # shellcheck disable=SC2086,SC2046
+  install_check() {
+    local prefix="$TMP/prefix" stage="$TMP/stage" pass=0 failn=0 flags libs
+    ok() { echo "ok   $1"; pass=$((pass + 1)); }
+    ko() { echo "FAIL $1"; failn=$((failn + 1)); }
+    submake() { env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL $MAKE --no-print-directory -s BUILD="$BUILD" LDCONFIG=: "$@"; }
+
+    if submake install PREFIX="$prefix"; then
+      export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+      if flags=$(pkg-config --cflags --libs tinygrad) &&
+        cc -std=c11 tests/test_header.c -o "$TMP/pc_dynamic" $flags &&
+        LD_LIBRARY_PATH="$prefix/lib" "$TMP/pc_dynamic" &&
+        LD_LIBRARY_PATH="$prefix/lib" ldd "$TMP/pc_dynamic" | grep -q "$prefix/lib/libtinygrad.so.0"; then
+        ok "installed shared library: cc \$(pkg-config --cflags --libs tinygrad) builds and runs"
+      else
+        ko "installed shared library via pkg-config (flags: ${flags:-none})"
+      fi
+      if libs=$(pkg-config --static --libs tinygrad) && [[ " $libs " == *" -lz "* ]] &&
+        cc -std=c11 tests/test_header.c -o "$TMP/pc_static" $(pkg-config --cflags tinygrad) \
+          ${libs//-ltinygrad/-l:libtinygrad.a} &&
+        "$TMP/pc_static"; then
+        ok "installed static library: pkg-config --static --libs tinygrad builds and runs"
+      else
+        ko "installed static library via pkg-config --static (libs: ${libs:-none})"
+      fi
+    else
+      ko "make install PREFIX=$prefix"
+    fi
+
+    if submake install DESTDIR="$stage" PREFIX=/usr/local &&
+      [ -f "$stage/usr/local/include/tinygrad.h" ] && [ -f "$stage/usr/local/lib/libtinygrad.a" ] &&
+      [ "$(readlink "$stage/usr/local/lib/libtinygrad.so")" = libtinygrad.so.0 ] &&
+      [ -f "$(readlink -f "$stage/usr/local/lib/libtinygrad.so.0")" ] &&
+      objdump -p "$stage/usr/local/lib/libtinygrad.so.0" | grep -q 'SONAME *libtinygrad.so.0' &&
+      grep -qx 'prefix=/usr/local' "$stage/usr/local/lib/pkgconfig/tinygrad.pc"; then
+      ok "make install DESTDIR=... PREFIX=/usr/local: header, .a, .so.0 (soname) + symlink, tinygrad.pc"
+    else
+      ko "make install DESTDIR=... PREFIX=/usr/local layout"
+    fi
+    if submake uninstall DESTDIR="$stage" PREFIX=/usr/local &&
+      [ -z "$(find "$stage" -type f -o -type l)" ]; then
+      ok "make uninstall removes every installed file"
+    else
+      ko "make uninstall left: $(find "$stage" -type f -o -type l | tr '\n' ' ')"
+    fi
+    echo "install: $pass passed, $failn failed"
+    [ "$failn" -eq 0 ]
+  }
+  echo "== install"
+  (install_check) >"$TMP/install.log" 2>&1
+  rc=$?
+  cat "$TMP/install.log"
+  record install "$rc" "$TMP/install.log"
+fi
+
+# ---- summary ------------------------------------------------------------------------------------
+echo
+if [ "$programs" -eq 0 ] || [ $((total_pass + total_fail)) -eq 0 ]; then
+  echo "!! no tests ran (nothing in $BUILD/tests/ or tests/test_*.py)"
+  total_fail=$((total_fail + 1))
+fi
+if [ ${#failed_programs[@]} -gt 0 ]; then
+  echo "failed (${#failed_programs[@]} of $programs programs):"
+  for p in "${failed_programs[@]}"; do echo "  $p"; done
+else
+  echo "all $programs programs passed"
+fi
+echo "$total_pass passed, $total_fail failed"
+[ "$total_fail" -eq 0 ] && [ ${#failed_programs[@]} -eq 0 ]

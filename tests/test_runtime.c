@@ -1,0 +1,710 @@
+/*
+ * test_runtime.c -- the runtime layer on its own: device strings, buffers and the caching allocator,
+ * cross-device copies, compiling/loading/running hand-written C kernels on the thread pool, compile
+ * errors, the on-disk kernel cache (hits, damaged entries, disabling it), and dispatch latency
+ * (printed, not asserted). The kernel cache goes to a fresh temporary directory.
+ */
+#include <dirent.h>
+#include <ftw.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../src/runtime/device.h"
+#include "../src/runtime/threadpool.h"
+#include "test.h"
+
+static char g_cache_root[256];
+
+static char *kernels_dir(void) {
+  static char buf[512];
+  snprintf(buf, sizeof buf, "%s/kernels", g_cache_root);
+  return buf;
+}
+
+/* Number of cache entries (*.so) and the inode of the first one. */
+static int cache_entries(char *first, size_t cap) {
+  DIR *d = opendir(kernels_dir());
+  if (!d) return 0;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    size_t len = strlen(e->d_name);
+    if (len > 3 && strcmp(e->d_name + len - 3, ".so") == 0) {
+      if (n == 0 && first) snprintf(first, cap, "%s/%s", kernels_dir(), e->d_name);
+      n++;
+    }
+  }
+  closedir(d);
+  return n;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+  (void)sb;
+  (void)flag;
+  (void)ftw;
+  return remove(path);
+}
+
+static void clear_cache_dir(void) { nftw(kernels_dir(), rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+static const char *ADD_SRC = "#include <stdint.h>\n"
+                             "void add_f32(void **restrict bufs, int64_t gstart, int64_t gend) {\n"
+                             "  float *restrict c = bufs[0];\n"
+                             "  const float *restrict a = bufs[1], *restrict b = bufs[2];\n"
+                             "  for (int64_t i = gstart; i < gend; i++) c[i] = a[i] + b[i];\n"
+                             "}\n";
+
+/* Counts its calls and how often each index is visited. */
+static const char *COVER_SRC = "#include <stdint.h>\n"
+                               "void cover(void **restrict bufs, int64_t gstart, int64_t gend) {\n"
+                               "  int *hits = bufs[0];\n"
+                               "  __atomic_fetch_add((int *)bufs[1], 1, __ATOMIC_RELAXED);\n"
+                               "  for (int64_t i = gstart; i < gend; i++) hits[i]++;\n"
+                               "}\n";
+
+static const char *NOP_SRC = "#include <stdint.h>\n"
+                             "void nop(void **restrict bufs, int64_t gstart, int64_t gend) {\n"
+                             "  (void)bufs; (void)gstart; (void)gend;\n"
+                             "}\n";
+
+/* ---------------------------------------------------------------------------------------------- */
+
+TEST(device_get_names) {
+  tg_clear_error();
+  Device *a = device_get("CPU");
+  CHECK(a != NULL);
+  if (!a) return;
+  CHECK(strcmp(a->name, "CPU") == 0);
+  CHECK(a->index == 0);
+  CHECK(device_get("cpu") == a);
+  CHECK(device_get("Cpu:0") == a);
+  CHECK(device_get(NULL) == a);
+  CHECK(device_get("") == a);
+  CHECK(device_default() == a);
+  Device *b = device_get("CPU:1");
+  CHECK(b != NULL && b != a);
+  if (b) {
+    CHECK(strcmp(b->name, "CPU:1") == 0);
+    CHECK(b->index == 1);
+    CHECK(device_get("cpu:1") == b);
+    CHECK(device_by_id(b->id) == b);
+  }
+  CHECK(device_by_id(a->id) == a);
+  CHECK(device_by_id(-1) == NULL);
+  CHECK(device_by_id(1 << 20) == NULL);
+  CHECK(!tg_has_error());
+}
+
+TEST(device_get_from_dev_setting) {
+  tg_context_begin();
+  tg_context_set("DEV", "cpu:1");
+  Device *d = device_get(NULL);
+  CHECK(d != NULL && strcmp(d->name, "CPU:1") == 0);
+  tg_context_end();
+  d = device_get(NULL);
+  CHECK(d != NULL && strcmp(d->name, "CPU") == 0);
+}
+
+TEST(device_get_errors) {
+  const char *bad[] = {"XYZ", "CPU:", "CPU:x", "CPU:-1", "CPUX", "CPU:1:2", ":1", "CPU:99999999999"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    tg_clear_error();
+    CHECK_MSG(device_get(bad[i]) == NULL, "%s", bad[i]);
+    CHECK(tg_last_status() == TG_ERR_INVALID);
+    CHECK_STR_CONTAINS(tg_last_error(), "unknown device");
+    CHECK_STR_CONTAINS(tg_last_error(), "available: CPU");
+  }
+  tg_clear_error();
+  device_get("XYZ");
+  CHECK_STR_CONTAINS(tg_last_error(), "device_get: unknown device 'XYZ'");
+  tg_clear_error();
+}
+
+TEST(buffer_round_trip) {
+  size_t live = buffer_live_count();
+  Device *d = device_get("CPU");
+  enum { N = 1000 };
+  float in[N], out[N];
+  for (int i = 0; i < N; i++) in[i] = (float)i * 0.5f;
+  Buffer *b = buffer_new(d, sizeof in);
+  CHECK(b != NULL);
+  if (!b) return;
+  CHECK(((uintptr_t)b->ptr & 63) == 0);
+  CHECK(b->nbytes == sizeof in && b->dev == d && !b->external && b->refcount == 1);
+  CHECK(buffer_live_count() == live + 1);
+  CHECK(buffer_copyin(b, in, sizeof in) == TG_OK);
+  memset(out, 0, sizeof out);
+  CHECK(buffer_copyout(b, out, sizeof out) == TG_OK);
+  CHECK(memcmp(in, out, sizeof in) == 0);
+  /* partial copies */
+  float x = 42.0f;
+  CHECK(buffer_copyin(b, &x, sizeof x) == TG_OK);
+  CHECK(buffer_copyout(b, out, 2 * sizeof(float)) == TG_OK);
+  CHECK(out[0] == 42.0f && out[1] == 0.5f);
+  /* too large */
+  tg_clear_error();
+  CHECK(buffer_copyin(b, in, sizeof in + 1) == TG_ERR_INVALID);
+  tg_clear_error();
+  CHECK(buffer_copyout(b, out, sizeof in + 4) == TG_ERR_INVALID);
+  tg_clear_error();
+  CHECK(buffer_ref(b) == b && b->refcount == 2);
+  buffer_unref(b);
+  CHECK(buffer_live_count() == live + 1);
+  buffer_unref(b);
+  CHECK(buffer_live_count() == live);
+  buffer_unref(NULL);
+}
+
+TEST(buffer_zero_size) {
+  size_t live = buffer_live_count();
+  Device *d = device_get("CPU");
+  Buffer *a = buffer_new(d, 0), *b = buffer_new(d, 0);
+  CHECK(a && b);
+  if (!a || !b) return;
+  CHECK(a->ptr != NULL && b->ptr != NULL && a->ptr != b->ptr);
+  CHECK(a->nbytes == 0);
+  CHECK(buffer_copyin(a, NULL, 0) == TG_OK);
+  CHECK(buffer_copyout(a, NULL, 0) == TG_OK);
+  CHECK(buffer_copy(a, b, 0) == TG_OK);
+  buffer_unref(a);
+  buffer_unref(b);
+  CHECK(buffer_live_count() == live);
+}
+
+TEST(buffer_cache_reuses_blocks) {
+  Device *d = device_get("CPU");
+  Buffer *a = buffer_new(d, 4096 + 3);
+  CHECK(a != NULL);
+  if (!a) return;
+  void *p = a->ptr;
+  size_t cached = d->cached_bytes;
+  buffer_unref(a);
+  CHECK(d->cached_bytes == cached + 4096 + 64);
+  Buffer *b = buffer_new(d, 4096 + 1); /* same 64-byte-rounded block */
+  CHECK(b && b->ptr == p);
+  CHECK(d->cached_bytes == cached);
+  buffer_unref(b);
+  /* more than the cache holds in one block is freed at once */
+  Buffer *big = buffer_new(d, ((size_t)1 << 30) + 64);
+  CHECK(big != NULL);
+  size_t before = d->cached_bytes;
+  buffer_unref(big);
+  CHECK(d->cached_bytes == before);
+}
+
+TEST(buffer_alloc_failure) {
+  size_t live = buffer_live_count();
+  Device *d = device_get("CPU");
+  tg_clear_error();
+  CHECK(buffer_new(d, SIZE_MAX - 10) == NULL);
+  CHECK(tg_last_status() == TG_ERR_RUNTIME);
+  CHECK_STR_CONTAINS(tg_last_error(), "18446744073709551605");
+  tg_clear_error();
+  size_t huge = (size_t)1 << 52;
+  CHECK(buffer_new(d, huge) == NULL);
+  CHECK(tg_last_status() == TG_ERR_RUNTIME);
+  CHECK_STR_CONTAINS(tg_last_error(), "4503599627370496");
+  tg_clear_error();
+  CHECK(buffer_new(NULL, 16) == NULL);
+  CHECK(tg_last_status() == TG_ERR_INVALID);
+  tg_clear_error();
+  CHECK(buffer_live_count() == live);
+}
+
+TEST(buffer_wrap_external) {
+  size_t live = buffer_live_count();
+  Device *d = device_get("CPU");
+  int data[4] = {1, 2, 3, 4};
+  Buffer *w = buffer_wrap(d, data, sizeof data);
+  CHECK(w && w->external && w->ptr == data);
+  if (!w) return;
+  int v = 9;
+  CHECK(buffer_copyin(w, &v, sizeof v) == TG_OK);
+  CHECK(data[0] == 9);
+  buffer_unref(w); /* must not free the caller's memory */
+  CHECK(data[3] == 4);
+  CHECK(buffer_live_count() == live);
+  tg_clear_error();
+  CHECK(buffer_wrap(d, NULL, 8) == NULL);
+  CHECK(tg_last_status() == TG_ERR_INVALID);
+  tg_clear_error();
+}
+
+TEST(buffer_cross_device_copy) {
+  size_t live = buffer_live_count();
+  Device *c0 = device_get("CPU"), *c1 = device_get("CPU:1");
+  enum { N = 4097 };
+  static double in[N], out[N];
+  for (int i = 0; i < N; i++) in[i] = i * 1.25 - 7;
+  Buffer *a = buffer_new(c0, sizeof in), *b = buffer_new(c1, sizeof in), *c = buffer_new(c0, sizeof in);
+  CHECK(a && b && c);
+  if (!a || !b || !c) return;
+  CHECK(b->dev == c1);
+  CHECK(buffer_copyin(a, in, sizeof in) == TG_OK);
+  CHECK(buffer_copy(b, a, sizeof in) == TG_OK);
+  CHECK(buffer_copy(c, b, sizeof in) == TG_OK);
+  CHECK(buffer_copyout(c, out, sizeof out) == TG_OK);
+  CHECK(memcmp(in, out, sizeof in) == 0);
+  tg_clear_error();
+  Buffer *small = buffer_new(c1, 8);
+  CHECK(buffer_copy(small, a, sizeof in) == TG_ERR_INVALID);
+  tg_clear_error();
+  buffer_unref(small);
+  buffer_unref(a);
+  buffer_unref(b);
+  buffer_unref(c);
+  CHECK(buffer_live_count() == live);
+}
+
+static void *alloc_worker(void *arg) {
+  Device *d = arg;
+  for (int i = 0; i < 20000; i++) {
+    Buffer *b = buffer_new(d, (size_t)(i % 7) * 100);
+    if (!b) return (void *)1;
+    memset(b->ptr, i & 0xff, b->nbytes);
+    Buffer *r = buffer_ref(b);
+    buffer_unref(b);
+    buffer_unref(r);
+  }
+  return NULL;
+}
+
+TEST(buffer_threads) {
+  size_t live = buffer_live_count();
+  pthread_t t[4];
+  Device *devs[4] = {device_get("CPU"), device_get("CPU:1"), device_get("CPU"), device_get("CPU:1")};
+  for (int i = 0; i < 4; i++) pthread_create(&t[i], NULL, alloc_worker, devs[i]);
+  for (int i = 0; i < 4; i++) {
+    void *rv;
+    pthread_join(t[i], &rv);
+    CHECK(rv == NULL);
+  }
+  CHECK(buffer_live_count() == live);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+TEST(kernel_add_two_threads) {
+  size_t live = buffer_live_count();
+  Device *d = device_get("CPU");
+  tg_clear_error();
+  Program *p = program_get(d, "add_f32", ADD_SRC);
+  CHECK_MSG(p != NULL, "%s", tg_last_error() ? tg_last_error() : "");
+  if (!p) return;
+  CHECK(p->dev == d && strcmp(p->name, "add_f32") == 0 && p->handle != NULL);
+  enum { N = 1000000 };
+  float *a = malloc(N * sizeof(float)), *bb = malloc(N * sizeof(float)), *c = malloc(N * sizeof(float));
+  for (int i = 0; i < N; i++) {
+    a[i] = (float)i;
+    bb[i] = (float)(N - i) * 0.25f;
+  }
+  Buffer *A = buffer_new(d, N * sizeof(float)), *B = buffer_new(d, N * sizeof(float)),
+         *C = buffer_new(d, N * sizeof(float));
+  buffer_copyin(A, a, N * sizeof(float));
+  buffer_copyin(B, bb, N * sizeof(float));
+  void *bufs[3] = {C->ptr, A->ptr, B->ptr};
+  const int64_t threads_opts[] = {0, 2, 1, 64};
+  for (size_t t = 0; t < sizeof threads_opts / sizeof threads_opts[0]; t++) {
+    memset(C->ptr, 0, N * sizeof(float));
+    int64_t gs[3] = {N, 1, 1}, ls[3] = {threads_opts[t], 1, 1};
+    double el = program_exec(p, bufs, 3, gs, ls, true);
+    CHECK(el >= 0);
+    buffer_copyout(C, c, N * sizeof(float));
+    int bad = 0;
+    for (int i = 0; i < N; i++) bad += c[i] != a[i] + bb[i];
+    CHECK_MSG(bad == 0, "threads=%lld: %d wrong", (long long)threads_opts[t], bad);
+  }
+  buffer_unref(A);
+  buffer_unref(B);
+  buffer_unref(C);
+  free(a);
+  free(bb);
+  free(c);
+  CHECK(buffer_live_count() == live);
+}
+
+TEST(kernel_chunks_cover_range) {
+  Device *d = device_get("CPU");
+  Program *p = program_get(d, "cover", COVER_SRC);
+  CHECK(p != NULL);
+  if (!p) return;
+  int maxt = tp_max_threads();
+  const int64_t sizes[] = {1, 2, 3, 1003, 65536};
+  for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+    for (int64_t lt = 0; lt <= 3; lt++) {
+      int64_t n = sizes[s];
+      int *hits = calloc((size_t)n, sizeof(int));
+      int calls = 0;
+      void *bufs[2] = {hits, &calls};
+      int64_t gs[3] = {n, 1, 1}, ls[3] = {lt, 1, 1};
+      program_exec(p, bufs, 2, gs, ls, false);
+      int bad = 0;
+      for (int64_t i = 0; i < n; i++) bad += hits[i] != 1;
+      int64_t want = lt == 0 || lt > maxt ? maxt : lt;
+      if (want > n) want = n;
+      CHECK_MSG(bad == 0, "n=%lld threads=%lld: %d indices not visited once", (long long)n, (long long)lt,
+                bad);
+      CHECK_MSG(calls == want, "n=%lld threads=%lld: %d chunks, want %lld", (long long)n, (long long)lt,
+                calls, (long long)want);
+      free(hits);
+    }
+  }
+  /* empty range: nothing runs */
+  int calls = 0;
+  void *bufs[2] = {NULL, &calls};
+  int64_t gs[3] = {0, 1, 1};
+  CHECK(program_exec(p, bufs, 2, gs, NULL, true) >= 0);
+  CHECK(calls == 0);
+}
+
+static void *exec_worker(void *arg) {
+  Program *p = arg;
+  enum { N = 4099 };
+  static _Thread_local int hits[N];
+  for (int it = 0; it < 300; it++) {
+    memset(hits, 0, sizeof hits);
+    int calls = 0;
+    void *bufs[2] = {hits, &calls};
+    int64_t gs[3] = {N, 1, 1};
+    program_exec(p, bufs, 2, gs, NULL, false);
+    for (int i = 0; i < N; i++)
+      if (hits[i] != 1) return (void *)1;
+  }
+  return NULL;
+}
+
+TEST(kernel_exec_from_many_threads) {
+  Program *p = program_get(device_get("CPU"), "cover", COVER_SRC);
+  CHECK(p != NULL);
+  if (!p) return;
+  pthread_t t[3];
+  for (int i = 0; i < 3; i++) pthread_create(&t[i], NULL, exec_worker, p);
+  for (int i = 0; i < 3; i++) {
+    void *rv;
+    pthread_join(t[i], &rv);
+    CHECK(rv == NULL);
+  }
+}
+
+TEST(program_cache_in_memory) {
+  Device *c0 = device_get("CPU"), *c1 = device_get("CPU:1");
+  const char *src = "#include <stdint.h>\n"
+                    "void scale2(void **restrict bufs, int64_t gstart, int64_t gend) {\n"
+                    "  float *x = bufs[0];\n"
+                    "  for (int64_t i = gstart; i < gend; i++) x[i] *= 2.0f;\n"
+                    "}\n";
+  uint64_t before = g_counters.compile_count;
+  Program *p = program_get(c0, "scale2", src);
+  CHECK(p != NULL);
+  CHECK(g_counters.compile_count == before + 1);
+  CHECK(program_get(c0, "scale2", src) == p);
+  CHECK(g_counters.compile_count == before + 1);
+  /* same code on another CPU instance: its own Program, no new compile */
+  Program *q = program_get(c1, "scale2", src);
+  CHECK(q != NULL && q != p && q->dev == c1);
+  CHECK(q && p && q->handle == p->handle);
+  CHECK(g_counters.compile_count == before + 1);
+  float x[4] = {1, 2, 3, 4};
+  void *bufs[1] = {x};
+  int64_t gs[3] = {4, 1, 1};
+  if (q) program_exec(q, bufs, 1, gs, NULL, true);
+  CHECK(x[0] == 2 && x[3] == 8);
+  /* different source, same name: a different program */
+  const char *src2 = "#include <stdint.h>\n"
+                     "void scale2(void **restrict bufs, int64_t gstart, int64_t gend) {\n"
+                     "  float *x = bufs[0];\n"
+                     "  for (int64_t i = gstart; i < gend; i++) x[i] *= 3.0f;\n"
+                     "}\n";
+  Program *r = program_get(c0, "scale2", src2);
+  CHECK(r != NULL && r != p);
+  if (r) program_exec(r, bufs, 1, gs, NULL, true);
+  CHECK(x[0] == 6);
+  CHECK(g_counters.compile_count == before + 2);
+  /* loads from the same path string must not alias: the second program is really the new code */
+  if (p) program_exec(p, bufs, 1, gs, NULL, true);
+  CHECK(x[0] == 12);
+}
+
+typedef struct {
+  const char *src;
+  Program *out;
+} GetArg;
+
+static void *get_worker(void *arg) {
+  GetArg *g = arg;
+  g->out = program_get(device_get(NULL), "sub1", g->src);
+  return NULL;
+}
+
+TEST(program_cache_concurrent_get) {
+  static char src[256];
+  snprintf(src, sizeof src,
+           "#include <stdint.h>\n"
+           "void sub1(void **restrict bufs, int64_t gstart, int64_t gend) {\n"
+           "  int *x = bufs[0]; for (int64_t i = gstart; i < gend; i++) x[i] -= 1; /* %d */\n"
+           "}\n",
+           (int)getpid());
+  uint64_t before = g_counters.compile_count;
+  pthread_t t[4];
+  GetArg args[4];
+  for (int i = 0; i < 4; i++) {
+    args[i].src = src;
+    pthread_create(&t[i], NULL, get_worker, &args[i]);
+  }
+  for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+  CHECK(args[0].out != NULL);
+  for (int i = 1; i < 4; i++) CHECK(args[i].out == args[0].out);
+  CHECK(g_counters.compile_count == before + 1);
+}
+
+TEST(compile_error_reports_diagnostic) {
+  tg_clear_error();
+  const char *src = "#include <stdint.h>\n"
+                    "void broken_k(void **restrict bufs, int64_t gstart, int64_t gend) {\n"
+                    "  float *x = bufs[0];\n"
+                    "  x[gstart] = undefined_thing_xyz + gend;\n"
+                    "}\n";
+  uint64_t before = g_counters.compile_count;
+  Program *p = program_get(device_get("CPU"), "broken_k", src);
+  CHECK(p == NULL);
+  CHECK(tg_last_status() == TG_ERR_COMPILE);
+  CHECK_STR_CONTAINS(tg_last_error(), "compile failed");
+  CHECK_STR_CONTAINS(tg_last_error(), "broken_k");
+  CHECK_STR_CONTAINS(tg_last_error(), "undefined_thing_xyz");
+  CHECK(g_counters.compile_count == before);
+  tg_clear_error();
+  /* a failed source is not cached as a failure: asking again reports again */
+  CHECK(program_get(device_get("CPU"), "broken_k", src) == NULL);
+  CHECK(tg_last_status() == TG_ERR_COMPILE);
+  tg_clear_error();
+  /* missing symbol */
+  CHECK(program_get(device_get("CPU"), "not_there", ADD_SRC) == NULL);
+  CHECK(tg_last_status() == TG_ERR_RUNTIME);
+  CHECK_STR_CONTAINS(tg_last_error(), "not_there");
+  tg_clear_error();
+}
+
+TEST(compile_missing_compiler) {
+  tg_clear_error();
+  tg_context_begin();
+  tg_context_set("CC", "/nonexistent/dir/cc-xyz");
+  uint8_t *lib = NULL;
+  size_t len = 0;
+  tg_status st = cpu_device_vt.compile(device_get("CPU")->state, NOP_SRC, &lib, &len);
+  CHECK(st == TG_ERR_COMPILE);
+  CHECK(lib == NULL);
+  CHECK_STR_CONTAINS(tg_last_error(), "C compiler '/nonexistent/dir/cc-xyz' not found (set CC)");
+  tg_clear_error();
+  tg_context_set("CC", "no-such-compiler-xyz");
+  st = cpu_device_vt.compile(device_get("CPU")->state, NOP_SRC, &lib, &len);
+  CHECK(st == TG_ERR_COMPILE);
+  CHECK_STR_CONTAINS(tg_last_error(), "not found");
+  tg_context_end();
+  tg_clear_error();
+}
+
+TEST(compiler_id) {
+  const char *id = cpu_device_vt.compiler_id(device_get("CPU")->state);
+  CHECK(id != NULL);
+  CHECK_STR_CONTAINS(id, "-O2");
+  CHECK_STR_CONTAINS(id, "-march=native");
+  CHECK(cpu_device_vt.compiler_id(NULL) == id);
+}
+
+/* Loads lib and checks that it computes x[i] = i * 3 over a few elements. */
+static bool lib_works(const uint8_t *lib, size_t len, const char *fname) {
+  void *prg = cpu_device_vt.load(NULL, fname, lib, len);
+  if (!prg) return false;
+  int x[8] = {0};
+  void *bufs[1] = {x};
+  int64_t gs[3] = {8, 1, 1};
+  cpu_device_vt.exec(NULL, prg, bufs, 1, gs, NULL, true);
+  cpu_device_vt.unload(NULL, prg);
+  for (int i = 0; i < 8; i++)
+    if (x[i] != i * 3) return false;
+  return true;
+}
+
+static ino_t inode_of(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 ? st.st_ino : 0;
+}
+
+TEST(disk_cache) {
+  clear_cache_dir();
+  char src[512];
+  snprintf(src, sizeof src,
+           "#include <stdint.h>\n"
+           "void times3(void **restrict bufs, int64_t gstart, int64_t gend) {\n"
+           "  int *x = bufs[0]; for (int64_t i = gstart; i < gend; i++) x[i] = (int)i * 3;\n"
+           "} /* %d */\n",
+           (int)getpid());
+  void *st = device_get("CPU")->state;
+  uint8_t *lib = NULL;
+  size_t len = 0;
+  tg_clear_error();
+  double t0 = now_seconds();
+  CHECK(cpu_device_vt.compile(st, src, &lib, &len) == TG_OK);
+  double t_miss = now_seconds() - t0;
+  CHECK(lib && len > 0 && lib_works(lib, len, "times3"));
+  free(lib);
+  char entry[1024] = "";
+  CHECK(cache_entries(entry, sizeof entry) == 1);
+  ino_t ino = inode_of(entry);
+  CHECK(ino != 0);
+
+  /* hit: same bytes, file not rewritten */
+  t0 = now_seconds();
+  CHECK(cpu_device_vt.compile(st, src, &lib, &len) == TG_OK);
+  double t_hit = now_seconds() - t0;
+  CHECK(lib && lib_works(lib, len, "times3"));
+  free(lib);
+  CHECK(inode_of(entry) == ino);
+  printf("  disk cache: miss %.1f ms, hit %.3f ms\n", t_miss * 1e3, t_hit * 1e3);
+
+  /* damaged payload byte: detected, rebuilt, still a working library */
+  struct stat sb;
+  stat(entry, &sb);
+  long mid = (long)(sb.st_size / 2);
+  int c = -1;
+  FILE *f = fopen(entry, "r+b");
+  CHECK(f != NULL);
+  if (f) {
+    fseek(f, mid, SEEK_SET);
+    c = fgetc(f);
+    fseek(f, mid, SEEK_SET);
+    fputc(c ^ 0x5a, f);
+    fclose(f);
+  }
+  CHECK(cpu_device_vt.compile(st, src, &lib, &len) == TG_OK);
+  CHECK(lib && lib_works(lib, len, "times3"));
+  free(lib);
+  CHECK(cache_entries(NULL, 0) == 1);
+  /* the entry was rebuilt: the same compiler output is back in place of the damaged byte */
+  f = fopen(entry, "rb");
+  CHECK(f != NULL);
+  if (f) {
+    fseek(f, mid, SEEK_SET);
+    CHECK(fgetc(f) == c);
+    fclose(f);
+  }
+
+  /* truncated file */
+  CHECK(truncate(entry, 10) == 0);
+  CHECK(cpu_device_vt.compile(st, src, &lib, &len) == TG_OK);
+  CHECK(lib && lib_works(lib, len, "times3"));
+  free(lib);
+  stat(entry, &sb);
+  CHECK(sb.st_size > 1000);
+
+  /* garbage of the right length with a wrong magic */
+  f = fopen(entry, "r+b");
+  if (f) {
+    fputs("XXXX", f);
+    fclose(f);
+  }
+  CHECK(cpu_device_vt.compile(st, src, &lib, &len) == TG_OK);
+  CHECK(lib && lib_works(lib, len, "times3"));
+  free(lib);
+  CHECK(!tg_has_error());
+
+  /* DISABLE_COMPILER_CACHE=1 writes nothing */
+  clear_cache_dir();
+  tg_context_begin();
+  tg_context_set("DISABLE_COMPILER_CACHE", "1");
+  CHECK(cpu_device_vt.compile(st, src, &lib, &len) == TG_OK);
+  CHECK(lib && lib_works(lib, len, "times3"));
+  free(lib);
+  CHECK(cache_entries(NULL, 0) == 0);
+  tg_context_end();
+
+  /* an unusable cache directory: still compiles */
+  tg_context_begin();
+  tg_context_set("TINYGRAD_CACHE_DIR", "/proc/no/such/dir");
+  CHECK(cpu_device_vt.compile(st, src, &lib, &len) == TG_OK);
+  CHECK(lib && lib_works(lib, len, "times3"));
+  free(lib);
+  tg_context_end();
+  CHECK(!tg_has_error());
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Spins about `work` iterations per index, so that each chunk takes a known time. */
+static const char *SPIN_SRC = "#include <stdint.h>\n"
+                              "void spin(void **restrict bufs, int64_t gstart, int64_t gend) {\n"
+                              "  int64_t work = *(const int64_t *)bufs[0];\n"
+                              "  volatile int64_t sink = 0;\n"
+                              "  for (int64_t i = gstart; i < gend; i++)\n"
+                              "    for (int64_t j = 0; j < work; j++) sink = sink + j;\n"
+                              "}\n";
+
+static double time_exec(Program *p, void **bufs, int64_t n, int64_t threads, int iters) {
+  int64_t gs[3] = {n, 1, 1}, ls[3] = {threads, 1, 1};
+  for (int i = 0; i < iters / 10 + 1; i++) program_exec(p, bufs, 1, gs, ls, false);
+  double best = 1e9;
+  for (int rep = 0; rep < 5; rep++) {
+    double t0 = now_seconds();
+    for (int i = 0; i < iters; i++) program_exec(p, bufs, 1, gs, ls, false);
+    double dt = (now_seconds() - t0) / iters;
+    if (dt < best) best = dt;
+  }
+  return best;
+}
+
+TEST(bench_exec_latency) {
+  Device *d = device_get("CPU");
+  Program *nop = program_get(d, "nop", NOP_SRC), *spin = program_get(d, "spin", SPIN_SRC);
+  CHECK(nop != NULL && spin != NULL);
+  if (!nop || !spin) return;
+  int nt = tp_max_threads();
+  void *bufs[1] = {NULL};
+  printf("  exec of an empty kernel: 1 thread %.0f ns, %d threads %.0f ns\n",
+         time_exec(nop, bufs, 1024, 1, 200000) * 1e9, nt, time_exec(nop, bufs, 1024, 0, 200000) * 1e9);
+  /* Hand-off cost: with chunks of known length, overhead = t(all threads) - t(1 thread) / nt. */
+  int64_t work = 1;
+  bufs[0] = &work;
+  for (work = 1; time_exec(spin, bufs, 64, 1, 20) < 20e-6; work *= 2) {
+  }
+  double t1 = time_exec(spin, bufs, 64, 1, 2000), tn = time_exec(spin, bufs, 64, 0, 2000);
+  printf("  exec of a %.1f us kernel: 1 thread %.2f us, %d threads %.2f us (hand-off overhead %.2f us)\n",
+         t1 * 1e6, t1 * 1e6, nt, tn * 1e6, (tn - t1 / nt) * 1e6);
+  /* After idling past the spin window the workers sleep: the first launch pays a futex wake-up. */
+  int64_t gs[3] = {64, 1, 1}, ls[3] = {0, 1, 1};
+  double worst = 0, total = 0;
+  for (int i = 0; i < 20; i++) {
+    usleep(2000);
+    double t0 = now_seconds();
+    program_exec(spin, bufs, 1, gs, ls, false);
+    double dt = now_seconds() - t0;
+    total += dt;
+    if (dt > worst) worst = dt;
+  }
+  printf("  same kernel after 2 ms idle, %d threads: mean %.2f us, worst %.2f us\n", nt, total / 20 * 1e6,
+         worst * 1e6);
+  Program *h = NULL;
+  double t0 = now_seconds();
+  for (int i = 0; i < 100000; i++) h = program_get(d, "nop", NOP_SRC);
+  printf("  program_get (cached): %.0f ns\n", (now_seconds() - t0) / 100000 * 1e9);
+  CHECK(h == nop);
+  t0 = now_seconds();
+  for (int i = 0; i < 1000000; i++) buffer_unref(buffer_new(d, 4096));
+  printf("  buffer_new + buffer_unref: %.0f ns\n", (now_seconds() - t0) / 1000000 * 1e9);
+}
+
+int main(void) {
+  snprintf(g_cache_root, sizeof g_cache_root, "/tmp/tg_test_runtime_XXXXXX");
+  if (!mkdtemp(g_cache_root)) {
+    perror("mkdtemp");
+    return 1;
+  }
+  /* Set before anything reads it. */
+  setenv("TINYGRAD_CACHE_DIR", g_cache_root, 1);
+  int rc = RUN_TESTS();
+  nftw(g_cache_root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+  return rc;
+}
