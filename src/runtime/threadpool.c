@@ -32,11 +32,12 @@
 
 #include "../helpers.h"
 
-/* How long an idle thread polls before sleeping. Long enough to bridge the host-side gap between
- * two kernels of one schedule, short enough not to hog a core of a shared machine. */
+/* How long an idle thread polls before sleeping: long enough to bridge the host-side gap between
+ * two kernels of one schedule, short enough not to hog a core of a shared machine. The first
+ * SPIN_PURE_NS of it is a pure busy-wait, the rest yields between polls. */
 #define SPIN_NS 100000
-#define CLOSED 0xffffffffu
 #define SPIN_PURE_NS 10000
+#define CLOSED 0xffffffffu
 
 typedef struct {
   _Alignas(64) _Atomic uint32_t gen;   /* futex word, bumped once per job */
@@ -96,7 +97,10 @@ static void futex_wake(_Atomic uint32_t *addr, int count) {
 int tp_max_threads(void) {
   int t = atomic_load_explicit(&g_max_threads, memory_order_relaxed);
   if (t > 0) return t;
-  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  /* CPUs this process may run on (taskset, cpusets), not every CPU of the machine. */
+  cpu_set_t set;
+  long ncpu = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+  if (ncpu <= 0) ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   int64_t want = getenv_int("THREADS", ncpu > 0 ? ncpu : 1);
   if (want < 1) want = 1;
   if (want > INT_MAX / 2) want = INT_MAX / 2;

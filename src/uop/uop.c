@@ -542,8 +542,8 @@ static UOp *subst_rec(UOp *u, PtrMap *memo) {
     for (uint32_t i = 0; i < u->nsrc; i++) uop_unref(srcs[i]);
     if (srcs != ns) free(srcs);
   }
-  pm_put(memo, (uint64_t)(uintptr_t)u, r);
-  return r;
+  pm_put(memo, (uint64_t)(uintptr_t)u, r); /* the memo owns one reference, the caller another */
+  return uop_ref(r);
 }
 
 UOp *uop_substitute(UOp *u, const USubst *subst, int n) {
