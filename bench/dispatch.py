@@ -28,7 +28,7 @@ try:
   import torch
   torch.set_num_threads(2)
   ta = torch.tensor(data)
-  t = best_of(lambda: ((ta + 1) * 2).relu().sum().item())
+  t = best_of(lambda: ((ta + 1) * 2).relu().sum())
   print(f"PyTorch eager     {t:9.2f} us/op     ratio tinygrad.c/PyTorch = {ours / t:.2f}x")
 except ImportError:
   print("PyTorch not installed")

@@ -7,9 +7,11 @@
  * edgeitems 3, linewidth 75):
  *  - one formatter per array, chosen from the elements that will be shown, so every element has the
  *    same width and the columns line up;
- *  - floats print the shortest digits that read back to the same value *in their own type* (float16
- *    and float32 are not widened for this), cut to 8 fractional digits with round-half-even on the
- *    exact binary value; scientific notation when a nonzero |x| is >= 1e8 or < 1e-4 or max/min > 1e3;
+ *  - floats print the fewest digits that read back to the same value *in their own type* (float16
+ *    and float32 are not widened for this), at most 8 fractional (positional) or 8 mantissa
+ *    (scientific) digits, rounding the exact binary value half-to-even as numpy's Dragon4 does; in
+ *    arrays every integer digit is printed; scientific notation when a nonzero |x| is >= 1e8 or
+ *    < 1e-4 or max/min > 1e3, and then every element shows the same number of mantissa digits;
  *  - arrays over 1000 elements show 3 items at each end of every long axis with "...";
  *  - 0-d arrays print like numpy scalars ("5.0", "1e+20"); empty arrays print "[]".
  * bfloat16 prints as float32, since tinygrad converts it to float32 before handing it to numpy.
@@ -28,9 +30,9 @@ enum { PRECISION = 8, THRESHOLD = 1000, EDGEITEMS = 3, LINEWIDTH = 75 };
 /* Which binary type a value must read back as: 'd' double, 'f' float, 'h' half. */
 typedef char FloatKind;
 
-/* Does decimal value d (already parsed into a double) read back as x in kind k? For half the test
- * compares against the exact midpoints between neighbours, with ties going to the even mantissa,
- * which avoids rounding twice through float. */
+/* Does the decimal `text` read back as x (>= 0) in kind k? For half the test compares against the
+ * exact midpoints between neighbours, with ties going to the even mantissa, which avoids rounding
+ * twice through float. */
 static bool reads_back(const char *text, double x, FloatKind k) {
   if (k == 'd') return strtod(text, NULL) == x;
   if (k == 'f') return strtof(text, NULL) == (float)x;
@@ -470,14 +472,17 @@ char *format_array(const void *data, tg_dtype dt, const int64_t *shape, int ndim
     return NULL;
   }
   size_t numel = 1;
+  bool empty = false;
   for (int a = 0; a < ndim; a++) {
     if (shape[a] < 0) {
       tg_set_error(TG_ERR_INVALID, "format_array: negative dimension %lld at axis %d", (long long)shape[a], a);
       return NULL;
     }
-    numel *= (size_t)shape[a];
+    if (shape[a] == 0) empty = true;
+    else if (numel > SIZE_MAX / (size_t)shape[a]) numel = SIZE_MAX; /* only compared with THRESHOLD */
+    else numel *= (size_t)shape[a];
   }
-  if (numel == 0) return tg_xstrdup("[]");
+  if (empty) return tg_xstrdup("[]");
   if (!data) {
     tg_set_error(TG_ERR_INVALID, "format_array: data is NULL");
     return NULL;

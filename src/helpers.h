@@ -81,7 +81,8 @@ bool dtype_valid(tg_dtype dt);            /* a real dtype (not DEFAULT, in range
  * half/bfloat16 -> float32, else itself. */
 tg_dtype dtype_sum_acc(tg_dtype dt);
 tg_dtype dtype_from_name(const char *name); /* "float32"/"float"/"half"/... -> dtype; 0 if unknown */
-/* Minimum/maximum finite value of a dtype, as double (for max/min reductions identities). */
+/* Smallest/largest value of a dtype as double (tinygrad dtype.min/max, the identities of max/min
+ * reductions): -inf/+inf for floats, the integer limits for ints, 0/1 for bool. */
 double dtype_min(tg_dtype dt);
 double dtype_max(tg_dtype dt);
 /* Converting between host values and element storage. */

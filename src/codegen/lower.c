@@ -169,11 +169,20 @@ LKernel *lower_kernel(UOp *ast) {
   } else {
     k->value = uop_ref(store->src[2]);
   }
+  int ng0 = k->ng, nr0 = k->nr;
   drop_unit(k, k->granges, &k->ng);
   drop_unit(k, k->rranges, &k->nr);
+  int ng1 = k->ng, nr1 = k->nr;
   if (getenv_int("NOOPT", 0) == 0) {
     merge_all(k, k->granges, &k->ng);
     merge_all(k, k->rranges, &k->nr);
+  }
+  if (debug_level() >= 3) {
+    fprintf(stderr, "opts: loops %d global + %d reduce; dropped %d size-1; merged to", ng0, nr0, (ng0 - ng1) + (nr0 - nr1));
+    for (int i = 0; i < k->ng; i++) fprintf(stderr, " %lld", (long long)k->granges[i]->iarg[0]);
+    fprintf(stderr, " |");
+    for (int i = 0; i < k->nr; i++) fprintf(stderr, " %lld", (long long)k->rranges[i]->iarg[0]);
+    fprintf(stderr, "%s\n", getenv_int("NOOPT", 0) ? " (NOOPT)" : "");
   }
   return k;
 }

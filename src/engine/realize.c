@@ -124,7 +124,14 @@ tg_status realize_uops(UOp **targets, int n) {
   Schedule s;
   int *tbuf = tg_xmalloc(sizeof(int) * (size_t)m);
   tg_status st = schedule_build(&s, todo, m, tbuf);
+  tg_counters before = g_counters;
+  double t0 = now_seconds();
   if (st == TG_OK) st = run_schedule(&s);
+  if (debug_level() >= 2)
+    fprintf(stderr, "realize: %d items, %llu kernels, %.3f MFLOP, %.3f MB moved, %.3f ms\n", s.nitems,
+            (unsigned long long)(g_counters.kernel_count - before.kernel_count),
+            (double)(g_counters.global_ops - before.global_ops) * 1e-6,
+            (double)(g_counters.global_mem - before.global_mem) * 1e-6, (now_seconds() - t0) * 1e3);
   if (st == TG_OK) {
     for (int i = 0; i < m; i++) {
       UOp *t = todo[i];

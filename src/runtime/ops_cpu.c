@@ -47,6 +47,7 @@ static const char *const CPU_CFLAGS[] = {"-shared",
                                          "-march=native",
                                          "-fno-math-errno",
                                          "-ffp-contract=fast",
+                                         "-fwrapv",
                                          "-fno-stack-protector",
                                          "-w",
                                          "-pipe"};
