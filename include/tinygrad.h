@@ -295,6 +295,28 @@ tg_tensor tg_squeeze(tg_tensor x, int dim);
 tg_tensor tg_matmul(tg_tensor x, tg_tensor y);
 
 /* ---------------------------------------------------------------------------------------------- */
+/* autograd                                                                                        */
+
+/* Marks t as a leaf whose gradient tg_backward computes (also settable with tg_opts.requires_grad).
+ * Returns t. */
+tg_tensor tg_set_requires_grad(tg_tensor t, bool requires_grad);
+bool tg_requires_grad(tg_tensor t);
+/* Reverse-mode differentiation of a scalar float loss. For every live tensor with requires_grad that
+ * the loss depends on, adds d loss / d t to t's gradient (gradients accumulate until tg_zero_grad).
+ * Gradients are lazy: they realize when read or when tg_realize is called on tg_grad(t).
+ * Error if the loss is not a scalar or does not depend on any tensor that requires grad. */
+tg_status tg_backward(tg_tensor loss);
+/* A new handle to t's accumulated gradient, or none (with no error) if it has none. */
+tg_tensor tg_grad(tg_tensor t);
+/* Drops t's gradient. */
+void tg_zero_grad(tg_tensor t);
+/* Replaces t's gradient (none clears it). Shapes must match. */
+tg_status tg_set_grad(tg_tensor t, tg_tensor grad);
+/* d loss / d targets[i] into out[i] (new handles) without touching any tensor's gradient.
+ * Error if a target is not connected to the loss through differentiable ops. */
+tg_status tg_gradient(tg_tensor loss, const tg_tensor *targets, int n, tg_tensor *out);
+
+/* ---------------------------------------------------------------------------------------------- */
 /* settings, counters, debugging                                                                   */
 
 /* Reads an integer setting: a Context override if one is active, else the environment variable,

@@ -58,22 +58,38 @@ static const struct {
   const char *name;
   tg_dtype dt;
 } dtype_names[] = {
-    {"bool", TG_BOOL},           {"int8", TG_INT8},
-    {"char", TG_INT8},           {"signed char", TG_INT8},
-    {"int16", TG_INT16},         {"short", TG_INT16},
-    {"int32", TG_INT32},         {"int", TG_INT32},
-    {"int64", TG_INT64},         {"long", TG_INT64},
-    {"long long", TG_INT64},     {"uint8", TG_UINT8},
-    {"uchar", TG_UINT8},         {"unsigned char", TG_UINT8},
-    {"uint16", TG_UINT16},       {"ushort", TG_UINT16},
-    {"unsigned short", TG_UINT16}, {"uint32", TG_UINT32},
-    {"uint", TG_UINT32},         {"unsigned int", TG_UINT32},
-    {"uint64", TG_UINT64},       {"ulong", TG_UINT64},
-    {"unsigned long", TG_UINT64}, {"unsigned long long", TG_UINT64},
-    {"float16", TG_FLOAT16},     {"half", TG_FLOAT16},
-    {"bfloat16", TG_BFLOAT16},   {"__bf16", TG_BFLOAT16},
-    {"float32", TG_FLOAT32},     {"float", TG_FLOAT32},
-    {"float64", TG_FLOAT64},     {"double", TG_FLOAT64},
+    {"bool", TG_BOOL},
+    {"int8", TG_INT8},
+    {"char", TG_INT8},
+    {"signed char", TG_INT8},
+    {"int16", TG_INT16},
+    {"short", TG_INT16},
+    {"int32", TG_INT32},
+    {"int", TG_INT32},
+    {"int64", TG_INT64},
+    {"long", TG_INT64},
+    {"long long", TG_INT64},
+    {"uint8", TG_UINT8},
+    {"uchar", TG_UINT8},
+    {"unsigned char", TG_UINT8},
+    {"uint16", TG_UINT16},
+    {"ushort", TG_UINT16},
+    {"unsigned short", TG_UINT16},
+    {"uint32", TG_UINT32},
+    {"uint", TG_UINT32},
+    {"unsigned int", TG_UINT32},
+    {"uint64", TG_UINT64},
+    {"ulong", TG_UINT64},
+    {"unsigned long", TG_UINT64},
+    {"unsigned long long", TG_UINT64},
+    {"float16", TG_FLOAT16},
+    {"half", TG_FLOAT16},
+    {"bfloat16", TG_BFLOAT16},
+    {"__bf16", TG_BFLOAT16},
+    {"float32", TG_FLOAT32},
+    {"float", TG_FLOAT32},
+    {"float64", TG_FLOAT64},
+    {"double", TG_FLOAT64},
 };
 
 tg_dtype dtype_from_name(const char *name) {
@@ -115,8 +131,8 @@ static const unsigned lattice_up[NODE_COUNT] = {
 
 /* The lattice's total order used to pick the least of the common supertypes (tinygrad's DType
  * priority; it differs from the enum order: uint8 ranks between int8 and int16). */
-static const int lattice_order[] = {TG_BOOL,   TG_INT8,   TG_UINT8,      TG_INT16,     TG_UINT16,
-                                    TG_INT32,  TG_UINT32, TG_INT64,      TG_UINT64,    NODE_WEAKFLOAT,
+static const int lattice_order[] = {TG_BOOL,    TG_INT8,     TG_UINT8,   TG_INT16,  TG_UINT16,
+                                    TG_INT32,   TG_UINT32,   TG_INT64,   TG_UINT64, NODE_WEAKFLOAT,
                                     TG_FLOAT16, TG_BFLOAT16, TG_FLOAT32, TG_FLOAT64};
 
 static unsigned lattice_closure(int node) {
@@ -149,12 +165,16 @@ tg_dtype dtype_sum_acc(tg_dtype dt) {
   switch (dt) {
   case TG_BOOL:
   case TG_INT8:
-  case TG_INT16: return TG_INT32;
+  case TG_INT16:
+    return TG_INT32;
   case TG_UINT8:
-  case TG_UINT16: return TG_UINT32;
+  case TG_UINT16:
+    return TG_UINT32;
   case TG_FLOAT16:
-  case TG_BFLOAT16: return TG_FLOAT32;
-  default: return dt;
+  case TG_BFLOAT16:
+    return TG_FLOAT32;
+  default:
+    return dt;
   }
 }
 
@@ -162,39 +182,58 @@ tg_dtype dtype_sum_acc(tg_dtype dt) {
  * ints, 0/1 for bool. int64/uint64 limits are not exact in double (they round to +-2^63 / 2^64). */
 double dtype_min(tg_dtype dt) {
   switch (dt) {
-  case TG_BOOL: return 0;
-  case TG_INT8: return INT8_MIN;
-  case TG_INT16: return INT16_MIN;
-  case TG_INT32: return INT32_MIN;
-  case TG_INT64: return (double)INT64_MIN;
+  case TG_BOOL:
+    return 0;
+  case TG_INT8:
+    return INT8_MIN;
+  case TG_INT16:
+    return INT16_MIN;
+  case TG_INT32:
+    return INT32_MIN;
+  case TG_INT64:
+    return (double)INT64_MIN;
   case TG_UINT8:
   case TG_UINT16:
   case TG_UINT32:
-  case TG_UINT64: return 0;
+  case TG_UINT64:
+    return 0;
   case TG_FLOAT16:
   case TG_BFLOAT16:
   case TG_FLOAT32:
-  case TG_FLOAT64: return -INFINITY;
-  default: return 0;
+  case TG_FLOAT64:
+    return -INFINITY;
+  default:
+    return 0;
   }
 }
 
 double dtype_max(tg_dtype dt) {
   switch (dt) {
-  case TG_BOOL: return 1;
-  case TG_INT8: return INT8_MAX;
-  case TG_INT16: return INT16_MAX;
-  case TG_INT32: return INT32_MAX;
-  case TG_INT64: return (double)INT64_MAX;
-  case TG_UINT8: return UINT8_MAX;
-  case TG_UINT16: return UINT16_MAX;
-  case TG_UINT32: return UINT32_MAX;
-  case TG_UINT64: return (double)UINT64_MAX;
+  case TG_BOOL:
+    return 1;
+  case TG_INT8:
+    return INT8_MAX;
+  case TG_INT16:
+    return INT16_MAX;
+  case TG_INT32:
+    return INT32_MAX;
+  case TG_INT64:
+    return (double)INT64_MAX;
+  case TG_UINT8:
+    return UINT8_MAX;
+  case TG_UINT16:
+    return UINT16_MAX;
+  case TG_UINT32:
+    return UINT32_MAX;
+  case TG_UINT64:
+    return (double)UINT64_MAX;
   case TG_FLOAT16:
   case TG_BFLOAT16:
   case TG_FLOAT32:
-  case TG_FLOAT64: return INFINITY;
-  default: return 0;
+  case TG_FLOAT64:
+    return INFINITY;
+  default:
+    return 0;
   }
 }
 
@@ -230,7 +269,7 @@ static uint16_t round_to_small_float(double d, int ebits, int mbits) {
     shift = 52 - mbits;
     base = (uint32_t)(e + bias) << mbits;
     if (e + bias >= (1 << ebits) - 1) return sign | exp_all; /* overflow */
-    m &= (1ULL << 52) - 1;                                    /* implicit bit lives in base */
+    m &= (1ULL << 52) - 1;                                   /* implicit bit lives in base */
   } else {
     shift = 52 - mbits + (1 - bias - e);
     base = 0;
@@ -251,9 +290,12 @@ static double small_float_to_double(uint16_t h, int ebits, int mbits) {
   int mant = h & ((1 << mbits) - 1);
   int bias = (1 << (ebits - 1)) - 1;
   double v;
-  if (exp_field == (1 << ebits) - 1) v = mant ? NAN : INFINITY;
-  else if (exp_field == 0) v = ldexp(mant, 1 - bias - mbits);
-  else v = ldexp(mant | (1 << mbits), exp_field - bias - mbits);
+  if (exp_field == (1 << ebits) - 1)
+    v = mant ? NAN : INFINITY;
+  else if (exp_field == 0)
+    v = ldexp(mant, 1 - bias - mbits);
+  else
+    v = ldexp(mant | (1 << mbits), exp_field - bias - mbits);
   return sign ? -v : v;
 }
 
@@ -298,35 +340,93 @@ static double i64_to_double_sticky(int64_t v) {
 
 static void store_bits(tg_dtype dt, void *dst, uint64_t bits) {
   switch (dtype_table[dt].itemsize) {
-  case 1: { uint8_t x = (uint8_t)bits; memcpy(dst, &x, 1); break; }
-  case 2: { uint16_t x = (uint16_t)bits; memcpy(dst, &x, 2); break; }
-  case 4: { uint32_t x = (uint32_t)bits; memcpy(dst, &x, 4); break; }
-  default: memcpy(dst, &bits, 8); break;
+  case 1: {
+    uint8_t x = (uint8_t)bits;
+    memcpy(dst, &x, 1);
+    break;
+  }
+  case 2: {
+    uint16_t x = (uint16_t)bits;
+    memcpy(dst, &x, 2);
+    break;
+  }
+  case 4: {
+    uint32_t x = (uint32_t)bits;
+    memcpy(dst, &x, 4);
+    break;
+  }
+  default:
+    memcpy(dst, &bits, 8);
+    break;
   }
 }
 
 void dtype_store(tg_dtype dt, void *dst, double v) {
   TG_ASSERT(dtype_valid(dt));
   switch (dt) {
-  case TG_BOOL: { uint8_t b = v != 0; memcpy(dst, &b, 1); return; } /* NaN is true, as in C */
-  case TG_FLOAT16: { uint16_t h = round_to_small_float(v, 5, 10); memcpy(dst, &h, 2); return; }
-  case TG_BFLOAT16: { uint16_t h = round_to_small_float(v, 8, 7); memcpy(dst, &h, 2); return; }
-  case TG_FLOAT32: { float f = (float)v; memcpy(dst, &f, 4); return; }
-  case TG_FLOAT64: memcpy(dst, &v, 8); return;
-  case TG_UINT64: store_bits(dt, dst, double_to_u64_bits(v)); return;
-  default: store_bits(dt, dst, (uint64_t)double_to_i64(v)); return;
+  case TG_BOOL: {
+    uint8_t b = v != 0;
+    memcpy(dst, &b, 1);
+    return;
+  } /* NaN is true, as in C */
+  case TG_FLOAT16: {
+    uint16_t h = round_to_small_float(v, 5, 10);
+    memcpy(dst, &h, 2);
+    return;
+  }
+  case TG_BFLOAT16: {
+    uint16_t h = round_to_small_float(v, 8, 7);
+    memcpy(dst, &h, 2);
+    return;
+  }
+  case TG_FLOAT32: {
+    float f = (float)v;
+    memcpy(dst, &f, 4);
+    return;
+  }
+  case TG_FLOAT64:
+    memcpy(dst, &v, 8);
+    return;
+  case TG_UINT64:
+    store_bits(dt, dst, double_to_u64_bits(v));
+    return;
+  default:
+    store_bits(dt, dst, (uint64_t)double_to_i64(v));
+    return;
   }
 }
 
 void dtype_store_i64(tg_dtype dt, void *dst, int64_t v) {
   TG_ASSERT(dtype_valid(dt));
   switch (dt) {
-  case TG_BOOL: { uint8_t b = v != 0; memcpy(dst, &b, 1); return; }
-  case TG_FLOAT16: { uint16_t h = round_to_small_float(i64_to_double_sticky(v), 5, 10); memcpy(dst, &h, 2); return; }
-  case TG_BFLOAT16: { uint16_t h = round_to_small_float(i64_to_double_sticky(v), 8, 7); memcpy(dst, &h, 2); return; }
-  case TG_FLOAT32: { float f = (float)v; memcpy(dst, &f, 4); return; }
-  case TG_FLOAT64: { double d = (double)v; memcpy(dst, &d, 8); return; }
-  default: store_bits(dt, dst, (uint64_t)v); return; /* wraps modulo 2^bits */
+  case TG_BOOL: {
+    uint8_t b = v != 0;
+    memcpy(dst, &b, 1);
+    return;
+  }
+  case TG_FLOAT16: {
+    uint16_t h = round_to_small_float(i64_to_double_sticky(v), 5, 10);
+    memcpy(dst, &h, 2);
+    return;
+  }
+  case TG_BFLOAT16: {
+    uint16_t h = round_to_small_float(i64_to_double_sticky(v), 8, 7);
+    memcpy(dst, &h, 2);
+    return;
+  }
+  case TG_FLOAT32: {
+    float f = (float)v;
+    memcpy(dst, &f, 4);
+    return;
+  }
+  case TG_FLOAT64: {
+    double d = (double)v;
+    memcpy(dst, &d, 8);
+    return;
+  }
+  default:
+    store_bits(dt, dst, (uint64_t)v);
+    return; /* wraps modulo 2^bits */
   }
 }
 
@@ -335,16 +435,67 @@ static int64_t load_int_raw(tg_dtype dt, const void *src, uint64_t *as_unsigned)
   int64_t s = 0;
   uint64_t u = 0;
   switch (dt) {
-  case TG_BOOL: { uint8_t x; memcpy(&x, src, 1); u = x != 0; s = (int64_t)u; break; }
-  case TG_INT8: { int8_t x; memcpy(&x, src, 1); s = x; u = (uint64_t)s; break; }
-  case TG_INT16: { int16_t x; memcpy(&x, src, 2); s = x; u = (uint64_t)s; break; }
-  case TG_INT32: { int32_t x; memcpy(&x, src, 4); s = x; u = (uint64_t)s; break; }
-  case TG_INT64: { memcpy(&s, src, 8); u = (uint64_t)s; break; }
-  case TG_UINT8: { uint8_t x; memcpy(&x, src, 1); u = x; s = (int64_t)u; break; }
-  case TG_UINT16: { uint16_t x; memcpy(&x, src, 2); u = x; s = (int64_t)u; break; }
-  case TG_UINT32: { uint32_t x; memcpy(&x, src, 4); u = x; s = (int64_t)u; break; }
-  case TG_UINT64: { memcpy(&u, src, 8); s = (int64_t)u; break; }
-  default: TG_ASSERT(0 && "not an integer dtype");
+  case TG_BOOL: {
+    uint8_t x;
+    memcpy(&x, src, 1);
+    u = x != 0;
+    s = (int64_t)u;
+    break;
+  }
+  case TG_INT8: {
+    int8_t x;
+    memcpy(&x, src, 1);
+    s = x;
+    u = (uint64_t)s;
+    break;
+  }
+  case TG_INT16: {
+    int16_t x;
+    memcpy(&x, src, 2);
+    s = x;
+    u = (uint64_t)s;
+    break;
+  }
+  case TG_INT32: {
+    int32_t x;
+    memcpy(&x, src, 4);
+    s = x;
+    u = (uint64_t)s;
+    break;
+  }
+  case TG_INT64: {
+    memcpy(&s, src, 8);
+    u = (uint64_t)s;
+    break;
+  }
+  case TG_UINT8: {
+    uint8_t x;
+    memcpy(&x, src, 1);
+    u = x;
+    s = (int64_t)u;
+    break;
+  }
+  case TG_UINT16: {
+    uint16_t x;
+    memcpy(&x, src, 2);
+    u = x;
+    s = (int64_t)u;
+    break;
+  }
+  case TG_UINT32: {
+    uint32_t x;
+    memcpy(&x, src, 4);
+    u = x;
+    s = (int64_t)u;
+    break;
+  }
+  case TG_UINT64: {
+    memcpy(&u, src, 8);
+    s = (int64_t)u;
+    break;
+  }
+  default:
+    TG_ASSERT(0 && "not an integer dtype");
   }
   if (as_unsigned) *as_unsigned = u;
   return s;
@@ -353,12 +504,33 @@ static int64_t load_int_raw(tg_dtype dt, const void *src, uint64_t *as_unsigned)
 double dtype_load(tg_dtype dt, const void *src) {
   TG_ASSERT(dtype_valid(dt));
   switch (dt) {
-  case TG_FLOAT16: { uint16_t h; memcpy(&h, src, 2); return small_float_to_double(h, 5, 10); }
-  case TG_BFLOAT16: { uint16_t h; memcpy(&h, src, 2); return bf16_to_float(h); }
-  case TG_FLOAT32: { float f; memcpy(&f, src, 4); return f; }
-  case TG_FLOAT64: { double d; memcpy(&d, src, 8); return d; }
-  case TG_UINT64: { uint64_t u; load_int_raw(dt, src, &u); return (double)u; }
-  default: return (double)load_int_raw(dt, src, NULL);
+  case TG_FLOAT16: {
+    uint16_t h;
+    memcpy(&h, src, 2);
+    return small_float_to_double(h, 5, 10);
+  }
+  case TG_BFLOAT16: {
+    uint16_t h;
+    memcpy(&h, src, 2);
+    return bf16_to_float(h);
+  }
+  case TG_FLOAT32: {
+    float f;
+    memcpy(&f, src, 4);
+    return f;
+  }
+  case TG_FLOAT64: {
+    double d;
+    memcpy(&d, src, 8);
+    return d;
+  }
+  case TG_UINT64: {
+    uint64_t u;
+    load_int_raw(dt, src, &u);
+    return (double)u;
+  }
+  default:
+    return (double)load_int_raw(dt, src, NULL);
   }
 }
 

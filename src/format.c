@@ -203,14 +203,20 @@ typedef struct {
   FloatKind kind;
 } Source;
 
-static double elem_f(const Source *src, size_t i) { return dtype_load(src->dt, src->data + i * src->itemsize); }
-static int64_t elem_i(const Source *src, size_t i) { return dtype_load_i64(src->dt, src->data + i * src->itemsize); }
+static double elem_f(const Source *src, size_t i) {
+  return dtype_load(src->dt, src->data + i * src->itemsize);
+}
+static int64_t elem_i(const Source *src, size_t i) {
+  return dtype_load_i64(src->dt, src->data + i * src->itemsize);
+}
 
 static char *int_text(const Source *src, size_t i) {
   char buf[32];
   int64_t v = elem_i(src, i);
-  if (src->dt == TG_UINT64) snprintf(buf, sizeof buf, "%llu", (unsigned long long)(uint64_t)v);
-  else snprintf(buf, sizeof buf, "%lld", (long long)v);
+  if (src->dt == TG_UINT64)
+    snprintf(buf, sizeof buf, "%llu", (unsigned long long)(uint64_t)v);
+  else
+    snprintf(buf, sizeof buf, "%lld", (long long)v);
   return tg_xstrdup(buf);
 }
 
@@ -264,7 +270,8 @@ static size_t *shown_offsets(const Layout *L, size_t *count) {
   size_t *pos = tg_xcalloc((size_t)L->ndim + 1, sizeof *pos);
   for (size_t k = 0; k < n; k++) {
     size_t off = 0;
-    for (int a = 0; a < L->ndim; a++) off = off * (size_t)L->shape[a] + (size_t)shown_index(L, L->shape[a], pos[a]);
+    for (int a = 0; a < L->ndim; a++)
+      off = off * (size_t)L->shape[a] + (size_t)shown_index(L, L->shape[a], pos[a]);
     offs[k] = off;
     for (int a = L->ndim - 1; a >= 0; a--) {
       if (++pos[a] < shown_count(L, L->shape[a])) break;
@@ -314,8 +321,14 @@ static char **format_floats(const Source *src, const size_t *offs, size_t n) {
   int exp_size = 2;
   for (size_t i = 0; i < n; i++) {
     double v = elem_f(src, offs[i]);
-    if (isnan(v)) { pc[i].special = 1; continue; }
-    if (isinf(v)) { pc[i].special = v < 0 ? 3 : 2; continue; }
+    if (isnan(v)) {
+      pc[i].special = 1;
+      continue;
+    }
+    if (isinf(v)) {
+      pc[i].special = v < 0 ? 3 : 2;
+      continue;
+    }
     if (sci) {
       scientific(v, src->kind, PRECISION + 1, &pc[i]);
       if (count_digits(pc[i].exp10) > exp_size) exp_size = count_digits(pc[i].exp10);
@@ -475,12 +488,16 @@ char *format_array(const void *data, tg_dtype dt, const int64_t *shape, int ndim
   bool empty = false;
   for (int a = 0; a < ndim; a++) {
     if (shape[a] < 0) {
-      tg_set_error(TG_ERR_INVALID, "format_array: negative dimension %lld at axis %d", (long long)shape[a], a);
+      tg_set_error(TG_ERR_INVALID, "format_array: negative dimension %lld at axis %d", (long long)shape[a],
+                   a);
       return NULL;
     }
-    if (shape[a] == 0) empty = true;
-    else if (numel > SIZE_MAX / (size_t)shape[a]) numel = SIZE_MAX; /* only compared with THRESHOLD */
-    else numel *= (size_t)shape[a];
+    if (shape[a] == 0)
+      empty = true;
+    else if (numel > SIZE_MAX / (size_t)shape[a])
+      numel = SIZE_MAX; /* only compared with THRESHOLD */
+    else
+      numel *= (size_t)shape[a];
   }
   if (empty) return tg_xstrdup("[]");
   if (!data) {

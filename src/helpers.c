@@ -215,12 +215,13 @@ static const char *ctx_lookup(const char *name) {
   return NULL;
 }
 
-/* Whole-string integer (decimal, or 0x.. hex), surrounding whitespace allowed; false if invalid. */
+/* Whole-string decimal integer (as Python's int(): "010" is 10), surrounding whitespace allowed;
+ * false if invalid. */
 static bool parse_int(const char *s, int64_t *out) {
   if (!s) return false;
   char *end;
   errno = 0;
-  long long v = strtoll(s, &end, 0);
+  long long v = strtoll(s, &end, 10);
   if (end == s || errno == ERANGE) return false;
   while (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r') end++;
   if (*end) return false;
@@ -279,8 +280,7 @@ tg_status tg_context_set(const char *name, const char *value) {
     return tg_set_error(TG_ERR_INVALID, "tg_context_set: name and value must be non-empty strings");
   ThreadState *ts = tl_state;
   if (!ts || ts->nlevels == 0)
-    return tg_set_error(TG_ERR_INVALID,
-                        "tg_context_set: no open context (call tg_context_begin first)");
+    return tg_set_error(TG_ERR_INVALID, "tg_context_set: no open context (call tg_context_begin first)");
   CtxLevel *lv = &ts->levels[ts->nlevels - 1];
   grow((void **)&lv->pairs, &lv->cap, lv->n + 1, sizeof *lv->pairs);
   lv->pairs[lv->n].name = tg_xstrdup(name);
@@ -378,8 +378,8 @@ char *sb_take(SB *b) {
  * folds the halves, so every input bit reaches every output bit within two steps. Not for hostile
  * inputs; used for hash-consing and cache keys. */
 
-static const uint64_t HK0 = 0xa0761d6478bd642fULL, HK1 = 0xe7037ed1a0b428dbULL,
-                      HK2 = 0x8ebc6af09c88c6e3ULL, HK3 = 0x589965cc75374cc3ULL;
+static const uint64_t HK0 = 0xa0761d6478bd642fULL, HK1 = 0xe7037ed1a0b428dbULL, HK2 = 0x8ebc6af09c88c6e3ULL,
+                      HK3 = 0x589965cc75374cc3ULL;
 
 static inline uint64_t mulfold(uint64_t a, uint64_t b) {
   __uint128_t r = (__uint128_t)a * b;

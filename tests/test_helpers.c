@@ -81,12 +81,12 @@ TEST(error_and_context_are_thread_local) {
 TEST(getenv_reads_environment_once) {
   setenv("TG_TEST_ENV_INT", "42", 1);
   setenv("TG_TEST_ENV_BAD", "4x2", 1);
-  setenv("TG_TEST_ENV_HEX", "0x10", 1);
+  setenv("TG_TEST_ENV_OCT", " 010 ", 1);
   setenv("TG_TEST_ENV_STR", "hello", 1);
   CHECK(getenv_int("TG_TEST_ENV_INT", -1) == 42);
   CHECK(tg_getenv_int("TG_TEST_ENV_INT", -1) == 42);
   CHECK(getenv_int("TG_TEST_ENV_BAD", -1) == -1);
-  CHECK(getenv_int("TG_TEST_ENV_HEX", -1) == 16);
+  CHECK(getenv_int("TG_TEST_ENV_OCT", -1) == 10); /* decimal, like int() */
   CHECK(getenv_int("TG_TEST_ENV_UNSET", 7) == 7);
   CHECK(strcmp(getenv_str("TG_TEST_ENV_STR", "x"), "hello") == 0);
   CHECK(strcmp(getenv_str("TG_TEST_ENV_UNSET", "dflt"), "dflt") == 0);
@@ -179,8 +179,8 @@ TEST(default_float) {
 /* ---- dtypes ---- */
 
 TEST(dtype_table) {
-  static const char *names[] = {"default", "bool", "char", "short", "int", "long", "uchar", "ushort",
-                                "uint", "ulong", "half", "bfloat16", "float", "double"};
+  static const char *names[] = {"default", "bool", "char",  "short", "int",      "long",  "uchar",
+                                "ushort",  "uint", "ulong", "half",  "bfloat16", "float", "double"};
   static const size_t sizes[] = {0, 1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2, 4, 8};
   for (int d = 0; d < TG_DTYPE_COUNT; d++) {
     CHECK_MSG(strcmp(tg_dtype_name((tg_dtype)d), names[d]) == 0, "dtype %d name %s", d,
@@ -214,17 +214,27 @@ TEST(dtype_promotion) {
   struct {
     tg_dtype a, b, want;
   } cases[] = {
-      {TG_INT32, TG_FLOAT16, TG_FLOAT16},   {TG_BOOL, TG_INT8, TG_INT8},
-      {TG_UINT8, TG_INT8, TG_INT16},        {TG_FLOAT16, TG_BFLOAT16, TG_FLOAT32},
-      {TG_UINT32, TG_INT32, TG_INT64},      {TG_UINT8, TG_INT16, TG_INT16},
-      {TG_INT16, TG_UINT16, TG_INT32},      {TG_UINT16, TG_INT32, TG_INT32},
-      {TG_UINT32, TG_INT64, TG_INT64},      {TG_BOOL, TG_UINT8, TG_UINT8},
-      {TG_BOOL, TG_BOOL, TG_BOOL},          {TG_FLOAT16, TG_FLOAT32, TG_FLOAT32},
-      {TG_FLOAT32, TG_FLOAT64, TG_FLOAT64}, {TG_INT64, TG_FLOAT16, TG_FLOAT16},
-      {TG_UINT64, TG_BFLOAT16, TG_BFLOAT16}, {TG_UINT8, TG_UINT64, TG_UINT64},
-      {TG_BOOL, TG_FLOAT64, TG_FLOAT64},    {TG_INT8, TG_INT64, TG_INT64},
+      {TG_INT32, TG_FLOAT16, TG_FLOAT16},
+      {TG_BOOL, TG_INT8, TG_INT8},
+      {TG_UINT8, TG_INT8, TG_INT16},
+      {TG_FLOAT16, TG_BFLOAT16, TG_FLOAT32},
+      {TG_UINT32, TG_INT32, TG_INT64},
+      {TG_UINT8, TG_INT16, TG_INT16},
+      {TG_INT16, TG_UINT16, TG_INT32},
+      {TG_UINT16, TG_INT32, TG_INT32},
+      {TG_UINT32, TG_INT64, TG_INT64},
+      {TG_BOOL, TG_UINT8, TG_UINT8},
+      {TG_BOOL, TG_BOOL, TG_BOOL},
+      {TG_FLOAT16, TG_FLOAT32, TG_FLOAT32},
+      {TG_FLOAT32, TG_FLOAT64, TG_FLOAT64},
+      {TG_INT64, TG_FLOAT16, TG_FLOAT16},
+      {TG_UINT64, TG_BFLOAT16, TG_BFLOAT16},
+      {TG_UINT8, TG_UINT64, TG_UINT64},
+      {TG_BOOL, TG_FLOAT64, TG_FLOAT64},
+      {TG_INT8, TG_INT64, TG_INT64},
       /* a signed int meets uint64 only at the (weak) float: the default float */
-      {TG_UINT64, TG_INT64, TG_FLOAT32},    {TG_INT8, TG_UINT64, TG_FLOAT32},
+      {TG_UINT64, TG_INT64, TG_FLOAT32},
+      {TG_INT8, TG_UINT64, TG_FLOAT32},
   };
   tg_context_begin(); /* the test must not depend on DEFAULT_FLOAT in the environment */
   tg_context_set("DEFAULT_FLOAT", "float32");
@@ -287,32 +297,35 @@ TEST(half_bits) {
   uint16_t n = float_to_half(NAN);
   CHECK((n & 0x7c00) == 0x7c00 && (n & 0x3ff) != 0);
   CHECK(float_to_half(0.0f) == 0x0000 && float_to_half(-0.0f) == 0x8000);
-  CHECK(float_to_half(ldexpf(1, -24)) == 0x0001);   /* smallest subnormal */
-  CHECK(float_to_half(ldexpf(1, -25)) == 0x0000);   /* tie between 0 and 2^-24: even */
-  CHECK(float_to_half(ldexpf(3, -26)) == 0x0001);   /* 0.75 * 2^-24 rounds up */
-  CHECK(float_to_half(ldexpf(3, -25)) == 0x0002);   /* 1.5 * 2^-24: tie to even (2) */
-  CHECK(float_to_half(ldexpf(1, -14)) == 0x0400);   /* smallest normal */
-  CHECK(float_to_half(ldexpf(1023, -24)) == 0x03ff); /* largest subnormal */
-  CHECK(float_to_half(1.0f + ldexpf(1, -11)) == 0x3c00);     /* tie, even stays */
-  CHECK(float_to_half(1.0f + ldexpf(3, -11)) == 0x3c02);     /* tie, odd rounds up */
+  CHECK(float_to_half(ldexpf(1, -24)) == 0x0001);                         /* smallest subnormal */
+  CHECK(float_to_half(ldexpf(1, -25)) == 0x0000);                         /* tie between 0 and 2^-24: even */
+  CHECK(float_to_half(ldexpf(3, -26)) == 0x0001);                         /* 0.75 * 2^-24 rounds up */
+  CHECK(float_to_half(ldexpf(3, -25)) == 0x0002);                         /* 1.5 * 2^-24: tie to even (2) */
+  CHECK(float_to_half(ldexpf(1, -14)) == 0x0400);                         /* smallest normal */
+  CHECK(float_to_half(ldexpf(1023, -24)) == 0x03ff);                      /* largest subnormal */
+  CHECK(float_to_half(1.0f + ldexpf(1, -11)) == 0x3c00);                  /* tie, even stays */
+  CHECK(float_to_half(1.0f + ldexpf(3, -11)) == 0x3c02);                  /* tie, odd rounds up */
   CHECK(float_to_half(1.0f + ldexpf(1, -11) + ldexpf(1, -20)) == 0x3c01); /* above the tie */
   CHECK(float_to_half(0.1f) == 0x2e66);
   CHECK(half_to_float(0x3c00) == 1.0f && half_to_float(0x7bff) == 65504.0f);
-  CHECK(half_to_float(0x0001) == ldexpf(1, -24) && half_to_float(0x8000) == 0.0f && signbit(half_to_float(0x8000)));
+  CHECK(half_to_float(0x0001) == ldexpf(1, -24) && half_to_float(0x8000) == 0.0f &&
+        signbit(half_to_float(0x8000)));
   CHECK(isinf(half_to_float(0xfc00)) && half_to_float(0xfc00) < 0 && isnan(half_to_float(0x7e00)));
   int bad = 0;
   for (uint32_t h = 0; h < 65536; h++) {
     float f = half_to_float((uint16_t)h);
-    if (isnan(f)) bad += !isnan(half_to_float(float_to_half(f)));
-    else bad += float_to_half(f) != h;
+    if (isnan(f))
+      bad += !isnan(half_to_float(float_to_half(f)));
+    else
+      bad += float_to_half(f) != h;
   }
   CHECK(bad == 0);
 }
 
 TEST(bf16_bits) {
   CHECK(float_to_bf16(1.0f) == 0x3f80 && float_to_bf16(-2.0f) == 0xc000);
-  CHECK(float_to_bf16(1.0f + ldexpf(1, -8)) == 0x3f80);  /* tie, even stays */
-  CHECK(float_to_bf16(1.0f + ldexpf(3, -8)) == 0x3f82);  /* tie, odd rounds up */
+  CHECK(float_to_bf16(1.0f + ldexpf(1, -8)) == 0x3f80); /* tie, even stays */
+  CHECK(float_to_bf16(1.0f + ldexpf(3, -8)) == 0x3f82); /* tie, odd rounds up */
   CHECK(float_to_bf16(1.0f + ldexpf(1, -8) + ldexpf(1, -20)) == 0x3f81);
   CHECK(float_to_bf16(INFINITY) == 0x7f80 && float_to_bf16(-INFINITY) == 0xff80);
   CHECK(float_to_bf16(f32_from_bits(0x7f7fffff)) == 0x7f80); /* FLT_MAX rounds to inf */
@@ -325,8 +338,10 @@ TEST(bf16_bits) {
   int bad = 0;
   for (uint32_t h = 0; h < 65536; h++) {
     float f = bf16_to_float((uint16_t)h);
-    if (isnan(f)) bad += !isnan(bf16_to_float(float_to_bf16(f)));
-    else bad += float_to_bf16(f) != h;
+    if (isnan(f))
+      bad += !isnan(bf16_to_float(float_to_bf16(f)));
+    else
+      bad += float_to_bf16(f) != h;
   }
   CHECK(bad == 0);
 }
@@ -337,7 +352,8 @@ TEST(dtype_store_load) {
   unsigned char buf[8];
   for (int d = 1; d < TG_DTYPE_COUNT; d++) {
     dtype_store((tg_dtype)d, buf, 3.0);
-    CHECK_MSG(dtype_load((tg_dtype)d, buf) == (d == TG_BOOL ? 1.0 : 3.0), "dtype %s", tg_dtype_name((tg_dtype)d));
+    CHECK_MSG(dtype_load((tg_dtype)d, buf) == (d == TG_BOOL ? 1.0 : 3.0), "dtype %s",
+              tg_dtype_name((tg_dtype)d));
     CHECK(dtype_load_i64((tg_dtype)d, buf) == (d == TG_BOOL ? 1 : 3));
     dtype_store_i64((tg_dtype)d, buf, 5);
     CHECK(dtype_load_i64((tg_dtype)d, buf) == (d == TG_BOOL ? 1 : 5));

@@ -1,0 +1,392 @@
+/*
+ * autograd.c -- reverse-mode differentiation on the lazy graph.
+ *
+ * In: a scalar loss node and the nodes to differentiate with respect to. Out: lazy gradient nodes
+ * (graphs like any other: they fuse and realize later). One gradient rule per primitive op, written
+ * with the same graph builders as the forward ops, so a backward pass is just more graph.
+ * Invariants: gradients have the shape of the node they belong to; contributions from several
+ * consumers are summed; only nodes on a path from the loss to a target are visited.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../uop/ptrmap.h"
+#include "tensor.h"
+
+#define NONE ((tg_tensor){0})
+
+static UOp *kconst(UOp *like, double v, tg_dtype dt) { return g_const_shaped(v, dt, like->device, like->shape, like->ndim); }
+static UOp *bin(int op, UOp *a, UOp *b) { return g_alu(op, (tg_dtype)a->dtype, a, b, NULL); }
+static UOp *mulc(UOp *a, double c) {
+  UOp *k = kconst(a, c, (tg_dtype)a->dtype);
+  UOp *r = bin(OP_MUL, a, k);
+  uop_unref(k);
+  return r;
+}
+static UOp *neg(UOp *a) { return g_alu(OP_NEG, (tg_dtype)a->dtype, a, NULL, NULL); }
+static UOp *mul3(UOp *a, UOp *b) { return bin(OP_MUL, a, b); }
+
+/* Gradient contributions of node n (with output gradient g) to each source; out[i] NULL = none. */
+static void grad_rule(UOp *n, UOp *g, UOp **out) {
+  UOp *a = n->nsrc > 0 ? n->src[0] : NULL, *b = n->nsrc > 1 ? n->src[1] : NULL;
+  tg_dtype dt = (tg_dtype)n->dtype;
+  for (uint32_t i = 0; i < n->nsrc; i++) out[i] = NULL;
+  switch (n->op) {
+  case OP_ADD: out[0] = uop_ref(g), out[1] = uop_ref(g); break;
+  case OP_SUB: out[0] = uop_ref(g), out[1] = neg(g); break;
+  case OP_MUL: out[0] = mul3(g, b), out[1] = mul3(g, a); break;
+  case OP_FDIV: {
+    out[0] = bin(OP_FDIV, g, b);
+    UOp *t = bin(OP_FDIV, out[0], b), *u = mul3(t, a);
+    out[1] = neg(u);
+    uop_unref(t), uop_unref(u);
+    break;
+  }
+  case OP_MAX: {
+    /* ties split the gradient in half, as tinygrad does */
+    UOp *gt = g_alu(OP_CMPLT, TG_BOOL, b, a, NULL), *lt = g_alu(OP_CMPLT, TG_BOOL, a, b, NULL);
+    UOp *eq = g_alu(OP_CMPEQ, TG_BOOL, a, b, NULL);
+    UOp *half = mulc(g, 0.5), *z = kconst(g, 0, dt);
+    UOp *h = g_alu(OP_WHERE, dt, eq, half, z);
+    out[0] = g_alu(OP_WHERE, dt, gt, g, h);
+    out[1] = g_alu(OP_WHERE, dt, lt, g, h);
+    uop_unref(gt), uop_unref(lt), uop_unref(eq), uop_unref(half), uop_unref(z), uop_unref(h);
+    break;
+  }
+  case OP_POW: {
+    /* d/da a^b = b * a^(b-1); d/db a^b = a^b * log(a) */
+    UOp *one = kconst(b, 1, dt), *bm1 = bin(OP_SUB, b, one), *p = bin(OP_POW, a, bm1), *t = mul3(p, b);
+    out[0] = mul3(g, t);
+    UOp *l2 = g_alu(OP_LOG2, dt, a, NULL, NULL), *ln = mulc(l2, M_LN2), *t2 = mul3(n, ln);
+    /* a == 0 with b > 0 contributes 0 (not nan) to the exponent's gradient */
+    UOp *z = kconst(a, 0, dt), *az = g_alu(OP_CMPEQ, TG_BOOL, a, z, NULL), *t3 = g_alu(OP_WHERE, dt, az, z, t2);
+    out[1] = mul3(g, t3);
+    uop_unref(one), uop_unref(bm1), uop_unref(p), uop_unref(t), uop_unref(l2), uop_unref(ln), uop_unref(t2);
+    uop_unref(z), uop_unref(az), uop_unref(t3);
+    break;
+  }
+  case OP_WHERE: {
+    UOp *z = kconst(g, 0, dt);
+    out[1] = g_alu(OP_WHERE, dt, a, g, z);
+    out[2] = g_alu(OP_WHERE, dt, a, z, g);
+    uop_unref(z);
+    break;
+  }
+  case OP_NEG: out[0] = neg(g); break;
+  case OP_EXP2: {
+    UOp *t = mulc(n, M_LN2);
+    out[0] = mul3(g, t);
+    uop_unref(t);
+    break;
+  }
+  case OP_LOG2: {
+    UOp *t = mulc(a, M_LN2);
+    out[0] = bin(OP_FDIV, g, t);
+    uop_unref(t);
+    break;
+  }
+  case OP_SIN: {
+    /* cos(x) = sin(pi/2 - x) */
+    UOp *hp = kconst(a, M_PI / 2, dt), *d = bin(OP_SUB, hp, a), *c = g_alu(OP_SIN, dt, d, NULL, NULL);
+    out[0] = mul3(g, c);
+    uop_unref(hp), uop_unref(d), uop_unref(c);
+    break;
+  }
+  case OP_SQRT: {
+    UOp *t = mulc(n, 2);
+    out[0] = bin(OP_FDIV, g, t);
+    uop_unref(t);
+    break;
+  }
+  case OP_RECIP: {
+    UOp *sq = mul3(n, n), *t = mul3(g, sq);
+    out[0] = neg(t);
+    uop_unref(sq), uop_unref(t);
+    break;
+  }
+  case OP_CAST:
+    if (tg_dtype_is_float((tg_dtype)a->dtype)) out[0] = g_cast(g, (tg_dtype)a->dtype);
+    break;
+  case OP_TRUNC: out[0] = kconst(a, 0, (tg_dtype)a->dtype); break;
+  case OP_CONTIGUOUS: out[0] = uop_ref(g); break;
+  case OP_COPY: out[0] = g_copy(g, a->device); break;
+  case OP_RESHAPE: out[0] = g_reshape(g, a->shape, a->ndim); break;
+  case OP_PERMUTE: {
+    int64_t inv[64];
+    for (int i = 0; i < n->ndim; i++) inv[n->iarg[i]] = i;
+    out[0] = g_permute(g, inv);
+    break;
+  }
+  case OP_EXPAND: {
+    int64_t ax[64];
+    int na = 0;
+    for (int i = 0; i < n->ndim; i++)
+      if (a->shape[i] == 1 && n->shape[i] != 1) ax[na++] = i;
+    UOp *r = g_reduce(g, OP_ADD, ax, na);
+    out[0] = g_reshape(r, a->shape, a->ndim);
+    uop_unref(r);
+    break;
+  }
+  case OP_PAD: {
+    int64_t bd[128];
+    for (int i = 0; i < n->ndim; i++) bd[2 * i] = n->iarg[2 * i], bd[2 * i + 1] = n->iarg[2 * i] + a->shape[i];
+    out[0] = g_shrink(g, bd);
+    break;
+  }
+  case OP_SHRINK: {
+    int64_t pd[128];
+    for (int i = 0; i < n->ndim; i++) pd[2 * i] = n->iarg[2 * i], pd[2 * i + 1] = a->shape[i] - n->iarg[2 * i + 1];
+    out[0] = g_pad(g, pd);
+    break;
+  }
+  case OP_FLIP: out[0] = g_flip(g, n->iarg); break;
+  case OP_REDUCE_AXIS: {
+    UOp *ge = g_expand(g, a->shape);
+    if (n->arg.i == OP_ADD) {
+      out[0] = ge;
+    } else if (n->arg.i == OP_MUL) {
+      UOp *gr = mul3(g, n), *gre = g_expand(gr, a->shape);
+      out[0] = bin(OP_FDIV, gre, a);
+      uop_unref(gr), uop_unref(gre), uop_unref(ge);
+    } else {
+      /* MAX: the gradient goes to the maxima, split evenly between ties */
+      UOp *re = g_expand(n, a->shape), *eq = g_alu(OP_CMPEQ, TG_BOOL, a, re, NULL), *m = g_cast(eq, dt);
+      UOp *cnt = g_reduce(m, OP_ADD, n->iarg, (int)n->niarg), *ce = g_expand(cnt, a->shape);
+      UOp *t = mul3(ge, m);
+      out[0] = bin(OP_FDIV, t, ce);
+      uop_unref(re), uop_unref(eq), uop_unref(m), uop_unref(cnt), uop_unref(ce), uop_unref(t), uop_unref(ge);
+    }
+    break;
+  }
+  default: break; /* comparisons, bitwise, integer ops, BUFFER, CONST: no gradient */
+  }
+}
+
+typedef struct {
+  PtrMap idx;   /* node -> position + 1 in order */
+  PtrVec order; /* post-order (sources first) */
+} Topo;
+
+static void topo_visit(Topo *t, UOp *u) {
+  if (pm_has(&t->idx, (uint64_t)(uintptr_t)u)) return;
+  pm_put(&t->idx, (uint64_t)(uintptr_t)u, (void *)(intptr_t)-1);
+  UOp *r = u;
+  if (u->op != OP_ASSIGN)
+    for (uint32_t i = 0; i < r->nsrc; i++) topo_visit(t, r->src[i]);
+  pv_push(&t->order, u);
+  pm_put(&t->idx, (uint64_t)(uintptr_t)u, (void *)(intptr_t)t->order.n);
+}
+
+/* Computes d loss / d targets[i] into out[i] (new refs; NULL if unreachable). Returns 0 or -1. */
+static int compute_grads(const char *fn, UOp *loss, UOp *seed, UOp **targets, int n, UOp **out) {
+  Topo t;
+  memset(&t, 0, sizeof t);
+  topo_visit(&t, loss);
+  /* nodes on a path to a target */
+  PtrMap on_path;
+  pm_init(&on_path);
+  for (int i = 0; i < n; i++) pm_put(&on_path, (uint64_t)(uintptr_t)targets[i], (void *)1);
+  for (size_t i = 0; i < t.order.n; i++) {
+    UOp *u = t.order.p[i];
+    if (u->op == OP_ASSIGN) continue;
+    for (uint32_t j = 0; j < u->nsrc; j++)
+      if (pm_has(&on_path, (uint64_t)(uintptr_t)u->src[j])) pm_put(&on_path, (uint64_t)(uintptr_t)u, (void *)1);
+  }
+  PtrMap grads; /* node -> owned grad */
+  pm_init(&grads);
+  pm_put(&grads, (uint64_t)(uintptr_t)loss, uop_ref(seed));
+  for (size_t k = t.order.n; k-- > 0;) {
+    UOp *u = t.order.p[k];
+    UOp *g = pm_get(&grads, (uint64_t)(uintptr_t)u);
+    if (!g || u->op == OP_ASSIGN || !pm_has(&on_path, (uint64_t)(uintptr_t)u)) continue;
+    bool is_target = false;
+    for (int i = 0; i < n; i++) is_target = is_target || targets[i] == u;
+    if (is_target && u->op == OP_BUFFER) continue;
+    UOp *contrib[3] = {NULL, NULL, NULL};
+    if (u->nsrc > 3 || u->op == OP_BUFFER || u->op == OP_CONST) continue;
+    grad_rule(u, g, contrib);
+    for (uint32_t j = 0; j < u->nsrc; j++) {
+      UOp *c = contrib[j];
+      if (!c) continue;
+      UOp *s = u->src[j];
+      if (!pm_has(&on_path, (uint64_t)(uintptr_t)s)) {
+        uop_unref(c);
+        continue;
+      }
+      UOp *prev = pm_get(&grads, (uint64_t)(uintptr_t)s);
+      if (prev) {
+        UOp *sum = bin(OP_ADD, prev, c);
+        uop_unref(prev), uop_unref(c);
+        pm_put(&grads, (uint64_t)(uintptr_t)s, sum);
+      } else {
+        pm_put(&grads, (uint64_t)(uintptr_t)s, c);
+      }
+    }
+  }
+  int rc = 0;
+  for (int i = 0; i < n; i++) {
+    UOp *g = pm_get(&grads, (uint64_t)(uintptr_t)targets[i]);
+    out[i] = g ? uop_ref(g) : NULL;
+  }
+  for (size_t i = 0; i < grads.cap; i++)
+    if (grads.keys[i]) uop_unref(grads.vals[i]);
+  pm_free(&grads);
+  pm_free(&on_path);
+  pm_free(&t.idx);
+  pv_free(&t.order);
+  (void)fn;
+  return rc;
+}
+
+static UOp *loss_seed(const char *fn, UOp *l) {
+  if (shape_numel(l->shape, l->ndim) != 1) {
+    char b[256];
+    tg_set_error(TG_ERR_INVALID, "%s: loss of shape %s is not a scalar; reduce it first (e.g. tg_sum or tg_mean)", fn,
+                 fmt_shape(b, sizeof b, l->shape, l->ndim));
+    return NULL;
+  }
+  if (!tg_dtype_is_float((tg_dtype)l->dtype)) {
+    tg_set_error(TG_ERR_INVALID, "%s: loss has dtype %s; only float tensors can be differentiated", fn, tg_dtype_name((tg_dtype)l->dtype));
+    return NULL;
+  }
+  return kconst(l, 1.0, (tg_dtype)l->dtype);
+}
+
+tg_status tg_gradient(tg_tensor loss, const tg_tensor *targets, int n, tg_tensor *out) {
+  UOp *l = t_get(loss, "tg_gradient");
+  if (!l) return TG_ERR_HANDLE;
+  if (n < 0 || (n > 0 && (!targets || !out))) return tg_set_error(TG_ERR_INVALID, "tg_gradient: targets/out NULL or n=%d < 0", n);
+  UOp **ts = tg_xmalloc(sizeof(UOp *) * (size_t)(n + 1)), **gs = tg_xmalloc(sizeof(UOp *) * (size_t)(n + 1));
+  for (int i = 0; i < n; i++) {
+    ts[i] = t_get(targets[i], "tg_gradient");
+    if (!ts[i]) {
+      free(ts), free(gs);
+      return TG_ERR_HANDLE;
+    }
+  }
+  UOp *seed = loss_seed("tg_gradient", l);
+  if (!seed) {
+    free(ts), free(gs);
+    return TG_ERR_INVALID;
+  }
+  compute_grads("tg_gradient", l, seed, ts, n, gs);
+  uop_unref(seed);
+  tg_status st = TG_OK;
+  for (int i = 0; i < n; i++) {
+    if (!gs[i]) {
+      char b[256];
+      if (st == TG_OK)
+        st = tg_set_error(TG_ERR_INVALID, "tg_gradient: target %d (shape %s) is not connected to the loss through differentiable ops", i,
+                          fmt_shape(b, sizeof b, ts[i]->shape, ts[i]->ndim));
+      out[i] = NONE;
+    } else {
+      out[i] = t_wrap(gs[i]);
+    }
+  }
+  if (st != TG_OK)
+    for (int i = 0; i < n; i++) {
+      tg_free(out[i]);
+      out[i] = NONE;
+    }
+  free(ts), free(gs);
+  return st;
+}
+
+tg_status tg_backward(tg_tensor loss) {
+  UOp *l = t_get(loss, "tg_backward");
+  if (!l) return TG_ERR_HANDLE;
+  UOp *seed = loss_seed("tg_backward", l);
+  if (!seed) return TG_ERR_INVALID;
+  /* targets: live tensors that require grad and appear in the loss graph */
+  Topo t;
+  memset(&t, 0, sizeof t);
+  topo_visit(&t, l);
+  PtrVec slots = {0};
+  PtrVec nodes = {0};
+  for (size_t i = 0; i < t_slot_count(); i++) {
+    Slot *s = t_slot_at(i);
+    if (s->scope < 0 || !s->requires_grad || !pm_has(&t.idx, (uint64_t)(uintptr_t)s->u)) continue;
+    pv_push(&slots, s);
+    pv_push(&nodes, s->u);
+  }
+  pm_free(&t.idx);
+  pv_free(&t.order);
+  tg_status st = TG_OK;
+  if (nodes.n == 0) {
+    st = tg_set_error(TG_ERR_INVALID, "tg_backward: the loss does not depend on any tensor with requires_grad set");
+  } else {
+    UOp **gs = tg_xmalloc(sizeof(UOp *) * nodes.n);
+    compute_grads("tg_backward", l, seed, (UOp **)nodes.p, (int)nodes.n, gs);
+    size_t got = 0;
+    for (size_t i = 0; i < nodes.n; i++) {
+      Slot *s = slots.p[i];
+      if (!gs[i]) continue;
+      got++;
+      if (s->grad) {
+        UOp *sum = bin(OP_ADD, s->grad, gs[i]);
+        uop_unref(s->grad), uop_unref(gs[i]);
+        s->grad = sum;
+      } else {
+        s->grad = gs[i];
+      }
+    }
+    if (!got) st = tg_set_error(TG_ERR_INVALID, "tg_backward: no tensor with requires_grad is reachable from the loss through differentiable ops");
+    free(gs);
+  }
+  uop_unref(seed);
+  pv_free(&slots);
+  pv_free(&nodes);
+  return st;
+}
+
+tg_tensor tg_set_requires_grad(tg_tensor t, bool requires_grad) {
+  Slot *s = t_slot(t);
+  if (!s) {
+    t_get(t, "tg_set_requires_grad");
+    return NONE;
+  }
+  s->requires_grad = requires_grad;
+  return t;
+}
+
+bool tg_requires_grad(tg_tensor t) {
+  Slot *s = t_slot(t);
+  return s && s->requires_grad;
+}
+
+tg_tensor tg_grad(tg_tensor t) {
+  Slot *s = t_slot(t);
+  if (!s) {
+    t_get(t, "tg_grad");
+    return NONE;
+  }
+  return s->grad ? t_wrap(uop_ref(s->grad)) : NONE;
+}
+
+void tg_zero_grad(tg_tensor t) {
+  Slot *s = t_slot(t);
+  if (!s) return;
+  uop_unref(s->grad);
+  s->grad = NULL;
+}
+
+tg_status tg_set_grad(tg_tensor t, tg_tensor grad) {
+  Slot *s = t_slot(t);
+  if (!s) return t_get(t, "tg_set_grad"), TG_ERR_HANDLE;
+  UOp *g = NULL;
+  if (grad.id) {
+    g = t_get(grad, "tg_set_grad");
+    if (!g) return TG_ERR_HANDLE;
+    if (g->ndim != s->u->ndim || (g->ndim && memcmp(g->shape, s->u->shape, sizeof(int64_t) * (size_t)g->ndim))) {
+      char a[256], b[256];
+      return tg_set_error(TG_ERR_INVALID, "tg_set_grad: grad shape %s does not match tensor shape %s", fmt_shape(a, sizeof a, g->shape, g->ndim),
+                          fmt_shape(b, sizeof b, s->u->shape, s->u->ndim));
+    }
+    uop_ref(g);
+  }
+  uop_unref(s->grad);
+  s->grad = g;
+  return TG_OK;
+}

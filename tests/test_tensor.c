@@ -1,0 +1,751 @@
+/*
+ * test_tensor.c -- the public tensor API through include/tinygrad.h only: handles, scopes and
+ * lifetimes, creation (every dtype, blobs, constants, ranges, random numbers), dtype promotion and
+ * DEFAULT_FLOAT, a few value checks of each primitive family (the PyTorch differential tests do the
+ * exhaustive comparison), realize / devices / assign, reading data out and numpy-style printing,
+ * errors (each names the function and the offending shapes or values; the library keeps working
+ * afterwards) and Context / GlobalCounters.
+ *
+ * Every test runs inside BEGIN/END: END closes the test's scope and checks that tg_live_count() is
+ * back where it started and that no error was left recorded.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tinygrad.h"
+#include "test.h"
+
+/* ---------------------------------------------------------------------------------------------- */
+/* helpers                                                                                         */
+
+#define BEGIN                                                                                      \
+  size_t tt_live0 = tg_live_count();                                                               \
+  tg_clear_error();                                                                                \
+  tg_scope_begin()
+
+#define END                                                                                        \
+  do {                                                                                             \
+    tg_scope_end();                                                                                \
+    CHECK_MSG(tg_live_count() == tt_live0, "live handles %zu, expected %zu", tg_live_count(),      \
+              tt_live0);                                                                           \
+    CHECK_MSG(tg_last_error() == NULL, "unexpected error left: %s", tg_last_error());              \
+    tg_clear_error();                                                                              \
+  } while (0)
+
+/* Checks that an error was recorded with `status` and a message containing each needle; clears it. */
+#define CHECK_ERR(status, ...)                                                                     \
+  do {                                                                                             \
+    CHECK_MSG(tg_last_status() == (status), "status %d, expected %d (%s)", (int)tg_last_status(),  \
+              (int)(status), tg_last_error() ? tg_last_error() : "no error");                      \
+    const char *tt_needles[] = {__VA_ARGS__};                                                      \
+    for (size_t tt_i = 0; tt_i < sizeof tt_needles / sizeof tt_needles[0]; tt_i++)                 \
+      CHECK_STR_CONTAINS(tg_last_error(), tt_needles[tt_i]);                                       \
+    tg_clear_error();                                                                              \
+  } while (0)
+
+#define NONE_T ((tg_tensor){0})
+#define F32 TG_OPTS(.dtype = TG_FLOAT32)
+#define I32 TG_OPTS(.dtype = TG_INT32)
+
+static tg_tensor f32(const float *v, const int64_t *shape, int ndim) { return tg_from_data(v, shape, ndim, F32); }
+
+/* Reads a float32 tensor of at most 4096 elements into out; returns the element count or -1. */
+static int64_t readf(tg_tensor t, float *out) {
+  int64_t n = tg_numel(t);
+  if (n < 0 || n > 4096 || tg_dtype_of(t) != TG_FLOAT32) return -1;
+  if (tg_data(t, out, (size_t)n * sizeof(float)) != TG_OK) return -1;
+  return n;
+}
+
+/* Checks that t (any dtype) holds `n` values close to `want` (converted through float64). */
+static void check_values_at(const char *file, int line, tg_tensor t, const double *want, int64_t n, double tol) {
+  tg_dtype dt = tg_dtype_of(t);
+  int64_t got_n = tg_numel(t);
+  if (got_n != n || dt == TG_DTYPE_DEFAULT) {
+    tt_failed_checks++;
+    fprintf(stderr, "  FAIL %s:%d: numel %lld, expected %lld (%s)\n", file, line, (long long)got_n, (long long)n,
+            tg_last_error() ? tg_last_error() : "");
+    return;
+  }
+  size_t isz = tg_dtype_itemsize(dt);
+  unsigned char *buf = malloc((size_t)n * isz + 1);
+  tg_status st = tg_data(t, buf, (size_t)n * isz);
+  if (st != TG_OK) {
+    tt_failed_checks++;
+    fprintf(stderr, "  FAIL %s:%d: tg_data failed: %s\n", file, line, tg_last_error() ? tg_last_error() : "?");
+    free(buf);
+    return;
+  }
+  for (int64_t i = 0; i < n; i++) {
+    double v = 0;
+    unsigned char *p = buf + (size_t)i * isz;
+    switch (dt) {
+    case TG_BOOL: v = *(bool *)p; break;
+    case TG_INT8: v = *(int8_t *)p; break;
+    case TG_INT16: v = *(int16_t *)p; break;
+    case TG_INT32: v = *(int32_t *)p; break;
+    case TG_INT64: v = (double)*(int64_t *)p; break;
+    case TG_UINT8: v = *(uint8_t *)p; break;
+    case TG_UINT16: v = *(uint16_t *)p; break;
+    case TG_UINT32: v = *(uint32_t *)p; break;
+    case TG_UINT64: v = (double)*(uint64_t *)p; break;
+    case TG_FLOAT32: v = *(float *)p; break;
+    case TG_FLOAT64: v = *(double *)p; break;
+    case TG_FLOAT16: {
+      uint16_t h;
+      memcpy(&h, p, 2);
+      int e = (h >> 10) & 31, m = h & 1023;
+      double mag = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
+      v = (h & 0x8000) ? -mag : mag;
+      break;
+    }
+    case TG_BFLOAT16: {
+      uint16_t h;
+      memcpy(&h, p, 2);
+      uint32_t b = (uint32_t)h << 16;
+      float f;
+      memcpy(&f, &b, 4);
+      v = f;
+      break;
+    }
+    default: break;
+    }
+    double w = want[i];
+    bool ok = (isnan(w) && isnan(v)) || v == w || fabs(v - w) <= tol * (1.0 + fabs(w));
+    if (!ok) {
+      tt_failed_checks++;
+      fprintf(stderr, "  FAIL %s:%d: element %lld = %.9g, expected %.9g (%s)\n", file, line, (long long)i, v, w,
+              tg_dtype_name(dt));
+      break;
+    }
+  }
+  free(buf);
+}
+#define CHECK_VALUES(t, tol, ...)                                                                  \
+  do {                                                                                             \
+    const double tt_w[] = {__VA_ARGS__};                                                           \
+    check_values_at(__FILE__, __LINE__, (t), tt_w, (int64_t)(sizeof tt_w / sizeof tt_w[0]), (tol)); \
+  } while (0)
+
+static bool same_shape(tg_tensor t, const int64_t *shape, int ndim) {
+  int64_t s[64];
+  if (tg_shape(t, s) != ndim) return false;
+  return ndim == 0 || memcmp(s, shape, sizeof(int64_t) * (size_t)ndim) == 0;
+}
+#define CHECK_SHAPE(t, ...) CHECK(same_shape((t), TG_SHAPE(__VA_ARGS__)))
+
+static uint64_t kernels(void) { return tg_global_counters().kernel_count; }
+
+/* float -> IEEE half bits for values exactly representable as normal halves (or zero) */
+static uint16_t to_half(float f) {
+  uint32_t b;
+  memcpy(&b, &f, 4);
+  uint16_t sign = (uint16_t)((b >> 16) & 0x8000);
+  if ((b & 0x7fffffff) == 0) return sign;
+  int e = (int)((b >> 23) & 255) - 127 + 15;
+  return (uint16_t)(sign | (e << 10) | ((b >> 13) & 1023));
+}
+static uint16_t to_bf16(float f) {
+  uint32_t b;
+  memcpy(&b, &f, 4);
+  return (uint16_t)(b >> 16);
+}
+
+/* Stores value v (small integers, exactly representable in every dtype) as dtype dt at p. */
+static void store_as(tg_dtype dt, void *p, double v) {
+  switch (dt) {
+  case TG_BOOL: *(bool *)p = v != 0; break;
+  case TG_INT8: *(int8_t *)p = (int8_t)v; break;
+  case TG_INT16: *(int16_t *)p = (int16_t)v; break;
+  case TG_INT32: *(int32_t *)p = (int32_t)v; break;
+  case TG_INT64: *(int64_t *)p = (int64_t)v; break;
+  case TG_UINT8: *(uint8_t *)p = (uint8_t)v; break;
+  case TG_UINT16: *(uint16_t *)p = (uint16_t)v; break;
+  case TG_UINT32: *(uint32_t *)p = (uint32_t)v; break;
+  case TG_UINT64: *(uint64_t *)p = (uint64_t)v; break;
+  case TG_FLOAT16: *(uint16_t *)p = to_half((float)v); break;
+  case TG_BFLOAT16: *(uint16_t *)p = to_bf16((float)v); break;
+  case TG_FLOAT32: *(float *)p = (float)v; break;
+  case TG_FLOAT64: *(double *)p = v; break;
+  default: break;
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* handles and lifetimes                                                                           */
+
+TEST(scope_end_frees_handles) {
+  size_t live0 = tg_live_count();
+  tg_clear_error();
+  tg_scope_begin();
+  tg_tensor a = tg_ones(TG_SHAPE(3), NULL);
+  tg_tensor b = tg_add_s(a, 1);
+  CHECK(tg_valid(a) && tg_valid(b));
+  CHECK(tg_live_count() == live0 + 2);
+  tg_scope_end();
+  CHECK(tg_live_count() == live0);
+  CHECK(!tg_valid(a));
+  CHECK(!tg_valid(b));
+  CHECK(tg_last_error() == NULL);
+}
+
+TEST(nested_scopes_and_keep) {
+  BEGIN;
+  size_t base = tg_live_count();
+  tg_scope_begin(); /* outer */
+  tg_tensor outer = tg_full(TG_SHAPE(2), 3.0, NULL);
+  tg_scope_begin(); /* inner */
+  tg_tensor tmp = tg_add_s(outer, 1);
+  tg_tensor kept = tg_keep(tg_mul(tmp, tmp)); /* moves to outer */
+  CHECK(kept.id != 0);
+  tg_scope_end(); /* inner: frees tmp only */
+  CHECK(!tg_valid(tmp));
+  CHECK(tg_valid(kept));
+  CHECK_VALUES(kept, 0, 16, 16);
+  CHECK(tg_live_count() == base + 2);
+  tg_scope_end(); /* outer: frees outer and kept */
+  CHECK(!tg_valid(kept));
+  CHECK(!tg_valid(outer));
+  CHECK(tg_live_count() == base);
+  /* keep in the root scope is harmless */
+  tg_tensor r = tg_ones(TG_SHAPE(1), NULL);
+  CHECK(tg_keep(r).id == r.id);
+  END;
+}
+
+TEST(keep_moves_exactly_one_level) {
+  BEGIN;
+  tg_scope_begin(); /* level A */
+  tg_scope_begin(); /* level B */
+  tg_scope_begin(); /* level C */
+  tg_tensor t = tg_keep(tg_ones(TG_SHAPE(2), NULL)); /* C -> B */
+  tg_scope_end();                                    /* C */
+  CHECK(tg_valid(t));
+  tg_scope_end(); /* B: t dies here */
+  CHECK(!tg_valid(t));
+  tg_scope_end(); /* A */
+  END;
+}
+
+TEST(persist_and_free) {
+  BEGIN;
+  size_t base = tg_live_count();
+  tg_tensor p;
+  tg_scope_begin();
+  tg_scope_begin();
+  p = tg_persist(tg_arange(0, 4, 1, NULL));
+  tg_scope_end();
+  tg_scope_end();
+  CHECK(tg_valid(p));
+  CHECK(tg_live_count() == base + 1);
+  CHECK_VALUES(p, 0, 0, 1, 2, 3);
+  tg_free(p);
+  CHECK(!tg_valid(p));
+  CHECK(tg_live_count() == base);
+  tg_free(p);        /* double free of a stale handle: no-op */
+  tg_free(NONE_T);   /* none: no-op */
+  CHECK(tg_live_count() == base);
+  END;
+}
+
+TEST(stale_handle_errors_name_function) {
+  BEGIN;
+  tg_tensor a = tg_ones(TG_SHAPE(2), NULL);
+  tg_tensor b = tg_ones(TG_SHAPE(2), NULL);
+  tg_free(a);
+  tg_tensor c = tg_add(a, b);
+  CHECK(c.id == 0);
+  CHECK_ERR(TG_ERR_HANDLE, "tg_add: stale tensor handle");
+
+  tg_tensor s;
+  tg_scope_begin();
+  s = tg_ones(TG_SHAPE(2), NULL);
+  tg_scope_end();
+  CHECK(tg_mul(b, s).id == 0);
+  CHECK_ERR(TG_ERR_HANDLE, "tg_mul: stale tensor handle");
+  CHECK(tg_realize(s) == TG_ERR_HANDLE);
+  CHECK_ERR(TG_ERR_HANDLE, "stale");
+  float out[2];
+  CHECK(tg_data(s, out, sizeof out) == TG_ERR_HANDLE);
+  CHECK_ERR(TG_ERR_HANDLE, "tg_data: stale tensor handle");
+  CHECK(tg_numel(s) == -1);
+  CHECK_ERR(TG_ERR_HANDLE, "tg_numel");
+  CHECK(tg_ndim(s) == -1);
+  CHECK_ERR(TG_ERR_HANDLE, "tg_ndim");
+  CHECK(tg_dtype_of(s) == TG_DTYPE_DEFAULT);
+  CHECK_ERR(TG_ERR_HANDLE, "tg_dtype_of");
+  CHECK(tg_device_of(s) == NULL);
+  CHECK_ERR(TG_ERR_HANDLE, "tg_device_of");
+  CHECK(!tg_is_realized(s));
+  tg_clear_error();
+  CHECK(tg_keep(s).id == 0);
+  CHECK_ERR(TG_ERR_HANDLE, "tg_keep");
+  CHECK(tg_persist(s).id == 0);
+  CHECK_ERR(TG_ERR_HANDLE, "tg_persist");
+  /* a handle whose slot was reused by a new tensor is still stale (generations) */
+  tg_tensor fresh = tg_zeros(TG_SHAPE(2), NULL);
+  CHECK(fresh.id != s.id);
+  CHECK(!tg_valid(s));
+  CHECK_VALUES(fresh, 0, 0, 0);
+  /* a made-up handle */
+  CHECK(tg_neg((tg_tensor){0xdeadbeef12345ull}).id == 0);
+  CHECK_ERR(TG_ERR_HANDLE, "tg_neg");
+  END;
+}
+
+TEST(none_propagates_through_chain) {
+  BEGIN;
+  tg_tensor x = tg_ones(TG_SHAPE(3, 4), NULL);
+  tg_tensor y = tg_ones(TG_SHAPE(5), NULL);
+  tg_tensor bad = tg_add(x, y); /* first error */
+  CHECK(bad.id == 0);
+  tg_tensor r = tg_sum(tg_exp(tg_mul_s(tg_relu(bad), 2)), TG_ALL_AXES, false);
+  CHECK(r.id == 0);
+  CHECK(tg_realize(r) == TG_ERR_HANDLE);
+  float out[1];
+  CHECK(tg_data(r, out, sizeof out) < 0);
+  double d;
+  CHECK(tg_item(r, &d) < 0);
+  CHECK(tg_to_string(r) == NULL);
+  /* the recorded error is still the root cause */
+  CHECK_ERR(TG_ERR_INVALID, "tg_add: shapes (3, 4) and (5,) cannot broadcast");
+  /* a none operand without an earlier error says so */
+  CHECK(tg_neg(NONE_T).id == 0);
+  CHECK_ERR(TG_ERR_HANDLE, "tg_neg", "none");
+  END;
+}
+
+TEST(free_temporary_keeps_result) {
+  BEGIN;
+  const float v[] = {1, 2, 3, 4};
+  tg_tensor a = f32(v, TG_SHAPE(4));
+  tg_tensor b = tg_add_s(a, 1);
+  tg_tensor c = tg_mul(b, a);
+  tg_free(a);
+  tg_free(b);
+  CHECK(!tg_valid(a) && !tg_valid(b));
+  CHECK_VALUES(c, 0, 2, 6, 12, 20);
+  /* freeing the source of a realized result, and a result of a realized source */
+  tg_tensor d = tg_from_data(v, TG_SHAPE(2, 2), F32);
+  tg_tensor e = tg_contiguous(tg_transpose(d, 0, 1));
+  CHECK(tg_realize(e) == TG_OK);
+  tg_free(d);
+  CHECK_VALUES(e, 0, 1, 3, 2, 4);
+  END;
+}
+
+TEST(live_count_exact) {
+  BEGIN;
+  size_t n0 = tg_live_count();
+  tg_tensor a = tg_ones(TG_SHAPE(2), NULL);
+  CHECK(tg_live_count() == n0 + 1);
+  tg_tensor b = tg_add(a, a);
+  CHECK(tg_live_count() == n0 + 2);
+  /* failed ops create no handle */
+  tg_tensor c = tg_reshape(b, TG_SHAPE(3));
+  CHECK(c.id == 0);
+  CHECK(tg_live_count() == n0 + 2);
+  tg_clear_error();
+  /* realize and data do not create handles */
+  CHECK(tg_realize(b) == TG_OK);
+  CHECK_VALUES(b, 0, 2, 2);
+  CHECK(tg_live_count() == n0 + 2);
+  tg_free(b);
+  CHECK(tg_live_count() == n0 + 1);
+  END;
+}
+
+TEST(scope_end_unbalanced_is_error) {
+  size_t live0 = tg_live_count();
+  tg_clear_error();
+  tg_scope_end(); /* no scope is open in this test */
+  CHECK_ERR(TG_ERR_INVALID, "tg_scope_end");
+  CHECK(tg_live_count() == live0);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* creation                                                                                        */
+
+TEST(from_data_every_dtype_round_trip) {
+  BEGIN;
+  const double vals[6] = {0, 1, 2, 3, 100, 7};
+  const double svals[6] = {0, 1, -2, 3, -100, 7};
+  for (int d = TG_BOOL; d < TG_DTYPE_COUNT; d++) {
+    tg_dtype dt = (tg_dtype)d;
+    size_t isz = tg_dtype_itemsize(dt);
+    CHECK(isz > 0);
+    bool sgn = !tg_dtype_is_unsigned(dt) && dt != TG_BOOL;
+    double want[6];
+    unsigned char in[6 * 8], out[6 * 8 + 8];
+    for (int i = 0; i < 6; i++) {
+      want[i] = dt == TG_BOOL ? (vals[i] != 0) : sgn ? svals[i] : vals[i];
+      store_as(dt, in + (size_t)i * isz, want[i]);
+    }
+    tg_tensor t = tg_from_data(in, TG_SHAPE(2, 3), TG_OPTS(.dtype = dt));
+    CHECK_MSG(t.id != 0, "%s: %s", tg_dtype_name(dt), tg_last_error());
+    CHECK(tg_dtype_of(t) == dt);
+    CHECK_SHAPE(t, 2, 3);
+    CHECK(tg_is_realized(t));
+    memset(out, 0xAB, sizeof out);
+    CHECK(tg_data(t, out, 6 * isz) == TG_OK);
+    CHECK_MSG(memcmp(in, out, 6 * isz) == 0, "bytes differ for %s", tg_dtype_name(dt));
+    CHECK(out[6 * isz] == 0xAB); /* no write past nbytes */
+    /* through a generated kernel: a flipped, transposed copy of every dtype */
+    tg_tensor f = tg_contiguous(tg_flip(tg_transpose(t, 0, 1), TG_AXES(0)));
+    double wf[6];
+    for (int r = 0; r < 3; r++)
+      for (int c = 0; c < 2; c++) wf[r * 2 + c] = want[c * 3 + (2 - r)];
+    check_values_at(__FILE__, __LINE__, f, wf, 6, 0);
+    CHECK(tg_dtype_of(f) == dt);
+  }
+  END;
+}
+
+TEST(from_data_zero_size_and_scalar) {
+  BEGIN;
+  tg_tensor e = tg_from_data(NULL, TG_SHAPE(0, 3), F32);
+  CHECK(e.id != 0);
+  CHECK(tg_numel(e) == 0);
+  CHECK(tg_data(e, NULL, 0) == TG_OK);
+  tg_tensor es = tg_sum(e, TG_AXES(0), false);
+  CHECK_SHAPE(es, 3);
+  CHECK_VALUES(es, 0, 0, 0, 0);
+  const int32_t seven = 7;
+  tg_tensor s = tg_from_data(&seven, NULL, 0, I32);
+  CHECK(tg_ndim(s) == 0);
+  CHECK(tg_numel(s) == 1);
+  int64_t iv = 0;
+  CHECK(tg_item_i64(s, &iv) == TG_OK && iv == 7);
+  END;
+}
+
+TEST(from_blob_zero_copy) {
+  BEGIN;
+  float buf[4] = {1, 2, 3, 4};
+  tg_tensor t = tg_from_blob(buf, TG_SHAPE(4), F32);
+  CHECK(t.id != 0);
+  CHECK(tg_is_realized(t));
+  tg_tensor y = tg_mul_s(t, 2);
+  buf[0] = 10; /* before realize: the kernel reads the caller's memory */
+  CHECK_VALUES(y, 0, 20, 4, 6, 8);
+  buf[1] = -1; /* the tensor itself always shows the current memory */
+  CHECK_VALUES(t, 0, 10, -1, 3, 4);
+  /* assign into a blob writes the caller's memory */
+  tg_tensor a = tg_assign(t, tg_add_s(tg_full_like(t, 5, NULL), 0.5));
+  CHECK(a.id == t.id);
+  CHECK(tg_realize(a) == TG_OK);
+  CHECK(buf[0] == 5.5f && buf[1] == 5.5f && buf[2] == 5.5f && buf[3] == 5.5f);
+  /* assign reading the blob itself */
+  tg_realize(tg_assign(t, tg_mul(t, t)));
+  CHECK_CLOSE(buf[3], 30.25, 1e-6);
+  CHECK_VALUES(t, 1e-6, 30.25, 30.25, 30.25, 30.25);
+  tg_tensor n = tg_from_blob(NULL, TG_SHAPE(2), F32);
+  CHECK(n.id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_from_blob", "NULL");
+  END;
+}
+
+TEST(empty_zeros_ones_full_like) {
+  BEGIN;
+  tg_tensor e = tg_empty(TG_SHAPE(2, 3), TG_OPTS(.dtype = TG_INT16));
+  CHECK_SHAPE(e, 2, 3);
+  CHECK(tg_dtype_of(e) == TG_INT16);
+  CHECK(tg_is_realized(e));
+  tg_tensor z = tg_zeros(TG_SHAPE(2, 2), NULL);
+  CHECK(tg_dtype_of(z) == TG_FLOAT32);
+  CHECK_VALUES(z, 0, 0, 0, 0, 0);
+  tg_tensor o = tg_ones(TG_SHAPE(3), TG_OPTS(.dtype = TG_UINT8));
+  CHECK(tg_dtype_of(o) == TG_UINT8);
+  CHECK_VALUES(o, 0, 1, 1, 1);
+  tg_tensor f = tg_full(TG_SHAPE(2), -2.5, TG_OPTS(.dtype = TG_FLOAT64));
+  CHECK_VALUES(f, 0, -2.5, -2.5);
+  tg_tensor fi = tg_full(TG_SHAPE(2), 7, I32);
+  CHECK_VALUES(fi, 0, 7, 7);
+  tg_tensor fs = tg_full(NULL, 0, 4.0, NULL);
+  CHECK(tg_ndim(fs) == 0);
+  CHECK_VALUES(fs, 0, 4);
+  /* _like: shape, dtype and device of the model unless opts override */
+  tg_tensor base = tg_empty(TG_SHAPE(2, 1, 3), TG_OPTS(.dtype = TG_INT64, .device = "CPU:1"));
+  tg_tensor zl = tg_zeros_like(base, NULL);
+  CHECK_SHAPE(zl, 2, 1, 3);
+  CHECK(tg_dtype_of(zl) == TG_INT64);
+  CHECK(strcmp(tg_device_of(zl), "CPU:1") == 0);
+  CHECK_VALUES(zl, 0, 0, 0, 0, 0, 0, 0);
+  tg_tensor ol = tg_ones_like(base, TG_OPTS(.dtype = TG_FLOAT16));
+  CHECK(tg_dtype_of(ol) == TG_FLOAT16);
+  CHECK_VALUES(ol, 0, 1, 1, 1, 1, 1, 1);
+  tg_tensor fl = tg_full_like(base, 9, TG_OPTS(.device = "CPU"));
+  CHECK(strcmp(tg_device_of(fl), "CPU") == 0);
+  CHECK(tg_dtype_of(fl) == TG_INT64);
+  CHECK_VALUES(fl, 0, 9, 9, 9, 9, 9, 9);
+  tg_tensor el = tg_empty_like(base, NULL);
+  CHECK_SHAPE(el, 2, 1, 3);
+  CHECK(tg_dtype_of(el) == TG_INT64);
+  /* constants are lazy and cost no buffer until used */
+  CHECK(!tg_is_realized(z));
+  /* requires_grad is accepted */
+  tg_tensor g = tg_ones(TG_SHAPE(2), TG_OPTS(.requires_grad = true));
+  CHECK(g.id != 0);
+  END;
+}
+
+TEST(eye_arange_linspace_scalar) {
+  BEGIN;
+  tg_tensor e = tg_eye(3, 0, NULL);
+  CHECK_SHAPE(e, 3, 3);
+  CHECK_VALUES(e, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1);
+  tg_tensor e2 = tg_eye(2, 4, I32);
+  CHECK_SHAPE(e2, 2, 4);
+  CHECK(tg_dtype_of(e2) == TG_INT32);
+  CHECK_VALUES(e2, 0, 1, 0, 0, 0, 0, 1, 0, 0);
+
+  tg_tensor a = tg_arange(0, 5, 1, NULL);
+  CHECK(tg_dtype_of(a) == TG_INT32);
+  CHECK_VALUES(a, 0, 0, 1, 2, 3, 4);
+  tg_tensor ad = tg_arange(5, 0, -2, NULL);
+  CHECK_VALUES(ad, 0, 5, 3, 1);
+  tg_tensor af = tg_arange(0, 1, 0.25, NULL);
+  CHECK(tg_dtype_of(af) == TG_FLOAT32);
+  CHECK_VALUES(af, 0, 0, 0.25, 0.5, 0.75);
+  tg_tensor af2 = tg_arange(-1.5, 1, 1, NULL);
+  CHECK(tg_dtype_of(af2) == TG_FLOAT32);
+  CHECK_VALUES(af2, 0, -1.5, -0.5, 0.5);
+  tg_tensor a64 = tg_arange(0, 3, 1, TG_OPTS(.dtype = TG_INT64));
+  CHECK(tg_dtype_of(a64) == TG_INT64);
+  CHECK_VALUES(a64, 0, 0, 1, 2);
+  tg_tensor a0 = tg_arange(3, 3, 1, NULL);
+  CHECK(tg_numel(a0) == 0);
+  CHECK(tg_arange(0, 1, 0, NULL).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_arange", "step");
+
+  tg_tensor l = tg_linspace(0, 1, 5, NULL);
+  CHECK(tg_dtype_of(l) == TG_FLOAT32);
+  CHECK_VALUES(l, 1e-7, 0, 0.25, 0.5, 0.75, 1);
+  tg_tensor l1 = tg_linspace(3, 9, 1, NULL);
+  CHECK_VALUES(l1, 0, 3);
+  tg_tensor ln = tg_linspace(2, -2, 3, TG_OPTS(.dtype = TG_FLOAT64));
+  CHECK_VALUES(ln, 0, 2, 0, -2);
+  CHECK(tg_linspace(0, 1, -1, NULL).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_linspace", "-1");
+
+  tg_tensor s = tg_scalar(3.5, NULL);
+  CHECK(tg_ndim(s) == 0);
+  CHECK(tg_dtype_of(s) == TG_FLOAT32);
+  double d = 0;
+  CHECK(tg_item(s, &d) == TG_OK && d == 3.5);
+  tg_tensor si = tg_scalar(-3, TG_OPTS(.dtype = TG_INT8));
+  int64_t i = 0;
+  CHECK(tg_item_i64(si, &i) == TG_OK && i == -3);
+  END;
+}
+
+static void stats(const float *v, int n, double *mean, double *sd, double *lo, double *hi) {
+  double s = 0, s2 = 0;
+  *lo = INFINITY, *hi = -INFINITY;
+  for (int i = 0; i < n; i++) {
+    s += v[i];
+    if (v[i] < *lo) *lo = v[i];
+    if (v[i] > *hi) *hi = v[i];
+  }
+  *mean = s / n;
+  for (int i = 0; i < n; i++) s2 += (v[i] - *mean) * (v[i] - *mean);
+  *sd = sqrt(s2 / n);
+}
+
+TEST(random_distributions) {
+  BEGIN;
+  enum { N = 4096 };
+  static float v[N];
+  double mean, sd, lo, hi;
+  tg_manual_seed(1234);
+  tg_tensor r = tg_rand(TG_SHAPE(64, 64), NULL);
+  CHECK_SHAPE(r, 64, 64);
+  CHECK(tg_dtype_of(r) == TG_FLOAT32);
+  CHECK(readf(r, v) == N);
+  stats(v, N, &mean, &sd, &lo, &hi);
+  CHECK(lo >= 0 && hi < 1);
+  CHECK_MSG(fabs(mean - 0.5) < 0.02, "rand mean %g", mean);
+  CHECK_MSG(fabs(sd - 0.288675) < 0.02, "rand std %g", sd);
+
+  tg_tensor n = tg_randn(TG_SHAPE(N), NULL);
+  CHECK(readf(n, v) == N);
+  stats(v, N, &mean, &sd, &lo, &hi);
+  CHECK_MSG(fabs(mean) < 0.06, "randn mean %g", mean);
+  CHECK_MSG(fabs(sd - 1) < 0.06, "randn std %g", sd);
+  CHECK(lo < -2 && hi > 2 && lo > -6 && hi < 6);
+  for (int i = 0; i < N; i++) CHECK(isfinite(v[i]));
+
+  tg_tensor u = tg_uniform(TG_SHAPE(N), -2, 3, NULL);
+  CHECK(readf(u, v) == N);
+  stats(v, N, &mean, &sd, &lo, &hi);
+  CHECK(lo >= -2 && hi < 3);
+  CHECK_MSG(fabs(mean - 0.5) < 0.1, "uniform mean %g", mean);
+
+  tg_tensor no = tg_normal(TG_SHAPE(N), 5, 2, NULL);
+  CHECK(readf(no, v) == N);
+  stats(v, N, &mean, &sd, &lo, &hi);
+  CHECK_MSG(fabs(mean - 5) < 0.12, "normal mean %g", mean);
+  CHECK_MSG(fabs(sd - 2) < 0.12, "normal std %g", sd);
+
+  tg_tensor ri = tg_randint(TG_SHAPE(N), -3, 7, NULL);
+  CHECK(tg_dtype_of(ri) == TG_INT32);
+  static int32_t iv[N];
+  CHECK(tg_data(ri, iv, sizeof iv) == TG_OK);
+  int seen[10] = {0};
+  bool inrange = true;
+  for (int i = 0; i < N; i++) {
+    if (iv[i] < -3 || iv[i] >= 7) inrange = false;
+    else seen[iv[i] + 3]++;
+  }
+  CHECK(inrange);
+  for (int i = 0; i < 10; i++) CHECK_MSG(seen[i] > N / 10 / 2, "value %d seen %d times", i - 3, seen[i]);
+
+  tg_tensor rh = tg_rand(TG_SHAPE(100), TG_OPTS(.dtype = TG_FLOAT16));
+  CHECK(tg_dtype_of(rh) == TG_FLOAT16);
+  tg_tensor rh_ok = tg_sum(tg_bitwise_and(tg_ge(rh, tg_zeros_like(rh, NULL)), tg_lt_s(rh, 1)), TG_ALL_AXES, false);
+  CHECK_VALUES(rh_ok, 0, 100);
+  /* non-float dtypes are rejected */
+  CHECK(tg_rand(TG_SHAPE(2), I32).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_rand", "int");
+  CHECK(tg_randint(TG_SHAPE(2), 5, 5, NULL).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_randint", "low=5", "high=5");
+  END;
+}
+
+TEST(random_seed_reproducible) {
+  BEGIN;
+  float a[256], b[256], c[256], d[256];
+  tg_manual_seed(42);
+  tg_tensor r1 = tg_rand(TG_SHAPE(256), NULL);
+  tg_tensor r2 = tg_rand(TG_SHAPE(256), NULL);
+  CHECK(readf(r1, a) == 256);
+  CHECK(readf(r2, b) == 256);
+  CHECK(memcmp(a, b, sizeof a) != 0); /* two calls differ */
+  tg_manual_seed(42);
+  tg_tensor r3 = tg_rand(TG_SHAPE(256), NULL);
+  tg_tensor r4 = tg_rand(TG_SHAPE(256), NULL);
+  CHECK(readf(r3, c) == 256);
+  CHECK(readf(r4, d) == 256);
+  CHECK(memcmp(a, c, sizeof a) == 0); /* same seed, same bytes */
+  CHECK(memcmp(b, d, sizeof b) == 0);
+  tg_manual_seed(43);
+  tg_tensor r5 = tg_rand(TG_SHAPE(256), NULL);
+  CHECK(readf(r5, c) == 256);
+  CHECK(memcmp(a, c, sizeof a) != 0); /* another seed differs */
+  /* on another device too */
+  tg_manual_seed(42);
+  tg_tensor r6 = tg_rand(TG_SHAPE(256), TG_OPTS(.device = "CPU:1"));
+  CHECK(readf(r6, c) == 256);
+  CHECK(memcmp(a, c, sizeof a) == 0);
+  /* randn reproducible */
+  tg_manual_seed(7);
+  CHECK(readf(tg_randn(TG_SHAPE(64), NULL), a) == 64);
+  tg_manual_seed(7);
+  CHECK(readf(tg_randn(TG_SHAPE(64), NULL), b) == 64);
+  CHECK(memcmp(a, b, 64 * sizeof(float)) == 0);
+  END;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* dtypes                                                                                          */
+
+TEST(dtype_promote) {
+  BEGIN;
+  CHECK(tg_dtype_promote(TG_INT32, TG_INT32) == TG_INT32);
+  CHECK(tg_dtype_promote(TG_BOOL, TG_INT8) == TG_INT8);
+  CHECK(tg_dtype_promote(TG_BOOL, TG_FLOAT16) == TG_FLOAT16);
+  CHECK(tg_dtype_promote(TG_INT8, TG_UINT8) == TG_INT16);
+  CHECK(tg_dtype_promote(TG_UINT8, TG_INT16) == TG_INT16);
+  CHECK(tg_dtype_promote(TG_UINT16, TG_INT16) == TG_INT32);
+  CHECK(tg_dtype_promote(TG_INT32, TG_UINT32) == TG_INT64);
+  CHECK(tg_dtype_promote(TG_UINT8, TG_UINT32) == TG_UINT32);
+  CHECK(tg_dtype_promote(TG_INT64, TG_FLOAT16) == TG_FLOAT16);
+  CHECK(tg_dtype_promote(TG_INT32, TG_FLOAT32) == TG_FLOAT32);
+  CHECK(tg_dtype_promote(TG_FLOAT16, TG_BFLOAT16) == TG_FLOAT32);
+  CHECK(tg_dtype_promote(TG_FLOAT16, TG_FLOAT32) == TG_FLOAT32);
+  CHECK(tg_dtype_promote(TG_FLOAT32, TG_FLOAT64) == TG_FLOAT64);
+  CHECK(tg_dtype_promote(TG_UINT64, TG_FLOAT64) == TG_FLOAT64);
+  CHECK(tg_dtype_promote(TG_BFLOAT16, TG_INT8) == TG_BFLOAT16);
+  /* symmetric over every pair */
+  bool sym = true;
+  for (int a = TG_BOOL; a < TG_DTYPE_COUNT; a++)
+    for (int b = TG_BOOL; b < TG_DTYPE_COUNT; b++)
+      sym = sym && tg_dtype_promote((tg_dtype)a, (tg_dtype)b) == tg_dtype_promote((tg_dtype)b, (tg_dtype)a);
+  CHECK(sym);
+  CHECK(tg_dtype_promote((tg_dtype)99, TG_INT8) == TG_DTYPE_DEFAULT);
+  CHECK_ERR(TG_ERR_INVALID, "tg_dtype_promote", "99");
+  /* promotion applies to ops */
+  tg_tensor a = tg_ones(TG_SHAPE(2), TG_OPTS(.dtype = TG_INT8));
+  tg_tensor b = tg_ones(TG_SHAPE(2), TG_OPTS(.dtype = TG_UINT8));
+  tg_tensor c = tg_add(a, b);
+  CHECK(tg_dtype_of(c) == TG_INT16);
+  CHECK_VALUES(c, 0, 2, 2);
+  CHECK(tg_dtype_of(tg_div(a, b)) == TG_FLOAT32);
+  CHECK(tg_dtype_of(tg_lt(a, b)) == TG_BOOL);
+  /* python-scalar semantics */
+  CHECK(tg_dtype_of(tg_add_s(a, 3)) == TG_INT8);
+  CHECK(tg_dtype_of(tg_add_s(a, 0.5)) == TG_FLOAT32);
+  tg_tensor h = tg_ones(TG_SHAPE(2), TG_OPTS(.dtype = TG_FLOAT16));
+  CHECK(tg_dtype_of(tg_mul_s(h, 2.5)) == TG_FLOAT16);
+  CHECK(tg_dtype_of(tg_exp(a)) == TG_FLOAT32);
+  /* names and sizes */
+  CHECK(strcmp(tg_dtype_name(TG_FLOAT32), "float") == 0);
+  CHECK(strcmp(tg_dtype_name(TG_FLOAT16), "half") == 0);
+  CHECK(strcmp(tg_dtype_name(TG_BFLOAT16), "bfloat16") == 0);
+  CHECK(strcmp(tg_dtype_name(TG_UINT8), "uchar") == 0);
+  CHECK(tg_dtype_itemsize(TG_BFLOAT16) == 2 && tg_dtype_itemsize(TG_INT64) == 8 && tg_dtype_itemsize(TG_BOOL) == 1);
+  CHECK(tg_dtype_itemsize((tg_dtype)99) == 0);
+  CHECK(tg_dtype_is_float(TG_BFLOAT16) && !tg_dtype_is_float(TG_INT32));
+  CHECK(tg_dtype_is_int(TG_UINT64) && !tg_dtype_is_int(TG_BOOL));
+  CHECK(tg_dtype_is_unsigned(TG_UINT16) && !tg_dtype_is_unsigned(TG_INT16));
+  END;
+}
+
+TEST(default_float_context) {
+  BEGIN;
+  tg_dtype before = tg_default_float();
+  CHECK(before == TG_FLOAT32);
+  tg_context_begin();
+  CHECK(tg_context_set("DEFAULT_FLOAT", "HALF") == TG_OK);
+  CHECK(tg_default_float() == TG_FLOAT16);
+  tg_tensor o = tg_ones(TG_SHAPE(3), NULL);
+  CHECK(tg_dtype_of(o) == TG_FLOAT16);
+  CHECK(tg_dtype_of(tg_arange(0, 1, 0.5, NULL)) == TG_FLOAT16);
+  CHECK(tg_dtype_of(tg_div(tg_arange(0, 3, 1, NULL), tg_arange(1, 4, 1, NULL))) == TG_FLOAT16);
+  CHECK(tg_dtype_of(tg_rand(TG_SHAPE(2), NULL)) == TG_FLOAT16);
+  CHECK_VALUES(tg_add_s(o, 0.5), 0, 1.5, 1.5, 1.5);
+  tg_context_begin();
+  CHECK(tg_context_set("DEFAULT_FLOAT", "float64") == TG_OK);
+  CHECK(tg_dtype_of(tg_zeros(TG_SHAPE(1), NULL)) == TG_FLOAT64);
+  tg_context_end();
+  CHECK(tg_dtype_of(tg_zeros(TG_SHAPE(1), NULL)) == TG_FLOAT16);
+  tg_context_end();
+  CHECK(tg_default_float() == before);
+  CHECK(tg_dtype_of(tg_ones(TG_SHAPE(3), NULL)) == TG_FLOAT32);
+  /* the half tensor made inside keeps its dtype */
+  CHECK(tg_dtype_of(o) == TG_FLOAT16);
+  END;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* ops                                                                                             */
+
+TEST(ops_elementwise_float) {
+  BEGIN;
+  const float xv[] = {-2, -0.5, 0, 1, 4};
+  tg_tensor x = f32(xv, TG_SHAPE(5));
+  const float yv[] = {1, 2, 4, -1, 0.5};
+  tg_tensor y = f32(yv, TG_SHAPE(5));
+  CHECK_VALUES(tg_add(x, y), 0, -1, 1.5, 4, 0, 4.5);
+  CHECK_VALUES(tg_sub(x, y), 0, -3, -2.5, -4, 2, 3.5);
+  CHECK_VALUES(tg_mul(x, y), 0, -2, -1, 0, -1, 2);
+  CHECK_VALUES(tg_div(x, y), 1e-7, -2, -0.25, 0, -1, 8);
+  CHECK_VALUES(tg_neg(x), 0, 2, 0.5, 0, -1, -4);
+  CHECK_VALUES(tg_relu(x), 0, 0, 0, 0, 1, 4);
+  CHECK_VALUES(tg_maximum(x, y), 0, 1, 2, 4, 1, 4);
+  CHECK_VALUES(tg_minimum(x, y), 0, -2, -0.5, 0, -1, 0.5);
+  CHECK_VALUES(tg_exp(x), 1e-6, exp(-2), exp(-0.5), 1, exp(1), exp(4));
+  CHECK_VALUES(tg_exp2(x), 1e-6, 0.25, pow(2, -0.5), 1, 2, 16);
