@@ -749,3 +749,340 @@ TEST(ops_elementwise_float) {
   CHECK_VALUES(tg_minimum(x, y), 0, -2, -0.5, 0, -1, 0.5);
   CHECK_VALUES(tg_exp(x), 1e-6, exp(-2), exp(-0.5), 1, exp(1), exp(4));
   CHECK_VALUES(tg_exp2(x), 1e-6, 0.25, pow(2, -0.5), 1, 2, 16);
+  const float pv[] = {0.25, 1, 4, 9, 16};
+  tg_tensor p = f32(pv, TG_SHAPE(5));
+  CHECK_VALUES(tg_log(p), 1e-6, log(0.25), 0, log(4), log(9), log(16));
+  CHECK_VALUES(tg_log2(p), 1e-6, -2, 0, 2, log2(9), 4);
+  CHECK_VALUES(tg_sqrt(p), 1e-7, 0.5, 1, 2, 3, 4);
+  CHECK_VALUES(tg_reciprocal(p), 1e-7, 4, 1, 0.25, 1.0 / 9, 0.0625);
+  CHECK_VALUES(tg_sin(x), 1e-6, sin(-2), sin(-0.5), 0, sin(1), sin(4));
+  CHECK_VALUES(tg_pow(p, tg_full_like(p, 0.5, NULL)), 1e-6, 0.5, 1, 2, 3, 4);
+  CHECK_VALUES(tg_pow_s(x, 2), 1e-7, 4, 0.25, 0, 1, 16);
+  const float tv[] = {-2.7f, -0.5f, 0.5f, 1.9f, 3};
+  CHECK_VALUES(tg_trunc(f32(tv, TG_SHAPE(5))), 0, -2, 0, 0, 1, 3);
+  /* special values */
+  const float sv[] = {0, -1, INFINITY};
+  tg_tensor s = f32(sv, TG_SHAPE(3));
+  CHECK_VALUES(tg_log(s), 0, -INFINITY, NAN, INFINITY);
+  CHECK_VALUES(tg_sqrt(s), 0, 0, NAN, INFINITY);
+  CHECK_VALUES(tg_reciprocal(s), 0, INFINITY, -1, 0);
+  /* scalar forms */
+  CHECK_VALUES(tg_add_s(x, 1), 0, -1, 0.5, 1, 2, 5);
+  CHECK_VALUES(tg_sub_s(x, 1), 0, -3, -1.5, -1, 0, 3);
+  CHECK_VALUES(tg_rsub_s(1, x), 0, 3, 1.5, 1, 0, -3);
+  CHECK_VALUES(tg_mul_s(x, -2), 0, 4, 1, 0, -2, -8);
+  CHECK_VALUES(tg_div_s(x, 4), 0, -0.5, -0.125, 0, 0.25, 1);
+  CHECK_VALUES(tg_rdiv_s(2, p), 1e-7, 8, 2, 0.5, 2.0 / 9, 0.125);
+  CHECK_VALUES(tg_maximum_s(x, 0.5), 0, 0.5, 0.5, 0.5, 1, 4);
+  CHECK_VALUES(tg_minimum_s(x, 0.5), 0, -2, -0.5, 0, 0.5, 0.5);
+  /* comparisons and where */
+  CHECK_VALUES(tg_lt(x, y), 0, 1, 1, 1, 0, 0);
+  CHECK_VALUES(tg_gt(x, y), 0, 0, 0, 0, 1, 1);
+  CHECK_VALUES(tg_le(x, tg_full_like(x, 0, NULL)), 0, 1, 1, 1, 0, 0);
+  CHECK_VALUES(tg_ge(x, tg_full_like(x, 0, NULL)), 0, 0, 0, 1, 1, 1);
+  CHECK_VALUES(tg_eq_s(x, 1), 0, 0, 0, 0, 1, 0);
+  CHECK_VALUES(tg_ne_s(x, 1), 0, 1, 1, 1, 0, 1);
+  CHECK_VALUES(tg_lt_s(x, 0), 0, 1, 1, 0, 0, 0);
+  CHECK_VALUES(tg_gt_s(x, 0), 0, 0, 0, 0, 1, 1);
+  CHECK_VALUES(tg_where(tg_gt_s(x, 0), x, y), 0, 1, 2, 4, 1, 4);
+  CHECK(tg_dtype_of(tg_eq(x, y)) == TG_BOOL);
+  CHECK(tg_dtype_of(tg_const_like(x, 2)) == TG_FLOAT32);
+  CHECK_VALUES(tg_mul(x, tg_const_like(x, 3)), 0, -6, -1.5, 0, 3, 12);
+  /* broadcasting */
+  const float cv[] = {1, 2, 3};
+  const float rv[] = {10, 20};
+  tg_tensor col = f32(rv, TG_SHAPE(2, 1)), row = f32(cv, TG_SHAPE(3));
+  tg_tensor bc = tg_add(col, row);
+  CHECK_SHAPE(bc, 2, 3);
+  CHECK_VALUES(bc, 0, 11, 12, 13, 21, 22, 23);
+  END;
+}
+
+TEST(ops_integer) {
+  BEGIN;
+  const int32_t av[] = {7, -7, 7, -7, 0, 5};
+  const int32_t bv[] = {2, 2, -2, -2, 3, 0};
+  tg_tensor a = tg_from_data(av, TG_SHAPE(6), I32), b = tg_from_data(bv, TG_SHAPE(6), I32);
+  tg_tensor q = tg_idiv(a, b);
+  CHECK(tg_dtype_of(q) == TG_INT32);
+  CHECK_VALUES(q, 0, 3, -3, -3, 3, 0, 0);      /* truncates toward zero; x // 0 -> 0 */
+  CHECK_VALUES(tg_mod(a, b), 0, 1, 1, -1, -1, 0, 0); /* sign of the divisor; x % 0 -> 0 */
+  CHECK_VALUES(tg_add(a, b), 0, 9, -5, 5, -9, 3, 5);
+  CHECK_VALUES(tg_mul(a, b), 0, 14, -14, -14, 14, 0, 0);
+  CHECK_VALUES(tg_div(a, b), 0, 3.5, -3.5, -3.5, 3.5, 0, INFINITY);
+  CHECK(tg_dtype_of(tg_div(a, b)) == TG_FLOAT32);
+  CHECK_VALUES(tg_neg(a), 0, -7, 7, -7, 7, 0, -5);
+  CHECK_VALUES(tg_maximum(a, b), 0, 7, 2, 7, -2, 3, 5);
+  CHECK_VALUES(tg_minimum(a, b), 0, 2, -7, -2, -7, 0, 0);
+  CHECK_VALUES(tg_pow(tg_from_data(bv, TG_SHAPE(6), I32), tg_full_like(b, 3, NULL)), 0, 8, 8, -8, -8, 27, 0);
+  /* division by zero in every integer dtype: no crash, result 0 */
+  for (int d = TG_INT8; d <= TG_UINT64; d++) {
+    tg_tensor x = tg_full(TG_SHAPE(3), 9, TG_OPTS(.dtype = (tg_dtype)d));
+    tg_tensor z = tg_zeros(TG_SHAPE(3), TG_OPTS(.dtype = (tg_dtype)d));
+    tg_tensor xr = tg_contiguous(x), zr = tg_contiguous(z); /* real buffers, not folded constants */
+    CHECK(tg_realize_many((tg_tensor[]){xr, zr}, 2) == TG_OK);
+    CHECK_VALUES(tg_idiv(xr, zr), 0, 0, 0, 0);
+    CHECK_VALUES(tg_mod(xr, zr), 0, 0, 0, 0);
+    CHECK_VALUES(tg_idiv(x, z), 0, 0, 0, 0);
+  }
+  /* INT_MIN / -1 does not trap */
+  const int32_t mn[] = {INT32_MIN}, m1[] = {-1};
+  tg_tensor tmn = tg_from_data(mn, TG_SHAPE(1), I32), tm1 = tg_from_data(m1, TG_SHAPE(1), I32);
+  int64_t iv = 1;
+  CHECK(tg_item_i64(tg_idiv(tmn, tm1), &iv) == TG_OK);
+  CHECK(iv == INT32_MIN || iv == 0);
+  CHECK(tg_item_i64(tg_mod(tmn, tm1), &iv) == TG_OK && iv == 0);
+  /* overflow wraps */
+  const int32_t big[] = {INT32_MAX, INT32_MIN};
+  tg_tensor tb = tg_from_data(big, TG_SHAPE(2), I32);
+  CHECK_VALUES(tg_add_s(tb, 1), 0, (double)INT32_MIN, (double)INT32_MIN + 1);
+  CHECK_VALUES(tg_sub_s(tb, 1), 0, (double)INT32_MAX - 1, (double)INT32_MAX);
+  CHECK_VALUES(tg_mul_s(tb, 2), 0, -2, 0);
+  const uint8_t u8[] = {250, 3};
+  tg_tensor tu = tg_from_data(u8, TG_SHAPE(2), TG_OPTS(.dtype = TG_UINT8));
+  CHECK_VALUES(tg_add_s(tu, 10), 0, 4, 13);
+  CHECK_VALUES(tg_sub_s(tu, 5), 0, 245, 254);
+  CHECK(tg_dtype_of(tg_add_s(tu, 10)) == TG_UINT8);
+  const int8_t i8[] = {127, -128};
+  tg_tensor t8 = tg_from_data(i8, TG_SHAPE(2), TG_OPTS(.dtype = TG_INT8));
+  CHECK_VALUES(tg_add_s(t8, 1), 0, -128, -127);
+  CHECK_VALUES(tg_neg(t8), 0, -127, -128);
+  const int64_t i64[] = {INT64_MAX};
+  int64_t r64 = 0;
+  CHECK(tg_item_i64(tg_add_s(tg_from_data(i64, TG_SHAPE(1), TG_OPTS(.dtype = TG_INT64)), 1), &r64) == TG_OK);
+  CHECK(r64 == INT64_MIN);
+  /* bitwise and shifts */
+  const int32_t xv[] = {12, 10, -1}, yv[] = {10, 6, 4};
+  tg_tensor x = tg_from_data(xv, TG_SHAPE(3), I32), y = tg_from_data(yv, TG_SHAPE(3), I32);
+  CHECK_VALUES(tg_bitwise_and(x, y), 0, 8, 2, 4);
+  CHECK_VALUES(tg_bitwise_or(x, y), 0, 14, 14, -1);
+  CHECK_VALUES(tg_bitwise_xor(x, y), 0, 6, 12, -5);
+  const int32_t sh[] = {1, 2, 3};
+  tg_tensor tsh = tg_from_data(sh, TG_SHAPE(3), I32);
+  CHECK_VALUES(tg_lshift(x, tsh), 0, 24, 40, -8);
+  CHECK_VALUES(tg_rshift(x, tsh), 0, 6, 2, -1);
+  const bool bv1[] = {true, true, false}, bv2[] = {true, false, false};
+  tg_tensor b1 = tg_from_data(bv1, TG_SHAPE(3), TG_OPTS(.dtype = TG_BOOL));
+  tg_tensor b2 = tg_from_data(bv2, TG_SHAPE(3), TG_OPTS(.dtype = TG_BOOL));
+  CHECK_VALUES(tg_bitwise_and(b1, b2), 0, 1, 0, 0);
+  CHECK_VALUES(tg_bitwise_or(b1, b2), 0, 1, 1, 0);
+  CHECK_VALUES(tg_bitwise_xor(b1, b2), 0, 0, 1, 0);
+  CHECK(tg_dtype_of(tg_bitwise_xor(b1, b2)) == TG_BOOL);
+  CHECK_VALUES(tg_add(b1, b2), 0, 1, 1, 0); /* bool + bool is logical or */
+  /* unsigned shift is logical */
+  const uint32_t uv[] = {0x80000000u};
+  tg_tensor tuv = tg_from_data(uv, TG_SHAPE(1), TG_OPTS(.dtype = TG_UINT32));
+  CHECK_VALUES(tg_rshift(tuv, tg_full_like(tuv, 31, NULL)), 0, 1);
+  END;
+}
+
+TEST(ops_half_bfloat16) {
+  BEGIN;
+  const float xv[] = {1, 2.5, -3, 1000};
+  tg_tensor x32 = f32(xv, TG_SHAPE(4));
+  tg_tensor h = tg_cast(x32, TG_FLOAT16);
+  CHECK(tg_dtype_of(h) == TG_FLOAT16);
+  CHECK_VALUES(h, 0, 1, 2.5, -3, 1000);
+  tg_tensor hs = tg_add(h, h);
+  CHECK(tg_dtype_of(hs) == TG_FLOAT16);
+  CHECK_VALUES(hs, 0, 2, 5, -6, 2000);
+  CHECK_VALUES(tg_mul(h, h), 0, 1, 6.25, 9, INFINITY); /* 1e6 overflows half */
+  /* half rounds after every op: 2048 + 1 is 2048 in half */
+  tg_tensor big = tg_full(TG_SHAPE(2), 2048, TG_OPTS(.dtype = TG_FLOAT16));
+  CHECK_VALUES(tg_add_s(big, 1), 0, 2048, 2048);
+  CHECK_VALUES(tg_add_s(big, 2), 0, 2050, 2050);
+  CHECK_VALUES(tg_div_s(h, 4), 0, 0.25, 0.625, -0.75, 250);
+  CHECK_VALUES(tg_sqrt(tg_cast(tg_full(TG_SHAPE(1), 2, NULL), TG_FLOAT16)), 0, 1.4140625); /* sqrt(2) in half */
+  uint16_t hb[4];
+  CHECK(tg_data(h, hb, sizeof hb) == TG_OK);
+  CHECK(hb[0] == 0x3C00 && hb[1] == 0x4100 && hb[2] == 0xC200 && hb[3] == 0x63D0);
+  /* half sum accumulates in float, returns half */
+  tg_tensor hsum = tg_sum(tg_full(TG_SHAPE(4096), 1, TG_OPTS(.dtype = TG_FLOAT16)), TG_ALL_AXES, false);
+  CHECK(tg_dtype_of(hsum) == TG_FLOAT16);
+  CHECK_VALUES(hsum, 0, 4096);
+
+  tg_tensor bf = tg_cast(x32, TG_BFLOAT16);
+  CHECK(tg_dtype_of(bf) == TG_BFLOAT16);
+  CHECK_VALUES(bf, 0, 1, 2.5, -3, 1000);
+  tg_tensor bs = tg_mul_s(bf, 3);
+  CHECK(tg_dtype_of(bs) == TG_BFLOAT16);
+  CHECK_VALUES(bs, 0, 3, 7.5, -9, 3000);
+  /* bfloat16 has 8 bits of mantissa: 256 + 1 rounds to 256 */
+  tg_tensor b256 = tg_full(TG_SHAPE(1), 256, TG_OPTS(.dtype = TG_BFLOAT16));
+  CHECK_VALUES(tg_add_s(b256, 1), 0, 256);
+  CHECK_VALUES(tg_add_s(b256, 2), 0, 258);
+  uint16_t bb[4];
+  CHECK(tg_data(bf, bb, sizeof bb) == TG_OK);
+  CHECK(bb[0] == 0x3F80 && bb[1] == 0x4020 && bb[2] == 0xC040 && bb[3] == 0x447A);
+  /* mixing half and bfloat16 promotes to float32 */
+  tg_tensor mix = tg_add(h, bf);
+  CHECK(tg_dtype_of(mix) == TG_FLOAT32);
+  CHECK_VALUES(mix, 0, 2, 5, -6, 2000);
+  /* back to float32 */
+  CHECK_VALUES(tg_cast(tg_exp(tg_cast(x32, TG_BFLOAT16)), TG_FLOAT32), 1e-2, exp(1), exp(2.5), exp(-3), INFINITY);
+  END;
+}
+
+TEST(ops_cast_bitcast) {
+  BEGIN;
+  const float v[] = {-1.7f, 0.2f, 2.9f, 300.5f};
+  tg_tensor x = f32(v, TG_SHAPE(4));
+  CHECK_VALUES(tg_cast(x, TG_INT32), 0, -1, 0, 2, 300);
+  CHECK_VALUES(tg_cast(x, TG_BOOL), 0, 1, 1, 1, 1);
+  tg_tensor xi = tg_cast(x, TG_INT32);
+  CHECK_VALUES(tg_cast(xi, TG_UINT8), 0, 255, 0, 2, 44); /* integer narrowing wraps */
+  CHECK_VALUES(tg_cast(xi, TG_INT8), 0, -1, 0, 2, 44);
+  CHECK_VALUES(tg_cast(tg_cast(xi, TG_INT8), TG_FLOAT64), 0, -1, 0, 2, 44);
+  CHECK_VALUES(tg_cast(tg_cast(xi, TG_UINT16), TG_INT64), 0, 65535, 0, 2, 300);
+  const float one[] = {1.0f, -2.0f};
+  tg_tensor bc = tg_bitcast(f32(one, TG_SHAPE(2)), TG_UINT32);
+  CHECK(tg_dtype_of(bc) == TG_UINT32);
+  CHECK_VALUES(bc, 0, 0x3F800000u, 0xC0000000u);
+  CHECK_VALUES(tg_bitcast(bc, TG_FLOAT32), 0, 1, -2);
+  /* different sizes: the last dim scales */
+  tg_tensor b16 = tg_bitcast(f32(one, TG_SHAPE(2)), TG_UINT16);
+  CHECK_SHAPE(b16, 4);
+  CHECK_VALUES(b16, 0, 0, 0x3F80, 0, 0xC000);
+  tg_tensor b64 = tg_bitcast(b16, TG_INT64);
+  CHECK_SHAPE(b64, 1);
+  CHECK(tg_bitcast(f32(one, TG_SHAPE(2)), TG_INT64).id != 0);
+  CHECK(tg_bitcast(f32(v, TG_SHAPE(4)), TG_FLOAT64).id != 0);
+  const float three[] = {1, 2, 3};
+  CHECK(tg_bitcast(f32(three, TG_SHAPE(3)), TG_INT64).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_bitcast", "(3,)");
+  CHECK(tg_cast(x, (tg_dtype)99).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_cast", "99");
+  END;
+}
+
+TEST(ops_reduce) {
+  BEGIN;
+  const float v[] = {1, -2, 3, 4, 5, -6};
+  tg_tensor x = f32(v, TG_SHAPE(2, 3));
+  CHECK_VALUES(tg_sum(x, TG_ALL_AXES, false), 0, 5);
+  tg_tensor s0 = tg_sum(x, TG_AXES(0), false);
+  CHECK_SHAPE(s0, 3);
+  CHECK_VALUES(s0, 0, 5, 3, -3);
+  tg_tensor s1 = tg_sum(x, TG_AXES(-1), true);
+  CHECK_SHAPE(s1, 2, 1);
+  CHECK_VALUES(s1, 0, 2, 3);
+  CHECK_VALUES(tg_max(x, TG_AXES(1), false), 0, 3, 5);
+  CHECK_VALUES(tg_min(x, TG_AXES(1), false), 0, -2, -6);
+  CHECK_VALUES(tg_max(x, TG_ALL_AXES, false), 0, 5);
+  CHECK_VALUES(tg_min(x, TG_ALL_AXES, false), 0, -6);
+  CHECK_VALUES(tg_mean(x, TG_AXES(0), false), 1e-7, 2.5, 1.5, -1.5);
+  CHECK_VALUES(tg_prod(x, TG_AXES(1), false), 0, -6, -120);
+  tg_tensor k = tg_sum(x, TG_AXES(0, 1), true);
+  CHECK_SHAPE(k, 1, 1);
+  CHECK_VALUES(k, 0, 5);
+  /* integer and bool reductions */
+  const uint8_t u[] = {200, 100, 50, 250};
+  tg_tensor tu = tg_from_data(u, TG_SHAPE(4), TG_OPTS(.dtype = TG_UINT8));
+  tg_tensor su = tg_sum(tu, TG_ALL_AXES, false);
+  CHECK(tg_dtype_of(su) == TG_UINT32);
+  CHECK_VALUES(su, 0, 600);
+  CHECK_VALUES(tg_min(tu, TG_ALL_AXES, false), 0, 50);
+  CHECK_VALUES(tg_max(tu, TG_ALL_AXES, false), 0, 250);
+  tg_tensor sb = tg_sum(tg_gt_s(x, 0), TG_ALL_AXES, false);
+  CHECK(tg_dtype_of(sb) == TG_INT32);
+  CHECK_VALUES(sb, 0, 4);
+  const int8_t i8[] = {-100, -100, -100};
+  tg_tensor s8 = tg_sum(tg_from_data(i8, TG_SHAPE(3), TG_OPTS(.dtype = TG_INT8)), TG_ALL_AXES, false);
+  CHECK(tg_dtype_of(s8) == TG_INT32);
+  CHECK_VALUES(s8, 0, -300);
+  tg_tensor mi = tg_mean(tg_arange(0, 4, 1, NULL), TG_ALL_AXES, false);
+  CHECK(tg_dtype_of(mi) == TG_FLOAT32);
+  CHECK_VALUES(mi, 0, 1.5);
+  /* softmax / log_softmax */
+  const float lv[] = {1, 2, 3, 1, 1, 1};
+  tg_tensor l = f32(lv, TG_SHAPE(2, 3));
+  double e1 = exp(1), e2 = exp(2), e3 = exp(3), z = e1 + e2 + e3;
+  CHECK_VALUES(tg_softmax(l, -1), 1e-6, e1 / z, e2 / z, e3 / z, 1.0 / 3, 1.0 / 3, 1.0 / 3);
+  CHECK_VALUES(tg_log_softmax(l, 1), 1e-6, 1 - log(z), 2 - log(z), 3 - log(z), -log(3), -log(3), -log(3));
+  CHECK_VALUES(tg_softmax(l, 0), 1e-6, 0.5, e2 / (e2 + e1), e3 / (e3 + e1), 0.5, e1 / (e2 + e1), e1 / (e3 + e1));
+  /* reduce of a large 1-D input */
+  tg_tensor big = tg_ones(TG_SHAPE(100000), NULL);
+  CHECK_VALUES(tg_sum(big, TG_ALL_AXES, false), 0, 100000);
+  /* reduce over a 0-size axis gives the identity */
+  tg_tensor e = tg_zeros(TG_SHAPE(0, 2), NULL);
+  CHECK_VALUES(tg_sum(e, TG_AXES(0), false), 0, 0, 0);
+  CHECK_VALUES(tg_max(e, TG_AXES(0), false), 0, -INFINITY, -INFINITY);
+  END;
+}
+
+TEST(ops_movement) {
+  BEGIN;
+  const float v[] = {0, 1, 2, 3, 4, 5};
+  tg_tensor x = f32(v, TG_SHAPE(2, 3));
+  tg_tensor r = tg_reshape(x, TG_SHAPE(3, -1));
+  CHECK_SHAPE(r, 3, 2);
+  CHECK_VALUES(r, 0, 0, 1, 2, 3, 4, 5);
+  tg_tensor t = tg_permute(x, TG_AXES(1, 0));
+  CHECK_SHAPE(t, 3, 2);
+  CHECK_VALUES(t, 0, 0, 3, 1, 4, 2, 5);
+  CHECK_VALUES(tg_transpose(x, -1, -2), 0, 0, 3, 1, 4, 2, 5);
+  tg_tensor e = tg_expand(tg_reshape(x, TG_SHAPE(2, 1, 3)), TG_SHAPE(2, 2, -1));
+  CHECK_SHAPE(e, 2, 2, 3);
+  CHECK_VALUES(e, 0, 0, 1, 2, 0, 1, 2, 3, 4, 5, 3, 4, 5);
+  tg_tensor e2 = tg_expand(tg_arange(0, 2, 1, NULL), TG_SHAPE(2, 2));
+  CHECK_VALUES(e2, 0, 0, 1, 0, 1);
+  tg_tensor p = tg_pad(x, TG_SHAPE(1, 0, 0, 1), 0);
+  CHECK_SHAPE(p, 3, 4);
+  CHECK_VALUES(p, 0, 0, 0, 0, 0, 0, 1, 2, 0, 3, 4, 5, 0);
+  tg_tensor pv = tg_pad(x, TG_SHAPE(0, 0, 1, 1), -9);
+  CHECK_VALUES(pv, 0, -9, 0, 1, 2, -9, -9, 3, 4, 5, -9);
+  tg_tensor pn = tg_pad(x, TG_SHAPE(0, 0, -1, 1), 7); /* negative pads shrink */
+  CHECK_SHAPE(pn, 2, 3);
+  CHECK_VALUES(pn, 0, 1, 2, 7, 4, 5, 7);
+  tg_tensor s = tg_shrink(x, TG_SHAPE(1, 2, 0, 2));
+  CHECK_SHAPE(s, 1, 2);
+  CHECK_VALUES(s, 0, 3, 4);
+  CHECK_VALUES(tg_flip(x, TG_AXES(0)), 0, 3, 4, 5, 0, 1, 2);
+  CHECK_VALUES(tg_flip(x, TG_AXES(0, 1)), 0, 5, 4, 3, 2, 1, 0);
+  tg_tensor f = tg_flatten(tg_reshape(x, TG_SHAPE(1, 2, 3)), 0, -1);
+  CHECK_SHAPE(f, 6);
+  tg_tensor f2 = tg_flatten(tg_reshape(x, TG_SHAPE(1, 2, 3)), 1, 2);
+  CHECK_SHAPE(f2, 1, 6);
+  tg_tensor u = tg_unsqueeze(x, 1);
+  CHECK_SHAPE(u, 2, 1, 3);
+  tg_tensor u2 = tg_unsqueeze(x, -1);
+  CHECK_SHAPE(u2, 2, 3, 1);
+  CHECK_SHAPE(tg_squeeze(u, 1), 2, 3);
+  CHECK_SHAPE(tg_squeeze(x, 0), 2, 3); /* non-1 dim: unchanged */
+  /* chained views over a padded, flipped, permuted tensor */
+  tg_tensor c = tg_shrink(tg_pad(tg_flip(tg_permute(x, TG_AXES(1, 0)), TG_AXES(0)), TG_SHAPE(1, 1, 0, 0), 0), TG_SHAPE(0, 3, 0, 2));
+  CHECK_SHAPE(c, 3, 2);
+  CHECK_VALUES(c, 0, 0, 0, 2, 5, 1, 4);
+  /* movement ops never copy: a view of a realized tensor is realized */
+  CHECK(tg_is_realized(tg_permute(x, TG_AXES(1, 0))));
+  CHECK(tg_dim(x, -1) == 3 && tg_dim(x, 0) == 2);
+  END;
+}
+
+TEST(ops_matmul) {
+  BEGIN;
+  const float av[] = {1, 2, 3, 4, 5, 6};    /* 2x3 */
+  const float bv[] = {7, 8, 9, 10, 11, 12}; /* 3x2 */
+  tg_tensor a = f32(av, TG_SHAPE(2, 3)), b = f32(bv, TG_SHAPE(3, 2));
+  tg_tensor m = tg_matmul(a, b);
+  CHECK_SHAPE(m, 2, 2);
+  CHECK_VALUES(m, 0, 58, 64, 139, 154);
+  const float vv[] = {1, 0, -1};
+  tg_tensor v = f32(vv, TG_SHAPE(3));
+  tg_tensor mv = tg_matmul(a, v);
+  CHECK_SHAPE(mv, 2);
+  CHECK_VALUES(mv, 0, -2, -2);
+  tg_tensor vm = tg_matmul(v, b);
+  CHECK_SHAPE(vm, 2);
+  CHECK_VALUES(vm, 0, -4, -4);
+  /* batched with broadcasting */
+  tg_tensor ab = tg_expand(tg_reshape(a, TG_SHAPE(1, 2, 3)), TG_SHAPE(4, 2, 3));
+  tg_tensor bm = tg_matmul(ab, b);
+  CHECK_SHAPE(bm, 4, 2, 2);
+  tg_tensor ints = tg_matmul(tg_cast(a, TG_INT32), tg_cast(b, TG_INT32));
+  CHECK(tg_dtype_of(ints) == TG_INT32);
+  CHECK_VALUES(ints, 0, 58, 64, 139, 154);
+  CHECK(tg_matmul(a, a).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_matmul", "(2, 3)", "3 != 2");
+  END;
+}
