@@ -317,6 +317,29 @@ tg_status tg_set_grad(tg_tensor t, tg_tensor grad);
 tg_status tg_gradient(tg_tensor loss, const tg_tensor *targets, int n, tg_tensor *out);
 
 /* ---------------------------------------------------------------------------------------------- */
+/* TinyJit                                                                                         */
+
+/* A jittable function: computes nout outputs from tensor inputs and non-tensor arguments (args).
+ * It must be pure in its inputs: anything else it reads (user memory, globals) is baked into the
+ * captured kernels. Returns TG_OK or an error status. Handles it creates are freed by the JIT except
+ * the outputs it stores in out[]. */
+typedef tg_status (*tg_jit_fn)(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout,
+                                void *user);
+typedef struct tg_jit tg_jit;
+/* Wraps fn. The first call runs it normally, the second captures the kernels it runs, later calls
+ * replay them with the new inputs' buffers (no graph building or scheduling). JIT=0 disables capture;
+ * JIT=2 captures too (there is no separate graph batching to turn off). Free with tg_jit_free. */
+tg_jit *tg_jit_new(tg_jit_fn fn, int nout, void *user);
+/* Calls the jitted function. Inputs must be realized, contiguous tensors; outputs come back
+ * realized in out[] (new handles in the caller's scope; on replays they alias the same buffers).
+ * Errors, never silent divergence: a changed input count, shape, dtype or device, an unrealized
+ * input, a changed non-tensor argument, or an input the function writes but does not return. */
+tg_status tg_jit_call(tg_jit *j, const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out);
+void tg_jit_free(tg_jit *j);
+/* Number of kernel launches and copies captured (-1 for NULL; 0 before capture). */
+int tg_jit_captured_kernels(const tg_jit *j);
+
+/* ---------------------------------------------------------------------------------------------- */
 /* settings, counters, debugging                                                                   */
 
 /* Reads an integer setting: a Context override if one is active, else the environment variable,

@@ -40,7 +40,7 @@
   do {                                                                                             \
     CHECK_MSG(tg_last_status() == (status), "status %d, expected %d (%s)", (int)tg_last_status(),  \
               (int)(status), tg_last_error() ? tg_last_error() : "no error");                      \
-    const char *tt_needles[] = {__VA_ARGS__};                                                      \
+    const char *tt_needles[] = {"", __VA_ARGS__};                                                      \
     for (size_t tt_i = 0; tt_i < sizeof tt_needles / sizeof tt_needles[0]; tt_i++)                 \
       CHECK_STR_CONTAINS(tg_last_error(), tt_needles[tt_i]);                                       \
     tg_clear_error();                                                                              \
@@ -1086,3 +1086,585 @@ TEST(ops_matmul) {
   CHECK_ERR(TG_ERR_INVALID, "tg_matmul", "(2, 3)", "3 != 2");
   END;
 }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* realize, devices, assign                                                                        */
+
+TEST(realize_realized_runs_nothing) {
+  BEGIN;
+  const float v[] = {1, 2, 3};
+  tg_tensor x = f32(v, TG_SHAPE(3));
+  tg_tensor y = tg_exp2(tg_add_s(x, 1));
+  CHECK(!tg_is_realized(y));
+  tg_global_counters_reset();
+  CHECK(tg_realize(y) == TG_OK);
+  CHECK(kernels() == 1);
+  CHECK(tg_is_realized(y));
+  tg_global_counters_reset();
+  CHECK(tg_realize(y) == TG_OK);
+  CHECK(tg_realize(x) == TG_OK);                           /* a from_data tensor is realized */
+  CHECK(tg_realize(tg_permute(tg_reshape(y, TG_SHAPE(3, 1)), TG_AXES(1, 0))) == TG_OK); /* a view */
+  float out[3];
+  CHECK(tg_data(y, out, sizeof out) == TG_OK);
+  CHECK(kernels() == 0);
+  CHECK(out[0] == 4 && out[1] == 8 && out[2] == 16);
+  /* a second handle to the same lazy expression is realized too (realize swaps every live handle) */
+  tg_tensor z1 = tg_mul_s(x, 3), z2 = tg_mul_s(x, 3);
+  CHECK(tg_realize(z1) == TG_OK);
+  CHECK(tg_is_realized(z2));
+  tg_global_counters_reset();
+  CHECK_VALUES(z2, 0, 3, 6, 9);
+  CHECK(kernels() == 0);
+  CHECK(tg_realize_many(NULL, 0) == TG_OK);
+  END;
+}
+
+TEST(realize_many_shares_work) {
+  BEGIN;
+  const float v[] = {1, 2, 3, 4};
+  tg_tensor x = f32(v, TG_SHAPE(2, 2));
+  tg_tensor s = tg_sum(tg_mul_s(x, 2), TG_AXES(1), false); /* [6, 14] */
+  tg_tensor t1 = tg_add_s(s, 1);
+  tg_tensor t2 = tg_mul(s, s);
+  tg_global_counters_reset();
+  CHECK(tg_realize_many((tg_tensor[]){t1, t2}, 2) == TG_OK);
+  CHECK(tg_is_realized(t1) && tg_is_realized(t2));
+  CHECK_MSG(kernels() <= 3, "kernels %llu", (unsigned long long)kernels());
+  CHECK_VALUES(t1, 0, 7, 15);
+  CHECK_VALUES(t2, 0, 36, 196);
+  /* the same tensor twice in the list */
+  tg_tensor t3 = tg_neg(x);
+  tg_global_counters_reset();
+  CHECK(tg_realize_many((tg_tensor[]){t3, t3}, 2) == TG_OK);
+  CHECK(kernels() == 1);
+  CHECK_VALUES(t3, 0, -1, -2, -3, -4);
+  /* an invalid handle in the list fails the whole call */
+  CHECK(tg_realize_many((tg_tensor[]){t1, NONE_T}, 2) == TG_ERR_HANDLE);
+  CHECK_ERR(TG_ERR_HANDLE, "tg_realize");
+  CHECK(tg_realize_many(NULL, 2) == TG_ERR_INVALID);
+  CHECK_ERR(TG_ERR_INVALID, "tg_realize_many");
+  END;
+}
+
+TEST(to_device_and_back) {
+  BEGIN;
+  const float v[] = {1, 2, 3, 4};
+  tg_tensor x = f32(v, TG_SHAPE(4));
+  CHECK(strcmp(tg_device_of(x), "CPU") == 0);
+  CHECK(strcmp(tg_default_device(), "CPU") == 0);
+  tg_tensor y = tg_to(x, "CPU:1");
+  CHECK(strcmp(tg_device_of(y), "CPU:1") == 0);
+  tg_tensor y2 = tg_mul_s(y, 10); /* computed on CPU:1 */
+  CHECK(strcmp(tg_device_of(y2), "CPU:1") == 0);
+  tg_tensor back = tg_to(tg_add_s(y2, 1), "cpu");
+  CHECK(strcmp(tg_device_of(back), "CPU") == 0);
+  CHECK_VALUES(back, 0, 11, 21, 31, 41);
+  CHECK_VALUES(y2, 0, 10, 20, 30, 40);
+  CHECK(tg_is_realized(y2));
+  /* to the same device is the same data */
+  tg_tensor same = tg_to(x, "CPU:0");
+  CHECK(strcmp(tg_device_of(same), "CPU") == 0);
+  CHECK_VALUES(same, 0, 1, 2, 3, 4);
+  /* a lazy expression moved: computed on the source, copied */
+  tg_tensor lz = tg_to(tg_sqrt(x), "CPU:2");
+  CHECK_VALUES(lz, 1e-7, 1, sqrt(2), sqrt(3), 2);
+  tg_tensor syn = tg_ones(TG_SHAPE(2), TG_OPTS(.device = "CPU:1"));
+  CHECK_VALUES(syn, 0, 1, 1);
+  CHECK(tg_synchronize("CPU:1") == TG_OK);
+  CHECK(tg_synchronize(NULL) == TG_OK);
+  END;
+}
+
+TEST(assign_in_place) {
+  BEGIN;
+  const float v[] = {1, 2, 3, 4};
+  tg_tensor x = f32(v, TG_SHAPE(4));
+  tg_tensor view = tg_reshape(x, TG_SHAPE(2, 2)); /* a view of x's buffer */
+  tg_tensor old = tg_mul_s(x, 1);                  /* lazy value of the old contents */
+  CHECK(tg_realize(old) == TG_OK);
+  tg_tensor a = tg_assign(x, tg_add_s(x, 10));
+  CHECK(a.id == x.id);
+  CHECK(!tg_is_realized(x));
+  CHECK(tg_realize(x) == TG_OK);
+  CHECK(tg_is_realized(x));
+  CHECK_VALUES(x, 0, 11, 12, 13, 14);
+  CHECK_VALUES(old, 0, 1, 2, 3, 4); /* realized earlier: unchanged */
+  CHECK_VALUES(view, 0, 11, 12, 13, 14); /* views of the buffer see the write */
+  /* assign casts the value to the target's dtype */
+  tg_tensor xi = tg_contiguous(tg_zeros(TG_SHAPE(3), I32));
+  CHECK(tg_realize(xi) == TG_OK);
+  tg_assign(xi, tg_full(TG_SHAPE(3), 2.7, NULL));
+  CHECK(tg_dtype_of(xi) == TG_INT32);
+  CHECK_VALUES(xi, 0, 2, 2, 2);
+  /* two assigns in a row, realized once */
+  tg_assign(x, tg_mul_s(x, 2));
+  tg_assign(x, tg_add_s(x, 1));
+  CHECK_VALUES(x, 0, 23, 25, 27, 29);
+  /* assign to a lazy (unrealized) target realizes it first */
+  tg_tensor lz = tg_add_s(tg_zeros(TG_SHAPE(2), NULL), 1);
+  tg_assign(lz, tg_full(TG_SHAPE(2), 5, NULL));
+  CHECK_VALUES(lz, 0, 5, 5);
+  /* errors */
+  CHECK(tg_assign(x, tg_ones(TG_SHAPE(3), NULL)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_assign", "(3,)", "(4,)");
+  CHECK(tg_assign(x, tg_ones(TG_SHAPE(4), TG_OPTS(.device = "CPU:1"))).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_assign", "CPU:1");
+  CHECK(tg_assign(tg_permute(view, TG_AXES(1, 0)), tg_ones(TG_SHAPE(2, 2), NULL)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_assign", "view");
+  END;
+}
+
+TEST(assign_reading_target_through_flip) {
+  BEGIN;
+  const float v[] = {1, 2, 3, 4, 5};
+  tg_tensor x = f32(v, TG_SHAPE(5));
+  tg_assign(x, tg_flip(x, TG_AXES(0)));
+  CHECK_VALUES(x, 0, 5, 4, 3, 2, 1);
+  /* 2-D: value reads a transposed target */
+  const float m[] = {1, 2, 3, 4};
+  tg_tensor y = f32(m, TG_SHAPE(2, 2));
+  tg_assign(y, tg_add(tg_transpose(y, 0, 1), y));
+  CHECK_VALUES(y, 0, 2, 5, 5, 8);
+  /* value reads the target at shifted positions (a running pattern) */
+  const float s[] = {1, 2, 3, 4};
+  tg_tensor z = f32(s, TG_SHAPE(4));
+  tg_tensor shifted = tg_pad(tg_shrink(z, TG_SHAPE(0, 3)), TG_SHAPE(1, 0), 0);
+  tg_assign(z, tg_add(z, shifted));
+  CHECK_VALUES(z, 0, 1, 3, 5, 7);
+  /* from_blob target: the caller's memory ends up flipped */
+  float blob[3] = {7, 8, 9};
+  tg_tensor b = tg_from_blob(blob, TG_SHAPE(3), F32);
+  CHECK(tg_realize(tg_assign(b, tg_flip(b, TG_AXES(0)))) == TG_OK);
+  CHECK(blob[0] == 9 && blob[1] == 8 && blob[2] == 7);
+  END;
+}
+
+TEST(clone_detach_contiguous) {
+  BEGIN;
+  const float v[] = {1, 2, 3, 4};
+  tg_tensor x = f32(v, TG_SHAPE(2, 2));
+  tg_tensor c = tg_clone(x);
+  CHECK(!tg_is_realized(c));
+  CHECK_VALUES(c, 0, 1, 2, 3, 4);
+  tg_assign(x, tg_zeros_like(x, NULL));
+  CHECK_VALUES(x, 0, 0, 0, 0, 0);
+  CHECK_VALUES(c, 0, 1, 2, 3, 4); /* the clone has its own buffer */
+  tg_tensor d = tg_detach(c);
+  CHECK_VALUES(d, 0, 1, 2, 3, 4);
+  tg_tensor ct = tg_contiguous(tg_transpose(c, 0, 1));
+  CHECK_VALUES(ct, 0, 1, 3, 2, 4);
+  tg_tensor cc = tg_contiguous(c); /* already contiguous: no copy */
+  tg_global_counters_reset();
+  CHECK(tg_realize(cc) == TG_OK);
+  CHECK(kernels() == 0);
+  END;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* data out and printing                                                                           */
+
+TEST(data_item_errors) {
+  BEGIN;
+  const float v[] = {1, 2, 3, 4};
+  tg_tensor x = f32(v, TG_SHAPE(4));
+  float out[4];
+  CHECK(tg_data(x, out, 3 * sizeof(float)) == TG_ERR_INVALID);
+  CHECK_ERR(TG_ERR_INVALID, "tg_data", "12 bytes", "16");
+  CHECK(tg_data(x, NULL, 16) == TG_ERR_INVALID);
+  CHECK_ERR(TG_ERR_INVALID, "tg_data", "NULL");
+  double d;
+  CHECK(tg_item(x, &d) == TG_ERR_INVALID);
+  CHECK_ERR(TG_ERR_INVALID, "tg_item", "(4,)", "4 elements");
+  CHECK(tg_item(tg_sum(x, TG_ALL_AXES, false), NULL) == TG_ERR_INVALID);
+  CHECK_ERR(TG_ERR_INVALID, "tg_item", "NULL");
+  CHECK(tg_item(tg_sum(x, TG_ALL_AXES, false), &d) == TG_OK && d == 10);
+  CHECK(tg_item(tg_reshape(tg_shrink(x, TG_SHAPE(2, 3)), TG_SHAPE(1, 1)), &d) == TG_OK && d == 3);
+  int64_t i;
+  const int64_t big[] = {(int64_t)1 << 60 | 1};
+  CHECK(tg_item_i64(tg_from_data(big, TG_SHAPE(1), TG_OPTS(.dtype = TG_INT64)), &i) == TG_OK);
+  CHECK(i == ((int64_t)1 << 60 | 1)); /* exact: not through double */
+  const uint64_t ub[] = {UINT64_MAX};
+  CHECK(tg_item_i64(tg_from_data(ub, TG_SHAPE(1), TG_OPTS(.dtype = TG_UINT64)), &i) == TG_OK);
+  CHECK((uint64_t)i == UINT64_MAX);
+  CHECK(tg_item_i64(tg_scalar(-2.0, NULL), &i) == TG_OK && i == -2);
+  CHECK(tg_item_i64(x, &i) == TG_ERR_INVALID);
+  CHECK_ERR(TG_ERR_INVALID, "tg_item_i64");
+  CHECK(tg_item_i64(x, NULL) == TG_ERR_INVALID);
+  CHECK_ERR(TG_ERR_INVALID, "tg_item_i64", "NULL");
+  /* a larger buffer is fine; only numel*itemsize bytes are written */
+  float big_out[6] = {-1, -1, -1, -1, -1, -1};
+  CHECK(tg_data(tg_flip(x, TG_AXES(0)), big_out, sizeof big_out) == TG_OK);
+  CHECK(big_out[0] == 4 && big_out[3] == 1 && big_out[4] == -1 && big_out[5] == -1);
+  /* shape / ndim / dim queries */
+  int64_t sh[2];
+  CHECK(tg_shape(tg_reshape(x, TG_SHAPE(2, 2)), sh) == 2 && sh[0] == 2 && sh[1] == 2);
+  CHECK(tg_shape(x, NULL) == -1);
+  CHECK_ERR(TG_ERR_INVALID, "tg_shape");
+  CHECK(tg_dim(x, 1) == -1);
+  CHECK_ERR(TG_ERR_INVALID, "tg_dim", "axis 1");
+  END;
+}
+
+static void check_string(const char *file, int line, tg_tensor t, const char *want) {
+  char *s = tg_to_string(t);
+  if (!s || strcmp(s, want) != 0) {
+    tt_failed_checks++;
+    fprintf(stderr, "  FAIL %s:%d: tg_to_string gave \"%s\", expected \"%s\" (%s)\n", file, line, s ? s : "(null)", want,
+            tg_last_error() ? tg_last_error() : "");
+  }
+  free(s);
+}
+#define CHECK_STRING(t, want) check_string(__FILE__, __LINE__, (t), (want))
+
+TEST(to_string_numpy_format) {
+  BEGIN;
+  const float v[] = {1, 2, 3, 4, 5};
+  tg_tensor t4 = f32(v, TG_SHAPE(5));
+  tg_tensor q = tg_log_softmax(tg_relu(tg_mul(tg_mul_s(tg_add_s(t4, 1), 2), t4)), -1);
+  CHECK_STRING(q, "[-56. -48. -36. -20.   0.]");
+  CHECK_STRING(t4, "[1. 2. 3. 4. 5.]");
+  CHECK_STRING(tg_arange(0, 6, 1, NULL), "[0 1 2 3 4 5]");
+  CHECK_STRING(tg_reshape(tg_arange(0, 6, 1, NULL), TG_SHAPE(2, 3)), "[[0 1 2]\n [3 4 5]]");
+  CHECK_STRING(tg_div_s(t4, 4), "[0.25 0.5  0.75 1.   1.25]");
+  CHECK_STRING(tg_gt_s(t4, 2), "[False False  True  True  True]");
+  CHECK_STRING(tg_scalar(5, NULL), "5.0");
+  CHECK_STRING(tg_zeros(TG_SHAPE(0), NULL), "[]");
+  CHECK_STRING(tg_neg(tg_arange(0, 3, 1, TG_OPTS(.dtype = TG_INT8))), "[ 0 -1 -2]");
+  CHECK_STRING(tg_cast(tg_div_s(t4, 3), TG_FLOAT16), "[0.3333 0.6665 1.     1.333  1.667 ]");
+  CHECK(tg_print(t4) == TG_OK);
+  CHECK(tg_to_string(NONE_T) == NULL);
+  CHECK_ERR(TG_ERR_HANDLE, "tg_to_string");
+  CHECK(tg_print(NONE_T) == TG_ERR_HANDLE);
+  CHECK_ERR(TG_ERR_HANDLE);
+  END;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* errors: each returns none / a status and names the function and the offending shapes/values    */
+
+TEST(error_broadcast) {
+  BEGIN;
+  tg_tensor a = tg_ones(TG_SHAPE(3, 4), NULL), b = tg_ones(TG_SHAPE(5), NULL);
+  CHECK(tg_add(a, b).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_add: shapes (3, 4) and (5,) cannot broadcast");
+  CHECK(tg_where(tg_gt_s(a, 0), a, b).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_where", "(5,)", "cannot broadcast");
+  CHECK(tg_lt(b, a).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_lt", "(5,)", "(3, 4)");
+  tg_tensor c = tg_ones(TG_SHAPE(2, 1, 4), NULL);
+  CHECK(tg_mul(a, c).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_mul", "(3, 4)", "(2, 1, 4)");
+  /* broadcastable shapes are fine */
+  CHECK_SHAPE(tg_add(tg_ones(TG_SHAPE(3, 1), NULL), tg_ones(TG_SHAPE(2, 1, 4), NULL)), 2, 3, 4);
+  CHECK(tg_last_error() == NULL);
+  END;
+}
+
+TEST(error_axes) {
+  BEGIN;
+  tg_tensor a = tg_ones(TG_SHAPE(3, 4), NULL);
+  CHECK(tg_sum(a, TG_AXES(5), false).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_sum", "axis 5", "2-d");
+  CHECK(tg_max(a, TG_AXES(-3), false).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_max", "axis -3");
+  CHECK(tg_sum(a, TG_AXES(1, -1), false).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_sum", "axis -1 appears twice");
+  CHECK(tg_mean(a, TG_AXES(0, 0), false).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_mean", "twice");
+  CHECK(tg_softmax(a, 2).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_softmax", "axis 2");
+  CHECK(tg_sum(a, NULL, 1, false).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_sum", "NULL");
+  CHECK(tg_transpose(a, 0, 2).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_transpose", "axis 2");
+  CHECK(tg_unsqueeze(a, 4).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_unsqueeze", "axis 4");
+  CHECK(tg_flip(a, TG_AXES(0, 0)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_flip", "twice");
+  CHECK(tg_flatten(a, 1, 0).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_flatten");
+  END;
+}
+
+TEST(error_reshape_permute_expand) {
+  BEGIN;
+  tg_tensor a = tg_ones(TG_SHAPE(3, 4), NULL);
+  CHECK(tg_reshape(a, TG_SHAPE(5, 2)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_reshape", "(3, 4)", "(5, 2)", "12");
+  CHECK(tg_reshape(a, TG_SHAPE(-1, -1)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_reshape", "only one dimension can be -1");
+  CHECK(tg_reshape(a, TG_SHAPE(5, -1)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_reshape", "-1", "(3, 4)");
+  CHECK(tg_reshape(a, TG_SHAPE(-2, -6)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_reshape", "negative");
+  CHECK(tg_permute(a, TG_AXES(0)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_permute", "(3, 4)");
+  CHECK(tg_permute(a, TG_AXES(1, 1)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_permute", "twice");
+  CHECK(tg_permute(a, TG_AXES(0, 2)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_permute", "axis 2");
+  CHECK(tg_expand(a, TG_SHAPE(3, 5)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_expand", "(3, 4)", "(3, 5)");
+  CHECK(tg_expand(a, TG_SHAPE(4)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_expand", "(3, 4)");
+  CHECK(tg_expand(tg_ones(TG_SHAPE(3, 1), NULL), TG_SHAPE(3, -2)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_expand");
+  CHECK(tg_matmul(a, tg_scalar(1, NULL)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_matmul");
+  END;
+}
+
+TEST(error_pad_shrink) {
+  BEGIN;
+  tg_tensor a = tg_ones(TG_SHAPE(3, 4), NULL);
+  CHECK(tg_shrink(a, TG_SHAPE(0, 4, 0, 4)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_shrink", "(0, 4)", "dim 0", "(3, 4)");
+  CHECK(tg_shrink(a, TG_SHAPE(2, 1, 0, 4)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_shrink", "(2, 1)");
+  CHECK(tg_shrink(a, TG_SHAPE(-1, 2, 0, 4)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_shrink", "(-1, 2)");
+  CHECK(tg_shrink(a, TG_SHAPE(0, 1)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_shrink", "expected 4 bounds", "got 2");
+  CHECK(tg_pad(a, TG_SHAPE(1, 1), 0).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_pad", "expected 4 pads", "got 2");
+  CHECK(tg_pad(a, TG_SHAPE(-2, -2, 0, 0), 0).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_pad", "(-2, -2)", "dim 0");
+  CHECK(tg_pad(a, TG_SHAPE(0, 0, (int64_t)1 << 50, 0), 0).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_pad", "out of range");
+  CHECK(tg_flip(a, NULL, 1).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_flip", "NULL");
+  END;
+}
+
+TEST(error_dtype_and_null) {
+  BEGIN;
+  float v[2] = {1, 2};
+  CHECK(tg_from_data(v, TG_SHAPE(2), TG_OPTS(.dtype = (tg_dtype)99)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_from_data", "invalid dtype 99");
+  CHECK(tg_ones(TG_SHAPE(2), TG_OPTS(.dtype = (tg_dtype)-3)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_full", "invalid dtype -3");
+  CHECK(tg_zeros(TG_SHAPE(2), TG_OPTS(.dtype = TG_DTYPE_COUNT)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "invalid dtype");
+  CHECK(tg_scalar(1, TG_OPTS(.dtype = (tg_dtype)99)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_scalar", "99");
+  CHECK(tg_arange(0, 3, 1, TG_OPTS(.dtype = (tg_dtype)99)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_arange", "99");
+  CHECK(tg_from_data(NULL, TG_SHAPE(2), F32).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_from_data", "NULL");
+  CHECK(tg_from_data(v, NULL, 2, F32).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_from_data", "shape is NULL");
+  CHECK(tg_ones(NULL, 1, NULL).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_full", "NULL");
+  CHECK(tg_reshape(tg_ones(TG_SHAPE(2), NULL), NULL, 1).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_reshape", "NULL");
+  tg_tensor t = f32(v, TG_SHAPE(2));
+  CHECK(tg_data(t, NULL, 8) == TG_ERR_INVALID);
+  CHECK_ERR(TG_ERR_INVALID, "tg_data", "NULL");
+  CHECK(tg_context_set(NULL, "1") == TG_ERR_INVALID);
+  CHECK_ERR(TG_ERR_INVALID, "tg_context_set");
+  CHECK(tg_context_set("DEBUG", "1") == TG_ERR_INVALID); /* no open context */
+  CHECK_ERR(TG_ERR_INVALID, "tg_context_set", "tg_context_begin");
+  tg_context_end();
+  CHECK_ERR(TG_ERR_INVALID, "tg_context_end");
+  CHECK(tg_getenv_int(NULL, 5) == 5);
+  CHECK_ERR(TG_ERR_INVALID, "tg_getenv_int");
+  END;
+}
+
+TEST(error_bad_shapes) {
+  BEGIN;
+  CHECK(tg_zeros(TG_SHAPE(3, -1), NULL).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_full", "negative dimension -1", "(3, -1)");
+  CHECK(tg_empty(TG_SHAPE((int64_t)1 << 40, (int64_t)1 << 40), NULL).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_empty", "(1099511627776, 1099511627776)", "too large");
+  CHECK(tg_rand(TG_SHAPE(INT64_MAX, 2), NULL).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_rand", "too large");
+  CHECK(tg_randn(TG_SHAPE(-5), NULL).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_randn", "-5");
+  float v[1] = {0};
+  CHECK(tg_from_data(v, (const int64_t[]){1}, -1, F32).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_from_data", "ndim -1");
+  CHECK(tg_from_blob(v, TG_SHAPE((int64_t)1 << 62, 8), F32).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_from_blob", "too large");
+  CHECK(tg_reshape(tg_ones(TG_SHAPE(2), NULL), TG_SHAPE((int64_t)1 << 40, (int64_t)1 << 40, 1 << 30)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_reshape");
+  CHECK(tg_expand(tg_ones(TG_SHAPE(1, 1), NULL), TG_SHAPE((int64_t)1 << 40, (int64_t)1 << 40)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_expand");
+  CHECK(tg_eye(-1, 0, NULL).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_eye", "-1");
+  CHECK(tg_arange(0, 1e30, 1, NULL).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_arange");
+  END;
+}
+
+TEST(error_devices) {
+  BEGIN;
+  CHECK(tg_ones(TG_SHAPE(2), TG_OPTS(.device = "GPU:7")).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "GPU:7");
+  CHECK(tg_zeros(TG_SHAPE(2), TG_OPTS(.device = "XYZ")).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "XYZ");
+  CHECK(tg_from_data((float[]){1}, TG_SHAPE(1), TG_OPTS(.device = "CPU:x")).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "CPU:x");
+  tg_tensor a = tg_ones(TG_SHAPE(2), NULL);
+  CHECK(tg_to(a, "XYZ").id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "XYZ");
+  CHECK(tg_synchronize("XYZ") == TG_ERR_INVALID);
+  CHECK_ERR(TG_ERR_INVALID, "XYZ");
+  tg_tensor b = tg_ones(TG_SHAPE(2), TG_OPTS(.device = "CPU:1"));
+  CHECK(tg_add(a, b).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_add", "different devices", "CPU", "CPU:1");
+  CHECK(tg_matmul(tg_ones(TG_SHAPE(2, 2), NULL), tg_ones(TG_SHAPE(2, 2), TG_OPTS(.device = "CPU:1"))).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_matmul", "different devices");
+  CHECK(tg_where(tg_gt_s(a, 0), a, b).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_where", "CPU:1");
+  END;
+}
+
+TEST(error_bitwise_on_floats) {
+  BEGIN;
+  tg_tensor f = tg_ones(TG_SHAPE(2), NULL), i = tg_ones(TG_SHAPE(2), I32);
+  CHECK(tg_bitwise_and(f, f).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_bitwise_and", "float");
+  CHECK(tg_bitwise_xor(i, f).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_bitwise_xor", "float");
+  CHECK(tg_lshift(f, i).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_lshift");
+  CHECK(tg_idiv(f, f).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_idiv", "float");
+  CHECK(tg_sub(tg_gt_s(f, 0), tg_gt_s(f, 0)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_sub", "bool");
+  CHECK_VALUES(tg_bitwise_or(i, i), 0, 1, 1);
+  END;
+}
+
+static int g_uniq;
+
+TEST(error_compile_failure) {
+  BEGIN;
+  /* an expression no earlier kernel used, so neither cache can already hold its kernel */
+  double k = 1.0 + (double)(++g_uniq) * 0.0001220703125;
+  const float v[] = {1, 2, 3};
+  tg_tensor x = f32(v, TG_SHAPE(3));
+  tg_tensor y = tg_mul_s(tg_sin(x), k);
+  tg_context_begin();
+  CHECK(tg_context_set("CC", "/nonexistent/cc") == TG_OK);
+  CHECK(tg_context_set("DISABLE_COMPILER_CACHE", "1") == TG_OK);
+  tg_status st = tg_realize(y);
+  CHECK(st == TG_ERR_COMPILE);
+  CHECK(tg_last_status() == TG_ERR_COMPILE);
+  CHECK_STR_CONTAINS(tg_last_error(), "/nonexistent/cc");
+  CHECK(!tg_is_realized(y));
+  tg_clear_error();
+  float out[3];
+  CHECK(tg_data(y, out, sizeof out) == TG_ERR_COMPILE);
+  CHECK(tg_last_error() != NULL);
+  tg_clear_error();
+  tg_context_end();
+  /* the library keeps working, and the same tensor realizes with the real compiler */
+  CHECK(tg_realize(y) == TG_OK);
+  CHECK_VALUES(y, 1e-6, sin(1) * k, sin(2) * k, sin(3) * k);
+  END;
+}
+
+TEST(error_then_library_keeps_working) {
+  BEGIN;
+  tg_tensor a = tg_ones(TG_SHAPE(3, 4), NULL);
+  CHECK(tg_add(a, tg_ones(TG_SHAPE(5), NULL)).id == 0);
+  CHECK(tg_last_error() != NULL);
+  /* the first error is kept: a later one does not overwrite it */
+  CHECK(tg_reshape(a, TG_SHAPE(7)).id == 0);
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_add");
+  CHECK(tg_last_status() == TG_ERR_INVALID);
+  tg_clear_error();
+  CHECK(tg_last_error() == NULL);
+  CHECK(tg_last_status() == TG_OK);
+  /* a fresh error is recorded after the clear */
+  CHECK(tg_reshape(a, TG_SHAPE(7)).id == 0);
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_reshape");
+  tg_clear_error();
+  /* valid ops still work, even while an error is recorded */
+  CHECK(tg_sum(a, TG_AXES(9), false).id == 0);
+  CHECK_VALUES(tg_sum(a, TG_ALL_AXES, false), 0, 12);
+  tg_clear_error();
+  CHECK_VALUES(tg_sum(tg_mul_s(a, 2), TG_AXES(1), false), 0, 8, 8, 8);
+  END;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Context and GlobalCounters                                                                      */
+
+TEST(context_overrides_restore) {
+  BEGIN;
+  int64_t d0 = tg_getenv_int("DEBUG", 0);
+  tg_context_begin();
+  CHECK(tg_context_set_int("DEBUG", 3) == TG_OK);
+  CHECK(tg_getenv_int("DEBUG", 0) == 3);
+  tg_context_begin();
+  CHECK(tg_context_set("DEBUG", "0") == TG_OK);
+  CHECK(tg_getenv_int("DEBUG", 0) == 0);
+  CHECK(tg_context_set("DEBUG", "1") == TG_OK); /* re-set in the same level */
+  CHECK(tg_getenv_int("DEBUG", 0) == 1);
+  tg_context_end();
+  CHECK(tg_getenv_int("DEBUG", 0) == 3);
+  tg_context_end();
+  CHECK(tg_getenv_int("DEBUG", 0) == d0);
+  /* settings nobody set: the default */
+  CHECK(tg_getenv_int("TG_TEST_NOT_A_SETTING", 17) == 17);
+  tg_context_begin();
+  tg_context_set("TG_TEST_NOT_A_SETTING", "not a number");
+  CHECK(tg_getenv_int("TG_TEST_NOT_A_SETTING", 17) == 17);
+  tg_context_set("TG_TEST_NOT_A_SETTING", "0x10");
+  CHECK(tg_getenv_int("TG_TEST_NOT_A_SETTING", 17) == 16);
+  tg_context_end();
+  CHECK(tg_getenv_int("TG_TEST_NOT_A_SETTING", 17) == 17);
+  /* DEBUG=2 measures kernel time; with it off the time stays 0 */
+  const float v[] = {1, 2, 3};
+  tg_tensor x = f32(v, TG_SHAPE(3));
+  tg_context_begin();
+  tg_context_set("DEBUG", "2");
+  tg_global_counters_reset();
+  CHECK_VALUES(tg_add_s(tg_mul_s(x, 7), 0.25), 0, 7.25, 14.25, 21.25);
+  tg_counters c = tg_global_counters();
+  CHECK(c.kernel_count == 1);
+  CHECK(c.time_sum_s > 0);
+  tg_context_end();
+  tg_global_counters_reset();
+  CHECK_VALUES(tg_add_s(tg_mul_s(x, 7), 0.5), 0, 7.5, 14.5, 21.5);
+  c = tg_global_counters();
+  CHECK(c.kernel_count == 1);
+  CHECK(c.time_sum_s == 0);
+  END;
+}
+
+TEST(global_counters) {
+  BEGIN;
+  tg_global_counters_reset();
+  tg_counters c = tg_global_counters();
+  CHECK(c.kernel_count == 0 && c.global_ops == 0 && c.global_mem == 0 && c.time_sum_s == 0);
+  tg_tensor x = tg_contiguous(tg_full(TG_SHAPE(1000), 2, NULL));
+  CHECK(tg_realize(x) == TG_OK);
+  tg_global_counters_reset();
+  tg_tensor y = tg_add(tg_mul(x, x), x);
+  CHECK(tg_realize(y) == TG_OK);
+  c = tg_global_counters();
+  CHECK(c.kernel_count == 1);
+  CHECK_MSG(c.global_mem >= 8000 && c.global_mem <= 8000 + 64, "global_mem %llu", (unsigned long long)c.global_mem);
+  CHECK_MSG(c.global_ops >= 2000, "global_ops %llu", (unsigned long long)c.global_ops);
+  CHECK_VALUES(tg_sum(y, TG_ALL_AXES, false), 0, 6000);
+  tg_global_counters_reset();
+  c = tg_global_counters();
+  CHECK(c.kernel_count == 0 && c.global_mem == 0 && c.global_ops == 0);
+  /* compile_count counts in-memory cache misses: a repeated kernel compiles once */
+  tg_global_counters_reset();
+  double k = 3.0 + (double)(++g_uniq) * 0.0009765625;
+  tg_tensor z1 = tg_mul_s(x, k);
+  CHECK(tg_realize(z1) == TG_OK);
+  uint64_t cc1 = tg_global_counters().compile_count;
+  tg_tensor z2 = tg_mul_s(tg_add_s(x, 0), k); /* same kernel again */
+  tg_tensor z3 = tg_mul_s(tg_contiguous(tg_full(TG_SHAPE(1000), 2, NULL)), k);
+  CHECK(tg_realize_many((tg_tensor[]){z2, z3}, 2) == TG_OK);
+  CHECK(tg_global_counters().compile_count <= cc1 + 1);
+  END;
+}
+
+int main(void) { return RUN_TESTS(); }

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "../codegen/codegen.h"
+#include "engine.h"
 #include "../schedule/schedule.h"
 #include "../uop/ptrmap.h"
 
@@ -49,6 +50,68 @@ static CachedKernel *get_kernel(UOp *ast, Device *dev) {
   return ck;
 }
 
+_Thread_local Capture *g_capture;
+
+static void capture_add(Program *prg, const KernelCode *code, Buffer **bufs, int nbufs, size_t nbytes) {
+  Capture *c = g_capture;
+  if (c->n == c->cap) {
+    c->cap = c->cap ? c->cap * 2 : 32;
+    c->items = tg_xrealloc(c->items, sizeof(CapItem) * (size_t)c->cap);
+  }
+  CapItem *it = &c->items[c->n++];
+  it->prg = prg;
+  it->code = code;
+  it->nbufs = nbufs;
+  it->nbytes = nbytes;
+  it->bufs = tg_xmalloc(sizeof(Buffer *) * (size_t)nbufs);
+  for (int i = 0; i < nbufs; i++) it->bufs[i] = buffer_ref(bufs[i]);
+}
+
+void capture_free(Capture *c) {
+  for (int i = 0; i < c->n; i++) {
+    for (int j = 0; j < c->items[i].nbufs; j++) buffer_unref(c->items[i].bufs[j]);
+    free(c->items[i].bufs);
+  }
+  free(c->items);
+  c->items = NULL;
+  c->n = c->cap = 0;
+}
+
+tg_status capture_replay(const Capture *c, Buffer *const *from, Buffer *const *to, int n) {
+  int dbg = debug_level();
+  for (int i = 0; i < c->n; i++) {
+    const CapItem *it = &c->items[i];
+    Buffer *bs[64];
+    Buffer **b = it->nbufs <= 64 ? bs : tg_xmalloc(sizeof(Buffer *) * (size_t)it->nbufs);
+    for (int j = 0; j < it->nbufs; j++) {
+      b[j] = it->bufs[j];
+      for (int k = 0; k < n; k++)
+        if (b[j] == from[k]) b[j] = to[k];
+    }
+    tg_status st = TG_OK;
+    if (!it->prg) {
+      st = buffer_copy(b[0], b[1], it->nbytes);
+    } else {
+      void *ps[64];
+      void **p = it->nbufs <= 64 ? ps : tg_xmalloc(sizeof(void *) * (size_t)it->nbufs);
+      for (int j = 0; j < it->nbufs; j++) p[j] = b[j]->ptr;
+      double t = program_exec(it->prg, p, it->nbufs, it->code->global_size, it->code->local_size, dbg >= 2);
+      if (p != ps) free(p);
+      if (t < 0) st = tg_last_status() ? tg_last_status() : TG_ERR_RUNTIME;
+      g_counters.kernel_count++;
+      g_counters.global_ops += it->code->ops;
+      if (dbg >= 2) {
+        g_counters.time_sum_s += t;
+        fprintf(stderr, "*** %-8s %6llu %-32s (jit replay) tm %9.2fus\n", it->prg->dev->name,
+                (unsigned long long)g_counters.kernel_count, it->code->name, t * 1e6);
+      }
+    }
+    if (b != bs) free(b);
+    if (st != TG_OK) return st;
+  }
+  return TG_OK;
+}
+
 static void print_kernel_line(Device *dev, const char *name, int nbufs, size_t mem, double t, uint64_t ops) {
   double us = t * 1e6;
   fprintf(stderr, "*** %-8s %6llu %-32s arg %2d mem %6.3f GB tm %9.2fus/%9.2fms (%8.2f GFLOPS %6.1f GB/s)\n",
@@ -69,6 +132,10 @@ static tg_status run_schedule(Schedule *s) {
       SBuf *in = &s->bufs[it->bufs[1]];
       tg_status st = buffer_copy(out->buf, in->buf, out->nbytes);
       if (st != TG_OK) return st;
+      if (g_capture) {
+        Buffer *cb[2] = {out->buf, in->buf};
+        capture_add(NULL, NULL, cb, 2, out->nbytes);
+      }
       g_counters.global_mem += out->nbytes;
       if (dbg >= 2)
         fprintf(stderr, "*** %-8s %6s copy %zu bytes %s -> %s\n", out->dev->name, "", out->nbytes, in->dev->name,
@@ -85,6 +152,13 @@ static tg_status run_schedule(Schedule *s) {
       }
       double t = program_exec(ck->prg, bufs, it->nbufs, ck->code->global_size, ck->code->local_size, dbg >= 2);
       if (bufs != ptrs) free(bufs);
+      if (g_capture) {
+        Buffer *cb[64];
+        Buffer **cbp = it->nbufs <= 64 ? cb : tg_xmalloc(sizeof(Buffer *) * (size_t)it->nbufs);
+        for (int j = 0; j < it->nbufs; j++) cbp[j] = s->bufs[it->bufs[j]].buf;
+        capture_add(ck->prg, ck->code, cbp, it->nbufs, 0);
+        if (cbp != cb) free(cbp);
+      }
       if (t < 0) return tg_last_status() ? tg_last_status() : TG_ERR_RUNTIME;
       g_counters.kernel_count++;
       g_counters.global_ops += ck->code->ops;

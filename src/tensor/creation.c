@@ -215,20 +215,23 @@ tg_tensor tg_eye(int64_t n, int64_t m, const tg_opts *opts) {
 /* ---------------------------------------------------------------------------------------------- */
 /* random: threefry2x32 (20 rounds) over (counter, 0) with key (seed, call number)                 */
 
-static uint64_t rng_seed = 0, rng_calls = 0;
+static uint64_t rng_seed = 0;
+/* Per-device call counter, kept in a 1-element uint32 device buffer and advanced by an ASSIGN inside
+ * the graph. Kernels read it at run time, so a replayed TinyJit capture draws new numbers each time. */
+static UOp **rng_ctr;
+static int nrng_ctr;
+
 void tg_manual_seed(uint64_t seed) {
   rng_seed = seed;
-  rng_calls = 0;
+  for (int i = 0; i < nrng_ctr; i++) {
+    uop_unref(rng_ctr[i]);
+    rng_ctr[i] = NULL;
+  }
 }
 
 static UOp *u32c(UOp *like, uint32_t v) { return g_const_shaped((double)v, TG_UINT32, like->device, like->shape, like->ndim); }
 static UOp *u32op(int op, UOp *a, UOp *b) { return g_alu(op, TG_UINT32, a, b, NULL); }
-static UOp *u32add_c(UOp *a, uint32_t c) {
-  UOp *k = u32c(a, c);
-  UOp *r = u32op(OP_ADD, a, k);
-  uop_unref(k);
-  return r;
-}
+static UOp *u32add(UOp *a, UOp *b) { return u32op(OP_ADD, a, b); }
 static UOp *rotl(UOp *x, int r) {
   UOp *a = u32c(x, (uint32_t)r), *b = u32c(x, (uint32_t)(32 - r));
   UOp *l = u32op(OP_SHL, x, a), *h = u32op(OP_SHR, x, b);
@@ -237,29 +240,69 @@ static UOp *rotl(UOp *x, int r) {
   return o;
 }
 
-/* Random uint32 bits for `n` elements (1-D), new ref. */
+/* The counter value for this call (a node of shape (1,)), advancing the device counter. */
+static UOp *next_counter(int device) {
+  if (device >= nrng_ctr) {
+    rng_ctr = tg_xrealloc(rng_ctr, sizeof(UOp *) * (size_t)(device + 1));
+    for (int i = nrng_ctr; i <= device; i++) rng_ctr[i] = NULL;
+    nrng_ctr = device + 1;
+  }
+  UOp *c = rng_ctr[device];
+  if (!c) {
+    Buffer *b = buffer_new(device_by_id(device), 4);
+    if (!b) return NULL;
+    uint32_t zero = 0;
+    buffer_copyin(b, &zero, 4);
+    int64_t one = 1;
+    c = rng_ctr[device] = g_buffer(b, TG_UINT32, &one, 1);
+  }
+  if (c->op == OP_ASSIGN) {
+    /* the previous call's advance is still pending: run it so every call sees a distinct value */
+    if (!c->realized && realize_uops(&c, 1) != TG_OK) return NULL;
+    rng_ctr[device] = uop_ref(c->realized);
+    uop_unref(c);
+    c = rng_ctr[device];
+  }
+  UOp *one = u32c(c, 1), *nv = u32op(OP_ADD, c, one);
+  UOp *a = g_assign(c, nv);
+  uop_unref(one), uop_unref(nv);
+  rng_ctr[device] = a;
+  uop_unref(c);
+  return uop_ref(a);
+}
+
+/* Random uint32 bits for `n` elements (1-D), new ref: threefry2x32 with key (seed, call counter)
+ * over counters (i, 0). */
 static UOp *random_bits(int device, int64_t n) {
-  uint64_t call = rng_calls++;
-  uint32_t k0 = (uint32_t)(rng_seed ^ (rng_seed >> 32)), k1 = (uint32_t)call, k2 = k0 ^ k1 ^ 0x1BD11BDAu;
-  uint32_t ks[3] = {k0, k1, k2};
-  /* counter: a host-made uint32 index (lazy iota would need a cumsum) */
+  UOp *ctr = next_counter(device);
+  if (!ctr) return NULL;
+  uint32_t k0 = (uint32_t)(rng_seed ^ (rng_seed >> 32));
+  /* element index: a host-made uint32 iota (a lazy iota would need a cumsum kernel) */
   uint32_t *idx = tg_xmalloc(sizeof(uint32_t) * (size_t)(n + 1));
   for (int64_t i = 0; i < n; i++) idx[i] = (uint32_t)i;
   tg_opts o = {.dtype = TG_UINT32, .device = device_by_id(device)->name};
   tg_tensor ct = tg_from_data(idx, &n, 1, &o);
   free(idx);
   UOp *c = t_get(ct, "tg_rand");
-  if (!c) return NULL;
+  if (!c) {
+    uop_unref(ctr);
+    return NULL;
+  }
   c = uop_ref(c);
   tg_free(ct);
+  UOp *ks[3];
+  ks[0] = u32c(c, k0);
+  ks[1] = g_expand(ctr, c->shape);
+  UOp *kx = u32c(c, k0 ^ 0x1BD11BDAu);
+  ks[2] = u32op(OP_XOR, kx, ks[1]);
+  uop_unref(kx);
+  uop_unref(ctr);
   static const int R[8] = {13, 15, 26, 6, 17, 29, 16, 24};
-  UOp *x0 = u32add_c(c, ks[0]);
-  UOp *zero = u32c(c, 0);
-  UOp *x1 = u32add_c(zero, ks[1]);
-  uop_unref(zero);
+  UOp *x0 = u32add(c, ks[0]);
+  UOp *x1 = uop_ref(ks[1]);
   for (int i = 0; i < 5; i++) {
     for (int j = 0; j < 4; j++) {
-      UOp *s = u32op(OP_ADD, x0, x1);
+      UOp *s = u32add(x0, x1);
       uop_unref(x0);
       x0 = s;
       UOp *rl = rotl(x1, R[(i % 2) * 4 + j]);
@@ -267,13 +310,16 @@ static UOp *random_bits(int device, int64_t n) {
       x1 = u32op(OP_XOR, rl, x0);
       uop_unref(rl);
     }
-    UOp *a = u32add_c(x0, ks[(i + 1) % 3]);
-    UOp *b = u32add_c(x1, ks[(i + 2) % 3] + (uint32_t)(i + 1));
-    uop_unref(x0), uop_unref(x1);
+    UOp *ic = u32c(c, (uint32_t)(i + 1));
+    UOp *a = u32add(x0, ks[(i + 1) % 3]);
+    UOp *bk = u32add(ks[(i + 2) % 3], ic);
+    UOp *b = u32add(x1, bk);
+    uop_unref(x0), uop_unref(x1), uop_unref(ic), uop_unref(bk);
     x0 = a, x1 = b;
   }
   uop_unref(x1);
   uop_unref(c);
+  for (int i = 0; i < 3; i++) uop_unref(ks[i]);
   return x0;
 }
 
