@@ -1,0 +1,206 @@
+/* test_jit.c -- TinyJit capture/replay, its error cases, and autograd basics. */
+#include <string.h>
+#include <tinygrad.h>
+
+#include "test.h"
+
+static tg_status f_affine(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)nout, (void)u;
+  double k = nargs ? args[0] : 1.0;
+  out[0] = tg_sum(tg_relu(tg_add(tg_mul_s(in[0], k), in[1])), TG_AXES(1), false);
+  return TG_OK;
+}
+
+static tg_status f_rand(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
+  out[0] = tg_add(in[0], tg_rand(TG_SHAPE(8), NULL));
+  return TG_OK;
+}
+
+static tg_status f_assign_in(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
+  tg_assign(in[0], tg_add_s(in[0], 1));
+  out[0] = tg_mul_s(in[0], 2);
+  return TG_OK;
+}
+
+static tg_tensor mk(float base, int n) {
+  float d[64];
+  for (int i = 0; i < n; i++) d[i] = base + (float)(i % 7) - 3.0f;
+  return tg_from_data(d, TG_SHAPE(4, n / 4), NULL);
+}
+
+TEST(jit_replay_matches_eager) {
+  size_t live = tg_live_count();
+  tg_scope_begin();
+  tg_jit *j = tg_jit_new(f_affine, 1, NULL);
+  double k = 3.0;
+  for (int it = 0; it < 5; it++) {
+    tg_tensor in[2] = {mk((float)it, 16), mk(-(float)it, 16)};
+    tg_tensor out;
+    CHECK(tg_jit_call(j, in, 2, &k, 1, &out) == TG_OK);
+    float got[4], want[4];
+    CHECK(tg_data(out, got, sizeof got) == TG_OK);
+    tg_tensor e = tg_sum(tg_relu(tg_add(tg_mul_s(in[0], k), in[1])), TG_AXES(1), false);
+    CHECK(tg_data(e, want, sizeof want) == TG_OK);
+    for (int i = 0; i < 4; i++) CHECK_CLOSE(got[i], want[i], 1e-6);
+    if (it >= 2) CHECK(tg_jit_captured_kernels(j) >= 1);
+  }
+  /* replays run only the captured kernels */
+  tg_tensor in[2] = {mk(9, 16), mk(1, 16)};
+  tg_global_counters_reset();
+  tg_tensor out;
+  CHECK(tg_jit_call(j, in, 2, &k, 1, &out) == TG_OK);
+  CHECK(tg_global_counters().kernel_count == (uint64_t)tg_jit_captured_kernels(j));
+  CHECK(tg_global_counters().compile_count == 0);
+  tg_jit_free(j);
+  tg_scope_end();
+  CHECK(tg_live_count() == live);
+}
+
+TEST(jit_divergence_errors) {
+  size_t live = tg_live_count();
+  tg_scope_begin();
+  tg_jit *j = tg_jit_new(f_affine, 1, NULL);
+  double k = 2.0;
+  tg_tensor out;
+  for (int it = 0; it < 2; it++) {
+    tg_tensor in[2] = {mk(1, 16), mk(2, 16)};
+    CHECK(tg_jit_call(j, in, 2, &k, 1, &out) == TG_OK);
+  }
+  tg_tensor good[2] = {mk(1, 16), mk(2, 16)};
+  /* changed shape */
+  tg_tensor bad_shape[2] = {mk(1, 32), mk(2, 32)};
+  CHECK(tg_jit_call(j, bad_shape, 2, &k, 1, &out) == TG_ERR_INVALID);
+  CHECK_STR_CONTAINS(tg_last_error(), "input 0");
+  tg_clear_error();
+  /* changed dtype */
+  tg_tensor bad_dt[2] = {tg_contiguous(tg_cast(good[0], TG_FLOAT64)), good[1]};
+  tg_realize(bad_dt[0]);
+  CHECK(tg_jit_call(j, bad_dt, 2, &k, 1, &out) == TG_ERR_INVALID);
+  CHECK_STR_CONTAINS(tg_last_error(), "double");
+  tg_clear_error();
+  /* changed device */
+  tg_tensor bad_dev[2] = {tg_to(good[0], "CPU:1"), good[1]};
+  tg_realize(bad_dev[0]);
+  CHECK(tg_jit_call(j, bad_dev, 2, &k, 1, &out) == TG_ERR_INVALID);
+  CHECK_STR_CONTAINS(tg_last_error(), "CPU:1");
+  tg_clear_error();
+  /* unrealized input */
+  tg_tensor lazy[2] = {tg_add_s(good[0], 1), good[1]};
+  CHECK(tg_jit_call(j, lazy, 2, &k, 1, &out) == TG_ERR_INVALID);
+  CHECK_STR_CONTAINS(tg_last_error(), "not realized");
+  tg_clear_error();
+  /* non-tensor argument baked in */
+  double k2 = 5.0;
+  CHECK(tg_jit_call(j, good, 2, &k2, 1, &out) == TG_ERR_INVALID);
+  CHECK_STR_CONTAINS(tg_last_error(), "non-tensor argument 0 changed");
+  tg_clear_error();
+  /* wrong input count */
+  CHECK(tg_jit_call(j, good, 1, &k, 1, &out) == TG_ERR_INVALID);
+  tg_clear_error();
+  /* still works after errors */
+  CHECK(tg_jit_call(j, good, 2, &k, 1, &out) == TG_OK);
+  tg_jit_free(j);
+  /* assign to an input that is not returned */
+  tg_jit *j2 = tg_jit_new(f_assign_in, 1, NULL);
+  tg_status st = TG_OK;
+  for (int it = 0; it < 2 && st == TG_OK; it++) {
+    tg_tensor x = mk(0, 16);
+    st = tg_jit_call(j2, &x, 1, NULL, 0, &out);
+  }
+  CHECK(st == TG_ERR_INVALID);
+  CHECK_STR_CONTAINS(tg_last_error(), "assigns to input 0");
+  tg_clear_error();
+  tg_jit_free(j2);
+  tg_scope_end();
+  CHECK(tg_live_count() == live);
+}
+
+TEST(jit_random_differs_per_replay) {
+  size_t live = tg_live_count();
+  tg_scope_begin();
+  tg_manual_seed(42);
+  tg_jit *j = tg_jit_new(f_rand, 1, NULL);
+  float prev[8] = {0}, cur[8];
+  float zeros[8] = {0};
+  for (int it = 0; it < 5; it++) {
+    tg_tensor x = tg_from_data(zeros, TG_SHAPE(8), NULL), out;
+    CHECK(tg_jit_call(j, &x, 1, NULL, 0, &out) == TG_OK);
+    CHECK(tg_data(out, cur, sizeof cur) == TG_OK);
+    for (int i = 0; i < 8; i++) CHECK(cur[i] >= 0.0f && cur[i] < 1.0f);
+    if (it > 0) CHECK(memcmp(prev, cur, sizeof cur) != 0);
+    memcpy(prev, cur, sizeof cur);
+  }
+  tg_jit_free(j);
+  tg_scope_end();
+  CHECK(tg_live_count() == live);
+}
+
+TEST(jit_disabled_with_env) {
+  tg_scope_begin();
+  tg_context_begin();
+  tg_context_set("JIT", "0");
+  tg_jit *j = tg_jit_new(f_affine, 1, NULL);
+  double k = 1;
+  for (int it = 0; it < 3; it++) {
+    tg_tensor in[2] = {mk(1, 16), mk(2, 16)}, out;
+    CHECK(tg_jit_call(j, in, 2, &k, 1, &out) == TG_OK);
+  }
+  CHECK(tg_jit_captured_kernels(j) == 0);
+  tg_jit_free(j);
+  tg_context_end();
+  tg_scope_end();
+}
+
+TEST(autograd_matches_hand_derivation) {
+  size_t live = tg_live_count();
+  tg_scope_begin();
+  float xd[3] = {1, -2, 3};
+  tg_tensor x = tg_from_data(xd, TG_SHAPE(3), TG_OPTS(.requires_grad = true));
+  /* loss = sum(x*x*x + relu(x)) -> grad = 3x^2 + (x > 0) */
+  tg_tensor loss = tg_sum(tg_add(tg_mul(tg_mul(x, x), x), tg_relu(x)), TG_ALL_AXES, false);
+  CHECK(tg_backward(loss) == TG_OK);
+  float g[3];
+  CHECK(tg_data(tg_grad(x), g, sizeof g) == TG_OK);
+  CHECK_CLOSE(g[0], 4, 1e-6);
+  CHECK_CLOSE(g[1], 12, 1e-6);
+  CHECK_CLOSE(g[2], 28, 1e-6);
+  /* gradients accumulate, zero_grad clears */
+  CHECK(tg_backward(loss) == TG_OK);
+  CHECK(tg_data(tg_grad(x), g, sizeof g) == TG_OK);
+  CHECK_CLOSE(g[0], 8, 1e-6);
+  tg_zero_grad(x);
+  CHECK(!tg_valid(tg_grad(x)));
+  /* tg_gradient leaves .grad alone */
+  tg_tensor gx;
+  CHECK(tg_gradient(loss, &x, 1, &gx) == TG_OK);
+  CHECK(tg_data(gx, g, sizeof g) == TG_OK);
+  CHECK_CLOSE(g[2], 28, 1e-6);
+  CHECK(!tg_valid(tg_grad(x)));
+  /* max ties split the gradient */
+  float td[4] = {1, 5, 5, 2};
+  tg_tensor t = tg_from_data(td, TG_SHAPE(4), TG_OPTS(.requires_grad = true));
+  CHECK(tg_backward(tg_max(t, TG_ALL_AXES, false)) == TG_OK);
+  float tg[4];
+  CHECK(tg_data(tg_grad(t), tg, sizeof tg) == TG_OK);
+  CHECK_CLOSE(tg[0], 0, 0);
+  CHECK_CLOSE(tg[1], 0.5, 1e-7);
+  CHECK_CLOSE(tg[2], 0.5, 1e-7);
+  /* errors: non-scalar loss, no differentiable path */
+  CHECK(tg_backward(x) == TG_ERR_INVALID);
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_backward");
+  tg_clear_error();
+  tg_tensor y = tg_from_data(xd, TG_SHAPE(3), NULL);
+  CHECK(tg_backward(tg_sum(y, TG_ALL_AXES, false)) == TG_ERR_INVALID);
+  CHECK_STR_CONTAINS(tg_last_error(), "requires_grad");
+  tg_clear_error();
+  tg_tensor cmp = tg_sum(tg_cast(tg_lt_s(x, 0), TG_FLOAT32), TG_ALL_AXES, false);
+  CHECK(tg_gradient(cmp, &x, 1, &gx) == TG_ERR_INVALID);
+  CHECK_STR_CONTAINS(tg_last_error(), "differentiable");
+  tg_clear_error();
+  tg_scope_end();
+  CHECK(tg_live_count() == live);
+}
+
+int main(void) { return RUN_TESTS(); }
