@@ -54,17 +54,17 @@ def is_unsigned(dt): return dt in UINTS
 
 def f32_to_bf16_bits(a):
   """float32 array -> uint16 bfloat16 bits, round to nearest even (NaN stays NaN)."""
-  a = np.ascontiguousarray(np.asarray(a, dtype=np.float32))
-  u = a.view(np.uint32).astype(np.uint64)
+  a = np.array(a, dtype=np.float32, order="C")  # (np.ascontiguousarray would make a 0-d array 1-d)
+  u = a.reshape(-1).view(np.uint32).astype(np.uint64)
   r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-  nan = np.isnan(a)
+  nan = np.isnan(a.reshape(-1))
   if nan.any(): r = np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), r)
-  return r
+  return r.reshape(a.shape)
 
 
 def bf16_bits_to_f32(b):
-  b = np.ascontiguousarray(np.asarray(b, dtype=np.uint16))
-  return (b.astype(np.uint32) << 16).view(np.float32)
+  b = np.array(b, dtype=np.uint16, order="C")
+  return (b.reshape(-1).astype(np.uint32) << 16).view(np.float32).reshape(b.shape)
 
 
 def bf16_round(a):
@@ -267,7 +267,7 @@ class Tensor:
       arr = np.asarray(data)
       if arr.dtype != NP_STORAGE[dtype]:
         arr = arr.astype(NP_STORAGE[dtype])
-    arr = np.ascontiguousarray(arr)
+    arr = np.array(arr, order="C", copy=False)  # keeps 0-d arrays 0-d
     sh, nd = _shape_arg(arr.shape)
     self.h = call("from_data", arr.ctypes.data_as(ctypes.c_void_p), sh, nd, _opts(dtype, device))
 

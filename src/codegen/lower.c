@@ -172,6 +172,15 @@ LKernel *lower_kernel(UOp *ast) {
   int ng0 = k->ng, nr0 = k->nr;
   drop_unit(k, k->granges, &k->ng);
   drop_unit(k, k->rranges, &k->nr);
+  if (k->rbody && k->nr == 0) {
+    /* every reduce loop had size 1 (or the reduce had no axes): the result is the single element */
+    USubst s = {k->rplace, k->rbody};
+    UOp *v = uop_substitute(k->value, &s, 1);
+    uop_unref(k->value);
+    uop_unref(k->rbody);
+    uop_unref(k->rplace);
+    k->value = v, k->rbody = NULL, k->rplace = NULL;
+  }
   int ng1 = k->ng, nr1 = k->nr;
   if (getenv_int("NOOPT", 0) == 0) {
     merge_all(k, k->granges, &k->ng);

@@ -9,10 +9,11 @@
  *  - realize targets, CONTIGUOUS, COPY and ASSIGN are materialized (each is a kernel "root");
  *  - elementwise and movement nodes are never materialized: every kernel that needs them recomputes
  *    them inline (movement ops become index arithmetic, so views cost nothing);
- *  - a reduction fuses into the kernel of its single consumer when the path up to that kernel's root
- *    is single-consumer and only elementwise ops and reshapes (so output positions map 1:1), and the
- *    kernel has no other reduction; otherwise it is materialized as its own kernel, with the
- *    elementwise ops feeding it fused in.
+ *  - a reduction fuses into the kernel its consumers belong to when they all belong to one kernel,
+ *    every path up to that kernel's root is only elementwise ops and reshapes (so output positions
+ *    map 1:1), and the kernel has no other reduction; otherwise it is materialized as its own
+ *    kernel, with the elementwise ops feeding it fused in;
+ *  - the source of a COPY is materialized (the copy needs a buffer to copy from).
  * Kernel ASTs are built by propagating index expressions from the output down to the loads:
  * a PAD adds a validity condition, EXPAND zeroes an index, RESHAPE re-linearizes, and the symbolic
  * simplifier (uop.c) folds the results.
@@ -26,8 +27,6 @@
 
 typedef struct {
   UOp *n;
-  int ncons;
-  UOp *cons;
   int root;
   bool fusable;
   bool mat;
@@ -36,6 +35,11 @@ typedef struct {
   UOp *fused_reduce;
   int sbuf;
   bool emitted;
+  /* what the consumers decided, reported to their sources in decide() */
+  int npush;      /* consumers that reported */
+  int cand_root;  /* the kernel root all of them belong to; -1 if they differ */
+  bool cand_fus;  /* every one reaches that root through elementwise ops and reshapes only */
+  bool cand_copy; /* one of them is a COPY, which needs a real buffer to copy from */
 } NI;
 
 typedef struct {
@@ -45,6 +49,7 @@ typedef struct {
   int nn, capn;
   PtrMap bufslot; /* Buffer* -> sbuf index + 1 */
   PtrVec pending_assign; /* NI indices (as intptr) of ASSIGN kernels not yet emitted */
+  PtrMap snap;           /* Buffer* -> sbuf index + 1 of a copy of its contents from before an assign */
 } SCtx;
 
 static NI *info(SCtx *c, UOp *n) {
@@ -74,40 +79,28 @@ static void visit(SCtx *c, UOp *n, bool target) {
   x->root = -1;
   x->sbuf = -1;
   pm_put(&c->idx, (uint64_t)(uintptr_t)n, (void *)(intptr_t)c->nn);
-  if (!leaf)
-    for (uint32_t i = 0; i < n->nsrc; i++) {
-      NI *s = info(c, n->src[i]);
-      if (s->ncons == 0 || s->cons != n) {
-        s->ncons++;
-        s->cons = n;
-      }
-    }
 }
 
+/* Consumers before producers (the reverse of the post-order in which visit() recorded the nodes),
+ * so when a node is decided every consumer has already reported its kernel root to it. A node all
+ * of whose consumers sit in the same kernel belongs to that kernel (a reduce used twice by one
+ * elementwise epilogue, as relu(sum(x)) does, still fuses); consumers in different kernels leave it
+ * without a root: elementwise nodes are then recomputed in each, a reduce is materialized. */
 static void decide(SCtx *c) {
   for (int i = c->nn - 1; i >= 0; i--) {
     NI *x = &c->ni[i];
     if (x->leaf) continue;
     UOp *n = x->n;
-    if (x->target || n->op == OP_CONTIGUOUS || n->op == OP_COPY || n->op == OP_ASSIGN) x->mat = true;
-    if (!x->mat && x->ncons == 1) {
-      NI *cn = info(c, x->cons);
-      if (cn->n->op == OP_COPY) {
-        x->mat = true;
-      } else {
-        x->root = cn->root;
-        int cop = cn->n->op;
-        x->fusable = cn->fusable && cop != OP_REDUCE_AXIS &&
-                     (op_is_alu(cop) || cop == OP_RESHAPE || cop == OP_CONTIGUOUS || cop == OP_ASSIGN);
-      }
+    if (x->target || n->op == OP_CONTIGUOUS || n->op == OP_COPY || n->op == OP_ASSIGN || x->cand_copy) x->mat = true;
+    if (!x->mat && x->npush > 0) {
+      x->root = x->cand_root;
+      x->fusable = x->cand_root >= 0 && x->cand_fus;
     }
     if (x->mat) {
       x->root = i;
       x->fusable = n->op != OP_REDUCE_AXIS;
       if (n->op == OP_REDUCE_AXIS) x->fused_reduce = n;
-      continue;
-    }
-    if (n->op == OP_REDUCE_AXIS) {
+    } else if (n->op == OP_REDUCE_AXIS) {
       NI *r = x->root >= 0 ? &c->ni[x->root] : NULL;
       if (x->fusable && r && !r->fused_reduce) {
         r->fused_reduce = n;
@@ -116,6 +109,25 @@ static void decide(SCtx *c) {
         x->root = i;
         x->fused_reduce = n;
       }
+    }
+    /* report to the sources: output positions pass through 1:1 only across elementwise ops and
+     * reshapes (a reduce's input loop is not its output) */
+    int op = n->op;
+    bool through = x->fusable && op != OP_REDUCE_AXIS &&
+                   (op_is_alu(op) || op == OP_RESHAPE || op == OP_CONTIGUOUS || op == OP_ASSIGN);
+    for (uint32_t k = 0; k < n->nsrc; k++) {
+      bool dup = false;
+      for (uint32_t j = 0; j < k && !dup; j++) dup = n->src[j] == n->src[k];
+      NI *s = dup ? NULL : info(c, n->src[k]);
+      if (!s) continue; /* leaves take reports too: an assign asks who else reads its buffer */
+      if (s->npush++ == 0) {
+        s->cand_root = x->root;
+        s->cand_fus = through;
+      } else {
+        if (s->cand_root != x->root) s->cand_root = -1;
+        s->cand_fus = s->cand_fus && through;
+      }
+      if (op == OP_COPY) s->cand_copy = true;
     }
   }
 }
@@ -152,6 +164,17 @@ static int leaf_sbuf(SCtx *c, NI *x) {
   TG_ASSERT(b->op == OP_BUFFER);
   x->sbuf = sbuf_existing(c, g_buffer_of(b), b);
   return x->sbuf;
+}
+
+/* The sbuf a plain read of leaf x loads from: the buffer, or the copy of its old contents taken
+ * before an assign overwrote it earlier in this schedule. */
+static int read_sbuf(SCtx *c, NI *x) {
+  int sb = leaf_sbuf(c, x);
+  if (c->snap.len) {
+    intptr_t t = (intptr_t)pm_get(&c->snap, (uint64_t)(uintptr_t)c->s->bufs[sb].buf);
+    if (t) return (int)t - 1;
+  }
+  return sb;
 }
 
 static SItem *item_new(Schedule *s) {
@@ -210,8 +233,11 @@ static UOp *flat_index(UOp **idx, const int64_t *shape, int ndim) {
 /* idx_out[j] = (F // stride_j) % shape_j over a contiguous shape */
 static void unravel(UOp *F, const int64_t *shape, int ndim, UOp **out) {
   int64_t st = 1;
+  /* a 0-size shape has no elements to index (and its strides would divide by 0) */
+  bool empty = false;
+  for (int j = 0; j < ndim; j++) empty = empty || shape[j] == 0;
   for (int j = ndim - 1; j >= 0; j--) {
-    if (shape[j] == 1) {
+    if (shape[j] == 1 || empty) {
       out[j] = s_const(0);
     } else {
       UOp *d = s_divc(F, st);
@@ -257,7 +283,7 @@ static UOp *kbuild_inner(KB *kb, UOp *n, UOp **idx, UOp *valid) {
   if (x->leaf || (x->mat && n != kb->root)) {
     int sb;
     if (x->leaf) {
-      sb = leaf_sbuf(c, x);
+      sb = read_sbuf(c, x);
     } else {
       if (n->op == OP_ASSIGN && !x->emitted) flush_assign(c, (int)(x - c->ni));
       sb = x->sbuf;
@@ -512,9 +538,12 @@ static UOp *copy_ast(tg_dtype dt, int64_t numel) {
   return ast;
 }
 
+static void flush_assigns_for(SCtx *c, UOp *root);
+
 static void emit_assign(SCtx *c, NI *x) {
   UOp *n = x->n;
   Device *dev = device_by_id(n->device);
+  flush_assigns_for(c, n);
   int *params = NULL, np = 0;
   UOp *ast = build_kernel(c, n, n->src[1], x->fused_reduce, x->sbuf, &params, &np, true);
   if (!ast) {
@@ -532,14 +561,66 @@ static void emit_assign(SCtx *c, NI *x) {
   x->emitted = true;
 }
 
+/* An assign emitted early (a kernel needs its result) runs before kernels still to come; those must
+ * still see the buffer's old contents when they read it directly (tinygrad: reads of a buffer in a
+ * schedule happen before the assign to it). If the buffer's old contents are read outside the
+ * assign's own kernel, copy them aside first and send later plain reads to the copy. Assigns left
+ * to the end of the schedule need none of this: every other kernel already ran. */
+static void snapshot_if_read_elsewhere(SCtx *c, int ai) {
+  int tsb = c->ni[ai].sbuf;
+  Buffer *B = c->s->bufs[tsb].buf;
+  if (pm_has(&c->snap, (uint64_t)(uintptr_t)B)) return;
+  bool elsewhere = false;
+  for (int i = 0; i < c->nn && !elsewhere; i++) {
+    NI *l = &c->ni[i];
+    if (!l->leaf || l->npush == 0) continue;
+    UOp *b = g_resolve(l->n);
+    if (b->op == OP_BUFFER && g_buffer_of(b) == B) elsewhere = l->cand_root != ai;
+  }
+  if (!elsewhere) return;
+  Device *dev = c->s->bufs[tsb].dev;
+  int t = sbuf_new(c->s, dev, c->s->bufs[tsb].nbytes, NULL);
+  int *p = tg_xmalloc(sizeof(int) * 2);
+  p[0] = t, p[1] = tsb;
+  add_item(c, SI_COPY, NULL, p, 2, dev);
+  pm_put(&c->snap, (uint64_t)(uintptr_t)B, (void *)(intptr_t)(t + 1));
+}
+
 static void flush_assign(SCtx *c, int ni_index) {
   for (size_t i = 0; i < c->pending_assign.n; i++) {
     if ((intptr_t)c->pending_assign.p[i] == ni_index) {
       c->pending_assign.p[i] = (void *)(intptr_t)-1;
+      snapshot_if_read_elsewhere(c, ni_index);
       emit_assign(c, &c->ni[ni_index]);
       return;
     }
   }
+}
+
+/* Pending assigns whose results the kernel rooted at `root` reads (through what it computes inline). */
+static void collect_assigns(SCtx *c, UOp *n, UOp *root, PtrMap *seen, PtrVec *out) {
+  if (pm_has(seen, (uint64_t)(uintptr_t)n)) return;
+  pm_put(seen, (uint64_t)(uintptr_t)n, (void *)1);
+  NI *x = info(c, n);
+  if (!x || x->leaf) return;
+  if (x->mat && n != root) {
+    if (n->op == OP_ASSIGN && !x->emitted) pv_push(out, (void *)(intptr_t)(x - c->ni));
+    return;
+  }
+  for (uint32_t i = 0; i < n->nsrc; i++) collect_assigns(c, n->src[i], root, seen, out);
+}
+
+/* Emits the pending assigns a kernel needs before that kernel is built, so any snapshot of their
+ * old contents is in place before the kernel's own plain reads are decided. */
+static void flush_assigns_for(SCtx *c, UOp *root) {
+  if (!c->pending_assign.n) return;
+  PtrMap seen;
+  PtrVec need = {0};
+  pm_init(&seen);
+  collect_assigns(c, root, root, &seen, &need);
+  pm_free(&seen);
+  for (size_t i = 0; i < need.n; i++) flush_assign(c, (int)(intptr_t)need.p[i]);
+  pv_free(&need);
 }
 
 tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
@@ -566,13 +647,14 @@ tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
     if (nd->op == OP_COPY) {
       NI *src = info(&c, nd->src[0]);
       if (src->n->op == OP_ASSIGN && !src->emitted) flush_assign(&c, (int)(src - c.ni));
-      int in = src->leaf ? leaf_sbuf(&c, src) : src->sbuf;
+      int in = src->leaf ? read_sbuf(&c, src) : src->sbuf;
       int *params = tg_xmalloc(sizeof(int) * 2);
       params[0] = x->sbuf, params[1] = in;
       add_item(&c, SI_COPY, NULL, params, 2, dev);
       continue;
     }
     UOp *value = nd->op == OP_CONTIGUOUS ? nd->src[0] : nd;
+    flush_assigns_for(&c, nd);
     int *params = NULL, np = 0;
     UOp *ast = build_kernel(&c, nd, value, x->fused_reduce, x->sbuf, &params, &np, false);
     add_item(&c, SI_KERNEL, ast, params, np, dev);
@@ -587,6 +669,7 @@ tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
   }
   pm_free(&c.idx);
   pm_free(&c.bufslot);
+  pm_free(&c.snap);
   pv_free(&c.pending_assign);
   free(c.ni);
   return TG_OK;

@@ -492,9 +492,9 @@ tg_tensor tg_sum(tg_tensor x, const int *axes, int naxes, bool keepdim) {
 }
 tg_tensor tg_prod(tg_tensor x, const int *axes, int naxes, bool keepdim) {
   GET(a, x, "tg_prod");
-  tg_dtype dt = (tg_dtype)a->dtype, acc = dtype_sum_acc(dt);
-  tg_dtype out = (dt == TG_FLOAT16 || dt == TG_BFLOAT16) ? dt : acc;
-  return reduce_nodes("tg_prod", a, OP_MUL, axes, naxes, keepdim, acc, out);
+  /* tinygrad's prod multiplies in the input dtype (no sum_acc_dtype widening) */
+  tg_dtype dt = (tg_dtype)a->dtype;
+  return reduce_nodes("tg_prod", a, OP_MUL, axes, naxes, keepdim, dt, dt);
 }
 tg_tensor tg_max(tg_tensor x, const int *axes, int naxes, bool keepdim) {
   GET(a, x, "tg_max");
@@ -503,10 +503,11 @@ tg_tensor tg_max(tg_tensor x, const int *axes, int naxes, bool keepdim) {
 tg_tensor tg_min(tg_tensor x, const int *axes, int naxes, bool keepdim) {
   GET(a, x, "tg_min");
   tg_dtype dt = (tg_dtype)a->dtype;
-  /* min(x) = inv(max(inv(x))) where inv is an order-reversing bijection of the dtype */
+  /* min(x) = inv(max(inv(x))) where inv is an order-reversing bijection of the dtype: -x for floats,
+   * ~x for integers (as tinygrad's _inverse; -x would wrap the dtype's minimum onto itself) */
   UOp *inv;
-  if (dt == TG_BOOL || tg_dtype_is_unsigned(dt)) {
-    UOp *m = n_const_like(a, dt == TG_BOOL ? 1 : dtype_max(dt), dt);
+  if (!tg_dtype_is_float(dt)) {
+    UOp *m = n_const_like(a, dt == TG_BOOL ? 1 : -1, dt);
     inv = g_alu(OP_XOR, dt, a, m, NULL);
     uop_unref(m);
   } else {
@@ -517,8 +518,8 @@ tg_tensor tg_min(tg_tensor x, const int *axes, int naxes, bool keepdim) {
   UOp *ru = t_get(r, "tg_min");
   if (!ru) return NONE;
   UOp *o;
-  if (dt == TG_BOOL || tg_dtype_is_unsigned(dt)) {
-    UOp *m = n_const_like(ru, dt == TG_BOOL ? 1 : dtype_max(dt), dt);
+  if (!tg_dtype_is_float(dt)) {
+    UOp *m = n_const_like(ru, dt == TG_BOOL ? 1 : -1, dt);
     o = g_alu(OP_XOR, dt, ru, m, NULL);
     uop_unref(m);
   } else {
@@ -649,6 +650,15 @@ tg_tensor tg_permute(tg_tensor x, const int *order, int ndim) {
   return t_wrap(g_permute(a, o));
 }
 
+/* A shape's element count must stay representable (the same 2^48 cap creation applies), so that
+ * numel/stride arithmetic downstream never overflows int64. */
+static bool numel_fits(const int64_t *shape, int ndim) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] < 0 || __builtin_mul_overflow(n, shape[i], &n) || n > ((int64_t)1 << 48)) return false;
+  return true;
+}
+
 tg_tensor tg_expand(tg_tensor x, const int64_t *shape, int ndim) {
   GET(a, x, "tg_expand");
   if (!check_ndim("tg_expand", ndim, shape)) return NONE;
@@ -665,6 +675,8 @@ tg_tensor tg_expand(tg_tensor x, const int64_t *shape, int ndim) {
                   fmt_shape(b2, sizeof b2, shape, ndim));
     sh[i] = s;
   }
+  if (!numel_fits(sh, ndim))
+    return fail(TG_ERR_INVALID, "tg_expand: cannot expand %s to %s (too many elements)", shp(b1, sizeof b1, a), fmt_shape(b2, sizeof b2, sh, ndim));
   return t_wrap(bcast_to(a, sh, ndim));
 }
 
@@ -689,13 +701,20 @@ tg_tensor tg_pad(tg_tensor x, const int64_t *pads, int npads, double value) {
   bool neg = false;
   for (int i = 0; i < a->ndim; i++) {
     int64_t lo = pads[2 * i], hi = pads[2 * i + 1];
-    if (-lo - hi > a->shape[i] || lo > (int64_t)1 << 40 || hi > (int64_t)1 << 40)
+    const int64_t lim = (int64_t)1 << 40;
+    if (lo < -lim || lo > lim || hi < -lim || hi > lim || (lo < 0 ? -lo : 0) + (hi < 0 ? -hi : 0) > a->shape[i])
       return fail(TG_ERR_INVALID, "tg_pad: pads (%lld, %lld) for dim %d of shape %s are out of range", (long long)lo, (long long)hi, i, shp(b, sizeof b, a));
     sb[2 * i] = lo < 0 ? -lo : 0;
     sb[2 * i + 1] = a->shape[i] - (hi < 0 ? -hi : 0);
     pp[2 * i] = lo > 0 ? lo : 0;
     pp[2 * i + 1] = hi > 0 ? hi : 0;
     neg = neg || lo < 0 || hi < 0;
+  }
+  int64_t outsh[64];
+  for (int i = 0; i < a->ndim; i++) outsh[i] = a->shape[i] + pads[2 * i] + pads[2 * i + 1];
+  if (!numel_fits(outsh, a->ndim)) {
+    char b2[256];
+    return fail(TG_ERR_INVALID, "tg_pad: padding shape %s gives %s, too many elements", shp(b, sizeof b, a), fmt_shape(b2, sizeof b2, outsh, a->ndim));
   }
   UOp *s = neg ? g_shrink(a, sb) : uop_ref(a);
   UOp *p = g_pad(s, pp);

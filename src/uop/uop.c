@@ -318,7 +318,7 @@ static UOp *aff_build(Aff *a) {
   for (int i = 0; i < a->n; i++)
     if (a->terms[i].k != 0) a->terms[n++] = a->terms[i];
   a->n = n;
-  qsort(a->terms, (size_t)n, sizeof(Term), term_cmp);
+  if (n > 1) qsort(a->terms, (size_t)n, sizeof(Term), term_cmp); /* terms is NULL when empty */
   UOp *acc = NULL;
   for (int i = 0; i < n; i++) {
     UOp *t = a->terms[i].t;
