@@ -295,6 +295,245 @@ tg_tensor tg_squeeze(tg_tensor x, int dim);
 tg_tensor tg_matmul(tg_tensor x, tg_tensor y);
 
 /* ---------------------------------------------------------------------------------------------- */
+/* nn ops: movement, statistics, pooling and convolution, functional nn, losses                    */
+/* Each is built from the primitive ops above the way tinygrad builds it, so it is lazy, fuses with
+ * its neighbours and is differentiable by tg_backward. Results are new handles in the current scope;
+ * inputs are never consumed. Optional tensor arguments take {0} (none) for "absent". */
+
+/* Concatenates n tensors along dim (shapes equal except in dim; dtypes promote). */
+tg_tensor tg_cat(const tg_tensor *ts, int n, int dim);
+/* Stacks n equally shaped tensors along a new dimension dim (-ndim-1 <= dim <= ndim). */
+tg_tensor tg_stack(const tg_tensor *ts, int n, int dim);
+/* Tiles x: repeats[i] copies along dim i (nrepeats >= ndim; extra leading repeats add dims). */
+tg_tensor tg_repeat(tg_tensor x, const int64_t *repeats, int nrepeats);
+/* Splits x along dim into views. nsizes == 1: sizes[0] is a chunk size (the last piece may be
+ * smaller; tinygrad's split(int)); otherwise sizes lists the pieces and must sum to the dim's size.
+ * Returns the number of pieces and writes their handles to out, or -1 on error. out == NULL only
+ * counts the pieces; otherwise out_cap must be at least that count. */
+int tg_split(tg_tensor x, const int64_t *sizes, int nsizes, int dim, tg_tensor *out, int out_cap);
+/* Splits x into at most `chunks` pieces of ceil(size / chunks) along dim (tinygrad's chunk; may return
+ * fewer pieces). Returns the count and fills out as tg_split does. */
+int tg_chunk(tg_tensor x, int chunks, int dim, tg_tensor *out, int out_cap);
+/* out[i...] = x[..., index[i...], ...] along dim (torch.gather). index is an integer tensor with x's
+ * ndim and index.shape[d] <= x.shape[d] for d != dim. Out-of-range indices give 0. */
+tg_tensor tg_gather(tg_tensor x, int dim, tg_tensor index);
+typedef struct {
+  bool xy; /* false: "ij" indexing (default); true: "xy" (the first two outputs swap roles) */
+} tg_meshgrid_opts;
+/* Coordinate grids of n 0-d or 1-d tensors into out[0..n-1] (expanded views). */
+tg_status tg_meshgrid(const tg_tensor *ts, int n, tg_tensor *out, const tg_meshgrid_opts *opts);
+
+/* Variance over axes (naxes == 0: all) with divisor max(N - correction, 0) (tinygrad's default
+ * correction is 1, Bessel's). Float result (DEFAULT_FLOAT for integer input). */
+tg_tensor tg_var(tg_tensor x, const int *axes, int naxes, bool keepdim, double correction);
+tg_tensor tg_std(tg_tensor x, const int *axes, int naxes, bool keepdim, double correction);
+/* Both statistics at once (torch.var_mean / std_mean): two new handles into *var_out / *std_out and
+ * *mean_out (none on error). */
+tg_status tg_var_mean(tg_tensor x, const int *axes, int naxes, bool keepdim, double correction, tg_tensor *var_out, tg_tensor *mean_out);
+tg_status tg_std_mean(tg_tensor x, const int *axes, int naxes, bool keepdim, double correction, tg_tensor *std_out, tg_tensor *mean_out);
+/* log(sum(exp(x))) over axes, computed as max + log(sum(exp(x - max))). */
+tg_tensor tg_logsumexp(tg_tensor x, const int *axes, int naxes, bool keepdim);
+/* Index (int32) of the largest / smallest element along one axis (naxes == 1), or of the flattened
+ * tensor (naxes == 0; keepdim then gives shape (1,)). Ties give the first index. */
+tg_tensor tg_argmax(tg_tensor x, const int *axes, int naxes, bool keepdim);
+tg_tensor tg_argmin(tg_tensor x, const int *axes, int naxes, bool keepdim);
+/* Logical or / and over axes (bool result; any of nothing is false, all of nothing true). */
+tg_tensor tg_any(tg_tensor x, const int *axes, int naxes, bool keepdim);
+tg_tensor tg_all(tg_tensor x, const int *axes, int naxes, bool keepdim);
+/* Running sum along axis (dtype as tg_sum's). One fused reduce kernel (two stages above 512). */
+tg_tensor tg_cumsum(tg_tensor x, int axis);
+/* Upper / lower triangle of the last two dims (others zeroed). diagonal 0 is the main diagonal,
+ * positive is above it, negative below. */
+tg_tensor tg_triu(tg_tensor x, int64_t diagonal);
+tg_tensor tg_tril(tg_tensor x, int64_t diagonal);
+
+/* Window options shared by pooling and convolution. Pairs are (height, width); a pair {v} (second
+ * entry 0) means (v, v); {0, 0} means the default. padding follows tinygrad: npadding 0 or 1 =
+ * padding[0] on every side, 2 = (pad_h, pad_w) on both sides of each, 4 = (left, right, top,
+ * bottom); negative padding crops. */
+typedef struct {
+  int64_t kernel_size[2]; /* default (2, 2) */
+  int64_t stride[2];      /* default: kernel_size */
+  int64_t dilation[2];    /* default (1, 1) */
+  int64_t padding[4];
+  int npadding;
+  bool ceil_mode;   /* output size rounds up (the last window may hang over the edge) */
+  bool exclude_pad; /* avg_pool2d: don't count padding in the divisor (torch count_include_pad=False) */
+} tg_pool2d_opts;
+#define TG_POOL2D_OPTS(...) (&(const tg_pool2d_opts){__VA_ARGS__})
+/* Pooling over the last two dims of x (..., H, W). max pads with the dtype's minimum. */
+tg_tensor tg_max_pool2d(tg_tensor x, const tg_pool2d_opts *opts);
+tg_tensor tg_avg_pool2d(tg_tensor x, const tg_pool2d_opts *opts);
+
+typedef struct {
+  int64_t groups;      /* default 1 */
+  int64_t stride[2];   /* default (1, 1) */
+  int64_t dilation[2]; /* default (1, 1) */
+  int64_t padding[4];  /* as tg_pool2d_opts */
+  int npadding;
+} tg_conv2d_opts;
+#define TG_CONV2D_OPTS(...) (&(const tg_conv2d_opts){__VA_ARGS__})
+/* 2-D convolution (cross-correlation, as torch): x (batch, cin, H, W), weight (cout, cin/groups, kh,
+ * kw), bias (cout,) or {0}. Windows are views of x (no im2col buffer): the convolution is one fused
+ * reduce kernel. */
+tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv2d_opts *opts);
+/* tinygrad's Tensor.dot: the same as tg_matmul. */
+tg_tensor tg_dot(tg_tensor x, tg_tensor w);
+/* x @ weight.T + bias with weight (out_features, in_features), bias (out_features,) or {0}: the
+ * convention of tinygrad's nn.Linear and torch's F.linear. A 1-d weight scales x elementwise. */
+tg_tensor tg_linear(tg_tensor x, tg_tensor weight, tg_tensor bias);
+
+/* int32 one-hot of integer labels: shape x.shape + (num_classes,). num_classes -1 uses the largest
+ * label + 1 (this realizes x). */
+tg_tensor tg_one_hot(tg_tensor x, int64_t num_classes);
+/* Normalizes over the last naxes dims: (x - mean) / sqrt(var + eps) (biased variance; no affine
+ * parameters: multiply and add them yourself). tinygrad's default eps is 1e-5. */
+tg_tensor tg_layernorm(tg_tensor x, int naxes, double eps);
+/* (x - mean) * weight * invstd + bias over channel dim 1 of x (batch, C, ...). mean, weight, bias
+ * have C elements; weight / bias may be {0}. invstd is (C,) or broadcasts against x. */
+tg_tensor tg_batchnorm(tg_tensor x, tg_tensor weight, tg_tensor bias, tg_tensor mean, tg_tensor invstd);
+/* Zeroes elements with probability p and scales the rest by 1/(1-p), only while the TRAINING
+ * setting is non-zero (tg_context_set_int("TRAINING", 1), tinygrad's Context(TRAINING=1));
+ * otherwise returns x unchanged (a new handle). */
+tg_tensor tg_dropout(tg_tensor x, double p);
+typedef struct {
+  bool is_causal;   /* mask out keys after the query position (top-left aligned, as torch) */
+  double dropout_p; /* dropout on the attention weights (only while TRAINING) */
+} tg_sdpa_opts;
+#define TG_SDPA_OPTS(...) (&(const tg_sdpa_opts){__VA_ARGS__})
+/* softmax(q @ k^T / sqrt(E) + mask) @ v for q (..., L, E), k (..., S, E), v (..., S, Ev). attn_mask
+ * ({0} for none) broadcasts to (..., L, S): a bool mask keeps true positions, a float mask is added. */
+tg_tensor tg_scaled_dot_product_attention(tg_tensor q, tg_tensor k, tg_tensor v, tg_tensor attn_mask, const tg_sdpa_opts *opts);
+
+typedef enum { TG_REDUCTION_MEAN = 0, TG_REDUCTION_SUM, TG_REDUCTION_NONE } tg_reduction;
+/* Loss options. A loss given an option it does not use reports an error. */
+typedef struct {
+  tg_reduction reduction;  /* default mean */
+  double label_smoothing;  /* sparse_categorical_crossentropy, cross_entropy; in [0, 1] */
+  bool use_ignore_index;   /* sparse_categorical_crossentropy, nll_loss: targets equal to */
+  int64_t ignore_index;    /* ignore_index add nothing and don't count in the mean */
+  tg_tensor weight;        /* nll_loss: per-class weights (C,) or {0} */
+  tg_tensor pos_weight;    /* binary_crossentropy_logits: weight of positive examples or {0} */
+} tg_loss_opts;
+#define TG_LOSS_OPTS(...) (&(const tg_loss_opts){__VA_ARGS__})
+/* -(y log x + (1 - y) log(1 - x)) for probabilities x; x and y broadcast. */
+tg_tensor tg_binary_crossentropy(tg_tensor x, tg_tensor y, const tg_loss_opts *opts);
+/* The same from logits, computed stably with log-sigmoid. */
+tg_tensor tg_binary_crossentropy_logits(tg_tensor x, tg_tensor y, const tg_loss_opts *opts);
+/* Cross-entropy of logits (..., C) (classes on the LAST dim, as tinygrad) against integer labels of
+ * shape (...). Without use_ignore_index every label counts (tinygrad's ignore_index=-1 default). */
+tg_tensor tg_sparse_categorical_crossentropy(tg_tensor logits, tg_tensor labels, const tg_loss_opts *opts);
+/* torch's cross_entropy: logits (C,) or (N, C, ...) with classes on dim 1, target either integer
+ * class indices (the shape without dim 1) or probabilities (the logits' shape). As tinygrad's, it has
+ * no ignore_index or weight (use tg_nll_loss on tg_log_softmax for those). */
+tg_tensor tg_cross_entropy(tg_tensor x, tg_tensor y, const tg_loss_opts *opts);
+/* Negative log-likelihood of log-probabilities x (C,) or (N, C, ...) at integer targets (shape without
+ * dim 1); with weight, the mean divides by the summed weights of the counted targets. */
+tg_tensor tg_nll_loss(tg_tensor x, tg_tensor y, const tg_loss_opts *opts);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* elementwise math and activations                                                                */
+
+/* Composed from the primitive ops as tinygrad's Tensor composes them: each is lazy, fuses into the
+ * surrounding kernel (sigmoid(x).sum() is one kernel) and is differentiable by tg_backward. */
+/* Float functions: integer and bool inputs are cast to DEFAULT_FLOAT first; float16/bfloat16 inputs
+ * compute in float32 and round once. The result is a new lazy handle in the current scope; none on
+ * error (with tg_last_error naming the function). Values match PyTorch over the whole float range,
+ * including +-inf, nan, denormals and large arguments (cos/tan of float32 compute in float64). */
+tg_tensor tg_log10(tg_tensor x);
+tg_tensor tg_rsqrt(tg_tensor x);      /* 1 / sqrt(x) */
+tg_tensor tg_cos(tg_tensor x);
+tg_tensor tg_tan(tg_tensor x);
+tg_tensor tg_asin(tg_tensor x);       /* polynomial (A&S 4.4.46), |error| <= 2e-8; nan outside [-1, 1] */
+tg_tensor tg_acos(tg_tensor x);
+tg_tensor tg_atan(tg_tensor x);
+tg_tensor tg_sinh(tg_tensor x);
+tg_tensor tg_cosh(tg_tensor x);
+tg_tensor tg_tanh(tg_tensor x);       /* 2 * sigmoid(2x) - 1 */
+tg_tensor tg_asinh(tg_tensor x);
+tg_tensor tg_acosh(tg_tensor x);      /* nan below 1 */
+tg_tensor tg_atanh(tg_tensor x);      /* nan outside [-1, 1] */
+tg_tensor tg_erf(tg_tensor x);        /* polynomial (A&S 7.1.26), |error| <= 1.5e-7 */
+tg_tensor tg_sigmoid(tg_tensor x);    /* 1 / (1 + exp(-x)), gradient finite for every x */
+tg_tensor tg_logsigmoid(tg_tensor x); /* -softplus(-x) */
+tg_tensor tg_swish(tg_tensor x);      /* x * sigmoid(x) */
+tg_tensor tg_silu(tg_tensor x);       /* same as tg_swish */
+tg_tensor tg_quick_gelu(tg_tensor x); /* x * sigmoid(1.702 x) */
+/* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+tg_tensor tg_gelu(tg_tensor x);
+tg_tensor tg_mish(tg_tensor x);       /* x * tanh(softplus(x)) */
+tg_tensor tg_softsign(tg_tensor x);   /* x / (1 + |x|) */
+tg_tensor tg_selu(tg_tensor x);       /* PyTorch's alpha = 1.6732632..., scale = 1.0507009... */
+tg_tensor tg_elu(tg_tensor x, double alpha);     /* x > 0 ? x : alpha (exp(x) - 1); tinygrad default 1 */
+tg_tensor tg_celu(tg_tensor x, double alpha);    /* x > 0 ? x : alpha (exp(x/alpha) - 1); alpha != 0 */
+tg_tensor tg_softplus(tg_tensor x, double beta); /* log(1 + exp(beta x)) / beta; beta != 0 (default 1) */
+/* log(exp(x) + exp(y)), broadcast; float result of the promoted dtype. */
+tg_tensor tg_logaddexp(tg_tensor x, tg_tensor y);
+
+/* Piecewise-linear activations keep x's dtype (a fractional parameter promotes an integer x to
+ * DEFAULT_FLOAT, like a Python float). */
+tg_tensor tg_relu6(tg_tensor x);                       /* min(max(x, 0), 6) */
+tg_tensor tg_hardswish(tg_tensor x);                   /* x * relu6(x + 3) / 6 */
+tg_tensor tg_hardsigmoid(tg_tensor x);                 /* relu6(x + 3) / 6 (PyTorch's alpha, beta) */
+tg_tensor tg_leaky_relu(tg_tensor x, double neg_slope); /* x < 0 ? neg_slope x : x; tinygrad default 0.01 */
+/* Clamps x to [min, max] (nan stays nan; min > max gives max everywhere). Pass -INFINITY / INFINITY
+ * (or NAN) for a side without a bound: that side is then not applied, so an integer x keeps its
+ * dtype. tg_clip is the same function; tg_hardtanh is the activation (tinygrad defaults -1, 1). */
+tg_tensor tg_clamp(tg_tensor x, double min, double max);
+tg_tensor tg_clip(tg_tensor x, double min, double max);
+tg_tensor tg_hardtanh(tg_tensor x, double min_val, double max_val);
+
+/* Same-dtype unary ops (any numeric dtype). */
+tg_tensor tg_square(tg_tensor x); /* x * x */
+/* -1, 0 or 1 in x's dtype (0 for nan, as PyTorch; unsigned: 0 or 1; bool: x). Gradient 0. */
+tg_tensor tg_sign(tg_tensor x);
+/* |x| (unsigned and bool: x; the most negative integer wraps to itself). Gradient sign(x). */
+tg_tensor tg_abs(tg_tensor x);
+/* Rounding of floats (integers and bools are returned unchanged); gradient 0. tg_round rounds half to
+ * even (2.5 -> 2, 3.5 -> 4), as tinygrad and PyTorch do. */
+tg_tensor tg_ceil(tg_tensor x);
+tg_tensor tg_floor(tg_tensor x);
+tg_tensor tg_round(tg_tensor x);
+
+/* Predicates: bool results, any input dtype. */
+tg_tensor tg_logical_not(tg_tensor x); /* x == 0 (nan counts as true, so its not is false) */
+tg_tensor tg_isinf(tg_tensor x);       /* x == +inf or x == -inf */
+tg_tensor tg_isnan(tg_tensor x);       /* x != x */
+tg_tensor tg_isfinite(tg_tensor x);    /* neither inf nor nan */
+/* ~x for integers (two's complement), logical not for bool; error for floats. */
+tg_tensor tg_bitwise_not(tg_tensor x);
+
+/* x + (end - x) * weight, broadcast over all three; tg_lerp_s takes a scalar weight. */
+tg_tensor tg_lerp(tg_tensor x, tg_tensor end, tg_tensor weight);
+tg_tensor tg_lerp_s(tg_tensor x, tg_tensor end, double weight);
+/* |x| with the sign of y (-0.0 counts as negative); broadcast; result in the promoted dtype. */
+tg_tensor tg_copysign(tg_tensor x, tg_tensor y);
+/* C remainder, sign of x (PyTorch's fmod; tg_mod is Python's %). Integers exact (0 for y == 0);
+ * floats x - trunc(x/y) * y as tinygrad, accurate while |x/y| < 2^24 (float32). */
+tg_tensor tg_fmod(tg_tensor x, tg_tensor y);
+
+/* Division with a rounding mode (tinygrad's div(rounding_mode=...)). Integer / integer stays integer
+ * for TRUNC and FLOOR (division by zero gives 0); otherwise true division, then trunc or floor. */
+typedef enum {
+  TG_DIV_TRUE = 0, /* same as tg_div */
+  TG_DIV_TRUNC,    /* round toward zero */
+  TG_DIV_FLOOR,    /* round toward -inf (Python //) */
+} tg_div_rounding;
+tg_tensor tg_div_mode(tg_tensor x, tg_tensor y, tg_div_rounding mode);
+tg_tensor tg_floordiv(tg_tensor x, tg_tensor y); /* tg_div_mode(x, y, TG_DIV_FLOOR) */
+
+/* Cast shorthands (tinygrad's .float(), .half(), ...): tg_cast to float32, float16, bfloat16,
+ * float64, int32, int64, int16, bool. */
+tg_tensor tg_float(tg_tensor x);
+tg_tensor tg_half(tg_tensor x);
+tg_tensor tg_bfloat16(tg_tensor x);
+tg_tensor tg_double(tg_tensor x);
+tg_tensor tg_int(tg_tensor x);
+tg_tensor tg_long(tg_tensor x);
+tg_tensor tg_short(tg_tensor x);
+tg_tensor tg_bool(tg_tensor x);
+
+/* ---------------------------------------------------------------------------------------------- */
 /* autograd                                                                                        */
 
 /* Marks t as a leaf whose gradient tg_backward computes (also settable with tg_opts.requires_grad).
@@ -315,6 +554,77 @@ tg_status tg_set_grad(tg_tensor t, tg_tensor grad);
 /* d loss / d targets[i] into out[i] (new handles) without touching any tensor's gradient.
  * Error if a target is not connected to the loss through differentiable ops. */
 tg_status tg_gradient(tg_tensor loss, const tg_tensor *targets, int n, tg_tensor *out);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* state dicts and model files: safetensors, GGUF, tar                                             */
+
+/* A named-tensor dictionary (tinygrad's state_dict: an ordered {name: Tensor}) plus string metadata
+ * (safetensors' __metadata__, GGUF key/values). Every loader returns one; tg_safe_save writes one.
+ * The dict owns one root-scope handle per entry (it survives tg_scope_end) and frees them in
+ * tg_state_dict_free; handles it returns are BORROWED: valid until the entry is replaced or the dict
+ * is freed (tg_detach one to get a handle of your own). Names and values are copied. Not
+ * thread-safe: use one dict from one thread at a time. */
+typedef struct tg_state_dict tg_state_dict;
+/* An empty dict; free with tg_state_dict_free. NULL only if out of memory. */
+tg_state_dict *tg_state_dict_new(void);
+/* Frees the dict, its names, its metadata and the handles it owns (NULL is a no-op). For a dict from
+ * tg_safe_load_mmap, also unmaps the file: see there. */
+void tg_state_dict_free(tg_state_dict *sd);
+/* Number of tensors (0 for NULL). */
+int tg_state_dict_len(const tg_state_dict *sd);
+/* Name / tensor of entry i in insertion (file) order; NULL / none if i is out of range. Borrowed. */
+const char *tg_state_dict_name(const tg_state_dict *sd, int i);
+tg_tensor tg_state_dict_tensor(const tg_state_dict *sd, int i);
+/* The tensor named `name` (borrowed), or none if there is none -- a missing name is not an error. */
+tg_tensor tg_state_dict_get(const tg_state_dict *sd, const char *name);
+/* Stores t under name: the dict takes a new root-scope handle of t's value (the caller's handle is
+ * untouched, so the entry's lifetime is independent of the caller's scopes). An existing name is
+ * replaced in place (keeping its position; the old entry's handle is freed). Lazy tensors are stored
+ * lazily. Errors: NULL dict or name, empty name, invalid t. */
+tg_status tg_state_dict_set(tg_state_dict *sd, const char *name, tg_tensor t);
+/* Metadata: string key/value pairs in insertion order. set replaces an existing key's value. get
+ * returns the value (borrowed) or NULL if absent (no error). key / value give entry i (NULL if out of
+ * range). */
+tg_status tg_state_dict_meta_set(tg_state_dict *sd, const char *key, const char *value);
+const char *tg_state_dict_meta_get(const tg_state_dict *sd, const char *key);
+int tg_state_dict_meta_len(const tg_state_dict *sd);
+const char *tg_state_dict_meta_key(const tg_state_dict *sd, int i);
+const char *tg_state_dict_meta_value(const tg_state_dict *sd, int i);
+
+/* Loads a .safetensors file (tinygrad's safe_load): every tensor in the file's dtype and shape, copied
+ * into realized tensors on the default device, in file order; __metadata__ goes to the dict's
+ * metadata. All 13 dtypes (BOOL U8 I8 I16 U16 I32 U32 I64 U64 F16 BF16 F32 F64) are supported. The
+ * header is validated strictly (JSON syntax, UTF-8, dtype names, shapes, offsets inside the data
+ * section and not overlapping, sizes = numel * itemsize, no duplicate names). Returns a new dict the
+ * caller frees, or NULL with an error (TG_ERR_IO) naming the function, the file and the problem. */
+tg_state_dict *tg_safe_load(const char *path);
+/* The same without copying: the file is mapped read-only-private and each tensor whose offset is
+ * aligned for its dtype wraps the mapping (tg_from_blob; misaligned ones are copied). The DICT OWNS
+ * THE MAPPING: it is unmapped by tg_state_dict_free, so every tensor that reads from it -- the dict's
+ * entries, handles detached from them, and lazy results not yet realized -- must be realized (or
+ * copied with tg_contiguous + tg_realize) before the dict is freed. Writing to an entry with tg_assign
+ * changes the mapped pages only (never the file). CPU devices only. */
+tg_state_dict *tg_safe_load_mmap(const char *path);
+/* Writes the dict as .safetensors (tinygrad's safe_save): tensors in dict order (realized and made
+ * contiguous as needed), the dict's metadata as __metadata__. Atomic: writes a temporary file in the
+ * same directory, fsyncs it and renames it over path, so on any failure an existing file at path is
+ * left untouched. */
+tg_status tg_safe_save(const tg_state_dict *sd, const char *path);
+
+/* Loads a GGUF file (versions 2 and 3; tinygrad's gguf_load). Metadata: every key/value, rendered as
+ * text (integers and floats in decimal, bools "true"/"false", strings as they are, arrays as a JSON
+ * style list "[1, 2, 3]", arrays of more than 4096 elements summarized as "[array of N <type>]");
+ * general.alignment is honoured. Tensors come back realized with their GGUF dims reversed (row-major,
+ * as tinygrad and PyTorch see them): F32, F16, BF16, F64, I8, I16, I32, I64 keep their dtype; the
+ * quantized Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and MXFP4 are dequantized to float32.
+ * Other types are an error naming the type. Returns a new dict, or NULL with a TG_ERR_IO error. */
+tg_state_dict *tg_gguf_load(const char *path);
+
+/* Extracts a tar archive (ustar, POSIX pax "path" records and GNU long names) into a dict of 1-D
+ * uint8 tensors named by member path, in archive order; directories, links and other non-regular
+ * members are skipped. Sizes, checksums and offsets are validated. Returns a new dict, or NULL with a
+ * TG_ERR_IO error. */
+tg_state_dict *tg_tar_extract(const char *path);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* TinyJit                                                                                         */

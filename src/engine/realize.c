@@ -215,6 +215,15 @@ tg_status realize_uops(UOp **targets, int n) {
       t->realized = bn; /* owned by t */
       t_replace_everywhere(t, bn);
     }
+    /* assigns carried out on the way (a kernel needed their result) are done too: handles holding
+     * them must not run them again */
+    for (int i = 0; i < s.nassigns; i++) {
+      UOp *a = s.assigns[i];
+      if (a->realized) continue;
+      UOp *bn = g_buffer(buffer_ref(s.bufs[s.assign_bufs[i]].buf), (tg_dtype)a->dtype, a->shape, a->ndim);
+      a->realized = bn;
+      t_replace_everywhere(a, bn);
+    }
   }
   schedule_free(&s);
   free(tbuf);

@@ -14,6 +14,9 @@
  *    map 1:1), and the kernel has no other reduction; otherwise it is materialized as its own
  *    kernel, with the elementwise ops feeding it fused in;
  *  - the source of a COPY is materialized (the copy needs a buffer to copy from).
+ * Assigns run after every other read of their buffer in the schedule: they are emitted last unless a
+ * kernel needs their result, and then the buffer's old contents are first copied aside if another
+ * kernel still reads them (see snapshot_if_read_elsewhere).
  * Kernel ASTs are built by propagating index expressions from the output down to the loads:
  * a PAD adds a validity condition, EXPAND zeroes an index, RESHAPE re-linearizes, and the symbolic
  * simplifier (uop.c) folds the results.
@@ -663,6 +666,14 @@ tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
     intptr_t k = (intptr_t)c.pending_assign.p[i];
     if (k >= 0 && !c.ni[k].emitted) emit_assign(&c, &c.ni[k]);
   }
+  for (int i = 0; i < c.nn; i++) {
+    NI *x = &c.ni[i];
+    if (!x->mat || x->n->op != OP_ASSIGN) continue;
+    s->assigns = tg_xrealloc(s->assigns, sizeof(UOp *) * (size_t)(s->nassigns + 1));
+    s->assign_bufs = tg_xrealloc(s->assign_bufs, sizeof(int) * (size_t)(s->nassigns + 1));
+    s->assigns[s->nassigns] = x->n;
+    s->assign_bufs[s->nassigns++] = x->sbuf;
+  }
   for (int i = 0; i < n; i++) {
     NI *x = info(&c, targets[i]);
     tbuf[i] = (x && x->mat) ? x->sbuf : -1;
@@ -684,5 +695,7 @@ void schedule_free(Schedule *s) {
     if (s->bufs[i].buf) buffer_unref(s->bufs[i].buf);
   free(s->items);
   free(s->bufs);
+  free(s->assigns);
+  free(s->assign_bufs);
   memset(s, 0, sizeof *s);
 }

@@ -32,6 +32,11 @@ typedef struct {
   int nitems, capitems;
   SBuf *bufs;
   int nbufs, capbufs;
+  /* Every ASSIGN the schedule carries out (borrowed: reachable from the targets) and the sbuf it
+   * writes. The engine marks them realized afterwards, targets or not, so an assign never runs twice. */
+  UOp **assigns;
+  int *assign_bufs;
+  int nassigns;
 } Schedule;
 
 /* Builds the schedule realizing `targets` (nodes already realized or plain buffer views produce no

@@ -22,12 +22,24 @@ int norm_axis(const char *fn, int axis, int ndim, int *out);
 UOp *n_exp(UOp *a);
 UOp *n_log(UOp *a);
 
-static Device *opts_device(const char *fn, const tg_opts *o) {
-  Device *d = device_get(o ? o->device : NULL);
-  if (!d && !tg_has_error()) tg_set_error(TG_ERR_INVALID, "%s: unknown device", fn);
-  (void)fn;
+/* device_get, with its error restated under the public function's name ("tg_ones: unknown device
+ * 'XYZ' (available: ...)") when it is the thread's first error. */
+static Device *named_device(const char *fn, const char *name) {
+  bool had = tg_has_error();
+  Device *d = device_get(name);
+  if (!d && !had) {
+    const char *m = tg_last_error() ? tg_last_error() : "unknown device";
+    if (strncmp(m, "device_get: ", 12) == 0) m += 12;
+    char *msg = tg_xstrdup(m);
+    tg_status st = tg_last_status() != TG_OK ? tg_last_status() : TG_ERR_INVALID;
+    tg_clear_error();
+    tg_set_error(st, "%s: %s", fn, msg);
+    free(msg);
+  }
   return d;
 }
+
+static Device *opts_device(const char *fn, const tg_opts *o) { return named_device(fn, o ? o->device : NULL); }
 
 static bool opts_dtype(const char *fn, const tg_opts *o, tg_dtype def, tg_dtype *out) {
   tg_dtype dt = (o && o->dtype != TG_DTYPE_DEFAULT) ? o->dtype : def;
@@ -112,16 +124,18 @@ tg_tensor tg_scalar(double value, const tg_opts *opts) {
   return finish(g_const(value, dt, d->id), opts);
 }
 
-tg_tensor tg_full(const int64_t *shape, int ndim, double value, const tg_opts *opts) {
+/* tg_full and its wrappers; errors carry the name of the function the caller used */
+static tg_tensor full_named(const char *fn, const int64_t *shape, int ndim, double value, const tg_opts *opts) {
   int64_t n;
   tg_dtype dt;
-  if (!check_shape("tg_full", shape, ndim, &n) || !opts_dtype("tg_full", opts, tg_default_float(), &dt)) return NONE;
-  Device *d = opts_device("tg_full", opts);
+  if (!check_shape(fn, shape, ndim, &n) || !opts_dtype(fn, opts, tg_default_float(), &dt)) return NONE;
+  Device *d = opts_device(fn, opts);
   if (!d) return NONE;
   return finish(g_const_shaped(value, dt, d->id, shape, ndim), opts);
 }
-tg_tensor tg_zeros(const int64_t *shape, int ndim, const tg_opts *opts) { return tg_full(shape, ndim, 0.0, opts); }
-tg_tensor tg_ones(const int64_t *shape, int ndim, const tg_opts *opts) { return tg_full(shape, ndim, 1.0, opts); }
+tg_tensor tg_full(const int64_t *shape, int ndim, double value, const tg_opts *opts) { return full_named("tg_full", shape, ndim, value, opts); }
+tg_tensor tg_zeros(const int64_t *shape, int ndim, const tg_opts *opts) { return full_named("tg_zeros", shape, ndim, 0.0, opts); }
+tg_tensor tg_ones(const int64_t *shape, int ndim, const tg_opts *opts) { return full_named("tg_ones", shape, ndim, 1.0, opts); }
 
 tg_tensor tg_empty(const int64_t *shape, int ndim, const tg_opts *opts) {
   int64_t n;
@@ -146,17 +160,19 @@ tg_tensor tg_empty_like(tg_tensor t, const tg_opts *opts) {
   tg_opts o = like_opts(u, opts);
   return tg_empty(u->shape, u->ndim, &o);
 }
-tg_tensor tg_zeros_like(tg_tensor t, const tg_opts *opts) { return tg_full_like(t, 0.0, opts); }
-tg_tensor tg_ones_like(tg_tensor t, const tg_opts *opts) { return tg_full_like(t, 1.0, opts); }
-tg_tensor tg_full_like(tg_tensor t, double value, const tg_opts *opts) {
-  GET(u, t, "tg_full_like");
+static tg_tensor full_like_named(const char *fn, tg_tensor t, double value, const tg_opts *opts) {
+  GET(u, t, fn);
   tg_opts o = like_opts(u, opts);
-  return tg_full(u->shape, u->ndim, value, &o);
+  return full_named(fn, u->shape, u->ndim, value, &o);
 }
+tg_tensor tg_zeros_like(tg_tensor t, const tg_opts *opts) { return full_like_named("tg_zeros_like", t, 0.0, opts); }
+tg_tensor tg_ones_like(tg_tensor t, const tg_opts *opts) { return full_like_named("tg_ones_like", t, 1.0, opts); }
+tg_tensor tg_full_like(tg_tensor t, double value, const tg_opts *opts) { return full_like_named("tg_full_like", t, value, opts); }
 
 /* Host-computed small index tensors: arange, linspace and eye are uploaded once (they are tiny next
  * to the data that uses them) */
 static tg_tensor from_doubles(const char *fn, const double *v, const int64_t *shape, int ndim, tg_dtype dt, const tg_opts *opts) {
+  if (!opts_device(fn, opts)) return NONE;
   int64_t n = shape_numel(shape, ndim);
   size_t isz = tg_dtype_itemsize(dt);
   unsigned char *buf = tg_xmalloc((size_t)n * isz + 1);
@@ -166,7 +182,6 @@ static tg_tensor from_doubles(const char *fn, const double *v, const int64_t *sh
   o.dtype = dt;
   tg_tensor t = tg_from_data(buf, shape, ndim, &o);
   free(buf);
-  (void)fn;
   return t;
 }
 
@@ -484,6 +499,13 @@ static UOp *contiguous_buffer(UOp *u, tg_status *st) {
     *st = TG_OK;
     return uop_ref(r);
   }
+  if (!g_base_buffer(u)) {
+    /* pending computation: realize u itself (as tg_realize does) so the caller's handle is swapped
+     * to the result and reading it again runs nothing */
+    *st = realize_uops(&u, 1);
+    return (*st == TG_OK && u->realized) ? uop_ref(u->realized) : NULL;
+  }
+  /* a strided view of a realized buffer: copy it out contiguously, leaving the view as it is */
   UOp *c = g_contiguous(u);
   *st = realize_uops(&c, 1);
   UOp *b = (*st == TG_OK) ? uop_ref(c->realized) : NULL;
@@ -520,9 +542,11 @@ tg_status tg_item(tg_tensor t, double *out) {
   if (shape_numel(u->shape, u->ndim) != 1)
     return tg_set_error(TG_ERR_INVALID, "tg_item: tensor of shape %s has %lld elements, item needs exactly 1", fmt_shape(b, sizeof b, u->shape, u->ndim),
                         (long long)shape_numel(u->shape, u->ndim));
+  /* tg_data may swap the handle to its realized node and drop u: read the dtype first */
+  tg_dtype dt = (tg_dtype)u->dtype;
   unsigned char tmp[16];
   tg_status st = tg_data(t, tmp, sizeof tmp);
-  if (st == TG_OK) *out = dtype_load((tg_dtype)u->dtype, tmp);
+  if (st == TG_OK) *out = dtype_load(dt, tmp);
   return st;
 }
 
@@ -531,9 +555,10 @@ tg_status tg_item_i64(tg_tensor t, int64_t *out) {
   if (!u) return TG_ERR_HANDLE;
   if (!out) return tg_set_error(TG_ERR_INVALID, "tg_item_i64: out is NULL");
   if (shape_numel(u->shape, u->ndim) != 1) return tg_set_error(TG_ERR_INVALID, "tg_item_i64: tensor has %lld elements, item needs exactly 1", (long long)shape_numel(u->shape, u->ndim));
+  tg_dtype dt = (tg_dtype)u->dtype; /* before tg_data, which may drop u */
   unsigned char tmp[16];
   tg_status st = tg_data(t, tmp, sizeof tmp);
-  if (st == TG_OK) *out = dtype_load_i64((tg_dtype)u->dtype, tmp);
+  if (st == TG_OK) *out = dtype_load_i64(dt, tmp);
   return st;
 }
 
@@ -563,7 +588,7 @@ tg_status tg_print(tg_tensor t) {
 
 tg_tensor tg_to(tg_tensor t, const char *device) {
   GET(u, t, "tg_to");
-  Device *d = device_get(device);
+  Device *d = named_device("tg_to", device);
   if (!d) return NONE;
   if (d->id == u->device) return t_wrap(uop_ref(u));
   return t_wrap(g_copy(u, d->id));
@@ -625,8 +650,8 @@ const char *tg_default_device(void) {
 }
 
 tg_status tg_synchronize(const char *device) {
-  Device *d = device_get(device);
-  if (!d) return TG_ERR_INVALID;
+  Device *d = named_device("tg_synchronize", device);
+  if (!d) return tg_last_status() != TG_OK ? tg_last_status() : TG_ERR_INVALID;
   if (d->vt->synchronize) d->vt->synchronize(d->state);
   return TG_OK;
 }

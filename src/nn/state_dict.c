@@ -1,0 +1,298 @@
+/*
+ * state_dict.c -- tg_state_dict: an ordered list of (name, tensor handle) plus ordered string
+ * metadata, shared by every model-file loader and by tg_safe_save.
+ *
+ * In: names, tensors and strings from the user or a loader. Out: borrowed names and handles.
+ * Invariants: each entry owns exactly one root-scope handle (freed by replace or by
+ * tg_state_dict_free); names and metadata keys are unique NUL-free strings, found through an
+ * open-addressing hash index so that loading a file with many entries stays linear; a dict from
+ * tg_safe_load_mmap owns the file mapping and unmaps it only after all its handles are freed.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../helpers.h"
+#include "state_dict.h"
+
+/* ---- a string -> index hash set (indices into a parallel array of strings) ---- */
+typedef struct {
+  int32_t *slots; /* -1 empty, else index */
+  size_t cap;     /* power of two (0 = none) */
+} Index;
+
+static uint64_t str_hash(const char *s, size_t n) { return hash_bytes(s, n, 0x51ab1e); }
+
+static int index_find(const Index *ix, char *const *keys, const char *k, size_t n) {
+  if (!ix->cap) return -1;
+  size_t m = ix->cap - 1;
+  for (size_t h = str_hash(k, n) & m;; h = (h + 1) & m) {
+    int32_t i = ix->slots[h];
+    if (i < 0) return -1;
+    if (strlen(keys[i]) == n && memcmp(keys[i], k, n) == 0) return i;
+  }
+}
+
+static void index_insert_raw(Index *ix, char *const *keys, int32_t i) {
+  size_t m = ix->cap - 1;
+  size_t h = str_hash(keys[i], strlen(keys[i])) & m;
+  while (ix->slots[h] >= 0) h = (h + 1) & m;
+  ix->slots[h] = i;
+}
+
+/* Called after keys[n-1] was appended: keeps the load factor under 1/2. */
+static void index_add(Index *ix, char *const *keys, int n) {
+  if ((size_t)n * 2 > ix->cap) {
+    free(ix->slots);
+    ix->cap = ix->cap ? ix->cap * 2 : 16;
+    while ((size_t)n * 2 > ix->cap) ix->cap *= 2;
+    ix->slots = tg_xmalloc(ix->cap * sizeof(int32_t));
+    memset(ix->slots, 0xff, ix->cap * sizeof(int32_t));
+    for (int i = 0; i < n; i++) index_insert_raw(ix, keys, i);
+  } else {
+    index_insert_raw(ix, keys, n - 1);
+  }
+}
+
+struct tg_state_dict {
+  char **names;
+  tg_tensor *ts;
+  int n, cap;
+  Index ix;
+  char **mkeys, **mvals;
+  int mn, mcap;
+  Index mix;
+  void *map; /* owned file mapping (tg_safe_load_mmap) */
+  size_t map_len;
+};
+
+tg_state_dict *tg_state_dict_new(void) { return tg_xcalloc(1, sizeof(tg_state_dict)); }
+
+void tg_state_dict_free(tg_state_dict *sd) {
+  if (!sd) return;
+  for (int i = 0; i < sd->n; i++) {
+    tg_free(sd->ts[i]);
+    free(sd->names[i]);
+  }
+  for (int i = 0; i < sd->mn; i++) {
+    free(sd->mkeys[i]);
+    free(sd->mvals[i]);
+  }
+  free(sd->names);
+  free(sd->ts);
+  free(sd->ix.slots);
+  free(sd->mkeys);
+  free(sd->mvals);
+  free(sd->mix.slots);
+  if (sd->map) munmap(sd->map, sd->map_len);
+  free(sd);
+}
+
+int tg_state_dict_len(const tg_state_dict *sd) { return sd ? sd->n : 0; }
+
+const char *tg_state_dict_name(const tg_state_dict *sd, int i) { return sd && i >= 0 && i < sd->n ? sd->names[i] : NULL; }
+
+tg_tensor tg_state_dict_tensor(const tg_state_dict *sd, int i) {
+  return sd && i >= 0 && i < sd->n ? sd->ts[i] : (tg_tensor){0};
+}
+
+int sd_find(const tg_state_dict *sd, const char *name, size_t len) { return index_find(&sd->ix, sd->names, name, len); }
+
+tg_tensor tg_state_dict_get(const tg_state_dict *sd, const char *name) {
+  if (!sd || !name) return (tg_tensor){0};
+  int i = sd_find(sd, name, strlen(name));
+  return i >= 0 ? sd->ts[i] : (tg_tensor){0};
+}
+
+static char *strndup_x(const char *s, size_t n) {
+  char *r = tg_xmalloc(n + 1);
+  memcpy(r, s, n);
+  r[n] = 0;
+  return r;
+}
+
+tg_status sd_put(tg_state_dict *sd, const char *fn, const char *path, const char *name, size_t len, tg_tensor t, bool unique) {
+  if (memchr(name, 0, len)) {
+    tg_free(t);
+    return tg_set_error(TG_ERR_IO, "%s: %s: tensor name contains a NUL byte", fn, path);
+  }
+  int i = sd_find(sd, name, len);
+  if (i >= 0) {
+    if (unique) {
+      tg_free(t);
+      return tg_set_error(TG_ERR_IO, "%s: %s: duplicate tensor name '%.200s'", fn, path, sd->names[i]);
+    }
+    tg_free(sd->ts[i]);
+    sd->ts[i] = tg_persist(t);
+    return TG_OK;
+  }
+  if (sd->n == INT32_MAX / 2) {
+    tg_free(t);
+    return tg_set_error(TG_ERR_IO, "%s: %s: too many tensors", fn, path);
+  }
+  if (sd->n == sd->cap) {
+    sd->cap = sd->cap ? sd->cap * 2 : 16;
+    sd->names = tg_xrealloc(sd->names, (size_t)sd->cap * sizeof(char *));
+    sd->ts = tg_xrealloc(sd->ts, (size_t)sd->cap * sizeof(tg_tensor));
+  }
+  sd->names[sd->n] = strndup_x(name, len);
+  sd->ts[sd->n] = tg_persist(t);
+  sd->n++;
+  index_add(&sd->ix, sd->names, sd->n);
+  return TG_OK;
+}
+
+tg_status tg_state_dict_set(tg_state_dict *sd, const char *name, tg_tensor t) {
+  if (!sd) return tg_set_error(TG_ERR_INVALID, "tg_state_dict_set: dict is NULL");
+  if (!name || !*name) return tg_set_error(TG_ERR_INVALID, "tg_state_dict_set: name is %s", name ? "empty" : "NULL");
+  if (!tg_valid(t))
+    return tg_set_error(TG_ERR_HANDLE, "tg_state_dict_set: tensor for '%.200s' is %s", name, t.id ? "freed or stale" : "none (an earlier call failed?)");
+  tg_tensor own = tg_detach(t);
+  if (!own.id) return tg_last_status() ? tg_last_status() : TG_ERR_HANDLE;
+  return sd_put(sd, "tg_state_dict_set", "(dict)", name, strlen(name), own, false);
+}
+
+tg_status sd_meta_put(tg_state_dict *sd, const char *fn, const char *path, const char *key, size_t klen, const char *value,
+                      size_t vlen, bool unique) {
+  if (memchr(key, 0, klen)) return tg_set_error(TG_ERR_IO, "%s: %s: metadata key contains a NUL byte", fn, path);
+  int i = index_find(&sd->mix, sd->mkeys, key, klen);
+  if (i >= 0) {
+    if (unique) return tg_set_error(TG_ERR_IO, "%s: %s: duplicate metadata key '%.200s'", fn, path, sd->mkeys[i]);
+    free(sd->mvals[i]);
+    sd->mvals[i] = strndup_x(value, vlen);
+    return TG_OK;
+  }
+  if (sd->mn == INT32_MAX / 2) return tg_set_error(TG_ERR_IO, "%s: %s: too many metadata keys", fn, path);
+  if (sd->mn == sd->mcap) {
+    sd->mcap = sd->mcap ? sd->mcap * 2 : 16;
+    sd->mkeys = tg_xrealloc(sd->mkeys, (size_t)sd->mcap * sizeof(char *));
+    sd->mvals = tg_xrealloc(sd->mvals, (size_t)sd->mcap * sizeof(char *));
+  }
+  sd->mkeys[sd->mn] = strndup_x(key, klen);
+  sd->mvals[sd->mn] = strndup_x(value, vlen);
+  sd->mn++;
+  index_add(&sd->mix, sd->mkeys, sd->mn);
+  return TG_OK;
+}
+
+tg_status tg_state_dict_meta_set(tg_state_dict *sd, const char *key, const char *value) {
+  if (!sd) return tg_set_error(TG_ERR_INVALID, "tg_state_dict_meta_set: dict is NULL");
+  if (!key || !*key) return tg_set_error(TG_ERR_INVALID, "tg_state_dict_meta_set: key is %s", key ? "empty" : "NULL");
+  if (!value) return tg_set_error(TG_ERR_INVALID, "tg_state_dict_meta_set: value for '%.200s' is NULL", key);
+  return sd_meta_put(sd, "tg_state_dict_meta_set", "(dict)", key, strlen(key), value, strlen(value), false);
+}
+
+const char *tg_state_dict_meta_get(const tg_state_dict *sd, const char *key) {
+  if (!sd || !key) return NULL;
+  int i = index_find(&sd->mix, sd->mkeys, key, strlen(key));
+  return i >= 0 ? sd->mvals[i] : NULL;
+}
+
+int tg_state_dict_meta_len(const tg_state_dict *sd) { return sd ? sd->mn : 0; }
+const char *tg_state_dict_meta_key(const tg_state_dict *sd, int i) { return sd && i >= 0 && i < sd->mn ? sd->mkeys[i] : NULL; }
+const char *tg_state_dict_meta_value(const tg_state_dict *sd, int i) { return sd && i >= 0 && i < sd->mn ? sd->mvals[i] : NULL; }
+
+void sd_own_mapping(tg_state_dict *sd, void *addr, size_t len) {
+  TG_ASSERT(!sd->map);
+  sd->map = addr;
+  sd->map_len = len;
+}
+
+/* ---- files ---- */
+
+tg_status file_view_open(FileView *fv, const char *fn, const char *path, bool writable) {
+  memset(fv, 0, sizeof *fv);
+  if (!path) return tg_set_error(TG_ERR_INVALID, "%s: path is NULL", fn);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return tg_set_error(TG_ERR_IO, "%s: %s: cannot open: %s", fn, path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int e = errno;
+    close(fd);
+    return tg_set_error(TG_ERR_IO, "%s: %s: cannot stat: %s", fn, path, strerror(e));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    close(fd);
+    return tg_set_error(TG_ERR_IO, "%s: %s: is a directory", fn, path);
+  }
+  if (S_ISREG(st.st_mode)) {
+    if (st.st_size > 0) {
+      if ((uint64_t)st.st_size > (uint64_t)SIZE_MAX) {
+        close(fd);
+        return tg_set_error(TG_ERR_IO, "%s: %s: file too large to map", fn, path);
+      }
+      size_t n = (size_t)st.st_size;
+      void *m = mmap(NULL, n, PROT_READ | (writable ? PROT_WRITE : 0), MAP_PRIVATE, fd, 0);
+      if (m == MAP_FAILED) {
+        int e = errno;
+        close(fd);
+        return tg_set_error(TG_ERR_IO, "%s: %s: cannot map %zu bytes: %s", fn, path, n, strerror(e));
+      }
+      fv->data = m;
+      fv->len = n;
+      fv->map = m;
+      fv->map_len = n;
+    }
+    close(fd);
+    return TG_OK;
+  }
+  /* a pipe or device: read until EOF, growing geometrically (memory follows the bytes really read) */
+  size_t cap = 0, n = 0;
+  uint8_t *buf = NULL;
+  for (;;) {
+    if (n == cap) {
+      cap = cap ? cap * 2 : 65536;
+      buf = tg_xrealloc(buf, cap);
+    }
+    ssize_t r = read(fd, buf + n, cap - n);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      free(buf);
+      close(fd);
+      return tg_set_error(TG_ERR_IO, "%s: %s: read failed: %s", fn, path, strerror(e));
+    }
+    if (r == 0) break;
+    n += (size_t)r;
+  }
+  close(fd);
+  fv->heap = buf;
+  fv->data = n ? buf : NULL;
+  fv->len = n;
+  return TG_OK;
+}
+
+void file_view_close(FileView *fv) {
+  if (fv->map) munmap(fv->map, fv->map_len);
+  free(fv->heap);
+  memset(fv, 0, sizeof *fv);
+}
+
+bool utf8_valid(const uint8_t *s, size_t n) {
+  size_t i = 0;
+  while (i < n) {
+    uint8_t c = s[i];
+    if (c < 0x80) {
+      i++;
+      continue;
+    }
+    size_t k;
+    uint32_t cp, min;
+    if ((c & 0xe0) == 0xc0) k = 1, cp = c & 0x1f, min = 0x80;
+    else if ((c & 0xf0) == 0xe0) k = 2, cp = c & 0x0f, min = 0x800;
+    else if ((c & 0xf8) == 0xf0) k = 3, cp = c & 0x07, min = 0x10000;
+    else return false;
+    if (n - i <= k) return false;
+    for (size_t j = 1; j <= k; j++) {
+      if ((s[i + j] & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (s[i + j] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += k + 1;
+  }
+  return true;
+}

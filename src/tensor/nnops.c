@@ -1,0 +1,1162 @@
+/*
+ * nnops.c -- the higher-level op surface: cat/stack/repeat/split/gather, statistical reductions
+ * (var, std, logsumexp, argmax, cumsum, ...), pooling and convolution, and functional nn (norms,
+ * dropout, attention, losses).
+ *
+ * In: handles and arguments from the user. Out: new handles (or none + an error naming the function,
+ * the shapes/values and a hint). Every op here is a composition of the public primitive ops, built
+ * the way tinygrad builds it, so the result is one lazy graph that fuses and that autograd
+ * differentiates with the per-primitive rules; nothing here computes data (except one_hot with
+ * num_classes = -1, which reads the maximum label as tinygrad once did).
+ *
+ * Pattern: validate every argument first (so errors name the function the user called), then
+ * compose inside a private scope and move only the result out. If an inner op still fails, its
+ * message is re-recorded with this function's name in front (see `done`).
+ *
+ * Convolution and pooling use tinygrad's _pool: windows are made with movement ops only
+ * (repeat + shrink + reshape + permute), so conv2d is a single reduce kernel over the input and
+ * weight buffers with no im2col buffer.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tensor.h"
+
+#define NONE ((tg_tensor){0})
+#define MAXD 64
+
+int norm_axis(const char *fn, int axis, int ndim, int *out); /* ops.c */
+
+static tg_tensor fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static tg_tensor fail(const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  tg_set_error(TG_ERR_INVALID, "%s", msg);
+  return NONE;
+}
+
+static const char *shp(char *buf, size_t n, const UOp *u) { return fmt_shape(buf, n, u->shape, u->ndim); }
+#define SHP(u) shp((char[256]){0}, 256, (u))
+#define FSHP(s, n) fmt_shape((char[256]){0}, 256, (s), (n))
+
+/* Opens the private scope of an op. `had` remembers whether an error was pending before. */
+typedef struct {
+  const char *fn;
+  bool had;
+} NnOp;
+static NnOp begin(const char *fn) {
+  NnOp o = {fn, tg_has_error()};
+  tg_scope_begin();
+  return o;
+}
+
+/* Closes the op's scope, moving r (a handle created inside it) to the caller's scope. If the
+ * composition failed, the inner op's error is re-recorded as "fn: <inner message>". */
+static tg_tensor done(NnOp o, tg_tensor r) {
+  if (tg_valid(r)) {
+    r = tg_keep(r);
+  } else {
+    r = NONE;
+    const char *m = tg_last_error();
+    size_t fl = strlen(o.fn);
+    if (!o.had && m && !(strncmp(m, o.fn, fl) == 0 && m[fl] == ':')) {
+      char buf[1200];
+      snprintf(buf, sizeof buf, "%s: %s", o.fn, m);
+      tg_status st = tg_last_status();
+      tg_clear_error();
+      tg_set_error(st, "%s", buf);
+    } else if (!tg_has_error()) {
+      tg_set_error(TG_ERR_INVALID, "%s: failed", o.fn);
+    }
+  }
+  tg_scope_end();
+  return r;
+}
+
+/* A new handle to the same lazy value (never hand an input handle back: the caller owns it). */
+static tg_tensor same(UOp *u) { return t_wrap(uop_ref(u)); }
+
+static int64_t cdiv(int64_t a, int64_t b) {
+  int64_t q = a / b, r = a % b;
+  return (r != 0 && ((r > 0) == (b > 0))) ? q + 1 : q;
+}
+static int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+
+static bool same_device(const char *fn, UOp *a, UOp *b, const char *what) {
+  if (a->device == b->device) return true;
+  tg_set_error(TG_ERR_INVALID, "%s: %s is on %s but the input is on %s; move it with tg_to", fn, what, device_by_id(b->device)->name,
+               device_by_id(a->device)->name);
+  return false;
+}
+
+/* Broadcast shape of a and b into out (returns ndim) or -1 with an error naming fn. */
+static int bcast_shape(const char *fn, const int64_t *a, int na, const int64_t *b, int nb, int64_t *out, const char *what) {
+  int n = na > nb ? na : nb;
+  for (int i = 0; i < n; i++) {
+    int ia = i - (n - na), ib = i - (n - nb);
+    int64_t x = ia >= 0 ? a[ia] : 1, y = ib >= 0 ? b[ib] : 1;
+    if (x != y && x != 1 && y != 1) {
+      char s1[256], s2[256];
+      tg_set_error(TG_ERR_INVALID, "%s: %s: shapes %s and %s cannot broadcast (each dimension must match or be 1)", fn, what,
+                   fmt_shape(s1, sizeof s1, a, na), fmt_shape(s2, sizeof s2, b, nb));
+      return -1;
+    }
+    out[i] = x == 1 ? y : x;
+  }
+  return n;
+}
+
+/* Normalizes reduction axes (naxes == 0: all) into flags red[ndim]. Returns the number of reduced
+ * elements or -1. */
+static int64_t reduce_flags(const char *fn, UOp *a, const int *axes, int naxes, bool *red) {
+  if (naxes < 0 || (naxes > 0 && !axes)) {
+    tg_set_error(TG_ERR_INVALID, "%s: axes is NULL with naxes=%d", fn, naxes);
+    return -1;
+  }
+  for (int i = 0; i < a->ndim; i++) red[i] = naxes == 0;
+  for (int i = 0; i < naxes; i++) {
+    int ax;
+    if (norm_axis(fn, axes[i], a->ndim, &ax) < 0) return -1;
+    if (a->ndim == 0) continue;
+    if (red[ax]) {
+      tg_set_error(TG_ERR_INVALID, "%s: axis %d appears twice in axes", fn, axes[i]);
+      return -1;
+    }
+    red[ax] = true;
+  }
+  int64_t n = 1;
+  for (int i = 0; i < a->ndim; i++)
+    if (red[i]) n *= a->shape[i];
+  return n;
+}
+
+/* Shape after reducing the flagged axes (keepdim: size 1). Returns ndim. */
+static int reduced_shape(UOp *a, const bool *red, bool keepdim, int64_t *out) {
+  int k = 0;
+  for (int i = 0; i < a->ndim; i++) {
+    if (!red[i]) out[k++] = a->shape[i];
+    else if (keepdim) out[k++] = 1;
+  }
+  return k;
+}
+
+static tg_opts on_device(UOp *a, tg_dtype dt) {
+  tg_opts o = {0};
+  o.dtype = dt;
+  o.device = device_by_id(a->device)->name;
+  return o;
+}
+
+static tg_tensor arange_on(UOp *a, double start, double stop, double step) {
+  tg_opts o = on_device(a, TG_INT32);
+  return tg_arange(start, stop, step, &o);
+}
+
+static double dtype_min_value(tg_dtype dt) {
+  if (tg_dtype_is_float(dt)) return -INFINITY;
+  switch (dt) {
+  case TG_INT8: return -128.0;
+  case TG_INT16: return -32768.0;
+  case TG_INT32: return -2147483648.0;
+  case TG_INT64: return -9223372036854775808.0;
+  default: return 0.0; /* bool, unsigned */
+  }
+}
+
+static tg_tensor reshape_n(tg_tensor x, const int64_t *shape, int n) { return tg_reshape(x, shape, n); }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* movement                                                                                        */
+
+static tg_tensor repeat_impl(tg_tensor x, UOp *a, const int64_t *reps, int n) {
+  int64_t base[MAXD], uns[MAXD], exp_[MAXD], fin[MAXD];
+  int off = n - a->ndim;
+  for (int i = 0; i < n; i++) base[i] = i < off ? 1 : a->shape[i - off];
+  for (int i = 0; i < n; i++) {
+    uns[2 * i] = 1, uns[2 * i + 1] = base[i];
+    exp_[2 * i] = reps[i], exp_[2 * i + 1] = base[i];
+    fin[i] = reps[i] * base[i];
+  }
+  tg_tensor r = tg_reshape(x, uns, 2 * n);
+  r = tg_expand(r, exp_, 2 * n);
+  return tg_reshape(r, fin, n);
+}
+
+tg_tensor tg_repeat(tg_tensor x, const int64_t *repeats, int nrepeats) {
+  const char *fn = "tg_repeat";
+  UOp *a = t_get(x, fn);
+  if (!a) return NONE;
+  if (nrepeats < a->ndim || nrepeats > MAXD / 2 || (nrepeats > 0 && !repeats))
+    return fail("%s: got %d repeats for a tensor of shape %s; give one repeat count per dimension (at least %d, at most %d)", fn, nrepeats,
+                SHP(a), a->ndim, MAXD / 2);
+  for (int i = 0; i < nrepeats; i++)
+    if (repeats[i] < 0) return fail("%s: repeat count %lld for dim %d is negative", fn, (long long)repeats[i], i);
+  NnOp o = begin(fn);
+  return done(o, repeat_impl(x, a, repeats, nrepeats));
+}
+
+tg_tensor tg_cat(const tg_tensor *ts, int n, int dim) {
+  const char *fn = "tg_cat";
+  if (n < 1 || !ts) return fail("%s: needs at least one tensor (got n=%d%s)", fn, n, ts ? "" : ", ts=NULL");
+  UOp *a0 = t_get(ts[0], fn);
+  if (!a0) return NONE;
+  if (a0->ndim == 0) return fail("%s: cannot concatenate 0-d tensors (use tg_stack)", fn);
+  int d;
+  if (norm_axis(fn, dim, a0->ndim, &d) < 0) return NONE;
+  tg_dtype dt = (tg_dtype)a0->dtype;
+  int64_t total = 0;
+  for (int i = 0; i < n; i++) {
+    UOp *a = t_get(ts[i], fn);
+    if (!a) return NONE;
+    bool ok = a->ndim == a0->ndim;
+    for (int j = 0; ok && j < a->ndim; j++) ok = j == d || a->shape[j] == a0->shape[j];
+    if (!ok)
+      return fail("%s: tensor %d has shape %s but tensor 0 has shape %s; all shapes must match except in dim %d", fn, i, SHP(a), SHP(a0), d);
+    if (!same_device(fn, a0, a, "a tensor")) return NONE;
+    dt = tg_dtype_promote(dt, (tg_dtype)a->dtype);
+    total += a->shape[d];
+  }
+  NnOp o = begin(fn);
+  if (n == 1) return done(o, tg_cast(ts[0], dt));
+  tg_tensor acc = NONE;
+  int64_t before = 0;
+  for (int i = 0; i < n; i++) {
+    UOp *a = t_get(ts[i], fn);
+    int64_t pads[2 * MAXD] = {0};
+    pads[2 * d] = before;
+    pads[2 * d + 1] = total - before - a->shape[d];
+    before += a->shape[d];
+    tg_tensor p = tg_pad(tg_cast(ts[i], dt), pads, 2 * a->ndim, 0.0);
+    acc = i == 0 ? p : (dt == TG_BOOL ? tg_bitwise_or(acc, p) : tg_add(acc, p));
+  }
+  return done(o, acc);
+}
+
+tg_tensor tg_stack(const tg_tensor *ts, int n, int dim) {
+  const char *fn = "tg_stack";
+  if (n < 1 || !ts) return fail("%s: needs at least one tensor (got n=%d%s)", fn, n, ts ? "" : ", ts=NULL");
+  UOp *a0 = t_get(ts[0], fn);
+  if (!a0) return NONE;
+  if (a0->ndim >= MAXD) return fail("%s: too many dimensions", fn);
+  int d;
+  if (norm_axis(fn, dim, a0->ndim + 1, &d) < 0) return NONE;
+  for (int i = 1; i < n; i++) {
+    UOp *a = t_get(ts[i], fn);
+    if (!a) return NONE;
+    if (a->ndim != a0->ndim || (a->ndim && memcmp(a->shape, a0->shape, sizeof(int64_t) * (size_t)a->ndim)))
+      return fail("%s: tensor %d has shape %s but tensor 0 has shape %s; stacked tensors must have equal shapes", fn, i, SHP(a), SHP(a0));
+    if (!same_device(fn, a0, a, "a tensor")) return NONE;
+  }
+  NnOp o = begin(fn);
+  tg_tensor *u = tg_xmalloc(sizeof(tg_tensor) * (size_t)n);
+  for (int i = 0; i < n; i++) u[i] = tg_unsqueeze(ts[i], d);
+  tg_tensor r = tg_cat(u, n, d);
+  free(u);
+  return done(o, r);
+}
+
+/* Shared by split and chunk: chunk size c (sizes == NULL) or explicit sizes. */
+static int split_impl(const char *fn, tg_tensor x, UOp *a, int d, int64_t c, const int64_t *sizes, int nsizes, int64_t forced, tg_tensor *out,
+                      int out_cap) {
+  int64_t dim_sz = a->shape[d];
+  int64_t count;
+  if (forced > 0) count = forced;
+  else if (sizes) count = nsizes;
+  else count = dim_sz ? cdiv(dim_sz, c) : 1;
+  if (count > 0x7fffffff) return tg_set_error(TG_ERR_INVALID, "%s: %lld pieces is too many", fn, (long long)count), -1;
+  if (!out) return (int)count;
+  if (out_cap < count)
+    return tg_set_error(TG_ERR_INVALID, "%s: out has room for %d handles but dim %d of shape %s splits into %lld pieces", fn, out_cap, d,
+                        SHP(a), (long long)count),
+           -1;
+  int64_t start = 0;
+  for (int64_t i = 0; i < count; i++) {
+    int64_t sz = forced > 0 ? 0 : sizes ? sizes[i] : (c < dim_sz - start ? c : dim_sz - start);
+    int64_t b[2 * MAXD];
+    for (int j = 0; j < a->ndim; j++) b[2 * j] = 0, b[2 * j + 1] = a->shape[j];
+    b[2 * d] = start, b[2 * d + 1] = start + sz;
+    start += sz;
+    out[i] = tg_shrink(x, b, 2 * a->ndim);
+    if (!tg_valid(out[i])) {
+      for (int64_t j = 0; j <= i; j++) tg_free(out[j]), out[j] = NONE;
+      return -1;
+    }
+  }
+  return (int)count;
+}
+
+int tg_split(tg_tensor x, const int64_t *sizes, int nsizes, int dim, tg_tensor *out, int out_cap) {
+  const char *fn = "tg_split";
+  UOp *a = t_get(x, fn);
+  if (!a) return -1;
+  if (a->ndim == 0) return tg_set_error(TG_ERR_INVALID, "%s: cannot split a 0-d tensor", fn), -1;
+  int d;
+  if (norm_axis(fn, dim, a->ndim, &d) < 0) return -1;
+  if (nsizes < 1 || !sizes) return tg_set_error(TG_ERR_INVALID, "%s: sizes is %s with nsizes=%d; give a chunk size or a list of sizes", fn, sizes ? "set" : "NULL", nsizes), -1;
+  if (nsizes == 1) {
+    if (sizes[0] < 1 && a->shape[d] > 0)
+      return tg_set_error(TG_ERR_INVALID, "%s: chunk size %lld must be positive", fn, (long long)sizes[0]), -1;
+    return split_impl(fn, x, a, d, sizes[0] < 1 ? 1 : sizes[0], NULL, 0, 0, out, out_cap);
+  }
+  int64_t sum = 0;
+  for (int i = 0; i < nsizes; i++) {
+    if (sizes[i] < 0) return tg_set_error(TG_ERR_INVALID, "%s: size %lld (entry %d) is negative", fn, (long long)sizes[i], i), -1;
+    sum += sizes[i];
+  }
+  if (sum != a->shape[d])
+    return tg_set_error(TG_ERR_INVALID, "%s: sizes sum to %lld but dim %d of shape %s has size %lld; they must sum exactly", fn, (long long)sum, d,
+                        SHP(a), (long long)a->shape[d]),
+           -1;
+  return split_impl(fn, x, a, d, 0, sizes, nsizes, 0, out, out_cap);
+}
+
+int tg_chunk(tg_tensor x, int chunks, int dim, tg_tensor *out, int out_cap) {
+  const char *fn = "tg_chunk";
+  UOp *a = t_get(x, fn);
+  if (!a) return -1;
+  if (a->ndim == 0) return tg_set_error(TG_ERR_INVALID, "%s: cannot chunk a 0-d tensor", fn), -1;
+  int d;
+  if (norm_axis(fn, dim, a->ndim, &d) < 0) return -1;
+  if (chunks < 1) return tg_set_error(TG_ERR_INVALID, "%s: chunks must be at least 1, got %d", fn, chunks), -1;
+  int64_t dim_sz = a->shape[d];
+  if (dim_sz == 0) return split_impl(fn, x, a, d, 0, NULL, 0, chunks, out, out_cap);
+  return split_impl(fn, x, a, d, cdiv(dim_sz, chunks), NULL, 0, 0, out, out_cap);
+}
+
+static tg_tensor gather_impl(tg_tensor x, UOp *a, int d, tg_tensor index, UOp *ix) {
+  int64_t b[2 * MAXD];
+  for (int j = 0; j < a->ndim; j++) b[2 * j] = 0, b[2 * j + 1] = j == d ? a->shape[j] : ix->shape[j];
+  tg_tensor xs = tg_transpose(tg_unsqueeze(tg_shrink(x, b, 2 * a->ndim), -1), -1, d);
+  tg_tensor oh = tg_eq(tg_unsqueeze(index, -1), arange_on(a, 0, (double)a->shape[d], 1));
+  tg_tensor w = tg_where(oh, xs, tg_const_like(xs, 0));
+  return tg_cast(tg_sum(w, (const int[]){-1}, 1, false), (tg_dtype)a->dtype);
+}
+
+tg_tensor tg_gather(tg_tensor x, int dim, tg_tensor index) {
+  const char *fn = "tg_gather";
+  UOp *a = t_get(x, fn), *ix = a ? t_get(index, fn) : NULL;
+  if (!a || !ix) return NONE;
+  if (!tg_dtype_is_int((tg_dtype)ix->dtype)) return fail("%s: index has dtype %s; it must be an integer tensor", fn, tg_dtype_name((tg_dtype)ix->dtype));
+  if (a->ndim == 0 || ix->ndim != a->ndim)
+    return fail("%s: index shape %s and input shape %s must have the same number of dimensions (at least 1)", fn, SHP(ix), SHP(a));
+  int d;
+  if (norm_axis(fn, dim, a->ndim, &d) < 0) return NONE;
+  for (int j = 0; j < a->ndim; j++)
+    if (j != d && ix->shape[j] > a->shape[j])
+      return fail("%s: index shape %s is larger than input shape %s in dim %d (only dim %d may be larger)", fn, SHP(ix), SHP(a), j, d);
+  if (!same_device(fn, a, ix, "index")) return NONE;
+  NnOp o = begin(fn);
+  return done(o, gather_impl(x, a, d, index, ix));
+}
+
+tg_status tg_meshgrid(const tg_tensor *ts, int n, tg_tensor *out, const tg_meshgrid_opts *opts) {
+  const char *fn = "tg_meshgrid";
+  if (n < 1 || !ts || !out || n > MAXD) return tg_set_error(TG_ERR_INVALID, "%s: needs 1..%d tensors and an out array (n=%d)", fn, MAXD, n);
+  bool xy = opts && opts->xy;
+  int64_t shape[MAXD];
+  for (int i = 0; i < n; i++) {
+    UOp *a = t_get(ts[i], fn);
+    if (!a) return TG_ERR_HANDLE;
+    if (a->ndim > 1) return tg_set_error(TG_ERR_INVALID, "%s: tensor %d has shape %s; inputs must be 0-d or 1-d", fn, i, SHP(a));
+    shape[i] = shape_numel(a->shape, a->ndim);
+  }
+  if (xy && n >= 2) {
+    int64_t t = shape[0];
+    shape[0] = shape[1], shape[1] = t;
+  }
+  for (int i = 0; i < n; i++) out[i] = NONE;
+  for (int i = 0; i < n; i++) {
+    int pos = (xy && n >= 2 && i < 2) ? 1 - i : i;
+    int64_t rs[MAXD];
+    for (int j = 0; j < n; j++) rs[j] = j == pos ? shape[j] : 1;
+    NnOp o = begin(fn);
+    tg_tensor r = tg_expand(tg_reshape(ts[i], rs, n), shape, n);
+    out[i] = done(o, r);
+    if (!tg_valid(out[i])) {
+      for (int j = 0; j < i; j++) tg_free(out[j]), out[j] = NONE;
+      return tg_last_status() ? tg_last_status() : TG_ERR_INVALID;
+    }
+  }
+  return TG_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* reductions                                                                                      */
+
+static tg_tensor var_impl(const char *fn, tg_tensor x, const int *axes, int naxes, bool keepdim, double correction) {
+  UOp *a = t_get(x, fn);
+  if (!a) return NONE;
+  bool red[MAXD];
+  int64_t n = reduce_flags(fn, a, axes, naxes, red);
+  if (n < 0) return NONE;
+  if (!isfinite(correction)) return fail("%s: correction %g must be finite", fn, correction);
+  tg_dtype out = tg_dtype_is_float((tg_dtype)a->dtype) ? (tg_dtype)a->dtype : tg_default_float();
+  tg_tensor m = tg_mean(x, axes, naxes, true);
+  tg_tensor dd = tg_sub(x, m);
+  tg_tensor num = tg_sum(tg_mul(dd, dd), axes, naxes, keepdim);
+  double den = (double)n - correction;
+  return tg_cast(tg_div_s(num, den > 0 ? den : 0.0), out);
+}
+
+tg_tensor tg_var(tg_tensor x, const int *axes, int naxes, bool keepdim, double correction) {
+  NnOp o = begin("tg_var");
+  return done(o, var_impl("tg_var", x, axes, naxes, keepdim, correction));
+}
+
+tg_tensor tg_std(tg_tensor x, const int *axes, int naxes, bool keepdim, double correction) {
+  NnOp o = begin("tg_std");
+  return done(o, tg_sqrt(var_impl("tg_std", x, axes, naxes, keepdim, correction)));
+}
+
+static tg_status two_out(const char *fn, bool is_std, tg_tensor x, const int *axes, int naxes, bool keepdim, double correction, tg_tensor *v,
+                         tg_tensor *mean) {
+  if (!v || !mean) return tg_set_error(TG_ERR_INVALID, "%s: output pointers must not be NULL", fn);
+  *v = NONE, *mean = NONE;
+  NnOp o = begin(fn);
+  tg_tensor r = var_impl(fn, x, axes, naxes, keepdim, correction);
+  if (is_std) r = tg_sqrt(r);
+  tg_tensor vv = done(o, r);
+  if (!tg_valid(vv)) return tg_last_status() ? tg_last_status() : TG_ERR_INVALID;
+  o = begin(fn);
+  tg_tensor mm = done(o, tg_mean(x, axes, naxes, keepdim));
+  if (!tg_valid(mm)) {
+    tg_free(vv);
+    return tg_last_status() ? tg_last_status() : TG_ERR_INVALID;
+  }
+  *v = vv, *mean = mm;
+  return TG_OK;
+}
+
+tg_status tg_var_mean(tg_tensor x, const int *axes, int naxes, bool keepdim, double correction, tg_tensor *var_out, tg_tensor *mean_out) {
+  return two_out("tg_var_mean", false, x, axes, naxes, keepdim, correction, var_out, mean_out);
+}
+tg_status tg_std_mean(tg_tensor x, const int *axes, int naxes, bool keepdim, double correction, tg_tensor *std_out, tg_tensor *mean_out) {
+  return two_out("tg_std_mean", true, x, axes, naxes, keepdim, correction, std_out, mean_out);
+}
+
+tg_tensor tg_logsumexp(tg_tensor x, const int *axes, int naxes, bool keepdim) {
+  const char *fn = "tg_logsumexp";
+  UOp *a = t_get(x, fn);
+  if (!a) return NONE;
+  bool red[MAXD];
+  if (reduce_flags(fn, a, axes, naxes, red) < 0) return NONE;
+  int64_t os[MAXD];
+  int on = reduced_shape(a, red, keepdim, os);
+  NnOp o = begin(fn);
+  tg_tensor m = tg_detach(tg_max(x, axes, naxes, true));
+  tg_tensor l = tg_log(tg_sum(tg_exp(tg_sub(x, m)), axes, naxes, keepdim));
+  return done(o, tg_add(l, keepdim ? m : reshape_n(m, os, on)));
+}
+
+static tg_tensor arg_impl(const char *fn, tg_tensor x, const int *axes, int naxes, bool keepdim, bool is_min) {
+  UOp *a = t_get(x, fn);
+  if (!a) return NONE;
+  if (naxes < 0 || naxes > 1 || (naxes == 1 && !axes))
+    return fail("%s: give one axis (naxes=1) or none (naxes=0: the flattened tensor), got naxes=%d", fn, naxes);
+  NnOp o = begin(fn);
+  tg_tensor src = x;
+  int ax = 0, nd = a->ndim;
+  int64_t n;
+  if (naxes == 0) {
+    int64_t flat = shape_numel(a->shape, a->ndim);
+    src = tg_reshape(x, &flat, 1);
+    nd = 1, n = flat;
+  } else {
+    if (norm_axis(fn, axes[0], a->ndim, &ax) < 0) return done(o, NONE);
+    n = a->ndim ? a->shape[ax] : 1;
+    if (a->ndim == 0) {
+      int64_t one = 1;
+      src = tg_reshape(x, &one, 1);
+      nd = 1;
+    }
+  }
+  if (n == 0) {
+    tg_scope_end();
+    return fail("%s: cannot take the %s of an empty dimension (shape %s)", fn, is_min ? "argmin" : "argmax", SHP(a));
+  }
+  int axv[1] = {ax};
+  tg_tensor mx = is_min ? tg_min(src, axv, 1, true) : tg_max(src, axv, 1, true);
+  tg_tensor m = tg_eq(src, mx);
+  int64_t rs[MAXD];
+  rs[0] = n;
+  for (int i = 1; i < nd - ax; i++) rs[i] = 1;
+  tg_tensor idx = tg_mul(m, tg_reshape(arange_on(a, (double)n, 0, -1), rs, nd - ax));
+  tg_tensor r = tg_cast(tg_rsub_s((double)n, tg_max(idx, axv, 1, keepdim)), TG_INT32);
+  if (a->ndim == 0 && naxes == 1) r = keepdim ? tg_reshape(r, NULL, 0) : r;
+  return done(o, r);
+}
+
+tg_tensor tg_argmax(tg_tensor x, const int *axes, int naxes, bool keepdim) { return arg_impl("tg_argmax", x, axes, naxes, keepdim, false); }
+tg_tensor tg_argmin(tg_tensor x, const int *axes, int naxes, bool keepdim) { return arg_impl("tg_argmin", x, axes, naxes, keepdim, true); }
+
+tg_tensor tg_any(tg_tensor x, const int *axes, int naxes, bool keepdim) {
+  const char *fn = "tg_any";
+  UOp *a = t_get(x, fn);
+  if (!a) return NONE;
+  bool red[MAXD];
+  if (reduce_flags(fn, a, axes, naxes, red) < 0) return NONE;
+  NnOp o = begin(fn);
+  return done(o, tg_max(tg_cast(x, TG_BOOL), axes, naxes, keepdim));
+}
+
+tg_tensor tg_all(tg_tensor x, const int *axes, int naxes, bool keepdim) {
+  const char *fn = "tg_all";
+  UOp *a = t_get(x, fn);
+  if (!a) return NONE;
+  bool red[MAXD];
+  if (reduce_flags(fn, a, axes, naxes, red) < 0) return NONE;
+  NnOp o = begin(fn);
+  tg_tensor nb = tg_eq_s(tg_cast(x, TG_BOOL), 0);
+  return done(o, tg_eq_s(tg_max(nb, axes, naxes, keepdim), 0));
+}
+
+/* tinygrad's _pool on the trailing nk dims: (..., i...) -> (..., o..., k...) using movement ops. */
+static tg_tensor pool_impl(tg_tensor x, const int64_t *xs, int n, int nk, const int64_t *k, const int64_t *s, const int64_t *d) {
+  int noop = n - nk;
+  int64_t o[8], f[8], reps[MAXD], sh[MAXD], b[2 * MAXD];
+  for (int j = 0; j < nk; j++) {
+    int64_t i = xs[noop + j];
+    o[j] = cdiv(i - d[j] * (k[j] - 1), s[j]);
+    f[j] = imax(1, cdiv(o[j] * s[j] - d[j], i));
+  }
+  for (int j = 0; j < noop; j++) reps[j] = 1;
+  for (int j = 0; j < nk; j++) reps[noop + j] = cdiv(k[j] * (xs[noop + j] * f[j] + d[j]), xs[noop + j]);
+  tg_tensor r = tg_repeat(x, reps, n);
+  /* handle dilation */
+  for (int j = 0; j < noop; j++) b[2 * j] = 0, b[2 * j + 1] = xs[j], sh[j] = xs[j];
+  for (int j = 0; j < nk; j++) b[2 * (noop + j)] = 0, b[2 * (noop + j) + 1] = k[j] * (xs[noop + j] * f[j] + d[j]);
+  r = tg_shrink(r, b, 2 * n);
+  for (int j = 0; j < nk; j++) sh[noop + 2 * j] = k[j], sh[noop + 2 * j + 1] = xs[noop + j] * f[j] + d[j];
+  r = tg_reshape(r, sh, noop + 2 * nk);
+  /* handle stride */
+  for (int j = 0; j < nk; j++) b[2 * (noop + 2 * j)] = 0, b[2 * (noop + 2 * j) + 1] = k[j], b[2 * (noop + 2 * j + 1)] = 0, b[2 * (noop + 2 * j + 1) + 1] = o[j] * s[j];
+  r = tg_shrink(r, b, 2 * (noop + 2 * nk));
+  for (int j = 0; j < nk; j++) sh[noop + 3 * j] = k[j], sh[noop + 3 * j + 1] = o[j], sh[noop + 3 * j + 2] = s[j];
+  r = tg_reshape(r, sh, noop + 3 * nk);
+  for (int j = 0; j < nk; j++) {
+    int64_t *bb = b + 2 * (noop + 3 * j);
+    bb[0] = 0, bb[1] = k[j], bb[2] = 0, bb[3] = o[j], bb[4] = 0, bb[5] = 1;
+  }
+  r = tg_shrink(r, b, 2 * (noop + 3 * nk));
+  for (int j = 0; j < nk; j++) sh[noop + 2 * j] = k[j], sh[noop + 2 * j + 1] = o[j];
+  r = tg_reshape(r, sh, noop + 2 * nk);
+  /* move the kernel dims to the end */
+  int perm[MAXD];
+  for (int j = 0; j < noop; j++) perm[j] = j;
+  for (int j = 0; j < nk; j++) perm[noop + j] = noop + 2 * j + 1, perm[noop + nk + j] = noop + 2 * j;
+  return tg_permute(r, perm, noop + 2 * nk);
+}
+
+/* cumsum along the last axis of x (shape xs, n dims) with pad + pool + sum. */
+static tg_tensor cumalu_last(tg_tensor x, const int64_t *xs, int n) {
+  int64_t s = xs[n - 1], pads[2 * MAXD] = {0}, ps[MAXD];
+  pads[2 * (n - 1)] = s - 1;
+  tg_tensor p = tg_pad(x, pads, 2 * n, 0.0);
+  memcpy(ps, xs, sizeof(int64_t) * (size_t)n);
+  ps[n - 1] = 2 * s - 1;
+  int64_t one = 1;
+  tg_tensor w = pool_impl(p, ps, n, 1, &s, &one, &one);
+  return tg_sum(w, (const int[]){-1}, 1, false);
+}
+
+tg_tensor tg_cumsum(tg_tensor x, int axis) {
+  const char *fn = "tg_cumsum";
+  UOp *a = t_get(x, fn);
+  if (!a) return NONE;
+  int ax;
+  if (norm_axis(fn, axis, a->ndim, &ax) < 0) return NONE;
+  if (a->ndim >= MAXD - 1) return fail("%s: too many dimensions", fn);
+  NnOp o = begin(fn);
+  if (a->ndim == 0 || shape_numel(a->shape, a->ndim) == 0) {
+    tg_dtype dt = tg_dtype_of(tg_sum(x, NULL, 0, false));
+    return done(o, tg_cast(x, dt));
+  }
+  int n = a->ndim;
+  int64_t ts[MAXD];
+  memcpy(ts, a->shape, sizeof(int64_t) * (size_t)n);
+  ts[ax] = a->shape[n - 1], ts[n - 1] = a->shape[ax];
+  tg_tensor t = tg_transpose(x, ax, -1);
+  int64_t s = ts[n - 1];
+  const int64_t SPLIT = 256;
+  tg_tensor r;
+  if (s <= SPLIT * 2) {
+    r = cumalu_last(t, ts, n);
+  } else {
+    /* two stages: cumsum inside chunks of SPLIT, then add the running total of earlier chunks */
+    int64_t padded = cdiv(s, SPLIT) * SPLIT, nch = padded / SPLIT, pads[2 * MAXD] = {0}, cs[MAXD], bs[MAXD];
+    pads[2 * (n - 1)] = padded - s;
+    memcpy(cs, ts, sizeof(int64_t) * (size_t)n);
+    cs[n - 1] = nch, cs[n] = SPLIT;
+    tg_tensor chunks = cumalu_last(tg_reshape(tg_pad(t, pads, 2 * n, 0.0), cs, n + 1), cs, n + 1);
+    int64_t b[2 * MAXD];
+    for (int j = 0; j <= n; j++) b[2 * j] = 0, b[2 * j + 1] = cs[j];
+    b[2 * n] = SPLIT - 1;
+    memcpy(bs, cs, sizeof(int64_t) * (size_t)n);
+    tg_tensor last = tg_reshape(tg_shrink(chunks, b, 2 * (n + 1)), bs, n);
+    int64_t bp[2 * MAXD] = {0};
+    bp[2 * (n - 1)] = 1, bp[2 * (n - 1) + 1] = -1;
+    tg_tensor base = tg_pad(cumalu_last(last, bs, n), bp, 2 * n, 0.0);
+    tg_tensor full = tg_flatten(tg_add(chunks, tg_unsqueeze(base, -1)), -2, -1);
+    for (int j = 0; j < n; j++) b[2 * j] = 0, b[2 * j + 1] = ts[j];
+    b[2 * (n - 1)] = padded - s, b[2 * (n - 1) + 1] = padded;
+    r = tg_shrink(full, b, 2 * n);
+  }
+  return done(o, tg_transpose(r, ax, -1));
+}
+
+/* tinygrad's _tri: arange(r)[:, None] + diagonal <= arange(c) */
+static tg_tensor tri(UOp *a, int64_t r, int64_t c, int64_t diagonal) {
+  tg_tensor rr = tg_unsqueeze(arange_on(a, 0, (double)r, 1), -1);
+  return tg_le(tg_add_s(rr, (double)diagonal), arange_on(a, 0, (double)c, 1));
+}
+
+static tg_tensor tri_op(const char *fn, tg_tensor x, int64_t diagonal, bool upper) {
+  UOp *a = t_get(x, fn);
+  if (!a) return NONE;
+  if (a->ndim < 2) return fail("%s: needs a tensor with at least 2 dimensions, got shape %s", fn, SHP(a));
+  if (diagonal > ((int64_t)1 << 40) || diagonal < -((int64_t)1 << 40)) return fail("%s: diagonal %lld is out of range", fn, (long long)diagonal);
+  NnOp o = begin(fn);
+  int64_t r = a->shape[a->ndim - 2], c = a->shape[a->ndim - 1];
+  tg_tensor z = tg_cast(tg_const_like(x, 0), (tg_dtype)a->dtype); /* bool x: false, not int 0 */
+  tg_tensor res = upper ? tg_where(tri(a, r, c, diagonal), x, z) : tg_where(tri(a, r, c, diagonal + 1), z, x);
+  return done(o, res);
+}
+tg_tensor tg_triu(tg_tensor x, int64_t diagonal) { return tri_op("tg_triu", x, diagonal, true); }
+tg_tensor tg_tril(tg_tensor x, int64_t diagonal) { return tri_op("tg_tril", x, diagonal, false); }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* pooling and convolution                                                                          */
+
+/* A (y, x) pair from an options field: both 0 -> def, second 0 -> repeats the first. */
+static bool opt_pair(const char *fn, const char *name, const int64_t *v, const int64_t *def, int64_t *out) {
+  if (v[0] == 0 && v[1] == 0) {
+    out[0] = def[0], out[1] = def[1];
+  } else if (v[1] == 0) {
+    out[0] = out[1] = v[0];
+  } else {
+    out[0] = v[0], out[1] = v[1];
+  }
+  if (out[0] < 1 || out[1] < 1 || out[0] > ((int64_t)1 << 32) || out[1] > ((int64_t)1 << 32)) {
+    tg_set_error(TG_ERR_INVALID, "%s: %s (%lld, %lld) must be positive (0 means the default)", fn, name, (long long)v[0], (long long)v[1]);
+    return false;
+  }
+  return true;
+}
+
+/* tinygrad's padding forms -> per spatial dim (before, after) in (H, W) order: out[0..1] H, out[2..3] W. */
+static bool opt_pads(const char *fn, const int64_t *p, int np, int64_t *out) {
+  switch (np) {
+  case 0:
+    if (p[1] || p[2] || p[3]) {
+      tg_set_error(TG_ERR_INVALID, "%s: padding has several entries (%lld, %lld, %lld, %lld) but npadding is 0; set npadding to 1, 2 or 4", fn,
+                   (long long)p[0], (long long)p[1], (long long)p[2], (long long)p[3]);
+      return false;
+    }
+    /* fallthrough */
+  case 1: out[0] = out[1] = out[2] = out[3] = p[0]; break;
+  case 2: out[0] = out[1] = p[0], out[2] = out[3] = p[1]; break;
+  case 4: out[2] = p[0], out[3] = p[1], out[0] = p[2], out[1] = p[3]; break; /* (left, right, top, bottom) */
+  default:
+    tg_set_error(TG_ERR_INVALID, "%s: npadding is %d; use 1 (all sides), 2 (pad_h, pad_w) or 4 (left, right, top, bottom)", fn, np);
+    return false;
+  }
+  for (int i = 0; i < 4; i++)
+    if (out[i] > ((int64_t)1 << 32) || out[i] < -((int64_t)1 << 32)) {
+      tg_set_error(TG_ERR_INVALID, "%s: padding %lld is out of range", fn, (long long)out[i]);
+      return false;
+    }
+  return true;
+}
+
+/* Checks that a window fits in the padded input; hw = input (H, W), pads as opt_pads. */
+static bool window_fits(const char *fn, UOp *a, const int64_t *hw, const int64_t *pads, const int64_t *k, const int64_t *d) {
+  for (int j = 0; j < 2; j++) {
+    int64_t ip = hw[j] + pads[2 * j] + pads[2 * j + 1];
+    if (ip < d[j] * (k[j] - 1) + 1) {
+      tg_set_error(TG_ERR_INVALID,
+                   "%s: the %s window (kernel %lld, dilation %lld spans %lld) is larger than the padded input (%lld = %lld + padding %lld + %lld) of shape %s",
+                   fn, j ? "horizontal" : "vertical", (long long)k[j], (long long)d[j], (long long)(d[j] * (k[j] - 1) + 1), (long long)ip, (long long)hw[j],
+                   (long long)pads[2 * j], (long long)pads[2 * j + 1], SHP(a));
+      return false;
+    }
+  }
+  return true;
+}
+
+/* pad the last two dims of x with pads (H before/after, W before/after), then pool */
+static tg_tensor pad_pool2(tg_tensor x, UOp *a, const int64_t *pads, double value, const int64_t *k, const int64_t *s, const int64_t *d) {
+  int n = a->ndim;
+  int64_t p[2 * MAXD] = {0}, xs[MAXD];
+  memcpy(xs, a->shape, sizeof(int64_t) * (size_t)n);
+  for (int j = 0; j < 2; j++) {
+    p[2 * (n - 2 + j)] = pads[2 * j], p[2 * (n - 2 + j) + 1] = pads[2 * j + 1];
+    xs[n - 2 + j] += pads[2 * j] + pads[2 * j + 1];
+  }
+  bool any = pads[0] || pads[1] || pads[2] || pads[3];
+  return pool_impl(any ? tg_pad(x, p, 2 * n, value) : x, xs, n, 2, k, s, d);
+}
+
+/* tinygrad's _apply_ceil_mode: extra padding after each dim so the last partial window counts */
+static void ceil_pads(const int64_t *hw, const int64_t *pads, const int64_t *k, const int64_t *s, const int64_t *d, int64_t *out) {
+  for (int j = 0; j < 2; j++) {
+    int64_t i = hw[j], pb = pads[2 * j], pa = pads[2 * j + 1];
+    int64_t o = cdiv(i + pb + pa - (d[j] * (k[j] - 1) + 1), s[j]) + 1;
+    out[2 * j] = pb;
+    out[2 * j + 1] = pa + s[j] * (o - 1) + (d[j] * (k[j] - 1) + 1) - (i + pb + pa) - imax(s[j] * (o - 1) - (pb + i - 1), 0);
+  }
+}
+
+typedef struct {
+  int64_t k[2], s[2], d[2], pads[4], hw[2];
+} PoolArgs;
+
+static bool pool_args(const char *fn, UOp *a, const tg_pool2d_opts *opts, PoolArgs *pa) {
+  static const tg_pool2d_opts zero;
+  if (!opts) opts = &zero;
+  if (a->ndim < 2) {
+    tg_set_error(TG_ERR_INVALID, "%s: needs at least 2 dimensions (..., height, width), got shape %s", fn, SHP(a));
+    return false;
+  }
+  static const int64_t two[2] = {2, 2}, one[2] = {1, 1};
+  if (!opt_pair(fn, "kernel_size", opts->kernel_size, two, pa->k) || !opt_pair(fn, "stride", opts->stride, pa->k, pa->s) ||
+      !opt_pair(fn, "dilation", opts->dilation, one, pa->d) || !opt_pads(fn, opts->padding, opts->npadding, pa->pads))
+    return false;
+  pa->hw[0] = a->shape[a->ndim - 2], pa->hw[1] = a->shape[a->ndim - 1];
+  return window_fits(fn, a, pa->hw, pa->pads, pa->k, pa->d);
+}
+
+tg_tensor tg_max_pool2d(tg_tensor x, const tg_pool2d_opts *opts) {
+  const char *fn = "tg_max_pool2d";
+  UOp *a = t_get(x, fn);
+  if (!a) return NONE;
+  PoolArgs p;
+  if (!pool_args(fn, a, opts, &p)) return NONE;
+  int64_t pads[4];
+  memcpy(pads, p.pads, sizeof pads);
+  if (opts && opts->ceil_mode) ceil_pads(p.hw, p.pads, p.k, p.s, p.d, pads);
+  NnOp o = begin(fn);
+  tg_tensor w = pad_pool2(x, a, pads, dtype_min_value((tg_dtype)a->dtype), p.k, p.s, p.d);
+  return done(o, tg_max(w, (const int[]){-2, -1}, 2, false));
+}
+
+tg_tensor tg_avg_pool2d(tg_tensor x, const tg_pool2d_opts *opts) {
+  const char *fn = "tg_avg_pool2d";
+  UOp *a = t_get(x, fn);
+  if (!a) return NONE;
+  PoolArgs p;
+  if (!pool_args(fn, a, opts, &p)) return NONE;
+  bool ceil = opts && opts->ceil_mode, include = !(opts && opts->exclude_pad);
+  int64_t pads[4];
+  memcpy(pads, p.pads, sizeof pads);
+  if (ceil) ceil_pads(p.hw, p.pads, p.k, p.s, p.d, pads);
+  const int ax[2] = {-2, -1};
+  NnOp o = begin(fn);
+  tg_tensor r;
+  if (!include) {
+    tg_tensor num = tg_sum(pad_pool2(x, a, pads, 0.0, p.k, p.s, p.d), ax, 2, false);
+    tg_tensor ones = tg_ones_like(x, NULL);
+    r = tg_div(num, tg_sum(pad_pool2(ones, a, pads, 0.0, p.k, p.s, p.d), ax, 2, false));
+  } else if (!ceil) {
+    r = tg_mean(pad_pool2(x, a, pads, 0.0, p.k, p.s, p.d), ax, 2, false);
+  } else {
+    /* divide by the window's overlap with the regularly padded input (padding counts, the ceil overhang not) */
+    tg_tensor num = tg_sum(pad_pool2(x, a, pads, 0.0, p.k, p.s, p.d), ax, 2, false);
+    int n = a->ndim;
+    int64_t pp[2 * MAXD] = {0}, extra[4];
+    for (int j = 0; j < 2; j++) pp[2 * (n - 2 + j)] = p.pads[2 * j], pp[2 * (n - 2 + j) + 1] = p.pads[2 * j + 1];
+    for (int j = 0; j < 4; j++) extra[j] = pads[j] - p.pads[j];
+    tg_tensor ones = tg_ones_like(tg_pad(x, pp, 2 * n, 0.0), NULL);
+    UOp *ou = t_get(ones, fn);
+    r = ou ? tg_div(num, tg_sum(pad_pool2(ones, ou, extra, 0.0, p.k, p.s, p.d), ax, 2, false)) : NONE;
+  }
+  return done(o, r);
+}
+
+tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv2d_opts *opts) {
+  const char *fn = "tg_conv2d";
+  static const tg_conv2d_opts zero;
+  if (!opts) opts = &zero;
+  UOp *a = t_get(x, fn), *w = a ? t_get(weight, fn) : NULL, *b = NULL;
+  if (!a || !w) return NONE;
+  if (bias.id && !(b = t_get(bias, fn))) return NONE;
+  if (a->ndim != 4 || w->ndim != 4)
+    return fail("%s: input %s must be (batch, cin, height, width) and weight %s (cout, cin/groups, kh, kw)", fn, SHP(a), SHP(w));
+  int64_t groups = opts->groups ? opts->groups : 1;
+  if (groups < 1) return fail("%s: groups %lld must be positive", fn, (long long)groups);
+  int64_t bs = a->shape[0], cin_ = a->shape[1], cout = w->shape[0], cin = w->shape[1], kh = w->shape[2], kw = w->shape[3];
+  if (groups * cin != cin_)
+    return fail("%s: input %s has %lld channels but weight %s with groups=%lld expects groups*cin = %lld", fn, SHP(a), (long long)cin_, SHP(w),
+                (long long)groups, (long long)(groups * cin));
+  if (cout % groups) return fail("%s: cout %lld of weight %s is not divisible by groups=%lld", fn, (long long)cout, SHP(w), (long long)groups);
+  if (kh < 1 || kw < 1) return fail("%s: weight %s has an empty kernel", fn, SHP(w));
+  if (b && (b->ndim != 1 || b->shape[0] != cout)) return fail("%s: bias has shape %s but the weight %s needs (%lld,)", fn, SHP(b), SHP(w), (long long)cout);
+  if (!same_device(fn, a, w, "weight") || (b && !same_device(fn, a, b, "bias"))) return NONE;
+  static const int64_t one[2] = {1, 1};
+  int64_t s[2], d[2], pads[4], k[2] = {kh, kw};
+  if (!opt_pair(fn, "stride", opts->stride, one, s) || !opt_pair(fn, "dilation", opts->dilation, one, d) ||
+      !opt_pads(fn, opts->padding, opts->npadding, pads))
+    return NONE;
+  int64_t hw[2] = {a->shape[2], a->shape[3]};
+  if (!window_fits(fn, a, hw, pads, k, d)) return NONE;
+  int64_t oy = cdiv(hw[0] + pads[0] + pads[1] - d[0] * (kh - 1), s[0]), ox = cdiv(hw[1] + pads[2] + pads[3] - d[1] * (kw - 1), s[1]);
+  int64_t rcout = cout / groups;
+  NnOp o = begin(fn);
+  /* (bs, groups*cin, oy, ox, kh, kw) windows -> (bs, groups, rcout, oy, ox, cin, kh, kw) */
+  tg_tensor win = pad_pool2(x, a, pads, 0.0, k, s, d);
+  win = tg_reshape(win, (const int64_t[]){bs, groups, cin, 1, oy, ox, kh, kw}, 8);
+  win = tg_expand(win, (const int64_t[]){bs, groups, cin, rcout, oy, ox, kh, kw}, 8);
+  win = tg_permute(win, (const int[]){0, 1, 3, 4, 5, 2, 6, 7}, 8);
+  tg_tensor wr = tg_reshape(weight, (const int64_t[]){1, groups, rcout, 1, 1, cin, kh, kw}, 8);
+  tg_tensor r = tg_sum(tg_mul(win, wr), (const int[]){-1, -2, -3}, 3, true);
+  r = tg_reshape(r, (const int64_t[]){bs, cout, oy, ox}, 4);
+  tg_dtype dt = tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)w->dtype);
+  r = tg_cast(r, dt);
+  if (b) r = tg_add(r, tg_reshape(bias, (const int64_t[]){1, cout, 1, 1}, 4));
+  return done(o, r);
+}
+
+tg_tensor tg_dot(tg_tensor x, tg_tensor w) {
+  const char *fn = "tg_dot";
+  UOp *a = t_get(x, fn), *b = a ? t_get(w, fn) : NULL;
+  if (!a || !b) return NONE;
+  NnOp o = begin(fn);
+  return done(o, tg_matmul(x, w));
+}
+
+tg_tensor tg_linear(tg_tensor x, tg_tensor weight, tg_tensor bias) {
+  const char *fn = "tg_linear";
+  UOp *a = t_get(x, fn), *w = a ? t_get(weight, fn) : NULL, *b = NULL;
+  if (!a || !w) return NONE;
+  if (bias.id && !(b = t_get(bias, fn))) return NONE;
+  if (a->ndim < 1) return fail("%s: input must have at least 1 dimension (..., in_features), got shape %s", fn, SHP(a));
+  int64_t in = a->shape[a->ndim - 1];
+  if (w->ndim == 2 ? w->shape[1] != in : (w->ndim != 1 || w->shape[0] != in))
+    return fail("%s: weight %s does not fit input %s; the weight is (out_features, in_features) = (?, %lld) as in tinygrad's nn.Linear", fn, SHP(w),
+                SHP(a), (long long)in);
+  int64_t outf = w->ndim == 2 ? w->shape[0] : in;
+  if (b && (b->ndim > 1 || (b->ndim == 1 && b->shape[0] != outf && b->shape[0] != 1)))
+    return fail("%s: bias has shape %s but the output has %lld features", fn, SHP(b), (long long)outf);
+  if (!same_device(fn, a, w, "weight") || (b && !same_device(fn, a, b, "bias"))) return NONE;
+  NnOp o = begin(fn);
+  tg_tensor r = w->ndim == 1 ? tg_mul(x, weight) : tg_matmul(x, tg_transpose(weight, 0, 1));
+  if (b) r = tg_add(r, bias);
+  return done(o, r);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* functional nn                                                                                   */
+
+tg_tensor tg_one_hot(tg_tensor x, int64_t num_classes) {
+  const char *fn = "tg_one_hot";
+  UOp *a = t_get(x, fn);
+  if (!a) return NONE;
+  if (!tg_dtype_is_int((tg_dtype)a->dtype)) return fail("%s: expects an integer tensor, got %s", fn, tg_dtype_name((tg_dtype)a->dtype));
+  if (num_classes < -1 || num_classes > ((int64_t)1 << 31))
+    return fail("%s: num_classes %lld must be non-negative (or -1: the largest label + 1)", fn, (long long)num_classes);
+  if (a->ndim >= MAXD) return fail("%s: too many dimensions", fn);
+  NnOp o = begin(fn);
+  if (num_classes == -1) {
+    if (shape_numel(a->shape, a->ndim) == 0) {
+      tg_scope_end();
+      return fail("%s: num_classes=-1 needs a non-empty tensor to find the largest label", fn);
+    }
+    int64_t mx = 0;
+    if (tg_item_i64(tg_max(x, NULL, 0, false), &mx) != TG_OK) return done(o, NONE);
+    num_classes = mx + 1 > 0 ? mx + 1 : 0;
+  }
+  tg_tensor eq = tg_eq(tg_unsqueeze(x, -1), arange_on(a, 0, (double)num_classes, 1));
+  return done(o, tg_cast(eq, TG_INT32));
+}
+
+tg_tensor tg_layernorm(tg_tensor x, int naxes, double eps) {
+  const char *fn = "tg_layernorm";
+  UOp *a = t_get(x, fn);
+  if (!a) return NONE;
+  if (naxes < 1 || naxes > a->ndim)
+    return fail("%s: normalizes the last naxes dims; naxes=%d is out of range 1..%d for shape %s", fn, naxes, a->ndim, SHP(a));
+  if (!(eps >= 0) || !isfinite(eps)) return fail("%s: eps %g must be a finite non-negative number", fn, eps);
+  int ax[MAXD];
+  for (int i = 0; i < naxes; i++) ax[i] = -1 - i;
+  NnOp o = begin(fn);
+  tg_tensor y = tg_sub(x, tg_mean(x, ax, naxes, true));
+  tg_tensor v = tg_mean(tg_mul(y, y), ax, naxes, true);
+  return done(o, tg_mul(y, tg_reciprocal(tg_sqrt(tg_add_s(v, eps)))));
+}
+
+tg_tensor tg_batchnorm(tg_tensor x, tg_tensor weight, tg_tensor bias, tg_tensor mean, tg_tensor invstd) {
+  const char *fn = "tg_batchnorm";
+  UOp *a = t_get(x, fn), *m = a ? t_get(mean, fn) : NULL, *is = m ? t_get(invstd, fn) : NULL, *w = NULL, *b = NULL;
+  if (!a || !m || !is) return NONE;
+  if (weight.id && !(w = t_get(weight, fn))) return NONE;
+  if (bias.id && !(b = t_get(bias, fn))) return NONE;
+  if (a->ndim < 2) return fail("%s: input %s must be (batch, channels, ...)", fn, SHP(a));
+  int64_t c = a->shape[1];
+  struct {
+    UOp *u;
+    const char *name;
+  } per[3] = {{m, "mean"}, {w, "weight"}, {b, "bias"}};
+  for (int i = 0; i < 3; i++)
+    if (per[i].u && shape_numel(per[i].u->shape, per[i].u->ndim) != c)
+      return fail("%s: %s has shape %s but the input %s has %lld channels (dim 1)", fn, per[i].name, SHP(per[i].u), SHP(a), (long long)c);
+  if (is->ndim == 1 && is->shape[0] != c)
+    return fail("%s: invstd has shape %s but the input %s has %lld channels (dim 1)", fn, SHP(is), SHP(a), (long long)c);
+  int64_t bs[MAXD];
+  if (is->ndim != 1 && bcast_shape(fn, a->shape, a->ndim, is->shape, is->ndim, bs, "invstd") < 0) return NONE;
+  UOp *dv[4] = {m, is, w, b};
+  for (int i = 0; i < 4; i++)
+    if (dv[i] && !same_device(fn, a, dv[i], "a parameter")) return NONE;
+  int64_t sh[MAXD];
+  for (int i = 0; i < a->ndim; i++) sh[i] = i == 1 ? c : 1;
+  NnOp o = begin(fn);
+  tg_tensor r = tg_sub(x, tg_reshape(mean, sh, a->ndim));
+  if (w) r = tg_mul(r, tg_reshape(weight, sh, a->ndim));
+  r = tg_mul(r, is->ndim == 1 ? tg_reshape(invstd, sh, a->ndim) : invstd);
+  if (b) r = tg_add(r, tg_reshape(bias, sh, a->ndim));
+  return done(o, r);
+}
+
+tg_tensor tg_dropout(tg_tensor x, double p) {
+  const char *fn = "tg_dropout";
+  UOp *a = t_get(x, fn);
+  if (!a) return NONE;
+  if (!(p >= 0 && p <= 1)) return fail("%s: p=%g is out of range [0, 1]", fn, p);
+  if (!tg_getenv_int("TRAINING", 0) || p == 0) return same(a);
+  NnOp o = begin(fn);
+  if (p == 1) return done(o, tg_zeros_like(x, NULL));
+  tg_opts ro = on_device(a, tg_default_float());
+  tg_tensor keep = tg_contiguous(tg_ge(tg_rand(a->shape, a->ndim, &ro), tg_scalar(p, &ro)));
+  /* The mask is realized now: a lazy random tensor evaluated by two separate realizes (the forward
+   * value and the gradient) would draw two different masks, because the RNG counter it reads advances
+   * in between. tinygrad's .contiguous() gets the same effect from its becomes_map. */
+  if (tg_realize(keep) != TG_OK) return done(o, NONE);
+  return done(o, tg_div_s(tg_where(keep, x, tg_const_like(x, 0)), 1.0 - p));
+}
+
+tg_tensor tg_scaled_dot_product_attention(tg_tensor q, tg_tensor k, tg_tensor v, tg_tensor attn_mask, const tg_sdpa_opts *opts) {
+  const char *fn = "tg_scaled_dot_product_attention";
+  UOp *qa = t_get(q, fn), *ka = qa ? t_get(k, fn) : NULL, *va = ka ? t_get(v, fn) : NULL, *ma = NULL;
+  if (!qa || !ka || !va) return NONE;
+  if (attn_mask.id && !(ma = t_get(attn_mask, fn))) return NONE;
+  bool causal = opts && opts->is_causal;
+  double dp = opts ? opts->dropout_p : 0.0;
+  if (qa->ndim < 2 || ka->ndim < 2 || va->ndim < 2)
+    return fail("%s: query %s, key %s and value %s need at least 2 dims (..., seq, features)", fn, SHP(qa), SHP(ka), SHP(va));
+  int64_t e = qa->shape[qa->ndim - 1], L = qa->shape[qa->ndim - 2], S = ka->shape[ka->ndim - 2];
+  if (ka->shape[ka->ndim - 1] != e) return fail("%s: query %s and key %s must have the same last dim (features)", fn, SHP(qa), SHP(ka));
+  if (va->shape[va->ndim - 2] != S) return fail("%s: key %s and value %s must have the same sequence length (dim -2)", fn, SHP(ka), SHP(va));
+  if (causal && ma) return fail("%s: cannot set attn_mask when is_causal is true", fn);
+  if (!(dp >= 0 && dp <= 1)) return fail("%s: dropout_p=%g is out of range [0, 1]", fn, dp);
+  int64_t qk[MAXD], tmp[MAXD];
+  int n = bcast_shape(fn, qa->shape, qa->ndim - 2, ka->shape, ka->ndim - 2, qk, "query/key batch dims");
+  if (n < 0 || n + 2 > MAXD) return NONE;
+  qk[n] = L, qk[n + 1] = S;
+  if (ma && bcast_shape(fn, qk, n + 2, ma->shape, ma->ndim, tmp, "attn_mask") < 0) return NONE;
+  if (!same_device(fn, qa, ka, "key") || !same_device(fn, qa, va, "value") || (ma && !same_device(fn, qa, ma, "attn_mask"))) return NONE;
+  NnOp o = begin(fn);
+  tg_dtype acc = tg_dtype_promote(tg_dtype_promote((tg_dtype)qa->dtype, (tg_dtype)ka->dtype), TG_FLOAT32);
+  tg_tensor s = tg_div_s(tg_matmul(tg_cast(q, acc), tg_transpose(tg_cast(k, acc), -2, -1)), sqrt((double)e));
+  tg_tensor mask = ma ? attn_mask : NONE;
+  if (causal) {
+    UOp *su = t_get(s, fn);
+    mask = su ? tg_tril(tg_ones_like(s, TG_OPTS(.dtype = TG_BOOL)), 0) : NONE;
+  }
+  if (mask.id) {
+    UOp *mu = t_get(mask, fn);
+    if (mu && mu->dtype == TG_BOOL) {
+      tg_opts fo = on_device(qa, tg_default_float());
+      mask = tg_where(mask, tg_scalar(0.0, &fo), tg_scalar(-INFINITY, &fo));
+    }
+    s = tg_add(s, mask);
+  }
+  tg_tensor att = tg_dropout(tg_softmax(tg_cast(s, (tg_dtype)qa->dtype), -1), dp);
+  return done(o, tg_matmul(att, v));
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* losses                                                                                          */
+
+static bool reduction_ok(const char *fn, const tg_loss_opts *o) {
+  if (o && (o->reduction < TG_REDUCTION_MEAN || o->reduction > TG_REDUCTION_NONE)) {
+    tg_set_error(TG_ERR_INVALID, "%s: reduction %d is not one of TG_REDUCTION_MEAN, TG_REDUCTION_SUM, TG_REDUCTION_NONE", fn, (int)o->reduction);
+    return false;
+  }
+  return true;
+}
+
+/* Fields a loss does not use must stay zero, so a misplaced option is an error, not ignored. */
+static bool unused_opts(const char *fn, const tg_loss_opts *o, bool smoothing, bool ignore, bool weight, bool pos_weight) {
+  if (!o) return true;
+  const char *bad = NULL;
+  if (!smoothing && o->label_smoothing != 0) bad = "label_smoothing";
+  else if (!ignore && o->use_ignore_index) bad = "ignore_index";
+  else if (!weight && o->weight.id) bad = "weight";
+  else if (!pos_weight && o->pos_weight.id) bad = "pos_weight";
+  if (bad) {
+    tg_set_error(TG_ERR_INVALID, "%s: option %s is not supported by this loss", fn, bad);
+    return false;
+  }
+  if (smoothing && !(o->label_smoothing >= 0 && o->label_smoothing <= 1)) {
+    tg_set_error(TG_ERR_INVALID, "%s: label_smoothing %g must be in [0, 1]", fn, o->label_smoothing);
+    return false;
+  }
+  return true;
+}
+
+static tg_tensor do_reduction(tg_tensor x, const tg_loss_opts *o) {
+  tg_reduction r = o ? o->reduction : TG_REDUCTION_MEAN;
+  if (r == TG_REDUCTION_NONE) return x;
+  return r == TG_REDUCTION_SUM ? tg_sum(x, NULL, 0, false) : tg_mean(x, NULL, 0, false);
+}
+
+/* prediction x and target y must broadcast (tinygrad broadcasts; torch wants equal shapes) */
+static bool xy_ok(const char *fn, UOp *a, UOp *y) {
+  int64_t tmp[MAXD];
+  return bcast_shape(fn, a->shape, a->ndim, y->shape, y->ndim, tmp, "input and target") >= 0 && same_device(fn, a, y, "target");
+}
+
+tg_tensor tg_binary_crossentropy(tg_tensor x, tg_tensor y, const tg_loss_opts *opts) {
+  const char *fn = "tg_binary_crossentropy";
+  UOp *a = t_get(x, fn), *t = a ? t_get(y, fn) : NULL;
+  if (!a || !t) return NONE;
+  if (!reduction_ok(fn, opts) || !unused_opts(fn, opts, false, false, false, false) || !xy_ok(fn, a, t)) return NONE;
+  NnOp o = begin(fn);
+  tg_tensor l1 = tg_mul(tg_neg(y), tg_log(x));
+  tg_tensor l2 = tg_mul(tg_rsub_s(1, y), tg_log(tg_rsub_s(1, x)));
+  return done(o, do_reduction(tg_sub(l1, l2), opts));
+}
+
+/* log(sigmoid(x)) = min(x, 0) - log(1 + exp(-|x|)), stable for large |x| */
+static tg_tensor logsigmoid(tg_tensor x) {
+  tg_tensor ab = tg_maximum(x, tg_neg(x));
+  return tg_sub(tg_minimum_s(x, 0), tg_log(tg_add_s(tg_exp(tg_neg(ab)), 1)));
+}
+
+tg_tensor tg_binary_crossentropy_logits(tg_tensor x, tg_tensor y, const tg_loss_opts *opts) {
+  const char *fn = "tg_binary_crossentropy_logits";
+  UOp *a = t_get(x, fn), *t = a ? t_get(y, fn) : NULL, *pw = NULL;
+  if (!a || !t) return NONE;
+  if (!reduction_ok(fn, opts) || !unused_opts(fn, opts, false, false, false, true) || !xy_ok(fn, a, t)) return NONE;
+  if (opts && opts->pos_weight.id) {
+    if (!(pw = t_get(opts->pos_weight, fn))) return NONE;
+    int64_t tmp[MAXD];
+    if (bcast_shape(fn, a->shape, a->ndim, pw->shape, pw->ndim, tmp, "input and pos_weight") < 0 || !same_device(fn, a, pw, "pos_weight"))
+      return NONE;
+  }
+  NnOp o = begin(fn);
+  tg_tensor pos = tg_mul(y, logsigmoid(x));
+  if (pw) pos = tg_mul(opts->pos_weight, pos);
+  tg_tensor neg = tg_mul(tg_rsub_s(1, y), logsigmoid(tg_neg(x)));
+  return done(o, do_reduction(tg_neg(tg_add(pos, neg)), opts));
+}
+
+/* labels y must have the shape of x without dim `cdim`, an integer dtype, and x's device */
+static bool labels_ok(const char *fn, UOp *a, UOp *y, int cdim) {
+  bool ok = y->ndim == a->ndim - 1;
+  for (int i = 0, j = 0; ok && i < a->ndim; i++)
+    if (i != cdim) ok = y->shape[j++] == a->shape[i];
+  if (!ok) {
+    char s1[256], s2[256];
+    tg_set_error(TG_ERR_INVALID, "%s: labels have shape %s but the input %s needs labels of its shape without the class dim %d", fn, shp(s1, sizeof s1, y),
+                 shp(s2, sizeof s2, a), cdim);
+    return false;
+  }
+  if (!tg_dtype_is_int((tg_dtype)y->dtype)) {
+    tg_set_error(TG_ERR_INVALID, "%s: labels have dtype %s; class indices must be an integer tensor", fn, tg_dtype_name((tg_dtype)y->dtype));
+    return false;
+  }
+  return same_device(fn, a, y, "labels");
+}
+
+tg_tensor tg_sparse_categorical_crossentropy(tg_tensor logits, tg_tensor labels, const tg_loss_opts *opts) {
+  const char *fn = "tg_sparse_categorical_crossentropy";
+  UOp *a = t_get(logits, fn), *y = a ? t_get(labels, fn) : NULL;
+  if (!a || !y) return NONE;
+  if (a->ndim < 1) return fail("%s: logits must have at least 1 dim (..., classes), got shape %s", fn, SHP(a));
+  if (!reduction_ok(fn, opts) || !unused_opts(fn, opts, true, true, false, false) || !labels_ok(fn, a, y, a->ndim - 1)) return NONE;
+  double ls = opts ? opts->label_smoothing : 0.0;
+  NnOp o = begin(fn);
+  tg_tensor lp = tg_log_softmax(logits, -1);
+  tg_tensor mask = (opts && opts->use_ignore_index) ? tg_ne(labels, tg_scalar((double)opts->ignore_index, TG_OPTS(.dtype = TG_INT64, .device = tg_device_of(labels))))
+                                                     : tg_ones_like(labels, TG_OPTS(.dtype = TG_BOOL));
+  tg_tensor oh = tg_bitwise_and(tg_eq(tg_unsqueeze(labels, -1), arange_on(a, 0, (double)a->shape[a->ndim - 1], 1)), tg_unsqueeze(mask, -1));
+  tg_tensor smooth = tg_mul_s(tg_mul(tg_mean(lp, (const int[]){-1}, 1, false), mask), ls);
+  tg_tensor unred = tg_add(tg_mul_s(tg_sum(tg_mul(lp, oh), (const int[]){-1}, 1, false), 1 - ls), smooth);
+  tg_reduction r = opts ? opts->reduction : TG_REDUCTION_MEAN;
+  tg_tensor res = r == TG_REDUCTION_MEAN ? tg_div(tg_neg(tg_sum(unred, NULL, 0, false)), tg_sum(mask, NULL, 0, false)) : tg_neg(do_reduction(unred, opts));
+  return done(o, res);
+}
+
+tg_tensor tg_cross_entropy(tg_tensor x, tg_tensor y, const tg_loss_opts *opts) {
+  const char *fn = "tg_cross_entropy";
+  UOp *a = t_get(x, fn), *t = a ? t_get(y, fn) : NULL;
+  if (!a || !t) return NONE;
+  if (a->ndim < 1) return fail("%s: input must be (classes,) or (batch, classes, ...), got shape %s", fn, SHP(a));
+  if (!reduction_ok(fn, opts) || !unused_opts(fn, opts, true, false, false, false)) return NONE;
+  int cdim = a->ndim == 1 ? 0 : 1;
+  bool probs = t->ndim == a->ndim && !memcmp(t->shape, a->shape, sizeof(int64_t) * (size_t)a->ndim);
+  if (!probs && !labels_ok(fn, a, t, cdim)) return NONE;
+  if (probs && !same_device(fn, a, t, "target")) return NONE;
+  double ls = opts ? opts->label_smoothing : 0.0;
+  int64_t c = a->shape[cdim];
+  NnOp o = begin(fn);
+  tg_tensor yy = y;
+  if (!probs) {
+    int64_t rs[MAXD];
+    rs[0] = c;
+    for (int i = 1; i < a->ndim - cdim; i++) rs[i] = 1;
+    yy = tg_eq(tg_unsqueeze(y, cdim), tg_reshape(arange_on(a, 0, (double)c, 1), rs, a->ndim - cdim));
+  }
+  tg_dtype ydt = probs && tg_dtype_is_float((tg_dtype)t->dtype) ? (tg_dtype)t->dtype : tg_default_float();
+  yy = tg_add_s(tg_mul_s(tg_cast(yy, ydt), 1 - ls), ls / (double)c);
+  int cd[1] = {cdim};
+  tg_tensor l = tg_neg(tg_sum(tg_mul(tg_log_softmax(x, cdim), yy), cd, 1, false));
+  return done(o, do_reduction(l, opts));
+}
+
+tg_tensor tg_nll_loss(tg_tensor x, tg_tensor y, const tg_loss_opts *opts) {
+  const char *fn = "tg_nll_loss";
+  UOp *a = t_get(x, fn), *t = a ? t_get(y, fn) : NULL, *wu = NULL;
+  if (!a || !t) return NONE;
+  if (a->ndim < 1) return fail("%s: input must be (classes,) or (batch, classes, ...) log-probabilities, got shape %s", fn, SHP(a));
+  if (!reduction_ok(fn, opts) || !unused_opts(fn, opts, false, true, true, false)) return NONE;
+  int cdim = a->ndim == 1 ? 0 : 1;
+  if (!labels_ok(fn, a, t, cdim)) return NONE;
+  int64_t c = a->shape[cdim];
+  if (opts && opts->weight.id) {
+    if (!(wu = t_get(opts->weight, fn))) return NONE;
+    if (wu->ndim != 1 || wu->shape[0] != c) return fail("%s: weight has shape %s but there are %lld classes; it must be (%lld,)", fn, SHP(wu), (long long)c, (long long)c);
+    if (!same_device(fn, a, wu, "weight")) return NONE;
+  }
+  NnOp o = begin(fn);
+  tg_tensor xx = x, yy = y;
+  if (a->ndim == 1) xx = tg_unsqueeze(x, 0), yy = tg_unsqueeze(y, 0);
+  UOp *xu = t_get(xx, fn), *yu = t_get(yy, fn);
+  if (!xu || !yu) return done(o, NONE);
+  tg_tensor w;
+  if (wu) {
+    int64_t flat = shape_numel(yu->shape, yu->ndim);
+    tg_tensor fy = tg_reshape(yy, &flat, 1);
+    UOp *fu = t_get(fy, fn);
+    w = fu ? tg_reshape(gather_impl(opts->weight, wu, 0, fy, fu), yu->shape, yu->ndim) : NONE;
+  } else {
+    w = tg_ones_like(yy, TG_OPTS(.dtype = tg_default_float()));
+  }
+  if (opts && opts->use_ignore_index)
+    w = tg_mul(w, tg_ne(yy, tg_scalar((double)opts->ignore_index, TG_OPTS(.dtype = TG_INT64, .device = tg_device_of(yy)))));
+  tg_tensor yi = tg_unsqueeze(yy, 1);
+  UOp *yiu = t_get(yi, fn);
+  tg_tensor picked = yiu ? tg_squeeze(gather_impl(xx, xu, 1, yi, yiu), 1) : NONE;
+  tg_tensor nll = tg_mul(tg_neg(picked), w);
+  tg_reduction r = opts ? opts->reduction : TG_REDUCTION_MEAN;
+  tg_tensor res;
+  if (r == TG_REDUCTION_MEAN) res = tg_div(tg_sum(nll, NULL, 0, false), tg_sum(w, NULL, 0, false));
+  else if (r == TG_REDUCTION_SUM) res = tg_sum(nll, NULL, 0, false);
+  else res = a->ndim == 1 ? tg_reshape(nll, NULL, 0) : nll;
+  return done(o, res);
+}

@@ -1,0 +1,1111 @@
+"""test_nn_torch.py -- differential tests of the nn ops (src/tensor/nnops.c) against PyTorch.
+
+For each op: forward against torch / torch.nn.functional over shapes that include 0-sized, 1-sized,
+broadcast and non-contiguous (permuted, flipped, shrunk, padded views) inputs; backward through
+tg_backward(tg_sum(out * w)) (w random, so that sum-invariant gradients still show) against torch
+autograd; error cases (the message must name the function); kernel counts (conv2d is one kernel,
+linear + relu one, softmax at most three). Every case runs in its own tg scope and the live handle
+count must be 0 at the end. Last line: "test_nn_torch: N passed, N failed"; exit 1 on any failure.
+
+Run: /usr/bin/python3 tests/test_nn_torch.py   (TINYGRAD_LIB selects the library; TEST_FILTER=substr)
+"""
+import ctypes
+import math
+import os
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import tinygrad as tg  # noqa: E402
+from tinygrad import Tensor, TGError, _T, call, lib  # noqa: E402
+
+torch.set_num_threads(1)
+RNG = np.random.default_rng(1234)
+
+# ---- prototypes of the nn section of include/tinygrad.h ------------------------------------------
+_i64p, _intp, _tp = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int), ctypes.POINTER(_T)
+_I, _I64, _B, _D = ctypes.c_int, ctypes.c_int64, ctypes.c_bool, ctypes.c_double
+
+
+class PoolOpts(ctypes.Structure):
+  _fields_ = [("kernel_size", ctypes.c_int64 * 2), ("stride", ctypes.c_int64 * 2), ("dilation", ctypes.c_int64 * 2),
+              ("padding", ctypes.c_int64 * 4), ("npadding", _I), ("ceil_mode", _B), ("exclude_pad", _B)]
+
+
+class ConvOpts(ctypes.Structure):
+  _fields_ = [("groups", _I64), ("stride", ctypes.c_int64 * 2), ("dilation", ctypes.c_int64 * 2),
+              ("padding", ctypes.c_int64 * 4), ("npadding", _I)]
+
+
+class SdpaOpts(ctypes.Structure):
+  _fields_ = [("is_causal", _B), ("dropout_p", _D)]
+
+
+class LossOpts(ctypes.Structure):
+  _fields_ = [("reduction", _I), ("label_smoothing", _D), ("use_ignore_index", _B), ("ignore_index", _I64),
+              ("weight", _T), ("pos_weight", _T)]
+
+
+class MeshOpts(ctypes.Structure):
+  _fields_ = [("xy", _B)]
+
+
+_RED = [_T, [_T, _intp, _I, _B]]
+_SIGS = {
+    "tg_cat": (_T, [_tp, _I, _I]), "tg_stack": (_T, [_tp, _I, _I]), "tg_repeat": (_T, [_T, _i64p, _I]),
+    "tg_split": (_I, [_T, _i64p, _I, _I, _tp, _I]), "tg_chunk": (_I, [_T, _I, _I, _tp, _I]),
+    "tg_gather": (_T, [_T, _I, _T]), "tg_meshgrid": (_I, [_tp, _I, _tp, ctypes.POINTER(MeshOpts)]),
+    "tg_var": (_T, [_T, _intp, _I, _B, _D]), "tg_std": (_T, [_T, _intp, _I, _B, _D]),
+    "tg_var_mean": (_I, [_T, _intp, _I, _B, _D, _tp, _tp]), "tg_std_mean": (_I, [_T, _intp, _I, _B, _D, _tp, _tp]),
+    "tg_logsumexp": tuple(_RED), "tg_argmax": tuple(_RED), "tg_argmin": tuple(_RED), "tg_any": tuple(_RED),
+    "tg_all": tuple(_RED), "tg_cumsum": (_T, [_T, _I]), "tg_triu": (_T, [_T, _I64]), "tg_tril": (_T, [_T, _I64]),
+    "tg_max_pool2d": (_T, [_T, ctypes.POINTER(PoolOpts)]), "tg_avg_pool2d": (_T, [_T, ctypes.POINTER(PoolOpts)]),
+    "tg_conv2d": (_T, [_T, _T, _T, ctypes.POINTER(ConvOpts)]), "tg_dot": (_T, [_T, _T]), "tg_linear": (_T, [_T, _T, _T]),
+    "tg_one_hot": (_T, [_T, _I64]), "tg_layernorm": (_T, [_T, _I, _D]), "tg_batchnorm": (_T, [_T, _T, _T, _T, _T]),
+    "tg_dropout": (_T, [_T, _D]),
+    "tg_scaled_dot_product_attention": (_T, [_T, _T, _T, _T, ctypes.POINTER(SdpaOpts)]),
+    "tg_binary_crossentropy": (_T, [_T, _T, ctypes.POINTER(LossOpts)]),
+    "tg_binary_crossentropy_logits": (_T, [_T, _T, ctypes.POINTER(LossOpts)]),
+    "tg_sparse_categorical_crossentropy": (_T, [_T, _T, ctypes.POINTER(LossOpts)]),
+    "tg_cross_entropy": (_T, [_T, _T, ctypes.POINTER(LossOpts)]), "tg_nll_loss": (_T, [_T, _T, ctypes.POINTER(LossOpts)]),
+    # autograd
+    "tg_set_requires_grad": (_T, [_T, _B]), "tg_backward": (_I, [_T]), "tg_grad": (_T, [_T]),
+}
+for _n, (_r, _a) in _SIGS.items():
+  _f = getattr(lib, _n)
+  _f.restype, _f.argtypes = _r, _a
+
+W = Tensor._wrap
+NONE_T = _T(0)
+
+
+def _axes(axis):
+  if axis is None: return None, 0
+  if isinstance(axis, int): axis = [axis]
+  arr = (ctypes.c_int * len(axis))(*axis)
+  return arr, len(axis)
+
+
+def _tarr(ts): return (_T * max(len(ts), 1))(*[t.h for t in ts])
+def _h(t): return t.h if t is not None else NONE_T
+
+
+def _status(fn, st):
+  if st < 0: tg._raise(fn, st)
+  if lib.tg_last_error(): tg._raise(fn)
+  return st
+
+
+# thin Python wrappers (each raises TGError with the library's message on failure)
+def cat(ts, dim=0): return W(call("cat", _tarr(ts), len(ts), dim))
+def stack(ts, dim=0): return W(call("stack", _tarr(ts), len(ts), dim))
+def repeat(x, reps): return W(call("repeat", x.h, (ctypes.c_int64 * max(len(reps), 1))(*reps), len(reps)))
+
+
+def split(x, sizes, dim=0):
+  if isinstance(sizes, int): sizes = [sizes]
+  arr = (ctypes.c_int64 * len(sizes))(*sizes)
+  n = _status("tg_split", lib.tg_split(x.h, arr, len(sizes), dim, None, 0))
+  out = (_T * max(n, 1))()
+  _status("tg_split", lib.tg_split(x.h, arr, len(sizes), dim, out, n))
+  return [W(out[i]) for i in range(n)]
+
+
+def chunk(x, chunks, dim=0):
+  n = _status("tg_chunk", lib.tg_chunk(x.h, chunks, dim, None, 0))
+  out = (_T * max(n, 1))()
+  _status("tg_chunk", lib.tg_chunk(x.h, chunks, dim, out, n))
+  return [W(out[i]) for i in range(n)]
+
+
+def gather(x, dim, idx): return W(call("gather", x.h, dim, idx.h))
+
+
+def meshgrid(ts, xy=False):
+  out = (_T * len(ts))()
+  _status("tg_meshgrid", lib.tg_meshgrid(_tarr(ts), len(ts), out, ctypes.byref(MeshOpts(xy))))
+  return [W(out[i]) for i in range(len(ts))]
+
+
+def var(x, axis=None, keepdim=False, correction=1): return W(call("var", x.h, *_axes(axis), keepdim, float(correction)))
+def std(x, axis=None, keepdim=False, correction=1): return W(call("std", x.h, *_axes(axis), keepdim, float(correction)))
+
+
+def var_mean(x, axis=None, keepdim=False, correction=1, fn="var_mean"):
+  a, b = _T(), _T()
+  _status("tg_" + fn, getattr(lib, "tg_" + fn)(x.h, *_axes(axis), keepdim, float(correction), ctypes.byref(a), ctypes.byref(b)))
+  return W(a), W(b)
+
+
+def red(name, x, axis=None, keepdim=False): return W(call(name, x.h, *_axes(axis), keepdim))
+def cumsum(x, axis=0): return W(call("cumsum", x.h, axis))
+def triu(x, d=0): return W(call("triu", x.h, d))
+def tril(x, d=0): return W(call("tril", x.h, d))
+
+
+def _pair(v):
+  if v is None: return (0, 0)
+  if isinstance(v, int): return (v, 0)
+  return tuple(v)
+
+
+def _pads(p):
+  if p is None or isinstance(p, int): return (p or 0, 0, 0, 0), (1 if p else 0)
+  p = tuple(p)
+  return p + (0,) * (4 - len(p)), len(p)
+
+
+def pool_opts(kernel_size=None, stride=None, dilation=None, padding=None, ceil_mode=False, exclude_pad=False):
+  pads, np_ = _pads(padding)
+  return PoolOpts(_pair(kernel_size), _pair(stride), _pair(dilation), pads, np_, ceil_mode, exclude_pad)
+
+
+def max_pool2d(x, **kw): return W(call("max_pool2d", x.h, ctypes.byref(pool_opts(**kw))))
+def avg_pool2d(x, **kw): return W(call("avg_pool2d", x.h, ctypes.byref(pool_opts(**kw))))
+
+
+def conv2d(x, w, b=None, groups=0, stride=None, dilation=None, padding=None):
+  pads, np_ = _pads(padding)
+  o = ConvOpts(groups, _pair(stride), _pair(dilation), pads, np_)
+  return W(call("conv2d", x.h, w.h, _h(b), ctypes.byref(o)))
+
+
+def linear(x, w, b=None): return W(call("linear", x.h, w.h, _h(b)))
+def dot(x, w): return W(call("dot", x.h, w.h))
+def one_hot(x, n): return W(call("one_hot", x.h, n))
+def layernorm(x, naxes=1, eps=1e-5): return W(call("layernorm", x.h, naxes, eps))
+def batchnorm(x, w, b, mean, invstd): return W(call("batchnorm", x.h, _h(w), _h(b), mean.h, invstd.h))
+def dropout(x, p=0.5): return W(call("dropout", x.h, p))
+
+
+def sdpa(q, k, v, mask=None, is_causal=False, dropout_p=0.0):
+  return W(call("scaled_dot_product_attention", q.h, k.h, v.h, _h(mask), ctypes.byref(SdpaOpts(is_causal, dropout_p))))
+
+
+RED_MODES = {"mean": 0, "sum": 1, "none": 2}
+
+
+def loss(name, x, y, reduction="mean", label_smoothing=0.0, ignore_index=None, weight=None, pos_weight=None):
+  o = LossOpts(RED_MODES[reduction], label_smoothing, ignore_index is not None, ignore_index or 0, _h(weight), _h(pos_weight))
+  return W(call(name, x.h, y.h, ctypes.byref(o)))
+
+
+def set_rg(t):
+  call("set_requires_grad", t.h, True)
+  return t
+
+
+def backward(t): _status("tg_backward", lib.tg_backward(t.h))
+
+
+def grad(t):
+  h = lib.tg_grad(t.h)
+  if h.id == 0: raise AssertionError("no gradient")
+  return W(h)
+
+
+# ---- input makers ---------------------------------------------------------------------------------
+def rnd(*shape, lo=-2.0, hi=2.0, dtype=np.float32): return RNG.uniform(lo, hi, size=shape).astype(dtype)
+
+
+def view_of(arr, kind):
+  """A tg Tensor equal to arr built as a non-contiguous view of another buffer."""
+  if kind == "contig" or arr.ndim == 0: return Tensor(arr)
+  if kind == "permuted":
+    order = list(range(arr.ndim))[::-1]
+    return Tensor(np.ascontiguousarray(arr.transpose(order))).permute(order)
+  if kind == "flipped": return Tensor(np.ascontiguousarray(np.flip(arr, 0))).flip(0)
+  if kind == "shrunk":
+    big = np.zeros(tuple(s + 3 for s in arr.shape), dtype=arr.dtype)
+    big[tuple(slice(1, 1 + s) for s in arr.shape)] = arr
+    return Tensor(big).shrink([(1, 1 + s) for s in arr.shape])
+  if kind == "padded":  # a pad view that is then cropped back (pad + shrink chain)
+    t = Tensor(arr).pad([(2, 1)] + [(0, 0)] * (arr.ndim - 1))
+    return t.shrink([(2, 2 + arr.shape[0])] + [(0, s) for s in arr.shape[1:]])
+  if kind == "expanded":  # broadcast view: arr must have a size-1 leading dim in the source
+    src = arr[:1]
+    if not np.array_equal(np.broadcast_to(src, arr.shape), arr): raise ValueError("not expandable")
+    return Tensor(np.ascontiguousarray(src)).expand(*arr.shape)
+  raise ValueError(kind)
+
+
+VIEWS = ["contig", "permuted", "flipped", "shrunk", "padded"]
+
+# ---- test registry ---------------------------------------------------------------------------------
+CASES = []
+PASSED = FAILED = 0
+
+
+def case(name, fn, *args, **kw): CASES.append((name, fn, args, kw))
+
+
+def close(ours, ref, atol=1e-5, rtol=1e-3, what="value"):
+  ref = ref.detach().cpu().numpy() if isinstance(ref, torch.Tensor) else np.asarray(ref)
+  ours = np.asarray(ours)
+  if ours.shape != ref.shape: raise AssertionError(f"{what}: shape {ours.shape} != torch {ref.shape}")
+  if ref.dtype == np.bool_ or np.issubdtype(ref.dtype, np.integer):
+    if not np.array_equal(ours.astype(np.int64), ref.astype(np.int64)):
+      raise AssertionError(f"{what}: {ours} != torch {ref}")
+    return
+  np.testing.assert_allclose(ours.astype(np.float64), ref.astype(np.float64), atol=atol, rtol=rtol, err_msg=what, equal_nan=True)
+
+
+def check_fwd_bwd(f_tg, f_torch, arrays, atol=1e-5, rtol=1e-3, gatol=None, grad_of=None, nondiff=()):
+  """Forward of f_tg(tensors) vs f_torch(torch tensors); then backward of sum(out * w) for the float
+  inputs (indices in grad_of, default all float inputs not in nondiff)."""
+  if grad_of is None:
+    grad_of = [i for i, a in enumerate(arrays) if np.issubdtype(a.dtype, np.floating) and i not in nondiff]
+  ts = [Tensor(a) for a in arrays]
+  for i in grad_of: set_rg(ts[i])
+  out = f_tg(*ts)
+  tt = [torch.tensor(a, requires_grad=(i in grad_of)) for i, a in enumerate(arrays)]
+  ref = f_torch(*tt)
+  if grad_of:  # the loss must be built before `out` is realized (realizing cuts its graph, as in tinygrad)
+    wv = RNG.uniform(0.5, 1.5, size=ref.shape).astype(np.float32)
+    backward((out * Tensor(wv)).sum())
+    (ref * torch.tensor(wv)).sum().backward()
+  close(out.numpy(), ref, atol, rtol, "forward")
+  for i in grad_of:
+    close(grad(ts[i]).numpy(), tt[i].grad, gatol if gatol is not None else max(atol, 1e-5), rtol, f"grad of input {i}")
+
+
+def expect_error(fn_name, f, substr=None):
+  try:
+    r = f()
+  except TGError as e:
+    msg = str(e)
+    if fn_name not in msg: raise AssertionError(f"error message does not name {fn_name}: {msg!r}")
+    if substr and substr not in msg: raise AssertionError(f"error message lacks {substr!r}: {msg!r}")
+    return
+  raise AssertionError(f"expected an error from {fn_name}, got {r!r}")
+
+
+def kernels(f):
+  """Kernels launched while realizing the tensor f() returns (inputs are realized by f first)."""
+  t = f()
+  tg.counters_reset()
+  t.realize()
+  return tg.counters().kernel_count
+
+
+def torch_of(a): return torch.tensor(a)
+
+
+# =====================================================================================================
+# movement
+for shapes, dim in [([(2, 3), (4, 3)], 0), ([(2, 3), (2, 1), (2, 5)], 1), ([(2, 3, 4), (2, 3, 4)], -1), ([(0, 3), (2, 3)], 0),
+                    ([(1,), (1,), (1,)], 0), ([(2, 0, 3), (2, 2, 3)], 1), ([(3, 2)], 1)]:
+  def _c(shapes=shapes, dim=dim):
+    arrs = [rnd(*s) for s in shapes]
+    check_fwd_bwd(lambda *ts: cat(list(ts), dim), lambda *ts: torch.cat(ts, dim), arrs)
+  case(f"cat {shapes} dim={dim}", _c)
+
+
+def _cat_views():
+  a, b = rnd(3, 4), rnd(2, 4)
+  for kind in VIEWS:
+    close(cat([view_of(a, kind), view_of(b, kind)], 0).numpy(), np.concatenate([a, b], 0), what=kind)
+
+
+case("cat of non-contiguous views", _cat_views)
+
+
+def _cat_dtypes():
+  a, b = np.arange(6, dtype=np.int32).reshape(2, 3), rnd(1, 3)
+  r = cat([Tensor(a), Tensor(b)], 0)
+  assert r.dtype == tg.FLOAT32, r.dtype
+  close(r.numpy(), np.concatenate([a.astype(np.float32), b], 0))
+  ba, bb = np.array([True, False]), np.array([False, True, True])
+  r = cat([Tensor(ba), Tensor(bb)])
+  assert r.dtype == tg.BOOL
+  close(r.numpy(), np.concatenate([ba, bb]))
+
+
+case("cat promotes dtypes (int+float, bool)", _cat_dtypes)
+
+for shape, n, dim in [((2, 3), 3, 0), ((2, 3), 2, 1), ((2, 3), 2, 2), ((2, 3), 4, -1), ((), 3, 0), ((0, 2), 2, 1), ((4,), 1, 0)]:
+  def _s(shape=shape, n=n, dim=dim):
+    arrs = [rnd(*shape) for _ in range(n)]
+    check_fwd_bwd(lambda *ts: stack(list(ts), dim), lambda *ts: torch.stack(ts, dim), arrs)
+  case(f"stack {n}x{shape} dim={dim}", _s)
+
+for shape, reps in [((3,), (2,)), ((2, 3), (2, 2)), ((2, 3), (1, 3, 1)), ((2, 1, 3), (1, 4, 2)), ((0, 2), (3, 2)), ((2, 2), (0, 1)),
+                    ((), (3,))]:
+  def _r(shape=shape, reps=reps):
+    check_fwd_bwd(lambda t: repeat(t, reps), lambda t: t.repeat(*reps), [rnd(*shape)])
+  case(f"repeat {shape} x {reps}", _r)
+
+
+def _repeat_view():
+  a = rnd(2, 3)
+  for kind in VIEWS:
+    close(repeat(view_of(a, kind), (2, 1, 2)).numpy(), np.tile(a, (2, 1, 2)), what=kind)
+
+
+case("repeat of non-contiguous views", _repeat_view)
+
+for shape, sizes, dim in [((5, 2), 2, 0), ((5, 2), [1, 4], 0), ((6, 4), 3, 1), ((6, 4), [1, 1, 2], 1), ((3,), 5, 0), ((0, 3), 2, 0),
+                          ((4, 3), [0, 4], 0), ((7,), 1, -1)]:
+  def _sp(shape=shape, sizes=sizes, dim=dim):
+    a = rnd(*shape)
+    x = Tensor(a)
+    parts = split(x, sizes, dim)
+    ref = torch.tensor(a).split(sizes, dim)
+    assert len(parts) == len(ref), f"{len(parts)} pieces, torch {len(ref)}"
+    for p, r in zip(parts, ref): close(p.numpy(), r)
+  case(f"split {shape} {sizes} dim={dim}", _sp)
+
+for shape, chunks, dim in [((11,), 6, 0), ((12,), 6, 0), ((13,), 6, 0), ((5, 4), 2, 1), ((3, 2), 5, 0), ((0, 2), 3, 0), ((4, 6), 4, -1)]:
+  def _ch(shape=shape, chunks=chunks, dim=dim):
+    a = rnd(*shape)
+    parts = chunk(Tensor(a), chunks, dim)
+    if 0 in shape:  # tinygrad: chunks pieces of size 0 (torch returns one)
+      assert len(parts) == chunks and all(p.shape == shape for p in parts)
+      return
+    ref = torch.tensor(a).chunk(chunks, dim)
+    assert len(parts) == len(ref), f"{len(parts)} pieces, torch {len(ref)}"
+    for p, r in zip(parts, ref): close(p.numpy(), r)
+  case(f"chunk {shape} {chunks} dim={dim}", _ch)
+
+
+def _split_grad():
+  a = rnd(6, 3)
+  x = set_rg(Tensor(a))
+  p = split(x, [2, 4], 0)
+  backward(((p[0] * 2).sum() + (p[1] * p[1]).sum()))
+  t = torch.tensor(a, requires_grad=True)
+  q = t.split([2, 4], 0)
+  ((q[0] * 2).sum() + (q[1] * q[1]).sum()).backward()
+  close(grad(x).numpy(), t.grad)
+
+
+case("split backward", _split_grad)
+
+for shape, ishape, dim in [((3, 4), (3, 2), 1), ((3, 4), (2, 4), 0), ((2, 3, 4), (2, 3, 5), 2), ((2, 3, 4), (1, 2, 4), 1),
+                           ((5,), (8,), 0), ((3, 4), (0, 4), 0), ((3, 1), (3, 3), -1)]:
+  def _g(shape=shape, ishape=ishape, dim=dim):
+    a = rnd(*shape)
+    idx = RNG.integers(0, shape[dim], size=ishape).astype(np.int64)
+    check_fwd_bwd(lambda t, i: gather(t, dim, i), lambda t, i: torch.gather(t, dim, i), [a, idx])
+  case(f"gather {shape} dim={dim} index {ishape}", _g)
+
+
+def _gather_views_dtypes():
+  a = rnd(4, 5)
+  idx = RNG.integers(0, 5, size=(4, 3)).astype(np.int32)
+  ref = np.take_along_axis(a, idx.astype(np.int64), 1)
+  for kind in VIEWS: close(gather(view_of(a, kind), 1, view_of(idx, kind)).numpy(), ref, what=kind)
+  ai = np.arange(20, dtype=np.int16).reshape(4, 5)
+  r = gather(Tensor(ai), 1, Tensor(idx))
+  assert r.dtype == tg.INT16
+  close(r.numpy(), np.take_along_axis(ai, idx.astype(np.int64), 1))
+
+
+case("gather of views, int16 data, int32 index", _gather_views_dtypes)
+
+
+def _meshgrid():
+  x, y, z = rnd(3), rnd(4), rnd(2)
+  for ix in ["ij", "xy"]:
+    ours = meshgrid([Tensor(x), Tensor(y), Tensor(z)], xy=(ix == "xy"))
+    ref = torch.meshgrid(torch.tensor(x), torch.tensor(y), torch.tensor(z), indexing=ix)
+    for o, r in zip(ours, ref): close(o.numpy(), r, what=ix)
+
+
+case("meshgrid ij / xy", _meshgrid)
+
+# =====================================================================================================
+# reductions
+for shape, axis, keepdim, corr in [((4, 5), None, False, 1), ((4, 5), 1, True, 1), ((4, 5), 0, False, 0), ((2, 3, 4), (0, 2), False, 1),
+                                   ((2, 3, 4), -1, True, 2), ((1, 6), 0, False, 0), ((7,), 0, False, 1), ((3, 1, 2), 1, False, 0)]:
+  for op in ["var", "std"]:
+    def _v(shape=shape, axis=axis, keepdim=keepdim, corr=corr, op=op):
+      dims = axis if axis is not None else tuple(range(len(shape)))
+
+      def tf(t):  # torch 1.13's var has no `correction`: the formula, differentiable
+        n = int(np.prod([shape[d] for d in ([dims] if isinstance(dims, int) else dims)]))
+        v = ((t - t.mean(dim=dims, keepdim=True)) ** 2).sum(dim=dims, keepdim=keepdim) / max(n - corr, 0)
+        return v if op == "var" else v.sqrt()
+
+      check_fwd_bwd(lambda t: (var if op == "var" else std)(t, axis, keepdim, corr), tf, [rnd(*shape)], atol=1e-5)
+      if corr == 1:
+        a = rnd(*shape)
+        close((var if op == "var" else std)(Tensor(a), axis, keepdim).numpy(), getattr(torch, op)(torch.tensor(a), dim=dims, keepdim=keepdim),
+              atol=1e-5, what="vs torch." + op)
+    case(f"{op} {shape} axis={axis} keepdim={keepdim} correction={corr}", _v)
+
+
+def _var_single():
+  # one element with correction 1: 0/0 = nan (as torch)
+  v = var(Tensor(np.array([3.0], np.float32)), 0).numpy()
+  assert np.isnan(v), v
+  v = var(Tensor(np.arange(6, dtype=np.int32).reshape(2, 3)), 1)
+  assert v.dtype == tg.FLOAT32
+  close(v.numpy(), np.var(np.arange(6).reshape(2, 3), 1, ddof=1))
+
+
+case("var of one element is nan; int input gives float", _var_single)
+
+
+def _var_views():
+  a = rnd(4, 6)
+  for kind in VIEWS:
+    close(var(view_of(a, kind), 1).numpy(), np.var(a, 1, ddof=1), atol=1e-5, what=kind)
+    close(std(view_of(a, kind), 0, correction=0).numpy(), np.std(a, 0), atol=1e-5, what=kind)
+
+
+case("var/std of non-contiguous views", _var_views)
+
+for fn_name, tf in [("var_mean", torch.var_mean), ("std_mean", torch.std_mean)]:
+  for axis, keepdim in [(None, False), (1, True), ((0, 1), False)]:
+    def _vm(fn_name=fn_name, tf=tf, axis=axis, keepdim=keepdim):
+      a = rnd(3, 4, 2)
+      v, m = var_mean(Tensor(a), axis, keepdim, 1, fn=fn_name)
+      dims = axis if axis is not None else (0, 1, 2)
+      rv, rm = tf(torch.tensor(a), dim=dims, keepdim=keepdim, unbiased=True)
+      close(v.numpy(), rv, what="var/std")
+      close(m.numpy(), rm, what="mean")
+    case(f"{fn_name} axis={axis} keepdim={keepdim}", _vm)
+
+for shape, axis, keepdim in [((3, 4), 1, False), ((3, 4), None, False), ((3, 4), 0, True), ((2, 3, 4), (0, 2), False), ((5,), 0, True),
+                             ((1, 1), None, True), ((2, 0, 3), 2, False)]:
+  def _lse(shape=shape, axis=axis, keepdim=keepdim):
+    dims = axis if axis is not None else tuple(range(len(shape)))
+    check_fwd_bwd(lambda t: red("logsumexp", t, axis, keepdim), lambda t: torch.logsumexp(t, dim=dims, keepdim=keepdim),
+                  [rnd(*shape, lo=-5, hi=5)], atol=1e-5)
+  case(f"logsumexp {shape} axis={axis} keepdim={keepdim}", _lse)
+
+
+def _lse_large():
+  a = np.array([[1000.0, 1000.0, 999.0], [-1000.0, -1001.0, -999.5]], np.float32)
+  close(red("logsumexp", Tensor(a), 1).numpy(), torch.logsumexp(torch.tensor(a), 1), atol=1e-3)
+
+
+case("logsumexp is stable for large magnitudes", _lse_large)
+
+for op in ["argmax", "argmin"]:
+  for shape, axis, keepdim in [((4, 5), 1, False), ((4, 5), 0, True), ((4, 5), None, False), ((2, 3, 4), -1, False), ((7,), 0, False),
+                               ((1, 3), 0, False), ((3, 2, 2), 1, True)]:
+    def _am(op=op, shape=shape, axis=axis, keepdim=keepdim):
+      a = RNG.integers(0, 4, size=shape).astype(np.float32)  # many ties: the first index wins
+      r = red(op, Tensor(a), axis, keepdim)
+      assert r.dtype == tg.INT32, r.dtype
+      ref = getattr(torch, op)(torch.tensor(a)) if axis is None else getattr(torch, op)(torch.tensor(a), dim=axis, keepdim=keepdim)
+      # torch's argmax/argmin return the first index of ties on CPU too
+      close(r.numpy(), ref, what=op)
+    case(f"{op} {shape} axis={axis} keepdim={keepdim} (ties -> first)", _am)
+
+
+def _arg_dtypes_views():
+  for dt in [np.int8, np.uint8, np.int32, np.int64, np.float16, np.bool_]:
+    a = RNG.integers(0, 3, size=(3, 5)).astype(dt)
+    close(red("argmax", Tensor(a), 1).numpy(), torch.tensor(a.astype(np.float32)).argmax(1), what=str(dt))
+    close(red("argmin", Tensor(a), 0).numpy(), torch.tensor(a.astype(np.float32)).argmin(0), what=str(dt))
+  a = rnd(4, 6)
+  for kind in VIEWS:
+    close(red("argmax", view_of(a, kind), 1).numpy(), a.argmax(1), what=kind)
+    close(red("argmin", view_of(a, kind), None).numpy(), a.argmin(), what=kind)
+  r = red("argmax", Tensor(a), None, True)
+  assert r.shape == (1,), r.shape
+
+
+case("argmax/argmin over dtypes (int8, uint8, int64, half, bool) and views", _arg_dtypes_views)
+
+for op in ["any", "all"]:
+  for shape, axis, keepdim in [((3, 4), 1, False), ((3, 4), None, False), ((3, 4), 0, True), ((0, 3), 0, False), ((0, 3), None, False),
+                               ((2, 3, 2), (0, 2), False)]:
+    def _aa(op=op, shape=shape, axis=axis, keepdim=keepdim):
+      a = RNG.random(size=shape) < 0.3
+      for arr in [a, a.astype(np.float32) * 2.5, a.astype(np.int32)]:
+        r = red(op, Tensor(arr), axis, keepdim)
+        assert r.dtype == tg.BOOL
+        tt = torch.tensor(arr)
+        if axis is None: ref = getattr(tt, op)()
+        elif isinstance(axis, int): ref = getattr(tt, op)(dim=axis, keepdim=keepdim)
+        else: ref = torch.tensor(getattr(np, op)(arr, axis=axis))
+        close(r.numpy(), ref, what=str(arr.dtype))
+    case(f"{op} {shape} axis={axis} keepdim={keepdim}", _aa)
+
+for shape, axis in [((5,), 0), ((3, 4), 1), ((3, 4), 0), ((2, 3, 4), -2), ((1,), 0), ((0, 3), 1), ((3, 0), 1), ((600,), 0), ((2, 1030), 1),
+                    ((513, 2), 0)]:
+  def _cs(shape=shape, axis=axis):
+    check_fwd_bwd(lambda t: cumsum(t, axis), lambda t: torch.cumsum(t, axis), [rnd(*shape)], atol=2e-4)
+  case(f"cumsum {shape} axis={axis}", _cs)
+
+
+def _cumsum_dtypes():
+  a = RNG.integers(-3, 4, size=(4, 5)).astype(np.int8)
+  r = cumsum(Tensor(a), 1)
+  assert r.dtype == tg.INT32, tg.dtype_name(r.dtype)
+  close(r.numpy(), np.cumsum(a.astype(np.int64), 1))
+  b = RNG.random((6,)) < 0.5
+  close(cumsum(Tensor(b), 0).numpy(), np.cumsum(b))
+  close(cumsum(Tensor(np.array(2.5, np.float32)), 0).numpy(), np.array(2.5, np.float32))
+  a = rnd(3, 5)
+  for kind in VIEWS: close(cumsum(view_of(a, kind), 1).numpy(), np.cumsum(a, 1), atol=1e-5, what=kind)
+
+
+case("cumsum of int8 (-> int32), bool, 0-d and views", _cumsum_dtypes)
+
+for op in ["triu", "tril"]:
+  for shape, d in [((4, 4), 0), ((3, 5), 1), ((5, 3), -1), ((2, 3, 4), 2), ((3, 3), -5), ((0, 3), 0), ((1, 1), 0)]:
+    def _tr(op=op, shape=shape, d=d):
+      check_fwd_bwd(lambda t: (triu if op == "triu" else tril)(t, d), lambda t: getattr(torch, op)(t, d), [rnd(*shape)])
+    case(f"{op} {shape} diagonal={d}", _tr)
+
+
+def _tri_views():
+  a = rnd(4, 5)
+  for kind in VIEWS:
+    close(triu(view_of(a, kind), 1).numpy(), np.triu(a, 1), what=kind)
+    close(tril(view_of(a, kind), -1).numpy(), np.tril(a, -1), what=kind)
+  ai = np.arange(12, dtype=np.int32).reshape(3, 4)
+  r = tril(Tensor(ai))
+  assert r.dtype == tg.INT32
+  close(r.numpy(), np.tril(ai))
+  ab = RNG.random((4, 3)) < 0.7
+  r = triu(Tensor(ab), -1)
+  assert r.dtype == tg.BOOL, tg.dtype_name(r.dtype)
+  close(r.numpy(), np.triu(ab, -1))
+
+
+case("triu/tril of views, int32 and bool keep their dtype", _tri_views)
+
+# =====================================================================================================
+# pooling and convolution
+POOL_CASES = [
+    ((1, 1, 4, 4), {}), ((2, 3, 5, 5), {"kernel_size": 3}), ((2, 2, 6, 7), {"kernel_size": (2, 3), "stride": (1, 2)}),
+    ((1, 2, 7, 7), {"kernel_size": 3, "stride": 2, "padding": 1}), ((1, 1, 8, 8), {"kernel_size": 2, "dilation": 2}),
+    ((2, 1, 5, 6), {"kernel_size": 3, "stride": 1, "padding": (1, 0)}), ((1, 1, 5, 5), {"kernel_size": 2, "ceil_mode": True}),
+    ((1, 2, 7, 6), {"kernel_size": 3, "stride": 2, "padding": 1, "ceil_mode": True}), ((0, 2, 4, 4), {}), ((3, 4, 4), {"kernel_size": 4}),
+    ((1, 1, 1, 1), {"kernel_size": 1}),
+]
+
+
+def _torch_pool_kw(kw, maxpool):
+  r = {"kernel_size": kw.get("kernel_size", 2)}
+  for k in ["stride", "padding", "dilation", "ceil_mode"]:
+    if k in kw:
+      if k == "dilation" and not maxpool: continue
+      r[k] = kw[k]
+  return r
+
+
+for shape, kw in POOL_CASES:
+  def _mp(shape=shape, kw=kw):
+    check_fwd_bwd(lambda t: max_pool2d(t, **kw), lambda t: F.max_pool2d(t, **_torch_pool_kw(kw, True)), [rnd(*shape)])
+  case(f"max_pool2d {shape} {kw}", _mp)
+  if "dilation" not in kw:
+    def _ap(shape=shape, kw=kw):
+      check_fwd_bwd(lambda t: avg_pool2d(t, **kw), lambda t: F.avg_pool2d(t, **_torch_pool_kw(kw, False)), [rnd(*shape)])
+    case(f"avg_pool2d {shape} {kw}", _ap)
+    if "padding" in kw:
+      def _ap2(shape=shape, kw=kw):
+        check_fwd_bwd(lambda t: avg_pool2d(t, exclude_pad=True, **kw),
+                      lambda t: F.avg_pool2d(t, count_include_pad=False, **_torch_pool_kw(kw, False)), [rnd(*shape)])
+      case(f"avg_pool2d count_include_pad=False {shape} {kw}", _ap2)
+
+
+def _pool_views_ints():
+  a = rnd(2, 3, 6, 6)
+  ref_m = F.max_pool2d(torch.tensor(a), 2).numpy()
+  ref_a = F.avg_pool2d(torch.tensor(a), 3, 1, 1).numpy()
+  for kind in VIEWS:
+    close(max_pool2d(view_of(a, kind)).numpy(), ref_m, what=kind)
+    close(avg_pool2d(view_of(a, kind), kernel_size=3, stride=1, padding=1).numpy(), ref_a, what=kind)
+  ai = RNG.integers(-50, 50, size=(1, 2, 4, 4)).astype(np.int32)
+  r = max_pool2d(Tensor(ai), kernel_size=3, stride=1, padding=1)  # int padding uses the dtype's minimum
+  assert r.dtype == tg.INT32
+  close(r.numpy(), F.max_pool2d(torch.tensor(ai.astype(np.float32)), 3, 1, 1).numpy().astype(np.int32))
+  au = RNG.integers(0, 200, size=(1, 1, 4, 4)).astype(np.uint8)
+  close(max_pool2d(Tensor(au)).numpy(), F.max_pool2d(torch.tensor(au.astype(np.float32)), 2).numpy().astype(np.uint8))
+
+
+case("pools of non-contiguous views, int32 and uint8 max_pool", _pool_views_ints)
+
+CONV_CASES = [
+    ((1, 1, 5, 5), (1, 1, 3, 3), {}), ((2, 3, 7, 6), (4, 3, 3, 2), {"padding": 1}),
+    ((2, 4, 8, 8), (6, 2, 3, 3), {"groups": 2, "stride": 2, "padding": 1}), ((1, 2, 9, 9), (3, 2, 3, 3), {"dilation": 2}),
+    ((1, 3, 6, 7), (2, 3, 1, 1), {}), ((2, 2, 5, 6), (4, 2, 3, 3), {"stride": (2, 1), "padding": (1, 2)}),
+    ((1, 1, 6, 6), (2, 1, 3, 3), {"padding": (1, 0, 2, 1)}), ((1, 6, 5, 5), (6, 1, 3, 3), {"groups": 6, "padding": 1}),
+    ((0, 2, 4, 4), (3, 2, 3, 3), {}), ((1, 2, 4, 4), (3, 2, 4, 4), {}), ((2, 3, 8, 8), (4, 3, 3, 3), {"stride": 3, "dilation": 2, "padding": 2}),
+    ((1, 2, 6, 6), (2, 2, 2, 2), {"padding": -1}),
+]
+
+
+def _torch_conv(x, w, b, kw):
+  p = kw.get("padding", 0)
+  if isinstance(p, tuple) and len(p) == 4:
+    x = F.pad(x, p)
+    p = 0
+  elif isinstance(p, int) and p < 0:
+    x = x[:, :, -p:p, -p:p]
+    p = 0
+  return F.conv2d(x, w, b, stride=kw.get("stride", 1), padding=p, dilation=kw.get("dilation", 1), groups=kw.get("groups", 1))
+
+
+for xs, ws, kw in CONV_CASES:
+  for with_bias in ([False, True] if xs[0] != 0 else [False]):
+    def _cv(xs=xs, ws=ws, kw=kw, with_bias=with_bias):
+      arrs = [rnd(*xs), rnd(*ws)] + ([rnd(ws[0])] if with_bias else [])
+      check_fwd_bwd(lambda x, w, b=None: conv2d(x, w, b, **kw), lambda x, w, b=None: _torch_conv(x, w, b, kw), arrs, atol=1e-4,
+                    gatol=2e-4)
+    case(f"conv2d x{xs} w{ws} {kw}{' +bias' if with_bias else ''}", _cv)
+
+
+def _conv_views():
+  a, w = rnd(2, 3, 6, 5), rnd(4, 3, 3, 3)
+  ref = F.conv2d(torch.tensor(a), torch.tensor(w), padding=1).numpy()
+  for kind in VIEWS:
+    close(conv2d(view_of(a, kind), view_of(w, kind), padding=1).numpy(), ref, atol=1e-4, what=kind)
+
+
+case("conv2d of non-contiguous input and weight", _conv_views)
+
+
+def _conv_kernel_count():
+  for xs, ws, kw in [((2, 3, 8, 8), (4, 3, 3, 3), {}), ((2, 3, 8, 8), (4, 3, 3, 3), {"padding": 1}),
+                     ((1, 4, 9, 9), (4, 2, 3, 3), {"groups": 2, "stride": 2, "dilation": 2, "padding": 2})]:
+    x, w = Tensor(rnd(*xs)).realize(), Tensor(rnd(*ws)).realize()
+    n = kernels(lambda: conv2d(x, w, **kw))
+    assert n == 1, f"conv2d {xs} {ws} {kw} took {n} kernels (expected 1: no im2col buffer)"
+
+
+case("conv2d forward is ONE kernel (realized input and weight, no bias)", _conv_kernel_count)
+
+
+def _linear_relu_kernel_count():
+  x, w, b = Tensor(rnd(8, 16)).realize(), Tensor(rnd(4, 16)).realize(), Tensor(rnd(4)).realize()
+  n = kernels(lambda: linear(x, w, b).relu())
+  assert n == 1, f"linear + relu took {n} kernels"
+  n = kernels(lambda: Tensor(rnd(6, 10)).realize().softmax(-1))
+  assert n <= 3, f"softmax took {n} kernels"
+  n = kernels(lambda: max_pool2d(Tensor(rnd(1, 2, 6, 6)).realize(), kernel_size=3, stride=1, padding=1))
+  assert n == 1, f"max_pool2d took {n} kernels"
+
+
+case("kernel counts: linear+relu = 1, softmax <= 3, max_pool2d = 1", _linear_relu_kernel_count)
+
+for xs, ws, bias in [((4, 3), (5, 3), True), ((2, 3, 4), (6, 4), False), ((4,), (2, 4), True), ((0, 3), (2, 3), True), ((3, 1), (1, 1), True)]:
+  def _ln(xs=xs, ws=ws, bias=bias):
+    arrs = [rnd(*xs), rnd(*ws)] + ([rnd(ws[0])] if bias else [])
+    check_fwd_bwd(lambda x, w, b=None: linear(x, w, b), lambda x, w, b=None: F.linear(x, w, b), arrs, atol=1e-5)
+  case(f"linear x{xs} w{ws} bias={bias}", _ln)
+
+
+def _dot():
+  for xs, ws in [((3, 4), (4, 5)), ((4,), (4,)), ((2, 3, 4), (4, 2)), ((4,), (4, 3))]:
+    check_fwd_bwd(lambda x, w: dot(x, w), lambda x, w: torch.matmul(x, w), [rnd(*xs), rnd(*ws)])
+
+
+case("dot (matmul semantics) incl. 1-d", _dot)
+
+# =====================================================================================================
+# functional nn
+for shape, n in [((5,), 5), ((2, 3), 4), ((0,), 3), ((3,), 0), ((2, 2, 2), 3)]:
+  def _oh(shape=shape, n=n):
+    a = RNG.integers(0, max(n, 1), size=shape).astype(np.int32) if n else np.zeros(shape, np.int32)
+    r = one_hot(Tensor(a), n)
+    assert r.dtype == tg.INT32
+    close(r.numpy(), F.one_hot(torch.tensor(a.astype(np.int64)), n) if n else np.zeros(shape + (0,), np.int32))
+  case(f"one_hot {shape} classes={n}", _oh)
+
+
+def _oh_auto():
+  a = np.array([0, 3, 1], np.int64)
+  close(one_hot(Tensor(a), -1).numpy(), F.one_hot(torch.tensor(a)))
+  close(one_hot(view_of(np.array([[2, 0], [1, 1]], np.int32), "permuted"), 3).numpy(),
+        F.one_hot(torch.tensor([[2, 0], [1, 1]]), 3))
+
+
+case("one_hot num_classes=-1 and a permuted view", _oh_auto)
+
+for shape, n in [((4, 6), 1), ((2, 3, 4), 2), ((2, 3, 4), 3), ((5, 1), 1), ((0, 4), 1), ((3, 7), 1)]:
+  def _lnorm(shape=shape, n=n):
+    check_fwd_bwd(lambda t: layernorm(t, n, 1e-5), lambda t: F.layer_norm(t, shape[-n:], eps=1e-5), [rnd(*shape, lo=-3, hi=5)],
+                  atol=1e-4, gatol=1e-4)
+  case(f"layernorm {shape} last {n} dims", _lnorm)
+
+
+def _lnorm_views():
+  a = rnd(4, 6)
+  ref = F.layer_norm(torch.tensor(a), (6,)).numpy()
+  for kind in VIEWS: close(layernorm(view_of(a, kind)).numpy(), ref, atol=1e-4, what=kind)
+
+
+case("layernorm of views", _lnorm_views)
+
+for shape, affine, inv2d in [((4, 3), True, False), ((2, 3, 5, 5), True, False), ((2, 3, 5, 5), False, False), ((2, 4, 6), True, True),
+                             ((0, 2, 3), True, False)]:
+  def _bn(shape=shape, affine=affine, inv2d=inv2d):
+    c = shape[1]
+    x, w, b, m = rnd(*shape), rnd(c), rnd(c), rnd(c)
+    var_ = RNG.uniform(0.5, 2.0, size=c).astype(np.float32)
+    inv = (1.0 / np.sqrt(var_ + 1e-5)).astype(np.float32)
+    bshape = (1, c) + (1,) * (len(shape) - 2)
+    invarg = inv.reshape(bshape) if inv2d else inv
+
+    def tgf(x, m, iv, w=None, b=None): return batchnorm(x, w, b, m, iv)
+
+    def tf(x, m, iv, w=None, b=None):
+      r = (x - m.reshape(bshape)) * (iv if inv2d else iv.reshape(bshape))
+      if w is not None: r = r * w.reshape(bshape) + b.reshape(bshape)
+      return r
+
+    arrs = [x, m, invarg] + ([w, b] if affine else [])
+    check_fwd_bwd(tgf, tf, arrs, atol=1e-5)
+    # and against torch's batch_norm in eval mode
+    ref = F.batch_norm(torch.tensor(x), torch.tensor(m), torch.tensor(var_), torch.tensor(w) if affine else None,
+                       torch.tensor(b) if affine else None, training=False, eps=1e-5)
+    close(batchnorm(Tensor(x), Tensor(w) if affine else None, Tensor(b) if affine else None, Tensor(m), Tensor(invarg)).numpy(), ref,
+          atol=1e-4, what="vs F.batch_norm")
+  case(f"batchnorm {shape} affine={affine} invstd_broadcast={inv2d}", _bn)
+
+
+def _dropout():
+  a = rnd(64, 64, lo=1, hi=2)
+  r = dropout(Tensor(a), 0.5).numpy()  # not training: unchanged
+  close(r, a)
+  with tg.context(TRAINING=1):
+    x = set_rg(Tensor(a))
+    out = dropout(x, 0.25)
+    backward(out.sum())
+    g = grad(x).numpy()
+    o = out.numpy()
+    kept = o != 0
+    frac = kept.mean()
+    assert 0.7 < frac < 0.8, f"kept fraction {frac}"
+    close(o[kept], a[kept] / 0.75, what="scaled kept values")
+    close(g, kept.astype(np.float32) / 0.75, what="dropout gradient matches its mask")
+    close(dropout(Tensor(a), 1.0).numpy(), np.zeros_like(a))
+    close(dropout(Tensor(a), 0.0).numpy(), a)
+
+
+case("dropout: identity unless TRAINING; mask, scale and gradient", _dropout)
+
+for qs, ks, vs, mask, causal in [((2, 4, 8), (2, 4, 8), (2, 4, 8), None, False), ((2, 3, 5, 4), (2, 3, 6, 4), (2, 3, 6, 7), None, False),
+                                 ((1, 2, 5, 4), (1, 2, 5, 4), (1, 2, 5, 4), None, True), ((2, 4, 6, 8), (2, 4, 6, 8), (2, 4, 6, 8), None, True),
+                                 ((2, 3, 4), (2, 5, 4), (2, 5, 3), "bool", False), ((2, 3, 4), (2, 5, 4), (2, 5, 3), "float", False),
+                                 ((3, 4), (5, 4), (5, 2), None, False), ((2, 1, 3, 4), (1, 2, 3, 4), (1, 2, 3, 4), None, False)]:
+  def _at(qs=qs, ks=ks, vs=vs, mask=mask, causal=causal):
+    arrs = [rnd(*qs), rnd(*ks), rnd(*vs)]
+    L, S = qs[-2], ks[-2]
+    if mask == "bool":
+      m = RNG.random((L, S)) < 0.7
+      m[:, 0] = True
+      margs = [m]
+    elif mask == "float":
+      margs = [rnd(L, S)]
+    else:
+      margs = []
+
+    def tgf(q, k, v, m=None): return sdpa(q, k, v, m, causal)
+    def tf(q, k, v, m=None):  # torch 1.13 has no F.scaled_dot_product_attention: its documented formula
+      s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+      if causal: m = torch.ones(L, S, dtype=torch.bool).tril()
+      if m is not None: s = s + (torch.where(m, 0.0, float("-inf")) if m.dtype == torch.bool else m)
+      return torch.softmax(s, -1) @ v
+
+    check_fwd_bwd(tgf, tf, arrs + margs, atol=1e-5, gatol=1e-4, nondiff=(3,))
+  case(f"scaled_dot_product_attention q{qs} k{ks} v{vs} mask={mask} causal={causal}", _at)
+
+# =====================================================================================================
+# losses
+for shape, red_ in [((5,), "mean"), ((3, 4), "sum"), ((3, 4), "none"), ((1,), "mean"), ((2, 3, 2), "mean")]:
+  def _bce(shape=shape, red_=red_):
+    x, y = rnd(*shape, lo=0.05, hi=0.95), (RNG.random(shape) < 0.5).astype(np.float32)
+    check_fwd_bwd(lambda a, b: loss("binary_crossentropy", a, b, red_), lambda a, b: F.binary_cross_entropy(a, b, reduction=red_), [x, y],
+                  atol=1e-5, nondiff=(1,))
+  case(f"binary_crossentropy {shape} {red_}", _bce)
+
+  def _bcel(shape=shape, red_=red_):
+    x, y = rnd(*shape, lo=-30, hi=30), RNG.random(shape).astype(np.float32)
+    check_fwd_bwd(lambda a, b: loss("binary_crossentropy_logits", a, b, red_),
+                  lambda a, b: F.binary_cross_entropy_with_logits(a, b, reduction=red_), [x, y], atol=1e-4)
+  case(f"binary_crossentropy_logits {shape} {red_} (large logits)", _bcel)
+
+
+def _bcel_pos_weight():
+  x, y, pw = rnd(4, 3), (RNG.random((4, 3)) < 0.5).astype(np.float32), RNG.uniform(0.5, 3, size=3).astype(np.float32)
+  check_fwd_bwd(lambda a, b, p: loss("binary_crossentropy_logits", a, b, pos_weight=p),
+                lambda a, b, p: F.binary_cross_entropy_with_logits(a, b, pos_weight=p), [x, y, pw], nondiff=(1, 2))
+
+
+case("binary_crossentropy_logits pos_weight", _bcel_pos_weight)
+
+for shape, ls, ign, red_ in [((4, 5), 0.0, None, "mean"), ((4, 5), 0.1, None, "mean"), ((3, 4, 6), 0.0, None, "sum"), ((6, 3), 0.0, 1, "mean"),
+                             ((6, 3), 0.2, 2, "mean"), ((5, 4), 0.0, None, "none"), ((2, 7), 0.3, 0, "sum"), ((1, 3), 0.0, None, "mean")]:
+  def _scce(shape=shape, ls=ls, ign=ign, red_=red_):
+    x = rnd(*shape, lo=-4, hi=4)
+    y = RNG.integers(0, shape[-1], size=shape[:-1]).astype(np.int64)
+    if ign is not None: y.flat[0], y.flat[-1] = ign, (ign + 1) % shape[-1]  # one ignored, one counted
+
+    def tf(a, b):
+      C = shape[-1]
+      kw = {"ignore_index": ign} if ign is not None else {}
+      r = F.cross_entropy(a.reshape(-1, C), b.reshape(-1), label_smoothing=ls, reduction=red_, **kw)
+      return r.reshape(shape[:-1]) if red_ == "none" else r
+
+    check_fwd_bwd(lambda a, b: loss("sparse_categorical_crossentropy", a, b, red_, ls, ign), tf, [x, y], atol=1e-5)
+  case(f"sparse_categorical_crossentropy {shape} smoothing={ls} ignore={ign} {red_}", _scce)
+
+for shape, ls, red_, probs in [((4, 5), 0.0, "mean", False), ((4, 5), 0.2, "sum", False), ((2, 3, 4), 0.0, "none", False), ((5,), 0.0, "mean", False),
+                               ((3, 4), 0.0, "mean", True), ((2, 3, 2, 2), 0.1, "mean", False), ((3, 4), 0.25, "none", True)]:
+  def _ce(shape=shape, ls=ls, red_=red_, probs=probs):
+    x = rnd(*shape, lo=-3, hi=3)
+    cd = 0 if len(shape) == 1 else 1
+    if probs:
+      y = RNG.random(shape).astype(np.float32)
+      y /= y.sum(cd, keepdims=True)
+    else:
+      y = RNG.integers(0, shape[cd], size=shape[:cd] + shape[cd + 1:]).astype(np.int64)
+    check_fwd_bwd(lambda a, b: loss("cross_entropy", a, b, red_, ls), lambda a, b: F.cross_entropy(a, b, reduction=red_, label_smoothing=ls),
+                  [x, y], atol=1e-5, nondiff=(1,))
+  case(f"cross_entropy {shape} smoothing={ls} {red_} {'probs' if probs else 'indices'}", _ce)
+
+for shape, red_, weighted, ign in [((4, 5), "mean", False, None), ((4, 5), "sum", True, None), ((4, 5), "none", False, None),
+                                   ((3, 4), "mean", True, 2), ((2, 3, 4), "mean", False, None), ((2, 3, 4), "none", True, 1),
+                                   ((5,), "mean", False, None), ((5,), "none", True, None), ((6, 3), "mean", False, -100)]:
+  def _nll(shape=shape, red_=red_, weighted=weighted, ign=ign):
+    x = np.log(RNG.uniform(0.05, 1, size=shape)).astype(np.float32)
+    cd = 0 if len(shape) == 1 else 1
+    y = RNG.integers(0, shape[cd], size=shape[:cd] + shape[cd + 1:]).astype(np.int64)
+    if ign is not None and y.size: y.flat[0] = ign
+    arrs = [x, y] + ([RNG.uniform(0.5, 2, size=shape[cd]).astype(np.float32)] if weighted else [])
+
+    def tgf(a, b, w=None): return loss("nll_loss", a, b, red_, ignore_index=ign, weight=w)
+
+    def tf(a, b, w=None): return F.nll_loss(a, b, weight=w, reduction=red_, ignore_index=ign if ign is not None else -100)
+
+    check_fwd_bwd(tgf, tf, arrs, atol=1e-5, nondiff=(1, 2))
+  case(f"nll_loss {shape} {red_} weight={weighted} ignore={ign}", _nll)
+
+
+def _loss_views():
+  x = rnd(4, 5)
+  y = RNG.integers(0, 5, size=(4,)).astype(np.int64)
+  ref = F.cross_entropy(torch.tensor(x), torch.tensor(y)).numpy()
+  for kind in VIEWS:
+    close(loss("sparse_categorical_crossentropy", view_of(x, kind), view_of(y, kind)).numpy(), ref, what=kind)
+    close(loss("cross_entropy", view_of(x, kind), view_of(y, kind)).numpy(), ref, what=kind)
+
+
+case("losses of non-contiguous logits and labels", _loss_views)
+
+
+def _training_step():
+  # a tiny conv net trained for a few SGD steps decreases its loss, and the grads match torch's
+  x = rnd(4, 1, 6, 6)
+  y = RNG.integers(0, 3, size=(4,)).astype(np.int64)
+  w1, b1, w2 = rnd(2, 1, 3, 3, lo=-0.5, hi=0.5), rnd(2, lo=-0.1, hi=0.1), rnd(3, 18, lo=-0.5, hi=0.5)
+
+  def net_tg(x, w1, b1, w2):
+    h = max_pool2d(conv2d(x, w1, b1, padding=1).relu())
+    return linear(h.reshape(4, -1), w2)
+
+  def net_t(x, w1, b1, w2):
+    h = F.max_pool2d(F.relu(F.conv2d(x, w1, b1, padding=1)), 2)
+    return F.linear(h.reshape(4, -1), w2)
+
+  ps = [set_rg(Tensor(a)) for a in (w1, b1, w2)]
+  l_tg = loss("sparse_categorical_crossentropy", net_tg(Tensor(x), *ps), Tensor(y))
+  tps = [torch.tensor(a, requires_grad=True) for a in (w1, b1, w2)]
+  l_t = F.cross_entropy(net_t(torch.tensor(x), *tps), torch.tensor(y))
+  backward(l_tg)
+  l_t.backward()
+  close(l_tg.numpy(), l_t, atol=1e-5)
+  for p, tp in zip(ps, tps): close(grad(p).numpy(), tp.grad, atol=1e-5)
+
+
+case("conv -> relu -> max_pool -> linear -> sparse CE: loss and grads match torch", _training_step)
+
+def _broadcast_views():
+  # inputs that are expanded (stride-0) views of a smaller buffer
+  a = np.broadcast_to(rnd(1, 3, 5, 5), (2, 3, 5, 5)).copy()
+  w = rnd(4, 3, 3, 3)
+  x = view_of(a, "expanded")
+  close(conv2d(x, Tensor(w), padding=1).numpy(), F.conv2d(torch.tensor(a), torch.tensor(w), padding=1), atol=1e-4, what="conv2d")
+  close(max_pool2d(x).numpy(), F.max_pool2d(torch.tensor(a), 2), what="max_pool2d")
+  b = np.broadcast_to(rnd(1, 6), (4, 6)).copy()
+  close(cumsum(view_of(b, "expanded"), 0).numpy(), np.cumsum(b, 0), atol=1e-5, what="cumsum along the expanded dim")
+  close(layernorm(view_of(b, "expanded")).numpy(), F.layer_norm(torch.tensor(b), (6,)), atol=1e-4, what="layernorm")
+  close(red("logsumexp", view_of(b, "expanded"), 0).numpy(), torch.logsumexp(torch.tensor(b), 0), atol=1e-5, what="logsumexp")
+  close(var(view_of(b, "expanded"), 0).numpy(), np.zeros(6), atol=1e-6, what="var of equal rows")
+  close(red("argmax", view_of(b, "expanded"), 0).numpy(), np.zeros(6), what="argmax ties -> first")
+  # binary cross-entropy with a broadcast target (tinygrad broadcasts)
+  p, y = rnd(3, 4, lo=0.1, hi=0.9), (RNG.random((1, 4)) < 0.5).astype(np.float32)
+  ref = F.binary_cross_entropy(torch.tensor(p), torch.tensor(np.broadcast_to(y, (3, 4)).copy()))
+  close(loss("binary_crossentropy", Tensor(p), Tensor(y)).numpy(), ref, what="bce broadcast target")
+
+
+case("ops on expanded (broadcast) views and broadcast targets", _broadcast_views)
+
+
+def _dtypes():
+  # float64 keeps its precision; float16 computes in half (tolerances as tinygrad's for half)
+  for dt, atol in [(np.float64, 1e-9), (np.float16, 2e-2)]:
+    x, w = rnd(1, 2, 5, 5).astype(dt), rnd(3, 2, 3, 3).astype(dt)
+    tx, tw = torch.tensor(x.astype(np.float64)), torch.tensor(w.astype(np.float64))
+    r = conv2d(Tensor(x), Tensor(w), padding=1)
+    assert r.dtype == tg.np_dtype_to_tg(dt), tg.dtype_name(r.dtype)
+    close(r.numpy(), F.conv2d(tx, tw, padding=1), atol=atol * 10, rtol=1e-2 if dt == np.float16 else 1e-7, what=f"conv2d {dt}")
+    close(max_pool2d(Tensor(x)).numpy(), F.max_pool2d(tx, 2), atol=atol, what=f"max_pool2d {dt}")
+    close(avg_pool2d(Tensor(x), kernel_size=3, stride=1, padding=1).numpy(), F.avg_pool2d(tx, 3, 1, 1), atol=atol, rtol=1e-2,
+          what=f"avg_pool2d {dt}")
+    a = rnd(4, 6).astype(dt)
+    ta = torch.tensor(a.astype(np.float64))
+    close(cumsum(Tensor(a), 1).numpy(), torch.cumsum(ta, 1), atol=atol * 5, rtol=1e-2, what=f"cumsum {dt}")
+    close(red("logsumexp", Tensor(a), 1).numpy(), torch.logsumexp(ta, 1), atol=atol * 5, rtol=1e-2, what=f"logsumexp {dt}")
+    close(var(Tensor(a), 1).numpy(), torch.var(ta, 1), atol=atol * 5, rtol=1e-2, what=f"var {dt}")
+    close(layernorm(Tensor(a)).numpy(), F.layer_norm(ta, (6,)), atol=atol * 5, rtol=1e-2, what=f"layernorm {dt}")
+    y = RNG.integers(0, 6, size=(4,)).astype(np.int64)
+    close(loss("sparse_categorical_crossentropy", Tensor(a), Tensor(y)).numpy(), F.cross_entropy(ta, torch.tensor(y)), atol=atol * 5,
+          rtol=1e-2, what=f"sparse CE {dt}")
+    for t in [var(Tensor(a), 1), layernorm(Tensor(a)), cumsum(Tensor(a), 0)]:
+      assert t.dtype == tg.np_dtype_to_tg(dt), tg.dtype_name(t.dtype)
+
+
+case("float64 and float16 inputs keep their dtype (conv2d, pools, cumsum, logsumexp, var, layernorm, CE)", _dtypes)
+
+
+def _cumsum_kernels():
+  x = Tensor(rnd(4, 100)).realize()
+  n = kernels(lambda: cumsum(x, 1))
+  assert n == 1, f"cumsum took {n} kernels"
+  y = Tensor(rnd(2, 1000)).realize()
+  n = kernels(lambda: cumsum(y, 1))
+  assert n <= 3, f"two-stage cumsum took {n} kernels"
+
+
+case("kernel counts: cumsum = 1 kernel (<= 3 above 512)", _cumsum_kernels)
+
+
+# =====================================================================================================
+# errors: every message names the function
+ERRS = [
+    ("tg_cat", lambda: cat([Tensor(rnd(2, 3)), Tensor(rnd(2, 4))], 0), "shape"),
+    ("tg_cat", lambda: cat([Tensor(rnd(2, 3)), Tensor(rnd(2, 3))], 2), "axis"),
+    ("tg_cat", lambda: cat([Tensor(rnd(2, 3)), Tensor(rnd(2, 3, 1))], 0), None),
+    ("tg_stack", lambda: stack([Tensor(rnd(2, 3)), Tensor(rnd(3, 2))], 0), "equal shapes"),
+    ("tg_repeat", lambda: repeat(Tensor(rnd(2, 3)), (2,)), None),
+    ("tg_repeat", lambda: repeat(Tensor(rnd(2, 3)), (2, -1)), "negative"),
+    ("tg_split", lambda: split(Tensor(rnd(5, 2)), [2, 2], 0), "sum"),
+    ("tg_split", lambda: split(Tensor(rnd(5, 2)), 2, 3), "axis"),
+    ("tg_chunk", lambda: chunk(Tensor(rnd(5, 2)), 0, 0), "chunks"),
+    ("tg_gather", lambda: gather(Tensor(rnd(3, 4)), 1, Tensor(np.zeros((3,), np.int64))), "same number of dimensions"),
+    ("tg_gather", lambda: gather(Tensor(rnd(3, 4)), 1, Tensor(np.zeros((4, 2), np.int64))), "larger"),
+    ("tg_gather", lambda: gather(Tensor(rnd(3, 4)), 1, Tensor(np.zeros((3, 2), np.float32))), "integer"),
+    ("tg_var", lambda: var(Tensor(rnd(3, 4)), 2), "axis"),
+    ("tg_std", lambda: std(Tensor(rnd(3, 4)), (0, 0)), "twice"),
+    ("tg_logsumexp", lambda: red("logsumexp", Tensor(rnd(3, 4)), 5), "axis"),
+    ("tg_argmax", lambda: red("argmax", Tensor(rnd(3, 4)), (0, 1)), "one axis"),
+    ("tg_argmax", lambda: red("argmax", Tensor(rnd(3, 0)), 1), "empty"),
+    ("tg_argmin", lambda: red("argmin", Tensor(rnd(3, 4)), -3), "axis"),
+    ("tg_cumsum", lambda: cumsum(Tensor(rnd(3, 4)), 2), "axis"),
+    ("tg_triu", lambda: triu(Tensor(rnd(4))), "2 dimensions"),
+    ("tg_max_pool2d", lambda: max_pool2d(Tensor(rnd(1, 1, 2, 2)), kernel_size=3), "larger than the padded input"),
+    ("tg_max_pool2d", lambda: max_pool2d(Tensor(rnd(4))), "at least 2"),
+    ("tg_avg_pool2d", lambda: avg_pool2d(Tensor(rnd(1, 1, 4, 4)), padding=(1, 1, 1)), "npadding"),
+    ("tg_avg_pool2d", lambda: avg_pool2d(Tensor(rnd(1, 1, 4, 4)), stride=(0, 2)), "stride"),
+    ("tg_conv2d", lambda: conv2d(Tensor(rnd(1, 3, 5, 5)), Tensor(rnd(2, 2, 3, 3))), "channels"),
+    ("tg_conv2d", lambda: conv2d(Tensor(rnd(1, 4, 5, 5)), Tensor(rnd(3, 2, 3, 3)), groups=2), "divisible"),
+    ("tg_conv2d", lambda: conv2d(Tensor(rnd(3, 5, 5)), Tensor(rnd(2, 3, 3, 3))), "(batch, cin"),
+    ("tg_conv2d", lambda: conv2d(Tensor(rnd(1, 3, 5, 5)), Tensor(rnd(2, 3, 3, 3)), Tensor(rnd(3))), "bias"),
+    ("tg_conv2d", lambda: conv2d(Tensor(rnd(1, 3, 2, 2)), Tensor(rnd(2, 3, 3, 3))), "larger"),
+    ("tg_linear", lambda: linear(Tensor(rnd(4, 3)), Tensor(rnd(3, 5))), "in_features"),
+    ("tg_linear", lambda: linear(Tensor(rnd(4, 3)), Tensor(rnd(5, 3)), Tensor(rnd(4))), "bias"),
+    ("tg_dot", lambda: dot(Tensor(rnd(4, 3)), Tensor(rnd(4, 3))), None),
+    ("tg_one_hot", lambda: one_hot(Tensor(rnd(3)), 3), "integer"),
+    ("tg_one_hot", lambda: one_hot(Tensor(np.zeros(3, np.int32)), -2), "num_classes"),
+    ("tg_layernorm", lambda: layernorm(Tensor(rnd(3, 4)), 3), "naxes"),
+    ("tg_batchnorm", lambda: batchnorm(Tensor(rnd(2, 3, 4)), None, None, Tensor(rnd(4)), Tensor(rnd(3))), "mean"),
+    ("tg_dropout", lambda: dropout(Tensor(rnd(3)), 1.5), "p="),
+    ("tg_scaled_dot_product_attention", lambda: sdpa(Tensor(rnd(2, 3, 4)), Tensor(rnd(2, 3, 5)), Tensor(rnd(2, 3, 4))), "last dim"),
+    ("tg_scaled_dot_product_attention", lambda: sdpa(Tensor(rnd(3, 4)), Tensor(rnd(3, 4)), Tensor(rnd(3, 4)), Tensor(rnd(3, 3) > 0), True),
+     "is_causal"),
+    ("tg_scaled_dot_product_attention", lambda: sdpa(Tensor(rnd(3, 4)), Tensor(rnd(5, 4)), Tensor(rnd(5, 4)), Tensor(rnd(3, 4))),
+     "attn_mask"),
+    ("tg_binary_crossentropy", lambda: loss("binary_crossentropy", Tensor(rnd(3, 4)), Tensor(rnd(3, 5))), "broadcast"),
+    ("tg_binary_crossentropy", lambda: loss("binary_crossentropy", Tensor(rnd(3)), Tensor(rnd(3)), label_smoothing=0.1), "label_smoothing"),
+    ("tg_sparse_categorical_crossentropy",
+     lambda: loss("sparse_categorical_crossentropy", Tensor(rnd(3, 4)), Tensor(np.zeros(4, np.int64))), "labels have shape"),
+    ("tg_sparse_categorical_crossentropy",
+     lambda: loss("sparse_categorical_crossentropy", Tensor(rnd(3, 4)), Tensor(np.zeros(3, np.int64)), label_smoothing=1.5), "[0, 1]"),
+    ("tg_cross_entropy", lambda: loss("cross_entropy", Tensor(rnd(3, 4)), Tensor(np.zeros(4, np.int64))), "labels have shape"),
+    ("tg_nll_loss", lambda: loss("nll_loss", Tensor(rnd(3, 4)), Tensor(np.zeros(3, np.int64)), weight=Tensor(rnd(3))), "weight"),
+    ("tg_nll_loss", lambda: loss("nll_loss", Tensor(rnd(3, 4)), Tensor(np.zeros(3, np.float32))), "integer"),
+]
+for i, (fname, f, sub) in enumerate(ERRS):
+  case(f"error: {fname} #{i} ({sub or 'message names the function'})", lambda fname=fname, f=f, sub=sub: expect_error(fname, f, sub))
+
+
+def _err_none_propagates():
+  # a none input propagates without overwriting the first error; a stale handle is reported by name
+  lib.tg_clear_error()
+  r = lib.tg_cumsum(NONE_T, 0)
+  assert r.id == 0
+  msg = tg.last_error()
+  assert msg and "tg_cumsum" in msg, msg
+  lib.tg_clear_error()
+  lib.tg_scope_begin()
+  t = Tensor(rnd(2, 2))
+  lib.tg_scope_end()
+  try:
+    conv2d(t, t)
+    raise AssertionError("stale handle accepted")
+  except TGError as e:
+    assert "tg_conv2d" in str(e) and "stale" in str(e), str(e)
+  lib.tg_clear_error()
+  x = Tensor(rnd(3, 4))
+  assert lib.tg_split(x.h, (ctypes.c_int64 * 1)(2), 1, 0, (_T * 1)(), 1) == -1  # 2 pieces, room for 1
+  msg = tg.last_error()
+  assert msg and "tg_split" in msg and "room" in msg, msg
+  lib.tg_clear_error()
+
+
+case("error: none input propagates; stale handle and small out array are reported", _err_none_propagates)
+
+
+# =====================================================================================================
+def main():
+  global PASSED, FAILED
+  flt = os.environ.get("TEST_FILTER", "")
+  t0 = time.time()
+  base_live = tg.live_count()
+  for name, fn, args, kw in CASES:
+    if flt and flt not in name: continue
+    lib.tg_clear_error()
+    ok, err = True, None
+    lib.tg_scope_begin()
+    try:
+      fn(*args, **kw)
+    except Exception as e:  # noqa: BLE001
+      ok, err = False, e
+    finally:
+      lib.tg_scope_end()
+    if ok and lib.tg_last_error():
+      ok, err = False, AssertionError(f"an error was left recorded: {tg.last_error()}")
+    if ok:
+      PASSED += 1
+    else:
+      FAILED += 1
+      print(f"FAIL {name}: {type(err).__name__}: {err}")
+      if os.environ.get("VERBOSE"): traceback.print_exception(type(err), err, err.__traceback__)
+  live = tg.live_count()
+  if live != base_live:
+    FAILED += 1
+    print(f"FAIL live handles: {live} live at the end (expected {base_live})")
+  else:
+    PASSED += 1
+  print(f"({time.time() - t0:.1f} s)")
+  print(f"test_nn_torch: {PASSED} passed, {FAILED} failed")
+  return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
