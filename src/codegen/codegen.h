@@ -24,6 +24,12 @@ typedef struct {
   UOp *sidx;     /* store index (owned) */
   tg_dtype *pdt; /* dtype of each param buffer; param 0 is the output */
   int np;
+  /* after optimization (what renderers consume): upcast copies of the expressions above, one per
+   * unrolled position of the upcast axes (copy 0 alone when nothing is upcast) */
+  int ncopy;
+  UOp **values, **sidxs, **rbodies, **rplaces; /* owned; rbodies/rplaces entries NULL without reduce */
+  int vw;        /* vector width: loads/stores marked with arg.i == vw move vw contiguous lanes */
+  char opts[128];/* applied optimizations, for DEBUG=3 and kernel names */
 } LKernel;
 
 typedef struct {

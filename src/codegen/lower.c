@@ -72,6 +72,7 @@ static void drop_unit(LKernel *k, UOp **rs, int *n) {
 }
 
 static int next_axis;
+void optimize_kernel(LKernel *k, int *next_axis);
 
 /* Tries to merge loops rs[i] (outer) and rs[i+1] (inner). */
 static bool try_merge(LKernel *k, UOp **rs, int *n, int i) {
@@ -186,12 +187,13 @@ LKernel *lower_kernel(UOp *ast) {
     merge_all(k, k->granges, &k->ng);
     merge_all(k, k->rranges, &k->nr);
   }
+  optimize_kernel(k, &next_axis);
   if (debug_level() >= 3) {
     fprintf(stderr, "opts: loops %d global + %d reduce; dropped %d size-1; merged to", ng0, nr0, (ng0 - ng1) + (nr0 - nr1));
     for (int i = 0; i < k->ng; i++) fprintf(stderr, " %lld", (long long)k->granges[i]->iarg[0]);
     fprintf(stderr, " |");
     for (int i = 0; i < k->nr; i++) fprintf(stderr, " %lld", (long long)k->rranges[i]->iarg[0]);
-    fprintf(stderr, "%s\n", getenv_int("NOOPT", 0) ? " (NOOPT)" : "");
+    fprintf(stderr, "; %s%s\n", k->opts, getenv_int("NOOPT", 0) ? "(NOOPT)" : "");
   }
   return k;
 }
@@ -206,6 +208,10 @@ void lkernel_free(LKernel *k) {
   uop_unref(k->rplace);
   uop_unref(k->value);
   uop_unref(k->sidx);
+  for (int c = 0; c < k->ncopy; c++) {
+    uop_unref(k->values[c]), uop_unref(k->sidxs[c]), uop_unref(k->rbodies[c]), uop_unref(k->rplaces[c]);
+  }
+  free(k->values), free(k->sidxs), free(k->rbodies), free(k->rplaces);
   free(k->pdt);
   free(k);
 }
@@ -234,15 +240,18 @@ KernelCode *codegen_c(UOp *ast) {
   kc->global_size[0] = k->ng ? k->granges[0]->iarg[0] : 1;
   kc->global_size[1] = kc->global_size[2] = 1;
   /* small kernels run on the calling thread: waking workers costs more than the work */
-  int64_t work = outer * (inner > 0 ? inner : 1);
+  int64_t work = outer * (k->vw ? k->vw : 1) * k->ncopy * (inner > 0 ? inner : 1);
   kc->local_size[0] = (work < 65536 || kc->global_size[0] < 2) ? 1 : 0;
   kc->local_size[1] = kc->local_size[2] = 1;
   PtrMap seen;
   pm_init(&seen);
-  uint64_t post = count_alu(k->value, &seen);
-  uint64_t body = count_alu(k->rbody, &seen);
+  uint64_t post = 0, body = 0;
+  for (int c = 0; c < k->ncopy; c++) post += count_alu(k->values[c], &seen);
+  for (int c = 0; c < k->ncopy; c++) body += count_alu(k->rbodies[c], &seen) + (k->rbodies[c] ? 1 : 0);
   pm_free(&seen);
-  kc->ops = (uint64_t)outer * (post + (k->rbody ? (uint64_t)inner * (body + 1) : 0));
+  /* per copy, vector nodes count once per lane */
+  int64_t lanes = k->vw ? k->vw : 1;
+  kc->ops = (uint64_t)(outer * lanes) * (post + (k->rbody ? (uint64_t)inner * body : 0));
   kc->nparams = k->np;
   lkernel_free(k);
   return kc;

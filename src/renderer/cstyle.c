@@ -60,6 +60,8 @@ static const char PRELUDE_BF16[] =
 typedef struct {
   SB *b;
   PtrMap names; /* node -> malloc'd expression string */
+  PtrMap vec;   /* node -> 1 if its value is a vector of vw lanes */
+  int vw;
   int nvar;
   int indent;
   bool uses_half, uses_bf16;
@@ -215,13 +217,13 @@ static void render_expr(R *r, UOp *u, SB *e) {
 
 typedef struct {
   PtrMap level;  /* node -> level+1 */
-  PtrMap post;   /* nodes depending on the reduce placeholder */
+  PtrMap post;   /* nodes depending on a reduce placeholder */
   PtrVec order;  /* post-order of all nodes */
   PtrMap seen;
 } Lin;
 
 static void topo(Lin *l, UOp *u) {
-  if (pm_has(&l->seen, (uint64_t)(uintptr_t)u)) return;
+  if (!u || pm_has(&l->seen, (uint64_t)(uintptr_t)u)) return;
   pm_put(&l->seen, (uint64_t)(uintptr_t)u, (void *)1);
   for (uint32_t i = 0; i < u->nsrc; i++) topo(l, u->src[i]);
   pv_push(&l->order, u);
@@ -229,6 +231,79 @@ static void topo(Lin *l, UOp *u) {
 
 static bool needs_var(UOp *u) {
   return u->op != OP_CONST && u->op != OP_RANGE && u->op != OP_DEFINE_GLOBAL && u->op != OP_NOOP;
+}
+
+static bool isvec(R *r, UOp *u) { return u && pm_has(&r->vec, (uint64_t)(uintptr_t)u); }
+
+/* operand of a vector op: vectors as they are, scalars broadcast */
+static void vopnd(R *r, UOp *u, bool mask, SB *e) {
+  const char *n = nm(r, u);
+  if (isvec(r, u)) sb_puts(e, n);
+  else if (mask) sb_printf(e, "((tg_vm){0} + ((%s) ? -1 : 0))", n);
+  else sb_printf(e, "((tg_vf){0} + (float)(%s))", n);
+}
+
+static void render_vexpr(R *r, UOp *u, SB *e) {
+  UOp *a = u->nsrc > 0 ? u->src[0] : NULL, *b = u->nsrc > 1 ? u->src[1] : NULL, *c = u->nsrc > 2 ? u->src[2] : NULL;
+  bool amask = a && a->dtype == TG_BOOL;
+  switch (u->op) {
+  case OP_LOAD:
+    if (u->nsrc > 2) sb_printf(e, "((%s) ? *(const tg_vfu *)(%s + %s) : (tg_vf){0})", nm(r, c), nm(r, a), nm(r, b));
+    else sb_printf(e, "(*(const tg_vfu *)(%s + %s))", nm(r, a), nm(r, b));
+    return;
+  case OP_WHERE:
+    if (!isvec(r, a)) {
+      sb_printf(e, "((%s) ? ", nm(r, a));
+      vopnd(r, b, u->dtype == TG_BOOL, e);
+      sb_puts(e, " : ");
+      vopnd(r, c, u->dtype == TG_BOOL, e);
+      sb_puts(e, ")");
+    } else if (u->dtype == TG_BOOL) {
+      sb_printf(e, "((%s & ", nm(r, a));
+      vopnd(r, b, true, e);
+      sb_printf(e, ") | (~%s & ", nm(r, a));
+      vopnd(r, c, true, e);
+      sb_puts(e, "))");
+    } else {
+      sb_printf(e, "tg_vsel(%s, ", nm(r, a));
+      vopnd(r, b, false, e);
+      sb_puts(e, ", ");
+      vopnd(r, c, false, e);
+      sb_puts(e, ")");
+    }
+    return;
+  case OP_MAX:
+    sb_puts(e, "tg_vmax(");
+    vopnd(r, a, false, e);
+    sb_puts(e, ", ");
+    vopnd(r, b, false, e);
+    sb_puts(e, ")");
+    return;
+  case OP_NEG:
+    sb_printf(e, amask ? "(~%s)" : "(-%s)", nm(r, a));
+    return;
+  case OP_RECIP:
+    sb_printf(e, "((tg_vf){0} + 1.0f) / %s", nm(r, a));
+    return;
+  case OP_EXP2: case OP_LOG2: case OP_SIN: case OP_SQRT: case OP_TRUNC: {
+    const char *f = u->op == OP_EXP2 ? "exp2f" : u->op == OP_LOG2 ? "log2f" : u->op == OP_SIN ? "sinf" : u->op == OP_SQRT ? "sqrtf" : "truncf";
+    sb_printf(e, "tg_v_%s(%s)", f, nm(r, a));
+    return;
+  }
+  case OP_CAST:
+    if (u->dtype == TG_FLOAT32) sb_printf(e, "tg_vsel(%s, (tg_vf){0} + 1.0f, (tg_vf){0})", nm(r, a));
+    else sb_printf(e, "(%s != (tg_vf){0})", nm(r, a));
+    return;
+  default: break;
+  }
+  const char *op = bin_op_str(u->op);
+  TG_ASSERT(op != NULL);
+  bool m = amask;
+  sb_puts(e, "(");
+  vopnd(r, a, m, e);
+  sb_puts(e, op);
+  vopnd(r, b, m, e);
+  sb_puts(e, ")");
 }
 
 static void emit_level(R *r, Lin *l, int level, bool post_phase) {
@@ -240,15 +315,58 @@ static void emit_level(R *r, Lin *l, int level, bool post_phase) {
     if (lv != level || is_post != post_phase) continue;
     SB e;
     sb_init(&e);
-    render_expr(r, u, &e);
+    const char *ty;
+    if (isvec(r, u)) {
+      render_vexpr(r, u, &e);
+      ty = u->dtype == TG_BOOL ? "tg_vm" : "tg_vf";
+    } else {
+      render_expr(r, u, &e);
+      ty = ctype((tg_dtype)u->dtype);
+    }
     char name[32];
     snprintf(name, sizeof name, "v%d", r->nvar++);
     ind(r);
-    sb_printf(r->b, "%s %s = %s;\n", ctype((tg_dtype)u->dtype), name, e.s);
+    sb_printf(r->b, "%s %s = %s;\n", ty, name, e.s);
     sb_free(&e);
     pm_put(&r->names, (uint64_t)(uintptr_t)u, tg_xstrdup(name));
   }
 }
+
+static void emit_store(R *r, const LKernel *k, int c) {
+  tg_dtype odt = k->pdt[0];
+  UOp *v = k->values[c];
+  ind(r);
+  if (k->vw) {
+    sb_printf(r->b, "*(tg_vfu *)(data0 + %s) = ", nm(r, k->sidxs[c]));
+    SB e;
+    sb_init(&e);
+    vopnd(r, v, false, &e);
+    sb_printf(r->b, "%s;\n", e.s);
+    sb_free(&e);
+    return;
+  }
+  const char *conv = odt == TG_FLOAT16 ? "tg_f2h" : odt == TG_BFLOAT16 ? "tg_f2b" : "";
+  sb_printf(r->b, "data0[%s] = %s(%s);\n", nm(r, k->sidxs[c]), conv, nm(r, v));
+}
+
+static void emit_post_and_store(R *r, Lin *l, const LKernel *k, int level) {
+  for (int c = 0; c < k->ncopy; c++) {
+    if (k->rplaces[c]) {
+      char an[32];
+      snprintf(an, sizeof an, "acc%d", c);
+      pm_put(&r->names, (uint64_t)(uintptr_t)k->rplaces[c], tg_xstrdup(an));
+    }
+  }
+  emit_level(r, l, level, true);
+  for (int c = 0; c < k->ncopy; c++) emit_store(r, k, c);
+}
+
+static const char PRELUDE_VEC[] =
+    "typedef float tg_vf __attribute__((vector_size(%d)));\n"
+    "typedef float tg_vfu __attribute__((vector_size(%d), aligned(4)));\n"
+    "typedef int tg_vm __attribute__((vector_size(%d)));\n"
+    "static inline tg_vf tg_vsel(tg_vm m, tg_vf a, tg_vf b){return (tg_vf)(((tg_vm)a & m) | ((tg_vm)b & ~m));}\n"
+    "static inline tg_vf tg_vmax(tg_vf a, tg_vf b){return tg_vsel((a > b) | (a != a), a, b);}\n";
 
 char *render_c(const LKernel *k, const char *name) {
   SB out, body;
@@ -257,13 +375,14 @@ char *render_c(const LKernel *k, const char *name) {
   R r;
   memset(&r, 0, sizeof r);
   r.b = &body;
+  r.vw = k->vw;
   pm_init(&r.names);
+  pm_init(&r.vec);
   Lin l;
   memset(&l, 0, sizeof l);
   pm_init(&l.level);
   pm_init(&l.post);
   pm_init(&l.seen);
-  /* names for leaves */
   int nloops = k->ng + k->nr;
   for (int i = 0; i < k->ng; i++) {
     char buf[32];
@@ -277,15 +396,34 @@ char *render_c(const LKernel *k, const char *name) {
     pm_put(&r.names, (uint64_t)(uintptr_t)k->rranges[i], tg_xstrdup(buf));
     pm_put(&l.level, (uint64_t)(uintptr_t)k->rranges[i], (void *)(intptr_t)(k->ng + i + 2));
   }
-  if (k->rbody) topo(&l, k->rbody);
-  topo(&l, k->value);
-  topo(&l, k->sidx);
+  for (int c = 0; c < k->ncopy; c++) topo(&l, k->rbodies[c]);
+  for (int c = 0; c < k->ncopy; c++) topo(&l, k->values[c]);
+  for (int c = 0; c < k->ncopy; c++) topo(&l, k->sidxs[c]);
+  /* vector-ness: W-wide loads and everything computed from them; placeholders follow their body */
+  for (int c = 0; c < k->ncopy; c++)
+    if (k->rbodies[c]) {
+      PtrVec o2 = {0};
+      (void)o2;
+    }
+  for (size_t i = 0; i < l.order.n; i++) {
+    UOp *u = l.order.p[i];
+    bool v = u->op == OP_LOAD && k->vw && u->arg.i == k->vw;
+    for (uint32_t j = 0; j < u->nsrc && !v; j++)
+      if (u->op != OP_LOAD && u->op != OP_STORE) v = isvec(&r, u->src[j]);
+    if (u->op == OP_NOOP && u->arg.i < 0) {
+      int c = (int)(-u->arg.i) - 1;
+      v = c < k->ncopy && isvec(&r, k->rbodies[c]);
+    }
+    if (u->dtype == DT_INDEX) v = false;
+    if (v) pm_put(&r.vec, (uint64_t)(uintptr_t)u, (void *)1);
+  }
   for (size_t i = 0; i < l.order.n; i++) {
     UOp *u = l.order.p[i];
     if (u->op == OP_RANGE) continue;
     intptr_t lv = 0;
-    bool post = u == k->rplace;
-    if (u == k->rplace) lv = k->ng;
+    bool post = false;
+    for (int c = 0; c < k->ncopy; c++) post = post || u == k->rplaces[c];
+    if (post) lv = k->ng;
     for (uint32_t j = 0; j < u->nsrc; j++) {
       intptr_t sl = (intptr_t)pm_get(&l.level, (uint64_t)(uintptr_t)u->src[j]) - 1;
       if (sl > lv) lv = sl;
@@ -295,13 +433,11 @@ char *render_c(const LKernel *k, const char *name) {
     if (post) pm_put(&l.post, (uint64_t)(uintptr_t)u, (void *)1);
     if (u->dtype == TG_FLOAT16) r.uses_half = true;
     if (u->dtype == TG_BFLOAT16) r.uses_bf16 = true;
-    if (u->op == OP_CONST || u->op == OP_DEFINE_GLOBAL) {
-      if (u->op == OP_CONST) pm_put(&r.names, (uint64_t)(uintptr_t)u, const_str((tg_dtype)u->dtype, u));
-      else {
-        char buf[32];
-        snprintf(buf, sizeof buf, "data%lld", (long long)u->arg.i);
-        pm_put(&r.names, (uint64_t)(uintptr_t)u, tg_xstrdup(buf));
-      }
+    if (u->op == OP_CONST) pm_put(&r.names, (uint64_t)(uintptr_t)u, const_str((tg_dtype)u->dtype, u));
+    if (u->op == OP_DEFINE_GLOBAL) {
+      char buf[32];
+      snprintf(buf, sizeof buf, "data%lld", (long long)u->arg.i);
+      pm_put(&r.names, (uint64_t)(uintptr_t)u, tg_xstrdup(buf));
     }
   }
   for (int i = 0; i < k->np; i++) {
@@ -324,12 +460,11 @@ char *render_c(const LKernel *k, const char *name) {
     r.indent++;
   }
   for (int lv = 1; lv <= nloops; lv++) {
-    bool is_red = lv > k->ng;
-    if (is_red && lv == k->ng + 1) {
-      /* accumulator */
+    if (lv == k->ng + 1) {
+      /* accumulators, one per copy */
       tg_dtype at = k->racc;
-      const char *init;
       char ib[64];
+      const char *init;
       if (k->rop == OP_ADD) init = "0";
       else if (k->rop == OP_MUL) init = "1";
       else if (tg_dtype_is_float(at)) init = at == TG_FLOAT64 ? "-__builtin_inf()" : "-__builtin_inff()";
@@ -338,8 +473,11 @@ char *render_c(const LKernel *k, const char *name) {
         snprintf(ib, sizeof ib, "(%s)(%lldLL-1)", ctype(at), (long long)dtype_min(at) + 1);
         init = ib;
       }
-      ind(&r);
-      sb_printf(&body, "%s acc0 = %s;\n", ctype(at), init);
+      for (int c = 0; c < k->ncopy; c++) {
+        ind(&r);
+        if (isvec(&r, k->rplaces[c])) sb_printf(&body, "tg_vf acc%d = (tg_vf){0} + %s;\n", c, init);
+        else sb_printf(&body, "%s acc%d = %s;\n", ctype(at), c, init);
+      }
     }
     UOp *rg = lv <= k->ng ? k->granges[lv - 1] : k->rranges[lv - 1 - k->ng];
     ind(&r);
@@ -349,34 +487,21 @@ char *render_c(const LKernel *k, const char *name) {
     r.indent++;
     emit_level(&r, &l, lv, false);
     if (lv == nloops && k->rbody) {
-      const char *v = nm(&r, k->rbody);
-      const char *rd = tg_dtype_is_float(k->racc) ? rnd(k->racc) : "";
-      ind(&r);
-      if (k->rop == OP_ADD) sb_printf(&body, "acc0 = %s(acc0 + %s);\n", rd, v);
-      else if (k->rop == OP_MUL) sb_printf(&body, "acc0 = %s(acc0 * %s);\n", rd, v);
-      else if (tg_dtype_is_float(k->racc)) sb_printf(&body, "acc0 = (%s > acc0 || %s != %s) ? %s : acc0;\n", v, v, v, v);
-      else sb_printf(&body, "acc0 = %s > acc0 ? %s : acc0;\n", v, v);
-    }
-    if (lv == k->ng && !k->rbody) {
-      /* elementwise: store in the innermost loop */
-    }
-    if (lv > k->ng) {
-      /* close reduce loops at the end */
+      for (int c = 0; c < k->ncopy; c++) {
+        const char *v = nm(&r, k->rbodies[c]);
+        bool vv = isvec(&r, k->rplaces[c]);
+        const char *rd = tg_dtype_is_float(k->racc) && !vv ? rnd(k->racc) : "";
+        ind(&r);
+        if (k->rop == OP_ADD) sb_printf(&body, "acc%d = %s(acc%d + %s);\n", c, rd, c, v);
+        else if (k->rop == OP_MUL) sb_printf(&body, "acc%d = %s(acc%d * %s);\n", c, rd, c, v);
+        else if (vv) sb_printf(&body, "acc%d = tg_vmax(%s, acc%d);\n", c, v, c);
+        else if (tg_dtype_is_float(k->racc)) sb_printf(&body, "acc%d = (%s > acc%d || %s != %s) ? %s : acc%d;\n", c, v, c, v, v, v, c);
+        else sb_printf(&body, "acc%d = %s > acc%d ? %s : acc%d;\n", c, v, c, v, c);
+      }
     }
     if (lv == nloops) {
-      /* close loops from the innermost, emitting the post-reduce code at the global level */
-      for (int c = nloops; c >= 1; c--) {
-        if (c == k->ng || (c == nloops && k->ng == nloops)) {
-        }
-        if (c <= k->ng && c == k->ng) {
-          if (k->rbody) pm_put(&r.names, (uint64_t)(uintptr_t)k->rplace, tg_xstrdup("acc0"));
-          emit_level(&r, &l, k->ng, true);
-          /* the store */
-          tg_dtype odt = k->pdt[0];
-          const char *conv = odt == TG_FLOAT16 ? "tg_f2h" : odt == TG_BFLOAT16 ? "tg_f2b" : "";
-          ind(&r);
-          sb_printf(&body, "data0[%s] = %s(%s);\n", nm(&r, k->sidx), conv, nm(&r, k->value));
-        }
+      for (int cl = nloops; cl >= 1; cl--) {
+        if (cl == k->ng) emit_post_and_store(&r, &l, k, k->ng);
         r.indent--;
         ind(&r);
         sb_puts(&body, "}\n");
@@ -384,15 +509,7 @@ char *render_c(const LKernel *k, const char *name) {
     }
   }
   if (nloops == 0 || k->ng == 0) {
-    if (nloops == 0) emit_level(&r, &l, 0, true);
-    if (k->rbody) pm_put(&r.names, (uint64_t)(uintptr_t)k->rplace, tg_xstrdup("acc0"));
-    emit_level(&r, &l, 0, true);
-    if (k->ng == 0) {
-      tg_dtype odt = k->pdt[0];
-      const char *conv = odt == TG_FLOAT16 ? "tg_f2h" : odt == TG_BFLOAT16 ? "tg_f2b" : "";
-      ind(&r);
-      sb_printf(&body, "data0[%s] = %s(%s);\n", nm(&r, k->sidx), conv, nm(&r, k->value));
-    }
+    emit_post_and_store(&r, &l, k, 0);
     r.indent--;
     ind(&r);
     sb_puts(&body, "}\n");
@@ -400,6 +517,16 @@ char *render_c(const LKernel *k, const char *name) {
 
   if (r.uses_half) sb_puts(&out, PRELUDE_HALF);
   if (r.uses_bf16) sb_puts(&out, PRELUDE_BF16);
+  if (k->vw) {
+    sb_printf(&out, PRELUDE_VEC, k->vw * 4, k->vw * 4, k->vw * 4);
+    static const char *const fs[] = {"exp2f", "log2f", "sinf", "sqrtf", "truncf"};
+    for (size_t i = 0; i < sizeof fs / sizeof *fs; i++) {
+      char key[32];
+      snprintf(key, sizeof key, "tg_v_%s(", fs[i]);
+      if (body.s && strstr(body.s, key))
+        sb_printf(&out, "static inline tg_vf tg_v_%s(tg_vf x){tg_vf r;for(int i=0;i<%d;i++)r[i]=__builtin_%s(x[i]);return r;}\n", fs[i], k->vw, fs[i]);
+    }
+  }
   if (strstr(body.s ? body.s : "", "tg_ipow"))
     sb_puts(&out, "static inline long long tg_ipow(long long b,long long e){long long r=1;if(e<0)return b==1?1:(b==-1?((e&1)?-1:1):0);"
                   "while(e){if(e&1)r*=b;b*=b;e>>=1;}return r;}\n");
@@ -410,6 +537,7 @@ char *render_c(const LKernel *k, const char *name) {
   for (size_t i = 0; i < r.names.cap; i++)
     if (r.names.keys[i]) free(r.names.vals[i]);
   pm_free(&r.names);
+  pm_free(&r.vec);
   pm_free(&l.level);
   pm_free(&l.post);
   pm_free(&l.seen);

@@ -1,0 +1,237 @@
+/*
+ * opt.c -- hand-coded kernel optimizations (tinygrad's heuristic opts, BEAM=0), applied to a lowered
+ * kernel before rendering:
+ *
+ *  - VECTORIZE a global axis along which the output is contiguous: the axis steps by W lanes and
+ *    every load whose index moves by exactly 1 per lane becomes one W-wide load (loads that do not
+ *    depend on the axis stay scalar and are broadcast). Refused when any lane-dependent value is not
+ *    float32/bool, or lanes reach index arithmetic other than a contiguous load/store offset.
+ *  - UPCAST global axes of reduce kernels (register tiles): the body is copied for each unrolled
+ *    position, each copy with its own accumulator, so one loaded vector of one input is reused by
+ *    every copy that shares it (hash-consing shares the common loads automatically).
+ *
+ * In: an LKernel with value/sidx/rbody/rplace. Out: ncopy copies in values/sidxs/rbodies/rplaces,
+ * vw set, loop ranges resized. Invariant: the copies together compute exactly what the unoptimized
+ * kernel computes (checked by running the op suite with NOOPT=1 and without).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "../uop/ptrmap.h"
+#include "codegen.h"
+
+#define LANE_AXIS 999999
+
+typedef struct {
+  UOp *lane;
+  int W;
+  PtrMap dep;  /* node -> 1 (depends on lane) / 2 (does not) */
+  PtrMap memo; /* node -> rewritten node (owned) */
+  bool fail;
+} VR;
+
+static bool dep_lane(VR *v, UOp *u) {
+  intptr_t d = (intptr_t)pm_get(&v->dep, (uint64_t)(uintptr_t)u);
+  if (d) return d == 1;
+  bool r = u == v->lane;
+  for (uint32_t i = 0; i < u->nsrc && !r; i++) r = dep_lane(v, u->src[i]);
+  pm_put(&v->dep, (uint64_t)(uintptr_t)u, (void *)(intptr_t)(r ? 1 : 2));
+  return r;
+}
+
+/* index == base + lane with base independent of the lane? returns base (new ref) or NULL */
+static UOp *contiguous_base(VR *v, UOp *idx) {
+  UOp *z = s_const(0);
+  USubst s = {v->lane, z};
+  UOp *base = uop_substitute(idx, &s, 1);
+  uop_unref(z);
+  UOp *chk = s_add(base, v->lane);
+  bool ok = chk == idx && !dep_lane(v, base);
+  uop_unref(chk);
+  if (!ok) {
+    uop_unref(base);
+    return NULL;
+  }
+  return base;
+}
+
+static bool vec_op_ok(UOp *u) {
+  switch (u->op) {
+  case OP_ADD: case OP_SUB: case OP_MUL: case OP_FDIV: case OP_NEG: case OP_MAX: case OP_CMPLT: case OP_CMPNE:
+  case OP_CMPEQ: case OP_WHERE: case OP_AND: case OP_OR: case OP_XOR: case OP_EXP2: case OP_LOG2: case OP_SIN:
+  case OP_SQRT: case OP_RECIP: case OP_TRUNC:
+    return u->dtype == TG_FLOAT32 || u->dtype == TG_BOOL;
+  case OP_CAST:
+    return (u->dtype == TG_FLOAT32 && u->src[0]->dtype == TG_BOOL) || (u->dtype == TG_BOOL && u->src[0]->dtype == TG_FLOAT32);
+  default:
+    return false;
+  }
+}
+
+static UOp *vr(VR *v, UOp *u) {
+  UOp *m = pm_get(&v->memo, (uint64_t)(uintptr_t)u);
+  if (m) return uop_ref(m);
+  UOp *r = NULL;
+  if (v->fail) return NULL;
+  if (!dep_lane(v, u)) {
+    r = uop_ref(u);
+  } else if (u->op == OP_LOAD) {
+    UOp *base = u->dtype == TG_FLOAT32 && !(u->nsrc > 2 && dep_lane(v, u->src[2])) ? contiguous_base(v, u->src[1]) : NULL;
+    if (!base) {
+      v->fail = true;
+      return NULL;
+    }
+    UOp *s[3] = {u->src[0], base, u->nsrc > 2 ? u->src[2] : NULL};
+    UArg a;
+    a.i = v->W;
+    r = uop_new(OP_LOAD, (tg_dtype)u->dtype, s, (int)u->nsrc, NULL, 0, a);
+    uop_unref(base);
+  } else if (u->dtype != DT_INDEX && vec_op_ok(u)) {
+    UOp *s[3] = {NULL, NULL, NULL};
+    for (uint32_t i = 0; i < u->nsrc; i++) {
+      s[i] = vr(v, u->src[i]);
+      if (!s[i]) {
+        for (uint32_t j = 0; j < i; j++) uop_unref(s[j]);
+        v->fail = true;
+        return NULL;
+      }
+    }
+    r = uop_new(u->op, (tg_dtype)u->dtype, s, (int)u->nsrc, u->iarg, (int)u->niarg, u->arg);
+    for (uint32_t i = 0; i < u->nsrc; i++) uop_unref(s[i]);
+  } else {
+    v->fail = true;
+    return NULL;
+  }
+  pm_put(&v->memo, (uint64_t)(uintptr_t)u, r);
+  return uop_ref(r);
+}
+
+static void vr_free(VR *v) {
+  for (size_t i = 0; i < v->memo.cap; i++)
+    if (v->memo.keys[i]) uop_unref(v->memo.vals[i]);
+  pm_free(&v->memo);
+  pm_free(&v->dep);
+}
+
+/* Tries to vectorize global axis g by W lanes. On success updates k (value/sidx/rbody hold the
+ * rewritten expressions; sidx holds the store's base offset) and returns true. */
+static bool try_vectorize(LKernel *k, int g, int W, int *next_axis) {
+  int64_t n = k->granges[g]->iarg[0];
+  if (n % W != 0 || n < W) return false;
+  UOp *lane = s_range(LANE_AXIS, W);
+  UOp *R = s_range((*next_axis)++, n / W);
+  UOp *RW = s_mulc(R, W);
+  UOp *e = s_add(RW, lane);
+  uop_unref(RW);
+  USubst s = {k->granges[g], e};
+  UOp *val = uop_substitute(k->value, &s, 1), *sidx = uop_substitute(k->sidx, &s, 1);
+  UOp *rb = k->rbody ? uop_substitute(k->rbody, &s, 1) : NULL;
+  uop_unref(e);
+  VR v;
+  memset(&v, 0, sizeof v);
+  v.lane = lane;
+  v.W = W;
+  UOp *sbase = contiguous_base(&v, sidx);
+  UOp *nval = sbase ? vr(&v, val) : NULL;
+  UOp *nrb = (nval && rb) ? vr(&v, rb) : NULL;
+  bool ok = sbase && nval && (!rb || nrb) && !v.fail && k->pdt[0] == TG_FLOAT32;
+  /* the stored value must be float32 (a vector) or independent of the lanes */
+  if (ok && nval->dtype != TG_FLOAT32) ok = false;
+  vr_free(&v);
+  if (ok) {
+    uop_unref(k->value), uop_unref(k->sidx), uop_unref(k->rbody);
+    k->value = nval, k->sidx = sbase, k->rbody = nrb;
+    uop_unref(k->granges[g]);
+    k->granges[g] = R;
+    k->vw = W;
+  } else {
+    uop_unref(nval), uop_unref(sbase), uop_unref(nrb), uop_unref(R);
+  }
+  uop_unref(val), uop_unref(sidx), uop_unref(rb), uop_unref(lane);
+  return ok;
+}
+
+typedef struct {
+  int axis;   /* index into granges */
+  int factor;
+} Upcast;
+
+static void make_copies(LKernel *k, const Upcast *ups, int nup, int *next_axis) {
+  int total = 1;
+  for (int i = 0; i < nup; i++) total *= ups[i].factor;
+  k->ncopy = total;
+  k->values = tg_xcalloc((size_t)total, sizeof(UOp *));
+  k->sidxs = tg_xcalloc((size_t)total, sizeof(UOp *));
+  k->rbodies = tg_xcalloc((size_t)total, sizeof(UOp *));
+  k->rplaces = tg_xcalloc((size_t)total, sizeof(UOp *));
+  UOp *newr[8];
+  for (int i = 0; i < nup; i++) newr[i] = s_range((*next_axis)++, k->granges[ups[i].axis]->iarg[0] / ups[i].factor);
+  for (int c = 0; c < total; c++) {
+    USubst s[9];
+    int ns = 0, rem = c;
+    for (int i = 0; i < nup; i++) {
+      int pos = rem % ups[i].factor;
+      rem /= ups[i].factor;
+      UOp *m = s_mulc(newr[i], ups[i].factor);
+      s[ns].from = k->granges[ups[i].axis];
+      s[ns++].to = s_addc(m, pos);
+      uop_unref(m);
+    }
+    UOp *ph = NULL;
+    if (k->rbody) {
+      UArg a;
+      a.i = -(c + 1);
+      ph = uop_new(OP_NOOP, (tg_dtype)k->racc, NULL, 0, NULL, 0, a);
+      s[ns].from = k->rplace;
+      s[ns++].to = ph;
+    }
+    k->values[c] = uop_substitute(k->value, s, ns);
+    k->sidxs[c] = uop_substitute(k->sidx, s, ns);
+    if (k->rbody) {
+      k->rbodies[c] = uop_substitute(k->rbody, s, ns);
+      k->rplaces[c] = ph;
+    }
+    for (int i = 0; i < nup; i++) uop_unref(s[i].to);
+  }
+  for (int i = 0; i < nup; i++) {
+    uop_unref(k->granges[ups[i].axis]);
+    k->granges[ups[i].axis] = newr[i];
+  }
+}
+
+void optimize_kernel(LKernel *k, int *next_axis) {
+  Upcast ups[4];
+  int nup = 0;
+  int o = 0;
+  k->opts[0] = 0;
+  if (getenv_int("NOOPT", 0) == 0 && k->np > 0) {
+    int vg = -1;
+    for (int g = k->ng - 1; g >= 0 && vg < 0; g--) {
+      for (int W = 16; W >= 8 && vg < 0; W /= 2)
+        if (try_vectorize(k, g, W, next_axis)) vg = g;
+    }
+    if (vg >= 0) o += snprintf(k->opts + o, sizeof k->opts - (size_t)o, "VECTORIZE(%d,%d) ", vg, k->vw);
+    if (k->rbody) {
+      /* register tile: upcast the largest other global axis, and the vector axis by 2 */
+      int best = -1;
+      for (int g = 0; g < k->ng; g++) {
+        if (g == vg) continue;
+        int64_t n = k->granges[g]->iarg[0];
+        if (n % 4 == 0 && (best < 0 || n > k->granges[best]->iarg[0])) best = g;
+      }
+      int f = 1;
+      if (best >= 0) {
+        int64_t n = k->granges[best]->iarg[0];
+        f = n % 8 == 0 && n >= 16 ? 8 : 4;
+        ups[nup].axis = best, ups[nup++].factor = f;
+        o += snprintf(k->opts + o, sizeof k->opts - (size_t)o, "UPCAST(%d,%d) ", best, f);
+      }
+      if (vg >= 0 && k->granges[vg]->iarg[0] % 2 == 0 && f * 2 <= 16 && k->granges[vg]->iarg[0] >= 4) {
+        ups[nup].axis = vg, ups[nup++].factor = 2;
+        o += snprintf(k->opts + o, sizeof k->opts - (size_t)o, "UPCAST(%d,2) ", vg);
+      }
+    }
+  }
+  (void)o;
+  make_copies(k, ups, nup, next_axis);
+}

@@ -1,0 +1,109 @@
+/*
+ * test_opt.c -- kernel optimizations never change results: every expression here is realized once
+ * with the default (hand-coded) opts and once with NOOPT=1 (no merging, vectorizing or upcasting),
+ * and the two must agree. Shapes are chosen so that vectorization and upcasting actually apply.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <tinygrad.h>
+
+#include "test.h"
+
+typedef tg_tensor (*expr_fn)(tg_tensor a, tg_tensor b);
+
+static tg_tensor mkrand(int64_t r, int64_t c, unsigned seed) {
+  float *d = malloc(sizeof(float) * (size_t)(r * c));
+  srand(seed);
+  for (int64_t i = 0; i < r * c; i++) d[i] = (float)rand() / (float)RAND_MAX * 4.0f - 2.0f;
+  tg_tensor t = tg_from_data(d, TG_SHAPE(r, c), NULL);
+  free(d);
+  return t;
+}
+
+static int compare(expr_fn f, int64_t ar, int64_t ac, int64_t br, int64_t bc, double tol) {
+  int bad = 0;
+  tg_scope_begin();
+  tg_tensor a = mkrand(ar, ac, 1), b = mkrand(br, bc, 2);
+  tg_tensor x = f(a, b);
+  int64_t n = tg_numel(x);
+  float *o1 = malloc(sizeof(float) * (size_t)(n + 1)), *o2 = malloc(sizeof(float) * (size_t)(n + 1));
+  if (tg_data(tg_cast(x, TG_FLOAT32), o1, sizeof(float) * (size_t)n) != TG_OK) bad = 1;
+  tg_context_begin();
+  tg_context_set("NOOPT", "1");
+  tg_tensor y = f(a, b);
+  tg_tensor y2 = tg_add_s(y, 0); /* a different graph, so it is not a cached result */
+  if (tg_data(tg_cast(y2, TG_FLOAT32), o2, sizeof(float) * (size_t)n) != TG_OK) bad = 1;
+  tg_context_end();
+  for (int64_t i = 0; i < n && !bad; i++) {
+    double d = fabs((double)o1[i] - (double)o2[i]);
+    if (!(d <= tol * (1 + fabs((double)o2[i]))) && !(isnan(o1[i]) && isnan(o2[i]))) {
+      fprintf(stderr, "  mismatch at %lld: %.9g vs %.9g\n", (long long)i, o1[i], o2[i]);
+      bad = 1;
+    }
+  }
+  free(o1);
+  free(o2);
+  tg_scope_end();
+  return bad;
+}
+
+static tg_tensor e_matmul(tg_tensor a, tg_tensor b) { return tg_matmul(a, b); }
+static tg_tensor e_matmul_relu_bias(tg_tensor a, tg_tensor b) {
+  return tg_relu(tg_add(tg_matmul(a, b), tg_sum(b, TG_AXES(0), false)));
+}
+static tg_tensor e_matmul_t(tg_tensor a, tg_tensor b) { return tg_matmul(a, tg_transpose(b, 0, 1)); }
+static tg_tensor e_elementwise(tg_tensor a, tg_tensor b) {
+  tg_tensor m = tg_maximum(a, b);
+  tg_tensor w = tg_where(tg_lt(a, b), tg_exp2(a), tg_log2(tg_add_s(tg_mul(b, b), 1)));
+  return tg_add(tg_mul(m, w), tg_sqrt(tg_add_s(tg_mul(a, a), 0.5)));
+}
+static tg_tensor e_sin_recip(tg_tensor a, tg_tensor b) { return tg_add(tg_sin(a), tg_reciprocal(tg_add_s(tg_mul(b, b), 1))); }
+static tg_tensor e_flip_pad(tg_tensor a, tg_tensor b) {
+  tg_tensor fa = tg_flip(a, TG_AXES(1));
+  tg_tensor pb = tg_pad(tg_shrink(b, (const int64_t[]){0, 32, 2, 32}, 4), (const int64_t[]){0, 0, 1, 1}, 4, 0.0);
+  return tg_mul(fa, pb);
+}
+static tg_tensor e_sum_rows(tg_tensor a, tg_tensor b) { return tg_add(tg_sum(tg_mul(a, b), TG_AXES(1), true), b); }
+static tg_tensor e_max_cols(tg_tensor a, tg_tensor b) { return tg_sub(tg_max(a, TG_AXES(0), true), b); }
+static tg_tensor e_softmax(tg_tensor a, tg_tensor b) { return tg_mul(tg_softmax(a, 1), b); }
+static tg_tensor e_bool_cast(tg_tensor a, tg_tensor b) { return tg_mul(tg_cast(tg_gt(a, b), TG_FLOAT32), tg_cast(tg_ne(a, b), TG_FLOAT32)); }
+static tg_tensor e_batched(tg_tensor a, tg_tensor b) {
+  tg_tensor a3 = tg_reshape(a, TG_SHAPE(4, 16, 32));
+  tg_tensor b3 = tg_reshape(b, TG_SHAPE(4, 32, 16));
+  return tg_reshape(tg_matmul(a3, b3), TG_SHAPE(64, 16));
+}
+static tg_tensor e_half(tg_tensor a, tg_tensor b) {
+  return tg_cast(tg_mul(tg_cast(a, TG_FLOAT16), tg_cast(b, TG_FLOAT16)), TG_FLOAT32);
+}
+
+TEST(matmul_shapes) {
+  CHECK(compare(e_matmul, 64, 64, 64, 64, 1e-5) == 0);
+  CHECK(compare(e_matmul, 32, 48, 48, 80, 1e-5) == 0);
+  CHECK(compare(e_matmul, 24, 40, 40, 16, 1e-5) == 0);
+  CHECK(compare(e_matmul, 13, 7, 7, 19, 1e-5) == 0);
+  CHECK(compare(e_matmul, 128, 96, 96, 128, 1e-5) == 0);
+  CHECK(compare(e_matmul_t, 64, 32, 48, 32, 1e-5) == 0);
+  CHECK(compare(e_matmul_relu_bias, 32, 32, 32, 32, 1e-5) == 0);
+}
+TEST(elementwise_vectorized) {
+  CHECK(compare(e_elementwise, 32, 64, 32, 64, 1e-5) == 0);
+  CHECK(compare(e_sin_recip, 16, 48, 16, 48, 1e-5) == 0);
+  CHECK(compare(e_flip_pad, 32, 32, 32, 36, 1e-6) == 0);
+  CHECK(compare(e_bool_cast, 16, 32, 16, 32, 0) == 0);
+  CHECK(compare(e_half, 16, 32, 16, 32, 0) == 0);
+}
+TEST(reductions_vectorized) {
+  CHECK(compare(e_sum_rows, 32, 64, 32, 64, 1e-5) == 0);
+  CHECK(compare(e_max_cols, 32, 64, 1, 64, 0) == 0);
+  CHECK(compare(e_softmax, 16, 64, 16, 64, 1e-5) == 0);
+  CHECK(compare(e_batched, 64, 32, 128, 16, 1e-5) == 0);
+}
+
+int main(void) {
+  int rc = RUN_TESTS();
+  if (tg_live_count() != 0) {
+    fprintf(stderr, "live handles left: %zu\n", tg_live_count());
+    rc = 1;
+  }
+  return rc;
+}
