@@ -394,7 +394,8 @@ tg_tensor tg_layernorm(tg_tensor x, int naxes, double eps);
 tg_tensor tg_batchnorm(tg_tensor x, tg_tensor weight, tg_tensor bias, tg_tensor mean, tg_tensor invstd);
 /* Zeroes elements with probability p and scales the rest by 1/(1-p), only while the TRAINING
  * setting is non-zero (tg_context_set_int("TRAINING", 1), tinygrad's Context(TRAINING=1));
- * otherwise returns x unchanged (a new handle). */
+ * otherwise returns x unchanged (a new handle). While training, the random mask is computed when
+ * tg_dropout is called (one small kernel), so the value and its gradient use the same mask. */
 tg_tensor tg_dropout(tg_tensor x, double p);
 typedef struct {
   bool is_causal;   /* mask out keys after the query position (top-left aligned, as torch) */
@@ -625,6 +626,44 @@ tg_state_dict *tg_gguf_load(const char *path);
  * members are skipped. Sizes, checksums and offsets are validated. Returns a new dict, or NULL with a
  * TG_ERR_IO error. */
 tg_state_dict *tg_tar_extract(const char *path);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* PyTorch checkpoints, IDX files, datasets                                                        */
+
+/* Loads a PyTorch checkpoint written by torch.save (tinygrad's torch_load): the zip format (the
+ * default) or the legacy format (_use_new_zipfile_serialization=False). NOTHING IN THE FILE IS
+ * EXECUTED: the pickle is read by a restricted unpickler that only accepts the names needed to
+ * rebuild tensors (collections.OrderedDict, torch._utils._rebuild_tensor_v2 / _rebuild_parameter[_
+ * with_state], torch._tensor._rebuild_from_type_v2, the torch.<X>Storage types); any other global
+ * (os.system, builtins.eval, a model class, numpy) is an error "tg_torch_load: <path>: pickle
+ * references forbidden global 'os.system'; only tensors can be loaded" (save model.state_dict()).
+ * Every reachable tensor comes back realized, contiguous, in its dtype (float32/64, float16,
+ * bfloat16, int8/16/32/64, uint8, bool; views with strides and storage offsets are materialized
+ * row-major), named by its path joined with dots: {"model": {"fc.weight": t}} gives "model.fc.weight",
+ * list items are named by index, a bare torch.save(tensor) gives "tensor". A tensor reachable under
+ * several names (shared objects) is stored under each. Other values on the way (an epoch number,
+ * hyper-parameters) become metadata text in Python repr style (a str stays plain), at most 4 KiB
+ * each. Limits against hostile files: nesting depth 100, names of 4096 bytes, views that repeat
+ * storage elements may materialize at most 8x the storage bytes + 64 MiB. Returns a new dict the
+ * caller frees, or NULL with a TG_ERR_IO error naming the file and the problem. */
+tg_state_dict *tg_torch_load(const char *path);
+
+/* Loads an IDX file (the MNIST format; gzip-compressed files are read transparently): a big-endian
+ * header 00 00 <type> <ndim>, ndim big-endian uint32 dims, then the data. Types: 0x08 uint8, 0x09
+ * int8, 0x0B int16, 0x0C int32, 0x0D float32, 0x0E float64 (the tensor's dtype). The data must be
+ * exactly what the dims declare (shorter or longer is an error). Returns a new realized tensor in the
+ * current scope, or none with a TG_ERR_IO error naming the file and the problem. */
+tg_tensor tg_idx_load(const char *path);
+
+/* MNIST as tinygrad's nn.datasets.mnist(): *X_train (60000, 1, 28, 28) uint8, *Y_train (60000,)
+ * uint8, *X_test (10000, 1, 28, 28), *Y_test (10000,), new handles in the current scope. `dir` holds
+ * train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and
+ * t10k-labels-idx1-ubyte, each optionally with .gz (any image count N works, as long as images and
+ * labels agree). dir NULL with fashion = true reads Fashion-MNIST from Debian's dataset-fashion-mnist
+ * package (/usr/share/datasets/fashion-mnist); the original MNIST has no Debian package, so dir NULL
+ * with fashion = false is an error asking for a directory. On error all four outputs are none. */
+tg_status tg_mnist_load(const char *dir, bool fashion, tg_tensor *X_train, tg_tensor *Y_train, tg_tensor *X_test,
+                        tg_tensor *Y_test);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* TinyJit                                                                                         */

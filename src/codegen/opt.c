@@ -232,6 +232,19 @@ void optimize_kernel(LKernel *k, int *next_axis) {
       }
     }
   }
-  (void)o;
   make_copies(k, ups, nup, next_axis);
+  /* for register-tiled reduce kernels, iterate the vector axis outermost: the tile of the input
+   * that varies along it (a K x W*up panel) then stays in cache while the other axis streams */
+  if (k->rbody && k->vw && nup > 0 && getenv_int("NOOPT", 0) == 0) {
+    int vg = -1;
+    for (int g = 0; g < k->ng; g++)
+      if (strstr(k->opts, "VECTORIZE") && g == k->ng - 1) vg = g;
+    if (vg > 0) {
+      UOp *t = k->granges[vg];
+      memmove(&k->granges[1], &k->granges[0], sizeof(UOp *) * (size_t)vg);
+      k->granges[0] = t;
+      o += snprintf(k->opts + o, sizeof k->opts - (size_t)o, "SWAP(0,%d) ", vg);
+    }
+  }
+  (void)o;
 }

@@ -6,8 +6,9 @@
  * In: handles and arguments from the user. Out: new handles (or none + an error naming the function,
  * the shapes/values and a hint). Every op here is a composition of the public primitive ops, built
  * the way tinygrad builds it, so the result is one lazy graph that fuses and that autograd
- * differentiates with the per-primitive rules; nothing here computes data (except one_hot with
- * num_classes = -1, which reads the maximum label as tinygrad once did).
+ * differentiates with the per-primitive rules. Nothing here computes data, with two exceptions:
+ * one_hot with num_classes = -1 reads the largest label (as tinygrad once did), and dropout realizes
+ * its mask at once so that the forward value and the gradient see the same mask (see tg_dropout).
  *
  * Pattern: validate every argument first (so errors name the function the user called), then
  * compose inside a private scope and move only the result out. If an inner op still fails, its
@@ -27,6 +28,8 @@
 
 #define NONE ((tg_tensor){0})
 #define MAXD 64
+/* windowed ops (pools, cumsum) go through tg_repeat, which doubles the dims, plus window dims */
+#define MAXD_WINDOW 30
 
 int norm_axis(const char *fn, int axis, int ndim, int *out); /* ops.c */
 
@@ -90,20 +93,22 @@ static int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 
 static bool same_device(const char *fn, UOp *a, UOp *b, const char *what) {
   if (a->device == b->device) return true;
-  tg_set_error(TG_ERR_INVALID, "%s: %s is on %s but the input is on %s; move it with tg_to", fn, what, device_by_id(b->device)->name,
-               device_by_id(a->device)->name);
+  tg_set_error(TG_ERR_INVALID, "%s: %s is on %s but the input is on %s; move it with tg_to", fn, what,
+               device_by_id(b->device)->name, device_by_id(a->device)->name);
   return false;
 }
 
 /* Broadcast shape of a and b into out (returns ndim) or -1 with an error naming fn. */
-static int bcast_shape(const char *fn, const int64_t *a, int na, const int64_t *b, int nb, int64_t *out, const char *what) {
+static int bcast_shape(const char *fn, const int64_t *a, int na, const int64_t *b, int nb, int64_t *out,
+                       const char *what) {
   int n = na > nb ? na : nb;
   for (int i = 0; i < n; i++) {
     int ia = i - (n - na), ib = i - (n - nb);
     int64_t x = ia >= 0 ? a[ia] : 1, y = ib >= 0 ? b[ib] : 1;
     if (x != y && x != 1 && y != 1) {
       char s1[256], s2[256];
-      tg_set_error(TG_ERR_INVALID, "%s: %s: shapes %s and %s cannot broadcast (each dimension must match or be 1)", fn, what,
+      tg_set_error(TG_ERR_INVALID,
+                   "%s: %s: shapes %s and %s cannot broadcast (each dimension must match or be 1)", fn, what,
                    fmt_shape(s1, sizeof s1, a, na), fmt_shape(s2, sizeof s2, b, nb));
       return -1;
     }
@@ -140,8 +145,10 @@ static int64_t reduce_flags(const char *fn, UOp *a, const int *axes, int naxes, 
 static int reduced_shape(UOp *a, const bool *red, bool keepdim, int64_t *out) {
   int k = 0;
   for (int i = 0; i < a->ndim; i++) {
-    if (!red[i]) out[k++] = a->shape[i];
-    else if (keepdim) out[k++] = 1;
+    if (!red[i])
+      out[k++] = a->shape[i];
+    else if (keepdim)
+      out[k++] = 1;
   }
   return k;
 }
@@ -161,11 +168,16 @@ static tg_tensor arange_on(UOp *a, double start, double stop, double step) {
 static double dtype_min_value(tg_dtype dt) {
   if (tg_dtype_is_float(dt)) return -INFINITY;
   switch (dt) {
-  case TG_INT8: return -128.0;
-  case TG_INT16: return -32768.0;
-  case TG_INT32: return -2147483648.0;
-  case TG_INT64: return -9223372036854775808.0;
-  default: return 0.0; /* bool, unsigned */
+  case TG_INT8:
+    return -128.0;
+  case TG_INT16:
+    return -32768.0;
+  case TG_INT32:
+    return -2147483648.0;
+  case TG_INT64:
+    return -9223372036854775808.0;
+  default:
+    return 0.0; /* bool, unsigned */
   }
 }
 
@@ -193,10 +205,12 @@ tg_tensor tg_repeat(tg_tensor x, const int64_t *repeats, int nrepeats) {
   UOp *a = t_get(x, fn);
   if (!a) return NONE;
   if (nrepeats < a->ndim || nrepeats > MAXD / 2 || (nrepeats > 0 && !repeats))
-    return fail("%s: got %d repeats for a tensor of shape %s; give one repeat count per dimension (at least %d, at most %d)", fn, nrepeats,
-                SHP(a), a->ndim, MAXD / 2);
+    return fail("%s: got %d repeats for a tensor of shape %s; give one repeat count per dimension (at least "
+                "%d, at most %d)",
+                fn, nrepeats, SHP(a), a->ndim, MAXD / 2);
   for (int i = 0; i < nrepeats; i++)
-    if (repeats[i] < 0) return fail("%s: repeat count %lld for dim %d is negative", fn, (long long)repeats[i], i);
+    if (repeats[i] < 0)
+      return fail("%s: repeat count %lld for dim %d is negative", fn, (long long)repeats[i], i);
   NnOp o = begin(fn);
   return done(o, repeat_impl(x, a, repeats, nrepeats));
 }
@@ -217,7 +231,9 @@ tg_tensor tg_cat(const tg_tensor *ts, int n, int dim) {
     bool ok = a->ndim == a0->ndim;
     for (int j = 0; ok && j < a->ndim; j++) ok = j == d || a->shape[j] == a0->shape[j];
     if (!ok)
-      return fail("%s: tensor %d has shape %s but tensor 0 has shape %s; all shapes must match except in dim %d", fn, i, SHP(a), SHP(a0), d);
+      return fail(
+          "%s: tensor %d has shape %s but tensor 0 has shape %s; all shapes must match except in dim %d", fn,
+          i, SHP(a), SHP(a0), d);
     if (!same_device(fn, a0, a, "a tensor")) return NONE;
     dt = tg_dtype_promote(dt, (tg_dtype)a->dtype);
     total += a->shape[d];
@@ -250,7 +266,9 @@ tg_tensor tg_stack(const tg_tensor *ts, int n, int dim) {
     UOp *a = t_get(ts[i], fn);
     if (!a) return NONE;
     if (a->ndim != a0->ndim || (a->ndim && memcmp(a->shape, a0->shape, sizeof(int64_t) * (size_t)a->ndim)))
-      return fail("%s: tensor %d has shape %s but tensor 0 has shape %s; stacked tensors must have equal shapes", fn, i, SHP(a), SHP(a0));
+      return fail(
+          "%s: tensor %d has shape %s but tensor 0 has shape %s; stacked tensors must have equal shapes", fn,
+          i, SHP(a), SHP(a0));
     if (!same_device(fn, a0, a, "a tensor")) return NONE;
   }
   NnOp o = begin(fn);
@@ -262,18 +280,23 @@ tg_tensor tg_stack(const tg_tensor *ts, int n, int dim) {
 }
 
 /* Shared by split and chunk: chunk size c (sizes == NULL) or explicit sizes. */
-static int split_impl(const char *fn, tg_tensor x, UOp *a, int d, int64_t c, const int64_t *sizes, int nsizes, int64_t forced, tg_tensor *out,
-                      int out_cap) {
+static int split_impl(const char *fn, tg_tensor x, UOp *a, int d, int64_t c, const int64_t *sizes, int nsizes,
+                      int64_t forced, tg_tensor *out, int out_cap) {
   int64_t dim_sz = a->shape[d];
   int64_t count;
-  if (forced > 0) count = forced;
-  else if (sizes) count = nsizes;
-  else count = dim_sz ? cdiv(dim_sz, c) : 1;
-  if (count > 0x7fffffff) return tg_set_error(TG_ERR_INVALID, "%s: %lld pieces is too many", fn, (long long)count), -1;
+  if (forced > 0)
+    count = forced;
+  else if (sizes)
+    count = nsizes;
+  else
+    count = dim_sz ? cdiv(dim_sz, c) : 1;
+  if (count > 0x7fffffff)
+    return tg_set_error(TG_ERR_INVALID, "%s: %lld pieces is too many", fn, (long long)count), -1;
   if (!out) return (int)count;
   if (out_cap < count)
-    return tg_set_error(TG_ERR_INVALID, "%s: out has room for %d handles but dim %d of shape %s splits into %lld pieces", fn, out_cap, d,
-                        SHP(a), (long long)count),
+    return tg_set_error(TG_ERR_INVALID,
+                        "%s: out has room for %d handles but dim %d of shape %s splits into %lld pieces", fn,
+                        out_cap, d, SHP(a), (long long)count),
            -1;
   int64_t start = 0;
   for (int64_t i = 0; i < count; i++) {
@@ -298,20 +321,28 @@ int tg_split(tg_tensor x, const int64_t *sizes, int nsizes, int dim, tg_tensor *
   if (a->ndim == 0) return tg_set_error(TG_ERR_INVALID, "%s: cannot split a 0-d tensor", fn), -1;
   int d;
   if (norm_axis(fn, dim, a->ndim, &d) < 0) return -1;
-  if (nsizes < 1 || !sizes) return tg_set_error(TG_ERR_INVALID, "%s: sizes is %s with nsizes=%d; give a chunk size or a list of sizes", fn, sizes ? "set" : "NULL", nsizes), -1;
+  if (nsizes < 1 || !sizes)
+    return tg_set_error(TG_ERR_INVALID,
+                        "%s: sizes is %s with nsizes=%d; give a chunk size or a list of sizes", fn,
+                        sizes ? "set" : "NULL", nsizes),
+           -1;
   if (nsizes == 1) {
     if (sizes[0] < 1 && a->shape[d] > 0)
-      return tg_set_error(TG_ERR_INVALID, "%s: chunk size %lld must be positive", fn, (long long)sizes[0]), -1;
+      return tg_set_error(TG_ERR_INVALID, "%s: chunk size %lld must be positive", fn, (long long)sizes[0]),
+             -1;
     return split_impl(fn, x, a, d, sizes[0] < 1 ? 1 : sizes[0], NULL, 0, 0, out, out_cap);
   }
   int64_t sum = 0;
   for (int i = 0; i < nsizes; i++) {
-    if (sizes[i] < 0) return tg_set_error(TG_ERR_INVALID, "%s: size %lld (entry %d) is negative", fn, (long long)sizes[i], i), -1;
+    if (sizes[i] < 0)
+      return tg_set_error(TG_ERR_INVALID, "%s: size %lld (entry %d) is negative", fn, (long long)sizes[i], i),
+             -1;
     sum += sizes[i];
   }
   if (sum != a->shape[d])
-    return tg_set_error(TG_ERR_INVALID, "%s: sizes sum to %lld but dim %d of shape %s has size %lld; they must sum exactly", fn, (long long)sum, d,
-                        SHP(a), (long long)a->shape[d]),
+    return tg_set_error(TG_ERR_INVALID,
+                        "%s: sizes sum to %lld but dim %d of shape %s has size %lld; they must sum exactly",
+                        fn, (long long)sum, d, SHP(a), (long long)a->shape[d]),
            -1;
   return split_impl(fn, x, a, d, 0, sizes, nsizes, 0, out, out_cap);
 }
@@ -323,7 +354,8 @@ int tg_chunk(tg_tensor x, int chunks, int dim, tg_tensor *out, int out_cap) {
   if (a->ndim == 0) return tg_set_error(TG_ERR_INVALID, "%s: cannot chunk a 0-d tensor", fn), -1;
   int d;
   if (norm_axis(fn, dim, a->ndim, &d) < 0) return -1;
-  if (chunks < 1) return tg_set_error(TG_ERR_INVALID, "%s: chunks must be at least 1, got %d", fn, chunks), -1;
+  if (chunks < 1)
+    return tg_set_error(TG_ERR_INVALID, "%s: chunks must be at least 1, got %d", fn, chunks), -1;
   int64_t dim_sz = a->shape[d];
   if (dim_sz == 0) return split_impl(fn, x, a, d, 0, NULL, 0, chunks, out, out_cap);
   return split_impl(fn, x, a, d, cdiv(dim_sz, chunks), NULL, 0, 0, out, out_cap);
@@ -342,14 +374,18 @@ tg_tensor tg_gather(tg_tensor x, int dim, tg_tensor index) {
   const char *fn = "tg_gather";
   UOp *a = t_get(x, fn), *ix = a ? t_get(index, fn) : NULL;
   if (!a || !ix) return NONE;
-  if (!tg_dtype_is_int((tg_dtype)ix->dtype)) return fail("%s: index has dtype %s; it must be an integer tensor", fn, tg_dtype_name((tg_dtype)ix->dtype));
+  if (!tg_dtype_is_int((tg_dtype)ix->dtype))
+    return fail("%s: index has dtype %s; it must be an integer tensor", fn,
+                tg_dtype_name((tg_dtype)ix->dtype));
   if (a->ndim == 0 || ix->ndim != a->ndim)
-    return fail("%s: index shape %s and input shape %s must have the same number of dimensions (at least 1)", fn, SHP(ix), SHP(a));
+    return fail("%s: index shape %s and input shape %s must have the same number of dimensions (at least 1)",
+                fn, SHP(ix), SHP(a));
   int d;
   if (norm_axis(fn, dim, a->ndim, &d) < 0) return NONE;
   for (int j = 0; j < a->ndim; j++)
     if (j != d && ix->shape[j] > a->shape[j])
-      return fail("%s: index shape %s is larger than input shape %s in dim %d (only dim %d may be larger)", fn, SHP(ix), SHP(a), j, d);
+      return fail("%s: index shape %s is larger than input shape %s in dim %d (only dim %d may be larger)",
+                  fn, SHP(ix), SHP(a), j, d);
   if (!same_device(fn, a, ix, "index")) return NONE;
   NnOp o = begin(fn);
   return done(o, gather_impl(x, a, d, index, ix));
@@ -357,13 +393,16 @@ tg_tensor tg_gather(tg_tensor x, int dim, tg_tensor index) {
 
 tg_status tg_meshgrid(const tg_tensor *ts, int n, tg_tensor *out, const tg_meshgrid_opts *opts) {
   const char *fn = "tg_meshgrid";
-  if (n < 1 || !ts || !out || n > MAXD) return tg_set_error(TG_ERR_INVALID, "%s: needs 1..%d tensors and an out array (n=%d)", fn, MAXD, n);
+  if (n < 1 || !ts || !out || n > MAXD)
+    return tg_set_error(TG_ERR_INVALID, "%s: needs 1..%d tensors and an out array (n=%d)", fn, MAXD, n);
   bool xy = opts && opts->xy;
   int64_t shape[MAXD];
   for (int i = 0; i < n; i++) {
     UOp *a = t_get(ts[i], fn);
     if (!a) return TG_ERR_HANDLE;
-    if (a->ndim > 1) return tg_set_error(TG_ERR_INVALID, "%s: tensor %d has shape %s; inputs must be 0-d or 1-d", fn, i, SHP(a));
+    if (a->ndim > 1)
+      return tg_set_error(TG_ERR_INVALID, "%s: tensor %d has shape %s; inputs must be 0-d or 1-d", fn, i,
+                          SHP(a));
     shape[i] = shape_numel(a->shape, a->ndim);
   }
   if (xy && n >= 2) {
@@ -389,7 +428,8 @@ tg_status tg_meshgrid(const tg_tensor *ts, int n, tg_tensor *out, const tg_meshg
 /* ---------------------------------------------------------------------------------------------- */
 /* reductions                                                                                      */
 
-static tg_tensor var_impl(const char *fn, tg_tensor x, const int *axes, int naxes, bool keepdim, double correction) {
+static tg_tensor var_impl(const char *fn, tg_tensor x, const int *axes, int naxes, bool keepdim,
+                          double correction) {
   UOp *a = t_get(x, fn);
   if (!a) return NONE;
   bool red[MAXD];
@@ -414,8 +454,8 @@ tg_tensor tg_std(tg_tensor x, const int *axes, int naxes, bool keepdim, double c
   return done(o, tg_sqrt(var_impl("tg_std", x, axes, naxes, keepdim, correction)));
 }
 
-static tg_status two_out(const char *fn, bool is_std, tg_tensor x, const int *axes, int naxes, bool keepdim, double correction, tg_tensor *v,
-                         tg_tensor *mean) {
+static tg_status two_out(const char *fn, bool is_std, tg_tensor x, const int *axes, int naxes, bool keepdim,
+                         double correction, tg_tensor *v, tg_tensor *mean) {
   if (!v || !mean) return tg_set_error(TG_ERR_INVALID, "%s: output pointers must not be NULL", fn);
   *v = NONE, *mean = NONE;
   NnOp o = begin(fn);
@@ -433,10 +473,12 @@ static tg_status two_out(const char *fn, bool is_std, tg_tensor x, const int *ax
   return TG_OK;
 }
 
-tg_status tg_var_mean(tg_tensor x, const int *axes, int naxes, bool keepdim, double correction, tg_tensor *var_out, tg_tensor *mean_out) {
+tg_status tg_var_mean(tg_tensor x, const int *axes, int naxes, bool keepdim, double correction,
+                      tg_tensor *var_out, tg_tensor *mean_out) {
   return two_out("tg_var_mean", false, x, axes, naxes, keepdim, correction, var_out, mean_out);
 }
-tg_status tg_std_mean(tg_tensor x, const int *axes, int naxes, bool keepdim, double correction, tg_tensor *std_out, tg_tensor *mean_out) {
+tg_status tg_std_mean(tg_tensor x, const int *axes, int naxes, bool keepdim, double correction,
+                      tg_tensor *std_out, tg_tensor *mean_out) {
   return two_out("tg_std_mean", true, x, axes, naxes, keepdim, correction, std_out, mean_out);
 }
 
@@ -454,11 +496,13 @@ tg_tensor tg_logsumexp(tg_tensor x, const int *axes, int naxes, bool keepdim) {
   return done(o, tg_add(l, keepdim ? m : reshape_n(m, os, on)));
 }
 
-static tg_tensor arg_impl(const char *fn, tg_tensor x, const int *axes, int naxes, bool keepdim, bool is_min) {
+static tg_tensor arg_impl(const char *fn, tg_tensor x, const int *axes, int naxes, bool keepdim,
+                          bool is_min) {
   UOp *a = t_get(x, fn);
   if (!a) return NONE;
   if (naxes < 0 || naxes > 1 || (naxes == 1 && !axes))
-    return fail("%s: give one axis (naxes=1) or none (naxes=0: the flattened tensor), got naxes=%d", fn, naxes);
+    return fail("%s: give one axis (naxes=1) or none (naxes=0: the flattened tensor), got naxes=%d", fn,
+                naxes);
   NnOp o = begin(fn);
   tg_tensor src = x;
   int ax = 0, nd = a->ndim;
@@ -478,7 +522,8 @@ static tg_tensor arg_impl(const char *fn, tg_tensor x, const int *axes, int naxe
   }
   if (n == 0) {
     tg_scope_end();
-    return fail("%s: cannot take the %s of an empty dimension (shape %s)", fn, is_min ? "argmin" : "argmax", SHP(a));
+    return fail("%s: cannot take the %s of an empty dimension (shape %s)", fn, is_min ? "argmin" : "argmax",
+                SHP(a));
   }
   int axv[1] = {ax};
   tg_tensor mx = is_min ? tg_min(src, axv, 1, true) : tg_max(src, axv, 1, true);
@@ -492,8 +537,12 @@ static tg_tensor arg_impl(const char *fn, tg_tensor x, const int *axes, int naxe
   return done(o, r);
 }
 
-tg_tensor tg_argmax(tg_tensor x, const int *axes, int naxes, bool keepdim) { return arg_impl("tg_argmax", x, axes, naxes, keepdim, false); }
-tg_tensor tg_argmin(tg_tensor x, const int *axes, int naxes, bool keepdim) { return arg_impl("tg_argmin", x, axes, naxes, keepdim, true); }
+tg_tensor tg_argmax(tg_tensor x, const int *axes, int naxes, bool keepdim) {
+  return arg_impl("tg_argmax", x, axes, naxes, keepdim, false);
+}
+tg_tensor tg_argmin(tg_tensor x, const int *axes, int naxes, bool keepdim) {
+  return arg_impl("tg_argmin", x, axes, naxes, keepdim, true);
+}
 
 tg_tensor tg_any(tg_tensor x, const int *axes, int naxes, bool keepdim) {
   const char *fn = "tg_any";
@@ -517,7 +566,8 @@ tg_tensor tg_all(tg_tensor x, const int *axes, int naxes, bool keepdim) {
 }
 
 /* tinygrad's _pool on the trailing nk dims: (..., i...) -> (..., o..., k...) using movement ops. */
-static tg_tensor pool_impl(tg_tensor x, const int64_t *xs, int n, int nk, const int64_t *k, const int64_t *s, const int64_t *d) {
+static tg_tensor pool_impl(tg_tensor x, const int64_t *xs, int n, int nk, const int64_t *k, const int64_t *s,
+                           const int64_t *d) {
   int noop = n - nk;
   int64_t o[8], f[8], reps[MAXD], sh[MAXD], b[2 * MAXD];
   for (int j = 0; j < nk; j++) {
@@ -530,14 +580,18 @@ static tg_tensor pool_impl(tg_tensor x, const int64_t *xs, int n, int nk, const 
   tg_tensor r = tg_repeat(x, reps, n);
   /* handle dilation */
   for (int j = 0; j < noop; j++) b[2 * j] = 0, b[2 * j + 1] = xs[j], sh[j] = xs[j];
-  for (int j = 0; j < nk; j++) b[2 * (noop + j)] = 0, b[2 * (noop + j) + 1] = k[j] * (xs[noop + j] * f[j] + d[j]);
+  for (int j = 0; j < nk; j++)
+    b[2 * (noop + j)] = 0, b[2 * (noop + j) + 1] = k[j] * (xs[noop + j] * f[j] + d[j]);
   r = tg_shrink(r, b, 2 * n);
   for (int j = 0; j < nk; j++) sh[noop + 2 * j] = k[j], sh[noop + 2 * j + 1] = xs[noop + j] * f[j] + d[j];
   r = tg_reshape(r, sh, noop + 2 * nk);
   /* handle stride */
-  for (int j = 0; j < nk; j++) b[2 * (noop + 2 * j)] = 0, b[2 * (noop + 2 * j) + 1] = k[j], b[2 * (noop + 2 * j + 1)] = 0, b[2 * (noop + 2 * j + 1) + 1] = o[j] * s[j];
+  for (int j = 0; j < nk; j++)
+    b[2 * (noop + 2 * j)] = 0, b[2 * (noop + 2 * j) + 1] = k[j], b[2 * (noop + 2 * j + 1)] = 0,
+                      b[2 * (noop + 2 * j + 1) + 1] = o[j] * s[j];
   r = tg_shrink(r, b, 2 * (noop + 2 * nk));
-  for (int j = 0; j < nk; j++) sh[noop + 3 * j] = k[j], sh[noop + 3 * j + 1] = o[j], sh[noop + 3 * j + 2] = s[j];
+  for (int j = 0; j < nk; j++)
+    sh[noop + 3 * j] = k[j], sh[noop + 3 * j + 1] = o[j], sh[noop + 3 * j + 2] = s[j];
   r = tg_reshape(r, sh, noop + 3 * nk);
   for (int j = 0; j < nk; j++) {
     int64_t *bb = b + 2 * (noop + 3 * j);
@@ -571,7 +625,7 @@ tg_tensor tg_cumsum(tg_tensor x, int axis) {
   if (!a) return NONE;
   int ax;
   if (norm_axis(fn, axis, a->ndim, &ax) < 0) return NONE;
-  if (a->ndim >= MAXD - 1) return fail("%s: too many dimensions", fn);
+  if (a->ndim > MAXD_WINDOW) return fail("%s: shape %s has more than %d dimensions", fn, SHP(a), MAXD_WINDOW);
   NnOp o = begin(fn);
   if (a->ndim == 0 || shape_numel(a->shape, a->ndim) == 0) {
     tg_dtype dt = tg_dtype_of(tg_sum(x, NULL, 0, false));
@@ -620,7 +674,8 @@ static tg_tensor tri_op(const char *fn, tg_tensor x, int64_t diagonal, bool uppe
   UOp *a = t_get(x, fn);
   if (!a) return NONE;
   if (a->ndim < 2) return fail("%s: needs a tensor with at least 2 dimensions, got shape %s", fn, SHP(a));
-  if (diagonal > ((int64_t)1 << 40) || diagonal < -((int64_t)1 << 40)) return fail("%s: diagonal %lld is out of range", fn, (long long)diagonal);
+  if (diagonal > ((int64_t)1 << 40) || diagonal < -((int64_t)1 << 40))
+    return fail("%s: diagonal %lld is out of range", fn, (long long)diagonal);
   NnOp o = begin(fn);
   int64_t r = a->shape[a->ndim - 2], c = a->shape[a->ndim - 1];
   tg_tensor z = tg_cast(tg_const_like(x, 0), (tg_dtype)a->dtype); /* bool x: false, not int 0 */
@@ -643,7 +698,8 @@ static bool opt_pair(const char *fn, const char *name, const int64_t *v, const i
     out[0] = v[0], out[1] = v[1];
   }
   if (out[0] < 1 || out[1] < 1 || out[0] > ((int64_t)1 << 32) || out[1] > ((int64_t)1 << 32)) {
-    tg_set_error(TG_ERR_INVALID, "%s: %s (%lld, %lld) must be positive (0 means the default)", fn, name, (long long)v[0], (long long)v[1]);
+    tg_set_error(TG_ERR_INVALID, "%s: %s (%lld, %lld) must be positive (0 means the default)", fn, name,
+                 (long long)v[0], (long long)v[1]);
     return false;
   }
   return true;
@@ -654,16 +710,26 @@ static bool opt_pads(const char *fn, const int64_t *p, int np, int64_t *out) {
   switch (np) {
   case 0:
     if (p[1] || p[2] || p[3]) {
-      tg_set_error(TG_ERR_INVALID, "%s: padding has several entries (%lld, %lld, %lld, %lld) but npadding is 0; set npadding to 1, 2 or 4", fn,
-                   (long long)p[0], (long long)p[1], (long long)p[2], (long long)p[3]);
+      tg_set_error(TG_ERR_INVALID,
+                   "%s: padding has several entries (%lld, %lld, %lld, %lld) but npadding is 0; set npadding "
+                   "to 1, 2 or 4",
+                   fn, (long long)p[0], (long long)p[1], (long long)p[2], (long long)p[3]);
       return false;
     }
     /* fallthrough */
-  case 1: out[0] = out[1] = out[2] = out[3] = p[0]; break;
-  case 2: out[0] = out[1] = p[0], out[2] = out[3] = p[1]; break;
-  case 4: out[2] = p[0], out[3] = p[1], out[0] = p[2], out[1] = p[3]; break; /* (left, right, top, bottom) */
+  case 1:
+    out[0] = out[1] = out[2] = out[3] = p[0];
+    break;
+  case 2:
+    out[0] = out[1] = p[0], out[2] = out[3] = p[1];
+    break;
+  case 4:
+    out[2] = p[0], out[3] = p[1], out[0] = p[2], out[1] = p[3];
+    break; /* (left, right, top, bottom) */
   default:
-    tg_set_error(TG_ERR_INVALID, "%s: npadding is %d; use 1 (all sides), 2 (pad_h, pad_w) or 4 (left, right, top, bottom)", fn, np);
+    tg_set_error(TG_ERR_INVALID,
+                 "%s: npadding is %d; use 1 (all sides), 2 (pad_h, pad_w) or 4 (left, right, top, bottom)",
+                 fn, np);
     return false;
   }
   for (int i = 0; i < 4; i++)
@@ -675,13 +741,16 @@ static bool opt_pads(const char *fn, const int64_t *p, int np, int64_t *out) {
 }
 
 /* Checks that a window fits in the padded input; hw = input (H, W), pads as opt_pads. */
-static bool window_fits(const char *fn, UOp *a, const int64_t *hw, const int64_t *pads, const int64_t *k, const int64_t *d) {
+static bool window_fits(const char *fn, UOp *a, const int64_t *hw, const int64_t *pads, const int64_t *k,
+                        const int64_t *d) {
   for (int j = 0; j < 2; j++) {
     int64_t ip = hw[j] + pads[2 * j] + pads[2 * j + 1];
     if (ip < d[j] * (k[j] - 1) + 1) {
       tg_set_error(TG_ERR_INVALID,
-                   "%s: the %s window (kernel %lld, dilation %lld spans %lld) is larger than the padded input (%lld = %lld + padding %lld + %lld) of shape %s",
-                   fn, j ? "horizontal" : "vertical", (long long)k[j], (long long)d[j], (long long)(d[j] * (k[j] - 1) + 1), (long long)ip, (long long)hw[j],
+                   "%s: the %s window (kernel %lld, dilation %lld spans %lld) is larger than the padded "
+                   "input (%lld = %lld + padding %lld + %lld) of shape %s",
+                   fn, j ? "horizontal" : "vertical", (long long)k[j], (long long)d[j],
+                   (long long)(d[j] * (k[j] - 1) + 1), (long long)ip, (long long)hw[j],
                    (long long)pads[2 * j], (long long)pads[2 * j + 1], SHP(a));
       return false;
     }
@@ -690,7 +759,8 @@ static bool window_fits(const char *fn, UOp *a, const int64_t *hw, const int64_t
 }
 
 /* pad the last two dims of x with pads (H before/after, W before/after), then pool */
-static tg_tensor pad_pool2(tg_tensor x, UOp *a, const int64_t *pads, double value, const int64_t *k, const int64_t *s, const int64_t *d) {
+static tg_tensor pad_pool2(tg_tensor x, UOp *a, const int64_t *pads, double value, const int64_t *k,
+                           const int64_t *s, const int64_t *d) {
   int n = a->ndim;
   int64_t p[2 * MAXD] = {0}, xs[MAXD];
   memcpy(xs, a->shape, sizeof(int64_t) * (size_t)n);
@@ -703,12 +773,14 @@ static tg_tensor pad_pool2(tg_tensor x, UOp *a, const int64_t *pads, double valu
 }
 
 /* tinygrad's _apply_ceil_mode: extra padding after each dim so the last partial window counts */
-static void ceil_pads(const int64_t *hw, const int64_t *pads, const int64_t *k, const int64_t *s, const int64_t *d, int64_t *out) {
+static void ceil_pads(const int64_t *hw, const int64_t *pads, const int64_t *k, const int64_t *s,
+                      const int64_t *d, int64_t *out) {
   for (int j = 0; j < 2; j++) {
     int64_t i = hw[j], pb = pads[2 * j], pa = pads[2 * j + 1];
     int64_t o = cdiv(i + pb + pa - (d[j] * (k[j] - 1) + 1), s[j]) + 1;
     out[2 * j] = pb;
-    out[2 * j + 1] = pa + s[j] * (o - 1) + (d[j] * (k[j] - 1) + 1) - (i + pb + pa) - imax(s[j] * (o - 1) - (pb + i - 1), 0);
+    out[2 * j + 1] = pa + s[j] * (o - 1) + (d[j] * (k[j] - 1) + 1) - (i + pb + pa) -
+                     imax(s[j] * (o - 1) - (pb + i - 1), 0);
   }
 }
 
@@ -719,13 +791,16 @@ typedef struct {
 static bool pool_args(const char *fn, UOp *a, const tg_pool2d_opts *opts, PoolArgs *pa) {
   static const tg_pool2d_opts zero;
   if (!opts) opts = &zero;
-  if (a->ndim < 2) {
-    tg_set_error(TG_ERR_INVALID, "%s: needs at least 2 dimensions (..., height, width), got shape %s", fn, SHP(a));
+  if (a->ndim < 2 || a->ndim > MAXD_WINDOW) {
+    tg_set_error(TG_ERR_INVALID, "%s: needs 2..%d dimensions (..., height, width), got shape %s", fn,
+                 MAXD_WINDOW, SHP(a));
     return false;
   }
   static const int64_t two[2] = {2, 2}, one[2] = {1, 1};
-  if (!opt_pair(fn, "kernel_size", opts->kernel_size, two, pa->k) || !opt_pair(fn, "stride", opts->stride, pa->k, pa->s) ||
-      !opt_pair(fn, "dilation", opts->dilation, one, pa->d) || !opt_pads(fn, opts->padding, opts->npadding, pa->pads))
+  if (!opt_pair(fn, "kernel_size", opts->kernel_size, two, pa->k) ||
+      !opt_pair(fn, "stride", opts->stride, pa->k, pa->s) ||
+      !opt_pair(fn, "dilation", opts->dilation, one, pa->d) ||
+      !opt_pads(fn, opts->padding, opts->npadding, pa->pads))
     return false;
   pa->hw[0] = a->shape[a->ndim - 2], pa->hw[1] = a->shape[a->ndim - 1];
   return window_fits(fn, a, pa->hw, pa->pads, pa->k, pa->d);
@@ -765,11 +840,13 @@ tg_tensor tg_avg_pool2d(tg_tensor x, const tg_pool2d_opts *opts) {
   } else if (!ceil) {
     r = tg_mean(pad_pool2(x, a, pads, 0.0, p.k, p.s, p.d), ax, 2, false);
   } else {
-    /* divide by the window's overlap with the regularly padded input (padding counts, the ceil overhang not) */
+    /* divide by the window's overlap with the regularly padded input (padding counts, the ceil overhang not)
+     */
     tg_tensor num = tg_sum(pad_pool2(x, a, pads, 0.0, p.k, p.s, p.d), ax, 2, false);
     int n = a->ndim;
     int64_t pp[2 * MAXD] = {0}, extra[4];
-    for (int j = 0; j < 2; j++) pp[2 * (n - 2 + j)] = p.pads[2 * j], pp[2 * (n - 2 + j) + 1] = p.pads[2 * j + 1];
+    for (int j = 0; j < 2; j++)
+      pp[2 * (n - 2 + j)] = p.pads[2 * j], pp[2 * (n - 2 + j) + 1] = p.pads[2 * j + 1];
     for (int j = 0; j < 4; j++) extra[j] = pads[j] - p.pads[j];
     tg_tensor ones = tg_ones_like(tg_pad(x, pp, 2 * n, 0.0), NULL);
     UOp *ou = t_get(ones, fn);
@@ -786,16 +863,21 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
   if (!a || !w) return NONE;
   if (bias.id && !(b = t_get(bias, fn))) return NONE;
   if (a->ndim != 4 || w->ndim != 4)
-    return fail("%s: input %s must be (batch, cin, height, width) and weight %s (cout, cin/groups, kh, kw)", fn, SHP(a), SHP(w));
+    return fail("%s: input %s must be (batch, cin, height, width) and weight %s (cout, cin/groups, kh, kw)",
+                fn, SHP(a), SHP(w));
   int64_t groups = opts->groups ? opts->groups : 1;
   if (groups < 1) return fail("%s: groups %lld must be positive", fn, (long long)groups);
-  int64_t bs = a->shape[0], cin_ = a->shape[1], cout = w->shape[0], cin = w->shape[1], kh = w->shape[2], kw = w->shape[3];
+  int64_t bs = a->shape[0], cin_ = a->shape[1], cout = w->shape[0], cin = w->shape[1], kh = w->shape[2],
+          kw = w->shape[3];
   if (groups * cin != cin_)
-    return fail("%s: input %s has %lld channels but weight %s with groups=%lld expects groups*cin = %lld", fn, SHP(a), (long long)cin_, SHP(w),
-                (long long)groups, (long long)(groups * cin));
-  if (cout % groups) return fail("%s: cout %lld of weight %s is not divisible by groups=%lld", fn, (long long)cout, SHP(w), (long long)groups);
+    return fail("%s: input %s has %lld channels but weight %s with groups=%lld expects groups*cin = %lld", fn,
+                SHP(a), (long long)cin_, SHP(w), (long long)groups, (long long)(groups * cin));
+  if (cout % groups)
+    return fail("%s: cout %lld of weight %s is not divisible by groups=%lld", fn, (long long)cout, SHP(w),
+                (long long)groups);
   if (kh < 1 || kw < 1) return fail("%s: weight %s has an empty kernel", fn, SHP(w));
-  if (b && (b->ndim != 1 || b->shape[0] != cout)) return fail("%s: bias has shape %s but the weight %s needs (%lld,)", fn, SHP(b), SHP(w), (long long)cout);
+  if (b && (b->ndim != 1 || b->shape[0] != cout))
+    return fail("%s: bias has shape %s but the weight %s needs (%lld,)", fn, SHP(b), SHP(w), (long long)cout);
   if (!same_device(fn, a, w, "weight") || (b && !same_device(fn, a, b, "bias"))) return NONE;
   static const int64_t one[2] = {1, 1};
   int64_t s[2], d[2], pads[4], k[2] = {kh, kw};
@@ -804,7 +886,8 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
     return NONE;
   int64_t hw[2] = {a->shape[2], a->shape[3]};
   if (!window_fits(fn, a, hw, pads, k, d)) return NONE;
-  int64_t oy = cdiv(hw[0] + pads[0] + pads[1] - d[0] * (kh - 1), s[0]), ox = cdiv(hw[1] + pads[2] + pads[3] - d[1] * (kw - 1), s[1]);
+  int64_t oy = cdiv(hw[0] + pads[0] + pads[1] - d[0] * (kh - 1), s[0]),
+          ox = cdiv(hw[1] + pads[2] + pads[3] - d[1] * (kw - 1), s[1]);
   int64_t rcout = cout / groups;
   NnOp o = begin(fn);
   /* (bs, groups*cin, oy, ox, kh, kw) windows -> (bs, groups, rcout, oy, ox, cin, kh, kw) */
@@ -834,11 +917,13 @@ tg_tensor tg_linear(tg_tensor x, tg_tensor weight, tg_tensor bias) {
   UOp *a = t_get(x, fn), *w = a ? t_get(weight, fn) : NULL, *b = NULL;
   if (!a || !w) return NONE;
   if (bias.id && !(b = t_get(bias, fn))) return NONE;
-  if (a->ndim < 1) return fail("%s: input must have at least 1 dimension (..., in_features), got shape %s", fn, SHP(a));
+  if (a->ndim < 1)
+    return fail("%s: input must have at least 1 dimension (..., in_features), got shape %s", fn, SHP(a));
   int64_t in = a->shape[a->ndim - 1];
   if (w->ndim == 2 ? w->shape[1] != in : (w->ndim != 1 || w->shape[0] != in))
-    return fail("%s: weight %s does not fit input %s; the weight is (out_features, in_features) = (?, %lld) as in tinygrad's nn.Linear", fn, SHP(w),
-                SHP(a), (long long)in);
+    return fail("%s: weight %s does not fit input %s; the weight is (out_features, in_features) = (?, %lld) "
+                "as in tinygrad's nn.Linear",
+                fn, SHP(w), SHP(a), (long long)in);
   int64_t outf = w->ndim == 2 ? w->shape[0] : in;
   if (b && (b->ndim > 1 || (b->ndim == 1 && b->shape[0] != outf && b->shape[0] != 1)))
     return fail("%s: bias has shape %s but the output has %lld features", fn, SHP(b), (long long)outf);
@@ -856,9 +941,11 @@ tg_tensor tg_one_hot(tg_tensor x, int64_t num_classes) {
   const char *fn = "tg_one_hot";
   UOp *a = t_get(x, fn);
   if (!a) return NONE;
-  if (!tg_dtype_is_int((tg_dtype)a->dtype)) return fail("%s: expects an integer tensor, got %s", fn, tg_dtype_name((tg_dtype)a->dtype));
+  if (!tg_dtype_is_int((tg_dtype)a->dtype))
+    return fail("%s: expects an integer tensor, got %s", fn, tg_dtype_name((tg_dtype)a->dtype));
   if (num_classes < -1 || num_classes > ((int64_t)1 << 31))
-    return fail("%s: num_classes %lld must be non-negative (or -1: the largest label + 1)", fn, (long long)num_classes);
+    return fail("%s: num_classes %lld must be non-negative (or -1: the largest label + 1)", fn,
+                (long long)num_classes);
   if (a->ndim >= MAXD) return fail("%s: too many dimensions", fn);
   NnOp o = begin(fn);
   if (num_classes == -1) {
@@ -879,7 +966,8 @@ tg_tensor tg_layernorm(tg_tensor x, int naxes, double eps) {
   UOp *a = t_get(x, fn);
   if (!a) return NONE;
   if (naxes < 1 || naxes > a->ndim)
-    return fail("%s: normalizes the last naxes dims; naxes=%d is out of range 1..%d for shape %s", fn, naxes, a->ndim, SHP(a));
+    return fail("%s: normalizes the last naxes dims; naxes=%d is out of range 1..%d for shape %s", fn, naxes,
+                a->ndim, SHP(a));
   if (!(eps >= 0) || !isfinite(eps)) return fail("%s: eps %g must be a finite non-negative number", fn, eps);
   int ax[MAXD];
   for (int i = 0; i < naxes; i++) ax[i] = -1 - i;
@@ -891,7 +979,8 @@ tg_tensor tg_layernorm(tg_tensor x, int naxes, double eps) {
 
 tg_tensor tg_batchnorm(tg_tensor x, tg_tensor weight, tg_tensor bias, tg_tensor mean, tg_tensor invstd) {
   const char *fn = "tg_batchnorm";
-  UOp *a = t_get(x, fn), *m = a ? t_get(mean, fn) : NULL, *is = m ? t_get(invstd, fn) : NULL, *w = NULL, *b = NULL;
+  UOp *a = t_get(x, fn), *m = a ? t_get(mean, fn) : NULL, *is = m ? t_get(invstd, fn) : NULL, *w = NULL,
+      *b = NULL;
   if (!a || !m || !is) return NONE;
   if (weight.id && !(w = t_get(weight, fn))) return NONE;
   if (bias.id && !(b = t_get(bias, fn))) return NONE;
@@ -903,9 +992,11 @@ tg_tensor tg_batchnorm(tg_tensor x, tg_tensor weight, tg_tensor bias, tg_tensor 
   } per[3] = {{m, "mean"}, {w, "weight"}, {b, "bias"}};
   for (int i = 0; i < 3; i++)
     if (per[i].u && shape_numel(per[i].u->shape, per[i].u->ndim) != c)
-      return fail("%s: %s has shape %s but the input %s has %lld channels (dim 1)", fn, per[i].name, SHP(per[i].u), SHP(a), (long long)c);
+      return fail("%s: %s has shape %s but the input %s has %lld channels (dim 1)", fn, per[i].name,
+                  SHP(per[i].u), SHP(a), (long long)c);
   if (is->ndim == 1 && is->shape[0] != c)
-    return fail("%s: invstd has shape %s but the input %s has %lld channels (dim 1)", fn, SHP(is), SHP(a), (long long)c);
+    return fail("%s: invstd has shape %s but the input %s has %lld channels (dim 1)", fn, SHP(is), SHP(a),
+                (long long)c);
   int64_t bs[MAXD];
   if (is->ndim != 1 && bcast_shape(fn, a->shape, a->ndim, is->shape, is->ndim, bs, "invstd") < 0) return NONE;
   UOp *dv[4] = {m, is, w, b};
@@ -938,7 +1029,8 @@ tg_tensor tg_dropout(tg_tensor x, double p) {
   return done(o, tg_div_s(tg_where(keep, x, tg_const_like(x, 0)), 1.0 - p));
 }
 
-tg_tensor tg_scaled_dot_product_attention(tg_tensor q, tg_tensor k, tg_tensor v, tg_tensor attn_mask, const tg_sdpa_opts *opts) {
+tg_tensor tg_scaled_dot_product_attention(tg_tensor q, tg_tensor k, tg_tensor v, tg_tensor attn_mask,
+                                          const tg_sdpa_opts *opts) {
   const char *fn = "tg_scaled_dot_product_attention";
   UOp *qa = t_get(q, fn), *ka = qa ? t_get(k, fn) : NULL, *va = ka ? t_get(v, fn) : NULL, *ma = NULL;
   if (!qa || !ka || !va) return NONE;
@@ -946,10 +1038,13 @@ tg_tensor tg_scaled_dot_product_attention(tg_tensor q, tg_tensor k, tg_tensor v,
   bool causal = opts && opts->is_causal;
   double dp = opts ? opts->dropout_p : 0.0;
   if (qa->ndim < 2 || ka->ndim < 2 || va->ndim < 2)
-    return fail("%s: query %s, key %s and value %s need at least 2 dims (..., seq, features)", fn, SHP(qa), SHP(ka), SHP(va));
+    return fail("%s: query %s, key %s and value %s need at least 2 dims (..., seq, features)", fn, SHP(qa),
+                SHP(ka), SHP(va));
   int64_t e = qa->shape[qa->ndim - 1], L = qa->shape[qa->ndim - 2], S = ka->shape[ka->ndim - 2];
-  if (ka->shape[ka->ndim - 1] != e) return fail("%s: query %s and key %s must have the same last dim (features)", fn, SHP(qa), SHP(ka));
-  if (va->shape[va->ndim - 2] != S) return fail("%s: key %s and value %s must have the same sequence length (dim -2)", fn, SHP(ka), SHP(va));
+  if (ka->shape[ka->ndim - 1] != e)
+    return fail("%s: query %s and key %s must have the same last dim (features)", fn, SHP(qa), SHP(ka));
+  if (va->shape[va->ndim - 2] != S)
+    return fail("%s: key %s and value %s must have the same sequence length (dim -2)", fn, SHP(ka), SHP(va));
   if (causal && ma) return fail("%s: cannot set attn_mask when is_causal is true", fn);
   if (!(dp >= 0 && dp <= 1)) return fail("%s: dropout_p=%g is out of range [0, 1]", fn, dp);
   int64_t qk[MAXD], tmp[MAXD];
@@ -957,7 +1052,9 @@ tg_tensor tg_scaled_dot_product_attention(tg_tensor q, tg_tensor k, tg_tensor v,
   if (n < 0 || n + 2 > MAXD) return NONE;
   qk[n] = L, qk[n + 1] = S;
   if (ma && bcast_shape(fn, qk, n + 2, ma->shape, ma->ndim, tmp, "attn_mask") < 0) return NONE;
-  if (!same_device(fn, qa, ka, "key") || !same_device(fn, qa, va, "value") || (ma && !same_device(fn, qa, ma, "attn_mask"))) return NONE;
+  if (!same_device(fn, qa, ka, "key") || !same_device(fn, qa, va, "value") ||
+      (ma && !same_device(fn, qa, ma, "attn_mask")))
+    return NONE;
   NnOp o = begin(fn);
   tg_dtype acc = tg_dtype_promote(tg_dtype_promote((tg_dtype)qa->dtype, (tg_dtype)ka->dtype), TG_FLOAT32);
   tg_tensor s = tg_div_s(tg_matmul(tg_cast(q, acc), tg_transpose(tg_cast(k, acc), -2, -1)), sqrt((double)e));
@@ -983,20 +1080,27 @@ tg_tensor tg_scaled_dot_product_attention(tg_tensor q, tg_tensor k, tg_tensor v,
 
 static bool reduction_ok(const char *fn, const tg_loss_opts *o) {
   if (o && (o->reduction < TG_REDUCTION_MEAN || o->reduction > TG_REDUCTION_NONE)) {
-    tg_set_error(TG_ERR_INVALID, "%s: reduction %d is not one of TG_REDUCTION_MEAN, TG_REDUCTION_SUM, TG_REDUCTION_NONE", fn, (int)o->reduction);
+    tg_set_error(TG_ERR_INVALID,
+                 "%s: reduction %d is not one of TG_REDUCTION_MEAN, TG_REDUCTION_SUM, TG_REDUCTION_NONE", fn,
+                 (int)o->reduction);
     return false;
   }
   return true;
 }
 
 /* Fields a loss does not use must stay zero, so a misplaced option is an error, not ignored. */
-static bool unused_opts(const char *fn, const tg_loss_opts *o, bool smoothing, bool ignore, bool weight, bool pos_weight) {
+static bool unused_opts(const char *fn, const tg_loss_opts *o, bool smoothing, bool ignore, bool weight,
+                        bool pos_weight) {
   if (!o) return true;
   const char *bad = NULL;
-  if (!smoothing && o->label_smoothing != 0) bad = "label_smoothing";
-  else if (!ignore && o->use_ignore_index) bad = "ignore_index";
-  else if (!weight && o->weight.id) bad = "weight";
-  else if (!pos_weight && o->pos_weight.id) bad = "pos_weight";
+  if (!smoothing && o->label_smoothing != 0)
+    bad = "label_smoothing";
+  else if (!ignore && o->use_ignore_index)
+    bad = "ignore_index";
+  else if (!weight && o->weight.id)
+    bad = "weight";
+  else if (!pos_weight && o->pos_weight.id)
+    bad = "pos_weight";
   if (bad) {
     tg_set_error(TG_ERR_INVALID, "%s: option %s is not supported by this loss", fn, bad);
     return false;
@@ -1017,14 +1121,16 @@ static tg_tensor do_reduction(tg_tensor x, const tg_loss_opts *o) {
 /* prediction x and target y must broadcast (tinygrad broadcasts; torch wants equal shapes) */
 static bool xy_ok(const char *fn, UOp *a, UOp *y) {
   int64_t tmp[MAXD];
-  return bcast_shape(fn, a->shape, a->ndim, y->shape, y->ndim, tmp, "input and target") >= 0 && same_device(fn, a, y, "target");
+  return bcast_shape(fn, a->shape, a->ndim, y->shape, y->ndim, tmp, "input and target") >= 0 &&
+         same_device(fn, a, y, "target");
 }
 
 tg_tensor tg_binary_crossentropy(tg_tensor x, tg_tensor y, const tg_loss_opts *opts) {
   const char *fn = "tg_binary_crossentropy";
   UOp *a = t_get(x, fn), *t = a ? t_get(y, fn) : NULL;
   if (!a || !t) return NONE;
-  if (!reduction_ok(fn, opts) || !unused_opts(fn, opts, false, false, false, false) || !xy_ok(fn, a, t)) return NONE;
+  if (!reduction_ok(fn, opts) || !unused_opts(fn, opts, false, false, false, false) || !xy_ok(fn, a, t))
+    return NONE;
   NnOp o = begin(fn);
   tg_tensor l1 = tg_mul(tg_neg(y), tg_log(x));
   tg_tensor l2 = tg_mul(tg_rsub_s(1, y), tg_log(tg_rsub_s(1, x)));
@@ -1041,11 +1147,13 @@ tg_tensor tg_binary_crossentropy_logits(tg_tensor x, tg_tensor y, const tg_loss_
   const char *fn = "tg_binary_crossentropy_logits";
   UOp *a = t_get(x, fn), *t = a ? t_get(y, fn) : NULL, *pw = NULL;
   if (!a || !t) return NONE;
-  if (!reduction_ok(fn, opts) || !unused_opts(fn, opts, false, false, false, true) || !xy_ok(fn, a, t)) return NONE;
+  if (!reduction_ok(fn, opts) || !unused_opts(fn, opts, false, false, false, true) || !xy_ok(fn, a, t))
+    return NONE;
   if (opts && opts->pos_weight.id) {
     if (!(pw = t_get(opts->pos_weight, fn))) return NONE;
     int64_t tmp[MAXD];
-    if (bcast_shape(fn, a->shape, a->ndim, pw->shape, pw->ndim, tmp, "input and pos_weight") < 0 || !same_device(fn, a, pw, "pos_weight"))
+    if (bcast_shape(fn, a->shape, a->ndim, pw->shape, pw->ndim, tmp, "input and pos_weight") < 0 ||
+        !same_device(fn, a, pw, "pos_weight"))
       return NONE;
   }
   NnOp o = begin(fn);
@@ -1062,12 +1170,15 @@ static bool labels_ok(const char *fn, UOp *a, UOp *y, int cdim) {
     if (i != cdim) ok = y->shape[j++] == a->shape[i];
   if (!ok) {
     char s1[256], s2[256];
-    tg_set_error(TG_ERR_INVALID, "%s: labels have shape %s but the input %s needs labels of its shape without the class dim %d", fn, shp(s1, sizeof s1, y),
-                 shp(s2, sizeof s2, a), cdim);
+    tg_set_error(
+        TG_ERR_INVALID,
+        "%s: labels have shape %s but the input %s needs labels of its shape without the class dim %d", fn,
+        shp(s1, sizeof s1, y), shp(s2, sizeof s2, a), cdim);
     return false;
   }
   if (!tg_dtype_is_int((tg_dtype)y->dtype)) {
-    tg_set_error(TG_ERR_INVALID, "%s: labels have dtype %s; class indices must be an integer tensor", fn, tg_dtype_name((tg_dtype)y->dtype));
+    tg_set_error(TG_ERR_INVALID, "%s: labels have dtype %s; class indices must be an integer tensor", fn,
+                 tg_dtype_name((tg_dtype)y->dtype));
     return false;
   }
   return same_device(fn, a, y, "labels");
@@ -1077,18 +1188,27 @@ tg_tensor tg_sparse_categorical_crossentropy(tg_tensor logits, tg_tensor labels,
   const char *fn = "tg_sparse_categorical_crossentropy";
   UOp *a = t_get(logits, fn), *y = a ? t_get(labels, fn) : NULL;
   if (!a || !y) return NONE;
-  if (a->ndim < 1) return fail("%s: logits must have at least 1 dim (..., classes), got shape %s", fn, SHP(a));
-  if (!reduction_ok(fn, opts) || !unused_opts(fn, opts, true, true, false, false) || !labels_ok(fn, a, y, a->ndim - 1)) return NONE;
+  if (a->ndim < 1)
+    return fail("%s: logits must have at least 1 dim (..., classes), got shape %s", fn, SHP(a));
+  if (!reduction_ok(fn, opts) || !unused_opts(fn, opts, true, true, false, false) ||
+      !labels_ok(fn, a, y, a->ndim - 1))
+    return NONE;
   double ls = opts ? opts->label_smoothing : 0.0;
   NnOp o = begin(fn);
   tg_tensor lp = tg_log_softmax(logits, -1);
-  tg_tensor mask = (opts && opts->use_ignore_index) ? tg_ne(labels, tg_scalar((double)opts->ignore_index, TG_OPTS(.dtype = TG_INT64, .device = tg_device_of(labels))))
-                                                     : tg_ones_like(labels, TG_OPTS(.dtype = TG_BOOL));
-  tg_tensor oh = tg_bitwise_and(tg_eq(tg_unsqueeze(labels, -1), arange_on(a, 0, (double)a->shape[a->ndim - 1], 1)), tg_unsqueeze(mask, -1));
+  tg_tensor mask = (opts && opts->use_ignore_index)
+                       ? tg_ne(labels, tg_scalar((double)opts->ignore_index,
+                                                 TG_OPTS(.dtype = TG_INT64, .device = tg_device_of(labels))))
+                       : tg_ones_like(labels, TG_OPTS(.dtype = TG_BOOL));
+  tg_tensor oh =
+      tg_bitwise_and(tg_eq(tg_unsqueeze(labels, -1), arange_on(a, 0, (double)a->shape[a->ndim - 1], 1)),
+                     tg_unsqueeze(mask, -1));
   tg_tensor smooth = tg_mul_s(tg_mul(tg_mean(lp, (const int[]){-1}, 1, false), mask), ls);
   tg_tensor unred = tg_add(tg_mul_s(tg_sum(tg_mul(lp, oh), (const int[]){-1}, 1, false), 1 - ls), smooth);
   tg_reduction r = opts ? opts->reduction : TG_REDUCTION_MEAN;
-  tg_tensor res = r == TG_REDUCTION_MEAN ? tg_div(tg_neg(tg_sum(unred, NULL, 0, false)), tg_sum(mask, NULL, 0, false)) : tg_neg(do_reduction(unred, opts));
+  tg_tensor res = r == TG_REDUCTION_MEAN
+                      ? tg_div(tg_neg(tg_sum(unred, NULL, 0, false)), tg_sum(mask, NULL, 0, false))
+                      : tg_neg(do_reduction(unred, opts));
   return done(o, res);
 }
 
@@ -1096,7 +1216,8 @@ tg_tensor tg_cross_entropy(tg_tensor x, tg_tensor y, const tg_loss_opts *opts) {
   const char *fn = "tg_cross_entropy";
   UOp *a = t_get(x, fn), *t = a ? t_get(y, fn) : NULL;
   if (!a || !t) return NONE;
-  if (a->ndim < 1) return fail("%s: input must be (classes,) or (batch, classes, ...), got shape %s", fn, SHP(a));
+  if (a->ndim < 1)
+    return fail("%s: input must be (classes,) or (batch, classes, ...), got shape %s", fn, SHP(a));
   if (!reduction_ok(fn, opts) || !unused_opts(fn, opts, true, false, false, false)) return NONE;
   int cdim = a->ndim == 1 ? 0 : 1;
   bool probs = t->ndim == a->ndim && !memcmp(t->shape, a->shape, sizeof(int64_t) * (size_t)a->ndim);
@@ -1123,14 +1244,18 @@ tg_tensor tg_nll_loss(tg_tensor x, tg_tensor y, const tg_loss_opts *opts) {
   const char *fn = "tg_nll_loss";
   UOp *a = t_get(x, fn), *t = a ? t_get(y, fn) : NULL, *wu = NULL;
   if (!a || !t) return NONE;
-  if (a->ndim < 1) return fail("%s: input must be (classes,) or (batch, classes, ...) log-probabilities, got shape %s", fn, SHP(a));
+  if (a->ndim < 1)
+    return fail("%s: input must be (classes,) or (batch, classes, ...) log-probabilities, got shape %s", fn,
+                SHP(a));
   if (!reduction_ok(fn, opts) || !unused_opts(fn, opts, false, true, true, false)) return NONE;
   int cdim = a->ndim == 1 ? 0 : 1;
   if (!labels_ok(fn, a, t, cdim)) return NONE;
   int64_t c = a->shape[cdim];
   if (opts && opts->weight.id) {
     if (!(wu = t_get(opts->weight, fn))) return NONE;
-    if (wu->ndim != 1 || wu->shape[0] != c) return fail("%s: weight has shape %s but there are %lld classes; it must be (%lld,)", fn, SHP(wu), (long long)c, (long long)c);
+    if (wu->ndim != 1 || wu->shape[0] != c)
+      return fail("%s: weight has shape %s but there are %lld classes; it must be (%lld,)", fn, SHP(wu),
+                  (long long)c, (long long)c);
     if (!same_device(fn, a, wu, "weight")) return NONE;
   }
   NnOp o = begin(fn);
@@ -1148,15 +1273,19 @@ tg_tensor tg_nll_loss(tg_tensor x, tg_tensor y, const tg_loss_opts *opts) {
     w = tg_ones_like(yy, TG_OPTS(.dtype = tg_default_float()));
   }
   if (opts && opts->use_ignore_index)
-    w = tg_mul(w, tg_ne(yy, tg_scalar((double)opts->ignore_index, TG_OPTS(.dtype = TG_INT64, .device = tg_device_of(yy)))));
+    w = tg_mul(w, tg_ne(yy, tg_scalar((double)opts->ignore_index,
+                                      TG_OPTS(.dtype = TG_INT64, .device = tg_device_of(yy)))));
   tg_tensor yi = tg_unsqueeze(yy, 1);
   UOp *yiu = t_get(yi, fn);
   tg_tensor picked = yiu ? tg_squeeze(gather_impl(xx, xu, 1, yi, yiu), 1) : NONE;
   tg_tensor nll = tg_mul(tg_neg(picked), w);
   tg_reduction r = opts ? opts->reduction : TG_REDUCTION_MEAN;
   tg_tensor res;
-  if (r == TG_REDUCTION_MEAN) res = tg_div(tg_sum(nll, NULL, 0, false), tg_sum(w, NULL, 0, false));
-  else if (r == TG_REDUCTION_SUM) res = tg_sum(nll, NULL, 0, false);
-  else res = a->ndim == 1 ? tg_reshape(nll, NULL, 0) : nll;
+  if (r == TG_REDUCTION_MEAN)
+    res = tg_div(tg_sum(nll, NULL, 0, false), tg_sum(w, NULL, 0, false));
+  else if (r == TG_REDUCTION_SUM)
+    res = tg_sum(nll, NULL, 0, false);
+  else
+    res = a->ndim == 1 ? tg_reshape(nll, NULL, 0) : nll;
   return done(o, res);
 }

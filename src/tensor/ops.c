@@ -354,6 +354,12 @@ static UOp *mul_const(UOp *a, double c) {
 
 UOp *n_exp(UOp *a);
 UOp *n_exp(UOp *a) {
+  /* 16-bit floats compute in float32, as tinygrad's exp does: 1/ln2 rounded to half costs |x| * 2e-4 */
+  if (a->dtype == TG_FLOAT16 || a->dtype == TG_BFLOAT16) {
+    UOp *c = g_cast(a, TG_FLOAT32), *e = n_exp(c), *r = g_cast(e, (tg_dtype)a->dtype);
+    uop_unref(c), uop_unref(e);
+    return r;
+  }
   UOp *m = mul_const(a, 1.0 / M_LN2);
   UOp *r = g_alu(OP_EXP2, (tg_dtype)a->dtype, m, NULL, NULL);
   uop_unref(m);

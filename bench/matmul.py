@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""fp32 matmul: tinygrad.c (default opts) vs OpenBLAS through numpy vs PyTorch (2 threads), and
+tinygrad (default and BEAM=2) when installed, measured in one run. Prints GFLOPS and ratios.
+
+Debian's OpenBLAS 0.3.21 misdetects this CPU and runs 4-5x slower unless OPENBLAS_CORETYPE=SkylakeX is
+set, so numpy runs in a child process with that variable (and nothing else) changed.
+Usage: /usr/bin/python3 bench/matmul.py [N ...]
+"""
+import os, subprocess, sys, time
+
+sizes = [int(x) for x in sys.argv[1:]] or [256, 512, 1024, 2048, 4096]
+here = os.path.dirname(os.path.abspath(__file__))
+exe = os.path.join(here, "..", "build", "bench", "matmul")
+
+CHILD = r'''
+import sys, time, numpy as np
+n = int(sys.argv[1]); a = np.random.rand(n, n).astype(np.float32); b = np.random.rand(n, n).astype(np.float32)
+best = 1e30; end = time.perf_counter() + 3
+for i in range(20):
+  t = time.perf_counter(); a @ b; t = time.perf_counter() - t
+  if i > 0: best = min(best, t)
+  if i > 2 and time.perf_counter() > end: break
+print(2 * n**3 / best * 1e-9)
+'''
+
+def numpy_gflops(n):
+  env = dict(os.environ); env.pop("OPENBLAS_L2_SIZE", None); env["OPENBLAS_CORETYPE"] = "SkylakeX"
+  env["OPENBLAS_NUM_THREADS"] = "2"
+  return float(subprocess.run([sys.executable, "-c", CHILD, str(n)], env=env, capture_output=True, text=True, check=True).stdout)
+
+def torch_gflops(n):
+  import torch
+  torch.set_num_threads(2)
+  a, b = torch.rand(n, n), torch.rand(n, n)
+  best, end = 1e30, time.perf_counter() + 3
+  for i in range(20):
+    t = time.perf_counter(); a @ b; t = time.perf_counter() - t
+    if i > 0: best = min(best, t)
+    if i > 2 and time.perf_counter() > end: break
+  return 2 * n**3 / best * 1e-9
+
+def tinygrad_gflops(n, beam):
+  code = ("import time\nfrom tinygrad import Tensor\nfrom tinygrad.helpers import Context\n"
+          f"n={n}\na=Tensor.rand(n,n).realize(); b=Tensor.rand(n,n).realize()\nbest=1e30\n"
+          f"with Context(BEAM={beam}):\n  for i in range(5):\n    t=time.perf_counter(); (a@b).realize(); t=time.perf_counter()-t\n"
+          "    if i>0: best=min(best,t)\nprint(2*n**3/best*1e-9)\n")
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, DEV="CPU"), timeout=600)
+  return float(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 and r.stdout.strip() else None
+
+try:
+  import tinygrad  # noqa: F401
+  have_tinygrad = True
+except ImportError:
+  have_tinygrad = False
+
+ours = {}
+out = subprocess.run([exe] + [str(n) for n in sizes], capture_output=True, text=True, check=True).stdout
+for line in out.splitlines():
+  n, g = line.split(); ours[int(n)] = float(g)
+
+print(f"{'N':>6} {'tinygrad.c':>11} {'OpenBLAS':>9} {'PyTorch':>9} {'ratio/BLAS':>10} {'ratio/torch':>11}" + (" tinygrad  tg BEAM=2" if have_tinygrad else ""))
+for n in sizes:
+  nb, tt = numpy_gflops(n), torch_gflops(n)
+  line = f"{n:>6} {ours[n]:>11.1f} {nb:>9.1f} {tt:>9.1f} {ours[n] / nb:>10.2f} {ours[n] / tt:>11.2f}"
+  if have_tinygrad and n <= 1024:
+    g0, g2 = tinygrad_gflops(n, 0), tinygrad_gflops(n, 2)
+    line += f" {g0 or float('nan'):>8.1f} {g2 or float('nan'):>8.1f}"
+  print(line, flush=True)
+print("(GFLOPS, fp32; ratios are tinygrad.c / other, measured in this run)")
