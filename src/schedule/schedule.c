@@ -117,7 +117,7 @@ static void decide(SCtx *c) {
      * reshapes (a reduce's input loop is not its output) */
     int op = n->op;
     bool through = x->fusable && op != OP_REDUCE_AXIS &&
-                   (op_is_alu(op) || op == OP_RESHAPE || op == OP_CONTIGUOUS || op == OP_ASSIGN);
+                   (op_is_alu(op) || op == OP_RESHAPE || op == OP_CONTIGUOUS || op == OP_ASSIGN || op == OP_DETACH);
     for (uint32_t k = 0; k < n->nsrc; k++) {
       bool dup = false;
       for (uint32_t j = 0; j < k && !dup; j++) dup = n->src[j] == n->src[k];
@@ -376,7 +376,7 @@ static UOp *kbuild_inner(KB *kb, UOp *n, UOp **idx, UOp *valid) {
     uop_unref(nvalid);
     return r;
   }
-  if (n->op == OP_CONTIGUOUS) return kbuild(kb, n->src[0], idx, valid);
+  if (n->op == OP_CONTIGUOUS || n->op == OP_DETACH) return kbuild(kb, n->src[0], idx, valid);
   TG_ASSERT(0 && "unexpected node in kernel");
   return NULL;
 }

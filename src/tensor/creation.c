@@ -255,35 +255,44 @@ static UOp *rotl(UOp *x, int r) {
   return o;
 }
 
-/* The counter value for this call (a node of shape (1,)), advancing the device counter. */
+/* The counter value for this call (a realized 1-element node), advancing the device counter. The
+ * value is snapshotted into its own buffer right away, so a lazy random tensor realized in pieces
+ * always sees the same key, while a TinyJit capture records the advance and the snapshot and so
+ * draws new numbers on every replay. */
 static UOp *next_counter(int device) {
   if (device >= nrng_ctr) {
     rng_ctr = tg_xrealloc(rng_ctr, sizeof(UOp *) * (size_t)(device + 1));
     for (int i = nrng_ctr; i <= device; i++) rng_ctr[i] = NULL;
     nrng_ctr = device + 1;
   }
-  UOp *c = rng_ctr[device];
-  if (!c) {
+  int64_t one = 1;
+  if (!rng_ctr[device]) {
     Buffer *b = buffer_new(device_by_id(device), 4);
     if (!b) return NULL;
     uint32_t zero = 0;
-    buffer_copyin(b, &zero, 4);
-    int64_t one = 1;
-    c = rng_ctr[device] = g_buffer(b, TG_UINT32, &one, 1);
+    if (buffer_copyin(b, &zero, 4) != TG_OK) {
+      buffer_unref(b);
+      return NULL;
+    }
+    rng_ctr[device] = g_buffer(b, TG_UINT32, &one, 1);
   }
-  if (c->op == OP_ASSIGN) {
-    /* the previous call's advance is still pending: run it so every call sees a distinct value */
-    if (!c->realized && realize_uops(&c, 1) != TG_OK) return NULL;
-    rng_ctr[device] = uop_ref(c->realized);
-    uop_unref(c);
-    c = rng_ctr[device];
-  }
-  UOp *one = u32c(c, 1), *nv = u32op(OP_ADD, c, one);
+  UOp *c = rng_ctr[device];
+  UOp *k1 = u32c(c, 1), *nv = u32op(OP_ADD, c, k1);
   UOp *a = g_assign(c, nv);
-  uop_unref(one), uop_unref(nv);
-  rng_ctr[device] = a;
+  UOp *snap = g_contiguous(a);
+  uop_unref(k1), uop_unref(nv);
+  tg_status st = realize_uops(&snap, 1);
+  uop_unref(a);
+  if (st != TG_OK) {
+    uop_unref(snap);
+    return NULL;
+  }
+  /* a fresh node for the counter's new contents, so the next advance is a new graph */
+  rng_ctr[device] = g_buffer(buffer_ref(g_buffer_of(c)), TG_UINT32, &one, 1);
   uop_unref(c);
-  return uop_ref(a);
+  UOp *key = uop_ref(snap->realized);
+  uop_unref(snap);
+  return key;
 }
 
 /* Random uint32 bits for `n` elements (1-D), new ref: threefry2x32 with key (seed, call counter)
@@ -608,7 +617,7 @@ tg_tensor tg_clone(tg_tensor t) {
 
 tg_tensor tg_detach(tg_tensor t) {
   GET(u, t, "tg_detach");
-  return t_wrap(uop_ref(u));
+  return t_wrap(g_detach(u));
 }
 
 tg_tensor tg_assign(tg_tensor target, tg_tensor value) {

@@ -192,6 +192,13 @@ UOp *g_contiguous(UOp *a) {
   return u;
 }
 
+UOp *g_detach(UOp *a) {
+  UArg z = {0};
+  UOp *u = uop_new(OP_DETACH, (tg_dtype)a->dtype, &a, 1, NULL, 0, z);
+  set_meta(u, a->shape, a->ndim, a->device);
+  return u;
+}
+
 UOp *g_copy(UOp *a, int device) {
   UArg arg;
   arg.i = device;
@@ -212,7 +219,7 @@ UOp *g_base_buffer(UOp *u) {
   while (u) {
     if (u->realized) u = u->realized;
     if (u->op == OP_BUFFER) return u;
-    if (!op_is_movement(u->op)) return NULL;
+    if (!op_is_movement(u->op) && u->op != OP_DETACH) return NULL;
     u = u->src[0];
   }
   return NULL;

@@ -48,6 +48,7 @@ UOp *g_flip(UOp *a, const int64_t *flags); /* ndim 0/1 flags */
 UOp *g_reduce(UOp *a, int op, const int64_t *axes, int naxes); /* keepdim result */
 UOp *g_contiguous(UOp *a);
 UOp *g_copy(UOp *a, int device);
+UOp *g_detach(UOp *a); /* same value, no gradient flows through */
 UOp *g_assign(UOp *target, UOp *value);
 
 int64_t shape_numel(const int64_t *shape, int ndim);

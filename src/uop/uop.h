@@ -64,6 +64,8 @@
   X(FLIP, OPF_MOVE)                                                                                \
   /* tensor graph: materialization and side effects */                                             \
   X(CONTIGUOUS, 0)                                                                                 \
+  /* identity that stops gradients (tinygrad's DETACH); no code is generated for it */            \
+  X(DETACH, 0)                                                                                     \
   X(COPY, 0)                                                                                       \
   X(ASSIGN, 0)                                                                                     \
   /* kernel AST */                                                                                 \
