@@ -151,6 +151,35 @@ static bool try_vectorize(LKernel *k, int g, int W, int *next_axis) {
   return ok;
 }
 
+static bool depends_on(UOp *u, UOp *r, PtrMap *memo) {
+  if (u == r) return true;
+  intptr_t m = (intptr_t)pm_get(memo, (uint64_t)(uintptr_t)u);
+  if (m) return m == 1;
+  bool d = false;
+  for (uint32_t i = 0; i < u->nsrc && !d; i++) d = depends_on(u->src[i], r, memo);
+  pm_put(memo, (uint64_t)(uintptr_t)u, (void *)(intptr_t)(d ? 1 : 2));
+  return d;
+}
+
+static void find_vloads(UOp *u, int vw, PtrMap *seen, PtrVec *out) {
+  if (!u || pm_has(seen, (uint64_t)(uintptr_t)u)) return;
+  pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
+  if (u->op == OP_LOAD && u->arg.i == vw) pv_push(out, u);
+  for (uint32_t i = 0; i < u->nsrc; i++) find_vloads(u->src[i], vw, seen, out);
+}
+
+/* Does any W-wide load in `body` depend on loop variable r? */
+static bool vector_loads_depend(UOp *body, int vw, UOp *r) {
+  PtrMap seen, memo;
+  pm_init(&seen), pm_init(&memo);
+  PtrVec loads = {0};
+  find_vloads(body, vw, &seen, &loads);
+  bool d = false;
+  for (size_t i = 0; i < loads.n && !d; i++) d = depends_on(loads.p[i], r, &memo);
+  pm_free(&seen), pm_free(&memo), pv_free(&loads);
+  return d;
+}
+
 typedef struct {
   int axis;   /* index into granges */
   int factor;
@@ -207,17 +236,24 @@ void optimize_kernel(LKernel *k, int *next_axis) {
   if (getenv_int("NOOPT", 0) == 0 && k->np > 0) {
     int vg = -1;
     for (int g = k->ng - 1; g >= 0 && vg < 0; g--) {
-      for (int W = 16; W >= 8 && vg < 0; W /= 2)
+      for (int W = 16; W >= 4 && vg < 0; W /= 2)
         if (try_vectorize(k, g, W, next_axis)) vg = g;
     }
     if (vg >= 0) o += snprintf(k->opts + o, sizeof k->opts - (size_t)o, "VECTORIZE(%d,%d) ", vg, k->vw);
     if (k->rbody) {
       /* register tile: upcast the largest other global axis, and the vector axis by 2 */
+      /* prefer an axis the vector loads do not depend on: every copy then reuses the same loaded
+       * vectors and only its scalar (broadcast) operand differs, the register-tile pattern of
+       * matmul (rows of A) and convolution (output channels) */
       int best = -1;
+      bool best_free = false;
       for (int g = 0; g < k->ng; g++) {
         if (g == vg) continue;
         int64_t n = k->granges[g]->iarg[0];
-        if (n % 4 == 0 && (best < 0 || n > k->granges[best]->iarg[0])) best = g;
+        if (n % 4 != 0) continue;
+        bool free_axis = vg >= 0 && !vector_loads_depend(k->rbody, k->vw, k->granges[g]);
+        if (best < 0 || (free_axis && !best_free) || (free_axis == best_free && n > k->granges[best]->iarg[0]))
+          best = g, best_free = free_axis;
       }
       int f = 1;
       if (best >= 0) {
