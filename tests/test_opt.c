@@ -76,6 +76,22 @@ static tg_tensor e_half(tg_tensor a, tg_tensor b) {
   return tg_cast(tg_mul(tg_cast(a, TG_FLOAT16), tg_cast(b, TG_FLOAT16)), TG_FLOAT32);
 }
 
+static tg_tensor e_conv(tg_tensor a, tg_tensor b) {
+  tg_tensor x = tg_reshape(a, TG_SHAPE(4, 4, 16, 16));
+  tg_tensor w = tg_reshape(b, TG_SHAPE(8, 4, 3, 3));
+  return tg_reshape(tg_conv2d(x, w, (tg_tensor){0}, NULL), TG_SHAPE(4 * 8, 14 * 14));
+}
+static tg_tensor e_conv_relu(tg_tensor a, tg_tensor b) {
+  tg_tensor x = tg_reshape(a, TG_SHAPE(2, 8, 16, 16));
+  tg_tensor w = tg_reshape(b, TG_SHAPE(16, 8, 1, 1));
+  return tg_reshape(tg_relu(tg_conv2d(x, w, (tg_tensor){0}, NULL)), TG_SHAPE(32, 256));
+}
+
+TEST(conv_shapes) {
+  CHECK(compare(e_conv, 64, 64, 8, 36, 1e-5) == 0);
+  CHECK(compare(e_conv_relu, 64, 64, 16, 8, 1e-5) == 0);
+}
+
 TEST(matmul_shapes) {
   CHECK(compare(e_matmul, 64, 64, 64, 64, 1e-5) == 0);
   CHECK(compare(e_matmul, 32, 48, 48, 80, 1e-5) == 0);
