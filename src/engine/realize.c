@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../codegen/codegen.h"
 #include "engine.h"
@@ -48,6 +49,85 @@ static CachedKernel *get_kernel(UOp *ast, Device *dev) {
   pm_put(&kcache, (uint64_t)(uintptr_t)ast, ck);
   pthread_mutex_unlock(&kc_lock);
   return ck;
+}
+
+/* ---- parallel compilation: kernels a schedule needs that are not cached yet are compiled on all
+ * cores before it runs (codegen stays on this thread; compiling is the slow part) ---- */
+typedef struct {
+  UOp *ast;
+  Device *dev;
+  KernelCode *kc;
+  Program *prg;
+} CJob;
+typedef struct {
+  CJob *jobs;
+  int n;
+  int next; /* atomic */
+} CJobs;
+
+static void *compile_worker(void *arg) {
+  CJobs *js = arg;
+  for (;;) {
+    int i = __atomic_fetch_add(&js->next, 1, __ATOMIC_RELAXED);
+    if (i >= js->n) break;
+    js->jobs[i].prg = program_get(js->jobs[i].dev, js->jobs[i].kc->name, js->jobs[i].kc->src);
+    if (!js->jobs[i].prg) tg_clear_error(); /* the run loop compiles it again and reports the error */
+  }
+  return NULL;
+}
+
+static void precompile(Schedule *s) {
+  CJobs js = {0};
+  PtrMap seen;
+  pm_init(&seen);
+  for (int i = 0; i < s->nitems; i++) {
+    SItem *it = &s->items[i];
+    if (it->kind != SI_KERNEL || pm_has(&seen, (uint64_t)(uintptr_t)it->ast)) continue;
+    pm_put(&seen, (uint64_t)(uintptr_t)it->ast, (void *)1);
+    pthread_mutex_lock(&kc_lock);
+    bool cached = pm_has(&kcache, (uint64_t)(uintptr_t)it->ast);
+    pthread_mutex_unlock(&kc_lock);
+    if (cached) continue;
+    js.jobs = tg_xrealloc(js.jobs, sizeof(CJob) * (size_t)(js.n + 1));
+    js.jobs[js.n++] = (CJob){it->ast, it->dev, NULL, NULL};
+  }
+  pm_free(&seen);
+  if (js.n >= 2) {
+    for (int i = 0; i < js.n; i++) js.jobs[i].kc = codegen_c(js.jobs[i].ast);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int nt = (int)(ncpu < 1 ? 1 : ncpu > 16 ? 16 : ncpu);
+    if (nt > js.n) nt = js.n;
+    pthread_t th[16];
+    int started = 0;
+    for (int t = 1; t < nt; t++)
+      if (pthread_create(&th[started], NULL, compile_worker, &js) == 0) started++;
+    compile_worker(&js);
+    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+    for (int i = 0; i < js.n; i++) {
+      CJob *j = &js.jobs[i];
+      if (!j->prg) {
+        kernel_code_free(j->kc);
+        continue;
+      }
+      if (debug_level() >= 4) fprintf(stderr, "%s\n", j->kc->src);
+      CachedKernel *ck = tg_xcalloc(1, sizeof *ck);
+      ck->ast = uop_ref(j->ast);
+      ck->prg = j->prg;
+      ck->code = j->kc;
+      free(j->kc->src);
+      j->kc->src = NULL;
+      pthread_mutex_lock(&kc_lock);
+      if (pm_has(&kcache, (uint64_t)(uintptr_t)j->ast)) {
+        uop_unref(ck->ast);
+        kernel_code_free(ck->code);
+        free(ck);
+      } else {
+        pm_put(&kcache, (uint64_t)(uintptr_t)j->ast, ck);
+      }
+      pthread_mutex_unlock(&kc_lock);
+    }
+  }
+  free(js.jobs);
 }
 
 _Thread_local Capture *g_capture;
@@ -121,6 +201,7 @@ static void print_kernel_line(Device *dev, const char *name, int nbufs, size_t m
 
 static tg_status run_schedule(Schedule *s) {
   int dbg = debug_level();
+  precompile(s);
   for (int i = 0; i < s->nitems; i++) {
     SItem *it = &s->items[i];
     SBuf *out = &s->bufs[it->bufs[0]];
