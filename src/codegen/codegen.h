@@ -11,6 +11,16 @@
 
 #include "../uop/uop.h"
 
+/* A choice of optimizations (what BEAM searches over). Axis numbers index the global loops of the
+ * lowered, merged kernel; -1 = not applied. */
+typedef struct {
+  int vaxis, vw;   /* VECTORIZE global axis vaxis by vw lanes (16, 8 or 4) */
+  int uaxis, ufac; /* UPCAST global axis uaxis by ufac */
+  int vfac;        /* UPCAST the vectorized axis by vfac (1 = no) */
+  int swap;        /* move the vectorized axis to the outermost loop */
+} OptCfg;
+#define OPTCFG_NONE ((OptCfg){-1, 0, -1, 1, 1, 0})
+
 typedef struct {
   UOp **granges; /* global loop RANGE nodes, outermost first (owned refs) */
   int ng;
@@ -30,6 +40,8 @@ typedef struct {
   UOp **values, **sidxs, **rbodies, **rplaces; /* owned; rbodies/rplaces entries NULL without reduce */
   int vw;        /* vector width: loads/stores marked with arg.i == vw move vw contiguous lanes */
   char opts[128];/* applied optimizations, for DEBUG=3 and kernel names */
+  OptCfg cfg;    /* the optimizations applied */
+  bool cfg_failed; /* a forced OptCfg could not be applied (BEAM drops such candidates) */
 } LKernel;
 
 typedef struct {
@@ -43,11 +55,17 @@ typedef struct {
 
 /* Lowers and renders `ast` for the C renderer. Returns NULL with an error recorded on failure. */
 KernelCode *codegen_c(UOp *ast);
+/* Same with a given set of optimizations (NULL = the hand-coded heuristics). Returns NULL, with no
+ * error recorded, when cfg cannot be applied to this kernel. */
+KernelCode *codegen_c_cfg(UOp *ast, const OptCfg *cfg);
+/* The global loop sizes of the lowered kernel before optimizations (for enumerating OptCfgs).
+ * Returns the number of global loops (at most cap written) and whether it has a reduction. */
+int kernel_global_sizes(UOp *ast, int64_t *sizes, int cap, bool *has_reduce);
 void kernel_code_free(KernelCode *k);
 
 /* Lowering (shared by every renderer): builds the LKernel of an AST, with adjacent loops merged
  * wherever that removes index arithmetic (contiguous access becomes a single running index). */
-LKernel *lower_kernel(UOp *ast);
+LKernel *lower_kernel(UOp *ast, const OptCfg *cfg);
 void lkernel_free(LKernel *k);
 
 /* The C renderer: LKernel -> C source (malloc'd). */

@@ -72,7 +72,7 @@ static void drop_unit(LKernel *k, UOp **rs, int *n) {
 }
 
 static int next_axis;
-void optimize_kernel(LKernel *k, int *next_axis);
+void optimize_kernel(LKernel *k, int *next_axis, const OptCfg *cfg);
 
 /* Tries to merge loops rs[i] (outer) and rs[i+1] (inner). */
 static bool try_merge(LKernel *k, UOp **rs, int *n, int i) {
@@ -131,7 +131,7 @@ static void collect_params(UOp *u, PtrMap *seen, LKernel *k) {
   for (uint32_t i = 0; i < u->nsrc; i++) collect_params(u->src[i], seen, k);
 }
 
-LKernel *lower_kernel(UOp *ast) {
+LKernel *lower_kernel(UOp *ast, const OptCfg *cfg) {
   TG_ASSERT(ast->op == OP_SINK && ast->nsrc == 1 && ast->src[0]->op == OP_STORE);
   UOp *store = ast->src[0];
   LKernel *k = tg_xcalloc(1, sizeof(LKernel));
@@ -187,7 +187,7 @@ LKernel *lower_kernel(UOp *ast) {
     merge_all(k, k->granges, &k->ng);
     merge_all(k, k->rranges, &k->nr);
   }
-  optimize_kernel(k, &next_axis);
+  optimize_kernel(k, &next_axis, cfg);
   if (debug_level() >= 3) {
     fprintf(stderr, "opts: loops %d global + %d reduce; dropped %d size-1; merged to", ng0, nr0, (ng0 - ng1) + (nr0 - nr1));
     for (int i = 0; i < k->ng; i++) fprintf(stderr, " %lld", (long long)k->granges[i]->iarg[0]);
@@ -224,8 +224,24 @@ static uint64_t count_alu(UOp *u, PtrMap *seen) {
   return n;
 }
 
-KernelCode *codegen_c(UOp *ast) {
-  LKernel *k = lower_kernel(ast);
+KernelCode *codegen_c(UOp *ast) { return codegen_c_cfg(ast, NULL); }
+
+int kernel_global_sizes(UOp *ast, int64_t *sizes, int cap, bool *has_reduce) {
+  OptCfg none = OPTCFG_NONE;
+  LKernel *k = lower_kernel(ast, &none);
+  int n = k->ng;
+  for (int i = 0; i < n && i < cap; i++) sizes[i] = k->granges[i]->iarg[0];
+  *has_reduce = k->rbody != NULL;
+  lkernel_free(k);
+  return n;
+}
+
+KernelCode *codegen_c_cfg(UOp *ast, const OptCfg *cfg) {
+  LKernel *k = lower_kernel(ast, cfg);
+  if (k->cfg_failed) {
+    lkernel_free(k);
+    return NULL;
+  }
   KernelCode *kc = tg_xcalloc(1, sizeof(KernelCode));
   /* tinygrad-style name: E_ (elementwise) or r_ (reduce) followed by the loop sizes */
   int o = snprintf(kc->name, sizeof kc->name, "%s", k->rbody ? "r" : "E");

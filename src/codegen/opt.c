@@ -228,59 +228,102 @@ static void make_copies(LKernel *k, const Upcast *ups, int nup, int *next_axis) 
   }
 }
 
-void optimize_kernel(LKernel *k, int *next_axis) {
-  Upcast ups[4];
-  int nup = 0;
+/* Moves global axis g to the outermost loop. */
+static void swap_outer(LKernel *k, int g) {
+  UOp *t = k->granges[g];
+  memmove(&k->granges[1], &k->granges[0], sizeof(UOp *) * (size_t)g);
+  k->granges[0] = t;
+}
+
+static int describe(LKernel *k) {
+  const OptCfg *c = &k->cfg;
   int o = 0;
+  size_t n = sizeof k->opts;
   k->opts[0] = 0;
-  if (getenv_int("NOOPT", 0) == 0 && k->np > 0) {
-    int vg = -1;
-    for (int g = k->ng - 1; g >= 0 && vg < 0; g--) {
-      for (int W = 16; W >= 4 && vg < 0; W /= 2)
-        if (try_vectorize(k, g, W, next_axis)) vg = g;
+  if (c->vaxis >= 0) o += snprintf(k->opts + o, n - (size_t)o, "VECTORIZE(%d,%d) ", c->vaxis, c->vw);
+  if (c->uaxis >= 0) o += snprintf(k->opts + o, n - (size_t)o, "UPCAST(%d,%d) ", c->uaxis, c->ufac);
+  if (c->vfac > 1) o += snprintf(k->opts + o, n - (size_t)o, "UPCAST(%d,%d) ", c->vaxis, c->vfac);
+  if (c->swap) o += snprintf(k->opts + o, n - (size_t)o, "SWAP(0,%d) ", c->vaxis);
+  return o;
+}
+
+/* Applies a given configuration; marks k->cfg_failed when it does not fit this kernel. */
+static void apply_cfg(LKernel *k, const OptCfg *c, int *next_axis) {
+  Upcast ups[2];
+  int nup = 0;
+  k->cfg = OPTCFG_NONE;
+  bool ok = true;
+  if (c->vaxis >= 0) ok = c->vaxis < k->ng && try_vectorize(k, c->vaxis, c->vw, next_axis);
+  if (ok && c->uaxis >= 0) {
+    ok = c->uaxis < k->ng && c->uaxis != c->vaxis && c->ufac > 1 && k->granges[c->uaxis]->iarg[0] % c->ufac == 0;
+    if (ok) ups[nup].axis = c->uaxis, ups[nup++].factor = c->ufac;
+  }
+  if (ok && c->vfac > 1) {
+    ok = c->vaxis >= 0 && k->granges[c->vaxis]->iarg[0] % c->vfac == 0;
+    if (ok) ups[nup].axis = c->vaxis, ups[nup++].factor = c->vfac;
+  }
+  if (ok && c->swap) ok = c->vaxis > 0;
+  if (!ok) {
+    k->cfg_failed = true;
+    nup = 0;
+  } else {
+    k->cfg = *c;
+  }
+  make_copies(k, ups, nup, next_axis);
+  if (ok && c->swap) swap_outer(k, c->vaxis);
+  describe(k);
+}
+
+/* tinygrad's hand-coded heuristics (BEAM=0). */
+static void heuristic(LKernel *k, int *next_axis) {
+  OptCfg c = OPTCFG_NONE;
+  Upcast ups[2];
+  int nup = 0;
+  int vg = -1;
+  for (int g = k->ng - 1; g >= 0 && vg < 0; g--)
+    for (int W = 16; W >= 4 && vg < 0; W /= 2)
+      if (try_vectorize(k, g, W, next_axis)) vg = g, c.vaxis = g, c.vw = W;
+  if (k->rbody) {
+    /* register tile: upcast another global axis, preferring one the vector loads do not depend
+     * on (every copy then reuses the same loaded vectors and only its scalar operand differs: rows
+     * of A in a matmul, output channels in a convolution), and the vector axis by 2 */
+    int best = -1;
+    bool best_free = false;
+    for (int g = 0; g < k->ng; g++) {
+      if (g == vg) continue;
+      int64_t n = k->granges[g]->iarg[0];
+      if (n % 4 != 0) continue;
+      bool free_axis = vg >= 0 && !vector_loads_depend(k->rbody, k->vw, k->granges[g]);
+      if (best < 0 || (free_axis && !best_free) || (free_axis == best_free && n > k->granges[best]->iarg[0]))
+        best = g, best_free = free_axis;
     }
-    if (vg >= 0) o += snprintf(k->opts + o, sizeof k->opts - (size_t)o, "VECTORIZE(%d,%d) ", vg, k->vw);
-    if (k->rbody) {
-      /* register tile: upcast the largest other global axis, and the vector axis by 2 */
-      /* prefer an axis the vector loads do not depend on: every copy then reuses the same loaded
-       * vectors and only its scalar (broadcast) operand differs, the register-tile pattern of
-       * matmul (rows of A) and convolution (output channels) */
-      int best = -1;
-      bool best_free = false;
-      for (int g = 0; g < k->ng; g++) {
-        if (g == vg) continue;
-        int64_t n = k->granges[g]->iarg[0];
-        if (n % 4 != 0) continue;
-        bool free_axis = vg >= 0 && !vector_loads_depend(k->rbody, k->vw, k->granges[g]);
-        if (best < 0 || (free_axis && !best_free) || (free_axis == best_free && n > k->granges[best]->iarg[0]))
-          best = g, best_free = free_axis;
-      }
-      int f = 1;
-      if (best >= 0) {
-        int64_t n = k->granges[best]->iarg[0];
-        f = n % 8 == 0 && n >= 16 ? 8 : 4;
-        ups[nup].axis = best, ups[nup++].factor = f;
-        o += snprintf(k->opts + o, sizeof k->opts - (size_t)o, "UPCAST(%d,%d) ", best, f);
-      }
-      if (vg >= 0 && k->granges[vg]->iarg[0] % 2 == 0 && f * 2 <= 16 && k->granges[vg]->iarg[0] >= 4) {
-        ups[nup].axis = vg, ups[nup++].factor = 2;
-        o += snprintf(k->opts + o, sizeof k->opts - (size_t)o, "UPCAST(%d,2) ", vg);
-      }
+    int f = 1;
+    if (best >= 0) {
+      int64_t n = k->granges[best]->iarg[0];
+      f = n % 8 == 0 && n >= 16 ? 8 : 4;
+      ups[nup].axis = best, ups[nup++].factor = f;
+      c.uaxis = best, c.ufac = f;
+    }
+    if (vg >= 0 && k->granges[vg]->iarg[0] % 2 == 0 && f * 2 <= 16 && k->granges[vg]->iarg[0] >= 4) {
+      ups[nup].axis = vg, ups[nup++].factor = 2;
+      c.vfac = 2;
     }
   }
   make_copies(k, ups, nup, next_axis);
-  /* for register-tiled reduce kernels, iterate the vector axis outermost: the tile of the input
-   * that varies along it (a K x W*up panel) then stays in cache while the other axis streams */
-  if (k->rbody && k->vw && nup > 0 && getenv_int("NOOPT", 0) == 0) {
-    int vg = -1;
-    for (int g = 0; g < k->ng; g++)
-      if (strstr(k->opts, "VECTORIZE") && g == k->ng - 1) vg = g;
-    if (vg > 0) {
-      UOp *t = k->granges[vg];
-      memmove(&k->granges[1], &k->granges[0], sizeof(UOp *) * (size_t)vg);
-      k->granges[0] = t;
-      o += snprintf(k->opts + o, sizeof k->opts - (size_t)o, "SWAP(0,%d) ", vg);
-    }
+  /* for register-tiled reduce kernels, iterate the vector axis outermost: the input panel that
+   * varies along it then stays in cache while the other axis streams */
+  if (k->rbody && vg > 0 && nup > 0) {
+    swap_outer(k, vg);
+    c.swap = 1;
   }
-  (void)o;
+  k->cfg = c;
+  describe(k);
+}
+
+void optimize_kernel(LKernel *k, int *next_axis, const OptCfg *cfg) {
+  k->cfg = OPTCFG_NONE;
+  k->opts[0] = 0;
+  if (cfg) apply_cfg(k, cfg, next_axis);
+  else if (getenv_int("NOOPT", 0) == 0 && k->np > 0) heuristic(k, next_axis);
+  else make_copies(k, NULL, 0, next_axis);
 }
