@@ -20,14 +20,19 @@ static tg_tensor mkrand(int64_t r, int64_t c, unsigned seed) {
   return t;
 }
 
+static const char *g_beam = NULL; /* BEAM value for the optimized side (NULL: heuristics) */
+
 static int compare(expr_fn f, int64_t ar, int64_t ac, int64_t br, int64_t bc, double tol) {
   int bad = 0;
   tg_scope_begin();
   tg_tensor a = mkrand(ar, ac, 1), b = mkrand(br, bc, 2);
+  tg_context_begin();
+  if (g_beam) tg_context_set("BEAM", g_beam);
   tg_tensor x = f(a, b);
   int64_t n = tg_numel(x);
   float *o1 = malloc(sizeof(float) * (size_t)(n + 1)), *o2 = malloc(sizeof(float) * (size_t)(n + 1));
   if (tg_data(tg_cast(x, TG_FLOAT32), o1, sizeof(float) * (size_t)n) != TG_OK) bad = 1;
+  tg_context_end();
   tg_context_begin();
   tg_context_set("NOOPT", "1");
   tg_tensor y = f(a, b);
@@ -113,6 +118,17 @@ TEST(reductions_vectorized) {
   CHECK(compare(e_max_cols, 32, 64, 1, 64, 0) == 0);
   CHECK(compare(e_softmax, 16, 64, 16, 64, 1e-5) == 0);
   CHECK(compare(e_batched, 64, 32, 128, 16, 1e-5) == 0);
+}
+
+/* BEAM search picks among candidates checked against the unoptimized kernel: the chosen kernels
+ * must agree with NOOPT too (a private cache directory keeps earlier choices out of it) */
+TEST(beam_choices_agree) {
+  g_beam = "2";
+  CHECK(compare(e_matmul, 64, 32, 32, 48, 1e-5) == 0);
+  CHECK(compare(e_elementwise, 16, 32, 16, 32, 1e-5) == 0);
+  CHECK(compare(e_conv, 64, 64, 8, 36, 1e-5) == 0);
+  CHECK(compare(e_sum_rows, 32, 64, 32, 64, 1e-5) == 0);
+  g_beam = NULL;
 }
 
 int main(void) {

@@ -26,6 +26,37 @@ typedef struct {
 static PtrMap kcache; /* AST pointer -> CachedKernel* (per device kind: CPU only today) */
 static pthread_mutex_t kc_lock = PTHREAD_MUTEX_INITIALIZER;
 
+bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptCfg *out);
+
+/* BEAM>0: the kernel compiled with the searched optimizations (cached per AST and beam width). */
+static CachedKernel *get_kernel_beam(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam) {
+  uint64_t key = (uint64_t)(uintptr_t)ast ^ ((uint64_t)beam << 56) ^ 1;
+  pthread_mutex_lock(&kc_lock);
+  CachedKernel *ck = pm_get(&kcache, key);
+  pthread_mutex_unlock(&kc_lock);
+  if (ck) return ck;
+  OptCfg cfg;
+  KernelCode *kc = beam_search(ast, dev, bufs, nbufs, beam, &cfg) ? codegen_c_cfg(ast, &cfg) : NULL;
+  if (!kc) kc = codegen_c(ast);
+  if (!kc) return NULL;
+  if (debug_level() >= 4) fprintf(stderr, "%s\n", kc->src);
+  Program *p = program_get(dev, kc->name, kc->src);
+  if (!p) {
+    kernel_code_free(kc);
+    return NULL;
+  }
+  ck = tg_xcalloc(1, sizeof *ck);
+  ck->ast = uop_ref(ast);
+  ck->prg = p;
+  ck->code = kc;
+  free(kc->src);
+  kc->src = NULL;
+  pthread_mutex_lock(&kc_lock);
+  pm_put(&kcache, key, ck);
+  pthread_mutex_unlock(&kc_lock);
+  return ck;
+}
+
 static CachedKernel *get_kernel(UOp *ast, Device *dev) {
   pthread_mutex_lock(&kc_lock);
   CachedKernel *ck = pm_get(&kcache, (uint64_t)(uintptr_t)ast);
@@ -201,7 +232,8 @@ static void print_kernel_line(Device *dev, const char *name, int nbufs, size_t m
 
 static tg_status run_schedule(Schedule *s) {
   int dbg = debug_level();
-  precompile(s);
+  int beam = (int)getenv_int("BEAM", 0);
+  if (beam <= 0) precompile(s);
   for (int i = 0; i < s->nitems; i++) {
     SItem *it = &s->items[i];
     SBuf *out = &s->bufs[it->bufs[0]];
@@ -222,7 +254,16 @@ static tg_status run_schedule(Schedule *s) {
         fprintf(stderr, "*** %-8s %6s copy %zu bytes %s -> %s\n", out->dev->name, "", out->nbytes, in->dev->name,
                 out->dev->name);
     } else if (out->nbytes > 0) {
-      CachedKernel *ck = get_kernel(it->ast, it->dev);
+      CachedKernel *ck;
+      if (beam > 0) {
+        Buffer *bb[64];
+        Buffer **bp = it->nbufs <= 64 ? bb : tg_xmalloc(sizeof(Buffer *) * (size_t)it->nbufs);
+        for (int j = 0; j < it->nbufs; j++) bp[j] = s->bufs[it->bufs[j]].buf;
+        ck = get_kernel_beam(it->ast, it->dev, bp, it->nbufs, beam);
+        if (bp != bb) free(bp);
+      } else {
+        ck = get_kernel(it->ast, it->dev);
+      }
       if (!ck) return tg_last_status();
       void *ptrs[16];
       void **bufs = it->nbufs <= 16 ? ptrs : tg_xmalloc(sizeof(void *) * (size_t)it->nbufs);

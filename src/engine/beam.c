@@ -1,0 +1,310 @@
+/*
+ * beam.c -- BEAM=n: choose a kernel's optimizations by timing them.
+ *
+ * In: a kernel AST, the device and the real buffers of the launch. Out: the OptCfg that ran fastest.
+ * The search is a beam over four rounds of actions (vectorize an axis, upcast an axis, upcast the
+ * vector axis, swap loop order); each round extends the n best configurations so far by one action,
+ * compiles all candidates in parallel on every core, times them on the real inputs with a scratch
+ * output, and drops candidates that fail to compile or whose output differs from the unoptimized
+ * kernel's. It stops when a round brings no gain. The choice is cached in memory and on disk
+ * (keyed by the unoptimized kernel's source, the device and n), so a second run searches nothing.
+ */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../codegen/codegen.h"
+#include "../runtime/device.h"
+#include "../uop/ptrmap.h"
+
+typedef struct {
+  OptCfg cfg;
+  KernelCode *kc;
+  Program *prg;
+  double t;
+} Cand;
+
+typedef struct {
+  Cand *c;
+  int n;
+  int next;
+  Device *dev;
+} CandJobs;
+
+static void *cand_compile(void *arg) {
+  CandJobs *j = arg;
+  for (;;) {
+    int i = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+    if (i >= j->n) break;
+    j->c[i].prg = program_get(j->dev, j->c[i].kc->name, j->c[i].kc->src);
+    if (!j->c[i].prg) tg_clear_error(); /* a candidate that does not compile is dropped */
+  }
+  return NULL;
+}
+
+static void compile_all(Cand *c, int n, Device *dev) {
+  CandJobs j = {c, n, 0, dev};
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  int nt = (int)(ncpu < 1 ? 1 : ncpu > 16 ? 16 : ncpu);
+  pthread_t th[16];
+  int started = 0;
+  for (int t = 1; t < nt && t < n; t++)
+    if (pthread_create(&th[started], NULL, cand_compile, &j) == 0) started++;
+  cand_compile(&j);
+  for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+}
+
+/* ---- on-disk choice cache ---- */
+static char *beam_dir(void) {
+  if (getenv_int("DISABLE_COMPILER_CACHE", 0)) return NULL;
+  const char *base = getenv_str("TINYGRAD_CACHE_DIR", NULL);
+  SB b;
+  sb_init(&b);
+  if (base && *base) sb_printf(&b, "%s", base);
+  else if (getenv("XDG_CACHE_HOME") && *getenv("XDG_CACHE_HOME")) sb_printf(&b, "%s/tinygrad.c", getenv("XDG_CACHE_HOME"));
+  else if (getenv("HOME")) sb_printf(&b, "%s/.cache/tinygrad.c", getenv("HOME"));
+  else {
+    sb_free(&b);
+    return NULL;
+  }
+  mkdir(b.s, 0755);
+  sb_puts(&b, "/beam");
+  if (mkdir(b.s, 0755) != 0 && errno != EEXIST) {
+    sb_free(&b);
+    return NULL;
+  }
+  return sb_take(&b);
+}
+
+static bool cfg_parse(const char *s, OptCfg *c) {
+  return sscanf(s, "%d %d %d %d %d %d", &c->vaxis, &c->vw, &c->uaxis, &c->ufac, &c->vfac, &c->swap) == 6;
+}
+
+static PtrMap mem_cache; /* key hash -> OptCfg* */
+static pthread_mutex_t mem_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* ---- timing ---- */
+static bool outputs_match(const unsigned char *a, const unsigned char *b, size_t nbytes, tg_dtype dt) {
+  if (dt != TG_FLOAT32 && dt != TG_FLOAT64) return memcmp(a, b, nbytes) == 0;
+  size_t isz = tg_dtype_itemsize(dt);
+  for (size_t i = 0; i < nbytes / isz; i++) {
+    double x = dtype_load(dt, a + i * isz), y = dtype_load(dt, b + i * isz);
+    if (isnan(x) && isnan(y)) continue;
+    if (!(fabs(x - y) <= 1e-3 * (1 + fabs(y)))) return false;
+  }
+  return true;
+}
+
+typedef struct {
+  void **bufs;
+  int nbufs;
+  Buffer *scratch;
+  const unsigned char *orig; /* output contents before the launch (in-place kernels read them) */
+  unsigned char *ref;        /* unoptimized kernel's output */
+  unsigned char *got;
+  size_t nbytes;
+  tg_dtype odt;
+} Bench;
+
+static double time_one(Bench *b, Cand *c, double best) {
+  if (!c->prg) return INFINITY;
+  double t = INFINITY;
+  for (int rep = 0; rep < 3; rep++) {
+    if (b->orig && buffer_copyin(b->scratch, b->orig, b->nbytes) != TG_OK) return INFINITY;
+    double r = program_exec(c->prg, b->bufs, b->nbufs, c->kc->global_size, c->kc->local_size, true);
+    if (r < 0) {
+      tg_clear_error();
+      return INFINITY;
+    }
+    if (r < t) t = r;
+    if (rep == 0) {
+      if (b->ref) {
+        if (buffer_copyout(b->scratch, b->got, b->nbytes) != TG_OK || !outputs_match(b->got, b->ref, b->nbytes, b->odt)) {
+          if (debug_level() >= 3) fprintf(stderr, "BEAM: dropped %s (%s): output differs\n", c->kc->name, "wrong result");
+          return INFINITY;
+        }
+      }
+      if (r > 4 * best || r > 0.05) break;
+    }
+  }
+  return t;
+}
+
+static int cand_cmp(const void *x, const void *y) {
+  const Cand *a = x, *b = y;
+  return a->t < b->t ? -1 : a->t > b->t;
+}
+
+static bool cfg_eq(const OptCfg *a, const OptCfg *b) { return memcmp(a, b, sizeof *a) == 0; }
+
+static void add_cand(Cand **cs, int *n, int *cap, OptCfg c) {
+  for (int i = 0; i < *n; i++)
+    if (cfg_eq(&(*cs)[i].cfg, &c)) return;
+  if (*n == *cap) {
+    *cap = *cap ? *cap * 2 : 32;
+    *cs = tg_xrealloc(*cs, sizeof(Cand) * (size_t)*cap);
+  }
+  (*cs)[*n].cfg = c;
+  (*cs)[*n].kc = NULL;
+  (*cs)[*n].prg = NULL;
+  (*cs)[(*n)++].t = INFINITY;
+}
+
+/* Extends cfg by one action of the given round. */
+static void actions(const OptCfg *base, int round, const int64_t *gs, int ng, bool red, Cand **cs, int *n, int *cap) {
+  add_cand(cs, n, cap, *base);
+  OptCfg c;
+  switch (round) {
+  case 0:
+    for (int g = 0; g < ng; g++)
+      for (int W = 16; W >= 4; W /= 2)
+        if (gs[g] % W == 0) c = *base, c.vaxis = g, c.vw = W, add_cand(cs, n, cap, c);
+    break;
+  case 1:
+    for (int g = 0; g < ng; g++)
+      for (int f = 2; f <= 8; f *= 2) {
+        if (g == base->vaxis || gs[g] % f != 0 || (!red && f > 4)) continue;
+        c = *base, c.uaxis = g, c.ufac = f, add_cand(cs, n, cap, c);
+      }
+    break;
+  case 2:
+    if (base->vaxis >= 0)
+      for (int f = 2; f <= 4; f *= 2) c = *base, c.vfac = f, add_cand(cs, n, cap, c);
+    break;
+  case 3:
+    if (base->vaxis > 0) c = *base, c.swap = 1, add_cand(cs, n, cap, c);
+    break;
+  }
+}
+
+static void free_cands(Cand *cs, int n) {
+  for (int i = 0; i < n; i++) kernel_code_free(cs[i].kc);
+}
+
+bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptCfg *out) {
+  /* key: the unoptimized source identifies the computation */
+  OptCfg none = OPTCFG_NONE;
+  KernelCode *base = codegen_c_cfg(ast, &none);
+  if (!base) return false;
+  SB key;
+  sb_init(&key);
+  sb_printf(&key, "%s|%s|%d", dev->vt->name, base->src, beam);
+  uint64_t h = hash_bytes(key.s, key.len, 0x6265616d);
+  sb_free(&key);
+  pthread_mutex_lock(&mem_lock);
+  OptCfg *mc = pm_get(&mem_cache, h);
+  pthread_mutex_unlock(&mem_lock);
+  if (mc) {
+    *out = *mc;
+    kernel_code_free(base);
+    return true;
+  }
+  char *dir = beam_dir();
+  char path[4096] = {0};
+  if (dir) {
+    snprintf(path, sizeof path, "%s/%016llx.txt", dir, (unsigned long long)h);
+    FILE *f = fopen(path, "r");
+    char line[256];
+    if (f && fgets(line, sizeof line, f) && cfg_parse(line, out)) {
+      fclose(f);
+      free(dir);
+      kernel_code_free(base);
+      pthread_mutex_lock(&mem_lock);
+      OptCfg *c = tg_xmalloc(sizeof *c);
+      *c = *out;
+      pm_put(&mem_cache, h, c);
+      pthread_mutex_unlock(&mem_lock);
+      return true;
+    }
+    if (f) fclose(f);
+  }
+  double t0 = now_seconds();
+  int64_t gs[64];
+  bool red = false;
+  int ng = kernel_global_sizes(ast, gs, 64, &red);
+  if (ng > 64) ng = 64;
+  /* benchmark setup: real inputs, a scratch output initialised like the real one */
+  Bench b = {0};
+  b.nbufs = nbufs;
+  b.bufs = tg_xmalloc(sizeof(void *) * (size_t)nbufs);
+  b.nbytes = bufs[0]->nbytes;
+  b.odt = (tg_dtype)ast->src[0]->dtype;
+  b.scratch = buffer_new(dev, b.nbytes);
+  unsigned char *orig = tg_xmalloc(b.nbytes + 1);
+  b.ref = tg_xmalloc(b.nbytes + 1);
+  b.got = tg_xmalloc(b.nbytes + 1);
+  bool ok = b.scratch && buffer_copyout(bufs[0], orig, b.nbytes) == TG_OK;
+  b.orig = orig;
+  for (int i = 0; i < nbufs; i++) b.bufs[i] = bufs[i]->ptr;
+  if (ok) b.bufs[0] = b.scratch->ptr;
+  /* reference output from the unoptimized kernel */
+  Cand ref = {none, base, NULL, INFINITY};
+  if (ok) {
+    compile_all(&ref, 1, dev);
+    unsigned char *keep = b.ref;
+    b.ref = NULL;
+    ref.t = time_one(&b, &ref, INFINITY);
+    b.ref = keep;
+    ok = isfinite(ref.t) && buffer_copyout(b.scratch, b.ref, b.nbytes) == TG_OK;
+  }
+  OptCfg best = none;
+  double best_t = ref.t;
+  Cand *front = tg_xmalloc(sizeof(Cand) * (size_t)(beam + 1));
+  int nfront = 1;
+  front[0] = (Cand){none, NULL, NULL, ref.t};
+  for (int round = 0; ok && round < 4; round++) {
+    Cand *cs = NULL;
+    int n = 0, cap = 0;
+    for (int f = 0; f < nfront; f++) actions(&front[f].cfg, round, gs, ng, red, &cs, &n, &cap);
+    for (int i = 0; i < n; i++) cs[i].kc = codegen_c_cfg(ast, &cs[i].cfg);
+    int m = 0; /* keep those that apply */
+    for (int i = 0; i < n; i++)
+      if (cs[i].kc) cs[m++] = cs[i];
+    n = m;
+    compile_all(cs, n, dev);
+    for (int i = 0; i < n; i++) cs[i].t = time_one(&b, &cs[i], best_t);
+    qsort(cs, (size_t)n, sizeof(Cand), cand_cmp);
+    double prev = best_t;
+    if (n && cs[0].t < best_t) best = cs[0].cfg, best_t = cs[0].t;
+    nfront = 0;
+    for (int i = 0; i < n && nfront < beam; i++)
+      if (isfinite(cs[i].t)) front[nfront++] = (Cand){cs[i].cfg, NULL, NULL, cs[i].t};
+    if (debug_level() >= 1 || now_seconds() - t0 > 2.0)
+      fprintf(stderr, "BEAM %d: %-28s round %d/4: %3d candidates, best %9.2f us (unoptimized %9.2f us)\n", beam, base->name,
+              round + 1, n, best_t * 1e6, ref.t * 1e6);
+    free_cands(cs, n);
+    free(cs);
+    if (nfront == 0 || (round >= 1 && best_t >= prev)) break;
+  }
+  free(front);
+  if (b.scratch) buffer_unref(b.scratch);
+  free(orig), free(b.ref), free(b.got), free(b.bufs);
+  kernel_code_free(base);
+  if (!ok) {
+    free(dir);
+    return false;
+  }
+  *out = best;
+  pthread_mutex_lock(&mem_lock);
+  OptCfg *c = tg_xmalloc(sizeof *c);
+  *c = best;
+  pm_put(&mem_cache, h, c);
+  pthread_mutex_unlock(&mem_lock);
+  if (dir) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (f) {
+      fprintf(f, "%d %d %d %d %d %d\n", best.vaxis, best.vw, best.uaxis, best.ufac, best.vfac, best.swap);
+      if (fclose(f) == 0) rename(tmp, path);
+      else unlink(tmp);
+    }
+    free(dir);
+  }
+  return true;
+}
