@@ -593,38 +593,44 @@ const char *tg_state_dict_meta_key(const tg_state_dict *sd, int i);
 const char *tg_state_dict_meta_value(const tg_state_dict *sd, int i);
 
 /* Loads a .safetensors file (tinygrad's safe_load): every tensor in the file's dtype and shape, copied
- * into realized tensors on the default device, in file order; __metadata__ goes to the dict's
+ * into realized tensors on the default device, in header order; __metadata__ goes to the dict's
  * metadata. All 13 dtypes (BOOL U8 I8 I16 U16 I32 U32 I64 U64 F16 BF16 F32 F64) are supported. The
- * header is validated strictly (JSON syntax, UTF-8, dtype names, shapes, offsets inside the data
- * section and not overlapping, sizes = numel * itemsize, no duplicate names). Returns a new dict the
- * caller frees, or NULL with an error (TG_ERR_IO) naming the function, the file and the problem. */
+ * header is validated strictly: JSON syntax, UTF-8, at most 100 MB, known dtype names, integer shapes,
+ * sizes = numel * itemsize, byte ranges that cover the data section exactly (no overlap, no hole, no
+ * trailing bytes), no duplicate names. Returns a new dict the caller frees, or NULL with a TG_ERR_IO
+ * error naming the function, the file and the problem. */
 tg_state_dict *tg_safe_load(const char *path);
-/* The same without copying: the file is mapped read-only-private and each tensor whose offset is
- * aligned for its dtype wraps the mapping (tg_from_blob; misaligned ones are copied). The DICT OWNS
- * THE MAPPING: it is unmapped by tg_state_dict_free, so every tensor that reads from it -- the dict's
- * entries, handles detached from them, and lazy results not yet realized -- must be realized (or
- * copied with tg_contiguous + tg_realize) before the dict is freed. Writing to an entry with tg_assign
- * changes the mapped pages only (never the file). CPU devices only. */
+/* The same without copying: the file is mapped privately (copy-on-write) and each tensor whose offset
+ * is aligned for its dtype wraps the mapping (tg_from_blob; misaligned ones are copied). The DICT OWNS
+ * THE MAPPING: tg_state_dict_free unmaps it, so every tensor that reads from it -- the dict's entries,
+ * handles detached from them, lazy results not yet realized -- must be realized into its own buffer
+ * (e.g. tg_contiguous + tg_realize, or tg_assign into a model's tensor + tg_realize) before the dict
+ * is freed. tg_assign to an entry changes the mapped pages only, never the file. CPU devices only. */
 tg_state_dict *tg_safe_load_mmap(const char *path);
-/* Writes the dict as .safetensors (tinygrad's safe_save): tensors in dict order (realized and made
- * contiguous as needed), the dict's metadata as __metadata__. Atomic: writes a temporary file in the
- * same directory, fsyncs it and renames it over path, so on any failure an existing file at path is
- * left untouched. */
+/* Writes the dict as .safetensors (tinygrad's safe_save): tensors in dict order, realized and made
+ * contiguous as needed, the dict's metadata as __metadata__; names and metadata must be valid UTF-8
+ * and no tensor may be named "__metadata__". Atomic: writes a temporary file in the same directory,
+ * fsyncs it and renames it over path (keeping a replaced file's permissions), so on any failure an
+ * existing file at path is left untouched and no temporary file remains. */
 tg_status tg_safe_save(const tg_state_dict *sd, const char *path);
 
-/* Loads a GGUF file (versions 2 and 3; tinygrad's gguf_load). Metadata: every key/value, rendered as
- * text (integers and floats in decimal, bools "true"/"false", strings as they are, arrays as a JSON
- * style list "[1, 2, 3]", arrays of more than 4096 elements summarized as "[array of N <type>]");
- * general.alignment is honoured. Tensors come back realized with their GGUF dims reversed (row-major,
- * as tinygrad and PyTorch see them): F32, F16, BF16, F64, I8, I16, I32, I64 keep their dtype; the
- * quantized Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and MXFP4 are dequantized to float32.
- * Other types are an error naming the type. Returns a new dict, or NULL with a TG_ERR_IO error. */
+/* Loads a GGUF file (versions 2 and 3; tinygrad's gguf_load). Metadata: every key/value in file
+ * order, rendered as text: integers in decimal, floats in the shortest decimal that reads back
+ * exactly, bools "true"/"false", strings as they are, arrays in full as JSON-style lists ("[1, 2]",
+ * "[\"a\", \"b\"]", nested arrays nested). general.alignment is honoured. Tensors come back
+ * realized with their GGUF dims reversed (row-major, as tinygrad and PyTorch see them; at most 8
+ * dims): F32, F16, BF16, F64, I8, I16, I32, I64 keep their dtype; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+ * Q4_K, Q5_K, Q6_K and MXFP4 are dequantized to float32 exactly as ggml does. Other types, duplicate
+ * keys or names, misaligned / overlapping / out-of-range data are errors. Returns a new dict, or NULL
+ * with a TG_ERR_IO error naming the function, the file and the problem. */
 tg_state_dict *tg_gguf_load(const char *path);
 
-/* Extracts a tar archive (ustar, POSIX pax "path" records and GNU long names) into a dict of 1-D
- * uint8 tensors named by member path, in archive order; directories, links and other non-regular
- * members are skipped. Sizes, checksums and offsets are validated. Returns a new dict, or NULL with a
- * TG_ERR_IO error. */
+/* Extracts an uncompressed tar archive (tinygrad's tar_extract; ustar, GNU long names and base-256
+ * sizes, POSIX pax "path"/"size" records) into a dict of 1-D uint8 tensors named by member path as
+ * Python's tarfile names them, in archive order; a later member with the same name replaces the
+ * earlier one. Directories, links and other non-regular members are skipped. Checksums, sizes and
+ * the archive's length are validated; a compressed file is rejected with a hint. Returns a new dict,
+ * or NULL with a TG_ERR_IO error. */
 tg_state_dict *tg_tar_extract(const char *path);
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -639,7 +645,7 @@ tg_state_dict *tg_tar_extract(const char *path);
  * references forbidden global 'os.system'; only tensors can be loaded" (save model.state_dict()).
  * Every reachable tensor comes back realized, contiguous, in its dtype (float32/64, float16,
  * bfloat16, int8/16/32/64, uint8, bool; views with strides and storage offsets are materialized
- * row-major), named by its path joined with dots: {"model": {"fc.weight": t}} gives "model.fc.weight",
+ * row-major; requires_grad is not restored), on the default device, named by its path joined with dots: {"model": {"fc.weight": t}} gives "model.fc.weight",
  * list items are named by index, a bare torch.save(tensor) gives "tensor". A tensor reachable under
  * several names (shared objects) is stored under each. Other values on the way (an epoch number,
  * hyper-parameters) become metadata text in Python repr style (a str stays plain), at most 4 KiB
@@ -664,6 +670,306 @@ tg_tensor tg_idx_load(const char *path);
  * with fashion = false is an error asking for a directory. On error all four outputs are none. */
 tg_status tg_mnist_load(const char *dir, bool fashion, tg_tensor *X_train, tg_tensor *Y_train, tg_tensor *X_test,
                         tg_tensor *Y_test);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* nn: initializers, transposed convolution, layers, model state, optimizers                      */
+
+/* Initializers (tinygrad's Tensor.kaiming_uniform & co.): new lazy tensors in the current scope. opts
+ * as for tg_rand (dtype default DEFAULT_FLOAT; requires_grad honoured). fan_in is prod(shape[1:]) (1
+ * for a 1-d shape). */
+/* uniform(-b, b), b = sqrt(6 / (1 + a^2) / fan_in). tinygrad's default a is 0.01 (pass it: a is a
+ * plain argument); a = sqrt(5) gives PyTorch's Linear/Conv init, b = 1 / sqrt(fan_in). */
+tg_tensor tg_kaiming_uniform(const int64_t *shape, int ndim, double a, const tg_opts *opts);
+/* normal(0, s), s = sqrt(2 / (1 + a^2) / fan_in). */
+tg_tensor tg_kaiming_normal(const int64_t *shape, int ndim, double a, const tg_opts *opts);
+/* uniform(-b, b), b = sqrt(6 / (shape[0] + prod(shape[1:]))); needs ndim >= 1. */
+tg_tensor tg_glorot_uniform(const int64_t *shape, int ndim, const tg_opts *opts);
+/* uniform(-1, 1) * prod(shape)^-0.5. */
+tg_tensor tg_scaled_uniform(const int64_t *shape, int ndim, const tg_opts *opts);
+/* A uniformly random permutation of 0 .. n-1 (dtype default int32; integer dtypes only), drawn from
+ * tg_rand(n) as the rank of each draw (ties broken by position). One fused kernel of n^2 compares. */
+tg_tensor tg_randperm(int64_t n, const tg_opts *opts);
+/* tg_rand / tg_randn with t's shape, and unless opts says otherwise t's dtype (must be a float) and
+ * device. */
+tg_tensor tg_rand_like(tg_tensor t, const tg_opts *opts);
+tg_tensor tg_randn_like(tg_tensor t, const tg_opts *opts);
+
+typedef struct {
+  int64_t groups;      /* default 1 */
+  int64_t stride[2];   /* default (1, 1); pairs as tg_conv2d_opts */
+  int64_t dilation[2]; /* default (1, 1) */
+  int64_t padding[4];  /* as tg_conv2d_opts: npadding 0/1 all sides, 2 (h, w), 4 (left, right, top, bottom) */
+  int npadding;
+  int64_t output_padding[2]; /* extra rows / columns at the end of the output */
+  int noutput_padding;       /* 0 or 1: output_padding[0] for both dims; 2: (h, w) */
+} tg_conv_transpose2d_opts;
+#define TG_CONV_TRANSPOSE2D_OPTS(...) (&(const tg_conv_transpose2d_opts){__VA_ARGS__})
+/* Transposed 2-D convolution (torch's conv_transpose2d): x (batch, cin, H, W), weight (cin,
+ * cout/groups, kh, kw), bias (cout,) or {0}. Built as tinygrad builds it: the input is dilated by the
+ * stride (zeros inserted), padded by dilation*(k-1) - padding (+ output_padding after), and convolved
+ * (tg_conv2d) with the flipped, group-transposed weight. Output size per dim:
+ * (in - 1)*stride - pad_before - pad_after + dilation*(k - 1) + output_padding + 1. */
+tg_tensor tg_conv_transpose2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv_transpose2d_opts *opts);
+
+/* Layers (tinygrad's nn.*): plain structs with public fields. _init fills one (on error it is left
+ * zeroed and a status is returned); its parameters are root-scope handles OWNED BY THE LAYER,
+ * realized, initialised exactly as tinygrad does, with requires_grad set on the trainable ones (never
+ * on running statistics); _free frees them and zeroes the struct (a zeroed struct frees nothing).
+ * Optional parameters that are absent are {0}. _forward builds a lazy result in the current scope
+ * (none + an error naming the function on bad input). _state adds the parameters to a state dict
+ * under PyTorch's / tinygrad's names, prefixed ("prefix.weight"; prefix "" or NULL gives "weight"),
+ * so a model's dict is built by calling each layer's _state with its path ("layers.0"). */
+
+typedef struct {
+  int64_t in_features, out_features;
+  tg_tensor weight; /* (out_features, in_features), uniform(+-1/sqrt(in_features)) */
+  tg_tensor bias;   /* (out_features,) same bound, or {0} */
+} tg_nn_linear;
+tg_status tg_nn_linear_init(tg_nn_linear *l, int64_t in_features, int64_t out_features, bool bias);
+/* x (..., in_features) -> x @ weight.T + bias. */
+tg_tensor tg_nn_linear_forward(const tg_nn_linear *l, tg_tensor x);
+tg_status tg_nn_linear_state(const tg_nn_linear *l, tg_state_dict *sd, const char *prefix);
+void tg_nn_linear_free(tg_nn_linear *l);
+
+/* Conv2d: weight (out, in/groups, kh, kw) and bias (out,) both uniform(+-1/sqrt(in * kh * kw)), as
+ * tinygrad (= torch's kaiming_uniform(a=sqrt(5)) init when groups == 1). opts (stride, dilation,
+ * padding, groups) is copied into the layer and used by every forward. */
+typedef struct {
+  int64_t in_channels, out_channels, kernel_size[2];
+  tg_conv2d_opts opts;
+  tg_tensor weight, bias;
+} tg_nn_conv2d;
+/* kernel_size as a pair: {k} = (k, k). */
+tg_status tg_nn_conv2d_init(tg_nn_conv2d *l, int64_t in_channels, int64_t out_channels, const int64_t kernel_size[2],
+                            bool bias, const tg_conv2d_opts *opts);
+tg_tensor tg_nn_conv2d_forward(const tg_nn_conv2d *l, tg_tensor x); /* (N, in, H, W) -> (N, out, H', W') */
+tg_status tg_nn_conv2d_state(const tg_nn_conv2d *l, tg_state_dict *sd, const char *prefix);
+void tg_nn_conv2d_free(tg_nn_conv2d *l);
+
+/* ConvTranspose2d: weight (in, out/groups, kh, kw) and bias (out,), both uniform(+-1/sqrt(in*kh*kw)) as
+ * tinygrad. */
+typedef struct {
+  int64_t in_channels, out_channels, kernel_size[2];
+  tg_conv_transpose2d_opts opts;
+  tg_tensor weight, bias;
+} tg_nn_conv_transpose2d;
+tg_status tg_nn_conv_transpose2d_init(tg_nn_conv_transpose2d *l, int64_t in_channels, int64_t out_channels,
+                                      const int64_t kernel_size[2], bool bias, const tg_conv_transpose2d_opts *opts);
+tg_tensor tg_nn_conv_transpose2d_forward(const tg_nn_conv_transpose2d *l, tg_tensor x);
+tg_status tg_nn_conv_transpose2d_state(const tg_nn_conv_transpose2d *l, tg_state_dict *sd, const char *prefix);
+void tg_nn_conv_transpose2d_free(tg_nn_conv_transpose2d *l);
+
+/* 1-d convolutions over (N, C, L): the 2-d ones with a (1, k) kernel, as tinygrad. Weights are 3-d:
+ * Conv1d (out, in/groups, k), ConvTranspose1d (in, out/groups, k); init as the 2-d layers. */
+typedef struct {
+  int64_t stride;         /* default 1 */
+  int64_t padding;        /* both ends (default 0) */
+  int64_t dilation;       /* default 1 */
+  int64_t groups;         /* default 1 */
+  int64_t output_padding; /* ConvTranspose1d only (default 0) */
+} tg_conv1d_opts;
+#define TG_CONV1D_OPTS(...) (&(const tg_conv1d_opts){__VA_ARGS__})
+typedef struct {
+  int64_t in_channels, out_channels, kernel_size;
+  tg_conv1d_opts opts; /* defaults resolved (stride, dilation, groups >= 1) */
+  tg_tensor weight, bias;
+} tg_nn_conv1d;
+tg_status tg_nn_conv1d_init(tg_nn_conv1d *l, int64_t in_channels, int64_t out_channels, int64_t kernel_size, bool bias,
+                            const tg_conv1d_opts *opts);
+tg_tensor tg_nn_conv1d_forward(const tg_nn_conv1d *l, tg_tensor x);
+tg_status tg_nn_conv1d_state(const tg_nn_conv1d *l, tg_state_dict *sd, const char *prefix);
+void tg_nn_conv1d_free(tg_nn_conv1d *l);
+typedef tg_nn_conv1d tg_nn_conv_transpose1d;
+tg_status tg_nn_conv_transpose1d_init(tg_nn_conv_transpose1d *l, int64_t in_channels, int64_t out_channels,
+                                      int64_t kernel_size, bool bias, const tg_conv1d_opts *opts);
+tg_tensor tg_nn_conv_transpose1d_forward(const tg_nn_conv_transpose1d *l, tg_tensor x);
+tg_status tg_nn_conv_transpose1d_state(const tg_nn_conv_transpose1d *l, tg_state_dict *sd, const char *prefix);
+void tg_nn_conv_transpose1d_free(tg_nn_conv_transpose1d *l);
+
+/* Options of the normalization layers. Zero means tinygrad's default. */
+typedef struct {
+  double eps;             /* default 1e-5 (RMSNorm 1e-6) */
+  bool no_affine;         /* no weight / bias (tinygrad's affine=False, elementwise_affine=False) */
+  double momentum;        /* BatchNorm: running-statistics momentum, default 0.1 (0 means the default) */
+  bool no_running_stats;  /* BatchNorm: track_running_stats=False (always normalize with batch statistics) */
+} tg_norm_opts;
+#define TG_NORM_OPTS(...) (&(const tg_norm_opts){__VA_ARGS__})
+
+/* BatchNorm (tinygrad's nn.BatchNorm = BatchNorm2d = BatchNorm3d) over dim 1 of (N, C, ...): weight
+ * ones(C), bias zeros(C) (unless no_affine), running_mean zeros(C), running_var ones(C) (unless
+ * no_running_stats), num_batches_tracked a 0-d int64 zero. While TRAINING is set (tinygrad's
+ * Context(TRAINING=1): tg_context_set_int("TRAINING", 1)) or without running statistics, it normalizes
+ * with the batch mean and biased variance; while training it also updates, with lazy tg_assigns that
+ * realize with whatever realizes them next (the optimizer step, see tg_optim_schedule_step),
+ * running_mean = (1-m) running_mean + m mean, running_var = (1-m) running_var + m var * n/(n-1) and
+ * num_batches_tracked += 1. In eval it normalizes with the running statistics. */
+typedef struct {
+  int64_t num_features;
+  double eps, momentum;
+  bool affine, track_running_stats;
+  tg_tensor weight, bias, running_mean, running_var, num_batches_tracked;
+} tg_nn_batchnorm;
+tg_status tg_nn_batchnorm_init(tg_nn_batchnorm *l, int64_t num_features, const tg_norm_opts *opts);
+tg_tensor tg_nn_batchnorm_forward(tg_nn_batchnorm *l, tg_tensor x);
+tg_status tg_nn_batchnorm_state(const tg_nn_batchnorm *l, tg_state_dict *sd, const char *prefix);
+void tg_nn_batchnorm_free(tg_nn_batchnorm *l);
+
+/* GroupNorm(num_groups, num_channels): layernorm over (N, G, -1), then weight * x + bias per channel
+ * (weight ones, bias zeros). InstanceNorm(num_features) is the same with one group per channel (as
+ * tinygrad, affine by default, unlike torch). */
+typedef struct {
+  int64_t num_groups, num_channels;
+  double eps;
+  tg_tensor weight, bias;
+} tg_nn_groupnorm;
+tg_status tg_nn_groupnorm_init(tg_nn_groupnorm *l, int64_t num_groups, int64_t num_channels, const tg_norm_opts *opts);
+tg_tensor tg_nn_groupnorm_forward(const tg_nn_groupnorm *l, tg_tensor x);
+tg_status tg_nn_groupnorm_state(const tg_nn_groupnorm *l, tg_state_dict *sd, const char *prefix);
+void tg_nn_groupnorm_free(tg_nn_groupnorm *l);
+typedef tg_nn_groupnorm tg_nn_instancenorm;
+tg_status tg_nn_instancenorm_init(tg_nn_instancenorm *l, int64_t num_features, const tg_norm_opts *opts);
+tg_tensor tg_nn_instancenorm_forward(const tg_nn_instancenorm *l, tg_tensor x);
+tg_status tg_nn_instancenorm_state(const tg_nn_instancenorm *l, tg_state_dict *sd, const char *prefix);
+void tg_nn_instancenorm_free(tg_nn_instancenorm *l);
+
+/* LayerNorm(normalized_shape): normalizes over the last ndim dims (which must equal the shape), then
+ * * weight + bias (ones / zeros of that shape). LayerNorm2d(channels) applies it to the channel dim of
+ * (N, C, H, W) (permuted to the end and back). */
+typedef struct {
+  int ndim;
+  int64_t normalized_shape[8];
+  double eps;
+  tg_tensor weight, bias;
+} tg_nn_layernorm;
+tg_status tg_nn_layernorm_init(tg_nn_layernorm *l, const int64_t *normalized_shape, int ndim, const tg_norm_opts *opts);
+tg_tensor tg_nn_layernorm_forward(const tg_nn_layernorm *l, tg_tensor x);
+tg_status tg_nn_layernorm_state(const tg_nn_layernorm *l, tg_state_dict *sd, const char *prefix);
+void tg_nn_layernorm_free(tg_nn_layernorm *l);
+typedef tg_nn_layernorm tg_nn_layernorm2d;
+tg_status tg_nn_layernorm2d_init(tg_nn_layernorm2d *l, int64_t channels, const tg_norm_opts *opts);
+tg_tensor tg_nn_layernorm2d_forward(const tg_nn_layernorm2d *l, tg_tensor x);
+tg_status tg_nn_layernorm2d_state(const tg_nn_layernorm2d *l, tg_state_dict *sd, const char *prefix);
+void tg_nn_layernorm2d_free(tg_nn_layernorm2d *l);
+
+/* RMSNorm(dim): x * rsqrt(mean(x^2, -1) + eps) computed in float32 and cast back to x's dtype, then
+ * * weight (ones(dim), unless no_affine). eps default 1e-6. */
+typedef struct {
+  int64_t dim;
+  double eps;
+  tg_tensor weight;
+} tg_nn_rmsnorm;
+tg_status tg_nn_rmsnorm_init(tg_nn_rmsnorm *l, int64_t dim, const tg_norm_opts *opts);
+tg_tensor tg_nn_rmsnorm_forward(const tg_nn_rmsnorm *l, tg_tensor x);
+tg_status tg_nn_rmsnorm_state(const tg_nn_rmsnorm *l, tg_state_dict *sd, const char *prefix);
+void tg_nn_rmsnorm_free(tg_nn_rmsnorm *l);
+
+/* Embedding(vocab_size, embed_size): weight (vocab, embed) glorot_uniform. forward gathers rows:
+ * integer idx of any shape -> idx.shape + (embed_size,), built as tinygrad builds it (a one-hot
+ * compare against arange(vocab) summed over vocab: one fused kernel; its gradient is a scatter-add).
+ * Out-of-range indices give zero rows. */
+typedef struct {
+  int64_t vocab_size, embed_size;
+  tg_tensor weight;
+} tg_nn_embedding;
+tg_status tg_nn_embedding_init(tg_nn_embedding *l, int64_t vocab_size, int64_t embed_size);
+tg_tensor tg_nn_embedding_forward(const tg_nn_embedding *l, tg_tensor idx);
+tg_status tg_nn_embedding_state(const tg_nn_embedding *l, tg_state_dict *sd, const char *prefix);
+void tg_nn_embedding_free(tg_nn_embedding *l);
+
+/* LSTMCell(input_size, hidden_size): weight_ih (4h, in) and weight_hh (4h, h) uniform(+-1/sqrt(h)),
+ * bias_ih / bias_hh zeros(4h) (tinygrad's init; torch draws the biases uniformly too). Gates (i, f, g,
+ * o) in torch's order. */
+typedef struct {
+  int64_t input_size, hidden_size;
+  tg_tensor weight_ih, weight_hh, bias_ih, bias_hh;
+} tg_nn_lstmcell;
+tg_status tg_nn_lstmcell_init(tg_nn_lstmcell *l, int64_t input_size, int64_t hidden_size, bool bias);
+/* x (N, input_size); h, c (N, hidden_size) or both {0} (zeros). Writes the new h and c (new handles
+ * in the current scope) to *h_out and *c_out (none on error). */
+tg_status tg_nn_lstmcell_forward(const tg_nn_lstmcell *l, tg_tensor x, tg_tensor h, tg_tensor c, tg_tensor *h_out,
+                                 tg_tensor *c_out);
+tg_status tg_nn_lstmcell_state(const tg_nn_lstmcell *l, tg_state_dict *sd, const char *prefix);
+void tg_nn_lstmcell_free(tg_nn_lstmcell *l);
+
+/* Model state. A dict built by the layers' _state functions (or tg_state_dict_set of realized
+ * tensors) holds views of the parameters' buffers: it always reads their current values (save it
+ * with tg_safe_save at any time) and may outlive the layers. */
+/* tinygrad's load_state_dict: copies each tensor of `loaded` into the model tensor of the same name
+ * (tg_assign: cast to the model's dtype, moved to its device), realized before returning; every live
+ * handle of a model tensor (the layer's own) sees the new values. Shapes must match (() and (1,) are
+ * interchangeable, as in tinygrad). strict: a model name missing from `loaded` or a name in `loaded`
+ * that the model lacks is an error; otherwise they are skipped. Every problem is checked before
+ * anything is written: an error (TG_ERR_INVALID, naming the keys) leaves the model untouched. */
+tg_status tg_load_state_dict(tg_state_dict *model, const tg_state_dict *loaded, bool strict);
+/* tinygrad's get_parameters: the tensors of a model dict as the handles that own them (each layer's
+ * own parameter handle, not the dict's view: gradients and optimizer updates land on those), without
+ * duplicates, in dict order. trainable_only: only tensors with requires_grad (what an optimizer
+ * updates); otherwise running statistics too (an optimizer given them realizes their pending updates
+ * with each step, as tinygrad's does). Returns the count and writes the handles (BORROWED from their
+ * owners) to out; out NULL only counts; -1 with an error if cap is too small. */
+int tg_state_dict_parameters(const tg_state_dict *sd, bool trainable_only, tg_tensor *out, int cap);
+
+/* Optimizers (tinygrad's nn.optim), updating parameters in place with lazy tg_assigns. The optimizer
+ * BORROWS the parameter handles (keep them alive while it is used) and OWNS its state: the learning
+ * rate (a (1,) float32 tensor, so changing it recompiles nothing), momentum buffers, Adam moments and
+ * the b1^t / b2^t step counters, all updated by tg_assign. Handles without requires_grad are buffers
+ * (realized with each step, never updated); duplicates count once; at least one parameter is required.
+ * Zero fields in the options mean tinygrad's defaults. Constructors return NULL with an error. */
+typedef struct tg_optim tg_optim;
+typedef struct {
+  double lr;           /* default 0.001 */
+  double momentum;     /* default 0 */
+  double weight_decay; /* default 0: added to the gradient (wd * param) before momentum */
+  bool nesterov;
+  bool classic;        /* classic momentum: lr scales the gradient before the momentum buffer */
+} tg_sgd_opts;
+#define TG_SGD_OPTS(...) (&(const tg_sgd_opts){__VA_ARGS__})
+/* SGD = LARS without the trust ratio (same numbers as torch.optim.SGD, dampening 0). */
+tg_optim *tg_optim_sgd(const tg_tensor *params, int n, const tg_sgd_opts *opts);
+typedef struct {
+  double lr;           /* default 0.001 */
+  double momentum;     /* default 0.9; negative: no momentum */
+  double weight_decay; /* default 1e-4; negative: none */
+  double tcoef;        /* trust coefficient, default 0.001 */
+  bool nesterov;
+  bool popular;        /* tinygrad's classic=False: lr applied after the momentum buffer */
+} tg_lars_opts;
+#define TG_LARS_OPTS(...) (&(const tg_lars_opts){__VA_ARGS__})
+/* LARS: the gradient scaled by the layer-wise trust ratio tcoef*|w| / (|g| + wd*|w|) (1 where a norm
+ * is 0). */
+tg_optim *tg_optim_lars(const tg_tensor *params, int n, const tg_lars_opts *opts);
+typedef struct {
+  double lr;           /* default 0.001 */
+  double b1, b2;       /* defaults 0.9, 0.999 */
+  double eps;          /* default 1e-8 (LAMB 1e-6) */
+  double weight_decay; /* AdamW default 0.01, LAMB default 0; Adam has none (an error if set) */
+} tg_adam_opts;
+#define TG_ADAM_OPTS(...) (&(const tg_adam_opts){__VA_ARGS__})
+/* Adam = LAMB without trust ratio or weight decay; AdamW = with decoupled weight decay (both the same
+ * numbers as torch.optim's); LAMB scales each update by |w| / |update| (1 where a norm is 0). */
+tg_optim *tg_optim_adam(const tg_tensor *params, int n, const tg_adam_opts *opts);
+tg_optim *tg_optim_adamw(const tg_tensor *params, int n, const tg_adam_opts *opts);
+tg_optim *tg_optim_lamb(const tg_tensor *params, int n, const tg_adam_opts *opts);
+/* Drops the parameters' gradients (tinygrad's zero_grad: grad = None). */
+void tg_optim_zero_grad(tg_optim *o);
+/* tinygrad's schedule_step: builds the update of every parameter from its gradient (tg_backward must
+ * have run) as lazy assigns, and writes the tensors to realize -- optimizer state, then the
+ * parameters, then the buffers (all BORROWED) -- to out. Realize them together with the loss in one
+ * tg_realize_many (one schedule; under TinyJit, inside the jitted function). Requires TRAINING, as
+ * tinygrad does. Returns the count (out NULL: only counts, builds nothing), -1 with an error. */
+int tg_optim_schedule_step(tg_optim *o, tg_tensor *out, int cap);
+/* tg_realize_many of tg_optim_schedule_step. */
+tg_status tg_optim_step(tg_optim *o);
+/* Sets / reads the learning rate (writes the lr tensor: jitted steps see the new value). */
+tg_status tg_optim_set_lr(tg_optim *o, double lr);
+double tg_optim_get_lr(const tg_optim *o);
+/* The lr tensor, shape (1,) (BORROWED; e.g. to tg_assign a schedule into it). */
+tg_tensor tg_optim_lr(const tg_optim *o);
+/* Adds the optimizer's state to sd as tinygrad names it ("lr", "b1_t", "b2_t", "m.0", "v.0", "b.0",
+ * ...), for checkpoints (tg_load_state_dict restores it). */
+tg_status tg_optim_state(const tg_optim *o, tg_state_dict *sd, const char *prefix);
+/* Frees the optimizer's state (not the parameters). NULL is a no-op. */
+void tg_optim_free(tg_optim *o);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* TinyJit                                                                                         */

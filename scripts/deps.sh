@@ -12,6 +12,9 @@
 #   libfuzzer-14-dev     libFuzzer (make fuzz)
 #   dataset-fashion-mnist  /usr/share/datasets/fashion-mnist (IDX files for examples and tests)
 #
+# and, from PyPI into $PYTHON (default /usr/bin/python3) with pip (python3-pip if pip is missing):
+#   safetensors gguf     reference readers/writers for tests/test_formats.py
+#
 # Set TG_SKIP_DEPS=1 to skip this check entirely.
 set -euo pipefail
 
@@ -20,9 +23,13 @@ if [ "${TG_SKIP_DEPS:-0}" = 1 ]; then exit 0; fi
 PKGS=(build-essential clang zlib1g-dev pkg-config python3 python3-torch python3-numpy
       libclang-rt-14-dev libfuzzer-14-dev dataset-fashion-mnist)
 
+PY=${PYTHON:-/usr/bin/python3}
+PIP_PKGS=(safetensors gguf)
+
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "deps.sh: not a Debian system; make sure these (or their equivalents) are installed:" >&2
   echo "  ${PKGS[*]}" >&2
+  echo "  and for $PY from PyPI: ${PIP_PKGS[*]}" >&2
   exit 0
 fi
 
@@ -40,15 +47,35 @@ for p in "${PKGS[@]}"; do
   missing+=("$p")
 done
 
-if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
-
-if [ "$(id -u)" != 0 ]; then
-  echo "deps.sh: missing Debian packages: ${missing[*]}" >&2
-  echo "deps.sh: install them as root:  apt-get install ${missing[*]}" >&2
-  exit 1
+export DEBIAN_FRONTEND=noninteractive
+apt_updated=0
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "deps.sh: missing Debian packages: ${missing[*]}" >&2
+    echo "deps.sh: install them as root:  apt-get install ${missing[*]}" >&2
+    exit 1
+  fi
+  echo "deps.sh: installing ${missing[*]}"
+  apt-get update -qq
+  apt_updated=1
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "deps.sh: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# ---- PyPI packages (not in Debian): one import check when they are already there ----------------
+if "$PY" -c 'import safetensors, gguf' >/dev/null 2>&1; then exit 0; fi
+missing_py=()
+for p in "${PIP_PKGS[@]}"; do
+  "$PY" -c "import $p" >/dev/null 2>&1 || missing_py+=("$p")
+done
+if [ "$(id -u)" != 0 ]; then
+  echo "deps.sh: missing Python packages for $PY: ${missing_py[*]}" >&2
+  echo "deps.sh: install them as root:  $PY -m pip install --break-system-packages ${missing_py[*]}" >&2
+  exit 1
+fi
+if ! "$PY" -m pip --version >/dev/null 2>&1; then
+  echo "deps.sh: installing python3-pip"
+  [ $apt_updated = 1 ] || apt-get update -qq
+  apt-get install -y -qq --no-install-recommends python3-pip
+fi
+echo "deps.sh: installing from PyPI: ${missing_py[*]}"
+"$PY" -m pip install -q --break-system-packages --root-user-action=ignore "${missing_py[@]}"

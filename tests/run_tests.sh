@@ -12,6 +12,8 @@
 #   4. install check: `make install` into a temporary prefix, then a program built with
 #      `pkg-config --cflags --libs tinygrad` (and --static), DESTDIR staging, `make uninstall`
 #                                                                               [skipped by --c-only]
+#   5. fuzz smoke: `make fuzz` -- every tests/fuzz_*.c (file parsers) under libFuzzer + ASan/UBSan
+#      for FUZZ_SMOKE_TIME seconds each (default 10), one pass per clean target [skipped by --c-only]
 # Every program ends its output with "<name>: N passed, N failed"; the counts are summed. A program
 # that exits non-zero, dies from a signal, times out or prints no such line counts at least one
 # failure. The last line printed is "N passed, N failed"; the exit status is 1 if anything failed.
@@ -19,7 +21,7 @@
 # Environment: BUILD (default build), PYTHON (default /usr/bin/python3), TINYGRAD_LIB (default
 # $BUILD/libtinygrad.so), TEST_TIMEOUT (seconds per program, default 600), TEST_FILTER (passed on to
 # the C tests: run only tests whose name contains it), MAKE, TINYGRAD_CACHE_DIR (kernel cache; passed
-# through untouched).
+# through untouched), FUZZ_SMOKE_TIME (seconds per fuzz target, default 10; 0 skips the fuzz smoke).
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 ROOT=$PWD
@@ -28,7 +30,7 @@ C_ONLY=0
 for arg in "$@"; do
   case $arg in
     --c-only) C_ONLY=1 ;;
-    -h | --help) sed -n '2,25p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h | --help) sed -n '2,24p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "run_tests.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
@@ -204,6 +206,14 @@ if [ $C_ONLY = 0 ]; then
   rc=$?
   cat "$TMP/install.log"
   record install "$rc" "$TMP/install.log"
+
+  # ---- 5. fuzz smoke (build-fuzz/, its own sub-make; prints "N passed, N failed") -----------------
+  FUZZ_SMOKE_TIME=${FUZZ_SMOKE_TIME:-10}
+  if [ "$FUZZ_SMOKE_TIME" != 0 ] && compgen -G "tests/fuzz_*.c" >/dev/null; then
+    # shellcheck disable=SC2086
+    run "fuzz (${FUZZ_SMOKE_TIME} s per target)" env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL $MAKE --no-print-directory -s \
+      fuzz FUZZ_TIME="$FUZZ_SMOKE_TIME"
+  fi
 fi
 
 # ---- summary ------------------------------------------------------------------------------------

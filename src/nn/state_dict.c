@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "../helpers.h"
+#include "../tensor/tensor.h"
 #include "state_dict.h"
 
 /* ---- a string -> index hash set (indices into a parallel array of strings) ---- */
@@ -25,7 +26,12 @@ typedef struct {
   size_t cap;     /* power of two (0 = none) */
 } Index;
 
-static uint64_t str_hash(const char *s, size_t n) { return hash_bytes(s, n, 0x51ab1e); }
+/* Names come from untrusted files: the seed differs per process (address-space layout), so a file
+ * cannot be crafted to make every name collide. */
+static uint64_t str_hash(const char *s, size_t n) {
+  static const char anchor = 0;
+  return hash_bytes(s, n, 0x51ab1e ^ (uint64_t)(uintptr_t)&anchor);
+}
 
 static int index_find(const Index *ix, char *const *keys, const char *k, size_t n) {
   if (!ix->cap) return -1;
@@ -94,13 +100,17 @@ void tg_state_dict_free(tg_state_dict *sd) {
 
 int tg_state_dict_len(const tg_state_dict *sd) { return sd ? sd->n : 0; }
 
-const char *tg_state_dict_name(const tg_state_dict *sd, int i) { return sd && i >= 0 && i < sd->n ? sd->names[i] : NULL; }
+const char *tg_state_dict_name(const tg_state_dict *sd, int i) {
+  return sd && i >= 0 && i < sd->n ? sd->names[i] : NULL;
+}
 
 tg_tensor tg_state_dict_tensor(const tg_state_dict *sd, int i) {
   return sd && i >= 0 && i < sd->n ? sd->ts[i] : (tg_tensor){0};
 }
 
-int sd_find(const tg_state_dict *sd, const char *name, size_t len) { return index_find(&sd->ix, sd->names, name, len); }
+int sd_find(const tg_state_dict *sd, const char *name, size_t len) {
+  return index_find(&sd->ix, sd->names, name, len);
+}
 
 tg_tensor tg_state_dict_get(const tg_state_dict *sd, const char *name) {
   if (!sd || !name) return (tg_tensor){0};
@@ -115,7 +125,8 @@ static char *strndup_x(const char *s, size_t n) {
   return r;
 }
 
-tg_status sd_put(tg_state_dict *sd, const char *fn, const char *path, const char *name, size_t len, tg_tensor t, bool unique) {
+tg_status sd_put(tg_state_dict *sd, const char *fn, const char *path, const char *name, size_t len,
+                 tg_tensor t, bool unique) {
   if (memchr(name, 0, len)) {
     tg_free(t);
     return tg_set_error(TG_ERR_IO, "%s: %s: tensor name contains a NUL byte", fn, path);
@@ -148,20 +159,28 @@ tg_status sd_put(tg_state_dict *sd, const char *fn, const char *path, const char
 
 tg_status tg_state_dict_set(tg_state_dict *sd, const char *name, tg_tensor t) {
   if (!sd) return tg_set_error(TG_ERR_INVALID, "tg_state_dict_set: dict is NULL");
-  if (!name || !*name) return tg_set_error(TG_ERR_INVALID, "tg_state_dict_set: name is %s", name ? "empty" : "NULL");
+  if (!name || !*name)
+    return tg_set_error(TG_ERR_INVALID, "tg_state_dict_set: name is %s", name ? "empty" : "NULL");
   if (!tg_valid(t))
-    return tg_set_error(TG_ERR_HANDLE, "tg_state_dict_set: tensor for '%.200s' is %s", name, t.id ? "freed or stale" : "none (an earlier call failed?)");
-  tg_tensor own = tg_detach(t);
+    return tg_set_error(TG_ERR_HANDLE, "tg_state_dict_set: tensor for '%.200s' is %s", name,
+                        t.id ? "freed or stale" : "none (an earlier call failed?)");
+  /* a second handle of the very same UOp (not tg_detach, which adds a DETACH node): a realized
+   * tensor stays realized, and the entry does not depend on the caller's handle or scope */
+  UOp *u = t_get(t, "tg_state_dict_set");
+  if (!u) return TG_ERR_HANDLE;
+  tg_tensor own = t_wrap(uop_ref(u));
   if (!own.id) return tg_last_status() ? tg_last_status() : TG_ERR_HANDLE;
   return sd_put(sd, "tg_state_dict_set", "(dict)", name, strlen(name), own, false);
 }
 
-tg_status sd_meta_put(tg_state_dict *sd, const char *fn, const char *path, const char *key, size_t klen, const char *value,
-                      size_t vlen, bool unique) {
-  if (memchr(key, 0, klen)) return tg_set_error(TG_ERR_IO, "%s: %s: metadata key contains a NUL byte", fn, path);
+tg_status sd_meta_put(tg_state_dict *sd, const char *fn, const char *path, const char *key, size_t klen,
+                      const char *value, size_t vlen, bool unique) {
+  if (memchr(key, 0, klen))
+    return tg_set_error(TG_ERR_IO, "%s: %s: metadata key contains a NUL byte", fn, path);
   int i = index_find(&sd->mix, sd->mkeys, key, klen);
   if (i >= 0) {
-    if (unique) return tg_set_error(TG_ERR_IO, "%s: %s: duplicate metadata key '%.200s'", fn, path, sd->mkeys[i]);
+    if (unique)
+      return tg_set_error(TG_ERR_IO, "%s: %s: duplicate metadata key '%.200s'", fn, path, sd->mkeys[i]);
     free(sd->mvals[i]);
     sd->mvals[i] = strndup_x(value, vlen);
     return TG_OK;
@@ -181,7 +200,8 @@ tg_status sd_meta_put(tg_state_dict *sd, const char *fn, const char *path, const
 
 tg_status tg_state_dict_meta_set(tg_state_dict *sd, const char *key, const char *value) {
   if (!sd) return tg_set_error(TG_ERR_INVALID, "tg_state_dict_meta_set: dict is NULL");
-  if (!key || !*key) return tg_set_error(TG_ERR_INVALID, "tg_state_dict_meta_set: key is %s", key ? "empty" : "NULL");
+  if (!key || !*key)
+    return tg_set_error(TG_ERR_INVALID, "tg_state_dict_meta_set: key is %s", key ? "empty" : "NULL");
   if (!value) return tg_set_error(TG_ERR_INVALID, "tg_state_dict_meta_set: value for '%.200s' is NULL", key);
   return sd_meta_put(sd, "tg_state_dict_meta_set", "(dict)", key, strlen(key), value, strlen(value), false);
 }
@@ -193,8 +213,12 @@ const char *tg_state_dict_meta_get(const tg_state_dict *sd, const char *key) {
 }
 
 int tg_state_dict_meta_len(const tg_state_dict *sd) { return sd ? sd->mn : 0; }
-const char *tg_state_dict_meta_key(const tg_state_dict *sd, int i) { return sd && i >= 0 && i < sd->mn ? sd->mkeys[i] : NULL; }
-const char *tg_state_dict_meta_value(const tg_state_dict *sd, int i) { return sd && i >= 0 && i < sd->mn ? sd->mvals[i] : NULL; }
+const char *tg_state_dict_meta_key(const tg_state_dict *sd, int i) {
+  return sd && i >= 0 && i < sd->mn ? sd->mkeys[i] : NULL;
+}
+const char *tg_state_dict_meta_value(const tg_state_dict *sd, int i) {
+  return sd && i >= 0 && i < sd->mn ? sd->mvals[i] : NULL;
+}
 
 void sd_own_mapping(tg_state_dict *sd, void *addr, size_t len) {
   TG_ASSERT(!sd->map);
@@ -282,10 +306,14 @@ bool utf8_valid(const uint8_t *s, size_t n) {
     }
     size_t k;
     uint32_t cp, min;
-    if ((c & 0xe0) == 0xc0) k = 1, cp = c & 0x1f, min = 0x80;
-    else if ((c & 0xf0) == 0xe0) k = 2, cp = c & 0x0f, min = 0x800;
-    else if ((c & 0xf8) == 0xf0) k = 3, cp = c & 0x07, min = 0x10000;
-    else return false;
+    if ((c & 0xe0) == 0xc0)
+      k = 1, cp = c & 0x1f, min = 0x80;
+    else if ((c & 0xf0) == 0xe0)
+      k = 2, cp = c & 0x0f, min = 0x800;
+    else if ((c & 0xf8) == 0xf0)
+      k = 3, cp = c & 0x07, min = 0x10000;
+    else
+      return false;
     if (n - i <= k) return false;
     for (size_t j = 1; j <= k; j++) {
       if ((s[i + j] & 0xc0) != 0x80) return false;

@@ -22,10 +22,11 @@ int sd_find(const tg_state_dict *sd, const char *name, size_t len);
 /* Adds (or replaces) the entry `name` with t, TAKING OWNERSHIP of the handle t (it is moved to the
  * root scope; on error it is freed). name[0..len) must not contain NUL bytes. If `unique` is true an
  * existing name is an error (TG_ERR_IO "duplicate tensor name"), reported as `fn: path: ...`. */
-tg_status sd_put(tg_state_dict *sd, const char *fn, const char *path, const char *name, size_t len, tg_tensor t, bool unique);
+tg_status sd_put(tg_state_dict *sd, const char *fn, const char *path, const char *name, size_t len,
+                 tg_tensor t, bool unique);
 /* Metadata with an explicit key length (key must not contain NUL); `unique` as for sd_put. */
-tg_status sd_meta_put(tg_state_dict *sd, const char *fn, const char *path, const char *key, size_t klen, const char *value,
-                      size_t vlen, bool unique);
+tg_status sd_meta_put(tg_state_dict *sd, const char *fn, const char *path, const char *key, size_t klen,
+                      const char *value, size_t vlen, bool unique);
 /* Makes the dict own a mapping (munmap'ed after the handles are freed in tg_state_dict_free). */
 void sd_own_mapping(tg_state_dict *sd, void *addr, size_t len);
 
@@ -33,9 +34,9 @@ void sd_own_mapping(tg_state_dict *sd, void *addr, size_t len);
 typedef struct {
   const uint8_t *data; /* whole file (NULL when len == 0) */
   size_t len;
-  void *map;           /* mmap'ed region (munmap on close) or NULL */
+  void *map; /* mmap'ed region (munmap on close) or NULL */
   size_t map_len;
-  void *heap;          /* malloc'd copy (non-regular files) or NULL */
+  void *heap; /* malloc'd copy (non-regular files) or NULL */
 } FileView;
 /* Maps `path` read-only (private, PROT_READ|PROT_WRITE if writable is true, so tensors may wrap it);
  * non-regular files (pipes) are read into memory. Errors are TG_ERR_IO "fn: path: reason". */
@@ -45,7 +46,8 @@ void file_view_close(FileView *fv);
 /* ---- in-memory loaders (the fuzz targets and the file loaders call these) ---- */
 /* `path` is only used in messages. For safe_load_mem with zero_copy, tensors wrap `data` (which must
  * then outlive them: the caller gives the mapping to the dict with sd_own_mapping). */
-tg_state_dict *safe_load_mem(const char *fn, const char *path, const uint8_t *data, size_t len, bool zero_copy);
+tg_state_dict *safe_load_mem(const char *fn, const char *path, const uint8_t *data, size_t len,
+                             bool zero_copy);
 tg_state_dict *gguf_load_mem(const char *fn, const char *path, const uint8_t *data, size_t len);
 tg_state_dict *tar_extract_mem(const char *fn, const char *path, const uint8_t *data, size_t len);
 
@@ -56,6 +58,8 @@ static inline uint16_t rd_u16le(const uint8_t *p) { return (uint16_t)(p[0] | (p[
 static inline uint32_t rd_u32le(const uint8_t *p) {
   return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
-static inline uint64_t rd_u64le(const uint8_t *p) { return (uint64_t)rd_u32le(p) | ((uint64_t)rd_u32le(p + 4) << 32); }
+static inline uint64_t rd_u64le(const uint8_t *p) {
+  return (uint64_t)rd_u32le(p) | ((uint64_t)rd_u32le(p + 4) << 32);
+}
 
 #endif

@@ -1,0 +1,1277 @@
+/*
+ * layers.c -- tinygrad's nn layers (Linear, Conv1d/2d, ConvTranspose1d/2d, BatchNorm, GroupNorm,
+ * InstanceNorm, LayerNorm, LayerNorm2d, RMSNorm, Embedding, LSTMCell), the initializers they use
+ * (kaiming/glorot/scaled uniform, randperm, rand_like), tg_conv_transpose2d, and the model-state
+ * helpers tg_load_state_dict / tg_state_dict_parameters.
+ *
+ * In: sizes and options (init), input tensors (forward), state dicts (load). Out: layers whose
+ * parameters are realized root-scope handles owned by the layer; lazy forward results in the caller's
+ * scope; state dict entries named as tinygrad / PyTorch name them.
+ * Invariants: every forward composes public ops inside its own scope and moves only the result out,
+ * so it leaks no handles and re-labels an inner error with its own name. A state dict holds views
+ * (tg_detach) of the parameters' buffers; tg_load_state_dict writes through to the buffer and moves
+ * every live handle of that buffer to the written version, and tg_state_dict_parameters maps an entry
+ * back to the live handle that owns its buffer (the slot table is tinygrad's all_tensors registry).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../helpers.h"
+#include "../tensor/tensor.h"
+#include "../uop/ptrmap.h"
+
+#define NONE ((tg_tensor){0})
+
+/* ---------------------------------------------------------------------------------------------- */
+/* composition helpers                                                                             */
+
+typedef struct {
+  const char *fn;
+  bool had; /* an error was already recorded before the op started */
+} NnOp;
+
+static NnOp op_begin(const char *fn) {
+  NnOp o = {fn, tg_has_error()};
+  tg_scope_begin();
+  return o;
+}
+
+/* Re-records the first error as "fn: <inner message>" unless it already names fn (or predates the op). */
+static void relabel(NnOp o) {
+  const char *m = tg_last_error();
+  size_t fl = strlen(o.fn);
+  if (o.had || !m || (strncmp(m, o.fn, fl) == 0 && m[fl] == ':')) return;
+  char buf[1400];
+  snprintf(buf, sizeof buf, "%s: %s", o.fn, m);
+  tg_status st = tg_last_status();
+  tg_clear_error();
+  tg_set_error(st, "%s", buf);
+}
+
+/* Closes the op's scope, moving r out to the caller's scope. */
+static tg_tensor op_done(NnOp o, tg_tensor r) {
+  if (tg_valid(r) && !(tg_has_error() && !o.had)) {
+    r = tg_keep(r);
+  } else {
+    r = NONE;
+    relabel(o);
+  }
+  tg_scope_end();
+  return r;
+}
+
+static tg_status op_done_status(NnOp o, tg_status st) {
+  if (st == TG_OK && tg_has_error() && !o.had) st = tg_last_status();
+  if (st != TG_OK) relabel(o);
+  tg_scope_end();
+  if (st != TG_OK && !tg_has_error()) st = tg_set_error(st, "%s: failed", o.fn);
+  return st;
+}
+
+static tg_tensor fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static tg_tensor fail(const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  tg_set_error(TG_ERR_INVALID, "%s", msg);
+  return NONE;
+}
+
+static const char *shape_str(char *buf, size_t n, tg_tensor t) {
+  int64_t s[64];
+  int nd = tg_ndim(t);
+  if (nd < 0 || nd > 64) return "(?)";
+  tg_shape(t, s);
+  return fmt_shape(buf, n, s, nd);
+}
+#define SHP(t) shape_str((char[256]){0}, 256, (t))
+
+static int64_t prod(const int64_t *s, int n) {
+  int64_t p = 1;
+  for (int i = 0; i < n; i++) p *= s[i];
+  return p;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* initializers                                                                                    */
+
+static bool check_shape(const char *fn, const int64_t *shape, int ndim) {
+  if (ndim < 0 || ndim > 64 || (ndim > 0 && !shape)) {
+    tg_set_error(TG_ERR_INVALID, "%s: invalid shape (ndim=%d, shape %s)", fn, ndim, shape ? "given" : "NULL");
+    return false;
+  }
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] < 0) {
+      tg_set_error(TG_ERR_INVALID, "%s: negative dimension %lld in shape", fn, (long long)shape[i]);
+      return false;
+    }
+  return true;
+}
+
+/* uniform(-bound, bound) with requires_grad applied to the result only. */
+static tg_tensor sym_uniform(const char *fn, const int64_t *shape, int ndim, double bound, const tg_opts *opts) {
+  if (!(bound > 0) || !isfinite(bound))
+    return fail("%s: the bound %g computed from the shape is not a positive finite number (empty fan?)", fn, bound);
+  NnOp o = op_begin(fn);
+  return op_done(o, tg_uniform(shape, ndim, -bound, bound, opts));
+}
+
+tg_tensor tg_kaiming_uniform(const int64_t *shape, int ndim, double a, const tg_opts *opts) {
+  const char *fn = "tg_kaiming_uniform";
+  if (!check_shape(fn, shape, ndim)) return NONE;
+  int64_t fan = ndim > 1 ? prod(shape + 1, ndim - 1) : 1;
+  return sym_uniform(fn, shape, ndim, sqrt(6.0 / (1.0 + a * a) / (double)fan), opts);
+}
+
+tg_tensor tg_kaiming_normal(const int64_t *shape, int ndim, double a, const tg_opts *opts) {
+  const char *fn = "tg_kaiming_normal";
+  if (!check_shape(fn, shape, ndim)) return NONE;
+  int64_t fan = ndim > 1 ? prod(shape + 1, ndim - 1) : 1;
+  double std = sqrt(2.0 / (1.0 + a * a) / (double)fan);
+  if (!isfinite(std)) return fail("%s: fan_in of shape is 0", fn);
+  NnOp o = op_begin(fn);
+  return op_done(o, tg_normal(shape, ndim, 0.0, std, opts));
+}
+
+tg_tensor tg_glorot_uniform(const int64_t *shape, int ndim, const tg_opts *opts) {
+  const char *fn = "tg_glorot_uniform";
+  if (!check_shape(fn, shape, ndim)) return NONE;
+  if (ndim < 1) return fail("%s: needs at least one dimension", fn);
+  return sym_uniform(fn, shape, ndim, sqrt(6.0 / (double)(shape[0] + prod(shape + 1, ndim - 1))), opts);
+}
+
+tg_tensor tg_scaled_uniform(const int64_t *shape, int ndim, const tg_opts *opts) {
+  const char *fn = "tg_scaled_uniform";
+  if (!check_shape(fn, shape, ndim)) return NONE;
+  int64_t n = prod(shape, ndim);
+  tg_opts ro = {0};
+  if (opts) ro = *opts;
+  bool rg = ro.requires_grad;
+  ro.requires_grad = false;
+  NnOp o = op_begin(fn);
+  tg_tensor r = tg_mul_s(tg_uniform(shape, ndim, -1.0, 1.0, &ro), n > 0 ? pow((double)n, -0.5) : 1.0);
+  if (rg) tg_set_requires_grad(r, true);
+  return op_done(o, r);
+}
+
+tg_tensor tg_randperm(int64_t n, const tg_opts *opts) {
+  const char *fn = "tg_randperm";
+  if (n < 0 || n > ((int64_t)1 << 31)) return fail("%s: n=%lld is out of range [0, 2^31]", fn, (long long)n);
+  tg_dtype dt = opts && opts->dtype ? opts->dtype : TG_INT32;
+  if (!tg_dtype_is_int(dt)) return fail("%s: dtype %s is not an integer dtype", fn, tg_dtype_name(dt));
+  tg_opts ro = {TG_FLOAT32, opts ? opts->device : NULL, false};
+  NnOp o = op_begin(fn);
+  /* the draws are realized first, so the n^2 compare kernel reads them instead of recomputing them */
+  tg_tensor r = tg_contiguous(tg_rand((const int64_t[]){n}, 1, &ro));
+  if (tg_realize(r) != TG_OK) return op_done(o, NONE);
+  tg_tensor ri = tg_reshape(r, (const int64_t[]){n, 1}, 2), rj = tg_reshape(r, (const int64_t[]){1, n}, 2);
+  tg_opts io = {TG_INT32, opts ? opts->device : NULL, false};
+  tg_tensor ar = tg_arange(0, (double)n, 1, &io);
+  tg_tensor ai = tg_reshape(ar, (const int64_t[]){n, 1}, 2), aj = tg_reshape(ar, (const int64_t[]){1, n}, 2);
+  /* rank of draw i: #{j: r_j < r_i} + #{j < i: r_j == r_i} */
+  tg_tensor before = tg_bitwise_or(tg_lt(rj, ri), tg_bitwise_and(tg_eq(rj, ri), tg_lt(aj, ai)));
+  tg_tensor rank = tg_sum(tg_cast(before, TG_INT32), (const int[]){1}, 1, false);
+  return op_done(o, tg_cast(rank, dt));
+}
+
+static tg_opts like_opts(tg_tensor t, const tg_opts *opts) {
+  tg_opts o = {0};
+  if (opts) o = *opts;
+  if (!o.dtype) o.dtype = tg_dtype_of(t);
+  if (!o.device) o.device = tg_device_of(t);
+  return o;
+}
+
+tg_tensor tg_rand_like(tg_tensor t, const tg_opts *opts) {
+  const char *fn = "tg_rand_like";
+  if (!t_get(t, fn)) return NONE;
+  tg_opts o = like_opts(t, opts);
+  int64_t s[64];
+  int nd = tg_shape(t, s);
+  NnOp op = op_begin(fn);
+  return op_done(op, tg_rand(s, nd, &o));
+}
+
+tg_tensor tg_randn_like(tg_tensor t, const tg_opts *opts) {
+  const char *fn = "tg_randn_like";
+  if (!t_get(t, fn)) return NONE;
+  tg_opts o = like_opts(t, opts);
+  int64_t s[64];
+  int nd = tg_shape(t, s);
+  NnOp op = op_begin(fn);
+  return op_done(op, tg_randn(s, nd, &o));
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* transposed convolution                                                                          */
+
+/* pads: (H before, H after, W before, W after); op: output padding (H, W). */
+static tg_tensor conv_transpose_impl(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, int64_t groups,
+                                     const int64_t s[2], const int64_t d[2], const int64_t pads[4], const int64_t op[2]) {
+  if (!t_get(x, fn) || !t_get(weight, fn) || (bias.id && !t_get(bias, fn))) return NONE;
+  int64_t xs[64], ws[64];
+  int xn = tg_shape(x, xs), wn = tg_shape(weight, ws);
+  if (xn != 4 || wn != 4)
+    return fail("%s: input %s must be (batch, cin, height, width) and weight %s (cin, cout/groups, kh, kw)", fn, SHP(x),
+                SHP(weight));
+  if (groups < 1) return fail("%s: groups %lld must be positive", fn, (long long)groups);
+  int64_t cin = xs[1], rcout = ws[1], kh = ws[2], kw = ws[3];
+  if (ws[0] != cin)
+    return fail("%s: input %s has %lld channels but weight %s expects %lld (weight is (cin, cout/groups, kh, kw))", fn,
+                SHP(x), (long long)cin, SHP(weight), (long long)ws[0]);
+  if (cin % groups) return fail("%s: cin %lld is not divisible by groups=%lld", fn, (long long)cin, (long long)groups);
+  if (kh < 1 || kw < 1) return fail("%s: weight %s has an empty kernel", fn, SHP(weight));
+  for (int j = 0; j < 2; j++)
+    if (s[j] < 1 || d[j] < 1 || op[j] < 0)
+      return fail("%s: stride (%lld, %lld) and dilation (%lld, %lld) must be positive, output_padding (%lld, %lld) "
+                  "non-negative",
+                  fn, (long long)s[0], (long long)s[1], (long long)d[0], (long long)d[1], (long long)op[0],
+                  (long long)op[1]);
+  NnOp o = op_begin(fn);
+  /* weight (cin, rcout, kh, kw) -> (groups, cin/g, rcout, kh, kw) -> (groups, rcout, cin/g, kh, kw), flipped
+   * spatially -> (groups*rcout, cin/g, kh, kw) */
+  tg_tensor w = tg_reshape(weight, (const int64_t[]){groups, cin / groups, rcout, kh, kw}, 5);
+  w = tg_flip(tg_transpose(w, 1, 2), (const int[]){3, 4}, 2);
+  w = tg_reshape(w, (const int64_t[]){groups * rcout, cin / groups, kh, kw}, 4);
+  /* dilate the input by the stride: (k) -> (k, 1) -> pad -> (k, s) -> (k*s) -> shrink to k*s - (s-1) */
+  tg_tensor xd = x;
+  if (s[0] > 1 || s[1] > 1) {
+    int64_t H = xs[2], W = xs[3];
+    xd = tg_reshape(x, (const int64_t[]){xs[0], cin, H, 1, W, 1}, 6);
+    xd = tg_pad(xd, (const int64_t[]){0, 0, 0, 0, 0, 0, 0, s[0] - 1, 0, 0, 0, s[1] - 1}, 12, 0.0);
+    xd = tg_reshape(xd, (const int64_t[]){xs[0], cin, H * s[0], W * s[1]}, 4);
+    xd = tg_shrink(xd, (const int64_t[]){0, xs[0], 0, cin, 0, H * s[0] - (s[0] - 1), 0, W * s[1] - (s[1] - 1)}, 8);
+  }
+  tg_conv2d_opts co = {0};
+  co.groups = groups;
+  co.stride[0] = co.stride[1] = 1;
+  co.dilation[0] = d[0], co.dilation[1] = d[1];
+  /* (left, right, top, bottom) */
+  co.padding[0] = (kw - 1) * d[1] - pads[2], co.padding[1] = (kw - 1) * d[1] - pads[3] + op[1];
+  co.padding[2] = (kh - 1) * d[0] - pads[0], co.padding[3] = (kh - 1) * d[0] - pads[1] + op[0];
+  co.npadding = 4;
+  return op_done(o, tg_conv2d(xd, w, bias, &co));
+}
+
+/* tinygrad's padding forms -> (H before, H after, W before, W after) */
+static bool resolve_pads(const char *fn, const int64_t *p, int np, int64_t *out) {
+  switch (np) {
+  case 0:
+    if (p[1] || p[2] || p[3]) {
+      tg_set_error(TG_ERR_INVALID, "%s: padding has several entries but npadding is 0; set npadding to 1, 2 or 4", fn);
+      return false;
+    }
+    /* fallthrough */
+  case 1: out[0] = out[1] = out[2] = out[3] = p[0]; return true;
+  case 2: out[0] = out[1] = p[0], out[2] = out[3] = p[1]; return true;
+  case 4: out[2] = p[0], out[3] = p[1], out[0] = p[2], out[1] = p[3]; return true;
+  default:
+    tg_set_error(TG_ERR_INVALID, "%s: npadding is %d; use 1 (all sides), 2 (pad_h, pad_w) or 4 (left, right, top, bottom)",
+                 fn, np);
+    return false;
+  }
+}
+
+static void pair_or(const int64_t *v, int64_t def, int64_t *out) {
+  if (v[0] == 0 && v[1] == 0) out[0] = out[1] = def;
+  else if (v[1] == 0) out[0] = out[1] = v[0];
+  else out[0] = v[0], out[1] = v[1];
+}
+
+tg_tensor tg_conv_transpose2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv_transpose2d_opts *opts) {
+  const char *fn = "tg_conv_transpose2d";
+  static const tg_conv_transpose2d_opts zero;
+  if (!opts) opts = &zero;
+  int64_t s[2], d[2], pads[4], op[2];
+  pair_or(opts->stride, 1, s);
+  pair_or(opts->dilation, 1, d);
+  if (!resolve_pads(fn, opts->padding, opts->npadding, pads)) return NONE;
+  switch (opts->noutput_padding) {
+  case 0:
+    if (opts->output_padding[1]) return fail("%s: output_padding has two entries but noutput_padding is 0; set it to 2", fn);
+    /* fallthrough */
+  case 1: op[0] = op[1] = opts->output_padding[0]; break;
+  case 2: op[0] = opts->output_padding[0], op[1] = opts->output_padding[1]; break;
+  default: return fail("%s: noutput_padding is %d; use 1 (both dims) or 2 (h, w)", fn, opts->noutput_padding);
+  }
+  return conv_transpose_impl(fn, x, weight, bias, opts->groups ? opts->groups : 1, s, d, pads, op);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* parameters                                                                                      */
+
+typedef struct {
+  tg_tensor *dst;
+  tg_tensor val;
+  bool trainable;
+} PDef;
+
+/* Realizes the new parameters together, then makes each a root-scope handle in *dst (requires_grad on
+ * the trainable ones). On error frees them all and returns the status. Called inside an op scope. */
+static tg_status make_params(PDef *p, int n) {
+  tg_tensor ts[8];
+  int m = 0;
+  for (int i = 0; i < n; i++) {
+    if (!p[i].val.id && !tg_has_error()) continue; /* absent optional parameter */
+    if (!tg_valid(p[i].val)) return tg_has_error() ? tg_last_status() : TG_ERR_HANDLE;
+    /* Each parameter gets a buffer of its own: equal constant tensors (the ones of two BatchNorm
+     * weights, zeros of a bias and a running mean) are one hash-consed node, which realizes into one
+     * shared buffer, and an assign to one would change the other. */
+    int64_t sh[64];
+    int nd = tg_shape(p[i].val, sh);
+    tg_opts eo = {tg_dtype_of(p[i].val), tg_device_of(p[i].val), false};
+    p[i].val = tg_assign(tg_empty(sh, nd, &eo), p[i].val);
+    if (!p[i].val.id) return tg_last_status();
+    ts[m++] = p[i].val;
+  }
+  tg_status st = m ? tg_realize_many(ts, m) : TG_OK;
+  if (st != TG_OK) return st;
+  for (int i = 0; i < n; i++) {
+    if (!p[i].val.id) continue;
+    *p[i].dst = tg_persist(p[i].val);
+    tg_set_requires_grad(*p[i].dst, p[i].trainable);
+  }
+  return TG_OK;
+}
+
+static void free_params(tg_tensor *const *ts, int n) {
+  for (int i = 0; i < n; i++) {
+    tg_free(*ts[i]);
+    *ts[i] = NONE;
+  }
+}
+
+/* Adds t under "prefix.name" (prefix "" / NULL: "name"; a trailing '.' in prefix is not doubled). */
+static tg_status put(tg_state_dict *sd, const char *fn, const char *prefix, const char *name, tg_tensor t) {
+  if (!t.id) return TG_OK;
+  if (!prefix) prefix = "";
+  size_t lp = strlen(prefix), ln = strlen(name);
+  char *buf = tg_xmalloc(lp + ln + 2);
+  if (lp == 0) memcpy(buf, name, ln + 1);
+  else if (prefix[lp - 1] == '.') snprintf(buf, lp + ln + 2, "%s%s", prefix, name);
+  else snprintf(buf, lp + ln + 2, "%s.%s", prefix, name);
+  tg_status st = tg_state_dict_set(sd, buf, t);
+  free(buf);
+  if (st != TG_OK) {
+    NnOp o = {fn, false};
+    relabel(o);
+  }
+  return st;
+}
+
+static tg_status put_all(const char *fn, const void *l, tg_state_dict *sd, const char *prefix, const char *const *names,
+                         const tg_tensor *ts, int n) {
+  if (!l) return tg_set_error(TG_ERR_INVALID, "%s: layer is NULL", fn);
+  if (!sd) return tg_set_error(TG_ERR_INVALID, "%s: state dict is NULL", fn);
+  for (int i = 0; i < n; i++) {
+    tg_status st = put(sd, fn, prefix, names[i], ts[i]);
+    if (st != TG_OK) return st;
+  }
+  return TG_OK;
+}
+
+static bool layer_ok(const char *fn, const void *l, bool initialised) {
+  if (!l) {
+    tg_set_error(TG_ERR_INVALID, "%s: layer is NULL", fn);
+    return false;
+  }
+  if (!initialised) {
+    tg_set_error(TG_ERR_HANDLE, "%s: the layer is not initialised (or was freed)", fn);
+    return false;
+  }
+  return true;
+}
+
+/* init prologue: NULL check and zeroing */
+#define INIT_BEGIN(fn, l)                                                                                              \
+  do {                                                                                                                 \
+    if (!(l)) return tg_set_error(TG_ERR_INVALID, "%s: layer is NULL", fn);                                            \
+    memset((l), 0, sizeof *(l));                                                                                       \
+  } while (0)
+
+static tg_tensor lazy_uniform(const int64_t *shape, int ndim, double bound) {
+  return tg_uniform(shape, ndim, -bound, bound, NULL);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Linear                                                                                          */
+
+tg_status tg_nn_linear_init(tg_nn_linear *l, int64_t in_features, int64_t out_features, bool bias) {
+  const char *fn = "tg_nn_linear_init";
+  INIT_BEGIN(fn, l);
+  if (in_features < 1 || out_features < 0)
+    return tg_set_error(TG_ERR_INVALID, "%s: in_features=%lld must be positive and out_features=%lld non-negative", fn,
+                        (long long)in_features, (long long)out_features);
+  l->in_features = in_features, l->out_features = out_features;
+  double bound = 1.0 / sqrt((double)in_features);
+  NnOp o = op_begin(fn);
+  PDef p[2] = {{&l->weight, lazy_uniform((const int64_t[]){out_features, in_features}, 2, bound), true},
+               {&l->bias, bias ? lazy_uniform((const int64_t[]){out_features}, 1, bound) : NONE, true}};
+  tg_status st = op_done_status(o, make_params(p, 2));
+  if (st != TG_OK) memset(l, 0, sizeof *l);
+  return st;
+}
+
+tg_tensor tg_nn_linear_forward(const tg_nn_linear *l, tg_tensor x) {
+  const char *fn = "tg_nn_linear_forward";
+  if (!layer_ok(fn, l, l && l->weight.id)) return NONE;
+  NnOp o = op_begin(fn);
+  return op_done(o, tg_linear(x, l->weight, l->bias));
+}
+
+tg_status tg_nn_linear_state(const tg_nn_linear *l, tg_state_dict *sd, const char *prefix) {
+  static const char *const names[] = {"weight", "bias"};
+  return put_all("tg_nn_linear_state", l, sd, prefix, names, l ? (const tg_tensor[]){l->weight, l->bias} : NULL, 2);
+}
+
+void tg_nn_linear_free(tg_nn_linear *l) {
+  if (!l) return;
+  free_params((tg_tensor *const[]){&l->weight, &l->bias}, 2);
+  memset(l, 0, sizeof *l);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Conv2d / ConvTranspose2d                                                                        */
+
+static tg_status conv_params(const char *fn, int64_t wshape0, int64_t wshape1, const int64_t *k, int nk, int64_t in_channels,
+                             int64_t out_channels, bool bias, tg_tensor *w, tg_tensor *b) {
+  double scale = 1.0 / sqrt((double)in_channels * (double)prod(k, nk));
+  int64_t ws[4] = {wshape0, wshape1, k[0], nk > 1 ? k[1] : 0};
+  NnOp o = op_begin(fn);
+  PDef p[2] = {{w, lazy_uniform(ws, 2 + nk, scale), true},
+               {b, bias ? lazy_uniform((const int64_t[]){out_channels}, 1, scale) : NONE, true}};
+  return op_done_status(o, make_params(p, 2));
+}
+
+static tg_status conv_check(const char *fn, int64_t in, int64_t out, int64_t groups, const int64_t *k, int nk) {
+  if (in < 1 || out < 1 || groups < 1 || in % groups || out % groups)
+    return tg_set_error(TG_ERR_INVALID,
+                        "%s: in_channels=%lld and out_channels=%lld must be positive and divisible by groups=%lld", fn,
+                        (long long)in, (long long)out, (long long)groups);
+  for (int i = 0; i < nk; i++)
+    if (k[i] < 1) return tg_set_error(TG_ERR_INVALID, "%s: kernel_size %lld must be positive", fn, (long long)k[i]);
+  return TG_OK;
+}
+
+tg_status tg_nn_conv2d_init(tg_nn_conv2d *l, int64_t in_channels, int64_t out_channels, const int64_t kernel_size[2],
+                            bool bias, const tg_conv2d_opts *opts) {
+  const char *fn = "tg_nn_conv2d_init";
+  INIT_BEGIN(fn, l);
+  if (!kernel_size) return tg_set_error(TG_ERR_INVALID, "%s: kernel_size is NULL", fn);
+  int64_t k[2];
+  pair_or(kernel_size, 0, k);
+  if (opts) l->opts = *opts;
+  int64_t g = l->opts.groups ? l->opts.groups : 1;
+  tg_status st = conv_check(fn, in_channels, out_channels, g, k, 2);
+  if (st != TG_OK) {
+    memset(l, 0, sizeof *l);
+    return st;
+  }
+  l->in_channels = in_channels, l->out_channels = out_channels, l->kernel_size[0] = k[0], l->kernel_size[1] = k[1];
+  st = conv_params(fn, out_channels, in_channels / g, k, 2, in_channels, out_channels, bias, &l->weight, &l->bias);
+  if (st != TG_OK) memset(l, 0, sizeof *l);
+  return st;
+}
+
+tg_tensor tg_nn_conv2d_forward(const tg_nn_conv2d *l, tg_tensor x) {
+  const char *fn = "tg_nn_conv2d_forward";
+  if (!layer_ok(fn, l, l && l->weight.id)) return NONE;
+  NnOp o = op_begin(fn);
+  return op_done(o, tg_conv2d(x, l->weight, l->bias, &l->opts));
+}
+
+tg_status tg_nn_conv2d_state(const tg_nn_conv2d *l, tg_state_dict *sd, const char *prefix) {
+  static const char *const names[] = {"weight", "bias"};
+  return put_all("tg_nn_conv2d_state", l, sd, prefix, names, l ? (const tg_tensor[]){l->weight, l->bias} : NULL, 2);
+}
+
+void tg_nn_conv2d_free(tg_nn_conv2d *l) {
+  if (!l) return;
+  free_params((tg_tensor *const[]){&l->weight, &l->bias}, 2);
+  memset(l, 0, sizeof *l);
+}
+
+tg_status tg_nn_conv_transpose2d_init(tg_nn_conv_transpose2d *l, int64_t in_channels, int64_t out_channels,
+                                      const int64_t kernel_size[2], bool bias, const tg_conv_transpose2d_opts *opts) {
+  const char *fn = "tg_nn_conv_transpose2d_init";
+  INIT_BEGIN(fn, l);
+  if (!kernel_size) return tg_set_error(TG_ERR_INVALID, "%s: kernel_size is NULL", fn);
+  int64_t k[2];
+  pair_or(kernel_size, 0, k);
+  if (opts) l->opts = *opts;
+  int64_t g = l->opts.groups ? l->opts.groups : 1;
+  tg_status st = conv_check(fn, in_channels, out_channels, g, k, 2);
+  if (st != TG_OK) {
+    memset(l, 0, sizeof *l);
+    return st;
+  }
+  l->in_channels = in_channels, l->out_channels = out_channels, l->kernel_size[0] = k[0], l->kernel_size[1] = k[1];
+  st = conv_params(fn, in_channels, out_channels / g, k, 2, in_channels, out_channels, bias, &l->weight, &l->bias);
+  if (st != TG_OK) memset(l, 0, sizeof *l);
+  return st;
+}
+
+tg_tensor tg_nn_conv_transpose2d_forward(const tg_nn_conv_transpose2d *l, tg_tensor x) {
+  const char *fn = "tg_nn_conv_transpose2d_forward";
+  if (!layer_ok(fn, l, l && l->weight.id)) return NONE;
+  NnOp o = op_begin(fn);
+  return op_done(o, tg_conv_transpose2d(x, l->weight, l->bias, &l->opts));
+}
+
+tg_status tg_nn_conv_transpose2d_state(const tg_nn_conv_transpose2d *l, tg_state_dict *sd, const char *prefix) {
+  static const char *const names[] = {"weight", "bias"};
+  return put_all("tg_nn_conv_transpose2d_state", l, sd, prefix, names, l ? (const tg_tensor[]){l->weight, l->bias} : NULL,
+                 2);
+}
+
+void tg_nn_conv_transpose2d_free(tg_nn_conv_transpose2d *l) {
+  if (!l) return;
+  free_params((tg_tensor *const[]){&l->weight, &l->bias}, 2);
+  memset(l, 0, sizeof *l);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Conv1d / ConvTranspose1d: the 2-d ops on (N, C, 1, L) with a (1, k) kernel                      */
+
+static tg_status conv1d_init(const char *fn, tg_nn_conv1d *l, int64_t in_channels, int64_t out_channels,
+                             int64_t kernel_size, bool bias, const tg_conv1d_opts *opts, bool transposed) {
+  INIT_BEGIN(fn, l);
+  if (opts) l->opts = *opts;
+  if (!l->opts.stride) l->opts.stride = 1;
+  if (!l->opts.dilation) l->opts.dilation = 1;
+  if (!l->opts.groups) l->opts.groups = 1;
+  tg_status st = TG_OK;
+  if (l->opts.stride < 1 || l->opts.dilation < 1 || l->opts.output_padding < 0 || (!transposed && l->opts.output_padding))
+    st = tg_set_error(TG_ERR_INVALID,
+                      "%s: stride %lld and dilation %lld must be positive; output_padding %lld is for ConvTranspose1d "
+                      "only and non-negative",
+                      fn, (long long)l->opts.stride, (long long)l->opts.dilation, (long long)l->opts.output_padding);
+  if (st == TG_OK) st = conv_check(fn, in_channels, out_channels, l->opts.groups, &kernel_size, 1);
+  if (st != TG_OK) {
+    memset(l, 0, sizeof *l);
+    return st;
+  }
+  l->in_channels = in_channels, l->out_channels = out_channels, l->kernel_size = kernel_size;
+  int64_t g = l->opts.groups;
+  st = transposed ? conv_params(fn, in_channels, out_channels / g, &kernel_size, 1, in_channels, out_channels, bias,
+                                &l->weight, &l->bias)
+                  : conv_params(fn, out_channels, in_channels / g, &kernel_size, 1, in_channels, out_channels, bias,
+                                &l->weight, &l->bias);
+  if (st != TG_OK) memset(l, 0, sizeof *l);
+  return st;
+}
+
+static tg_tensor conv1d_forward(const char *fn, const tg_nn_conv1d *l, tg_tensor x, bool transposed) {
+  if (!layer_ok(fn, l, l && l->weight.id)) return NONE;
+  if (!t_get(x, fn)) return NONE;
+  if (tg_ndim(x) != 3) return fail("%s: input %s must be (batch, channels, length)", fn, SHP(x));
+  NnOp o = op_begin(fn);
+  tg_tensor x4 = tg_unsqueeze(x, 2), w4 = tg_unsqueeze(l->weight, 2), r;
+  const tg_conv1d_opts *c = &l->opts;
+  if (!transposed) {
+    tg_conv2d_opts co = {0};
+    co.groups = c->groups;
+    co.stride[0] = 1, co.stride[1] = c->stride;
+    co.dilation[0] = 1, co.dilation[1] = c->dilation;
+    co.padding[0] = co.padding[1] = c->padding, co.npadding = 4;
+    r = tg_conv2d(x4, w4, l->bias, &co);
+  } else {
+    int64_t s[2] = {1, c->stride}, d[2] = {1, c->dilation}, pads[4] = {0, 0, c->padding, c->padding},
+            op[2] = {0, c->output_padding};
+    r = conv_transpose_impl(fn, x4, w4, l->bias, c->groups, s, d, pads, op);
+  }
+  return op_done(o, tg_squeeze(r, 2));
+}
+
+tg_status tg_nn_conv1d_init(tg_nn_conv1d *l, int64_t in_channels, int64_t out_channels, int64_t kernel_size, bool bias,
+                            const tg_conv1d_opts *opts) {
+  return conv1d_init("tg_nn_conv1d_init", l, in_channels, out_channels, kernel_size, bias, opts, false);
+}
+tg_tensor tg_nn_conv1d_forward(const tg_nn_conv1d *l, tg_tensor x) {
+  return conv1d_forward("tg_nn_conv1d_forward", l, x, false);
+}
+tg_status tg_nn_conv1d_state(const tg_nn_conv1d *l, tg_state_dict *sd, const char *prefix) {
+  static const char *const names[] = {"weight", "bias"};
+  return put_all("tg_nn_conv1d_state", l, sd, prefix, names, l ? (const tg_tensor[]){l->weight, l->bias} : NULL, 2);
+}
+void tg_nn_conv1d_free(tg_nn_conv1d *l) {
+  if (!l) return;
+  free_params((tg_tensor *const[]){&l->weight, &l->bias}, 2);
+  memset(l, 0, sizeof *l);
+}
+
+tg_status tg_nn_conv_transpose1d_init(tg_nn_conv_transpose1d *l, int64_t in_channels, int64_t out_channels,
+                                      int64_t kernel_size, bool bias, const tg_conv1d_opts *opts) {
+  return conv1d_init("tg_nn_conv_transpose1d_init", l, in_channels, out_channels, kernel_size, bias, opts, true);
+}
+tg_tensor tg_nn_conv_transpose1d_forward(const tg_nn_conv_transpose1d *l, tg_tensor x) {
+  return conv1d_forward("tg_nn_conv_transpose1d_forward", l, x, true);
+}
+tg_status tg_nn_conv_transpose1d_state(const tg_nn_conv_transpose1d *l, tg_state_dict *sd, const char *prefix) {
+  static const char *const names[] = {"weight", "bias"};
+  return put_all("tg_nn_conv_transpose1d_state", l, sd, prefix, names, l ? (const tg_tensor[]){l->weight, l->bias} : NULL,
+                 2);
+}
+void tg_nn_conv_transpose1d_free(tg_nn_conv_transpose1d *l) { tg_nn_conv1d_free(l); }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* BatchNorm                                                                                       */
+
+static bool eps_ok(const char *fn, double eps) {
+  if (!(eps >= 0) || !isfinite(eps)) {
+    tg_set_error(TG_ERR_INVALID, "%s: eps %g must be a finite non-negative number", fn, eps);
+    return false;
+  }
+  return true;
+}
+
+tg_status tg_nn_batchnorm_init(tg_nn_batchnorm *l, int64_t num_features, const tg_norm_opts *opts) {
+  const char *fn = "tg_nn_batchnorm_init";
+  INIT_BEGIN(fn, l);
+  static const tg_norm_opts zero;
+  if (!opts) opts = &zero;
+  if (num_features < 1)
+    return tg_set_error(TG_ERR_INVALID, "%s: num_features=%lld must be positive", fn, (long long)num_features);
+  double eps = opts->eps ? opts->eps : 1e-5, mom = opts->momentum ? opts->momentum : 0.1;
+  if (!eps_ok(fn, eps)) return TG_ERR_INVALID;
+  if (!isfinite(mom)) return tg_set_error(TG_ERR_INVALID, "%s: momentum %g must be finite", fn, mom);
+  l->num_features = num_features, l->eps = eps, l->momentum = mom;
+  l->affine = !opts->no_affine, l->track_running_stats = !opts->no_running_stats;
+  const int64_t c[1] = {num_features};
+  NnOp o = op_begin(fn);
+  PDef p[5] = {{&l->weight, l->affine ? tg_ones(c, 1, NULL) : NONE, true},
+               {&l->bias, l->affine ? tg_zeros(c, 1, NULL) : NONE, true},
+               {&l->running_mean, l->track_running_stats ? tg_zeros(c, 1, NULL) : NONE, false},
+               {&l->running_var, l->track_running_stats ? tg_ones(c, 1, NULL) : NONE, false},
+               {&l->num_batches_tracked, tg_zeros(NULL, 0, TG_OPTS(.dtype = TG_INT64)), false}};
+  tg_status st = op_done_status(o, make_params(p, 5));
+  if (st != TG_OK) memset(l, 0, sizeof *l);
+  return st;
+}
+
+tg_tensor tg_nn_batchnorm_forward(tg_nn_batchnorm *l, tg_tensor x) {
+  const char *fn = "tg_nn_batchnorm_forward";
+  if (!layer_ok(fn, l, l && l->num_batches_tracked.id)) return NONE;
+  if (!t_get(x, fn)) return NONE;
+  int64_t xs[64];
+  int nd = tg_shape(x, xs);
+  if (nd < 2 || xs[1] != l->num_features)
+    return fail("%s: input %s must be (batch, %lld channels, ...)", fn, SHP(x), (long long)l->num_features);
+  bool training = tg_getenv_int("TRAINING", 0) != 0;
+  int axes[64], na = 0;
+  for (int i = 0; i < nd; i++)
+    if (i != 1) axes[na++] = i;
+  int64_t mask[64];
+  for (int i = 0; i < nd; i++) mask[i] = i == 1 ? -1 : 1;
+  NnOp o = op_begin(fn);
+  tg_tensor mean, invstd;
+  if (l->track_running_stats && !training) {
+    mean = l->running_mean;
+    invstd = tg_rsqrt(tg_add_s(l->running_var, l->eps));
+  } else {
+    /* two passes over x; d(var)/d(mean) = 0, so the mean is detached inside the variance */
+    tg_tensor bm = tg_mean(x, axes, na, false);
+    tg_tensor y = tg_sub(x, tg_reshape(tg_detach(bm), mask, nd));
+    tg_tensor bv = tg_mean(tg_mul(y, y), axes, na, false);
+    if (l->track_running_stats && training) {
+      int64_t n = prod(xs, nd);
+      if (n - xs[1] <= 0) return op_done(o, fail("%s: training needs more than one value per channel, got input %s", fn, SHP(x)));
+      double m = l->momentum, f = m * (double)n / (double)(n - xs[1]);
+      tg_assign(l->running_mean, tg_add(tg_mul_s(l->running_mean, 1.0 - m), tg_mul_s(tg_detach(bm), m)));
+      tg_assign(l->running_var, tg_add(tg_mul_s(l->running_var, 1.0 - m), tg_mul_s(tg_detach(bv), f)));
+      tg_assign(l->num_batches_tracked, tg_add_s(l->num_batches_tracked, 1));
+    }
+    mean = bm;
+    invstd = tg_rsqrt(tg_add_s(bv, l->eps));
+  }
+  return op_done(o, tg_batchnorm(x, l->weight, l->bias, mean, invstd));
+}
+
+tg_status tg_nn_batchnorm_state(const tg_nn_batchnorm *l, tg_state_dict *sd, const char *prefix) {
+  static const char *const names[] = {"weight", "bias", "running_mean", "running_var", "num_batches_tracked"};
+  return put_all("tg_nn_batchnorm_state", l, sd, prefix, names,
+                 l ? (const tg_tensor[]){l->weight, l->bias, l->running_mean, l->running_var, l->num_batches_tracked}
+                   : NULL,
+                 5);
+}
+
+void tg_nn_batchnorm_free(tg_nn_batchnorm *l) {
+  if (!l) return;
+  free_params((tg_tensor *const[]){&l->weight, &l->bias, &l->running_mean, &l->running_var, &l->num_batches_tracked}, 5);
+  memset(l, 0, sizeof *l);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* GroupNorm / InstanceNorm                                                                        */
+
+static tg_status affine_params(const char *fn, const int64_t *shape, int ndim, bool affine, tg_tensor *w, tg_tensor *b) {
+  NnOp o = op_begin(fn);
+  PDef p[2] = {{w, affine ? tg_ones(shape, ndim, NULL) : NONE, true}, {b, affine ? tg_zeros(shape, ndim, NULL) : NONE, true}};
+  return op_done_status(o, make_params(p, 2));
+}
+
+static tg_status groupnorm_init(const char *fn, tg_nn_groupnorm *l, int64_t num_groups, int64_t num_channels,
+                                const tg_norm_opts *opts) {
+  INIT_BEGIN(fn, l);
+  static const tg_norm_opts zero;
+  if (!opts) opts = &zero;
+  if (num_groups < 1 || num_channels < 1 || num_channels % num_groups)
+    return tg_set_error(TG_ERR_INVALID, "%s: num_channels=%lld must be a positive multiple of num_groups=%lld", fn,
+                        (long long)num_channels, (long long)num_groups);
+  double eps = opts->eps ? opts->eps : 1e-5;
+  if (!eps_ok(fn, eps)) return TG_ERR_INVALID;
+  if (opts->momentum || opts->no_running_stats)
+    return tg_set_error(TG_ERR_INVALID, "%s: momentum / no_running_stats are BatchNorm options", fn);
+  l->num_groups = num_groups, l->num_channels = num_channels, l->eps = eps;
+  tg_status st = affine_params(fn, (const int64_t[]){num_channels}, 1, !opts->no_affine, &l->weight, &l->bias);
+  if (st != TG_OK) memset(l, 0, sizeof *l);
+  return st;
+}
+
+/* x * weight.reshape(1, -1, 1, ...) + bias.reshape(...) when both are present */
+static tg_tensor channel_affine(tg_tensor x, int nd, tg_tensor w, tg_tensor b) {
+  if (!w.id || !b.id) return x;
+  int64_t sh[64];
+  for (int i = 0; i < nd; i++) sh[i] = i == 1 ? -1 : 1;
+  return tg_add(tg_mul(x, tg_reshape(w, sh, nd)), tg_reshape(b, sh, nd));
+}
+
+static tg_tensor groupnorm_forward(const char *fn, const tg_nn_groupnorm *l, tg_tensor x) {
+  if (!layer_ok(fn, l, l && l->num_groups)) return NONE;
+  if (!t_get(x, fn)) return NONE;
+  int64_t xs[64];
+  int nd = tg_shape(x, xs);
+  if (nd < 2 || xs[1] != l->num_channels)
+    return fail("%s: input %s must be (batch, %lld channels, ...)", fn, SHP(x), (long long)l->num_channels);
+  NnOp o = op_begin(fn);
+  int64_t per_group = xs[1] / l->num_groups * prod(xs + 2, nd - 2);
+  tg_tensor y = tg_reshape(x, (const int64_t[]){xs[0], l->num_groups, per_group}, 3);
+  y = tg_reshape(tg_layernorm(y, 1, l->eps), xs, nd);
+  return op_done(o, channel_affine(y, nd, l->weight, l->bias));
+}
+
+tg_status tg_nn_groupnorm_init(tg_nn_groupnorm *l, int64_t num_groups, int64_t num_channels, const tg_norm_opts *opts) {
+  return groupnorm_init("tg_nn_groupnorm_init", l, num_groups, num_channels, opts);
+}
+tg_tensor tg_nn_groupnorm_forward(const tg_nn_groupnorm *l, tg_tensor x) {
+  return groupnorm_forward("tg_nn_groupnorm_forward", l, x);
+}
+tg_status tg_nn_groupnorm_state(const tg_nn_groupnorm *l, tg_state_dict *sd, const char *prefix) {
+  static const char *const names[] = {"weight", "bias"};
+  return put_all("tg_nn_groupnorm_state", l, sd, prefix, names, l ? (const tg_tensor[]){l->weight, l->bias} : NULL, 2);
+}
+void tg_nn_groupnorm_free(tg_nn_groupnorm *l) {
+  if (!l) return;
+  free_params((tg_tensor *const[]){&l->weight, &l->bias}, 2);
+  memset(l, 0, sizeof *l);
+}
+
+tg_status tg_nn_instancenorm_init(tg_nn_instancenorm *l, int64_t num_features, const tg_norm_opts *opts) {
+  return groupnorm_init("tg_nn_instancenorm_init", l, num_features, num_features, opts);
+}
+tg_tensor tg_nn_instancenorm_forward(const tg_nn_instancenorm *l, tg_tensor x) {
+  return groupnorm_forward("tg_nn_instancenorm_forward", l, x);
+}
+tg_status tg_nn_instancenorm_state(const tg_nn_instancenorm *l, tg_state_dict *sd, const char *prefix) {
+  static const char *const names[] = {"weight", "bias"};
+  return put_all("tg_nn_instancenorm_state", l, sd, prefix, names, l ? (const tg_tensor[]){l->weight, l->bias} : NULL,
+                 2);
+}
+void tg_nn_instancenorm_free(tg_nn_instancenorm *l) { tg_nn_groupnorm_free(l); }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* LayerNorm / LayerNorm2d / RMSNorm                                                               */
+
+static tg_status layernorm_init(const char *fn, tg_nn_layernorm *l, const int64_t *shape, int ndim, const tg_norm_opts *opts) {
+  INIT_BEGIN(fn, l);
+  static const tg_norm_opts zero;
+  if (!opts) opts = &zero;
+  if (ndim < 1 || ndim > 8 || !shape)
+    return tg_set_error(TG_ERR_INVALID, "%s: normalized_shape needs 1..8 dimensions, got %d", fn, ndim);
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] < 1)
+      return tg_set_error(TG_ERR_INVALID, "%s: normalized_shape has a non-positive dimension %lld", fn, (long long)shape[i]);
+  double eps = opts->eps ? opts->eps : 1e-5;
+  if (!eps_ok(fn, eps)) return TG_ERR_INVALID;
+  if (opts->momentum || opts->no_running_stats)
+    return tg_set_error(TG_ERR_INVALID, "%s: momentum / no_running_stats are BatchNorm options", fn);
+  l->ndim = ndim, l->eps = eps;
+  memcpy(l->normalized_shape, shape, sizeof(int64_t) * (size_t)ndim);
+  tg_status st = affine_params(fn, shape, ndim, !opts->no_affine, &l->weight, &l->bias);
+  if (st != TG_OK) memset(l, 0, sizeof *l);
+  return st;
+}
+
+static tg_tensor layernorm_apply(const char *fn, const tg_nn_layernorm *l, tg_tensor x) {
+  int64_t xs[64];
+  int nd = tg_shape(x, xs);
+  if (nd < l->ndim || memcmp(xs + nd - l->ndim, l->normalized_shape, sizeof(int64_t) * (size_t)l->ndim))
+    return fail("%s: last dimensions of %s must match the normalized shape %s", fn, SHP(x),
+                fmt_shape((char[256]){0}, 256, l->normalized_shape, l->ndim));
+  tg_tensor y = tg_layernorm(x, l->ndim, l->eps);
+  if (!l->weight.id || !l->bias.id) return y;
+  return tg_add(tg_mul(y, l->weight), l->bias);
+}
+
+tg_status tg_nn_layernorm_init(tg_nn_layernorm *l, const int64_t *normalized_shape, int ndim, const tg_norm_opts *opts) {
+  return layernorm_init("tg_nn_layernorm_init", l, normalized_shape, ndim, opts);
+}
+
+tg_tensor tg_nn_layernorm_forward(const tg_nn_layernorm *l, tg_tensor x) {
+  const char *fn = "tg_nn_layernorm_forward";
+  if (!layer_ok(fn, l, l && l->ndim)) return NONE;
+  if (!t_get(x, fn)) return NONE;
+  NnOp o = op_begin(fn);
+  return op_done(o, layernorm_apply(fn, l, x));
+}
+
+tg_status tg_nn_layernorm_state(const tg_nn_layernorm *l, tg_state_dict *sd, const char *prefix) {
+  static const char *const names[] = {"weight", "bias"};
+  return put_all("tg_nn_layernorm_state", l, sd, prefix, names, l ? (const tg_tensor[]){l->weight, l->bias} : NULL, 2);
+}
+
+void tg_nn_layernorm_free(tg_nn_layernorm *l) {
+  if (!l) return;
+  free_params((tg_tensor *const[]){&l->weight, &l->bias}, 2);
+  memset(l, 0, sizeof *l);
+}
+
+tg_status tg_nn_layernorm2d_init(tg_nn_layernorm2d *l, int64_t channels, const tg_norm_opts *opts) {
+  return layernorm_init("tg_nn_layernorm2d_init", l, (const int64_t[]){channels}, 1, opts);
+}
+
+tg_tensor tg_nn_layernorm2d_forward(const tg_nn_layernorm2d *l, tg_tensor x) {
+  const char *fn = "tg_nn_layernorm2d_forward";
+  if (!layer_ok(fn, l, l && l->ndim)) return NONE;
+  if (!t_get(x, fn)) return NONE;
+  if (tg_ndim(x) != 4) return fail("%s: input %s must be (batch, channels, height, width)", fn, SHP(x));
+  NnOp o = op_begin(fn);
+  tg_tensor y = layernorm_apply(fn, l, tg_permute(x, (const int[]){0, 2, 3, 1}, 4));
+  return op_done(o, tg_permute(y, (const int[]){0, 3, 1, 2}, 4));
+}
+
+tg_status tg_nn_layernorm2d_state(const tg_nn_layernorm2d *l, tg_state_dict *sd, const char *prefix) {
+  static const char *const names[] = {"weight", "bias"};
+  return put_all("tg_nn_layernorm2d_state", l, sd, prefix, names, l ? (const tg_tensor[]){l->weight, l->bias} : NULL, 2);
+}
+
+void tg_nn_layernorm2d_free(tg_nn_layernorm2d *l) { tg_nn_layernorm_free(l); }
+
+tg_status tg_nn_rmsnorm_init(tg_nn_rmsnorm *l, int64_t dim, const tg_norm_opts *opts) {
+  const char *fn = "tg_nn_rmsnorm_init";
+  INIT_BEGIN(fn, l);
+  static const tg_norm_opts zero;
+  if (!opts) opts = &zero;
+  if (dim < 1) return tg_set_error(TG_ERR_INVALID, "%s: dim=%lld must be positive", fn, (long long)dim);
+  double eps = opts->eps ? opts->eps : 1e-6;
+  if (!eps_ok(fn, eps)) return TG_ERR_INVALID;
+  if (opts->momentum || opts->no_running_stats)
+    return tg_set_error(TG_ERR_INVALID, "%s: momentum / no_running_stats are BatchNorm options", fn);
+  l->dim = dim, l->eps = eps;
+  NnOp o = op_begin(fn);
+  PDef p[1] = {{&l->weight, opts->no_affine ? NONE : tg_ones((const int64_t[]){dim}, 1, NULL), true}};
+  tg_status st = op_done_status(o, make_params(p, 1));
+  if (st != TG_OK) memset(l, 0, sizeof *l);
+  return st;
+}
+
+tg_tensor tg_nn_rmsnorm_forward(const tg_nn_rmsnorm *l, tg_tensor x) {
+  const char *fn = "tg_nn_rmsnorm_forward";
+  if (!layer_ok(fn, l, l && l->dim)) return NONE;
+  if (!t_get(x, fn)) return NONE;
+  if (tg_ndim(x) < 1 || tg_dim(x, -1) != l->dim)
+    return fail("%s: the last dimension of input %s must be %lld", fn, SHP(x), (long long)l->dim);
+  NnOp o = op_begin(fn);
+  tg_tensor xf = tg_float(x);
+  tg_tensor ms = tg_mean(tg_square(xf), (const int[]){-1}, 1, true);
+  tg_tensor y = tg_cast(tg_mul(xf, tg_rsqrt(tg_add_s(ms, l->eps))), tg_dtype_of(x));
+  return op_done(o, l->weight.id ? tg_mul(y, l->weight) : y);
+}
+
+tg_status tg_nn_rmsnorm_state(const tg_nn_rmsnorm *l, tg_state_dict *sd, const char *prefix) {
+  static const char *const names[] = {"weight"};
+  return put_all("tg_nn_rmsnorm_state", l, sd, prefix, names, l ? (const tg_tensor[]){l->weight} : NULL, 1);
+}
+
+void tg_nn_rmsnorm_free(tg_nn_rmsnorm *l) {
+  if (!l) return;
+  free_params((tg_tensor *const[]){&l->weight}, 1);
+  memset(l, 0, sizeof *l);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Embedding                                                                                       */
+
+tg_status tg_nn_embedding_init(tg_nn_embedding *l, int64_t vocab_size, int64_t embed_size) {
+  const char *fn = "tg_nn_embedding_init";
+  INIT_BEGIN(fn, l);
+  if (vocab_size < 1 || embed_size < 1)
+    return tg_set_error(TG_ERR_INVALID, "%s: vocab_size=%lld and embed_size=%lld must be positive", fn,
+                        (long long)vocab_size, (long long)embed_size);
+  l->vocab_size = vocab_size, l->embed_size = embed_size;
+  NnOp o = op_begin(fn);
+  PDef p[1] = {{&l->weight, tg_glorot_uniform((const int64_t[]){vocab_size, embed_size}, 2, NULL), true}};
+  tg_status st = op_done_status(o, make_params(p, 1));
+  if (st != TG_OK) memset(l, 0, sizeof *l);
+  return st;
+}
+
+tg_tensor tg_nn_embedding_forward(const tg_nn_embedding *l, tg_tensor idx) {
+  const char *fn = "tg_nn_embedding_forward";
+  if (!layer_ok(fn, l, l && l->weight.id)) return NONE;
+  if (!t_get(idx, fn)) return NONE;
+  tg_dtype dt = tg_dtype_of(idx);
+  if (!tg_dtype_is_int(dt)) return fail("%s: indices must be an integer tensor, got %s", fn, tg_dtype_name(dt));
+  if (tg_ndim(idx) > 60) return fail("%s: indices %s have too many dimensions", fn, SHP(idx));
+  NnOp o = op_begin(fn);
+  tg_opts ao = {TG_INT32, tg_device_of(l->weight), false};
+  tg_tensor ar = tg_arange(0, (double)l->vocab_size, 1, &ao);
+  /* (..., vocab, 1) one-hot selects rows of the (vocab, embed) weight; the sum over vocab gathers */
+  tg_tensor hot = tg_unsqueeze(tg_eq(tg_unsqueeze(idx, -1), ar), -1);
+  tg_tensor r = tg_sum(tg_where(hot, l->weight, tg_const_like(l->weight, 0)), (const int[]){-2}, 1, false);
+  return op_done(o, r);
+}
+
+tg_status tg_nn_embedding_state(const tg_nn_embedding *l, tg_state_dict *sd, const char *prefix) {
+  static const char *const names[] = {"weight"};
+  return put_all("tg_nn_embedding_state", l, sd, prefix, names, l ? (const tg_tensor[]){l->weight} : NULL, 1);
+}
+
+void tg_nn_embedding_free(tg_nn_embedding *l) {
+  if (!l) return;
+  free_params((tg_tensor *const[]){&l->weight}, 1);
+  memset(l, 0, sizeof *l);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* LSTMCell                                                                                        */
+
+tg_status tg_nn_lstmcell_init(tg_nn_lstmcell *l, int64_t input_size, int64_t hidden_size, bool bias) {
+  const char *fn = "tg_nn_lstmcell_init";
+  INIT_BEGIN(fn, l);
+  if (input_size < 1 || hidden_size < 1)
+    return tg_set_error(TG_ERR_INVALID, "%s: input_size=%lld and hidden_size=%lld must be positive", fn,
+                        (long long)input_size, (long long)hidden_size);
+  l->input_size = input_size, l->hidden_size = hidden_size;
+  double stdv = 1.0 / sqrt((double)hidden_size);
+  int64_t h4 = 4 * hidden_size;
+  NnOp o = op_begin(fn);
+  PDef p[4] = {{&l->weight_ih, lazy_uniform((const int64_t[]){h4, input_size}, 2, stdv), true},
+               {&l->weight_hh, lazy_uniform((const int64_t[]){h4, hidden_size}, 2, stdv), true},
+               {&l->bias_ih, bias ? tg_zeros((const int64_t[]){h4}, 1, NULL) : NONE, true},
+               {&l->bias_hh, bias ? tg_zeros((const int64_t[]){h4}, 1, NULL) : NONE, true}};
+  tg_status st = op_done_status(o, make_params(p, 4));
+  if (st != TG_OK) memset(l, 0, sizeof *l);
+  return st;
+}
+
+tg_status tg_nn_lstmcell_forward(const tg_nn_lstmcell *l, tg_tensor x, tg_tensor h, tg_tensor c, tg_tensor *h_out,
+                                 tg_tensor *c_out) {
+  const char *fn = "tg_nn_lstmcell_forward";
+  if (h_out) *h_out = NONE;
+  if (c_out) *c_out = NONE;
+  if (!h_out || !c_out) return tg_set_error(TG_ERR_INVALID, "%s: h_out and c_out must not be NULL", fn);
+  if (!layer_ok(fn, l, l && l->weight_ih.id)) return tg_last_status();
+  if (!t_get(x, fn)) return tg_last_status();
+  if (!h.id != !c.id) return tg_set_error(TG_ERR_INVALID, "%s: pass both h and c, or neither (zeros)", fn);
+  if (tg_ndim(x) != 2 || tg_dim(x, 1) != l->input_size)
+    return tg_set_error(TG_ERR_INVALID, "%s: input %s must be (batch, %lld)", fn, SHP(x), (long long)l->input_size);
+  NnOp o = op_begin(fn);
+  if (!h.id) {
+    tg_opts zo = {tg_dtype_of(x), tg_device_of(x), false};
+    h = c = tg_zeros((const int64_t[]){tg_dim(x, 0), l->hidden_size}, 2, &zo);
+  }
+  tg_tensor gates = tg_add(tg_linear(x, l->weight_ih, l->bias_ih), tg_linear(h, l->weight_hh, l->bias_hh));
+  tg_tensor q[4] = {NONE, NONE, NONE, NONE};
+  if (tg_valid(gates) && tg_chunk(gates, 4, 1, q, 4) != 4) q[0] = NONE;
+  tg_tensor i = tg_sigmoid(q[0]), f = tg_sigmoid(q[1]), g = tg_tanh(q[2]), og = tg_sigmoid(q[3]);
+  tg_tensor nc = tg_add(tg_mul(f, c), tg_mul(i, g));
+  tg_tensor nh = tg_mul(og, tg_tanh(nc));
+  tg_status st = tg_valid(nh) && tg_valid(nc) ? TG_OK : TG_ERR_INVALID;
+  if (st == TG_OK && !tg_has_error()) {
+    *h_out = tg_keep(nh);
+    *c_out = tg_keep(nc);
+  }
+  st = op_done_status(o, st);
+  if (st != TG_OK) *h_out = *c_out = NONE;
+  return st;
+}
+
+tg_status tg_nn_lstmcell_state(const tg_nn_lstmcell *l, tg_state_dict *sd, const char *prefix) {
+  static const char *const names[] = {"weight_ih", "weight_hh", "bias_ih", "bias_hh"};
+  return put_all("tg_nn_lstmcell_state", l, sd, prefix, names,
+                 l ? (const tg_tensor[]){l->weight_ih, l->weight_hh, l->bias_ih, l->bias_hh} : NULL, 4);
+}
+
+void tg_nn_lstmcell_free(tg_nn_lstmcell *l) {
+  if (!l) return;
+  free_params((tg_tensor *const[]){&l->weight_ih, &l->weight_hh, &l->bias_ih, &l->bias_hh}, 4);
+  memset(l, 0, sizeof *l);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* model state                                                                                     */
+
+/* Looks through realized caches and DETACH (a dict entry is a detached view of its tensor). */
+static UOp *skip_detach(UOp *u) {
+  for (;;) {
+    if (u->realized) u = u->realized;
+    if (u->op != OP_DETACH) return u;
+    u = u->src[0];
+  }
+}
+
+/* The BUFFER node a dict entry denotes. Pending work (a lazy tensor, an unrealized assign) is realized
+ * first, which also moves the handles holding it to the buffer. whole: the entry must be the whole
+ * buffer (not a view of one); otherwise views resolve to their base buffer. NULL + error. */
+static UOp *entry_buffer(const char *fn, const char *name, tg_tensor e, bool whole) {
+  UOp *u = t_get(e, fn);
+  if (!u) return NULL;
+  u = skip_detach(u);
+  if (u->op != OP_BUFFER && !g_base_buffer(u)) {
+    UOp *t = uop_ref(u);
+    tg_status st = realize_uops(&t, 1);
+    u = skip_detach(u);
+    uop_unref(t); /* u stays alive: the entry's view references it */
+    if (st != TG_OK) return NULL;
+  }
+  if (u->op != OP_BUFFER) {
+    UOp *b = whole ? NULL : g_base_buffer(u);
+    if (!b) {
+      char sb[256];
+      tg_set_error(TG_ERR_INVALID, "%s: '%.200s' of shape %s is a view of another tensor, not a tensor with its own buffer", fn,
+                   name, fmt_shape(sb, sizeof sb, u->shape, u->ndim));
+    }
+    return b;
+  }
+  return u;
+}
+
+/* The BUFFER node a live slot's tensor is (its realized buffer, or the buffer its pending ASSIGN
+ * writes: *pending then says so); NULL if it is something else. */
+static UOp *slot_buffer(const Slot *s, bool *pending) {
+  *pending = false;
+  UOp *u = s->u;
+  if (!u) return NULL;
+  if (u->realized) u = u->realized;
+  if (u->op == OP_ASSIGN) {
+    *pending = true;
+    u = u->src[0];
+    if (u->realized) u = u->realized;
+  }
+  return u->op == OP_BUFFER ? u : NULL;
+}
+
+static tg_tensor slot_handle(size_t i) {
+  Slot *s = t_slot_at(i);
+  return (tg_tensor){((uint64_t)s->gen << 32) | (uint64_t)(i + 1)};
+}
+
+/* The live handle that owns buffer b: preferring requires_grad, then root scope, then the oldest slot. */
+static tg_tensor owner_of(Buffer *b) {
+  long best = -1;
+  int best_score = -1;
+  size_t n = t_slot_count();
+  for (size_t i = 0; i < n; i++) {
+    Slot *s = t_slot_at(i);
+    if (s->scope < 0) continue;
+    bool pend;
+    UOp *bn = slot_buffer(s, &pend);
+    if (!bn || g_buffer_of(bn) != b) continue;
+    int score = (s->requires_grad ? 2 : 0) + (s->scope == 0 ? 1 : 0);
+    if (score > best_score) best = (long)i, best_score = score;
+  }
+  return best < 0 ? NONE : slot_handle((size_t)best);
+}
+
+int tg_state_dict_parameters(const tg_state_dict *sd, bool trainable_only, tg_tensor *out, int cap) {
+  const char *fn = "tg_state_dict_parameters";
+  if (!sd) return tg_set_error(TG_ERR_INVALID, "%s: state dict is NULL", fn), -1;
+  if (out && cap < 0) return tg_set_error(TG_ERR_INVALID, "%s: negative cap %d", fn, cap), -1;
+  int n = tg_state_dict_len(sd), cnt = 0;
+  tg_tensor *found = tg_xmalloc(sizeof(tg_tensor) * (size_t)(n + 1));
+  for (int i = 0; i < n; i++) {
+    UOp *bn = entry_buffer(fn, tg_state_dict_name(sd, i), tg_state_dict_tensor(sd, i), false);
+    if (!bn) {
+      free(found);
+      return -1;
+    }
+    tg_tensor h = owner_of(g_buffer_of(bn));
+    if (!h.id || (trainable_only && !tg_requires_grad(h))) continue;
+    bool dup = false;
+    for (int j = 0; j < cnt && !dup; j++) dup = found[j].id == h.id;
+    if (!dup) found[cnt++] = h;
+  }
+  if (out) {
+    if (cap < cnt) {
+      free(found);
+      return tg_set_error(TG_ERR_INVALID, "%s: the dict has %d parameters but out has room for %d", fn, cnt, cap), -1;
+    }
+    memcpy(out, found, sizeof(tg_tensor) * (size_t)cnt);
+  }
+  free(found);
+  return cnt;
+}
+
+static bool same_shape(tg_tensor a, tg_tensor b, bool *reshape) {
+  int64_t sa[64], sb[64];
+  int na = tg_shape(a, sa), nb = tg_shape(b, sb);
+  *reshape = false;
+  if (na < 0 || nb < 0) return false;
+  if (na == nb && !memcmp(sa, sb, sizeof(int64_t) * (size_t)na)) return true;
+  /* () and (1,) are interchangeable (tinygrad) */
+  if ((na == 0 && nb == 1 && sb[0] == 1) || (nb == 0 && na == 1 && sa[0] == 1)) return *reshape = true;
+  return false;
+}
+
+/* Appends "'name'" to a list of at most 10 names ("... and N more" after). */
+static void list_name(SB *b, int *count, const char *name) {
+  if (*count < 10) sb_printf(b, "%s'%.200s'", *count ? ", " : "", name);
+  (*count)++;
+}
+
+tg_status tg_load_state_dict(tg_state_dict *model, const tg_state_dict *loaded, bool strict) {
+  const char *fn = "tg_load_state_dict";
+  if (!model || !loaded) return tg_set_error(TG_ERR_INVALID, "%s: %s dict is NULL", fn, model ? "loaded" : "model");
+  int n = tg_state_dict_len(model), nl = tg_state_dict_len(loaded);
+  /* 1. check everything before writing anything */
+  SB missing, unexpected, shapes;
+  sb_init(&missing), sb_init(&unexpected), sb_init(&shapes);
+  int nmiss = 0, nunexp = 0, nshape = 0;
+  for (int i = 0; i < n; i++) {
+    const char *name = tg_state_dict_name(model, i);
+    tg_tensor mt = tg_state_dict_tensor(model, i), lt = tg_state_dict_get(loaded, name);
+    if (!lt.id) {
+      if (strict) list_name(&missing, &nmiss, name);
+      continue;
+    }
+    bool rs;
+    if (!tg_valid(mt) || !tg_valid(lt)) {
+      sb_free(&missing), sb_free(&unexpected), sb_free(&shapes);
+      return tg_set_error(TG_ERR_HANDLE, "%s: the tensor of '%.200s' is freed or stale", fn, name);
+    }
+    if (!same_shape(mt, lt, &rs)) {
+      if (nshape < 10)
+        sb_printf(&shapes, "%s'%.200s' is %s in the model but %s in the loaded dict", nshape ? ", " : "", name, SHP(mt),
+                  SHP(lt));
+      nshape++;
+    }
+  }
+  if (strict)
+    for (int j = 0; j < nl; j++) {
+      const char *name = tg_state_dict_name(loaded, j);
+      if (!tg_state_dict_get(model, name).id) list_name(&unexpected, &nunexp, name);
+    }
+  if (nmiss || nunexp || nshape) {
+    SB msg;
+    sb_init(&msg);
+    sb_printf(&msg, "%s:", fn);
+    const char *sep = " ";
+    if (nmiss) {
+      sb_printf(&msg, "%smissing keys (in the model, not in the loaded dict): %s", sep, missing.s ? missing.s : "");
+      if (nmiss > 10) sb_printf(&msg, " and %d more", nmiss - 10);
+      sep = "; ";
+    }
+    if (nunexp) {
+      sb_printf(&msg, "%sunexpected keys (in the loaded dict, not in the model): %s", sep, unexpected.s ? unexpected.s : "");
+      if (nunexp > 10) sb_printf(&msg, " and %d more", nunexp - 10);
+      sep = "; ";
+    }
+    if (nshape) {
+      sb_printf(&msg, "%sshape mismatch: %s", sep, shapes.s ? shapes.s : "");
+      if (nshape > 10) sb_printf(&msg, " and %d more", nshape - 10);
+    }
+    if (nmiss || nunexp) sb_printf(&msg, " (strict=false skips missing and unexpected keys)");
+    char *m = sb_take(&msg);
+    tg_set_error(TG_ERR_INVALID, "%s", m);
+    free(m);
+    sb_free(&missing), sb_free(&unexpected), sb_free(&shapes);
+    return TG_ERR_INVALID;
+  }
+  sb_free(&missing), sb_free(&unexpected), sb_free(&shapes);
+
+  /* 2. one assign per target buffer (a later name for the same buffer wins), realized together */
+  NnOp o = op_begin(fn);
+  tg_tensor *tmp = tg_xmalloc(sizeof(tg_tensor) * (size_t)(n + 1));
+  Buffer **bufs = tg_xmalloc(sizeof(Buffer *) * (size_t)(n + 1));
+  Buffer **ebuf = tg_xcalloc((size_t)(n + 1), sizeof(Buffer *));
+  tg_tensor *vals = tg_xmalloc(sizeof(tg_tensor) * (size_t)(n + 1));
+  int m = 0;
+  tg_status st = TG_OK;
+  for (int i = 0; i < n && st == TG_OK; i++) {
+    const char *name = tg_state_dict_name(model, i);
+    tg_tensor lt = tg_state_dict_get(loaded, name);
+    if (!lt.id) continue;
+    UOp *bn = entry_buffer(fn, name, tg_state_dict_tensor(model, i), true);
+    if (!bn) {
+      st = tg_last_status();
+      break;
+    }
+    tg_tensor v = lt;
+    bool rs;
+    same_shape(tg_state_dict_tensor(model, i), lt, &rs);
+    if (rs) v = tg_reshape(v, bn->shape, bn->ndim);
+    const char *dev = device_by_id(bn->device)->name;
+    if (strcmp(tg_device_of(v), dev) != 0) v = tg_to(v, dev);
+    int k = 0;
+    while (k < m && bufs[k] != g_buffer_of(bn)) k++;
+    if (k == m) {
+      bufs[m] = g_buffer_of(bn);
+      tmp[m] = t_wrap(uop_ref(bn));
+      m++;
+    }
+    ebuf[i] = bufs[k];
+    vals[k] = v;
+  }
+  /* pending assigns on these buffers (an optimizer step not yet realized) happen before the load */
+  if (st == TG_OK) {
+    size_t ns = t_slot_count();
+    for (size_t i = 0; i < ns && st == TG_OK; i++) {
+      Slot *s = t_slot_at(i);
+      bool pend;
+      UOp *bn = s->scope >= 0 ? slot_buffer(s, &pend) : NULL;
+      if (!bn || !pend) continue;
+      for (int k = 0; k < m; k++)
+        if (bufs[k] == g_buffer_of(bn)) {
+          st = tg_realize(slot_handle(i));
+          break;
+        }
+    }
+  }
+  for (int k = 0; k < m && st == TG_OK; k++)
+    if (!tg_assign(tmp[k], vals[k]).id) st = tg_last_status();
+  if (st == TG_OK && m) st = tg_realize_many(tmp, m);
+  /* 3. every live handle of a written buffer moves to the written version; the dict entries too */
+  if (st == TG_OK) {
+    PtrVec old = {0};
+    for (int k = 0; k < m; k++) {
+      UOp *nn = t_get(tmp[k], fn);
+      if (!nn) continue;
+      old.n = 0;
+      size_t ns = t_slot_count();
+      for (size_t i = 0; i < ns; i++) {
+        Slot *s = t_slot_at(i);
+        bool pend;
+        UOp *bn = s->scope >= 0 ? slot_buffer(s, &pend) : NULL;
+        if (!bn || pend || bn == nn || g_buffer_of(bn) != bufs[k] || s->u != bn) continue;
+        bool seen = false;
+        for (size_t j = 0; j < old.n && !seen; j++) seen = old.p[j] == bn;
+        if (!seen) pv_push(&old, bn);
+      }
+      for (size_t j = 0; j < old.n; j++) t_replace_everywhere((UOp *)old.p[j], nn);
+    }
+    pv_free(&old);
+    for (int i = 0; i < n && st == TG_OK; i++)
+      for (int k = 0; k < m && ebuf[i]; k++)
+        if (ebuf[i] == bufs[k]) {
+          st = tg_state_dict_set(model, tg_state_dict_name(model, i), tmp[k]);
+          break;
+        }
+  }
+  free(tmp), free(bufs), free(ebuf), free(vals);
+  return op_done_status(o, st);
+}

@@ -1,0 +1,407 @@
+/*
+ * optim.c -- tinygrad's nn.optim: SGD and LARS (one LARS implementation: SGD is LARS without the trust
+ * ratio), Adam, AdamW and LAMB (one LAMB implementation: Adam/AdamW are LAMB without the trust ratio).
+ *
+ * In: borrowed parameter handles and their gradients (after tg_backward). Out: lazy tg_assigns of the
+ * new parameter values and optimizer state, handed back by schedule_step to be realized together with
+ * the loss (one schedule; also what TinyJit captures).
+ * Invariants: the optimizer owns its state handles (root scope: lr, momentum buffers, moments, the
+ * b1^t / b2^t counters), all realized at construction so that tg_assign writes them in place; the
+ * update formulas follow tinygrad's optim.py line by line, including its dtypes (state in float32, lr
+ * in at least float32, updates cast to the parameter's dtype).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../helpers.h"
+
+#define NONE ((tg_tensor){0})
+
+typedef enum { K_LARS, K_LAMB } Kind;
+
+struct tg_optim {
+  Kind kind;
+  const char *name; /* for messages: "SGD", "LARS", "Adam", "AdamW", "LAMB" */
+  int n, nbuf;
+  tg_tensor *params;  /* borrowed, requires_grad */
+  tg_tensor *buffers; /* borrowed, realized with each step */
+  const char *device; /* of params[0] (static storage) */
+  tg_tensor lr;       /* owned, (1,) */
+  /* LARS */
+  double momentum, wd, tcoef;
+  bool nesterov, classic;
+  tg_tensor *b; /* owned momentum buffers (n, or none without momentum) */
+  /* LAMB */
+  double b1, b2, eps;
+  bool adam;
+  tg_tensor b1_t, b2_t; /* owned, (1,) float32 */
+  tg_tensor *m, *v;     /* owned */
+};
+
+/* ---- construction ---- */
+
+/* A root-scope tensor with a buffer of its own holding `value` (lazy until finish() realizes it).
+ * tg_full/tg_zeros of equal shape and value are one hash-consed node, so two optimizer states made
+ * with them would realize into one shared buffer. */
+static tg_tensor fresh(const int64_t *shape, int ndim, double value, const tg_opts *o) {
+  tg_scope_begin();
+  tg_tensor t = tg_assign(tg_empty(shape, ndim, o), tg_full(shape, ndim, value, o));
+  t = t.id ? tg_persist(t) : t;
+  tg_scope_end();
+  return t;
+}
+
+static tg_optim *optim_new(const char *fn, const char *name, const tg_tensor *params, int n, double lr) {
+  if (n < 0 || (n > 0 && !params)) {
+    tg_set_error(TG_ERR_INVALID, "%s: params is NULL or n=%d < 0", fn, n);
+    return NULL;
+  }
+  if (!(lr >= 0) || !isfinite(lr)) {
+    tg_set_error(TG_ERR_INVALID, "%s: invalid learning rate %g", fn, lr);
+    return NULL;
+  }
+  tg_optim *o = tg_xcalloc(1, sizeof *o);
+  o->name = name;
+  o->params = tg_xmalloc(sizeof(tg_tensor) * (size_t)(n + 1));
+  o->buffers = tg_xmalloc(sizeof(tg_tensor) * (size_t)(n + 1));
+  for (int i = 0; i < n; i++) {
+    if (!tg_valid(params[i])) {
+      tg_set_error(TG_ERR_HANDLE, "%s: parameter %d is %s", fn, i,
+                   params[i].id ? "a freed or stale handle" : "none (an earlier call failed?)");
+      tg_optim_free(o);
+      return NULL;
+    }
+    bool grad = tg_requires_grad(params[i]);
+    tg_tensor *list = grad ? o->params : o->buffers;
+    int *cnt = grad ? &o->n : &o->nbuf;
+    bool dup = false;
+    for (int j = 0; j < *cnt && !dup; j++) dup = list[j].id == params[i].id;
+    if (!dup) list[(*cnt)++] = params[i];
+  }
+  if (o->n == 0) {
+    tg_set_error(TG_ERR_INVALID, "%s: optimizer must have at least one param (a tensor with requires_grad; got %d tensors, none "
+                 "with requires_grad)", fn, n);
+    tg_optim_free(o);
+    return NULL;
+  }
+  o->device = tg_device_of(o->params[0]);
+  /* lr in at least float32 precision */
+  tg_dtype ldt = tg_dtype_promote(tg_default_float(), TG_FLOAT32);
+  tg_opts lo = {ldt, o->device, false};
+  o->lr = fresh((const int64_t[]){1}, 1, lr, &lo);
+  return o;
+}
+
+/* zeros of each param's shape in float32 on the optimizer's device (tinygrad's _new_optim_param) */
+static tg_tensor *new_state(tg_optim *o) {
+  tg_tensor *s = tg_xcalloc((size_t)o->n + 1, sizeof(tg_tensor));
+  tg_opts zo = {TG_FLOAT32, o->device, false};
+  for (int i = 0; i < o->n; i++) {
+    int64_t sh[64];
+    int nd = tg_shape(o->params[i], sh);
+    s[i] = fresh(sh, nd < 0 ? 0 : nd, 0.0, &zo);
+  }
+  return s;
+}
+
+/* Realizes every owned state tensor (so assigns write them in place); frees o on error. */
+static tg_optim *finish(const char *fn, tg_optim *o) {
+  int cap = 3 + 3 * o->n, k = 0;
+  tg_tensor *all = tg_xmalloc(sizeof(tg_tensor) * (size_t)cap);
+  all[k++] = o->lr;
+  if (o->b1_t.id) all[k++] = o->b1_t, all[k++] = o->b2_t;
+  for (int i = 0; i < o->n; i++) {
+    if (o->b) all[k++] = o->b[i];
+    if (o->m) all[k++] = o->m[i], all[k++] = o->v[i];
+  }
+  bool ok = true;
+  for (int i = 0; i < k; i++) ok = ok && tg_valid(all[i]);
+  tg_status st = ok ? tg_realize_many(all, k) : (tg_has_error() ? tg_last_status() : TG_ERR_INVALID);
+  free(all);
+  if (st != TG_OK) {
+    if (!tg_has_error()) tg_set_error(st, "%s: could not create the optimizer state", fn);
+    tg_optim_free(o);
+    return NULL;
+  }
+  return o;
+}
+
+static tg_optim *lars_new(const char *fn, const char *name, const tg_tensor *params, int n, double lr, double momentum,
+                          double wd, double tcoef, bool nesterov, bool classic) {
+  if (momentum < 0 || !isfinite(momentum)) {
+    tg_set_error(TG_ERR_INVALID, "%s: invalid momentum value %g", fn, momentum);
+    return NULL;
+  }
+  if (!isfinite(wd) || !isfinite(tcoef)) {
+    tg_set_error(TG_ERR_INVALID, "%s: weight_decay %g and tcoef %g must be finite", fn, wd, tcoef);
+    return NULL;
+  }
+  tg_optim *o = optim_new(fn, name, params, n, lr);
+  if (!o) return NULL;
+  o->kind = K_LARS;
+  o->momentum = momentum, o->wd = wd, o->tcoef = tcoef, o->nesterov = nesterov, o->classic = classic;
+  if (momentum) o->b = new_state(o);
+  return finish(fn, o);
+}
+
+tg_optim *tg_optim_sgd(const tg_tensor *params, int n, const tg_sgd_opts *opts) {
+  static const tg_sgd_opts zero;
+  if (!opts) opts = &zero;
+  return lars_new("tg_optim_sgd", "SGD", params, n, opts->lr ? opts->lr : 0.001, opts->momentum, opts->weight_decay, 0.0,
+                  opts->nesterov, opts->classic);
+}
+
+tg_optim *tg_optim_lars(const tg_tensor *params, int n, const tg_lars_opts *opts) {
+  static const tg_lars_opts zero;
+  if (!opts) opts = &zero;
+  double mom = opts->momentum == 0 ? 0.9 : opts->momentum < 0 ? 0.0 : opts->momentum;
+  double wd = opts->weight_decay == 0 ? 1e-4 : opts->weight_decay < 0 ? 0.0 : opts->weight_decay;
+  return lars_new("tg_optim_lars", "LARS", params, n, opts->lr ? opts->lr : 0.001, mom, wd,
+                  opts->tcoef ? opts->tcoef : 0.001, opts->nesterov, !opts->popular);
+}
+
+static tg_optim *lamb_new(const char *fn, const char *name, const tg_tensor *params, int n, const tg_adam_opts *opts,
+                          double def_eps, double def_wd, bool adam) {
+  static const tg_adam_opts zero;
+  if (!opts) opts = &zero;
+  double b1 = opts->b1 ? opts->b1 : 0.9, b2 = opts->b2 ? opts->b2 : 0.999, eps = opts->eps ? opts->eps : def_eps;
+  double wd = opts->weight_decay ? opts->weight_decay : def_wd;
+  if (wd < 0 || !isfinite(wd)) {
+    tg_set_error(TG_ERR_INVALID, "%s: invalid weight_decay value %g", fn, wd);
+    return NULL;
+  }
+  if (!(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1) || !(eps >= 0) || !isfinite(eps)) {
+    tg_set_error(TG_ERR_INVALID, "%s: betas (%g, %g) must be in [0, 1) and eps %g non-negative", fn, b1, b2, eps);
+    return NULL;
+  }
+  tg_optim *o = optim_new(fn, name, params, n, opts->lr ? opts->lr : 0.001);
+  if (!o) return NULL;
+  o->kind = K_LAMB;
+  o->b1 = b1, o->b2 = b2, o->eps = eps, o->wd = wd, o->adam = adam;
+  tg_opts fo = {TG_FLOAT32, o->device, false};
+  o->b1_t = fresh((const int64_t[]){1}, 1, 1.0, &fo);
+  o->b2_t = fresh((const int64_t[]){1}, 1, 1.0, &fo);
+  o->m = new_state(o);
+  o->v = new_state(o);
+  return finish(fn, o);
+}
+
+tg_optim *tg_optim_adam(const tg_tensor *params, int n, const tg_adam_opts *opts) {
+  if (opts && opts->weight_decay) {
+    tg_set_error(TG_ERR_INVALID, "tg_optim_adam: Adam has no weight_decay (%g given); use tg_optim_adamw", opts->weight_decay);
+    return NULL;
+  }
+  return lamb_new("tg_optim_adam", "Adam", params, n, opts, 1e-8, 0.0, true);
+}
+
+tg_optim *tg_optim_adamw(const tg_tensor *params, int n, const tg_adam_opts *opts) {
+  return lamb_new("tg_optim_adamw", "AdamW", params, n, opts, 1e-8, 0.01, true);
+}
+
+tg_optim *tg_optim_lamb(const tg_tensor *params, int n, const tg_adam_opts *opts) {
+  return lamb_new("tg_optim_lamb", "LAMB", params, n, opts, 1e-6, 0.0, false);
+}
+
+static void free_list(tg_tensor *ts, int n) {
+  for (int i = 0; ts && i < n; i++) tg_free(ts[i]);
+  free(ts);
+}
+
+void tg_optim_free(tg_optim *o) {
+  if (!o) return;
+  tg_free(o->lr);
+  tg_free(o->b1_t);
+  tg_free(o->b2_t);
+  free_list(o->b, o->n);
+  free_list(o->m, o->n);
+  free_list(o->v, o->n);
+  free(o->params);
+  free(o->buffers);
+  free(o);
+}
+
+/* ---- stepping ---- */
+
+void tg_optim_zero_grad(tg_optim *o) {
+  if (!o) return;
+  for (int i = 0; i < o->n; i++) tg_zero_grad(o->params[i]);
+}
+
+static int extra_count(const tg_optim *o) {
+  if (o->kind == K_LAMB) return 2 + 2 * o->n;
+  return o->b ? o->n : 0;
+}
+
+/* sqrt(sum(x^2)) as a 0-d tensor */
+static tg_tensor norm2(tg_tensor x) { return tg_sqrt(tg_sum(tg_square(x), NULL, 0, false)); }
+
+/* where(a > 0, where(b > 0, num, 1), 1) */
+static tg_tensor ratio_or_one(tg_tensor a, tg_tensor b, tg_tensor num) {
+  tg_tensor one = tg_const_like(num, 1.0);
+  return tg_where(tg_gt_s(a, 0), tg_where(tg_gt_s(b, 0), num, one), one);
+}
+
+static tg_tensor to_dev(tg_tensor t, const char *dev) {
+  const char *d = tg_device_of(t);
+  return d && strcmp(d, dev) != 0 ? tg_to(t, dev) : t;
+}
+
+/* LARS._step for parameter i: returns the update (param dtype, param device) */
+static tg_tensor lars_update(tg_optim *o, int i, tg_tensor t, tg_tensor g, tg_tensor lr0) {
+  tg_tensor td = tg_detach(t), r = NONE;
+  if (o->tcoef != 0) {
+    tg_tensor r1 = norm2(td), r2 = norm2(g);
+    r = ratio_or_one(r1, r2, tg_div(tg_mul_s(r1, o->tcoef), tg_add(r2, tg_mul_s(r1, o->wd))));
+  }
+  if (o->wd > 0) g = tg_add(g, tg_mul_s(td, o->wd));
+  if (o->classic) g = tg_mul(r.id ? tg_mul(g, r) : g, lr0);
+  if (o->momentum) {
+    tg_assign(o->b[i], tg_add(tg_mul_s(o->b[i], o->momentum), g));
+    g = o->nesterov ? tg_add(g, tg_mul_s(o->b[i], o->momentum)) : o->b[i];
+  }
+  if (!o->classic) g = tg_mul(r.id ? tg_mul(g, r) : g, lr0);
+  return tg_cast(g, tg_dtype_of(t));
+}
+
+/* LAMB._step for parameter i (after b1_t / b2_t were advanced) */
+static tg_tensor lamb_update(tg_optim *o, int i, tg_tensor t, tg_tensor g, tg_tensor lr0, tg_tensor b1t, tg_tensor b2t) {
+  tg_dtype mdt = tg_dtype_of(o->m[i]), vdt = tg_dtype_of(o->v[i]);
+  tg_assign(o->m[i], tg_cast(tg_add(tg_mul_s(o->m[i], o->b1), tg_mul_s(g, 1.0 - o->b1)), mdt));
+  tg_assign(o->v[i], tg_cast(tg_add(tg_mul_s(o->v[i], o->b2), tg_mul_s(tg_mul(g, g), 1.0 - o->b2)), vdt));
+  tg_tensor m_hat = tg_div(o->m[i], tg_rsub_s(1.0, b1t));
+  tg_tensor v_hat = tg_div(o->v[i], tg_rsub_s(1.0, b2t));
+  tg_tensor td = tg_detach(t);
+  tg_tensor up = tg_div(m_hat, tg_add_s(tg_sqrt(v_hat), o->eps));
+  if (o->wd) up = tg_add(up, tg_mul_s(to_dev(td, o->device), o->wd));
+  tg_tensor scale = lr0;
+  if (!o->adam) {
+    tg_tensor r1 = norm2(to_dev(td, o->device)), r2 = norm2(up);
+    scale = tg_mul(lr0, ratio_or_one(r1, r2, tg_div(r1, r2)));
+  }
+  return tg_cast(tg_mul(scale, up), tg_dtype_of(t));
+}
+
+int tg_optim_schedule_step(tg_optim *o, tg_tensor *out, int cap) {
+  const char *fn = "tg_optim_schedule_step";
+  if (!o) return tg_set_error(TG_ERR_INVALID, "%s: optimizer is NULL", fn), -1;
+  int total = extra_count(o) + o->n + o->nbuf;
+  if (!out) return total;
+  if (cap < total)
+    return tg_set_error(TG_ERR_INVALID, "%s: out has room for %d tensors, the step needs %d", fn, cap, total), -1;
+  if (!tg_getenv_int("TRAINING", 0))
+    return tg_set_error(TG_ERR_INVALID,
+                        "%s: TRAINING=0; the optimizer only steps in training mode: tg_context_set_int(\"TRAINING\", 1) "
+                        "first (tinygrad's Context(TRAINING=1))",
+                        fn),
+           -1;
+  bool had = tg_has_error();
+  /* every parameter must have a gradient before anything is assigned */
+  for (int i = 0; i < o->n; i++) {
+    if (!tg_valid(o->params[i]))
+      return tg_set_error(TG_ERR_HANDLE, "%s: %s parameter %d was freed (the optimizer borrows its parameters)", fn, o->name, i),
+             -1;
+    tg_tensor g = tg_grad(o->params[i]);
+    bool has = g.id != 0;
+    tg_free(g);
+    if (!has)
+      return tg_set_error(TG_ERR_INVALID, "%s: %s parameter %d has no gradient; call tg_backward on a loss that uses it first",
+                          fn, o->name, i),
+             -1;
+  }
+  tg_scope_begin();
+  tg_tensor lr0 = tg_reshape(o->lr, NULL, 0); /* 0-d view: broadcasts against any parameter shape */
+  tg_tensor b1t = NONE, b2t = NONE;
+  if (o->kind == K_LAMB) {
+    tg_assign(o->b1_t, tg_mul_s(o->b1_t, o->b1));
+    tg_assign(o->b2_t, tg_mul_s(o->b2_t, o->b2));
+    b1t = tg_reshape(o->b1_t, NULL, 0), b2t = tg_reshape(o->b2_t, NULL, 0);
+  }
+  for (int i = 0; i < o->n; i++) {
+    tg_tensor t = o->params[i], g = tg_grad(t);
+    tg_tensor up = o->kind == K_LARS ? lars_update(o, i, t, to_dev(g, o->device), lr0)
+                                     : lamb_update(o, i, t, to_dev(g, o->device), lr0, b1t, b2t);
+    tg_assign(t, tg_sub(tg_detach(t), to_dev(up, tg_device_of(t))));
+  }
+  tg_scope_end();
+  if (!had && tg_has_error()) {
+    const char *m = tg_last_error();
+    if (strncmp(m, fn, strlen(fn)) != 0) {
+      char buf[1200];
+      snprintf(buf, sizeof buf, "%s: %s", fn, m);
+      tg_status st = tg_last_status();
+      tg_clear_error();
+      tg_set_error(st, "%s", buf);
+    }
+    return -1;
+  }
+  int k = 0;
+  if (o->kind == K_LAMB) {
+    out[k++] = o->b1_t, out[k++] = o->b2_t;
+    for (int i = 0; i < o->n; i++) out[k++] = o->m[i];
+    for (int i = 0; i < o->n; i++) out[k++] = o->v[i];
+  } else if (o->b) {
+    for (int i = 0; i < o->n; i++) out[k++] = o->b[i];
+  }
+  for (int i = 0; i < o->n; i++) out[k++] = o->params[i];
+  for (int i = 0; i < o->nbuf; i++) out[k++] = o->buffers[i];
+  return k;
+}
+
+tg_status tg_optim_step(tg_optim *o) {
+  int n = tg_optim_schedule_step(o, NULL, 0);
+  if (n < 0) return tg_last_status();
+  tg_tensor *ts = tg_xmalloc(sizeof(tg_tensor) * (size_t)(n + 1));
+  int k = tg_optim_schedule_step(o, ts, n);
+  tg_status st = k < 0 ? tg_last_status() : tg_realize_many(ts, k);
+  free(ts);
+  return st;
+}
+
+tg_status tg_optim_set_lr(tg_optim *o, double lr) {
+  if (!o) return tg_set_error(TG_ERR_INVALID, "tg_optim_set_lr: optimizer is NULL");
+  if (!(lr >= 0) || !isfinite(lr)) return tg_set_error(TG_ERR_INVALID, "tg_optim_set_lr: invalid learning rate %g", lr);
+  tg_scope_begin();
+  tg_assign(o->lr, tg_full_like(o->lr, lr, NULL));
+  tg_status st = tg_realize(o->lr);
+  tg_scope_end();
+  return st;
+}
+
+double tg_optim_get_lr(const tg_optim *o) {
+  double v = NAN;
+  if (!o) {
+    tg_set_error(TG_ERR_INVALID, "tg_optim_get_lr: optimizer is NULL");
+    return v;
+  }
+  tg_scope_begin();
+  if (tg_item(o->lr, &v) != TG_OK) v = NAN;
+  tg_scope_end();
+  return v;
+}
+
+tg_tensor tg_optim_lr(const tg_optim *o) {
+  if (!o) return tg_set_error(TG_ERR_INVALID, "tg_optim_lr: optimizer is NULL"), NONE;
+  return o->lr;
+}
+
+static tg_status put_named(tg_state_dict *sd, const char *prefix, const char *name, int idx, tg_tensor t) {
+  char buf[512];
+  const char *dot = prefix[0] && prefix[strlen(prefix) - 1] != '.' ? "." : "";
+  if (idx >= 0) snprintf(buf, sizeof buf, "%.400s%s%s.%d", prefix, dot, name, idx);
+  else snprintf(buf, sizeof buf, "%.400s%s%s", prefix, dot, name);
+  return tg_state_dict_set(sd, buf, t);
+}
+
+tg_status tg_optim_state(const tg_optim *o, tg_state_dict *sd, const char *prefix) {
+  if (!o || !sd) return tg_set_error(TG_ERR_INVALID, "tg_optim_state: %s is NULL", o ? "state dict" : "optimizer");
+  if (!prefix) prefix = "";
+  tg_status st = put_named(sd, prefix, "lr", -1, o->lr);
+  if (st == TG_OK && o->b1_t.id) st = put_named(sd, prefix, "b1_t", -1, o->b1_t);
+  if (st == TG_OK && o->b2_t.id) st = put_named(sd, prefix, "b2_t", -1, o->b2_t);
+  for (int i = 0; st == TG_OK && o->m && i < o->n; i++) st = put_named(sd, prefix, "m", i, o->m[i]);
+  for (int i = 0; st == TG_OK && o->v && i < o->n; i++) st = put_named(sd, prefix, "v", i, o->v[i]);
+  for (int i = 0; st == TG_OK && o->b && i < o->n; i++) st = put_named(sd, prefix, "b", i, o->b[i]);
+  return st;
+}
