@@ -8,6 +8,7 @@
  * consumers are summed; only nodes on a path from the loss to a target are visited.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,6 +165,51 @@ static void grad_rule(UOp *n, UOp *g, UOp **out) {
   }
 }
 
+/* ---- custom gradient registry (node -> entry), entries dropped when the node dies ---- */
+typedef struct {
+  UOp **inputs; /* owned refs */
+  int n;
+  ag_custom_fn fn;
+} Custom;
+static PtrMap customs;
+static pthread_mutex_t custom_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void custom_drop(UOp *u) {
+  pthread_mutex_lock(&custom_lock);
+  Custom *c = pm_get(&customs, (uint64_t)(uintptr_t)u);
+  if (c) pm_put(&customs, (uint64_t)(uintptr_t)u, NULL);
+  pthread_mutex_unlock(&custom_lock);
+  if (!c) return;
+  for (int i = 0; i < c->n; i++) uop_unref(c->inputs[i]);
+  free(c->inputs);
+  free(c);
+}
+
+void ag_set_custom_grad(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn) {
+  uop_free_hook = custom_drop;
+  pthread_mutex_lock(&custom_lock);
+  bool have = pm_get(&customs, (uint64_t)(uintptr_t)out) != NULL;
+  pthread_mutex_unlock(&custom_lock);
+  if (have) return;
+  Custom *c = tg_xcalloc(1, sizeof *c);
+  c->inputs = tg_xmalloc(sizeof(UOp *) * (size_t)n);
+  for (int i = 0; i < n; i++) c->inputs[i] = uop_ref(inputs[i]);
+  c->n = n;
+  c->fn = fn;
+  pthread_mutex_lock(&custom_lock);
+  pm_put(&customs, (uint64_t)(uintptr_t)out, c);
+  out->flags |= UOPF_HOOKED;
+  pthread_mutex_unlock(&custom_lock);
+}
+
+static Custom *custom_of(UOp *u) {
+  if (!(u->flags & UOPF_HOOKED)) return NULL;
+  pthread_mutex_lock(&custom_lock);
+  Custom *c = pm_get(&customs, (uint64_t)(uintptr_t)u);
+  pthread_mutex_unlock(&custom_lock);
+  return c;
+}
+
 typedef struct {
   PtrMap idx;   /* node -> position + 1 in order */
   PtrVec order; /* post-order (sources first) */
@@ -172,9 +218,11 @@ typedef struct {
 static void topo_visit(Topo *t, UOp *u) {
   if (pm_has(&t->idx, (uint64_t)(uintptr_t)u)) return;
   pm_put(&t->idx, (uint64_t)(uintptr_t)u, (void *)(intptr_t)-1);
-  UOp *r = u;
-  if (u->op != OP_ASSIGN)
-    for (uint32_t i = 0; i < r->nsrc; i++) topo_visit(t, r->src[i]);
+  Custom *c = custom_of(u);
+  if (c)
+    for (int i = 0; i < c->n; i++) topo_visit(t, c->inputs[i]);
+  else if (u->op != OP_ASSIGN)
+    for (uint32_t i = 0; i < u->nsrc; i++) topo_visit(t, u->src[i]);
   pv_push(&t->order, u);
   pm_put(&t->idx, (uint64_t)(uintptr_t)u, (void *)(intptr_t)t->order.n);
 }
@@ -191,8 +239,10 @@ static int compute_grads(const char *fn, UOp *loss, UOp *seed, UOp **targets, in
   for (size_t i = 0; i < t.order.n; i++) {
     UOp *u = t.order.p[i];
     if (u->op == OP_ASSIGN) continue;
-    for (uint32_t j = 0; j < u->nsrc; j++)
-      if (pm_has(&on_path, (uint64_t)(uintptr_t)u->src[j])) pm_put(&on_path, (uint64_t)(uintptr_t)u, (void *)1);
+    Custom *c = custom_of(u);
+    int ns = c ? c->n : (int)u->nsrc;
+    for (int j = 0; j < ns; j++)
+      if (pm_has(&on_path, (uint64_t)(uintptr_t)(c ? c->inputs[j] : u->src[j]))) pm_put(&on_path, (uint64_t)(uintptr_t)u, (void *)1);
   }
   PtrMap grads; /* node -> owned grad */
   pm_init(&grads);
@@ -204,13 +254,24 @@ static int compute_grads(const char *fn, UOp *loss, UOp *seed, UOp **targets, in
     bool is_target = false;
     for (int i = 0; i < n; i++) is_target = is_target || targets[i] == u;
     if (is_target && u->op == OP_BUFFER) continue;
-    UOp *contrib[3] = {NULL, NULL, NULL};
-    if (u->nsrc > 3 || u->op == OP_BUFFER || u->op == OP_CONST) continue;
-    grad_rule(u, g, contrib);
-    for (uint32_t j = 0; j < u->nsrc; j++) {
+    UOp *contrib[8] = {NULL};
+    Custom *cu = custom_of(u);
+    int ns;
+    UOp *const *srcs;
+    if (cu && cu->n <= 8) {
+      cu->fn(u, g, cu->inputs, cu->n, contrib);
+      ns = cu->n;
+      srcs = cu->inputs;
+    } else {
+      if (u->nsrc > 3 || u->op == OP_BUFFER || u->op == OP_CONST) continue;
+      grad_rule(u, g, contrib);
+      ns = (int)u->nsrc;
+      srcs = u->src;
+    }
+    for (int j = 0; j < ns; j++) {
       UOp *c = contrib[j];
       if (!c) continue;
-      UOp *s = u->src[j];
+      UOp *s = srcs[j];
       if (!pm_has(&on_path, (uint64_t)(uintptr_t)s)) {
         uop_unref(c);
         continue;

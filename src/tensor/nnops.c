@@ -855,6 +855,29 @@ tg_tensor tg_avg_pool2d(tg_tensor x, const tg_pool2d_opts *opts) {
   return done(o, r);
 }
 
+/* Backward of a stride-1, undilated, ungrouped "valid" convolution y = conv(xp, w):
+ *   dxp = full correlation of dy with w flipped and transposed (a convolution of padded dy),
+ *   dw  = convolution of xp^T (cin, batch, H, W) with dy^T (cout, batch, oh, ow), transposed back.
+ * Both are single fused reduce kernels; differentiating the window views instead would materialize
+ * a (batch, cin, oh, ow, kh, kw) intermediate. */
+static void conv_valid_grad(UOp *out, UOp *g, UOp *const *in, int n, UOp **grads) {
+  (void)out, (void)n;
+  tg_scope_begin();
+  tg_tensor gt = t_wrap(uop_ref(g)), xp = t_wrap(uop_ref(in[0])), w = t_wrap(uop_ref(in[1]));
+  int64_t kh = in[1]->shape[2], kw = in[1]->shape[3];
+  tg_tensor wt = tg_permute(tg_flip(w, (const int[]){2, 3}, 2), (const int[]){1, 0, 2, 3}, 4);
+  /* the padded gradient is materialized: loads without validity masks vectorize */
+  tg_tensor gp = tg_contiguous(tg_pad(gt, (const int64_t[]){0, 0, 0, 0, kh - 1, kh - 1, kw - 1, kw - 1}, 8, 0.0));
+  tg_tensor gx = tg_conv2d(gp, wt, (tg_tensor){0}, NULL);
+  tg_tensor gw = tg_permute(tg_conv2d(tg_permute(xp, (const int[]){1, 0, 2, 3}, 4), tg_permute(gt, (const int[]){1, 0, 2, 3}, 4),
+                                      (tg_tensor){0}, NULL),
+                            (const int[]){1, 0, 2, 3}, 4);
+  UOp *ux = t_get(gx, "tg_conv2d"), *uw = t_get(gw, "tg_conv2d");
+  grads[0] = ux ? g_cast(ux, (tg_dtype)in[0]->dtype) : NULL;
+  grads[1] = uw ? g_cast(uw, (tg_dtype)in[1]->dtype) : NULL;
+  tg_scope_end();
+}
+
 tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv2d_opts *opts) {
   const char *fn = "tg_conv2d";
   static const tg_conv2d_opts zero;
@@ -890,14 +913,31 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
           ox = cdiv(hw[1] + pads[2] + pads[3] - d[1] * (kw - 1), s[1]);
   int64_t rcout = cout / groups;
   NnOp o = begin(fn);
+  bool simple = groups == 1 && s[0] == 1 && s[1] == 1 && d[0] == 1 && d[1] == 1;
+  tg_tensor xin = x;
+  UOp *ain = a;
+  if (simple) {
+    /* pad first, so the convolution proper is "valid" on xin and gets an efficient custom backward */
+    xin = tg_pad(x, (const int64_t[]){0, 0, 0, 0, pads[0], pads[1], pads[2], pads[3]}, 8, 0.0);
+    ain = t_get(xin, fn);
+    if (!ain) return done(o, xin);
+    memset(pads, 0, sizeof pads);
+  }
   /* (bs, groups*cin, oy, ox, kh, kw) windows -> (bs, groups, rcout, oy, ox, cin, kh, kw) */
-  tg_tensor win = pad_pool2(x, a, pads, 0.0, k, s, d);
+  tg_tensor win = pad_pool2(xin, ain, pads, 0.0, k, s, d);
   win = tg_reshape(win, (const int64_t[]){bs, groups, cin, 1, oy, ox, kh, kw}, 8);
   win = tg_expand(win, (const int64_t[]){bs, groups, cin, rcout, oy, ox, kh, kw}, 8);
   win = tg_permute(win, (const int[]){0, 1, 3, 4, 5, 2, 6, 7}, 8);
   tg_tensor wr = tg_reshape(weight, (const int64_t[]){1, groups, rcout, 1, 1, cin, kh, kw}, 8);
   tg_tensor r = tg_sum(tg_mul(win, wr), (const int[]){-1, -2, -3}, 3, true);
   r = tg_reshape(r, (const int64_t[]){bs, cout, oy, ox}, 4);
+  if (simple) {
+    UOp *ru = t_get(r, fn), *wu = t_get(weight, fn);
+    if (ru && wu && tg_dtype_is_float((tg_dtype)ru->dtype)) {
+      UOp *ins[2] = {ain, wu};
+      ag_set_custom_grad(ru, ins, 2, conv_valid_grad);
+    }
+  }
   tg_dtype dt = tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)w->dtype);
   r = tg_cast(r, dt);
   if (b) r = tg_add(r, tg_reshape(bias, (const int64_t[]){1, cout, 1, 1}, 4));

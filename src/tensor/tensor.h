@@ -62,6 +62,14 @@ Buffer *g_buffer_of(UOp *buf_node);
 /* Formats a shape "(3, 4)" into buf (static-size safe: truncates). */
 const char *fmt_shape(char *buf, size_t n, const int64_t *shape, int ndim);
 
+/* ---- custom gradients ----
+ * Makes autograd treat `out` as a function of `inputs` whose gradient is computed by fn (instead of
+ * differentiating the graph below out). fn gets the gradient of out and writes one new-reference
+ * gradient (or NULL) per input. Used where the generic rules would build a poor backward graph
+ * (convolutions). The registration lives as long as the node. */
+typedef void (*ag_custom_fn)(UOp *out, UOp *g, UOp *const *inputs, int n, UOp **grads);
+void ag_set_custom_grad(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn);
+
 /* ---- realize (engine) ---- */
 /* Realizes the given nodes; afterwards each non-view node has ->realized set. */
 tg_status realize_uops(UOp **targets, int n);

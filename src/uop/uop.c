@@ -176,6 +176,7 @@ UOp *uop_ref(UOp *u) {
 /* BUFFER nodes own a Buffer reference; the tensor layer registers how to drop it so this file stays
  * independent of the runtime. */
 void (*uop_buffer_release_hook)(void *buf);
+void (*uop_free_hook)(UOp *u);
 
 void uop_unref(UOp *u) {
   if (!u) return;
@@ -201,6 +202,7 @@ void uop_unref(UOp *u) {
   for (size_t i = 0; i < dead.n; i++) {
     UOp *x = dead.p[i];
     if (x->op == OP_BUFFER && uop_buffer_release_hook) uop_buffer_release_hook(x->arg.p);
+    if ((x->flags & UOPF_HOOKED) && uop_free_hook) uop_free_hook(x);
     free(x->src);
     free(x->iarg);
     free(x->shape);

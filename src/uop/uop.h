@@ -121,6 +121,10 @@ struct UOp {
   UOp *next;         /* intern-table chain */
 };
 
+/* flags bit: the node has side-table entries (e.g. a custom gradient) to drop when it is freed */
+#define UOPF_HOOKED 2
+extern void (*uop_free_hook)(UOp *u);
+
 /* Creates (or finds) a node. Takes no ownership of srcs (they are ref'd by the new node). Returns a
  * new reference. iarg copied. shape/ndim/device are set by the caller on first creation (check
  * `uop_is_fresh`). */
