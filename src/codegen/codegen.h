@@ -18,8 +18,9 @@ typedef struct {
   int uaxis, ufac; /* UPCAST global axis uaxis by ufac */
   int vfac;        /* UPCAST the vectorized axis by vfac (1 = no) */
   int swap;        /* move the vectorized axis to the outermost loop */
+  int raxis, rw;   /* VECTORIZE reduce axis raxis by rw lanes (only without a global vector axis) */
 } OptCfg;
-#define OPTCFG_NONE ((OptCfg){-1, 0, -1, 1, 1, 0})
+#define OPTCFG_NONE ((OptCfg){-1, 0, -1, 1, 1, 0, -1, 0})
 
 typedef struct {
   UOp **granges; /* global loop RANGE nodes, outermost first (owned refs) */
@@ -39,6 +40,8 @@ typedef struct {
   int ncopy;
   UOp **values, **sidxs, **rbodies, **rplaces; /* owned; rbodies/rplaces entries NULL without reduce */
   int vw;        /* vector width: loads/stores marked with arg.i == vw move vw contiguous lanes */
+  int rvw;       /* vector width along a reduce axis: the accumulators are vectors, summed across
+                  * lanes when the reduction ends (0 = none; exclusive with vw) */
   char opts[128];/* applied optimizations, for DEBUG=3 and kernel names */
   OptCfg cfg;    /* the optimizations applied */
   bool cfg_failed; /* a forced OptCfg could not be applied (BEAM drops such candidates) */

@@ -180,6 +180,39 @@ static bool vector_loads_depend(UOp *body, int vw, UOp *r) {
   return d;
 }
 
+/* Vectorizes reduce axis ri by W lanes: only the reduce body changes (its loads along the axis
+ * become W-wide), the accumulators become vectors summed across lanes at the end. */
+static bool try_vectorize_reduce(LKernel *k, int ri, int W, int *next_axis) {
+  int64_t n = k->rranges[ri]->iarg[0];
+  if (!k->rbody || n % W != 0 || n < W || k->racc != TG_FLOAT32 || (k->rop != OP_ADD && k->rop != OP_MAX)) return false;
+  UOp *lane = s_range(LANE_AXIS, W);
+  UOp *R = s_range((*next_axis)++, n / W);
+  UOp *RW = s_mulc(R, W);
+  UOp *e = s_add(RW, lane);
+  uop_unref(RW);
+  USubst s = {k->rranges[ri], e};
+  UOp *rb = uop_substitute(k->rbody, &s, 1);
+  uop_unref(e);
+  VR v;
+  memset(&v, 0, sizeof v);
+  v.lane = lane;
+  v.W = W;
+  UOp *nrb = vr(&v, rb);
+  bool ok = nrb && !v.fail && nrb->dtype == TG_FLOAT32 && dep_lane(&v, rb);
+  vr_free(&v);
+  if (ok) {
+    uop_unref(k->rbody);
+    k->rbody = nrb;
+    uop_unref(k->rranges[ri]);
+    k->rranges[ri] = R;
+    k->rvw = W;
+  } else {
+    uop_unref(nrb), uop_unref(R);
+  }
+  uop_unref(rb), uop_unref(lane);
+  return ok;
+}
+
 typedef struct {
   int axis;   /* index into granges */
   int factor;
@@ -244,6 +277,7 @@ static int describe(LKernel *k) {
   if (c->uaxis >= 0) o += snprintf(k->opts + o, n - (size_t)o, "UPCAST(%d,%d) ", c->uaxis, c->ufac);
   if (c->vfac > 1) o += snprintf(k->opts + o, n - (size_t)o, "UPCAST(%d,%d) ", c->vaxis, c->vfac);
   if (c->swap) o += snprintf(k->opts + o, n - (size_t)o, "SWAP(0,%d) ", c->vaxis);
+  if (c->raxis >= 0) o += snprintf(k->opts + o, n - (size_t)o, "VECTORIZE_REDUCE(%d,%d) ", c->raxis, c->rw);
   return o;
 }
 
@@ -254,6 +288,7 @@ static void apply_cfg(LKernel *k, const OptCfg *c, int *next_axis) {
   k->cfg = OPTCFG_NONE;
   bool ok = true;
   if (c->vaxis >= 0) ok = c->vaxis < k->ng && try_vectorize(k, c->vaxis, c->vw, next_axis);
+  if (ok && c->raxis >= 0) ok = c->vaxis < 0 && c->raxis < k->nr && try_vectorize_reduce(k, c->raxis, c->rw, next_axis);
   if (ok && c->uaxis >= 0) {
     ok = c->uaxis < k->ng && c->uaxis != c->vaxis && c->ufac > 1 && k->granges[c->uaxis]->iarg[0] % c->ufac == 0;
     if (ok) ups[nup].axis = c->uaxis, ups[nup++].factor = c->ufac;
@@ -283,6 +318,11 @@ static void heuristic(LKernel *k, int *next_axis) {
   for (int g = k->ng - 1; g >= 0 && vg < 0; g--)
     for (int W = 16; W >= 4 && vg < 0; W /= 2)
       if (try_vectorize(k, g, W, next_axis)) vg = g, c.vaxis = g, c.vw = W;
+  /* no contiguous output axis: vectorize the innermost reduce axis the loads run along */
+  for (int ri = k->nr - 1; vg < 0 && ri >= 0 && c.raxis < 0; ri--)
+    for (int W = 16; W >= 4 && c.raxis < 0; W /= 2)
+      if (try_vectorize_reduce(k, ri, W, next_axis)) c.raxis = ri, c.rw = W;
+  int lanes = k->vw ? k->vw : k->rvw;
   if (k->rbody) {
     /* register tile: upcast another global axis, preferring one the vector loads do not depend
      * on (every copy then reuses the same loaded vectors and only its scalar operand differs: rows
@@ -293,7 +333,7 @@ static void heuristic(LKernel *k, int *next_axis) {
       if (g == vg) continue;
       int64_t n = k->granges[g]->iarg[0];
       if (n % 4 != 0) continue;
-      bool free_axis = vg >= 0 && !vector_loads_depend(k->rbody, k->vw, k->granges[g]);
+      bool free_axis = lanes && !vector_loads_depend(k->rbody, lanes, k->granges[g]);
       if (best < 0 || (free_axis && !best_free) || (free_axis == best_free && n > k->granges[best]->iarg[0]))
         best = g, best_free = free_axis;
     }

@@ -353,7 +353,8 @@ static void emit_post_and_store(R *r, Lin *l, const LKernel *k, int level) {
   for (int c = 0; c < k->ncopy; c++) {
     if (k->rplaces[c]) {
       char an[32];
-      snprintf(an, sizeof an, "acc%d", c);
+      if (k->rvw && isvec(r, k->rbodies[c])) snprintf(an, sizeof an, "%s(acc%d)", k->rop == OP_MAX ? "tg_hmax" : "tg_hadd", c);
+      else snprintf(an, sizeof an, "acc%d", c);
       pm_put(&r->names, (uint64_t)(uintptr_t)k->rplaces[c], tg_xstrdup(an));
     }
   }
@@ -375,7 +376,7 @@ char *render_c(const LKernel *k, const char *name) {
   R r;
   memset(&r, 0, sizeof r);
   r.b = &body;
-  r.vw = k->vw;
+  r.vw = k->vw ? k->vw : k->rvw;
   pm_init(&r.names);
   pm_init(&r.vec);
   Lin l;
@@ -407,12 +408,12 @@ char *render_c(const LKernel *k, const char *name) {
     }
   for (size_t i = 0; i < l.order.n; i++) {
     UOp *u = l.order.p[i];
-    bool v = u->op == OP_LOAD && k->vw && u->arg.i == k->vw;
+    bool v = u->op == OP_LOAD && r.vw && u->arg.i == r.vw;
     for (uint32_t j = 0; j < u->nsrc && !v; j++)
       if (u->op != OP_LOAD && u->op != OP_STORE) v = isvec(&r, u->src[j]);
     if (u->op == OP_NOOP && u->arg.i < 0) {
       int c = (int)(-u->arg.i) - 1;
-      v = c < k->ncopy && isvec(&r, k->rbodies[c]);
+      v = !k->rvw && c < k->ncopy && isvec(&r, k->rbodies[c]);
     }
     if (u->dtype == DT_INDEX) v = false;
     if (v) pm_put(&r.vec, (uint64_t)(uintptr_t)u, (void *)1);
@@ -475,7 +476,7 @@ char *render_c(const LKernel *k, const char *name) {
       }
       for (int c = 0; c < k->ncopy; c++) {
         ind(&r);
-        if (isvec(&r, k->rplaces[c])) sb_printf(&body, "tg_vf acc%d = (tg_vf){0} + %s;\n", c, init);
+        if (isvec(&r, k->rbodies[c])) sb_printf(&body, "tg_vf acc%d = (tg_vf){0} + %s;\n", c, init);
         else sb_printf(&body, "%s acc%d = %s;\n", ctype(at), c, init);
       }
     }
@@ -489,7 +490,7 @@ char *render_c(const LKernel *k, const char *name) {
     if (lv == nloops && k->rbody) {
       for (int c = 0; c < k->ncopy; c++) {
         const char *v = nm(&r, k->rbodies[c]);
-        bool vv = isvec(&r, k->rplaces[c]);
+        bool vv = isvec(&r, k->rbodies[c]);
         const char *rd = tg_dtype_is_float(k->racc) && !vv ? rnd(k->racc) : "";
         ind(&r);
         if (k->rop == OP_ADD) sb_printf(&body, "acc%d = %s(acc%d + %s);\n", c, rd, c, v);
@@ -517,14 +518,18 @@ char *render_c(const LKernel *k, const char *name) {
 
   if (r.uses_half) sb_puts(&out, PRELUDE_HALF);
   if (r.uses_bf16) sb_puts(&out, PRELUDE_BF16);
-  if (k->vw) {
-    sb_printf(&out, PRELUDE_VEC, k->vw * 4, k->vw * 4, k->vw * 4);
+  if (r.vw) {
+    sb_printf(&out, PRELUDE_VEC, r.vw * 4, r.vw * 4, r.vw * 4);
+    if (k->rvw)
+      sb_printf(&out, "static inline float tg_hadd(tg_vf v){float s=0;for(int i=0;i<%d;i++)s+=v[i];return s;}\n"
+                      "static inline float tg_hmax(tg_vf v){float m=v[0];for(int i=1;i<%d;i++)m=(v[i]>m||v[i]!=v[i])?v[i]:m;return m;}\n",
+                r.vw, r.vw);
     static const char *const fs[] = {"exp2f", "log2f", "sinf", "sqrtf", "truncf"};
     for (size_t i = 0; i < sizeof fs / sizeof *fs; i++) {
       char key[32];
       snprintf(key, sizeof key, "tg_v_%s(", fs[i]);
       if (body.s && strstr(body.s, key))
-        sb_printf(&out, "static inline tg_vf tg_v_%s(tg_vf x){tg_vf r;for(int i=0;i<%d;i++)r[i]=__builtin_%s(x[i]);return r;}\n", fs[i], k->vw, fs[i]);
+        sb_printf(&out, "static inline tg_vf tg_v_%s(tg_vf x){tg_vf r;for(int i=0;i<%d;i++)r[i]=__builtin_%s(x[i]);return r;}\n", fs[i], r.vw, fs[i]);
     }
   }
   if (strstr(body.s ? body.s : "", "tg_ipow"))
