@@ -291,6 +291,10 @@ tg_tensor tg_flatten(tg_tensor x, int start_dim, int end_dim);
 tg_tensor tg_unsqueeze(tg_tensor x, int dim);
 tg_tensor tg_squeeze(tg_tensor x, int dim);
 
+/* x[idx] (tinygrad's advanced indexing on dim 0): the rows of x chosen by the integer tensor idx;
+ * shape idx.shape + x.shape[1:]. Negative indices count from the end; an index out of range reads
+ * zeros (never memory outside x). One fused kernel with a data-dependent load; differentiable in x. */
+tg_tensor tg_index(tg_tensor x, tg_tensor idx);
 /* Matrix product of 2-D (or batched) tensors. */
 tg_tensor tg_matmul(tg_tensor x, tg_tensor y);
 
@@ -832,8 +836,8 @@ tg_tensor tg_nn_instancenorm_forward(const tg_nn_instancenorm *l, tg_tensor x);
 tg_status tg_nn_instancenorm_state(const tg_nn_instancenorm *l, tg_state_dict *sd, const char *prefix);
 void tg_nn_instancenorm_free(tg_nn_instancenorm *l);
 
-/* LayerNorm(normalized_shape): normalizes over the last ndim dims (which must equal the shape), then
- * * weight + bias (ones / zeros of that shape). LayerNorm2d(channels) applies it to the channel dim of
+/* LayerNorm(normalized_shape): normalizes over the last ndim (1..8) dims, which must equal the shape,
+ * then * weight + bias (ones / zeros of that shape). LayerNorm2d(channels) applies it to the channel dim of
  * (N, C, H, W) (permuted to the end and back). */
 typedef struct {
   int ndim;
@@ -892,8 +896,8 @@ tg_status tg_nn_lstmcell_state(const tg_nn_lstmcell *l, tg_state_dict *sd, const
 void tg_nn_lstmcell_free(tg_nn_lstmcell *l);
 
 /* Model state. A dict built by the layers' _state functions (or tg_state_dict_set of realized
- * tensors) holds views of the parameters' buffers: it always reads their current values (save it
- * with tg_safe_save at any time) and may outlive the layers. */
+ * tensors) holds handles of its own to the parameters' buffers: it always reads their current values
+ * (save it with tg_safe_save at any time, e.g. after optimizer steps) and may outlive the layers. */
 /* tinygrad's load_state_dict: copies each tensor of `loaded` into the model tensor of the same name
  * (tg_assign: cast to the model's dtype, moved to its device), realized before returning; every live
  * handle of a model tensor (the layer's own) sees the new values. Shapes must match (() and (1,) are

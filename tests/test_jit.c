@@ -233,4 +233,29 @@ TEST(lazy_random_is_stable_across_realizes) {
   CHECK(tg_live_count() == live);
 }
 
+TEST(index_rows_and_gradient) {
+  size_t live = tg_live_count();
+  tg_scope_begin();
+  float d[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+  int32_t ii[5] = {2, 0, -1, 7, 1};
+  tg_tensor x = tg_from_data(d, TG_SHAPE(4, 3), TG_OPTS(.requires_grad = true));
+  tg_tensor i = tg_from_data(ii, TG_SHAPE(5), TG_OPTS(.dtype = TG_INT32));
+  float r[15];
+  tg_global_counters_reset();
+  CHECK(tg_data(tg_index(x, i), r, sizeof r) == TG_OK);
+  CHECK(tg_global_counters().kernel_count == 1);
+  const float want[15] = {6, 7, 8, 0, 1, 2, 9, 10, 11, 0, 0, 0, 3, 4, 5}; /* 7 is out of range: zeros */
+  for (int k = 0; k < 15; k++) CHECK_CLOSE(r[k], want[k], 0);
+  tg_tensor y = tg_index(x, i);
+  CHECK(tg_backward(tg_sum(tg_mul(y, y), TG_ALL_AXES, false)) == TG_OK);
+  float g[12];
+  CHECK(tg_data(tg_grad(x), g, sizeof g) == TG_OK);
+  for (int k = 0; k < 12; k++) CHECK_CLOSE(g[k], 2 * d[k], 1e-6);
+  CHECK(!tg_valid(tg_index(x, tg_cast(i, TG_FLOAT32))));
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_index");
+  tg_clear_error();
+  tg_scope_end();
+  CHECK(tg_live_count() == live);
+}
+
 int main(void) { return RUN_TESTS(); }

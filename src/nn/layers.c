@@ -1071,21 +1071,22 @@ static tg_tensor slot_handle(size_t i) {
   return (tg_tensor){((uint64_t)s->gen << 32) | (uint64_t)(i + 1)};
 }
 
-/* The live handle that owns buffer b: preferring requires_grad, then root scope, then the oldest slot. */
-static tg_tensor owner_of(Buffer *b) {
+/* The live handle that owns buffer b, other than the dict entry `self` (the fallback when nothing
+ * else holds it): preferring requires_grad, then root scope, then the oldest slot. */
+static tg_tensor owner_of(Buffer *b, tg_tensor self) {
   long best = -1;
   int best_score = -1;
   size_t n = t_slot_count();
   for (size_t i = 0; i < n; i++) {
     Slot *s = t_slot_at(i);
-    if (s->scope < 0) continue;
+    if (s->scope < 0 || slot_handle(i).id == self.id) continue;
     bool pend;
     UOp *bn = slot_buffer(s, &pend);
     if (!bn || g_buffer_of(bn) != b) continue;
     int score = (s->requires_grad ? 2 : 0) + (s->scope == 0 ? 1 : 0);
     if (score > best_score) best = (long)i, best_score = score;
   }
-  return best < 0 ? NONE : slot_handle((size_t)best);
+  return best < 0 ? self : slot_handle((size_t)best);
 }
 
 int tg_state_dict_parameters(const tg_state_dict *sd, bool trainable_only, tg_tensor *out, int cap) {
@@ -1100,7 +1101,7 @@ int tg_state_dict_parameters(const tg_state_dict *sd, bool trainable_only, tg_te
       free(found);
       return -1;
     }
-    tg_tensor h = owner_of(g_buffer_of(bn));
+    tg_tensor h = owner_of(g_buffer_of(bn), tg_state_dict_tensor(sd, i));
     if (!h.id || (trainable_only && !tg_requires_grad(h))) continue;
     bool dup = false;
     for (int j = 0; j < cnt && !dup; j++) dup = found[j].id == h.id;

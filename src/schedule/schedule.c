@@ -377,6 +377,30 @@ static UOp *kbuild_inner(KB *kb, UOp *n, UOp **idx, UOp *valid) {
     return r;
   }
   if (n->op == OP_CONTIGUOUS || n->op == OP_DETACH) return kbuild(kb, n->src[0], idx, valid);
+  if (n->op == OP_INDEX) {
+    /* data-dependent row: load the index, wrap negatives, mask anything out of range */
+    UOp *data = n->src[0], *ix = n->src[1];
+    int k = ix->ndim;
+    UOp *iv = kbuild(kb, ix, idx, valid);
+    UOp *ci = uop_alu(OP_CAST, DT_INDEX, iv, NULL, NULL);
+    UOp *z = s_const(0), *nn = s_const(data->shape[0]);
+    UOp *neg = uop_alu(OP_CMPLT, TG_BOOL, ci, z, NULL);
+    UOp *wr = uop_alu(OP_ADD, DT_INDEX, ci, nn, NULL);
+    UOp *row = uop_alu(OP_WHERE, DT_INDEX, neg, wr, ci);
+    UOp *lo = uop_alu(OP_CMPLT, TG_BOOL, row, z, NULL);
+    UOp *ok_lo = uop_alu(OP_NEG, TG_BOOL, lo, NULL, NULL);
+    UOp *ok_hi = uop_alu(OP_CMPLT, TG_BOOL, row, nn, NULL);
+    UOp *ok = s_and(ok_lo, ok_hi);
+    UOp *nv = s_and(valid, ok);
+    UOp **didx = tg_xmalloc(sizeof(UOp *) * (size_t)(data->ndim + 1));
+    didx[0] = row;
+    for (int i = 1; i < data->ndim; i++) didx[i] = idx[k + i - 1];
+    UOp *r = kbuild(kb, data, didx, nv);
+    free(didx);
+    UOp *tmp[] = {iv, ci, z, nn, neg, wr, row, lo, ok_lo, ok_hi, ok, nv};
+    for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++) uop_unref(tmp[i]);
+    return r;
+  }
   TG_ASSERT(0 && "unexpected node in kernel");
   return NULL;
 }
@@ -589,6 +613,48 @@ static void snapshot_if_read_elsewhere(SCtx *c, int ai) {
   pm_put(&c->snap, (uint64_t)(uintptr_t)B, (void *)(intptr_t)(t + 1));
 }
 
+/* Does the kernel rooted at `root` (computing `n` inline) read buffer B directly (a leaf load)? */
+static bool kernel_reads_buffer(SCtx *c, UOp *n, UOp *root, Buffer *B, PtrMap *seen) {
+  if (pm_has(seen, (uint64_t)(uintptr_t)n)) return false;
+  pm_put(seen, (uint64_t)(uintptr_t)n, (void *)1);
+  NI *x = info(c, n);
+  if (!x) return false;
+  if (x->leaf) {
+    UOp *b = g_resolve(n);
+    return b->op == OP_BUFFER && g_buffer_of(b) == B;
+  }
+  if (x->mat && n != root) return false; /* loaded from its own kernel's output */
+  for (uint32_t i = 0; i < n->nsrc; i++)
+    if (kernel_reads_buffer(c, n->src[i], root, B, seen)) return true;
+  return false;
+}
+
+/* Assigns left to the end run one after another: if a later one still reads the old contents of the
+ * buffer assign `ai` writes (two parameters whose updates read each other, as every optimizer step
+ * on a multi-layer model does), copy them aside first so it does not see the new values. */
+static void snapshot_if_read_by_pending(SCtx *c, int ai) {
+  Buffer *B = c->s->bufs[c->ni[ai].sbuf].buf;
+  if (pm_has(&c->snap, (uint64_t)(uintptr_t)B)) return;
+  bool read = false;
+  for (size_t i = 0; i < c->pending_assign.n && !read; i++) {
+    intptr_t k = (intptr_t)c->pending_assign.p[i];
+    if (k < 0 || k == ai || c->ni[k].emitted) continue;
+    UOp *an = c->ni[k].n;
+    PtrMap seen;
+    pm_init(&seen);
+    read = kernel_reads_buffer(c, an->src[1], an, B, &seen);
+    pm_free(&seen);
+  }
+  if (!read) return;
+  int tsb = c->ni[ai].sbuf;
+  Device *dev = c->s->bufs[tsb].dev;
+  int t = sbuf_new(c->s, dev, c->s->bufs[tsb].nbytes, NULL);
+  int *p = tg_xmalloc(sizeof(int) * 2);
+  p[0] = t, p[1] = tsb;
+  add_item(c, SI_COPY, NULL, p, 2, dev);
+  pm_put(&c->snap, (uint64_t)(uintptr_t)B, (void *)(intptr_t)(t + 1));
+}
+
 static void flush_assign(SCtx *c, int ni_index) {
   for (size_t i = 0; i < c->pending_assign.n; i++) {
     if ((intptr_t)c->pending_assign.p[i] == ni_index) {
@@ -664,7 +730,11 @@ tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
   }
   for (size_t i = 0; i < c.pending_assign.n; i++) {
     intptr_t k = (intptr_t)c.pending_assign.p[i];
-    if (k >= 0 && !c.ni[k].emitted) emit_assign(&c, &c.ni[k]);
+    if (k < 0 || c.ni[k].emitted) continue;
+    c.pending_assign.p[i] = (void *)(intptr_t)-1;
+    flush_assigns_for(&c, c.ni[k].n); /* assigns whose results it reads go first */
+    snapshot_if_read_by_pending(&c, (int)k);
+    emit_assign(&c, &c.ni[k]);
   }
   for (int i = 0; i < c.nn; i++) {
     NI *x = &c.ni[i];

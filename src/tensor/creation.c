@@ -633,10 +633,31 @@ tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
   /* the target must be backed by its own contiguous buffer */
   UOp *tb = tu->realized ? tu->realized : tu;
   if (tb->op != OP_BUFFER) {
-    if (tb->op == OP_ASSIGN || !g_base_buffer(tb)) {
+    if (tb->op == OP_ASSIGN) {
       if (tg_realize(target) != TG_OK) return NONE;
       tu = t_get(target, "tg_assign");
       tb = tu->realized ? tu->realized : tu;
+    } else if (!g_base_buffer(tb)) {
+      /* A lazy target gets a buffer of its own holding its current value. Realizing the node itself
+       * would give that buffer to every handle holding the (hash-consed) node -- two tg_zeros of one
+       * shape are one node -- and the assign would change all of them. */
+      Buffer *nb = buffer_new(device_by_id(tu->device), (size_t)shape_numel(tu->shape, tu->ndim) * tg_dtype_itemsize((tg_dtype)tu->dtype));
+      if (!nb) return NONE;
+      UOp *e = g_buffer(nb, (tg_dtype)tu->dtype, tu->shape, tu->ndim);
+      UOp *a0 = g_assign(e, tu);
+      uop_unref(e);
+      tg_status st = realize_uops(&a0, 1);
+      if (st != TG_OK || !a0->realized) {
+        if (st == TG_OK) tg_set_error(TG_ERR_RUNTIME, "tg_assign: could not materialize the target");
+        uop_unref(a0);
+        return NONE;
+      }
+      Slot *ts = t_slot(target);
+      UOp *prev = ts->u;
+      ts->u = uop_ref(a0->realized);
+      uop_unref(prev);
+      uop_unref(a0);
+      tu = tb = ts->u;
     }
     if (tb->op != OP_BUFFER)
       return tg_set_error(TG_ERR_INVALID, "tg_assign: target of shape %s is a view of another tensor; assign into a contiguous tensor (tg_contiguous) instead",

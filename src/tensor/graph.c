@@ -199,6 +199,19 @@ UOp *g_detach(UOp *a) {
   return u;
 }
 
+UOp *g_index(UOp *data, UOp *idx) {
+  int nd = idx->ndim + data->ndim - 1;
+  int64_t *sh = tg_xmalloc(sizeof(int64_t) * (size_t)(nd + 1));
+  for (int i = 0; i < idx->ndim; i++) sh[i] = idx->shape[i];
+  for (int i = 1; i < data->ndim; i++) sh[idx->ndim + i - 1] = data->shape[i];
+  UOp *s[2] = {data, idx};
+  UArg z = {0};
+  UOp *u = uop_new(OP_INDEX, (tg_dtype)data->dtype, s, 2, NULL, 0, z);
+  set_meta(u, sh, nd, data->device);
+  free(sh);
+  return u;
+}
+
 UOp *g_copy(UOp *a, int device) {
   UArg arg;
   arg.i = device;

@@ -869,3 +869,19 @@ tg_tensor tg_matmul(tg_tensor x, tg_tensor w) {
   }
   return r;
 }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* x[idx]: rows of x picked by an integer tensor, one fused data-dependent load (no one-hot)        */
+
+tg_tensor tg_index(tg_tensor x, tg_tensor idx) {
+  GET(a, x, "tg_index");
+  GET(ix, idx, "tg_index");
+  char b1[256], b2[256];
+  if (a->ndim == 0) return fail(TG_ERR_INVALID, "tg_index: cannot index a 0-d tensor (shape %s)", shp(b1, sizeof b1, a));
+  if (!tg_dtype_is_int((tg_dtype)ix->dtype) && ix->dtype != TG_BOOL)
+    return fail(TG_ERR_INVALID, "tg_index: indices have dtype %s; use an integer tensor", tg_dtype_name((tg_dtype)ix->dtype));
+  if (ix->ndim + a->ndim - 1 > 64) return fail(TG_ERR_INVALID, "tg_index: result would have more than 64 dimensions (%s[%s])", shp(b1, sizeof b1, a), shp(b2, sizeof b2, ix));
+  if (ix->device != a->device)
+    return fail(TG_ERR_INVALID, "tg_index: indices are on %s but x is on %s", device_by_id(ix->device)->name, device_by_id(a->device)->name);
+  return t_wrap(g_index(a, ix));
+}

@@ -49,6 +49,7 @@ UOp *g_reduce(UOp *a, int op, const int64_t *axes, int naxes); /* keepdim result
 UOp *g_contiguous(UOp *a);
 UOp *g_copy(UOp *a, int device);
 UOp *g_detach(UOp *a); /* same value, no gradient flows through */
+UOp *g_index(UOp *data, UOp *idx); /* data[idx] along dim 0 (negative indices wrap, out of range reads 0) */
 UOp *g_assign(UOp *target, UOp *value);
 
 int64_t shape_numel(const int64_t *shape, int ndim);

@@ -66,6 +66,8 @@
   X(CONTIGUOUS, 0)                                                                                 \
   /* identity that stops gradients (tinygrad's DETACH); no code is generated for it */            \
   X(DETACH, 0)                                                                                     \
+  /* x[idx] along dim 0: src0 data, src1 integer indices; shape idx.shape + data.shape[1:] */       \
+  X(INDEX, 0)                                                                                      \
   X(COPY, 0)                                                                                       \
   X(ASSIGN, 0)                                                                                     \
   /* kernel AST */                                                                                 \
