@@ -690,8 +690,9 @@ tg_tensor tg_kaiming_normal(const int64_t *shape, int ndim, double a, const tg_o
 tg_tensor tg_glorot_uniform(const int64_t *shape, int ndim, const tg_opts *opts);
 /* uniform(-1, 1) * prod(shape)^-0.5. */
 tg_tensor tg_scaled_uniform(const int64_t *shape, int ndim, const tg_opts *opts);
-/* A uniformly random permutation of 0 .. n-1 (dtype default int32; integer dtypes only), drawn from
- * tg_rand(n) as the rank of each draw (ties broken by position). One fused kernel of n^2 compares. */
+/* A uniformly random permutation of 0 .. n-1 (dtype default int32; integer dtypes only): the rank of
+ * each of n tg_rand draws (ties broken by position). The draws are realized at once (one small
+ * kernel); the ranks are one fused kernel of n^2 compares (fine up to ~10^4; tinygrad argsorts). */
 tg_tensor tg_randperm(int64_t n, const tg_opts *opts);
 /* tg_rand / tg_randn with t's shape, and unless opts says otherwise t's dtype (must be a float) and
  * device. */
@@ -868,9 +869,9 @@ tg_status tg_nn_rmsnorm_state(const tg_nn_rmsnorm *l, tg_state_dict *sd, const c
 void tg_nn_rmsnorm_free(tg_nn_rmsnorm *l);
 
 /* Embedding(vocab_size, embed_size): weight (vocab, embed) glorot_uniform. forward gathers rows:
- * integer idx of any shape -> idx.shape + (embed_size,), built as tinygrad builds it (a one-hot
- * compare against arange(vocab) summed over vocab: one fused kernel; its gradient is a scatter-add).
- * Out-of-range indices give zero rows. */
+ * integer idx of any shape -> idx.shape + (embed_size,) = tg_index(weight, idx) (one fused kernel
+ * with a data-dependent load rather than tinygrad's one-hot sum over the vocabulary; the same values
+ * and gradients). Indices >= vocab_size give zero rows; negative ones count from the end. */
 typedef struct {
   int64_t vocab_size, embed_size;
   tg_tensor weight;

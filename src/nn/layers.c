@@ -113,9 +113,11 @@ static bool check_shape(const char *fn, const int64_t *shape, int ndim) {
 }
 
 /* uniform(-bound, bound) with requires_grad applied to the result only. */
-static tg_tensor sym_uniform(const char *fn, const int64_t *shape, int ndim, double bound, const tg_opts *opts) {
+static tg_tensor sym_uniform(const char *fn, const int64_t *shape, int ndim, double bound,
+                             const tg_opts *opts) {
   if (!(bound > 0) || !isfinite(bound))
-    return fail("%s: the bound %g computed from the shape is not a positive finite number (empty fan?)", fn, bound);
+    return fail("%s: the bound %g computed from the shape is not a positive finite number (empty fan?)", fn,
+                bound);
   NnOp o = op_begin(fn);
   return op_done(o, tg_uniform(shape, ndim, -bound, bound, opts));
 }
@@ -210,27 +212,31 @@ tg_tensor tg_randn_like(tg_tensor t, const tg_opts *opts) {
 /* transposed convolution                                                                          */
 
 /* pads: (H before, H after, W before, W after); op: output padding (H, W). */
-static tg_tensor conv_transpose_impl(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, int64_t groups,
-                                     const int64_t s[2], const int64_t d[2], const int64_t pads[4], const int64_t op[2]) {
+static tg_tensor conv_transpose_impl(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias,
+                                     int64_t groups, const int64_t s[2], const int64_t d[2],
+                                     const int64_t pads[4], const int64_t op[2]) {
   if (!t_get(x, fn) || !t_get(weight, fn) || (bias.id && !t_get(bias, fn))) return NONE;
   int64_t xs[64], ws[64];
   int xn = tg_shape(x, xs), wn = tg_shape(weight, ws);
   if (xn != 4 || wn != 4)
-    return fail("%s: input %s must be (batch, cin, height, width) and weight %s (cin, cout/groups, kh, kw)", fn, SHP(x),
-                SHP(weight));
+    return fail("%s: input %s must be (batch, cin, height, width) and weight %s (cin, cout/groups, kh, kw)",
+                fn, SHP(x), SHP(weight));
   if (groups < 1) return fail("%s: groups %lld must be positive", fn, (long long)groups);
   int64_t cin = xs[1], rcout = ws[1], kh = ws[2], kw = ws[3];
   if (ws[0] != cin)
-    return fail("%s: input %s has %lld channels but weight %s expects %lld (weight is (cin, cout/groups, kh, kw))", fn,
-                SHP(x), (long long)cin, SHP(weight), (long long)ws[0]);
-  if (cin % groups) return fail("%s: cin %lld is not divisible by groups=%lld", fn, (long long)cin, (long long)groups);
+    return fail(
+        "%s: input %s has %lld channels but weight %s expects %lld (weight is (cin, cout/groups, kh, kw))",
+        fn, SHP(x), (long long)cin, SHP(weight), (long long)ws[0]);
+  if (cin % groups)
+    return fail("%s: cin %lld is not divisible by groups=%lld", fn, (long long)cin, (long long)groups);
   if (kh < 1 || kw < 1) return fail("%s: weight %s has an empty kernel", fn, SHP(weight));
   for (int j = 0; j < 2; j++)
     if (s[j] < 1 || d[j] < 1 || op[j] < 0)
-      return fail("%s: stride (%lld, %lld) and dilation (%lld, %lld) must be positive, output_padding (%lld, %lld) "
-                  "non-negative",
-                  fn, (long long)s[0], (long long)s[1], (long long)d[0], (long long)d[1], (long long)op[0],
-                  (long long)op[1]);
+      return fail(
+          "%s: stride (%lld, %lld) and dilation (%lld, %lld) must be positive, output_padding (%lld, %lld) "
+          "non-negative",
+          fn, (long long)s[0], (long long)s[1], (long long)d[0], (long long)d[1], (long long)op[0],
+          (long long)op[1]);
   NnOp o = op_begin(fn);
   /* weight (cin, rcout, kh, kw) -> (groups, cin/g, rcout, kh, kw) -> (groups, rcout, cin/g, kh, kw), flipped
    * spatially -> (groups*rcout, cin/g, kh, kw) */
@@ -244,7 +250,8 @@ static tg_tensor conv_transpose_impl(const char *fn, tg_tensor x, tg_tensor weig
     xd = tg_reshape(x, (const int64_t[]){xs[0], cin, H, 1, W, 1}, 6);
     xd = tg_pad(xd, (const int64_t[]){0, 0, 0, 0, 0, 0, 0, s[0] - 1, 0, 0, 0, s[1] - 1}, 12, 0.0);
     xd = tg_reshape(xd, (const int64_t[]){xs[0], cin, H * s[0], W * s[1]}, 4);
-    xd = tg_shrink(xd, (const int64_t[]){0, xs[0], 0, cin, 0, H * s[0] - (s[0] - 1), 0, W * s[1] - (s[1] - 1)}, 8);
+    xd = tg_shrink(
+        xd, (const int64_t[]){0, xs[0], 0, cin, 0, H * s[0] - (s[0] - 1), 0, W * s[1] - (s[1] - 1)}, 8);
   }
   tg_conv2d_opts co = {0};
   co.groups = groups;
@@ -262,27 +269,39 @@ static bool resolve_pads(const char *fn, const int64_t *p, int np, int64_t *out)
   switch (np) {
   case 0:
     if (p[1] || p[2] || p[3]) {
-      tg_set_error(TG_ERR_INVALID, "%s: padding has several entries but npadding is 0; set npadding to 1, 2 or 4", fn);
+      tg_set_error(TG_ERR_INVALID,
+                   "%s: padding has several entries but npadding is 0; set npadding to 1, 2 or 4", fn);
       return false;
     }
     /* fallthrough */
-  case 1: out[0] = out[1] = out[2] = out[3] = p[0]; return true;
-  case 2: out[0] = out[1] = p[0], out[2] = out[3] = p[1]; return true;
-  case 4: out[2] = p[0], out[3] = p[1], out[0] = p[2], out[1] = p[3]; return true;
+  case 1:
+    out[0] = out[1] = out[2] = out[3] = p[0];
+    return true;
+  case 2:
+    out[0] = out[1] = p[0], out[2] = out[3] = p[1];
+    return true;
+  case 4:
+    out[2] = p[0], out[3] = p[1], out[0] = p[2], out[1] = p[3];
+    return true;
   default:
-    tg_set_error(TG_ERR_INVALID, "%s: npadding is %d; use 1 (all sides), 2 (pad_h, pad_w) or 4 (left, right, top, bottom)",
+    tg_set_error(TG_ERR_INVALID,
+                 "%s: npadding is %d; use 1 (all sides), 2 (pad_h, pad_w) or 4 (left, right, top, bottom)",
                  fn, np);
     return false;
   }
 }
 
 static void pair_or(const int64_t *v, int64_t def, int64_t *out) {
-  if (v[0] == 0 && v[1] == 0) out[0] = out[1] = def;
-  else if (v[1] == 0) out[0] = out[1] = v[0];
-  else out[0] = v[0], out[1] = v[1];
+  if (v[0] == 0 && v[1] == 0)
+    out[0] = out[1] = def;
+  else if (v[1] == 0)
+    out[0] = out[1] = v[0];
+  else
+    out[0] = v[0], out[1] = v[1];
 }
 
-tg_tensor tg_conv_transpose2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv_transpose2d_opts *opts) {
+tg_tensor tg_conv_transpose2d(tg_tensor x, tg_tensor weight, tg_tensor bias,
+                              const tg_conv_transpose2d_opts *opts) {
   const char *fn = "tg_conv_transpose2d";
   static const tg_conv_transpose2d_opts zero;
   if (!opts) opts = &zero;
@@ -292,11 +311,17 @@ tg_tensor tg_conv_transpose2d(tg_tensor x, tg_tensor weight, tg_tensor bias, con
   if (!resolve_pads(fn, opts->padding, opts->npadding, pads)) return NONE;
   switch (opts->noutput_padding) {
   case 0:
-    if (opts->output_padding[1]) return fail("%s: output_padding has two entries but noutput_padding is 0; set it to 2", fn);
+    if (opts->output_padding[1])
+      return fail("%s: output_padding has two entries but noutput_padding is 0; set it to 2", fn);
     /* fallthrough */
-  case 1: op[0] = op[1] = opts->output_padding[0]; break;
-  case 2: op[0] = opts->output_padding[0], op[1] = opts->output_padding[1]; break;
-  default: return fail("%s: noutput_padding is %d; use 1 (both dims) or 2 (h, w)", fn, opts->noutput_padding);
+  case 1:
+    op[0] = op[1] = opts->output_padding[0];
+    break;
+  case 2:
+    op[0] = opts->output_padding[0], op[1] = opts->output_padding[1];
+    break;
+  default:
+    return fail("%s: noutput_padding is %d; use 1 (both dims) or 2 (h, w)", fn, opts->noutput_padding);
   }
   return conv_transpose_impl(fn, x, weight, bias, opts->groups ? opts->groups : 1, s, d, pads, op);
 }
@@ -351,9 +376,12 @@ static tg_status put(tg_state_dict *sd, const char *fn, const char *prefix, cons
   if (!prefix) prefix = "";
   size_t lp = strlen(prefix), ln = strlen(name);
   char *buf = tg_xmalloc(lp + ln + 2);
-  if (lp == 0) memcpy(buf, name, ln + 1);
-  else if (prefix[lp - 1] == '.') snprintf(buf, lp + ln + 2, "%s%s", prefix, name);
-  else snprintf(buf, lp + ln + 2, "%s.%s", prefix, name);
+  if (lp == 0)
+    memcpy(buf, name, ln + 1);
+  else if (prefix[lp - 1] == '.')
+    snprintf(buf, lp + ln + 2, "%s%s", prefix, name);
+  else
+    snprintf(buf, lp + ln + 2, "%s.%s", prefix, name);
   tg_status st = tg_state_dict_set(sd, buf, t);
   free(buf);
   if (st != TG_OK) {
@@ -363,8 +391,8 @@ static tg_status put(tg_state_dict *sd, const char *fn, const char *prefix, cons
   return st;
 }
 
-static tg_status put_all(const char *fn, const void *l, tg_state_dict *sd, const char *prefix, const char *const *names,
-                         const tg_tensor *ts, int n) {
+static tg_status put_all(const char *fn, const void *l, tg_state_dict *sd, const char *prefix,
+                         const char *const *names, const tg_tensor *ts, int n) {
   if (!l) return tg_set_error(TG_ERR_INVALID, "%s: layer is NULL", fn);
   if (!sd) return tg_set_error(TG_ERR_INVALID, "%s: state dict is NULL", fn);
   for (int i = 0; i < n; i++) {
@@ -387,10 +415,10 @@ static bool layer_ok(const char *fn, const void *l, bool initialised) {
 }
 
 /* init prologue: NULL check and zeroing */
-#define INIT_BEGIN(fn, l)                                                                                              \
-  do {                                                                                                                 \
-    if (!(l)) return tg_set_error(TG_ERR_INVALID, "%s: layer is NULL", fn);                                            \
-    memset((l), 0, sizeof *(l));                                                                                       \
+#define INIT_BEGIN(fn, l)                                                                                    \
+  do {                                                                                                       \
+    if (!(l)) return tg_set_error(TG_ERR_INVALID, "%s: layer is NULL", fn);                                  \
+    memset((l), 0, sizeof *(l));                                                                             \
   } while (0)
 
 static tg_tensor lazy_uniform(const int64_t *shape, int ndim, double bound) {
@@ -404,7 +432,8 @@ tg_status tg_nn_linear_init(tg_nn_linear *l, int64_t in_features, int64_t out_fe
   const char *fn = "tg_nn_linear_init";
   INIT_BEGIN(fn, l);
   if (in_features < 1 || out_features < 0)
-    return tg_set_error(TG_ERR_INVALID, "%s: in_features=%lld must be positive and out_features=%lld non-negative", fn,
+    return tg_set_error(TG_ERR_INVALID,
+                        "%s: in_features=%lld must be positive and out_features=%lld non-negative", fn,
                         (long long)in_features, (long long)out_features);
   l->in_features = in_features, l->out_features = out_features;
   double bound = 1.0 / sqrt((double)in_features);
@@ -425,7 +454,8 @@ tg_tensor tg_nn_linear_forward(const tg_nn_linear *l, tg_tensor x) {
 
 tg_status tg_nn_linear_state(const tg_nn_linear *l, tg_state_dict *sd, const char *prefix) {
   static const char *const names[] = {"weight", "bias"};
-  return put_all("tg_nn_linear_state", l, sd, prefix, names, l ? (const tg_tensor[]){l->weight, l->bias} : NULL, 2);
+  return put_all("tg_nn_linear_state", l, sd, prefix, names,
+                 l ? (const tg_tensor[]){l->weight, l->bias} : NULL, 2);
 }
 
 void tg_nn_linear_free(tg_nn_linear *l) {
@@ -437,8 +467,9 @@ void tg_nn_linear_free(tg_nn_linear *l) {
 /* ---------------------------------------------------------------------------------------------- */
 /* Conv2d / ConvTranspose2d                                                                        */
 
-static tg_status conv_params(const char *fn, int64_t wshape0, int64_t wshape1, const int64_t *k, int nk, int64_t in_channels,
-                             int64_t out_channels, bool bias, tg_tensor *w, tg_tensor *b) {
+static tg_status conv_params(const char *fn, int64_t wshape0, int64_t wshape1, const int64_t *k, int nk,
+                             int64_t in_channels, int64_t out_channels, bool bias, tg_tensor *w,
+                             tg_tensor *b) {
   double scale = 1.0 / sqrt((double)in_channels * (double)prod(k, nk));
   int64_t ws[4] = {wshape0, wshape1, k[0], nk > 1 ? k[1] : 0};
   NnOp o = op_begin(fn);
@@ -447,18 +478,21 @@ static tg_status conv_params(const char *fn, int64_t wshape0, int64_t wshape1, c
   return op_done_status(o, make_params(p, 2));
 }
 
-static tg_status conv_check(const char *fn, int64_t in, int64_t out, int64_t groups, const int64_t *k, int nk) {
+static tg_status conv_check(const char *fn, int64_t in, int64_t out, int64_t groups, const int64_t *k,
+                            int nk) {
   if (in < 1 || out < 1 || groups < 1 || in % groups || out % groups)
-    return tg_set_error(TG_ERR_INVALID,
-                        "%s: in_channels=%lld and out_channels=%lld must be positive and divisible by groups=%lld", fn,
-                        (long long)in, (long long)out, (long long)groups);
+    return tg_set_error(
+        TG_ERR_INVALID,
+        "%s: in_channels=%lld and out_channels=%lld must be positive and divisible by groups=%lld", fn,
+        (long long)in, (long long)out, (long long)groups);
   for (int i = 0; i < nk; i++)
-    if (k[i] < 1) return tg_set_error(TG_ERR_INVALID, "%s: kernel_size %lld must be positive", fn, (long long)k[i]);
+    if (k[i] < 1)
+      return tg_set_error(TG_ERR_INVALID, "%s: kernel_size %lld must be positive", fn, (long long)k[i]);
   return TG_OK;
 }
 
-tg_status tg_nn_conv2d_init(tg_nn_conv2d *l, int64_t in_channels, int64_t out_channels, const int64_t kernel_size[2],
-                            bool bias, const tg_conv2d_opts *opts) {
+tg_status tg_nn_conv2d_init(tg_nn_conv2d *l, int64_t in_channels, int64_t out_channels,
+                            const int64_t kernel_size[2], bool bias, const tg_conv2d_opts *opts) {
   const char *fn = "tg_nn_conv2d_init";
   INIT_BEGIN(fn, l);
   if (!kernel_size) return tg_set_error(TG_ERR_INVALID, "%s: kernel_size is NULL", fn);
@@ -471,8 +505,10 @@ tg_status tg_nn_conv2d_init(tg_nn_conv2d *l, int64_t in_channels, int64_t out_ch
     memset(l, 0, sizeof *l);
     return st;
   }
-  l->in_channels = in_channels, l->out_channels = out_channels, l->kernel_size[0] = k[0], l->kernel_size[1] = k[1];
-  st = conv_params(fn, out_channels, in_channels / g, k, 2, in_channels, out_channels, bias, &l->weight, &l->bias);
+  l->in_channels = in_channels, l->out_channels = out_channels, l->kernel_size[0] = k[0],
+  l->kernel_size[1] = k[1];
+  st = conv_params(fn, out_channels, in_channels / g, k, 2, in_channels, out_channels, bias, &l->weight,
+                   &l->bias);
   if (st != TG_OK) memset(l, 0, sizeof *l);
   return st;
 }
@@ -486,7 +522,8 @@ tg_tensor tg_nn_conv2d_forward(const tg_nn_conv2d *l, tg_tensor x) {
 
 tg_status tg_nn_conv2d_state(const tg_nn_conv2d *l, tg_state_dict *sd, const char *prefix) {
   static const char *const names[] = {"weight", "bias"};
-  return put_all("tg_nn_conv2d_state", l, sd, prefix, names, l ? (const tg_tensor[]){l->weight, l->bias} : NULL, 2);
+  return put_all("tg_nn_conv2d_state", l, sd, prefix, names,
+                 l ? (const tg_tensor[]){l->weight, l->bias} : NULL, 2);
 }
 
 void tg_nn_conv2d_free(tg_nn_conv2d *l) {
@@ -496,7 +533,8 @@ void tg_nn_conv2d_free(tg_nn_conv2d *l) {
 }
 
 tg_status tg_nn_conv_transpose2d_init(tg_nn_conv_transpose2d *l, int64_t in_channels, int64_t out_channels,
-                                      const int64_t kernel_size[2], bool bias, const tg_conv_transpose2d_opts *opts) {
+                                      const int64_t kernel_size[2], bool bias,
+                                      const tg_conv_transpose2d_opts *opts) {
   const char *fn = "tg_nn_conv_transpose2d_init";
   INIT_BEGIN(fn, l);
   if (!kernel_size) return tg_set_error(TG_ERR_INVALID, "%s: kernel_size is NULL", fn);
@@ -509,8 +547,10 @@ tg_status tg_nn_conv_transpose2d_init(tg_nn_conv_transpose2d *l, int64_t in_chan
     memset(l, 0, sizeof *l);
     return st;
   }
-  l->in_channels = in_channels, l->out_channels = out_channels, l->kernel_size[0] = k[0], l->kernel_size[1] = k[1];
-  st = conv_params(fn, in_channels, out_channels / g, k, 2, in_channels, out_channels, bias, &l->weight, &l->bias);
+  l->in_channels = in_channels, l->out_channels = out_channels, l->kernel_size[0] = k[0],
+  l->kernel_size[1] = k[1];
+  st = conv_params(fn, in_channels, out_channels / g, k, 2, in_channels, out_channels, bias, &l->weight,
+                   &l->bias);
   if (st != TG_OK) memset(l, 0, sizeof *l);
   return st;
 }
@@ -522,10 +562,11 @@ tg_tensor tg_nn_conv_transpose2d_forward(const tg_nn_conv_transpose2d *l, tg_ten
   return op_done(o, tg_conv_transpose2d(x, l->weight, l->bias, &l->opts));
 }
 
-tg_status tg_nn_conv_transpose2d_state(const tg_nn_conv_transpose2d *l, tg_state_dict *sd, const char *prefix) {
+tg_status tg_nn_conv_transpose2d_state(const tg_nn_conv_transpose2d *l, tg_state_dict *sd,
+                                       const char *prefix) {
   static const char *const names[] = {"weight", "bias"};
-  return put_all("tg_nn_conv_transpose2d_state", l, sd, prefix, names, l ? (const tg_tensor[]){l->weight, l->bias} : NULL,
-                 2);
+  return put_all("tg_nn_conv_transpose2d_state", l, sd, prefix, names,
+                 l ? (const tg_tensor[]){l->weight, l->bias} : NULL, 2);
 }
 
 void tg_nn_conv_transpose2d_free(tg_nn_conv_transpose2d *l) {
@@ -545,11 +586,13 @@ static tg_status conv1d_init(const char *fn, tg_nn_conv1d *l, int64_t in_channel
   if (!l->opts.dilation) l->opts.dilation = 1;
   if (!l->opts.groups) l->opts.groups = 1;
   tg_status st = TG_OK;
-  if (l->opts.stride < 1 || l->opts.dilation < 1 || l->opts.output_padding < 0 || (!transposed && l->opts.output_padding))
-    st = tg_set_error(TG_ERR_INVALID,
-                      "%s: stride %lld and dilation %lld must be positive; output_padding %lld is for ConvTranspose1d "
-                      "only and non-negative",
-                      fn, (long long)l->opts.stride, (long long)l->opts.dilation, (long long)l->opts.output_padding);
+  if (l->opts.stride < 1 || l->opts.dilation < 1 || l->opts.output_padding < 0 ||
+      (!transposed && l->opts.output_padding))
+    st = tg_set_error(
+        TG_ERR_INVALID,
+        "%s: stride %lld and dilation %lld must be positive; output_padding %lld is for ConvTranspose1d "
+        "only and non-negative",
+        fn, (long long)l->opts.stride, (long long)l->opts.dilation, (long long)l->opts.output_padding);
   if (st == TG_OK) st = conv_check(fn, in_channels, out_channels, l->opts.groups, &kernel_size, 1);
   if (st != TG_OK) {
     memset(l, 0, sizeof *l);
@@ -557,10 +600,10 @@ static tg_status conv1d_init(const char *fn, tg_nn_conv1d *l, int64_t in_channel
   }
   l->in_channels = in_channels, l->out_channels = out_channels, l->kernel_size = kernel_size;
   int64_t g = l->opts.groups;
-  st = transposed ? conv_params(fn, in_channels, out_channels / g, &kernel_size, 1, in_channels, out_channels, bias,
-                                &l->weight, &l->bias)
-                  : conv_params(fn, out_channels, in_channels / g, &kernel_size, 1, in_channels, out_channels, bias,
-                                &l->weight, &l->bias);
+  st = transposed ? conv_params(fn, in_channels, out_channels / g, &kernel_size, 1, in_channels, out_channels,
+                                bias, &l->weight, &l->bias)
+                  : conv_params(fn, out_channels, in_channels / g, &kernel_size, 1, in_channels, out_channels,
+                                bias, &l->weight, &l->bias);
   if (st != TG_OK) memset(l, 0, sizeof *l);
   return st;
 }
@@ -587,8 +630,8 @@ static tg_tensor conv1d_forward(const char *fn, const tg_nn_conv1d *l, tg_tensor
   return op_done(o, tg_squeeze(r, 2));
 }
 
-tg_status tg_nn_conv1d_init(tg_nn_conv1d *l, int64_t in_channels, int64_t out_channels, int64_t kernel_size, bool bias,
-                            const tg_conv1d_opts *opts) {
+tg_status tg_nn_conv1d_init(tg_nn_conv1d *l, int64_t in_channels, int64_t out_channels, int64_t kernel_size,
+                            bool bias, const tg_conv1d_opts *opts) {
   return conv1d_init("tg_nn_conv1d_init", l, in_channels, out_channels, kernel_size, bias, opts, false);
 }
 tg_tensor tg_nn_conv1d_forward(const tg_nn_conv1d *l, tg_tensor x) {
@@ -596,7 +639,8 @@ tg_tensor tg_nn_conv1d_forward(const tg_nn_conv1d *l, tg_tensor x) {
 }
 tg_status tg_nn_conv1d_state(const tg_nn_conv1d *l, tg_state_dict *sd, const char *prefix) {
   static const char *const names[] = {"weight", "bias"};
-  return put_all("tg_nn_conv1d_state", l, sd, prefix, names, l ? (const tg_tensor[]){l->weight, l->bias} : NULL, 2);
+  return put_all("tg_nn_conv1d_state", l, sd, prefix, names,
+                 l ? (const tg_tensor[]){l->weight, l->bias} : NULL, 2);
 }
 void tg_nn_conv1d_free(tg_nn_conv1d *l) {
   if (!l) return;
@@ -606,15 +650,17 @@ void tg_nn_conv1d_free(tg_nn_conv1d *l) {
 
 tg_status tg_nn_conv_transpose1d_init(tg_nn_conv_transpose1d *l, int64_t in_channels, int64_t out_channels,
                                       int64_t kernel_size, bool bias, const tg_conv1d_opts *opts) {
-  return conv1d_init("tg_nn_conv_transpose1d_init", l, in_channels, out_channels, kernel_size, bias, opts, true);
+  return conv1d_init("tg_nn_conv_transpose1d_init", l, in_channels, out_channels, kernel_size, bias, opts,
+                     true);
 }
 tg_tensor tg_nn_conv_transpose1d_forward(const tg_nn_conv_transpose1d *l, tg_tensor x) {
   return conv1d_forward("tg_nn_conv_transpose1d_forward", l, x, true);
 }
-tg_status tg_nn_conv_transpose1d_state(const tg_nn_conv_transpose1d *l, tg_state_dict *sd, const char *prefix) {
+tg_status tg_nn_conv_transpose1d_state(const tg_nn_conv_transpose1d *l, tg_state_dict *sd,
+                                       const char *prefix) {
   static const char *const names[] = {"weight", "bias"};
-  return put_all("tg_nn_conv_transpose1d_state", l, sd, prefix, names, l ? (const tg_tensor[]){l->weight, l->bias} : NULL,
-                 2);
+  return put_all("tg_nn_conv_transpose1d_state", l, sd, prefix, names,
+                 l ? (const tg_tensor[]){l->weight, l->bias} : NULL, 2);
 }
 void tg_nn_conv_transpose1d_free(tg_nn_conv_transpose1d *l) { tg_nn_conv1d_free(l); }
 
@@ -635,7 +681,8 @@ tg_status tg_nn_batchnorm_init(tg_nn_batchnorm *l, int64_t num_features, const t
   static const tg_norm_opts zero;
   if (!opts) opts = &zero;
   if (num_features < 1)
-    return tg_set_error(TG_ERR_INVALID, "%s: num_features=%lld must be positive", fn, (long long)num_features);
+    return tg_set_error(TG_ERR_INVALID, "%s: num_features=%lld must be positive", fn,
+                        (long long)num_features);
   double eps = opts->eps ? opts->eps : 1e-5, mom = opts->momentum ? opts->momentum : 0.1;
   if (!eps_ok(fn, eps)) return TG_ERR_INVALID;
   if (!isfinite(mom)) return tg_set_error(TG_ERR_INVALID, "%s: momentum %g must be finite", fn, mom);
@@ -679,7 +726,9 @@ tg_tensor tg_nn_batchnorm_forward(tg_nn_batchnorm *l, tg_tensor x) {
     tg_tensor bv = tg_mean(tg_mul(y, y), axes, na, false);
     if (l->track_running_stats && training) {
       int64_t n = prod(xs, nd);
-      if (n - xs[1] <= 0) return op_done(o, fail("%s: training needs more than one value per channel, got input %s", fn, SHP(x)));
+      if (n - xs[1] <= 0)
+        return op_done(o,
+                       fail("%s: training needs more than one value per channel, got input %s", fn, SHP(x)));
       double m = l->momentum, f = m * (double)n / (double)(n - xs[1]);
       tg_assign(l->running_mean, tg_add(tg_mul_s(l->running_mean, 1.0 - m), tg_mul_s(tg_detach(bm), m)));
       tg_assign(l->running_var, tg_add(tg_mul_s(l->running_var, 1.0 - m), tg_mul_s(tg_detach(bv), f)));
@@ -693,24 +742,29 @@ tg_tensor tg_nn_batchnorm_forward(tg_nn_batchnorm *l, tg_tensor x) {
 
 tg_status tg_nn_batchnorm_state(const tg_nn_batchnorm *l, tg_state_dict *sd, const char *prefix) {
   static const char *const names[] = {"weight", "bias", "running_mean", "running_var", "num_batches_tracked"};
-  return put_all("tg_nn_batchnorm_state", l, sd, prefix, names,
-                 l ? (const tg_tensor[]){l->weight, l->bias, l->running_mean, l->running_var, l->num_batches_tracked}
-                   : NULL,
-                 5);
+  return put_all(
+      "tg_nn_batchnorm_state", l, sd, prefix, names,
+      l ? (const tg_tensor[]){l->weight, l->bias, l->running_mean, l->running_var, l->num_batches_tracked}
+        : NULL,
+      5);
 }
 
 void tg_nn_batchnorm_free(tg_nn_batchnorm *l) {
   if (!l) return;
-  free_params((tg_tensor *const[]){&l->weight, &l->bias, &l->running_mean, &l->running_var, &l->num_batches_tracked}, 5);
+  free_params(
+      (tg_tensor *const[]){&l->weight, &l->bias, &l->running_mean, &l->running_var, &l->num_batches_tracked},
+      5);
   memset(l, 0, sizeof *l);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
 /* GroupNorm / InstanceNorm                                                                        */
 
-static tg_status affine_params(const char *fn, const int64_t *shape, int ndim, bool affine, tg_tensor *w, tg_tensor *b) {
+static tg_status affine_params(const char *fn, const int64_t *shape, int ndim, bool affine, tg_tensor *w,
+                               tg_tensor *b) {
   NnOp o = op_begin(fn);
-  PDef p[2] = {{w, affine ? tg_ones(shape, ndim, NULL) : NONE, true}, {b, affine ? tg_zeros(shape, ndim, NULL) : NONE, true}};
+  PDef p[2] = {{w, affine ? tg_ones(shape, ndim, NULL) : NONE, true},
+               {b, affine ? tg_zeros(shape, ndim, NULL) : NONE, true}};
   return op_done_status(o, make_params(p, 2));
 }
 
@@ -720,14 +774,16 @@ static tg_status groupnorm_init(const char *fn, tg_nn_groupnorm *l, int64_t num_
   static const tg_norm_opts zero;
   if (!opts) opts = &zero;
   if (num_groups < 1 || num_channels < 1 || num_channels % num_groups)
-    return tg_set_error(TG_ERR_INVALID, "%s: num_channels=%lld must be a positive multiple of num_groups=%lld", fn,
+    return tg_set_error(TG_ERR_INVALID,
+                        "%s: num_channels=%lld must be a positive multiple of num_groups=%lld", fn,
                         (long long)num_channels, (long long)num_groups);
   double eps = opts->eps ? opts->eps : 1e-5;
   if (!eps_ok(fn, eps)) return TG_ERR_INVALID;
   if (opts->momentum || opts->no_running_stats)
     return tg_set_error(TG_ERR_INVALID, "%s: momentum / no_running_stats are BatchNorm options", fn);
   l->num_groups = num_groups, l->num_channels = num_channels, l->eps = eps;
-  tg_status st = affine_params(fn, (const int64_t[]){num_channels}, 1, !opts->no_affine, &l->weight, &l->bias);
+  tg_status st =
+      affine_params(fn, (const int64_t[]){num_channels}, 1, !opts->no_affine, &l->weight, &l->bias);
   if (st != TG_OK) memset(l, 0, sizeof *l);
   return st;
 }
@@ -754,7 +810,8 @@ static tg_tensor groupnorm_forward(const char *fn, const tg_nn_groupnorm *l, tg_
   return op_done(o, channel_affine(y, nd, l->weight, l->bias));
 }
 
-tg_status tg_nn_groupnorm_init(tg_nn_groupnorm *l, int64_t num_groups, int64_t num_channels, const tg_norm_opts *opts) {
+tg_status tg_nn_groupnorm_init(tg_nn_groupnorm *l, int64_t num_groups, int64_t num_channels,
+                               const tg_norm_opts *opts) {
   return groupnorm_init("tg_nn_groupnorm_init", l, num_groups, num_channels, opts);
 }
 tg_tensor tg_nn_groupnorm_forward(const tg_nn_groupnorm *l, tg_tensor x) {
@@ -762,7 +819,8 @@ tg_tensor tg_nn_groupnorm_forward(const tg_nn_groupnorm *l, tg_tensor x) {
 }
 tg_status tg_nn_groupnorm_state(const tg_nn_groupnorm *l, tg_state_dict *sd, const char *prefix) {
   static const char *const names[] = {"weight", "bias"};
-  return put_all("tg_nn_groupnorm_state", l, sd, prefix, names, l ? (const tg_tensor[]){l->weight, l->bias} : NULL, 2);
+  return put_all("tg_nn_groupnorm_state", l, sd, prefix, names,
+                 l ? (const tg_tensor[]){l->weight, l->bias} : NULL, 2);
 }
 void tg_nn_groupnorm_free(tg_nn_groupnorm *l) {
   if (!l) return;
@@ -778,15 +836,16 @@ tg_tensor tg_nn_instancenorm_forward(const tg_nn_instancenorm *l, tg_tensor x) {
 }
 tg_status tg_nn_instancenorm_state(const tg_nn_instancenorm *l, tg_state_dict *sd, const char *prefix) {
   static const char *const names[] = {"weight", "bias"};
-  return put_all("tg_nn_instancenorm_state", l, sd, prefix, names, l ? (const tg_tensor[]){l->weight, l->bias} : NULL,
-                 2);
+  return put_all("tg_nn_instancenorm_state", l, sd, prefix, names,
+                 l ? (const tg_tensor[]){l->weight, l->bias} : NULL, 2);
 }
 void tg_nn_instancenorm_free(tg_nn_instancenorm *l) { tg_nn_groupnorm_free(l); }
 
 /* ---------------------------------------------------------------------------------------------- */
 /* LayerNorm / LayerNorm2d / RMSNorm                                                               */
 
-static tg_status layernorm_init(const char *fn, tg_nn_layernorm *l, const int64_t *shape, int ndim, const tg_norm_opts *opts) {
+static tg_status layernorm_init(const char *fn, tg_nn_layernorm *l, const int64_t *shape, int ndim,
+                                const tg_norm_opts *opts) {
   INIT_BEGIN(fn, l);
   static const tg_norm_opts zero;
   if (!opts) opts = &zero;
@@ -794,7 +853,8 @@ static tg_status layernorm_init(const char *fn, tg_nn_layernorm *l, const int64_
     return tg_set_error(TG_ERR_INVALID, "%s: normalized_shape needs 1..8 dimensions, got %d", fn, ndim);
   for (int i = 0; i < ndim; i++)
     if (shape[i] < 1)
-      return tg_set_error(TG_ERR_INVALID, "%s: normalized_shape has a non-positive dimension %lld", fn, (long long)shape[i]);
+      return tg_set_error(TG_ERR_INVALID, "%s: normalized_shape has a non-positive dimension %lld", fn,
+                          (long long)shape[i]);
   double eps = opts->eps ? opts->eps : 1e-5;
   if (!eps_ok(fn, eps)) return TG_ERR_INVALID;
   if (opts->momentum || opts->no_running_stats)
@@ -817,7 +877,8 @@ static tg_tensor layernorm_apply(const char *fn, const tg_nn_layernorm *l, tg_te
   return tg_add(tg_mul(y, l->weight), l->bias);
 }
 
-tg_status tg_nn_layernorm_init(tg_nn_layernorm *l, const int64_t *normalized_shape, int ndim, const tg_norm_opts *opts) {
+tg_status tg_nn_layernorm_init(tg_nn_layernorm *l, const int64_t *normalized_shape, int ndim,
+                               const tg_norm_opts *opts) {
   return layernorm_init("tg_nn_layernorm_init", l, normalized_shape, ndim, opts);
 }
 
@@ -831,7 +892,8 @@ tg_tensor tg_nn_layernorm_forward(const tg_nn_layernorm *l, tg_tensor x) {
 
 tg_status tg_nn_layernorm_state(const tg_nn_layernorm *l, tg_state_dict *sd, const char *prefix) {
   static const char *const names[] = {"weight", "bias"};
-  return put_all("tg_nn_layernorm_state", l, sd, prefix, names, l ? (const tg_tensor[]){l->weight, l->bias} : NULL, 2);
+  return put_all("tg_nn_layernorm_state", l, sd, prefix, names,
+                 l ? (const tg_tensor[]){l->weight, l->bias} : NULL, 2);
 }
 
 void tg_nn_layernorm_free(tg_nn_layernorm *l) {
@@ -856,7 +918,8 @@ tg_tensor tg_nn_layernorm2d_forward(const tg_nn_layernorm2d *l, tg_tensor x) {
 
 tg_status tg_nn_layernorm2d_state(const tg_nn_layernorm2d *l, tg_state_dict *sd, const char *prefix) {
   static const char *const names[] = {"weight", "bias"};
-  return put_all("tg_nn_layernorm2d_state", l, sd, prefix, names, l ? (const tg_tensor[]){l->weight, l->bias} : NULL, 2);
+  return put_all("tg_nn_layernorm2d_state", l, sd, prefix, names,
+                 l ? (const tg_tensor[]){l->weight, l->bias} : NULL, 2);
 }
 
 void tg_nn_layernorm2d_free(tg_nn_layernorm2d *l) { tg_nn_layernorm_free(l); }
@@ -925,15 +988,13 @@ tg_tensor tg_nn_embedding_forward(const tg_nn_embedding *l, tg_tensor idx) {
   if (!layer_ok(fn, l, l && l->weight.id)) return NONE;
   if (!t_get(idx, fn)) return NONE;
   tg_dtype dt = tg_dtype_of(idx);
-  if (!tg_dtype_is_int(dt)) return fail("%s: indices must be an integer tensor, got %s", fn, tg_dtype_name(dt));
+  if (!tg_dtype_is_int(dt))
+    return fail("%s: indices must be an integer tensor, got %s", fn, tg_dtype_name(dt));
   if (tg_ndim(idx) > 60) return fail("%s: indices %s have too many dimensions", fn, SHP(idx));
   NnOp o = op_begin(fn);
-  tg_opts ao = {TG_INT32, tg_device_of(l->weight), false};
-  tg_tensor ar = tg_arange(0, (double)l->vocab_size, 1, &ao);
-  /* (..., vocab, 1) one-hot selects rows of the (vocab, embed) weight; the sum over vocab gathers */
-  tg_tensor hot = tg_unsqueeze(tg_eq(tg_unsqueeze(idx, -1), ar), -1);
-  tg_tensor r = tg_sum(tg_where(hot, l->weight, tg_const_like(l->weight, 0)), (const int[]){-2}, 1, false);
-  return op_done(o, r);
+  /* a data-dependent row load instead of tinygrad's (idx == arange(vocab)) one-hot sum: same values
+   * and gradient, without vocab-times the work */
+  return op_done(o, tg_index(l->weight, idx));
 }
 
 tg_status tg_nn_embedding_state(const tg_nn_embedding *l, tg_state_dict *sd, const char *prefix) {
@@ -969,8 +1030,8 @@ tg_status tg_nn_lstmcell_init(tg_nn_lstmcell *l, int64_t input_size, int64_t hid
   return st;
 }
 
-tg_status tg_nn_lstmcell_forward(const tg_nn_lstmcell *l, tg_tensor x, tg_tensor h, tg_tensor c, tg_tensor *h_out,
-                                 tg_tensor *c_out) {
+tg_status tg_nn_lstmcell_forward(const tg_nn_lstmcell *l, tg_tensor x, tg_tensor h, tg_tensor c,
+                                 tg_tensor *h_out, tg_tensor *c_out) {
   const char *fn = "tg_nn_lstmcell_forward";
   if (h_out) *h_out = NONE;
   if (c_out) *c_out = NONE;
@@ -979,7 +1040,8 @@ tg_status tg_nn_lstmcell_forward(const tg_nn_lstmcell *l, tg_tensor x, tg_tensor
   if (!t_get(x, fn)) return tg_last_status();
   if (!h.id != !c.id) return tg_set_error(TG_ERR_INVALID, "%s: pass both h and c, or neither (zeros)", fn);
   if (tg_ndim(x) != 2 || tg_dim(x, 1) != l->input_size)
-    return tg_set_error(TG_ERR_INVALID, "%s: input %s must be (batch, %lld)", fn, SHP(x), (long long)l->input_size);
+    return tg_set_error(TG_ERR_INVALID, "%s: input %s must be (batch, %lld)", fn, SHP(x),
+                        (long long)l->input_size);
   NnOp o = op_begin(fn);
   if (!h.id) {
     tg_opts zo = {tg_dtype_of(x), tg_device_of(x), false};
@@ -1043,8 +1105,9 @@ static UOp *entry_buffer(const char *fn, const char *name, tg_tensor e, bool who
     UOp *b = whole ? NULL : g_base_buffer(u);
     if (!b) {
       char sb[256];
-      tg_set_error(TG_ERR_INVALID, "%s: '%.200s' of shape %s is a view of another tensor, not a tensor with its own buffer", fn,
-                   name, fmt_shape(sb, sizeof sb, u->shape, u->ndim));
+      tg_set_error(TG_ERR_INVALID,
+                   "%s: '%.200s' of shape %s is a view of another tensor, not a tensor with its own buffer",
+                   fn, name, fmt_shape(sb, sizeof sb, u->shape, u->ndim));
     }
     return b;
   }
@@ -1110,7 +1173,9 @@ int tg_state_dict_parameters(const tg_state_dict *sd, bool trainable_only, tg_te
   if (out) {
     if (cap < cnt) {
       free(found);
-      return tg_set_error(TG_ERR_INVALID, "%s: the dict has %d parameters but out has room for %d", fn, cnt, cap), -1;
+      return tg_set_error(TG_ERR_INVALID, "%s: the dict has %d parameters but out has room for %d", fn, cnt,
+                          cap),
+             -1;
     }
     memcpy(out, found, sizeof(tg_tensor) * (size_t)cnt);
   }
@@ -1137,7 +1202,8 @@ static void list_name(SB *b, int *count, const char *name) {
 
 tg_status tg_load_state_dict(tg_state_dict *model, const tg_state_dict *loaded, bool strict) {
   const char *fn = "tg_load_state_dict";
-  if (!model || !loaded) return tg_set_error(TG_ERR_INVALID, "%s: %s dict is NULL", fn, model ? "loaded" : "model");
+  if (!model || !loaded)
+    return tg_set_error(TG_ERR_INVALID, "%s: %s dict is NULL", fn, model ? "loaded" : "model");
   int n = tg_state_dict_len(model), nl = tg_state_dict_len(loaded);
   /* 1. check everything before writing anything */
   SB missing, unexpected, shapes;
@@ -1157,8 +1223,8 @@ tg_status tg_load_state_dict(tg_state_dict *model, const tg_state_dict *loaded, 
     }
     if (!same_shape(mt, lt, &rs)) {
       if (nshape < 10)
-        sb_printf(&shapes, "%s'%.200s' is %s in the model but %s in the loaded dict", nshape ? ", " : "", name, SHP(mt),
-                  SHP(lt));
+        sb_printf(&shapes, "%s'%.200s' is %s in the model but %s in the loaded dict", nshape ? ", " : "",
+                  name, SHP(mt), SHP(lt));
       nshape++;
     }
   }
@@ -1173,12 +1239,14 @@ tg_status tg_load_state_dict(tg_state_dict *model, const tg_state_dict *loaded, 
     sb_printf(&msg, "%s:", fn);
     const char *sep = " ";
     if (nmiss) {
-      sb_printf(&msg, "%smissing keys (in the model, not in the loaded dict): %s", sep, missing.s ? missing.s : "");
+      sb_printf(&msg, "%smissing keys (in the model, not in the loaded dict): %s", sep,
+                missing.s ? missing.s : "");
       if (nmiss > 10) sb_printf(&msg, " and %d more", nmiss - 10);
       sep = "; ";
     }
     if (nunexp) {
-      sb_printf(&msg, "%sunexpected keys (in the loaded dict, not in the model): %s", sep, unexpected.s ? unexpected.s : "");
+      sb_printf(&msg, "%sunexpected keys (in the loaded dict, not in the model): %s", sep,
+                unexpected.s ? unexpected.s : "");
       if (nunexp > 10) sb_printf(&msg, " and %d more", nunexp - 10);
       sep = "; ";
     }

@@ -81,8 +81,11 @@ static tg_optim *optim_new(const char *fn, const char *name, const tg_tensor *pa
     if (!dup) list[(*cnt)++] = params[i];
   }
   if (o->n == 0) {
-    tg_set_error(TG_ERR_INVALID, "%s: optimizer must have at least one param (a tensor with requires_grad; got %d tensors, none "
-                 "with requires_grad)", fn, n);
+    tg_set_error(
+        TG_ERR_INVALID,
+        "%s: optimizer must have at least one param (a tensor with requires_grad; got %d tensors, none "
+        "with requires_grad)",
+        fn, n);
     tg_optim_free(o);
     return NULL;
   }
@@ -128,8 +131,8 @@ static tg_optim *finish(const char *fn, tg_optim *o) {
   return o;
 }
 
-static tg_optim *lars_new(const char *fn, const char *name, const tg_tensor *params, int n, double lr, double momentum,
-                          double wd, double tcoef, bool nesterov, bool classic) {
+static tg_optim *lars_new(const char *fn, const char *name, const tg_tensor *params, int n, double lr,
+                          double momentum, double wd, double tcoef, bool nesterov, bool classic) {
   if (momentum < 0 || !isfinite(momentum)) {
     tg_set_error(TG_ERR_INVALID, "%s: invalid momentum value %g", fn, momentum);
     return NULL;
@@ -149,8 +152,8 @@ static tg_optim *lars_new(const char *fn, const char *name, const tg_tensor *par
 tg_optim *tg_optim_sgd(const tg_tensor *params, int n, const tg_sgd_opts *opts) {
   static const tg_sgd_opts zero;
   if (!opts) opts = &zero;
-  return lars_new("tg_optim_sgd", "SGD", params, n, opts->lr ? opts->lr : 0.001, opts->momentum, opts->weight_decay, 0.0,
-                  opts->nesterov, opts->classic);
+  return lars_new("tg_optim_sgd", "SGD", params, n, opts->lr ? opts->lr : 0.001, opts->momentum,
+                  opts->weight_decay, 0.0, opts->nesterov, opts->classic);
 }
 
 tg_optim *tg_optim_lars(const tg_tensor *params, int n, const tg_lars_opts *opts) {
@@ -162,18 +165,20 @@ tg_optim *tg_optim_lars(const tg_tensor *params, int n, const tg_lars_opts *opts
                   opts->tcoef ? opts->tcoef : 0.001, opts->nesterov, !opts->popular);
 }
 
-static tg_optim *lamb_new(const char *fn, const char *name, const tg_tensor *params, int n, const tg_adam_opts *opts,
-                          double def_eps, double def_wd, bool adam) {
+static tg_optim *lamb_new(const char *fn, const char *name, const tg_tensor *params, int n,
+                          const tg_adam_opts *opts, double def_eps, double def_wd, bool adam) {
   static const tg_adam_opts zero;
   if (!opts) opts = &zero;
-  double b1 = opts->b1 ? opts->b1 : 0.9, b2 = opts->b2 ? opts->b2 : 0.999, eps = opts->eps ? opts->eps : def_eps;
+  double b1 = opts->b1 ? opts->b1 : 0.9, b2 = opts->b2 ? opts->b2 : 0.999,
+         eps = opts->eps ? opts->eps : def_eps;
   double wd = opts->weight_decay ? opts->weight_decay : def_wd;
   if (wd < 0 || !isfinite(wd)) {
     tg_set_error(TG_ERR_INVALID, "%s: invalid weight_decay value %g", fn, wd);
     return NULL;
   }
   if (!(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1) || !(eps >= 0) || !isfinite(eps)) {
-    tg_set_error(TG_ERR_INVALID, "%s: betas (%g, %g) must be in [0, 1) and eps %g non-negative", fn, b1, b2, eps);
+    tg_set_error(TG_ERR_INVALID, "%s: betas (%g, %g) must be in [0, 1) and eps %g non-negative", fn, b1, b2,
+                 eps);
     return NULL;
   }
   tg_optim *o = optim_new(fn, name, params, n, opts->lr ? opts->lr : 0.001);
@@ -190,7 +195,8 @@ static tg_optim *lamb_new(const char *fn, const char *name, const tg_tensor *par
 
 tg_optim *tg_optim_adam(const tg_tensor *params, int n, const tg_adam_opts *opts) {
   if (opts && opts->weight_decay) {
-    tg_set_error(TG_ERR_INVALID, "tg_optim_adam: Adam has no weight_decay (%g given); use tg_optim_adamw", opts->weight_decay);
+    tg_set_error(TG_ERR_INVALID, "tg_optim_adam: Adam has no weight_decay (%g given); use tg_optim_adamw",
+                 opts->weight_decay);
     return NULL;
   }
   return lamb_new("tg_optim_adam", "Adam", params, n, opts, 1e-8, 0.0, true);
@@ -266,7 +272,8 @@ static tg_tensor lars_update(tg_optim *o, int i, tg_tensor t, tg_tensor g, tg_te
 }
 
 /* LAMB._step for parameter i (after b1_t / b2_t were advanced) */
-static tg_tensor lamb_update(tg_optim *o, int i, tg_tensor t, tg_tensor g, tg_tensor lr0, tg_tensor b1t, tg_tensor b2t) {
+static tg_tensor lamb_update(tg_optim *o, int i, tg_tensor t, tg_tensor g, tg_tensor lr0, tg_tensor b1t,
+                             tg_tensor b2t) {
   tg_dtype mdt = tg_dtype_of(o->m[i]), vdt = tg_dtype_of(o->v[i]);
   tg_assign(o->m[i], tg_cast(tg_add(tg_mul_s(o->m[i], o->b1), tg_mul_s(g, 1.0 - o->b1)), mdt));
   tg_assign(o->v[i], tg_cast(tg_add(tg_mul_s(o->v[i], o->b2), tg_mul_s(tg_mul(g, g), 1.0 - o->b2)), vdt));
@@ -289,10 +296,12 @@ int tg_optim_schedule_step(tg_optim *o, tg_tensor *out, int cap) {
   int total = extra_count(o) + o->n + o->nbuf;
   if (!out) return total;
   if (cap < total)
-    return tg_set_error(TG_ERR_INVALID, "%s: out has room for %d tensors, the step needs %d", fn, cap, total), -1;
+    return tg_set_error(TG_ERR_INVALID, "%s: out has room for %d tensors, the step needs %d", fn, cap, total),
+           -1;
   if (!tg_getenv_int("TRAINING", 0))
     return tg_set_error(TG_ERR_INVALID,
-                        "%s: TRAINING=0; the optimizer only steps in training mode: tg_context_set_int(\"TRAINING\", 1) "
+                        "%s: TRAINING=0; the optimizer only steps in training mode: "
+                        "tg_context_set_int(\"TRAINING\", 1) "
                         "first (tinygrad's Context(TRAINING=1))",
                         fn),
            -1;
@@ -300,14 +309,18 @@ int tg_optim_schedule_step(tg_optim *o, tg_tensor *out, int cap) {
   /* every parameter must have a gradient before anything is assigned */
   for (int i = 0; i < o->n; i++) {
     if (!tg_valid(o->params[i]))
-      return tg_set_error(TG_ERR_HANDLE, "%s: %s parameter %d was freed (the optimizer borrows its parameters)", fn, o->name, i),
+      return tg_set_error(TG_ERR_HANDLE,
+                          "%s: %s parameter %d was freed (the optimizer borrows its parameters)", fn, o->name,
+                          i),
              -1;
     tg_tensor g = tg_grad(o->params[i]);
     bool has = g.id != 0;
     tg_free(g);
     if (!has)
-      return tg_set_error(TG_ERR_INVALID, "%s: %s parameter %d has no gradient; call tg_backward on a loss that uses it first",
-                          fn, o->name, i),
+      return tg_set_error(
+                 TG_ERR_INVALID,
+                 "%s: %s parameter %d has no gradient; call tg_backward on a loss that uses it first", fn,
+                 o->name, i),
              -1;
   }
   tg_scope_begin();
@@ -361,7 +374,8 @@ tg_status tg_optim_step(tg_optim *o) {
 
 tg_status tg_optim_set_lr(tg_optim *o, double lr) {
   if (!o) return tg_set_error(TG_ERR_INVALID, "tg_optim_set_lr: optimizer is NULL");
-  if (!(lr >= 0) || !isfinite(lr)) return tg_set_error(TG_ERR_INVALID, "tg_optim_set_lr: invalid learning rate %g", lr);
+  if (!(lr >= 0) || !isfinite(lr))
+    return tg_set_error(TG_ERR_INVALID, "tg_optim_set_lr: invalid learning rate %g", lr);
   tg_scope_begin();
   tg_assign(o->lr, tg_full_like(o->lr, lr, NULL));
   tg_status st = tg_realize(o->lr);
@@ -389,13 +403,16 @@ tg_tensor tg_optim_lr(const tg_optim *o) {
 static tg_status put_named(tg_state_dict *sd, const char *prefix, const char *name, int idx, tg_tensor t) {
   char buf[512];
   const char *dot = prefix[0] && prefix[strlen(prefix) - 1] != '.' ? "." : "";
-  if (idx >= 0) snprintf(buf, sizeof buf, "%.400s%s%s.%d", prefix, dot, name, idx);
-  else snprintf(buf, sizeof buf, "%.400s%s%s", prefix, dot, name);
+  if (idx >= 0)
+    snprintf(buf, sizeof buf, "%.400s%s%s.%d", prefix, dot, name, idx);
+  else
+    snprintf(buf, sizeof buf, "%.400s%s%s", prefix, dot, name);
   return tg_state_dict_set(sd, buf, t);
 }
 
 tg_status tg_optim_state(const tg_optim *o, tg_state_dict *sd, const char *prefix) {
-  if (!o || !sd) return tg_set_error(TG_ERR_INVALID, "tg_optim_state: %s is NULL", o ? "state dict" : "optimizer");
+  if (!o || !sd)
+    return tg_set_error(TG_ERR_INVALID, "tg_optim_state: %s is NULL", o ? "state dict" : "optimizer");
   if (!prefix) prefix = "";
   tg_status st = put_named(sd, prefix, "lr", -1, o->lr);
   if (st == TG_OK && o->b1_t.id) st = put_named(sd, prefix, "b1_t", -1, o->b1_t);
