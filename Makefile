@@ -1,6 +1,7 @@
 # tinygrad.c -- GNU make build.
 #
 #   make              library (build/libtinygrad.a, build/libtinygrad.so), examples, tests, benchmarks
+#   make mnist        installs missing packages, builds and trains examples/beautiful_mnist
 #   make demo         installs missing packages, builds and runs examples/quickstart
 #   make test         installs missing packages, builds everything, runs every test; the last line is
 #                     "N passed, N failed" and the exit status is non-zero on any failure or crash
@@ -72,7 +73,7 @@ JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 PARALLEL  = $(if $(findstring -j,$(MAKEFLAGS)),,-j$(JOBS))
 SUBFLAGS  = --no-print-directory $(PARALLEL)
 
-.PHONY: all lib static shared examples tests bench test test-run check demo demo-run asan asan-run fuzz \
+.PHONY: all lib static shared examples tests bench test test-run check demo demo-run mnist mnist-run asan asan-run fuzz \
         fuzz-bins install uninstall clean format format-check deps
 .DELETE_ON_ERROR:
 .SECONDARY:
@@ -144,6 +145,13 @@ demo: deps
 
 demo-run: $(BUILD)/examples/quickstart
 	@TINYGRAD_LIB=$(abspath $(LIB_SO)) ./$(BUILD)/examples/quickstart
+
+# The main job: train the beautiful_mnist CNN on Fashion-MNIST (BS, STEPS, TARGET_EVAL_ACC_PCT, ...).
+mnist: deps
+	@$(MAKE) $(SUBFLAGS) mnist-run
+
+mnist-run: $(BUILD)/examples/beautiful_mnist
+	@./$(BUILD)/examples/beautiful_mnist
 
 asan: deps
 	@$(MAKE) $(SUBFLAGS) BUILD=$(ASAN_DIR) CFLAGS="$(ASAN_CFLAGS)" LDFLAGS="$(ASAN_LDFLAGS)" asan-run
