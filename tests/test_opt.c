@@ -86,6 +86,13 @@ static tg_tensor e_conv(tg_tensor a, tg_tensor b) {
   tg_tensor w = tg_reshape(b, TG_SHAPE(8, 4, 3, 3));
   return tg_reshape(tg_conv2d(x, w, (tg_tensor){0}, NULL), TG_SHAPE(4 * 8, 14 * 14));
 }
+static tg_tensor e_conv_u8(tg_tensor a, tg_tensor b) {
+  /* uint8 input (as MNIST images are) loads as byte vectors converted to float */
+  tg_tensor x = tg_cast(tg_mul_s(tg_add_s(tg_reshape(a, TG_SHAPE(4, 4, 16, 16)), 2), 2), TG_UINT8);
+  tg_tensor w = tg_reshape(b, TG_SHAPE(8, 4, 3, 3));
+  tg_realize(x);
+  return tg_reshape(tg_conv2d(x, w, (tg_tensor){0}, NULL), TG_SHAPE(4 * 8, 14 * 14));
+}
 static tg_tensor e_conv_relu(tg_tensor a, tg_tensor b) {
   tg_tensor x = tg_reshape(a, TG_SHAPE(2, 8, 16, 16));
   tg_tensor w = tg_reshape(b, TG_SHAPE(16, 8, 1, 1));
@@ -95,6 +102,7 @@ static tg_tensor e_conv_relu(tg_tensor a, tg_tensor b) {
 TEST(conv_shapes) {
   CHECK(compare(e_conv, 64, 64, 8, 36, 1e-5) == 0);
   CHECK(compare(e_conv_relu, 64, 64, 16, 8, 1e-5) == 0);
+  CHECK(compare(e_conv_u8, 64, 64, 8, 36, 1e-5) == 0);
 }
 
 TEST(matmul_shapes) {

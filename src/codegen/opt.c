@@ -55,14 +55,24 @@ static UOp *contiguous_base(VR *v, UOp *idx) {
   return base;
 }
 
+/* integer dtypes that load as vectors of their own type (only to be converted to float32) */
+static bool vec_int_load_dtype(tg_dtype dt) {
+  return dt == TG_UINT8 || dt == TG_INT8 || dt == TG_INT16 || dt == TG_UINT16 || dt == TG_INT32 || dt == TG_UINT32;
+}
+
 static bool vec_op_ok(UOp *u) {
   switch (u->op) {
   case OP_ADD: case OP_SUB: case OP_MUL: case OP_FDIV: case OP_NEG: case OP_MAX: case OP_CMPLT: case OP_CMPNE:
   case OP_CMPEQ: case OP_WHERE: case OP_AND: case OP_OR: case OP_XOR: case OP_EXP2: case OP_LOG2: case OP_SIN:
   case OP_SQRT: case OP_RECIP: case OP_TRUNC:
-    return u->dtype == TG_FLOAT32 || u->dtype == TG_BOOL;
+    if (u->dtype != TG_FLOAT32 && u->dtype != TG_BOOL) return false;
+    /* integer vectors only exist to be converted: every operand must be float32 or a mask */
+    for (uint32_t i = 0; i < u->nsrc; i++)
+      if (u->src[i]->dtype != TG_FLOAT32 && u->src[i]->dtype != TG_BOOL) return false;
+    return true;
   case OP_CAST:
-    return (u->dtype == TG_FLOAT32 && u->src[0]->dtype == TG_BOOL) || (u->dtype == TG_BOOL && u->src[0]->dtype == TG_FLOAT32);
+    return (u->dtype == TG_FLOAT32 && (u->src[0]->dtype == TG_BOOL || vec_int_load_dtype((tg_dtype)u->src[0]->dtype))) ||
+           (u->dtype == TG_BOOL && u->src[0]->dtype == TG_FLOAT32);
   default:
     return false;
   }
@@ -76,7 +86,8 @@ static UOp *vr(VR *v, UOp *u) {
   if (!dep_lane(v, u)) {
     r = uop_ref(u);
   } else if (u->op == OP_LOAD) {
-    UOp *base = u->dtype == TG_FLOAT32 && !(u->nsrc > 2 && dep_lane(v, u->src[2])) ? contiguous_base(v, u->src[1]) : NULL;
+    bool dt_ok = u->dtype == TG_FLOAT32 || vec_int_load_dtype((tg_dtype)u->dtype);
+    UOp *base = dt_ok && !(u->nsrc > 2 && dep_lane(v, u->src[2])) ? contiguous_base(v, u->src[1]) : NULL;
     if (!base) {
       v->fail = true;
       return NULL;

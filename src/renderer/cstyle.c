@@ -243,14 +243,26 @@ static void vopnd(R *r, UOp *u, bool mask, SB *e) {
   else sb_printf(e, "((tg_vf){0} + (float)(%s))", n);
 }
 
+/* vector type names for a loaded dtype: float32 uses tg_vf; integer loads get their own lane type */
+static void vtype_names(tg_dtype dt, char *vt, char *vtu) {
+  if (dt == TG_FLOAT32) {
+    strcpy(vt, "tg_vf"), strcpy(vtu, "tg_vfu");
+  } else {
+    snprintf(vt, 32, "tg_v%d", (int)dt), snprintf(vtu, 32, "tg_v%du", (int)dt);
+  }
+}
+
 static void render_vexpr(R *r, UOp *u, SB *e) {
   UOp *a = u->nsrc > 0 ? u->src[0] : NULL, *b = u->nsrc > 1 ? u->src[1] : NULL, *c = u->nsrc > 2 ? u->src[2] : NULL;
   bool amask = a && a->dtype == TG_BOOL;
   switch (u->op) {
-  case OP_LOAD:
-    if (u->nsrc > 2) sb_printf(e, "((%s) ? *(const tg_vfu *)(%s + %s) : (tg_vf){0})", nm(r, c), nm(r, a), nm(r, b));
-    else sb_printf(e, "(*(const tg_vfu *)(%s + %s))", nm(r, a), nm(r, b));
+  case OP_LOAD: {
+    char vt[32], vtu[32];
+    vtype_names((tg_dtype)u->dtype, vt, vtu);
+    if (u->nsrc > 2) sb_printf(e, "((%s) ? *(const %s *)(%s + %s) : (%s){0})", nm(r, c), vtu, nm(r, a), nm(r, b), vt);
+    else sb_printf(e, "(*(const %s *)(%s + %s))", vtu, nm(r, a), nm(r, b));
     return;
+  }
   case OP_WHERE:
     if (!isvec(r, a)) {
       sb_printf(e, "((%s) ? ", nm(r, a));
@@ -291,7 +303,8 @@ static void render_vexpr(R *r, UOp *u, SB *e) {
     return;
   }
   case OP_CAST:
-    if (u->dtype == TG_FLOAT32) sb_printf(e, "tg_vsel(%s, (tg_vf){0} + 1.0f, (tg_vf){0})", nm(r, a));
+    if (u->dtype == TG_FLOAT32 && a->dtype != TG_BOOL) sb_printf(e, "__builtin_convertvector(%s, tg_vf)", nm(r, a));
+    else if (u->dtype == TG_FLOAT32) sb_printf(e, "tg_vsel(%s, (tg_vf){0} + 1.0f, (tg_vf){0})", nm(r, a));
     else sb_printf(e, "(%s != (tg_vf){0})", nm(r, a));
     return;
   default: break;
@@ -316,9 +329,11 @@ static void emit_level(R *r, Lin *l, int level, bool post_phase) {
     SB e;
     sb_init(&e);
     const char *ty;
+    char vt[32], vtu[32];
     if (isvec(r, u)) {
       render_vexpr(r, u, &e);
-      ty = u->dtype == TG_BOOL ? "tg_vm" : "tg_vf";
+      vtype_names((tg_dtype)u->dtype, vt, vtu);
+      ty = u->dtype == TG_BOOL ? "tg_vm" : vt;
     } else {
       render_expr(r, u, &e);
       ty = ctype((tg_dtype)u->dtype);
@@ -520,6 +535,15 @@ char *render_c(const LKernel *k, const char *name) {
   if (r.uses_bf16) sb_puts(&out, PRELUDE_BF16);
   if (r.vw) {
     sb_printf(&out, PRELUDE_VEC, r.vw * 4, r.vw * 4, r.vw * 4);
+    for (int dt = TG_INT8; dt <= TG_UINT32; dt++)
+      if (dt != TG_INT64 && body.s) {
+        char key[32];
+        snprintf(key, sizeof key, "tg_v%du", dt);
+        if (!strstr(body.s, key)) continue;
+        sb_printf(&out, "typedef %s tg_v%d __attribute__((vector_size(%d)));\n", ctype((tg_dtype)dt), dt, r.vw * (int)tg_dtype_itemsize((tg_dtype)dt));
+        sb_printf(&out, "typedef %s tg_v%du __attribute__((vector_size(%d), aligned(1)));\n", ctype((tg_dtype)dt), dt,
+                  r.vw * (int)tg_dtype_itemsize((tg_dtype)dt));
+      }
     if (k->rvw)
       sb_printf(&out, "static inline float tg_hadd(tg_vf v){float s=0;for(int i=0;i<%d;i++)s+=v[i];return s;}\n"
                       "static inline float tg_hmax(tg_vf v){float m=v[0];for(int i=1;i<%d;i++)m=(v[i]>m||v[i]!=v[i])?v[i]:m;return m;}\n",
