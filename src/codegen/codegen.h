@@ -19,8 +19,9 @@ typedef struct {
   int vfac;        /* UPCAST the vectorized axis by vfac (1 = no) */
   int swap;        /* move the vectorized axis to the outermost loop */
   int raxis, rw;   /* VECTORIZE reduce axis raxis by rw lanes (only without a global vector axis) */
+  int uaxis2, ufac2; /* a second UPCAST (a 2-D register tile) */
 } OptCfg;
-#define OPTCFG_NONE ((OptCfg){-1, 0, -1, 1, 1, 0, -1, 0})
+#define OPTCFG_NONE ((OptCfg){-1, 0, -1, 1, 1, 0, -1, 0, -1, 1})
 
 typedef struct {
   UOp **granges; /* global loop RANGE nodes, outermost first (owned refs) */

@@ -289,12 +289,13 @@ static int describe(LKernel *k) {
   if (c->vfac > 1) o += snprintf(k->opts + o, n - (size_t)o, "UPCAST(%d,%d) ", c->vaxis, c->vfac);
   if (c->swap) o += snprintf(k->opts + o, n - (size_t)o, "SWAP(0,%d) ", c->vaxis);
   if (c->raxis >= 0) o += snprintf(k->opts + o, n - (size_t)o, "VECTORIZE_REDUCE(%d,%d) ", c->raxis, c->rw);
+  if (c->uaxis2 >= 0) o += snprintf(k->opts + o, n - (size_t)o, "UPCAST(%d,%d) ", c->uaxis2, c->ufac2);
   return o;
 }
 
 /* Applies a given configuration; marks k->cfg_failed when it does not fit this kernel. */
 static void apply_cfg(LKernel *k, const OptCfg *c, int *next_axis) {
-  Upcast ups[2];
+  Upcast ups[3];
   int nup = 0;
   k->cfg = OPTCFG_NONE;
   bool ok = true;
@@ -307,6 +308,11 @@ static void apply_cfg(LKernel *k, const OptCfg *c, int *next_axis) {
   if (ok && c->vfac > 1) {
     ok = c->vaxis >= 0 && k->granges[c->vaxis]->iarg[0] % c->vfac == 0;
     if (ok) ups[nup].axis = c->vaxis, ups[nup++].factor = c->vfac;
+  }
+  if (ok && c->uaxis2 >= 0) {
+    ok = c->uaxis2 < k->ng && c->uaxis2 != c->vaxis && c->uaxis2 != c->uaxis && c->ufac2 > 1 &&
+         k->granges[c->uaxis2]->iarg[0] % c->ufac2 == 0;
+    if (ok) ups[nup].axis = c->uaxis2, ups[nup++].factor = c->ufac2;
   }
   if (ok && c->swap) ok = c->vaxis > 0;
   if (!ok) {
@@ -323,7 +329,7 @@ static void apply_cfg(LKernel *k, const OptCfg *c, int *next_axis) {
 /* tinygrad's hand-coded heuristics (BEAM=0). */
 static void heuristic(LKernel *k, int *next_axis) {
   OptCfg c = OPTCFG_NONE;
-  Upcast ups[2];
+  Upcast ups[3];
   int nup = 0;
   int vg = -1;
   for (int g = k->ng - 1; g >= 0 && vg < 0; g--)
@@ -349,7 +355,21 @@ static void heuristic(LKernel *k, int *next_axis) {
         best = g, best_free = free_axis;
     }
     int f = 1;
-    if (best >= 0) {
+    if (best >= 0 && k->rvw) {
+      /* lanes run along the reduction: tile two output axes 4x4 so each loaded vector feeds 4 FMAs */
+      int second = -1;
+      for (int g = 0; g < k->ng; g++)
+        if (g != best && k->granges[g]->iarg[0] % 4 == 0 && (second < 0 || k->granges[g]->iarg[0] > k->granges[second]->iarg[0])) second = g;
+      f = 4;
+      ups[nup].axis = best, ups[nup++].factor = f;
+      c.uaxis = best, c.ufac = f;
+      if (second >= 0) {
+        ups[nup].axis = second, ups[nup++].factor = 4;
+        c.uaxis2 = second, c.ufac2 = 4;
+      } else if (k->granges[best]->iarg[0] % 8 == 0) {
+        ups[nup - 1].factor = c.ufac = 8;
+      }
+    } else if (best >= 0) {
       int64_t n = k->granges[best]->iarg[0];
       f = n % 8 == 0 && n >= 16 ? 8 : 4;
       ups[nup].axis = best, ups[nup++].factor = f;
