@@ -96,14 +96,27 @@ typedef struct {
   int next; /* atomic */
 } CJobs;
 
-static void *compile_worker(void *arg) {
-  CJobs *js = arg;
-  for (;;) {
-    int i = __atomic_fetch_add(&js->next, 1, __ATOMIC_RELAXED);
-    if (i >= js->n) break;
-    js->jobs[i].prg = program_get(js->jobs[i].dev, js->jobs[i].kc->name, js->jobs[i].kc->src);
-    if (!js->jobs[i].prg) tg_clear_error(); /* the run loop compiles it again and reports the error */
+typedef struct {
+  CJobs *js;
+  int first, stride;
+} CGroup;
+
+/* One compiler run for every stride-th job starting at first (batched compilation). */
+static void *compile_group(void *arg) {
+  CGroup *g = arg;
+  CJobs *js = g->js;
+  int m = 0;
+  const char **names = tg_xmalloc(sizeof(char *) * (size_t)(js->n + 1)), **srcs = tg_xmalloc(sizeof(char *) * (size_t)(js->n + 1));
+  Device *dev = NULL;
+  for (int i = g->first; i < js->n; i += g->stride) {
+    if (!js->jobs[i].kc) continue;
+    if (dev && js->jobs[i].dev != dev) continue; /* one device per batch; others compile singly */
+    dev = js->jobs[i].dev;
+    names[m] = js->jobs[i].kc->name;
+    srcs[m++] = js->jobs[i].kc->src;
   }
+  if (m) program_get_batch(dev, names, srcs, m);
+  free(names), free(srcs);
   return NULL;
 }
 
@@ -129,13 +142,21 @@ static void precompile(Schedule *s) {
     int nt = (int)(ncpu < 1 ? 1 : ncpu > 16 ? 16 : ncpu);
     if (nt > js.n) nt = js.n;
     pthread_t th[16];
-    int started = 0;
-    for (int t = 1; t < nt; t++)
-      if (pthread_create(&th[started], NULL, compile_worker, &js) == 0) started++;
-    compile_worker(&js);
-    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+    CGroup groups[16];
+    bool started[16] = {false};
+    for (int t = 0; t < nt; t++) groups[t] = (CGroup){&js, t, nt};
+    for (int t = 1; t < nt; t++) started[t] = pthread_create(&th[t], NULL, compile_group, &groups[t]) == 0;
+    compile_group(&groups[0]);
+    for (int t = 1; t < nt; t++) {
+      if (started[t]) pthread_join(th[t], NULL);
+      else compile_group(&groups[t]);
+    }
     for (int i = 0; i < js.n; i++) {
       CJob *j = &js.jobs[i];
+      if (j->kc) {
+        j->prg = program_get(j->dev, j->kc->name, j->kc->src); /* loaded by the batch, or compiled alone */
+        if (!j->prg) tg_clear_error();                          /* the run loop reports it */
+      }
       if (!j->prg) {
         kernel_code_free(j->kc);
         continue;

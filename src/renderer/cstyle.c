@@ -531,37 +531,52 @@ char *render_c(const LKernel *k, const char *name) {
     sb_puts(&body, "}\n");
   }
 
-  if (r.uses_half) sb_puts(&out, PRELUDE_HALF);
-  if (r.uses_bf16) sb_puts(&out, PRELUDE_BF16);
-  if (r.vw) {
-    sb_printf(&out, PRELUDE_VEC, r.vw * 4, r.vw * 4, r.vw * 4);
-    for (int dt = TG_INT8; dt <= TG_UINT32; dt++)
-      if (dt != TG_INT64 && body.s) {
-        char key[32];
-        snprintf(key, sizeof key, "tg_v%du", dt);
-        if (!strstr(body.s, key)) continue;
-        sb_printf(&out, "typedef %s tg_v%d __attribute__((vector_size(%d)));\n", ctype((tg_dtype)dt), dt, r.vw * (int)tg_dtype_itemsize((tg_dtype)dt));
-        sb_printf(&out, "typedef %s tg_v%du __attribute__((vector_size(%d), aligned(1)));\n", ctype((tg_dtype)dt), dt,
-                  r.vw * (int)tg_dtype_itemsize((tg_dtype)dt));
-      }
+  /* Every helper is guarded and width-specific names are aliased with #define around the kernel,
+   * so several kernels can share one translation unit (batched compilation). */
+  static const char *const vnames[] = {"tg_vf", "tg_vfu", "tg_vm", "tg_vsel", "tg_vmax", "tg_hadd", "tg_hmax",
+                                       "tg_v_exp2f", "tg_v_log2f", "tg_v_sinf", "tg_v_sqrtf", "tg_v_truncf"};
+  if (r.uses_half) sb_printf(&out, "#ifndef TG_HALF_H\n#define TG_HALF_H\n%s#endif\n", PRELUDE_HALF);
+  if (r.uses_bf16) sb_printf(&out, "#ifndef TG_BF16_H\n#define TG_BF16_H\n%s#endif\n", PRELUDE_BF16);
+  if (strstr(body.s ? body.s : "", "tg_ipow"))
+    sb_puts(&out, "#ifndef TG_IPOW_H\n#define TG_IPOW_H\nstatic inline long long tg_ipow(long long b,long long e){long long r=1;if(e<0)return b==1?1:(b==-1?((e&1)?-1:1):0);"
+                  "while(e){if(e&1)r*=b;b*=b;e>>=1;}return r;}\n#endif\n");
+  int W = r.vw;
+  if (W) {
+    for (size_t i = 0; i < sizeof vnames / sizeof *vnames; i++) sb_printf(&out, "#define %s %s%d\n", vnames[i], vnames[i], W);
+    for (int dt = TG_INT8; dt <= TG_UINT32; dt++) sb_printf(&out, "#define tg_v%d tg_v%d_%d\n#define tg_v%du tg_v%du_%d\n", dt, dt, W, dt, dt, W);
+    sb_printf(&out, "#ifndef TG_VEC%d_H\n#define TG_VEC%d_H\n", W, W);
+    sb_printf(&out, PRELUDE_VEC, W * 4, W * 4, W * 4);
+    sb_puts(&out, "#endif\n");
+    for (int dt = TG_INT8; dt <= TG_UINT32; dt++) {
+      char key[32];
+      snprintf(key, sizeof key, "tg_v%du", dt);
+      if (dt == TG_INT64 || !body.s || !strstr(body.s, key)) continue;
+      int bytes = W * (int)tg_dtype_itemsize((tg_dtype)dt);
+      sb_printf(&out, "#ifndef TG_V%d_%d_H\n#define TG_V%d_%d_H\n", dt, W, dt, W);
+      sb_printf(&out, "typedef %s tg_v%d __attribute__((vector_size(%d)));\n", ctype((tg_dtype)dt), dt, bytes);
+      sb_printf(&out, "typedef %s tg_v%du __attribute__((vector_size(%d), aligned(1)));\n#endif\n", ctype((tg_dtype)dt), dt, bytes);
+    }
     if (k->rvw)
-      sb_printf(&out, "static inline float tg_hadd(tg_vf v){float s=0;for(int i=0;i<%d;i++)s+=v[i];return s;}\n"
-                      "static inline float tg_hmax(tg_vf v){float m=v[0];for(int i=1;i<%d;i++)m=(v[i]>m||v[i]!=v[i])?v[i]:m;return m;}\n",
-                r.vw, r.vw);
+      sb_printf(&out, "#ifndef TG_HRED%d_H\n#define TG_HRED%d_H\n"
+                      "static inline float tg_hadd(tg_vf v){float s=0;for(int i=0;i<%d;i++)s+=v[i];return s;}\n"
+                      "static inline float tg_hmax(tg_vf v){float m=v[0];for(int i=1;i<%d;i++)m=(v[i]>m||v[i]!=v[i])?v[i]:m;return m;}\n#endif\n",
+                W, W, W, W);
     static const char *const fs[] = {"exp2f", "log2f", "sinf", "sqrtf", "truncf"};
     for (size_t i = 0; i < sizeof fs / sizeof *fs; i++) {
       char key[32];
       snprintf(key, sizeof key, "tg_v_%s(", fs[i]);
       if (body.s && strstr(body.s, key))
-        sb_printf(&out, "static inline tg_vf tg_v_%s(tg_vf x){tg_vf r;for(int i=0;i<%d;i++)r[i]=__builtin_%s(x[i]);return r;}\n", fs[i], r.vw, fs[i]);
+        sb_printf(&out, "#ifndef TG_V_%s_%d_H\n#define TG_V_%s_%d_H\nstatic inline tg_vf tg_v_%s(tg_vf x){tg_vf r;for(int i=0;i<%d;i++)r[i]=__builtin_%s(x[i]);return r;}\n#endif\n",
+                  fs[i], W, fs[i], W, fs[i], W, fs[i]);
     }
   }
-  if (strstr(body.s ? body.s : "", "tg_ipow"))
-    sb_puts(&out, "static inline long long tg_ipow(long long b,long long e){long long r=1;if(e<0)return b==1?1:(b==-1?((e&1)?-1:1):0);"
-                  "while(e){if(e&1)r*=b;b*=b;e>>=1;}return r;}\n");
   sb_printf(&out, "void %s(void **restrict bufs, long long gstart, long long gend) {\n", name);
   sb_puts(&out, body.s ? body.s : "");
   sb_puts(&out, "}\n");
+  if (W) {
+    for (size_t i = 0; i < sizeof vnames / sizeof *vnames; i++) sb_printf(&out, "#undef %s\n", vnames[i]);
+    for (int dt = TG_INT8; dt <= TG_UINT32; dt++) sb_printf(&out, "#undef tg_v%d\n#undef tg_v%du\n", dt, dt);
+  }
   sb_free(&body);
   for (size_t i = 0; i < r.names.cap; i++)
     if (r.names.keys[i]) free(r.names.vals[i]);

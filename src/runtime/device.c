@@ -535,3 +535,69 @@ double program_exec(Program *p, void **bufs, int nbufs, const int64_t *global_si
   }
   return p->dev->vt->exec(p->dev->state, p->handle, bufs, nbufs, global_size, local_size, wait);
 }
+
+/* Compiles several kernels in one compiler run (one translation unit, one shared object): process
+ * start-up and the compiler's fixed costs are paid once. Kernels already loaded are skipped. Each
+ * kernel's entry point is renamed (#define) so equal names from different sources cannot clash.
+ * Returns the number of programs now available; programs that fail here are left for program_get,
+ * which reports their own error. Never records an error itself. */
+int program_get_batch(Device *dev, const char *const *fnames, const char *const *srcs, int n) {
+  if (!dev || n <= 0) return 0;
+  int *todo = tg_xmalloc(sizeof(int) * (size_t)n);
+  int ntodo = 0, have = 0;
+  pthread_mutex_lock(&g_prog_lock);
+  for (int i = 0; i < n; i++) {
+    size_t srclen = strlen(srcs[i]);
+    uint64_t h = hash_bytes(srcs[i], srclen, hash_bytes(fnames[i], strlen(fnames[i]), 0x7467707267ULL));
+    bool found = false;
+    for (ProgEntry *e = g_prog_cap ? g_prog_tab[h & (g_prog_cap - 1)] : NULL; e && !found; e = e->next)
+      found = e->hash == h && e->srclen == srclen && e->pub.dev == dev && strcmp(e->pub.name, fnames[i]) == 0 &&
+              memcmp(e->src, srcs[i], srclen) == 0;
+    if (found) have++;
+    else todo[ntodo++] = i;
+  }
+  pthread_mutex_unlock(&g_prog_lock);
+  if (ntodo < 2) {
+    free(todo);
+    return have;
+  }
+  SB all;
+  sb_init(&all);
+  for (int t = 0; t < ntodo; t++) {
+    int i = todo[t];
+    sb_printf(&all, "#define %s %s__b%d\n%s#undef %s\n", fnames[i], fnames[i], t, srcs[i], fnames[i]);
+  }
+  uint8_t *lib = NULL;
+  size_t liblen = 0;
+  tg_status st = dev->vt->compile(dev->state, all.s, &lib, &liblen);
+  sb_free(&all);
+  if (st != TG_OK) {
+    tg_clear_error();
+    free(todo);
+    return have;
+  }
+  __atomic_fetch_add(&g_counters.compile_count, 1, __ATOMIC_RELAXED);
+  for (int t = 0; t < ntodo; t++) {
+    int i = todo[t];
+    char sym[160];
+    snprintf(sym, sizeof sym, "%s__b%d", fnames[i], t);
+    void *handle = dev->vt->load(dev->state, sym, lib, liblen);
+    if (!handle) {
+      tg_clear_error();
+      continue;
+    }
+    size_t srclen = strlen(srcs[i]);
+    uint64_t h = hash_bytes(srcs[i], srclen, hash_bytes(fnames[i], strlen(fnames[i]), 0x7467707267ULL));
+    ProgEntry *e = prog_new(dev, fnames[i], srcs[i], srclen, h);
+    e->pub.handle = handle;
+    e->ready = true;
+    pthread_mutex_lock(&g_prog_lock);
+    prog_insert_locked(e);
+    pthread_cond_broadcast(&g_prog_cond);
+    pthread_mutex_unlock(&g_prog_lock);
+    have++;
+  }
+  free(lib);
+  free(todo);
+  return have;
+}

@@ -91,6 +91,9 @@ typedef struct Program {
  * the in-memory cache (valid for the process), or NULL + error (TG_ERR_COMPILE with the compiler's
  * message). */
 Program *program_get(Device *dev, const char *fname, const char *src);
+/* Compiles the kernels not loaded yet in one compiler run (faster than one run each); afterwards
+ * program_get finds them without compiling. Returns how many are available. Records no error. */
+int program_get_batch(Device *dev, const char *const *fnames, const char *const *srcs, int n);
 double program_exec(Program *p, void **bufs, int nbufs, const int64_t *global_size,
                     const int64_t *local_size, bool wait);
 
