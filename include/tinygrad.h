@@ -295,6 +295,10 @@ tg_tensor tg_squeeze(tg_tensor x, int dim);
  * shape idx.shape + x.shape[1:]. Negative indices count from the end; an index out of range reads
  * zeros (never memory outside x). One fused kernel with a data-dependent load; differentiable in x. */
 tg_tensor tg_index(tg_tensor x, tg_tensor idx);
+/* tinygrad's Tensor.sequential(ll): fns[0](x), then fns[1] of that, ... (ctxs[i] passed to fns[i];
+ * ctxs may be NULL). Stops at the first none. */
+typedef tg_tensor (*tg_layer_fn)(tg_tensor x, void *ctx);
+tg_tensor tg_sequential(tg_tensor x, const tg_layer_fn *fns, void *const *ctxs, int n);
 /* Matrix product of 2-D (or batched) tensors. */
 tg_tensor tg_matmul(tg_tensor x, tg_tensor y);
 
@@ -537,6 +541,232 @@ tg_tensor tg_int(tg_tensor x);
 tg_tensor tg_long(tg_tensor x);
 tg_tensor tg_short(tg_tensor x);
 tg_tensor tg_bool(tg_tensor x);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* comparison, scans, sorting, pooling indices, einsum, interpolation, sampling, linear algebra   */
+
+/* Composed from the ops above as tinygrad composes them (src/tensor/processing.c): lazy, fused, and
+ * differentiable by tg_backward where tinygrad's are. Results are new handles in the current scope.
+ * Functions with several results write them to out-pointers and return a tg_status; on error every
+ * out-pointer gets none. Index results are int32 (tinygrad's default int; PyTorch uses int64). */
+
+/* |x - y| <= atol + rtol * |y| for finite elements, equal infinities, and nan with nan when equal_nan
+ * (tinygrad's and torch's isclose; their defaults are rtol 1e-5, atol 1e-8). x and y broadcast;
+ * integers are compared exactly in float64. Bool result. rtol, atol >= 0. */
+tg_tensor tg_isclose(tg_tensor x, tg_tensor y, double rtol, double atol, bool equal_nan);
+/* Whether every element is close (tg_all of tg_isclose; true for empty tensors). Realizes and writes
+ * the answer to *out. (For a lazy 0-d bool tensor instead, use tg_all(tg_isclose(...), NULL, 0, 0).) */
+tg_status tg_allclose(tg_tensor x, tg_tensor y, double rtol, double atol, bool equal_nan, bool *out);
+
+/* Running scans along one axis, as tinygrad: identity-padded windows reduced in one kernel, two stages
+ * above 512 elements. cumprod keeps tg_prod's dtype; its gradient divides by x (nan at zeros, as
+ * tinygrad). logcumsumexp is log(sum_{j<=i} exp(x_j - m_i)) + m_i with m the running max (float result;
+ * integers become DEFAULT_FLOAT). */
+tg_tensor tg_cumprod(tg_tensor x, int axis);
+tg_tensor tg_logcumsumexp(tg_tensor x, int axis);
+/* Running max / min along axis into *values (x's dtype) and *indices (int32, may be NULL): the position
+ * of the element that is the running extreme. Ties give the latest position, as torch (tinygrad gives
+ * the earliest). The values are differentiable (ties split the gradient, as tg_max). */
+tg_status tg_cummax(tg_tensor x, int axis, tg_tensor *values, tg_tensor *indices);
+tg_status tg_cummin(tg_tensor x, int axis, tg_tensor *values, tg_tensor *indices);
+
+/* tg_max_pool2d (same options, same values) that also returns, per output element, the flat index
+ * h * W + w of the maximum inside its (H, W) plane (torch's return_indices; int32). Ties: the first
+ * in row-major order, as torch. indices may be NULL. */
+tg_status tg_max_pool2d_with_indices(tg_tensor x, const tg_pool2d_opts *opts, tg_tensor *values, tg_tensor *indices);
+/* Partial inverse of max pooling (torch's max_unpool2d, tinygrad's): x (..., H, W) and integer
+ * indices of x's shape into each (OH, OW) plane; every other output element is 0. output_size
+ * (noutput >= 2; its last two entries are used) or NULL/0: (H-1)*stride - pad_before - pad_after +
+ * dilation*(k-1) + 1 per dim, from opts (kernel_size, stride, dilation, padding as tg_max_pool2d). An
+ * index out of range writes nothing; an index given several times (overlapping windows) receives the
+ * mean of its values (they are equal when they come from max pooling; tinygrad would add them). */
+tg_tensor tg_max_unpool2d(tg_tensor x, tg_tensor indices, const tg_pool2d_opts *opts, const int64_t *output_size,
+                          int noutput);
+
+/* Einstein summation over n tensors (torch.einsum / tinygrad's Tensor.einsum): "ij,jk->ik",
+ * implicit output ("ij,jk": the letters used once, sorted, uppercase first), repeated letters in one
+ * operand take the diagonal ("ii->i", "ii" is the trace), "..." stands for the broadcast leading dims
+ * ("...ij,...jk->...ik"). Letters a-z, A-Z; spaces are ignored. Sizes of one letter must match or be
+ * 1 (broadcast). Operands are aligned to one alphabet, multiplied and summed in one fused kernel. */
+tg_tensor tg_einsum(const char *formula, const tg_tensor *ts, int n);
+
+typedef enum {
+  TG_INTERP_LINEAR = 0,   /* linear along every resized dim (bilinear / trilinear for 2 / 3 dims) */
+  TG_INTERP_NEAREST,      /* torch's "nearest": floor(i * in / out) */
+  TG_INTERP_NEAREST_EXACT,/* torch's "nearest-exact": floor((i + 0.5) * in / out) */
+  TG_INTERP_BILINEAR,     /* LINEAR, requiring nsize == 2 */
+  TG_INTERP_TRILINEAR,    /* LINEAR, requiring nsize == 3 */
+} tg_interp_mode;
+typedef struct {
+  tg_interp_mode mode; /* default linear */
+  bool align_corners;  /* linear modes only: the corner pixels of input and output align */
+} tg_interpolate_opts;
+#define TG_INTERPOLATE_OPTS(...) (&(const tg_interpolate_opts){__VA_ARGS__})
+/* Resizes the last nsize dims of x to size[0..nsize-1] (tinygrad's Tensor.interpolate; torch's
+ * F.interpolate on (N, C, ...) with size=). One gather per dim; the result has x's dtype. Sizes and
+ * the resized input dims must be positive. */
+tg_tensor tg_interpolate(tg_tensor x, const int64_t *size, int nsize, const tg_interpolate_opts *opts);
+
+/* Sorts along dim with tinygrad's bitonic network of lazy min/max ops (padded to a power of two;
+ * about log2(n)^2 / 2 kernels) into *values and *indices (int32; either may be NULL). The indices are
+ * stable: equal elements keep their original order, in both directions (torch's CPU sort does the
+ * same). The values are differentiable. NaN is not supported (as tinygrad). */
+tg_status tg_sort(tg_tensor x, int dim, bool descending, tg_tensor *values, tg_tensor *indices);
+/* The indices of tg_sort. */
+tg_tensor tg_argsort(tg_tensor x, int dim, bool descending);
+/* The k largest (largest) or smallest elements along dim and their int32 indices (0 <= k <=
+ * size): the first k of tg_sort, so always sorted (`sorted` false allows any order, and gives this
+ * one), and among equal elements the earliest positions win (torch's topk may pick other ones). */
+tg_status tg_topk(tg_tensor x, int64_t k, int dim, bool largest, bool sorted, tg_tensor *values, tg_tensor *indices);
+
+/* num_samples int32 category indices per row of non-negative weights probs (K,) or (B, K) -> (n,) or
+ * (B, n) (tinygrad's multinomial; draws from tg_rand, so tg_manual_seed makes it repeatable). With
+ * replacement (or one sample): the number of entries of the normalized cumulative sum that are <= a
+ * uniform draw. Without: Efraimidis-Spirakis, the top num_samples of log2(u) / w (n <= K; categories of
+ * weight 0 come last). Weights are not checked (that would read the data): negative weights or a zero
+ * row sum give meaningless indices. */
+tg_tensor tg_multinomial(tg_tensor probs, int64_t num_samples, bool replacement);
+
+/* QR decomposition of x (..., m, n) by Householder reflections (tinygrad's Tensor.qr): *q (..., m, m)
+ * orthogonal and *r (..., m, n) upper triangular with x = q @ r (numpy's mode="complete"; the signs of
+ * rows of r may differ from LAPACK's). Integer input becomes DEFAULT_FLOAT. */
+tg_status tg_qr(tg_tensor x, tg_tensor *q, tg_tensor *r);
+/* Singular value decomposition of x (..., m, n) = u @ diag(s) @ vt (tinygrad's Tensor.svd: QR, then
+ * one-sided Jacobi on the k x k triangle, k = min(m, n), with a fixed 4k rounds of parallel rotations).
+ * *s (..., k) descending, *u (..., m, m) and *vt (..., n, n) orthogonal (full_matrices), or u (..., m,
+ * k) and vt (..., k, n). Singular vectors are unique only up to sign (and within repeated values). */
+tg_status tg_svd(tg_tensor x, bool full_matrices, tg_tensor *u, tg_tensor *s, tg_tensor *vt);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* indexing: getitem / setitem, padding modes, movement, scatter, masks                            */
+
+/* Built from the ops above the way tinygrad builds them (src/tensor/indexing.c): lazy, fused with
+ * their neighbours, differentiable by tg_backward. Results are new handles in the current scope;
+ * tensors passed in are BORROWED for the call. Errors name the function, the shapes and a hint. */
+
+/* One entry of a Python index x[e0, e1, ...]. A zeroed entry is the full slice ":". */
+typedef enum {
+  TG_INDEX_SLICE = 0, /* start:stop:step over one dim (Python's slice semantics, clamped) */
+  TG_INDEX_INT,       /* one position; the dim is removed. Negative counts from the end; out of range is an error */
+  TG_INDEX_NEWAXIS,   /* None: a new dim of size 1 */
+  TG_INDEX_ELLIPSIS,  /* ...: as many ":" as the other entries leave (at most one per index) */
+  TG_INDEX_TENSOR,    /* an integer tensor (advanced indexing) */
+} tg_index_kind;
+typedef struct {
+  tg_index_kind kind;
+  int64_t index;             /* TG_INDEX_INT */
+  int64_t start, stop, step; /* TG_INDEX_SLICE; step 0 means 1; a negative step walks backwards */
+  bool has_start, has_stop;  /* false: that end is open (x[:3], x[2:], x[::-1]); start / stop ignored */
+  tg_tensor tensor;          /* TG_INDEX_TENSOR */
+} tg_index_spec;
+/* Entry builders for C callers; TG_INDEX(...) expands to "array, count" like TG_SHAPE:
+ * x[1, 2:5, ::-1, None, ..., idx] is tg_getitem(x, TG_INDEX(TG_IX_INT(1), TG_IX_SLICE(2, 5, 1),
+ * TG_IX_STEP(-1), TG_IX_NEWAXIS, TG_IX_ELLIPSIS, TG_IX_TENSOR(idx))). */
+#define TG_IX_INT(i) ((tg_index_spec){.kind = TG_INDEX_INT, .index = (i)})
+#define TG_IX_SLICE(a, b, s) \
+  ((tg_index_spec){.kind = TG_INDEX_SLICE, .start = (a), .stop = (b), .step = (s), .has_start = true, .has_stop = true})
+#define TG_IX_FROM(a, s) ((tg_index_spec){.kind = TG_INDEX_SLICE, .start = (a), .step = (s), .has_start = true}) /* a::s */
+#define TG_IX_TO(b, s) ((tg_index_spec){.kind = TG_INDEX_SLICE, .stop = (b), .step = (s), .has_stop = true})    /* :b:s */
+#define TG_IX_STEP(s) ((tg_index_spec){.kind = TG_INDEX_SLICE, .step = (s)})                                   /* ::s */
+#define TG_IX_ALL ((tg_index_spec){.kind = TG_INDEX_SLICE})                                                    /* : */
+#define TG_IX_NEWAXIS ((tg_index_spec){.kind = TG_INDEX_NEWAXIS})
+#define TG_IX_ELLIPSIS ((tg_index_spec){.kind = TG_INDEX_ELLIPSIS})
+#define TG_IX_TENSOR(t) ((tg_index_spec){.kind = TG_INDEX_TENSOR, .tensor = (t)})
+#define TG_INDEX(...) \
+  ((const tg_index_spec[]){__VA_ARGS__}), ((int)(sizeof((const tg_index_spec[]){__VA_ARGS__}) / sizeof(tg_index_spec)))
+
+/* x[spec[0], ..., spec[n-1]] with tinygrad's semantics. Ints, slices, None and ellipsis make a
+ * zero-copy view (shrink, flip, pad + reshape + shrink for steps, reshape). Integer tensors index
+ * their dims: negative values count from the end, values still out of range read 0 (no error, as
+ * tinygrad). Several index tensors broadcast together; the broadcast dims replace the indexed dims
+ * where the first one was if the tensor entries are adjacent (after int entries are removed),
+ * otherwise they go first (numpy's rule, as tinygrad applies it). The indexed dims are gathered by
+ * one fused data-dependent load (tg_index at the linearized index); differentiable in x. */
+tg_tensor tg_getitem(tg_tensor x, const tg_index_spec *spec, int n);
+/* x[spec...] = value (broadcast to the indexed shape, cast to x's dtype), as tinygrad: x is
+ * tg_assign'ed where(mask, value placed in x's shape, x), so x's handle is updated lazily and the
+ * write happens when x is realized (read x, or tg_realize). x must be assignable (tg_assign: its own
+ * buffer or a lazy value, not a view). With index tensors, out-of-range indices write nothing and
+ * when one position is indexed several times the last one (row-major) wins. Not differentiable. */
+tg_status tg_setitem(tg_tensor x, const tg_index_spec *spec, int n, tg_tensor value);
+tg_status tg_setitem_s(tg_tensor x, const tg_index_spec *spec, int n, double value);
+
+typedef enum {
+  TG_PAD_CONSTANT = 0, /* fill with value (tg_pad) */
+  TG_PAD_REFLECT,      /* mirror without repeating the edge: pads must be < the dim's size */
+  TG_PAD_REPLICATE,    /* repeat the edge element */
+  TG_PAD_CIRCULAR,     /* wrap around: pads at most the dim's size (after negative pads shrink it) */
+} tg_padding_mode;
+/* Pads (before, after) pairs for the LAST npads/2 dims, in dim order (npads even, at most 2*ndim:
+ * {1, 2} pads the last dim, {0, 0, 1, 1} the last two). Negative pads remove elements (for reflect
+ * and replicate after the padding, for circular before it, as tinygrad). value is for
+ * TG_PAD_CONSTANT only. Built from slices, flips, expands and cat: a view-only graph. */
+tg_tensor tg_pad_mode(tg_tensor x, const int64_t *pads, int npads, tg_padding_mode mode, double value);
+
+/* "No dim": tg_repeat_interleave of the flattened tensor (tinygrad's dim=None). */
+#define TG_DIM_NONE INT32_MIN
+/* Each element repeated `repeats` times along dim ([1, 2] -> [1, 1, 2, 2]); TG_DIM_NONE flattens first. */
+tg_tensor tg_repeat_interleave(tg_tensor x, int64_t repeats, int dim);
+/* Windows of `size` elements every `step` along dim (torch's Tensor.unfold): dim becomes
+ * (size(dim) - size) / step + 1 windows and a new last dim of `size` is appended. A view. */
+tg_tensor tg_unfold(tg_tensor x, int dim, int64_t size, int64_t step);
+/* Splits dim into sizes (one of them may be -1). */
+tg_tensor tg_unflatten(tg_tensor x, int dim, const int64_t *sizes, int nsizes);
+/* 1-d (n,) -> (n, n) with x on the diagonal. */
+tg_tensor tg_diag(tg_tensor x);
+/* The diagonal of the (dim1, dim2) planes as a view: those dims are removed and the diagonal becomes
+ * the last dim. offset > 0 above the main diagonal, < 0 below. */
+tg_tensor tg_diagonal(tg_tensor x, int64_t offset, int dim1, int dim2);
+/* Circular shift by shifts[i] along dims[i] (ndims == nshifts); ndims == 0: the flattened tensor by
+ * shifts[0], reshaped back (torch.roll without dims). */
+tg_tensor tg_roll(tg_tensor x, const int64_t *shifts, int nshifts, const int *dims, int ndims);
+
+/* einops' rearrange: "b c h w -> b (h w) c", "b (h p) -> b h p" (with sizes {"p", 2}), "... c -> c
+ * ...", "1" for a size-1 dim ("h w -> 1 h w"). Axis names are identifiers not starting or ending with
+ * _; parentheses do not nest; one ellipsis at most (never inside parentheses on the left). sizes
+ * names axes of the left side (needed when a group has more than one unknown size). Reshape +
+ * permute + reshape: a view. */
+typedef struct {
+  const char *name;
+  int64_t size;
+} tg_axis_size;
+tg_tensor tg_rearrange(tg_tensor x, const char *formula, const tg_axis_size *sizes, int nsizes);
+
+/* where(mask, value, x): mask is bool, broadcast with x (and value); the dtype is promoted as
+ * tg_where does (tg_masked_fill_s: a Python-scalar value, so x keeps its dtype for an integral one). */
+tg_tensor tg_masked_fill(tg_tensor x, tg_tensor mask, tg_tensor value);
+tg_tensor tg_masked_fill_s(tg_tensor x, tg_tensor mask, double value);
+/* The elements of x where the bool mask (broadcast to x's shape) is true, row-major, as a new 1-d
+ * tensor. REALIZES the mask to know the count, then gathers (one fused kernel; differentiable in x). */
+tg_tensor tg_masked_select(tg_tensor x, tg_tensor mask);
+/* The indices of the non-zero elements (nan counts as non-zero), shape (count, ndim), int64, row-major
+ * order (torch.nonzero). REALIZES x. */
+tg_tensor tg_nonzero(tg_tensor x);
+
+/* out = x with src[i][j][k] written at out[index[i][j][k]][j][k] (dim 0; likewise for other dims),
+ * torch's scatter. index, src and x have the same ndim; index.shape[d] <= src.shape[d] for every d
+ * and <= x.shape[d] for d != dim; src has x's dtype. Indices outside [0, x.shape[dim]) (negative ones
+ * too, as tinygrad) write nothing; a target written several times keeps the last (row-major) value.
+ * Built from one-hot masks over the target dim (index.shape[dim] x x.shape[dim] compares per
+ * element). Differentiable in x and src. tg_scatter_s writes a scalar. */
+tg_tensor tg_scatter(tg_tensor x, int dim, tg_tensor index, tg_tensor src);
+tg_tensor tg_scatter_s(tg_tensor x, int dim, tg_tensor index, double value);
+typedef enum { TG_SCATTER_SUM = 0, TG_SCATTER_PROD, TG_SCATTER_MEAN, TG_SCATTER_AMAX, TG_SCATTER_AMIN } tg_scatter_reduce_op;
+/* torch's scatter_reduce: every target combines the src values scattered to it (and its own value
+ * when include_self) with sum, prod, mean, amax or amin; targets nothing is scattered to keep x's
+ * value. The result has x's dtype (an integer mean rounds toward -inf, as torch). Differentiable in x
+ * and src (amax / amin split the gradient between ties). */
+tg_tensor tg_scatter_reduce(tg_tensor x, int dim, tg_tensor index, tg_tensor src, tg_scatter_reduce_op reduce,
+                            bool include_self);
+
+/* Size of one element in bytes (torch's element_size), numel * that (nbytes); -1 on error. */
+int64_t tg_element_size(tg_tensor x);
+int64_t tg_nbytes(tg_tensor x);
+/* True for float16, bfloat16, float32 and float64 tensors (false with an error for a bad handle). */
+bool tg_is_floating_point(tg_tensor x);
+/* The identity in the forward pass; in the backward pass the gradient flowing through it is made
+ * contiguous (materialized) before it goes on (tinygrad's contiguous_backward). */
+tg_tensor tg_contiguous_backward(tg_tensor x);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* autograd                                                                                        */

@@ -258,4 +258,23 @@ TEST(index_rows_and_gradient) {
   CHECK(tg_live_count() == live);
 }
 
+static tg_tensor layer_relu(tg_tensor x, void *ctx) { (void)ctx; return tg_relu(x); }
+static tg_tensor layer_scale(tg_tensor x, void *ctx) { return tg_mul_s(x, *(const double *)ctx); }
+
+TEST(sequential_applies_layers_in_order) {
+  size_t live = tg_live_count();
+  tg_scope_begin();
+  float d[4] = {-1, 2, -3, 4};
+  double k = 3;
+  tg_layer_fn fns[2] = {layer_relu, layer_scale};
+  void *ctx[2] = {NULL, &k};
+  float out[4];
+  CHECK(tg_data(tg_sequential(tg_from_data(d, TG_SHAPE(4), NULL), fns, ctx, 2), out, sizeof out) == TG_OK);
+  CHECK_CLOSE(out[0], 0, 0);
+  CHECK_CLOSE(out[1], 6, 0);
+  CHECK_CLOSE(out[3], 12, 0);
+  tg_scope_end();
+  CHECK(tg_live_count() == live);
+}
+
 int main(void) { return RUN_TESTS(); }

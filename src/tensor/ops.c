@@ -885,3 +885,17 @@ tg_tensor tg_index(tg_tensor x, tg_tensor idx) {
     return fail(TG_ERR_INVALID, "tg_index: indices are on %s but x is on %s", device_by_id(ix->device)->name, device_by_id(a->device)->name);
   return t_wrap(g_index(a, ix));
 }
+
+/* tinygrad's Tensor.sequential: applies each layer function in turn. */
+tg_tensor tg_sequential(tg_tensor x, const tg_layer_fn *fns, void *const *ctxs, int n) {
+  GET(a, x, "tg_sequential");
+  (void)a;
+  if (n < 0 || (n > 0 && !fns)) return fail(TG_ERR_INVALID, "tg_sequential: fns is NULL or n=%d < 0", n);
+  tg_tensor cur = x;
+  for (int i = 0; i < n; i++) {
+    if (!fns[i]) return fail(TG_ERR_INVALID, "tg_sequential: layer %d is NULL", i);
+    cur = fns[i](cur, ctxs ? ctxs[i] : NULL);
+    if (!tg_valid(cur)) return NONE;
+  }
+  return n ? cur : t_wrap(uop_ref(a));
+}
