@@ -65,6 +65,8 @@ KernelCode *codegen_c_cfg(UOp *ast, const OptCfg *cfg);
 /* The global loop sizes of the lowered kernel before optimizations (for enumerating OptCfgs).
  * Returns the number of global loops (at most cap written) and whether it has a reduction. */
 int kernel_global_sizes(UOp *ast, int64_t *sizes, int cap, bool *has_reduce);
+/* The reduce loop sizes of the lowered kernel before optimizations (count returned). */
+int kernel_reduce_sizes(UOp *ast, int64_t *sizes, int cap);
 void kernel_code_free(KernelCode *k);
 
 /* Lowering (shared by every renderer): builds the LKernel of an AST, with adjacent loops merged

@@ -236,6 +236,15 @@ int kernel_global_sizes(UOp *ast, int64_t *sizes, int cap, bool *has_reduce) {
   return n;
 }
 
+int kernel_reduce_sizes(UOp *ast, int64_t *sizes, int cap) {
+  OptCfg none = OPTCFG_NONE;
+  LKernel *k = lower_kernel(ast, &none);
+  int n = k->nr;
+  for (int i = 0; i < n && i < cap; i++) sizes[i] = k->rranges[i]->iarg[0];
+  lkernel_free(k);
+  return n;
+}
+
 KernelCode *codegen_c_cfg(UOp *ast, const OptCfg *cfg) {
   LKernel *k = lower_kernel(ast, cfg);
   if (k->cfg_failed) {

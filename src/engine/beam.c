@@ -156,7 +156,8 @@ static void add_cand(Cand **cs, int *n, int *cap, OptCfg c) {
 }
 
 /* Extends cfg by one action of the given round. */
-static void actions(const OptCfg *base, int round, const int64_t *gs, int ng, bool red, Cand **cs, int *n, int *cap) {
+static void actions(const OptCfg *base, int round, const int64_t *gs, int ng, const int64_t *rs, int nr, bool red, Cand **cs,
+                    int *n, int *cap) {
   add_cand(cs, n, cap, *base);
   OptCfg c;
   switch (round) {
@@ -164,12 +165,22 @@ static void actions(const OptCfg *base, int round, const int64_t *gs, int ng, bo
     for (int g = 0; g < ng; g++)
       for (int W = 16; W >= 4; W /= 2)
         if (gs[g] % W == 0) c = *base, c.vaxis = g, c.vw = W, add_cand(cs, n, cap, c);
+    for (int ri = 0; ri < nr; ri++)
+      for (int W = 16; W >= 4; W /= 2)
+        if (rs[ri] % W == 0) c = *base, c.raxis = ri, c.rw = W, add_cand(cs, n, cap, c);
     break;
   case 1:
     for (int g = 0; g < ng; g++)
       for (int f = 2; f <= 8; f *= 2) {
         if (g == base->vaxis || gs[g] % f != 0 || (!red && f > 4)) continue;
         c = *base, c.uaxis = g, c.ufac = f, add_cand(cs, n, cap, c);
+        /* a second upcast axis: 2-D register tiles */
+        for (int g2 = 0; g2 < ng && red && f <= 4; g2++)
+          if (g2 != g && g2 != base->vaxis && gs[g2] % 4 == 0) {
+            OptCfg c2 = c;
+            c2.uaxis2 = g2, c2.ufac2 = 4;
+            add_cand(cs, n, cap, c2);
+          }
       }
     break;
   case 2:
@@ -224,10 +235,12 @@ bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptC
     if (f) fclose(f);
   }
   double t0 = now_seconds();
-  int64_t gs[64];
+  int64_t gs[64], rs[64];
   bool red = false;
   int ng = kernel_global_sizes(ast, gs, 64, &red);
   if (ng > 64) ng = 64;
+  int nr = kernel_reduce_sizes(ast, rs, 64);
+  if (nr > 64) nr = 64;
   /* benchmark setup: real inputs, a scratch output initialised like the real one */
   Bench b = {0};
   b.nbufs = nbufs;
@@ -260,7 +273,7 @@ bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptC
   for (int round = 0; ok && round < 4; round++) {
     Cand *cs = NULL;
     int n = 0, cap = 0;
-    for (int f = 0; f < nfront; f++) actions(&front[f].cfg, round, gs, ng, red, &cs, &n, &cap);
+    for (int f = 0; f < nfront; f++) actions(&front[f].cfg, round, gs, ng, rs, nr, red, &cs, &n, &cap);
     for (int i = 0; i < n; i++) cs[i].kc = codegen_c_cfg(ast, &cs[i].cfg);
     int m = 0; /* keep those that apply */
     for (int i = 0; i < n; i++)
