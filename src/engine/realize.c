@@ -114,6 +114,11 @@ static void *compile_group(void *arg) {
     dev = js->jobs[i].dev;
     names[m] = js->jobs[i].kc->name;
     srcs[m++] = js->jobs[i].kc->src;
+    /* bounded translation units: the compiler's cost per unit grows with its size */
+    if (m == 24) {
+      program_get_batch(dev, names, srcs, m);
+      m = 0;
+    }
   }
   if (m) program_get_batch(dev, names, srcs, m);
   free(names), free(srcs);
