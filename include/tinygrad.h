@@ -579,7 +579,8 @@ tg_status tg_max_pool2d_with_indices(tg_tensor x, const tg_pool2d_opts *opts, tg
  * (noutput >= 2; its last two entries are used) or NULL/0: (H-1)*stride - pad_before - pad_after +
  * dilation*(k-1) + 1 per dim, from opts (kernel_size, stride, dilation, padding as tg_max_pool2d). An
  * index out of range writes nothing; an index given several times (overlapping windows) receives the
- * mean of its values (they are equal when they come from max pooling; tinygrad would add them). */
+ * largest of its values (they are equal when they come from max pooling, so this is torch's result;
+ * tinygrad would add them) and they share its gradient. */
 tg_tensor tg_max_unpool2d(tg_tensor x, tg_tensor indices, const tg_pool2d_opts *opts, const int64_t *output_size,
                           int noutput);
 
@@ -591,11 +592,11 @@ tg_tensor tg_max_unpool2d(tg_tensor x, tg_tensor indices, const tg_pool2d_opts *
 tg_tensor tg_einsum(const char *formula, const tg_tensor *ts, int n);
 
 typedef enum {
-  TG_INTERP_LINEAR = 0,   /* linear along every resized dim (bilinear / trilinear for 2 / 3 dims) */
-  TG_INTERP_NEAREST,      /* torch's "nearest": floor(i * in / out) */
-  TG_INTERP_NEAREST_EXACT,/* torch's "nearest-exact": floor((i + 0.5) * in / out) */
-  TG_INTERP_BILINEAR,     /* LINEAR, requiring nsize == 2 */
-  TG_INTERP_TRILINEAR,    /* LINEAR, requiring nsize == 3 */
+  TG_INTERP_LINEAR = 0,    /* linear along every resized dim (bilinear / trilinear for 2 / 3 dims) */
+  TG_INTERP_NEAREST,       /* torch's "nearest": floor(i * in / out) */
+  TG_INTERP_NEAREST_EXACT, /* torch's "nearest-exact": floor((i + 0.5) * in / out) */
+  TG_INTERP_BILINEAR,      /* LINEAR, requiring nsize == 2 */
+  TG_INTERP_TRILINEAR,     /* LINEAR, requiring nsize == 3 */
 } tg_interp_mode;
 typedef struct {
   tg_interp_mode mode; /* default linear */
@@ -632,9 +633,11 @@ tg_tensor tg_multinomial(tg_tensor probs, int64_t num_samples, bool replacement)
  * rows of r may differ from LAPACK's). Integer input becomes DEFAULT_FLOAT. */
 tg_status tg_qr(tg_tensor x, tg_tensor *q, tg_tensor *r);
 /* Singular value decomposition of x (..., m, n) = u @ diag(s) @ vt (tinygrad's Tensor.svd: QR, then
- * one-sided Jacobi on the k x k triangle, k = min(m, n), with a fixed 4k rounds of parallel rotations).
- * *s (..., k) descending, *u (..., m, m) and *vt (..., n, n) orthogonal (full_matrices), or u (..., m,
- * k) and vt (..., k, n). Singular vectors are unique only up to sign (and within repeated values). */
+ * one-sided Jacobi on the k x k triangle, k = min(m, n), in rounds of k/2 parallel rotations). The
+ * round count is fixed: (ceil(log2 k) + 4) * k (tinygrad's 4k rounds are too few from k ~ 8 in float64,
+ * 16 in float32). *s (..., k) descending, *u (..., m, m) and *vt (..., n, n) orthogonal
+ * (full_matrices), or u (..., m, k) and vt (..., k, n). Singular vectors are unique only up to sign
+ * (and within repeated values). Integer input becomes DEFAULT_FLOAT. */
 tg_status tg_svd(tg_tensor x, bool full_matrices, tg_tensor *u, tg_tensor *s, tg_tensor *vt);
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -94,7 +94,9 @@ static void decide(SCtx *c) {
     NI *x = &c->ni[i];
     if (x->leaf) continue;
     UOp *n = x->n;
-    if (x->target || n->op == OP_CONTIGUOUS || n->op == OP_COPY || n->op == OP_ASSIGN || x->cand_copy) x->mat = true;
+    /* gathers (INDEX) get their own small kernel: consumers then read a plain buffer (no data-dependent
+     * addresses inside heavy kernels, nothing recomputed per use) */
+    if (x->target || n->op == OP_CONTIGUOUS || n->op == OP_COPY || n->op == OP_ASSIGN || n->op == OP_INDEX || x->cand_copy) x->mat = true;
     if (!x->mat && x->npush > 0) {
       x->root = x->cand_root;
       x->fusable = x->cand_root >= 0 && x->cand_fus;
@@ -303,7 +305,8 @@ static UOp *kbuild_inner(KB *kb, UOp *n, UOp **idx, UOp *valid) {
     for (uint32_t i = 0; i < n->nsrc; i++) s[i] = kbuild(kb, n->src[i], idx, valid);
     UOp *r = uop_alu(n->op, dt, s[0], s[1], s[2]);
     for (uint32_t i = 0; i < n->nsrc; i++) uop_unref(s[i]);
-    if (valid && !(op_flags[n->op] & OPF_ZERO)) {
+    /* NEG of a bool is logical not (not_of, tg_logical_not): not zero-preserving, unlike NEG of a number */
+    if (valid && (!(op_flags[n->op] & OPF_ZERO) || (n->op == OP_NEG && dt == TG_BOOL))) {
       UOp *z = k_zero(dt);
       UOp *w = uop_alu(OP_WHERE, dt, valid, r, z);
       uop_unref(z);

@@ -863,7 +863,9 @@ tg_tensor tg_avg_pool2d(tg_tensor x, const tg_pool2d_opts *opts) {
 static void conv_valid_grad(UOp *out, UOp *g, UOp *const *in, int n, UOp **grads) {
   (void)out, (void)n;
   tg_scope_begin();
-  tg_tensor gt = t_wrap(uop_ref(g)), xp = t_wrap(uop_ref(in[0])), w = t_wrap(uop_ref(in[1]));
+  /* the incoming gradient is usually a lazy elementwise chain (relu, batchnorm backward): realize it
+   * once, or the weight-gradient reduction would recompute it for every (cin, ky, kx) */
+  tg_tensor gt = tg_contiguous(t_wrap(uop_ref(g))), xp = t_wrap(uop_ref(in[0])), w = t_wrap(uop_ref(in[1]));
   int64_t kh = in[1]->shape[2], kw = in[1]->shape[3];
   tg_tensor wt = tg_permute(tg_flip(w, (const int[]){2, 3}, 2), (const int[]){1, 0, 2, 3}, 4);
   /* the padded gradient is materialized: loads without validity masks vectorize */
