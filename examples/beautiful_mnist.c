@@ -8,7 +8,10 @@
  *   BS=512 STEPS=70 TARGET_EVAL_ACC_PCT=83 ./build/examples/beautiful_mnist
  *
  * Knobs (tinygrad's names): BS, STEPS, FASHION (with MNIST_DIR), TARGET_EVAL_ACC_PCT, SEED; the
- * trained weights are saved to MNIST_SAVE (default mnist.safetensors; empty to skip).
+ * trained weights are saved to MNIST_SAVE (default mnist.safetensors; empty to skip). BENCH=1 also
+ * prints timings for bench/mnist.py on stdout ("bench step=<i> ms=<t>" per train step, "bench eval=<k>
+ * ms=<t>" per test-accuracy call) and evaluates twice more after training, so that the last
+ * evaluation is a TinyJit replay.
  */
 #include <math.h>
 #include <stdio.h>
@@ -139,6 +142,9 @@ int main(void) {
   const char *dir = getenv("MNIST_DIR");
   bool fashion = dir && *dir ? tg_getenv_int("FASHION", 0) != 0 : true;
   const char *save = getenv("MNIST_SAVE") ? getenv("MNIST_SAVE") : "mnist.safetensors";
+  bool bench = tg_getenv_int("BENCH", 0) != 0;
+  int nevals = 0;
+  if (bench) setvbuf(stdout, NULL, _IOLBF, 0); /* bench/mnist.py reads the lines as they come */
   if (bs <= 0 || steps < 0) {
     fprintf(stderr, "beautiful_mnist: BS=%lld and STEPS=%lld must be positive\n", (long long)bs, (long long)steps);
     return 1;
@@ -171,16 +177,28 @@ int main(void) {
     tg_scope_begin();
     tg_global_counters_reset();
     tg_tensor l;
+    double ts = now();
     if (tg_jit_call(jtrain, NULL, 0, NULL, 0, &l) != TG_OK || tg_item(l, &loss) != TG_OK) return fail("train step");
+    if (bench) printf("bench step=%lld ms=%.3f\n", (long long)i, (now() - ts) * 1e3);
     if (i % 10 == 9 || i == steps - 1) {
       tg_tensor a;
+      ts = now();
       if (tg_jit_call(jtest, NULL, 0, NULL, 0, &a) != TG_OK || tg_item(a, &acc) != TG_OK) return fail("test accuracy");
+      if (bench) printf("bench eval=%d ms=%.3f\n", nevals++, (now() - ts) * 1e3);
     }
     tg_scope_end();
     snprintf(desc, sizeof desc, "loss: %6.2f test_accuracy: %5.2f%%", loss, acc);
     progress(desc, (int)i + 1, (int)steps, t0);
   }
   fprintf(stderr, "\n");
+  for (int k = 0; bench && k < 2; k++) { /* BENCH: the last of these is a TinyJit replay */
+    tg_scope_begin();
+    tg_tensor a;
+    double ts = now();
+    if (tg_jit_call(jtest, NULL, 0, NULL, 0, &a) != TG_OK || tg_item(a, &acc) != TG_OK) return fail("test accuracy");
+    printf("bench eval=%d ms=%.3f\n", nevals++, (now() - ts) * 1e3);
+    tg_scope_end();
+  }
   printf("final: loss %.4f, test accuracy %.2f%% (%.1f s)\n", loss, acc, now() - t0);
   int rc = 0;
   if (save && *save) {
