@@ -32,61 +32,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tensor.h"
+#include "compose.h"
 
 #define NONE ((tg_tensor){0})
 #define MAXD 64
 
 int norm_axis(const char *fn, int axis, int ndim, int *out); /* ops.c */
 
-static tg_tensor fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static tg_tensor fail(const char *fmt, ...) {
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  tg_set_error(TG_ERR_INVALID, "%s", msg);
-  return NONE;
-}
+#define fail op_fail
+#define begin op_scope_begin
+#define done op_scope_done
+#define cdiv ceil_div
+typedef OpScope Op_;
 
-#define SHP(u) fmt_shape((char[256]){0}, 256, (u)->shape, (u)->ndim)
-#define FSHP(s, n) fmt_shape((char[256]){0}, 256, (s), (n))
-
-/* The op's private scope; `had` remembers whether an error was pending before. */
-typedef struct {
-  const char *fn;
-  bool had;
-} Op_;
-static Op_ begin(const char *fn) {
-  Op_ o = {fn, tg_has_error()};
-  tg_scope_begin();
-  return o;
-}
-
-/* Closes the scope, moving r out. A failure inside is re-recorded as "fn: <inner message>". */
-static tg_tensor done(Op_ o, tg_tensor r) {
-  if (tg_valid(r)) {
-    r = tg_keep(r);
-  } else {
-    r = NONE;
-    const char *m = tg_last_error();
-    size_t fl = strlen(o.fn);
-    if (!o.had && m && !(strncmp(m, o.fn, fl) == 0 && m[fl] == ':')) {
-      char buf[1200];
-      snprintf(buf, sizeof buf, "%s: %s", o.fn, m);
-      tg_status st = tg_last_status();
-      tg_clear_error();
-      tg_set_error(st, "%s", buf);
-    } else if (!tg_has_error()) {
-      tg_set_error(TG_ERR_INVALID, "%s: failed", o.fn);
-    }
-  }
-  tg_scope_end();
-  return r;
-}
-
-static int64_t cdiv(int64_t a, int64_t b) { return a / b + ((a % b != 0) && ((a % b > 0) == (b > 0))); }
 static int64_t round_up(int64_t a, int64_t b) { return cdiv(a, b) * b; }
 
 static tg_opts on_device(UOp *a, tg_dtype dt) {

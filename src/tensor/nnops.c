@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tensor.h"
+#include "compose.h"
 
 #define NONE ((tg_tensor){0})
 #define MAXD 64
@@ -33,62 +33,15 @@
 
 int norm_axis(const char *fn, int axis, int ndim, int *out); /* ops.c */
 
-static tg_tensor fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static tg_tensor fail(const char *fmt, ...) {
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  tg_set_error(TG_ERR_INVALID, "%s", msg);
-  return NONE;
-}
-
+#define fail op_fail
+#define begin op_scope_begin
+#define done op_scope_done
+#define cdiv ceil_div
+typedef OpScope NnOp;
 static const char *shp(char *buf, size_t n, const UOp *u) { return fmt_shape(buf, n, u->shape, u->ndim); }
-#define SHP(u) shp((char[256]){0}, 256, (u))
-#define FSHP(s, n) fmt_shape((char[256]){0}, 256, (s), (n))
-
-/* Opens the private scope of an op. `had` remembers whether an error was pending before. */
-typedef struct {
-  const char *fn;
-  bool had;
-} NnOp;
-static NnOp begin(const char *fn) {
-  NnOp o = {fn, tg_has_error()};
-  tg_scope_begin();
-  return o;
-}
-
-/* Closes the op's scope, moving r (a handle created inside it) to the caller's scope. If the
- * composition failed, the inner op's error is re-recorded as "fn: <inner message>". */
-static tg_tensor done(NnOp o, tg_tensor r) {
-  if (tg_valid(r)) {
-    r = tg_keep(r);
-  } else {
-    r = NONE;
-    const char *m = tg_last_error();
-    size_t fl = strlen(o.fn);
-    if (!o.had && m && !(strncmp(m, o.fn, fl) == 0 && m[fl] == ':')) {
-      char buf[1200];
-      snprintf(buf, sizeof buf, "%s: %s", o.fn, m);
-      tg_status st = tg_last_status();
-      tg_clear_error();
-      tg_set_error(st, "%s", buf);
-    } else if (!tg_has_error()) {
-      tg_set_error(TG_ERR_INVALID, "%s: failed", o.fn);
-    }
-  }
-  tg_scope_end();
-  return r;
-}
 
 /* A new handle to the same lazy value (never hand an input handle back: the caller owns it). */
 static tg_tensor same(UOp *u) { return t_wrap(uop_ref(u)); }
-
-static int64_t cdiv(int64_t a, int64_t b) {
-  int64_t q = a / b, r = a % b;
-  return (r != 0 && ((r > 0) == (b > 0))) ? q + 1 : q;
-}
 static int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 
 static bool same_device(const char *fn, UOp *a, UOp *b, const char *what) {

@@ -25,64 +25,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tensor.h"
+#include "compose.h"
 
 #define NONE ((tg_tensor){0})
 #define MAXD 64
 
 int norm_axis(const char *fn, int axis, int ndim, int *out); /* ops.c */
 
-static tg_tensor fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static tg_tensor fail(const char *fmt, ...) {
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  tg_set_error(TG_ERR_INVALID, "%s", msg);
-  return NONE;
-}
-
-#define SHP(u) fmt_shape((char[256]){0}, 256, (u)->shape, (u)->ndim)
-#define FSHP(s, n) fmt_shape((char[256]){0}, 256, (s), (n))
-
-/* The private scope of an op; `had` remembers whether an error was pending before it. */
-typedef struct {
-  const char *fn;
-  bool had;
-} POp;
-static POp begin(const char *fn) {
-  POp o = {fn, tg_has_error()};
-  tg_scope_begin();
-  return o;
-}
-
-/* Makes sure a failure inside the op is reported under the op's name. */
-static void reword(POp o) {
-  const char *m = tg_last_error();
-  size_t fl = strlen(o.fn);
-  if (!o.had && m && !(strncmp(m, o.fn, fl) == 0 && m[fl] == ':')) {
-    char buf[1200];
-    snprintf(buf, sizeof buf, "%s: %s", o.fn, m);
-    tg_status st = tg_last_status();
-    tg_clear_error();
-    tg_set_error(st, "%s", buf);
-  } else if (!tg_has_error()) {
-    tg_set_error(TG_ERR_INVALID, "%s: failed", o.fn);
-  }
-}
-
-/* Closes the op's scope, moving r to the caller's scope. */
-static tg_tensor done(POp o, tg_tensor r) {
-  if (tg_valid(r)) {
-    r = tg_keep(r);
-  } else {
-    r = NONE;
-    reword(o);
-  }
-  tg_scope_end();
-  return r;
-}
+#define fail op_fail
+#define begin op_scope_begin
+#define done op_scope_done
+#define reword op_relabel
+typedef OpScope POp;
 
 /* Closes the op's scope for n results: each non-NULL out[i] gets r[i] (moved out), or every one gets
  * none if any result is invalid. */
@@ -109,10 +63,7 @@ static tg_status st_fail(tg_tensor *const *out, int n) {
 /* A new handle to the same lazy value (an input handle is never handed back: the caller owns it). */
 static tg_tensor same(UOp *u) { return t_wrap(uop_ref(u)); }
 
-static int64_t cdiv(int64_t a, int64_t b) {
-  int64_t q = a / b, r = a % b;
-  return (r != 0 && ((r > 0) == (b > 0))) ? q + 1 : q;
-}
+#define cdiv ceil_div
 static int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 
 static tg_opts on_device(UOp *a, tg_dtype dt) {

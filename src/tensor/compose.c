@@ -1,0 +1,55 @@
+/*
+ * compose.c -- see compose.h. Invariant: op_scope_done always closes exactly the scope that
+ * op_scope_begin opened, on success and on failure.
+ */
+#include "compose.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+tg_tensor op_fail(const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  tg_set_error(TG_ERR_INVALID, "%s", msg);
+  return (tg_tensor){0};
+}
+
+OpScope op_scope_begin(const char *fn) {
+  OpScope o = {fn, tg_has_error()};
+  tg_scope_begin();
+  return o;
+}
+
+void op_relabel(OpScope o) {
+  const char *m = tg_last_error();
+  size_t fl = strlen(o.fn);
+  if (!o.had && m && !(strncmp(m, o.fn, fl) == 0 && m[fl] == ':')) {
+    char buf[1200];
+    snprintf(buf, sizeof buf, "%s: %s", o.fn, m);
+    tg_status st = tg_last_status();
+    tg_clear_error();
+    tg_set_error(st, "%s", buf);
+  } else if (!tg_has_error()) {
+    tg_set_error(TG_ERR_INVALID, "%s: failed", o.fn);
+  }
+}
+
+tg_tensor op_scope_done(OpScope o, tg_tensor r) {
+  if (tg_valid(r)) {
+    r = tg_keep(r);
+  } else {
+    r = (tg_tensor){0};
+    op_relabel(o);
+  }
+  tg_scope_end();
+  return r;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  int64_t q = a / b, r = a % b;
+  return (r != 0 && ((r > 0) == (b > 0))) ? q + 1 : q;
+}

@@ -1,0 +1,32 @@
+/*
+ * compose.h -- helpers shared by the files that build public ops out of other public ops (nnops.c,
+ * indexing.c, processing.c): a private scope per op whose failures are reported under the op's own
+ * name, argument errors, and shape formatting for messages.
+ */
+#ifndef TG_COMPOSE_H
+#define TG_COMPOSE_H
+
+#include "tensor.h"
+
+/* Records TG_ERR_INVALID with a printf message; returns none. */
+tg_tensor op_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* The private scope of a composed op; `had` remembers whether an error was pending before it. */
+typedef struct {
+  const char *fn;
+  bool had;
+} OpScope;
+OpScope op_scope_begin(const char *fn);
+/* Makes sure a failure inside the op is reported as "fn: <inner message>" (or "fn: failed"). */
+void op_relabel(OpScope o);
+/* Closes the scope, moving r (created inside it) to the caller's scope; none + relabel on failure. */
+tg_tensor op_scope_done(OpScope o, tg_tensor r);
+
+/* Ceiling division for window sizes (b > 0). */
+int64_t ceil_div(int64_t a, int64_t b);
+
+/* Shape strings for messages, in compound-literal buffers (valid for the enclosing expression). */
+#define SHP(u) fmt_shape((char[256]){0}, 256, (u)->shape, (u)->ndim)
+#define FSHP(s, n) fmt_shape((char[256]){0}, 256, (s), (n))
+
+#endif
