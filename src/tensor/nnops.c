@@ -818,7 +818,10 @@ static void conv_valid_grad(UOp *out, UOp *g, UOp *const *in, int n, UOp **grads
   tg_scope_begin();
   /* the incoming gradient is usually a lazy elementwise chain (relu, batchnorm backward): realize it
    * once, or the weight-gradient reduction would recompute it for every (cin, ky, kx) */
-  tg_tensor gt = tg_contiguous(t_wrap(uop_ref(g))), xp = t_wrap(uop_ref(in[0])), w = t_wrap(uop_ref(in[1]));
+  tg_tensor gt = tg_contiguous(t_wrap(uop_ref(g))), w = t_wrap(uop_ref(in[1]));
+  /* the input may be a lazy view of a channels-last result: a contiguous copy keeps the weight
+   * gradient's loads running along image rows (where its reduction vectorizes) */
+  tg_tensor xp = tg_contiguous(t_wrap(uop_ref(in[0])));
   int64_t kh = in[1]->shape[2], kw = in[1]->shape[3];
   tg_tensor wt = tg_permute(tg_flip(w, (const int[]){2, 3}, 2), (const int[]){1, 0, 2, 3}, 4);
   /* the padded gradient is materialized: loads without validity masks vectorize */
@@ -881,7 +884,9 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
   /* (bs, groups*cin, oy, ox, kh, kw) windows -> (bs, groups, rcout, oy, ox, cin, kh, kw) */
   tg_tensor win = pad_pool2(xin, ain, pads, 0.0, k, s, d);
   tg_tensor r;
-  if (simple && cout % 8 == 0 && tg_dtype_is_float((tg_dtype)w->dtype)) {
+  /* (a convolution with a huge reduction -- the weight gradient, whose "kernel" is the whole
+   * output image -- keeps the channels-first form, where the reduction itself vectorizes) */
+  if (simple && cout % 8 == 0 && cin * kh * kw <= 4096 && tg_dtype_is_float((tg_dtype)w->dtype)) {
     /* channels-last accumulation: the kernel's output is (bs, oy, ox, cout), contiguous along cout,
      * with the weight copied to (cin, kh, kw, cout), so the channel axis vectorizes even when output
      * rows are short (6 or 10 wide); the result is viewed back as (bs, cout, oy, ox) */
