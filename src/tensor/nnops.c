@@ -885,8 +885,9 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
   tg_tensor win = pad_pool2(xin, ain, pads, 0.0, k, s, d);
   tg_tensor r;
   /* (a convolution with a huge reduction -- the weight gradient, whose "kernel" is the whole
-   * output image -- keeps the channels-first form, where the reduction itself vectorizes) */
-  if (simple && cout % 8 == 0 && cin * kh * kw <= 4096 && tg_dtype_is_float((tg_dtype)w->dtype)) {
+   * output image -- keeps the channels-first form when its rows are wide enough for the reduction
+   * itself to vectorize) */
+  if (simple && cout % 8 == 0 && (cin * kh * kw <= 4096 || kw % 4 != 0) && tg_dtype_is_float((tg_dtype)w->dtype)) {
     /* channels-last accumulation: the kernel's output is (bs, oy, ox, cout), contiguous along cout,
      * with the weight copied to (cin, kh, kw, cout), so the channel axis vectorizes even when output
      * rows are short (6 or 10 wide); the result is viewed back as (bs, cout, oy, ox) */
