@@ -22,6 +22,11 @@ void op_relabel(OpScope o);
 /* Closes the scope, moving r (created inside it) to the caller's scope; none + relabel on failure. */
 tg_tensor op_scope_done(OpScope o, tg_tensor r);
 
+/* tinygrad's _pool (nnops.c): windows of the trailing nk dims of x (shape xs, n dims) with kernel k,
+ * stride s and dilation d, as movement ops only: (..., i...) -> (..., o..., k...). */
+tg_tensor pool_windows(tg_tensor x, const int64_t *xs, int n, int nk, const int64_t *k, const int64_t *s,
+                       const int64_t *d);
+
 /* Ceiling division for window sizes (b > 0). */
 int64_t ceil_div(int64_t a, int64_t b);
 

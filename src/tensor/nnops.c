@@ -519,10 +519,10 @@ tg_tensor tg_all(tg_tensor x, const int *axes, int naxes, bool keepdim) {
 }
 
 /* tinygrad's _pool on the trailing nk dims: (..., i...) -> (..., o..., k...) using movement ops. */
-static tg_tensor pool_impl(tg_tensor x, const int64_t *xs, int n, int nk, const int64_t *k, const int64_t *s,
+tg_tensor pool_windows(tg_tensor x, const int64_t *xs, int n, int nk, const int64_t *k, const int64_t *s,
                            const int64_t *d) {
   int noop = n - nk;
-  int64_t o[8], f[8], reps[MAXD], sh[MAXD], b[2 * MAXD];
+  int64_t o[8] = {0}, f[8] = {0}, reps[MAXD] = {0}, sh[MAXD] = {0}, b[2 * MAXD] = {0};
   for (int j = 0; j < nk; j++) {
     int64_t i = xs[noop + j];
     o[j] = cdiv(i - d[j] * (k[j] - 1), s[j]);
@@ -568,7 +568,7 @@ static tg_tensor cumalu_last(tg_tensor x, const int64_t *xs, int n) {
   memcpy(ps, xs, sizeof(int64_t) * (size_t)n);
   ps[n - 1] = 2 * s - 1;
   int64_t one = 1;
-  tg_tensor w = pool_impl(p, ps, n, 1, &s, &one, &one);
+  tg_tensor w = pool_windows(p, ps, n, 1, &s, &one, &one);
   return tg_sum(w, (const int[]){-1}, 1, false);
 }
 
@@ -722,7 +722,7 @@ static tg_tensor pad_pool2(tg_tensor x, UOp *a, const int64_t *pads, double valu
     xs[n - 2 + j] += pads[2 * j] + pads[2 * j + 1];
   }
   bool any = pads[0] || pads[1] || pads[2] || pads[3];
-  return pool_impl(any ? tg_pad(x, p, 2 * n, value) : x, xs, n, 2, k, s, d);
+  return pool_windows(any ? tg_pad(x, p, 2 * n, value) : x, xs, n, 2, k, s, d);
 }
 
 /* tinygrad's _apply_ceil_mode: extra padding after each dim so the last partial window counts */

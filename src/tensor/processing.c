@@ -390,46 +390,6 @@ tg_tensor tg_logcumsumexp(tg_tensor x, int axis) {
 /* ---------------------------------------------------------------------------------------------- */
 /* max pooling with indices, unpooling                                                             */
 
-/* tinygrad's _pool on the trailing nk dims: (..., i...) -> (..., o..., k...) with movement ops only
- * (the same construction as nnops.c's). */
-static tg_tensor pool_nd(tg_tensor x, const int64_t *xs, int n, int nk, const int64_t *k, const int64_t *s,
-                         const int64_t *d) {
-  int noop = n - nk;
-  int64_t o[8], f[8], reps[MAXD], sh[MAXD], b[2 * MAXD];
-  for (int j = 0; j < nk; j++) {
-    int64_t i = xs[noop + j];
-    o[j] = cdiv(i - d[j] * (k[j] - 1), s[j]);
-    f[j] = imax(1, cdiv(o[j] * s[j] - d[j], i));
-  }
-  for (int j = 0; j < noop; j++) reps[j] = 1;
-  for (int j = 0; j < nk; j++) reps[noop + j] = cdiv(k[j] * (xs[noop + j] * f[j] + d[j]), xs[noop + j]);
-  tg_tensor r = tg_repeat(x, reps, n);
-  for (int j = 0; j < noop; j++) b[2 * j] = 0, b[2 * j + 1] = xs[j], sh[j] = xs[j];
-  for (int j = 0; j < nk; j++)
-    b[2 * (noop + j)] = 0, b[2 * (noop + j) + 1] = k[j] * (xs[noop + j] * f[j] + d[j]);
-  r = tg_shrink(r, b, 2 * n);
-  for (int j = 0; j < nk; j++) sh[noop + 2 * j] = k[j], sh[noop + 2 * j + 1] = xs[noop + j] * f[j] + d[j];
-  r = tg_reshape(r, sh, noop + 2 * nk);
-  for (int j = 0; j < nk; j++) {
-    int64_t *bb = b + 2 * (noop + 2 * j);
-    bb[0] = 0, bb[1] = k[j], bb[2] = 0, bb[3] = o[j] * s[j];
-  }
-  r = tg_shrink(r, b, 2 * (noop + 2 * nk));
-  for (int j = 0; j < nk; j++)
-    sh[noop + 3 * j] = k[j], sh[noop + 3 * j + 1] = o[j], sh[noop + 3 * j + 2] = s[j];
-  r = tg_reshape(r, sh, noop + 3 * nk);
-  for (int j = 0; j < nk; j++) {
-    int64_t *bb = b + 2 * (noop + 3 * j);
-    bb[0] = 0, bb[1] = k[j], bb[2] = 0, bb[3] = o[j], bb[4] = 0, bb[5] = 1;
-  }
-  r = tg_shrink(r, b, 2 * (noop + 3 * nk));
-  for (int j = 0; j < nk; j++) sh[noop + 2 * j] = k[j], sh[noop + 2 * j + 1] = o[j];
-  r = tg_reshape(r, sh, noop + 2 * nk);
-  int perm[MAXD];
-  for (int j = 0; j < noop; j++) perm[j] = j;
-  for (int j = 0; j < nk; j++) perm[noop + j] = noop + 2 * j + 1, perm[noop + nk + j] = noop + 2 * j;
-  return tg_permute(r, perm, noop + 2 * nk);
-}
 
 typedef struct {
   int64_t k[2], s[2], d[2], pads[4], hw[2]; /* pads: (H before, H after, W before, W after) */
@@ -528,7 +488,7 @@ static tg_tensor pad_pool(tg_tensor x, const int64_t *pads, double value, const 
     pp[2 * (n - 2 + j)] = pads[2 * j], pp[2 * (n - 2 + j) + 1] = pads[2 * j + 1];
     xs[n - 2 + j] += pads[2 * j] + pads[2 * j + 1];
   }
-  return pool_nd(tg_pad(x, pp, 2 * n, value), xs, n, 2, p->k, p->s, p->d);
+  return pool_windows(tg_pad(x, pp, 2 * n, value), xs, n, 2, p->k, p->s, p->d);
 }
 
 tg_status tg_max_pool2d_with_indices(tg_tensor x, const tg_pool2d_opts *opts, tg_tensor *values,
