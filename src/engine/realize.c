@@ -28,41 +28,16 @@ static pthread_mutex_t kc_lock = PTHREAD_MUTEX_INITIALIZER;
 
 bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptCfg *out);
 
-/* BEAM>0: the kernel compiled with the searched optimizations (cached per AST and beam width). */
-static CachedKernel *get_kernel_beam(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam) {
-  uint64_t key = (uint64_t)(uintptr_t)ast ^ ((uint64_t)beam << 56) ^ 1;
+static CachedKernel *kcache_get(uint64_t key) {
   pthread_mutex_lock(&kc_lock);
   CachedKernel *ck = pm_get(&kcache, key);
-  pthread_mutex_unlock(&kc_lock);
-  if (ck) return ck;
-  OptCfg cfg;
-  KernelCode *kc = beam_search(ast, dev, bufs, nbufs, beam, &cfg) ? codegen_c_cfg(ast, &cfg) : NULL;
-  if (!kc) kc = codegen_c(ast);
-  if (!kc) return NULL;
-  if (debug_level() >= 4) fprintf(stderr, "%s\n", kc->src);
-  Program *p = program_get(dev, kc->name, kc->src);
-  if (!p) {
-    kernel_code_free(kc);
-    return NULL;
-  }
-  ck = tg_xcalloc(1, sizeof *ck);
-  ck->ast = uop_ref(ast);
-  ck->prg = p;
-  ck->code = kc;
-  free(kc->src);
-  kc->src = NULL;
-  pthread_mutex_lock(&kc_lock);
-  pm_put(&kcache, key, ck);
   pthread_mutex_unlock(&kc_lock);
   return ck;
 }
 
-static CachedKernel *get_kernel(UOp *ast, Device *dev) {
-  pthread_mutex_lock(&kc_lock);
-  CachedKernel *ck = pm_get(&kcache, (uint64_t)(uintptr_t)ast);
-  pthread_mutex_unlock(&kc_lock);
-  if (ck) return ck;
-  KernelCode *kc = codegen_c(ast);
+/* Loads kc's program (compiling it unless a batch already did) and caches it under key. Takes kc.
+ * NULL with the error recorded if it does not compile. */
+static CachedKernel *kcache_put(uint64_t key, UOp *ast, Device *dev, KernelCode *kc) {
   if (!kc) return NULL;
   if (debug_level() >= 4) fprintf(stderr, "%s\n", kc->src);
   Program *p = program_get(dev, kc->name, kc->src);
@@ -70,16 +45,40 @@ static CachedKernel *get_kernel(UOp *ast, Device *dev) {
     kernel_code_free(kc);
     return NULL;
   }
-  ck = tg_xcalloc(1, sizeof *ck);
+  CachedKernel *ck = tg_xcalloc(1, sizeof *ck);
   ck->ast = uop_ref(ast);
   ck->prg = p;
   ck->code = kc;
   free(kc->src); /* keep only the metadata */
   kc->src = NULL;
   pthread_mutex_lock(&kc_lock);
-  pm_put(&kcache, (uint64_t)(uintptr_t)ast, ck);
+  CachedKernel *had = pm_get(&kcache, key);
+  if (had) {
+    uop_unref(ck->ast);
+    kernel_code_free(ck->code);
+    free(ck);
+    ck = had;
+  } else {
+    pm_put(&kcache, key, ck);
+  }
   pthread_mutex_unlock(&kc_lock);
   return ck;
+}
+
+/* BEAM>0: the kernel compiled with the searched optimizations (cached per AST and beam width). */
+static CachedKernel *get_kernel_beam(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam) {
+  uint64_t key = (uint64_t)(uintptr_t)ast ^ ((uint64_t)beam << 56) ^ 1;
+  CachedKernel *ck = kcache_get(key);
+  if (ck) return ck;
+  OptCfg cfg;
+  KernelCode *kc = beam_search(ast, dev, bufs, nbufs, beam, &cfg) ? codegen_c_cfg(ast, &cfg) : NULL;
+  return kcache_put(key, ast, dev, kc ? kc : codegen_c(ast));
+}
+
+static CachedKernel *get_kernel(UOp *ast, Device *dev) {
+  uint64_t key = (uint64_t)(uintptr_t)ast;
+  CachedKernel *ck = kcache_get(key);
+  return ck ? ck : kcache_put(key, ast, dev, codegen_c(ast));
 }
 
 /* ---- parallel compilation: kernels a schedule needs that are not cached yet are compiled on all
@@ -88,12 +87,10 @@ typedef struct {
   UOp *ast;
   Device *dev;
   KernelCode *kc;
-  Program *prg;
 } CJob;
 typedef struct {
   CJob *jobs;
   int n;
-  int next; /* atomic */
 } CJobs;
 
 typedef struct {
@@ -133,12 +130,9 @@ static void precompile(Schedule *s) {
     SItem *it = &s->items[i];
     if (it->kind != SI_KERNEL || pm_has(&seen, (uint64_t)(uintptr_t)it->ast)) continue;
     pm_put(&seen, (uint64_t)(uintptr_t)it->ast, (void *)1);
-    pthread_mutex_lock(&kc_lock);
-    bool cached = pm_has(&kcache, (uint64_t)(uintptr_t)it->ast);
-    pthread_mutex_unlock(&kc_lock);
-    if (cached) continue;
+    if (kcache_get((uint64_t)(uintptr_t)it->ast)) continue;
     js.jobs = tg_xrealloc(js.jobs, sizeof(CJob) * (size_t)(js.n + 1));
-    js.jobs[js.n++] = (CJob){it->ast, it->dev, NULL, NULL};
+    js.jobs[js.n++] = (CJob){it->ast, it->dev, NULL};
   }
   pm_free(&seen);
   if (js.n >= 2) {
@@ -156,33 +150,11 @@ static void precompile(Schedule *s) {
       if (started[t]) pthread_join(th[t], NULL);
       else compile_group(&groups[t]);
     }
-    for (int i = 0; i < js.n; i++) {
-      CJob *j = &js.jobs[i];
-      if (j->kc) {
-        j->prg = program_get(j->dev, j->kc->name, j->kc->src); /* loaded by the batch, or compiled alone */
-        if (!j->prg) tg_clear_error();                          /* the run loop reports it */
-      }
-      if (!j->prg) {
-        kernel_code_free(j->kc);
-        continue;
-      }
-      if (debug_level() >= 4) fprintf(stderr, "%s\n", j->kc->src);
-      CachedKernel *ck = tg_xcalloc(1, sizeof *ck);
-      ck->ast = uop_ref(j->ast);
-      ck->prg = j->prg;
-      ck->code = j->kc;
-      free(j->kc->src);
-      j->kc->src = NULL;
-      pthread_mutex_lock(&kc_lock);
-      if (pm_has(&kcache, (uint64_t)(uintptr_t)j->ast)) {
-        uop_unref(ck->ast);
-        kernel_code_free(ck->code);
-        free(ck);
-      } else {
-        pm_put(&kcache, (uint64_t)(uintptr_t)j->ast, ck);
-      }
-      pthread_mutex_unlock(&kc_lock);
-    }
+    /* the batches loaded the programs; a kernel that failed in its batch compiles alone here, and
+     * one that fails again is left for the run loop, which reports its error */
+    for (int i = 0; i < js.n; i++)
+      if (js.jobs[i].kc && !kcache_put((uint64_t)(uintptr_t)js.jobs[i].ast, js.jobs[i].ast, js.jobs[i].dev, js.jobs[i].kc))
+        tg_clear_error();
   }
   free(js.jobs);
 }

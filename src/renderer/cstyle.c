@@ -416,11 +416,6 @@ char *render_c(const LKernel *k, const char *name) {
   for (int c = 0; c < k->ncopy; c++) topo(&l, k->values[c]);
   for (int c = 0; c < k->ncopy; c++) topo(&l, k->sidxs[c]);
   /* vector-ness: W-wide loads and everything computed from them; placeholders follow their body */
-  for (int c = 0; c < k->ncopy; c++)
-    if (k->rbodies[c]) {
-      PtrVec o2 = {0};
-      (void)o2;
-    }
   for (size_t i = 0; i < l.order.n; i++) {
     UOp *u = l.order.p[i];
     bool v = u->op == OP_LOAD && r.vw && u->arg.i == r.vw;

@@ -242,8 +242,8 @@ static void topo_visit(Topo *t, UOp *u) {
   pm_put(&t->idx, (uint64_t)(uintptr_t)u, (void *)(intptr_t)t->order.n);
 }
 
-/* Computes d loss / d targets[i] into out[i] (new refs; NULL if unreachable). Returns 0 or -1. */
-static int compute_grads(const char *fn, UOp *loss, UOp *seed, UOp **targets, int n, UOp **out) {
+/* Computes d loss / d targets[i] into out[i] (new refs; NULL if unreachable). */
+static void compute_grads(UOp *loss, UOp *seed, UOp **targets, int n, UOp **out) {
   Topo t;
   memset(&t, 0, sizeof t);
   topo_visit(&t, loss);
@@ -301,7 +301,6 @@ static int compute_grads(const char *fn, UOp *loss, UOp *seed, UOp **targets, in
       }
     }
   }
-  int rc = 0;
   for (int i = 0; i < n; i++) {
     UOp *g = pm_get(&grads, (uint64_t)(uintptr_t)targets[i]);
     out[i] = g ? uop_ref(g) : NULL;
@@ -312,8 +311,6 @@ static int compute_grads(const char *fn, UOp *loss, UOp *seed, UOp **targets, in
   pm_free(&on_path);
   pm_free(&t.idx);
   pv_free(&t.order);
-  (void)fn;
-  return rc;
 }
 
 static UOp *loss_seed(const char *fn, UOp *l) {
@@ -347,7 +344,7 @@ tg_status tg_gradient(tg_tensor loss, const tg_tensor *targets, int n, tg_tensor
     free(ts), free(gs);
     return TG_ERR_INVALID;
   }
-  compute_grads("tg_gradient", l, seed, ts, n, gs);
+  compute_grads(l, seed, ts, n, gs);
   uop_unref(seed);
   tg_status st = TG_OK;
   for (int i = 0; i < n; i++) {
@@ -394,7 +391,7 @@ tg_status tg_backward(tg_tensor loss) {
     st = tg_set_error(TG_ERR_INVALID, "tg_backward: the loss does not depend on any tensor with requires_grad set");
   } else {
     UOp **gs = tg_xmalloc(sizeof(UOp *) * nodes.n);
-    compute_grads("tg_backward", l, seed, (UOp **)nodes.p, (int)nodes.n, gs);
+    compute_grads(l, seed, (UOp **)nodes.p, (int)nodes.n, gs);
     size_t got = 0;
     for (size_t i = 0; i < nodes.n; i++) {
       Slot *s = slots.p[i];

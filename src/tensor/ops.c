@@ -51,7 +51,6 @@ static tg_dtype float_of(tg_dtype dt) { return tg_dtype_is_float(dt) ? dt : tg_d
 static tg_dtype scalar_dtype(tg_dtype xdt, double v) {
   bool integral = isfinite(v) && v == trunc(v);
   if (tg_dtype_is_float(xdt) || (tg_dtype_is_int(xdt) && integral)) return xdt;
-  if (xdt == TG_BOOL && (v == 0.0 || v == 1.0) && 0) return TG_BOOL;
   return integral ? TG_INT32 : tg_default_float();
 }
 
@@ -137,14 +136,9 @@ static UOp *scalar_node(UOp *x, double v) {
 
 typedef enum { K_ARITH, K_TRUEDIV, K_INT, K_CMP, K_BITS, K_FLOATOK } Kind;
 
-static UOp *promote_pair(UOp *x, UOp *y, tg_dtype *dt) {
-  *dt = tg_dtype_promote((tg_dtype)x->dtype, (tg_dtype)y->dtype);
-  return NULL;
-}
 
 static tg_tensor binop_nodes(const char *fn, int op, UOp *x, UOp *y, Kind kind) {
-  tg_dtype dt;
-  promote_pair(x, y, &dt);
+  tg_dtype dt = tg_dtype_promote((tg_dtype)x->dtype, (tg_dtype)y->dtype);
   if (kind == K_TRUEDIV) dt = float_of(dt);
   if (kind == K_BITS && tg_dtype_is_float(dt))
     return fail(TG_ERR_INVALID, "%s: bitwise ops need integer or bool tensors, got %s", fn, tg_dtype_name(dt));
