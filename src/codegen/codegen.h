@@ -17,7 +17,7 @@ typedef struct {
   int vaxis, vw;   /* VECTORIZE global axis vaxis by vw lanes (16, 8 or 4) */
   int uaxis, ufac; /* UPCAST global axis uaxis by ufac */
   int vfac;        /* UPCAST the vectorized axis by vfac (1 = no) */
-  int swap;        /* move the vectorized axis to the outermost loop */
+  int swap;        /* 1: move the vectorized axis to the outermost loop, 2: to the second */
   int raxis, rw;   /* VECTORIZE reduce axis raxis by rw lanes (only without a global vector axis) */
   int uaxis2, ufac2; /* a second UPCAST (a 2-D register tile) */
 } OptCfg;

@@ -175,7 +175,7 @@ static bool depends_on(UOp *u, UOp *r, PtrMap *memo) {
 static void find_vloads(UOp *u, int vw, PtrMap *seen, PtrVec *out) {
   if (!u || pm_has(seen, (uint64_t)(uintptr_t)u)) return;
   pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
-  if (u->op == OP_LOAD && u->arg.i == vw) pv_push(out, u);
+  if (u->op == OP_LOAD && (vw < 0 || u->arg.i == vw)) pv_push(out, u);
   for (uint32_t i = 0; i < u->nsrc; i++) find_vloads(u->src[i], vw, seen, out);
 }
 
@@ -187,6 +187,18 @@ static bool vector_loads_depend(UOp *body, int vw, UOp *r) {
   find_vloads(body, vw, &seen, &loads);
   bool d = false;
   for (size_t i = 0; i < loads.n && !d; i++) d = depends_on(loads.p[i], r, &memo);
+  pm_free(&seen), pm_free(&memo), pv_free(&loads);
+  return d;
+}
+
+/* Does every load in `body` depend on loop variable r? */
+static bool all_loads_depend(UOp *body, UOp *r) {
+  PtrMap seen, memo;
+  pm_init(&seen), pm_init(&memo);
+  PtrVec loads = {0};
+  find_vloads(body, -1, &seen, &loads);
+  bool d = loads.n > 0;
+  for (size_t i = 0; i < loads.n && d; i++) d = depends_on(loads.p[i], r, &memo);
   pm_free(&seen), pm_free(&memo), pv_free(&loads);
   return d;
 }
@@ -272,11 +284,11 @@ static void make_copies(LKernel *k, const Upcast *ups, int nup, int *next_axis) 
   }
 }
 
-/* Moves global axis g to the outermost loop. */
-static void swap_outer(LKernel *k, int g) {
+/* Moves global axis g to loop position pos (0 = outermost), pos <= g. */
+static void swap_outer(LKernel *k, int g, int pos) {
   UOp *t = k->granges[g];
-  memmove(&k->granges[1], &k->granges[0], sizeof(UOp *) * (size_t)g);
-  k->granges[0] = t;
+  memmove(&k->granges[pos + 1], &k->granges[pos], sizeof(UOp *) * (size_t)(g - pos));
+  k->granges[pos] = t;
 }
 
 static int describe(LKernel *k) {
@@ -287,7 +299,7 @@ static int describe(LKernel *k) {
   if (c->vaxis >= 0) o += snprintf(k->opts + o, n - (size_t)o, "VECTORIZE(%d,%d) ", c->vaxis, c->vw);
   if (c->uaxis >= 0) o += snprintf(k->opts + o, n - (size_t)o, "UPCAST(%d,%d) ", c->uaxis, c->ufac);
   if (c->vfac > 1) o += snprintf(k->opts + o, n - (size_t)o, "UPCAST(%d,%d) ", c->vaxis, c->vfac);
-  if (c->swap) o += snprintf(k->opts + o, n - (size_t)o, "SWAP(0,%d) ", c->vaxis);
+  if (c->swap) o += snprintf(k->opts + o, n - (size_t)o, "SWAP(%d,%d) ", c->swap - 1, c->vaxis);
   if (c->raxis >= 0) o += snprintf(k->opts + o, n - (size_t)o, "VECTORIZE_REDUCE(%d,%d) ", c->raxis, c->rw);
   if (c->uaxis2 >= 0) o += snprintf(k->opts + o, n - (size_t)o, "UPCAST(%d,%d) ", c->uaxis2, c->ufac2);
   return o;
@@ -314,7 +326,7 @@ static void apply_cfg(LKernel *k, const OptCfg *c, int *next_axis) {
          k->granges[c->uaxis2]->iarg[0] % c->ufac2 == 0;
     if (ok) ups[nup].axis = c->uaxis2, ups[nup++].factor = c->ufac2;
   }
-  if (ok && c->swap) ok = c->vaxis > 0;
+  if (ok && c->swap) ok = c->swap >= 1 && c->swap <= 2 && c->vaxis > c->swap - 1;
   if (!ok) {
     k->cfg_failed = true;
     nup = 0;
@@ -322,7 +334,7 @@ static void apply_cfg(LKernel *k, const OptCfg *c, int *next_axis) {
     k->cfg = *c;
   }
   make_copies(k, ups, nup, next_axis);
-  if (ok && c->swap) swap_outer(k, c->vaxis);
+  if (ok && c->swap) swap_outer(k, c->vaxis, c->swap - 1);
   describe(k);
 }
 
@@ -384,8 +396,11 @@ static void heuristic(LKernel *k, int *next_axis) {
   /* for register-tiled reduce kernels, iterate the vector axis outermost: the input panel that
    * varies along it then stays in cache while the other axis streams */
   if (k->rbody && vg > 0 && nup > 0) {
-    swap_outer(k, vg);
-    c.swap = 1;
+    /* ...but inside an outer batch-like axis that every load depends on (the batch groups of a
+     * convolution's weight gradient): each of its iterations has its own small working set, and
+     * it is the axis the threads split */
+    c.swap = vg > 1 && all_loads_depend(k->rbody, k->granges[0]) ? 2 : 1;
+    swap_outer(k, vg, c.swap - 1);
   }
   k->cfg = c;
   describe(k);

@@ -188,7 +188,8 @@ static void actions(const OptCfg *base, int round, const int64_t *gs, int ng, co
       for (int f = 2; f <= 4; f *= 2) c = *base, c.vfac = f, add_cand(cs, n, cap, c);
     break;
   case 3:
-    if (base->vaxis > 0) c = *base, c.swap = 1, add_cand(cs, n, cap, c);
+    for (int sw = 1; sw <= 2; sw++)
+      if (base->vaxis > sw - 1) c = *base, c.swap = sw, add_cand(cs, n, cap, c);
     break;
   }
 }

@@ -240,7 +240,9 @@ static void vopnd(R *r, UOp *u, bool mask, SB *e) {
   const char *n = nm(r, u);
   if (isvec(r, u)) sb_puts(e, n);
   else if (mask) sb_printf(e, "((tg_vm){0} + ((%s) ? -1 : 0))", n);
-  else sb_printf(e, "((tg_vf){0} + (float)(%s))", n);
+  /* x - 0 is x for every float (0 + x turns -0 into +0, so the compiler must emit that add): the
+   * broadcast folds into the consumer, e.g. an FMA with an embedded {1to16} memory broadcast */
+  else sb_printf(e, "((float)(%s) - (tg_vf){0})", n);
 }
 
 /* vector type names for a loaded dtype: float32 uses tg_vf; integer loads get their own lane type */

@@ -808,6 +808,48 @@ tg_tensor tg_avg_pool2d(tg_tensor x, const tg_pool2d_opts *opts) {
   return done(o, r);
 }
 
+/* Weight gradient of a stride-1 "valid" convolution: dw[co, ci, ky, kx] = sum over (n, oy, ox) of
+ * x[n, ci, oy+ky, ox+kx] * g[n, co, oy, ox], computed from channels-last copies of x and g so that
+ * one of the channel axes is contiguous in both a load and the output and vectorizes. The batch is
+ * split into groups of a few images whose data stays in the core's L2 cache while every output
+ * element's partial sum over the group is accumulated; the per-group partials are summed by a
+ * second, small kernel. Without the split every output tile would stream the whole batch from
+ * memory again. xs = (bs, cin, H, W), ws = (cout, cin, kh, kw). */
+static tg_tensor conv_weight_grad(tg_tensor xp, tg_tensor gt, const int64_t *xs, const int64_t *ws) {
+  int64_t bs = xs[0], cin = xs[1], H = xs[2], W = xs[3], cout = ws[0], kh = ws[2], kw = ws[3];
+  int64_t oh = H - kh + 1, ow = W - kw + 1;
+  /* images per group: the largest divisor of bs whose x and g fit in about 384 KiB */
+  int64_t per_img = (H * W * cin + oh * ow * cout) * 4, ipg = 1;
+  for (int64_t d = 1; d <= bs; d++)
+    if (bs % d == 0 && d * per_img <= (384 << 10)) ipg = d;
+  if (bs == 0) ipg = 0; /* an empty batch: one empty group */
+  int64_t G = bs ? bs / ipg : 1;
+  /* vectorize along cin when it is a multiple of 8, else along cout */
+  bool ci_last = cin % 8 == 0 || cout % 8 != 0;
+  tg_tensor xl = tg_contiguous(tg_permute(xp, (const int[]){0, 2, 3, 1}, 4)); /* (bs, H, W, cin) */
+  tg_tensor gl = tg_contiguous(tg_permute(gt, (const int[]){0, 2, 3, 1}, 4)); /* (bs, oh, ow, cout) */
+  /* windows over the channels-last buffer: (cin, bs, kh, kw, oh, ow) */
+  int64_t vs[4] = {cin, bs, H, W};
+  tg_tensor win = pool_windows(tg_permute(xl, (const int[]){3, 0, 1, 2}, 4), vs, 4, 2, (const int64_t[]){oh, ow},
+                               (const int64_t[]){1, 1}, (const int64_t[]){1, 1});
+  win = tg_reshape(win, (const int64_t[]){cin, G, ipg, kh, kw, oh, ow}, 7);
+  tg_tensor gg = tg_reshape(gl, (const int64_t[]){G, ipg, oh, ow, cout}, 5);
+  tg_tensor part;
+  if (ci_last) { /* (G, cout, kh, kw, cin) */
+    win = tg_permute(win, (const int[]){1, 3, 4, 0, 2, 5, 6}, 7); /* (G, kh, kw, cin, ipg, oh, ow) */
+    win = tg_reshape(win, (const int64_t[]){G, 1, kh, kw, cin, ipg, oh, ow}, 8);
+    gg = tg_reshape(tg_permute(gg, (const int[]){0, 4, 1, 2, 3}, 5), (const int64_t[]){G, cout, 1, 1, 1, ipg, oh, ow}, 8);
+  } else { /* (G, cin, kh, kw, cout) */
+    win = tg_permute(win, (const int[]){1, 0, 3, 4, 2, 5, 6}, 7); /* (G, cin, kh, kw, ipg, oh, ow) */
+    win = tg_reshape(win, (const int64_t[]){G, cin, kh, kw, 1, ipg, oh, ow}, 8);
+    gg = tg_reshape(tg_permute(gg, (const int[]){0, 4, 1, 2, 3}, 5), (const int64_t[]){G, 1, 1, 1, cout, ipg, oh, ow}, 8);
+  }
+  part = tg_sum(tg_mul(win, gg), (const int[]){-1, -2, -3}, 3, false);
+  if (G > 1) part = tg_sum(tg_contiguous(part), (const int[]){0}, 1, false);
+  else part = tg_reshape(part, (const int64_t[]){ci_last ? cout : cin, kh, kw, ci_last ? cin : cout}, 4);
+  return ci_last ? tg_permute(part, (const int[]){0, 3, 1, 2}, 4) : tg_permute(part, (const int[]){3, 0, 1, 2}, 4);
+}
+
 /* Backward of a stride-1, undilated, ungrouped "valid" convolution y = conv(xp, w):
  *   dxp = full correlation of dy with w flipped and transposed (a convolution of padded dy),
  *   dw  = convolution of xp^T (cin, batch, H, W) with dy^T (cout, batch, oh, ow), transposed back.
@@ -827,9 +869,7 @@ static void conv_valid_grad(UOp *out, UOp *g, UOp *const *in, int n, UOp **grads
   /* the padded gradient is materialized: loads without validity masks vectorize */
   tg_tensor gp = tg_contiguous(tg_pad(gt, (const int64_t[]){0, 0, 0, 0, kh - 1, kh - 1, kw - 1, kw - 1}, 8, 0.0));
   tg_tensor gx = tg_conv2d(gp, wt, (tg_tensor){0}, NULL);
-  tg_tensor gw = tg_permute(tg_conv2d(tg_permute(xp, (const int[]){1, 0, 2, 3}, 4), tg_permute(gt, (const int[]){1, 0, 2, 3}, 4),
-                                      (tg_tensor){0}, NULL),
-                            (const int[]){1, 0, 2, 3}, 4);
+  tg_tensor gw = conv_weight_grad(xp, gt, in[0]->shape, in[1]->shape);
   UOp *ux = t_get(gx, "tg_conv2d"), *uw = t_get(gw, "tg_conv2d");
   grads[0] = ux ? g_cast(ux, (tg_dtype)in[0]->dtype) : NULL;
   grads[1] = uw ? g_cast(uw, (tg_dtype)in[1]->dtype) : NULL;
