@@ -523,6 +523,36 @@ tg_tensor pool_windows(tg_tensor x, const int64_t *xs, int n, int nk, const int6
                            const int64_t *d) {
   int noop = n - nk;
   int64_t o[8] = {0}, f[8] = {0}, reps[MAXD] = {0}, sh[MAXD] = {0}, b[2 * MAXD] = {0};
+  bool disjoint = true;
+  for (int j = 0; j < nk; j++) disjoint = disjoint && d[j] == 1 && s[j] >= k[j];
+  if (disjoint) {
+    /* windows that do not overlap (stride >= kernel, no dilation): pad or shrink each dim to o*s,
+     * split it into (o, s) and keep the first k of each s -- a pure view, whose gradient is a view
+     * too (no reduction over overlapping copies) */
+    int64_t pp[2 * MAXD] = {0};
+    bool anypad = false;
+    for (int j = 0; j < noop; j++) b[2 * j + 1] = xs[j];
+    for (int j = 0; j < nk; j++) {
+      int64_t i = xs[noop + j];
+      o[j] = cdiv(i - (k[j] - 1), s[j]);
+      if (o[j] * s[j] > i) pp[2 * (noop + j) + 1] = o[j] * s[j] - i, anypad = true;
+      b[2 * (noop + j) + 1] = o[j] * s[j];
+    }
+    tg_tensor r = anypad ? tg_pad(x, pp, 2 * n, 0.0) : x;
+    r = tg_shrink(r, b, 2 * n);
+    for (int j = 0; j < noop; j++) sh[j] = xs[j];
+    for (int j = 0; j < nk; j++) sh[noop + 2 * j] = o[j], sh[noop + 2 * j + 1] = s[j];
+    r = tg_reshape(r, sh, noop + 2 * nk);
+    for (int j = 0; j < noop; j++) b[2 * j] = 0, b[2 * j + 1] = xs[j];
+    for (int j = 0; j < nk; j++)
+      b[2 * (noop + 2 * j)] = 0, b[2 * (noop + 2 * j) + 1] = o[j], b[2 * (noop + 2 * j + 1)] = 0,
+                        b[2 * (noop + 2 * j + 1) + 1] = k[j];
+    r = tg_shrink(r, b, 2 * (noop + 2 * nk));
+    int perm[MAXD];
+    for (int j = 0; j < noop; j++) perm[j] = j;
+    for (int j = 0; j < nk; j++) perm[noop + j] = noop + 2 * j, perm[noop + nk + j] = noop + 2 * j + 1;
+    return tg_permute(r, perm, noop + 2 * nk);
+  }
   for (int j = 0; j < nk; j++) {
     int64_t i = xs[noop + j];
     o[j] = cdiv(i - d[j] * (k[j] - 1), s[j]);
@@ -876,6 +906,17 @@ static void conv_valid_grad(UOp *out, UOp *g, UOp *const *in, int n, UOp **grads
   tg_scope_end();
 }
 
+/* Is u (through movement ops) data that is already in memory or will be materialized anyway? */
+static bool is_data_view(UOp *u) {
+  for (;;) {
+    u = g_resolve(u);
+    if (!op_is_movement(u->op)) break;
+    u = u->src[0];
+  }
+  return u->op == OP_BUFFER || u->op == OP_CONST || u->op == OP_CONTIGUOUS || u->op == OP_INDEX || u->op == OP_COPY ||
+         u->op == OP_ASSIGN;
+}
+
 tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv2d_opts *opts) {
   const char *fn = "tg_conv2d";
   static const tg_conv2d_opts zero;
@@ -914,6 +955,16 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
   bool simple = groups == 1 && s[0] == 1 && s[1] == 1 && d[0] == 1 && d[1] == 1;
   tg_tensor xin = x;
   UOp *ain = a;
+  bool chlast = simple && cout % 8 == 0 && (cin * kh * kw <= 4096 || kw % 4 != 0) && tg_dtype_is_float((tg_dtype)w->dtype);
+  if (chlast && !is_data_view(a)) {
+    /* the input is computed (the previous layer's bias, activation, normalization): materialize it,
+     * channels-last, instead of letting every window load recompute it -- each input element is read
+     * cout*kh*kw times. The producer's kernel (usually the previous convolution, itself
+     * channels-last) stores it contiguously along the channels. */
+    x = tg_permute(tg_contiguous(tg_permute(x, (const int[]){0, 2, 3, 1}, 4)), (const int[]){0, 3, 1, 2}, 4);
+    a = t_get(x, fn);
+    if (!a) return NONE;
+  }
   if (simple) {
     /* pad first, so the convolution proper is "valid" on xin and gets an efficient custom backward */
     xin = tg_pad(x, (const int64_t[]){0, 0, 0, 0, pads[0], pads[1], pads[2], pads[3]}, 8, 0.0);
@@ -927,7 +978,7 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
   /* (a convolution with a huge reduction -- the weight gradient, whose "kernel" is the whole
    * output image -- keeps the channels-first form when its rows are wide enough for the reduction
    * itself to vectorize) */
-  if (simple && cout % 8 == 0 && (cin * kh * kw <= 4096 || kw % 4 != 0) && tg_dtype_is_float((tg_dtype)w->dtype)) {
+  if (chlast) {
     /* channels-last accumulation: the kernel's output is (bs, oy, ox, cout), contiguous along cout,
      * with the weight copied to (cin, kh, kw, cout), so the channel axis vectorizes even when output
      * rows are short (6 or 10 wide); the result is viewed back as (bs, cout, oy, ox) */
