@@ -838,15 +838,41 @@ tg_tensor tg_avg_pool2d(tg_tensor x, const tg_pool2d_opts *opts) {
   return done(o, r);
 }
 
+/* Is u (through movement ops) data that is already in memory or will be materialized anyway? */
+static bool is_data_view(UOp *u) {
+  for (;;) {
+    u = g_resolve(u);
+    if (!op_is_movement(u->op)) break;
+    u = u->src[0];
+  }
+  return u->op == OP_BUFFER || u->op == OP_CONST || u->op == OP_CONTIGUOUS || u->op == OP_INDEX || u->op == OP_COPY ||
+         u->op == OP_ASSIGN;
+}
+
+/* Is u a (bs, c, h, w) view of channels-last data: PERMUTE(0,3,1,2) of something in memory? */
+static bool is_nhwc_view(UOp *u) {
+  if (u->realized || u->op != OP_PERMUTE || u->ndim != 4 || u->niarg != 4) return false;
+  static const int64_t nchw[4] = {0, 3, 1, 2};
+  return !memcmp(u->iarg, nchw, sizeof nchw) && is_data_view(u->src[0]);
+}
+
+/* (bs, c, h, w) -> the same values as a view of a channels-last (bs, h, w, c) buffer */
+static tg_tensor to_nhwc(tg_tensor x) {
+  return tg_permute(tg_contiguous(tg_permute(x, (const int[]){0, 2, 3, 1}, 4)), (const int[]){0, 3, 1, 2}, 4);
+}
+
 /* Weight gradient of a stride-1 "valid" convolution: dw[co, ci, ky, kx] = sum over (n, oy, ox) of
- * x[n, ci, oy+ky, ox+kx] * g[n, co, oy, ox], computed from channels-last copies of x and g so that
- * one of the channel axes is contiguous in both a load and the output and vectorizes. The batch is
- * split into groups of a few images whose data stays in the core's L2 cache while every output
- * element's partial sum over the group is accumulated; the per-group partials are summed by a
- * second, small kernel. Without the split every output tile would stream the whole batch from
- * memory again. xs = (bs, cin, H, W), ws = (cout, cin, kh, kw). */
-static tg_tensor conv_weight_grad(tg_tensor xp, tg_tensor gt, const int64_t *xs, const int64_t *ws) {
-  int64_t bs = xs[0], cin = xs[1], H = xs[2], W = xs[3], cout = ws[0], kh = ws[2], kw = ws[3];
+ * x[n, oy+ky, ox+kx, ci] * g[n, oy, ox, co], from channels-last x (bs, H, W, cin) and g (bs, oh, ow,
+ * cout), so that one of the channel axes is contiguous in both a load and the output and
+ * vectorizes. The batch is split into groups of a few images whose data stays in the core's L2
+ * cache while every output element's partial sum over the group is accumulated; the per-group
+ * partials are summed by a second, small kernel. Without the split every output tile would stream
+ * the whole batch from memory again. ws = (cout, cin, kh, kw). */
+static tg_tensor conv_weight_grad(tg_tensor xl, tg_tensor gl, const int64_t *ws) {
+  UOp *xu = t_get(xl, "tg_conv2d");
+  if (!xu) return xl;
+  int64_t bs = xu->shape[0], H = xu->shape[1], W = xu->shape[2], cin = xu->shape[3], cout = ws[0], kh = ws[2],
+          kw = ws[3];
   int64_t oh = H - kh + 1, ow = W - kw + 1;
   /* images per group: the largest divisor of bs whose x and g fit in about 384 KiB */
   int64_t per_img = (H * W * cin + oh * ow * cout) * 4, ipg = 1;
@@ -856,8 +882,6 @@ static tg_tensor conv_weight_grad(tg_tensor xp, tg_tensor gt, const int64_t *xs,
   int64_t G = bs ? bs / ipg : 1;
   /* vectorize along cin when it is a multiple of 8, else along cout */
   bool ci_last = cin % 8 == 0 || cout % 8 != 0;
-  tg_tensor xl = tg_contiguous(tg_permute(xp, (const int[]){0, 2, 3, 1}, 4)); /* (bs, H, W, cin) */
-  tg_tensor gl = tg_contiguous(tg_permute(gt, (const int[]){0, 2, 3, 1}, 4)); /* (bs, oh, ow, cout) */
   /* windows over the channels-last buffer: (cin, bs, kh, kw, oh, ow) */
   int64_t vs[4] = {cin, bs, H, W};
   tg_tensor win = pool_windows(tg_permute(xl, (const int[]){3, 0, 1, 2}, 4), vs, 4, 2, (const int64_t[]){oh, ow},
@@ -889,32 +913,23 @@ static void conv_valid_grad(UOp *out, UOp *g, UOp *const *in, int n, UOp **grads
   (void)out, (void)n;
   tg_scope_begin();
   /* the incoming gradient is usually a lazy elementwise chain (relu, batchnorm backward): realize it
-   * once, or the weight-gradient reduction would recompute it for every (cin, ky, kx) */
-  tg_tensor gt = tg_contiguous(t_wrap(uop_ref(g))), w = t_wrap(uop_ref(in[1]));
-  /* the input may be a lazy view of a channels-last result: a contiguous copy keeps the weight
-   * gradient's loads running along image rows (where its reduction vectorizes) */
-  tg_tensor xp = tg_contiguous(t_wrap(uop_ref(in[0])));
+   * once, channels-last, or the weight-gradient reduction would recompute it for every (cin, ky, kx) */
+  tg_tensor gl = tg_contiguous(tg_permute(t_wrap(uop_ref(g)), (const int[]){0, 2, 3, 1}, 4)); /* (bs, oh, ow, cout) */
+  tg_tensor gt = tg_permute(gl, (const int[]){0, 3, 1, 2}, 4), w = t_wrap(uop_ref(in[1]));
+  /* the input, channels-last: usually it already is (conv2d materializes computed inputs so) */
+  tg_tensor xp = t_wrap(uop_ref(in[0]));
+  tg_tensor xl = is_nhwc_view(in[0]) ? tg_permute(xp, (const int[]){0, 2, 3, 1}, 4)
+                                     : tg_contiguous(tg_permute(xp, (const int[]){0, 2, 3, 1}, 4));
   int64_t kh = in[1]->shape[2], kw = in[1]->shape[3];
   tg_tensor wt = tg_permute(tg_flip(w, (const int[]){2, 3}, 2), (const int[]){1, 0, 2, 3}, 4);
-  /* the padded gradient is materialized: loads without validity masks vectorize */
-  tg_tensor gp = tg_contiguous(tg_pad(gt, (const int64_t[]){0, 0, 0, 0, kh - 1, kh - 1, kw - 1, kw - 1}, 8, 0.0));
+  /* the padded gradient is materialized (channels-last): loads without validity masks vectorize */
+  tg_tensor gp = to_nhwc(tg_pad(gt, (const int64_t[]){0, 0, 0, 0, kh - 1, kh - 1, kw - 1, kw - 1}, 8, 0.0));
   tg_tensor gx = tg_conv2d(gp, wt, (tg_tensor){0}, NULL);
-  tg_tensor gw = conv_weight_grad(xp, gt, in[0]->shape, in[1]->shape);
+  tg_tensor gw = conv_weight_grad(xl, gl, in[1]->shape);
   UOp *ux = t_get(gx, "tg_conv2d"), *uw = t_get(gw, "tg_conv2d");
   grads[0] = ux ? g_cast(ux, (tg_dtype)in[0]->dtype) : NULL;
   grads[1] = uw ? g_cast(uw, (tg_dtype)in[1]->dtype) : NULL;
   tg_scope_end();
-}
-
-/* Is u (through movement ops) data that is already in memory or will be materialized anyway? */
-static bool is_data_view(UOp *u) {
-  for (;;) {
-    u = g_resolve(u);
-    if (!op_is_movement(u->op)) break;
-    u = u->src[0];
-  }
-  return u->op == OP_BUFFER || u->op == OP_CONST || u->op == OP_CONTIGUOUS || u->op == OP_INDEX || u->op == OP_COPY ||
-         u->op == OP_ASSIGN;
 }
 
 tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv2d_opts *opts) {
@@ -956,14 +971,16 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
   tg_tensor xin = x;
   UOp *ain = a;
   bool chlast = simple && cout % 8 == 0 && (cin * kh * kw <= 4096 || kw % 4 != 0) && tg_dtype_is_float((tg_dtype)w->dtype);
-  if (chlast && !is_data_view(a)) {
+  bool nhwc = chlast && is_nhwc_view(a);
+  if (chlast && !nhwc && !is_data_view(a)) {
     /* the input is computed (the previous layer's bias, activation, normalization): materialize it,
      * channels-last, instead of letting every window load recompute it -- each input element is read
      * cout*kh*kw times. The producer's kernel (usually the previous convolution, itself
      * channels-last) stores it contiguously along the channels. */
-    x = tg_permute(tg_contiguous(tg_permute(x, (const int[]){0, 2, 3, 1}, 4)), (const int[]){0, 3, 1, 2}, 4);
+    x = to_nhwc(x);
     a = t_get(x, fn);
     if (!a) return NONE;
+    nhwc = true;
   }
   if (simple) {
     /* pad first, so the convolution proper is "valid" on xin and gets an efficient custom backward */
@@ -982,11 +999,20 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
     /* channels-last accumulation: the kernel's output is (bs, oy, ox, cout), contiguous along cout,
      * with the weight copied to (cin, kh, kw, cout), so the channel axis vectorizes even when output
      * rows are short (6 or 10 wide); the result is viewed back as (bs, cout, oy, ox) */
-    win = tg_permute(win, (const int[]){0, 2, 3, 1, 4, 5}, 6); /* (bs, oy, ox, cin, kh, kw) */
-    win = tg_reshape(win, (const int64_t[]){bs, oy, ox, 1, cin, kh, kw}, 7);
-    win = tg_expand(win, (const int64_t[]){bs, oy, ox, cout, cin, kh, kw}, 7);
-    tg_tensor wl = tg_contiguous(tg_permute(tg_detach(weight), (const int[]){1, 2, 3, 0}, 4)); /* (cin, kh, kw, cout) */
-    tg_tensor wr = tg_reshape(tg_permute(wl, (const int[]){3, 0, 1, 2}, 4), (const int64_t[]){1, 1, 1, cout, cin, kh, kw}, 7);
+    tg_tensor wr;
+    if (nhwc) { /* reduce in (kh, kw, cin) order: the loads of a channels-last input run along cin */
+      win = tg_permute(win, (const int[]){0, 2, 3, 4, 5, 1}, 6); /* (bs, oy, ox, kh, kw, cin) */
+      win = tg_reshape(win, (const int64_t[]){bs, oy, ox, 1, kh, kw, cin}, 7);
+      win = tg_expand(win, (const int64_t[]){bs, oy, ox, cout, kh, kw, cin}, 7);
+      tg_tensor wl = tg_contiguous(tg_permute(tg_detach(weight), (const int[]){2, 3, 1, 0}, 4)); /* (kh, kw, cin, cout) */
+      wr = tg_reshape(tg_permute(wl, (const int[]){3, 0, 1, 2}, 4), (const int64_t[]){1, 1, 1, cout, kh, kw, cin}, 7);
+    } else {
+      win = tg_permute(win, (const int[]){0, 2, 3, 1, 4, 5}, 6); /* (bs, oy, ox, cin, kh, kw) */
+      win = tg_reshape(win, (const int64_t[]){bs, oy, ox, 1, cin, kh, kw}, 7);
+      win = tg_expand(win, (const int64_t[]){bs, oy, ox, cout, cin, kh, kw}, 7);
+      tg_tensor wl = tg_contiguous(tg_permute(tg_detach(weight), (const int[]){1, 2, 3, 0}, 4)); /* (cin, kh, kw, cout) */
+      wr = tg_reshape(tg_permute(wl, (const int[]){3, 0, 1, 2}, 4), (const int64_t[]){1, 1, 1, cout, cin, kh, kw}, 7);
+    }
     r = tg_sum(tg_mul(win, wr), (const int[]){-1, -2, -3}, 3, false);
     r = tg_permute(r, (const int[]){0, 3, 1, 2}, 4);
   } else {
