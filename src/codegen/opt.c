@@ -387,7 +387,7 @@ static void heuristic(LKernel *k, int *next_axis) {
       ups[nup].axis = best, ups[nup++].factor = f;
       c.uaxis = best, c.ufac = f;
     }
-    if (vg >= 0 && k->granges[vg]->iarg[0] % 2 == 0 && f * 2 <= 16 && k->granges[vg]->iarg[0] >= 4) {
+    if (vg >= 0 && k->granges[vg]->iarg[0] % 2 == 0 && f * 2 <= 16 && k->granges[vg]->iarg[0] >= 2) {
       ups[nup].axis = vg, ups[nup++].factor = 2;
       c.vfac = 2;
     }

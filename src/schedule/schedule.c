@@ -13,7 +13,9 @@
  *    every path up to that kernel's root is only elementwise ops and reshapes (so output positions
  *    map 1:1), and the kernel has no other reduction; otherwise it is materialized as its own
  *    kernel, with the elementwise ops feeding it fused in;
- *  - the source of a COPY is materialized (the copy needs a buffer to copy from).
+ *  - the source of a COPY is materialized (the copy needs a buffer to copy from);
+ *  - an expensive, large elementwise result read by several kernels is materialized rather than
+ *    recomputed by each (worth_materializing).
  * Assigns run after every other read of their buffer in the schedule: they are emitted last unless a
  * kernel needs their result, and then the buffer's old contents are first copied aside if another
  * kernel still reads them (see snapshot_if_read_elsewhere).
@@ -89,11 +91,47 @@ static void visit(SCtx *c, UOp *n, bool target) {
  * of whose consumers sit in the same kernel belongs to that kernel (a reduce used twice by one
  * elementwise epilogue, as relu(sum(x)) does, still fuses); consumers in different kernels leave it
  * without a root: elementwise nodes are then recomputed in each, a reduce is materialized. */
+/* ALU ops needed to compute n inline, counting shared subexpressions once and stopping at leaves
+ * and reductions (read from their own buffer); stops counting at `cap`. */
+static int inline_cost(SCtx *c, UOp *n, PtrMap *seen, int cap) {
+  if (pm_has(seen, (uint64_t)(uintptr_t)n)) return 0;
+  pm_put(seen, (uint64_t)(uintptr_t)n, (void *)1);
+  NI *x = info(c, n);
+  if (!x || x->leaf || n->op == OP_REDUCE_AXIS || n->op == OP_CONTIGUOUS || n->op == OP_INDEX) return 0;
+  int cost = op_is_alu(n->op) ? 1 : 0;
+  for (uint32_t k = 0; k < n->nsrc && cost < cap; k++) cost += inline_cost(c, n->src[k], seen, cap - cost);
+  return cost;
+}
+
+static int64_t node_numel(UOp *n) {
+  int64_t e = 1;
+  for (int d = 0; d < n->ndim; d++) e *= n->shape[d];
+  return e;
+}
+
+/* An elementwise result read by several kernels, at least one of them a reduction, is recomputed
+ * inline by each of them. When it is expensive (a normalization's backward: the forward
+ * recomputed, a comparison mask, a division) and large, it is cheaper to store it once and load it:
+ * batchnorm's backward reads its incoming gradient (max_pool2d's backward: a comparison with the
+ * recomputed normalized forward) from several reductions and an elementwise kernel. */
+#define RECOMPUTE_MAX_OPS 12
+#define RECOMPUTE_MIN_NUMEL 65536
+static bool worth_materializing(SCtx *c, NI *x) {
+  UOp *n = x->n;
+  if (!op_is_alu(n->op) || x->npush < 2 || x->cand_root != -1 || node_numel(n) < RECOMPUTE_MIN_NUMEL) return false;
+  PtrMap seen;
+  pm_init(&seen);
+  int cost = inline_cost(c, n, &seen, RECOMPUTE_MAX_OPS + 1);
+  pm_free(&seen);
+  return cost > RECOMPUTE_MAX_OPS;
+}
+
 static void decide(SCtx *c) {
   for (int i = c->nn - 1; i >= 0; i--) {
     NI *x = &c->ni[i];
     if (x->leaf) continue;
     UOp *n = x->n;
+    if (!x->mat && worth_materializing(c, x)) x->mat = true;
     /* gathers (INDEX) get their own small kernel: consumers then read a plain buffer (no data-dependent
      * addresses inside heavy kernels, nothing recomputed per use) */
     if (x->target || n->op == OP_CONTIGUOUS || n->op == OP_COPY || n->op == OP_ASSIGN || n->op == OP_INDEX || x->cand_copy) x->mat = true;

@@ -856,6 +856,13 @@ static bool is_nhwc_view(UOp *u) {
   return !memcmp(u->iarg, nchw, sizeof nchw) && is_data_view(u->src[0]);
 }
 
+/* Does a stride-1 convolution with this weight shape accumulate channels-last (see tg_conv2d)? A
+ * convolution with a huge reduction keeps the channels-first form when its rows are wide enough for
+ * the reduction itself to vectorize. */
+static bool chlast_ok(int64_t cout, int64_t cin, int64_t kh, int64_t kw) {
+  return cout % 8 == 0 && (cin * kh * kw <= 4096 || kw % 4 != 0);
+}
+
 /* (bs, c, h, w) -> the same values as a view of a channels-last (bs, h, w, c) buffer */
 static tg_tensor to_nhwc(tg_tensor x) {
   return tg_permute(tg_contiguous(tg_permute(x, (const int[]){0, 2, 3, 1}, 4)), (const int[]){0, 3, 1, 2}, 4);
@@ -923,7 +930,8 @@ static void conv_valid_grad(UOp *out, UOp *g, UOp *const *in, int n, UOp **grads
   int64_t kh = in[1]->shape[2], kw = in[1]->shape[3];
   tg_tensor wt = tg_permute(tg_flip(w, (const int[]){2, 3}, 2), (const int[]){1, 0, 2, 3}, 4);
   /* the padded gradient is materialized (channels-last): loads without validity masks vectorize */
-  tg_tensor gp = to_nhwc(tg_pad(gt, (const int64_t[]){0, 0, 0, 0, kh - 1, kh - 1, kw - 1, kw - 1}, 8, 0.0));
+  tg_tensor gp = tg_pad(gt, (const int64_t[]){0, 0, 0, 0, kh - 1, kh - 1, kw - 1, kw - 1}, 8, 0.0);
+  gp = chlast_ok(in[1]->shape[1], in[1]->shape[0], kh, kw) ? to_nhwc(gp) : tg_contiguous(gp);
   tg_tensor gx = tg_conv2d(gp, wt, (tg_tensor){0}, NULL);
   tg_tensor gw = conv_weight_grad(xl, gl, in[1]->shape);
   UOp *ux = t_get(gx, "tg_conv2d"), *uw = t_get(gw, "tg_conv2d");
@@ -970,7 +978,7 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
   bool simple = groups == 1 && s[0] == 1 && s[1] == 1 && d[0] == 1 && d[1] == 1;
   tg_tensor xin = x;
   UOp *ain = a;
-  bool chlast = simple && cout % 8 == 0 && (cin * kh * kw <= 4096 || kw % 4 != 0) && tg_dtype_is_float((tg_dtype)w->dtype);
+  bool chlast = simple && chlast_ok(cout, cin, kh, kw) && tg_dtype_is_float((tg_dtype)w->dtype);
   bool nhwc = chlast && is_nhwc_view(a);
   if (chlast && !nhwc && !is_data_view(a)) {
     /* the input is computed (the previous layer's bias, activation, normalization): materialize it,
@@ -992,9 +1000,6 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
   /* (bs, groups*cin, oy, ox, kh, kw) windows -> (bs, groups, rcout, oy, ox, cin, kh, kw) */
   tg_tensor win = pad_pool2(xin, ain, pads, 0.0, k, s, d);
   tg_tensor r;
-  /* (a convolution with a huge reduction -- the weight gradient, whose "kernel" is the whole
-   * output image -- keeps the channels-first form when its rows are wide enough for the reduction
-   * itself to vectorize) */
   if (chlast) {
     /* channels-last accumulation: the kernel's output is (bs, oy, ox, cout), contiguous along cout,
      * with the weight copied to (cin, kh, kw, cout), so the channel axis vectorizes even when output
