@@ -406,10 +406,24 @@ static void heuristic(LKernel *k, int *next_axis) {
   describe(k);
 }
 
+/* Moves global loops of one iteration (an axis upcast entirely into registers) behind the others:
+ * the threads split the outermost loop, which must not be a trivial one. */
+static void trivial_axes_last(LKernel *k) {
+  int o = 0;
+  UOp *tmp[64];
+  if (k->ng > 64) return;
+  for (int g = 0; g < k->ng; g++)
+    if (k->granges[g]->iarg[0] != 1) tmp[o++] = k->granges[g];
+  for (int g = 0; g < k->ng; g++)
+    if (k->granges[g]->iarg[0] == 1) tmp[o++] = k->granges[g];
+  memcpy(k->granges, tmp, sizeof(UOp *) * (size_t)k->ng);
+}
+
 void optimize_kernel(LKernel *k, int *next_axis, const OptCfg *cfg) {
   k->cfg = OPTCFG_NONE;
   k->opts[0] = 0;
   if (cfg) apply_cfg(k, cfg, next_axis);
   else if (getenv_int("NOOPT", 0) == 0 && k->np > 0) heuristic(k, next_axis);
   else make_copies(k, NULL, 0, next_axis);
+  trivial_axes_last(k);
 }

@@ -7,7 +7,7 @@
  *
  * Fusion rules (decided in one pass from consumers to producers):
  *  - realize targets, CONTIGUOUS, COPY and ASSIGN are materialized (each is a kernel "root");
- *  - elementwise and movement nodes are never materialized: every kernel that needs them recomputes
+ *  - elementwise and movement nodes are not materialized: every kernel that needs them recomputes
  *    them inline (movement ops become index arithmetic, so views cost nothing);
  *  - a reduction fuses into the kernel its consumers belong to when they all belong to one kernel,
  *    every path up to that kernel's root is only elementwise ops and reshapes (so output positions
