@@ -45,6 +45,12 @@ typedef struct {
   int cand_root;  /* the kernel root all of them belong to; -1 if they differ */
   bool cand_fus;  /* every one reaches that root through elementwise ops and reshapes only */
   bool cand_copy; /* one of them is a COPY, which needs a real buffer to copy from */
+  bool cand_perm; /* one of them reaches its root through a PERMUTE */
+  UOp *cand_rep;  /* the node whose output index this one is read at (the nearest movement op or root) */
+  bool rep_conflict; /* consumers read it at different indices (through different movement ops) */
+  UOp *rep;       /* this node's own: cand_rep, or itself for a root */
+  bool perm;      /* this node reaches its kernel's root through a PERMUTE */
+  bool fused_perm; /* (on a root) its fused reduce is reached through a PERMUTE */
 } NI;
 
 typedef struct {
@@ -137,8 +143,13 @@ static void decide(SCtx *c) {
     if (x->target || n->op == OP_CONTIGUOUS || n->op == OP_COPY || n->op == OP_ASSIGN || n->op == OP_INDEX || x->cand_copy) x->mat = true;
     if (!x->mat && x->npush > 0) {
       x->root = x->cand_root;
-      x->fusable = x->cand_root >= 0 && x->cand_fus;
+      /* through a permute the reduce is evaluated at the index its path gives it (root-order
+       * build), so every path from the root must give it the same one */
+      x->fusable = x->cand_root >= 0 && x->cand_fus && !(x->cand_perm && x->rep_conflict);
+      x->perm = x->cand_perm;
+      x->rep = x->rep_conflict ? NULL : x->cand_rep;
     }
+    if (x->mat) x->rep = n;
     if (x->mat) {
       x->root = i;
       x->fusable = n->op != OP_REDUCE_AXIS;
@@ -147,17 +158,20 @@ static void decide(SCtx *c) {
       NI *r = x->root >= 0 ? &c->ni[x->root] : NULL;
       if (x->fusable && r && !r->fused_reduce) {
         r->fused_reduce = n;
+        r->fused_perm = x->perm;
       } else {
         x->mat = true;
         x->root = i;
         x->fused_reduce = n;
       }
     }
-    /* report to the sources: output positions pass through 1:1 only across elementwise ops and
-     * reshapes (a reduce's input loop is not its output) */
+    /* report to the sources: output positions pass through 1:1 only across elementwise ops,
+     * reshapes and permutes (a reduce's input loop is not its output) */
     int op = n->op;
     bool through = x->fusable && op != OP_REDUCE_AXIS &&
-                   (op_is_alu(op) || op == OP_RESHAPE || op == OP_CONTIGUOUS || op == OP_ASSIGN || op == OP_DETACH);
+                   (op_is_alu(op) || op == OP_RESHAPE || op == OP_PERMUTE || op == OP_CONTIGUOUS || op == OP_ASSIGN || op == OP_DETACH);
+    bool perm = through && (op == OP_PERMUTE || (!x->mat && x->perm));
+    UOp *rep = (op == OP_PERMUTE || op == OP_RESHAPE) ? n : x->rep;
     for (uint32_t k = 0; k < n->nsrc; k++) {
       bool dup = false;
       for (uint32_t j = 0; j < k && !dup; j++) dup = n->src[j] == n->src[k];
@@ -166,11 +180,14 @@ static void decide(SCtx *c) {
       if (s->npush++ == 0) {
         s->cand_root = x->root;
         s->cand_fus = through;
+        s->cand_rep = rep;
       } else {
         if (s->cand_root != x->root) s->cand_root = -1;
         s->cand_fus = s->cand_fus && through;
+        if (s->cand_rep != rep) s->rep_conflict = true;
       }
       if (op == OP_COPY) s->cand_copy = true;
+      if (perm) s->cand_perm = true;
     }
   }
 }
@@ -231,11 +248,14 @@ static SItem *item_new(Schedule *s) {
 }
 
 /* ---- kernel building ---- */
+#define MAXD 64 /* dimensions of a tensor the builder handles on the stack (as the tensor layer) */
 typedef struct {
   SCtx *c;
   UOp *root;
   UOp *reduce_node;
   UOp *reduce_uop;
+  UOp *reduce_at[MAXD]; /* root-order build: the index the reduce was built at (NULL: not yet) */
+  bool root_order;
   PtrMap memo;    /* key node -> result */
   PtrVec keys;    /* owned key nodes */
   int *params;    /* sbuf index per param */
@@ -307,11 +327,40 @@ static UOp *kbuild(KB *kb, UOp *n, UOp **idx, UOp *valid);
 
 static void flush_assign(SCtx *c, int ni_index);
 
+/* The fused reduce evaluated at output index idx (root-order build): its kept axes take idx, its
+ * reduced axes get reduce loops of their own (axis ids 100 + dim, after the root's 0..ndim-1). */
+static UOp *build_reduce_at(KB *kb, UOp *reduce, UOp **idx) {
+  UOp *in = reduce->src[0];
+  int k = in->ndim, na = (int)reduce->niarg;
+  UOp *ix[MAXD], *rs[MAXD + 1];
+  bool red[MAXD] = {false};
+  for (int i = 0; i < na; i++) red[reduce->iarg[i]] = true;
+  for (int i = 0; i < k; i++) ix[i] = red[i] ? s_range(100 + i, in->shape[i]) : uop_ref(idx[i]);
+  UOp *vin = kbuild(kb, in, ix, NULL);
+  rs[0] = vin;
+  for (int i = 0; i < na; i++) rs[i + 1] = ix[reduce->iarg[i]];
+  UOp *r = uop_new(OP_REDUCE, (tg_dtype)reduce->dtype, rs, na + 1, NULL, 0, reduce->arg);
+  uop_unref(vin);
+  for (int i = 0; i < k; i++) uop_unref(ix[i]);
+  for (int i = 0; i < reduce->ndim; i++) kb->reduce_at[i] = idx[i]; /* kept alive by the memo's keys */
+  return r;
+}
+
 static UOp *kbuild_inner(KB *kb, UOp *n, UOp **idx, UOp *valid) {
   SCtx *c = kb->c;
   NI *x = info(c, n);
   tg_dtype dt = (tg_dtype)n->dtype;
-  if (n == kb->reduce_node && n != kb->root) return uop_ref(kb->reduce_uop);
+  if (n == kb->reduce_node && n != kb->root) {
+    if (kb->root_order) {
+      if (!kb->reduce_uop) {
+        kb->reduce_uop = build_reduce_at(kb, n, idx);
+      } else {
+        /* decide() fuses through a permute only along a single path: one index */
+        for (int i = 0; i < n->ndim; i++) TG_ASSERT(kb->reduce_at[i] == idx[i]);
+      }
+    }
+    return uop_ref(kb->reduce_uop);
+  }
   if (n->op == OP_CONST && !n->realized) {
     {
       UOp *k = tg_dtype_is_float(dt) ? uop_const_f(dt, n->arg.f) : uop_const_i(dt, n->arg.i);
@@ -492,15 +541,27 @@ static bool reads_out_elsewhere(UOp *u, UOp *sidx, PtrMap *seen) {
 
 /* Builds the kernel computing `value` (shape of root) into sbuf `out`. Returns the SINK AST or NULL
  * if an in-place hazard was found (only possible when out already holds an input). */
-static UOp *build_kernel(SCtx *c, UOp *root, UOp *value, UOp *reduce, int out, int **params, int *nparams,
-                         bool check_hazard) {
+static UOp *build_kernel(SCtx *c, UOp *root, UOp *value, UOp *reduce, bool root_order, int out, int **params,
+                         int *nparams, bool check_hazard) {
   KB kb;
   memset(&kb, 0, sizeof kb);
   kb.c = c;
   kb.root = root;
   kb_param(&kb, out);
   UOp *sidx, *val;
-  if (reduce) {
+  if (reduce && value != reduce && root_order) {
+    /* the reduce feeds the root through a permute: loop over the root's output and evaluate the
+     * reduce at the index the path gives it */
+    kb.reduce_node = reduce;
+    kb.root_order = true;
+    int k = value->ndim;
+    UOp **r = tg_xmalloc(sizeof(UOp *) * (size_t)(k + 1));
+    for (int i = 0; i < k; i++) r[i] = s_range(i, value->shape[i]);
+    val = kbuild(&kb, value, r, NULL);
+    sidx = flat_index(r, value->shape, k);
+    for (int i = 0; i < k; i++) uop_unref(r[i]);
+    free(r);
+  } else if (reduce) {
     UOp *in = reduce->src[0];
     int k = in->ndim;
     UOp **r = tg_xmalloc(sizeof(UOp *) * (size_t)(k + 1));
@@ -613,12 +674,12 @@ static void emit_assign(SCtx *c, NI *x) {
   Device *dev = device_by_id(n->device);
   flush_assigns_for(c, n);
   int *params = NULL, np = 0;
-  UOp *ast = build_kernel(c, n, n->src[1], x->fused_reduce, x->sbuf, &params, &np, true);
+  UOp *ast = build_kernel(c, n, n->src[1], x->fused_reduce, x->fused_perm, x->sbuf, &params, &np, true);
   if (!ast) {
     /* the value reads the target at other positions: compute it into a temp first */
     size_t nbytes = (size_t)shape_numel(n->shape, n->ndim) * tg_dtype_itemsize((tg_dtype)n->dtype);
     int tmp = sbuf_new(c->s, dev, nbytes, NULL);
-    ast = build_kernel(c, n, n->src[1], x->fused_reduce, tmp, &params, &np, false);
+    ast = build_kernel(c, n, n->src[1], x->fused_reduce, x->fused_perm, tmp, &params, &np, false);
     add_item(c, SI_KERNEL, ast, params, np, dev);
     int *p2 = tg_xmalloc(sizeof(int) * 2);
     p2[0] = x->sbuf, p2[1] = tmp;
@@ -766,7 +827,7 @@ tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
     UOp *value = nd->op == OP_CONTIGUOUS ? nd->src[0] : nd;
     flush_assigns_for(&c, nd);
     int *params = NULL, np = 0;
-    UOp *ast = build_kernel(&c, nd, value, x->fused_reduce, x->sbuf, &params, &np, false);
+    UOp *ast = build_kernel(&c, nd, value, x->fused_reduce, x->fused_perm, x->sbuf, &params, &np, false);
     add_item(&c, SI_KERNEL, ast, params, np, dev);
   }
   for (size_t i = 0; i < c.pending_assign.n; i++) {
