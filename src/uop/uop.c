@@ -393,6 +393,42 @@ static bool all_terms_nonneg(const Aff *a) {
   return true;
 }
 
+static int64_t gcd64(int64_t a, int64_t b) {
+  while (b) {
+    int64_t t = a % b;
+    a = b, b = t;
+  }
+  return a < 0 ? -a : a;
+}
+
+/* For non-negative affine a and c > 1: finds g, 1 < g < c, g | c, with a = g*A + B where B's terms
+ * have coefficients that g does not divide and 0 <= B < g. Then a // c == A // (c/g) and
+ * a % c == g*(A % (c/g)) + B: (20*y + x) // 40 with x < 20 is y // 2. Returns g, or 0. */
+static int64_t split_multiple(const Aff *a, int64_t c, UOp **A, UOp **B) {
+  for (int i = 0; i <= a->n; i++) {
+    int64_t g = gcd64(i < a->n ? a->terms[i].k : a->c, c);
+    if (g <= 1 || g >= c) continue;
+    Aff qa = {0}, ra = {0};
+    for (int j = 0; j < a->n; j++) {
+      if (a->terms[j].k % g == 0) aff_push(&qa, a->terms[j].t, a->terms[j].k / g);
+      else aff_push(&ra, a->terms[j].t, a->terms[j].k);
+    }
+    qa.c = floordiv(a->c, g);
+    ra.c = floormod(a->c, g);
+    UOp *rb = aff_build(&ra);
+    aff_free(&ra);
+    if (rb->vmin >= 0 && rb->vmax < g) {
+      *A = aff_build(&qa);
+      *B = rb;
+      aff_free(&qa);
+      return g;
+    }
+    uop_unref(rb);
+    aff_free(&qa);
+  }
+  return 0;
+}
+
 UOp *s_divc(UOp *x, int64_t c) {
   TG_ASSERT(c > 0);
   if (c == 1) return uop_ref(x);
@@ -420,9 +456,13 @@ UOp *s_divc(UOp *x, int64_t c) {
     }
     q.c = floordiv(a.c, c);
     rem.c = floormod(a.c, c);
-    UOp *rn = aff_build(&rem);
+    UOp *rn = aff_build(&rem), *sa = NULL, *sb = NULL;
+    int64_t g;
     if (rn->vmax < c) {
       r = aff_build(&q);
+    } else if ((g = split_multiple(&a, c, &sa, &sb)) != 0) {
+      r = s_divc(sa, c / g);
+      uop_unref(sa), uop_unref(sb);
     } else {
       UOp *cc = s_const(c);
       UOp *rd = raw2(OP_IDIV, rn, cc);
@@ -458,10 +498,15 @@ UOp *s_modc(UOp *x, int64_t c) {
       if (kr) aff_push(&rem, a.terms[i].t, kr);
     }
     rem.c = floormod(a.c, c);
-    UOp *rn = aff_build(&rem);
+    UOp *rn = aff_build(&rem), *sa = NULL, *sb = NULL;
     aff_free(&rem);
+    int64_t g;
     if (rn->vmin >= 0 && rn->vmax < c) {
       r = rn;
+    } else if ((g = split_multiple(&a, c, &sa, &sb)) != 0) {
+      UOp *m = s_modc(sa, c / g), *mg = s_mulc(m, g);
+      r = s_add(mg, sb);
+      uop_unref(m), uop_unref(mg), uop_unref(sa), uop_unref(sb), uop_unref(rn);
     } else {
       UOp *cc = s_const(c);
       r = raw2(OP_MOD, rn, cc);
