@@ -51,6 +51,7 @@ typedef struct {
   UOp *rep;       /* this node's own: cand_rep, or itself for a root */
   bool perm;      /* this node reaches its kernel's root through a PERMUTE */
   bool fused_perm; /* (on a root) its fused reduce is reached through a PERMUTE */
+  int *lay;        /* (materialized intermediates) storage order of the dims, outermost first; NULL: as the shape */
 } NI;
 
 typedef struct {
@@ -293,6 +294,22 @@ static UOp *flat_index(UOp **idx, const int64_t *shape, int ndim) {
   return acc;
 }
 
+/* flat index of idx into a buffer that stores the dims in order lay (NULL: in order) */
+static UOp *lay_flat(UOp **idx, const int64_t *shape, int ndim, const int *lay) {
+  if (!lay) return flat_index(idx, shape, ndim);
+  UOp *pi[MAXD] = {0};
+  int64_t ps[MAXD] = {0};
+  for (int j = 0; j < ndim; j++) pi[j] = idx[lay[j]], ps[j] = shape[lay[j]];
+  return flat_index(pi, ps, ndim);
+}
+
+/* loop axis id of each dim: its place in lay, so the kernel's loops follow the storage order */
+static void lay_ids(const int *lay, int ndim, int *id) {
+  for (int i = 0; i < ndim; i++) id[i] = i;
+  if (lay)
+    for (int j = 0; j < ndim; j++) id[lay[j]] = j;
+}
+
 /* idx_out[j] = (F // stride_j) % shape_j over a contiguous shape */
 static void unravel(UOp *F, const int64_t *shape, int ndim, UOp **out) {
   int64_t st = 1;
@@ -381,7 +398,7 @@ static UOp *kbuild_inner(KB *kb, UOp *n, UOp **idx, UOp *valid) {
       sb = x->sbuf;
       TG_ASSERT(sb >= 0);
     }
-    UOp *fi = flat_index(idx, n->shape, n->ndim);
+    UOp *fi = lay_flat(idx, n->shape, n->ndim, x->leaf ? NULL : x->lay);
     UOp *r = k_load(kb, sb, dt, fi, valid);
     uop_unref(fi);
     return r;
@@ -541,31 +558,39 @@ static bool reads_out_elsewhere(UOp *u, UOp *sidx, PtrMap *seen) {
 
 /* Builds the kernel computing `value` (shape of root) into sbuf `out`. Returns the SINK AST or NULL
  * if an in-place hazard was found (only possible when out already holds an input). */
-static UOp *build_kernel(SCtx *c, UOp *root, UOp *value, UOp *reduce, bool root_order, int out, int **params,
-                         int *nparams, bool check_hazard) {
+/* Builds the kernel computing root (its value `value`, with `reduce` fused) into sbuf `out`, storing
+ * the dims in order lay (NULL: as the shape; only for roots whose value is the node itself or reached
+ * root-order). */
+static UOp *build_kernel(SCtx *c, UOp *root, UOp *value, UOp *reduce, bool root_order, const int *lay, int out,
+                         int **params, int *nparams, bool check_hazard) {
   KB kb;
   memset(&kb, 0, sizeof kb);
   kb.c = c;
   kb.root = root;
   kb_param(&kb, out);
   UOp *sidx, *val;
+  int id[MAXD];
   if (reduce && value != reduce && root_order) {
     /* the reduce feeds the root through a permute: loop over the root's output and evaluate the
      * reduce at the index the path gives it */
     kb.reduce_node = reduce;
     kb.root_order = true;
     int k = value->ndim;
+    lay_ids(lay, k, id);
     UOp **r = tg_xmalloc(sizeof(UOp *) * (size_t)(k + 1));
-    for (int i = 0; i < k; i++) r[i] = s_range(i, value->shape[i]);
+    for (int i = 0; i < k; i++) r[i] = s_range(id[i], value->shape[i]);
     val = kbuild(&kb, value, r, NULL);
-    sidx = flat_index(r, value->shape, k);
+    sidx = lay_flat(r, value->shape, k, lay);
     for (int i = 0; i < k; i++) uop_unref(r[i]);
     free(r);
   } else if (reduce) {
     UOp *in = reduce->src[0];
     int k = in->ndim;
     UOp **r = tg_xmalloc(sizeof(UOp *) * (size_t)(k + 1));
-    for (int i = 0; i < k; i++) r[i] = s_range(i, in->shape[i]);
+    lay_ids(lay, k, id);
+    if (lay) /* the reduced dims keep their order, after the output's */
+      for (int i = 0; i < (int)reduce->niarg; i++) id[reduce->iarg[i]] = 100 + (int)reduce->iarg[i];
+    for (int i = 0; i < k; i++) r[i] = s_range(id[i], in->shape[i]);
     UOp *vin = kbuild(&kb, in, r, NULL);
     int na = (int)reduce->niarg;
     UOp **rs = tg_xmalloc(sizeof(UOp *) * (size_t)(na + 1));
@@ -581,7 +606,7 @@ static UOp *build_kernel(SCtx *c, UOp *root, UOp *value, UOp *reduce, bool root_
       uop_unref(o[reduce->iarg[i]]);
       o[reduce->iarg[i]] = s_const(0);
     }
-    UOp *F = flat_index(o, reduce->shape, k);
+    UOp *F = lay_flat(o, reduce->shape, k, value == reduce ? lay : NULL);
     if (value == reduce) {
       sidx = uop_ref(F);
       val = uop_ref(kb.reduce_uop);
@@ -599,10 +624,11 @@ static UOp *build_kernel(SCtx *c, UOp *root, UOp *value, UOp *reduce, bool root_
     free(r);
   } else {
     int k = value->ndim;
+    lay_ids(lay, k, id);
     UOp **r = tg_xmalloc(sizeof(UOp *) * (size_t)(k + 1));
-    for (int i = 0; i < k; i++) r[i] = s_range(i, value->shape[i]);
+    for (int i = 0; i < k; i++) r[i] = s_range(id[i], value->shape[i]);
     val = kbuild(&kb, value, r, NULL);
-    sidx = flat_index(r, value->shape, k);
+    sidx = lay_flat(r, value->shape, k, lay);
     for (int i = 0; i < k; i++) uop_unref(r[i]);
     free(r);
   }
@@ -633,6 +659,104 @@ static UOp *build_kernel(SCtx *c, UOp *root, UOp *value, UOp *reduce, bool root_
   uop_unref(sidx);
   kb_free(&kb);
   return ast;
+}
+
+/* ---- storage order of intermediates ----
+ * A materialized intermediate is only read by later kernels of the same schedule, so it may store
+ * its dims in any order. It takes the order of its kernel's largest input: a convolution's output is
+ * channels-last, and the normalization, activation and pooling after it (whose shapes say
+ * (batch, channels, h, w)) then read and write it along the channels, contiguously, instead of
+ * striding across it in every kernel. */
+
+static bool layout_candidate(const NI *x) {
+  UOp *n = x->n;
+  if (x->target || x->cand_copy || n->ndim < 2 || n->ndim > MAXD) return false;
+  if (n->op != OP_REDUCE_AXIS && !op_is_alu(n->op)) return false;
+  return !x->fused_reduce || x->fused_reduce == n || x->fused_perm;
+}
+
+#define COEF_UNKNOWN INT64_MIN
+
+static bool depends(UOp *u, UOp *r) {
+  if (u == r) return true;
+  for (uint32_t i = 0; i < u->nsrc; i++)
+    if (depends(u->src[i], r)) return true;
+  return false;
+}
+
+/* the coefficient of loop variable r in index expression u (affine in r), or COEF_UNKNOWN */
+static int64_t coef_of(UOp *u, UOp *r) {
+  if (u == r) return 1;
+  if (u->op == OP_ADD) {
+    int64_t a = coef_of(u->src[0], r), b = a == COEF_UNKNOWN ? 0 : coef_of(u->src[1], r);
+    return a == COEF_UNKNOWN || b == COEF_UNKNOWN ? COEF_UNKNOWN : a + b;
+  }
+  if (u->op == OP_MUL && u->src[1]->op == OP_CONST) {
+    int64_t a = coef_of(u->src[0], r);
+    return a == COEF_UNKNOWN ? a : a * u->src[1]->arg.i;
+  }
+  return depends(u, r) ? COEF_UNKNOWN : 0;
+}
+
+static void find_loads(UOp *u, PtrMap *seen, PtrVec *out) {
+  if (pm_has(seen, (uint64_t)(uintptr_t)u)) return;
+  pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
+  if (u->op == OP_LOAD) pv_push(out, u);
+  for (uint32_t i = 0; i < u->nsrc; i++) find_loads(u->src[i], seen, out);
+}
+
+/* The storage order for materialized node n whose kernel (built in shape order) is ast: the dims
+ * by decreasing stride in the kernel's largest load (among the places of the dims it moves along). NULL
+ * when that is the shape order, or the load is no larger than n, or its index is not affine. */
+static int *choose_layout(SCtx *c, UOp *n, UOp *ast, const int *params) {
+  UOp *store = ast->src[0];
+  PtrMap seen;
+  pm_init(&seen);
+  PtrVec loads = {0};
+  find_loads(store->src[2], &seen, &loads);
+  pm_free(&seen);
+  UOp *best = NULL;
+  size_t best_bytes = 0;
+  for (size_t i = 0; i < loads.n; i++) {
+    UOp *ld = loads.p[i];
+    size_t nb = c->s->bufs[params[ld->src[0]->arg.i]].nbytes;
+    if (nb > best_bytes) best = ld, best_bytes = nb;
+  }
+  pv_free(&loads);
+  size_t own = (size_t)node_numel(n) * tg_dtype_itemsize((tg_dtype)n->dtype);
+  if (!best || best_bytes < own) return NULL;
+  int k = n->ndim, nz = 0;
+  int64_t co[MAXD];
+  int order[MAXD];
+  for (int i = 0; i < k; i++) {
+    if (n->shape[i] == 1) {
+      co[i] = 0;
+      continue;
+    }
+    UOp *r = s_range(i, n->shape[i]);
+    co[i] = coef_of(best->src[1], r);
+    uop_unref(r);
+    if (co[i] == COEF_UNKNOWN) return NULL;
+    if (co[i] < 0) co[i] = -co[i];
+  }
+  /* the dims the load moves along are sorted by stride among their own places; the others (a
+   * convolution's output channels, which its input does not depend on) stay where they are */
+  int pos[MAXD], srt[MAXD];
+  for (int i = 0; i < k; i++) {
+    order[i] = i;
+    if (co[i] == 0) continue;
+    pos[nz] = i;
+    int j = nz++;
+    while (j > 0 && co[srt[j - 1]] < co[i]) srt[j] = srt[j - 1], j--;
+    srt[j] = i;
+  }
+  for (int j = 0; j < nz; j++) order[pos[j]] = srt[j];
+  bool ident = true;
+  for (int i = 0; i < k; i++) ident = ident && order[i] == i;
+  if (ident) return NULL;
+  int *lay = tg_xmalloc(sizeof(int) * (size_t)k);
+  memcpy(lay, order, sizeof(int) * (size_t)k);
+  return lay;
 }
 
 static void add_item(SCtx *c, int kind, UOp *ast, int *params, int nparams, Device *dev) {
@@ -674,12 +798,12 @@ static void emit_assign(SCtx *c, NI *x) {
   Device *dev = device_by_id(n->device);
   flush_assigns_for(c, n);
   int *params = NULL, np = 0;
-  UOp *ast = build_kernel(c, n, n->src[1], x->fused_reduce, x->fused_perm, x->sbuf, &params, &np, true);
+  UOp *ast = build_kernel(c, n, n->src[1], x->fused_reduce, x->fused_perm, NULL, x->sbuf, &params, &np, true);
   if (!ast) {
     /* the value reads the target at other positions: compute it into a temp first */
     size_t nbytes = (size_t)shape_numel(n->shape, n->ndim) * tg_dtype_itemsize((tg_dtype)n->dtype);
     int tmp = sbuf_new(c->s, dev, nbytes, NULL);
-    ast = build_kernel(c, n, n->src[1], x->fused_reduce, x->fused_perm, tmp, &params, &np, false);
+    ast = build_kernel(c, n, n->src[1], x->fused_reduce, x->fused_perm, NULL, tmp, &params, &np, false);
     add_item(c, SI_KERNEL, ast, params, np, dev);
     int *p2 = tg_xmalloc(sizeof(int) * 2);
     p2[0] = x->sbuf, p2[1] = tmp;
@@ -827,7 +951,13 @@ tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
     UOp *value = nd->op == OP_CONTIGUOUS ? nd->src[0] : nd;
     flush_assigns_for(&c, nd);
     int *params = NULL, np = 0;
-    UOp *ast = build_kernel(&c, nd, value, x->fused_reduce, x->fused_perm, x->sbuf, &params, &np, false);
+    UOp *ast = build_kernel(&c, nd, value, x->fused_reduce, x->fused_perm, NULL, x->sbuf, &params, &np, false);
+    if (ast && layout_candidate(x) && (x->lay = choose_layout(&c, nd, ast, params)) != NULL) {
+      uop_unref(ast);
+      free(params);
+      params = NULL;
+      ast = build_kernel(&c, nd, value, x->fused_reduce, x->fused_perm, x->lay, x->sbuf, &params, &np, false);
+    }
     add_item(&c, SI_KERNEL, ast, params, np, dev);
   }
   for (size_t i = 0; i < c.pending_assign.n; i++) {
@@ -850,6 +980,7 @@ tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
     NI *x = info(&c, targets[i]);
     tbuf[i] = (x && x->mat) ? x->sbuf : -1;
   }
+  for (int i = 0; i < c.nn; i++) free(c.ni[i].lay);
   pm_free(&c.idx);
   pm_free(&c.bufslot);
   pm_free(&c.snap);
