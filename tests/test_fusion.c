@@ -504,4 +504,39 @@ TEST(two_reduces_in_sequence) {
   END;
 }
 
+/* an intermediate computed from a channels-last buffer (a pooling of a permuted view, read by two
+ * kernels) is stored channels-last inside the schedule: the values must not notice */
+TEST(intermediate_stored_in_input_order) {
+  BEGIN;
+  enum { N = 2, H = 6, W = 6, C = 16 };
+  float *v = test_data(N * H * W * C, 16);
+  tg_tensor xl = tg_from_data(v, TG_SHAPE(N, H, W, C), F32);
+  tg_tensor x = tg_permute(xl, TG_AXES(0, 3, 1, 2)); /* (N, C, H, W) view */
+  tg_tensor p = tg_max_pool2d(tg_relu(x), NULL);      /* (N, C, 3, 3) */
+  tg_tensor y = tg_add(tg_mul(p, tg_sum(p, TG_ALL_AXES, false)), tg_mean(p, TG_AXES(1), true));
+  CHECK_KERNELS(y, <=, 4);
+  double pool[N][C][3][3], tot = 0;
+  for (int n = 0; n < N; n++)
+    for (int c = 0; c < C; c++)
+      for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) {
+          double m = 0; /* relu: >= 0 */
+          for (int a = 0; a < 2; a++)
+            for (int b = 0; b < 2; b++) m = fmax(m, v[((n * H + 2 * i + a) * W + 2 * j + b) * C + c]);
+          pool[n][c][i][j] = m, tot += m;
+        }
+  static double want[N * C * 9];
+  for (int n = 0; n < N; n++)
+    for (int c = 0; c < C; c++)
+      for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) {
+          double mc = 0;
+          for (int c2 = 0; c2 < C; c2++) mc += pool[n][c2][i][j];
+          want[((n * C + c) * 3 + i) * 3 + j] = pool[n][c][i][j] * tot + mc / C;
+        }
+  CHECK_CLOSE_ALL(y, want, N * C * 9, 1e-5);
+  free(v);
+  END;
+}
+
 int main(void) { return RUN_TESTS(); }
