@@ -171,7 +171,7 @@ UOp *g_flip(UOp *a, const int64_t *flags) {
   return mk_move(OP_FLIP, a, flags, a->ndim, a->shape, a->ndim);
 }
 
-UOp *g_reduce(UOp *a, int op, const int64_t *axes, int naxes) {
+static UOp *reduce1(UOp *a, int op, const int64_t *axes, int naxes) {
   if (naxes == 0) return uop_ref(a);
   int64_t shape[64];
   int64_t *sh = a->ndim <= 64 ? shape : tg_xmalloc(sizeof(int64_t) * (size_t)a->ndim);
@@ -183,6 +183,53 @@ UOp *g_reduce(UOp *a, int op, const int64_t *axes, int naxes) {
   set_meta(u, sh, a->ndim, a->device);
   if (sh != shape) free(sh);
   return u;
+}
+
+/* A sum of many elements into few outputs would run its whole reduction on one thread (the
+ * threads split the output): split it in two stages, tinygrad's split_reduceop. The first reduced
+ * axis becomes (G, n/G); the first kernel sums each of the G groups (G partial results per output,
+ * computed in parallel), the second sums the G partials. Only sums: a two-stage max would share
+ * its gradient among tied maxima per group, not evenly. SPLIT_REDUCEOP=0 turns it off. */
+#define SPLIT_MIN_RATIO 32768
+#define SPLIT_MAX_OUT 256
+UOp *g_reduce(UOp *a, int op, const int64_t *axes, int naxes) {
+  int64_t in_n = 1, out_n = 1;
+  for (int i = 0; i < a->ndim; i++) in_n *= a->shape[i];
+  if (op != OP_ADD || naxes == 0 || a->ndim >= 63 || in_n == 0 || !getenv_int("SPLIT_REDUCEOP", 1))
+    return reduce1(a, op, axes, naxes);
+  bool red[64] = {false};
+  for (int i = 0; i < naxes; i++) red[axes[i]] = true;
+  for (int i = 0; i < a->ndim; i++)
+    if (!red[i]) out_n *= a->shape[i];
+  if (out_n > SPLIT_MAX_OUT || in_n / out_n < SPLIT_MIN_RATIO) return reduce1(a, op, axes, naxes);
+  /* the first reduced axis with a divisor G in [8, 64] leaving at least 8 per group: the largest */
+  int ax = -1;
+  int64_t G = 0;
+  for (int i = 0; i < a->ndim && ax < 0; i++) {
+    if (!red[i]) continue;
+    for (int64_t d = 64; d >= 8 && ax < 0; d--)
+      if (a->shape[i] % d == 0 && a->shape[i] / d >= 8) ax = i, G = d;
+  }
+  if (ax < 0) return reduce1(a, op, axes, naxes);
+  int64_t sh[64], ax2[64];
+  int n = 0, nax = 0;
+  for (int i = 0; i < a->ndim; i++) {
+    if (i == ax) {
+      sh[n++] = G, sh[n] = a->shape[i] / G, ax2[nax++] = n++;
+    } else {
+      if (red[i]) ax2[nax++] = n;
+      sh[n++] = a->shape[i];
+    }
+  }
+  UOp *v = g_reshape(a, sh, n);
+  UOp *part = reduce1(v, op, ax2, nax);
+  const int64_t gax = ax;
+  UOp *tot = reduce1(part, op, &gax, 1);
+  int64_t osh[64];
+  for (int i = 0; i < a->ndim; i++) osh[i] = red[i] ? 1 : a->shape[i];
+  UOp *r = g_reshape(tot, osh, a->ndim);
+  uop_unref(v), uop_unref(part), uop_unref(tot);
+  return r;
 }
 
 UOp *g_contiguous(UOp *a) {
