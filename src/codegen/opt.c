@@ -361,8 +361,9 @@ static void heuristic(LKernel *k, int *next_axis) {
     for (int g = 0; g < k->ng; g++) {
       if (g == vg) continue;
       int64_t n = k->granges[g]->iarg[0];
-      if (n % 4 != 0) continue;
       bool free_axis = lanes && !vector_loads_depend(k->rbody, lanes, k->granges[g]);
+      /* a short free axis (a 5-wide kernel window) is upcast whole */
+      if (n % 4 != 0 && !(free_axis && !k->rvw && n >= 3 && n <= 8)) continue;
       if (best < 0 || (free_axis && !best_free) || (free_axis == best_free && n > k->granges[best]->iarg[0]))
         best = g, best_free = free_axis;
     }
@@ -383,7 +384,7 @@ static void heuristic(LKernel *k, int *next_axis) {
       }
     } else if (best >= 0) {
       int64_t n = k->granges[best]->iarg[0];
-      f = n % 8 == 0 && n >= 16 ? 8 : 4;
+      f = n % 4 != 0 ? (int)n : n % 8 == 0 && n >= 16 ? 8 : 4;
       ups[nup].axis = best, ups[nup++].factor = f;
       c.uaxis = best, c.ufac = f;
     }
