@@ -539,4 +539,33 @@ TEST(intermediate_stored_in_input_order) {
   END;
 }
 
+/* a sum of many elements into few outputs runs as two kernels (partial sums per group, then their
+ * sum: tinygrad's split_reduceop), one with SPLIT_REDUCEOP=0; the values agree */
+TEST(big_sum_split_in_two_stages) {
+  BEGIN;
+  enum { R = 256, C = 4 * 1024 };
+  float *v = test_data((size_t)R * C, 17);
+  tg_tensor x = tg_from_data(v, TG_SHAPE(R, C), F32);
+  double tot = 0, col0 = 0;
+  for (size_t i = 0; i < (size_t)R * C; i++) tot += v[i];
+  for (int r = 0; r < R; r++) col0 += v[(size_t)r * C];
+  tg_tensor s = tg_sum(x, TG_ALL_AXES, false);
+  CHECK_KERNELS(s, ==, 2);
+  CHECK_CLOSE_ALL(s, &tot, 1, 1e-3);
+  tg_context_begin();
+  tg_context_set("SPLIT_REDUCEOP", "0");
+  tg_tensor s1 = tg_sum(tg_mul_s(x, 1.0), TG_ALL_AXES, false);
+  CHECK_KERNELS(s1, ==, 1);
+  tg_context_end();
+  CHECK_CLOSE_ALL(s1, &tot, 1, 1e-3);
+  /* many outputs: one kernel, the threads split the outputs */
+  tg_tensor cs = tg_sum(x, TG_AXES(0), false);
+  CHECK_KERNELS(cs, ==, 1);
+  float c0;
+  CHECK(tg_data(tg_shrink(cs, (const int64_t[]){0, 1}, 2), &c0, sizeof c0) == TG_OK);
+  CHECK(fabs(c0 - col0) < 1e-3);
+  free(v);
+  END;
+}
+
 int main(void) { return RUN_TESTS(); }
