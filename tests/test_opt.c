@@ -5,8 +5,10 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #include <tinygrad.h>
 
+#include "codegen/codegen.h"
 #include "test.h"
 
 typedef tg_tensor (*expr_fn)(tg_tensor a, tg_tensor b);
@@ -137,6 +139,25 @@ TEST(beam_choices_agree) {
   CHECK(compare(e_conv, 64, 64, 8, 36, 1e-5) == 0);
   CHECK(compare(e_sum_rows, 32, 64, 32, 64, 1e-5) == 0);
   g_beam = NULL;
+}
+
+/* a BEAM choice read back from the disk cache is the choice that was written: every field, the
+ * reduce-axis vectorization and the second upcast included; malformed lines are misses */
+TEST(beam_cache_line_round_trip) {
+  OptCfg c = OPTCFG_NONE, back;
+  c.raxis = 1, c.rw = 8, c.uaxis = 0, c.ufac = 4, c.uaxis2 = 2, c.ufac2 = 4;
+  char line[160];
+  optcfg_format(&c, line, sizeof line);
+  CHECK(optcfg_parse(line, &back));
+  CHECK(memcmp(&c, &back, sizeof c) == 0);
+  OptCfg d = OPTCFG_NONE;
+  d.vaxis = 2, d.vw = 16, d.vfac = 2, d.swap = 2;
+  optcfg_format(&d, line, sizeof line);
+  CHECK(optcfg_parse(line, &back) && memcmp(&d, &back, sizeof d) == 0);
+  CHECK(!optcfg_parse("0 16 -1 1 1 0", &back));               /* an older six-field line */
+  CHECK(!optcfg_parse("-1 0 -1 1 1 0 1 0 -1 1", &back));      /* reduce axis with 0 lanes */
+  CHECK(!optcfg_parse("0 16 -1 1 1 0 -1 0 -1 1 7", &back));   /* trailing field */
+  CHECK(!optcfg_parse("0 16 -1 0 1 0 -1 0 -1 1", &back));     /* upcast by 0 */
 }
 
 int main(void) {

@@ -22,6 +22,9 @@ typedef struct {
   int uaxis2, ufac2; /* a second UPCAST (a 2-D register tile) */
 } OptCfg;
 #define OPTCFG_NONE ((OptCfg){-1, 0, -1, 1, 1, 0, -1, 0, -1, 1})
+/* the BEAM cache's text form of a configuration; parse rejects anything but ten sane integers */
+void optcfg_format(const OptCfg *c, char *buf, size_t n);
+bool optcfg_parse(const char *s, OptCfg *c);
 
 typedef struct {
   UOp **granges; /* global loop RANGE nodes, outermost first (owned refs) */

@@ -128,7 +128,7 @@ static void vr_free(VR *v) {
  * rewritten expressions; sidx holds the store's base offset) and returns true. */
 static bool try_vectorize(LKernel *k, int g, int W, int *next_axis) {
   int64_t n = k->granges[g]->iarg[0];
-  if (n % W != 0 || n < W) return false;
+  if (W < 1 || n % W != 0 || n < W) return false;
   UOp *lane = s_range(LANE_AXIS, W);
   UOp *R = s_range((*next_axis)++, n / W);
   UOp *RW = s_mulc(R, W);
@@ -207,7 +207,7 @@ static bool all_loads_depend(UOp *body, UOp *r) {
  * become W-wide), the accumulators become vectors summed across lanes at the end. */
 static bool try_vectorize_reduce(LKernel *k, int ri, int W, int *next_axis) {
   int64_t n = k->rranges[ri]->iarg[0];
-  if (!k->rbody || n % W != 0 || n < W || k->racc != TG_FLOAT32 || (k->rop != OP_ADD && k->rop != OP_MAX)) return false;
+  if (!k->rbody || W < 1 || n % W != 0 || n < W || k->racc != TG_FLOAT32 || (k->rop != OP_ADD && k->rop != OP_MAX)) return false;
   UOp *lane = s_range(LANE_AXIS, W);
   UOp *R = s_range((*next_axis)++, n / W);
   UOp *RW = s_mulc(R, W);
@@ -427,4 +427,26 @@ void optimize_kernel(LKernel *k, int *next_axis, const OptCfg *cfg) {
   else if (getenv_int("NOOPT", 0) == 0 && k->np > 0) heuristic(k, next_axis);
   else make_copies(k, NULL, 0, next_axis);
   trivial_axes_last(k);
+}
+
+/* The persistent form of a configuration (the BEAM cache): one line of ten integers, every field. */
+void optcfg_format(const OptCfg *c, char *buf, size_t n) {
+  snprintf(buf, n, "%d %d %d %d %d %d %d %d %d %d", c->vaxis, c->vw, c->uaxis, c->ufac, c->vfac, c->swap, c->raxis, c->rw,
+           c->uaxis2, c->ufac2);
+}
+
+bool optcfg_parse(const char *s, OptCfg *c) {
+  OptCfg t = OPTCFG_NONE;
+  int end = 0;
+  if (sscanf(s, "%d %d %d %d %d %d %d %d %d %d%n", &t.vaxis, &t.vw, &t.uaxis, &t.ufac, &t.vfac, &t.swap, &t.raxis, &t.rw,
+             &t.uaxis2, &t.ufac2, &end) != 10)
+    return false;
+  while (s[end] == ' ' || s[end] == '\n' || s[end] == '\r') end++;
+  if (s[end]) return false;
+  /* only values apply_cfg can act on (it checks them against the kernel itself) */
+  if ((t.vaxis >= 0 && t.vw < 1) || (t.raxis >= 0 && t.rw < 1) || t.ufac < 1 || t.vfac < 1 || t.ufac2 < 1 || t.swap < 0 ||
+      t.swap > 2)
+    return false;
+  *c = t;
+  return true;
 }

@@ -81,9 +81,6 @@ static char *beam_dir(void) {
   return sb_take(&b);
 }
 
-static bool cfg_parse(const char *s, OptCfg *c) {
-  return sscanf(s, "%d %d %d %d %d %d", &c->vaxis, &c->vw, &c->uaxis, &c->ufac, &c->vfac, &c->swap) == 6;
-}
 
 static PtrMap mem_cache; /* key hash -> OptCfg* */
 static pthread_mutex_t mem_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -222,7 +219,7 @@ bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptC
     snprintf(path, sizeof path, "%s/%016llx.txt", dir, (unsigned long long)h);
     FILE *f = fopen(path, "r");
     char line[256];
-    if (f && fgets(line, sizeof line, f) && cfg_parse(line, out)) {
+    if (f && fgets(line, sizeof line, f) && optcfg_parse(line, out)) {
       fclose(f);
       free(dir);
       kernel_code_free(base);
@@ -314,7 +311,9 @@ bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptC
     snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
     FILE *f = fopen(tmp, "w");
     if (f) {
-      fprintf(f, "%d %d %d %d %d %d\n", best.vaxis, best.vw, best.uaxis, best.ufac, best.vfac, best.swap);
+      char line[160];
+      optcfg_format(&best, line, sizeof line);
+      fprintf(f, "%s\n", line);
       if (fclose(f) == 0) rename(tmp, path);
       else unlink(tmp);
     }
