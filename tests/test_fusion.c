@@ -568,4 +568,41 @@ TEST(big_sum_split_in_two_stages) {
   END;
 }
 
+/* a wide right-hand matrix is packed into column panels before the product (tg_matmul): values
+ * and gradients as the plain product's */
+TEST(matmul_wide_packed_values_and_grads) {
+  BEGIN;
+  enum { N = 5, K = 70, M = 1536 };
+  float *av = test_data(N * K, 18), *bv = test_data(K * M, 19);
+  tg_tensor a = tg_set_requires_grad(tg_from_data(av, TG_SHAPE(N, K), F32), true);
+  tg_tensor b = tg_set_requires_grad(tg_from_data(bv, TG_SHAPE(K, M), F32), true);
+  tg_tensor c = tg_matmul(a, b);
+  static double want[N * M], ga[N * K], gb[K * M];
+  for (int i = 0; i < N; i++)
+    for (int j = 0; j < M; j++) {
+      double acc = 0;
+      for (int k = 0; k < K; k++) acc += (double)av[i * K + k] * bv[k * M + j];
+      want[i * M + j] = acc;
+    }
+  CHECK(tg_backward(tg_sum(c, TG_ALL_AXES, false)) == TG_OK);
+  CHECK_CLOSE_ALL(c, want, N * M, 1e-4);
+  for (int i = 0; i < N; i++)
+    for (int k = 0; k < K; k++) {
+      double acc = 0;
+      for (int j = 0; j < M; j++) acc += bv[k * M + j];
+      ga[i * K + k] = acc;
+    }
+  for (int k = 0; k < K; k++)
+    for (int j = 0; j < M; j++) {
+      double acc = 0;
+      for (int i = 0; i < N; i++) acc += av[i * K + k];
+      gb[k * M + j] = acc;
+    }
+  CHECK_CLOSE_ALL(tg_grad(a), ga, N * K, 1e-3);
+  CHECK_CLOSE_ALL(tg_grad(b), gb, K * M, 1e-4);
+  free(av);
+  free(bv);
+  END;
+}
+
 int main(void) { return RUN_TESTS(); }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compose.h"
 #include "tensor.h"
 
 #define NONE ((tg_tensor){0})
@@ -803,6 +804,21 @@ tg_tensor tg_squeeze(tg_tensor x, int dim) {
 /* ---------------------------------------------------------------------------------------------- */
 /* matmul: (x[..., n, 1, k] * w[..., 1, m, k]).sum(-1), fused into one reduce kernel                */
 
+/* A wide right-hand matrix is packed first, as BLAS libraries do: (k, m) is copied to (m/32, k, 32),
+ * so the 32 columns a register tile works on are contiguous for the whole reduction. Read in place,
+ * each step of the reduction would touch a new page (the rows are m*4 bytes apart): from m = 2048 on
+ * the kernel then runs at half speed. The copy costs k*m loads and stores against 2*n*k*m FLOPs. */
+#define PANEL 32
+#define PACK_MIN_COLS 1536
+static tg_tensor matmul_packed(tg_tensor x, tg_tensor w, int64_t n, int64_t k, int64_t m) {
+  OpScope o = op_scope_begin("tg_matmul");
+  tg_tensor bp = tg_contiguous(tg_permute(tg_reshape(w, TG_SHAPE(k, m / PANEL, PANEL)), TG_AXES(1, 0, 2)));
+  tg_tensor br = tg_reshape(tg_permute(bp, TG_AXES(0, 2, 1)), TG_SHAPE(1, m / PANEL, PANEL, k));
+  tg_tensor ar = tg_reshape(x, TG_SHAPE(n, 1, 1, k));
+  tg_tensor r = tg_reshape(tg_sum(tg_mul(ar, br), TG_AXES(3), false), TG_SHAPE(n, m));
+  return op_scope_done(o, r);
+}
+
 tg_tensor tg_matmul(tg_tensor x, tg_tensor w) {
   GET(a, x, "tg_matmul");
   GET(b, w, "tg_matmul");
@@ -816,6 +832,10 @@ tg_tensor tg_matmul(tg_tensor x, tg_tensor w) {
                 (long long)k, (long long)kb);
   if (a->ndim > 60 || b->ndim > 60) return fail(TG_ERR_INVALID, "tg_matmul: too many dimensions");
   tg_dtype dt = tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)b->dtype);
+  int64_t mcols = b->ndim >= 2 ? b->shape[b->ndim - 1] : 1;
+  if (a->ndim == 2 && b->ndim == 2 && dt == TG_FLOAT32 && a->dtype == TG_FLOAT32 && b->dtype == TG_FLOAT32 &&
+      mcols % PANEL == 0 && mcols >= PACK_MIN_COLS && k >= 64)
+    return matmul_packed(x, w, a->shape[0], k, mcols);
   /* x: (..., n, k) -> (..., n, 1, k); w: (..., k, m) -> (..., 1, m, k) */
   int64_t sa[64], sbb[64];
   int na = 0, nb = 0;
