@@ -58,6 +58,7 @@ typedef struct {
   int64_t local_size[3]; /* local_size[0] = thread count hint for CPU (1 = single thread, 0 = all) */
   uint64_t ops;          /* estimated FLOPs per launch */
   int nparams;
+  OptCfg cfg;            /* the optimizations applied (the heuristics' choice when none was given) */
 } KernelCode;
 
 /* Lowers and renders `ast` for the C renderer. Returns NULL with an error recorded on failure. */

@@ -252,6 +252,7 @@ KernelCode *codegen_c_cfg(UOp *ast, const OptCfg *cfg) {
     return NULL;
   }
   KernelCode *kc = tg_xcalloc(1, sizeof(KernelCode));
+  kc->cfg = k->cfg;
   /* tinygrad-style name: E_ (elementwise) or r_ (reduce) followed by the loop sizes */
   int o = snprintf(kc->name, sizeof kc->name, "%s", k->rbody ? "r" : "E");
   for (int i = 0; i < k->ng && o < (int)sizeof kc->name - 24; i++)

@@ -265,9 +265,28 @@ bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptC
   }
   OptCfg best = none;
   double best_t = ref.t;
-  Cand *front = tg_xmalloc(sizeof(Cand) * (size_t)(beam + 1));
+  Cand *front = tg_xmalloc(sizeof(Cand) * (size_t)(beam + 2));
   int nfront = 1;
   front[0] = (Cand){none, NULL, NULL, ref.t};
+  /* the hand-coded heuristics' choice competes too, and seeds the beam: the search never ends worse
+   * than BEAM=0 */
+  bool had_error = tg_last_error() != NULL;
+  KernelCode *hk = ok ? codegen_c_cfg(ast, NULL) : NULL;
+  if (hk) {
+    Cand hc = {hk->cfg, codegen_c_cfg(ast, &hk->cfg), NULL, INFINITY};
+    kernel_code_free(hk);
+    if (hc.kc) {
+      compile_all(&hc, 1, dev);
+      hc.t = time_one(&b, &hc, INFINITY);
+      if (isfinite(hc.t)) {
+        front[nfront++] = (Cand){hc.cfg, NULL, NULL, hc.t};
+        if (hc.t < best_t) best = hc.cfg, best_t = hc.t;
+      }
+      free_cands(&hc, 1);
+    }
+  } else if (!had_error) {
+    tg_clear_error(); /* a kernel the heuristics cannot lower is simply not a candidate */
+  }
   for (int round = 0; ok && round < 4; round++) {
     Cand *cs = NULL;
     int n = 0, cap = 0;
