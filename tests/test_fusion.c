@@ -504,8 +504,9 @@ TEST(two_reduces_in_sequence) {
   END;
 }
 
-/* an intermediate computed from a channels-last buffer (a pooling of a permuted view, read by two
- * kernels) is stored channels-last inside the schedule: the values must not notice */
+/* intermediates computed from a channels-last buffer (max_pool2d's materialized input, the pooled
+ * result read by three kernels) are stored channels-last inside the schedule: the values must not
+ * notice. Kernels: relu(x), the pooling, the two reductions, the final elementwise. */
 TEST(intermediate_stored_in_input_order) {
   BEGIN;
   enum { N = 2, H = 6, W = 6, C = 16 };
@@ -514,7 +515,7 @@ TEST(intermediate_stored_in_input_order) {
   tg_tensor x = tg_permute(xl, TG_AXES(0, 3, 1, 2)); /* (N, C, H, W) view */
   tg_tensor p = tg_max_pool2d(tg_relu(x), NULL);      /* (N, C, 3, 3) */
   tg_tensor y = tg_add(tg_mul(p, tg_sum(p, TG_ALL_AXES, false)), tg_mean(p, TG_AXES(1), true));
-  CHECK_KERNELS(y, <=, 4);
+  CHECK_KERNELS(y, <=, 5);
   double pool[N][C][3][3], tot = 0;
   for (int n = 0; n < N; n++)
     for (int c = 0; c < C; c++)

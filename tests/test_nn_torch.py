@@ -924,6 +924,43 @@ def _training_step():
 
 case("conv -> relu -> max_pool -> linear -> sparse CE: loss and grads match torch", _training_step)
 
+
+def _mnist_block():
+  # beautiful_mnist's block -- conv, relu, batchnorm with batch statistics, max_pool2d -- at a size
+  # where the scheduler materializes shared backward results and stores intermediates channels-last:
+  # max_pool2d's backward compares recomputed values with the maximum, which must still match
+  x = rnd(16, 32, 18, 18)
+  y = RNG.integers(0, 10, size=(16,)).astype(np.int64)
+  w1, b1 = rnd(32, 32, 3, 3, lo=-0.1, hi=0.1), rnd(32, lo=-0.1, hi=0.1)
+  g, bb, w2 = rnd(32, lo=0.5, hi=1.5), rnd(32, lo=-0.1, hi=0.1), rnd(10, 32 * 8 * 8, lo=-0.05, hi=0.05)
+
+  def net_tg(x, w1, b1, g, bb, w2):
+    h = conv2d(x, w1, b1).relu()
+    m = h.mean(axis=(0, 2, 3), keepdim=True)
+    v = ((h - m) * (h - m)).mean(axis=(0, 2, 3), keepdim=True)
+    hn = (h - m) * (v + 1e-5).sqrt().reciprocal() * g.reshape(1, 32, 1, 1) + bb.reshape(1, 32, 1, 1)
+    return linear(max_pool2d(hn).reshape(16, -1), w2)
+
+  def net_t(x, w1, b1, g, bb, w2):
+    h = F.relu(F.conv2d(x, w1, b1))
+    hn = F.batch_norm(h, None, None, g, bb, training=True, eps=1e-5)
+    return F.linear(F.max_pool2d(hn, 2).reshape(16, -1), w2)
+
+  ps = [set_rg(Tensor(a)) for a in (w1, b1, g, bb, w2)]
+  l_tg = loss("sparse_categorical_crossentropy", net_tg(Tensor(x), *ps), Tensor(y))
+  tps = [torch.tensor(a, requires_grad=True) for a in (w1, b1, g, bb, w2)]
+  l_t = F.cross_entropy(net_t(torch.tensor(x), *tps), torch.tensor(y))
+  backward(l_tg)
+  l_t.backward()
+  close(l_tg.numpy(), l_t, atol=1e-4)
+  for p, tp in zip(ps, tps):
+    gp = grad(p).numpy()
+    assert np.isfinite(gp).all(), "non-finite gradient"
+    close(gp, tp.grad, atol=1e-4, rtol=1e-2)
+
+
+case("conv -> relu -> batchnorm (batch stats) -> max_pool -> linear, training-sized: grads match torch", _mnist_block)
+
 def _broadcast_views():
   # inputs that are expanded (stride-0) views of a smaller buffer
   a = np.broadcast_to(rnd(1, 3, 5, 5), (2, 3, 5, 5)).copy()

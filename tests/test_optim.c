@@ -3,6 +3,7 @@
  * task, a 1000-step loop keeps handles and memory flat, an optimizer step under TinyJit gives the
  * same parameters as without it, and a model's state dict survives a safetensors round trip.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -353,6 +354,49 @@ TEST(set_lr_takes_effect_in_jitted_step) {
   tg_optim_free(opt);
   tg_free(w);
   CHECK(tg_live_count() == 0);
+}
+
+/* beautiful_mnist's second block at training size: conv, relu, batchnorm with batch statistics,
+ * max_pool2d. max_pool2d's backward compares each input with the maximum; when the input was
+ * recomputed by two kernels compiled differently (one vectorized, one not, with FMAs contracted
+ * differently) no element of a window matched and every gradient became NaN. The gradients must be
+ * finite and agree with an unoptimized (NOOPT=1) run. */
+static int block_grads(float *gb, float *gw) {
+  tg_manual_seed(3);
+  tg_scope_begin();
+  tg_nn_conv2d c;
+  tg_nn_batchnorm bn;
+  tg_nn_linear l;
+  int rc = tg_nn_conv2d_init(&c, 64, 64, (const int64_t[2]){3}, true, NULL) != TG_OK;
+  rc |= tg_nn_batchnorm_init(&bn, 64, NULL) != TG_OK;
+  rc |= tg_nn_linear_init(&l, 64 * 3 * 3, 10, true) != TG_OK;
+  tg_tensor x = tg_contiguous(tg_relu(tg_randn(TG_SHAPE(32, 64, 8, 8), NULL)));
+  tg_tensor y = tg_randint(TG_SHAPE(32), 0, 10, NULL);
+  tg_context_begin();
+  tg_context_set_int("TRAINING", 1);
+  tg_tensor h = tg_max_pool2d(tg_nn_batchnorm_forward(&bn, tg_relu(tg_nn_conv2d_forward(&c, x))), NULL);
+  tg_tensor loss = tg_sparse_categorical_crossentropy(tg_nn_linear_forward(&l, tg_flatten(h, 1, -1)), y, NULL);
+  rc |= tg_backward(loss) != TG_OK;
+  tg_context_end();
+  rc |= tg_data(tg_grad(bn.bias), gb, sizeof(float) * 64) != TG_OK;
+  rc |= tg_data(tg_grad(c.weight), gw, sizeof(float) * 64 * 64 * 9) != TG_OK;
+  tg_nn_conv2d_free(&c), tg_nn_batchnorm_free(&bn), tg_nn_linear_free(&l);
+  tg_scope_end();
+  return rc;
+}
+
+TEST(conv_batchnorm_maxpool_block_grads_finite) {
+  static float gb[64], gw[64 * 64 * 9], rb[64], rw[64 * 64 * 9];
+  CHECK(block_grads(gb, gw) == 0);
+  tg_context_begin();
+  tg_context_set("NOOPT", "1");
+  CHECK(block_grads(rb, rw) == 0);
+  tg_context_end();
+  int bad = 0, off = 0;
+  for (int i = 0; i < 64; i++) bad += !isfinite(gb[i]), off += !(fabsf(gb[i] - rb[i]) <= 1e-4f + 1e-2f * fabsf(rb[i]));
+  for (int i = 0; i < 64 * 64 * 9; i++) bad += !isfinite(gw[i]), off += !(fabsf(gw[i] - rw[i]) <= 1e-4f + 1e-2f * fabsf(rw[i]));
+  CHECK_MSG(bad == 0, "%d non-finite gradients", bad);
+  CHECK_MSG(off == 0, "%d gradients differ from the unoptimized run", off);
 }
 
 TEST(state_dict_safetensors_round_trip) {

@@ -671,8 +671,12 @@ static UOp *build_kernel(SCtx *c, UOp *root, UOp *value, UOp *reduce, bool root_
 static bool layout_candidate(const NI *x) {
   UOp *n = x->n;
   if (x->target || x->cand_copy || n->ndim < 2 || n->ndim > MAXD) return false;
-  if (n->op != OP_REDUCE_AXIS && !op_is_alu(n->op)) return false;
-  return !x->fused_reduce || x->fused_reduce == n || x->fused_perm;
+  /* (a CONTIGUOUS keeps row-major order -- tg_contiguous promises it -- unless it was made by
+   * g_materialize) */
+  bool free_contig = n->op == OP_CONTIGUOUS && n->arg.i == 1;
+  if (n->op != OP_REDUCE_AXIS && !op_is_alu(n->op) && !free_contig) return false;
+  UOp *value = n->op == OP_CONTIGUOUS ? n->src[0] : n;
+  return !x->fused_reduce || x->fused_reduce == value || x->fused_perm;
 }
 
 #define COEF_UNKNOWN INT64_MIN

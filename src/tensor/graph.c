@@ -239,6 +239,16 @@ UOp *g_contiguous(UOp *a) {
   return u;
 }
 
+/* Materialized like CONTIGUOUS, but the scheduler may store it in any order of its dims (its
+ * values are only read through the graph, never handed to the user as a buffer). */
+UOp *g_materialize(UOp *a) {
+  UArg m = {0};
+  m.i = 1;
+  UOp *u = uop_new(OP_CONTIGUOUS, (tg_dtype)a->dtype, &a, 1, NULL, 0, m);
+  set_meta(u, a->shape, a->ndim, a->device);
+  return u;
+}
+
 UOp *g_detach(UOp *a) {
   UArg z = {0};
   UOp *u = uop_new(OP_DETACH, (tg_dtype)a->dtype, &a, 1, NULL, 0, z);

@@ -42,6 +42,7 @@ static const char *shp(char *buf, size_t n, const UOp *u) { return fmt_shape(buf
 
 /* A new handle to the same lazy value (never hand an input handle back: the caller owns it). */
 static tg_tensor same(UOp *u) { return t_wrap(uop_ref(u)); }
+static bool is_data_view(UOp *u);
 static int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 
 static bool same_device(const char *fn, UOp *a, UOp *b, const char *what) {
@@ -799,6 +800,14 @@ tg_tensor tg_max_pool2d(tg_tensor x, const tg_pool2d_opts *opts) {
   memcpy(pads, p.pads, sizeof pads);
   if (opts && opts->ceil_mode) ceil_pads(p.hw, p.pads, p.k, p.s, p.d, pads);
   NnOp o = begin(fn);
+  /* the gradient of a max compares every input with the maximum: a computed input is stored once,
+   * so the forward and backward kernels compare the same bits (recomputed in two kernels it can
+   * round differently -- the compiler contracts a*b+c into FMAs per kernel -- and a window would
+   * then match no element at all) */
+  if (tg_dtype_is_float((tg_dtype)a->dtype) && !is_data_view(a)) {
+    x = t_wrap(g_materialize(a));
+    a = t_get(x, fn);
+  }
   tg_tensor w = pad_pool2(x, a, pads, dtype_min_value((tg_dtype)a->dtype), p.k, p.s, p.d);
   return done(o, tg_max(w, (const int[]){-2, -1}, 2, false));
 }

@@ -47,6 +47,7 @@ UOp *g_shrink(UOp *a, const int64_t *bounds);
 UOp *g_flip(UOp *a, const int64_t *flags); /* ndim 0/1 flags */
 UOp *g_reduce(UOp *a, int op, const int64_t *axes, int naxes); /* keepdim result */
 UOp *g_contiguous(UOp *a);
+UOp *g_materialize(UOp *a); /* CONTIGUOUS whose storage order the scheduler picks */
 UOp *g_copy(UOp *a, int device);
 UOp *g_detach(UOp *a); /* same value, no gradient flows through */
 UOp *g_index(UOp *data, UOp *idx); /* data[idx] along dim 0 (negative indices wrap, out of range reads 0) */
