@@ -763,6 +763,67 @@ static int *choose_layout(SCtx *c, UOp *n, UOp *ast, const int *params) {
   return lay;
 }
 
+/* Walks from u (node dim k of u is root dim d[k]) down to `reduce` through elementwise ops and
+ * permutes; on arrival, out[j] = the root dim that reduce dim j is read at. False through anything
+ * else (a reshape) or when the reduce is not reached. */
+static bool dims_to_reduce(SCtx *c, UOp *u, const int *d, UOp *reduce, int *out, int depth) {
+  if (depth > 64) return false;
+  if (u == reduce) {
+    memcpy(out, d, sizeof(int) * (size_t)u->ndim);
+    return true;
+  }
+  NI *x = info(c, u);
+  if (!x || x->leaf || x->mat) return false;
+  if (u->op == OP_PERMUTE) {
+    int sd[MAXD];
+    for (int k = 0; k < u->ndim; k++) sd[u->iarg[k]] = d[k];
+    return dims_to_reduce(c, u->src[0], sd, reduce, out, depth + 1);
+  }
+  if (u->op == OP_RESHAPE) { /* only one that adds or drops size-1 dims maps dims one to one */
+    UOp *src = u->src[0];
+    int sd[MAXD], i = 0, j = 0;
+    if (src->ndim > MAXD) return false;
+    for (;;) {
+      while (i < u->ndim && u->shape[i] == 1) i++;
+      while (j < src->ndim && src->shape[j] == 1) sd[j++] = -1;
+      if (i == u->ndim || j == src->ndim) break;
+      if (u->shape[i] != src->shape[j]) return false;
+      sd[j++] = d[i++];
+    }
+    if (i != u->ndim || j != src->ndim) return false;
+    return dims_to_reduce(c, src, sd, reduce, out, depth + 1);
+  }
+  if (op_is_alu(u->op) || u->op == OP_DETACH || u->op == OP_CONTIGUOUS) {
+    for (uint32_t i = 0; i < u->nsrc; i++)
+      if (u->src[i]->ndim == u->ndim && dims_to_reduce(c, u->src[i], d, reduce, out, depth + 1)) return true;
+  }
+  return false;
+}
+
+/* Storage order for a root whose fused reduction is reached through permutes: the reduction's own
+ * dim order (a channels-last convolution keeps its output channels innermost, where they vectorize),
+ * or NULL when that is the root's shape order or the path is not a plain permutation. */
+static int *reduce_order(SCtx *c, UOp *n, UOp *value, UOp *reduce) {
+  int k = n->ndim, d[MAXD], at[MAXD], order[MAXD], no = 0;
+  if (value->ndim != k || reduce->ndim > MAXD || k > MAXD) return NULL;
+  for (int i = 0; i < k; i++) d[i] = i;
+  if (!dims_to_reduce(c, value, d, reduce, at, 0)) return NULL;
+  bool seen[MAXD] = {false};
+  for (int j = 0; j < reduce->ndim; j++) { /* the reduction's dims in its order (-1: a size-1 dim) */
+    if (at[j] < 0) continue;
+    if (at[j] >= k || seen[at[j]]) return NULL;
+    seen[at[j]] = true, order[no++] = at[j];
+  }
+  for (int i = 0; i < k; i++) /* root dims of size 1 the reduction does not have */
+    if (!seen[i]) order[no++] = i;
+  bool ident = true;
+  for (int i = 0; i < k; i++) ident = ident && order[i] == i;
+  if (ident) return NULL;
+  int *lay = tg_xmalloc(sizeof(int) * (size_t)k);
+  memcpy(lay, order, sizeof(int) * (size_t)k);
+  return lay;
+}
+
 static void add_item(SCtx *c, int kind, UOp *ast, int *params, int nparams, Device *dev) {
   Schedule *s = c->s;
   SItem *it = item_new(s);
@@ -956,7 +1017,8 @@ tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
     flush_assigns_for(&c, nd);
     int *params = NULL, np = 0;
     UOp *ast = build_kernel(&c, nd, value, x->fused_reduce, x->fused_perm, NULL, x->sbuf, &params, &np, false);
-    if (ast && layout_candidate(x) && (x->lay = choose_layout(&c, nd, ast, params)) != NULL) {
+    if (ast && layout_candidate(x) &&
+        (x->lay = x->fused_perm ? reduce_order(&c, nd, value, x->fused_reduce) : choose_layout(&c, nd, ast, params)) != NULL) {
       uop_unref(ast);
       free(params);
       params = NULL;
