@@ -606,4 +606,33 @@ TEST(matmul_wide_packed_values_and_grads) {
   END;
 }
 
+/* a left-hand matrix over 16 MB is multiplied in row blocks (tg_matmul): sampled values and
+ * gradients against the host */
+TEST(matmul_row_blocked_values_and_grads) {
+  BEGIN;
+  enum { N = 2048, K = 2049, M = 1536 };
+  float *av = test_data((size_t)N * K, 20), *bv = test_data((size_t)K * M, 21);
+  tg_tensor a = tg_set_requires_grad(tg_from_data(av, TG_SHAPE(N, K), F32), true);
+  tg_tensor b = tg_from_data(bv, TG_SHAPE(K, M), F32);
+  tg_tensor c = tg_matmul(a, b);
+  CHECK(tg_backward(tg_sum(c, TG_ALL_AXES, false)) == TG_OK);
+  float *cv = malloc(sizeof(float) * (size_t)N * M), *ga = malloc(sizeof(float) * (size_t)N * K);
+  CHECK(tg_data(c, cv, sizeof(float) * (size_t)N * M) == TG_OK);
+  CHECK(tg_data(tg_grad(a), ga, sizeof(float) * (size_t)N * K) == TG_OK);
+  int bad = 0;
+  uint32_t s = 7;
+  for (int t = 0; t < 300; t++) {
+    s = s * 1664525u + 1013904223u;
+    int i = (int)(s % N), j = (int)((s >> 12) % M), k = (int)((s >> 7) % K);
+    double want = 0, gw = 0;
+    for (int q = 0; q < K; q++) want += (double)av[(size_t)i * K + q] * bv[(size_t)q * M + j];
+    for (int q = 0; q < M; q++) gw += bv[(size_t)k * M + q];
+    if (fabs(cv[(size_t)i * M + j] - want) > 1e-3 * (1 + fabs(want))) bad++;
+    if (fabs(ga[(size_t)i * K + k] - gw) > 1e-3 * (1 + fabs(gw))) bad++;
+  }
+  CHECK_MSG(bad == 0, "%d of 600 sampled values wrong", bad);
+  free(cv), free(ga), free(av), free(bv);
+  END;
+}
+
 int main(void) { return RUN_TESTS(); }

@@ -813,9 +813,22 @@ tg_tensor tg_squeeze(tg_tensor x, int dim) {
 static tg_tensor matmul_packed(tg_tensor x, tg_tensor w, int64_t n, int64_t k, int64_t m) {
   OpScope o = op_scope_begin("tg_matmul");
   tg_tensor bp = tg_contiguous(tg_permute(tg_reshape(w, TG_SHAPE(k, m / PANEL, PANEL)), TG_AXES(1, 0, 2)));
-  tg_tensor br = tg_reshape(tg_permute(bp, TG_AXES(0, 2, 1)), TG_SHAPE(1, m / PANEL, PANEL, k));
-  tg_tensor ar = tg_reshape(x, TG_SHAPE(n, 1, 1, k));
-  tg_tensor r = tg_reshape(tg_sum(tg_mul(ar, br), TG_AXES(3), false), TG_SHAPE(n, m));
+  tg_tensor bt = tg_permute(bp, TG_AXES(0, 2, 1)), r;
+  /* a left-hand matrix larger than 16 MB would stream from memory once per panel: row blocks of at
+   * most 8 MB are multiplied with every panel in turn while they stay in the last-level cache */
+  int64_t R = 0;
+  if (n * k * 4 > (16 << 20))
+    for (int64_t rb = 512; rb >= 64 && !R; rb /= 2)
+      if (n % rb == 0 && rb * k * 4 <= (8 << 20)) R = rb;
+  if (R) {
+    tg_tensor ar = tg_reshape(x, TG_SHAPE(n / R, 1, R, 1, k));
+    tg_tensor br = tg_reshape(bt, TG_SHAPE(1, m / PANEL, 1, PANEL, k));
+    r = tg_sum(tg_mul(ar, br), TG_AXES(4), false); /* (n/R, m/32, R, 32) */
+    r = tg_reshape(tg_permute(r, TG_AXES(0, 2, 1, 3)), TG_SHAPE(n, m));
+  } else {
+    tg_tensor ar = tg_reshape(x, TG_SHAPE(n, 1, 1, k));
+    r = tg_reshape(tg_sum(tg_mul(ar, tg_reshape(bt, TG_SHAPE(1, m / PANEL, PANEL, k))), TG_AXES(3), false), TG_SHAPE(n, m));
+  }
   return op_scope_done(o, r);
 }
 
