@@ -30,6 +30,8 @@
 
 #include "../uop/ptrmap.h"
 
+#define MAXD 64 /* dimensions of a tensor the builder handles on the stack (as the tensor layer) */
+
 typedef struct {
   UOp *n;
   int root;
@@ -133,6 +135,34 @@ static bool worth_materializing(SCtx *c, NI *x) {
   return cost > RECOMPUTE_MAX_OPS;
 }
 
+static bool dims_to_reduce(SCtx *c, UOp *u, const int *d, UOp *reduce, int *out, int depth);
+
+/* May root r store its dims in another order than its shape's (an intermediate nobody else sees)? */
+static bool root_may_reorder(const NI *r) {
+  UOp *n = r->n;
+  if (r->target || r->cand_copy || n->ndim < 2 || n->ndim > MAXD) return false;
+  return n->op == OP_REDUCE_AXIS || op_is_alu(n->op) || (n->op == OP_CONTIGUOUS && n->arg.i == 1);
+}
+
+/* Does root (shape order) read `reduce` with the reduction's dims in the same order? Fusing a reduce
+ * into a root through permutes builds the kernel in the root's loop order: a root that must keep
+ * its shape order (a realize target in NCHW over a channels-last convolution) would then loop with
+ * the channels outside and lose their vectorization. */
+static bool root_keeps_reduce_order(SCtx *c, UOp *root, UOp *reduce) {
+  UOp *value = root->op == OP_CONTIGUOUS ? root->src[0] : root;
+  int d[MAXD], at[MAXD];
+  if (value->ndim > MAXD || reduce->ndim > MAXD) return false;
+  for (int i = 0; i < value->ndim; i++) d[i] = i;
+  if (!dims_to_reduce(c, value, d, reduce, at, 0)) return false;
+  int last = -1;
+  for (int j = 0; j < reduce->ndim; j++) {
+    if (at[j] < 0) continue;
+    if (at[j] <= last) return false;
+    last = at[j];
+  }
+  return true;
+}
+
 static void decide(SCtx *c) {
   for (int i = c->nn - 1; i >= 0; i--) {
     NI *x = &c->ni[i];
@@ -157,7 +187,8 @@ static void decide(SCtx *c) {
       if (n->op == OP_REDUCE_AXIS) x->fused_reduce = n;
     } else if (n->op == OP_REDUCE_AXIS) {
       NI *r = x->root >= 0 ? &c->ni[x->root] : NULL;
-      if (x->fusable && r && !r->fused_reduce) {
+      if (x->fusable && r && !r->fused_reduce &&
+          (!x->perm || root_may_reorder(r) || root_keeps_reduce_order(c, r->n, n))) {
         r->fused_reduce = n;
         r->fused_perm = x->perm;
       } else {
@@ -249,7 +280,6 @@ static SItem *item_new(Schedule *s) {
 }
 
 /* ---- kernel building ---- */
-#define MAXD 64 /* dimensions of a tensor the builder handles on the stack (as the tensor layer) */
 typedef struct {
   SCtx *c;
   UOp *root;
@@ -773,7 +803,7 @@ static bool dims_to_reduce(SCtx *c, UOp *u, const int *d, UOp *reduce, int *out,
     return true;
   }
   NI *x = info(c, u);
-  if (!x || x->leaf || x->mat) return false;
+  if (!x || x->leaf || (x->mat && depth > 0)) return false;
   if (u->op == OP_PERMUTE) {
     int sd[MAXD];
     for (int k = 0; k < u->ndim; k++) sd[u->iarg[k]] = d[k];
