@@ -70,6 +70,10 @@ static tg_tensor e_flip_pad(tg_tensor a, tg_tensor b) {
   tg_tensor pb = tg_pad(tg_shrink(b, (const int64_t[]){0, 32, 2, 32}, 4), (const int64_t[]){0, 0, 1, 1}, 4, 0.0);
   return tg_mul(fa, pb);
 }
+/* a transposed operand: vectorized along the output rows, its loads become gathers (stride 48) */
+static tg_tensor e_add_transposed(tg_tensor a, tg_tensor b) {
+  return tg_mul(tg_sqrt(tg_add_s(tg_mul(a, a), 1)), tg_transpose(b, 0, 1));
+}
 static tg_tensor e_sum_rows(tg_tensor a, tg_tensor b) { return tg_add(tg_sum(tg_mul(a, b), TG_AXES(1), true), b); }
 static tg_tensor e_max_cols(tg_tensor a, tg_tensor b) { return tg_sub(tg_max(a, TG_AXES(0), true), b); }
 static tg_tensor e_softmax(tg_tensor a, tg_tensor b) { return tg_mul(tg_softmax(a, 1), b); }
@@ -119,6 +123,7 @@ TEST(matmul_shapes) {
 TEST(elementwise_vectorized) {
   CHECK(compare(e_elementwise, 32, 64, 32, 64, 1e-5) == 0);
   CHECK(compare(e_sin_recip, 16, 48, 16, 48, 1e-5) == 0);
+  CHECK(compare(e_add_transposed, 32, 48, 48, 32, 1e-6) == 0);
   CHECK(compare(e_flip_pad, 32, 32, 32, 36, 1e-6) == 0);
   CHECK(compare(e_bool_cast, 16, 32, 16, 32, 0) == 0);
   CHECK(compare(e_half, 16, 32, 16, 32, 0) == 0);

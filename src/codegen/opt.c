@@ -25,6 +25,7 @@
 typedef struct {
   UOp *lane;
   int W;
+  bool gather; /* float32 loads strided along the lanes may become gathers */
   PtrMap dep;  /* node -> 1 (depends on lane) / 2 (does not) */
   PtrMap memo; /* node -> rewritten node (owned) */
   bool fail;
@@ -53,6 +54,28 @@ static UOp *contiguous_base(VR *v, UOp *idx) {
     return NULL;
   }
   return base;
+}
+
+/* index == base + lane*stride with a constant stride (not 0 or 1) and base independent of the lane?
+ * returns base (new ref) and sets *stride, or NULL */
+static UOp *strided_base(VR *v, UOp *idx, int64_t *stride) {
+  UOp *z = s_const(0), *one = s_const(1);
+  USubst s0 = {v->lane, z}, s1 = {v->lane, one};
+  UOp *b0 = uop_substitute(idx, &s0, 1), *b1 = uop_substitute(idx, &s1, 1);
+  UOp *nb0 = s_mulc(b0, -1), *d = s_add(b1, nb0);
+  bool ok = d->op == OP_CONST && d->arg.i != 0 && d->arg.i != 1 && !dep_lane(v, b0);
+  if (ok) {
+    UOp *ls = s_mulc(v->lane, d->arg.i), *chk = s_add(b0, ls);
+    ok = chk == idx;
+    uop_unref(ls), uop_unref(chk);
+  }
+  if (ok) *stride = d->arg.i;
+  uop_unref(z), uop_unref(one), uop_unref(b1), uop_unref(nb0), uop_unref(d);
+  if (!ok) {
+    uop_unref(b0);
+    return NULL;
+  }
+  return b0;
 }
 
 /* integer dtypes that load as vectors of their own type (only to be converted to float32) */
@@ -87,7 +110,12 @@ static UOp *vr(VR *v, UOp *u) {
     r = uop_ref(u);
   } else if (u->op == OP_LOAD) {
     bool dt_ok = u->dtype == TG_FLOAT32 || vec_int_load_dtype((tg_dtype)u->dtype);
-    UOp *base = dt_ok && !(u->nsrc > 2 && dep_lane(v, u->src[2])) ? contiguous_base(v, u->src[1]) : NULL;
+    bool mask_ok = !(u->nsrc > 2 && dep_lane(v, u->src[2]));
+    UOp *base = dt_ok && mask_ok ? contiguous_base(v, u->src[1]) : NULL;
+    int64_t stride = 0;
+    /* a strided float32 load becomes a gather: W scalar loads into one vector (a LOAD whose iarg
+     * holds the stride), so the rest of the kernel still runs W lanes at a time */
+    if (!base && v->gather && mask_ok && u->dtype == TG_FLOAT32) base = strided_base(v, u->src[1], &stride);
     if (!base) {
       v->fail = true;
       return NULL;
@@ -95,7 +123,7 @@ static UOp *vr(VR *v, UOp *u) {
     UOp *s[3] = {u->src[0], base, u->nsrc > 2 ? u->src[2] : NULL};
     UArg a;
     a.i = v->W;
-    r = uop_new(OP_LOAD, (tg_dtype)u->dtype, s, (int)u->nsrc, NULL, 0, a);
+    r = uop_new(OP_LOAD, (tg_dtype)u->dtype, s, (int)u->nsrc, stride ? &stride : NULL, stride ? 1 : 0, a);
     uop_unref(base);
   } else if (u->dtype != DT_INDEX && vec_op_ok(u)) {
     UOp *s[3] = {NULL, NULL, NULL};
@@ -129,6 +157,9 @@ static void vr_free(VR *v) {
 static bool try_vectorize(LKernel *k, int g, int W, int *next_axis) {
   int64_t n = k->granges[g]->iarg[0];
   if (W < 1 || n % W != 0 || n < W) return false;
+  /* gathers only in elementwise kernels: a reduction is better vectorized along its own axis than
+   * fed by a gather in every step */
+  bool gather = k->rbody == NULL;
   UOp *lane = s_range(LANE_AXIS, W);
   UOp *R = s_range((*next_axis)++, n / W);
   UOp *RW = s_mulc(R, W);
@@ -142,6 +173,7 @@ static bool try_vectorize(LKernel *k, int g, int W, int *next_axis) {
   memset(&v, 0, sizeof v);
   v.lane = lane;
   v.W = W;
+  v.gather = gather;
   UOp *sbase = contiguous_base(&v, sidx);
   UOp *nval = sbase ? vr(&v, val) : NULL;
   UOp *nrb = (nval && rb) ? vr(&v, rb) : NULL;

@@ -261,6 +261,15 @@ static void render_vexpr(R *r, UOp *u, SB *e) {
   case OP_LOAD: {
     char vt[32], vtu[32];
     vtype_names((tg_dtype)u->dtype, vt, vtu);
+    if (u->niarg == 1) { /* a gather: lane l at base + l*stride */
+      if (u->nsrc > 2) sb_printf(e, "((%s) ? ", nm(r, c));
+      sb_printf(e, "((%s){", vt);
+      for (int l = 0; l < (int)u->arg.i; l++)
+        sb_printf(e, "%s%s[%s + %lldLL]", l ? ", " : "", nm(r, a), nm(r, b), (long long)(l * u->iarg[0]));
+      sb_puts(e, "})");
+      if (u->nsrc > 2) sb_printf(e, " : (%s){0})", vt);
+      return;
+    }
     if (u->nsrc > 2) sb_printf(e, "((%s) ? *(const %s *)(%s + %s) : (%s){0})", nm(r, c), vtu, nm(r, a), nm(r, b), vt);
     else sb_printf(e, "(*(const %s *)(%s + %s))", vtu, nm(r, a), nm(r, b));
     return;
