@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysinfo.h>
@@ -52,6 +53,9 @@ static const char *const CPU_CFLAGS[] = {"-shared",
                                          "-w",
                                          "-pipe"};
 #define N_CFLAGS (sizeof CPU_CFLAGS / sizeof CPU_CFLAGS[0])
+
+#define HUGE_PAGE ((size_t)2 << 20)
+#define HUGE_MIN ((size_t)8 << 20)
 
 #define CACHE_MAGIC "TGCK"
 #define CACHE_VERSION 1u
@@ -525,7 +529,19 @@ static void *cpu_alloc(void *state, size_t nbytes) {
     return NULL;
   }
   size_t sz = (nbytes + 63) & ~(size_t)63;
-  void *p = aligned_alloc(64, sz ? sz : 64);
+  void *p;
+  if (sz >= HUGE_MIN) {
+    /* large buffers on 2 MB boundaries, backed by transparent huge pages where the kernel offers
+     * them: a first touch then faults in 2 MB instead of 4 KB (a fresh 37 MB activation took ~9000
+     * faults), and kernels striding across the buffer miss the TLB far less */
+    sz = (sz + HUGE_PAGE - 1) & ~(size_t)(HUGE_PAGE - 1);
+    p = aligned_alloc(HUGE_PAGE, sz);
+#ifdef MADV_HUGEPAGE
+    if (p) madvise(p, sz, MADV_HUGEPAGE); /* advice only: failure changes nothing */
+#endif
+  } else {
+    p = aligned_alloc(64, sz ? sz : 64);
+  }
   if (!p) tg_set_error(TG_ERR_RUNTIME, "CPU: cannot allocate %zu bytes: out of memory", nbytes);
   return p;
 }
