@@ -601,19 +601,12 @@ static UOp *build_kernel(SCtx *c, UOp *root, UOp *value, UOp *reduce, bool root_
   UOp *sidx, *val;
   int id[MAXD];
   if (reduce && value != reduce && root_order) {
-    /* the reduce feeds the root through a permute: loop over the root's output and evaluate the
-     * reduce at the index the path gives it */
+    /* the reduce feeds the root through a permute: loop over the root's output (below) and evaluate
+     * the reduce at the index the path gives it */
     kb.reduce_node = reduce;
     kb.root_order = true;
-    int k = value->ndim;
-    lay_ids(lay, k, id);
-    UOp **r = tg_xmalloc(sizeof(UOp *) * (size_t)(k + 1));
-    for (int i = 0; i < k; i++) r[i] = s_range(id[i], value->shape[i]);
-    val = kbuild(&kb, value, r, NULL);
-    sidx = lay_flat(r, value->shape, k, lay);
-    for (int i = 0; i < k; i++) uop_unref(r[i]);
-    free(r);
-  } else if (reduce) {
+  }
+  if (reduce && !kb.root_order) {
     UOp *in = reduce->src[0];
     int k = in->ndim;
     UOp **r = tg_xmalloc(sizeof(UOp *) * (size_t)(k + 1));
