@@ -691,6 +691,16 @@ static UOp *build_kernel(SCtx *c, UOp *root, UOp *value, UOp *reduce, bool root_
  * (batch, channels, h, w)) then read and write it along the channels, contiguously, instead of
  * striding across it in every kernel. */
 
+/* A malloc'd copy of the storage order, or NULL when it is the shape's own order. */
+static int *layout_or_null(const int *order, int k) {
+  bool ident = true;
+  for (int i = 0; i < k; i++) ident = ident && order[i] == i;
+  if (ident) return NULL;
+  int *lay = tg_xmalloc(sizeof(int) * (size_t)k);
+  memcpy(lay, order, sizeof(int) * (size_t)k);
+  return lay;
+}
+
 static bool layout_candidate(const NI *x) {
   UOp *n = x->n;
   if (x->target || x->cand_copy || n->ndim < 2 || n->ndim > MAXD) return false;
@@ -778,12 +788,7 @@ static int *choose_layout(SCtx *c, UOp *n, UOp *ast, const int *params) {
     srt[j] = i;
   }
   for (int j = 0; j < nz; j++) order[pos[j]] = srt[j];
-  bool ident = true;
-  for (int i = 0; i < k; i++) ident = ident && order[i] == i;
-  if (ident) return NULL;
-  int *lay = tg_xmalloc(sizeof(int) * (size_t)k);
-  memcpy(lay, order, sizeof(int) * (size_t)k);
-  return lay;
+  return layout_or_null(order, k);
 }
 
 /* Walks from u (node dim k of u is root dim d[k]) down to `reduce` through elementwise ops and
@@ -839,12 +844,7 @@ static int *reduce_order(SCtx *c, UOp *n, UOp *value, UOp *reduce) {
   }
   for (int i = 0; i < k; i++) /* root dims of size 1 the reduction does not have */
     if (!seen[i]) order[no++] = i;
-  bool ident = true;
-  for (int i = 0; i < k; i++) ident = ident && order[i] == i;
-  if (ident) return NULL;
-  int *lay = tg_xmalloc(sizeof(int) * (size_t)k);
-  memcpy(lay, order, sizeof(int) * (size_t)k);
-  return lay;
+  return layout_or_null(order, k);
 }
 
 static void add_item(SCtx *c, int kind, UOp *ast, int *params, int nparams, Device *dev) {
