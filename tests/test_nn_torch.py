@@ -516,6 +516,26 @@ def _arg_dtypes_views():
 
 case("argmax/argmin over dtypes (int8, uint8, int64, half, bool) and views", _arg_dtypes_views)
 
+
+def _arg_of_expressions():
+  # argmax/argmin and max's gradient over computed expressions (a*b + c, exp): the comparison with
+  # the maximum must see the bits the maximum was taken from, so every row has a valid index and
+  # every gradient row sums to its weight
+  a, b, c = rnd(64, 48), rnd(64, 48), rnd(64, 48)
+  e = Tensor(a) * Tensor(b) + Tensor(c)
+  ref = a.astype(np.float64) * b + c
+  close(red("argmax", e, 1).numpy(), ref.argmax(1), what="argmax of a*b+c")
+  close(red("argmin", (Tensor(a) * Tensor(b)).exp(), 0).numpy(), np.exp(a.astype(np.float64) * b).argmin(0), what="argmin of exp")
+  x = set_rg(Tensor(a))
+  m = (x * Tensor(b) + Tensor(c)).max(axis=1)
+  backward(m.sum())
+  g = grad(x).numpy()
+  assert np.isfinite(g).all(), "non-finite gradient of max"
+  close((g != 0).sum(1), np.ones(64), what="one nonzero gradient per row")
+
+
+case("argmax/argmin and max gradient over computed expressions", _arg_of_expressions)
+
 for op in ["any", "all"]:
   for shape, axis, keepdim in [((3, 4), 1, False), ((3, 4), None, False), ((3, 4), 0, True), ((0, 3), 0, False), ((0, 3), None, False),
                                ((2, 3, 2), (0, 2), False)]:

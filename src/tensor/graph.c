@@ -249,6 +249,41 @@ UOp *g_materialize(UOp *a) {
   return u;
 }
 
+bool g_is_stored(UOp *u, bool reduce_ok) {
+  for (;;) {
+    u = g_resolve(u);
+    if (!op_is_movement(u->op)) break;
+    u = u->src[0];
+  }
+  return u->op == OP_BUFFER || u->op == OP_CONST || u->op == OP_CONTIGUOUS || u->op == OP_INDEX || u->op == OP_COPY ||
+         u->op == OP_ASSIGN || (reduce_ok && u->op == OP_REDUCE_AXIS);
+}
+
+/* Can recomputing u round differently in another kernel: does it compute floats with rounding
+ * arithmetic (add, multiply, divide, transcendental, conversion), rather than only selecting,
+ * negating, comparing or moving stored values? `budget` bounds the walk (then: assume it can). */
+static bool may_round(UOp *u, int *budget) {
+  if (--*budget < 0) return true;
+  if (g_is_stored(u, true)) return false;
+  u = g_resolve(u);
+  switch (u->op) {
+  case OP_WHERE: case OP_MAX: case OP_NEG: case OP_CMPLT: case OP_CMPNE: case OP_CMPEQ: case OP_AND: case OP_OR:
+  case OP_XOR: case OP_DETACH:
+    break;
+  default:
+    if (!op_is_movement(u->op)) return tg_dtype_is_float((tg_dtype)u->dtype);
+  }
+  for (uint32_t i = 0; i < u->nsrc; i++)
+    if (may_round(u->src[i], budget)) return true;
+  return false;
+}
+
+UOp *g_stable(UOp *a) {
+  int budget = 256;
+  if (!tg_dtype_is_float((tg_dtype)a->dtype) || !may_round(a, &budget)) return uop_ref(a);
+  return g_materialize(a);
+}
+
 UOp *g_detach(UOp *a) {
   UArg z = {0};
   UOp *u = uop_new(OP_DETACH, (tg_dtype)a->dtype, &a, 1, NULL, 0, z);

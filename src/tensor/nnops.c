@@ -458,19 +458,20 @@ static tg_tensor arg_impl(const char *fn, tg_tensor x, const int *axes, int naxe
     return fail("%s: give one axis (naxes=1) or none (naxes=0: the flattened tensor), got naxes=%d", fn,
                 naxes);
   NnOp o = begin(fn);
-  tg_tensor src = x;
+  /* the max and the comparison with it must read the same bits (g_stable) */
+  tg_tensor src = t_wrap(g_stable(a));
   int ax = 0, nd = a->ndim;
   int64_t n;
   if (naxes == 0) {
     int64_t flat = shape_numel(a->shape, a->ndim);
-    src = tg_reshape(x, &flat, 1);
+    src = tg_reshape(src, &flat, 1);
     nd = 1, n = flat;
   } else {
     if (norm_axis(fn, axes[0], a->ndim, &ax) < 0) return done(o, NONE);
     n = a->ndim ? a->shape[ax] : 1;
     if (a->ndim == 0) {
       int64_t one = 1;
-      src = tg_reshape(x, &one, 1);
+      src = tg_reshape(src, &one, 1);
       nd = 1;
     }
   }
@@ -804,10 +805,8 @@ tg_tensor tg_max_pool2d(tg_tensor x, const tg_pool2d_opts *opts) {
    * so the forward and backward kernels compare the same bits (recomputed in two kernels it can
    * round differently -- the compiler contracts a*b+c into FMAs per kernel -- and a window would
    * then match no element at all) */
-  if (tg_dtype_is_float((tg_dtype)a->dtype) && !is_data_view(a)) {
-    x = t_wrap(g_materialize(a));
-    a = t_get(x, fn);
-  }
+  x = t_wrap(g_stable(a));
+  a = t_get(x, fn);
   tg_tensor w = pad_pool2(x, a, pads, dtype_min_value((tg_dtype)a->dtype), p.k, p.s, p.d);
   return done(o, tg_max(w, (const int[]){-2, -1}, 2, false));
 }
@@ -848,15 +847,7 @@ tg_tensor tg_avg_pool2d(tg_tensor x, const tg_pool2d_opts *opts) {
 }
 
 /* Is u (through movement ops) data that is already in memory or will be materialized anyway? */
-static bool is_data_view(UOp *u) {
-  for (;;) {
-    u = g_resolve(u);
-    if (!op_is_movement(u->op)) break;
-    u = u->src[0];
-  }
-  return u->op == OP_BUFFER || u->op == OP_CONST || u->op == OP_CONTIGUOUS || u->op == OP_INDEX || u->op == OP_COPY ||
-         u->op == OP_ASSIGN;
-}
+static bool is_data_view(UOp *u) { return g_is_stored(u, false); }
 
 /* Is u a (bs, c, h, w) view of channels-last data: PERMUTE(0,3,1,2) of something in memory? */
 static bool is_nhwc_view(UOp *u) {

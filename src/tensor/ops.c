@@ -499,7 +499,10 @@ tg_tensor tg_prod(tg_tensor x, const int *axes, int naxes, bool keepdim) {
 }
 tg_tensor tg_max(tg_tensor x, const int *axes, int naxes, bool keepdim) {
   GET(a, x, "tg_max");
-  return reduce_nodes("tg_max", a, OP_MAX, axes, naxes, keepdim, (tg_dtype)a->dtype, (tg_dtype)a->dtype);
+  UOp *sa = g_stable(a); /* the gradient compares each input with the maximum */
+  tg_tensor r = reduce_nodes("tg_max", sa, OP_MAX, axes, naxes, keepdim, (tg_dtype)a->dtype, (tg_dtype)a->dtype);
+  uop_unref(sa);
+  return r;
 }
 tg_tensor tg_min(tg_tensor x, const int *axes, int naxes, bool keepdim) {
   GET(a, x, "tg_min");
@@ -512,7 +515,9 @@ tg_tensor tg_min(tg_tensor x, const int *axes, int naxes, bool keepdim) {
     inv = g_alu(OP_XOR, dt, a, m, NULL);
     uop_unref(m);
   } else {
-    inv = g_alu(OP_NEG, dt, a, NULL, NULL);
+    UOp *sa = g_stable(a); /* as in tg_max */
+    inv = g_alu(OP_NEG, dt, sa, NULL, NULL);
+    uop_unref(sa);
   }
   tg_tensor r = reduce_nodes("tg_min", inv, OP_MAX, axes, naxes, keepdim, dt, dt);
   uop_unref(inv);

@@ -48,6 +48,13 @@ UOp *g_flip(UOp *a, const int64_t *flags); /* ndim 0/1 flags */
 UOp *g_reduce(UOp *a, int op, const int64_t *axes, int naxes); /* keepdim result */
 UOp *g_contiguous(UOp *a);
 UOp *g_materialize(UOp *a); /* CONTIGUOUS whose storage order the scheduler picks */
+/* Is u (through movement ops) data in memory or a node materialized anyway (a reduction too, when
+ * reduce_ok: a kernel holds at most one, so readers of a reduction load its buffer)? */
+bool g_is_stored(UOp *u, bool reduce_ok);
+/* a, or a materialized copy when a is a float expression that kernels would recompute: comparisons
+ * with a max (max's and max_pool2d's gradients, argmax) must see the bits the max saw, and two
+ * differently compiled kernels may round an expression differently (FMA contraction) */
+UOp *g_stable(UOp *a);
 UOp *g_copy(UOp *a, int device);
 UOp *g_detach(UOp *a); /* same value, no gradient flows through */
 UOp *g_index(UOp *data, UOp *idx); /* data[idx] along dim 0 (negative indices wrap, out of range reads 0) */
