@@ -74,6 +74,11 @@ static tg_tensor e_flip_pad(tg_tensor a, tg_tensor b) {
 static tg_tensor e_add_transposed(tg_tensor a, tg_tensor b) {
   return tg_mul(tg_sqrt(tg_add_s(tg_mul(a, a), 1)), tg_transpose(b, 0, 1));
 }
+/* integer sums do not vectorize: the reduction is unrolled instead (UNROLL) */
+static tg_tensor e_int_sums(tg_tensor a, tg_tensor b) {
+  tg_tensor ai = tg_cast(tg_mul_s(a, 100), TG_INT32), bi = tg_cast(tg_mul_s(b, 100), TG_INT32);
+  return tg_cast(tg_add(tg_sum(tg_mul(ai, bi), TG_AXES(1), true), tg_max(ai, TG_AXES(1), true)), TG_FLOAT32);
+}
 static tg_tensor e_sum_rows(tg_tensor a, tg_tensor b) { return tg_add(tg_sum(tg_mul(a, b), TG_AXES(1), true), b); }
 static tg_tensor e_max_cols(tg_tensor a, tg_tensor b) { return tg_sub(tg_max(a, TG_AXES(0), true), b); }
 static tg_tensor e_softmax(tg_tensor a, tg_tensor b) { return tg_mul(tg_softmax(a, 1), b); }
@@ -130,6 +135,7 @@ TEST(elementwise_vectorized) {
 }
 TEST(reductions_vectorized) {
   CHECK(compare(e_sum_rows, 32, 64, 32, 64, 1e-5) == 0);
+  CHECK(compare(e_int_sums, 12, 40, 12, 40, 0) == 0);
   CHECK(compare(e_max_cols, 32, 64, 1, 64, 0) == 0);
   CHECK(compare(e_softmax, 16, 64, 16, 64, 1e-5) == 0);
   CHECK(compare(e_batched, 64, 32, 128, 16, 1e-5) == 0);
@@ -159,10 +165,16 @@ TEST(beam_cache_line_round_trip) {
   d.vaxis = 2, d.vw = 16, d.vfac = 2, d.swap = 2;
   optcfg_format(&d, line, sizeof line);
   CHECK(optcfg_parse(line, &back) && memcmp(&d, &back, sizeof d) == 0);
-  CHECK(!optcfg_parse("0 16 -1 1 1 0", &back));               /* an older six-field line */
-  CHECK(!optcfg_parse("-1 0 -1 1 1 0 1 0 -1 1", &back));      /* reduce axis with 0 lanes */
-  CHECK(!optcfg_parse("0 16 -1 1 1 0 -1 0 -1 1 7", &back));   /* trailing field */
-  CHECK(!optcfg_parse("0 16 -1 0 1 0 -1 0 -1 1", &back));     /* upcast by 0 */
+  OptCfg e = OPTCFG_NONE;
+  e.raxis2 = 0, e.rufac = 4;
+  optcfg_format(&e, line, sizeof line);
+  CHECK(optcfg_parse(line, &back) && memcmp(&e, &back, sizeof e) == 0);
+  CHECK(!optcfg_parse("0 16 -1 1 1 0", &back));                      /* an older six-field line */
+  CHECK(!optcfg_parse("0 16 -1 1 1 0 -1 0 -1 1", &back));            /* an older ten-field line */
+  CHECK(!optcfg_parse("-1 0 -1 1 1 0 1 0 -1 1 -1 1", &back));        /* reduce axis with 0 lanes */
+  CHECK(!optcfg_parse("0 16 -1 1 1 0 -1 0 -1 1 -1 1 7", &back));     /* trailing field */
+  CHECK(!optcfg_parse("0 16 -1 0 1 0 -1 0 -1 1 -1 1", &back));       /* upcast by 0 */
+  CHECK(!optcfg_parse("-1 0 -1 1 1 0 -1 0 -1 1 0 0", &back));        /* unroll by 0 */
 }
 
 int main(void) {

@@ -20,9 +20,10 @@ typedef struct {
   int swap;        /* 1: move the vectorized axis to the outermost loop, 2: to the second */
   int raxis, rw;   /* VECTORIZE reduce axis raxis by rw lanes (only without a global vector axis) */
   int uaxis2, ufac2; /* a second UPCAST (a 2-D register tile) */
+  int raxis2, rufac; /* UNROLL reduce axis raxis2 by rufac: rufac steps of the reduction per iteration */
 } OptCfg;
-#define OPTCFG_NONE ((OptCfg){-1, 0, -1, 1, 1, 0, -1, 0, -1, 1})
-/* the BEAM cache's text form of a configuration; parse rejects anything but ten sane integers */
+#define OPTCFG_NONE ((OptCfg){-1, 0, -1, 1, 1, 0, -1, 0, -1, 1, -1, 1})
+/* the BEAM cache's text form of a configuration; parse rejects anything but twelve sane integers */
 void optcfg_format(const OptCfg *c, char *buf, size_t n);
 bool optcfg_parse(const char *s, OptCfg *c);
 

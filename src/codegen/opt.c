@@ -316,6 +316,39 @@ static void make_copies(LKernel *k, const Upcast *ups, int nup, int *next_axis) 
   }
 }
 
+/* UNROLL: reduce axis ri runs f steps per iteration -- r = R*f + u for u < f, the body becomes the
+ * sum (or max) of its f copies, so the compiler sees f independent loads and FMAs per loop turn. */
+static bool try_unroll_reduce(LKernel *k, int ri, int f) {
+  if (!k->rbody || ri < 0 || ri >= k->nr || f < 2 || (k->rop != OP_ADD && k->rop != OP_MAX)) return false;
+  int64_t n = k->rranges[ri]->iarg[0];
+  if (n % f != 0 || n / f < 1) return false;
+  UOp *R = s_range((int)k->rranges[ri]->arg.i, n / f), *acc = NULL;
+  if (R == k->rranges[ri]) { /* the same id and size: n / f == n cannot happen for f >= 2 */
+    uop_unref(R);
+    return false;
+  }
+  UOp *Rf = s_mulc(R, f);
+  for (int u = 0; u < f; u++) {
+    UOp *e = s_addc(Rf, u);
+    USubst s = {k->rranges[ri], e};
+    UOp *b = uop_substitute(k->rbody, &s, 1);
+    uop_unref(e);
+    if (!acc) {
+      acc = b;
+    } else {
+      UOp *nx = uop_alu(k->rop, (tg_dtype)k->rbody->dtype, acc, b, NULL);
+      uop_unref(acc), uop_unref(b);
+      acc = nx;
+    }
+  }
+  uop_unref(Rf);
+  uop_unref(k->rbody);
+  k->rbody = acc;
+  uop_unref(k->rranges[ri]);
+  k->rranges[ri] = R;
+  return true;
+}
+
 /* Moves global axis g to loop position pos (0 = outermost), pos <= g. */
 static void swap_outer(LKernel *k, int g, int pos) {
   UOp *t = k->granges[g];
@@ -334,6 +367,7 @@ static int describe(LKernel *k) {
   if (c->swap) o += snprintf(k->opts + o, n - (size_t)o, "SWAP(%d,%d) ", c->swap - 1, c->vaxis);
   if (c->raxis >= 0) o += snprintf(k->opts + o, n - (size_t)o, "VECTORIZE_REDUCE(%d,%d) ", c->raxis, c->rw);
   if (c->uaxis2 >= 0) o += snprintf(k->opts + o, n - (size_t)o, "UPCAST(%d,%d) ", c->uaxis2, c->ufac2);
+  if (c->raxis2 >= 0) o += snprintf(k->opts + o, n - (size_t)o, "UNROLL(%d,%d) ", c->raxis2, c->rufac);
   return o;
 }
 
@@ -345,6 +379,7 @@ static void apply_cfg(LKernel *k, const OptCfg *c, int *next_axis) {
   bool ok = true;
   if (c->vaxis >= 0) ok = c->vaxis < k->ng && try_vectorize(k, c->vaxis, c->vw, next_axis);
   if (ok && c->raxis >= 0) ok = c->vaxis < 0 && c->raxis < k->nr && try_vectorize_reduce(k, c->raxis, c->rw, next_axis);
+  if (ok && c->raxis2 >= 0) ok = try_unroll_reduce(k, c->raxis2, c->rufac);
   if (ok && c->uaxis >= 0) {
     ok = c->uaxis < k->ng && c->uaxis != c->vaxis && c->ufac > 1 && k->granges[c->uaxis]->iarg[0] % c->ufac == 0;
     if (ok) ups[nup].axis = c->uaxis, ups[nup++].factor = c->ufac;
@@ -425,6 +460,12 @@ static void heuristic(LKernel *k, int *next_axis) {
       c.vfac = 2;
     }
   }
+  /* a reduction nothing vectorizes (integer sums, strided loads) unrolls its innermost axis by 4:
+   * four loads per loop turn instead of one, and a shorter chain of dependent adds */
+  if (k->rbody && vg < 0 && c.raxis < 0 && k->nr > 0) {
+    int64_t n = k->rranges[k->nr - 1]->iarg[0];
+    if (n % 4 == 0 && n >= 8 && try_unroll_reduce(k, k->nr - 1, 4)) c.raxis2 = k->nr - 1, c.rufac = 4;
+  }
   make_copies(k, ups, nup, next_axis);
   /* for register-tiled reduce kernels, iterate the vector axis outermost: the input panel that
    * varies along it then stays in cache while the other axis streams */
@@ -461,23 +502,23 @@ void optimize_kernel(LKernel *k, int *next_axis, const OptCfg *cfg) {
   trivial_axes_last(k);
 }
 
-/* The persistent form of a configuration (the BEAM cache): one line of ten integers, every field. */
+/* The persistent form of a configuration (the BEAM cache): one line of twelve integers, every field. */
 void optcfg_format(const OptCfg *c, char *buf, size_t n) {
-  snprintf(buf, n, "%d %d %d %d %d %d %d %d %d %d", c->vaxis, c->vw, c->uaxis, c->ufac, c->vfac, c->swap, c->raxis, c->rw,
-           c->uaxis2, c->ufac2);
+  snprintf(buf, n, "%d %d %d %d %d %d %d %d %d %d %d %d", c->vaxis, c->vw, c->uaxis, c->ufac, c->vfac, c->swap, c->raxis,
+           c->rw, c->uaxis2, c->ufac2, c->raxis2, c->rufac);
 }
 
 bool optcfg_parse(const char *s, OptCfg *c) {
   OptCfg t = OPTCFG_NONE;
   int end = 0;
-  if (sscanf(s, "%d %d %d %d %d %d %d %d %d %d%n", &t.vaxis, &t.vw, &t.uaxis, &t.ufac, &t.vfac, &t.swap, &t.raxis, &t.rw,
-             &t.uaxis2, &t.ufac2, &end) != 10)
+  if (sscanf(s, "%d %d %d %d %d %d %d %d %d %d %d %d%n", &t.vaxis, &t.vw, &t.uaxis, &t.ufac, &t.vfac, &t.swap, &t.raxis,
+             &t.rw, &t.uaxis2, &t.ufac2, &t.raxis2, &t.rufac, &end) != 12)
     return false;
   while (s[end] == ' ' || s[end] == '\n' || s[end] == '\r') end++;
   if (s[end]) return false;
   /* only values apply_cfg can act on (it checks them against the kernel itself) */
   if ((t.vaxis >= 0 && t.vw < 1) || (t.raxis >= 0 && t.rw < 1) || t.ufac < 1 || t.vfac < 1 || t.ufac2 < 1 || t.swap < 0 ||
-      t.swap > 2)
+      t.swap > 2 || t.rufac < 1)
     return false;
   *c = t;
   return true;

@@ -183,6 +183,9 @@ static void actions(const OptCfg *base, int round, const int64_t *gs, int ng, co
   case 2:
     if (base->vaxis >= 0)
       for (int f = 2; f <= 4; f *= 2) c = *base, c.vfac = f, add_cand(cs, n, cap, c);
+    for (int ri = 0; ri < nr; ri++) /* UNROLL a reduce axis */
+      for (int f = 2; f <= 4; f *= 2)
+        if (rs[ri] % f == 0 && rs[ri] / f >= 2) c = *base, c.raxis2 = ri, c.rufac = f, add_cand(cs, n, cap, c);
     break;
   case 3:
     for (int sw = 1; sw <= 2; sw++)
