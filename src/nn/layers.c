@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "../helpers.h"
+#include "../tensor/compose.h"
 #include "../tensor/tensor.h"
 #include "../uop/ptrmap.h"
 
@@ -70,16 +71,7 @@ static tg_status op_done_status(NnOp o, tg_status st) {
   return st;
 }
 
-static tg_tensor fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static tg_tensor fail(const char *fmt, ...) {
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  tg_set_error(TG_ERR_INVALID, "%s", msg);
-  return NONE;
-}
+#define fail op_fail /* (compose.h) */
 
 static const char *shape_str(char *buf, size_t n, tg_tensor t) {
   int64_t s[64];
@@ -88,7 +80,7 @@ static const char *shape_str(char *buf, size_t n, tg_tensor t) {
   tg_shape(t, s);
   return fmt_shape(buf, n, s, nd);
 }
-#define SHP(t) shape_str((char[256]){0}, 256, (t))
+#define TSHP(t) shape_str((char[256]){0}, 256, (t)) /* of a handle (compose.h's SHP takes a UOp) */
 
 static int64_t prod(const int64_t *s, int n) {
   int64_t p = 1;
@@ -220,16 +212,16 @@ static tg_tensor conv_transpose_impl(const char *fn, tg_tensor x, tg_tensor weig
   int xn = tg_shape(x, xs), wn = tg_shape(weight, ws);
   if (xn != 4 || wn != 4)
     return fail("%s: input %s must be (batch, cin, height, width) and weight %s (cin, cout/groups, kh, kw)",
-                fn, SHP(x), SHP(weight));
+                fn, TSHP(x), TSHP(weight));
   if (groups < 1) return fail("%s: groups %lld must be positive", fn, (long long)groups);
   int64_t cin = xs[1], rcout = ws[1], kh = ws[2], kw = ws[3];
   if (ws[0] != cin)
     return fail(
         "%s: input %s has %lld channels but weight %s expects %lld (weight is (cin, cout/groups, kh, kw))",
-        fn, SHP(x), (long long)cin, SHP(weight), (long long)ws[0]);
+        fn, TSHP(x), (long long)cin, TSHP(weight), (long long)ws[0]);
   if (cin % groups)
     return fail("%s: cin %lld is not divisible by groups=%lld", fn, (long long)cin, (long long)groups);
-  if (kh < 1 || kw < 1) return fail("%s: weight %s has an empty kernel", fn, SHP(weight));
+  if (kh < 1 || kw < 1) return fail("%s: weight %s has an empty kernel", fn, TSHP(weight));
   for (int j = 0; j < 2; j++)
     if (s[j] < 1 || d[j] < 1 || op[j] < 0)
       return fail(
@@ -611,7 +603,7 @@ static tg_status conv1d_init(const char *fn, tg_nn_conv1d *l, int64_t in_channel
 static tg_tensor conv1d_forward(const char *fn, const tg_nn_conv1d *l, tg_tensor x, bool transposed) {
   if (!layer_ok(fn, l, l && l->weight.id)) return NONE;
   if (!t_get(x, fn)) return NONE;
-  if (tg_ndim(x) != 3) return fail("%s: input %s must be (batch, channels, length)", fn, SHP(x));
+  if (tg_ndim(x) != 3) return fail("%s: input %s must be (batch, channels, length)", fn, TSHP(x));
   NnOp o = op_begin(fn);
   tg_tensor x4 = tg_unsqueeze(x, 2), w4 = tg_unsqueeze(l->weight, 2), r;
   const tg_conv1d_opts *c = &l->opts;
@@ -707,7 +699,7 @@ tg_tensor tg_nn_batchnorm_forward(tg_nn_batchnorm *l, tg_tensor x) {
   int64_t xs[64];
   int nd = tg_shape(x, xs);
   if (nd < 2 || xs[1] != l->num_features)
-    return fail("%s: input %s must be (batch, %lld channels, ...)", fn, SHP(x), (long long)l->num_features);
+    return fail("%s: input %s must be (batch, %lld channels, ...)", fn, TSHP(x), (long long)l->num_features);
   bool training = tg_getenv_int("TRAINING", 0) != 0;
   int axes[64], na = 0;
   for (int i = 0; i < nd; i++)
@@ -728,7 +720,7 @@ tg_tensor tg_nn_batchnorm_forward(tg_nn_batchnorm *l, tg_tensor x) {
       int64_t n = prod(xs, nd);
       if (n - xs[1] <= 0)
         return op_done(o,
-                       fail("%s: training needs more than one value per channel, got input %s", fn, SHP(x)));
+                       fail("%s: training needs more than one value per channel, got input %s", fn, TSHP(x)));
       double m = l->momentum, f = m * (double)n / (double)(n - xs[1]);
       tg_assign(l->running_mean, tg_add(tg_mul_s(l->running_mean, 1.0 - m), tg_mul_s(tg_detach(bm), m)));
       tg_assign(l->running_var, tg_add(tg_mul_s(l->running_var, 1.0 - m), tg_mul_s(tg_detach(bv), f)));
@@ -802,7 +794,7 @@ static tg_tensor groupnorm_forward(const char *fn, const tg_nn_groupnorm *l, tg_
   int64_t xs[64];
   int nd = tg_shape(x, xs);
   if (nd < 2 || xs[1] != l->num_channels)
-    return fail("%s: input %s must be (batch, %lld channels, ...)", fn, SHP(x), (long long)l->num_channels);
+    return fail("%s: input %s must be (batch, %lld channels, ...)", fn, TSHP(x), (long long)l->num_channels);
   NnOp o = op_begin(fn);
   int64_t per_group = xs[1] / l->num_groups * prod(xs + 2, nd - 2);
   tg_tensor y = tg_reshape(x, (const int64_t[]){xs[0], l->num_groups, per_group}, 3);
@@ -870,7 +862,7 @@ static tg_tensor layernorm_apply(const char *fn, const tg_nn_layernorm *l, tg_te
   int64_t xs[64];
   int nd = tg_shape(x, xs);
   if (nd < l->ndim || memcmp(xs + nd - l->ndim, l->normalized_shape, sizeof(int64_t) * (size_t)l->ndim))
-    return fail("%s: last dimensions of %s must match the normalized shape %s", fn, SHP(x),
+    return fail("%s: last dimensions of %s must match the normalized shape %s", fn, TSHP(x),
                 fmt_shape((char[256]){0}, 256, l->normalized_shape, l->ndim));
   tg_tensor y = tg_layernorm(x, l->ndim, l->eps);
   if (!l->weight.id || !l->bias.id) return y;
@@ -910,7 +902,7 @@ tg_tensor tg_nn_layernorm2d_forward(const tg_nn_layernorm2d *l, tg_tensor x) {
   const char *fn = "tg_nn_layernorm2d_forward";
   if (!layer_ok(fn, l, l && l->ndim)) return NONE;
   if (!t_get(x, fn)) return NONE;
-  if (tg_ndim(x) != 4) return fail("%s: input %s must be (batch, channels, height, width)", fn, SHP(x));
+  if (tg_ndim(x) != 4) return fail("%s: input %s must be (batch, channels, height, width)", fn, TSHP(x));
   NnOp o = op_begin(fn);
   tg_tensor y = layernorm_apply(fn, l, tg_permute(x, (const int[]){0, 2, 3, 1}, 4));
   return op_done(o, tg_permute(y, (const int[]){0, 3, 1, 2}, 4));
@@ -947,7 +939,7 @@ tg_tensor tg_nn_rmsnorm_forward(const tg_nn_rmsnorm *l, tg_tensor x) {
   if (!layer_ok(fn, l, l && l->dim)) return NONE;
   if (!t_get(x, fn)) return NONE;
   if (tg_ndim(x) < 1 || tg_dim(x, -1) != l->dim)
-    return fail("%s: the last dimension of input %s must be %lld", fn, SHP(x), (long long)l->dim);
+    return fail("%s: the last dimension of input %s must be %lld", fn, TSHP(x), (long long)l->dim);
   NnOp o = op_begin(fn);
   tg_tensor xf = tg_float(x);
   tg_tensor ms = tg_mean(tg_square(xf), (const int[]){-1}, 1, true);
@@ -990,7 +982,7 @@ tg_tensor tg_nn_embedding_forward(const tg_nn_embedding *l, tg_tensor idx) {
   tg_dtype dt = tg_dtype_of(idx);
   if (!tg_dtype_is_int(dt))
     return fail("%s: indices must be an integer tensor, got %s", fn, tg_dtype_name(dt));
-  if (tg_ndim(idx) > 60) return fail("%s: indices %s have too many dimensions", fn, SHP(idx));
+  if (tg_ndim(idx) > 60) return fail("%s: indices %s have too many dimensions", fn, TSHP(idx));
   NnOp o = op_begin(fn);
   /* a data-dependent row load instead of tinygrad's (idx == arange(vocab)) one-hot sum: same values
    * and gradient, without vocab-times the work */
@@ -1040,7 +1032,7 @@ tg_status tg_nn_lstmcell_forward(const tg_nn_lstmcell *l, tg_tensor x, tg_tensor
   if (!t_get(x, fn)) return tg_last_status();
   if (!h.id != !c.id) return tg_set_error(TG_ERR_INVALID, "%s: pass both h and c, or neither (zeros)", fn);
   if (tg_ndim(x) != 2 || tg_dim(x, 1) != l->input_size)
-    return tg_set_error(TG_ERR_INVALID, "%s: input %s must be (batch, %lld)", fn, SHP(x),
+    return tg_set_error(TG_ERR_INVALID, "%s: input %s must be (batch, %lld)", fn, TSHP(x),
                         (long long)l->input_size);
   NnOp o = op_begin(fn);
   if (!h.id) {
@@ -1224,7 +1216,7 @@ tg_status tg_load_state_dict(tg_state_dict *model, const tg_state_dict *loaded, 
     if (!same_shape(mt, lt, &rs)) {
       if (nshape < 10)
         sb_printf(&shapes, "%s'%.200s' is %s in the model but %s in the loaded dict", nshape ? ", " : "",
-                  name, SHP(mt), SHP(lt));
+                  name, TSHP(mt), TSHP(lt));
       nshape++;
     }
   }

@@ -119,21 +119,6 @@ static tg_tensor arange_on(UOp *a, double start, double stop, double step) {
   return tg_arange(start, stop, step, &o);
 }
 
-static double dtype_min_value(tg_dtype dt) {
-  if (tg_dtype_is_float(dt)) return -INFINITY;
-  switch (dt) {
-  case TG_INT8:
-    return -128.0;
-  case TG_INT16:
-    return -32768.0;
-  case TG_INT32:
-    return -2147483648.0;
-  case TG_INT64:
-    return -9223372036854775808.0;
-  default:
-    return 0.0; /* bool, unsigned */
-  }
-}
 
 static tg_tensor reshape_n(tg_tensor x, const int64_t *shape, int n) { return tg_reshape(x, shape, n); }
 
@@ -807,7 +792,7 @@ tg_tensor tg_max_pool2d(tg_tensor x, const tg_pool2d_opts *opts) {
    * then match no element at all) */
   x = t_wrap(g_stable(a));
   a = t_get(x, fn);
-  tg_tensor w = pad_pool2(x, a, pads, dtype_min_value((tg_dtype)a->dtype), p.k, p.s, p.d);
+  tg_tensor w = pad_pool2(x, a, pads, dtype_min((tg_dtype)a->dtype), p.k, p.s, p.d);
   return done(o, tg_max(w, (const int[]){-2, -1}, 2, false));
 }
 

@@ -80,22 +80,6 @@ static tg_tensor iarange(UOp *a, double start, double stop, double step) {
 
 static bool is_half(tg_dtype dt) { return dt == TG_FLOAT16 || dt == TG_BFLOAT16; }
 
-/* The smallest value of a dtype (tinygrad's dtype.min: -inf for floats). */
-static double dmin(tg_dtype dt) {
-  if (tg_dtype_is_float(dt)) return -INFINITY;
-  switch (dt) {
-  case TG_INT8:
-    return -128.0;
-  case TG_INT16:
-    return -32768.0;
-  case TG_INT32:
-    return -2147483648.0;
-  case TG_INT64:
-    return -9223372036854775808.0;
-  default:
-    return 0.0; /* bool, unsigned */
-  }
-}
 
 /* tinygrad's _inverse: an order-reversing bijection (-x, ~x, not x). */
 static tg_tensor inverse(tg_tensor x) {
@@ -224,7 +208,7 @@ tg_status tg_allclose(tg_tensor x, tg_tensor y, double rtol, double atol, bool e
 typedef enum { CUM_ADD, CUM_MUL, CUM_MAX } CumOp;
 
 static double cum_identity(CumOp op, tg_dtype dt) {
-  return op == CUM_ADD ? 0.0 : op == CUM_MUL ? 1.0 : dmin(dt);
+  return op == CUM_ADD ? 0.0 : op == CUM_MUL ? 1.0 : dtype_min(dt);
 }
 
 static tg_tensor cum_reduce(tg_tensor w, CumOp op, int axis) {
@@ -507,7 +491,7 @@ tg_status tg_max_pool2d_with_indices(tg_tensor x, const tg_pool2d_opts *opts, tg
   if (opts && opts->ceil_mode) ceil_pads(&p, pads);
   POp o = begin(fn);
   const int ax[2] = {-2, -1};
-  tg_tensor pooled = pad_pool(x, pads, dmin((tg_dtype)a->dtype), &p);
+  tg_tensor pooled = pad_pool(x, pads, dtype_min((tg_dtype)a->dtype), &p);
   tg_tensor r[2] = {tg_max(pooled, ax, 2, false), NONE};
   if (indices) {
     /* tinygrad: positions numbered backwards (HW .. 1) so the max picks the first maximum of a window */
@@ -560,7 +544,7 @@ tg_tensor tg_max_unpool2d(tg_tensor x, tg_tensor indices, const tg_pool2d_opts *
   tg_tensor oh = tg_eq(xi, tg_unsqueeze(tg_cast(iarange(a, 0, (double)P, 1), (tg_dtype)ix->dtype), -1));
   const int last[1] = {-1};
   /* the largest value sent to each position (repeated indices from max pooling carry equal values) */
-  tg_tensor lo = tg_cast(tg_const_like(xv, dmin((tg_dtype)a->dtype)), (tg_dtype)a->dtype);
+  tg_tensor lo = tg_cast(tg_const_like(xv, dtype_min((tg_dtype)a->dtype)), (tg_dtype)a->dtype);
   tg_tensor mx = tg_max(tg_where(oh, xv, lo), last, 1, false);
   tg_tensor hit = tg_any(oh, last, 1, false);
   tg_tensor r = tg_where(hit, mx, tg_cast(tg_const_like(xv, 0), (tg_dtype)a->dtype));
@@ -977,7 +961,7 @@ static void sort_(UOp *a, tg_tensor x, int ax, bool descending, bool want_idx, t
   int S = 0;
   while (((int64_t)1 << S) < n) S++;
   int64_t N = (int64_t)1 << S;
-  w = pad_last(tg_reshape(w, (const int64_t[]){B, n}, 2), 2, 0, N - n, dmin(tg_dtype_of(w)));
+  w = pad_last(tg_reshape(w, (const int64_t[]){B, n}, 2), 2, 0, N - n, dtype_min(tg_dtype_of(w)));
   tg_tensor y = bitonic_desc(a, w, B, N, S);
   y = tg_reshape(shrink_last(y, (const int64_t[]){B, N}, 2, 0, n), ts, nd);
   if (!descending) y = inverse(y);
