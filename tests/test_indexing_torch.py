@@ -17,8 +17,6 @@ Run: /usr/bin/python3 tests/test_indexing_torch.py   (TINYGRAD_LIB selects the l
 import ctypes
 import os
 import sys
-import time
-import traceback
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -1131,39 +1129,7 @@ case("ops given none report the function", _none_propagates)
 
 
 # =====================================================================================================
-def main():
-  flt = os.environ.get("TEST_FILTER", "")
-  t0 = time.time()
-  base_live = tg.live_count()
-  passed = failed = 0
-  for name, fn, args, kw in CASES:
-    if flt and flt not in name: continue
-    lib.tg_clear_error()
-    ok, err = True, None
-    lib.tg_scope_begin()
-    try:
-      fn(*args, **kw)
-    except Exception as e:  # noqa: BLE001
-      ok, err = False, e
-    finally:
-      lib.tg_scope_end()
-    if ok and lib.tg_last_error():
-      ok, err = False, AssertionError(f"an error was left recorded: {tg.last_error()}")
-    if ok:
-      passed += 1
-    else:
-      failed += 1
-      print(f"FAIL {name}: {type(err).__name__}: {err}")
-      if os.environ.get("VERBOSE"): traceback.print_exception(type(err), err, err.__traceback__)
-  live = tg.live_count()
-  if live != base_live:
-    failed += 1
-    print(f"FAIL live handles: {live} live at the end (expected {base_live})")
-  else:
-    passed += 1
-  print(f"({time.time() - t0:.1f} s)")
-  print(f"test_indexing_torch: {passed} passed, {failed} failed")
-  return 1 if failed else 0
+def main(): return tg.run_cases(CASES, "test_indexing_torch")
 
 
 if __name__ == "__main__":

@@ -13,8 +13,6 @@ import ctypes
 import math
 import os
 import sys
-import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
@@ -238,7 +236,6 @@ VIEWS = ["contig", "permuted", "flipped", "shrunk", "padded"]
 
 # ---- test registry ---------------------------------------------------------------------------------
 CASES = []
-PASSED = FAILED = 0
 
 
 def case(name, fn, *args, **kw): CASES.append((name, fn, args, kw))
@@ -1129,39 +1126,7 @@ case("error: none input propagates; stale handle and small out array are reporte
 
 
 # =====================================================================================================
-def main():
-  global PASSED, FAILED
-  flt = os.environ.get("TEST_FILTER", "")
-  t0 = time.time()
-  base_live = tg.live_count()
-  for name, fn, args, kw in CASES:
-    if flt and flt not in name: continue
-    lib.tg_clear_error()
-    ok, err = True, None
-    lib.tg_scope_begin()
-    try:
-      fn(*args, **kw)
-    except Exception as e:  # noqa: BLE001
-      ok, err = False, e
-    finally:
-      lib.tg_scope_end()
-    if ok and lib.tg_last_error():
-      ok, err = False, AssertionError(f"an error was left recorded: {tg.last_error()}")
-    if ok:
-      PASSED += 1
-    else:
-      FAILED += 1
-      print(f"FAIL {name}: {type(err).__name__}: {err}")
-      if os.environ.get("VERBOSE"): traceback.print_exception(type(err), err, err.__traceback__)
-  live = tg.live_count()
-  if live != base_live:
-    FAILED += 1
-    print(f"FAIL live handles: {live} live at the end (expected {base_live})")
-  else:
-    PASSED += 1
-  print(f"({time.time() - t0:.1f} s)")
-  print(f"test_nn_torch: {PASSED} passed, {FAILED} failed")
-  return 1 if FAILED else 0
+def main(): return tg.run_cases(CASES, "test_nn_torch")
 
 
 if __name__ == "__main__":

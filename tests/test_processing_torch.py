@@ -14,8 +14,6 @@ Run: /usr/bin/python3 tests/test_processing_torch.py   (TINYGRAD_LIB selects the
 import ctypes
 import os
 import sys
-import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
@@ -195,7 +193,6 @@ VIEWS = ["contig", "permuted", "flipped", "shrunk", "padded"]
 
 # ---- test registry ---------------------------------------------------------------------------------
 CASES = []
-PASSED = FAILED = 0
 
 
 def case(name, fn, *args, **kw): CASES.append((name, fn, args, kw))
@@ -1019,41 +1016,7 @@ case("error: none input propagates; out-pointers get none; NULL outs; stale hand
 
 
 # =====================================================================================================
-def main():
-  global PASSED, FAILED
-  flt = os.environ.get("TEST_FILTER", "")
-  t0 = time.time()
-  base_live = tg.live_count()
-  for name, fn, args, kw in CASES:
-    if flt and flt not in name: continue
-    lib.tg_clear_error()
-    ok, err = True, None
-    lib.tg_scope_begin()
-    t1 = time.time()
-    try:
-      fn(*args, **kw)
-    except Exception as e:  # noqa: BLE001
-      ok, err = False, e
-    finally:
-      lib.tg_scope_end()
-    if os.environ.get("TIMING"): print(f"{time.time() - t1:6.2f}s {name}")
-    if ok and lib.tg_last_error():
-      ok, err = False, AssertionError(f"an error was left recorded: {tg.last_error()}")
-    if ok:
-      PASSED += 1
-    else:
-      FAILED += 1
-      print(f"FAIL {name}: {type(err).__name__}: {err}")
-      if os.environ.get("VERBOSE"): traceback.print_exception(type(err), err, err.__traceback__)
-  live = tg.live_count()
-  if live != base_live:
-    FAILED += 1
-    print(f"FAIL live handles: {live} live at the end (expected {base_live})")
-  else:
-    PASSED += 1
-  print(f"({time.time() - t0:.1f} s)")
-  print(f"test_processing_torch: {PASSED} passed, {FAILED} failed")
-  return 1 if FAILED else 0
+def main(): return tg.run_cases(CASES, "test_processing_torch")
 
 
 if __name__ == "__main__":

@@ -491,3 +491,47 @@ def _as_tensor(x, like):
 def realize_many(*ts):
   arr = (_T * max(len(ts), 1))(*[t.h for t in ts])
   call("realize_many", arr, len(ts))
+
+
+def run_cases(cases, program, after_case=None):
+  """Runs the (name, fn, args, kwargs) cases of a differential test program, each inside its own
+  handle scope (TEST_FILTER=substring selects, TIMING=1 prints each case's time, VERBOSE=1 prints
+  tracebacks). A case fails on an exception or an error left recorded; at the end the live handle
+  count must be back where it started. after_case() runs once a case's scope has closed. Prints
+  "<program>: N passed, N failed" last and returns the exit status."""
+  import time, traceback  # noqa: E401
+  flt = os.environ.get("TEST_FILTER", "")
+  t0 = time.time()
+  base_live = live_count()
+  passed = failed = 0
+  for name, fn, args, kw in cases:
+    if flt and flt not in name: continue
+    lib.tg_clear_error()
+    ok, err = True, None
+    lib.tg_scope_begin()
+    t1 = time.time()
+    try:
+      fn(*args, **kw)
+    except Exception as e:  # noqa: BLE001
+      ok, err = False, e
+    finally:
+      lib.tg_scope_end()
+      if after_case: after_case()
+    if os.environ.get("TIMING"): print(f"{time.time() - t1:6.2f}s {name}")
+    if ok and lib.tg_last_error():
+      ok, err = False, AssertionError(f"an error was left recorded: {last_error()}")
+    if ok:
+      passed += 1
+    else:
+      failed += 1
+      print(f"FAIL {name}: {type(err).__name__}: {err}")
+      if os.environ.get("VERBOSE"): traceback.print_exception(type(err), err, err.__traceback__)
+  live = live_count()
+  if live != base_live:
+    failed += 1
+    print(f"FAIL live handles: {live} live at the end (expected {base_live})")
+  else:
+    passed += 1
+  print(f"({time.time() - t0:.1f} s)")
+  print(f"{program}: {passed} passed, {failed} failed")
+  return 1 if failed else 0
