@@ -309,7 +309,11 @@ void tg_context_end(void) {
 
 /* ---- counters ---- */
 
-tg_counters tg_global_counters(void) { return g_counters; }
+tg_counters tg_global_counters(void) {
+  tg_counters c = g_counters;
+  c.mem_used = device_mem_used();
+  return c;
+}
 void tg_global_counters_reset(void) { memset(&g_counters, 0, sizeof g_counters); }
 
 /* ---- time ---- */

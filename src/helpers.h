@@ -42,6 +42,8 @@ const char *getenv_str(const char *name, const char *def);
 int debug_level(void);
 
 /* ---- counters ---- */
+/* Bytes held by live device buffers (runtime/device.c), reported as tg_counters.mem_used. */
+uint64_t device_mem_used(void);
 extern tg_counters g_counters;
 
 /* ---- time ---- */

@@ -188,12 +188,48 @@ TEST(buffer_cache_reuses_blocks) {
   CHECK(b && b->ptr == p);
   CHECK(d->cached_bytes == cached);
   buffer_unref(b);
-  /* more than the cache holds in one block is freed at once */
-  Buffer *big = buffer_new(d, ((size_t)1 << 30) + 64);
-  CHECK(big != NULL);
-  size_t before = d->cached_bytes;
-  buffer_unref(big);
-  CHECK(d->cached_bytes == before);
+}
+
+TEST(buffer_large_blocks_split_and_merge) {
+  /* an instance of its own, so that no other test's idle memory or high-water mark is involved */
+  Device *d = device_get("CPU:7");
+  CHECK(d != NULL);
+  if (!d) return;
+  const size_t M = (size_t)1 << 20;
+  Buffer *a = buffer_new(d, 8 * M);
+  CHECK(a != NULL);
+  if (!a) return;
+  char *base = a->ptr;
+  buffer_unref(a);
+  CHECK(d->cached_bytes == 8 * M);
+  /* smaller requests are carved out of the idle block, in address order */
+  Buffer *x = buffer_new(d, 3 * M), *y = buffer_new(d, 2 * M);
+  CHECK(x && y && x->ptr == base && y->ptr == base + 3 * M);
+  CHECK(d->cached_bytes == 3 * M);
+  buffer_unref(x);
+  CHECK(d->cached_bytes == 6 * M);
+  /* the first 3 MB are free but not next to the last 3: a 5 MB request cannot be carved out */
+  Buffer *z = buffer_new(d, 5 * M);
+  CHECK(z && ((char *)z->ptr < base || (char *)z->ptr >= base + 8 * M));
+  buffer_unref(z);
+  buffer_unref(y);
+  /* freed neighbours merged: the whole block is there again */
+  Buffer *w = buffer_new(d, 8 * M);
+  CHECK(w && w->ptr == base);
+  buffer_unref(w);
+  /* a request past the high-water mark returns wholly idle segments to the device first: the idle
+   * memory never adds to the peak */
+  device_cache_clear(d);
+  CHECK(d->cached_bytes == 0);
+  Buffer *p = buffer_new(d, 4 * M);
+  buffer_unref(p);
+  CHECK(d->cached_bytes == 4 * M);
+  Buffer *q = buffer_new(d, 16 * M);
+  CHECK(q != NULL);
+  CHECK(d->cached_bytes == 0);
+  buffer_unref(q);
+  CHECK(d->cached_bytes == 16 * M);
+  device_cache_clear(d);
 }
 
 TEST(buffer_alloc_failure) {

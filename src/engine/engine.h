@@ -12,19 +12,33 @@
 typedef struct {
   Program *prg;          /* NULL for a copy */
   const KernelCode *code;/* launch sizes, name, ops (owned by the kernel cache) */
-  Buffer **bufs;         /* owned refs; bufs[0] is written */
+  Buffer **bufs;         /* owned refs; bufs[0] is written; NULL where slot[j] names a transient */
+  int *slot;             /* NULL, or per buffer: -1 or the transient that stands in for it */
   int nbufs;
   size_t nbytes;         /* copy size */
 } CapItem;
 
+/* A buffer that lived only between two items of the capture (an intermediate its schedule freed):
+ * the capture keeps its size, not its memory, and a replay allocates it before its first item and
+ * frees it after its last, so a replay needs no more memory than the run that was captured. */
+typedef struct {
+  size_t nbytes;
+  Device *dev;
+  int first, last; /* item indices */
+} CapSlot;
+
 typedef struct {
   CapItem *items;
   int n, cap;
+  CapSlot *slots;
+  int nslots, slotcap;
 } Capture;
 
 /* While non-NULL (per thread), every executed item is appended to it. */
 extern _Thread_local Capture *g_capture;
 void capture_free(Capture *c);
+/* b dies: the capture's references to it, all in items[from..], become one transient slot. */
+void capture_forget(Capture *c, Buffer *b, int from);
 /* Replays c with buffers from[i] replaced by to[i]. */
 tg_status capture_replay(const Capture *c, Buffer *const *from, Buffer *const *to, int n);
 

@@ -172,6 +172,7 @@ static void capture_add(Program *prg, const KernelCode *code, Buffer **bufs, int
   it->code = code;
   it->nbufs = nbufs;
   it->nbytes = nbytes;
+  it->slot = NULL;
   it->bufs = tg_xmalloc(sizeof(Buffer *) * (size_t)nbufs);
   for (int i = 0; i < nbufs; i++) it->bufs[i] = buffer_ref(bufs[i]);
 }
@@ -180,24 +181,62 @@ void capture_free(Capture *c) {
   for (int i = 0; i < c->n; i++) {
     for (int j = 0; j < c->items[i].nbufs; j++) buffer_unref(c->items[i].bufs[j]);
     free(c->items[i].bufs);
+    free(c->items[i].slot);
   }
   free(c->items);
-  c->items = NULL;
-  c->n = c->cap = 0;
+  free(c->slots);
+  memset(c, 0, sizeof *c);
+}
+
+void capture_forget(Capture *c, Buffer *b, int from) {
+  int s = -1;
+  for (int i = from < 0 ? 0 : from; i < c->n; i++) {
+    CapItem *it = &c->items[i];
+    for (int j = 0; j < it->nbufs; j++) {
+      if (it->bufs[j] != b) continue;
+      if (s < 0) {
+        if (c->nslots == c->slotcap) {
+          c->slotcap = c->slotcap ? c->slotcap * 2 : 16;
+          c->slots = tg_xrealloc(c->slots, sizeof(CapSlot) * (size_t)c->slotcap);
+        }
+        s = c->nslots++;
+        c->slots[s] = (CapSlot){b->nbytes, b->dev, i, i};
+      }
+      if (!it->slot) {
+        it->slot = tg_xmalloc(sizeof(int) * (size_t)it->nbufs);
+        for (int k = 0; k < it->nbufs; k++) it->slot[k] = -1;
+      }
+      it->slot[j] = s;
+      it->bufs[j] = NULL;
+      c->slots[s].last = i;
+      buffer_unref(b);
+    }
+  }
 }
 
 tg_status capture_replay(const Capture *c, Buffer *const *from, Buffer *const *to, int n) {
   int dbg = debug_level();
-  for (int i = 0; i < c->n; i++) {
+  Buffer **live = c->nslots ? tg_xcalloc((size_t)c->nslots, sizeof(Buffer *)) : NULL;
+  tg_status st = TG_OK;
+  for (int i = 0; i < c->n && st == TG_OK; i++) {
     const CapItem *it = &c->items[i];
     Buffer *bs[64];
     Buffer **b = it->nbufs <= 64 ? bs : tg_xmalloc(sizeof(Buffer *) * (size_t)it->nbufs);
     for (int j = 0; j < it->nbufs; j++) {
+      int s = it->slot ? it->slot[j] : -1;
+      if (s >= 0) {
+        if (!live[s] && !(live[s] = buffer_new(c->slots[s].dev, c->slots[s].nbytes))) st = tg_last_status();
+        b[j] = live[s];
+        continue;
+      }
       b[j] = it->bufs[j];
       for (int k = 0; k < n; k++)
         if (b[j] == from[k]) b[j] = to[k];
     }
-    tg_status st = TG_OK;
+    if (st != TG_OK) {
+      if (b != bs) free(b);
+      break;
+    }
     if (!it->prg) {
       st = buffer_copy(b[0], b[1], it->nbytes);
     } else {
@@ -216,9 +255,17 @@ tg_status capture_replay(const Capture *c, Buffer *const *from, Buffer *const *t
       }
     }
     if (b != bs) free(b);
-    if (st != TG_OK) return st;
+    for (int j = 0; it->slot && j < it->nbufs; j++) {
+      int s = it->slot[j];
+      if (s >= 0 && c->slots[s].last == i && live[s]) {
+        buffer_unref(live[s]);
+        live[s] = NULL;
+      }
+    }
   }
-  return TG_OK;
+  for (int s = 0; s < c->nslots; s++) buffer_unref(live[s]);
+  free(live);
+  return st;
 }
 
 static void print_kernel_line(Device *dev, const char *name, int nbufs, size_t mem, double t, uint64_t ops) {
@@ -230,6 +277,7 @@ static void print_kernel_line(Device *dev, const char *name, int nbufs, size_t m
 
 static tg_status run_schedule(Schedule *s) {
   int dbg = debug_level();
+  int cap_from = g_capture ? g_capture->n : 0;
   int beam = (int)getenv_int("BEAM", 0);
   if (beam <= 0) precompile(s);
   for (int i = 0; i < s->nitems; i++) {
@@ -292,6 +340,7 @@ static tg_status run_schedule(Schedule *s) {
     for (int j = 1; j < it->nbufs; j++) {
       SBuf *b = &s->bufs[it->bufs[j]];
       if (!b->keep && b->last_use == i && b->buf) {
+        if (g_capture) capture_forget(g_capture, b->buf, cap_from);
         buffer_unref(b->buf);
         b->buf = NULL;
       }

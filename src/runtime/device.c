@@ -7,8 +7,10 @@
  * Invariants:
  *  - A Device is opened at most once per (kind, index) and is never closed: its table only grows,
  *    and device_by_id/device_get read it without locking.
- *  - A block on a device's free list is not referenced by any Buffer; the sum of their sizes is
- *    Device.cached_bytes and never exceeds CACHE_CAP after a free returns.
+ *  - A small block on a device's free list, or a free chunk of a large-block segment, is not
+ *    referenced by any Buffer; the sum of their sizes is Device.cached_bytes. The small blocks
+ *    never exceed CACHE_CAP after a free returns; chunks of one segment tile it in address order
+ *    and no two free chunks are neighbours.
  *  - A Program is created once per (device, fname, source) and lives for the process; it stays
  *    reachable from the program table, so leak checkers see no leak.
  */
@@ -38,6 +40,7 @@ static const DeviceKind g_kinds[] = {
 };
 #define NKINDS (sizeof g_kinds / sizeof g_kinds[0])
 
+typedef struct Segment Segment;
 /* Bucket of the caching allocator: every cached block of exactly `nbytes` (0 = empty slot). */
 struct FreeBlock {
   size_t nbytes;
@@ -51,6 +54,9 @@ typedef struct {
   pthread_mutex_t lock; /* guards pub.free_list, pub.cached_bytes, nbuckets, nused */
   size_t nbuckets;      /* power of two (or 0): capacity of the open-addressing table free_list */
   size_t nused;
+  Segment *segs;        /* large-block segments */
+  size_t live_bytes;    /* block bytes held by buffers */
+  size_t high_water;    /* the most live_bytes + cached_bytes has been */
 } DeviceImpl;
 
 static pthread_mutex_t g_dev_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -185,12 +191,39 @@ void device_list_print(void) {
 /* ---------------------------------------------------------------------------------------------- */
 /* caching allocator                                                                               */
 
-/* Past this many idle bytes the whole cache is returned to the device: simple, and it bounds the
- * memory a training loop with changing shapes can strand. */
+/* Small blocks (under LARGE_MIN) are cached by exact size; past CACHE_CAP idle bytes of them the
+ * whole small cache is returned to the device. */
 #define CACHE_CAP ((size_t)1 << 30)
 #define BLOCK_ALIGN ((size_t)64)
 
+/* Large blocks are carved out of segments the device allocated: a request takes a free chunk of
+ * exactly its size, else the smallest larger one (split, the rest stays free), and a freed chunk
+ * merges with its free neighbours. So one phase of a program reuses another phase's memory even when
+ * their sizes differ (an evaluation of the whole test set after training steps on batches: the
+ * steps' activations are carved out of the evaluation's big buffers and the evaluation finds them
+ * whole again). A request nothing free can hold maps a new segment; if that would take the
+ * device's footprint (live + idle bytes) past its high-water mark, wholly free segments are
+ * returned to the device first, so idle memory never raises the peak. */
+#define LARGE_MIN ((size_t)1 << 20)
+#define CHUNK_ALIGN ((size_t)4096)
+
+typedef struct Chunk {
+  char *ptr;
+  size_t size;
+  bool used;
+  struct Chunk *prev, *next; /* neighbours in address order within the segment */
+  Segment *seg;
+} Chunk;
+
+struct Segment {
+  void *base;
+  size_t size;
+  Chunk *first;
+  Segment *prev, *next;
+};
+
 static _Atomic size_t g_live_buffers;
+static _Atomic uint64_t g_mem_used;
 
 static inline size_t bucket_index(size_t nbytes, size_t mask) {
   return (size_t)hash_mix(0, (uint64_t)nbytes) & mask;
@@ -228,17 +261,104 @@ static struct FreeBlock *bucket_insert(DeviceImpl *d, size_t nbytes) {
   return &d->pub.free_list[i];
 }
 
-/* Frees every cached block and the bucket table. Caller holds d->lock. */
+/* Returns every wholly free segment to the device until `need` bytes are freed. Caller holds d->lock. */
+static void segments_release_locked(DeviceImpl *d, size_t need) {
+  size_t freed = 0;
+  for (Segment *g = d->segs, *nx; g && freed < need; g = nx) {
+    nx = g->next;
+    if (g->first->used || g->first->next) continue;
+    d->pub.vt->free(d->pub.state, g->base, g->size);
+    d->pub.cached_bytes -= g->size;
+    freed += g->size;
+    if (g->prev) g->prev->next = g->next;
+    else d->segs = g->next;
+    if (g->next) g->next->prev = g->prev;
+    free(g->first);
+    free(g);
+  }
+}
+
+/* Frees every cached block, the bucket table and every wholly free segment. Caller holds d->lock. */
 static void cache_drop_locked(DeviceImpl *d) {
   for (size_t i = 0; i < d->nbuckets; i++) {
     struct FreeBlock *b = &d->pub.free_list[i];
     for (size_t j = 0; j < b->n; j++) d->pub.vt->free(d->pub.state, b->ptrs[j], b->nbytes);
+    d->pub.cached_bytes -= b->n * b->nbytes;
     free(b->ptrs);
   }
   free(d->pub.free_list);
   d->pub.free_list = NULL;
   d->nbuckets = d->nused = 0;
-  d->pub.cached_bytes = 0;
+  segments_release_locked(d, SIZE_MAX);
+}
+
+void device_cache_clear(Device *dev) {
+  DeviceImpl *d = (DeviceImpl *)dev;
+  pthread_mutex_lock(&d->lock);
+  cache_drop_locked(d);
+  pthread_mutex_unlock(&d->lock);
+}
+
+/* A free chunk of exactly nbytes, else the smallest larger one split to nbytes; NULL if none.
+ * Caller holds d->lock. */
+static Chunk *chunk_take_locked(DeviceImpl *d, size_t nbytes) {
+  Chunk *best = NULL;
+  for (Segment *g = d->segs; g; g = g->next)
+    for (Chunk *c = g->first; c; c = c->next) {
+      if (c->used || c->size < nbytes || (best && c->size >= best->size)) continue;
+      best = c;
+      if (c->size == nbytes) goto found;
+    }
+  if (!best) return NULL;
+found:
+  if (best->size > nbytes) {
+    Chunk *rest = tg_xmalloc(sizeof *rest);
+    *rest = (Chunk){best->ptr + nbytes, best->size - nbytes, false, best, best->next, best->seg};
+    if (best->next) best->next->prev = rest;
+    best->next = rest;
+    best->size = nbytes;
+  }
+  best->used = true;
+  d->pub.cached_bytes -= nbytes;
+  return best;
+}
+
+/* Marks c free and merges it with free neighbours. Caller holds d->lock. */
+static void chunk_put_locked(DeviceImpl *d, Chunk *c) {
+  c->used = false;
+  d->pub.cached_bytes += c->size;
+  Chunk *n = c->next;
+  if (n && !n->used) {
+    c->size += n->size;
+    c->next = n->next;
+    if (n->next) n->next->prev = c;
+    free(n);
+  }
+  Chunk *p = c->prev;
+  if (p && !p->used) {
+    p->size += c->size;
+    p->next = c->next;
+    if (c->next) c->next->prev = p;
+    free(c);
+  }
+}
+
+/* A new segment of nbytes holding one used chunk (the lock is not held while the device maps it). */
+static Chunk *segment_new(DeviceImpl *d, size_t nbytes) {
+  void *p = d->pub.vt->alloc(d->pub.state, nbytes);
+  if (!p) return NULL;
+  Segment *g = tg_xcalloc(1, sizeof *g);
+  Chunk *c = tg_xmalloc(sizeof *c);
+  *c = (Chunk){p, nbytes, true, NULL, NULL, g};
+  g->base = p;
+  g->size = nbytes;
+  g->first = c;
+  pthread_mutex_lock(&d->lock);
+  g->next = d->segs;
+  if (d->segs) d->segs->prev = g;
+  d->segs = g;
+  pthread_mutex_unlock(&d->lock);
+  return c;
 }
 
 static void *cache_take(DeviceImpl *d, size_t nbytes) {
@@ -272,10 +392,11 @@ static void cache_put(DeviceImpl *d, void *ptr, size_t nbytes) {
 }
 
 /* Size of the block backing a buffer of nbytes; 0 on overflow. Zero-byte buffers get a real block
- * so that every buffer has a distinct, valid pointer. */
+ * so that every buffer has a distinct, valid pointer. Large blocks are whole pages. */
 static size_t block_size(size_t nbytes) {
-  if (nbytes > SIZE_MAX - BLOCK_ALIGN) return 0;
+  if (nbytes > SIZE_MAX - CHUNK_ALIGN) return 0;
   size_t sz = (nbytes + BLOCK_ALIGN - 1) & ~(BLOCK_ALIGN - 1);
+  if (sz >= LARGE_MIN) sz = (sz + CHUNK_ALIGN - 1) & ~(CHUNK_ALIGN - 1);
   return sz ? sz : BLOCK_ALIGN;
 }
 
@@ -286,8 +407,47 @@ static Buffer *buffer_struct(Device *dev, void *ptr, size_t nbytes, bool externa
   b->ptr = ptr;
   b->refcount = 1;
   b->external = external;
+  b->chunk = NULL;
   atomic_fetch_add_explicit(&g_live_buffers, 1, memory_order_relaxed);
   return b;
+}
+
+/* The device's memory for sz bytes (a small block or a large chunk), taking idle memory first. */
+static void *block_new(DeviceImpl *d, size_t sz, Chunk **chunk) {
+  Device *dev = &d->pub;
+  void *ptr = NULL;
+  *chunk = NULL;
+  if (sz >= LARGE_MIN) {
+    pthread_mutex_lock(&d->lock);
+    Chunk *c = chunk_take_locked(d, sz);
+    if (!c && d->live_bytes + dev->cached_bytes + sz > d->high_water)
+      segments_release_locked(d, d->live_bytes + dev->cached_bytes + sz - d->high_water);
+    pthread_mutex_unlock(&d->lock);
+    if (c) {
+      *chunk = c;
+      return c->ptr;
+    }
+  } else if ((ptr = cache_take(d, sz))) {
+    return ptr;
+  }
+  for (int attempt = 0; attempt < 2; attempt++) {
+    bool had_error = tg_has_error();
+    if (sz >= LARGE_MIN) {
+      Chunk *c = segment_new(d, sz);
+      if (c) *chunk = c, ptr = c->ptr;
+    } else {
+      ptr = dev->vt->alloc(dev->state, sz);
+    }
+    if (ptr || attempt) break;
+    /* Idle cached memory may be what is missing: return it and try once more. */
+    pthread_mutex_lock(&d->lock);
+    bool had_cache = dev->cached_bytes > 0;
+    if (had_cache) cache_drop_locked(d);
+    pthread_mutex_unlock(&d->lock);
+    if (!had_cache) break;
+    if (!had_error) tg_clear_error();
+  }
+  return ptr;
 }
 
 Buffer *buffer_new(Device *dev, size_t nbytes) {
@@ -302,27 +462,20 @@ Buffer *buffer_new(Device *dev, size_t nbytes) {
                  dev->name);
     return NULL;
   }
-  void *ptr = cache_take(d, sz);
+  Chunk *chunk;
+  void *ptr = block_new(d, sz, &chunk);
   if (!ptr) {
-    bool had_error = tg_has_error();
-    ptr = dev->vt->alloc(dev->state, sz);
-    if (!ptr) {
-      /* Idle cached blocks may be what is missing: return them and try once more. */
-      pthread_mutex_lock(&d->lock);
-      bool had_cache = d->pub.cached_bytes > 0;
-      if (had_cache) cache_drop_locked(d);
-      pthread_mutex_unlock(&d->lock);
-      if (had_cache) {
-        if (!had_error) tg_clear_error();
-        ptr = dev->vt->alloc(dev->state, sz);
-      }
-    }
-    if (!ptr) {
-      tg_set_error(TG_ERR_RUNTIME, "buffer_new: cannot allocate %zu bytes on %s", nbytes, dev->name);
-      return NULL;
-    }
+    tg_set_error(TG_ERR_RUNTIME, "buffer_new: cannot allocate %zu bytes on %s", nbytes, dev->name);
+    return NULL;
   }
-  return buffer_struct(dev, ptr, nbytes, false);
+  pthread_mutex_lock(&d->lock);
+  d->live_bytes += sz;
+  if (d->live_bytes + d->pub.cached_bytes > d->high_water) d->high_water = d->live_bytes + d->pub.cached_bytes;
+  pthread_mutex_unlock(&d->lock);
+  atomic_fetch_add_explicit(&g_mem_used, sz, memory_order_relaxed);
+  Buffer *b = buffer_struct(dev, ptr, nbytes, false);
+  b->chunk = chunk;
+  return b;
 }
 
 Buffer *buffer_wrap(Device *dev, void *ptr, size_t nbytes) {
@@ -343,11 +496,21 @@ void buffer_unref(Buffer *b) {
   int left = __atomic_sub_fetch(&b->refcount, 1, __ATOMIC_ACQ_REL);
   TG_ASSERT(left >= 0);
   if (left) return;
-  if (!b->external) cache_put((DeviceImpl *)b->dev, b->ptr, block_size(b->nbytes));
+  if (!b->external) {
+    DeviceImpl *d = (DeviceImpl *)b->dev;
+    size_t sz = block_size(b->nbytes);
+    atomic_fetch_sub_explicit(&g_mem_used, sz, memory_order_relaxed);
+    pthread_mutex_lock(&d->lock);
+    d->live_bytes -= sz;
+    if (b->chunk) chunk_put_locked(d, b->chunk);
+    pthread_mutex_unlock(&d->lock);
+    if (!b->chunk) cache_put(d, b->ptr, sz);
+  }
   free(b);
   atomic_fetch_sub_explicit(&g_live_buffers, 1, memory_order_relaxed);
 }
 
+uint64_t device_mem_used(void) { return atomic_load(&g_mem_used); }
 size_t buffer_live_count(void) { return atomic_load(&g_live_buffers); }
 
 tg_status buffer_copyin(Buffer *b, const void *src, size_t nbytes) {

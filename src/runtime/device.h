@@ -70,10 +70,15 @@ typedef struct Buffer {
   void *ptr;
   int refcount;
   bool external;
+  void *chunk; /* the allocator's record of a large block (NULL for small and external buffers) */
 } Buffer;
 Buffer *buffer_new(Device *dev, size_t nbytes);              /* NULL + error on failure */
 Buffer *buffer_wrap(Device *dev, void *ptr, size_t nbytes);  /* external */
 Buffer *buffer_ref(Buffer *b);
+/* Bytes of device memory held by live (non-external) buffers, all devices together. */
+uint64_t device_mem_used(void);
+/* Returns the device's idle cached memory to it (what an out-of-memory retry does). */
+void device_cache_clear(Device *dev);
 void buffer_unref(Buffer *b);
 tg_status buffer_copyin(Buffer *b, const void *src, size_t nbytes);
 tg_status buffer_copyout(Buffer *b, void *dst, size_t nbytes);
