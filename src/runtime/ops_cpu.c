@@ -56,6 +56,41 @@ static const char *const CPU_CFLAGS[] = {"-shared",
 
 #define HUGE_PAGE ((size_t)2 << 20)
 #define HUGE_MIN ((size_t)8 << 20)
+/* Blocks from MAP_MIN up are mapped from the kernel directly, not taken from the C heap: freeing
+ * one gives its memory back at once (glibc serves requests below its adaptive mmap threshold, up to
+ * 32 MB, from the heap, which keeps freed pages resident). */
+#define MAP_MIN ((size_t)1 << 20)
+
+/* Size of the mapping behind a block of sz bytes: whole pages, or whole 2 MB pages from HUGE_MIN
+ * up. Large blocks start on 2 MB boundaries and ask for transparent huge pages where the kernel
+ * offers them: a first touch then faults in 2 MB instead of 4 KB (a fresh 37 MB activation took
+ * ~9000 faults), and kernels striding across the buffer miss the TLB far less. */
+static size_t map_size(size_t sz) {
+  size_t page = sz >= HUGE_MIN ? HUGE_PAGE : 4096;
+  return (sz + page - 1) & ~(page - 1);
+}
+
+static void *map_block(size_t sz) {
+  size_t len = map_size(sz);
+  if (sz < HUGE_MIN) {
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+  }
+  /* over-map by one huge page, then trim both ends to a 2 MB-aligned range */
+  char *raw = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return NULL;
+  uintptr_t a = ((uintptr_t)raw + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1);
+  char *p = (char *)a;
+  if (p > raw) munmap(raw, (size_t)(p - raw));
+  size_t tail = (size_t)(raw + len + HUGE_PAGE - (p + len));
+  if (tail) munmap(p + len, tail);
+#ifdef MADV_HUGEPAGE
+  madvise(p, len, MADV_HUGEPAGE); /* advice only: failure changes nothing */
+#endif
+  return p;
+}
+
+static void unmap_block(void *p, size_t sz) { munmap(p, map_size(sz)); }
 
 #define CACHE_MAGIC "TGCK"
 #define CACHE_VERSION 1u
@@ -530,15 +565,8 @@ static void *cpu_alloc(void *state, size_t nbytes) {
   }
   size_t sz = (nbytes + 63) & ~(size_t)63;
   void *p;
-  if (sz >= HUGE_MIN) {
-    /* large buffers on 2 MB boundaries, backed by transparent huge pages where the kernel offers
-     * them: a first touch then faults in 2 MB instead of 4 KB (a fresh 37 MB activation took ~9000
-     * faults), and kernels striding across the buffer miss the TLB far less */
-    sz = (sz + HUGE_PAGE - 1) & ~(size_t)(HUGE_PAGE - 1);
-    p = aligned_alloc(HUGE_PAGE, sz);
-#ifdef MADV_HUGEPAGE
-    if (p) madvise(p, sz, MADV_HUGEPAGE); /* advice only: failure changes nothing */
-#endif
+  if (sz >= MAP_MIN) {
+    p = map_block(sz);
   } else {
     p = aligned_alloc(64, sz ? sz : 64);
   }
@@ -548,8 +576,9 @@ static void *cpu_alloc(void *state, size_t nbytes) {
 
 static void cpu_free(void *state, void *ptr, size_t nbytes) {
   (void)state;
-  (void)nbytes;
-  free(ptr);
+  size_t sz = (nbytes + 63) & ~(size_t)63;
+  if (sz >= MAP_MIN) unmap_block(ptr, sz);
+  else free(ptr);
 }
 
 static tg_status cpu_copy(void *state, void *dst, const void *src, size_t nbytes) {
