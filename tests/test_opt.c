@@ -9,6 +9,8 @@
 #include <tinygrad.h>
 
 #include "codegen/codegen.h"
+#include "schedule/schedule.h"
+#include "tensor/tensor.h"
 #include "test.h"
 
 typedef tg_tensor (*expr_fn)(tg_tensor a, tg_tensor b);
@@ -139,6 +141,43 @@ TEST(reductions_vectorized) {
   CHECK(compare(e_max_cols, 32, 64, 1, 64, 0) == 0);
   CHECK(compare(e_softmax, 16, 64, 16, 64, 1e-5) == 0);
   CHECK(compare(e_batched, 64, 32, 128, 16, 1e-5) == 0);
+}
+
+/* The optimizations the heuristics apply to the last kernel that realizing t would run. */
+static void last_kernel_opts(tg_tensor t, char *out, size_t n) {
+  out[0] = 0;
+  UOp *u = t_get(t, "last_kernel_opts");
+  Schedule s;
+  int tbuf;
+  if (schedule_build(&s, &u, 1, &tbuf) != TG_OK) return;
+  for (int i = s.nitems - 1; i >= 0; i--) {
+    if (s.items[i].kind != SI_KERNEL) continue;
+    LKernel *k = lower_kernel(s.items[i].ast, NULL);
+    if (k) snprintf(out, n, "%s", k->opts);
+    lkernel_free(k);
+    break;
+  }
+  schedule_free(&s);
+}
+
+static tg_tensor e_classifier(tg_tensor a, tg_tensor b) { return tg_matmul(a, b); }
+
+/* PADTO: output axes no factor divides (a 10-class classifier over 37 rows, a 13x19 matmul) are
+ * padded to the next multiple of 4 and upcast; the copies past the end recompute the last element,
+ * so the results are exactly the unoptimized kernel's */
+TEST(padded_upcasts) {
+  tg_scope_begin();
+  char opts[128];
+  tg_tensor a = mkrand(37, 24, 5), b = mkrand(24, 10, 6);
+  last_kernel_opts(tg_matmul(a, b), opts, sizeof opts);
+  CHECK_MSG(strstr(opts, "PADTO(") != NULL, "opts: %s", opts);
+  tg_scope_end();
+  CHECK(compare(e_classifier, 37, 24, 24, 10, 1e-5) == 0);
+  CHECK(compare(e_classifier, 13, 7, 7, 19, 1e-5) == 0);
+  CHECK(compare(e_classifier, 9, 33, 33, 6, 1e-5) == 0);
+  g_beam = "2";
+  CHECK(compare(e_classifier, 37, 24, 24, 10, 1e-5) == 0);
+  g_beam = NULL;
 }
 
 /* BEAM search picks among candidates checked against the unoptimized kernel: the chosen kernels

@@ -48,6 +48,7 @@ typedef struct {
   int rvw;       /* vector width along a reduce axis: the accumulators are vectors, summed across
                   * lanes when the reduction ends (0 = none; exclusive with vw) */
   char opts[128];/* applied optimizations, for DEBUG=3 and kernel names */
+  char padinfo[32];/* "PADTO(axis,size) " when an upcast axis was padded (part of opts) */
   OptCfg cfg;    /* the optimizations applied */
   bool cfg_failed; /* a forced OptCfg could not be applied (BEAM drops such candidates) */
 } LKernel;

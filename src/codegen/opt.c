@@ -9,6 +9,9 @@
  *  - UPCAST global axes of reduce kernels (register tiles): the body is copied for each unrolled
  *    position, each copy with its own accumulator, so one loaded vector of one input is reused by
  *    every copy that shares it (hash-consing shares the common loads automatically).
+ *  - PADTO: an upcast axis of a reduce kernel that the factor does not divide (10 outputs of a
+ *    classifier, a 6x6 feature map) is padded to the next multiple; the copies past the end are
+ *    clamped to the last position (see make_copies).
  *
  * In: an LKernel with value/sidx/rbody/rplace. Out: ncopy copies in values/sidxs/rbodies/rplaces,
  * vw set, loop ranges resized. Invariant: the copies together compute exactly what the unoptimized
@@ -282,17 +285,26 @@ static void make_copies(LKernel *k, const Upcast *ups, int nup, int *next_axis) 
   k->rbodies = tg_xcalloc((size_t)total, sizeof(UOp *));
   k->rplaces = tg_xcalloc((size_t)total, sizeof(UOp *));
   UOp *newr[8];
-  for (int i = 0; i < nup; i++) newr[i] = s_range((*next_axis)++, k->granges[ups[i].axis]->iarg[0] / ups[i].factor);
+  k->padinfo[0] = 0;
+  for (int i = 0; i < nup; i++) {
+    /* PADTO: an axis the factor does not divide runs to the next multiple; positions past its end
+     * are clamped to its last one, so the extra copies recompute (and store again) the last
+     * element -- no out-of-bounds access and no masks */
+    int64_t n = k->granges[ups[i].axis]->iarg[0], f = ups[i].factor;
+    newr[i] = s_range((*next_axis)++, (n + f - 1) / f);
+    if (n % f)
+      snprintf(k->padinfo, sizeof k->padinfo, "PADTO(%d,%lld) ", ups[i].axis, (long long)((n + f - 1) / f * f));
+  }
   for (int c = 0; c < total; c++) {
     USubst s[9];
     int ns = 0, rem = c;
     for (int i = 0; i < nup; i++) {
       int pos = rem % ups[i].factor;
       rem /= ups[i].factor;
-      UOp *m = s_mulc(newr[i], ups[i].factor);
+      UOp *m = s_mulc(newr[i], ups[i].factor), *e = s_addc(m, pos);
       s[ns].from = k->granges[ups[i].axis];
-      s[ns++].to = s_addc(m, pos);
-      uop_unref(m);
+      s[ns++].to = s_minc(e, k->granges[ups[i].axis]->iarg[0] - 1);
+      uop_unref(m), uop_unref(e);
     }
     UOp *ph = NULL;
     if (k->rbody) {
@@ -361,6 +373,7 @@ static int describe(LKernel *k) {
   int o = 0;
   size_t n = sizeof k->opts;
   k->opts[0] = 0;
+  if (k->padinfo[0]) o += snprintf(k->opts + o, n - (size_t)o, "%s", k->padinfo);
   if (c->vaxis >= 0) o += snprintf(k->opts + o, n - (size_t)o, "VECTORIZE(%d,%d) ", c->vaxis, c->vw);
   if (c->uaxis >= 0) o += snprintf(k->opts + o, n - (size_t)o, "UPCAST(%d,%d) ", c->uaxis, c->ufac);
   if (c->vfac > 1) o += snprintf(k->opts + o, n - (size_t)o, "UPCAST(%d,%d) ", c->vaxis, c->vfac);
@@ -369,6 +382,16 @@ static int describe(LKernel *k) {
   if (c->uaxis2 >= 0) o += snprintf(k->opts + o, n - (size_t)o, "UPCAST(%d,%d) ", c->uaxis2, c->ufac2);
   if (c->raxis2 >= 0) o += snprintf(k->opts + o, n - (size_t)o, "UNROLL(%d,%d) ", c->raxis2, c->rufac);
   return o;
+}
+
+/* May global axis g be upcast by f: f divides it, or (PADTO) the kernel is a reduction -- whose
+ * output is a fresh buffer, so the padded copies' repeated stores of the last element are harmless
+ * -- and padding adds at most a quarter to the axis. */
+static bool pad_ok(const LKernel *k, int g, int f) {
+  int64_t n = k->granges[g]->iarg[0];
+  if (n % f == 0) return true;
+  int64_t padded = (n + f - 1) / f * f;
+  return k->rbody && n > f && (padded - n) * 4 <= n;
 }
 
 /* Applies a given configuration; marks k->cfg_failed when it does not fit this kernel. */
@@ -381,7 +404,7 @@ static void apply_cfg(LKernel *k, const OptCfg *c, int *next_axis) {
   if (ok && c->raxis >= 0) ok = c->vaxis < 0 && c->raxis < k->nr && try_vectorize_reduce(k, c->raxis, c->rw, next_axis);
   if (ok && c->raxis2 >= 0) ok = try_unroll_reduce(k, c->raxis2, c->rufac);
   if (ok && c->uaxis >= 0) {
-    ok = c->uaxis < k->ng && c->uaxis != c->vaxis && c->ufac > 1 && k->granges[c->uaxis]->iarg[0] % c->ufac == 0;
+    ok = c->uaxis < k->ng && c->uaxis != c->vaxis && c->ufac > 1 && pad_ok(k, c->uaxis, c->ufac);
     if (ok) ups[nup].axis = c->uaxis, ups[nup++].factor = c->ufac;
   }
   if (ok && c->vfac > 1) {
@@ -434,6 +457,12 @@ static void heuristic(LKernel *k, int *next_axis) {
       if (best < 0 || (free_axis && !best_free) || (free_axis == best_free && n > k->granges[best]->iarg[0]))
         best = g, best_free = free_axis;
     }
+    /* nothing divides by 4: PADTO the longest axis that pads by at most a quarter */
+    bool padded = false;
+    for (int g = 0; !(best >= 0 && !padded) && g < k->ng; g++)
+      if (g != vg && k->granges[g]->iarg[0] > 8 && pad_ok(k, g, 4) &&
+          (best < 0 || k->granges[g]->iarg[0] > k->granges[best]->iarg[0]))
+        best = g, padded = true;
     int f = 1;
     if (best >= 0 && k->rvw) {
       /* lanes run along the reduction: tile two output axes 4x4 so each loaded vector feeds 4 FMAs */
@@ -451,7 +480,7 @@ static void heuristic(LKernel *k, int *next_axis) {
       }
     } else if (best >= 0) {
       int64_t n = k->granges[best]->iarg[0];
-      f = n % 4 != 0 ? (int)n : n % 8 == 0 && n >= 16 ? 8 : 4;
+      f = padded ? 4 : n % 4 != 0 ? (int)n : n % 8 == 0 && n >= 16 ? 8 : 4;
       ups[nup].axis = best, ups[nup++].factor = f;
       c.uaxis = best, c.ufac = f;
     }

@@ -169,7 +169,10 @@ static void actions(const OptCfg *base, int round, const int64_t *gs, int ng, co
   case 1:
     for (int g = 0; g < ng; g++)
       for (int f = 2; f <= 8; f *= 2) {
-        if (g == base->vaxis || gs[g] % f != 0 || (!red && f > 4)) continue;
+        /* a factor that does not divide the axis pads it (PADTO, reductions only, at most +25%) */
+        int64_t padded = (gs[g] + f - 1) / f * f;
+        bool fits = gs[g] % f == 0 || (red && gs[g] > f && (padded - gs[g]) * 4 <= gs[g]);
+        if (g == base->vaxis || !fits || (!red && f > 4)) continue;
         c = *base, c.uaxis = g, c.ufac = f, add_cand(cs, n, cap, c);
         /* a second upcast axis: 2-D register tiles */
         for (int g2 = 0; g2 < ng && red && f <= 4; g2++)

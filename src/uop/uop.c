@@ -113,6 +113,13 @@ static void compute_bounds(UOp *u) {
   case OP_IDIV:
     if (b->op == OP_CONST && b->arg.i > 0 && a->vmin >= 0) u->vmin = a->vmin / b->arg.i, u->vmax = a->vmax / b->arg.i;
     break;
+  case OP_WHERE: /* an index chosen between two: s_minc's clamp */
+    if (u->nsrc == 3) {
+      UOp *c = u->src[2];
+      u->vmin = b->vmin < c->vmin ? b->vmin : c->vmin;
+      u->vmax = b->vmax > c->vmax ? b->vmax : c->vmax;
+    }
+    break;
   case OP_MOD:
     if (b->op == OP_CONST && b->arg.i > 0) {
       if (a->vmin >= 0) u->vmin = 0, u->vmax = a->vmax < b->arg.i - 1 ? a->vmax : b->arg.i - 1;
@@ -540,6 +547,15 @@ UOp *s_gec(UOp *x, int64_t c) {
   uop_unref(cc);
   return r;
 }
+UOp *s_minc(UOp *x, int64_t c) {
+  if (x->vmax <= c) return uop_ref(x);
+  if (x->vmin >= c) return s_const(c);
+  UOp *lt = s_ltc(x, c), *cc = s_const(c);
+  UOp *r = uop_alu(OP_WHERE, DT_INDEX, lt, x, cc);
+  uop_unref(lt), uop_unref(cc);
+  return r;
+}
+
 UOp *s_and(UOp *a, UOp *b) {
   if (!a) return b ? uop_ref(b) : NULL;
   if (!b) return uop_ref(a);

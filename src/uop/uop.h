@@ -158,6 +158,8 @@ UOp *s_modc(UOp *a, int64_t c); /* modulo by c > 0 */
 UOp *s_ltc(UOp *a, int64_t c);
 UOp *s_gec(UOp *a, int64_t c);
 UOp *s_and(UOp *a, UOp *b);
+/* min(x, c): x itself where its bounds allow, else a select (with bounds) */
+UOp *s_minc(UOp *x, int64_t c);
 /* Rebuilds `u` with RANGE nodes replaced (subst[i].from -> subst[i].to), re-simplifying. */
 typedef struct {
   UOp *from, *to;
