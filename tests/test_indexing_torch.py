@@ -26,10 +26,15 @@ import torch.nn.functional as F  # noqa: E402
 
 import tinygrad as tg  # noqa: E402
 from tinygrad import Tensor, TGError, _T, call, lib  # noqa: E402
+from torchcheck import close, backward, expect_error, grad, kernels, set_rg, view_of, status as _status  # noqa: E402
+import torchcheck  # noqa: E402
 
 warnings.filterwarnings("ignore")  # torch's "scatter_reduce is in beta"
 torch.set_num_threads(1)
 RNG = np.random.default_rng(4321)
+
+
+def rnd(*shape, **kw): return torchcheck.rnd(*shape, rng=RNG, **kw)
 
 # ---- prototypes of the indexing section of include/tinygrad.h -------------------------------------
 _i64p, _intp, _tp = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int), ctypes.POINTER(_T)
@@ -84,12 +89,6 @@ for _n, (_r, _a) in _SIGS.items():
 W = Tensor._wrap
 
 
-def _status(fn, st):
-  if st < 0: tg._raise(fn, st)
-  if lib.tg_last_error(): tg._raise(fn)
-  return st
-
-
 def _i64arr(v): return (ctypes.c_int64 * max(len(v), 1))(*[int(x) for x in v])
 def _iarr(v): return (ctypes.c_int * max(len(v), 1))(*[int(x) for x in v])
 
@@ -141,54 +140,10 @@ def scatter_reduce(x, dim, idx, src, reduce, include_self=True):
 def contiguous_backward(x): return W(call("contiguous_backward", x.h))
 
 
-def set_rg(t):
-  call("set_requires_grad", t.h, True)
-  return t
-
-
-def backward(t): _status("tg_backward", lib.tg_backward(t.h))
-
-
-def grad(t):
-  h = lib.tg_grad(t.h)
-  if h.id == 0: raise AssertionError("no gradient")
-  return W(h)
-
-
 # ---- inputs, comparisons ----------------------------------------------------------------------------
-def rnd(*shape, lo=-2.0, hi=2.0, dtype=np.float32): return RNG.uniform(lo, hi, size=shape).astype(dtype)
-
-
-def view_of(arr, kind):
-  """A tg Tensor equal to arr built as a (non-contiguous) view of another buffer."""
-  if kind == "contig" or arr.ndim == 0: return Tensor(arr)
-  if kind == "permuted":
-    order = list(range(arr.ndim))[::-1]
-    return Tensor(np.ascontiguousarray(arr.transpose(order))).permute(order)
-  if kind == "flipped": return Tensor(np.ascontiguousarray(np.flip(arr, 0))).flip(0)
-  if kind == "shrunk":
-    big = np.zeros(tuple(s + 3 for s in arr.shape), dtype=arr.dtype)
-    big[tuple(slice(1, 1 + s) for s in arr.shape)] = arr
-    return Tensor(big).shrink([(1, 1 + s) for s in arr.shape])
-  if kind == "padded":
-    t = Tensor(arr).pad([(2, 1)] + [(0, 0)] * (arr.ndim - 1))
-    return t.shrink([(2, 2 + arr.shape[0])] + [(0, s) for s in arr.shape[1:]])
-  raise ValueError(kind)
 
 
 VIEWS = ["contig", "permuted", "flipped", "shrunk", "padded"]
-
-
-def close(ours, ref, atol=1e-5, rtol=1e-4, what="value"):
-  ref = ref.detach().cpu().numpy() if isinstance(ref, torch.Tensor) else np.asarray(ref)
-  ours = np.asarray(ours)
-  if ours.shape != ref.shape: raise AssertionError(f"{what}: shape {ours.shape} != reference {ref.shape}")
-  if ref.dtype == np.bool_ or np.issubdtype(ref.dtype, np.integer):
-    if not np.array_equal(ours.astype(np.int64), ref.astype(np.int64)):
-      raise AssertionError(f"{what}: {ours} != reference {ref}")
-    return
-  np.testing.assert_allclose(ours.astype(np.float64), ref.astype(np.float64), atol=atol, rtol=rtol, err_msg=what,
-                             equal_nan=True)
 
 
 def weights(shape): return RNG.uniform(0.5, 1.5, size=shape).astype(np.float32)
@@ -211,24 +166,6 @@ def check_torch(f_tg, f_torch, arrays, grad_of=None, atol=1e-5, rtol=1e-4, views
   close(out.numpy(), ref, atol, rtol, "forward")
   for i in grad_of:
     close(grad(ts[i]).numpy(), tt[i].grad, atol, rtol, f"grad of input {i}")
-
-
-def expect_error(fn_name, f, substr=None):
-  try:
-    r = f()
-  except TGError as e:
-    msg = str(e)
-    if fn_name not in msg: raise AssertionError(f"error message does not name {fn_name}: {msg!r}")
-    if substr and substr not in msg: raise AssertionError(f"error message lacks {substr!r}: {msg!r}")
-    return
-  raise AssertionError(f"expected an error from {fn_name}, got {r!r}")
-
-
-def kernels(f):
-  t = f()
-  tg.counters_reset()
-  t.realize()
-  return tg.counters().kernel_count
 
 
 # ---- test registry ------------------------------------------------------------------------------------

@@ -21,9 +21,17 @@ import torch.nn.functional as F  # noqa: E402
 
 import tinygrad as tg  # noqa: E402
 from tinygrad import Tensor, TGError, _T, call, lib  # noqa: E402
+from torchcheck import backward, expect_error, grad, kernels, set_rg, view_of, status as _status, pair as _pair  # noqa: E402
+import torchcheck  # noqa: E402
 
 torch.set_num_threads(1)
 RNG = np.random.default_rng(1234)
+
+
+def rnd(*shape, **kw): return torchcheck.rnd(*shape, rng=RNG, **kw)
+
+
+def close(ours, ref, atol=1e-5, rtol=1e-3, what="value"): return torchcheck.close(ours, ref, atol, rtol, what)
 
 # ---- prototypes of the nn section of include/tinygrad.h ------------------------------------------
 _i64p, _intp, _tp = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int), ctypes.POINTER(_T)
@@ -93,12 +101,6 @@ def _tarr(ts): return (_T * max(len(ts), 1))(*[t.h for t in ts])
 def _h(t): return t.h if t is not None else NONE_T
 
 
-def _status(fn, st):
-  if st < 0: tg._raise(fn, st)
-  if lib.tg_last_error(): tg._raise(fn)
-  return st
-
-
 # thin Python wrappers (each raises TGError with the library's message on failure)
 def cat(ts, dim=0): return W(call("cat", _tarr(ts), len(ts), dim))
 def stack(ts, dim=0): return W(call("stack", _tarr(ts), len(ts), dim))
@@ -146,12 +148,6 @@ def triu(x, d=0): return W(call("triu", x.h, d))
 def tril(x, d=0): return W(call("tril", x.h, d))
 
 
-def _pair(v):
-  if v is None: return (0, 0)
-  if isinstance(v, int): return (v, 0)
-  return tuple(v)
-
-
 def _pads(p):
   if p is None or isinstance(p, int): return (p or 0, 0, 0, 0), (1 if p else 0)
   p = tuple(p)
@@ -193,43 +189,7 @@ def loss(name, x, y, reduction="mean", label_smoothing=0.0, ignore_index=None, w
   return W(call(name, x.h, y.h, ctypes.byref(o)))
 
 
-def set_rg(t):
-  call("set_requires_grad", t.h, True)
-  return t
-
-
-def backward(t): _status("tg_backward", lib.tg_backward(t.h))
-
-
-def grad(t):
-  h = lib.tg_grad(t.h)
-  if h.id == 0: raise AssertionError("no gradient")
-  return W(h)
-
-
 # ---- input makers ---------------------------------------------------------------------------------
-def rnd(*shape, lo=-2.0, hi=2.0, dtype=np.float32): return RNG.uniform(lo, hi, size=shape).astype(dtype)
-
-
-def view_of(arr, kind):
-  """A tg Tensor equal to arr built as a non-contiguous view of another buffer."""
-  if kind == "contig" or arr.ndim == 0: return Tensor(arr)
-  if kind == "permuted":
-    order = list(range(arr.ndim))[::-1]
-    return Tensor(np.ascontiguousarray(arr.transpose(order))).permute(order)
-  if kind == "flipped": return Tensor(np.ascontiguousarray(np.flip(arr, 0))).flip(0)
-  if kind == "shrunk":
-    big = np.zeros(tuple(s + 3 for s in arr.shape), dtype=arr.dtype)
-    big[tuple(slice(1, 1 + s) for s in arr.shape)] = arr
-    return Tensor(big).shrink([(1, 1 + s) for s in arr.shape])
-  if kind == "padded":  # a pad view that is then cropped back (pad + shrink chain)
-    t = Tensor(arr).pad([(2, 1)] + [(0, 0)] * (arr.ndim - 1))
-    return t.shrink([(2, 2 + arr.shape[0])] + [(0, s) for s in arr.shape[1:]])
-  if kind == "expanded":  # broadcast view: arr must have a size-1 leading dim in the source
-    src = arr[:1]
-    if not np.array_equal(np.broadcast_to(src, arr.shape), arr): raise ValueError("not expandable")
-    return Tensor(np.ascontiguousarray(src)).expand(*arr.shape)
-  raise ValueError(kind)
 
 
 VIEWS = ["contig", "permuted", "flipped", "shrunk", "padded"]
@@ -239,17 +199,6 @@ CASES = []
 
 
 def case(name, fn, *args, **kw): CASES.append((name, fn, args, kw))
-
-
-def close(ours, ref, atol=1e-5, rtol=1e-3, what="value"):
-  ref = ref.detach().cpu().numpy() if isinstance(ref, torch.Tensor) else np.asarray(ref)
-  ours = np.asarray(ours)
-  if ours.shape != ref.shape: raise AssertionError(f"{what}: shape {ours.shape} != torch {ref.shape}")
-  if ref.dtype == np.bool_ or np.issubdtype(ref.dtype, np.integer):
-    if not np.array_equal(ours.astype(np.int64), ref.astype(np.int64)):
-      raise AssertionError(f"{what}: {ours} != torch {ref}")
-    return
-  np.testing.assert_allclose(ours.astype(np.float64), ref.astype(np.float64), atol=atol, rtol=rtol, err_msg=what, equal_nan=True)
 
 
 def check_fwd_bwd(f_tg, f_torch, arrays, atol=1e-5, rtol=1e-3, gatol=None, grad_of=None, nondiff=()):
@@ -269,25 +218,6 @@ def check_fwd_bwd(f_tg, f_torch, arrays, atol=1e-5, rtol=1e-3, gatol=None, grad_
   close(out.numpy(), ref, atol, rtol, "forward")
   for i in grad_of:
     close(grad(ts[i]).numpy(), tt[i].grad, gatol if gatol is not None else max(atol, 1e-5), rtol, f"grad of input {i}")
-
-
-def expect_error(fn_name, f, substr=None):
-  try:
-    r = f()
-  except TGError as e:
-    msg = str(e)
-    if fn_name not in msg: raise AssertionError(f"error message does not name {fn_name}: {msg!r}")
-    if substr and substr not in msg: raise AssertionError(f"error message lacks {substr!r}: {msg!r}")
-    return
-  raise AssertionError(f"expected an error from {fn_name}, got {r!r}")
-
-
-def kernels(f):
-  """Kernels launched while realizing the tensor f() returns (inputs are realized by f first)."""
-  t = f()
-  tg.counters_reset()
-  t.realize()
-  return tg.counters().kernel_count
 
 
 def torch_of(a): return torch.tensor(a)

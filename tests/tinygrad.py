@@ -91,7 +91,7 @@ class _Opts(ctypes.Structure):
 
 class _Counters(ctypes.Structure):
   _fields_ = [("kernel_count", ctypes.c_uint64), ("global_ops", ctypes.c_uint64), ("global_mem", ctypes.c_uint64),
-              ("time_sum_s", ctypes.c_double), ("compile_count", ctypes.c_uint64)]
+              ("time_sum_s", ctypes.c_double), ("compile_count", ctypes.c_uint64), ("mem_used", ctypes.c_uint64)]
 
 
 def _lib_path():
