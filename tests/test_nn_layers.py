@@ -27,6 +27,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import tinygrad as tg  # noqa: E402
 from tinygrad import Tensor, TGError, _T, call, lib  # noqa: E402
+from torchcheck import backward, grad, set_rg, status as _check  # noqa: E402
 
 torch.set_num_threads(1)
 RNG = np.random.default_rng(4321)
@@ -165,30 +166,10 @@ W = Tensor._wrap
 NONE_T = _T(0)
 
 
-def _check(fn, st):
-  if st < 0: tg._raise(fn, st)
-  if lib.tg_last_error(): tg._raise(fn)
-  return st
-
-
 def _tarr(ts): return (_T * max(len(ts), 1))(*[t.h if isinstance(t, Tensor) else t for t in ts])
 def _shape(s): return (ctypes.c_int64 * max(len(s), 1))(*s), len(s)
 def _h(t): return t.h if t is not None else NONE_T
 def opts(dtype=0, requires_grad=False): return ctypes.byref(Opts(dtype, None, requires_grad))
-
-
-def set_rg(t):
-  call("set_requires_grad", t.h, True)
-  return t
-
-
-def backward(t): _check("tg_backward", lib.tg_backward(t.h))
-
-
-def grad(t):
-  h = lib.tg_grad(t.h)
-  if h.id == 0: raise AssertionError("no gradient")
-  return W(h)
 
 
 # ---- layers --------------------------------------------------------------------------------------

@@ -323,24 +323,21 @@ found:
   return best;
 }
 
+/* Merges c's next chunk (free, like c) into c. */
+static void chunk_absorb_next(Chunk *c) {
+  Chunk *n = c->next;
+  c->size += n->size;
+  c->next = n->next;
+  if (n->next) n->next->prev = c;
+  free(n);
+}
+
 /* Marks c free and merges it with free neighbours. Caller holds d->lock. */
 static void chunk_put_locked(DeviceImpl *d, Chunk *c) {
   c->used = false;
   d->pub.cached_bytes += c->size;
-  Chunk *n = c->next;
-  if (n && !n->used) {
-    c->size += n->size;
-    c->next = n->next;
-    if (n->next) n->next->prev = c;
-    free(n);
-  }
-  Chunk *p = c->prev;
-  if (p && !p->used) {
-    p->size += c->size;
-    p->next = c->next;
-    if (c->next) c->next->prev = p;
-    free(c);
-  }
+  if (c->next && !c->next->used) chunk_absorb_next(c);
+  if (c->prev && !c->prev->used) chunk_absorb_next(c->prev);
 }
 
 /* A new segment of nbytes holding one used chunk (the lock is not held while the device maps it). */
