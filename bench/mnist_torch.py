@@ -2,9 +2,9 @@
 """The beautiful_mnist model and train step in PyTorch (2 threads), for bench/mnist.py.
 
 Prints one line: `torch step_ms=<median> eval_ms=<ms> first_step_ms=<ms> rss_mb=<peak> acc=<pct>`.
-Usage: /usr/bin/python3 bench/mnist_torch.py STEPS BS
+Usage: /usr/bin/python3 bench/mnist_torch.py STEPS BS   (SEED=n seeds torch; default 0)
 """
-import gzip, resource, sys, time
+import gzip, os, resource, sys, time
 import numpy as np
 import torch, torch.nn as nn, torch.nn.functional as F
 
@@ -31,7 +31,7 @@ class Model(nn.Module):
     x = F.max_pool2d(self.b2(F.relu(self.c4(F.relu(self.c3(x))))), 2)
     return self.l(x.flatten(1))
 
-torch.manual_seed(0)
+torch.manual_seed(int(os.environ.get("SEED", "0")))
 model = Model()
 opt = torch.optim.Adam(model.parameters())
 
