@@ -1221,7 +1221,9 @@ typedef tg_status (*tg_jit_fn)(const tg_tensor *in, int nin, const double *args,
 typedef struct tg_jit tg_jit;
 /* Wraps fn. The first call runs it normally, the second captures the kernels it runs, later calls
  * replay them with the new inputs' buffers (no graph building or scheduling). JIT=0 disables capture;
- * JIT=2 captures too (there is no separate graph batching to turn off). Free with tg_jit_free. */
+ * JIT=2 captures too (there is no separate graph batching to turn off). Between calls the jit holds
+ * its outputs (and buffers that outlived one realize inside fn), not the intermediates: a replay
+ * allocates them as the captured run did. Free with tg_jit_free. */
 tg_jit *tg_jit_new(tg_jit_fn fn, int nout, void *user);
 /* Calls the jitted function. Inputs must be realized, contiguous tensors; outputs come back
  * realized in out[] (new handles in the caller's scope; on replays they alias the same buffers).
