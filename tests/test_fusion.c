@@ -395,6 +395,35 @@ static size_t cpu_cached_bytes(void) {
   return d ? d->cached_bytes : 0;
 }
 
+/* A CONTIGUOUS of an intermediate that is already stored in its order is no kernel: it takes the
+ * intermediate's buffer. A copy of a user's buffer stays a copy (writes to the original must not
+ * show through). */
+TEST(contiguous_of_stored_intermediate_is_no_copy) {
+  BEGIN;
+  float *v = test_data(24 * 16, 31);
+  tg_tensor x = tg_from_data(v, TG_SHAPE(24, 16), F32);
+  tg_tensor m = tg_contiguous(tg_add_s(tg_mul_s(x, 2), 1));
+  tg_tensor y = tg_contiguous(tg_reshape(m, TG_SHAPE(16, 24)));
+  tg_tensor z = tg_add(tg_reshape(y, TG_SHAPE(24, 16)), m); /* both read by one more kernel */
+  CHECK_KERNELS(z, ==, 2);
+  float got[24 * 16];
+  CHECK(tg_data(z, got, sizeof got) == TG_OK);
+  for (int i = 0; i < 24 * 16; i++) CHECK_CLOSE(got[i], 2 * (2 * v[i] + 1), 1e-6);
+  /* the realized copy (a target) owns that buffer now: it reads back as the values */
+  CHECK(tg_data(y, got, sizeof got) == TG_OK);
+  for (int i = 0; i < 24 * 16; i++) CHECK_CLOSE(got[i], 2 * v[i] + 1, 1e-6);
+  /* a realized user tensor copied: one kernel, and the copy keeps its values when x changes */
+  tg_tensor c = tg_contiguous(tg_reshape(tg_permute(x, TG_AXES(1, 0)), TG_SHAPE(16 * 24)));
+  CHECK(tg_realize(c) == TG_OK);
+  tg_assign(x, tg_zeros_like(x, NULL));
+  CHECK(tg_realize(x) == TG_OK);
+  float cv[16 * 24];
+  CHECK(tg_data(c, cv, sizeof cv) == TG_OK);
+  CHECK_CLOSE(cv[1], v[16], 0);
+  free(v);
+  END;
+}
+
 TEST(dead_intermediates_reused) {
   BEGIN;
   /* an unusual size, so no block of it is cached before this test */

@@ -1006,6 +1006,22 @@ static void flush_assigns_for(SCtx *c, UOp *root) {
   pv_free(&need);
 }
 
+/* If kernel `ast` (params as built, writing sbuf out) only copies an intermediate of this schedule
+ * to out in the same order -- STORE(i, LOAD(i)) over the whole buffer, same dtype -- returns that
+ * intermediate's sbuf, else -1. A CONTIGUOUS of data already stored in its order (a gradient a
+ * kernel wrote channels-last, made channels-last again for a convolution) is then no kernel. */
+static int pure_copy_source(Schedule *s, UOp *ast, const int *params, int np, int out) {
+  if (np != 2 || ast->op != OP_SINK || ast->nsrc != 1) return -1;
+  UOp *st = ast->src[0];
+  if (st->op != OP_STORE || st->nsrc != 3) return -1;
+  UOp *ld = st->src[2];
+  if (ld->op != OP_LOAD || ld->nsrc != 2 || ld->src[1] != st->src[1] || ld->dtype != st->dtype) return -1;
+  if (ld->src[0]->op != OP_DEFINE_GLOBAL || ld->src[0]->arg.i != 1) return -1;
+  const SBuf *in = &s->bufs[params[1]], *o = &s->bufs[out];
+  if (in->keep || in->buf || in->nbytes != o->nbytes || in->dev != o->dev) return -1;
+  return params[1];
+}
+
 tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
   SCtx c;
   memset(&c, 0, sizeof c);
@@ -1046,6 +1062,16 @@ tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
       free(params);
       params = NULL;
       ast = build_kernel(&c, nd, value, x->fused_reduce, x->fused_perm, x->lay, x->sbuf, &params, &np, false);
+    }
+    int src = ast && nd->op == OP_CONTIGUOUS && !x->lay ? pure_copy_source(s, ast, params, np, x->sbuf) : -1;
+    if (src >= 0) {
+      /* the copy would reproduce its source byte for byte: use the source's buffer instead (it is
+       * an intermediate of this schedule, so nothing else can write it or hold it) */
+      s->bufs[src].keep = s->bufs[src].keep || x->target;
+      x->sbuf = src;
+      uop_unref(ast);
+      free(params);
+      continue;
     }
     add_item(&c, SI_KERNEL, ast, params, np, dev);
   }
