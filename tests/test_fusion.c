@@ -569,6 +569,58 @@ TEST(intermediate_stored_in_input_order) {
   END;
 }
 
+/* conv -> relu -> per-channel affine (an evaluation's batchnorm) -> 2x2 max-pool: without a
+ * gradient the pool is computed inside the convolution's kernel (its output is never stored), with
+ * FUSE_WINDOW=0 it is a kernel of its own; with a gradient in view the input stays materialized.
+ * Values agree in all three, and the gradients are finite and agree. */
+static tg_tensor conv_pool(tg_tensor x, tg_tensor w, tg_tensor sc) {
+  tg_tensor c = tg_relu(tg_conv2d(x, w, (tg_tensor){0}, NULL));
+  return tg_max_pool2d(tg_add_s(tg_mul(c, sc), 0.25), NULL);
+}
+
+TEST(window_max_fused_into_reduction) {
+  BEGIN;
+  enum { N = 4, CI = 3, CO = 16, H = 10, KS = 3 }; /* 8x8 conv output, pooled to 4x4 */
+  float *xv = test_data(N * CI * H * H, 41), *wv = test_data(CO * CI * KS * KS, 42), *sv = test_data(CO, 43);
+  tg_tensor x = tg_from_data(xv, TG_SHAPE(N, CI, H, H), F32);
+  tg_tensor w = tg_set_requires_grad(tg_from_data(wv, TG_SHAPE(CO, CI, KS, KS), F32), true);
+  tg_tensor sc = tg_reshape(tg_from_data(sv, TG_SHAPE(CO), F32), TG_SHAPE(1, CO, 1, 1));
+  CHECK(tg_realize(sc) == TG_OK);
+  enum { NO = N * CO * 4 * 4 };
+  float fused[NO], plain[NO], grad1[CO * CI * KS * KS], grad2[CO * CI * KS * KS];
+  tg_tensor p1 = conv_pool(x, w, sc);
+  uint64_t k1 = kernels_for(p1);
+  CHECK(tg_data(p1, fused, sizeof fused) == TG_OK);
+  tg_context_begin();
+  tg_context_set("FUSE_WINDOW", "0");
+  tg_tensor p2 = conv_pool(x, tg_mul_s(w, 1.0), sc);
+  uint64_t k2 = kernels_for(p2);
+  CHECK(tg_data(p2, plain, sizeof plain) == TG_OK);
+  tg_context_end();
+  CHECK_MSG(k1 + 1 == k2, "%llu kernels fused, %llu not", (unsigned long long)k1, (unsigned long long)k2);
+  double want[NO];
+  for (int i = 0; i < NO; i++) want[i] = plain[i];
+  CHECK_CLOSE_ALL(p1, want, NO, 1e-5);
+  /* with a gradient built through the pool, its input keeps a kernel of its own (the gradient
+   * compares it with the maximum: both must see the same bits), fusion allowed or not */
+  for (int pass = 0; pass < 2; pass++) {
+    tg_context_begin();
+    if (pass) tg_context_set("FUSE_WINDOW", "0");
+    tg_zero_grad(w);
+    tg_tensor p = conv_pool(x, pass ? tg_mul_s(w, 1.0) : tg_add_s(w, 0.0), sc);
+    CHECK(tg_backward(tg_sum(p, TG_ALL_AXES, false)) == TG_OK);
+    CHECK(kernels_for(p) == k2);
+    CHECK(tg_data(tg_grad(w), pass ? grad2 : grad1, sizeof grad1) == TG_OK);
+    tg_context_end();
+  }
+  for (int i = 0; i < CO * CI * KS * KS; i++) {
+    CHECK(isfinite(grad1[i]));
+    CHECK_CLOSE(grad1[i], grad2[i], 1e-4);
+  }
+  free(xv), free(wv), free(sv);
+  END;
+}
+
 /* a sum of many elements into few outputs runs as two kernels (partial sums per group, then their
  * sum: tinygrad's split_reduceop), one with SPLIT_REDUCEOP=0; the values agree */
 TEST(big_sum_split_in_two_stages) {

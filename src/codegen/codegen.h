@@ -38,12 +38,17 @@ typedef struct {
   UOp *rplace;   /* placeholder node for the reduction result inside `value` (owned) */
   UOp *value;    /* stored value (owned) */
   UOp *sidx;     /* store index (owned) */
+  int sop;       /* 0, or OP_MAX: a window maximum over the kernel's reduction -- its loops are
+                  * global loops, and each value max-combines into the output except the first of
+                  * its window (sfirst true), which stores */
+  UOp *sfirst;   /* (sop) the window position is the first (owned) */
   tg_dtype *pdt; /* dtype of each param buffer; param 0 is the output */
   int np;
   /* after optimization (what renderers consume): upcast copies of the expressions above, one per
    * unrolled position of the upcast axes (copy 0 alone when nothing is upcast) */
   int ncopy;
   UOp **values, **sidxs, **rbodies, **rplaces; /* owned; rbodies/rplaces entries NULL without reduce */
+  UOp **sfirsts; /* (sop) sfirst per copy (owned) */
   int vw;        /* vector width: loads/stores marked with arg.i == vw move vw contiguous lanes */
   int rvw;       /* vector width along a reduce axis: the accumulators are vectors, summed across
                   * lanes when the reduction ends (0 = none; exclusive with vw) */

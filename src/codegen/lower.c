@@ -9,15 +9,16 @@
 #include "../uop/ptrmap.h"
 #include "codegen.h"
 
-static void collect(UOp *u, PtrMap *seen, PtrVec *ranges, UOp **reduce) {
+/* Collects the RANGE nodes and the REDUCE nodes (at most two: a window reduction over one more). */
+static void collect(UOp *u, PtrMap *seen, PtrVec *ranges, UOp **reds, int *nred) {
   if (pm_has(seen, (uint64_t)(uintptr_t)u)) return;
   pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
   if (u->op == OP_RANGE) pv_push(ranges, u);
   if (u->op == OP_REDUCE) {
-    TG_ASSERT(*reduce == NULL || *reduce == u);
-    *reduce = u;
+    TG_ASSERT(*nred < 2);
+    reds[(*nred)++] = u;
   }
-  for (uint32_t i = 0; i < u->nsrc; i++) collect(u->src[i], seen, ranges, reduce);
+  for (uint32_t i = 0; i < u->nsrc; i++) collect(u->src[i], seen, ranges, reds, nred);
 }
 
 static int range_cmp(const void *a, const void *b) {
@@ -38,6 +39,7 @@ static int kernel_divmod(LKernel *k) {
   pm_init(&seen);
   int n = count_divmod(k->value, &seen) + count_divmod(k->sidx, &seen);
   if (k->rbody) n += count_divmod(k->rbody, &seen);
+  if (k->sfirst) n += count_divmod(k->sfirst, &seen);
   pm_free(&seen);
   return n;
 }
@@ -51,6 +53,11 @@ static void subst_all(LKernel *k, USubst *s, int ns) {
     UOp *b = uop_substitute(k->rbody, s, ns);
     uop_unref(k->rbody);
     k->rbody = b;
+  }
+  if (k->sfirst) {
+    UOp *f = uop_substitute(k->sfirst, s, ns);
+    uop_unref(k->sfirst);
+    k->sfirst = f;
   }
 }
 
@@ -86,13 +93,15 @@ static bool try_merge(LKernel *k, UOp **rs, int *n, int i) {
   trial.value = uop_substitute(k->value, s, 2);
   trial.sidx = uop_substitute(k->sidx, s, 2);
   trial.rbody = k->rbody ? uop_substitute(k->rbody, s, 2) : NULL;
+  trial.sfirst = k->sfirst ? uop_substitute(k->sfirst, s, 2) : NULL;
   int after = kernel_divmod(&trial);
   bool ok = after <= before;
   if (ok) {
     uop_unref(k->value);
     uop_unref(k->sidx);
     uop_unref(k->rbody);
-    k->value = trial.value, k->sidx = trial.sidx, k->rbody = trial.rbody;
+    uop_unref(k->sfirst);
+    k->value = trial.value, k->sidx = trial.sidx, k->rbody = trial.rbody, k->sfirst = trial.sfirst;
     uop_unref(rs[i]);
     uop_unref(rs[i + 1]);
     rs[i] = R;
@@ -102,6 +111,7 @@ static bool try_merge(LKernel *k, UOp **rs, int *n, int i) {
     uop_unref(trial.value);
     uop_unref(trial.sidx);
     uop_unref(trial.rbody);
+    uop_unref(trial.sfirst);
     uop_unref(R);
   }
   uop_unref(d);
@@ -140,9 +150,24 @@ LKernel *lower_kernel(UOp *ast, const OptCfg *cfg) {
   collect_params(ast, &seen, k);
   pm_clear(&seen);
   PtrVec ranges = {0};
-  UOp *red = NULL;
-  collect(store, &seen, &ranges, &red);
+  UOp *reds[2] = {NULL, NULL}, *red = NULL, *outer = NULL;
+  int nred = 0;
+  collect(store, &seen, &ranges, reds, &nred);
   pm_free(&seen);
+  red = reds[0];
+  if (nred == 2) {
+    /* a window maximum (the stored value) over a reduction: its loops become global loops, and the
+     * copies of one output combine into it in the store (sop, sfirst) */
+    outer = reds[0] == store->src[2] ? reds[0] : reds[1];
+    red = outer == reds[0] ? reds[1] : reds[0];
+    TG_ASSERT(outer == store->src[2] && outer->arg.i == OP_MAX);
+    k->sop = (int)outer->arg.i;
+    for (uint32_t j = 1; j < outer->nsrc; j++) {
+      UOp *z = s_ltc(outer->src[j], 1), *a = s_and(k->sfirst, z);
+      uop_unref(z), uop_unref(k->sfirst);
+      k->sfirst = a;
+    }
+  }
   next_axis = 1000;
   k->granges = tg_xmalloc(sizeof(UOp *) * (ranges.n + 1));
   k->rranges = tg_xmalloc(sizeof(UOp *) * (ranges.n + 1));
@@ -166,7 +191,7 @@ LKernel *lower_kernel(UOp *ast, const OptCfg *cfg) {
     a.i = -1;
     k->rplace = uop_new(OP_NOOP, (tg_dtype)red->dtype, NULL, 0, NULL, 0, a);
     USubst s = {red, k->rplace};
-    k->value = uop_substitute(store->src[2], &s, 1);
+    k->value = uop_substitute(outer ? outer->src[0] : store->src[2], &s, 1);
   } else {
     k->value = uop_ref(store->src[2]);
   }
@@ -208,10 +233,12 @@ void lkernel_free(LKernel *k) {
   uop_unref(k->rplace);
   uop_unref(k->value);
   uop_unref(k->sidx);
+  uop_unref(k->sfirst);
   for (int c = 0; c < k->ncopy; c++) {
     uop_unref(k->values[c]), uop_unref(k->sidxs[c]), uop_unref(k->rbodies[c]), uop_unref(k->rplaces[c]);
+    if (k->sfirsts) uop_unref(k->sfirsts[c]);
   }
-  free(k->values), free(k->sidxs), free(k->rbodies), free(k->rplaces);
+  free(k->values), free(k->sidxs), free(k->rbodies), free(k->rplaces), free(k->sfirsts);
   free(k->pdt);
   free(k);
 }
@@ -268,6 +295,9 @@ KernelCode *codegen_c_cfg(UOp *ast, const OptCfg *cfg) {
   /* small kernels run on the calling thread: waking workers costs more than the work */
   int64_t work = outer * (k->vw ? k->vw : 1) * k->ncopy * (inner > 0 ? inner : 1);
   kc->local_size[0] = (work < 65536 || kc->global_size[0] < 2) ? 1 : 0;
+  /* a combining store: iterations of the split loop must not meet at one output */
+  for (int c = 0; k->sop && k->ng && c < k->ncopy; c++)
+    if (uop_depends_on(k->sfirsts[c], k->granges[0])) kc->local_size[0] = 1;
   kc->local_size[1] = kc->local_size[2] = 1;
   PtrMap seen;
   pm_init(&seen);

@@ -284,6 +284,7 @@ static void make_copies(LKernel *k, const Upcast *ups, int nup, int *next_axis) 
   k->sidxs = tg_xcalloc((size_t)total, sizeof(UOp *));
   k->rbodies = tg_xcalloc((size_t)total, sizeof(UOp *));
   k->rplaces = tg_xcalloc((size_t)total, sizeof(UOp *));
+  if (k->sop) k->sfirsts = tg_xcalloc((size_t)total, sizeof(UOp *));
   UOp *newr[8];
   k->padinfo[0] = 0;
   for (int i = 0; i < nup; i++) {
@@ -316,6 +317,7 @@ static void make_copies(LKernel *k, const Upcast *ups, int nup, int *next_axis) 
     }
     k->values[c] = uop_substitute(k->value, s, ns);
     k->sidxs[c] = uop_substitute(k->sidx, s, ns);
+    if (k->sop) k->sfirsts[c] = uop_substitute(k->sfirst, s, ns);
     if (k->rbody) {
       k->rbodies[c] = uop_substitute(k->rbody, s, ns);
       k->rplaces[c] = ph;
@@ -391,7 +393,9 @@ static bool pad_ok(const LKernel *k, int g, int f) {
   int64_t n = k->granges[g]->iarg[0];
   if (n % f == 0) return true;
   int64_t padded = (n + f - 1) / f * f;
-  return k->rbody && n > f && (padded - n) * 4 <= n;
+  /* not in a combining store (the clamped copies of a window axis would read and write one output
+   * in an order the store's first-position test does not expect) */
+  return k->rbody && !k->sop && n > f && (padded - n) * 4 <= n;
 }
 
 /* Applies a given configuration; marks k->cfg_failed when it does not fit this kernel. */

@@ -363,16 +363,28 @@ static void emit_store(R *r, const LKernel *k, int c) {
   UOp *v = k->values[c];
   ind(r);
   if (k->vw) {
-    sb_printf(r->b, "*(tg_vfu *)(data0 + %s) = ", nm(r, k->sidxs[c]));
+    const char *at = nm(r, k->sidxs[c]);
     SB e;
     sb_init(&e);
     vopnd(r, v, false, &e);
-    sb_printf(r->b, "%s;\n", e.s);
+    if (!k->sop) {
+      sb_printf(r->b, "*(tg_vfu *)(data0 + %s) = %s;\n", at, e.s);
+    } else {
+      /* combining store (float32 only): the first window position stores, the others keep the max */
+      sb_printf(r->b, "{ tg_vf nv_ = %s; if (!%s) nv_ = tg_vmax(nv_, *(const tg_vfu *)(data0 + %s)); *(tg_vfu *)(data0 + %s) = nv_; }\n",
+                e.s, nm(r, k->sfirsts[c]), at, at);
+    }
     sb_free(&e);
     return;
   }
   const char *conv = odt == TG_FLOAT16 ? "tg_f2h" : odt == TG_BFLOAT16 ? "tg_f2b" : "";
-  sb_printf(r->b, "data0[%s] = %s(%s);\n", nm(r, k->sidxs[c]), conv, nm(r, v));
+  if (!k->sop) {
+    sb_printf(r->b, "data0[%s] = %s(%s);\n", nm(r, k->sidxs[c]), conv, nm(r, v));
+  } else {
+    /* combining store (float32 only): the first window position stores, the others keep the max */
+    const char *at = nm(r, k->sidxs[c]), *x = nm(r, v), *f = nm(r, k->sfirsts[c]);
+    sb_printf(r->b, "data0[%s] = (%s || %s > data0[%s] || %s != %s) ? %s : data0[%s];\n", at, f, x, at, x, x, x, at);
+  }
 }
 
 static void emit_post_and_store(R *r, Lin *l, const LKernel *k, int level) {
@@ -426,6 +438,7 @@ char *render_c(const LKernel *k, const char *name) {
   for (int c = 0; c < k->ncopy; c++) topo(&l, k->rbodies[c]);
   for (int c = 0; c < k->ncopy; c++) topo(&l, k->values[c]);
   for (int c = 0; c < k->ncopy; c++) topo(&l, k->sidxs[c]);
+  for (int c = 0; k->sop && c < k->ncopy; c++) topo(&l, k->sfirsts[c]);
   /* vector-ness: W-wide loads and everything computed from them; placeholders follow their body */
   for (size_t i = 0; i < l.order.n; i++) {
     UOp *u = l.order.p[i];

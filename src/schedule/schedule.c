@@ -1006,6 +1006,243 @@ static void flush_assigns_for(SCtx *c, UOp *root) {
   pv_free(&need);
 }
 
+/* ---- window fusion ----
+ * A small window maximum (a 2x2 max-pool with stride 2) over a convolution's output materializes
+ * the whole output only to reduce it four to one. When the window kernel K2 is the only reader of
+ * the buffer K1 writes, K1's value (its reduction included) is inlined at each of K2's loads: K2 then
+ * has a reduction inside its window reduction, which the lowering turns into a combining store (the
+ * window's loops are global loops; each position max-combines into the output). The
+ * buffer is never allocated: beautiful_mnist's evaluation stores its second convolution pooled
+ * (122 MiB) instead of whole (488 MiB). Only when each element of the buffer is read once (disjoint
+ * windows, no recomputation), and never for an input a maximum's gradient will compare with the
+ * maximum again (UOPF_MAX_GRAD): that comparison must see the bits the maximum saw. */
+#define WINDOW_MAX 16
+
+static int count_reduces(UOp *u, PtrMap *seen) {
+  if (pm_has(seen, (uint64_t)(uintptr_t)u)) return 0;
+  pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
+  int n = u->op == OP_REDUCE;
+  for (uint32_t i = 0; i < u->nsrc; i++) n += count_reduces(u->src[i], seen);
+  return n;
+}
+
+/* The loads of param p in u (appended to v); false if one has a validity mask. */
+static bool loads_of(UOp *u, int p, PtrVec *v, PtrMap *seen) {
+  if (pm_has(seen, (uint64_t)(uintptr_t)u)) return true;
+  pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
+  if (u->op == OP_LOAD && u->src[0]->op == OP_DEFINE_GLOBAL && u->src[0]->arg.i == p) {
+    if (u->nsrc > 2) return false;
+    pv_push(v, u);
+    return true;
+  }
+  for (uint32_t i = 0; i < u->nsrc; i++)
+    if (!loads_of(u->src[i], p, v, seen)) return false;
+  return true;
+}
+
+static void collect_ranges(UOp *u, PtrVec *v, PtrMap *seen) {
+  if (pm_has(seen, (uint64_t)(uintptr_t)u)) return;
+  pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
+  if (u->op == OP_RANGE) pv_push(v, u);
+  for (uint32_t i = 0; i < u->nsrc; i++) collect_ranges(u->src[i], v, seen);
+}
+
+static void collect_globals(UOp *u, PtrVec *v, PtrMap *seen) {
+  if (pm_has(seen, (uint64_t)(uintptr_t)u)) return;
+  pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
+  if (u->op == OP_DEFINE_GLOBAL) pv_push(v, u);
+  for (uint32_t i = 0; i < u->nsrc; i++) collect_globals(u->src[i], v, seen);
+}
+
+static int param_slot(int **params, int *np, int sbuf) {
+  for (int i = 0; i < *np; i++)
+    if ((*params)[i] == sbuf) return i;
+  *params = tg_xrealloc(*params, sizeof(int) * (size_t)(*np + 1));
+  (*params)[*np] = sbuf;
+  return (*np)++;
+}
+
+/* Tries to inline item j (K1) into item i (K2); true if done (item j is then dead). */
+static bool fuse_window(Schedule *s, int j, int i) {
+  SItem *k1 = &s->items[j], *k2 = &s->items[i];
+  UOp *st1 = k1->ast->src[0], *st2 = k2->ast->src[0];
+  UOp *w = st2->src[2];
+  int B = k1->bufs[0];
+  if (w->op != OP_REDUCE || w->arg.i != OP_MAX || w->dtype != TG_FLOAT32) return false;
+  if (st1->src[2]->dtype != TG_FLOAT32 || (st1->src[2]->op == OP_CAST)) return false;
+  int64_t win = 1;
+  for (uint32_t r = 1; r < w->nsrc; r++) win *= w->src[r]->iarg[0];
+  if (win < 2 || win > WINDOW_MAX) return false;
+  /* every element of B read exactly once: as many (output, window position) pairs as elements */
+  if (s->bufs[k2->bufs[0]].nbytes / 4 * (size_t)win != s->bufs[B].nbytes / 4) return false;
+  PtrMap seen;
+  pm_init(&seen);
+  int nred1 = count_reduces(st1->src[2], &seen);
+  pm_clear(&seen);
+  int nred2 = count_reduces(w->src[0], &seen);
+  pm_clear(&seen);
+  int pB = -1;
+  for (int q = 1; q < k2->nbufs; q++)
+    if (k2->bufs[q] == B) pB = q;
+  PtrVec loads = {0};
+  bool ok = nred1 == 1 && nred2 == 0 && pB > 0 && loads_of(w->src[0], pB, &loads, &seen) && loads.n > 0;
+  pm_clear(&seen);
+  /* K1's store index must be a plain layout: sum of its global ranges times strides */
+  PtrVec gr = {0};
+  if (ok) collect_ranges(st1->src[1], &gr, &seen);
+  pm_clear(&seen);
+  int64_t stride[MAXD];
+  UOp *z = s_const(0);
+  if (ok && gr.n <= MAXD) {
+    UOp *acc = s_const(0);
+    for (size_t g = 0; g < gr.n; g++) {
+      USubst sub[MAXD];
+      for (size_t h = 0; h < gr.n; h++) sub[h] = (USubst){gr.p[h], z};
+      UOp *one = s_const(1);
+      sub[g].to = one;
+      UOp *e = uop_substitute(st1->src[1], sub, (int)gr.n);
+      stride[g] = e->op == OP_CONST ? e->arg.i : -1;
+      ok = ok && stride[g] > 0;
+      UOp *t = s_mulc(gr.p[g], stride[g] > 0 ? stride[g] : 1), *nx = s_add(acc, t);
+      uop_unref(t), uop_unref(acc), uop_unref(e), uop_unref(one);
+      acc = nx;
+    }
+    ok = ok && acc == st1->src[1];
+    uop_unref(acc);
+  } else {
+    ok = false;
+  }
+  uop_unref(z);
+  for (int q = 0; q < k1->nbufs; q++) ok = ok && (q == 0 || k1->bufs[q] != B); /* K1 reads no B */
+  if (!ok) {
+    pv_free(&loads), pv_free(&gr);
+    pm_free(&seen);
+    return false;
+  }
+  /* the merged parameter list: K2's without B, then K1's inputs */
+  int *params = NULL, np = 0;
+  PtrVec globals = {0};
+  collect_globals(k2->ast, &globals, &seen);
+  pm_clear(&seen);
+  size_t n2 = globals.n;
+  collect_globals(st1->src[2], &globals, &seen);
+  pm_clear(&seen);
+  USubst *sub = tg_xmalloc(sizeof(USubst) * (globals.n + 2 * loads.n + 1));
+  int ns = 0;
+  UOp **fresh = tg_xmalloc(sizeof(UOp *) * (globals.n + 1));
+  int nfresh = 0;
+  for (size_t g = 0; g < globals.n; g++) {
+    UOp *d = globals.p[g];
+    int sb = (g < n2 ? k2->bufs : k1->bufs)[d->arg.i];
+    UArg a;
+    /* B's loads are replaced below: its param (a placeholder until then) leaves the kernel */
+    a.i = g < n2 && d->arg.i == pB ? -1 : param_slot(&params, &np, sb);
+    fresh[nfresh] = uop_new(OP_DEFINE_GLOBAL, (tg_dtype)d->dtype, NULL, 0, NULL, 0, a);
+    sub[ns++] = (USubst){d, fresh[nfresh++]};
+  }
+  UOp *v1 = uop_substitute(st1->src[2], sub, ns); /* K1's value over the new params */
+  /* K1's reduce loops get ids of their own (K2's window loops may use the same ones) */
+  PtrVec r1 = {0};
+  collect_ranges(v1, &r1, &seen);
+  pm_clear(&seen);
+  int nsub2 = 0;
+  USubst *sub2 = tg_xmalloc(sizeof(USubst) * (r1.n + 1));
+  for (size_t q = 0; q < r1.n; q++) {
+    bool global = false;
+    for (size_t g = 0; g < gr.n; g++) global = global || gr.p[g] == r1.p[q];
+    if (global) continue;
+    /* keep their order (loops are sorted by id; adjacent loops merge) */
+    UOp *r = r1.p[q];
+    int rank = 0;
+    for (size_t o = 0; o < r1.n; o++) rank += ((UOp *)r1.p[o])->arg.i < r->arg.i;
+    sub2[nsub2++] = (USubst){r, s_range(900 + rank, r->iarg[0])};
+  }
+  UOp *v1r = uop_substitute(v1, sub2, nsub2);
+  for (int q = 0; q < nsub2; q++) uop_unref(sub2[q].to);
+  free(sub2);
+  pv_free(&r1);
+  /* each load of B becomes K1's value at the position its index names */
+  USubst *ls = tg_xmalloc(sizeof(USubst) * (loads.n + 1));
+  for (size_t q = 0; q < loads.n; q++) {
+    UOp *L = uop_substitute(((UOp *)loads.p[q])->src[1], sub, ns);
+    USubst *gs = tg_xmalloc(sizeof(USubst) * (gr.n + 1));
+    for (size_t g = 0; g < gr.n; g++) {
+      UOp *d = s_divc(L, stride[g]);
+      gs[g] = (USubst){gr.p[g], s_modc(d, ((UOp *)gr.p[g])->iarg[0])};
+      uop_unref(d);
+    }
+    ls[q] = (USubst){uop_substitute(loads.p[q], sub, ns), uop_substitute(v1r, gs, (int)gr.n)};
+    for (size_t g = 0; g < gr.n; g++) uop_unref(gs[g].to);
+    free(gs);
+    uop_unref(L);
+  }
+  UOp *w2 = uop_substitute(w, sub, ns), *si2 = uop_substitute(st2->src[1], sub, ns);
+  UOp *wv = uop_substitute(w2, ls, (int)loads.n);
+  for (size_t q = 0; q < loads.n; q++) uop_unref(ls[q].from), uop_unref(ls[q].to);
+  free(ls);
+  UOp *g0 = uop_substitute(st2->src[0], sub, ns);
+  UOp *stv[3] = {g0, si2, wv};
+  UArg za = {0};
+  UOp *store = uop_new(OP_STORE, (tg_dtype)st2->dtype, stv, 3, NULL, 0, za);
+  UOp *ast = uop_new(OP_SINK, TG_DTYPE_DEFAULT, &store, 1, NULL, 0, za);
+  uop_unref(store), uop_unref(g0), uop_unref(wv), uop_unref(w2), uop_unref(si2), uop_unref(v1), uop_unref(v1r);
+  for (int q = 0; q < nfresh; q++) uop_unref(fresh[q]);
+  free(fresh);
+  free(sub);
+  pv_free(&globals), pv_free(&loads), pv_free(&gr);
+  pm_free(&seen);
+  uop_unref(k2->ast);
+  k2->ast = ast;
+  free(k2->bufs);
+  k2->bufs = params;
+  k2->nbufs = np;
+  uop_unref(k1->ast);
+  k1->ast = NULL;
+  return true;
+}
+
+static void fuse_windows(Schedule *s) {
+  bool any = false;
+  for (int i = 0; i < s->nitems; i++) {
+    SItem *k2 = &s->items[i];
+    if (k2->kind != SI_KERNEL || !k2->ast) continue;
+    for (int q = 1; q < k2->nbufs; q++) {
+      int B = k2->bufs[q];
+      SBuf *b = &s->bufs[B];
+      if (b->keep || b->buf || b->last_use != i || !b->node || b->node->op != OP_CONTIGUOUS || b->node->arg.i != 1 ||
+          (b->node->flags & UOPF_MAX_GRAD))
+        continue;
+      int j = -1, readers = 0;
+      for (int m = 0; m < s->nitems; m++) {
+        SItem *it = &s->items[m];
+        if (!it->ast && it->kind == SI_KERNEL) continue;
+        if (it->bufs[0] == B) j = m;
+        for (int r = 1; r < it->nbufs; r++) readers += it->bufs[r] == B;
+      }
+      if (j < 0 || j >= i || readers != 1 || s->items[j].kind != SI_KERNEL) continue;
+      if (fuse_window(s, j, i)) {
+        any = true;
+        break;
+      }
+    }
+  }
+  if (!any) return;
+  int m = 0;
+  for (int i = 0; i < s->nitems; i++) {
+    if (s->items[i].kind == SI_KERNEL && !s->items[i].ast) {
+      free(s->items[i].bufs);
+      continue;
+    }
+    s->items[m++] = s->items[i];
+  }
+  s->nitems = m;
+  for (int b = 0; b < s->nbufs; b++) s->bufs[b].last_use = -1;
+  for (int i = 0; i < s->nitems; i++) {
+    for (int r = 1; r < s->items[i].nbufs; r++) s->bufs[s->items[i].bufs[r]].last_use = i;
+    if (s->bufs[s->items[i].bufs[0]].last_use < i) s->bufs[s->items[i].bufs[0]].last_use = i;
+  }
+}
+
 /* If kernel `ast` (params as built, writing sbuf out) only copies an intermediate of this schedule
  * to out in the same order -- STORE(i, LOAD(i)) over the whole buffer, same dtype -- returns that
  * intermediate's sbuf, else -1. A CONTIGUOUS of data already stored in its order (a gradient a
@@ -1091,6 +1328,7 @@ tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
     s->assigns[s->nassigns] = x->n;
     s->assign_bufs[s->nassigns++] = x->sbuf;
   }
+  if (getenv_int("FUSE_WINDOW", 1)) fuse_windows(s);
   for (int i = 0; i < n; i++) {
     NI *x = info(&c, targets[i]);
     tbuf[i] = (x && x->mat) ? x->sbuf : -1;

@@ -152,7 +152,13 @@ static void grad_rule(UOp *n, UOp *g, UOp **out) {
       out[0] = bin(OP_FDIV, gre, a);
       uop_unref(gr), uop_unref(gre), uop_unref(ge);
     } else {
-      /* MAX: the gradient goes to the maxima, split evenly between ties */
+      /* MAX: the gradient goes to the maxima, split evenly between ties. The comparison reads a
+       * again: mark it (and what it is a view of) so the scheduler keeps the maximum and this
+       * recomputation reading the same bits */
+      for (UOp *v = a;; v = v->src[0]) {
+        __atomic_fetch_or(&v->flags, (uint8_t)UOPF_MAX_GRAD, __ATOMIC_RELAXED);
+        if (!op_is_movement(v->op) || !v->nsrc) break;
+      }
       UOp *re = g_expand(n, a->shape), *eq = g_alu(OP_CMPEQ, TG_BOOL, a, re, NULL), *m = g_cast(eq, dt);
       UOp *cnt = g_reduce(m, OP_ADD, n->iarg, (int)n->niarg), *ce = g_expand(cnt, a->shape);
       UOp *t = mul3(ge, m);

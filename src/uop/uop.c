@@ -547,6 +547,24 @@ UOp *s_gec(UOp *x, int64_t c) {
   uop_unref(cc);
   return r;
 }
+static bool depends_rec(const UOp *u, const UOp *r, PtrMap *seen) {
+  if (u == r) return true;
+  if (pm_has(seen, (uint64_t)(uintptr_t)u)) return false;
+  pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
+  for (uint32_t i = 0; i < u->nsrc; i++)
+    if (depends_rec(u->src[i], r, seen)) return true;
+  return false;
+}
+
+bool uop_depends_on(const UOp *u, const UOp *r) {
+  if (!u) return false;
+  PtrMap seen;
+  pm_init(&seen);
+  bool d = depends_rec(u, r, &seen);
+  pm_free(&seen);
+  return d;
+}
+
 UOp *s_minc(UOp *x, int64_t c) {
   if (x->vmax <= c) return uop_ref(x);
   if (x->vmin >= c) return s_const(c);

@@ -125,6 +125,9 @@ struct UOp {
 
 /* flags bit: the node has side-table entries (e.g. a custom gradient) to drop when it is freed */
 #define UOPF_HOOKED 2
+/* flags bit: a gradient compares this node (or a view of it) with a maximum computed from it, so
+ * the scheduler must keep computing it in a kernel of its own (see schedule.c's window fusion) */
+#define UOPF_MAX_GRAD 4
 extern void (*uop_free_hook)(UOp *u);
 
 /* Creates (or finds) a node. Takes no ownership of srcs (they are ref'd by the new node). Returns a
@@ -165,6 +168,9 @@ typedef struct {
   UOp *from, *to;
 } USubst;
 UOp *uop_substitute(UOp *u, const USubst *subst, int n);
+
+/* Does u (NULL: no) contain node r? */
+bool uop_depends_on(const UOp *u, const UOp *r);
 
 /* Debug: prints a node tree to stderr. */
 void uop_print(const UOp *u);
