@@ -1085,7 +1085,8 @@ static bool fuse_window(Schedule *s, int j, int i) {
   for (int q = 1; q < k2->nbufs; q++)
     if (k2->bufs[q] == B) pB = q;
   PtrVec loads = {0};
-  bool ok = nred1 == 1 && nred2 == 0 && pB > 0 && loads_of(w->src[0], pB, &loads, &seen) && loads.n > 0;
+  /* one load of B (two would each recompute K1's reduction) */
+  bool ok = nred1 == 1 && nred2 == 0 && pB > 0 && loads_of(w->src[0], pB, &loads, &seen) && loads.n == 1;
   pm_clear(&seen);
   /* K1's store index must be a plain layout: sum of its global ranges times strides */
   PtrVec gr = {0};
