@@ -112,7 +112,17 @@ static tg_tensor e_conv_relu(tg_tensor a, tg_tensor b) {
   return tg_reshape(tg_relu(tg_conv2d(x, w, (tg_tensor){0}, NULL)), TG_SHAPE(32, 256));
 }
 
+/* a 2x2 max-pool over the convolution: computed inside the convolution's kernel (window fusion, a
+ * max-combining store), so every optimization of that kernel must keep the combine right */
+static tg_tensor e_conv_pool(tg_tensor a, tg_tensor b) {
+  tg_tensor x = tg_reshape(a, TG_SHAPE(4, 4, 16, 16));
+  tg_tensor w = tg_reshape(b, TG_SHAPE(8, 4, 3, 3));
+  tg_tensor c = tg_add_s(tg_mul_s(tg_relu(tg_conv2d(x, w, (tg_tensor){0}, NULL)), 1.5), 0.25);
+  return tg_reshape(tg_max_pool2d(c, NULL), TG_SHAPE(4 * 8, 7 * 7));
+}
+
 TEST(conv_shapes) {
+  CHECK(compare(e_conv_pool, 64, 64, 8, 36, 1e-5) == 0);
   CHECK(compare(e_conv, 64, 64, 8, 36, 1e-5) == 0);
   CHECK(compare(e_conv_relu, 64, 64, 16, 8, 1e-5) == 0);
   CHECK(compare(e_conv_u8, 64, 64, 8, 36, 1e-5) == 0);
@@ -187,6 +197,7 @@ TEST(beam_choices_agree) {
   CHECK(compare(e_matmul, 64, 32, 32, 48, 1e-5) == 0);
   CHECK(compare(e_elementwise, 16, 32, 16, 32, 1e-5) == 0);
   CHECK(compare(e_conv, 64, 64, 8, 36, 1e-5) == 0);
+  CHECK(compare(e_conv_pool, 64, 64, 8, 36, 1e-5) == 0);
   CHECK(compare(e_sum_rows, 32, 64, 32, 64, 1e-5) == 0);
   g_beam = NULL;
 }
