@@ -14,6 +14,7 @@
 #include "test.h"
 
 typedef tg_tensor (*expr_fn)(tg_tensor a, tg_tensor b);
+static void last_kernel_opts(tg_tensor t, char *out, size_t n);
 
 static tg_tensor mkrand(int64_t r, int64_t c, unsigned seed) {
   float *d = malloc(sizeof(float) * (size_t)(r * c));
@@ -81,6 +82,11 @@ static tg_tensor e_int_sums(tg_tensor a, tg_tensor b) {
   tg_tensor ai = tg_cast(tg_mul_s(a, 100), TG_INT32), bi = tg_cast(tg_mul_s(b, 100), TG_INT32);
   return tg_cast(tg_add(tg_sum(tg_mul(ai, bi), TG_AXES(1), true), tg_max(ai, TG_AXES(1), true)), TG_FLOAT32);
 }
+/* out[c] = sum_r a[r, c] * b[c, r]: b is strided along the output and a along the reduction, so
+ * neither axis vectorizes plainly; the output axis vectorizes with b gathered */
+static tg_tensor e_sum_mixed_layouts(tg_tensor a, tg_tensor b) {
+  return tg_sum(tg_mul(a, tg_transpose(b, 0, 1)), TG_AXES(0), false);
+}
 static tg_tensor e_sum_rows(tg_tensor a, tg_tensor b) { return tg_add(tg_sum(tg_mul(a, b), TG_AXES(1), true), b); }
 static tg_tensor e_max_cols(tg_tensor a, tg_tensor b) { return tg_sub(tg_max(a, TG_AXES(0), true), b); }
 static tg_tensor e_softmax(tg_tensor a, tg_tensor b) { return tg_mul(tg_softmax(a, 1), b); }
@@ -146,6 +152,14 @@ TEST(elementwise_vectorized) {
   CHECK(compare(e_half, 16, 32, 16, 32, 0) == 0);
 }
 TEST(reductions_vectorized) {
+  CHECK(compare(e_sum_mixed_layouts, 24, 48, 48, 24, 1e-5) == 0);
+  {
+    tg_scope_begin();
+    char opts[128];
+    last_kernel_opts(e_sum_mixed_layouts(mkrand(24, 48, 3), mkrand(48, 24, 4)), opts, sizeof opts);
+    CHECK_MSG(strstr(opts, "VECTORIZE(") != NULL, "opts: %s", opts);
+    tg_scope_end();
+  }
   CHECK(compare(e_sum_rows, 32, 64, 32, 64, 1e-5) == 0);
   CHECK(compare(e_int_sums, 12, 40, 12, 40, 0) == 0);
   CHECK(compare(e_max_cols, 32, 64, 1, 64, 0) == 0);

@@ -157,12 +157,9 @@ static void vr_free(VR *v) {
 
 /* Tries to vectorize global axis g by W lanes. On success updates k (value/sidx/rbody hold the
  * rewritten expressions; sidx holds the store's base offset) and returns true. */
-static bool try_vectorize(LKernel *k, int g, int W, int *next_axis) {
+static bool try_vectorize_g(LKernel *k, int g, int W, int *next_axis, bool gather) {
   int64_t n = k->granges[g]->iarg[0];
   if (W < 1 || n % W != 0 || n < W) return false;
-  /* gathers only in elementwise kernels: a reduction is better vectorized along its own axis than
-   * fed by a gather in every step */
-  bool gather = k->rbody == NULL;
   UOp *lane = s_range(LANE_AXIS, W);
   UOp *R = s_range((*next_axis)++, n / W);
   UOp *RW = s_mulc(R, W);
@@ -195,6 +192,15 @@ static bool try_vectorize(LKernel *k, int g, int W, int *next_axis) {
   }
   uop_unref(val), uop_unref(sidx), uop_unref(rb), uop_unref(lane);
   return ok;
+}
+
+/* Gathers only in elementwise kernels: a reduction is better vectorized along its own axis than fed
+ * by a gather in every step -- unless its own axes do not vectorize either (a normalization's
+ * backward reading a gradient that arrives in another layout, as a classifier's reshaped input
+ * gradient does): then W lanes with one gathered operand still beat scalar code. */
+static bool try_vectorize_reduce(LKernel *k, int ri, int W, int *next_axis);
+static bool try_vectorize(LKernel *k, int g, int W, int *next_axis) {
+  return try_vectorize_g(k, g, W, next_axis, k->rbody == NULL);
 }
 
 static bool depends_on(UOp *u, UOp *r, PtrMap *memo) {
@@ -404,7 +410,9 @@ static void apply_cfg(LKernel *k, const OptCfg *c, int *next_axis) {
   int nup = 0;
   k->cfg = OPTCFG_NONE;
   bool ok = true;
-  if (c->vaxis >= 0) ok = c->vaxis < k->ng && try_vectorize(k, c->vaxis, c->vw, next_axis);
+  if (c->vaxis >= 0)
+    ok = c->vaxis < k->ng && (try_vectorize(k, c->vaxis, c->vw, next_axis) ||
+                              (k->rbody && c->raxis < 0 && try_vectorize_g(k, c->vaxis, c->vw, next_axis, true)));
   if (ok && c->raxis >= 0) ok = c->vaxis < 0 && c->raxis < k->nr && try_vectorize_reduce(k, c->raxis, c->rw, next_axis);
   if (ok && c->raxis2 >= 0) ok = try_unroll_reduce(k, c->raxis2, c->rufac);
   if (ok && c->uaxis >= 0) {
@@ -445,6 +453,10 @@ static void heuristic(LKernel *k, int *next_axis) {
   for (int ri = k->nr - 1; vg < 0 && ri >= 0 && c.raxis < 0; ri--)
     for (int W = 16; W >= 4 && c.raxis < 0; W /= 2)
       if (try_vectorize_reduce(k, ri, W, next_axis)) c.raxis = ri, c.rw = W;
+  /* neither: a reduction whose only obstacle is a strided operand gathers it */
+  for (int g = k->ng - 1; k->rbody && g >= 0 && vg < 0 && c.raxis < 0; g--)
+    for (int W = 16; W >= 4 && vg < 0; W /= 2)
+      if (try_vectorize_g(k, g, W, next_axis, true)) vg = g, c.vaxis = g, c.vw = W;
   int lanes = k->vw ? k->vw : k->rvw;
   if (k->rbody) {
     /* register tile: upcast another global axis, preferring one the vector loads do not depend
