@@ -203,15 +203,6 @@ static bool try_vectorize(LKernel *k, int g, int W, int *next_axis) {
   return try_vectorize_g(k, g, W, next_axis, k->rbody == NULL);
 }
 
-static bool depends_on(UOp *u, UOp *r, PtrMap *memo) {
-  if (u == r) return true;
-  intptr_t m = (intptr_t)pm_get(memo, (uint64_t)(uintptr_t)u);
-  if (m) return m == 1;
-  bool d = false;
-  for (uint32_t i = 0; i < u->nsrc && !d; i++) d = depends_on(u->src[i], r, memo);
-  pm_put(memo, (uint64_t)(uintptr_t)u, (void *)(intptr_t)(d ? 1 : 2));
-  return d;
-}
 
 static void find_vloads(UOp *u, int vw, PtrMap *seen, PtrVec *out) {
   if (!u || pm_has(seen, (uint64_t)(uintptr_t)u)) return;
@@ -227,7 +218,7 @@ static bool vector_loads_depend(UOp *body, int vw, UOp *r) {
   PtrVec loads = {0};
   find_vloads(body, vw, &seen, &loads);
   bool d = false;
-  for (size_t i = 0; i < loads.n && !d; i++) d = depends_on(loads.p[i], r, &memo);
+  for (size_t i = 0; i < loads.n && !d; i++) d = uop_depends_on_memo(loads.p[i], r, &memo);
   pm_free(&seen), pm_free(&memo), pv_free(&loads);
   return d;
 }
@@ -239,7 +230,7 @@ static bool all_loads_depend(UOp *body, UOp *r) {
   PtrVec loads = {0};
   find_vloads(body, -1, &seen, &loads);
   bool d = loads.n > 0;
-  for (size_t i = 0; i < loads.n && d; i++) d = depends_on(loads.p[i], r, &memo);
+  for (size_t i = 0; i < loads.n && d; i++) d = uop_depends_on_memo(loads.p[i], r, &memo);
   pm_free(&seen), pm_free(&memo), pv_free(&loads);
   return d;
 }
@@ -474,11 +465,12 @@ static void heuristic(LKernel *k, int *next_axis) {
         best = g, best_free = free_axis;
     }
     /* nothing divides by 4: PADTO the longest axis that pads by at most a quarter */
-    bool padded = false;
-    for (int g = 0; !(best >= 0 && !padded) && g < k->ng; g++)
+    bool padded = best < 0;
+    for (int g = 0; padded && g < k->ng; g++)
       if (g != vg && k->granges[g]->iarg[0] > 8 && pad_ok(k, g, 4) &&
           (best < 0 || k->granges[g]->iarg[0] > k->granges[best]->iarg[0]))
-        best = g, padded = true;
+        best = g;
+    padded = padded && best >= 0;
     int f = 1;
     if (best >= 0 && k->rvw) {
       /* lanes run along the reduction: tile two output axes 4x4 so each loaded vector feeds 4 FMAs */

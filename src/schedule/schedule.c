@@ -294,13 +294,16 @@ typedef struct {
   PtrVec pre;     /* NI indices of pending assigns this kernel reads */
 } KB;
 
-static int kb_param(KB *kb, int sbuf) {
-  for (int i = 0; i < kb->nparams; i++)
-    if (kb->params[i] == sbuf) return i;
-  kb->params = tg_xrealloc(kb->params, sizeof(int) * (size_t)(kb->nparams + 1));
-  kb->params[kb->nparams] = sbuf;
-  return kb->nparams++;
+/* The index of sbuf in a kernel's param list, appended if it is not there yet. */
+static int param_slot(int **params, int *np, int sbuf) {
+  for (int i = 0; i < *np; i++)
+    if ((*params)[i] == sbuf) return i;
+  *params = tg_xrealloc(*params, sizeof(int) * (size_t)(*np + 1));
+  (*params)[*np] = sbuf;
+  return (*np)++;
 }
+
+static int kb_param(KB *kb, int sbuf) { return param_slot(&kb->params, &kb->nparams, sbuf); }
 
 static UOp *k_global(int param, tg_dtype dt) {
   UArg a;
@@ -714,13 +717,6 @@ static bool layout_candidate(const NI *x) {
 
 #define COEF_UNKNOWN INT64_MIN
 
-static bool depends(UOp *u, UOp *r) {
-  if (u == r) return true;
-  for (uint32_t i = 0; i < u->nsrc; i++)
-    if (depends(u->src[i], r)) return true;
-  return false;
-}
-
 /* the coefficient of loop variable r in index expression u (affine in r), or COEF_UNKNOWN */
 static int64_t coef_of(UOp *u, UOp *r) {
   if (u == r) return 1;
@@ -732,14 +728,7 @@ static int64_t coef_of(UOp *u, UOp *r) {
     int64_t a = coef_of(u->src[0], r);
     return a == COEF_UNKNOWN ? a : a * u->src[1]->arg.i;
   }
-  return depends(u, r) ? COEF_UNKNOWN : 0;
-}
-
-static void find_loads(UOp *u, PtrMap *seen, PtrVec *out) {
-  if (pm_has(seen, (uint64_t)(uintptr_t)u)) return;
-  pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
-  if (u->op == OP_LOAD) pv_push(out, u);
-  for (uint32_t i = 0; i < u->nsrc; i++) find_loads(u->src[i], seen, out);
+  return uop_depends_on(u, r) ? COEF_UNKNOWN : 0;
 }
 
 /* The storage order for materialized node n whose kernel (built in shape order) is ast: the dims
@@ -747,11 +736,8 @@ static void find_loads(UOp *u, PtrMap *seen, PtrVec *out) {
  * when that is the shape order, or the load is no larger than n, or its index is not affine. */
 static int *choose_layout(SCtx *c, UOp *n, UOp *ast, const int *params) {
   UOp *store = ast->src[0];
-  PtrMap seen;
-  pm_init(&seen);
   PtrVec loads = {0};
-  find_loads(store->src[2], &seen, &loads);
-  pm_free(&seen);
+  uop_collect(store->src[2], OP_LOAD, &loads);
   UOp *best = NULL;
   size_t best_bytes = 0;
   for (size_t i = 0; i < loads.n; i++) {
@@ -1018,14 +1004,6 @@ static void flush_assigns_for(SCtx *c, UOp *root) {
  * maximum again (UOPF_MAX_GRAD): that comparison must see the bits the maximum saw. */
 #define WINDOW_MAX 16
 
-static int count_reduces(UOp *u, PtrMap *seen) {
-  if (pm_has(seen, (uint64_t)(uintptr_t)u)) return 0;
-  pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
-  int n = u->op == OP_REDUCE;
-  for (uint32_t i = 0; i < u->nsrc; i++) n += count_reduces(u->src[i], seen);
-  return n;
-}
-
 /* The loads of param p in u (appended to v); false if one has a validity mask. */
 static bool loads_of(UOp *u, int p, PtrVec *v, PtrMap *seen) {
   if (pm_has(seen, (uint64_t)(uintptr_t)u)) return true;
@@ -1040,26 +1018,23 @@ static bool loads_of(UOp *u, int p, PtrVec *v, PtrMap *seen) {
   return true;
 }
 
-static void collect_ranges(UOp *u, PtrVec *v, PtrMap *seen) {
-  if (pm_has(seen, (uint64_t)(uintptr_t)u)) return;
-  pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
-  if (u->op == OP_RANGE) pv_push(v, u);
-  for (uint32_t i = 0; i < u->nsrc; i++) collect_ranges(u->src[i], v, seen);
+/* Maps one kernel's params (its DEFINE_GLOBAL nodes gl, over sbufs bufs) to fresh nodes numbered
+ * in the merged list params; param `drop` maps to a placeholder that leaves the kernel (its loads
+ * are replaced). The returned table owns its `to` nodes (subst_free). */
+static USubst *renumber_params(const PtrVec *gl, const int *bufs, int drop, int **params, int *np) {
+  USubst *s = tg_xmalloc(sizeof(USubst) * (gl->n + 1));
+  for (size_t g = 0; g < gl->n; g++) {
+    UOp *d = gl->p[g];
+    UArg a;
+    a.i = d->arg.i == drop ? -1 : param_slot(params, np, bufs[d->arg.i]);
+    s[g] = (USubst){d, uop_new(OP_DEFINE_GLOBAL, (tg_dtype)d->dtype, NULL, 0, NULL, 0, a)};
+  }
+  return s;
 }
 
-static void collect_globals(UOp *u, PtrVec *v, PtrMap *seen) {
-  if (pm_has(seen, (uint64_t)(uintptr_t)u)) return;
-  pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
-  if (u->op == OP_DEFINE_GLOBAL) pv_push(v, u);
-  for (uint32_t i = 0; i < u->nsrc; i++) collect_globals(u->src[i], v, seen);
-}
-
-static int param_slot(int **params, int *np, int sbuf) {
-  for (int i = 0; i < *np; i++)
-    if ((*params)[i] == sbuf) return i;
-  *params = tg_xrealloc(*params, sizeof(int) * (size_t)(*np + 1));
-  (*params)[*np] = sbuf;
-  return (*np)++;
+static void subst_free(USubst *s, size_t n) {
+  for (size_t i = 0; i < n; i++) uop_unref(s[i].to);
+  free(s);
 }
 
 /* Tries to inline item j (K1) into item i (K2); true if done (item j is then dead). */
@@ -1075,23 +1050,23 @@ static bool fuse_window(Schedule *s, int j, int i) {
   if (win < 2 || win > WINDOW_MAX) return false;
   /* every element of B read exactly once: as many (output, window position) pairs as elements */
   if (s->bufs[k2->bufs[0]].nbytes / 4 * (size_t)win != s->bufs[B].nbytes / 4) return false;
+  PtrVec red1 = {0}, red2 = {0};
+  uop_collect(st1->src[2], OP_REDUCE, &red1);
+  uop_collect(w->src[0], OP_REDUCE, &red2);
+  size_t nred1 = red1.n, nred2 = red2.n;
+  pv_free(&red1), pv_free(&red2);
   PtrMap seen;
   pm_init(&seen);
-  int nred1 = count_reduces(st1->src[2], &seen);
-  pm_clear(&seen);
-  int nred2 = count_reduces(w->src[0], &seen);
-  pm_clear(&seen);
   int pB = -1;
   for (int q = 1; q < k2->nbufs; q++)
     if (k2->bufs[q] == B) pB = q;
   PtrVec loads = {0};
   /* one load of B (two would each recompute K1's reduction) */
   bool ok = nred1 == 1 && nred2 == 0 && pB > 0 && loads_of(w->src[0], pB, &loads, &seen) && loads.n == 1;
-  pm_clear(&seen);
+  pm_free(&seen);
   /* K1's store index must be a plain layout: sum of its global ranges times strides */
   PtrVec gr = {0};
-  if (ok) collect_ranges(st1->src[1], &gr, &seen);
-  pm_clear(&seen);
+  if (ok) uop_collect(st1->src[1], OP_RANGE, &gr);
   int64_t stride[MAXD];
   UOp *z = s_const(0);
   if (ok && gr.n <= MAXD) {
@@ -1117,35 +1092,21 @@ static bool fuse_window(Schedule *s, int j, int i) {
   for (int q = 0; q < k1->nbufs; q++) ok = ok && (q == 0 || k1->bufs[q] != B); /* K1 reads no B */
   if (!ok) {
     pv_free(&loads), pv_free(&gr);
-    pm_free(&seen);
     return false;
   }
-  /* the merged parameter list: K2's without B, then K1's inputs */
+  /* the merged parameter list: K2's without B, then K1's inputs. Each kernel numbers its params
+   * from 0 (K1's DEFINE_GLOBAL(2) is the very node K2's is when their dtypes agree), so each
+   * kernel's expressions are renumbered by a table of their own */
   int *params = NULL, np = 0;
-  PtrVec globals = {0};
-  collect_globals(k2->ast, &globals, &seen);
-  pm_clear(&seen);
-  size_t n2 = globals.n;
-  collect_globals(st1->src[2], &globals, &seen);
-  pm_clear(&seen);
-  USubst *sub = tg_xmalloc(sizeof(USubst) * (globals.n + 2 * loads.n + 1));
-  int ns = 0;
-  UOp **fresh = tg_xmalloc(sizeof(UOp *) * (globals.n + 1));
-  int nfresh = 0;
-  for (size_t g = 0; g < globals.n; g++) {
-    UOp *d = globals.p[g];
-    int sb = (g < n2 ? k2->bufs : k1->bufs)[d->arg.i];
-    UArg a;
-    /* B's loads are replaced below: its param (a placeholder until then) leaves the kernel */
-    a.i = g < n2 && d->arg.i == pB ? -1 : param_slot(&params, &np, sb);
-    fresh[nfresh] = uop_new(OP_DEFINE_GLOBAL, (tg_dtype)d->dtype, NULL, 0, NULL, 0, a);
-    sub[ns++] = (USubst){d, fresh[nfresh++]};
-  }
-  UOp *v1 = uop_substitute(st1->src[2], sub, ns); /* K1's value over the new params */
+  PtrVec g2 = {0}, g1 = {0};
+  uop_collect(k2->ast, OP_DEFINE_GLOBAL, &g2);
+  uop_collect(st1->src[2], OP_DEFINE_GLOBAL, &g1);
+  USubst *sub = renumber_params(&g2, k2->bufs, pB, &params, &np), *sub1 = renumber_params(&g1, k1->bufs, -1, &params, &np);
+  int ns = (int)g2.n;
+  UOp *v1 = uop_substitute(st1->src[2], sub1, (int)g1.n); /* K1's value over the new params */
   /* K1's reduce loops get ids of their own (K2's window loops may use the same ones) */
   PtrVec r1 = {0};
-  collect_ranges(v1, &r1, &seen);
-  pm_clear(&seen);
+  uop_collect(v1, OP_RANGE, &r1);
   int nsub2 = 0;
   USubst *sub2 = tg_xmalloc(sizeof(USubst) * (r1.n + 1));
   for (size_t q = 0; q < r1.n; q++) {
@@ -1187,11 +1148,8 @@ static bool fuse_window(Schedule *s, int j, int i) {
   UOp *store = uop_new(OP_STORE, (tg_dtype)st2->dtype, stv, 3, NULL, 0, za);
   UOp *ast = uop_new(OP_SINK, TG_DTYPE_DEFAULT, &store, 1, NULL, 0, za);
   uop_unref(store), uop_unref(g0), uop_unref(wv), uop_unref(w2), uop_unref(si2), uop_unref(v1), uop_unref(v1r);
-  for (int q = 0; q < nfresh; q++) uop_unref(fresh[q]);
-  free(fresh);
-  free(sub);
-  pv_free(&globals), pv_free(&loads), pv_free(&gr);
-  pm_free(&seen);
+  subst_free(sub, g2.n), subst_free(sub1, g1.n);
+  pv_free(&g2), pv_free(&g1), pv_free(&loads), pv_free(&gr);
   uop_unref(k2->ast);
   k2->ast = ast;
   free(k2->bufs);

@@ -547,22 +547,37 @@ UOp *s_gec(UOp *x, int64_t c) {
   uop_unref(cc);
   return r;
 }
-static bool depends_rec(const UOp *u, const UOp *r, PtrMap *seen) {
+bool uop_depends_on_memo(const UOp *u, const UOp *r, PtrMap *memo) {
   if (u == r) return true;
-  if (pm_has(seen, (uint64_t)(uintptr_t)u)) return false;
-  pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
-  for (uint32_t i = 0; i < u->nsrc; i++)
-    if (depends_rec(u->src[i], r, seen)) return true;
-  return false;
+  intptr_t m = (intptr_t)pm_get(memo, (uint64_t)(uintptr_t)u);
+  if (m) return m == 1;
+  bool d = false;
+  for (uint32_t i = 0; i < u->nsrc && !d; i++) d = uop_depends_on_memo(u->src[i], r, memo);
+  pm_put(memo, (uint64_t)(uintptr_t)u, (void *)(intptr_t)(d ? 1 : 2));
+  return d;
 }
 
 bool uop_depends_on(const UOp *u, const UOp *r) {
   if (!u) return false;
+  PtrMap memo;
+  pm_init(&memo);
+  bool d = uop_depends_on_memo(u, r, &memo);
+  pm_free(&memo);
+  return d;
+}
+
+static void collect_rec(UOp *u, int op, PtrVec *out, PtrMap *seen) {
+  if (pm_has(seen, (uint64_t)(uintptr_t)u)) return;
+  pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
+  if (u->op == op) pv_push(out, u);
+  for (uint32_t i = 0; i < u->nsrc; i++) collect_rec(u->src[i], op, out, seen);
+}
+
+void uop_collect(UOp *u, int op, PtrVec *out) {
   PtrMap seen;
   pm_init(&seen);
-  bool d = depends_rec(u, r, &seen);
+  collect_rec(u, op, out, &seen);
   pm_free(&seen);
-  return d;
 }
 
 UOp *s_minc(UOp *x, int64_t c) {

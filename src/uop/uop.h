@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "../helpers.h"
+#include "ptrmap.h"
 
 /* X(name, flags). Flags: U unary ALU, B binary ALU, T ternary, Z zero-preserving (f(0,..)=0), M
  * movement op. Adding an op = a row here + its semantics in the renderer/tensor tables. */
@@ -169,8 +170,12 @@ typedef struct {
 } USubst;
 UOp *uop_substitute(UOp *u, const USubst *subst, int n);
 
-/* Does u (NULL: no) contain node r? */
+/* Does u (NULL: no) contain node r? The _memo form keeps its answers per node in memo, so several
+ * questions about one r share the walk (memo belongs to that r). */
 bool uop_depends_on(const UOp *u, const UOp *r);
+bool uop_depends_on_memo(const UOp *u, const UOp *r, PtrMap *memo);
+/* Appends every distinct node of op `op` in u's graph to out, depth first, sources in order. */
+void uop_collect(UOp *u, int op, PtrVec *out);
 
 /* Debug: prints a node tree to stderr. */
 void uop_print(const UOp *u);
