@@ -55,6 +55,7 @@ typedef struct {
   size_t nbuckets;      /* power of two (or 0): capacity of the open-addressing table free_list */
   size_t nused;
   Segment *segs;        /* large-block segments */
+  size_t small_cached;  /* the part of pub.cached_bytes in small blocks (the bucket table) */
   size_t live_bytes;    /* block bytes held by buffers */
   size_t high_water;    /* the most live_bytes + cached_bytes has been */
 } DeviceImpl;
@@ -212,7 +213,6 @@ typedef struct Chunk {
   size_t size;
   bool used;
   struct Chunk *prev, *next; /* neighbours in address order within the segment */
-  Segment *seg;
 } Chunk;
 
 struct Segment {
@@ -278,18 +278,31 @@ static void segments_release_locked(DeviceImpl *d, size_t need) {
   }
 }
 
-/* Frees every cached block, the bucket table and every wholly free segment. Caller holds d->lock. */
-static void cache_drop_locked(DeviceImpl *d) {
+/* Frees every cached small block and the bucket table. Caller holds d->lock. */
+static void small_cache_drop_locked(DeviceImpl *d) {
   for (size_t i = 0; i < d->nbuckets; i++) {
     struct FreeBlock *b = &d->pub.free_list[i];
     for (size_t j = 0; j < b->n; j++) d->pub.vt->free(d->pub.state, b->ptrs[j], b->nbytes);
-    d->pub.cached_bytes -= b->n * b->nbytes;
     free(b->ptrs);
   }
   free(d->pub.free_list);
   d->pub.free_list = NULL;
   d->nbuckets = d->nused = 0;
+  d->pub.cached_bytes -= d->small_cached;
+  d->small_cached = 0;
+}
+
+/* Frees every cached small block and every wholly free segment. Caller holds d->lock. */
+static void cache_drop_locked(DeviceImpl *d) {
+  small_cache_drop_locked(d);
   segments_release_locked(d, SIZE_MAX);
+}
+
+/* Buffers now hold nbytes more that the device had to map: raises the high-water mark if the
+ * footprint grew past it. Caller holds d->lock. */
+static void grow_locked(DeviceImpl *d, size_t nbytes) {
+  d->live_bytes += nbytes;
+  if (d->live_bytes + d->pub.cached_bytes > d->high_water) d->high_water = d->live_bytes + d->pub.cached_bytes;
 }
 
 void device_cache_clear(Device *dev) {
@@ -313,13 +326,14 @@ static Chunk *chunk_take_locked(DeviceImpl *d, size_t nbytes) {
 found:
   if (best->size > nbytes) {
     Chunk *rest = tg_xmalloc(sizeof *rest);
-    *rest = (Chunk){best->ptr + nbytes, best->size - nbytes, false, best, best->next, best->seg};
+    *rest = (Chunk){best->ptr + nbytes, best->size - nbytes, false, best, best->next};
     if (best->next) best->next->prev = rest;
     best->next = rest;
     best->size = nbytes;
   }
   best->used = true;
   d->pub.cached_bytes -= nbytes;
+  d->live_bytes += nbytes;
   return best;
 }
 
@@ -346,7 +360,7 @@ static Chunk *segment_new(DeviceImpl *d, size_t nbytes) {
   if (!p) return NULL;
   Segment *g = tg_xcalloc(1, sizeof *g);
   Chunk *c = tg_xmalloc(sizeof *c);
-  *c = (Chunk){p, nbytes, true, NULL, NULL, g};
+  *c = (Chunk){p, nbytes, true, NULL, NULL};
   g->base = p;
   g->size = nbytes;
   g->first = c;
@@ -354,6 +368,7 @@ static Chunk *segment_new(DeviceImpl *d, size_t nbytes) {
   g->next = d->segs;
   if (d->segs) d->segs->prev = g;
   d->segs = g;
+  grow_locked(d, nbytes);
   pthread_mutex_unlock(&d->lock);
   return c;
 }
@@ -365,18 +380,18 @@ static void *cache_take(DeviceImpl *d, size_t nbytes) {
   if (b && b->n) {
     p = b->ptrs[--b->n];
     d->pub.cached_bytes -= nbytes;
+    d->small_cached -= nbytes;
+    d->live_bytes += nbytes;
   }
   pthread_mutex_unlock(&d->lock);
   return p;
 }
 
+/* A small block a buffer held goes back to the cache. */
 static void cache_put(DeviceImpl *d, void *ptr, size_t nbytes) {
-  if (nbytes > CACHE_CAP) {
-    d->pub.vt->free(d->pub.state, ptr, nbytes);
-    return;
-  }
   pthread_mutex_lock(&d->lock);
-  if (d->pub.cached_bytes + nbytes > CACHE_CAP) cache_drop_locked(d);
+  d->live_bytes -= nbytes;
+  if (d->small_cached + nbytes > CACHE_CAP) small_cache_drop_locked(d);
   struct FreeBlock *b = bucket_find(d, nbytes);
   if (!b) b = bucket_insert(d, nbytes);
   if (b->n == b->cap) {
@@ -385,6 +400,7 @@ static void cache_put(DeviceImpl *d, void *ptr, size_t nbytes) {
   }
   b->ptrs[b->n++] = ptr;
   d->pub.cached_bytes += nbytes;
+  d->small_cached += nbytes;
   pthread_mutex_unlock(&d->lock);
 }
 
@@ -409,7 +425,8 @@ static Buffer *buffer_struct(Device *dev, void *ptr, size_t nbytes, bool externa
   return b;
 }
 
-/* The device's memory for sz bytes (a small block or a large chunk), taking idle memory first. */
+/* The device's memory for sz bytes (a small block or a large chunk), taking idle memory first;
+ * counted as live where it is taken. */
 static void *block_new(DeviceImpl *d, size_t sz, Chunk **chunk) {
   Device *dev = &d->pub;
   void *ptr = NULL;
@@ -432,8 +449,10 @@ static void *block_new(DeviceImpl *d, size_t sz, Chunk **chunk) {
     if (sz >= LARGE_MIN) {
       Chunk *c = segment_new(d, sz);
       if (c) *chunk = c, ptr = c->ptr;
-    } else {
-      ptr = dev->vt->alloc(dev->state, sz);
+    } else if ((ptr = dev->vt->alloc(dev->state, sz))) {
+      pthread_mutex_lock(&d->lock);
+      grow_locked(d, sz);
+      pthread_mutex_unlock(&d->lock);
     }
     if (ptr || attempt) break;
     /* Idle cached memory may be what is missing: return it and try once more. */
@@ -465,10 +484,6 @@ Buffer *buffer_new(Device *dev, size_t nbytes) {
     tg_set_error(TG_ERR_RUNTIME, "buffer_new: cannot allocate %zu bytes on %s", nbytes, dev->name);
     return NULL;
   }
-  pthread_mutex_lock(&d->lock);
-  d->live_bytes += sz;
-  if (d->live_bytes + d->pub.cached_bytes > d->high_water) d->high_water = d->live_bytes + d->pub.cached_bytes;
-  pthread_mutex_unlock(&d->lock);
   atomic_fetch_add_explicit(&g_mem_used, sz, memory_order_relaxed);
   Buffer *b = buffer_struct(dev, ptr, nbytes, false);
   b->chunk = chunk;
@@ -497,11 +512,14 @@ void buffer_unref(Buffer *b) {
     DeviceImpl *d = (DeviceImpl *)b->dev;
     size_t sz = block_size(b->nbytes);
     atomic_fetch_sub_explicit(&g_mem_used, sz, memory_order_relaxed);
-    pthread_mutex_lock(&d->lock);
-    d->live_bytes -= sz;
-    if (b->chunk) chunk_put_locked(d, b->chunk);
-    pthread_mutex_unlock(&d->lock);
-    if (!b->chunk) cache_put(d, b->ptr, sz);
+    if (b->chunk) {
+      pthread_mutex_lock(&d->lock);
+      d->live_bytes -= sz;
+      chunk_put_locked(d, b->chunk);
+      pthread_mutex_unlock(&d->lock);
+    } else {
+      cache_put(d, b->ptr, sz);
+    }
   }
   free(b);
   atomic_fetch_sub_explicit(&g_live_buffers, 1, memory_order_relaxed);
