@@ -1081,6 +1081,51 @@ TEST(ops_reduce) {
   END;
 }
 
+/* Long float sums keep float32 accuracy when their terms are alike: added one after another into one
+ * accumulator, n equal terms lose about n * 2^-24 (the same rounding every time); in blocks, about
+ * sqrt(n) times that. A batchnorm's variance over a relu'd input (half its terms the same) is the
+ * case that training meets. */
+TEST(long_sums_accurate) {
+  BEGIN;
+  enum { N = 1 << 20, B = 512, C = 64, HW = 36 };
+  float *v = malloc(sizeof(float) * B * C * HW); /* > N */
+  for (int i = 0; i < N; i++) v[i] = 0.1f;
+  double s;
+  CHECK(tg_item(tg_sum(f32(v, TG_SHAPE(N)), TG_ALL_AXES, false), &s) == TG_OK);
+  CHECK_MSG(fabs(s - (double)0.1f * N) <= 1e-6 * (double)0.1f * N, "sum of %d x 0.1f = %.9g", N, s);
+  float cols[16];
+  CHECK(tg_data(tg_sum(f32(v, TG_SHAPE(N / 16, 16)), TG_AXES(0), false), cols, sizeof cols) == TG_OK);
+  for (int i = 0; i < 16; i++)
+    CHECK_MSG(fabs(cols[i] - (double)0.1f * N / 16) <= 2e-6 * (double)0.1f * N / 16, "column %d of %d x 0.1f = %.9g", i,
+              N / 16, cols[i]);
+  /* per-channel mean and variance of a (512, 64, 6, 6) relu'd input, as BatchNorm computes them */
+  uint64_t st = 12345;
+  for (int i = 0; i < B * C * HW; i++) {
+    st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+    double g = (double)(st >> 40) / (double)(1 << 24) - 0.5; /* uniform [-0.5, 0.5) */
+    v[i] = g > 0 ? (float)(4 * g) : 0.0f;
+  }
+  tg_tensor x = f32(v, TG_SHAPE(B, C, 6, 6));
+  tg_tensor m = tg_mean(x, TG_AXES(0, 2, 3), true);
+  tg_tensor y = tg_sub(x, m);
+  float var[C];
+  CHECK(tg_data(tg_mean(tg_mul(y, y), TG_AXES(0, 2, 3), false), var, sizeof var) == TG_OK);
+  double worst = 0;
+  for (int c = 0; c < C; c++) {
+    double mu = 0, q = 0;
+    for (int b = 0; b < B; b++)
+      for (int k = 0; k < HW; k++) mu += v[(b * C + c) * HW + k];
+    mu /= B * HW;
+    for (int b = 0; b < B; b++)
+      for (int k = 0; k < HW; k++) q += (v[(b * C + c) * HW + k] - mu) * (v[(b * C + c) * HW + k] - mu);
+    q /= B * HW;
+    worst = fmax(worst, fabs(var[c] - q) / q);
+  }
+  CHECK_MSG(worst < 2e-6, "variance relative error %.3g", worst);
+  free(v);
+  END;
+}
+
 TEST(ops_movement) {
   BEGIN;
   const float v[] = {0, 1, 2, 3, 4, 5};

@@ -407,6 +407,46 @@ static const char PRELUDE_VEC[] =
     "static inline tg_vf tg_vsel(tg_vm m, tg_vf a, tg_vf b){return (tg_vf)(((tg_vm)a & m) | ((tg_vm)b & ~m));}\n"
     "static inline tg_vf tg_vmax(tg_vf a, tg_vf b){return tg_vsel((a > b) | (a != a), a, b);}\n";
 
+/* Blocked accumulation. A float sum of N terms added one after another into one accumulator has a
+ * rounding error that grows with N -- linearly, not as sqrt(N), when the terms are alike (the
+ * zero background of an image, the relu'd zeros of a batchnorm input), because every addition
+ * then rounds the same way. Summing blocks of about sqrt(N) terms into a fresh partial and adding
+ * the partials makes both chains about sqrt(N) long. The block is some iterations of one reduce
+ * loop (with every loop inside it): the innermost loop whose iterations hold sqrt(N) terms between
+ * them. Below BLOCK_MIN terms a chain is short enough as it is. */
+#define BLOCK_MIN 1024
+typedef struct {
+  int level;     /* loop level (1-based, global loops first) that runs in blocks; 0 = none */
+  int64_t iters; /* iterations of that loop per block */
+} Blocking;
+
+static Blocking blocking(const LKernel *k) {
+  Blocking b = {0, 0};
+  if (!k->rbody || k->rop != OP_ADD || !tg_dtype_is_float(k->racc) || k->nr == 0) return b;
+  int64_t n = 1;
+  for (int i = 0; i < k->nr; i++) n *= k->rranges[i]->iarg[0];
+  if (n < BLOCK_MIN) return b;
+  int64_t want = (int64_t)ceil(sqrt((double)n)), inner = 1;
+  for (int i = k->nr - 1; i >= 0; i--) {
+    int64_t sz = k->rranges[i]->iarg[0];
+    if (inner * sz >= want) {
+      int64_t it = (want + inner - 1) / inner;
+      /* a divisor of the loop's size nearby saves the bounds check */
+      for (int64_t d = it; d <= 2 * it && d < sz; d++)
+        if (sz % d == 0) {
+          it = d;
+          break;
+        }
+      if (it >= sz) it = sz;
+      b.level = k->ng + i + 1;
+      b.iters = it;
+      return b;
+    }
+    inner *= sz;
+  }
+  return b;
+}
+
 char *render_c(const LKernel *k, const char *name) {
   SB out, body;
   sb_init(&out);
@@ -488,6 +528,7 @@ char *render_c(const LKernel *k, const char *name) {
     sb_printf(&body, "%s%s *restrict data%d = (%s%s *)bufs[%d];\n", i ? "const " : "", stype(k->pdt[i]), i,
               i ? "const " : "", stype(k->pdt[i]), i);
   }
+  Blocking blk = blocking(k);
   emit_level(&r, &l, 0, false);
   if (k->ng == 0) {
     ind(&r);
@@ -516,7 +557,24 @@ char *render_c(const LKernel *k, const char *name) {
     }
     UOp *rg = lv <= k->ng ? k->granges[lv - 1] : k->rranges[lv - 1 - k->ng];
     ind(&r);
-    if (lv == 1 && k->ng > 0) sb_printf(&body, "for (long long ridx0 = gstart; ridx0 < gend; ridx0++) {\n");
+    if (lv == blk.level) {
+      /* blocked accumulation: loop lv runs in blocks of blk.iters; each block sums into part<c> */
+      sb_printf(&body, "for (long long ridx%db = 0; ridx%db < %lldLL; ridx%db += %lldLL) {\n", lv - 1, lv - 1,
+                (long long)rg->iarg[0], lv - 1, (long long)blk.iters);
+      r.indent++;
+      for (int c = 0; c < k->ncopy; c++) {
+        ind(&r);
+        if (isvec(&r, k->rbodies[c])) sb_printf(&body, "tg_vf part%d = (tg_vf){0} + 0;\n", c);
+        else sb_printf(&body, "%s part%d = 0;\n", ctype(k->racc), c);
+      }
+      ind(&r);
+      if (rg->iarg[0] % blk.iters == 0)
+        sb_printf(&body, "for (long long ridx%d = ridx%db; ridx%d < ridx%db + %lldLL; ridx%d++) {\n", lv - 1, lv - 1,
+                  lv - 1, lv - 1, (long long)blk.iters, lv - 1);
+      else
+        sb_printf(&body, "for (long long ridx%d = ridx%db; ridx%d < ridx%db + %lldLL && ridx%d < %lldLL; ridx%d++) {\n",
+                  lv - 1, lv - 1, lv - 1, lv - 1, (long long)blk.iters, lv - 1, (long long)rg->iarg[0], lv - 1);
+    } else if (lv == 1 && k->ng > 0) sb_printf(&body, "for (long long ridx0 = gstart; ridx0 < gend; ridx0++) {\n");
     else sb_printf(&body, "for (long long ridx%d = 0; ridx%d < %lldLL; ridx%d++) {\n", lv - 1, lv - 1,
                    (long long)rg->iarg[0], lv - 1);
     r.indent++;
@@ -527,7 +585,8 @@ char *render_c(const LKernel *k, const char *name) {
         bool vv = isvec(&r, k->rbodies[c]);
         const char *rd = tg_dtype_is_float(k->racc) && !vv ? rnd(k->racc) : "";
         ind(&r);
-        if (k->rop == OP_ADD) sb_printf(&body, "acc%d = %s(acc%d + %s);\n", c, rd, c, v);
+        const char *an = blk.level ? "part" : "acc";
+        if (k->rop == OP_ADD) sb_printf(&body, "%s%d = %s(%s%d + %s);\n", an, c, rd, an, c, v);
         else if (k->rop == OP_MUL) sb_printf(&body, "acc%d = %s(acc%d * %s);\n", c, rd, c, v);
         else if (vv) sb_printf(&body, "acc%d = tg_vmax(%s, acc%d);\n", c, v, c);
         else if (tg_dtype_is_float(k->racc)) sb_printf(&body, "acc%d = (%s > acc%d || %s != %s) ? %s : acc%d;\n", c, v, c, v, v, v, c);
@@ -537,6 +596,15 @@ char *render_c(const LKernel *k, const char *name) {
     if (lv == nloops) {
       for (int cl = nloops; cl >= 1; cl--) {
         if (cl == k->ng) emit_post_and_store(&r, &l, k, k->ng);
+        if (cl == blk.level) {
+          r.indent--;
+          ind(&r);
+          sb_puts(&body, "}\n");
+          for (int c = 0; c < k->ncopy; c++) {
+            ind(&r);
+            sb_printf(&body, "acc%d = %s(acc%d + part%d);\n", c, isvec(&r, k->rbodies[c]) ? "" : rnd(k->racc), c, c);
+          }
+        }
         r.indent--;
         ind(&r);
         sb_puts(&body, "}\n");
