@@ -3,54 +3,61 @@
 
 Prints one line: `torch step_ms=<median> eval_ms=<ms> first_step_ms=<ms> rss_mb=<peak> acc=<pct>`.
 Usage: /usr/bin/python3 bench/mnist_torch.py STEPS BS   (SEED=n seeds torch; default 0)
+
+bench/mnist_lockstep.py imports load() and make_model().
 """
 import gzip, os, resource, sys, time
 import numpy as np
 import torch, torch.nn as nn, torch.nn.functional as F
 
-torch.set_num_threads(2)
-STEPS, BS = int(sys.argv[1]), int(sys.argv[2])
 D = "/usr/share/datasets/fashion-mnist/"
 
-def idx(name, off):
-  with gzip.open(D + name) as f: return np.frombuffer(f.read(), np.uint8, offset=off)
 
-X_train = torch.tensor(idx("train-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28)).float()
-Y_train = torch.tensor(idx("train-labels-idx1-ubyte.gz", 8).astype(np.int64))
-X_test = torch.tensor(idx("t10k-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28)).float()
-Y_test = torch.tensor(idx("t10k-labels-idx1-ubyte.gz", 8).astype(np.int64))
+def load():
+  """Fashion-MNIST as float32 images (N, 1, 28, 28) with values 0..255 and int64 labels."""
+  def idx(name, off):
+    with gzip.open(D + name) as f: return np.frombuffer(f.read(), np.uint8, offset=off)
+  return (torch.tensor(idx("train-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28)).float(),
+          torch.tensor(idx("train-labels-idx1-ubyte.gz", 8).astype(np.int64)),
+          torch.tensor(idx("t10k-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28)).float(),
+          torch.tensor(idx("t10k-labels-idx1-ubyte.gz", 8).astype(np.int64)))
 
-class Model(nn.Module):
-  def __init__(self):
-    super().__init__()
-    self.c1, self.c2, self.b1 = nn.Conv2d(1, 32, 5), nn.Conv2d(32, 32, 5), nn.BatchNorm2d(32)
-    self.c3, self.c4, self.b2 = nn.Conv2d(32, 64, 3), nn.Conv2d(64, 64, 3), nn.BatchNorm2d(64)
-    self.l = nn.Linear(576, 10)
-  def forward(self, x):
-    x = F.max_pool2d(self.b1(F.relu(self.c2(F.relu(self.c1(x))))), 2)
-    x = F.max_pool2d(self.b2(F.relu(self.c4(F.relu(self.c3(x))))), 2)
-    return self.l(x.flatten(1))
 
-torch.manual_seed(int(os.environ.get("SEED", "0")))
-model = Model()
-opt = torch.optim.Adam(model.parameters())
+def make_model():
+  """tinygrad's layer list; the state dict's "<i>.weight" is tinygrad.c's "layers.<i>.weight"."""
+  return nn.Sequential(nn.Conv2d(1, 32, 5), nn.ReLU(), nn.Conv2d(32, 32, 5), nn.ReLU(), nn.BatchNorm2d(32),
+                       nn.MaxPool2d(2), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.Conv2d(64, 64, 3), nn.ReLU(),
+                       nn.BatchNorm2d(64), nn.MaxPool2d(2), nn.Flatten(1), nn.Linear(576, 10))
 
-def step():
-  model.train()
-  samples = torch.randint(0, X_train.shape[0], (BS,))
-  opt.zero_grad()
-  loss = F.cross_entropy(model(X_train[samples]), Y_train[samples])
-  loss.backward()
-  opt.step()
-  return loss
 
-times = []
-for i in range(STEPS):
-  t = time.perf_counter(); step(); times.append(time.perf_counter() - t)
-model.eval()
-t = time.perf_counter()
-with torch.no_grad():
-  acc = (model(X_test).argmax(1) == Y_test).float().mean().item() * 100
-ev = time.perf_counter() - t
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(f"torch step_ms={np.median(times[1:]) * 1e3:.1f} eval_ms={ev * 1e3:.1f} first_step_ms={times[0] * 1e3:.1f} rss_mb={rss:.1f} acc={acc:.2f}")
+def main():
+  torch.set_num_threads(2)
+  STEPS, BS = int(sys.argv[1]), int(sys.argv[2])
+  X_train, Y_train, X_test, Y_test = load()
+  torch.manual_seed(int(os.environ.get("SEED", "0")))
+  model = make_model()
+  opt = torch.optim.Adam(model.parameters())
+
+  def step():
+    model.train()
+    samples = torch.randint(0, X_train.shape[0], (BS,))
+    opt.zero_grad()
+    loss = F.cross_entropy(model(X_train[samples]), Y_train[samples])
+    loss.backward()
+    opt.step()
+    return loss
+
+  times = []
+  for i in range(STEPS):
+    t = time.perf_counter(); step(); times.append(time.perf_counter() - t)
+  model.eval()
+  t = time.perf_counter()
+  with torch.no_grad():
+    acc = (model(X_test).argmax(1) == Y_test).float().mean().item() * 100
+  ev = time.perf_counter() - t
+  rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  print(f"torch step_ms={np.median(times[1:]) * 1e3:.1f} eval_ms={ev * 1e3:.1f} first_step_ms={times[0] * 1e3:.1f} rss_mb={rss:.1f} acc={acc:.2f}")
+
+
+if __name__ == "__main__":
+  main()

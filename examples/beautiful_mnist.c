@@ -11,7 +11,9 @@
  * trained weights are saved to MNIST_SAVE (default mnist.safetensors; empty to skip). BENCH=1 also
  * prints timings for bench/mnist.py on stdout ("bench step=<i> ms=<t>" per train step, "bench eval=<k>
  * ms=<t>" per test-accuracy call) and evaluates twice more after training, so that the last
- * evaluation is a TinyJit replay.
+ * evaluation is a TinyJit replay. MNIST_TRACE=<dir> writes what bench/mnist_lockstep.py replays in
+ * PyTorch: the initial weights (<dir>/init.safetensors), each step's batch indices (<dir>/samples.bin,
+ * int32) and loss (<dir>/losses.txt).
  */
 #include <math.h>
 #include <stdio.h>
@@ -75,10 +77,11 @@ typedef struct {
   int64_t bs;
 } Ctx;
 
-/* @TinyJit @Tensor.train() def train_step(): zero_grad; sample a batch; loss.backward(); opt.step() */
+/* @TinyJit @Tensor.train() def train_step(): zero_grad; sample a batch; loss.backward(); opt.step()
+ * (returns the loss, and with MNIST_TRACE the batch's indices) */
 static tg_status train_step(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout,
                             void *user) {
-  (void)in, (void)nin, (void)args, (void)nargs, (void)nout;
+  (void)in, (void)nin, (void)args, (void)nargs;
   Ctx *c = user;
   tg_context_begin();
   tg_context_set_int("TRAINING", 1);
@@ -98,6 +101,7 @@ static tg_status train_step(const tg_tensor *in, int nin, const double *args, in
   }
   tg_context_end();
   out[0] = loss;
+  if (nout > 1) out[1] = samples; /* MNIST_TRACE */
   return st;
 }
 
@@ -142,6 +146,7 @@ int main(void) {
   const char *dir = getenv("MNIST_DIR");
   bool fashion = dir && *dir ? tg_getenv_int("FASHION", 0) != 0 : true;
   const char *save = getenv("MNIST_SAVE") ? getenv("MNIST_SAVE") : "mnist.safetensors";
+  const char *trace = getenv("MNIST_TRACE");
   bool bench = tg_getenv_int("BENCH", 0) != 0;
   int nevals = 0;
   if (bench) setvbuf(stdout, NULL, _IOLBF, 0); /* bench/mnist.py reads the lines as they come */
@@ -170,16 +175,37 @@ int main(void) {
   printf("%s: %lld train / %lld test images, BS=%lld, %lld steps\n", fashion ? "Fashion-MNIST" : "MNIST",
          (long long)tg_dim(c.X_train, 0), (long long)tg_dim(c.X_test, 0), (long long)bs, (long long)steps);
 
-  tg_jit *jtrain = tg_jit_new(train_step, 1, &c), *jtest = tg_jit_new(test_acc, 1, &c);
+  FILE *fsamples = NULL, *flosses = NULL;
+  int32_t *idx = NULL;
+  if (trace && *trace) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/init.safetensors", trace);
+    if (tg_safe_save(sd, path) != TG_OK) return fail("MNIST_TRACE: saving the initial weights");
+    snprintf(path, sizeof path, "%s/samples.bin", trace);
+    fsamples = fopen(path, "wb");
+    snprintf(path, sizeof path, "%s/losses.txt", trace);
+    flosses = fopen(path, "w");
+    idx = malloc(sizeof(int32_t) * (size_t)bs);
+    if (!fsamples || !flosses || !idx) {
+      fprintf(stderr, "beautiful_mnist: MNIST_TRACE: cannot write to %s\n", trace);
+      return 1;
+    }
+  }
+  tg_jit *jtrain = tg_jit_new(train_step, fsamples ? 2 : 1, &c), *jtest = tg_jit_new(test_acc, 1, &c);
   double acc = NAN, loss = NAN, t0 = now();
   char desc[128];
   for (int64_t i = 0; i < steps; i++) {
     tg_scope_begin();
     tg_global_counters_reset();
-    tg_tensor l;
+    tg_tensor lo[2];
     double ts = now();
-    if (tg_jit_call(jtrain, NULL, 0, NULL, 0, &l) != TG_OK || tg_item(l, &loss) != TG_OK) return fail("train step");
+    if (tg_jit_call(jtrain, NULL, 0, NULL, 0, lo) != TG_OK || tg_item(lo[0], &loss) != TG_OK) return fail("train step");
     if (bench) printf("bench step=%lld ms=%.3f\n", (long long)i, (now() - ts) * 1e3);
+    if (fsamples) {
+      if (tg_data(lo[1], idx, sizeof(int32_t) * (size_t)bs) != TG_OK) return fail("MNIST_TRACE: reading the batch");
+      fwrite(idx, sizeof(int32_t), (size_t)bs, fsamples);
+      fprintf(flosses, "%.9g\n", loss);
+    }
     if (i % 10 == 9 || i == steps - 1) {
       tg_tensor a;
       ts = now();
@@ -191,6 +217,7 @@ int main(void) {
     progress(desc, (int)i + 1, (int)steps, t0);
   }
   fprintf(stderr, "\n");
+  if (fsamples) fclose(fsamples), fclose(flosses), free(idx);
   for (int k = 0; bench && k < 2; k++) { /* BENCH: the last of these is a TinyJit replay */
     tg_scope_begin();
     tg_tensor a;
