@@ -42,6 +42,8 @@ def safe_load(path):
 
 
 def train(init, samples, data, perturb):
+  """PyTorch's model from init (perturbed when perturb is a seed), Adam over the given batches.
+  Returns the losses, the test accuracy and the trained model."""
   X_train, Y_train, X_test, Y_test = data
   model = make_model()
   sd = {k[len("layers."):]: v for k, v in init.items()}
@@ -61,23 +63,31 @@ def train(init, samples, data, perturb):
     losses.append(loss.item())
   model.eval()
   with torch.no_grad(): acc = (model(X_test).argmax(1) == Y_test).float().mean().item() * 100
-  return losses, acc
+  return losses, acc, model
+
+
+def trace(seed, steps, bs, d, save=""):
+  """Runs beautiful_mnist with MNIST_TRACE=d. Returns its test accuracy, losses, batch indices and
+  initial weights."""
+  env = dict(os.environ, SEED=str(seed), STEPS=str(steps), BS=str(bs), MNIST_TRACE=d, MNIST_SAVE=save)
+  r = subprocess.run([EXE], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+  m = re.search(r"test accuracy ([0-9.]+)%", r.stdout)
+  if r.returncode != 0 or not m: raise RuntimeError(f"beautiful_mnist failed (exit {r.returncode}):\n{r.stdout}")
+  with open(os.path.join(d, "losses.txt")) as f: losses = [float(x) for x in f.read().split()]
+  samples = np.fromfile(os.path.join(d, "samples.bin"), np.int32).reshape(steps, bs)
+  return float(m.group(1)), losses, samples, safe_load(os.path.join(d, "init.safetensors"))
 
 
 def main():
   torch.set_num_threads(2)
   if not os.path.exists(EXE): sys.exit(f"{EXE} is missing: run `make` first")
   with tempfile.TemporaryDirectory() as d:
-    env = dict(os.environ, SEED=str(SEED), STEPS=str(STEPS), BS=str(BS), MNIST_TRACE=d, MNIST_SAVE="")
-    r = subprocess.run([EXE], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    m = re.search(r"test accuracy ([0-9.]+)%", r.stdout)
-    if r.returncode != 0 or not m: sys.exit(f"beautiful_mnist failed:\n{r.stdout}")
-    ours_acc = float(m.group(1))
-    with open(os.path.join(d, "losses.txt")) as f: ours = [float(x) for x in f.read().split()]
-    samples = np.fromfile(os.path.join(d, "samples.bin"), np.int32).reshape(STEPS, BS)
-    init = safe_load(os.path.join(d, "init.safetensors"))
+    try:
+      ours_acc, ours, samples, init = trace(SEED, STEPS, BS, d)
+    except RuntimeError as e:
+      sys.exit(str(e))
   data = load()
-  torch_losses, torch_acc = train(init, samples, data, 0)
+  torch_losses, torch_acc, _ = train(init, samples, data, 0)
   print(f"beautiful_mnist, SEED={SEED}, BS={BS}, {STEPS} steps: tinygrad.c, then PyTorch from its weights and batches")
   print("step   tinygrad.c loss   PyTorch loss   difference")
   for i in range(min(STEPS, 5)):
