@@ -3,6 +3,7 @@
 
   /usr/bin/python3 bench/mnist_lockstep.py        (needs `make`: build/examples/beautiful_mnist)
   SEED=42 STEPS=70 BS=512 RUNS=6 /usr/bin/python3 bench/mnist_lockstep.py
+  (reads safetensors with the `safetensors` package, which `make deps` installs for the tests)
 
 Runs examples/beautiful_mnist with MNIST_TRACE (it writes its initial weights, every step's batch
 indices and losses), then trains PyTorch's model (float32, 2 threads) from those weights on those
@@ -15,9 +16,10 @@ float32 rounding; the trajectories part slowly after that, as any two float32 im
 do), and how far a run's final accuracy moves when nothing but rounding differs -- the spread
 against which a single run's accuracy (the 83% target at the defaults) has to be read.
 """
-import json, os, re, statistics, struct, subprocess, sys, tempfile
+import os, re, statistics, subprocess, sys, tempfile
 import numpy as np
 import torch, torch.nn.functional as F
+from safetensors.torch import load_file as safe_load  # the reader tests/test_formats.py checks us with
 from mnist_torch import load, make_model
 
 SEED = int(os.environ.get("SEED", "42"))
@@ -28,25 +30,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXE = os.path.join(ROOT, "build", "examples", "beautiful_mnist")
 
 
-def safe_load(path):
-  """float32/int64 tensors of a safetensors file (all beautiful_mnist writes)."""
-  with open(path, "rb") as f: b = f.read()
-  n = struct.unpack("<Q", b[:8])[0]
-  out = {}
-  for k, v in json.loads(b[8:8 + n]).items():
-    if k == "__metadata__": continue
-    s, e = v["data_offsets"]
-    dt = {"F32": np.float32, "I64": np.int64, "I32": np.int32}[v["dtype"]]
-    out[k] = torch.tensor(np.frombuffer(b[8 + n + s:8 + n + e], dt).reshape(v["shape"]).copy())
-  return out
-
-
 def train(init, samples, data, perturb):
   """PyTorch's model from init (perturbed when perturb is a seed), Adam over the given batches.
   Returns the losses, the test accuracy and the trained model."""
   X_train, Y_train, X_test, Y_test = data
   model = make_model()
-  sd = {k[len("layers."):]: v for k, v in init.items()}
+  sd = {k: init["layers." + k] for k in model.state_dict()}  # in the model's order: the perturbations follow it
   if perturb:
     g = torch.Generator().manual_seed(perturb)
     sd = {k: v * (1 + 1e-7 * torch.randn(v.shape, generator=g)) if v.is_floating_point() else v for k, v in sd.items()}

@@ -198,11 +198,9 @@ static bool try_vectorize_g(LKernel *k, int g, int W, int *next_axis, bool gathe
  * by a gather in every step -- unless its own axes do not vectorize either (a normalization's
  * backward reading a gradient that arrives in another layout, as a classifier's reshaped input
  * gradient does): then W lanes with one gathered operand still beat scalar code. */
-static bool try_vectorize_reduce(LKernel *k, int ri, int W, int *next_axis);
 static bool try_vectorize(LKernel *k, int g, int W, int *next_axis) {
   return try_vectorize_g(k, g, W, next_axis, k->rbody == NULL);
 }
-
 
 static void find_vloads(UOp *u, int vw, PtrMap *seen, PtrVec *out) {
   if (!u || pm_has(seen, (uint64_t)(uintptr_t)u)) return;

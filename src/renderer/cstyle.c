@@ -447,6 +447,15 @@ static Blocking blocking(const LKernel *k) {
   return b;
 }
 
+/* One accumulator per copy, <prefix><c>, set to init: a vector where the copy's body is one. */
+static void declare_accs(R *r, const LKernel *k, const char *prefix, const char *init) {
+  for (int c = 0; c < k->ncopy; c++) {
+    ind(r);
+    if (isvec(r, k->rbodies[c])) sb_printf(r->b, "tg_vf %s%d = (tg_vf){0} + %s;\n", prefix, c, init);
+    else sb_printf(r->b, "%s %s%d = %s;\n", ctype(k->racc), prefix, c, init);
+  }
+}
+
 char *render_c(const LKernel *k, const char *name) {
   SB out, body;
   sb_init(&out);
@@ -549,11 +558,7 @@ char *render_c(const LKernel *k, const char *name) {
         snprintf(ib, sizeof ib, "(%s)(%lldLL-1)", ctype(at), (long long)dtype_min(at) + 1);
         init = ib;
       }
-      for (int c = 0; c < k->ncopy; c++) {
-        ind(&r);
-        if (isvec(&r, k->rbodies[c])) sb_printf(&body, "tg_vf acc%d = (tg_vf){0} + %s;\n", c, init);
-        else sb_printf(&body, "%s acc%d = %s;\n", ctype(at), c, init);
-      }
+      declare_accs(&r, k, "acc", init);
     }
     UOp *rg = lv <= k->ng ? k->granges[lv - 1] : k->rranges[lv - 1 - k->ng];
     ind(&r);
@@ -562,18 +567,12 @@ char *render_c(const LKernel *k, const char *name) {
       sb_printf(&body, "for (long long ridx%db = 0; ridx%db < %lldLL; ridx%db += %lldLL) {\n", lv - 1, lv - 1,
                 (long long)rg->iarg[0], lv - 1, (long long)blk.iters);
       r.indent++;
-      for (int c = 0; c < k->ncopy; c++) {
-        ind(&r);
-        if (isvec(&r, k->rbodies[c])) sb_printf(&body, "tg_vf part%d = (tg_vf){0} + 0;\n", c);
-        else sb_printf(&body, "%s part%d = 0;\n", ctype(k->racc), c);
-      }
+      declare_accs(&r, k, "part", "0");
+      char bound[64] = ""; /* the last block stops at the loop's end unless the blocks divide it */
+      if (rg->iarg[0] % blk.iters) snprintf(bound, sizeof bound, " && ridx%d < %lldLL", lv - 1, (long long)rg->iarg[0]);
       ind(&r);
-      if (rg->iarg[0] % blk.iters == 0)
-        sb_printf(&body, "for (long long ridx%d = ridx%db; ridx%d < ridx%db + %lldLL; ridx%d++) {\n", lv - 1, lv - 1,
-                  lv - 1, lv - 1, (long long)blk.iters, lv - 1);
-      else
-        sb_printf(&body, "for (long long ridx%d = ridx%db; ridx%d < ridx%db + %lldLL && ridx%d < %lldLL; ridx%d++) {\n",
-                  lv - 1, lv - 1, lv - 1, lv - 1, (long long)blk.iters, lv - 1, (long long)rg->iarg[0], lv - 1);
+      sb_printf(&body, "for (long long ridx%d = ridx%db; ridx%d < ridx%db + %lldLL%s; ridx%d++) {\n", lv - 1, lv - 1,
+                lv - 1, lv - 1, (long long)blk.iters, bound, lv - 1);
     } else if (lv == 1 && k->ng > 0) sb_printf(&body, "for (long long ridx0 = gstart; ridx0 < gend; ridx0++) {\n");
     else sb_printf(&body, "for (long long ridx%d = 0; ridx%d < %lldLL; ridx%d++) {\n", lv - 1, lv - 1,
                    (long long)rg->iarg[0], lv - 1);

@@ -119,7 +119,6 @@ static tg_tensor arange_on(UOp *a, double start, double stop, double step) {
   return tg_arange(start, stop, step, &o);
 }
 
-
 static tg_tensor reshape_n(tg_tensor x, const int64_t *shape, int n) { return tg_reshape(x, shape, n); }
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -80,7 +80,6 @@ static tg_tensor iarange(UOp *a, double start, double stop, double step) {
 
 static bool is_half(tg_dtype dt) { return dt == TG_FLOAT16 || dt == TG_BFLOAT16; }
 
-
 /* tinygrad's _inverse: an order-reversing bijection (-x, ~x, not x). */
 static tg_tensor inverse(tg_tensor x) {
   tg_dtype dt = tg_dtype_of(x);
