@@ -40,8 +40,10 @@ static int compare(expr_fn f, int64_t ar, int64_t ac, int64_t br, int64_t bc, do
   tg_context_end();
   tg_context_begin();
   tg_context_set("NOOPT", "1");
-  tg_tensor y = f(a, b);
-  tg_tensor y2 = tg_add_s(y, 0); /* a different graph, so it is not a cached result */
+  /* the same values in new buffers: every node of this graph is new, so no kernel's result (an
+   * intermediate the first graph materialized included) is reused from the optimized run */
+  tg_tensor a2 = mkrand(ar, ac, 1), b2 = mkrand(br, bc, 2);
+  tg_tensor y2 = f(a2, b2);
   if (tg_data(tg_cast(y2, TG_FLOAT32), o2, sizeof(float) * (size_t)n) != TG_OK) bad = 1;
   tg_context_end();
   for (int64_t i = 0; i < n && !bad; i++) {
@@ -184,6 +186,22 @@ static void last_kernel_opts(tg_tensor t, char *out, size_t n) {
   schedule_free(&s);
 }
 
+/* How many of the kernels that realizing t would run apply an optimization named `what`. */
+static int kernels_with(tg_tensor t, const char *what) {
+  UOp *u = t_get(t, "kernels_with");
+  Schedule s;
+  int tbuf, n = 0;
+  if (schedule_build(&s, &u, 1, &tbuf) != TG_OK) return -1;
+  for (int i = 0; i < s.nitems; i++) {
+    if (s.items[i].kind != SI_KERNEL) continue;
+    LKernel *k = lower_kernel(s.items[i].ast, NULL);
+    if (k && strstr(k->opts, what)) n++;
+    lkernel_free(k);
+  }
+  schedule_free(&s);
+  return n;
+}
+
 static tg_tensor e_classifier(tg_tensor a, tg_tensor b) { return tg_matmul(a, b); }
 
 /* PADTO: output axes no factor divides (a 10-class classifier over 37 rows, a 13x19 matmul) are
@@ -202,6 +220,57 @@ TEST(padded_upcasts) {
   g_beam = "2";
   CHECK(compare(e_classifier, 37, 24, 24, 10, 1e-5) == 0);
   g_beam = NULL;
+}
+
+/* Bounded loops (codegen/bounds.c): a sum whose every term is zero where the padding's validity
+ * conditions fail runs its window loops over the valid part only. Padded convolutions -- symmetric,
+ * one-sided, and padded wider than the kernel so that corner outputs have no valid tap at all (an
+ * empty loop) -- and a convolution's input gradient (the padded output gradient convolved with the
+ * flipped weight) must agree with NOOPT; a sum that also adds an unmasked term is not bounded. */
+static tg_tensor conv_padded(tg_tensor a, tg_tensor b, const tg_conv2d_opts *o) {
+  tg_tensor x = tg_reshape(a, TG_SHAPE(4, 4, 16, 16));
+  tg_tensor w = tg_reshape(b, TG_SHAPE(8, 4, 5, 5));
+  tg_tensor y = tg_conv2d(x, w, (tg_tensor){0}, o);
+  return tg_reshape(y, TG_SHAPE(32, tg_numel(y) / 32));
+}
+static tg_tensor e_conv_pad(tg_tensor a, tg_tensor b) { return conv_padded(a, b, TG_CONV2D_OPTS(.padding = {2})); }
+static tg_tensor e_conv_pad_wide(tg_tensor a, tg_tensor b) {
+  return conv_padded(a, b, TG_CONV2D_OPTS(.padding = {6}));
+}
+static tg_tensor e_conv_pad_sides(tg_tensor a, tg_tensor b) {
+  return conv_padded(a, b, TG_CONV2D_OPTS(.padding = {0, 3, 4, 1}, .npadding = 4));
+}
+static tg_tensor e_conv_input_grad(tg_tensor a, tg_tensor b) {
+  /* 8 input channels: the gradient's convolution accumulates channels-last and pads in its loads */
+  tg_tensor x = tg_set_requires_grad(tg_detach(tg_reshape(a, TG_SHAPE(2, 8, 16, 16))), true);
+  tg_tensor w = tg_reshape(b, TG_SHAPE(8, 8, 5, 5));
+  tg_tensor y = tg_conv2d(x, w, (tg_tensor){0}, NULL);
+  tg_tensor g = tg_reshape(tg_shrink(tg_reshape(a, TG_SHAPE(4096)), (const int64_t[]){0, 2 * 8 * 144}, 2), TG_SHAPE(2, 8, 12, 12));
+  tg_tensor gx = x;
+  tg_gradient(tg_sum(tg_mul(y, g), TG_ALL_AXES, false), &x, 1, &gx);
+  return tg_reshape(gx, TG_SHAPE(64, 64));
+}
+static tg_tensor e_pad_sum_plus(tg_tensor a, tg_tensor b) {
+  (void)b;
+  tg_tensor p = tg_pad(a, (const int64_t[]){0, 0, 3, 5}, 4, 0.0);
+  return tg_sum(tg_add_s(p, 1), TG_AXES(1), true);
+}
+
+TEST(bounded_loops) {
+  CHECK(compare(e_conv_pad, 64, 64, 8, 100, 1e-5) == 0);
+  CHECK(compare(e_conv_pad_wide, 64, 64, 8, 100, 1e-5) == 0);
+  CHECK(compare(e_conv_pad_sides, 64, 64, 8, 100, 1e-5) == 0);
+  CHECK(compare(e_conv_input_grad, 64, 64, 16, 100, 1e-5) == 0);
+  CHECK(compare(e_pad_sum_plus, 16, 40, 1, 1, 1e-6) == 0);
+  g_beam = "2";
+  CHECK(compare(e_conv_pad_sides, 64, 64, 8, 100, 1e-5) == 0);
+  g_beam = NULL;
+  tg_scope_begin();
+  CHECK(kernels_with(e_conv_pad(mkrand(64, 64, 7), mkrand(8, 100, 8)), "BOUNDS") == 1);
+  CHECK(kernels_with(e_conv_input_grad(mkrand(64, 64, 7), mkrand(16, 100, 8)), "BOUNDS") == 1);
+  CHECK(kernels_with(e_conv(mkrand(64, 64, 7), mkrand(8, 36, 8)), "BOUNDS") == 0); /* no padding */
+  CHECK(kernels_with(e_pad_sum_plus(mkrand(16, 40, 7), mkrand(1, 1, 8)), "BOUNDS") == 0);
+  tg_scope_end();
 }
 
 /* BEAM search picks among candidates checked against the unoptimized kernel: the chosen kernels

@@ -52,6 +52,8 @@ typedef struct {
   int vw;        /* vector width: loads/stores marked with arg.i == vw move vw contiguous lanes */
   int rvw;       /* vector width along a reduce axis: the accumulators are vectors, summed across
                   * lanes when the reduction ends (0 = none; exclusive with vw) */
+  UOp **rlo, **rhi; /* NULL, or per reduce loop its bounds over the enclosing loops' variables: the
+                     * loop runs rlo <= ridx < rhi (bounds.c; owned) */
   char opts[128];/* applied optimizations, for DEBUG=3 and kernel names */
   char padinfo[32];/* "PADTO(axis,size) " when an upcast axis was padded (part of opts) */
   OptCfg cfg;    /* the optimizations applied */
@@ -84,6 +86,10 @@ void kernel_code_free(KernelCode *k);
  * wherever that removes index arithmetic (contiguous access becomes a single running index). */
 LKernel *lower_kernel(UOp *ast, const OptCfg *cfg);
 void lkernel_free(LKernel *k);
+
+/* After optimization: bounds reduce loops by the validity conditions that zero every term outside
+ * them (bounds.c). */
+void bound_reduce_loops(LKernel *k);
 
 /* The C renderer: LKernel -> C source (malloc'd). */
 char *render_c(const LKernel *k, const char *name);

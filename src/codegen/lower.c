@@ -213,6 +213,7 @@ LKernel *lower_kernel(UOp *ast, const OptCfg *cfg) {
     merge_all(k, k->rranges, &k->nr);
   }
   optimize_kernel(k, &next_axis, cfg);
+  bound_reduce_loops(k);
   if (debug_level() >= 3) {
     fprintf(stderr, "opts: loops %d global + %d reduce; dropped %d size-1; merged to", ng0, nr0, (ng0 - ng1) + (nr0 - nr1));
     for (int i = 0; i < k->ng; i++) fprintf(stderr, " %lld", (long long)k->granges[i]->iarg[0]);
@@ -239,6 +240,8 @@ void lkernel_free(LKernel *k) {
     if (k->sfirsts) uop_unref(k->sfirsts[c]);
   }
   free(k->values), free(k->sidxs), free(k->rbodies), free(k->rplaces), free(k->sfirsts);
+  for (int i = 0; k->rlo && i < k->nr; i++) uop_unref(k->rlo[i]), uop_unref(k->rhi[i]);
+  free(k->rlo), free(k->rhi);
   free(k->pdt);
   free(k);
 }

@@ -65,9 +65,16 @@ static CachedKernel *kcache_put(uint64_t key, UOp *ast, Device *dev, KernelCode 
   return ck;
 }
 
+/* The cache key of a kernel: its AST, and the settings that change the code generated for it
+ * (NOOPT, LOOP_BOUNDS), so that turning one of them on in a context compiles anew. */
+static uint64_t kkey(UOp *ast) {
+  uint64_t v = (getenv_int("NOOPT", 0) ? 1u : 0u) | (getenv_int("LOOP_BOUNDS", 1) ? 0u : 2u);
+  return (uint64_t)(uintptr_t)ast ^ (v << 60);
+}
+
 /* BEAM>0: the kernel compiled with the searched optimizations (cached per AST and beam width). */
 static CachedKernel *get_kernel_beam(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam) {
-  uint64_t key = (uint64_t)(uintptr_t)ast ^ ((uint64_t)beam << 56) ^ 1;
+  uint64_t key = kkey(ast) ^ ((uint64_t)beam << 56) ^ 1;
   CachedKernel *ck = kcache_get(key);
   if (ck) return ck;
   OptCfg cfg;
@@ -76,7 +83,7 @@ static CachedKernel *get_kernel_beam(UOp *ast, Device *dev, Buffer **bufs, int n
 }
 
 static CachedKernel *get_kernel(UOp *ast, Device *dev) {
-  uint64_t key = (uint64_t)(uintptr_t)ast;
+  uint64_t key = kkey(ast);
   CachedKernel *ck = kcache_get(key);
   return ck ? ck : kcache_put(key, ast, dev, codegen_c(ast));
 }
@@ -130,7 +137,7 @@ static void precompile(Schedule *s) {
     SItem *it = &s->items[i];
     if (it->kind != SI_KERNEL || pm_has(&seen, (uint64_t)(uintptr_t)it->ast)) continue;
     pm_put(&seen, (uint64_t)(uintptr_t)it->ast, (void *)1);
-    if (kcache_get((uint64_t)(uintptr_t)it->ast)) continue;
+    if (kcache_get(kkey(it->ast))) continue;
     js.jobs = tg_xrealloc(js.jobs, sizeof(CJob) * (size_t)(js.n + 1));
     js.jobs[js.n++] = (CJob){it->ast, it->dev, NULL};
   }
@@ -153,7 +160,7 @@ static void precompile(Schedule *s) {
     /* the batches loaded the programs; a kernel that failed in its batch compiles alone here, and
      * one that fails again is left for the run loop, which reports its error */
     for (int i = 0; i < js.n; i++)
-      if (js.jobs[i].kc && !kcache_put((uint64_t)(uintptr_t)js.jobs[i].ast, js.jobs[i].ast, js.jobs[i].dev, js.jobs[i].kc))
+      if (js.jobs[i].kc && !kcache_put(kkey(js.jobs[i].ast), js.jobs[i].ast, js.jobs[i].dev, js.jobs[i].kc))
         tg_clear_error();
   }
   free(js.jobs);

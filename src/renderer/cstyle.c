@@ -132,6 +132,9 @@ static const char *utype(tg_dtype dt) {
   }
 }
 
+/* Does a load have a mask? (One a bounded loop made always true has none.) */
+static bool gated(const UOp *u) { return u->nsrc > 2 && !(u->src[2]->op == OP_CONST && u->src[2]->arg.i); }
+
 /* Expression for an ALU/LOAD node given its sources' names. */
 static void render_expr(R *r, UOp *u, SB *e) {
   tg_dtype dt = (tg_dtype)u->dtype;
@@ -143,7 +146,7 @@ static void render_expr(R *r, UOp *u, SB *e) {
   switch (u->op) {
   case OP_LOAD: {
     const char *conv = dt == TG_FLOAT16 ? "tg_h2f" : dt == TG_BFLOAT16 ? "tg_b2f" : "";
-    if (u->nsrc > 2) sb_printf(e, "(%s ? %s(%s[%s]) : 0)", c, conv, a, b);
+    if (gated(u)) sb_printf(e, "(%s ? %s(%s[%s]) : 0)", c, conv, a, b);
     else sb_printf(e, "%s(%s[%s])", conv, a, b);
     return;
   }
@@ -262,15 +265,15 @@ static void render_vexpr(R *r, UOp *u, SB *e) {
     char vt[32], vtu[32];
     vtype_names((tg_dtype)u->dtype, vt, vtu);
     if (u->niarg == 1) { /* a gather: lane l at base + l*stride */
-      if (u->nsrc > 2) sb_printf(e, "((%s) ? ", nm(r, c));
+      if (gated(u)) sb_printf(e, "((%s) ? ", nm(r, c));
       sb_printf(e, "((%s){", vt);
       for (int l = 0; l < (int)u->arg.i; l++)
         sb_printf(e, "%s%s[%s + %lldLL]", l ? ", " : "", nm(r, a), nm(r, b), (long long)(l * u->iarg[0]));
       sb_puts(e, "})");
-      if (u->nsrc > 2) sb_printf(e, " : (%s){0})", vt);
+      if (gated(u)) sb_printf(e, " : (%s){0})", vt);
       return;
     }
-    if (u->nsrc > 2) sb_printf(e, "((%s) ? *(const %s *)(%s + %s) : (%s){0})", nm(r, c), vtu, nm(r, a), nm(r, b), vt);
+    if (gated(u)) sb_printf(e, "((%s) ? *(const %s *)(%s + %s) : (%s){0})", nm(r, c), vtu, nm(r, a), nm(r, b), vt);
     else sb_printf(e, "(*(const %s *)(%s + %s))", vtu, nm(r, a), nm(r, b));
     return;
   }
@@ -488,6 +491,7 @@ char *render_c(const LKernel *k, const char *name) {
   for (int c = 0; c < k->ncopy; c++) topo(&l, k->values[c]);
   for (int c = 0; c < k->ncopy; c++) topo(&l, k->sidxs[c]);
   for (int c = 0; k->sop && c < k->ncopy; c++) topo(&l, k->sfirsts[c]);
+  for (int i = 0; k->rlo && i < k->nr; i++) topo(&l, k->rlo[i]), topo(&l, k->rhi[i]);
   /* vector-ness: W-wide loads and everything computed from them; placeholders follow their body */
   for (size_t i = 0; i < l.order.n; i++) {
     UOp *u = l.order.p[i];
@@ -561,21 +565,30 @@ char *render_c(const LKernel *k, const char *name) {
       declare_accs(&r, k, "acc", init);
     }
     UOp *rg = lv <= k->ng ? k->granges[lv - 1] : k->rranges[lv - 1 - k->ng];
+    /* the loop's range: 0..size, or the bounds of a bounded reduce loop */
+    char lo[64] = "0", hi[64];
+    snprintf(hi, sizeof hi, "%lldLL", (long long)rg->iarg[0]);
+    bool bounded = false;
+    if (lv > k->ng && k->rlo) {
+      UOp *b0 = k->rlo[lv - 1 - k->ng], *b1 = k->rhi[lv - 1 - k->ng];
+      bounded = !(b0->op == OP_CONST && b0->arg.i == 0 && b1->op == OP_CONST && b1->arg.i == rg->iarg[0]);
+      snprintf(lo, sizeof lo, "%s", nm(&r, b0));
+      snprintf(hi, sizeof hi, "%s", nm(&r, b1));
+    }
     ind(&r);
     if (lv == blk.level) {
       /* blocked accumulation: loop lv runs in blocks of blk.iters; each block sums into part<c> */
-      sb_printf(&body, "for (long long ridx%db = 0; ridx%db < %lldLL; ridx%db += %lldLL) {\n", lv - 1, lv - 1,
-                (long long)rg->iarg[0], lv - 1, (long long)blk.iters);
+      sb_printf(&body, "for (long long ridx%db = %s; ridx%db < %s; ridx%db += %lldLL) {\n", lv - 1, lo, lv - 1, hi,
+                lv - 1, (long long)blk.iters);
       r.indent++;
       declare_accs(&r, k, "part", "0");
-      char bound[64] = ""; /* the last block stops at the loop's end unless the blocks divide it */
-      if (rg->iarg[0] % blk.iters) snprintf(bound, sizeof bound, " && ridx%d < %lldLL", lv - 1, (long long)rg->iarg[0]);
+      char bound[96] = ""; /* the last block stops at the loop's end unless the blocks divide it */
+      if (bounded || rg->iarg[0] % blk.iters) snprintf(bound, sizeof bound, " && ridx%d < %s", lv - 1, hi);
       ind(&r);
       sb_printf(&body, "for (long long ridx%d = ridx%db; ridx%d < ridx%db + %lldLL%s; ridx%d++) {\n", lv - 1, lv - 1,
                 lv - 1, lv - 1, (long long)blk.iters, bound, lv - 1);
     } else if (lv == 1 && k->ng > 0) sb_printf(&body, "for (long long ridx0 = gstart; ridx0 < gend; ridx0++) {\n");
-    else sb_printf(&body, "for (long long ridx%d = 0; ridx%d < %lldLL; ridx%d++) {\n", lv - 1, lv - 1,
-                   (long long)rg->iarg[0], lv - 1);
+    else sb_printf(&body, "for (long long ridx%d = %s; ridx%d < %s; ridx%d++) {\n", lv - 1, lo, lv - 1, hi, lv - 1);
     r.indent++;
     emit_level(&r, &l, lv, false);
     if (lv == nloops && k->rbody) {
