@@ -43,50 +43,58 @@ static void add_unique(PtrVec *v, UOp *u) {
 }
 
 /* Conditions under which u is zero whenever one of them is false: the masks of loads that are a
- * factor of u (through products, negation, casts and selects of zero). */
-static void zero_conds(UOp *u, PtrVec *out) {
+ * factor of u (through products, negation, casts and selects of zero). Memoized per node (memo: node
+ * -> PtrVec *): bodies share subexpressions, and a walk without it could be exponential. */
+static const PtrVec *zero_conds(UOp *u, PtrMap *memo) {
+  PtrVec *out = pm_get(memo, (uint64_t)(uintptr_t)u);
+  if (out) return out;
+  out = tg_xcalloc(1, sizeof *out);
   switch (u->op) {
   case OP_LOAD:
     if (u->nsrc > 2) conjuncts(u->src[2], out);
-    return;
-  case OP_MUL: {
-    PtrVec a = {0}, b = {0};
-    zero_conds(u->src[0], &a);
-    zero_conds(u->src[1], &b);
-    for (size_t i = 0; i < a.n; i++) add_unique(out, a.p[i]);
-    for (size_t i = 0; i < b.n; i++) add_unique(out, b.p[i]);
-    pv_free(&a), pv_free(&b);
-    return;
-  }
+    break;
+  case OP_MUL:
+    for (int j = 0; j < 2; j++) {
+      const PtrVec *a = zero_conds(u->src[j], memo);
+      for (size_t i = 0; i < a->n; i++) add_unique(out, a->p[i]);
+    }
+    break;
   case OP_ADD: {
-    PtrVec a = {0}, b = {0};
-    zero_conds(u->src[0], &a);
-    zero_conds(u->src[1], &b);
-    for (size_t i = 0; i < a.n; i++)
-      if (has(&b, a.p[i])) add_unique(out, a.p[i]);
-    pv_free(&a), pv_free(&b);
-    return;
+    const PtrVec *a = zero_conds(u->src[0], memo), *b = zero_conds(u->src[1], memo);
+    for (size_t i = 0; i < a->n; i++)
+      if (has(b, a->p[i])) add_unique(out, a->p[i]);
+    break;
   }
   case OP_NEG:
-    zero_conds(u->src[0], out);
-    return;
-  case OP_CAST:
-    if (u->dtype != TG_BOOL && u->src[0]->dtype != TG_BOOL) zero_conds(u->src[0], out);
-    return;
+  case OP_CAST: {
+    if (u->dtype == TG_BOOL || u->src[0]->dtype == TG_BOOL) break;
+    const PtrVec *a = zero_conds(u->src[0], memo);
+    for (size_t i = 0; i < a->n; i++) pv_push(out, a->p[i]);
+    break;
+  }
   case OP_WHERE: {
     /* cond ? x : 0 */
     UOp *z = u->src[2];
-    if (z->op != OP_CONST || (tg_dtype_is_float((tg_dtype)z->dtype) ? z->arg.f != 0 : z->arg.i != 0)) return;
+    if (z->op != OP_CONST || (tg_dtype_is_float((tg_dtype)z->dtype) ? z->arg.f != 0 : z->arg.i != 0)) break;
     conjuncts(u->src[0], out);
-    PtrVec a = {0};
-    zero_conds(u->src[1], &a);
-    for (size_t i = 0; i < a.n; i++) add_unique(out, a.p[i]);
-    pv_free(&a);
-    return;
+    const PtrVec *a = zero_conds(u->src[1], memo);
+    for (size_t i = 0; i < a->n; i++) add_unique(out, a->p[i]);
+    break;
   }
   default:
-    return;
+    break;
   }
+  pm_put(memo, (uint64_t)(uintptr_t)u, out);
+  return out;
+}
+
+static void memo_free(PtrMap *memo) {
+  for (size_t i = 0; i < memo->cap; i++)
+    if (memo->keys[i]) {
+      pv_free(memo->vals[i]);
+      free(memo->vals[i]);
+    }
+  pm_free(memo);
 }
 
 /* Is e an index expression over constants and the loops in `outer` only? */
@@ -193,16 +201,18 @@ void bound_reduce_loops(LKernel *k) {
   if (getenv_int("NOOPT", 0) || !getenv_int("LOOP_BOUNDS", 1)) return;
   /* conditions that zero every copy's term */
   PtrVec conds = {0};
-  zero_conds(k->rbodies[0], &conds);
+  PtrMap memo;
+  pm_init(&memo);
+  const PtrVec *first = zero_conds(k->rbodies[0], &memo);
+  for (size_t i = 0; i < first->n; i++) pv_push(&conds, first->p[i]);
   for (int c = 1; c < k->ncopy && conds.n; c++) {
-    PtrVec o = {0};
-    zero_conds(k->rbodies[c], &o);
+    const PtrVec *o = zero_conds(k->rbodies[c], &memo);
     size_t m = 0;
     for (size_t i = 0; i < conds.n; i++)
-      if (has(&o, conds.p[i])) conds.p[m++] = conds.p[i];
+      if (has(o, conds.p[i])) conds.p[m++] = conds.p[i];
     conds.n = m;
-    pv_free(&o);
   }
+  memo_free(&memo);
   if (!conds.n) {
     pv_free(&conds);
     return;
