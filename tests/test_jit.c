@@ -257,6 +257,50 @@ TEST(detach_stops_gradient) {
   CHECK(tg_live_count() == live);
 }
 
+/* A lazy leaf that is itself a reshape (a 2-d tg_rand is a reshape of 1-d random bits; or a
+ * reshaped tensor marked with tg_set_requires_grad) stays in the graphs built on it: reshaping it
+ * again must not fold it away, or its gradient is lost */
+TEST(gradient_of_reshaped_lazy_leaf) {
+  size_t live = tg_live_count();
+  tg_scope_begin();
+  tg_tensor a = tg_rand(TG_SHAPE(2, 3), TG_OPTS(.requires_grad = true));
+  tg_tensor y = tg_reshape(a, TG_SHAPE(3, 2));
+  CHECK(tg_backward(tg_sum(tg_mul(y, y), TG_ALL_AXES, false)) == TG_OK);
+  float av[6], g[6];
+  CHECK(tg_data(a, av, sizeof av) == TG_OK);
+  CHECK(tg_data(tg_grad(a), g, sizeof g) == TG_OK);
+  for (int i = 0; i < 6; i++) CHECK_CLOSE(g[i], 2 * av[i], 1e-6);
+  float d[6] = {1, 2, 3, 4, 5, 6};
+  tg_tensor e = tg_set_requires_grad(tg_reshape(tg_from_data(d, TG_SHAPE(6), NULL), TG_SHAPE(2, 3)), true);
+  tg_tensor gr;
+  CHECK(tg_gradient(tg_sum(tg_mul_s(tg_flatten(e, 0, -1), 3), TG_ALL_AXES, false), &e, 1, &gr) == TG_OK);
+  CHECK(tg_data(gr, g, sizeof g) == TG_OK);
+  for (int i = 0; i < 6; i++) CHECK_CLOSE(g[i], 3, 0);
+  tg_scope_end();
+  CHECK(tg_live_count() == live);
+}
+
+/* The gradient flows back through tg_to, also when the moved value is the loss itself: the
+ * backward pass starts from a constant, which is the same constant on the other device */
+TEST(gradient_through_device_copy) {
+  size_t live = tg_live_count();
+  tg_scope_begin();
+  float qd[3] = {1, -2, 0.5f};
+  tg_tensor q = tg_from_data(qd, TG_SHAPE(3), TG_OPTS(.requires_grad = true, .device = "CPU:1"));
+  CHECK(tg_backward(tg_to(tg_sum(tg_mul(q, q), TG_ALL_AXES, false), "CPU")) == TG_OK);
+  tg_tensor g = tg_grad(q);
+  CHECK(strcmp(tg_device_of(g), "CPU:1") == 0);
+  float gv[3];
+  CHECK(tg_data(g, gv, sizeof gv) == TG_OK);
+  for (int i = 0; i < 3; i++) CHECK_CLOSE(gv[i], 2 * qd[i], 1e-7);
+  tg_tensor p = tg_from_data(qd, TG_SHAPE(3), TG_OPTS(.requires_grad = true));
+  CHECK(tg_backward(tg_to(tg_sum(tg_mul_s(p, 4), TG_ALL_AXES, false), "CPU:1")) == TG_OK);
+  CHECK(tg_data(tg_grad(p), gv, sizeof gv) == TG_OK);
+  for (int i = 0; i < 3; i++) CHECK_CLOSE(gv[i], 4, 0);
+  tg_scope_end();
+  CHECK(tg_live_count() == live);
+}
+
 TEST(lazy_random_is_stable_across_realizes) {
   size_t live = tg_live_count();
   tg_scope_begin();

@@ -10,6 +10,7 @@
  * back where it started and that no error was left recorded.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -419,6 +420,31 @@ TEST(live_count_exact) {
   CHECK(tg_live_count() == n0 + 2);
   tg_free(b);
   CHECK(tg_live_count() == n0 + 1);
+  END;
+}
+
+/* Handles are created from several threads while another thread uses an existing one: the slot a
+ * call is working on must stay where it is while the table grows (it lives in a fixed chunk) */
+static void *make_handles(void *arg) {
+  (void)arg;
+  for (int r = 0; r < 20; r++) {
+    tg_scope_begin();
+    for (int i = 0; i < 3000; i++) tg_full(NULL, 0, (double)i, NULL);
+    tg_scope_end();
+  }
+  return NULL;
+}
+TEST(handles_stable_across_threads) {
+  BEGIN;
+  tg_tensor p = tg_ones(TG_SHAPE(2), NULL);
+  pthread_t th[3];
+  for (int i = 0; i < 3; i++) CHECK(pthread_create(&th[i], NULL, make_handles, NULL) == 0);
+  for (int i = 0; i < 20000; i++) {
+    tg_set_requires_grad(p, i % 2 == 0);
+    CHECK(tg_requires_grad(p) == (i % 2 == 0));
+  }
+  for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+  CHECK_VALUES(p, 0, 1, 1);
   END;
 }
 

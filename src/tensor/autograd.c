@@ -427,6 +427,7 @@ tg_tensor tg_set_requires_grad(tg_tensor t, bool requires_grad) {
     return NONE;
   }
   s->requires_grad = requires_grad;
+  if (requires_grad && s->u) s->u->flags |= UOPF_GRAD_LEAF;
   return t;
 }
 

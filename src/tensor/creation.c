@@ -78,10 +78,7 @@ static bool check_shape(const char *fn, const int64_t *shape, int ndim, int64_t 
 
 static tg_tensor finish(UOp *u, const tg_opts *o) {
   tg_tensor t = t_wrap(u);
-  if (o && o->requires_grad) {
-    Slot *s = t_slot(t);
-    if (s) s->requires_grad = true;
-  }
+  if (o && o->requires_grad && t.id) tg_set_requires_grad(t, true);
   return t;
 }
 

@@ -114,8 +114,9 @@ static UOp *mk_move(int op, UOp *a, const int64_t *iarg, int niarg, const int64_
 
 UOp *g_reshape(UOp *a, const int64_t *shape, int ndim) {
   if (ndim == a->ndim && (ndim == 0 || !memcmp(shape, a->shape, sizeof(int64_t) * (size_t)ndim))) return uop_ref(a);
-  /* collapse reshape chains: reshape(reshape(x)) == reshape(x) */
-  if (a->op == OP_RESHAPE) a = a->src[0];
+  /* collapse reshape chains: reshape(reshape(x)) == reshape(x), unless the inner one is a tensor
+   * being differentiated */
+  if (a->op == OP_RESHAPE && !(a->flags & UOPF_GRAD_LEAF)) a = a->src[0];
   if (ndim == a->ndim && (ndim == 0 || !memcmp(shape, a->shape, sizeof(int64_t) * (size_t)ndim))) return uop_ref(a);
   return mk_move(OP_RESHAPE, a, shape, ndim, shape, ndim);
 }
@@ -305,6 +306,14 @@ UOp *g_index(UOp *data, UOp *idx) {
 }
 
 UOp *g_copy(UOp *a, int device) {
+  if (a->op == OP_CONST && !a->realized) {
+    /* a constant needs no copy: it is the same constant on the other device (a backward pass
+     * through tg_to starts from one) */
+    int64_t dev = device;
+    UOp *u = uop_new(OP_CONST, (tg_dtype)a->dtype, NULL, 0, &dev, 1, a->arg);
+    set_meta(u, NULL, 0, device);
+    return u;
+  }
   UArg arg;
   arg.i = device;
   UOp *u = uop_new(OP_COPY, (tg_dtype)a->dtype, &a, 1, NULL, 0, arg);

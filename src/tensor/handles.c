@@ -13,9 +13,16 @@
 #include "tensor.h"
 
 static pthread_mutex_t h_lock = PTHREAD_MUTEX_INITIALIZER;
-static Slot *slots;
+/* Slots live in fixed chunks that never move, so a Slot pointer stays valid while other threads
+ * create handles (a growing array would be reallocated under them). */
+#define CHUNK_BITS 12
+#define CHUNK ((size_t)1 << CHUNK_BITS)
+#define MAX_CHUNKS ((size_t)1 << 19) /* 2^31 slots: free_head is an int32 */
+static Slot *chunks[MAX_CHUNKS];
 static size_t nslots, capslots, nlive;
 static int32_t free_head = -1;
+
+static inline Slot *slot_at(size_t i) { return &chunks[i >> CHUNK_BITS][i & (CHUNK - 1)]; }
 
 /* per-thread scope stack: lists of ids owned by each open scope (depth 1..n; depth 0 = root) */
 typedef struct {
@@ -32,7 +39,7 @@ static Slot *slot_lookup(uint64_t id) {
   if (!id) return NULL;
   uint32_t s = id_slot(id);
   if (s >= nslots) return NULL;
-  Slot *sl = &slots[s];
+  Slot *sl = slot_at(s);
   if (sl->scope < 0 || sl->gen != id_gen(id)) return NULL;
   return sl;
 }
@@ -61,7 +68,7 @@ Slot *t_slot(tg_tensor t) {
   return s;
 }
 size_t t_slot_count(void) { return nslots; }
-Slot *t_slot_at(size_t i) { return &slots[i]; }
+Slot *t_slot_at(size_t i) { return slot_at(i); }
 
 static void scope_push_id(uint64_t id) {
   if (scope_depth == 0) return;
@@ -80,16 +87,22 @@ tg_tensor t_wrap(UOp *u) {
   uint32_t s;
   if (free_head >= 0) {
     s = (uint32_t)free_head;
-    free_head = slots[s].next_free;
+    free_head = slot_at(s)->next_free;
   } else {
     if (nslots == capslots) {
-      capslots = capslots ? capslots * 2 : 256;
-      slots = tg_xrealloc(slots, capslots * sizeof(Slot));
+      if ((nslots >> CHUNK_BITS) >= MAX_CHUNKS) {
+        pthread_mutex_unlock(&h_lock);
+        uop_unref(u);
+        tg_set_error(TG_ERR_RUNTIME, "tensor handles: all %zu handles are live; free some (tg_free, scopes)", nslots);
+        return t;
+      }
+      chunks[nslots >> CHUNK_BITS] = tg_xcalloc(CHUNK, sizeof(Slot));
+      capslots += CHUNK;
     }
     s = (uint32_t)nslots++;
-    slots[s].gen = 1;
+    slot_at(s)->gen = 1;
   }
-  Slot *sl = &slots[s];
+  Slot *sl = slot_at(s);
   sl->u = u;
   sl->scope = scope_depth;
   sl->requires_grad = false;
@@ -103,7 +116,8 @@ tg_tensor t_wrap(UOp *u) {
 }
 
 /* Caller holds h_lock. Returns the UOps to release (outside the lock). */
-static void slot_release(Slot *sl, UOp **u, UOp **g) {
+static void slot_release(uint64_t id, UOp **u, UOp **g) {
+  Slot *sl = slot_at(id_slot(id));
   *u = sl->u;
   *g = sl->grad;
   sl->u = NULL;
@@ -112,7 +126,7 @@ static void slot_release(Slot *sl, UOp **u, UOp **g) {
   sl->gen++;
   if (sl->gen == 0) sl->gen = 1;
   sl->next_free = free_head;
-  free_head = (int32_t)(sl - slots);
+  free_head = (int32_t)id_slot(id);
   nlive--;
 }
 
@@ -120,7 +134,7 @@ void tg_free(tg_tensor t) {
   pthread_mutex_lock(&h_lock);
   Slot *s = slot_lookup(t.id);
   UOp *u = NULL, *g = NULL;
-  if (s) slot_release(s, &u, &g);
+  if (s) slot_release(t.id, &u, &g);
   pthread_mutex_unlock(&h_lock);
   uop_unref(u);
   uop_unref(g);
@@ -152,7 +166,7 @@ void tg_scope_end(void) {
     Slot *s = slot_lookup(l->ids[i]);
     if (!s || s->scope != scope_depth) continue;
     UOp *u, *g;
-    slot_release(s, &u, &g);
+    slot_release(l->ids[i], &u, &g);
     pv_push(&dead, u);
     if (g) pv_push(&dead, g);
   }
@@ -204,8 +218,9 @@ void t_replace_everywhere(UOp *from, UOp *to) {
   int n = 0;
   pthread_mutex_lock(&h_lock);
   for (size_t i = 0; i < nslots; i++) {
-    if (slots[i].scope >= 0 && slots[i].u == from) {
-      slots[i].u = to;
+    Slot *sl = slot_at(i);
+    if (sl->scope >= 0 && sl->u == from) {
+      sl->u = to;
       n++;
     }
   }

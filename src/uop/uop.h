@@ -129,6 +129,9 @@ struct UOp {
 /* flags bit: a gradient compares this node (or a view of it) with a maximum computed from it, so
  * the scheduler must keep computing it in a kernel of its own (see schedule.c's window fusion) */
 #define UOPF_MAX_GRAD 4
+/* flags bit: a tensor with requires_grad holds this node, so graphs built on it must contain it (a
+ * reshape of it is not folded into a reshape of its source, or the gradient could not find it) */
+#define UOPF_GRAD_LEAF 8
 extern void (*uop_free_hook)(UOp *u);
 
 /* Creates (or finds) a node. Takes no ownership of srcs (they are ref'd by the new node). Returns a
