@@ -100,8 +100,12 @@ tg_dtype dtype_from_name(const char *name) {
 }
 
 tg_dtype tg_default_float(void) {
-  tg_dtype dt = dtype_from_name(getenv_str("DEFAULT_FLOAT", "FLOAT32"));
-  return tg_dtype_is_float(dt) ? dt : TG_FLOAT32;
+  const char *s = getenv_str("DEFAULT_FLOAT", NULL);
+  if (!s || !*s) return TG_FLOAT32;
+  tg_dtype dt = dtype_from_name(s);
+  if (tg_dtype_is_float(dt)) return dt;
+  env_warn("DEFAULT_FLOAT", s, "not a float dtype: float32, half/float16, bfloat16 or float64", "float32");
+  return TG_FLOAT32;
 }
 
 /* ---- promotion ----

@@ -236,9 +236,29 @@ const char *getenv_str(const char *name, const char *def) {
   return v ? v : def;
 }
 
+/* A setting that cannot be used is reported on stderr (once per name: settings are read often),
+ * since the call that reads it has no error to return. */
+void env_warn(const char *name, const char *value, const char *why, const char *instead) {
+  static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+  static char warned[32][64];
+  static int nwarned;
+  pthread_mutex_lock(&lock);
+  bool seen = false;
+  for (int i = 0; i < nwarned && !seen; i++) seen = strcmp(warned[i], name) == 0;
+  if (!seen && nwarned < 32) snprintf(warned[nwarned++], sizeof warned[0], "%s", name);
+  pthread_mutex_unlock(&lock);
+  if (!seen) fprintf(stderr, "tinygrad.c: ignoring %s=%s (%s); using %s\n", name, value, why, instead);
+}
+
 int64_t getenv_int(const char *name, int64_t def) {
   int64_t v;
-  return parse_int(getenv_str(name, NULL), &v) ? v : def;
+  const char *s = getenv_str(name, NULL);
+  if (!s || !*s) return def;
+  if (parse_int(s, &v)) return v;
+  char d[32];
+  snprintf(d, sizeof d, "%lld", (long long)def);
+  env_warn(name, s, "not an integer", d);
+  return def;
 }
 
 int64_t tg_getenv_int(const char *name, int64_t def) {
@@ -256,13 +276,19 @@ int debug_level(void) {
   if (tl_override_count) {
     const char *v = ctx_lookup("DEBUG");
     int64_t d;
-    if (v) return parse_int(v, &d) ? (int)d : 0;
+    if (v) {
+      if (parse_int(v, &d)) return (int)d;
+      if (*v) env_warn("DEBUG", v, "not an integer", "0");
+      return 0;
+    }
   }
   int d = atomic_load_explicit(&debug_env, memory_order_relaxed);
   if (d == INT_MIN) {
     int64_t e;
     const char *s = env_cached("DEBUG");
-    d = parse_int(s, &e) && e > INT_MIN && e <= INT_MAX ? (int)e : 0;
+    bool ok = parse_int(s, &e) && e > INT_MIN && e <= INT_MAX;
+    if (!ok && s && *s) env_warn("DEBUG", s, "not an integer", "0");
+    d = ok ? (int)e : 0;
     atomic_store_explicit(&debug_env, d, memory_order_relaxed);
   }
   return d;

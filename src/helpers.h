@@ -38,6 +38,9 @@ int64_t getenv_int(const char *name, int64_t def);
 /* String setting (Context override, else environment, else def). Returned string valid until the
  * Context level that set it ends / process end. */
 const char *getenv_str(const char *name, const char *def);
+/* Reports on stderr, once per setting name, that name=value is ignored (why) and what is used
+ * instead. getenv_int reports values that are not integers. */
+void env_warn(const char *name, const char *value, const char *why, const char *instead);
 /* Shorthand for getenv_int("DEBUG", 0). Must be cheap (called on hot paths). */
 int debug_level(void);
 

@@ -6,8 +6,10 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "helpers.h"
 #include "test.h"
@@ -77,6 +79,46 @@ TEST(error_and_context_are_thread_local) {
 }
 
 /* ---- settings ---- */
+
+/* Runs fn with stderr redirected; what it wrote is left in out. */
+static void capture_stderr(void (*fn)(void), char *out, size_t n) {
+  fflush(stderr);
+  int saved = dup(2);
+  FILE *f = tmpfile();
+  dup2(fileno(f), 2);
+  fn();
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  rewind(f);
+  size_t got = fread(out, 1, n - 1, f);
+  out[got] = 0;
+  fclose(f);
+}
+
+static int64_t g_bad_int;
+static tg_dtype g_bad_float;
+static void read_bad_settings(void) {
+  g_bad_int = getenv_int("TG_TEST_ENV_GARBAGE", 3);
+  getenv_int("TG_TEST_ENV_GARBAGE", 3); /* reported once */
+  tg_context_begin();
+  tg_context_set("DEFAULT_FLOAT", "int8");
+  g_bad_float = tg_default_float();
+  tg_context_end();
+}
+
+/* a setting that is not a number (or not a float dtype) is ignored, and said so once on stderr */
+TEST(bad_settings_are_reported) {
+  setenv("TG_TEST_ENV_GARBAGE", "abc", 1);
+  char out[1024];
+  capture_stderr(read_bad_settings, out, sizeof out);
+  CHECK(g_bad_int == 3);
+  CHECK(g_bad_float == TG_FLOAT32);
+  CHECK_MSG(strstr(out, "ignoring TG_TEST_ENV_GARBAGE=abc (not an integer); using 3") != NULL, "stderr: %s", out);
+  CHECK_MSG(strstr(out, "ignoring DEFAULT_FLOAT=int8") != NULL, "stderr: %s", out);
+  char *first = strstr(out, "TG_TEST_ENV_GARBAGE");
+  CHECK(first && !strstr(first + 1, "TG_TEST_ENV_GARBAGE"));
+}
 
 TEST(getenv_reads_environment_once) {
   setenv("TG_TEST_ENV_INT", "42", 1);
