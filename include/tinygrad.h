@@ -806,7 +806,7 @@ typedef struct tg_state_dict tg_state_dict;
 /* An empty dict; free with tg_state_dict_free. NULL only if out of memory. */
 tg_state_dict *tg_state_dict_new(void);
 /* Frees the dict, its names, its metadata and the handles it owns (NULL is a no-op). For a dict from
- * tg_safe_load_mmap, also unmaps the file: see there. */
+ * tg_safe_load_mmap, also drops the dict's share of the file mapping: see there. */
 void tg_state_dict_free(tg_state_dict *sd);
 /* Number of tensors (0 for NULL). */
 int tg_state_dict_len(const tg_state_dict *sd);
@@ -835,20 +835,26 @@ const char *tg_state_dict_meta_value(const tg_state_dict *sd, int i);
  * header is validated strictly: JSON syntax, UTF-8, at most 100 MB, known dtype names, integer shapes,
  * sizes = numel * itemsize, byte ranges that cover the data section exactly (no overlap, no hole, no
  * trailing bytes), no duplicate names. Returns a new dict the caller frees, or NULL with a TG_ERR_IO
- * error naming the function, the file and the problem. */
+ * error naming the function, the file and the problem. Like every file loader (tg_gguf_load,
+ * tg_tar_extract, tg_torch_load, tg_idx_load), it reads regular files only: a FIFO, a device or a
+ * socket is refused ("<path> is not a regular file (a FIFO)") without being read or waited on. */
 tg_state_dict *tg_safe_load(const char *path);
 /* The same without copying: the file is mapped privately (copy-on-write) and each tensor whose offset
- * is aligned for its dtype wraps the mapping (tg_from_blob; misaligned ones are copied). The DICT OWNS
- * THE MAPPING: tg_state_dict_free unmaps it, so every tensor that reads from it -- the dict's entries,
- * handles detached from them, lazy results not yet realized -- must be realized into its own buffer
- * (e.g. tg_contiguous + tg_realize, or tg_assign into a model's tensor + tg_realize) before the dict
- * is freed. tg_assign to an entry changes the mapped pages only, never the file. CPU devices only. */
+ * is aligned for its dtype wraps the mapping (tg_from_blob; misaligned ones are copied). The mapping is
+ * shared by the dict and every buffer that wraps it, and unmapped when the last of them goes: the
+ * dict's entries, handles detached from them and lazy results not yet realized stay valid after
+ * tg_state_dict_free. tg_assign to an entry changes the mapped pages only, never the file. CPU devices
+ * only. */
 tg_state_dict *tg_safe_load_mmap(const char *path);
 /* Writes the dict as .safetensors (tinygrad's safe_save): tensors in dict order, realized and made
  * contiguous as needed, the dict's metadata as __metadata__; names and metadata must be valid UTF-8
  * and no tensor may be named "__metadata__". Atomic: writes a temporary file in the same directory,
  * fsyncs it and renames it over path (keeping a replaced file's permissions), so on any failure an
- * existing file at path is left untouched and no temporary file remains. */
+ * existing file at path is left untouched and no temporary file remains. A symbolic link at path is
+ * followed: the file it leads to is replaced (the temporary file is made next to that file) and the
+ * link stays; a link to a missing file creates that file. Only regular files are replaced: if path
+ * (or the file its links lead to) is a directory, a FIFO, a device or a socket, the save fails with
+ * TG_ERR_IO "tg_safe_save: <path> is not a regular file (...)" and touches nothing. */
 tg_status tg_safe_save(const tg_state_dict *sd, const char *path);
 
 /* Loads a GGUF file (versions 2 and 3; tinygrad's gguf_load). Metadata: every key/value in file
@@ -891,11 +897,12 @@ tg_state_dict *tg_tar_extract(const char *path);
  * caller frees, or NULL with a TG_ERR_IO error naming the file and the problem. */
 tg_state_dict *tg_torch_load(const char *path);
 
-/* Loads an IDX file (the MNIST format; gzip-compressed files are read transparently): a big-endian
- * header 00 00 <type> <ndim>, ndim big-endian uint32 dims, then the data. Types: 0x08 uint8, 0x09
- * int8, 0x0B int16, 0x0C int32, 0x0D float32, 0x0E float64 (the tensor's dtype). The data must be
- * exactly what the dims declare (shorter or longer is an error). Returns a new realized tensor in the
- * current scope, or none with a TG_ERR_IO error naming the file and the problem. */
+/* Loads an IDX file (the MNIST format; gzip-compressed files are read transparently; regular files
+ * only, as for tg_safe_load): a big-endian header 00 00 <type> <ndim>, ndim big-endian uint32 dims,
+ * then the data. Types: 0x08 uint8, 0x09 int8, 0x0B int16, 0x0C int32, 0x0D float32, 0x0E float64
+ * (the tensor's dtype). The data must be exactly what the dims declare (shorter or longer is an
+ * error). Returns a new realized tensor in the current scope, or none with a TG_ERR_IO error naming
+ * the file and the problem. */
 tg_tensor tg_idx_load(const char *path);
 
 /* MNIST as tinygrad's nn.datasets.mnist(): *X_train (60000, 1, 28, 28) uint8, *Y_train (60000,)

@@ -31,11 +31,11 @@ static void check(tg_state_dict *sd) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  check(safe_load_mem("fuzz", "input", data, size, false));
+  check(safe_load_mem("fuzz", "input", data, size, false, NULL));
   /* zero-copy wraps the bytes: give it a writable, suitably aligned copy */
   uint8_t *copy = aligned_alloc(64, (size / 64 + 1) * 64);
   if (size) memcpy(copy, data, size);
-  check(safe_load_mem("fuzz", "input", copy, size, true));
+  check(safe_load_mem("fuzz", "input", copy, size, true, NULL));
   free(copy);
   if (tg_live_count() != 0) abort();
   return 0;

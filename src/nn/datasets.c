@@ -1,15 +1,17 @@
 /*
  * datasets.c -- IDX files (the MNIST format) and tinygrad's nn.datasets.mnist().
  *
- * In: an IDX file, plain or gzip-compressed (zlib's gzread reads both): bytes 00 00 <type> <ndim>,
- * ndim big-endian uint32 dims, then numel elements of the type, big-endian. Out: a realized tensor of
- * the matching dtype, elements converted to host order.
+ * In: an IDX file (a regular file: a FIFO or a device is refused unread), plain or gzip-compressed
+ * (zlib's gzread reads both): bytes 00 00 <type> <ndim>, ndim big-endian uint32 dims, then numel
+ * elements of the type, big-endian. Out: a realized tensor of the matching dtype, elements converted
+ * to host order.
  * Invariants: the header is validated before anything is allocated from it (known type, ndim <= 64,
  * numel without overflow); a plain file's size must equal what the header declares; a compressed
  * file's buffer grows only with the bytes really inflated, so a lying header costs no more memory than
  * the data that is there; data beyond the declared size is an error.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +22,7 @@
 
 #include "../helpers.h"
 #include "loaders.h"
+#include "state_dict.h"
 
 #define IDX_MAX_NDIM 64
 #define NONE ((tg_tensor){0})
@@ -136,12 +139,13 @@ static int64_t gz_read_full(gzFile g, uint8_t *dst, uint64_t n) {
   return (int64_t)got;
 }
 
-/* Reports a read error: the OS's for I/O failures, zlib's (without the path it prefixes) for bad data. */
+/* Reports a read error: the OS's for I/O failures, zlib's for bad data (without the "<fd:3>: " it
+ * prefixes for a stream opened with gzdopen: the message names the path instead). */
 static tg_tensor gz_fail(gzFile g, const char *fn, const char *path) {
   int err = 0;
   const char *m = gzerror(g, &err);
-  size_t pl = strlen(path);
-  if (m && strncmp(m, path, pl) == 0 && strncmp(m + pl, ": ", 2) == 0) m += pl + 2;
+  const char *end = m && strncmp(m, "<fd:", 4) == 0 ? strstr(m, ">: ") : NULL;
+  if (end) m = end + 3;
   if (err == Z_ERRNO)
     tg_set_error(TG_ERR_IO, "%s: %s: cannot read: %s", fn, path, strerror(errno));
   else if (err == Z_BUF_ERROR)
@@ -154,15 +158,32 @@ static tg_tensor gz_fail(gzFile g, const char *fn, const char *path) {
 tg_tensor tg_idx_load(const char *path) {
   static const char *fn = "tg_idx_load";
   if (!path) return tg_set_error(TG_ERR_INVALID, "%s: path is NULL", fn), NONE;
+  /* O_NONBLOCK: a FIFO without a writer must not block the open (it is refused below) */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return tg_set_error(TG_ERR_IO, "%s: %s: cannot open: %s", fn, path, strerror(errno)), NONE;
   struct stat st;
-  if (stat(path, &st) != 0)
-    return tg_set_error(TG_ERR_IO, "%s: %s: cannot open: %s", fn, path, strerror(errno)), NONE;
-  if (S_ISDIR(st.st_mode)) return tg_set_error(TG_ERR_IO, "%s: %s: is a directory", fn, path), NONE;
-  gzFile g = gzopen(path, "rb");
-  if (!g)
-    return tg_set_error(TG_ERR_IO, "%s: %s: cannot open: %s", fn, path,
-                        errno ? strerror(errno) : "out of memory"),
+  if (fstat(fd, &st) != 0) {
+    int e = errno;
+    close(fd);
+    return tg_set_error(TG_ERR_IO, "%s: %s: cannot stat: %s", fn, path, strerror(e)), NONE;
+  }
+  if (S_ISDIR(st.st_mode)) {
+    close(fd);
+    return tg_set_error(TG_ERR_IO, "%s: %s: is a directory", fn, path), NONE;
+  }
+  if (!S_ISREG(st.st_mode)) { /* a device or a pipe could be endless: never read one */
+    close(fd);
+    return tg_set_error(TG_ERR_IO, "%s: %s is not a regular file (%s); copy the data to a file and load that",
+                        fn, path, file_kind(st.st_mode)),
            NONE;
+  }
+  int fl = fcntl(fd, F_GETFL);
+  if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  gzFile g = gzdopen(fd, "rb"); /* owns fd from here on (gzclose closes it) */
+  if (!g) {
+    close(fd);
+    return tg_set_error(TG_ERR_IO, "%s: %s: cannot open: out of memory", fn, path), NONE;
+  }
   gzbuffer(g, 1 << 17);
   IdxHeader h;
   uint8_t head[4 + 4 * IDX_MAX_NDIM];
@@ -191,7 +212,7 @@ tg_tensor tg_idx_load(const char *path) {
   if (!idx_dims(fn, path, head + 4, &h)) goto out;
   uint64_t hl = 4 + 4 * (uint64_t)h.ndim;
   bool plain = gzdirect(g);
-  if (plain && S_ISREG(st.st_mode) && (uint64_t)st.st_size - hl != h.nbytes) {
+  if (plain && (uint64_t)st.st_size - hl != h.nbytes) {
     tg_set_error(TG_ERR_IO, "%s: %s: the header declares %" PRIu64 " bytes of data but the file has %" PRIu64,
                  fn, path, h.nbytes, (uint64_t)st.st_size - hl);
     goto out;

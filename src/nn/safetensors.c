@@ -418,7 +418,7 @@ static void free_entries(Entry *es, size_t n) {
 }
 
 tg_state_dict *safe_load_mem(const char *fn, const char *path, const uint8_t *data, size_t len,
-                             bool zero_copy) {
+                             bool zero_copy, FileMap *map) {
   if (len < 8) {
     tg_set_error(TG_ERR_IO,
                  "%s: %s: file is %zu bytes, too short for a safetensors header (8-byte length + JSON)", fn,
@@ -604,6 +604,7 @@ tg_state_dict *safe_load_mem(const char *fn, const char *path, const uint8_t *da
     tg_tensor t;
     if (zero_copy && nbytes && ((uintptr_t)src % isz) == 0 && !bad_bool) {
       t = tg_from_blob((void *)(uintptr_t)src, shape, e->ndim, TG_OPTS(.dtype = e->dt));
+      if (map && t.id) file_map_attach(map, t); /* the buffer keeps the mapping alive */
     } else if (bad_bool) { /* bools are stored as 0/1: normalise other bytes as numpy's view would read them
                             */
       tmp = tg_xmalloc(nbytes);
@@ -636,7 +637,7 @@ out:
 tg_state_dict *tg_safe_load(const char *path) {
   FileView fv;
   if (file_view_open(&fv, "tg_safe_load", path, false) != TG_OK) return NULL;
-  tg_state_dict *sd = safe_load_mem("tg_safe_load", path, fv.data, fv.len, false);
+  tg_state_dict *sd = safe_load_mem("tg_safe_load", path, fv.data, fv.len, false, NULL);
   file_view_close(&fv);
   return sd;
 }
@@ -644,17 +645,15 @@ tg_state_dict *tg_safe_load(const char *path) {
 tg_state_dict *tg_safe_load_mmap(const char *path) {
   FileView fv;
   if (file_view_open(&fv, "tg_safe_load_mmap", path, true) != TG_OK) return NULL;
-  if (!fv.map && fv.len) { /* not a regular file: nothing to map, so copy */
-    tg_state_dict *sd = safe_load_mem("tg_safe_load_mmap", path, fv.data, fv.len, false);
-    file_view_close(&fv);
-    return sd;
-  }
-  tg_state_dict *sd = safe_load_mem("tg_safe_load_mmap", path, fv.data, fv.len, true);
-  if (!sd) {
-    file_view_close(&fv);
-    return NULL;
-  }
-  if (fv.map) sd_own_mapping(sd, fv.map, fv.map_len);
+  if (!fv.map) /* an empty file: nothing to map (and too short to load) */
+    return safe_load_mem("tg_safe_load_mmap", path, fv.data, fv.len, false, NULL);
+  /* the mapping is shared by the dict and every buffer that wraps it: unmapped with the last one */
+  FileMap *m = file_map_new(fv.map, fv.map_len);
+  tg_state_dict *sd = safe_load_mem("tg_safe_load_mmap", path, fv.data, fv.len, true, m);
+  if (sd)
+    sd_own_mapping(sd, m);
+  else
+    file_map_unref(m);
   return sd;
 }
 
@@ -689,6 +688,74 @@ static bool write_all(int fd, const void *buf, size_t n) {
   return true;
 }
 
+/* The file that saving to `path` writes (malloc'd): path itself, or where its chain of symbolic links
+ * ends, so that the links stay links and their target is replaced. A link to a missing file gives
+ * that file's path (it is created). *exists says whether the file is there, *mode is its st_mode.
+ * NULL with an error if the chain cannot be followed. */
+static char *save_target(const char *fn, const char *path, bool *exists, mode_t *mode) {
+  char *cur = tg_xstrdup(path);
+  for (int depth = 0;; depth++) {
+    struct stat st;
+    if (lstat(cur, &st) != 0) {
+      if (errno == ENOENT) {
+        *exists = false;
+        return cur;
+      }
+      tg_set_error(TG_ERR_IO, "%s: %s: cannot stat %s: %s", fn, path, cur, strerror(errno));
+      free(cur);
+      return NULL;
+    }
+    if (!S_ISLNK(st.st_mode)) {
+      *exists = true;
+      *mode = st.st_mode;
+      if (depth == 0) return cur;
+      /* the link's target, canonical (the temporary file is created next to it) */
+      char *real = realpath(cur, NULL);
+      if (!real) {
+        tg_set_error(TG_ERR_IO, "%s: %s: cannot resolve the symbolic link's target %s: %s", fn, path, cur,
+                     strerror(errno));
+        free(cur);
+        return NULL;
+      }
+      free(cur);
+      return real;
+    }
+    if (depth == 40) {
+      tg_set_error(TG_ERR_IO, "%s: %s: too many levels of symbolic links", fn, path);
+      free(cur);
+      return NULL;
+    }
+    /* one more link: read it (its size may be 0 for some file systems: grow until it fits) */
+    size_t cap = st.st_size > 0 ? (size_t)st.st_size + 1 : 256;
+    char *to = NULL;
+    ssize_t r;
+    for (;;) {
+      to = tg_xrealloc(to, cap);
+      r = readlink(cur, to, cap);
+      if (r < 0 || (size_t)r < cap) break;
+      cap *= 2;
+    }
+    if (r < 0) {
+      tg_set_error(TG_ERR_IO, "%s: %s: cannot read the symbolic link %s: %s", fn, path, cur, strerror(errno));
+      free(to);
+      free(cur);
+      return NULL;
+    }
+    to[r] = 0;
+    if (to[0] != '/') { /* relative to the link's directory */
+      char *slash = strrchr(cur, '/');
+      size_t dl = slash ? (size_t)(slash - cur) + 1 : 0;
+      char *joined = tg_xmalloc(dl + (size_t)r + 1);
+      memcpy(joined, cur, dl);
+      memcpy(joined + dl, to, (size_t)r + 1);
+      free(to);
+      to = joined;
+    }
+    free(cur);
+    cur = to;
+  }
+}
+
 tg_status tg_safe_save(const tg_state_dict *sd, const char *path) {
   const char *fn = "tg_safe_save";
   if (!sd) return tg_set_error(TG_ERR_INVALID, "%s: dict is NULL", fn);
@@ -699,7 +766,7 @@ tg_status tg_safe_save(const tg_state_dict *sd, const char *path) {
   sb_init(&h);
   uint64_t *offs = tg_xmalloc((size_t)(n ? n : 1) * sizeof(uint64_t));
   int *layout = tg_xmalloc((size_t)(n ? n : 1) * sizeof(int));
-  char *tmp = NULL;
+  char *tmp = NULL, *target = NULL;
   int fd = -1;
 
   /* validate every entry before touching the file system */
@@ -771,12 +838,36 @@ tg_status tg_safe_save(const tg_state_dict *sd, const char *path) {
   sb_putc(&h, '}');
   while (h.len % 8) sb_putc(&h, ' '); /* the data section starts 8-byte aligned */
 
+  /* the file to replace: path, or the file its symbolic links lead to (the links stay); only a
+   * regular file is ever replaced -- renaming over a FIFO, a device or a socket would replace the
+   * node itself */
+  bool exists = false;
+  mode_t mode = 0;
+  target = save_target(fn, path, &exists, &mode);
+  if (!target) {
+    st = tg_last_status();
+    goto done;
+  }
+  if (exists && !S_ISREG(mode)) {
+    if (strcmp(target, path) == 0)
+      st = tg_set_error(TG_ERR_IO,
+                        "%s: %s is not a regular file (%s); nothing was written: save to a regular "
+                        "file's path",
+                        fn, path, file_kind(mode));
+    else
+      st = tg_set_error(TG_ERR_IO,
+                        "%s: %s is not a regular file (a symbolic link to %s, %s); nothing was "
+                        "written: save to a regular file's path",
+                        fn, path, target, file_kind(mode));
+    goto done;
+  }
+
   /* a temporary file next to the target: O_EXCL with a unique name, mode 0666 & ~umask */
-  size_t plen = strlen(path);
+  size_t plen = strlen(target);
   tmp = tg_xmalloc(plen + 64);
   static unsigned counter;
   for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
-    snprintf(tmp, plen + 64, "%s.tmp.%ld.%u", path, (long)getpid(),
+    snprintf(tmp, plen + 64, "%s.tmp.%ld.%u", target, (long)getpid(),
              __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
     fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0 && errno != EEXIST) break;
@@ -788,9 +879,7 @@ tg_status tg_safe_save(const tg_state_dict *sd, const char *path) {
     tmp = NULL;
     goto done;
   }
-  struct stat old;
-  if (stat(path, &old) == 0 && S_ISREG(old.st_mode) && fchmod(fd, old.st_mode & 07777) != 0) {
-    /* keeping the old permissions is best effort */
+  if (exists && fchmod(fd, mode & 07777) != 0) { /* keeping the old permissions is best effort */
   }
   uint8_t lenb[8];
   for (int k = 0; k < 8; k++) lenb[k] = (uint8_t)((uint64_t)h.len >> (8 * k));
@@ -816,7 +905,7 @@ tg_status tg_safe_save(const tg_state_dict *sd, const char *path) {
   int cfd = fd;
   fd = -1;
   if (close(cfd) != 0) goto fail_write;
-  if (rename(tmp, path) != 0) {
+  if (rename(tmp, target) != 0) {
     st = tg_set_error(TG_ERR_IO, "%s: %s: cannot rename the temporary file over it: %s", fn, path,
                       strerror(errno));
     goto done;
@@ -824,7 +913,7 @@ tg_status tg_safe_save(const tg_state_dict *sd, const char *path) {
   free(tmp);
   tmp = NULL;
   { /* make the rename durable: fsync the directory (best effort) */
-    char *dir = tg_xstrdup(path);
+    char *dir = tg_xstrdup(target);
     char *slash = strrchr(dir, '/');
     const char *d = slash ? (slash == dir ? "/" : (*slash = 0, dir)) : ".";
     int dfd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -846,6 +935,7 @@ done:
     unlink(tmp);
     free(tmp);
   }
+  free(target);
   free(offs);
   free(layout);
   sb_free(&h);

@@ -6,7 +6,8 @@
  * Invariants: each entry owns exactly one root-scope handle (freed by replace or by
  * tg_state_dict_free); names and metadata keys are unique NUL-free strings, found through an
  * open-addressing hash index so that loading a file with many entries stays linear; a dict from
- * tg_safe_load_mmap owns the file mapping and unmaps it only after all its handles are freed.
+ * tg_safe_load_mmap holds one reference to the file mapping, which every buffer that wraps it
+ * shares: it is unmapped with the last of them, never under a tensor that still reads it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include "../helpers.h"
+#include "../runtime/device.h"
 #include "../tensor/tensor.h"
 #include "state_dict.h"
 
@@ -72,8 +74,7 @@ struct tg_state_dict {
   char **mkeys, **mvals;
   int mn, mcap;
   Index mix;
-  void *map; /* owned file mapping (tg_safe_load_mmap) */
-  size_t map_len;
+  FileMap *map; /* a reference to the file mapping (tg_safe_load_mmap) or NULL */
 };
 
 tg_state_dict *tg_state_dict_new(void) { return tg_xcalloc(1, sizeof(tg_state_dict)); }
@@ -94,7 +95,7 @@ void tg_state_dict_free(tg_state_dict *sd) {
   free(sd->mkeys);
   free(sd->mvals);
   free(sd->mix.slots);
-  if (sd->map) munmap(sd->map, sd->map_len);
+  if (sd->map) file_map_unref(sd->map); /* unmapped here unless a buffer still wraps it */
   free(sd);
 }
 
@@ -181,8 +182,10 @@ tg_status sd_meta_put(tg_state_dict *sd, const char *fn, const char *path, const
   if (i >= 0) {
     if (unique)
       return tg_set_error(TG_ERR_IO, "%s: %s: duplicate metadata key '%.200s'", fn, path, sd->mkeys[i]);
+    /* copy first: value may be the old string itself (meta_set(sd, k, meta_get(sd, k))) */
+    char *v = strndup_x(value, vlen);
     free(sd->mvals[i]);
-    sd->mvals[i] = strndup_x(value, vlen);
+    sd->mvals[i] = v;
     return TG_OK;
   }
   if (sd->mn == INT32_MAX / 2) return tg_set_error(TG_ERR_IO, "%s: %s: too many metadata keys", fn, path);
@@ -220,18 +223,63 @@ const char *tg_state_dict_meta_value(const tg_state_dict *sd, int i) {
   return sd && i >= 0 && i < sd->mn ? sd->mvals[i] : NULL;
 }
 
-void sd_own_mapping(tg_state_dict *sd, void *addr, size_t len) {
+/* ---- shared file mappings ---- */
+
+struct FileMap {
+  void *addr;
+  size_t len;
+  int refcount; /* atomic: buffers are released on whichever thread drops them */
+};
+
+FileMap *file_map_new(void *addr, size_t len) {
+  FileMap *m = tg_xmalloc(sizeof *m);
+  m->addr = addr;
+  m->len = len;
+  m->refcount = 1;
+  return m;
+}
+
+void file_map_unref(void *p) {
+  FileMap *m = p;
+  int left = __atomic_sub_fetch(&m->refcount, 1, __ATOMIC_ACQ_REL);
+  TG_ASSERT(left >= 0);
+  if (left) return;
+  munmap(m->addr, m->len);
+  free(m);
+}
+
+void file_map_attach(FileMap *m, tg_tensor t) {
+  UOp *u = t_get(t, "file_map_attach");
+  Buffer *b = u ? g_buffer_of(u) : NULL;
+  TG_ASSERT(b && b->external);
+  __atomic_fetch_add(&m->refcount, 1, __ATOMIC_RELAXED);
+  buffer_on_free(b, file_map_unref, m);
+}
+
+void sd_own_mapping(tg_state_dict *sd, FileMap *m) {
   TG_ASSERT(!sd->map);
-  sd->map = addr;
-  sd->map_len = len;
+  sd->map = m;
 }
 
 /* ---- files ---- */
 
+const char *file_kind(unsigned mode) {
+  mode_t m = (mode_t)mode;
+  return S_ISREG(m)    ? "a regular file"
+         : S_ISDIR(m)  ? "a directory"
+         : S_ISFIFO(m) ? "a FIFO"
+         : S_ISCHR(m)  ? "a character device"
+         : S_ISBLK(m)  ? "a block device"
+         : S_ISSOCK(m) ? "a socket"
+         : S_ISLNK(m)  ? "a symbolic link"
+                       : "of an unknown kind";
+}
+
 tg_status file_view_open(FileView *fv, const char *fn, const char *path, bool writable) {
   memset(fv, 0, sizeof *fv);
   if (!path) return tg_set_error(TG_ERR_INVALID, "%s: path is NULL", fn);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: opening a FIFO that has no writer must not wait for one (it is refused below) */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return tg_set_error(TG_ERR_IO, "%s: %s: cannot open: %s", fn, path, strerror(errno));
   struct stat st;
   if (fstat(fd, &st) != 0) {
@@ -243,56 +291,34 @@ tg_status file_view_open(FileView *fv, const char *fn, const char *path, bool wr
     close(fd);
     return tg_set_error(TG_ERR_IO, "%s: %s: is a directory", fn, path);
   }
-  if (S_ISREG(st.st_mode)) {
-    if (st.st_size > 0) {
-      if ((uint64_t)st.st_size > (uint64_t)SIZE_MAX) {
-        close(fd);
-        return tg_set_error(TG_ERR_IO, "%s: %s: file too large to map", fn, path);
-      }
-      size_t n = (size_t)st.st_size;
-      void *m = mmap(NULL, n, PROT_READ | (writable ? PROT_WRITE : 0), MAP_PRIVATE, fd, 0);
-      if (m == MAP_FAILED) {
-        int e = errno;
-        close(fd);
-        return tg_set_error(TG_ERR_IO, "%s: %s: cannot map %zu bytes: %s", fn, path, n, strerror(e));
-      }
-      fv->data = m;
-      fv->len = n;
-      fv->map = m;
-      fv->map_len = n;
-    }
+  if (!S_ISREG(st.st_mode)) { /* a device or a pipe could be endless: never read one */
     close(fd);
-    return TG_OK;
+    return tg_set_error(TG_ERR_IO, "%s: %s is not a regular file (%s); copy the data to a file and load that",
+                        fn, path, file_kind(st.st_mode));
   }
-  /* a pipe or device: read until EOF, growing geometrically (memory follows the bytes really read) */
-  size_t cap = 0, n = 0;
-  uint8_t *buf = NULL;
-  for (;;) {
-    if (n == cap) {
-      cap = cap ? cap * 2 : 65536;
-      buf = tg_xrealloc(buf, cap);
-    }
-    ssize_t r = read(fd, buf + n, cap - n);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      int e = errno;
-      free(buf);
+  if (st.st_size > 0) {
+    if ((uint64_t)st.st_size > (uint64_t)SIZE_MAX) {
       close(fd);
-      return tg_set_error(TG_ERR_IO, "%s: %s: read failed: %s", fn, path, strerror(e));
+      return tg_set_error(TG_ERR_IO, "%s: %s: file too large to map", fn, path);
     }
-    if (r == 0) break;
-    n += (size_t)r;
+    size_t n = (size_t)st.st_size;
+    void *m = mmap(NULL, n, PROT_READ | (writable ? PROT_WRITE : 0), MAP_PRIVATE, fd, 0);
+    if (m == MAP_FAILED) {
+      int e = errno;
+      close(fd);
+      return tg_set_error(TG_ERR_IO, "%s: %s: cannot map %zu bytes: %s", fn, path, n, strerror(e));
+    }
+    fv->data = m;
+    fv->len = n;
+    fv->map = m;
+    fv->map_len = n;
   }
   close(fd);
-  fv->heap = buf;
-  fv->data = n ? buf : NULL;
-  fv->len = n;
   return TG_OK;
 }
 
 void file_view_close(FileView *fv) {
   if (fv->map) munmap(fv->map, fv->map_len);
-  free(fv->heap);
   memset(fv, 0, sizeof *fv);
 }
 

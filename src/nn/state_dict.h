@@ -27,8 +27,20 @@ tg_status sd_put(tg_state_dict *sd, const char *fn, const char *path, const char
 /* Metadata with an explicit key length (key must not contain NUL); `unique` as for sd_put. */
 tg_status sd_meta_put(tg_state_dict *sd, const char *fn, const char *path, const char *key, size_t klen,
                       const char *value, size_t vlen, bool unique);
-/* Makes the dict own a mapping (munmap'ed after the handles are freed in tg_state_dict_free). */
-void sd_own_mapping(tg_state_dict *sd, void *addr, size_t len);
+
+/* ---- shared file mappings ---- */
+/* A mapping that tensors wrap (tg_safe_load_mmap): reference counted, munmap'ed when the last
+ * reference goes. The dict holds one and every buffer that wraps the mapping holds one, so tensors
+ * and lazy results that read from it may outlive the dict. */
+typedef struct FileMap FileMap;
+/* A new mapping record holding one reference (the caller's). */
+FileMap *file_map_new(void *addr, size_t len);
+/* Drops one reference (void * so that it can be a buffer's on_free callback). */
+void file_map_unref(void *m);
+/* Makes the buffer of t, fresh from tg_from_blob over bytes inside m, hold a reference to m. */
+void file_map_attach(FileMap *m, tg_tensor t);
+/* Gives the dict the caller's reference to m (dropped after the handles in tg_state_dict_free). */
+void sd_own_mapping(tg_state_dict *sd, FileMap *m);
 
 /* ---- files ---- */
 typedef struct {
@@ -36,18 +48,21 @@ typedef struct {
   size_t len;
   void *map; /* mmap'ed region (munmap on close) or NULL */
   size_t map_len;
-  void *heap; /* malloc'd copy (non-regular files) or NULL */
 } FileView;
-/* Maps `path` read-only (private, PROT_READ|PROT_WRITE if writable is true, so tensors may wrap it);
- * non-regular files (pipes) are read into memory. Errors are TG_ERR_IO "fn: path: reason". */
+/* Maps the regular file `path` (private, PROT_READ|PROT_WRITE if writable is true, so tensors may
+ * wrap it). Anything else -- a directory, a FIFO, a device, a socket -- is refused without reading
+ * it (a FIFO without a writer does not block). Errors are TG_ERR_IO "fn: path: reason". */
 tg_status file_view_open(FileView *fv, const char *fn, const char *path, bool writable);
 void file_view_close(FileView *fv);
+/* "a FIFO", "a character device", ... for a struct stat's st_mode, for messages. */
+const char *file_kind(unsigned mode);
 
 /* ---- in-memory loaders (the fuzz targets and the file loaders call these) ---- */
-/* `path` is only used in messages. For safe_load_mem with zero_copy, tensors wrap `data` (which must
- * then outlive them: the caller gives the mapping to the dict with sd_own_mapping). */
+/* `path` is only used in messages. For safe_load_mem with zero_copy, tensors wrap `data`: inside
+ * `map` when it is not NULL (each wrapping buffer then holds a reference to it; the caller gives its
+ * own to the dict with sd_own_mapping), else `data` must outlive every tensor that reads it. */
 tg_state_dict *safe_load_mem(const char *fn, const char *path, const uint8_t *data, size_t len,
-                             bool zero_copy);
+                             bool zero_copy, FileMap *map);
 tg_state_dict *gguf_load_mem(const char *fn, const char *path, const uint8_t *data, size_t len);
 tg_state_dict *tar_extract_mem(const char *fn, const char *path, const uint8_t *data, size_t len);
 

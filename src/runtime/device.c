@@ -421,6 +421,8 @@ static Buffer *buffer_struct(Device *dev, void *ptr, size_t nbytes, bool externa
   b->refcount = 1;
   b->external = external;
   b->chunk = NULL;
+  b->on_free = NULL;
+  b->on_free_ctx = NULL;
   atomic_fetch_add_explicit(&g_live_buffers, 1, memory_order_relaxed);
   return b;
 }
@@ -498,6 +500,12 @@ Buffer *buffer_wrap(Device *dev, void *ptr, size_t nbytes) {
   return buffer_struct(dev, ptr, nbytes, true);
 }
 
+void buffer_on_free(Buffer *b, void (*fn)(void *ctx), void *ctx) {
+  TG_ASSERT(b && b->external && !b->on_free);
+  b->on_free = fn;
+  b->on_free_ctx = ctx;
+}
+
 Buffer *buffer_ref(Buffer *b) {
   if (b) __atomic_fetch_add(&b->refcount, 1, __ATOMIC_RELAXED);
   return b;
@@ -521,8 +529,11 @@ void buffer_unref(Buffer *b) {
       cache_put(d, b->ptr, sz);
     }
   }
+  void (*on_free)(void *) = b->on_free;
+  void *ctx = b->on_free_ctx;
   free(b);
   atomic_fetch_sub_explicit(&g_live_buffers, 1, memory_order_relaxed);
+  if (on_free) on_free(ctx);
 }
 
 uint64_t device_mem_used(void) { return atomic_load(&g_mem_used); }

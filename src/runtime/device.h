@@ -63,7 +63,8 @@ Device *device_by_id(int id);
 /* Prints the device list (DEBUG>=1 at first use). */
 void device_list_print(void);
 
-/* Device buffers: reference counted. An external buffer wraps caller memory and is never freed. */
+/* Device buffers: reference counted. An external buffer wraps caller memory and is never freed;
+ * its on_free callback (if any) runs once when the buffer itself is freed. */
 typedef struct Buffer {
   Device *dev;
   size_t nbytes;
@@ -71,9 +72,13 @@ typedef struct Buffer {
   int refcount;
   bool external;
   void *chunk; /* the allocator's record of a large block (NULL for small and external buffers) */
+  void (*on_free)(void *ctx); /* external buffers: releases what owns the memory (NULL: nothing) */
+  void *on_free_ctx;
 } Buffer;
 Buffer *buffer_new(Device *dev, size_t nbytes);              /* NULL + error on failure */
 Buffer *buffer_wrap(Device *dev, void *ptr, size_t nbytes);  /* external */
+/* Sets an external buffer's on_free callback (e.g. dropping a reference to a file mapping). */
+void buffer_on_free(Buffer *b, void (*fn)(void *ctx), void *ctx);
 Buffer *buffer_ref(Buffer *b);
 /* Bytes of device memory held by live (non-external) buffers, all devices together. */
 uint64_t device_mem_used(void);

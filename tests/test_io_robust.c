@@ -1,0 +1,345 @@
+/*
+ * test_io_robust.c -- model files and unusual paths: what the loaders and tg_safe_save do with
+ * FIFOs, symbolic links and directories, metadata set from its own value, and tensors from
+ * tg_safe_load_mmap that outlive their dict.
+ *
+ *  - tg_safe_save never replaces a node that is not a regular file (a FIFO, a directory; also
+ *    behind a symbolic link): it fails naming the path and leaves everything as it was. Through a
+ *    symbolic link (relative, absolute, a chain, a dangling one) it writes the file the link leads
+ *    to and the link stays a link; a link loop is an error. A failed save leaves an existing regular
+ *    file intact (through a link too) and no temporary file behind.
+ *  - Every file loader refuses a FIFO at once (no blocking open, no endless read) with an error
+ *    naming the function and the path; a watchdog turns a hang into a failure.
+ *  - tg_state_dict_meta_set with the value tg_state_dict_meta_get returned for the same key.
+ *  - Lazy results of tg_safe_load_mmap's tensors, and detached handles, still read the file after the
+ *    dict is freed; the mapping goes away with the last of them.
+ * Everything happens in a fresh temporary directory.
+ */
+#include <dirent.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "test.h"
+#include "tinygrad.h"
+
+static char g_dir[256];
+
+static const char *tmpdir(void) {
+  if (!g_dir[0]) {
+    snprintf(g_dir, sizeof g_dir, "%s/tg-io-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(g_dir)) {
+      perror("mkdtemp");
+      exit(2);
+    }
+  }
+  return g_dir;
+}
+
+/* tmpdir()/name; the result stays valid for the next 31 calls (no test uses more paths). */
+static const char *tpath(const char *name) {
+  static char buf[32][512];
+  static int k;
+  char *p = buf[k++ % 32];
+  snprintf(p, 512, "%s/%s", tmpdir(), name);
+  return p;
+}
+
+static void write_text(const char *path, const char *s) {
+  FILE *f = fopen(path, "wb");
+  if (!f || fputs(s, f) < 0 || fclose(f) != 0) {
+    fprintf(stderr, "cannot write %s\n", path);
+    exit(2);
+  }
+}
+
+/* The whole file as a string (static buffer; "" if unreadable). */
+static const char *read_text(const char *path) {
+  static char buf[256];
+  buf[0] = 0;
+  FILE *f = fopen(path, "rb");
+  if (!f) return buf;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  buf[n] = 0;
+  fclose(f);
+  return buf;
+}
+
+static bool is_fifo(const char *p) {
+  struct stat st;
+  return lstat(p, &st) == 0 && S_ISFIFO(st.st_mode);
+}
+static bool is_link(const char *p) {
+  struct stat st;
+  return lstat(p, &st) == 0 && S_ISLNK(st.st_mode);
+}
+static bool is_regular(const char *p) {
+  struct stat st;
+  return lstat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Entries of the temporary directory whose name contains ".tmp." (tg_safe_save's temporary files). */
+static int temp_files_left(void) {
+  DIR *d = opendir(tmpdir());
+  int n = 0;
+  if (!d) return -1;
+  for (struct dirent *e; (e = readdir(d));)
+    if (strstr(e->d_name, ".tmp.")) n++;
+  closedir(d);
+  return n;
+}
+
+static void make_fifo(const char *p) {
+  unlink(p);
+  if (mkfifo(p, 0644) != 0) {
+    perror("mkfifo");
+    exit(2);
+  }
+}
+
+/* A dict {"w": [1, 2, 3, 4] float32 + v} with metadata, for saving. */
+static tg_state_dict *small_dict(float v) {
+  const float x[] = {1 + v, 2 + v, 3 + v, 4 + v};
+  tg_state_dict *sd = tg_state_dict_new();
+  tg_scope_begin();
+  tg_state_dict_set(sd, "w", tg_from_data(x, TG_SHAPE(4), TG_OPTS(.dtype = TG_FLOAT32)));
+  tg_scope_end();
+  tg_state_dict_meta_set(sd, "format", "pt");
+  return sd;
+}
+
+/* True if path loads as small_dict(v). */
+static bool holds_dict(const char *path, float v) {
+  tg_state_dict *sd = tg_safe_load(path);
+  if (!sd) {
+    fprintf(stderr, "  cannot load %s: %s\n", path, tg_last_error() ? tg_last_error() : "?");
+    tg_clear_error();
+    return false;
+  }
+  float got[4] = {0};
+  tg_tensor w = tg_state_dict_get(sd, "w");
+  bool ok = tg_numel(w) == 4 && tg_data(w, got, sizeof got) == TG_OK;
+  for (int i = 0; i < 4 && ok; i++) ok = got[i] == (float)(i + 1) + v;
+  tg_state_dict_free(sd);
+  return ok;
+}
+
+/* The error message of the last failure, cleared (static copy). */
+static const char *take_error(void) {
+  static char buf[1024];
+  snprintf(buf, sizeof buf, "%s", tg_last_error() ? tg_last_error() : "(no error)");
+  tg_clear_error();
+  return buf;
+}
+
+TEST(safe_save_refuses_fifo) {
+  const char *fifo = tpath("save.fifo");
+  make_fifo(fifo);
+  tg_state_dict *sd = small_dict(0);
+  tg_status st = tg_safe_save(sd, fifo);
+  CHECK(st == TG_ERR_IO);
+  char want[600];
+  snprintf(want, sizeof want, "tg_safe_save: %s is not a regular file (a FIFO)", fifo);
+  CHECK_STR_CONTAINS(take_error(), want);
+  CHECK(is_fifo(fifo)); /* still the FIFO, not a regular file renamed over it */
+  CHECK(temp_files_left() == 0);
+  /* a directory is refused the same way */
+  const char *dir = tpath("save.dir");
+  CHECK(mkdir(dir, 0755) == 0);
+  CHECK(tg_safe_save(sd, dir) == TG_ERR_IO);
+  CHECK_STR_CONTAINS(take_error(), "is not a regular file (a directory)");
+  struct stat s;
+  CHECK(lstat(dir, &s) == 0 && S_ISDIR(s.st_mode));
+  CHECK(temp_files_left() == 0);
+  tg_state_dict_free(sd);
+  rmdir(dir);
+  unlink(fifo);
+  CHECK(tg_live_count() == 0);
+}
+
+TEST(safe_save_through_symlinks) {
+  tg_state_dict *sd = small_dict(0);
+  /* an absolute link to an existing file: the file gets the data, the link stays */
+  const char *target = tpath("target.safetensors"), *link = tpath("abs.link");
+  write_text(target, "OLD");
+  chmod(target, 0600);
+  unlink(link);
+  CHECK(symlink(target, link) == 0);
+  CHECK(tg_safe_save(sd, link) == TG_OK);
+  CHECK(is_link(link));
+  CHECK(is_regular(target));
+  CHECK(holds_dict(target, 0));
+  struct stat s;
+  CHECK(stat(target, &s) == 0 && (s.st_mode & 07777) == 0600); /* the target's permissions are kept */
+  /* a chain of relative links (link2 -> rel.link -> target.safetensors) */
+  tg_state_dict *sd2 = small_dict(10);
+  const char *rel = tpath("rel.link"), *link2 = tpath("chain.link");
+  unlink(rel);
+  unlink(link2);
+  CHECK(symlink("target.safetensors", rel) == 0);
+  CHECK(symlink("rel.link", link2) == 0);
+  CHECK(tg_safe_save(sd2, link2) == TG_OK);
+  CHECK(is_link(link2) && is_link(rel) && is_regular(target));
+  CHECK(holds_dict(target, 10));
+  /* a dangling link: the file it names is created */
+  const char *fresh = tpath("fresh.safetensors"), *dangling = tpath("dangling.link");
+  unlink(fresh);
+  unlink(dangling);
+  CHECK(symlink("fresh.safetensors", dangling) == 0);
+  CHECK(tg_safe_save(sd, dangling) == TG_OK);
+  CHECK(is_link(dangling) && is_regular(fresh));
+  CHECK(holds_dict(fresh, 0));
+  CHECK(temp_files_left() == 0);
+  /* a link to a FIFO: refused, both stay as they are */
+  const char *fifo = tpath("linked.fifo"), *flink = tpath("fifo.link");
+  make_fifo(fifo);
+  unlink(flink);
+  CHECK(symlink("linked.fifo", flink) == 0);
+  CHECK(tg_safe_save(sd, flink) == TG_ERR_IO);
+  char want[600];
+  snprintf(want, sizeof want, "tg_safe_save: %s is not a regular file (a symbolic link to", flink);
+  CHECK_STR_CONTAINS(take_error(), want);
+  CHECK(is_link(flink) && is_fifo(fifo));
+  CHECK(temp_files_left() == 0);
+  /* a loop of links is an error, not a hang */
+  const char *l1 = tpath("loop1.link"), *l2 = tpath("loop2.link");
+  unlink(l1);
+  unlink(l2);
+  CHECK(symlink("loop2.link", l1) == 0 && symlink("loop1.link", l2) == 0);
+  CHECK(tg_safe_save(sd, l1) == TG_ERR_IO);
+  CHECK_STR_CONTAINS(take_error(), "too many levels of symbolic links");
+  CHECK(is_link(l1) && is_link(l2));
+  /* a save that fails leaves the file (and the link to it) as they were */
+  write_text(target, "KEEP");
+  tg_scope_begin();
+  tg_state_dict_set(sd, "__metadata__", tg_zeros(TG_SHAPE(1), NULL)); /* a name safetensors reserves */
+  tg_scope_end();
+  CHECK(tg_safe_save(sd, link) == TG_ERR_INVALID);
+  CHECK_STR_CONTAINS(take_error(), "__metadata__");
+  CHECK(tg_safe_save(sd, target) == TG_ERR_INVALID);
+  CHECK_STR_CONTAINS(take_error(), "__metadata__");
+  CHECK(is_link(link) && is_regular(target) && strcmp(read_text(target), "KEEP") == 0);
+  CHECK(temp_files_left() == 0);
+  tg_state_dict_free(sd);
+  tg_state_dict_free(sd2);
+  CHECK(tg_live_count() == 0);
+}
+
+TEST(meta_set_own_value) {
+  tg_state_dict *sd = tg_state_dict_new();
+  const char *v = "a metadata value longer than the allocator's free-list pointers";
+  CHECK(tg_state_dict_meta_set(sd, "k", v) == TG_OK);
+  CHECK(tg_state_dict_meta_set(sd, "k", tg_state_dict_meta_get(sd, "k")) == TG_OK);
+  const char *got = tg_state_dict_meta_get(sd, "k");
+  CHECK_MSG(got && strcmp(got, v) == 0, "got '%s'", got ? got : "(null)");
+  CHECK(tg_state_dict_meta_len(sd) == 1);
+  tg_state_dict_free(sd);
+}
+
+static void watchdog(int sig) {
+  (void)sig;
+  static const char msg[] = "  FAIL: a loader blocked on a FIFO (watchdog)\n";
+  if (write(2, msg, sizeof msg - 1) < 0) { /* nothing more to do */
+  }
+  _exit(1);
+}
+
+TEST(loaders_refuse_fifo) {
+  const char *fifo = tpath("load.fifo");
+  make_fifo(fifo);
+  signal(SIGALRM, watchdog);
+  alarm(60); /* an open() that waits for a writer, or a read that never ends, fails the test */
+  struct {
+    const char *name;
+    tg_state_dict *(*fn)(const char *);
+  } loaders[] = {{"tg_safe_load", tg_safe_load},
+                 {"tg_safe_load_mmap", tg_safe_load_mmap},
+                 {"tg_gguf_load", tg_gguf_load},
+                 {"tg_tar_extract", tg_tar_extract},
+                 {"tg_torch_load", tg_torch_load}};
+  char want[600];
+  for (size_t i = 0; i < sizeof loaders / sizeof loaders[0]; i++) {
+    tg_state_dict *sd = loaders[i].fn(fifo);
+    CHECK_MSG(sd == NULL, "%s", loaders[i].name);
+    tg_state_dict_free(sd);
+    CHECK(tg_last_status() == TG_ERR_IO);
+    snprintf(want, sizeof want, "%s: %s is not a regular file (a FIFO)", loaders[i].name, fifo);
+    CHECK_STR_CONTAINS(take_error(), want);
+  }
+  tg_tensor t = tg_idx_load(fifo);
+  CHECK(t.id == 0);
+  CHECK(tg_last_status() == TG_ERR_IO);
+  snprintf(want, sizeof want, "tg_idx_load: %s is not a regular file (a FIFO)", fifo);
+  CHECK_STR_CONTAINS(take_error(), want);
+  alarm(0);
+  signal(SIGALRM, SIG_DFL);
+  CHECK(is_fifo(fifo));
+  unlink(fifo);
+  CHECK(tg_live_count() == 0);
+}
+
+/* Mappings of `path` in this process (-1 if /proc/self/maps cannot be read). */
+static int mappings_of(const char *path) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (!f) return -1;
+  char line[1024];
+  int n = 0;
+  while (fgets(line, sizeof line, f))
+    if (strstr(line, path)) n++;
+  fclose(f);
+  return n;
+}
+
+TEST(mmap_tensors_outlive_dict) {
+  const char *path = tpath("mapped.safetensors");
+  tg_state_dict *src = small_dict(0);
+  CHECK(tg_safe_save(src, path) == TG_OK);
+  tg_state_dict_free(src);
+  tg_scope_begin();
+  tg_state_dict *sd = tg_safe_load_mmap(path);
+  CHECK(sd != NULL);
+  if (!sd) {
+    tg_scope_end();
+    return;
+  }
+  tg_tensor w = tg_state_dict_get(sd, "w");
+  tg_tensor y = tg_mul_s(tg_add_s(w, 1), 2); /* lazy: reads the mapping when realized */
+  tg_tensor d = tg_detach(w);                /* a handle of the caller's own */
+  int before = mappings_of(path);
+  tg_state_dict_free(sd);
+  if (before > 0) CHECK(mappings_of(path) == before); /* still mapped: y and d read it */
+  float got[4] = {0};
+  CHECK(tg_data(y, got, sizeof got) == TG_OK);
+  for (int i = 0; i < 4; i++) CHECK(got[i] == (float)(i + 2) * 2);
+  CHECK(tg_data(d, got, sizeof got) == TG_OK);
+  for (int i = 0; i < 4; i++) CHECK(got[i] == (float)(i + 1));
+  tg_scope_end();
+  if (before > 0) CHECK(mappings_of(path) == 0); /* unmapped with the last tensor that read it */
+  CHECK(tg_live_count() == 0);
+  /* with no tensor left outside the dict, freeing the dict unmaps the file */
+  CHECK(tg_state_dict_len(sd = tg_safe_load_mmap(path)) == 1);
+  tg_state_dict_free(sd);
+  if (before > 0) CHECK(mappings_of(path) == 0);
+}
+
+/* Removes the temporary directory (files one level deep). */
+static void cleanup(void) {
+  char cmd[600];
+  if (!g_dir[0]) return;
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
+}
+
+int main(void) {
+  int rc = RUN_TESTS();
+  cleanup();
+  if (tg_live_count() != 0) {
+    fprintf(stderr, "%zu handles still live at exit\n", (size_t)tg_live_count());
+    rc = 1;
+  }
+  return rc;
+}
