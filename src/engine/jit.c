@@ -54,8 +54,9 @@ static void sig_free(Sig *s, int n) {
   free(s);
 }
 
-void tg_jit_free(tg_jit *j) {
-  if (!j) return;
+/* Drops everything captured (a failed capture leaves the jit as after its first call, to capture
+ * again on the next one). */
+static void jit_reset(tg_jit *j) {
   capture_free(&j->cap);
   for (int i = 0; j->in_buf && i < j->nin; i++) buffer_unref(j->in_buf[i]);
   for (int i = 0; j->out_buf && i < j->nout; i++) buffer_unref(j->out_buf[i]);
@@ -64,6 +65,15 @@ void tg_jit_free(tg_jit *j) {
   sig_free(j->in_sig, j->nin);
   sig_free(j->out_sig, j->nout);
   free(j->args);
+  j->in_buf = j->out_buf = NULL;
+  j->in_sig = j->out_sig = NULL;
+  j->args = NULL;
+  j->nin = j->nargs = 0;
+}
+
+void tg_jit_free(tg_jit *j) {
+  if (!j) return;
+  jit_reset(j);
   free(j);
 }
 
@@ -105,6 +115,11 @@ static tg_status run_fn(tg_jit *j, const tg_tensor *in, int nin, const double *a
   for (int i = 0; i < j->nout; i++) out[i] = st == TG_OK ? tg_keep(out[i]) : (tg_tensor){0};
   tg_scope_end();
   if (st == TG_OK && tg_has_error()) st = tg_last_status();
+  /* a function that fails without recording why still leaves the caller an error to read */
+  if (st != TG_OK && !tg_has_error())
+    st = tg_set_error(st < 0 ? st : TG_ERR_INVALID,
+                      "tg_jit_call: the jitted function returned status %d without recording an error",
+                      (int)st);
   return st;
 }
 
@@ -141,7 +156,7 @@ tg_status tg_jit_call(tg_jit *j, const tg_tensor *in, int nin, const double *arg
     g_capture = saved;
     free(bufs);
     if (st != TG_OK) {
-      capture_free(&j->cap);
+      jit_reset(j);
       return st;
     }
     j->out_sig = tg_xcalloc((size_t)j->nout + 1, sizeof(Sig));
@@ -160,8 +175,18 @@ tg_status tg_jit_call(tg_jit *j, const tg_tensor *in, int nin, const double *arg
         if (w != j->in_buf[i]) continue;
         bool returned = false;
         for (int o = 0; o < j->nout; o++) returned = returned || j->out_buf[o] == w;
-        if (!returned)
-          return tg_set_error(TG_ERR_INVALID, "tg_jit_call: the function assigns to input %d but does not return it; return it as an output (or do not jit this function)", i);
+        if (!returned) {
+          st = tg_set_error(TG_ERR_INVALID,
+                            "tg_jit_call: the function assigns to input %d but does not return it; return it "
+                            "as an output (or do not jit this function)",
+                            i);
+          jit_reset(j);
+          for (int o = 0; o < j->nout; o++) {
+            tg_free(out[o]);
+            out[o] = (tg_tensor){0};
+          }
+          return st;
+        }
       }
     }
     j->calls = 2;

@@ -101,6 +101,12 @@ static bool check_shape(const char *fn, const int64_t *shape, int ndim) {
       tg_set_error(TG_ERR_INVALID, "%s: negative dimension %lld in shape", fn, (long long)shape[i]);
       return false;
     }
+  /* also keeps the fan products below (prod) within int64 */
+  if (!shape_fits(shape, ndim)) {
+    tg_set_error(TG_ERR_INVALID, "%s: shape %s is too large (its non-zero dimensions multiply past 2^48)", fn,
+                 FSHP(shape, ndim));
+    return false;
+  }
   return true;
 }
 
@@ -229,29 +235,46 @@ static tg_tensor conv_transpose_impl(const char *fn, tg_tensor x, tg_tensor weig
           "non-negative",
           fn, (long long)s[0], (long long)s[1], (long long)d[0], (long long)d[1], (long long)op[0],
           (long long)op[1]);
+  /* the sizes below, computed up front so that none overflows: the stride-dilated input (H*s, W*s),
+   * the equivalent convolution's padding (k-1)*d - pad (+ output_padding) and its groups*rcout filters */
+  int64_t hs[2], cpad[4], gr;
+  bool ovf = __builtin_mul_overflow(groups, rcout, &gr);
+  for (int j = 0; j < 2; j++) {
+    int64_t span; /* j = 0: H (pads 0, 1), j = 1: W (pads 2, 3) */
+    ovf = ovf || __builtin_mul_overflow(xs[2 + j], s[j], &hs[j]) ||
+          __builtin_mul_overflow(j ? kw - 1 : kh - 1, d[j], &span) ||
+          __builtin_sub_overflow(span, pads[2 * j], &cpad[2 * j]) ||
+          __builtin_sub_overflow(span, pads[2 * j + 1], &cpad[2 * j + 1]) ||
+          __builtin_add_overflow(cpad[2 * j + 1], op[j], &cpad[2 * j + 1]);
+  }
+  if (ovf)
+    return fail("%s: stride (%lld, %lld), dilation (%lld, %lld), padding (%lld, %lld, %lld, %lld) and "
+                "output_padding (%lld, %lld) are too large for input %s and weight %s (sizes overflow int64)",
+                fn, (long long)s[0], (long long)s[1], (long long)d[0], (long long)d[1], (long long)pads[0],
+                (long long)pads[1], (long long)pads[2], (long long)pads[3], (long long)op[0],
+                (long long)op[1], TSHP(x), TSHP(weight));
   NnOp o = op_begin(fn);
   /* weight (cin, rcout, kh, kw) -> (groups, cin/g, rcout, kh, kw) -> (groups, rcout, cin/g, kh, kw), flipped
    * spatially -> (groups*rcout, cin/g, kh, kw) */
   tg_tensor w = tg_reshape(weight, (const int64_t[]){groups, cin / groups, rcout, kh, kw}, 5);
   w = tg_flip(tg_transpose(w, 1, 2), (const int[]){3, 4}, 2);
-  w = tg_reshape(w, (const int64_t[]){groups * rcout, cin / groups, kh, kw}, 4);
+  w = tg_reshape(w, (const int64_t[]){gr, cin / groups, kh, kw}, 4);
   /* dilate the input by the stride: (k) -> (k, 1) -> pad -> (k, s) -> (k*s) -> shrink to k*s - (s-1) */
   tg_tensor xd = x;
   if (s[0] > 1 || s[1] > 1) {
     int64_t H = xs[2], W = xs[3];
     xd = tg_reshape(x, (const int64_t[]){xs[0], cin, H, 1, W, 1}, 6);
     xd = tg_pad(xd, (const int64_t[]){0, 0, 0, 0, 0, 0, 0, s[0] - 1, 0, 0, 0, s[1] - 1}, 12, 0.0);
-    xd = tg_reshape(xd, (const int64_t[]){xs[0], cin, H * s[0], W * s[1]}, 4);
-    xd = tg_shrink(
-        xd, (const int64_t[]){0, xs[0], 0, cin, 0, H * s[0] - (s[0] - 1), 0, W * s[1] - (s[1] - 1)}, 8);
+    xd = tg_reshape(xd, (const int64_t[]){xs[0], cin, hs[0], hs[1]}, 4);
+    xd = tg_shrink(xd, (const int64_t[]){0, xs[0], 0, cin, 0, hs[0] - (s[0] - 1), 0, hs[1] - (s[1] - 1)}, 8);
   }
   tg_conv2d_opts co = {0};
   co.groups = groups;
   co.stride[0] = co.stride[1] = 1;
   co.dilation[0] = d[0], co.dilation[1] = d[1];
   /* (left, right, top, bottom) */
-  co.padding[0] = (kw - 1) * d[1] - pads[2], co.padding[1] = (kw - 1) * d[1] - pads[3] + op[1];
-  co.padding[2] = (kh - 1) * d[0] - pads[0], co.padding[3] = (kh - 1) * d[0] - pads[1] + op[0];
+  co.padding[0] = cpad[2], co.padding[1] = cpad[3];
+  co.padding[2] = cpad[0], co.padding[3] = cpad[1];
   co.npadding = 4;
   return op_done(o, tg_conv2d(xd, w, bias, &co));
 }
@@ -480,6 +503,16 @@ static tg_status conv_check(const char *fn, int64_t in, int64_t out, int64_t gro
   for (int i = 0; i < nk; i++)
     if (k[i] < 1)
       return tg_set_error(TG_ERR_INVALID, "%s: kernel_size %lld must be positive", fn, (long long)k[i]);
+  /* the weight has in * out / groups * prod(kernel_size) elements (conv and transposed conv alike) */
+  int64_t n = out / groups;
+  bool big = __builtin_mul_overflow(n, in, &n) || n > TG_MAX_NUMEL;
+  for (int i = 0; i < nk && !big; i++) big = __builtin_mul_overflow(n, k[i], &n) || n > TG_MAX_NUMEL;
+  if (big)
+    return tg_set_error(
+        TG_ERR_INVALID,
+        "%s: in_channels=%lld, out_channels=%lld, groups=%lld and kernel_size %s give a weight "
+        "too large (more than 2^48 elements)",
+        fn, (long long)in, (long long)out, (long long)groups, FSHP(k, nk));
   return TG_OK;
 }
 
@@ -790,6 +823,10 @@ static tg_tensor channel_affine(tg_tensor x, int nd, tg_tensor w, tg_tensor b) {
 
 static tg_tensor groupnorm_forward(const char *fn, const tg_nn_groupnorm *l, tg_tensor x) {
   if (!layer_ok(fn, l, l && l->num_groups)) return NONE;
+  if (l->num_groups < 1 || l->num_channels < 1 || l->num_channels % l->num_groups)
+    return fail("%s: the layer's num_channels=%lld must be a positive multiple of num_groups=%lld (as init "
+                "sets them)",
+                fn, (long long)l->num_channels, (long long)l->num_groups);
   if (!t_get(x, fn)) return NONE;
   int64_t xs[64];
   int nd = tg_shape(x, xs);
@@ -858,6 +895,19 @@ static tg_status layernorm_init(const char *fn, tg_nn_layernorm *l, const int64_
   return st;
 }
 
+/* The fields forward relies on, checked as init checks them: they are public and may have been
+ * changed since. */
+static bool layernorm_ok(const char *fn, const tg_nn_layernorm *l) {
+  bool ok = l->ndim >= 1 && l->ndim <= 8;
+  for (int i = 0; ok && i < l->ndim; i++) ok = l->normalized_shape[i] >= 1;
+  if (!ok)
+    tg_set_error(TG_ERR_INVALID,
+                 "%s: the layer's ndim %d or normalized_shape is invalid (1..8 positive dimensions, as init "
+                 "sets them)",
+                 fn, l->ndim);
+  return ok;
+}
+
 static tg_tensor layernorm_apply(const char *fn, const tg_nn_layernorm *l, tg_tensor x) {
   int64_t xs[64];
   int nd = tg_shape(x, xs);
@@ -876,7 +926,7 @@ tg_status tg_nn_layernorm_init(tg_nn_layernorm *l, const int64_t *normalized_sha
 
 tg_tensor tg_nn_layernorm_forward(const tg_nn_layernorm *l, tg_tensor x) {
   const char *fn = "tg_nn_layernorm_forward";
-  if (!layer_ok(fn, l, l && l->ndim)) return NONE;
+  if (!layer_ok(fn, l, l && l->ndim) || !layernorm_ok(fn, l)) return NONE;
   if (!t_get(x, fn)) return NONE;
   NnOp o = op_begin(fn);
   return op_done(o, layernorm_apply(fn, l, x));
@@ -900,7 +950,7 @@ tg_status tg_nn_layernorm2d_init(tg_nn_layernorm2d *l, int64_t channels, const t
 
 tg_tensor tg_nn_layernorm2d_forward(const tg_nn_layernorm2d *l, tg_tensor x) {
   const char *fn = "tg_nn_layernorm2d_forward";
-  if (!layer_ok(fn, l, l && l->ndim)) return NONE;
+  if (!layer_ok(fn, l, l && l->ndim) || !layernorm_ok(fn, l)) return NONE;
   if (!t_get(x, fn)) return NONE;
   if (tg_ndim(x) != 4) return fail("%s: input %s must be (batch, channels, height, width)", fn, TSHP(x));
   NnOp o = op_begin(fn);
@@ -1009,9 +1059,12 @@ tg_status tg_nn_lstmcell_init(tg_nn_lstmcell *l, int64_t input_size, int64_t hid
   if (input_size < 1 || hidden_size < 1)
     return tg_set_error(TG_ERR_INVALID, "%s: input_size=%lld and hidden_size=%lld must be positive", fn,
                         (long long)input_size, (long long)hidden_size);
+  int64_t h4;
+  if (__builtin_mul_overflow(hidden_size, 4, &h4))
+    return tg_set_error(TG_ERR_INVALID, "%s: hidden_size=%lld is too large (4 * hidden_size overflows int64)",
+                        fn, (long long)hidden_size);
   l->input_size = input_size, l->hidden_size = hidden_size;
   double stdv = 1.0 / sqrt((double)hidden_size);
-  int64_t h4 = 4 * hidden_size;
   NnOp o = op_begin(fn);
   PDef p[4] = {{&l->weight_ih, lazy_uniform((const int64_t[]){h4, input_size}, 2, stdv), true},
                {&l->weight_hh, lazy_uniform((const int64_t[]){h4, hidden_size}, 2, stdv), true},

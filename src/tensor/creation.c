@@ -7,6 +7,7 @@
  * they are generated inside a fused kernel and are identical on every device.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,19 +61,27 @@ static bool check_shape(const char *fn, const int64_t *shape, int ndim, int64_t 
     tg_set_error(TG_ERR_INVALID, "%s: shape is NULL with ndim=%d", fn, ndim);
     return false;
   }
+  /* the product skips zero dimensions: a 0-element tensor's other dimensions must still fit, as
+   * index arithmetic (strides) multiplies them */
   int64_t n = 1;
+  bool empty = false;
   for (int i = 0; i < ndim; i++) {
     char b[256];
     if (shape[i] < 0) {
       tg_set_error(TG_ERR_INVALID, "%s: negative dimension %lld in shape %s", fn, (long long)shape[i], fmt_shape(b, sizeof b, shape, ndim));
       return false;
     }
-    if (__builtin_mul_overflow(n, shape[i], &n) || n > ((int64_t)1 << 48)) {
-      tg_set_error(TG_ERR_INVALID, "%s: shape %s is too large", fn, fmt_shape(b, sizeof b, shape, ndim));
+    if (shape[i] == 0) {
+      empty = true;
+      continue;
+    }
+    if (__builtin_mul_overflow(n, shape[i], &n) || n > TG_MAX_NUMEL) {
+      tg_set_error(TG_ERR_INVALID, "%s: shape %s is too large (its non-zero dimensions multiply past 2^48)",
+                   fn, fmt_shape(b, sizeof b, shape, ndim));
       return false;
     }
   }
-  *numel = n;
+  *numel = empty ? 0 : n;
   return true;
 }
 
@@ -166,13 +175,27 @@ tg_tensor tg_zeros_like(tg_tensor t, const tg_opts *opts) { return full_like_nam
 tg_tensor tg_ones_like(tg_tensor t, const tg_opts *opts) { return full_like_named("tg_ones_like", t, 1.0, opts); }
 tg_tensor tg_full_like(tg_tensor t, double value, const tg_opts *opts) { return full_like_named("tg_full_like", t, value, opts); }
 
+/* Host staging memory sized by a tensor's element count (n elements of sz bytes, zeroed when asked):
+ * NULL with a TG_ERR_RUNTIME error naming fn when it cannot be had, as a device allocation reports,
+ * instead of tg_xmalloc's abort. */
+static void *host_alloc(const char *fn, int64_t n, size_t sz, bool zero) {
+  size_t cnt = (size_t)(n > 0 ? n : 0) + 1, bytes;
+  void *p = NULL;
+  if (!__builtin_mul_overflow(cnt, sz, &bytes)) p = zero ? calloc(cnt, sz) : malloc(bytes);
+  if (!p)
+    tg_set_error(TG_ERR_RUNTIME, "%s: cannot allocate host memory for %lld elements of %zu bytes", fn,
+                 (long long)n, sz);
+  return p;
+}
+
 /* Host-computed small index tensors: arange, linspace and eye are uploaded once (they are tiny next
  * to the data that uses them) */
 static tg_tensor from_doubles(const char *fn, const double *v, const int64_t *shape, int ndim, tg_dtype dt, const tg_opts *opts) {
   if (!opts_device(fn, opts)) return NONE;
   int64_t n = shape_numel(shape, ndim);
   size_t isz = tg_dtype_itemsize(dt);
-  unsigned char *buf = tg_xmalloc((size_t)n * isz + 1);
+  unsigned char *buf = host_alloc(fn, n, isz, false);
+  if (!buf) return NONE;
   for (int64_t i = 0; i < n; i++) dtype_store(dt, buf + (size_t)i * isz, v[i]);
   tg_opts o = {0};
   if (opts) o = *opts;
@@ -192,7 +215,8 @@ tg_tensor tg_arange(double start, double stop, double step, const tg_opts *opts)
   tg_dtype dt;
   if (!opts_dtype("tg_arange", opts, ints ? TG_INT32 : tg_default_float(), &dt)) return NONE;
   int64_t n = (int64_t)cnt;
-  double *v = tg_xmalloc(sizeof(double) * (size_t)(n + 1));
+  double *v = host_alloc("tg_arange", n, sizeof(double), false);
+  if (!v) return NONE;
   for (int64_t i = 0; i < n; i++) v[i] = start + (double)i * step;
   tg_tensor t = from_doubles("tg_arange", v, &n, 1, dt, opts);
   free(v);
@@ -204,7 +228,8 @@ tg_tensor tg_linspace(double start, double stop, int64_t steps, const tg_opts *o
   if (steps > ((int64_t)1 << 40)) return tg_set_error(TG_ERR_INVALID, "tg_linspace: steps=%lld is too many", (long long)steps), NONE;
   tg_dtype dt;
   if (!opts_dtype("tg_linspace", opts, tg_default_float(), &dt)) return NONE;
-  double *v = tg_xmalloc(sizeof(double) * (size_t)(steps + 1));
+  double *v = host_alloc("tg_linspace", steps, sizeof(double), false);
+  if (!v) return NONE;
   for (int64_t i = 0; i < steps; i++) v[i] = steps == 1 ? start : start + (stop - start) * (double)i / (double)(steps - 1);
   tg_tensor t = from_doubles("tg_linspace", v, &steps, 1, dt, opts);
   free(v);
@@ -216,7 +241,8 @@ tg_tensor tg_eye(int64_t n, int64_t m, const tg_opts *opts) {
   if (n < 0 || n > (1 << 20) || m > (1 << 20)) return tg_set_error(TG_ERR_INVALID, "tg_eye: n=%lld m=%lld out of range", (long long)n, (long long)m), NONE;
   tg_dtype dt;
   if (!opts_dtype("tg_eye", opts, tg_default_float(), &dt)) return NONE;
-  double *v = tg_xcalloc((size_t)(n * m + 1), sizeof(double));
+  double *v = host_alloc("tg_eye", n * m, sizeof(double), true);
+  if (!v) return NONE;
   for (int64_t i = 0; i < n && i < m; i++) v[i * m + i] = 1;
   int64_t sh[2] = {n, m};
   tg_tensor t = from_doubles("tg_eye", v, sh, 2, dt, opts);
@@ -232,13 +258,19 @@ static uint64_t rng_seed = 0;
  * the graph. Kernels read it at run time, so a replayed TinyJit capture draws new numbers each time. */
 static UOp **rng_ctr;
 static int nrng_ctr;
+/* Guards rng_seed, rng_ctr and nrng_ctr: threads drawing random numbers at once advance the counter
+ * one at a time, so every draw gets a counter value of its own (which thread gets which value
+ * depends on the order in which they take the lock). */
+static pthread_mutex_t rng_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void tg_manual_seed(uint64_t seed) {
+  pthread_mutex_lock(&rng_lock);
   rng_seed = seed;
   for (int i = 0; i < nrng_ctr; i++) {
     uop_unref(rng_ctr[i]);
     rng_ctr[i] = NULL;
   }
+  pthread_mutex_unlock(&rng_lock);
 }
 
 static UOp *u32c(UOp *like, uint32_t v) { return g_const_shaped((double)v, TG_UINT32, like->device, like->shape, like->ndim); }
@@ -252,11 +284,8 @@ static UOp *rotl(UOp *x, int r) {
   return o;
 }
 
-/* The counter value for this call (a realized 1-element node), advancing the device counter. The
- * value is snapshotted into its own buffer right away, so a lazy random tensor realized in pieces
- * always sees the same key, while a TinyJit capture records the advance and the snapshot and so
- * draws new numbers on every replay. */
-static UOp *next_counter(int device) {
+/* next_counter with rng_lock held */
+static UOp *next_counter_locked(int device) {
   if (device >= nrng_ctr) {
     rng_ctr = tg_xrealloc(rng_ctr, sizeof(UOp *) * (size_t)(device + 1));
     for (int i = nrng_ctr; i <= device; i++) rng_ctr[i] = NULL;
@@ -292,19 +321,36 @@ static UOp *next_counter(int device) {
   return key;
 }
 
+/* The counter value for this call (a realized 1-element node), advancing the device counter, and the
+ * seed it goes with. The value is snapshotted into its own buffer right away, so a lazy random tensor
+ * realized in pieces always sees the same key, while a TinyJit capture records the advance and the
+ * snapshot and so draws new numbers on every replay. Takes rng_lock. */
+static UOp *next_counter(int device, uint64_t *seed) {
+  pthread_mutex_lock(&rng_lock);
+  *seed = rng_seed;
+  UOp *key = next_counter_locked(device);
+  pthread_mutex_unlock(&rng_lock);
+  return key;
+}
+
 /* Random uint32 bits for `n` elements (1-D), new ref: threefry2x32 with key (seed, call counter)
- * over counters (i, 0). */
-static UOp *random_bits(int device, int64_t n) {
-  UOp *ctr = next_counter(device);
-  if (!ctr) return NULL;
-  uint32_t k0 = (uint32_t)(rng_seed ^ (rng_seed >> 32));
+ * over counters (i, 0). fn names the public function in errors. */
+static UOp *random_bits(const char *fn, int device, int64_t n) {
   /* element index: a host-made uint32 iota (a lazy iota would need a cumsum kernel) */
-  uint32_t *idx = tg_xmalloc(sizeof(uint32_t) * (size_t)(n + 1));
+  uint32_t *idx = host_alloc(fn, n, sizeof(uint32_t), false);
+  if (!idx) return NULL;
   for (int64_t i = 0; i < n; i++) idx[i] = (uint32_t)i;
+  uint64_t seed;
+  UOp *ctr = next_counter(device, &seed);
+  if (!ctr) {
+    free(idx);
+    return NULL;
+  }
+  uint32_t k0 = (uint32_t)(seed ^ (seed >> 32));
   tg_opts o = {.dtype = TG_UINT32, .device = device_by_id(device)->name};
   tg_tensor ct = tg_from_data(idx, &n, 1, &o);
   free(idx);
-  UOp *c = t_get(ct, "tg_rand");
+  UOp *c = t_get(ct, fn);
   if (!c) {
     uop_unref(ctr);
     return NULL;
@@ -345,8 +391,8 @@ static UOp *random_bits(int device, int64_t n) {
 }
 
 /* uniform [0, 1) float32 of numel n (1-D), new ref */
-static UOp *rand01(int device, int64_t n) {
-  UOp *bits = random_bits(device, n);
+static UOp *rand01(const char *fn, int device, int64_t n) {
+  UOp *bits = random_bits(fn, device, n);
   if (!bits) return NULL;
   UOp *nine = u32c(bits, 9), *one = u32c(bits, 0x3F800000u);
   UOp *sh = u32op(OP_SHR, bits, nine);
@@ -367,10 +413,10 @@ static tg_tensor rand_shaped(const char *fn, const int64_t *shape, int ndim, con
   if (!d) return NONE;
   UOp *r;
   if (!normal) {
-    r = rand01(d->id, n);
+    r = rand01(fn, d->id, n);
   } else {
     /* Box-Muller: cos(2*pi*u0) * sqrt(-2*log(1-u1)) */
-    UOp *u = rand01(d->id, 2 * n);
+    UOp *u = rand01(fn, d->id, 2 * n);
     if (!u) return NONE;
     int64_t b0[2] = {0, n}, b1[2] = {n, 2 * n};
     UOp *u0 = g_shrink(u, b0), *u1 = g_shrink(u, b1);
@@ -416,6 +462,13 @@ tg_tensor tg_normal(const int64_t *shape, int ndim, double mean, double std, con
 }
 tg_tensor tg_randint(const int64_t *shape, int ndim, int64_t low, int64_t high, const tg_opts *opts) {
   if (high <= low) return tg_set_error(TG_ERR_INVALID, "tg_randint: low=%lld must be < high=%lld", (long long)low, (long long)high), NONE;
+  int64_t range;
+  if (__builtin_sub_overflow(high, low, &range))
+    return tg_set_error(
+               TG_ERR_INVALID,
+               "tg_randint: the range high - low (low=%lld, high=%lld) overflows int64; use a narrower range",
+               (long long)low, (long long)high),
+           NONE;
   tg_dtype dt;
   if (!opts_dtype("tg_randint", opts, TG_INT32, &dt)) return NONE;
   if (!tg_dtype_is_int(dt)) return tg_set_error(TG_ERR_INVALID, "tg_randint: dtype %s is not an integer dtype", tg_dtype_name(dt)), NONE;
@@ -423,7 +476,7 @@ tg_tensor tg_randint(const int64_t *shape, int ndim, int64_t low, int64_t high, 
   if (opts) o = *opts;
   o.dtype = TG_FLOAT32;
   o.requires_grad = false;
-  tg_tensor u = rand_shaped("tg_randint", shape, ndim, &o, (double)(high - low), 0, false);
+  tg_tensor u = rand_shaped("tg_randint", shape, ndim, &o, (double)range, 0, false);
   UOp *uu = t_get(u, "tg_randint");
   if (!uu) return NONE;
   /* floor(u * (high-low)) + low, computed in int after truncation (u >= 0) */

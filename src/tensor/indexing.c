@@ -760,7 +760,10 @@ tg_tensor tg_repeat_interleave(tg_tensor x, int64_t repeats, int dim) {
   for (int i = 0, k = 0; i < nd; i++) {
     s1[k] = u->shape[i], s2[k] = u->shape[i], k++;
     if (i == d) s1[k] = 1, s2[k] = repeats, k++;
-    s3[i] = i == d ? u->shape[i] * repeats : u->shape[i];
+    s3[i] = u->shape[i];
+    if (i == d && __builtin_mul_overflow(u->shape[i], repeats, &s3[i]))
+      return done(o, fail("%s: repeats %lld times dim %d (size %lld) overflows int64", fn, (long long)repeats,
+                          d, (long long)u->shape[i]));
   }
   t = tg_reshape(t, s1, nd + 1);
   t = tg_expand(t, s2, nd + 1);
@@ -784,8 +787,8 @@ tg_tensor tg_unflatten(tg_tensor x, int dim, const int64_t *sizes, int nsizes) {
       infer = i;
     } else if (sizes[i] < 0) {
       return fail("%s: size %lld is negative (sizes %s)", fn, (long long)sizes[i], FSHP(sizes, nsizes));
-    } else {
-      known *= sizes[i];
+    } else if (__builtin_mul_overflow(known, sizes[i], &known)) {
+      return fail("%s: sizes %s multiply past int64", fn, FSHP(sizes, nsizes));
     }
   }
   int64_t s = a->shape[d];
@@ -807,10 +810,13 @@ static tg_tensor pool1(tg_tensor x, UOp *u, int64_t k, int64_t s) {
   int nd = u->ndim;
   int64_t i = u->shape[nd - 1];
   int64_t o = cdiv(i - (k - 1), s);
-  int64_t f = cdiv(o * s - 1, i);
+  int64_t f = cdiv(o * s - 1, i); /* o * s < i - k + 1 + s: the caller keeps s <= i + 1 */
   if (f < 1) f = 1;
-  int64_t w = i * f + 1;
-  int64_t rep = cdiv(k * w, i);
+  int64_t w = i * f + 1, kw;
+  if (__builtin_mul_overflow(k, w, &kw))
+    return fail("tg_unfold: windows of size %lld over a dim of size %lld are too large to build",
+                (long long)k, (long long)i);
+  int64_t rep = cdiv(kw, i);
   int64_t sh[MAXD + 2];
   for (int j = 0; j < nd - 1; j++) sh[j] = u->shape[j];
   int64_t reps[MAXD];
@@ -818,7 +824,7 @@ static tg_tensor pool1(tg_tensor x, UOp *u, int64_t k, int64_t s) {
   tg_tensor r = tg_repeat(x, reps, nd);
   int64_t b[2 * (MAXD + 2)];
   for (int j = 0; j < nd - 1; j++) b[2 * j] = 0, b[2 * j + 1] = u->shape[j];
-  b[2 * (nd - 1)] = 0, b[2 * (nd - 1) + 1] = k * w;
+  b[2 * (nd - 1)] = 0, b[2 * (nd - 1) + 1] = kw;
   r = tg_shrink(r, b, 2 * nd);
   sh[nd - 1] = k, sh[nd] = w;
   r = tg_reshape(r, sh, nd + 1);
@@ -845,11 +851,16 @@ tg_tensor tg_unfold(tg_tensor x, int dim, int64_t size, int64_t step) {
   if (size > a->shape[d])
     return fail("%s: size %lld is larger than dim %d (size %lld) of shape %s", fn, (long long)size, d,
                 (long long)a->shape[d], SHP(a));
+  /* every step longer than the dim gives the same single window: clamping keeps pool1's arithmetic small */
+  if (step > a->shape[d]) step = a->shape[d] + 1;
   int64_t nw = (a->shape[d] - size) / step + 1;
   int64_t out[MAXD];
   int k = 0;
   for (int i = 0; i < a->ndim; i++) out[k++] = i == d ? nw : a->shape[i];
   out[k++] = size;
+  if (!shape_fits(out, k))
+    return fail("%s: %lld windows of size %lld over shape %s are too many elements", fn, (long long)nw,
+                (long long)size, SHP(a));
   Op_ o = begin(fn);
   if (numel_of(out, k) == 0) {
     int64_t b[2 * MAXD];

@@ -146,9 +146,15 @@ tg_tensor tg_repeat(tg_tensor x, const int64_t *repeats, int nrepeats) {
     return fail("%s: got %d repeats for a tensor of shape %s; give one repeat count per dimension (at least "
                 "%d, at most %d)",
                 fn, nrepeats, SHP(a), a->ndim, MAXD / 2);
-  for (int i = 0; i < nrepeats; i++)
+  int off = nrepeats - a->ndim;
+  for (int i = 0; i < nrepeats; i++) {
     if (repeats[i] < 0)
       return fail("%s: repeat count %lld for dim %d is negative", fn, (long long)repeats[i], i);
+    int64_t size;
+    if (__builtin_mul_overflow(repeats[i], i < off ? 1 : a->shape[i - off], &size))
+      return fail("%s: repeat count %lld for dim %d of shape %s overflows int64", fn, (long long)repeats[i],
+                  i, SHP(a));
+  }
   NnOp o = begin(fn);
   return done(o, repeat_impl(x, a, repeats, nrepeats));
 }
@@ -174,7 +180,8 @@ tg_tensor tg_cat(const tg_tensor *ts, int n, int dim) {
           i, SHP(a), SHP(a0), d);
     if (!same_device(fn, a0, a, "a tensor")) return NONE;
     dt = tg_dtype_promote(dt, (tg_dtype)a->dtype);
-    total += a->shape[d];
+    if (__builtin_add_overflow(total, a->shape[d], &total))
+      return fail("%s: the sizes along dim %d add up past int64", fn, d);
   }
   NnOp o = begin(fn);
   if (n == 1) return done(o, tg_cast(ts[0], dt));
@@ -275,7 +282,11 @@ int tg_split(tg_tensor x, const int64_t *sizes, int nsizes, int dim, tg_tensor *
     if (sizes[i] < 0)
       return tg_set_error(TG_ERR_INVALID, "%s: size %lld (entry %d) is negative", fn, (long long)sizes[i], i),
              -1;
-    sum += sizes[i];
+    if (__builtin_add_overflow(sum, sizes[i], &sum))
+      return tg_set_error(TG_ERR_INVALID,
+                          "%s: sizes add up past int64; they must sum to dim %d of shape %s (size %lld)", fn,
+                          d, SHP(a), (long long)a->shape[d]),
+             -1;
   }
   if (sum != a->shape[d])
     return tg_set_error(TG_ERR_INVALID,
@@ -713,14 +724,19 @@ static bool opt_pads(const char *fn, const int64_t *p, int np, int64_t *out) {
 static bool window_fits(const char *fn, UOp *a, const int64_t *hw, const int64_t *pads, const int64_t *k,
                         const int64_t *d) {
   for (int j = 0; j < 2; j++) {
-    int64_t ip = hw[j] + pads[2 * j] + pads[2 * j + 1];
-    if (ip < d[j] * (k[j] - 1) + 1) {
+    int64_t ip = hw[j] + pads[2 * j] + pads[2 * j + 1], span;
+    if (__builtin_mul_overflow(d[j], k[j] - 1, &span)) {
+      tg_set_error(TG_ERR_INVALID, "%s: kernel %lld with dilation %lld spans more than int64 can hold", fn,
+                   (long long)k[j], (long long)d[j]);
+      return false;
+    }
+    if (ip <= span) {
       tg_set_error(TG_ERR_INVALID,
                    "%s: the %s window (kernel %lld, dilation %lld spans %lld) is larger than the padded "
                    "input (%lld = %lld + padding %lld + %lld) of shape %s",
-                   fn, j ? "horizontal" : "vertical", (long long)k[j], (long long)d[j],
-                   (long long)(d[j] * (k[j] - 1) + 1), (long long)ip, (long long)hw[j],
-                   (long long)pads[2 * j], (long long)pads[2 * j + 1], SHP(a));
+                   fn, j ? "horizontal" : "vertical", (long long)k[j], (long long)d[j], (long long)(span + 1),
+                   (long long)ip, (long long)hw[j], (long long)pads[2 * j], (long long)pads[2 * j + 1],
+                   SHP(a));
       return false;
     }
   }
@@ -944,9 +960,14 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
   if (groups < 1) return fail("%s: groups %lld must be positive", fn, (long long)groups);
   int64_t bs = a->shape[0], cin_ = a->shape[1], cout = w->shape[0], cin = w->shape[1], kh = w->shape[2],
           kw = w->shape[3];
-  if (groups * cin != cin_)
+  int64_t gcin;
+  if (__builtin_mul_overflow(groups, cin, &gcin))
+    return fail(
+        "%s: groups=%lld times the weight's %lld input channels overflows int64 (input %s, weight %s)", fn,
+        (long long)groups, (long long)cin, SHP(a), SHP(w));
+  if (gcin != cin_)
     return fail("%s: input %s has %lld channels but weight %s with groups=%lld expects groups*cin = %lld", fn,
-                SHP(a), (long long)cin_, SHP(w), (long long)groups, (long long)(groups * cin));
+                SHP(a), (long long)cin_, SHP(w), (long long)groups, (long long)gcin);
   if (cout % groups)
     return fail("%s: cout %lld of weight %s is not divisible by groups=%lld", fn, (long long)cout, SHP(w),
                 (long long)groups);

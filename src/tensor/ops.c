@@ -75,7 +75,7 @@ static int broadcast_n(const char *fn, UOp **in, int n, UOp **out) {
   int nd = 0;
   for (int i = 0; i < n; i++)
     if (in[i]->ndim > nd) nd = in[i]->ndim;
-  int64_t shape[64];
+  int64_t shape[64] = {0};
   if (nd > 64) {
     tg_set_error(TG_ERR_INVALID, "%s: more than 64 dimensions are not supported", fn);
     return -1;
@@ -97,6 +97,12 @@ static int broadcast_n(const char *fn, UOp **in, int n, UOp **out) {
       return -1;
     }
     shape[d] = s;
+  }
+  if (!shape_fits(shape, nd)) {
+    char a[256], b[256];
+    tg_set_error(TG_ERR_INVALID, "%s: broadcasting shapes %s and %s gives too many elements", fn,
+                 shp(a, sizeof a, in[0]), shp(b, sizeof b, in[n - 1]));
+    return -1;
   }
   for (int i = 0; i < n; i++) {
     if (in[i]->device != in[0]->device) {
@@ -636,6 +642,10 @@ tg_tensor tg_reshape(tg_tensor x, const int64_t *shape, int ndim) {
   if (known != numel)
     return fail(TG_ERR_INVALID, "tg_reshape: cannot reshape %s (%lld elements) to %s (%lld elements)", shp(b2, sizeof b2, a),
                 (long long)numel, fmt_shape(b1, sizeof b1, sh, ndim), (long long)known);
+  if (!shape_fits(sh, ndim)) /* only a 0-element tensor gets here: its other dims still must fit */
+    return fail(TG_ERR_INVALID,
+                "tg_reshape: new shape %s is too large (its non-zero dimensions multiply past 2^48)",
+                fmt_shape(b1, sizeof b1, sh, ndim));
   return t_wrap(g_reshape(a, sh, ndim));
 }
 
@@ -656,12 +666,12 @@ tg_tensor tg_permute(tg_tensor x, const int *order, int ndim) {
   return t_wrap(g_permute(a, o));
 }
 
-/* A shape's element count must stay representable (the same 2^48 cap creation applies), so that
- * numel/stride arithmetic downstream never overflows int64. */
-static bool numel_fits(const int64_t *shape, int ndim) {
+bool shape_fits(const int64_t *shape, int ndim) {
   int64_t n = 1;
-  for (int i = 0; i < ndim; i++)
-    if (shape[i] < 0 || __builtin_mul_overflow(n, shape[i], &n) || n > ((int64_t)1 << 48)) return false;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] < 0) return false;
+    if (shape[i] > 0 && (__builtin_mul_overflow(n, shape[i], &n) || n > TG_MAX_NUMEL)) return false;
+  }
   return true;
 }
 
@@ -681,7 +691,7 @@ tg_tensor tg_expand(tg_tensor x, const int64_t *shape, int ndim) {
                   fmt_shape(b2, sizeof b2, shape, ndim));
     sh[i] = s;
   }
-  if (!numel_fits(sh, ndim))
+  if (!shape_fits(sh, ndim))
     return fail(TG_ERR_INVALID, "tg_expand: cannot expand %s to %s (too many elements)", shp(b1, sizeof b1, a), fmt_shape(b2, sizeof b2, sh, ndim));
   return t_wrap(bcast_to(a, sh, ndim));
 }
@@ -718,7 +728,7 @@ tg_tensor tg_pad(tg_tensor x, const int64_t *pads, int npads, double value) {
   }
   int64_t outsh[64];
   for (int i = 0; i < a->ndim; i++) outsh[i] = a->shape[i] + pads[2 * i] + pads[2 * i + 1];
-  if (!numel_fits(outsh, a->ndim)) {
+  if (!shape_fits(outsh, a->ndim)) {
     char b2[256];
     return fail(TG_ERR_INVALID, "tg_pad: padding shape %s gives %s, too many elements", shp(b, sizeof b, a), fmt_shape(b2, sizeof b2, outsh, a->ndim));
   }

@@ -61,6 +61,11 @@ UOp *g_index(UOp *data, UOp *idx); /* data[idx] along dim 0 (negative indices wr
 UOp *g_assign(UOp *target, UOp *value);
 
 int64_t shape_numel(const int64_t *shape, int ndim);
+/* Can a tensor have this shape? No negative dimension, and the product of the non-zero dimensions at
+ * most 2^48 (a 0 in one dimension does not excuse the others), so that the product of any subset of
+ * a valid shape's dimensions fits in int64 wherever it is computed downstream (ops.c). */
+bool shape_fits(const int64_t *shape, int ndim);
+#define TG_MAX_NUMEL ((int64_t)1 << 48)
 /* The BUFFER node at the base of a chain of movement ops (NULL if the base is not a buffer); also
  * looks through realized caches. */
 UOp *g_base_buffer(UOp *u);
