@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sysinfo.h>
 
 #include "tensor.h"
 
@@ -181,7 +182,11 @@ tg_tensor tg_full_like(tg_tensor t, double value, const tg_opts *opts) { return 
 static void *host_alloc(const char *fn, int64_t n, size_t sz, bool zero) {
   size_t cnt = (size_t)(n > 0 ? n : 0) + 1, bytes;
   void *p = NULL;
-  if (!__builtin_mul_overflow(cnt, sz, &bytes)) p = zero ? calloc(cnt, sz) : malloc(bytes);
+  /* what RAM plus swap could never hold is refused up front, as the CPU device does: with
+   * overcommit the allocation itself could succeed, and filling it would not */
+  struct sysinfo si;
+  size_t lim = sysinfo(&si) == 0 ? (size_t)(si.totalram + si.totalswap) * si.mem_unit : SIZE_MAX;
+  if (!__builtin_mul_overflow(cnt, sz, &bytes) && bytes <= lim) p = zero ? calloc(cnt, sz) : malloc(bytes);
   if (!p)
     tg_set_error(TG_ERR_RUNTIME, "%s: cannot allocate host memory for %lld elements of %zu bytes", fn,
                  (long long)n, sz);
