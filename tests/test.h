@@ -93,4 +93,65 @@ static inline int tt_run(const char *prog) {
 }
 #define RUN_TESTS() tt_run(__FILE__)
 
+/* ---- for tests of the tinygrad.c API (the macros expand where tinygrad.h is included) ---- */
+
+/* BEGIN ... END around a test body: a scope for its handles; at the end no handle may be left
+ * beyond those live before, and no error may be left unread. */
+#define BEGIN                                                                                      \
+  size_t tt_live0 = tg_live_count();                                                               \
+  tg_clear_error();                                                                                \
+  tg_scope_begin()
+
+#define END                                                                                        \
+  do {                                                                                             \
+    tg_scope_end();                                                                                \
+    CHECK_MSG(tg_live_count() == tt_live0, "live handles %zu, expected %zu", tg_live_count(),      \
+              tt_live0);                                                                           \
+    CHECK_MSG(tg_last_error() == NULL, "unexpected error left: %s", tg_last_error());              \
+    tg_clear_error();                                                                              \
+  } while (0)
+
+/* Checks that an error was recorded with `status` and a message containing each needle; clears it. */
+#define CHECK_ERR(status, ...)                                                                     \
+  do {                                                                                             \
+    CHECK_MSG(tg_last_status() == (status), "status %d, expected %d (%s)", (int)tg_last_status(),  \
+              (int)(status), tg_last_error() ? tg_last_error() : "no error");                      \
+    const char *tt_needles[] = {"", __VA_ARGS__};                                                  \
+    for (size_t tt_i = 0; tt_i < sizeof tt_needles / sizeof tt_needles[0]; tt_i++)                 \
+      CHECK_STR_CONTAINS(tg_last_error(), tt_needles[tt_i]);                                       \
+    tg_clear_error();                                                                              \
+  } while (0)
+
+/* A temporary directory for a test binary's files, made on first use (under $TMPDIR or /tmp);
+ * tpath(name) is a path inside it, valid for the next 31 calls; tmpdir_remove() deletes it. */
+static inline char *tt_dir_buf(void) {
+  static char d[256];
+  return d;
+}
+static inline const char *tmpdir(void) {
+  char *d = tt_dir_buf();
+  if (!d[0]) {
+    snprintf(d, 256, "%s/tg-test-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(d)) {
+      perror("mkdtemp");
+      exit(2);
+    }
+  }
+  return d;
+}
+static inline const char *tpath(const char *name) {
+  static char buf[32][512];
+  static int k;
+  char *p = buf[k++ % 32];
+  snprintf(p, 512, "%s/%s", tmpdir(), name);
+  return p;
+}
+static inline void tmpdir_remove(void) {
+  char *d = tt_dir_buf(), cmd[600];
+  if (!d[0]) return;
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", d);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", d);
+  d[0] = 0;
+}
+
 #endif

@@ -22,26 +22,6 @@
 #include "test.h"
 #include "tinygrad.h"
 
-static char g_dir[256];
-
-static const char *tmpdir(void) {
-  if (!g_dir[0]) {
-    snprintf(g_dir, sizeof g_dir, "%s/tg-datasets-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(g_dir)) {
-      perror("mkdtemp");
-      exit(2);
-    }
-  }
-  return g_dir;
-}
-
-static const char *tpath(const char *name) {
-  static char buf[4][512];
-  static int k;
-  char *p = buf[k++ % 4];
-  snprintf(p, 512, "%s/%s", tmpdir(), name);
-  return p;
-}
 
 static void write_file(const char *path, const void *data, size_t n, bool gz) {
   if (gz) {
@@ -414,16 +394,9 @@ TEST(mnist_errors) {
   CHECK(tg_live_count() == 0);
 }
 
-/* Removes the temporary directory (files one level deep plus the mnist subdirectories). */
-static void cleanup(void) {
-  char cmd[600];
-  if (!g_dir[0]) return;
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
-}
 
 int main(void) {
   int rc = RUN_TESTS();
-  cleanup();
+  tmpdir_remove();
   return rc;
 }

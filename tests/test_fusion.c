@@ -16,18 +16,6 @@
 #include "test.h"
 #include "tinygrad.h"
 
-#define BEGIN                                                                                                \
-  size_t tt_live0 = tg_live_count();                                                                         \
-  tg_clear_error();                                                                                          \
-  tg_scope_begin()
-
-#define END                                                                                                  \
-  do {                                                                                                       \
-    tg_scope_end();                                                                                          \
-    CHECK_MSG(tg_live_count() == tt_live0, "live handles %zu, expected %zu", tg_live_count(), tt_live0);     \
-    CHECK_MSG(tg_last_error() == NULL, "unexpected error: %s", tg_last_error());                             \
-    tg_clear_error();                                                                                        \
-  } while (0)
 
 #define F32 TG_OPTS(.dtype = TG_FLOAT32)
 

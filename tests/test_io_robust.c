@@ -27,27 +27,6 @@
 #include "test.h"
 #include "tinygrad.h"
 
-static char g_dir[256];
-
-static const char *tmpdir(void) {
-  if (!g_dir[0]) {
-    snprintf(g_dir, sizeof g_dir, "%s/tg-io-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(g_dir)) {
-      perror("mkdtemp");
-      exit(2);
-    }
-  }
-  return g_dir;
-}
-
-/* tmpdir()/name; the result stays valid for the next 31 calls (no test uses more paths). */
-static const char *tpath(const char *name) {
-  static char buf[32][512];
-  static int k;
-  char *p = buf[k++ % 32];
-  snprintf(p, 512, "%s/%s", tmpdir(), name);
-  return p;
-}
 
 static void write_text(const char *path, const char *s) {
   FILE *f = fopen(path, "wb");
@@ -326,17 +305,10 @@ TEST(mmap_tensors_outlive_dict) {
   if (before > 0) CHECK(mappings_of(path) == 0);
 }
 
-/* Removes the temporary directory (files one level deep). */
-static void cleanup(void) {
-  char cmd[600];
-  if (!g_dir[0]) return;
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
-}
 
 int main(void) {
   int rc = RUN_TESTS();
-  cleanup();
+  tmpdir_remove();
   if (tg_live_count() != 0) {
     fprintf(stderr, "%zu handles still live at exit\n", (size_t)tg_live_count());
     rc = 1;

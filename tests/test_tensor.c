@@ -22,29 +22,6 @@
 /* ---------------------------------------------------------------------------------------------- */
 /* helpers                                                                                         */
 
-#define BEGIN                                                                                                \
-  size_t tt_live0 = tg_live_count();                                                                         \
-  tg_clear_error();                                                                                          \
-  tg_scope_begin()
-
-#define END                                                                                                  \
-  do {                                                                                                       \
-    tg_scope_end();                                                                                          \
-    CHECK_MSG(tg_live_count() == tt_live0, "live handles %zu, expected %zu", tg_live_count(), tt_live0);     \
-    CHECK_MSG(tg_last_error() == NULL, "unexpected error left: %s", tg_last_error());                        \
-    tg_clear_error();                                                                                        \
-  } while (0)
-
-/* Checks that an error was recorded with `status` and a message containing each needle; clears it. */
-#define CHECK_ERR(status, ...)                                                                               \
-  do {                                                                                                       \
-    CHECK_MSG(tg_last_status() == (status), "status %d, expected %d (%s)", (int)tg_last_status(),            \
-              (int)(status), tg_last_error() ? tg_last_error() : "no error");                                \
-    const char *tt_needles[] = {"", __VA_ARGS__};                                                            \
-    for (size_t tt_i = 0; tt_i < sizeof tt_needles / sizeof tt_needles[0]; tt_i++)                           \
-      CHECK_STR_CONTAINS(tg_last_error(), tt_needles[tt_i]);                                                 \
-    tg_clear_error();                                                                                        \
-  } while (0)
 
 #define NONE_T ((tg_tensor){0})
 #define F32 TG_OPTS(.dtype = TG_FLOAT32)
