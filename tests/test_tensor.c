@@ -1129,6 +1129,18 @@ TEST(long_sums_accurate) {
   END;
 }
 
+/* A flipped axis summed into one accumulator: the kernel's index arithmetic (a modulo and a
+ * division of the flipped index) is what gcc 12's loop vectorizer miscompiled at -O2 (390 instead
+ * of 276); the CPU device compiles with gcc's loop vectorizer off */
+TEST(flip_then_full_sum) {
+  BEGIN;
+  tg_tensor a = tg_reshape(tg_arange(0, 24, 1, TG_OPTS(.dtype = TG_FLOAT32)), TG_SHAPE(3, 2, 4));
+  CHECK_VALUES(tg_sum(tg_flip(tg_sum(a, TG_AXES(2), false), TG_AXES(1)), TG_ALL_AXES, false), 0, 276);
+  tg_tensor b = tg_reshape(tg_arange(0, 10, 1, TG_OPTS(.dtype = TG_FLOAT32)), TG_SHAPE(5, 2));
+  CHECK_VALUES(tg_sum(tg_flip(b, TG_AXES(1)), TG_ALL_AXES, false), 0, 45);
+  END;
+}
+
 TEST(ops_movement) {
   BEGIN;
   const float v[] = {0, 1, 2, 3, 4, 5};

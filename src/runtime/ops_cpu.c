@@ -53,6 +53,12 @@ static const char *const CPU_CFLAGS[] = {"-shared",
                                          "-w",
                                          "-pipe"};
 #define N_CFLAGS (sizeof CPU_CFLAGS / sizeof CPU_CFLAGS[0])
+/* gcc only (clang rejects it): gcc 12's loop vectorizer miscompiles some of our index arithmetic --
+ * a flipped axis summed into one accumulator, `d[(j+1)%2 + ((i-j+(j+1)/2)%3)*2]` over i < 3, j < 2,
+ * adds the wrong elements at -O2. Kernels vectorize explicitly (GCC vector types), so the loop
+ * vectorizer had little to do in them. */
+static const char *const GCC_CFLAGS[] = {"-fno-tree-loop-vectorize"};
+#define N_GCC_CFLAGS (sizeof GCC_CFLAGS / sizeof GCC_CFLAGS[0])
 
 #define HUGE_PAGE ((size_t)2 << 20)
 #define HUGE_MIN ((size_t)8 << 20)
@@ -211,6 +217,7 @@ typedef struct CompilerInfo {
   int argc;
   char *path; /* argv[0] resolved through PATH; NULL if not found */
   char *id;   /* part of every disk-cache key */
+  bool gcc;   /* not clang: GCC_CFLAGS apply */
   struct CompilerInfo *next;
 } CompilerInfo;
 
@@ -263,10 +270,12 @@ static CompilerInfo *compiler_new(const char *cc) {
       version.len = strlen(version.s);
     }
   }
+  ci->gcc = !(version.len && strstr(version.s, "clang"));
   SB id;
   sb_init(&id);
   sb_printf(&id, "cc:%s@%s:%s|", ci->cc, ci->path ? ci->path : "(missing)", version.len ? version.s : "?");
   for (size_t i = 0; i < N_CFLAGS; i++) sb_printf(&id, "%s%s", i ? " " : "", CPU_CFLAGS[i]);
+  for (size_t i = 0; ci->gcc && i < N_GCC_CFLAGS; i++) sb_printf(&id, " %s", GCC_CFLAGS[i]);
   sb_free(&version);
   ci->id = sb_take(&id);
   return ci;
@@ -399,10 +408,11 @@ static tg_status compile_now(CompilerInfo *ci, const char *src, uint8_t **lib, s
   tg_status st = TG_OK;
   char name[96];
   kernel_name(src, name, sizeof name);
-  size_t nargs = (size_t)ci->argc + N_CFLAGS + 5, k = 0;
+  size_t nargs = (size_t)ci->argc + N_CFLAGS + N_GCC_CFLAGS + 5, k = 0;
   char **argv = tg_xcalloc(nargs, sizeof *argv);
   for (int i = 0; i < ci->argc; i++) argv[k++] = ci->argv[i];
   for (size_t i = 0; i < N_CFLAGS; i++) argv[k++] = (char *)CPU_CFLAGS[i];
+  for (size_t i = 0; ci->gcc && i < N_GCC_CFLAGS; i++) argv[k++] = (char *)GCC_CFLAGS[i];
   argv[k++] = "-o";
   argv[k++] = opath.s;
   argv[k++] = cpath.s;
