@@ -780,6 +780,8 @@ tg_tensor tg_set_requires_grad(tg_tensor t, bool requires_grad);
 bool tg_requires_grad(tg_tensor t);
 /* Reverse-mode differentiation of a scalar float loss. For every live tensor with requires_grad that
  * the loss depends on, adds d loss / d t to t's gradient (gradients accumulate until tg_zero_grad).
+ * Tensors already realized (read with tg_data/tg_item, or tg_realize'd) on the way still pass the
+ * gradient through the graph that computed them: the loss may be read before its backward pass.
  * Gradients are lazy: they realize when read or when tg_realize is called on tg_grad(t).
  * Error if the loss is not a scalar or does not depend on any tensor that requires grad. */
 tg_status tg_backward(tg_tensor loss);

@@ -1,4 +1,5 @@
 /* test_jit.c -- TinyJit capture/replay, its error cases, and autograd basics. */
+#include <math.h>
 #include <string.h>
 #include <tinygrad.h>
 
@@ -299,6 +300,53 @@ TEST(gradient_through_device_copy) {
   for (int i = 0; i < 3; i++) CHECK_CLOSE(gv[i], 4, 0);
   tg_scope_end();
   CHECK(tg_live_count() == live);
+}
+
+/* Reading a value realizes it, and the tensor then holds a buffer; a loss built on it (or the
+ * loss itself, read before tg_backward) still differentiates through the graph that computed it,
+ * as in tinygrad and PyTorch. Without any tensor that requires grad, a realized tensor keeps no
+ * graph: its inputs' memory is released with their handles. */
+TEST(gradient_after_reading_values) {
+  size_t live = tg_live_count();
+  tg_scope_begin();
+  float xd[3] = {1, 2, 3};
+  tg_tensor x = tg_from_data(xd, TG_SHAPE(3), TG_OPTS(.requires_grad = true));
+  tg_tensor y = tg_mul(x, x);
+  float yv[3], lv, g[3];
+  CHECK(tg_data(y, yv, sizeof yv) == TG_OK && yv[2] == 9);
+  tg_tensor loss = tg_sum(tg_mul_s(y, 0.5), TG_ALL_AXES, false);
+  CHECK(tg_data(loss, &lv, sizeof lv) == TG_OK && lv == 7);
+  CHECK(tg_backward(loss) == TG_OK);
+  CHECK(tg_data(tg_grad(x), g, sizeof g) == TG_OK);
+  for (int i = 0; i < 3; i++) CHECK_CLOSE(g[i], xd[i], 1e-7); /* d/dx sum(x^2 / 2) = x */
+  tg_zero_grad(x);
+  /* twice realized: y2 from a realized y */
+  tg_tensor y2 = tg_exp(y);
+  CHECK(tg_realize(y2) == TG_OK);
+  tg_tensor gx;
+  CHECK(tg_gradient(tg_sum(y2, TG_ALL_AXES, false), &x, 1, &gx) == TG_OK);
+  CHECK(tg_data(gx, g, sizeof g) == TG_OK);
+  for (int i = 0; i < 3; i++) CHECK_CLOSE(g[i], 2 * xd[i] * expf(xd[i] * xd[i]), 1e-5 * expf(xd[i] * xd[i]));
+  tg_scope_end();
+  CHECK(tg_live_count() == live);
+  /* no gradient anywhere: a running value realized a hundred times keeps no history */
+  tg_scope_begin();
+  uint64_t mem0 = tg_global_counters().mem_used;
+  tg_tensor h = tg_zeros(TG_SHAPE(1 << 16), NULL);
+  for (int i = 0; i < 100; i++) {
+    tg_scope_begin();
+    tg_tensor nh = tg_keep(tg_add_s(tg_mul_s(h, 0.5), 1));
+    CHECK(tg_realize(nh) == TG_OK);
+    tg_scope_end();
+    tg_free(h);
+    h = nh;
+  }
+  float hv;
+  CHECK(tg_data(tg_shrink(h, (const int64_t[]){0, 1}, 2), &hv, sizeof hv) == TG_OK);
+  CHECK_CLOSE(hv, 2.0f, 1e-6);
+  CHECK_MSG(tg_global_counters().mem_used - mem0 <= (2u << 18), "%llu bytes held",
+            (unsigned long long)(tg_global_counters().mem_used - mem0));
+  tg_scope_end();
 }
 
 TEST(lazy_random_is_stable_across_realizes) {

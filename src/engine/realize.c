@@ -389,7 +389,8 @@ tg_status realize_uops(UOp **targets, int n) {
       Buffer *b = s.bufs[tbuf[i]].buf;
       UOp *bn = g_buffer(buffer_ref(b), (tg_dtype)t->dtype, t->shape, t->ndim);
       t->realized = bn; /* owned by t */
-      t_replace_everywhere(t, bn);
+      /* handles now hold bn; bn keeps t's graph for autograd when a gradient may flow through it */
+      if (t_replace_everywhere(t, bn) > 0) ag_attach_history(bn, t);
     }
     /* assigns carried out on the way (a kernel needed their result) are done too: handles holding
      * them must not run them again */

@@ -191,6 +191,7 @@ typedef struct {
   UOp **inputs; /* owned refs */
   int n;
   ag_custom_fn fn;
+  bool history; /* a realized BUFFER node's history (inputs[0]: the node it was computed by) */
 } Custom;
 static PtrMap customs;
 static pthread_mutex_t custom_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -201,6 +202,11 @@ static void custom_drop(UOp *u) {
   if (c) pm_put(&customs, (uint64_t)(uintptr_t)u, NULL);
   pthread_mutex_unlock(&custom_lock);
   if (!c) return;
+  UOp *t = c->history ? c->inputs[0] : NULL;
+  if (t && t->realized == u && (t->flags & UOPF_WEAK_REALIZED)) {
+    t->realized = NULL; /* the result dies with its buffer node; t would be computed again */
+    t->flags &= (uint8_t)~UOPF_WEAK_REALIZED;
+  }
   for (int i = 0; i < c->n; i++) uop_unref(c->inputs[i]);
   free(c->inputs);
   free(c);
@@ -221,6 +227,47 @@ void ag_set_custom_grad(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn) {
   pm_put(&customs, (uint64_t)(uintptr_t)out, c);
   out->flags |= UOPF_HOOKED;
   pthread_mutex_unlock(&custom_lock);
+}
+
+/* the gradient of a realized node is its history's */
+static void history_grad(UOp *out, UOp *g, UOp *const *inputs, int n, UOp **grads) {
+  (void)out, (void)inputs, (void)n;
+  grads[0] = uop_ref(g);
+}
+
+static Custom *custom_of(UOp *u);
+
+/* Does u's graph (through histories too) contain a tensor that requires grad? */
+static bool reaches_grad_leaf(UOp *u, PtrMap *seen) {
+  if (u->flags & UOPF_GRAD_LEAF) return true;
+  if (pm_has(seen, (uint64_t)(uintptr_t)u)) return false;
+  pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
+  Custom *c = custom_of(u);
+  for (int i = 0; c && i < c->n; i++)
+    if (reaches_grad_leaf(c->inputs[i], seen)) return true;
+  for (uint32_t i = 0; i < u->nsrc; i++)
+    if (reaches_grad_leaf(u->src[i], seen)) return true;
+  return false;
+}
+
+void ag_attach_history(UOp *bn, UOp *t) {
+  if (t->op == OP_ASSIGN || t->op == OP_BUFFER || (t->flags & UOPF_GRAD_LEAF) || t->realized != bn ||
+      (bn->flags & UOPF_HOOKED))
+    return;
+  PtrMap seen;
+  pm_init(&seen);
+  bool need = false;
+  for (uint32_t i = 0; i < t->nsrc && !need; i++) need = reaches_grad_leaf(t->src[i], &seen);
+  Custom *tc = custom_of(t);
+  for (int i = 0; tc && i < tc->n && !need; i++) need = reaches_grad_leaf(tc->inputs[i], &seen);
+  pm_free(&seen);
+  if (!need) return;
+  ag_set_custom_grad(bn, &t, 1, history_grad);
+  Custom *c = custom_of(bn);
+  if (!c) return;
+  c->history = true;
+  t->flags |= UOPF_WEAK_REALIZED;
+  uop_unref(bn); /* t's reference: the handles keep bn alive, and bn keeps t */
 }
 
 static Custom *custom_of(UOp *u) {

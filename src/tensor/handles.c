@@ -214,13 +214,14 @@ tg_tensor tg_persist(tg_tensor t) {
   return t;
 }
 
-void t_replace_everywhere(UOp *from, UOp *to) {
+int t_replace_everywhere(UOp *from, UOp *to) {
   int n = 0;
   pthread_mutex_lock(&h_lock);
   for (size_t i = 0; i < nslots; i++) {
     Slot *sl = slot_at(i);
     if (sl->scope >= 0 && sl->u == from) {
       sl->u = to;
+      if (sl->requires_grad) to->flags |= UOPF_GRAD_LEAF;
       n++;
     }
   }
@@ -230,4 +231,5 @@ void t_replace_everywhere(UOp *from, UOp *to) {
     uop_ref(to);
     uop_unref(from);
   }
+  return n;
 }

@@ -17,7 +17,7 @@ UOp *t_get(tg_tensor t, const char *fn);
 /* Wraps a UOp (ownership taken) into a new handle in the current scope. NULL -> none. */
 tg_tensor t_wrap(UOp *u);
 /* Replaces the UOp of every live handle that holds `from` with `to` (after realize). */
-void t_replace_everywhere(UOp *from, UOp *to);
+int t_replace_everywhere(UOp *from, UOp *to); /* returns how many handles it changed */
 /* Handle slot fields used by autograd. */
 typedef struct Slot {
   UOp *u;
@@ -83,6 +83,13 @@ const char *fmt_shape(char *buf, size_t n, const int64_t *shape, int ndim);
  * (convolutions). The registration lives as long as the node. */
 typedef void (*ag_custom_fn)(UOp *out, UOp *g, UOp *const *inputs, int n, UOp **grads);
 void ag_set_custom_grad(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn);
+/* History of a realized tensor: after realizing computed node t into the BUFFER node bn that the
+ * handles now hold, a later loss built on bn still differentiates through t's graph (reading a loss
+ * before tg_backward, as tinygrad and PyTorch allow). Only when t's graph reaches a tensor with
+ * requires_grad (so inference keeps no graphs alive) and t is neither an assign nor such a tensor
+ * itself. bn then owns t, and t->realized (owned by t before) becomes a weak pointer that bn clears
+ * when it dies, so the two never keep each other alive. Takes over t's reference to bn. */
+void ag_attach_history(UOp *bn, UOp *t);
 
 /* ---- realize (engine) ---- */
 /* Realizes the given nodes; afterwards each non-view node has ->realized set. */

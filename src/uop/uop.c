@@ -202,7 +202,7 @@ void uop_unref(UOp *u) {
     *pp = x->next;
     g_count--;
     for (uint32_t i = 0; i < x->nsrc; i++) pv_push(&stack, x->src[i]);
-    if (x->realized) pv_push(&stack, x->realized);
+    if (x->realized && !(x->flags & UOPF_WEAK_REALIZED)) pv_push(&stack, x->realized);
     pv_push(&dead, x);
   }
   pthread_mutex_unlock(&g_lock);

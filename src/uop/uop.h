@@ -132,6 +132,9 @@ struct UOp {
 /* flags bit: a tensor with requires_grad holds this node, so graphs built on it must contain it (a
  * reshape of it is not folded into a reshape of its source, or the gradient could not find it) */
 #define UOPF_GRAD_LEAF 8
+/* flags bit: ->realized is not owned -- the realized BUFFER node keeps this node as its history for
+ * autograd (it owns this node), and clears ->realized when it dies (autograd.c, ag_set_history) */
+#define UOPF_WEAK_REALIZED 16
 extern void (*uop_free_hook)(UOp *u);
 
 /* Creates (or finds) a node. Takes no ownership of srcs (they are ref'd by the new node). Returns a
