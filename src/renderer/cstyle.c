@@ -664,9 +664,14 @@ char *render_c(const LKernel *k, const char *name) {
     for (size_t i = 0; i < sizeof fs / sizeof *fs; i++) {
       char key[32];
       snprintf(key, sizeof key, "tg_v_%s(", fs[i]);
-      if (body.s && strstr(body.s, key))
-        sb_printf(&out, "#ifndef TG_V_%s_%d_H\n#define TG_V_%s_%d_H\nstatic inline tg_vf tg_v_%s(tg_vf x){tg_vf r;for(int i=0;i<%d;i++)r[i]=__builtin_%s(x[i]);return r;}\n#endif\n",
-                  fs[i], W, fs[i], W, fs[i], W, fs[i]);
+      if (!body.s || !strstr(body.s, key)) continue;
+      /* one call per lane, written out: the compiler's straight-line (SLP) vectorizer turns sqrtf
+       * and truncf into one vector instruction without the loop vectorizer, which is off for gcc
+       * (ops_cpu.c) */
+      sb_printf(&out, "#ifndef TG_V_%s_%d_H\n#define TG_V_%s_%d_H\nstatic inline tg_vf tg_v_%s(tg_vf x){return (tg_vf){", fs[i], W,
+                fs[i], W, fs[i]);
+      for (int l = 0; l < W; l++) sb_printf(&out, "%s__builtin_%s(x[%d])", l ? "," : "", fs[i], l);
+      sb_puts(&out, "};}\n#endif\n");
     }
   }
   sb_printf(&out, "void %s(void **restrict bufs, long long gstart, long long gend) {\n", name);
