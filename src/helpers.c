@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sysinfo.h>
 #include <time.h>
 
 #include "helpers.h"
@@ -52,6 +53,17 @@ void *tg_xcalloc(size_t n, size_t sz) {
   void *p = calloc(n ? n : 1, sz ? sz : 1);
   if (!p) out_of_memory(n * sz);
   return p;
+}
+
+size_t host_memory_limit(void) {
+  static _Atomic size_t limit;
+  size_t lim = atomic_load_explicit(&limit, memory_order_relaxed);
+  if (!lim) {
+    struct sysinfo si;
+    lim = sysinfo(&si) == 0 ? (size_t)(si.totalram + si.totalswap) * si.mem_unit : SIZE_MAX / 2;
+    atomic_store_explicit(&limit, lim, memory_order_relaxed);
+  }
+  return lim;
 }
 
 void *tg_xrealloc(void *p, size_t n) {

@@ -25,6 +25,9 @@ void *tg_xmalloc(size_t n);
 void *tg_xcalloc(size_t n, size_t sz);
 void *tg_xrealloc(void *p, size_t n);
 char *tg_xstrdup(const char *s);
+/* RAM plus swap in bytes (read once): more than this can never be held, whatever the kernel's
+ * overcommit policy lets an allocation call return. */
+size_t host_memory_limit(void);
 
 /* ---- errors: first error of the thread wins until tg_clear_error ---- */
 /* Records an error (if none recorded yet) with printf formatting. Always returns TG_ERR-status `st`. */

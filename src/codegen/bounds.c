@@ -240,7 +240,12 @@ void bound_reduce_loops(LKernel *k) {
       }
       uop_unref(nb), uop_unref(e), uop_unref(zero);
     }
-    any = any || lo[i]->op != OP_CONST || hi[i]->op != OP_CONST || lo[i]->arg.i != 0 || hi[i]->arg.i != R->iarg[0];
+    if (lo[i]->op == OP_CONST && hi[i]->op == OP_CONST && lo[i]->arg.i == 0 && hi[i]->arg.i == R->iarg[0]) {
+      uop_unref(lo[i]), uop_unref(hi[i]); /* not narrowed: the renderer runs it over 0..size */
+      lo[i] = hi[i] = NULL;
+    } else {
+      any = true;
+    }
     pv_push(&outer, R);
   }
   if (any) {
@@ -259,7 +264,6 @@ void bound_reduce_loops(LKernel *k) {
     size_t o = strlen(k->opts);
     if (o + 8 < sizeof k->opts) snprintf(k->opts + o, sizeof k->opts - o, "BOUNDS ");
   } else {
-    for (int i = 0; i < k->nr; i++) uop_unref(lo[i]), uop_unref(hi[i]);
     free(lo), free(hi);
   }
   for (size_t i = 0; i < used.n; i++) uop_unref(used.p[i]);

@@ -53,7 +53,7 @@ typedef struct {
   int rvw;       /* vector width along a reduce axis: the accumulators are vectors, summed across
                   * lanes when the reduction ends (0 = none; exclusive with vw) */
   UOp **rlo, **rhi; /* NULL, or per reduce loop its bounds over the enclosing loops' variables: the
-                     * loop runs rlo <= ridx < rhi (bounds.c; owned) */
+                     * loop runs rlo <= ridx < rhi (bounds.c; owned; NULL entries: 0..size) */
   char opts[128];/* applied optimizations, for DEBUG=3 and kernel names */
   char padinfo[32];/* "PADTO(axis,size) " when an upcast axis was padded (part of opts) */
   OptCfg cfg;    /* the optimizations applied */

@@ -11,7 +11,6 @@
  * the data that is there; data beyond the declared size is an error.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -158,27 +157,9 @@ static tg_tensor gz_fail(gzFile g, const char *fn, const char *path) {
 tg_tensor tg_idx_load(const char *path) {
   static const char *fn = "tg_idx_load";
   if (!path) return tg_set_error(TG_ERR_INVALID, "%s: path is NULL", fn), NONE;
-  /* O_NONBLOCK: a FIFO without a writer must not block the open (it is refused below) */
-  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return tg_set_error(TG_ERR_IO, "%s: %s: cannot open: %s", fn, path, strerror(errno)), NONE;
   struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int e = errno;
-    close(fd);
-    return tg_set_error(TG_ERR_IO, "%s: %s: cannot stat: %s", fn, path, strerror(e)), NONE;
-  }
-  if (S_ISDIR(st.st_mode)) {
-    close(fd);
-    return tg_set_error(TG_ERR_IO, "%s: %s: is a directory", fn, path), NONE;
-  }
-  if (!S_ISREG(st.st_mode)) { /* a device or a pipe could be endless: never read one */
-    close(fd);
-    return tg_set_error(TG_ERR_IO, "%s: %s is not a regular file (%s); copy the data to a file and load that",
-                        fn, path, file_kind(st.st_mode)),
-           NONE;
-  }
-  int fl = fcntl(fd, F_GETFL);
-  if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  int fd = open_regular(fn, path, &st);
+  if (fd < 0) return NONE;
   gzFile g = gzdopen(fd, "rb"); /* owns fd from here on (gzclose closes it) */
   if (!g) {
     close(fd);

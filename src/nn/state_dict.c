@@ -275,27 +275,36 @@ const char *file_kind(unsigned mode) {
                        : "of an unknown kind";
 }
 
+int open_regular(const char *fn, const char *path, struct stat *st) {
+  /* O_NONBLOCK: opening a FIFO that has no writer must not wait for one (it is refused below) */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return tg_set_error(TG_ERR_IO, "%s: %s: cannot open: %s", fn, path, strerror(errno)), -1;
+  if (fstat(fd, st) != 0) {
+    int e = errno;
+    close(fd);
+    return tg_set_error(TG_ERR_IO, "%s: %s: cannot stat: %s", fn, path, strerror(e)), -1;
+  }
+  if (S_ISDIR(st->st_mode)) {
+    close(fd);
+    return tg_set_error(TG_ERR_IO, "%s: %s: is a directory", fn, path), -1;
+  }
+  if (!S_ISREG(st->st_mode)) { /* a device or a pipe could be endless: never read one */
+    close(fd);
+    return tg_set_error(TG_ERR_IO, "%s: %s is not a regular file (%s); copy the data to a file and load that",
+                        fn, path, file_kind(st->st_mode)),
+           -1;
+  }
+  int fl = fcntl(fd, F_GETFL);
+  if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  return fd;
+}
+
 tg_status file_view_open(FileView *fv, const char *fn, const char *path, bool writable) {
   memset(fv, 0, sizeof *fv);
   if (!path) return tg_set_error(TG_ERR_INVALID, "%s: path is NULL", fn);
-  /* O_NONBLOCK: opening a FIFO that has no writer must not wait for one (it is refused below) */
-  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return tg_set_error(TG_ERR_IO, "%s: %s: cannot open: %s", fn, path, strerror(errno));
   struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int e = errno;
-    close(fd);
-    return tg_set_error(TG_ERR_IO, "%s: %s: cannot stat: %s", fn, path, strerror(e));
-  }
-  if (S_ISDIR(st.st_mode)) {
-    close(fd);
-    return tg_set_error(TG_ERR_IO, "%s: %s: is a directory", fn, path);
-  }
-  if (!S_ISREG(st.st_mode)) { /* a device or a pipe could be endless: never read one */
-    close(fd);
-    return tg_set_error(TG_ERR_IO, "%s: %s is not a regular file (%s); copy the data to a file and load that",
-                        fn, path, file_kind(st.st_mode));
-  }
+  int fd = open_regular(fn, path, &st);
+  if (fd < 0) return tg_last_status();
   if (st.st_size > 0) {
     if ((uint64_t)st.st_size > (uint64_t)SIZE_MAX) {
       close(fd);

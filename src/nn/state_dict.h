@@ -53,6 +53,11 @@ typedef struct {
  * wrap it). Anything else -- a directory, a FIFO, a device, a socket -- is refused without reading
  * it (a FIFO without a writer does not block). Errors are TG_ERR_IO "fn: path: reason". */
 tg_status file_view_open(FileView *fv, const char *fn, const char *path, bool writable);
+/* Opens the regular file `path` for reading (blocking reads), filling *st; -1 with a TG_ERR_IO
+ * error naming fn and path for anything else (a directory, a FIFO -- without waiting for a writer
+ * --, a device, a socket) or a failed open. */
+struct stat;
+int open_regular(const char *fn, const char *path, struct stat *st);
 void file_view_close(FileView *fv);
 /* "a FIFO", "a character device", ... for a struct stat's st_mode, for messages. */
 const char *file_kind(unsigned mode);

@@ -491,7 +491,7 @@ char *render_c(const LKernel *k, const char *name) {
   for (int c = 0; c < k->ncopy; c++) topo(&l, k->values[c]);
   for (int c = 0; c < k->ncopy; c++) topo(&l, k->sidxs[c]);
   for (int c = 0; k->sop && c < k->ncopy; c++) topo(&l, k->sfirsts[c]);
-  for (int i = 0; k->rlo && i < k->nr; i++) topo(&l, k->rlo[i]), topo(&l, k->rhi[i]);
+  for (int i = 0; k->rlo && i < k->nr; i++) topo(&l, k->rlo[i]), topo(&l, k->rhi[i]); /* NULL: none */
   /* vector-ness: W-wide loads and everything computed from them; placeholders follow their body */
   for (size_t i = 0; i < l.order.n; i++) {
     UOp *u = l.order.p[i];
@@ -568,12 +568,10 @@ char *render_c(const LKernel *k, const char *name) {
     /* the loop's range: 0..size, or the bounds of a bounded reduce loop */
     char lo[64] = "0", hi[64];
     snprintf(hi, sizeof hi, "%lldLL", (long long)rg->iarg[0]);
-    bool bounded = false;
-    if (lv > k->ng && k->rlo) {
-      UOp *b0 = k->rlo[lv - 1 - k->ng], *b1 = k->rhi[lv - 1 - k->ng];
-      bounded = !(b0->op == OP_CONST && b0->arg.i == 0 && b1->op == OP_CONST && b1->arg.i == rg->iarg[0]);
-      snprintf(lo, sizeof lo, "%s", nm(&r, b0));
-      snprintf(hi, sizeof hi, "%s", nm(&r, b1));
+    bool bounded = lv > k->ng && k->rlo && k->rlo[lv - 1 - k->ng];
+    if (bounded) {
+      snprintf(lo, sizeof lo, "%s", nm(&r, k->rlo[lv - 1 - k->ng]));
+      snprintf(hi, sizeof hi, "%s", nm(&r, k->rhi[lv - 1 - k->ng]));
     }
     ind(&r);
     if (lv == blk.level) {

@@ -30,7 +30,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sys/sysinfo.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -562,13 +561,7 @@ static void *cpu_alloc(void *state, size_t nbytes) {
   (void)state;
   /* Reject what RAM plus swap could never hold, instead of letting the allocator (or ASan's)
    * abort or the kernel overcommit into an OOM kill later. */
-  static _Atomic size_t limit;
-  size_t lim = atomic_load_explicit(&limit, memory_order_relaxed);
-  if (!lim) {
-    struct sysinfo si;
-    lim = sysinfo(&si) == 0 ? (size_t)(si.totalram + si.totalswap) * si.mem_unit : SIZE_MAX / 2;
-    atomic_store_explicit(&limit, lim, memory_order_relaxed);
-  }
+  size_t lim = host_memory_limit();
   if (nbytes > lim) {
     tg_set_error(TG_ERR_RUNTIME, "CPU: cannot allocate %zu bytes (RAM + swap is %zu bytes)", nbytes, lim);
     return NULL;

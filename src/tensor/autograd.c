@@ -256,10 +256,7 @@ void ag_attach_history(UOp *bn, UOp *t) {
     return;
   PtrMap seen;
   pm_init(&seen);
-  bool need = false;
-  for (uint32_t i = 0; i < t->nsrc && !need; i++) need = reaches_grad_leaf(t->src[i], &seen);
-  Custom *tc = custom_of(t);
-  for (int i = 0; tc && i < tc->n && !need; i++) need = reaches_grad_leaf(tc->inputs[i], &seen);
+  bool need = reaches_grad_leaf(t, &seen); /* t itself is not a leaf: checked above */
   pm_free(&seen);
   if (!need) return;
   ag_set_custom_grad(bn, &t, 1, history_grad);

@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/sysinfo.h>
 
 #include "tensor.h"
 
@@ -62,27 +61,20 @@ static bool check_shape(const char *fn, const int64_t *shape, int ndim, int64_t 
     tg_set_error(TG_ERR_INVALID, "%s: shape is NULL with ndim=%d", fn, ndim);
     return false;
   }
-  /* the product skips zero dimensions: a 0-element tensor's other dimensions must still fit, as
-   * index arithmetic (strides) multiplies them */
-  int64_t n = 1;
-  bool empty = false;
   for (int i = 0; i < ndim; i++) {
     char b[256];
     if (shape[i] < 0) {
       tg_set_error(TG_ERR_INVALID, "%s: negative dimension %lld in shape %s", fn, (long long)shape[i], fmt_shape(b, sizeof b, shape, ndim));
       return false;
     }
-    if (shape[i] == 0) {
-      empty = true;
-      continue;
-    }
-    if (__builtin_mul_overflow(n, shape[i], &n) || n > TG_MAX_NUMEL) {
-      tg_set_error(TG_ERR_INVALID, "%s: shape %s is too large (its non-zero dimensions multiply past 2^48)",
-                   fn, fmt_shape(b, sizeof b, shape, ndim));
-      return false;
-    }
   }
-  *numel = empty ? 0 : n;
+  if (!shape_fits(shape, ndim)) { /* a 0 in one dimension does not excuse the others */
+    char b[256];
+    tg_set_error(TG_ERR_INVALID, "%s: shape %s is too large (its non-zero dimensions multiply past 2^48)", fn,
+                 fmt_shape(b, sizeof b, shape, ndim));
+    return false;
+  }
+  *numel = shape_numel(shape, ndim);
   return true;
 }
 
@@ -184,9 +176,8 @@ static void *host_alloc(const char *fn, int64_t n, size_t sz, bool zero) {
   void *p = NULL;
   /* what RAM plus swap could never hold is refused up front, as the CPU device does: with
    * overcommit the allocation itself could succeed, and filling it would not */
-  struct sysinfo si;
-  size_t lim = sysinfo(&si) == 0 ? (size_t)(si.totalram + si.totalswap) * si.mem_unit : SIZE_MAX;
-  if (!__builtin_mul_overflow(cnt, sz, &bytes) && bytes <= lim) p = zero ? calloc(cnt, sz) : malloc(bytes);
+  if (!__builtin_mul_overflow(cnt, sz, &bytes) && bytes <= host_memory_limit())
+    p = zero ? calloc(cnt, sz) : malloc(bytes);
   if (!p)
     tg_set_error(TG_ERR_RUNTIME, "%s: cannot allocate host memory for %lld elements of %zu bytes", fn,
                  (long long)n, sz);

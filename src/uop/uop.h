@@ -133,7 +133,7 @@ struct UOp {
  * reshape of it is not folded into a reshape of its source, or the gradient could not find it) */
 #define UOPF_GRAD_LEAF 8
 /* flags bit: ->realized is not owned -- the realized BUFFER node keeps this node as its history for
- * autograd (it owns this node), and clears ->realized when it dies (autograd.c, ag_set_history) */
+ * autograd (it owns this node), and clears ->realized when it dies (autograd.c, ag_attach_history) */
 #define UOPF_WEAK_REALIZED 16
 extern void (*uop_free_hook)(UOp *u);
 
