@@ -336,6 +336,33 @@ def _gather_views_dtypes():
 case("gather of views, int16 data, int32 index", _gather_views_dtypes)
 
 
+def _gather_out_of_range_and_cost():
+  # tinygrad's gather reads 0 where an index is negative or past the dim (no wrap, no error), and
+  # those positions pass no gradient; the forward is one load per element, not a one-hot sum
+  a = rnd(3, 5)
+  idx = np.array([[0, -1, 4, 5], [7, 2, 2, -6], [1, 1, 3, 0]], np.int64)
+  ok = (idx >= 0) & (idx < 5)
+  ref = np.where(ok, np.take_along_axis(a, np.where(ok, idx, 0), 1), 0)
+  x = set_rg(Tensor(a))
+  out = gather(x, 1, Tensor(idx))
+  wv = RNG.uniform(0.5, 1.5, size=idx.shape).astype(np.float32)
+  backward((out * Tensor(wv)).sum())
+  close(out.numpy(), ref, what="forward")
+  g = np.zeros_like(a)
+  rows = np.nonzero(ok)
+  np.add.at(g, (rows[0], idx[ok]), wv[ok])
+  close(grad(x).numpy(), g, what="grad")
+  big, bidx = rnd(64, 1000), RNG.integers(0, 1000, size=(64, 1000)).astype(np.int32)
+  tg.counters_reset()
+  r = gather(Tensor(big), 1, Tensor(bidx))
+  close(r.numpy(), np.take_along_axis(big, bidx.astype(np.int64), 1), what="64x1000")
+  ops = tg.counters().global_ops
+  assert ops < 20 * bidx.size, f"{ops} ops for {bidx.size} elements: a one-hot reduction?"
+
+
+case("gather: out-of-range indices read 0 and get no gradient; one load per element", _gather_out_of_range_and_cost)
+
+
 def _meshgrid():
   x, y, z = rnd(3), rnd(4), rnd(2)
   for ix in ["ij", "xy"]:

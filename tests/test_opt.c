@@ -273,6 +273,75 @@ TEST(bounded_loops) {
   tg_scope_end();
 }
 
+/* Error of got in units in the last place of the float nearest to the exact value want; 0 when
+ * both are the same infinity or both NaN, huge when only one is. */
+static double ulps(float got, double want) {
+  if (isnan(want) || isnan(got)) return isnan(want) && isnan(got) ? 0 : 1e30;
+  float wf = (float)want;
+  if (isinf(wf) || isinf(got)) return got == wf ? 0 : 1e30;
+  double sp = fabs(want) < 0x1p-126 ? 0x1p-149 : ldexp(1.0, ilogb(want) - 23);
+  return fabs((double)got - want) / sp;
+}
+
+/* The vector kernels' exp2, log2 and sin are polynomials of their own (the renderer's prelude),
+ * not libm: checked here against double precision over floats of every exponent and sign, the
+ * ranges each reduction changes at, and the special values. */
+TEST(vector_transcendentals_accurate) {
+  enum { N = 1 << 16 };
+  float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N);
+  uint32_t s = 12345;
+  int n = 0;
+  static const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 0x1p-149f, 0x1p-127f, 0x1p-126f,
+                                  -0x1p-130f, 1.0f, -1.0f, 0.5f, 2.0f, 0x1.6a09e6p+0f, 0x1.6a09e8p+0f,
+                                  127.99f, 128.0f, 129.0f, -126.0f, -149.0f, -149.5f, -150.0f, -151.0f,
+                                  -200.0f, 8191.9f, 8192.0f, 8192.5f, -8192.5f, 1e30f, 3.14159265f,
+                                  1.5707964f, 0x1.fffffep+127f};
+  for (size_t i = 0; i < sizeof special / sizeof *special; i++) x[n++] = special[i];
+  while (n < N) {
+    s = s * 1664525u + 1013904223u;
+    uint32_t r = s;
+    float v;
+    switch (n % 4) {
+    case 0: /* any bit pattern */
+      memcpy(&v, &r, 4);
+      break;
+    case 1: /* exp2's range and the sin reduction's */
+      v = ((float)(r >> 8) / 16777216.0f - 0.5f) * 320.0f;
+      break;
+    case 2: /* near 1, where log2 is small */
+      v = 1.0f + ((float)(r >> 8) / 16777216.0f - 0.5f) * 0x1p-6f;
+      break;
+    default: /* sin up to and past 2^13 */
+      v = ((float)(r >> 8) / 16777216.0f - 0.5f) * 20000.0f;
+      break;
+    }
+    x[n++] = v;
+  }
+  static const char *const names[] = {"exp2", "log2", "sin"};
+  static const double bound[] = {1.0, 1.2, 0.6}; /* measured: 0.95, 1.10, 0.53 */
+  for (int f = 0; f < 3; f++) {
+    tg_scope_begin();
+    tg_tensor t = tg_from_data(x, TG_SHAPE(N), NULL);
+    tg_tensor r = f == 0 ? tg_exp2(t) : f == 1 ? tg_log2(t) : tg_sin(t);
+    char opts[128];
+    last_kernel_opts(r, opts, sizeof opts);
+    CHECK_MSG(strstr(opts, "VECTORIZE(") != NULL, "%s: opts %s", names[f], opts);
+    CHECK(tg_data(r, y, sizeof(float) * N) == TG_OK);
+    double worst = 0;
+    int at = 0;
+    for (int i = 0; i < N; i++) {
+      double xd = x[i], want = f == 0 ? exp2(xd) : f == 1 ? log2(xd) : sin(xd);
+      double e = ulps(y[i], want);
+      if (e > worst) worst = e, at = i;
+    }
+    CHECK_MSG(worst <= bound[f], "%s(%a) = %a: %.3f ulp from %a", names[f], x[at], y[at], worst,
+              f == 0 ? exp2(x[at]) : f == 1 ? log2(x[at]) : sin(x[at]));
+    tg_scope_end();
+  }
+  free(x);
+  free(y);
+}
+
 /* BEAM search picks among candidates checked against the unoptimized kernel: the chosen kernels
  * must agree with NOOPT too (a private cache directory keeps earlier choices out of it) */
 TEST(beam_choices_agree) {

@@ -396,6 +396,21 @@ static UOp *build_reduce_at(KB *kb, UOp *reduce, UOp **idx) {
   return r;
 }
 
+/* A load of node n (a leaf, or an intermediate stored by an earlier kernel; info x) at flat
+ * position fi of its storage. */
+static UOp *stored_load(KB *kb, UOp *n, NI *x, UOp *fi, UOp *valid) {
+  SCtx *c = kb->c;
+  int sb;
+  if (x->leaf) {
+    sb = read_sbuf(c, x);
+  } else {
+    if (n->op == OP_ASSIGN && !x->emitted) flush_assign(c, (int)(x - c->ni));
+    sb = x->sbuf;
+    TG_ASSERT(sb >= 0);
+  }
+  return k_load(kb, sb, (tg_dtype)n->dtype, fi, valid);
+}
+
 static UOp *kbuild_inner(KB *kb, UOp *n, UOp **idx, UOp *valid) {
   SCtx *c = kb->c;
   NI *x = info(c, n);
@@ -423,16 +438,8 @@ static UOp *kbuild_inner(KB *kb, UOp *n, UOp **idx, UOp *valid) {
     }
   }
   if (x->leaf || (x->mat && n != kb->root)) {
-    int sb;
-    if (x->leaf) {
-      sb = read_sbuf(c, x);
-    } else {
-      if (n->op == OP_ASSIGN && !x->emitted) flush_assign(c, (int)(x - c->ni));
-      sb = x->sbuf;
-      TG_ASSERT(sb >= 0);
-    }
     UOp *fi = lay_flat(idx, n->shape, n->ndim, x->leaf ? NULL : x->lay);
-    UOp *r = k_load(kb, sb, dt, fi, valid);
+    UOp *r = stored_load(kb, n, x, fi, valid);
     uop_unref(fi);
     return r;
   }
@@ -461,6 +468,18 @@ static UOp *kbuild_inner(KB *kb, UOp *n, UOp **idx, UOp *valid) {
     switch (n->op) {
     case OP_RESHAPE: {
       UOp *F = flat_index(idx, n->shape, nd);
+      NI *xs = info(c, src);
+      bool stored = xs->leaf ? !(src->op == OP_CONST && !src->realized) : xs->mat && src != kb->root && !xs->lay;
+      if (stored && src != kb->reduce_node) {
+        /* a reshape of stored row-major data reads it at the same flat position: no
+         * div/mod to the source's dims and back (which the simplifier cannot undo when the
+         * index is data-dependent, as in a gather) */
+        UOp *r = stored_load(kb, src, xs, F, nvalid);
+        uop_unref(F);
+        uop_unref(nvalid);
+        if (sidx != sidx_buf) free(sidx);
+        return r;
+      }
       unravel(F, src->shape, snd, sidx);
       uop_unref(F);
       break;

@@ -310,13 +310,77 @@ int tg_chunk(tg_tensor x, int chunks, int dim, tg_tensor *out, int out_cap) {
   return split_impl(fn, x, a, d, cdiv(dim_sz, chunks), NULL, 0, 0, out, out_cap);
 }
 
-static tg_tensor gather_impl(tg_tensor x, UOp *a, int d, tg_tensor index, UOp *ix) {
+/* gather as tinygrad writes it: out[..., i, ...] = sum over k of (index[..., i, ...] == k) * x[..., k, ...].
+ * O(index elements x dim size); the forward below is one load per element, and this remains the
+ * gradient's form. */
+static tg_tensor gather_onehot(tg_tensor x, UOp *a, int d, tg_tensor index, UOp *ix) {
   int64_t b[2 * MAXD];
   for (int j = 0; j < a->ndim; j++) b[2 * j] = 0, b[2 * j + 1] = j == d ? a->shape[j] : ix->shape[j];
   tg_tensor xs = tg_transpose(tg_unsqueeze(tg_shrink(x, b, 2 * a->ndim), -1), -1, d);
   tg_tensor oh = tg_eq(tg_unsqueeze(index, -1), arange_on(a, 0, (double)a->shape[d], 1));
   tg_tensor w = tg_where(oh, xs, tg_const_like(xs, 0));
   return tg_cast(tg_sum(w, (const int[]){-1}, 1, false), (tg_dtype)a->dtype);
+}
+
+/* d x of out = gather(x, d, index): the gradient of the one-hot form, a sum over the index
+ * positions per x element, padded back to x's shape. inputs: x, index, and d as an int64 CONST. */
+static void gather_grad(UOp *out, UOp *g, UOp *const *inputs, int n, UOp **grads) {
+  (void)out, (void)n;
+  UOp *a = inputs[0], *ix = inputs[1];
+  int d = (int)inputs[2]->arg.i, nd = a->ndim;
+  tg_scope_begin();
+  tg_tensor gt = t_wrap(uop_ref(g)), it = t_wrap(uop_ref(ix));
+  tg_tensor oh = tg_eq(tg_unsqueeze(it, -1), arange_on(a, 0, (double)a->shape[d], 1));
+  tg_tensor w = tg_where(oh, tg_unsqueeze(gt, -1), tg_zeros_like(tg_unsqueeze(gt, -1), NULL));
+  tg_tensor sm = tg_sum(w, (const int[]){d}, 1, false); /* the other dims, then x's dim d last */
+  int perm[MAXD];
+  for (int j = 0, k = 0; j < nd; j++) perm[j] = j == d ? nd - 1 : k++;
+  int64_t p[2 * MAXD] = {0};
+  for (int j = 0; j < nd; j++) p[2 * j + 1] = j == d ? 0 : a->shape[j] - ix->shape[j];
+  tg_tensor r = tg_pad(tg_permute(sm, perm, nd), p, 2 * nd, 0.0);
+  UOp *ru = tg_valid(r) ? t_get(r, "tg_backward") : NULL;
+  grads[0] = ru && ru->dtype != a->dtype ? g_cast(ru, (tg_dtype)a->dtype) : ru ? uop_ref(ru) : NULL;
+  tg_scope_end();
+}
+
+/* One data-dependent load per output element: x's elements (cut to index's extent in the other
+ * dims) as one flat row list, read at the linear position of (i with i_d = index[i]); an index
+ * outside [0, size of d) reads position `total`, which the load masks to 0. */
+static tg_tensor gather_impl(tg_tensor x, UOp *a, int d, tg_tensor index, UOp *ix) {
+  int nd = a->ndim;
+  int64_t sh[MAXD], total = 1;
+  for (int j = 0; j < nd; j++) sh[j] = j == d ? a->shape[j] : ix->shape[j], total *= sh[j];
+  if (total == 0 || shape_numel(ix->shape, ix->ndim) == 0) return gather_onehot(x, a, d, index, ix);
+  int64_t b[2 * MAXD];
+  for (int j = 0; j < nd; j++) b[2 * j] = 0, b[2 * j + 1] = sh[j];
+  tg_tensor flat = tg_reshape(tg_shrink(x, b, 2 * nd), (const int64_t[]){total}, 1);
+  tg_opts o = on_device(a, TG_INT64);
+  tg_tensor v = tg_cast(index, TG_INT64);
+  tg_tensor ok = tg_bitwise_and(tg_logical_not(tg_lt_s(v, 0)), tg_lt_s(v, (double)a->shape[d]));
+  int64_t stride = 1;
+  tg_tensor lin = NONE;
+  for (int j = nd - 1; j >= 0; j--) {
+    tg_tensor term;
+    if (j == d) {
+      term = tg_mul_s(v, (double)stride);
+    } else {
+      int64_t rs[MAXD];
+      for (int k = 0; k < nd; k++) rs[k] = k == j ? sh[j] : 1;
+      term = tg_reshape(tg_arange(0, (double)sh[j] * (double)stride, (double)stride, &o), rs, nd);
+    }
+    lin = j == nd - 1 ? term : tg_add(lin, term);
+    stride *= sh[j];
+  }
+  lin = tg_where(ok, lin, tg_full_like(v, (double)total, NULL));
+  tg_tensor r = tg_index(flat, lin);
+  UOp *ru = tg_valid(r) ? t_get(r, "tg_gather") : NULL;
+  if (ru) {
+    UOp *dc = g_const((double)d, TG_INT64, a->device);
+    UOp *ins[3] = {a, ix, dc};
+    ag_set_custom_grad(ru, ins, 3, gather_grad);
+    uop_unref(dc);
+  }
+  return r;
 }
 
 tg_tensor tg_gather(tg_tensor x, int dim, tg_tensor index) {
