@@ -79,6 +79,25 @@ static tg_tensor e_flip_pad(tg_tensor a, tg_tensor b) {
 static tg_tensor e_add_transposed(tg_tensor a, tg_tensor b) {
   return tg_mul(tg_sqrt(tg_add_s(tg_mul(a, a), 1)), tg_transpose(b, 0, 1));
 }
+/* a transposing copy whose gathered rows outnumber L1's lines: the axis the source is contiguous
+ * along is upcast too (whole cache lines per pass) */
+static tg_tensor e_transpose_copy(tg_tensor a, tg_tensor b) {
+  (void)b;
+  return tg_contiguous(tg_transpose(a, 0, 1));
+}
+/* 32-bit integer lanes (the shape of threefry's random bits): adds, multiplies, rotates, xors,
+ * an arithmetic right shift, a compare and a select on int32/uint32, back to float32 by a bitcast
+ * and a conversion -- all vectorized, bit-exact against the scalar code */
+static tg_tensor e_int_lanes(tg_tensor a, tg_tensor b) {
+  tg_tensor x = tg_bitcast(a, TG_UINT32), y = tg_bitcast(b, TG_UINT32);
+  tg_tensor k = tg_full_like(x, 0x9E3779B9u, NULL), s7 = tg_full_like(x, 7, NULL), s25 = tg_full_like(x, 25, NULL);
+  tg_tensor h = tg_add(tg_bitwise_xor(x, k), tg_mul(y, tg_full_like(x, 2654435761u, NULL)));
+  h = tg_bitwise_xor(tg_bitwise_or(tg_lshift(h, s7), tg_rshift(h, s25)), y);
+  tg_tensor si = tg_rshift(tg_bitcast(h, TG_INT32), tg_full_like(tg_bitcast(h, TG_INT32), 3, NULL));
+  tg_tensor pick = tg_where(tg_lt(h, y), h, tg_sub(h, y));
+  tg_tensor m = tg_bitwise_or(tg_rshift(pick, tg_full_like(x, 9, NULL)), tg_full_like(x, 0x3F800000u, NULL));
+  return tg_add(tg_bitcast(m, TG_FLOAT32), tg_mul_s(tg_cast(si, TG_FLOAT32), 1e-9));
+}
 /* integer sums do not vectorize: the reduction is unrolled instead (UNROLL) */
 static tg_tensor e_int_sums(tg_tensor a, tg_tensor b) {
   tg_tensor ai = tg_cast(tg_mul_s(a, 100), TG_INT32), bi = tg_cast(tg_mul_s(b, 100), TG_INT32);
@@ -152,6 +171,20 @@ TEST(elementwise_vectorized) {
   CHECK(compare(e_flip_pad, 32, 32, 32, 36, 1e-6) == 0);
   CHECK(compare(e_bool_cast, 16, 32, 16, 32, 0) == 0);
   CHECK(compare(e_half, 16, 32, 16, 32, 0) == 0);
+  CHECK(compare(e_int_lanes, 16, 64, 16, 64, 0) == 0);
+  CHECK(compare(e_transpose_copy, 1024, 1000, 1, 1, 0) == 0);
+  CHECK(compare(e_transpose_copy, 40, 1024, 1, 1, 0) == 0);
+  tg_scope_begin();
+  char opts[128];
+  last_kernel_opts(e_transpose_copy(mkrand(1024, 1000, 5), mkrand(1, 1, 6)), opts, sizeof opts);
+  CHECK_MSG(strstr(opts, "VECTORIZE(") && strstr(opts, "UPCAST("), "1024x1000 transpose: %s", opts);
+  last_kernel_opts(e_transpose_copy(mkrand(64, 48, 5), mkrand(1, 1, 6)), opts, sizeof opts);
+  CHECK_MSG(strstr(opts, "VECTORIZE(") && !strstr(opts, "UPCAST("), "64x48 transpose: %s", opts);
+  last_kernel_opts(e_int_lanes(mkrand(16, 64, 5), mkrand(16, 64, 6)), opts, sizeof opts);
+  CHECK_MSG(strstr(opts, "VECTORIZE(") != NULL, "integer lanes: %s", opts);
+  last_kernel_opts(tg_rand(TG_SHAPE(4096), NULL), opts, sizeof opts);
+  CHECK_MSG(strstr(opts, "VECTORIZE(") != NULL, "tg_rand: %s", opts);
+  tg_scope_end();
 }
 TEST(reductions_vectorized) {
   CHECK(compare(e_sum_mixed_layouts, 24, 48, 48, 24, 1e-5) == 0);

@@ -236,13 +236,27 @@ static bool needs_var(UOp *u) {
   return u->op != OP_CONST && u->op != OP_RANGE && u->op != OP_DEFINE_GLOBAL && u->op != OP_NOOP;
 }
 
+/* Does text use identifier `name` (or name + "u", its unaligned twin)? "tg_v8" is not "tg_v8_16". */
+static bool uses_name(const char *text, const char *name) {
+  size_t n = strlen(name);
+  for (const char *p = text ? strstr(text, name) : NULL; p; p = strstr(p + 1, name)) {
+    char c = p[n];
+    if (c == 'u') c = p[n + 1];
+    if (!(c >= '0' && c <= '9') && c != '_' && !(c >= 'a' && c <= 'z') && !(c >= 'A' && c <= 'Z')) return true;
+  }
+  return false;
+}
+
 static bool isvec(R *r, UOp *u) { return u && pm_has(&r->vec, (uint64_t)(uintptr_t)u); }
+
+static bool is_i32(int dt) { return dt == TG_INT32 || dt == TG_UINT32; }
 
 /* operand of a vector op: vectors as they are, scalars broadcast */
 static void vopnd(R *r, UOp *u, bool mask, SB *e) {
   const char *n = nm(r, u);
   if (isvec(r, u)) sb_puts(e, n);
   else if (mask) sb_printf(e, "((tg_vm){0} + ((%s) ? -1 : 0))", n);
+  else if (is_i32(u->dtype)) sb_printf(e, "((tg_v%d){0} + (%s)(%s))", (int)u->dtype, ctype((tg_dtype)u->dtype), n);
   /* x - 0 is x for every float (0 + x turns -0 into +0, so the compiler must emit that add): the
    * broadcast folds into the consumer, e.g. an FMA with an embedded {1to16} memory broadcast */
   else sb_printf(e, "((float)(%s) - (tg_vf){0})", n);
@@ -278,7 +292,13 @@ static void render_vexpr(R *r, UOp *u, SB *e) {
     return;
   }
   case OP_WHERE:
-    if (!isvec(r, a)) {
+    if (is_i32(u->dtype) && isvec(r, a)) {
+      sb_printf(e, "((tg_v%d)(((tg_vm)", (int)u->dtype);
+      vopnd(r, b, false, e);
+      sb_printf(e, " & %s) | ((tg_vm)", nm(r, a));
+      vopnd(r, c, false, e);
+      sb_printf(e, " & ~%s)))", nm(r, a));
+    } else if (!isvec(r, a)) {
       sb_printf(e, "((%s) ? ", nm(r, a));
       vopnd(r, b, u->dtype == TG_BOOL, e);
       sb_puts(e, " : ");
@@ -316,6 +336,16 @@ static void render_vexpr(R *r, UOp *u, SB *e) {
     sb_printf(e, "tg_v_%s(%s)", f, nm(r, a));
     return;
   }
+  case OP_BITCAST: /* 32-bit lanes reinterpreted: float32 <-> int32/uint32 */
+    if (u->dtype == TG_FLOAT32) sb_printf(e, "((tg_vf)%s)", nm(r, a));
+    else sb_printf(e, "((tg_v%d)%s)", (int)u->dtype, nm(r, a));
+    return;
+  case OP_SHL: case OP_SHR: /* the amount taken mod 32 as the scalar code does; left shifts unsigned */
+    if (u->op == OP_SHL) sb_printf(e, "((tg_v%d)((tg_v%d)%s << ((tg_v%d)", (int)u->dtype, (int)TG_UINT32, nm(r, a), (int)TG_UINT32);
+    else sb_printf(e, "((tg_v%d)(%s >> ((tg_v%d)", (int)u->dtype, nm(r, a), (int)u->dtype);
+    vopnd(r, b, false, e);
+    sb_puts(e, " & 31)))");
+    return;
   case OP_CAST:
     if (u->dtype == TG_FLOAT32 && a->dtype != TG_BOOL) sb_printf(e, "__builtin_convertvector(%s, tg_vf)", nm(r, a));
     else if (u->dtype == TG_FLOAT32) sb_printf(e, "tg_vsel(%s, (tg_vf){0} + 1.0f, (tg_vf){0})", nm(r, a));
@@ -724,8 +754,8 @@ char *render_c(const LKernel *k, const char *name) {
     sb_puts(&out, "#endif\n");
     for (int dt = TG_INT8; dt <= TG_UINT32; dt++) {
       char key[32];
-      snprintf(key, sizeof key, "tg_v%du", dt);
-      if (dt == TG_INT64 || !body.s || !strstr(body.s, key)) continue;
+      snprintf(key, sizeof key, "tg_v%d", dt);
+      if (dt == TG_INT64 || !uses_name(body.s, key)) continue;
       int bytes = W * (int)tg_dtype_itemsize((tg_dtype)dt);
       sb_printf(&out, "#ifndef TG_V%d_%d_H\n#define TG_V%d_%d_H\n", dt, W, dt, W);
       sb_printf(&out, "typedef %s tg_v%d __attribute__((vector_size(%d)));\n", ctype((tg_dtype)dt), dt, bytes);
