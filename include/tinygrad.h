@@ -138,7 +138,9 @@ tg_tensor tg_ones_like(tg_tensor t, const tg_opts *opts);
 tg_tensor tg_full_like(tg_tensor t, double value, const tg_opts *opts);
 /* n x n identity (m columns if m > 0). */
 tg_tensor tg_eye(int64_t n, int64_t m, const tg_opts *opts);
-/* [start, stop) with step. dtype default: int32 if all three are integers, else DEFAULT_FLOAT. */
+/* [start, stop) with step. dtype default: int32 if all three are integers, else DEFAULT_FLOAT. An
+ * integer arange whose values fit its dtype is lazy and computed inside the kernels that read it
+ * (no memory); a float one is made on the host, as exact as PyTorch's. */
 tg_tensor tg_arange(double start, double stop, double step, const tg_opts *opts);
 /* steps values evenly spaced over [start, stop]. */
 tg_tensor tg_linspace(double start, double stop, int64_t steps, const tg_opts *opts);

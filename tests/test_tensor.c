@@ -585,6 +585,24 @@ TEST(eye_arange_linspace_scalar) {
   CHECK_VALUES(a64, 0, 0, 1, 2);
   tg_tensor a0 = tg_arange(3, 3, 1, NULL);
   CHECK(tg_numel(a0) == 0);
+  /* an integer arange is computed where it is read: summing a million of them (a split reduction:
+   * partials, then their sum) moves about a kilobyte, not the 8 MB a stored arange would be; on
+   * another device too, and at the edges of a small dtype */
+  tg_tensor big = tg_arange(-3, 2999997, 3, TG_OPTS(.dtype = TG_INT64));
+  tg_global_counters_reset();
+  tg_tensor bs = tg_sum(big, TG_ALL_AXES, false);
+  CHECK(tg_realize(bs) == TG_OK);
+  CHECK(tg_global_counters().kernel_count <= 2);
+  CHECK_MSG(tg_global_counters().global_mem <= 4096, "%llu bytes moved", (unsigned long long)tg_global_counters().global_mem);
+  int64_t sv = 0;
+  CHECK(tg_item_i64(bs, &sv) == TG_OK && sv == 3 * (999999LL * 1000000 / 2) - 3 * 1000000);
+  tg_tensor a1 = tg_arange(0, 4, 1, TG_OPTS(.device = "CPU:1"));
+  CHECK_VALUES(a1, 0, 0, 1, 2, 3);
+  CHECK_VALUES(tg_to(a1, "CPU"), 0, 0, 1, 2, 3);
+  tg_tensor u8 = tg_arange(250, 256, 2, TG_OPTS(.dtype = TG_UINT8));
+  CHECK_VALUES(u8, 0, 250, 252, 254);
+  tg_tensor i8 = tg_arange(-128, 128, 85, TG_OPTS(.dtype = TG_INT8));
+  CHECK_VALUES(i8, 0, -128, -43, 42, 127);
   CHECK(tg_arange(0, 1, 0, NULL).id == 0);
   CHECK_ERR(TG_ERR_INVALID, "tg_arange", "step");
 

@@ -149,6 +149,17 @@ static UOp *vr(VR *v, UOp *u) {
     a.i = v->W;
     r = uop_new(OP_LOAD, (tg_dtype)u->dtype, s, (int)u->nsrc, stride ? &stride : NULL, stride ? 1 : 0, a);
     uop_unref(base);
+  } else if (u->op == OP_CAST && vec_i32(u->dtype) && u->src[0]->dtype == DT_INDEX) {
+    /* an index value (an iota: random counters, an arange) base + lane becomes the vector
+     * base + {0, 1, ..., W-1}: a CAST marked with W in iarg */
+    UOp *base = contiguous_base(v, u->src[0]);
+    if (!base) {
+      v->fail = true;
+      return NULL;
+    }
+    int64_t w = v->W;
+    r = uop_new(OP_CAST, (tg_dtype)u->dtype, &base, 1, &w, 1, u->arg);
+    uop_unref(base);
   } else if (u->dtype != DT_INDEX && (vec_op_ok(u) || vec_int_op_ok(u))) {
     UOp *s[3] = {NULL, NULL, NULL};
     for (uint32_t i = 0; i < u->nsrc; i++) {

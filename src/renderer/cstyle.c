@@ -347,6 +347,12 @@ static void render_vexpr(R *r, UOp *u, SB *e) {
     sb_puts(e, " & 31)))");
     return;
   case OP_CAST:
+    if (u->niarg == 1) { /* lanes of an index: base + {0, 1, ..., W-1} (opt.c) */
+      sb_printf(e, "((tg_v%d){", (int)u->dtype);
+      for (int l = 0; l < (int)u->iarg[0]; l++) sb_printf(e, "%s%d", l ? ", " : "", l);
+      sb_printf(e, "} + (%s)%s)", ctype((tg_dtype)u->dtype), nm(r, a));
+      return;
+    }
     if (u->dtype == TG_FLOAT32 && a->dtype != TG_BOOL) sb_printf(e, "__builtin_convertvector(%s, tg_vf)", nm(r, a));
     else if (u->dtype == TG_FLOAT32) sb_printf(e, "tg_vsel(%s, (tg_vf){0} + 1.0f, (tg_vf){0})", nm(r, a));
     else sb_printf(e, "(%s != (tg_vf){0})", nm(r, a));
@@ -603,7 +609,7 @@ char *render_c(const LKernel *k, const char *name) {
   /* vector-ness: W-wide loads and everything computed from them; placeholders follow their body */
   for (size_t i = 0; i < l.order.n; i++) {
     UOp *u = l.order.p[i];
-    bool v = u->op == OP_LOAD && r.vw && u->arg.i == r.vw;
+    bool v = (u->op == OP_LOAD && r.vw && u->arg.i == r.vw) || (u->op == OP_CAST && u->niarg == 1 && r.vw);
     for (uint32_t j = 0; j < u->nsrc && !v; j++)
       if (u->op != OP_LOAD && u->op != OP_STORE) v = isvec(&r, u->src[j]);
     if (u->op == OP_NOOP && u->arg.i < 0) {

@@ -71,14 +71,16 @@ static NI *info(SCtx *c, UOp *n) {
   return i ? &c->ni[i - 1] : NULL;
 }
 
-static bool is_leaf_node(UOp *n) { return n->realized || n->op == OP_BUFFER || n->op == OP_CONST; }
+/* computed where it is read, no buffer behind it */
+static bool is_computed_leaf(UOp *n) { return (n->op == OP_CONST || n->op == OP_IOTA) && !n->realized; }
+static bool is_leaf_node(UOp *n) { return n->realized || n->op == OP_BUFFER || n->op == OP_CONST || n->op == OP_IOTA; }
 
 static void visit(SCtx *c, UOp *n, bool target) {
   if (pm_has(&c->idx, (uint64_t)(uintptr_t)n)) {
     if (target) info(c, n)->target = true;
     return;
   }
-  bool leaf = is_leaf_node(n) && !(target && n->op == OP_CONST && !n->realized);
+  bool leaf = is_leaf_node(n) && !(target && is_computed_leaf(n));
   if (!leaf)
     for (uint32_t i = 0; i < n->nsrc; i++) visit(c, n->src[i], false);
   if (c->nn == c->capn) {
@@ -426,6 +428,15 @@ static UOp *kbuild_inner(KB *kb, UOp *n, UOp **idx, UOp *valid) {
     }
     return uop_ref(kb->reduce_uop);
   }
+  if (n->op == OP_IOTA && !n->realized) {
+    UOp *k = uop_alu(OP_CAST, dt, idx[0], NULL, NULL);
+    if (!valid) return k;
+    UOp *z = k_zero(dt);
+    UOp *r = uop_alu(OP_WHERE, dt, valid, k, z);
+    uop_unref(k);
+    uop_unref(z);
+    return r;
+  }
   if (n->op == OP_CONST && !n->realized) {
     {
       UOp *k = tg_dtype_is_float(dt) ? uop_const_f(dt, n->arg.f) : uop_const_i(dt, n->arg.i);
@@ -469,7 +480,7 @@ static UOp *kbuild_inner(KB *kb, UOp *n, UOp **idx, UOp *valid) {
     case OP_RESHAPE: {
       UOp *F = flat_index(idx, n->shape, nd);
       NI *xs = info(c, src);
-      bool stored = xs->leaf ? !(src->op == OP_CONST && !src->realized) : xs->mat && src != kb->root && !xs->lay;
+      bool stored = xs->leaf ? !is_computed_leaf(src) : xs->mat && src != kb->root && !xs->lay;
       if (stored && src != kb->reduce_node) {
         /* a reshape of stored row-major data reads it at the same flat position: no
          * div/mod to the source's dims and back (which the simplifier cannot undo when the

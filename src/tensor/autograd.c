@@ -328,7 +328,7 @@ static void compute_grads(UOp *loss, UOp *seed, UOp **targets, int n, UOp **out)
       ns = cu->n;
       srcs = cu->inputs;
     } else {
-      if (u->nsrc > 3 || u->op == OP_BUFFER || u->op == OP_CONST) continue;
+      if (u->nsrc > 3 || u->op == OP_BUFFER || u->op == OP_CONST || u->op == OP_IOTA) continue;
       grad_rule(u, g, contrib);
       ns = (int)u->nsrc;
       srcs = u->src;

@@ -184,8 +184,8 @@ static void *host_alloc(const char *fn, int64_t n, size_t sz, bool zero) {
   return p;
 }
 
-/* Host-computed small index tensors: arange, linspace and eye are uploaded once (they are tiny next
- * to the data that uses them) */
+/* Host-computed small index tensors: float aranges, linspace and eye are uploaded once (they are
+ * tiny next to the data that uses them); an integer arange is an IOTA computed in the kernel */
 static tg_tensor from_doubles(const char *fn, const double *v, const int64_t *shape, int ndim, tg_dtype dt, const tg_opts *opts) {
   if (!opts_device(fn, opts)) return NONE;
   int64_t n = shape_numel(shape, ndim);
@@ -211,6 +211,21 @@ tg_tensor tg_arange(double start, double stop, double step, const tg_opts *opts)
   tg_dtype dt;
   if (!opts_dtype("tg_arange", opts, ints ? TG_INT32 : tg_default_float(), &dt)) return NONE;
   int64_t n = (int64_t)cnt;
+  double last = start + (double)(n > 0 ? n - 1 : 0) * step;
+  if (tg_dtype_is_int(dt) && ints && n > 0 && fmin(start, last) >= dtype_min(dt) && fmax(start, last) <= dtype_max(dt) &&
+      (double)n <= dtype_max(dt) + 1) {
+    /* exact in the dtype (every value fits it): start + i * step computed where it is read -- no
+     * buffer and no host loop */
+    Device *d = opts_device("tg_arange", opts);
+    if (!d) return NONE;
+    int dev = d->id;
+    UOp *io = g_iota(n, dt, dev);
+    UOp *st = g_const_shaped(step, dt, dev, &n, 1), *s0 = g_const_shaped(start, dt, dev, &n, 1);
+    UOp *m = step == 1 ? uop_ref(io) : g_alu(OP_MUL, dt, io, st, NULL);
+    UOp *r = start == 0 ? uop_ref(m) : g_alu(OP_ADD, dt, m, s0, NULL);
+    uop_unref(io), uop_unref(st), uop_unref(s0), uop_unref(m);
+    return t_wrap(r);
+  }
   double *v = host_alloc("tg_arange", n, sizeof(double), false);
   if (!v) return NONE;
   for (int64_t i = 0; i < n; i++) v[i] = start + (double)i * step;
@@ -332,27 +347,12 @@ static UOp *next_counter(int device, uint64_t *seed) {
 /* Random uint32 bits for `n` elements (1-D), new ref: threefry2x32 with key (seed, call counter)
  * over counters (i, 0). fn names the public function in errors. */
 static UOp *random_bits(const char *fn, int device, int64_t n) {
-  /* element index: a host-made uint32 iota (a lazy iota would need a cumsum kernel) */
-  uint32_t *idx = host_alloc(fn, n, sizeof(uint32_t), false);
-  if (!idx) return NULL;
-  for (int64_t i = 0; i < n; i++) idx[i] = (uint32_t)i;
+  (void)fn;
   uint64_t seed;
   UOp *ctr = next_counter(device, &seed);
-  if (!ctr) {
-    free(idx);
-    return NULL;
-  }
+  if (!ctr) return NULL;
   uint32_t k0 = (uint32_t)(seed ^ (seed >> 32));
-  tg_opts o = {.dtype = TG_UINT32, .device = device_by_id(device)->name};
-  tg_tensor ct = tg_from_data(idx, &n, 1, &o);
-  free(idx);
-  UOp *c = t_get(ct, fn);
-  if (!c) {
-    uop_unref(ctr);
-    return NULL;
-  }
-  c = uop_ref(c);
-  tg_free(ct);
+  UOp *c = g_iota(n, TG_UINT32, device); /* element index, computed in the kernel */
   UOp *ks[3];
   ks[0] = u32c(c, k0);
   ks[1] = g_expand(ctr, c->shape);

@@ -53,6 +53,17 @@ UOp *g_buffer(Buffer *b, tg_dtype dt, const int64_t *shape, int ndim) {
   return u;
 }
 
+/* The element index as a value (an integer dtype): a leaf like a constant, evaluated inside the kernel
+ * that reads it, so an arange or random counters cost no memory and no host loop. n is in iarg so
+ * iotas of different lengths are different nodes. */
+UOp *g_iota(int64_t n, tg_dtype dt, int device) {
+  int64_t ia[2] = {device, n};
+  UArg z = {0};
+  UOp *u = uop_new(OP_IOTA, dt, NULL, 0, ia, 2, z);
+  set_meta(u, &n, 1, device);
+  return u;
+}
+
 Buffer *g_buffer_of(UOp *u) { return u && u->op == OP_BUFFER ? (Buffer *)u->arg.p : NULL; }
 
 UOp *g_const(double v, tg_dtype dt, int device) {
@@ -256,7 +267,7 @@ bool g_is_stored(UOp *u, bool reduce_ok) {
     if (!op_is_movement(u->op)) break;
     u = u->src[0];
   }
-  return u->op == OP_BUFFER || u->op == OP_CONST || u->op == OP_CONTIGUOUS || u->op == OP_INDEX || u->op == OP_COPY ||
+  return u->op == OP_BUFFER || u->op == OP_CONST || u->op == OP_IOTA || u->op == OP_CONTIGUOUS || u->op == OP_INDEX || u->op == OP_COPY ||
          u->op == OP_ASSIGN || (reduce_ok && u->op == OP_REDUCE_AXIS);
 }
 
@@ -306,6 +317,7 @@ UOp *g_index(UOp *data, UOp *idx) {
 }
 
 UOp *g_copy(UOp *a, int device) {
+  if (a->op == OP_IOTA && !a->realized) return g_iota(a->shape[0], (tg_dtype)a->dtype, device);
   if (a->op == OP_CONST && !a->realized) {
     /* a constant needs no copy: it is the same constant on the other device (a backward pass
      * through tg_to starts from one) */

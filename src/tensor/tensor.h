@@ -35,6 +35,7 @@ Slot *t_slot_at(size_t i);
 /* ---- graph builders (new references) ---- */
 UOp *g_buffer(Buffer *b, tg_dtype dt, const int64_t *shape, int ndim); /* takes the Buffer ref */
 UOp *g_const(double v, tg_dtype dt, int device);                          /* 0-d */
+UOp *g_iota(int64_t n, tg_dtype dt, int device);                          /* (n,): 0, 1, ..., n-1 */
 UOp *g_const_shaped(double v, tg_dtype dt, int device, const int64_t *shape, int ndim);
 UOp *g_alu(int op, tg_dtype dt, UOp *a, UOp *b, UOp *c); /* same shapes required */
 UOp *g_cast(UOp *a, tg_dtype dt);                         /* no-op if same dtype */

@@ -25,6 +25,7 @@
   /* tensor graph leaves */                                                                        \
   X(BUFFER, 0)                                                                                     \
   X(CONST, 0)                                                                                      \
+  X(IOTA, 0) /* 0, 1, ..., n-1 (1-d): computed from the loop index where it is read, never stored */ \
   /* unary ALU */                                                                                  \
   X(EXP2, OPF_UNARY)                                                                               \
   X(LOG2, OPF_UNARY)                                                                               \
