@@ -1,0 +1,47 @@
+#!/usr/bin/env python3
+"""Common single ops on realistic sizes: tinygrad.c (build/bench/ops) and PyTorch (2 threads) in one
+run; prints the median ms of each and the ratio tinygrad.c / PyTorch (below 1 is faster).
+Usage: make bench && /usr/bin/python3 bench/ops.py [substring of op names]
+Each op is built and realized (tinygrad.c) or called (PyTorch) 10 times, the first dropped.
+"""
+import os, subprocess, sys, time
+import torch
+import torch.nn.functional as F
+
+torch.set_num_threads(2)
+torch.manual_seed(1)
+here = os.path.dirname(os.path.abspath(__file__))
+flt = sys.argv[1:] and sys.argv[1] or ""
+out = subprocess.run([os.path.join(here, "..", "build", "bench", "ops")] + ([flt] if flt else []), capture_output=True,
+                     text=True, check=True).stdout
+ours = {l.split()[0]: float(l.split()[1]) for l in out.splitlines()}
+
+r = torch.randn
+A, B, M2k, S, L, V, M1k = r(1 << 22), r(1 << 22), r(2048, 2048), r(256, 4096), r(1024, 1024), r(1 << 20), r(1024, 1024)
+P, C, Wc, E = r(64, 32, 56, 56), r(16, 64, 56, 56), r(64, 64, 3, 3), r(50000, 512)
+IDX, Q, K, Vv = torch.randint(0, 50000, (4096,)), r(4, 8, 256, 64), r(4, 8, 256, 64), r(4, 8, 256, 64)
+LG, LB, IMG, S64k, T4 = r(512, 1000), torch.randint(0, 1000, (512,)), r(16, 32, 56, 56), r(65536), r(64, 64, 56, 56)
+sdpa = getattr(F, "scaled_dot_product_attention", None) or (lambda q, k, v: (q @ k.transpose(-1, -2) / 8).softmax(-1) @ v)
+TORCH = {
+    "add_4M": lambda: A + B, "gelu_4M": lambda: F.gelu(A, approximate="tanh"), "sigmoid_4M": lambda: A.sigmoid(),
+    "exp_4M": lambda: A.exp(), "log_4M": lambda: A.abs().log(), "where_4M": lambda: torch.where(A > B, A, B),
+    "sum_4M": lambda: A.sum(), "sum_rows_2048x2048": lambda: M2k.sum(1), "sum_cols_2048x2048": lambda: M2k.sum(0),
+    "softmax_256x4096": lambda: S.softmax(-1), "log_softmax_256x4096": lambda: S.log_softmax(-1),
+    "layernorm_1024x1024": lambda: F.layer_norm(L, (1024,)), "var_rows_2048x2048": lambda: M2k.var(1),
+    "matmul_1024": lambda: M1k @ M1k, "argmax_rows_1024x1024": lambda: M1k.argmax(1), "cumsum_1M": lambda: V.cumsum(0),
+    "maxpool2_64x32x56x56": lambda: F.max_pool2d(P, 2), "conv3x3_16x64x56x56": lambda: F.conv2d(C, Wc, padding=1),
+    "transpose_2048x2048": lambda: M2k.t().contiguous(), "nchw_to_nhwc_64x64x56x56": lambda: T4.permute(0, 2, 3, 1).contiguous(),
+    "embedding_4096_of_50000x512": lambda: E[IDX], "gather_rows_1024x1024": lambda: M1k.gather(1, M1k.argmax(1, keepdim=True)),
+    "sort_64k": lambda: S64k.sort(), "topk10_1024x1024": lambda: M1k.topk(10, 1), "sdpa_4x8x256x64": lambda: sdpa(Q, K, Vv),
+    "xent_512x1000": lambda: F.cross_entropy(LG, LB),
+    "interpolate_16x32x56->112": lambda: F.interpolate(IMG, size=(112, 112), mode="bilinear"),
+    "rand_4M": lambda: torch.rand(1 << 22), "randn_4M": lambda: torch.randn(1 << 22),
+}
+print(f"{'op':<30} {'tinygrad.c':>11} {'PyTorch':>9} {'ratio':>7}")
+for name, ms in ours.items():
+  ts = []
+  for i in range(10):
+    t = time.perf_counter(); TORCH[name](); ts.append(time.perf_counter() - t)
+  tm = sorted(ts[1:])[4] * 1e3
+  print(f"{name:<30} {ms:>9.3f}ms {tm:>7.3f}ms {ms / tm:>7.2f}")
+print("(ms: median of 9 runs; ratio tinygrad.c / PyTorch, both in this run on this machine)")
