@@ -619,7 +619,9 @@ tg_status tg_sort(tg_tensor x, int dim, bool descending, tg_tensor *values, tg_t
 tg_tensor tg_argsort(tg_tensor x, int dim, bool descending);
 /* The k largest (largest) or smallest elements along dim and their int32 indices (0 <= k <=
  * size): the first k of tg_sort, so always sorted (`sorted` false allows any order, and gives this
- * one), and among equal elements the earliest positions win (torch's topk may pick other ones). */
+ * one), and among equal elements the earliest positions win (torch's topk may pick other ones).
+ * k <= 64 (and below the size) is found by k rounds of selection, O(k * size) per row, with NaN
+ * counting as the largest value as in torch (taken last when largest is false); larger k sorts. */
 tg_status tg_topk(tg_tensor x, int64_t k, int dim, bool largest, bool sorted, tg_tensor *values, tg_tensor *indices);
 
 /* num_samples int32 category indices per row of non-negative weights probs (K,) or (B, K) -> (n,) or

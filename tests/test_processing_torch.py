@@ -702,6 +702,48 @@ def _topk_ties():
 
 case("topk with ties: torch's values, the earliest indices; sorted=False; 0-d", _topk_ties)
 
+
+def _topk_selection():
+  # k <= 64 selects k times instead of sorting: the same answers as the sort (k = 65 and up), torch's
+  # values and earliest indices, on long rows, integer / bool / float64 rows, -inf and nan
+  a = distinct(6, 1000)
+  for k in (1, 10, 64, 65):
+    for largest in (True, False):
+      v, i = topk(Tensor(a), k, 1, largest)
+      rv, ri = torch.topk(torch.tensor(a), k, 1, largest)
+      close(v.numpy(), rv, what=f"k={k} largest={largest}"), close(i.numpy(), ri, what=f"k={k} indices")
+  x = set_rg(Tensor(a))
+  v, i = topk(x, 5, 0)  # along dim 0, with a gradient to exactly the chosen positions
+  t = torch.tensor(a, requires_grad=True)
+  rv, ri = torch.topk(t, 5, 0)
+  backward(v.sum()), rv.sum().backward()
+  close(v.numpy(), rv), close(i.numpy(), ri), close(grad(x).numpy(), t.grad, what="grad")
+  r = RNG.integers(-20, 20, size=(4, 300)).astype(np.int64)  # many ties
+  for largest in (True, False):
+    v, i = topk(Tensor(r), 12, 1, largest)
+    order = np.argsort(-r if largest else r, 1, kind="stable")[:, :12]
+    close(i.numpy(), order, what=f"int64 ties largest={largest}"), close(v.numpy(), np.take_along_axis(r, order, 1))
+  b = RNG.integers(0, 2, size=(3, 40)).astype(np.bool_)
+  v, i = topk(Tensor(b), 7, 1)
+  order = np.argsort(~b, 1, kind="stable")[:, :7]
+  close(i.numpy(), order, what="bool"), close(v.numpy(), np.take_along_axis(b, order, 1))
+  d = distinct(2, 90).astype(np.float64)
+  v, i = topk(Tensor(d), 9, 1, False)
+  rv, ri = torch.topk(torch.tensor(d), 9, 1, False)
+  close(v.numpy(), rv), close(i.numpy(), ri)
+  inf = np.array([[-np.inf, 1.0, -np.inf, -np.inf, 2.0]], np.float32)  # the rest all -inf: in position order
+  v, i = topk(Tensor(inf), 5 - 1, 1)
+  close(i.numpy(), np.array([[4, 1, 0, 2]])), close(v.numpy(), np.array([[2.0, 1.0, -np.inf, -np.inf]]))
+  nan = np.array([[1.0, np.nan, 3.0, np.inf, np.nan, 0.0]], np.float32)
+  v, i = topk(Tensor(nan), 3, 1)
+  close(i.numpy(), np.array([[1, 4, 3]]), what="nan counts as the largest (as torch)")
+  v, i = topk(Tensor(nan), 3, 1, False)
+  close(i.numpy(), np.array([[5, 0, 2]]), what="smallest: nan taken last")
+
+
+case("topk by selection (k <= 64): long rows, k=64/65 agree with the sort, ints with ties, bool, float64, -inf, nan",
+     _topk_selection)
+
 # =====================================================================================================
 # multinomial
 

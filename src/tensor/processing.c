@@ -1030,6 +1030,51 @@ tg_tensor tg_argsort(tg_tensor x, int dim, bool descending) {
   return done(o, i);
 }
 
+/* The top k along ax by k rounds of selection, each taking the largest value not yet taken and
+ * its earliest position: O(k n) per row, where the bitonic sort makes log2(n)^2 / 2 passes and
+ * recovers its indices in O(n^2) per row (topk 10 of 1024x1024: 92 -> ~6 ms). The same order as
+ * the sort's first k (descending, ties to the earliest position), NaN counting as the largest
+ * (taken last when largest is false). Values are gathered at the indices, so the gradient goes to
+ * exactly the chosen positions. Each round's taken-mask is stored: round j reads it instead of
+ * recomputing rounds 0..j-1. */
+static void topk_select(UOp *a, tg_tensor x, int ax, int64_t k, bool largest, tg_tensor *v, tg_tensor *i) {
+  int64_t n = a->shape[ax];
+  tg_dtype dt = (tg_dtype)a->dtype;
+  bool fl = tg_dtype_is_float(dt);
+  tg_tensor xt = tg_transpose(x, ax, -1);
+  tg_tensor w = dt == TG_BOOL ? tg_cast(xt, TG_UINT8) : xt;
+  if (!largest) {
+    w = inverse(w);
+    if (fl) w = tg_where(tg_isnan(w), tg_full_like(w, -INFINITY, NULL), w);
+  }
+  tg_tensor low = tg_full_like(w, dtype_min(tg_dtype_of(w)), NULL);
+  /* float32 rows keep every operand float32 (positions and the taken-mask as floats, exact below
+   * 2^24), so each round's two reductions vectorize */
+  tg_dtype pt = dt == TG_FLOAT32 && n < ((int64_t)1 << 24) ? TG_FLOAT32 : TG_INT32;
+  tg_opts po = on_device(a, pt);
+  tg_tensor pos = tg_arange(0, (double)n, 1, &po), none = tg_full_like(pos, (double)n, NULL);
+  tg_opts to = on_device(a, pt == TG_FLOAT32 ? TG_FLOAT32 : TG_BOOL);
+  tg_tensor taken = tg_full_like(w, 0, &to);
+  const int last[1] = {-1};
+  tg_tensor *ps = tg_xmalloc(sizeof(tg_tensor) * (size_t)k);
+  for (int64_t j = 0; j < k; j++) {
+    tg_tensor tk = pt == TG_FLOAT32 ? tg_gt_s(taken, 0.5) : taken;
+    tg_tensor mw = j ? tg_where(tk, low, w) : w;
+    tg_tensor m = tg_max(mw, last, 1, true);
+    tg_tensor eq = tg_eq(mw, m);
+    if (fl) eq = tg_bitwise_or(eq, tg_bitwise_and(tg_isnan(mw), tg_isnan(m)));
+    tg_tensor hit = j ? tg_bitwise_and(eq, tg_logical_not(tk)) : eq;
+    ps[j] = tg_contiguous(tg_min(tg_where(hit, pos, none), last, 1, true));
+    if (j + 1 < k)
+      taken = tg_contiguous(pt == TG_FLOAT32 ? tg_where(tg_eq(pos, ps[j]), tg_ones_like(taken, NULL), taken)
+                                             : tg_bitwise_or(taken, tg_eq(pos, ps[j])));
+  }
+  tg_tensor idx = tg_cast(tg_cat(ps, (int)k, -1), TG_INT32);
+  free(ps);
+  *v = tg_transpose(tg_gather(xt, -1, idx), ax, -1);
+  *i = tg_transpose(idx, ax, -1);
+}
+
 tg_status tg_topk(tg_tensor x, int64_t k, int dim, bool largest, bool sorted, tg_tensor *values,
                   tg_tensor *indices) {
   const char *fn = "tg_topk";
@@ -1047,6 +1092,10 @@ tg_status tg_topk(tg_tensor x, int64_t k, int dim, bool largest, bool sorted, tg
   }
   POp o = begin(fn);
   tg_tensor r[2];
+  if (a->ndim > 0 && k >= 1 && k <= 64 && k < n && shape_numel(a->shape, a->ndim) > 0) {
+    topk_select(a, x, ax, k, largest, &r[0], &r[1]);
+    return done_n(o, outs, r, 2);
+  }
   sort_any(a, x, ax, largest, indices != NULL, &r[0], &r[1]);
   if (a->ndim > 0) {
     int64_t b[2 * MAXD];
