@@ -996,6 +996,23 @@ def _cumsum_kernels():
 case("kernel counts: cumsum = 1 kernel (<= 3 above 512)", _cumsum_kernels)
 
 
+def _cumsum_long():
+  # above 64 * 512 elements the chunk totals are split again (three levels for 70000): exact for
+  # integers, float64 to rounding, and the gradient (a reversed cumsum) too
+  a = RNG.integers(-100, 100, size=(2, 70000)).astype(np.int32)
+  close(cumsum(Tensor(a), 1).numpy(), np.cumsum(a, 1), what="int32")
+  d = rnd(70000).astype(np.float64)
+  x = set_rg(Tensor(d))
+  r = cumsum(x, 0)
+  w = rnd(70000).astype(np.float64)
+  backward((r * Tensor(w)).sum())
+  close(r.numpy(), np.cumsum(d), atol=1e-9, rtol=1e-9, what="float64")
+  close(grad(x).numpy(), np.cumsum(w[::-1])[::-1], atol=1e-9, rtol=1e-9, what="grad")
+
+
+case("cumsum of 70000 (chunk totals split again): int32 exact, float64, gradient", _cumsum_long)
+
+
 # =====================================================================================================
 # errors: every message names the function
 ERRS = [

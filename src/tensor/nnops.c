@@ -663,6 +663,34 @@ static tg_tensor cumalu_last(tg_tensor x, const int64_t *xs, int n) {
   return tg_sum(w, (const int[]){-1}, 1, false);
 }
 
+/* cumsum along the last axis (shape ts, n dims). Up to 512 elements: one pad + pool + sum kernel
+ * (s^2 / 2 additions per row). Longer: cumsums inside chunks of 64, plus the running total of the
+ * earlier chunks -- itself a cumsum of the chunk totals, split again when there are more than 512
+ * of them. So a row costs about 32 additions per element plus a few kernels (1M elements: 16 ->
+ * ~3 ms), where one level of 256-chunks cost 128 per element plus (s/256)^2 / 2 for the totals. */
+static tg_tensor cumsum_last(tg_tensor t, const int64_t *ts, int n) {
+  int64_t s = ts[n - 1];
+  if (s <= 512) return cumalu_last(t, ts, n);
+  const int64_t SPLIT = 64;
+  int64_t padded = cdiv(s, SPLIT) * SPLIT, nch = padded / SPLIT, pads[2 * MAXD] = {0}, cs[MAXD], bs[MAXD];
+  pads[2 * (n - 1)] = padded - s;
+  memcpy(cs, ts, sizeof(int64_t) * (size_t)n);
+  cs[n - 1] = nch, cs[n] = SPLIT;
+  tg_tensor chunks = cumalu_last(tg_reshape(tg_pad(t, pads, 2 * n, 0.0), cs, n + 1), cs, n + 1);
+  int64_t b[2 * MAXD];
+  for (int j = 0; j <= n; j++) b[2 * j] = 0, b[2 * j + 1] = cs[j];
+  b[2 * n] = SPLIT - 1;
+  memcpy(bs, cs, sizeof(int64_t) * (size_t)n);
+  tg_tensor last = tg_reshape(tg_shrink(chunks, b, 2 * (n + 1)), bs, n);
+  int64_t bp[2 * MAXD] = {0};
+  bp[2 * (n - 1)] = 1, bp[2 * (n - 1) + 1] = -1;
+  tg_tensor base = tg_pad(cumsum_last(last, bs, n), bp, 2 * n, 0.0);
+  tg_tensor full = tg_flatten(tg_add(chunks, tg_unsqueeze(base, -1)), -2, -1);
+  for (int j = 0; j < n; j++) b[2 * j] = 0, b[2 * j + 1] = ts[j];
+  b[2 * (n - 1)] = padded - s, b[2 * (n - 1) + 1] = padded;
+  return tg_shrink(full, b, 2 * n);
+}
+
 tg_tensor tg_cumsum(tg_tensor x, int axis) {
   const char *fn = "tg_cumsum";
   UOp *a = t_get(x, fn);
@@ -680,32 +708,7 @@ tg_tensor tg_cumsum(tg_tensor x, int axis) {
   memcpy(ts, a->shape, sizeof(int64_t) * (size_t)n);
   ts[ax] = a->shape[n - 1], ts[n - 1] = a->shape[ax];
   tg_tensor t = tg_transpose(x, ax, -1);
-  int64_t s = ts[n - 1];
-  const int64_t SPLIT = 256;
-  tg_tensor r;
-  if (s <= SPLIT * 2) {
-    r = cumalu_last(t, ts, n);
-  } else {
-    /* two stages: cumsum inside chunks of SPLIT, then add the running total of earlier chunks */
-    int64_t padded = cdiv(s, SPLIT) * SPLIT, nch = padded / SPLIT, pads[2 * MAXD] = {0}, cs[MAXD], bs[MAXD];
-    pads[2 * (n - 1)] = padded - s;
-    memcpy(cs, ts, sizeof(int64_t) * (size_t)n);
-    cs[n - 1] = nch, cs[n] = SPLIT;
-    tg_tensor chunks = cumalu_last(tg_reshape(tg_pad(t, pads, 2 * n, 0.0), cs, n + 1), cs, n + 1);
-    int64_t b[2 * MAXD];
-    for (int j = 0; j <= n; j++) b[2 * j] = 0, b[2 * j + 1] = cs[j];
-    b[2 * n] = SPLIT - 1;
-    memcpy(bs, cs, sizeof(int64_t) * (size_t)n);
-    tg_tensor last = tg_reshape(tg_shrink(chunks, b, 2 * (n + 1)), bs, n);
-    int64_t bp[2 * MAXD] = {0};
-    bp[2 * (n - 1)] = 1, bp[2 * (n - 1) + 1] = -1;
-    tg_tensor base = tg_pad(cumalu_last(last, bs, n), bp, 2 * n, 0.0);
-    tg_tensor full = tg_flatten(tg_add(chunks, tg_unsqueeze(base, -1)), -2, -1);
-    for (int j = 0; j < n; j++) b[2 * j] = 0, b[2 * j + 1] = ts[j];
-    b[2 * (n - 1)] = padded - s, b[2 * (n - 1) + 1] = padded;
-    r = tg_shrink(full, b, 2 * n);
-  }
-  return done(o, tg_transpose(r, ax, -1));
+  return done(o, tg_transpose(cumsum_last(t, ts, n), ax, -1));
 }
 
 /* tinygrad's _tri: arange(r)[:, None] + diagonal <= arange(c) */
