@@ -428,25 +428,17 @@ static UOp *kbuild_inner(KB *kb, UOp *n, UOp **idx, UOp *valid) {
     }
     return uop_ref(kb->reduce_uop);
   }
-  if (n->op == OP_IOTA && !n->realized) {
-    UOp *k = uop_alu(OP_CAST, dt, idx[0], NULL, NULL);
+  if (is_computed_leaf(n)) {
+    /* a constant, or an iota's element index as a value; zero outside `valid` */
+    UOp *k = n->op == OP_IOTA ? uop_alu(OP_CAST, dt, idx[0], NULL, NULL)
+             : tg_dtype_is_float(dt) ? uop_const_f(dt, n->arg.f)
+                                     : uop_const_i(dt, n->arg.i);
     if (!valid) return k;
     UOp *z = k_zero(dt);
     UOp *r = uop_alu(OP_WHERE, dt, valid, k, z);
     uop_unref(k);
     uop_unref(z);
     return r;
-  }
-  if (n->op == OP_CONST && !n->realized) {
-    {
-      UOp *k = tg_dtype_is_float(dt) ? uop_const_f(dt, n->arg.f) : uop_const_i(dt, n->arg.i);
-      if (!valid) return k;
-      UOp *z = k_zero(dt);
-      UOp *r = uop_alu(OP_WHERE, dt, valid, k, z);
-      uop_unref(k);
-      uop_unref(z);
-      return r;
-    }
   }
   if (x->leaf || (x->mat && n != kb->root)) {
     UOp *fi = lay_flat(idx, n->shape, n->ndim, x->leaf ? NULL : x->lay);
