@@ -358,6 +358,9 @@ def _gather_out_of_range_and_cost():
   close(r.numpy(), np.take_along_axis(big, bidx.astype(np.int64), 1), what="64x1000")
   ops = tg.counters().global_ops
   assert ops < 20 * bidx.size, f"{ops} ops for {bidx.size} elements: a one-hot reduction?"
+  # a lazy source read about once per element is stored first; value and gradient unchanged
+  la, li = rnd(4, 6, 5), RNG.integers(0, 6, size=(4, 9, 5)).astype(np.int64)
+  check_fwd_bwd(lambda t, i: gather((t * t + 1).exp2(), 1, i), lambda t, i: torch.gather(torch.exp2(t * t + 1), 1, i), [la, li])
 
 
 case("gather: out-of-range indices read 0 and get no gradient; one load per element", _gather_out_of_range_and_cost)

@@ -353,7 +353,12 @@ static tg_tensor gather_impl(tg_tensor x, UOp *a, int d, tg_tensor index, UOp *i
   if (total == 0 || shape_numel(ix->shape, ix->ndim) == 0) return gather_onehot(x, a, d, index, ix);
   int64_t b[2 * MAXD];
   for (int j = 0; j < nd; j++) b[2 * j] = 0, b[2 * j + 1] = sh[j];
-  tg_tensor flat = tg_reshape(tg_shrink(x, b, 2 * nd), (const int64_t[]){total}, 1);
+  tg_tensor xs = tg_shrink(x, b, 2 * nd);
+  /* x computed lazily and read at least once per element on average (an upsampling's second dim):
+   * store it first (in its own shape, so that kernel loops over x's dims), and the gather reads it
+   * at the flat position instead of recomputing it there behind a div/mod chain back to x's dims */
+  if (!g_is_stored(a, false) && 2 * shape_numel(ix->shape, ix->ndim) >= total) xs = tg_contiguous(xs);
+  tg_tensor flat = tg_reshape(xs, (const int64_t[]){total}, 1);
   tg_opts o = on_device(a, TG_INT64);
   tg_tensor v = tg_cast(index, TG_INT64);
   tg_tensor ok = tg_bitwise_and(tg_logical_not(tg_lt_s(v, 0)), tg_lt_s(v, (double)a->shape[d]));
