@@ -278,6 +278,19 @@ static int gather_contiguous_axis(LKernel *k, int vg) {
   return found;
 }
 
+/* Does the validity condition of any load in `body` (a padded read) depend on loop variable r? */
+static bool masks_depend(UOp *body, UOp *r) {
+  PtrMap seen, memo;
+  pm_init(&seen), pm_init(&memo);
+  PtrVec loads = {0};
+  find_vloads(body, -1, &seen, &loads);
+  bool d = false;
+  for (size_t i = 0; i < loads.n && !d; i++)
+    d = ((UOp *)loads.p[i])->nsrc > 2 && uop_depends_on_memo(((UOp *)loads.p[i])->src[2], r, &memo);
+  pm_free(&seen), pm_free(&memo), pv_free(&loads);
+  return d;
+}
+
 /* Does every load in `body` depend on loop variable r? */
 static bool all_loads_depend(UOp *body, UOp *r) {
   PtrMap seen, memo;
@@ -510,14 +523,20 @@ static void heuristic(LKernel *k, int *next_axis) {
      * of A in a matmul, output channels in a convolution), and the vector axis by 2 */
     int best = -1;
     bool best_free = false;
+    bool best_masked = false;
     for (int g = 0; g < k->ng; g++) {
       if (g == vg) continue;
       int64_t n = k->granges[g]->iarg[0];
       bool free_axis = lanes && !vector_loads_depend(k->rbody, lanes, k->granges[g]);
       /* a short free axis (a 5-wide kernel window) is upcast whole */
       if (n % 4 != 0 && !(free_axis && !k->rvw && n >= 3 && n <= 8)) continue;
-      if (best < 0 || (free_axis && !best_free) || (free_axis == best_free && n > k->granges[best]->iarg[0]))
-        best = g, best_free = free_axis;
+      /* among equally free axes, one that no load's padding condition involves: an upcast axis
+       * keeps its masks (BOUNDS cannot narrow a reduce loop by a condition on an unrolled axis),
+       * so upcasting the batch of a padded convolution beats upcasting its output rows */
+      bool masked = masks_depend(k->rbody, k->granges[g]);
+      if (best < 0 || (free_axis && !best_free) ||
+          (free_axis == best_free && ((!masked && best_masked) || (masked == best_masked && n > k->granges[best]->iarg[0]))))
+        best = g, best_free = free_axis, best_masked = masked;
     }
     /* nothing divides by 4: PADTO the longest axis that pads by at most a quarter */
     bool padded = best < 0;
