@@ -603,6 +603,10 @@ TEST(eye_arange_linspace_scalar) {
   CHECK_VALUES(u8, 0, 250, 252, 254);
   tg_tensor i8 = tg_arange(-128, 128, 85, TG_OPTS(.dtype = TG_INT8));
   CHECK_VALUES(i8, 0, -128, -43, 42, 127);
+  tg_tensor ud = tg_arange(10, 0, -3, TG_OPTS(.dtype = TG_UINT8)); /* a negative step in an unsigned dtype */
+  CHECK_VALUES(ud, 0, 10, 7, 4, 1);
+  tg_tensor u32 = tg_arange(4000000000.0, 4000000020.0, 9, TG_OPTS(.dtype = TG_UINT32));
+  CHECK_VALUES(u32, 0, 4000000000.0, 4000000009.0, 4000000018.0);
   CHECK(tg_arange(0, 1, 0, NULL).id == 0);
   CHECK_ERR(TG_ERR_INVALID, "tg_arange", "step");
 
