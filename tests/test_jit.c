@@ -193,6 +193,36 @@ TEST(jit_disabled_with_env) {
   tg_scope_end();
 }
 
+/* JIT=2 is tinygrad's "capture, but no graph batching": it still captures on the second call and
+ * replays only the captured kernels after that (the CPU device has no graph executor to turn off). */
+TEST(jit_two_still_captures) {
+  size_t live = tg_live_count();
+  tg_scope_begin();
+  tg_context_begin();
+  tg_context_set("JIT", "2");
+  tg_jit *j = tg_jit_new(f_affine, 1, NULL);
+  double k = 1.5;
+  for (int it = 0; it < 4; it++) {
+    tg_tensor in[2] = {mk((float)it, 16), mk(1, 16)}, out;
+    if (it == 3) tg_global_counters_reset();
+    CHECK(tg_jit_call(j, in, 2, &k, 1, &out) == TG_OK);
+    if (it == 3) {
+      CHECK(tg_global_counters().kernel_count == (uint64_t)tg_jit_captured_kernels(j));
+      CHECK(tg_global_counters().compile_count == 0);
+    }
+    float got[4], want[4];
+    CHECK(tg_data(out, got, sizeof got) == TG_OK);
+    tg_tensor e = tg_sum(tg_relu(tg_add(tg_mul_s(in[0], k), in[1])), TG_AXES(1), false);
+    CHECK(tg_data(e, want, sizeof want) == TG_OK);
+    for (int i = 0; i < 4; i++) CHECK_CLOSE(got[i], want[i], 1e-6);
+  }
+  CHECK(tg_jit_captured_kernels(j) >= 1);
+  tg_jit_free(j);
+  tg_context_end();
+  tg_scope_end();
+  CHECK(tg_live_count() == live);
+}
+
 TEST(autograd_matches_hand_derivation) {
   size_t live = tg_live_count();
   tg_scope_begin();
