@@ -452,7 +452,9 @@ static const char PRELUDE_VEC[] =
  * |x| < 3); infinities, NaN, zeros and subnormals give what libm gives.
  *  - exp2: x = n + f with n = round(x), |f| <= 1/2; 2^f by a degree-6 polynomial fitted for
  *    relative error (1.9e-9); 2^n applied as two factors 2^(n/2) so subnormal results and the
- *    overflow to inf come out right. x is clamped to [-151, 129] first (NaN passes through).
+ *    overflow to inf come out right (with AVX-512, scalef does it in one instruction, same bits,
+ *    and without the slow subnormal multiply). x is clamped to [-151, 129] first (NaN passes
+ *    through).
  *  - log2: subnormals are scaled by 2^23; x = 2^e m with m in [sqrt(1/2), sqrt(2)), f = m - 1
  *    (exact); log2(1 + f) = f log2(e) + f^2 Q(f), Q of degree 8 (4.7e-8), log2(e) in two parts so
  *    the leading term is one fused rounding.
@@ -471,9 +473,16 @@ static const char PRELUDE_V_EXP2[] =
     "  p = p * f + 0x1.c6aed4p-5f;\n"
     "  p = p * f + 0x1.ebfbdap-3f;\n"
     "  p = p * f + 0x1.62e43p-1f;\n"
-    "  p = p * f + 1.0f;\n"
+    "  p = p * f + 1.0f;\n";
+/* p 2^n: AVX-512's scalef when the vector is one register of it (exact, subnormal results without
+ * a slow multiply), else two exponent-field factors. Bit-identical results either way. */
+#define PRELUDE_V_EXP2_SCALE \
+  "  tg_vf r = %s(p, n, p, (%s)-1%s);\n" \
+  "#else\n"
+static const char PRELUDE_V_EXP2_TAIL[] =
     "  tg_vm ni = __builtin_convertvector(n, tg_vm), h = ni >> 1;\n"
     "  tg_vf r = p * (tg_vf)((h + 127) << 23) * (tg_vf)((ni - h + 127) << 23);\n"
+    "#endif\n"
     "  return tg_vsel(x != x, x, r);\n"
     "}\n";
 static const char PRELUDE_V_LOG2[] =
@@ -780,6 +789,14 @@ char *render_c(const LKernel *k, const char *name) {
       sb_printf(&out, "#ifndef TG_V_%s_%d_H\n#define TG_V_%s_%d_H\n", fs[i], W, fs[i], W);
       if (i < 3) {
         sb_puts(&out, i == 0 ? PRELUDE_V_EXP2 : i == 1 ? PRELUDE_V_LOG2 : PRELUDE_V_SIN);
+        if (i == 0) {
+          /* the scalef builtin of this width and the feature macro that provides it */
+          if (W == 16) sb_printf(&out, "#if defined(__AVX512F__)\n" PRELUDE_V_EXP2_SCALE, "__builtin_ia32_scalefps512_mask", "unsigned short", ", 4");
+          else if (W == 8 || W == 4)
+            sb_printf(&out, "#if defined(__AVX512VL__)\n" PRELUDE_V_EXP2_SCALE, W == 8 ? "__builtin_ia32_scalefps256_mask" : "__builtin_ia32_scalefps128_mask", "unsigned char", "");
+          else sb_puts(&out, "#if 0\n#else\n");
+          sb_puts(&out, PRELUDE_V_EXP2_TAIL);
+        }
       } else {
         /* one call per lane, written out: the compiler's straight-line (SLP) vectorizer turns
          * sqrtf and truncf into one vector instruction without the loop vectorizer, which is off
