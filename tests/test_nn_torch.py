@@ -509,7 +509,7 @@ for op in ["any", "all"]:
     case(f"{op} {shape} axis={axis} keepdim={keepdim}", _aa)
 
 for shape, axis in [((5,), 0), ((3, 4), 1), ((3, 4), 0), ((2, 3, 4), -2), ((1,), 0), ((0, 3), 1), ((3, 0), 1), ((600,), 0), ((2, 1030), 1),
-                    ((513, 2), 0)]:
+                    ((513, 2), 0), ((2, 33), 1), ((3, 65), 1), ((17, 3), 0), ((1, 70001), 1)]:
   def _cs(shape=shape, axis=axis):
     check_fwd_bwd(lambda t: cumsum(t, axis), lambda t: torch.cumsum(t, axis), [rnd(*shape)], atol=2e-4)
   case(f"cumsum {shape} axis={axis}", _cs)
@@ -988,15 +988,27 @@ case("float64 and float16 inputs keep their dtype (conv2d, pools, cumsum, logsum
 
 
 def _cumsum_kernels():
-  x = Tensor(rnd(4, 100)).realize()
-  n = kernels(lambda: cumsum(x, 1))
-  assert n == 1, f"cumsum took {n} kernels"
-  y = Tensor(rnd(2, 1000)).realize()
-  n = kernels(lambda: cumsum(y, 1))
-  assert n <= 3, f"two-stage cumsum took {n} kernels"
+  for shape, most in [((4, 64), 1), ((4, 100), 3), ((2, 1000), 3), ((1, 100000), 7)]:
+    x = Tensor(rnd(*shape)).realize()
+    n = kernels(lambda: cumsum(x, 1))
+    assert n <= most, f"cumsum of {shape} took {n} kernels, expected at most {most}"
 
 
-case("kernel counts: cumsum = 1 kernel (<= 3 above 512)", _cumsum_kernels)
+case("kernel counts: cumsum = 1 kernel up to 64, <= 3 to 1024, <= 7 at 100000", _cumsum_kernels)
+
+
+def _cumsum_inf_nan():
+  # an inf or NaN reaches only the outputs at and after it (a 0/1 matrix product would spread it)
+  for n in [5, 40, 300, 5000]:
+    a = rnd(2, n)
+    a[0, n // 2] = np.inf
+    a[1, n // 3] = np.nan
+    if n > 4: a[0, n - 2] = -np.inf
+    with np.errstate(invalid="ignore"): want = np.cumsum(a.astype(np.float64), 1).astype(np.float32)
+    close(cumsum(Tensor(a), 1).numpy(), want, atol=1e-3, rtol=1e-4, what=f"n={n}")
+
+
+case("cumsum with inf and NaN inside long and short rows", _cumsum_inf_nan)
 
 
 def _cumsum_long():
