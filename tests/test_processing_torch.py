@@ -556,6 +556,21 @@ def _interp_misc():
 
 case("interpolate: linear == bilinear, uint8 nearest, views, float16, no batch dims", _interp_misc)
 
+
+def _interp_kernels():
+  # each resized dim is one kernel: its two gathers fuse into the lerp that reads them
+  a = Tensor(rnd(2, 3, 8, 9)).realize()
+  k = kernels(lambda: interpolate(a, (16, 18), "bilinear"))
+  assert k == 2, f"bilinear took {k} kernels"
+  # a gather read by a reduction keeps its own kernel (no data-dependent loads in the reduce loop)
+  idx = Tensor(RNG.integers(0, 8, size=(2, 3, 8, 9)).astype(np.int64)).realize()
+  lib.tg_gather.restype, lib.tg_gather.argtypes = _T, [_T, ctypes.c_int, _T]
+  k = kernels(lambda: W(lib.tg_gather(a.h, 2, idx.h)).sum())
+  assert k == 2, f"gather + sum took {k} kernels"
+
+
+case("kernel counts: a bilinear resize is a kernel per dim; a gather under a sum is its own", _interp_kernels)
+
 # =====================================================================================================
 # sort, argsort, topk
 SORTS = [((5,), -1, False), ((5,), -1, True), ((8,), 0, False), ((3, 7), 1, True), ((3, 7), 0, False), ((2, 3, 9), 1, True),

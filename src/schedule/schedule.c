@@ -171,9 +171,12 @@ static void decide(SCtx *c) {
     if (x->leaf) continue;
     UOp *n = x->n;
     if (!x->mat && worth_materializing(c, x)) x->mat = true;
-    /* gathers (INDEX) get their own small kernel: consumers then read a plain buffer (no data-dependent
-     * addresses inside heavy kernels, nothing recomputed per use) */
-    if (x->target || n->op == OP_CONTIGUOUS || n->op == OP_COPY || n->op == OP_ASSIGN || n->op == OP_INDEX || x->cand_copy) x->mat = true;
+    /* a gather (INDEX) fuses into its consumers' kernel when they are all in one kernel and reach
+     * its output 1:1 (an elementwise epilogue: an interpolation's lerp of two gathers); read by a
+     * reduction or by several kernels it gets its own small kernel, so consumers read a plain
+     * buffer (no data-dependent addresses inside reduce loops, nothing recomputed per use) */
+    bool gather_own = n->op == OP_INDEX && !(x->npush > 0 && x->cand_root >= 0 && x->cand_fus);
+    if (x->target || n->op == OP_CONTIGUOUS || n->op == OP_COPY || n->op == OP_ASSIGN || gather_own || x->cand_copy) x->mat = true;
     if (!x->mat && x->npush > 0) {
       x->root = x->cand_root;
       /* through a permute the reduce is evaluated at the index its path gives it (root-order
