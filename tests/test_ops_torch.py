@@ -635,6 +635,29 @@ def t_binary_errors():
 case("binary errors", t_binary_errors)
 
 
+def t_bool_logic_vectorized(n):
+  # bools computed inside a kernel that writes float32 are vector masks (true = -1): comparisons
+  # and arithmetic on them must still be logic (false < true, a * b = a and b, a + b = a or b)
+  x = np.array([1, -1] * (n // 2 + 1), np.float32)[:n]
+  y = np.array([1, 1, -1, -1] * (n // 4 + 1), np.float32)[:n]
+  a, b = Tensor(x).gt(0.0), Tensor(y).gt(0.0)
+  ea, eb = x > 0, y > 0
+  for name, t, e in [("lt", a.lt(b), ea < eb), ("gt", a.gt(b), ea > eb), ("le", a.le(b), ea <= eb),
+                     ("ge", a.ge(b), ea >= eb), ("mul", a.mul(b), ea & eb), ("add", a.add(b), ea | eb),
+                     ("minimum", a.minimum(b), ea & eb), ("maximum", a.maximum(b), ea | eb),
+                     ("eq", a.eq(b), ea == eb), ("ne", a.ne(b), ea != eb), ("xor", a.bitwise_xor(b), ea ^ eb)]:
+    got = t.cast(FLOAT32).numpy()
+    if not np.array_equal(got, e.astype(np.float32)):
+      raise CaseFailure(f"{name} over {n}: got {got}, want {e.astype(np.float32)}")
+    got = t.where(Tensor(x), Tensor(y)).numpy()
+    if not np.array_equal(got, np.where(e, x, y)):
+      raise CaseFailure(f"where({name}) over {n}: got {got}, want {np.where(e, x, y)}")
+
+
+for _n in [15, 16, 64]:
+  case(f"bool logic in float32 kernels ({_n} elements)", t_bool_logic_vectorized, _n)
+
+
 # ------------------------------------------------------------------------------------------------
 # where
 def t_where(cdt, xdt, ydt, si):

@@ -95,6 +95,10 @@ static bool vec_op_ok(UOp *u) {
     /* integer vectors only exist to be converted: every operand must be float32 or a mask */
     for (uint32_t i = 0; i < u->nsrc; i++)
       if (u->src[i]->dtype != TG_FLOAT32 && u->src[i]->dtype != TG_BOOL) return false;
+    /* mask operands: only the ops the renderer writes as logic on masks */
+    if (u->nsrc && u->src[0]->dtype == TG_BOOL && u->op != OP_WHERE)
+      return u->op == OP_AND || u->op == OP_OR || u->op == OP_XOR || u->op == OP_NEG || u->op == OP_CMPLT ||
+             u->op == OP_CMPNE || u->op == OP_CMPEQ || u->op == OP_MUL || u->op == OP_ADD || u->op == OP_MAX;
     return true;
   case OP_CAST:
     return (u->dtype == TG_FLOAT32 && (u->src[0]->dtype == TG_BOOL || vec_int_load_dtype((tg_dtype)u->src[0]->dtype))) ||

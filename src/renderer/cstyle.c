@@ -274,6 +274,16 @@ static void vtype_names(tg_dtype dt, char *vt, char *vtu) {
 static void render_vexpr(R *r, UOp *u, SB *e) {
   UOp *a = u->nsrc > 0 ? u->src[0] : NULL, *b = u->nsrc > 1 ? u->src[1] : NULL, *c = u->nsrc > 2 ? u->src[2] : NULL;
   bool amask = a && a->dtype == TG_BOOL;
+  /* bools are masks here (true = -1): arithmetic on them is logic (false < true, a*b = a and b,
+   * a+b and max = a or b), not the integer operation, which would see true as -1 */
+  if (amask && b && (u->op == OP_CMPLT || u->op == OP_MUL || u->op == OP_ADD || u->op == OP_MAX)) {
+    sb_puts(e, u->op == OP_CMPLT ? "(~" : "(");
+    vopnd(r, a, true, e);
+    sb_puts(e, u->op == OP_CMPLT || u->op == OP_MUL ? " & " : " | ");
+    vopnd(r, b, true, e);
+    sb_puts(e, ")");
+    return;
+  }
   switch (u->op) {
   case OP_LOAD: {
     char vt[32], vtu[32];
