@@ -366,6 +366,30 @@ def _gather_out_of_range_and_cost():
 case("gather: out-of-range indices read 0 and get no gradient; one load per element", _gather_out_of_range_and_cost)
 
 
+def _gather_computed_index():
+  # indices computed from positions (aranges) load without the range check only where their bounds
+  # prove them in range; elsewhere out-of-range positions still read 0, and int32 arithmetic that
+  # wraps is not mistaken for its unwrapped value
+  a = rnd(4, 12)
+  ar = lambda n, dt=tg.INT64: Tensor.arange(0, n, 1, dtype=dt)
+  cases = [
+      ("clamped", (ar(16) * 3).idiv(4).minimum(11).reshape(1, 16).expand(4, 16), np.minimum(np.arange(16) * 3 // 4, 11)),
+      ("past the end", (ar(16) + 2).reshape(1, 16).expand(4, 16), np.arange(16) + 2),
+      ("negative", (ar(16) - 5).reshape(1, 16).expand(4, 16), np.arange(16) - 5),
+      ("mod", ((ar(16) * 7) % 12).reshape(1, 16).expand(4, 16), (np.arange(16) * 7) % 12),
+      ("int32 wrap", ((ar(16, tg.INT32) + 1) * 1073741824).idiv(1073741824).reshape(1, 16).expand(4, 16),
+       (((np.arange(16) + 1) * 1073741824).astype(np.int64).astype(np.int32)) // 1073741824),
+  ]
+  for name, it, iv in cases:
+    iv = np.broadcast_to(iv, (4, 16))
+    ok = (iv >= 0) & (iv < 12)
+    ref = np.where(ok, np.take_along_axis(a, np.where(ok, iv, 0), 1), 0)
+    close(gather(Tensor(a), 1, it).numpy(), ref, what=name)
+
+
+case("gather with indices computed from aranges: in range, past the end, negative, mod, int32 wrap", _gather_computed_index)
+
+
 def _meshgrid():
   x, y, z = rnd(3), rnd(4), rnd(2)
   for ix in ["ij", "xy"]:

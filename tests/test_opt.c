@@ -395,6 +395,40 @@ TEST(padded_conv_upcasts_the_batch) {
   tg_scope_end();
 }
 
+/* A gather whose index is computed from positions and provably in range loads without a mask at
+ * an address the vectorizer follows: a bilinear resize's second pass (rows chosen per output row,
+ * contiguous along the row) is vectorized. Values against a host computation of the same formula. */
+TEST(position_gather_vectorizes) {
+  tg_scope_begin();
+  enum { C = 3, H = 5, Wd = 32, OH = 9, OW = 64 };
+  float xs[C * H * Wd];
+  for (int i = 0; i < C * H * Wd; i++) xs[i] = (float)((i * 37) % 101) * 0.01f - 0.5f;
+  tg_tensor x = tg_from_data(xs, TG_SHAPE(1, C, H, Wd), NULL);
+  CHECK(tg_realize(x) == TG_OK);
+  tg_tensor y = tg_interpolate(x, (const int64_t[]){OH, OW}, 2, TG_INTERPOLATE_OPTS(.mode = TG_INTERP_BILINEAR));
+  char opts[128];
+  last_kernel_opts(y, opts, sizeof opts);
+  CHECK_MSG(strstr(opts, "VECTORIZE(") != NULL, "second pass opts: %s", opts);
+  float got[C * OH * OW];
+  CHECK(tg_data(y, got, sizeof got) == TG_OK);
+  double worst = 0;
+  for (int c = 0; c < C; c++)
+    for (int i = 0; i < OH; i++)
+      for (int j = 0; j < OW; j++) {
+        /* torch's align_corners=False source position, clamped at 0 */
+        double si = fmax(0.0, (i + 0.5) * H / OH - 0.5), sj = fmax(0.0, (j + 0.5) * Wd / OW - 0.5);
+        int i0 = (int)si, j0 = (int)sj, i1 = i0 + 1 < H ? i0 + 1 : H - 1, j1 = j0 + 1 < Wd ? j0 + 1 : Wd - 1;
+        double fi = si - i0, fj = sj - j0;
+        const float *p = xs + c * H * Wd;
+        double top = p[i0 * Wd + j0] * (1 - fj) + p[i0 * Wd + j1] * fj;
+        double bot = p[i1 * Wd + j0] * (1 - fj) + p[i1 * Wd + j1] * fj;
+        double want = top * (1 - fi) + bot * fi, e = fabs(got[(c * OH + i) * OW + j] - want);
+        if (e > worst) worst = e;
+      }
+  CHECK_MSG(worst < 1e-5, "largest difference %g", worst);
+  tg_scope_end();
+}
+
 /* BEAM search picks among candidates checked against the unoptimized kernel: the chosen kernels
  * must agree with NOOPT too (a private cache directory keeps earlier choices out of it) */
 TEST(beam_choices_agree) {

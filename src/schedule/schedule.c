@@ -416,6 +416,138 @@ static UOp *stored_load(KB *kb, UOp *n, NI *x, UOp *fi, UOp *valid) {
   return k_load(kb, sb, (tg_dtype)n->dtype, fi, valid);
 }
 
+/* ---- gather indices computed from positions ----
+ * An index built only from iotas and constants (an interpolation's source row, an arange) is
+ * rebuilt as symbolic index arithmetic, which carries bounds: a gather whose index provably stays
+ * in range then loads without the wrap and the mask, at an address the vectorizer can follow. Only
+ * where the value semantics agree exactly: no wrap-around in the value's dtype (bounds checked),
+ * division and modulo of non-negative values by positive constants. NULL: not convertible. */
+static bool fits_dtype(const UOp *s, tg_dtype dt) {
+  if (s->vmin == INT64_MIN || s->vmax == INT64_MAX) return false;
+  switch (dt) {
+  case TG_INT32: return s->vmin >= INT32_MIN && s->vmax <= INT32_MAX;
+  case TG_UINT32: return s->vmin >= 0 && s->vmax <= (int64_t)UINT32_MAX;
+  case TG_INT64: return true;
+  default: return false;
+  }
+}
+
+static UOp *sym_bool(UOp *u, int depth);
+
+static UOp *sym_index(UOp *u, int depth) {
+  if (depth > 64) return NULL;
+  if (u->op == OP_RANGE) return uop_ref(u);
+  tg_dtype dt = (tg_dtype)u->dtype; /* int64 values and index arithmetic share a dtype */
+  if (dt != TG_INT32 && dt != TG_UINT32 && dt != TG_INT64) return NULL;
+  UOp *a = NULL, *b = NULL, *r = NULL;
+  switch (u->op) {
+  case OP_CONST:
+    return s_const(u->arg.i);
+  case OP_CAST:
+    r = u->src[0]->dtype == DT_INDEX || tg_dtype_is_int((tg_dtype)u->src[0]->dtype) ? sym_index(u->src[0], depth + 1) : NULL;
+    break;
+  case OP_ADD:
+    if ((a = sym_index(u->src[0], depth + 1)) && (b = sym_index(u->src[1], depth + 1))) r = s_add(a, b);
+    break;
+  case OP_MUL:
+    if ((a = sym_index(u->src[0], depth + 1)) && (b = sym_index(u->src[1], depth + 1))) {
+      if (b->op == OP_CONST) r = s_mulc(a, b->arg.i);
+      else if (a->op == OP_CONST) r = s_mulc(b, a->arg.i);
+    }
+    break;
+  case OP_NEG:
+    if ((a = sym_index(u->src[0], depth + 1))) r = s_mulc(a, -1);
+    break;
+  case OP_MAX:
+    if ((a = sym_index(u->src[0], depth + 1)) && (b = sym_index(u->src[1], depth + 1)))
+      r = a->vmin >= b->vmax ? uop_ref(a) : b->vmin >= a->vmax ? uop_ref(b) : uop_alu(OP_MAX, DT_INDEX, a, b, NULL);
+    break;
+  case OP_SUB:
+    if ((a = sym_index(u->src[0], depth + 1)) && (b = sym_index(u->src[1], depth + 1))) {
+      UOp *nb = s_mulc(b, -1);
+      r = s_add(a, nb);
+      uop_unref(nb);
+    }
+    break;
+  case OP_IDIV: case OP_MOD:
+    if ((a = sym_index(u->src[0], depth + 1)) && (b = sym_index(u->src[1], depth + 1)) && b->op == OP_CONST &&
+        b->arg.i > 0 && a->vmin >= 0)
+      r = u->op == OP_IDIV ? s_divc(a, b->arg.i) : s_modc(a, b->arg.i);
+    break;
+  case OP_WHERE: {
+    UOp *c = sym_bool(u->src[0], depth + 1);
+    if (c && c->op == OP_CONST) {
+      r = sym_index(u->src[c->arg.i ? 1 : 2], depth + 1);
+    } else if (c && (a = sym_index(u->src[1], depth + 1)) && (b = sym_index(u->src[2], depth + 1))) {
+      r = uop_alu(OP_WHERE, DT_INDEX, c, a, b);
+    }
+    uop_unref(c);
+    break;
+  }
+  default:
+    break;
+  }
+  uop_unref(a), uop_unref(b);
+  if (r && !fits_dtype(r, dt)) uop_unref(r), r = NULL;
+  return r;
+}
+
+/* A condition over such values: a constant when the bounds decide it, else a symbolic comparison. */
+static UOp *sym_bool(UOp *u, int depth) {
+  if (depth > 64 || u->dtype != TG_BOOL) return NULL;
+  UOp *a = NULL, *b = NULL, *r = NULL;
+  switch (u->op) {
+  case OP_CONST:
+    return uop_const_i(TG_BOOL, u->arg.i != 0);
+  case OP_CMPLT:
+    if (u->src[0]->dtype == TG_BOOL) {
+      if ((a = sym_bool(u->src[0], depth + 1)) && (b = sym_bool(u->src[1], depth + 1)) && a->op == OP_CONST &&
+          b->op == OP_CONST)
+        r = uop_const_i(TG_BOOL, a->arg.i < b->arg.i);
+    } else if ((a = sym_index(u->src[0], depth + 1)) && (b = sym_index(u->src[1], depth + 1))) {
+      if (b->op == OP_CONST) r = s_ltc(a, b->arg.i);
+      else if (a->op == OP_CONST) r = s_gec(b, a->arg.i + 1);
+      else if (a->vmax < b->vmin || a->vmin >= b->vmax) r = uop_const_i(TG_BOOL, a->vmax < b->vmin);
+    }
+    break;
+  case OP_CMPNE: case OP_CMPEQ: {
+    bool ne = u->op == OP_CMPNE;
+    if (u->src[0]->dtype == TG_BOOL) {
+      a = sym_bool(u->src[0], depth + 1), b = a ? sym_bool(u->src[1], depth + 1) : NULL;
+    } else {
+      a = sym_index(u->src[0], depth + 1), b = a ? sym_index(u->src[1], depth + 1) : NULL;
+    }
+    if (a && b && a->op == OP_CONST && b->op == OP_CONST) {
+      r = uop_const_i(TG_BOOL, (a->arg.i != b->arg.i) == ne);
+    } else if (a && b && u->src[0]->dtype != TG_BOOL && (a->vmax < b->vmin || b->vmax < a->vmin)) {
+      r = uop_const_i(TG_BOOL, ne); /* ranges apart: never equal */
+    }
+    break;
+  }
+  case OP_AND: case OP_OR:
+    if ((a = sym_bool(u->src[0], depth + 1)) && (b = sym_bool(u->src[1], depth + 1))) {
+      if (u->op == OP_AND) {
+        r = s_and(a, b);
+      } else if (a->op == OP_CONST || b->op == OP_CONST) {
+        UOp *k = a->op == OP_CONST ? a : b, *o = k == a ? b : a;
+        r = k->arg.i ? uop_ref(k) : uop_ref(o);
+      }
+    }
+    break;
+  case OP_NEG: /* logical not */
+    if ((a = sym_bool(u->src[0], depth + 1)) && a->op == OP_CONST) r = uop_const_i(TG_BOOL, !a->arg.i);
+    else if (a && a->op == OP_CMPLT && a->src[1]->op == OP_CONST && a->src[0]->dtype == DT_INDEX)
+      r = s_gec(a->src[0], a->src[1]->arg.i);
+    else if (a && a->op == OP_CMPLT && a->src[0]->op == OP_CONST && a->src[1]->dtype == DT_INDEX)
+      r = s_ltc(a->src[1], a->src[0]->arg.i + 1);
+    break;
+  default:
+    break;
+  }
+  uop_unref(a), uop_unref(b);
+  return r;
+}
+
 static UOp *kbuild_inner(KB *kb, UOp *n, UOp **idx, UOp *valid) {
   SCtx *c = kb->c;
   NI *x = info(c, n);
@@ -547,6 +679,18 @@ static UOp *kbuild_inner(KB *kb, UOp *n, UOp **idx, UOp *valid) {
     UOp *data = n->src[0], *ix = n->src[1];
     int k = ix->ndim;
     UOp *iv = kbuild(kb, ix, idx, valid);
+    UOp *si = sym_index(iv, 0);
+    if (si && si->vmin >= 0 && si->vmax < data->shape[0]) {
+      /* an index computed from positions that provably stays in range: no wrap, no mask */
+      UOp **didx = tg_xmalloc(sizeof(UOp *) * (size_t)(data->ndim + 1));
+      didx[0] = si;
+      for (int i = 1; i < data->ndim; i++) didx[i] = idx[k + i - 1];
+      UOp *r = kbuild(kb, data, didx, valid);
+      free(didx);
+      uop_unref(si), uop_unref(iv);
+      return r;
+    }
+    uop_unref(si);
     UOp *ci = uop_alu(OP_CAST, DT_INDEX, iv, NULL, NULL);
     UOp *z = s_const(0), *nn = s_const(data->shape[0]);
     UOp *neg = uop_alu(OP_CMPLT, TG_BOOL, ci, z, NULL);

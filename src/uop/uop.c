@@ -118,7 +118,17 @@ static void compute_bounds(UOp *u) {
       UOp *c = u->src[2];
       u->vmin = b->vmin < c->vmin ? b->vmin : c->vmin;
       u->vmax = b->vmax > c->vmax ? b->vmax : c->vmax;
+      /* where(x < y, x, y) is min(x, y) and where(x < y, y, x) is max(x, y): the bound on the
+       * side the comparison cuts is the tighter of the two */
+      if (a->op == OP_CMPLT && a->nsrc == 2) {
+        UOp *x = a->src[0], *y = a->src[1];
+        if (b == x && c == y) u->vmax = x->vmax < y->vmax ? x->vmax : y->vmax;
+        if (b == y && c == x) u->vmin = x->vmin > y->vmin ? x->vmin : y->vmin;
+      }
     }
+    break;
+  case OP_MAX:
+    u->vmin = a->vmin > b->vmin ? a->vmin : b->vmin, u->vmax = a->vmax > b->vmax ? a->vmax : b->vmax;
     break;
   case OP_MOD:
     if (b->op == OP_CONST && b->arg.i > 0) {
