@@ -754,6 +754,19 @@ def _topk_selection():
   close(i.numpy(), np.array([[1, 4, 3]]), what="nan counts as the largest (as torch)")
   v, i = topk(Tensor(nan), 3, 1, False)
   close(i.numpy(), np.array([[5, 0, 2]]), what="smallest: nan taken last")
+  # smallest with +inf and nan: every inf before any nan (both are -inf once inverted)
+  m = np.array([[np.nan, np.inf, 1.0, -np.inf, np.inf, 2.0, np.nan, 0.5] * 4], np.float32)
+  v, i = topk(Tensor(m), 31, 1, False)
+  rv, ri = torch.topk(torch.tensor(m), 31, 1, False)
+  close(v.numpy(), rv, what="smallest with inf and nan")
+  close(np.take_along_axis(m, i.numpy().astype(np.int64), 1), rv, what="smallest with inf and nan: indices")
+  # a lazily computed row (exp) is compared with its own maximum in every round: the same bits each
+  # time, so every round finds its element (it read past the row when kernels rounded differently)
+  e = (RNG.standard_normal((2, 2, 65)) * 3).astype(np.float32)
+  v, i = topk(Tensor(e).exp(), 20, 2)
+  rv, ri = torch.topk(torch.tensor(e).exp(), 20, 2)
+  assert (i.numpy() >= 0).all() and (i.numpy() < 65).all(), f"indices {i.numpy().min()}..{i.numpy().max()}"
+  close(v.numpy(), rv, what="topk of exp"), close(i.numpy(), ri, what="topk of exp: indices")
 
 
 case("topk by selection (k <= 64): long rows, k=64/65 agree with the sort, ints with ties, bool, float64, -inf, nan",

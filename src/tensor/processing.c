@@ -951,7 +951,9 @@ static void sort_(UOp *a, tg_tensor x, int ax, bool descending, bool want_idx, t
                   tg_tensor *indices) {
   int nd = a->ndim;
   int64_t n = a->shape[ax], B = shape_numel(a->shape, nd) / n, ts[MAXD];
-  tg_tensor xt = tg_transpose(x, ax, -1);
+  /* the indices come from comparing x with the sorted values: x must read the same bits in every
+   * kernel (g_stable stores a lazy x that could round differently) */
+  tg_tensor xt = tg_transpose(want_idx ? t_wrap(g_stable(a)) : x, ax, -1);
   shape_of(xt, ts);
   tg_dtype dt = (tg_dtype)a->dtype;
   tg_tensor w = dt == TG_BOOL ? tg_cast(xt, TG_UINT8) : xt;
@@ -1037,22 +1039,33 @@ tg_tensor tg_argsort(tg_tensor x, int dim, bool descending) {
  * (taken last when largest is false). Values are gathered at the indices, so the gradient goes to
  * exactly the chosen positions. Each round's taken-mask is stored: round j reads it instead of
  * recomputing rounds 0..j-1. */
-static void topk_select(UOp *a, tg_tensor x, int ax, int64_t k, bool largest, tg_tensor *v, tg_tensor *i) {
+static void topk_select(UOp *a, int ax, int64_t k, bool largest, tg_tensor *v, tg_tensor *i) {
   int64_t n = a->shape[ax];
   tg_dtype dt = (tg_dtype)a->dtype;
   bool fl = tg_dtype_is_float(dt);
-  tg_tensor xt = tg_transpose(x, ax, -1);
+  /* every round compares values with their maximum: a lazy x that could round differently in
+   * another kernel (a vectorized exp in one, libm's in another) is stored once (g_stable) */
+  tg_tensor xt = tg_transpose(t_wrap(g_stable(a)), ax, -1);
   tg_tensor w = dt == TG_BOOL ? tg_cast(xt, TG_UINT8) : xt;
+  /* torch ranks NaN above +inf: for the smallest, NaNs come after everything else. They become -inf
+   * like an inverted +inf, and lose the position tie-break below to genuine values */
+  tg_tensor nanpen = NONE;
   if (!largest) {
     w = inverse(w);
-    if (fl) w = tg_where(tg_isnan(w), tg_full_like(w, -INFINITY, NULL), w);
+    if (fl) {
+      tg_tensor isn = tg_isnan(w);
+      nanpen = tg_where(isn, tg_full_like(w, (double)n, NULL), tg_zeros_like(w, NULL));
+      w = tg_where(isn, tg_full_like(w, -INFINITY, NULL), w);
+    }
   }
   tg_tensor low = tg_full_like(w, dtype_min(tg_dtype_of(w)), NULL);
   /* float32 rows keep every operand float32 (positions and the taken-mask as floats, exact below
    * 2^24), so each round's two reductions vectorize */
   tg_dtype pt = dt == TG_FLOAT32 && n < ((int64_t)1 << 24) ? TG_FLOAT32 : TG_INT32;
   tg_opts po = on_device(a, pt);
-  tg_tensor pos = tg_arange(0, (double)n, 1, &po), none = tg_full_like(pos, (double)n, NULL);
+  tg_tensor pos = tg_arange(0, (double)n, 1, &po), none = tg_full_like(pos, (double)(2 * n), NULL);
+  /* the key a round minimizes: the position, plus n for a NaN when taking the smallest */
+  tg_tensor key = tg_valid(nanpen) ? tg_contiguous(tg_add(pos, tg_cast(nanpen, pt))) : pos;
   tg_opts to = on_device(a, pt == TG_FLOAT32 ? TG_FLOAT32 : TG_BOOL);
   tg_tensor taken = tg_full_like(w, 0, &to);
   const int last[1] = {-1};
@@ -1064,7 +1077,9 @@ static void topk_select(UOp *a, tg_tensor x, int ax, int64_t k, bool largest, tg
     tg_tensor eq = tg_eq(mw, m);
     if (fl) eq = tg_bitwise_or(eq, tg_bitwise_and(tg_isnan(mw), tg_isnan(m)));
     tg_tensor hit = j ? tg_bitwise_and(eq, tg_logical_not(tk)) : eq;
-    ps[j] = tg_contiguous(tg_min(tg_where(hit, pos, none), last, 1, true));
+    ps[j] = tg_min(tg_where(hit, key, none), last, 1, true);
+    if (tg_valid(nanpen)) ps[j] = tg_where(tg_lt_s(ps[j], (double)n), ps[j], tg_sub_s(ps[j], (double)n));
+    ps[j] = tg_contiguous(ps[j]);
     if (j + 1 < k)
       taken = tg_contiguous(pt == TG_FLOAT32 ? tg_where(tg_eq(pos, ps[j]), tg_ones_like(taken, NULL), taken)
                                              : tg_bitwise_or(taken, tg_eq(pos, ps[j])));
@@ -1093,7 +1108,7 @@ tg_status tg_topk(tg_tensor x, int64_t k, int dim, bool largest, bool sorted, tg
   POp o = begin(fn);
   tg_tensor r[2];
   if (a->ndim > 0 && k >= 1 && k <= 64 && k < n && shape_numel(a->shape, a->ndim) > 0) {
-    topk_select(a, x, ax, k, largest, &r[0], &r[1]);
+    topk_select(a, ax, k, largest, &r[0], &r[1]);
     return done_n(o, outs, r, 2);
   }
   sort_any(a, x, ax, largest, indices != NULL, &r[0], &r[1]);
