@@ -40,8 +40,14 @@ extern char **environ;
 
 /* Lean on purpose: compile time is paid on every cache miss (BEAM compiles thousands). Valid for
  * gcc and clang. -fno-stack-protector keeps register-tile kernels free of canary checks on
- * distributions that enable the protector by default. */
+ * distributions that enable the protector by default. The two linker options lay a kernel object
+ * out as 2 mappings instead of 5 (code with read-only data, then data; no RELRO): a process that
+ * loads many thousands of kernels (a long BEAM search, a fuzzer) reaches the kernel's limit on
+ * mappings (vm.max_map_count, 65530 by default) 2.5 times later, and the objects are a third of
+ * the size on disk. */
 static const char *const CPU_CFLAGS[] = {"-shared",
+                                         "-Wl,-z,noseparate-code",
+                                         "-Wl,-z,norelro",
                                          "-fPIC",
                                          "-O2",
                                          "-march=native",
