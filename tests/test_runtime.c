@@ -403,6 +403,37 @@ TEST(kernel_add_two_threads) {
   CHECK(buffer_live_count() == live);
 }
 
+/* Loaded kernel objects cost few mappings each (a process loading thousands of kernels must not
+ * run into vm.max_map_count early): at most 3 per object (2 measured). */
+static int count_maps(void) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  int n = 0, c;
+  if (!f) return -1;
+  while ((c = fgetc(f)) != EOF) n += c == '\n';
+  fclose(f);
+  return n;
+}
+
+TEST(kernel_objects_map_compactly) {
+  Device *d = device_get("CPU");
+  int before = count_maps();
+  if (before < 0) return; /* no /proc: nothing to measure */
+  enum { K = 12 };
+  for (int i = 0; i < K; i++) {
+    char name[32], src[256];
+    snprintf(name, sizeof name, "maps_probe_%d", i);
+    snprintf(src, sizeof src,
+             "void maps_probe_%d(void **restrict bufs, long long s, long long e) {\n"
+             "  float *o = (float *)bufs[0];\n  for (long long i = s; i < e; i++) o[i] = (float)i * %d.5f;\n}\n",
+             i, i + 7);
+    tg_clear_error();
+    Program *p = program_get(d, name, src);
+    CHECK_MSG(p != NULL, "%s", tg_last_error() ? tg_last_error() : "");
+  }
+  int added = count_maps() - before;
+  CHECK_MSG(added <= 3 * K, "%d kernel objects added %d mappings", K, added);
+}
+
 TEST(kernel_chunks_cover_range) {
   Device *d = device_get("CPU");
   Program *p = program_get(d, "cover", COVER_SRC);
