@@ -649,13 +649,48 @@ def t_bool_logic_vectorized(n):
     got = t.cast(FLOAT32).numpy()
     if not np.array_equal(got, e.astype(np.float32)):
       raise CaseFailure(f"{name} over {n}: got {got}, want {e.astype(np.float32)}")
-    got = t.where(Tensor(x), Tensor(y)).numpy()
-    if not np.array_equal(got, np.where(e, x, y)):
-      raise CaseFailure(f"where({name}) over {n}: got {got}, want {np.where(e, x, y)}")
+    xo, yo = x * np.float32(1.0000001), y * np.float32(3.0000002)  # odd low bits: a mask of 1 or -2 would clear them
+    got = t.where(Tensor(xo), Tensor(yo)).numpy()
+    if not np.array_equal(got, np.where(e, xo, yo)):
+      raise CaseFailure(f"where({name}) over {n}: got {got}, want {np.where(e, xo, yo)}")
 
 
 for _n in [15, 16, 64]:
   case(f"bool logic in float32 kernels ({_n} elements)", t_bool_logic_vectorized, _n)
+
+
+def t_int_reduce_into_float(dt, op):
+  # an integer reduction converted to float32 in the same kernel, vectorizable along its outputs:
+  # its accumulators must stay integers (the max of uint8 values did not compile)
+  A = np.arange(64).reshape(4, 16)
+  a = (A % 3 == 0) if dt == BOOL else A.astype(tg.NP_STORAGE[dt])
+  r = Tensor(a, dtype=dt)._reduce(op, 0)
+  with np.errstate(all="ignore"):
+    want = {"sum": lambda: a.astype(np.int64).sum(0), "max": lambda: a.max(0), "min": lambda: a.min(0),
+            "prod": lambda: np.prod(a.astype(tg.NP_STORAGE[r.dtype]), 0, dtype=tg.NP_STORAGE[r.dtype])}[op]()
+  want = want.astype(tg.NP_STORAGE[r.dtype]).astype(np.float32)
+  got = r.cast(FLOAT32).numpy()
+  if not np.array_equal(got, want): raise CaseFailure(f"got {got}, want {want}")
+
+
+for _dt in [INT32, UINT32, INT8, UINT8, INT16, BOOL]:
+  for _op in ["sum", "max", "min", "prod"]:
+    case(f"{_op} of {N[_dt]} into float32 (vectorizable outputs)", t_int_reduce_into_float, _dt, _op)
+
+
+def t_shift_broadcast_value(dt, op):
+  # the shifted value the same in every lane, the amount varying along the vector axis
+  npd = tg.NP_STORAGE[dt]
+  amt = (np.arange(16) % 32).astype(npd)
+  v = np.array([-7 if dt == INT32 else 0xF0000001], npd)
+  got = getattr(Tensor(v).expand(16), op)(Tensor(amt)).cast(FLOAT32).numpy()
+  want = ((v.astype(np.uint64) << amt.astype(np.uint64)).astype(npd) if op == "lshift" else (v >> amt)).astype(np.float32)
+  if not np.array_equal(got, want): raise CaseFailure(f"got {got}, want {want}")
+
+
+for _dt in [INT32, UINT32]:
+  for _op in ["lshift", "rshift"]:
+    case(f"{_op} of one {N[_dt]} value by 16 amounts (vectorized)", t_shift_broadcast_value, _dt, _op)
 
 
 # ------------------------------------------------------------------------------------------------

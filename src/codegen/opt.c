@@ -216,6 +216,9 @@ static bool try_vectorize_g(LKernel *k, int g, int W, int *next_axis, bool gathe
   bool ok = sbase && nval && (!rb || nrb) && !v.fail && k->pdt[0] == TG_FLOAT32;
   /* the stored value must be float32 (a vector) or independent of the lanes */
   if (ok && nval->dtype != TG_FLOAT32) ok = false;
+  /* vector accumulators are float32: a reduction of integers (the max of uint8 values) whose body
+   * depends on the lanes stays scalar */
+  if (ok && rb && dep_lane(&v, rb) && (nrb->dtype != TG_FLOAT32 || k->racc != TG_FLOAT32)) ok = false;
   vr_free(&v);
   if (ok) {
     uop_unref(k->value), uop_unref(k->sidx), uop_unref(k->rbody);

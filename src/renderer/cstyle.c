@@ -351,8 +351,11 @@ static void render_vexpr(R *r, UOp *u, SB *e) {
     else sb_printf(e, "((tg_v%d)%s)", (int)u->dtype, nm(r, a));
     return;
   case OP_SHL: case OP_SHR: /* the amount taken mod 32 as the scalar code does; left shifts unsigned */
-    if (u->op == OP_SHL) sb_printf(e, "((tg_v%d)((tg_v%d)%s << ((tg_v%d)", (int)u->dtype, (int)TG_UINT32, nm(r, a), (int)TG_UINT32);
-    else sb_printf(e, "((tg_v%d)(%s >> ((tg_v%d)", (int)u->dtype, nm(r, a), (int)u->dtype);
+    if (u->op == OP_SHL) sb_printf(e, "((tg_v%d)((tg_v%d)", (int)u->dtype, (int)TG_UINT32);
+    else sb_printf(e, "((tg_v%d)(", (int)u->dtype);
+    vopnd(r, a, false, e); /* either operand may be the same in every lane */
+    if (u->op == OP_SHL) sb_printf(e, " << ((tg_v%d)", (int)TG_UINT32);
+    else sb_printf(e, " >> ((tg_v%d)", (int)u->dtype);
     vopnd(r, b, false, e);
     sb_puts(e, " & 31)))");
     return;
