@@ -438,6 +438,20 @@ for _i, (_s, _d) in enumerate(BITCASTS):
   case(f"bitcast {N[_s]} -> {N[_d]} {'flip' if _i % 2 else 'shrink'}", t_bitcast, _s, _d, "flip" if _i % 2 else "shrink")
 
 
+def t_half_nan_bits():
+  # bitcasts and copies of float16 / bfloat16 keep every bit, NaN payloads and signalling NaNs too
+  bits = np.array([0xFC07, 0x7C01, 0x7E00, 0xFFFF, 0x7F81, 0x3C00, 0xFF80, 0x7FC1], np.uint16)
+  for dst in (FLOAT16, BFLOAT16):
+    b = Tensor(bits).bitcast(dst)
+    got = b.raw().view(np.uint16)
+    if not np.array_equal(got, bits): raise CaseFailure(f"uint16 -> {N[dst]}: {[hex(v) for v in got]}")
+    back = b.flip([0]).contiguous().flip([0]).bitcast(UINT16).numpy()
+    if not np.array_equal(back, bits): raise CaseFailure(f"{N[dst]} copy -> uint16: {[hex(v) for v in back]}")
+
+
+case("float16/bfloat16 bitcasts and copies keep NaN bit patterns", t_half_nan_bits)
+
+
 def t_bitcast_errors():
   x = Tensor(np.zeros((2, 3), np.float32))
   expect_error(lambda: x.bitcast(FLOAT64), "bitcast")  # 3 floats are not a whole number of doubles

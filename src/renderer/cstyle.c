@@ -46,7 +46,7 @@ static const char PRELUDE_HALF[] =
     "if(e==0){if(m==0)b=s;else{e=113;while(!(m&0x400)){m<<=1;e--;}m&=0x3ff;b=s|(e<<23)|(m<<13);}}"
     "else if(e==31)b=s|0x7f800000u|(m<<13);else b=s|((e+112)<<23)|(m<<13);float f;__builtin_memcpy(&f,&b,4);return f;}\n"
     "static inline unsigned short tg_f2h(float f){unsigned int x;__builtin_memcpy(&x,&f,4);unsigned int s=(x>>16)&0x8000,"
-    "a=x&0x7fffffffu;if(a>0x7f800000u)return (unsigned short)(s|0x7e00);if(a>=0x477ff000u)return (unsigned short)(s|0x7c00);"
+    "a=x&0x7fffffffu;if(a>0x7f800000u){unsigned int p=(a>>13)&0x3ff;return (unsigned short)(s|0x7c00|(p?p:0x200));}if(a>=0x477ff000u)return (unsigned short)(s|0x7c00);"
     "if(a<0x38800000u){if(a<0x33000000u)return (unsigned short)s;unsigned int e=a>>23,m=(a&0x7fffff)|0x800000,sh=126-e,"
     "r=m>>sh,rem=m&((1u<<sh)-1),half=1u<<(sh-1);if(rem>half||(rem==half&&(r&1)))r++;return (unsigned short)(s|r);}"
     "unsigned int r=a+0xc8000fffu+((a>>13)&1);return (unsigned short)(s|(r>>13));}\n"
@@ -54,7 +54,7 @@ static const char PRELUDE_HALF[] =
 static const char PRELUDE_BF16[] =
     "static inline float tg_b2f(unsigned short h){unsigned int b=(unsigned int)h<<16;float f;__builtin_memcpy(&f,&b,4);return f;}\n"
     "static inline unsigned short tg_f2b(float f){unsigned int x;__builtin_memcpy(&x,&f,4);if((x&0x7fffffffu)>0x7f800000u)"
-    "return (unsigned short)((x>>16)|0x40);x+=0x7fffu+((x>>16)&1);return (unsigned short)(x>>16);}\n"
+    "return (unsigned short)((x>>16)&0x7f?(x>>16):((x>>16)|0x40));x+=0x7fffu+((x>>16)&1);return (unsigned short)(x>>16);}\n"
     "static inline float tg_rb(float f){return tg_b2f(tg_f2b(f));}\n";
 
 typedef struct {
