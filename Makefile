@@ -10,6 +10,7 @@
 #   make install      PREFIX=/usr/local (DESTDIR honoured); make uninstall undoes it
 #   make format       clang-format -i on every source file (format-check only reports)
 #   make deps         installs missing Debian packages (scripts/deps.sh)
+#   make bench        builds bench/*.c (after installing OpenBLAS, the references' BLAS)
 #   make clean
 #
 # Every src/**/*.c is part of the library (found with find, so new files need no edit here).
@@ -74,7 +75,7 @@ PARALLEL  = $(if $(findstring -j,$(MAKEFLAGS)),,-j$(JOBS))
 SUBFLAGS  = --no-print-directory $(PARALLEL)
 
 .PHONY: all lib static shared examples tests bench test test-run check demo demo-run mnist mnist-run asan asan-run fuzz \
-        fuzz-bins install uninstall clean format format-check deps
+        fuzz-bins install uninstall clean format format-check deps bench-deps
 .DELETE_ON_ERROR:
 .SECONDARY:
 # Build flags stay out of the tests' environment (the runtime compiles kernels with its own flags).
@@ -87,7 +88,7 @@ static: $(LIB_A)
 shared: $(LIB_SO)
 examples: $(EXAMPLES)
 tests: $(TESTS)
-bench: $(BENCHES)
+bench: bench-deps $(BENCHES)
 
 $(LIB_A): $(OBJS)
 	@mkdir -p $(@D)
@@ -127,6 +128,10 @@ fuzz-bins: $(patsubst tests/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRCS))
 # ---- running ----------------------------------------------------------------------------------
 deps:
 	@bash scripts/deps.sh
+
+# the benchmarks' references need OpenBLAS as the system BLAS (PyTorch, numpy)
+bench-deps:
+	@bash scripts/deps.sh bench
 
 # The environment tests/run_tests.sh needs: where the build is, the .so for the Python tests.
 RUN_ENV = BUILD=$(BUILD) PYTHON=$(PYTHON) MAKE="$(MAKE)" TINYGRAD_LIB=$(abspath $(LIB_SO))

@@ -15,6 +15,10 @@
 # and, from PyPI into $PYTHON (default /usr/bin/python3) with pip (python3-pip if pip is missing):
 #   safetensors gguf     reference readers/writers for tests/test_formats.py
 #
+# `deps.sh bench` (make bench) adds
+#   libopenblas0-pthread  OpenBLAS as the system BLAS: the benchmarks compare against PyTorch and
+#                         numpy, which otherwise run on the reference BLAS (a 1024 matmul 30x slower)
+#
 # Set TG_SKIP_DEPS=1 to skip this check entirely.
 set -euo pipefail
 
@@ -22,6 +26,7 @@ if [ "${TG_SKIP_DEPS:-0}" = 1 ]; then exit 0; fi
 
 PKGS=(build-essential clang zlib1g-dev pkg-config python3 python3-torch python3-numpy
       libclang-rt-14-dev libfuzzer-14-dev dataset-fashion-mnist)
+if [ "${1:-}" = bench ]; then PKGS+=(libopenblas0-pthread); fi
 
 PY=${PYTHON:-/usr/bin/python3}
 PIP_PKGS=(safetensors gguf)
