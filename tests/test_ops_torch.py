@@ -438,6 +438,22 @@ for _i, (_s, _d) in enumerate(BITCASTS):
   case(f"bitcast {N[_s]} -> {N[_d]} {'flip' if _i % 2 else 'shrink'}", t_bitcast, _s, _d, "flip" if _i % 2 else "shrink")
 
 
+def t_idiv_extremes():
+  # division by 0 gives 0; the most negative value divided by -1 wraps to itself in every signed
+  # dtype (int8/int16 did after promotion, int32/int64 gave 0); modulo by 0 and -1 gives 0
+  for dt in [INT8, INT16, INT32, INT64]:
+    npd = tg.NP_STORAGE[dt]
+    mn = np.iinfo(npd).min
+    a, b = np.array([mn, mn, 7, -7, 5, -9], npd), np.array([-1, 1, -1, 0, 2, 0], npd)
+    got_d, got_m = Tensor(a).idiv(Tensor(b)).numpy(), (Tensor(a) % Tensor(b)).numpy()
+    want_d, want_m = np.array([mn, mn, -7, 0, 2, 0], npd), np.array([0, 0, 0, 0, 1, 0], npd)
+    if not np.array_equal(got_d, want_d): raise CaseFailure(f"{N[dt]} idiv: got {got_d}, want {want_d}")
+    if not np.array_equal(got_m, want_m): raise CaseFailure(f"{N[dt]} mod: got {got_m}, want {want_m}")
+
+
+case("integer division: by 0 is 0, MIN // -1 wraps, in every signed dtype", t_idiv_extremes)
+
+
 def t_half_nan_bits():
   # bitcasts and copies of float16 / bfloat16 keep every bit, NaN payloads and signalling NaNs too
   bits = np.array([0xFC07, 0x7C01, 0x7E00, 0xFFFF, 0x7F81, 0x3C00, 0xFF80, 0x7FC1], np.uint16)

@@ -186,7 +186,9 @@ static void render_expr(R *r, UOp *u, SB *e) {
   case OP_IDIV:
     if (fl) sb_printf(e, "%s(__builtin_trunc%s(%s/%s))", rd, fsuf(dt), a, b);
     else if (tg_dtype_is_unsigned(dt) || dt == TG_BOOL) sb_printf(e, "(%s ? (%s)(%s/%s) : 0)", b, ctype(dt), a, b);
-    else sb_printf(e, "((%s==0||(%s==-1&&%s<0&&%s==-%s)) ? 0 : (%s)(%s/%s))", b, b, a, a, a, ctype(dt), a, b);
+    /* by 0: 0; by -1: the negation, which wraps for the most negative value (-fwrapv) as narrower
+     * types do after promotion, instead of trapping */
+    else sb_printf(e, "(%s==0 ? 0 : %s==-1 ? (%s)(-%s) : (%s)(%s/%s))", b, b, ctype(dt), a, ctype(dt), a, b);
     return;
   case OP_MOD:
     if (fl) sb_printf(e, "%s(__builtin_fmod%s(%s,%s))", rd, fsuf(dt), a, b);
