@@ -380,6 +380,11 @@ def _gather_computed_index():
       ("int32 wrap", ((ar(16, tg.INT32) + 1) * 1073741824).idiv(1073741824).reshape(1, 16).expand(4, 16),
        (((np.arange(16) + 1) * 1073741824).astype(np.int64).astype(np.int32)) // 1073741824),
   ]
+  # 40 nested clamps: every operand is read twice (by the comparison and by the select), so the
+  # conversion must visit shared subexpressions once (2^40 paths otherwise)
+  deep, deep_np = ar(16), np.arange(16)
+  for _ in range(40): deep, deep_np = (deep + 1).minimum(11), np.minimum(deep_np + 1, 11)
+  cases.append(("40 nested clamps", deep.reshape(1, 16).expand(4, 16), deep_np))
   for name, it, iv in cases:
     iv = np.broadcast_to(iv, (4, 16))
     ok = (iv >= 0) & (iv < 12)

@@ -432,9 +432,15 @@ static bool fits_dtype(const UOp *s, tg_dtype dt) {
   }
 }
 
-static UOp *sym_bool(UOp *u, int depth);
+/* Results are memoized per conversion (m: node -> result, SYM_NONE for "not convertible"; bool
+ * questions under the node's address + 1): shared subexpressions, such as a clamp's operand read
+ * by its comparison and by its select, are converted once, not once per path. */
+static char sym_none_;
+#define SYM_NONE ((void *)&sym_none_)
+static UOp *sym_index(PtrMap *m, UOp *u, int depth);
+static UOp *sym_bool(PtrMap *m, UOp *u, int depth);
 
-static UOp *sym_index(UOp *u, int depth) {
+static UOp *sym_index_(PtrMap *m, UOp *u, int depth) {
   if (depth > 64) return NULL;
   if (u->op == OP_RANGE) return uop_ref(u);
   tg_dtype dt = (tg_dtype)u->dtype; /* int64 values and index arithmetic share a dtype */
@@ -444,41 +450,41 @@ static UOp *sym_index(UOp *u, int depth) {
   case OP_CONST:
     return s_const(u->arg.i);
   case OP_CAST:
-    r = u->src[0]->dtype == DT_INDEX || tg_dtype_is_int((tg_dtype)u->src[0]->dtype) ? sym_index(u->src[0], depth + 1) : NULL;
+    r = u->src[0]->dtype == DT_INDEX || tg_dtype_is_int((tg_dtype)u->src[0]->dtype) ? sym_index(m, u->src[0], depth + 1) : NULL;
     break;
   case OP_ADD:
-    if ((a = sym_index(u->src[0], depth + 1)) && (b = sym_index(u->src[1], depth + 1))) r = s_add(a, b);
+    if ((a = sym_index(m, u->src[0], depth + 1)) && (b = sym_index(m, u->src[1], depth + 1))) r = s_add(a, b);
     break;
   case OP_MUL:
-    if ((a = sym_index(u->src[0], depth + 1)) && (b = sym_index(u->src[1], depth + 1))) {
+    if ((a = sym_index(m, u->src[0], depth + 1)) && (b = sym_index(m, u->src[1], depth + 1))) {
       if (b->op == OP_CONST) r = s_mulc(a, b->arg.i);
       else if (a->op == OP_CONST) r = s_mulc(b, a->arg.i);
     }
     break;
   case OP_NEG:
-    if ((a = sym_index(u->src[0], depth + 1))) r = s_mulc(a, -1);
+    if ((a = sym_index(m, u->src[0], depth + 1))) r = s_mulc(a, -1);
     break;
   case OP_MAX:
-    if ((a = sym_index(u->src[0], depth + 1)) && (b = sym_index(u->src[1], depth + 1)))
+    if ((a = sym_index(m, u->src[0], depth + 1)) && (b = sym_index(m, u->src[1], depth + 1)))
       r = a->vmin >= b->vmax ? uop_ref(a) : b->vmin >= a->vmax ? uop_ref(b) : uop_alu(OP_MAX, DT_INDEX, a, b, NULL);
     break;
   case OP_SUB:
-    if ((a = sym_index(u->src[0], depth + 1)) && (b = sym_index(u->src[1], depth + 1))) {
+    if ((a = sym_index(m, u->src[0], depth + 1)) && (b = sym_index(m, u->src[1], depth + 1))) {
       UOp *nb = s_mulc(b, -1);
       r = s_add(a, nb);
       uop_unref(nb);
     }
     break;
   case OP_IDIV: case OP_MOD:
-    if ((a = sym_index(u->src[0], depth + 1)) && (b = sym_index(u->src[1], depth + 1)) && b->op == OP_CONST &&
+    if ((a = sym_index(m, u->src[0], depth + 1)) && (b = sym_index(m, u->src[1], depth + 1)) && b->op == OP_CONST &&
         b->arg.i > 0 && a->vmin >= 0)
       r = u->op == OP_IDIV ? s_divc(a, b->arg.i) : s_modc(a, b->arg.i);
     break;
   case OP_WHERE: {
-    UOp *c = sym_bool(u->src[0], depth + 1);
+    UOp *c = sym_bool(m, u->src[0], depth + 1);
     if (c && c->op == OP_CONST) {
-      r = sym_index(u->src[c->arg.i ? 1 : 2], depth + 1);
-    } else if (c && (a = sym_index(u->src[1], depth + 1)) && (b = sym_index(u->src[2], depth + 1))) {
+      r = sym_index(m, u->src[c->arg.i ? 1 : 2], depth + 1);
+    } else if (c && (a = sym_index(m, u->src[1], depth + 1)) && (b = sym_index(m, u->src[2], depth + 1))) {
       r = uop_alu(OP_WHERE, DT_INDEX, c, a, b);
     }
     uop_unref(c);
@@ -493,7 +499,7 @@ static UOp *sym_index(UOp *u, int depth) {
 }
 
 /* A condition over such values: a constant when the bounds decide it, else a symbolic comparison. */
-static UOp *sym_bool(UOp *u, int depth) {
+static UOp *sym_bool_(PtrMap *m, UOp *u, int depth) {
   if (depth > 64 || u->dtype != TG_BOOL) return NULL;
   UOp *a = NULL, *b = NULL, *r = NULL;
   switch (u->op) {
@@ -501,10 +507,10 @@ static UOp *sym_bool(UOp *u, int depth) {
     return uop_const_i(TG_BOOL, u->arg.i != 0);
   case OP_CMPLT:
     if (u->src[0]->dtype == TG_BOOL) {
-      if ((a = sym_bool(u->src[0], depth + 1)) && (b = sym_bool(u->src[1], depth + 1)) && a->op == OP_CONST &&
+      if ((a = sym_bool(m, u->src[0], depth + 1)) && (b = sym_bool(m, u->src[1], depth + 1)) && a->op == OP_CONST &&
           b->op == OP_CONST)
         r = uop_const_i(TG_BOOL, a->arg.i < b->arg.i);
-    } else if ((a = sym_index(u->src[0], depth + 1)) && (b = sym_index(u->src[1], depth + 1))) {
+    } else if ((a = sym_index(m, u->src[0], depth + 1)) && (b = sym_index(m, u->src[1], depth + 1))) {
       if (b->op == OP_CONST) r = s_ltc(a, b->arg.i);
       else if (a->op == OP_CONST) r = s_gec(b, a->arg.i + 1);
       else if (a->vmax < b->vmin || a->vmin >= b->vmax) r = uop_const_i(TG_BOOL, a->vmax < b->vmin);
@@ -513,9 +519,9 @@ static UOp *sym_bool(UOp *u, int depth) {
   case OP_CMPNE: case OP_CMPEQ: {
     bool ne = u->op == OP_CMPNE;
     if (u->src[0]->dtype == TG_BOOL) {
-      a = sym_bool(u->src[0], depth + 1), b = a ? sym_bool(u->src[1], depth + 1) : NULL;
+      a = sym_bool(m, u->src[0], depth + 1), b = a ? sym_bool(m, u->src[1], depth + 1) : NULL;
     } else {
-      a = sym_index(u->src[0], depth + 1), b = a ? sym_index(u->src[1], depth + 1) : NULL;
+      a = sym_index(m, u->src[0], depth + 1), b = a ? sym_index(m, u->src[1], depth + 1) : NULL;
     }
     if (a && b && a->op == OP_CONST && b->op == OP_CONST) {
       r = uop_const_i(TG_BOOL, (a->arg.i != b->arg.i) == ne);
@@ -525,7 +531,7 @@ static UOp *sym_bool(UOp *u, int depth) {
     break;
   }
   case OP_AND: case OP_OR:
-    if ((a = sym_bool(u->src[0], depth + 1)) && (b = sym_bool(u->src[1], depth + 1))) {
+    if ((a = sym_bool(m, u->src[0], depth + 1)) && (b = sym_bool(m, u->src[1], depth + 1))) {
       if (u->op == OP_AND) {
         r = s_and(a, b);
       } else if (a->op == OP_CONST || b->op == OP_CONST) {
@@ -535,7 +541,7 @@ static UOp *sym_bool(UOp *u, int depth) {
     }
     break;
   case OP_NEG: /* logical not */
-    if ((a = sym_bool(u->src[0], depth + 1)) && a->op == OP_CONST) r = uop_const_i(TG_BOOL, !a->arg.i);
+    if ((a = sym_bool(m, u->src[0], depth + 1)) && a->op == OP_CONST) r = uop_const_i(TG_BOOL, !a->arg.i);
     else if (a && a->op == OP_CMPLT && a->src[1]->op == OP_CONST && a->src[0]->dtype == DT_INDEX)
       r = s_gec(a->src[0], a->src[1]->arg.i);
     else if (a && a->op == OP_CMPLT && a->src[0]->op == OP_CONST && a->src[1]->dtype == DT_INDEX)
@@ -545,6 +551,28 @@ static UOp *sym_bool(UOp *u, int depth) {
     break;
   }
   uop_unref(a), uop_unref(b);
+  return r;
+}
+
+static UOp *sym_memo(PtrMap *m, UOp *u, int depth, bool is_bool) {
+  uint64_t key = (uint64_t)(uintptr_t)u + (is_bool ? 1 : 0);
+  void *hit = pm_get(m, key);
+  if (hit) return hit == SYM_NONE ? NULL : uop_ref(hit);
+  UOp *r = is_bool ? sym_bool_(m, u, depth) : sym_index_(m, u, depth);
+  pm_put(m, key, r ? (void *)uop_ref(r) : SYM_NONE);
+  return r;
+}
+static UOp *sym_index(PtrMap *m, UOp *u, int depth) { return sym_memo(m, u, depth, false); }
+static UOp *sym_bool(PtrMap *m, UOp *u, int depth) { return sym_memo(m, u, depth, true); }
+
+/* The index u as symbolic arithmetic (new ref), or NULL. */
+static UOp *sym_convert(UOp *u) {
+  PtrMap m;
+  pm_init(&m);
+  UOp *r = sym_index(&m, u, 0);
+  for (size_t i = 0; i < m.cap; i++)
+    if (m.keys[i] && m.vals[i] != SYM_NONE) uop_unref(m.vals[i]);
+  pm_free(&m);
   return r;
 }
 
@@ -679,7 +707,7 @@ static UOp *kbuild_inner(KB *kb, UOp *n, UOp **idx, UOp *valid) {
     UOp *data = n->src[0], *ix = n->src[1];
     int k = ix->ndim;
     UOp *iv = kbuild(kb, ix, idx, valid);
-    UOp *si = sym_index(iv, 0);
+    UOp *si = sym_convert(iv);
     if (si && si->vmin >= 0 && si->vmax < data->shape[0]) {
       /* an index computed from positions that provably stays in range: no wrap, no mask */
       UOp **didx = tg_xmalloc(sizeof(UOp *) * (size_t)(data->ndim + 1));
