@@ -886,9 +886,16 @@ tg_tensor tg_interpolate(tg_tensor x, const int64_t *size, int nsize, const tg_i
       }
       num = tg_clamp(num, 0, (double)((in - 1) * den));
       tg_tensor dd = tg_const_like(num, (double)den);
-      tg_tensor low = tg_expand(tg_reshape(tg_idiv(num, dd), rs, n), expand, n);
-      tg_tensor high = tg_expand(tg_reshape(tg_idiv(tg_add_s(num, (double)(den - 1)), dd), rs, n), expand, n);
+      tg_tensor lo1 = tg_idiv(num, dd), hi1 = tg_idiv(tg_add_s(num, (double)(den - 1)), dd);
       tg_tensor perc = tg_div_s(tg_cast(tg_mod(num, dd), TG_FLOAT32), (double)den);
+      /* along the last dim the gathers cannot vectorize (each lane reads its own source column),
+       * so the per-column source positions and weights are stored once as small tables: a load
+       * each, not the division and clamps for every element (16x32x56->112: 3.8 -> 2.6 ms). The
+       * other dims keep them as arithmetic, which proves the gather in range (schedule.c) so
+       * their pass vectorizes along the rows. */
+      if (i == n - 1) lo1 = tg_contiguous(lo1), hi1 = tg_contiguous(hi1), perc = tg_contiguous(perc);
+      tg_tensor low = tg_expand(tg_reshape(lo1, rs, n), expand, n);
+      tg_tensor high = tg_expand(tg_reshape(hi1, rs, n), expand, n);
       perc = tg_expand(tg_reshape(perc, rs, n), expand, n);
       r = tg_lerp(tg_gather(r, i, low), tg_gather(r, i, high), perc);
     } else {
