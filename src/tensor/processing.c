@@ -906,6 +906,7 @@ tg_tensor tg_interpolate(tg_tensor x, const int64_t *size, int nsize, const tg_i
       float scale = (float)in / (float)out;
       tg_tensor idx = tg_cast(tg_mul_s(ar, (double)scale), TG_INT32);
       idx = tg_minimum_s(idx, (double)(in - 1));
+      if (i == n - 1) idx = tg_contiguous(idx); /* a table, as for the linear modes (2.8 -> 2.1 ms) */
       r = tg_gather(r, i, tg_expand(tg_reshape(idx, rs, n), expand, n));
     }
     r = tg_keep(r);
