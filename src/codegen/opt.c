@@ -248,14 +248,20 @@ static void find_vloads(UOp *u, int vw, PtrMap *seen, PtrVec *out) {
   for (uint32_t i = 0; i < u->nsrc; i++) find_vloads(u->src[i], vw, seen, out);
 }
 
-/* Does any W-wide load in `body` depend on loop variable r? */
-static bool vector_loads_depend(UOp *body, int vw, UOp *r) {
+/* Questions about the loads in `body` (those vw wide; vw < 0: every load) and loop variable r: does
+ * any of them depend on r, does any one's validity condition (a padded read), or do all of them
+ * (and is there at least one)? */
+typedef enum { ANY_LOAD, ANY_MASK, ALL_LOADS } LoadQ;
+static bool loads_depend(UOp *body, int vw, UOp *r, LoadQ q) {
   PtrMap seen, memo;
   pm_init(&seen), pm_init(&memo);
   PtrVec loads = {0};
   find_vloads(body, vw, &seen, &loads);
-  bool d = false;
-  for (size_t i = 0; i < loads.n && !d; i++) d = uop_depends_on_memo(loads.p[i], r, &memo);
+  bool all = q == ALL_LOADS, d = all && loads.n > 0;
+  for (size_t i = 0; i < loads.n && d == all; i++) {
+    UOp *ld = loads.p[i];
+    d = q == ANY_MASK ? ld->nsrc > 2 && uop_depends_on_memo(ld->src[2], r, &memo) : uop_depends_on_memo(ld, r, &memo);
+  }
   pm_free(&seen), pm_free(&memo), pv_free(&loads);
   return d;
 }
@@ -283,31 +289,6 @@ static int gather_contiguous_axis(LKernel *k, int vg) {
   }
   pm_free(&seen), pv_free(&loads);
   return found;
-}
-
-/* Does the validity condition of any load in `body` (a padded read) depend on loop variable r? */
-static bool masks_depend(UOp *body, UOp *r) {
-  PtrMap seen, memo;
-  pm_init(&seen), pm_init(&memo);
-  PtrVec loads = {0};
-  find_vloads(body, -1, &seen, &loads);
-  bool d = false;
-  for (size_t i = 0; i < loads.n && !d; i++)
-    d = ((UOp *)loads.p[i])->nsrc > 2 && uop_depends_on_memo(((UOp *)loads.p[i])->src[2], r, &memo);
-  pm_free(&seen), pm_free(&memo), pv_free(&loads);
-  return d;
-}
-
-/* Does every load in `body` depend on loop variable r? */
-static bool all_loads_depend(UOp *body, UOp *r) {
-  PtrMap seen, memo;
-  pm_init(&seen), pm_init(&memo);
-  PtrVec loads = {0};
-  find_vloads(body, -1, &seen, &loads);
-  bool d = loads.n > 0;
-  for (size_t i = 0; i < loads.n && d; i++) d = uop_depends_on_memo(loads.p[i], r, &memo);
-  pm_free(&seen), pm_free(&memo), pv_free(&loads);
-  return d;
 }
 
 /* Vectorizes reduce axis ri by W lanes: only the reduce body changes (its loads along the axis
@@ -534,13 +515,13 @@ static void heuristic(LKernel *k, int *next_axis) {
     for (int g = 0; g < k->ng; g++) {
       if (g == vg) continue;
       int64_t n = k->granges[g]->iarg[0];
-      bool free_axis = lanes && !vector_loads_depend(k->rbody, lanes, k->granges[g]);
+      bool free_axis = lanes && !loads_depend(k->rbody, lanes, k->granges[g], ANY_LOAD);
       /* a short free axis (a 5-wide kernel window) is upcast whole */
       if (n % 4 != 0 && !(free_axis && !k->rvw && n >= 3 && n <= 8)) continue;
       /* among equally free axes, one that no load's padding condition involves: an upcast axis
        * keeps its masks (BOUNDS cannot narrow a reduce loop by a condition on an unrolled axis),
        * so upcasting the batch of a padded convolution beats upcasting its output rows */
-      bool masked = masks_depend(k->rbody, k->granges[g]);
+      bool masked = loads_depend(k->rbody, -1, k->granges[g], ANY_MASK);
       if (best < 0 || (free_axis && !best_free) ||
           (free_axis == best_free && ((!masked && best_masked) || (masked == best_masked && n > k->granges[best]->iarg[0]))))
         best = g, best_free = free_axis, best_masked = masked;
@@ -608,7 +589,7 @@ static void heuristic(LKernel *k, int *next_axis) {
     /* ...but inside an outer batch-like axis that every load depends on (the batch groups of a
      * convolution's weight gradient): each of its iterations has its own small working set, and
      * it is the axis the threads split */
-    c.swap = vg > 1 && all_loads_depend(k->rbody, k->granges[0]) ? 2 : 1;
+    c.swap = vg > 1 && loads_depend(k->rbody, -1, k->granges[0], ALL_LOADS) ? 2 : 1;
     swap_outer(k, vg, c.swap - 1);
   }
   k->cfg = c;
