@@ -450,7 +450,7 @@ static UOp *sym_index_(PtrMap *m, UOp *u, int depth) {
   case OP_CONST:
     return s_const(u->arg.i);
   case OP_CAST:
-    r = u->src[0]->dtype == DT_INDEX || tg_dtype_is_int((tg_dtype)u->src[0]->dtype) ? sym_index(m, u->src[0], depth + 1) : NULL;
+    r = tg_dtype_is_int((tg_dtype)u->src[0]->dtype) ? sym_index(m, u->src[0], depth + 1) : NULL; /* DT_INDEX is int64 */
     break;
   case OP_ADD:
     if ((a = sym_index(m, u->src[0], depth + 1)) && (b = sym_index(m, u->src[1], depth + 1))) r = s_add(a, b);
@@ -574,6 +574,32 @@ static UOp *sym_convert(UOp *u) {
     if (m.keys[i] && m.vals[i] != SYM_NONE) uop_unref(m.vals[i]);
   pm_free(&m);
   return r;
+}
+
+/* The row an INDEX reads for index value iv among `rows` rows (new ref), and in *nv the load's
+ * validity: `valid` and the row being in range (new ref, NULL for always). An index computed from
+ * positions that provably stays in range is used as it is, with no wrap and no mask; any other
+ * (data-dependent) index wraps negatives and masks what is out of range. */
+static UOp *index_row(UOp *iv, int64_t rows, UOp *valid, UOp **nv) {
+  UOp *si = sym_convert(iv);
+  if (si && si->vmin >= 0 && si->vmax < rows) {
+    *nv = valid ? uop_ref(valid) : NULL;
+    return si;
+  }
+  uop_unref(si);
+  UOp *ci = uop_alu(OP_CAST, DT_INDEX, iv, NULL, NULL);
+  UOp *z = s_const(0), *nn = s_const(rows);
+  UOp *neg = uop_alu(OP_CMPLT, TG_BOOL, ci, z, NULL);
+  UOp *wr = uop_alu(OP_ADD, DT_INDEX, ci, nn, NULL);
+  UOp *row = uop_alu(OP_WHERE, DT_INDEX, neg, wr, ci);
+  UOp *lo = uop_alu(OP_CMPLT, TG_BOOL, row, z, NULL);
+  UOp *ok_lo = uop_alu(OP_NEG, TG_BOOL, lo, NULL, NULL);
+  UOp *ok_hi = uop_alu(OP_CMPLT, TG_BOOL, row, nn, NULL);
+  UOp *ok = s_and(ok_lo, ok_hi);
+  *nv = s_and(valid, ok);
+  UOp *tmp[] = {ci, z, nn, neg, wr, lo, ok_lo, ok_hi, ok};
+  for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++) uop_unref(tmp[i]);
+  return row;
 }
 
 static UOp *kbuild_inner(KB *kb, UOp *n, UOp **idx, UOp *valid) {
@@ -703,39 +729,16 @@ static UOp *kbuild_inner(KB *kb, UOp *n, UOp **idx, UOp *valid) {
   }
   if (n->op == OP_CONTIGUOUS || n->op == OP_DETACH) return kbuild(kb, n->src[0], idx, valid);
   if (n->op == OP_INDEX) {
-    /* data-dependent row: load the index, wrap negatives, mask anything out of range */
     UOp *data = n->src[0], *ix = n->src[1];
     int k = ix->ndim;
-    UOp *iv = kbuild(kb, ix, idx, valid);
-    UOp *si = sym_convert(iv);
-    if (si && si->vmin >= 0 && si->vmax < data->shape[0]) {
-      /* an index computed from positions that provably stays in range: no wrap, no mask */
-      UOp **didx = tg_xmalloc(sizeof(UOp *) * (size_t)(data->ndim + 1));
-      didx[0] = si;
-      for (int i = 1; i < data->ndim; i++) didx[i] = idx[k + i - 1];
-      UOp *r = kbuild(kb, data, didx, valid);
-      free(didx);
-      uop_unref(si), uop_unref(iv);
-      return r;
-    }
-    uop_unref(si);
-    UOp *ci = uop_alu(OP_CAST, DT_INDEX, iv, NULL, NULL);
-    UOp *z = s_const(0), *nn = s_const(data->shape[0]);
-    UOp *neg = uop_alu(OP_CMPLT, TG_BOOL, ci, z, NULL);
-    UOp *wr = uop_alu(OP_ADD, DT_INDEX, ci, nn, NULL);
-    UOp *row = uop_alu(OP_WHERE, DT_INDEX, neg, wr, ci);
-    UOp *lo = uop_alu(OP_CMPLT, TG_BOOL, row, z, NULL);
-    UOp *ok_lo = uop_alu(OP_NEG, TG_BOOL, lo, NULL, NULL);
-    UOp *ok_hi = uop_alu(OP_CMPLT, TG_BOOL, row, nn, NULL);
-    UOp *ok = s_and(ok_lo, ok_hi);
-    UOp *nv = s_and(valid, ok);
+    UOp *iv = kbuild(kb, ix, idx, valid), *nv;
+    UOp *row = index_row(iv, data->shape[0], valid, &nv);
     UOp **didx = tg_xmalloc(sizeof(UOp *) * (size_t)(data->ndim + 1));
     didx[0] = row;
     for (int i = 1; i < data->ndim; i++) didx[i] = idx[k + i - 1];
     UOp *r = kbuild(kb, data, didx, nv);
     free(didx);
-    UOp *tmp[] = {iv, ci, z, nn, neg, wr, row, lo, ok_lo, ok_hi, ok, nv};
-    for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++) uop_unref(tmp[i]);
+    uop_unref(iv), uop_unref(row), uop_unref(nv);
     return r;
   }
   TG_ASSERT(0 && "unexpected node in kernel");
