@@ -350,8 +350,9 @@ tg_tensor tg_argmin(tg_tensor x, const int *axes, int naxes, bool keepdim);
 /* Logical or / and over axes (bool result; any of nothing is false, all of nothing true). */
 tg_tensor tg_any(tg_tensor x, const int *axes, int naxes, bool keepdim);
 tg_tensor tg_all(tg_tensor x, const int *axes, int naxes, bool keepdim);
-/* Running sum along axis (dtype as tg_sum's). One fused reduce kernel up to 512 elements; above,
- * cumsums of chunks of 64 plus the cumsum of the chunk totals (split the same way when long). */
+/* Running sum along axis (dtype as tg_sum's). One fused reduce kernel up to 64 elements; above,
+ * cumsums of chunks of 16 plus the cumsum of the chunk totals (split the same way when long). An inf
+ * or NaN reaches only the outputs at and after it. */
 tg_tensor tg_cumsum(tg_tensor x, int axis);
 /* Upper / lower triangle of the last two dims (others zeroed). diagonal 0 is the main diagonal,
  * positive is above it, negative below. */
