@@ -132,11 +132,21 @@ static tg_status run_fn(tg_jit *j, const tg_tensor *in, int nin, const double *a
   tl_depth++;
   tg_status st = j->fn(in, nin, args, nargs, out, j->nout, j->user);
   tl_depth--;
-  if (st == TG_OK) {
-    for (int i = 0; i < j->nout; i++) out[i] = tg_contiguous(out[i]);
-    st = tg_realize_many(out, j->nout);
+  /* realize first, then copy only what is still a view: an assigned input returned as itself stays
+   * its own buffer (a contiguous copy of it would hide that the function writes the input) */
+  if (st == TG_OK) st = tg_realize_many(out, j->nout);
+  bool views = false;
+  for (int i = 0; st == TG_OK && i < j->nout; i++) {
+    UOp *u = t_get(out[i], "tg_jit_call");
+    if (!u) st = tg_last_status();
+    else if ((u->realized ? u->realized : u)->op != OP_BUFFER) out[i] = tg_contiguous(out[i]), views = true;
   }
-  for (int i = 0; i < j->nout; i++) out[i] = st == TG_OK ? tg_keep(out[i]) : (tg_tensor){0};
+  if (st == TG_OK && views) st = tg_realize_many(out, j->nout);
+  /* fresh handles: the function may have stored a caller's handle (an input) in out[] */
+  for (int i = 0; i < j->nout; i++) {
+    UOp *u = st == TG_OK ? t_get(out[i], "tg_jit_call") : NULL;
+    out[i] = u ? tg_keep(t_wrap(uop_ref(u->realized ? u->realized : u))) : (tg_tensor){0};
+  }
   tg_scope_end();
   if (st == TG_OK && tg_has_error()) st = tg_last_status();
   /* a function that fails without recording why still leaves the caller an error to read */
