@@ -1263,7 +1263,7 @@ tg_jit *tg_jit_new_opts(tg_jit_fn fn, int nout, void *user, const tg_jit_opts *o
  * (tg_data, tg_item, tg_print, ...) inside the function while it is captured. */
 tg_status tg_jit_call(tg_jit *j, const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out);
 void tg_jit_free(tg_jit *j);
-/* Number of kernel launches and copies captured (-1 for NULL; 0 before capture). */
+/* Number of kernel launches and copies captured, those prune kept (-1 for NULL; 0 before capture). */
 int tg_jit_captured_kernels(const tg_jit *j);
 
 /* ---------------------------------------------------------------------------------------------- */
