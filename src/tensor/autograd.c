@@ -438,6 +438,11 @@ tg_status tg_gradient(tg_tensor loss, const tg_tensor *targets, int n, tg_tensor
   compute_grads(l, seed, ts, n, gs);
   uop_unref(seed);
   tg_status st = TG_OK;
+  if (tg_oom_check("tg_gradient")) { /* nothing handed out yet: drop the gradients built */
+    for (int i = 0; i < n; i++) uop_unref(gs[i]), out[i] = NONE;
+    free(ts), free(gs);
+    return TG_ERR_RUNTIME;
+  }
   for (int i = 0; i < n; i++) {
     if (!gs[i]) {
       char b[256];
@@ -488,15 +493,26 @@ tg_status tg_backward(tg_tensor loss) {
       Slot *s = slots.p[i];
       if (!gs[i]) continue;
       got++;
-      if (s->grad) {
+      if (s->grad) { /* the new total; committed below */
         UOp *sum = bin(OP_ADD, s->grad, gs[i]);
-        uop_unref(s->grad), uop_unref(gs[i]);
-        s->grad = sum;
+        uop_unref(gs[i]);
+        gs[i] = sum;
+      }
+    }
+    /* short of memory on the way: no gradient changes, so the call can simply be repeated */
+    bool oom = tg_oom_check("tg_backward");
+    for (size_t i = 0; i < nodes.n; i++) {
+      Slot *s = slots.p[i];
+      if (!gs[i]) continue;
+      if (oom) {
+        uop_unref(gs[i]);
       } else {
+        uop_unref(s->grad);
         s->grad = gs[i];
       }
     }
-    if (!got) st = tg_set_error(TG_ERR_INVALID, "tg_backward: no tensor with requires_grad is reachable from the loss through differentiable ops");
+    if (oom) st = TG_ERR_RUNTIME;
+    else if (!got) st = tg_set_error(TG_ERR_INVALID, "tg_backward: no tensor with requires_grad is reachable from the loss through differentiable ops");
     free(gs);
   }
   uop_unref(seed);
