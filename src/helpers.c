@@ -70,10 +70,8 @@ long tg__alloc_calls(void) { return tl_alloc_calls; }
 static inline bool alloc_should_fail(void) {
   long c = ++tl_alloc_calls;
   if (!tl_fail_at) {
-    if (!atomic_load_explicit(&g_reserve_taken, memory_order_relaxed)) {
-      atomic_store(&g_reserve_taken, true);
-      atomic_store(&g_reserve, malloc(RESERVE_BYTES));
-    }
+    if (!atomic_load_explicit(&g_reserve_taken, memory_order_relaxed) && !atomic_exchange(&g_reserve_taken, true))
+      atomic_store(&g_reserve, malloc(RESERVE_BYTES)); /* once, by the first thread here */
     return false;
   }
   return tl_fail_persistent ? c >= tl_fail_at : c == tl_fail_at;

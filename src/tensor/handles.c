@@ -7,6 +7,7 @@
  * record ids (not slots), so an entry whose id went stale or whose slot moved out is skipped.
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "../uop/ptrmap.h"
@@ -113,7 +114,10 @@ tg_tensor t_wrap(UOp *u) {
   pthread_mutex_unlock(&h_lock);
   scope_push_id(t.id);
   /* every op hands its result out here: one that ran short of memory on the way is undone */
-  if (tg_oom_check("building a tensor")) {
+  if (tg_oom_mark()) {
+    char what[64];
+    snprintf(what, sizeof what, "building a tensor (%s %s)", op_names[u->op], tg_dtype_name((tg_dtype)u->dtype));
+    tg_oom_check(what);
     tg_free(t);
     return (tg_tensor){0};
   }
