@@ -12,6 +12,14 @@
  *  - Errors: a function given bad input returns "none" (or a negative tg_status) and records the first
  *    error of the thread; read it with tg_last_error(). An op given "none" returns "none", so a chain
  *    of calls can be checked once at the end. The library never aborts or exits on user input.
+ *  - Out of host memory: an operation during which an allocation fails is undone (its handles and
+ *    gradients are not handed out) and reports TG_ERR_RUNTIME "<operation>: out of host memory ...";
+ *    the library stays usable. A realize that has started running kernels finishes them (an assign
+ *    must not run twice) and then reports the error; its results are right. A failure in a call that
+ *    returns no tensor or status is reported by the next call that does. The library keeps a small
+ *    reserve for finishing an operation; it aborts only if memory is still short once that is spent.
+ *  - Graphs may be arbitrarily deep: building, realizing, differentiating and freeing walk them
+ *    without recursion, and kernels are split at a depth bound (the DEPTH_SPLIT setting).
  *  - Keyword arguments: a trailing `const tg_xxx_opts *` argument; NULL or a zeroed field means
  *    tinygrad's default. The TG_OPTS-style macros build them with designated initializers.
  *  - Axes may be negative (counted from the end). Shapes are int64_t arrays with an explicit ndim.

@@ -428,6 +428,9 @@ static tg_status run_schedule(Schedule *s) {
   int cap_from = g_capture ? g_capture->n : 0;
   int beam = (int)getenv_int("BEAM", 0);
   if (beam <= 0) precompile(s);
+  /* out of memory before any kernel ran: nothing was changed yet, so stop here (later, kernels must
+   * all run -- an assign done twice on a retry would be wrong -- and realize_uops reports it) */
+  if (tg_oom_check("realize (code generation)")) return TG_ERR_RUNTIME;
   for (int i = 0; i < s->nitems; i++) {
     SItem *it = &s->items[i];
     SBuf *out = &s->bufs[it->bufs[0]];
@@ -510,6 +513,7 @@ tg_status realize_uops(UOp **targets, int n) {
   Schedule s;
   int *tbuf = tg_xmalloc(sizeof(int) * (size_t)m);
   tg_status st = schedule_build(&s, todo, m, tbuf);
+  if (st == TG_OK && tg_oom_check("realize (scheduling)")) st = TG_ERR_RUNTIME;
   tg_counters before = tg_global_counters();
   double t0 = now_seconds();
   if (st == TG_OK) st = run_schedule(&s);
@@ -538,6 +542,8 @@ tg_status realize_uops(UOp **targets, int n) {
       t_replace_everywhere(a, bn);
     }
   }
+  /* the results are right (the reserve carried the run through), but the failure is reported */
+  if (tg_oom_check("realize") && st == TG_OK) st = TG_ERR_RUNTIME;
   schedule_free(&s);
   free(tbuf);
   free(todo);

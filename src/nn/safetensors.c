@@ -639,6 +639,7 @@ tg_state_dict *tg_safe_load(const char *path) {
   if (file_view_open(&fv, "tg_safe_load", path, false) != TG_OK) return NULL;
   tg_state_dict *sd = safe_load_mem("tg_safe_load", path, fv.data, fv.len, false, NULL);
   file_view_close(&fv);
+  if (tg_oom_check("tg_safe_load") && sd) tg_state_dict_free(sd), sd = NULL;
   return sd;
 }
 
@@ -654,6 +655,7 @@ tg_state_dict *tg_safe_load_mmap(const char *path) {
     sd_own_mapping(sd, m);
   else
     file_map_unref(m);
+  if (tg_oom_check("tg_safe_load_mmap") && sd) tg_state_dict_free(sd), sd = NULL;
   return sd;
 }
 

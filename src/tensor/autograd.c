@@ -237,27 +237,41 @@ static void history_grad(UOp *out, UOp *g, UOp *const *inputs, int n, UOp **grad
 
 static Custom *custom_of(UOp *u);
 
-/* Does u's graph (through histories too) contain a tensor that requires grad? */
-static bool reaches_grad_leaf(UOp *u, PtrMap *seen) {
-  if (u->flags & UOPF_GRAD_LEAF) return true;
-  if (pm_has(seen, (uint64_t)(uintptr_t)u)) return false;
-  pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
-  Custom *c = custom_of(u);
-  for (int i = 0; c && i < c->n; i++)
-    if (reaches_grad_leaf(c->inputs[i], seen)) return true;
-  for (uint32_t i = 0; i < u->nsrc; i++)
-    if (reaches_grad_leaf(u->src[i], seen)) return true;
-  return false;
+/* Does u's graph (through histories too) contain a tensor that requires grad? Iterative, as every
+ * walk over a whole tensor graph: a graph built by a loop can be a chain of millions of nodes. */
+static bool reaches_grad_leaf(UOp *u) {
+  PtrMap seen;
+  pm_init(&seen);
+  PtrVec st = {0};
+  pv_push(&st, u);
+  bool found = false;
+  while (st.n && !found) {
+    UOp *x = st.p[--st.n];
+    if (x->flags & UOPF_GRAD_LEAF) {
+      found = true;
+      break;
+    }
+    if (pm_has(&seen, (uint64_t)(uintptr_t)x)) continue;
+    pm_put(&seen, (uint64_t)(uintptr_t)x, (void *)1);
+    Custom *c = custom_of(x);
+    int nin = c ? c->n : (int)x->nsrc;
+    UOp *const *in = c ? c->inputs : x->src;
+    /* a leaf among the direct inputs ends the walk before it descends into a long history */
+    for (int i = 0; i < nin && !found; i++) found = (in[i]->flags & UOPF_GRAD_LEAF) != 0;
+    for (int i = nin; i-- > 0;) pv_push(&st, in[i]);
+    if (c)
+      for (uint32_t i = x->nsrc; i-- > 0;) pv_push(&st, x->src[i]);
+  }
+  pv_free(&st);
+  pm_free(&seen);
+  return found;
 }
 
 void ag_attach_history(UOp *bn, UOp *t) {
   if (t->op == OP_ASSIGN || t->op == OP_BUFFER || (t->flags & UOPF_GRAD_LEAF) || t->realized != bn ||
       (bn->flags & UOPF_HOOKED))
     return;
-  PtrMap seen;
-  pm_init(&seen);
-  bool need = reaches_grad_leaf(t, &seen); /* t itself is not a leaf: checked above */
-  pm_free(&seen);
+  bool need = reaches_grad_leaf(t); /* t itself is not a leaf: checked above */
   if (!need) return;
   ag_set_custom_grad(bn, &t, 1, history_grad);
   Custom *c = custom_of(bn);
@@ -280,16 +294,43 @@ typedef struct {
   PtrVec order; /* post-order (sources first) */
 } Topo;
 
+/* Appends every node reachable from u (through custom gradients' inputs instead of the sources
+ * where a node has one; not past an ASSIGN) in post-order, sources in order before the node. An
+ * explicit stack of (node, next input) frames instead of recursion. */
+typedef struct {
+  UOp *u;
+  UOp *const *in; /* the inputs followed: a custom gradient's, or the sources */
+  int n, next;
+} TFrame;
+
 static void topo_visit(Topo *t, UOp *u) {
   if (pm_has(&t->idx, (uint64_t)(uintptr_t)u)) return;
-  pm_put(&t->idx, (uint64_t)(uintptr_t)u, (void *)(intptr_t)-1);
-  Custom *c = custom_of(u);
-  if (c)
-    for (int i = 0; i < c->n; i++) topo_visit(t, c->inputs[i]);
-  else if (u->op != OP_ASSIGN)
-    for (uint32_t i = 0; i < u->nsrc; i++) topo_visit(t, u->src[i]);
-  pv_push(&t->order, u);
-  pm_put(&t->idx, (uint64_t)(uintptr_t)u, (void *)(intptr_t)t->order.n);
+  TFrame *st = NULL;
+  size_t ns = 0, cap = 0;
+  UOp *push = u;
+  for (;;) {
+    if (push) {
+      pm_put(&t->idx, (uint64_t)(uintptr_t)push, (void *)(intptr_t)-1);
+      Custom *c = custom_of(push);
+      TFrame f = {push, NULL, 0, 0};
+      if (c) f.in = c->inputs, f.n = c->n;
+      else if (push->op != OP_ASSIGN) f.in = push->src, f.n = (int)push->nsrc;
+      if (ns == cap) st = tg_xrealloc(st, sizeof *st * (cap = cap ? cap * 2 : 64));
+      st[ns++] = f;
+      push = NULL;
+    }
+    if (!ns) break;
+    TFrame *f = &st[ns - 1];
+    if (f->next < f->n) {
+      UOp *s = f->in[f->next++];
+      if (!pm_has(&t->idx, (uint64_t)(uintptr_t)s)) push = s;
+      continue;
+    }
+    pv_push(&t->order, f->u);
+    pm_put(&t->idx, (uint64_t)(uintptr_t)f->u, (void *)(intptr_t)t->order.n);
+    ns--;
+  }
+  free(st);
 }
 
 /* Computes d loss / d targets[i] into out[i] (new refs; NULL if unreachable). */
@@ -397,6 +438,11 @@ tg_status tg_gradient(tg_tensor loss, const tg_tensor *targets, int n, tg_tensor
   compute_grads(l, seed, ts, n, gs);
   uop_unref(seed);
   tg_status st = TG_OK;
+  if (tg_oom_check("tg_gradient")) { /* nothing handed out yet: drop the gradients built */
+    for (int i = 0; i < n; i++) uop_unref(gs[i]), out[i] = NONE;
+    free(ts), free(gs);
+    return TG_ERR_RUNTIME;
+  }
   for (int i = 0; i < n; i++) {
     if (!gs[i]) {
       char b[256];
@@ -447,15 +493,26 @@ tg_status tg_backward(tg_tensor loss) {
       Slot *s = slots.p[i];
       if (!gs[i]) continue;
       got++;
-      if (s->grad) {
+      if (s->grad) { /* the new total; committed below */
         UOp *sum = bin(OP_ADD, s->grad, gs[i]);
-        uop_unref(s->grad), uop_unref(gs[i]);
-        s->grad = sum;
+        uop_unref(gs[i]);
+        gs[i] = sum;
+      }
+    }
+    /* short of memory on the way: no gradient changes, so the call can simply be repeated */
+    bool oom = tg_oom_check("tg_backward");
+    for (size_t i = 0; i < nodes.n; i++) {
+      Slot *s = slots.p[i];
+      if (!gs[i]) continue;
+      if (oom) {
+        uop_unref(gs[i]);
       } else {
+        uop_unref(s->grad);
         s->grad = gs[i];
       }
     }
-    if (!got) st = tg_set_error(TG_ERR_INVALID, "tg_backward: no tensor with requires_grad is reachable from the loss through differentiable ops");
+    if (oom) st = TG_ERR_RUNTIME;
+    else if (!got) st = tg_set_error(TG_ERR_INVALID, "tg_backward: no tensor with requires_grad is reachable from the loss through differentiable ops");
     free(gs);
   }
   uop_unref(seed);

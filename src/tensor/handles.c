@@ -7,6 +7,7 @@
  * record ids (not slots), so an entry whose id went stale or whose slot moved out is skipped.
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "../uop/ptrmap.h"
@@ -112,6 +113,14 @@ tg_tensor t_wrap(UOp *u) {
   t.id = ((uint64_t)sl->gen << 32) | (uint64_t)(s + 1);
   pthread_mutex_unlock(&h_lock);
   scope_push_id(t.id);
+  /* every op hands its result out here: one that ran short of memory on the way is undone */
+  if (tg_oom_mark()) {
+    char what[64];
+    snprintf(what, sizeof what, "building a tensor (%s %s)", op_names[u->op], tg_dtype_name((tg_dtype)u->dtype));
+    tg_oom_check(what);
+    tg_free(t);
+    return (tg_tensor){0};
+  }
   return t;
 }
 
@@ -160,6 +169,7 @@ void tg_scope_end(void) {
     return;
   }
   IdList *l = &scope_stack[scope_depth - 1];
+  bool oom_mark = tg_oom_mark(); /* freeing completes even if its scratch ran short */
   PtrVec dead = {0};
   pthread_mutex_lock(&h_lock);
   for (size_t i = 0; i < l->n; i++) {
@@ -180,6 +190,7 @@ void tg_scope_end(void) {
     scope_stack = NULL;
     scope_cap = 0;
   }
+  tg_oom_forget(oom_mark);
 }
 
 tg_tensor tg_keep(tg_tensor t) {
