@@ -12,8 +12,13 @@
  *  - Errors: a function given bad input returns "none" (or a negative tg_status) and records the first
  *    error of the thread; read it with tg_last_error(). An op given "none" returns "none", so a chain
  *    of calls can be checked once at the end. The library never aborts or exits on user input.
- *  - Keyword arguments: a trailing `const tg_xxx_opts *` argument; NULL or a zeroed field means
- *    tinygrad's default. The TG_OPTS-style macros build them with designated initializers.
+ *  - Keyword arguments: a trailing `const tg_xxx_opts *` argument; NULL means tinygrad's defaults.
+ *    Build one with its macro, TG_XXX_OPTS(.field = value, ...): the macro starts from tinygrad's
+ *    defaults (written in the macro) and the designators given override them, so every field holds
+ *    the value it says and every legal value can be passed (lr 0, weight_decay 0, momentum 0). A
+ *    field whose tinygrad default is None, or derived from other arguments, uses a value that is not
+ *    otherwise legal for it and says so (0 for a size or stride, NULL, {0}, TG_DTYPE_DEFAULT). A
+ *    struct filled by hand (C++, where the macros do not compile) must set every field.
  *  - Axes may be negative (counted from the end). Shapes are int64_t arrays with an explicit ndim.
  */
 #ifndef TINYGRAD_H
@@ -28,6 +33,22 @@ extern "C" {
 #endif
 
 #define TG_VERSION "0.1.0"
+
+/* The options macros' engine: a compound literal of `type` initialized with the defaults followed by
+ * the caller's designators (a later designator overrides an earlier one). gcc's -Woverride-init
+ * (in -Wextra) warns about exactly that, and a _Pragma cannot stand inside an expression in gcc, so
+ * the initialization happens in a statement expression that silences it; the value is then copied
+ * into a compound literal in the caller's block, which lives as long as that block. */
+#if defined(__GNUC__) && !defined(__cplusplus)
+#define TG_OPTS_WITH_(type, ...)                                                                       \
+  (&(struct { type v_; }){(__extension__({                                                             \
+     _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Woverride-init\"")              \
+     type tg_opts_v_ = {__VA_ARGS__};                                                                  \
+     _Pragma("GCC diagnostic pop") tg_opts_v_;                                                         \
+   }))}.v_)
+#else
+#define TG_OPTS_WITH_(type, ...) (&(type){__VA_ARGS__})
+#endif
 
 /* ---------------------------------------------------------------------------------------------- */
 /* dtypes                                                                                          */
@@ -107,13 +128,15 @@ void tg_clear_error(void);
 /* ---------------------------------------------------------------------------------------------- */
 /* creation                                                                                        */
 
-/* Options for creation functions. Zero means default: dtype by the function, device from DEV. */
+/* tinygrad's requires_grad=None: neither true nor false (see tg_backward). */
+#define TG_GRAD_UNSET (-1)
+/* Options for creation functions. */
 typedef struct {
-  tg_dtype dtype;
+  tg_dtype dtype;     /* TG_DTYPE_DEFAULT: chosen by the function */
   const char *device; /* "CPU", "CPU:1", ...; NULL = default device (DEV environment variable) */
-  bool requires_grad;
+  int8_t requires_grad; /* true, false or TG_GRAD_UNSET (the default, tinygrad's None) */
 } tg_opts;
-#define TG_OPTS(...) (&(const tg_opts){__VA_ARGS__})
+#define TG_OPTS(...) TG_OPTS_WITH_(tg_opts, .requires_grad = TG_GRAD_UNSET, __VA_ARGS__)
 /* Compound-literal helpers for C callers: TG_SHAPE(2,3) expands to "array, ndim". */
 #define TG_SHAPE(...) ((const int64_t[]){__VA_ARGS__}), ((int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
 #define TG_AXES(...) ((const int[]){__VA_ARGS__}), ((int)(sizeof((const int[]){__VA_ARGS__}) / sizeof(int)))
@@ -136,7 +159,8 @@ tg_tensor tg_empty_like(tg_tensor t, const tg_opts *opts);
 tg_tensor tg_zeros_like(tg_tensor t, const tg_opts *opts);
 tg_tensor tg_ones_like(tg_tensor t, const tg_opts *opts);
 tg_tensor tg_full_like(tg_tensor t, double value, const tg_opts *opts);
-/* n x n identity (m columns if m > 0). */
+/* n x m matrix with ones on the main diagonal (tinygrad's eye(n, m); pass m = n for the square
+ * identity). n, m >= 0: eye(n, 0) is an empty (n, 0) tensor. */
 tg_tensor tg_eye(int64_t n, int64_t m, const tg_opts *opts);
 /* [start, stop) with step. dtype default: int32 if all three are integers, else DEFAULT_FLOAT. An
  * integer arange whose values fit its dtype is lazy and computed inside the kernels that read it
@@ -330,6 +354,7 @@ tg_tensor tg_gather(tg_tensor x, int dim, tg_tensor index);
 typedef struct {
   bool xy; /* false: "ij" indexing (default); true: "xy" (the first two outputs swap roles) */
 } tg_meshgrid_opts;
+#define TG_MESHGRID_OPTS(...) (&(const tg_meshgrid_opts){__VA_ARGS__})
 /* Coordinate grids of n 0-d or 1-d tensors into out[0..n-1] (expanded views). */
 tg_status tg_meshgrid(const tg_tensor *ts, int n, tg_tensor *out, const tg_meshgrid_opts *opts);
 
@@ -360,7 +385,7 @@ tg_tensor tg_triu(tg_tensor x, int64_t diagonal);
 tg_tensor tg_tril(tg_tensor x, int64_t diagonal);
 
 /* Window options shared by pooling and convolution. Pairs are (height, width); a pair {v} (second
- * entry 0) means (v, v); {0, 0} means the default. padding follows tinygrad: npadding 0 or 1 =
+ * entry 0) means (v, v); {0, 0} (not a legal size) means the default. padding follows tinygrad: npadding 0 or 1 =
  * padding[0] on every side, 2 = (pad_h, pad_w) on both sides of each, 4 = (left, right, top,
  * bottom); negative padding crops. */
 typedef struct {
@@ -372,7 +397,7 @@ typedef struct {
   bool ceil_mode;   /* output size rounds up (the last window may hang over the edge) */
   bool exclude_pad; /* avg_pool2d: don't count padding in the divisor (torch count_include_pad=False) */
 } tg_pool2d_opts;
-#define TG_POOL2D_OPTS(...) (&(const tg_pool2d_opts){__VA_ARGS__})
+#define TG_POOL2D_OPTS(...) TG_OPTS_WITH_(tg_pool2d_opts, .kernel_size = {2, 2}, .dilation = {1, 1}, __VA_ARGS__)
 /* Pooling over the last two dims of x (..., H, W). max pads with the dtype's minimum. */
 tg_tensor tg_max_pool2d(tg_tensor x, const tg_pool2d_opts *opts);
 tg_tensor tg_avg_pool2d(tg_tensor x, const tg_pool2d_opts *opts);
@@ -384,7 +409,7 @@ typedef struct {
   int64_t padding[4];  /* as tg_pool2d_opts */
   int npadding;
 } tg_conv2d_opts;
-#define TG_CONV2D_OPTS(...) (&(const tg_conv2d_opts){__VA_ARGS__})
+#define TG_CONV2D_OPTS(...) TG_OPTS_WITH_(tg_conv2d_opts, .groups = 1, .stride = {1, 1}, .dilation = {1, 1}, __VA_ARGS__)
 /* 2-D convolution (cross-correlation, as torch): x (batch, cin, H, W), weight (cout, cin/groups, kh,
  * kw), bias (cout,) or {0}. Windows are views of x (no im2col buffer): the convolution is one fused
  * reduce kernel. */
@@ -956,7 +981,8 @@ typedef struct {
   int64_t output_padding[2]; /* extra rows / columns at the end of the output */
   int noutput_padding;       /* 0 or 1: output_padding[0] for both dims; 2: (h, w) */
 } tg_conv_transpose2d_opts;
-#define TG_CONV_TRANSPOSE2D_OPTS(...) (&(const tg_conv_transpose2d_opts){__VA_ARGS__})
+#define TG_CONV_TRANSPOSE2D_OPTS(...) \
+  TG_OPTS_WITH_(tg_conv_transpose2d_opts, .groups = 1, .stride = {1, 1}, .dilation = {1, 1}, __VA_ARGS__)
 /* Transposed 2-D convolution (torch's conv_transpose2d): x (batch, cin, H, W), weight (cin,
  * cout/groups, kh, kw), bias (cout,) or {0}. Built as tinygrad builds it: the input is dilated by the
  * stride (zeros inserted), padded by dilation*(k-1) - padding (+ output_padding after), and convolved
@@ -1021,7 +1047,7 @@ typedef struct {
   int64_t groups;         /* default 1 */
   int64_t output_padding; /* ConvTranspose1d only (default 0) */
 } tg_conv1d_opts;
-#define TG_CONV1D_OPTS(...) (&(const tg_conv1d_opts){__VA_ARGS__})
+#define TG_CONV1D_OPTS(...) TG_OPTS_WITH_(tg_conv1d_opts, .stride = 1, .dilation = 1, .groups = 1, __VA_ARGS__)
 typedef struct {
   int64_t in_channels, out_channels, kernel_size;
   tg_conv1d_opts opts; /* defaults resolved (stride, dilation, groups >= 1) */
@@ -1039,18 +1065,31 @@ tg_tensor tg_nn_conv_transpose1d_forward(const tg_nn_conv_transpose1d *l, tg_ten
 tg_status tg_nn_conv_transpose1d_state(const tg_nn_conv_transpose1d *l, tg_state_dict *sd, const char *prefix);
 void tg_nn_conv_transpose1d_free(tg_nn_conv_transpose1d *l);
 
-/* Options of the normalization layers. Zero means tinygrad's default. */
+/* Options of the normalization layers, as tinygrad's keyword arguments: tg_norm_opts for GroupNorm,
+ * InstanceNorm, LayerNorm and LayerNorm2d, tg_rmsnorm_opts for RMSNorm (its eps default differs),
+ * tg_batchnorm_opts for BatchNorm. */
 typedef struct {
-  double eps;             /* default 1e-5 (RMSNorm 1e-6) */
-  bool no_affine;         /* no weight / bias (tinygrad's affine=False, elementwise_affine=False) */
-  double momentum;        /* BatchNorm: running-statistics momentum, default 0.1 (0 means the default) */
-  bool no_running_stats;  /* BatchNorm: track_running_stats=False (always normalize with batch statistics) */
+  double eps;  /* default 1e-5 */
+  bool affine; /* default true; false: no weight / bias (tinygrad's affine / elementwise_affine) */
 } tg_norm_opts;
-#define TG_NORM_OPTS(...) (&(const tg_norm_opts){__VA_ARGS__})
+#define TG_NORM_OPTS(...) TG_OPTS_WITH_(tg_norm_opts, .eps = 1e-5, .affine = true, __VA_ARGS__)
+typedef struct {
+  double eps;  /* default 1e-6 */
+  bool affine; /* default true */
+} tg_rmsnorm_opts;
+#define TG_RMSNORM_OPTS(...) TG_OPTS_WITH_(tg_rmsnorm_opts, .eps = 1e-6, .affine = true, __VA_ARGS__)
+typedef struct {
+  double eps;               /* default 1e-5 */
+  bool affine;              /* default true */
+  bool track_running_stats; /* default true; false: always normalize with batch statistics */
+  double momentum;          /* running-statistics momentum, default 0.1 (0: they never change) */
+} tg_batchnorm_opts;
+#define TG_BATCHNORM_OPTS(...) \
+  TG_OPTS_WITH_(tg_batchnorm_opts, .eps = 1e-5, .affine = true, .track_running_stats = true, .momentum = 0.1, __VA_ARGS__)
 
 /* BatchNorm (tinygrad's nn.BatchNorm = BatchNorm2d = BatchNorm3d) over dim 1 of (N, C, ...): weight
- * ones(C), bias zeros(C) (unless no_affine), running_mean zeros(C), running_var ones(C) (unless
- * no_running_stats), num_batches_tracked a 0-d int64 zero. While TRAINING is set (tinygrad's
+ * ones(C), bias zeros(C) (when affine), running_mean zeros(C), running_var ones(C) (when
+ * track_running_stats), num_batches_tracked a 0-d int64 zero. While TRAINING is set (tinygrad's
  * Context(TRAINING=1): tg_context_set_int("TRAINING", 1)) or without running statistics, it normalizes
  * with the batch mean and biased variance; while training it also updates, with lazy tg_assigns that
  * realize with whatever realizes them next (the optimizer step, see tg_optim_schedule_step),
@@ -1062,7 +1101,7 @@ typedef struct {
   bool affine, track_running_stats;
   tg_tensor weight, bias, running_mean, running_var, num_batches_tracked;
 } tg_nn_batchnorm;
-tg_status tg_nn_batchnorm_init(tg_nn_batchnorm *l, int64_t num_features, const tg_norm_opts *opts);
+tg_status tg_nn_batchnorm_init(tg_nn_batchnorm *l, int64_t num_features, const tg_batchnorm_opts *opts);
 tg_tensor tg_nn_batchnorm_forward(tg_nn_batchnorm *l, tg_tensor x);
 tg_status tg_nn_batchnorm_state(const tg_nn_batchnorm *l, tg_state_dict *sd, const char *prefix);
 void tg_nn_batchnorm_free(tg_nn_batchnorm *l);
@@ -1105,13 +1144,13 @@ tg_status tg_nn_layernorm2d_state(const tg_nn_layernorm2d *l, tg_state_dict *sd,
 void tg_nn_layernorm2d_free(tg_nn_layernorm2d *l);
 
 /* RMSNorm(dim): x * rsqrt(mean(x^2, -1) + eps) computed in float32 and cast back to x's dtype, then
- * * weight (ones(dim), unless no_affine). eps default 1e-6. */
+ * * weight (ones(dim), when affine). */
 typedef struct {
   int64_t dim;
   double eps;
   tg_tensor weight;
 } tg_nn_rmsnorm;
-tg_status tg_nn_rmsnorm_init(tg_nn_rmsnorm *l, int64_t dim, const tg_norm_opts *opts);
+tg_status tg_nn_rmsnorm_init(tg_nn_rmsnorm *l, int64_t dim, const tg_rmsnorm_opts *opts);
 tg_tensor tg_nn_rmsnorm_forward(const tg_nn_rmsnorm *l, tg_tensor x);
 tg_status tg_nn_rmsnorm_state(const tg_nn_rmsnorm *l, tg_state_dict *sd, const char *prefix);
 void tg_nn_rmsnorm_free(tg_nn_rmsnorm *l);
@@ -1167,42 +1206,59 @@ int tg_state_dict_parameters(const tg_state_dict *sd, bool trainable_only, tg_te
  * rate (a (1,) float32 tensor, so changing it recompiles nothing), momentum buffers, Adam moments and
  * the b1^t / b2^t step counters, all updated by tg_assign. Handles without requires_grad are buffers
  * (realized with each step, never updated); duplicates count once; at least one parameter is required.
- * Zero fields in the options mean tinygrad's defaults. Constructors return NULL with an error. */
+ * Each optimizer has its own options struct and macro with tinygrad's defaults (every value, 0
+ * included, means itself). Constructors return NULL with an error. */
 typedef struct tg_optim tg_optim;
 typedef struct {
   double lr;           /* default 0.001 */
-  double momentum;     /* default 0 */
+  double momentum;     /* default 0 (none) */
   double weight_decay; /* default 0: added to the gradient (wd * param) before momentum */
-  bool nesterov;
-  bool classic;        /* classic momentum: lr scales the gradient before the momentum buffer */
+  bool nesterov;       /* default false */
+  bool classic;        /* default false; classic momentum: lr scales the gradient before the momentum buffer */
 } tg_sgd_opts;
-#define TG_SGD_OPTS(...) (&(const tg_sgd_opts){__VA_ARGS__})
+#define TG_SGD_OPTS(...) TG_OPTS_WITH_(tg_sgd_opts, .lr = 0.001, .momentum = 0, .weight_decay = 0, __VA_ARGS__)
 /* SGD = LARS without the trust ratio (same numbers as torch.optim.SGD, dampening 0). */
 tg_optim *tg_optim_sgd(const tg_tensor *params, int n, const tg_sgd_opts *opts);
 typedef struct {
   double lr;           /* default 0.001 */
-  double momentum;     /* default 0.9; negative: no momentum */
-  double weight_decay; /* default 1e-4; negative: none */
+  double momentum;     /* default 0.9; 0: no momentum */
+  double weight_decay; /* default 1e-4; 0: none */
   double tcoef;        /* trust coefficient, default 0.001 */
-  bool nesterov;
-  bool popular;        /* tinygrad's classic=False: lr applied after the momentum buffer */
+  bool nesterov;       /* default false */
+  bool classic;        /* default true; false: lr applied after the momentum buffer */
 } tg_lars_opts;
-#define TG_LARS_OPTS(...) (&(const tg_lars_opts){__VA_ARGS__})
+#define TG_LARS_OPTS(...) \
+  TG_OPTS_WITH_(tg_lars_opts, .lr = 0.001, .momentum = 0.9, .weight_decay = 1e-4, .tcoef = 0.001, .classic = true, __VA_ARGS__)
 /* LARS: the gradient scaled by the layer-wise trust ratio tcoef*|w| / (|g| + wd*|w|) (1 where a norm
  * is 0). */
 tg_optim *tg_optim_lars(const tg_tensor *params, int n, const tg_lars_opts *opts);
 typedef struct {
+  double lr;     /* default 0.001 */
+  double b1, b2; /* defaults 0.9, 0.999 */
+  double eps;    /* default 1e-8 */
+} tg_adam_opts;
+#define TG_ADAM_OPTS(...) TG_OPTS_WITH_(tg_adam_opts, .lr = 0.001, .b1 = 0.9, .b2 = 0.999, .eps = 1e-8, __VA_ARGS__)
+typedef struct {
   double lr;           /* default 0.001 */
   double b1, b2;       /* defaults 0.9, 0.999 */
-  double eps;          /* default 1e-8 (LAMB 1e-6) */
-  double weight_decay; /* AdamW default 0.01, LAMB default 0; Adam has none (an error if set) */
-} tg_adam_opts;
-#define TG_ADAM_OPTS(...) (&(const tg_adam_opts){__VA_ARGS__})
+  double eps;          /* default 1e-8 */
+  double weight_decay; /* decoupled weight decay, default 0.01 */
+} tg_adamw_opts;
+#define TG_ADAMW_OPTS(...) \
+  TG_OPTS_WITH_(tg_adamw_opts, .lr = 0.001, .b1 = 0.9, .b2 = 0.999, .eps = 1e-8, .weight_decay = 0.01, __VA_ARGS__)
+typedef struct {
+  double lr;           /* default 0.001 */
+  double b1, b2;       /* defaults 0.9, 0.999 */
+  double eps;          /* default 1e-6 */
+  double weight_decay; /* default 0 */
+} tg_lamb_opts;
+#define TG_LAMB_OPTS(...) \
+  TG_OPTS_WITH_(tg_lamb_opts, .lr = 0.001, .b1 = 0.9, .b2 = 0.999, .eps = 1e-6, .weight_decay = 0, __VA_ARGS__)
 /* Adam = LAMB without trust ratio or weight decay; AdamW = with decoupled weight decay (both the same
  * numbers as torch.optim's); LAMB scales each update by |w| / |update| (1 where a norm is 0). */
 tg_optim *tg_optim_adam(const tg_tensor *params, int n, const tg_adam_opts *opts);
-tg_optim *tg_optim_adamw(const tg_tensor *params, int n, const tg_adam_opts *opts);
-tg_optim *tg_optim_lamb(const tg_tensor *params, int n, const tg_adam_opts *opts);
+tg_optim *tg_optim_adamw(const tg_tensor *params, int n, const tg_adamw_opts *opts);
+tg_optim *tg_optim_lamb(const tg_tensor *params, int n, const tg_lamb_opts *opts);
 /* Drops the parameters' gradients (tinygrad's zero_grad: grad = None). */
 void tg_optim_zero_grad(tg_optim *o);
 /* tinygrad's schedule_step: builds the update of every parameter from its gradient (tg_backward must

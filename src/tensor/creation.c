@@ -80,7 +80,7 @@ static bool check_shape(const char *fn, const int64_t *shape, int ndim, int64_t 
 
 static tg_tensor finish(UOp *u, const tg_opts *o) {
   tg_tensor t = t_wrap(u);
-  if (o && o->requires_grad && t.id) tg_set_requires_grad(t, true);
+  if (o && o->requires_grad != TG_GRAD_UNSET && t.id) tg_set_requires_grad(t, o->requires_grad != 0);
   return t;
 }
 
@@ -148,8 +148,7 @@ tg_tensor tg_empty(const int64_t *shape, int ndim, const tg_opts *opts) {
 }
 
 static tg_opts like_opts(UOp *u, const tg_opts *o) {
-  tg_opts r = {0};
-  if (o) r = *o;
+  tg_opts r = o ? *o : *TG_OPTS();
   if (r.dtype == TG_DTYPE_DEFAULT) r.dtype = (tg_dtype)u->dtype;
   if (!r.device) r.device = device_by_id(u->device)->name;
   return r;
@@ -193,8 +192,7 @@ static tg_tensor from_doubles(const char *fn, const double *v, const int64_t *sh
   unsigned char *buf = host_alloc(fn, n, isz, false);
   if (!buf) return NONE;
   for (int64_t i = 0; i < n; i++) dtype_store(dt, buf + (size_t)i * isz, v[i]);
-  tg_opts o = {0};
-  if (opts) o = *opts;
+  tg_opts o = opts ? *opts : *TG_OPTS();
   o.dtype = dt;
   tg_tensor t = tg_from_data(buf, shape, ndim, &o);
   free(buf);
@@ -248,8 +246,10 @@ tg_tensor tg_linspace(double start, double stop, int64_t steps, const tg_opts *o
 }
 
 tg_tensor tg_eye(int64_t n, int64_t m, const tg_opts *opts) {
-  if (m <= 0) m = n;
-  if (n < 0 || n > (1 << 20) || m > (1 << 20)) return tg_set_error(TG_ERR_INVALID, "tg_eye: n=%lld m=%lld out of range", (long long)n, (long long)m), NONE;
+  if (n < 0 || m < 0 || n > (1 << 20) || m > (1 << 20))
+    return tg_set_error(TG_ERR_INVALID, "tg_eye: n=%lld m=%lld out of range (each in [0, 2^20]; pass m = n for a square identity)",
+                        (long long)n, (long long)m),
+           NONE;
   tg_dtype dt;
   if (!opts_dtype("tg_eye", opts, tg_default_float(), &dt)) return NONE;
   double *v = host_alloc("tg_eye", n * m, sizeof(double), true);
@@ -468,8 +468,7 @@ tg_tensor tg_randint(const int64_t *shape, int ndim, int64_t low, int64_t high, 
   tg_dtype dt;
   if (!opts_dtype("tg_randint", opts, TG_INT32, &dt)) return NONE;
   if (!tg_dtype_is_int(dt)) return tg_set_error(TG_ERR_INVALID, "tg_randint: dtype %s is not an integer dtype", tg_dtype_name(dt)), NONE;
-  tg_opts o = {0};
-  if (opts) o = *opts;
+  tg_opts o = opts ? *opts : *TG_OPTS();
   o.dtype = TG_FLOAT32;
   o.requires_grad = false;
   tg_tensor u = rand_shaped("tg_randint", shape, ndim, &o, (double)range, 0, false);
