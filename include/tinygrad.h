@@ -172,8 +172,12 @@ tg_tensor tg_linspace(double start, double stop, int64_t steps, const tg_opts *o
 /* Random numbers: a counter-based generator (threefry2x32) seeded by tg_manual_seed; the same seed
  * gives the same numbers on every device and in every run. */
 void tg_manual_seed(uint64_t seed);
-tg_tensor tg_rand(const int64_t *shape, int ndim, const tg_opts *opts);   /* uniform [0, 1) */
-tg_tensor tg_randn(const int64_t *shape, int ndim, const tg_opts *opts);  /* standard normal */
+/* Uniform [0, 1) in every float dtype (float16 / bfloat16 values lie on their own 2^-10 / 2^-7 grid,
+ * so none rounds up to 1). */
+tg_tensor tg_rand(const int64_t *shape, int ndim, const tg_opts *opts);
+/* Standard normal. With an integer or bool dtype it is drawn in float32 and cast (truncated toward
+ * zero), as tinygrad's. */
+tg_tensor tg_randn(const int64_t *shape, int ndim, const tg_opts *opts);
 tg_tensor tg_randint(const int64_t *shape, int ndim, int64_t low, int64_t high, const tg_opts *opts);
 tg_tensor tg_uniform(const int64_t *shape, int ndim, double low, double high, const tg_opts *opts);
 tg_tensor tg_normal(const int64_t *shape, int ndim, double mean, double std, const tg_opts *opts);
@@ -967,8 +971,8 @@ tg_tensor tg_scaled_uniform(const int64_t *shape, int ndim, const tg_opts *opts)
  * each of n tg_rand draws (ties broken by position). The draws are realized at once (one small
  * kernel); the ranks are one fused kernel of n^2 compares (fine up to ~10^4; tinygrad argsorts). */
 tg_tensor tg_randperm(int64_t n, const tg_opts *opts);
-/* tg_rand / tg_randn with t's shape, and unless opts says otherwise t's dtype (must be a float) and
- * device. */
+/* tg_rand / tg_randn with t's shape, and unless opts says otherwise t's dtype (a float for rand_like;
+ * randn_like casts to an integer one as tg_randn does) and device. */
 tg_tensor tg_rand_like(tg_tensor t, const tg_opts *opts);
 tg_tensor tg_randn_like(tg_tensor t, const tg_opts *opts);
 

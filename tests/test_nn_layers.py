@@ -905,7 +905,8 @@ for name, ctor, o, ref in [
 
 def _opt_lifecycle():
   w = set_rg(Tensor(rnd(3)).persist())
-  buf = Tensor(np.zeros(3, np.float32)).persist()  # no requires_grad: a buffer, realized with the step
+  buf = Tensor(np.zeros(3, np.float32)).persist()  # requires_grad false: a buffer, realized with the step
+  call("set_requires_grad", buf.h, False)
   try:
     with optim("adam", [w, w, buf], AdamOpts(0.1)) as op:
       n = lib.tg_optim_schedule_step(op.p, None, 0)

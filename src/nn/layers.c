@@ -1182,7 +1182,7 @@ static tg_tensor owner_of(Buffer *b, tg_tensor self) {
     bool pend;
     UOp *bn = slot_buffer(s, &pend);
     if (!bn || g_buffer_of(bn) != b) continue;
-    int score = (s->requires_grad ? 2 : 0) + (s->scope == 0 ? 1 : 0);
+    int score = (s->requires_grad == 1 ? 2 : 0) + (s->scope == 0 ? 1 : 0);
     if (score > best_score) best = (long)i, best_score = score;
   }
   return best < 0 ? self : slot_handle((size_t)best);
@@ -1201,7 +1201,7 @@ int tg_state_dict_parameters(const tg_state_dict *sd, bool trainable_only, tg_te
       return -1;
     }
     tg_tensor h = owner_of(g_buffer_of(bn), tg_state_dict_tensor(sd, i));
-    if (!h.id || (trainable_only && !tg_requires_grad(h))) continue;
+    if (!h.id || (trainable_only && t_slot(h)->requires_grad == 0)) continue;
     bool dup = false;
     for (int j = 0; j < cnt && !dup; j++) dup = found[j].id == h.id;
     if (!dup) found[cnt++] = h;

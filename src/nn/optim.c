@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "../helpers.h"
+#include "../tensor/tensor.h"
 
 #define NONE ((tg_tensor){0})
 
@@ -73,7 +74,10 @@ static tg_optim *optim_new(const char *fn, const char *name, const tg_tensor *pa
       tg_optim_free(o);
       return NULL;
     }
-    bool grad = tg_requires_grad(params[i]);
+    /* as tinygrad's: a tensor whose requires_grad is unset becomes a parameter (and is marked so);
+     * one marked false is a buffer */
+    bool grad = t_slot(params[i])->requires_grad != 0;
+    if (grad) tg_set_requires_grad(params[i], true);
     tg_tensor *list = grad ? o->params : o->buffers;
     int *cnt = grad ? &o->n : &o->nbuf;
     bool dup = false;
@@ -83,8 +87,8 @@ static tg_optim *optim_new(const char *fn, const char *name, const tg_tensor *pa
   if (o->n == 0) {
     tg_set_error(
         TG_ERR_INVALID,
-        "%s: optimizer must have at least one param (a tensor with requires_grad; got %d tensors, none "
-        "with requires_grad)",
+        "%s: optimizer must have at least one param (a tensor not marked requires_grad false; got %d "
+        "tensors, all marked false)",
         fn, n);
     tg_optim_free(o);
     return NULL;

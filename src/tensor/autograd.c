@@ -318,7 +318,9 @@ static void compute_grads(UOp *loss, UOp *seed, UOp **targets, int n, UOp **out)
     if (!g || u->op == OP_ASSIGN || !pm_has(&on_path, (uint64_t)(uintptr_t)u)) continue;
     bool is_target = false;
     for (int i = 0; i < n; i++) is_target = is_target || targets[i] == u;
-    if (is_target && u->op == OP_BUFFER) continue;
+    /* a realized tensor marked requires_grad is a leaf; other realized targets (unset ones, the loss
+     * read before its backward) pass the gradient on through their history */
+    if (is_target && u->op == OP_BUFFER && (u->flags & UOPF_GRAD_LEAF)) continue;
     UOp *contrib[8] = {NULL};
     Custom *cu = custom_of(u);
     int ns;
@@ -422,7 +424,8 @@ tg_status tg_backward(tg_tensor loss) {
   if (!l) return TG_ERR_HANDLE;
   UOp *seed = loss_seed("tg_backward", l);
   if (!seed) return TG_ERR_INVALID;
-  /* targets: live tensors that require grad and appear in the loss graph */
+  /* targets, as tinygrad's: every live float tensor in the loss graph not marked requires_grad false
+   * (unset is tinygrad's None, and counts) */
   Topo t;
   memset(&t, 0, sizeof t);
   topo_visit(&t, l);
@@ -430,7 +433,9 @@ tg_status tg_backward(tg_tensor loss) {
   PtrVec nodes = {0};
   for (size_t i = 0; i < t_slot_count(); i++) {
     Slot *s = t_slot_at(i);
-    if (s->scope < 0 || !s->requires_grad || !pm_has(&t.idx, (uint64_t)(uintptr_t)s->u)) continue;
+    if (s->scope < 0 || s->requires_grad == 0 || !tg_dtype_is_float((tg_dtype)s->u->dtype) ||
+        !pm_has(&t.idx, (uint64_t)(uintptr_t)s->u))
+      continue;
     pv_push(&slots, s);
     pv_push(&nodes, s->u);
   }
@@ -438,7 +443,8 @@ tg_status tg_backward(tg_tensor loss) {
   pv_free(&t.order);
   tg_status st = TG_OK;
   if (nodes.n == 0) {
-    st = tg_set_error(TG_ERR_INVALID, "tg_backward: the loss does not depend on any tensor with requires_grad set");
+    st = tg_set_error(TG_ERR_INVALID, "tg_backward: no live float tensor in the loss's graph can take a gradient (all are marked "
+                                      "requires_grad false)");
   } else {
     UOp **gs = tg_xmalloc(sizeof(UOp *) * nodes.n);
     compute_grads(l, seed, (UOp **)nodes.p, (int)nodes.n, gs);
@@ -455,7 +461,9 @@ tg_status tg_backward(tg_tensor loss) {
         s->grad = gs[i];
       }
     }
-    if (!got) st = tg_set_error(TG_ERR_INVALID, "tg_backward: no tensor with requires_grad is reachable from the loss through differentiable ops");
+    if (!got)
+      st = tg_set_error(TG_ERR_INVALID, "tg_backward: no tensor not marked requires_grad false is reachable from the loss through "
+                                        "differentiable ops");
     free(gs);
   }
   uop_unref(seed);
@@ -470,14 +478,14 @@ tg_tensor tg_set_requires_grad(tg_tensor t, bool requires_grad) {
     t_get(t, "tg_set_requires_grad");
     return NONE;
   }
-  s->requires_grad = requires_grad;
+  s->requires_grad = requires_grad ? 1 : 0;
   if (requires_grad && s->u) s->u->flags |= UOPF_GRAD_LEAF;
   return t;
 }
 
 bool tg_requires_grad(tg_tensor t) {
   Slot *s = t_slot(t);
-  return s && s->requires_grad;
+  return s && s->requires_grad == 1;
 }
 
 tg_tensor tg_grad(tg_tensor t) {

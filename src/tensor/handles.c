@@ -104,8 +104,9 @@ tg_tensor t_wrap(UOp *u) {
   }
   Slot *sl = slot_at(s);
   sl->u = u;
+  if (u->op == OP_RESHAPE) u->flags |= UOPF_HELD_RESHAPE;
   sl->scope = scope_depth;
-  sl->requires_grad = false;
+  sl->requires_grad = TG_GRAD_UNSET;
   sl->grad = NULL;
   sl->next_free = -1;
   nlive++;
@@ -221,7 +222,7 @@ int t_replace_everywhere(UOp *from, UOp *to) {
     Slot *sl = slot_at(i);
     if (sl->scope >= 0 && sl->u == from) {
       sl->u = to;
-      if (sl->requires_grad) to->flags |= UOPF_GRAD_LEAF;
+      if (sl->requires_grad == 1) to->flags |= UOPF_GRAD_LEAF;
       n++;
     }
   }

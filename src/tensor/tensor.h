@@ -23,7 +23,7 @@ typedef struct Slot {
   UOp *u;
   uint32_t gen;
   int32_t scope;    /* scope depth owning the handle; -1 when free */
-  bool requires_grad;
+  int8_t requires_grad; /* 1, 0 or TG_GRAD_UNSET (tinygrad's None): only 0 keeps tg_backward away */
   int32_t next_free;
   UOp *grad;        /* owned; NULL when no gradient */
 } Slot;

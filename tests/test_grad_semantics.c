@@ -1,0 +1,190 @@
+/*
+ * test_grad_semantics.c -- tinygrad's semantics for which tensors get gradients (the three-state
+ * requires_grad), backward / gradient with an explicit upstream gradient, setitem through views and
+ * its gradient, and the range of the random-number creators. The expected numbers are tinygrad's
+ * (worked out by hand here: they are small).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "test.h"
+#include "tinygrad.h"
+
+#define OK(x) CHECK_MSG((x) == TG_OK, "%s", tg_last_error() ? tg_last_error() : "(no error recorded)")
+#define F32V(...) f32((const float[]){__VA_ARGS__}, (int64_t)(sizeof((const float[]){__VA_ARGS__}) / sizeof(float)))
+#define NONE_T ((tg_tensor){0})
+
+static tg_tensor f32(const float *v, int64_t n) { return tg_from_data(v, &n, 1, NULL); }
+
+/* t's values (cast to float32) against want[0..n-1], exactly or within tol */
+static void check_vals(const char *file, int line, tg_tensor t, const double *want, int64_t n, double tol) {
+  if (!tg_valid(t)) {
+    tt_failed_checks++;
+    fprintf(stderr, "  FAIL %s:%d: none tensor (%s)\n", file, line, tg_last_error() ? tg_last_error() : "");
+    return;
+  }
+  if (tg_numel(t) != n) {
+    tt_failed_checks++;
+    fprintf(stderr, "  FAIL %s:%d: %lld elements, expected %lld\n", file, line, (long long)tg_numel(t), (long long)n);
+    return;
+  }
+  tg_scope_begin();
+  float v[64];
+  if (n > 64 || tg_data(tg_cast(t, TG_FLOAT32), v, sizeof(float) * (size_t)n) != TG_OK) {
+    tt_failed_checks++;
+    fprintf(stderr, "  FAIL %s:%d: cannot read (%s)\n", file, line, tg_last_error() ? tg_last_error() : "");
+  } else {
+    for (int64_t i = 0; i < n; i++)
+      if (!(fabs(v[i] - want[i]) <= tol)) {
+        tt_failed_checks++;
+        fprintf(stderr, "  FAIL %s:%d: [%lld] = %g, expected %g\n", file, line, (long long)i, v[i], want[i]);
+      }
+  }
+  tg_scope_end();
+}
+#define CHECK_VALS(t, tol, ...)                                                                          \
+  check_vals(__FILE__, __LINE__, (t), (const double[]){__VA_ARGS__},                                   \
+             (int64_t)(sizeof((const double[]){__VA_ARGS__}) / sizeof(double)), (tol))
+
+#define BEGIN_T                                                                                     \
+  size_t live0 = tg_live_count();                                                                   \
+  tg_clear_error();                                                                                 \
+  tg_scope_begin()
+#define END_T                                                                                       \
+  do {                                                                                              \
+    tg_scope_end();                                                                                 \
+    CHECK_MSG(tg_live_count() == live0, "live handles %zu, expected %zu", tg_live_count(), live0); \
+    CHECK_MSG(tg_last_error() == NULL, "unexpected error left: %s", tg_last_error());               \
+    tg_clear_error();                                                                               \
+  } while (0)
+
+static tg_tensor sumall(tg_tensor t) { return tg_sum(t, TG_ALL_AXES, false); }
+
+/* ---- which tensors get gradients ---- */
+
+TEST(requires_grad_is_three_state) {
+  BEGIN_T;
+  tg_tensor x = F32V(1, 2);
+  CHECK(!tg_requires_grad(x)); /* unset reads as not true */
+  tg_tensor y = tg_mul_s(x, 3);
+  tg_tensor z = sumall(tg_mul(y, y));
+  OK(tg_backward(z));
+  /* every float tensor in the graph not marked false: x, y and the loss itself */
+  CHECK_VALS(tg_grad(x), 1e-5, 18, 36);
+  CHECK_VALS(tg_grad(y), 1e-5, 6, 12);
+  CHECK_VALS(tg_grad(z), 0, 1);
+  /* marked false: no gradient, but the gradient still flows through it to x */
+  tg_zero_grad(x);
+  tg_tensor y2 = tg_set_requires_grad(tg_mul_s(x, 3), false);
+  OK(tg_backward(sumall(tg_mul(y2, y2))));
+  CHECK(tg_grad(y2).id == 0);
+  CHECK_VALS(tg_grad(x), 1e-5, 18, 36);
+  /* integer tensors never get one */
+  tg_tensor ai = tg_arange(0, 2, 1, NULL);
+  tg_zero_grad(x);
+  OK(tg_backward(sumall(tg_mul(x, tg_cast(ai, TG_FLOAT32)))));
+  CHECK(tg_grad(ai).id == 0);
+  CHECK_VALS(tg_grad(x), 0, 0, 1);
+  /* a TG_OPTS without .requires_grad is unset; .requires_grad = false marks the tensor false */
+  tg_tensor u = tg_from_data((float[]){4, 5}, TG_SHAPE(2), TG_OPTS(.dtype = TG_FLOAT32));
+  tg_tensor f = tg_from_data((float[]){6, 7}, TG_SHAPE(2), TG_OPTS(.requires_grad = false));
+  OK(tg_backward(sumall(tg_add(tg_mul_s(u, 2), tg_mul_s(f, 3)))));
+  CHECK_VALS(tg_grad(u), 0, 2, 2);
+  CHECK(tg_grad(f).id == 0);
+  /* everything marked false: an error naming the reason */
+  tg_tensor g = tg_set_requires_grad(F32V(8, 9), false);
+  tg_tensor l = tg_set_requires_grad(sumall(g), false);
+  CHECK(tg_backward(l) == TG_ERR_INVALID);
+  CHECK_STR_CONTAINS(tg_last_error(), "requires_grad false");
+  tg_clear_error();
+  END_T;
+}
+
+TEST(gradient_of_clone_expand_reshaped_arange) {
+  BEGIN_T;
+  tg_tensor x = F32V(1, 2, 3);
+  tg_tensor c = tg_clone(x), gc;
+  OK(tg_gradient(sumall(tg_mul(c, c)), &c, 1, &gc));
+  CHECK_VALS(gc, 1e-6, 2, 4, 6);
+  tg_tensor e = tg_expand(tg_from_data((float[]){1, 2}, TG_SHAPE(1, 2), NULL), TG_SHAPE(3, 2)), ge;
+  tg_tensor w = tg_cast(tg_reshape(tg_arange(0, 6, 1, NULL), TG_SHAPE(3, 2)), TG_FLOAT32);
+  OK(tg_gradient(sumall(tg_mul(e, w)), &e, 1, &ge));
+  CHECK_VALS(ge, 0, 0, 1, 2, 3, 4, 5);
+  /* a reshape of a reshaped tensor still reaches it */
+  tg_tensor a = tg_reshape(tg_arange(0, 6, 1, TG_OPTS(.dtype = TG_FLOAT32)), TG_SHAPE(2, 3)), ga;
+  OK(tg_gradient(sumall(tg_mul_s(tg_reshape(a, TG_SHAPE(3, 2)), 2)), &a, 1, &ga));
+  CHECK_VALS(ga, 0, 2, 2, 2, 2, 2, 2);
+  /* and tg_backward fills them too */
+  OK(tg_backward(sumall(tg_mul_s(tg_reshape(a, TG_SHAPE(3, 2)), 5))));
+  CHECK_VALS(tg_grad(a), 0, 5, 5, 5, 5, 5, 5);
+  END_T;
+}
+
+TEST(optimizer_takes_unset_tensors_as_parameters) {
+  BEGIN_T;
+  tg_tensor w = tg_persist(F32V(1, 2)), b = tg_persist(tg_set_requires_grad(F32V(0, 0), false));
+  tg_optim *o = tg_optim_sgd((tg_tensor[]){w, b}, 2, TG_SGD_OPTS(.lr = 0.5));
+  CHECK(o != NULL);
+  CHECK(tg_requires_grad(w) && !tg_requires_grad(b)); /* unset became true, as tinygrad's Optimizer does */
+  tg_context_begin();
+  tg_context_set_int("TRAINING", 1);
+  tg_scope_begin();
+  OK(tg_backward(sumall(tg_mul(w, w))));
+  OK(tg_optim_step(o));
+  tg_scope_end();
+  tg_context_end();
+  CHECK_VALS(w, 1e-6, 0, 0); /* w - 0.5 * 2w */
+  tg_optim_free(o);
+  tg_tensor f = tg_persist(tg_set_requires_grad(F32V(1), false));
+  CHECK(tg_optim_sgd(&f, 1, NULL) == NULL);
+  CHECK_STR_CONTAINS(tg_last_error(), "at least one param");
+  tg_clear_error();
+  tg_free(w), tg_free(b), tg_free(f);
+  END_T;
+}
+
+/* ---- random numbers ---- */
+
+TEST(rand_is_below_one_in_every_float_dtype) {
+  BEGIN_T;
+  const tg_dtype dts[] = {TG_FLOAT16, TG_BFLOAT16, TG_FLOAT32, TG_FLOAT64};
+  for (int k = 0; k < 4; k++) {
+    tg_scope_begin();
+    tg_manual_seed(0);
+    tg_tensor r = tg_rand(TG_SHAPE(2, 128, 128), TG_OPTS(.dtype = dts[k]));
+    double mx = -1, mn = 2, mean = 0;
+    OK(tg_item(tg_max(r, TG_ALL_AXES, false), &mx));
+    OK(tg_item(tg_min(r, TG_ALL_AXES, false), &mn));
+    OK(tg_item(tg_mean(tg_cast(r, TG_FLOAT32), TG_ALL_AXES, false), &mean));
+    CHECK_MSG(mx < 1 && mn >= 0, "%s: range [%g, %g]", tg_dtype_name(dts[k]), mn, mx);
+    CHECK_MSG(fabs(mean - 0.5) < 0.01, "%s: mean %g", tg_dtype_name(dts[k]), mean);
+    /* the largest value is the dtype's largest below 1 (or close): the top of the range is used */
+    CHECK_MSG(mx > 0.99, "%s: max %g", tg_dtype_name(dts[k]), mx);
+    tg_scope_end();
+  }
+  END_T;
+}
+
+TEST(randn_with_an_integer_dtype_casts) {
+  BEGIN_T;
+  tg_manual_seed(3);
+  tg_tensor f = tg_randn(TG_SHAPE(1000), NULL);
+  tg_manual_seed(3);
+  tg_tensor i = tg_randn(TG_SHAPE(1000), TG_OPTS(.dtype = TG_INT32));
+  CHECK(tg_dtype_of(i) == TG_INT32);
+  /* the same draws, truncated toward zero */
+  double diff = -1;
+  OK(tg_item(tg_max(tg_abs(tg_sub(tg_cast(tg_cast(f, TG_INT32), TG_FLOAT32), tg_cast(i, TG_FLOAT32))), TG_ALL_AXES, false), &diff));
+  CHECK(diff == 0);
+  tg_tensor il = tg_randn_like(tg_zeros(TG_SHAPE(4), TG_OPTS(.dtype = TG_INT16)), NULL);
+  CHECK(tg_dtype_of(il) == TG_INT16);
+  OK(tg_realize(il));
+  /* rand itself stays float-only, as tinygrad's */
+  CHECK(tg_rand(TG_SHAPE(2), TG_OPTS(.dtype = TG_INT32)).id == 0);
+  CHECK_STR_CONTAINS(tg_last_error(), "not a float dtype");
+  tg_clear_error();
+  END_T;
+}
+
+int main(void) { return RUN_TESTS(); }
