@@ -809,26 +809,40 @@ tg_tensor tg_contiguous_backward(tg_tensor x);
 /* ---------------------------------------------------------------------------------------------- */
 /* autograd                                                                                        */
 
-/* Marks t as a leaf whose gradient tg_backward computes (also settable with tg_opts.requires_grad).
- * Returns t. */
+/* requires_grad has tinygrad's three states: unset (TG_GRAD_UNSET, every new tensor's), true and
+ * false. true marks a leaf: tensors computed from it and realized keep the graph for a later
+ * tg_backward, and a realized one stops the backward pass there. false keeps tg_backward from
+ * filling t's gradient (the gradient still flows through t to what it was computed from). An
+ * optimizer turns unset parameters into true ones (tinygrad's Optimizer). Returns t. */
 tg_tensor tg_set_requires_grad(tg_tensor t, bool requires_grad);
+/* True only when requires_grad was set true (unset and false read false). */
 bool tg_requires_grad(tg_tensor t);
-/* Reverse-mode differentiation of a scalar float loss. For every live tensor with requires_grad that
- * the loss depends on, adds d loss / d t to t's gradient (gradients accumulate until tg_zero_grad).
+/* Reverse-mode differentiation of a scalar float loss. As in tinygrad, every live float tensor in the
+ * loss's graph that is not marked requires_grad false (the loss itself, intermediates, clones,
+ * views, leaves) gets d loss / d t added to its gradient (gradients accumulate until tg_zero_grad).
  * Tensors already realized (read with tg_data/tg_item, or tg_realize'd) on the way still pass the
- * gradient through the graph that computed them: the loss may be read before its backward pass.
- * Gradients are lazy: they realize when read or when tg_realize is called on tg_grad(t).
- * Error if the loss is not a scalar or does not depend on any tensor that requires grad. */
+ * gradient through the graph that computed them when it reaches a requires_grad true leaf: the loss
+ * may be read before its backward pass. Gradients are lazy: they realize when read or when
+ * tg_realize is called on tg_grad(t). Error if the loss is not a scalar or no tensor in its graph can
+ * take a gradient. */
 tg_status tg_backward(tg_tensor loss);
+/* tinygrad's t.backward(gradient): as tg_backward from a tensor of any shape, starting from the
+ * upstream gradient d L / d t (t's shape and device, cast to t's dtype; no gradient flows into it).
+ * gradient {0} is tg_backward. */
+tg_status tg_backward_with_grad(tg_tensor t, tg_tensor gradient);
 /* A new handle to t's accumulated gradient, or none (with no error) if it has none. */
 tg_tensor tg_grad(tg_tensor t);
 /* Drops t's gradient. */
 void tg_zero_grad(tg_tensor t);
 /* Replaces t's gradient (none clears it). Shapes must match. */
 tg_status tg_set_grad(tg_tensor t, tg_tensor grad);
-/* d loss / d targets[i] into out[i] (new handles) without touching any tensor's gradient.
- * Error if a target is not connected to the loss through differentiable ops. */
+/* d loss / d targets[i] into out[i] (new handles) without touching any tensor's gradient; any
+ * tensor may be a target, whatever its requires_grad. Error if a target is not connected to the loss
+ * through differentiable ops. */
 tg_status tg_gradient(tg_tensor loss, const tg_tensor *targets, int n, tg_tensor *out);
+/* tinygrad's t.gradient(*targets, gradient=...): tg_gradient from a tensor of any shape, starting
+ * from the upstream gradient (as tg_backward_with_grad; {0} is tg_gradient). */
+tg_status tg_gradient_with_grad(tg_tensor t, tg_tensor gradient, const tg_tensor *targets, int n, tg_tensor *out);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* state dicts and model files: safetensors, GGUF, tar                                             */

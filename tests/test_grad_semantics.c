@@ -144,6 +144,37 @@ TEST(optimizer_takes_unset_tensors_as_parameters) {
   END_T;
 }
 
+/* ---- an explicit upstream gradient ---- */
+
+TEST(backward_and_gradient_with_an_upstream_gradient) {
+  BEGIN_T;
+  tg_tensor x = F32V(1, 2, 3);
+  tg_tensor y = tg_mul(x, x);
+  OK(tg_backward_with_grad(y, F32V(1, 10, 100)));
+  CHECK_VALS(tg_grad(x), 1e-4, 2, 40, 600);
+  CHECK_VALS(tg_grad(y), 0, 1, 10, 100); /* y itself is in the graph */
+  tg_tensor gx;
+  OK(tg_gradient_with_grad(y, F32V(1, 0.5, 2), &x, 1, &gx));
+  CHECK_VALS(gx, 1e-5, 2, 2, 12);
+  /* a 2-d output, an integer upstream gradient cast to the output's dtype */
+  tg_tensor m = tg_from_data((float[]){1, 2, 3, 4}, TG_SHAPE(2, 2), NULL);
+  tg_tensor up = tg_from_data((int32_t[]){1, 0, 0, 2}, TG_SHAPE(2, 2), TG_OPTS(.dtype = TG_INT32)), gm;
+  OK(tg_gradient_with_grad(tg_exp(m), up, &m, 1, &gm));
+  CHECK_VALS(gm, 1e-4, exp(1.0), 0, 0, 2 * exp(4.0));
+  /* {0} upstream is the plain scalar form */
+  tg_tensor s = sumall(y), gs;
+  OK(tg_gradient_with_grad(s, NONE_T, &x, 1, &gs));
+  CHECK_VALS(gs, 1e-6, 2, 4, 6);
+  /* errors: shape mismatch, a non-scalar without one (the hint names the _with_grad forms) */
+  CHECK(tg_backward_with_grad(y, F32V(1, 2)) == TG_ERR_INVALID);
+  CHECK_ERR(TG_ERR_INVALID, "tg_backward_with_grad", "(2,)", "(3,)");
+  CHECK(tg_gradient(y, &x, 1, &gx) == TG_ERR_INVALID);
+  CHECK_ERR(TG_ERR_INVALID, "tg_gradient", "not a scalar", "tg_gradient_with_grad");
+  CHECK(tg_backward_with_grad(tg_cast(y, TG_INT32), tg_ones(TG_SHAPE(3), TG_OPTS(.dtype = TG_INT32))) == TG_ERR_INVALID);
+  CHECK_ERR(TG_ERR_INVALID, "tg_backward_with_grad", "float");
+  END_T;
+}
+
 /* ---- random numbers ---- */
 
 TEST(rand_is_below_one_in_every_float_dtype) {
