@@ -721,11 +721,20 @@ typedef struct {
  * otherwise they go first (numpy's rule, as tinygrad applies it). The indexed dims are gathered by
  * one fused data-dependent load (tg_index at the linearized index); differentiable in x. */
 tg_tensor tg_getitem(tg_tensor x, const tg_index_spec *spec, int n);
-/* x[spec...] = value (broadcast to the indexed shape, cast to x's dtype), as tinygrad: x is
- * tg_assign'ed where(mask, value placed in x's shape, x), so x's handle is updated lazily and the
- * write happens when x is realized (read x, or tg_realize). x must be assignable (tg_assign: its own
- * buffer or a lazy value, not a view). With index tensors, out-of-range indices write nothing and
- * when one position is indexed several times the last one (row-major) wins. Not differentiable. */
+/* x[spec...] = value (broadcast to the indexed shape, cast to x's dtype), as tinygrad's __setitem__.
+ * x's handle is updated lazily to where(mask, value placed in x's shape, x); how the write lands
+ * depends on x's storage, as in tinygrad:
+ *  - x has storage (its own buffer, realized): x is tg_assign'ed, the write happens when x is
+ *    realized (read x, or tg_realize).
+ *  - x is a view (getitem, transpose, reshape, flip, pad, ... of a tensor with storage): the write
+ *    lands in that tensor's storage, and every handle of it sees it: t.T[1,0] = 5, t[::-1][0] = 5,
+ *    t[1][2] = 5 and t[:3] *= 10 (setitem of the view with view * 10) all change t. A view that
+ *    broadcasts (tg_expand) is refused.
+ *  - x has no storage yet (a lazy value, or a view of one): only x's handle changes (a view does not
+ *    write its base, as in tinygrad), and the update is differentiable: the gradient reaches value
+ *    and the part of x not written. (An integer x with index tensors is assigned as above.)
+ * With index tensors, out-of-range indices write nothing and when one position is indexed several
+ * times the last one (row-major) wins. */
 tg_status tg_setitem(tg_tensor x, const tg_index_spec *spec, int n, tg_tensor value);
 tg_status tg_setitem_s(tg_tensor x, const tg_index_spec *spec, int n, double value);
 

@@ -175,6 +175,85 @@ TEST(backward_and_gradient_with_an_upstream_gradient) {
   END_T;
 }
 
+/* ---- setitem through views, and its gradient ---- */
+
+static tg_tensor realized_zeros33(void) {
+  tg_tensor t = tg_contiguous(tg_zeros(TG_SHAPE(3, 3), NULL));
+  if (tg_realize(t) != TG_OK) return NONE_T;
+  return t;
+}
+
+TEST(setitem_through_a_view_writes_the_base) {
+  BEGIN_T;
+  /* t.T[1, 0] = 5 */
+  tg_tensor t = realized_zeros33();
+  tg_tensor tt = tg_transpose(t, 0, 1);
+  OK(tg_setitem_s(tt, TG_INDEX(TG_IX_INT(1), TG_IX_INT(0)), 5));
+  CHECK_VALS(t, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0);
+  CHECK_VALS(tt, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0); /* the view shows it too */
+  /* t[::-1][0] = 5 */
+  t = realized_zeros33();
+  OK(tg_setitem_s(tg_getitem(t, TG_INDEX(TG_IX_STEP(-1))), TG_INDEX(TG_IX_INT(0)), 5));
+  CHECK_VALS(t, 0, 0, 0, 0, 0, 0, 0, 5, 5, 5);
+  /* t[1][2] = 5, with a tensor value */
+  t = realized_zeros33();
+  OK(tg_setitem(tg_getitem(t, TG_INDEX(TG_IX_INT(1))), TG_INDEX(TG_IX_INT(2)), tg_scalar(5, NULL)));
+  CHECK_VALS(t, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0);
+  /* t[:3] *= 10 on a realized tensor: the view is read before the write lands */
+  tg_tensor a = tg_contiguous(tg_cast(tg_arange(0, 5, 1, NULL), TG_FLOAT32));
+  OK(tg_realize(a));
+  tg_tensor v = tg_getitem(a, TG_INDEX(TG_IX_TO(3, 1)));
+  OK(tg_setitem(v, TG_INDEX(TG_IX_ALL), tg_mul_s(v, 10)));
+  CHECK_VALS(a, 0, 0, 10, 20, 3, 4);
+  /* a strided, padded and reshaped view; other handles of the base see the write */
+  tg_tensor b = tg_contiguous(tg_zeros(TG_SHAPE(6), NULL));
+  OK(tg_realize(b));
+  tg_tensor b2 = tg_reshape(b, TG_SHAPE(6)); /* same node: another handle of the base */
+  tg_tensor w = tg_reshape(tg_getitem(b, TG_INDEX(TG_IX_STEP(2))), TG_SHAPE(3, 1));
+  OK(tg_setitem_s(w, TG_INDEX(TG_IX_SLICE(1, 3, 1)), 7));
+  CHECK_VALS(b2, 0, 0, 0, 7, 0, 7, 0);
+  tg_tensor pd = tg_pad(b, (const int64_t[]){1, 1}, 2, 0.0);
+  OK(tg_setitem_s(pd, TG_INDEX(TG_IX_SLICE(0, 2, 1)), 9)); /* [0] is padding: only b[0] is written */
+  CHECK_VALS(b, 0, 9, 0, 7, 0, 7, 0);
+  /* an expanded view shares elements: refused with a hint */
+  tg_tensor e = tg_expand(tg_reshape(b, TG_SHAPE(1, 6)), TG_SHAPE(2, 6));
+  CHECK(tg_setitem_s(e, TG_INDEX(TG_IX_INT(0)), 1) == TG_ERR_INVALID);
+  CHECK_ERR(TG_ERR_INVALID, "tg_setitem_s", "expanded");
+  /* a view of a lazy tensor (no storage yet) changes only the view, as in tinygrad */
+  tg_tensor z = tg_zeros(TG_SHAPE(3, 3), NULL);
+  tg_tensor zt = tg_transpose(z, 0, 1);
+  OK(tg_setitem_s(zt, TG_INDEX(TG_IX_INT(1), TG_IX_INT(0)), 5));
+  CHECK_VALS(zt, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0);
+  CHECK_VALS(z, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  END_T;
+}
+
+TEST(setitem_is_differentiable) {
+  BEGIN_T;
+  /* y = x * 2 (lazy: no storage); y[1:3] = v * 2; loss = sum(y * [1, 2, 3, 4]) */
+  tg_tensor x = F32V(1, 2, 3, 4), v = F32V(10, 20);
+  tg_tensor y = tg_mul_s(x, 2);
+  OK(tg_setitem(y, TG_INDEX(TG_IX_SLICE(1, 3, 1)), tg_mul_s(v, 2)));
+  tg_tensor l = sumall(tg_mul(y, F32V(1, 2, 3, 4)));
+  tg_tensor g[2];
+  OK(tg_gradient(l, (tg_tensor[]){x, v}, 2, g));
+  CHECK_VALS(y, 0, 2, 20, 40, 8); /* (read after: a realized unset tensor keeps no graph, as tinygrad's) */
+  CHECK_VALS(g[0], 0, 2, 0, 0, 8); /* the overwritten part of x gets nothing */
+  CHECK_VALS(g[1], 0, 4, 6);
+  /* a scalar write, and tg_backward */
+  tg_tensor y2 = tg_mul_s(x, 2);
+  OK(tg_setitem_s(y2, TG_INDEX(TG_IX_INT(1)), 7));
+  OK(tg_backward(sumall(tg_mul(y2, y2))));
+  CHECK_VALS(tg_grad(x), 1e-5, 8, 0, 24, 32);
+  /* advanced indices too */
+  tg_tensor y3 = tg_mul_s(x, 2), idx = tg_from_data((int32_t[]){3, 0}, TG_SHAPE(2), TG_OPTS(.dtype = TG_INT32)), g3[2];
+  OK(tg_setitem(y3, TG_INDEX(TG_IX_TENSOR(idx)), tg_mul_s(v, 3)));
+  OK(tg_gradient(sumall(tg_mul(y3, F32V(1, 2, 3, 4))), (tg_tensor[]){x, v}, 2, g3));
+  CHECK_VALS(g3[0], 0, 0, 4, 6, 0);
+  CHECK_VALS(g3[1], 0, 12, 3);
+  END_T;
+}
+
 /* ---- random numbers ---- */
 
 TEST(rand_is_below_one_in_every_float_dtype) {
