@@ -1222,8 +1222,8 @@ void tg_nn_lstmcell_free(tg_nn_lstmcell *l);
 tg_status tg_load_state_dict(tg_state_dict *model, const tg_state_dict *loaded, bool strict);
 /* tinygrad's get_parameters: the tensors of a model dict as the handles that own them (each layer's
  * own parameter handle, not the dict's view: gradients and optimizer updates land on those), without
- * duplicates, in dict order. trainable_only: only tensors with requires_grad (what an optimizer
- * updates); otherwise running statistics too (an optimizer given them realizes their pending updates
+ * duplicates, in dict order. trainable_only: only tensors not marked requires_grad false (what an
+ * optimizer updates); otherwise running statistics too (an optimizer given them realizes their pending updates
  * with each step, as tinygrad's does). Returns the count and writes the handles (BORROWED from their
  * owners) to out; out NULL only counts; -1 with an error if cap is too small. */
 int tg_state_dict_parameters(const tg_state_dict *sd, bool trainable_only, tg_tensor *out, int cap);
@@ -1231,8 +1231,9 @@ int tg_state_dict_parameters(const tg_state_dict *sd, bool trainable_only, tg_te
 /* Optimizers (tinygrad's nn.optim), updating parameters in place with lazy tg_assigns. The optimizer
  * BORROWS the parameter handles (keep them alive while it is used) and OWNS its state: the learning
  * rate (a (1,) float32 tensor, so changing it recompiles nothing), momentum buffers, Adam moments and
- * the b1^t / b2^t step counters, all updated by tg_assign. Handles without requires_grad are buffers
- * (realized with each step, never updated); duplicates count once; at least one parameter is required.
+ * the b1^t / b2^t step counters, all updated by tg_assign. Handles marked requires_grad false are
+ * buffers (realized with each step, never updated); unset ones become parameters and are marked true,
+ * as in tinygrad; duplicates count once; at least one parameter is required.
  * Each optimizer has its own options struct and macro with tinygrad's defaults (every value, 0
  * included, means itself). Constructors return NULL with an error. */
 typedef struct tg_optim tg_optim;
