@@ -878,7 +878,8 @@ tg_tensor tg_state_dict_get(const tg_state_dict *sd, const char *name);
 /* Stores t under name: the dict takes a new root-scope handle of t's value (the caller's handle is
  * untouched, so the entry's lifetime is independent of the caller's scopes). An existing name is
  * replaced in place (keeping its position; the old entry's handle is freed). Lazy tensors are stored
- * lazily. Errors: NULL dict or name, empty name, invalid t. */
+ * lazily. The entry's handle is marked requires_grad false (gradients go to t's own handle, not to
+ * this alias). Errors: NULL dict or name, empty name, invalid t. */
 tg_status tg_state_dict_set(tg_state_dict *sd, const char *name, tg_tensor t);
 /* Metadata: string key/value pairs in insertion order. set replaces an existing key's value. get
  * returns the value (borrowed) or NULL if absent (no error). key / value give entry i (NULL if out of

@@ -144,6 +144,27 @@ TEST(optimizer_takes_unset_tensors_as_parameters) {
   END_T;
 }
 
+TEST(state_dict_aliases_take_no_gradient) {
+  BEGIN_T;
+  /* a dict entry is a second handle of the model's tensor: repeated backward passes must not pile
+   * gradients onto it, and the parameters it lists are the owners' handles */
+  tg_tensor w = tg_persist(F32V(1, 2));
+  tg_state_dict *sd = tg_state_dict_new();
+  OK(tg_state_dict_set(sd, "w", w));
+  for (int k = 0; k < 3; k++) {
+    tg_scope_begin();
+    OK(tg_backward(sumall(tg_mul(w, w))));
+    tg_scope_end();
+  }
+  CHECK(tg_grad(tg_state_dict_get(sd, "w")).id == 0);
+  CHECK_VALS(tg_grad(w), 1e-6, 6, 12); /* accumulated over the three passes */
+  tg_tensor p[2];
+  CHECK(tg_state_dict_parameters(sd, true, p, 2) == 1 && p[0].id == w.id);
+  tg_state_dict_free(sd);
+  tg_free(w);
+  END_T;
+}
+
 /* ---- an explicit upstream gradient ---- */
 
 TEST(backward_and_gradient_with_an_upstream_gradient) {

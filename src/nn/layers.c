@@ -1171,7 +1171,7 @@ static tg_tensor slot_handle(size_t i) {
 }
 
 /* The live handle that owns buffer b, other than the dict entry `self` (the fallback when nothing
- * else holds it): preferring requires_grad, then root scope, then the oldest slot. */
+ * else holds it): preferring requires_grad true, then unset, then root scope, then the oldest slot. */
 static tg_tensor owner_of(Buffer *b, tg_tensor self) {
   long best = -1;
   int best_score = -1;
@@ -1182,7 +1182,8 @@ static tg_tensor owner_of(Buffer *b, tg_tensor self) {
     bool pend;
     UOp *bn = slot_buffer(s, &pend);
     if (!bn || g_buffer_of(bn) != b) continue;
-    int score = (s->requires_grad == 1 ? 2 : 0) + (s->scope == 0 ? 1 : 0);
+    /* requires_grad true, then unset (a dict's own aliases are false), then root scope */
+    int score = (s->requires_grad == 1 ? 4 : s->requires_grad < 0 ? 2 : 0) + (s->scope == 0 ? 1 : 0);
     if (score > best_score) best = (long)i, best_score = score;
   }
   return best < 0 ? self : slot_handle((size_t)best);
