@@ -222,7 +222,9 @@ tg_tensor tg_to(tg_tensor t, const char *device);
 /* A tensor whose data is contiguous in memory (a copy if t is a non-trivial view). */
 tg_tensor tg_contiguous(tg_tensor t);
 /* Writes value into target's buffer (shapes must match; value is cast to target's dtype). Returns
- * target's handle updated to the assignment; the write happens when it is realized. */
+ * target's handle updated to the assignment; the write happens when it is realized. A target that is
+ * a view of a tensor with storage writes into that storage, as tinygrad's assign does (see
+ * tg_setitem: every handle of that tensor sees the write). */
 tg_tensor tg_assign(tg_tensor target, tg_tensor value);
 /* A copy of t's graph with the same data (lazy). */
 tg_tensor tg_clone(tg_tensor t);

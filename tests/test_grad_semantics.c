@@ -236,6 +236,11 @@ TEST(setitem_through_a_view_writes_the_base) {
   tg_tensor pd = tg_pad(b, (const int64_t[]){1, 1}, 2, 0.0);
   OK(tg_setitem_s(pd, TG_INDEX(TG_IX_SLICE(0, 2, 1)), 9)); /* [0] is padding: only b[0] is written */
   CHECK_VALS(b, 0, 9, 0, 7, 0, 7, 0);
+  /* tg_assign into a view writes the base too (tinygrad's view assign) */
+  tg_tensor c = realized_zeros33();
+  tg_tensor col = tg_getitem(c, TG_INDEX(TG_IX_ALL, TG_IX_INT(2)));
+  CHECK(tg_assign(col, F32V(1, 2, 3)).id == col.id);
+  CHECK_VALS(c, 0, 0, 0, 1, 0, 0, 2, 0, 0, 3);
   /* an expanded view shares elements: refused with a hint */
   tg_tensor e = tg_expand(tg_reshape(b, TG_SHAPE(1, 6)), TG_SHAPE(2, 6));
   CHECK(tg_setitem_s(e, TG_INDEX(TG_IX_INT(0)), 1) == TG_ERR_INVALID);

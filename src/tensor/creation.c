@@ -719,10 +719,12 @@ tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
       uop_unref(a0);
       tu = tb = ts->u;
     }
-    if (tb->op != OP_BUFFER)
-      return tg_set_error(TG_ERR_INVALID, "tg_assign: target of shape %s is a view of another tensor; assign into a contiguous tensor (tg_contiguous) instead",
-                          fmt_shape(b1, sizeof b1, tu->shape, tu->ndim)),
-             NONE;
+    if (tb->op != OP_BUFFER) {
+      /* a view of a tensor with storage: the write lands in that storage (tinygrad's view assign),
+       * as a setitem of the whole view does it */
+      tg_status st = tg_setitem(target, NULL, 0, value);
+      return st == TG_OK ? target : NONE;
+    }
   }
   UOp *v = g_cast(vu, (tg_dtype)tb->dtype);
   UOp *a = g_assign(tb, v);

@@ -602,7 +602,7 @@ static tg_status write_through(const char *fn, tg_tensor x, UOp *const *chain, i
   tg_tensor nb = tg_where(mask, vb, hb);
   if (!tg_valid(nb) || !tg_valid(tg_assign(hb, nb))) return tg_last_status() ? tg_last_status() : TG_ERR_INVALID;
   UOp *as = t_get(hb, fn);
-  t_replace_everywhere(bn, as);
+  t_replace_buffer_everywhere(g_buffer_of(bn), as);
   /* x: the same views, now of the assigned base */
   tg_tensor r = hb;
   for (int k = nc - 1; k >= 0; k--) {

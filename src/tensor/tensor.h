@@ -18,6 +18,9 @@ UOp *t_get(tg_tensor t, const char *fn);
 tg_tensor t_wrap(UOp *u);
 /* Replaces the UOp of every live handle that holds `from` with `to` (after realize). */
 int t_replace_everywhere(UOp *from, UOp *to); /* returns how many handles it changed */
+/* Replaces the UOp of every live handle that holds a BUFFER node of buffer b (or a node realized as
+ * one) with `to`: several BUFFER nodes may name one buffer. Returns how many it changed. */
+int t_replace_buffer_everywhere(Buffer *b, UOp *to);
 /* Handle slot fields used by autograd. */
 typedef struct Slot {
   UOp *u;
