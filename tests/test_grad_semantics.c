@@ -12,7 +12,8 @@
 #include "tinygrad.h"
 
 #define OK(x) CHECK_MSG((x) == TG_OK, "%s", tg_last_error() ? tg_last_error() : "(no error recorded)")
-#define F32V(...) f32((const float[]){__VA_ARGS__}, (int64_t)(sizeof((const float[]){__VA_ARGS__}) / sizeof(float)))
+#define F32V(...)                                                                                            \
+  f32((const float[]){__VA_ARGS__}, (int64_t)(sizeof((const float[]){__VA_ARGS__}) / sizeof(float)))
 #define NONE_T ((tg_tensor){0})
 
 static tg_tensor f32(const float *v, int64_t n) { return tg_from_data(v, &n, 1, NULL); }
@@ -26,7 +27,8 @@ static void check_vals(const char *file, int line, tg_tensor t, const double *wa
   }
   if (tg_numel(t) != n) {
     tt_failed_checks++;
-    fprintf(stderr, "  FAIL %s:%d: %lld elements, expected %lld\n", file, line, (long long)tg_numel(t), (long long)n);
+    fprintf(stderr, "  FAIL %s:%d: %lld elements, expected %lld\n", file, line, (long long)tg_numel(t),
+            (long long)n);
     return;
   }
   tg_scope_begin();
@@ -43,20 +45,20 @@ static void check_vals(const char *file, int line, tg_tensor t, const double *wa
   }
   tg_scope_end();
 }
-#define CHECK_VALS(t, tol, ...)                                                                          \
-  check_vals(__FILE__, __LINE__, (t), (const double[]){__VA_ARGS__},                                   \
+#define CHECK_VALS(t, tol, ...)                                                                              \
+  check_vals(__FILE__, __LINE__, (t), (const double[]){__VA_ARGS__},                                         \
              (int64_t)(sizeof((const double[]){__VA_ARGS__}) / sizeof(double)), (tol))
 
-#define BEGIN_T                                                                                     \
-  size_t live0 = tg_live_count();                                                                   \
-  tg_clear_error();                                                                                 \
+#define BEGIN_T                                                                                              \
+  size_t live0 = tg_live_count();                                                                            \
+  tg_clear_error();                                                                                          \
   tg_scope_begin()
-#define END_T                                                                                       \
-  do {                                                                                              \
-    tg_scope_end();                                                                                 \
-    CHECK_MSG(tg_live_count() == live0, "live handles %zu, expected %zu", tg_live_count(), live0); \
-    CHECK_MSG(tg_last_error() == NULL, "unexpected error left: %s", tg_last_error());               \
-    tg_clear_error();                                                                               \
+#define END_T                                                                                                \
+  do {                                                                                                       \
+    tg_scope_end();                                                                                          \
+    CHECK_MSG(tg_live_count() == live0, "live handles %zu, expected %zu", tg_live_count(), live0);           \
+    CHECK_MSG(tg_last_error() == NULL, "unexpected error left: %s", tg_last_error());                        \
+    tg_clear_error();                                                                                        \
   } while (0)
 
 static tg_tensor sumall(tg_tensor t) { return tg_sum(t, TG_ALL_AXES, false); }
@@ -191,7 +193,8 @@ TEST(backward_and_gradient_with_an_upstream_gradient) {
   CHECK_ERR(TG_ERR_INVALID, "tg_backward_with_grad", "(2,)", "(3,)");
   CHECK(tg_gradient(y, &x, 1, &gx) == TG_ERR_INVALID);
   CHECK_ERR(TG_ERR_INVALID, "tg_gradient", "not a scalar", "tg_gradient_with_grad");
-  CHECK(tg_backward_with_grad(tg_cast(y, TG_INT32), tg_ones(TG_SHAPE(3), TG_OPTS(.dtype = TG_INT32))) == TG_ERR_INVALID);
+  CHECK(tg_backward_with_grad(tg_cast(y, TG_INT32), tg_ones(TG_SHAPE(3), TG_OPTS(.dtype = TG_INT32))) ==
+        TG_ERR_INVALID);
   CHECK_ERR(TG_ERR_INVALID, "tg_backward_with_grad", "float");
   END_T;
 }
@@ -263,7 +266,7 @@ TEST(setitem_is_differentiable) {
   tg_tensor l = sumall(tg_mul(y, F32V(1, 2, 3, 4)));
   tg_tensor g[2];
   OK(tg_gradient(l, (tg_tensor[]){x, v}, 2, g));
-  CHECK_VALS(y, 0, 2, 20, 40, 8); /* (read after: a realized unset tensor keeps no graph, as tinygrad's) */
+  CHECK_VALS(y, 0, 2, 20, 40, 8);  /* (read after: a realized unset tensor keeps no graph, as tinygrad's) */
   CHECK_VALS(g[0], 0, 2, 0, 0, 8); /* the overwritten part of x gets nothing */
   CHECK_VALS(g[1], 0, 4, 6);
   /* a scalar write, and tg_backward */
@@ -272,7 +275,8 @@ TEST(setitem_is_differentiable) {
   OK(tg_backward(sumall(tg_mul(y2, y2))));
   CHECK_VALS(tg_grad(x), 1e-5, 8, 0, 24, 32);
   /* advanced indices too */
-  tg_tensor y3 = tg_mul_s(x, 2), idx = tg_from_data((int32_t[]){3, 0}, TG_SHAPE(2), TG_OPTS(.dtype = TG_INT32)), g3[2];
+  tg_tensor y3 = tg_mul_s(x, 2),
+            idx = tg_from_data((int32_t[]){3, 0}, TG_SHAPE(2), TG_OPTS(.dtype = TG_INT32)), g3[2];
   OK(tg_setitem(y3, TG_INDEX(TG_IX_TENSOR(idx)), tg_mul_s(v, 3)));
   OK(tg_gradient(sumall(tg_mul(y3, F32V(1, 2, 3, 4))), (tg_tensor[]){x, v}, 2, g3));
   CHECK_VALS(g3[0], 0, 0, 4, 6, 0);
@@ -311,7 +315,9 @@ TEST(randn_with_an_integer_dtype_casts) {
   CHECK(tg_dtype_of(i) == TG_INT32);
   /* the same draws, truncated toward zero */
   double diff = -1;
-  OK(tg_item(tg_max(tg_abs(tg_sub(tg_cast(tg_cast(f, TG_INT32), TG_FLOAT32), tg_cast(i, TG_FLOAT32))), TG_ALL_AXES, false), &diff));
+  OK(tg_item(tg_max(tg_abs(tg_sub(tg_cast(tg_cast(f, TG_INT32), TG_FLOAT32), tg_cast(i, TG_FLOAT32))),
+                    TG_ALL_AXES, false),
+             &diff));
   CHECK(diff == 0);
   tg_tensor il = tg_randn_like(tg_zeros(TG_SHAPE(4), TG_OPTS(.dtype = TG_INT16)), NULL);
   CHECK(tg_dtype_of(il) == TG_INT16);

@@ -657,7 +657,8 @@ TEST(options_zero_values_are_literal) {
   CHECK_MSG(n_sgd == 1 && n_lars == 1 && n_lars_def == 2, "state sizes %d %d %d", n_sgd, n_lars, n_lars_def);
   /* b1 = 0: b1_t becomes 0 after one step (the default 0.9 gives 0.9) */
   int cnt = 0;
-  tg_optim *a0 = tg_optim_adam(&w, 1, TG_ADAM_OPTS(.b1 = 0, .lr = 0)), *a9 = tg_optim_adam(&w, 1, TG_ADAM_OPTS(.lr = 0));
+  tg_optim *a0 = tg_optim_adam(&w, 1, TG_ADAM_OPTS(.b1 = 0, .lr = 0)),
+           *a9 = tg_optim_adam(&w, 1, TG_ADAM_OPTS(.lr = 0));
   tg_scope_begin();
   OK(tg_backward(tg_sum(tg_mul(w, w), TG_ALL_AXES, false)));
   OK(tg_optim_step(a0));

@@ -1379,7 +1379,9 @@ TEST(assign_in_place) {
   tg_tensor pv = tg_permute(view, TG_AXES(1, 0));
   CHECK(tg_assign(pv, tg_from_data((float[]){1, 2, 3, 4}, TG_SHAPE(2, 2), NULL)).id == pv.id);
   CHECK_VALUES(x, 0, 1, 3, 2, 4);
-  CHECK(tg_assign(tg_expand(tg_reshape(x, TG_SHAPE(1, 4)), TG_SHAPE(2, 4)), tg_ones(TG_SHAPE(2, 4), NULL)).id == 0);
+  CHECK(
+      tg_assign(tg_expand(tg_reshape(x, TG_SHAPE(1, 4)), TG_SHAPE(2, 4)), tg_ones(TG_SHAPE(2, 4), NULL)).id ==
+      0);
   CHECK_ERR(TG_ERR_INVALID, "expanded");
   END;
 }

@@ -200,15 +200,15 @@ tg_optim *tg_optim_adam(const tg_tensor *params, int n, const tg_adam_opts *opts
 tg_optim *tg_optim_adamw(const tg_tensor *params, int n, const tg_adamw_opts *opts) {
   const tg_adamw_opts opts_v = opts ? *opts : *TG_ADAMW_OPTS();
   opts = &opts_v;
-  return lamb_new("tg_optim_adamw", "AdamW", params, n, opts->lr, opts->b1, opts->b2, opts->eps, opts->weight_decay,
-                  true);
+  return lamb_new("tg_optim_adamw", "AdamW", params, n, opts->lr, opts->b1, opts->b2, opts->eps,
+                  opts->weight_decay, true);
 }
 
 tg_optim *tg_optim_lamb(const tg_tensor *params, int n, const tg_lamb_opts *opts) {
   const tg_lamb_opts opts_v = opts ? *opts : *TG_LAMB_OPTS();
   opts = &opts_v;
-  return lamb_new("tg_optim_lamb", "LAMB", params, n, opts->lr, opts->b1, opts->b2, opts->eps, opts->weight_decay,
-                  false);
+  return lamb_new("tg_optim_lamb", "LAMB", params, n, opts->lr, opts->b1, opts->b2, opts->eps,
+                  opts->weight_decay, false);
 }
 
 static void free_list(tg_tensor *ts, int n) {

@@ -378,12 +378,14 @@ static UOp *loss_seed(const char *fn, UOp *l, tg_tensor upstream) {
     if (!g) return NULL;
     if (g->ndim != l->ndim || (g->ndim && memcmp(g->shape, l->shape, sizeof(int64_t) * (size_t)g->ndim))) {
       char a[256], b[256];
-      tg_set_error(TG_ERR_INVALID, "%s: the upstream gradient has shape %s but the tensor has shape %s (they must match)", fn,
+      tg_set_error(TG_ERR_INVALID,
+                   "%s: the upstream gradient has shape %s but the tensor has shape %s (they must match)", fn,
                    fmt_shape(a, sizeof a, g->shape, g->ndim), fmt_shape(b, sizeof b, l->shape, l->ndim));
       return NULL;
     }
     if (g->device != l->device) {
-      tg_set_error(TG_ERR_INVALID, "%s: the upstream gradient is on %s but the tensor is on %s (move it with tg_to)", fn,
+      tg_set_error(TG_ERR_INVALID,
+                   "%s: the upstream gradient is on %s but the tensor is on %s (move it with tg_to)", fn,
                    device_by_id(g->device)->name, device_by_id(l->device)->name);
       return NULL;
     }
@@ -395,18 +397,20 @@ static UOp *loss_seed(const char *fn, UOp *l, tg_tensor upstream) {
   if (shape_numel(l->shape, l->ndim) != 1) {
     char b[256];
     tg_set_error(TG_ERR_INVALID,
-                 "%s: loss of shape %s is not a scalar; reduce it first (e.g. tg_sum or tg_mean) or pass the upstream gradient "
-                 "(tg_backward_with_grad / tg_gradient_with_grad)",
+                 "%s: loss of shape %s is not a scalar; reduce it first (e.g. tg_sum or tg_mean) or pass the "
+                 "upstream gradient (tg_backward_with_grad / tg_gradient_with_grad)",
                  fn, fmt_shape(b, sizeof b, l->shape, l->ndim));
     return NULL;
   }
   return kconst(l, 1.0, (tg_dtype)l->dtype);
 }
 
-static tg_status gradient_impl(const char *fn, tg_tensor loss, tg_tensor upstream, const tg_tensor *targets, int n, tg_tensor *out) {
+static tg_status gradient_impl(const char *fn, tg_tensor loss, tg_tensor upstream, const tg_tensor *targets,
+                               int n, tg_tensor *out) {
   UOp *l = t_get(loss, fn);
   if (!l) return TG_ERR_HANDLE;
-  if (n < 0 || (n > 0 && (!targets || !out))) return tg_set_error(TG_ERR_INVALID, "%s: targets/out NULL or n=%d < 0", fn, n);
+  if (n < 0 || (n > 0 && (!targets || !out)))
+    return tg_set_error(TG_ERR_INVALID, "%s: targets/out NULL or n=%d < 0", fn, n);
   UOp **ts = tg_xmalloc(sizeof(UOp *) * (size_t)(n + 1)), **gs = tg_xmalloc(sizeof(UOp *) * (size_t)(n + 1));
   for (int i = 0; i < n; i++) {
     ts[i] = t_get(targets[i], fn);
@@ -427,8 +431,9 @@ static tg_status gradient_impl(const char *fn, tg_tensor loss, tg_tensor upstrea
     if (!gs[i]) {
       char b[256];
       if (st == TG_OK)
-        st = tg_set_error(TG_ERR_INVALID, "%s: target %d (shape %s) is not connected to the loss through differentiable ops", fn, i,
-                          fmt_shape(b, sizeof b, ts[i]->shape, ts[i]->ndim));
+        st = tg_set_error(TG_ERR_INVALID,
+                          "%s: target %d (shape %s) is not connected to the loss through differentiable ops",
+                          fn, i, fmt_shape(b, sizeof b, ts[i]->shape, ts[i]->ndim));
       out[i] = NONE;
     } else {
       out[i] = t_wrap(gs[i]);
@@ -446,7 +451,8 @@ static tg_status gradient_impl(const char *fn, tg_tensor loss, tg_tensor upstrea
 tg_status tg_gradient(tg_tensor loss, const tg_tensor *targets, int n, tg_tensor *out) {
   return gradient_impl("tg_gradient", loss, (tg_tensor){0}, targets, n, out);
 }
-tg_status tg_gradient_with_grad(tg_tensor t, tg_tensor gradient, const tg_tensor *targets, int n, tg_tensor *out) {
+tg_status tg_gradient_with_grad(tg_tensor t, tg_tensor gradient, const tg_tensor *targets, int n,
+                                tg_tensor *out) {
   return gradient_impl("tg_gradient_with_grad", t, gradient, targets, n, out);
 }
 
@@ -474,8 +480,10 @@ static tg_status backward_impl(const char *fn, tg_tensor loss, tg_tensor upstrea
   pv_free(&t.order);
   tg_status st = TG_OK;
   if (nodes.n == 0) {
-    st = tg_set_error(TG_ERR_INVALID, "%s: no live float tensor in the loss's graph can take a gradient (all are marked "
-                                      "requires_grad false)", fn);
+    st = tg_set_error(TG_ERR_INVALID,
+                      "%s: no live float tensor in the loss's graph can take a gradient (all are marked "
+                      "requires_grad false)",
+                      fn);
   } else {
     UOp **gs = tg_xmalloc(sizeof(UOp *) * nodes.n);
     compute_grads(l, seed, (UOp **)nodes.p, (int)nodes.n, gs);
@@ -493,8 +501,10 @@ static tg_status backward_impl(const char *fn, tg_tensor loss, tg_tensor upstrea
       }
     }
     if (!got)
-      st = tg_set_error(TG_ERR_INVALID, "%s: no tensor not marked requires_grad false is reachable from the loss through "
-                                        "differentiable ops", fn);
+      st = tg_set_error(TG_ERR_INVALID,
+                        "%s: no tensor not marked requires_grad false is reachable from the loss through "
+                        "differentiable ops",
+                        fn);
     free(gs);
   }
   uop_unref(seed);
@@ -504,7 +514,9 @@ static tg_status backward_impl(const char *fn, tg_tensor loss, tg_tensor upstrea
 }
 
 tg_status tg_backward(tg_tensor loss) { return backward_impl("tg_backward", loss, (tg_tensor){0}); }
-tg_status tg_backward_with_grad(tg_tensor t, tg_tensor gradient) { return backward_impl("tg_backward_with_grad", t, gradient); }
+tg_status tg_backward_with_grad(tg_tensor t, tg_tensor gradient) {
+  return backward_impl("tg_backward_with_grad", t, gradient);
+}
 
 tg_tensor tg_set_requires_grad(tg_tensor t, bool requires_grad) {
   Slot *s = t_slot(t);

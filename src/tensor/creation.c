@@ -247,8 +247,10 @@ tg_tensor tg_linspace(double start, double stop, int64_t steps, const tg_opts *o
 
 tg_tensor tg_eye(int64_t n, int64_t m, const tg_opts *opts) {
   if (n < 0 || m < 0 || n > (1 << 20) || m > (1 << 20))
-    return tg_set_error(TG_ERR_INVALID, "tg_eye: n=%lld m=%lld out of range (each in [0, 2^20]; pass m = n for a square identity)",
-                        (long long)n, (long long)m),
+    return tg_set_error(
+               TG_ERR_INVALID,
+               "tg_eye: n=%lld m=%lld out of range (each in [0, 2^20]; pass m = n for a square identity)",
+               (long long)n, (long long)m),
            NONE;
   tg_dtype dt;
   if (!opts_dtype("tg_eye", opts, tg_default_float(), &dt)) return NONE;
@@ -401,8 +403,8 @@ static UOp *rand01(const char *fn, int device, int64_t n) {
 }
 
 /* int_ok: tinygrad's randn, which draws in float and casts to an integer or bool dtype */
-static tg_tensor rand_shaped(const char *fn, const int64_t *shape, int ndim, const tg_opts *opts, double scale, double shift, bool normal,
-                             bool int_ok) {
+static tg_tensor rand_shaped(const char *fn, const int64_t *shape, int ndim, const tg_opts *opts,
+                             double scale, double shift, bool normal, bool int_ok) {
   int64_t n;
   tg_dtype dt;
   if (!check_shape(fn, shape, ndim, &n) || !opts_dtype(fn, opts, tg_default_float(), &dt)) return NONE;
@@ -420,7 +422,8 @@ static tg_tensor rand_shaped(const char *fn, const int64_t *shape, int ndim, con
     if (r && nmant) {
       UOp *k = g_const_shaped(ldexp(1, nmant), TG_FLOAT32, d->id, r->shape, 1);
       UOp *ik = g_const_shaped(ldexp(1, -nmant), TG_FLOAT32, d->id, r->shape, 1);
-      UOp *sc = g_alu(OP_MUL, TG_FLOAT32, r, k, NULL), *ti = g_cast(sc, TG_INT32), *tf = g_cast(ti, TG_FLOAT32);
+      UOp *sc = g_alu(OP_MUL, TG_FLOAT32, r, k, NULL), *ti = g_cast(sc, TG_INT32),
+          *tf = g_cast(ti, TG_FLOAT32);
       UOp *q = g_alu(OP_MUL, TG_FLOAT32, tf, ik, NULL);
       uop_unref(k), uop_unref(ik), uop_unref(sc), uop_unref(ti), uop_unref(tf), uop_unref(r);
       r = q;
@@ -463,8 +466,12 @@ static tg_tensor rand_shaped(const char *fn, const int64_t *shape, int ndim, con
   return finish(rs, opts);
 }
 
-tg_tensor tg_rand(const int64_t *shape, int ndim, const tg_opts *opts) { return rand_shaped("tg_rand", shape, ndim, opts, 1, 0, false, false); }
-tg_tensor tg_randn(const int64_t *shape, int ndim, const tg_opts *opts) { return rand_shaped("tg_randn", shape, ndim, opts, 1, 0, true, true); }
+tg_tensor tg_rand(const int64_t *shape, int ndim, const tg_opts *opts) {
+  return rand_shaped("tg_rand", shape, ndim, opts, 1, 0, false, false);
+}
+tg_tensor tg_randn(const int64_t *shape, int ndim, const tg_opts *opts) {
+  return rand_shaped("tg_randn", shape, ndim, opts, 1, 0, true, true);
+}
 tg_tensor tg_uniform(const int64_t *shape, int ndim, double low, double high, const tg_opts *opts) {
   return rand_shaped("tg_uniform", shape, ndim, opts, high - low, low, false, false);
 }

@@ -550,14 +550,17 @@ static void unview(UOp *a, const Index *ix, tg_tensor *vb, tg_tensor *mask) {
  * op's inverse (reshape back, inverse permutation, flip again, pad what a shrink removed -- never
  * written --, shrink away a pad), the base is assigned where(mask, value, base), every handle holding
  * the base sees the pending write, and x is rebuilt as the same views of it. */
-static tg_status write_through(const char *fn, tg_tensor x, UOp *const *chain, int nc, tg_tensor vb, tg_tensor mask) {
+static tg_status write_through(const char *fn, tg_tensor x, UOp *const *chain, int nc, tg_tensor vb,
+                               tg_tensor mask) {
   for (int k = 0; k < nc; k++) { /* chain[0] is x's node, chain[nc-1] sits on the base */
     UOp *u = chain[k], *src = u->src[0];
     int nd = src->ndim;
     tg_tensor t[2] = {vb, mask};
     for (int j = 0; j < 2; j++) {
       switch (u->op) {
-      case OP_RESHAPE: t[j] = tg_reshape(t[j], src->shape, nd); break;
+      case OP_RESHAPE:
+        t[j] = tg_reshape(t[j], src->shape, nd);
+        break;
       case OP_PERMUTE: {
         int inv[MAXD];
         for (int d = 0; d < nd; d++) inv[u->iarg[d]] = d;
@@ -573,7 +576,8 @@ static tg_status write_through(const char *fn, tg_tensor x, UOp *const *chain, i
       }
       case OP_SHRINK: {
         int64_t pads[2 * MAXD];
-        for (int d = 0; d < nd; d++) pads[2 * d] = u->iarg[2 * d], pads[2 * d + 1] = src->shape[d] - u->iarg[2 * d + 1];
+        for (int d = 0; d < nd; d++)
+          pads[2 * d] = u->iarg[2 * d], pads[2 * d + 1] = src->shape[d] - u->iarg[2 * d + 1];
         t[j] = tg_pad(t[j], pads, 2 * nd, 0.0);
         break;
       }
@@ -584,10 +588,11 @@ static tg_status write_through(const char *fn, tg_tensor x, UOp *const *chain, i
         break;
       }
       default:
-        return tg_set_error(TG_ERR_INVALID,
-                            "%s: the target is an expanded (broadcast) view, whose elements share storage; setitem "
-                            "into the tensor it was expanded from, or into tg_contiguous of the view",
-                            fn);
+        return tg_set_error(
+            TG_ERR_INVALID,
+            "%s: the target is an expanded (broadcast) view, whose elements share storage; setitem "
+            "into the tensor it was expanded from, or into tg_contiguous of the view",
+            fn);
       }
     }
     vb = t[0], mask = t[1];
@@ -597,10 +602,12 @@ static tg_status write_through(const char *fn, tg_tensor x, UOp *const *chain, i
     if (realize_uops(&base, 1) != TG_OK) return tg_last_status();
   }
   UOp *bn = base->realized ? base->realized : base;
-  if (bn->op != OP_BUFFER) return tg_set_error(TG_ERR_INVALID, "%s: the base of the target view has no storage", fn);
+  if (bn->op != OP_BUFFER)
+    return tg_set_error(TG_ERR_INVALID, "%s: the base of the target view has no storage", fn);
   tg_tensor hb = t_wrap(uop_ref(bn));
   tg_tensor nb = tg_where(mask, vb, hb);
-  if (!tg_valid(nb) || !tg_valid(tg_assign(hb, nb))) return tg_last_status() ? tg_last_status() : TG_ERR_INVALID;
+  if (!tg_valid(nb) || !tg_valid(tg_assign(hb, nb)))
+    return tg_last_status() ? tg_last_status() : TG_ERR_INVALID;
   UOp *as = t_get(hb, fn);
   t_replace_buffer_everywhere(g_buffer_of(bn), as);
   /* x: the same views, now of the assigned base */
@@ -609,7 +616,9 @@ static tg_status write_through(const char *fn, tg_tensor x, UOp *const *chain, i
     UOp *u = chain[k];
     int nd = u->ndim;
     switch (u->op) {
-    case OP_RESHAPE: r = tg_reshape(r, u->iarg, (int)u->niarg); break;
+    case OP_RESHAPE:
+      r = tg_reshape(r, u->iarg, (int)u->niarg);
+      break;
     case OP_PERMUTE: {
       int o[MAXD];
       for (int d = 0; d < nd; d++) o[d] = (int)u->iarg[d];
@@ -623,9 +632,14 @@ static tg_status write_through(const char *fn, tg_tensor x, UOp *const *chain, i
       r = tg_flip(r, ax, na);
       break;
     }
-    case OP_SHRINK: r = tg_shrink(r, u->iarg, (int)u->niarg); break;
-    case OP_PAD: r = tg_pad(r, u->iarg, (int)u->niarg, 0.0); break;
-    default: break;
+    case OP_SHRINK:
+      r = tg_shrink(r, u->iarg, (int)u->niarg);
+      break;
+    case OP_PAD:
+      r = tg_pad(r, u->iarg, (int)u->niarg, 0.0);
+      break;
+    default:
+      break;
     }
   }
   UOp *ru = t_get(r, fn);
@@ -674,8 +688,10 @@ static tg_status setitem_impl(const char *fn, tg_tensor x, const tg_index_spec *
   UOp *chain[MAXD * 4];
   int nc = 0;
   UOp *base = a;
-  while (op_is_movement(base->op) && !base->realized && nc < (int)(sizeof chain / sizeof *chain)) chain[nc++] = base, base = base->src[0];
-  bool stored = base->op == OP_BUFFER || base->op == OP_ASSIGN || (base->realized && base->realized->op == OP_BUFFER);
+  while (op_is_movement(base->op) && !base->realized && nc < (int)(sizeof chain / sizeof *chain))
+    chain[nc++] = base, base = base->src[0];
+  bool stored =
+      base->op == OP_BUFFER || base->op == OP_ASSIGN || (base->realized && base->realized->op == OP_BUFFER);
   if (!stored && (tg_dtype_is_float(dt) || !advanced)) {
     /* tinygrad: a tensor without storage is updated functionally (only this handle, and
      * differentiably: the gradient reaches the value and the untouched part of x) */
