@@ -561,9 +561,11 @@ TEST(empty_zeros_ones_full_like) {
 
 TEST(eye_arange_linspace_scalar) {
   BEGIN;
-  tg_tensor e = tg_eye(3, 0, NULL);
+  tg_tensor e = tg_eye(3, 3, NULL);
   CHECK_SHAPE(e, 3, 3);
   CHECK_VALUES(e, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1);
+  tg_tensor e0 = tg_eye(3, 0, NULL); /* zero columns is a legal size */
+  CHECK_SHAPE(e0, 3, 0);
   tg_tensor e2 = tg_eye(2, 4, I32);
   CHECK_SHAPE(e2, 2, 4);
   CHECK(tg_dtype_of(e2) == TG_INT32);
@@ -1373,8 +1375,14 @@ TEST(assign_in_place) {
   CHECK_ERR(TG_ERR_INVALID, "tg_assign", "(3,)", "(4,)");
   CHECK(tg_assign(x, tg_ones(TG_SHAPE(4), TG_OPTS(.device = "CPU:1"))).id == 0);
   CHECK_ERR(TG_ERR_INVALID, "tg_assign", "CPU:1");
-  CHECK(tg_assign(tg_permute(view, TG_AXES(1, 0)), tg_ones_like(view, NULL)).id == 0);
-  CHECK_ERR(TG_ERR_INVALID, "tg_assign", "view");
+  /* a view of x's buffer writes x (tinygrad's view assign); a broadcast view cannot be written */
+  tg_tensor pv = tg_permute(view, TG_AXES(1, 0));
+  CHECK(tg_assign(pv, tg_from_data((float[]){1, 2, 3, 4}, TG_SHAPE(2, 2), NULL)).id == pv.id);
+  CHECK_VALUES(x, 0, 1, 3, 2, 4);
+  CHECK(
+      tg_assign(tg_expand(tg_reshape(x, TG_SHAPE(1, 4)), TG_SHAPE(2, 4)), tg_ones(TG_SHAPE(2, 4), NULL)).id ==
+      0);
+  CHECK_ERR(TG_ERR_INVALID, "expanded");
   END;
 }
 
@@ -1696,6 +1704,8 @@ TEST(error_bad_shapes) {
   CHECK_ERR(TG_ERR_INVALID, "tg_expand", "(1099511627776, 1099511627776)", "too many elements");
   CHECK(tg_eye(-1, 0, NULL).id == 0);
   CHECK_ERR(TG_ERR_INVALID, "tg_eye", "-1");
+  CHECK(tg_eye(3, -3, NULL).id == 0); /* m is always the column count, never "none" */
+  CHECK_ERR(TG_ERR_INVALID, "tg_eye", "m=-3");
   CHECK(tg_arange(0, 1e30, 1, NULL).id == 0);
   CHECK_ERR(TG_ERR_INVALID, "tg_arange");
   END;

@@ -359,7 +359,9 @@ static void compute_grads(UOp *loss, UOp *seed, UOp **targets, int n, UOp **out)
     if (!g || u->op == OP_ASSIGN || !pm_has(&on_path, (uint64_t)(uintptr_t)u)) continue;
     bool is_target = false;
     for (int i = 0; i < n; i++) is_target = is_target || targets[i] == u;
-    if (is_target && u->op == OP_BUFFER) continue;
+    /* a realized tensor marked requires_grad is a leaf; other realized targets (unset ones, the loss
+     * read before its backward) pass the gradient on through their history */
+    if (is_target && u->op == OP_BUFFER && (u->flags & UOPF_GRAD_LEAF)) continue;
     UOp *contrib[8] = {NULL};
     Custom *cu = custom_of(u);
     int ns;
@@ -404,33 +406,61 @@ static void compute_grads(UOp *loss, UOp *seed, UOp **targets, int n, UOp **out)
   pv_free(&t.order);
 }
 
-static UOp *loss_seed(const char *fn, UOp *l) {
-  if (shape_numel(l->shape, l->ndim) != 1) {
-    char b[256];
-    tg_set_error(TG_ERR_INVALID, "%s: loss of shape %s is not a scalar; reduce it first (e.g. tg_sum or tg_mean)", fn,
-                 fmt_shape(b, sizeof b, l->shape, l->ndim));
+/* The gradient of the output to start from: ones for a scalar loss, else the caller's (t's shape,
+ * cast to t's dtype), as tinygrad's backward(gradient=) / gradient(gradient=). */
+static UOp *loss_seed(const char *fn, UOp *l, tg_tensor upstream) {
+  if (!tg_dtype_is_float((tg_dtype)l->dtype)) {
+    tg_set_error(TG_ERR_INVALID, "%s: the tensor has dtype %s; only float tensors can be differentiated", fn,
+                 tg_dtype_name((tg_dtype)l->dtype));
     return NULL;
   }
-  if (!tg_dtype_is_float((tg_dtype)l->dtype)) {
-    tg_set_error(TG_ERR_INVALID, "%s: loss has dtype %s; only float tensors can be differentiated", fn, tg_dtype_name((tg_dtype)l->dtype));
+  if (upstream.id) {
+    UOp *g = t_get(upstream, fn);
+    if (!g) return NULL;
+    if (g->ndim != l->ndim || (g->ndim && memcmp(g->shape, l->shape, sizeof(int64_t) * (size_t)g->ndim))) {
+      char a[256], b[256];
+      tg_set_error(TG_ERR_INVALID,
+                   "%s: the upstream gradient has shape %s but the tensor has shape %s (they must match)", fn,
+                   fmt_shape(a, sizeof a, g->shape, g->ndim), fmt_shape(b, sizeof b, l->shape, l->ndim));
+      return NULL;
+    }
+    if (g->device != l->device) {
+      tg_set_error(TG_ERR_INVALID,
+                   "%s: the upstream gradient is on %s but the tensor is on %s (move it with tg_to)", fn,
+                   device_by_id(g->device)->name, device_by_id(l->device)->name);
+      return NULL;
+    }
+    /* the seed is a constant of the backward pass: no gradient flows into it */
+    UOp *c = g_cast(g, (tg_dtype)l->dtype), *d = g_detach(c);
+    uop_unref(c);
+    return d;
+  }
+  if (shape_numel(l->shape, l->ndim) != 1) {
+    char b[256];
+    tg_set_error(TG_ERR_INVALID,
+                 "%s: loss of shape %s is not a scalar; reduce it first (e.g. tg_sum or tg_mean) or pass the "
+                 "upstream gradient (tg_backward_with_grad / tg_gradient_with_grad)",
+                 fn, fmt_shape(b, sizeof b, l->shape, l->ndim));
     return NULL;
   }
   return kconst(l, 1.0, (tg_dtype)l->dtype);
 }
 
-tg_status tg_gradient(tg_tensor loss, const tg_tensor *targets, int n, tg_tensor *out) {
-  UOp *l = t_get(loss, "tg_gradient");
+static tg_status gradient_impl(const char *fn, tg_tensor loss, tg_tensor upstream, const tg_tensor *targets,
+                               int n, tg_tensor *out) {
+  UOp *l = t_get(loss, fn);
   if (!l) return TG_ERR_HANDLE;
-  if (n < 0 || (n > 0 && (!targets || !out))) return tg_set_error(TG_ERR_INVALID, "tg_gradient: targets/out NULL or n=%d < 0", n);
+  if (n < 0 || (n > 0 && (!targets || !out)))
+    return tg_set_error(TG_ERR_INVALID, "%s: targets/out NULL or n=%d < 0", fn, n);
   UOp **ts = tg_xmalloc(sizeof(UOp *) * (size_t)(n + 1)), **gs = tg_xmalloc(sizeof(UOp *) * (size_t)(n + 1));
   for (int i = 0; i < n; i++) {
-    ts[i] = t_get(targets[i], "tg_gradient");
+    ts[i] = t_get(targets[i], fn);
     if (!ts[i]) {
       free(ts), free(gs);
       return TG_ERR_HANDLE;
     }
   }
-  UOp *seed = loss_seed("tg_gradient", l);
+  UOp *seed = loss_seed(fn, l, upstream);
   if (!seed) {
     free(ts), free(gs);
     return TG_ERR_INVALID;
@@ -447,8 +477,9 @@ tg_status tg_gradient(tg_tensor loss, const tg_tensor *targets, int n, tg_tensor
     if (!gs[i]) {
       char b[256];
       if (st == TG_OK)
-        st = tg_set_error(TG_ERR_INVALID, "tg_gradient: target %d (shape %s) is not connected to the loss through differentiable ops", i,
-                          fmt_shape(b, sizeof b, ts[i]->shape, ts[i]->ndim));
+        st = tg_set_error(TG_ERR_INVALID,
+                          "%s: target %d (shape %s) is not connected to the loss through differentiable ops",
+                          fn, i, fmt_shape(b, sizeof b, ts[i]->shape, ts[i]->ndim));
       out[i] = NONE;
     } else {
       out[i] = t_wrap(gs[i]);
@@ -463,12 +494,21 @@ tg_status tg_gradient(tg_tensor loss, const tg_tensor *targets, int n, tg_tensor
   return st;
 }
 
-tg_status tg_backward(tg_tensor loss) {
-  UOp *l = t_get(loss, "tg_backward");
+tg_status tg_gradient(tg_tensor loss, const tg_tensor *targets, int n, tg_tensor *out) {
+  return gradient_impl("tg_gradient", loss, (tg_tensor){0}, targets, n, out);
+}
+tg_status tg_gradient_with_grad(tg_tensor t, tg_tensor gradient, const tg_tensor *targets, int n,
+                                tg_tensor *out) {
+  return gradient_impl("tg_gradient_with_grad", t, gradient, targets, n, out);
+}
+
+static tg_status backward_impl(const char *fn, tg_tensor loss, tg_tensor upstream) {
+  UOp *l = t_get(loss, fn);
   if (!l) return TG_ERR_HANDLE;
-  UOp *seed = loss_seed("tg_backward", l);
+  UOp *seed = loss_seed(fn, l, upstream);
   if (!seed) return TG_ERR_INVALID;
-  /* targets: live tensors that require grad and appear in the loss graph */
+  /* targets, as tinygrad's: every live float tensor in the loss graph not marked requires_grad false
+   * (unset is tinygrad's None, and counts) */
   Topo t;
   memset(&t, 0, sizeof t);
   topo_visit(&t, l);
@@ -476,7 +516,9 @@ tg_status tg_backward(tg_tensor loss) {
   PtrVec nodes = {0};
   for (size_t i = 0; i < t_slot_count(); i++) {
     Slot *s = t_slot_at(i);
-    if (s->scope < 0 || !s->requires_grad || !pm_has(&t.idx, (uint64_t)(uintptr_t)s->u)) continue;
+    if (s->scope < 0 || s->requires_grad == 0 || !tg_dtype_is_float((tg_dtype)s->u->dtype) ||
+        !pm_has(&t.idx, (uint64_t)(uintptr_t)s->u))
+      continue;
     pv_push(&slots, s);
     pv_push(&nodes, s->u);
   }
@@ -484,7 +526,10 @@ tg_status tg_backward(tg_tensor loss) {
   pv_free(&t.order);
   tg_status st = TG_OK;
   if (nodes.n == 0) {
-    st = tg_set_error(TG_ERR_INVALID, "tg_backward: the loss does not depend on any tensor with requires_grad set");
+    st = tg_set_error(TG_ERR_INVALID,
+                      "%s: no live float tensor in the loss's graph can take a gradient (all are marked "
+                      "requires_grad false)",
+                      fn);
   } else {
     UOp **gs = tg_xmalloc(sizeof(UOp *) * nodes.n);
     compute_grads(l, seed, (UOp **)nodes.p, (int)nodes.n, gs);
@@ -512,7 +557,11 @@ tg_status tg_backward(tg_tensor loss) {
       }
     }
     if (oom) st = TG_ERR_RUNTIME;
-    else if (!got) st = tg_set_error(TG_ERR_INVALID, "tg_backward: no tensor with requires_grad is reachable from the loss through differentiable ops");
+    else if (!got)
+      st = tg_set_error(TG_ERR_INVALID,
+                        "%s: no tensor not marked requires_grad false is reachable from the loss through "
+                        "differentiable ops",
+                        fn);
     free(gs);
   }
   uop_unref(seed);
@@ -521,20 +570,25 @@ tg_status tg_backward(tg_tensor loss) {
   return st;
 }
 
+tg_status tg_backward(tg_tensor loss) { return backward_impl("tg_backward", loss, (tg_tensor){0}); }
+tg_status tg_backward_with_grad(tg_tensor t, tg_tensor gradient) {
+  return backward_impl("tg_backward_with_grad", t, gradient);
+}
+
 tg_tensor tg_set_requires_grad(tg_tensor t, bool requires_grad) {
   Slot *s = t_slot(t);
   if (!s) {
     t_get(t, "tg_set_requires_grad");
     return NONE;
   }
-  s->requires_grad = requires_grad;
+  s->requires_grad = requires_grad ? 1 : 0;
   if (requires_grad && s->u) s->u->flags |= UOPF_GRAD_LEAF;
   return t;
 }
 
 bool tg_requires_grad(tg_tensor t) {
   Slot *s = t_slot(t);
-  return s && s->requires_grad;
+  return s && s->requires_grad == 1;
 }
 
 tg_tensor tg_grad(tg_tensor t) {

@@ -80,7 +80,7 @@ static bool check_shape(const char *fn, const int64_t *shape, int ndim, int64_t 
 
 static tg_tensor finish(UOp *u, const tg_opts *o) {
   tg_tensor t = t_wrap(u);
-  if (o && o->requires_grad && t.id) tg_set_requires_grad(t, true);
+  if (o && o->requires_grad != TG_GRAD_UNSET && t.id) tg_set_requires_grad(t, o->requires_grad != 0);
   return t;
 }
 
@@ -148,8 +148,7 @@ tg_tensor tg_empty(const int64_t *shape, int ndim, const tg_opts *opts) {
 }
 
 static tg_opts like_opts(UOp *u, const tg_opts *o) {
-  tg_opts r = {0};
-  if (o) r = *o;
+  tg_opts r = o ? *o : *TG_OPTS();
   if (r.dtype == TG_DTYPE_DEFAULT) r.dtype = (tg_dtype)u->dtype;
   if (!r.device) r.device = device_by_id(u->device)->name;
   return r;
@@ -193,8 +192,7 @@ static tg_tensor from_doubles(const char *fn, const double *v, const int64_t *sh
   unsigned char *buf = host_alloc(fn, n, isz, false);
   if (!buf) return NONE;
   for (int64_t i = 0; i < n; i++) dtype_store(dt, buf + (size_t)i * isz, v[i]);
-  tg_opts o = {0};
-  if (opts) o = *opts;
+  tg_opts o = opts ? *opts : *TG_OPTS();
   o.dtype = dt;
   tg_tensor t = tg_from_data(buf, shape, ndim, &o);
   free(buf);
@@ -248,8 +246,12 @@ tg_tensor tg_linspace(double start, double stop, int64_t steps, const tg_opts *o
 }
 
 tg_tensor tg_eye(int64_t n, int64_t m, const tg_opts *opts) {
-  if (m <= 0) m = n;
-  if (n < 0 || n > (1 << 20) || m > (1 << 20)) return tg_set_error(TG_ERR_INVALID, "tg_eye: n=%lld m=%lld out of range", (long long)n, (long long)m), NONE;
+  if (n < 0 || m < 0 || n > (1 << 20) || m > (1 << 20))
+    return tg_set_error(
+               TG_ERR_INVALID,
+               "tg_eye: n=%lld m=%lld out of range (each in [0, 2^20]; pass m = n for a square identity)",
+               (long long)n, (long long)m),
+           NONE;
   tg_dtype dt;
   if (!opts_dtype("tg_eye", opts, tg_default_float(), &dt)) return NONE;
   double *v = host_alloc("tg_eye", n * m, sizeof(double), true);
@@ -400,16 +402,32 @@ static UOp *rand01(const char *fn, int device, int64_t n) {
   return r;
 }
 
-static tg_tensor rand_shaped(const char *fn, const int64_t *shape, int ndim, const tg_opts *opts, double scale, double shift, bool normal) {
+/* int_ok: tinygrad's randn, which draws in float and casts to an integer or bool dtype */
+static tg_tensor rand_shaped(const char *fn, const int64_t *shape, int ndim, const tg_opts *opts,
+                             double scale, double shift, bool normal, bool int_ok) {
   int64_t n;
   tg_dtype dt;
   if (!check_shape(fn, shape, ndim, &n) || !opts_dtype(fn, opts, tg_default_float(), &dt)) return NONE;
-  if (!tg_dtype_is_float(dt)) return tg_set_error(TG_ERR_INVALID, "%s: dtype %s is not a float dtype", fn, tg_dtype_name(dt)), NONE;
+  if (!tg_dtype_is_float(dt) && !int_ok)
+    return tg_set_error(TG_ERR_INVALID, "%s: dtype %s is not a float dtype", fn, tg_dtype_name(dt)), NONE;
   Device *d = opts_device(fn, opts);
   if (!d) return NONE;
   UOp *r;
   if (!normal) {
     r = rand01(fn, d->id, n);
+    /* [0, 1) in float32 has 2^-24 steps; rounded to float16's 11 or bfloat16's 8 significant bits,
+     * the values just below 1 would become 1. Truncate to the dtype's own grid (tinygrad fills the
+     * dtype's mantissa bits), which keeps every value below 1. */
+    int nmant = dt == TG_FLOAT16 ? 10 : dt == TG_BFLOAT16 ? 7 : 0;
+    if (r && nmant) {
+      UOp *k = g_const_shaped(ldexp(1, nmant), TG_FLOAT32, d->id, r->shape, 1);
+      UOp *ik = g_const_shaped(ldexp(1, -nmant), TG_FLOAT32, d->id, r->shape, 1);
+      UOp *sc = g_alu(OP_MUL, TG_FLOAT32, r, k, NULL), *ti = g_cast(sc, TG_INT32),
+          *tf = g_cast(ti, TG_FLOAT32);
+      UOp *q = g_alu(OP_MUL, TG_FLOAT32, tf, ik, NULL);
+      uop_unref(k), uop_unref(ik), uop_unref(sc), uop_unref(ti), uop_unref(tf), uop_unref(r);
+      r = q;
+    }
   } else {
     /* Box-Muller: cos(2*pi*u0) * sqrt(-2*log(1-u1)) */
     UOp *u = rand01(fn, d->id, 2 * n);
@@ -448,13 +466,17 @@ static tg_tensor rand_shaped(const char *fn, const int64_t *shape, int ndim, con
   return finish(rs, opts);
 }
 
-tg_tensor tg_rand(const int64_t *shape, int ndim, const tg_opts *opts) { return rand_shaped("tg_rand", shape, ndim, opts, 1, 0, false); }
-tg_tensor tg_randn(const int64_t *shape, int ndim, const tg_opts *opts) { return rand_shaped("tg_randn", shape, ndim, opts, 1, 0, true); }
+tg_tensor tg_rand(const int64_t *shape, int ndim, const tg_opts *opts) {
+  return rand_shaped("tg_rand", shape, ndim, opts, 1, 0, false, false);
+}
+tg_tensor tg_randn(const int64_t *shape, int ndim, const tg_opts *opts) {
+  return rand_shaped("tg_randn", shape, ndim, opts, 1, 0, true, true);
+}
 tg_tensor tg_uniform(const int64_t *shape, int ndim, double low, double high, const tg_opts *opts) {
-  return rand_shaped("tg_uniform", shape, ndim, opts, high - low, low, false);
+  return rand_shaped("tg_uniform", shape, ndim, opts, high - low, low, false, false);
 }
 tg_tensor tg_normal(const int64_t *shape, int ndim, double mean, double std, const tg_opts *opts) {
-  return rand_shaped("tg_normal", shape, ndim, opts, std, mean, true);
+  return rand_shaped("tg_normal", shape, ndim, opts, std, mean, true, false);
 }
 tg_tensor tg_randint(const int64_t *shape, int ndim, int64_t low, int64_t high, const tg_opts *opts) {
   if (high <= low) return tg_set_error(TG_ERR_INVALID, "tg_randint: low=%lld must be < high=%lld", (long long)low, (long long)high), NONE;
@@ -468,11 +490,10 @@ tg_tensor tg_randint(const int64_t *shape, int ndim, int64_t low, int64_t high, 
   tg_dtype dt;
   if (!opts_dtype("tg_randint", opts, TG_INT32, &dt)) return NONE;
   if (!tg_dtype_is_int(dt)) return tg_set_error(TG_ERR_INVALID, "tg_randint: dtype %s is not an integer dtype", tg_dtype_name(dt)), NONE;
-  tg_opts o = {0};
-  if (opts) o = *opts;
+  tg_opts o = opts ? *opts : *TG_OPTS();
   o.dtype = TG_FLOAT32;
   o.requires_grad = false;
-  tg_tensor u = rand_shaped("tg_randint", shape, ndim, &o, (double)range, 0, false);
+  tg_tensor u = rand_shaped("tg_randint", shape, ndim, &o, (double)range, 0, false, false);
   UOp *uu = t_get(u, "tg_randint");
   if (!uu) return NONE;
   /* floor(u * (high-low)) + low, computed in int after truncation (u >= 0) */
@@ -723,10 +744,12 @@ tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
       uop_unref(a0);
       tu = tb = ts->u;
     }
-    if (tb->op != OP_BUFFER)
-      return tg_set_error(TG_ERR_INVALID, "tg_assign: target of shape %s is a view of another tensor; assign into a contiguous tensor (tg_contiguous) instead",
-                          fmt_shape(b1, sizeof b1, tu->shape, tu->ndim)),
-             NONE;
+    if (tb->op != OP_BUFFER) {
+      /* a view of a tensor with storage: the write lands in that storage (tinygrad's view assign),
+       * as a setitem of the whole view does it */
+      tg_status st = tg_setitem(target, NULL, 0, value);
+      return st == TG_OK ? target : NONE;
+    }
   }
   UOp *v = g_cast(vu, (tg_dtype)tb->dtype);
   UOp *a = g_assign(tb, v);

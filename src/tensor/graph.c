@@ -125,9 +125,9 @@ static UOp *mk_move(int op, UOp *a, const int64_t *iarg, int niarg, const int64_
 
 UOp *g_reshape(UOp *a, const int64_t *shape, int ndim) {
   if (ndim == a->ndim && (ndim == 0 || !memcmp(shape, a->shape, sizeof(int64_t) * (size_t)ndim))) return uop_ref(a);
-  /* collapse reshape chains: reshape(reshape(x)) == reshape(x), unless the inner one is a tensor
-   * being differentiated */
-  if (a->op == OP_RESHAPE && !(a->flags & UOPF_GRAD_LEAF)) a = a->src[0];
+  /* collapse reshape chains: reshape(reshape(x)) == reshape(x), unless the inner one is held by a
+   * tensor (which a gradient may be asked for) */
+  if (a->op == OP_RESHAPE && !(a->flags & (UOPF_GRAD_LEAF | UOPF_HELD_RESHAPE))) a = a->src[0];
   if (ndim == a->ndim && (ndim == 0 || !memcmp(shape, a->shape, sizeof(int64_t) * (size_t)ndim))) return uop_ref(a);
   return mk_move(OP_RESHAPE, a, shape, ndim, shape, ndim);
 }

@@ -105,8 +105,9 @@ tg_tensor t_wrap(UOp *u) {
   }
   Slot *sl = slot_at(s);
   sl->u = u;
+  if (u->op == OP_RESHAPE) u->flags |= UOPF_HELD_RESHAPE;
   sl->scope = scope_depth;
-  sl->requires_grad = false;
+  sl->requires_grad = TG_GRAD_UNSET;
   sl->grad = NULL;
   sl->next_free = -1;
   nlive++;
@@ -225,6 +226,30 @@ tg_tensor tg_persist(tg_tensor t) {
   return t;
 }
 
+int t_replace_buffer_everywhere(Buffer *b, UOp *to) {
+  int n = 0;
+  pthread_mutex_lock(&h_lock);
+  size_t cap = 16;
+  UOp **olds = tg_xmalloc(sizeof(UOp *) * cap);
+  for (size_t i = 0; i < nslots; i++) {
+    Slot *sl = slot_at(i);
+    if (sl->scope < 0 || !sl->u || sl->u == to) continue;
+    UOp *r = sl->u->realized ? sl->u->realized : sl->u;
+    if (r->op != OP_BUFFER || g_buffer_of(r) != b) continue;
+    if ((size_t)n == cap) olds = tg_xrealloc(olds, sizeof(UOp *) * (cap *= 2));
+    olds[n++] = sl->u;
+    sl->u = to;
+    if (sl->requires_grad == 1) to->flags |= UOPF_GRAD_LEAF;
+  }
+  pthread_mutex_unlock(&h_lock);
+  for (int i = 0; i < n; i++) {
+    uop_ref(to);
+    uop_unref(olds[i]);
+  }
+  free(olds);
+  return n;
+}
+
 int t_replace_everywhere(UOp *from, UOp *to) {
   int n = 0;
   pthread_mutex_lock(&h_lock);
@@ -232,7 +257,7 @@ int t_replace_everywhere(UOp *from, UOp *to) {
     Slot *sl = slot_at(i);
     if (sl->scope >= 0 && sl->u == from) {
       sl->u = to;
-      if (sl->requires_grad) to->flags |= UOPF_GRAD_LEAF;
+      if (sl->requires_grad == 1) to->flags |= UOPF_GRAD_LEAF;
       n++;
     }
   }

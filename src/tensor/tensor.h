@@ -18,12 +18,15 @@ UOp *t_get(tg_tensor t, const char *fn);
 tg_tensor t_wrap(UOp *u);
 /* Replaces the UOp of every live handle that holds `from` with `to` (after realize). */
 int t_replace_everywhere(UOp *from, UOp *to); /* returns how many handles it changed */
+/* Replaces the UOp of every live handle that holds a BUFFER node of buffer b (or a node realized as
+ * one) with `to`: several BUFFER nodes may name one buffer. Returns how many it changed. */
+int t_replace_buffer_everywhere(Buffer *b, UOp *to);
 /* Handle slot fields used by autograd. */
 typedef struct Slot {
   UOp *u;
   uint32_t gen;
   int32_t scope;    /* scope depth owning the handle; -1 when free */
-  bool requires_grad;
+  int8_t requires_grad; /* 1, 0 or TG_GRAD_UNSET (tinygrad's None): only 0 keeps tg_backward away */
   int32_t next_free;
   UOp *grad;        /* owned; NULL when no gradient */
 } Slot;

@@ -136,6 +136,9 @@ struct UOp {
 /* flags bit: ->realized is not owned -- the realized BUFFER node keeps this node as its history for
  * autograd (it owns this node), and clears ->realized when it dies (autograd.c, ag_attach_history) */
 #define UOPF_WEAK_REALIZED 16
+/* flags bit: a tensor handle holds this reshape. tg_backward and tg_gradient may target any tensor
+ * (tinygrad's rule), so a reshape of it is not folded into a reshape of its source either */
+#define UOPF_HELD_RESHAPE 32
 extern void (*uop_free_hook)(UOp *u);
 
 /* Creates (or finds) a node. Takes no ownership of srcs (they are ref'd by the new node). Returns a
