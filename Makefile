@@ -6,6 +6,7 @@
 #   make test         installs missing packages, builds everything, runs every test; the last line is
 #                     "N passed, N failed" and the exit status is non-zero on any failure or crash
 #   make asan         the C tests again, built with AddressSanitizer + UBSan into build-asan/
+#   make tsan         tests/test_threads.c built with ThreadSanitizer into build-tsan/ and run
 #   make fuzz         builds tests/fuzz_*.c with libFuzzer into build-fuzz/ and runs each FUZZ_TIME s
 #   make install      PREFIX=/usr/local (DESTDIR honoured); make uninstall undoes it
 #   make format       clang-format -i on every source file (format-check only reports)
@@ -63,6 +64,8 @@ ASAN_DIR    := build-asan
 ASAN_CFLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined \
                -Wall -Wextra
 ASAN_LDFLAGS := -fsanitize=address,undefined
+TSAN_DIR    := build-tsan
+TSAN_CFLAGS := -O1 -g -fsanitize=thread -fno-omit-frame-pointer -Wall -Wextra
 FUZZ_DIR    := build-fuzz
 FUZZ_CC     ?= clang
 FUZZ_TIME   ?= 10
@@ -74,7 +77,7 @@ JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 PARALLEL  = $(if $(findstring -j,$(MAKEFLAGS)),,-j$(JOBS))
 SUBFLAGS  = --no-print-directory $(PARALLEL)
 
-.PHONY: all lib static shared examples tests bench test test-run check demo demo-run mnist mnist-run asan asan-run fuzz \
+.PHONY: all lib static shared examples tests bench test test-run check demo demo-run mnist mnist-run asan asan-run tsan tsan-run fuzz \
         fuzz-bins install uninstall clean format format-check deps bench-deps
 .DELETE_ON_ERROR:
 .SECONDARY:
@@ -166,6 +169,13 @@ asan-run: static tests
 	 UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1$${UBSAN_OPTIONS:+:$$UBSAN_OPTIONS}" \
 	 BUILD=$(BUILD) bash tests/run_tests.sh --c-only
 
+# The threading test under ThreadSanitizer: any report fails it (halt_on_error, non-zero exit).
+tsan: deps
+	@$(MAKE) $(SUBFLAGS) BUILD=$(TSAN_DIR) CFLAGS="$(TSAN_CFLAGS)" LDFLAGS="-fsanitize=thread" tsan-run
+
+tsan-run: $(BUILD)/tests/test_threads
+	@TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1$${TSAN_OPTIONS:+:$$TSAN_OPTIONS}" ./$(BUILD)/tests/test_threads
+
 ifeq ($(FUZZ_SRCS),)
 fuzz:
 	@echo "no fuzz targets"
@@ -221,4 +231,4 @@ format-check:
 	$(CLANG_FORMAT) --dry-run --Werror $(FORMAT_SRCS)
 
 clean:
-	rm -rf build $(ASAN_DIR) $(FUZZ_DIR) $(BUILD)
+	rm -rf build $(ASAN_DIR) $(TSAN_DIR) $(FUZZ_DIR) $(BUILD)

@@ -15,6 +15,17 @@
  *  - Keyword arguments: a trailing `const tg_xxx_opts *` argument; NULL or a zeroed field means
  *    tinygrad's default. The TG_OPTS-style macros build them with designated initializers.
  *  - Axes may be negative (counted from the end). Shapes are int64_t arrays with an explicit ndim.
+ *
+ * Threads. Safe from any number of threads at once, also over tensors that several threads share
+ * (an inference server: one model's realized weights, one request per thread): creating tensors,
+ * building graphs with any op, reading shapes and dtypes, realizing and reading data (tg_realize,
+ * tg_data, tg_item), scopes, tg_free of a thread's own handles, loading files. Scopes and the error
+ * state are per thread. Realizations are serialized inside the library (one schedule runs at a
+ * time, each on every core), so threads gain concurrency in graph building, not in kernels.
+ * Not safe without the caller's own locking: changing a shared tensor (tg_assign or an optimizer
+ * step into it, tg_backward or tg_zero_grad over tensors another thread uses, requires_grad
+ * changes), freeing a handle another thread still uses, and sharing one tg_jit or tg_optim between
+ * threads.
  */
 #ifndef TINYGRAD_H
 #define TINYGRAD_H

@@ -95,7 +95,7 @@ static bool sig_eq(const Sig *s, UOp *u) {
 static Buffer *input_buffer(tg_tensor t, int i) {
   UOp *u = t_get(t, "tg_jit_call");
   if (!u) return NULL;
-  UOp *b = u->realized ? u->realized : u;
+  UOp *b = uop_realized(u) ? uop_realized(u) : u;
   if (b->op != OP_BUFFER) {
     tg_set_error(TG_ERR_INVALID, "tg_jit_call: input %d is not realized (or is a view); realize it (tg_realize, tg_contiguous) before calling the jitted function", i);
     return NULL;
@@ -163,7 +163,7 @@ tg_status tg_jit_call(tg_jit *j, const tg_tensor *in, int nin, const double *arg
     j->out_buf = tg_xcalloc((size_t)j->nout + 1, sizeof(Buffer *));
     for (int i = 0; i < j->nout; i++) {
       UOp *u = t_get(out[i], "tg_jit_call");
-      UOp *b = u->realized ? u->realized : u;
+      UOp *b = uop_realized(u) ? uop_realized(u) : u;
       j->out_sig[i] = sig_of(u);
       j->out_buf[i] = buffer_ref(g_buffer_of(b));
     }

@@ -356,13 +356,27 @@ static tg_status run_schedule(Schedule *s) {
   return TG_OK;
 }
 
+/* One realize at a time in the process: scheduling writes ->realized on nodes that other threads'
+ * graphs share, and two schedules of one node would compute it twice. Each realize still uses every
+ * core (the thread pool). Recursive: a TinyJit capture realizes inside a realize's caller. */
+static pthread_mutex_t realize_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+
+static tg_status realize_locked(UOp **targets, int n);
+
 tg_status realize_uops(UOp **targets, int n) {
+  pthread_mutex_lock(&realize_lock);
+  tg_status st = realize_locked(targets, n);
+  pthread_mutex_unlock(&realize_lock);
+  return st;
+}
+
+static tg_status realize_locked(UOp **targets, int n) {
   /* only nodes that are neither realized nor plain views of a buffer need work */
   UOp **todo = tg_xmalloc(sizeof(UOp *) * (size_t)(n + 1));
   int m = 0;
   for (int i = 0; i < n; i++) {
     UOp *t = targets[i];
-    if (t->realized || g_base_buffer(t)) continue;
+    if (uop_realized(t) || g_base_buffer(t)) continue;
     bool dup = false;
     for (int j = 0; j < m && !dup; j++) dup = todo[j] == t;
     if (!dup) todo[m++] = t;
@@ -388,7 +402,7 @@ tg_status realize_uops(UOp **targets, int n) {
       if (tbuf[i] < 0) continue;
       Buffer *b = s.bufs[tbuf[i]].buf;
       UOp *bn = g_buffer(buffer_ref(b), (tg_dtype)t->dtype, t->shape, t->ndim);
-      t->realized = bn; /* owned by t */
+      uop_set_realized(t, bn); /* owned by t */
       /* handles now hold bn; bn keeps t's graph for autograd when a gradient may flow through it */
       if (t_replace_everywhere(t, bn) > 0) ag_attach_history(bn, t);
     }
@@ -396,9 +410,9 @@ tg_status realize_uops(UOp **targets, int n) {
      * them must not run them again */
     for (int i = 0; i < s.nassigns; i++) {
       UOp *a = s.assigns[i];
-      if (a->realized) continue;
+      if (uop_realized(a)) continue;
       UOp *bn = g_buffer(buffer_ref(s.bufs[s.assign_bufs[i]].buf), (tg_dtype)a->dtype, a->shape, a->ndim);
-      a->realized = bn;
+      uop_set_realized(a, bn);
       t_replace_everywhere(a, bn);
     }
   }

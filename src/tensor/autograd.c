@@ -156,7 +156,7 @@ static void grad_rule(UOp *n, UOp *g, UOp **out) {
        * again: mark it (and what it is a view of) so the scheduler keeps the maximum and this
        * recomputation reading the same bits */
       for (UOp *v = a;; v = v->src[0]) {
-        __atomic_fetch_or(&v->flags, (uint8_t)UOPF_MAX_GRAD, __ATOMIC_RELAXED);
+        uop_set_flag(v, UOPF_MAX_GRAD);
         if (!op_is_movement(v->op) || !v->nsrc) break;
       }
       UOp *re = g_expand(n, a->shape), *eq = g_alu(OP_CMPEQ, TG_BOOL, a, re, NULL), *m = g_cast(eq, dt);
@@ -203,9 +203,9 @@ static void custom_drop(UOp *u) {
   pthread_mutex_unlock(&custom_lock);
   if (!c) return;
   UOp *t = c->history ? c->inputs[0] : NULL;
-  if (t && t->realized == u && (t->flags & UOPF_WEAK_REALIZED)) {
-    t->realized = NULL; /* the result dies with its buffer node; t would be computed again */
-    t->flags &= (uint8_t)~UOPF_WEAK_REALIZED;
+  if (t && uop_realized(t) == u && (uop_flags(t) & UOPF_WEAK_REALIZED)) {
+    uop_set_realized(t, NULL); /* the result dies with its buffer node; t would be computed again */
+    uop_clear_flag(t, UOPF_WEAK_REALIZED);
   }
   for (int i = 0; i < c->n; i++) uop_unref(c->inputs[i]);
   free(c->inputs);
@@ -225,7 +225,7 @@ void ag_set_custom_grad(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn) {
   c->fn = fn;
   pthread_mutex_lock(&custom_lock);
   pm_put(&customs, (uint64_t)(uintptr_t)out, c);
-  out->flags |= UOPF_HOOKED;
+  uop_set_flag(out, UOPF_HOOKED);
   pthread_mutex_unlock(&custom_lock);
 }
 
@@ -239,7 +239,7 @@ static Custom *custom_of(UOp *u);
 
 /* Does u's graph (through histories too) contain a tensor that requires grad? */
 static bool reaches_grad_leaf(UOp *u, PtrMap *seen) {
-  if (u->flags & UOPF_GRAD_LEAF) return true;
+  if (uop_flags(u) & UOPF_GRAD_LEAF) return true;
   if (pm_has(seen, (uint64_t)(uintptr_t)u)) return false;
   pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
   Custom *c = custom_of(u);
@@ -251,8 +251,8 @@ static bool reaches_grad_leaf(UOp *u, PtrMap *seen) {
 }
 
 void ag_attach_history(UOp *bn, UOp *t) {
-  if (t->op == OP_ASSIGN || t->op == OP_BUFFER || (t->flags & UOPF_GRAD_LEAF) || t->realized != bn ||
-      (bn->flags & UOPF_HOOKED))
+  if (t->op == OP_ASSIGN || t->op == OP_BUFFER || (uop_flags(t) & UOPF_GRAD_LEAF) || uop_realized(t) != bn ||
+      (uop_flags(bn) & UOPF_HOOKED))
     return;
   PtrMap seen;
   pm_init(&seen);
@@ -263,12 +263,12 @@ void ag_attach_history(UOp *bn, UOp *t) {
   Custom *c = custom_of(bn);
   if (!c) return;
   c->history = true;
-  t->flags |= UOPF_WEAK_REALIZED;
+  uop_set_flag(t, UOPF_WEAK_REALIZED);
   uop_unref(bn); /* t's reference: the handles keep bn alive, and bn keeps t */
 }
 
 static Custom *custom_of(UOp *u) {
-  if (!(u->flags & UOPF_HOOKED)) return NULL;
+  if (!(uop_flags(u) & UOPF_HOOKED)) return NULL;
   pthread_mutex_lock(&custom_lock);
   Custom *c = pm_get(&customs, (uint64_t)(uintptr_t)u);
   pthread_mutex_unlock(&custom_lock);
@@ -471,7 +471,7 @@ tg_tensor tg_set_requires_grad(tg_tensor t, bool requires_grad) {
     return NONE;
   }
   s->requires_grad = requires_grad;
-  if (requires_grad && s->u) s->u->flags |= UOPF_GRAD_LEAF;
+  if (requires_grad && s->u) uop_set_flag(s->u, UOPF_GRAD_LEAF);
   return t;
 }
 

@@ -221,7 +221,7 @@ int t_replace_everywhere(UOp *from, UOp *to) {
     Slot *sl = slot_at(i);
     if (sl->scope >= 0 && sl->u == from) {
       sl->u = to;
-      if (sl->requires_grad) to->flags |= UOPF_GRAD_LEAF;
+      if (sl->requires_grad) uop_set_flag(to, UOPF_GRAD_LEAF);
       n++;
     }
   }

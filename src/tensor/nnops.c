@@ -934,7 +934,7 @@ static bool is_data_view(UOp *u) { return g_is_stored(u, false); }
 
 /* Is u a (bs, c, h, w) view of channels-last data: PERMUTE(0,3,1,2) of something in memory? */
 static bool is_nhwc_view(UOp *u) {
-  if (u->realized || u->op != OP_PERMUTE || u->ndim != 4 || u->niarg != 4) return false;
+  if (uop_realized(u) || u->op != OP_PERMUTE || u->ndim != 4 || u->niarg != 4) return false;
   static const int64_t nchw[4] = {0, 3, 1, 2};
   return !memcmp(u->iarg, nchw, sizeof nchw) && is_data_view(u->src[0]);
 }

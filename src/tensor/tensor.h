@@ -71,7 +71,7 @@ bool shape_fits(const int64_t *shape, int ndim);
  * looks through realized caches. */
 UOp *g_base_buffer(UOp *u);
 /* The value that `u` denotes right now for scheduling: its realized BUFFER if it has one. */
-static inline UOp *g_resolve(UOp *u) { return u->realized ? u->realized : u; }
+static inline UOp *g_resolve(UOp *u) { return uop_realized(u) ? uop_realized(u) : u; }
 Buffer *g_buffer_of(UOp *buf_node);
 
 /* Formats a shape "(3, 4)" into buf (static-size safe: truncates). */
