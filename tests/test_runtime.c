@@ -739,6 +739,190 @@ TEST(disk_cache) {
   CHECK(!tg_has_error());
 }
 
+/* A kernel `fname` computing x[i] = i * k, tagged so that no other test or process shares its source. */
+static void times_src(char *out, size_t cap, const char *fname, int k, const char *tag) {
+  snprintf(out, cap,
+           "#include <stdint.h>\n"
+           "void %s(void **restrict bufs, int64_t gstart, int64_t gend) {\n"
+           "  int *x = bufs[0]; for (int64_t i = gstart; i < gend; i++) x[i] = (int)i * %d;\n"
+           "} /* %s %d */\n",
+           fname, k, tag, (int)getpid());
+}
+
+/* Does lib's fname compute x[i] = i * k? */
+static bool lib_computes(const uint8_t *lib, size_t len, const char *fname, int k) {
+  void *prg = cpu_device_vt.load(NULL, fname, lib, len);
+  if (!prg) return false;
+  int x[8] = {0};
+  void *bufs[1] = {x};
+  int64_t gs[3] = {8, 1, 1};
+  cpu_device_vt.exec(NULL, prg, bufs, 1, gs, NULL, true);
+  cpu_device_vt.unload(NULL, prg);
+  for (int i = 0; i < 8; i++)
+    if (x[i] != i * k) return false;
+  return true;
+}
+
+static bool prog_computes(Program *p, int k) {
+  if (!p) return false;
+  int x[8] = {0};
+  void *bufs[1] = {x};
+  int64_t gs[3] = {8, 1, 1};
+  if (program_exec(p, bufs, 1, gs, NULL, true) < 0) return false;
+  for (int i = 0; i < 8; i++)
+    if (x[i] != i * k) return false;
+  return true;
+}
+
+static uint8_t *slurp(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long len = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  uint8_t *b = malloc(len > 0 ? (size_t)len : 1);
+  *n = b && len > 0 ? fread(b, 1, (size_t)len, f) : 0;
+  fclose(f);
+  return b;
+}
+
+static bool spill(const char *path, const void *p, size_t n) {
+  FILE *f = fopen(path, "wb");
+  if (!f) return false;
+  bool ok = fwrite(p, 1, n, f) == n;
+  return fclose(f) == 0 && ok;
+}
+
+/* The one cache entry that compiling src adds (the cache directory is cleared first). */
+static bool entry_of(const char *src, char *path, size_t cap) {
+  clear_cache_dir();
+  uint8_t *lib = NULL;
+  size_t len = 0;
+  bool ok = cpu_device_vt.compile(device_get("CPU")->state, src, &lib, &len) == TG_OK;
+  free(lib);
+  return ok && cache_entries(path, cap) == 1;
+}
+
+/* Entry layout v2 (ops_cpu.c): 24-byte header (magic, version, payload length, key length, 0), key,
+ * payload, checksum of all before it. Rewrites entry `path` with its own header and key but another
+ * payload: a complete, valid-looking entry whose binary is not this kernel's. */
+static bool forge_payload(const char *path, const uint8_t *payload, size_t plen) {
+  size_t n = 0;
+  uint8_t *e = slurp(path, &n);
+  if (!e || n < 32) {
+    free(e);
+    return false;
+  }
+  uint32_t klen;
+  memcpy(&klen, e + 16, 4);
+  size_t total = 24 + klen + plen + 8;
+  uint8_t *f = malloc(total);
+  memcpy(f, e, 24 + klen);
+  uint64_t p64 = plen;
+  memcpy(f + 8, &p64, 8);
+  memcpy(f + 24 + klen, payload, plen);
+  uint64_t sum = hash_bytes(f, total - 8, 0x54474b45524e4c31ULL);
+  memcpy(f + total - 8, &sum, 8);
+  bool ok = spill(path, f, total);
+  free(e), free(f);
+  return ok;
+}
+
+/* An entry is checked against its key (compiler id + source hash), not only its own checksum: a
+ * complete entry of another kernel with the same symbol, copied in under this kernel's name, is
+ * discarded and rebuilt instead of run. */
+TEST(disk_cache_entry_of_another_kernel) {
+  tg_clear_error();
+  void *st = device_get("CPU")->state;
+  char a[512], b[512], ea[1024], eb[1024];
+  times_src(a, sizeof a, "timesk", 3, "key-a");
+  times_src(b, sizeof b, "timesk", 5, "key-b");
+  CHECK(entry_of(b, eb, sizeof eb));
+  size_t nb = 0;
+  uint8_t *bytes_b = slurp(eb, &nb);
+  CHECK(entry_of(a, ea, sizeof ea));
+  CHECK(strcmp(ea, eb) != 0);
+  CHECK(bytes_b && spill(ea, bytes_b, nb)); /* b's complete entry now sits under a's name */
+  free(bytes_b);
+  uint8_t *lib = NULL;
+  size_t len = 0;
+  CHECK(cpu_device_vt.compile(st, a, &lib, &len) == TG_OK);
+  CHECK_MSG(lib && lib_computes(lib, len, "timesk", 3), "ran the other kernel's binary");
+  free(lib);
+  /* rebuilt in place: the next read is a hit on a's own entry */
+  size_t n1 = 0;
+  uint8_t *rebuilt = slurp(ea, &n1);
+  CHECK(rebuilt && n1 > 0);
+  ino_t ino = inode_of(ea);
+  CHECK(cpu_device_vt.compile(st, a, &lib, &len) == TG_OK);
+  CHECK(lib && lib_computes(lib, len, "timesk", 3));
+  free(lib), free(rebuilt);
+  CHECK(inode_of(ea) == ino);
+  CHECK(!tg_has_error());
+}
+
+/* An entry whose binary does not load -- the symbol is missing, or it is no shared object at all --
+ * is damaged: program_get removes it, compiles again and runs the right code; the rebuilt entry
+ * serves the next process. */
+TEST(disk_cache_entry_that_does_not_load) {
+  tg_clear_error();
+  Device *d = device_get("CPU");
+  char a[512], other[512], e[1024];
+  times_src(other, sizeof other, "other_k", 7, "load-other");
+  uint8_t *olib = NULL;
+  size_t olen = 0;
+  CHECK(cpu_device_vt.compile(d->state, other, &olib, &olen) == TG_OK);
+
+  /* the symbol is missing */
+  times_src(a, sizeof a, "sym_k", 3, "load-sym");
+  CHECK(entry_of(a, e, sizeof e));
+  CHECK(olib && forge_payload(e, olib, olen));
+  uint8_t *lib = NULL;
+  size_t len = 0;
+  CHECK(cpu_device_vt.compile(d->state, a, &lib, &len) == TG_OK); /* the forged entry reads as valid */
+  CHECK(lib && !lib_computes(lib, len, "sym_k", 3));
+  free(lib);
+  tg_clear_error();
+  Program *p = program_get(d, "sym_k", a);
+  CHECK_MSG(prog_computes(p, 3), "program_get: %s", tg_last_error() ? tg_last_error() : "wrong values");
+  CHECK(cpu_device_vt.compile(d->state, a, &lib, &len) == TG_OK);
+  CHECK_MSG(lib && lib_computes(lib, len, "sym_k", 3), "the damaged entry was not replaced");
+  free(lib);
+
+  /* not a shared object (dlopen fails) */
+  times_src(a, sizeof a, "elf_k", 4, "load-elf");
+  CHECK(entry_of(a, e, sizeof e));
+  static const uint8_t junk[] = "this is not an ELF object, but its entry's checksum is right";
+  CHECK(forge_payload(e, junk, sizeof junk));
+  p = program_get(d, "elf_k", a);
+  CHECK_MSG(prog_computes(p, 4), "program_get: %s", tg_last_error() ? tg_last_error() : "wrong values");
+  CHECK(cpu_device_vt.compile(d->state, a, &lib, &len) == TG_OK);
+  CHECK(lib && lib_computes(lib, len, "elf_k", 4));
+  free(lib), free(olib);
+  CHECK(!tg_has_error());
+}
+
+/* A FIFO where an entry belongs is not read (that would block until a writer comes): the kernel is
+ * compiled and its entry replaces the FIFO. */
+TEST(disk_cache_fifo_does_not_hang) {
+  tg_clear_error();
+  char a[512], e[1024];
+  times_src(a, sizeof a, "fifo_k", 6, "fifo");
+  CHECK(entry_of(a, e, sizeof e));
+  CHECK(unlink(e) == 0);
+  CHECK(mkfifo(e, 0644) == 0);
+  alarm(60); /* a hang fails the test (SIGALRM) instead of stalling the suite */
+  uint8_t *lib = NULL;
+  size_t len = 0;
+  CHECK(cpu_device_vt.compile(device_get("CPU")->state, a, &lib, &len) == TG_OK);
+  alarm(0);
+  CHECK(lib && lib_computes(lib, len, "fifo_k", 6));
+  free(lib);
+  struct stat sb;
+  CHECK(lstat(e, &sb) == 0 && S_ISREG(sb.st_mode));
+  CHECK(!tg_has_error());
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 
 /* Spins about `work` iterations per index, so that each chunk takes a known time. */

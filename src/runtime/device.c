@@ -641,6 +641,25 @@ static void prog_free(ProgEntry *e) {
   free(e);
 }
 
+/* Compiles src (through the device's disk cache) and loads fname from it. A binary that fails to
+ * load (not a shared object, symbol missing) may have come from a damaged cache entry: the entry is
+ * dropped and src compiled once more, so a bad entry costs one compile, not every run. */
+static void *compile_and_load(Device *dev, const char *fname, const char *src) {
+  void *handle = NULL;
+  for (int attempt = 0; attempt < 2 && !handle; attempt++) {
+    uint8_t *lib = NULL;
+    size_t liblen = 0;
+    if (dev->vt->compile(dev->state, src, &lib, &liblen) != TG_OK) break;
+    __atomic_fetch_add(&g_counters.compile_count, 1, __ATOMIC_RELAXED);
+    handle = dev->vt->load(dev->state, fname, lib, liblen);
+    free(lib);
+    if (handle || !dev->vt->cache_evict) break;
+    dev->vt->cache_evict(dev->state, src);
+    if (attempt == 0) tg_clear_error(); /* the second attempt's error is the one to report */
+  }
+  return handle;
+}
+
 Program *program_get(Device *dev, const char *fname, const char *src) {
   if (!dev || !fname || !src) {
     tg_set_error(TG_ERR_INVALID, "program_get: %s", !dev ? "no device" : !fname ? "no name" : "no source");
@@ -692,14 +711,7 @@ Program *program_get(Device *dev, const char *fname, const char *src) {
     prog_insert_locked(e);
     pthread_mutex_unlock(&g_prog_lock);
 
-    uint8_t *lib = NULL;
-    size_t liblen = 0;
-    void *handle = NULL;
-    if (dev->vt->compile(dev->state, src, &lib, &liblen) == TG_OK) {
-      __atomic_fetch_add(&g_counters.compile_count, 1, __ATOMIC_RELAXED);
-      handle = dev->vt->load(dev->state, fname, lib, liblen);
-    }
-    free(lib);
+    void *handle = compile_and_load(dev, fname, src);
 
     pthread_mutex_lock(&g_prog_lock);
     if (handle) {
@@ -759,13 +771,14 @@ int program_get_batch(Device *dev, const char *const *fnames, const char *const 
   uint8_t *lib = NULL;
   size_t liblen = 0;
   tg_status st = dev->vt->compile(dev->state, all.s, &lib, &liblen);
-  sb_free(&all);
   if (st != TG_OK) {
     tg_clear_error();
+    sb_free(&all);
     free(todo);
     return have;
   }
   __atomic_fetch_add(&g_counters.compile_count, 1, __ATOMIC_RELAXED);
+  bool damaged = false;
   for (int t = 0; t < ntodo; t++) {
     int i = todo[t];
     char sym[160];
@@ -773,6 +786,7 @@ int program_get_batch(Device *dev, const char *const *fnames, const char *const 
     void *handle = dev->vt->load(dev->state, sym, lib, liblen);
     if (!handle) {
       tg_clear_error();
+      damaged = true;
       continue;
     }
     size_t srclen = strlen(srcs[i]);
@@ -786,6 +800,10 @@ int program_get_batch(Device *dev, const char *const *fnames, const char *const 
     pthread_mutex_unlock(&g_prog_lock);
     have++;
   }
+  /* a symbol missing from the batch's binary: its cache entry is not what this batch compiled
+   * (program_get then compiles those kernels one by one) */
+  if (damaged && dev->vt->cache_evict) dev->vt->cache_evict(dev->state, all.s);
+  sb_free(&all);
   free(lib);
   free(todo);
   return have;

@@ -42,6 +42,9 @@ typedef struct DeviceVT {
   void (*synchronize)(void *state);
   /* Identifies the compiler + flags (part of every cache key). Static string. */
   const char *(*compiler_id)(void *state);
+  /* Removes the on-disk cache entry of src (NULL: the device caches nothing). program_get calls it
+   * when a binary from compile fails to load, then compiles again. */
+  void (*cache_evict)(void *state, const char *src);
 } DeviceVT;
 
 struct Device {
