@@ -873,7 +873,10 @@ tg_state_dict *tg_safe_load_mmap(const char *path);
  * followed: the file it leads to is replaced (the temporary file is made next to that file) and the
  * link stays; a link to a missing file creates that file. Only regular files are replaced: if path
  * (or the file its links lead to) is a directory, a FIFO, a device or a socket, the save fails with
- * TG_ERR_IO "tg_safe_save: <path> is not a regular file (...)" and touches nothing. */
+ * TG_ERR_IO "tg_safe_save: <path> is not a regular file (...)" and touches nothing. The temporary
+ * file is "<path>.tmp.<pid>.<n>"; a process killed mid-save leaves its one behind, and the next save
+ * to the same path removes every such file whose process no longer exists (never one of a live
+ * process: a save in progress elsewhere keeps its file). */
 tg_status tg_safe_save(const tg_state_dict *sd, const char *path);
 
 /* Loads a GGUF file (versions 2 and 3; tinygrad's gguf_load). Metadata: every key/value in file
