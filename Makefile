@@ -1,7 +1,8 @@
 # tinygrad.c -- GNU make build.
 #
 #   make              library (build/libtinygrad.a, build/libtinygrad.so), examples, tests, benchmarks
-#   make mnist        installs missing packages, builds and trains examples/beautiful_mnist
+#   make mnist        installs the packages it needs (scripts/deps.sh mnist), builds and trains
+#                     examples/beautiful_mnist
 #   make demo         installs missing packages, builds and runs examples/quickstart
 #   make test         installs missing packages, builds everything, runs every test; the last line is
 #                     "N passed, N failed" and the exit status is non-zero on any failure or crash
@@ -155,7 +156,9 @@ demo-run: $(BUILD)/examples/quickstart
 	@TINYGRAD_LIB=$(abspath $(LIB_SO)) ./$(BUILD)/examples/quickstart
 
 # The main job: train the beautiful_mnist CNN on Fashion-MNIST (BS, STEPS, TARGET_EVAL_ACC_PCT, ...).
-mnist: deps
+# Only what building and training need (scripts/deps.sh mnist), not the tests' PyTorch and fuzzers.
+mnist:
+	@bash scripts/deps.sh mnist
 	@$(MAKE) $(SUBFLAGS) mnist-run
 
 mnist-run: $(BUILD)/examples/beautiful_mnist
