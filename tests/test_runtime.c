@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "../src/runtime/device.h"
+size_t kernel_cache_count(void); /* engine/realize.c: entries of the in-memory kernel cache */
 #include "../src/runtime/threadpool.h"
 #include "test.h"
 
@@ -920,6 +921,109 @@ TEST(disk_cache_fifo_does_not_hang) {
   free(lib);
   struct stat sb;
   CHECK(lstat(e, &sb) == 0 && S_ISREG(sb.st_mode));
+  CHECK(!tg_has_error());
+}
+
+/* Kernel objects mapped into this process (lines of /proc/self/maps naming a tgk- file). */
+static int kernel_mappings(void) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (!f) return -1;
+  char line[1024];
+  int n = 0;
+  while (fgets(line, sizeof line, f))
+    if (strstr(line, "/tgk-")) n++;
+  fclose(f);
+  return n;
+}
+
+/* The program cache keeps at most MAX_LOADED_KERNELS programs loaded: the least recently used ones
+ * nobody holds are unloaded (dlclose: their mappings go), held ones never are, and an unloaded one
+ * asked for again is loaded again and runs. */
+TEST(program_cache_unloads_least_recently_used) {
+  tg_clear_error();
+  Device *d = device_get("CPU");
+  tg_context_begin();
+  tg_context_set("MAX_LOADED_KERNELS", "8");
+  char src[512];
+  times_src(src, sizeof src, "held_k", 2, "lru-held");
+  Program *held = program_get(d, "held_k", src);
+  CHECK(prog_computes(held, 2));
+  size_t before = program_loaded_count();
+  int maps0 = kernel_mappings();
+  for (int k = 0; k < 40; k++) {
+    char tag[32];
+    snprintf(tag, sizeof tag, "lru-%d", k);
+    times_src(src, sizeof src, "lru_k", k + 3, tag);
+    Program *p = program_get(d, "lru_k", src);
+    CHECK_MSG(prog_computes(p, k + 3), "kernel %d: %s", k, tg_last_error() ? tg_last_error() : "wrong values");
+    program_release(p);
+  }
+  size_t after = program_loaded_count();
+  int maps1 = kernel_mappings();
+  printf("  40 kernels at MAX_LOADED_KERNELS=8: loaded %zu -> %zu, kernel mappings %d -> %d\n", before, after, maps0,
+         maps1);
+  CHECK_MSG(after <= (before > 8 ? before : 8), "%zu programs loaded (%zu before)", after, before);
+  CHECK_MSG(maps1 <= maps0 + 8 * 2, "kernel mappings %d -> %d", maps0, maps1);
+  CHECK(prog_computes(held, 2)); /* held the whole time: still loaded */
+  /* the first of the 40 was unloaded; asking again loads it again */
+  times_src(src, sizeof src, "lru_k", 3, "lru-0");
+  Program *again = program_get(d, "lru_k", src);
+  CHECK(prog_computes(again, 3));
+  program_release(again);
+  program_release(held);
+  tg_context_end();
+  CHECK(!tg_has_error());
+}
+
+static tg_status jit_triple_plus(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout,
+                                 void *user) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)user;
+  out[0] = tg_add(tg_mul(in[0], tg_scalar(3, NULL)), tg_scalar(0.5, NULL));
+  return TG_OK;
+}
+
+/* The same bound through the tensor API: realizing many distinct kernels keeps the kernel cache and
+ * the loaded programs bounded, and a TinyJit whose kernels the caches dropped still replays them
+ * (its capture holds them). */
+TEST(kernel_cache_bounded_and_jit_keeps_its_kernels) {
+  tg_clear_error();
+  tg_context_begin();
+  tg_context_set("MAX_LOADED_KERNELS", "4");
+  size_t live = tg_live_count();
+  tg_scope_begin();
+  tg_jit *j = tg_jit_new(jit_triple_plus, 1, NULL);
+  float xv[16];
+  for (int i = 0; i < 16; i++) xv[i] = (float)i;
+  tg_tensor x = tg_from_data(xv, TG_SHAPE(16), NULL);
+  for (int it = 0; it < 3; it++) { /* run, capture, replay */
+    tg_tensor out;
+    CHECK(tg_jit_call(j, &x, 1, NULL, 0, &out) == TG_OK);
+  }
+  CHECK(tg_jit_captured_kernels(j) >= 1);
+  size_t before = program_loaded_count();
+  for (int k = 0; k < 24; k++) {
+    tg_scope_begin();
+    /* a constant of its own makes each a distinct kernel */
+    tg_tensor y = tg_sub(tg_mul(x, tg_scalar(1000 + k, NULL)), tg_scalar(7 * k + 0.25, NULL));
+    float got[16];
+    CHECK(tg_data(y, got, sizeof got) == TG_OK);
+    for (int i = 0; i < 16; i++) CHECK(got[i] == (float)i * (float)(1000 + k) - (float)(7 * k + 0.25));
+    tg_scope_end();
+  }
+  CHECK_MSG(kernel_cache_count() <= 4, "%zu kernels cached", kernel_cache_count());
+  CHECK_MSG(program_loaded_count() <= before + 4, "%zu programs loaded (%zu before)", program_loaded_count(), before);
+  float xv2[16];
+  for (int i = 0; i < 16; i++) xv2[i] = (float)(2 * i + 1);
+  tg_tensor x2 = tg_from_data(xv2, TG_SHAPE(16), NULL);
+  tg_tensor out;
+  CHECK(tg_jit_call(j, &x2, 1, NULL, 0, &out) == TG_OK);
+  float got[16];
+  CHECK(tg_data(out, got, sizeof got) == TG_OK);
+  for (int i = 0; i < 16; i++) CHECK(got[i] == xv2[i] * 3 + 0.5f);
+  tg_jit_free(j);
+  tg_scope_end();
+  CHECK(tg_live_count() == live);
+  tg_context_end();
   CHECK(!tg_has_error());
 }
 

@@ -579,19 +579,29 @@ tg_status buffer_copy(Buffer *dst, Buffer *src, size_t nbytes) {
 /* ---------------------------------------------------------------------------------------------- */
 /* program cache                                                                                   */
 
+/* Entries are reference counted (program_get's callers hold them: the kernel cache, TinyJit
+ * captures, BEAM candidates). One with no holder stays loaded for the next program_get until the
+ * number loaded passes the limit; then the least recently used unheld ones are unloaded. An entry
+ * of another device that shares a loaded object (`owner`, host-memory devices of one kind) pins
+ * its owner (nshare) and unloads nothing itself. */
 typedef struct ProgEntry {
   Program pub;
   uint64_t hash; /* of fname and src: entries for every device of one source share a chain */
   char *src;
   size_t srclen;
   bool ready; /* false while one thread compiles it; others wait on g_prog_cond */
+  int refs;
+  int nshare;
+  uint64_t last_use;
+  struct ProgEntry *owner;
   struct ProgEntry *next;
 } ProgEntry;
 
 static pthread_mutex_t g_prog_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_prog_cond = PTHREAD_COND_INITIALIZER;
 static ProgEntry **g_prog_tab;
-static size_t g_prog_cap, g_prog_n;
+static size_t g_prog_cap, g_prog_n, g_prog_loaded;
+static uint64_t g_prog_tick;
 
 static void prog_insert_locked(ProgEntry *e) {
   if ((g_prog_n + 1) * 4 > g_prog_cap * 3) {
@@ -639,6 +649,77 @@ static void prog_free(ProgEntry *e) {
   free(e->pub.name);
   free(e->src);
   free(e);
+}
+
+static size_t max_loaded(void) {
+  int64_t m = getenv_int("MAX_LOADED_KERNELS", 4096);
+  return m < 1 ? 1 : (size_t)m;
+}
+
+/* Caller holds g_prog_lock. Takes unheld entries out of the table, least recently used first, until
+ * at most the limit are loaded; returns them as a list (through ->next) to unload outside the lock. */
+static ProgEntry *prog_evict_locked(void) {
+  ProgEntry *dead = NULL;
+  size_t limit = max_loaded();
+  while (g_prog_loaded > limit) {
+    ProgEntry *victim = NULL;
+    for (size_t i = 0; i < g_prog_cap; i++)
+      for (ProgEntry *e = g_prog_tab[i]; e; e = e->next)
+        if (e->ready && e->refs == 0 && e->nshare == 0 && !e->owner && (!victim || e->last_use < victim->last_use))
+          victim = e;
+    if (!victim) break; /* every loaded program is in use */
+    prog_remove_locked(victim);
+    g_prog_loaded--;
+    victim->next = dead;
+    dead = victim;
+  }
+  return dead;
+}
+
+static void prog_unload_list(ProgEntry *dead) {
+  while (dead) {
+    ProgEntry *nx = dead->next;
+    if (debug_level() >= 3) fprintf(stderr, "program cache: unloaded %s (least recently used)\n", dead->pub.name);
+    dead->pub.dev->vt->unload(dead->pub.dev->state, dead->pub.handle);
+    prog_free(dead);
+    dead = nx;
+  }
+}
+
+static ProgEntry *entry_of(Program *p) { return (ProgEntry *)((char *)p - offsetof(ProgEntry, pub)); }
+
+Program *program_retain(Program *p) {
+  if (!p) return NULL;
+  pthread_mutex_lock(&g_prog_lock);
+  entry_of(p)->refs++;
+  pthread_mutex_unlock(&g_prog_lock);
+  return p;
+}
+
+void program_release(Program *p) {
+  if (!p) return;
+  pthread_mutex_lock(&g_prog_lock);
+  ProgEntry *e = entry_of(p), *dead = NULL;
+  TG_ASSERT(e->refs > 0);
+  e->refs--;
+  /* a sibling nobody holds goes at once (it loaded nothing), freeing its owner for eviction */
+  if (e->refs == 0 && e->owner) {
+    prog_remove_locked(e);
+    e->owner->nshare--;
+  } else {
+    e = NULL;
+  }
+  dead = prog_evict_locked();
+  pthread_mutex_unlock(&g_prog_lock);
+  if (e) prog_free(e);
+  prog_unload_list(dead);
+}
+
+size_t program_loaded_count(void) {
+  pthread_mutex_lock(&g_prog_lock);
+  size_t n = g_prog_loaded;
+  pthread_mutex_unlock(&g_prog_lock);
+  return n;
 }
 
 /* Compiles src (through the device's disk cache) and loads fname from it. A binary that fails to
@@ -691,6 +772,8 @@ Program *program_get(Device *dev, const char *fname, const char *src) {
       }
     }
     if (mine && mine->ready) {
+      mine->refs++;
+      mine->last_use = ++g_prog_tick;
       pthread_mutex_unlock(&g_prog_lock);
       return &mine->pub;
     }
@@ -701,9 +784,15 @@ Program *program_get(Device *dev, const char *fname, const char *src) {
     }
     ProgEntry *e = prog_new(dev, fname, src, srclen, h);
     if (sibling) {
-      /* Same code in the same address space: share the loaded program (never unloaded). */
-      e->pub.handle = sibling->pub.handle;
+      /* Same code in the same address space: share the loaded program (it stays loaded while
+       * this entry exists) */
+      ProgEntry *owner = sibling->owner ? sibling->owner : sibling;
+      e->pub.handle = owner->pub.handle;
+      e->owner = owner;
+      owner->nshare++;
+      owner->last_use = ++g_prog_tick;
       e->ready = true;
+      e->refs = 1;
       prog_insert_locked(e);
       pthread_mutex_unlock(&g_prog_lock);
       return &e->pub;
@@ -714,9 +803,14 @@ Program *program_get(Device *dev, const char *fname, const char *src) {
     void *handle = compile_and_load(dev, fname, src);
 
     pthread_mutex_lock(&g_prog_lock);
+    ProgEntry *dead = NULL;
     if (handle) {
       e->pub.handle = handle;
       e->ready = true;
+      e->refs = 1;
+      e->last_use = ++g_prog_tick;
+      g_prog_loaded++;
+      dead = prog_evict_locked();
     } else {
       prog_remove_locked(e);
       prog_free(e);
@@ -724,6 +818,7 @@ Program *program_get(Device *dev, const char *fname, const char *src) {
     }
     pthread_cond_broadcast(&g_prog_cond);
     pthread_mutex_unlock(&g_prog_lock);
+    prog_unload_list(dead);
     return e ? &e->pub : NULL;
   }
 }
@@ -795,9 +890,13 @@ int program_get_batch(Device *dev, const char *const *fnames, const char *const 
     e->pub.handle = handle;
     e->ready = true;
     pthread_mutex_lock(&g_prog_lock);
+    e->last_use = ++g_prog_tick;
     prog_insert_locked(e);
+    g_prog_loaded++;
+    ProgEntry *dead = prog_evict_locked();
     pthread_cond_broadcast(&g_prog_cond);
     pthread_mutex_unlock(&g_prog_lock);
+    prog_unload_list(dead);
     have++;
   }
   /* a symbol missing from the batch's binary: its cache entry is not what this batch compiled
