@@ -145,6 +145,44 @@ TEST(threads_build_same_nodes) {
   END;
 }
 
+/* Lazy tensors made by the main thread, read by every thread in a different order: whichever thread
+ * comes first realizes one while others hold its handle and read it too. */
+#define NLAZY 40
+static tg_tensor lazy[NLAZY];
+
+static void *read_lazy(void *arg) {
+  Job *j = arg;
+  for (int it = 0; it < j->iters; it++) {
+    for (int k = 0; k < NLAZY; k++) {
+      int i = (k * (j->id + 1) + it) % NLAZY;
+      float v[OUT * HID];
+      TCHECK(j, tg_data(lazy[i], v, sizeof v) == TG_OK, "thread %d: tg_data(lazy %d): %s", j->id, i, tg_last_error());
+      for (int e = 0; e < OUT * HID; e++) {
+        float want = w2[e] * (float)(i + 1) + 0.5f;
+        TCHECK(j, fabsf(v[e] - want) <= 1e-5f * (1 + fabsf(want)), "thread %d: lazy %d [%d] = %g, expected %g", j->id, i,
+               e, v[e], want);
+      }
+      int64_t sh[4];
+      TCHECK(j, tg_shape(lazy[i], sh) == 2 && sh[0] == OUT && sh[1] == HID, "thread %d: lazy %d shape", j->id, i);
+    }
+    tg_clear_error();
+  }
+  return NULL;
+}
+
+TEST(threads_read_shared_lazy_tensors) {
+  BEGIN;
+  model_init();
+  for (int round = 0; round < 3; round++) {
+    for (int i = 0; i < NLAZY; i++)
+      lazy[i] = tg_add(tg_mul(W2, tg_scalar(i + 1, NULL)), tg_scalar(0.5, NULL));
+    run_threads(read_lazy, 2);
+    for (int i = 0; i < NLAZY; i++) tg_free(lazy[i]);
+  }
+  model_free();
+  END;
+}
+
 int main(void) {
   int rc = RUN_TESTS();
   tmpdir_remove();

@@ -32,6 +32,14 @@ typedef struct {
 static _Thread_local IdList *scope_stack;
 static _Thread_local int scope_depth, scope_cap;
 
+/* A small number per thread, for Slot.thread (0: not assigned yet) */
+static _Atomic uint32_t next_thread;
+static _Thread_local uint32_t this_thread;
+static uint32_t thread_no(void) {
+  if (!this_thread) this_thread = ++next_thread;
+  return this_thread;
+}
+
 static inline uint32_t id_slot(uint64_t id) { return (uint32_t)(id & 0xffffffffu) - 1; }
 static inline uint32_t id_gen(uint64_t id) { return (uint32_t)(id >> 32); }
 
@@ -104,6 +112,7 @@ tg_tensor t_wrap(UOp *u) {
   }
   Slot *sl = slot_at(s);
   sl->u = u;
+  sl->thread = thread_no();
   sl->scope = scope_depth;
   sl->requires_grad = false;
   sl->grad = NULL;
@@ -216,10 +225,11 @@ tg_tensor tg_persist(tg_tensor t) {
 
 int t_replace_everywhere(UOp *from, UOp *to) {
   int n = 0;
+  uint32_t me = thread_no();
   pthread_mutex_lock(&h_lock);
   for (size_t i = 0; i < nslots; i++) {
     Slot *sl = slot_at(i);
-    if (sl->scope >= 0 && sl->u == from) {
+    if (sl->scope >= 0 && sl->u == from && sl->thread == me) {
       sl->u = to;
       if (sl->requires_grad) uop_set_flag(to, UOPF_GRAD_LEAF);
       n++;

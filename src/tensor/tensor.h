@@ -16,7 +16,10 @@
 UOp *t_get(tg_tensor t, const char *fn);
 /* Wraps a UOp (ownership taken) into a new handle in the current scope. NULL -> none. */
 tg_tensor t_wrap(UOp *u);
-/* Replaces the UOp of every live handle that holds `from` with `to` (after realize). */
+/* Replaces the UOp of every live handle of the calling thread that holds `from` with `to` (after
+ * realize). Other threads' handles keep `from` (whose ->realized is `to`, so they read the same
+ * value): only a handle's own thread ever changes or drops its reference, so a pointer that thread
+ * borrowed with t_get stays valid while another thread realizes the same node. */
 int t_replace_everywhere(UOp *from, UOp *to); /* returns how many handles it changed */
 /* Handle slot fields used by autograd. */
 typedef struct Slot {
@@ -25,6 +28,7 @@ typedef struct Slot {
   int32_t scope;    /* scope depth owning the handle; -1 when free */
   bool requires_grad;
   int32_t next_free;
+  uint32_t thread;  /* the thread that created the handle (t_replace_everywhere) */
   UOp *grad;        /* owned; NULL when no gradient */
 } Slot;
 Slot *t_slot(tg_tensor t);
