@@ -321,7 +321,9 @@ tg_tensor tg_matmul(tg_tensor x, tg_tensor y);
  * its neighbours and is differentiable by tg_backward. Results are new handles in the current scope;
  * inputs are never consumed. Optional tensor arguments take {0} (none) for "absent". */
 
-/* Concatenates n tensors along dim (shapes equal except in dim; dtypes promote). */
+/* Concatenates n tensors along dim (shapes equal except in dim; dtypes promote). Up to 32 inputs it is
+ * one lazy expression that fuses into its consumer; more are concatenated in groups of 32 into
+ * buffers first (about n / 31 kernels), so time and memory stay linear in the total size. */
 tg_tensor tg_cat(const tg_tensor *ts, int n, int dim);
 /* Stacks n equally shaped tensors along a new dimension dim (-ndim-1 <= dim <= ndim). */
 tg_tensor tg_stack(const tg_tensor *ts, int n, int dim);

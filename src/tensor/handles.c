@@ -151,7 +151,12 @@ void tg_free(tg_tensor t) {
 
 bool tg_valid(tg_tensor t) { return t_slot(t) != NULL; }
 
-size_t tg_live_count(void) { return nlive; }
+size_t tg_live_count(void) {
+  pthread_mutex_lock(&h_lock);
+  size_t n = nlive;
+  pthread_mutex_unlock(&h_lock);
+  return n;
+}
 
 void tg_scope_begin(void) {
   if (scope_depth == scope_cap) {
