@@ -727,6 +727,7 @@ size_t program_loaded_count(void) {
  * dropped and src compiled once more, so a bad entry costs one compile, not every run. */
 static void *compile_and_load(Device *dev, const char *fname, const char *src) {
   void *handle = NULL;
+  bool had_error = tg_has_error(); /* an earlier error of the caller's is not ours to clear */
   for (int attempt = 0; attempt < 2 && !handle; attempt++) {
     uint8_t *lib = NULL;
     size_t liblen = 0;
@@ -736,7 +737,7 @@ static void *compile_and_load(Device *dev, const char *fname, const char *src) {
     free(lib);
     if (handle || !dev->vt->cache_evict) break;
     dev->vt->cache_evict(dev->state, src);
-    if (attempt == 0) tg_clear_error(); /* the second attempt's error is the one to report */
+    if (attempt == 0 && !had_error) tg_clear_error(); /* the second attempt's error is the one to report */
   }
   return handle;
 }
