@@ -28,6 +28,17 @@
  *    otherwise legal for it and says so (0 for a size or stride, NULL, {0}, TG_DTYPE_DEFAULT). A
  *    struct filled by hand (C++, where the macros do not compile) must set every field.
  *  - Axes may be negative (counted from the end). Shapes are int64_t arrays with an explicit ndim.
+ *
+ * Threads. Safe from any number of threads at once, also over tensors that several threads share
+ * (an inference server: one model's realized weights, one request per thread): creating tensors,
+ * building graphs with any op, reading shapes and dtypes, realizing and reading data (tg_realize,
+ * tg_data, tg_item), scopes, tg_free of a thread's own handles, loading files. Scopes and the error
+ * state are per thread. Realizations are serialized inside the library (one schedule runs at a
+ * time, each on every core), so threads gain concurrency in graph building, not in kernels.
+ * Not safe without the caller's own locking: changing a shared tensor (tg_assign or an optimizer
+ * step into it, tg_backward or tg_zero_grad over tensors another thread uses, requires_grad
+ * changes), freeing a handle another thread still uses, and sharing one tg_jit or tg_optim between
+ * threads.
  */
 #ifndef TINYGRAD_H
 #define TINYGRAD_H
@@ -348,7 +359,9 @@ tg_tensor tg_matmul(tg_tensor x, tg_tensor y);
  * its neighbours and is differentiable by tg_backward. Results are new handles in the current scope;
  * inputs are never consumed. Optional tensor arguments take {0} (none) for "absent". */
 
-/* Concatenates n tensors along dim (shapes equal except in dim; dtypes promote). */
+/* Concatenates n tensors along dim (shapes equal except in dim; dtypes promote). Up to 32 inputs it is
+ * one lazy expression that fuses into its consumer; more are concatenated in groups of 32 into
+ * buffers first (about n / 31 kernels), so time and memory stay linear in the total size. */
 tg_tensor tg_cat(const tg_tensor *ts, int n, int dim);
 /* Stacks n equally shaped tensors along a new dimension dim (-ndim-1 <= dim <= ndim). */
 tg_tensor tg_stack(const tg_tensor *ts, int n, int dim);
@@ -925,7 +938,10 @@ tg_state_dict *tg_safe_load_mmap(const char *path);
  * followed: the file it leads to is replaced (the temporary file is made next to that file) and the
  * link stays; a link to a missing file creates that file. Only regular files are replaced: if path
  * (or the file its links lead to) is a directory, a FIFO, a device or a socket, the save fails with
- * TG_ERR_IO "tg_safe_save: <path> is not a regular file (...)" and touches nothing. */
+ * TG_ERR_IO "tg_safe_save: <path> is not a regular file (...)" and touches nothing. The temporary
+ * file is "<path>.tmp.<pid>.<n>"; a process killed mid-save leaves its one behind, and the next save
+ * to the same path removes every such file whose process no longer exists (never one of a live
+ * process: a save in progress elsewhere keeps its file). */
 tg_status tg_safe_save(const tg_state_dict *sd, const char *path);
 
 /* Loads a GGUF file (versions 2 and 3; tinygrad's gguf_load). Metadata: every key/value in file

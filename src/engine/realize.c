@@ -17,20 +17,55 @@
 #include "../schedule/schedule.h"
 #include "../uop/ptrmap.h"
 
-typedef struct {
+/* In-memory kernel cache: AST -> compiled program and its launch metadata. Bounded like the program
+ * cache below it (MAX_LOADED_KERNELS, least recently used out first), since each entry holds a
+ * program and its AST; entries are reference counted because TinyJit captures keep using the
+ * program and metadata of entries the cache has dropped. */
+typedef struct CachedKernel {
   UOp *ast;  /* owned key */
-  Program *prg;
+  Program *prg; /* a reference */
   KernelCode *code;
+  uint64_t key;
+  int refs; /* the cache's own (while listed) + captures' + a running schedule's */
+  struct CachedKernel *prev, *next; /* LRU order, most recent first */
 } CachedKernel;
 
 static PtrMap kcache; /* AST pointer -> CachedKernel* (per device kind: CPU only today) */
+static CachedKernel kc_lru = {.prev = &kc_lru, .next = &kc_lru};
+static size_t kc_n;
 static pthread_mutex_t kc_lock = PTHREAD_MUTEX_INITIALIZER;
 
 bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptCfg *out);
 
+static CachedKernel *ck_retain(CachedKernel *ck) {
+  if (ck) __atomic_fetch_add(&ck->refs, 1, __ATOMIC_RELAXED);
+  return ck;
+}
+
+static void ck_release(CachedKernel *ck) {
+  if (!ck || __atomic_sub_fetch(&ck->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
+  uop_unref(ck->ast);
+  program_release(ck->prg);
+  kernel_code_free(ck->code);
+  free(ck);
+}
+
+static void lru_unlink(CachedKernel *ck) {
+  ck->prev->next = ck->next;
+  ck->next->prev = ck->prev;
+}
+
+static void lru_front(CachedKernel *ck) {
+  ck->next = kc_lru.next;
+  ck->prev = &kc_lru;
+  kc_lru.next->prev = ck;
+  kc_lru.next = ck;
+}
+
 static CachedKernel *kcache_get(uint64_t key) {
   pthread_mutex_lock(&kc_lock);
   CachedKernel *ck = pm_get(&kcache, key);
+  if (ck) lru_unlink(ck), lru_front(ck);
   pthread_mutex_unlock(&kc_lock);
   return ck;
 }
@@ -49,20 +84,48 @@ static CachedKernel *kcache_put(uint64_t key, UOp *ast, Device *dev, KernelCode 
   ck->ast = uop_ref(ast);
   ck->prg = p;
   ck->code = kc;
+  ck->key = key;
+  ck->refs = 1;
   free(kc->src); /* keep only the metadata */
   kc->src = NULL;
+  int64_t lim = getenv_int("MAX_LOADED_KERNELS", 4096);
+  size_t limit = lim < 1 ? 1 : (size_t)lim;
+  CachedKernel *dead = NULL;
   pthread_mutex_lock(&kc_lock);
   CachedKernel *had = pm_get(&kcache, key);
   if (had) {
-    uop_unref(ck->ast);
-    kernel_code_free(ck->code);
-    free(ck);
+    dead = ck;
     ck = had;
   } else {
     pm_put(&kcache, key, ck);
+    lru_front(ck);
+    kc_n++;
+  }
+  /* drop the least recently used beyond the limit (never the one just added: the caller runs it) */
+  CachedKernel *evicted = NULL;
+  while (kc_n > limit && kc_lru.prev != ck) {
+    CachedKernel *v = kc_lru.prev;
+    lru_unlink(v);
+    pm_del(&kcache, v->key);
+    kc_n--;
+    v->next = evicted;
+    evicted = v;
   }
   pthread_mutex_unlock(&kc_lock);
+  if (dead) ck_release(dead);
+  while (evicted) {
+    CachedKernel *nx = evicted->next;
+    ck_release(evicted);
+    evicted = nx;
+  }
   return ck;
+}
+
+size_t kernel_cache_count(void) {
+  pthread_mutex_lock(&kc_lock);
+  size_t n = kc_n;
+  pthread_mutex_unlock(&kc_lock);
+  return n;
 }
 
 /* The cache key of a kernel: its AST, and the settings that change the code generated for it
@@ -168,15 +231,16 @@ static void precompile(Schedule *s) {
 
 _Thread_local Capture *g_capture;
 
-static void capture_add(Program *prg, const KernelCode *code, Buffer **bufs, int nbufs, size_t nbytes, size_t mem) {
+static void capture_add(CachedKernel *ck, Buffer **bufs, int nbufs, size_t nbytes, size_t mem) {
   Capture *c = g_capture;
   if (c->n == c->cap) {
     c->cap = c->cap ? c->cap * 2 : 32;
     c->items = tg_xrealloc(c->items, sizeof(CapItem) * (size_t)c->cap);
   }
   CapItem *it = &c->items[c->n++];
-  it->prg = prg;
-  it->code = code;
+  it->ck = ck_retain(ck);
+  it->prg = ck ? ck->prg : NULL;
+  it->code = ck ? ck->code : NULL;
   it->nbufs = nbufs;
   it->nbytes = nbytes;
   it->mem = mem;
@@ -191,6 +255,7 @@ static void capitem_free(CapItem *it) {
   for (int j = 0; j < it->nbufs; j++) buffer_unref(it->bufs[j]);
   free(it->bufs);
   free(it->slot);
+  ck_release(it->ck);
 }
 
 void capture_free(Capture *c) {
@@ -444,7 +509,7 @@ static tg_status run_schedule(Schedule *s) {
       if (st != TG_OK) return st;
       if (g_capture) {
         Buffer *cb[2] = {out->buf, in->buf};
-        capture_add(NULL, NULL, cb, 2, out->nbytes, 0);
+        capture_add(NULL, cb, 2, out->nbytes, 0);
       }
       counters_add(false, 0, out->nbytes, 0);
       if (dbg >= 2)
@@ -462,6 +527,7 @@ static tg_status run_schedule(Schedule *s) {
         ck = get_kernel(it->ast, it->dev);
       }
       if (!ck) return tg_last_status();
+      ck_retain(ck); /* kept while it runs, whatever the cache drops meanwhile */
       void *ptrs[16];
       void **bufs = it->nbufs <= 16 ? ptrs : tg_xmalloc(sizeof(void *) * (size_t)it->nbufs);
       size_t mem = 0;
@@ -475,12 +541,16 @@ static tg_status run_schedule(Schedule *s) {
         Buffer *cb[64];
         Buffer **cbp = it->nbufs <= 64 ? cb : tg_xmalloc(sizeof(Buffer *) * (size_t)it->nbufs);
         for (int j = 0; j < it->nbufs; j++) cbp[j] = s->bufs[it->bufs[j]].buf;
-        capture_add(ck->prg, ck->code, cbp, it->nbufs, 0, mem);
+        capture_add(ck, cbp, it->nbufs, 0, mem);
         if (cbp != cb) free(cbp);
       }
-      if (t < 0) return tg_last_status() ? tg_last_status() : TG_ERR_RUNTIME;
+      if (t < 0) {
+        ck_release(ck);
+        return tg_last_status() ? tg_last_status() : TG_ERR_RUNTIME;
+      }
       uint64_t kn = counters_add(true, ck->code->ops, mem, dbg >= 2 ? t : 0);
       if (dbg >= 2) print_kernel_line(it->dev, kn, ck->code->name, it->nbufs, mem, t, ck->code->ops);
+      ck_release(ck);
     }
     /* free inputs that die here (targets and pre-existing buffers are kept) */
     for (int j = 1; j < it->nbufs; j++) {
@@ -495,13 +565,27 @@ static tg_status run_schedule(Schedule *s) {
   return TG_OK;
 }
 
+/* One realize at a time in the process: scheduling writes ->realized on nodes that other threads'
+ * graphs share, and two schedules of one node would compute it twice. Each realize still uses every
+ * core (the thread pool). Recursive: a TinyJit capture realizes inside a realize's caller. */
+static pthread_mutex_t realize_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+
+static tg_status realize_locked(UOp **targets, int n);
+
 tg_status realize_uops(UOp **targets, int n) {
+  pthread_mutex_lock(&realize_lock);
+  tg_status st = realize_locked(targets, n);
+  pthread_mutex_unlock(&realize_lock);
+  return st;
+}
+
+static tg_status realize_locked(UOp **targets, int n) {
   /* only nodes that are neither realized nor plain views of a buffer need work */
   UOp **todo = tg_xmalloc(sizeof(UOp *) * (size_t)(n + 1));
   int m = 0;
   for (int i = 0; i < n; i++) {
     UOp *t = targets[i];
-    if (t->realized || g_base_buffer(t)) continue;
+    if (uop_realized(t) || g_base_buffer(t)) continue;
     bool dup = false;
     for (int j = 0; j < m && !dup; j++) dup = todo[j] == t;
     if (!dup) todo[m++] = t;
@@ -528,7 +612,7 @@ tg_status realize_uops(UOp **targets, int n) {
       if (tbuf[i] < 0) continue;
       Buffer *b = s.bufs[tbuf[i]].buf;
       UOp *bn = g_buffer(buffer_ref(b), (tg_dtype)t->dtype, t->shape, t->ndim);
-      t->realized = bn; /* owned by t */
+      uop_set_realized(t, bn); /* owned by t */
       /* handles now hold bn; bn keeps t's graph for autograd when a gradient may flow through it */
       if (t_replace_everywhere(t, bn) > 0) ag_attach_history(bn, t);
     }
@@ -536,9 +620,9 @@ tg_status realize_uops(UOp **targets, int n) {
      * them must not run them again */
     for (int i = 0; i < s.nassigns; i++) {
       UOp *a = s.assigns[i];
-      if (a->realized) continue;
+      if (uop_realized(a)) continue;
       UOp *bn = g_buffer(buffer_ref(s.bufs[s.assign_bufs[i]].buf), (tg_dtype)a->dtype, a->shape, a->ndim);
-      a->realized = bn;
+      uop_set_realized(a, bn);
       t_replace_everywhere(a, bn);
     }
   }

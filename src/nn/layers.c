@@ -1117,7 +1117,7 @@ void tg_nn_lstmcell_free(tg_nn_lstmcell *l) {
 /* Looks through realized caches and DETACH (a dict entry is a detached view of its tensor). */
 static UOp *skip_detach(UOp *u) {
   for (;;) {
-    if (u->realized) u = u->realized;
+    if (uop_realized(u)) u = uop_realized(u);
     if (u->op != OP_DETACH) return u;
     u = u->src[0];
   }
@@ -1156,11 +1156,11 @@ static UOp *slot_buffer(const Slot *s, bool *pending) {
   *pending = false;
   UOp *u = s->u;
   if (!u) return NULL;
-  if (u->realized) u = u->realized;
+  if (uop_realized(u)) u = uop_realized(u);
   if (u->op == OP_ASSIGN) {
     *pending = true;
     u = u->src[0];
-    if (u->realized) u = u->realized;
+    if (uop_realized(u)) u = uop_realized(u);
   }
   return u->op == OP_BUFFER ? u : NULL;
 }

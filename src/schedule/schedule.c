@@ -74,8 +74,8 @@ static NI *info(SCtx *c, UOp *n) {
 }
 
 /* computed where it is read, no buffer behind it */
-static bool is_computed_leaf(UOp *n) { return (n->op == OP_CONST || n->op == OP_IOTA) && !n->realized; }
-static bool is_leaf_node(UOp *n) { return n->realized || n->op == OP_BUFFER || n->op == OP_CONST || n->op == OP_IOTA; }
+static bool is_computed_leaf(UOp *n) { return (n->op == OP_CONST || n->op == OP_IOTA) && !uop_realized(n); }
+static bool is_leaf_node(UOp *n) { return uop_realized(n) || n->op == OP_BUFFER || n->op == OP_CONST || n->op == OP_IOTA; }
 
 /* Kernel depth bound: a node more than this many ops above the nearest stored value (a leaf or a
  * materialized node) is materialized itself. A lazy graph built by a loop (x = x + y, a million
@@ -313,7 +313,7 @@ static int sbuf_existing(SCtx *c, Buffer *buf, UOp *node) {
 
 static int leaf_sbuf(SCtx *c, NI *x) {
   if (x->sbuf >= 0) return x->sbuf;
-  UOp *b = x->n->realized ? x->n->realized : x->n;
+  UOp *b = uop_realized(x->n) ? uop_realized(x->n) : x->n;
   TG_ASSERT(b->op == OP_BUFFER);
   x->sbuf = sbuf_existing(c, g_buffer_of(b), b);
   return x->sbuf;
@@ -1425,7 +1425,7 @@ static void fuse_windows(Schedule *s) {
       int B = k2->bufs[q];
       SBuf *b = &s->bufs[B];
       if (b->keep || b->buf || b->last_use != i || !b->node || b->node->op != OP_CONTIGUOUS || b->node->arg.i != 1 ||
-          (b->node->flags & UOPF_MAX_GRAD))
+          (uop_flags(b->node) & UOPF_MAX_GRAD))
         continue;
       int j = -1, readers = 0;
       for (int m = 0; m < s->nitems; m++) {

@@ -156,7 +156,7 @@ static void grad_rule(UOp *n, UOp *g, UOp **out) {
        * again: mark it (and what it is a view of) so the scheduler keeps the maximum and this
        * recomputation reading the same bits */
       for (UOp *v = a;; v = v->src[0]) {
-        __atomic_fetch_or(&v->flags, (uint8_t)UOPF_MAX_GRAD, __ATOMIC_RELAXED);
+        uop_set_flag(v, UOPF_MAX_GRAD);
         if (!op_is_movement(v->op) || !v->nsrc) break;
       }
       UOp *re = g_expand(n, a->shape), *eq = g_alu(OP_CMPEQ, TG_BOOL, a, re, NULL), *m = g_cast(eq, dt);
@@ -203,9 +203,9 @@ static void custom_drop(UOp *u) {
   pthread_mutex_unlock(&custom_lock);
   if (!c) return;
   UOp *t = c->history ? c->inputs[0] : NULL;
-  if (t && t->realized == u && (t->flags & UOPF_WEAK_REALIZED)) {
-    t->realized = NULL; /* the result dies with its buffer node; t would be computed again */
-    t->flags &= (uint8_t)~UOPF_WEAK_REALIZED;
+  if (t && uop_realized(t) == u && (uop_flags(t) & UOPF_WEAK_REALIZED)) {
+    uop_set_realized(t, NULL); /* the result dies with its buffer node; t would be computed again */
+    uop_clear_flag(t, UOPF_WEAK_REALIZED);
   }
   for (int i = 0; i < c->n; i++) uop_unref(c->inputs[i]);
   free(c->inputs);
@@ -225,7 +225,7 @@ void ag_set_custom_grad(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn) {
   c->fn = fn;
   pthread_mutex_lock(&custom_lock);
   pm_put(&customs, (uint64_t)(uintptr_t)out, c);
-  out->flags |= UOPF_HOOKED;
+  uop_set_flag(out, UOPF_HOOKED);
   pthread_mutex_unlock(&custom_lock);
 }
 
@@ -247,7 +247,7 @@ static bool reaches_grad_leaf(UOp *u) {
   bool found = false;
   while (st.n && !found) {
     UOp *x = st.p[--st.n];
-    if (x->flags & UOPF_GRAD_LEAF) {
+    if (uop_flags(x) & UOPF_GRAD_LEAF) {
       found = true;
       break;
     }
@@ -257,7 +257,7 @@ static bool reaches_grad_leaf(UOp *u) {
     int nin = c ? c->n : (int)x->nsrc;
     UOp *const *in = c ? c->inputs : x->src;
     /* a leaf among the direct inputs ends the walk before it descends into a long history */
-    for (int i = 0; i < nin && !found; i++) found = (in[i]->flags & UOPF_GRAD_LEAF) != 0;
+    for (int i = 0; i < nin && !found; i++) found = (uop_flags(in[i]) & UOPF_GRAD_LEAF) != 0;
     for (int i = nin; i-- > 0;) pv_push(&st, in[i]);
     if (c)
       for (uint32_t i = x->nsrc; i-- > 0;) pv_push(&st, x->src[i]);
@@ -268,8 +268,8 @@ static bool reaches_grad_leaf(UOp *u) {
 }
 
 void ag_attach_history(UOp *bn, UOp *t) {
-  if (t->op == OP_ASSIGN || t->op == OP_BUFFER || (t->flags & UOPF_GRAD_LEAF) || t->realized != bn ||
-      (bn->flags & UOPF_HOOKED))
+  if (t->op == OP_ASSIGN || t->op == OP_BUFFER || (uop_flags(t) & UOPF_GRAD_LEAF) || uop_realized(t) != bn ||
+      (uop_flags(bn) & UOPF_HOOKED))
     return;
   bool need = reaches_grad_leaf(t); /* t itself is not a leaf: checked above */
   if (!need) return;
@@ -277,12 +277,12 @@ void ag_attach_history(UOp *bn, UOp *t) {
   Custom *c = custom_of(bn);
   if (!c) return;
   c->history = true;
-  t->flags |= UOPF_WEAK_REALIZED;
+  uop_set_flag(t, UOPF_WEAK_REALIZED);
   uop_unref(bn); /* t's reference: the handles keep bn alive, and bn keeps t */
 }
 
 static Custom *custom_of(UOp *u) {
-  if (!(u->flags & UOPF_HOOKED)) return NULL;
+  if (!(uop_flags(u) & UOPF_HOOKED)) return NULL;
   pthread_mutex_lock(&custom_lock);
   Custom *c = pm_get(&customs, (uint64_t)(uintptr_t)u);
   pthread_mutex_unlock(&custom_lock);
@@ -361,7 +361,7 @@ static void compute_grads(UOp *loss, UOp *seed, UOp **targets, int n, UOp **out)
     for (int i = 0; i < n; i++) is_target = is_target || targets[i] == u;
     /* a realized tensor marked requires_grad is a leaf; other realized targets (unset ones, the loss
      * read before its backward) pass the gradient on through their history */
-    if (is_target && u->op == OP_BUFFER && (u->flags & UOPF_GRAD_LEAF)) continue;
+    if (is_target && u->op == OP_BUFFER && (uop_flags(u) & UOPF_GRAD_LEAF)) continue;
     UOp *contrib[8] = {NULL};
     Custom *cu = custom_of(u);
     int ns;
@@ -582,7 +582,7 @@ tg_tensor tg_set_requires_grad(tg_tensor t, bool requires_grad) {
     return NONE;
   }
   s->requires_grad = requires_grad ? 1 : 0;
-  if (requires_grad && s->u) s->u->flags |= UOPF_GRAD_LEAF;
+  if (requires_grad && s->u) uop_set_flag(s->u, UOPF_GRAD_LEAF);
   return t;
 }
 

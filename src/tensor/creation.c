@@ -329,7 +329,7 @@ static UOp *next_counter_locked(int device) {
   /* a fresh node for the counter's new contents, so the next advance is a new graph */
   rng_ctr[device] = g_buffer(buffer_ref(g_buffer_of(c)), TG_UINT32, &one, 1);
   uop_unref(c);
-  UOp *key = uop_ref(snap->realized);
+  UOp *key = uop_ref(uop_realized(snap));
   uop_unref(snap);
   return key;
 }
@@ -543,7 +543,7 @@ const char *tg_device_of(tg_tensor t) {
 }
 bool tg_is_realized(tg_tensor t) {
   Slot *s = t_slot(t);
-  return s && (s->u->realized || g_base_buffer(s->u));
+  return s && (uop_realized(s->u) || g_base_buffer(s->u));
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -570,7 +570,7 @@ tg_status tg_realize_many(const tg_tensor *ts, int n) {
 
 /* A BUFFER node holding u's elements contiguously (realizing or copying as needed); new ref. */
 static UOp *contiguous_buffer(UOp *u, tg_status *st) {
-  UOp *r = u->realized ? u->realized : u;
+  UOp *r = uop_realized(u) ? uop_realized(u) : u;
   if (r->op == OP_BUFFER) {
     *st = TG_OK;
     return uop_ref(r);
@@ -579,12 +579,12 @@ static UOp *contiguous_buffer(UOp *u, tg_status *st) {
     /* pending computation: realize u itself (as tg_realize does) so the caller's handle is swapped
      * to the result and reading it again runs nothing */
     *st = realize_uops(&u, 1);
-    return (*st == TG_OK && u->realized) ? uop_ref(u->realized) : NULL;
+    return (*st == TG_OK && uop_realized(u)) ? uop_ref(uop_realized(u)) : NULL;
   }
   /* a strided view of a realized buffer: copy it out contiguously, leaving the view as it is */
   UOp *c = g_contiguous(u);
   *st = realize_uops(&c, 1);
-  UOp *b = (*st == TG_OK) ? uop_ref(c->realized) : NULL;
+  UOp *b = (*st == TG_OK) ? uop_ref(uop_realized(c)) : NULL;
   uop_unref(c);
   return b;
 }
@@ -615,7 +615,7 @@ tg_status tg_data(tg_tensor t, void *out, size_t nbytes) {
   if (!b) return st;
   /* the realized node now backs the handle too */
   Slot *s = t_slot(t);
-  if (s && s->u == u && u->realized) t_replace_everywhere(u, u->realized);
+  if (s && s->u == u && uop_realized(u)) t_replace_everywhere(u, uop_realized(u));
   st = need ? buffer_copyout(g_buffer_of(b), out, need) : TG_OK;
   uop_unref(b);
   return st;
@@ -690,7 +690,7 @@ tg_tensor tg_to(tg_tensor t, const char *device) {
 
 tg_tensor tg_contiguous(tg_tensor t) {
   GET(u, t, "tg_contiguous");
-  UOp *r = u->realized ? u->realized : u;
+  UOp *r = uop_realized(u) ? uop_realized(u) : u;
   if (r->op == OP_BUFFER) return t_wrap(uop_ref(u));
   return t_wrap(g_contiguous(u));
 }
@@ -716,12 +716,12 @@ tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
   if (tu->device != vu->device)
     return tg_set_error(TG_ERR_INVALID, "tg_assign: value is on %s but the target is on %s", device_by_id(vu->device)->name, device_by_id(tu->device)->name), NONE;
   /* the target must be backed by its own contiguous buffer */
-  UOp *tb = tu->realized ? tu->realized : tu;
+  UOp *tb = uop_realized(tu) ? uop_realized(tu) : tu;
   if (tb->op != OP_BUFFER) {
     if (tb->op == OP_ASSIGN) {
       if (tg_realize(target) != TG_OK) return NONE;
       tu = t_get(target, "tg_assign");
-      tb = tu->realized ? tu->realized : tu;
+      tb = uop_realized(tu) ? uop_realized(tu) : tu;
     } else if (!g_base_buffer(tb)) {
       /* A lazy target gets a buffer of its own holding its current value. Realizing the node itself
        * would give that buffer to every handle holding the (hash-consed) node -- two tg_zeros of one
@@ -732,14 +732,14 @@ tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
       UOp *a0 = g_assign(e, tu);
       uop_unref(e);
       tg_status st = realize_uops(&a0, 1);
-      if (st != TG_OK || !a0->realized) {
+      if (st != TG_OK || !uop_realized(a0)) {
         if (st == TG_OK) tg_set_error(TG_ERR_RUNTIME, "tg_assign: could not materialize the target");
         uop_unref(a0);
         return NONE;
       }
       Slot *ts = t_slot(target);
       UOp *prev = ts->u;
-      ts->u = uop_ref(a0->realized);
+      ts->u = uop_ref(uop_realized(a0));
       uop_unref(prev);
       uop_unref(a0);
       tu = tb = ts->u;

@@ -33,6 +33,14 @@ typedef struct {
 static _Thread_local IdList *scope_stack;
 static _Thread_local int scope_depth, scope_cap;
 
+/* A small number per thread, for Slot.thread (0: not assigned yet) */
+static _Atomic uint32_t next_thread;
+static _Thread_local uint32_t this_thread;
+static uint32_t thread_no(void) {
+  if (!this_thread) this_thread = ++next_thread;
+  return this_thread;
+}
+
 static inline uint32_t id_slot(uint64_t id) { return (uint32_t)(id & 0xffffffffu) - 1; }
 static inline uint32_t id_gen(uint64_t id) { return (uint32_t)(id >> 32); }
 
@@ -105,7 +113,8 @@ tg_tensor t_wrap(UOp *u) {
   }
   Slot *sl = slot_at(s);
   sl->u = u;
-  if (u->op == OP_RESHAPE) u->flags |= UOPF_HELD_RESHAPE;
+  if (u->op == OP_RESHAPE) uop_set_flag(u, UOPF_HELD_RESHAPE);
+  sl->thread = thread_no();
   sl->scope = scope_depth;
   sl->requires_grad = TG_GRAD_UNSET;
   sl->grad = NULL;
@@ -152,7 +161,12 @@ void tg_free(tg_tensor t) {
 
 bool tg_valid(tg_tensor t) { return t_slot(t) != NULL; }
 
-size_t tg_live_count(void) { return nlive; }
+size_t tg_live_count(void) {
+  pthread_mutex_lock(&h_lock);
+  size_t n = nlive;
+  pthread_mutex_unlock(&h_lock);
+  return n;
+}
 
 void tg_scope_begin(void) {
   if (scope_depth == scope_cap) {
@@ -234,12 +248,12 @@ int t_replace_buffer_everywhere(Buffer *b, UOp *to) {
   for (size_t i = 0; i < nslots; i++) {
     Slot *sl = slot_at(i);
     if (sl->scope < 0 || !sl->u || sl->u == to) continue;
-    UOp *r = sl->u->realized ? sl->u->realized : sl->u;
+    UOp *r = uop_realized(sl->u) ? uop_realized(sl->u) : sl->u;
     if (r->op != OP_BUFFER || g_buffer_of(r) != b) continue;
     if ((size_t)n == cap) olds = tg_xrealloc(olds, sizeof(UOp *) * (cap *= 2));
     olds[n++] = sl->u;
     sl->u = to;
-    if (sl->requires_grad == 1) to->flags |= UOPF_GRAD_LEAF;
+    if (sl->requires_grad == 1) uop_set_flag(to, UOPF_GRAD_LEAF);
   }
   pthread_mutex_unlock(&h_lock);
   for (int i = 0; i < n; i++) {
@@ -252,12 +266,13 @@ int t_replace_buffer_everywhere(Buffer *b, UOp *to) {
 
 int t_replace_everywhere(UOp *from, UOp *to) {
   int n = 0;
+  uint32_t me = thread_no();
   pthread_mutex_lock(&h_lock);
   for (size_t i = 0; i < nslots; i++) {
     Slot *sl = slot_at(i);
-    if (sl->scope >= 0 && sl->u == from) {
+    if (sl->scope >= 0 && sl->u == from && sl->thread == me) {
       sl->u = to;
-      if (sl->requires_grad == 1) to->flags |= UOPF_GRAD_LEAF;
+      if (sl->requires_grad == 1) uop_set_flag(to, UOPF_GRAD_LEAF);
       n++;
     }
   }

@@ -601,7 +601,7 @@ static tg_status write_through(const char *fn, tg_tensor x, UOp *const *chain, i
   if (base->op == OP_ASSIGN) { /* a pending write first, so the base is its buffer */
     if (realize_uops(&base, 1) != TG_OK) return tg_last_status();
   }
-  UOp *bn = base->realized ? base->realized : base;
+  UOp *bn = uop_realized(base) ? uop_realized(base) : base;
   if (bn->op != OP_BUFFER)
     return tg_set_error(TG_ERR_INVALID, "%s: the base of the target view has no storage", fn);
   tg_tensor hb = t_wrap(uop_ref(bn));
@@ -688,10 +688,10 @@ static tg_status setitem_impl(const char *fn, tg_tensor x, const tg_index_spec *
   UOp *chain[MAXD * 4];
   int nc = 0;
   UOp *base = a;
-  while (op_is_movement(base->op) && !base->realized && nc < (int)(sizeof chain / sizeof *chain))
+  while (op_is_movement(base->op) && !uop_realized(base) && nc < (int)(sizeof chain / sizeof *chain))
     chain[nc++] = base, base = base->src[0];
   bool stored =
-      base->op == OP_BUFFER || base->op == OP_ASSIGN || (base->realized && base->realized->op == OP_BUFFER);
+      base->op == OP_BUFFER || base->op == OP_ASSIGN || (uop_realized(base) && uop_realized(base)->op == OP_BUFFER);
   if (!stored && (tg_dtype_is_float(dt) || !advanced)) {
     /* tinygrad: a tensor without storage is updated functionally (only this handle, and
      * differentiably: the gradient reaches the value and the untouched part of x) */

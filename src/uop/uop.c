@@ -141,7 +141,21 @@ static void compute_bounds(UOp *u) {
   }
 }
 
-UOp *uop_new(int op, tg_dtype dt, UOp *const *src, int nsrc, const int64_t *iarg, int niarg, UArg arg) {
+/* Fills a tensor-graph node's shape and device. Caller holds g_lock, and the node is either not yet
+ * in the table or found there without them: either way no thread can have read them yet through a
+ * builder, so the fields are complete before any reader sees UOPF_META. */
+static void fill_meta(UOp *u, const int64_t *shape, int ndim, int device) {
+  u->ndim = ndim;
+  u->device = device;
+  if (ndim) {
+    u->shape = tg_xmalloc(sizeof(int64_t) * (size_t)ndim);
+    memcpy(u->shape, shape, sizeof(int64_t) * (size_t)ndim);
+  }
+  __atomic_fetch_or(&u->flags, (uint8_t)UOPF_META, __ATOMIC_RELEASE);
+}
+
+UOp *uop_new_meta(int op, tg_dtype dt, UOp *const *src, int nsrc, const int64_t *iarg, int niarg, UArg arg,
+                  const int64_t *shape, int ndim, int device) {
   uint64_t h = uop_hash(op, dt, src, nsrc, iarg, niarg, arg);
   pthread_mutex_lock(&g_lock);
   if (g_count + 1 > g_nbuckets) table_grow();
@@ -149,6 +163,7 @@ UOp *uop_new(int op, tg_dtype dt, UOp *const *src, int nsrc, const int64_t *iarg
   for (UOp *u = g_buckets[b]; u; u = u->next) {
     if (u->hash == h && uop_eq(u, op, dt, src, nsrc, iarg, niarg, arg)) {
       u->rc++;
+      if (ndim >= 0 && !(__atomic_load_n(&u->flags, __ATOMIC_RELAXED) & UOPF_META)) fill_meta(u, shape, ndim, device);
       pthread_mutex_unlock(&g_lock);
       return u;
     }
@@ -175,11 +190,17 @@ UOp *uop_new(int op, tg_dtype dt, UOp *const *src, int nsrc, const int64_t *iarg
     memcpy(u->iarg, iarg, sizeof(int64_t) * (size_t)niarg);
   }
   compute_bounds(u);
+  if (ndim >= 0) fill_meta(u, shape, ndim, device);
+  /* published only now, complete: another thread finding it in the table sees every field */
   u->next = g_buckets[b];
   g_buckets[b] = u;
   g_count++;
   pthread_mutex_unlock(&g_lock);
   return u;
+}
+
+UOp *uop_new(int op, tg_dtype dt, UOp *const *src, int nsrc, const int64_t *iarg, int niarg, UArg arg) {
+  return uop_new_meta(op, dt, src, nsrc, iarg, niarg, arg, NULL, -1, -1);
 }
 
 UOp *uop_ref(UOp *u) {
@@ -191,7 +212,8 @@ UOp *uop_ref(UOp *u) {
 }
 
 /* BUFFER nodes own a Buffer reference; the tensor layer registers how to drop it so this file stays
- * independent of the runtime. */
+ * independent of the runtime. Written and read atomically: any thread may create the first buffer
+ * node while another frees one. */
 void (*uop_buffer_release_hook)(void *buf);
 void (*uop_free_hook)(UOp *u);
 
@@ -248,14 +270,15 @@ void uop_unref(UOp *u) {
       *pp = x->next;
       g_count--;
       for (uint32_t i = 0; i < x->nsrc; i++) rs_push(&stack, x->src[i]);
-      if (x->realized && !(x->flags & UOPF_WEAK_REALIZED)) rs_push(&stack, x->realized);
+      if (uop_realized(x) && !(uop_flags(x) & UOPF_WEAK_REALIZED)) rs_push(&stack, uop_realized(x));
       rs_push(&dead, x);
     }
     pthread_mutex_unlock(&g_lock);
     for (size_t i = 0; i < dead.n; i++) {
       UOp *x = dead.p[i];
-      if (x->op == OP_BUFFER && uop_buffer_release_hook) uop_buffer_release_hook(x->arg.p);
-      if ((x->flags & UOPF_HOOKED) && uop_free_hook) uop_free_hook(x); /* may push onto stack */
+      void (*release)(void *) = __atomic_load_n(&uop_buffer_release_hook, __ATOMIC_ACQUIRE);
+      if (x->op == OP_BUFFER && release) release(x->arg.p);
+      if ((uop_flags(x) & UOPF_HOOKED) && uop_free_hook) uop_free_hook(x); /* may push onto stack */
       free(x->src);
       free(x->iarg);
       free(x->shape);
