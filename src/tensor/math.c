@@ -454,6 +454,18 @@ tg_tensor tg_lerp(tg_tensor x, tg_tensor end, tg_tensor weight) {
     tg_scope_end();
     return NONE;
   }
+  tg_dtype xd = tg_dtype_of(x);
+  if (xd == TG_UINT8) {
+    /* tinygrad's fixed-point uint8 lerp: the weight as a 7-bit fraction, the difference as a signed
+     * byte (end - x wraps, the int8 view undoes it), rounded and shifted back; the result stays uint8 */
+    tg_tensor wi = tg_cast(tg_add_s(tg_mul_s(weight, 128), 0.5), TG_INT16);
+    tg_tensor d = tg_cast(tg_sub(end, x), TG_INT8);
+    tg_tensor f = tg_rshift(tg_cast(tg_add_s(tg_mul(d, wi), 64), TG_UINT16), tg_const_like(tg_cast(d, TG_UINT16), 7));
+    return done(tg_cast(tg_add(x, f), TG_UINT8));
+  }
+  /* a float result takes the difference in that float, so unsigned end - x cannot wrap */
+  tg_dtype rd = tg_dtype_promote(tg_dtype_promote(xd, tg_dtype_of(end)), tg_dtype_of(weight));
+  if (tg_dtype_is_float(rd)) x = tg_cast(x, rd), end = tg_cast(end, rd);
   return done(tg_add(x, tg_mul(tg_sub(end, x), weight)));
 }
 
@@ -463,6 +475,9 @@ tg_tensor tg_lerp_s(tg_tensor x, tg_tensor end, double weight) {
     tg_scope_end();
     return NONE;
   }
+  /* a fractional weight makes the result float: take the difference in it (no unsigned wrap) */
+  tg_dtype rd = tg_dtype_promote(tg_dtype_of(x), tg_dtype_of(end));
+  if (!tg_dtype_is_float(rd) && weight != trunc(weight)) x = tg_cast(x, tg_default_float()), end = tg_cast(end, tg_default_float());
   return done(tg_add(x, tg_mul_s(tg_sub(end, x), weight)));
 }
 
