@@ -136,13 +136,15 @@ tg_tensor tg_empty_like(tg_tensor t, const tg_opts *opts);
 tg_tensor tg_zeros_like(tg_tensor t, const tg_opts *opts);
 tg_tensor tg_ones_like(tg_tensor t, const tg_opts *opts);
 tg_tensor tg_full_like(tg_tensor t, double value, const tg_opts *opts);
-/* n x n identity (m columns if m > 0). */
+/* n x n identity (m columns if m > 0; a negative n or m is an error). */
 tg_tensor tg_eye(int64_t n, int64_t m, const tg_opts *opts);
-/* [start, stop) with step. dtype default: int32 if all three are integers, else DEFAULT_FLOAT. An
- * integer arange whose values fit its dtype is lazy and computed inside the kernels that read it
- * (no memory); a float one is made on the host, as exact as PyTorch's. */
+/* [start, stop) with step. dtype default: int32 if all three are integers (int64 when start or
+ * stop - step is outside int32), else DEFAULT_FLOAT. As in tinygrad, an integer dtype that cannot hold
+ * start and stop - step is an error (arange(0, 129) in int8), not a wrap. An integer arange is lazy
+ * and computed inside the kernels that read it (no memory); a float one is made on the host, as exact
+ * as PyTorch's. */
 tg_tensor tg_arange(double start, double stop, double step, const tg_opts *opts);
-/* steps values evenly spaced over [start, stop]. */
+/* steps values evenly spaced over [start, stop]; any dtype but bool. */
 tg_tensor tg_linspace(double start, double stop, int64_t steps, const tg_opts *opts);
 
 /* Random numbers: a counter-based generator (threefry2x32) seeded by tg_manual_seed; the same seed
