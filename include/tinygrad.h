@@ -258,7 +258,7 @@ tg_tensor tg_rsub_s(double x, tg_tensor y); /* x - y */
 tg_tensor tg_mul_s(tg_tensor x, double y);
 tg_tensor tg_div_s(tg_tensor x, double y);
 tg_tensor tg_rdiv_s(double x, tg_tensor y); /* x / y */
-tg_tensor tg_pow_s(tg_tensor x, double y);
+tg_tensor tg_pow_s(tg_tensor x, double y); /* an integer x needs y >= 0 or fractional (tinygrad) */
 tg_tensor tg_maximum_s(tg_tensor x, double y);
 tg_tensor tg_minimum_s(tg_tensor x, double y);
 tg_tensor tg_lt_s(tg_tensor x, double y);

@@ -291,7 +291,6 @@ SCALAR_OP(tg_add_s(tg_tensor x, double y), "tg_add_s", K_ARITH, OP_ADD, 0)
 SCALAR_OP(tg_sub_s(tg_tensor x, double y), "tg_sub_s", K_ARITH, OP_SUB, 0)
 SCALAR_OP(tg_mul_s(tg_tensor x, double y), "tg_mul_s", K_ARITH, OP_MUL, 0)
 SCALAR_OP(tg_div_s(tg_tensor x, double y), "tg_div_s", K_TRUEDIV, OP_FDIV, 0)
-SCALAR_OP(tg_pow_s(tg_tensor x, double y), "tg_pow_s", K_ARITH, OP_POW, 0)
 SCALAR_OP(tg_maximum_s(tg_tensor x, double y), "tg_maximum_s", K_ARITH, OP_MAX, 0)
 SCALAR_OP(tg_lt_s(tg_tensor x, double y), "tg_lt_s", K_CMP, OP_CMPLT, 0)
 SCALAR_OP(tg_gt_s(tg_tensor x, double y), "tg_gt_s", K_CMP, OP_CMPLT, 1)
@@ -305,6 +304,18 @@ SCALAR_OP(tg_rsub_s(double x, tg_tensor y), "tg_rsub_s", K_ARITH, OP_SUB, 1)
 SCALAR_OP(tg_rdiv_s(double x, tg_tensor y), "tg_rdiv_s", K_TRUEDIV, OP_FDIV, 1)
 #undef T
 #undef V
+
+tg_tensor tg_pow_s(tg_tensor x, double y) {
+  GET(a, x, "tg_pow_s");
+  /* tinygrad: a negative integer power of an integer tensor has no integer result */
+  if (!tg_dtype_is_float((tg_dtype)a->dtype) && y == trunc(y) && y < 0)
+    return fail(TG_ERR_INVALID, "tg_pow_s: %s tensor ** %g: the base needs to be float for a negative integer exponent (cast it first)",
+                tg_dtype_name((tg_dtype)a->dtype), y);
+  UOp *s = scalar_node(a, y);
+  tg_tensor r = binop_nodes("tg_pow_s", OP_POW, a, s, K_ARITH);
+  uop_unref(s);
+  return r;
+}
 
 tg_tensor tg_minimum_s(tg_tensor x, double y) {
   GET(a, x, "tg_minimum_s");
