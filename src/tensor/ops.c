@@ -572,40 +572,48 @@ tg_tensor tg_mean(tg_tensor x, const int *axes, int naxes, bool keepdim) {
   return t_wrap(r);
 }
 
-/* softmax pieces along one axis: m = x - max(x), e = exp(m), s = sum(e) (keepdim) */
-static int softmax_parts(const char *fn, UOp *a, int axis, UOp **m, UOp **e, UOp **s) {
+/* softmax pieces along one axis: m = x - max(x), e = exp(m), s = sum(e) (keepdim). As in tinygrad
+ * the max is detached: the result does not depend on it, and its gradient (zero, but only up to
+ * rounding) would add noise and a kernel. */
+static int softmax_parts(const char *fn, UOp *a, int axis, UOp **m, UOp **e, UOp **s, UOp **sred) {
   int ax;
   if (norm_axis(fn, axis, a->ndim, &ax) < 0) return -1;
   tg_dtype dt = float_of((tg_dtype)a->dtype);
   UOp *x = g_cast(a, dt);
   int64_t axx = ax;
   int nax = a->ndim ? 1 : 0;
-  UOp *mx = g_reduce(x, OP_MAX, &axx, nax);
+  UOp *mx0 = g_reduce(x, OP_MAX, &axx, nax), *mx = g_detach(mx0);
   UOp *mxe = g_expand(mx, x->shape);
+  uop_unref(mx0);
   *m = g_alu(OP_SUB, dt, x, mxe, NULL);
   *e = n_exp(*m);
   UOp *sm = g_reduce(*e, OP_ADD, &axx, nax);
   *s = g_expand(sm, x->shape);
-  uop_unref(x), uop_unref(mx), uop_unref(mxe), uop_unref(sm);
+  *sred = sm; /* the sum before the expand (kept dims) */
+  uop_unref(x), uop_unref(mx), uop_unref(mxe);
   return 0;
 }
 
 tg_tensor tg_softmax(tg_tensor x, int axis) {
   GET(a, x, "tg_softmax");
-  UOp *m, *e, *s;
-  if (softmax_parts("tg_softmax", a, axis, &m, &e, &s) < 0) return NONE;
-  UOp *r = g_alu(OP_FDIV, (tg_dtype)e->dtype, e, s, NULL);
-  uop_unref(m), uop_unref(e), uop_unref(s);
+  UOp *m, *e, *s, *sr;
+  if (softmax_parts("tg_softmax", a, axis, &m, &e, &s, &sr) < 0) return NONE;
+  /* e * (1/s) with the reciprocal taken before the broadcast, tinygrad's form: the backward then
+   * sums g*e (the same sum as s when g is 1) before scaling by 1/s^2, and r - (s*r)*r cancels to 0
+   * where e/s would leave rounding noise from summing e_i/s^2 */
+  UOp *rs = g_alu(OP_RECIP, (tg_dtype)sr->dtype, sr, NULL, NULL), *rse = g_expand(rs, e->shape);
+  UOp *r = g_alu(OP_MUL, (tg_dtype)e->dtype, e, rse, NULL);
+  uop_unref(m), uop_unref(e), uop_unref(s), uop_unref(sr), uop_unref(rs), uop_unref(rse);
   return t_wrap(r);
 }
 
 tg_tensor tg_log_softmax(tg_tensor x, int axis) {
   GET(a, x, "tg_log_softmax");
-  UOp *m, *e, *s;
-  if (softmax_parts("tg_log_softmax", a, axis, &m, &e, &s) < 0) return NONE;
+  UOp *m, *e, *s, *sr;
+  if (softmax_parts("tg_log_softmax", a, axis, &m, &e, &s, &sr) < 0) return NONE;
   UOp *ls = n_log(s);
   UOp *r = g_alu(OP_SUB, (tg_dtype)m->dtype, m, ls, NULL);
-  uop_unref(m), uop_unref(e), uop_unref(s), uop_unref(ls);
+  uop_unref(m), uop_unref(e), uop_unref(s), uop_unref(sr), uop_unref(ls);
   return t_wrap(r);
 }
 
