@@ -295,7 +295,8 @@ tg_tensor tg_flatten(tg_tensor x, int start_dim, int end_dim);
 tg_tensor tg_unsqueeze(tg_tensor x, int dim);
 tg_tensor tg_squeeze(tg_tensor x, int dim);
 
-/* x[idx] (tinygrad's advanced indexing on dim 0): the rows of x chosen by the integer tensor idx;
+/* x[idx] (tinygrad's advanced indexing on dim 0): the rows of x chosen by the integer tensor idx (a
+ * bool idx is an error, as in tinygrad: it is not a mask here);
  * shape idx.shape + x.shape[1:]. Negative indices count from the end; an index out of range reads
  * zeros (never memory outside x). One fused kernel with a data-dependent load; differentiable in x. */
 tg_tensor tg_index(tg_tensor x, tg_tensor idx);
@@ -397,8 +398,8 @@ tg_tensor tg_dot(tg_tensor x, tg_tensor w);
  * convention of tinygrad's nn.Linear and torch's F.linear. A 1-d weight scales x elementwise. */
 tg_tensor tg_linear(tg_tensor x, tg_tensor weight, tg_tensor bias);
 
-/* int32 one-hot of integer labels: shape x.shape + (num_classes,). num_classes -1 uses the largest
- * label + 1 (this realizes x). */
+/* int32 one-hot of integer labels: shape x.shape + (num_classes,). num_classes must be given (>= 0):
+ * as in tinygrad, -1 is an error, since inferring the count would have to realize x. */
 tg_tensor tg_one_hot(tg_tensor x, int64_t num_classes);
 /* Normalizes over the last naxes dims: (x - mean) / sqrt(var + eps) (biased variance; no affine
  * parameters: multiply and add them yourself). tinygrad's default eps is 1e-5. */
@@ -750,8 +751,8 @@ tg_tensor tg_masked_fill_s(tg_tensor x, tg_tensor mask, double value);
 /* The elements of x where the bool mask (broadcast to x's shape) is true, row-major, as a new 1-d
  * tensor. REALIZES the mask to know the count, then gathers (one fused kernel; differentiable in x). */
 tg_tensor tg_masked_select(tg_tensor x, tg_tensor mask);
-/* The indices of the non-zero elements (nan counts as non-zero), shape (count, ndim), int64, row-major
- * order (torch.nonzero). REALIZES x. */
+/* The indices of the non-zero elements (nan counts as non-zero), shape (count, ndim), int32 (as in
+ * tinygrad), row-major order (torch.nonzero). REALIZES x. */
 tg_tensor tg_nonzero(tg_tensor x);
 
 /* out = x with src[i][j][k] written at out[index[i][j][k]][j][k] (dim 0; likewise for other dims),
@@ -800,7 +801,9 @@ void tg_zero_grad(tg_tensor t);
 /* Replaces t's gradient (none clears it). Shapes must match. */
 tg_status tg_set_grad(tg_tensor t, tg_tensor grad);
 /* d loss / d targets[i] into out[i] (new handles) without touching any tensor's gradient.
- * Error if a target is not connected to the loss through differentiable ops. */
+ * A float target that the loss reads only through non-differentiable ops (a where condition, the
+ * sign of copysign, a comparison) gets zeros, as in tinygrad. Error if a target is not float or is
+ * not part of the loss's graph at all. */
 tg_status tg_gradient(tg_tensor loss, const tg_tensor *targets, int n, tg_tensor *out);
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -408,17 +408,33 @@ tg_status tg_gradient(tg_tensor loss, const tg_tensor *targets, int n, tg_tensor
   compute_grads(l, seed, ts, n, gs);
   uop_unref(seed);
   tg_status st = TG_OK;
+  /* a target the loss reads only through non-differentiable ops (a where condition, the sign of
+   * copysign, a comparison) gets zeros, as in tinygrad, so several gradients can be asked for at
+   * once; one that is not in the loss's graph at all is reported (the wrong tensor, most likely) */
+  Topo tp;
+  memset(&tp, 0, sizeof tp);
+  bool walked = false;
   for (int i = 0; i < n; i++) {
-    if (!gs[i]) {
-      char b[256];
-      if (st == TG_OK)
-        st = tg_set_error(TG_ERR_INVALID, "tg_gradient: target %d (shape %s) is not connected to the loss through differentiable ops", i,
-                          fmt_shape(b, sizeof b, ts[i]->shape, ts[i]->ndim));
-      out[i] = NONE;
-    } else {
+    char b[256];
+    if (gs[i]) {
       out[i] = t_wrap(gs[i]);
+      continue;
     }
+    out[i] = NONE;
+    if (st != TG_OK) continue;
+    if (!tg_dtype_is_float((tg_dtype)ts[i]->dtype)) {
+      st = tg_set_error(TG_ERR_INVALID, "tg_gradient: target %d has dtype %s; only float tensors have gradients", i,
+                        tg_dtype_name((tg_dtype)ts[i]->dtype));
+      continue;
+    }
+    if (!walked) topo_visit(&tp, l), walked = true;
+    if (pm_has(&tp.idx, (uint64_t)(uintptr_t)ts[i]))
+      out[i] = t_wrap(kconst(ts[i], 0, (tg_dtype)ts[i]->dtype));
+    else
+      st = tg_set_error(TG_ERR_INVALID, "tg_gradient: target %d (shape %s) is not part of the loss's graph", i,
+                        fmt_shape(b, sizeof b, ts[i]->shape, ts[i]->ndim));
   }
+  if (walked) pm_free(&tp.idx), pv_free(&tp.order);
   if (st != TG_OK)
     for (int i = 0; i < n; i++) {
       tg_free(out[i]);

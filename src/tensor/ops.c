@@ -939,8 +939,11 @@ tg_tensor tg_index(tg_tensor x, tg_tensor idx) {
   GET(ix, idx, "tg_index");
   char b1[256], b2[256];
   if (a->ndim == 0) return fail(TG_ERR_INVALID, "tg_index: cannot index a 0-d tensor (shape %s)", shp(b1, sizeof b1, a));
-  if (!tg_dtype_is_int((tg_dtype)ix->dtype) && ix->dtype != TG_BOOL)
-    return fail(TG_ERR_INVALID, "tg_index: indices have dtype %s; use an integer tensor", tg_dtype_name((tg_dtype)ix->dtype));
+  /* bool is refused as tinygrad refuses it: read as 0/1 row numbers it would silently pick rows 0 and
+   * 1 where a mask was meant */
+  if (!tg_dtype_is_int((tg_dtype)ix->dtype))
+    return fail(TG_ERR_INVALID, "tg_index: indices have dtype %s; use an integer tensor%s", tg_dtype_name((tg_dtype)ix->dtype),
+                ix->dtype == TG_BOOL ? " (for a boolean mask use tg_masked_select, tg_nonzero or tg_where)" : "");
   if (ix->ndim + a->ndim - 1 > 64) return fail(TG_ERR_INVALID, "tg_index: result would have more than 64 dimensions (%s[%s])", shp(b1, sizeof b1, a), shp(b2, sizeof b2, ix));
   if (ix->device != a->device)
     return fail(TG_ERR_INVALID, "tg_index: indices are on %s but x is on %s", device_by_id(ix->device)->name, device_by_id(a->device)->name);
