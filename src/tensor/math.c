@@ -183,16 +183,18 @@ static tg_tensor asinh_pos(tg_tensor a) {
   return tg_where(big, fb, fs);
 }
 
-/* acosh(x): log(x + sqrt(|x|-1) sqrt(|x|+1)) for x <= 2 (no cancellation near 1; nan below 1, but
- * |x| keeps the gradient 1/sqrt(x^2-1) for x < -1, as tinygrad and PyTorch have it), and
- * log(x) + log(1 + sqrt(1 - (1/x)^2)) above, so x*x never overflows. */
+/* acosh(x): log(x + sqrt(x-1) sqrt(x+1)) for 0 <= x <= 2 (no cancellation near 1; nan below 1).
+ * Below 0 it is nan - acosh(|x|): the value stays nan, and the gradient is 1/sqrt(x^2-1) for x <= -1,
+ * as tinygrad and PyTorch have it. Above 2, log(x) + log(1 + sqrt(1 - (1/x)^2)), so x*x never
+ * overflows. */
 static tg_tensor acosh_(tg_tensor x) {
   tg_tensor big = tg_gt_s(x, 2);
   tg_tensor xb = tg_where(big, x, K(x, 4)), xs = tg_where(big, K(x, 1.5), x);
   tg_tensor r = tg_reciprocal(xb);
   tg_tensor fb = tg_add(tg_log(xb), tg_log(tg_add_s(tg_sqrt(tg_rsub_s(1, tg_mul(r, r))), 1)));
   tg_tensor ax = wabs(xs);
-  tg_tensor fs = tg_log(tg_add(xs, tg_mul(tg_sqrt(tg_sub_s(ax, 1)), tg_sqrt(tg_add_s(ax, 1)))));
+  tg_tensor fa = tg_log(tg_add(ax, tg_mul(tg_sqrt(tg_sub_s(ax, 1)), tg_sqrt(tg_add_s(ax, 1)))));
+  tg_tensor fs = tg_where(tg_lt_s(xs, 0), tg_rsub_s(NAN, fa), fa);
   return tg_where(big, fb, fs);
 }
 
