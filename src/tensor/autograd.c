@@ -91,10 +91,12 @@ static void grad_rule(UOp *n, UOp *g, UOp **out) {
     break;
   }
   case OP_SIN: {
-    /* cos(x) = sin(pi/2 - x) */
-    UOp *hp = kconst(a, M_PI / 2, dt), *d = bin(OP_SUB, hp, a), *c = g_alu(OP_SIN, dt, d, NULL, NULL);
+    /* cos(x) = 1 - 2 sin(x/2)^2: x/2 is exact, where tinygrad's sin(pi/2 - x) loses x once pi/2 - x
+     * rounds (|x| above ~1e7 in float32), which made the gradient of cos(1e30) 1.6 */
+    UOp *h = mulc(a, 0.5), *s = g_alu(OP_SIN, dt, h, NULL, NULL), *s2 = mul3(s, s), *t = mulc(s2, -2.0);
+    UOp *one = kconst(a, 1, dt), *c = bin(OP_ADD, one, t);
     out[0] = mul3(g, c);
-    uop_unref(hp), uop_unref(d), uop_unref(c);
+    uop_unref(h), uop_unref(s), uop_unref(s2), uop_unref(t), uop_unref(one), uop_unref(c);
     break;
   }
   case OP_SQRT: {

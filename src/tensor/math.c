@@ -271,7 +271,8 @@ static tg_tensor gelu_(tg_tensor x) {
   return tg_mul(tg_mul_s(x, 0.5), tg_add_s(tanh_(in), 1));
 }
 static tg_tensor selu_(tg_tensor x) {
-  tg_tensor pos, xn = negpart(x, &pos);
+  /* x >= 0 takes the linear branch: tinygrad's gradient at 0 is scale (PyTorch's is scale * alpha) */
+  tg_tensor pos = tg_ge(x, K(x, 0)), xn = tg_where(pos, K(x, 0), x);
   tg_tensor neg = tg_mul_s(tg_sub_s(tg_exp(xn), 1), 1.6732632423543772848170429916717);
   return tg_mul_s(tg_where(pos, x, neg), 1.0507009873554804934193349852946);
 }
@@ -327,28 +328,32 @@ tg_tensor tg_softplus(tg_tensor x, double beta) {
 /* ---------------------------------------------------------------------------------------------- */
 /* piecewise-linear activations (dtype of x, Python-scalar promotion for the parameters)           */
 
-/* min(max(x, lo), hi) as two where()s: nan passes through, +-inf saturate, gradient 1 inside. */
-static tg_tensor clamp_(tg_tensor x, double lo, double hi) {
-  tg_tensor r = tg_where(tg_lt_s(x, lo), K(x, lo), x);
+/* min(max(x, lo), hi) as two where()s: nan passes through, +-inf saturate, gradient 1 inside, and
+ * tinygrad's relu(u - lo) - relu(u - hi) gradient at the kinks: 0 at u == lo (relu's gradient at 0
+ * is 0), 1 at u == hi. Used where tinygrad composes from relu (relu6, hardsigmoid, hardswish); the
+ * value is PyTorch's (6 at +inf where tinygrad's inf - inf gives nan). */
+static tg_tensor relu_clamp_(tg_tensor x, double lo, double hi) {
+  tg_tensor r = tg_where(tg_le(x, K(x, lo)), K(x, lo), x);
   return tg_where(tg_gt_s(r, hi), K(r, hi), r);
 }
 
 /* tinygrad writes relu6 as relu(x) - relu(x - 6) and hardsigmoid likewise: nan at x = +inf (inf -
- * inf) and 0 for nan. The clamp form gives PyTorch's 6 / 1 and propagates nan. */
+ * inf) and 0 for nan. The clamp form gives PyTorch's 6 / 1 and propagates nan; its gradient at the
+ * kinks is tinygrad's (0 at 0, 1 at 6). */
 tg_tensor tg_relu6(tg_tensor x) {
   BEGIN("tg_relu6", x);
-  return done(clamp_(x, 0, 6));
+  return done(relu_clamp_(x, 0, 6));
 }
 
 /* x * relu6(x + 3) / 6 (nan at -inf, as PyTorch) */
 tg_tensor tg_hardswish(tg_tensor x) {
   BEGIN("tg_hardswish", x);
-  return done(tg_mul_s(tg_mul(x, clamp_(tg_add_s(x, 3), 0, 6)), 1.0 / 6));
+  return done(tg_mul_s(tg_mul(x, relu_clamp_(tg_add_s(x, 3), 0, 6)), 1.0 / 6));
 }
 
 tg_tensor tg_hardsigmoid(tg_tensor x) {
   BEGIN("tg_hardsigmoid", x);
-  return done(clamp_(tg_add_s(tg_mul_s(x, 1.0 / 6), 0.5), 0, 1));
+  return done(relu_clamp_(tg_add_s(tg_mul_s(x, 1.0 / 6), 0.5), 0, 1));
 }
 
 tg_tensor tg_leaky_relu(tg_tensor x, double neg_slope) {
