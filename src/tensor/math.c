@@ -167,6 +167,8 @@ static tg_tensor atan_pos(tg_tensor a) {
 /* A&S 7.1.26 (tinygrad's erf polynomial, |error| <= 1.5e-7) on a >= 0 */
 static const double ERF_C[] = {1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592};
 static tg_tensor erf_pos(tg_tensor a) {
+  /* erf is 1 (rounded) from 6 on: clamping there keeps the gradient at +-inf 0, not 0 * inf */
+  a = tg_where(tg_gt_s(a, 6), K(a, 6), a);
   tg_tensor t = tg_reciprocal(tg_add_s(tg_mul_s(a, 0.3275911), 1));
   tg_tensor p = tg_mul(t, polyn(t, ERF_C, 5));
   return tg_rsub_s(1, tg_mul(p, tg_exp(tg_neg(tg_mul(a, a)))));
@@ -260,8 +262,10 @@ static tg_tensor sinh_(tg_tensor x) {
 static tg_tensor cosh_(tg_tensor x) {
   return tg_add(tg_exp(tg_sub_s(x, M_LN2)), tg_exp(tg_sub_s(tg_neg(x), M_LN2)));
 }
+/* (log(1+x) - log(1-x)) / 2: tinygrad's log((1+x)/(1-x)) / 2 in two logs, so that the gradient at
+ * x = +-1 is inf (the quotient's derivative there is 0 * inf = nan) */
 static tg_tensor atanh_(tg_tensor x) {
-  return tg_mul_s(tg_log(tg_div(tg_add_s(x, 1), tg_rsub_s(1, x))), 0.5);
+  return tg_mul_s(tg_sub(tg_log(tg_add_s(x, 1)), tg_log(tg_rsub_s(1, x))), 0.5);
 }
 static tg_tensor asinh_(tg_tensor x) { return odd(x, asinh_pos); }
 static tg_tensor erf_(tg_tensor x) { return odd(x, erf_pos); }
@@ -353,7 +357,9 @@ tg_tensor tg_hardswish(tg_tensor x) {
 
 tg_tensor tg_hardsigmoid(tg_tensor x) {
   BEGIN("tg_hardsigmoid", x);
-  return done(relu_clamp_(tg_add_s(tg_mul_s(x, 1.0 / 6), 0.5), 0, 1));
+  /* the kinks decided on x itself: x/6 + 1/2 does not round to 0 at x = -3 in float64 */
+  tg_tensor lo = tg_le(x, K(x, -3)), hi = tg_gt_s(x, 3);
+  return done(tg_where(lo, K(x, 0), tg_where(hi, K(x, 1), tg_add_s(tg_mul_s(x, 1.0 / 6), 0.5))));
 }
 
 tg_tensor tg_leaky_relu(tg_tensor x, double neg_slope) {
