@@ -519,7 +519,9 @@ tg_tensor tg_isfinite(tg_tensor x);    /* neither inf nor nan */
 /* ~x for integers (two's complement), logical not for bool; error for floats. */
 tg_tensor tg_bitwise_not(tg_tensor x);
 
-/* x + (end - x) * weight, broadcast over all three; tg_lerp_s takes a scalar weight. */
+/* x + (end - x) * weight, broadcast over all three; tg_lerp_s takes a scalar weight. A uint8 x with a
+ * tensor weight uses tinygrad's fixed-point uint8 formula (a 7-bit weight; the result is uint8); other
+ * integer inputs with a float weight lerp in that float (end - x cannot wrap). */
 tg_tensor tg_lerp(tg_tensor x, tg_tensor end, tg_tensor weight);
 tg_tensor tg_lerp_s(tg_tensor x, tg_tensor end, double weight);
 /* |x| with the sign of y (-0.0 counts as negative); broadcast; result in the promoted dtype. */
