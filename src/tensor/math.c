@@ -337,7 +337,7 @@ tg_tensor tg_softplus(tg_tensor x, double beta) {
  * is 0), 1 at u == hi. Used where tinygrad composes from relu (relu6, hardsigmoid, hardswish); the
  * value is PyTorch's (6 at +inf where tinygrad's inf - inf gives nan). */
 static tg_tensor relu_clamp_(tg_tensor x, double lo, double hi) {
-  tg_tensor r = tg_where(tg_le(x, K(x, lo)), K(x, lo), x);
+  tg_tensor r = tg_where(tg_bitwise_or(tg_lt_s(x, lo), tg_eq_s(x, lo)), K(x, lo), x); /* nan passes */
   return tg_where(tg_gt_s(r, hi), K(r, hi), r);
 }
 
@@ -358,7 +358,7 @@ tg_tensor tg_hardswish(tg_tensor x) {
 tg_tensor tg_hardsigmoid(tg_tensor x) {
   BEGIN("tg_hardsigmoid", x);
   /* the kinks decided on x itself: x/6 + 1/2 does not round to 0 at x = -3 in float64 */
-  tg_tensor lo = tg_le(x, K(x, -3)), hi = tg_gt_s(x, 3);
+  tg_tensor lo = tg_bitwise_or(tg_lt_s(x, -3), tg_eq_s(x, -3)), hi = tg_gt_s(x, 3);
   return done(tg_where(lo, K(x, 0), tg_where(hi, K(x, 1), tg_add_s(tg_mul_s(x, 1.0 / 6), 0.5))));
 }
 
