@@ -1245,15 +1245,32 @@ typedef struct tg_jit tg_jit;
  * replay them with the new inputs' buffers (no graph building or scheduling). JIT=0 disables capture;
  * JIT=2 captures too (there is no separate graph batching to turn off). Between calls the jit holds
  * its outputs (and buffers that outlived one realize inside fn), not the intermediates: a replay
- * allocates them as the captured run did. Free with tg_jit_free. */
+ * allocates them as the captured run did. A jit serves one call at a time: a call from another
+ * thread while one runs is an error (give each thread its own jit). Free with tg_jit_free. */
 tg_jit *tg_jit_new(tg_jit_fn fn, int nout, void *user);
+/* TinyJit options. prune (tinygrad's TinyJit(prune=True)): after the capture, drop the kernels that
+ * do not depend on the inputs (weights prepared once, constants): they ran during the capture and
+ * their results stay in their buffers, so replays run only the kernels that do. Kernels writing an
+ * input (assigns) are kept, and so is any kernel a replay could change the result of (it reads or
+ * writes a buffer a kept kernel writes). Like tinygrad's, a pruned state update that reads no input
+ * (a counter a function bumps) is not replayed. */
+typedef struct {
+  bool prune;
+} tg_jit_opts;
+#define TG_JIT_OPTS(...) (&(const tg_jit_opts){__VA_ARGS__})
+/* tg_jit_new with options (NULL: the defaults, as tg_jit_new). */
+tg_jit *tg_jit_new_opts(tg_jit_fn fn, int nout, void *user, const tg_jit_opts *opts);
 /* Calls the jitted function. Inputs must be realized, contiguous tensors; outputs come back
  * realized in out[] (new handles in the caller's scope; on replays they alias the same buffers).
- * Errors, never silent divergence: a changed input count, shape, dtype or device, an unrealized
- * input, a changed non-tensor argument, or an input the function writes but does not return. */
+ * An input that is one of those buffers (an output of an earlier call fed back) is copied before
+ * the replay overwrites it. Errors, never silent divergence: a changed input count, shape, dtype or
+ * device, an unrealized input, a changed non-tensor argument, an input the function writes but does
+ * not return, the same tensor passed as two inputs, a call from inside a jitted function (nested
+ * TinyJit, including a jit calling itself), a capture that runs no kernel, and reading data
+ * (tg_data, tg_item, tg_print, ...) inside the function while it is captured. */
 tg_status tg_jit_call(tg_jit *j, const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out);
 void tg_jit_free(tg_jit *j);
-/* Number of kernel launches and copies captured (-1 for NULL; 0 before capture). */
+/* Number of kernel launches and copies captured, those prune kept (-1 for NULL; 0 before capture). */
 int tg_jit_captured_kernels(const tg_jit *j);
 
 /* ---------------------------------------------------------------------------------------------- */

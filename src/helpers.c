@@ -26,7 +26,7 @@
 
 #include "helpers.h"
 
-tg_counters g_counters;
+Counters g_counters;
 
 /* ---- invariants and memory ---- */
 
@@ -347,12 +347,39 @@ void tg_context_end(void) {
 
 /* ---- counters ---- */
 
+uint64_t counters_add(bool kernel, uint64_t ops, uint64_t mem, double t) {
+  uint64_t n = kernel ? atomic_fetch_add_explicit(&g_counters.kernel_count, 1, memory_order_relaxed) + 1
+                      : atomic_load_explicit(&g_counters.kernel_count, memory_order_relaxed);
+  if (ops) atomic_fetch_add_explicit(&g_counters.global_ops, ops, memory_order_relaxed);
+  if (mem) atomic_fetch_add_explicit(&g_counters.global_mem, mem, memory_order_relaxed);
+  if (t > 0) {
+    double old = atomic_load_explicit(&g_counters.time_sum_s, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(&g_counters.time_sum_s, &old, old + t, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+    }
+  }
+  return n;
+}
+
+/* Each field is read atomically; a snapshot taken while other threads run may mix totals from
+ * slightly different moments, but no update is ever lost or torn. */
 tg_counters tg_global_counters(void) {
-  tg_counters c = g_counters;
+  tg_counters c;
+  c.kernel_count = atomic_load_explicit(&g_counters.kernel_count, memory_order_relaxed);
+  c.global_ops = atomic_load_explicit(&g_counters.global_ops, memory_order_relaxed);
+  c.global_mem = atomic_load_explicit(&g_counters.global_mem, memory_order_relaxed);
+  c.time_sum_s = atomic_load_explicit(&g_counters.time_sum_s, memory_order_relaxed);
+  c.compile_count = atomic_load_explicit(&g_counters.compile_count, memory_order_relaxed);
   c.mem_used = device_mem_used();
   return c;
 }
-void tg_global_counters_reset(void) { memset(&g_counters, 0, sizeof g_counters); }
+void tg_global_counters_reset(void) {
+  atomic_store_explicit(&g_counters.kernel_count, 0, memory_order_relaxed);
+  atomic_store_explicit(&g_counters.global_ops, 0, memory_order_relaxed);
+  atomic_store_explicit(&g_counters.global_mem, 0, memory_order_relaxed);
+  atomic_store_explicit(&g_counters.time_sum_s, 0.0, memory_order_relaxed);
+  atomic_store_explicit(&g_counters.compile_count, 0, memory_order_relaxed);
+}
 
 /* ---- time ---- */
 

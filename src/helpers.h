@@ -7,6 +7,7 @@
 #define TG_HELPERS_H
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -50,7 +51,17 @@ int debug_level(void);
 /* ---- counters ---- */
 /* Bytes held by live device buffers (runtime/device.c), reported as tg_counters.mem_used. */
 uint64_t device_mem_used(void);
-extern tg_counters g_counters;
+/* The totals behind tg_global_counters. Atomic: realizes and jit replays on several threads add to
+ * them at once. Read them with tg_global_counters, add with counters_add. */
+typedef struct {
+  _Atomic uint64_t kernel_count, global_ops, global_mem, compile_count;
+  _Atomic double time_sum_s;
+} Counters;
+extern Counters g_counters;
+/* Counts one executed item: a kernel (kernel true, with its estimated ops) or a copy, moving mem
+ * bytes, and t seconds of measured kernel time (0 when not measured). Returns the kernel count
+ * after this item, for DEBUG lines. */
+uint64_t counters_add(bool kernel, uint64_t ops, uint64_t mem, double t);
 
 /* ---- time ---- */
 double now_seconds(void); /* monotonic */

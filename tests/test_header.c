@@ -34,6 +34,7 @@ int main(void) {
   const tg_opts *opts = TG_OPTS(.dtype = TG_INT32, .requires_grad = true);
   EXPECT(opts->dtype == TG_INT32 && opts->device == NULL && opts->requires_grad);
   EXPECT(strlen(TG_VERSION) > 0);
+  EXPECT(TG_JIT_OPTS(.prune = true)->prune);
 
   printf("test_header: %d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;

@@ -16,6 +16,7 @@ typedef struct {
   int *slot;             /* NULL, or per buffer: -1 or the transient that stands in for it */
   int nbufs;
   size_t nbytes;         /* copy size */
+  size_t mem;            /* bytes a kernel reads and writes (counted again on every replay) */
 } CapItem;
 
 /* A buffer that lived only between two items of the capture (an intermediate its schedule freed):
@@ -39,7 +40,12 @@ extern _Thread_local Capture *g_capture;
 void capture_free(Capture *c);
 /* b dies: the capture's references to it, all in items[from..], become one transient slot. */
 void capture_forget(Capture *c, Buffer *b, int from);
-/* Replays c with buffers from[i] replaced by to[i]. */
+/* Replays c with buffers from[i] replaced by to[i] (the from[] distinct). */
 tg_status capture_replay(const Capture *c, Buffer *const *from, Buffer *const *to, int n);
+/* TinyJit's prune: drops the items that do not depend on inputs[0..n) (their results, computed by
+ * the capture, stay in their buffers; transients among them that kept items read become persistent
+ * buffers, computed once more here). Items whose result a replay could change stay. Returns the
+ * number of items kept, or -1 with the error recorded (c unchanged). */
+int capture_prune(Capture *c, Buffer *const *inputs, int n);
 
 #endif

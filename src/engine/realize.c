@@ -168,7 +168,7 @@ static void precompile(Schedule *s) {
 
 _Thread_local Capture *g_capture;
 
-static void capture_add(Program *prg, const KernelCode *code, Buffer **bufs, int nbufs, size_t nbytes) {
+static void capture_add(Program *prg, const KernelCode *code, Buffer **bufs, int nbufs, size_t nbytes, size_t mem) {
   Capture *c = g_capture;
   if (c->n == c->cap) {
     c->cap = c->cap ? c->cap * 2 : 32;
@@ -179,17 +179,22 @@ static void capture_add(Program *prg, const KernelCode *code, Buffer **bufs, int
   it->code = code;
   it->nbufs = nbufs;
   it->nbytes = nbytes;
+  it->mem = mem;
   it->slot = NULL;
   it->bufs = tg_xmalloc(sizeof(Buffer *) * (size_t)nbufs);
   for (int i = 0; i < nbufs; i++) it->bufs[i] = buffer_ref(bufs[i]);
 }
 
+bool engine_capturing(void) { return g_capture != NULL; }
+
+static void capitem_free(CapItem *it) {
+  for (int j = 0; j < it->nbufs; j++) buffer_unref(it->bufs[j]);
+  free(it->bufs);
+  free(it->slot);
+}
+
 void capture_free(Capture *c) {
-  for (int i = 0; i < c->n; i++) {
-    for (int j = 0; j < c->items[i].nbufs; j++) buffer_unref(c->items[i].bufs[j]);
-    free(c->items[i].bufs);
-    free(c->items[i].slot);
-  }
+  for (int i = 0; i < c->n; i++) capitem_free(&c->items[i]);
   free(c->items);
   free(c->slots);
   memset(c, 0, sizeof *c);
@@ -221,24 +226,38 @@ void capture_forget(Capture *c, Buffer *b, int from) {
   }
 }
 
-tg_status capture_replay(const Capture *c, Buffer *const *from, Buffer *const *to, int n) {
+/* Runs the items of c that run[] selects (all when run is NULL), buffers from[k] replaced by to[k].
+ * A transient slot s runs in pin[s] when pin is given and pin[s] is set (the caller keeps it), else
+ * in a buffer allocated at its first use and freed after its last item. Counts every item in the
+ * global counters as the captured run counted it. */
+static tg_status run_items(const Capture *c, const bool *run, Buffer *const *from, Buffer *const *to, int n,
+                           Buffer *const *pin) {
   int dbg = debug_level();
   Buffer **live = c->nslots ? tg_xcalloc((size_t)c->nslots, sizeof(Buffer *)) : NULL;
   tg_status st = TG_OK;
   for (int i = 0; i < c->n && st == TG_OK; i++) {
+    if (run && !run[i]) continue;
     const CapItem *it = &c->items[i];
     Buffer *bs[64];
     Buffer **b = it->nbufs <= 64 ? bs : tg_xmalloc(sizeof(Buffer *) * (size_t)it->nbufs);
     for (int j = 0; j < it->nbufs; j++) {
       int s = it->slot ? it->slot[j] : -1;
       if (s >= 0) {
+        if (pin && pin[s]) {
+          b[j] = pin[s];
+          continue;
+        }
         if (!live[s] && !(live[s] = buffer_new(c->slots[s].dev, c->slots[s].nbytes))) st = tg_last_status();
         b[j] = live[s];
         continue;
       }
       b[j] = it->bufs[j];
+      /* one substitution per buffer: with inputs swapped between calls, to[k] may be another from[] */
       for (int k = 0; k < n; k++)
-        if (b[j] == from[k]) b[j] = to[k];
+        if (b[j] == from[k]) {
+          b[j] = to[k];
+          break;
+        }
     }
     if (st != TG_OK) {
       if (b != bs) free(b);
@@ -246,19 +265,20 @@ tg_status capture_replay(const Capture *c, Buffer *const *from, Buffer *const *t
     }
     if (!it->prg) {
       st = buffer_copy(b[0], b[1], it->nbytes);
+      if (st == TG_OK) counters_add(false, 0, it->nbytes, 0);
     } else {
       void *ps[64];
       void **p = it->nbufs <= 64 ? ps : tg_xmalloc(sizeof(void *) * (size_t)it->nbufs);
       for (int j = 0; j < it->nbufs; j++) p[j] = b[j]->ptr;
       double t = program_exec(it->prg, p, it->nbufs, it->code->global_size, it->code->local_size, dbg >= 2);
       if (p != ps) free(p);
-      if (t < 0) st = tg_last_status() ? tg_last_status() : TG_ERR_RUNTIME;
-      g_counters.kernel_count++;
-      g_counters.global_ops += it->code->ops;
-      if (dbg >= 2) {
-        g_counters.time_sum_s += t;
-        fprintf(stderr, "*** %-8s %6llu %-32s (jit replay) tm %9.2fus\n", it->prg->dev->name,
-                (unsigned long long)g_counters.kernel_count, it->code->name, t * 1e6);
+      if (t < 0) {
+        st = tg_last_status() ? tg_last_status() : TG_ERR_RUNTIME;
+      } else {
+        uint64_t k = counters_add(true, it->code->ops, it->mem, dbg >= 2 ? t : 0);
+        if (dbg >= 2)
+          fprintf(stderr, "*** %-8s %6llu %-32s (jit replay) mem %6.3f GB tm %9.2fus\n", it->prg->dev->name,
+                  (unsigned long long)k, it->code->name, (double)it->mem * 1e-9, t * 1e6);
       }
     }
     if (b != bs) free(b);
@@ -275,11 +295,132 @@ tg_status capture_replay(const Capture *c, Buffer *const *from, Buffer *const *t
   return st;
 }
 
-static void print_kernel_line(Device *dev, const char *name, int nbufs, size_t mem, double t, uint64_t ops) {
+tg_status capture_replay(const Capture *c, Buffer *const *from, Buffer *const *to, int n) {
+  return run_items(c, NULL, from, to, n, NULL);
+}
+
+/* ---- pruning (TinyJit prune) ----
+ * A buffer is named by a key: a persistent buffer by its pointer, transient slot s by 2s+1 (odd,
+ * never a Buffer's address). */
+static uint64_t item_key(const CapItem *it, int j) {
+  return it->bufs[j] ? (uint64_t)(uintptr_t)it->bufs[j] : 2u * (uint64_t)it->slot[j] + 1u;
+}
+
+int capture_prune(Capture *c, Buffer *const *inputs, int n) {
+  if (c->n == 0) return 0;
+  bool *keep = tg_xcalloc((size_t)c->n, sizeof(bool));
+  /* 1. tinygrad's rule: in order, an item that touches a buffer that depends on the inputs depends
+   * on them too, and so does everything it touches */
+  PtrMap dep, wr, first_read;
+  pm_init(&dep), pm_init(&wr), pm_init(&first_read);
+  for (int k = 0; k < n; k++) pm_put(&dep, (uint64_t)(uintptr_t)inputs[k], (void *)1);
+  for (int i = 0; i < c->n; i++) {
+    const CapItem *it = &c->items[i];
+    for (int j = 0; j < it->nbufs && !keep[i]; j++) keep[i] = pm_has(&dep, item_key(it, j));
+    if (keep[i])
+      for (int j = 0; j < it->nbufs; j++) pm_put(&dep, item_key(it, j), (void *)1);
+  }
+  /* 2. a dropped item runs once, so what it reads must not change between replays and what it
+   * writes must not be overwritten by a replay: keep it when it reads or writes a buffer a kept
+   * item writes, or writes a persistent buffer a kept item read before it (that reader sees the
+   * previous call's value) */
+  bool changed = true;
+  while (changed) {
+    changed = false;
+    pm_clear(&wr);
+    pm_clear(&first_read);
+    for (int i = 0; i < c->n; i++) {
+      if (!keep[i]) continue;
+      const CapItem *it = &c->items[i];
+      pm_put(&wr, item_key(it, 0), (void *)1);
+      for (int j = 1; j < it->nbufs; j++)
+        if (!pm_has(&first_read, item_key(it, j))) pm_put(&first_read, item_key(it, j), (void *)(intptr_t)(i + 1));
+    }
+    for (int i = 0; i < c->n; i++) {
+      if (keep[i]) continue;
+      const CapItem *it = &c->items[i];
+      bool k = pm_has(&wr, item_key(it, 0));
+      for (int j = 1; j < it->nbufs && !k; j++) k = pm_has(&wr, item_key(it, j));
+      intptr_t r = (intptr_t)pm_get(&first_read, item_key(it, 0));
+      if (!k && it->bufs[0] && r > 0 && r - 1 < i) k = true;
+      if (k) keep[i] = changed = true;
+    }
+  }
+  /* 3. a transient a dropped item writes and a kept one reads becomes a persistent buffer
+   * (pinned); the dropped items that produce it run once more now, the capture having freed it */
+  Buffer **pin = c->nslots ? tg_xcalloc((size_t)c->nslots, sizeof(Buffer *)) : NULL;
+  bool *need = c->nslots ? tg_xcalloc((size_t)c->nslots, sizeof(bool)) : NULL;
+  bool *rerun = tg_xcalloc((size_t)c->n, sizeof(bool));
+  bool any_rerun = false;
+  for (int i = 0; i < c->n; i++)
+    for (int j = 0; keep[i] && c->items[i].slot && j < c->items[i].nbufs; j++) {
+      int s = c->items[i].slot[j];
+      if (s >= 0) need[s] = true;
+    }
+  tg_status st = TG_OK;
+  for (int s = 0; s < c->nslots; s++) {
+    bool dropped_writer = false;
+    for (int i = 0; i < c->n && !dropped_writer; i++)
+      dropped_writer = !keep[i] && c->items[i].slot && c->items[i].slot[0] == s;
+    if (!need[s] || !dropped_writer) {
+      need[s] = false;
+      continue;
+    }
+    if (st == TG_OK && !(pin[s] = buffer_new(c->slots[s].dev, c->slots[s].nbytes))) st = tg_last_status();
+  }
+  /* the producers of the pinned slots, and of the transients those read, backwards */
+  for (int i = c->n - 1; i >= 0; i--) {
+    const CapItem *it = &c->items[i];
+    if (keep[i] || !it->slot || it->slot[0] < 0 || !need[it->slot[0]]) continue;
+    rerun[i] = any_rerun = true;
+    for (int j = 1; j < it->nbufs; j++)
+      if (it->slot[j] >= 0) need[it->slot[j]] = true;
+  }
+  if (st == TG_OK && any_rerun) st = run_items(c, rerun, NULL, NULL, 0, pin);
+  int kept = -1;
+  if (st == TG_OK) {
+    /* 4. rebuild: only kept items, pinned slots as their buffers, slot lifetimes recomputed */
+    int m = 0;
+    for (int i = 0; i < c->n; i++) {
+      CapItem *it = &c->items[i];
+      if (!keep[i]) {
+        capitem_free(it);
+        continue;
+      }
+      for (int j = 0; it->slot && j < it->nbufs; j++) {
+        int s = it->slot[j];
+        if (s >= 0 && pin[s]) {
+          it->bufs[j] = buffer_ref(pin[s]);
+          it->slot[j] = -1;
+        }
+      }
+      c->items[m++] = *it;
+    }
+    c->n = m;
+    for (int s = 0; s < c->nslots; s++) c->slots[s].first = c->slots[s].last = -1;
+    for (int i = 0; i < c->n; i++)
+      for (int j = 0; c->items[i].slot && j < c->items[i].nbufs; j++) {
+        int s = c->items[i].slot[j];
+        if (s < 0) continue;
+        if (c->slots[s].first < 0) c->slots[s].first = i;
+        c->slots[s].last = i;
+      }
+    kept = m;
+  }
+  for (int s = 0; s < c->nslots; s++) buffer_unref(pin[s]);
+  free(pin);
+  free(need);
+  free(rerun);
+  free(keep);
+  pm_free(&dep), pm_free(&wr), pm_free(&first_read);
+  return kept;
+}
+
+static void print_kernel_line(Device *dev, uint64_t kn, const char *name, int nbufs, size_t mem, double t, uint64_t ops) {
   double us = t * 1e6;
   fprintf(stderr, "*** %-8s %6llu %-32s arg %2d mem %6.3f GB tm %9.2fus/%9.2fms (%8.2f GFLOPS %6.1f GB/s)\n",
-          dev->name, (unsigned long long)g_counters.kernel_count, name, nbufs, (double)mem * 1e-9, us,
-          g_counters.time_sum_s * 1e3, t > 0 ? (double)ops / t * 1e-9 : 0.0, t > 0 ? (double)mem / t * 1e-9 : 0.0);
+          dev->name, (unsigned long long)kn, name, nbufs, (double)mem * 1e-9, us,
+          atomic_load_explicit(&g_counters.time_sum_s, memory_order_relaxed) * 1e3, t > 0 ? (double)ops / t * 1e-9 : 0.0, t > 0 ? (double)mem / t * 1e-9 : 0.0);
 }
 
 static tg_status run_schedule(Schedule *s) {
@@ -300,9 +441,9 @@ static tg_status run_schedule(Schedule *s) {
       if (st != TG_OK) return st;
       if (g_capture) {
         Buffer *cb[2] = {out->buf, in->buf};
-        capture_add(NULL, NULL, cb, 2, out->nbytes);
+        capture_add(NULL, NULL, cb, 2, out->nbytes, 0);
       }
-      g_counters.global_mem += out->nbytes;
+      counters_add(false, 0, out->nbytes, 0);
       if (dbg >= 2)
         fprintf(stderr, "*** %-8s %6s copy %zu bytes %s -> %s\n", out->dev->name, "", out->nbytes, in->dev->name,
                 out->dev->name);
@@ -331,17 +472,12 @@ static tg_status run_schedule(Schedule *s) {
         Buffer *cb[64];
         Buffer **cbp = it->nbufs <= 64 ? cb : tg_xmalloc(sizeof(Buffer *) * (size_t)it->nbufs);
         for (int j = 0; j < it->nbufs; j++) cbp[j] = s->bufs[it->bufs[j]].buf;
-        capture_add(ck->prg, ck->code, cbp, it->nbufs, 0);
+        capture_add(ck->prg, ck->code, cbp, it->nbufs, 0, mem);
         if (cbp != cb) free(cbp);
       }
       if (t < 0) return tg_last_status() ? tg_last_status() : TG_ERR_RUNTIME;
-      g_counters.kernel_count++;
-      g_counters.global_ops += ck->code->ops;
-      g_counters.global_mem += mem;
-      if (dbg >= 2) {
-        g_counters.time_sum_s += t;
-        print_kernel_line(it->dev, ck->code->name, it->nbufs, mem, t, ck->code->ops);
-      }
+      uint64_t kn = counters_add(true, ck->code->ops, mem, dbg >= 2 ? t : 0);
+      if (dbg >= 2) print_kernel_line(it->dev, kn, ck->code->name, it->nbufs, mem, t, ck->code->ops);
     }
     /* free inputs that die here (targets and pre-existing buffers are kept) */
     for (int j = 1; j < it->nbufs; j++) {
@@ -407,14 +543,14 @@ tg_status realize_uops(UOp **targets, int n) {
   int *tbuf = tg_xmalloc(sizeof(int) * (size_t)m);
   tg_status st = schedule_build(&s, todo, m, tbuf);
   int *held = st == TG_OK ? keep_held_contiguous(&s) : NULL;
-  tg_counters before = g_counters;
+  tg_counters before = tg_global_counters();
   double t0 = now_seconds();
   if (st == TG_OK) st = run_schedule(&s);
   if (debug_level() >= 2)
     fprintf(stderr, "realize: %d items, %llu kernels, %.3f MFLOP, %.3f MB moved, %.3f ms\n", s.nitems,
-            (unsigned long long)(g_counters.kernel_count - before.kernel_count),
-            (double)(g_counters.global_ops - before.global_ops) * 1e-6,
-            (double)(g_counters.global_mem - before.global_mem) * 1e-6, (now_seconds() - t0) * 1e3);
+            (unsigned long long)(tg_global_counters().kernel_count - before.kernel_count),
+            (double)(tg_global_counters().global_ops - before.global_ops) * 1e-6,
+            (double)(tg_global_counters().global_mem - before.global_mem) * 1e-6, (now_seconds() - t0) * 1e3);
   if (st == TG_OK) {
     for (int i = 0; i < m; i++) {
       UOp *t = todo[i];

@@ -696,7 +696,7 @@ Program *program_get(Device *dev, const char *fname, const char *src) {
     size_t liblen = 0;
     void *handle = NULL;
     if (dev->vt->compile(dev->state, src, &lib, &liblen) == TG_OK) {
-      __atomic_fetch_add(&g_counters.compile_count, 1, __ATOMIC_RELAXED);
+      atomic_fetch_add_explicit(&g_counters.compile_count, 1, memory_order_relaxed);
       handle = dev->vt->load(dev->state, fname, lib, liblen);
     }
     free(lib);
@@ -765,7 +765,7 @@ int program_get_batch(Device *dev, const char *const *fnames, const char *const 
     free(todo);
     return have;
   }
-  __atomic_fetch_add(&g_counters.compile_count, 1, __ATOMIC_RELAXED);
+  atomic_fetch_add_explicit(&g_counters.compile_count, 1, memory_order_relaxed);
   for (int t = 0; t < ntodo; t++) {
     int i = todo[t];
     char sym[160];

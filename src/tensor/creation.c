@@ -578,7 +578,18 @@ static UOp *contiguous_buffer(UOp *u, tg_status *st) {
   return b;
 }
 
+/* tinygrad refuses reading data while a TinyJit captures: the value read would be a constant in
+ * every replay, silently. */
+static tg_status refuse_read_in_capture(const char *fn) {
+  return tg_set_error(TG_ERR_INVALID,
+                      "%s: cannot read a tensor's data while a TinyJit captures the function (the value would be "
+                      "baked into every replay); return the tensor as an output of the jitted function and read it "
+                      "after tg_jit_call",
+                      fn);
+}
+
 tg_status tg_data(tg_tensor t, void *out, size_t nbytes) {
+  if (engine_capturing()) return refuse_read_in_capture("tg_data");
   UOp *u = t_get(t, "tg_data");
   if (!u) return TG_ERR_HANDLE;
   size_t need = (size_t)shape_numel(u->shape, u->ndim) * tg_dtype_itemsize((tg_dtype)u->dtype);
@@ -600,6 +611,7 @@ tg_status tg_data(tg_tensor t, void *out, size_t nbytes) {
 }
 
 tg_status tg_item(tg_tensor t, double *out) {
+  if (engine_capturing()) return refuse_read_in_capture("tg_item");
   UOp *u = t_get(t, "tg_item");
   if (!u) return TG_ERR_HANDLE;
   if (!out) return tg_set_error(TG_ERR_INVALID, "tg_item: out is NULL");
@@ -616,6 +628,7 @@ tg_status tg_item(tg_tensor t, double *out) {
 }
 
 tg_status tg_item_i64(tg_tensor t, int64_t *out) {
+  if (engine_capturing()) return refuse_read_in_capture("tg_item_i64");
   UOp *u = t_get(t, "tg_item_i64");
   if (!u) return TG_ERR_HANDLE;
   if (!out) return tg_set_error(TG_ERR_INVALID, "tg_item_i64: out is NULL");
@@ -628,6 +641,10 @@ tg_status tg_item_i64(tg_tensor t, int64_t *out) {
 }
 
 char *tg_to_string(tg_tensor t) {
+  if (engine_capturing()) {
+    refuse_read_in_capture("tg_to_string");
+    return NULL;
+  }
   UOp *u = t_get(t, "tg_to_string");
   if (!u) return NULL;
   size_t need = (size_t)shape_numel(u->shape, u->ndim) * tg_dtype_itemsize((tg_dtype)u->dtype);
@@ -644,6 +661,7 @@ char *tg_to_string(tg_tensor t) {
 }
 
 tg_status tg_print(tg_tensor t) {
+  if (engine_capturing()) return refuse_read_in_capture("tg_print");
   char *s = tg_to_string(t);
   if (!s) return tg_last_status() ? tg_last_status() : TG_ERR_INVALID;
   printf("%s\n", s);

@@ -95,5 +95,7 @@ void ag_attach_history(UOp *bn, UOp *t);
 /* ---- realize (engine) ---- */
 /* Realizes the given nodes; afterwards each non-view node has ->realized set. */
 tg_status realize_uops(UOp **targets, int n);
+/* True while this thread runs a TinyJit capture (engine/realize.c): reading data then is an error. */
+bool engine_capturing(void);
 
 #endif
