@@ -274,6 +274,20 @@ def division_of_infinities():
 
 case("division of infinities: d/da is 0, d/db nan (as tinygrad)", division_of_infinities)
 
+
+def division_large_small():
+  # d/db of a/b is -a/b^2 = -(1/b) * (a/b): finite where b^2 over- or underflows (as tinygrad's form)
+  A = np.array([1e30, 1e-30, 3e38, 1e-37, 4e20], np.float32)
+  B = np.array([1e30, 1e-30, 3e38, 1e-37, 2e20], np.float32)
+  a, b = leaf(A), leaf(B)
+  ga, gb = gradients(total(op("div", a, b)), a, b)
+  a64, b64 = A.astype(np.float64), B.astype(np.float64)
+  np.testing.assert_allclose(ga, 1 / b64, rtol=1e-6)
+  np.testing.assert_allclose(gb, -a64 / b64 ** 2, rtol=1e-6)
+
+
+case("division: the divisor's gradient does not under- or overflow where -a/b^2 is finite", division_large_small)
+
 # =====================================================================================================
 # integer ops at the limits of each dtype
 INT_NP = {tg.INT8: np.int8, tg.INT16: np.int16, tg.INT32: np.int32, tg.INT64: np.int64, tg.UINT8: np.uint8,

@@ -39,10 +39,12 @@ static void grad_rule(UOp *n, UOp *g, UOp **out) {
   case OP_SUB: out[0] = uop_ref(g), out[1] = neg(g); break;
   case OP_MUL: out[0] = mul3(g, b), out[1] = mul3(g, a); break;
   case OP_FDIV: {
+    /* d/db = -(g/b) * (a/b), the quotient being n: g/b/b * a underflows to 0 (or overflows) where
+     * the result does not, e.g. at a = b = 1e30 (tinygrad's -(a*g) * (1/b) * (1/b) has it right) */
     out[0] = bin(OP_FDIV, g, b);
-    UOp *t = bin(OP_FDIV, out[0], b), *u = mul3(t, a);
+    UOp *u = mul3(out[0], n);
     out[1] = neg(u);
-    uop_unref(t), uop_unref(u);
+    uop_unref(u);
     break;
   }
   case OP_MAX: {
