@@ -181,11 +181,13 @@ tg_tensor tg_full_like(tg_tensor t, double value, const tg_opts *opts);
 /* n x m matrix with ones on the main diagonal (tinygrad's eye(n, m); pass m = n for the square
  * identity). n, m >= 0: eye(n, 0) is an empty (n, 0) tensor. */
 tg_tensor tg_eye(int64_t n, int64_t m, const tg_opts *opts);
-/* [start, stop) with step. dtype default: int32 if all three are integers, else DEFAULT_FLOAT. An
- * integer arange whose values fit its dtype is lazy and computed inside the kernels that read it
- * (no memory); a float one is made on the host, as exact as PyTorch's. */
+/* [start, stop) with step. dtype default: int32 if all three are integers (int64 when start or
+ * stop - step is outside int32), else DEFAULT_FLOAT. As in tinygrad, an integer dtype that cannot hold
+ * start and stop - step is an error (arange(0, 129) in int8), not a wrap. An integer arange is lazy
+ * and computed inside the kernels that read it (no memory); a float one is made on the host, as exact
+ * as PyTorch's. */
 tg_tensor tg_arange(double start, double stop, double step, const tg_opts *opts);
-/* steps values evenly spaced over [start, stop]. */
+/* steps values evenly spaced over [start, stop]; any dtype but bool. */
 tg_tensor tg_linspace(double start, double stop, int64_t steps, const tg_opts *opts);
 
 /* Random numbers: a counter-based generator (threefry2x32) seeded by tg_manual_seed; the same seed
@@ -305,7 +307,7 @@ tg_tensor tg_rsub_s(double x, tg_tensor y); /* x - y */
 tg_tensor tg_mul_s(tg_tensor x, double y);
 tg_tensor tg_div_s(tg_tensor x, double y);
 tg_tensor tg_rdiv_s(double x, tg_tensor y); /* x / y */
-tg_tensor tg_pow_s(tg_tensor x, double y);
+tg_tensor tg_pow_s(tg_tensor x, double y); /* an integer x needs y >= 0 or fractional (tinygrad) */
 tg_tensor tg_maximum_s(tg_tensor x, double y);
 tg_tensor tg_minimum_s(tg_tensor x, double y);
 tg_tensor tg_lt_s(tg_tensor x, double y);
@@ -342,7 +344,8 @@ tg_tensor tg_flatten(tg_tensor x, int start_dim, int end_dim);
 tg_tensor tg_unsqueeze(tg_tensor x, int dim);
 tg_tensor tg_squeeze(tg_tensor x, int dim);
 
-/* x[idx] (tinygrad's advanced indexing on dim 0): the rows of x chosen by the integer tensor idx;
+/* x[idx] (tinygrad's advanced indexing on dim 0): the rows of x chosen by the integer tensor idx (a
+ * bool idx is an error, as in tinygrad: it is not a mask here);
  * shape idx.shape + x.shape[1:]. Negative indices count from the end; an index out of range reads
  * zeros (never memory outside x). One fused kernel with a data-dependent load; differentiable in x. */
 tg_tensor tg_index(tg_tensor x, tg_tensor idx);
@@ -447,8 +450,8 @@ tg_tensor tg_dot(tg_tensor x, tg_tensor w);
  * convention of tinygrad's nn.Linear and torch's F.linear. A 1-d weight scales x elementwise. */
 tg_tensor tg_linear(tg_tensor x, tg_tensor weight, tg_tensor bias);
 
-/* int32 one-hot of integer labels: shape x.shape + (num_classes,). num_classes -1 uses the largest
- * label + 1 (this realizes x). */
+/* int32 one-hot of integer labels: shape x.shape + (num_classes,). num_classes must be given (>= 0):
+ * as in tinygrad, -1 is an error, since inferring the count would have to realize x. */
 tg_tensor tg_one_hot(tg_tensor x, int64_t num_classes);
 /* Normalizes over the last naxes dims: (x - mean) / sqrt(var + eps) (biased variance; no affine
  * parameters: multiply and add them yourself). tinygrad's default eps is 1e-5. */
@@ -568,7 +571,9 @@ tg_tensor tg_isfinite(tg_tensor x);    /* neither inf nor nan */
 /* ~x for integers (two's complement), logical not for bool; error for floats. */
 tg_tensor tg_bitwise_not(tg_tensor x);
 
-/* x + (end - x) * weight, broadcast over all three; tg_lerp_s takes a scalar weight. */
+/* x + (end - x) * weight, broadcast over all three; tg_lerp_s takes a scalar weight. A uint8 x with a
+ * tensor weight uses tinygrad's fixed-point uint8 formula (a 7-bit weight; the result is uint8); other
+ * integer inputs with a float weight lerp in that float (end - x cannot wrap). */
 tg_tensor tg_lerp(tg_tensor x, tg_tensor end, tg_tensor weight);
 tg_tensor tg_lerp_s(tg_tensor x, tg_tensor end, double weight);
 /* |x| with the sign of y (-0.0 counts as negative); broadcast; result in the promoted dtype. */
@@ -809,8 +814,8 @@ tg_tensor tg_masked_fill_s(tg_tensor x, tg_tensor mask, double value);
 /* The elements of x where the bool mask (broadcast to x's shape) is true, row-major, as a new 1-d
  * tensor. REALIZES the mask to know the count, then gathers (one fused kernel; differentiable in x). */
 tg_tensor tg_masked_select(tg_tensor x, tg_tensor mask);
-/* The indices of the non-zero elements (nan counts as non-zero), shape (count, ndim), int64, row-major
- * order (torch.nonzero). REALIZES x. */
+/* The indices of the non-zero elements (nan counts as non-zero), shape (count, ndim), int32 (as in
+ * tinygrad), row-major order (torch.nonzero). REALIZES x. */
 tg_tensor tg_nonzero(tg_tensor x);
 
 /* out = x with src[i][j][k] written at out[index[i][j][k]][j][k] (dim 0; likewise for other dims),
@@ -869,8 +874,9 @@ void tg_zero_grad(tg_tensor t);
 /* Replaces t's gradient (none clears it). Shapes must match. */
 tg_status tg_set_grad(tg_tensor t, tg_tensor grad);
 /* d loss / d targets[i] into out[i] (new handles) without touching any tensor's gradient; any
- * tensor may be a target, whatever its requires_grad. Error if a target is not connected to the loss
- * through differentiable ops. */
+ * tensor may be a target, whatever its requires_grad. A float target that the loss reads only
+ * through non-differentiable ops (a where condition, the sign of copysign, a comparison) gets zeros,
+ * as in tinygrad. Error if a target is not float or is not part of the loss's graph at all. */
 tg_status tg_gradient(tg_tensor loss, const tg_tensor *targets, int n, tg_tensor *out);
 /* tinygrad's t.gradient(*targets, gradient=...): tg_gradient from a tensor of any shape, starting
  * from the upstream gradient (as tg_backward_with_grad; {0} is tg_gradient). */

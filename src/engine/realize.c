@@ -572,6 +572,38 @@ static pthread_mutex_t realize_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 
 static tg_status realize_locked(UOp **targets, int n);
 
+/* As tinygrad does, a contiguous() that a kernel of this schedule computes on the way to the targets
+ * is kept when a live handle holds it: the handle gets the buffer, so using it again (c * 2 after
+ * c + 1, an Embedding weight made by zeros_like(...).contiguous()) costs no kernel to recompute it.
+ * Marks those buffers kept and returns their sbuf indices, -1 terminated (NULL if none). Not while a
+ * TinyJit capture plans the intermediates' memory: a replay may reuse such a buffer. */
+static int *keep_held_contiguous(Schedule *s) {
+  if (g_capture) return NULL;
+  int *out = NULL, n = 0;
+  PtrMap cand;
+  pm_init(&cand);
+  for (int i = 0; i < s->nbufs; i++) {
+    UOp *u = s->bufs[i].node;
+    if (!s->bufs[i].keep && u && u->op == OP_CONTIGUOUS && u->arg.i == 0 && !uop_realized(u))
+      pm_put(&cand, (uint64_t)(uintptr_t)u, (void *)(intptr_t)(i + 1));
+  }
+  if (cand.len) {
+    size_t ns = t_slot_count();
+    for (size_t k = 0; k < ns; k++) {
+      Slot *sl = t_slot_at(k);
+      if (sl->scope < 0 || !sl->u) continue;
+      intptr_t b = (intptr_t)pm_get(&cand, (uint64_t)(uintptr_t)sl->u);
+      if (!b || s->bufs[b - 1].keep) continue;
+      s->bufs[b - 1].keep = true;
+      out = tg_xrealloc(out, sizeof(int) * (size_t)(n + 2));
+      out[n++] = (int)(b - 1);
+      out[n] = -1;
+    }
+  }
+  pm_free(&cand);
+  return out;
+}
+
 tg_status realize_uops(UOp **targets, int n) {
   pthread_mutex_lock(&realize_lock);
   tg_status st = realize_locked(targets, n);
@@ -598,6 +630,7 @@ static tg_status realize_locked(UOp **targets, int n) {
   int *tbuf = tg_xmalloc(sizeof(int) * (size_t)m);
   tg_status st = schedule_build(&s, todo, m, tbuf);
   if (st == TG_OK && tg_oom_check("realize (scheduling)")) st = TG_ERR_RUNTIME;
+  int *held = st == TG_OK ? keep_held_contiguous(&s) : NULL;
   tg_counters before = tg_global_counters();
   double t0 = now_seconds();
   if (st == TG_OK) st = run_schedule(&s);
@@ -616,6 +649,15 @@ static tg_status realize_locked(UOp **targets, int n) {
       /* handles now hold bn; bn keeps t's graph for autograd when a gradient may flow through it */
       if (t_replace_everywhere(t, bn) > 0) ag_attach_history(bn, t);
     }
+    /* user contiguous() intermediates that a live handle holds become that handle's buffer */
+    for (int i = 0; held && held[i] >= 0; i++) {
+      SBuf *sb = &s.bufs[held[i]];
+      UOp *t = sb->node;
+      if (!sb->buf || t->realized) continue;
+      UOp *bn = g_buffer(buffer_ref(sb->buf), (tg_dtype)t->dtype, t->shape, t->ndim);
+      t->realized = bn;
+      if (t_replace_everywhere(t, bn) > 0) ag_attach_history(bn, t);
+    }
     /* assigns carried out on the way (a kernel needed their result) are done too: handles holding
      * them must not run them again */
     for (int i = 0; i < s.nassigns; i++) {
@@ -629,6 +671,7 @@ static tg_status realize_locked(UOp **targets, int n) {
   /* the results are right (the reserve carried the run through), but the failure is reported */
   if (tg_oom_check("realize") && st == TG_OK) st = TG_ERR_RUNTIME;
   schedule_free(&s);
+  free(held);
   free(tbuf);
   free(todo);
   return st;

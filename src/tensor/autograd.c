@@ -39,10 +39,12 @@ static void grad_rule(UOp *n, UOp *g, UOp **out) {
   case OP_SUB: out[0] = uop_ref(g), out[1] = neg(g); break;
   case OP_MUL: out[0] = mul3(g, b), out[1] = mul3(g, a); break;
   case OP_FDIV: {
+    /* d/db = -(g/b) * (a/b), the quotient being n: g/b/b * a underflows to 0 (or overflows) where
+     * the result does not, e.g. at a = b = 1e30 (tinygrad's -(a*g) * (1/b) * (1/b) has it right) */
     out[0] = bin(OP_FDIV, g, b);
-    UOp *t = bin(OP_FDIV, out[0], b), *u = mul3(t, a);
+    UOp *u = mul3(out[0], n);
     out[1] = neg(u);
-    uop_unref(t), uop_unref(u);
+    uop_unref(u);
     break;
   }
   case OP_MAX: {
@@ -57,15 +59,17 @@ static void grad_rule(UOp *n, UOp *g, UOp **out) {
     break;
   }
   case OP_POW: {
-    /* d/da a^b = b * a^(b-1); d/db a^b = a^b * log(a) */
-    UOp *one = kconst(b, 1, dt), *bm1 = bin(OP_SUB, b, one), *p = bin(OP_POW, a, bm1), *t = mul3(p, b);
-    out[0] = mul3(g, t);
-    UOp *l2 = g_alu(OP_LOG2, dt, a, NULL, NULL), *ln = mulc(l2, M_LN2), *t2 = mul3(n, ln);
-    /* a == 0 with b > 0 contributes 0 (not nan) to the exponent's gradient */
-    UOp *z = kconst(a, 0, dt), *az = g_alu(OP_CMPEQ, TG_BOOL, a, z, NULL), *t3 = g_alu(OP_WHERE, dt, az, z, t2);
-    out[1] = mul3(g, t3);
-    uop_unref(one), uop_unref(bm1), uop_unref(p), uop_unref(t), uop_unref(l2), uop_unref(ln), uop_unref(t2);
-    uop_unref(z), uop_unref(az), uop_unref(t3);
+    /* tinygrad's rules, exact at zero: d/da = b == 0 ? 0 : b * a^(b-1) (so x**0 has gradient 0 even
+     * at x = 0); d/db = a == 0 ? (b < 0 ? -inf : 0) : a^b * log2(a) * ln 2 */
+    UOp *z = kconst(a, 0, dt), *one = kconst(b, 1, dt), *bm1 = bin(OP_SUB, b, one), *p = bin(OP_POW, a, bm1), *t = mul3(b, p);
+    UOp *bz = g_alu(OP_CMPEQ, TG_BOOL, b, z, NULL), *da = g_alu(OP_WHERE, dt, bz, z, t);
+    out[0] = mul3(g, da);
+    UOp *l2 = g_alu(OP_LOG2, dt, a, NULL, NULL), *t1 = mul3(n, l2), *t2 = mulc(t1, M_LN2);
+    UOp *ninf = kconst(a, -INFINITY, dt), *bneg = g_alu(OP_CMPLT, TG_BOOL, b, z, NULL), *at0 = g_alu(OP_WHERE, dt, bneg, ninf, z);
+    UOp *az = g_alu(OP_CMPEQ, TG_BOOL, a, z, NULL), *db = g_alu(OP_WHERE, dt, az, at0, t2);
+    out[1] = mul3(g, db);
+    uop_unref(z), uop_unref(one), uop_unref(bm1), uop_unref(p), uop_unref(t), uop_unref(bz), uop_unref(da);
+    uop_unref(l2), uop_unref(t1), uop_unref(t2), uop_unref(ninf), uop_unref(bneg), uop_unref(at0), uop_unref(az), uop_unref(db);
     break;
   }
   case OP_WHERE: {
@@ -89,10 +93,12 @@ static void grad_rule(UOp *n, UOp *g, UOp **out) {
     break;
   }
   case OP_SIN: {
-    /* cos(x) = sin(pi/2 - x) */
-    UOp *hp = kconst(a, M_PI / 2, dt), *d = bin(OP_SUB, hp, a), *c = g_alu(OP_SIN, dt, d, NULL, NULL);
+    /* cos(x) = 1 - 2 sin(x/2)^2: x/2 is exact, where tinygrad's sin(pi/2 - x) loses x once pi/2 - x
+     * rounds (|x| above ~1e7 in float32), which made the gradient of cos(1e30) 1.6 */
+    UOp *h = mulc(a, 0.5), *s = g_alu(OP_SIN, dt, h, NULL, NULL), *s2 = mul3(s, s), *t = mulc(s2, -2.0);
+    UOp *one = kconst(a, 1, dt), *c = bin(OP_ADD, one, t);
     out[0] = mul3(g, c);
-    uop_unref(hp), uop_unref(d), uop_unref(c);
+    uop_unref(h), uop_unref(s), uop_unref(s2), uop_unref(t), uop_unref(one), uop_unref(c);
     break;
   }
   case OP_SQRT: {
@@ -148,9 +154,18 @@ static void grad_rule(UOp *n, UOp *g, UOp **out) {
     if (n->arg.i == OP_ADD) {
       out[0] = ge;
     } else if (n->arg.i == OP_MUL) {
-      UOp *gr = mul3(g, n), *gre = g_expand(gr, a->shape);
-      out[0] = bin(OP_FDIV, gre, a);
-      uop_unref(gr), uop_unref(gre), uop_unref(ge);
+      /* d prod / d x_j is the product of the others: prod / x_j where x_j != 0; at a zero it is the
+       * product of the non-zero elements if x_j is the only zero, else 0 (tinygrad's rule) */
+      UOp *z = kconst(a, 0, dt), *one = kconst(a, 1, dt), *isz = g_alu(OP_CMPEQ, TG_BOOL, a, z, NULL);
+      UOp *safe = g_alu(OP_WHERE, dt, isz, one, a), *pr = g_reduce(safe, OP_MUL, n->iarg, (int)n->niarg);
+      UOp *zi = g_cast(isz, TG_INT32), *cnt = g_reduce(zi, OP_ADD, n->iarg, (int)n->niarg);
+      UOp *c1 = kconst(cnt, 1, TG_INT32), *only = g_alu(OP_CMPEQ, TG_BOOL, cnt, c1, NULL), *zr = kconst(pr, 0, dt);
+      UOp *atz = g_alu(OP_WHERE, dt, only, pr, zr), *atze = g_expand(atz, a->shape), *ne = g_expand(n, a->shape);
+      UOp *q = bin(OP_FDIV, ne, safe), *d = g_alu(OP_WHERE, dt, isz, atze, q);
+      out[0] = mul3(ge, d);
+      uop_unref(z), uop_unref(one), uop_unref(isz), uop_unref(safe), uop_unref(pr), uop_unref(zi), uop_unref(cnt);
+      uop_unref(c1), uop_unref(only), uop_unref(zr), uop_unref(atz), uop_unref(atze), uop_unref(ne), uop_unref(q), uop_unref(d);
+      uop_unref(ge);
     } else {
       /* MAX: the gradient goes to the maxima, split evenly between ties. The comparison reads a
        * again: mark it (and what it is a view of) so the scheduler keeps the maximum and this
@@ -473,18 +488,33 @@ static tg_status gradient_impl(const char *fn, tg_tensor loss, tg_tensor upstrea
     free(ts), free(gs);
     return TG_ERR_RUNTIME;
   }
+  /* a target the loss reads only through non-differentiable ops (a where condition, the sign of
+   * copysign, a comparison) gets zeros, as in tinygrad, so several gradients can be asked for at
+   * once; one that is not in the loss's graph at all is reported (the wrong tensor, most likely) */
+  Topo tp;
+  memset(&tp, 0, sizeof tp);
+  bool walked = false;
   for (int i = 0; i < n; i++) {
-    if (!gs[i]) {
-      char b[256];
-      if (st == TG_OK)
-        st = tg_set_error(TG_ERR_INVALID,
-                          "%s: target %d (shape %s) is not connected to the loss through differentiable ops",
-                          fn, i, fmt_shape(b, sizeof b, ts[i]->shape, ts[i]->ndim));
-      out[i] = NONE;
-    } else {
+    char b[256];
+    if (gs[i]) {
       out[i] = t_wrap(gs[i]);
+      continue;
     }
+    out[i] = NONE;
+    if (st != TG_OK) continue;
+    if (!tg_dtype_is_float((tg_dtype)ts[i]->dtype)) {
+      st = tg_set_error(TG_ERR_INVALID, "%s: target %d has dtype %s; only float tensors have gradients", fn, i,
+                        tg_dtype_name((tg_dtype)ts[i]->dtype));
+      continue;
+    }
+    if (!walked) topo_visit(&tp, l), walked = true;
+    if (pm_has(&tp.idx, (uint64_t)(uintptr_t)ts[i]))
+      out[i] = t_wrap(kconst(ts[i], 0, (tg_dtype)ts[i]->dtype));
+    else
+      st = tg_set_error(TG_ERR_INVALID, "%s: target %d (shape %s) is not part of the loss's graph", fn, i,
+                        fmt_shape(b, sizeof b, ts[i]->shape, ts[i]->ndim));
   }
+  if (walked) pm_free(&tp.idx), pv_free(&tp.order);
   if (st != TG_OK)
     for (int i = 0; i < n; i++) {
       tg_free(out[i]);

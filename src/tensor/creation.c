@@ -206,8 +206,16 @@ tg_tensor tg_arange(double start, double stop, double step, const tg_opts *opts)
   if (cnt < 0) cnt = 0;
   if (cnt > (double)((int64_t)1 << 40)) return tg_set_error(TG_ERR_INVALID, "tg_arange: %g elements is too many", cnt), NONE;
   bool ints = start == trunc(start) && stop == trunc(stop) && step == trunc(step);
+  /* tinygrad's range check: [lo, hi] spans start and stop - step (not the last value), checked before
+   * the length so that a range the dtype cannot hold is an error even when it is empty */
+  double lo = step > 0 ? start : stop - step, hi = step > 0 ? stop - step : start;
+  tg_dtype def = !ints ? tg_default_float() : lo < dtype_min(TG_INT32) || hi > dtype_max(TG_INT32) ? TG_INT64 : TG_INT32;
   tg_dtype dt;
-  if (!opts_dtype("tg_arange", opts, ints ? TG_INT32 : tg_default_float(), &dt)) return NONE;
+  if (!opts_dtype("tg_arange", opts, def, &dt)) return NONE;
+  if (!tg_dtype_is_float(dt) && (lo < dtype_min(dt) || hi > dtype_max(dt)))
+    return tg_set_error(TG_ERR_INVALID, "tg_arange: the range [%.17g, %.17g) with step %.17g overflows %s (values %.17g..%.17g); use a wider dtype",
+                        start, stop, step, tg_dtype_name(dt), dtype_min(dt), dtype_max(dt)),
+           NONE;
   int64_t n = (int64_t)cnt;
   double last = start + (double)(n > 0 ? n - 1 : 0) * step;
   if (tg_dtype_is_int(dt) && ints && n > 0 && fmin(start, last) >= dtype_min(dt) && fmax(start, last) <= dtype_max(dt) &&
@@ -237,6 +245,7 @@ tg_tensor tg_linspace(double start, double stop, int64_t steps, const tg_opts *o
   if (steps > ((int64_t)1 << 40)) return tg_set_error(TG_ERR_INVALID, "tg_linspace: steps=%lld is too many", (long long)steps), NONE;
   tg_dtype dt;
   if (!opts_dtype("tg_linspace", opts, tg_default_float(), &dt)) return NONE;
+  if (dt == TG_BOOL) return tg_set_error(TG_ERR_INVALID, "tg_linspace: dtype bool is not supported (use a numeric dtype and compare)"), NONE;
   double *v = host_alloc("tg_linspace", steps, sizeof(double), false);
   if (!v) return NONE;
   for (int64_t i = 0; i < steps; i++) v[i] = steps == 1 ? start : start + (stop - start) * (double)i / (double)(steps - 1);

@@ -1480,18 +1480,19 @@ tg_tensor tg_nonzero(tg_tensor x) {
   if (!bits) return done(o, NONE);
   int64_t cnt = 0;
   for (int64_t i = 0; i < n; i++) cnt += bits[i] != 0;
-  int64_t *out = tg_xmalloc(sizeof(int64_t) * (size_t)(cnt * nd > 0 ? cnt * nd : 1));
+  /* int32 indices, as tinygrad returns them (a coordinate is below its dim's size, < 2^31 here) */
+  int32_t *out = tg_xmalloc(sizeof(int32_t) * (size_t)(cnt * nd > 0 ? cnt * nd : 1));
   for (int64_t i = 0, k = 0; i < n; i++) {
     if (!bits[i]) continue;
     int64_t r = i;
     for (int d = nd - 1; d >= 0; d--) {
-      out[k * nd + d] = r % a->shape[d];
+      out[k * nd + d] = (int32_t)(r % a->shape[d]);
       r /= a->shape[d];
     }
     k++;
   }
   free(bits);
-  tg_opts io = on_device(a, TG_INT64);
+  tg_opts io = on_device(a, TG_INT32);
   int64_t sh[2] = {cnt, nd};
   tg_tensor r = tg_from_data(out, sh, 2, &io);
   free(out);

@@ -6,9 +6,9 @@
  * In: handles and arguments from the user. Out: new handles (or none + an error naming the function,
  * the shapes/values and a hint). Every op here is a composition of the public primitive ops, built
  * the way tinygrad builds it, so the result is one lazy graph that fuses and that autograd
- * differentiates with the per-primitive rules. Nothing here computes data, with two exceptions:
- * one_hot with num_classes = -1 reads the largest label (as tinygrad once did), and dropout realizes
- * its mask at once so that the forward value and the gradient see the same mask (see tg_dropout).
+ * differentiates with the per-primitive rules. Nothing here computes data, with one exception:
+ * dropout realizes its mask at once so that the forward value and the gradient see the same mask
+ * (see tg_dropout).
  *
  * Pattern: validate every argument first (so errors name the function the user called), then
  * compose inside a private scope and move only the result out. If an inner op still fails, its
@@ -1210,20 +1210,12 @@ tg_tensor tg_one_hot(tg_tensor x, int64_t num_classes) {
   if (!a) return NONE;
   if (!tg_dtype_is_int((tg_dtype)a->dtype))
     return fail("%s: expects an integer tensor, got %s", fn, tg_dtype_name((tg_dtype)a->dtype));
-  if (num_classes < -1 || num_classes > ((int64_t)1 << 31))
-    return fail("%s: num_classes %lld must be non-negative (or -1: the largest label + 1)", fn,
+  /* no -1 (infer from the largest label), as in tinygrad: a lazy library would have to realize x */
+  if (num_classes < 0 || num_classes > ((int64_t)1 << 31))
+    return fail("%s: num_classes %lld must be in 0..2^31 (it cannot be inferred: pass the class count)", fn,
                 (long long)num_classes);
   if (a->ndim >= MAXD) return fail("%s: too many dimensions", fn);
   NnOp o = begin(fn);
-  if (num_classes == -1) {
-    if (shape_numel(a->shape, a->ndim) == 0) {
-      tg_scope_end();
-      return fail("%s: num_classes=-1 needs a non-empty tensor to find the largest label", fn);
-    }
-    int64_t mx = 0;
-    if (tg_item_i64(tg_max(x, NULL, 0, false), &mx) != TG_OK) return done(o, NONE);
-    num_classes = mx + 1 > 0 ? mx + 1 : 0;
-  }
   tg_tensor eq = tg_eq(tg_unsqueeze(x, -1), arange_on(a, 0, (double)num_classes, 1));
   return done(o, tg_cast(eq, TG_INT32));
 }

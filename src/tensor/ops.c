@@ -291,7 +291,6 @@ SCALAR_OP(tg_add_s(tg_tensor x, double y), "tg_add_s", K_ARITH, OP_ADD, 0)
 SCALAR_OP(tg_sub_s(tg_tensor x, double y), "tg_sub_s", K_ARITH, OP_SUB, 0)
 SCALAR_OP(tg_mul_s(tg_tensor x, double y), "tg_mul_s", K_ARITH, OP_MUL, 0)
 SCALAR_OP(tg_div_s(tg_tensor x, double y), "tg_div_s", K_TRUEDIV, OP_FDIV, 0)
-SCALAR_OP(tg_pow_s(tg_tensor x, double y), "tg_pow_s", K_ARITH, OP_POW, 0)
 SCALAR_OP(tg_maximum_s(tg_tensor x, double y), "tg_maximum_s", K_ARITH, OP_MAX, 0)
 SCALAR_OP(tg_lt_s(tg_tensor x, double y), "tg_lt_s", K_CMP, OP_CMPLT, 0)
 SCALAR_OP(tg_gt_s(tg_tensor x, double y), "tg_gt_s", K_CMP, OP_CMPLT, 1)
@@ -305,6 +304,18 @@ SCALAR_OP(tg_rsub_s(double x, tg_tensor y), "tg_rsub_s", K_ARITH, OP_SUB, 1)
 SCALAR_OP(tg_rdiv_s(double x, tg_tensor y), "tg_rdiv_s", K_TRUEDIV, OP_FDIV, 1)
 #undef T
 #undef V
+
+tg_tensor tg_pow_s(tg_tensor x, double y) {
+  GET(a, x, "tg_pow_s");
+  /* tinygrad: a negative integer power of an integer tensor has no integer result */
+  if (!tg_dtype_is_float((tg_dtype)a->dtype) && y == trunc(y) && y < 0)
+    return fail(TG_ERR_INVALID, "tg_pow_s: %s tensor ** %g: the base needs to be float for a negative integer exponent (cast it first)",
+                tg_dtype_name((tg_dtype)a->dtype), y);
+  UOp *s = scalar_node(a, y);
+  tg_tensor r = binop_nodes("tg_pow_s", OP_POW, a, s, K_ARITH);
+  uop_unref(s);
+  return r;
+}
 
 tg_tensor tg_minimum_s(tg_tensor x, double y) {
   GET(a, x, "tg_minimum_s");
@@ -561,40 +572,48 @@ tg_tensor tg_mean(tg_tensor x, const int *axes, int naxes, bool keepdim) {
   return t_wrap(r);
 }
 
-/* softmax pieces along one axis: m = x - max(x), e = exp(m), s = sum(e) (keepdim) */
-static int softmax_parts(const char *fn, UOp *a, int axis, UOp **m, UOp **e, UOp **s) {
+/* softmax pieces along one axis: m = x - max(x), e = exp(m), s = sum(e) (keepdim). As in tinygrad
+ * the max is detached: the result does not depend on it, and its gradient (zero, but only up to
+ * rounding) would add noise and a kernel. */
+static int softmax_parts(const char *fn, UOp *a, int axis, UOp **m, UOp **e, UOp **s, UOp **sred) {
   int ax;
   if (norm_axis(fn, axis, a->ndim, &ax) < 0) return -1;
   tg_dtype dt = float_of((tg_dtype)a->dtype);
   UOp *x = g_cast(a, dt);
   int64_t axx = ax;
   int nax = a->ndim ? 1 : 0;
-  UOp *mx = g_reduce(x, OP_MAX, &axx, nax);
+  UOp *mx0 = g_reduce(x, OP_MAX, &axx, nax), *mx = g_detach(mx0);
   UOp *mxe = g_expand(mx, x->shape);
+  uop_unref(mx0);
   *m = g_alu(OP_SUB, dt, x, mxe, NULL);
   *e = n_exp(*m);
   UOp *sm = g_reduce(*e, OP_ADD, &axx, nax);
   *s = g_expand(sm, x->shape);
-  uop_unref(x), uop_unref(mx), uop_unref(mxe), uop_unref(sm);
+  *sred = sm; /* the sum before the expand (kept dims) */
+  uop_unref(x), uop_unref(mx), uop_unref(mxe);
   return 0;
 }
 
 tg_tensor tg_softmax(tg_tensor x, int axis) {
   GET(a, x, "tg_softmax");
-  UOp *m, *e, *s;
-  if (softmax_parts("tg_softmax", a, axis, &m, &e, &s) < 0) return NONE;
-  UOp *r = g_alu(OP_FDIV, (tg_dtype)e->dtype, e, s, NULL);
-  uop_unref(m), uop_unref(e), uop_unref(s);
+  UOp *m, *e, *s, *sr;
+  if (softmax_parts("tg_softmax", a, axis, &m, &e, &s, &sr) < 0) return NONE;
+  /* e * (1/s) with the reciprocal taken before the broadcast, tinygrad's form: the backward then
+   * sums g*e (the same sum as s when g is 1) before scaling by 1/s^2, and r - (s*r)*r cancels to 0
+   * where e/s would leave rounding noise from summing e_i/s^2 */
+  UOp *rs = g_alu(OP_RECIP, (tg_dtype)sr->dtype, sr, NULL, NULL), *rse = g_expand(rs, e->shape);
+  UOp *r = g_alu(OP_MUL, (tg_dtype)e->dtype, e, rse, NULL);
+  uop_unref(m), uop_unref(e), uop_unref(s), uop_unref(sr), uop_unref(rs), uop_unref(rse);
   return t_wrap(r);
 }
 
 tg_tensor tg_log_softmax(tg_tensor x, int axis) {
   GET(a, x, "tg_log_softmax");
-  UOp *m, *e, *s;
-  if (softmax_parts("tg_log_softmax", a, axis, &m, &e, &s) < 0) return NONE;
+  UOp *m, *e, *s, *sr;
+  if (softmax_parts("tg_log_softmax", a, axis, &m, &e, &s, &sr) < 0) return NONE;
   UOp *ls = n_log(s);
   UOp *r = g_alu(OP_SUB, (tg_dtype)m->dtype, m, ls, NULL);
-  uop_unref(m), uop_unref(e), uop_unref(s), uop_unref(ls);
+  uop_unref(m), uop_unref(e), uop_unref(s), uop_unref(sr), uop_unref(ls);
   return t_wrap(r);
 }
 
@@ -920,8 +939,11 @@ tg_tensor tg_index(tg_tensor x, tg_tensor idx) {
   GET(ix, idx, "tg_index");
   char b1[256], b2[256];
   if (a->ndim == 0) return fail(TG_ERR_INVALID, "tg_index: cannot index a 0-d tensor (shape %s)", shp(b1, sizeof b1, a));
-  if (!tg_dtype_is_int((tg_dtype)ix->dtype) && ix->dtype != TG_BOOL)
-    return fail(TG_ERR_INVALID, "tg_index: indices have dtype %s; use an integer tensor", tg_dtype_name((tg_dtype)ix->dtype));
+  /* bool is refused as tinygrad refuses it: read as 0/1 row numbers it would silently pick rows 0 and
+   * 1 where a mask was meant */
+  if (!tg_dtype_is_int((tg_dtype)ix->dtype))
+    return fail(TG_ERR_INVALID, "tg_index: indices have dtype %s; use an integer tensor%s", tg_dtype_name((tg_dtype)ix->dtype),
+                ix->dtype == TG_BOOL ? " (for a boolean mask use tg_masked_select, tg_nonzero or tg_where)" : "");
   if (ix->ndim + a->ndim - 1 > 64) return fail(TG_ERR_INVALID, "tg_index: result would have more than 64 dimensions (%s[%s])", shp(b1, sizeof b1, a), shp(b2, sizeof b2, ix));
   if (ix->device != a->device)
     return fail(TG_ERR_INVALID, "tg_index: indices are on %s but x is on %s", device_by_id(ix->device)->name, device_by_id(a->device)->name);
