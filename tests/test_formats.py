@@ -524,6 +524,9 @@ ST_HOSTILE = [
     ("leading_zero", st_file(b'{"a":{"dtype":"U8","shape":[01],"data_offsets":[0,1]}}', raw_header=True, data=b"\0"),
      ["leading zero"]),
     ("info_not_object", st_file({"a": [1, 2]}), ["tensor info"]),
+    # a zero dimension does not excuse the others: 0 elements, but tg_from_data's limit is passed
+    ("zero_beside_huge", st_file({"a": {"dtype": "F32", "shape": [0, 2**48, 2**48], "data_offsets": [0, 0]}}),
+     ["too many elements", "non-zero dimensions"]),
 ]
 
 
@@ -830,6 +833,7 @@ GGUF_HOSTILE = [
     ("unsupported_type", gguf_bytes(tensors=[("t", [256], 10, 0)], data=b"\0" * 84), ["Q2_K", "not supported"]),
     ("block_mismatch", gguf_bytes(tensors=[("t", [33], 2, 0)], data=b"\0" * 64), ["block size"]),
     ("dims_overflow", gguf_bytes(tensors=[("t", [2**40, 2**40], 0, 0)], data=b"\0" * 4), ["too large"]),
+    ("zero_beside_huge", gguf_bytes(tensors=[("t", [0, 2**48, 2**48], 0, 0)], data=b""), ["too large", "non-zero"]),
     ("misaligned", gguf_bytes(tensors=[("t", [1], 0, 4)], data=b"\0" * 40), ["alignment"]),
     ("past_end", gguf_bytes(tensors=[("t", [16], 0, 0)], data=b"\0" * 60), ["past the end"]),
     ("offset_huge", gguf_bytes(tensors=[("t", [1], 0, 2**64 - 32)], data=b"\0" * 4), ["past the end"]),

@@ -541,13 +541,17 @@ tg_state_dict *safe_load_mem(const char *fn, const char *path, const uint8_t *da
     }
   for (size_t i = 0; i < n; i++) {
     Entry *e = &es[i];
-    uint64_t numel = 1, nbytes;
-    for (int d = 0; d < e->ndim; d++)
-      if (__builtin_mul_overflow(numel, (uint64_t)dims.v[e->shape_off + (size_t)d], &numel) ||
-          numel > ((uint64_t)1 << 48)) {
-        tg_set_error(TG_ERR_IO, "%s: %s: tensor '%.200s' has too many elements", fn, path, e->name);
+    uint64_t numel = 1, nonzero = 1, nbytes; /* a zero dimension does not excuse the others */
+    for (int d = 0; d < e->ndim; d++) {
+      uint64_t v = (uint64_t)dims.v[e->shape_off + (size_t)d];
+      if ((v && __builtin_mul_overflow(nonzero, v, &nonzero)) || nonzero > ((uint64_t)1 << 48)) {
+        tg_set_error(TG_ERR_IO,
+                     "%s: %s: tensor '%.200s' has too many elements (its non-zero dimensions multiply past 2^48)",
+                     fn, path, e->name);
         goto out;
       }
+      numel *= v;
+    }
     if (__builtin_mul_overflow(numel, (uint64_t)tg_dtype_itemsize(e->dt), &nbytes)) nbytes = UINT64_MAX;
     if (e->end < e->begin) {
       tg_set_error(TG_ERR_IO, "%s: %s: tensor '%.200s' has data_offsets [%llu, %llu] with end before begin",

@@ -510,10 +510,12 @@ static PkObj *rebuild_tensor(Ctx *c, PkObj **a, size_t n) {
     memcpy(t->stride, stride, (size_t)ns * sizeof(int64_t));
   }
   /* the view must lie inside its storage: offset + sum((size - 1) * stride) < numel */
-  uint64_t numel = 1, last = (uint64_t)t->offset;
-  for (int i = 0; i < ns; i++) {
-    if (__builtin_mul_overflow(numel, (uint64_t)t->shape[i], &numel) || numel > (UINT64_C(1) << 48))
-      return cfail(c, "tensor shape is too large");
+  uint64_t numel = 1, nonzero = 1, last = (uint64_t)t->offset;
+  for (int i = 0; i < ns; i++) { /* a zero dimension does not excuse the others (tg_from_data's rule) */
+    uint64_t v = (uint64_t)t->shape[i];
+    if ((v && __builtin_mul_overflow(nonzero, v, &nonzero)) || nonzero > (UINT64_C(1) << 48))
+      return cfail(c, "tensor shape is too large (its non-zero dimensions multiply past 2^48)");
+    numel *= v;
   }
   if (numel > 0) {
     for (int i = 0; i < ns; i++) {
