@@ -92,7 +92,9 @@ void tg_scope_end(void);
 tg_tensor tg_keep(tg_tensor t);
 /* Moves t to the root scope: it lives until tg_free. */
 tg_tensor tg_persist(tg_tensor t);
-/* Frees one handle now. Other handles and results built from t stay valid. Freeing none is a no-op. */
+/* Frees one handle now. Other handles and results built from t stay valid. Freeing none is a no-op.
+ * A BORROWED handle (a tg_state_dict entry) is refused: TG_ERR_HANDLE is recorded and the handle
+ * stays valid, so the dict never holds a dead entry; the dict frees its own handles. */
 void tg_free(tg_tensor t);
 /* Number of live handles in all scopes (for leak tests). */
 size_t tg_live_count(void);
@@ -821,8 +823,19 @@ int tg_state_dict_len(const tg_state_dict *sd);
 /* Name / tensor of entry i in insertion (file) order; NULL / none if i is out of range. Borrowed. */
 const char *tg_state_dict_name(const tg_state_dict *sd, int i);
 tg_tensor tg_state_dict_tensor(const tg_state_dict *sd, int i);
-/* The tensor named `name` (borrowed), or none if there is none -- a missing name is not an error. */
+/* The tensor named `name` (borrowed). A missing name returns none and records TG_ERR_INVALID
+ * "tg_state_dict_get: no tensor named 'x' (did you mean 'y'?)", with the closest name (by edit
+ * distance), so a wrong weight name is reported where it is asked for. */
 tg_tensor tg_state_dict_get(const tg_state_dict *sd, const char *name);
+/* True if the dict has a tensor named `name` (false for NULL); never records an error. */
+bool tg_state_dict_has(const tg_state_dict *sd, const char *name);
+/* Casts every floating-point entry (float16, bfloat16, float32, float64) to the floating-point dtype
+ * `dtype`, realized, in place (tinygrad: {k: v.cast(dtype) for k, v in state_dict.items()}); integer
+ * and bool entries (indices, counters such as num_batches_tracked) keep their dtype. Loaders keep each
+ * tensor's dtype from the file, and DEFAULT_FLOAT changes only what creation functions make, so this
+ * is the one call that turns a float32 checkpoint into a half model. Handles borrowed from the dict
+ * before the call are replaced (they go stale). Errors: NULL dict, a dtype that is not floating. */
+tg_status tg_state_dict_cast(tg_state_dict *sd, tg_dtype dtype);
 /* Stores t under name: the dict takes a new root-scope handle of t's value (the caller's handle is
  * untouched, so the entry's lifetime is independent of the caller's scopes). An existing name is
  * replaced in place (keeping its position; the old entry's handle is freed). Lazy tensors are stored

@@ -17,6 +17,8 @@
 #include "tinygrad.h"
 
 /* ---- dict internals ---- */
+/* tg_state_dict_get without an error for a missing name (none then): for callers that expect some. */
+tg_tensor sd_get_quiet(const tg_state_dict *sd, const char *name);
 /* Index of the entry named name[0..len) or -1. */
 int sd_find(const tg_state_dict *sd, const char *name, size_t len);
 /* Adds (or replaces) the entry `name` with t, TAKING OWNERSHIP of the handle t (it is moved to the

@@ -16,6 +16,9 @@
 UOp *t_get(tg_tensor t, const char *fn);
 /* Wraps a UOp (ownership taken) into a new handle in the current scope. NULL -> none. */
 tg_tensor t_wrap(UOp *u);
+/* Marks (or unmarks) t as owned by a container that lends it out (a state dict entry): tg_free of a
+ * borrowed handle records an error and frees nothing. Unmark before the owner frees it. */
+void t_set_borrowed(tg_tensor t, bool borrowed);
 /* Replaces the UOp of every live handle that holds `from` with `to` (after realize). */
 int t_replace_everywhere(UOp *from, UOp *to); /* returns how many handles it changed */
 /* Handle slot fields used by autograd. */
@@ -24,6 +27,7 @@ typedef struct Slot {
   uint32_t gen;
   int32_t scope;    /* scope depth owning the handle; -1 when free */
   bool requires_grad;
+  bool borrowed;    /* owned by a tg_state_dict entry: tg_free refuses it (t_set_borrowed) */
   int32_t next_free;
   UOp *grad;        /* owned; NULL when no gradient */
 } Slot;
