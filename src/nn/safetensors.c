@@ -417,15 +417,26 @@ static void free_entries(Entry *es, size_t n) {
   free(es);
 }
 
-tg_state_dict *safe_load_mem(const char *fn, const char *path, const uint8_t *data, size_t len,
-                             bool zero_copy, FileMap *map) {
+/* The loader over a Src: a file is read in parts (the header, then each tensor's bytes straight
+ * into a buffer of its own), so the peak memory is the tensors + the largest one; memory (the fuzz
+ * targets, tg_safe_load_mmap's mapping) is read in place. */
+static tg_state_dict *safe_load_src(const char *fn, const char *path, const Src *in, bool zero_copy,
+                                    FileMap *map) {
+  if (in->len > SIZE_MAX / 2) {
+    tg_set_error(TG_ERR_IO, "%s: %s: file too large (%llu bytes)", fn, path, (unsigned long long)in->len);
+    return NULL;
+  }
+  size_t len = (size_t)in->len;
+  uint8_t *hbuf = NULL, *dbuf = NULL;
   if (len < 8) {
     tg_set_error(TG_ERR_IO,
                  "%s: %s: file is %zu bytes, too short for a safetensors header (8-byte length + JSON)", fn,
                  path, len);
     return NULL;
   }
-  uint64_t hlen = rd_u64le(data);
+  uint8_t h8[8];
+  if (src_read(in, 0, h8, 8) != TG_OK) return NULL;
+  uint64_t hlen = rd_u64le(h8);
   if (hlen > MAX_HEADER) {
     tg_set_error(TG_ERR_IO,
                  "%s: %s: header length %llu is larger than the %llu-byte limit (not a safetensors file?)",
@@ -443,10 +454,23 @@ tg_state_dict *safe_load_mem(const char *fn, const char *path, const uint8_t *da
                  path, (unsigned long long)hlen);
     return NULL;
   }
-  const uint8_t *ds = data + 8 + hlen; /* data section */
+  const uint8_t *ds = in->mem ? in->mem + 8 + hlen : NULL; /* data section, when in memory */
   size_t dlen = len - 8 - (size_t)hlen;
+  const uint8_t *hdr = in->mem ? in->mem + 8 : NULL;
+  if (!hdr) {
+    hbuf = malloc((size_t)hlen);
+    if (!hbuf) {
+      tg_set_error(TG_ERR_IO, "%s: %s: out of memory for a %llu-byte header", fn, path, (unsigned long long)hlen);
+      return NULL;
+    }
+    if (src_read(in, 8, hbuf, (size_t)hlen) != TG_OK) {
+      free(hbuf);
+      return NULL;
+    }
+    hdr = hbuf;
+  }
 
-  J j = {.p = data + 8, .start = data + 8, .end = data + 8 + hlen, .fn = fn, .path = path};
+  J j = {.p = hdr, .start = hdr, .end = hdr + hlen, .fn = fn, .path = path};
   Entry *es = NULL;
   size_t n = 0, cap = 0;
   tg_state_dict *sd = tg_state_dict_new();
@@ -596,11 +620,24 @@ tg_state_dict *safe_load_mem(const char *fn, const char *path, const uint8_t *da
   }
 
   /* tensors, in header order */
+  if (io_test_hook && !in->mem) io_test_hook(path, 1);
   for (size_t i = 0; i < n; i++) {
     Entry *e = &es[i];
     const int64_t *shape = e->ndim ? dims.v + e->shape_off : NULL;
     size_t nbytes = (size_t)(e->end - e->begin);
-    const uint8_t *src = ds + e->begin;
+    const uint8_t *src;
+    if (ds) {
+      src = ds + e->begin;
+    } else {
+      dbuf = malloc(nbytes ? nbytes : 1);
+      if (!dbuf) {
+        tg_set_error(TG_ERR_IO, "%s: %s: out of memory (%zu bytes for tensor '%.200s')", fn, path, nbytes,
+                     e->name);
+        goto out;
+      }
+      if (src_read(in, 8 + hlen + e->begin, dbuf, nbytes) != TG_OK) goto out;
+      src = dbuf;
+    }
     size_t isz = tg_dtype_itemsize(e->dt);
     bool bad_bool = false;
     if (e->dt == TG_BOOL)
@@ -619,6 +656,8 @@ tg_state_dict *safe_load_mem(const char *fn, const char *path, const uint8_t *da
     } else {
       t = tg_from_data(nbytes ? src : NULL, shape, e->ndim, TG_OPTS(.dtype = e->dt));
     }
+    free(dbuf);
+    dbuf = NULL;
     if (!t.id) goto out;
     if (sd_put(sd, fn, path, e->name, strlen(e->name), t, true) != TG_OK) goto out;
   }
@@ -629,6 +668,8 @@ out:
   sb_free(&mkey);
   free(order);
   free(tmp);
+  free(hbuf);
+  free(dbuf);
   free(dims.v);
   free_entries(es, n);
   if (!ok) {
@@ -638,11 +679,17 @@ out:
   return sd;
 }
 
+tg_state_dict *safe_load_mem(const char *fn, const char *path, const uint8_t *data, size_t len,
+                             bool zero_copy, FileMap *map) {
+  Src in = {.mem = data, .fd = -1, .len = len, .fn = fn, .path = path};
+  return safe_load_src(fn, path, &in, zero_copy, map);
+}
+
 tg_state_dict *tg_safe_load(const char *path) {
-  FileView fv;
-  if (file_view_open(&fv, "tg_safe_load", path, false) != TG_OK) return NULL;
-  tg_state_dict *sd = safe_load_mem("tg_safe_load", path, fv.data, fv.len, false, NULL);
-  file_view_close(&fv);
+  Src in;
+  if (src_open(&in, "tg_safe_load", path) != TG_OK) return NULL;
+  tg_state_dict *sd = safe_load_src("tg_safe_load", path, &in, false, NULL);
+  src_close(&in);
   return sd;
 }
 

@@ -380,9 +380,91 @@ int open_regular(const char *fn, const char *path, struct stat *st) {
   return fd;
 }
 
-tg_status file_view_open(FileView *fv, const char *fn, const char *path, bool writable) {
+void (*io_test_hook)(const char *path, int stage);
+
+/* pread until n bytes are in or the file ends: the count, or -1 with errno. */
+static int64_t pread_full(int fd, uint8_t *dst, size_t n, uint64_t off) {
+  size_t got = 0;
+  while (got < n) {
+    size_t want = n - got > (1u << 30) ? (1u << 30) : n - got;
+    ssize_t k = pread(fd, dst + got, want, (off_t)(off + got));
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) return -1;
+    if (k == 0) break;
+    got += (size_t)k;
+  }
+  return (int64_t)got;
+}
+
+tg_status src_open(Src *s, const char *fn, const char *path) {
+  memset(s, 0, sizeof *s);
+  s->fd = -1;
+  s->fn = fn;
+  s->path = path;
+  if (!path) return tg_set_error(TG_ERR_INVALID, "%s: path is NULL", fn);
+  struct stat st;
+  s->fd = open_regular(fn, path, &st);
+  if (s->fd < 0) return tg_last_status();
+  s->len = (uint64_t)st.st_size;
+  if (io_test_hook) io_test_hook(path, 0);
+  return TG_OK;
+}
+
+void src_close(Src *s) {
+  if (s->fd >= 0) close(s->fd);
+  s->fd = -1;
+}
+
+tg_status src_read(const Src *s, uint64_t off, void *dst, size_t n) {
+  if (s->mem) {
+    memcpy(dst, s->mem + off, n);
+    return TG_OK;
+  }
+  int64_t got = pread_full(s->fd, dst, n, off);
+  if (got < 0) return tg_set_error(TG_ERR_IO, "%s: %s: cannot read: %s", s->fn, s->path, strerror(errno));
+  if ((size_t)got < n) {
+    struct stat st;
+    uint64_t now = fstat(s->fd, &st) == 0 ? (uint64_t)st.st_size : off + (uint64_t)got;
+    return tg_set_error(TG_ERR_IO,
+                        "%s: %s: the file shrank from %llu to %llu bytes while it was read (truncated or "
+                        "rewritten by another process?)",
+                        s->fn, s->path, (unsigned long long)s->len, (unsigned long long)now);
+  }
+  return TG_OK;
+}
+
+tg_status file_view_open(FileView *fv, const char *fn, const char *path, bool map) {
   memset(fv, 0, sizeof *fv);
   if (!path) return tg_set_error(TG_ERR_INVALID, "%s: path is NULL", fn);
+  if (!map) { /* read, never mapped: see state_dict.h */
+    Src s;
+    if (src_open(&s, fn, path) != TG_OK) return tg_last_status();
+    tg_status st = TG_OK;
+    if (s.len > (uint64_t)SIZE_MAX / 2) {
+      st = tg_set_error(TG_ERR_IO, "%s: %s: file too large to read (%llu bytes)", fn, path,
+                        (unsigned long long)s.len);
+    } else if (s.len > 0) {
+      uint8_t *buf = malloc((size_t)s.len);
+      if (!buf)
+        st = tg_set_error(TG_ERR_IO, "%s: %s: out of memory reading %llu bytes", fn, path,
+                          (unsigned long long)s.len);
+      else if ((st = src_read(&s, 0, buf, (size_t)s.len)) != TG_OK)
+        free(buf);
+      else {
+        uint8_t extra;
+        if (pread_full(s.fd, &extra, 1, s.len) > 0) { /* it grew: what was read may be a mix */
+          free(buf);
+          st = tg_set_error(TG_ERR_IO, "%s: %s: the file grew while it was read (rewritten by another process?)",
+                            fn, path);
+        } else {
+          fv->data = fv->owned = buf;
+          fv->len = (size_t)s.len;
+        }
+      }
+    }
+    src_close(&s);
+    return st;
+  }
   struct stat st;
   int fd = open_regular(fn, path, &st);
   if (fd < 0) return tg_last_status();
@@ -392,7 +474,7 @@ tg_status file_view_open(FileView *fv, const char *fn, const char *path, bool wr
       return tg_set_error(TG_ERR_IO, "%s: %s: file too large to map", fn, path);
     }
     size_t n = (size_t)st.st_size;
-    void *m = mmap(NULL, n, PROT_READ | (writable ? PROT_WRITE : 0), MAP_PRIVATE, fd, 0);
+    void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
     if (m == MAP_FAILED) {
       int e = errno;
       close(fd);
@@ -409,6 +491,7 @@ tg_status file_view_open(FileView *fv, const char *fn, const char *path, bool wr
 
 void file_view_close(FileView *fv) {
   if (fv->map) munmap(fv->map, fv->map_len);
+  free(fv->owned);
   memset(fv, 0, sizeof *fv);
 }
 
