@@ -858,14 +858,26 @@ const char *tg_state_dict_meta_value(const tg_state_dict *sd, int i);
  * trailing bytes), no duplicate names. Returns a new dict the caller frees, or NULL with a TG_ERR_IO
  * error naming the function, the file and the problem. Like every file loader (tg_gguf_load,
  * tg_tar_extract, tg_torch_load, tg_idx_load), it reads regular files only: a FIFO, a device or a
- * socket is refused ("<path> is not a regular file (a FIFO)") without being read or waited on. */
+ * socket is refused ("<path> is not a regular file (a FIFO)") without being read or waited on.
+ * Like every copying loader it reads the file with read/pread and never maps it, so a file that
+ * another process truncates or rewrites during the load gives a TG_ERR_IO error ("the file shrank
+ * ... while it was read"), never a crash; the tensors own their bytes, so later changes to the file
+ * do not reach them. It reads the header, then each tensor into its own buffer: the peak memory is
+ * the tensors plus the largest one (tg_gguf_load, tg_torch_load and tg_tar_extract hold the whole
+ * file in memory while they load). */
 tg_state_dict *tg_safe_load(const char *path);
 /* The same without copying: the file is mapped privately (copy-on-write) and each tensor whose offset
  * is aligned for its dtype wraps the mapping (tg_from_blob; misaligned ones are copied). The mapping is
  * shared by the dict and every buffer that wraps it, and unmapped when the last of them goes: the
  * dict's entries, handles detached from them and lazy results not yet realized stay valid after
  * tg_state_dict_free. tg_assign to an entry changes the mapped pages only, never the file. CPU devices
- * only. */
+ * only. If the file changes: the load reads the header with pread and checks the file's size before
+ * it touches the mapping, so a file truncated before or during the load is a TG_ERR_IO error. After
+ * the load the tensors ARE the file's pages: a page not yet written through a tensor shows what the
+ * file holds now (another process's rewrite shows through), and reading a tensor whose pages a
+ * truncation removed raises SIGBUS -- the kernel's rule for mappings, which a library cannot turn
+ * into an error. Keep the file unchanged while tensors from it live, or use tg_safe_load when another
+ * process may change it. */
 tg_state_dict *tg_safe_load_mmap(const char *path);
 /* Writes the dict as .safetensors (tinygrad's safe_save): tensors in dict order, realized and made
  * contiguous as needed, the dict's metadata as __metadata__; names and metadata must be valid UTF-8

@@ -241,6 +241,7 @@ tg_tensor tg_idx_load(const char *path) {
   struct stat st;
   int fd = open_regular(fn, path, &st);
   if (fd < 0) return NONE;
+  if (io_test_hook) io_test_hook(path, 0);
   IdxReader *rd = malloc(sizeof *rd);
   if (!rd) {
     close(fd);

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -456,7 +457,7 @@ static tg_state_dict *safe_load_src(const char *fn, const char *path, const Src 
   }
   const uint8_t *ds = in->mem ? in->mem + 8 + hlen : NULL; /* data section, when in memory */
   size_t dlen = len - 8 - (size_t)hlen;
-  const uint8_t *hdr = in->mem ? in->mem + 8 : NULL;
+  const uint8_t *hdr = in->fd < 0 ? in->mem + 8 : NULL; /* a file's header is read, even when mapped */
   if (!hdr) {
     hbuf = malloc((size_t)hlen);
     if (!hbuf) {
@@ -620,7 +621,15 @@ static tg_state_dict *safe_load_src(const char *fn, const char *path, const Src 
   }
 
   /* tensors, in header order */
-  if (io_test_hook && !in->mem) io_test_hook(path, 1);
+  if (io_test_hook && in->fd >= 0) io_test_hook(path, 1);
+  if (ds && in->fd >= 0) { /* mapped: the bytes below are touched next, so the file must still be whole */
+    struct stat st;
+    if (fstat(in->fd, &st) != 0 || (uint64_t)st.st_size < in->len) {
+      tg_set_error(TG_ERR_IO, "%s: %s: the file shrank from %zu bytes while it was loaded (truncated by another process?)",
+                   fn, path, len);
+      goto out;
+    }
+  }
   for (size_t i = 0; i < n; i++) {
     Entry *e = &es[i];
     const int64_t *shape = e->ndim ? dims.v + e->shape_off : NULL;
@@ -694,17 +703,37 @@ tg_state_dict *tg_safe_load(const char *path) {
 }
 
 tg_state_dict *tg_safe_load_mmap(const char *path) {
-  FileView fv;
-  if (file_view_open(&fv, "tg_safe_load_mmap", path, true) != TG_OK) return NULL;
-  if (!fv.map) /* an empty file: nothing to map (and too short to load) */
-    return safe_load_mem("tg_safe_load_mmap", path, fv.data, fv.len, false, NULL);
-  /* the mapping is shared by the dict and every buffer that wraps it: unmapped with the last one */
-  FileMap *m = file_map_new(fv.map, fv.map_len);
-  tg_state_dict *sd = safe_load_mem("tg_safe_load_mmap", path, fv.data, fv.len, true, m);
+  static const char *fn = "tg_safe_load_mmap";
+  Src in;
+  if (src_open(&in, fn, path) != TG_OK) return NULL;
+  if (in.len == 0 || in.len > SIZE_MAX / 2) { /* nothing to map: the loader says why it can't load */
+    tg_state_dict *sd = safe_load_src(fn, path, &in, false, NULL);
+    src_close(&in);
+    return sd;
+  }
+  void *addr = mmap(NULL, (size_t)in.len, PROT_READ | PROT_WRITE, MAP_PRIVATE, in.fd, 0);
+  if (addr == MAP_FAILED) {
+    tg_set_error(TG_ERR_IO, "%s: %s: cannot map %llu bytes: %s", fn, path, (unsigned long long)in.len,
+                 strerror(errno));
+    src_close(&in);
+    return NULL;
+  }
+  /* the header is read with pread, never through the mapping, and the size is checked once more: a
+   * file truncated before or during the load is an error here, not a SIGBUS (see tinygrad.h) */
+  in.mem = addr;
+  tg_state_dict *sd = NULL;
+  FileMap *m = file_map_new(addr, (size_t)in.len);
+  struct stat st;
+  if (fstat(in.fd, &st) != 0 || (uint64_t)st.st_size < in.len)
+    tg_set_error(TG_ERR_IO, "%s: %s: the file shrank from %llu bytes while it was loaded (truncated by another process?)",
+                 fn, path, (unsigned long long)in.len);
+  else
+    sd = safe_load_src(fn, path, &in, true, m); /* shared by the dict and the buffers that wrap it */
   if (sd)
     sd_own_mapping(sd, m);
   else
     file_map_unref(m);
+  src_close(&in);
   return sd;
 }
 

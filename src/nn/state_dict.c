@@ -416,7 +416,7 @@ void src_close(Src *s) {
 }
 
 tg_status src_read(const Src *s, uint64_t off, void *dst, size_t n) {
-  if (s->mem) {
+  if (s->fd < 0) {
     memcpy(dst, s->mem + off, n);
     return TG_OK;
   }

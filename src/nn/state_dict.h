@@ -62,8 +62,8 @@ typedef struct {
 tg_status file_view_open(FileView *fv, const char *fn, const char *path, bool map);
 /* A file read in parts: pread at any offset (or a view of memory, for the fuzz targets). */
 typedef struct {
-  const uint8_t *mem; /* the whole input when in memory, else NULL */
-  int fd;             /* else the open file */
+  const uint8_t *mem; /* the whole input when in memory (or mapped), else NULL */
+  int fd;             /* the open file (-1 for memory): src_read preads it even if mem is set */
   uint64_t len;       /* its size when it was opened */
   const char *fn, *path;
 } Src;
