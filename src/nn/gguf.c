@@ -618,6 +618,7 @@ tg_state_dict *gguf_load_mem(const char *fn, const char *path, const uint8_t *da
       deq = NULL;
     }
     if (!h.id) goto out;
+    sd_release_bytes(src, (size_t)t->nbytes); /* copied: a file's pages can go */
     if (sd_put(sd, fn, path, t->name, t->name_len, h, true) != TG_OK) goto out;
   }
   ok = true;

@@ -382,6 +382,16 @@ int open_regular(const char *fn, const char *path, struct stat *st) {
 
 void (*io_test_hook)(const char *path, int stage);
 
+/* the memory of this thread's file_view_open, for sd_release_bytes */
+static _Thread_local const uint8_t *rel_lo, *rel_hi;
+
+void sd_release_bytes(const uint8_t *p, size_t n) {
+  if (!p || !rel_lo || p < rel_lo || n > (size_t)(rel_hi - p)) return;
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  uintptr_t lo = ((uintptr_t)p + page - 1) / page * page, hi = ((uintptr_t)p + n) / page * page;
+  if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED); /* reads as zeros afterwards */
+}
+
 /* pread until n bytes are in or the file ends: the count, or -1 with errno. */
 static int64_t pread_full(int fd, uint8_t *dst, size_t n, uint64_t off) {
   size_t got = 0;
@@ -444,21 +454,24 @@ tg_status file_view_open(FileView *fv, const char *fn, const char *path, bool ma
       st = tg_set_error(TG_ERR_IO, "%s: %s: file too large to read (%llu bytes)", fn, path,
                         (unsigned long long)s.len);
     } else if (s.len > 0) {
-      uint8_t *buf = malloc((size_t)s.len);
-      if (!buf)
-        st = tg_set_error(TG_ERR_IO, "%s: %s: out of memory reading %llu bytes", fn, path,
-                          (unsigned long long)s.len);
-      else if ((st = src_read(&s, 0, buf, (size_t)s.len)) != TG_OK)
-        free(buf);
+      /* anonymous pages, so that sd_release_bytes can give back what the loader is done with */
+      size_t n = (size_t)s.len;
+      void *buf = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (buf == MAP_FAILED)
+        st = tg_set_error(TG_ERR_IO, "%s: %s: out of memory reading %zu bytes", fn, path, n);
+      else if ((st = src_read(&s, 0, buf, n)) != TG_OK)
+        munmap(buf, n);
       else {
         uint8_t extra;
         if (pread_full(s.fd, &extra, 1, s.len) > 0) { /* it grew: what was read may be a mix */
-          free(buf);
+          munmap(buf, n);
           st = tg_set_error(TG_ERR_IO, "%s: %s: the file grew while it was read (rewritten by another process?)",
                             fn, path);
         } else {
           fv->data = fv->owned = buf;
-          fv->len = (size_t)s.len;
+          fv->len = fv->owned_len = n;
+          rel_lo = buf;
+          rel_hi = (const uint8_t *)buf + n;
         }
       }
     }
@@ -491,7 +504,10 @@ tg_status file_view_open(FileView *fv, const char *fn, const char *path, bool ma
 
 void file_view_close(FileView *fv) {
   if (fv->map) munmap(fv->map, fv->map_len);
-  free(fv->owned);
+  if (fv->owned) {
+    munmap(fv->owned, fv->owned_len);
+    rel_lo = rel_hi = NULL;
+  }
   memset(fv, 0, sizeof *fv);
 }
 

@@ -53,7 +53,8 @@ typedef struct {
   size_t len;
   void *map; /* mmap'ed region (munmap on close) or NULL */
   size_t map_len;
-  void *owned; /* the bytes read into memory (free on close) or NULL */
+  void *owned; /* the bytes read into memory (an anonymous mapping: munmap on close) or NULL */
+  size_t owned_len;
 } FileView;
 /* The regular file `path`, whole: read into memory with pread (map = false), or mapped privately and
  * writable, so tensors may wrap it (map = true). Anything else -- a directory, a FIFO, a device, a
@@ -83,6 +84,11 @@ extern void (*io_test_hook)(const char *path, int stage);
 struct stat;
 int open_regular(const char *fn, const char *path, struct stat *st);
 void file_view_close(FileView *fv);
+/* Tells the system that the loader is done with bytes p[0..n) of the file it is loading, when they
+ * lie in the memory a file_view_open of this thread read the file into: their whole pages are given
+ * back, so a loader that copies tensor after tensor peaks at about the file's size, not twice it.
+ * Anything else (the fuzz targets' inputs, a mapping) is left alone. */
+void sd_release_bytes(const uint8_t *p, size_t n);
 /* "a FIFO", "a character device", ... for a struct stat's st_mode, for messages. */
 const char *file_kind(unsigned mode);
 

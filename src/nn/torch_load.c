@@ -120,7 +120,8 @@ struct Storage {
   const uint8_t *data; /* numel * itemsize bytes once resolved, else NULL */
   Storage *base;       /* legacy storage view: elements [base_off, base_off + numel) of base */
   uint64_t base_off;
-  void *owned; /* inflated zip member */
+  void *owned;         /* inflated zip member */
+  uint32_t nref, nused; /* tensors over this root storage (views included), and those materialized */
 };
 
 typedef struct {
@@ -531,6 +532,8 @@ static PkObj *rebuild_tensor(Ctx *c, PkObj **a, size_t n) {
                    t->offset, last, t->st->numel);
   }
   c->n_tensors++;
+  Storage *root = t->st->base ? t->st->base : t->st;
+  root->nref++;
   return o;
 }
 
@@ -1091,8 +1094,30 @@ static void fix_element(uint8_t *dst, size_t isz, bool swap, bool is_bool) {
   if (is_bool) dst[0] = dst[0] != 0; /* a bool byte other than 0/1 would be undefined in kernels */
 }
 
+/* Called once per tensor made from s: after the last one, the storage's bytes can go (an inflated
+ * member is freed, a file's pages are given back), so the peak stays near the file's size. */
+static void storage_used(Storage *s) {
+  Storage *root = s->base ? s->base : s;
+  if (++root->nused < root->nref || !root->data) return;
+  if (root->owned) {
+    free(root->owned);
+    root->owned = NULL;
+  } else {
+    sd_release_bytes(root->data, (size_t)root->numel * tg_dtype_itemsize(root->dt));
+  }
+  root->data = NULL;
+}
+
+static tg_tensor materialize_once(Ctx *c, TensorDesc *t);
+
 static tg_tensor materialize(Ctx *c, TensorDesc *t) {
   if (t->handle.id) return t->handle;
+  tg_tensor h = materialize_once(c, t);
+  if (h.id) storage_used(t->st);
+  return h;
+}
+
+static tg_tensor materialize_once(Ctx *c, TensorDesc *t) {
   Storage *s = t->st;
   const uint8_t *base = storage_data(s);
   if (!base && s->numel > 0) return cfail(c, "a tensor's storage has no data in the file"), (tg_tensor){0};
