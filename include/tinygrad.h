@@ -863,8 +863,9 @@ const char *tg_state_dict_meta_value(const tg_state_dict *sd, int i);
  * another process truncates or rewrites during the load gives a TG_ERR_IO error ("the file shrank
  * ... while it was read"), never a crash; the tensors own their bytes, so later changes to the file
  * do not reach them. It reads the header, then each tensor into its own buffer: the peak memory is
- * the tensors plus the largest one (tg_gguf_load, tg_torch_load and tg_tar_extract hold the whole
- * file in memory while they load). */
+ * the tensors plus the largest one (tg_gguf_load, tg_torch_load and tg_tar_extract read the file into
+ * memory and give its pages back as they copy each tensor out, so theirs stays near the file's
+ * size). */
 tg_state_dict *tg_safe_load(const char *path);
 /* The same without copying: the file is mapped privately (copy-on-write) and each tensor whose offset
  * is aligned for its dtype wraps the mapping (tg_from_blob; misaligned ones are copied). The mapping is

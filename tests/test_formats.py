@@ -645,6 +645,57 @@ def test_load_from_fifo_refused():
     os.unlink(fifo)
 
 
+def _peak_growth_mib(fn, path):
+  """Runs tg_<fn>(path) in a fresh process; returns how much the load raised its peak RSS (MiB)."""
+  import subprocess
+  code = f"""
+import ctypes, sys
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+import tinygrad as tg
+from tinygrad import lib
+f = lib.tg_{fn}; f.restype = ctypes.c_void_p; f.argtypes = [ctypes.c_char_p]
+lib.tg_state_dict_free.argtypes = [ctypes.c_void_p]
+def status(key):
+  for line in open("/proc/self/status"):
+    if line.startswith(key): return int(line.split()[1]) / 1024
+with open("/proc/self/clear_refs", "w") as c: c.write("5")  # restart the peak (VmHWM) from here
+before = status("VmRSS:")
+sd = f({path!r}.encode())
+assert sd, tg.last_error()
+print(status("VmHWM:") - before)
+lib.tg_state_dict_free(sd)
+"""
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-2000:]
+  return float(r.stdout.strip().splitlines()[-1])
+
+
+@case
+def test_copying_loaders_peak_memory():
+  # 16 tensors of 4 MiB: a loader that held the whole file while copying it would peak at 128 MiB
+  # over its start; reading in parts (safetensors) or giving back each tensor's pages once copied
+  # (GGUF, tar, .pt) keeps it near the 64 MiB the tensors need
+  arrs = {f"t{i}": np.full(1 << 20, i, np.float32) for i in range(16)}
+  st = os.path.join(TMP, "peak.safetensors")
+  safetensors.numpy.save_file(arrs, st)
+  gg = os.path.join(TMP, "peak.gguf")
+  gguf_write(gg, [(k, v, None) for k, v in arrs.items()])
+  tr = os.path.join(TMP, "peak.tar")
+  with tarfile.open(tr, "w", format=tarfile.USTAR_FORMAT) as t:
+    for k, v in arrs.items():
+      b = v.tobytes()
+      ti = tarfile.TarInfo(k)
+      ti.size = len(b)
+      t.addfile(ti, io.BytesIO(b))
+  import torch
+  pz, pl = os.path.join(TMP, "peak.zip.pt"), os.path.join(TMP, "peak.legacy.pt")
+  torch.save({k: torch.from_numpy(v) for k, v in arrs.items()}, pz)
+  torch.save({k: torch.from_numpy(v) for k, v in arrs.items()}, pl, _use_new_zipfile_serialization=False)
+  for fn, path in (("safe_load", st), ("gguf_load", gg), ("tar_extract", tr), ("torch_load", pz), ("torch_load", pl)):
+    grew = _peak_growth_mib(fn, path)
+    assert grew < 100, f"tg_{fn} of a 64 MiB file raised the peak memory by {grew:.0f} MiB"
+
+
 # ==================================================================================================
 # GGUF
 # ==================================================================================================
