@@ -9,6 +9,7 @@
 #   make asan         the C tests again, built with AddressSanitizer + UBSan into build-asan/
 #   make tsan         tests/test_threads.c built with ThreadSanitizer into build-tsan/ and run
 #   make fuzz         builds tests/fuzz_*.c with libFuzzer into build-fuzz/ and runs each FUZZ_TIME s
+#                     on inputs up to FUZZ_MAX_LEN bytes (default 1 MiB)
 #   make install      PREFIX=/usr/local (DESTDIR honoured); make uninstall undoes it
 #   make format       clang-format -i on every source file (format-check only reports)
 #   make deps         installs missing Debian packages (scripts/deps.sh)
@@ -70,6 +71,8 @@ TSAN_CFLAGS := -O1 -g -fsanitize=thread -fno-omit-frame-pointer -Wall -Wextra
 FUZZ_DIR    := build-fuzz
 FUZZ_CC     ?= clang
 FUZZ_TIME   ?= 10
+# inputs up to 1 MiB: several parser bugs needed files past libFuzzer's default (the seeds' size)
+FUZZ_MAX_LEN ?= 1048576
 FUZZ_CFLAGS := -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer \
                -fno-sanitize-recover=undefined -Wall -Wextra
 
@@ -191,7 +194,7 @@ fuzz: deps
 	  seeds=; if [ -d tests/fuzz_corpus/$$name ]; then seeds=tests/fuzz_corpus/$$name; fi; \
 	  echo "== $$name ($(FUZZ_TIME) s)"; \
 	  if UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ./$(FUZZ_DIR)/fuzz/$$name \
-	       -max_total_time=$(FUZZ_TIME) -artifact_prefix=$(FUZZ_DIR)/$$name- $$corpus $$seeds \
+	       -max_total_time=$(FUZZ_TIME) -max_len=$(FUZZ_MAX_LEN) -artifact_prefix=$(FUZZ_DIR)/$$name- $$corpus $$seeds \
 	       > $(FUZZ_DIR)/$$name.log 2>&1; then \
 	    pass=$$((pass+1)); tail -n 2 $(FUZZ_DIR)/$$name.log; \
 	  else \

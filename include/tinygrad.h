@@ -132,7 +132,9 @@ void tg_scope_end(void);
 tg_tensor tg_keep(tg_tensor t);
 /* Moves t to the root scope: it lives until tg_free. */
 tg_tensor tg_persist(tg_tensor t);
-/* Frees one handle now. Other handles and results built from t stay valid. Freeing none is a no-op. */
+/* Frees one handle now. Other handles and results built from t stay valid. Freeing none is a no-op.
+ * A BORROWED handle (a tg_state_dict entry) is refused: TG_ERR_HANDLE is recorded and the handle
+ * stays valid, so the dict never holds a dead entry; the dict frees its own handles. */
 void tg_free(tg_tensor t);
 /* Number of live handles in all scopes (for leak tests). */
 size_t tg_live_count(void);
@@ -902,8 +904,19 @@ int tg_state_dict_len(const tg_state_dict *sd);
 /* Name / tensor of entry i in insertion (file) order; NULL / none if i is out of range. Borrowed. */
 const char *tg_state_dict_name(const tg_state_dict *sd, int i);
 tg_tensor tg_state_dict_tensor(const tg_state_dict *sd, int i);
-/* The tensor named `name` (borrowed), or none if there is none -- a missing name is not an error. */
+/* The tensor named `name` (borrowed). A missing name returns none and records TG_ERR_INVALID
+ * "tg_state_dict_get: no tensor named 'x' (did you mean 'y'?)", with the closest name (by edit
+ * distance), so a wrong weight name is reported where it is asked for. */
 tg_tensor tg_state_dict_get(const tg_state_dict *sd, const char *name);
+/* True if the dict has a tensor named `name` (false for NULL); never records an error. */
+bool tg_state_dict_has(const tg_state_dict *sd, const char *name);
+/* Casts every floating-point entry (float16, bfloat16, float32, float64) to the floating-point dtype
+ * `dtype`, realized, in place (tinygrad: {k: v.cast(dtype) for k, v in state_dict.items()}); integer
+ * and bool entries (indices, counters such as num_batches_tracked) keep their dtype. Loaders keep each
+ * tensor's dtype from the file, and DEFAULT_FLOAT changes only what creation functions make, so this
+ * is the one call that turns a float32 checkpoint into a half model. Handles borrowed from the dict
+ * before the call are replaced (they go stale). Errors: NULL dict, a dtype that is not floating. */
+tg_status tg_state_dict_cast(tg_state_dict *sd, tg_dtype dtype);
 /* Stores t under name: the dict takes a new root-scope handle of t's value (the caller's handle is
  * untouched, so the entry's lifetime is independent of the caller's scopes). An existing name is
  * replaced in place (keeping its position; the old entry's handle is freed). Lazy tensors are stored
@@ -927,14 +940,27 @@ const char *tg_state_dict_meta_value(const tg_state_dict *sd, int i);
  * trailing bytes), no duplicate names. Returns a new dict the caller frees, or NULL with a TG_ERR_IO
  * error naming the function, the file and the problem. Like every file loader (tg_gguf_load,
  * tg_tar_extract, tg_torch_load, tg_idx_load), it reads regular files only: a FIFO, a device or a
- * socket is refused ("<path> is not a regular file (a FIFO)") without being read or waited on. */
+ * socket is refused ("<path> is not a regular file (a FIFO)") without being read or waited on.
+ * Like every copying loader it reads the file with read/pread and never maps it, so a file that
+ * another process truncates or rewrites during the load gives a TG_ERR_IO error ("the file shrank
+ * ... while it was read"), never a crash; the tensors own their bytes, so later changes to the file
+ * do not reach them. It reads the header, then each tensor into its own buffer: the peak memory is
+ * the tensors plus the largest one (tg_gguf_load, tg_torch_load and tg_tar_extract read the file into
+ * memory and give its pages back as they copy each tensor out, so theirs stays near the file's
+ * size). */
 tg_state_dict *tg_safe_load(const char *path);
 /* The same without copying: the file is mapped privately (copy-on-write) and each tensor whose offset
  * is aligned for its dtype wraps the mapping (tg_from_blob; misaligned ones are copied). The mapping is
  * shared by the dict and every buffer that wraps it, and unmapped when the last of them goes: the
  * dict's entries, handles detached from them and lazy results not yet realized stay valid after
  * tg_state_dict_free. tg_assign to an entry changes the mapped pages only, never the file. CPU devices
- * only. */
+ * only. If the file changes: the load reads the header with pread and checks the file's size before
+ * it touches the mapping, so a file truncated before or during the load is a TG_ERR_IO error. After
+ * the load the tensors ARE the file's pages: a page not yet written through a tensor shows what the
+ * file holds now (another process's rewrite shows through), and reading a tensor whose pages a
+ * truncation removed raises SIGBUS -- the kernel's rule for mappings, which a library cannot turn
+ * into an error. Keep the file unchanged while tensors from it live, or use tg_safe_load when another
+ * process may change it. */
 tg_state_dict *tg_safe_load_mmap(const char *path);
 /* Writes the dict as .safetensors (tinygrad's safe_save): tensors in dict order, realized and made
  * contiguous as needed, the dict's metadata as __metadata__; names and metadata must be valid UTF-8

@@ -22,6 +22,7 @@
 #include "../tensor/compose.h"
 #include "../tensor/tensor.h"
 #include "../uop/ptrmap.h"
+#include "state_dict.h"
 
 #define NONE ((tg_tensor){0})
 
@@ -1248,7 +1249,7 @@ tg_status tg_load_state_dict(tg_state_dict *model, const tg_state_dict *loaded, 
   int nmiss = 0, nunexp = 0, nshape = 0;
   for (int i = 0; i < n; i++) {
     const char *name = tg_state_dict_name(model, i);
-    tg_tensor mt = tg_state_dict_tensor(model, i), lt = tg_state_dict_get(loaded, name);
+    tg_tensor mt = tg_state_dict_tensor(model, i), lt = sd_get_quiet(loaded, name);
     if (!lt.id) {
       if (strict) list_name(&missing, &nmiss, name);
       continue;
@@ -1268,7 +1269,7 @@ tg_status tg_load_state_dict(tg_state_dict *model, const tg_state_dict *loaded, 
   if (strict)
     for (int j = 0; j < nl; j++) {
       const char *name = tg_state_dict_name(loaded, j);
-      if (!tg_state_dict_get(model, name).id) list_name(&unexpected, &nunexp, name);
+      if (!sd_get_quiet(model, name).id) list_name(&unexpected, &nunexp, name);
     }
   if (nmiss || nunexp || nshape) {
     SB msg;
@@ -1310,7 +1311,7 @@ tg_status tg_load_state_dict(tg_state_dict *model, const tg_state_dict *loaded, 
   tg_status st = TG_OK;
   for (int i = 0; i < n && st == TG_OK; i++) {
     const char *name = tg_state_dict_name(model, i);
-    tg_tensor lt = tg_state_dict_get(loaded, name);
+    tg_tensor lt = sd_get_quiet(loaded, name);
     if (!lt.id) continue;
     UOp *bn = entry_buffer(fn, name, tg_state_dict_tensor(model, i), true);
     if (!bn) {

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -421,15 +422,26 @@ static void free_entries(Entry *es, size_t n) {
   free(es);
 }
 
-tg_state_dict *safe_load_mem(const char *fn, const char *path, const uint8_t *data, size_t len,
-                             bool zero_copy, FileMap *map) {
+/* The loader over a Src: a file is read in parts (the header, then each tensor's bytes straight
+ * into a buffer of its own), so the peak memory is the tensors + the largest one; memory (the fuzz
+ * targets, tg_safe_load_mmap's mapping) is read in place. */
+static tg_state_dict *safe_load_src(const char *fn, const char *path, const Src *in, bool zero_copy,
+                                    FileMap *map) {
+  if (in->len > SIZE_MAX / 2) {
+    tg_set_error(TG_ERR_IO, "%s: %s: file too large (%llu bytes)", fn, path, (unsigned long long)in->len);
+    return NULL;
+  }
+  size_t len = (size_t)in->len;
+  uint8_t *hbuf = NULL, *dbuf = NULL;
   if (len < 8) {
     tg_set_error(TG_ERR_IO,
                  "%s: %s: file is %zu bytes, too short for a safetensors header (8-byte length + JSON)", fn,
                  path, len);
     return NULL;
   }
-  uint64_t hlen = rd_u64le(data);
+  uint8_t h8[8];
+  if (src_read(in, 0, h8, 8) != TG_OK) return NULL;
+  uint64_t hlen = rd_u64le(h8);
   if (hlen > MAX_HEADER) {
     tg_set_error(TG_ERR_IO,
                  "%s: %s: header length %llu is larger than the %llu-byte limit (not a safetensors file?)",
@@ -447,10 +459,23 @@ tg_state_dict *safe_load_mem(const char *fn, const char *path, const uint8_t *da
                  path, (unsigned long long)hlen);
     return NULL;
   }
-  const uint8_t *ds = data + 8 + hlen; /* data section */
+  const uint8_t *ds = in->mem ? in->mem + 8 + hlen : NULL; /* data section, when in memory */
   size_t dlen = len - 8 - (size_t)hlen;
+  const uint8_t *hdr = in->fd < 0 ? in->mem + 8 : NULL; /* a file's header is read, even when mapped */
+  if (!hdr) {
+    hbuf = malloc((size_t)hlen);
+    if (!hbuf) {
+      tg_set_error(TG_ERR_IO, "%s: %s: out of memory for a %llu-byte header", fn, path, (unsigned long long)hlen);
+      return NULL;
+    }
+    if (src_read(in, 8, hbuf, (size_t)hlen) != TG_OK) {
+      free(hbuf);
+      return NULL;
+    }
+    hdr = hbuf;
+  }
 
-  J j = {.p = data + 8, .start = data + 8, .end = data + 8 + hlen, .fn = fn, .path = path};
+  J j = {.p = hdr, .start = hdr, .end = hdr + hlen, .fn = fn, .path = path};
   Entry *es = NULL;
   size_t n = 0, cap = 0;
   tg_state_dict *sd = tg_state_dict_new();
@@ -545,13 +570,17 @@ tg_state_dict *safe_load_mem(const char *fn, const char *path, const uint8_t *da
     }
   for (size_t i = 0; i < n; i++) {
     Entry *e = &es[i];
-    uint64_t numel = 1, nbytes;
-    for (int d = 0; d < e->ndim; d++)
-      if (__builtin_mul_overflow(numel, (uint64_t)dims.v[e->shape_off + (size_t)d], &numel) ||
-          numel > ((uint64_t)1 << 48)) {
-        tg_set_error(TG_ERR_IO, "%s: %s: tensor '%.200s' has too many elements", fn, path, e->name);
+    uint64_t numel = 1, nonzero = 1, nbytes; /* a zero dimension does not excuse the others */
+    for (int d = 0; d < e->ndim; d++) {
+      uint64_t v = (uint64_t)dims.v[e->shape_off + (size_t)d];
+      if ((v && __builtin_mul_overflow(nonzero, v, &nonzero)) || nonzero > ((uint64_t)1 << 48)) {
+        tg_set_error(TG_ERR_IO,
+                     "%s: %s: tensor '%.200s' has too many elements (its non-zero dimensions multiply past 2^48)",
+                     fn, path, e->name);
         goto out;
       }
+      numel *= v;
+    }
     if (__builtin_mul_overflow(numel, (uint64_t)tg_dtype_itemsize(e->dt), &nbytes)) nbytes = UINT64_MAX;
     if (e->end < e->begin) {
       tg_set_error(TG_ERR_IO, "%s: %s: tensor '%.200s' has data_offsets [%llu, %llu] with end before begin",
@@ -596,11 +625,32 @@ tg_state_dict *safe_load_mem(const char *fn, const char *path, const uint8_t *da
   }
 
   /* tensors, in header order */
+  if (io_test_hook && in->fd >= 0) io_test_hook(path, 1);
+  if (ds && in->fd >= 0) { /* mapped: the bytes below are touched next, so the file must still be whole */
+    struct stat st;
+    if (fstat(in->fd, &st) != 0 || (uint64_t)st.st_size < in->len) {
+      tg_set_error(TG_ERR_IO, "%s: %s: the file shrank from %zu bytes while it was loaded (truncated by another process?)",
+                   fn, path, len);
+      goto out;
+    }
+  }
   for (size_t i = 0; i < n; i++) {
     Entry *e = &es[i];
     const int64_t *shape = e->ndim ? dims.v + e->shape_off : NULL;
     size_t nbytes = (size_t)(e->end - e->begin);
-    const uint8_t *src = ds + e->begin;
+    const uint8_t *src;
+    if (ds) {
+      src = ds + e->begin;
+    } else {
+      dbuf = malloc(nbytes ? nbytes : 1);
+      if (!dbuf) {
+        tg_set_error(TG_ERR_IO, "%s: %s: out of memory (%zu bytes for tensor '%.200s')", fn, path, nbytes,
+                     e->name);
+        goto out;
+      }
+      if (src_read(in, 8 + hlen + e->begin, dbuf, nbytes) != TG_OK) goto out;
+      src = dbuf;
+    }
     size_t isz = tg_dtype_itemsize(e->dt);
     bool bad_bool = false;
     if (e->dt == TG_BOOL)
@@ -619,6 +669,8 @@ tg_state_dict *safe_load_mem(const char *fn, const char *path, const uint8_t *da
     } else {
       t = tg_from_data(nbytes ? src : NULL, shape, e->ndim, TG_OPTS(.dtype = e->dt));
     }
+    free(dbuf);
+    dbuf = NULL;
     if (!t.id) goto out;
     if (sd_put(sd, fn, path, e->name, strlen(e->name), t, true) != TG_OK) goto out;
   }
@@ -629,6 +681,8 @@ out:
   sb_free(&mkey);
   free(order);
   free(tmp);
+  free(hbuf);
+  free(dbuf);
   free(dims.v);
   free_entries(es, n);
   if (!ok) {
@@ -638,27 +692,53 @@ out:
   return sd;
 }
 
+tg_state_dict *safe_load_mem(const char *fn, const char *path, const uint8_t *data, size_t len,
+                             bool zero_copy, FileMap *map) {
+  Src in = {.mem = data, .fd = -1, .len = len, .fn = fn, .path = path};
+  return safe_load_src(fn, path, &in, zero_copy, map);
+}
+
 tg_state_dict *tg_safe_load(const char *path) {
-  FileView fv;
-  if (file_view_open(&fv, "tg_safe_load", path, false) != TG_OK) return NULL;
-  tg_state_dict *sd = safe_load_mem("tg_safe_load", path, fv.data, fv.len, false, NULL);
-  file_view_close(&fv);
+  Src in;
+  if (src_open(&in, "tg_safe_load", path) != TG_OK) return NULL;
+  tg_state_dict *sd = safe_load_src("tg_safe_load", path, &in, false, NULL);
+  src_close(&in);
   if (tg_oom_check("tg_safe_load") && sd) tg_state_dict_free(sd), sd = NULL;
   return sd;
 }
 
 tg_state_dict *tg_safe_load_mmap(const char *path) {
-  FileView fv;
-  if (file_view_open(&fv, "tg_safe_load_mmap", path, true) != TG_OK) return NULL;
-  if (!fv.map) /* an empty file: nothing to map (and too short to load) */
-    return safe_load_mem("tg_safe_load_mmap", path, fv.data, fv.len, false, NULL);
-  /* the mapping is shared by the dict and every buffer that wraps it: unmapped with the last one */
-  FileMap *m = file_map_new(fv.map, fv.map_len);
-  tg_state_dict *sd = safe_load_mem("tg_safe_load_mmap", path, fv.data, fv.len, true, m);
+  static const char *fn = "tg_safe_load_mmap";
+  Src in;
+  if (src_open(&in, fn, path) != TG_OK) return NULL;
+  if (in.len == 0 || in.len > SIZE_MAX / 2) { /* nothing to map: the loader says why it can't load */
+    tg_state_dict *sd = safe_load_src(fn, path, &in, false, NULL);
+    src_close(&in);
+    return sd;
+  }
+  void *addr = mmap(NULL, (size_t)in.len, PROT_READ | PROT_WRITE, MAP_PRIVATE, in.fd, 0);
+  if (addr == MAP_FAILED) {
+    tg_set_error(TG_ERR_IO, "%s: %s: cannot map %llu bytes: %s", fn, path, (unsigned long long)in.len,
+                 strerror(errno));
+    src_close(&in);
+    return NULL;
+  }
+  /* the header is read with pread, never through the mapping, and the size is checked once more: a
+   * file truncated before or during the load is an error here, not a SIGBUS (see tinygrad.h) */
+  in.mem = addr;
+  tg_state_dict *sd = NULL;
+  FileMap *m = file_map_new(addr, (size_t)in.len);
+  struct stat st;
+  if (fstat(in.fd, &st) != 0 || (uint64_t)st.st_size < in.len)
+    tg_set_error(TG_ERR_IO, "%s: %s: the file shrank from %llu bytes while it was loaded (truncated by another process?)",
+                 fn, path, (unsigned long long)in.len);
+  else
+    sd = safe_load_src(fn, path, &in, true, m); /* shared by the dict and the buffers that wrap it */
   if (sd)
     sd_own_mapping(sd, m);
   else
     file_map_unref(m);
+  src_close(&in);
   if (tg_oom_check("tg_safe_load_mmap") && sd) tg_state_dict_free(sd), sd = NULL;
   return sd;
 }

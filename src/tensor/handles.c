@@ -142,6 +142,7 @@ static void slot_release(uint64_t id, UOp **u, UOp **g) {
   sl->u = NULL;
   sl->grad = NULL;
   sl->scope = -1;
+  sl->borrowed = false;
   sl->gen++;
   if (sl->gen == 0) sl->gen = 1;
   sl->next_free = free_head;
@@ -153,10 +154,26 @@ void tg_free(tg_tensor t) {
   pthread_mutex_lock(&h_lock);
   Slot *s = slot_lookup(t.id);
   UOp *u = NULL, *g = NULL;
-  if (s) slot_release(t.id, &u, &g);
+  bool borrowed = s && s->borrowed;
+  if (s && !borrowed) slot_release(t.id, &u, &g);
   pthread_mutex_unlock(&h_lock);
+  if (borrowed) {
+    /* freeing it would leave its owner holding a dead handle that fails far from here */
+    tg_set_error(TG_ERR_HANDLE,
+                 "tg_free: tensor %#llx is borrowed from a state dict, which owns it: leave it to "
+                 "tg_state_dict_free (or take a handle of your own with tg_detach and free that)",
+                 (unsigned long long)t.id);
+    return;
+  }
   uop_unref(u);
   uop_unref(g);
+}
+
+void t_set_borrowed(tg_tensor t, bool borrowed) {
+  pthread_mutex_lock(&h_lock);
+  Slot *s = slot_lookup(t.id);
+  if (s) s->borrowed = borrowed;
+  pthread_mutex_unlock(&h_lock);
 }
 
 bool tg_valid(tg_tensor t) { return t_slot(t) != NULL; }

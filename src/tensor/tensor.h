@@ -16,6 +16,9 @@
 UOp *t_get(tg_tensor t, const char *fn);
 /* Wraps a UOp (ownership taken) into a new handle in the current scope. NULL -> none. */
 tg_tensor t_wrap(UOp *u);
+/* Marks (or unmarks) t as owned by a container that lends it out (a state dict entry): tg_free of a
+ * borrowed handle records an error and frees nothing. Unmark before the owner frees it. */
+void t_set_borrowed(tg_tensor t, bool borrowed);
 /* Replaces the UOp of every live handle of the calling thread that holds `from` with `to` (after
  * realize). Other threads' handles keep `from` (whose ->realized is `to`, so they read the same
  * value): only a handle's own thread ever changes or drops its reference, so a pointer that thread
@@ -30,6 +33,7 @@ typedef struct Slot {
   uint32_t gen;
   int32_t scope;    /* scope depth owning the handle; -1 when free */
   int8_t requires_grad; /* 1, 0 or TG_GRAD_UNSET (tinygrad's None): only 0 keeps tg_backward away */
+  bool borrowed;    /* owned by a tg_state_dict entry: tg_free refuses it (t_set_borrowed) */
   int32_t next_free;
   uint32_t thread;  /* the thread that created the handle (t_replace_everywhere) */
   UOp *grad;        /* owned; NULL when no gradient */
