@@ -389,6 +389,39 @@ typedef struct {
  * kw), bias (cout,) or {0}. Windows are views of x (no im2col buffer): the convolution is one fused
  * reduce kernel. */
 tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv2d_opts *opts);
+/* N-d windows: tinygrad's conv2d, conv_transpose2d and pools take any number of spatial dims (the
+ * trailing dims: a 1-d pool over (..., L), a 3-d convolution over (N, C, D, H, W)). tg_conv2d and
+ * tg_conv_transpose2d accept such shapes too when stride, dilation and padding are uniform (one
+ * value for every dim); the _nd functions below take one value per spatial dim, first dim first.
+ * A per-dim array that is all zero means the default; only its first entry set means that value in
+ * every dim; else give all nk entries. padding: npadding 0 or 1 = padding[0] on every side, nk =
+ * one value per dim (both sides), 2*nk = (before, after) pairs from the LAST dim back (tinygrad's
+ * and F.pad's order; for 2 dims (left, right, top, bottom)); negative padding crops. A field an op
+ * does not use (kernel_size for a convolution, groups for a pool) must be zero. */
+#define TG_WINDOW_MAXDIMS 8
+typedef struct {
+  int64_t kernel_size[TG_WINDOW_MAXDIMS]; /* pools: default 2 in every dim */
+  int64_t stride[TG_WINDOW_MAXDIMS];      /* default: 1 (convolutions), kernel_size (pools) */
+  int64_t dilation[TG_WINDOW_MAXDIMS];    /* default 1 */
+  int64_t padding[2 * TG_WINDOW_MAXDIMS];
+  int npadding;
+  int64_t groups;                             /* convolutions: default 1 */
+  int64_t output_padding[TG_WINDOW_MAXDIMS]; /* tg_conv_transpose_nd: extra size at the end of each dim */
+  int noutput_padding;                       /* 0 or 1: output_padding[0] in every dim; nk: one per dim */
+  bool ceil_mode;                            /* pools, as tg_pool2d_opts */
+  bool exclude_pad;                          /* tg_avg_pool_nd, as tg_pool2d_opts */
+} tg_window_opts;
+#define TG_WINDOW_OPTS(...) (&(const tg_window_opts){__VA_ARGS__})
+/* Pooling over the trailing nk (1..TG_WINDOW_MAXDIMS) dims of x; tg_max_pool2d / tg_avg_pool2d are
+ * nk = 2. max pads with the dtype's minimum. */
+tg_tensor tg_max_pool_nd(tg_tensor x, int nk, const tg_window_opts *opts);
+tg_tensor tg_avg_pool_nd(tg_tensor x, int nk, const tg_window_opts *opts);
+/* Convolution (cross-correlation) with as many spatial dims as the weight has: x (batch, cin,
+ * spatial...), weight (cout, cin/groups, kernel...), bias (cout,) or {0}. 1 and 2 spatial dims run as
+ * tg_conv2d (its kernels and backward); more are tinygrad's window views times the weight, one
+ * reduce kernel. */
+tg_tensor tg_conv_nd(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_window_opts *opts);
+
 /* tinygrad's Tensor.dot: the same as tg_matmul. */
 tg_tensor tg_dot(tg_tensor x, tg_tensor w);
 /* x @ weight.T + bias with weight (out_features, in_features), bias (out_features,) or {0}: the
@@ -963,6 +996,10 @@ typedef struct {
  * (tg_conv2d) with the flipped, group-transposed weight. Output size per dim:
  * (in - 1)*stride - pad_before - pad_after + dilation*(k - 1) + output_padding + 1. */
 tg_tensor tg_conv_transpose2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv_transpose2d_opts *opts);
+
+/* Transposed convolution with as many spatial dims as the weight (cin, cout/groups, kernel...) has;
+ * options as tg_conv_nd plus output_padding; sizes per dim as tg_conv_transpose2d. */
+tg_tensor tg_conv_transpose_nd(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_window_opts *opts);
 
 /* Layers (tinygrad's nn.*): plain structs with public fields. _init fills one (on error it is left
  * zeroed and a status is returned); its parameters are root-scope handles OWNED BY THE LAYER,

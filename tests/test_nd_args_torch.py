@@ -1,0 +1,307 @@
+"""test_nd_args_torch.py -- differential tests against PyTorch of tinygrad's arguments that go beyond
+the 2-d / default forms: n-d convolutions, transposed convolutions and pools (1-d and 3-d), exact
+gelu, softmin, normalize, one-sided isinf, parametrized selu / hardsigmoid, masked_select, nonzero
+with size / fill_value, batchnorm over any axes, attention with grouped-query heads, dtype arguments
+of softmax / matmul / einsum, the Muon optimizer and the fp8 dtypes.
+
+Forward values and gradients (tg_backward of sum(out * w)) against torch; errors must name the
+function. Every case runs in its own tg scope and the live handle count must be 0 at the end. Last
+line: "test_nd_args_torch: N passed, N failed"; exit 1 on any failure.
+
+Run: /usr/bin/python3 tests/test_nd_args_torch.py   (TINYGRAD_LIB selects the library; TEST_FILTER=substr)
+"""
+import ctypes
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import tinygrad as tg  # noqa: E402
+from tinygrad import Tensor, _T, call, lib  # noqa: E402
+from torchcheck import backward, expect_error, grad, set_rg  # noqa: E402
+import torchcheck  # noqa: E402
+
+torch.set_num_threads(1)
+RNG = np.random.default_rng(4321)
+_I, _I64, _B, _D = ctypes.c_int, ctypes.c_int64, ctypes.c_bool, ctypes.c_double
+MAXW = 8
+
+
+def rnd(*shape, **kw): return torchcheck.rnd(*shape, rng=RNG, **kw)
+def close(ours, ref, atol=1e-5, rtol=1e-3, what="value"): return torchcheck.close(ours, ref, atol, rtol, what)
+
+
+class WindowOpts(ctypes.Structure):
+  _fields_ = [("kernel_size", _I64 * MAXW), ("stride", _I64 * MAXW), ("dilation", _I64 * MAXW),
+              ("padding", _I64 * (2 * MAXW)), ("npadding", _I), ("groups", _I64), ("output_padding", _I64 * MAXW),
+              ("noutput_padding", _I), ("ceil_mode", _B), ("exclude_pad", _B)]
+
+
+class ConvOpts(ctypes.Structure):
+  _fields_ = [("groups", _I64), ("stride", _I64 * 2), ("dilation", _I64 * 2), ("padding", _I64 * 4), ("npadding", _I)]
+
+
+class ConvTOpts(ctypes.Structure):
+  _fields_ = [("groups", _I64), ("stride", _I64 * 2), ("dilation", _I64 * 2), ("padding", _I64 * 4), ("npadding", _I),
+              ("output_padding", _I64 * 2), ("noutput_padding", _I)]
+
+
+_WP = ctypes.POINTER(WindowOpts)
+_SIGS = {
+    "tg_conv_nd": (_T, [_T, _T, _T, _WP]), "tg_conv_transpose_nd": (_T, [_T, _T, _T, _WP]),
+    "tg_max_pool_nd": (_T, [_T, _I, _WP]), "tg_avg_pool_nd": (_T, [_T, _I, _WP]),
+    "tg_conv2d": (_T, [_T, _T, _T, ctypes.POINTER(ConvOpts)]),
+    "tg_conv_transpose2d": (_T, [_T, _T, _T, ctypes.POINTER(ConvTOpts)]),
+    "tg_set_requires_grad": (_T, [_T, _B]), "tg_backward": (_I, [_T]), "tg_grad": (_T, [_T]),
+}
+for _n, (_r, _a) in _SIGS.items():
+  _f = getattr(lib, _n)
+  _f.restype, _f.argtypes = _r, _a
+
+W = Tensor._wrap
+NONE_T = _T(0)
+def _h(t): return t.h if t is not None else NONE_T
+
+
+def _dims(v):
+  if v is None: return (0,) * MAXW
+  if isinstance(v, int): v = (v,)
+  return tuple(v) + (0,) * (MAXW - len(v))
+
+
+def wopts(kernel_size=None, stride=None, dilation=None, padding=None, groups=0, output_padding=None, ceil_mode=False,
+          exclude_pad=False):
+  if padding is None: pads, npad = (0,), 0
+  elif isinstance(padding, int): pads, npad = (padding,), 1
+  else: pads, npad = tuple(padding), len(padding)
+  if output_padding is None: op, nop = (0,), 0
+  elif isinstance(output_padding, int): op, nop = (output_padding,), 1
+  else: op, nop = tuple(output_padding), len(output_padding)
+  return WindowOpts(_dims(kernel_size), _dims(stride), _dims(dilation), pads + (0,) * (2 * MAXW - len(pads)), npad,
+                    groups, _dims(op), nop, ceil_mode, exclude_pad)
+
+
+def conv_nd(x, w, b=None, **kw): return W(call("conv_nd", x.h, w.h, _h(b), ctypes.byref(wopts(**kw))))
+def conv_transpose_nd(x, w, b=None, **kw): return W(call("conv_transpose_nd", x.h, w.h, _h(b), ctypes.byref(wopts(**kw))))
+def max_pool_nd(x, nk, **kw): return W(call("max_pool_nd", x.h, nk, ctypes.byref(wopts(**kw))))
+def avg_pool_nd(x, nk, **kw): return W(call("avg_pool_nd", x.h, nk, ctypes.byref(wopts(**kw))))
+
+
+CASES = []
+def case(name, fn, *args, **kw): CASES.append((name, fn, args, kw))
+
+
+def check_fwd_bwd(f_tg, f_torch, arrays, atol=1e-5, rtol=1e-3, gatol=None, grad_of=None):
+  """Forward of f_tg(tensors) vs f_torch(torch tensors); backward of sum(out * w) for the float inputs."""
+  if grad_of is None: grad_of = [i for i, a in enumerate(arrays) if np.issubdtype(a.dtype, np.floating)]
+  ts = [Tensor(a) for a in arrays]
+  for i in grad_of: set_rg(ts[i])
+  out = f_tg(*ts)
+  tt = [torch.tensor(a, requires_grad=(i in grad_of)) for i, a in enumerate(arrays)]
+  ref = f_torch(*tt)
+  if grad_of:
+    wv = RNG.uniform(0.5, 1.5, size=ref.shape).astype(np.float32)
+    backward((out * Tensor(wv)).sum())
+    (ref * torch.tensor(wv, dtype=ref.dtype)).sum().backward()
+  close(out.numpy(), ref, atol, rtol, "forward")
+  for i in grad_of:
+    close(grad(ts[i]).numpy(), tt[i].grad, gatol if gatol is not None else max(atol, 1e-5), rtol, f"grad of input {i}")
+
+
+# =====================================================================================================
+# n-d convolutions and pools
+TORCH_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+TORCH_CONVT = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+TORCH_MAX = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
+TORCH_AVG = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
+
+
+def _t_pad(x, pads):  # tinygrad's 2*n padding order (from the last dim back) for torch
+  return F.pad(x, tuple(pads))
+
+
+CONV_ND = [
+    ((2, 3, 9), (4, 3, 3), {}), ((2, 4, 10), (6, 2, 3), {"groups": 2, "stride": 2, "padding": 1}),
+    ((1, 2, 11), (3, 2, 2), {"dilation": 3, "padding": (2, 1)}), ((2, 2, 7), (2, 2, 5), {"padding": -1}),
+    ((1, 2, 5, 6, 5), (3, 2, 3, 2, 3), {}), ((2, 2, 6, 5, 7), (4, 2, 3, 3, 3), {"padding": 1, "stride": (2, 1, 2)}),
+    ((1, 4, 7, 7, 6), (4, 2, 2, 3, 2), {"groups": 2, "dilation": (2, 1, 2), "padding": (1, 0, 1)}),
+    ((1, 1, 4, 5, 6), (2, 1, 2, 2, 2), {"padding": (1, 0, 0, 1, 2, 0)}), ((0, 2, 4, 4, 4), (3, 2, 2, 2, 2), {}),
+    ((1, 2, 3, 4, 3, 4), (2, 2, 2, 2, 2, 2), {"stride": 2}),  # 4 spatial dims (no torch conv4d: compared below)
+    ((2, 3, 6, 7), (4, 3, 3, 2), {"stride": (2, 1), "padding": (1, 2)}),  # 2-d via tg_conv_nd
+]
+
+
+def _torch_conv_nd(x, w, b, kw):
+  nsp = w.dim() - 2
+  p = kw.get("padding", 0)
+  if isinstance(p, tuple) and len(p) == 2 * nsp:
+    x, p = _t_pad(x, p), 0
+  elif isinstance(p, int) and p < 0:
+    x, p = x[(slice(None), slice(None)) + (slice(-p, p),) * nsp], 0
+  kws = dict(stride=kw.get("stride", 1), padding=p, dilation=kw.get("dilation", 1), groups=kw.get("groups", 1))
+  if nsp in TORCH_CONV: return TORCH_CONV[nsp](x, w, b, **kws)
+  # 4 spatial dims: sum of 3-d convolutions over the first spatial dim of the kernel
+  assert kws["padding"] == 0 and kws["dilation"] == 1 and kws["groups"] == 1
+  s = kws["stride"]
+  kd, D = w.shape[2], x.shape[2]
+  outs = []
+  for od in range(0, D - kd + 1, s):
+    acc = sum(F.conv3d(x[:, :, od + i], w[:, :, i], None, stride=s) for i in range(kd))
+    outs.append(acc if b is None else acc + b.reshape(1, -1, 1, 1, 1))
+  return torch.stack(outs, 2)
+
+
+for xs, ws, kw in CONV_ND:
+  for with_bias in ([False, True] if xs[0] else [False]):
+    def _cv(xs=xs, ws=ws, kw=kw, with_bias=with_bias):
+      arrs = [rnd(*xs), rnd(*ws)] + ([rnd(ws[0])] if with_bias else [])
+      check_fwd_bwd(lambda x, w, b=None: conv_nd(x, w, b, **kw), lambda x, w, b=None: _torch_conv_nd(x, w, b, kw), arrs,
+                    atol=1e-4, gatol=3e-4)
+    case(f"conv_nd x{xs} w{ws} {kw}{' +bias' if with_bias else ''}", _cv)
+
+
+def _conv2d_takes_nd():
+  # tg_conv2d (tinygrad's conv2d) with a 1-d and a 3-d weight and uniform options
+  for xs, ws, kw in [((2, 3, 9), (4, 3, 3), {"padding": 1, "stride": 2}), ((1, 2, 5, 6, 5), (3, 2, 3, 2, 3), {"padding": 1}),
+                     ((1, 4, 6, 6, 6), (2, 2, 3, 3, 3), {"groups": 2, "dilation": 2})]:
+    x, w, b = rnd(*xs), rnd(*ws), rnd(ws[0])
+    o = ConvOpts(kw.get("groups", 0), (kw.get("stride", 0), 0), (kw.get("dilation", 0), 0), (kw.get("padding", 0), 0, 0, 0), 1)
+    tx, tw = Tensor(x), Tensor(w)
+    set_rg(tx), set_rg(tw)
+    r = W(call("conv2d", tx.h, tw.h, Tensor(b).h, ctypes.byref(o)))
+    xt, wt = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    ref = _torch_conv_nd(xt, wt, torch.tensor(b), kw)
+    backward(r.sum())
+    ref.sum().backward()
+    close(r.numpy(), ref, 1e-4, what=f"conv2d {xs} {ws}")
+    close(grad(tx).numpy(), xt.grad, 3e-4, what="grad x")
+    close(grad(tw).numpy(), wt.grad, 3e-4, what="grad w")
+  # per-dim values need tg_conv_nd
+  o = ConvOpts(0, (1, 2), (0, 0), (0, 0, 0, 0), 0)
+  expect_error("tg_conv2d", lambda: W(call("conv2d", Tensor(rnd(1, 1, 4, 4, 4)).h, Tensor(rnd(1, 1, 2, 2, 2)).h, NONE_T,
+                                           ctypes.byref(o))), "tg_conv_nd")
+
+
+case("tg_conv2d takes 1-d and 3-d convolutions with uniform options", _conv2d_takes_nd)
+
+CONVT_ND = [
+    ((2, 3, 5), (3, 2, 3), {}), ((1, 4, 6), (4, 3, 3), {"stride": 2, "padding": 1, "output_padding": 1}),
+    ((2, 4, 5), (4, 1, 2), {"groups": 2, "dilation": 2}),
+    ((1, 2, 3, 4, 3), (2, 3, 2, 3, 2), {}), ((1, 2, 3, 3, 4), (2, 2, 3, 2, 3), {"stride": (2, 1, 3), "padding": (1, 0, 1)}),
+    ((2, 2, 3, 3, 3), (2, 1, 2, 2, 2), {"groups": 2, "stride": 2, "output_padding": (1, 0, 1), "dilation": (1, 2, 1)}),
+    ((2, 3, 4, 5), (3, 2, 3, 3), {"stride": (2, 1), "padding": (1, 1)}),
+]
+
+
+def _torch_convt(x, w, b, kw):
+  nsp = w.dim() - 2
+  return TORCH_CONVT[nsp](x, w, b, stride=kw.get("stride", 1), padding=kw.get("padding", 0),
+                          output_padding=kw.get("output_padding", 0), groups=kw.get("groups", 1),
+                          dilation=kw.get("dilation", 1))
+
+
+for xs, ws, kw in CONVT_ND:
+  for with_bias in [False, True]:
+    def _ct(xs=xs, ws=ws, kw=kw, with_bias=with_bias):
+      cout = ws[1] * kw.get("groups", 1)
+      arrs = [rnd(*xs), rnd(*ws)] + ([rnd(cout)] if with_bias else [])
+      check_fwd_bwd(lambda x, w, b=None: conv_transpose_nd(x, w, b, **kw), lambda x, w, b=None: _torch_convt(x, w, b, kw), arrs,
+                    atol=1e-4, gatol=3e-4)
+    case(f"conv_transpose_nd x{xs} w{ws} {kw}{' +bias' if with_bias else ''}", _ct)
+
+
+def _conv_transpose2d_takes_nd():
+  x, w = rnd(1, 2, 3, 4, 3), rnd(2, 3, 2, 2, 2)
+  o = ConvTOpts(0, (2, 0), (0, 0), (1, 0, 0, 0), 1, (1, 0), 1)
+  r = W(call("conv_transpose2d", Tensor(x).h, Tensor(w).h, NONE_T, ctypes.byref(o)))
+  close(r.numpy(), F.conv_transpose3d(torch.tensor(x), torch.tensor(w), stride=2, padding=1, output_padding=1), 1e-4)
+  x, w = rnd(2, 3, 7), rnd(3, 2, 3)
+  o = ConvTOpts(0, (3, 0), (0, 0), (0, 0, 0, 0), 0, (0, 0), 0)
+  r = W(call("conv_transpose2d", Tensor(x).h, Tensor(w).h, NONE_T, ctypes.byref(o)))
+  close(r.numpy(), F.conv_transpose1d(torch.tensor(x), torch.tensor(w), stride=3), 1e-4)
+
+
+case("tg_conv_transpose2d takes 1-d and 3-d weights with uniform options", _conv_transpose2d_takes_nd)
+
+POOL_ND = [
+    ((2, 3, 8), 1, {}), ((2, 3, 9), 1, {"kernel_size": 3, "stride": 2, "padding": 1}), ((1, 2, 10), 1, {"kernel_size": 2, "dilation": 3}),
+    ((1, 1, 7), 1, {"kernel_size": 2, "ceil_mode": True}), ((3, 7), 1, {"kernel_size": 3, "stride": 1}),
+    ((1, 2, 4, 4, 4), 3, {}), ((2, 1, 5, 6, 7), 3, {"kernel_size": (3, 2, 3), "stride": (1, 2, 2), "padding": (1, 0, 1)}),
+    ((1, 2, 6, 6, 6), 3, {"kernel_size": 2, "dilation": (1, 2, 1), "stride": 1}),
+    ((1, 1, 5, 5, 5), 3, {"kernel_size": 2, "ceil_mode": True}), ((1, 1, 7, 6, 5), 3, {"kernel_size": 3, "stride": 2, "padding": 1, "ceil_mode": True}),
+    ((0, 2, 4, 4, 4), 3, {}), ((2, 3, 6, 6), 2, {"kernel_size": 3, "stride": 2, "padding": 1}),
+]
+
+
+def _torch_pool_kw(kw, maxpool):
+  r = {"kernel_size": kw.get("kernel_size", 2)}
+  for k in ["stride", "padding", "dilation", "ceil_mode"]:
+    if k in kw and (maxpool or k != "dilation"): r[k] = kw[k]
+  return r
+
+
+for shape, nk, kw in POOL_ND:
+  def _mp(shape=shape, nk=nk, kw=kw):
+    check_fwd_bwd(lambda t: max_pool_nd(t, nk, **kw), lambda t: TORCH_MAX[nk](t, **_torch_pool_kw(kw, True)), [rnd(*shape)])
+  case(f"max_pool_nd {nk}-d {shape} {kw}", _mp)
+  if "dilation" in kw: continue
+  def _ap(shape=shape, nk=nk, kw=kw):
+    check_fwd_bwd(lambda t: avg_pool_nd(t, nk, **kw), lambda t: TORCH_AVG[nk](t, **_torch_pool_kw(kw, False)), [rnd(*shape)])
+  case(f"avg_pool_nd {nk}-d {shape} {kw}", _ap)
+  if "padding" in kw:
+    def _ap2(shape=shape, nk=nk, kw=kw):
+      check_fwd_bwd(lambda t: avg_pool_nd(t, nk, exclude_pad=True, **kw),
+                    lambda t: TORCH_AVG[nk](t, count_include_pad=False, **_torch_pool_kw(kw, False)), [rnd(*shape)])
+    case(f"avg_pool_nd exclude_pad {nk}-d {shape} {kw}", _ap2)
+
+
+def _avg_pool_dilation():
+  # tinygrad's avg_pool2d takes a dilation (torch's does not): the mean of the dilated window
+  x = rnd(1, 2, 9)
+  r = avg_pool_nd(Tensor(x), 1, kernel_size=3, dilation=2, stride=1).numpy()
+  ref = np.stack([x[..., i:i + 5:2].mean(-1) for i in range(9 - 4)], -1)
+  close(r, ref)
+
+
+case("avg_pool_nd with a dilation (tinygrad's, no torch equivalent)", _avg_pool_dilation)
+
+
+def _int_max_pool_nd():
+  a = RNG.integers(-50, 50, size=(1, 2, 4, 4, 4)).astype(np.int32)
+  r = max_pool_nd(Tensor(a), 3, kernel_size=3, stride=1, padding=1)
+  assert r.dtype == tg.INT32
+  close(r.numpy(), F.max_pool3d(torch.tensor(a.astype(np.float32)), 3, 1, 1).numpy().astype(np.int32))
+
+
+case("max_pool_nd of int32 pads with the dtype's minimum", _int_max_pool_nd)
+
+ND_ERRS = [
+    ("tg_conv_nd", lambda: conv_nd(Tensor(rnd(1, 2, 5, 5, 5)), Tensor(rnd(3, 2, 2, 2))), "spatial"),
+    ("tg_conv_nd", lambda: conv_nd(Tensor(rnd(1, 2, 5, 5, 5)), Tensor(rnd(3, 2, 2, 2, 2)), stride=(1, 2)), None),
+    ("tg_conv_nd", lambda: conv_nd(Tensor(rnd(1, 2, 5, 5, 5)), Tensor(rnd(3, 2, 2, 2, 2)), stride=(1, 2, 1, 1)), "spatial dims"),
+    ("tg_conv_nd", lambda: conv_nd(Tensor(rnd(1, 2, 5, 5, 5)), Tensor(rnd(3, 2, 2, 2, 2)), padding=(1, 1, 1, 1)), "npadding"),
+    ("tg_conv_nd", lambda: conv_nd(Tensor(rnd(1, 2, 5, 5, 5)), Tensor(rnd(3, 2, 2, 2, 2)), kernel_size=2), "pool option"),
+    ("tg_conv_nd", lambda: conv_nd(Tensor(rnd(1, 2, 5, 5, 1)), Tensor(rnd(3, 2, 2, 2, 2))), "larger than the padded"),
+    ("tg_conv_nd", lambda: conv_nd(Tensor(rnd(1, 3, 5, 5, 5)), Tensor(rnd(4, 2, 2, 2, 2)), groups=2), "groups"),
+    ("tg_conv_nd", lambda: conv_nd(Tensor(rnd(1, 2, 5, 5, 5)), Tensor(rnd(3, 2, 2, 2, 2)), output_padding=1), "output_padding"),
+    ("tg_conv_transpose_nd", lambda: conv_transpose_nd(Tensor(rnd(1, 2, 5, 5)), Tensor(rnd(2, 2, 2, 2, 2))), "spatial"),
+    ("tg_conv_transpose_nd", lambda: conv_transpose_nd(Tensor(rnd(1, 2, 5)), Tensor(rnd(2, 2, 2)), output_padding=-1), "output_padding"),
+    ("tg_max_pool_nd", lambda: max_pool_nd(Tensor(rnd(2, 3)), 3), "dimensions"),
+    ("tg_max_pool_nd", lambda: max_pool_nd(Tensor(rnd(2, 3, 4)), 0), "spatial dims"),
+    ("tg_max_pool_nd", lambda: max_pool_nd(Tensor(rnd(2, 3, 4)), 1, groups=2), "convolution"),
+    ("tg_avg_pool_nd", lambda: avg_pool_nd(Tensor(rnd(2, 3, 4)), 1, kernel_size=5), "larger than the padded"),
+    ("tg_avg_pool_nd", lambda: avg_pool_nd(Tensor(rnd(2, 3, 4, 4)), 2, kernel_size=(2, -1)), "positive"),
+]
+for i, (fname, f, sub) in enumerate(ND_ERRS):
+  case(f"error: {fname} #{i} ({sub or 'names the function'})", lambda fname=fname, f=f, sub=sub: expect_error(fname, f, sub))
+
+
+# =====================================================================================================
+def main(): return tg.run_cases(CASES, "test_nd_args_torch")
+
+
+if __name__ == "__main__":
+  sys.exit(main())
