@@ -546,6 +546,26 @@ tg_tensor tg_logical_not(tg_tensor x); /* x == 0 (nan counts as true, so its not
 tg_tensor tg_isinf(tg_tensor x);       /* x == +inf or x == -inf */
 tg_tensor tg_isnan(tg_tensor x);       /* x != x */
 tg_tensor tg_isfinite(tg_tensor x);    /* neither inf nor nan */
+/* tinygrad's argument forms of the ops above (opforms.c). */
+/* gelu(approximate): "tanh" (tg_gelu; also NULL) or "none", the exact x/2 (1 + erf(x / sqrt 2)). */
+tg_tensor tg_gelu_ex(tg_tensor x, const char *approximate);
+/* gamma * (x >= 0 ? x : alpha (exp(x) - 1)); tinygrad's defaults are alpha 1.67326, gamma 1.0507. */
+tg_tensor tg_selu_ex(tg_tensor x, double alpha, double gamma);
+/* clamp(alpha x + beta, 0, 1), x's dtype as tg_hardsigmoid (which is alpha 1/6, beta 0.5). */
+tg_tensor tg_hardsigmoid_ex(tg_tensor x, double alpha, double beta);
+/* isinf(detect_positive, detect_negative): true where x is +inf (if detect_positive) or -inf (if
+ * detect_negative); both false gives all false. */
+tg_tensor tg_isinf_ex(tg_tensor x, bool detect_positive, bool detect_negative);
+/* softmax / log_softmax with tinygrad's dtype argument: x - max(x) is cast to dtype (a float dtype)
+ * before exp and sum, so the result has that dtype; TG_DTYPE_DEFAULT is the plain op. tg_softmin is
+ * softmax(-x) with the same dtype argument. */
+tg_tensor tg_softmax_dtype(tg_tensor x, int axis, tg_dtype dtype);
+tg_tensor tg_log_softmax_dtype(tg_tensor x, int axis, tg_dtype dtype);
+tg_tensor tg_softmin(tg_tensor x, int axis, tg_dtype dtype);
+/* Lp normalization along dim (torch's F.normalize, tinygrad's normalize; defaults p 2, dim 1, eps
+ * 1e-12): x / max(||x||_p, eps), where ||x||_0 counts the non-zero elements. p must be finite, >= 0. */
+tg_tensor tg_normalize(tg_tensor x, double p, int dim, double eps);
+
 /* ~x for integers (two's complement), logical not for bool; error for floats. */
 tg_tensor tg_bitwise_not(tg_tensor x);
 

@@ -55,6 +55,9 @@ _SIGS = {
     "tg_max_pool_nd": (_T, [_T, _I, _WP]), "tg_avg_pool_nd": (_T, [_T, _I, _WP]),
     "tg_conv2d": (_T, [_T, _T, _T, ctypes.POINTER(ConvOpts)]),
     "tg_conv_transpose2d": (_T, [_T, _T, _T, ctypes.POINTER(ConvTOpts)]),
+    "tg_gelu_ex": (_T, [_T, ctypes.c_char_p]), "tg_selu_ex": (_T, [_T, _D, _D]), "tg_hardsigmoid_ex": (_T, [_T, _D, _D]),
+    "tg_isinf_ex": (_T, [_T, _B, _B]), "tg_softmax_dtype": (_T, [_T, _I, _I]), "tg_log_softmax_dtype": (_T, [_T, _I, _I]),
+    "tg_softmin": (_T, [_T, _I, _I]), "tg_normalize": (_T, [_T, _D, _I, _D]),
     "tg_set_requires_grad": (_T, [_T, _B]), "tg_backward": (_I, [_T]), "tg_grad": (_T, [_T]),
 }
 for _n, (_r, _a) in _SIGS.items():
@@ -297,6 +300,126 @@ ND_ERRS = [
 ]
 for i, (fname, f, sub) in enumerate(ND_ERRS):
   case(f"error: {fname} #{i} ({sub or 'names the function'})", lambda fname=fname, f=f, sub=sub: expect_error(fname, f, sub))
+
+
+# =====================================================================================================
+# activations and math with tinygrad's arguments
+def _gelu_exact():
+  for dt, atol in [(np.float32, 2e-7 * 4), (np.float64, 2e-7 * 4)]:
+    x = np.concatenate([rnd(40, lo=-6, hi=6), np.array([0.0, -0.0, 10.0, -10.0, 1e-8], np.float32)]).astype(dt)
+    check_fwd_bwd(lambda t: W(call("gelu_ex", t.h, b"none")), lambda t: F.gelu(t, approximate="none"), [x], atol=atol, gatol=2e-6)
+  check_fwd_bwd(lambda t: W(call("gelu_ex", t.h, b"tanh")), lambda t: F.gelu(t, approximate="tanh"), [rnd(30, lo=-5, hi=5)], atol=1e-6)
+  # half precision computes in float32 and rounds once
+  x = rnd(64, lo=-4, hi=4)
+  r = W(call("gelu_ex", Tensor(x.astype(np.float16)).h, b"none"))
+  assert r.dtype == tg.FLOAT16
+  close(r.numpy(), F.gelu(torch.tensor(x.astype(np.float16).astype(np.float32))).numpy().astype(np.float16), atol=1e-3)
+  # integer input: DEFAULT_FLOAT
+  r = W(call("gelu_ex", Tensor(np.array([-2, 0, 3], np.int32)).h, b"none"))
+  assert r.dtype == tg.FLOAT32
+  close(r.numpy(), F.gelu(torch.tensor([-2.0, 0.0, 3.0])), atol=1e-6)
+  expect_error("tg_gelu_ex", lambda: W(call("gelu_ex", Tensor(x).h, b"erf")), "none")
+
+
+case("gelu approximate='none' (exact erf) and 'tanh': values and gradients", _gelu_exact)
+
+
+def _softmin():
+  for shape, axis in [((4, 7), -1), ((3, 5, 2), 1), ((6,), 0), ((2, 0, 3), -1), ((1, 1), 0)]:
+    check_fwd_bwd(lambda t: W(call("softmin", t.h, axis, 0)), lambda t: F.softmin(t, dim=axis), [rnd(*shape)], atol=1e-6)
+  check_fwd_bwd(lambda t: W(call("softmin", t.h, 0, tg.FLOAT64)), lambda t: F.softmin(t.double(), dim=0), [rnd(5, 3)], atol=1e-9)
+  r = W(call("softmin", Tensor(np.array([1, 2, 3], np.int32)).h, 0, 0))
+  assert r.dtype == tg.FLOAT32
+  close(r.numpy(), F.softmin(torch.tensor([1.0, 2.0, 3.0]), 0))
+  expect_error("tg_softmin", lambda: W(call("softmin", Tensor(rnd(3)).h, 1, 0)))
+
+
+case("softmin (default and float64 dtype): values and gradients", _softmin)
+
+
+def _normalize():
+  for shape, p, dim, eps in [((4, 5), 2.0, 1, 1e-12), ((3, 4, 2), 1.0, 0, 1e-12), ((3, 6), 3.0, -1, 1e-12),
+                             ((5, 3), 0.5, 0, 1e-12), ((2, 3), 2.0, 1, 10.0), ((4, 0), 2.0, 0, 1e-12), ((6,), 2.0, 0, 1e-12)]:
+    check_fwd_bwd(lambda t: W(call("normalize", t.h, p, dim, eps)), lambda t: F.normalize(t, p=p, dim=dim, eps=eps), [rnd(*shape)],
+                  atol=1e-6, gatol=2e-5)
+  # a zero row: divided by eps, gradient finite
+  x = np.array([[0.0, 0.0, 0.0], [3.0, 4.0, 0.0]], np.float32)
+  close(W(call("normalize", Tensor(x).h, 2.0, 1, 1e-12)).numpy(), F.normalize(torch.tensor(x), dim=1))
+  # p = 0 counts the non-zero elements (tinygrad's), torch has no p=0 normalize
+  close(W(call("normalize", Tensor(x).h, 0.0, 1, 1e-12)).numpy(), x / np.maximum((x != 0).sum(1, keepdims=True), 1e-12))
+  expect_error("tg_normalize", lambda: W(call("normalize", Tensor(x).h, -1.0, 1, 1e-12)), "p")
+  expect_error("tg_normalize", lambda: W(call("normalize", Tensor(x).h, 2.0, 2, 1e-12)))
+
+
+case("normalize (Lp, dim, eps): values and gradients", _normalize)
+
+
+def _isinf_sides():
+  x = np.array([1.0, np.inf, -np.inf, np.nan, 0.0, -1e38, 3e38], np.float32)
+  x16 = np.array([1.0, np.inf, -np.inf, np.nan, 0.0, -6e4, 6e4], np.float16)
+  for pos in [False, True]:
+    for neg in [False, True]:
+      for a in [x, x16, x.astype(np.float64)]:
+        r = W(call("isinf_ex", Tensor(a).h, pos, neg))
+        assert r.dtype == tg.BOOL
+        ref = (np.isposinf(a) & pos) | (np.isneginf(a) & neg)
+        close(r.numpy(), ref, what=f"pos={pos} neg={neg} {a.dtype}")
+  r = W(call("isinf_ex", Tensor(np.array([1, -5], np.int32)).h, True, True))
+  close(r.numpy(), np.array([False, False]))
+
+
+case("isinf with detect_positive / detect_negative", _isinf_sides)
+
+
+def _selu_params():
+  x = np.concatenate([rnd(40, lo=-5, hi=5), np.array([0.0, 100.0, -100.0], np.float32)])
+  for alpha, gamma in [(1.67326, 1.0507), (2.0, 0.5), (0.3, 3.0)]:
+    check_fwd_bwd(lambda t: W(call("selu_ex", t.h, alpha, gamma)),
+                  lambda t: gamma * torch.where(t >= 0, t, alpha * (torch.exp(t.clamp(max=0)) - 1)), [x], atol=1e-5)
+  # tinygrad's defaults (rounded constants) vs torch's selu: close, not equal
+  r = W(call("selu_ex", Tensor(x).h, 1.67326, 1.0507)).numpy()
+  close(r, torch.selu(torch.tensor(x)), atol=1e-3, rtol=1e-4)
+  r = W(call("selu_ex", Tensor(np.array([-1, 2], np.int32)).h, 2.0, 0.5))
+  assert r.dtype == tg.FLOAT32
+  close(r.numpy(), np.array([0.5 * 2.0 * (np.exp(-1.0) - 1), 1.0], np.float32))
+
+
+case("selu(alpha, gamma) with non-default parameters: values and gradients (finite at x = 100)", _selu_params)
+
+
+def _hardsigmoid_params():
+  x = np.concatenate([rnd(40, lo=-8, hi=8), np.array([np.inf, -np.inf], np.float32)])
+  for alpha, beta in [(1 / 6, 0.5), (0.2, 0.5), (0.5, 0.1), (-0.25, 0.3)]:
+    xf = x if alpha == 1 / 6 else x[:-2]
+    check_fwd_bwd(lambda t: W(call("hardsigmoid_ex", t.h, alpha, beta)),
+                  lambda t: torch.clamp(alpha * t + beta, 0, 1), [xf], atol=1e-6)
+  close(W(call("hardsigmoid_ex", Tensor(x).h, 1 / 6, 0.5)).numpy(), F.hardsigmoid(torch.tensor(x)), atol=1e-6)
+  r = W(call("hardsigmoid_ex", Tensor(np.array([-4, 0, 1, 9], np.int32)).h, 0.25, 0.5))
+  assert r.dtype == tg.FLOAT32
+  close(r.numpy(), np.array([0.0, 0.5, 0.75, 1.0], np.float32))
+
+
+case("hardsigmoid(alpha, beta) with non-default parameters: values and gradients", _hardsigmoid_params)
+
+
+def _softmax_dtype():
+  x = rnd(4, 9)
+  for fn, tf in [("softmax_dtype", F.softmax), ("log_softmax_dtype", F.log_softmax)]:
+    check_fwd_bwd(lambda t: W(call(fn, t.h, -1, tg.FLOAT64)), lambda t: tf(t.double(), -1), [x], atol=1e-9)
+    r = W(call(fn, Tensor(x.astype(np.float16)).h, 1, tg.FLOAT32))
+    assert r.dtype == tg.FLOAT32
+    x16 = x.astype(np.float16)  # x - max(x) is rounded in float16, then cast (tinygrad's order)
+    close(r.numpy(), tf(torch.tensor(x16 - x16.max(1, keepdims=True)).float(), 1), atol=1e-6)
+    r = W(call(fn, Tensor(x).h, 0, tg.FLOAT16))
+    assert r.dtype == tg.FLOAT16
+    close(r.numpy(), tf(torch.tensor(x), 0), atol=3e-3, rtol=3e-3)
+    r = W(call(fn, Tensor(x).h, 0, 0))
+    assert r.dtype == tg.FLOAT32
+    close(r.numpy(), tf(torch.tensor(x), 0), atol=1e-6)
+    expect_error("tg_" + fn, lambda: W(call(fn, Tensor(x).h, 0, tg.INT32)), "float")
+
+
+case("softmax / log_softmax with a dtype argument", _softmax_dtype)
 
 
 # =====================================================================================================
