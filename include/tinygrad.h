@@ -804,6 +804,13 @@ tg_tensor tg_masked_select(tg_tensor x, tg_tensor mask);
 /* The indices of the non-zero elements (nan counts as non-zero), shape (count, ndim), int64, row-major
  * order (torch.nonzero). REALIZES x. */
 tg_tensor tg_nonzero(tg_tensor x);
+/* tinygrad's masked_select(mask, size, fill_value) and nonzero(size, fill_value): the same selections
+ * with a fixed length, so nothing is realized (they can be captured by TinyJit). The first size
+ * selected elements (masked_select: x's dtype, shape (size,)) or indices (nonzero: int32, shape (size,
+ * ndim), as tinygrad), padded with fill_value (converted to the result's dtype) when there are fewer.
+ * Costs one size x numel compare-and-count reduce. masked_select is differentiable in x. */
+tg_tensor tg_masked_select_size(tg_tensor x, tg_tensor mask, int64_t size, double fill_value);
+tg_tensor tg_nonzero_size(tg_tensor x, int64_t size, double fill_value);
 
 /* out = x with src[i][j][k] written at out[index[i][j][k]][j][k] (dim 0; likewise for other dims),
  * torch's scatter. index, src and x have the same ndim; index.shape[d] <= src.shape[d] for every d

@@ -58,6 +58,7 @@ _SIGS = {
     "tg_gelu_ex": (_T, [_T, ctypes.c_char_p]), "tg_selu_ex": (_T, [_T, _D, _D]), "tg_hardsigmoid_ex": (_T, [_T, _D, _D]),
     "tg_isinf_ex": (_T, [_T, _B, _B]), "tg_softmax_dtype": (_T, [_T, _I, _I]), "tg_log_softmax_dtype": (_T, [_T, _I, _I]),
     "tg_softmin": (_T, [_T, _I, _I]), "tg_normalize": (_T, [_T, _D, _I, _D]),
+    "tg_masked_select_size": (_T, [_T, _T, _I64, _D]), "tg_nonzero_size": (_T, [_T, _I64, _D]),
     "tg_set_requires_grad": (_T, [_T, _B]), "tg_backward": (_I, [_T]), "tg_grad": (_T, [_T]),
 }
 for _n, (_r, _a) in _SIGS.items():
@@ -420,6 +421,76 @@ def _softmax_dtype():
 
 
 case("softmax / log_softmax with a dtype argument", _softmax_dtype)
+
+
+# =====================================================================================================
+# fixed-size selection
+def _ref_masked_select(x, m, size, fill):
+  sel = x[np.broadcast_to(m, x.shape)]
+  out = np.full(size, fill).astype(x.dtype)
+  k = min(size, sel.size)
+  out[:k] = sel[:k]
+  return out
+
+
+def _masked_select_size():
+  for shape, mshape, size, fill in [((3, 4), (3, 4), 5, 0), ((3, 4), (3, 4), 20, -1.5), ((2, 3, 4), (3, 1), 7, 9),
+                                    ((6,), (6,), 0, 0), ((0, 3), (0, 3), 4, 2), ((5,), (1,), 3, 7), ((4, 4), (4, 4), 16, 0)]:
+    x, m = rnd(*shape), RNG.random(mshape) < 0.5
+    ref = _ref_masked_select(x, m, size, fill)
+    tx = set_rg(Tensor(x))
+    r = W(call("masked_select_size", tx.h, Tensor(m).h, size, float(fill)))
+    assert r.dtype == tg.FLOAT32
+    close(r.numpy(), ref, what=f"masked_select {shape} {mshape} size={size}")
+    if size and x.size:
+      wv = RNG.uniform(0.5, 1.5, size=size).astype(np.float32)
+      backward((r * Tensor(wv)).sum())
+      xt = torch.tensor(x, requires_grad=True)
+      sel = torch.masked_select(xt, torch.tensor(m))
+      k = min(size, sel.numel())
+      (sel[:k] * torch.tensor(wv[:k])).sum().backward()
+      close(grad(tx).numpy(), xt.grad, what="grad")
+  # integer x, fill converted to its dtype; nothing realized before the result
+  xi = np.arange(12, dtype=np.int32).reshape(3, 4)
+  m = xi % 3 == 0
+  txi, tm = Tensor(xi), Tensor(m)
+  tg.counters_reset()
+  r = W(call("masked_select_size", txi.h, tm.h, 6, -1.0))
+  nz = W(call("nonzero_size", txi.h, 6, -1.0))
+  assert tg.counters().kernel_count == 0, "a fixed-size selection realized something"
+  assert r.dtype == tg.INT32
+  close(nz.numpy()[:, 0], np.array([1, 2, 3, 4, 5, 6]) // 4)
+  close(r.numpy(), np.array([0, 3, 6, 9, -1, -1], np.int32))
+  expect_error("tg_masked_select_size", lambda: W(call("masked_select_size", Tensor(xi).h, Tensor(xi).h, 3, 0.0)), "bool")
+  expect_error("tg_masked_select_size", lambda: W(call("masked_select_size", Tensor(xi).h, Tensor(m).h, -1, 0.0)), "size")
+  expect_error("tg_masked_select_size", lambda: W(call("masked_select_size", Tensor(xi).h, Tensor(np.ones(5, bool)).h, 3, 0.0)))
+
+
+case("masked_select with size / fill_value: values and gradients", _masked_select_size)
+
+
+def _nonzero_size():
+  for shape, size, fill in [((3, 4), 4, 0), ((3, 4), 15, -1), ((2, 3, 2), 5, 7), ((7,), 3, 0), ((0, 2), 3, -2),
+                            ((4, 5), 0, 0), ((2, 2), 4, 0)]:
+    x = np.where(RNG.random(shape) < 0.4, rnd(*shape), 0).astype(np.float32)
+    if shape == (2, 2): x = np.array([[1, 0], [np.nan, 2]], np.float32)  # nan counts as non-zero
+    nz = np.argwhere(x != 0)
+    ref = np.full((size, len(shape)), fill, np.int32)
+    k = min(size, len(nz))
+    ref[:k] = nz[:k]
+    r = W(call("nonzero_size", Tensor(x).h, size, float(fill)))
+    assert r.dtype == tg.INT32, r.dtype
+    close(r.numpy(), ref, what=f"nonzero {shape} size={size}")
+  r = W(call("nonzero_size", Tensor(np.array(3.0, np.float32)).h, 2, 0.0))
+  assert r.shape == (2, 0), r.shape
+  r = W(call("nonzero_size", Tensor(np.array([0, 5, 0, 9], np.uint8)).h, 3, 4.0))
+  close(r.numpy(), np.array([[1], [3], [4]], np.int32))
+  # tinygrad's own results for the documented example
+  close(W(call("nonzero_size", Tensor(np.array([[1, 0], [0, 2]], np.int32)).h, 3, -1.0)).numpy(),
+        np.array([[0, 0], [1, 1], [-1, -1]], np.int32))
+
+
+case("nonzero with size / fill_value (int32, as tinygrad)", _nonzero_size)
 
 
 # =====================================================================================================
