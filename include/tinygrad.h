@@ -437,6 +437,11 @@ tg_tensor tg_layernorm(tg_tensor x, int naxes, double eps);
 /* (x - mean) * weight * invstd + bias over channel dim 1 of x (batch, C, ...). mean, weight, bias
  * have C elements; weight / bias may be {0}. invstd is (C,) or broadcasts against x. */
 tg_tensor tg_batchnorm(tg_tensor x, tg_tensor weight, tg_tensor bias, tg_tensor mean, tg_tensor invstd);
+/* tinygrad's batchnorm(axis=...): the same over any set of axes of x (tg_batchnorm is axes {1}).
+ * mean, weight, bias have one element per position of the kept axes (reshaped to x's rank with 1s
+ * elsewhere); invstd too when it has naxes dims, else it broadcasts against x as it is. */
+tg_tensor tg_batchnorm_axes(tg_tensor x, tg_tensor weight, tg_tensor bias, tg_tensor mean, tg_tensor invstd,
+                            const int *axes, int naxes);
 /* Zeroes elements with probability p and scales the rest by 1/(1-p), only while the TRAINING
  * setting is non-zero (tg_context_set_int("TRAINING", 1), tinygrad's Context(TRAINING=1));
  * otherwise returns x unchanged (a new handle). While training, the random mask is computed when
@@ -445,6 +450,7 @@ tg_tensor tg_dropout(tg_tensor x, double p);
 typedef struct {
   bool is_causal;   /* mask out keys after the query position (top-left aligned, as torch) */
   double dropout_p; /* dropout on the attention weights (only while TRAINING) */
+  bool enable_gqa;  /* grouped-query attention: key / value heads (dim -3) repeat to the query's count */
 } tg_sdpa_opts;
 #define TG_SDPA_OPTS(...) (&(const tg_sdpa_opts){__VA_ARGS__})
 /* softmax(q @ k^T / sqrt(E) + mask) @ v for q (..., L, E), k (..., S, E), v (..., S, Ev). attn_mask

@@ -40,6 +40,10 @@ class WindowOpts(ctypes.Structure):
               ("noutput_padding", _I), ("ceil_mode", _B), ("exclude_pad", _B)]
 
 
+class SdpaOpts(ctypes.Structure):
+  _fields_ = [("is_causal", _B), ("dropout_p", _D), ("enable_gqa", _B)]
+
+
 class ConvOpts(ctypes.Structure):
   _fields_ = [("groups", _I64), ("stride", _I64 * 2), ("dilation", _I64 * 2), ("padding", _I64 * 4), ("npadding", _I)]
 
@@ -59,6 +63,8 @@ _SIGS = {
     "tg_isinf_ex": (_T, [_T, _B, _B]), "tg_softmax_dtype": (_T, [_T, _I, _I]), "tg_log_softmax_dtype": (_T, [_T, _I, _I]),
     "tg_softmin": (_T, [_T, _I, _I]), "tg_normalize": (_T, [_T, _D, _I, _D]),
     "tg_masked_select_size": (_T, [_T, _T, _I64, _D]), "tg_nonzero_size": (_T, [_T, _I64, _D]),
+    "tg_batchnorm_axes": (_T, [_T, _T, _T, _T, _T, ctypes.POINTER(_I), _I]),
+    "tg_scaled_dot_product_attention": (_T, [_T, _T, _T, _T, ctypes.POINTER(SdpaOpts)]),
     "tg_set_requires_grad": (_T, [_T, _B]), "tg_backward": (_I, [_T]), "tg_grad": (_T, [_T]),
 }
 for _n, (_r, _a) in _SIGS.items():
@@ -491,6 +497,71 @@ def _nonzero_size():
 
 
 case("nonzero with size / fill_value (int32, as tinygrad)", _nonzero_size)
+
+
+# =====================================================================================================
+# norms and attention
+def batchnorm_axes(x, w, b, mean, invstd, axes):
+  arr = (_I * max(len(axes), 1))(*axes)
+  return W(call("batchnorm_axes", x.h, _h(w), _h(b), mean.h, invstd.h, arr, len(axes)))
+
+
+def _batchnorm_axes():
+  for shape, axes, per_invstd in [((4, 3, 5), (1,), True), ((2, 3, 4, 5), (1, 3), True), ((6, 5), (-1,), True),
+                                  ((3, 4, 5), (0, 2), False), ((2, 3, 4), (), False), ((2, 3, 4), (0, 1, 2), True)]:
+    kshape = tuple(shape[a] for a in axes)
+    bshape = tuple(shape[i] if (i in axes or i - len(shape) in axes) else 1 for i in range(len(shape)))
+    x, w, b, m = rnd(*shape), rnd(*kshape), rnd(*kshape), rnd(*kshape)
+    iv = RNG.uniform(0.5, 2, size=kshape if per_invstd else bshape).astype(np.float32)
+
+    def ref(x, w, b, m, iv):
+      r = (x - m.reshape(bshape)) * w.reshape(bshape)
+      return r * (iv.reshape(bshape) if per_invstd else iv) + b.reshape(bshape)
+    check_fwd_bwd(lambda x, w, b, m, iv: batchnorm_axes(x, w, b, m, iv, axes), ref, [x, w, b, m, iv], atol=1e-5)
+  # no weight / bias; the channel form equals tg_batchnorm's
+  x, m, iv = rnd(2, 3, 4), rnd(4), RNG.uniform(0.5, 2, 4).astype(np.float32)
+  close(batchnorm_axes(Tensor(x), None, None, Tensor(m), Tensor(iv), [2]).numpy(), (x - m) * iv)
+  expect_error("tg_batchnorm_axes", lambda: batchnorm_axes(Tensor(x), None, None, Tensor(rnd(3)), Tensor(iv), [2]), "mean")
+  expect_error("tg_batchnorm_axes", lambda: batchnorm_axes(Tensor(x), None, None, Tensor(m), Tensor(iv), [2, -1]), "twice")
+  expect_error("tg_batchnorm_axes", lambda: batchnorm_axes(Tensor(x), None, None, Tensor(m), Tensor(iv), [3]))
+
+
+case("batchnorm over any axes: values and gradients", _batchnorm_axes)
+
+
+def sdpa(q, k, v, mask=None, is_causal=False, enable_gqa=False):
+  return W(call("scaled_dot_product_attention", q.h, k.h, v.h, _h(mask), ctypes.byref(SdpaOpts(is_causal, 0.0, enable_gqa))))
+
+
+def _torch_sdpa_gqa(q, k, v, mask=None, is_causal=False):
+  r = q.shape[-3] // k.shape[-3]
+  k, v = k.repeat_interleave(r, dim=-3), v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
+  s = q @ k.transpose(-2, -1) / np.sqrt(q.shape[-1])
+  if is_causal: mask = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
+  if mask is not None: s = s + (torch.where(mask, 0.0, -float("inf")) if mask.dtype == torch.bool else mask)
+  return s.softmax(-1) @ v
+
+
+def _sdpa_gqa():
+  for qs, ks, vs, causal, with_mask in [((2, 4, 5, 8), (2, 2, 6, 8), (2, 2, 6, 3), False, False),
+                                        ((1, 6, 4, 4), (1, 3, 4, 4), (1, 3, 4, 4), True, False),
+                                        ((2, 8, 3, 4), (2, 1, 5, 4), (2, 1, 5, 4), False, True),
+                                        ((4, 3, 6), (2, 3, 6), (2, 3, 6), False, False),
+                                        ((2, 2, 3, 4), (2, 2, 3, 4), (2, 2, 3, 4), False, False)]:
+    arrs = [rnd(*qs), rnd(*ks), rnd(*vs)]
+    mask = RNG.random((qs[-2], ks[-2])) < 0.7 if with_mask else None
+    if mask is not None: mask[:, 0] = True
+    check_fwd_bwd(lambda q, k, v: sdpa(q, k, v, Tensor(mask) if mask is not None else None, causal, True),
+                  lambda q, k, v: _torch_sdpa_gqa(q, k, v, torch.tensor(mask) if mask is not None else None, causal), arrs,
+                  atol=1e-5, gatol=2e-5)
+  q, k = Tensor(rnd(1, 4, 3, 2)), Tensor(rnd(1, 3, 3, 2))
+  expect_error("tg_scaled_dot_product_attention", lambda: sdpa(q, k, k, enable_gqa=True), "multiple")
+  expect_error("tg_scaled_dot_product_attention", lambda: sdpa(q, k, k), "batch")  # without enable_gqa heads must broadcast
+  expect_error("tg_scaled_dot_product_attention", lambda: sdpa(Tensor(rnd(3, 2)), Tensor(rnd(3, 2)), Tensor(rnd(3, 2)), enable_gqa=True),
+               "heads")
+
+
+case("scaled_dot_product_attention with enable_gqa: values and gradients", _sdpa_gqa)
 
 
 # =====================================================================================================

@@ -1578,6 +1578,51 @@ tg_tensor tg_batchnorm(tg_tensor x, tg_tensor weight, tg_tensor bias, tg_tensor 
   return done(o, r);
 }
 
+tg_tensor tg_batchnorm_axes(tg_tensor x, tg_tensor weight, tg_tensor bias, tg_tensor mean, tg_tensor invstd,
+                            const int *axes, int naxes) {
+  const char *fn = "tg_batchnorm_axes";
+  UOp *a = t_get(x, fn), *m = a ? t_get(mean, fn) : NULL, *is = m ? t_get(invstd, fn) : NULL, *w = NULL,
+      *b = NULL;
+  if (!a || !m || !is) return NONE;
+  if (weight.id && !(w = t_get(weight, fn))) return NONE;
+  if (bias.id && !(b = t_get(bias, fn))) return NONE;
+  if (naxes < 0 || (naxes > 0 && !axes)) return fail("%s: axes is NULL or naxes=%d < 0", fn, naxes);
+  bool keep[MAXD] = {false};
+  int64_t sh[MAXD], c = 1;
+  for (int i = 0; i < naxes; i++) {
+    int ax;
+    if (norm_axis(fn, axes[i], a->ndim, &ax) < 0) return NONE;
+    if (keep[ax]) return fail("%s: axis %d appears twice", fn, axes[i]);
+    keep[ax] = true;
+  }
+  for (int i = 0; i < a->ndim; i++) sh[i] = keep[i] ? a->shape[i] : 1, c *= sh[i];
+  /* the parameters hold one value per kept position (any shape with that many elements, reshaped);
+   * invstd of another rank broadcasts against x as it is (tinygrad's rule) */
+  struct {
+    UOp *u;
+    const char *name;
+  } per[3] = {{m, "mean"}, {w, "weight"}, {b, "bias"}};
+  for (int i = 0; i < 3; i++)
+    if (per[i].u && shape_numel(per[i].u->shape, per[i].u->ndim) != c)
+      return fail("%s: %s has shape %s but x %s kept over the %d axes has %lld elements per position", fn,
+                  per[i].name, SHP(per[i].u), SHP(a), naxes, (long long)c);
+  bool is_per = is->ndim == naxes;
+  int64_t bs[MAXD];
+  if (is_per && shape_numel(is->shape, is->ndim) != c)
+    return fail("%s: invstd has shape %s but x %s kept over the %d axes has %lld elements per position", fn, SHP(is),
+                SHP(a), naxes, (long long)c);
+  if (!is_per && bcast_shape(fn, a->shape, a->ndim, is->shape, is->ndim, bs, "invstd") < 0) return NONE;
+  UOp *dv[4] = {m, is, w, b};
+  for (int i = 0; i < 4; i++)
+    if (dv[i] && !same_device(fn, a, dv[i], "a parameter")) return NONE;
+  NnOp o = begin(fn);
+  tg_tensor r = tg_sub(x, tg_reshape(mean, sh, a->ndim));
+  if (w) r = tg_mul(r, tg_reshape(weight, sh, a->ndim));
+  r = tg_mul(r, is_per ? tg_reshape(invstd, sh, a->ndim) : invstd);
+  if (b) r = tg_add(r, tg_reshape(bias, sh, a->ndim));
+  return done(o, r);
+}
+
 tg_tensor tg_dropout(tg_tensor x, double p) {
   const char *fn = "tg_dropout";
   UOp *a = t_get(x, fn);
@@ -1593,6 +1638,21 @@ tg_tensor tg_dropout(tg_tensor x, double p) {
    * in between. tinygrad's .contiguous() gets the same effect from its becomes_map. */
   if (tg_realize(keep) != TG_OK) return done(o, NONE);
   return done(o, tg_div_s(tg_where(keep, x, tg_const_like(x, 0)), 1.0 - p));
+}
+
+/* repeat_interleave(r, dim=-3): (..., H, S, E) -> (..., H*r, S, E), each head r times in a row (a view) */
+static tg_tensor repeat_heads(tg_tensor t, UOp *u, int64_t r) {
+  int n = u->ndim;
+  int64_t sh[MAXD];
+  for (int i = 0; i < n - 2; i++) sh[i] = u->shape[i];
+  sh[n - 2] = 1, sh[n - 1] = u->shape[n - 2], sh[n] = u->shape[n - 1];
+  tg_tensor e = tg_reshape(t, sh, n + 1);
+  sh[n - 2] = r;
+  e = tg_expand(e, sh, n + 1);
+  int64_t out[MAXD];
+  memcpy(out, u->shape, sizeof(int64_t) * (size_t)n);
+  out[n - 3] *= r;
+  return tg_reshape(e, out, n);
 }
 
 tg_tensor tg_scaled_dot_product_attention(tg_tensor q, tg_tensor k, tg_tensor v, tg_tensor attn_mask,
@@ -1612,9 +1672,24 @@ tg_tensor tg_scaled_dot_product_attention(tg_tensor q, tg_tensor k, tg_tensor v,
   if (va->shape[va->ndim - 2] != S)
     return fail("%s: key %s and value %s must have the same sequence length (dim -2)", fn, SHP(ka), SHP(va));
   if (causal && ma) return fail("%s: cannot set attn_mask when is_causal is true", fn);
+  int64_t gqa_k = 1, gqa_v = 1;
+  if (opts && opts->enable_gqa) {
+    /* grouped-query attention: each key / value head serves Hq / Hkv consecutive query heads (dim -3) */
+    if (qa->ndim < 3 || ka->ndim < 3 || va->ndim < 3)
+      return fail("%s: enable_gqa needs a heads dim (-3) in query %s, key %s and value %s", fn, SHP(qa), SHP(ka),
+                  SHP(va));
+    int64_t hq = qa->shape[qa->ndim - 3], hk = ka->shape[ka->ndim - 3], hv = va->shape[va->ndim - 3];
+    if (!hk || !hv || hq % hk || hq % hv)
+      return fail("%s: enable_gqa: the query's %lld heads are not a multiple of the key's %lld and the value's %lld "
+                  "heads (query %s, key %s, value %s)",
+                  fn, (long long)hq, (long long)hk, (long long)hv, SHP(qa), SHP(ka), SHP(va));
+    gqa_k = hq / hk, gqa_v = hq / hv;
+  }
   if (!(dp >= 0 && dp <= 1)) return fail("%s: dropout_p=%g is out of range [0, 1]", fn, dp);
-  int64_t qk[MAXD], tmp[MAXD];
-  int n = bcast_shape(fn, qa->shape, qa->ndim - 2, ka->shape, ka->ndim - 2, qk, "query/key batch dims");
+  int64_t qk[MAXD], tmp[MAXD], kbatch[MAXD];
+  memcpy(kbatch, ka->shape, sizeof(int64_t) * (size_t)(ka->ndim - 2));
+  if (gqa_k > 1) kbatch[ka->ndim - 3] *= gqa_k;
+  int n = bcast_shape(fn, qa->shape, qa->ndim - 2, kbatch, ka->ndim - 2, qk, "query/key batch dims");
   if (n < 0 || n + 2 > MAXD) return NONE;
   qk[n] = L, qk[n + 1] = S;
   if (ma && bcast_shape(fn, qk, n + 2, ma->shape, ma->ndim, tmp, "attn_mask") < 0) return NONE;
@@ -1622,6 +1697,8 @@ tg_tensor tg_scaled_dot_product_attention(tg_tensor q, tg_tensor k, tg_tensor v,
       (ma && !same_device(fn, qa, ma, "attn_mask")))
     return NONE;
   NnOp o = begin(fn);
+  if (gqa_k > 1) k = repeat_heads(k, ka, gqa_k);
+  if (gqa_v > 1) v = repeat_heads(v, va, gqa_v);
   tg_dtype acc = tg_dtype_promote(tg_dtype_promote((tg_dtype)qa->dtype, (tg_dtype)ka->dtype), TG_FLOAT32);
   tg_tensor s = tg_div_s(tg_matmul(tg_cast(q, acc), tg_transpose(tg_cast(k, acc), -2, -1)), sqrt((double)e));
   tg_tensor mask = ma ? attn_mask : NONE;
