@@ -303,6 +303,10 @@ typedef tg_tensor (*tg_layer_fn)(tg_tensor x, void *ctx);
 tg_tensor tg_sequential(tg_tensor x, const tg_layer_fn *fns, void *const *ctxs, int n);
 /* Matrix product of 2-D (or batched) tensors. */
 tg_tensor tg_matmul(tg_tensor x, tg_tensor y);
+/* tinygrad's matmul(dtype=) / dot(dtype=): the elementwise products (in the promoted dtype) are cast
+ * to dtype and summed there, and the result has dtype (float16 sums accumulate in float32 inside the
+ * kernel and round once, as tg_sum does). TG_DTYPE_DEFAULT is the plain op. */
+tg_tensor tg_matmul_dtype(tg_tensor x, tg_tensor y, tg_dtype dtype);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* nn ops: movement, statistics, pooling and convolution, functional nn, losses                    */
@@ -427,6 +431,9 @@ tg_tensor tg_dot(tg_tensor x, tg_tensor w);
 /* x @ weight.T + bias with weight (out_features, in_features), bias (out_features,) or {0}: the
  * convention of tinygrad's nn.Linear and torch's F.linear. A 1-d weight scales x elementwise. */
 tg_tensor tg_linear(tg_tensor x, tg_tensor weight, tg_tensor bias);
+/* tinygrad's dot(dtype=) (as tg_matmul_dtype) and linear(dtype=): x, weight and bias cast to dtype. */
+tg_tensor tg_dot_dtype(tg_tensor x, tg_tensor w, tg_dtype dtype);
+tg_tensor tg_linear_dtype(tg_tensor x, tg_tensor weight, tg_tensor bias, tg_dtype dtype);
 
 /* int32 one-hot of integer labels: shape x.shape + (num_classes,). num_classes -1 uses the largest
  * label + 1 (this realizes x). */
@@ -653,6 +660,8 @@ tg_tensor tg_max_unpool2d(tg_tensor x, tg_tensor indices, const tg_pool2d_opts *
  * ("...ij,...jk->...ik"). Letters a-z, A-Z; spaces are ignored. Sizes of one letter must match or be
  * 1 (broadcast). Operands are aligned to one alphabet, multiplied and summed in one fused kernel. */
 tg_tensor tg_einsum(const char *formula, const tg_tensor *ts, int n);
+/* tinygrad's einsum(dtype=): the product is cast to dtype before the summation; the result has dtype. */
+tg_tensor tg_einsum_dtype(const char *formula, const tg_tensor *ts, int n, tg_dtype dtype);
 
 typedef enum {
   TG_INTERP_LINEAR = 0,    /* linear along every resized dim (bilinear / trilinear for 2 / 3 dims) */

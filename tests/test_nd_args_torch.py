@@ -65,6 +65,8 @@ _SIGS = {
     "tg_masked_select_size": (_T, [_T, _T, _I64, _D]), "tg_nonzero_size": (_T, [_T, _I64, _D]),
     "tg_batchnorm_axes": (_T, [_T, _T, _T, _T, _T, ctypes.POINTER(_I), _I]),
     "tg_scaled_dot_product_attention": (_T, [_T, _T, _T, _T, ctypes.POINTER(SdpaOpts)]),
+    "tg_matmul_dtype": (_T, [_T, _T, _I]), "tg_dot_dtype": (_T, [_T, _T, _I]), "tg_linear_dtype": (_T, [_T, _T, _T, _I]),
+    "tg_einsum_dtype": (_T, [ctypes.c_char_p, ctypes.POINTER(_T), _I, _I]),
     "tg_set_requires_grad": (_T, [_T, _B]), "tg_backward": (_I, [_T]), "tg_grad": (_T, [_T]),
 }
 for _n, (_r, _a) in _SIGS.items():
@@ -562,6 +564,88 @@ def _sdpa_gqa():
 
 
 case("scaled_dot_product_attention with enable_gqa: values and gradients", _sdpa_gqa)
+
+
+# =====================================================================================================
+# dtype arguments of matmul, dot, linear and einsum
+def _np_dot_dtype(x, w, dt):
+  """tinygrad's dot(dtype=): products in the operands' promoted dtype, then cast to dt and summed."""
+  w2 = w if w.ndim >= 2 else w[:, None]
+  p = (x[..., :, None] * w2)  # (..., k, m) in the promoted dtype (numpy rounds / wraps per element like the kernel)
+  r = p.astype(dt).sum(-2, dtype=dt)
+  return r if w.ndim >= 2 else r[..., 0]
+
+
+def _matmul_dtype():
+  cases = [((3, 5), (5, 4), np.float16, tg.FLOAT32, np.float32), ((2, 3, 6), (6, 2), np.float16, tg.FLOAT64, np.float64),
+           ((4, 7), (7, 3), np.float32, tg.FLOAT64, np.float64), ((5,), (5, 3), np.float16, tg.FLOAT32, np.float32),
+           ((3, 4), (4,), np.float32, tg.FLOAT64, np.float64)]
+  for xs, ws, sdt, tdt, ndt in cases:
+    x, w = rnd(*xs).astype(sdt), rnd(*ws).astype(sdt)
+    for name in ["matmul_dtype", "dot_dtype"]:
+      r = W(call(name, Tensor(x).h, Tensor(w).h, tdt))
+      assert r.dtype == tdt, (name, r.dtype)
+      close(r.numpy(), _np_dot_dtype(x, w, ndt), atol=1e-6, rtol=1e-6, what=f"{name} {xs} {ws} {sdt}")
+  # integers: the int8 products wrap in int8 (tinygrad multiplies in the operands' dtype), the sum is int32
+  x, w = RNG.integers(-100, 100, (4, 6)).astype(np.int8), RNG.integers(-100, 100, (6, 3)).astype(np.int8)
+  r = W(call("matmul_dtype", Tensor(x).h, Tensor(w).h, tg.INT32))
+  assert r.dtype == tg.INT32
+  close(r.numpy(), _np_dot_dtype(x, w, np.int32))
+  r = W(call("matmul_dtype", Tensor(x[0]).h, Tensor(w).h, tg.INT8))  # 1-d @ 2-d keeps the 1-d shape
+  assert r.dtype == tg.INT8 and r.shape == (3,), (r.dtype, r.shape)
+  close(r.numpy(), _np_dot_dtype(x[0], w, np.int8))
+  # gradients flow back to the operands' dtype
+  check_fwd_bwd(lambda a, b: W(call("matmul_dtype", a.h, b.h, tg.FLOAT64)), lambda a, b: a.double() @ b.double(),
+                [rnd(3, 4), rnd(4, 5)], atol=1e-6)
+  # TG_DTYPE_DEFAULT is the plain matmul
+  x, w = rnd(3, 4), rnd(4, 2)
+  close(W(call("matmul_dtype", Tensor(x).h, Tensor(w).h, 0)).numpy(), x @ w, atol=1e-6)
+  expect_error("tg_matmul_dtype", lambda: W(call("matmul_dtype", Tensor(x).h, Tensor(w).h, 99)), "dtype")
+  expect_error("tg_dot_dtype", lambda: W(call("dot_dtype", Tensor(x).h, Tensor(x).h, tg.FLOAT64)), "inner")
+
+
+case("matmul / dot with a dtype argument (tinygrad's accumulation semantics)", _matmul_dtype)
+
+
+def _linear_dtype():
+  x, w, b = rnd(3, 6), rnd(4, 6), rnd(4)
+  r = W(call("linear_dtype", Tensor(x).h, Tensor(w).h, Tensor(b).h, tg.FLOAT16))
+  assert r.dtype == tg.FLOAT16
+  x16, w16, b16 = x.astype(np.float16), w.astype(np.float16), b.astype(np.float16)
+  close(r.numpy(), (_np_dot_dtype(x16, w16.T, np.float32) + b16).astype(np.float16), atol=1e-2, rtol=2e-3)
+  check_fwd_bwd(lambda x, w, b: W(call("linear_dtype", x.h, w.h, b.h, tg.FLOAT64)),
+                lambda x, w, b: F.linear(x.double(), w.double(), b.double()), [x, w, b], atol=1e-6)
+  r = W(call("linear_dtype", Tensor(x).h, Tensor(rnd(6)).h, NONE_T, tg.FLOAT64))  # a 1-d weight scales
+  assert r.dtype == tg.FLOAT64
+  expect_error("tg_linear_dtype", lambda: W(call("linear_dtype", Tensor(x).h, Tensor(w.T.copy()).h, NONE_T, tg.FLOAT64)), "weight")
+
+
+case("linear with a dtype argument: values and gradients", _linear_dtype)
+
+
+def einsum_dtype(formula, ts, dt):
+  arr = (_T * len(ts))(*[t.h for t in ts])
+  return W(call("einsum_dtype", formula.encode(), arr, len(ts), dt))
+
+
+def _einsum_dtype():
+  x, w = RNG.integers(-100, 100, (4, 6)).astype(np.int8), RNG.integers(-100, 100, (6, 3)).astype(np.int8)
+  r = einsum_dtype("ij,jk->ik", [Tensor(x), Tensor(w)], tg.INT32)
+  assert r.dtype == tg.INT32
+  close(r.numpy(), _np_dot_dtype(x, w, np.int32))
+  a, b = rnd(2, 3, 4).astype(np.float16), rnd(2, 4, 5).astype(np.float16)
+  r = einsum_dtype("bij,bjk->bki", [Tensor(a), Tensor(b)], tg.FLOAT32)
+  assert r.dtype == tg.FLOAT32
+  ref = (a[:, :, :, None] * b[:, None, :, :]).astype(np.float32).sum(2).transpose(0, 2, 1)
+  close(r.numpy(), ref, atol=1e-6)
+  r = einsum_dtype("ij->ji", [Tensor(rnd(2, 3))], tg.FLOAT64)  # no summation: a cast
+  assert r.dtype == tg.FLOAT64
+  check_fwd_bwd(lambda p, q: einsum_dtype("ij,jk->ik", [p, q], tg.FLOAT64), lambda p, q: p.double() @ q.double(),
+                [rnd(3, 4), rnd(4, 2)], atol=1e-6)
+  expect_error("tg_einsum_dtype", lambda: einsum_dtype("ij,jk->ik", [Tensor(x)], tg.INT32), "operand")
+
+
+case("einsum with a dtype argument: values and gradients", _einsum_dtype)
 
 
 # =====================================================================================================

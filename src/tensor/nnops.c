@@ -1478,8 +1478,27 @@ tg_tensor tg_dot(tg_tensor x, tg_tensor w) {
   return done(o, tg_matmul(x, w));
 }
 
+tg_tensor tg_dot_dtype(tg_tensor x, tg_tensor w, tg_dtype dtype) {
+  const char *fn = "tg_dot_dtype";
+  UOp *a = t_get(x, fn), *b = a ? t_get(w, fn) : NULL;
+  if (!a || !b) return NONE;
+  NnOp o = begin(fn);
+  return done(o, tg_matmul_dtype(x, w, dtype));
+}
+
+static tg_tensor linear_impl(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, tg_dtype dtype);
+
 tg_tensor tg_linear(tg_tensor x, tg_tensor weight, tg_tensor bias) {
-  const char *fn = "tg_linear";
+  return linear_impl("tg_linear", x, weight, bias, TG_DTYPE_DEFAULT);
+}
+
+/* tinygrad's linear(dtype=): x, weight and bias are cast to dtype first */
+tg_tensor tg_linear_dtype(tg_tensor x, tg_tensor weight, tg_tensor bias, tg_dtype dtype) {
+  if ((int)dtype < 0 || dtype >= TG_DTYPE_COUNT) return fail("tg_linear_dtype: invalid dtype %d", (int)dtype);
+  return linear_impl("tg_linear_dtype", x, weight, bias, dtype);
+}
+
+static tg_tensor linear_impl(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, tg_dtype dtype) {
   UOp *a = t_get(x, fn), *w = a ? t_get(weight, fn) : NULL, *b = NULL;
   if (!a || !w) return NONE;
   if (bias.id && !(b = t_get(bias, fn))) return NONE;
@@ -1495,6 +1514,10 @@ tg_tensor tg_linear(tg_tensor x, tg_tensor weight, tg_tensor bias) {
     return fail("%s: bias has shape %s but the output has %lld features", fn, SHP(b), (long long)outf);
   if (!same_device(fn, a, w, "weight") || (b && !same_device(fn, a, b, "bias"))) return NONE;
   NnOp o = begin(fn);
+  if (dtype != TG_DTYPE_DEFAULT) {
+    x = tg_cast(x, dtype), weight = tg_cast(weight, dtype);
+    if (b) bias = tg_cast(bias, dtype);
+  }
   tg_tensor r = w->ndim == 1 ? tg_mul(x, weight) : tg_matmul(x, tg_transpose(weight, 0, 1));
   if (b) r = tg_add(r, bias);
   return done(o, r);

@@ -847,21 +847,24 @@ static tg_tensor matmul_packed(tg_tensor x, tg_tensor w, int64_t n, int64_t k, i
   return op_scope_done(o, r);
 }
 
-tg_tensor tg_matmul(tg_tensor x, tg_tensor w) {
-  GET(a, x, "tg_matmul");
-  GET(b, w, "tg_matmul");
+/* dtype TG_DTYPE_DEFAULT: the promoted dtype; else tinygrad's dot(dtype=): the product (in the promoted
+ * dtype) is cast to dtype and summed, the result has that dtype */
+static tg_tensor matmul_impl(const char *fn, tg_tensor x, tg_tensor w, tg_dtype dtype) {
+  GET(a, x, fn);
+  GET(b, w, fn);
   char s1[256], s2[256];
   if (a->ndim == 0 || b->ndim == 0)
-    return fail(TG_ERR_INVALID, "tg_matmul: both arguments need at least 1 dimension, got %s and %s", shp(s1, sizeof s1, a), shp(s2, sizeof s2, b));
+    return fail(TG_ERR_INVALID, "%s: both arguments need at least 1 dimension, got %s and %s", fn, shp(s1, sizeof s1, a), shp(s2, sizeof s2, b));
   int64_t k = a->shape[a->ndim - 1];
   int64_t kb = b->shape[b->ndim >= 2 ? b->ndim - 2 : 0];
   if (k != kb)
-    return fail(TG_ERR_INVALID, "tg_matmul: inner dimensions differ: %s @ %s (%lld != %lld)", shp(s1, sizeof s1, a), shp(s2, sizeof s2, b),
+    return fail(TG_ERR_INVALID, "%s: inner dimensions differ: %s @ %s (%lld != %lld)", fn, shp(s1, sizeof s1, a), shp(s2, sizeof s2, b),
                 (long long)k, (long long)kb);
-  if (a->ndim > 60 || b->ndim > 60) return fail(TG_ERR_INVALID, "tg_matmul: too many dimensions");
+  if (a->ndim > 60 || b->ndim > 60) return fail(TG_ERR_INVALID, "%s: too many dimensions", fn);
   tg_dtype dt = tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)b->dtype);
   int64_t mcols = b->ndim >= 2 ? b->shape[b->ndim - 1] : 1;
-  if (a->ndim == 2 && b->ndim == 2 && dt == TG_FLOAT32 && a->dtype == TG_FLOAT32 && b->dtype == TG_FLOAT32 &&
+  if (dtype == dt) dtype = TG_DTYPE_DEFAULT;
+  if (dtype == TG_DTYPE_DEFAULT && a->ndim == 2 && b->ndim == 2 && dt == TG_FLOAT32 && a->dtype == TG_FLOAT32 && b->dtype == TG_FLOAT32 &&
       mcols % PANEL == 0 && mcols >= PACK_MIN_COLS && k >= 64)
     return matmul_packed(x, w, a->shape[0], k, mcols);
   /* x: (..., n, k) -> (..., n, 1, k); w: (..., k, m) -> (..., 1, m, k) */
@@ -887,21 +890,27 @@ tg_tensor tg_matmul(tg_tensor x, tg_tensor w) {
     wt = uop_ref(b);
   }
   UOp *in[2] = {xa, wt}, *bb[2];
-  int rc = broadcast_n("tg_matmul", in, 2, bb);
+  int rc = broadcast_n(fn, in, 2, bb);
   uop_unref(xa), uop_unref(wt);
   if (rc < 0) return NONE;
   UOp *cx = g_cast(bb[0], dt), *cw = g_cast(bb[1], dt);
   UOp *m = g_alu(OP_MUL, dt, cx, cw, NULL);
   uop_unref(cx), uop_unref(cw), uop_unref(bb[0]), uop_unref(bb[1]);
+  if (dtype != TG_DTYPE_DEFAULT) {
+    UOp *mc = g_cast(m, dtype);
+    uop_unref(m);
+    m = mc;
+    dt = dtype;
+  }
   tg_tensor mt = t_wrap(m);
   tg_tensor r = tg_sum(mt, TG_AXES(-1), false);
   tg_free(mt);
   if (!tg_valid(r)) return r;
-  UOp *ru = t_get(r, "tg_matmul");
+  UOp *ru = t_get(r, fn);
   if (ru->dtype != dt) {
     UOp *c = g_cast(ru, dt);
     tg_free(r);
-    return t_wrap(c);
+    r = t_wrap(c);
   }
   /* a 1-D first argument drops its n dimension */
   if (a->ndim == 1 && b->ndim >= 2) {
@@ -910,6 +919,14 @@ tg_tensor tg_matmul(tg_tensor x, tg_tensor w) {
     return s;
   }
   return r;
+}
+
+tg_tensor tg_matmul(tg_tensor x, tg_tensor w) { return matmul_impl("tg_matmul", x, w, TG_DTYPE_DEFAULT); }
+
+tg_tensor tg_matmul_dtype(tg_tensor x, tg_tensor w, tg_dtype dtype) {
+  if ((int)dtype < 0 || dtype >= TG_DTYPE_COUNT)
+    return fail(TG_ERR_INVALID, "tg_matmul_dtype: invalid dtype %d", (int)dtype);
+  return matmul_impl("tg_matmul_dtype", x, w, dtype);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
