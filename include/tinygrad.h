@@ -578,6 +578,10 @@ tg_tensor tg_softmin(tg_tensor x, int axis, tg_dtype dtype);
 /* Lp normalization along dim (torch's F.normalize, tinygrad's normalize; defaults p 2, dim 1, eps
  * 1e-12): x / max(||x||_p, eps), where ||x||_0 counts the non-zero elements. p must be finite, >= 0. */
 tg_tensor tg_normalize(tg_tensor x, double p, int dim, double eps);
+/* tinygrad's newton_schulz: over the last two dims (a tall matrix works on its transpose), G = x /
+ * (||x||_F + eps), then steps times G = sum_i coefs[i] (G G^T)^i G -- an odd polynomial that drives the
+ * singular values towards 1 (Muon's orthogonalization; tinygrad's eps default 1e-7). */
+tg_tensor tg_newton_schulz(tg_tensor x, int steps, const double *coefs, int ncoefs, double eps);
 
 /* ~x for integers (two's complement), logical not for bool; error for floats. */
 tg_tensor tg_bitwise_not(tg_tensor x);
@@ -1270,6 +1274,21 @@ typedef struct {
 /* LARS: the gradient scaled by the layer-wise trust ratio tcoef*|w| / (|g| + wd*|w|) (1 where a norm
  * is 0). */
 tg_optim *tg_optim_lars(const tg_tensor *params, int n, const tg_lars_opts *opts);
+#define TG_MUON_MAX_COEFS 8
+typedef struct {
+  double lr;           /* default 0.001 */
+  double momentum;     /* default 0.95; negative: no momentum */
+  double weight_decay; /* default 0.1 (decoupled: wd * lr * param after the orthogonalization); negative: none */
+  int ns_steps;        /* Newton-Schulz iterations, default 5; negative: 0 (only the normalization) */
+  double ns_coefficients[TG_MUON_MAX_COEFS]; /* default (3.4445, -4.775, 2.0315) */
+  int n_ns_coefficients;                     /* 0: the default coefficients */
+  bool no_nesterov;    /* tinygrad's nesterov=False (its default is True) */
+} tg_muon_opts;
+#define TG_MUON_OPTS(...) (&(const tg_muon_opts){__VA_ARGS__})
+/* Muon (tinygrad's nn.optim.Muon = LARS without trust ratio, popular momentum, Nesterov): the momentum
+ * update of each parameter, viewed as (shape[0], rest), is orthogonalized by tg_newton_schulz, scaled
+ * by lr, plus wd * lr * param. Parameters need at least one dim. */
+tg_optim *tg_optim_muon(const tg_tensor *params, int n, const tg_muon_opts *opts);
 typedef struct {
   double lr;           /* default 0.001 */
   double b1, b2;       /* defaults 0.9, 0.999 */

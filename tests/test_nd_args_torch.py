@@ -44,6 +44,11 @@ class SdpaOpts(ctypes.Structure):
   _fields_ = [("is_causal", _B), ("dropout_p", _D), ("enable_gqa", _B)]
 
 
+class MuonOpts(ctypes.Structure):
+  _fields_ = [("lr", _D), ("momentum", _D), ("weight_decay", _D), ("ns_steps", _I), ("ns_coefficients", _D * 8),
+              ("n_ns_coefficients", _I), ("no_nesterov", _B)]
+
+
 class ConvOpts(ctypes.Structure):
   _fields_ = [("groups", _I64), ("stride", _I64 * 2), ("dilation", _I64 * 2), ("padding", _I64 * 4), ("npadding", _I)]
 
@@ -67,6 +72,10 @@ _SIGS = {
     "tg_scaled_dot_product_attention": (_T, [_T, _T, _T, _T, ctypes.POINTER(SdpaOpts)]),
     "tg_matmul_dtype": (_T, [_T, _T, _I]), "tg_dot_dtype": (_T, [_T, _T, _I]), "tg_linear_dtype": (_T, [_T, _T, _T, _I]),
     "tg_einsum_dtype": (_T, [ctypes.c_char_p, ctypes.POINTER(_T), _I, _I]),
+    "tg_newton_schulz": (_T, [_T, _I, ctypes.POINTER(_D), _I, _D]),
+    "tg_optim_muon": (ctypes.c_void_p, [ctypes.POINTER(_T), _I, ctypes.POINTER(MuonOpts)]),
+    "tg_optim_step": (_I, [ctypes.c_void_p]), "tg_optim_zero_grad": (None, [ctypes.c_void_p]),
+    "tg_optim_free": (None, [ctypes.c_void_p]),
     "tg_set_requires_grad": (_T, [_T, _B]), "tg_backward": (_I, [_T]), "tg_grad": (_T, [_T]),
 }
 for _n, (_r, _a) in _SIGS.items():
@@ -646,6 +655,129 @@ def _einsum_dtype():
 
 
 case("einsum with a dtype argument: values and gradients", _einsum_dtype)
+
+
+# =====================================================================================================
+# Newton-Schulz and the Muon optimizer (reference: tinygrad's algorithm written out in torch, float64)
+MUON_COEFS = (3.4445, -4.775, 2.0315)
+
+
+def ref_newton_schulz(x, steps, coefs, eps=1e-7):
+  if x.shape[-2] > x.shape[-1]: return ref_newton_schulz(x.transpose(-2, -1), steps, coefs, eps).transpose(-2, -1)
+  g = x / (x.square().sum((-2, -1), keepdim=True).sqrt() + eps)
+  for _ in range(steps):
+    acc = 0
+    for i, c in enumerate(coefs):
+      t = g
+      for _ in range(i): t = (g @ g.transpose(-2, -1)) @ t
+      acc = acc + c * t
+    g = acc
+  return g
+
+
+def newton_schulz(x, steps, coefs, eps=1e-7):
+  arr = (_D * len(coefs))(*coefs)
+  return W(call("newton_schulz", x.h, steps, arr, len(coefs), eps))
+
+
+def _newton_schulz():
+  for shape, steps, coefs in [((4, 6), 5, MUON_COEFS), ((7, 3), 5, MUON_COEFS), ((2, 3, 5), 3, (2, -1.5, 0.5)),
+                              ((5, 5), 1, (1.5, -0.5)), ((3, 4), 0, MUON_COEFS), ((1, 8), 2, (3.0,))]:
+    x = rnd(*shape)
+    r = newton_schulz(Tensor(x), steps, coefs)
+    close(r.numpy(), ref_newton_schulz(torch.tensor(x, dtype=torch.float64), steps, coefs), atol=2e-5, what=f"ns {shape}")
+  # Muon's quintic drives every singular value of a random matrix into about [0.68, 1.13]
+  x = rnd(16, 32)
+  sv = np.linalg.svd(newton_schulz(Tensor(x), 5, MUON_COEFS).numpy().astype(np.float64), compute_uv=False)
+  assert sv.min() > 0.6 and sv.max() < 1.25, sv
+  # differentiable (a composition of matmuls)
+  check_fwd_bwd(lambda t: newton_schulz(t, 2, (2, -1.5, 0.5)), lambda t: ref_newton_schulz(t, 2, (2, -1.5, 0.5)), [rnd(3, 4)],
+                atol=1e-5, gatol=1e-4)
+  expect_error("tg_newton_schulz", lambda: newton_schulz(Tensor(rnd(4)), 5, MUON_COEFS), "dims")
+  expect_error("tg_newton_schulz", lambda: newton_schulz(Tensor(rnd(4, 4)), -1, MUON_COEFS), "steps")
+
+
+case("newton_schulz (tinygrad's): values, singular values, gradient", _newton_schulz)
+
+
+def ref_muon(params, grads_fn, steps, lr=0.001, momentum=0.95, wd=0.1, ns_steps=5, coefs=MUON_COEFS, nesterov=True):
+  """tinygrad's LARS._step with Muon's settings (classic=False, pre_wd=False, tcoef=0), in float64."""
+  ps = [torch.tensor(p, dtype=torch.float64) for p in params]
+  bufs = [torch.zeros_like(p) for p in ps]
+  hist = []
+  for _ in range(steps):
+    gs = grads_fn(ps)
+    for i, (p, g) in enumerate(zip(ps, gs)):
+      if momentum:
+        bufs[i] = momentum * bufs[i] + g
+        g = g + momentum * bufs[i] if nesterov else bufs[i]
+      g = ref_newton_schulz(g.reshape(g.shape[0], -1), ns_steps, coefs).reshape(g.shape)
+      g = g * lr
+      if wd > 0: g = g + wd * lr * p
+      ps[i] = p - g
+    hist.append([p.numpy().copy() for p in ps])
+  return hist
+
+
+def _muon_loss_consts():
+  r = np.random.default_rng(7)
+  return [r.uniform(-1, 1, s).astype(np.float32) for s in [(4, 6), (6, 3), (5,)]]
+
+
+def _muon_grads(consts):
+  def f(ps):
+    tps = [p.clone().requires_grad_(True) for p in ps]
+    c = [torch.tensor(x, dtype=torch.float64) for x in consts]
+    loss = (torch.sin(tps[0]) * c[0]).sum() + ((tps[1] - c[1]) ** 2).sum() + (tps[2] ** 2 * c[2]).sum() + tps[0].sum() * tps[2].sum()
+    loss.backward()
+    return [t.grad for t in tps]
+  return f
+
+
+def _muon_loss_tg(ps, consts):
+  c = [Tensor(x) for x in consts]
+  d = ps[1] - c[1]
+  return (ps[0].unary("sin") * c[0]).sum() + (d * d).sum() + (ps[2] * ps[2] * c[2]).sum() + ps[0].sum() * ps[2].sum()
+
+
+def _muon():
+  consts = _muon_loss_consts()
+  init = [np.random.default_rng(3).uniform(-1, 1, s).astype(np.float32) for s in [(4, 6), (6, 3), (5,)]]
+  for kw, o in [({}, None), ({"lr": 0.02}, MuonOpts(0.02)),
+                ({"lr": 0.05, "momentum": 0.9, "wd": 0.0, "nesterov": False}, MuonOpts(0.05, 0.9, -1, 0, (0,) * 8, 0, True)),
+                ({"lr": 0.01, "momentum": 0.0, "wd": 0.2, "ns_steps": 3, "coefs": (2.0, -1.5, 0.5)},
+                 MuonOpts(0.01, -1, 0.2, 3, (2.0, -1.5, 0.5) + (0,) * 5, 3, False))]:
+    ref = ref_muon(init, _muon_grads(consts), 3, **kw)
+    ps = [Tensor(a).persist() for a in init]
+    for p in ps: set_rg(p)
+    arr = (_T * 3)(*[p.h for p in ps])
+    op = lib.tg_optim_muon(arr, 3, ctypes.byref(o) if o is not None else None)
+    try:
+      if not op: tg._raise("tg_optim_muon")
+      with tg.context(TRAINING=1):
+        for step in range(3):
+          with tg.scope():
+            lib.tg_optim_zero_grad(op)
+            backward(_muon_loss_tg(ps, consts))
+            assert lib.tg_optim_step(op) == 0, tg.last_error()
+          for i, p in enumerate(ps): close(p.numpy(), ref[step][i], atol=2e-5, what=f"Muon {kw} step {step} param {i}")
+    finally:
+      lib.tg_optim_free(op)
+      for p in ps: p.free()
+  # a 0-d parameter has no (shape[0], -1) view
+  p0 = set_rg(Tensor(np.float32(1.0)))
+  assert not lib.tg_optim_muon((_T * 1)(p0.h), 1, None)
+  msg = tg.last_error()
+  lib.tg_clear_error()
+  assert "tg_optim_muon" in msg and "0-d" in msg, msg
+  bad = MuonOpts(0.01, 0, 0, 0, (float("inf"),) + (0,) * 7, 1, False)
+  assert not lib.tg_optim_muon((_T * 1)(set_rg(Tensor(rnd(2, 2))).h), 1, ctypes.byref(bad))
+  msg = tg.last_error()
+  lib.tg_clear_error()
+  assert "ns_coefficients" in msg, msg
+
+
+case("Muon optimizer: 3 steps against tinygrad's algorithm (defaults, lr, no nesterov / wd, custom NS)", _muon)
 
 
 # =====================================================================================================

@@ -138,3 +138,36 @@ tg_tensor tg_normalize(tg_tensor x, double p, int dim, double eps) {
                          : tg_pow_s(tg_sum(tg_pow_s(tg_abs(x), p), ax, 1, true), 1.0 / p);
   return op_scope_done(o, tg_div(x, tg_maximum_s(den, eps)));
 }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Newton-Schulz iteration (tinygrad's Tensor.newton_schulz, used by Muon)                         */
+
+tg_tensor tg_newton_schulz(tg_tensor x, int steps, const double *coefs, int ncoefs, double eps) {
+  const char *fn = "tg_newton_schulz";
+  if (!t_get(x, fn)) return NONE;
+  int nd = tg_ndim(x);
+  if (nd < 2) return op_fail("%s: x has %d dims; the iteration works on matrices (at least 2 dims)", fn, nd);
+  if (steps < 0) return op_fail("%s: steps %d must be non-negative", fn, steps);
+  if (ncoefs < 1 || !coefs) return op_fail("%s: needs at least one coefficient (ncoefs=%d)", fn, ncoefs);
+  for (int i = 0; i < ncoefs; i++)
+    if (!isfinite(coefs[i])) return op_fail("%s: coefficient %d (%g) is not finite", fn, i, coefs[i]);
+  int64_t sh[64];
+  tg_shape(x, sh);
+  OpScope o = op_scope_begin(fn);
+  /* a tall matrix iterates on its transpose, so that G G^T is the smaller Gram matrix */
+  bool tall = sh[nd - 2] > sh[nd - 1];
+  tg_tensor g = tall ? tg_transpose(x, -2, -1) : x;
+  tg_tensor nrm = tg_sqrt(tg_sum(tg_square(g), (const int[]){-2, -1}, 2, true));
+  g = tg_div(g, tg_add_s(nrm, eps));
+  for (int s = 0; s < steps; s++) {
+    /* the odd polynomial sum_i c_i (G G^T)^i G */
+    tg_tensor a = tg_matmul(g, tg_transpose(g, -2, -1)), term = g;
+    tg_tensor acc = tg_mul_s(g, coefs[0]);
+    for (int i = 1; i < ncoefs; i++) {
+      term = tg_matmul(a, term);
+      acc = tg_add(acc, tg_mul_s(term, coefs[i]));
+    }
+    g = acc;
+  }
+  return op_scope_done(o, tall ? tg_transpose(g, -2, -1) : g);
+}
