@@ -50,6 +50,8 @@ typedef enum {
   TG_BFLOAT16,
   TG_FLOAT32,
   TG_FLOAT64,
+  TG_FP8E4M3, /* OCP fp8 (tinygrad's fp8e4m3): 4 exponent bits, 3 mantissa bits, no inf, max 448 */
+  TG_FP8E5M2, /* OCP fp8 (tinygrad's fp8e5m2): 5 exponent bits, 2 mantissa bits, inf, max 57344 */
   TG_DTYPE_COUNT
 } tg_dtype;
 

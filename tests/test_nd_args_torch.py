@@ -76,6 +76,8 @@ _SIGS = {
     "tg_optim_muon": (ctypes.c_void_p, [ctypes.POINTER(_T), _I, ctypes.POINTER(MuonOpts)]),
     "tg_optim_step": (_I, [ctypes.c_void_p]), "tg_optim_zero_grad": (None, [ctypes.c_void_p]),
     "tg_optim_free": (None, [ctypes.c_void_p]),
+    "tg_dtype_promote": (_I, [_I, _I]), "tg_dtype_name": (ctypes.c_char_p, [_I]), "tg_dtype_itemsize": (ctypes.c_size_t, [_I]),
+    "tg_dtype_is_float": (_B, [_I]),
     "tg_set_requires_grad": (_T, [_T, _B]), "tg_backward": (_I, [_T]), "tg_grad": (_T, [_T]),
 }
 for _n, (_r, _a) in _SIGS.items():
@@ -778,6 +780,155 @@ def _muon():
 
 
 case("Muon optimizer: 3 steps against tinygrad's algorithm (defaults, lr, no nesterov / wd, custom NS)", _muon)
+
+
+# =====================================================================================================
+# fp8 dtypes. The reference is written from the OCP formats with tinygrad's choices: nearest, ties to
+# the even code; e4m3 has no inf (inf and nan -> nan 0x7f | sign) and saturates finite values to 448;
+# e5m2 keeps inf / nan (nan -> 0x7f | sign) and saturates finite values to 57344.
+from fractions import Fraction  # noqa: E402
+
+FP8 = {tg.FP8E4M3: (3, 7, False), tg.FP8E5M2: (2, 15, True)}  # mantissa bits, bias, has inf
+
+
+def fp8_decode(b, dt):
+  m_bits, bias, ieee = FP8[dt]
+  emax = (1 << (7 - m_bits)) - 1
+  e, m, neg = (b >> m_bits) & emax, b & ((1 << m_bits) - 1), b & 0x80
+  if ieee and e == emax: v = float("nan") if m else float("inf")
+  elif not ieee and e == emax and m == (1 << m_bits) - 1: v = float("nan")
+  elif e == 0: v = m * 2.0 ** (1 - bias - m_bits)
+  else: v = (m | (1 << m_bits)) * 2.0 ** (e - bias - m_bits)
+  return -v if neg else v
+
+
+def _finite_codes(dt):
+  codes = [c for c in range(0x80) if np.isfinite(fp8_decode(c, dt))]
+  return codes, [fp8_decode(c, dt) for c in codes]
+
+
+def fp8_encode(x, dt):
+  """float (double) -> fp8 bits: the nearest finite code, ties to the even code (saturating)."""
+  neg = 0x80 if np.signbit(x) else 0
+  if np.isnan(x): return neg | 0x7f
+  if np.isinf(x): return neg | (0x7c if FP8[dt][2] else 0x7f)
+  codes, vals = _finite_codes(dt)
+  a = Fraction(abs(float(x)))
+  import bisect
+  i = bisect.bisect_left(vals, float(a))
+  best = None
+  for j in (i - 1, i):
+    if 0 <= j < len(vals):
+      d = abs(Fraction(vals[j]) - a)
+      if best is None or d < best[0] or (d == best[0] and codes[j] % 2 == 0): best = (d, codes[j])
+  return neg | best[1]
+
+
+def _fp8_probe_values(dt):
+  """float32 probes: every finite fp8 value, the midpoints between neighbours, one float32 ulp either
+  side of each midpoint, the overflow thresholds, inf / nan, float32 subnormals; with both signs."""
+  _, vals = _finite_codes(dt)
+  vals = sorted(set(vals))
+  big = vals[-1]
+  nxt = big + (big - vals[-2])  # the next value the format would have
+  mids = [(a + b) / 2 for a, b in zip(vals, vals[1:])] + [(big + nxt) / 2]
+  ps = list(vals) + mids
+  for m in mids:
+    m32 = np.float32(m)
+    ps += [np.nextafter(m32, np.float32(0)), np.nextafter(m32, np.float32(np.inf))]
+  ps += [nxt, nxt * 1.5, 1e5, 3e38, np.float32(1e-45), np.float32(1e-40), np.inf, np.nan]
+  ps = np.array(ps, np.float32)
+  return np.concatenate([ps, -ps])
+
+
+def _fp8_casts_exhaustive():
+  for dt in FP8:
+    name = tg.DTYPE_NAMES[dt]
+    assert lib.tg_dtype_itemsize(dt) == 1 and lib.tg_dtype_is_float(dt)
+    assert lib.tg_dtype_name(dt).decode() == name, lib.tg_dtype_name(dt)
+    # every bit pattern -> float32 (the kernel's conversion)
+    bits = np.arange(256, dtype=np.uint8)
+    got = Tensor(bits).bitcast(dt).cast(tg.FLOAT32).numpy()
+    ref = np.array([fp8_decode(int(b), dt) for b in bits], np.float32)
+    close(got, ref, atol=0, rtol=0, what=f"{name} -> float32, all 256 codes")
+    assert np.array_equal(np.signbit(got[~np.isnan(got)]), np.signbit(ref[~np.isnan(ref)])), "signs of zeros"
+    # float32 -> fp8 (kernel), every code round-trips and every rounding boundary is right
+    ps = _fp8_probe_values(dt)
+    got = Tensor(ps).cast(dt).bitcast(tg.UINT8).numpy()
+    ref = np.array([fp8_encode(float(v), dt) for v in ps], np.uint8)
+    bad = np.nonzero(got != ref)[0]
+    assert bad.size == 0, f"{name}: float32 {ps[bad[:5]]} -> {got[bad[:5]]}, reference {ref[bad[:5]]}"
+    rt = Tensor(bits).bitcast(dt).cast(tg.FLOAT32).cast(dt).bitcast(tg.UINT8).numpy()
+    nan = np.isnan(np.array([fp8_decode(int(b), dt) for b in bits]))
+    assert np.array_equal(rt[~nan], bits[~nan]), f"{name}: a code does not round-trip"
+    # float64 -> fp8 rounds once from the double (not through float32): just above a tie goes up
+    _, vals = _finite_codes(dt)
+    tie = (vals[9] + vals[10]) / 2
+    for v in [tie + tie * 2.0 ** -40, tie - tie * 2.0 ** -40, tie]:
+      g = int(Tensor(np.array([v], np.float64)).cast(dt).bitcast(tg.UINT8).numpy()[0])
+      assert g == fp8_encode(v, dt), (name, v, g, fp8_encode(v, dt))
+    # host-side stores (tg_full) use the same rounding
+    for v in [0.3, -1000.0, 1e-6, 460.0, 465.0, 60000.0, 62000.0, float("inf")]:
+      g = int(Tensor.full((2,), v, dtype=dt).bitcast(tg.UINT8).numpy()[0])
+      assert g == fp8_encode(v, dt), (name, "full", v, g, fp8_encode(v, dt))
+    # integers -> fp8
+    ints = np.array([0, 1, -3, 17, 255, 448, 449, 1000, -70000], np.int32)
+    g = Tensor(ints).cast(dt).bitcast(tg.UINT8).numpy()
+    close(g, np.array([fp8_encode(float(v), dt) for v in ints], np.uint8), what=f"int32 -> {name}")
+
+
+case("fp8e4m3 / fp8e5m2 casts: all 256 codes, every rounding boundary, saturation, inf / nan, float64 and int sources",
+     _fp8_casts_exhaustive)
+
+
+def _fp8_promotion():
+  P = lambda a, b: lib.tg_dtype_promote(a, b)  # noqa: E731
+  E4, E5 = tg.FP8E4M3, tg.FP8E5M2
+  for a, b, r in [(E4, E5, tg.FLOAT16), (E4, E4, E4), (tg.INT32, E4, E4), (tg.UINT8, E5, E5), (tg.BOOL, E4, E4),
+                  (tg.INT64, E5, E5), (E4, tg.FLOAT16, tg.FLOAT16), (E5, tg.BFLOAT16, tg.BFLOAT16),
+                  (E4, tg.FLOAT32, tg.FLOAT32), (E5, tg.FLOAT64, tg.FLOAT64)]:
+    assert P(a, b) == r and P(b, a) == r, (a, b, P(a, b), r)
+  # a Python-float scalar keeps the fp8 dtype (weak float below the fp8s)
+  x = Tensor(np.array([1.0, 2.5, -3.0], np.float32)).cast(E4)
+  assert (x * 2.0).dtype == E4 and (x + Tensor(np.array([1], np.int32))).dtype == E4
+
+
+case("fp8 promotion rules (tinygrad's lattice)", _fp8_promotion)
+
+
+def _fp8_arith():
+  for dt in FP8:
+    name = tg.DTYPE_NAMES[dt]
+    codes, vals = _finite_codes(dt)
+    allv = np.array(vals + [-v for v in vals], np.float32)
+    rng = np.random.default_rng(5)
+    a = rng.choice(allv, 600).astype(np.float32)
+    b = rng.choice(allv, 600).astype(np.float32)
+    ta, tb = Tensor(a).cast(dt), Tensor(b).cast(dt)
+    enc = np.vectorize(lambda v: fp8_encode(float(v), dt))
+    for op, f in [("+", np.add), ("*", np.multiply), ("-", np.subtract)]:
+      r = {"+": ta + tb, "*": ta * tb, "-": ta - tb}[op]
+      assert r.dtype == dt
+      ref = enc(f(a, b).astype(np.float32))  # computed in float32, rounded once to fp8
+      got = r.bitcast(tg.UINT8).numpy()
+      bad = np.nonzero(got != ref)[0]
+      assert bad.size == 0, f"{name} {a[bad[:3]]} {op} {b[bad[:3]]}: {got[bad[:3]]} != {ref[bad[:3]]}"
+    # a chain rounds after every op, as a true fp8 computation does
+    r = (ta * tb + ta).bitcast(tg.UINT8).numpy()
+    step = np.array([fp8_decode(int(c), dt) for c in enc(a * b)], np.float32)
+    close(r, enc((step + a).astype(np.float32)), what=f"{name} chain")
+    # reductions accumulate in float32 and round once (tinygrad's sum of fp8 keeps the fp8 dtype)
+    s = ta.sum()
+    assert s.dtype == dt
+    assert int(s.bitcast(tg.UINT8).numpy()) == fp8_encode(float(np.sum(a.astype(np.float64))), dt) or \
+        abs(float(s.numpy()) - float(a.sum())) <= abs(float(a.sum())) * 2 ** -3
+    # exp goes through float32
+    e = Tensor(np.array([0.5, -1.0, 2.0], np.float32)).cast(dt).exp()
+    assert e.dtype == dt
+    close(e.bitcast(tg.UINT8).numpy(), enc(np.exp(np.array([fp8_decode(fp8_encode(v, dt), dt) for v in [0.5, -1.0, 2.0]], np.float32))))
+
+
+case("fp8 arithmetic through float32: +, -, * of random codes, chains, sum, exp", _fp8_arith)
 
 
 # =====================================================================================================
