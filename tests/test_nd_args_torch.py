@@ -922,6 +922,10 @@ def _fp8_arith():
     assert s.dtype == dt
     assert int(s.bitcast(tg.UINT8).numpy()) == fp8_encode(float(np.sum(a.astype(np.float64))), dt) or \
         abs(float(s.numpy()) - float(a.sum())) <= abs(float(a.sum())) * 2 ** -3
+    # mean: summed and scaled in float32, rounded once (tinygrad's numerator.div(n).cast(dtype))
+    mu = ta.mean()
+    assert mu.dtype == dt
+    assert int(mu.bitcast(tg.UINT8).numpy()) == fp8_encode(float(np.float32(a.astype(np.float64).sum()) * np.float32(1 / a.size)), dt)
     # exp goes through float32
     e = Tensor(np.array([0.5, -1.0, 2.0], np.float32)).cast(dt).exp()
     assert e.dtype == dt

@@ -551,13 +551,21 @@ tg_tensor tg_mean(tg_tensor x, const int *axes, int naxes, bool keepdim) {
   if (nax < 0) return NONE;
   int64_t cnt = 1;
   for (int i = 0; i < nax; i++) cnt *= a->shape[ax[i]];
-  tg_tensor s = reduce_nodes("tg_mean", a, OP_ADD, axes, naxes, keepdim, tg_dtype_is_float(dt) ? dtype_sum_acc(dt) : out, out);
+  /* as tinygrad: the sum and its scaling stay in the accumulation dtype, one rounding to a narrow
+   * float at the end */
+  tg_dtype acc = tg_dtype_is_float(dt) ? dtype_sum_acc(dt) : out;
+  tg_tensor s = reduce_nodes("tg_mean", a, OP_ADD, axes, naxes, keepdim, acc, acc);
   UOp *su = t_get(s, "tg_mean");
   if (!su) return NONE;
-  UOp *d = n_const_like(su, cnt ? 1.0 / (double)cnt : NAN, out);
-  UOp *r = g_alu(OP_MUL, out, su, d, NULL);
+  UOp *d = n_const_like(su, cnt ? 1.0 / (double)cnt : NAN, acc);
+  UOp *r = g_alu(OP_MUL, acc, su, d, NULL);
   uop_unref(d);
   tg_free(s);
+  if (acc != out) {
+    UOp *c = g_cast(r, out);
+    uop_unref(r);
+    r = c;
+  }
   return t_wrap(r);
 }
 
