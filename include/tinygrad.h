@@ -90,6 +90,8 @@ typedef enum {
   TG_BFLOAT16,
   TG_FLOAT32,
   TG_FLOAT64,
+  TG_FP8E4M3, /* OCP fp8 (tinygrad's fp8e4m3): 4 exponent bits, 3 mantissa bits, no inf, max 448 */
+  TG_FP8E5M2, /* OCP fp8 (tinygrad's fp8e5m2): 5 exponent bits, 2 mantissa bits, inf, max 57344 */
   TG_DTYPE_COUNT
 } tg_dtype;
 
@@ -357,6 +359,10 @@ typedef tg_tensor (*tg_layer_fn)(tg_tensor x, void *ctx);
 tg_tensor tg_sequential(tg_tensor x, const tg_layer_fn *fns, void *const *ctxs, int n);
 /* Matrix product of 2-D (or batched) tensors. */
 tg_tensor tg_matmul(tg_tensor x, tg_tensor y);
+/* tinygrad's matmul(dtype=) / dot(dtype=): the elementwise products (in the promoted dtype) are cast
+ * to dtype and summed there, and the result has dtype (float16 sums accumulate in float32 inside the
+ * kernel and round once, as tg_sum does). TG_DTYPE_DEFAULT is the plain op. */
+tg_tensor tg_matmul_dtype(tg_tensor x, tg_tensor y, tg_dtype dtype);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* nn ops: movement, statistics, pooling and convolution, functional nn, losses                    */
@@ -446,11 +452,47 @@ typedef struct {
  * kw), bias (cout,) or {0}. Windows are views of x (no im2col buffer): the convolution is one fused
  * reduce kernel. */
 tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv2d_opts *opts);
+/* N-d windows: tinygrad's conv2d, conv_transpose2d and pools take any number of spatial dims (the
+ * trailing dims: a 1-d pool over (..., L), a 3-d convolution over (N, C, D, H, W)). tg_conv2d and
+ * tg_conv_transpose2d accept such shapes too when stride, dilation and padding are uniform (one
+ * value for every dim); the _nd functions below take one value per spatial dim, first dim first.
+ * A per-dim array that is all zero means the default; only its first entry set means that value in
+ * every dim; else give all nk entries. padding: npadding 0 or 1 = padding[0] on every side, nk =
+ * one value per dim (both sides), 2*nk = (before, after) pairs from the LAST dim back (tinygrad's
+ * and F.pad's order; for 2 dims (left, right, top, bottom)); negative padding crops. A field an op
+ * does not use (kernel_size for a convolution, groups for a pool) must be zero. */
+#define TG_WINDOW_MAXDIMS 8
+typedef struct {
+  int64_t kernel_size[TG_WINDOW_MAXDIMS]; /* pools: default 2 in every dim */
+  int64_t stride[TG_WINDOW_MAXDIMS];      /* default: 1 (convolutions), kernel_size (pools) */
+  int64_t dilation[TG_WINDOW_MAXDIMS];    /* default 1 */
+  int64_t padding[2 * TG_WINDOW_MAXDIMS];
+  int npadding;
+  int64_t groups;                             /* convolutions: default 1 */
+  int64_t output_padding[TG_WINDOW_MAXDIMS]; /* tg_conv_transpose_nd: extra size at the end of each dim */
+  int noutput_padding;                       /* 0 or 1: output_padding[0] in every dim; nk: one per dim */
+  bool ceil_mode;                            /* pools, as tg_pool2d_opts */
+  bool exclude_pad;                          /* tg_avg_pool_nd, as tg_pool2d_opts */
+} tg_window_opts;
+#define TG_WINDOW_OPTS(...) (&(const tg_window_opts){__VA_ARGS__})
+/* Pooling over the trailing nk (1..TG_WINDOW_MAXDIMS) dims of x; tg_max_pool2d / tg_avg_pool2d are
+ * nk = 2. max pads with the dtype's minimum. */
+tg_tensor tg_max_pool_nd(tg_tensor x, int nk, const tg_window_opts *opts);
+tg_tensor tg_avg_pool_nd(tg_tensor x, int nk, const tg_window_opts *opts);
+/* Convolution (cross-correlation) with as many spatial dims as the weight has: x (batch, cin,
+ * spatial...), weight (cout, cin/groups, kernel...), bias (cout,) or {0}. 1 and 2 spatial dims run as
+ * tg_conv2d (its kernels and backward); more are tinygrad's window views times the weight, one
+ * reduce kernel. */
+tg_tensor tg_conv_nd(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_window_opts *opts);
+
 /* tinygrad's Tensor.dot: the same as tg_matmul. */
 tg_tensor tg_dot(tg_tensor x, tg_tensor w);
 /* x @ weight.T + bias with weight (out_features, in_features), bias (out_features,) or {0}: the
  * convention of tinygrad's nn.Linear and torch's F.linear. A 1-d weight scales x elementwise. */
 tg_tensor tg_linear(tg_tensor x, tg_tensor weight, tg_tensor bias);
+/* tinygrad's dot(dtype=) (as tg_matmul_dtype) and linear(dtype=): x, weight and bias cast to dtype. */
+tg_tensor tg_dot_dtype(tg_tensor x, tg_tensor w, tg_dtype dtype);
+tg_tensor tg_linear_dtype(tg_tensor x, tg_tensor weight, tg_tensor bias, tg_dtype dtype);
 
 /* int32 one-hot of integer labels: shape x.shape + (num_classes,). num_classes must be given (>= 0):
  * as in tinygrad, -1 is an error, since inferring the count would have to realize x. */
@@ -461,6 +503,11 @@ tg_tensor tg_layernorm(tg_tensor x, int naxes, double eps);
 /* (x - mean) * weight * invstd + bias over channel dim 1 of x (batch, C, ...). mean, weight, bias
  * have C elements; weight / bias may be {0}. invstd is (C,) or broadcasts against x. */
 tg_tensor tg_batchnorm(tg_tensor x, tg_tensor weight, tg_tensor bias, tg_tensor mean, tg_tensor invstd);
+/* tinygrad's batchnorm(axis=...): the same over any set of axes of x (tg_batchnorm is axes {1}).
+ * mean, weight, bias have one element per position of the kept axes (reshaped to x's rank with 1s
+ * elsewhere); invstd too when it has naxes dims, else it broadcasts against x as it is. */
+tg_tensor tg_batchnorm_axes(tg_tensor x, tg_tensor weight, tg_tensor bias, tg_tensor mean, tg_tensor invstd,
+                            const int *axes, int naxes);
 /* Zeroes elements with probability p and scales the rest by 1/(1-p), only while the TRAINING
  * setting is non-zero (tg_context_set_int("TRAINING", 1), tinygrad's Context(TRAINING=1));
  * otherwise returns x unchanged (a new handle). While training, the random mask is computed when
@@ -469,6 +516,7 @@ tg_tensor tg_dropout(tg_tensor x, double p);
 typedef struct {
   bool is_causal;   /* mask out keys after the query position (top-left aligned, as torch) */
   double dropout_p; /* dropout on the attention weights (only while TRAINING) */
+  bool enable_gqa;  /* grouped-query attention: key / value heads (dim -3) repeat to the query's count */
 } tg_sdpa_opts;
 #define TG_SDPA_OPTS(...) (&(const tg_sdpa_opts){__VA_ARGS__})
 /* softmax(q @ k^T / sqrt(E) + mask) @ v for q (..., L, E), k (..., S, E), v (..., S, Ev). attn_mask
@@ -570,6 +618,30 @@ tg_tensor tg_logical_not(tg_tensor x); /* x == 0 (nan counts as true, so its not
 tg_tensor tg_isinf(tg_tensor x);       /* x == +inf or x == -inf */
 tg_tensor tg_isnan(tg_tensor x);       /* x != x */
 tg_tensor tg_isfinite(tg_tensor x);    /* neither inf nor nan */
+/* tinygrad's argument forms of the ops above (opforms.c). */
+/* gelu(approximate): "tanh" (tg_gelu; also NULL) or "none", the exact x/2 (1 + erf(x / sqrt 2)). */
+tg_tensor tg_gelu_ex(tg_tensor x, const char *approximate);
+/* gamma * (x >= 0 ? x : alpha (exp(x) - 1)); tinygrad's defaults are alpha 1.67326, gamma 1.0507. */
+tg_tensor tg_selu_ex(tg_tensor x, double alpha, double gamma);
+/* clamp(alpha x + beta, 0, 1), x's dtype as tg_hardsigmoid (which is alpha 1/6, beta 0.5). */
+tg_tensor tg_hardsigmoid_ex(tg_tensor x, double alpha, double beta);
+/* isinf(detect_positive, detect_negative): true where x is +inf (if detect_positive) or -inf (if
+ * detect_negative); both false gives all false. */
+tg_tensor tg_isinf_ex(tg_tensor x, bool detect_positive, bool detect_negative);
+/* softmax / log_softmax with tinygrad's dtype argument: x - max(x) is cast to dtype (a float dtype)
+ * before exp and sum, so the result has that dtype; TG_DTYPE_DEFAULT is the plain op. tg_softmin is
+ * softmax(-x) with the same dtype argument. */
+tg_tensor tg_softmax_dtype(tg_tensor x, int axis, tg_dtype dtype);
+tg_tensor tg_log_softmax_dtype(tg_tensor x, int axis, tg_dtype dtype);
+tg_tensor tg_softmin(tg_tensor x, int axis, tg_dtype dtype);
+/* Lp normalization along dim (torch's F.normalize, tinygrad's normalize; defaults p 2, dim 1, eps
+ * 1e-12): x / max(||x||_p, eps), where ||x||_0 counts the non-zero elements. p must be finite, >= 0. */
+tg_tensor tg_normalize(tg_tensor x, double p, int dim, double eps);
+/* tinygrad's newton_schulz: over the last two dims (a tall matrix works on its transpose), G = x /
+ * (||x||_F + eps), then steps times G = sum_i coefs[i] (G G^T)^i G -- an odd polynomial that drives the
+ * singular values towards 1 (Muon's orthogonalization; tinygrad's eps default 1e-7). */
+tg_tensor tg_newton_schulz(tg_tensor x, int steps, const double *coefs, int ncoefs, double eps);
+
 /* ~x for integers (two's complement), logical not for bool; error for floats. */
 tg_tensor tg_bitwise_not(tg_tensor x);
 
@@ -653,6 +725,8 @@ tg_tensor tg_max_unpool2d(tg_tensor x, tg_tensor indices, const tg_pool2d_opts *
  * ("...ij,...jk->...ik"). Letters a-z, A-Z; spaces are ignored. Sizes of one letter must match or be
  * 1 (broadcast). Operands are aligned to one alphabet, multiplied and summed in one fused kernel. */
 tg_tensor tg_einsum(const char *formula, const tg_tensor *ts, int n);
+/* tinygrad's einsum(dtype=): the product is cast to dtype before the summation; the result has dtype. */
+tg_tensor tg_einsum_dtype(const char *formula, const tg_tensor *ts, int n, tg_dtype dtype);
 
 typedef enum {
   TG_INTERP_LINEAR = 0,    /* linear along every resized dim (bilinear / trilinear for 2 / 3 dims) */
@@ -819,6 +893,13 @@ tg_tensor tg_masked_select(tg_tensor x, tg_tensor mask);
 /* The indices of the non-zero elements (nan counts as non-zero), shape (count, ndim), int32 (as in
  * tinygrad), row-major order (torch.nonzero). REALIZES x. */
 tg_tensor tg_nonzero(tg_tensor x);
+/* tinygrad's masked_select(mask, size, fill_value) and nonzero(size, fill_value): the same selections
+ * with a fixed length, so nothing is realized (they can be captured by TinyJit). The first size
+ * selected elements (masked_select: x's dtype, shape (size,)) or indices (nonzero: int32, shape (size,
+ * ndim), as tinygrad), padded with fill_value (converted to the result's dtype) when there are fewer.
+ * Costs one size x numel compare-and-count reduce. masked_select is differentiable in x. */
+tg_tensor tg_masked_select_size(tg_tensor x, tg_tensor mask, int64_t size, double fill_value);
+tg_tensor tg_nonzero_size(tg_tensor x, int64_t size, double fill_value);
 
 /* out = x with src[i][j][k] written at out[index[i][j][k]][j][k] (dim 0; likewise for other dims),
  * torch's scatter. index, src and x have the same ndim; index.shape[d] <= src.shape[d] for every d
@@ -1076,6 +1157,10 @@ typedef struct {
  * (in - 1)*stride - pad_before - pad_after + dilation*(k - 1) + output_padding + 1. */
 tg_tensor tg_conv_transpose2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv_transpose2d_opts *opts);
 
+/* Transposed convolution with as many spatial dims as the weight (cin, cout/groups, kernel...) has;
+ * options as tg_conv_nd plus output_padding; sizes per dim as tg_conv_transpose2d. */
+tg_tensor tg_conv_transpose_nd(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_window_opts *opts);
+
 /* Layers (tinygrad's nn.*): plain structs with public fields. _init fills one (on error it is left
  * zeroed and a status is returned); its parameters are root-scope handles OWNED BY THE LAYER,
  * realized, initialised exactly as tinygrad does, with requires_grad set on the trainable ones (never
@@ -1319,6 +1404,23 @@ typedef struct {
 /* LARS: the gradient scaled by the layer-wise trust ratio tcoef*|w| / (|g| + wd*|w|) (1 where a norm
  * is 0). */
 tg_optim *tg_optim_lars(const tg_tensor *params, int n, const tg_lars_opts *opts);
+#define TG_MUON_MAX_COEFS 8
+typedef struct {
+  double lr;           /* default 0.001 */
+  double momentum;     /* default 0.95; 0: no momentum */
+  double weight_decay; /* default 0.1 (decoupled: wd * lr * param after the orthogonalization); 0: none */
+  int ns_steps;        /* Newton-Schulz iterations, default 5; 0: only the normalization */
+  double ns_coefficients[TG_MUON_MAX_COEFS]; /* default (3.4445, -4.775, 2.0315) */
+  int n_ns_coefficients;                     /* how many of ns_coefficients are used, default 3 */
+  bool nesterov;       /* default true */
+} tg_muon_opts;
+#define TG_MUON_OPTS(...)                                                                                \
+  TG_OPTS_WITH_(tg_muon_opts, .lr = 0.001, .momentum = 0.95, .weight_decay = 0.1, .ns_steps = 5,         \
+                .ns_coefficients = {3.4445, -4.775, 2.0315}, .n_ns_coefficients = 3, .nesterov = true, __VA_ARGS__)
+/* Muon (tinygrad's nn.optim.Muon = LARS without trust ratio, popular momentum, Nesterov): the momentum
+ * update of each parameter, viewed as (shape[0], rest), is orthogonalized by tg_newton_schulz, scaled
+ * by lr, plus wd * lr * param. Parameters need at least one dim. */
+tg_optim *tg_optim_muon(const tg_tensor *params, int n, const tg_muon_opts *opts);
 typedef struct {
   double lr;     /* default 0.001 */
   double b1, b2; /* defaults 0.9, 0.999 */

@@ -128,6 +128,9 @@ float half_to_float(uint16_t h);
 uint16_t float_to_half(float f);   /* round to nearest even */
 float bf16_to_float(uint16_t h);
 uint16_t float_to_bf16(float f);   /* round to nearest even */
+/* tinygrad's fp8 conversions (dt TG_FP8E4M3 or TG_FP8E5M2): nearest even, saturating, see dtype.c */
+uint8_t double_to_fp8(double d, tg_dtype dt);
+double fp8_to_double(uint8_t b, tg_dtype dt);
 
 /* numpy-style formatting of a contiguous host array (used by tg_to_string). Returns malloc'd. */
 char *format_array(const void *data, tg_dtype dt, const int64_t *shape, int ndim);

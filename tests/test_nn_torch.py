@@ -49,7 +49,7 @@ class ConvOpts(ctypes.Structure):
 
 
 class SdpaOpts(ctypes.Structure):
-  _fields_ = [("is_causal", _B), ("dropout_p", _D)]
+  _fields_ = [("is_causal", _B), ("dropout_p", _D), ("enable_gqa", _B)]
 
 
 class LossOpts(ctypes.Structure):

@@ -208,74 +208,87 @@ tg_tensor tg_randn_like(tg_tensor t, const tg_opts *opts) {
 /* ---------------------------------------------------------------------------------------------- */
 /* transposed convolution                                                                          */
 
-/* pads: (H before, H after, W before, W after); op: output padding (H, W). */
+/* nsp spatial dims; pads: (before, after) per dim; op: output padding per dim. */
 static tg_tensor conv_transpose_impl(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias,
-                                     int64_t groups, const int64_t s[2], const int64_t d[2],
-                                     const int64_t pads[4], const int64_t op[2]) {
+                                     int64_t groups, int nsp, const int64_t *s, const int64_t *d,
+                                     const int64_t *pads, const int64_t *op) {
   if (!t_get(x, fn) || !t_get(weight, fn) || (bias.id && !t_get(bias, fn))) return NONE;
   int64_t xs[64], ws[64];
   int xn = tg_shape(x, xs), wn = tg_shape(weight, ws);
-  if (xn != 4 || wn != 4)
-    return fail("%s: input %s must be (batch, cin, height, width) and weight %s (cin, cout/groups, kh, kw)",
-                fn, TSHP(x), TSHP(weight));
+  if (xn != wn || wn != nsp + 2)
+    return fail("%s: input %s must be (batch, cin, spatial...) and weight %s (cin, cout/groups, kernel...) with "
+                "%d spatial dims",
+                fn, TSHP(x), TSHP(weight), nsp);
   if (groups < 1) return fail("%s: groups %lld must be positive", fn, (long long)groups);
-  int64_t cin = xs[1], rcout = ws[1], kh = ws[2], kw = ws[3];
+  int64_t cin = xs[1], rcout = ws[1];
   if (ws[0] != cin)
     return fail(
-        "%s: input %s has %lld channels but weight %s expects %lld (weight is (cin, cout/groups, kh, kw))",
+        "%s: input %s has %lld channels but weight %s expects %lld (weight is (cin, cout/groups, kernel...))",
         fn, TSHP(x), (long long)cin, TSHP(weight), (long long)ws[0]);
   if (cin % groups)
     return fail("%s: cin %lld is not divisible by groups=%lld", fn, (long long)cin, (long long)groups);
-  if (kh < 1 || kw < 1) return fail("%s: weight %s has an empty kernel", fn, TSHP(weight));
-  for (int j = 0; j < 2; j++)
+  for (int j = 0; j < nsp; j++)
+    if (ws[2 + j] < 1) return fail("%s: weight %s has an empty kernel", fn, TSHP(weight));
+  for (int j = 0; j < nsp; j++)
     if (s[j] < 1 || d[j] < 1 || op[j] < 0)
-      return fail(
-          "%s: stride (%lld, %lld) and dilation (%lld, %lld) must be positive, output_padding (%lld, %lld) "
-          "non-negative",
-          fn, (long long)s[0], (long long)s[1], (long long)d[0], (long long)d[1], (long long)op[0],
-          (long long)op[1]);
-  /* the sizes below, computed up front so that none overflows: the stride-dilated input (H*s, W*s),
-   * the equivalent convolution's padding (k-1)*d - pad (+ output_padding) and its groups*rcout filters */
-  int64_t hs[2], cpad[4], gr;
+      return fail("%s: stride %lld and dilation %lld must be positive, output_padding %lld non-negative (spatial "
+                  "dim %d)",
+                  fn, (long long)s[j], (long long)d[j], (long long)op[j], j);
+  /* the sizes below, computed up front so that none overflows: the stride-dilated input (in*s), the
+   * equivalent convolution's padding (k-1)*d - pad (+ output_padding) and its groups*rcout filters */
+  int64_t hs[8], cpad[16], gr;
   bool ovf = __builtin_mul_overflow(groups, rcout, &gr);
-  for (int j = 0; j < 2; j++) {
-    int64_t span; /* j = 0: H (pads 0, 1), j = 1: W (pads 2, 3) */
+  for (int j = 0; j < nsp; j++) {
+    int64_t span;
     ovf = ovf || __builtin_mul_overflow(xs[2 + j], s[j], &hs[j]) ||
-          __builtin_mul_overflow(j ? kw - 1 : kh - 1, d[j], &span) ||
+          __builtin_mul_overflow(ws[2 + j] - 1, d[j], &span) ||
           __builtin_sub_overflow(span, pads[2 * j], &cpad[2 * j]) ||
           __builtin_sub_overflow(span, pads[2 * j + 1], &cpad[2 * j + 1]) ||
           __builtin_add_overflow(cpad[2 * j + 1], op[j], &cpad[2 * j + 1]);
   }
   if (ovf)
-    return fail("%s: stride (%lld, %lld), dilation (%lld, %lld), padding (%lld, %lld, %lld, %lld) and "
-                "output_padding (%lld, %lld) are too large for input %s and weight %s (sizes overflow int64)",
-                fn, (long long)s[0], (long long)s[1], (long long)d[0], (long long)d[1], (long long)pads[0],
-                (long long)pads[1], (long long)pads[2], (long long)pads[3], (long long)op[0],
-                (long long)op[1], TSHP(x), TSHP(weight));
+    return fail("%s: stride, dilation, padding and output_padding are too large for input %s and weight %s "
+                "(sizes overflow int64)",
+                fn, TSHP(x), TSHP(weight));
   NnOp o = op_begin(fn);
-  /* weight (cin, rcout, kh, kw) -> (groups, cin/g, rcout, kh, kw) -> (groups, rcout, cin/g, kh, kw), flipped
-   * spatially -> (groups*rcout, cin/g, kh, kw) */
-  tg_tensor w = tg_reshape(weight, (const int64_t[]){groups, cin / groups, rcout, kh, kw}, 5);
-  w = tg_flip(tg_transpose(w, 1, 2), (const int[]){3, 4}, 2);
-  w = tg_reshape(w, (const int64_t[]){gr, cin / groups, kh, kw}, 4);
+  /* weight (cin, rcout, k...) -> (groups, cin/g, rcout, k...) -> (groups, rcout, cin/g, k...), flipped
+   * spatially -> (groups*rcout, cin/g, k...) */
+  int64_t sh[64];
+  int flip[8];
+  sh[0] = groups, sh[1] = cin / groups, sh[2] = rcout;
+  for (int j = 0; j < nsp; j++) sh[3 + j] = ws[2 + j], flip[j] = 3 + j;
+  tg_tensor w = tg_reshape(weight, sh, nsp + 3);
+  w = tg_flip(tg_transpose(w, 1, 2), flip, nsp);
+  sh[0] = gr, sh[1] = cin / groups;
+  for (int j = 0; j < nsp; j++) sh[2 + j] = ws[2 + j];
+  w = tg_reshape(w, sh, nsp + 2);
   /* dilate the input by the stride: (k) -> (k, 1) -> pad -> (k, s) -> (k*s) -> shrink to k*s - (s-1) */
   tg_tensor xd = x;
-  if (s[0] > 1 || s[1] > 1) {
-    int64_t H = xs[2], W = xs[3];
-    xd = tg_reshape(x, (const int64_t[]){xs[0], cin, H, 1, W, 1}, 6);
-    xd = tg_pad(xd, (const int64_t[]){0, 0, 0, 0, 0, 0, 0, s[0] - 1, 0, 0, 0, s[1] - 1}, 12, 0.0);
-    xd = tg_reshape(xd, (const int64_t[]){xs[0], cin, hs[0], hs[1]}, 4);
-    xd = tg_shrink(xd, (const int64_t[]){0, xs[0], 0, cin, 0, hs[0] - (s[0] - 1), 0, hs[1] - (s[1] - 1)}, 8);
+  bool strided = false;
+  for (int j = 0; j < nsp; j++) strided = strided || s[j] > 1;
+  if (strided) {
+    int64_t p[128] = {0}, b[128] = {0};
+    sh[0] = xs[0], sh[1] = cin;
+    for (int j = 0; j < nsp; j++) sh[2 + 2 * j] = xs[2 + j], sh[3 + 2 * j] = 1, p[2 * (3 + 2 * j) + 1] = s[j] - 1;
+    xd = tg_pad(tg_reshape(x, sh, 2 + 2 * nsp), p, 2 * (2 + 2 * nsp), 0.0);
+    for (int j = 0; j < nsp; j++) sh[2 + j] = hs[j];
+    xd = tg_reshape(xd, sh, 2 + nsp);
+    b[1] = xs[0], b[3] = cin;
+    for (int j = 0; j < nsp; j++) b[2 * (2 + j) + 1] = hs[j] - (s[j] - 1);
+    xd = tg_shrink(xd, b, 2 * (2 + nsp));
   }
-  tg_conv2d_opts co = {0};
-  co.groups = groups;
-  co.stride[0] = co.stride[1] = 1;
-  co.dilation[0] = d[0], co.dilation[1] = d[1];
-  /* (left, right, top, bottom) */
-  co.padding[0] = cpad[2], co.padding[1] = cpad[3];
-  co.padding[2] = cpad[0], co.padding[3] = cpad[1];
-  co.npadding = 4;
-  return op_done(o, tg_conv2d(xd, w, bias, &co));
+  int64_t one[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  return op_done(o, conv_nd_resolved(fn, xd, w, bias, groups, one, d, cpad));
+}
+
+tg_tensor tg_conv_transpose_nd(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_window_opts *opts) {
+  const char *fn = "tg_conv_transpose_nd";
+  if (!t_get(x, fn) || !t_get(weight, fn)) return NONE;
+  int nsp = tg_ndim(weight) - 2;
+  if (nsp < 1) return fail("%s: weight %s must be (cin, cout/groups, kernel...)", fn, TSHP(weight));
+  int64_t g, s[8], d[8], pads[16], op[8];
+  if (!conv_opts_nd(fn, opts, nsp, true, &g, s, d, pads, op)) return NONE;
+  return conv_transpose_impl(fn, x, weight, bias, g, nsp, s, d, pads, op);
 }
 
 /* tinygrad's padding forms -> (H before, H after, W before, W after) */
@@ -337,7 +350,19 @@ tg_tensor tg_conv_transpose2d(tg_tensor x, tg_tensor weight, tg_tensor bias,
   default:
     return fail("%s: noutput_padding is %d; use 1 (both dims) or 2 (h, w)", fn, opts->noutput_padding);
   }
-  return conv_transpose_impl(fn, x, weight, bias, opts->groups ? opts->groups : 1, s, d, pads, op);
+  int nsp = tg_ndim(weight) - 2;
+  if (t_get(weight, fn) && nsp != 2 && nsp >= 1 && nsp <= TG_WINDOW_MAXDIMS) {
+    /* tinygrad's conv_transpose2d takes any number of spatial dims: uniform options only here */
+    if (s[0] != s[1] || d[0] != d[1] || pads[0] != pads[1] || pads[0] != pads[2] || pads[0] != pads[3] ||
+        op[0] != op[1])
+      return fail("%s: a %d-d transposed convolution (weight %s) takes only uniform stride, dilation, padding and "
+                  "output_padding here; use tg_conv_transpose_nd for per-dim values",
+                  fn, nsp, TSHP(weight));
+    int64_t sn[8], dn[8], pn[16], on[8];
+    for (int j = 0; j < nsp; j++) sn[j] = s[0], dn[j] = d[0], pn[2 * j] = pn[2 * j + 1] = pads[0], on[j] = op[0];
+    return conv_transpose_impl(fn, x, weight, bias, opts->groups ? opts->groups : 1, nsp, sn, dn, pn, on);
+  }
+  return conv_transpose_impl(fn, x, weight, bias, opts->groups ? opts->groups : 1, 2, s, d, pads, op);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -649,7 +674,7 @@ static tg_tensor conv1d_forward(const char *fn, const tg_nn_conv1d *l, tg_tensor
   } else {
     int64_t s[2] = {1, c->stride}, d[2] = {1, c->dilation}, pads[4] = {0, 0, c->padding, c->padding},
             op[2] = {0, c->output_padding};
-    r = conv_transpose_impl(fn, x4, w4, l->bias, c->groups, s, d, pads, op);
+    r = conv_transpose_impl(fn, x4, w4, l->bias, c->groups, 2, s, d, pads, op);
   }
   return op_done(o, tg_squeeze(r, 2));
 }

@@ -1,6 +1,6 @@
 /*
- * optim.c -- tinygrad's nn.optim: SGD and LARS (one LARS implementation: SGD is LARS without the trust
- * ratio), Adam, AdamW and LAMB (one LAMB implementation: Adam/AdamW are LAMB without the trust ratio).
+ * optim.c -- tinygrad's nn.optim: SGD, LARS and Muon (one LARS implementation: SGD is LARS without the
+ * trust ratio, Muon is LARS with a Newton-Schulz orthogonalized momentum and decoupled weight decay), Adam, AdamW and LAMB (one LAMB implementation: Adam/AdamW are LAMB without the trust ratio).
  *
  * In: borrowed parameter handles and their gradients (after tg_backward). Out: lazy tg_assigns of the
  * new parameter values and optimizer state, handed back by schedule_step to be realized together with
@@ -32,7 +32,9 @@ struct tg_optim {
   tg_tensor lr;       /* owned, (1,) */
   /* LARS */
   double momentum, wd, tcoef;
-  bool nesterov, classic;
+  bool nesterov, classic, pre_wd; /* pre_wd: weight decay added to the gradient (else Muon's, after) */
+  int ns_steps, n_ns;             /* Muon: Newton-Schulz steps and coefficients (n_ns 0: none) */
+  double ns_coef[TG_MUON_MAX_COEFS];
   tg_tensor *b; /* owned momentum buffers (n, or none without momentum) */
   /* LAMB */
   double b1, b2, eps;
@@ -149,23 +151,59 @@ static tg_optim *lars_new(const char *fn, const char *name, const tg_tensor *par
   if (!o) return NULL;
   o->kind = K_LARS;
   o->momentum = momentum, o->wd = wd, o->tcoef = tcoef, o->nesterov = nesterov, o->classic = classic;
+  o->pre_wd = true;
   if (momentum) o->b = new_state(o);
-  return finish(fn, o);
+  return o;
 }
 
 /* Options are taken as given (the TG_*_OPTS macros fill in tinygrad's defaults; NULL means them). */
 tg_optim *tg_optim_sgd(const tg_tensor *params, int n, const tg_sgd_opts *opts) {
   const tg_sgd_opts opts_v = opts ? *opts : *TG_SGD_OPTS();
   opts = &opts_v;
-  return lars_new("tg_optim_sgd", "SGD", params, n, opts->lr, opts->momentum, opts->weight_decay, 0.0,
-                  opts->nesterov, opts->classic);
+  tg_optim *o = lars_new("tg_optim_sgd", "SGD", params, n, opts->lr, opts->momentum, opts->weight_decay, 0.0,
+                         opts->nesterov, opts->classic);
+  return o ? finish("tg_optim_sgd", o) : NULL;
 }
 
 tg_optim *tg_optim_lars(const tg_tensor *params, int n, const tg_lars_opts *opts) {
   const tg_lars_opts opts_v = opts ? *opts : *TG_LARS_OPTS();
   opts = &opts_v;
-  return lars_new("tg_optim_lars", "LARS", params, n, opts->lr, opts->momentum, opts->weight_decay,
-                  opts->tcoef, opts->nesterov, opts->classic);
+  tg_optim *o = lars_new("tg_optim_lars", "LARS", params, n, opts->lr, opts->momentum, opts->weight_decay,
+                         opts->tcoef, opts->nesterov, opts->classic);
+  return o ? finish("tg_optim_lars", o) : NULL;
+}
+
+tg_optim *tg_optim_muon(const tg_tensor *params, int n, const tg_muon_opts *opts) {
+  const char *fn = "tg_optim_muon";
+  const tg_muon_opts opts_v = opts ? *opts : *TG_MUON_OPTS();
+  opts = &opts_v;
+  double mom = opts->momentum, wd = opts->weight_decay;
+  int nc = opts->n_ns_coefficients;
+  if (opts->ns_steps < 0) {
+    tg_set_error(TG_ERR_INVALID, "%s: ns_steps %d is negative (0 skips the iteration)", fn, opts->ns_steps);
+    return NULL;
+  }
+  if (nc < 0 || nc > TG_MUON_MAX_COEFS) {
+    tg_set_error(TG_ERR_INVALID, "%s: n_ns_coefficients %d must be in 0..%d", fn, nc, TG_MUON_MAX_COEFS);
+    return NULL;
+  }
+  for (int i = 0; i < nc; i++)
+    if (!isfinite(opts->ns_coefficients[i])) {
+      tg_set_error(TG_ERR_INVALID, "%s: ns_coefficients[%d] = %g is not finite", fn, i, opts->ns_coefficients[i]);
+      return NULL;
+    }
+  for (int i = 0; i < n && params; i++)
+    if (tg_valid(params[i]) && tg_requires_grad(params[i]) && tg_ndim(params[i]) < 1) {
+      tg_set_error(TG_ERR_INVALID, "%s: parameter %d is 0-d; Muon views each parameter as (shape[0], -1)", fn, i);
+      return NULL;
+    }
+  tg_optim *o = lars_new(fn, "Muon", params, n, opts->lr, mom, wd, 0.0, opts->nesterov, false);
+  if (!o) return NULL;
+  o->pre_wd = false;
+  o->ns_steps = opts->ns_steps;
+  o->n_ns = nc;
+  memcpy(o->ns_coef, opts->ns_coefficients, sizeof(double) * (size_t)nc);
+  return finish(fn, o);
 }
 
 static tg_optim *lamb_new(const char *fn, const char *name, const tg_tensor *params, int n, double lr,
@@ -262,13 +300,20 @@ static tg_tensor lars_update(tg_optim *o, int i, tg_tensor t, tg_tensor g, tg_te
     tg_tensor r1 = norm2(td), r2 = norm2(g);
     r = ratio_or_one(r1, r2, tg_div(tg_mul_s(r1, o->tcoef), tg_add(r2, tg_mul_s(r1, o->wd))));
   }
-  if (o->wd > 0) g = tg_add(g, tg_mul_s(td, o->wd));
+  if (o->pre_wd && o->wd > 0) g = tg_add(g, tg_mul_s(td, o->wd));
   if (o->classic) g = tg_mul(r.id ? tg_mul(g, r) : g, lr0);
   if (o->momentum) {
     tg_assign(o->b[i], tg_add(tg_mul_s(o->b[i], o->momentum), g));
     g = o->nesterov ? tg_add(g, tg_mul_s(o->b[i], o->momentum)) : o->b[i];
   }
+  if (o->n_ns) {
+    int64_t sh[64];
+    int nd = tg_shape(g, sh);
+    tg_tensor g2 = tg_reshape(g, (const int64_t[]){sh[0], -1}, 2);
+    g = tg_reshape(tg_newton_schulz(g2, o->ns_steps, o->ns_coef, o->n_ns, 1e-7), sh, nd);
+  }
   if (!o->classic) g = tg_mul(r.id ? tg_mul(g, r) : g, lr0);
+  if (!o->pre_wd && o->wd > 0) g = tg_add(g, tg_mul(tg_mul_s(td, o->wd), lr0));
   return tg_cast(g, tg_dtype_of(t));
 }
 

@@ -2,9 +2,9 @@
  * cstyle.c -- the C renderer: LKernel -> C source for the CPU device.
  *
  * Every value node becomes one local variable, declared at the outermost loop level where all its
- * inputs are available (loop-invariant code is hoisted by construction). float16 and bfloat16 are
- * stored as 16-bit integers and computed in float, rounded after every operation so results match
- * a true half-precision computation. Integer division and modulo by zero give 0 instead of
+ * inputs are available (loop-invariant code is hoisted by construction). float16, bfloat16 and the
+ * fp8 types are stored as their bits and computed in float, rounded after every operation so results
+ * match a true narrow-precision computation. Integer division and modulo by zero give 0 instead of
  * trapping; signed overflow wraps (kernels are compiled with -fwrapv).
  */
 #include <math.h>
@@ -29,17 +29,49 @@ static const char *ctype(tg_dtype dt) {
   case TG_BFLOAT16: return "float";
   case TG_FLOAT32: return "float";
   case TG_FLOAT64: return "double";
+  case TG_FP8E4M3: return "float";
+  case TG_FP8E5M2: return "float";
   default: return "int";
   }
 }
 /* storage type in memory */
+static bool is_fp8(tg_dtype dt) { return dt == TG_FP8E4M3 || dt == TG_FP8E5M2; }
 static const char *stype(tg_dtype dt) {
   if (dt == TG_FLOAT16 || dt == TG_BFLOAT16) return "unsigned short";
+  if (is_fp8(dt)) return "unsigned char";
   return ctype(dt);
 }
-static bool is_half(tg_dtype dt) { return dt == TG_FLOAT16 || dt == TG_BFLOAT16; }
-/* rounding wrapper for 16-bit floats computed in float */
-static const char *rnd(tg_dtype dt) { return dt == TG_FLOAT16 ? "tg_rh" : dt == TG_BFLOAT16 ? "tg_rb" : ""; }
+/* floats narrower than float32: stored as their bits, computed in float */
+static bool is_half(tg_dtype dt) { return dt == TG_FLOAT16 || dt == TG_BFLOAT16 || is_fp8(dt); }
+/* rounding wrapper for the narrow floats computed in float */
+static const char *rnd(tg_dtype dt) {
+  switch (dt) {
+  case TG_FLOAT16: return "tg_rh";
+  case TG_BFLOAT16: return "tg_rb";
+  case TG_FP8E4M3: return "tg_r8a";
+  case TG_FP8E5M2: return "tg_r8b";
+  default: return "";
+  }
+}
+/* storage bits -> float, and float -> storage bits, for the narrow floats ("" for the others) */
+static const char *to_f(tg_dtype dt) {
+  switch (dt) {
+  case TG_FLOAT16: return "tg_h2f";
+  case TG_BFLOAT16: return "tg_b2f";
+  case TG_FP8E4M3: return "tg_8a2f";
+  case TG_FP8E5M2: return "tg_8b2f";
+  default: return "";
+  }
+}
+static const char *from_f(tg_dtype dt) {
+  switch (dt) {
+  case TG_FLOAT16: return "tg_f2h";
+  case TG_BFLOAT16: return "tg_f2b";
+  case TG_FP8E4M3: return "tg_f28a";
+  case TG_FP8E5M2: return "tg_f28b";
+  default: return "";
+  }
+}
 
 static const char PRELUDE_HALF[] =
     "static inline float tg_h2f(unsigned short h){unsigned int s=(h&0x8000u)<<16,e=(h>>10)&0x1f,m=h&0x3ff,b;"
@@ -56,6 +88,30 @@ static const char PRELUDE_BF16[] =
     "static inline unsigned short tg_f2b(float f){unsigned int x;__builtin_memcpy(&x,&f,4);if((x&0x7fffffffu)>0x7f800000u)"
     "return (unsigned short)((x>>16)&0x7f?(x>>16):((x>>16)|0x40));x+=0x7fffu+((x>>16)&1);return (unsigned short)(x>>16);}\n"
     "static inline float tg_rb(float f){return tg_b2f(tg_f2b(f));}\n";
+/* OCP fp8 as tinygrad converts it (from the value's double bits, nearest-even): e4m3 (bias 7, 3
+ * mantissa bits) has no inf -- inf and nan become nan (0x7f), finite overflow saturates to 448; e5m2
+ * (bias 15, 2 bits) keeps inf and nan, finite overflow saturates to 57344. */
+static const char PRELUDE_FP8[] =
+    "static inline unsigned char tg_f2f8(double f,int M,int B,int ieee,unsigned long long ovf,unsigned char mx){"
+    "unsigned long long x;__builtin_memcpy(&x,&f,8);unsigned char s=(unsigned char)((x>>56)&0x80);"
+    "unsigned long long a=x&0x7fffffffffffffffULL;"
+    "if(a>=0x7ff0000000000000ULL){if(!ieee)return s|0x7f;return s|(a>0x7ff0000000000000ULL?0x7f:0x7c);}"
+    "if(a>ovf)return s|mx;int E=(int)(a>>52)-1023;"
+    "if(E>=1-B){int sh=52-M;unsigned long long rb=a&((1ULL<<sh)-1),h=1ULL<<(sh-1);"
+    "unsigned r=((unsigned)(E+B)<<M)|(unsigned)((a>>sh)&((1u<<M)-1));if(rb>h||(rb==h&&(r&1)))r++;return s|(unsigned char)r;}"
+    "if(E<-B-M)return s;int sh=53-B-M-E;unsigned long long m=(a&0xfffffffffffffULL)|(1ULL<<52),q=m>>sh,"
+    "rm=m&((1ULL<<sh)-1),h=1ULL<<(sh-1);if(rm>h||(rm==h&&(q&1)))q++;return s|(unsigned char)q;}\n"
+    "static inline float tg_f82f(unsigned char b,int M,int B,int ieee){int e=(b>>M)&((1<<(7-M))-1),m=b&((1<<M)-1);"
+    "float v;if(ieee&&e==(1<<(7-M))-1)v=m?__builtin_nanf(\"\"):__builtin_inff();"
+    "else if(!ieee&&e==15&&m==7)v=__builtin_nanf(\"\");"
+    "else{unsigned int pb=(unsigned int)((e?e:1)-B-M+127)<<23;float p;__builtin_memcpy(&p,&pb,4);"
+    "v=(float)(e?(m|(1<<M)):m)*p;}return (b&0x80)?-v:v;}\n"
+    "static inline unsigned char tg_f28a(double f){return tg_f2f8(f,3,7,0,0x407D000000000000ULL,0x7e);}\n"
+    "static inline unsigned char tg_f28b(double f){return tg_f2f8(f,2,15,1,0x40EE000000000000ULL-1,0x7b);}\n"
+    "static inline float tg_8a2f(unsigned char b){return tg_f82f(b,3,7,0);}\n"
+    "static inline float tg_8b2f(unsigned char b){return tg_f82f(b,2,15,1);}\n"
+    "static inline float tg_r8a(double f){return tg_8a2f(tg_f28a(f));}\n"
+    "static inline float tg_r8b(double f){return tg_8b2f(tg_f28b(f));}\n";
 
 typedef struct {
   SB *b;
@@ -64,7 +120,7 @@ typedef struct {
   int vw;
   int nvar;
   int indent;
-  bool uses_half, uses_bf16;
+  bool uses_half, uses_bf16, uses_fp8;
 } R;
 
 static const char *nm(R *r, UOp *u) { return pm_get(&r->names, (uint64_t)(uintptr_t)u); }
@@ -145,7 +201,7 @@ static void render_expr(R *r, UOp *u, SB *e) {
   const char *rd = fl ? rnd(dt) : "";
   switch (u->op) {
   case OP_LOAD: {
-    const char *conv = dt == TG_FLOAT16 ? "tg_h2f" : dt == TG_BFLOAT16 ? "tg_b2f" : "";
+    const char *conv = to_f(dt);
     if (gated(u)) sb_printf(e, "(%s ? %s(%s[%s]) : 0)", c, conv, a, b);
     else sb_printf(e, "%s(%s[%s])", conv, a, b);
     return;
@@ -166,6 +222,7 @@ static void render_expr(R *r, UOp *u, SB *e) {
     return;
   case OP_CAST:
     if (dt == TG_BOOL) sb_printf(e, "(%s != 0)", a);
+    else if (fl && is_fp8(dt)) sb_printf(e, "%s((double)%s)", rd, a); /* one rounding, also from double */
     else if (fl && is_half(dt)) sb_printf(e, "%s((float)%s)", rd, a);
     else sb_printf(e, "(%s)(%s)", ctype(dt), a);
     return;
@@ -173,12 +230,11 @@ static void render_expr(R *r, UOp *u, SB *e) {
     /* reinterpret the storage bits: 16-bit floats are converted to/from their bit patterns */
     SB src;
     sb_init(&src);
-    if (sdt == TG_FLOAT16) sb_printf(&src, "tg_f2h(%s)", a);
-    else if (sdt == TG_BFLOAT16) sb_printf(&src, "tg_f2b(%s)", a);
+    if (is_half(sdt)) sb_printf(&src, "%s(%s)", from_f(sdt), a);
     else sb_printf(&src, "%s", a);
-    const char *st = is_half(sdt) ? "unsigned short" : ctype(sdt);
-    const char *dstt = is_half(dt) ? "unsigned short" : ctype(dt);
-    const char *conv = dt == TG_FLOAT16 ? "tg_h2f" : dt == TG_BFLOAT16 ? "tg_b2f" : "";
+    const char *st = is_half(sdt) ? stype(sdt) : ctype(sdt);
+    const char *dstt = is_half(dt) ? stype(dt) : ctype(dt);
+    const char *conv = to_f(dt);
     sb_printf(e, "%s(({%s s_=%s;%s d_;__builtin_memcpy(&d_,&s_,sizeof d_);d_;}))", conv, st, src.s, dstt);
     sb_free(&src);
     return;
@@ -431,7 +487,7 @@ static void emit_store(R *r, const LKernel *k, int c) {
     sb_free(&e);
     return;
   }
-  const char *conv = odt == TG_FLOAT16 ? "tg_f2h" : odt == TG_BFLOAT16 ? "tg_f2b" : "";
+  const char *conv = from_f(odt);
   if (!k->sop) {
     sb_printf(r->b, "data0[%s] = %s(%s);\n", nm(r, k->sidxs[c]), conv, nm(r, v));
   } else {
@@ -659,6 +715,7 @@ char *render_c(const LKernel *k, const char *name) {
     if (post) pm_put(&l.post, (uint64_t)(uintptr_t)u, (void *)1);
     if (u->dtype == TG_FLOAT16) r.uses_half = true;
     if (u->dtype == TG_BFLOAT16) r.uses_bf16 = true;
+    if (is_fp8((tg_dtype)u->dtype)) r.uses_fp8 = true;
     if (u->op == OP_CONST) pm_put(&r.names, (uint64_t)(uintptr_t)u, const_str((tg_dtype)u->dtype, u));
     if (u->op == OP_DEFINE_GLOBAL) {
       char buf[32];
@@ -669,9 +726,11 @@ char *render_c(const LKernel *k, const char *name) {
   for (int i = 0; i < k->np; i++) {
     if (k->pdt[i] == TG_FLOAT16) r.uses_half = true;
     if (k->pdt[i] == TG_BFLOAT16) r.uses_bf16 = true;
+    if (is_fp8(k->pdt[i])) r.uses_fp8 = true;
   }
   if (k->rbody && k->racc == TG_FLOAT16) r.uses_half = true;
   if (k->rbody && k->racc == TG_BFLOAT16) r.uses_bf16 = true;
+  if (k->rbody && is_fp8(k->racc)) r.uses_fp8 = true;
 
   r.indent = 1;
   for (int i = 0; i < k->np; i++) {
@@ -772,6 +831,7 @@ char *render_c(const LKernel *k, const char *name) {
                                        "tg_v_exp2f", "tg_v_log2f", "tg_v_sinf", "tg_v_sqrtf", "tg_v_truncf", "tg_vd", "tg_vl"};
   if (r.uses_half) sb_printf(&out, "#ifndef TG_HALF_H\n#define TG_HALF_H\n%s#endif\n", PRELUDE_HALF);
   if (r.uses_bf16) sb_printf(&out, "#ifndef TG_BF16_H\n#define TG_BF16_H\n%s#endif\n", PRELUDE_BF16);
+  if (r.uses_fp8) sb_printf(&out, "#ifndef TG_FP8_H\n#define TG_FP8_H\n%s#endif\n", PRELUDE_FP8);
   if (strstr(body.s ? body.s : "", "tg_ipow"))
     sb_puts(&out, "#ifndef TG_IPOW_H\n#define TG_IPOW_H\nstatic inline long long tg_ipow(long long b,long long e){long long r=1;if(e<0)return b==1?1:(b==-1?((e&1)?-1:1):0);"
                   "while(e){if(e&1)r*=b;b*=b;e>>=1;}return r;}\n#endif\n");

@@ -1499,6 +1499,79 @@ tg_tensor tg_nonzero(tg_tensor x) {
   return done(o, r);
 }
 
+/* tinygrad's fixed-size selection (jittable: nothing is realized). Output position j takes the
+ * element at flat index idx_j = #{i : cumsum(mask)[i] <= j}, the position of the (j+1)-th true
+ * element, and fill where j >= the number of true elements. One (size, n) compare-and-count reduce,
+ * the work of tinygrad's one-hot scatter. Returns the flat source indices (int32, clamped into range)
+ * and in *valid whether each output position has an element. */
+static tg_tensor select_positions(UOp *a, tg_tensor maskflat, int64_t n, int64_t size, tg_tensor *valid) {
+  tg_opts io = on_device(a, TG_INT32);
+  tg_tensor cs = tg_reshape(tg_cumsum(tg_cast(maskflat, TG_INT32), 0), (const int64_t[]){1, n}, 2);
+  tg_tensor j = tg_reshape(tg_arange(0, (double)size, 1, &io), (const int64_t[]){size, 1}, 2);
+  tg_tensor idx = tg_cast(tg_sum(tg_logical_not(tg_gt(cs, j)), (const int[]){1}, 1, false), TG_INT32);
+  tg_tensor cnt = tg_sum(tg_cast(maskflat, TG_INT32), NULL, 0, false);
+  *valid = tg_lt(tg_reshape(j, (const int64_t[]){size}, 1), cnt);
+  return tg_minimum_s(idx, (double)(n - 1));
+}
+
+static bool size_ok(const char *fn, int64_t size) {
+  if (size < 0 || size > ((int64_t)1 << 31) - 1) {
+    tg_set_error(TG_ERR_INVALID, "%s: size %lld must be in 0 .. 2^31-1", fn, (long long)size);
+    return false;
+  }
+  return true;
+}
+
+tg_tensor tg_masked_select_size(tg_tensor x, tg_tensor mask, int64_t size, double fill_value) {
+  const char *fn = "tg_masked_select_size";
+  UOp *a = t_get(x, fn), *m = a ? t_get(mask, fn) : NULL;
+  if (!a || !m) return NONE;
+  if (!check_mask(fn, a, m, true) || !size_ok(fn, size)) return NONE;
+  int64_t n = numel_of(a->shape, a->ndim);
+  Op_ o = begin(fn);
+  tg_tensor flat = tg_flatten(x, 0, -1), r;
+  if (n == 0 || size == 0) {
+    tg_opts fo = on_device(a, (tg_dtype)a->dtype);
+    r = tg_full((const int64_t[]){size}, 1, fill_value, &fo);
+  } else {
+    tg_tensor valid, mb = tg_flatten(tg_expand(mask, a->shape, a->ndim), 0, -1);
+    tg_tensor idx = select_positions(a, mb, n, size, &valid);
+    tg_tensor g = tg_index(flat, idx);
+    r = tg_cast(tg_where(valid, g, tg_const_like(g, fill_value)), (tg_dtype)a->dtype);
+  }
+  return done(o, r);
+}
+
+tg_tensor tg_nonzero_size(tg_tensor x, int64_t size, double fill_value) {
+  const char *fn = "tg_nonzero_size";
+  UOp *a = t_get(x, fn);
+  if (!a || !size_ok(fn, size)) return NONE;
+  int nd = a->ndim;
+  int64_t n = numel_of(a->shape, nd);
+  Op_ o = begin(fn);
+  tg_opts io = on_device(a, TG_INT32);
+  tg_tensor r;
+  if (nd == 0) {
+    r = tg_zeros((const int64_t[]){size, 0}, 2, &io);
+  } else if (n == 0 || size == 0) {
+    r = tg_full((const int64_t[]){size, nd}, 2, fill_value, &io);
+  } else {
+    tg_tensor valid, idx = select_positions(a, tg_flatten(tg_ne_s(x, 0), 0, -1), n, size, &valid);
+    /* unravel the flat index: coordinate d = idx / stride_d % shape_d */
+    int64_t stride = 1;
+    tg_tensor cols[MAXD];
+    for (int d = nd - 1; d >= 0; d--) {
+      tg_tensor c = tg_idiv(idx, tg_const_like(idx, (double)stride));
+      cols[d] = tg_mod(c, tg_const_like(c, (double)a->shape[d]));
+      stride *= a->shape[d];
+    }
+    tg_tensor coords = tg_stack(cols, nd, 1); /* (size, nd) */
+    tg_tensor v2 = tg_reshape(valid, (const int64_t[]){size, 1}, 2);
+    r = tg_cast(tg_where(v2, coords, tg_const_like(coords, fill_value)), TG_INT32);
+  }
+  return done(o, r);
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* scatter                                                                                         */
 

@@ -367,7 +367,7 @@ static UOp *mul_const(UOp *a, double c) {
 UOp *n_exp(UOp *a);
 UOp *n_exp(UOp *a) {
   /* 16-bit floats compute in float32, as tinygrad's exp does: 1/ln2 rounded to half costs |x| * 2e-4 */
-  if (a->dtype == TG_FLOAT16 || a->dtype == TG_BFLOAT16) {
+  if (a->dtype == TG_FLOAT16 || a->dtype == TG_BFLOAT16 || a->dtype == TG_FP8E4M3 || a->dtype == TG_FP8E5M2) {
     UOp *c = g_cast(a, TG_FLOAT32), *e = n_exp(c), *r = g_cast(e, (tg_dtype)a->dtype);
     uop_unref(c), uop_unref(e);
     return r;
@@ -505,7 +505,7 @@ static tg_tensor reduce_nodes(const char *fn, UOp *a, int op, const int *axes, i
 tg_tensor tg_sum(tg_tensor x, const int *axes, int naxes, bool keepdim) {
   GET(a, x, "tg_sum");
   tg_dtype dt = (tg_dtype)a->dtype, acc = dtype_sum_acc(dt);
-  tg_dtype out = (dt == TG_FLOAT16 || dt == TG_BFLOAT16) ? dt : acc;
+  tg_dtype out = (dt == TG_FLOAT16 || dt == TG_BFLOAT16 || dt == TG_FP8E4M3 || dt == TG_FP8E5M2) ? dt : acc;
   return reduce_nodes("tg_sum", a, OP_ADD, axes, naxes, keepdim, acc, out);
 }
 tg_tensor tg_prod(tg_tensor x, const int *axes, int naxes, bool keepdim) {
@@ -562,13 +562,21 @@ tg_tensor tg_mean(tg_tensor x, const int *axes, int naxes, bool keepdim) {
   if (nax < 0) return NONE;
   int64_t cnt = 1;
   for (int i = 0; i < nax; i++) cnt *= a->shape[ax[i]];
-  tg_tensor s = reduce_nodes("tg_mean", a, OP_ADD, axes, naxes, keepdim, tg_dtype_is_float(dt) ? dtype_sum_acc(dt) : out, out);
+  /* as tinygrad: the sum and its scaling stay in the accumulation dtype, one rounding to a narrow
+   * float at the end */
+  tg_dtype acc = tg_dtype_is_float(dt) ? dtype_sum_acc(dt) : out;
+  tg_tensor s = reduce_nodes("tg_mean", a, OP_ADD, axes, naxes, keepdim, acc, acc);
   UOp *su = t_get(s, "tg_mean");
   if (!su) return NONE;
-  UOp *d = n_const_like(su, cnt ? 1.0 / (double)cnt : NAN, out);
-  UOp *r = g_alu(OP_MUL, out, su, d, NULL);
+  UOp *d = n_const_like(su, cnt ? 1.0 / (double)cnt : NAN, acc);
+  UOp *r = g_alu(OP_MUL, acc, su, d, NULL);
   uop_unref(d);
   tg_free(s);
+  if (acc != out) {
+    UOp *c = g_cast(r, out);
+    uop_unref(r);
+    r = c;
+  }
   return t_wrap(r);
 }
 
@@ -866,21 +874,24 @@ static tg_tensor matmul_packed(tg_tensor x, tg_tensor w, int64_t n, int64_t k, i
   return op_scope_done(o, r);
 }
 
-tg_tensor tg_matmul(tg_tensor x, tg_tensor w) {
-  GET(a, x, "tg_matmul");
-  GET(b, w, "tg_matmul");
+/* dtype TG_DTYPE_DEFAULT: the promoted dtype; else tinygrad's dot(dtype=): the product (in the promoted
+ * dtype) is cast to dtype and summed, the result has that dtype */
+static tg_tensor matmul_impl(const char *fn, tg_tensor x, tg_tensor w, tg_dtype dtype) {
+  GET(a, x, fn);
+  GET(b, w, fn);
   char s1[256], s2[256];
   if (a->ndim == 0 || b->ndim == 0)
-    return fail(TG_ERR_INVALID, "tg_matmul: both arguments need at least 1 dimension, got %s and %s", shp(s1, sizeof s1, a), shp(s2, sizeof s2, b));
+    return fail(TG_ERR_INVALID, "%s: both arguments need at least 1 dimension, got %s and %s", fn, shp(s1, sizeof s1, a), shp(s2, sizeof s2, b));
   int64_t k = a->shape[a->ndim - 1];
   int64_t kb = b->shape[b->ndim >= 2 ? b->ndim - 2 : 0];
   if (k != kb)
-    return fail(TG_ERR_INVALID, "tg_matmul: inner dimensions differ: %s @ %s (%lld != %lld)", shp(s1, sizeof s1, a), shp(s2, sizeof s2, b),
+    return fail(TG_ERR_INVALID, "%s: inner dimensions differ: %s @ %s (%lld != %lld)", fn, shp(s1, sizeof s1, a), shp(s2, sizeof s2, b),
                 (long long)k, (long long)kb);
-  if (a->ndim > 60 || b->ndim > 60) return fail(TG_ERR_INVALID, "tg_matmul: too many dimensions");
+  if (a->ndim > 60 || b->ndim > 60) return fail(TG_ERR_INVALID, "%s: too many dimensions", fn);
   tg_dtype dt = tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)b->dtype);
   int64_t mcols = b->ndim >= 2 ? b->shape[b->ndim - 1] : 1;
-  if (a->ndim == 2 && b->ndim == 2 && dt == TG_FLOAT32 && a->dtype == TG_FLOAT32 && b->dtype == TG_FLOAT32 &&
+  if (dtype == dt) dtype = TG_DTYPE_DEFAULT;
+  if (dtype == TG_DTYPE_DEFAULT && a->ndim == 2 && b->ndim == 2 && dt == TG_FLOAT32 && a->dtype == TG_FLOAT32 && b->dtype == TG_FLOAT32 &&
       mcols % PANEL == 0 && mcols >= PACK_MIN_COLS && k >= 64)
     return matmul_packed(x, w, a->shape[0], k, mcols);
   /* x: (..., n, k) -> (..., n, 1, k); w: (..., k, m) -> (..., 1, m, k) */
@@ -906,21 +917,27 @@ tg_tensor tg_matmul(tg_tensor x, tg_tensor w) {
     wt = uop_ref(b);
   }
   UOp *in[2] = {xa, wt}, *bb[2];
-  int rc = broadcast_n("tg_matmul", in, 2, bb);
+  int rc = broadcast_n(fn, in, 2, bb);
   uop_unref(xa), uop_unref(wt);
   if (rc < 0) return NONE;
   UOp *cx = g_cast(bb[0], dt), *cw = g_cast(bb[1], dt);
   UOp *m = g_alu(OP_MUL, dt, cx, cw, NULL);
   uop_unref(cx), uop_unref(cw), uop_unref(bb[0]), uop_unref(bb[1]);
+  if (dtype != TG_DTYPE_DEFAULT) {
+    UOp *mc = g_cast(m, dtype);
+    uop_unref(m);
+    m = mc;
+    dt = dtype;
+  }
   tg_tensor mt = t_wrap(m);
   tg_tensor r = tg_sum(mt, TG_AXES(-1), false);
   tg_free(mt);
   if (!tg_valid(r)) return r;
-  UOp *ru = t_get(r, "tg_matmul");
+  UOp *ru = t_get(r, fn);
   if (ru->dtype != dt) {
     UOp *c = g_cast(ru, dt);
     tg_free(r);
-    return t_wrap(c);
+    r = t_wrap(c);
   }
   /* a 1-D first argument drops its n dimension */
   if (a->ndim == 1 && b->ndim >= 2) {
@@ -929,6 +946,14 @@ tg_tensor tg_matmul(tg_tensor x, tg_tensor w) {
     return s;
   }
   return r;
+}
+
+tg_tensor tg_matmul(tg_tensor x, tg_tensor w) { return matmul_impl("tg_matmul", x, w, TG_DTYPE_DEFAULT); }
+
+tg_tensor tg_matmul_dtype(tg_tensor x, tg_tensor w, tg_dtype dtype) {
+  if ((int)dtype < 0 || dtype >= TG_DTYPE_COUNT)
+    return fail(TG_ERR_INVALID, "tg_matmul_dtype: invalid dtype %d", (int)dtype);
+  return matmul_impl("tg_matmul_dtype", x, w, dtype);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
