@@ -9,6 +9,7 @@
 #ifndef TG_CODEGEN_H
 #define TG_CODEGEN_H
 
+#include "../runtime/device.h"
 #include "../uop/uop.h"
 
 /* A choice of optimizations (what BEAM searches over). Axis numbers index the global loops of the
@@ -58,7 +59,18 @@ typedef struct {
   char padinfo[32];/* "PADTO(axis,size) " when an upcast axis was padded (part of opts) */
   OptCfg cfg;    /* the optimizations applied */
   bool cfg_failed; /* a forced OptCfg could not be applied (BEAM drops such candidates) */
+  bool gpu;        /* GPU kernel model: global loops are work-item ids, no vector types */
 } LKernel;
+
+/* GPU kernels: where the index of global loop g comes from -- (get_global_id(dim) / div) % mod
+ * (mod 0: no modulo). The innermost loop is dimension 0 (neighbouring work-items touch neighbouring
+ * elements), the next dimension 1, and every loop further out shares dimension 2. */
+typedef struct {
+  int dim;
+  int64_t div, mod;
+} GDim;
+/* Fills dims[g] for each global loop (k->ng <= 64) and the launch's global size. */
+void gpu_global_dims(const LKernel *k, GDim *dims, int64_t global_size[3]);
 
 typedef struct {
   char name[64];
@@ -72,6 +84,11 @@ typedef struct {
 
 /* Lowers and renders `ast` for the C renderer. Returns NULL with an error recorded on failure. */
 KernelCode *codegen_c(UOp *ast);
+/* Lowers and renders `ast` for a device of the given capabilities (NULL = the CPU's: C, loops),
+ * with the given optimizations (NULL = the hand-coded heuristics). Returns NULL when cfg cannot be
+ * applied (no error recorded), or when the device cannot run the kernel (error recorded: float64
+ * without cl_khr_fp64). */
+KernelCode *codegen_for(UOp *ast, const DeviceCaps *caps, const OptCfg *cfg);
 /* Same with a given set of optimizations (NULL = the hand-coded heuristics). Returns NULL, with no
  * error recorded, when cfg cannot be applied to this kernel. */
 KernelCode *codegen_c_cfg(UOp *ast, const OptCfg *cfg);
@@ -85,6 +102,7 @@ void kernel_code_free(KernelCode *k);
 /* Lowering (shared by every renderer): builds the LKernel of an AST, with adjacent loops merged
  * wherever that removes index arithmetic (contiguous access becomes a single running index). */
 LKernel *lower_kernel(UOp *ast, const OptCfg *cfg);
+LKernel *lower_kernel_for(UOp *ast, const OptCfg *cfg, bool gpu);
 void lkernel_free(LKernel *k);
 
 /* After optimization: bounds reduce loops by the validity conditions that zero every term outside
@@ -93,5 +111,7 @@ void bound_reduce_loops(LKernel *k);
 
 /* The C renderer: LKernel -> C source (malloc'd). */
 char *render_c(const LKernel *k, const char *name);
+/* The C-style renderer for a language (LANG_C, LANG_OPENCL): LKernel -> source (malloc'd). */
+char *render_kernel(const LKernel *k, const char *name, int lang);
 
 #endif

@@ -141,10 +141,13 @@ static void collect_params(UOp *u, PtrMap *seen, LKernel *k) {
   for (uint32_t i = 0; i < u->nsrc; i++) collect_params(u->src[i], seen, k);
 }
 
-LKernel *lower_kernel(UOp *ast, const OptCfg *cfg) {
+LKernel *lower_kernel(UOp *ast, const OptCfg *cfg) { return lower_kernel_for(ast, cfg, false); }
+
+LKernel *lower_kernel_for(UOp *ast, const OptCfg *cfg, bool gpu) {
   TG_ASSERT(ast->op == OP_SINK && ast->nsrc == 1 && ast->src[0]->op == OP_STORE);
   UOp *store = ast->src[0];
   LKernel *k = tg_xcalloc(1, sizeof(LKernel));
+  k->gpu = gpu;
   PtrMap seen;
   pm_init(&seen);
   collect_params(ast, &seen, k);
@@ -275,9 +278,45 @@ int kernel_reduce_sizes(UOp *ast, int64_t *sizes, int cap) {
   return n;
 }
 
-KernelCode *codegen_c_cfg(UOp *ast, const OptCfg *cfg) {
-  LKernel *k = lower_kernel(ast, cfg);
-  if (k->cfg_failed) {
+KernelCode *codegen_c_cfg(UOp *ast, const OptCfg *cfg) { return codegen_for(ast, NULL, cfg); }
+
+void gpu_global_dims(const LKernel *k, GDim *dims, int64_t global_size[3]) {
+  global_size[0] = global_size[1] = global_size[2] = 1;
+  for (int g = k->ng - 1; g >= 0; g--) {
+    int d = k->ng - 1 - g < 2 ? k->ng - 1 - g : 2;
+    int64_t n = k->granges[g]->iarg[0];
+    dims[g] = (GDim){d, global_size[d], 0};
+    /* a loop sharing dimension 2 with loops outside it takes its part of the id modulo its size */
+    if (d == 2 && g > 0) dims[g].mod = n;
+    global_size[d] *= n;
+  }
+}
+
+/* Does any node of the kernel compute or move float64? */
+static bool uses_dtype(UOp *u, tg_dtype dt, PtrMap *seen) {
+  if (!u || pm_has(seen, (uint64_t)(uintptr_t)u)) return false;
+  pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
+  if (u->dtype == dt) return true;
+  for (uint32_t i = 0; i < u->nsrc; i++)
+    if (uses_dtype(u->src[i], dt, seen)) return true;
+  return false;
+}
+
+KernelCode *codegen_for(UOp *ast, const DeviceCaps *caps, const OptCfg *cfg) {
+  bool gpu = caps && caps->gpu;
+  if (gpu && !caps->fp64) {
+    PtrMap seen;
+    pm_init(&seen);
+    bool f64 = uses_dtype(ast, TG_FLOAT64, &seen);
+    pm_free(&seen);
+    if (f64) {
+      tg_set_error(TG_ERR_INVALID, "codegen: this device has no float64 (OpenCL extension cl_khr_fp64); cast to float32 first");
+      return NULL;
+    }
+  }
+  LKernel *k = lower_kernel_for(ast, cfg, gpu);
+  if (gpu && k->ng > 64) tg_set_error(TG_ERR_INVALID, "codegen: a GPU kernel of %d global loops (at most 64)", k->ng);
+  if (k->cfg_failed || (gpu && k->ng > 64)) {
     lkernel_free(k);
     return NULL;
   }
@@ -289,7 +328,7 @@ KernelCode *codegen_c_cfg(UOp *ast, const OptCfg *cfg) {
     o += snprintf(kc->name + o, sizeof kc->name - (size_t)o, "_%lld", (long long)k->granges[i]->iarg[0]);
   for (int i = 0; i < k->nr && o < (int)sizeof kc->name - 24; i++)
     o += snprintf(kc->name + o, sizeof kc->name - (size_t)o, "_%lld", (long long)k->rranges[i]->iarg[0]);
-  kc->src = render_c(k, kc->name);
+  kc->src = render_kernel(k, kc->name, caps ? caps->lang : LANG_C);
   int64_t outer = 1, inner = 1;
   for (int i = 0; i < k->ng; i++) outer *= k->granges[i]->iarg[0];
   for (int i = 0; i < k->nr; i++) inner *= k->rranges[i]->iarg[0];
@@ -302,6 +341,11 @@ KernelCode *codegen_c_cfg(UOp *ast, const OptCfg *cfg) {
   for (int c = 0; k->sop && k->ng && c < k->ncopy; c++)
     if (uop_depends_on(k->sfirsts[c], k->granges[0])) kc->local_size[0] = 1;
   kc->local_size[1] = kc->local_size[2] = 1;
+  if (gpu) {
+    GDim dims[64];
+    gpu_global_dims(k, dims, kc->global_size);
+    kc->local_size[0] = 0; /* the driver chooses */
+  }
   PtrMap seen;
   pm_init(&seen);
   uint64_t post = 0, body = 0;

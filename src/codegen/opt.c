@@ -612,7 +612,12 @@ static void trivial_axes_last(LKernel *k) {
 void optimize_kernel(LKernel *k, int *next_axis, const OptCfg *cfg) {
   k->cfg = OPTCFG_NONE;
   k->opts[0] = 0;
-  if (cfg) apply_cfg(k, cfg, next_axis);
+  if (k->gpu) {
+    /* GPU kernels are scalar per work-item: no vector types */
+    if (cfg && (cfg->vaxis >= 0 || cfg->raxis >= 0)) k->cfg_failed = true;
+    if (cfg && !k->cfg_failed) apply_cfg(k, cfg, next_axis);
+    else make_copies(k, NULL, 0, next_axis);
+  } else if (cfg) apply_cfg(k, cfg, next_axis);
   else if (getenv_int("NOOPT", 0) == 0 && k->np > 0) heuristic(k, next_axis);
   else make_copies(k, NULL, 0, next_axis);
   trivial_axes_last(k);

@@ -23,7 +23,7 @@ typedef struct {
   KernelCode *code;
 } CachedKernel;
 
-static PtrMap kcache; /* AST pointer -> CachedKernel* (per device kind: CPU only today) */
+static PtrMap kcache; /* (AST pointer, device, settings) -> CachedKernel* */
 static pthread_mutex_t kc_lock = PTHREAD_MUTEX_INITIALIZER;
 
 bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptCfg *out);
@@ -65,16 +65,17 @@ static CachedKernel *kcache_put(uint64_t key, UOp *ast, Device *dev, KernelCode 
   return ck;
 }
 
-/* The cache key of a kernel: its AST, and the settings that change the code generated for it
- * (NOOPT, LOOP_BOUNDS), so that turning one of them on in a context compiles anew. */
-static uint64_t kkey(UOp *ast) {
+/* The cache key of a kernel: its AST, the device (programs are loaded per device), and the
+ * settings that change the code generated for it (NOOPT, LOOP_BOUNDS), so that turning one of them
+ * on in a context compiles anew. */
+static uint64_t kkey(UOp *ast, Device *dev) {
   uint64_t v = (getenv_int("NOOPT", 0) ? 1u : 0u) | (getenv_int("LOOP_BOUNDS", 1) ? 0u : 2u);
-  return (uint64_t)(uintptr_t)ast ^ (v << 60);
+  return (uint64_t)(uintptr_t)ast ^ (v << 60) ^ ((uint64_t)(dev->id & 0xff) << 48);
 }
 
 /* BEAM>0: the kernel compiled with the searched optimizations (cached per AST and beam width). */
 static CachedKernel *get_kernel_beam(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam) {
-  uint64_t key = kkey(ast) ^ ((uint64_t)beam << 56) ^ 1;
+  uint64_t key = kkey(ast, dev) ^ ((uint64_t)beam << 56) ^ 1;
   CachedKernel *ck = kcache_get(key);
   if (ck) return ck;
   OptCfg cfg;
@@ -83,9 +84,9 @@ static CachedKernel *get_kernel_beam(UOp *ast, Device *dev, Buffer **bufs, int n
 }
 
 static CachedKernel *get_kernel(UOp *ast, Device *dev) {
-  uint64_t key = kkey(ast);
+  uint64_t key = kkey(ast, dev);
   CachedKernel *ck = kcache_get(key);
-  return ck ? ck : kcache_put(key, ast, dev, codegen_c(ast));
+  return ck ? ck : kcache_put(key, ast, dev, codegen_for(ast, &dev->caps, NULL));
 }
 
 /* ---- parallel compilation: kernels a schedule needs that are not cached yet are compiled on all
@@ -137,13 +138,16 @@ static void precompile(Schedule *s) {
     SItem *it = &s->items[i];
     if (it->kind != SI_KERNEL || pm_has(&seen, (uint64_t)(uintptr_t)it->ast)) continue;
     pm_put(&seen, (uint64_t)(uintptr_t)it->ast, (void *)1);
-    if (kcache_get(kkey(it->ast))) continue;
+    if (kcache_get(kkey(it->ast, it->dev))) continue;
     js.jobs = tg_xrealloc(js.jobs, sizeof(CJob) * (size_t)(js.n + 1));
     js.jobs[js.n++] = (CJob){it->ast, it->dev, NULL};
   }
   pm_free(&seen);
   if (js.n >= 2) {
-    for (int i = 0; i < js.n; i++) js.jobs[i].kc = codegen_c(js.jobs[i].ast);
+    for (int i = 0; i < js.n; i++) {
+      js.jobs[i].kc = codegen_for(js.jobs[i].ast, &js.jobs[i].dev->caps, NULL);
+      if (!js.jobs[i].kc) tg_clear_error(); /* the run loop reports it */
+    }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int nt = (int)(ncpu < 1 ? 1 : ncpu > 16 ? 16 : ncpu);
     if (nt > js.n) nt = js.n;
@@ -160,7 +164,7 @@ static void precompile(Schedule *s) {
     /* the batches loaded the programs; a kernel that failed in its batch compiles alone here, and
      * one that fails again is left for the run loop, which reports its error */
     for (int i = 0; i < js.n; i++)
-      if (js.jobs[i].kc && !kcache_put(kkey(js.jobs[i].ast), js.jobs[i].ast, js.jobs[i].dev, js.jobs[i].kc))
+      if (js.jobs[i].kc && !kcache_put(kkey(js.jobs[i].ast, js.jobs[i].dev), js.jobs[i].ast, js.jobs[i].dev, js.jobs[i].kc))
         tg_clear_error();
   }
   free(js.jobs);
@@ -308,7 +312,7 @@ static tg_status run_schedule(Schedule *s) {
                 out->dev->name);
     } else if (out->nbytes > 0) {
       CachedKernel *ck;
-      if (beam > 0) {
+      if (beam > 0 && !it->dev->caps.gpu) {
         Buffer *bb[64];
         Buffer **bp = it->nbufs <= 64 ? bb : tg_xmalloc(sizeof(Buffer *) * (size_t)it->nbufs);
         for (int j = 0; j < it->nbufs; j++) bp[j] = s->bufs[it->bufs[j]].buf;
