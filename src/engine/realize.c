@@ -17,10 +17,13 @@
 #include "../schedule/schedule.h"
 #include "../uop/ptrmap.h"
 
-typedef struct {
+typedef struct CachedKernel {
   UOp *ast;  /* owned key */
   Program *prg;
   KernelCode *code;
+  char *gopts; /* the GPU_OPTS it was generated under (NULL: none); entries of one key differing
+                * only in it are chained */
+  struct CachedKernel *next;
 } CachedKernel;
 
 static PtrMap kcache; /* (AST pointer, device, settings) -> CachedKernel* */
@@ -28,9 +31,18 @@ static pthread_mutex_t kc_lock = PTHREAD_MUTEX_INITIALIZER;
 
 bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptCfg *out);
 
-static CachedKernel *kcache_get(uint64_t key) {
+/* GPU_OPTS forces the actions of GPU kernels: part of their cache key. */
+static const char *kc_gopts(Device *dev) {
+  const char *g = dev->caps.gpu ? getenv_str("GPU_OPTS", NULL) : NULL;
+  return g && *g ? g : NULL;
+}
+
+static bool same_gopts(const char *a, const char *b) { return a == b || (a && b && strcmp(a, b) == 0); }
+
+static CachedKernel *kcache_get(uint64_t key, const char *gopts) {
   pthread_mutex_lock(&kc_lock);
   CachedKernel *ck = pm_get(&kcache, key);
+  while (ck && !same_gopts(ck->gopts, gopts)) ck = ck->next;
   pthread_mutex_unlock(&kc_lock);
   return ck;
 }
@@ -51,14 +63,19 @@ static CachedKernel *kcache_put(uint64_t key, UOp *ast, Device *dev, KernelCode 
   ck->code = kc;
   free(kc->src); /* keep only the metadata */
   kc->src = NULL;
+  const char *g = kc_gopts(dev);
+  ck->gopts = g ? tg_xstrdup(g) : NULL;
   pthread_mutex_lock(&kc_lock);
-  CachedKernel *had = pm_get(&kcache, key);
+  CachedKernel *first = pm_get(&kcache, key), *had = first;
+  while (had && !same_gopts(had->gopts, ck->gopts)) had = had->next;
   if (had) {
     uop_unref(ck->ast);
     kernel_code_free(ck->code);
+    free(ck->gopts);
     free(ck);
     ck = had;
   } else {
+    ck->next = first;
     pm_put(&kcache, key, ck);
   }
   pthread_mutex_unlock(&kc_lock);
@@ -76,7 +93,7 @@ static uint64_t kkey(UOp *ast, Device *dev) {
 /* BEAM>0: the kernel compiled with the searched optimizations (cached per AST and beam width). */
 static CachedKernel *get_kernel_beam(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam) {
   uint64_t key = kkey(ast, dev) ^ ((uint64_t)beam << 56) ^ 1;
-  CachedKernel *ck = kcache_get(key);
+  CachedKernel *ck = kcache_get(key, NULL);
   if (ck) return ck;
   OptCfg cfg;
   KernelCode *kc = beam_search(ast, dev, bufs, nbufs, beam, &cfg) ? codegen_c_cfg(ast, &cfg) : NULL;
@@ -85,7 +102,7 @@ static CachedKernel *get_kernel_beam(UOp *ast, Device *dev, Buffer **bufs, int n
 
 static CachedKernel *get_kernel(UOp *ast, Device *dev) {
   uint64_t key = kkey(ast, dev);
-  CachedKernel *ck = kcache_get(key);
+  CachedKernel *ck = kcache_get(key, kc_gopts(dev));
   return ck ? ck : kcache_put(key, ast, dev, codegen_for(ast, &dev->caps, NULL));
 }
 
@@ -138,7 +155,7 @@ static void precompile(Schedule *s) {
     SItem *it = &s->items[i];
     if (it->kind != SI_KERNEL || pm_has(&seen, (uint64_t)(uintptr_t)it->ast)) continue;
     pm_put(&seen, (uint64_t)(uintptr_t)it->ast, (void *)1);
-    if (kcache_get(kkey(it->ast, it->dev))) continue;
+    if (kcache_get(kkey(it->ast, it->dev), kc_gopts(it->dev))) continue;
     js.jobs = tg_xrealloc(js.jobs, sizeof(CJob) * (size_t)(js.n + 1));
     js.jobs[js.n++] = (CJob){it->ast, it->dev, NULL};
   }

@@ -490,6 +490,35 @@ static void emit_store(R *r, const LKernel *k, int c) {
   }
 }
 
+/* GROUP: every work-item of the group leaves its partial in local memory; after the barrier
+ * work-item 0 combines the group's partials (in work-item order) and alone computes the rest and
+ * stores. */
+static void emit_group_combine(R *r, const LKernel *k) {
+  const char *at = ctype(k->racc);
+  int64_t nc = k->ncopy;
+  for (int c = 0; c < k->ncopy; c++) {
+    ind(r);
+    sb_printf(r->b, "tg_red[(lbase + lidx0) * %lldL + %d] = acc%d;\n", (long long)nc, c, c);
+  }
+  ind(r);
+  sb_puts(r->b, "barrier(CLK_LOCAL_MEM_FENCE);\n");
+  ind(r);
+  sb_puts(r->b, "if (lidx0 == 0) {\n");
+  r->indent++;
+  const char *rd = tg_dtype_is_float(k->racc) ? rnd(k->racc) : "";
+  for (int c = 0; c < k->ncopy; c++) {
+    ind(r);
+    sb_printf(r->b, "acc%d = tg_red[lbase * %lldL + %d];\n", c, (long long)nc, c);
+    ind(r);
+    sb_printf(r->b, "for (int i_ = 1; i_ < %d; i_++) { %s x_ = tg_red[(lbase + i_) * %lldL + %d]; ", k->group, at, (long long)nc, c);
+    if (k->rop == OP_ADD) sb_printf(r->b, "acc%d = %s(acc%d + x_);", c, rd, c);
+    else if (k->rop == OP_MUL) sb_printf(r->b, "acc%d = %s(acc%d * x_);", c, rd, c);
+    else if (tg_dtype_is_float(k->racc)) sb_printf(r->b, "acc%d = (x_ > acc%d || x_ != x_) ? x_ : acc%d;", c, c, c);
+    else sb_printf(r->b, "acc%d = x_ > acc%d ? x_ : acc%d;", c, c, c);
+    sb_puts(r->b, " }\n");
+  }
+}
+
 static void emit_post_and_store(R *r, Lin *l, const LKernel *k, int level) {
   for (int c = 0; c < k->ncopy; c++) {
     if (k->rplaces[c]) {
@@ -499,8 +528,14 @@ static void emit_post_and_store(R *r, Lin *l, const LKernel *k, int level) {
       pm_put(&r->names, (uint64_t)(uintptr_t)k->rplaces[c], tg_xstrdup(an));
     }
   }
+  if (k->group) emit_group_combine(r, k);
   emit_level(r, l, level, true);
   for (int c = 0; c < k->ncopy; c++) emit_store(r, k, c);
+  if (k->group) {
+    r->indent--;
+    ind(r);
+    sb_puts(r->b, "}\n");
+  }
 }
 
 static const char PRELUDE_VEC[] =
@@ -738,6 +773,16 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
               i ? "const " : "", stype(k->pdt[i]), i);
   }
   Blocking blk = blocking(k);
+  if (gpu && k->group) {
+    /* the group's partials; each work-item owns the slots at (lbase + lidx0) * ncopy */
+    blk.level = 0; /* each work-item's chain is already 1/group of the axis */
+    ind(&r);
+    sb_printf(&body, "__local %s tg_red[%lldL];\n", ctype(k->racc), (long long)(k->lsize[0] * k->lsize[1] * k->lsize[2] * k->ncopy));
+    ind(&r);
+    sb_puts(&body, "long lidx0 = (long)get_local_id(0);\n");
+    ind(&r);
+    sb_printf(&body, "long lbase = ((long)get_local_id(2) * %lldL + (long)get_local_id(1)) * %dL;\n", (long long)k->lsize[1], k->group);
+  }
   emit_level(&r, &l, 0, false);
   if (k->ng == 0) {
     ind(&r);
@@ -781,6 +826,15 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
       ind(&r);
       sb_printf(&body, "for (%s ridx%d = ridx%db; ridx%d < ridx%db + %lld%s%s; ridx%d++) {\n", L->i64, lv - 1, lv - 1,
                 lv - 1, lv - 1, (long long)blk.iters, L->ll, bound, lv - 1);
+    } else if (gpu && k->group && lv == k->ng + 1 + k->group_axis) {
+      /* the grouped reduce loop: work-item lidx0 takes every group-th step (GROUP) or one
+       * contiguous chunk (GROUPTOP) of [lo, hi) */
+      int v = lv - 1;
+      if (!k->group_top)
+        sb_printf(&body, "for (long ridx%d = %s + lidx0; ridx%d < %s; ridx%d += %dL) {\n", v, lo, v, hi, v, k->group);
+      else
+        sb_printf(&body, "for (long ch%d_ = ((%s) - (%s) + %dL) / %dL, ridx%d = %s + lidx0 * ch%d_; ridx%d < min((long)(%s), (%s) + (lidx0 + 1) * ch%d_); ridx%d++) {\n",
+                  v, hi, lo, k->group - 1, k->group, v, lo, v, v, hi, lo, v, v);
     } else if (gpu && lv <= k->ng) {
       /* a global loop of a GPU kernel is a work-item id (or a part of one: see gpu_global_dims) */
       const GDim *g = &gd[lv - 1];
