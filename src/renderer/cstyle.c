@@ -29,8 +29,6 @@ typedef struct Lang {
   const char *math;                  /* prefix of exp2/log2/sin/sqrt/trunc/fmod/pow */
   bool math_fsuf;                    /* float versions end in f (C) or are overloads (OpenCL C) */
   bool as_type;                      /* bit casts are as_<type>() (OpenCL C) or memcpy (C) */
-  bool vload_half;                   /* float16 moves through vload_half/vstore_half */
-  const char *fn_static;             /* helpers' storage class */
 } Lang;
 
 static const Lang LANG_TABLE[] = {
@@ -39,14 +37,13 @@ static const Lang LANG_TABLE[] = {
                  [TG_UINT32] = "unsigned int", [TG_UINT64] = "unsigned long long", [TG_FLOAT16] = "float",
                  [TG_BFLOAT16] = "float", [TG_FLOAT32] = "float", [TG_FLOAT64] = "double"},
                 "_Bool", "unsigned short", "unsigned short", "unsigned int", "long long", "LL", "ULL",
-                "__builtin_inf()", "__builtin_inff()", "__builtin_nan(\"\")", "__builtin_nanf(\"\")", "__builtin_", true, false,
-                false, "static inline"},
+                "__builtin_inf()", "__builtin_inff()", "__builtin_nan(\"\")", "__builtin_nanf(\"\")", "__builtin_", true, false},
     [LANG_OPENCL] = {{[TG_BOOL] = "bool", [TG_INT8] = "char", [TG_INT16] = "short", [TG_INT32] = "int",
                       [TG_INT64] = "long", [TG_UINT8] = "uchar", [TG_UINT16] = "ushort", [TG_UINT32] = "uint",
                       [TG_UINT64] = "ulong", [TG_FLOAT16] = "float", [TG_BFLOAT16] = "float", [TG_FLOAT32] = "float",
                       [TG_FLOAT64] = "double"},
-                     "uchar", "half", "ushort", "uint", "long", "L", "UL", "((double)INFINITY)", "INFINITY", "((double)NAN)",
-                     "NAN", "", false, true, true, "static inline"},
+                     "uchar", "ushort", "ushort", "uint", "long", "L", "UL", "((double)INFINITY)", "INFINITY", "((double)NAN)",
+                     "NAN", "", false, true},
 };
 /* The language of the kernel being rendered (renderers run on any thread). */
 static _Thread_local const Lang *L = &LANG_TABLE[LANG_C];
@@ -79,9 +76,10 @@ static const char PRELUDE_BF16[] =
     "return (unsigned short)((x>>16)&0x7f?(x>>16):((x>>16)|0x40));x+=0x7fffu+((x>>16)&1);return (unsigned short)(x>>16);}\n"
     "static inline float tg_rb(float f){return tg_b2f(tg_f2b(f));}\n";
 
-/* The same conversions in OpenCL C (as_float/as_uint instead of memcpy). Loads and stores of
- * float16 use vload_half/vstore_half_rte (no cl_khr_fp16 needed); these serve rounding and bit
- * casts. */
+/* The same conversions in OpenCL C (as_float/as_uint instead of memcpy). float16 is stored as
+ * its 16 bits and computed in float whether or not the device has cl_khr_fp16, converted by these
+ * rather than vload_half/vstore_half_rte: those quiet signalling NaNs and drop NaN payloads
+ * (PoCL), and a bit cast or copy of half data must keep every bit. */
 static const char PRELUDE_HALF_CL[] =
     "static inline float tg_h2f(ushort h){uint s=(h&0x8000u)<<16,e=(h>>10)&0x1f,m=h&0x3ff,b;"
     "if(e==0){if(m==0)b=s;else{e=113;while(!(m&0x400)){m<<=1;e--;}m&=0x3ff;b=s|(e<<23)|(m<<13);}}"
@@ -186,11 +184,6 @@ static void render_expr(R *r, UOp *u, SB *e) {
   const char *rd = fl ? rnd(dt) : "";
   switch (u->op) {
   case OP_LOAD: {
-    if (dt == TG_FLOAT16 && L->vload_half) {
-      if (gated(u)) sb_printf(e, "(%s ? vload_half(%s, %s) : 0)", c, b, a);
-      else sb_printf(e, "vload_half(%s, %s)", b, a);
-      return;
-    }
     const char *conv = dt == TG_FLOAT16 ? "tg_h2f" : dt == TG_BFLOAT16 ? "tg_b2f" : "";
     if (gated(u)) sb_printf(e, "(%s ? %s(%s[%s]) : 0)", c, conv, a, b);
     else sb_printf(e, "%s(%s[%s])", conv, a, b);
@@ -479,9 +472,7 @@ static void emit_store(R *r, const LKernel *k, int c) {
     return;
   }
   const char *conv = odt == TG_FLOAT16 ? "tg_f2h" : odt == TG_BFLOAT16 ? "tg_f2b" : "";
-  if (!k->sop && odt == TG_FLOAT16 && L->vload_half) {
-    sb_printf(r->b, "vstore_half_rte(%s, %s, data0);\n", nm(r, v), nm(r, k->sidxs[c]));
-  } else if (!k->sop) {
+  if (!k->sop) {
     sb_printf(r->b, "data0[%s] = %s(%s);\n", nm(r, k->sidxs[c]), conv, nm(r, v));
   } else {
     /* combining store (float32 only): the first window position stores, the others keep the max */

@@ -116,7 +116,7 @@ static bool parse_device(const char *name, const DeviceKind **kind, int *index, 
   *index = 0;
   *renderer = (*kind)->renderers[0];
   bool have_index = false, have_renderer = false;
-  for (const char *p = colon; p; p = strchr(p, ':')) {
+  for (const char *p = colon; p;) {
     const char *tok = p + 1, *end = strchr(tok, ':');
     size_t n = end ? (size_t)(end - tok) : strlen(tok);
     p = end;
