@@ -110,7 +110,7 @@ void tg_clear_error(void);
 /* Options for creation functions. Zero means default: dtype by the function, device from DEV. */
 typedef struct {
   tg_dtype dtype;
-  const char *device; /* "CPU", "CPU:1", ...; NULL = default device (DEV environment variable) */
+  const char *device; /* "CPU", "CPU:1", "CL", ...; NULL = default device (DEV environment variable) */
   bool requires_grad;
 } tg_opts;
 #define TG_OPTS(...) (&(const tg_opts){__VA_ARGS__})

@@ -11,6 +11,9 @@
 #   libclang-rt-14-dev   sanitizer runtimes for clang
 #   libfuzzer-14-dev     libFuzzer (make fuzz)
 #   dataset-fashion-mnist  /usr/share/datasets/fashion-mnist (IDX files for examples and tests)
+#   pocl-opencl-icd      an OpenCL driver that runs on the CPU (PoCL): the DEV=CL tests
+#   ocl-icd-opencl-dev   the OpenCL ICD loader, libOpenCL.so.1 (opened with dlopen; never linked)
+#   clinfo               lists the OpenCL platforms and devices (diagnosing DEV=CL)
 #
 # and, from PyPI into $PYTHON (default /usr/bin/python3) with pip (python3-pip if pip is missing):
 #   safetensors gguf     reference readers/writers for tests/test_formats.py
@@ -25,7 +28,7 @@ set -euo pipefail
 if [ "${TG_SKIP_DEPS:-0}" = 1 ]; then exit 0; fi
 
 PKGS=(build-essential clang zlib1g-dev pkg-config python3 python3-torch python3-numpy
-      libclang-rt-14-dev libfuzzer-14-dev dataset-fashion-mnist)
+      libclang-rt-14-dev libfuzzer-14-dev dataset-fashion-mnist pocl-opencl-icd ocl-icd-opencl-dev clinfo)
 if [ "${1:-}" = bench ]; then PKGS+=(libopenblas0-pthread); fi
 
 PY=${PYTHON:-/usr/bin/python3}
