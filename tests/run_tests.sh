@@ -4,7 +4,8 @@
 #   tests/run_tests.sh [--c-only]        (normally through `make test` / `make asan`)
 #
 # Runs, in this order:
-#   1. $BUILD/tests/test_X for every tests/test_X.c (C unit tests, linked against libtinygrad.a)
+#   1. $BUILD/tests/test_X for every tests/test_X.c (C unit tests, linked against libtinygrad.a);
+#      then test_jit and test_fusion again with DEV=CL (OpenCL on PoCL), and examples/devices
 #   2. every tests/test_*.py with $PYTHON (differential tests against PyTorch; they load the library
 #      from $TINYGRAD_LIB)                                                      [skipped by --c-only]
 #   3. header checks: tests/test_header.c with gcc and clang (-std=c11 -pedantic), and
@@ -120,6 +121,15 @@ for src in tests/test_*.c; do
     fail "$name" "$BUILD/tests/$name was not built" /dev/null
   fi
 done
+
+# ---- 1b. the same on OpenCL (PoCL): TinyJit replays and kernel counts with DEV=CL, the device list
+for name in test_jit test_fusion; do
+  [ -x "$BUILD/tests/$name" ] && run "$name (DEV=CL)" env DEV=CL "$BUILD/tests/$name"
+done
+# examples/devices must list CPU and CL and compute [1,2,3]*2 on both
+[ -x "$BUILD/examples/devices" ] && run "examples/devices" bash -c '
+  out=$("$1") && echo "$out" && grep -q "\[2, 4, 6\] on CPU$" <<<"$out" && grep -q "\[2, 4, 6\] on CL$" <<<"$out" &&
+    echo "devices: 1 passed, 0 failed" || { echo "$out"; echo "devices: 0 passed, 1 failed"; }' _ "$BUILD/examples/devices"
 
 if [ $C_ONLY = 0 ]; then
   # ---- 2. Python differential tests -------------------------------------------------------------

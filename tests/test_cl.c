@@ -214,9 +214,9 @@ static tg_tensor mk(const char *dev, int64_t r, int64_t c, float seed, tg_dtype 
   return t;
 }
 
-/* Realizes f on CPU and on CL (with GPU_OPTS=opts there unless NULL); compares values (as
+/* Realizes f on CPU and on CL (with setting=value there unless NULL); compares values (as
  * float64) within tol and the kernel counts. */
-static void same_on_cl_opts(const char *what, build_fn f, double tol, const char *opts) {
+static void same_on_cl_set(const char *what, build_fn f, double tol, const char *setting, const char *opts) {
   BEGIN;
   double *v[2] = {NULL, NULL};
   int64_t n[2] = {0, 0};
@@ -228,7 +228,7 @@ static void same_on_cl_opts(const char *what, build_fn f, double tol, const char
     if (!x.id) break;
     CHECK(strcmp(tg_device_of(x), devs[i]) == 0);
     bool forced = opts && i == 1;
-    if (forced) tg_context_begin(), tg_context_set("GPU_OPTS", opts);
+    if (forced) tg_context_begin(), tg_context_set(setting, opts);
     uint64_t k0 = tg_global_counters().kernel_count;
     tg_status st = tg_realize(x);
     kernels[i] = tg_global_counters().kernel_count - k0;
@@ -257,7 +257,7 @@ static void same_on_cl_opts(const char *what, build_fn f, double tol, const char
   END;
 }
 
-static void same_on_cl(const char *what, build_fn f, double tol) { same_on_cl_opts(what, f, tol, NULL); }
+static void same_on_cl(const char *what, build_fn f, double tol) { same_on_cl_set(what, f, tol, NULL, NULL); }
 
 static tg_tensor f_elementwise(const char *d) {
   tg_tensor a = mk(d, 37, 53, 0, TG_FLOAT32), b = mk(d, 1, 53, 1, TG_FLOAT32);
@@ -314,7 +314,7 @@ TEST(cl_matches_cpu) {
 /* forced Opt lists                                                                                */
 
 /* f under GPU_OPTS=opts on CL: as many kernels as on the CPU, and the CPU's values. */
-static void forced(const char *opts, build_fn f, double tol) { same_on_cl_opts(opts, f, tol, opts); }
+static void forced(const char *opts, build_fn f, double tol) { same_on_cl_set(opts, f, tol, "GPU_OPTS", opts); }
 
 static tg_tensor f_sum_rows_odd(const char *d) { return tg_sum(mk(d, 12, 1001, 0, TG_FLOAT32), TG_AXES(1), false); }
 static tg_tensor f_max_rows(const char *d) { return tg_max(mk(d, 12, 1001, 0, TG_FLOAT32), TG_AXES(1), false); }
@@ -433,6 +433,16 @@ TEST(cl_kernel_model) {
   CHECK(!optlist_parse("GROUP:0", &l) && !optlist_parse("FOO:1:2", &l) && !optlist_parse("LOCAL:-1:2", &l));
   CHECK(optlist_parse("", &l) && l.n == 0);
   END;
+}
+
+static tg_tensor f_small_sum(const char *d) { return tg_sum(mk(d, 8, 64, 0, TG_FLOAT32), TG_AXES(1), false); }
+
+/* BEAM=2 on CL: the searched kernel computes what the CPU computes (and what NOOPT computes) */
+TEST(cl_beam) {
+  tg_clear_error();
+  if (!device_get("CL")) return;
+  same_on_cl_set("BEAM=2 sum", f_small_sum, 1e-5, "BEAM", "2");
+  same_on_cl_set("NOOPT=1 sum", f_small_sum, 1e-5, "NOOPT", "1");
 }
 
 /* float64 on a device without cl_khr_fp64 is an error naming the extension, not a build failure */

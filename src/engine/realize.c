@@ -30,6 +30,7 @@ static PtrMap kcache; /* (AST pointer, device, settings) -> CachedKernel* */
 static pthread_mutex_t kc_lock = PTHREAD_MUTEX_INITIALIZER;
 
 bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptCfg *out);
+bool beam_search_gpu(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptList *out);
 
 /* GPU_OPTS forces the actions of GPU kernels: part of their cache key. */
 static const char *kc_gopts(Device *dev) {
@@ -95,6 +96,11 @@ static CachedKernel *get_kernel_beam(UOp *ast, Device *dev, Buffer **bufs, int n
   uint64_t key = kkey(ast, dev) ^ ((uint64_t)beam << 56) ^ 1;
   CachedKernel *ck = kcache_get(key, NULL);
   if (ck) return ck;
+  if (dev->caps.gpu) {
+    OptList l;
+    KernelCode *kc = beam_search_gpu(ast, dev, bufs, nbufs, beam, &l) ? codegen_gpu(ast, &dev->caps, &l) : NULL;
+    return kcache_put(key, ast, dev, kc ? kc : codegen_gpu(ast, &dev->caps, NULL));
+  }
   OptCfg cfg;
   KernelCode *kc = beam_search(ast, dev, bufs, nbufs, beam, &cfg) ? codegen_c_cfg(ast, &cfg) : NULL;
   return kcache_put(key, ast, dev, kc ? kc : codegen_c(ast));
@@ -329,7 +335,7 @@ static tg_status run_schedule(Schedule *s) {
                 out->dev->name);
     } else if (out->nbytes > 0) {
       CachedKernel *ck;
-      if (beam > 0 && !it->dev->caps.gpu) {
+      if (beam > 0 && !(it->dev->caps.gpu && kc_gopts(it->dev))) {
         Buffer *bb[64];
         Buffer **bp = it->nbufs <= 64 ? bb : tg_xmalloc(sizeof(Buffer *) * (size_t)it->nbufs);
         for (int j = 0; j < it->nbufs; j++) bp[j] = s->bufs[it->bufs[j]].buf;
