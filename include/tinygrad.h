@@ -12,9 +12,33 @@
  *  - Errors: a function given bad input returns "none" (or a negative tg_status) and records the first
  *    error of the thread; read it with tg_last_error(). An op given "none" returns "none", so a chain
  *    of calls can be checked once at the end. The library never aborts or exits on user input.
- *  - Keyword arguments: a trailing `const tg_xxx_opts *` argument; NULL or a zeroed field means
- *    tinygrad's default. The TG_OPTS-style macros build them with designated initializers.
+ *  - Out of host memory: an operation during which an allocation fails is undone (its handles and
+ *    gradients are not handed out) and reports TG_ERR_RUNTIME "<operation>: out of host memory ...";
+ *    the library stays usable. A realize that has started running kernels finishes them (an assign
+ *    must not run twice) and then reports the error; its results are right. A failure in a call that
+ *    returns no tensor or status is reported by the next call that does. The library keeps a small
+ *    reserve for finishing an operation; it aborts only if memory is still short once that is spent.
+ *  - Graphs may be arbitrarily deep: building, realizing, differentiating and freeing walk them
+ *    without recursion, and kernels are split at a depth bound (the DEPTH_SPLIT setting).
+ *  - Keyword arguments: a trailing `const tg_xxx_opts *` argument; NULL means tinygrad's defaults.
+ *    Build one with its macro, TG_XXX_OPTS(.field = value, ...): the macro starts from tinygrad's
+ *    defaults (written in the macro) and the designators given override them, so every field holds
+ *    the value it says and every legal value can be passed (lr 0, weight_decay 0, momentum 0). A
+ *    field whose tinygrad default is None, or derived from other arguments, uses a value that is not
+ *    otherwise legal for it and says so (0 for a size or stride, NULL, {0}, TG_DTYPE_DEFAULT). A
+ *    struct filled by hand (C++, where the macros do not compile) must set every field.
  *  - Axes may be negative (counted from the end). Shapes are int64_t arrays with an explicit ndim.
+ *
+ * Threads. Safe from any number of threads at once, also over tensors that several threads share
+ * (an inference server: one model's realized weights, one request per thread): creating tensors,
+ * building graphs with any op, reading shapes and dtypes, realizing and reading data (tg_realize,
+ * tg_data, tg_item), scopes, tg_free of a thread's own handles, loading files. Scopes and the error
+ * state are per thread. Realizations are serialized inside the library (one schedule runs at a
+ * time, each on every core), so threads gain concurrency in graph building, not in kernels.
+ * Not safe without the caller's own locking: changing a shared tensor (tg_assign or an optimizer
+ * step into it, tg_backward or tg_zero_grad over tensors another thread uses, requires_grad
+ * changes), freeing a handle another thread still uses, and sharing one tg_jit or tg_optim between
+ * threads.
  */
 #ifndef TINYGRAD_H
 #define TINYGRAD_H
@@ -28,6 +52,22 @@ extern "C" {
 #endif
 
 #define TG_VERSION "0.1.0"
+
+/* The options macros' engine: a compound literal of `type` initialized with the defaults followed by
+ * the caller's designators (a later designator overrides an earlier one). gcc's -Woverride-init
+ * (in -Wextra) warns about exactly that, and a _Pragma cannot stand inside an expression in gcc, so
+ * the initialization happens in a statement expression that silences it; the value is then copied
+ * into a compound literal in the caller's block, which lives as long as that block. */
+#if defined(__GNUC__) && !defined(__cplusplus)
+#define TG_OPTS_WITH_(type, ...)                                                                       \
+  (&(struct { type v_; }){(__extension__({                                                             \
+     _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Woverride-init\"")              \
+     type tg_opts_v_ = {__VA_ARGS__};                                                                  \
+     _Pragma("GCC diagnostic pop") tg_opts_v_;                                                         \
+   }))}.v_)
+#else
+#define TG_OPTS_WITH_(type, ...) (&(type){__VA_ARGS__})
+#endif
 
 /* ---------------------------------------------------------------------------------------------- */
 /* dtypes                                                                                          */
@@ -107,13 +147,15 @@ void tg_clear_error(void);
 /* ---------------------------------------------------------------------------------------------- */
 /* creation                                                                                        */
 
-/* Options for creation functions. Zero means default: dtype by the function, device from DEV. */
+/* tinygrad's requires_grad=None: neither true nor false (see tg_backward). */
+#define TG_GRAD_UNSET (-1)
+/* Options for creation functions. */
 typedef struct {
-  tg_dtype dtype;
+  tg_dtype dtype;     /* TG_DTYPE_DEFAULT: chosen by the function */
   const char *device; /* "CPU", "CPU:1", "CL", ...; NULL = default device (DEV environment variable) */
-  bool requires_grad;
+  int8_t requires_grad; /* true, false or TG_GRAD_UNSET (the default, tinygrad's None) */
 } tg_opts;
-#define TG_OPTS(...) (&(const tg_opts){__VA_ARGS__})
+#define TG_OPTS(...) TG_OPTS_WITH_(tg_opts, .requires_grad = TG_GRAD_UNSET, __VA_ARGS__)
 /* Compound-literal helpers for C callers: TG_SHAPE(2,3) expands to "array, ndim". */
 #define TG_SHAPE(...) ((const int64_t[]){__VA_ARGS__}), ((int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
 #define TG_AXES(...) ((const int[]){__VA_ARGS__}), ((int)(sizeof((const int[]){__VA_ARGS__}) / sizeof(int)))
@@ -136,7 +178,8 @@ tg_tensor tg_empty_like(tg_tensor t, const tg_opts *opts);
 tg_tensor tg_zeros_like(tg_tensor t, const tg_opts *opts);
 tg_tensor tg_ones_like(tg_tensor t, const tg_opts *opts);
 tg_tensor tg_full_like(tg_tensor t, double value, const tg_opts *opts);
-/* n x n identity (m columns if m > 0). */
+/* n x m matrix with ones on the main diagonal (tinygrad's eye(n, m); pass m = n for the square
+ * identity). n, m >= 0: eye(n, 0) is an empty (n, 0) tensor. */
 tg_tensor tg_eye(int64_t n, int64_t m, const tg_opts *opts);
 /* [start, stop) with step. dtype default: int32 if all three are integers, else DEFAULT_FLOAT. An
  * integer arange whose values fit its dtype is lazy and computed inside the kernels that read it
@@ -148,8 +191,12 @@ tg_tensor tg_linspace(double start, double stop, int64_t steps, const tg_opts *o
 /* Random numbers: a counter-based generator (threefry2x32) seeded by tg_manual_seed; the same seed
  * gives the same numbers on every device and in every run. */
 void tg_manual_seed(uint64_t seed);
-tg_tensor tg_rand(const int64_t *shape, int ndim, const tg_opts *opts);   /* uniform [0, 1) */
-tg_tensor tg_randn(const int64_t *shape, int ndim, const tg_opts *opts);  /* standard normal */
+/* Uniform [0, 1) in every float dtype (float16 / bfloat16 values lie on their own 2^-10 / 2^-7 grid,
+ * so none rounds up to 1). */
+tg_tensor tg_rand(const int64_t *shape, int ndim, const tg_opts *opts);
+/* Standard normal. With an integer or bool dtype it is drawn in float32 and cast (truncated toward
+ * zero), as tinygrad's. */
+tg_tensor tg_randn(const int64_t *shape, int ndim, const tg_opts *opts);
 tg_tensor tg_randint(const int64_t *shape, int ndim, int64_t low, int64_t high, const tg_opts *opts);
 tg_tensor tg_uniform(const int64_t *shape, int ndim, double low, double high, const tg_opts *opts);
 tg_tensor tg_normal(const int64_t *shape, int ndim, double mean, double std, const tg_opts *opts);
@@ -194,7 +241,9 @@ tg_tensor tg_to(tg_tensor t, const char *device);
 /* A tensor whose data is contiguous in memory (a copy if t is a non-trivial view). */
 tg_tensor tg_contiguous(tg_tensor t);
 /* Writes value into target's buffer (shapes must match; value is cast to target's dtype). Returns
- * target's handle updated to the assignment; the write happens when it is realized. */
+ * target's handle updated to the assignment; the write happens when it is realized. A target that is
+ * a view of a tensor with storage writes into that storage, as tinygrad's assign does (see
+ * tg_setitem: every handle of that tensor sees the write). */
 tg_tensor tg_assign(tg_tensor target, tg_tensor value);
 /* A copy of t's graph with the same data (lazy). */
 tg_tensor tg_clone(tg_tensor t);
@@ -324,7 +373,9 @@ tg_tensor tg_matmul(tg_tensor x, tg_tensor y);
  * its neighbours and is differentiable by tg_backward. Results are new handles in the current scope;
  * inputs are never consumed. Optional tensor arguments take {0} (none) for "absent". */
 
-/* Concatenates n tensors along dim (shapes equal except in dim; dtypes promote). */
+/* Concatenates n tensors along dim (shapes equal except in dim; dtypes promote). Up to 32 inputs it is
+ * one lazy expression that fuses into its consumer; more are concatenated in groups of 32 into
+ * buffers first (about n / 31 kernels), so time and memory stay linear in the total size. */
 tg_tensor tg_cat(const tg_tensor *ts, int n, int dim);
 /* Stacks n equally shaped tensors along a new dimension dim (-ndim-1 <= dim <= ndim). */
 tg_tensor tg_stack(const tg_tensor *ts, int n, int dim);
@@ -344,6 +395,7 @@ tg_tensor tg_gather(tg_tensor x, int dim, tg_tensor index);
 typedef struct {
   bool xy; /* false: "ij" indexing (default); true: "xy" (the first two outputs swap roles) */
 } tg_meshgrid_opts;
+#define TG_MESHGRID_OPTS(...) (&(const tg_meshgrid_opts){__VA_ARGS__})
 /* Coordinate grids of n 0-d or 1-d tensors into out[0..n-1] (expanded views). */
 tg_status tg_meshgrid(const tg_tensor *ts, int n, tg_tensor *out, const tg_meshgrid_opts *opts);
 
@@ -374,7 +426,7 @@ tg_tensor tg_triu(tg_tensor x, int64_t diagonal);
 tg_tensor tg_tril(tg_tensor x, int64_t diagonal);
 
 /* Window options shared by pooling and convolution. Pairs are (height, width); a pair {v} (second
- * entry 0) means (v, v); {0, 0} means the default. padding follows tinygrad: npadding 0 or 1 =
+ * entry 0) means (v, v); {0, 0} (not a legal size) means the default. padding follows tinygrad: npadding 0 or 1 =
  * padding[0] on every side, 2 = (pad_h, pad_w) on both sides of each, 4 = (left, right, top,
  * bottom); negative padding crops. */
 typedef struct {
@@ -386,7 +438,7 @@ typedef struct {
   bool ceil_mode;   /* output size rounds up (the last window may hang over the edge) */
   bool exclude_pad; /* avg_pool2d: don't count padding in the divisor (torch count_include_pad=False) */
 } tg_pool2d_opts;
-#define TG_POOL2D_OPTS(...) (&(const tg_pool2d_opts){__VA_ARGS__})
+#define TG_POOL2D_OPTS(...) TG_OPTS_WITH_(tg_pool2d_opts, .kernel_size = {2, 2}, .dilation = {1, 1}, __VA_ARGS__)
 /* Pooling over the last two dims of x (..., H, W). max pads with the dtype's minimum. */
 tg_tensor tg_max_pool2d(tg_tensor x, const tg_pool2d_opts *opts);
 tg_tensor tg_avg_pool2d(tg_tensor x, const tg_pool2d_opts *opts);
@@ -398,7 +450,7 @@ typedef struct {
   int64_t padding[4];  /* as tg_pool2d_opts */
   int npadding;
 } tg_conv2d_opts;
-#define TG_CONV2D_OPTS(...) (&(const tg_conv2d_opts){__VA_ARGS__})
+#define TG_CONV2D_OPTS(...) TG_OPTS_WITH_(tg_conv2d_opts, .groups = 1, .stride = {1, 1}, .dilation = {1, 1}, __VA_ARGS__)
 /* 2-D convolution (cross-correlation, as torch): x (batch, cin, H, W), weight (cout, cin/groups, kh,
  * kw), bias (cout,) or {0}. Windows are views of x (no im2col buffer): the convolution is one fused
  * reduce kernel. */
@@ -706,11 +758,20 @@ typedef struct {
  * otherwise they go first (numpy's rule, as tinygrad applies it). The indexed dims are gathered by
  * one fused data-dependent load (tg_index at the linearized index); differentiable in x. */
 tg_tensor tg_getitem(tg_tensor x, const tg_index_spec *spec, int n);
-/* x[spec...] = value (broadcast to the indexed shape, cast to x's dtype), as tinygrad: x is
- * tg_assign'ed where(mask, value placed in x's shape, x), so x's handle is updated lazily and the
- * write happens when x is realized (read x, or tg_realize). x must be assignable (tg_assign: its own
- * buffer or a lazy value, not a view). With index tensors, out-of-range indices write nothing and
- * when one position is indexed several times the last one (row-major) wins. Not differentiable. */
+/* x[spec...] = value (broadcast to the indexed shape, cast to x's dtype), as tinygrad's __setitem__.
+ * x's handle is updated lazily to where(mask, value placed in x's shape, x); how the write lands
+ * depends on x's storage, as in tinygrad:
+ *  - x has storage (its own buffer, realized): x is tg_assign'ed, the write happens when x is
+ *    realized (read x, or tg_realize).
+ *  - x is a view (getitem, transpose, reshape, flip, pad, ... of a tensor with storage): the write
+ *    lands in that tensor's storage, and every handle of it sees it: t.T[1,0] = 5, t[::-1][0] = 5,
+ *    t[1][2] = 5 and t[:3] *= 10 (setitem of the view with view * 10) all change t. A view that
+ *    broadcasts (tg_expand) is refused.
+ *  - x has no storage yet (a lazy value, or a view of one): only x's handle changes (a view does not
+ *    write its base, as in tinygrad), and the update is differentiable: the gradient reaches value
+ *    and the part of x not written. (An integer x with index tensors is assigned as above.)
+ * With index tensors, out-of-range indices write nothing and when one position is indexed several
+ * times the last one (row-major) wins. */
 tg_status tg_setitem(tg_tensor x, const tg_index_spec *spec, int n, tg_tensor value);
 tg_status tg_setitem_s(tg_tensor x, const tg_index_spec *spec, int n, double value);
 
@@ -794,26 +855,40 @@ tg_tensor tg_contiguous_backward(tg_tensor x);
 /* ---------------------------------------------------------------------------------------------- */
 /* autograd                                                                                        */
 
-/* Marks t as a leaf whose gradient tg_backward computes (also settable with tg_opts.requires_grad).
- * Returns t. */
+/* requires_grad has tinygrad's three states: unset (TG_GRAD_UNSET, every new tensor's), true and
+ * false. true marks a leaf: tensors computed from it and realized keep the graph for a later
+ * tg_backward, and a realized one stops the backward pass there. false keeps tg_backward from
+ * filling t's gradient (the gradient still flows through t to what it was computed from). An
+ * optimizer turns unset parameters into true ones (tinygrad's Optimizer). Returns t. */
 tg_tensor tg_set_requires_grad(tg_tensor t, bool requires_grad);
+/* True only when requires_grad was set true (unset and false read false). */
 bool tg_requires_grad(tg_tensor t);
-/* Reverse-mode differentiation of a scalar float loss. For every live tensor with requires_grad that
- * the loss depends on, adds d loss / d t to t's gradient (gradients accumulate until tg_zero_grad).
+/* Reverse-mode differentiation of a scalar float loss. As in tinygrad, every live float tensor in the
+ * loss's graph that is not marked requires_grad false (the loss itself, intermediates, clones,
+ * views, leaves) gets d loss / d t added to its gradient (gradients accumulate until tg_zero_grad).
  * Tensors already realized (read with tg_data/tg_item, or tg_realize'd) on the way still pass the
- * gradient through the graph that computed them: the loss may be read before its backward pass.
- * Gradients are lazy: they realize when read or when tg_realize is called on tg_grad(t).
- * Error if the loss is not a scalar or does not depend on any tensor that requires grad. */
+ * gradient through the graph that computed them when it reaches a requires_grad true leaf: the loss
+ * may be read before its backward pass. Gradients are lazy: they realize when read or when
+ * tg_realize is called on tg_grad(t). Error if the loss is not a scalar or no tensor in its graph can
+ * take a gradient. */
 tg_status tg_backward(tg_tensor loss);
+/* tinygrad's t.backward(gradient): as tg_backward from a tensor of any shape, starting from the
+ * upstream gradient d L / d t (t's shape and device, cast to t's dtype; no gradient flows into it).
+ * gradient {0} is tg_backward. */
+tg_status tg_backward_with_grad(tg_tensor t, tg_tensor gradient);
 /* A new handle to t's accumulated gradient, or none (with no error) if it has none. */
 tg_tensor tg_grad(tg_tensor t);
 /* Drops t's gradient. */
 void tg_zero_grad(tg_tensor t);
 /* Replaces t's gradient (none clears it). Shapes must match. */
 tg_status tg_set_grad(tg_tensor t, tg_tensor grad);
-/* d loss / d targets[i] into out[i] (new handles) without touching any tensor's gradient.
- * Error if a target is not connected to the loss through differentiable ops. */
+/* d loss / d targets[i] into out[i] (new handles) without touching any tensor's gradient; any
+ * tensor may be a target, whatever its requires_grad. Error if a target is not connected to the loss
+ * through differentiable ops. */
 tg_status tg_gradient(tg_tensor loss, const tg_tensor *targets, int n, tg_tensor *out);
+/* tinygrad's t.gradient(*targets, gradient=...): tg_gradient from a tensor of any shape, starting
+ * from the upstream gradient (as tg_backward_with_grad; {0} is tg_gradient). */
+tg_status tg_gradient_with_grad(tg_tensor t, tg_tensor gradient, const tg_tensor *targets, int n, tg_tensor *out);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* state dicts and model files: safetensors, GGUF, tar                                             */
@@ -840,7 +915,8 @@ tg_tensor tg_state_dict_get(const tg_state_dict *sd, const char *name);
 /* Stores t under name: the dict takes a new root-scope handle of t's value (the caller's handle is
  * untouched, so the entry's lifetime is independent of the caller's scopes). An existing name is
  * replaced in place (keeping its position; the old entry's handle is freed). Lazy tensors are stored
- * lazily. Errors: NULL dict or name, empty name, invalid t. */
+ * lazily. The entry's handle is marked requires_grad false (gradients go to t's own handle, not to
+ * this alias). Errors: NULL dict or name, empty name, invalid t. */
 tg_status tg_state_dict_set(tg_state_dict *sd, const char *name, tg_tensor t);
 /* Metadata: string key/value pairs in insertion order. set replaces an existing key's value. get
  * returns the value (borrowed) or NULL if absent (no error). key / value give entry i (NULL if out of
@@ -876,7 +952,10 @@ tg_state_dict *tg_safe_load_mmap(const char *path);
  * followed: the file it leads to is replaced (the temporary file is made next to that file) and the
  * link stays; a link to a missing file creates that file. Only regular files are replaced: if path
  * (or the file its links lead to) is a directory, a FIFO, a device or a socket, the save fails with
- * TG_ERR_IO "tg_safe_save: <path> is not a regular file (...)" and touches nothing. */
+ * TG_ERR_IO "tg_safe_save: <path> is not a regular file (...)" and touches nothing. The temporary
+ * file is "<path>.tmp.<pid>.<n>"; a process killed mid-save leaves its one behind, and the next save
+ * to the same path removes every such file whose process no longer exists (never one of a live
+ * process: a save in progress elsewhere keeps its file). */
 tg_status tg_safe_save(const tg_state_dict *sd, const char *path);
 
 /* Loads a GGUF file (versions 2 and 3; tinygrad's gguf_load). Metadata: every key/value in file
@@ -956,8 +1035,8 @@ tg_tensor tg_scaled_uniform(const int64_t *shape, int ndim, const tg_opts *opts)
  * each of n tg_rand draws (ties broken by position). The draws are realized at once (one small
  * kernel); the ranks are one fused kernel of n^2 compares (fine up to ~10^4; tinygrad argsorts). */
 tg_tensor tg_randperm(int64_t n, const tg_opts *opts);
-/* tg_rand / tg_randn with t's shape, and unless opts says otherwise t's dtype (must be a float) and
- * device. */
+/* tg_rand / tg_randn with t's shape, and unless opts says otherwise t's dtype (a float for rand_like;
+ * randn_like casts to an integer one as tg_randn does) and device. */
 tg_tensor tg_rand_like(tg_tensor t, const tg_opts *opts);
 tg_tensor tg_randn_like(tg_tensor t, const tg_opts *opts);
 
@@ -970,7 +1049,8 @@ typedef struct {
   int64_t output_padding[2]; /* extra rows / columns at the end of the output */
   int noutput_padding;       /* 0 or 1: output_padding[0] for both dims; 2: (h, w) */
 } tg_conv_transpose2d_opts;
-#define TG_CONV_TRANSPOSE2D_OPTS(...) (&(const tg_conv_transpose2d_opts){__VA_ARGS__})
+#define TG_CONV_TRANSPOSE2D_OPTS(...) \
+  TG_OPTS_WITH_(tg_conv_transpose2d_opts, .groups = 1, .stride = {1, 1}, .dilation = {1, 1}, __VA_ARGS__)
 /* Transposed 2-D convolution (torch's conv_transpose2d): x (batch, cin, H, W), weight (cin,
  * cout/groups, kh, kw), bias (cout,) or {0}. Built as tinygrad builds it: the input is dilated by the
  * stride (zeros inserted), padded by dilation*(k-1) - padding (+ output_padding after), and convolved
@@ -1035,7 +1115,7 @@ typedef struct {
   int64_t groups;         /* default 1 */
   int64_t output_padding; /* ConvTranspose1d only (default 0) */
 } tg_conv1d_opts;
-#define TG_CONV1D_OPTS(...) (&(const tg_conv1d_opts){__VA_ARGS__})
+#define TG_CONV1D_OPTS(...) TG_OPTS_WITH_(tg_conv1d_opts, .stride = 1, .dilation = 1, .groups = 1, __VA_ARGS__)
 typedef struct {
   int64_t in_channels, out_channels, kernel_size;
   tg_conv1d_opts opts; /* defaults resolved (stride, dilation, groups >= 1) */
@@ -1053,18 +1133,31 @@ tg_tensor tg_nn_conv_transpose1d_forward(const tg_nn_conv_transpose1d *l, tg_ten
 tg_status tg_nn_conv_transpose1d_state(const tg_nn_conv_transpose1d *l, tg_state_dict *sd, const char *prefix);
 void tg_nn_conv_transpose1d_free(tg_nn_conv_transpose1d *l);
 
-/* Options of the normalization layers. Zero means tinygrad's default. */
+/* Options of the normalization layers, as tinygrad's keyword arguments: tg_norm_opts for GroupNorm,
+ * InstanceNorm, LayerNorm and LayerNorm2d, tg_rmsnorm_opts for RMSNorm (its eps default differs),
+ * tg_batchnorm_opts for BatchNorm. */
 typedef struct {
-  double eps;             /* default 1e-5 (RMSNorm 1e-6) */
-  bool no_affine;         /* no weight / bias (tinygrad's affine=False, elementwise_affine=False) */
-  double momentum;        /* BatchNorm: running-statistics momentum, default 0.1 (0 means the default) */
-  bool no_running_stats;  /* BatchNorm: track_running_stats=False (always normalize with batch statistics) */
+  double eps;  /* default 1e-5 */
+  bool affine; /* default true; false: no weight / bias (tinygrad's affine / elementwise_affine) */
 } tg_norm_opts;
-#define TG_NORM_OPTS(...) (&(const tg_norm_opts){__VA_ARGS__})
+#define TG_NORM_OPTS(...) TG_OPTS_WITH_(tg_norm_opts, .eps = 1e-5, .affine = true, __VA_ARGS__)
+typedef struct {
+  double eps;  /* default 1e-6 */
+  bool affine; /* default true */
+} tg_rmsnorm_opts;
+#define TG_RMSNORM_OPTS(...) TG_OPTS_WITH_(tg_rmsnorm_opts, .eps = 1e-6, .affine = true, __VA_ARGS__)
+typedef struct {
+  double eps;               /* default 1e-5 */
+  bool affine;              /* default true */
+  bool track_running_stats; /* default true; false: always normalize with batch statistics */
+  double momentum;          /* running-statistics momentum, default 0.1 (0: they never change) */
+} tg_batchnorm_opts;
+#define TG_BATCHNORM_OPTS(...) \
+  TG_OPTS_WITH_(tg_batchnorm_opts, .eps = 1e-5, .affine = true, .track_running_stats = true, .momentum = 0.1, __VA_ARGS__)
 
 /* BatchNorm (tinygrad's nn.BatchNorm = BatchNorm2d = BatchNorm3d) over dim 1 of (N, C, ...): weight
- * ones(C), bias zeros(C) (unless no_affine), running_mean zeros(C), running_var ones(C) (unless
- * no_running_stats), num_batches_tracked a 0-d int64 zero. While TRAINING is set (tinygrad's
+ * ones(C), bias zeros(C) (when affine), running_mean zeros(C), running_var ones(C) (when
+ * track_running_stats), num_batches_tracked a 0-d int64 zero. While TRAINING is set (tinygrad's
  * Context(TRAINING=1): tg_context_set_int("TRAINING", 1)) or without running statistics, it normalizes
  * with the batch mean and biased variance; while training it also updates, with lazy tg_assigns that
  * realize with whatever realizes them next (the optimizer step, see tg_optim_schedule_step),
@@ -1076,7 +1169,7 @@ typedef struct {
   bool affine, track_running_stats;
   tg_tensor weight, bias, running_mean, running_var, num_batches_tracked;
 } tg_nn_batchnorm;
-tg_status tg_nn_batchnorm_init(tg_nn_batchnorm *l, int64_t num_features, const tg_norm_opts *opts);
+tg_status tg_nn_batchnorm_init(tg_nn_batchnorm *l, int64_t num_features, const tg_batchnorm_opts *opts);
 tg_tensor tg_nn_batchnorm_forward(tg_nn_batchnorm *l, tg_tensor x);
 tg_status tg_nn_batchnorm_state(const tg_nn_batchnorm *l, tg_state_dict *sd, const char *prefix);
 void tg_nn_batchnorm_free(tg_nn_batchnorm *l);
@@ -1119,13 +1212,13 @@ tg_status tg_nn_layernorm2d_state(const tg_nn_layernorm2d *l, tg_state_dict *sd,
 void tg_nn_layernorm2d_free(tg_nn_layernorm2d *l);
 
 /* RMSNorm(dim): x * rsqrt(mean(x^2, -1) + eps) computed in float32 and cast back to x's dtype, then
- * * weight (ones(dim), unless no_affine). eps default 1e-6. */
+ * * weight (ones(dim), when affine). */
 typedef struct {
   int64_t dim;
   double eps;
   tg_tensor weight;
 } tg_nn_rmsnorm;
-tg_status tg_nn_rmsnorm_init(tg_nn_rmsnorm *l, int64_t dim, const tg_norm_opts *opts);
+tg_status tg_nn_rmsnorm_init(tg_nn_rmsnorm *l, int64_t dim, const tg_rmsnorm_opts *opts);
 tg_tensor tg_nn_rmsnorm_forward(const tg_nn_rmsnorm *l, tg_tensor x);
 tg_status tg_nn_rmsnorm_state(const tg_nn_rmsnorm *l, tg_state_dict *sd, const char *prefix);
 void tg_nn_rmsnorm_free(tg_nn_rmsnorm *l);
@@ -1170,8 +1263,8 @@ void tg_nn_lstmcell_free(tg_nn_lstmcell *l);
 tg_status tg_load_state_dict(tg_state_dict *model, const tg_state_dict *loaded, bool strict);
 /* tinygrad's get_parameters: the tensors of a model dict as the handles that own them (each layer's
  * own parameter handle, not the dict's view: gradients and optimizer updates land on those), without
- * duplicates, in dict order. trainable_only: only tensors with requires_grad (what an optimizer
- * updates); otherwise running statistics too (an optimizer given them realizes their pending updates
+ * duplicates, in dict order. trainable_only: only tensors not marked requires_grad false (what an
+ * optimizer updates); otherwise running statistics too (an optimizer given them realizes their pending updates
  * with each step, as tinygrad's does). Returns the count and writes the handles (BORROWED from their
  * owners) to out; out NULL only counts; -1 with an error if cap is too small. */
 int tg_state_dict_parameters(const tg_state_dict *sd, bool trainable_only, tg_tensor *out, int cap);
@@ -1179,44 +1272,62 @@ int tg_state_dict_parameters(const tg_state_dict *sd, bool trainable_only, tg_te
 /* Optimizers (tinygrad's nn.optim), updating parameters in place with lazy tg_assigns. The optimizer
  * BORROWS the parameter handles (keep them alive while it is used) and OWNS its state: the learning
  * rate (a (1,) float32 tensor, so changing it recompiles nothing), momentum buffers, Adam moments and
- * the b1^t / b2^t step counters, all updated by tg_assign. Handles without requires_grad are buffers
- * (realized with each step, never updated); duplicates count once; at least one parameter is required.
- * Zero fields in the options mean tinygrad's defaults. Constructors return NULL with an error. */
+ * the b1^t / b2^t step counters, all updated by tg_assign. Handles marked requires_grad false are
+ * buffers (realized with each step, never updated); unset ones become parameters and are marked true,
+ * as in tinygrad; duplicates count once; at least one parameter is required.
+ * Each optimizer has its own options struct and macro with tinygrad's defaults (every value, 0
+ * included, means itself). Constructors return NULL with an error. */
 typedef struct tg_optim tg_optim;
 typedef struct {
   double lr;           /* default 0.001 */
-  double momentum;     /* default 0 */
+  double momentum;     /* default 0 (none) */
   double weight_decay; /* default 0: added to the gradient (wd * param) before momentum */
-  bool nesterov;
-  bool classic;        /* classic momentum: lr scales the gradient before the momentum buffer */
+  bool nesterov;       /* default false */
+  bool classic;        /* default false; classic momentum: lr scales the gradient before the momentum buffer */
 } tg_sgd_opts;
-#define TG_SGD_OPTS(...) (&(const tg_sgd_opts){__VA_ARGS__})
+#define TG_SGD_OPTS(...) TG_OPTS_WITH_(tg_sgd_opts, .lr = 0.001, .momentum = 0, .weight_decay = 0, __VA_ARGS__)
 /* SGD = LARS without the trust ratio (same numbers as torch.optim.SGD, dampening 0). */
 tg_optim *tg_optim_sgd(const tg_tensor *params, int n, const tg_sgd_opts *opts);
 typedef struct {
   double lr;           /* default 0.001 */
-  double momentum;     /* default 0.9; negative: no momentum */
-  double weight_decay; /* default 1e-4; negative: none */
+  double momentum;     /* default 0.9; 0: no momentum */
+  double weight_decay; /* default 1e-4; 0: none */
   double tcoef;        /* trust coefficient, default 0.001 */
-  bool nesterov;
-  bool popular;        /* tinygrad's classic=False: lr applied after the momentum buffer */
+  bool nesterov;       /* default false */
+  bool classic;        /* default true; false: lr applied after the momentum buffer */
 } tg_lars_opts;
-#define TG_LARS_OPTS(...) (&(const tg_lars_opts){__VA_ARGS__})
+#define TG_LARS_OPTS(...) \
+  TG_OPTS_WITH_(tg_lars_opts, .lr = 0.001, .momentum = 0.9, .weight_decay = 1e-4, .tcoef = 0.001, .classic = true, __VA_ARGS__)
 /* LARS: the gradient scaled by the layer-wise trust ratio tcoef*|w| / (|g| + wd*|w|) (1 where a norm
  * is 0). */
 tg_optim *tg_optim_lars(const tg_tensor *params, int n, const tg_lars_opts *opts);
 typedef struct {
+  double lr;     /* default 0.001 */
+  double b1, b2; /* defaults 0.9, 0.999 */
+  double eps;    /* default 1e-8 */
+} tg_adam_opts;
+#define TG_ADAM_OPTS(...) TG_OPTS_WITH_(tg_adam_opts, .lr = 0.001, .b1 = 0.9, .b2 = 0.999, .eps = 1e-8, __VA_ARGS__)
+typedef struct {
   double lr;           /* default 0.001 */
   double b1, b2;       /* defaults 0.9, 0.999 */
-  double eps;          /* default 1e-8 (LAMB 1e-6) */
-  double weight_decay; /* AdamW default 0.01, LAMB default 0; Adam has none (an error if set) */
-} tg_adam_opts;
-#define TG_ADAM_OPTS(...) (&(const tg_adam_opts){__VA_ARGS__})
+  double eps;          /* default 1e-8 */
+  double weight_decay; /* decoupled weight decay, default 0.01 */
+} tg_adamw_opts;
+#define TG_ADAMW_OPTS(...) \
+  TG_OPTS_WITH_(tg_adamw_opts, .lr = 0.001, .b1 = 0.9, .b2 = 0.999, .eps = 1e-8, .weight_decay = 0.01, __VA_ARGS__)
+typedef struct {
+  double lr;           /* default 0.001 */
+  double b1, b2;       /* defaults 0.9, 0.999 */
+  double eps;          /* default 1e-6 */
+  double weight_decay; /* default 0 */
+} tg_lamb_opts;
+#define TG_LAMB_OPTS(...) \
+  TG_OPTS_WITH_(tg_lamb_opts, .lr = 0.001, .b1 = 0.9, .b2 = 0.999, .eps = 1e-6, .weight_decay = 0, __VA_ARGS__)
 /* Adam = LAMB without trust ratio or weight decay; AdamW = with decoupled weight decay (both the same
  * numbers as torch.optim's); LAMB scales each update by |w| / |update| (1 where a norm is 0). */
 tg_optim *tg_optim_adam(const tg_tensor *params, int n, const tg_adam_opts *opts);
-tg_optim *tg_optim_adamw(const tg_tensor *params, int n, const tg_adam_opts *opts);
-tg_optim *tg_optim_lamb(const tg_tensor *params, int n, const tg_adam_opts *opts);
+tg_optim *tg_optim_adamw(const tg_tensor *params, int n, const tg_adamw_opts *opts);
+tg_optim *tg_optim_lamb(const tg_tensor *params, int n, const tg_lamb_opts *opts);
 /* Drops the parameters' gradients (tinygrad's zero_grad: grad = None). */
 void tg_optim_zero_grad(tg_optim *o);
 /* tinygrad's schedule_step: builds the update of every parameter from its gradient (tg_backward must
@@ -1252,15 +1363,32 @@ typedef struct tg_jit tg_jit;
  * replay them with the new inputs' buffers (no graph building or scheduling). JIT=0 disables capture;
  * JIT=2 captures too (there is no separate graph batching to turn off). Between calls the jit holds
  * its outputs (and buffers that outlived one realize inside fn), not the intermediates: a replay
- * allocates them as the captured run did. Free with tg_jit_free. */
+ * allocates them as the captured run did. A jit serves one call at a time: a call from another
+ * thread while one runs is an error (give each thread its own jit). Free with tg_jit_free. */
 tg_jit *tg_jit_new(tg_jit_fn fn, int nout, void *user);
+/* TinyJit options. prune (tinygrad's TinyJit(prune=True)): after the capture, drop the kernels that
+ * do not depend on the inputs (weights prepared once, constants): they ran during the capture and
+ * their results stay in their buffers, so replays run only the kernels that do. Kernels writing an
+ * input (assigns) are kept, and so is any kernel a replay could change the result of (it reads or
+ * writes a buffer a kept kernel writes). Like tinygrad's, a pruned state update that reads no input
+ * (a counter a function bumps) is not replayed. */
+typedef struct {
+  bool prune;
+} tg_jit_opts;
+#define TG_JIT_OPTS(...) (&(const tg_jit_opts){__VA_ARGS__})
+/* tg_jit_new with options (NULL: the defaults, as tg_jit_new). */
+tg_jit *tg_jit_new_opts(tg_jit_fn fn, int nout, void *user, const tg_jit_opts *opts);
 /* Calls the jitted function. Inputs must be realized, contiguous tensors; outputs come back
  * realized in out[] (new handles in the caller's scope; on replays they alias the same buffers).
- * Errors, never silent divergence: a changed input count, shape, dtype or device, an unrealized
- * input, a changed non-tensor argument, or an input the function writes but does not return. */
+ * An input that is one of those buffers (an output of an earlier call fed back) is copied before
+ * the replay overwrites it. Errors, never silent divergence: a changed input count, shape, dtype or
+ * device, an unrealized input, a changed non-tensor argument, an input the function writes but does
+ * not return, the same tensor passed as two inputs, a call from inside a jitted function (nested
+ * TinyJit, including a jit calling itself), a capture that runs no kernel, and reading data
+ * (tg_data, tg_item, tg_print, ...) inside the function while it is captured. */
 tg_status tg_jit_call(tg_jit *j, const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out);
 void tg_jit_free(tg_jit *j);
-/* Number of kernel launches and copies captured (-1 for NULL; 0 before capture). */
+/* Number of kernel launches and copies captured, those prune kept (-1 for NULL; 0 before capture). */
 int tg_jit_captured_kernels(const tg_jit *j);
 
 /* ---------------------------------------------------------------------------------------------- */

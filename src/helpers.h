@@ -7,6 +7,7 @@
 #define TG_HELPERS_H
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -20,11 +21,26 @@
   } while (0)
 _Noreturn void tg__assert_fail(const char *cond, const char *file, int line);
 
-/* ---- memory: out-of-memory on the host is an internal failure (abort with message) ---- */
+/* ---- memory ----
+ * tg_x* never return NULL. When the system refuses, they free the process's memory reserve, retry,
+ * and note the failure for the calling thread; they abort only when the retry fails too. Code that
+ * completes an operation checks with tg_oom_check before handing its result out. */
 void *tg_xmalloc(size_t n);
 void *tg_xcalloc(size_t n, size_t sz);
 void *tg_xrealloc(void *p, size_t n);
 char *tg_xstrdup(const char *s);
+/* True if an allocation of this thread failed since the last check (it was served from the reserve):
+ * records TG_ERR_RUNTIME "<what>: out of host memory ..." and re-arms the reserve. The caller then
+ * frees what it built and reports the error. */
+bool tg_oom_check(const char *what);
+/* For code that frees (releases never fail, they only need scratch): tg_oom_mark() before, and
+ * tg_oom_forget(mark) after forgets failures the release itself had, keeping earlier ones. */
+bool tg_oom_mark(void);
+void tg_oom_forget(bool mark);
+/* Test hook: the n-th tg_x* allocation of this thread from now fails (and every later one if
+ * persistent); n = 0 turns it off. tg__alloc_calls counts this thread's calls since then. */
+void tg__fail_alloc_after(long n, bool persistent);
+long tg__alloc_calls(void);
 /* RAM plus swap in bytes (read once): more than this can never be held, whatever the kernel's
  * overcommit policy lets an allocation call return. */
 size_t host_memory_limit(void);
@@ -50,7 +66,17 @@ int debug_level(void);
 /* ---- counters ---- */
 /* Bytes held by live device buffers (runtime/device.c), reported as tg_counters.mem_used. */
 uint64_t device_mem_used(void);
-extern tg_counters g_counters;
+/* The totals behind tg_global_counters. Atomic: realizes and jit replays on several threads add to
+ * them at once. Read them with tg_global_counters, add with counters_add. */
+typedef struct {
+  _Atomic uint64_t kernel_count, global_ops, global_mem, compile_count;
+  _Atomic double time_sum_s;
+} Counters;
+extern Counters g_counters;
+/* Counts one executed item: a kernel (kernel true, with its estimated ops) or a copy, moving mem
+ * bytes, and t seconds of measured kernel time (0 when not measured). Returns the kernel count
+ * after this item, for DEBUG lines. */
+uint64_t counters_add(bool kernel, uint64_t ops, uint64_t mem, double t);
 
 /* ---- time ---- */
 double now_seconds(void); /* monotonic */

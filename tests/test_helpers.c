@@ -662,11 +662,12 @@ TEST(string_builder) {
 
 TEST(counters_and_time) {
   tg_global_counters_reset();
-  g_counters.kernel_count += 3;
-  g_counters.global_ops += 100;
-  g_counters.time_sum_s += 0.5;
+  CHECK(counters_add(true, 100, 0, 0.5) == 1);
+  CHECK(counters_add(true, 0, 64, 0) == 2);
+  CHECK(counters_add(false, 0, 16, 0) == 2); /* a copy moves bytes, launches no kernel */
+  CHECK(counters_add(true, 0, 0, 0) == 3);
   tg_counters c = tg_global_counters();
-  CHECK(c.kernel_count == 3 && c.global_ops == 100 && c.time_sum_s == 0.5 && c.compile_count == 0);
+  CHECK(c.kernel_count == 3 && c.global_ops == 100 && c.global_mem == 80 && c.time_sum_s == 0.5 && c.compile_count == 0);
   tg_global_counters_reset();
   c = tg_global_counters();
   CHECK(c.kernel_count == 0 && c.global_ops == 0 && c.global_mem == 0 && c.time_sum_s == 0);

@@ -10,6 +10,8 @@
  *    file intact (through a link too) and no temporary file behind.
  *  - Every file loader refuses a FIFO at once (no blocking open, no endless read) with an error
  *    naming the function and the path; a watchdog turns a hang into a failure.
+ *  - Temporary files of saves killed before their rename ("PATH.tmp.PID.N") are removed by the next
+ *    save to PATH when their process is gone; those of live processes, and look-alikes, stay.
  *  - tg_state_dict_meta_set with the value tg_state_dict_meta_get returned for the same key.
  *  - Lazy results of tg_safe_load_mmap's tensors, and detached handles, still read the file after the
  *    dict is freed; the mapping goes away with the last of them.
@@ -22,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "test.h"
@@ -305,6 +308,58 @@ TEST(mmap_tensors_outlive_dict) {
   if (before > 0) CHECK(mappings_of(path) == 0);
 }
 
+
+/* The pid of a process that existed and is gone (forked, exited, reaped). */
+static pid_t dead_pid(void) {
+  pid_t p = fork();
+  if (p == 0) _exit(0);
+  if (p > 0) waitpid(p, NULL, 0);
+  return p;
+}
+
+TEST(safe_save_removes_temps_of_dead_processes) {
+  tg_state_dict *sd = small_dict(3);
+  const char *path = tpath("leftover.safetensors");
+  pid_t dead1 = dead_pid(), dead2 = dead_pid();
+  pid_t live = fork(); /* a process saving right now: its file must stay */
+  if (live == 0) {
+    pause();
+    _exit(0);
+  }
+  CHECK(dead1 > 0 && dead2 > 0 && live > 0);
+  char d1[600], d2[600], l1[600], own[600], other[600], odd1[600], odd2[600];
+  snprintf(d1, sizeof d1, "%s.tmp.%d.0", path, (int)dead1);
+  snprintf(d2, sizeof d2, "%s.tmp.%d.17", path, (int)dead2);
+  snprintf(l1, sizeof l1, "%s.tmp.%d.0", path, (int)live);
+  snprintf(own, sizeof own, "%s.tmp.%d.999", path, (int)getpid()); /* this process's own save */
+  snprintf(other, sizeof other, "%s.tmp.%d.0", tpath("other.safetensors"), (int)dead1); /* another path's */
+  snprintf(odd1, sizeof odd1, "%s.tmp.%d", path, (int)dead1);    /* not the pattern: no counter */
+  snprintf(odd2, sizeof odd2, "%s.tmp.%dx.0", path, (int)dead1); /* not the pattern: not a pid */
+  const char *all[] = {d1, d2, l1, own, other, odd1, odd2};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) write_text(all[i], "partial model bytes");
+  CHECK(tg_safe_save(sd, path) == TG_OK);
+  CHECK(holds_dict(path, 3));
+  CHECK_MSG(access(d1, F_OK) != 0, "%s (dead process) still there", d1);
+  CHECK_MSG(access(d2, F_OK) != 0, "%s (dead process) still there", d2);
+  CHECK_MSG(is_regular(l1), "%s (live process) was removed", l1);
+  CHECK(is_regular(own) && is_regular(other) && is_regular(odd1) && is_regular(odd2));
+  /* a directory named like a leftover is no file of a save: left alone */
+  CHECK(mkdir(d1, 0755) == 0);
+  CHECK(tg_safe_save(sd, path) == TG_OK);
+  struct stat st;
+  CHECK(lstat(d1, &st) == 0 && S_ISDIR(st.st_mode));
+  rmdir(d1);
+  kill(live, SIGKILL);
+  waitpid(live, NULL, 0);
+  /* now that it is gone, its leftover goes with the next save */
+  CHECK(tg_safe_save(sd, path) == TG_OK);
+  CHECK(access(l1, F_OK) != 0);
+  for (size_t i = 3; i < sizeof all / sizeof all[0]; i++) unlink(all[i]);
+  unlink(path);
+  CHECK(temp_files_left() == 0);
+  tg_state_dict_free(sd);
+  CHECK(tg_live_count() == 0);
+}
 
 int main(void) {
   int rc = RUN_TESTS();

@@ -1,5 +1,7 @@
 /* test_jit.c -- TinyJit capture/replay, its error cases, and autograd basics. */
 #include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <tinygrad.h>
 
@@ -261,8 +263,8 @@ TEST(autograd_matches_hand_derivation) {
   CHECK(tg_backward(x) == TG_ERR_INVALID);
   CHECK_STR_CONTAINS(tg_last_error(), "tg_backward");
   tg_clear_error();
-  tg_tensor y = tg_from_data(xd, TG_SHAPE(3), NULL);
-  CHECK(tg_backward(tg_sum(y, TG_ALL_AXES, false)) == TG_ERR_INVALID);
+  tg_tensor y = tg_set_requires_grad(tg_from_data(xd, TG_SHAPE(3), NULL), false);
+  CHECK(tg_backward(tg_set_requires_grad(tg_sum(y, TG_ALL_AXES, false), false)) == TG_ERR_INVALID);
   CHECK_STR_CONTAINS(tg_last_error(), "requires_grad");
   tg_clear_error();
   tg_tensor cmp = tg_sum(tg_cast(tg_lt_s(x, 0), TG_FLOAT32), TG_ALL_AXES, false);
@@ -434,6 +436,484 @@ TEST(sequential_applies_layers_in_order) {
   CHECK_CLOSE(out[0], 0, 0);
   CHECK_CLOSE(out[1], 6, 0);
   CHECK_CLOSE(out[3], 12, 0);
+  tg_scope_end();
+  CHECK(tg_live_count() == live);
+}
+
+/* ---- nesting, fed-back outputs, reads during capture, refused calls, counters, prune ---- */
+
+typedef struct {
+  tg_jit *inner;  /* jit the function calls (NULL: none) */
+  bool only_when_set, set;
+  tg_status inner_status;
+} NestCtx;
+
+static tg_status f_nested(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout;
+  NestCtx *c = u;
+  tg_tensor y = tg_mul_s(in[0], 2);
+  if (c->inner && (!c->only_when_set || c->set)) {
+    tg_tensor r;
+    CHECK(tg_realize(y) == TG_OK);
+    c->inner_status = tg_jit_call(c->inner, &y, 1, NULL, 0, &r);
+    if (c->inner_status != TG_OK) return c->inner_status;
+    y = r;
+  }
+  out[0] = tg_add_s(y, 1);
+  return TG_OK;
+}
+
+/* A jit called from inside a jitted function is an error (tinygrad: "having TinyJit inside another
+ * TinyJit is not supported"), on the first call already and with JIT=0; a jit calling itself fails
+ * at once instead of recursing until the stack overflows. */
+TEST(jit_nested_is_an_error) {
+  size_t live = tg_live_count();
+  tg_scope_begin();
+  float d[3] = {1, 2, 3};
+  tg_tensor x = tg_from_data(d, TG_SHAPE(3), NULL), out;
+  NestCtx ic = {0};
+  tg_jit *inner = tg_jit_new(f_nested, 1, &ic);
+  NestCtx oc = {.inner = inner};
+  tg_jit *outer = tg_jit_new(f_nested, 1, &oc);
+  for (int jit = 0; jit < 2; jit++) {
+    tg_context_begin();
+    tg_context_set_int("JIT", jit);
+    for (int it = 0; it < 3; it++) {
+      CHECK(tg_jit_call(outer, &x, 1, NULL, 0, &out) == TG_ERR_INVALID);
+      CHECK(!tg_valid(out));
+      CHECK(oc.inner_status == TG_ERR_INVALID);
+      CHECK_STR_CONTAINS(tg_last_error(), "TinyJit inside another TinyJit is not supported");
+      tg_clear_error();
+    }
+    tg_context_end();
+  }
+  tg_jit_free(outer);
+  /* itself, unbounded: one level down is refused */
+  NestCtx sc = {0};
+  tg_jit *self = tg_jit_new(f_nested, 1, &sc);
+  sc.inner = self;
+  CHECK(tg_jit_call(self, &x, 1, NULL, 0, &out) == TG_ERR_INVALID);
+  CHECK_STR_CONTAINS(tg_last_error(), "calling itself");
+  tg_clear_error();
+  tg_jit_free(self);
+  /* a jit called while another captures: the outer function calls it only on its second call */
+  NestCtx lc = {.inner = inner, .only_when_set = true};
+  tg_jit *late = tg_jit_new(f_nested, 1, &lc);
+  CHECK(tg_jit_call(late, &x, 1, NULL, 0, &out) == TG_OK);
+  lc.set = true;
+  CHECK(tg_jit_call(late, &x, 1, NULL, 0, &out) == TG_ERR_INVALID);
+  CHECK_STR_CONTAINS(tg_last_error(), "TinyJit inside another TinyJit");
+  tg_clear_error();
+  /* the capture failed: the outer jit captures again once the function stops nesting */
+  lc.set = false;
+  for (int it = 0; it < 3; it++) {
+    float v[3];
+    CHECK(tg_jit_call(late, &x, 1, NULL, 0, &out) == TG_OK);
+    CHECK(tg_data(out, v, sizeof v) == TG_OK);
+    for (int i = 0; i < 3; i++) CHECK_CLOSE(v[i], 2 * d[i] + 1, 0);
+  }
+  CHECK(tg_jit_captured_kernels(late) >= 1);
+  tg_jit_free(late);
+  /* the inner jit was never entered, and works on its own */
+  for (int it = 0; it < 3; it++) {
+    float v[3];
+    CHECK(tg_jit_call(inner, &x, 1, NULL, 0, &out) == TG_OK);
+    CHECK(tg_data(out, v, sizeof v) == TG_OK);
+    for (int i = 0; i < 3; i++) CHECK_CLOSE(v[i], 2 * d[i] + 1, 0);
+  }
+  tg_jit_free(inner);
+  tg_scope_end();
+  CHECK(tg_live_count() == live);
+}
+
+/* Shifts a window: new = cat(buf[1:], frame) (left) or cat(frame, buf[:2]) (right); returns new
+ * and new[:1]. */
+static tg_status f_shift(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout;
+  bool right = *(const bool *)u;
+  tg_tensor parts[2] = {tg_shrink(in[0], (const int64_t[]){1, 3}, 2), in[1]};
+  if (right) parts[0] = in[1], parts[1] = tg_shrink(in[0], (const int64_t[]){0, 2}, 2);
+  out[0] = tg_cat(parts, 2, 0);
+  out[1] = tg_shrink(out[0], (const int64_t[]){0, 1}, 2);
+  return TG_OK;
+}
+
+/* An output fed back as the next call's input: a replay writes the output buffers while kernels of
+ * the same replay still read the input, so the input is copied first (tinygrad prints 1 2 10 11
+ * for the left shift). */
+TEST(jit_output_fed_back_as_input) {
+  size_t live = tg_live_count();
+  tg_scope_begin();
+  for (int mode = 0; mode < 4; mode++) {
+    bool right = mode & 1;
+    int jit = mode >> 1;
+    tg_context_begin();
+    tg_context_set_int("JIT", jit);
+    tg_jit *j = tg_jit_new(f_shift, 2, &right);
+    float want[3] = {0, 1, 2};
+    tg_tensor buf = tg_from_data(want, TG_SHAPE(3), NULL);
+    for (int it = 0; it < 6; it++) {
+      float fr = (float)(10 + it), first, all[3];
+      if (right) want[2] = want[1], want[1] = want[0], want[0] = fr;
+      else want[0] = want[1], want[1] = want[2], want[2] = fr;
+      tg_tensor in[2] = {buf, tg_from_data(&fr, TG_SHAPE(1), NULL)}, out[2];
+      CHECK(tg_jit_call(j, in, 2, NULL, 0, out) == TG_OK);
+      CHECK(tg_data(out[1], &first, sizeof first) == TG_OK);
+      CHECK(tg_data(out[0], all, sizeof all) == TG_OK);
+      CHECK_MSG(first == want[0], "JIT=%d %s call %d: first %g, want %g", jit, right ? "right" : "left", it, first, want[0]);
+      for (int i = 0; i < 3; i++)
+        CHECK_MSG(all[i] == want[i], "JIT=%d %s call %d: new[%d] = %g, want %g", jit, right ? "right" : "left", it, i,
+                  all[i], want[i]);
+      buf = out[0];
+    }
+    if (jit) CHECK(tg_jit_captured_kernels(j) >= 1);
+    tg_jit_free(j);
+    tg_context_end();
+  }
+  tg_scope_end();
+  CHECK(tg_live_count() == live);
+}
+
+/* Swapping two inputs between calls: each captured buffer is replaced once, so a swapped pair does
+ * not swap back (and an input that aliases the other's captured buffer is read as itself). */
+static tg_status f_sub(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
+  out[0] = tg_sub(in[0], in[1]);
+  return TG_OK;
+}
+
+TEST(jit_swapped_inputs) {
+  size_t live = tg_live_count();
+  tg_scope_begin();
+  tg_jit *j = tg_jit_new(f_sub, 1, NULL);
+  float a = 5, b = 2, v;
+  tg_tensor ta = tg_from_data(&a, TG_SHAPE(1), NULL), tb = tg_from_data(&b, TG_SHAPE(1), NULL), out;
+  for (int it = 0; it < 5; it++) {
+    tg_tensor in[2] = {it % 2 ? tb : ta, it % 2 ? ta : tb};
+    CHECK(tg_jit_call(j, in, 2, NULL, 0, &out) == TG_OK);
+    CHECK(tg_data(out, &v, sizeof v) == TG_OK);
+    CHECK_MSG(v == (it % 2 ? -3.0f : 3.0f), "call %d: %g", it, v);
+  }
+  tg_jit_free(j);
+  tg_scope_end();
+  CHECK(tg_live_count() == live);
+}
+
+/* An input the function assigns and returns comes back as the buffer passed in this call. */
+static tg_status f_assign_ret(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
+  out[0] = tg_assign(in[0], tg_add(in[0], in[1]));
+  return TG_OK;
+}
+
+TEST(jit_assigned_input_returned) {
+  size_t live = tg_live_count();
+  tg_scope_begin();
+  tg_jit *j = tg_jit_new(f_assign_ret, 1, NULL);
+  float one = 1;
+  tg_tensor inc = tg_from_data(&one, TG_SHAPE(1), NULL);
+  for (int it = 0; it < 5; it++) {
+    float s = (float)(10 * it), v, back;
+    tg_tensor x = tg_from_data(&s, TG_SHAPE(1), NULL), out;
+    tg_tensor in[2] = {x, inc};
+    CHECK(tg_jit_call(j, in, 2, NULL, 0, &out) == TG_OK);
+    CHECK(tg_data(out, &v, sizeof v) == TG_OK);
+    CHECK(tg_data(x, &back, sizeof back) == TG_OK);
+    CHECK_MSG(v == s + 1 && back == s + 1, "call %d: out %g, input %g, want %g", it, v, back, s + 1);
+  }
+  tg_jit_free(j);
+  tg_scope_end();
+  CHECK(tg_live_count() == live);
+}
+
+static tg_status f_reads(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)nargs, (void)nout, (void)u;
+  tg_tensor s = tg_sum(in[0], TG_ALL_AXES, false);
+  double v = 0;
+  float buf[4];
+  tg_status st = TG_OK;
+  switch ((int)args[0]) {
+  case 0: st = tg_item(s, &v); break;
+  case 1: st = tg_data(in[0], buf, sizeof buf); break;
+  case 2: st = tg_print(s); break;
+  case 3: {
+    char *str = tg_to_string(s);
+    st = str ? TG_OK : tg_last_status();
+    free(str);
+    break;
+  }
+  }
+  if (st != TG_OK) return st;
+  out[0] = tg_mul_s(in[0], v + 1);
+  return TG_OK;
+}
+
+/* Reading data inside the function while it is captured would bake the value into every replay:
+ * an error naming the reader, as tinygrad raises. The first (uncaptured) call may read. */
+TEST(jit_reading_data_during_capture) {
+  size_t live = tg_live_count();
+  tg_scope_begin();
+  const char *names[4] = {"tg_item", "tg_data", "tg_print", "tg_to_string"};
+  float d[4] = {1, 2, 3, 4};
+  for (int r = 0; r < 4; r++) {
+    tg_jit *j = tg_jit_new(f_reads, 1, NULL);
+    double arg = r;
+    tg_tensor x = tg_from_data(d, TG_SHAPE(4), NULL), out;
+    CHECK(tg_jit_call(j, &x, 1, &arg, 1, &out) == TG_OK);
+    CHECK(tg_jit_call(j, &x, 1, &arg, 1, &out) == TG_ERR_INVALID);
+    CHECK(!tg_valid(out));
+    CHECK_STR_CONTAINS(tg_last_error(), names[r]);
+    CHECK_STR_CONTAINS(tg_last_error(), "baked into every replay");
+    tg_clear_error();
+    CHECK(tg_jit_captured_kernels(j) == 0);
+    tg_jit_free(j);
+    /* outside a capture reading works again */
+    double v;
+    CHECK(tg_item(tg_sum(x, TG_ALL_AXES, false), &v) == TG_OK && v == 10);
+  }
+  tg_scope_end();
+  CHECK(tg_live_count() == live);
+}
+
+static tg_status f_identity(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
+  out[0] = in[0];
+  return TG_OK;
+}
+
+/* Calls tinygrad refuses: the same tensor as two inputs ("duplicate inputs to JIT", on every call)
+ * and a capture that runs no kernel ("didn't JIT anything!"). */
+TEST(jit_refuses_duplicate_inputs_and_empty_captures) {
+  size_t live = tg_live_count();
+  tg_scope_begin();
+  float a[4] = {1, 2, 3, 4}, b[4] = {4, 3, 2, 1};
+  tg_tensor x = tg_from_data(a, TG_SHAPE(4), NULL), y = tg_from_data(b, TG_SHAPE(4), NULL), out;
+  tg_jit *j = tg_jit_new(f_sub, 1, NULL);
+  tg_tensor dup[2] = {x, x}, ok[2] = {x, y};
+  for (int it = 0; it < 4; it++) {
+    CHECK(tg_jit_call(j, dup, 2, NULL, 0, &out) == TG_ERR_INVALID);
+    CHECK_STR_CONTAINS(tg_last_error(), "inputs 0 and 1 are the same tensor");
+    tg_clear_error();
+    /* a second handle to the same buffer is the same tensor too */
+    tg_tensor alias[2] = {x, tg_reshape(x, TG_SHAPE(4))};
+    CHECK(tg_jit_call(j, alias, 2, NULL, 0, &out) == TG_ERR_INVALID);
+    CHECK_STR_CONTAINS(tg_last_error(), "same tensor");
+    tg_clear_error();
+    float v[4];
+    CHECK(tg_jit_call(j, ok, 2, NULL, 0, &out) == TG_OK);
+    CHECK(tg_data(out, v, sizeof v) == TG_OK);
+    for (int i = 0; i < 4; i++) CHECK_CLOSE(v[i], a[i] - b[i], 0);
+  }
+  tg_jit_free(j);
+  j = tg_jit_new(f_identity, 1, NULL);
+  CHECK(tg_jit_call(j, &x, 1, NULL, 0, &out) == TG_OK); /* the first call runs the function as is */
+  for (int it = 0; it < 2; it++) {
+    CHECK(tg_jit_call(j, &x, 1, NULL, 0, &out) == TG_ERR_INVALID);
+    CHECK(!tg_valid(out));
+    CHECK_STR_CONTAINS(tg_last_error(), "ran no kernel");
+    tg_clear_error();
+  }
+  tg_jit_free(j);
+  tg_scope_end();
+  CHECK(tg_live_count() == live);
+}
+
+/* A replay counts what the captured run counted: kernels, FLOPs and bytes moved. */
+TEST(jit_replay_counts_like_the_captured_run) {
+  size_t live = tg_live_count();
+  tg_scope_begin();
+  tg_jit *j = tg_jit_new(f_big_middle, 1, NULL);
+  float v[1024];
+  for (int i = 0; i < 1024; i++) v[i] = (float)(i % 3);
+  tg_tensor x = tg_from_data(v, TG_SHAPE(1024), NULL), out;
+  CHECK(tg_realize(x) == TG_OK);
+  CHECK(tg_jit_call(j, &x, 1, NULL, 0, &out) == TG_OK);
+  tg_global_counters_reset();
+  CHECK(tg_jit_call(j, &x, 1, NULL, 0, &out) == TG_OK); /* capture: runs every kernel once */
+  tg_counters cap = tg_global_counters();
+  tg_global_counters_reset();
+  CHECK(tg_jit_call(j, &x, 1, NULL, 0, &out) == TG_OK);
+  tg_counters rep = tg_global_counters();
+  CHECK(cap.global_mem > 8u << 20); /* two 4 MB intermediates written and read */
+  CHECK(rep.kernel_count == cap.kernel_count);
+  CHECK(rep.global_ops == cap.global_ops);
+  CHECK_MSG(rep.global_mem == cap.global_mem, "replay moved %llu bytes, capture %llu",
+            (unsigned long long)rep.global_mem, (unsigned long long)cap.global_mem);
+  tg_jit_free(j);
+  tg_scope_end();
+  CHECK(tg_live_count() == live);
+}
+
+typedef struct {
+  tg_jit *j;
+  tg_tensor x;
+  int reps;
+  int failures;
+} ThreadJob;
+
+static void *replay_thread(void *p) {
+  ThreadJob *job = p;
+  for (int r = 0; r < job->reps; r++) {
+    tg_scope_begin();
+    tg_tensor out;
+    if (tg_jit_call(job->j, &job->x, 1, NULL, 0, &out) != TG_OK) job->failures++;
+    tg_scope_end();
+  }
+  return NULL;
+}
+
+/* The global counters are atomic: replays on several threads at once lose no update. */
+TEST(global_counters_exact_under_threads) {
+  size_t live = tg_live_count();
+  enum { NT = 4, REPS = 300 };
+  tg_scope_begin();
+  ThreadJob jobs[NT];
+  tg_counters one = {0};
+  for (int t = 0; t < NT; t++) {
+    float d[64];
+    for (int i = 0; i < 64; i++) d[i] = (float)(t + i);
+    jobs[t] = (ThreadJob){tg_jit_new(f_big_middle, 1, NULL), tg_from_data(d, TG_SHAPE(1024 / 16), NULL), REPS, 0};
+    jobs[t].x = tg_contiguous(tg_reshape(tg_expand(tg_reshape(jobs[t].x, TG_SHAPE(1, 64)), TG_SHAPE(16, 64)), TG_SHAPE(1024)));
+    CHECK(tg_realize(jobs[t].x) == TG_OK);
+    tg_tensor out;
+    for (int c = 0; c < 3; c++) {
+      if (c == 2) tg_global_counters_reset();
+      CHECK(tg_jit_call(jobs[t].j, &jobs[t].x, 1, NULL, 0, &out) == TG_OK);
+    }
+    one = tg_global_counters(); /* one replay */
+  }
+  CHECK(one.kernel_count >= 2 && one.global_mem > 0 && one.global_ops > 0);
+  tg_global_counters_reset();
+  pthread_t th[NT];
+  for (int t = 0; t < NT; t++) CHECK(pthread_create(&th[t], NULL, replay_thread, &jobs[t]) == 0);
+  for (int t = 0; t < NT; t++) pthread_join(th[t], NULL);
+  tg_counters all = tg_global_counters();
+  uint64_t n = (uint64_t)NT * REPS;
+  for (int t = 0; t < NT; t++) CHECK(jobs[t].failures == 0);
+  CHECK_MSG(all.kernel_count == n * one.kernel_count, "%llu kernels, want %llu", (unsigned long long)all.kernel_count,
+            (unsigned long long)(n * one.kernel_count));
+  CHECK(all.global_ops == n * one.global_ops);
+  CHECK(all.global_mem == n * one.global_mem);
+  /* one jit, two threads: the second call is refused while the first runs, never interleaved */
+  ThreadJob shared[2] = {{jobs[0].j, jobs[0].x, REPS, 0}, {jobs[0].j, jobs[0].x, REPS, 0}};
+  for (int t = 0; t < 2; t++) CHECK(pthread_create(&th[t], NULL, replay_thread, &shared[t]) == 0);
+  for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
+  CHECK(shared[0].failures + shared[1].failures < 2 * REPS);
+  for (int t = 0; t < NT; t++) tg_jit_free(jobs[t].j);
+  tg_scope_end();
+  CHECK(tg_live_count() == live);
+}
+
+/* ---- prune ---- */
+
+typedef struct {
+  tg_tensor acc; /* state the function updates (not an input) */
+  bool realize_weight; /* the input-independent weight in its own realize (a held buffer), or not */
+} PruneCtx;
+
+/* out0 = x * w with w = (arange+1)*2, input-independent; out1 = acc*2 read before acc += x (a
+ * kernel that reads no input but whose result each replay changes) */
+static tg_status f_prune(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout;
+  PruneCtx *c = u;
+  tg_tensor w = tg_contiguous(tg_mul_s(tg_add_s(tg_arange(0, 8, 1, NULL), 1), 2));
+  if (c->realize_weight) CHECK(tg_realize(w) == TG_OK);
+  tg_tensor prev = tg_contiguous(tg_mul_s(c->acc, 2));
+  CHECK(tg_realize(prev) == TG_OK);
+  tg_tensor upd = tg_assign(c->acc, tg_add(c->acc, tg_sum(in[0], TG_ALL_AXES, false)));
+  CHECK(tg_realize(upd) == TG_OK);
+  out[0] = tg_mul(in[0], w);
+  out[1] = prev;
+  return TG_OK;
+}
+
+/* prune drops the kernels that do not depend on the inputs: they are not replayed, and every
+ * result equals the unpruned jit's (and eager execution's). The kernel that reads only the state
+ * a replay updates is kept (tinygrad prunes it and returns a stale value). */
+TEST(jit_prune_drops_input_independent_kernels) {
+  size_t live = tg_live_count();
+  tg_scope_begin();
+  for (int rw = 0; rw < 2; rw++) {
+    float res[3][6][9];
+    int captured[3] = {0};
+    uint64_t replay_kernels[3] = {0};
+    for (int mode = 0; mode < 3; mode++) { /* eager, jit, jit with prune */
+      PruneCtx c = {tg_zeros(TG_SHAPE(1), NULL), rw == 1};
+      CHECK(tg_realize(c.acc) == TG_OK);
+      tg_context_begin();
+      tg_context_set_int("JIT", mode > 0);
+      tg_jit *j = tg_jit_new_opts(f_prune, 2, &c, TG_JIT_OPTS(.prune = mode == 2));
+      for (int it = 0; it < 6; it++) {
+        float xd[8];
+        for (int i = 0; i < 8; i++) xd[i] = (float)(it - i);
+        tg_tensor x = tg_from_data(xd, TG_SHAPE(8), NULL), out[2];
+        if (it == 5) tg_global_counters_reset();
+        CHECK(tg_jit_call(j, &x, 1, NULL, 0, out) == TG_OK);
+        if (it == 5) replay_kernels[mode] = tg_global_counters().kernel_count;
+        CHECK(tg_data(out[0], res[mode][it], 8 * sizeof(float)) == TG_OK);
+        CHECK(tg_data(out[1], &res[mode][it][8], sizeof(float)) == TG_OK);
+      }
+      captured[mode] = tg_jit_captured_kernels(j);
+      tg_jit_free(j);
+      tg_context_end();
+    }
+    for (int mode = 1; mode < 3; mode++)
+      for (int it = 0; it < 6; it++)
+        for (int i = 0; i < 9; i++)
+          CHECK_MSG(res[mode][it][i] == res[0][it][i], "weight realized %d, %s, call %d, [%d]: %g, eager %g", rw,
+                    mode == 2 ? "pruned" : "jit", it, i, res[mode][it][i], res[0][it][i]);
+    CHECK_CLOSE(res[0][5][3], (5 - 3) * 8.0, 0);
+    /* the weight's kernel is the one pruned */
+    CHECK_MSG(captured[2] == captured[1] - 1, "weight realized %d: %d kernels pruned to %d", rw, captured[1], captured[2]);
+    CHECK(replay_kernels[1] == (uint64_t)captured[1]);
+    CHECK(replay_kernels[2] == (uint64_t)captured[2]);
+  }
+  tg_scope_end();
+  CHECK(tg_live_count() == live);
+}
+
+/* With prune, a kernel that assigns to an input (returned) is kept, and so is a rand that depends
+ * on one; a function whose outputs depend on no input replays nothing and returns the same values. */
+static tg_status f_prune_const(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
+  out[0] = tg_assign(in[0], tg_mul_s(in[0], 3));
+  out[1] = tg_contiguous(tg_add_s(tg_arange(0, 4, 1, TG_OPTS(.dtype = TG_FLOAT32)), 7));
+  return TG_OK;
+}
+
+TEST(jit_prune_keeps_assigns) {
+  size_t live = tg_live_count();
+  tg_scope_begin();
+  tg_jit *j = tg_jit_new_opts(f_prune_const, 2, NULL, TG_JIT_OPTS(.prune = true));
+  for (int it = 0; it < 5; it++) {
+    float xd[4] = {1, 2, 3, (float)it}, o0[4], o1[4];
+    tg_tensor x = tg_from_data(xd, TG_SHAPE(4), NULL), out[2];
+    CHECK(tg_jit_call(j, &x, 1, NULL, 0, out) == TG_OK);
+    CHECK(tg_data(out[0], o0, sizeof o0) == TG_OK);
+    CHECK(tg_data(out[1], o1, sizeof o1) == TG_OK);
+    for (int i = 0; i < 4; i++) {
+      CHECK_CLOSE(o0[i], 3 * xd[i], 0);
+      CHECK_CLOSE(o1[i], 7 + i, 0);
+    }
+  }
+  CHECK(tg_jit_captured_kernels(j) == 1);
+  tg_jit_free(j);
+  /* as in tinygrad, the random counter's advance reads no input: pruned, so every replay draws
+   * the numbers the capture drew (without prune each replay draws new ones) */
+  tg_manual_seed(3);
+  j = tg_jit_new_opts(f_rand, 1, NULL, TG_JIT_OPTS(.prune = true));
+  float r[5][8], zeros[8] = {0};
+  for (int it = 0; it < 5; it++) {
+    tg_tensor x = tg_from_data(zeros, TG_SHAPE(8), NULL), out;
+    CHECK(tg_jit_call(j, &x, 1, NULL, 0, &out) == TG_OK);
+    CHECK(tg_data(out, r[it], sizeof r[it]) == TG_OK);
+  }
+  CHECK(memcmp(r[0], r[1], sizeof r[0]) != 0);
+  for (int it = 2; it < 5; it++) CHECK(memcmp(r[1], r[it], sizeof r[0]) == 0);
+  tg_jit_free(j);
+  CHECK(tg_jit_new_opts(NULL, 1, NULL, TG_JIT_OPTS(.prune = true)) == NULL);
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_jit_new");
+  tg_clear_error();
   tg_scope_end();
   CHECK(tg_live_count() == live);
 }

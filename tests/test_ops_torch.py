@@ -1053,11 +1053,11 @@ for _dt in [FLOAT32, INT32, UINT8, FLOAT16]:
 
 def t_eye(n, m, dt):
   t = Tensor.eye(n, m, dtype=dt)
-  check(t, np.eye(n, m if m > 0 else n), dt or FLOAT32, 0, 0)
+  check(t, np.eye(n, n if m is None else m), dt or FLOAT32, 0, 0)
 
 
-for _n, _m, _dt in [(3, 0, FLOAT32), (3, 5, FLOAT32), (4, 2, INT32), (1, 0, BOOL), (0, 0, FLOAT32), (5, 5, FLOAT16),
-                    (2, 3, tg.DEFAULT)]:
+for _n, _m, _dt in [(3, None, FLOAT32), (3, 0, FLOAT32), (3, 5, FLOAT32), (4, 2, INT32), (1, None, BOOL), (1, 0, BOOL),
+                    (0, 0, FLOAT32), (5, 5, FLOAT16), (2, 3, tg.DEFAULT)]:
   case(f"create eye {_n}x{_m} {N.get(_dt, 'default')}", t_eye, _n, _m, _dt)
 
 

@@ -86,7 +86,7 @@ class _T(ctypes.Structure):
 
 
 class _Opts(ctypes.Structure):
-  _fields_ = [("dtype", ctypes.c_int), ("device", ctypes.c_char_p), ("requires_grad", ctypes.c_bool)]
+  _fields_ = [("dtype", ctypes.c_int), ("device", ctypes.c_char_p), ("requires_grad", ctypes.c_int8)]
 
 
 class _Counters(ctypes.Structure):
@@ -212,8 +212,9 @@ def _int_arr(vals):
   return (ctypes.c_int * max(len(vals), 1))(*vals), len(vals)
 
 
-def _opts(dtype=DEFAULT, device=None, requires_grad=False):
-  return ctypes.byref(_Opts(int(dtype), device.encode() if device else None, bool(requires_grad)))
+def _opts(dtype=DEFAULT, device=None, requires_grad=None):
+  rg = -1 if requires_grad is None else int(bool(requires_grad))  # TG_GRAD_UNSET: tinygrad's None
+  return ctypes.byref(_Opts(int(dtype), device.encode() if device else None, rg))
 
 
 # ---- scopes, settings ---------------------------------------------------------------------------
@@ -287,7 +288,7 @@ class Tensor:
   @staticmethod
   def scalar(value, dtype=DEFAULT, device=None): return Tensor._wrap(call("scalar", float(value), _opts(dtype, device)))
   @staticmethod
-  def eye(n, m=0, dtype=DEFAULT, device=None): return Tensor._wrap(call("eye", n, m, _opts(dtype, device)))
+  def eye(n, m=None, dtype=DEFAULT, device=None): return Tensor._wrap(call("eye", n, n if m is None else m, _opts(dtype, device)))
   @staticmethod
   def arange(start, stop=None, step=1, dtype=DEFAULT, device=None):
     if stop is None: start, stop = 0, start

@@ -198,7 +198,10 @@ static void actions(const OptCfg *base, int round, const int64_t *gs, int ng, co
 }
 
 static void free_cands(Cand *cs, int n) {
-  for (int i = 0; i < n; i++) kernel_code_free(cs[i].kc);
+  for (int i = 0; i < n; i++) {
+    kernel_code_free(cs[i].kc);
+    program_release(cs[i].prg); /* a candidate's program may be unloaded once the cache is full */
+  }
 }
 
 bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptCfg *out) {
@@ -318,6 +321,7 @@ bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptC
     if (nfront == 0 || (round >= 1 && best_t >= prev)) break;
   }
   free(front);
+  program_release(ref.prg);
   if (b.scratch) buffer_unref(b.scratch);
   free(orig), free(b.ref), free(b.got), free(b.bufs);
   kernel_code_free(base);

@@ -7,7 +7,14 @@
  * replay the recorded launches with the new inputs' buffers swapped in: no graph building, no
  * scheduling, no codegen. Outputs are the same device buffers on every replay (as in tinygrad), each
  * call returning fresh handles to them.
+ *
+ * Refused as tinygrad refuses them, because each would replay something else than the function:
+ * a jit called from inside a jitted function (itself or another), the same buffer passed as two
+ * inputs, a capture that runs no kernel, reading data during the capture (creation.c). An input
+ * that a replay writes (a previous call's output fed back) is copied first, as tinygrad does,
+ * since the replay overwrites it while other kernels of the same replay still read it.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,9 +42,16 @@ struct tg_jit {
   double *args;
   Sig *out_sig;
   Buffer **out_buf;  /* output buffers (refs) */
+  Buffer **written;  /* persistent buffers the captured items write, inputs excepted (refs) */
+  int nwritten;
+  bool prune;
+  atomic_bool busy;  /* a call is running: a second one (another thread) is refused */
 };
 
-tg_jit *tg_jit_new(tg_jit_fn fn, int nout, void *user) {
+/* Jitted functions running on this thread: a tg_jit_call inside one is nesting. */
+static _Thread_local int tl_depth;
+
+tg_jit *tg_jit_new_opts(tg_jit_fn fn, int nout, void *user, const tg_jit_opts *opts) {
   if (!fn || nout < 0) {
     tg_set_error(TG_ERR_INVALID, "tg_jit_new: fn is NULL or nout=%d < 0", nout);
     return NULL;
@@ -46,8 +60,12 @@ tg_jit *tg_jit_new(tg_jit_fn fn, int nout, void *user) {
   j->fn = fn;
   j->user = user;
   j->nout = nout;
+  j->prune = opts && opts->prune;
+  atomic_init(&j->busy, false);
   return j;
 }
+
+tg_jit *tg_jit_new(tg_jit_fn fn, int nout, void *user) { return tg_jit_new_opts(fn, nout, user, NULL); }
 
 static void sig_free(Sig *s, int n) {
   for (int i = 0; s && i < n; i++) free(s[i].shape);
@@ -60,6 +78,10 @@ static void jit_reset(tg_jit *j) {
   capture_free(&j->cap);
   for (int i = 0; j->in_buf && i < j->nin; i++) buffer_unref(j->in_buf[i]);
   for (int i = 0; j->out_buf && i < j->nout; i++) buffer_unref(j->out_buf[i]);
+  for (int i = 0; i < j->nwritten; i++) buffer_unref(j->written[i]);
+  free(j->written);
+  j->written = NULL;
+  j->nwritten = 0;
   free(j->in_buf);
   free(j->out_buf);
   sig_free(j->in_sig, j->nin);
@@ -95,7 +117,7 @@ static bool sig_eq(const Sig *s, UOp *u) {
 static Buffer *input_buffer(tg_tensor t, int i) {
   UOp *u = t_get(t, "tg_jit_call");
   if (!u) return NULL;
-  UOp *b = u->realized ? u->realized : u;
+  UOp *b = uop_realized(u) ? uop_realized(u) : u;
   if (b->op != OP_BUFFER) {
     tg_set_error(TG_ERR_INVALID, "tg_jit_call: input %d is not realized (or is a view); realize it (tg_realize, tg_contiguous) before calling the jitted function", i);
     return NULL;
@@ -107,12 +129,24 @@ static Buffer *input_buffer(tg_tensor t, int i) {
 static tg_status run_fn(tg_jit *j, const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out) {
   tg_scope_begin();
   for (int i = 0; i < j->nout; i++) out[i] = (tg_tensor){0};
+  tl_depth++;
   tg_status st = j->fn(in, nin, args, nargs, out, j->nout, j->user);
-  if (st == TG_OK) {
-    for (int i = 0; i < j->nout; i++) out[i] = tg_contiguous(out[i]);
-    st = tg_realize_many(out, j->nout);
+  tl_depth--;
+  /* realize first, then copy only what is still a view: an assigned input returned as itself stays
+   * its own buffer (a contiguous copy of it would hide that the function writes the input) */
+  if (st == TG_OK) st = tg_realize_many(out, j->nout);
+  bool views = false;
+  for (int i = 0; st == TG_OK && i < j->nout; i++) {
+    UOp *u = t_get(out[i], "tg_jit_call");
+    if (!u) st = tg_last_status();
+    else if ((uop_realized(u) ? uop_realized(u) : u)->op != OP_BUFFER) out[i] = tg_contiguous(out[i]), views = true;
   }
-  for (int i = 0; i < j->nout; i++) out[i] = st == TG_OK ? tg_keep(out[i]) : (tg_tensor){0};
+  if (st == TG_OK && views) st = tg_realize_many(out, j->nout);
+  /* fresh handles: the function may have stored a caller's handle (an input) in out[] */
+  for (int i = 0; i < j->nout; i++) {
+    UOp *u = st == TG_OK ? t_get(out[i], "tg_jit_call") : NULL;
+    out[i] = u ? tg_keep(t_wrap(uop_ref(uop_realized(u) ? uop_realized(u) : u))) : (tg_tensor){0};
+  }
   tg_scope_end();
   if (st == TG_OK && tg_has_error()) st = tg_last_status();
   /* a function that fails without recording why still leaves the caller an error to read */
@@ -123,10 +157,167 @@ static tg_status run_fn(tg_jit *j, const tg_tensor *in, int nin, const double *a
   return st;
 }
 
-tg_status tg_jit_call(tg_jit *j, const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out) {
-  if (!j) return tg_set_error(TG_ERR_INVALID, "tg_jit_call: jit is NULL");
-  if (nin < 0 || nargs < 0 || (nin && !in) || (nargs && !args) || (j->nout && !out))
-    return tg_set_error(TG_ERR_INVALID, "tg_jit_call: NULL arrays or negative counts (nin=%d nargs=%d)", nin, nargs);
+/* The buffer behind a realized input, or NULL. */
+static Buffer *buffer_behind(tg_tensor t) {
+  if (!tg_valid(t)) return NULL;
+  UOp *u = t_get(t, "tg_jit_call");
+  UOp *b = uop_realized(u) ? uop_realized(u) : u;
+  return b->op == OP_BUFFER ? g_buffer_of(b) : NULL;
+}
+
+/* tinygrad refuses the same buffer as two inputs: a replay would read and write it as two. */
+static tg_status check_distinct(const tg_tensor *in, int nin) {
+  for (int i = 0; i < nin; i++) {
+    Buffer *bi = buffer_behind(in[i]);
+    for (int k = i + 1; bi && k < nin; k++)
+      if (buffer_behind(in[k]) == bi)
+        return tg_set_error(TG_ERR_INVALID,
+                            "tg_jit_call: inputs %d and %d are the same tensor (one buffer); pass it once, or pass a "
+                            "copy (tg_contiguous of a tg_clone, realized) as the second",
+                            i, k);
+  }
+  return TG_OK;
+}
+
+static void free_outputs(tg_jit *j, tg_tensor *out) {
+  for (int o = 0; o < j->nout; o++) {
+    tg_free(out[o]);
+    out[o] = (tg_tensor){0};
+  }
+}
+
+static bool in_list(Buffer *const *l, int n, const Buffer *b) {
+  for (int i = 0; i < n; i++)
+    if (l[i] == b) return true;
+  return false;
+}
+
+/* Call 2: runs fn while recording its kernels, then checks and (with prune) trims the capture. */
+static tg_status capture(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs, const double *args, int nargs,
+                         tg_tensor *out) {
+  j->nin = nin, j->nargs = nargs;
+  j->in_sig = tg_xcalloc((size_t)nin + 1, sizeof(Sig));
+  j->in_buf = tg_xcalloc((size_t)nin + 1, sizeof(Buffer *));
+  for (int i = 0; i < nin; i++) {
+    j->in_sig[i] = sig_of(t_get(in[i], "tg_jit_call"));
+    j->in_buf[i] = buffer_ref(bufs[i]);
+  }
+  j->args = tg_xmalloc(sizeof(double) * (size_t)(nargs + 1));
+  if (nargs) memcpy(j->args, args, sizeof(double) * (size_t)nargs);
+  Capture *saved = g_capture;
+  g_capture = &j->cap;
+  tg_status st = run_fn(j, in, nin, args, nargs, out);
+  g_capture = saved;
+  if (st != TG_OK) {
+    jit_reset(j);
+    return st;
+  }
+  if (j->cap.n == 0) {
+    st = tg_set_error(TG_ERR_INVALID,
+                      "tg_jit_call: the function ran no kernel while being captured, so a replay would return the "
+                      "captured outputs unchanged; it must compute its outputs from its inputs (don't jit it)");
+    jit_reset(j);
+    free_outputs(j, out);
+    return st;
+  }
+  j->out_sig = tg_xcalloc((size_t)j->nout + 1, sizeof(Sig));
+  j->out_buf = tg_xcalloc((size_t)j->nout + 1, sizeof(Buffer *));
+  for (int i = 0; i < j->nout; i++) {
+    UOp *u = t_get(out[i], "tg_jit_call");
+    UOp *b = uop_realized(u) ? uop_realized(u) : u;
+    j->out_sig[i] = sig_of(u);
+    j->out_buf[i] = buffer_ref(g_buffer_of(b));
+  }
+  /* an input written by a captured kernel must come back as an output, or replays would
+   * silently write into whatever buffer is passed next time */
+  for (int k = 0; k < j->cap.n; k++) {
+    Buffer *w = j->cap.items[k].bufs[0];
+    for (int i = 0; w && i < nin; i++) {
+      if (w != j->in_buf[i] || in_list(j->out_buf, j->nout, w)) continue;
+      st = tg_set_error(TG_ERR_INVALID,
+                        "tg_jit_call: the function assigns to input %d but does not return it; return it "
+                        "as an output (or do not jit this function)",
+                        i);
+      jit_reset(j);
+      free_outputs(j, out);
+      return st;
+    }
+  }
+  if (j->prune) {
+    int before = j->cap.n;
+    if (capture_prune(&j->cap, j->in_buf, nin) < 0) {
+      st = tg_last_status();
+      jit_reset(j);
+      free_outputs(j, out);
+      return st;
+    }
+    if (debug_level() >= 1) fprintf(stderr, "TinyJit: pruned %d -> %d kernels\n", before, j->cap.n);
+  }
+  for (int k = 0; k < j->cap.n; k++) {
+    Buffer *w = j->cap.items[k].bufs[0];
+    if (!w || in_list(j->in_buf, nin, w) || in_list(j->written, j->nwritten, w)) continue;
+    j->written = tg_xrealloc(j->written, sizeof(Buffer *) * (size_t)(j->nwritten + 1));
+    j->written[j->nwritten++] = buffer_ref(w);
+  }
+  j->calls = 2;
+  return TG_OK;
+}
+
+/* Call 3 on: checks the call against the capture and replays it with the new inputs' buffers. */
+static tg_status replay(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs, const double *args, int nargs,
+                        tg_tensor *out) {
+  tg_status st = TG_OK;
+  if (nin != j->nin) return tg_set_error(TG_ERR_INVALID, "tg_jit_call: called with %d inputs, captured with %d", nin, j->nin);
+  for (int i = 0; i < nin; i++) {
+    UOp *u = t_get(in[i], "tg_jit_call");
+    if (!sig_eq(&j->in_sig[i], u)) {
+      char a[256], b[256];
+      return tg_set_error(TG_ERR_INVALID, "tg_jit_call: input %d is %s %s on %s, but was %s %s on %s when captured", i,
+                          tg_dtype_name((tg_dtype)u->dtype), fmt_shape(a, sizeof a, u->shape, u->ndim), device_by_id(u->device)->name,
+                          tg_dtype_name(j->in_sig[i].dtype), fmt_shape(b, sizeof b, j->in_sig[i].shape, j->in_sig[i].ndim),
+                          device_by_id(j->in_sig[i].device)->name);
+    }
+  }
+  if (nargs != j->nargs) return tg_set_error(TG_ERR_INVALID, "tg_jit_call: called with %d non-tensor arguments, captured with %d", nargs, j->nargs);
+  for (int i = 0; i < nargs; i++)
+    if (memcmp(&args[i], &j->args[i], sizeof(double)))
+      return tg_set_error(TG_ERR_INVALID, "tg_jit_call: non-tensor argument %d changed (%g when captured, %g now); it is baked into the captured kernels — pass it as a tensor", i,
+                          j->args[i], args[i]);
+  /* an input the replay writes (an output of an earlier call fed back) is read from a copy */
+  bool *copied = tg_xcalloc((size_t)nin + 1, sizeof(bool));
+  for (int i = 0; i < nin && st == TG_OK; i++) {
+    if (!in_list(j->written, j->nwritten, bufs[i])) continue;
+    Buffer *c = buffer_new(bufs[i]->dev, bufs[i]->nbytes);
+    if (!c || (st = buffer_copy(c, bufs[i], bufs[i]->nbytes)) != TG_OK) {
+      if (st == TG_OK) st = tg_last_status();
+      buffer_unref(c);
+      break;
+    }
+    counters_add(false, 0, bufs[i]->nbytes, 0);
+    bufs[i] = c;
+    copied[i] = true;
+  }
+  if (st == TG_OK) st = capture_replay(&j->cap, j->in_buf, bufs, nin);
+  if (st == TG_OK) {
+    /* an assigned input comes back as itself: the buffer passed now, not the captured one */
+    for (int i = 0; i < j->nout; i++) {
+      Buffer *b = j->out_buf[i];
+      for (int k = 0; k < nin; k++)
+        if (b == j->in_buf[k]) {
+          b = bufs[k];
+          break;
+        }
+      out[i] = t_wrap(g_buffer(buffer_ref(b), j->out_sig[i].dtype, j->out_sig[i].shape, j->out_sig[i].ndim));
+    }
+    j->calls++;
+  }
+  for (int i = 0; i < nin; i++)
+    if (copied[i]) buffer_unref(bufs[i]);
+  free(copied);
+  return st;
+}
+
+static tg_status jit_call(tg_jit *j, const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out) {
   if (getenv_int("JIT", 1) == 0 || j->calls == 0) {
     if (j->calls == 0) j->calls = 1;
     return run_fn(j, in, nin, args, nargs, out);
@@ -139,84 +330,30 @@ tg_status tg_jit_call(tg_jit *j, const tg_tensor *in, int nin, const double *arg
       return tg_last_status();
     }
   }
-  if (j->calls == 1) {
-    /* capture */
-    j->nin = nin, j->nargs = nargs;
-    j->in_sig = tg_xcalloc((size_t)nin + 1, sizeof(Sig));
-    j->in_buf = tg_xcalloc((size_t)nin + 1, sizeof(Buffer *));
-    for (int i = 0; i < nin; i++) {
-      j->in_sig[i] = sig_of(t_get(in[i], "tg_jit_call"));
-      j->in_buf[i] = buffer_ref(bufs[i]);
-    }
-    j->args = tg_xmalloc(sizeof(double) * (size_t)(nargs + 1));
-    if (nargs) memcpy(j->args, args, sizeof(double) * (size_t)nargs);
-    Capture *saved = g_capture;
-    g_capture = &j->cap;
-    tg_status st = run_fn(j, in, nin, args, nargs, out);
-    g_capture = saved;
-    free(bufs);
-    if (st != TG_OK) {
-      jit_reset(j);
-      return st;
-    }
-    j->out_sig = tg_xcalloc((size_t)j->nout + 1, sizeof(Sig));
-    j->out_buf = tg_xcalloc((size_t)j->nout + 1, sizeof(Buffer *));
-    for (int i = 0; i < j->nout; i++) {
-      UOp *u = t_get(out[i], "tg_jit_call");
-      UOp *b = u->realized ? u->realized : u;
-      j->out_sig[i] = sig_of(u);
-      j->out_buf[i] = buffer_ref(g_buffer_of(b));
-    }
-    /* an input written by a captured kernel must come back as an output, or replays would
-     * silently write into whatever buffer is passed next time */
-    for (int k = 0; k < j->cap.n; k++) {
-      Buffer *w = j->cap.items[k].bufs[0];
-      for (int i = 0; i < nin; i++) {
-        if (w != j->in_buf[i]) continue;
-        bool returned = false;
-        for (int o = 0; o < j->nout; o++) returned = returned || j->out_buf[o] == w;
-        if (!returned) {
-          st = tg_set_error(TG_ERR_INVALID,
-                            "tg_jit_call: the function assigns to input %d but does not return it; return it "
-                            "as an output (or do not jit this function)",
-                            i);
-          jit_reset(j);
-          for (int o = 0; o < j->nout; o++) {
-            tg_free(out[o]);
-            out[o] = (tg_tensor){0};
-          }
-          return st;
-        }
-      }
-    }
-    j->calls = 2;
-    return TG_OK;
-  }
-  /* replay */
-  tg_status st = TG_OK;
-  if (nin != j->nin) st = tg_set_error(TG_ERR_INVALID, "tg_jit_call: called with %d inputs, captured with %d", nin, j->nin);
-  for (int i = 0; st == TG_OK && i < nin; i++) {
-    UOp *u = t_get(in[i], "tg_jit_call");
-    if (!sig_eq(&j->in_sig[i], u)) {
-      char a[256], b[256];
-      st = tg_set_error(TG_ERR_INVALID, "tg_jit_call: input %d is %s %s on %s, but was %s %s on %s when captured", i,
-                        tg_dtype_name((tg_dtype)u->dtype), fmt_shape(a, sizeof a, u->shape, u->ndim), device_by_id(u->device)->name,
-                        tg_dtype_name(j->in_sig[i].dtype), fmt_shape(b, sizeof b, j->in_sig[i].shape, j->in_sig[i].ndim),
-                        device_by_id(j->in_sig[i].device)->name);
-    }
-  }
-  if (st == TG_OK && nargs != j->nargs) st = tg_set_error(TG_ERR_INVALID, "tg_jit_call: called with %d non-tensor arguments, captured with %d", nargs, j->nargs);
-  for (int i = 0; st == TG_OK && i < nargs; i++)
-    if (memcmp(&args[i], &j->args[i], sizeof(double)))
-      st = tg_set_error(TG_ERR_INVALID, "tg_jit_call: non-tensor argument %d changed (%g when captured, %g now); it is baked into the captured kernels — pass it as a tensor", i,
-                        j->args[i], args[i]);
-  if (st == TG_OK) st = capture_replay(&j->cap, j->in_buf, bufs, nin);
+  tg_status st = j->calls == 1 ? capture(j, in, nin, bufs, args, nargs, out) : replay(j, in, nin, bufs, args, nargs, out);
   free(bufs);
-  if (st != TG_OK) return st;
-  for (int i = 0; i < j->nout; i++)
-    out[i] = t_wrap(g_buffer(buffer_ref(j->out_buf[i]), j->out_sig[i].dtype, j->out_sig[i].shape, j->out_sig[i].ndim));
-  j->calls++;
-  return TG_OK;
+  return st;
+}
+
+tg_status tg_jit_call(tg_jit *j, const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out) {
+  if (!j) return tg_set_error(TG_ERR_INVALID, "tg_jit_call: jit is NULL");
+  if (nin < 0 || nargs < 0 || (nin && !in) || (nargs && !args) || (j->nout && !out))
+    return tg_set_error(TG_ERR_INVALID, "tg_jit_call: NULL arrays or negative counts (nin=%d nargs=%d)", nin, nargs);
+  /* tinygrad: "having TinyJit inside another TinyJit is not supported". A nested replay would not
+   * be captured by the outer jit, and a jit re-entering itself would recurse without end. */
+  if (tl_depth > 0)
+    return tg_set_error(TG_ERR_INVALID,
+                        "tg_jit_call: called from inside a jitted function (a jit calling itself or another jit); "
+                        "TinyJit inside another TinyJit is not supported: call the inner function directly");
+  bool was = false;
+  if (!atomic_compare_exchange_strong(&j->busy, &was, true))
+    return tg_set_error(TG_ERR_INVALID,
+                        "tg_jit_call: this jit is running a call in another thread; a tg_jit serves one call at a "
+                        "time (give each thread its own jit)");
+  tg_status st = check_distinct(in, nin);
+  if (st == TG_OK) st = jit_call(j, in, nin, args, nargs, out);
+  atomic_store(&j->busy, false);
+  return st;
 }
 
 int tg_jit_captured_kernels(const tg_jit *j) { return j ? j->cap.n : -1; }

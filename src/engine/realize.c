@@ -17,22 +17,30 @@
 #include "../schedule/schedule.h"
 #include "../uop/ptrmap.h"
 
+/* In-memory kernel cache: AST -> compiled program and its launch metadata. Bounded like the program
+ * cache below it (MAX_LOADED_KERNELS, least recently used out first), since each entry holds a
+ * program and its AST; entries are reference counted because TinyJit captures keep using the
+ * program and metadata of entries the cache has dropped. */
 typedef struct CachedKernel {
   UOp *ast;  /* owned key */
-  Program *prg;
+  Program *prg; /* a reference */
   KernelCode *code;
-  char *gopts; /* the GPU_OPTS it was generated under (NULL: none); entries of one key differing
-                * only in it are chained */
-  struct CachedKernel *next;
+  uint64_t key;
+  int refs; /* the cache's own (while listed) + captures' + a running schedule's */
+  char *gopts; /* the GPU_OPTS it was generated under (NULL: none): a lookup under another finds
+                * nothing, and the new kernel replaces the entry */
+  struct CachedKernel *prev, *next; /* LRU order, most recent first */
 } CachedKernel;
 
 static PtrMap kcache; /* (AST pointer, device, settings) -> CachedKernel* */
+static CachedKernel kc_lru = {.prev = &kc_lru, .next = &kc_lru};
+static size_t kc_n;
 static pthread_mutex_t kc_lock = PTHREAD_MUTEX_INITIALIZER;
 
 bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptCfg *out);
 bool beam_search_gpu(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptList *out);
 
-/* GPU_OPTS forces the actions of GPU kernels: part of their cache key. */
+/* GPU_OPTS forces the actions of GPU kernels: part of what a cache entry was made under. */
 static const char *kc_gopts(Device *dev) {
   const char *g = dev->caps.gpu ? getenv_str("GPU_OPTS", NULL) : NULL;
   return g && *g ? g : NULL;
@@ -40,10 +48,37 @@ static const char *kc_gopts(Device *dev) {
 
 static bool same_gopts(const char *a, const char *b) { return a == b || (a && b && strcmp(a, b) == 0); }
 
+static CachedKernel *ck_retain(CachedKernel *ck) {
+  if (ck) __atomic_fetch_add(&ck->refs, 1, __ATOMIC_RELAXED);
+  return ck;
+}
+
+static void ck_release(CachedKernel *ck) {
+  if (!ck || __atomic_sub_fetch(&ck->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
+  uop_unref(ck->ast);
+  program_release(ck->prg);
+  kernel_code_free(ck->code);
+  free(ck->gopts);
+  free(ck);
+}
+
+static void lru_unlink(CachedKernel *ck) {
+  ck->prev->next = ck->next;
+  ck->next->prev = ck->prev;
+}
+
+static void lru_front(CachedKernel *ck) {
+  ck->next = kc_lru.next;
+  ck->prev = &kc_lru;
+  kc_lru.next->prev = ck;
+  kc_lru.next = ck;
+}
+
 static CachedKernel *kcache_get(uint64_t key, const char *gopts) {
   pthread_mutex_lock(&kc_lock);
   CachedKernel *ck = pm_get(&kcache, key);
-  while (ck && !same_gopts(ck->gopts, gopts)) ck = ck->next;
+  if (ck && !same_gopts(ck->gopts, gopts)) ck = NULL;
+  if (ck) lru_unlink(ck), lru_front(ck);
   pthread_mutex_unlock(&kc_lock);
   return ck;
 }
@@ -62,25 +97,58 @@ static CachedKernel *kcache_put(uint64_t key, UOp *ast, Device *dev, KernelCode 
   ck->ast = uop_ref(ast);
   ck->prg = p;
   ck->code = kc;
+  ck->key = key;
+  ck->refs = 1;
   free(kc->src); /* keep only the metadata */
   kc->src = NULL;
   const char *g = kc_gopts(dev);
   ck->gopts = g ? tg_xstrdup(g) : NULL;
+  int64_t lim = getenv_int("MAX_LOADED_KERNELS", 4096);
+  size_t limit = lim < 1 ? 1 : (size_t)lim;
+  CachedKernel *dead = NULL;
   pthread_mutex_lock(&kc_lock);
-  CachedKernel *first = pm_get(&kcache, key), *had = first;
-  while (had && !same_gopts(had->gopts, ck->gopts)) had = had->next;
+  CachedKernel *had = pm_get(&kcache, key), *evicted = NULL;
+  if (had && !same_gopts(had->gopts, ck->gopts)) {
+    /* made under another GPU_OPTS: this one replaces it */
+    lru_unlink(had);
+    pm_del(&kcache, key);
+    kc_n--;
+    had->next = NULL;
+    evicted = had;
+    had = NULL;
+  }
   if (had) {
-    uop_unref(ck->ast);
-    kernel_code_free(ck->code);
-    free(ck->gopts);
-    free(ck);
+    dead = ck;
     ck = had;
   } else {
-    ck->next = first;
     pm_put(&kcache, key, ck);
+    lru_front(ck);
+    kc_n++;
+  }
+  /* drop the least recently used beyond the limit (never the one just added: the caller runs it) */
+  while (kc_n > limit && kc_lru.prev != ck) {
+    CachedKernel *v = kc_lru.prev;
+    lru_unlink(v);
+    pm_del(&kcache, v->key);
+    kc_n--;
+    v->next = evicted;
+    evicted = v;
   }
   pthread_mutex_unlock(&kc_lock);
+  if (dead) ck_release(dead);
+  while (evicted) {
+    CachedKernel *nx = evicted->next;
+    ck_release(evicted);
+    evicted = nx;
+  }
   return ck;
+}
+
+size_t kernel_cache_count(void) {
+  pthread_mutex_lock(&kc_lock);
+  size_t n = kc_n;
+  pthread_mutex_unlock(&kc_lock);
+  return n;
 }
 
 /* The cache key of a kernel: its AST, the device (programs are loaded per device), and the
@@ -195,28 +263,35 @@ static void precompile(Schedule *s) {
 
 _Thread_local Capture *g_capture;
 
-static void capture_add(Program *prg, const KernelCode *code, Buffer **bufs, int nbufs, size_t nbytes) {
+static void capture_add(CachedKernel *ck, Buffer **bufs, int nbufs, size_t nbytes, size_t mem) {
   Capture *c = g_capture;
   if (c->n == c->cap) {
     c->cap = c->cap ? c->cap * 2 : 32;
     c->items = tg_xrealloc(c->items, sizeof(CapItem) * (size_t)c->cap);
   }
   CapItem *it = &c->items[c->n++];
-  it->prg = prg;
-  it->code = code;
+  it->ck = ck_retain(ck);
+  it->prg = ck ? ck->prg : NULL;
+  it->code = ck ? ck->code : NULL;
   it->nbufs = nbufs;
   it->nbytes = nbytes;
+  it->mem = mem;
   it->slot = NULL;
   it->bufs = tg_xmalloc(sizeof(Buffer *) * (size_t)nbufs);
   for (int i = 0; i < nbufs; i++) it->bufs[i] = buffer_ref(bufs[i]);
 }
 
+bool engine_capturing(void) { return g_capture != NULL; }
+
+static void capitem_free(CapItem *it) {
+  for (int j = 0; j < it->nbufs; j++) buffer_unref(it->bufs[j]);
+  free(it->bufs);
+  free(it->slot);
+  ck_release(it->ck);
+}
+
 void capture_free(Capture *c) {
-  for (int i = 0; i < c->n; i++) {
-    for (int j = 0; j < c->items[i].nbufs; j++) buffer_unref(c->items[i].bufs[j]);
-    free(c->items[i].bufs);
-    free(c->items[i].slot);
-  }
+  for (int i = 0; i < c->n; i++) capitem_free(&c->items[i]);
   free(c->items);
   free(c->slots);
   memset(c, 0, sizeof *c);
@@ -248,24 +323,38 @@ void capture_forget(Capture *c, Buffer *b, int from) {
   }
 }
 
-tg_status capture_replay(const Capture *c, Buffer *const *from, Buffer *const *to, int n) {
+/* Runs the items of c that run[] selects (all when run is NULL), buffers from[k] replaced by to[k].
+ * A transient slot s runs in pin[s] when pin is given and pin[s] is set (the caller keeps it), else
+ * in a buffer allocated at its first use and freed after its last item. Counts every item in the
+ * global counters as the captured run counted it. */
+static tg_status run_items(const Capture *c, const bool *run, Buffer *const *from, Buffer *const *to, int n,
+                           Buffer *const *pin) {
   int dbg = debug_level();
   Buffer **live = c->nslots ? tg_xcalloc((size_t)c->nslots, sizeof(Buffer *)) : NULL;
   tg_status st = TG_OK;
   for (int i = 0; i < c->n && st == TG_OK; i++) {
+    if (run && !run[i]) continue;
     const CapItem *it = &c->items[i];
     Buffer *bs[64];
     Buffer **b = it->nbufs <= 64 ? bs : tg_xmalloc(sizeof(Buffer *) * (size_t)it->nbufs);
     for (int j = 0; j < it->nbufs; j++) {
       int s = it->slot ? it->slot[j] : -1;
       if (s >= 0) {
+        if (pin && pin[s]) {
+          b[j] = pin[s];
+          continue;
+        }
         if (!live[s] && !(live[s] = buffer_new(c->slots[s].dev, c->slots[s].nbytes))) st = tg_last_status();
         b[j] = live[s];
         continue;
       }
       b[j] = it->bufs[j];
+      /* one substitution per buffer: with inputs swapped between calls, to[k] may be another from[] */
       for (int k = 0; k < n; k++)
-        if (b[j] == from[k]) b[j] = to[k];
+        if (b[j] == from[k]) {
+          b[j] = to[k];
+          break;
+        }
     }
     if (st != TG_OK) {
       if (b != bs) free(b);
@@ -273,19 +362,20 @@ tg_status capture_replay(const Capture *c, Buffer *const *from, Buffer *const *t
     }
     if (!it->prg) {
       st = buffer_copy(b[0], b[1], it->nbytes);
+      if (st == TG_OK) counters_add(false, 0, it->nbytes, 0);
     } else {
       void *ps[64];
       void **p = it->nbufs <= 64 ? ps : tg_xmalloc(sizeof(void *) * (size_t)it->nbufs);
       for (int j = 0; j < it->nbufs; j++) p[j] = b[j]->ptr;
       double t = program_exec(it->prg, p, it->nbufs, it->code->global_size, it->code->local_size, dbg >= 2);
       if (p != ps) free(p);
-      if (t < 0) st = tg_last_status() ? tg_last_status() : TG_ERR_RUNTIME;
-      g_counters.kernel_count++;
-      g_counters.global_ops += it->code->ops;
-      if (dbg >= 2) {
-        g_counters.time_sum_s += t;
-        fprintf(stderr, "*** %-8s %6llu %-32s (jit replay) tm %9.2fus\n", it->prg->dev->name,
-                (unsigned long long)g_counters.kernel_count, it->code->name, t * 1e6);
+      if (t < 0) {
+        st = tg_last_status() ? tg_last_status() : TG_ERR_RUNTIME;
+      } else {
+        uint64_t k = counters_add(true, it->code->ops, it->mem, dbg >= 2 ? t : 0);
+        if (dbg >= 2)
+          fprintf(stderr, "*** %-8s %6llu %-32s (jit replay) mem %6.3f GB tm %9.2fus\n", it->prg->dev->name,
+                  (unsigned long long)k, it->code->name, (double)it->mem * 1e-9, t * 1e6);
       }
     }
     if (b != bs) free(b);
@@ -302,11 +392,132 @@ tg_status capture_replay(const Capture *c, Buffer *const *from, Buffer *const *t
   return st;
 }
 
-static void print_kernel_line(Device *dev, const char *name, int nbufs, size_t mem, double t, uint64_t ops) {
+tg_status capture_replay(const Capture *c, Buffer *const *from, Buffer *const *to, int n) {
+  return run_items(c, NULL, from, to, n, NULL);
+}
+
+/* ---- pruning (TinyJit prune) ----
+ * A buffer is named by a key: a persistent buffer by its pointer, transient slot s by 2s+1 (odd,
+ * never a Buffer's address). */
+static uint64_t item_key(const CapItem *it, int j) {
+  return it->bufs[j] ? (uint64_t)(uintptr_t)it->bufs[j] : 2u * (uint64_t)it->slot[j] + 1u;
+}
+
+int capture_prune(Capture *c, Buffer *const *inputs, int n) {
+  if (c->n == 0) return 0;
+  bool *keep = tg_xcalloc((size_t)c->n, sizeof(bool));
+  /* 1. tinygrad's rule: in order, an item that touches a buffer that depends on the inputs depends
+   * on them too, and so does everything it touches */
+  PtrMap dep, wr, first_read;
+  pm_init(&dep), pm_init(&wr), pm_init(&first_read);
+  for (int k = 0; k < n; k++) pm_put(&dep, (uint64_t)(uintptr_t)inputs[k], (void *)1);
+  for (int i = 0; i < c->n; i++) {
+    const CapItem *it = &c->items[i];
+    for (int j = 0; j < it->nbufs && !keep[i]; j++) keep[i] = pm_has(&dep, item_key(it, j));
+    if (keep[i])
+      for (int j = 0; j < it->nbufs; j++) pm_put(&dep, item_key(it, j), (void *)1);
+  }
+  /* 2. a dropped item runs once, so what it reads must not change between replays and what it
+   * writes must not be overwritten by a replay: keep it when it reads or writes a buffer a kept
+   * item writes, or writes a persistent buffer a kept item read before it (that reader sees the
+   * previous call's value) */
+  bool changed = true;
+  while (changed) {
+    changed = false;
+    pm_clear(&wr);
+    pm_clear(&first_read);
+    for (int i = 0; i < c->n; i++) {
+      if (!keep[i]) continue;
+      const CapItem *it = &c->items[i];
+      pm_put(&wr, item_key(it, 0), (void *)1);
+      for (int j = 1; j < it->nbufs; j++)
+        if (!pm_has(&first_read, item_key(it, j))) pm_put(&first_read, item_key(it, j), (void *)(intptr_t)(i + 1));
+    }
+    for (int i = 0; i < c->n; i++) {
+      if (keep[i]) continue;
+      const CapItem *it = &c->items[i];
+      bool k = pm_has(&wr, item_key(it, 0));
+      for (int j = 1; j < it->nbufs && !k; j++) k = pm_has(&wr, item_key(it, j));
+      intptr_t r = (intptr_t)pm_get(&first_read, item_key(it, 0));
+      if (!k && it->bufs[0] && r > 0 && r - 1 < i) k = true;
+      if (k) keep[i] = changed = true;
+    }
+  }
+  /* 3. a transient a dropped item writes and a kept one reads becomes a persistent buffer
+   * (pinned); the dropped items that produce it run once more now, the capture having freed it */
+  Buffer **pin = c->nslots ? tg_xcalloc((size_t)c->nslots, sizeof(Buffer *)) : NULL;
+  bool *need = c->nslots ? tg_xcalloc((size_t)c->nslots, sizeof(bool)) : NULL;
+  bool *rerun = tg_xcalloc((size_t)c->n, sizeof(bool));
+  bool any_rerun = false;
+  for (int i = 0; i < c->n; i++)
+    for (int j = 0; keep[i] && c->items[i].slot && j < c->items[i].nbufs; j++) {
+      int s = c->items[i].slot[j];
+      if (s >= 0) need[s] = true;
+    }
+  tg_status st = TG_OK;
+  for (int s = 0; s < c->nslots; s++) {
+    bool dropped_writer = false;
+    for (int i = 0; i < c->n && !dropped_writer; i++)
+      dropped_writer = !keep[i] && c->items[i].slot && c->items[i].slot[0] == s;
+    if (!need[s] || !dropped_writer) {
+      need[s] = false;
+      continue;
+    }
+    if (st == TG_OK && !(pin[s] = buffer_new(c->slots[s].dev, c->slots[s].nbytes))) st = tg_last_status();
+  }
+  /* the producers of the pinned slots, and of the transients those read, backwards */
+  for (int i = c->n - 1; i >= 0; i--) {
+    const CapItem *it = &c->items[i];
+    if (keep[i] || !it->slot || it->slot[0] < 0 || !need[it->slot[0]]) continue;
+    rerun[i] = any_rerun = true;
+    for (int j = 1; j < it->nbufs; j++)
+      if (it->slot[j] >= 0) need[it->slot[j]] = true;
+  }
+  if (st == TG_OK && any_rerun) st = run_items(c, rerun, NULL, NULL, 0, pin);
+  int kept = -1;
+  if (st == TG_OK) {
+    /* 4. rebuild: only kept items, pinned slots as their buffers, slot lifetimes recomputed */
+    int m = 0;
+    for (int i = 0; i < c->n; i++) {
+      CapItem *it = &c->items[i];
+      if (!keep[i]) {
+        capitem_free(it);
+        continue;
+      }
+      for (int j = 0; it->slot && j < it->nbufs; j++) {
+        int s = it->slot[j];
+        if (s >= 0 && pin[s]) {
+          it->bufs[j] = buffer_ref(pin[s]);
+          it->slot[j] = -1;
+        }
+      }
+      c->items[m++] = *it;
+    }
+    c->n = m;
+    for (int s = 0; s < c->nslots; s++) c->slots[s].first = c->slots[s].last = -1;
+    for (int i = 0; i < c->n; i++)
+      for (int j = 0; c->items[i].slot && j < c->items[i].nbufs; j++) {
+        int s = c->items[i].slot[j];
+        if (s < 0) continue;
+        if (c->slots[s].first < 0) c->slots[s].first = i;
+        c->slots[s].last = i;
+      }
+    kept = m;
+  }
+  for (int s = 0; s < c->nslots; s++) buffer_unref(pin[s]);
+  free(pin);
+  free(need);
+  free(rerun);
+  free(keep);
+  pm_free(&dep), pm_free(&wr), pm_free(&first_read);
+  return kept;
+}
+
+static void print_kernel_line(Device *dev, uint64_t kn, const char *name, int nbufs, size_t mem, double t, uint64_t ops) {
   double us = t * 1e6;
   fprintf(stderr, "*** %-8s %6llu %-32s arg %2d mem %6.3f GB tm %9.2fus/%9.2fms (%8.2f GFLOPS %6.1f GB/s)\n",
-          dev->name, (unsigned long long)g_counters.kernel_count, name, nbufs, (double)mem * 1e-9, us,
-          g_counters.time_sum_s * 1e3, t > 0 ? (double)ops / t * 1e-9 : 0.0, t > 0 ? (double)mem / t * 1e-9 : 0.0);
+          dev->name, (unsigned long long)kn, name, nbufs, (double)mem * 1e-9, us,
+          atomic_load_explicit(&g_counters.time_sum_s, memory_order_relaxed) * 1e3, t > 0 ? (double)ops / t * 1e-9 : 0.0, t > 0 ? (double)mem / t * 1e-9 : 0.0);
 }
 
 static tg_status run_schedule(Schedule *s) {
@@ -314,6 +525,9 @@ static tg_status run_schedule(Schedule *s) {
   int cap_from = g_capture ? g_capture->n : 0;
   int beam = (int)getenv_int("BEAM", 0);
   if (beam <= 0) precompile(s);
+  /* out of memory before any kernel ran: nothing was changed yet, so stop here (later, kernels must
+   * all run -- an assign done twice on a retry would be wrong -- and realize_uops reports it) */
+  if (tg_oom_check("realize (code generation)")) return TG_ERR_RUNTIME;
   for (int i = 0; i < s->nitems; i++) {
     SItem *it = &s->items[i];
     SBuf *out = &s->bufs[it->bufs[0]];
@@ -327,9 +541,9 @@ static tg_status run_schedule(Schedule *s) {
       if (st != TG_OK) return st;
       if (g_capture) {
         Buffer *cb[2] = {out->buf, in->buf};
-        capture_add(NULL, NULL, cb, 2, out->nbytes);
+        capture_add(NULL, cb, 2, out->nbytes, 0);
       }
-      g_counters.global_mem += out->nbytes;
+      counters_add(false, 0, out->nbytes, 0);
       if (dbg >= 2)
         fprintf(stderr, "*** %-8s %6s copy %zu bytes %s -> %s\n", out->dev->name, "", out->nbytes, in->dev->name,
                 out->dev->name);
@@ -345,6 +559,7 @@ static tg_status run_schedule(Schedule *s) {
         ck = get_kernel(it->ast, it->dev);
       }
       if (!ck) return tg_last_status();
+      ck_retain(ck); /* kept while it runs, whatever the cache drops meanwhile */
       void *ptrs[16];
       void **bufs = it->nbufs <= 16 ? ptrs : tg_xmalloc(sizeof(void *) * (size_t)it->nbufs);
       size_t mem = 0;
@@ -358,17 +573,16 @@ static tg_status run_schedule(Schedule *s) {
         Buffer *cb[64];
         Buffer **cbp = it->nbufs <= 64 ? cb : tg_xmalloc(sizeof(Buffer *) * (size_t)it->nbufs);
         for (int j = 0; j < it->nbufs; j++) cbp[j] = s->bufs[it->bufs[j]].buf;
-        capture_add(ck->prg, ck->code, cbp, it->nbufs, 0);
+        capture_add(ck, cbp, it->nbufs, 0, mem);
         if (cbp != cb) free(cbp);
       }
-      if (t < 0) return tg_last_status() ? tg_last_status() : TG_ERR_RUNTIME;
-      g_counters.kernel_count++;
-      g_counters.global_ops += ck->code->ops;
-      g_counters.global_mem += mem;
-      if (dbg >= 2) {
-        g_counters.time_sum_s += t;
-        print_kernel_line(it->dev, ck->code->name, it->nbufs, mem, t, ck->code->ops);
+      if (t < 0) {
+        ck_release(ck);
+        return tg_last_status() ? tg_last_status() : TG_ERR_RUNTIME;
       }
+      uint64_t kn = counters_add(true, ck->code->ops, mem, dbg >= 2 ? t : 0);
+      if (dbg >= 2) print_kernel_line(it->dev, kn, ck->code->name, it->nbufs, mem, t, ck->code->ops);
+      ck_release(ck);
     }
     /* free inputs that die here (targets and pre-existing buffers are kept) */
     for (int j = 1; j < it->nbufs; j++) {
@@ -383,13 +597,27 @@ static tg_status run_schedule(Schedule *s) {
   return TG_OK;
 }
 
+/* One realize at a time in the process: scheduling writes ->realized on nodes that other threads'
+ * graphs share, and two schedules of one node would compute it twice. Each realize still uses every
+ * core (the thread pool). Recursive: a TinyJit capture realizes inside a realize's caller. */
+static pthread_mutex_t realize_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+
+static tg_status realize_locked(UOp **targets, int n);
+
 tg_status realize_uops(UOp **targets, int n) {
+  pthread_mutex_lock(&realize_lock);
+  tg_status st = realize_locked(targets, n);
+  pthread_mutex_unlock(&realize_lock);
+  return st;
+}
+
+static tg_status realize_locked(UOp **targets, int n) {
   /* only nodes that are neither realized nor plain views of a buffer need work */
   UOp **todo = tg_xmalloc(sizeof(UOp *) * (size_t)(n + 1));
   int m = 0;
   for (int i = 0; i < n; i++) {
     UOp *t = targets[i];
-    if (t->realized || g_base_buffer(t)) continue;
+    if (uop_realized(t) || g_base_buffer(t)) continue;
     bool dup = false;
     for (int j = 0; j < m && !dup; j++) dup = todo[j] == t;
     if (!dup) todo[m++] = t;
@@ -401,21 +629,22 @@ tg_status realize_uops(UOp **targets, int n) {
   Schedule s;
   int *tbuf = tg_xmalloc(sizeof(int) * (size_t)m);
   tg_status st = schedule_build(&s, todo, m, tbuf);
-  tg_counters before = g_counters;
+  if (st == TG_OK && tg_oom_check("realize (scheduling)")) st = TG_ERR_RUNTIME;
+  tg_counters before = tg_global_counters();
   double t0 = now_seconds();
   if (st == TG_OK) st = run_schedule(&s);
   if (debug_level() >= 2)
     fprintf(stderr, "realize: %d items, %llu kernels, %.3f MFLOP, %.3f MB moved, %.3f ms\n", s.nitems,
-            (unsigned long long)(g_counters.kernel_count - before.kernel_count),
-            (double)(g_counters.global_ops - before.global_ops) * 1e-6,
-            (double)(g_counters.global_mem - before.global_mem) * 1e-6, (now_seconds() - t0) * 1e3);
+            (unsigned long long)(tg_global_counters().kernel_count - before.kernel_count),
+            (double)(tg_global_counters().global_ops - before.global_ops) * 1e-6,
+            (double)(tg_global_counters().global_mem - before.global_mem) * 1e-6, (now_seconds() - t0) * 1e3);
   if (st == TG_OK) {
     for (int i = 0; i < m; i++) {
       UOp *t = todo[i];
       if (tbuf[i] < 0) continue;
       Buffer *b = s.bufs[tbuf[i]].buf;
       UOp *bn = g_buffer(buffer_ref(b), (tg_dtype)t->dtype, t->shape, t->ndim);
-      t->realized = bn; /* owned by t */
+      uop_set_realized(t, bn); /* owned by t */
       /* handles now hold bn; bn keeps t's graph for autograd when a gradient may flow through it */
       if (t_replace_everywhere(t, bn) > 0) ag_attach_history(bn, t);
     }
@@ -423,12 +652,14 @@ tg_status realize_uops(UOp **targets, int n) {
      * them must not run them again */
     for (int i = 0; i < s.nassigns; i++) {
       UOp *a = s.assigns[i];
-      if (a->realized) continue;
+      if (uop_realized(a)) continue;
       UOp *bn = g_buffer(buffer_ref(s.bufs[s.assign_bufs[i]].buf), (tg_dtype)a->dtype, a->shape, a->ndim);
-      a->realized = bn;
+      uop_set_realized(a, bn);
       t_replace_everywhere(a, bn);
     }
   }
+  /* the results are right (the reserve carried the run through), but the failure is reported */
+  if (tg_oom_check("realize") && st == TG_OK) st = TG_ERR_RUNTIME;
   schedule_free(&s);
   free(tbuf);
   free(todo);

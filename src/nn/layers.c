@@ -148,13 +148,12 @@ tg_tensor tg_scaled_uniform(const int64_t *shape, int ndim, const tg_opts *opts)
   const char *fn = "tg_scaled_uniform";
   if (!check_shape(fn, shape, ndim)) return NONE;
   int64_t n = prod(shape, ndim);
-  tg_opts ro = {0};
-  if (opts) ro = *opts;
-  bool rg = ro.requires_grad;
-  ro.requires_grad = false;
+  tg_opts ro = opts ? *opts : *TG_OPTS();
+  int rg = ro.requires_grad;
+  ro.requires_grad = TG_GRAD_UNSET;
   NnOp o = op_begin(fn);
   tg_tensor r = tg_mul_s(tg_uniform(shape, ndim, -1.0, 1.0, &ro), n > 0 ? pow((double)n, -0.5) : 1.0);
-  if (rg) tg_set_requires_grad(r, true);
+  if (rg != TG_GRAD_UNSET && r.id) tg_set_requires_grad(r, rg != 0);
   return op_done(o, r);
 }
 
@@ -179,8 +178,7 @@ tg_tensor tg_randperm(int64_t n, const tg_opts *opts) {
 }
 
 static tg_opts like_opts(tg_tensor t, const tg_opts *opts) {
-  tg_opts o = {0};
-  if (opts) o = *opts;
+  tg_opts o = opts ? *opts : *TG_OPTS();
   if (!o.dtype) o.dtype = tg_dtype_of(t);
   if (!o.device) o.device = tg_device_of(t);
   return o;
@@ -700,19 +698,19 @@ static bool eps_ok(const char *fn, double eps) {
   return true;
 }
 
-tg_status tg_nn_batchnorm_init(tg_nn_batchnorm *l, int64_t num_features, const tg_norm_opts *opts) {
+tg_status tg_nn_batchnorm_init(tg_nn_batchnorm *l, int64_t num_features, const tg_batchnorm_opts *opts) {
   const char *fn = "tg_nn_batchnorm_init";
   INIT_BEGIN(fn, l);
-  static const tg_norm_opts zero;
-  if (!opts) opts = &zero;
+  const tg_batchnorm_opts opts_v = opts ? *opts : *TG_BATCHNORM_OPTS();
+  opts = &opts_v;
   if (num_features < 1)
     return tg_set_error(TG_ERR_INVALID, "%s: num_features=%lld must be positive", fn,
                         (long long)num_features);
-  double eps = opts->eps ? opts->eps : 1e-5, mom = opts->momentum ? opts->momentum : 0.1;
+  double eps = opts->eps, mom = opts->momentum;
   if (!eps_ok(fn, eps)) return TG_ERR_INVALID;
   if (!isfinite(mom)) return tg_set_error(TG_ERR_INVALID, "%s: momentum %g must be finite", fn, mom);
   l->num_features = num_features, l->eps = eps, l->momentum = mom;
-  l->affine = !opts->no_affine, l->track_running_stats = !opts->no_running_stats;
+  l->affine = opts->affine, l->track_running_stats = opts->track_running_stats;
   const int64_t c[1] = {num_features};
   NnOp o = op_begin(fn);
   PDef p[5] = {{&l->weight, l->affine ? tg_ones(c, 1, NULL) : NONE, true},
@@ -796,19 +794,16 @@ static tg_status affine_params(const char *fn, const int64_t *shape, int ndim, b
 static tg_status groupnorm_init(const char *fn, tg_nn_groupnorm *l, int64_t num_groups, int64_t num_channels,
                                 const tg_norm_opts *opts) {
   INIT_BEGIN(fn, l);
-  static const tg_norm_opts zero;
-  if (!opts) opts = &zero;
+  const tg_norm_opts opts_v = opts ? *opts : *TG_NORM_OPTS();
+  opts = &opts_v;
   if (num_groups < 1 || num_channels < 1 || num_channels % num_groups)
     return tg_set_error(TG_ERR_INVALID,
                         "%s: num_channels=%lld must be a positive multiple of num_groups=%lld", fn,
                         (long long)num_channels, (long long)num_groups);
-  double eps = opts->eps ? opts->eps : 1e-5;
+  double eps = opts->eps;
   if (!eps_ok(fn, eps)) return TG_ERR_INVALID;
-  if (opts->momentum || opts->no_running_stats)
-    return tg_set_error(TG_ERR_INVALID, "%s: momentum / no_running_stats are BatchNorm options", fn);
   l->num_groups = num_groups, l->num_channels = num_channels, l->eps = eps;
-  tg_status st =
-      affine_params(fn, (const int64_t[]){num_channels}, 1, !opts->no_affine, &l->weight, &l->bias);
+  tg_status st = affine_params(fn, (const int64_t[]){num_channels}, 1, opts->affine, &l->weight, &l->bias);
   if (st != TG_OK) memset(l, 0, sizeof *l);
   return st;
 }
@@ -876,21 +871,19 @@ void tg_nn_instancenorm_free(tg_nn_instancenorm *l) { tg_nn_groupnorm_free(l); }
 static tg_status layernorm_init(const char *fn, tg_nn_layernorm *l, const int64_t *shape, int ndim,
                                 const tg_norm_opts *opts) {
   INIT_BEGIN(fn, l);
-  static const tg_norm_opts zero;
-  if (!opts) opts = &zero;
+  const tg_norm_opts opts_v = opts ? *opts : *TG_NORM_OPTS();
+  opts = &opts_v;
   if (ndim < 1 || ndim > 8 || !shape)
     return tg_set_error(TG_ERR_INVALID, "%s: normalized_shape needs 1..8 dimensions, got %d", fn, ndim);
   for (int i = 0; i < ndim; i++)
     if (shape[i] < 1)
       return tg_set_error(TG_ERR_INVALID, "%s: normalized_shape has a non-positive dimension %lld", fn,
                           (long long)shape[i]);
-  double eps = opts->eps ? opts->eps : 1e-5;
+  double eps = opts->eps;
   if (!eps_ok(fn, eps)) return TG_ERR_INVALID;
-  if (opts->momentum || opts->no_running_stats)
-    return tg_set_error(TG_ERR_INVALID, "%s: momentum / no_running_stats are BatchNorm options", fn);
   l->ndim = ndim, l->eps = eps;
   memcpy(l->normalized_shape, shape, sizeof(int64_t) * (size_t)ndim);
-  tg_status st = affine_params(fn, shape, ndim, !opts->no_affine, &l->weight, &l->bias);
+  tg_status st = affine_params(fn, shape, ndim, opts->affine, &l->weight, &l->bias);
   if (st != TG_OK) memset(l, 0, sizeof *l);
   return st;
 }
@@ -966,19 +959,17 @@ tg_status tg_nn_layernorm2d_state(const tg_nn_layernorm2d *l, tg_state_dict *sd,
 
 void tg_nn_layernorm2d_free(tg_nn_layernorm2d *l) { tg_nn_layernorm_free(l); }
 
-tg_status tg_nn_rmsnorm_init(tg_nn_rmsnorm *l, int64_t dim, const tg_norm_opts *opts) {
+tg_status tg_nn_rmsnorm_init(tg_nn_rmsnorm *l, int64_t dim, const tg_rmsnorm_opts *opts) {
   const char *fn = "tg_nn_rmsnorm_init";
   INIT_BEGIN(fn, l);
-  static const tg_norm_opts zero;
-  if (!opts) opts = &zero;
+  const tg_rmsnorm_opts opts_v = opts ? *opts : *TG_RMSNORM_OPTS();
+  opts = &opts_v;
   if (dim < 1) return tg_set_error(TG_ERR_INVALID, "%s: dim=%lld must be positive", fn, (long long)dim);
-  double eps = opts->eps ? opts->eps : 1e-6;
+  double eps = opts->eps;
   if (!eps_ok(fn, eps)) return TG_ERR_INVALID;
-  if (opts->momentum || opts->no_running_stats)
-    return tg_set_error(TG_ERR_INVALID, "%s: momentum / no_running_stats are BatchNorm options", fn);
   l->dim = dim, l->eps = eps;
   NnOp o = op_begin(fn);
-  PDef p[1] = {{&l->weight, opts->no_affine ? NONE : tg_ones((const int64_t[]){dim}, 1, NULL), true}};
+  PDef p[1] = {{&l->weight, !opts->affine ? NONE : tg_ones((const int64_t[]){dim}, 1, NULL), true}};
   tg_status st = op_done_status(o, make_params(p, 1));
   if (st != TG_OK) memset(l, 0, sizeof *l);
   return st;
@@ -1126,7 +1117,7 @@ void tg_nn_lstmcell_free(tg_nn_lstmcell *l) {
 /* Looks through realized caches and DETACH (a dict entry is a detached view of its tensor). */
 static UOp *skip_detach(UOp *u) {
   for (;;) {
-    if (u->realized) u = u->realized;
+    if (uop_realized(u)) u = uop_realized(u);
     if (u->op != OP_DETACH) return u;
     u = u->src[0];
   }
@@ -1165,11 +1156,11 @@ static UOp *slot_buffer(const Slot *s, bool *pending) {
   *pending = false;
   UOp *u = s->u;
   if (!u) return NULL;
-  if (u->realized) u = u->realized;
+  if (uop_realized(u)) u = uop_realized(u);
   if (u->op == OP_ASSIGN) {
     *pending = true;
     u = u->src[0];
-    if (u->realized) u = u->realized;
+    if (uop_realized(u)) u = uop_realized(u);
   }
   return u->op == OP_BUFFER ? u : NULL;
 }
@@ -1180,7 +1171,7 @@ static tg_tensor slot_handle(size_t i) {
 }
 
 /* The live handle that owns buffer b, other than the dict entry `self` (the fallback when nothing
- * else holds it): preferring requires_grad, then root scope, then the oldest slot. */
+ * else holds it): preferring requires_grad true, then unset, then root scope, then the oldest slot. */
 static tg_tensor owner_of(Buffer *b, tg_tensor self) {
   long best = -1;
   int best_score = -1;
@@ -1191,7 +1182,8 @@ static tg_tensor owner_of(Buffer *b, tg_tensor self) {
     bool pend;
     UOp *bn = slot_buffer(s, &pend);
     if (!bn || g_buffer_of(bn) != b) continue;
-    int score = (s->requires_grad ? 2 : 0) + (s->scope == 0 ? 1 : 0);
+    /* requires_grad true, then unset (a dict's own aliases are false), then root scope */
+    int score = (s->requires_grad == 1 ? 4 : s->requires_grad < 0 ? 2 : 0) + (s->scope == 0 ? 1 : 0);
     if (score > best_score) best = (long)i, best_score = score;
   }
   return best < 0 ? self : slot_handle((size_t)best);
@@ -1210,7 +1202,7 @@ int tg_state_dict_parameters(const tg_state_dict *sd, bool trainable_only, tg_te
       return -1;
     }
     tg_tensor h = owner_of(g_buffer_of(bn), tg_state_dict_tensor(sd, i));
-    if (!h.id || (trainable_only && !tg_requires_grad(h))) continue;
+    if (!h.id || (trainable_only && t_slot(h)->requires_grad == 0)) continue;
     bool dup = false;
     for (int j = 0; j < cnt && !dup; j++) dup = found[j].id == h.id;
     if (!dup) found[cnt++] = h;

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "../helpers.h"
+#include "../tensor/tensor.h"
 
 #define NONE ((tg_tensor){0})
 
@@ -73,7 +74,10 @@ static tg_optim *optim_new(const char *fn, const char *name, const tg_tensor *pa
       tg_optim_free(o);
       return NULL;
     }
-    bool grad = tg_requires_grad(params[i]);
+    /* as tinygrad's: a tensor whose requires_grad is unset becomes a parameter (and is marked so);
+     * one marked false is a buffer */
+    bool grad = t_slot(params[i])->requires_grad != 0;
+    if (grad) tg_set_requires_grad(params[i], true);
     tg_tensor *list = grad ? o->params : o->buffers;
     int *cnt = grad ? &o->n : &o->nbuf;
     bool dup = false;
@@ -83,8 +87,8 @@ static tg_optim *optim_new(const char *fn, const char *name, const tg_tensor *pa
   if (o->n == 0) {
     tg_set_error(
         TG_ERR_INVALID,
-        "%s: optimizer must have at least one param (a tensor with requires_grad; got %d tensors, none "
-        "with requires_grad)",
+        "%s: optimizer must have at least one param (a tensor not marked requires_grad false; got %d "
+        "tensors, all marked false)",
         fn, n);
     tg_optim_free(o);
     return NULL;
@@ -149,29 +153,23 @@ static tg_optim *lars_new(const char *fn, const char *name, const tg_tensor *par
   return finish(fn, o);
 }
 
+/* Options are taken as given (the TG_*_OPTS macros fill in tinygrad's defaults; NULL means them). */
 tg_optim *tg_optim_sgd(const tg_tensor *params, int n, const tg_sgd_opts *opts) {
-  static const tg_sgd_opts zero;
-  if (!opts) opts = &zero;
-  return lars_new("tg_optim_sgd", "SGD", params, n, opts->lr ? opts->lr : 0.001, opts->momentum,
-                  opts->weight_decay, 0.0, opts->nesterov, opts->classic);
+  const tg_sgd_opts opts_v = opts ? *opts : *TG_SGD_OPTS();
+  opts = &opts_v;
+  return lars_new("tg_optim_sgd", "SGD", params, n, opts->lr, opts->momentum, opts->weight_decay, 0.0,
+                  opts->nesterov, opts->classic);
 }
 
 tg_optim *tg_optim_lars(const tg_tensor *params, int n, const tg_lars_opts *opts) {
-  static const tg_lars_opts zero;
-  if (!opts) opts = &zero;
-  double mom = opts->momentum == 0 ? 0.9 : opts->momentum < 0 ? 0.0 : opts->momentum;
-  double wd = opts->weight_decay == 0 ? 1e-4 : opts->weight_decay < 0 ? 0.0 : opts->weight_decay;
-  return lars_new("tg_optim_lars", "LARS", params, n, opts->lr ? opts->lr : 0.001, mom, wd,
-                  opts->tcoef ? opts->tcoef : 0.001, opts->nesterov, !opts->popular);
+  const tg_lars_opts opts_v = opts ? *opts : *TG_LARS_OPTS();
+  opts = &opts_v;
+  return lars_new("tg_optim_lars", "LARS", params, n, opts->lr, opts->momentum, opts->weight_decay,
+                  opts->tcoef, opts->nesterov, opts->classic);
 }
 
-static tg_optim *lamb_new(const char *fn, const char *name, const tg_tensor *params, int n,
-                          const tg_adam_opts *opts, double def_eps, double def_wd, bool adam) {
-  static const tg_adam_opts zero;
-  if (!opts) opts = &zero;
-  double b1 = opts->b1 ? opts->b1 : 0.9, b2 = opts->b2 ? opts->b2 : 0.999,
-         eps = opts->eps ? opts->eps : def_eps;
-  double wd = opts->weight_decay ? opts->weight_decay : def_wd;
+static tg_optim *lamb_new(const char *fn, const char *name, const tg_tensor *params, int n, double lr,
+                          double b1, double b2, double eps, double wd, bool adam) {
   if (wd < 0 || !isfinite(wd)) {
     tg_set_error(TG_ERR_INVALID, "%s: invalid weight_decay value %g", fn, wd);
     return NULL;
@@ -181,7 +179,7 @@ static tg_optim *lamb_new(const char *fn, const char *name, const tg_tensor *par
                  eps);
     return NULL;
   }
-  tg_optim *o = optim_new(fn, name, params, n, opts->lr ? opts->lr : 0.001);
+  tg_optim *o = optim_new(fn, name, params, n, lr);
   if (!o) return NULL;
   o->kind = K_LAMB;
   o->b1 = b1, o->b2 = b2, o->eps = eps, o->wd = wd, o->adam = adam;
@@ -194,20 +192,23 @@ static tg_optim *lamb_new(const char *fn, const char *name, const tg_tensor *par
 }
 
 tg_optim *tg_optim_adam(const tg_tensor *params, int n, const tg_adam_opts *opts) {
-  if (opts && opts->weight_decay) {
-    tg_set_error(TG_ERR_INVALID, "tg_optim_adam: Adam has no weight_decay (%g given); use tg_optim_adamw",
-                 opts->weight_decay);
-    return NULL;
-  }
-  return lamb_new("tg_optim_adam", "Adam", params, n, opts, 1e-8, 0.0, true);
+  const tg_adam_opts opts_v = opts ? *opts : *TG_ADAM_OPTS();
+  opts = &opts_v;
+  return lamb_new("tg_optim_adam", "Adam", params, n, opts->lr, opts->b1, opts->b2, opts->eps, 0.0, true);
 }
 
-tg_optim *tg_optim_adamw(const tg_tensor *params, int n, const tg_adam_opts *opts) {
-  return lamb_new("tg_optim_adamw", "AdamW", params, n, opts, 1e-8, 0.01, true);
+tg_optim *tg_optim_adamw(const tg_tensor *params, int n, const tg_adamw_opts *opts) {
+  const tg_adamw_opts opts_v = opts ? *opts : *TG_ADAMW_OPTS();
+  opts = &opts_v;
+  return lamb_new("tg_optim_adamw", "AdamW", params, n, opts->lr, opts->b1, opts->b2, opts->eps,
+                  opts->weight_decay, true);
 }
 
-tg_optim *tg_optim_lamb(const tg_tensor *params, int n, const tg_adam_opts *opts) {
-  return lamb_new("tg_optim_lamb", "LAMB", params, n, opts, 1e-6, 0.0, false);
+tg_optim *tg_optim_lamb(const tg_tensor *params, int n, const tg_lamb_opts *opts) {
+  const tg_lamb_opts opts_v = opts ? *opts : *TG_LAMB_OPTS();
+  opts = &opts_v;
+  return lamb_new("tg_optim_lamb", "LAMB", params, n, opts->lr, opts->b1, opts->b2, opts->eps,
+                  opts->weight_decay, false);
 }
 
 static void free_list(tg_tensor *ts, int n) {

@@ -10,9 +10,13 @@
  * bounded nesting) that never builds a tree, so memory is bounded by the number of tensors; the data
  * section must be exactly covered by the tensors' byte ranges (no overlap, no hole, no trailing
  * bytes -- the rule of the reference implementation), and each range must equal numel * itemsize.
+ * Save writes PATH.tmp.PID.N and renames it over PATH; a save killed before the rename leaves that
+ * file, so each save first removes the PATH.tmp.* files of processes that no longer exist.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -639,6 +643,7 @@ tg_state_dict *tg_safe_load(const char *path) {
   if (file_view_open(&fv, "tg_safe_load", path, false) != TG_OK) return NULL;
   tg_state_dict *sd = safe_load_mem("tg_safe_load", path, fv.data, fv.len, false, NULL);
   file_view_close(&fv);
+  if (tg_oom_check("tg_safe_load") && sd) tg_state_dict_free(sd), sd = NULL;
   return sd;
 }
 
@@ -654,6 +659,7 @@ tg_state_dict *tg_safe_load_mmap(const char *path) {
     sd_own_mapping(sd, m);
   else
     file_map_unref(m);
+  if (tg_oom_check("tg_safe_load_mmap") && sd) tg_state_dict_free(sd), sd = NULL;
   return sd;
 }
 
@@ -692,6 +698,52 @@ static bool write_all(int fd, const void *buf, size_t n) {
  * ends, so that the links stay links and their target is replaced. A link to a missing file gives
  * that file's path (it is created). *exists says whether the file is there, *mode is its st_mode.
  * NULL with an error if the chain cannot be followed. */
+/* "<digits>" of at most 19 characters: its value; else -1. */
+static long long parse_decimal(const char *s, size_t n) {
+  if (n == 0 || n > 18) return -1;
+  long long v = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] < '0' || s[i] > '9') return -1;
+    v = v * 10 + (s[i] - '0');
+  }
+  return v;
+}
+
+/* Removes the temporary files that saves to `target` by processes now gone left behind: regular
+ * files named "<base>.tmp.<pid>.<n>" next to it whose pid no longer exists (kill(pid, 0) says
+ * ESRCH). A live process's file -- a save in progress, in this process or another -- is never
+ * touched, nor is anything else in the directory. Best effort: errors are ignored. */
+static void remove_stale_temps(const char *target) {
+  const char *slash = strrchr(target, '/');
+  const char *base = slash ? slash + 1 : target;
+  size_t blen = strlen(base);
+  char *dir = slash ? tg_xstrdup(target) : tg_xstrdup(".");
+  if (slash) dir[slash == target ? 1 : (size_t)(slash - target)] = '\0';
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  free(dir);
+  if (dfd < 0) return;
+  DIR *d = fdopendir(dfd);
+  if (!d) {
+    close(dfd);
+    return;
+  }
+  long self = (long)getpid();
+  for (struct dirent *e; (e = readdir(d));) {
+    const char *nm = e->d_name;
+    if (strncmp(nm, base, blen) != 0 || strncmp(nm + blen, ".tmp.", 5) != 0) continue;
+    const char *p = nm + blen + 5, *dot = strchr(p, '.');
+    if (!dot) continue;
+    long long pid = parse_decimal(p, (size_t)(dot - p)), n = parse_decimal(dot + 1, strlen(dot + 1));
+    if (pid <= 0 || n < 0 || pid > 0x7fffffff || pid == self) continue;
+    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive (or not ours to ask): keep */
+    struct stat st;
+    if (fstatat(dirfd(d), nm, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (unlinkat(dirfd(d), nm, 0) == 0 && debug_level() >= 1)
+      fprintf(stderr, "tg_safe_save: removed %s, left by a save of process %lld that no longer exists\n", nm, pid);
+  }
+  closedir(d);
+}
+
 static char *save_target(const char *fn, const char *path, bool *exists, mode_t *mode) {
   char *cur = tg_xstrdup(path);
   for (int depth = 0;; depth++) {
@@ -862,6 +914,7 @@ tg_status tg_safe_save(const tg_state_dict *sd, const char *path) {
     goto done;
   }
 
+  remove_stale_temps(target);
   /* a temporary file next to the target: O_EXCL with a unique name, mode 0666 & ~umask */
   size_t plen = strlen(target);
   tmp = tg_xmalloc(plen + 64);

@@ -171,6 +171,9 @@ tg_status tg_state_dict_set(tg_state_dict *sd, const char *name, tg_tensor t) {
   if (!u) return TG_ERR_HANDLE;
   tg_tensor own = t_wrap(uop_ref(u));
   if (!own.id) return tg_last_status() ? tg_last_status() : TG_ERR_HANDLE;
+  /* the entry is a second handle of a tensor someone else holds: marked requires_grad false, so
+   * tg_backward does not pile a gradient onto it every step (the owner's handle gets it) */
+  t_slot(own)->requires_grad = 0;
   return sd_put(sd, "tg_state_dict_set", "(dict)", name, strlen(name), own, false);
 }
 

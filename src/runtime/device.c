@@ -650,19 +650,29 @@ tg_status buffer_copy(Buffer *dst, Buffer *src, size_t nbytes) {
 /* ---------------------------------------------------------------------------------------------- */
 /* program cache                                                                                   */
 
+/* Entries are reference counted (program_get's callers hold them: the kernel cache, TinyJit
+ * captures, BEAM candidates). One with no holder stays loaded for the next program_get until the
+ * number loaded passes the limit; then the least recently used unheld ones are unloaded. An entry
+ * of another device that shares a loaded object (`owner`, host-memory devices of one kind) pins
+ * its owner (nshare) and unloads nothing itself. */
 typedef struct ProgEntry {
   Program pub;
   uint64_t hash; /* of fname and src: entries for every device of one source share a chain */
   char *src;
   size_t srclen;
   bool ready; /* false while one thread compiles it; others wait on g_prog_cond */
+  int refs;
+  int nshare;
+  uint64_t last_use;
+  struct ProgEntry *owner;
   struct ProgEntry *next;
 } ProgEntry;
 
 static pthread_mutex_t g_prog_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_prog_cond = PTHREAD_COND_INITIALIZER;
 static ProgEntry **g_prog_tab;
-static size_t g_prog_cap, g_prog_n;
+static size_t g_prog_cap, g_prog_n, g_prog_loaded;
+static uint64_t g_prog_tick;
 
 static void prog_insert_locked(ProgEntry *e) {
   if ((g_prog_n + 1) * 4 > g_prog_cap * 3) {
@@ -712,6 +722,97 @@ static void prog_free(ProgEntry *e) {
   free(e);
 }
 
+static size_t max_loaded(void) {
+  int64_t m = getenv_int("MAX_LOADED_KERNELS", 4096);
+  return m < 1 ? 1 : (size_t)m;
+}
+
+/* Caller holds g_prog_lock. Takes unheld entries out of the table, least recently used first, until
+ * at most the limit are loaded; returns them as a list (through ->next) to unload outside the lock. */
+static ProgEntry *prog_evict_locked(void) {
+  ProgEntry *dead = NULL;
+  size_t limit = max_loaded();
+  while (g_prog_loaded > limit) {
+    ProgEntry *victim = NULL;
+    for (size_t i = 0; i < g_prog_cap; i++)
+      for (ProgEntry *e = g_prog_tab[i]; e; e = e->next)
+        if (e->ready && e->refs == 0 && e->nshare == 0 && !e->owner && (!victim || e->last_use < victim->last_use))
+          victim = e;
+    if (!victim) break; /* every loaded program is in use */
+    prog_remove_locked(victim);
+    g_prog_loaded--;
+    victim->next = dead;
+    dead = victim;
+  }
+  return dead;
+}
+
+static void prog_unload_list(ProgEntry *dead) {
+  while (dead) {
+    ProgEntry *nx = dead->next;
+    if (debug_level() >= 3) fprintf(stderr, "program cache: unloaded %s (least recently used)\n", dead->pub.name);
+    dead->pub.dev->vt->unload(dead->pub.dev->state, dead->pub.handle);
+    prog_free(dead);
+    dead = nx;
+  }
+}
+
+static ProgEntry *entry_of(Program *p) { return (ProgEntry *)((char *)p - offsetof(ProgEntry, pub)); }
+
+Program *program_retain(Program *p) {
+  if (!p) return NULL;
+  pthread_mutex_lock(&g_prog_lock);
+  entry_of(p)->refs++;
+  pthread_mutex_unlock(&g_prog_lock);
+  return p;
+}
+
+void program_release(Program *p) {
+  if (!p) return;
+  pthread_mutex_lock(&g_prog_lock);
+  ProgEntry *e = entry_of(p), *dead = NULL;
+  TG_ASSERT(e->refs > 0);
+  e->refs--;
+  /* a sibling nobody holds goes at once (it loaded nothing), freeing its owner for eviction */
+  if (e->refs == 0 && e->owner) {
+    prog_remove_locked(e);
+    e->owner->nshare--;
+  } else {
+    e = NULL;
+  }
+  dead = prog_evict_locked();
+  pthread_mutex_unlock(&g_prog_lock);
+  if (e) prog_free(e);
+  prog_unload_list(dead);
+}
+
+size_t program_loaded_count(void) {
+  pthread_mutex_lock(&g_prog_lock);
+  size_t n = g_prog_loaded;
+  pthread_mutex_unlock(&g_prog_lock);
+  return n;
+}
+
+/* Compiles src (through the device's disk cache) and loads fname from it. A binary that fails to
+ * load (not a shared object, symbol missing) may have come from a damaged cache entry: the entry is
+ * dropped and src compiled once more, so a bad entry costs one compile, not every run. */
+static void *compile_and_load(Device *dev, const char *fname, const char *src) {
+  void *handle = NULL;
+  bool had_error = tg_has_error(); /* an earlier error of the caller's is not ours to clear */
+  for (int attempt = 0; attempt < 2 && !handle; attempt++) {
+    uint8_t *lib = NULL;
+    size_t liblen = 0;
+    if (dev->vt->compile(dev->state, src, &lib, &liblen) != TG_OK) break;
+    atomic_fetch_add_explicit(&g_counters.compile_count, 1, memory_order_relaxed);
+    handle = dev->vt->load(dev->state, fname, lib, liblen);
+    free(lib);
+    if (handle || !dev->vt->cache_evict) break;
+    dev->vt->cache_evict(dev->state, src);
+    if (attempt == 0 && !had_error) tg_clear_error(); /* the second attempt's error is the one to report */
+  }
+  return handle;
+}
+
 Program *program_get(Device *dev, const char *fname, const char *src) {
   if (!dev || !fname || !src) {
     tg_set_error(TG_ERR_INVALID, "program_get: %s", !dev ? "no device" : !fname ? "no name" : "no source");
@@ -743,6 +844,8 @@ Program *program_get(Device *dev, const char *fname, const char *src) {
       }
     }
     if (mine && mine->ready) {
+      mine->refs++;
+      mine->last_use = ++g_prog_tick;
       pthread_mutex_unlock(&g_prog_lock);
       return &mine->pub;
     }
@@ -753,9 +856,15 @@ Program *program_get(Device *dev, const char *fname, const char *src) {
     }
     ProgEntry *e = prog_new(dev, fname, src, srclen, h);
     if (sibling) {
-      /* Same code in the same address space: share the loaded program (never unloaded). */
-      e->pub.handle = sibling->pub.handle;
+      /* Same code in the same address space: share the loaded program (it stays loaded while
+       * this entry exists) */
+      ProgEntry *owner = sibling->owner ? sibling->owner : sibling;
+      e->pub.handle = owner->pub.handle;
+      e->owner = owner;
+      owner->nshare++;
+      owner->last_use = ++g_prog_tick;
       e->ready = true;
+      e->refs = 1;
       prog_insert_locked(e);
       pthread_mutex_unlock(&g_prog_lock);
       return &e->pub;
@@ -763,19 +872,17 @@ Program *program_get(Device *dev, const char *fname, const char *src) {
     prog_insert_locked(e);
     pthread_mutex_unlock(&g_prog_lock);
 
-    uint8_t *lib = NULL;
-    size_t liblen = 0;
-    void *handle = NULL;
-    if (dev->vt->compile(dev->state, src, &lib, &liblen) == TG_OK) {
-      __atomic_fetch_add(&g_counters.compile_count, 1, __ATOMIC_RELAXED);
-      handle = dev->vt->load(dev->state, fname, lib, liblen);
-    }
-    free(lib);
+    void *handle = compile_and_load(dev, fname, src);
 
     pthread_mutex_lock(&g_prog_lock);
+    ProgEntry *dead = NULL;
     if (handle) {
       e->pub.handle = handle;
       e->ready = true;
+      e->refs = 1;
+      e->last_use = ++g_prog_tick;
+      g_prog_loaded++;
+      dead = prog_evict_locked();
     } else {
       prog_remove_locked(e);
       prog_free(e);
@@ -783,6 +890,7 @@ Program *program_get(Device *dev, const char *fname, const char *src) {
     }
     pthread_cond_broadcast(&g_prog_cond);
     pthread_mutex_unlock(&g_prog_lock);
+    prog_unload_list(dead);
     return e ? &e->pub : NULL;
   }
 }
@@ -830,13 +938,14 @@ int program_get_batch(Device *dev, const char *const *fnames, const char *const 
   uint8_t *lib = NULL;
   size_t liblen = 0;
   tg_status st = dev->vt->compile(dev->state, all.s, &lib, &liblen);
-  sb_free(&all);
   if (st != TG_OK) {
     tg_clear_error();
+    sb_free(&all);
     free(todo);
     return have;
   }
-  __atomic_fetch_add(&g_counters.compile_count, 1, __ATOMIC_RELAXED);
+  atomic_fetch_add_explicit(&g_counters.compile_count, 1, memory_order_relaxed);
+  bool damaged = false;
   for (int t = 0; t < ntodo; t++) {
     int i = todo[t];
     char sym[160];
@@ -844,6 +953,7 @@ int program_get_batch(Device *dev, const char *const *fnames, const char *const 
     void *handle = dev->vt->load(dev->state, sym, lib, liblen);
     if (!handle) {
       tg_clear_error();
+      damaged = true;
       continue;
     }
     size_t srclen = strlen(srcs[i]);
@@ -852,11 +962,19 @@ int program_get_batch(Device *dev, const char *const *fnames, const char *const 
     e->pub.handle = handle;
     e->ready = true;
     pthread_mutex_lock(&g_prog_lock);
+    e->last_use = ++g_prog_tick;
     prog_insert_locked(e);
+    g_prog_loaded++;
+    ProgEntry *dead = prog_evict_locked();
     pthread_cond_broadcast(&g_prog_cond);
     pthread_mutex_unlock(&g_prog_lock);
+    prog_unload_list(dead);
     have++;
   }
+  /* a symbol missing from the batch's binary: its cache entry is not what this batch compiled
+   * (program_get then compiles those kernels one by one) */
+  if (damaged && dev->vt->cache_evict) dev->vt->cache_evict(dev->state, all.s);
+  sb_free(&all);
   free(lib);
   free(todo);
   return have;

@@ -67,6 +67,9 @@ typedef struct DeviceVT {
   tg_status (*copy)(void *state, void *dst, const void *src, size_t nbytes);
   /* Optional: prints the device's description at DEBUG>=1 (platform, device, version). */
   void (*describe)(void *state);
+  /* Removes the on-disk cache entry of src (NULL: the device caches nothing). program_get calls it
+   * when a binary from compile fails to load, then compiles again. */
+  void (*cache_evict)(void *state, const char *src);
 } DeviceVT;
 
 struct Device {
@@ -131,10 +134,18 @@ typedef struct Program {
   char *name;
   void *handle;
 } Program;
-/* Compiles (disk cache) and loads `src` whose entry point is `fname`. Returns a program owned by
- * the in-memory cache (valid for the process), or NULL + error (TG_ERR_COMPILE with the compiler's
- * message). */
+/* Compiles (disk cache) and loads `src` whose entry point is `fname`. Returns a reference to a
+ * program of the in-memory cache (release it with program_release), or NULL + error (TG_ERR_COMPILE
+ * with the compiler's message). The cache keeps at most MAX_LOADED_KERNELS programs (default 4096)
+ * loaded: past that, the least recently used ones nobody holds are unloaded (a process compiling
+ * tens of thousands of kernels would otherwise reach the kernel's limit on mappings); asking for one
+ * again loads it again (from the disk cache). */
 Program *program_get(Device *dev, const char *fname, const char *src);
+/* Another reference to p / drops one (NULL is a no-op). */
+Program *program_retain(Program *p);
+void program_release(Program *p);
+/* Programs loaded now (for tests and DEBUG output). */
+size_t program_loaded_count(void);
 /* Compiles the kernels not loaded yet in one compiler run (faster than one run each); afterwards
  * program_get finds them without compiling. Returns how many are available. Records no error. */
 int program_get_batch(Device *dev, const char *const *fnames, const char *const *srcs, int n);

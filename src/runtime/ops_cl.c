@@ -492,6 +492,24 @@ static tg_status build_from_source(ClState *s, const char *src, uint8_t **lib, s
   return TG_OK;
 }
 
+/* The cache entry of src on this device (in dir). */
+static void cache_path(const ClState *s, const char *dir, const char *src, char *path, size_t cap) {
+  size_t n = strlen(src);
+  uint64_t base = hash_bytes(s->id, strlen(s->id), CACHE_SEED);
+  snprintf(path, cap, "%s/%016llx%016llx.bin", dir, (unsigned long long)hash_bytes(src, n, base),
+           (unsigned long long)hash_bytes(src, n, ~base));
+}
+
+/* A cached binary that the driver refused to load is removed (program_get then builds anew). */
+static void cl_cache_evict(void *state, const char *src) {
+  char *dir = src ? cache_dir() : NULL;
+  if (!dir) return;
+  char path[4096];
+  cache_path(state, dir, src, path, sizeof path);
+  unlink(path);
+  free(dir);
+}
+
 static tg_status cl_compile(void *state, const char *src, uint8_t **lib, size_t *liblen) {
   ClState *s = state;
   *lib = NULL;
@@ -500,10 +518,7 @@ static tg_status cl_compile(void *state, const char *src, uint8_t **lib, size_t 
   char *dir = getenv_int("DISABLE_COMPILER_CACHE", 0) ? NULL : cache_dir();
   char path[4096] = "";
   if (dir) {
-    size_t n = strlen(src);
-    uint64_t base = hash_bytes(s->id, strlen(s->id), CACHE_SEED);
-    snprintf(path, sizeof path, "%s/%016llx%016llx.bin", dir, (unsigned long long)hash_bytes(src, n, base),
-             (unsigned long long)hash_bytes(src, n, ~base));
+    cache_path(s, dir, src, path, sizeof path);
     if ((*lib = cache_read(path, liblen))) {
       free(dir);
       return TG_OK;
@@ -608,4 +623,5 @@ const DeviceVT cl_device_vt = {
     .caps = cl_caps,
     .copy = cl_copy,
     .describe = cl_describe,
+    .cache_evict = cl_cache_evict,
 };

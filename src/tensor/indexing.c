@@ -545,6 +545,112 @@ static void unview(UOp *a, const Index *ix, tg_tensor *vb, tg_tensor *mask) {
   *vb = t[0], *mask = t[1];
 }
 
+/* Setitem through a view, as tinygrad: when x is a chain of movement ops over a tensor with storage,
+ * the write lands in that storage. (vb, mask) in x's shape are carried down the chain by each
+ * op's inverse (reshape back, inverse permutation, flip again, pad what a shrink removed -- never
+ * written --, shrink away a pad), the base is assigned where(mask, value, base), every handle holding
+ * the base sees the pending write, and x is rebuilt as the same views of it. */
+static tg_status write_through(const char *fn, tg_tensor x, UOp *const *chain, int nc, tg_tensor vb,
+                               tg_tensor mask) {
+  for (int k = 0; k < nc; k++) { /* chain[0] is x's node, chain[nc-1] sits on the base */
+    UOp *u = chain[k], *src = u->src[0];
+    int nd = src->ndim;
+    tg_tensor t[2] = {vb, mask};
+    for (int j = 0; j < 2; j++) {
+      switch (u->op) {
+      case OP_RESHAPE:
+        t[j] = tg_reshape(t[j], src->shape, nd);
+        break;
+      case OP_PERMUTE: {
+        int inv[MAXD];
+        for (int d = 0; d < nd; d++) inv[u->iarg[d]] = d;
+        t[j] = tg_permute(t[j], inv, nd);
+        break;
+      }
+      case OP_FLIP: {
+        int ax[MAXD], na = 0;
+        for (int d = 0; d < nd; d++)
+          if (u->iarg[d]) ax[na++] = d;
+        t[j] = tg_flip(t[j], ax, na);
+        break;
+      }
+      case OP_SHRINK: {
+        int64_t pads[2 * MAXD];
+        for (int d = 0; d < nd; d++)
+          pads[2 * d] = u->iarg[2 * d], pads[2 * d + 1] = src->shape[d] - u->iarg[2 * d + 1];
+        t[j] = tg_pad(t[j], pads, 2 * nd, 0.0);
+        break;
+      }
+      case OP_PAD: {
+        int64_t b[2 * MAXD];
+        for (int d = 0; d < nd; d++) b[2 * d] = u->iarg[2 * d], b[2 * d + 1] = u->iarg[2 * d] + src->shape[d];
+        t[j] = tg_shrink(t[j], b, 2 * nd);
+        break;
+      }
+      default:
+        return tg_set_error(
+            TG_ERR_INVALID,
+            "%s: the target is an expanded (broadcast) view, whose elements share storage; setitem "
+            "into the tensor it was expanded from, or into tg_contiguous of the view",
+            fn);
+      }
+    }
+    vb = t[0], mask = t[1];
+  }
+  UOp *base = chain[nc - 1]->src[0];
+  if (base->op == OP_ASSIGN) { /* a pending write first, so the base is its buffer */
+    if (realize_uops(&base, 1) != TG_OK) return tg_last_status();
+  }
+  UOp *bn = uop_realized(base) ? uop_realized(base) : base;
+  if (bn->op != OP_BUFFER)
+    return tg_set_error(TG_ERR_INVALID, "%s: the base of the target view has no storage", fn);
+  tg_tensor hb = t_wrap(uop_ref(bn));
+  tg_tensor nb = tg_where(mask, vb, hb);
+  if (!tg_valid(nb) || !tg_valid(tg_assign(hb, nb)))
+    return tg_last_status() ? tg_last_status() : TG_ERR_INVALID;
+  UOp *as = t_get(hb, fn);
+  t_replace_buffer_everywhere(g_buffer_of(bn), as);
+  /* x: the same views, now of the assigned base */
+  tg_tensor r = hb;
+  for (int k = nc - 1; k >= 0; k--) {
+    UOp *u = chain[k];
+    int nd = u->ndim;
+    switch (u->op) {
+    case OP_RESHAPE:
+      r = tg_reshape(r, u->iarg, (int)u->niarg);
+      break;
+    case OP_PERMUTE: {
+      int o[MAXD];
+      for (int d = 0; d < nd; d++) o[d] = (int)u->iarg[d];
+      r = tg_permute(r, o, nd);
+      break;
+    }
+    case OP_FLIP: {
+      int ax[MAXD], na = 0;
+      for (int d = 0; d < nd; d++)
+        if (u->iarg[d]) ax[na++] = d;
+      r = tg_flip(r, ax, na);
+      break;
+    }
+    case OP_SHRINK:
+      r = tg_shrink(r, u->iarg, (int)u->niarg);
+      break;
+    case OP_PAD:
+      r = tg_pad(r, u->iarg, (int)u->niarg, 0.0);
+      break;
+    default:
+      break;
+    }
+  }
+  UOp *ru = t_get(r, fn);
+  if (!ru) return tg_last_status();
+  Slot *xs = t_slot(x);
+  UOp *old = xs->u;
+  xs->u = uop_ref(ru);
+  uop_unref(old);
+  return TG_OK;
+}
+
 static tg_status setitem_impl(const char *fn, tg_tensor x, const tg_index_spec *spec, int n, tg_tensor value,
                               bool scalar, double sval) {
   UOp *a = t_get(x, fn);
@@ -575,7 +681,39 @@ static tg_status setitem_impl(const char *fn, tg_tensor x, const tg_index_spec *
     mask = tg_expand(tg_cast(tg_const_like(x, 1), TG_BOOL), ix.X, ix.nX);
   }
   unview(a, &ix, &vb, &mask);
+  bool advanced = ix.nt > 0;
   index_free(&ix);
+  /* x's node: a chain of views over a base; the base has storage (a buffer, realized, or a pending
+   * assign into one) or is a lazy value */
+  UOp *chain[MAXD * 4];
+  int nc = 0;
+  UOp *base = a;
+  while (op_is_movement(base->op) && !uop_realized(base) && nc < (int)(sizeof chain / sizeof *chain))
+    chain[nc++] = base, base = base->src[0];
+  bool stored =
+      base->op == OP_BUFFER || base->op == OP_ASSIGN || (uop_realized(base) && uop_realized(base)->op == OP_BUFFER);
+  if (!stored && (tg_dtype_is_float(dt) || !advanced)) {
+    /* tinygrad: a tensor without storage is updated functionally (only this handle, and
+     * differentiably: the gradient reaches the value and the untouched part of x) */
+    tg_tensor r = done(o, tg_where(mask, vb, x));
+    UOp *ru = t_get(r, fn);
+    if (!ru) return tg_last_status() ? tg_last_status() : TG_ERR_INVALID;
+    Slot *xs = t_slot(x);
+    UOp *old = xs->u;
+    xs->u = uop_ref(ru);
+    uop_unref(old);
+    tg_free(r);
+    return TG_OK;
+  }
+  if (stored && nc > 0) {
+    tg_status st = write_through(fn, x, chain, nc, vb, mask);
+    if (st == TG_OK) {
+      tg_scope_end();
+      return TG_OK;
+    }
+    done(o, NONE); /* relabels the error under fn */
+    return tg_last_status() ? tg_last_status() : st;
+  }
   tg_tensor nv = tg_where(mask, vb, x);
   tg_tensor r = done(o, nv);
   if (!tg_valid(r)) return tg_last_status() ? tg_last_status() : TG_ERR_INVALID;

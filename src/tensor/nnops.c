@@ -159,6 +159,53 @@ tg_tensor tg_repeat(tg_tensor x, const int64_t *repeats, int nrepeats) {
   return done(o, repeat_impl(x, a, repeats, nrepeats));
 }
 
+/* How many inputs one cat kernel combines. Each output element of a pad+add cat evaluates every
+ * input's pad, so one kernel over n inputs costs n times the output (and scheduling a chain of n
+ * pads is worse): past CAT_GROUP inputs, groups of CAT_GROUP are concatenated into buffers of their
+ * own first, and those are concatenated in turn -- work and graph size grow with the total size
+ * times CAT_GROUP per level, about n / (CAT_GROUP - 1) extra kernels. Up to CAT_GROUP inputs the cat
+ * stays one lazy expression that fuses into its consumer, as tinygrad's does. */
+#define CAT_GROUP 32
+
+/* Sum (or, for bool, OR) of each input padded to its place along d: a balanced tree, so no chain
+ * deeper than log2(n) is built. */
+static tg_tensor cat_sum(const tg_tensor *ts, int n, int d, tg_dtype dt) {
+  int64_t total = 0;
+  for (int i = 0; i < n; i++) {
+    UOp *a = t_get(ts[i], "tg_cat"); /* a group that failed to build (its error is recorded) */
+    if (!a) return NONE;
+    total += a->shape[d];
+  }
+  tg_tensor *p = tg_xmalloc(sizeof(tg_tensor) * (size_t)n);
+  int64_t before = 0;
+  for (int i = 0; i < n; i++) {
+    UOp *a = t_get(ts[i], "tg_cat");
+    int64_t pads[2 * MAXD] = {0};
+    pads[2 * d] = before;
+    pads[2 * d + 1] = total - before - a->shape[d];
+    before += a->shape[d];
+    p[i] = tg_pad(tg_cast(ts[i], dt), pads, 2 * a->ndim, 0.0);
+  }
+  for (int w = 1; w < n; w *= 2)
+    for (int i = 0; i + w < n; i += 2 * w) p[i] = dt == TG_BOOL ? tg_bitwise_or(p[i], p[i + w]) : tg_add(p[i], p[i + w]);
+  tg_tensor r = p[0];
+  free(p);
+  return r;
+}
+
+static tg_tensor cat_tree(const tg_tensor *ts, int n, int d, tg_dtype dt) {
+  if (n <= CAT_GROUP) return cat_sum(ts, n, d, dt);
+  int m = (n + CAT_GROUP - 1) / CAT_GROUP;
+  tg_tensor *parts = tg_xmalloc(sizeof(tg_tensor) * (size_t)m);
+  for (int g = 0; g < m; g++) {
+    int k = n - g * CAT_GROUP < CAT_GROUP ? n - g * CAT_GROUP : CAT_GROUP;
+    parts[g] = k == 1 ? tg_cast(ts[g * CAT_GROUP], dt) : tg_contiguous(cat_sum(ts + g * CAT_GROUP, k, d, dt));
+  }
+  tg_tensor r = cat_tree(parts, m, d, dt);
+  free(parts);
+  return r;
+}
+
 tg_tensor tg_cat(const tg_tensor *ts, int n, int dim) {
   const char *fn = "tg_cat";
   if (n < 1 || !ts) return fail("%s: needs at least one tensor (got n=%d%s)", fn, n, ts ? "" : ", ts=NULL");
@@ -185,18 +232,7 @@ tg_tensor tg_cat(const tg_tensor *ts, int n, int dim) {
   }
   NnOp o = begin(fn);
   if (n == 1) return done(o, tg_cast(ts[0], dt));
-  tg_tensor acc = NONE;
-  int64_t before = 0;
-  for (int i = 0; i < n; i++) {
-    UOp *a = t_get(ts[i], fn);
-    int64_t pads[2 * MAXD] = {0};
-    pads[2 * d] = before;
-    pads[2 * d + 1] = total - before - a->shape[d];
-    before += a->shape[d];
-    tg_tensor p = tg_pad(tg_cast(ts[i], dt), pads, 2 * a->ndim, 0.0);
-    acc = i == 0 ? p : (dt == TG_BOOL ? tg_bitwise_or(acc, p) : tg_add(acc, p));
-  }
-  return done(o, acc);
+  return done(o, cat_tree(ts, n, d, dt));
 }
 
 tg_tensor tg_stack(const tg_tensor *ts, int n, int dim) {
@@ -934,7 +970,7 @@ static bool is_data_view(UOp *u) { return g_is_stored(u, false); }
 
 /* Is u a (bs, c, h, w) view of channels-last data: PERMUTE(0,3,1,2) of something in memory? */
 static bool is_nhwc_view(UOp *u) {
-  if (u->realized || u->op != OP_PERMUTE || u->ndim != 4 || u->niarg != 4) return false;
+  if (uop_realized(u) || u->op != OP_PERMUTE || u->ndim != 4 || u->niarg != 4) return false;
   static const int64_t nchw[4] = {0, 3, 1, 2};
   return !memcmp(u->iarg, nchw, sizeof nchw) && is_data_view(u->src[0]);
 }

@@ -424,7 +424,7 @@ tg_tensor tg_bitcast(tg_tensor x, tg_dtype dtype) {
     uop_unref(c);
     return NONE;
   }
-  UOp *bn = c->realized;
+  UOp *bn = uop_realized(c);
   int64_t *sh = tg_xmalloc(sizeof(int64_t) * (size_t)a->ndim);
   memcpy(sh, a->shape, sizeof(int64_t) * (size_t)a->ndim);
   sh[a->ndim - 1] = last * (int64_t)si / (int64_t)di;
