@@ -172,6 +172,7 @@ asan: deps
 
 asan-run: static tests
 	@ASAN_OPTIONS="detect_leaks=1$${ASAN_OPTIONS:+:$$ASAN_OPTIONS}" \
+	 LSAN_OPTIONS="suppressions=$(CURDIR)/tests/lsan.supp$${LSAN_OPTIONS:+:$$LSAN_OPTIONS}" \
 	 UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1$${UBSAN_OPTIONS:+:$$UBSAN_OPTIONS}" \
 	 BUILD=$(BUILD) bash tests/run_tests.sh --c-only
 

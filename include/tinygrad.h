@@ -156,7 +156,7 @@ void tg_clear_error(void);
 /* Options for creation functions. */
 typedef struct {
   tg_dtype dtype;     /* TG_DTYPE_DEFAULT: chosen by the function */
-  const char *device; /* "CPU", "CPU:1", ...; NULL = default device (DEV environment variable) */
+  const char *device; /* "CPU", "CPU:1", "CL", ...; NULL = default device (DEV environment variable) */
   int8_t requires_grad; /* true, false or TG_GRAD_UNSET (the default, tinygrad's None) */
 } tg_opts;
 #define TG_OPTS(...) TG_OPTS_WITH_(tg_opts, .requires_grad = TG_GRAD_UNSET, __VA_ARGS__)
@@ -259,6 +259,20 @@ tg_tensor tg_detach(tg_tensor t);
 const char *tg_default_device(void);
 /* Blocks until all queued work on the device is done. */
 tg_status tg_synchronize(const char *device);
+
+/* Device names are tinygrad's: DEVICE[:N][:RENDERER[:ARCH]], case-insensitive -- "CPU", "CPU:1",
+ * "CL" (OpenCL, the first device of the first platform), "CL:1", "CL:OpenCL". An unknown device,
+ * renderer or arch is an error whose message lists what exists. */
+typedef struct {
+  const char *name;             /* "CPU", "CL" (static storage) */
+  const char *const *renderers; /* the renderers it takes, default first, NULL-terminated (static) */
+  bool available;               /* instance 0 opens on this machine */
+  char why[512];                /* when not available: the reason (a missing library, no driver) */
+} tg_device_info;
+/* Describes every device kind: fills min(cap, count) entries of out (out may be NULL with cap 0)
+ * and returns the number of kinds. A kind is probed by opening its instance 0, which then stays
+ * open, as on first use. Leaves the thread's error state as it was. */
+int tg_device_list(tg_device_info *out, int cap);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* primitive ops (lazy)                                                                            */

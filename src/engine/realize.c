@@ -27,15 +27,26 @@ typedef struct CachedKernel {
   KernelCode *code;
   uint64_t key;
   int refs; /* the cache's own (while listed) + captures' + a running schedule's */
+  char *gopts; /* the GPU_OPTS it was generated under (NULL: none): a lookup under another finds
+                * nothing, and the new kernel replaces the entry */
   struct CachedKernel *prev, *next; /* LRU order, most recent first */
 } CachedKernel;
 
-static PtrMap kcache; /* AST pointer -> CachedKernel* (per device kind: CPU only today) */
+static PtrMap kcache; /* (AST pointer, device, settings) -> CachedKernel* */
 static CachedKernel kc_lru = {.prev = &kc_lru, .next = &kc_lru};
 static size_t kc_n;
 static pthread_mutex_t kc_lock = PTHREAD_MUTEX_INITIALIZER;
 
 bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptCfg *out);
+bool beam_search_gpu(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptList *out);
+
+/* GPU_OPTS forces the actions of GPU kernels: part of what a cache entry was made under. */
+static const char *kc_gopts(Device *dev) {
+  const char *g = dev->caps.gpu ? getenv_str("GPU_OPTS", NULL) : NULL;
+  return g && *g ? g : NULL;
+}
+
+static bool same_gopts(const char *a, const char *b) { return a == b || (a && b && strcmp(a, b) == 0); }
 
 static CachedKernel *ck_retain(CachedKernel *ck) {
   if (ck) __atomic_fetch_add(&ck->refs, 1, __ATOMIC_RELAXED);
@@ -47,6 +58,7 @@ static void ck_release(CachedKernel *ck) {
   uop_unref(ck->ast);
   program_release(ck->prg);
   kernel_code_free(ck->code);
+  free(ck->gopts);
   free(ck);
 }
 
@@ -62,9 +74,10 @@ static void lru_front(CachedKernel *ck) {
   kc_lru.next = ck;
 }
 
-static CachedKernel *kcache_get(uint64_t key) {
+static CachedKernel *kcache_get(uint64_t key, const char *gopts) {
   pthread_mutex_lock(&kc_lock);
   CachedKernel *ck = pm_get(&kcache, key);
+  if (ck && !same_gopts(ck->gopts, gopts)) ck = NULL;
   if (ck) lru_unlink(ck), lru_front(ck);
   pthread_mutex_unlock(&kc_lock);
   return ck;
@@ -88,11 +101,22 @@ static CachedKernel *kcache_put(uint64_t key, UOp *ast, Device *dev, KernelCode 
   ck->refs = 1;
   free(kc->src); /* keep only the metadata */
   kc->src = NULL;
+  const char *g = kc_gopts(dev);
+  ck->gopts = g ? tg_xstrdup(g) : NULL;
   int64_t lim = getenv_int("MAX_LOADED_KERNELS", 4096);
   size_t limit = lim < 1 ? 1 : (size_t)lim;
   CachedKernel *dead = NULL;
   pthread_mutex_lock(&kc_lock);
-  CachedKernel *had = pm_get(&kcache, key);
+  CachedKernel *had = pm_get(&kcache, key), *evicted = NULL;
+  if (had && !same_gopts(had->gopts, ck->gopts)) {
+    /* made under another GPU_OPTS: this one replaces it */
+    lru_unlink(had);
+    pm_del(&kcache, key);
+    kc_n--;
+    had->next = NULL;
+    evicted = had;
+    had = NULL;
+  }
   if (had) {
     dead = ck;
     ck = had;
@@ -102,7 +126,6 @@ static CachedKernel *kcache_put(uint64_t key, UOp *ast, Device *dev, KernelCode 
     kc_n++;
   }
   /* drop the least recently used beyond the limit (never the one just added: the caller runs it) */
-  CachedKernel *evicted = NULL;
   while (kc_n > limit && kc_lru.prev != ck) {
     CachedKernel *v = kc_lru.prev;
     lru_unlink(v);
@@ -128,27 +151,33 @@ size_t kernel_cache_count(void) {
   return n;
 }
 
-/* The cache key of a kernel: its AST, and the settings that change the code generated for it
- * (NOOPT, LOOP_BOUNDS), so that turning one of them on in a context compiles anew. */
-static uint64_t kkey(UOp *ast) {
+/* The cache key of a kernel: its AST, the device (programs are loaded per device), and the
+ * settings that change the code generated for it (NOOPT, LOOP_BOUNDS), so that turning one of them
+ * on in a context compiles anew. */
+static uint64_t kkey(UOp *ast, Device *dev) {
   uint64_t v = (getenv_int("NOOPT", 0) ? 1u : 0u) | (getenv_int("LOOP_BOUNDS", 1) ? 0u : 2u);
-  return (uint64_t)(uintptr_t)ast ^ (v << 60);
+  return (uint64_t)(uintptr_t)ast ^ (v << 60) ^ ((uint64_t)(dev->id & 0xff) << 48);
 }
 
 /* BEAM>0: the kernel compiled with the searched optimizations (cached per AST and beam width). */
 static CachedKernel *get_kernel_beam(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam) {
-  uint64_t key = kkey(ast) ^ ((uint64_t)beam << 56) ^ 1;
-  CachedKernel *ck = kcache_get(key);
+  uint64_t key = kkey(ast, dev) ^ ((uint64_t)beam << 56) ^ 1;
+  CachedKernel *ck = kcache_get(key, NULL);
   if (ck) return ck;
+  if (dev->caps.gpu) {
+    OptList l;
+    KernelCode *kc = beam_search_gpu(ast, dev, bufs, nbufs, beam, &l) ? codegen_gpu(ast, &dev->caps, &l) : NULL;
+    return kcache_put(key, ast, dev, kc ? kc : codegen_gpu(ast, &dev->caps, NULL));
+  }
   OptCfg cfg;
   KernelCode *kc = beam_search(ast, dev, bufs, nbufs, beam, &cfg) ? codegen_c_cfg(ast, &cfg) : NULL;
   return kcache_put(key, ast, dev, kc ? kc : codegen_c(ast));
 }
 
 static CachedKernel *get_kernel(UOp *ast, Device *dev) {
-  uint64_t key = kkey(ast);
-  CachedKernel *ck = kcache_get(key);
-  return ck ? ck : kcache_put(key, ast, dev, codegen_c(ast));
+  uint64_t key = kkey(ast, dev);
+  CachedKernel *ck = kcache_get(key, kc_gopts(dev));
+  return ck ? ck : kcache_put(key, ast, dev, codegen_for(ast, &dev->caps, NULL));
 }
 
 /* ---- parallel compilation: kernels a schedule needs that are not cached yet are compiled on all
@@ -200,13 +229,16 @@ static void precompile(Schedule *s) {
     SItem *it = &s->items[i];
     if (it->kind != SI_KERNEL || pm_has(&seen, (uint64_t)(uintptr_t)it->ast)) continue;
     pm_put(&seen, (uint64_t)(uintptr_t)it->ast, (void *)1);
-    if (kcache_get(kkey(it->ast))) continue;
+    if (kcache_get(kkey(it->ast, it->dev), kc_gopts(it->dev))) continue;
     js.jobs = tg_xrealloc(js.jobs, sizeof(CJob) * (size_t)(js.n + 1));
     js.jobs[js.n++] = (CJob){it->ast, it->dev, NULL};
   }
   pm_free(&seen);
   if (js.n >= 2) {
-    for (int i = 0; i < js.n; i++) js.jobs[i].kc = codegen_c(js.jobs[i].ast);
+    for (int i = 0; i < js.n; i++) {
+      js.jobs[i].kc = codegen_for(js.jobs[i].ast, &js.jobs[i].dev->caps, NULL);
+      if (!js.jobs[i].kc) tg_clear_error(); /* the run loop reports it */
+    }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int nt = (int)(ncpu < 1 ? 1 : ncpu > 16 ? 16 : ncpu);
     if (nt > js.n) nt = js.n;
@@ -223,7 +255,7 @@ static void precompile(Schedule *s) {
     /* the batches loaded the programs; a kernel that failed in its batch compiles alone here, and
      * one that fails again is left for the run loop, which reports its error */
     for (int i = 0; i < js.n; i++)
-      if (js.jobs[i].kc && !kcache_put(kkey(js.jobs[i].ast), js.jobs[i].ast, js.jobs[i].dev, js.jobs[i].kc))
+      if (js.jobs[i].kc && !kcache_put(kkey(js.jobs[i].ast, js.jobs[i].dev), js.jobs[i].ast, js.jobs[i].dev, js.jobs[i].kc))
         tg_clear_error();
   }
   free(js.jobs);
@@ -517,7 +549,7 @@ static tg_status run_schedule(Schedule *s) {
                 out->dev->name);
     } else if (out->nbytes > 0) {
       CachedKernel *ck;
-      if (beam > 0) {
+      if (beam > 0 && !(it->dev->caps.gpu && kc_gopts(it->dev))) {
         Buffer *bb[64];
         Buffer **bp = it->nbufs <= 64 ? bb : tg_xmalloc(sizeof(Buffer *) * (size_t)it->nbufs);
         for (int j = 0; j < it->nbufs; j++) bp[j] = s->bufs[it->bufs[j]].buf;

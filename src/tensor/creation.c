@@ -770,6 +770,26 @@ tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
   return target;
 }
 
+int tg_device_list(tg_device_info *out, int cap) {
+  int n = device_kind_count();
+  /* probing records errors of its own: the caller's pending error is put back afterwards */
+  tg_status saved = tg_last_status();
+  char *saved_msg = saved != TG_OK ? tg_xstrdup(tg_last_error()) : NULL;
+  for (int i = 0; out && i < n && i < cap; i++) {
+    tg_device_info *d = &out[i];
+    memset(d, 0, sizeof *d);
+    d->name = device_kind_name(i);
+    d->renderers = device_kind_renderers(i);
+    tg_clear_error();
+    d->available = device_get(d->name) != NULL;
+    if (!d->available) snprintf(d->why, sizeof d->why, "%s", tg_last_error() ? tg_last_error() : "cannot open");
+  }
+  tg_clear_error();
+  if (saved_msg) tg_set_error(saved, "%s", saved_msg);
+  free(saved_msg);
+  return n;
+}
+
 const char *tg_default_device(void) {
   Device *d = device_default();
   return d ? d->name : NULL;
