@@ -256,10 +256,9 @@ tg_tensor tg_linspace(double start, double stop, int64_t steps, const tg_opts *o
 
 tg_tensor tg_eye(int64_t n, int64_t m, const tg_opts *opts) {
   if (n < 0 || m < 0 || n > (1 << 20) || m > (1 << 20))
-    return tg_set_error(
-               TG_ERR_INVALID,
-               "tg_eye: n=%lld m=%lld out of range (each in [0, 2^20]; pass m = n for a square identity)",
-               (long long)n, (long long)m),
+    return tg_set_error(TG_ERR_INVALID,
+                        "tg_eye: n=%lld m=%lld: a size is %s (each in [0, 2^20]; pass m = n for a square identity)",
+                        (long long)n, (long long)m, n < 0 || m < 0 ? "negative" : "out of range"),
            NONE;
   tg_dtype dt;
   if (!opts_dtype("tg_eye", opts, tg_default_float(), &dt)) return NONE;
