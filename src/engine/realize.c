@@ -49,8 +49,7 @@ static CachedKernel *kcache_put(uint64_t key, UOp *ast, Device *dev, KernelCode 
   ck->ast = uop_ref(ast);
   ck->prg = p;
   ck->code = kc;
-  free(kc->src); /* keep only the metadata */
-  kc->src = NULL;
+  /* the source stays (a few KB per kernel): tg_jit_export writes the captured kernels' sources */
   pthread_mutex_lock(&kc_lock);
   CachedKernel *had = pm_get(&kcache, key);
   if (had) {
