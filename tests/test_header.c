@@ -35,6 +35,7 @@ int main(void) {
   EXPECT(opts->dtype == TG_INT32 && opts->device == NULL && opts->requires_grad);
   EXPECT(strlen(TG_VERSION) > 0);
   EXPECT(TG_JIT_OPTS(.prune = true)->prune);
+  EXPECT(TG_JIT_EXPORT_OPTS(.name = "net")->name[0] == 'n' && !TG_JIT_EXPORT_OPTS(.name = "net")->weights_path);
 
   printf("test_header: %d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
