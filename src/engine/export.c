@@ -708,9 +708,9 @@ static tg_status gen_source(const Ex *e, const char *hbase, const uint8_t *w, ui
       sb_free(&b);
       return tg_set_error(TG_ERR_INVALID, "tg_jit_export: kernel %s: its entry point is not in its source", e->kern[k]->name);
     }
-    sb_printf(&b, "\n/* %s: global size (%lld, %lld, %lld), %llu FLOPs per launch%s%s */\n", e->kern[k]->name,
+    sb_printf(&b, "\n/* %s: global size (%lld, %lld, %lld), %llu FLOPs per launch */\n", e->kern[k]->name,
               (long long)e->kern[k]->global_size[0], (long long)e->kern[k]->global_size[1], (long long)e->kern[k]->global_size[2],
-              (unsigned long long)e->kern[k]->ops, e->kern[k]->cfg.vaxis >= 0 ? ", vectorized" : "", "");
+              (unsigned long long)e->kern[k]->ops);
     sb_puts(&b, src);
     free(src);
   }
@@ -739,7 +739,7 @@ static tg_status gen_source(const Ex *e, const char *hbase, const uint8_t *w, ui
     sb_puts(&b, "};\n");
     sb_printf(&b, LOADER_C, e->name, N);
   }
-  if (e->arena) sb_printf(&b, "\n/* ---- intermediates (memory plan in the entry point's comments) ---- */\nTGX_ALIGN static unsigned char tgx_arena[%zu];\n", e->arena);
+  if (e->arena) sb_printf(&b, "\n/* ---- intermediates: one arena, offsets planned so that buffers alive at the same time never\n * overlap ---- */\nTGX_ALIGN static unsigned char tgx_arena[%zu];\n", e->arena);
   /* entry point */
   sb_puts(&b, "\n/* ---- entry point ---- */\n");
   signature(&b, e);
