@@ -48,8 +48,9 @@ static void *read_all(const char *path, size_t *n) {
   fseek(f, 0, SEEK_END);
   long len = ftell(f);
   fseek(f, 0, SEEK_SET);
-  void *p = malloc(len > 0 ? (size_t)len : 1);
-  *n = fread(p, 1, (size_t)len, f);
+  char *p = malloc(len > 0 ? (size_t)len + 1 : 1);
+  *n = len > 0 ? fread(p, 1, (size_t)len, f) : 0;
+  p[*n] = '\0'; /* the callers search the text */
   fclose(f);
   return p;
 }
