@@ -1,12 +1,15 @@
 # tinygrad.c -- GNU make build.
 #
 #   make              library (build/libtinygrad.a, build/libtinygrad.so), examples, tests, benchmarks
-#   make mnist        installs missing packages, builds and trains examples/beautiful_mnist
+#   make mnist        installs the packages it needs (scripts/deps.sh mnist), builds and trains
+#                     examples/beautiful_mnist
 #   make demo         installs missing packages, builds and runs examples/quickstart
 #   make test         installs missing packages, builds everything, runs every test; the last line is
 #                     "N passed, N failed" and the exit status is non-zero on any failure or crash
 #   make asan         the C tests again, built with AddressSanitizer + UBSan into build-asan/
+#   make tsan         tests/test_threads.c built with ThreadSanitizer into build-tsan/ and run
 #   make fuzz         builds tests/fuzz_*.c with libFuzzer into build-fuzz/ and runs each FUZZ_TIME s
+#                     on inputs up to FUZZ_MAX_LEN bytes (default 1 MiB)
 #   make install      PREFIX=/usr/local (DESTDIR honoured); make uninstall undoes it
 #   make format       clang-format -i on every source file (format-check only reports)
 #   make deps         installs missing Debian packages (scripts/deps.sh)
@@ -63,9 +66,13 @@ ASAN_DIR    := build-asan
 ASAN_CFLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined \
                -Wall -Wextra
 ASAN_LDFLAGS := -fsanitize=address,undefined
+TSAN_DIR    := build-tsan
+TSAN_CFLAGS := -O1 -g -fsanitize=thread -fno-omit-frame-pointer -Wall -Wextra
 FUZZ_DIR    := build-fuzz
 FUZZ_CC     ?= clang
 FUZZ_TIME   ?= 10
+# inputs up to 1 MiB: several parser bugs needed files past libFuzzer's default (the seeds' size)
+FUZZ_MAX_LEN ?= 1048576
 FUZZ_CFLAGS := -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer \
                -fno-sanitize-recover=undefined -Wall -Wextra
 
@@ -74,7 +81,7 @@ JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 PARALLEL  = $(if $(findstring -j,$(MAKEFLAGS)),,-j$(JOBS))
 SUBFLAGS  = --no-print-directory $(PARALLEL)
 
-.PHONY: all lib static shared examples tests bench test test-run check demo demo-run mnist mnist-run asan asan-run fuzz \
+.PHONY: all lib static shared examples tests bench test test-run check demo demo-run mnist mnist-run asan asan-run tsan tsan-run fuzz \
         fuzz-bins install uninstall clean format format-check deps bench-deps
 .DELETE_ON_ERROR:
 .SECONDARY:
@@ -152,7 +159,9 @@ demo-run: $(BUILD)/examples/quickstart
 	@TINYGRAD_LIB=$(abspath $(LIB_SO)) ./$(BUILD)/examples/quickstart
 
 # The main job: train the beautiful_mnist CNN on Fashion-MNIST (BS, STEPS, TARGET_EVAL_ACC_PCT, ...).
-mnist: deps
+# Only what building and training need (scripts/deps.sh mnist), not the tests' PyTorch and fuzzers.
+mnist:
+	@bash scripts/deps.sh mnist
 	@$(MAKE) $(SUBFLAGS) mnist-run
 
 mnist-run: $(BUILD)/examples/beautiful_mnist
@@ -163,8 +172,16 @@ asan: deps
 
 asan-run: static tests
 	@ASAN_OPTIONS="detect_leaks=1$${ASAN_OPTIONS:+:$$ASAN_OPTIONS}" \
+	 LSAN_OPTIONS="suppressions=$(CURDIR)/tests/lsan.supp$${LSAN_OPTIONS:+:$$LSAN_OPTIONS}" \
 	 UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1$${UBSAN_OPTIONS:+:$$UBSAN_OPTIONS}" \
 	 BUILD=$(BUILD) bash tests/run_tests.sh --c-only
+
+# The threading test under ThreadSanitizer: any report fails it (halt_on_error, non-zero exit).
+tsan: deps
+	@$(MAKE) $(SUBFLAGS) BUILD=$(TSAN_DIR) CFLAGS="$(TSAN_CFLAGS)" LDFLAGS="-fsanitize=thread" tsan-run
+
+tsan-run: $(BUILD)/tests/test_threads
+	@TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1$${TSAN_OPTIONS:+:$$TSAN_OPTIONS}" ./$(BUILD)/tests/test_threads
 
 ifeq ($(FUZZ_SRCS),)
 fuzz:
@@ -178,7 +195,7 @@ fuzz: deps
 	  seeds=; if [ -d tests/fuzz_corpus/$$name ]; then seeds=tests/fuzz_corpus/$$name; fi; \
 	  echo "== $$name ($(FUZZ_TIME) s)"; \
 	  if UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ./$(FUZZ_DIR)/fuzz/$$name \
-	       -max_total_time=$(FUZZ_TIME) -artifact_prefix=$(FUZZ_DIR)/$$name- $$corpus $$seeds \
+	       -max_total_time=$(FUZZ_TIME) -max_len=$(FUZZ_MAX_LEN) -artifact_prefix=$(FUZZ_DIR)/$$name- $$corpus $$seeds \
 	       > $(FUZZ_DIR)/$$name.log 2>&1; then \
 	    pass=$$((pass+1)); tail -n 2 $(FUZZ_DIR)/$$name.log; \
 	  else \
@@ -221,4 +238,4 @@ format-check:
 	$(CLANG_FORMAT) --dry-run --Werror $(FORMAT_SRCS)
 
 clean:
-	rm -rf build $(ASAN_DIR) $(FUZZ_DIR) $(BUILD)
+	rm -rf build $(ASAN_DIR) $(TSAN_DIR) $(FUZZ_DIR) $(BUILD)

@@ -12,9 +12,33 @@
  *  - Errors: a function given bad input returns "none" (or a negative tg_status) and records the first
  *    error of the thread; read it with tg_last_error(). An op given "none" returns "none", so a chain
  *    of calls can be checked once at the end. The library never aborts or exits on user input.
- *  - Keyword arguments: a trailing `const tg_xxx_opts *` argument; NULL or a zeroed field means
- *    tinygrad's default. The TG_OPTS-style macros build them with designated initializers.
+ *  - Out of host memory: an operation during which an allocation fails is undone (its handles and
+ *    gradients are not handed out) and reports TG_ERR_RUNTIME "<operation>: out of host memory ...";
+ *    the library stays usable. A realize that has started running kernels finishes them (an assign
+ *    must not run twice) and then reports the error; its results are right. A failure in a call that
+ *    returns no tensor or status is reported by the next call that does. The library keeps a small
+ *    reserve for finishing an operation; it aborts only if memory is still short once that is spent.
+ *  - Graphs may be arbitrarily deep: building, realizing, differentiating and freeing walk them
+ *    without recursion, and kernels are split at a depth bound (the DEPTH_SPLIT setting).
+ *  - Keyword arguments: a trailing `const tg_xxx_opts *` argument; NULL means tinygrad's defaults.
+ *    Build one with its macro, TG_XXX_OPTS(.field = value, ...): the macro starts from tinygrad's
+ *    defaults (written in the macro) and the designators given override them, so every field holds
+ *    the value it says and every legal value can be passed (lr 0, weight_decay 0, momentum 0). A
+ *    field whose tinygrad default is None, or derived from other arguments, uses a value that is not
+ *    otherwise legal for it and says so (0 for a size or stride, NULL, {0}, TG_DTYPE_DEFAULT). A
+ *    struct filled by hand (C++, where the macros do not compile) must set every field.
  *  - Axes may be negative (counted from the end). Shapes are int64_t arrays with an explicit ndim.
+ *
+ * Threads. Safe from any number of threads at once, also over tensors that several threads share
+ * (an inference server: one model's realized weights, one request per thread): creating tensors,
+ * building graphs with any op, reading shapes and dtypes, realizing and reading data (tg_realize,
+ * tg_data, tg_item), scopes, tg_free of a thread's own handles, loading files. Scopes and the error
+ * state are per thread. Realizations are serialized inside the library (one schedule runs at a
+ * time, each on every core), so threads gain concurrency in graph building, not in kernels.
+ * Not safe without the caller's own locking: changing a shared tensor (tg_assign or an optimizer
+ * step into it, tg_backward or tg_zero_grad over tensors another thread uses, requires_grad
+ * changes), freeing a handle another thread still uses, and sharing one tg_jit or tg_optim between
+ * threads.
  */
 #ifndef TINYGRAD_H
 #define TINYGRAD_H
@@ -28,6 +52,22 @@ extern "C" {
 #endif
 
 #define TG_VERSION "0.1.0"
+
+/* The options macros' engine: a compound literal of `type` initialized with the defaults followed by
+ * the caller's designators (a later designator overrides an earlier one). gcc's -Woverride-init
+ * (in -Wextra) warns about exactly that, and a _Pragma cannot stand inside an expression in gcc, so
+ * the initialization happens in a statement expression that silences it; the value is then copied
+ * into a compound literal in the caller's block, which lives as long as that block. */
+#if defined(__GNUC__) && !defined(__cplusplus)
+#define TG_OPTS_WITH_(type, ...)                                                                       \
+  (&(struct { type v_; }){(__extension__({                                                             \
+     _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Woverride-init\"")              \
+     type tg_opts_v_ = {__VA_ARGS__};                                                                  \
+     _Pragma("GCC diagnostic pop") tg_opts_v_;                                                         \
+   }))}.v_)
+#else
+#define TG_OPTS_WITH_(type, ...) (&(type){__VA_ARGS__})
+#endif
 
 /* ---------------------------------------------------------------------------------------------- */
 /* dtypes                                                                                          */
@@ -50,6 +90,8 @@ typedef enum {
   TG_BFLOAT16,
   TG_FLOAT32,
   TG_FLOAT64,
+  TG_FP8E4M3, /* OCP fp8 (tinygrad's fp8e4m3): 4 exponent bits, 3 mantissa bits, no inf, max 448 */
+  TG_FP8E5M2, /* OCP fp8 (tinygrad's fp8e5m2): 5 exponent bits, 2 mantissa bits, inf, max 57344 */
   TG_DTYPE_COUNT
 } tg_dtype;
 
@@ -92,7 +134,9 @@ void tg_scope_end(void);
 tg_tensor tg_keep(tg_tensor t);
 /* Moves t to the root scope: it lives until tg_free. */
 tg_tensor tg_persist(tg_tensor t);
-/* Frees one handle now. Other handles and results built from t stay valid. Freeing none is a no-op. */
+/* Frees one handle now. Other handles and results built from t stay valid. Freeing none is a no-op.
+ * A BORROWED handle (a tg_state_dict entry) is refused: TG_ERR_HANDLE is recorded and the handle
+ * stays valid, so the dict never holds a dead entry; the dict frees its own handles. */
 void tg_free(tg_tensor t);
 /* Number of live handles in all scopes (for leak tests). */
 size_t tg_live_count(void);
@@ -107,13 +151,15 @@ void tg_clear_error(void);
 /* ---------------------------------------------------------------------------------------------- */
 /* creation                                                                                        */
 
-/* Options for creation functions. Zero means default: dtype by the function, device from DEV. */
+/* tinygrad's requires_grad=None: neither true nor false (see tg_backward). */
+#define TG_GRAD_UNSET (-1)
+/* Options for creation functions. */
 typedef struct {
-  tg_dtype dtype;
-  const char *device; /* "CPU", "CPU:1", ...; NULL = default device (DEV environment variable) */
-  bool requires_grad;
+  tg_dtype dtype;     /* TG_DTYPE_DEFAULT: chosen by the function */
+  const char *device; /* "CPU", "CPU:1", "CL", ...; NULL = default device (DEV environment variable) */
+  int8_t requires_grad; /* true, false or TG_GRAD_UNSET (the default, tinygrad's None) */
 } tg_opts;
-#define TG_OPTS(...) (&(const tg_opts){__VA_ARGS__})
+#define TG_OPTS(...) TG_OPTS_WITH_(tg_opts, .requires_grad = TG_GRAD_UNSET, __VA_ARGS__)
 /* Compound-literal helpers for C callers: TG_SHAPE(2,3) expands to "array, ndim". */
 #define TG_SHAPE(...) ((const int64_t[]){__VA_ARGS__}), ((int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
 #define TG_AXES(...) ((const int[]){__VA_ARGS__}), ((int)(sizeof((const int[]){__VA_ARGS__}) / sizeof(int)))
@@ -136,20 +182,27 @@ tg_tensor tg_empty_like(tg_tensor t, const tg_opts *opts);
 tg_tensor tg_zeros_like(tg_tensor t, const tg_opts *opts);
 tg_tensor tg_ones_like(tg_tensor t, const tg_opts *opts);
 tg_tensor tg_full_like(tg_tensor t, double value, const tg_opts *opts);
-/* n x n identity (m columns if m > 0). */
+/* n x m matrix with ones on the main diagonal (tinygrad's eye(n, m); pass m = n for the square
+ * identity). n, m >= 0: eye(n, 0) is an empty (n, 0) tensor. */
 tg_tensor tg_eye(int64_t n, int64_t m, const tg_opts *opts);
-/* [start, stop) with step. dtype default: int32 if all three are integers, else DEFAULT_FLOAT. An
- * integer arange whose values fit its dtype is lazy and computed inside the kernels that read it
- * (no memory); a float one is made on the host, as exact as PyTorch's. */
+/* [start, stop) with step. dtype default: int32 if all three are integers (int64 when start or
+ * stop - step is outside int32), else DEFAULT_FLOAT. As in tinygrad, an integer dtype that cannot hold
+ * start and stop - step is an error (arange(0, 129) in int8), not a wrap. An integer arange is lazy
+ * and computed inside the kernels that read it (no memory); a float one is made on the host, as exact
+ * as PyTorch's. */
 tg_tensor tg_arange(double start, double stop, double step, const tg_opts *opts);
-/* steps values evenly spaced over [start, stop]. */
+/* steps values evenly spaced over [start, stop]; any dtype but bool. */
 tg_tensor tg_linspace(double start, double stop, int64_t steps, const tg_opts *opts);
 
 /* Random numbers: a counter-based generator (threefry2x32) seeded by tg_manual_seed; the same seed
  * gives the same numbers on every device and in every run. */
 void tg_manual_seed(uint64_t seed);
-tg_tensor tg_rand(const int64_t *shape, int ndim, const tg_opts *opts);   /* uniform [0, 1) */
-tg_tensor tg_randn(const int64_t *shape, int ndim, const tg_opts *opts);  /* standard normal */
+/* Uniform [0, 1) in every float dtype (float16 / bfloat16 values lie on their own 2^-10 / 2^-7 grid,
+ * so none rounds up to 1). */
+tg_tensor tg_rand(const int64_t *shape, int ndim, const tg_opts *opts);
+/* Standard normal. With an integer or bool dtype it is drawn in float32 and cast (truncated toward
+ * zero), as tinygrad's. */
+tg_tensor tg_randn(const int64_t *shape, int ndim, const tg_opts *opts);
 tg_tensor tg_randint(const int64_t *shape, int ndim, int64_t low, int64_t high, const tg_opts *opts);
 tg_tensor tg_uniform(const int64_t *shape, int ndim, double low, double high, const tg_opts *opts);
 tg_tensor tg_normal(const int64_t *shape, int ndim, double mean, double std, const tg_opts *opts);
@@ -194,7 +247,9 @@ tg_tensor tg_to(tg_tensor t, const char *device);
 /* A tensor whose data is contiguous in memory (a copy if t is a non-trivial view). */
 tg_tensor tg_contiguous(tg_tensor t);
 /* Writes value into target's buffer (shapes must match; value is cast to target's dtype). Returns
- * target's handle updated to the assignment; the write happens when it is realized. */
+ * target's handle updated to the assignment; the write happens when it is realized. A target that is
+ * a view of a tensor with storage writes into that storage, as tinygrad's assign does (see
+ * tg_setitem: every handle of that tensor sees the write). */
 tg_tensor tg_assign(tg_tensor target, tg_tensor value);
 /* A copy of t's graph with the same data (lazy). */
 tg_tensor tg_clone(tg_tensor t);
@@ -204,6 +259,20 @@ tg_tensor tg_detach(tg_tensor t);
 const char *tg_default_device(void);
 /* Blocks until all queued work on the device is done. */
 tg_status tg_synchronize(const char *device);
+
+/* Device names are tinygrad's: DEVICE[:N][:RENDERER[:ARCH]], case-insensitive -- "CPU", "CPU:1",
+ * "CL" (OpenCL, the first device of the first platform), "CL:1", "CL:OpenCL". An unknown device,
+ * renderer or arch is an error whose message lists what exists. */
+typedef struct {
+  const char *name;             /* "CPU", "CL" (static storage) */
+  const char *const *renderers; /* the renderers it takes, default first, NULL-terminated (static) */
+  bool available;               /* instance 0 opens on this machine */
+  char why[512];                /* when not available: the reason (a missing library, no driver) */
+} tg_device_info;
+/* Describes every device kind: fills min(cap, count) entries of out (out may be NULL with cap 0)
+ * and returns the number of kinds. A kind is probed by opening its instance 0, which then stays
+ * open, as on first use. Leaves the thread's error state as it was. */
+int tg_device_list(tg_device_info *out, int cap);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* primitive ops (lazy)                                                                            */
@@ -256,7 +325,7 @@ tg_tensor tg_rsub_s(double x, tg_tensor y); /* x - y */
 tg_tensor tg_mul_s(tg_tensor x, double y);
 tg_tensor tg_div_s(tg_tensor x, double y);
 tg_tensor tg_rdiv_s(double x, tg_tensor y); /* x / y */
-tg_tensor tg_pow_s(tg_tensor x, double y);
+tg_tensor tg_pow_s(tg_tensor x, double y); /* an integer x needs y >= 0 or fractional (tinygrad) */
 tg_tensor tg_maximum_s(tg_tensor x, double y);
 tg_tensor tg_minimum_s(tg_tensor x, double y);
 tg_tensor tg_lt_s(tg_tensor x, double y);
@@ -293,7 +362,8 @@ tg_tensor tg_flatten(tg_tensor x, int start_dim, int end_dim);
 tg_tensor tg_unsqueeze(tg_tensor x, int dim);
 tg_tensor tg_squeeze(tg_tensor x, int dim);
 
-/* x[idx] (tinygrad's advanced indexing on dim 0): the rows of x chosen by the integer tensor idx;
+/* x[idx] (tinygrad's advanced indexing on dim 0): the rows of x chosen by the integer tensor idx (a
+ * bool idx is an error, as in tinygrad: it is not a mask here);
  * shape idx.shape + x.shape[1:]. Negative indices count from the end; an index out of range reads
  * zeros (never memory outside x). One fused kernel with a data-dependent load; differentiable in x. */
 tg_tensor tg_index(tg_tensor x, tg_tensor idx);
@@ -303,6 +373,10 @@ typedef tg_tensor (*tg_layer_fn)(tg_tensor x, void *ctx);
 tg_tensor tg_sequential(tg_tensor x, const tg_layer_fn *fns, void *const *ctxs, int n);
 /* Matrix product of 2-D (or batched) tensors. */
 tg_tensor tg_matmul(tg_tensor x, tg_tensor y);
+/* tinygrad's matmul(dtype=) / dot(dtype=): the elementwise products (in the promoted dtype) are cast
+ * to dtype and summed there, and the result has dtype (float16 sums accumulate in float32 inside the
+ * kernel and round once, as tg_sum does). TG_DTYPE_DEFAULT is the plain op. */
+tg_tensor tg_matmul_dtype(tg_tensor x, tg_tensor y, tg_dtype dtype);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* nn ops: movement, statistics, pooling and convolution, functional nn, losses                    */
@@ -310,7 +384,9 @@ tg_tensor tg_matmul(tg_tensor x, tg_tensor y);
  * its neighbours and is differentiable by tg_backward. Results are new handles in the current scope;
  * inputs are never consumed. Optional tensor arguments take {0} (none) for "absent". */
 
-/* Concatenates n tensors along dim (shapes equal except in dim; dtypes promote). */
+/* Concatenates n tensors along dim (shapes equal except in dim; dtypes promote). Up to 32 inputs it is
+ * one lazy expression that fuses into its consumer; more are concatenated in groups of 32 into
+ * buffers first (about n / 31 kernels), so time and memory stay linear in the total size. */
 tg_tensor tg_cat(const tg_tensor *ts, int n, int dim);
 /* Stacks n equally shaped tensors along a new dimension dim (-ndim-1 <= dim <= ndim). */
 tg_tensor tg_stack(const tg_tensor *ts, int n, int dim);
@@ -330,6 +406,7 @@ tg_tensor tg_gather(tg_tensor x, int dim, tg_tensor index);
 typedef struct {
   bool xy; /* false: "ij" indexing (default); true: "xy" (the first two outputs swap roles) */
 } tg_meshgrid_opts;
+#define TG_MESHGRID_OPTS(...) (&(const tg_meshgrid_opts){__VA_ARGS__})
 /* Coordinate grids of n 0-d or 1-d tensors into out[0..n-1] (expanded views). */
 tg_status tg_meshgrid(const tg_tensor *ts, int n, tg_tensor *out, const tg_meshgrid_opts *opts);
 
@@ -360,7 +437,7 @@ tg_tensor tg_triu(tg_tensor x, int64_t diagonal);
 tg_tensor tg_tril(tg_tensor x, int64_t diagonal);
 
 /* Window options shared by pooling and convolution. Pairs are (height, width); a pair {v} (second
- * entry 0) means (v, v); {0, 0} means the default. padding follows tinygrad: npadding 0 or 1 =
+ * entry 0) means (v, v); {0, 0} (not a legal size) means the default. padding follows tinygrad: npadding 0 or 1 =
  * padding[0] on every side, 2 = (pad_h, pad_w) on both sides of each, 4 = (left, right, top,
  * bottom); negative padding crops. */
 typedef struct {
@@ -372,7 +449,7 @@ typedef struct {
   bool ceil_mode;   /* output size rounds up (the last window may hang over the edge) */
   bool exclude_pad; /* avg_pool2d: don't count padding in the divisor (torch count_include_pad=False) */
 } tg_pool2d_opts;
-#define TG_POOL2D_OPTS(...) (&(const tg_pool2d_opts){__VA_ARGS__})
+#define TG_POOL2D_OPTS(...) TG_OPTS_WITH_(tg_pool2d_opts, .kernel_size = {2, 2}, .dilation = {1, 1}, __VA_ARGS__)
 /* Pooling over the last two dims of x (..., H, W). max pads with the dtype's minimum. */
 tg_tensor tg_max_pool2d(tg_tensor x, const tg_pool2d_opts *opts);
 tg_tensor tg_avg_pool2d(tg_tensor x, const tg_pool2d_opts *opts);
@@ -384,19 +461,55 @@ typedef struct {
   int64_t padding[4];  /* as tg_pool2d_opts */
   int npadding;
 } tg_conv2d_opts;
-#define TG_CONV2D_OPTS(...) (&(const tg_conv2d_opts){__VA_ARGS__})
+#define TG_CONV2D_OPTS(...) TG_OPTS_WITH_(tg_conv2d_opts, .groups = 1, .stride = {1, 1}, .dilation = {1, 1}, __VA_ARGS__)
 /* 2-D convolution (cross-correlation, as torch): x (batch, cin, H, W), weight (cout, cin/groups, kh,
  * kw), bias (cout,) or {0}. Windows are views of x (no im2col buffer): the convolution is one fused
  * reduce kernel. */
 tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv2d_opts *opts);
+/* N-d windows: tinygrad's conv2d, conv_transpose2d and pools take any number of spatial dims (the
+ * trailing dims: a 1-d pool over (..., L), a 3-d convolution over (N, C, D, H, W)). tg_conv2d and
+ * tg_conv_transpose2d accept such shapes too when stride, dilation and padding are uniform (one
+ * value for every dim); the _nd functions below take one value per spatial dim, first dim first.
+ * A per-dim array that is all zero means the default; only its first entry set means that value in
+ * every dim; else give all nk entries. padding: npadding 0 or 1 = padding[0] on every side, nk =
+ * one value per dim (both sides), 2*nk = (before, after) pairs from the LAST dim back (tinygrad's
+ * and F.pad's order; for 2 dims (left, right, top, bottom)); negative padding crops. A field an op
+ * does not use (kernel_size for a convolution, groups for a pool) must be zero. */
+#define TG_WINDOW_MAXDIMS 8
+typedef struct {
+  int64_t kernel_size[TG_WINDOW_MAXDIMS]; /* pools: default 2 in every dim */
+  int64_t stride[TG_WINDOW_MAXDIMS];      /* default: 1 (convolutions), kernel_size (pools) */
+  int64_t dilation[TG_WINDOW_MAXDIMS];    /* default 1 */
+  int64_t padding[2 * TG_WINDOW_MAXDIMS];
+  int npadding;
+  int64_t groups;                             /* convolutions: default 1 */
+  int64_t output_padding[TG_WINDOW_MAXDIMS]; /* tg_conv_transpose_nd: extra size at the end of each dim */
+  int noutput_padding;                       /* 0 or 1: output_padding[0] in every dim; nk: one per dim */
+  bool ceil_mode;                            /* pools, as tg_pool2d_opts */
+  bool exclude_pad;                          /* tg_avg_pool_nd, as tg_pool2d_opts */
+} tg_window_opts;
+#define TG_WINDOW_OPTS(...) (&(const tg_window_opts){__VA_ARGS__})
+/* Pooling over the trailing nk (1..TG_WINDOW_MAXDIMS) dims of x; tg_max_pool2d / tg_avg_pool2d are
+ * nk = 2. max pads with the dtype's minimum. */
+tg_tensor tg_max_pool_nd(tg_tensor x, int nk, const tg_window_opts *opts);
+tg_tensor tg_avg_pool_nd(tg_tensor x, int nk, const tg_window_opts *opts);
+/* Convolution (cross-correlation) with as many spatial dims as the weight has: x (batch, cin,
+ * spatial...), weight (cout, cin/groups, kernel...), bias (cout,) or {0}. 1 and 2 spatial dims run as
+ * tg_conv2d (its kernels and backward); more are tinygrad's window views times the weight, one
+ * reduce kernel. */
+tg_tensor tg_conv_nd(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_window_opts *opts);
+
 /* tinygrad's Tensor.dot: the same as tg_matmul. */
 tg_tensor tg_dot(tg_tensor x, tg_tensor w);
 /* x @ weight.T + bias with weight (out_features, in_features), bias (out_features,) or {0}: the
  * convention of tinygrad's nn.Linear and torch's F.linear. A 1-d weight scales x elementwise. */
 tg_tensor tg_linear(tg_tensor x, tg_tensor weight, tg_tensor bias);
+/* tinygrad's dot(dtype=) (as tg_matmul_dtype) and linear(dtype=): x, weight and bias cast to dtype. */
+tg_tensor tg_dot_dtype(tg_tensor x, tg_tensor w, tg_dtype dtype);
+tg_tensor tg_linear_dtype(tg_tensor x, tg_tensor weight, tg_tensor bias, tg_dtype dtype);
 
-/* int32 one-hot of integer labels: shape x.shape + (num_classes,). num_classes -1 uses the largest
- * label + 1 (this realizes x). */
+/* int32 one-hot of integer labels: shape x.shape + (num_classes,). num_classes must be given (>= 0):
+ * as in tinygrad, -1 is an error, since inferring the count would have to realize x. */
 tg_tensor tg_one_hot(tg_tensor x, int64_t num_classes);
 /* Normalizes over the last naxes dims: (x - mean) / sqrt(var + eps) (biased variance; no affine
  * parameters: multiply and add them yourself). tinygrad's default eps is 1e-5. */
@@ -404,6 +517,11 @@ tg_tensor tg_layernorm(tg_tensor x, int naxes, double eps);
 /* (x - mean) * weight * invstd + bias over channel dim 1 of x (batch, C, ...). mean, weight, bias
  * have C elements; weight / bias may be {0}. invstd is (C,) or broadcasts against x. */
 tg_tensor tg_batchnorm(tg_tensor x, tg_tensor weight, tg_tensor bias, tg_tensor mean, tg_tensor invstd);
+/* tinygrad's batchnorm(axis=...): the same over any set of axes of x (tg_batchnorm is axes {1}).
+ * mean, weight, bias have one element per position of the kept axes (reshaped to x's rank with 1s
+ * elsewhere); invstd too when it has naxes dims, else it broadcasts against x as it is. */
+tg_tensor tg_batchnorm_axes(tg_tensor x, tg_tensor weight, tg_tensor bias, tg_tensor mean, tg_tensor invstd,
+                            const int *axes, int naxes);
 /* Zeroes elements with probability p and scales the rest by 1/(1-p), only while the TRAINING
  * setting is non-zero (tg_context_set_int("TRAINING", 1), tinygrad's Context(TRAINING=1));
  * otherwise returns x unchanged (a new handle). While training, the random mask is computed when
@@ -412,6 +530,7 @@ tg_tensor tg_dropout(tg_tensor x, double p);
 typedef struct {
   bool is_causal;   /* mask out keys after the query position (top-left aligned, as torch) */
   double dropout_p; /* dropout on the attention weights (only while TRAINING) */
+  bool enable_gqa;  /* grouped-query attention: key / value heads (dim -3) repeat to the query's count */
 } tg_sdpa_opts;
 #define TG_SDPA_OPTS(...) (&(const tg_sdpa_opts){__VA_ARGS__})
 /* softmax(q @ k^T / sqrt(E) + mask) @ v for q (..., L, E), k (..., S, E), v (..., S, Ev). attn_mask
@@ -513,10 +632,36 @@ tg_tensor tg_logical_not(tg_tensor x); /* x == 0 (nan counts as true, so its not
 tg_tensor tg_isinf(tg_tensor x);       /* x == +inf or x == -inf */
 tg_tensor tg_isnan(tg_tensor x);       /* x != x */
 tg_tensor tg_isfinite(tg_tensor x);    /* neither inf nor nan */
+/* tinygrad's argument forms of the ops above (opforms.c). */
+/* gelu(approximate): "tanh" (tg_gelu; also NULL) or "none", the exact x/2 (1 + erf(x / sqrt 2)). */
+tg_tensor tg_gelu_ex(tg_tensor x, const char *approximate);
+/* gamma * (x >= 0 ? x : alpha (exp(x) - 1)); tinygrad's defaults are alpha 1.67326, gamma 1.0507. */
+tg_tensor tg_selu_ex(tg_tensor x, double alpha, double gamma);
+/* clamp(alpha x + beta, 0, 1), x's dtype as tg_hardsigmoid (which is alpha 1/6, beta 0.5). */
+tg_tensor tg_hardsigmoid_ex(tg_tensor x, double alpha, double beta);
+/* isinf(detect_positive, detect_negative): true where x is +inf (if detect_positive) or -inf (if
+ * detect_negative); both false gives all false. */
+tg_tensor tg_isinf_ex(tg_tensor x, bool detect_positive, bool detect_negative);
+/* softmax / log_softmax with tinygrad's dtype argument: x - max(x) is cast to dtype (a float dtype)
+ * before exp and sum, so the result has that dtype; TG_DTYPE_DEFAULT is the plain op. tg_softmin is
+ * softmax(-x) with the same dtype argument. */
+tg_tensor tg_softmax_dtype(tg_tensor x, int axis, tg_dtype dtype);
+tg_tensor tg_log_softmax_dtype(tg_tensor x, int axis, tg_dtype dtype);
+tg_tensor tg_softmin(tg_tensor x, int axis, tg_dtype dtype);
+/* Lp normalization along dim (torch's F.normalize, tinygrad's normalize; defaults p 2, dim 1, eps
+ * 1e-12): x / max(||x||_p, eps), where ||x||_0 counts the non-zero elements. p must be finite, >= 0. */
+tg_tensor tg_normalize(tg_tensor x, double p, int dim, double eps);
+/* tinygrad's newton_schulz: over the last two dims (a tall matrix works on its transpose), G = x /
+ * (||x||_F + eps), then steps times G = sum_i coefs[i] (G G^T)^i G -- an odd polynomial that drives the
+ * singular values towards 1 (Muon's orthogonalization; tinygrad's eps default 1e-7). */
+tg_tensor tg_newton_schulz(tg_tensor x, int steps, const double *coefs, int ncoefs, double eps);
+
 /* ~x for integers (two's complement), logical not for bool; error for floats. */
 tg_tensor tg_bitwise_not(tg_tensor x);
 
-/* x + (end - x) * weight, broadcast over all three; tg_lerp_s takes a scalar weight. */
+/* x + (end - x) * weight, broadcast over all three; tg_lerp_s takes a scalar weight. A uint8 x with a
+ * tensor weight uses tinygrad's fixed-point uint8 formula (a 7-bit weight; the result is uint8); other
+ * integer inputs with a float weight lerp in that float (end - x cannot wrap). */
 tg_tensor tg_lerp(tg_tensor x, tg_tensor end, tg_tensor weight);
 tg_tensor tg_lerp_s(tg_tensor x, tg_tensor end, double weight);
 /* |x| with the sign of y (-0.0 counts as negative); broadcast; result in the promoted dtype. */
@@ -594,6 +739,8 @@ tg_tensor tg_max_unpool2d(tg_tensor x, tg_tensor indices, const tg_pool2d_opts *
  * ("...ij,...jk->...ik"). Letters a-z, A-Z; spaces are ignored. Sizes of one letter must match or be
  * 1 (broadcast). Operands are aligned to one alphabet, multiplied and summed in one fused kernel. */
 tg_tensor tg_einsum(const char *formula, const tg_tensor *ts, int n);
+/* tinygrad's einsum(dtype=): the product is cast to dtype before the summation; the result has dtype. */
+tg_tensor tg_einsum_dtype(const char *formula, const tg_tensor *ts, int n, tg_dtype dtype);
 
 typedef enum {
   TG_INTERP_LINEAR = 0,    /* linear along every resized dim (bilinear / trilinear for 2 / 3 dims) */
@@ -692,11 +839,20 @@ typedef struct {
  * otherwise they go first (numpy's rule, as tinygrad applies it). The indexed dims are gathered by
  * one fused data-dependent load (tg_index at the linearized index); differentiable in x. */
 tg_tensor tg_getitem(tg_tensor x, const tg_index_spec *spec, int n);
-/* x[spec...] = value (broadcast to the indexed shape, cast to x's dtype), as tinygrad: x is
- * tg_assign'ed where(mask, value placed in x's shape, x), so x's handle is updated lazily and the
- * write happens when x is realized (read x, or tg_realize). x must be assignable (tg_assign: its own
- * buffer or a lazy value, not a view). With index tensors, out-of-range indices write nothing and
- * when one position is indexed several times the last one (row-major) wins. Not differentiable. */
+/* x[spec...] = value (broadcast to the indexed shape, cast to x's dtype), as tinygrad's __setitem__.
+ * x's handle is updated lazily to where(mask, value placed in x's shape, x); how the write lands
+ * depends on x's storage, as in tinygrad:
+ *  - x has storage (its own buffer, realized): x is tg_assign'ed, the write happens when x is
+ *    realized (read x, or tg_realize).
+ *  - x is a view (getitem, transpose, reshape, flip, pad, ... of a tensor with storage): the write
+ *    lands in that tensor's storage, and every handle of it sees it: t.T[1,0] = 5, t[::-1][0] = 5,
+ *    t[1][2] = 5 and t[:3] *= 10 (setitem of the view with view * 10) all change t. A view that
+ *    broadcasts (tg_expand) is refused.
+ *  - x has no storage yet (a lazy value, or a view of one): only x's handle changes (a view does not
+ *    write its base, as in tinygrad), and the update is differentiable: the gradient reaches value
+ *    and the part of x not written. (An integer x with index tensors is assigned as above.)
+ * With index tensors, out-of-range indices write nothing and when one position is indexed several
+ * times the last one (row-major) wins. */
 tg_status tg_setitem(tg_tensor x, const tg_index_spec *spec, int n, tg_tensor value);
 tg_status tg_setitem_s(tg_tensor x, const tg_index_spec *spec, int n, double value);
 
@@ -748,9 +904,16 @@ tg_tensor tg_masked_fill_s(tg_tensor x, tg_tensor mask, double value);
 /* The elements of x where the bool mask (broadcast to x's shape) is true, row-major, as a new 1-d
  * tensor. REALIZES the mask to know the count, then gathers (one fused kernel; differentiable in x). */
 tg_tensor tg_masked_select(tg_tensor x, tg_tensor mask);
-/* The indices of the non-zero elements (nan counts as non-zero), shape (count, ndim), int64, row-major
- * order (torch.nonzero). REALIZES x. */
+/* The indices of the non-zero elements (nan counts as non-zero), shape (count, ndim), int32 (as in
+ * tinygrad), row-major order (torch.nonzero). REALIZES x. */
 tg_tensor tg_nonzero(tg_tensor x);
+/* tinygrad's masked_select(mask, size, fill_value) and nonzero(size, fill_value): the same selections
+ * with a fixed length, so nothing is realized (they can be captured by TinyJit). The first size
+ * selected elements (masked_select: x's dtype, shape (size,)) or indices (nonzero: int32, shape (size,
+ * ndim), as tinygrad), padded with fill_value (converted to the result's dtype) when there are fewer.
+ * Costs one size x numel compare-and-count reduce. masked_select is differentiable in x. */
+tg_tensor tg_masked_select_size(tg_tensor x, tg_tensor mask, int64_t size, double fill_value);
+tg_tensor tg_nonzero_size(tg_tensor x, int64_t size, double fill_value);
 
 /* out = x with src[i][j][k] written at out[index[i][j][k]][j][k] (dim 0; likewise for other dims),
  * torch's scatter. index, src and x have the same ndim; index.shape[d] <= src.shape[d] for every d
@@ -780,26 +943,41 @@ tg_tensor tg_contiguous_backward(tg_tensor x);
 /* ---------------------------------------------------------------------------------------------- */
 /* autograd                                                                                        */
 
-/* Marks t as a leaf whose gradient tg_backward computes (also settable with tg_opts.requires_grad).
- * Returns t. */
+/* requires_grad has tinygrad's three states: unset (TG_GRAD_UNSET, every new tensor's), true and
+ * false. true marks a leaf: tensors computed from it and realized keep the graph for a later
+ * tg_backward, and a realized one stops the backward pass there. false keeps tg_backward from
+ * filling t's gradient (the gradient still flows through t to what it was computed from). An
+ * optimizer turns unset parameters into true ones (tinygrad's Optimizer). Returns t. */
 tg_tensor tg_set_requires_grad(tg_tensor t, bool requires_grad);
+/* True only when requires_grad was set true (unset and false read false). */
 bool tg_requires_grad(tg_tensor t);
-/* Reverse-mode differentiation of a scalar float loss. For every live tensor with requires_grad that
- * the loss depends on, adds d loss / d t to t's gradient (gradients accumulate until tg_zero_grad).
+/* Reverse-mode differentiation of a scalar float loss. As in tinygrad, every live float tensor in the
+ * loss's graph that is not marked requires_grad false (the loss itself, intermediates, clones,
+ * views, leaves) gets d loss / d t added to its gradient (gradients accumulate until tg_zero_grad).
  * Tensors already realized (read with tg_data/tg_item, or tg_realize'd) on the way still pass the
- * gradient through the graph that computed them: the loss may be read before its backward pass.
- * Gradients are lazy: they realize when read or when tg_realize is called on tg_grad(t).
- * Error if the loss is not a scalar or does not depend on any tensor that requires grad. */
+ * gradient through the graph that computed them when it reaches a requires_grad true leaf: the loss
+ * may be read before its backward pass. Gradients are lazy: they realize when read or when
+ * tg_realize is called on tg_grad(t). Error if the loss is not a scalar or no tensor in its graph can
+ * take a gradient. */
 tg_status tg_backward(tg_tensor loss);
+/* tinygrad's t.backward(gradient): as tg_backward from a tensor of any shape, starting from the
+ * upstream gradient d L / d t (t's shape and device, cast to t's dtype; no gradient flows into it).
+ * gradient {0} is tg_backward. */
+tg_status tg_backward_with_grad(tg_tensor t, tg_tensor gradient);
 /* A new handle to t's accumulated gradient, or none (with no error) if it has none. */
 tg_tensor tg_grad(tg_tensor t);
 /* Drops t's gradient. */
 void tg_zero_grad(tg_tensor t);
 /* Replaces t's gradient (none clears it). Shapes must match. */
 tg_status tg_set_grad(tg_tensor t, tg_tensor grad);
-/* d loss / d targets[i] into out[i] (new handles) without touching any tensor's gradient.
- * Error if a target is not connected to the loss through differentiable ops. */
+/* d loss / d targets[i] into out[i] (new handles) without touching any tensor's gradient; any
+ * tensor may be a target, whatever its requires_grad. A float target that the loss reads only
+ * through non-differentiable ops (a where condition, the sign of copysign, a comparison) gets zeros,
+ * as in tinygrad. Error if a target is not float or is not part of the loss's graph at all. */
 tg_status tg_gradient(tg_tensor loss, const tg_tensor *targets, int n, tg_tensor *out);
+/* tinygrad's t.gradient(*targets, gradient=...): tg_gradient from a tensor of any shape, starting
+ * from the upstream gradient (as tg_backward_with_grad; {0} is tg_gradient). */
+tg_status tg_gradient_with_grad(tg_tensor t, tg_tensor gradient, const tg_tensor *targets, int n, tg_tensor *out);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* state dicts and model files: safetensors, GGUF, tar                                             */
@@ -821,12 +999,24 @@ int tg_state_dict_len(const tg_state_dict *sd);
 /* Name / tensor of entry i in insertion (file) order; NULL / none if i is out of range. Borrowed. */
 const char *tg_state_dict_name(const tg_state_dict *sd, int i);
 tg_tensor tg_state_dict_tensor(const tg_state_dict *sd, int i);
-/* The tensor named `name` (borrowed), or none if there is none -- a missing name is not an error. */
+/* The tensor named `name` (borrowed). A missing name returns none and records TG_ERR_INVALID
+ * "tg_state_dict_get: no tensor named 'x' (did you mean 'y'?)", with the closest name (by edit
+ * distance), so a wrong weight name is reported where it is asked for. */
 tg_tensor tg_state_dict_get(const tg_state_dict *sd, const char *name);
+/* True if the dict has a tensor named `name` (false for NULL); never records an error. */
+bool tg_state_dict_has(const tg_state_dict *sd, const char *name);
+/* Casts every floating-point entry (float16, bfloat16, float32, float64) to the floating-point dtype
+ * `dtype`, realized, in place (tinygrad: {k: v.cast(dtype) for k, v in state_dict.items()}); integer
+ * and bool entries (indices, counters such as num_batches_tracked) keep their dtype. Loaders keep each
+ * tensor's dtype from the file, and DEFAULT_FLOAT changes only what creation functions make, so this
+ * is the one call that turns a float32 checkpoint into a half model. Handles borrowed from the dict
+ * before the call are replaced (they go stale). Errors: NULL dict, a dtype that is not floating. */
+tg_status tg_state_dict_cast(tg_state_dict *sd, tg_dtype dtype);
 /* Stores t under name: the dict takes a new root-scope handle of t's value (the caller's handle is
  * untouched, so the entry's lifetime is independent of the caller's scopes). An existing name is
  * replaced in place (keeping its position; the old entry's handle is freed). Lazy tensors are stored
- * lazily. Errors: NULL dict or name, empty name, invalid t. */
+ * lazily. The entry's handle is marked requires_grad false (gradients go to t's own handle, not to
+ * this alias). Errors: NULL dict or name, empty name, invalid t. */
 tg_status tg_state_dict_set(tg_state_dict *sd, const char *name, tg_tensor t);
 /* Metadata: string key/value pairs in insertion order. set replaces an existing key's value. get
  * returns the value (borrowed) or NULL if absent (no error). key / value give entry i (NULL if out of
@@ -845,14 +1035,27 @@ const char *tg_state_dict_meta_value(const tg_state_dict *sd, int i);
  * trailing bytes), no duplicate names. Returns a new dict the caller frees, or NULL with a TG_ERR_IO
  * error naming the function, the file and the problem. Like every file loader (tg_gguf_load,
  * tg_tar_extract, tg_torch_load, tg_idx_load), it reads regular files only: a FIFO, a device or a
- * socket is refused ("<path> is not a regular file (a FIFO)") without being read or waited on. */
+ * socket is refused ("<path> is not a regular file (a FIFO)") without being read or waited on.
+ * Like every copying loader it reads the file with read/pread and never maps it, so a file that
+ * another process truncates or rewrites during the load gives a TG_ERR_IO error ("the file shrank
+ * ... while it was read"), never a crash; the tensors own their bytes, so later changes to the file
+ * do not reach them. It reads the header, then each tensor into its own buffer: the peak memory is
+ * the tensors plus the largest one (tg_gguf_load, tg_torch_load and tg_tar_extract read the file into
+ * memory and give its pages back as they copy each tensor out, so theirs stays near the file's
+ * size). */
 tg_state_dict *tg_safe_load(const char *path);
 /* The same without copying: the file is mapped privately (copy-on-write) and each tensor whose offset
  * is aligned for its dtype wraps the mapping (tg_from_blob; misaligned ones are copied). The mapping is
  * shared by the dict and every buffer that wraps it, and unmapped when the last of them goes: the
  * dict's entries, handles detached from them and lazy results not yet realized stay valid after
  * tg_state_dict_free. tg_assign to an entry changes the mapped pages only, never the file. CPU devices
- * only. */
+ * only. If the file changes: the load reads the header with pread and checks the file's size before
+ * it touches the mapping, so a file truncated before or during the load is a TG_ERR_IO error. After
+ * the load the tensors ARE the file's pages: a page not yet written through a tensor shows what the
+ * file holds now (another process's rewrite shows through), and reading a tensor whose pages a
+ * truncation removed raises SIGBUS -- the kernel's rule for mappings, which a library cannot turn
+ * into an error. Keep the file unchanged while tensors from it live, or use tg_safe_load when another
+ * process may change it. */
 tg_state_dict *tg_safe_load_mmap(const char *path);
 /* Writes the dict as .safetensors (tinygrad's safe_save): tensors in dict order, realized and made
  * contiguous as needed, the dict's metadata as __metadata__; names and metadata must be valid UTF-8
@@ -862,7 +1065,10 @@ tg_state_dict *tg_safe_load_mmap(const char *path);
  * followed: the file it leads to is replaced (the temporary file is made next to that file) and the
  * link stays; a link to a missing file creates that file. Only regular files are replaced: if path
  * (or the file its links lead to) is a directory, a FIFO, a device or a socket, the save fails with
- * TG_ERR_IO "tg_safe_save: <path> is not a regular file (...)" and touches nothing. */
+ * TG_ERR_IO "tg_safe_save: <path> is not a regular file (...)" and touches nothing. The temporary
+ * file is "<path>.tmp.<pid>.<n>"; a process killed mid-save leaves its one behind, and the next save
+ * to the same path removes every such file whose process no longer exists (never one of a live
+ * process: a save in progress elsewhere keeps its file). */
 tg_status tg_safe_save(const tg_state_dict *sd, const char *path);
 
 /* Loads a GGUF file (versions 2 and 3; tinygrad's gguf_load). Metadata: every key/value in file
@@ -942,8 +1148,8 @@ tg_tensor tg_scaled_uniform(const int64_t *shape, int ndim, const tg_opts *opts)
  * each of n tg_rand draws (ties broken by position). The draws are realized at once (one small
  * kernel); the ranks are one fused kernel of n^2 compares (fine up to ~10^4; tinygrad argsorts). */
 tg_tensor tg_randperm(int64_t n, const tg_opts *opts);
-/* tg_rand / tg_randn with t's shape, and unless opts says otherwise t's dtype (must be a float) and
- * device. */
+/* tg_rand / tg_randn with t's shape, and unless opts says otherwise t's dtype (a float for rand_like;
+ * randn_like casts to an integer one as tg_randn does) and device. */
 tg_tensor tg_rand_like(tg_tensor t, const tg_opts *opts);
 tg_tensor tg_randn_like(tg_tensor t, const tg_opts *opts);
 
@@ -956,13 +1162,18 @@ typedef struct {
   int64_t output_padding[2]; /* extra rows / columns at the end of the output */
   int noutput_padding;       /* 0 or 1: output_padding[0] for both dims; 2: (h, w) */
 } tg_conv_transpose2d_opts;
-#define TG_CONV_TRANSPOSE2D_OPTS(...) (&(const tg_conv_transpose2d_opts){__VA_ARGS__})
+#define TG_CONV_TRANSPOSE2D_OPTS(...) \
+  TG_OPTS_WITH_(tg_conv_transpose2d_opts, .groups = 1, .stride = {1, 1}, .dilation = {1, 1}, __VA_ARGS__)
 /* Transposed 2-D convolution (torch's conv_transpose2d): x (batch, cin, H, W), weight (cin,
  * cout/groups, kh, kw), bias (cout,) or {0}. Built as tinygrad builds it: the input is dilated by the
  * stride (zeros inserted), padded by dilation*(k-1) - padding (+ output_padding after), and convolved
  * (tg_conv2d) with the flipped, group-transposed weight. Output size per dim:
  * (in - 1)*stride - pad_before - pad_after + dilation*(k - 1) + output_padding + 1. */
 tg_tensor tg_conv_transpose2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv_transpose2d_opts *opts);
+
+/* Transposed convolution with as many spatial dims as the weight (cin, cout/groups, kernel...) has;
+ * options as tg_conv_nd plus output_padding; sizes per dim as tg_conv_transpose2d. */
+tg_tensor tg_conv_transpose_nd(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_window_opts *opts);
 
 /* Layers (tinygrad's nn.*): plain structs with public fields. _init fills one (on error it is left
  * zeroed and a status is returned); its parameters are root-scope handles OWNED BY THE LAYER,
@@ -1021,7 +1232,7 @@ typedef struct {
   int64_t groups;         /* default 1 */
   int64_t output_padding; /* ConvTranspose1d only (default 0) */
 } tg_conv1d_opts;
-#define TG_CONV1D_OPTS(...) (&(const tg_conv1d_opts){__VA_ARGS__})
+#define TG_CONV1D_OPTS(...) TG_OPTS_WITH_(tg_conv1d_opts, .stride = 1, .dilation = 1, .groups = 1, __VA_ARGS__)
 typedef struct {
   int64_t in_channels, out_channels, kernel_size;
   tg_conv1d_opts opts; /* defaults resolved (stride, dilation, groups >= 1) */
@@ -1039,18 +1250,31 @@ tg_tensor tg_nn_conv_transpose1d_forward(const tg_nn_conv_transpose1d *l, tg_ten
 tg_status tg_nn_conv_transpose1d_state(const tg_nn_conv_transpose1d *l, tg_state_dict *sd, const char *prefix);
 void tg_nn_conv_transpose1d_free(tg_nn_conv_transpose1d *l);
 
-/* Options of the normalization layers. Zero means tinygrad's default. */
+/* Options of the normalization layers, as tinygrad's keyword arguments: tg_norm_opts for GroupNorm,
+ * InstanceNorm, LayerNorm and LayerNorm2d, tg_rmsnorm_opts for RMSNorm (its eps default differs),
+ * tg_batchnorm_opts for BatchNorm. */
 typedef struct {
-  double eps;             /* default 1e-5 (RMSNorm 1e-6) */
-  bool no_affine;         /* no weight / bias (tinygrad's affine=False, elementwise_affine=False) */
-  double momentum;        /* BatchNorm: running-statistics momentum, default 0.1 (0 means the default) */
-  bool no_running_stats;  /* BatchNorm: track_running_stats=False (always normalize with batch statistics) */
+  double eps;  /* default 1e-5 */
+  bool affine; /* default true; false: no weight / bias (tinygrad's affine / elementwise_affine) */
 } tg_norm_opts;
-#define TG_NORM_OPTS(...) (&(const tg_norm_opts){__VA_ARGS__})
+#define TG_NORM_OPTS(...) TG_OPTS_WITH_(tg_norm_opts, .eps = 1e-5, .affine = true, __VA_ARGS__)
+typedef struct {
+  double eps;  /* default 1e-6 */
+  bool affine; /* default true */
+} tg_rmsnorm_opts;
+#define TG_RMSNORM_OPTS(...) TG_OPTS_WITH_(tg_rmsnorm_opts, .eps = 1e-6, .affine = true, __VA_ARGS__)
+typedef struct {
+  double eps;               /* default 1e-5 */
+  bool affine;              /* default true */
+  bool track_running_stats; /* default true; false: always normalize with batch statistics */
+  double momentum;          /* running-statistics momentum, default 0.1 (0: they never change) */
+} tg_batchnorm_opts;
+#define TG_BATCHNORM_OPTS(...) \
+  TG_OPTS_WITH_(tg_batchnorm_opts, .eps = 1e-5, .affine = true, .track_running_stats = true, .momentum = 0.1, __VA_ARGS__)
 
 /* BatchNorm (tinygrad's nn.BatchNorm = BatchNorm2d = BatchNorm3d) over dim 1 of (N, C, ...): weight
- * ones(C), bias zeros(C) (unless no_affine), running_mean zeros(C), running_var ones(C) (unless
- * no_running_stats), num_batches_tracked a 0-d int64 zero. While TRAINING is set (tinygrad's
+ * ones(C), bias zeros(C) (when affine), running_mean zeros(C), running_var ones(C) (when
+ * track_running_stats), num_batches_tracked a 0-d int64 zero. While TRAINING is set (tinygrad's
  * Context(TRAINING=1): tg_context_set_int("TRAINING", 1)) or without running statistics, it normalizes
  * with the batch mean and biased variance; while training it also updates, with lazy tg_assigns that
  * realize with whatever realizes them next (the optimizer step, see tg_optim_schedule_step),
@@ -1062,7 +1286,7 @@ typedef struct {
   bool affine, track_running_stats;
   tg_tensor weight, bias, running_mean, running_var, num_batches_tracked;
 } tg_nn_batchnorm;
-tg_status tg_nn_batchnorm_init(tg_nn_batchnorm *l, int64_t num_features, const tg_norm_opts *opts);
+tg_status tg_nn_batchnorm_init(tg_nn_batchnorm *l, int64_t num_features, const tg_batchnorm_opts *opts);
 tg_tensor tg_nn_batchnorm_forward(tg_nn_batchnorm *l, tg_tensor x);
 tg_status tg_nn_batchnorm_state(const tg_nn_batchnorm *l, tg_state_dict *sd, const char *prefix);
 void tg_nn_batchnorm_free(tg_nn_batchnorm *l);
@@ -1105,13 +1329,13 @@ tg_status tg_nn_layernorm2d_state(const tg_nn_layernorm2d *l, tg_state_dict *sd,
 void tg_nn_layernorm2d_free(tg_nn_layernorm2d *l);
 
 /* RMSNorm(dim): x * rsqrt(mean(x^2, -1) + eps) computed in float32 and cast back to x's dtype, then
- * * weight (ones(dim), unless no_affine). eps default 1e-6. */
+ * * weight (ones(dim), when affine). */
 typedef struct {
   int64_t dim;
   double eps;
   tg_tensor weight;
 } tg_nn_rmsnorm;
-tg_status tg_nn_rmsnorm_init(tg_nn_rmsnorm *l, int64_t dim, const tg_norm_opts *opts);
+tg_status tg_nn_rmsnorm_init(tg_nn_rmsnorm *l, int64_t dim, const tg_rmsnorm_opts *opts);
 tg_tensor tg_nn_rmsnorm_forward(const tg_nn_rmsnorm *l, tg_tensor x);
 tg_status tg_nn_rmsnorm_state(const tg_nn_rmsnorm *l, tg_state_dict *sd, const char *prefix);
 void tg_nn_rmsnorm_free(tg_nn_rmsnorm *l);
@@ -1156,8 +1380,8 @@ void tg_nn_lstmcell_free(tg_nn_lstmcell *l);
 tg_status tg_load_state_dict(tg_state_dict *model, const tg_state_dict *loaded, bool strict);
 /* tinygrad's get_parameters: the tensors of a model dict as the handles that own them (each layer's
  * own parameter handle, not the dict's view: gradients and optimizer updates land on those), without
- * duplicates, in dict order. trainable_only: only tensors with requires_grad (what an optimizer
- * updates); otherwise running statistics too (an optimizer given them realizes their pending updates
+ * duplicates, in dict order. trainable_only: only tensors not marked requires_grad false (what an
+ * optimizer updates); otherwise running statistics too (an optimizer given them realizes their pending updates
  * with each step, as tinygrad's does). Returns the count and writes the handles (BORROWED from their
  * owners) to out; out NULL only counts; -1 with an error if cap is too small. */
 int tg_state_dict_parameters(const tg_state_dict *sd, bool trainable_only, tg_tensor *out, int cap);
@@ -1165,44 +1389,79 @@ int tg_state_dict_parameters(const tg_state_dict *sd, bool trainable_only, tg_te
 /* Optimizers (tinygrad's nn.optim), updating parameters in place with lazy tg_assigns. The optimizer
  * BORROWS the parameter handles (keep them alive while it is used) and OWNS its state: the learning
  * rate (a (1,) float32 tensor, so changing it recompiles nothing), momentum buffers, Adam moments and
- * the b1^t / b2^t step counters, all updated by tg_assign. Handles without requires_grad are buffers
- * (realized with each step, never updated); duplicates count once; at least one parameter is required.
- * Zero fields in the options mean tinygrad's defaults. Constructors return NULL with an error. */
+ * the b1^t / b2^t step counters, all updated by tg_assign. Handles marked requires_grad false are
+ * buffers (realized with each step, never updated); unset ones become parameters and are marked true,
+ * as in tinygrad; duplicates count once; at least one parameter is required.
+ * Each optimizer has its own options struct and macro with tinygrad's defaults (every value, 0
+ * included, means itself). Constructors return NULL with an error. */
 typedef struct tg_optim tg_optim;
 typedef struct {
   double lr;           /* default 0.001 */
-  double momentum;     /* default 0 */
+  double momentum;     /* default 0 (none) */
   double weight_decay; /* default 0: added to the gradient (wd * param) before momentum */
-  bool nesterov;
-  bool classic;        /* classic momentum: lr scales the gradient before the momentum buffer */
+  bool nesterov;       /* default false */
+  bool classic;        /* default false; classic momentum: lr scales the gradient before the momentum buffer */
 } tg_sgd_opts;
-#define TG_SGD_OPTS(...) (&(const tg_sgd_opts){__VA_ARGS__})
+#define TG_SGD_OPTS(...) TG_OPTS_WITH_(tg_sgd_opts, .lr = 0.001, .momentum = 0, .weight_decay = 0, __VA_ARGS__)
 /* SGD = LARS without the trust ratio (same numbers as torch.optim.SGD, dampening 0). */
 tg_optim *tg_optim_sgd(const tg_tensor *params, int n, const tg_sgd_opts *opts);
 typedef struct {
   double lr;           /* default 0.001 */
-  double momentum;     /* default 0.9; negative: no momentum */
-  double weight_decay; /* default 1e-4; negative: none */
+  double momentum;     /* default 0.9; 0: no momentum */
+  double weight_decay; /* default 1e-4; 0: none */
   double tcoef;        /* trust coefficient, default 0.001 */
-  bool nesterov;
-  bool popular;        /* tinygrad's classic=False: lr applied after the momentum buffer */
+  bool nesterov;       /* default false */
+  bool classic;        /* default true; false: lr applied after the momentum buffer */
 } tg_lars_opts;
-#define TG_LARS_OPTS(...) (&(const tg_lars_opts){__VA_ARGS__})
+#define TG_LARS_OPTS(...) \
+  TG_OPTS_WITH_(tg_lars_opts, .lr = 0.001, .momentum = 0.9, .weight_decay = 1e-4, .tcoef = 0.001, .classic = true, __VA_ARGS__)
 /* LARS: the gradient scaled by the layer-wise trust ratio tcoef*|w| / (|g| + wd*|w|) (1 where a norm
  * is 0). */
 tg_optim *tg_optim_lars(const tg_tensor *params, int n, const tg_lars_opts *opts);
+#define TG_MUON_MAX_COEFS 8
+typedef struct {
+  double lr;           /* default 0.001 */
+  double momentum;     /* default 0.95; 0: no momentum */
+  double weight_decay; /* default 0.1 (decoupled: wd * lr * param after the orthogonalization); 0: none */
+  int ns_steps;        /* Newton-Schulz iterations, default 5; 0: only the normalization */
+  double ns_coefficients[TG_MUON_MAX_COEFS]; /* default (3.4445, -4.775, 2.0315) */
+  int n_ns_coefficients;                     /* how many of ns_coefficients are used, default 3 */
+  bool nesterov;       /* default true */
+} tg_muon_opts;
+#define TG_MUON_OPTS(...)                                                                                \
+  TG_OPTS_WITH_(tg_muon_opts, .lr = 0.001, .momentum = 0.95, .weight_decay = 0.1, .ns_steps = 5,         \
+                .ns_coefficients = {3.4445, -4.775, 2.0315}, .n_ns_coefficients = 3, .nesterov = true, __VA_ARGS__)
+/* Muon (tinygrad's nn.optim.Muon = LARS without trust ratio, popular momentum, Nesterov): the momentum
+ * update of each parameter, viewed as (shape[0], rest), is orthogonalized by tg_newton_schulz, scaled
+ * by lr, plus wd * lr * param. Parameters need at least one dim. */
+tg_optim *tg_optim_muon(const tg_tensor *params, int n, const tg_muon_opts *opts);
+typedef struct {
+  double lr;     /* default 0.001 */
+  double b1, b2; /* defaults 0.9, 0.999 */
+  double eps;    /* default 1e-8 */
+} tg_adam_opts;
+#define TG_ADAM_OPTS(...) TG_OPTS_WITH_(tg_adam_opts, .lr = 0.001, .b1 = 0.9, .b2 = 0.999, .eps = 1e-8, __VA_ARGS__)
 typedef struct {
   double lr;           /* default 0.001 */
   double b1, b2;       /* defaults 0.9, 0.999 */
-  double eps;          /* default 1e-8 (LAMB 1e-6) */
-  double weight_decay; /* AdamW default 0.01, LAMB default 0; Adam has none (an error if set) */
-} tg_adam_opts;
-#define TG_ADAM_OPTS(...) (&(const tg_adam_opts){__VA_ARGS__})
+  double eps;          /* default 1e-8 */
+  double weight_decay; /* decoupled weight decay, default 0.01 */
+} tg_adamw_opts;
+#define TG_ADAMW_OPTS(...) \
+  TG_OPTS_WITH_(tg_adamw_opts, .lr = 0.001, .b1 = 0.9, .b2 = 0.999, .eps = 1e-8, .weight_decay = 0.01, __VA_ARGS__)
+typedef struct {
+  double lr;           /* default 0.001 */
+  double b1, b2;       /* defaults 0.9, 0.999 */
+  double eps;          /* default 1e-6 */
+  double weight_decay; /* default 0 */
+} tg_lamb_opts;
+#define TG_LAMB_OPTS(...) \
+  TG_OPTS_WITH_(tg_lamb_opts, .lr = 0.001, .b1 = 0.9, .b2 = 0.999, .eps = 1e-6, .weight_decay = 0, __VA_ARGS__)
 /* Adam = LAMB without trust ratio or weight decay; AdamW = with decoupled weight decay (both the same
  * numbers as torch.optim's); LAMB scales each update by |w| / |update| (1 where a norm is 0). */
 tg_optim *tg_optim_adam(const tg_tensor *params, int n, const tg_adam_opts *opts);
-tg_optim *tg_optim_adamw(const tg_tensor *params, int n, const tg_adam_opts *opts);
-tg_optim *tg_optim_lamb(const tg_tensor *params, int n, const tg_adam_opts *opts);
+tg_optim *tg_optim_adamw(const tg_tensor *params, int n, const tg_adamw_opts *opts);
+tg_optim *tg_optim_lamb(const tg_tensor *params, int n, const tg_lamb_opts *opts);
 /* Drops the parameters' gradients (tinygrad's zero_grad: grad = None). */
 void tg_optim_zero_grad(tg_optim *o);
 /* tinygrad's schedule_step: builds the update of every parameter from its gradient (tg_backward must

@@ -11,9 +11,15 @@
 #   libclang-rt-14-dev   sanitizer runtimes for clang
 #   libfuzzer-14-dev     libFuzzer (make fuzz)
 #   dataset-fashion-mnist  /usr/share/datasets/fashion-mnist (IDX files for examples and tests)
+#   pocl-opencl-icd      an OpenCL driver that runs on the CPU (PoCL): the DEV=CL tests
+#   ocl-icd-opencl-dev   the OpenCL ICD loader, libOpenCL.so.1 (opened with dlopen; never linked)
+#   clinfo               lists the OpenCL platforms and devices (diagnosing DEV=CL)
 #
 # and, from PyPI into $PYTHON (default /usr/bin/python3) with pip (python3-pip if pip is missing):
 #   safetensors gguf     reference readers/writers for tests/test_formats.py
+#
+# `deps.sh mnist` (make mnist, the training job) checks only what building and training need:
+#   build-essential zlib1g-dev dataset-fashion-mnist   (no PyTorch, no fuzzing libraries, no PyPI)
 #
 # `deps.sh bench` (make bench) adds
 #   libopenblas0-pthread  OpenBLAS as the system BLAS: the benchmarks compare against PyTorch and
@@ -24,12 +30,19 @@ set -euo pipefail
 
 if [ "${TG_SKIP_DEPS:-0}" = 1 ]; then exit 0; fi
 
+MODE=${1:-all}
+case $MODE in
+  all | bench | mnist) ;;
+  *) echo "deps.sh: unknown mode '$MODE' (all, bench, mnist)" >&2; exit 2 ;;
+esac
 PKGS=(build-essential clang zlib1g-dev pkg-config python3 python3-torch python3-numpy
-      libclang-rt-14-dev libfuzzer-14-dev dataset-fashion-mnist)
-if [ "${1:-}" = bench ]; then PKGS+=(libopenblas0-pthread); fi
+      libclang-rt-14-dev libfuzzer-14-dev dataset-fashion-mnist pocl-opencl-icd ocl-icd-opencl-dev clinfo)
+if [ "$MODE" = bench ]; then PKGS+=(libopenblas0-pthread); fi
+if [ "$MODE" = mnist ]; then PKGS=(build-essential zlib1g-dev dataset-fashion-mnist); fi
 
 PY=${PYTHON:-/usr/bin/python3}
 PIP_PKGS=(safetensors gguf)
+if [ "$MODE" = mnist ]; then PIP_PKGS=(); fi
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "deps.sh: not a Debian system; make sure these (or their equivalents) are installed:" >&2
@@ -67,6 +80,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # ---- PyPI packages (not in Debian): one import check when they are already there ----------------
+if [ ${#PIP_PKGS[@]} -eq 0 ]; then exit 0; fi
 if "$PY" -c 'import safetensors, gguf' >/dev/null 2>&1; then exit 0; fi
 missing_py=()
 for p in "${PIP_PKGS[@]}"; do

@@ -1,6 +1,6 @@
 /*
  * dtype.c -- element-type metadata, tinygrad's promotion lattice, and conversions between host
- * values (double / int64) and element storage, including float16 and bfloat16 bit patterns.
+ * values (double / int64) and element storage, including float16, bfloat16 and fp8 bit patterns.
  *
  * In: a tg_dtype (0 = TG_DTYPE_DEFAULT and out-of-range values are "invalid" everywhere except where
  * a function says otherwise). Out: static metadata, a promoted dtype, or converted values.
@@ -33,6 +33,8 @@ static const DTypeInfo dtype_table[TG_DTYPE_COUNT] = {
     [TG_BFLOAT16] = {"bfloat16", "unsigned short", 2, 'f'},
     [TG_FLOAT32] = {"float", "float", 4, 'f'},
     [TG_FLOAT64] = {"double", "double", 8, 'f'},
+    [TG_FP8E4M3] = {"float8_e4m3", "unsigned char", 1, 'f'},
+    [TG_FP8E5M2] = {"float8_e5m2", "unsigned char", 1, 'f'},
 };
 
 bool dtype_valid(tg_dtype dt) { return (int)dt > 0 && (int)dt < TG_DTYPE_COUNT; }
@@ -90,6 +92,11 @@ static const struct {
     {"float", TG_FLOAT32},
     {"float64", TG_FLOAT64},
     {"double", TG_FLOAT64},
+    {"fp8e4m3", TG_FP8E4M3},
+    {"float8_e4m3", TG_FP8E4M3},
+    {"float8_e4m3fn", TG_FP8E4M3},
+    {"fp8e5m2", TG_FP8E5M2},
+    {"float8_e5m2", TG_FP8E5M2},
 };
 
 tg_dtype dtype_from_name(const char *name) {
@@ -111,8 +118,8 @@ tg_dtype tg_default_float(void) {
 /* ---- promotion ----
  * tinygrad's lattice (JAX JEP 9407 without complex). A signed integer and uint64 share no integer
  * supertype; in tinygrad they meet at the weak float, which becomes the default float once
- * materialised. We model that weak float as one extra node. fp8 types sit between the weak float and
- * half/bfloat16 in tinygrad; leaving them out changes no result between the dtypes we have. */
+ * materialised. We model that weak float as one extra node. The fp8 types sit between the weak float and
+ * half/bfloat16: an integer meets an fp8 at the fp8, the two fp8s meet at float16. */
 enum { NODE_WEAKFLOAT = TG_DTYPE_COUNT, NODE_COUNT };
 
 /* Edges as bitmasks of direct parents. */
@@ -126,7 +133,9 @@ static const unsigned lattice_up[NODE_COUNT] = {
     [TG_UINT16] = 1u << TG_INT32 | 1u << TG_UINT32,
     [TG_UINT32] = 1u << TG_INT64 | 1u << TG_UINT64,
     [TG_UINT64] = 1u << NODE_WEAKFLOAT,
-    [NODE_WEAKFLOAT] = 1u << TG_FLOAT16 | 1u << TG_BFLOAT16,
+    [NODE_WEAKFLOAT] = 1u << TG_FP8E4M3 | 1u << TG_FP8E5M2,
+    [TG_FP8E4M3] = 1u << TG_FLOAT16 | 1u << TG_BFLOAT16,
+    [TG_FP8E5M2] = 1u << TG_FLOAT16 | 1u << TG_BFLOAT16,
     [TG_FLOAT16] = 1u << TG_FLOAT32,
     [TG_BFLOAT16] = 1u << TG_FLOAT32,
     [TG_FLOAT32] = 1u << TG_FLOAT64,
@@ -137,7 +146,8 @@ static const unsigned lattice_up[NODE_COUNT] = {
  * priority; it differs from the enum order: uint8 ranks between int8 and int16). */
 static const int lattice_order[] = {TG_BOOL,    TG_INT8,     TG_UINT8,   TG_INT16,  TG_UINT16,
                                     TG_INT32,   TG_UINT32,   TG_INT64,   TG_UINT64, NODE_WEAKFLOAT,
-                                    TG_FLOAT16, TG_BFLOAT16, TG_FLOAT32, TG_FLOAT64};
+                                    TG_FP8E4M3, TG_FP8E5M2,  TG_FLOAT16, TG_BFLOAT16, TG_FLOAT32,
+                                    TG_FLOAT64};
 
 static unsigned lattice_closure(int node) {
   unsigned mask = 1u << node;
@@ -176,6 +186,8 @@ tg_dtype dtype_sum_acc(tg_dtype dt) {
     return TG_UINT32;
   case TG_FLOAT16:
   case TG_BFLOAT16:
+  case TG_FP8E4M3:
+  case TG_FP8E5M2:
     return TG_FLOAT32;
   default:
     return dt;
@@ -205,7 +217,10 @@ double dtype_min(tg_dtype dt) {
   case TG_BFLOAT16:
   case TG_FLOAT32:
   case TG_FLOAT64:
+  case TG_FP8E5M2:
     return -INFINITY;
+  case TG_FP8E4M3:
+    return -448; /* no inf: its lowest value */
   default:
     return 0;
   }
@@ -235,7 +250,10 @@ double dtype_max(tg_dtype dt) {
   case TG_BFLOAT16:
   case TG_FLOAT32:
   case TG_FLOAT64:
+  case TG_FP8E5M2:
     return INFINITY;
+  case TG_FP8E4M3:
+    return 448;
   default:
     return 0;
   }
@@ -312,6 +330,48 @@ float bf16_to_float(uint16_t h) {
   return f;
 }
 uint16_t float_to_bf16(float f) { return round_to_small_float(f, 8, 7); }
+
+/* ---- fp8 ----
+ * tinygrad's conversions (OCP formats, nearest-even from the double's bits). e4m3: bias 7, no inf (inf
+ * and nan become nan 0x7f / 0xff), finite values beyond 464 saturate to 448. e5m2: bias 15, inf and
+ * nan kept, finite values from 61440 on saturate to 57344. */
+uint8_t double_to_fp8(double d, tg_dtype dt) {
+  bool e4 = dt == TG_FP8E4M3;
+  int M = e4 ? 3 : 2, B = e4 ? 7 : 15;
+  uint64_t x = double_bits(d), a = x & 0x7fffffffffffffffULL;
+  uint8_t s = (uint8_t)((x >> 56) & 0x80);
+  if (a >= 0x7ff0000000000000ULL) {
+    if (e4) return s | 0x7f;
+    return s | (a > 0x7ff0000000000000ULL ? 0x7f : 0x7c);
+  }
+  if (a > (e4 ? 0x407D000000000000ULL : 0x40EE000000000000ULL - 1)) return s | (e4 ? 0x7e : 0x7b);
+  int E = (int)(a >> 52) - 1023;
+  if (E >= 1 - B) { /* normal: keep M mantissa bits */
+    int sh = 52 - M;
+    uint64_t rb = a & ((1ULL << sh) - 1), h = 1ULL << (sh - 1);
+    unsigned r = ((unsigned)(E + B) << M) | (unsigned)((a >> sh) & ((1u << M) - 1));
+    if (rb > h || (rb == h && (r & 1))) r++;
+    return s | (uint8_t)r;
+  }
+  if (E < -B - M) return s; /* below half the smallest subnormal */
+  int sh = 53 - B - M - E;  /* subnormal: the significand's bits above 2^(1-B-M) */
+  uint64_t m = (a & 0xfffffffffffffULL) | (1ULL << 52), q = m >> sh, rm = m & ((1ULL << sh) - 1),
+           h = 1ULL << (sh - 1);
+  if (rm > h || (rm == h && (q & 1))) q++;
+  return s | (uint8_t)q;
+}
+
+double fp8_to_double(uint8_t b, tg_dtype dt) {
+  bool e4 = dt == TG_FP8E4M3;
+  int M = e4 ? 3 : 2, B = e4 ? 7 : 15, emax = (1 << (7 - M)) - 1;
+  int e = (b >> M) & emax, m = b & ((1 << M) - 1);
+  double v;
+  if (!e4 && e == emax) v = m ? NAN : INFINITY;
+  else if (e4 && e == emax && m == (1 << M) - 1) v = NAN;
+  else if (e == 0) v = ldexp(m, 1 - B - M);
+  else v = ldexp(m | (1 << M), e - B - M);
+  return (b & 0x80) ? -v : v;
+}
 
 /* ---- host value <-> storage ---- */
 
@@ -391,6 +451,12 @@ void dtype_store(tg_dtype dt, void *dst, double v) {
   case TG_FLOAT64:
     memcpy(dst, &v, 8);
     return;
+  case TG_FP8E4M3:
+  case TG_FP8E5M2: {
+    uint8_t b = double_to_fp8(v, dt);
+    memcpy(dst, &b, 1);
+    return;
+  }
   case TG_UINT64:
     store_bits(dt, dst, double_to_u64_bits(v));
     return;
@@ -426,6 +492,12 @@ void dtype_store_i64(tg_dtype dt, void *dst, int64_t v) {
   case TG_FLOAT64: {
     double d = (double)v;
     memcpy(dst, &d, 8);
+    return;
+  }
+  case TG_FP8E4M3:
+  case TG_FP8E5M2: {
+    uint8_t b = double_to_fp8(i64_to_double_sticky(v), dt);
+    memcpy(dst, &b, 1);
     return;
   }
   default:
@@ -527,6 +599,12 @@ double dtype_load(tg_dtype dt, const void *src) {
     double d;
     memcpy(&d, src, 8);
     return d;
+  }
+  case TG_FP8E4M3:
+  case TG_FP8E5M2: {
+    uint8_t b;
+    memcpy(&b, src, 1);
+    return fp8_to_double(b, dt);
   }
   case TG_UINT64: {
     uint64_t u;

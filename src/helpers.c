@@ -37,21 +37,91 @@ _Noreturn void tg__assert_fail(const char *cond, const char *file, int line) {
 }
 
 static _Noreturn void out_of_memory(size_t n) {
-  fprintf(stderr, "tinygrad.c: out of host memory (requested %zu bytes)\n", n);
+  fprintf(stderr, "tinygrad.c: out of host memory (requested %zu bytes, and the reserve is spent)\n", n);
   fflush(stderr);
   abort();
 }
 
+/* ---- running out of host memory ----
+ * A failed small allocation does not abort. The allocator frees a reserve it holds for this moment
+ * (RESERVE_BYTES, taken at the first allocation), retries, and notes the failure for the thread; the
+ * operation under way then finishes on the reserve with valid state, and the next check point
+ * (tg_oom_check: creating a tensor handle, a realize, a backward, a load) undoes what the operation
+ * made and reports TG_ERR_RUNTIME. Every allocation site is covered without unwinding code at each,
+ * and nothing is left half-built. Only if memory is still short after the reserve is gone does the
+ * allocator abort. A test hook makes chosen calls fail (tg__fail_alloc_after). */
+#define RESERVE_BYTES ((size_t)16 << 20)
+static void *_Atomic g_reserve;
+static _Atomic bool g_reserve_taken;
+static _Thread_local bool tl_oom;
+static _Thread_local size_t tl_oom_bytes;
+static _Thread_local long tl_alloc_calls, tl_fail_at;
+static _Thread_local bool tl_fail_persistent;
+
+void tg__fail_alloc_after(long n, bool persistent) {
+  tl_alloc_calls = 0;
+  tl_fail_at = n > 0 ? n : 0;
+  tl_fail_persistent = persistent;
+}
+
+long tg__alloc_calls(void) { return tl_alloc_calls; }
+
+/* Counts the call; true if the test hook makes it fail. */
+static inline bool alloc_should_fail(void) {
+  long c = ++tl_alloc_calls;
+  if (!tl_fail_at) {
+    if (!atomic_load_explicit(&g_reserve_taken, memory_order_relaxed) && !atomic_exchange(&g_reserve_taken, true))
+      atomic_store(&g_reserve, malloc(RESERVE_BYTES)); /* once, by the first thread here */
+    return false;
+  }
+  return tl_fail_persistent ? c >= tl_fail_at : c == tl_fail_at;
+}
+
+/* An allocation of n bytes failed: note it and give the reserve back to the system for the retry. */
+static void alloc_failed(size_t n) {
+  if (!tl_oom) tl_oom_bytes = n;
+  tl_oom = true;
+  free(atomic_exchange(&g_reserve, NULL));
+}
+
+bool tg_oom_check(const char *what) {
+  if (!tl_oom) return false;
+  size_t n = tl_oom_bytes;
+  tg_set_error(TG_ERR_RUNTIME,
+               "%s: out of host memory (an allocation of %zu bytes failed); what it built was freed and the library "
+               "stays usable: free tensors or lower the batch size, then retry",
+               what, n);
+  tl_oom = false; /* after recording: the message itself may have needed the reserve */
+  tl_oom_bytes = 0;
+  if (!atomic_load(&g_reserve)) {
+    void *r = malloc(RESERVE_BYTES), *none = NULL;
+    if (r && !atomic_compare_exchange_strong(&g_reserve, &none, r)) free(r);
+  }
+  return true;
+}
+
+bool tg_oom_mark(void) { return tl_oom; }
+
+void tg_oom_forget(bool mark) {
+  if (!mark) tl_oom = false, tl_oom_bytes = 0;
+}
+
 void *tg_xmalloc(size_t n) {
-  void *p = malloc(n ? n : 1);
-  if (!p) out_of_memory(n);
+  void *p = alloc_should_fail() ? NULL : malloc(n ? n : 1);
+  if (!p) {
+    alloc_failed(n);
+    if (!(p = malloc(n ? n : 1))) out_of_memory(n);
+  }
   return p;
 }
 
 void *tg_xcalloc(size_t n, size_t sz) {
   if (sz && n > SIZE_MAX / sz) out_of_memory(SIZE_MAX);
-  void *p = calloc(n ? n : 1, sz ? sz : 1);
-  if (!p) out_of_memory(n * sz);
+  void *p = alloc_should_fail() ? NULL : calloc(n ? n : 1, sz ? sz : 1);
+  if (!p) {
+    alloc_failed(n * sz);
+    if (!(p = calloc(n ? n : 1, sz ? sz : 1))) out_of_memory(n * sz);
+  }
   return p;
 }
 
@@ -67,8 +137,11 @@ size_t host_memory_limit(void) {
 }
 
 void *tg_xrealloc(void *p, size_t n) {
-  void *q = realloc(p, n ? n : 1);
-  if (!q) out_of_memory(n);
+  void *q = alloc_should_fail() ? NULL : realloc(p, n ? n : 1);
+  if (!q) {
+    alloc_failed(n); /* p is still valid */
+    if (!(q = realloc(p, n ? n : 1))) out_of_memory(n);
+  }
   return q;
 }
 

@@ -21,11 +21,26 @@
   } while (0)
 _Noreturn void tg__assert_fail(const char *cond, const char *file, int line);
 
-/* ---- memory: out-of-memory on the host is an internal failure (abort with message) ---- */
+/* ---- memory ----
+ * tg_x* never return NULL. When the system refuses, they free the process's memory reserve, retry,
+ * and note the failure for the calling thread; they abort only when the retry fails too. Code that
+ * completes an operation checks with tg_oom_check before handing its result out. */
 void *tg_xmalloc(size_t n);
 void *tg_xcalloc(size_t n, size_t sz);
 void *tg_xrealloc(void *p, size_t n);
 char *tg_xstrdup(const char *s);
+/* True if an allocation of this thread failed since the last check (it was served from the reserve):
+ * records TG_ERR_RUNTIME "<what>: out of host memory ..." and re-arms the reserve. The caller then
+ * frees what it built and reports the error. */
+bool tg_oom_check(const char *what);
+/* For code that frees (releases never fail, they only need scratch): tg_oom_mark() before, and
+ * tg_oom_forget(mark) after forgets failures the release itself had, keeping earlier ones. */
+bool tg_oom_mark(void);
+void tg_oom_forget(bool mark);
+/* Test hook: the n-th tg_x* allocation of this thread from now fails (and every later one if
+ * persistent); n = 0 turns it off. tg__alloc_calls counts this thread's calls since then. */
+void tg__fail_alloc_after(long n, bool persistent);
+long tg__alloc_calls(void);
 /* RAM plus swap in bytes (read once): more than this can never be held, whatever the kernel's
  * overcommit policy lets an allocation call return. */
 size_t host_memory_limit(void);
@@ -113,6 +128,9 @@ float half_to_float(uint16_t h);
 uint16_t float_to_half(float f);   /* round to nearest even */
 float bf16_to_float(uint16_t h);
 uint16_t float_to_bf16(float f);   /* round to nearest even */
+/* tinygrad's fp8 conversions (dt TG_FP8E4M3 or TG_FP8E5M2): nearest even, saturating, see dtype.c */
+uint8_t double_to_fp8(double d, tg_dtype dt);
+double fp8_to_double(uint8_t b, tg_dtype dt);
 
 /* numpy-style formatting of a contiguous host array (used by tg_to_string). Returns malloc'd. */
 char *format_array(const void *data, tg_dtype dt, const int64_t *shape, int ndim);

@@ -4,9 +4,10 @@
 #   tests/run_tests.sh [--c-only]        (normally through `make test` / `make asan`)
 #
 # Runs, in this order:
-#   1. $BUILD/tests/test_X for every tests/test_X.c (C unit tests, linked against libtinygrad.a)
+#   1. $BUILD/tests/test_X for every tests/test_X.c (C unit tests, linked against libtinygrad.a);
+#      then test_jit and test_fusion again with DEV=CL (OpenCL on PoCL), and examples/devices
 #   2. every tests/test_*.py with $PYTHON (differential tests against PyTorch; they load the library
-#      from $TINYGRAD_LIB)                                                      [skipped by --c-only]
+#      from $TINYGRAD_LIB), then every 8th case of test_ops_torch.py with DEV=CL  [skipped by --c-only]
 #   3. header checks: tests/test_header.c with gcc and clang (-std=c11 -pedantic), and
 #      tests/test_header_cpp.cpp with g++ and clang++ (-std=c++11 -pedantic)   [skipped by --c-only]
 #   4. install check: `make install` into a temporary prefix, then a program built with
@@ -121,11 +122,23 @@ for src in tests/test_*.c; do
   fi
 done
 
+# ---- 1b. the same on OpenCL (PoCL): TinyJit replays and kernel counts with DEV=CL, the device list
+for name in test_jit test_fusion; do
+  [ -x "$BUILD/tests/$name" ] && run "$name (DEV=CL)" env DEV=CL "$BUILD/tests/$name"
+done
+# examples/devices must list CPU and CL and compute [1,2,3]*2 on both
+[ -x "$BUILD/examples/devices" ] && run "examples/devices" bash -c '
+  out=$("$1") && echo "$out" && grep -q "\[2, 4, 6\] on CPU$" <<<"$out" && grep -q "\[2, 4, 6\] on CL$" <<<"$out" &&
+    echo "devices: 1 passed, 0 failed" || { echo "$out"; echo "devices: 0 passed, 1 failed"; }' _ "$BUILD/examples/devices"
+
 if [ $C_ONLY = 0 ]; then
   # ---- 2. Python differential tests -------------------------------------------------------------
   for py in tests/test_*.py; do
     run "$(basename "$py")" "$PYTHON" "$py"
   done
+  # the op suite on OpenCL: every 8th case (each op family on CL; the whole suite takes ~15 min
+  # there with a cold kernel cache, PoCL compiling each kernel in ~0.3 s)
+  run "test_ops_torch.py (DEV=CL, every 8th case)" env DEV=CL "$PYTHON" tests/test_ops_torch.py --every 8
 
   # ---- 3. header checks -------------------------------------------------------------------------
   mkdir -p "$TMP/hdr"

@@ -268,6 +268,78 @@ TEST(idx_hostile_headers) {
   CHECK(tg_live_count() == 0);
 }
 
+/* Appends raw bytes to a file. */
+static void append_file(const char *path, const void *data, size_t n) {
+  FILE *f = fopen(path, "ab");
+  if (!f || fwrite(data, 1, n, f) != n || fclose(f) != 0) {
+    fprintf(stderr, "cannot append to %s\n", path);
+    exit(2);
+  }
+}
+
+TEST(idx_gzip_members_trailing_garbage_and_bombs) {
+  const uint32_t dims[1] = {6};
+  const uint8_t vals[6] = {1, 2, 3, 4, 5, 6};
+  uint8_t file[64];
+  size_t n = make_idx(file, 0x08, 1, dims, vals, 1, 6);
+  /* two gzip members back to back (cat a.gz b.gz) form one stream: header in one, data in the other */
+  const char *p = tpath("two.gz");
+  write_file(p, file, 5, true);
+  write_file(tpath("second.gz"), file + 5, n - 5, true);
+  size_t zn = 0;
+  uint8_t *z = read_file(tpath("second.gz"), &zn);
+  CHECK(z != NULL);
+  if (!z) return;
+  append_file(p, z, zn);
+  tg_clear_error();
+  tg_tensor t = tg_idx_load(p);
+  CHECK_MSG(t.id, "%s", tg_last_error() ? tg_last_error() : "");
+  uint8_t got[6] = {0};
+  CHECK(tg_data(t, got, 6) == TG_OK && memcmp(got, vals, 6) == 0);
+  tg_free(t);
+  /* garbage after the gzip stream is an error (it loaded before), one stray byte too */
+  p = tpath("garbage.gz");
+  write_file(p, file, n, true);
+  append_file(p, "garbage!", 8);
+  EXPECT_IDX_FAIL(p, "garbage after the gzip stream");
+  write_file(p, file, n, true);
+  append_file(p, "\x1f", 1);
+  EXPECT_IDX_FAIL(p, "after the gzip stream");
+  write_file(p, file, n, true);
+  append_file(p, "\0\0\0\0", 4);
+  EXPECT_IDX_FAIL(p, "garbage after the gzip stream");
+  free(z);
+  /* a gzip bomb: 6 declared bytes, 64 MiB of zeros inflated after them; inflating stops one byte past
+   * the declared size (the test would take seconds and 64 MiB if it inflated everything) */
+  p = tpath("bomb.gz");
+  gzFile g = gzopen(p, "wb9");
+  CHECK(g != NULL);
+  if (!g) return;
+  gzwrite(g, file, (unsigned)n);
+  static uint8_t zeros[1 << 20];
+  for (int i = 0; i < 64; i++) gzwrite(g, zeros, sizeof zeros);
+  gzclose(g);
+  EXPECT_IDX_FAIL(p, "data continues past the 6 bytes the header declares");
+  /* a zero dimension beside huge ones: 0 elements, but the others multiply past 2^48 */
+  uint8_t h[16] = {0, 0, 0x08, 3, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+  for (int gz = 0; gz < 2; gz++) {
+    p = tpath(gz ? "zero_dim.idx.gz" : "zero_dim.idx");
+    write_file(p, h, sizeof h, gz);
+    tg_clear_error();
+    CHECK(!tg_idx_load(p).id && tg_last_status() == TG_ERR_IO);
+    CHECK_STR_CONTAINS(tg_last_error(), p);
+    CHECK_STR_CONTAINS(tg_last_error(), "non-zero dimensions multiply past 2^48");
+    tg_clear_error();
+  }
+  /* a zero dimension beside ordinary ones is an empty tensor */
+  uint8_t e[16] = {0, 0, 0x08, 3, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0, 0x10, 0};
+  write_file(tpath("empty3.idx"), e, sizeof e, false);
+  t = tg_idx_load(tpath("empty3.idx"));
+  CHECK(t.id && tg_numel(t) == 0 && tg_ndim(t) == 3);
+  tg_free(t);
+  CHECK(tg_live_count() == 0);
+}
+
 /* ---- MNIST ------------------------------------------------------------------------------------- */
 
 static void check_mnist_shapes(tg_tensor X, tg_tensor Y, int64_t n, int64_t h, int64_t w) {

@@ -42,7 +42,7 @@ RNG = np.random.default_rng(4321)
 _P, _S, _I = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int
 for _name, (_res, _args) in {
     "tg_state_dict_new": (_P, []), "tg_state_dict_free": (None, [_P]), "tg_state_dict_len": (_I, [_P]),
-    "tg_state_dict_name": (_S, [_P, _I]), "tg_state_dict_tensor": (_T, [_P, _I]), "tg_state_dict_get": (_T, [_P, _S]),
+    "tg_state_dict_name": (_S, [_P, _I]), "tg_state_dict_tensor": (_T, [_P, _I]), "tg_state_dict_get": (_T, [_P, _S]), "tg_state_dict_has": (ctypes.c_bool, [_P, _S]), "tg_state_dict_cast": (_I, [_P, _I]),
     "tg_state_dict_set": (_I, [_P, _S, _T]), "tg_state_dict_meta_set": (_I, [_P, _S, _S]),
     "tg_state_dict_meta_get": (_S, [_P, _S]), "tg_state_dict_meta_len": (_I, [_P]),
     "tg_state_dict_meta_key": (_S, [_P, _I]), "tg_state_dict_meta_value": (_S, [_P, _I]),
@@ -155,7 +155,12 @@ def test_state_dict_api():
     w = Tensor(_h=lib.tg_state_dict_get(sd, b"w"))
     assert np.array_equal(w.numpy(), np.arange(6, dtype=np.float32).reshape(2, 3))
     assert np.array_equal(Tensor(_h=lib.tg_state_dict_get(sd, b"lazy")).numpy(), np.arange(6, dtype=np.float32).reshape(2, 3) + 1)
-    assert lib.tg_state_dict_get(sd, b"missing").id == 0 and tg.last_error() is None
+    assert lib.tg_state_dict_get(sd, b"missing").id == 0
+    assert tg.last_error() == "tg_state_dict_get: no tensor named 'missing' (did you mean 'w'?)", tg.last_error()
+    lib.tg_clear_error()
+    assert lib.tg_state_dict_get(sd, b"lazzy").id == 0 and "did you mean 'lazy'?" in tg.last_error(), tg.last_error()
+    lib.tg_clear_error()
+    assert lib.tg_state_dict_has(sd, b"lazy") and not lib.tg_state_dict_has(sd, b"missing") and tg.last_error() is None
     assert Tensor(_h=lib.tg_state_dict_get(sd, b"b")).is_realized(), "a realized tensor stored in a dict must stay realized"
     # replace keeps the position and frees the old handle
     live = tg.live_count()
@@ -183,6 +188,30 @@ def test_state_dict_api():
     lib.tg_state_dict_free(sd)
   lib.tg_state_dict_free(None)
   assert tg.live_count() == 0, f"{tg.live_count()} live handles after freeing the dict"
+
+
+@case
+def test_state_dict_cast():
+  sd = make_sd({"w": np.arange(6, dtype=np.float32).reshape(2, 3) / 4, "idx": np.array([1, 2], np.int64),
+                "h": np.array([0.5, -2], np.float16), "mask": np.array([True, False])})
+  try:
+    live = tg.live_count()
+    assert lib.tg_state_dict_cast(sd, tg.FLOAT16) == 0, tg.last_error()
+    assert tg.live_count() == live, "the replaced entries' handles must be freed"
+    got = {n: (t.dtype, t.numpy()) for n, t in sd_items(sd)}
+    assert [lib.tg_state_dict_name(sd, i) for i in range(4)] == [b"w", b"idx", b"h", b"mask"]
+    assert got["w"][0] == tg.FLOAT16 and got["w"][1].tolist() == (np.arange(6).reshape(2, 3) / 4).tolist()
+    assert got["idx"][0] == tg.INT64 and got["idx"][1].tolist() == [1, 2]
+    assert got["h"][0] == tg.FLOAT16 and got["mask"][0] == tg.BOOL
+    assert all(t.is_realized() for _, t in sd_items(sd))
+    assert lib.tg_state_dict_cast(sd, tg.FLOAT64) == 0 and sd_items(sd)[0][1].dtype == tg.FLOAT64
+    lib.tg_clear_error()
+    assert lib.tg_state_dict_cast(sd, tg.INT32) < 0 and "not a floating-point dtype" in tg.last_error()
+    lib.tg_clear_error()
+    assert lib.tg_state_dict_cast(None, tg.FLOAT16) < 0
+    lib.tg_clear_error()
+  finally:
+    lib.tg_state_dict_free(sd)
 
 
 @case
@@ -424,10 +453,16 @@ def test_safe_save_atomic():
     assert lib.tg_state_dict_set(bad_meta, b"x", Tensor(np.ones(2, np.float32)).h) == 0
   lib.tg_state_dict_meta_set(bad_meta, b"k", b"\xff\xfe")
   bad_name = make_sd({"__metadata__": np.ones(1, np.float32)})
-  stale = make_sd({"a": np.ones(3, np.float32)})
-  lib.tg_free(lib.tg_state_dict_tensor(stale, 0))  # the dict's own handle freed behind its back
+  # the dict's own handle cannot be freed behind its back: tg_free refuses it, the entry stays valid
+  borrowed = make_sd({"a": np.ones(3, np.float32)})
+  lib.tg_clear_error()
+  lib.tg_free(lib.tg_state_dict_tensor(borrowed, 0))
+  assert "tg_free" in tg.last_error() and "borrowed from a state dict" in tg.last_error(), tg.last_error()
+  lib.tg_clear_error()
+  assert Tensor(_h=lib.tg_state_dict_tensor(borrowed, 0)).numpy().tolist() == [1, 1, 1]
+  lib.tg_state_dict_free(borrowed)
   try:
-    for sd, phrase in ((bad_meta, "utf-8"), (bad_name, "__metadata__"), (stale, "handle")):
+    for sd, phrase in ((bad_meta, "utf-8"), (bad_name, "__metadata__")):
       lib.tg_clear_error()
       assert lib.tg_safe_save(sd, path.encode()) < 0
       msg = tg.last_error()
@@ -458,7 +493,7 @@ def test_safe_save_atomic():
     assert lib.tg_safe_save(None, path.encode()) < 0
     lib.tg_clear_error()
   finally:
-    for sd in (bad_meta, bad_name, stale): lib.tg_state_dict_free(sd)
+    for sd in (bad_meta, bad_name): lib.tg_state_dict_free(sd)
 
 
 def st_file(header, data=b"", hlen=None, raw_header=False):
@@ -524,6 +559,9 @@ ST_HOSTILE = [
     ("leading_zero", st_file(b'{"a":{"dtype":"U8","shape":[01],"data_offsets":[0,1]}}', raw_header=True, data=b"\0"),
      ["leading zero"]),
     ("info_not_object", st_file({"a": [1, 2]}), ["tensor info"]),
+    # a zero dimension does not excuse the others: 0 elements, but tg_from_data's limit is passed
+    ("zero_beside_huge", st_file({"a": {"dtype": "F32", "shape": [0, 2**48, 2**48], "data_offsets": [0, 0]}}),
+     ["too many elements", "non-zero dimensions"]),
 ]
 
 
@@ -605,6 +643,57 @@ def test_load_from_fifo_refused():
       expect_fail(fn, fifo, "is not a regular file (a FIFO)")
   finally:
     os.unlink(fifo)
+
+
+def _peak_growth_mib(fn, path):
+  """Runs tg_<fn>(path) in a fresh process; returns how much the load raised its peak RSS (MiB)."""
+  import subprocess
+  code = f"""
+import ctypes, sys
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+import tinygrad as tg
+from tinygrad import lib
+f = lib.tg_{fn}; f.restype = ctypes.c_void_p; f.argtypes = [ctypes.c_char_p]
+lib.tg_state_dict_free.argtypes = [ctypes.c_void_p]
+def status(key):
+  for line in open("/proc/self/status"):
+    if line.startswith(key): return int(line.split()[1]) / 1024
+with open("/proc/self/clear_refs", "w") as c: c.write("5")  # restart the peak (VmHWM) from here
+before = status("VmRSS:")
+sd = f({path!r}.encode())
+assert sd, tg.last_error()
+print(status("VmHWM:") - before)
+lib.tg_state_dict_free(sd)
+"""
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-2000:]
+  return float(r.stdout.strip().splitlines()[-1])
+
+
+@case
+def test_copying_loaders_peak_memory():
+  # 16 tensors of 4 MiB: a loader that held the whole file while copying it would peak at 128 MiB
+  # over its start; reading in parts (safetensors) or giving back each tensor's pages once copied
+  # (GGUF, tar, .pt) keeps it near the 64 MiB the tensors need
+  arrs = {f"t{i}": np.full(1 << 20, i, np.float32) for i in range(16)}
+  st = os.path.join(TMP, "peak.safetensors")
+  safetensors.numpy.save_file(arrs, st)
+  gg = os.path.join(TMP, "peak.gguf")
+  gguf_write(gg, [(k, v, None) for k, v in arrs.items()])
+  tr = os.path.join(TMP, "peak.tar")
+  with tarfile.open(tr, "w", format=tarfile.USTAR_FORMAT) as t:
+    for k, v in arrs.items():
+      b = v.tobytes()
+      ti = tarfile.TarInfo(k)
+      ti.size = len(b)
+      t.addfile(ti, io.BytesIO(b))
+  import torch
+  pz, pl = os.path.join(TMP, "peak.zip.pt"), os.path.join(TMP, "peak.legacy.pt")
+  torch.save({k: torch.from_numpy(v) for k, v in arrs.items()}, pz)
+  torch.save({k: torch.from_numpy(v) for k, v in arrs.items()}, pl, _use_new_zipfile_serialization=False)
+  for fn, path in (("safe_load", st), ("gguf_load", gg), ("tar_extract", tr), ("torch_load", pz), ("torch_load", pl)):
+    grew = _peak_growth_mib(fn, path)
+    assert grew < 100, f"tg_{fn} of a 64 MiB file raised the peak memory by {grew:.0f} MiB"
 
 
 # ==================================================================================================
@@ -830,6 +919,7 @@ GGUF_HOSTILE = [
     ("unsupported_type", gguf_bytes(tensors=[("t", [256], 10, 0)], data=b"\0" * 84), ["Q2_K", "not supported"]),
     ("block_mismatch", gguf_bytes(tensors=[("t", [33], 2, 0)], data=b"\0" * 64), ["block size"]),
     ("dims_overflow", gguf_bytes(tensors=[("t", [2**40, 2**40], 0, 0)], data=b"\0" * 4), ["too large"]),
+    ("zero_beside_huge", gguf_bytes(tensors=[("t", [0, 2**48, 2**48], 0, 0)], data=b""), ["too large", "non-zero"]),
     ("misaligned", gguf_bytes(tensors=[("t", [1], 0, 4)], data=b"\0" * 40), ["alignment"]),
     ("past_end", gguf_bytes(tensors=[("t", [16], 0, 0)], data=b"\0" * 60), ["past the end"]),
     ("offset_huge", gguf_bytes(tensors=[("t", [1], 0, 2**64 - 32)], data=b"\0" * 4), ["past the end"]),

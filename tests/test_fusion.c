@@ -377,6 +377,46 @@ TEST(realized_tensor_zero_kernels) {
   END;
 }
 
+/* A contiguous() that a kernel computed on the way to another target, and that a handle still
+ * holds, becomes that handle's buffer (as in tinygrad): using it again costs no kernel for it. One
+ * no handle holds is a dead intermediate (dead_intermediates_reused). */
+TEST(contiguous_kept) {
+  BEGIN;
+  tg_tensor c = tg_contiguous(tg_zeros(TG_SHAPE(20, 30), NULL));
+  CHECK_KERNELS(tg_add_s(c, 1), ==, 2);
+  CHECK(tg_is_realized(c));
+  tg_tensor d = tg_mul_s(c, 2);
+  CHECK_KERNELS(d, ==, 1);
+  double want[600];
+  for (int i = 0; i < 600; i++) want[i] = 0;
+  CHECK_CLOSE_ALL(d, want, 600, 0);
+  /* an embedding-style weight: zeros_like(...).contiguous(), gathered twice; the second lookup does
+   * not compute the weight again */
+  float wv[12];
+  for (int i = 0; i < 12; i++) wv[i] = (float)i;
+  tg_tensor w0 = tg_from_data(wv, TG_SHAPE(4, 3), F32);
+  tg_tensor w = tg_contiguous(tg_add(tg_zeros_like(w0, NULL), w0));
+  int64_t iv[2] = {3, 1};
+  tg_tensor idx = tg_from_data(iv, TG_SHAPE(2), &(tg_opts){.dtype = TG_INT64});
+  tg_global_counters_reset();
+  CHECK(tg_realize(tg_index(w, idx)) == TG_OK);
+  uint64_t first = tg_global_counters().kernel_count;
+  CHECK_KERNELS(tg_index(w, idx), ==, 1);
+  CHECK_MSG(first == 2, "the first lookup took %llu kernels", (unsigned long long)first);
+  double wl[6] = {9, 10, 11, 3, 4, 5};
+  CHECK_CLOSE_ALL(tg_index(w, idx), wl, 6, 0);
+  /* a gradient still flows through the kept contiguous() */
+  tg_tensor x = tg_set_requires_grad(tg_from_data(wv, TG_SHAPE(12), F32), true);
+  tg_tensor xc = tg_contiguous(tg_mul_s(x, 3));
+  CHECK(tg_realize(tg_add_s(xc, 1)) == TG_OK);
+  CHECK(tg_is_realized(xc));
+  CHECK(tg_backward(tg_sum(tg_mul(xc, xc), TG_ALL_AXES, false)) == TG_OK);
+  double gw[12];
+  for (int i = 0; i < 12; i++) gw[i] = 18.0 * wv[i];
+  CHECK_CLOSE_ALL(tg_grad(x), gw, 12, 1e-5);
+  END;
+}
+
 /* Bytes the default device's caching allocator holds right now (idle blocks). */
 static size_t cpu_cached_bytes(void) {
   Device *d = device_get(tg_default_device());
@@ -423,7 +463,10 @@ TEST(dead_intermediates_reused) {
   tg_tensor y = x;
   for (int k = 0; k < 6; k++) {
     tg_tensor f = tg_flip(y, TG_AXES(k % 2));
-    y = tg_contiguous(tg_add_s(tg_mul_s(f, 0.5), (double)k));
+    tg_tensor next = tg_contiguous(tg_add_s(tg_mul_s(f, 0.5), (double)k));
+    /* no handle keeps the earlier stages (a held contiguous() would be kept: see contiguous_kept) */
+    if (k > 0) tg_free(y);
+    y = next;
   }
   size_t cached0 = cpu_cached_bytes();
   CHECK_KERNELS(y, ==, 6);

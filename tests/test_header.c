@@ -32,7 +32,14 @@ int main(void) {
   EXPECT(count_shape(TG_SHAPE(2, 3)) == 2);
   EXPECT(count_axes(TG_AXES(0, 1, -1)) == 3);
   const tg_opts *opts = TG_OPTS(.dtype = TG_INT32, .requires_grad = true);
-  EXPECT(opts->dtype == TG_INT32 && opts->device == NULL && opts->requires_grad);
+  EXPECT(opts->dtype == TG_INT32 && opts->device == NULL && opts->requires_grad == 1);
+  /* the option macros start from tinygrad's defaults; a designator overrides one, 0 included */
+  EXPECT(TG_OPTS()->requires_grad == TG_GRAD_UNSET && TG_OPTS(.requires_grad = false)->requires_grad == 0);
+  const tg_adamw_opts *aw = TG_ADAMW_OPTS(.weight_decay = 0, .lr = 0);
+  EXPECT(aw->lr == 0 && aw->b1 == 0.9 && aw->b2 == 0.999 && aw->eps == 1e-8 && aw->weight_decay == 0);
+  EXPECT(TG_LAMB_OPTS()->eps == 1e-6 && TG_LARS_OPTS(.classic = false)->momentum == 0.9 && !TG_LARS_OPTS(.classic = false)->classic);
+  EXPECT(TG_POOL2D_OPTS(.kernel_size = {3})->kernel_size[1] == 0 && TG_POOL2D_OPTS()->kernel_size[1] == 2);
+  EXPECT(TG_BATCHNORM_OPTS(.momentum = 0)->momentum == 0 && TG_BATCHNORM_OPTS()->track_running_stats);
   EXPECT(strlen(TG_VERSION) > 0);
   EXPECT(TG_JIT_OPTS(.prune = true)->prune);
   EXPECT(TG_JIT_EXPORT_OPTS(.name = "net")->name[0] == 'n' && !TG_JIT_EXPORT_OPTS(.name = "net")->weights_path);

@@ -222,8 +222,9 @@ TEST(default_float) {
 
 TEST(dtype_table) {
   static const char *names[] = {"default", "bool", "char",  "short", "int",      "long",  "uchar",
-                                "ushort",  "uint", "ulong", "half",  "bfloat16", "float", "double"};
-  static const size_t sizes[] = {0, 1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2, 4, 8};
+                                "ushort",  "uint", "ulong", "half",  "bfloat16", "float", "double",
+                                "float8_e4m3", "float8_e5m2"};
+  static const size_t sizes[] = {0, 1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2, 4, 8, 1, 1};
   for (int d = 0; d < TG_DTYPE_COUNT; d++) {
     CHECK_MSG(strcmp(tg_dtype_name((tg_dtype)d), names[d]) == 0, "dtype %d name %s", d,
               tg_dtype_name((tg_dtype)d));

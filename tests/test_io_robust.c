@@ -10,9 +10,16 @@
  *    file intact (through a link too) and no temporary file behind.
  *  - Every file loader refuses a FIFO at once (no blocking open, no endless read) with an error
  *    naming the function and the path; a watchdog turns a hang into a failure.
+ *  - Temporary files of saves killed before their rename ("PATH.tmp.PID.N") are removed by the next
+ *    save to PATH when their process is gone; those of live processes, and look-alikes, stay.
  *  - tg_state_dict_meta_set with the value tg_state_dict_meta_get returned for the same key.
  *  - Lazy results of tg_safe_load_mmap's tensors, and detached handles, still read the file after the
  *    dict is freed; the mapping goes away with the last of them.
+ *  - A file that changes while it is loaded: truncated between the stages of a load (a hook in the
+ *    loaders), every loader reports TG_ERR_IO; rewritten in place by another process over and over
+ *    while the copying loaders load it, every load succeeds or fails cleanly (no SIGBUS). For
+ *    tg_safe_load_mmap the documented limits: a same-size rewrite shows through the tensors, and a
+ *    truncation under a live tensor raises SIGBUS when it is read (in a child process).
  * Everything happens in a fresh temporary directory.
  */
 #include <dirent.h>
@@ -21,9 +28,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "nn/state_dict.h" /* io_test_hook */
 #include "test.h"
 #include "tinygrad.h"
 
@@ -305,6 +318,292 @@ TEST(mmap_tensors_outlive_dict) {
   if (before > 0) CHECK(mappings_of(path) == 0);
 }
 
+
+/* The pid of a process that existed and is gone (forked, exited, reaped). */
+static pid_t dead_pid(void) {
+  pid_t p = fork();
+  if (p == 0) _exit(0);
+  if (p > 0) waitpid(p, NULL, 0);
+  return p;
+}
+
+TEST(safe_save_removes_temps_of_dead_processes) {
+  tg_state_dict *sd = small_dict(3);
+  const char *path = tpath("leftover.safetensors");
+  pid_t dead1 = dead_pid(), dead2 = dead_pid();
+  pid_t live = fork(); /* a process saving right now: its file must stay */
+  if (live == 0) {
+    pause();
+    _exit(0);
+  }
+  CHECK(dead1 > 0 && dead2 > 0 && live > 0);
+  char d1[600], d2[600], l1[600], own[600], other[600], odd1[600], odd2[600];
+  snprintf(d1, sizeof d1, "%s.tmp.%d.0", path, (int)dead1);
+  snprintf(d2, sizeof d2, "%s.tmp.%d.17", path, (int)dead2);
+  snprintf(l1, sizeof l1, "%s.tmp.%d.0", path, (int)live);
+  snprintf(own, sizeof own, "%s.tmp.%d.999", path, (int)getpid()); /* this process's own save */
+  snprintf(other, sizeof other, "%s.tmp.%d.0", tpath("other.safetensors"), (int)dead1); /* another path's */
+  snprintf(odd1, sizeof odd1, "%s.tmp.%d", path, (int)dead1);    /* not the pattern: no counter */
+  snprintf(odd2, sizeof odd2, "%s.tmp.%dx.0", path, (int)dead1); /* not the pattern: not a pid */
+  const char *all[] = {d1, d2, l1, own, other, odd1, odd2};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) write_text(all[i], "partial model bytes");
+  CHECK(tg_safe_save(sd, path) == TG_OK);
+  CHECK(holds_dict(path, 3));
+  CHECK_MSG(access(d1, F_OK) != 0, "%s (dead process) still there", d1);
+  CHECK_MSG(access(d2, F_OK) != 0, "%s (dead process) still there", d2);
+  CHECK_MSG(is_regular(l1), "%s (live process) was removed", l1);
+  CHECK(is_regular(own) && is_regular(other) && is_regular(odd1) && is_regular(odd2));
+  /* a directory named like a leftover is no file of a save: left alone */
+  CHECK(mkdir(d1, 0755) == 0);
+  CHECK(tg_safe_save(sd, path) == TG_OK);
+  struct stat st;
+  CHECK(lstat(d1, &st) == 0 && S_ISDIR(st.st_mode));
+  rmdir(d1);
+  kill(live, SIGKILL);
+  waitpid(live, NULL, 0);
+  /* now that it is gone, its leftover goes with the next save */
+  CHECK(tg_safe_save(sd, path) == TG_OK);
+  CHECK(access(l1, F_OK) != 0);
+  for (size_t i = 3; i < sizeof all / sizeof all[0]; i++) unlink(all[i]);
+  unlink(path);
+  CHECK(temp_files_left() == 0);
+  tg_state_dict_free(sd);
+  CHECK(tg_live_count() == 0);
+}
+
+/* ---- files that change while they are loaded ---- */
+
+/* The whole file (malloc'd, *n bytes) or NULL. */
+static uint8_t *slurp(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long len = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  uint8_t *b = malloc(len > 0 ? (size_t)len : 1);
+  *n = b ? fread(b, 1, (size_t)len, f) : 0;
+  fclose(f);
+  return b;
+}
+
+static void write_bytes(const char *path, const void *b, size_t n) {
+  FILE *f = fopen(path, "wb");
+  if (!f || fwrite(b, 1, n, f) != n || fclose(f) != 0) {
+    fprintf(stderr, "cannot write %s\n", path);
+    exit(2);
+  }
+}
+
+/* A seed file of the fuzz corpus, next to this source file. */
+static const char *corpus(const char *rel) {
+  static char p[1024];
+  const char *here = __FILE__, *slash = strrchr(here, '/');
+  snprintf(p, sizeof p, "%.*s/fuzz_corpus/%s", slash ? (int)(slash - here) : 1, slash ? here : ".", rel);
+  return p;
+}
+
+static int hook_stage = -1;
+static off_t hook_size;
+static void truncate_hook(const char *path, int stage) {
+  if (stage == hook_stage && truncate(path, hook_size) != 0) perror("truncate");
+}
+
+typedef struct {
+  const char *name, *file; /* the loader and a file it loads */
+  tg_state_dict *(*fn)(const char *);
+} Loader;
+
+static const Loader k_loaders[] = {
+    {"tg_safe_load", "changing.safetensors", tg_safe_load},
+    {"tg_safe_load_mmap", "changing.safetensors", tg_safe_load_mmap},
+    {"tg_gguf_load", "changing.gguf", tg_gguf_load},
+    {"tg_tar_extract", "changing.tar", tg_tar_extract},
+    {"tg_torch_load", "changing.pt", tg_torch_load},
+};
+
+/* Writes the sample file of each format under tpath(file); false if a corpus file is missing. */
+static bool make_samples(void) {
+  tg_state_dict *sd = tg_state_dict_new();
+  tg_scope_begin();
+  float big[16384];
+  for (int i = 0; i < 16384; i++) big[i] = (float)i;
+  tg_state_dict_set(sd, "w", tg_from_data(big, TG_SHAPE(16384), TG_OPTS(.dtype = TG_FLOAT32)));
+  tg_scope_end();
+  bool ok = tg_safe_save(sd, tpath("changing.safetensors")) == TG_OK;
+  tg_state_dict_free(sd);
+  const char *src[3][2] = {{"fuzz_gguf/plain.gguf", "changing.gguf"},
+                           {"fuzz_tar/ustar.tar", "changing.tar"},
+                           {"fuzz_torch_load/small.zip.pt", "changing.pt"}};
+  for (int i = 0; i < 3 && ok; i++) {
+    size_t n = 0;
+    uint8_t *b = slurp(corpus(src[i][0]), &n);
+    ok = b && n > 0;
+    CHECK_MSG(ok, "cannot read %s", corpus(src[i][0]));
+    if (ok) write_bytes(tpath(src[i][1]), b, n);
+    free(b);
+  }
+  return ok;
+}
+
+TEST(file_truncated_during_load) {
+  if (!make_samples()) return;
+  io_test_hook = truncate_hook;
+  for (size_t i = 0; i < sizeof k_loaders / sizeof k_loaders[0]; i++) {
+    const Loader *l = &k_loaders[i];
+    char path[600];
+    snprintf(path, sizeof path, "%s", tpath(l->file));
+    size_t n = 0;
+    uint8_t *orig = slurp(path, &n);
+    CHECK(orig != NULL);
+    if (!orig) continue;
+    tg_state_dict *sd = l->fn(path); /* unchanged: loads */
+    CHECK_MSG(sd != NULL, "%s: %s", l->name, tg_last_error() ? tg_last_error() : "");
+    tg_state_dict_free(sd);
+    tg_clear_error();
+    /* stage 0: after the loader learned the size, before it read anything; stage 1 (safetensors):
+     * after the header was parsed, before the tensors were read */
+    int last = strncmp(l->name, "tg_safe_load", 12) == 0 ? 1 : 0;
+    for (int stage = 0; stage <= last; stage++) {
+      for (int cut = 0; cut < 2; cut++) {
+        write_bytes(path, orig, n);
+        hook_stage = stage;
+        hook_size = cut ? (off_t)(n / 2) : 0;
+        sd = l->fn(path);
+        hook_stage = -1;
+        CHECK_MSG(sd == NULL, "%s loaded a file truncated to %lld bytes at stage %d", l->name,
+                  (long long)hook_size, stage);
+        tg_state_dict_free(sd);
+        CHECK_MSG(tg_last_status() == TG_ERR_IO, "%s stage %d: status %d", l->name, stage, tg_last_status());
+        const char *e = take_error();
+        CHECK_MSG(strstr(e, l->name) && strstr(e, path) && strstr(e, "shrank"), "%s stage %d cut %d: %s",
+                  l->name, stage, cut, e);
+      }
+    }
+    write_bytes(path, orig, n);
+    free(orig);
+  }
+  /* IDX (plain): read in parts too */
+  const uint8_t idx[4 + 4 + 4096] = {0, 0, 0x08, 1, 0, 0, 0x10, 0};
+  const char *ip = tpath("changing.idx");
+  write_bytes(ip, idx, sizeof idx);
+  hook_stage = 0;
+  hook_size = 2000;
+  tg_tensor t = tg_idx_load(ip);
+  hook_stage = -1;
+  CHECK(!t.id && tg_last_status() == TG_ERR_IO);
+  CHECK_STR_CONTAINS(take_error(), "changed while it was read");
+  io_test_hook = NULL;
+  CHECK(tg_live_count() == 0);
+}
+
+/* Rewrites path with contents b[0..n) in place (truncate, then write in two parts) until killed. */
+static void rewrite_forever(const char *path, const uint8_t *b, size_t n, pid_t parent) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL); /* if the loader crashes, this writer must not live on */
+  if (getppid() != parent) _exit(0);
+  for (;;) {
+    int fd = open(path, O_WRONLY | O_TRUNC);
+    if (fd < 0) _exit(3);
+    size_t half = n / 2;
+    if (write(fd, b, half) != (ssize_t)half) _exit(3);
+    sched_yield();
+    if (write(fd, b + half, n - half) != (ssize_t)(n - half)) _exit(3);
+    close(fd);
+  }
+}
+
+TEST(copying_loaders_survive_concurrent_rewrites) {
+  if (!make_samples()) return;
+  int ok = 0, failed = 0;
+  for (size_t i = 0; i < sizeof k_loaders / sizeof k_loaders[0]; i++) {
+    const Loader *l = &k_loaders[i];
+    if (l->fn == tg_safe_load_mmap) continue; /* its limits are tested below */
+    char path[600];
+    snprintf(path, sizeof path, "%s", tpath(l->file));
+    size_t n = 0;
+    uint8_t *orig = slurp(path, &n);
+    CHECK(orig != NULL);
+    if (!orig) continue;
+    pid_t parent = getpid(), pid = fork();
+    if (pid == 0) rewrite_forever(path, orig, n, parent);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do { /* a SIGBUS here kills the test */
+      tg_state_dict *sd = l->fn(path);
+      if (sd) {
+        ok++;
+        for (int k = 0; k < tg_state_dict_len(sd); k++) CHECK(tg_realize(tg_state_dict_tensor(sd, k)) == TG_OK);
+        tg_state_dict_free(sd);
+      } else {
+        failed++;
+        CHECK_MSG(tg_last_status() == TG_ERR_IO, "%s: %s", l->name, tg_last_error() ? tg_last_error() : "");
+        const char *e = take_error();
+        CHECK_MSG(strstr(e, l->name) && strstr(e, path), "%s", e);
+      }
+      clock_gettime(CLOCK_MONOTONIC, &t1);
+    } while ((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec) < 0.4);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    free(orig);
+  }
+  printf("  concurrent rewrites: %d loads succeeded, %d failed cleanly\n", ok, failed);
+  CHECK(ok + failed > 0);
+  CHECK(tg_live_count() == 0);
+}
+
+static void bus_exit(int sig) {
+  (void)sig;
+  _exit(77);
+}
+
+TEST(mmap_documented_limits) {
+  if (!make_samples()) return;
+  const char *path = tpath("changing.safetensors");
+  size_t n = 0;
+  uint8_t *orig = slurp(path, &n);
+  CHECK(orig != NULL);
+  if (!orig) return;
+  /* a same-size rewrite in place shows through a tensor that wraps the mapping */
+  tg_state_dict *sd = tg_safe_load_mmap(path);
+  CHECK(sd != NULL);
+  if (sd) {
+    tg_tensor w = tg_state_dict_get(sd, "w");
+    static float got[16384];
+    CHECK(tg_data(w, got, sizeof got) == TG_OK && got[5] == 5);
+    uint8_t *changed = malloc(n);
+    memcpy(changed, orig, n);
+    float nv = 42;
+    memcpy(changed + n - 16384 * 4 + 5 * 4, &nv, 4); /* element 5 of the only tensor */
+    int fd = open(path, O_WRONLY);
+    CHECK(fd >= 0 && pwrite(fd, changed, n, 0) == (ssize_t)n);
+    if (fd >= 0) close(fd);
+    CHECK(tg_data(w, got, sizeof got) == TG_OK && got[5] == 42 && got[6] == 6);
+    free(changed);
+    tg_state_dict_free(sd);
+  }
+  write_bytes(path, orig, n);
+  /* a truncation under a live tensor: reading it raises SIGBUS (in a child; a handler shows it) */
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = bus_exit;
+    sigaction(SIGBUS, &sa, NULL);
+    tg_state_dict *c = tg_safe_load_mmap(path);
+    if (!c) _exit(2);
+    if (truncate(path, 0) != 0) _exit(3);
+    static float got[16384];
+    tg_status st = tg_data(tg_state_dict_get(c, "w"), got, sizeof got);
+    _exit(st == TG_OK ? 0 : 4);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  CHECK_MSG((WIFEXITED(status) && WEXITSTATUS(status) == 77) || (WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS),
+            "child status %#x", status);
+  write_bytes(path, orig, n);
+  free(orig);
+  CHECK(tg_live_count() == 0);
+}
 
 int main(void) {
   int rc = RUN_TESTS();

@@ -39,7 +39,7 @@ _i64x2, _i64x4 = ctypes.c_int64 * 2, ctypes.c_int64 * 4
 
 
 class Opts(ctypes.Structure):
-  _fields_ = [("dtype", _I), ("device", _S), ("requires_grad", _B)]
+  _fields_ = [("dtype", _I), ("device", _S), ("requires_grad", ctypes.c_int8)]
 
 
 class ConvOpts(ctypes.Structure):
@@ -55,8 +55,21 @@ class Conv1dOpts(ctypes.Structure):
   _fields_ = [("stride", _I64), ("padding", _I64), ("dilation", _I64), ("groups", _I64), ("output_padding", _I64)]
 
 
+# The C option macros fill in tinygrad's defaults; these Python builders do the same with keyword defaults.
 class NormOpts(ctypes.Structure):
-  _fields_ = [("eps", _D), ("no_affine", _B), ("momentum", _D), ("no_running_stats", _B)]
+  _fields_ = [("eps", _D), ("affine", _B)]
+  def __init__(self, eps=1e-5, affine=True): super().__init__(eps, affine)
+
+
+class RMSNormOpts(ctypes.Structure):
+  _fields_ = [("eps", _D), ("affine", _B)]
+  def __init__(self, eps=1e-6, affine=True): super().__init__(eps, affine)
+
+
+class BatchNormOpts(ctypes.Structure):
+  _fields_ = [("eps", _D), ("affine", _B), ("track_running_stats", _B), ("momentum", _D)]
+  def __init__(self, eps=1e-5, affine=True, track_running_stats=True, momentum=0.1):
+    super().__init__(eps, affine, track_running_stats, momentum)
 
 
 class Linear_(ctypes.Structure):
@@ -106,14 +119,29 @@ class LSTMCell_(ctypes.Structure):
 
 class SGDOpts(ctypes.Structure):
   _fields_ = [("lr", _D), ("momentum", _D), ("weight_decay", _D), ("nesterov", _B), ("classic", _B)]
+  def __init__(self, lr=0.001, momentum=0.0, weight_decay=0.0, nesterov=False, classic=False):
+    super().__init__(lr, momentum, weight_decay, nesterov, classic)
 
 
 class LARSOpts(ctypes.Structure):
-  _fields_ = [("lr", _D), ("momentum", _D), ("weight_decay", _D), ("tcoef", _D), ("nesterov", _B), ("popular", _B)]
+  _fields_ = [("lr", _D), ("momentum", _D), ("weight_decay", _D), ("tcoef", _D), ("nesterov", _B), ("classic", _B)]
+  def __init__(self, lr=0.001, momentum=0.9, weight_decay=1e-4, tcoef=0.001, nesterov=False, classic=True):
+    super().__init__(lr, momentum, weight_decay, tcoef, nesterov, classic)
 
 
 class AdamOpts(ctypes.Structure):
+  _fields_ = [("lr", _D), ("b1", _D), ("b2", _D), ("eps", _D)]
+  def __init__(self, lr=0.001, b1=0.9, b2=0.999, eps=1e-8): super().__init__(lr, b1, b2, eps)
+
+
+class AdamWOpts(ctypes.Structure):
   _fields_ = [("lr", _D), ("b1", _D), ("b2", _D), ("eps", _D), ("weight_decay", _D)]
+  def __init__(self, lr=0.001, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01): super().__init__(lr, b1, b2, eps, weight_decay)
+
+
+class LAMBOpts(ctypes.Structure):
+  _fields_ = [("lr", _D), ("b1", _D), ("b2", _D), ("eps", _D), ("weight_decay", _D)]
+  def __init__(self, lr=0.001, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.0): super().__init__(lr, b1, b2, eps, weight_decay)
 
 
 _optp, _ctp = ctypes.POINTER(Opts), ctypes.POINTER(ConvTOpts)
@@ -131,8 +159,8 @@ _SIGS = {
     "tg_state_dict_parameters": (_I, [_P, _B, _tp, _I]),
     # optimizers
     "tg_optim_sgd": (_P, [_tp, _I, ctypes.POINTER(SGDOpts)]), "tg_optim_lars": (_P, [_tp, _I, ctypes.POINTER(LARSOpts)]),
-    "tg_optim_adam": (_P, [_tp, _I, ctypes.POINTER(AdamOpts)]), "tg_optim_adamw": (_P, [_tp, _I, ctypes.POINTER(AdamOpts)]),
-    "tg_optim_lamb": (_P, [_tp, _I, ctypes.POINTER(AdamOpts)]), "tg_optim_zero_grad": (None, [_P]),
+    "tg_optim_adam": (_P, [_tp, _I, ctypes.POINTER(AdamOpts)]), "tg_optim_adamw": (_P, [_tp, _I, ctypes.POINTER(AdamWOpts)]),
+    "tg_optim_lamb": (_P, [_tp, _I, ctypes.POINTER(LAMBOpts)]), "tg_optim_zero_grad": (None, [_P]),
     "tg_optim_schedule_step": (_I, [_P, _tp, _I]), "tg_optim_step": (_I, [_P]), "tg_optim_set_lr": (_I, [_P, _D]),
     "tg_optim_get_lr": (_D, [_P]), "tg_optim_lr": (_T, [_P]), "tg_optim_state": (_I, [_P, _P, _S]),
     "tg_optim_free": (None, [_P]),
@@ -143,12 +171,12 @@ _LAYERS = {  # name: (struct, init argtypes after the struct pointer, forward ki
     "conv_transpose2d": (ConvT2d_, [_I64, _I64, _i64p, _B, _ctp]),
     "conv1d": (Conv1d_, [_I64, _I64, _I64, _B, ctypes.POINTER(Conv1dOpts)]),
     "conv_transpose1d": (Conv1d_, [_I64, _I64, _I64, _B, ctypes.POINTER(Conv1dOpts)]),
-    "batchnorm": (BatchNorm_, [_I64, ctypes.POINTER(NormOpts)]),
+    "batchnorm": (BatchNorm_, [_I64, ctypes.POINTER(BatchNormOpts)]),
     "groupnorm": (GroupNorm_, [_I64, _I64, ctypes.POINTER(NormOpts)]),
     "instancenorm": (GroupNorm_, [_I64, ctypes.POINTER(NormOpts)]),
     "layernorm": (LayerNorm_, [_i64p, _I, ctypes.POINTER(NormOpts)]),
     "layernorm2d": (LayerNorm_, [_I64, ctypes.POINTER(NormOpts)]),
-    "rmsnorm": (RMSNorm_, [_I64, ctypes.POINTER(NormOpts)]),
+    "rmsnorm": (RMSNorm_, [_I64, ctypes.POINTER(RMSNormOpts)]),
     "embedding": (Embedding_, [_I64, _I64]),
     "lstmcell": (LSTMCell_, [_I64, _I64, _B]),
 }
@@ -169,7 +197,8 @@ NONE_T = _T(0)
 def _tarr(ts): return (_T * max(len(ts), 1))(*[t.h if isinstance(t, Tensor) else t for t in ts])
 def _shape(s): return (ctypes.c_int64 * max(len(s), 1))(*s), len(s)
 def _h(t): return t.h if t is not None else NONE_T
-def opts(dtype=0, requires_grad=False): return ctypes.byref(Opts(dtype, None, requires_grad))
+def opts(dtype=0, requires_grad=None):  # None: TG_GRAD_UNSET
+  return ctypes.byref(Opts(dtype, None, -1 if requires_grad is None else int(bool(requires_grad))))
 
 
 # ---- layers --------------------------------------------------------------------------------------
@@ -396,7 +425,7 @@ def bn_torch_of(l, tm):
 for shape, affine, track in [((4, 3), True, True), ((2, 3, 5, 4), True, True), ((3, 2, 6), False, True), ((2, 3, 4, 4), True, False)]:
   def _bn_train(shape=shape, affine=affine, track=track):
     C = shape[1]
-    l = Layer("batchnorm", C, ctypes.byref(NormOpts(0.0, not affine, 0.2, not track)))
+    l = Layer("batchnorm", C, ctypes.byref(BatchNormOpts(affine=affine, track_running_stats=track, momentum=0.2)))
     tm = {2: torch.nn.BatchNorm1d, 3: torch.nn.BatchNorm1d, 4: torch.nn.BatchNorm2d}[len(shape)](C, momentum=0.2, affine=affine,
                                                                                                    track_running_stats=track)
     # perturb the affine parameters so they matter
@@ -462,7 +491,7 @@ case("BatchNorm: init values, own buffers, requires_grad flags, errors", _bn_err
 # GroupNorm / InstanceNorm / LayerNorm / LayerNorm2d / RMSNorm
 for G, C, shape, affine in [(2, 6, (3, 6, 4, 4), True), (3, 3, (2, 3, 5), True), (1, 4, (2, 4, 3, 2), False), (4, 8, (2, 8), True)]:
   def _gn(G=G, C=C, shape=shape, affine=affine):
-    l = Layer("groupnorm", G, C, ctypes.byref(NormOpts(1e-5, not affine, 0, False)))
+    l = Layer("groupnorm", G, C, ctypes.byref(NormOpts(1e-5, affine)))
     if affine:
       l.p("weight").assign(Tensor(rnd(C))).realize()
       l.p("bias").assign(Tensor(rnd(C))).realize()
@@ -486,7 +515,7 @@ for ns, shape, affine, eps in [((5,), (3, 5), True, 1e-5), ((4,), (2, 3, 4), Tru
                                ((6,), (2, 6), False, 1e-5)]:
   def _ln(ns=ns, shape=shape, affine=affine, eps=eps):
     arr, n = _shape(ns)
-    l = Layer("layernorm", arr, n, ctypes.byref(NormOpts(eps, not affine, 0, False)))
+    l = Layer("layernorm", arr, n, ctypes.byref(NormOpts(eps, affine)))
     if affine:
       l.p("weight").assign(Tensor(rnd(*ns))).realize()
       l.p("bias").assign(Tensor(rnd(*ns))).realize()
@@ -528,9 +557,9 @@ class TorchRMSNorm(torch.nn.Module):  # torch 1.13 has no nn.RMSNorm: tinygrad's
   def forward(self, x): return (x.float() * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
 
-for dim, shape, eps in [(4, (3, 4), 0.0), (6, (2, 3, 6), 1e-3)]:
+for dim, shape, eps in [(4, (3, 4), None), (6, (2, 3, 6), 1e-3)]:
   def _rms(dim=dim, shape=shape, eps=eps):
-    l = Layer("rmsnorm", dim, ctypes.byref(NormOpts(eps, False, 0, False)))
+    l = Layer("rmsnorm", dim, ctypes.byref(RMSNormOpts() if eps is None else RMSNormOpts(eps)))
     assert l.s.eps == (eps or 1e-6)
     l.p("weight").assign(Tensor(rnd(dim))).realize()
     tm = TorchRMSNorm(dim, eps or 1e-6)
@@ -540,7 +569,7 @@ for dim, shape, eps in [(4, (3, 4), 0.0), (6, (2, 3, 6), 1e-3)]:
 
 
 def _rms_half():
-  l = Layer("rmsnorm", 4, ctypes.byref(NormOpts(0, True, 0, False)))
+  l = Layer("rmsnorm", 4, ctypes.byref(RMSNormOpts(affine=False)))
   assert l.s.weight.id == 0
   x = rnd(3, 4)
   out = l(Tensor(x).cast(tg.FLOAT16))
@@ -799,7 +828,7 @@ for name, ctor, o, make in [
     ("Adam default", "adam", None, lambda p: torch.optim.Adam(p)),
     ("Adam lr=0.05 betas", "adam", AdamOpts(0.05, 0.8, 0.99, 1e-6), lambda p: torch.optim.Adam(p, lr=0.05, betas=(0.8, 0.99), eps=1e-6)),
     ("AdamW default", "adamw", None, lambda p: torch.optim.AdamW(p)),
-    ("AdamW lr=0.05 wd=0.1", "adamw", AdamOpts(0.05, 0, 0, 0, 0.1), lambda p: torch.optim.AdamW(p, lr=0.05, weight_decay=0.1)),
+    ("AdamW lr=0.05 wd=0.1", "adamw", AdamWOpts(0.05, weight_decay=0.1), lambda p: torch.optim.AdamW(p, lr=0.05, weight_decay=0.1)),
 ]:
   def _opt_torch(ctor=ctor, o=o, make=make):
     hist, consts = run_ours(ctor, o)
@@ -857,15 +886,15 @@ def np_lamb(steps, seed, consts, lr=0.001, b1=0.9, b2=0.999, eps=1e-6, wd=0.0, a
 
 for name, ctor, o, ref in [
     ("LARS default", "lars", None, lambda c: np_lars(5, 0, c)),
-    ("LARS lr=0.5 tcoef=0.02", "lars", LARSOpts(0.5, 0, 0, 0.02), lambda c: np_lars(5, 0, c, lr=0.5, tcoef=0.02)),
-    ("LARS popular nesterov", "lars", LARSOpts(0.5, 0.8, 0.01, 0.01, True, True),
+    ("LARS lr=0.5 tcoef=0.02", "lars", LARSOpts(0.5, tcoef=0.02), lambda c: np_lars(5, 0, c, lr=0.5, tcoef=0.02)),
+    ("LARS classic=False nesterov", "lars", LARSOpts(0.5, 0.8, 0.01, 0.01, True, False),
      lambda c: np_lars(5, 0, c, lr=0.5, momentum=0.8, wd=0.01, tcoef=0.01, nesterov=True, classic=False)),
-    ("LARS no momentum, no weight decay", "lars", LARSOpts(0.5, -1, -1, 0.05),
+    ("LARS no momentum, no weight decay", "lars", LARSOpts(0.5, 0, 0, 0.05),
      lambda c: np_lars(5, 0, c, lr=0.5, momentum=0, wd=0, tcoef=0.05)),
     ("SGD classic momentum", "sgd", SGDOpts(0.1, 0.9, 0.01, False, True),
      lambda c: np_lars(5, 0, c, lr=0.1, momentum=0.9, wd=0.01, tcoef=0.0, classic=True)),
     ("LAMB default", "lamb", None, lambda c: np_lamb(5, 0, c)),
-    ("LAMB lr=0.05 wd=0.1", "lamb", AdamOpts(0.05, 0.85, 0.99, 1e-5, 0.1), lambda c: np_lamb(5, 0, c, 0.05, 0.85, 0.99, 1e-5, 0.1)),
+    ("LAMB lr=0.05 wd=0.1", "lamb", LAMBOpts(0.05, 0.85, 0.99, 1e-5, 0.1), lambda c: np_lamb(5, 0, c, 0.05, 0.85, 0.99, 1e-5, 0.1)),
 ]:
   def _opt_np(ctor=ctor, o=o, ref=ref):
     hist, consts = run_ours(ctor, o)
@@ -876,7 +905,8 @@ for name, ctor, o, ref in [
 
 def _opt_lifecycle():
   w = set_rg(Tensor(rnd(3)).persist())
-  buf = Tensor(np.zeros(3, np.float32)).persist()  # no requires_grad: a buffer, realized with the step
+  buf = Tensor(np.zeros(3, np.float32)).persist()  # requires_grad false: a buffer, realized with the step
+  call("set_requires_grad", buf.h, False)
   try:
     with optim("adam", [w, w, buf], AdamOpts(0.1)) as op:
       n = lib.tg_optim_schedule_step(op.p, None, 0)
@@ -910,8 +940,9 @@ def _opt_lifecycle():
     with optim("sgd", [w], SGDOpts(0.5)) as o1, optim("sgd", [w], SGDOpts(0.5)) as o2:
       _check("tg_optim_set_lr", lib.tg_optim_set_lr(o1.p, 0.125))
       assert abs(lib.tg_optim_get_lr(o2.p) - 0.5) < 1e-7
-    for ctor, o, sub in [("sgd", SGDOpts(-1.0), "learning rate"), ("adam", AdamOpts(0.1, 0, 0, 0, 0.1), "adamw"),
-                         ("lamb", AdamOpts(0.1, 0, 0, 0, -0.5), "weight_decay"), ("sgd", SGDOpts(0.1, -0.5), "momentum")]:
+    for ctor, o, sub in [("sgd", SGDOpts(-1.0), "learning rate"), ("adam", AdamOpts(0.1, 1.0), "betas"),
+                         ("lamb", LAMBOpts(0.1, weight_decay=-0.5), "weight_decay"), ("sgd", SGDOpts(0.1, -0.5), "momentum"),
+                         ("adamw", AdamWOpts(0.1, eps=-1.0), "eps")]:
       expect_error(f"tg_optim_{ctor}", lambda ctor=ctor, o=o: Optim(ctor, [w], o), sub)
     expect_error("tg_optim_sgd", lambda: Optim("sgd", [buf], None), "at least one param")
   finally:

@@ -246,7 +246,7 @@ static int train_copy(bool jit, bool use_bn, int steps, float *vals, int cap, do
   if (mlp_init(&m, 6, 16, 3, use_bn) != TG_OK) return -1;
   tg_tensor ps[16];
   int n = params_of(&m, false, ps, 16); /* with the BatchNorm buffers: realized by each step */
-  tg_optim *opt = tg_optim_adamw(ps, n, TG_ADAM_OPTS(.lr = 0.02, .weight_decay = 0.05));
+  tg_optim *opt = tg_optim_adamw(ps, n, TG_ADAMW_OPTS(.lr = 0.02, .weight_decay = 0.05));
   StepCtx ctx = {&m, opt};
   tg_jit *j = jit ? tg_jit_new(jit_step, 1, &ctx) : NULL;
   tg_manual_seed(9);
@@ -517,7 +517,7 @@ TEST(every_layer_init_forward_state_free) {
   OK(tg_nn_conv_transpose1d_init(&ct1, 2, 2, 3, true, NULL));
   OK(tg_nn_batchnorm_init(&bn, 4, NULL));
   OK(tg_nn_groupnorm_init(&gn, 2, 4, NULL));
-  OK(tg_nn_instancenorm_init(&in, 4, TG_NORM_OPTS(.no_affine = true)));
+  OK(tg_nn_instancenorm_init(&in, 4, TG_NORM_OPTS(.affine = false)));
   OK(tg_nn_layernorm_init(&ln, TG_SHAPE(4), NULL));
   OK(tg_nn_layernorm2d_init(&ln2, 4, NULL));
   OK(tg_nn_rmsnorm_init(&rms, 4, NULL));
@@ -573,7 +573,7 @@ TEST(every_layer_init_forward_state_free) {
   CHECK(tg_state_dict_len(sd) == 26);
   CHECK(tg_state_dict_get(sd, "bn.num_batches_tracked").id != 0);
   CHECK(tg_state_dict_get(sd, "lstm.weight_hh").id != 0);
-  CHECK(tg_state_dict_get(sd, "c1.bias").id == 0);
+  CHECK(!tg_state_dict_has(sd, "c1.bias"));
   CHECK(tg_state_dict_parameters(sd, true, NULL, 0) == 23);
   CHECK(tg_state_dict_parameters(sd, false, NULL, 0) == 26);
   int64_t nbt = 0;
@@ -602,6 +602,117 @@ TEST(every_layer_init_forward_state_free) {
   CHECK_STR_CONTAINS(tg_last_error(), "tg_nn_linear_forward");
   tg_clear_error();
   tg_scope_end();
+}
+
+/* The options macros fill in tinygrad's defaults, so every field means the value written there:
+ * lr 0, momentum 0, weight_decay 0, b1 0, BatchNorm momentum 0, eps 0 are all reachable. */
+static double state_value(tg_optim *o, const char *name, int *count) {
+  tg_state_dict *sd = tg_state_dict_new();
+  double v = NAN;
+  tg_scope_begin();
+  if (tg_optim_state(o, sd, "") == TG_OK) {
+    *count = tg_state_dict_len(sd);
+    tg_tensor t = tg_state_dict_get(sd, name);
+    if (t.id) v = item(tg_getitem(tg_flatten(t, 0, -1), TG_INDEX(TG_IX_INT(0))));
+  }
+  tg_scope_end();
+  tg_clear_error();
+  tg_state_dict_free(sd);
+  return v;
+}
+
+TEST(options_zero_values_are_literal) {
+  tg_context_begin();
+  tg_context_set_int("TRAINING", 1);
+  tg_tensor w = tg_persist(tg_from_data((float[]){1, -2}, TG_SHAPE(2), TG_OPTS(.requires_grad = true)));
+  /* defaults: the macro with no designators and NULL agree */
+  tg_optim *d1 = tg_optim_sgd(&w, 1, TG_SGD_OPTS()), *d2 = tg_optim_sgd(&w, 1, NULL);
+  CHECK_CLOSE(tg_optim_get_lr(d1), 0.001, 1e-9);
+  CHECK_CLOSE(tg_optim_get_lr(d2), 0.001, 1e-9);
+  tg_optim_free(d1), tg_optim_free(d2);
+  /* lr = 0: a step leaves the parameter as it is */
+  tg_optim *o = tg_optim_sgd(&w, 1, TG_SGD_OPTS(.lr = 0, .momentum = 0.9));
+  CHECK(o != NULL);
+  CHECK_CLOSE(tg_optim_get_lr(o), 0.0, 0);
+  tg_scope_begin();
+  OK(tg_backward(tg_sum(tg_mul(w, w), TG_ALL_AXES, false)));
+  OK(tg_optim_step(o));
+  tg_scope_end();
+  float v[2];
+  OK(tg_data(w, v, sizeof v));
+  CHECK(v[0] == 1 && v[1] == -2);
+  tg_optim_zero_grad(o);
+  tg_optim_free(o);
+  /* momentum 0 means no momentum buffer, for SGD and for LARS (whose default is 0.9) */
+  int n_sgd = 0, n_lars = 0, n_lars_def = 0;
+  o = tg_optim_sgd(&w, 1, TG_SGD_OPTS(.lr = 0.1, .momentum = 0));
+  state_value(o, "lr", &n_sgd);
+  tg_optim_free(o);
+  o = tg_optim_lars(&w, 1, TG_LARS_OPTS(.momentum = 0, .weight_decay = 0));
+  state_value(o, "lr", &n_lars);
+  tg_optim_free(o);
+  o = tg_optim_lars(&w, 1, NULL);
+  state_value(o, "lr", &n_lars_def);
+  tg_optim_free(o);
+  CHECK_MSG(n_sgd == 1 && n_lars == 1 && n_lars_def == 2, "state sizes %d %d %d", n_sgd, n_lars, n_lars_def);
+  /* b1 = 0: b1_t becomes 0 after one step (the default 0.9 gives 0.9) */
+  int cnt = 0;
+  tg_optim *a0 = tg_optim_adam(&w, 1, TG_ADAM_OPTS(.b1 = 0, .lr = 0)),
+           *a9 = tg_optim_adam(&w, 1, TG_ADAM_OPTS(.lr = 0));
+  tg_scope_begin();
+  OK(tg_backward(tg_sum(tg_mul(w, w), TG_ALL_AXES, false)));
+  OK(tg_optim_step(a0));
+  OK(tg_optim_step(a9));
+  tg_scope_end();
+  CHECK_CLOSE(state_value(a0, "b1_t", &cnt), 0.0, 0);
+  CHECK_CLOSE(state_value(a9, "b1_t", &cnt), 0.9, 1e-7);
+  tg_optim_free(a0), tg_optim_free(a9);
+  tg_zero_grad(w);
+  /* AdamW with weight_decay 0 takes the same steps as Adam; with the default 0.01 it does not */
+  float r[3][2];
+  for (int k = 0; k < 3; k++) {
+    tg_tensor p = tg_persist(tg_from_data((float[]){1, -2}, TG_SHAPE(2), TG_OPTS(.requires_grad = true)));
+    tg_optim *q = k == 0   ? tg_optim_adam(&p, 1, TG_ADAM_OPTS(.lr = 0.1))
+                  : k == 1 ? tg_optim_adamw(&p, 1, TG_ADAMW_OPTS(.lr = 0.1, .weight_decay = 0))
+                           : tg_optim_adamw(&p, 1, TG_ADAMW_OPTS(.lr = 0.1));
+    for (int s = 0; s < 3; s++) {
+      tg_scope_begin();
+      tg_optim_zero_grad(q);
+      OK(tg_backward(tg_sum(tg_mul(p, p), TG_ALL_AXES, false)));
+      OK(tg_optim_step(q));
+      tg_scope_end();
+    }
+    OK(tg_data(p, r[k], sizeof r[k]));
+    tg_optim_free(q);
+    tg_free(p);
+  }
+  CHECK(r[0][0] == r[1][0] && r[0][1] == r[1][1]);
+  CHECK(r[0][0] != r[2][0]);
+  tg_free(w);
+  /* BatchNorm momentum 0: training leaves the running statistics as they were */
+  tg_nn_batchnorm bn;
+  OK(tg_nn_batchnorm_init(&bn, 2, TG_BATCHNORM_OPTS(.momentum = 0)));
+  CHECK(bn.momentum == 0 && bn.eps == 1e-5 && bn.affine && bn.track_running_stats);
+  tg_scope_begin();
+  tg_tensor x = tg_from_data((float[]){1, 2, 3, 5, 7, 11}, TG_SHAPE(3, 2), NULL);
+  OK(tg_realize(tg_nn_batchnorm_forward(&bn, x)));
+  OK(tg_realize(bn.running_mean));
+  float rm[2], rv[2];
+  OK(tg_data(bn.running_mean, rm, sizeof rm));
+  OK(tg_data(bn.running_var, rv, sizeof rv));
+  CHECK(rm[0] == 0 && rm[1] == 0 && rv[0] == 1 && rv[1] == 1);
+  tg_scope_end();
+  tg_nn_batchnorm_free(&bn);
+  tg_context_end();
+  /* eps 0 is kept; the RMSNorm default differs from the others */
+  tg_nn_layernorm ln;
+  tg_nn_rmsnorm rms;
+  OK(tg_nn_layernorm_init(&ln, TG_SHAPE(4), TG_NORM_OPTS(.eps = 0)));
+  OK(tg_nn_rmsnorm_init(&rms, 4, NULL));
+  CHECK(ln.eps == 0 && ln.weight.id && rms.eps == 1e-6 && rms.weight.id);
+  tg_nn_layernorm_free(&ln);
+  tg_nn_rmsnorm_free(&rms);
+  CHECK(tg_live_count() == 0);
 }
 
 int main(void) { return RUN_TESTS(); }

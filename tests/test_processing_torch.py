@@ -557,6 +557,33 @@ def _interp_misc():
 case("interpolate: linear == bilinear, uint8 nearest, views, float16, no batch dims", _interp_misc)
 
 
+def _interp_int_linear():
+  # linear modes on integer tensors follow tinygrad (the reference; PyTorch refuses them): uint8 goes
+  # through tinygrad's fixed-point uint8 lerp, other ints lerp in float and truncate back. Expected
+  # values are tinygrad's own output for these inputs.
+  x = np.array([10, 0, 20, 5]).reshape(1, 1, 1, 4)
+  for dt, want in ((np.uint8, [10, 6, 1, 10, 19, 10, 5]), (np.uint16, [10, 6, 0, 10, 18, 10, 5]),
+                   (np.int32, [10, 6, 0, 10, 18, 10, 5])):
+    r = interpolate(Tensor(x.astype(dt)), (1, 7), "linear")
+    assert r.dtype == tg.np_dtype_to_tg(dt), tg.dtype_name(r.dtype)
+    np.testing.assert_array_equal(r.numpy().reshape(-1), want, err_msg=str(dt))
+  u = np.array([[[[171, 206, 5, 206, 120], [131, 161, 73, 250, 13], [71, 98, 146, 104, 33]],
+                 [[11, 0, 12, 38, 255], [48, 167, 192, 60, 72], [111, 67, 249, 45, 229]]]], np.uint8)
+  want = [[[[171, 191, 222, 5, 222, 169, 120], [146, 164, 168, 48, 254, 225, 53], [109, 125, 127, 100, 54, 29, 21],
+            [71, 86, 112, 146, 116, 73, 33]],
+           [[11, 5, 3, 12, 30, 21, 255], [34, 74, 206, 221, 26, 49, 45], [72, 105, 126, 213, 26, 46, 35],
+            [111, 86, 46, 249, 30, 14, 229]]]]
+  np.testing.assert_array_equal(interpolate(Tensor(u), (4, 7), "bilinear").numpy(), want)
+  want = [[[[171, 194, 224, 5, 224, 177, 120], [144, 165, 162, 50, 3, 229, 49], [111, 130, 125, 98, 54, 27, 20],
+            [71, 89, 114, 146, 118, 80, 33]],
+           [[11, 4, 4, 12, 29, 25, 255], [36, 86, 204, 218, 22, 51, 47], [69, 112, 216, 211, 21, 50, 39],
+            [111, 82, 42, 249, 28, 21, 229]]]]
+  np.testing.assert_array_equal(interpolate(Tensor(u), (4, 7), "bilinear", True).numpy(), want)
+
+
+case("interpolate: integer linear modes as tinygrad (uint8 fixed-point lerp, others through float)", _interp_int_linear)
+
+
 def _interp_kernels():
   # each resized dim is one kernel over the data: its two gathers fuse into the lerp that reads them;
   # the last dim's source positions and weights are three small tables (one kernel each)

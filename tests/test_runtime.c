@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "../src/runtime/device.h"
+size_t kernel_cache_count(void); /* engine/realize.c: entries of the in-memory kernel cache */
 #include "../src/runtime/threadpool.h"
 #include "test.h"
 
@@ -735,6 +736,293 @@ TEST(disk_cache) {
   CHECK(cpu_device_vt.compile(st, src, &lib, &len) == TG_OK);
   CHECK(lib && lib_works(lib, len, "times3"));
   free(lib);
+  tg_context_end();
+  CHECK(!tg_has_error());
+}
+
+/* A kernel `fname` computing x[i] = i * k, tagged so that no other test or process shares its source. */
+static void times_src(char *out, size_t cap, const char *fname, int k, const char *tag) {
+  snprintf(out, cap,
+           "#include <stdint.h>\n"
+           "void %s(void **restrict bufs, int64_t gstart, int64_t gend) {\n"
+           "  int *x = bufs[0]; for (int64_t i = gstart; i < gend; i++) x[i] = (int)i * %d;\n"
+           "} /* %s %d */\n",
+           fname, k, tag, (int)getpid());
+}
+
+/* Does lib's fname compute x[i] = i * k? */
+static bool lib_computes(const uint8_t *lib, size_t len, const char *fname, int k) {
+  void *prg = cpu_device_vt.load(NULL, fname, lib, len);
+  if (!prg) return false;
+  int x[8] = {0};
+  void *bufs[1] = {x};
+  int64_t gs[3] = {8, 1, 1};
+  cpu_device_vt.exec(NULL, prg, bufs, 1, gs, NULL, true);
+  cpu_device_vt.unload(NULL, prg);
+  for (int i = 0; i < 8; i++)
+    if (x[i] != i * k) return false;
+  return true;
+}
+
+static bool prog_computes(Program *p, int k) {
+  if (!p) return false;
+  int x[8] = {0};
+  void *bufs[1] = {x};
+  int64_t gs[3] = {8, 1, 1};
+  if (program_exec(p, bufs, 1, gs, NULL, true) < 0) return false;
+  for (int i = 0; i < 8; i++)
+    if (x[i] != i * k) return false;
+  return true;
+}
+
+static uint8_t *slurp(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long len = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  uint8_t *b = malloc(len > 0 ? (size_t)len : 1);
+  *n = b && len > 0 ? fread(b, 1, (size_t)len, f) : 0;
+  fclose(f);
+  return b;
+}
+
+static bool spill(const char *path, const void *p, size_t n) {
+  FILE *f = fopen(path, "wb");
+  if (!f) return false;
+  bool ok = fwrite(p, 1, n, f) == n;
+  return fclose(f) == 0 && ok;
+}
+
+/* The one cache entry that compiling src adds (the cache directory is cleared first). */
+static bool entry_of(const char *src, char *path, size_t cap) {
+  clear_cache_dir();
+  uint8_t *lib = NULL;
+  size_t len = 0;
+  bool ok = cpu_device_vt.compile(device_get("CPU")->state, src, &lib, &len) == TG_OK;
+  free(lib);
+  return ok && cache_entries(path, cap) == 1;
+}
+
+/* Entry layout v2 (ops_cpu.c): 24-byte header (magic, version, payload length, key length, 0), key,
+ * payload, checksum of all before it. Rewrites entry `path` with its own header and key but another
+ * payload: a complete, valid-looking entry whose binary is not this kernel's. */
+static bool forge_payload(const char *path, const uint8_t *payload, size_t plen) {
+  size_t n = 0;
+  uint8_t *e = slurp(path, &n);
+  if (!e || n < 32) {
+    free(e);
+    return false;
+  }
+  uint32_t klen;
+  memcpy(&klen, e + 16, 4);
+  size_t total = 24 + klen + plen + 8;
+  uint8_t *f = malloc(total);
+  memcpy(f, e, 24 + klen);
+  uint64_t p64 = plen;
+  memcpy(f + 8, &p64, 8);
+  memcpy(f + 24 + klen, payload, plen);
+  uint64_t sum = hash_bytes(f, total - 8, 0x54474b45524e4c31ULL);
+  memcpy(f + total - 8, &sum, 8);
+  bool ok = spill(path, f, total);
+  free(e), free(f);
+  return ok;
+}
+
+/* An entry is checked against its key (compiler id + source hash), not only its own checksum: a
+ * complete entry of another kernel with the same symbol, copied in under this kernel's name, is
+ * discarded and rebuilt instead of run. */
+TEST(disk_cache_entry_of_another_kernel) {
+  tg_clear_error();
+  void *st = device_get("CPU")->state;
+  char a[512], b[512], ea[1024], eb[1024];
+  times_src(a, sizeof a, "timesk", 3, "key-a");
+  times_src(b, sizeof b, "timesk", 5, "key-b");
+  CHECK(entry_of(b, eb, sizeof eb));
+  size_t nb = 0;
+  uint8_t *bytes_b = slurp(eb, &nb);
+  CHECK(entry_of(a, ea, sizeof ea));
+  CHECK(strcmp(ea, eb) != 0);
+  CHECK(bytes_b && spill(ea, bytes_b, nb)); /* b's complete entry now sits under a's name */
+  free(bytes_b);
+  uint8_t *lib = NULL;
+  size_t len = 0;
+  CHECK(cpu_device_vt.compile(st, a, &lib, &len) == TG_OK);
+  CHECK_MSG(lib && lib_computes(lib, len, "timesk", 3), "ran the other kernel's binary");
+  free(lib);
+  /* rebuilt in place: the next read is a hit on a's own entry */
+  size_t n1 = 0;
+  uint8_t *rebuilt = slurp(ea, &n1);
+  CHECK(rebuilt && n1 > 0);
+  ino_t ino = inode_of(ea);
+  CHECK(cpu_device_vt.compile(st, a, &lib, &len) == TG_OK);
+  CHECK(lib && lib_computes(lib, len, "timesk", 3));
+  free(lib), free(rebuilt);
+  CHECK(inode_of(ea) == ino);
+  CHECK(!tg_has_error());
+}
+
+/* An entry whose binary does not load -- the symbol is missing, or it is no shared object at all --
+ * is damaged: program_get removes it, compiles again and runs the right code; the rebuilt entry
+ * serves the next process. */
+TEST(disk_cache_entry_that_does_not_load) {
+  tg_clear_error();
+  Device *d = device_get("CPU");
+  char a[512], other[512], e[1024];
+  times_src(other, sizeof other, "other_k", 7, "load-other");
+  uint8_t *olib = NULL;
+  size_t olen = 0;
+  CHECK(cpu_device_vt.compile(d->state, other, &olib, &olen) == TG_OK);
+
+  /* the symbol is missing */
+  times_src(a, sizeof a, "sym_k", 3, "load-sym");
+  CHECK(entry_of(a, e, sizeof e));
+  CHECK(olib && forge_payload(e, olib, olen));
+  uint8_t *lib = NULL;
+  size_t len = 0;
+  CHECK(cpu_device_vt.compile(d->state, a, &lib, &len) == TG_OK); /* the forged entry reads as valid */
+  CHECK(lib && !lib_computes(lib, len, "sym_k", 3));
+  free(lib);
+  tg_clear_error();
+  Program *p = program_get(d, "sym_k", a);
+  CHECK_MSG(prog_computes(p, 3), "program_get: %s", tg_last_error() ? tg_last_error() : "wrong values");
+  CHECK(cpu_device_vt.compile(d->state, a, &lib, &len) == TG_OK);
+  CHECK_MSG(lib && lib_computes(lib, len, "sym_k", 3), "the damaged entry was not replaced");
+  free(lib);
+
+  /* not a shared object (dlopen fails) */
+  times_src(a, sizeof a, "elf_k", 4, "load-elf");
+  CHECK(entry_of(a, e, sizeof e));
+  static const uint8_t junk[] = "this is not an ELF object, but its entry's checksum is right";
+  CHECK(forge_payload(e, junk, sizeof junk));
+  p = program_get(d, "elf_k", a);
+  CHECK_MSG(prog_computes(p, 4), "program_get: %s", tg_last_error() ? tg_last_error() : "wrong values");
+  CHECK(cpu_device_vt.compile(d->state, a, &lib, &len) == TG_OK);
+  CHECK(lib && lib_computes(lib, len, "elf_k", 4));
+  free(lib), free(olib);
+  CHECK(!tg_has_error());
+}
+
+/* A FIFO where an entry belongs is not read (that would block until a writer comes): the kernel is
+ * compiled and its entry replaces the FIFO. */
+TEST(disk_cache_fifo_does_not_hang) {
+  tg_clear_error();
+  char a[512], e[1024];
+  times_src(a, sizeof a, "fifo_k", 6, "fifo");
+  CHECK(entry_of(a, e, sizeof e));
+  CHECK(unlink(e) == 0);
+  CHECK(mkfifo(e, 0644) == 0);
+  alarm(60); /* a hang fails the test (SIGALRM) instead of stalling the suite */
+  uint8_t *lib = NULL;
+  size_t len = 0;
+  CHECK(cpu_device_vt.compile(device_get("CPU")->state, a, &lib, &len) == TG_OK);
+  alarm(0);
+  CHECK(lib && lib_computes(lib, len, "fifo_k", 6));
+  free(lib);
+  struct stat sb;
+  CHECK(lstat(e, &sb) == 0 && S_ISREG(sb.st_mode));
+  CHECK(!tg_has_error());
+}
+
+/* Kernel objects mapped into this process (lines of /proc/self/maps naming a tgk- file). */
+static int kernel_mappings(void) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (!f) return -1;
+  char line[1024];
+  int n = 0;
+  while (fgets(line, sizeof line, f))
+    if (strstr(line, "/tgk-")) n++;
+  fclose(f);
+  return n;
+}
+
+/* The program cache keeps at most MAX_LOADED_KERNELS programs loaded: the least recently used ones
+ * nobody holds are unloaded (dlclose: their mappings go), held ones never are, and an unloaded one
+ * asked for again is loaded again and runs. */
+TEST(program_cache_unloads_least_recently_used) {
+  tg_clear_error();
+  Device *d = device_get("CPU");
+  tg_context_begin();
+  tg_context_set("MAX_LOADED_KERNELS", "8");
+  char src[512];
+  times_src(src, sizeof src, "held_k", 2, "lru-held");
+  Program *held = program_get(d, "held_k", src);
+  CHECK(prog_computes(held, 2));
+  size_t before = program_loaded_count();
+  int maps0 = kernel_mappings();
+  for (int k = 0; k < 40; k++) {
+    char tag[32];
+    snprintf(tag, sizeof tag, "lru-%d", k);
+    times_src(src, sizeof src, "lru_k", k + 3, tag);
+    Program *p = program_get(d, "lru_k", src);
+    CHECK_MSG(prog_computes(p, k + 3), "kernel %d: %s", k, tg_last_error() ? tg_last_error() : "wrong values");
+    program_release(p);
+  }
+  size_t after = program_loaded_count();
+  int maps1 = kernel_mappings();
+  printf("  40 kernels at MAX_LOADED_KERNELS=8: loaded %zu -> %zu, kernel mappings %d -> %d\n", before, after, maps0,
+         maps1);
+  CHECK_MSG(after <= (before > 8 ? before : 8), "%zu programs loaded (%zu before)", after, before);
+  CHECK_MSG(maps1 <= maps0 + 8 * 2, "kernel mappings %d -> %d", maps0, maps1);
+  CHECK(prog_computes(held, 2)); /* held the whole time: still loaded */
+  /* the first of the 40 was unloaded; asking again loads it again */
+  times_src(src, sizeof src, "lru_k", 3, "lru-0");
+  Program *again = program_get(d, "lru_k", src);
+  CHECK(prog_computes(again, 3));
+  program_release(again);
+  program_release(held);
+  tg_context_end();
+  CHECK(!tg_has_error());
+}
+
+static tg_status jit_triple_plus(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout,
+                                 void *user) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)user;
+  out[0] = tg_add(tg_mul(in[0], tg_scalar(3, NULL)), tg_scalar(0.5, NULL));
+  return TG_OK;
+}
+
+/* The same bound through the tensor API: realizing many distinct kernels keeps the kernel cache and
+ * the loaded programs bounded, and a TinyJit whose kernels the caches dropped still replays them
+ * (its capture holds them). */
+TEST(kernel_cache_bounded_and_jit_keeps_its_kernels) {
+  tg_clear_error();
+  tg_context_begin();
+  tg_context_set("MAX_LOADED_KERNELS", "4");
+  size_t live = tg_live_count();
+  tg_scope_begin();
+  tg_jit *j = tg_jit_new(jit_triple_plus, 1, NULL);
+  float xv[16];
+  for (int i = 0; i < 16; i++) xv[i] = (float)i;
+  tg_tensor x = tg_from_data(xv, TG_SHAPE(16), NULL);
+  for (int it = 0; it < 3; it++) { /* run, capture, replay */
+    tg_tensor out;
+    CHECK(tg_jit_call(j, &x, 1, NULL, 0, &out) == TG_OK);
+  }
+  CHECK(tg_jit_captured_kernels(j) >= 1);
+  size_t before = program_loaded_count();
+  for (int k = 0; k < 24; k++) {
+    tg_scope_begin();
+    /* a constant of its own makes each a distinct kernel */
+    tg_tensor y = tg_sub(tg_mul(x, tg_scalar(1000 + k, NULL)), tg_scalar(7 * k + 0.25, NULL));
+    float got[16];
+    CHECK(tg_data(y, got, sizeof got) == TG_OK);
+    for (int i = 0; i < 16; i++) CHECK(got[i] == (float)i * (float)(1000 + k) - (float)(7 * k + 0.25));
+    tg_scope_end();
+  }
+  CHECK_MSG(kernel_cache_count() <= 4, "%zu kernels cached", kernel_cache_count());
+  CHECK_MSG(program_loaded_count() <= before + 4, "%zu programs loaded (%zu before)", program_loaded_count(), before);
+  float xv2[16];
+  for (int i = 0; i < 16; i++) xv2[i] = (float)(2 * i + 1);
+  tg_tensor x2 = tg_from_data(xv2, TG_SHAPE(16), NULL);
+  tg_tensor out;
+  CHECK(tg_jit_call(j, &x2, 1, NULL, 0, &out) == TG_OK);
+  float got[16];
+  CHECK(tg_data(out, got, sizeof got) == TG_OK);
+  for (int i = 0; i < 16; i++) CHECK(got[i] == xv2[i] * 3 + 0.5f);
+  tg_jit_free(j);
+  tg_scope_end();
+  CHECK(tg_live_count() == live);
   tg_context_end();
   CHECK(!tg_has_error());
 }

@@ -28,6 +28,7 @@ import sys
 import tempfile
 import traceback
 import zipfile
+import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
@@ -713,6 +714,103 @@ def huge_declared_sizes():
   b2 = bytearray(good)
   struct.pack_into("<HH", b2, e + 8, 60000, 60000)
   expect_fail(write("entries.pt", bytes(b2)), "declares 60000 entries")
+
+
+def raw_zip(members):
+  """A zip built byte by byte: members are (name, method, payload as stored, uncompressed size, crc)."""
+  out, cd = b"", b""
+  for name, method, payload, usize, crc in members:
+    nb = name.encode()
+    off = len(out)
+    out += struct.pack("<IHHHHHIIIHH", 0x04034b50, 20, 0, method, 0, 0, crc, len(payload), usize, len(nb), 0) + nb + payload
+    cd += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014b50, 20, 20, 0, method, 0, 0, crc, len(payload), usize, len(nb), 0, 0, 0,
+                      0, 0, off) + nb
+  return out + cd + struct.pack("<IHHHHIIH", 0x06054b50, 0, 0, len(members), len(members), len(cd), len(out), 0)
+
+
+def deflate_raw(chunks):
+  """Raw deflate of the concatenated chunks (an iterable) -> (compressed bytes, size, crc)."""
+  co = zlib.compressobj(9, zlib.DEFLATED, -15)
+  out, n, crc = [], 0, 0
+  for ch in chunks:
+    out.append(co.compress(ch))
+    n += len(ch)
+    crc = zlib.crc32(ch, crc)
+  out.append(co.flush())
+  return b"".join(out), n, crc
+
+
+def max_rss_mib():
+  import resource
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@case
+def hostile_chains_and_bombs():
+  # a legacy storage view of a view of a view ... (a million links): refused at the second link,
+  # without recursing (a recursive resolver overflowed the stack here)
+  links = 1_000_000
+  glob = b"ctorch\nFloatStorage\nq\x00"
+  body = [b"\x80\x02(" + glob + b"0"]  # the storage type, memoized as 0
+  for i in range(links):
+    body.append(b"(X\x07\x00\x00\x00storageh\x00X\x08\x00\x00\x00" + b"%08d" % i + b"X\x03\x00\x00\x00cpuK\x04"
+                b"(X\x08\x00\x00\x00" + b"%08d" % (i + 1) + b"K\x00K\x04ttQ0")
+  body.append(b"1N.")
+  p = write("chain.pt", make_legacy(b"".join(body), {"00000000": (b"\0" * 16, 4)}))
+  assert os.path.getsize(p) > 50 * links, os.path.getsize(p)
+  expect_fail(p, "is a view and cannot be the base of another view")
+  # one level of views still loads (torch writes those)
+  s = FakeStorage("root", torch.FloatStorage, 4, True, ("v", 1, 2))
+  out = tg_load(write("one_view.pt", make_legacy(pickle_obj({"v": rebuild(s, 0, (2,), (1,))}),
+                                                 {"root": (np.arange(4, dtype=np.float32).tobytes(), 4)})))[0]
+  assert out["v"][1].tolist() == [1.0, 2.0], out["v"][1]
+
+  # pickle memory bombs: 3 million empty dicts (1 byte each) in a stored data.pkl ...
+  rss0 = max_rss_mib()
+  expect_fail(write("dicts.pt", make_zip(b"\x80\x02" + b"}" * 3_000_000 + b".", {})), "bytes of memory")
+  # ... and 3e7 None opcodes deflated into a ~30 KB file: the budget follows the file, not the pickle
+  pk, n, crc = deflate_raw([b"\x80\x02"] + [b"N" * (1 << 20)] * 28 + [b"."])
+  data = raw_zip([("archive/data.pkl", 8, pk, n, crc), ("archive/version", 0, b"3\n", 2, zlib.crc32(b"3\n"))])
+  assert len(data) < 64 * 1024, len(data)
+  expect_fail(write("nones.pt", data), "bytes of memory")
+  # the budget is a multiple of the pickle: a real checkpoint with many tensors and metadata loads
+  big = {f"layer{i}.weight": torch.randn(2, 2) for i in range(3000)}
+  big["hist"] = list(range(5000))
+  for fmt, p in save_both(big, "many_tensors"): check_same({k: v for k, v in big.items() if k != "hist"}, tg_load(p)[0])
+
+  # a deflate bomb: a 16-byte storage whose member inflates to 512 MiB; only 16 bytes are inflated
+  pk, n, crc = deflate_raw([b"\x01" * 16] + [b"\0" * (1 << 20)] * 512)
+  s = FakeStorage("0", torch.FloatStorage, 4)
+  pkl = pickle_obj({"a": rebuild(s, 0, (4,), (1,))})
+  data = raw_zip([("archive/data.pkl", 0, pkl, len(pkl), zlib.crc32(pkl)), ("archive/data/0", 8, pk, n, crc)])
+  out = tg_load(write("deflate_bomb.pt", data))[0]
+  assert out["a"][1].view(np.uint8).tolist() == [1] * 16, out["a"][1]
+  # a member that inflates past its declared size is an error
+  pk2, n2, crc2 = deflate_raw([b"\0" * 32])
+  data = raw_zip([("archive/data.pkl", 0, pkl, len(pkl), zlib.crc32(pkl)), ("archive/data/0", 8, pk2, 16, crc2)])
+  expect_fail(write("too_long.pt", data), "inflates to more than its declared 16 bytes")
+  grew = max_rss_mib() - rss0
+  assert grew < 200, f"the bombs raised the peak memory by {grew:.0f} MiB"
+
+  # CRC-32: a stored or a deflated member whose bytes do not match is corrupt; a CRC of 0 means none
+  good = np.arange(4, dtype=np.float32).tobytes()
+  bad = b"\xff" + good[1:]
+  for method, payload in ((0, bad), (8, deflate_raw([bad])[0])):
+    data = raw_zip([("archive/data.pkl", 0, pkl, len(pkl), zlib.crc32(pkl)), ("archive/data/0", method, payload, 16,
+                                                                             zlib.crc32(good))])
+    expect_fail(write(f"crc{method}.pt", data), "CRC mismatch")
+  data = raw_zip([("archive/data.pkl", 0, pkl, len(pkl), 0), ("archive/data/0", 0, good, 16, 0)])
+  assert tg_load(write("nocrc.pt", data))[0]["a"][1].tolist() == [0, 1, 2, 3]
+
+  # a truncated zip checkpoint says so
+  (_, p), = [x for x in save_both({"w": torch.randn(64, 64)}, "to_truncate") if x[0] == "zip"]
+  with open(p, "rb") as f: whole = f.read()
+  expect_fail(write("half.pt", whole[:len(whole) // 2]), "truncated?")
+
+  # a zero dimension beside huge ones: an IO error naming the file, not tg_from_data's
+  s = FakeStorage("s", torch.FloatStorage, 4)
+  expect_fail(write("zero_dim.pt", make_zip(pickle_obj({"a": rebuild(s, 0, (0, 2 ** 48, 2 ** 48), (1, 1, 1))}),
+                                            {"s": b"\0" * 16})), "non-zero dimensions multiply past 2^48")
 
 
 def nested_pickle(depth, leaf):

@@ -24,13 +24,16 @@ import numpy as np
 
 # ---- dtypes (tg_dtype enum order) ---------------------------------------------------------------
 DEFAULT, BOOL, INT8, INT16, INT32, INT64, UINT8, UINT16, UINT32, UINT64, FLOAT16, BFLOAT16, FLOAT32, FLOAT64 = range(14)
+FP8E4M3, FP8E5M2 = 14, 15  # not in ALL_DTYPES / FLOATS (torch has no fp8); .numpy() upcasts them to float32
 ALL_DTYPES = [BOOL, INT8, INT16, INT32, INT64, UINT8, UINT16, UINT32, UINT64, FLOAT16, BFLOAT16, FLOAT32, FLOAT64]
 DTYPE_NAMES = {BOOL: "bool", INT8: "int8", INT16: "int16", INT32: "int32", INT64: "int64", UINT8: "uint8",
                UINT16: "uint16", UINT32: "uint32", UINT64: "uint64", FLOAT16: "float16", BFLOAT16: "bfloat16",
+               FP8E4M3: "float8_e4m3", FP8E5M2: "float8_e5m2",
                FLOAT32: "float32", FLOAT64: "float64"}
 # numpy storage dtype of each tg dtype (bfloat16 is stored as its 16 raw bits)
 NP_STORAGE = {BOOL: np.bool_, INT8: np.int8, INT16: np.int16, INT32: np.int32, INT64: np.int64, UINT8: np.uint8,
               UINT16: np.uint16, UINT32: np.uint32, UINT64: np.uint64, FLOAT16: np.float16, BFLOAT16: np.uint16,
+              FP8E4M3: np.uint8, FP8E5M2: np.uint8,
               FLOAT32: np.float32, FLOAT64: np.float64}
 FLOATS = [FLOAT16, BFLOAT16, FLOAT32, FLOAT64]
 SINTS = [INT8, INT16, INT32, INT64]
@@ -86,7 +89,7 @@ class _T(ctypes.Structure):
 
 
 class _Opts(ctypes.Structure):
-  _fields_ = [("dtype", ctypes.c_int), ("device", ctypes.c_char_p), ("requires_grad", ctypes.c_bool)]
+  _fields_ = [("dtype", ctypes.c_int), ("device", ctypes.c_char_p), ("requires_grad", ctypes.c_int8)]
 
 
 class _Counters(ctypes.Structure):
@@ -212,8 +215,9 @@ def _int_arr(vals):
   return (ctypes.c_int * max(len(vals), 1))(*vals), len(vals)
 
 
-def _opts(dtype=DEFAULT, device=None, requires_grad=False):
-  return ctypes.byref(_Opts(int(dtype), device.encode() if device else None, bool(requires_grad)))
+def _opts(dtype=DEFAULT, device=None, requires_grad=None):
+  rg = -1 if requires_grad is None else int(bool(requires_grad))  # TG_GRAD_UNSET: tinygrad's None
+  return ctypes.byref(_Opts(int(dtype), device.encode() if device else None, rg))
 
 
 # ---- scopes, settings ---------------------------------------------------------------------------
@@ -287,7 +291,7 @@ class Tensor:
   @staticmethod
   def scalar(value, dtype=DEFAULT, device=None): return Tensor._wrap(call("scalar", float(value), _opts(dtype, device)))
   @staticmethod
-  def eye(n, m=0, dtype=DEFAULT, device=None): return Tensor._wrap(call("eye", n, m, _opts(dtype, device)))
+  def eye(n, m=None, dtype=DEFAULT, device=None): return Tensor._wrap(call("eye", n, n if m is None else m, _opts(dtype, device)))
   @staticmethod
   def arange(start, stop=None, step=1, dtype=DEFAULT, device=None):
     if stop is None: start, stop = 0, start
@@ -350,6 +354,7 @@ class Tensor:
     return out
 
   def numpy(self):
+    if self.dtype in (FP8E4M3, FP8E5M2): return self.cast(FLOAT32).numpy()
     r = self.raw()
     return bf16_bits_to_f32(r).reshape(r.shape) if self.dtype == BFLOAT16 else r
 

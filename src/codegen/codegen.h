@@ -9,6 +9,7 @@
 #ifndef TG_CODEGEN_H
 #define TG_CODEGEN_H
 
+#include "../runtime/device.h"
 #include "../uop/uop.h"
 
 /* A choice of optimizations (what BEAM searches over). Axis numbers index the global loops of the
@@ -23,6 +24,32 @@ typedef struct {
   int raxis2, rufac; /* UNROLL reduce axis raxis2 by rufac: rufac steps of the reduction per iteration */
 } OptCfg;
 #define OPTCFG_NONE ((OptCfg){-1, 0, -1, 1, 1, 0, -1, 0, -1, 1, -1, 1})
+/* One optimization action, tinygrad's Opt(op, axis, arg). GPU kernels take lists of them:
+ *   UPCAST(g, f)   global axis g computes f outputs per work-item (register tile)
+ *   UNROLL(r, f)   reduce axis r runs f steps per loop turn
+ *   LOCAL(g, n)    global axis g runs in work-groups of n along its dimension
+ *   GROUP(r, n)    n work-items of a work-group share reduce axis r (strided), their partial
+ *                  results meet in local memory after a barrier and work-item 0 combines them
+ *   GROUPTOP(r, n) the same with contiguous chunks of the axis per work-item
+ *   SWAP(g, h)     exchanges global axes g and h (which one is work-item dimension 0)
+ *   NOLOCALS       no work-groups of our choosing (the driver picks)
+ * PADTO and THREAD are CPU actions (part of UPCAST and the thread split there); a GPU list with
+ * them does not apply. Axis numbers index the lowered, merged kernel's loops. */
+typedef enum { OPT_UPCAST, OPT_UNROLL, OPT_LOCAL, OPT_GROUP, OPT_GROUPTOP, OPT_PADTO, OPT_SWAP, OPT_NOLOCALS, OPT_THREAD, OPT_NOPS } OptOp;
+typedef struct {
+  int op, axis, arg;
+} Opt;
+#define OPTLIST_MAX 8
+typedef struct {
+  Opt o[OPTLIST_MAX];
+  int n;
+} OptList;
+/* "LOCAL:0:16,GROUP:0:32" <-> list; parse rejects unknown names, bad numbers and more than
+ * OPTLIST_MAX actions. */
+bool optlist_parse(const char *s, OptList *out);
+void optlist_format(const OptList *l, char *buf, size_t n);
+const char *opt_name(int op);
+
 /* the BEAM cache's text form of a configuration; parse rejects anything but twelve sane integers */
 void optcfg_format(const OptCfg *c, char *buf, size_t n);
 bool optcfg_parse(const char *s, OptCfg *c);
@@ -58,7 +85,34 @@ typedef struct {
   char padinfo[32];/* "PADTO(axis,size) " when an upcast axis was padded (part of opts) */
   OptCfg cfg;    /* the optimizations applied */
   bool cfg_failed; /* a forced OptCfg could not be applied (BEAM drops such candidates) */
+  bool gpu;        /* GPU kernel model: global loops are work-item ids, no vector types */
+  /* GPU: what the applied Opt list chose */
+  OptList gopts;   /* the actions applied */
+  int nlocal;      /* LOCAL actions: local_axis[i] (a global axis) runs in groups of local_arg[i] */
+  int local_axis[3];
+  int64_t local_arg[3];
+  int group;       /* GROUP/GROUPTOP: work-items sharing reduce axis group_axis (0 = none) */
+  int group_axis;
+  bool group_top;
+  bool nolocals;
+  int64_t lsize[3]; /* the work-group size per dimension (after gpu_launch) */
+  const DeviceCaps *caps; /* (while lowering) the device's limits */
+  const OptList *force;   /* (while lowering) the Opt list to apply; NULL: heuristics */
 } LKernel;
+
+/* GPU kernels: where the index of global loop g comes from -- (get_global_id(dim) / div) % mod
+ * (mod 0: no modulo). The innermost loop is dimension 0 (neighbouring work-items touch neighbouring
+ * elements), the next dimension 1, and every loop further out shares dimension 2. */
+typedef struct {
+  int dim;
+  int64_t div, mod;
+} GDim;
+/* Fills dims[g] for each global loop (k->ng <= 64) and the launch's global size. With GROUP,
+ * dimension 0 holds the group's work-items and the loops start at dimension 1. */
+void gpu_global_dims(const LKernel *k, GDim *dims, int64_t global_size[3]);
+/* The GPU optimizations: apply an Opt list (cfg_failed when it does not fit), or choose one. */
+void gpu_apply_opts(LKernel *k, const OptList *l, const DeviceCaps *caps, int *next_axis);
+void gpu_heuristic(LKernel *k, const DeviceCaps *caps, int *next_axis);
 
 typedef struct {
   char name[64];
@@ -72,6 +126,15 @@ typedef struct {
 
 /* Lowers and renders `ast` for the C renderer. Returns NULL with an error recorded on failure. */
 KernelCode *codegen_c(UOp *ast);
+/* Lowers and renders `ast` for a device of the given capabilities (NULL = the CPU's: C, loops),
+ * with the given optimizations (NULL = the hand-coded heuristics). Returns NULL when cfg cannot be
+ * applied (no error recorded), or when the device cannot run the kernel (error recorded: float64
+ * without cl_khr_fp64). */
+KernelCode *codegen_for(UOp *ast, const DeviceCaps *caps, const OptCfg *cfg);
+/* GPU devices: with a given Opt list (NULL: the GPU_OPTS setting if set, else the heuristics).
+ * Returns NULL when the list does not fit the kernel or the device (an error is recorded only
+ * for GPU_OPTS, which the user chose). */
+KernelCode *codegen_gpu(UOp *ast, const DeviceCaps *caps, const OptList *opts);
 /* Same with a given set of optimizations (NULL = the hand-coded heuristics). Returns NULL, with no
  * error recorded, when cfg cannot be applied to this kernel. */
 KernelCode *codegen_c_cfg(UOp *ast, const OptCfg *cfg);
@@ -85,6 +148,7 @@ void kernel_code_free(KernelCode *k);
 /* Lowering (shared by every renderer): builds the LKernel of an AST, with adjacent loops merged
  * wherever that removes index arithmetic (contiguous access becomes a single running index). */
 LKernel *lower_kernel(UOp *ast, const OptCfg *cfg);
+LKernel *lower_kernel_for(UOp *ast, const OptCfg *cfg, const DeviceCaps *caps, const OptList *gopts);
 void lkernel_free(LKernel *k);
 
 /* After optimization: bounds reduce loops by the validity conditions that zero every term outside
@@ -93,5 +157,7 @@ void bound_reduce_loops(LKernel *k);
 
 /* The C renderer: LKernel -> C source (malloc'd). */
 char *render_c(const LKernel *k, const char *name);
+/* The C-style renderer for a language (LANG_C, LANG_OPENCL): LKernel -> source (malloc'd). */
+char *render_kernel(const LKernel *k, const char *name, int lang);
 
 #endif

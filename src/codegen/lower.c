@@ -141,10 +141,15 @@ static void collect_params(UOp *u, PtrMap *seen, LKernel *k) {
   for (uint32_t i = 0; i < u->nsrc; i++) collect_params(u->src[i], seen, k);
 }
 
-LKernel *lower_kernel(UOp *ast, const OptCfg *cfg) {
+LKernel *lower_kernel(UOp *ast, const OptCfg *cfg) { return lower_kernel_for(ast, cfg, NULL, NULL); }
+
+LKernel *lower_kernel_for(UOp *ast, const OptCfg *cfg, const DeviceCaps *caps, const OptList *gopts) {
   TG_ASSERT(ast->op == OP_SINK && ast->nsrc == 1 && ast->src[0]->op == OP_STORE);
   UOp *store = ast->src[0];
   LKernel *k = tg_xcalloc(1, sizeof(LKernel));
+  k->gpu = caps && caps->gpu;
+  k->caps = caps;
+  k->force = gopts;
   PtrMap seen;
   pm_init(&seen);
   collect_params(ast, &seen, k);
@@ -213,6 +218,8 @@ LKernel *lower_kernel(UOp *ast, const OptCfg *cfg) {
     merge_all(k, k->rranges, &k->nr);
   }
   optimize_kernel(k, &next_axis, cfg);
+  k->caps = NULL;
+  k->force = NULL;
   bound_reduce_loops(k);
   if (debug_level() >= 3) {
     fprintf(stderr, "opts: loops %d global + %d reduce; dropped %d size-1; merged to", ng0, nr0, (ng0 - ng1) + (nr0 - nr1));
@@ -275,9 +282,119 @@ int kernel_reduce_sizes(UOp *ast, int64_t *sizes, int cap) {
   return n;
 }
 
-KernelCode *codegen_c_cfg(UOp *ast, const OptCfg *cfg) {
-  LKernel *k = lower_kernel(ast, cfg);
-  if (k->cfg_failed) {
+KernelCode *codegen_c_cfg(UOp *ast, const OptCfg *cfg) { return codegen_for(ast, NULL, cfg); }
+
+void gpu_global_dims(const LKernel *k, GDim *dims, int64_t global_size[3]) {
+  global_size[0] = k->group ? k->group : 1;
+  global_size[1] = global_size[2] = 1;
+  int first = k->group ? 1 : 0;
+  for (int g = k->ng - 1; g >= 0; g--) {
+    int d = first + (k->ng - 1 - g) < 2 ? first + (k->ng - 1 - g) : 2;
+    int64_t n = k->granges[g]->iarg[0];
+    dims[g] = (GDim){d, global_size[d], 0};
+    /* a loop sharing dimension 2 with loops outside it takes its part of the id modulo its size */
+    if (d == 2 && g > 0) dims[g].mod = n;
+    global_size[d] *= n;
+  }
+}
+
+/* Does any node of the kernel compute or move float64? */
+static bool uses_dtype(UOp *u, tg_dtype dt, PtrMap *seen) {
+  if (!u || pm_has(seen, (uint64_t)(uintptr_t)u)) return false;
+  pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
+  if (u->dtype == dt) return true;
+  for (uint32_t i = 0; i < u->nsrc; i++)
+    if (uses_dtype(u->src[i], dt, seen)) return true;
+  return false;
+}
+
+/* GPU launch geometry: the global size, and the work-group size from the LOCAL and GROUP actions
+ * (each LOCAL axis must own its dimension). False when it does not fit the device. */
+static bool gpu_launch(LKernel *k, const DeviceCaps *caps, int64_t gs[3], int64_t ls[3]) {
+  GDim dims[64];
+  gpu_global_dims(k, dims, gs);
+  ls[0] = k->group ? k->group : 1;
+  ls[1] = ls[2] = 1;
+  for (int i = 0; i < k->nlocal; i++) {
+    int g = k->local_axis[i], d = dims[g].dim;
+    if (dims[g].div != 1 || dims[g].mod || gs[d] != k->granges[g]->iarg[0] || ls[d] != 1) return false;
+    ls[d] = k->local_arg[i];
+  }
+  int64_t total = ls[0] * ls[1] * ls[2];
+  for (int d = 0; d < 3; d++)
+    if (ls[d] > caps->max_local_dims[d] || gs[d] % ls[d]) return false;
+  if (total > caps->max_local) return false;
+  memcpy(k->lsize, ls, sizeof k->lsize);
+  return true;
+}
+
+static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptCfg *cfg, const OptList *gopts, bool user);
+
+KernelCode *codegen_for(UOp *ast, const DeviceCaps *caps, const OptCfg *cfg) {
+  if (caps && caps->gpu) return codegen_gpu(ast, caps, NULL);
+  return codegen_impl(ast, caps, cfg, NULL, false);
+}
+
+KernelCode *codegen_gpu(UOp *ast, const DeviceCaps *caps, const OptList *opts) {
+  OptList env;
+  const char *s = opts ? NULL : getenv_str("GPU_OPTS", NULL);
+  if (s && *s) {
+    if (!optlist_parse(s, &env)) {
+      tg_set_error(TG_ERR_INVALID, "codegen: GPU_OPTS='%s' is not a list of actions like 'LOCAL:0:16,GROUP:0:32' "
+                   "(UPCAST, UNROLL, LOCAL, GROUP, GROUPTOP, SWAP take :axis:arg; NOLOCALS none)", s);
+      return NULL;
+    }
+    return codegen_impl(ast, caps, NULL, &env, true);
+  }
+  return codegen_impl(ast, caps, NULL, opts, false);
+}
+
+static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptCfg *cfg, const OptList *gopts, bool user) {
+  bool gpu = caps && caps->gpu;
+  if (gpu && !caps->fp64) {
+    PtrMap seen;
+    pm_init(&seen);
+    bool f64 = uses_dtype(ast, TG_FLOAT64, &seen);
+    pm_free(&seen);
+    if (f64) {
+      tg_set_error(TG_ERR_INVALID, "codegen: this device has no float64 (OpenCL extension cl_khr_fp64); cast to float32 first");
+      return NULL;
+    }
+  }
+  if (gpu) {
+    PtrMap seen;
+    pm_init(&seen);
+    bool f8 = uses_dtype(ast, TG_FP8E4M3, &seen);
+    pm_free(&seen);
+    pm_init(&seen);
+    f8 = f8 || uses_dtype(ast, TG_FP8E5M2, &seen);
+    pm_free(&seen);
+    if (f8) {
+      tg_set_error(TG_ERR_INVALID, "codegen: fp8 dtypes are computed on CPU devices only; cast to float16 or float32 "
+                                   "first, or move the tensor to the CPU with tg_to");
+      return NULL;
+    }
+  }
+  LKernel *k = lower_kernel_for(ast, cfg, caps, gopts);
+  int64_t gs[3] = {1, 1, 1}, ls[3] = {1, 1, 1};
+  if (gpu && k->ng > 64) tg_set_error(TG_ERR_INVALID, "codegen: a GPU kernel of %d global loops (at most 64)", k->ng);
+  else if (gpu && !k->cfg_failed && !gpu_launch(k, caps, gs, ls)) k->cfg_failed = true;
+  if (k->cfg_failed && user) {
+    char buf[256];
+    optlist_format(gopts, buf, sizeof buf);
+    SB loops;
+    sb_init(&loops);
+    sb_puts(&loops, "global loops [");
+    for (int i = 0; i < k->ng; i++) sb_printf(&loops, "%s%lld", i ? "," : "", (long long)k->granges[i]->iarg[0]);
+    sb_puts(&loops, "], reduce loops [");
+    for (int i = 0; i < k->nr; i++) sb_printf(&loops, "%s%lld", i ? "," : "", (long long)k->rranges[i]->iarg[0]);
+    sb_puts(&loops, "]");
+    tg_set_error(TG_ERR_INVALID, "codegen: GPU_OPTS '%s' does not fit this kernel (%s) or the "
+                 "device (at most %lld work-items per group, %lld bytes of local memory)", buf, loops.s,
+                 (long long)caps->max_local, (long long)caps->local_mem);
+    sb_free(&loops);
+  }
+  if (k->cfg_failed || (gpu && k->ng > 64)) {
     lkernel_free(k);
     return NULL;
   }
@@ -289,7 +406,7 @@ KernelCode *codegen_c_cfg(UOp *ast, const OptCfg *cfg) {
     o += snprintf(kc->name + o, sizeof kc->name - (size_t)o, "_%lld", (long long)k->granges[i]->iarg[0]);
   for (int i = 0; i < k->nr && o < (int)sizeof kc->name - 24; i++)
     o += snprintf(kc->name + o, sizeof kc->name - (size_t)o, "_%lld", (long long)k->rranges[i]->iarg[0]);
-  kc->src = render_c(k, kc->name);
+  kc->src = render_kernel(k, kc->name, caps ? caps->lang : LANG_C);
   int64_t outer = 1, inner = 1;
   for (int i = 0; i < k->ng; i++) outer *= k->granges[i]->iarg[0];
   for (int i = 0; i < k->nr; i++) inner *= k->rranges[i]->iarg[0];
@@ -302,6 +419,12 @@ KernelCode *codegen_c_cfg(UOp *ast, const OptCfg *cfg) {
   for (int c = 0; k->sop && k->ng && c < k->ncopy; c++)
     if (uop_depends_on(k->sfirsts[c], k->granges[0])) kc->local_size[0] = 1;
   kc->local_size[1] = kc->local_size[2] = 1;
+  if (gpu) {
+    memcpy(kc->global_size, gs, sizeof gs);
+    memcpy(kc->local_size, ls, sizeof ls);
+    /* no work-group size of our choosing: the driver's (0) */
+    if (!k->group && !k->nlocal) kc->local_size[0] = kc->local_size[1] = kc->local_size[2] = 0;
+  }
   PtrMap seen;
   pm_init(&seen);
   uint64_t post = 0, body = 0;

@@ -198,7 +198,10 @@ static void actions(const OptCfg *base, int round, const int64_t *gs, int ng, co
 }
 
 static void free_cands(Cand *cs, int n) {
-  for (int i = 0; i < n; i++) kernel_code_free(cs[i].kc);
+  for (int i = 0; i < n; i++) {
+    kernel_code_free(cs[i].kc);
+    program_release(cs[i].prg); /* a candidate's program may be unloaded once the cache is full */
+  }
 }
 
 bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptCfg *out) {
@@ -318,6 +321,7 @@ bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptC
     if (nfront == 0 || (round >= 1 && best_t >= prev)) break;
   }
   free(front);
+  program_release(ref.prg);
   if (b.scratch) buffer_unref(b.scratch);
   free(orig), free(b.ref), free(b.got), free(b.bufs);
   kernel_code_free(base);
@@ -338,6 +342,174 @@ bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptC
     if (f) {
       char line[160];
       optcfg_format(&best, line, sizeof line);
+      fprintf(f, "%s\n", line);
+      if (fclose(f) == 0) rename(tmp, path);
+      else unlink(tmp);
+    }
+    free(dir);
+  }
+  return true;
+}
+
+/* ---- GPU devices: the same search over Opt lists ---- */
+
+typedef struct {
+  OptList l;
+  KernelCode *kc;
+  Program *prg;
+  double t;
+} GCand;
+
+static void add_gcand(GCand **cs, int *n, int *cap, const OptList *l) {
+  char a[256], b[256];
+  optlist_format(l, a, sizeof a);
+  for (int i = 0; i < *n; i++) {
+    optlist_format(&(*cs)[i].l, b, sizeof b);
+    if (strcmp(a, b) == 0) return;
+  }
+  if (*n == *cap) {
+    *cap = *cap ? *cap * 2 : 32;
+    *cs = tg_xrealloc(*cs, sizeof(GCand) * (size_t)*cap);
+  }
+  (*cs)[(*n)++] = (GCand){*l, NULL, NULL, INFINITY};
+}
+
+/* Every list that extends base by one action: GROUP/GROUPTOP of a reduce axis, LOCAL or UPCAST of
+ * a global axis, UNROLL of a reduce axis (codegen drops those that do not fit). */
+static void gpu_actions(const OptList *base, const int64_t *gs, int ng, const int64_t *rs, int nr, GCand **cs, int *n, int *cap) {
+  add_gcand(cs, n, cap, base);
+  if (base->n >= OPTLIST_MAX) return;
+  OptList c;
+#define EXTEND(OP, AX, ARG) (c = *base, c.o[c.n++] = (Opt){OP, AX, ARG}, add_gcand(cs, n, cap, &c))
+  for (int r = 0; r < nr; r++)
+    for (int g = 16; g <= 256; g *= 2)
+      if (rs[r] >= 2 * g) EXTEND(OPT_GROUP, r, g), EXTEND(OPT_GROUPTOP, r, g);
+  for (int a = 0; a < ng; a++)
+    for (int l = 2; l <= 32; l *= 2)
+      if (gs[a] % l == 0) EXTEND(OPT_LOCAL, a, l);
+  for (int a = 0; a < ng; a++)
+    for (int f = 2; f <= 4; f *= 2)
+      if (gs[a] % f == 0) EXTEND(OPT_UPCAST, a, f);
+  for (int r = 0; r < nr; r++)
+    for (int f = 2; f <= 4; f *= 2)
+      if (rs[r] % f == 0 && rs[r] / f >= 2) EXTEND(OPT_UNROLL, r, f);
+#undef EXTEND
+}
+
+/* BEAM on a GPU device: rounds of one more action each, timed by the device's events on the real
+ * inputs, checked against the list-less kernel's output. Cached like the CPU's choice, keyed by
+ * the device's identity (platform, device, driver). */
+bool beam_search_gpu(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptList *out) {
+  OptList none = {.n = 0};
+  KernelCode *base = codegen_gpu(ast, &dev->caps, &none);
+  if (!base) return false;
+  SB key;
+  sb_init(&key);
+  sb_printf(&key, "gpu|%s|%s|%s|%d", dev->vt->name, dev->vt->compiler_id(dev->state), base->src, beam);
+  uint64_t h = hash_bytes(key.s, key.len, 0x6265616d);
+  sb_free(&key);
+  char *dir = beam_dir();
+  char path[4096] = {0};
+  if (dir) {
+    snprintf(path, sizeof path, "%s/%016llx.opts", dir, (unsigned long long)h);
+    FILE *f = fopen(path, "r");
+    char line[512];
+    if (f && fgets(line, sizeof line, f)) {
+      line[strcspn(line, "\n")] = 0;
+      if (optlist_parse(line, out)) {
+        fclose(f);
+        free(dir);
+        kernel_code_free(base);
+        return true;
+      }
+    }
+    if (f) fclose(f);
+  }
+  /* loop sizes of the kernel as lowered for the GPU (no actions) */
+  int64_t gs[64], rs[64];
+  LKernel *lk = lower_kernel_for(ast, NULL, &dev->caps, &none);
+  int ng = lk->ng < 64 ? lk->ng : 64, nr = lk->nr < 64 ? lk->nr : 64;
+  for (int i = 0; i < ng; i++) gs[i] = lk->granges[i]->iarg[0];
+  for (int i = 0; i < nr; i++) rs[i] = lk->rranges[i]->iarg[0];
+  lkernel_free(lk);
+  Bench b = {0};
+  b.nbufs = nbufs;
+  b.bufs = tg_xmalloc(sizeof(void *) * (size_t)nbufs);
+  b.nbytes = bufs[0]->nbytes;
+  b.odt = (tg_dtype)ast->src[0]->dtype;
+  b.scratch = buffer_new(dev, b.nbytes);
+  unsigned char *orig = tg_xmalloc(b.nbytes + 1);
+  b.ref = tg_xmalloc(b.nbytes + 1);
+  b.got = tg_xmalloc(b.nbytes + 1);
+  bool ok = b.scratch && buffer_copyout(bufs[0], orig, b.nbytes) == TG_OK;
+  b.orig = orig;
+  for (int i = 0; i < nbufs; i++) b.bufs[i] = bufs[i]->ptr;
+  if (ok) b.bufs[0] = b.scratch->ptr;
+  Cand ref = {OPTCFG_NONE, base, NULL, INFINITY};
+  if (ok) {
+    compile_all(&ref, 1, dev);
+    unsigned char *keep = b.ref;
+    b.ref = NULL;
+    ref.t = time_one(&b, &ref, INFINITY);
+    b.ref = keep;
+    ok = isfinite(ref.t) && buffer_copyout(b.scratch, b.ref, b.nbytes) == TG_OK;
+  }
+  OptList best = none;
+  double best_t = ref.t;
+  GCand *front = tg_xmalloc(sizeof(GCand) * (size_t)(beam + 1));
+  int nfront = 1;
+  front[0] = (GCand){none, NULL, NULL, ref.t};
+  for (int round = 0; ok && round < 3; round++) {
+    GCand *cs = NULL;
+    int n = 0, cap = 0;
+    for (int f = 0; f < nfront; f++) gpu_actions(&front[f].l, gs, ng, rs, nr, &cs, &n, &cap);
+    int m = 0;
+    for (int i = 0; i < n; i++)
+      if ((cs[i].kc = codegen_gpu(ast, &dev->caps, &cs[i].l))) cs[m++] = cs[i];
+    n = m;
+    /* compile and time through the CPU candidates' machinery */
+    Cand *cc = tg_xcalloc((size_t)(n ? n : 1), sizeof(Cand));
+    for (int i = 0; i < n; i++) cc[i] = (Cand){OPTCFG_NONE, cs[i].kc, NULL, INFINITY};
+    compile_all(cc, n, dev);
+    for (int i = 0; i < n; i++) cs[i].t = time_one(&b, &cc[i], best_t);
+    free(cc);
+    for (int i = 0; i < n; i++) kernel_code_free(cs[i].kc), cs[i].kc = NULL;
+    /* sort by time (few candidates: insertion sort keeps this simple) */
+    for (int i = 1; i < n; i++)
+      for (int j = i; j > 0 && cs[j].t < cs[j - 1].t; j--) {
+        GCand t = cs[j];
+        cs[j] = cs[j - 1], cs[j - 1] = t;
+      }
+    double prev = best_t;
+    if (n && cs[0].t < best_t) best = cs[0].l, best_t = cs[0].t;
+    nfront = 0;
+    for (int i = 0; i < n && nfront < beam; i++)
+      if (isfinite(cs[i].t)) front[nfront++] = cs[i];
+    if (debug_level() >= 1) {
+      char bl[256];
+      optlist_format(&best, bl, sizeof bl);
+      fprintf(stderr, "BEAM %d: %-28s round %d/3: %3d candidates, best %9.2f us [%s] (no actions %9.2f us)\n", beam,
+              base->name, round + 1, n, best_t * 1e6, bl, ref.t * 1e6);
+    }
+    free(cs);
+    if (nfront == 0 || (round >= 1 && best_t >= prev)) break;
+  }
+  free(front);
+  if (b.scratch) buffer_unref(b.scratch);
+  free(orig), free(b.ref), free(b.got), free(b.bufs);
+  kernel_code_free(base);
+  if (!ok) {
+    free(dir);
+    tg_clear_error();
+    return false;
+  }
+  *out = best;
+  if (dir) {
+    char tmp[4200], line[256];
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (f) {
+      optlist_format(&best, line, sizeof line);
       fprintf(f, "%s\n", line);
       if (fclose(f) == 0) rename(tmp, path);
       else unlink(tmp);

@@ -9,9 +9,11 @@
 #include "../runtime/device.h"
 
 /* One executed item: a kernel launch or a device copy, with references to the buffers it used. */
+struct CachedKernel;
 typedef struct {
   Program *prg;          /* NULL for a copy */
   const KernelCode *code;/* launch sizes, name, ops (owned by the kernel cache) */
+  struct CachedKernel *ck; /* a reference: keeps prg and code alive after the cache drops them */
   Buffer **bufs;         /* owned refs; bufs[0] is written; NULL where slot[j] names a transient */
   int *slot;             /* NULL, or per buffer: -1 or the transient that stands in for it */
   int nbufs;
@@ -40,6 +42,8 @@ extern _Thread_local Capture *g_capture;
 void capture_free(Capture *c);
 /* b dies: the capture's references to it, all in items[from..], become one transient slot. */
 void capture_forget(Capture *c, Buffer *b, int from);
+/* Entries of the in-memory kernel cache (at most MAX_LOADED_KERNELS; for tests). */
+size_t kernel_cache_count(void);
 /* Replays c with buffers from[i] replaced by to[i] (the from[] distinct). */
 tg_status capture_replay(const Capture *c, Buffer *const *from, Buffer *const *to, int n);
 /* TinyJit's prune: drops the items that do not depend on inputs[0..n) (their results, computed by

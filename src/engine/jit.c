@@ -117,7 +117,7 @@ static bool sig_eq(const Sig *s, UOp *u) {
 static Buffer *input_buffer(tg_tensor t, int i) {
   UOp *u = t_get(t, "tg_jit_call");
   if (!u) return NULL;
-  UOp *b = u->realized ? u->realized : u;
+  UOp *b = uop_realized(u) ? uop_realized(u) : u;
   if (b->op != OP_BUFFER) {
     tg_set_error(TG_ERR_INVALID, "tg_jit_call: input %d is not realized (or is a view); realize it (tg_realize, tg_contiguous) before calling the jitted function", i);
     return NULL;
@@ -139,13 +139,13 @@ static tg_status run_fn(tg_jit *j, const tg_tensor *in, int nin, const double *a
   for (int i = 0; st == TG_OK && i < j->nout; i++) {
     UOp *u = t_get(out[i], "tg_jit_call");
     if (!u) st = tg_last_status();
-    else if ((u->realized ? u->realized : u)->op != OP_BUFFER) out[i] = tg_contiguous(out[i]), views = true;
+    else if ((uop_realized(u) ? uop_realized(u) : u)->op != OP_BUFFER) out[i] = tg_contiguous(out[i]), views = true;
   }
   if (st == TG_OK && views) st = tg_realize_many(out, j->nout);
   /* fresh handles: the function may have stored a caller's handle (an input) in out[] */
   for (int i = 0; i < j->nout; i++) {
     UOp *u = st == TG_OK ? t_get(out[i], "tg_jit_call") : NULL;
-    out[i] = u ? tg_keep(t_wrap(uop_ref(u->realized ? u->realized : u))) : (tg_tensor){0};
+    out[i] = u ? tg_keep(t_wrap(uop_ref(uop_realized(u) ? uop_realized(u) : u))) : (tg_tensor){0};
   }
   tg_scope_end();
   if (st == TG_OK && tg_has_error()) st = tg_last_status();
@@ -161,7 +161,7 @@ static tg_status run_fn(tg_jit *j, const tg_tensor *in, int nin, const double *a
 static Buffer *buffer_behind(tg_tensor t) {
   if (!tg_valid(t)) return NULL;
   UOp *u = t_get(t, "tg_jit_call");
-  UOp *b = u->realized ? u->realized : u;
+  UOp *b = uop_realized(u) ? uop_realized(u) : u;
   return b->op == OP_BUFFER ? g_buffer_of(b) : NULL;
 }
 
@@ -224,7 +224,7 @@ static tg_status capture(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs,
   j->out_buf = tg_xcalloc((size_t)j->nout + 1, sizeof(Buffer *));
   for (int i = 0; i < j->nout; i++) {
     UOp *u = t_get(out[i], "tg_jit_call");
-    UOp *b = u->realized ? u->realized : u;
+    UOp *b = uop_realized(u) ? uop_realized(u) : u;
     j->out_sig[i] = sig_of(u);
     j->out_buf[i] = buffer_ref(g_buffer_of(b));
   }

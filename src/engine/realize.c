@@ -17,20 +17,68 @@
 #include "../schedule/schedule.h"
 #include "../uop/ptrmap.h"
 
-typedef struct {
+/* In-memory kernel cache: AST -> compiled program and its launch metadata. Bounded like the program
+ * cache below it (MAX_LOADED_KERNELS, least recently used out first), since each entry holds a
+ * program and its AST; entries are reference counted because TinyJit captures keep using the
+ * program and metadata of entries the cache has dropped. */
+typedef struct CachedKernel {
   UOp *ast;  /* owned key */
-  Program *prg;
+  Program *prg; /* a reference */
   KernelCode *code;
+  uint64_t key;
+  int refs; /* the cache's own (while listed) + captures' + a running schedule's */
+  char *gopts; /* the GPU_OPTS it was generated under (NULL: none): a lookup under another finds
+                * nothing, and the new kernel replaces the entry */
+  struct CachedKernel *prev, *next; /* LRU order, most recent first */
 } CachedKernel;
 
-static PtrMap kcache; /* AST pointer -> CachedKernel* (per device kind: CPU only today) */
+static PtrMap kcache; /* (AST pointer, device, settings) -> CachedKernel* */
+static CachedKernel kc_lru = {.prev = &kc_lru, .next = &kc_lru};
+static size_t kc_n;
 static pthread_mutex_t kc_lock = PTHREAD_MUTEX_INITIALIZER;
 
 bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptCfg *out);
+bool beam_search_gpu(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptList *out);
 
-static CachedKernel *kcache_get(uint64_t key) {
+/* GPU_OPTS forces the actions of GPU kernels: part of what a cache entry was made under. */
+static const char *kc_gopts(Device *dev) {
+  const char *g = dev->caps.gpu ? getenv_str("GPU_OPTS", NULL) : NULL;
+  return g && *g ? g : NULL;
+}
+
+static bool same_gopts(const char *a, const char *b) { return a == b || (a && b && strcmp(a, b) == 0); }
+
+static CachedKernel *ck_retain(CachedKernel *ck) {
+  if (ck) __atomic_fetch_add(&ck->refs, 1, __ATOMIC_RELAXED);
+  return ck;
+}
+
+static void ck_release(CachedKernel *ck) {
+  if (!ck || __atomic_sub_fetch(&ck->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
+  uop_unref(ck->ast);
+  program_release(ck->prg);
+  kernel_code_free(ck->code);
+  free(ck->gopts);
+  free(ck);
+}
+
+static void lru_unlink(CachedKernel *ck) {
+  ck->prev->next = ck->next;
+  ck->next->prev = ck->prev;
+}
+
+static void lru_front(CachedKernel *ck) {
+  ck->next = kc_lru.next;
+  ck->prev = &kc_lru;
+  kc_lru.next->prev = ck;
+  kc_lru.next = ck;
+}
+
+static CachedKernel *kcache_get(uint64_t key, const char *gopts) {
   pthread_mutex_lock(&kc_lock);
   CachedKernel *ck = pm_get(&kcache, key);
+  if (ck && !same_gopts(ck->gopts, gopts)) ck = NULL;
+  if (ck) lru_unlink(ck), lru_front(ck);
   pthread_mutex_unlock(&kc_lock);
   return ck;
 }
@@ -49,42 +97,86 @@ static CachedKernel *kcache_put(uint64_t key, UOp *ast, Device *dev, KernelCode 
   ck->ast = uop_ref(ast);
   ck->prg = p;
   ck->code = kc;
+  ck->key = key;
+  ck->refs = 1;
   /* the source stays (a few KB per kernel): tg_jit_export writes the captured kernels' sources */
+  const char *g = kc_gopts(dev);
+  ck->gopts = g ? tg_xstrdup(g) : NULL;
+  int64_t lim = getenv_int("MAX_LOADED_KERNELS", 4096);
+  size_t limit = lim < 1 ? 1 : (size_t)lim;
+  CachedKernel *dead = NULL;
   pthread_mutex_lock(&kc_lock);
-  CachedKernel *had = pm_get(&kcache, key);
+  CachedKernel *had = pm_get(&kcache, key), *evicted = NULL;
+  if (had && !same_gopts(had->gopts, ck->gopts)) {
+    /* made under another GPU_OPTS: this one replaces it */
+    lru_unlink(had);
+    pm_del(&kcache, key);
+    kc_n--;
+    had->next = NULL;
+    evicted = had;
+    had = NULL;
+  }
   if (had) {
-    uop_unref(ck->ast);
-    kernel_code_free(ck->code);
-    free(ck);
+    dead = ck;
     ck = had;
   } else {
     pm_put(&kcache, key, ck);
+    lru_front(ck);
+    kc_n++;
+  }
+  /* drop the least recently used beyond the limit (never the one just added: the caller runs it) */
+  while (kc_n > limit && kc_lru.prev != ck) {
+    CachedKernel *v = kc_lru.prev;
+    lru_unlink(v);
+    pm_del(&kcache, v->key);
+    kc_n--;
+    v->next = evicted;
+    evicted = v;
   }
   pthread_mutex_unlock(&kc_lock);
+  if (dead) ck_release(dead);
+  while (evicted) {
+    CachedKernel *nx = evicted->next;
+    ck_release(evicted);
+    evicted = nx;
+  }
   return ck;
 }
 
-/* The cache key of a kernel: its AST, and the settings that change the code generated for it
- * (NOOPT, LOOP_BOUNDS), so that turning one of them on in a context compiles anew. */
-static uint64_t kkey(UOp *ast) {
+size_t kernel_cache_count(void) {
+  pthread_mutex_lock(&kc_lock);
+  size_t n = kc_n;
+  pthread_mutex_unlock(&kc_lock);
+  return n;
+}
+
+/* The cache key of a kernel: its AST, the device (programs are loaded per device), and the
+ * settings that change the code generated for it (NOOPT, LOOP_BOUNDS), so that turning one of them
+ * on in a context compiles anew. */
+static uint64_t kkey(UOp *ast, Device *dev) {
   uint64_t v = (getenv_int("NOOPT", 0) ? 1u : 0u) | (getenv_int("LOOP_BOUNDS", 1) ? 0u : 2u);
-  return (uint64_t)(uintptr_t)ast ^ (v << 60);
+  return (uint64_t)(uintptr_t)ast ^ (v << 60) ^ ((uint64_t)(dev->id & 0xff) << 48);
 }
 
 /* BEAM>0: the kernel compiled with the searched optimizations (cached per AST and beam width). */
 static CachedKernel *get_kernel_beam(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam) {
-  uint64_t key = kkey(ast) ^ ((uint64_t)beam << 56) ^ 1;
-  CachedKernel *ck = kcache_get(key);
+  uint64_t key = kkey(ast, dev) ^ ((uint64_t)beam << 56) ^ 1;
+  CachedKernel *ck = kcache_get(key, NULL);
   if (ck) return ck;
+  if (dev->caps.gpu) {
+    OptList l;
+    KernelCode *kc = beam_search_gpu(ast, dev, bufs, nbufs, beam, &l) ? codegen_gpu(ast, &dev->caps, &l) : NULL;
+    return kcache_put(key, ast, dev, kc ? kc : codegen_gpu(ast, &dev->caps, NULL));
+  }
   OptCfg cfg;
   KernelCode *kc = beam_search(ast, dev, bufs, nbufs, beam, &cfg) ? codegen_c_cfg(ast, &cfg) : NULL;
   return kcache_put(key, ast, dev, kc ? kc : codegen_c(ast));
 }
 
 static CachedKernel *get_kernel(UOp *ast, Device *dev) {
-  uint64_t key = kkey(ast);
-  CachedKernel *ck = kcache_get(key);
-  return ck ? ck : kcache_put(key, ast, dev, codegen_c(ast));
+  uint64_t key = kkey(ast, dev);
+  CachedKernel *ck = kcache_get(key, kc_gopts(dev));
+  return ck ? ck : kcache_put(key, ast, dev, codegen_for(ast, &dev->caps, NULL));
 }
 
 /* ---- parallel compilation: kernels a schedule needs that are not cached yet are compiled on all
@@ -136,13 +228,16 @@ static void precompile(Schedule *s) {
     SItem *it = &s->items[i];
     if (it->kind != SI_KERNEL || pm_has(&seen, (uint64_t)(uintptr_t)it->ast)) continue;
     pm_put(&seen, (uint64_t)(uintptr_t)it->ast, (void *)1);
-    if (kcache_get(kkey(it->ast))) continue;
+    if (kcache_get(kkey(it->ast, it->dev), kc_gopts(it->dev))) continue;
     js.jobs = tg_xrealloc(js.jobs, sizeof(CJob) * (size_t)(js.n + 1));
     js.jobs[js.n++] = (CJob){it->ast, it->dev, NULL};
   }
   pm_free(&seen);
   if (js.n >= 2) {
-    for (int i = 0; i < js.n; i++) js.jobs[i].kc = codegen_c(js.jobs[i].ast);
+    for (int i = 0; i < js.n; i++) {
+      js.jobs[i].kc = codegen_for(js.jobs[i].ast, &js.jobs[i].dev->caps, NULL);
+      if (!js.jobs[i].kc) tg_clear_error(); /* the run loop reports it */
+    }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int nt = (int)(ncpu < 1 ? 1 : ncpu > 16 ? 16 : ncpu);
     if (nt > js.n) nt = js.n;
@@ -159,7 +254,7 @@ static void precompile(Schedule *s) {
     /* the batches loaded the programs; a kernel that failed in its batch compiles alone here, and
      * one that fails again is left for the run loop, which reports its error */
     for (int i = 0; i < js.n; i++)
-      if (js.jobs[i].kc && !kcache_put(kkey(js.jobs[i].ast), js.jobs[i].ast, js.jobs[i].dev, js.jobs[i].kc))
+      if (js.jobs[i].kc && !kcache_put(kkey(js.jobs[i].ast, js.jobs[i].dev), js.jobs[i].ast, js.jobs[i].dev, js.jobs[i].kc))
         tg_clear_error();
   }
   free(js.jobs);
@@ -167,15 +262,16 @@ static void precompile(Schedule *s) {
 
 _Thread_local Capture *g_capture;
 
-static void capture_add(Program *prg, const KernelCode *code, Buffer **bufs, int nbufs, size_t nbytes, size_t mem) {
+static void capture_add(CachedKernel *ck, Buffer **bufs, int nbufs, size_t nbytes, size_t mem) {
   Capture *c = g_capture;
   if (c->n == c->cap) {
     c->cap = c->cap ? c->cap * 2 : 32;
     c->items = tg_xrealloc(c->items, sizeof(CapItem) * (size_t)c->cap);
   }
   CapItem *it = &c->items[c->n++];
-  it->prg = prg;
-  it->code = code;
+  it->ck = ck_retain(ck);
+  it->prg = ck ? ck->prg : NULL;
+  it->code = ck ? ck->code : NULL;
   it->nbufs = nbufs;
   it->nbytes = nbytes;
   it->mem = mem;
@@ -190,6 +286,7 @@ static void capitem_free(CapItem *it) {
   for (int j = 0; j < it->nbufs; j++) buffer_unref(it->bufs[j]);
   free(it->bufs);
   free(it->slot);
+  ck_release(it->ck);
 }
 
 void capture_free(Capture *c) {
@@ -427,6 +524,9 @@ static tg_status run_schedule(Schedule *s) {
   int cap_from = g_capture ? g_capture->n : 0;
   int beam = (int)getenv_int("BEAM", 0);
   if (beam <= 0) precompile(s);
+  /* out of memory before any kernel ran: nothing was changed yet, so stop here (later, kernels must
+   * all run -- an assign done twice on a retry would be wrong -- and realize_uops reports it) */
+  if (tg_oom_check("realize (code generation)")) return TG_ERR_RUNTIME;
   for (int i = 0; i < s->nitems; i++) {
     SItem *it = &s->items[i];
     SBuf *out = &s->bufs[it->bufs[0]];
@@ -440,7 +540,7 @@ static tg_status run_schedule(Schedule *s) {
       if (st != TG_OK) return st;
       if (g_capture) {
         Buffer *cb[2] = {out->buf, in->buf};
-        capture_add(NULL, NULL, cb, 2, out->nbytes, 0);
+        capture_add(NULL, cb, 2, out->nbytes, 0);
       }
       counters_add(false, 0, out->nbytes, 0);
       if (dbg >= 2)
@@ -448,7 +548,7 @@ static tg_status run_schedule(Schedule *s) {
                 out->dev->name);
     } else if (out->nbytes > 0) {
       CachedKernel *ck;
-      if (beam > 0) {
+      if (beam > 0 && !(it->dev->caps.gpu && kc_gopts(it->dev))) {
         Buffer *bb[64];
         Buffer **bp = it->nbufs <= 64 ? bb : tg_xmalloc(sizeof(Buffer *) * (size_t)it->nbufs);
         for (int j = 0; j < it->nbufs; j++) bp[j] = s->bufs[it->bufs[j]].buf;
@@ -458,6 +558,7 @@ static tg_status run_schedule(Schedule *s) {
         ck = get_kernel(it->ast, it->dev);
       }
       if (!ck) return tg_last_status();
+      ck_retain(ck); /* kept while it runs, whatever the cache drops meanwhile */
       void *ptrs[16];
       void **bufs = it->nbufs <= 16 ? ptrs : tg_xmalloc(sizeof(void *) * (size_t)it->nbufs);
       size_t mem = 0;
@@ -471,12 +572,16 @@ static tg_status run_schedule(Schedule *s) {
         Buffer *cb[64];
         Buffer **cbp = it->nbufs <= 64 ? cb : tg_xmalloc(sizeof(Buffer *) * (size_t)it->nbufs);
         for (int j = 0; j < it->nbufs; j++) cbp[j] = s->bufs[it->bufs[j]].buf;
-        capture_add(ck->prg, ck->code, cbp, it->nbufs, 0, mem);
+        capture_add(ck, cbp, it->nbufs, 0, mem);
         if (cbp != cb) free(cbp);
       }
-      if (t < 0) return tg_last_status() ? tg_last_status() : TG_ERR_RUNTIME;
+      if (t < 0) {
+        ck_release(ck);
+        return tg_last_status() ? tg_last_status() : TG_ERR_RUNTIME;
+      }
       uint64_t kn = counters_add(true, ck->code->ops, mem, dbg >= 2 ? t : 0);
       if (dbg >= 2) print_kernel_line(it->dev, kn, ck->code->name, it->nbufs, mem, t, ck->code->ops);
+      ck_release(ck);
     }
     /* free inputs that die here (targets and pre-existing buffers are kept) */
     for (int j = 1; j < it->nbufs; j++) {
@@ -491,13 +596,59 @@ static tg_status run_schedule(Schedule *s) {
   return TG_OK;
 }
 
+/* One realize at a time in the process: scheduling writes ->realized on nodes that other threads'
+ * graphs share, and two schedules of one node would compute it twice. Each realize still uses every
+ * core (the thread pool). Recursive: a TinyJit capture realizes inside a realize's caller. */
+static pthread_mutex_t realize_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+
+static tg_status realize_locked(UOp **targets, int n);
+
+/* As tinygrad does, a contiguous() that a kernel of this schedule computes on the way to the targets
+ * is kept when a live handle holds it: the handle gets the buffer, so using it again (c * 2 after
+ * c + 1, an Embedding weight made by zeros_like(...).contiguous()) costs no kernel to recompute it.
+ * Marks those buffers kept and returns their sbuf indices, -1 terminated (NULL if none). Not while a
+ * TinyJit capture plans the intermediates' memory: a replay may reuse such a buffer. */
+static int *keep_held_contiguous(Schedule *s) {
+  if (g_capture) return NULL;
+  int *out = NULL, n = 0;
+  PtrMap cand;
+  pm_init(&cand);
+  for (int i = 0; i < s->nbufs; i++) {
+    UOp *u = s->bufs[i].node;
+    if (!s->bufs[i].keep && u && u->op == OP_CONTIGUOUS && u->arg.i == 0 && !uop_realized(u))
+      pm_put(&cand, (uint64_t)(uintptr_t)u, (void *)(intptr_t)(i + 1));
+  }
+  if (cand.len) {
+    size_t ns = t_slot_count();
+    for (size_t k = 0; k < ns; k++) {
+      Slot *sl = t_slot_at(k);
+      if (sl->scope < 0 || !sl->u) continue;
+      intptr_t b = (intptr_t)pm_get(&cand, (uint64_t)(uintptr_t)sl->u);
+      if (!b || s->bufs[b - 1].keep) continue;
+      s->bufs[b - 1].keep = true;
+      out = tg_xrealloc(out, sizeof(int) * (size_t)(n + 2));
+      out[n++] = (int)(b - 1);
+      out[n] = -1;
+    }
+  }
+  pm_free(&cand);
+  return out;
+}
+
 tg_status realize_uops(UOp **targets, int n) {
+  pthread_mutex_lock(&realize_lock);
+  tg_status st = realize_locked(targets, n);
+  pthread_mutex_unlock(&realize_lock);
+  return st;
+}
+
+static tg_status realize_locked(UOp **targets, int n) {
   /* only nodes that are neither realized nor plain views of a buffer need work */
   UOp **todo = tg_xmalloc(sizeof(UOp *) * (size_t)(n + 1));
   int m = 0;
   for (int i = 0; i < n; i++) {
     UOp *t = targets[i];
-    if (t->realized || g_base_buffer(t)) continue;
+    if (uop_realized(t) || g_base_buffer(t)) continue;
     bool dup = false;
     for (int j = 0; j < m && !dup; j++) dup = todo[j] == t;
     if (!dup) todo[m++] = t;
@@ -509,6 +660,8 @@ tg_status realize_uops(UOp **targets, int n) {
   Schedule s;
   int *tbuf = tg_xmalloc(sizeof(int) * (size_t)m);
   tg_status st = schedule_build(&s, todo, m, tbuf);
+  if (st == TG_OK && tg_oom_check("realize (scheduling)")) st = TG_ERR_RUNTIME;
+  int *held = st == TG_OK ? keep_held_contiguous(&s) : NULL;
   tg_counters before = tg_global_counters();
   double t0 = now_seconds();
   if (st == TG_OK) st = run_schedule(&s);
@@ -523,21 +676,33 @@ tg_status realize_uops(UOp **targets, int n) {
       if (tbuf[i] < 0) continue;
       Buffer *b = s.bufs[tbuf[i]].buf;
       UOp *bn = g_buffer(buffer_ref(b), (tg_dtype)t->dtype, t->shape, t->ndim);
-      t->realized = bn; /* owned by t */
+      uop_set_realized(t, bn); /* owned by t */
       /* handles now hold bn; bn keeps t's graph for autograd when a gradient may flow through it */
+      if (t_replace_everywhere(t, bn) > 0) ag_attach_history(bn, t);
+    }
+    /* user contiguous() intermediates that a live handle holds become that handle's buffer */
+    for (int i = 0; held && held[i] >= 0; i++) {
+      SBuf *sb = &s.bufs[held[i]];
+      UOp *t = sb->node;
+      if (!sb->buf || t->realized) continue;
+      UOp *bn = g_buffer(buffer_ref(sb->buf), (tg_dtype)t->dtype, t->shape, t->ndim);
+      t->realized = bn;
       if (t_replace_everywhere(t, bn) > 0) ag_attach_history(bn, t);
     }
     /* assigns carried out on the way (a kernel needed their result) are done too: handles holding
      * them must not run them again */
     for (int i = 0; i < s.nassigns; i++) {
       UOp *a = s.assigns[i];
-      if (a->realized) continue;
+      if (uop_realized(a)) continue;
       UOp *bn = g_buffer(buffer_ref(s.bufs[s.assign_bufs[i]].buf), (tg_dtype)a->dtype, a->shape, a->ndim);
-      a->realized = bn;
+      uop_set_realized(a, bn);
       t_replace_everywhere(a, bn);
     }
   }
+  /* the results are right (the reserve carried the run through), but the failure is reported */
+  if (tg_oom_check("realize") && st == TG_OK) st = TG_ERR_RUNTIME;
   schedule_free(&s);
+  free(held);
   free(tbuf);
   free(todo);
   return st;

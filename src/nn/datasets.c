@@ -2,7 +2,7 @@
  * datasets.c -- IDX files (the MNIST format) and tinygrad's nn.datasets.mnist().
  *
  * In: an IDX file (a regular file: a FIFO or a device is refused unread), plain or gzip-compressed
- * (zlib's gzread reads both): bytes 00 00 <type> <ndim>, ndim big-endian uint32 dims, then numel
+ * (one or more gzip members; nothing may follow the last): bytes 00 00 <type> <ndim>, ndim big-endian uint32 dims, then numel
  * elements of the type, big-endian. Out: a realized tensor of the matching dtype, elements converted
  * to host order.
  * Invariants: the header is validated before anything is allocated from it (known type, ndim <= 64,
@@ -70,15 +70,17 @@ static bool idx_magic(const char *fn, const char *path, const uint8_t m[4], IdxH
 
 /* Parses the dims (4 * ndim bytes) and checks the total size. */
 static bool idx_dims(const char *fn, const char *path, const uint8_t *d, IdxHeader *h) {
-  uint64_t n = 1;
+  uint64_t n = 1, nonzero = 1; /* a zero dimension does not excuse the others (tg_from_data's rule) */
   for (int i = 0; i < h->ndim; i++) {
     uint32_t v =
         (uint32_t)d[4 * i] << 24 | (uint32_t)d[4 * i + 1] << 16 | (uint32_t)d[4 * i + 2] << 8 | d[4 * i + 3];
     h->shape[i] = v;
-    if (__builtin_mul_overflow(n, (uint64_t)v, &n) || n > (UINT64_C(1) << 48))
-      return tg_set_error(TG_ERR_IO, "%s: %s: dimensions overflow (dim %d = %u makes the tensor too large)",
+    if ((v && __builtin_mul_overflow(nonzero, (uint64_t)v, &nonzero)) || nonzero > (UINT64_C(1) << 48))
+      return tg_set_error(TG_ERR_IO,
+                          "%s: %s: dimensions overflow (dim %d = %u: the non-zero dimensions multiply past 2^48)",
                           fn, path, i, v),
              false;
+    n *= v;
   }
   h->numel = n;
   h->nbytes = n * tg_dtype_itemsize(h->dt);
@@ -125,33 +127,112 @@ tg_tensor idx_load_mem(const char *fn, const char *path, const uint8_t *data, si
   return t;
 }
 
-/* Reads up to n bytes; returns the count (short only at end of file) or -1 on a read/inflate error. */
-static int64_t gz_read_full(gzFile g, uint8_t *dst, uint64_t n) {
-  uint64_t got = 0;
-  while (got < n) {
-    unsigned k = n - got > (1u << 30) ? (1u << 30) : (unsigned)(n - got);
-    int r = gzread(g, dst + got, k);
-    if (r < 0) return -1;
-    if (r == 0) break;
-    got += (unsigned)r;
+/* The file, read with read(2) (never mapped: a file that shrinks while it is read is an error, not a
+ * crash): plain bytes, or one or more gzip members back to back (what `cat a.gz b.gz` makes), inflated
+ * with zlib. Bytes after the last member that do not start another are an error, as gzip -t says. */
+typedef struct {
+  const char *fn, *path;
+  int fd;
+  bool gz, raw_eof, end; /* end: the last member is complete and nothing follows */
+  z_stream z;
+  uint8_t in[1 << 16];
+  size_t in_pos, in_len; /* buffered raw bytes (plain files: the sniffed start) */
+  uint64_t raw_off;      /* bytes read from the file so far */
+} IdxReader;
+
+/* More raw bytes into in[] (keeping the unread ones); false on an I/O error (recorded). */
+static bool rd_fill(IdxReader *r) {
+  if (r->in_pos) {
+    memmove(r->in, r->in + r->in_pos, r->in_len - r->in_pos);
+    r->in_len -= r->in_pos;
+    r->in_pos = 0;
   }
-  return (int64_t)got;
+  while (r->in_len < sizeof r->in && !r->raw_eof) {
+    ssize_t k = read(r->fd, r->in + r->in_len, sizeof r->in - r->in_len);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) return tg_set_error(TG_ERR_IO, "%s: %s: cannot read: %s", r->fn, r->path, strerror(errno)), false;
+    if (k == 0) r->raw_eof = true;
+    r->in_len += (size_t)k;
+    r->raw_off += (uint64_t)k;
+    break;
+  }
+  return true;
 }
 
-/* Reports a read error: the OS's for I/O failures, zlib's for bad data (without the "<fd:3>: " it
- * prefixes for a stream opened with gzdopen: the message names the path instead). */
-static tg_tensor gz_fail(gzFile g, const char *fn, const char *path) {
-  int err = 0;
-  const char *m = gzerror(g, &err);
-  const char *end = m && strncmp(m, "<fd:", 4) == 0 ? strstr(m, ">: ") : NULL;
-  if (end) m = end + 3;
-  if (err == Z_ERRNO)
-    tg_set_error(TG_ERR_IO, "%s: %s: cannot read: %s", fn, path, strerror(errno));
-  else if (err == Z_BUF_ERROR)
-    tg_set_error(TG_ERR_IO, "%s: %s: truncated gzip stream", fn, path);
-  else
-    tg_set_error(TG_ERR_IO, "%s: %s: corrupt data: %s", fn, path, m && *m ? m : "read error");
-  return NONE;
+static bool rd_open(IdxReader *r, const char *fn, const char *path, int fd) {
+  memset(r, 0, sizeof *r);
+  r->fn = fn;
+  r->path = path;
+  r->fd = fd;
+  while (r->in_len < 2 && !r->raw_eof)
+    if (!rd_fill(r)) return false;
+  r->gz = r->in_len >= 2 && r->in[0] == 0x1f && r->in[1] == 0x8b;
+  if (r->gz && inflateInit2(&r->z, 16 + MAX_WBITS) != Z_OK) {
+    r->gz = false;
+    return tg_set_error(TG_ERR_IO, "%s: %s: cannot start zlib: out of memory", fn, path), false;
+  }
+  return true;
+}
+
+static void rd_close(IdxReader *r) {
+  if (r->gz) inflateEnd(&r->z);
+}
+
+/* Up to n bytes into dst: the count (short only at the end of the data) or -1 with an error. */
+static int64_t rd_read(IdxReader *r, uint8_t *dst, uint64_t n) {
+  uint64_t got = 0;
+  if (!r->gz) {
+    size_t k = r->in_len - r->in_pos < n ? r->in_len - r->in_pos : (size_t)n;
+    memcpy(dst, r->in + r->in_pos, k);
+    r->in_pos += k;
+    got = k;
+    while (got < n && !r->raw_eof) {
+      size_t want = n - got > (1u << 30) ? (1u << 30) : (size_t)(n - got);
+      ssize_t m = read(r->fd, dst + got, want);
+      if (m < 0 && errno == EINTR) continue;
+      if (m < 0) return tg_set_error(TG_ERR_IO, "%s: %s: cannot read: %s", r->fn, r->path, strerror(errno)), -1;
+      if (m == 0) r->raw_eof = true;
+      got += (uint64_t)m;
+    }
+    return (int64_t)got;
+  }
+  while (got < n && !r->end) {
+    if (r->in_pos == r->in_len && !r->raw_eof && !rd_fill(r)) return -1;
+    uInt ia = (uInt)(r->in_len - r->in_pos);
+    uInt oa = n - got > (1u << 30) ? (1u << 30) : (uInt)(n - got);
+    r->z.next_in = r->in + r->in_pos;
+    r->z.avail_in = ia;
+    r->z.next_out = dst + got;
+    r->z.avail_out = oa;
+    int rc = inflate(&r->z, Z_NO_FLUSH);
+    r->in_pos += ia - r->z.avail_in;
+    got += oa - r->z.avail_out;
+    if (rc == Z_STREAM_END) { /* another member, or the end; anything else is garbage */
+      while (r->in_len - r->in_pos < 2 && !r->raw_eof)
+        if (!rd_fill(r)) return -1;
+      size_t left = r->in_len - r->in_pos;
+      if (left == 0) {
+        r->end = true;
+      } else if (left >= 2 && r->in[r->in_pos] == 0x1f && r->in[r->in_pos + 1] == 0x8b) {
+        inflateReset(&r->z);
+      } else {
+        uint64_t at = r->raw_off - left;
+        return tg_set_error(TG_ERR_IO,
+                            "%s: %s: %s after the gzip stream at byte %" PRIu64
+                            " (not another gzip member): a corrupt file?",
+                            r->fn, r->path, left == 1 && r->raw_eof ? "a stray byte" : "garbage", at),
+               -1;
+      }
+    } else if (rc == Z_BUF_ERROR || (rc == Z_OK && ia == 0 && r->raw_eof)) {
+      if (r->raw_eof && r->in_pos == r->in_len)
+        return tg_set_error(TG_ERR_IO, "%s: %s: truncated gzip stream", r->fn, r->path), -1;
+    } else if (rc != Z_OK) {
+      return tg_set_error(TG_ERR_IO, "%s: %s: corrupt data: %s", r->fn, r->path,
+                          rc == Z_MEM_ERROR ? "out of memory" : r->z.msg ? r->z.msg : "inflate error"),
+             -1;
+    }
+  }
+  return (int64_t)got;
 }
 
 tg_tensor tg_idx_load(const char *path) {
@@ -160,31 +241,26 @@ tg_tensor tg_idx_load(const char *path) {
   struct stat st;
   int fd = open_regular(fn, path, &st);
   if (fd < 0) return NONE;
-  gzFile g = gzdopen(fd, "rb"); /* owns fd from here on (gzclose closes it) */
-  if (!g) {
+  if (io_test_hook) io_test_hook(path, 0);
+  IdxReader *rd = malloc(sizeof *rd);
+  if (!rd) {
     close(fd);
     return tg_set_error(TG_ERR_IO, "%s: %s: cannot open: out of memory", fn, path), NONE;
   }
-  gzbuffer(g, 1 << 17);
   IdxHeader h;
   uint8_t head[4 + 4 * IDX_MAX_NDIM];
   uint8_t *buf = NULL;
   tg_tensor t = NONE;
-  int64_t r = gz_read_full(g, head, 4);
-  if (r < 0) {
-    gz_fail(g, fn, path);
-    goto out;
-  }
+  if (!rd_open(rd, fn, path, fd)) goto out;
+  int64_t r = rd_read(rd, head, 4);
+  if (r < 0) goto out;
   if (r < 4) {
     tg_set_error(TG_ERR_IO, "%s: %s: truncated IDX header (%" PRId64 " bytes)", fn, path, r);
     goto out;
   }
   if (!idx_magic(fn, path, head, &h)) goto out;
-  r = gz_read_full(g, head + 4, 4 * (uint64_t)h.ndim);
-  if (r < 0) {
-    gz_fail(g, fn, path);
-    goto out;
-  }
+  r = rd_read(rd, head + 4, 4 * (uint64_t)h.ndim);
+  if (r < 0) goto out;
   if (r < 4 * h.ndim) {
     tg_set_error(TG_ERR_IO, "%s: %s: truncated IDX header (%d dims need %d bytes)", fn, path, h.ndim,
                  4 + 4 * h.ndim);
@@ -192,13 +268,14 @@ tg_tensor tg_idx_load(const char *path) {
   }
   if (!idx_dims(fn, path, head + 4, &h)) goto out;
   uint64_t hl = 4 + 4 * (uint64_t)h.ndim;
-  bool plain = gzdirect(g);
+  bool plain = !rd->gz;
   if (plain && (uint64_t)st.st_size - hl != h.nbytes) {
     tg_set_error(TG_ERR_IO, "%s: %s: the header declares %" PRIu64 " bytes of data but the file has %" PRIu64,
                  fn, path, h.nbytes, (uint64_t)st.st_size - hl);
     goto out;
   }
-  /* grow with the data actually read: a compressed file's header can't make us allocate more */
+  /* grow with the data actually inflated: a compressed file's header can't make us allocate more,
+   * and inflating stops one byte past the declared size */
   uint64_t cap = h.nbytes < (1u << 20) || plain ? h.nbytes : (1u << 20), got = 0;
   buf = malloc(cap ? (size_t)cap : 1);
   if (!buf) {
@@ -206,11 +283,8 @@ tg_tensor tg_idx_load(const char *path) {
     goto out;
   }
   for (;;) {
-    r = gz_read_full(g, buf + got, cap - got);
-    if (r < 0) {
-      gz_fail(g, fn, path);
-      goto out;
-    }
+    r = rd_read(rd, buf + got, cap - got);
+    if (r < 0) goto out;
     got += (uint64_t)r;
     if (got < cap || cap == h.nbytes) break;
     cap = cap * 2 < h.nbytes ? cap * 2 : h.nbytes;
@@ -223,31 +297,25 @@ tg_tensor tg_idx_load(const char *path) {
   }
   if (got < h.nbytes) {
     tg_set_error(TG_ERR_IO,
-                 "%s: %s: truncated: the header declares %" PRIu64 " bytes of data, the file has %" PRIu64,
+                 "%s: %s: truncated: the header declares %" PRIu64 " bytes of data, the file has %" PRIu64
+                 " (changed while it was read?)",
                  fn, path, h.nbytes, got);
     goto out;
   }
   uint8_t extra;
-  r = gz_read_full(g, &extra, 1); /* also makes zlib check the gzip trailer (CRC and length) */
-  if (r < 0) {
-    gz_fail(g, fn, path);
-    goto out;
-  }
+  r = rd_read(rd, &extra, 1); /* also makes zlib check the gzip trailer (CRC and length) and what follows */
+  if (r < 0) goto out;
   if (r > 0) {
     tg_set_error(TG_ERR_IO, "%s: %s: data continues past the %" PRIu64 " bytes the header declares", fn, path,
                  h.nbytes);
     goto out;
   }
-  int zerr = Z_OK;
-  gzerror(g, &zerr);
-  if (zerr != Z_OK) { /* gzread reports a stream cut short (even in its trailer) only here */
-    gz_fail(g, fn, path);
-    goto out;
-  }
   t = idx_tensor(&h, buf);
 out:
   free(buf);
-  gzclose(g);
+  rd_close(rd);
+  free(rd);
+  close(fd);
   return t;
 }
 

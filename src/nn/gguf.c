@@ -518,15 +518,17 @@ tg_state_dict *gguf_load_mem(const char *fn, const char *path, const uint8_t *da
     }
     t->ndim = (int)nd;
     t->dims = r.p;
-    int64_t numel = 1;
+    int64_t numel = 1, nonzero = 1; /* a zero dimension does not excuse the others (tg_from_data's rule) */
     for (uint32_t d = 0; d < nd; d++) {
       uint64_t v;
       if (!r_u64(&r, &v, "a tensor dimension")) goto out;
-      if (v > ((uint64_t)1 << 48) || __builtin_mul_overflow(numel, (int64_t)v, &numel) ||
-          numel > ((int64_t)1 << 48)) {
-        r_err(&r, "tensor '%.*s' is too large (dimension %llu)", nl, t->name, (unsigned long long)v);
+      if (v > ((uint64_t)1 << 48) || (v && __builtin_mul_overflow(nonzero, (int64_t)v, &nonzero)) ||
+          nonzero > ((int64_t)1 << 48)) {
+        r_err(&r, "tensor '%.*s' is too large (dimension %llu: its non-zero dimensions multiply past 2^48)", nl,
+              t->name, (unsigned long long)v);
         goto out;
       }
+      numel *= (int64_t)v;
     }
     t->numel = numel;
     if (!r_u32(&r, &type, "a tensor type") || !r_u64(&r, &t->offset, "a tensor offset")) goto out;
@@ -616,6 +618,7 @@ tg_state_dict *gguf_load_mem(const char *fn, const char *path, const uint8_t *da
       deq = NULL;
     }
     if (!h.id) goto out;
+    sd_release_bytes(src, (size_t)t->nbytes); /* copied: a file's pages can go */
     if (sd_put(sd, fn, path, t->name, t->name_len, h, true) != TG_OK) goto out;
   }
   ok = true;

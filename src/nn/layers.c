@@ -22,6 +22,7 @@
 #include "../tensor/compose.h"
 #include "../tensor/tensor.h"
 #include "../uop/ptrmap.h"
+#include "state_dict.h"
 
 #define NONE ((tg_tensor){0})
 
@@ -148,13 +149,12 @@ tg_tensor tg_scaled_uniform(const int64_t *shape, int ndim, const tg_opts *opts)
   const char *fn = "tg_scaled_uniform";
   if (!check_shape(fn, shape, ndim)) return NONE;
   int64_t n = prod(shape, ndim);
-  tg_opts ro = {0};
-  if (opts) ro = *opts;
-  bool rg = ro.requires_grad;
-  ro.requires_grad = false;
+  tg_opts ro = opts ? *opts : *TG_OPTS();
+  int rg = ro.requires_grad;
+  ro.requires_grad = TG_GRAD_UNSET;
   NnOp o = op_begin(fn);
   tg_tensor r = tg_mul_s(tg_uniform(shape, ndim, -1.0, 1.0, &ro), n > 0 ? pow((double)n, -0.5) : 1.0);
-  if (rg) tg_set_requires_grad(r, true);
+  if (rg != TG_GRAD_UNSET && r.id) tg_set_requires_grad(r, rg != 0);
   return op_done(o, r);
 }
 
@@ -179,8 +179,7 @@ tg_tensor tg_randperm(int64_t n, const tg_opts *opts) {
 }
 
 static tg_opts like_opts(tg_tensor t, const tg_opts *opts) {
-  tg_opts o = {0};
-  if (opts) o = *opts;
+  tg_opts o = opts ? *opts : *TG_OPTS();
   if (!o.dtype) o.dtype = tg_dtype_of(t);
   if (!o.device) o.device = tg_device_of(t);
   return o;
@@ -209,74 +208,87 @@ tg_tensor tg_randn_like(tg_tensor t, const tg_opts *opts) {
 /* ---------------------------------------------------------------------------------------------- */
 /* transposed convolution                                                                          */
 
-/* pads: (H before, H after, W before, W after); op: output padding (H, W). */
+/* nsp spatial dims; pads: (before, after) per dim; op: output padding per dim. */
 static tg_tensor conv_transpose_impl(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias,
-                                     int64_t groups, const int64_t s[2], const int64_t d[2],
-                                     const int64_t pads[4], const int64_t op[2]) {
+                                     int64_t groups, int nsp, const int64_t *s, const int64_t *d,
+                                     const int64_t *pads, const int64_t *op) {
   if (!t_get(x, fn) || !t_get(weight, fn) || (bias.id && !t_get(bias, fn))) return NONE;
   int64_t xs[64], ws[64];
   int xn = tg_shape(x, xs), wn = tg_shape(weight, ws);
-  if (xn != 4 || wn != 4)
-    return fail("%s: input %s must be (batch, cin, height, width) and weight %s (cin, cout/groups, kh, kw)",
-                fn, TSHP(x), TSHP(weight));
+  if (xn != wn || wn != nsp + 2)
+    return fail("%s: input %s must be (batch, cin, spatial...) and weight %s (cin, cout/groups, kernel...) with "
+                "%d spatial dims",
+                fn, TSHP(x), TSHP(weight), nsp);
   if (groups < 1) return fail("%s: groups %lld must be positive", fn, (long long)groups);
-  int64_t cin = xs[1], rcout = ws[1], kh = ws[2], kw = ws[3];
+  int64_t cin = xs[1], rcout = ws[1];
   if (ws[0] != cin)
     return fail(
-        "%s: input %s has %lld channels but weight %s expects %lld (weight is (cin, cout/groups, kh, kw))",
+        "%s: input %s has %lld channels but weight %s expects %lld (weight is (cin, cout/groups, kernel...))",
         fn, TSHP(x), (long long)cin, TSHP(weight), (long long)ws[0]);
   if (cin % groups)
     return fail("%s: cin %lld is not divisible by groups=%lld", fn, (long long)cin, (long long)groups);
-  if (kh < 1 || kw < 1) return fail("%s: weight %s has an empty kernel", fn, TSHP(weight));
-  for (int j = 0; j < 2; j++)
+  for (int j = 0; j < nsp; j++)
+    if (ws[2 + j] < 1) return fail("%s: weight %s has an empty kernel", fn, TSHP(weight));
+  for (int j = 0; j < nsp; j++)
     if (s[j] < 1 || d[j] < 1 || op[j] < 0)
-      return fail(
-          "%s: stride (%lld, %lld) and dilation (%lld, %lld) must be positive, output_padding (%lld, %lld) "
-          "non-negative",
-          fn, (long long)s[0], (long long)s[1], (long long)d[0], (long long)d[1], (long long)op[0],
-          (long long)op[1]);
-  /* the sizes below, computed up front so that none overflows: the stride-dilated input (H*s, W*s),
-   * the equivalent convolution's padding (k-1)*d - pad (+ output_padding) and its groups*rcout filters */
-  int64_t hs[2], cpad[4], gr;
+      return fail("%s: stride %lld and dilation %lld must be positive, output_padding %lld non-negative (spatial "
+                  "dim %d)",
+                  fn, (long long)s[j], (long long)d[j], (long long)op[j], j);
+  /* the sizes below, computed up front so that none overflows: the stride-dilated input (in*s), the
+   * equivalent convolution's padding (k-1)*d - pad (+ output_padding) and its groups*rcout filters */
+  int64_t hs[8], cpad[16], gr;
   bool ovf = __builtin_mul_overflow(groups, rcout, &gr);
-  for (int j = 0; j < 2; j++) {
-    int64_t span; /* j = 0: H (pads 0, 1), j = 1: W (pads 2, 3) */
+  for (int j = 0; j < nsp; j++) {
+    int64_t span;
     ovf = ovf || __builtin_mul_overflow(xs[2 + j], s[j], &hs[j]) ||
-          __builtin_mul_overflow(j ? kw - 1 : kh - 1, d[j], &span) ||
+          __builtin_mul_overflow(ws[2 + j] - 1, d[j], &span) ||
           __builtin_sub_overflow(span, pads[2 * j], &cpad[2 * j]) ||
           __builtin_sub_overflow(span, pads[2 * j + 1], &cpad[2 * j + 1]) ||
           __builtin_add_overflow(cpad[2 * j + 1], op[j], &cpad[2 * j + 1]);
   }
   if (ovf)
-    return fail("%s: stride (%lld, %lld), dilation (%lld, %lld), padding (%lld, %lld, %lld, %lld) and "
-                "output_padding (%lld, %lld) are too large for input %s and weight %s (sizes overflow int64)",
-                fn, (long long)s[0], (long long)s[1], (long long)d[0], (long long)d[1], (long long)pads[0],
-                (long long)pads[1], (long long)pads[2], (long long)pads[3], (long long)op[0],
-                (long long)op[1], TSHP(x), TSHP(weight));
+    return fail("%s: stride, dilation, padding and output_padding are too large for input %s and weight %s "
+                "(sizes overflow int64)",
+                fn, TSHP(x), TSHP(weight));
   NnOp o = op_begin(fn);
-  /* weight (cin, rcout, kh, kw) -> (groups, cin/g, rcout, kh, kw) -> (groups, rcout, cin/g, kh, kw), flipped
-   * spatially -> (groups*rcout, cin/g, kh, kw) */
-  tg_tensor w = tg_reshape(weight, (const int64_t[]){groups, cin / groups, rcout, kh, kw}, 5);
-  w = tg_flip(tg_transpose(w, 1, 2), (const int[]){3, 4}, 2);
-  w = tg_reshape(w, (const int64_t[]){gr, cin / groups, kh, kw}, 4);
+  /* weight (cin, rcout, k...) -> (groups, cin/g, rcout, k...) -> (groups, rcout, cin/g, k...), flipped
+   * spatially -> (groups*rcout, cin/g, k...) */
+  int64_t sh[64];
+  int flip[8];
+  sh[0] = groups, sh[1] = cin / groups, sh[2] = rcout;
+  for (int j = 0; j < nsp; j++) sh[3 + j] = ws[2 + j], flip[j] = 3 + j;
+  tg_tensor w = tg_reshape(weight, sh, nsp + 3);
+  w = tg_flip(tg_transpose(w, 1, 2), flip, nsp);
+  sh[0] = gr, sh[1] = cin / groups;
+  for (int j = 0; j < nsp; j++) sh[2 + j] = ws[2 + j];
+  w = tg_reshape(w, sh, nsp + 2);
   /* dilate the input by the stride: (k) -> (k, 1) -> pad -> (k, s) -> (k*s) -> shrink to k*s - (s-1) */
   tg_tensor xd = x;
-  if (s[0] > 1 || s[1] > 1) {
-    int64_t H = xs[2], W = xs[3];
-    xd = tg_reshape(x, (const int64_t[]){xs[0], cin, H, 1, W, 1}, 6);
-    xd = tg_pad(xd, (const int64_t[]){0, 0, 0, 0, 0, 0, 0, s[0] - 1, 0, 0, 0, s[1] - 1}, 12, 0.0);
-    xd = tg_reshape(xd, (const int64_t[]){xs[0], cin, hs[0], hs[1]}, 4);
-    xd = tg_shrink(xd, (const int64_t[]){0, xs[0], 0, cin, 0, hs[0] - (s[0] - 1), 0, hs[1] - (s[1] - 1)}, 8);
+  bool strided = false;
+  for (int j = 0; j < nsp; j++) strided = strided || s[j] > 1;
+  if (strided) {
+    int64_t p[128] = {0}, b[128] = {0};
+    sh[0] = xs[0], sh[1] = cin;
+    for (int j = 0; j < nsp; j++) sh[2 + 2 * j] = xs[2 + j], sh[3 + 2 * j] = 1, p[2 * (3 + 2 * j) + 1] = s[j] - 1;
+    xd = tg_pad(tg_reshape(x, sh, 2 + 2 * nsp), p, 2 * (2 + 2 * nsp), 0.0);
+    for (int j = 0; j < nsp; j++) sh[2 + j] = hs[j];
+    xd = tg_reshape(xd, sh, 2 + nsp);
+    b[1] = xs[0], b[3] = cin;
+    for (int j = 0; j < nsp; j++) b[2 * (2 + j) + 1] = hs[j] - (s[j] - 1);
+    xd = tg_shrink(xd, b, 2 * (2 + nsp));
   }
-  tg_conv2d_opts co = {0};
-  co.groups = groups;
-  co.stride[0] = co.stride[1] = 1;
-  co.dilation[0] = d[0], co.dilation[1] = d[1];
-  /* (left, right, top, bottom) */
-  co.padding[0] = cpad[2], co.padding[1] = cpad[3];
-  co.padding[2] = cpad[0], co.padding[3] = cpad[1];
-  co.npadding = 4;
-  return op_done(o, tg_conv2d(xd, w, bias, &co));
+  int64_t one[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  return op_done(o, conv_nd_resolved(fn, xd, w, bias, groups, one, d, cpad));
+}
+
+tg_tensor tg_conv_transpose_nd(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_window_opts *opts) {
+  const char *fn = "tg_conv_transpose_nd";
+  if (!t_get(x, fn) || !t_get(weight, fn)) return NONE;
+  int nsp = tg_ndim(weight) - 2;
+  if (nsp < 1) return fail("%s: weight %s must be (cin, cout/groups, kernel...)", fn, TSHP(weight));
+  int64_t g, s[8], d[8], pads[16], op[8];
+  if (!conv_opts_nd(fn, opts, nsp, true, &g, s, d, pads, op)) return NONE;
+  return conv_transpose_impl(fn, x, weight, bias, g, nsp, s, d, pads, op);
 }
 
 /* tinygrad's padding forms -> (H before, H after, W before, W after) */
@@ -338,7 +350,19 @@ tg_tensor tg_conv_transpose2d(tg_tensor x, tg_tensor weight, tg_tensor bias,
   default:
     return fail("%s: noutput_padding is %d; use 1 (both dims) or 2 (h, w)", fn, opts->noutput_padding);
   }
-  return conv_transpose_impl(fn, x, weight, bias, opts->groups ? opts->groups : 1, s, d, pads, op);
+  int nsp = tg_ndim(weight) - 2;
+  if (t_get(weight, fn) && nsp != 2 && nsp >= 1 && nsp <= TG_WINDOW_MAXDIMS) {
+    /* tinygrad's conv_transpose2d takes any number of spatial dims: uniform options only here */
+    if (s[0] != s[1] || d[0] != d[1] || pads[0] != pads[1] || pads[0] != pads[2] || pads[0] != pads[3] ||
+        op[0] != op[1])
+      return fail("%s: a %d-d transposed convolution (weight %s) takes only uniform stride, dilation, padding and "
+                  "output_padding here; use tg_conv_transpose_nd for per-dim values",
+                  fn, nsp, TSHP(weight));
+    int64_t sn[8], dn[8], pn[16], on[8];
+    for (int j = 0; j < nsp; j++) sn[j] = s[0], dn[j] = d[0], pn[2 * j] = pn[2 * j + 1] = pads[0], on[j] = op[0];
+    return conv_transpose_impl(fn, x, weight, bias, opts->groups ? opts->groups : 1, nsp, sn, dn, pn, on);
+  }
+  return conv_transpose_impl(fn, x, weight, bias, opts->groups ? opts->groups : 1, 2, s, d, pads, op);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -650,7 +674,7 @@ static tg_tensor conv1d_forward(const char *fn, const tg_nn_conv1d *l, tg_tensor
   } else {
     int64_t s[2] = {1, c->stride}, d[2] = {1, c->dilation}, pads[4] = {0, 0, c->padding, c->padding},
             op[2] = {0, c->output_padding};
-    r = conv_transpose_impl(fn, x4, w4, l->bias, c->groups, s, d, pads, op);
+    r = conv_transpose_impl(fn, x4, w4, l->bias, c->groups, 2, s, d, pads, op);
   }
   return op_done(o, tg_squeeze(r, 2));
 }
@@ -700,19 +724,19 @@ static bool eps_ok(const char *fn, double eps) {
   return true;
 }
 
-tg_status tg_nn_batchnorm_init(tg_nn_batchnorm *l, int64_t num_features, const tg_norm_opts *opts) {
+tg_status tg_nn_batchnorm_init(tg_nn_batchnorm *l, int64_t num_features, const tg_batchnorm_opts *opts) {
   const char *fn = "tg_nn_batchnorm_init";
   INIT_BEGIN(fn, l);
-  static const tg_norm_opts zero;
-  if (!opts) opts = &zero;
+  const tg_batchnorm_opts opts_v = opts ? *opts : *TG_BATCHNORM_OPTS();
+  opts = &opts_v;
   if (num_features < 1)
     return tg_set_error(TG_ERR_INVALID, "%s: num_features=%lld must be positive", fn,
                         (long long)num_features);
-  double eps = opts->eps ? opts->eps : 1e-5, mom = opts->momentum ? opts->momentum : 0.1;
+  double eps = opts->eps, mom = opts->momentum;
   if (!eps_ok(fn, eps)) return TG_ERR_INVALID;
   if (!isfinite(mom)) return tg_set_error(TG_ERR_INVALID, "%s: momentum %g must be finite", fn, mom);
   l->num_features = num_features, l->eps = eps, l->momentum = mom;
-  l->affine = !opts->no_affine, l->track_running_stats = !opts->no_running_stats;
+  l->affine = opts->affine, l->track_running_stats = opts->track_running_stats;
   const int64_t c[1] = {num_features};
   NnOp o = op_begin(fn);
   PDef p[5] = {{&l->weight, l->affine ? tg_ones(c, 1, NULL) : NONE, true},
@@ -796,19 +820,16 @@ static tg_status affine_params(const char *fn, const int64_t *shape, int ndim, b
 static tg_status groupnorm_init(const char *fn, tg_nn_groupnorm *l, int64_t num_groups, int64_t num_channels,
                                 const tg_norm_opts *opts) {
   INIT_BEGIN(fn, l);
-  static const tg_norm_opts zero;
-  if (!opts) opts = &zero;
+  const tg_norm_opts opts_v = opts ? *opts : *TG_NORM_OPTS();
+  opts = &opts_v;
   if (num_groups < 1 || num_channels < 1 || num_channels % num_groups)
     return tg_set_error(TG_ERR_INVALID,
                         "%s: num_channels=%lld must be a positive multiple of num_groups=%lld", fn,
                         (long long)num_channels, (long long)num_groups);
-  double eps = opts->eps ? opts->eps : 1e-5;
+  double eps = opts->eps;
   if (!eps_ok(fn, eps)) return TG_ERR_INVALID;
-  if (opts->momentum || opts->no_running_stats)
-    return tg_set_error(TG_ERR_INVALID, "%s: momentum / no_running_stats are BatchNorm options", fn);
   l->num_groups = num_groups, l->num_channels = num_channels, l->eps = eps;
-  tg_status st =
-      affine_params(fn, (const int64_t[]){num_channels}, 1, !opts->no_affine, &l->weight, &l->bias);
+  tg_status st = affine_params(fn, (const int64_t[]){num_channels}, 1, opts->affine, &l->weight, &l->bias);
   if (st != TG_OK) memset(l, 0, sizeof *l);
   return st;
 }
@@ -876,21 +897,19 @@ void tg_nn_instancenorm_free(tg_nn_instancenorm *l) { tg_nn_groupnorm_free(l); }
 static tg_status layernorm_init(const char *fn, tg_nn_layernorm *l, const int64_t *shape, int ndim,
                                 const tg_norm_opts *opts) {
   INIT_BEGIN(fn, l);
-  static const tg_norm_opts zero;
-  if (!opts) opts = &zero;
+  const tg_norm_opts opts_v = opts ? *opts : *TG_NORM_OPTS();
+  opts = &opts_v;
   if (ndim < 1 || ndim > 8 || !shape)
     return tg_set_error(TG_ERR_INVALID, "%s: normalized_shape needs 1..8 dimensions, got %d", fn, ndim);
   for (int i = 0; i < ndim; i++)
     if (shape[i] < 1)
       return tg_set_error(TG_ERR_INVALID, "%s: normalized_shape has a non-positive dimension %lld", fn,
                           (long long)shape[i]);
-  double eps = opts->eps ? opts->eps : 1e-5;
+  double eps = opts->eps;
   if (!eps_ok(fn, eps)) return TG_ERR_INVALID;
-  if (opts->momentum || opts->no_running_stats)
-    return tg_set_error(TG_ERR_INVALID, "%s: momentum / no_running_stats are BatchNorm options", fn);
   l->ndim = ndim, l->eps = eps;
   memcpy(l->normalized_shape, shape, sizeof(int64_t) * (size_t)ndim);
-  tg_status st = affine_params(fn, shape, ndim, !opts->no_affine, &l->weight, &l->bias);
+  tg_status st = affine_params(fn, shape, ndim, opts->affine, &l->weight, &l->bias);
   if (st != TG_OK) memset(l, 0, sizeof *l);
   return st;
 }
@@ -966,19 +985,17 @@ tg_status tg_nn_layernorm2d_state(const tg_nn_layernorm2d *l, tg_state_dict *sd,
 
 void tg_nn_layernorm2d_free(tg_nn_layernorm2d *l) { tg_nn_layernorm_free(l); }
 
-tg_status tg_nn_rmsnorm_init(tg_nn_rmsnorm *l, int64_t dim, const tg_norm_opts *opts) {
+tg_status tg_nn_rmsnorm_init(tg_nn_rmsnorm *l, int64_t dim, const tg_rmsnorm_opts *opts) {
   const char *fn = "tg_nn_rmsnorm_init";
   INIT_BEGIN(fn, l);
-  static const tg_norm_opts zero;
-  if (!opts) opts = &zero;
+  const tg_rmsnorm_opts opts_v = opts ? *opts : *TG_RMSNORM_OPTS();
+  opts = &opts_v;
   if (dim < 1) return tg_set_error(TG_ERR_INVALID, "%s: dim=%lld must be positive", fn, (long long)dim);
-  double eps = opts->eps ? opts->eps : 1e-6;
+  double eps = opts->eps;
   if (!eps_ok(fn, eps)) return TG_ERR_INVALID;
-  if (opts->momentum || opts->no_running_stats)
-    return tg_set_error(TG_ERR_INVALID, "%s: momentum / no_running_stats are BatchNorm options", fn);
   l->dim = dim, l->eps = eps;
   NnOp o = op_begin(fn);
-  PDef p[1] = {{&l->weight, opts->no_affine ? NONE : tg_ones((const int64_t[]){dim}, 1, NULL), true}};
+  PDef p[1] = {{&l->weight, !opts->affine ? NONE : tg_ones((const int64_t[]){dim}, 1, NULL), true}};
   tg_status st = op_done_status(o, make_params(p, 1));
   if (st != TG_OK) memset(l, 0, sizeof *l);
   return st;
@@ -1126,7 +1143,7 @@ void tg_nn_lstmcell_free(tg_nn_lstmcell *l) {
 /* Looks through realized caches and DETACH (a dict entry is a detached view of its tensor). */
 static UOp *skip_detach(UOp *u) {
   for (;;) {
-    if (u->realized) u = u->realized;
+    if (uop_realized(u)) u = uop_realized(u);
     if (u->op != OP_DETACH) return u;
     u = u->src[0];
   }
@@ -1165,11 +1182,11 @@ static UOp *slot_buffer(const Slot *s, bool *pending) {
   *pending = false;
   UOp *u = s->u;
   if (!u) return NULL;
-  if (u->realized) u = u->realized;
+  if (uop_realized(u)) u = uop_realized(u);
   if (u->op == OP_ASSIGN) {
     *pending = true;
     u = u->src[0];
-    if (u->realized) u = u->realized;
+    if (uop_realized(u)) u = uop_realized(u);
   }
   return u->op == OP_BUFFER ? u : NULL;
 }
@@ -1180,7 +1197,7 @@ static tg_tensor slot_handle(size_t i) {
 }
 
 /* The live handle that owns buffer b, other than the dict entry `self` (the fallback when nothing
- * else holds it): preferring requires_grad, then root scope, then the oldest slot. */
+ * else holds it): preferring requires_grad true, then unset, then root scope, then the oldest slot. */
 static tg_tensor owner_of(Buffer *b, tg_tensor self) {
   long best = -1;
   int best_score = -1;
@@ -1191,7 +1208,8 @@ static tg_tensor owner_of(Buffer *b, tg_tensor self) {
     bool pend;
     UOp *bn = slot_buffer(s, &pend);
     if (!bn || g_buffer_of(bn) != b) continue;
-    int score = (s->requires_grad ? 2 : 0) + (s->scope == 0 ? 1 : 0);
+    /* requires_grad true, then unset (a dict's own aliases are false), then root scope */
+    int score = (s->requires_grad == 1 ? 4 : s->requires_grad < 0 ? 2 : 0) + (s->scope == 0 ? 1 : 0);
     if (score > best_score) best = (long)i, best_score = score;
   }
   return best < 0 ? self : slot_handle((size_t)best);
@@ -1210,7 +1228,7 @@ int tg_state_dict_parameters(const tg_state_dict *sd, bool trainable_only, tg_te
       return -1;
     }
     tg_tensor h = owner_of(g_buffer_of(bn), tg_state_dict_tensor(sd, i));
-    if (!h.id || (trainable_only && !tg_requires_grad(h))) continue;
+    if (!h.id || (trainable_only && t_slot(h)->requires_grad == 0)) continue;
     bool dup = false;
     for (int j = 0; j < cnt && !dup; j++) dup = found[j].id == h.id;
     if (!dup) found[cnt++] = h;
@@ -1256,7 +1274,7 @@ tg_status tg_load_state_dict(tg_state_dict *model, const tg_state_dict *loaded, 
   int nmiss = 0, nunexp = 0, nshape = 0;
   for (int i = 0; i < n; i++) {
     const char *name = tg_state_dict_name(model, i);
-    tg_tensor mt = tg_state_dict_tensor(model, i), lt = tg_state_dict_get(loaded, name);
+    tg_tensor mt = tg_state_dict_tensor(model, i), lt = sd_get_quiet(loaded, name);
     if (!lt.id) {
       if (strict) list_name(&missing, &nmiss, name);
       continue;
@@ -1276,7 +1294,7 @@ tg_status tg_load_state_dict(tg_state_dict *model, const tg_state_dict *loaded, 
   if (strict)
     for (int j = 0; j < nl; j++) {
       const char *name = tg_state_dict_name(loaded, j);
-      if (!tg_state_dict_get(model, name).id) list_name(&unexpected, &nunexp, name);
+      if (!sd_get_quiet(model, name).id) list_name(&unexpected, &nunexp, name);
     }
   if (nmiss || nunexp || nshape) {
     SB msg;
@@ -1318,7 +1336,7 @@ tg_status tg_load_state_dict(tg_state_dict *model, const tg_state_dict *loaded, 
   tg_status st = TG_OK;
   for (int i = 0; i < n && st == TG_OK; i++) {
     const char *name = tg_state_dict_name(model, i);
-    tg_tensor lt = tg_state_dict_get(loaded, name);
+    tg_tensor lt = sd_get_quiet(loaded, name);
     if (!lt.id) continue;
     UOp *bn = entry_buffer(fn, name, tg_state_dict_tensor(model, i), true);
     if (!bn) {

@@ -1,6 +1,6 @@
 /*
- * optim.c -- tinygrad's nn.optim: SGD and LARS (one LARS implementation: SGD is LARS without the trust
- * ratio), Adam, AdamW and LAMB (one LAMB implementation: Adam/AdamW are LAMB without the trust ratio).
+ * optim.c -- tinygrad's nn.optim: SGD, LARS and Muon (one LARS implementation: SGD is LARS without the
+ * trust ratio, Muon is LARS with a Newton-Schulz orthogonalized momentum and decoupled weight decay), Adam, AdamW and LAMB (one LAMB implementation: Adam/AdamW are LAMB without the trust ratio).
  *
  * In: borrowed parameter handles and their gradients (after tg_backward). Out: lazy tg_assigns of the
  * new parameter values and optimizer state, handed back by schedule_step to be realized together with
@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "../helpers.h"
+#include "../tensor/tensor.h"
 
 #define NONE ((tg_tensor){0})
 
@@ -31,7 +32,9 @@ struct tg_optim {
   tg_tensor lr;       /* owned, (1,) */
   /* LARS */
   double momentum, wd, tcoef;
-  bool nesterov, classic;
+  bool nesterov, classic, pre_wd; /* pre_wd: weight decay added to the gradient (else Muon's, after) */
+  int ns_steps, n_ns;             /* Muon: Newton-Schulz steps and coefficients (n_ns 0: none) */
+  double ns_coef[TG_MUON_MAX_COEFS];
   tg_tensor *b; /* owned momentum buffers (n, or none without momentum) */
   /* LAMB */
   double b1, b2, eps;
@@ -73,7 +76,10 @@ static tg_optim *optim_new(const char *fn, const char *name, const tg_tensor *pa
       tg_optim_free(o);
       return NULL;
     }
-    bool grad = tg_requires_grad(params[i]);
+    /* as tinygrad's: a tensor whose requires_grad is unset becomes a parameter (and is marked so);
+     * one marked false is a buffer */
+    bool grad = t_slot(params[i])->requires_grad != 0;
+    if (grad) tg_set_requires_grad(params[i], true);
     tg_tensor *list = grad ? o->params : o->buffers;
     int *cnt = grad ? &o->n : &o->nbuf;
     bool dup = false;
@@ -83,8 +89,8 @@ static tg_optim *optim_new(const char *fn, const char *name, const tg_tensor *pa
   if (o->n == 0) {
     tg_set_error(
         TG_ERR_INVALID,
-        "%s: optimizer must have at least one param (a tensor with requires_grad; got %d tensors, none "
-        "with requires_grad)",
+        "%s: optimizer must have at least one param (a tensor not marked requires_grad false; got %d "
+        "tensors, all marked false)",
         fn, n);
     tg_optim_free(o);
     return NULL;
@@ -145,33 +151,63 @@ static tg_optim *lars_new(const char *fn, const char *name, const tg_tensor *par
   if (!o) return NULL;
   o->kind = K_LARS;
   o->momentum = momentum, o->wd = wd, o->tcoef = tcoef, o->nesterov = nesterov, o->classic = classic;
+  o->pre_wd = true;
   if (momentum) o->b = new_state(o);
-  return finish(fn, o);
+  return o;
 }
 
+/* Options are taken as given (the TG_*_OPTS macros fill in tinygrad's defaults; NULL means them). */
 tg_optim *tg_optim_sgd(const tg_tensor *params, int n, const tg_sgd_opts *opts) {
-  static const tg_sgd_opts zero;
-  if (!opts) opts = &zero;
-  return lars_new("tg_optim_sgd", "SGD", params, n, opts->lr ? opts->lr : 0.001, opts->momentum,
-                  opts->weight_decay, 0.0, opts->nesterov, opts->classic);
+  const tg_sgd_opts opts_v = opts ? *opts : *TG_SGD_OPTS();
+  opts = &opts_v;
+  tg_optim *o = lars_new("tg_optim_sgd", "SGD", params, n, opts->lr, opts->momentum, opts->weight_decay, 0.0,
+                         opts->nesterov, opts->classic);
+  return o ? finish("tg_optim_sgd", o) : NULL;
 }
 
 tg_optim *tg_optim_lars(const tg_tensor *params, int n, const tg_lars_opts *opts) {
-  static const tg_lars_opts zero;
-  if (!opts) opts = &zero;
-  double mom = opts->momentum == 0 ? 0.9 : opts->momentum < 0 ? 0.0 : opts->momentum;
-  double wd = opts->weight_decay == 0 ? 1e-4 : opts->weight_decay < 0 ? 0.0 : opts->weight_decay;
-  return lars_new("tg_optim_lars", "LARS", params, n, opts->lr ? opts->lr : 0.001, mom, wd,
-                  opts->tcoef ? opts->tcoef : 0.001, opts->nesterov, !opts->popular);
+  const tg_lars_opts opts_v = opts ? *opts : *TG_LARS_OPTS();
+  opts = &opts_v;
+  tg_optim *o = lars_new("tg_optim_lars", "LARS", params, n, opts->lr, opts->momentum, opts->weight_decay,
+                         opts->tcoef, opts->nesterov, opts->classic);
+  return o ? finish("tg_optim_lars", o) : NULL;
 }
 
-static tg_optim *lamb_new(const char *fn, const char *name, const tg_tensor *params, int n,
-                          const tg_adam_opts *opts, double def_eps, double def_wd, bool adam) {
-  static const tg_adam_opts zero;
-  if (!opts) opts = &zero;
-  double b1 = opts->b1 ? opts->b1 : 0.9, b2 = opts->b2 ? opts->b2 : 0.999,
-         eps = opts->eps ? opts->eps : def_eps;
-  double wd = opts->weight_decay ? opts->weight_decay : def_wd;
+tg_optim *tg_optim_muon(const tg_tensor *params, int n, const tg_muon_opts *opts) {
+  const char *fn = "tg_optim_muon";
+  const tg_muon_opts opts_v = opts ? *opts : *TG_MUON_OPTS();
+  opts = &opts_v;
+  double mom = opts->momentum, wd = opts->weight_decay;
+  int nc = opts->n_ns_coefficients;
+  if (opts->ns_steps < 0) {
+    tg_set_error(TG_ERR_INVALID, "%s: ns_steps %d is negative (0 skips the iteration)", fn, opts->ns_steps);
+    return NULL;
+  }
+  if (nc < 0 || nc > TG_MUON_MAX_COEFS) {
+    tg_set_error(TG_ERR_INVALID, "%s: n_ns_coefficients %d must be in 0..%d", fn, nc, TG_MUON_MAX_COEFS);
+    return NULL;
+  }
+  for (int i = 0; i < nc; i++)
+    if (!isfinite(opts->ns_coefficients[i])) {
+      tg_set_error(TG_ERR_INVALID, "%s: ns_coefficients[%d] = %g is not finite", fn, i, opts->ns_coefficients[i]);
+      return NULL;
+    }
+  for (int i = 0; i < n && params; i++)
+    if (tg_valid(params[i]) && tg_requires_grad(params[i]) && tg_ndim(params[i]) < 1) {
+      tg_set_error(TG_ERR_INVALID, "%s: parameter %d is 0-d; Muon views each parameter as (shape[0], -1)", fn, i);
+      return NULL;
+    }
+  tg_optim *o = lars_new(fn, "Muon", params, n, opts->lr, mom, wd, 0.0, opts->nesterov, false);
+  if (!o) return NULL;
+  o->pre_wd = false;
+  o->ns_steps = opts->ns_steps;
+  o->n_ns = nc;
+  memcpy(o->ns_coef, opts->ns_coefficients, sizeof(double) * (size_t)nc);
+  return finish(fn, o);
+}
+
+static tg_optim *lamb_new(const char *fn, const char *name, const tg_tensor *params, int n, double lr,
+                          double b1, double b2, double eps, double wd, bool adam) {
   if (wd < 0 || !isfinite(wd)) {
     tg_set_error(TG_ERR_INVALID, "%s: invalid weight_decay value %g", fn, wd);
     return NULL;
@@ -181,7 +217,7 @@ static tg_optim *lamb_new(const char *fn, const char *name, const tg_tensor *par
                  eps);
     return NULL;
   }
-  tg_optim *o = optim_new(fn, name, params, n, opts->lr ? opts->lr : 0.001);
+  tg_optim *o = optim_new(fn, name, params, n, lr);
   if (!o) return NULL;
   o->kind = K_LAMB;
   o->b1 = b1, o->b2 = b2, o->eps = eps, o->wd = wd, o->adam = adam;
@@ -194,20 +230,23 @@ static tg_optim *lamb_new(const char *fn, const char *name, const tg_tensor *par
 }
 
 tg_optim *tg_optim_adam(const tg_tensor *params, int n, const tg_adam_opts *opts) {
-  if (opts && opts->weight_decay) {
-    tg_set_error(TG_ERR_INVALID, "tg_optim_adam: Adam has no weight_decay (%g given); use tg_optim_adamw",
-                 opts->weight_decay);
-    return NULL;
-  }
-  return lamb_new("tg_optim_adam", "Adam", params, n, opts, 1e-8, 0.0, true);
+  const tg_adam_opts opts_v = opts ? *opts : *TG_ADAM_OPTS();
+  opts = &opts_v;
+  return lamb_new("tg_optim_adam", "Adam", params, n, opts->lr, opts->b1, opts->b2, opts->eps, 0.0, true);
 }
 
-tg_optim *tg_optim_adamw(const tg_tensor *params, int n, const tg_adam_opts *opts) {
-  return lamb_new("tg_optim_adamw", "AdamW", params, n, opts, 1e-8, 0.01, true);
+tg_optim *tg_optim_adamw(const tg_tensor *params, int n, const tg_adamw_opts *opts) {
+  const tg_adamw_opts opts_v = opts ? *opts : *TG_ADAMW_OPTS();
+  opts = &opts_v;
+  return lamb_new("tg_optim_adamw", "AdamW", params, n, opts->lr, opts->b1, opts->b2, opts->eps,
+                  opts->weight_decay, true);
 }
 
-tg_optim *tg_optim_lamb(const tg_tensor *params, int n, const tg_adam_opts *opts) {
-  return lamb_new("tg_optim_lamb", "LAMB", params, n, opts, 1e-6, 0.0, false);
+tg_optim *tg_optim_lamb(const tg_tensor *params, int n, const tg_lamb_opts *opts) {
+  const tg_lamb_opts opts_v = opts ? *opts : *TG_LAMB_OPTS();
+  opts = &opts_v;
+  return lamb_new("tg_optim_lamb", "LAMB", params, n, opts->lr, opts->b1, opts->b2, opts->eps,
+                  opts->weight_decay, false);
 }
 
 static void free_list(tg_tensor *ts, int n) {
@@ -261,13 +300,20 @@ static tg_tensor lars_update(tg_optim *o, int i, tg_tensor t, tg_tensor g, tg_te
     tg_tensor r1 = norm2(td), r2 = norm2(g);
     r = ratio_or_one(r1, r2, tg_div(tg_mul_s(r1, o->tcoef), tg_add(r2, tg_mul_s(r1, o->wd))));
   }
-  if (o->wd > 0) g = tg_add(g, tg_mul_s(td, o->wd));
+  if (o->pre_wd && o->wd > 0) g = tg_add(g, tg_mul_s(td, o->wd));
   if (o->classic) g = tg_mul(r.id ? tg_mul(g, r) : g, lr0);
   if (o->momentum) {
     tg_assign(o->b[i], tg_add(tg_mul_s(o->b[i], o->momentum), g));
     g = o->nesterov ? tg_add(g, tg_mul_s(o->b[i], o->momentum)) : o->b[i];
   }
+  if (o->n_ns) {
+    int64_t sh[64];
+    int nd = tg_shape(g, sh);
+    tg_tensor g2 = tg_reshape(g, (const int64_t[]){sh[0], -1}, 2);
+    g = tg_reshape(tg_newton_schulz(g2, o->ns_steps, o->ns_coef, o->n_ns, 1e-7), sh, nd);
+  }
   if (!o->classic) g = tg_mul(r.id ? tg_mul(g, r) : g, lr0);
+  if (!o->pre_wd && o->wd > 0) g = tg_add(g, tg_mul(tg_mul_s(td, o->wd), lr0));
   return tg_cast(g, tg_dtype_of(t));
 }
 

@@ -10,12 +10,17 @@
  * bounded nesting) that never builds a tree, so memory is bounded by the number of tensors; the data
  * section must be exactly covered by the tensors' byte ranges (no overlap, no hole, no trailing
  * bytes -- the rule of the reference implementation), and each range must equal numel * itemsize.
+ * Save writes PATH.tmp.PID.N and renames it over PATH; a save killed before the rename leaves that
+ * file, so each save first removes the PATH.tmp.* files of processes that no longer exist.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -417,15 +422,26 @@ static void free_entries(Entry *es, size_t n) {
   free(es);
 }
 
-tg_state_dict *safe_load_mem(const char *fn, const char *path, const uint8_t *data, size_t len,
-                             bool zero_copy, FileMap *map) {
+/* The loader over a Src: a file is read in parts (the header, then each tensor's bytes straight
+ * into a buffer of its own), so the peak memory is the tensors + the largest one; memory (the fuzz
+ * targets, tg_safe_load_mmap's mapping) is read in place. */
+static tg_state_dict *safe_load_src(const char *fn, const char *path, const Src *in, bool zero_copy,
+                                    FileMap *map) {
+  if (in->len > SIZE_MAX / 2) {
+    tg_set_error(TG_ERR_IO, "%s: %s: file too large (%llu bytes)", fn, path, (unsigned long long)in->len);
+    return NULL;
+  }
+  size_t len = (size_t)in->len;
+  uint8_t *hbuf = NULL, *dbuf = NULL;
   if (len < 8) {
     tg_set_error(TG_ERR_IO,
                  "%s: %s: file is %zu bytes, too short for a safetensors header (8-byte length + JSON)", fn,
                  path, len);
     return NULL;
   }
-  uint64_t hlen = rd_u64le(data);
+  uint8_t h8[8];
+  if (src_read(in, 0, h8, 8) != TG_OK) return NULL;
+  uint64_t hlen = rd_u64le(h8);
   if (hlen > MAX_HEADER) {
     tg_set_error(TG_ERR_IO,
                  "%s: %s: header length %llu is larger than the %llu-byte limit (not a safetensors file?)",
@@ -443,10 +459,23 @@ tg_state_dict *safe_load_mem(const char *fn, const char *path, const uint8_t *da
                  path, (unsigned long long)hlen);
     return NULL;
   }
-  const uint8_t *ds = data + 8 + hlen; /* data section */
+  const uint8_t *ds = in->mem ? in->mem + 8 + hlen : NULL; /* data section, when in memory */
   size_t dlen = len - 8 - (size_t)hlen;
+  const uint8_t *hdr = in->fd < 0 ? in->mem + 8 : NULL; /* a file's header is read, even when mapped */
+  if (!hdr) {
+    hbuf = malloc((size_t)hlen);
+    if (!hbuf) {
+      tg_set_error(TG_ERR_IO, "%s: %s: out of memory for a %llu-byte header", fn, path, (unsigned long long)hlen);
+      return NULL;
+    }
+    if (src_read(in, 8, hbuf, (size_t)hlen) != TG_OK) {
+      free(hbuf);
+      return NULL;
+    }
+    hdr = hbuf;
+  }
 
-  J j = {.p = data + 8, .start = data + 8, .end = data + 8 + hlen, .fn = fn, .path = path};
+  J j = {.p = hdr, .start = hdr, .end = hdr + hlen, .fn = fn, .path = path};
   Entry *es = NULL;
   size_t n = 0, cap = 0;
   tg_state_dict *sd = tg_state_dict_new();
@@ -541,13 +570,17 @@ tg_state_dict *safe_load_mem(const char *fn, const char *path, const uint8_t *da
     }
   for (size_t i = 0; i < n; i++) {
     Entry *e = &es[i];
-    uint64_t numel = 1, nbytes;
-    for (int d = 0; d < e->ndim; d++)
-      if (__builtin_mul_overflow(numel, (uint64_t)dims.v[e->shape_off + (size_t)d], &numel) ||
-          numel > ((uint64_t)1 << 48)) {
-        tg_set_error(TG_ERR_IO, "%s: %s: tensor '%.200s' has too many elements", fn, path, e->name);
+    uint64_t numel = 1, nonzero = 1, nbytes; /* a zero dimension does not excuse the others */
+    for (int d = 0; d < e->ndim; d++) {
+      uint64_t v = (uint64_t)dims.v[e->shape_off + (size_t)d];
+      if ((v && __builtin_mul_overflow(nonzero, v, &nonzero)) || nonzero > ((uint64_t)1 << 48)) {
+        tg_set_error(TG_ERR_IO,
+                     "%s: %s: tensor '%.200s' has too many elements (its non-zero dimensions multiply past 2^48)",
+                     fn, path, e->name);
         goto out;
       }
+      numel *= v;
+    }
     if (__builtin_mul_overflow(numel, (uint64_t)tg_dtype_itemsize(e->dt), &nbytes)) nbytes = UINT64_MAX;
     if (e->end < e->begin) {
       tg_set_error(TG_ERR_IO, "%s: %s: tensor '%.200s' has data_offsets [%llu, %llu] with end before begin",
@@ -592,11 +625,32 @@ tg_state_dict *safe_load_mem(const char *fn, const char *path, const uint8_t *da
   }
 
   /* tensors, in header order */
+  if (io_test_hook && in->fd >= 0) io_test_hook(path, 1);
+  if (ds && in->fd >= 0) { /* mapped: the bytes below are touched next, so the file must still be whole */
+    struct stat st;
+    if (fstat(in->fd, &st) != 0 || (uint64_t)st.st_size < in->len) {
+      tg_set_error(TG_ERR_IO, "%s: %s: the file shrank from %zu bytes while it was loaded (truncated by another process?)",
+                   fn, path, len);
+      goto out;
+    }
+  }
   for (size_t i = 0; i < n; i++) {
     Entry *e = &es[i];
     const int64_t *shape = e->ndim ? dims.v + e->shape_off : NULL;
     size_t nbytes = (size_t)(e->end - e->begin);
-    const uint8_t *src = ds + e->begin;
+    const uint8_t *src;
+    if (ds) {
+      src = ds + e->begin;
+    } else {
+      dbuf = malloc(nbytes ? nbytes : 1);
+      if (!dbuf) {
+        tg_set_error(TG_ERR_IO, "%s: %s: out of memory (%zu bytes for tensor '%.200s')", fn, path, nbytes,
+                     e->name);
+        goto out;
+      }
+      if (src_read(in, 8 + hlen + e->begin, dbuf, nbytes) != TG_OK) goto out;
+      src = dbuf;
+    }
     size_t isz = tg_dtype_itemsize(e->dt);
     bool bad_bool = false;
     if (e->dt == TG_BOOL)
@@ -615,6 +669,8 @@ tg_state_dict *safe_load_mem(const char *fn, const char *path, const uint8_t *da
     } else {
       t = tg_from_data(nbytes ? src : NULL, shape, e->ndim, TG_OPTS(.dtype = e->dt));
     }
+    free(dbuf);
+    dbuf = NULL;
     if (!t.id) goto out;
     if (sd_put(sd, fn, path, e->name, strlen(e->name), t, true) != TG_OK) goto out;
   }
@@ -625,6 +681,8 @@ out:
   sb_free(&mkey);
   free(order);
   free(tmp);
+  free(hbuf);
+  free(dbuf);
   free(dims.v);
   free_entries(es, n);
   if (!ok) {
@@ -634,26 +692,54 @@ out:
   return sd;
 }
 
+tg_state_dict *safe_load_mem(const char *fn, const char *path, const uint8_t *data, size_t len,
+                             bool zero_copy, FileMap *map) {
+  Src in = {.mem = data, .fd = -1, .len = len, .fn = fn, .path = path};
+  return safe_load_src(fn, path, &in, zero_copy, map);
+}
+
 tg_state_dict *tg_safe_load(const char *path) {
-  FileView fv;
-  if (file_view_open(&fv, "tg_safe_load", path, false) != TG_OK) return NULL;
-  tg_state_dict *sd = safe_load_mem("tg_safe_load", path, fv.data, fv.len, false, NULL);
-  file_view_close(&fv);
+  Src in;
+  if (src_open(&in, "tg_safe_load", path) != TG_OK) return NULL;
+  tg_state_dict *sd = safe_load_src("tg_safe_load", path, &in, false, NULL);
+  src_close(&in);
+  if (tg_oom_check("tg_safe_load") && sd) tg_state_dict_free(sd), sd = NULL;
   return sd;
 }
 
 tg_state_dict *tg_safe_load_mmap(const char *path) {
-  FileView fv;
-  if (file_view_open(&fv, "tg_safe_load_mmap", path, true) != TG_OK) return NULL;
-  if (!fv.map) /* an empty file: nothing to map (and too short to load) */
-    return safe_load_mem("tg_safe_load_mmap", path, fv.data, fv.len, false, NULL);
-  /* the mapping is shared by the dict and every buffer that wraps it: unmapped with the last one */
-  FileMap *m = file_map_new(fv.map, fv.map_len);
-  tg_state_dict *sd = safe_load_mem("tg_safe_load_mmap", path, fv.data, fv.len, true, m);
+  static const char *fn = "tg_safe_load_mmap";
+  Src in;
+  if (src_open(&in, fn, path) != TG_OK) return NULL;
+  if (in.len == 0 || in.len > SIZE_MAX / 2) { /* nothing to map: the loader says why it can't load */
+    tg_state_dict *sd = safe_load_src(fn, path, &in, false, NULL);
+    src_close(&in);
+    return sd;
+  }
+  void *addr = mmap(NULL, (size_t)in.len, PROT_READ | PROT_WRITE, MAP_PRIVATE, in.fd, 0);
+  if (addr == MAP_FAILED) {
+    tg_set_error(TG_ERR_IO, "%s: %s: cannot map %llu bytes: %s", fn, path, (unsigned long long)in.len,
+                 strerror(errno));
+    src_close(&in);
+    return NULL;
+  }
+  /* the header is read with pread, never through the mapping, and the size is checked once more: a
+   * file truncated before or during the load is an error here, not a SIGBUS (see tinygrad.h) */
+  in.mem = addr;
+  tg_state_dict *sd = NULL;
+  FileMap *m = file_map_new(addr, (size_t)in.len);
+  struct stat st;
+  if (fstat(in.fd, &st) != 0 || (uint64_t)st.st_size < in.len)
+    tg_set_error(TG_ERR_IO, "%s: %s: the file shrank from %llu bytes while it was loaded (truncated by another process?)",
+                 fn, path, (unsigned long long)in.len);
+  else
+    sd = safe_load_src(fn, path, &in, true, m); /* shared by the dict and the buffers that wrap it */
   if (sd)
     sd_own_mapping(sd, m);
   else
     file_map_unref(m);
+  src_close(&in);
+  if (tg_oom_check("tg_safe_load_mmap") && sd) tg_state_dict_free(sd), sd = NULL;
   return sd;
 }
 
@@ -692,6 +778,52 @@ static bool write_all(int fd, const void *buf, size_t n) {
  * ends, so that the links stay links and their target is replaced. A link to a missing file gives
  * that file's path (it is created). *exists says whether the file is there, *mode is its st_mode.
  * NULL with an error if the chain cannot be followed. */
+/* "<digits>" of at most 19 characters: its value; else -1. */
+static long long parse_decimal(const char *s, size_t n) {
+  if (n == 0 || n > 18) return -1;
+  long long v = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] < '0' || s[i] > '9') return -1;
+    v = v * 10 + (s[i] - '0');
+  }
+  return v;
+}
+
+/* Removes the temporary files that saves to `target` by processes now gone left behind: regular
+ * files named "<base>.tmp.<pid>.<n>" next to it whose pid no longer exists (kill(pid, 0) says
+ * ESRCH). A live process's file -- a save in progress, in this process or another -- is never
+ * touched, nor is anything else in the directory. Best effort: errors are ignored. */
+static void remove_stale_temps(const char *target) {
+  const char *slash = strrchr(target, '/');
+  const char *base = slash ? slash + 1 : target;
+  size_t blen = strlen(base);
+  char *dir = slash ? tg_xstrdup(target) : tg_xstrdup(".");
+  if (slash) dir[slash == target ? 1 : (size_t)(slash - target)] = '\0';
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  free(dir);
+  if (dfd < 0) return;
+  DIR *d = fdopendir(dfd);
+  if (!d) {
+    close(dfd);
+    return;
+  }
+  long self = (long)getpid();
+  for (struct dirent *e; (e = readdir(d));) {
+    const char *nm = e->d_name;
+    if (strncmp(nm, base, blen) != 0 || strncmp(nm + blen, ".tmp.", 5) != 0) continue;
+    const char *p = nm + blen + 5, *dot = strchr(p, '.');
+    if (!dot) continue;
+    long long pid = parse_decimal(p, (size_t)(dot - p)), n = parse_decimal(dot + 1, strlen(dot + 1));
+    if (pid <= 0 || n < 0 || pid > 0x7fffffff || pid == self) continue;
+    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive (or not ours to ask): keep */
+    struct stat st;
+    if (fstatat(dirfd(d), nm, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (unlinkat(dirfd(d), nm, 0) == 0 && debug_level() >= 1)
+      fprintf(stderr, "tg_safe_save: removed %s, left by a save of process %lld that no longer exists\n", nm, pid);
+  }
+  closedir(d);
+}
+
 static char *save_target(const char *fn, const char *path, bool *exists, mode_t *mode) {
   char *cur = tg_xstrdup(path);
   for (int depth = 0;; depth++) {
@@ -862,6 +994,7 @@ tg_status tg_safe_save(const tg_state_dict *sd, const char *path) {
     goto done;
   }
 
+  remove_stale_temps(target);
   /* a temporary file next to the target: O_EXCL with a unique name, mode 0666 & ~umask */
   size_t plen = strlen(target);
   tmp = tg_xmalloc(plen + 64);

@@ -79,10 +79,22 @@ struct tg_state_dict {
 
 tg_state_dict *tg_state_dict_new(void) { return tg_xcalloc(1, sizeof(tg_state_dict)); }
 
+/* Entries' handles are borrowed by users: tg_free refuses them, so the dict frees its own here. */
+static void sd_release(tg_tensor t) {
+  t_set_borrowed(t, false);
+  tg_free(t);
+}
+
+static tg_tensor sd_adopt(tg_tensor t) {
+  t = tg_persist(t);
+  t_set_borrowed(t, true);
+  return t;
+}
+
 void tg_state_dict_free(tg_state_dict *sd) {
   if (!sd) return;
   for (int i = 0; i < sd->n; i++) {
-    tg_free(sd->ts[i]);
+    sd_release(sd->ts[i]);
     free(sd->names[i]);
   }
   for (int i = 0; i < sd->mn; i++) {
@@ -113,10 +125,79 @@ int sd_find(const tg_state_dict *sd, const char *name, size_t len) {
   return index_find(&sd->ix, sd->names, name, len);
 }
 
-tg_tensor tg_state_dict_get(const tg_state_dict *sd, const char *name) {
+tg_tensor sd_get_quiet(const tg_state_dict *sd, const char *name) {
   if (!sd || !name) return (tg_tensor){0};
   int i = sd_find(sd, name, strlen(name));
   return i >= 0 ? sd->ts[i] : (tg_tensor){0};
+}
+
+bool tg_state_dict_has(const tg_state_dict *sd, const char *name) { return sd_get_quiet(sd, name).id != 0; }
+
+/* Levenshtein distance of a[0..n) and b[0..m) with two rows (row: m + 1 entries of scratch). */
+static size_t edit_distance(const char *a, size_t n, const char *b, size_t m, size_t *row) {
+  for (size_t j = 0; j <= m; j++) row[j] = j;
+  for (size_t i = 1; i <= n; i++) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= m; j++) {
+      size_t up = row[j];
+      size_t best = diag + (a[i - 1] != b[j - 1]);
+      if (up + 1 < best) best = up + 1;
+      if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+      row[j] = best;
+      diag = up;
+    }
+  }
+  return row[m];
+}
+
+tg_tensor tg_state_dict_get(const tg_state_dict *sd, const char *name) {
+  if (!sd) return tg_set_error(TG_ERR_INVALID, "tg_state_dict_get: dict is NULL"), (tg_tensor){0};
+  if (!name) return tg_set_error(TG_ERR_INVALID, "tg_state_dict_get: name is NULL"), (tg_tensor){0};
+  tg_tensor t = sd_get_quiet(sd, name);
+  if (t.id) return t;
+  if (sd->n == 0) {
+    tg_set_error(TG_ERR_INVALID, "tg_state_dict_get: no tensor named '%.200s' (the dict is empty)", name);
+    return t;
+  }
+  /* the closest name: typos and prefix mix-ups ("model." or not) are the usual causes. Names are
+   * compared by their first 256 bytes, so a huge dict's error stays cheap. */
+  size_t n = strlen(name), best = SIZE_MAX;
+  int bi = 0;
+  if (n > 256) n = 256;
+  size_t row[257];
+  for (int i = 0; i < sd->n; i++) {
+    size_t m = strlen(sd->names[i]);
+    if (m > 256) m = 256;
+    size_t lo = m > n ? m - n : n - m; /* the distance is at least the length difference */
+    if (lo >= best) continue;
+    size_t d = edit_distance(name, n, sd->names[i], m, row);
+    if (d < best) best = d, bi = i;
+  }
+  tg_set_error(TG_ERR_INVALID, "tg_state_dict_get: no tensor named '%.200s' (did you mean '%.200s'?)", name,
+               sd->names[bi]);
+  return t;
+}
+
+tg_status tg_state_dict_cast(tg_state_dict *sd, tg_dtype dtype) {
+  if (!sd) return tg_set_error(TG_ERR_INVALID, "tg_state_dict_cast: dict is NULL");
+  if (!tg_dtype_is_float(dtype))
+    return tg_set_error(TG_ERR_INVALID, "tg_state_dict_cast: %s is not a floating-point dtype",
+                        tg_dtype_name(dtype) ? tg_dtype_name(dtype) : "(unknown)");
+  for (int i = 0; i < sd->n; i++) {
+    tg_dtype dt = tg_dtype_of(sd->ts[i]);
+    if (!tg_dtype_is_float(dt) || dt == dtype) continue; /* indices and counters keep their dtype */
+    tg_tensor c = tg_cast(sd->ts[i], dtype);
+    if (!c.id) return tg_last_status() ? tg_last_status() : TG_ERR_INVALID;
+    tg_status st = tg_realize(c); /* the old buffer goes now, not when the entry is first read */
+    if (st != TG_OK) {
+      tg_free(c);
+      return st;
+    }
+    sd_release(sd->ts[i]);
+    sd->ts[i] = sd_adopt(c);
+  }
+  return TG_OK;
 }
 
 static char *strndup_x(const char *s, size_t n) {
@@ -138,8 +219,8 @@ tg_status sd_put(tg_state_dict *sd, const char *fn, const char *path, const char
       tg_free(t);
       return tg_set_error(TG_ERR_IO, "%s: %s: duplicate tensor name '%.200s'", fn, path, sd->names[i]);
     }
-    tg_free(sd->ts[i]);
-    sd->ts[i] = tg_persist(t);
+    sd_release(sd->ts[i]);
+    sd->ts[i] = sd_adopt(t);
     return TG_OK;
   }
   if (sd->n == INT32_MAX / 2) {
@@ -152,7 +233,7 @@ tg_status sd_put(tg_state_dict *sd, const char *fn, const char *path, const char
     sd->ts = tg_xrealloc(sd->ts, (size_t)sd->cap * sizeof(tg_tensor));
   }
   sd->names[sd->n] = strndup_x(name, len);
-  sd->ts[sd->n] = tg_persist(t);
+  sd->ts[sd->n] = sd_adopt(t);
   sd->n++;
   index_add(&sd->ix, sd->names, sd->n);
   return TG_OK;
@@ -171,6 +252,9 @@ tg_status tg_state_dict_set(tg_state_dict *sd, const char *name, tg_tensor t) {
   if (!u) return TG_ERR_HANDLE;
   tg_tensor own = t_wrap(uop_ref(u));
   if (!own.id) return tg_last_status() ? tg_last_status() : TG_ERR_HANDLE;
+  /* the entry is a second handle of a tensor someone else holds: marked requires_grad false, so
+   * tg_backward does not pile a gradient onto it every step (the owner's handle gets it) */
+  t_slot(own)->requires_grad = 0;
   return sd_put(sd, "tg_state_dict_set", "(dict)", name, strlen(name), own, false);
 }
 
@@ -299,9 +383,104 @@ int open_regular(const char *fn, const char *path, struct stat *st) {
   return fd;
 }
 
-tg_status file_view_open(FileView *fv, const char *fn, const char *path, bool writable) {
+void (*io_test_hook)(const char *path, int stage);
+
+/* the memory of this thread's file_view_open, for sd_release_bytes */
+static _Thread_local const uint8_t *rel_lo, *rel_hi;
+
+void sd_release_bytes(const uint8_t *p, size_t n) {
+  if (!p || !rel_lo || p < rel_lo || n > (size_t)(rel_hi - p)) return;
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  uintptr_t lo = ((uintptr_t)p + page - 1) / page * page, hi = ((uintptr_t)p + n) / page * page;
+  if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED); /* reads as zeros afterwards */
+}
+
+/* pread until n bytes are in or the file ends: the count, or -1 with errno. */
+static int64_t pread_full(int fd, uint8_t *dst, size_t n, uint64_t off) {
+  size_t got = 0;
+  while (got < n) {
+    size_t want = n - got > (1u << 30) ? (1u << 30) : n - got;
+    ssize_t k = pread(fd, dst + got, want, (off_t)(off + got));
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) return -1;
+    if (k == 0) break;
+    got += (size_t)k;
+  }
+  return (int64_t)got;
+}
+
+tg_status src_open(Src *s, const char *fn, const char *path) {
+  memset(s, 0, sizeof *s);
+  s->fd = -1;
+  s->fn = fn;
+  s->path = path;
+  if (!path) return tg_set_error(TG_ERR_INVALID, "%s: path is NULL", fn);
+  struct stat st;
+  s->fd = open_regular(fn, path, &st);
+  if (s->fd < 0) return tg_last_status();
+  s->len = (uint64_t)st.st_size;
+  if (io_test_hook) io_test_hook(path, 0);
+  return TG_OK;
+}
+
+void src_close(Src *s) {
+  if (s->fd >= 0) close(s->fd);
+  s->fd = -1;
+}
+
+tg_status src_read(const Src *s, uint64_t off, void *dst, size_t n) {
+  if (s->fd < 0) {
+    memcpy(dst, s->mem + off, n);
+    return TG_OK;
+  }
+  int64_t got = pread_full(s->fd, dst, n, off);
+  if (got < 0) return tg_set_error(TG_ERR_IO, "%s: %s: cannot read: %s", s->fn, s->path, strerror(errno));
+  if ((size_t)got < n) {
+    struct stat st;
+    uint64_t now = fstat(s->fd, &st) == 0 ? (uint64_t)st.st_size : off + (uint64_t)got;
+    return tg_set_error(TG_ERR_IO,
+                        "%s: %s: the file shrank from %llu to %llu bytes while it was read (truncated or "
+                        "rewritten by another process?)",
+                        s->fn, s->path, (unsigned long long)s->len, (unsigned long long)now);
+  }
+  return TG_OK;
+}
+
+tg_status file_view_open(FileView *fv, const char *fn, const char *path, bool map) {
   memset(fv, 0, sizeof *fv);
   if (!path) return tg_set_error(TG_ERR_INVALID, "%s: path is NULL", fn);
+  if (!map) { /* read, never mapped: see state_dict.h */
+    Src s;
+    if (src_open(&s, fn, path) != TG_OK) return tg_last_status();
+    tg_status st = TG_OK;
+    if (s.len > (uint64_t)SIZE_MAX / 2) {
+      st = tg_set_error(TG_ERR_IO, "%s: %s: file too large to read (%llu bytes)", fn, path,
+                        (unsigned long long)s.len);
+    } else if (s.len > 0) {
+      /* anonymous pages, so that sd_release_bytes can give back what the loader is done with */
+      size_t n = (size_t)s.len;
+      void *buf = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (buf == MAP_FAILED)
+        st = tg_set_error(TG_ERR_IO, "%s: %s: out of memory reading %zu bytes", fn, path, n);
+      else if ((st = src_read(&s, 0, buf, n)) != TG_OK)
+        munmap(buf, n);
+      else {
+        uint8_t extra;
+        if (pread_full(s.fd, &extra, 1, s.len) > 0) { /* it grew: what was read may be a mix */
+          munmap(buf, n);
+          st = tg_set_error(TG_ERR_IO, "%s: %s: the file grew while it was read (rewritten by another process?)",
+                            fn, path);
+        } else {
+          fv->data = fv->owned = buf;
+          fv->len = fv->owned_len = n;
+          rel_lo = buf;
+          rel_hi = (const uint8_t *)buf + n;
+        }
+      }
+    }
+    src_close(&s);
+    return st;
+  }
   struct stat st;
   int fd = open_regular(fn, path, &st);
   if (fd < 0) return tg_last_status();
@@ -311,7 +490,7 @@ tg_status file_view_open(FileView *fv, const char *fn, const char *path, bool wr
       return tg_set_error(TG_ERR_IO, "%s: %s: file too large to map", fn, path);
     }
     size_t n = (size_t)st.st_size;
-    void *m = mmap(NULL, n, PROT_READ | (writable ? PROT_WRITE : 0), MAP_PRIVATE, fd, 0);
+    void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
     if (m == MAP_FAILED) {
       int e = errno;
       close(fd);
@@ -328,6 +507,10 @@ tg_status file_view_open(FileView *fv, const char *fn, const char *path, bool wr
 
 void file_view_close(FileView *fv) {
   if (fv->map) munmap(fv->map, fv->map_len);
+  if (fv->owned) {
+    munmap(fv->owned, fv->owned_len);
+    rel_lo = rel_hi = NULL;
+  }
   memset(fv, 0, sizeof *fv);
 }
 

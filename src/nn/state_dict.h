@@ -17,6 +17,8 @@
 #include "tinygrad.h"
 
 /* ---- dict internals ---- */
+/* tg_state_dict_get without an error for a missing name (none then): for callers that expect some. */
+tg_tensor sd_get_quiet(const tg_state_dict *sd, const char *name);
 /* Index of the entry named name[0..len) or -1. */
 int sd_find(const tg_state_dict *sd, const char *name, size_t len);
 /* Adds (or replaces) the entry `name` with t, TAKING OWNERSHIP of the handle t (it is moved to the
@@ -43,22 +45,50 @@ void file_map_attach(FileMap *m, tg_tensor t);
 void sd_own_mapping(tg_state_dict *sd, FileMap *m);
 
 /* ---- files ---- */
+/* Copying loaders never map their file: bytes under a mapping that another process truncates raise
+ * SIGBUS when touched, so they read with pread instead, and a file that shrinks or changes size while
+ * it is read is a TG_ERR_IO error. Only tg_safe_load_mmap maps (its contract says what then). */
 typedef struct {
   const uint8_t *data; /* whole file (NULL when len == 0) */
   size_t len;
   void *map; /* mmap'ed region (munmap on close) or NULL */
   size_t map_len;
+  void *owned; /* the bytes read into memory (an anonymous mapping: munmap on close) or NULL */
+  size_t owned_len;
 } FileView;
-/* Maps the regular file `path` (private, PROT_READ|PROT_WRITE if writable is true, so tensors may
- * wrap it). Anything else -- a directory, a FIFO, a device, a socket -- is refused without reading
- * it (a FIFO without a writer does not block). Errors are TG_ERR_IO "fn: path: reason". */
-tg_status file_view_open(FileView *fv, const char *fn, const char *path, bool writable);
+/* The regular file `path`, whole: read into memory with pread (map = false), or mapped privately and
+ * writable, so tensors may wrap it (map = true). Anything else -- a directory, a FIFO, a device, a
+ * socket -- is refused without reading it (a FIFO without a writer does not block). Errors are
+ * TG_ERR_IO "fn: path: reason", among them a file that changes size while it is read. */
+tg_status file_view_open(FileView *fv, const char *fn, const char *path, bool map);
+/* A file read in parts: pread at any offset (or a view of memory, for the fuzz targets). */
+typedef struct {
+  const uint8_t *mem; /* the whole input when in memory (or mapped), else NULL */
+  int fd;             /* the open file (-1 for memory): src_read preads it even if mem is set */
+  uint64_t len;       /* its size when it was opened */
+  const char *fn, *path;
+} Src;
+/* Opens path for src_read (a regular file only, as file_view_open); close with src_close. */
+tg_status src_open(Src *s, const char *fn, const char *path);
+void src_close(Src *s);
+/* n bytes at off into dst: TG_ERR_IO "fn: path: the file shrank ... (changed while it was read?)" if
+ * they are no longer there. off + n must lie within len (callers check against the size first). */
+tg_status src_read(const Src *s, uint64_t off, void *dst, size_t n);
+/* For tests: when set, called with the path between the stages of a load (stage 0: the file is open
+ * and its size known, nothing read; 1: a header is parsed, the tensor data not yet read), so a test
+ * can change the file there. NULL in normal use. */
+extern void (*io_test_hook)(const char *path, int stage);
 /* Opens the regular file `path` for reading (blocking reads), filling *st; -1 with a TG_ERR_IO
  * error naming fn and path for anything else (a directory, a FIFO -- without waiting for a writer
  * --, a device, a socket) or a failed open. */
 struct stat;
 int open_regular(const char *fn, const char *path, struct stat *st);
 void file_view_close(FileView *fv);
+/* Tells the system that the loader is done with bytes p[0..n) of the file it is loading, when they
+ * lie in the memory a file_view_open of this thread read the file into: their whole pages are given
+ * back, so a loader that copies tensor after tensor peaks at about the file's size, not twice it.
+ * Anything else (the fuzz targets' inputs, a mapping) is left alone. */
+void sd_release_bytes(const uint8_t *p, size_t n);
 /* "a FIFO", "a character device", ... for a struct stat's st_mode, for messages. */
 const char *file_kind(unsigned mode);
 

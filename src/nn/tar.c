@@ -268,6 +268,7 @@ tg_state_dict *tar_extract_mem(const char *fn, const char *path, const uint8_t *
       int64_t shape[1] = {(int64_t)size};
       tg_tensor t = tg_from_data(size ? data + body : NULL, shape, 1, TG_OPTS(.dtype = TG_UINT8));
       if (!t.id) goto out;
+      sd_release_bytes(data + body, (size_t)size); /* copied: a file's pages can go */
       if (sd_put(sd, fn, path, name.s, name.len, t, false) != TG_OK) goto out;
     }
     pos = next;

@@ -44,6 +44,14 @@
 #define META_TOTAL_MAX (16u << 20) /* bytes of metadata in all */
 #define EXPAND_SLACK (64ull << 20) /* extra bytes views may materialize beyond 8x the storages */
 #define MAX_NDIM 64
+#define OBJ_CHUNK 1024
+/* The unpickler's memory (objects, stacks, memo, containers, tensor records) may reach MEM_FACTOR x
+ * the pickle's bytes + MEM_SLACK. A pickle torch writes needs 10-15x (measured); a file made
+ * only to fill memory (millions of 1-byte opcodes that each create an object) is stopped there.
+ * For a deflated data.pkl the base is the smaller of the pickle and the whole file, so a small
+ * file cannot inflate into a large budget. */
+#define MEM_FACTOR 32
+#define MEM_SLACK (4ull << 20)
 
 /* ---- object model ---------------------------------------------------------------------------- */
 
@@ -112,15 +120,17 @@ struct Storage {
   const uint8_t *data; /* numel * itemsize bytes once resolved, else NULL */
   Storage *base;       /* legacy storage view: elements [base_off, base_off + numel) of base */
   uint64_t base_off;
-  void *owned; /* inflated zip member */
+  void *owned;         /* inflated zip member */
+  uint32_t nref, nused; /* tensors over this root storage (views included), and those materialized */
 };
 
 typedef struct {
   Storage *st;
   int64_t offset;
   int ndim;
-  int64_t shape[MAX_NDIM], stride[MAX_NDIM];
-  tg_tensor handle; /* materialized value (owned here, freed at the end) */
+  int64_t *shape, *stride; /* ndim each, in dims[] */
+  tg_tensor handle;        /* materialized value (owned here, freed at the end) */
+  int64_t dims[];          /* sized to ndim: a REDUCE costs memory in proportion to its dimensions */
 } TensorDesc;
 
 typedef struct PkObj PkObj;
@@ -163,8 +173,11 @@ typedef struct {
   size_t file_len;
   char err[640];
   bool failed;
-  PkObj **objs;
-  size_t nobjs, capobjs;
+  PkObj **chunks; /* objects live in chunks of OBJ_CHUNK, freed together */
+  size_t nobjs, nchunks;
+  PkObj *none, *yes, *no; /* None, True and False are immutable: one object each */
+  PkObj *small_int[256];  /* so are ints: BININT1's values are shared too */
+  uint64_t mem, mem_budget; /* bytes the unpickler holds, and the most it may (see charge) */
   Storage **sts;
   size_t nst, capst;
   Map st_by_key;
@@ -241,15 +254,41 @@ static void **map_slot(Map *m, uint64_t key, bool insert) {
   return &m->vals[h];
 }
 
+/* Accounts n more bytes of unpickler memory; false (and the load fails) past the budget. The
+ * machine checks c->failed after every opcode, so an allocation already made is only the last. */
+static bool charge(Ctx *c, uint64_t n) {
+  c->mem += n;
+  if (c->mem <= c->mem_budget) return true;
+  if (!c->failed)
+    cfail(c,
+          "the pickle needs more than %" PRIu64 " bytes of memory (%dx its size + %llu MiB): a hostile or "
+          "corrupt file?",
+          c->mem_budget, MEM_FACTOR, MEM_SLACK >> 20);
+  return false;
+}
+
 static PkObj *new_obj(Ctx *c, PkKind kind) {
-  if (c->nobjs == c->capobjs) {
-    c->capobjs = c->capobjs ? c->capobjs * 2 : 256;
-    c->objs = tg_xrealloc(c->objs, c->capobjs * sizeof *c->objs);
+  if (c->nobjs == c->nchunks * OBJ_CHUNK) {
+    c->chunks = tg_xrealloc(c->chunks, (c->nchunks + 1) * sizeof *c->chunks);
+    c->chunks[c->nchunks++] = tg_xcalloc(OBJ_CHUNK, sizeof(PkObj));
+    charge(c, OBJ_CHUNK * sizeof(PkObj) + sizeof(PkObj *));
   }
-  PkObj *o = tg_xcalloc(1, sizeof *o);
+  PkObj *o = &c->chunks[c->nobjs / OBJ_CHUNK][c->nobjs % OBJ_CHUNK];
+  c->nobjs++;
   o->kind = (uint8_t)kind;
-  c->objs[c->nobjs++] = o;
   return o;
+}
+
+static PkObj *obj_at(const Ctx *c, size_t i) { return &c->chunks[i / OBJ_CHUNK][i % OBJ_CHUNK]; }
+
+/* The shared None / True / False. */
+static PkObj *const_obj(Ctx *c, PkKind kind, bool b) {
+  PkObj **slot = kind == PK_NONE ? &c->none : b ? &c->yes : &c->no;
+  if (!*slot) {
+    *slot = new_obj(c, kind);
+    (*slot)->u.b = b;
+  }
+  return *slot;
 }
 
 static void free_obj(PkObj *o) {
@@ -270,12 +309,14 @@ static void free_obj(PkObj *o) {
     break;
   }
   free(o->own);
-  free(o);
 }
 
-static void seq_push(PkObj *o, PkObj *v) {
+static void seq_push(Ctx *c, PkObj *o, PkObj *v) {
   if (o->u.seq.n == o->u.seq.cap) {
-    o->u.seq.cap = o->u.seq.cap ? o->u.seq.cap * 2 : 4;
+    /* from one slot up: a pickle may nest a million one-item lists (each charged) */
+    size_t ncap = o->u.seq.cap ? o->u.seq.cap * 2 : 1;
+    charge(c, (ncap - o->u.seq.cap) * sizeof(PkObj *));
+    o->u.seq.cap = ncap;
     o->u.seq.v = tg_xrealloc(o->u.seq.v, o->u.seq.cap * sizeof(PkObj *));
   }
   o->u.seq.v[o->u.seq.n++] = v;
@@ -283,9 +324,11 @@ static void seq_push(PkObj *o, PkObj *v) {
 
 /* Python dict semantics would replace a repeated key; a pickler never writes one, so entries are
  * appended and a repeat surfaces later as a duplicate name. */
-static void dict_put(PkObj *o, PkObj *k, PkObj *v) {
+static void dict_put(Ctx *c, PkObj *o, PkObj *k, PkObj *v) {
   if (o->u.d.n == o->u.d.cap) {
-    o->u.d.cap = o->u.d.cap ? o->u.d.cap * 2 : 4;
+    size_t ncap = o->u.d.cap ? o->u.d.cap * 2 : 1;
+    charge(c, (ncap - o->u.d.cap) * 2 * sizeof(PkObj *));
+    o->u.d.cap = ncap;
     o->u.d.k = tg_xrealloc(o->u.d.k, o->u.d.cap * sizeof(PkObj *));
     o->u.d.v = tg_xrealloc(o->u.d.v, o->u.d.cap * sizeof(PkObj *));
   }
@@ -341,8 +384,9 @@ static bool storage_resolve_zip(Ctx *c, Storage *s) {
   const uint8_t *p;
   size_t n;
   char zerr[300];
-  if (zip_read(&c->zip, e, &p, &n, &s->owned, zerr, sizeof zerr) != 0) return cfail(c, "%s", zerr), false;
   size_t need = (size_t)s->numel * tg_dtype_itemsize(s->dt);
+  /* inflate only what the storage holds: a huge member behind a small storage is never expanded */
+  if (zip_read(&c->zip, e, need, &p, &n, &s->owned, zerr, sizeof zerr) != 0) return cfail(c, "%s", zerr), false;
   if (n < need)
     return cfail(c, "storage '%s' holds %zu bytes but %" PRIu64 " %s elements need %zu",
                  printable(kb, sizeof kb, s->key, s->keylen), n, s->numel, tg_dtype_name(s->dt), need),
@@ -374,6 +418,7 @@ static PkObj *persistent_load(Ctx *c, PkObj *pid) {
       return cfail(c, "storage '%s' is referenced with two different types or sizes",
                    printable(kb, sizeof kb, s->key, s->keylen));
   } else {
+    if (!charge(c, sizeof *s + 4 * sizeof(void *))) return NULL; /* the record and its key-map share */
     s = tg_xcalloc(1, sizeof *s);
     s->key = a[2]->u.s.p;
     s->keylen = a[2]->u.s.n;
@@ -384,8 +429,13 @@ static PkObj *persistent_load(Ctx *c, PkObj *pid) {
     c->storage_bytes += numel * tg_dtype_itemsize(dt);
   }
   if (c->legacy && a[5]->kind != PK_NONE) {
-    /* an old-style storage view: (view_key, offset, size) in elements of the root storage */
+    /* an old-style storage view: (view_key, offset, size) in elements of the root storage. torch
+     * only ever writes views of root storages; a view of a view would let a file build a chain of
+     * any length, so it is refused and views stay one level deep. */
     PkObj *vm = a[5];
+    if (s->base)
+      return cfail(c, "storage '%s' is a view and cannot be the base of another view (a hostile file?)",
+                   printable(kb, sizeof kb, s->key, s->keylen));
     if (vm->kind != PK_TUPLE || vm->u.seq.n != 3 || vm->u.seq.v[0]->kind != PK_STR ||
         vm->u.seq.v[1]->kind != PK_INT || vm->u.seq.v[2]->kind != PK_INT)
       return cfail(c, "malformed storage view metadata");
@@ -399,6 +449,7 @@ static PkObj *persistent_load(Ctx *c, PkObj *pid) {
       if (v->base != s || v->base_off != (uint64_t)off || v->numel != (uint64_t)sz)
         return cfail(c, "storage view key reused inconsistently");
     } else {
+      if (!charge(c, sizeof *v + 4 * sizeof(void *))) return NULL;
       v = tg_xcalloc(1, sizeof *v);
       v->key = vm->u.seq.v[0]->u.s.p;
       v->keylen = vm->u.seq.v[0]->u.s.n;
@@ -439,22 +490,33 @@ static PkObj *rebuild_tensor(Ctx *c, PkObj **a, size_t n) {
     return cfail(c, "_rebuild_tensor_v2: argument 1 is a %s, not a storage", kind_name(a[0]));
   if (a[1]->kind != PK_INT || a[1]->u.i < 0)
     return cfail(c, "_rebuild_tensor_v2: storage offset is not a non-negative int");
-  TensorDesc *t = tg_xcalloc(1, sizeof *t);
+  int64_t shape[MAX_NDIM], stride[MAX_NDIM];
+  int ns, nst;
+  if (!get_int_tuple(c, a[2], "size", shape, &ns) || !get_int_tuple(c, a[3], "stride", stride, &nst))
+    return NULL;
+  if (ns != nst) return cfail(c, "tensor size has %d dimensions but stride has %d", ns, nst);
+  size_t tsz = sizeof(TensorDesc) + 2 * (size_t)ns * sizeof(int64_t);
+  if (!charge(c, tsz)) return NULL;
+  TensorDesc *t = tg_xcalloc(1, tsz);
   PkObj *o = new_obj(c, PK_TENSOR);
   o->own = t;
   o->u.t = t;
   t->st = a[0]->u.st;
   t->offset = a[1]->u.i;
-  int ns, nst;
-  if (!get_int_tuple(c, a[2], "size", t->shape, &ns) || !get_int_tuple(c, a[3], "stride", t->stride, &nst))
-    return NULL;
-  if (ns != nst) return cfail(c, "tensor size has %d dimensions but stride has %d", ns, nst);
   t->ndim = ns;
+  t->shape = t->dims;
+  t->stride = t->dims + ns;
+  if (ns) {
+    memcpy(t->shape, shape, (size_t)ns * sizeof(int64_t));
+    memcpy(t->stride, stride, (size_t)ns * sizeof(int64_t));
+  }
   /* the view must lie inside its storage: offset + sum((size - 1) * stride) < numel */
-  uint64_t numel = 1, last = (uint64_t)t->offset;
-  for (int i = 0; i < ns; i++) {
-    if (__builtin_mul_overflow(numel, (uint64_t)t->shape[i], &numel) || numel > (UINT64_C(1) << 48))
-      return cfail(c, "tensor shape is too large");
+  uint64_t numel = 1, nonzero = 1, last = (uint64_t)t->offset;
+  for (int i = 0; i < ns; i++) { /* a zero dimension does not excuse the others (tg_from_data's rule) */
+    uint64_t v = (uint64_t)t->shape[i];
+    if ((v && __builtin_mul_overflow(nonzero, v, &nonzero)) || nonzero > (UINT64_C(1) << 48))
+      return cfail(c, "tensor shape is too large (its non-zero dimensions multiply past 2^48)");
+    numel *= v;
   }
   if (numel > 0) {
     for (int i = 0; i < ns; i++) {
@@ -470,6 +532,8 @@ static PkObj *rebuild_tensor(Ctx *c, PkObj **a, size_t n) {
                    t->offset, last, t->st->numel);
   }
   c->n_tensors++;
+  Storage *root = t->st->base ? t->st->base : t->st;
+  root->nref++;
   return o;
 }
 
@@ -480,6 +544,7 @@ static PkObj *codecs_encode(Ctx *c, PkObj **a, size_t n) {
     return cfail(c, "_codecs.encode: only latin1 is supported");
   const uint8_t *p = a[0]->u.s.p;
   size_t len = a[0]->u.s.n, o = 0;
+  if (!charge(c, len)) return NULL;
   uint8_t *buf = tg_xmalloc(len ? len : 1);
   for (size_t i = 0; i < len;) {
     if (p[i] < 0x80) {
@@ -515,7 +580,7 @@ static PkObj *call(Ctx *c, PkObj *fn, PkObj *args, int depth) {
         PkObj *kv = a[0]->u.seq.v[i];
         if ((kv->kind != PK_TUPLE && kv->kind != PK_LIST) || kv->u.seq.n != 2)
           return cfail(c, "OrderedDict: items are not pairs");
-        dict_put(d, kv->u.seq.v[0], kv->u.seq.v[1]);
+        dict_put(c, d, kv->u.seq.v[0], kv->u.seq.v[1]);
       }
       return d;
     }
@@ -567,15 +632,58 @@ static PkObj *resolve_global(Ctx *c, const uint8_t *mod, size_t mlen, const uint
 /* ---- the pickle machine ---------------------------------------------------------------------- */
 
 typedef struct {
+  Ctx *c;
   PkObj **v;
   size_t n, cap;
   size_t *marks;
   size_t nmarks, capmarks;
+  /* the memo: picklers number entries 0, 1, 2, ...: those sit in a dense array (8 bytes each);
+   * an index far from the others goes to the hash map */
+  PkObj **dense;
+  size_t ndense, capdense, nmemo;
   Map memo;
 } Machine;
 
+static void memo_put(Machine *m, uint64_t idx, PkObj *o) {
+  Ctx *c = m->c;
+  if (idx < m->ndense) {
+    if (!m->dense[idx]) m->nmemo++;
+    m->dense[idx] = o;
+    return;
+  }
+  if (idx < (uint64_t)m->nmemo * 2 + 1024) { /* near the others: grow the dense array to it */
+    if (idx >= m->capdense) {
+      size_t ncap = m->capdense ? m->capdense : 256;
+      while (ncap <= idx) ncap *= 2;
+      if (!charge(c, (ncap - m->capdense) * sizeof(PkObj *))) return;
+      m->dense = tg_xrealloc(m->dense, ncap * sizeof(PkObj *));
+      memset(m->dense + m->capdense, 0, (ncap - m->capdense) * sizeof(PkObj *));
+      m->capdense = ncap;
+    }
+    void **old = map_slot(&m->memo, idx + 1, false); /* an entry put far ahead earlier moves here */
+    if (old && *old) *old = NULL;
+    else m->nmemo++;
+    m->dense[idx] = o;
+    m->ndense = (size_t)idx + 1;
+    return;
+  }
+  if ((m->memo.n + 1) * 2 > m->memo.cap && /* the map doubles: keys and values */
+      !charge(c, (m->memo.cap ? m->memo.cap : 64) * (sizeof(uint64_t) + sizeof(void *))))
+    return;
+  void **slot = map_slot(&m->memo, idx + 1, true);
+  if (!*slot) m->nmemo++;
+  *slot = o;
+}
+
+static PkObj *memo_get(const Machine *m, uint64_t idx) {
+  if (idx < m->ndense && m->dense[idx]) return m->dense[idx];
+  void **slot = map_slot((Map *)&m->memo, idx + 1, false);
+  return slot ? *slot : NULL;
+}
+
 static void push(Machine *m, PkObj *o) {
   if (m->n == m->cap) {
+    charge(m->c, (m->cap ? m->cap : 64) * sizeof *m->v);
     m->cap = m->cap ? m->cap * 2 : 64;
     m->v = tg_xrealloc(m->v, m->cap * sizeof *m->v);
   }
@@ -592,7 +700,7 @@ static int64_t le_signed(const uint8_t *p, size_t n) {
 
 /* Runs one pickle from p[0..len); returns the object at STOP and the bytes consumed. */
 static PkObj *unpickle(Ctx *c, const uint8_t *p, size_t len, size_t *consumed) {
-  Machine m = {0};
+  Machine m = {.c = c};
   PkObj *result = NULL;
   size_t pos = 0;
 #define NEED(k)                                                                                              \
@@ -616,6 +724,7 @@ static PkObj *unpickle(Ctx *c, const uint8_t *p, size_t len, size_t *consumed) {
     if (!(x)) goto done;                                                                                     \
   } while (0)
   for (;;) {
+    if (c->failed) goto done; /* e.g. the memory budget (charge) */
     if (pos >= len) {
       cfail(c, "truncated pickle (no STOP opcode)");
       goto done;
@@ -653,16 +762,15 @@ static PkObj *unpickle(Ctx *c, const uint8_t *p, size_t len, size_t *consumed) {
       push(&m, new_obj(c, PK_SET));
       break;
     case 'N':
-      push(&m, new_obj(c, PK_NONE));
+      push(&m, const_obj(c, PK_NONE, false));
       break;
     case 0x88:
     case 0x89:
-      o = new_obj(c, PK_BOOL);
-      o->u.b = op == 0x88;
-      push(&m, o);
+      push(&m, const_obj(c, PK_BOOL, op == 0x88));
       break;
     case '(': /* MARK */
       if (m.nmarks == m.capmarks) {
+        charge(c, (m.capmarks ? m.capmarks : 16) * sizeof *m.marks);
         m.capmarks = m.capmarks ? m.capmarks * 2 : 16;
         m.marks = tg_xrealloc(m.marks, m.capmarks * sizeof *m.marks);
       }
@@ -683,9 +791,10 @@ static PkObj *unpickle(Ctx *c, const uint8_t *p, size_t len, size_t *consumed) {
           goto done;
         }
         o = new_obj(c, PK_DICT);
-        for (size_t i = mk; i < m.n; i += 2) dict_put(o, m.v[i], m.v[i + 1]);
+        for (size_t i = mk; i < m.n; i += 2) dict_put(c, o, m.v[i], m.v[i + 1]);
       } else {
         o = new_obj(c, op == 'l' ? PK_LIST : op == 't' ? PK_TUPLE : PK_SET);
+        charge(c, k * sizeof(PkObj *));
         o->u.seq.cap = k;
         o->u.seq.v = tg_xmalloc((k ? k : 1) * sizeof(PkObj *));
         if (k) memcpy(o->u.seq.v, m.v + mk, k * sizeof(PkObj *));
@@ -701,6 +810,7 @@ static PkObj *unpickle(Ctx *c, const uint8_t *p, size_t len, size_t *consumed) {
       size_t k = (size_t)(op - 0x84);
       AVAIL(k);
       o = new_obj(c, PK_TUPLE);
+      charge(c, k * sizeof(PkObj *));
       o->u.seq.v = tg_xmalloc(k * sizeof(PkObj *));
       memcpy(o->u.seq.v, m.v + m.n - k, k * sizeof(PkObj *));
       o->u.seq.n = o->u.seq.cap = k;
@@ -715,7 +825,7 @@ static PkObj *unpickle(Ctx *c, const uint8_t *p, size_t len, size_t *consumed) {
         cfail(c, "corrupt pickle: SETITEM on a %s", kind_name(d));
         goto done;
       }
-      dict_put(d, k, v);
+      dict_put(c, d, k, v);
       break;
     }
     case 'u':
@@ -736,13 +846,13 @@ static PkObj *unpickle(Ctx *c, const uint8_t *p, size_t len, size_t *consumed) {
           cfail(c, "corrupt pickle: SETITEMS on a %s", kind_name(d));
           goto done;
         }
-        for (size_t i = mk; i < m.n; i += 2) dict_put(d, m.v[i], m.v[i + 1]);
+        for (size_t i = mk; i < m.n; i += 2) dict_put(c, d, m.v[i], m.v[i + 1]);
       } else {
         if (d->kind != (op == 'e' ? PK_LIST : PK_SET)) {
           cfail(c, "corrupt pickle: %s on a %s", op == 'e' ? "APPENDS" : "ADDITEMS", kind_name(d));
           goto done;
         }
-        for (size_t i = mk; i < m.n; i++) seq_push(d, m.v[i]);
+        for (size_t i = mk; i < m.n; i++) seq_push(c, d, m.v[i]);
       }
       m.n = mk;
       break;
@@ -754,7 +864,7 @@ static PkObj *unpickle(Ctx *c, const uint8_t *p, size_t len, size_t *consumed) {
         cfail(c, "corrupt pickle: APPEND on a %s", kind_name(l));
         goto done;
       }
-      seq_push(l, v);
+      seq_push(c, l, v);
       break;
     }
     case 'J':
@@ -762,8 +872,17 @@ static PkObj *unpickle(Ctx *c, const uint8_t *p, size_t len, size_t *consumed) {
     case 'M': { /* BININT (4 bytes signed), BININT1, BININT2 (unsigned) */
       size_t k = op == 'J' ? 4 : op == 'K' ? 1 : 2;
       NEED(k);
-      o = new_obj(c, PK_INT);
-      o->u.i = op == 'J' ? le_signed(p + pos, 4) : (int64_t)(p[pos] | (k == 2 ? p[pos + 1] << 8 : 0));
+      if (op == 'K') {
+        PkObj **slot = &c->small_int[p[pos]];
+        if (!*slot) {
+          *slot = new_obj(c, PK_INT);
+          (*slot)->u.i = p[pos];
+        }
+        o = *slot;
+      } else {
+        o = new_obj(c, PK_INT);
+        o->u.i = op == 'J' ? le_signed(p + pos, 4) : (int64_t)(p[pos] | (k == 2 ? p[pos + 1] << 8 : 0));
+      }
       pos += k;
       push(&m, o);
       break;
@@ -830,7 +949,7 @@ static PkObj *unpickle(Ctx *c, const uint8_t *p, size_t len, size_t *consumed) {
     case 0x94: { /* BINPUT, LONG_BINPUT, MEMOIZE */
       uint64_t idx;
       if (op == 0x94) {
-        idx = m.memo.n;
+        idx = m.nmemo;
       } else {
         size_t k = op == 'q' ? 1 : 4;
         NEED(k);
@@ -838,7 +957,7 @@ static PkObj *unpickle(Ctx *c, const uint8_t *p, size_t len, size_t *consumed) {
         pos += k;
       }
       AVAIL(1);
-      *map_slot(&m.memo, idx + 1, true) = m.v[m.n - 1];
+      memo_put(&m, idx, m.v[m.n - 1]);
       break;
     }
     case 'h':
@@ -847,12 +966,12 @@ static PkObj *unpickle(Ctx *c, const uint8_t *p, size_t len, size_t *consumed) {
       NEED(k);
       uint64_t idx = k == 1 ? p[pos] : rd_u32le(p + pos);
       pos += k;
-      void **slot = map_slot(&m.memo, idx + 1, false);
-      if (!slot) {
+      PkObj *got = memo_get(&m, idx);
+      if (!got) {
         cfail(c, "corrupt pickle: memo entry %" PRIu64 " is not defined (offset %zu)", idx, pos - 1 - k);
         goto done;
       }
-      push(&m, *slot);
+      push(&m, got);
       break;
     }
     case 'c': { /* GLOBAL: "module\nname\n" */
@@ -950,15 +1069,16 @@ done:
 #undef CHECK
   free(m.v);
   free(m.marks);
+  free(m.dense);
   map_free(&m.memo);
   return c->failed ? NULL : result;
 }
 
 /* ---- materializing tensors ------------------------------------------------------------------- */
 
-static const uint8_t *storage_data(Storage *s) {
-  if (s->base) {
-    const uint8_t *b = storage_data(s->base); /* views are one level deep (a view's base is a root) */
+static const uint8_t *storage_data(const Storage *s) {
+  if (s->base) { /* views are one level deep: persistent_load refuses a view of a view */
+    const uint8_t *b = s->base->data;
     return b ? b + s->base_off * tg_dtype_itemsize(s->dt) : NULL;
   }
   return s->data;
@@ -974,8 +1094,30 @@ static void fix_element(uint8_t *dst, size_t isz, bool swap, bool is_bool) {
   if (is_bool) dst[0] = dst[0] != 0; /* a bool byte other than 0/1 would be undefined in kernels */
 }
 
+/* Called once per tensor made from s: after the last one, the storage's bytes can go (an inflated
+ * member is freed, a file's pages are given back), so the peak stays near the file's size. */
+static void storage_used(Storage *s) {
+  Storage *root = s->base ? s->base : s;
+  if (++root->nused < root->nref || !root->data) return;
+  if (root->owned) {
+    free(root->owned);
+    root->owned = NULL;
+  } else {
+    sd_release_bytes(root->data, (size_t)root->numel * tg_dtype_itemsize(root->dt));
+  }
+  root->data = NULL;
+}
+
+static tg_tensor materialize_once(Ctx *c, TensorDesc *t);
+
 static tg_tensor materialize(Ctx *c, TensorDesc *t) {
   if (t->handle.id) return t->handle;
+  tg_tensor h = materialize_once(c, t);
+  if (h.id) storage_used(t->st);
+  return h;
+}
+
+static tg_tensor materialize_once(Ctx *c, TensorDesc *t) {
   Storage *s = t->st;
   const uint8_t *base = storage_data(s);
   if (!base && s->numel > 0) return cfail(c, "a tensor's storage has no data in the file"), (tg_tensor){0};
@@ -1318,7 +1460,7 @@ static PkObj *load_zip(Ctx *c) {
     const uint8_t *p;
     size_t n;
     void *own;
-    if (zip_read(&c->zip, bo, &p, &n, &own, zerr, sizeof zerr) != 0) return cfail(c, "%s", zerr);
+    if (zip_read(&c->zip, bo, 16, &p, &n, &own, zerr, sizeof zerr) != 0) return cfail(c, "%s", zerr);
     bool little = n == 6 && memcmp(p, "little", 6) == 0, big = n == 3 && memcmp(p, "big", 3) == 0;
     free(own);
     if (!little && !big) return cfail(c, "unknown byteorder record");
@@ -1327,8 +1469,9 @@ static PkObj *load_zip(Ctx *c) {
   const uint8_t *pkl;
   size_t pn;
   void *own;
-  if (zip_read(&c->zip, e, &pkl, &pn, &own, zerr, sizeof zerr) != 0) return cfail(c, "%s", zerr);
+  if (zip_read(&c->zip, e, UINT64_MAX, &pkl, &pn, &own, zerr, sizeof zerr) != 0) return cfail(c, "%s", zerr);
   size_t used;
+  c->mem_budget = MEM_FACTOR * (uint64_t)(pn < c->file_len ? pn : c->file_len) + MEM_SLACK;
   PkObj *root = unpickle(c, pkl, pn, &used);
   /* objects may point into the pickle's bytes: a deflated data.pkl stays alive as an object's own */
   if (own) new_obj(c, PK_NONE)->own = own;
@@ -1341,6 +1484,7 @@ static PkObj *load_legacy(Ctx *c) {
   c->legacy = true;
   const uint8_t *p = c->file;
   size_t len = c->file_len, pos = 0, used;
+  c->mem_budget = MEM_FACTOR * (uint64_t)len + MEM_SLACK; /* the pickles are most of the file */
   PkObj *magic = unpickle(c, p, len, &used);
   if (!magic) return NULL;
   if (magic->kind != PK_BIGINT || magic->u.s.n != 10 || memcmp(magic->u.s.p, k_legacy_magic, 10) != 0)
@@ -1428,8 +1572,9 @@ tg_state_dict *torch_load_mem(const char *fn, const char *path, const uint8_t *d
     tg_set_error(TG_ERR_IO, "%s: %s: %s", fn, path, c.err);
   } else if (!sd)
     tg_set_error(TG_ERR_IO, "%s: %s: failed to load", fn, path); /* an error of a called function is first */
-  for (size_t i = 0; i < c.nobjs; i++) free_obj(c.objs[i]);
-  free(c.objs);
+  for (size_t i = 0; i < c.nobjs; i++) free_obj(obj_at(&c, i));
+  for (size_t i = 0; i < c.nchunks; i++) free(c.chunks[i]);
+  free(c.chunks);
   for (size_t i = 0; i < c.nst; i++) {
     free(c.sts[i]->owned);
     free(c.sts[i]);

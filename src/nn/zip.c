@@ -99,8 +99,12 @@ int zip_open(ZipArchive *z, const uint8_t *d, size_t len, char *err, size_t errl
   z->data = d;
   z->len = len;
   size_t eocd;
-  if (!d || find_eocd(d, len, &eocd) != 0)
+  if (!d || find_eocd(d, len, &eocd) != 0) {
+    if (d && len >= 4 && u32(d) == SIG_LOCAL) /* it starts as a zip: the end is what is missing */
+      return fail(err, errlen,
+                  "zip archive without its end-of-central-directory record (truncated? %zu bytes)", len);
     return fail(err, errlen, "not a zip archive (no end-of-central-directory record)");
+  }
   uint64_t ndisk = u16(d + eocd + 4), cd_disk = u16(d + eocd + 6), n_here = u16(d + eocd + 8),
            n_total = u16(d + eocd + 10);
   uint64_t cd_size = u32(d + eocd + 12), cd_off = u32(d + eocd + 16);
@@ -122,7 +126,8 @@ int zip_open(ZipArchive *z, const uint8_t *d, size_t len, char *err, size_t errl
   if (ndisk != 0 || cd_disk != 0 || n_here != n_total)
     return fail(err, errlen, "multi-disk zip archives are not supported");
   if (!in_range(cd_off, cd_size, len))
-    return fail(err, errlen, "central directory (offset %llu, %llu bytes) lies outside the file (%zu bytes)",
+    return fail(err, errlen,
+                "central directory (offset %llu, %llu bytes) lies outside the file (%zu bytes; truncated?)",
                 (unsigned long long)cd_off, (unsigned long long)cd_size, len);
   if (n_total > cd_size / 46)
     return fail(err, errlen, "central directory declares %llu entries but has room for %llu",
@@ -181,7 +186,7 @@ int zip_open(ZipArchive *z, const uint8_t *d, size_t len, char *err, size_t errl
     if (!in_range(doff, csize, len)) {
       zip_close(z);
       return fail(err, errlen,
-                  "entry '%.*s': data (%llu bytes at offset %llu) lies outside the file (%zu bytes)",
+                  "entry '%.*s': data (%llu bytes at offset %llu) lies outside the file (%zu bytes; truncated?)",
                   (int)(nlen > 200 ? 200 : nlen), (const char *)name, (unsigned long long)csize,
                   (unsigned long long)doff, len);
     }
@@ -239,8 +244,8 @@ static uint32_t crc_of(const uint8_t *p, uint64_t n) {
   return (uint32_t)c;
 }
 
-int zip_read(const ZipArchive *z, const ZipEntry *e, const uint8_t **out, size_t *outlen, void **owned,
-             char *err, size_t errlen) {
+int zip_read(const ZipArchive *z, const ZipEntry *e, uint64_t max, const uint8_t **out, size_t *outlen,
+             void **owned, char *err, size_t errlen) {
   *out = NULL;
   *outlen = 0;
   *owned = NULL;
@@ -249,8 +254,10 @@ int zip_read(const ZipArchive *z, const ZipEntry *e, const uint8_t **out, size_t
     if (e->csize != e->usize)
       return fail(err, errlen, "entry '%.200s': stored sizes differ (%llu vs %llu)", e->name,
                   (unsigned long long)e->csize, (unsigned long long)e->usize);
-    /* not CRC-checked: PyTorch's reader skips it too (speed), and torch.serialization.set_crc32_options(
-     * False) writes checkpoints whose stored members carry no valid CRC */
+    /* a CRC of 0 is what torch writes when CRCs are switched off
+     * (torch.serialization.set_crc32_options(False)); any other value must match */
+    if (e->crc != 0 && crc_of(src, e->usize) != e->crc)
+      return fail(err, errlen, "entry '%.200s': CRC mismatch (corrupt file)", e->name);
     *out = src;
     *outlen = (size_t)e->usize;
     return 0;
@@ -261,21 +268,27 @@ int zip_read(const ZipArchive *z, const ZipEntry *e, const uint8_t **out, size_t
   if (e->usize / 1032 > e->csize + 1)
     return fail(err, errlen, "entry '%.200s': declared size %llu is impossible for %llu compressed bytes",
                 e->name, (unsigned long long)e->usize, (unsigned long long)e->csize);
-  uint8_t *buf = malloc(e->usize ? (size_t)e->usize : 1);
+  /* only the first `max` bytes are wanted: the rest is never inflated (a 16-byte storage whose member
+   * declares a GiB costs 16 bytes); the CRC covers the whole member, so it is checked when all of it
+   * is inflated */
+  bool whole = e->usize <= max;
+  uint64_t want = whole ? e->usize : max;
+  uint8_t *buf = malloc(want ? (size_t)want : 1);
   if (!buf)
-    return fail(err, errlen, "entry '%.200s': out of memory (%llu bytes)", e->name,
-                (unsigned long long)e->usize);
+    return fail(err, errlen, "entry '%.200s': out of memory (%llu bytes)", e->name, (unsigned long long)want);
   z_stream s;
   memset(&s, 0, sizeof s);
   if (inflateInit2(&s, -MAX_WBITS) != Z_OK) {
     free(buf);
     return fail(err, errlen, "entry '%.200s': inflateInit failed", e->name);
   }
-  uint64_t in_left = e->csize, out_left = e->usize;
+  uint64_t in_left = e->csize, out_left = want;
   const uint8_t *ip = src;
   uint8_t *op = buf;
+  uLong crc = crc32(0L, Z_NULL, 0);
   int rc = Z_OK;
-  while (rc == Z_OK) {
+  bool excess = false;
+  while (rc == Z_OK && (whole || out_left > 0)) {
     uInt ia = in_left > (1u << 30) ? (1u << 30) : (uInt)in_left;
     uInt oa = out_left > (1u << 30) ? (1u << 30) : (uInt)out_left;
     s.next_in = (Bytef *)(uintptr_t)ip;
@@ -295,26 +308,31 @@ int zip_read(const ZipArchive *z, const ZipEntry *e, const uint8_t **out, size_t
     if (oa == 0) {
       if (s.avail_out == 0) {
         rc = Z_DATA_ERROR; /* produced more than declared */
+        excess = true;
         break;
       }
     } else {
       produced = oa - s.avail_out;
+      crc = crc32(crc, op, (uInt)produced); /* while the bytes are fresh in the cache */
       op += produced;
       out_left -= produced;
     }
     if (rc == Z_BUF_ERROR) rc = (used_in || produced) ? Z_OK : Z_DATA_ERROR; /* no progress: truncated */
   }
   inflateEnd(&s);
-  if (rc != Z_STREAM_END || out_left != 0) {
+  if (whole ? (rc != Z_STREAM_END || out_left != 0) : out_left != 0) {
     free(buf);
+    if (excess)
+      return fail(err, errlen, "entry '%.200s': inflates to more than its declared %llu bytes (corrupt file)",
+                  e->name, (unsigned long long)e->usize);
     return fail(err, errlen, "entry '%.200s': corrupt or truncated deflate data", e->name);
   }
-  if (crc_of(buf, e->usize) != e->crc) {
+  if (whole && (uint32_t)crc != e->crc) {
     free(buf);
     return fail(err, errlen, "entry '%.200s': CRC mismatch (corrupt file)", e->name);
   }
   *out = buf;
-  *outlen = (size_t)e->usize;
+  *outlen = (size_t)want;
   *owned = buf;
   return 0;
 }

@@ -33,11 +33,12 @@ int zip_open(ZipArchive *z, const uint8_t *data, size_t len, char *err, size_t e
 void zip_close(ZipArchive *z);
 /* The entry named exactly `name`, or NULL. */
 const ZipEntry *zip_find(const ZipArchive *z, const char *name);
-/* The member's uncompressed bytes. A stored member points into the archive (*owned = NULL; not
- * CRC-checked, as in PyTorch's reader: checkpoints may be written without CRCs); a deflated one is
- * inflated into a malloc'd buffer returned in *owned, which the caller frees, and CRC-checked.
- * Returns 0, or -1 with a message in err. */
-int zip_read(const ZipArchive *z, const ZipEntry *e, const uint8_t **out, size_t *outlen, void **owned,
-             char *err, size_t errlen);
+/* The member's uncompressed bytes, at most the first `max` of them (UINT64_MAX: all). A stored member
+ * points into the archive (*owned = NULL); its CRC is checked unless it is 0 (torch writes 0 when
+ * CRCs are switched off). A deflated one is inflated, only as far as `max`, into a malloc'd buffer
+ * returned in *owned, which the caller frees; inflating past the declared size is an error, and the
+ * CRC is checked whenever the whole member was inflated. Returns 0, or -1 with a message in err. */
+int zip_read(const ZipArchive *z, const ZipEntry *e, uint64_t max, const uint8_t **out, size_t *outlen,
+             void **owned, char *err, size_t errlen);
 
 #endif

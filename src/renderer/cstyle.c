@@ -1,10 +1,14 @@
 /*
- * cstyle.c -- the C renderer: LKernel -> C source for the CPU device.
+ * cstyle.c -- the C-style renderer: LKernel -> C source for the CPU device, or OpenCL C for GPU-like
+ * devices. The languages differ only in the spellings of one table row (Lang: type names, literal
+ * suffixes, math builtins, bit casts, the kernel's signature and how a global loop becomes a
+ * work-item id); the vector code (GCC vector types) is C only -- GPU kernels are scalar per
+ * work-item.
  *
  * Every value node becomes one local variable, declared at the outermost loop level where all its
- * inputs are available (loop-invariant code is hoisted by construction). float16 and bfloat16 are
- * stored as 16-bit integers and computed in float, rounded after every operation so results match
- * a true half-precision computation. Integer division and modulo by zero give 0 instead of
+ * inputs are available (loop-invariant code is hoisted by construction). float16, bfloat16 and the
+ * fp8 types are stored as their bits and computed in float, rounded after every operation so results
+ * match a true narrow-precision computation. Integer division and modulo by zero give 0 instead of
  * trapping; signed overflow wraps (kernels are compiled with -fwrapv).
  */
 #include <math.h>
@@ -14,32 +18,77 @@
 #include "../codegen/codegen.h"
 #include "../uop/ptrmap.h"
 
-static const char *ctype(tg_dtype dt) {
-  switch (dt) {
-  case TG_BOOL: return "_Bool";
-  case TG_INT8: return "signed char";
-  case TG_INT16: return "short";
-  case TG_INT32: return "int";
-  case TG_INT64: return "long long";
-  case TG_UINT8: return "unsigned char";
-  case TG_UINT16: return "unsigned short";
-  case TG_UINT32: return "unsigned int";
-  case TG_UINT64: return "unsigned long long";
-  case TG_FLOAT16: return "float";
-  case TG_BFLOAT16: return "float";
-  case TG_FLOAT32: return "float";
-  case TG_FLOAT64: return "double";
-  default: return "int";
-  }
-}
+typedef struct Lang {
+  const char *types[TG_DTYPE_COUNT]; /* computation types (16-bit floats compute in float) */
+  const char *bool_store;            /* how bools are stored */
+  const char *half_store;            /* how float16 is stored (bfloat16 is always 16 raw bits) */
+  const char *u16, *u32;             /* raw 16/32-bit words */
+  const char *i64;                   /* loop counters */
+  const char *ll, *ull;              /* 64-bit literal suffixes */
+  const char *inf, *inff, *nan, *nanf;
+  const char *math;                  /* prefix of exp2/log2/sin/sqrt/trunc/fmod/pow */
+  bool math_fsuf;                    /* float versions end in f (C) or are overloads (OpenCL C) */
+  bool as_type;                      /* bit casts are as_<type>() (OpenCL C) or memcpy (C) */
+} Lang;
+
+static const Lang LANG_TABLE[] = {
+    [LANG_C] = {{[TG_BOOL] = "_Bool", [TG_INT8] = "signed char", [TG_INT16] = "short", [TG_INT32] = "int",
+                 [TG_INT64] = "long long", [TG_UINT8] = "unsigned char", [TG_UINT16] = "unsigned short",
+                 [TG_UINT32] = "unsigned int", [TG_UINT64] = "unsigned long long", [TG_FLOAT16] = "float",
+                 [TG_BFLOAT16] = "float", [TG_FLOAT32] = "float", [TG_FLOAT64] = "double", [TG_FP8E4M3] = "float", [TG_FP8E5M2] = "float"},
+                "_Bool", "unsigned short", "unsigned short", "unsigned int", "long long", "LL", "ULL",
+                "__builtin_inf()", "__builtin_inff()", "__builtin_nan(\"\")", "__builtin_nanf(\"\")", "__builtin_", true, false},
+    [LANG_OPENCL] = {{[TG_BOOL] = "bool", [TG_INT8] = "char", [TG_INT16] = "short", [TG_INT32] = "int",
+                      [TG_INT64] = "long", [TG_UINT8] = "uchar", [TG_UINT16] = "ushort", [TG_UINT32] = "uint",
+                      [TG_UINT64] = "ulong", [TG_FLOAT16] = "float", [TG_BFLOAT16] = "float", [TG_FLOAT32] = "float",
+                      [TG_FLOAT64] = "double", [TG_FP8E4M3] = "float", [TG_FP8E5M2] = "float"},
+                     "uchar", "ushort", "ushort", "uint", "long", "L", "UL", "((double)INFINITY)", "INFINITY", "((double)NAN)",
+                     "NAN", "", false, true},
+};
+/* The language of the kernel being rendered (renderers run on any thread). */
+static _Thread_local const Lang *L = &LANG_TABLE[LANG_C];
+
+static const char *ctype(tg_dtype dt) { return dt > 0 && dt < TG_DTYPE_COUNT ? L->types[dt] : "int"; }
 /* storage type in memory */
+static bool is_fp8(tg_dtype dt) { return dt == TG_FP8E4M3 || dt == TG_FP8E5M2; }
 static const char *stype(tg_dtype dt) {
-  if (dt == TG_FLOAT16 || dt == TG_BFLOAT16) return "unsigned short";
+  if (dt == TG_FLOAT16) return L->half_store;
+  if (dt == TG_BFLOAT16) return L->u16;
+  if (is_fp8(dt)) return ctype(TG_UINT8);
+  if (dt == TG_BOOL) return L->bool_store;
   return ctype(dt);
 }
-static bool is_half(tg_dtype dt) { return dt == TG_FLOAT16 || dt == TG_BFLOAT16; }
-/* rounding wrapper for 16-bit floats computed in float */
-static const char *rnd(tg_dtype dt) { return dt == TG_FLOAT16 ? "tg_rh" : dt == TG_BFLOAT16 ? "tg_rb" : ""; }
+/* floats narrower than float32: stored as their bits, computed in float */
+static bool is_half(tg_dtype dt) { return dt == TG_FLOAT16 || dt == TG_BFLOAT16 || is_fp8(dt); }
+/* rounding wrapper for the narrow floats computed in float */
+static const char *rnd(tg_dtype dt) {
+  switch (dt) {
+  case TG_FLOAT16: return "tg_rh";
+  case TG_BFLOAT16: return "tg_rb";
+  case TG_FP8E4M3: return "tg_r8a";
+  case TG_FP8E5M2: return "tg_r8b";
+  default: return "";
+  }
+}
+/* storage bits -> float, and float -> storage bits, for the narrow floats ("" for the others) */
+static const char *to_f(tg_dtype dt) {
+  switch (dt) {
+  case TG_FLOAT16: return "tg_h2f";
+  case TG_BFLOAT16: return "tg_b2f";
+  case TG_FP8E4M3: return "tg_8a2f";
+  case TG_FP8E5M2: return "tg_8b2f";
+  default: return "";
+  }
+}
+static const char *from_f(tg_dtype dt) {
+  switch (dt) {
+  case TG_FLOAT16: return "tg_f2h";
+  case TG_BFLOAT16: return "tg_f2b";
+  case TG_FP8E4M3: return "tg_f28a";
+  case TG_FP8E5M2: return "tg_f28b";
+  default: return "";
+  }
+}
 
 static const char PRELUDE_HALF[] =
     "static inline float tg_h2f(unsigned short h){unsigned int s=(h&0x8000u)<<16,e=(h>>10)&0x1f,m=h&0x3ff,b;"
@@ -56,6 +105,50 @@ static const char PRELUDE_BF16[] =
     "static inline unsigned short tg_f2b(float f){unsigned int x;__builtin_memcpy(&x,&f,4);if((x&0x7fffffffu)>0x7f800000u)"
     "return (unsigned short)((x>>16)&0x7f?(x>>16):((x>>16)|0x40));x+=0x7fffu+((x>>16)&1);return (unsigned short)(x>>16);}\n"
     "static inline float tg_rb(float f){return tg_b2f(tg_f2b(f));}\n";
+/* OCP fp8 as tinygrad converts it (from the value's double bits, nearest-even): e4m3 (bias 7, 3
+ * mantissa bits) has no inf -- inf and nan become nan (0x7f), finite overflow saturates to 448; e5m2
+ * (bias 15, 2 bits) keeps inf and nan, finite overflow saturates to 57344. */
+static const char PRELUDE_FP8[] =
+    "static inline unsigned char tg_f2f8(double f,int M,int B,int ieee,unsigned long long ovf,unsigned char mx){"
+    "unsigned long long x;__builtin_memcpy(&x,&f,8);unsigned char s=(unsigned char)((x>>56)&0x80);"
+    "unsigned long long a=x&0x7fffffffffffffffULL;"
+    "if(a>=0x7ff0000000000000ULL){if(!ieee)return s|0x7f;return s|(a>0x7ff0000000000000ULL?0x7f:0x7c);}"
+    "if(a>ovf)return s|mx;int E=(int)(a>>52)-1023;"
+    "if(E>=1-B){int sh=52-M;unsigned long long rb=a&((1ULL<<sh)-1),h=1ULL<<(sh-1);"
+    "unsigned r=((unsigned)(E+B)<<M)|(unsigned)((a>>sh)&((1u<<M)-1));if(rb>h||(rb==h&&(r&1)))r++;return s|(unsigned char)r;}"
+    "if(E<-B-M)return s;int sh=53-B-M-E;unsigned long long m=(a&0xfffffffffffffULL)|(1ULL<<52),q=m>>sh,"
+    "rm=m&((1ULL<<sh)-1),h=1ULL<<(sh-1);if(rm>h||(rm==h&&(q&1)))q++;return s|(unsigned char)q;}\n"
+    "static inline float tg_f82f(unsigned char b,int M,int B,int ieee){int e=(b>>M)&((1<<(7-M))-1),m=b&((1<<M)-1);"
+    "float v;if(ieee&&e==(1<<(7-M))-1)v=m?__builtin_nanf(\"\"):__builtin_inff();"
+    "else if(!ieee&&e==15&&m==7)v=__builtin_nanf(\"\");"
+    "else{unsigned int pb=(unsigned int)((e?e:1)-B-M+127)<<23;float p;__builtin_memcpy(&p,&pb,4);"
+    "v=(float)(e?(m|(1<<M)):m)*p;}return (b&0x80)?-v:v;}\n"
+    "static inline unsigned char tg_f28a(double f){return tg_f2f8(f,3,7,0,0x407D000000000000ULL,0x7e);}\n"
+    "static inline unsigned char tg_f28b(double f){return tg_f2f8(f,2,15,1,0x40EE000000000000ULL-1,0x7b);}\n"
+    "static inline float tg_8a2f(unsigned char b){return tg_f82f(b,3,7,0);}\n"
+    "static inline float tg_8b2f(unsigned char b){return tg_f82f(b,2,15,1);}\n"
+    "static inline float tg_r8a(double f){return tg_8a2f(tg_f28a(f));}\n"
+    "static inline float tg_r8b(double f){return tg_8b2f(tg_f28b(f));}\n";
+
+/* The same conversions in OpenCL C (as_float/as_uint instead of memcpy). float16 is stored as
+ * its 16 bits and computed in float whether or not the device has cl_khr_fp16, converted by these
+ * rather than vload_half/vstore_half_rte: those quiet signalling NaNs and drop NaN payloads
+ * (PoCL), and a bit cast or copy of half data must keep every bit. */
+static const char PRELUDE_HALF_CL[] =
+    "static inline float tg_h2f(ushort h){uint s=(h&0x8000u)<<16,e=(h>>10)&0x1f,m=h&0x3ff,b;"
+    "if(e==0){if(m==0)b=s;else{e=113;while(!(m&0x400)){m<<=1;e--;}m&=0x3ff;b=s|(e<<23)|(m<<13);}}"
+    "else if(e==31)b=s|0x7f800000u|(m<<13);else b=s|((e+112)<<23)|(m<<13);return as_float(b);}\n"
+    "static inline ushort tg_f2h(float f){uint x=as_uint(f);uint s=(x>>16)&0x8000,"
+    "a=x&0x7fffffffu;if(a>0x7f800000u){uint p=(a>>13)&0x3ff;return (ushort)(s|0x7c00|(p?p:0x200));}if(a>=0x477ff000u)return (ushort)(s|0x7c00);"
+    "if(a<0x38800000u){if(a<0x33000000u)return (ushort)s;uint e=a>>23,m=(a&0x7fffff)|0x800000,sh=126-e,"
+    "r=m>>sh,rem=m&((1u<<sh)-1),half_=1u<<(sh-1);if(rem>half_||(rem==half_&&(r&1)))r++;return (ushort)(s|r);}"
+    "uint r=a+0xc8000fffu+((a>>13)&1);return (ushort)(s|(r>>13));}\n"
+    "static inline float tg_rh(float f){return tg_h2f(tg_f2h(f));}\n";
+static const char PRELUDE_BF16_CL[] =
+    "static inline float tg_b2f(ushort h){return as_float((uint)h<<16);}\n"
+    "static inline ushort tg_f2b(float f){uint x=as_uint(f);if((x&0x7fffffffu)>0x7f800000u)"
+    "return (ushort)((x>>16)&0x7f?(x>>16):((x>>16)|0x40));x+=0x7fffu+((x>>16)&1);return (ushort)(x>>16);}\n"
+    "static inline float tg_rb(float f){return tg_b2f(tg_f2b(f));}\n";
 
 typedef struct {
   SB *b;
@@ -64,7 +157,7 @@ typedef struct {
   int vw;
   int nvar;
   int indent;
-  bool uses_half, uses_bf16;
+  bool uses_half, uses_bf16, uses_fp8, uses_f64;
 } R;
 
 static const char *nm(R *r, UOp *u) { return pm_get(&r->names, (uint64_t)(uintptr_t)u); }
@@ -79,20 +172,20 @@ static char *const_str(tg_dtype dt, const UOp *u) {
   if (tg_dtype_is_float(dt)) {
     double v = u->arg.f;
     bool dbl = dt == TG_FLOAT64;
-    if (isnan(v)) sb_puts(&s, dbl ? "__builtin_nan(\"\")" : "__builtin_nanf(\"\")");
-    else if (isinf(v)) sb_printf(&s, "%s%s", v < 0 ? "-" : "", dbl ? "__builtin_inf()" : "__builtin_inff()");
+    if (isnan(v)) sb_puts(&s, dbl ? L->nan : L->nanf);
+    else if (isinf(v)) sb_printf(&s, "%s%s", v < 0 ? "-" : "", dbl ? L->inf : L->inff);
     else if (dbl) sb_printf(&s, "%a", v);
     else sb_printf(&s, "%af", (double)(float)v);
   } else if (dt == TG_BOOL) {
     sb_puts(&s, u->arg.i ? "1" : "0");
   } else if (dt == TG_UINT64) {
-    sb_printf(&s, "%lluULL", (unsigned long long)u->arg.i);
+    sb_printf(&s, "%llu%s", (unsigned long long)u->arg.i, L->ull);
   } else if (dt == TG_UINT32) {
     sb_printf(&s, "%lluu", (unsigned long long)(uint32_t)u->arg.i);
   } else if (u->arg.i == INT64_MIN) {
-    sb_puts(&s, "(-9223372036854775807LL-1)");
+    sb_printf(&s, "(-9223372036854775807%s-1)", L->ll);
   } else {
-    sb_printf(&s, "%lldLL", (long long)u->arg.i);
+    sb_printf(&s, "%lld%s", (long long)u->arg.i, L->ll);
   }
   /* parenthesize negatives so "a - -1" never appears */
   if (s.s[0] == '-') {
@@ -121,14 +214,14 @@ static const char *bin_op_str(int op) {
   }
 }
 
-static const char *fsuf(tg_dtype dt) { return dt == TG_FLOAT64 ? "" : "f"; }
+static const char *fsuf(tg_dtype dt) { return dt == TG_FLOAT64 || !L->math_fsuf ? "" : "f"; }
 
 static const char *utype(tg_dtype dt) {
   switch (tg_dtype_itemsize(dt)) {
-  case 1: return "unsigned char";
-  case 2: return "unsigned short";
-  case 4: return "unsigned int";
-  default: return "unsigned long long";
+  case 1: return ctype(TG_UINT8);
+  case 2: return ctype(TG_UINT16);
+  case 4: return ctype(TG_UINT32);
+  default: return ctype(TG_UINT64);
   }
 }
 
@@ -145,17 +238,17 @@ static void render_expr(R *r, UOp *u, SB *e) {
   const char *rd = fl ? rnd(dt) : "";
   switch (u->op) {
   case OP_LOAD: {
-    const char *conv = dt == TG_FLOAT16 ? "tg_h2f" : dt == TG_BFLOAT16 ? "tg_b2f" : "";
+    const char *conv = to_f(dt);
     if (gated(u)) sb_printf(e, "(%s ? %s(%s[%s]) : 0)", c, conv, a, b);
     else sb_printf(e, "%s(%s[%s])", conv, a, b);
     return;
   }
-  case OP_EXP2: sb_printf(e, "%s(__builtin_exp2%s(%s))", rd, fsuf(dt), a); return;
-  case OP_LOG2: sb_printf(e, "%s(__builtin_log2%s(%s))", rd, fsuf(dt), a); return;
-  case OP_SIN: sb_printf(e, "%s(__builtin_sin%s(%s))", rd, fsuf(dt), a); return;
-  case OP_SQRT: sb_printf(e, "%s(__builtin_sqrt%s(%s))", rd, fsuf(dt), a); return;
+  case OP_EXP2: sb_printf(e, "%s(%sexp2%s(%s))", rd, L->math, fsuf(dt), a); return;
+  case OP_LOG2: sb_printf(e, "%s(%slog2%s(%s))", rd, L->math, fsuf(dt), a); return;
+  case OP_SIN: sb_printf(e, "%s(%ssin%s(%s))", rd, L->math, fsuf(dt), a); return;
+  case OP_SQRT: sb_printf(e, "%s(%ssqrt%s(%s))", rd, L->math, fsuf(dt), a); return;
   case OP_TRUNC:
-    if (fl) sb_printf(e, "__builtin_trunc%s(%s)", fsuf(dt), a);
+    if (fl) sb_printf(e, "%strunc%s(%s)", L->math, fsuf(dt), a);
     else sb_printf(e, "%s", a);
     return;
   case OP_RECIP: sb_printf(e, "%s(1.0%s/%s)", rd, fsuf(dt), a); return;
@@ -166,6 +259,7 @@ static void render_expr(R *r, UOp *u, SB *e) {
     return;
   case OP_CAST:
     if (dt == TG_BOOL) sb_printf(e, "(%s != 0)", a);
+    else if (fl && is_fp8(dt)) sb_printf(e, "%s((double)%s)", rd, a); /* one rounding, also from double */
     else if (fl && is_half(dt)) sb_printf(e, "%s((float)%s)", rd, a);
     else sb_printf(e, "(%s)(%s)", ctype(dt), a);
     return;
@@ -173,25 +267,25 @@ static void render_expr(R *r, UOp *u, SB *e) {
     /* reinterpret the storage bits: 16-bit floats are converted to/from their bit patterns */
     SB src;
     sb_init(&src);
-    if (sdt == TG_FLOAT16) sb_printf(&src, "tg_f2h(%s)", a);
-    else if (sdt == TG_BFLOAT16) sb_printf(&src, "tg_f2b(%s)", a);
+    if (is_half(sdt)) sb_printf(&src, "%s(%s)", from_f(sdt), a);
     else sb_printf(&src, "%s", a);
-    const char *st = is_half(sdt) ? "unsigned short" : ctype(sdt);
-    const char *dstt = is_half(dt) ? "unsigned short" : ctype(dt);
-    const char *conv = dt == TG_FLOAT16 ? "tg_h2f" : dt == TG_BFLOAT16 ? "tg_b2f" : "";
-    sb_printf(e, "%s(({%s s_=%s;%s d_;__builtin_memcpy(&d_,&s_,sizeof d_);d_;}))", conv, st, src.s, dstt);
+    const char *st = is_half(sdt) ? stype(sdt) : ctype(sdt);
+    const char *dstt = is_half(dt) ? stype(dt) : ctype(dt);
+    const char *conv = to_f(dt);
+    if (L->as_type) sb_printf(e, "%s(as_%s((%s)(%s)))", conv, dstt, st, src.s);
+    else sb_printf(e, "%s(({%s s_=%s;%s d_;__builtin_memcpy(&d_,&s_,sizeof d_);d_;}))", conv, st, src.s, dstt);
     sb_free(&src);
     return;
   }
   case OP_IDIV:
-    if (fl) sb_printf(e, "%s(__builtin_trunc%s(%s/%s))", rd, fsuf(dt), a, b);
+    if (fl) sb_printf(e, "%s(%strunc%s(%s/%s))", rd, L->math, fsuf(dt), a, b);
     else if (tg_dtype_is_unsigned(dt) || dt == TG_BOOL) sb_printf(e, "(%s ? (%s)(%s/%s) : 0)", b, ctype(dt), a, b);
     /* by 0: 0; by -1: the negation, which wraps for the most negative value (-fwrapv) as narrower
      * types do after promotion, instead of trapping */
     else sb_printf(e, "(%s==0 ? 0 : %s==-1 ? (%s)(-%s) : (%s)(%s/%s))", b, b, ctype(dt), a, ctype(dt), a, b);
     return;
   case OP_MOD:
-    if (fl) sb_printf(e, "%s(__builtin_fmod%s(%s,%s))", rd, fsuf(dt), a, b);
+    if (fl) sb_printf(e, "%s(%sfmod%s(%s,%s))", rd, L->math, fsuf(dt), a, b);
     else if (tg_dtype_is_unsigned(dt) || dt == TG_BOOL) sb_printf(e, "(%s ? (%s)(%s%%%s) : 0)", b, ctype(dt), a, b);
     else sb_printf(e, "((%s==0||%s==-1) ? 0 : (%s)(%s%%%s))", b, b, ctype(dt), a, b);
     return;
@@ -206,8 +300,8 @@ static void render_expr(R *r, UOp *u, SB *e) {
     sb_printf(e, "(%s)(%s>>(%s&%d))", ctype(dt), a, b, (int)tg_dtype_itemsize(dt) * 8 - 1);
     return;
   case OP_POW:
-    if (fl) sb_printf(e, "%s(__builtin_pow%s(%s,%s))", rd, fsuf(dt), a, b);
-    else sb_printf(e, "(%s)tg_ipow((long long)%s,(long long)%s)", ctype(dt), a, b);
+    if (fl) sb_printf(e, "%s(%spow%s(%s,%s))", rd, L->math, fsuf(dt), a, b);
+    else sb_printf(e, "(%s)tg_ipow((%s)%s,(%s)%s)", ctype(dt), L->i64, a, L->i64, b);
     return;
   case OP_WHERE: sb_printf(e, "(%s?%s:%s)", a, b, c); return;
   default: break;
@@ -431,13 +525,42 @@ static void emit_store(R *r, const LKernel *k, int c) {
     sb_free(&e);
     return;
   }
-  const char *conv = odt == TG_FLOAT16 ? "tg_f2h" : odt == TG_BFLOAT16 ? "tg_f2b" : "";
+  const char *conv = from_f(odt);
   if (!k->sop) {
     sb_printf(r->b, "data0[%s] = %s(%s);\n", nm(r, k->sidxs[c]), conv, nm(r, v));
   } else {
     /* combining store (float32 only): the first window position stores, the others keep the max */
     const char *at = nm(r, k->sidxs[c]), *x = nm(r, v), *f = nm(r, k->sfirsts[c]);
     sb_printf(r->b, "data0[%s] = (%s || %s > data0[%s] || %s != %s) ? %s : data0[%s];\n", at, f, x, at, x, x, x, at);
+  }
+}
+
+/* GROUP: every work-item of the group leaves its partial in local memory; after the barrier
+ * work-item 0 combines the group's partials (in work-item order) and alone computes the rest and
+ * stores. */
+static void emit_group_combine(R *r, const LKernel *k) {
+  const char *at = ctype(k->racc);
+  int64_t nc = k->ncopy;
+  for (int c = 0; c < k->ncopy; c++) {
+    ind(r);
+    sb_printf(r->b, "tg_red[(lbase + lidx0) * %lldL + %d] = acc%d;\n", (long long)nc, c, c);
+  }
+  ind(r);
+  sb_puts(r->b, "barrier(CLK_LOCAL_MEM_FENCE);\n");
+  ind(r);
+  sb_puts(r->b, "if (lidx0 == 0) {\n");
+  r->indent++;
+  const char *rd = tg_dtype_is_float(k->racc) ? rnd(k->racc) : "";
+  for (int c = 0; c < k->ncopy; c++) {
+    ind(r);
+    sb_printf(r->b, "acc%d = tg_red[lbase * %lldL + %d];\n", c, (long long)nc, c);
+    ind(r);
+    sb_printf(r->b, "for (int i_ = 1; i_ < %d; i_++) { %s x_ = tg_red[(lbase + i_) * %lldL + %d]; ", k->group, at, (long long)nc, c);
+    if (k->rop == OP_ADD) sb_printf(r->b, "acc%d = %s(acc%d + x_);", c, rd, c);
+    else if (k->rop == OP_MUL) sb_printf(r->b, "acc%d = %s(acc%d * x_);", c, rd, c);
+    else if (tg_dtype_is_float(k->racc)) sb_printf(r->b, "acc%d = (x_ > acc%d || x_ != x_) ? x_ : acc%d;", c, c, c);
+    else sb_printf(r->b, "acc%d = x_ > acc%d ? x_ : acc%d;", c, c, c);
+    sb_puts(r->b, " }\n");
   }
 }
 
@@ -450,8 +573,14 @@ static void emit_post_and_store(R *r, Lin *l, const LKernel *k, int level) {
       pm_put(&r->names, (uint64_t)(uintptr_t)k->rplaces[c], tg_xstrdup(an));
     }
   }
+  if (k->group) emit_group_combine(r, k);
   emit_level(r, l, level, true);
   for (int c = 0; c < k->ncopy; c++) emit_store(r, k, c);
+  if (k->group) {
+    r->indent--;
+    ind(r);
+    sb_puts(r->b, "}\n");
+  }
 }
 
 static const char PRELUDE_VEC[] =
@@ -597,7 +726,14 @@ static void declare_accs(R *r, const LKernel *k, const char *prefix, const char 
   }
 }
 
-char *render_c(const LKernel *k, const char *name) {
+char *render_c(const LKernel *k, const char *name) { return render_kernel(k, name, LANG_C); }
+
+char *render_kernel(const LKernel *k, const char *name, int lang) {
+  L = &LANG_TABLE[lang == LANG_OPENCL ? LANG_OPENCL : LANG_C];
+  bool gpu = lang == LANG_OPENCL;
+  GDim gd[64];
+  int64_t gsz[3];
+  if (gpu) gpu_global_dims(k, gd, gsz);
   SB out, body;
   sb_init(&out);
   sb_init(&body);
@@ -658,7 +794,9 @@ char *render_c(const LKernel *k, const char *name) {
     pm_put(&l.level, (uint64_t)(uintptr_t)u, (void *)(intptr_t)(lv + 1));
     if (post) pm_put(&l.post, (uint64_t)(uintptr_t)u, (void *)1);
     if (u->dtype == TG_FLOAT16) r.uses_half = true;
+    if (u->dtype == TG_FLOAT64) r.uses_f64 = true;
     if (u->dtype == TG_BFLOAT16) r.uses_bf16 = true;
+    if (is_fp8((tg_dtype)u->dtype)) r.uses_fp8 = true;
     if (u->op == OP_CONST) pm_put(&r.names, (uint64_t)(uintptr_t)u, const_str((tg_dtype)u->dtype, u));
     if (u->op == OP_DEFINE_GLOBAL) {
       char buf[32];
@@ -667,23 +805,36 @@ char *render_c(const LKernel *k, const char *name) {
     }
   }
   for (int i = 0; i < k->np; i++) {
+    if (k->pdt[i] == TG_FLOAT64) r.uses_f64 = true;
     if (k->pdt[i] == TG_FLOAT16) r.uses_half = true;
     if (k->pdt[i] == TG_BFLOAT16) r.uses_bf16 = true;
+    if (is_fp8(k->pdt[i])) r.uses_fp8 = true;
   }
   if (k->rbody && k->racc == TG_FLOAT16) r.uses_half = true;
   if (k->rbody && k->racc == TG_BFLOAT16) r.uses_bf16 = true;
+  if (k->rbody && is_fp8(k->racc)) r.uses_fp8 = true;
 
   r.indent = 1;
-  for (int i = 0; i < k->np; i++) {
+  for (int i = 0; i < k->np && !gpu; i++) {
     ind(&r);
     sb_printf(&body, "%s%s *restrict data%d = (%s%s *)bufs[%d];\n", i ? "const " : "", stype(k->pdt[i]), i,
               i ? "const " : "", stype(k->pdt[i]), i);
   }
   Blocking blk = blocking(k);
+  if (gpu && k->group) {
+    /* the group's partials; each work-item owns the slots at (lbase + lidx0) * ncopy */
+    blk.level = 0; /* each work-item's chain is already 1/group of the axis */
+    ind(&r);
+    sb_printf(&body, "__local %s tg_red[%lldL];\n", ctype(k->racc), (long long)(k->lsize[0] * k->lsize[1] * k->lsize[2] * k->ncopy));
+    ind(&r);
+    sb_puts(&body, "long lidx0 = (long)get_local_id(0);\n");
+    ind(&r);
+    sb_printf(&body, "long lbase = ((long)get_local_id(2) * %lldL + (long)get_local_id(1)) * %dL;\n", (long long)k->lsize[1], k->group);
+  }
   emit_level(&r, &l, 0, false);
   if (k->ng == 0) {
     ind(&r);
-    sb_puts(&body, "for (long long g_ = gstart; g_ < gend; g_++) {\n");
+    sb_puts(&body, gpu ? "{\n" : "for (long long g_ = gstart; g_ < gend; g_++) {\n");
     r.indent++;
   }
   for (int lv = 1; lv <= nloops; lv++) {
@@ -694,10 +845,10 @@ char *render_c(const LKernel *k, const char *name) {
       const char *init;
       if (k->rop == OP_ADD) init = "0";
       else if (k->rop == OP_MUL) init = "1";
-      else if (tg_dtype_is_float(at)) init = at == TG_FLOAT64 ? "-__builtin_inf()" : "-__builtin_inff()";
+      else if (tg_dtype_is_float(at)) init = at == TG_FLOAT64 ? (gpu ? "(-(double)INFINITY)" : "-__builtin_inf()") : (gpu ? "(-INFINITY)" : "-__builtin_inff()");
       else if (at == TG_BOOL || tg_dtype_is_unsigned(at)) init = "0";
       else {
-        snprintf(ib, sizeof ib, "(%s)(%lldLL-1)", ctype(at), (long long)dtype_min(at) + 1);
+        snprintf(ib, sizeof ib, "(%s)(%lld%s-1)", ctype(at), (long long)dtype_min(at) + 1, L->ll);
         init = ib;
       }
       declare_accs(&r, k, "acc", init);
@@ -705,7 +856,7 @@ char *render_c(const LKernel *k, const char *name) {
     UOp *rg = lv <= k->ng ? k->granges[lv - 1] : k->rranges[lv - 1 - k->ng];
     /* the loop's range: 0..size, or the bounds of a bounded reduce loop */
     char lo[64] = "0", hi[64];
-    snprintf(hi, sizeof hi, "%lldLL", (long long)rg->iarg[0]);
+    snprintf(hi, sizeof hi, "%lld%s", (long long)rg->iarg[0], L->ll);
     bool bounded = lv > k->ng && k->rlo && k->rlo[lv - 1 - k->ng];
     if (bounded) {
       snprintf(lo, sizeof lo, "%s", nm(&r, k->rlo[lv - 1 - k->ng]));
@@ -714,17 +865,33 @@ char *render_c(const LKernel *k, const char *name) {
     ind(&r);
     if (lv == blk.level) {
       /* blocked accumulation: loop lv runs in blocks of blk.iters; each block sums into part<c> */
-      sb_printf(&body, "for (long long ridx%db = %s; ridx%db < %s; ridx%db += %lldLL) {\n", lv - 1, lo, lv - 1, hi,
-                lv - 1, (long long)blk.iters);
+      sb_printf(&body, "for (%s ridx%db = %s; ridx%db < %s; ridx%db += %lld%s) {\n", L->i64, lv - 1, lo, lv - 1, hi,
+                lv - 1, (long long)blk.iters, L->ll);
       r.indent++;
       declare_accs(&r, k, "part", "0");
       char bound[96] = ""; /* the last block stops at the loop's end unless the blocks divide it */
       if (bounded || rg->iarg[0] % blk.iters) snprintf(bound, sizeof bound, " && ridx%d < %s", lv - 1, hi);
       ind(&r);
-      sb_printf(&body, "for (long long ridx%d = ridx%db; ridx%d < ridx%db + %lldLL%s; ridx%d++) {\n", lv - 1, lv - 1,
-                lv - 1, lv - 1, (long long)blk.iters, bound, lv - 1);
+      sb_printf(&body, "for (%s ridx%d = ridx%db; ridx%d < ridx%db + %lld%s%s; ridx%d++) {\n", L->i64, lv - 1, lv - 1,
+                lv - 1, lv - 1, (long long)blk.iters, L->ll, bound, lv - 1);
+    } else if (gpu && k->group && lv == k->ng + 1 + k->group_axis) {
+      /* the grouped reduce loop: work-item lidx0 takes every group-th step (GROUP) or one
+       * contiguous chunk (GROUPTOP) of [lo, hi) */
+      int v = lv - 1;
+      if (!k->group_top)
+        sb_printf(&body, "for (long ridx%d = %s + lidx0; ridx%d < %s; ridx%d += %dL) {\n", v, lo, v, hi, v, k->group);
+      else
+        sb_printf(&body, "for (long ch%d_ = ((%s) - (%s) + %dL) / %dL, ridx%d = %s + lidx0 * ch%d_; ridx%d < min((long)(%s), (%s) + (lidx0 + 1) * ch%d_); ridx%d++) {\n",
+                  v, hi, lo, k->group - 1, k->group, v, lo, v, v, hi, lo, v, v);
+    } else if (gpu && lv <= k->ng) {
+      /* a global loop of a GPU kernel is a work-item id (or a part of one: see gpu_global_dims) */
+      const GDim *g = &gd[lv - 1];
+      sb_printf(&body, "{ long ridx%d = (long)get_global_id(%d)", lv - 1, g->dim);
+      if (g->div > 1) sb_printf(&body, " / %lldL", (long long)g->div);
+      if (g->mod) sb_printf(&body, " %% %lldL", (long long)g->mod);
+      sb_puts(&body, ";\n");
     } else if (lv == 1 && k->ng > 0) sb_printf(&body, "for (long long ridx0 = gstart; ridx0 < gend; ridx0++) {\n");
-    else sb_printf(&body, "for (long long ridx%d = %s; ridx%d < %s; ridx%d++) {\n", lv - 1, lo, lv - 1, hi, lv - 1);
+    else sb_printf(&body, "for (%s ridx%d = %s; ridx%d < %s; ridx%d++) {\n", L->i64, lv - 1, lo, lv - 1, hi, lv - 1);
     r.indent++;
     emit_level(&r, &l, lv, false);
     if (lv == nloops && k->rbody) {
@@ -770,11 +937,13 @@ char *render_c(const LKernel *k, const char *name) {
    * so several kernels can share one translation unit (batched compilation). */
   static const char *const vnames[] = {"tg_vf", "tg_vfu", "tg_vm", "tg_vsel", "tg_vmax", "tg_hadd", "tg_hmax",
                                        "tg_v_exp2f", "tg_v_log2f", "tg_v_sinf", "tg_v_sqrtf", "tg_v_truncf", "tg_vd", "tg_vl"};
-  if (r.uses_half) sb_printf(&out, "#ifndef TG_HALF_H\n#define TG_HALF_H\n%s#endif\n", PRELUDE_HALF);
-  if (r.uses_bf16) sb_printf(&out, "#ifndef TG_BF16_H\n#define TG_BF16_H\n%s#endif\n", PRELUDE_BF16);
+  if (gpu && r.uses_f64) sb_puts(&out, "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n");
+  if (r.uses_half) sb_printf(&out, "#ifndef TG_HALF_H\n#define TG_HALF_H\n%s#endif\n", gpu ? PRELUDE_HALF_CL : PRELUDE_HALF);
+  if (r.uses_bf16) sb_printf(&out, "#ifndef TG_BF16_H\n#define TG_BF16_H\n%s#endif\n", gpu ? PRELUDE_BF16_CL : PRELUDE_BF16);
+  if (r.uses_fp8) sb_printf(&out, "#ifndef TG_FP8_H\n#define TG_FP8_H\n%s#endif\n", PRELUDE_FP8); /* C only: codegen refuses fp8 on GPU devices */
   if (strstr(body.s ? body.s : "", "tg_ipow"))
-    sb_puts(&out, "#ifndef TG_IPOW_H\n#define TG_IPOW_H\nstatic inline long long tg_ipow(long long b,long long e){long long r=1;if(e<0)return b==1?1:(b==-1?((e&1)?-1:1):0);"
-                  "while(e){if(e&1)r*=b;b*=b;e>>=1;}return r;}\n#endif\n");
+    sb_printf(&out, "#ifndef TG_IPOW_H\n#define TG_IPOW_H\nstatic inline %s tg_ipow(%s b,%s e){%s r=1;if(e<0)return b==1?1:(b==-1?((e&1)?-1:1):0);"
+                    "while(e){if(e&1)r*=b;b*=b;e>>=1;}return r;}\n#endif\n", L->i64, L->i64, L->i64, L->i64);
   int W = r.vw;
   if (W) {
     for (size_t i = 0; i < sizeof vnames / sizeof *vnames; i++) sb_printf(&out, "#define %s %s%d\n", vnames[i], vnames[i], W);
@@ -823,7 +992,14 @@ char *render_c(const LKernel *k, const char *name) {
       sb_puts(&out, "#endif\n");
     }
   }
-  sb_printf(&out, "void %s(void **restrict bufs, long long gstart, long long gend) {\n", name);
+  if (gpu) {
+    sb_printf(&out, "__kernel void %s(", name);
+    for (int i = 0; i < k->np; i++)
+      sb_printf(&out, "%s__global %s%s *restrict data%d", i ? ", " : "", i ? "const " : "", stype(k->pdt[i]), i);
+    sb_puts(&out, ") {\n");
+  } else {
+    sb_printf(&out, "void %s(void **restrict bufs, long long gstart, long long gend) {\n", name);
+  }
   sb_puts(&out, body.s ? body.s : "");
   sb_puts(&out, "}\n");
   if (W) {

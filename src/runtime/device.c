@@ -30,15 +30,25 @@
 typedef struct {
   const char *name;
   const DeviceVT *vt;
-  /* Buffers are plain host pointers in this process: copies need no staging buffer, and a program
-   * loaded for one instance can run on every instance of the kind. */
+  /* Buffers are plain host pointers in this process: copies need no staging buffer, a program
+   * loaded for one instance can run on every instance of the kind, and large blocks may be carved
+   * out of bigger allocations (pointer arithmetic on Buffer.ptr). */
   bool host_memory;
+  const char *const *renderers; /* default first; NULL-terminated */
 } DeviceKind;
 
+static const char *const CPU_RENDERERS[] = {"C", NULL};
+static const char *const CL_RENDERERS[] = {"OpenCL", NULL};
+
 static const DeviceKind g_kinds[] = {
-    {"CPU", &cpu_device_vt, true},
+    {"CPU", &cpu_device_vt, true, CPU_RENDERERS},
+    {"CL", &cl_device_vt, false, CL_RENDERERS},
 };
 #define NKINDS (sizeof g_kinds / sizeof g_kinds[0])
+
+int device_kind_count(void) { return (int)NKINDS; }
+const char *device_kind_name(int i) { return i >= 0 && i < (int)NKINDS ? g_kinds[i].name : NULL; }
+const char *const *device_kind_renderers(int i) { return i >= 0 && i < (int)NKINDS ? g_kinds[i].renderers : NULL; }
 
 typedef struct Segment Segment;
 /* Bucket of the caching allocator: every cached block of exactly `nbytes` (0 = empty slot). */
@@ -78,48 +88,105 @@ static Device *find_open(const DeviceKind *k, int index) {
   return NULL;
 }
 
-static void unknown_device(const char *name) {
+static void unknown_device(const char *name, const char *part) {
   SB avail;
   sb_init(&avail);
-  for (size_t i = 0; i < NKINDS; i++)
-    sb_printf(&avail, "%s%s, %s:<n>", i ? ", " : "", g_kinds[i].name, g_kinds[i].name);
-  tg_set_error(TG_ERR_INVALID, "device_get: unknown device '%s' (available: %s)", name, avail.s);
+  for (size_t i = 0; i < NKINDS; i++) {
+    sb_printf(&avail, "%s%s[:<n>][:", i ? ", " : "", g_kinds[i].name);
+    for (const char *const *r = g_kinds[i].renderers; *r; r++) sb_printf(&avail, "%s%s", r == g_kinds[i].renderers ? "" : "|", *r);
+    sb_puts(&avail, "]");
+  }
+  tg_set_error(TG_ERR_INVALID, "device_get: unknown device '%s'%s (available: %s)", name, part, avail.s);
   sb_free(&avail);
 }
 
-/* "KIND" or "KIND:<decimal index>", case-insensitive. */
-static bool parse_device(const char *name, const DeviceKind **kind, int *index) {
+/* DEVICE[:N][:RENDERER[:ARCH]], case-insensitive; the instance number may also come last
+ * ("CL:OpenCL:1"). No renderer has an arch to choose yet, so any ARCH is reported as unknown. */
+static bool parse_device(const char *name, const DeviceKind **kind, int *index, const char **renderer) {
   const char *colon = strchr(name, ':');
   size_t klen = colon ? (size_t)(colon - name) : strlen(name);
   *kind = NULL;
+  *renderer = NULL;
   for (size_t i = 0; i < NKINDS; i++)
     if (strlen(g_kinds[i].name) == klen && strncasecmp(g_kinds[i].name, name, klen) == 0) *kind = &g_kinds[i];
-  if (!*kind) return false;
-  *index = 0;
-  if (!colon) return true;
-  const char *p = colon + 1;
-  if (!*p) return false;
-  int64_t v = 0;
-  for (; *p; p++) {
-    if (*p < '0' || *p > '9') return false;
-    v = v * 10 + (*p - '0');
-    if (v > 1000000) return false; /* not a device anyone has; also keeps the name short */
+  if (!*kind) {
+    unknown_device(name, "");
+    return false;
   }
-  *index = (int)v;
+  *index = 0;
+  *renderer = (*kind)->renderers[0];
+  bool have_index = false, have_renderer = false;
+  for (const char *p = colon; p;) {
+    const char *tok = p + 1, *end = strchr(tok, ':');
+    size_t n = end ? (size_t)(end - tok) : strlen(tok);
+    p = end;
+    if (n == 0) {
+      unknown_device(name, ": empty part");
+      return false;
+    }
+    if (tok[0] >= '0' && tok[0] <= '9') {
+      int64_t v = 0;
+      for (size_t i = 0; i < n; i++) {
+        if (tok[i] < '0' || tok[i] > '9' || (v = v * 10 + (tok[i] - '0')) > 1000000) {
+          unknown_device(name, ": bad instance number");
+          return false;
+        }
+      }
+      if (have_index) {
+        unknown_device(name, ": two instance numbers");
+        return false;
+      }
+      *index = (int)v;
+      have_index = true;
+      continue;
+    }
+    if (!have_renderer) {
+      const char *const *r = (*kind)->renderers;
+      while (*r && !(strlen(*r) == n && strncasecmp(*r, tok, n) == 0)) r++;
+      if (!*r) {
+        SB m;
+        sb_init(&m);
+        sb_printf(&m, ": %s has no renderer '%.*s' (renderers: ", (*kind)->name, (int)n, tok);
+        for (r = (*kind)->renderers; *r; r++) sb_printf(&m, "%s%s", r == (*kind)->renderers ? "" : ", ", *r);
+        sb_puts(&m, ")");
+        unknown_device(name, m.s);
+        sb_free(&m);
+        return false;
+      }
+      *renderer = *r;
+      have_renderer = true;
+      continue;
+    }
+    SB m;
+    sb_init(&m);
+    sb_printf(&m, ": renderer %s has no arch '%.*s' (it targets the device it runs on; archs: none)", *renderer, (int)n, tok);
+    unknown_device(name, m.s);
+    sb_free(&m);
+    return false;
+  }
   return true;
 }
 
-static Device *open_device(const DeviceKind *k, int index) {
+static Device *open_device(const DeviceKind *k, int index, const char *renderer) {
   pthread_mutex_lock(&g_dev_lock);
   Device *d = find_open(k, index);
   if (d) {
     pthread_mutex_unlock(&g_dev_lock);
     return d;
   }
+  bool had_error = tg_has_error();
   void *state = k->vt->open(index);
   if (!state) {
     pthread_mutex_unlock(&g_dev_lock);
-    tg_set_error(TG_ERR_RUNTIME, "device_get: cannot open %s:%d", k->name, index);
+    /* the runtime's own reason first (a missing library, no such device) */
+    if (!had_error && tg_has_error()) {
+      char *why = tg_xstrdup(tg_last_error());
+      tg_clear_error();
+      tg_set_error(TG_ERR_RUNTIME, "device_get: cannot open %s:%d: %s", k->name, index, why);
+      free(why);
+    } else {
+      tg_set_error(TG_ERR_RUNTIME, "device_get: cannot open %s:%d", k->name, index);
+    }
     return NULL;
   }
   DeviceImpl *di = tg_xcalloc(1, sizeof *di);
@@ -129,6 +196,9 @@ static Device *open_device(const DeviceKind *k, int index) {
   d->vt = k->vt;
   d->state = state;
   d->index = index;
+  d->renderer = renderer;
+  d->caps.max_dims = 1;
+  if (k->vt->caps) k->vt->caps(state, &d->caps);
   if (index == 0)
     snprintf(d->name, sizeof d->name, "%s", k->name);
   else
@@ -154,6 +224,7 @@ static Device *open_device(const DeviceKind *k, int index) {
   if (debug_level() >= 1) {
     if (n == 0) device_list_print();
     fprintf(stderr, "opened device %s from pid:%d\n", d->name, (int)getpid());
+    if (k->vt->describe) k->vt->describe(state);
   }
   return d;
 }
@@ -163,12 +234,10 @@ Device *device_get(const char *name) {
   if (!name || !*name) name = "CPU";
   const DeviceKind *k;
   int index;
-  if (!parse_device(name, &k, &index)) {
-    unknown_device(name);
-    return NULL;
-  }
+  const char *renderer;
+  if (!parse_device(name, &k, &index, &renderer)) return NULL;
   Device *d = find_open(k, index);
-  return d ? d : open_device(k, index);
+  return d ? d : open_device(k, index, renderer);
 }
 
 Device *device_default(void) { return device_get(NULL); }
@@ -181,7 +250,7 @@ Device *device_by_id(int id) {
 
 void device_list_print(void) {
   fprintf(stderr, "device kinds:");
-  for (size_t i = 0; i < NKINDS; i++) fprintf(stderr, " %s (%s:<n>)", g_kinds[i].name, g_kinds[i].name);
+  for (size_t i = 0; i < NKINDS; i++) fprintf(stderr, " %s (%s:<n>, renderer %s)", g_kinds[i].name, g_kinds[i].name, g_kinds[i].renderers[0]);
   fprintf(stderr, "\nopened devices:");
   int n = atomic_load_explicit(&g_ndevs, memory_order_acquire);
   Device **t = atomic_load_explicit(&g_devs, memory_order_acquire);
@@ -433,7 +502,8 @@ static void *block_new(DeviceImpl *d, size_t sz, Chunk **chunk) {
   Device *dev = &d->pub;
   void *ptr = NULL;
   *chunk = NULL;
-  if (sz >= LARGE_MIN) {
+  bool large = sz >= LARGE_MIN && d->kind->host_memory;
+  if (large) {
     pthread_mutex_lock(&d->lock);
     Chunk *c = chunk_take_locked(d, sz);
     if (!c && d->live_bytes + dev->cached_bytes + sz > d->high_water)
@@ -448,7 +518,7 @@ static void *block_new(DeviceImpl *d, size_t sz, Chunk **chunk) {
   }
   for (int attempt = 0; attempt < 2; attempt++) {
     bool had_error = tg_has_error();
-    if (sz >= LARGE_MIN) {
+    if (large) {
       Chunk *c = segment_new(d, sz);
       if (c) *chunk = c, ptr = c->ptr;
     } else if ((ptr = dev->vt->alloc(dev->state, sz))) {
@@ -568,6 +638,7 @@ tg_status buffer_copy(Buffer *dst, Buffer *src, size_t nbytes) {
     return src->dev->vt->copyout(src->dev->state, dst->ptr, src->ptr, nbytes);
   if (kind_of(src->dev)->host_memory)
     return dst->dev->vt->copyin(dst->dev->state, dst->ptr, src->ptr, nbytes);
+  if (dst->dev == src->dev && dst->dev->vt->copy) return dst->dev->vt->copy(dst->dev->state, dst->ptr, src->ptr, nbytes);
   void *tmp = malloc(nbytes);
   if (!tmp) return tg_set_error(TG_ERR_RUNTIME, "buffer_copy: no host memory for %zu bytes", nbytes);
   tg_status st = src->dev->vt->copyout(src->dev->state, tmp, src->ptr, nbytes);
@@ -579,19 +650,29 @@ tg_status buffer_copy(Buffer *dst, Buffer *src, size_t nbytes) {
 /* ---------------------------------------------------------------------------------------------- */
 /* program cache                                                                                   */
 
+/* Entries are reference counted (program_get's callers hold them: the kernel cache, TinyJit
+ * captures, BEAM candidates). One with no holder stays loaded for the next program_get until the
+ * number loaded passes the limit; then the least recently used unheld ones are unloaded. An entry
+ * of another device that shares a loaded object (`owner`, host-memory devices of one kind) pins
+ * its owner (nshare) and unloads nothing itself. */
 typedef struct ProgEntry {
   Program pub;
   uint64_t hash; /* of fname and src: entries for every device of one source share a chain */
   char *src;
   size_t srclen;
   bool ready; /* false while one thread compiles it; others wait on g_prog_cond */
+  int refs;
+  int nshare;
+  uint64_t last_use;
+  struct ProgEntry *owner;
   struct ProgEntry *next;
 } ProgEntry;
 
 static pthread_mutex_t g_prog_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_prog_cond = PTHREAD_COND_INITIALIZER;
 static ProgEntry **g_prog_tab;
-static size_t g_prog_cap, g_prog_n;
+static size_t g_prog_cap, g_prog_n, g_prog_loaded;
+static uint64_t g_prog_tick;
 
 static void prog_insert_locked(ProgEntry *e) {
   if ((g_prog_n + 1) * 4 > g_prog_cap * 3) {
@@ -641,6 +722,97 @@ static void prog_free(ProgEntry *e) {
   free(e);
 }
 
+static size_t max_loaded(void) {
+  int64_t m = getenv_int("MAX_LOADED_KERNELS", 4096);
+  return m < 1 ? 1 : (size_t)m;
+}
+
+/* Caller holds g_prog_lock. Takes unheld entries out of the table, least recently used first, until
+ * at most the limit are loaded; returns them as a list (through ->next) to unload outside the lock. */
+static ProgEntry *prog_evict_locked(void) {
+  ProgEntry *dead = NULL;
+  size_t limit = max_loaded();
+  while (g_prog_loaded > limit) {
+    ProgEntry *victim = NULL;
+    for (size_t i = 0; i < g_prog_cap; i++)
+      for (ProgEntry *e = g_prog_tab[i]; e; e = e->next)
+        if (e->ready && e->refs == 0 && e->nshare == 0 && !e->owner && (!victim || e->last_use < victim->last_use))
+          victim = e;
+    if (!victim) break; /* every loaded program is in use */
+    prog_remove_locked(victim);
+    g_prog_loaded--;
+    victim->next = dead;
+    dead = victim;
+  }
+  return dead;
+}
+
+static void prog_unload_list(ProgEntry *dead) {
+  while (dead) {
+    ProgEntry *nx = dead->next;
+    if (debug_level() >= 3) fprintf(stderr, "program cache: unloaded %s (least recently used)\n", dead->pub.name);
+    dead->pub.dev->vt->unload(dead->pub.dev->state, dead->pub.handle);
+    prog_free(dead);
+    dead = nx;
+  }
+}
+
+static ProgEntry *entry_of(Program *p) { return (ProgEntry *)((char *)p - offsetof(ProgEntry, pub)); }
+
+Program *program_retain(Program *p) {
+  if (!p) return NULL;
+  pthread_mutex_lock(&g_prog_lock);
+  entry_of(p)->refs++;
+  pthread_mutex_unlock(&g_prog_lock);
+  return p;
+}
+
+void program_release(Program *p) {
+  if (!p) return;
+  pthread_mutex_lock(&g_prog_lock);
+  ProgEntry *e = entry_of(p), *dead = NULL;
+  TG_ASSERT(e->refs > 0);
+  e->refs--;
+  /* a sibling nobody holds goes at once (it loaded nothing), freeing its owner for eviction */
+  if (e->refs == 0 && e->owner) {
+    prog_remove_locked(e);
+    e->owner->nshare--;
+  } else {
+    e = NULL;
+  }
+  dead = prog_evict_locked();
+  pthread_mutex_unlock(&g_prog_lock);
+  if (e) prog_free(e);
+  prog_unload_list(dead);
+}
+
+size_t program_loaded_count(void) {
+  pthread_mutex_lock(&g_prog_lock);
+  size_t n = g_prog_loaded;
+  pthread_mutex_unlock(&g_prog_lock);
+  return n;
+}
+
+/* Compiles src (through the device's disk cache) and loads fname from it. A binary that fails to
+ * load (not a shared object, symbol missing) may have come from a damaged cache entry: the entry is
+ * dropped and src compiled once more, so a bad entry costs one compile, not every run. */
+static void *compile_and_load(Device *dev, const char *fname, const char *src) {
+  void *handle = NULL;
+  bool had_error = tg_has_error(); /* an earlier error of the caller's is not ours to clear */
+  for (int attempt = 0; attempt < 2 && !handle; attempt++) {
+    uint8_t *lib = NULL;
+    size_t liblen = 0;
+    if (dev->vt->compile(dev->state, src, &lib, &liblen) != TG_OK) break;
+    atomic_fetch_add_explicit(&g_counters.compile_count, 1, memory_order_relaxed);
+    handle = dev->vt->load(dev->state, fname, lib, liblen);
+    free(lib);
+    if (handle || !dev->vt->cache_evict) break;
+    dev->vt->cache_evict(dev->state, src);
+    if (attempt == 0 && !had_error) tg_clear_error(); /* the second attempt's error is the one to report */
+  }
+  return handle;
+}
+
 Program *program_get(Device *dev, const char *fname, const char *src) {
   if (!dev || !fname || !src) {
     tg_set_error(TG_ERR_INVALID, "program_get: %s", !dev ? "no device" : !fname ? "no name" : "no source");
@@ -672,6 +844,8 @@ Program *program_get(Device *dev, const char *fname, const char *src) {
       }
     }
     if (mine && mine->ready) {
+      mine->refs++;
+      mine->last_use = ++g_prog_tick;
       pthread_mutex_unlock(&g_prog_lock);
       return &mine->pub;
     }
@@ -682,9 +856,15 @@ Program *program_get(Device *dev, const char *fname, const char *src) {
     }
     ProgEntry *e = prog_new(dev, fname, src, srclen, h);
     if (sibling) {
-      /* Same code in the same address space: share the loaded program (never unloaded). */
-      e->pub.handle = sibling->pub.handle;
+      /* Same code in the same address space: share the loaded program (it stays loaded while
+       * this entry exists) */
+      ProgEntry *owner = sibling->owner ? sibling->owner : sibling;
+      e->pub.handle = owner->pub.handle;
+      e->owner = owner;
+      owner->nshare++;
+      owner->last_use = ++g_prog_tick;
       e->ready = true;
+      e->refs = 1;
       prog_insert_locked(e);
       pthread_mutex_unlock(&g_prog_lock);
       return &e->pub;
@@ -692,19 +872,17 @@ Program *program_get(Device *dev, const char *fname, const char *src) {
     prog_insert_locked(e);
     pthread_mutex_unlock(&g_prog_lock);
 
-    uint8_t *lib = NULL;
-    size_t liblen = 0;
-    void *handle = NULL;
-    if (dev->vt->compile(dev->state, src, &lib, &liblen) == TG_OK) {
-      atomic_fetch_add_explicit(&g_counters.compile_count, 1, memory_order_relaxed);
-      handle = dev->vt->load(dev->state, fname, lib, liblen);
-    }
-    free(lib);
+    void *handle = compile_and_load(dev, fname, src);
 
     pthread_mutex_lock(&g_prog_lock);
+    ProgEntry *dead = NULL;
     if (handle) {
       e->pub.handle = handle;
       e->ready = true;
+      e->refs = 1;
+      e->last_use = ++g_prog_tick;
+      g_prog_loaded++;
+      dead = prog_evict_locked();
     } else {
       prog_remove_locked(e);
       prog_free(e);
@@ -712,6 +890,7 @@ Program *program_get(Device *dev, const char *fname, const char *src) {
     }
     pthread_cond_broadcast(&g_prog_cond);
     pthread_mutex_unlock(&g_prog_lock);
+    prog_unload_list(dead);
     return e ? &e->pub : NULL;
   }
 }
@@ -759,13 +938,14 @@ int program_get_batch(Device *dev, const char *const *fnames, const char *const 
   uint8_t *lib = NULL;
   size_t liblen = 0;
   tg_status st = dev->vt->compile(dev->state, all.s, &lib, &liblen);
-  sb_free(&all);
   if (st != TG_OK) {
     tg_clear_error();
+    sb_free(&all);
     free(todo);
     return have;
   }
   atomic_fetch_add_explicit(&g_counters.compile_count, 1, memory_order_relaxed);
+  bool damaged = false;
   for (int t = 0; t < ntodo; t++) {
     int i = todo[t];
     char sym[160];
@@ -773,6 +953,7 @@ int program_get_batch(Device *dev, const char *const *fnames, const char *const 
     void *handle = dev->vt->load(dev->state, sym, lib, liblen);
     if (!handle) {
       tg_clear_error();
+      damaged = true;
       continue;
     }
     size_t srclen = strlen(srcs[i]);
@@ -781,11 +962,19 @@ int program_get_batch(Device *dev, const char *const *fnames, const char *const 
     e->pub.handle = handle;
     e->ready = true;
     pthread_mutex_lock(&g_prog_lock);
+    e->last_use = ++g_prog_tick;
     prog_insert_locked(e);
+    g_prog_loaded++;
+    ProgEntry *dead = prog_evict_locked();
     pthread_cond_broadcast(&g_prog_cond);
     pthread_mutex_unlock(&g_prog_lock);
+    prog_unload_list(dead);
     have++;
   }
+  /* a symbol missing from the batch's binary: its cache entry is not what this batch compiled
+   * (program_get then compiles those kernels one by one) */
+  if (damaged && dev->vt->cache_evict) dev->vt->cache_evict(dev->state, all.s);
+  sb_free(&all);
   free(lib);
   free(todo);
   return have;

@@ -7,6 +7,11 @@
  *   void <name>(void **restrict bufs, int64_t gstart, int64_t gend);
  * The kernel computes the slice [gstart, gend) of its outermost global loop (global_size[0]); the
  * runtime splits global_size[0] across its worker threads. Other global dims are looped inside.
+ *
+ * Kernel ABI for GPU-like devices (OpenCL C): `__kernel void <name>(__global T *data0, ...)`, one
+ * argument per buffer, launched over global_size work-items in work-groups of local_size (NULL
+ * local size: the driver chooses). Buffer pointers (Buffer.ptr) are the device's handles (cl_mem),
+ * never host addresses.
  */
 #ifndef TG_DEVICE_H
 #define TG_DEVICE_H
@@ -18,6 +23,20 @@
 #include "../helpers.h"
 
 typedef struct Device Device;
+
+/* The languages kernels are rendered in (one row each in the renderer's spelling table). */
+enum { LANG_C = 0, LANG_OPENCL = 1 };
+
+/* What codegen may assume about a device, read from the device when it opens. */
+typedef struct DeviceCaps {
+  int lang;                  /* LANG_C / LANG_OPENCL */
+  bool gpu;                  /* kernels are indexed by global/local ids instead of loops */
+  bool fp16, fp64, images;   /* native half arithmetic, double, 2-D images */
+  int64_t max_local;         /* work-items per work-group (0: no work-groups) */
+  int64_t max_local_dims[3]; /* per dimension */
+  int64_t local_mem;         /* bytes of local (shared) memory per work-group */
+  int max_dims;              /* global dimensions (3 for OpenCL) */
+} DeviceCaps;
 
 typedef struct DeviceVT {
   const char *name; /* "CPU" */
@@ -42,6 +61,15 @@ typedef struct DeviceVT {
   void (*synchronize)(void *state);
   /* Identifies the compiler + flags (part of every cache key). Static string. */
   const char *(*compiler_id)(void *state);
+  /* Fills what codegen needs to know (language, limits, extensions). */
+  void (*caps)(void *state, DeviceCaps *out);
+  /* Optional: copies between two buffers of this one device without the host (NULL: staged). */
+  tg_status (*copy)(void *state, void *dst, const void *src, size_t nbytes);
+  /* Optional: prints the device's description at DEBUG>=1 (platform, device, version). */
+  void (*describe)(void *state);
+  /* Removes the on-disk cache entry of src (NULL: the device caches nothing). program_get calls it
+   * when a binary from compile fails to load, then compiles again. */
+  void (*cache_evict)(void *state, const char *src);
 } DeviceVT;
 
 struct Device {
@@ -49,19 +77,28 @@ struct Device {
   void *state;
   int index;        /* instance number */
   char name[32];    /* canonical name: "CPU" for index 0, "CPU:1" otherwise */
+  const char *renderer; /* the renderer its kernels go through ("C", "OpenCL") */
+  DeviceCaps caps;
   int id;           /* position in the open-device table (small int, stable for the process) */
   /* caching allocator: freed blocks kept per size for reuse */
   struct FreeBlock *free_list;
   size_t cached_bytes;
 };
 
-/* Parses a tinygrad device string ("CPU", "cpu", "CPU:1", NULL = default from DEV) and returns the
- * opened device (opened once, kept for the process). NULL + tg_set_error if unknown. */
+/* Parses a tinygrad device string, DEVICE[:N][:RENDERER[:ARCH]] ("CPU", "cpu:1", "CL", "CL:1",
+ * "CL:OpenCL"; NULL = default from DEV) and returns the opened device (opened once, kept for the
+ * process). NULL + tg_set_error if the device, renderer or arch is unknown (the message lists what
+ * exists) or the device cannot be opened (the message says why). */
 Device *device_get(const char *name);
 Device *device_default(void);
 Device *device_by_id(int id);
 /* Prints the device list (DEBUG>=1 at first use). */
 void device_list_print(void);
+/* Number of registered device kinds; the i-th kind's name and its renderers (default first,
+ * NULL-terminated). Static storage. */
+int device_kind_count(void);
+const char *device_kind_name(int i);
+const char *const *device_kind_renderers(int i);
 
 /* Device buffers: reference counted. An external buffer wraps caller memory and is never freed;
  * its on_free callback (if any) runs once when the buffer itself is freed. */
@@ -97,10 +134,18 @@ typedef struct Program {
   char *name;
   void *handle;
 } Program;
-/* Compiles (disk cache) and loads `src` whose entry point is `fname`. Returns a program owned by
- * the in-memory cache (valid for the process), or NULL + error (TG_ERR_COMPILE with the compiler's
- * message). */
+/* Compiles (disk cache) and loads `src` whose entry point is `fname`. Returns a reference to a
+ * program of the in-memory cache (release it with program_release), or NULL + error (TG_ERR_COMPILE
+ * with the compiler's message). The cache keeps at most MAX_LOADED_KERNELS programs (default 4096)
+ * loaded: past that, the least recently used ones nobody holds are unloaded (a process compiling
+ * tens of thousands of kernels would otherwise reach the kernel's limit on mappings); asking for one
+ * again loads it again (from the disk cache). */
 Program *program_get(Device *dev, const char *fname, const char *src);
+/* Another reference to p / drops one (NULL is a no-op). */
+Program *program_retain(Program *p);
+void program_release(Program *p);
+/* Programs loaded now (for tests and DEBUG output). */
+size_t program_loaded_count(void);
 /* Compiles the kernels not loaded yet in one compiler run (faster than one run each); afterwards
  * program_get finds them without compiling. Returns how many are available. Records no error. */
 int program_get_batch(Device *dev, const char *const *fnames, const char *const *srcs, int n);
@@ -109,5 +154,6 @@ double program_exec(Program *p, void **bufs, int nbufs, const int64_t *global_si
 
 /* Registry of device kinds. */
 extern const DeviceVT cpu_device_vt;
+extern const DeviceVT cl_device_vt;
 
 #endif

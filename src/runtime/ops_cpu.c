@@ -8,7 +8,11 @@
  *  - compile never crashes on bad input or a missing compiler: it returns TG_ERR_COMPILE with the
  *    compiler's own diagnostic.
  *  - A disk-cache entry is only ever seen complete (written to a private name, then rename()d) and
- *    is checked (magic, version, length, checksum) before use; a bad one is deleted and rebuilt.
+ *    is checked before use: magic, version, lengths, its key (the compiler id and a hash of the
+ *    source, stored in the entry) and a checksum over key and payload. A file that is no entry of
+ *    this source is deleted and rebuilt, and so is one whose binary then fails to load
+ *    (cpu_cache_evict, called by program_get). Only regular files are read, opened without
+ *    blocking (a FIFO planted in the cache directory cannot hang the process).
  *    Without a usable cache directory everything still works, just uncached.
  *  - Every loaded object gets a file name never used before in this process: glibc's dlopen
  *    returns an already-loaded object when the path string repeats, so reusing
@@ -103,10 +107,13 @@ static void *map_block(size_t sz) {
 
 static void unmap_block(void *p, size_t sz) { munmap(p, map_size(sz)); }
 
+/* Entry layout (version 2): "TGCK", u32 version, u64 payload length, u32 key length, u32 0, the key,
+ * the payload (the shared object), u64 checksum of everything before it. */
 #define CACHE_MAGIC "TGCK"
-#define CACHE_VERSION 1u
-#define CACHE_HDR 16
+#define CACHE_VERSION 2u
+#define CACHE_HDR 24
 #define CACHE_TRAILER 8
+#define CACHE_MAX_KEY 65536
 #define CACHE_SEED 0x54474b45524e4c31ULL
 #define DIAG_KEEP 65536 /* compiler output read into memory */
 #define DIAG_SHOW 4096  /* compiler output put in the error message */
@@ -139,7 +146,8 @@ static bool write_all(int fd, const void *p, size_t n) {
 
 /* Whole file into a malloc'd buffer; NULL if it cannot be read. */
 static uint8_t *read_file(const char *path, size_t *len) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: opening a FIFO must not wait for a writer; it is then refused as not regular */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return NULL;
   struct stat st;
   uint8_t *buf = NULL;
@@ -327,52 +335,94 @@ static char *cache_dir(void) {
   return sb_take(&b);
 }
 
-/* Payload of a valid entry (malloc'd), or NULL; an entry that exists but is damaged is deleted. */
-static uint8_t *cache_read(const char *path, size_t *len) {
+/* The key stored in an entry: the compiler id and a 128-bit hash of the source. The file name is a
+ * hash of both as well, but only the stored key proves that an entry belongs to this source (a file
+ * copied in from another cache, or a name collision, has another key). */
+static char *cache_key(const CompilerInfo *ci, const char *src) {
+  size_t n = strlen(src);
+  SB k;
+  sb_init(&k);
+  sb_printf(&k, "%s\nsrc:%016llx%016llx", ci->id, (unsigned long long)hash_bytes(src, n, CACHE_SEED),
+            (unsigned long long)hash_bytes(src, n, ~CACHE_SEED));
+  return sb_take(&k);
+}
+
+/* The entry's path for src, or NULL when there is no cache (DISABLE_COMPILER_CACHE, no directory
+ * setting); *dir gets the directory (malloc'd, or NULL). */
+static char *cache_entry_path(const CompilerInfo *ci, const char *src, char **dir) {
+  *dir = NULL;
+  if (getenv_int("DISABLE_COMPILER_CACHE", 0) != 0 || !(*dir = cache_dir())) return NULL;
+  size_t n = strlen(src);
+  uint64_t base = hash_bytes(ci->id, strlen(ci->id), CACHE_SEED);
+  uint64_t h1 = hash_bytes(src, n, base), h2 = hash_bytes(src, n, ~base);
+  SB e;
+  sb_init(&e);
+  sb_printf(&e, "%s/%016llx%016llx.so", *dir, (unsigned long long)h1, (unsigned long long)h2);
+  return sb_take(&e);
+}
+
+/* Payload of a valid entry for `key` (malloc'd), or NULL. An entry that exists but is damaged or
+ * belongs to another key is deleted; something that is not a regular file is left (the rebuilt
+ * entry is renamed over it). */
+static uint8_t *cache_read(const char *path, const char *key, size_t *len) {
   size_t n = 0;
   uint8_t *buf = read_file(path, &n);
   if (!buf) return NULL;
-  uint32_t version;
-  uint64_t plen, sum;
+  uint32_t version = 0, klen = 0;
+  uint64_t plen = 0, sum;
+  size_t want_klen = strlen(key);
   bool ok = n >= CACHE_HDR + CACHE_TRAILER && memcmp(buf, CACHE_MAGIC, 4) == 0;
   if (ok) {
     memcpy(&version, buf + 4, 4);
     memcpy(&plen, buf + 8, 8);
-    ok = version == CACHE_VERSION && plen == n - CACHE_HDR - CACHE_TRAILER;
+    memcpy(&klen, buf + 16, 4);
+    ok = version == CACHE_VERSION && klen <= CACHE_MAX_KEY && plen <= n &&
+         plen == n - CACHE_HDR - CACHE_TRAILER - (uint64_t)klen;
   }
   if (ok) {
-    memcpy(&sum, buf + CACHE_HDR + plen, 8);
-    ok = sum == hash_bytes(buf + CACHE_HDR, (size_t)plen, CACHE_SEED);
+    memcpy(&sum, buf + n - CACHE_TRAILER, 8);
+    ok = sum == hash_bytes(buf, n - CACHE_TRAILER, CACHE_SEED);
   }
-  if (!ok) {
-    if (debug_level() >= 2) fprintf(stderr, "kernel cache: discarding damaged entry %s\n", path);
+  bool foreign = ok && (klen != want_klen || memcmp(buf + CACHE_HDR, key, klen) != 0);
+  if (!ok || foreign) {
+    if (debug_level() >= 2)
+      fprintf(stderr, "kernel cache: discarding %s entry %s\n", foreign ? "another kernel's" : "damaged", path);
     unlink(path);
     free(buf);
     return NULL;
   }
-  memmove(buf, buf + CACHE_HDR, (size_t)plen);
+  memmove(buf, buf + CACHE_HDR + klen, (size_t)plen);
   *len = (size_t)plen;
   return buf;
 }
 
 /* Best effort: a failure leaves no file behind and is otherwise ignored. */
-static void cache_write(const char *dir, const char *path, const uint8_t *lib, size_t len) {
+static void cache_write(const char *dir, const char *path, const char *key, const uint8_t *lib, size_t len) {
   SB tmp;
   sb_init(&tmp);
   sb_printf(&tmp, "%s/.tmp-%d-%ld-%llu", dir, (int)getpid(), (long)syscall(SYS_gettid),
             (unsigned long long)atomic_fetch_add(&g_file_counter, 1));
-  int fd = open(tmp.s, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  size_t klen = strlen(key);
+  size_t total = CACHE_HDR + klen + len + CACHE_TRAILER;
+  uint8_t *e = klen <= CACHE_MAX_KEY ? malloc(total) : NULL;
+  int fd = e ? open(tmp.s, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644) : -1;
   if (fd >= 0) {
-    uint8_t hdr[CACHE_HDR];
-    uint32_t version = CACHE_VERSION;
-    uint64_t plen = len, sum = hash_bytes(lib, len, CACHE_SEED);
-    memcpy(hdr, CACHE_MAGIC, 4);
-    memcpy(hdr + 4, &version, 4);
-    memcpy(hdr + 8, &plen, 8);
-    bool ok = write_all(fd, hdr, sizeof hdr) && write_all(fd, lib, len) && write_all(fd, &sum, 8);
+    uint32_t version = CACHE_VERSION, k32 = (uint32_t)klen, zero = 0;
+    uint64_t plen = len;
+    memcpy(e, CACHE_MAGIC, 4);
+    memcpy(e + 4, &version, 4);
+    memcpy(e + 8, &plen, 8);
+    memcpy(e + 16, &k32, 4);
+    memcpy(e + 20, &zero, 4);
+    memcpy(e + CACHE_HDR, key, klen);
+    memcpy(e + CACHE_HDR + klen, lib, len);
+    uint64_t sum = hash_bytes(e, total - CACHE_TRAILER, CACHE_SEED);
+    memcpy(e + total - CACHE_TRAILER, &sum, 8);
+    bool ok = write_all(fd, e, total);
     ok = close(fd) == 0 && ok;
     if (!ok || rename(tmp.s, path) != 0) unlink(tmp.s);
   }
+  free(e);
   sb_free(&tmp);
 }
 
@@ -457,25 +507,27 @@ static tg_status cpu_compile(void *state, const char *src, uint8_t **lib, size_t
   *liblen = 0;
   if (!src) return tg_set_error(TG_ERR_INVALID, "compile: no source");
   CompilerInfo *ci = compiler_get();
-  char *dir = NULL;
-  SB entry;
-  sb_init(&entry);
-  if (getenv_int("DISABLE_COMPILER_CACHE", 0) == 0 && (dir = cache_dir())) {
-    size_t n = strlen(src);
-    uint64_t base = hash_bytes(ci->id, strlen(ci->id), CACHE_SEED);
-    uint64_t h1 = hash_bytes(src, n, base), h2 = hash_bytes(src, n, ~base);
-    sb_printf(&entry, "%s/%016llx%016llx.so", dir, (unsigned long long)h1, (unsigned long long)h2);
-    if ((*lib = cache_read(entry.s, liblen))) {
-      free(dir);
-      sb_free(&entry);
-      return TG_OK;
-    }
+  char *dir = NULL, *entry = cache_entry_path(ci, src, &dir), *key = entry ? cache_key(ci, src) : NULL;
+  if (entry && (*lib = cache_read(entry, key, liblen))) {
+    free(dir), free(entry), free(key);
+    return TG_OK;
   }
   tg_status st = compile_now(ci, src, lib, liblen);
-  if (st == TG_OK && dir && mkdir_p(dir)) cache_write(dir, entry.s, *lib, *liblen);
-  free(dir);
-  sb_free(&entry);
+  if (st == TG_OK && entry && mkdir_p(dir)) cache_write(dir, entry, key, *lib, *liblen);
+  free(dir), free(entry), free(key);
   return st;
+}
+
+/* The binary cpu_compile gave for src did not load: whatever entry the cache holds for it is
+ * damaged (or not ours), so the next compile builds it afresh. */
+static void cpu_cache_evict(void *state, const char *src) {
+  (void)state;
+  if (!src) return;
+  char *dir = NULL, *entry = cache_entry_path(compiler_get(), src, &dir);
+  if (entry) {
+    if (unlink(entry) == 0 && debug_level() >= 2) fprintf(stderr, "kernel cache: removed %s (its binary did not load)\n", entry);
+  }
+  free(dir), free(entry);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -612,4 +664,5 @@ const DeviceVT cpu_device_vt = {
     .exec = cpu_exec,
     .synchronize = cpu_synchronize,
     .compiler_id = cpu_compiler_id,
+    .cache_evict = cpu_cache_evict,
 };

@@ -54,6 +54,8 @@ typedef struct {
   bool perm;      /* this node reaches its kernel's root through a PERMUTE */
   bool fused_perm; /* (on a root) its fused reduce is reached through a PERMUTE */
   int *lay;        /* (materialized intermediates) storage order of the dims, outermost first; NULL: as the shape */
+  int depth;       /* ops from this node down to the nearest stored value (see depth_bound) */
+  bool deep;       /* materialized because it was deeper than the bound */
 } NI;
 
 typedef struct {
@@ -72,29 +74,83 @@ static NI *info(SCtx *c, UOp *n) {
 }
 
 /* computed where it is read, no buffer behind it */
-static bool is_computed_leaf(UOp *n) { return (n->op == OP_CONST || n->op == OP_IOTA) && !n->realized; }
-static bool is_leaf_node(UOp *n) { return n->realized || n->op == OP_BUFFER || n->op == OP_CONST || n->op == OP_IOTA; }
+static bool is_computed_leaf(UOp *n) { return (n->op == OP_CONST || n->op == OP_IOTA) && !uop_realized(n); }
+static bool is_leaf_node(UOp *n) { return uop_realized(n) || n->op == OP_BUFFER || n->op == OP_CONST || n->op == OP_IOTA; }
 
-static void visit(SCtx *c, UOp *n, bool target) {
+/* Kernel depth bound: a node more than this many ops above the nearest stored value (a leaf or a
+ * materialized node) is materialized itself. A lazy graph built by a loop (x = x + y, a million
+ * times) is then a chain of kernels of bounded depth instead of one kernel whose building, lowering,
+ * rendering and compiling would each recurse a million levels deep. Kernels of ordinary models are
+ * far shallower, so this changes nothing for them; DEPTH_SPLIT sets another bound (at least 8). */
+#define DEPTH_SPLIT_DEFAULT 256
+
+static int depth_bound(void) {
+  int64_t b = getenv_int("DEPTH_SPLIT", DEPTH_SPLIT_DEFAULT);
+  return b < 8 ? 8 : b > 100000 ? 100000 : (int)b;
+}
+
+/* What a node adds to the depth of the kernels reading it: 0 when they load it from a buffer. */
+static int depth_seen_by_consumers(const NI *x) {
+  UOp *n = x->n;
+  if (x->leaf || x->deep || n->op == OP_CONTIGUOUS || n->op == OP_COPY || n->op == OP_ASSIGN) return 0;
+  return x->depth;
+}
+
+typedef struct {
+  UOp *n;
+  uint32_t next; /* next source to visit */
+  bool leaf;
+  int depth;     /* 1 + the deepest source seen so far */
+} VFrame;
+
+/* Records every node reachable from n in post-order (sources first), once each. Iterative: a graph
+ * may be a chain of millions of nodes. */
+static void visit(SCtx *c, UOp *n, bool target, int bound) {
   if (pm_has(&c->idx, (uint64_t)(uintptr_t)n)) {
     if (target) info(c, n)->target = true;
     return;
   }
-  bool leaf = is_leaf_node(n) && !(target && is_computed_leaf(n));
-  if (!leaf)
-    for (uint32_t i = 0; i < n->nsrc; i++) visit(c, n->src[i], false);
-  if (c->nn == c->capn) {
-    c->capn = c->capn ? c->capn * 2 : 64;
-    c->ni = tg_xrealloc(c->ni, sizeof(NI) * (size_t)c->capn);
+  VFrame *st = NULL;
+  size_t ns = 0, cap = 0;
+  VFrame top = {n, 0, is_leaf_node(n) && !(target && is_computed_leaf(n)), 1};
+  st = tg_xmalloc(sizeof *st * (cap = 64));
+  st[ns++] = top;
+  while (ns) {
+    VFrame *f = &st[ns - 1];
+    if (!f->leaf && f->next < f->n->nsrc) {
+      UOp *s = f->n->src[f->next++];
+      NI *xs = info(c, s);
+      if (xs) {
+        int d = depth_seen_by_consumers(xs) + 1;
+        if (d > f->depth) f->depth = d;
+        continue;
+      }
+      if (ns == cap) st = tg_xrealloc(st, sizeof *st * (cap *= 2));
+      st[ns++] = (VFrame){s, 0, is_leaf_node(s), 1};
+      continue;
+    }
+    VFrame done = *f;
+    ns--;
+    if (c->nn == c->capn) {
+      c->capn = c->capn ? c->capn * 2 : 64;
+      c->ni = tg_xrealloc(c->ni, sizeof(NI) * (size_t)c->capn);
+    }
+    NI *x = &c->ni[c->nn++];
+    memset(x, 0, sizeof *x);
+    x->n = done.n;
+    x->leaf = done.leaf;
+    x->target = ns == 0 && target;
+    x->root = -1;
+    x->sbuf = -1;
+    x->depth = done.leaf ? 0 : done.depth;
+    if (!done.leaf && done.depth > bound) x->deep = x->mat = true;
+    pm_put(&c->idx, (uint64_t)(uintptr_t)done.n, (void *)(intptr_t)c->nn);
+    if (ns) {
+      int d = depth_seen_by_consumers(x) + 1;
+      if (d > st[ns - 1].depth) st[ns - 1].depth = d;
+    }
   }
-  NI *x = &c->ni[c->nn++];
-  memset(x, 0, sizeof *x);
-  x->n = n;
-  x->leaf = leaf;
-  x->target = target;
-  x->root = -1;
-  x->sbuf = -1;
-  pm_put(&c->idx, (uint64_t)(uintptr_t)n, (void *)(intptr_t)c->nn);
+  free(st);
 }
 
 /* Consumers before producers (the reverse of the post-order in which visit() recorded the nodes),
@@ -108,7 +164,7 @@ static int inline_cost(SCtx *c, UOp *n, PtrMap *seen, int cap) {
   if (pm_has(seen, (uint64_t)(uintptr_t)n)) return 0;
   pm_put(seen, (uint64_t)(uintptr_t)n, (void *)1);
   NI *x = info(c, n);
-  if (!x || x->leaf || n->op == OP_REDUCE_AXIS || n->op == OP_CONTIGUOUS || n->op == OP_INDEX) return 0;
+  if (!x || x->leaf || x->deep || n->op == OP_REDUCE_AXIS || n->op == OP_CONTIGUOUS || n->op == OP_INDEX) return 0;
   int cost = op_is_alu(n->op) ? 1 : 0;
   for (uint32_t k = 0; k < n->nsrc && cost < cap; k++) cost += inline_cost(c, n->src[k], seen, cap - cost);
   return cost;
@@ -257,7 +313,7 @@ static int sbuf_existing(SCtx *c, Buffer *buf, UOp *node) {
 
 static int leaf_sbuf(SCtx *c, NI *x) {
   if (x->sbuf >= 0) return x->sbuf;
-  UOp *b = x->n->realized ? x->n->realized : x->n;
+  UOp *b = uop_realized(x->n) ? uop_realized(x->n) : x->n;
   TG_ASSERT(b->op == OP_BUFFER);
   x->sbuf = sbuf_existing(c, g_buffer_of(b), b);
   return x->sbuf;
@@ -1369,7 +1425,7 @@ static void fuse_windows(Schedule *s) {
       int B = k2->bufs[q];
       SBuf *b = &s->bufs[B];
       if (b->keep || b->buf || b->last_use != i || !b->node || b->node->op != OP_CONTIGUOUS || b->node->arg.i != 1 ||
-          (b->node->flags & UOPF_MAX_GRAD))
+          (uop_flags(b->node) & UOPF_MAX_GRAD))
         continue;
       int j = -1, readers = 0;
       for (int m = 0; m < s->nitems; m++) {
@@ -1423,7 +1479,8 @@ tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
   memset(&c, 0, sizeof c);
   c.s = s;
   memset(s, 0, sizeof *s);
-  for (int i = 0; i < n; i++) visit(&c, targets[i], true);
+  int bound = depth_bound();
+  for (int i = 0; i < n; i++) visit(&c, targets[i], true, bound);
   decide(&c);
   for (int i = 0; i < c.nn; i++) {
     NI *x = &c.ni[i];

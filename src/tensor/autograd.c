@@ -39,10 +39,12 @@ static void grad_rule(UOp *n, UOp *g, UOp **out) {
   case OP_SUB: out[0] = uop_ref(g), out[1] = neg(g); break;
   case OP_MUL: out[0] = mul3(g, b), out[1] = mul3(g, a); break;
   case OP_FDIV: {
+    /* d/db = -(g/b) * (a/b), the quotient being n: g/b/b * a underflows to 0 (or overflows) where
+     * the result does not, e.g. at a = b = 1e30 (tinygrad's -(a*g) * (1/b) * (1/b) has it right) */
     out[0] = bin(OP_FDIV, g, b);
-    UOp *t = bin(OP_FDIV, out[0], b), *u = mul3(t, a);
+    UOp *u = mul3(out[0], n);
     out[1] = neg(u);
-    uop_unref(t), uop_unref(u);
+    uop_unref(u);
     break;
   }
   case OP_MAX: {
@@ -57,15 +59,17 @@ static void grad_rule(UOp *n, UOp *g, UOp **out) {
     break;
   }
   case OP_POW: {
-    /* d/da a^b = b * a^(b-1); d/db a^b = a^b * log(a) */
-    UOp *one = kconst(b, 1, dt), *bm1 = bin(OP_SUB, b, one), *p = bin(OP_POW, a, bm1), *t = mul3(p, b);
-    out[0] = mul3(g, t);
-    UOp *l2 = g_alu(OP_LOG2, dt, a, NULL, NULL), *ln = mulc(l2, M_LN2), *t2 = mul3(n, ln);
-    /* a == 0 with b > 0 contributes 0 (not nan) to the exponent's gradient */
-    UOp *z = kconst(a, 0, dt), *az = g_alu(OP_CMPEQ, TG_BOOL, a, z, NULL), *t3 = g_alu(OP_WHERE, dt, az, z, t2);
-    out[1] = mul3(g, t3);
-    uop_unref(one), uop_unref(bm1), uop_unref(p), uop_unref(t), uop_unref(l2), uop_unref(ln), uop_unref(t2);
-    uop_unref(z), uop_unref(az), uop_unref(t3);
+    /* tinygrad's rules, exact at zero: d/da = b == 0 ? 0 : b * a^(b-1) (so x**0 has gradient 0 even
+     * at x = 0); d/db = a == 0 ? (b < 0 ? -inf : 0) : a^b * log2(a) * ln 2 */
+    UOp *z = kconst(a, 0, dt), *one = kconst(b, 1, dt), *bm1 = bin(OP_SUB, b, one), *p = bin(OP_POW, a, bm1), *t = mul3(b, p);
+    UOp *bz = g_alu(OP_CMPEQ, TG_BOOL, b, z, NULL), *da = g_alu(OP_WHERE, dt, bz, z, t);
+    out[0] = mul3(g, da);
+    UOp *l2 = g_alu(OP_LOG2, dt, a, NULL, NULL), *t1 = mul3(n, l2), *t2 = mulc(t1, M_LN2);
+    UOp *ninf = kconst(a, -INFINITY, dt), *bneg = g_alu(OP_CMPLT, TG_BOOL, b, z, NULL), *at0 = g_alu(OP_WHERE, dt, bneg, ninf, z);
+    UOp *az = g_alu(OP_CMPEQ, TG_BOOL, a, z, NULL), *db = g_alu(OP_WHERE, dt, az, at0, t2);
+    out[1] = mul3(g, db);
+    uop_unref(z), uop_unref(one), uop_unref(bm1), uop_unref(p), uop_unref(t), uop_unref(bz), uop_unref(da);
+    uop_unref(l2), uop_unref(t1), uop_unref(t2), uop_unref(ninf), uop_unref(bneg), uop_unref(at0), uop_unref(az), uop_unref(db);
     break;
   }
   case OP_WHERE: {
@@ -89,10 +93,12 @@ static void grad_rule(UOp *n, UOp *g, UOp **out) {
     break;
   }
   case OP_SIN: {
-    /* cos(x) = sin(pi/2 - x) */
-    UOp *hp = kconst(a, M_PI / 2, dt), *d = bin(OP_SUB, hp, a), *c = g_alu(OP_SIN, dt, d, NULL, NULL);
+    /* cos(x) = 1 - 2 sin(x/2)^2: x/2 is exact, where tinygrad's sin(pi/2 - x) loses x once pi/2 - x
+     * rounds (|x| above ~1e7 in float32), which made the gradient of cos(1e30) 1.6 */
+    UOp *h = mulc(a, 0.5), *s = g_alu(OP_SIN, dt, h, NULL, NULL), *s2 = mul3(s, s), *t = mulc(s2, -2.0);
+    UOp *one = kconst(a, 1, dt), *c = bin(OP_ADD, one, t);
     out[0] = mul3(g, c);
-    uop_unref(hp), uop_unref(d), uop_unref(c);
+    uop_unref(h), uop_unref(s), uop_unref(s2), uop_unref(t), uop_unref(one), uop_unref(c);
     break;
   }
   case OP_SQRT: {
@@ -148,15 +154,24 @@ static void grad_rule(UOp *n, UOp *g, UOp **out) {
     if (n->arg.i == OP_ADD) {
       out[0] = ge;
     } else if (n->arg.i == OP_MUL) {
-      UOp *gr = mul3(g, n), *gre = g_expand(gr, a->shape);
-      out[0] = bin(OP_FDIV, gre, a);
-      uop_unref(gr), uop_unref(gre), uop_unref(ge);
+      /* d prod / d x_j is the product of the others: prod / x_j where x_j != 0; at a zero it is the
+       * product of the non-zero elements if x_j is the only zero, else 0 (tinygrad's rule) */
+      UOp *z = kconst(a, 0, dt), *one = kconst(a, 1, dt), *isz = g_alu(OP_CMPEQ, TG_BOOL, a, z, NULL);
+      UOp *safe = g_alu(OP_WHERE, dt, isz, one, a), *pr = g_reduce(safe, OP_MUL, n->iarg, (int)n->niarg);
+      UOp *zi = g_cast(isz, TG_INT32), *cnt = g_reduce(zi, OP_ADD, n->iarg, (int)n->niarg);
+      UOp *c1 = kconst(cnt, 1, TG_INT32), *only = g_alu(OP_CMPEQ, TG_BOOL, cnt, c1, NULL), *zr = kconst(pr, 0, dt);
+      UOp *atz = g_alu(OP_WHERE, dt, only, pr, zr), *atze = g_expand(atz, a->shape), *ne = g_expand(n, a->shape);
+      UOp *q = bin(OP_FDIV, ne, safe), *d = g_alu(OP_WHERE, dt, isz, atze, q);
+      out[0] = mul3(ge, d);
+      uop_unref(z), uop_unref(one), uop_unref(isz), uop_unref(safe), uop_unref(pr), uop_unref(zi), uop_unref(cnt);
+      uop_unref(c1), uop_unref(only), uop_unref(zr), uop_unref(atz), uop_unref(atze), uop_unref(ne), uop_unref(q), uop_unref(d);
+      uop_unref(ge);
     } else {
       /* MAX: the gradient goes to the maxima, split evenly between ties. The comparison reads a
        * again: mark it (and what it is a view of) so the scheduler keeps the maximum and this
        * recomputation reading the same bits */
       for (UOp *v = a;; v = v->src[0]) {
-        __atomic_fetch_or(&v->flags, (uint8_t)UOPF_MAX_GRAD, __ATOMIC_RELAXED);
+        uop_set_flag(v, UOPF_MAX_GRAD);
         if (!op_is_movement(v->op) || !v->nsrc) break;
       }
       UOp *re = g_expand(n, a->shape), *eq = g_alu(OP_CMPEQ, TG_BOOL, a, re, NULL), *m = g_cast(eq, dt);
@@ -203,9 +218,9 @@ static void custom_drop(UOp *u) {
   pthread_mutex_unlock(&custom_lock);
   if (!c) return;
   UOp *t = c->history ? c->inputs[0] : NULL;
-  if (t && t->realized == u && (t->flags & UOPF_WEAK_REALIZED)) {
-    t->realized = NULL; /* the result dies with its buffer node; t would be computed again */
-    t->flags &= (uint8_t)~UOPF_WEAK_REALIZED;
+  if (t && uop_realized(t) == u && (uop_flags(t) & UOPF_WEAK_REALIZED)) {
+    uop_set_realized(t, NULL); /* the result dies with its buffer node; t would be computed again */
+    uop_clear_flag(t, UOPF_WEAK_REALIZED);
   }
   for (int i = 0; i < c->n; i++) uop_unref(c->inputs[i]);
   free(c->inputs);
@@ -225,7 +240,7 @@ void ag_set_custom_grad(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn) {
   c->fn = fn;
   pthread_mutex_lock(&custom_lock);
   pm_put(&customs, (uint64_t)(uintptr_t)out, c);
-  out->flags |= UOPF_HOOKED;
+  uop_set_flag(out, UOPF_HOOKED);
   pthread_mutex_unlock(&custom_lock);
 }
 
@@ -237,38 +252,52 @@ static void history_grad(UOp *out, UOp *g, UOp *const *inputs, int n, UOp **grad
 
 static Custom *custom_of(UOp *u);
 
-/* Does u's graph (through histories too) contain a tensor that requires grad? */
-static bool reaches_grad_leaf(UOp *u, PtrMap *seen) {
-  if (u->flags & UOPF_GRAD_LEAF) return true;
-  if (pm_has(seen, (uint64_t)(uintptr_t)u)) return false;
-  pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
-  Custom *c = custom_of(u);
-  for (int i = 0; c && i < c->n; i++)
-    if (reaches_grad_leaf(c->inputs[i], seen)) return true;
-  for (uint32_t i = 0; i < u->nsrc; i++)
-    if (reaches_grad_leaf(u->src[i], seen)) return true;
-  return false;
+/* Does u's graph (through histories too) contain a tensor that requires grad? Iterative, as every
+ * walk over a whole tensor graph: a graph built by a loop can be a chain of millions of nodes. */
+static bool reaches_grad_leaf(UOp *u) {
+  PtrMap seen;
+  pm_init(&seen);
+  PtrVec st = {0};
+  pv_push(&st, u);
+  bool found = false;
+  while (st.n && !found) {
+    UOp *x = st.p[--st.n];
+    if (uop_flags(x) & UOPF_GRAD_LEAF) {
+      found = true;
+      break;
+    }
+    if (pm_has(&seen, (uint64_t)(uintptr_t)x)) continue;
+    pm_put(&seen, (uint64_t)(uintptr_t)x, (void *)1);
+    Custom *c = custom_of(x);
+    int nin = c ? c->n : (int)x->nsrc;
+    UOp *const *in = c ? c->inputs : x->src;
+    /* a leaf among the direct inputs ends the walk before it descends into a long history */
+    for (int i = 0; i < nin && !found; i++) found = (uop_flags(in[i]) & UOPF_GRAD_LEAF) != 0;
+    for (int i = nin; i-- > 0;) pv_push(&st, in[i]);
+    if (c)
+      for (uint32_t i = x->nsrc; i-- > 0;) pv_push(&st, x->src[i]);
+  }
+  pv_free(&st);
+  pm_free(&seen);
+  return found;
 }
 
 void ag_attach_history(UOp *bn, UOp *t) {
-  if (t->op == OP_ASSIGN || t->op == OP_BUFFER || (t->flags & UOPF_GRAD_LEAF) || t->realized != bn ||
-      (bn->flags & UOPF_HOOKED))
+  if (t->op == OP_ASSIGN || t->op == OP_BUFFER || (uop_flags(t) & UOPF_GRAD_LEAF) || uop_realized(t) != bn ||
+      (uop_flags(bn) & UOPF_HOOKED))
     return;
-  PtrMap seen;
-  pm_init(&seen);
-  bool need = reaches_grad_leaf(t, &seen); /* t itself is not a leaf: checked above */
-  pm_free(&seen);
+  bool need = reaches_grad_leaf(t); /* t itself is not a leaf: checked above */
   if (!need) return;
   ag_set_custom_grad(bn, &t, 1, history_grad);
   Custom *c = custom_of(bn);
   if (!c) return;
   c->history = true;
-  t->flags |= UOPF_WEAK_REALIZED;
+  uop_set_flag(t, UOPF_WEAK_REALIZED);
   uop_unref(bn); /* t's reference: the handles keep bn alive, and bn keeps t */
 }
 
 static Custom *custom_of(UOp *u) {
-  if (!(u->flags & UOPF_HOOKED)) return NULL;
+  if (!(uop_flags(u) & UOPF_HOOKED)) return NULL;
   pthread_mutex_lock(&custom_lock);
   Custom *c = pm_get(&customs, (uint64_t)(uintptr_t)u);
   pthread_mutex_unlock(&custom_lock);
@@ -280,16 +309,43 @@ typedef struct {
   PtrVec order; /* post-order (sources first) */
 } Topo;
 
+/* Appends every node reachable from u (through custom gradients' inputs instead of the sources
+ * where a node has one; not past an ASSIGN) in post-order, sources in order before the node. An
+ * explicit stack of (node, next input) frames instead of recursion. */
+typedef struct {
+  UOp *u;
+  UOp *const *in; /* the inputs followed: a custom gradient's, or the sources */
+  int n, next;
+} TFrame;
+
 static void topo_visit(Topo *t, UOp *u) {
   if (pm_has(&t->idx, (uint64_t)(uintptr_t)u)) return;
-  pm_put(&t->idx, (uint64_t)(uintptr_t)u, (void *)(intptr_t)-1);
-  Custom *c = custom_of(u);
-  if (c)
-    for (int i = 0; i < c->n; i++) topo_visit(t, c->inputs[i]);
-  else if (u->op != OP_ASSIGN)
-    for (uint32_t i = 0; i < u->nsrc; i++) topo_visit(t, u->src[i]);
-  pv_push(&t->order, u);
-  pm_put(&t->idx, (uint64_t)(uintptr_t)u, (void *)(intptr_t)t->order.n);
+  TFrame *st = NULL;
+  size_t ns = 0, cap = 0;
+  UOp *push = u;
+  for (;;) {
+    if (push) {
+      pm_put(&t->idx, (uint64_t)(uintptr_t)push, (void *)(intptr_t)-1);
+      Custom *c = custom_of(push);
+      TFrame f = {push, NULL, 0, 0};
+      if (c) f.in = c->inputs, f.n = c->n;
+      else if (push->op != OP_ASSIGN) f.in = push->src, f.n = (int)push->nsrc;
+      if (ns == cap) st = tg_xrealloc(st, sizeof *st * (cap = cap ? cap * 2 : 64));
+      st[ns++] = f;
+      push = NULL;
+    }
+    if (!ns) break;
+    TFrame *f = &st[ns - 1];
+    if (f->next < f->n) {
+      UOp *s = f->in[f->next++];
+      if (!pm_has(&t->idx, (uint64_t)(uintptr_t)s)) push = s;
+      continue;
+    }
+    pv_push(&t->order, f->u);
+    pm_put(&t->idx, (uint64_t)(uintptr_t)f->u, (void *)(intptr_t)t->order.n);
+    ns--;
+  }
+  free(st);
 }
 
 /* Computes d loss / d targets[i] into out[i] (new refs; NULL if unreachable). */
@@ -318,7 +374,9 @@ static void compute_grads(UOp *loss, UOp *seed, UOp **targets, int n, UOp **out)
     if (!g || u->op == OP_ASSIGN || !pm_has(&on_path, (uint64_t)(uintptr_t)u)) continue;
     bool is_target = false;
     for (int i = 0; i < n; i++) is_target = is_target || targets[i] == u;
-    if (is_target && u->op == OP_BUFFER) continue;
+    /* a realized tensor marked requires_grad is a leaf; other realized targets (unset ones, the loss
+     * read before its backward) pass the gradient on through their history */
+    if (is_target && u->op == OP_BUFFER && (uop_flags(u) & UOPF_GRAD_LEAF)) continue;
     UOp *contrib[8] = {NULL};
     Custom *cu = custom_of(u);
     int ns;
@@ -363,33 +421,61 @@ static void compute_grads(UOp *loss, UOp *seed, UOp **targets, int n, UOp **out)
   pv_free(&t.order);
 }
 
-static UOp *loss_seed(const char *fn, UOp *l) {
-  if (shape_numel(l->shape, l->ndim) != 1) {
-    char b[256];
-    tg_set_error(TG_ERR_INVALID, "%s: loss of shape %s is not a scalar; reduce it first (e.g. tg_sum or tg_mean)", fn,
-                 fmt_shape(b, sizeof b, l->shape, l->ndim));
+/* The gradient of the output to start from: ones for a scalar loss, else the caller's (t's shape,
+ * cast to t's dtype), as tinygrad's backward(gradient=) / gradient(gradient=). */
+static UOp *loss_seed(const char *fn, UOp *l, tg_tensor upstream) {
+  if (!tg_dtype_is_float((tg_dtype)l->dtype)) {
+    tg_set_error(TG_ERR_INVALID, "%s: the tensor has dtype %s; only float tensors can be differentiated", fn,
+                 tg_dtype_name((tg_dtype)l->dtype));
     return NULL;
   }
-  if (!tg_dtype_is_float((tg_dtype)l->dtype)) {
-    tg_set_error(TG_ERR_INVALID, "%s: loss has dtype %s; only float tensors can be differentiated", fn, tg_dtype_name((tg_dtype)l->dtype));
+  if (upstream.id) {
+    UOp *g = t_get(upstream, fn);
+    if (!g) return NULL;
+    if (g->ndim != l->ndim || (g->ndim && memcmp(g->shape, l->shape, sizeof(int64_t) * (size_t)g->ndim))) {
+      char a[256], b[256];
+      tg_set_error(TG_ERR_INVALID,
+                   "%s: the upstream gradient has shape %s but the tensor has shape %s (they must match)", fn,
+                   fmt_shape(a, sizeof a, g->shape, g->ndim), fmt_shape(b, sizeof b, l->shape, l->ndim));
+      return NULL;
+    }
+    if (g->device != l->device) {
+      tg_set_error(TG_ERR_INVALID,
+                   "%s: the upstream gradient is on %s but the tensor is on %s (move it with tg_to)", fn,
+                   device_by_id(g->device)->name, device_by_id(l->device)->name);
+      return NULL;
+    }
+    /* the seed is a constant of the backward pass: no gradient flows into it */
+    UOp *c = g_cast(g, (tg_dtype)l->dtype), *d = g_detach(c);
+    uop_unref(c);
+    return d;
+  }
+  if (shape_numel(l->shape, l->ndim) != 1) {
+    char b[256];
+    tg_set_error(TG_ERR_INVALID,
+                 "%s: loss of shape %s is not a scalar; reduce it first (e.g. tg_sum or tg_mean) or pass the "
+                 "upstream gradient (tg_backward_with_grad / tg_gradient_with_grad)",
+                 fn, fmt_shape(b, sizeof b, l->shape, l->ndim));
     return NULL;
   }
   return kconst(l, 1.0, (tg_dtype)l->dtype);
 }
 
-tg_status tg_gradient(tg_tensor loss, const tg_tensor *targets, int n, tg_tensor *out) {
-  UOp *l = t_get(loss, "tg_gradient");
+static tg_status gradient_impl(const char *fn, tg_tensor loss, tg_tensor upstream, const tg_tensor *targets,
+                               int n, tg_tensor *out) {
+  UOp *l = t_get(loss, fn);
   if (!l) return TG_ERR_HANDLE;
-  if (n < 0 || (n > 0 && (!targets || !out))) return tg_set_error(TG_ERR_INVALID, "tg_gradient: targets/out NULL or n=%d < 0", n);
+  if (n < 0 || (n > 0 && (!targets || !out)))
+    return tg_set_error(TG_ERR_INVALID, "%s: targets/out NULL or n=%d < 0", fn, n);
   UOp **ts = tg_xmalloc(sizeof(UOp *) * (size_t)(n + 1)), **gs = tg_xmalloc(sizeof(UOp *) * (size_t)(n + 1));
   for (int i = 0; i < n; i++) {
-    ts[i] = t_get(targets[i], "tg_gradient");
+    ts[i] = t_get(targets[i], fn);
     if (!ts[i]) {
       free(ts), free(gs);
       return TG_ERR_HANDLE;
     }
   }
-  UOp *seed = loss_seed("tg_gradient", l);
+  UOp *seed = loss_seed(fn, l, upstream);
   if (!seed) {
     free(ts), free(gs);
     return TG_ERR_INVALID;
@@ -397,17 +483,38 @@ tg_status tg_gradient(tg_tensor loss, const tg_tensor *targets, int n, tg_tensor
   compute_grads(l, seed, ts, n, gs);
   uop_unref(seed);
   tg_status st = TG_OK;
-  for (int i = 0; i < n; i++) {
-    if (!gs[i]) {
-      char b[256];
-      if (st == TG_OK)
-        st = tg_set_error(TG_ERR_INVALID, "tg_gradient: target %d (shape %s) is not connected to the loss through differentiable ops", i,
-                          fmt_shape(b, sizeof b, ts[i]->shape, ts[i]->ndim));
-      out[i] = NONE;
-    } else {
-      out[i] = t_wrap(gs[i]);
-    }
+  if (tg_oom_check("tg_gradient")) { /* nothing handed out yet: drop the gradients built */
+    for (int i = 0; i < n; i++) uop_unref(gs[i]), out[i] = NONE;
+    free(ts), free(gs);
+    return TG_ERR_RUNTIME;
   }
+  /* a target the loss reads only through non-differentiable ops (a where condition, the sign of
+   * copysign, a comparison) gets zeros, as in tinygrad, so several gradients can be asked for at
+   * once; one that is not in the loss's graph at all is reported (the wrong tensor, most likely) */
+  Topo tp;
+  memset(&tp, 0, sizeof tp);
+  bool walked = false;
+  for (int i = 0; i < n; i++) {
+    char b[256];
+    if (gs[i]) {
+      out[i] = t_wrap(gs[i]);
+      continue;
+    }
+    out[i] = NONE;
+    if (st != TG_OK) continue;
+    if (!tg_dtype_is_float((tg_dtype)ts[i]->dtype)) {
+      st = tg_set_error(TG_ERR_INVALID, "%s: target %d has dtype %s; only float tensors have gradients", fn, i,
+                        tg_dtype_name((tg_dtype)ts[i]->dtype));
+      continue;
+    }
+    if (!walked) topo_visit(&tp, l), walked = true;
+    if (pm_has(&tp.idx, (uint64_t)(uintptr_t)ts[i]))
+      out[i] = t_wrap(kconst(ts[i], 0, (tg_dtype)ts[i]->dtype));
+    else
+      st = tg_set_error(TG_ERR_INVALID, "%s: target %d (shape %s) is not part of the loss's graph", fn, i,
+                        fmt_shape(b, sizeof b, ts[i]->shape, ts[i]->ndim));
+  }
+  if (walked) pm_free(&tp.idx), pv_free(&tp.order);
   if (st != TG_OK)
     for (int i = 0; i < n; i++) {
       tg_free(out[i]);
@@ -417,12 +524,21 @@ tg_status tg_gradient(tg_tensor loss, const tg_tensor *targets, int n, tg_tensor
   return st;
 }
 
-tg_status tg_backward(tg_tensor loss) {
-  UOp *l = t_get(loss, "tg_backward");
+tg_status tg_gradient(tg_tensor loss, const tg_tensor *targets, int n, tg_tensor *out) {
+  return gradient_impl("tg_gradient", loss, (tg_tensor){0}, targets, n, out);
+}
+tg_status tg_gradient_with_grad(tg_tensor t, tg_tensor gradient, const tg_tensor *targets, int n,
+                                tg_tensor *out) {
+  return gradient_impl("tg_gradient_with_grad", t, gradient, targets, n, out);
+}
+
+static tg_status backward_impl(const char *fn, tg_tensor loss, tg_tensor upstream) {
+  UOp *l = t_get(loss, fn);
   if (!l) return TG_ERR_HANDLE;
-  UOp *seed = loss_seed("tg_backward", l);
+  UOp *seed = loss_seed(fn, l, upstream);
   if (!seed) return TG_ERR_INVALID;
-  /* targets: live tensors that require grad and appear in the loss graph */
+  /* targets, as tinygrad's: every live float tensor in the loss graph not marked requires_grad false
+   * (unset is tinygrad's None, and counts) */
   Topo t;
   memset(&t, 0, sizeof t);
   topo_visit(&t, l);
@@ -430,7 +546,9 @@ tg_status tg_backward(tg_tensor loss) {
   PtrVec nodes = {0};
   for (size_t i = 0; i < t_slot_count(); i++) {
     Slot *s = t_slot_at(i);
-    if (s->scope < 0 || !s->requires_grad || !pm_has(&t.idx, (uint64_t)(uintptr_t)s->u)) continue;
+    if (s->scope < 0 || s->requires_grad == 0 || !tg_dtype_is_float((tg_dtype)s->u->dtype) ||
+        !pm_has(&t.idx, (uint64_t)(uintptr_t)s->u))
+      continue;
     pv_push(&slots, s);
     pv_push(&nodes, s->u);
   }
@@ -438,7 +556,10 @@ tg_status tg_backward(tg_tensor loss) {
   pv_free(&t.order);
   tg_status st = TG_OK;
   if (nodes.n == 0) {
-    st = tg_set_error(TG_ERR_INVALID, "tg_backward: the loss does not depend on any tensor with requires_grad set");
+    st = tg_set_error(TG_ERR_INVALID,
+                      "%s: no live float tensor in the loss's graph can take a gradient (all are marked "
+                      "requires_grad false)",
+                      fn);
   } else {
     UOp **gs = tg_xmalloc(sizeof(UOp *) * nodes.n);
     compute_grads(l, seed, (UOp **)nodes.p, (int)nodes.n, gs);
@@ -447,15 +568,30 @@ tg_status tg_backward(tg_tensor loss) {
       Slot *s = slots.p[i];
       if (!gs[i]) continue;
       got++;
-      if (s->grad) {
+      if (s->grad) { /* the new total; committed below */
         UOp *sum = bin(OP_ADD, s->grad, gs[i]);
-        uop_unref(s->grad), uop_unref(gs[i]);
-        s->grad = sum;
+        uop_unref(gs[i]);
+        gs[i] = sum;
+      }
+    }
+    /* short of memory on the way: no gradient changes, so the call can simply be repeated */
+    bool oom = tg_oom_check("tg_backward");
+    for (size_t i = 0; i < nodes.n; i++) {
+      Slot *s = slots.p[i];
+      if (!gs[i]) continue;
+      if (oom) {
+        uop_unref(gs[i]);
       } else {
+        uop_unref(s->grad);
         s->grad = gs[i];
       }
     }
-    if (!got) st = tg_set_error(TG_ERR_INVALID, "tg_backward: no tensor with requires_grad is reachable from the loss through differentiable ops");
+    if (oom) st = TG_ERR_RUNTIME;
+    else if (!got)
+      st = tg_set_error(TG_ERR_INVALID,
+                        "%s: no tensor not marked requires_grad false is reachable from the loss through "
+                        "differentiable ops",
+                        fn);
     free(gs);
   }
   uop_unref(seed);
@@ -464,20 +600,25 @@ tg_status tg_backward(tg_tensor loss) {
   return st;
 }
 
+tg_status tg_backward(tg_tensor loss) { return backward_impl("tg_backward", loss, (tg_tensor){0}); }
+tg_status tg_backward_with_grad(tg_tensor t, tg_tensor gradient) {
+  return backward_impl("tg_backward_with_grad", t, gradient);
+}
+
 tg_tensor tg_set_requires_grad(tg_tensor t, bool requires_grad) {
   Slot *s = t_slot(t);
   if (!s) {
     t_get(t, "tg_set_requires_grad");
     return NONE;
   }
-  s->requires_grad = requires_grad;
-  if (requires_grad && s->u) s->u->flags |= UOPF_GRAD_LEAF;
+  s->requires_grad = requires_grad ? 1 : 0;
+  if (requires_grad && s->u) uop_set_flag(s->u, UOPF_GRAD_LEAF);
   return t;
 }
 
 bool tg_requires_grad(tg_tensor t) {
   Slot *s = t_slot(t);
-  return s && s->requires_grad;
+  return s && s->requires_grad == 1;
 }
 
 tg_tensor tg_grad(tg_tensor t) {

@@ -27,6 +27,13 @@ tg_tensor op_scope_done(OpScope o, tg_tensor r);
 tg_tensor pool_windows(tg_tensor x, const int64_t *xs, int n, int nk, const int64_t *k, const int64_t *s,
                        const int64_t *d);
 
+/* n-d convolution (nnops.c): conv_opts_nd resolves tg_window_opts for nsp spatial dims (pads as
+ * (before, after) per dim; outpad only when transposed); conv_nd_resolved convolves with them. */
+bool conv_opts_nd(const char *fn, const tg_window_opts *opts, int nsp, bool transposed, int64_t *groups,
+                  int64_t *s, int64_t *d, int64_t *pads, int64_t *outpad);
+tg_tensor conv_nd_resolved(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, int64_t groups,
+                           const int64_t *s, const int64_t *d, const int64_t *pads);
+
 /* Ceiling division for window sizes (b > 0). */
 int64_t ceil_div(int64_t a, int64_t b);
 

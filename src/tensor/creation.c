@@ -80,7 +80,7 @@ static bool check_shape(const char *fn, const int64_t *shape, int ndim, int64_t 
 
 static tg_tensor finish(UOp *u, const tg_opts *o) {
   tg_tensor t = t_wrap(u);
-  if (o && o->requires_grad && t.id) tg_set_requires_grad(t, true);
+  if (o && o->requires_grad != TG_GRAD_UNSET && t.id) tg_set_requires_grad(t, o->requires_grad != 0);
   return t;
 }
 
@@ -148,8 +148,7 @@ tg_tensor tg_empty(const int64_t *shape, int ndim, const tg_opts *opts) {
 }
 
 static tg_opts like_opts(UOp *u, const tg_opts *o) {
-  tg_opts r = {0};
-  if (o) r = *o;
+  tg_opts r = o ? *o : *TG_OPTS();
   if (r.dtype == TG_DTYPE_DEFAULT) r.dtype = (tg_dtype)u->dtype;
   if (!r.device) r.device = device_by_id(u->device)->name;
   return r;
@@ -193,8 +192,7 @@ static tg_tensor from_doubles(const char *fn, const double *v, const int64_t *sh
   unsigned char *buf = host_alloc(fn, n, isz, false);
   if (!buf) return NONE;
   for (int64_t i = 0; i < n; i++) dtype_store(dt, buf + (size_t)i * isz, v[i]);
-  tg_opts o = {0};
-  if (opts) o = *opts;
+  tg_opts o = opts ? *opts : *TG_OPTS();
   o.dtype = dt;
   tg_tensor t = tg_from_data(buf, shape, ndim, &o);
   free(buf);
@@ -208,8 +206,16 @@ tg_tensor tg_arange(double start, double stop, double step, const tg_opts *opts)
   if (cnt < 0) cnt = 0;
   if (cnt > (double)((int64_t)1 << 40)) return tg_set_error(TG_ERR_INVALID, "tg_arange: %g elements is too many", cnt), NONE;
   bool ints = start == trunc(start) && stop == trunc(stop) && step == trunc(step);
+  /* tinygrad's range check: [lo, hi] spans start and stop - step (not the last value), checked before
+   * the length so that a range the dtype cannot hold is an error even when it is empty */
+  double lo = step > 0 ? start : stop - step, hi = step > 0 ? stop - step : start;
+  tg_dtype def = !ints ? tg_default_float() : lo < dtype_min(TG_INT32) || hi > dtype_max(TG_INT32) ? TG_INT64 : TG_INT32;
   tg_dtype dt;
-  if (!opts_dtype("tg_arange", opts, ints ? TG_INT32 : tg_default_float(), &dt)) return NONE;
+  if (!opts_dtype("tg_arange", opts, def, &dt)) return NONE;
+  if (!tg_dtype_is_float(dt) && (lo < dtype_min(dt) || hi > dtype_max(dt)))
+    return tg_set_error(TG_ERR_INVALID, "tg_arange: the range [%.17g, %.17g) with step %.17g overflows %s (values %.17g..%.17g); use a wider dtype",
+                        start, stop, step, tg_dtype_name(dt), dtype_min(dt), dtype_max(dt)),
+           NONE;
   int64_t n = (int64_t)cnt;
   double last = start + (double)(n > 0 ? n - 1 : 0) * step;
   if (tg_dtype_is_int(dt) && ints && n > 0 && fmin(start, last) >= dtype_min(dt) && fmax(start, last) <= dtype_max(dt) &&
@@ -239,6 +245,7 @@ tg_tensor tg_linspace(double start, double stop, int64_t steps, const tg_opts *o
   if (steps > ((int64_t)1 << 40)) return tg_set_error(TG_ERR_INVALID, "tg_linspace: steps=%lld is too many", (long long)steps), NONE;
   tg_dtype dt;
   if (!opts_dtype("tg_linspace", opts, tg_default_float(), &dt)) return NONE;
+  if (dt == TG_BOOL) return tg_set_error(TG_ERR_INVALID, "tg_linspace: dtype bool is not supported (use a numeric dtype and compare)"), NONE;
   double *v = host_alloc("tg_linspace", steps, sizeof(double), false);
   if (!v) return NONE;
   for (int64_t i = 0; i < steps; i++) v[i] = steps == 1 ? start : start + (stop - start) * (double)i / (double)(steps - 1);
@@ -248,8 +255,12 @@ tg_tensor tg_linspace(double start, double stop, int64_t steps, const tg_opts *o
 }
 
 tg_tensor tg_eye(int64_t n, int64_t m, const tg_opts *opts) {
-  if (m <= 0) m = n;
-  if (n < 0 || n > (1 << 20) || m > (1 << 20)) return tg_set_error(TG_ERR_INVALID, "tg_eye: n=%lld m=%lld out of range", (long long)n, (long long)m), NONE;
+  if (n < 0 || m < 0 || n > (1 << 20) || m > (1 << 20))
+    return tg_set_error(
+               TG_ERR_INVALID,
+               "tg_eye: n=%lld m=%lld out of range (each in [0, 2^20]; pass m = n for a square identity)",
+               (long long)n, (long long)m),
+           NONE;
   tg_dtype dt;
   if (!opts_dtype("tg_eye", opts, tg_default_float(), &dt)) return NONE;
   double *v = host_alloc("tg_eye", n * m, sizeof(double), true);
@@ -327,7 +338,7 @@ static UOp *next_counter_locked(int device) {
   /* a fresh node for the counter's new contents, so the next advance is a new graph */
   rng_ctr[device] = g_buffer(buffer_ref(g_buffer_of(c)), TG_UINT32, &one, 1);
   uop_unref(c);
-  UOp *key = uop_ref(snap->realized);
+  UOp *key = uop_ref(uop_realized(snap));
   uop_unref(snap);
   return key;
 }
@@ -400,16 +411,32 @@ static UOp *rand01(const char *fn, int device, int64_t n) {
   return r;
 }
 
-static tg_tensor rand_shaped(const char *fn, const int64_t *shape, int ndim, const tg_opts *opts, double scale, double shift, bool normal) {
+/* int_ok: tinygrad's randn, which draws in float and casts to an integer or bool dtype */
+static tg_tensor rand_shaped(const char *fn, const int64_t *shape, int ndim, const tg_opts *opts,
+                             double scale, double shift, bool normal, bool int_ok) {
   int64_t n;
   tg_dtype dt;
   if (!check_shape(fn, shape, ndim, &n) || !opts_dtype(fn, opts, tg_default_float(), &dt)) return NONE;
-  if (!tg_dtype_is_float(dt)) return tg_set_error(TG_ERR_INVALID, "%s: dtype %s is not a float dtype", fn, tg_dtype_name(dt)), NONE;
+  if (!tg_dtype_is_float(dt) && !int_ok)
+    return tg_set_error(TG_ERR_INVALID, "%s: dtype %s is not a float dtype", fn, tg_dtype_name(dt)), NONE;
   Device *d = opts_device(fn, opts);
   if (!d) return NONE;
   UOp *r;
   if (!normal) {
     r = rand01(fn, d->id, n);
+    /* [0, 1) in float32 has 2^-24 steps; rounded to float16's 11 or bfloat16's 8 significant bits,
+     * the values just below 1 would become 1. Truncate to the dtype's own grid (tinygrad fills the
+     * dtype's mantissa bits), which keeps every value below 1. */
+    int nmant = dt == TG_FLOAT16 ? 10 : dt == TG_BFLOAT16 ? 7 : 0;
+    if (r && nmant) {
+      UOp *k = g_const_shaped(ldexp(1, nmant), TG_FLOAT32, d->id, r->shape, 1);
+      UOp *ik = g_const_shaped(ldexp(1, -nmant), TG_FLOAT32, d->id, r->shape, 1);
+      UOp *sc = g_alu(OP_MUL, TG_FLOAT32, r, k, NULL), *ti = g_cast(sc, TG_INT32),
+          *tf = g_cast(ti, TG_FLOAT32);
+      UOp *q = g_alu(OP_MUL, TG_FLOAT32, tf, ik, NULL);
+      uop_unref(k), uop_unref(ik), uop_unref(sc), uop_unref(ti), uop_unref(tf), uop_unref(r);
+      r = q;
+    }
   } else {
     /* Box-Muller: cos(2*pi*u0) * sqrt(-2*log(1-u1)) */
     UOp *u = rand01(fn, d->id, 2 * n);
@@ -448,13 +475,17 @@ static tg_tensor rand_shaped(const char *fn, const int64_t *shape, int ndim, con
   return finish(rs, opts);
 }
 
-tg_tensor tg_rand(const int64_t *shape, int ndim, const tg_opts *opts) { return rand_shaped("tg_rand", shape, ndim, opts, 1, 0, false); }
-tg_tensor tg_randn(const int64_t *shape, int ndim, const tg_opts *opts) { return rand_shaped("tg_randn", shape, ndim, opts, 1, 0, true); }
+tg_tensor tg_rand(const int64_t *shape, int ndim, const tg_opts *opts) {
+  return rand_shaped("tg_rand", shape, ndim, opts, 1, 0, false, false);
+}
+tg_tensor tg_randn(const int64_t *shape, int ndim, const tg_opts *opts) {
+  return rand_shaped("tg_randn", shape, ndim, opts, 1, 0, true, true);
+}
 tg_tensor tg_uniform(const int64_t *shape, int ndim, double low, double high, const tg_opts *opts) {
-  return rand_shaped("tg_uniform", shape, ndim, opts, high - low, low, false);
+  return rand_shaped("tg_uniform", shape, ndim, opts, high - low, low, false, false);
 }
 tg_tensor tg_normal(const int64_t *shape, int ndim, double mean, double std, const tg_opts *opts) {
-  return rand_shaped("tg_normal", shape, ndim, opts, std, mean, true);
+  return rand_shaped("tg_normal", shape, ndim, opts, std, mean, true, false);
 }
 tg_tensor tg_randint(const int64_t *shape, int ndim, int64_t low, int64_t high, const tg_opts *opts) {
   if (high <= low) return tg_set_error(TG_ERR_INVALID, "tg_randint: low=%lld must be < high=%lld", (long long)low, (long long)high), NONE;
@@ -468,11 +499,10 @@ tg_tensor tg_randint(const int64_t *shape, int ndim, int64_t low, int64_t high, 
   tg_dtype dt;
   if (!opts_dtype("tg_randint", opts, TG_INT32, &dt)) return NONE;
   if (!tg_dtype_is_int(dt)) return tg_set_error(TG_ERR_INVALID, "tg_randint: dtype %s is not an integer dtype", tg_dtype_name(dt)), NONE;
-  tg_opts o = {0};
-  if (opts) o = *opts;
+  tg_opts o = opts ? *opts : *TG_OPTS();
   o.dtype = TG_FLOAT32;
   o.requires_grad = false;
-  tg_tensor u = rand_shaped("tg_randint", shape, ndim, &o, (double)range, 0, false);
+  tg_tensor u = rand_shaped("tg_randint", shape, ndim, &o, (double)range, 0, false, false);
   UOp *uu = t_get(u, "tg_randint");
   if (!uu) return NONE;
   /* floor(u * (high-low)) + low, computed in int after truncation (u >= 0) */
@@ -522,7 +552,7 @@ const char *tg_device_of(tg_tensor t) {
 }
 bool tg_is_realized(tg_tensor t) {
   Slot *s = t_slot(t);
-  return s && (s->u->realized || g_base_buffer(s->u));
+  return s && (uop_realized(s->u) || g_base_buffer(s->u));
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -549,7 +579,7 @@ tg_status tg_realize_many(const tg_tensor *ts, int n) {
 
 /* A BUFFER node holding u's elements contiguously (realizing or copying as needed); new ref. */
 static UOp *contiguous_buffer(UOp *u, tg_status *st) {
-  UOp *r = u->realized ? u->realized : u;
+  UOp *r = uop_realized(u) ? uop_realized(u) : u;
   if (r->op == OP_BUFFER) {
     *st = TG_OK;
     return uop_ref(r);
@@ -558,12 +588,12 @@ static UOp *contiguous_buffer(UOp *u, tg_status *st) {
     /* pending computation: realize u itself (as tg_realize does) so the caller's handle is swapped
      * to the result and reading it again runs nothing */
     *st = realize_uops(&u, 1);
-    return (*st == TG_OK && u->realized) ? uop_ref(u->realized) : NULL;
+    return (*st == TG_OK && uop_realized(u)) ? uop_ref(uop_realized(u)) : NULL;
   }
   /* a strided view of a realized buffer: copy it out contiguously, leaving the view as it is */
   UOp *c = g_contiguous(u);
   *st = realize_uops(&c, 1);
-  UOp *b = (*st == TG_OK) ? uop_ref(c->realized) : NULL;
+  UOp *b = (*st == TG_OK) ? uop_ref(uop_realized(c)) : NULL;
   uop_unref(c);
   return b;
 }
@@ -594,7 +624,7 @@ tg_status tg_data(tg_tensor t, void *out, size_t nbytes) {
   if (!b) return st;
   /* the realized node now backs the handle too */
   Slot *s = t_slot(t);
-  if (s && s->u == u && u->realized) t_replace_everywhere(u, u->realized);
+  if (s && s->u == u && uop_realized(u)) t_replace_everywhere(u, uop_realized(u));
   st = need ? buffer_copyout(g_buffer_of(b), out, need) : TG_OK;
   uop_unref(b);
   return st;
@@ -669,7 +699,7 @@ tg_tensor tg_to(tg_tensor t, const char *device) {
 
 tg_tensor tg_contiguous(tg_tensor t) {
   GET(u, t, "tg_contiguous");
-  UOp *r = u->realized ? u->realized : u;
+  UOp *r = uop_realized(u) ? uop_realized(u) : u;
   if (r->op == OP_BUFFER) return t_wrap(uop_ref(u));
   return t_wrap(g_contiguous(u));
 }
@@ -695,12 +725,12 @@ tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
   if (tu->device != vu->device)
     return tg_set_error(TG_ERR_INVALID, "tg_assign: value is on %s but the target is on %s", device_by_id(vu->device)->name, device_by_id(tu->device)->name), NONE;
   /* the target must be backed by its own contiguous buffer */
-  UOp *tb = tu->realized ? tu->realized : tu;
+  UOp *tb = uop_realized(tu) ? uop_realized(tu) : tu;
   if (tb->op != OP_BUFFER) {
     if (tb->op == OP_ASSIGN) {
       if (tg_realize(target) != TG_OK) return NONE;
       tu = t_get(target, "tg_assign");
-      tb = tu->realized ? tu->realized : tu;
+      tb = uop_realized(tu) ? uop_realized(tu) : tu;
     } else if (!g_base_buffer(tb)) {
       /* A lazy target gets a buffer of its own holding its current value. Realizing the node itself
        * would give that buffer to every handle holding the (hash-consed) node -- two tg_zeros of one
@@ -711,22 +741,24 @@ tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
       UOp *a0 = g_assign(e, tu);
       uop_unref(e);
       tg_status st = realize_uops(&a0, 1);
-      if (st != TG_OK || !a0->realized) {
+      if (st != TG_OK || !uop_realized(a0)) {
         if (st == TG_OK) tg_set_error(TG_ERR_RUNTIME, "tg_assign: could not materialize the target");
         uop_unref(a0);
         return NONE;
       }
       Slot *ts = t_slot(target);
       UOp *prev = ts->u;
-      ts->u = uop_ref(a0->realized);
+      ts->u = uop_ref(uop_realized(a0));
       uop_unref(prev);
       uop_unref(a0);
       tu = tb = ts->u;
     }
-    if (tb->op != OP_BUFFER)
-      return tg_set_error(TG_ERR_INVALID, "tg_assign: target of shape %s is a view of another tensor; assign into a contiguous tensor (tg_contiguous) instead",
-                          fmt_shape(b1, sizeof b1, tu->shape, tu->ndim)),
-             NONE;
+    if (tb->op != OP_BUFFER) {
+      /* a view of a tensor with storage: the write lands in that storage (tinygrad's view assign),
+       * as a setitem of the whole view does it */
+      tg_status st = tg_setitem(target, NULL, 0, value);
+      return st == TG_OK ? target : NONE;
+    }
   }
   UOp *v = g_cast(vu, (tg_dtype)tb->dtype);
   UOp *a = g_assign(tb, v);
@@ -736,6 +768,26 @@ tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
   s->u = a;
   uop_unref(old);
   return target;
+}
+
+int tg_device_list(tg_device_info *out, int cap) {
+  int n = device_kind_count();
+  /* probing records errors of its own: the caller's pending error is put back afterwards */
+  tg_status saved = tg_last_status();
+  char *saved_msg = saved != TG_OK ? tg_xstrdup(tg_last_error()) : NULL;
+  for (int i = 0; out && i < n && i < cap; i++) {
+    tg_device_info *d = &out[i];
+    memset(d, 0, sizeof *d);
+    d->name = device_kind_name(i);
+    d->renderers = device_kind_renderers(i);
+    tg_clear_error();
+    d->available = device_get(d->name) != NULL;
+    if (!d->available) snprintf(d->why, sizeof d->why, "%s", tg_last_error() ? tg_last_error() : "cannot open");
+  }
+  tg_clear_error();
+  if (saved_msg) tg_set_error(saved, "%s", saved_msg);
+  free(saved_msg);
+  return n;
 }
 
 const char *tg_default_device(void) {

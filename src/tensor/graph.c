@@ -1,15 +1,14 @@
 /*
  * graph.c -- builders for lazy tensor-graph nodes. Each builder computes the node's shape and device
- * the first time the (hash-consed) node is created. Inputs are assumed valid: the public ops check
- * arguments and report errors before calling these.
+ * and hands them to uop_new_meta, which stores them before the (hash-consed) node becomes visible to
+ * other threads. Inputs are assumed valid: the public ops check arguments and report errors before
+ * calling these.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tensor.h"
-
-#define META_SET 1
 
 int64_t shape_numel(const int64_t *shape, int ndim) {
   int64_t n = 1;
@@ -26,17 +25,6 @@ const char *fmt_shape(char *buf, size_t n, const int64_t *shape, int ndim) {
   return buf;
 }
 
-static void set_meta(UOp *u, const int64_t *shape, int ndim, int device) {
-  if (u->flags & META_SET) return;
-  u->flags |= META_SET;
-  u->ndim = ndim;
-  u->device = device;
-  if (ndim) {
-    u->shape = tg_xmalloc(sizeof(int64_t) * (size_t)ndim);
-    memcpy(u->shape, shape, sizeof(int64_t) * (size_t)ndim);
-  }
-}
-
 static void buffer_release(void *b) { buffer_unref((Buffer *)b); }
 extern void (*uop_buffer_release_hook)(void *buf);
 
@@ -44,12 +32,12 @@ UOp *g_buffer(Buffer *b, tg_dtype dt, const int64_t *shape, int ndim) {
   /* every wrap is a distinct node (a unique id in iarg): a buffer written by an assign gets a new
    * node, so values derived from the old contents are never confused with new ones */
   static uint64_t uniq;
-  uop_buffer_release_hook = buffer_release;
+  if (!__atomic_load_n(&uop_buffer_release_hook, __ATOMIC_ACQUIRE))
+    __atomic_store_n(&uop_buffer_release_hook, buffer_release, __ATOMIC_RELEASE);
   UArg a;
   a.p = b;
   int64_t id = (int64_t)__atomic_add_fetch(&uniq, 1, __ATOMIC_RELAXED);
-  UOp *u = uop_new(OP_BUFFER, dt, NULL, 0, &id, 1, a);
-  set_meta(u, shape, ndim, b->dev->id);
+  UOp *u = uop_new_meta(OP_BUFFER, dt, NULL, 0, &id, 1, a, shape, ndim, b->dev->id);
   return u;
 }
 
@@ -59,8 +47,7 @@ UOp *g_buffer(Buffer *b, tg_dtype dt, const int64_t *shape, int ndim) {
 UOp *g_iota(int64_t n, tg_dtype dt, int device) {
   int64_t ia[2] = {device, n};
   UArg z = {0};
-  UOp *u = uop_new(OP_IOTA, dt, NULL, 0, ia, 2, z);
-  set_meta(u, &n, 1, device);
+  UOp *u = uop_new_meta(OP_IOTA, dt, NULL, 0, ia, 2, z, &n, 1, device);
   return u;
 }
 
@@ -81,8 +68,7 @@ UOp *g_const(double v, tg_dtype dt, int device) {
     a.i = dtype_load_i64(dt, tmp);
   }
   int64_t dev = device;
-  UOp *u = uop_new(OP_CONST, dt, NULL, 0, &dev, 1, a);
-  set_meta(u, NULL, 0, device);
+  UOp *u = uop_new_meta(OP_CONST, dt, NULL, 0, &dev, 1, a, NULL, 0, device);
   return u;
 }
 
@@ -101,9 +87,9 @@ UOp *g_const_shaped(double v, tg_dtype dt, int device, const int64_t *shape, int
 }
 
 UOp *g_alu(int op, tg_dtype dt, UOp *a, UOp *b, UOp *c) {
-  UOp *u = uop_alu(op, dt, a, b, c);
-  set_meta(u, a->shape, a->ndim, a->device);
-  return u;
+  UOp *s[3] = {a, b, c};
+  UArg z = {0};
+  return uop_new_meta(op, dt, s, c ? 3 : (b ? 2 : 1), NULL, 0, z, a->shape, a->ndim, a->device);
 }
 
 UOp *g_cast(UOp *a, tg_dtype dt) {
@@ -118,16 +104,15 @@ UOp *g_bitcast(UOp *a, tg_dtype dt) {
 
 static UOp *mk_move(int op, UOp *a, const int64_t *iarg, int niarg, const int64_t *shape, int ndim) {
   UArg z = {0};
-  UOp *u = uop_new(op, (tg_dtype)a->dtype, &a, 1, iarg, niarg, z);
-  set_meta(u, shape, ndim, a->device);
+  UOp *u = uop_new_meta(op, (tg_dtype)a->dtype, &a, 1, iarg, niarg, z, shape, ndim, a->device);
   return u;
 }
 
 UOp *g_reshape(UOp *a, const int64_t *shape, int ndim) {
   if (ndim == a->ndim && (ndim == 0 || !memcmp(shape, a->shape, sizeof(int64_t) * (size_t)ndim))) return uop_ref(a);
-  /* collapse reshape chains: reshape(reshape(x)) == reshape(x), unless the inner one is a tensor
-   * being differentiated */
-  if (a->op == OP_RESHAPE && !(a->flags & UOPF_GRAD_LEAF)) a = a->src[0];
+  /* collapse reshape chains: reshape(reshape(x)) == reshape(x), unless the inner one is held by a
+   * tensor (which a gradient may be asked for) */
+  if (a->op == OP_RESHAPE && !(uop_flags(a) & (UOPF_GRAD_LEAF | UOPF_HELD_RESHAPE))) a = a->src[0];
   if (ndim == a->ndim && (ndim == 0 || !memcmp(shape, a->shape, sizeof(int64_t) * (size_t)ndim))) return uop_ref(a);
   return mk_move(OP_RESHAPE, a, shape, ndim, shape, ndim);
 }
@@ -191,8 +176,7 @@ static UOp *reduce1(UOp *a, int op, const int64_t *axes, int naxes) {
   for (int i = 0; i < naxes; i++) sh[axes[i]] = 1;
   UArg arg;
   arg.i = op;
-  UOp *u = uop_new(OP_REDUCE_AXIS, (tg_dtype)a->dtype, &a, 1, axes, naxes, arg);
-  set_meta(u, sh, a->ndim, a->device);
+  UOp *u = uop_new_meta(OP_REDUCE_AXIS, (tg_dtype)a->dtype, &a, 1, axes, naxes, arg, sh, a->ndim, a->device);
   if (sh != shape) free(sh);
   return u;
 }
@@ -246,8 +230,7 @@ UOp *g_reduce(UOp *a, int op, const int64_t *axes, int naxes) {
 
 UOp *g_contiguous(UOp *a) {
   UArg z = {0};
-  UOp *u = uop_new(OP_CONTIGUOUS, (tg_dtype)a->dtype, &a, 1, NULL, 0, z);
-  set_meta(u, a->shape, a->ndim, a->device);
+  UOp *u = uop_new_meta(OP_CONTIGUOUS, (tg_dtype)a->dtype, &a, 1, NULL, 0, z, a->shape, a->ndim, a->device);
   return u;
 }
 
@@ -256,8 +239,7 @@ UOp *g_contiguous(UOp *a) {
 UOp *g_materialize(UOp *a) {
   UArg m = {0};
   m.i = 1;
-  UOp *u = uop_new(OP_CONTIGUOUS, (tg_dtype)a->dtype, &a, 1, NULL, 0, m);
-  set_meta(u, a->shape, a->ndim, a->device);
+  UOp *u = uop_new_meta(OP_CONTIGUOUS, (tg_dtype)a->dtype, &a, 1, NULL, 0, m, a->shape, a->ndim, a->device);
   return u;
 }
 
@@ -298,8 +280,7 @@ UOp *g_stable(UOp *a) {
 
 UOp *g_detach(UOp *a) {
   UArg z = {0};
-  UOp *u = uop_new(OP_DETACH, (tg_dtype)a->dtype, &a, 1, NULL, 0, z);
-  set_meta(u, a->shape, a->ndim, a->device);
+  UOp *u = uop_new_meta(OP_DETACH, (tg_dtype)a->dtype, &a, 1, NULL, 0, z, a->shape, a->ndim, a->device);
   return u;
 }
 
@@ -310,40 +291,36 @@ UOp *g_index(UOp *data, UOp *idx) {
   for (int i = 1; i < data->ndim; i++) sh[idx->ndim + i - 1] = data->shape[i];
   UOp *s[2] = {data, idx};
   UArg z = {0};
-  UOp *u = uop_new(OP_INDEX, (tg_dtype)data->dtype, s, 2, NULL, 0, z);
-  set_meta(u, sh, nd, data->device);
+  UOp *u = uop_new_meta(OP_INDEX, (tg_dtype)data->dtype, s, 2, NULL, 0, z, sh, nd, data->device);
   free(sh);
   return u;
 }
 
 UOp *g_copy(UOp *a, int device) {
-  if (a->op == OP_IOTA && !a->realized) return g_iota(a->shape[0], (tg_dtype)a->dtype, device);
-  if (a->op == OP_CONST && !a->realized) {
+  if (a->op == OP_IOTA && !uop_realized(a)) return g_iota(a->shape[0], (tg_dtype)a->dtype, device);
+  if (a->op == OP_CONST && !uop_realized(a)) {
     /* a constant needs no copy: it is the same constant on the other device (a backward pass
      * through tg_to starts from one) */
     int64_t dev = device;
-    UOp *u = uop_new(OP_CONST, (tg_dtype)a->dtype, NULL, 0, &dev, 1, a->arg);
-    set_meta(u, NULL, 0, device);
+    UOp *u = uop_new_meta(OP_CONST, (tg_dtype)a->dtype, NULL, 0, &dev, 1, a->arg, NULL, 0, device);
     return u;
   }
   UArg arg;
   arg.i = device;
-  UOp *u = uop_new(OP_COPY, (tg_dtype)a->dtype, &a, 1, NULL, 0, arg);
-  set_meta(u, a->shape, a->ndim, device);
+  UOp *u = uop_new_meta(OP_COPY, (tg_dtype)a->dtype, &a, 1, NULL, 0, arg, a->shape, a->ndim, device);
   return u;
 }
 
 UOp *g_assign(UOp *target, UOp *value) {
   UOp *s[2] = {target, value};
   UArg z = {0};
-  UOp *u = uop_new(OP_ASSIGN, (tg_dtype)target->dtype, s, 2, NULL, 0, z);
-  set_meta(u, target->shape, target->ndim, target->device);
+  UOp *u = uop_new_meta(OP_ASSIGN, (tg_dtype)target->dtype, s, 2, NULL, 0, z, target->shape, target->ndim, target->device);
   return u;
 }
 
 UOp *g_base_buffer(UOp *u) {
   while (u) {
-    if (u->realized) u = u->realized;
+    if (uop_realized(u)) u = uop_realized(u);
     if (u->op == OP_BUFFER) return u;
     if (!op_is_movement(u->op) && u->op != OP_DETACH) return NULL;
     u = u->src[0];

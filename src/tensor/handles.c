@@ -7,6 +7,7 @@
  * record ids (not slots), so an entry whose id went stale or whose slot moved out is skipped.
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "../uop/ptrmap.h"
@@ -31,6 +32,14 @@ typedef struct {
 } IdList;
 static _Thread_local IdList *scope_stack;
 static _Thread_local int scope_depth, scope_cap;
+
+/* A small number per thread, for Slot.thread (0: not assigned yet) */
+static _Atomic uint32_t next_thread;
+static _Thread_local uint32_t this_thread;
+static uint32_t thread_no(void) {
+  if (!this_thread) this_thread = ++next_thread;
+  return this_thread;
+}
 
 static inline uint32_t id_slot(uint64_t id) { return (uint32_t)(id & 0xffffffffu) - 1; }
 static inline uint32_t id_gen(uint64_t id) { return (uint32_t)(id >> 32); }
@@ -104,14 +113,24 @@ tg_tensor t_wrap(UOp *u) {
   }
   Slot *sl = slot_at(s);
   sl->u = u;
+  if (u->op == OP_RESHAPE) uop_set_flag(u, UOPF_HELD_RESHAPE);
+  sl->thread = thread_no();
   sl->scope = scope_depth;
-  sl->requires_grad = false;
+  sl->requires_grad = TG_GRAD_UNSET;
   sl->grad = NULL;
   sl->next_free = -1;
   nlive++;
   t.id = ((uint64_t)sl->gen << 32) | (uint64_t)(s + 1);
   pthread_mutex_unlock(&h_lock);
   scope_push_id(t.id);
+  /* every op hands its result out here: one that ran short of memory on the way is undone */
+  if (tg_oom_mark()) {
+    char what[64];
+    snprintf(what, sizeof what, "building a tensor (%s %s)", op_names[u->op], tg_dtype_name((tg_dtype)u->dtype));
+    tg_oom_check(what);
+    tg_free(t);
+    return (tg_tensor){0};
+  }
   return t;
 }
 
@@ -123,6 +142,7 @@ static void slot_release(uint64_t id, UOp **u, UOp **g) {
   sl->u = NULL;
   sl->grad = NULL;
   sl->scope = -1;
+  sl->borrowed = false;
   sl->gen++;
   if (sl->gen == 0) sl->gen = 1;
   sl->next_free = free_head;
@@ -134,15 +154,36 @@ void tg_free(tg_tensor t) {
   pthread_mutex_lock(&h_lock);
   Slot *s = slot_lookup(t.id);
   UOp *u = NULL, *g = NULL;
-  if (s) slot_release(t.id, &u, &g);
+  bool borrowed = s && s->borrowed;
+  if (s && !borrowed) slot_release(t.id, &u, &g);
   pthread_mutex_unlock(&h_lock);
+  if (borrowed) {
+    /* freeing it would leave its owner holding a dead handle that fails far from here */
+    tg_set_error(TG_ERR_HANDLE,
+                 "tg_free: tensor %#llx is borrowed from a state dict, which owns it: leave it to "
+                 "tg_state_dict_free (or take a handle of your own with tg_detach and free that)",
+                 (unsigned long long)t.id);
+    return;
+  }
   uop_unref(u);
   uop_unref(g);
 }
 
+void t_set_borrowed(tg_tensor t, bool borrowed) {
+  pthread_mutex_lock(&h_lock);
+  Slot *s = slot_lookup(t.id);
+  if (s) s->borrowed = borrowed;
+  pthread_mutex_unlock(&h_lock);
+}
+
 bool tg_valid(tg_tensor t) { return t_slot(t) != NULL; }
 
-size_t tg_live_count(void) { return nlive; }
+size_t tg_live_count(void) {
+  pthread_mutex_lock(&h_lock);
+  size_t n = nlive;
+  pthread_mutex_unlock(&h_lock);
+  return n;
+}
 
 void tg_scope_begin(void) {
   if (scope_depth == scope_cap) {
@@ -160,6 +201,7 @@ void tg_scope_end(void) {
     return;
   }
   IdList *l = &scope_stack[scope_depth - 1];
+  bool oom_mark = tg_oom_mark(); /* freeing completes even if its scratch ran short */
   PtrVec dead = {0};
   pthread_mutex_lock(&h_lock);
   for (size_t i = 0; i < l->n; i++) {
@@ -180,6 +222,7 @@ void tg_scope_end(void) {
     scope_stack = NULL;
     scope_cap = 0;
   }
+  tg_oom_forget(oom_mark);
 }
 
 tg_tensor tg_keep(tg_tensor t) {
@@ -214,14 +257,39 @@ tg_tensor tg_persist(tg_tensor t) {
   return t;
 }
 
+int t_replace_buffer_everywhere(Buffer *b, UOp *to) {
+  int n = 0;
+  pthread_mutex_lock(&h_lock);
+  size_t cap = 16;
+  UOp **olds = tg_xmalloc(sizeof(UOp *) * cap);
+  for (size_t i = 0; i < nslots; i++) {
+    Slot *sl = slot_at(i);
+    if (sl->scope < 0 || !sl->u || sl->u == to) continue;
+    UOp *r = uop_realized(sl->u) ? uop_realized(sl->u) : sl->u;
+    if (r->op != OP_BUFFER || g_buffer_of(r) != b) continue;
+    if ((size_t)n == cap) olds = tg_xrealloc(olds, sizeof(UOp *) * (cap *= 2));
+    olds[n++] = sl->u;
+    sl->u = to;
+    if (sl->requires_grad == 1) uop_set_flag(to, UOPF_GRAD_LEAF);
+  }
+  pthread_mutex_unlock(&h_lock);
+  for (int i = 0; i < n; i++) {
+    uop_ref(to);
+    uop_unref(olds[i]);
+  }
+  free(olds);
+  return n;
+}
+
 int t_replace_everywhere(UOp *from, UOp *to) {
   int n = 0;
+  uint32_t me = thread_no();
   pthread_mutex_lock(&h_lock);
   for (size_t i = 0; i < nslots; i++) {
     Slot *sl = slot_at(i);
-    if (sl->scope >= 0 && sl->u == from) {
+    if (sl->scope >= 0 && sl->u == from && sl->thread == me) {
       sl->u = to;
-      if (sl->requires_grad) to->flags |= UOPF_GRAD_LEAF;
+      if (sl->requires_grad == 1) uop_set_flag(to, UOPF_GRAD_LEAF);
       n++;
     }
   }

@@ -545,6 +545,112 @@ static void unview(UOp *a, const Index *ix, tg_tensor *vb, tg_tensor *mask) {
   *vb = t[0], *mask = t[1];
 }
 
+/* Setitem through a view, as tinygrad: when x is a chain of movement ops over a tensor with storage,
+ * the write lands in that storage. (vb, mask) in x's shape are carried down the chain by each
+ * op's inverse (reshape back, inverse permutation, flip again, pad what a shrink removed -- never
+ * written --, shrink away a pad), the base is assigned where(mask, value, base), every handle holding
+ * the base sees the pending write, and x is rebuilt as the same views of it. */
+static tg_status write_through(const char *fn, tg_tensor x, UOp *const *chain, int nc, tg_tensor vb,
+                               tg_tensor mask) {
+  for (int k = 0; k < nc; k++) { /* chain[0] is x's node, chain[nc-1] sits on the base */
+    UOp *u = chain[k], *src = u->src[0];
+    int nd = src->ndim;
+    tg_tensor t[2] = {vb, mask};
+    for (int j = 0; j < 2; j++) {
+      switch (u->op) {
+      case OP_RESHAPE:
+        t[j] = tg_reshape(t[j], src->shape, nd);
+        break;
+      case OP_PERMUTE: {
+        int inv[MAXD];
+        for (int d = 0; d < nd; d++) inv[u->iarg[d]] = d;
+        t[j] = tg_permute(t[j], inv, nd);
+        break;
+      }
+      case OP_FLIP: {
+        int ax[MAXD], na = 0;
+        for (int d = 0; d < nd; d++)
+          if (u->iarg[d]) ax[na++] = d;
+        t[j] = tg_flip(t[j], ax, na);
+        break;
+      }
+      case OP_SHRINK: {
+        int64_t pads[2 * MAXD];
+        for (int d = 0; d < nd; d++)
+          pads[2 * d] = u->iarg[2 * d], pads[2 * d + 1] = src->shape[d] - u->iarg[2 * d + 1];
+        t[j] = tg_pad(t[j], pads, 2 * nd, 0.0);
+        break;
+      }
+      case OP_PAD: {
+        int64_t b[2 * MAXD];
+        for (int d = 0; d < nd; d++) b[2 * d] = u->iarg[2 * d], b[2 * d + 1] = u->iarg[2 * d] + src->shape[d];
+        t[j] = tg_shrink(t[j], b, 2 * nd);
+        break;
+      }
+      default:
+        return tg_set_error(
+            TG_ERR_INVALID,
+            "%s: the target is an expanded (broadcast) view, whose elements share storage; setitem "
+            "into the tensor it was expanded from, or into tg_contiguous of the view",
+            fn);
+      }
+    }
+    vb = t[0], mask = t[1];
+  }
+  UOp *base = chain[nc - 1]->src[0];
+  if (base->op == OP_ASSIGN) { /* a pending write first, so the base is its buffer */
+    if (realize_uops(&base, 1) != TG_OK) return tg_last_status();
+  }
+  UOp *bn = uop_realized(base) ? uop_realized(base) : base;
+  if (bn->op != OP_BUFFER)
+    return tg_set_error(TG_ERR_INVALID, "%s: the base of the target view has no storage", fn);
+  tg_tensor hb = t_wrap(uop_ref(bn));
+  tg_tensor nb = tg_where(mask, vb, hb);
+  if (!tg_valid(nb) || !tg_valid(tg_assign(hb, nb)))
+    return tg_last_status() ? tg_last_status() : TG_ERR_INVALID;
+  UOp *as = t_get(hb, fn);
+  t_replace_buffer_everywhere(g_buffer_of(bn), as);
+  /* x: the same views, now of the assigned base */
+  tg_tensor r = hb;
+  for (int k = nc - 1; k >= 0; k--) {
+    UOp *u = chain[k];
+    int nd = u->ndim;
+    switch (u->op) {
+    case OP_RESHAPE:
+      r = tg_reshape(r, u->iarg, (int)u->niarg);
+      break;
+    case OP_PERMUTE: {
+      int o[MAXD];
+      for (int d = 0; d < nd; d++) o[d] = (int)u->iarg[d];
+      r = tg_permute(r, o, nd);
+      break;
+    }
+    case OP_FLIP: {
+      int ax[MAXD], na = 0;
+      for (int d = 0; d < nd; d++)
+        if (u->iarg[d]) ax[na++] = d;
+      r = tg_flip(r, ax, na);
+      break;
+    }
+    case OP_SHRINK:
+      r = tg_shrink(r, u->iarg, (int)u->niarg);
+      break;
+    case OP_PAD:
+      r = tg_pad(r, u->iarg, (int)u->niarg, 0.0);
+      break;
+    default:
+      break;
+    }
+  }
+  UOp *ru = t_get(r, fn);
+  if (!ru) return tg_last_status();
+  Slot *xs = t_slot(x);
+  UOp *old = xs->u;
+  xs->u = uop_ref(ru);
+  uop_unref(old);
+  return TG_OK;
+}
+
 static tg_status setitem_impl(const char *fn, tg_tensor x, const tg_index_spec *spec, int n, tg_tensor value,
                               bool scalar, double sval) {
   UOp *a = t_get(x, fn);
@@ -575,7 +681,39 @@ static tg_status setitem_impl(const char *fn, tg_tensor x, const tg_index_spec *
     mask = tg_expand(tg_cast(tg_const_like(x, 1), TG_BOOL), ix.X, ix.nX);
   }
   unview(a, &ix, &vb, &mask);
+  bool advanced = ix.nt > 0;
   index_free(&ix);
+  /* x's node: a chain of views over a base; the base has storage (a buffer, realized, or a pending
+   * assign into one) or is a lazy value */
+  UOp *chain[MAXD * 4];
+  int nc = 0;
+  UOp *base = a;
+  while (op_is_movement(base->op) && !uop_realized(base) && nc < (int)(sizeof chain / sizeof *chain))
+    chain[nc++] = base, base = base->src[0];
+  bool stored =
+      base->op == OP_BUFFER || base->op == OP_ASSIGN || (uop_realized(base) && uop_realized(base)->op == OP_BUFFER);
+  if (!stored && (tg_dtype_is_float(dt) || !advanced)) {
+    /* tinygrad: a tensor without storage is updated functionally (only this handle, and
+     * differentiably: the gradient reaches the value and the untouched part of x) */
+    tg_tensor r = done(o, tg_where(mask, vb, x));
+    UOp *ru = t_get(r, fn);
+    if (!ru) return tg_last_status() ? tg_last_status() : TG_ERR_INVALID;
+    Slot *xs = t_slot(x);
+    UOp *old = xs->u;
+    xs->u = uop_ref(ru);
+    uop_unref(old);
+    tg_free(r);
+    return TG_OK;
+  }
+  if (stored && nc > 0) {
+    tg_status st = write_through(fn, x, chain, nc, vb, mask);
+    if (st == TG_OK) {
+      tg_scope_end();
+      return TG_OK;
+    }
+    done(o, NONE); /* relabels the error under fn */
+    return tg_last_status() ? tg_last_status() : st;
+  }
   tg_tensor nv = tg_where(mask, vb, x);
   tg_tensor r = done(o, nv);
   if (!tg_valid(r)) return tg_last_status() ? tg_last_status() : TG_ERR_INVALID;
@@ -1342,21 +1480,95 @@ tg_tensor tg_nonzero(tg_tensor x) {
   if (!bits) return done(o, NONE);
   int64_t cnt = 0;
   for (int64_t i = 0; i < n; i++) cnt += bits[i] != 0;
-  int64_t *out = tg_xmalloc(sizeof(int64_t) * (size_t)(cnt * nd > 0 ? cnt * nd : 1));
+  /* int32 indices, as tinygrad returns them (a coordinate is below its dim's size, < 2^31 here) */
+  int32_t *out = tg_xmalloc(sizeof(int32_t) * (size_t)(cnt * nd > 0 ? cnt * nd : 1));
   for (int64_t i = 0, k = 0; i < n; i++) {
     if (!bits[i]) continue;
     int64_t r = i;
     for (int d = nd - 1; d >= 0; d--) {
-      out[k * nd + d] = r % a->shape[d];
+      out[k * nd + d] = (int32_t)(r % a->shape[d]);
       r /= a->shape[d];
     }
     k++;
   }
   free(bits);
-  tg_opts io = on_device(a, TG_INT64);
+  tg_opts io = on_device(a, TG_INT32);
   int64_t sh[2] = {cnt, nd};
   tg_tensor r = tg_from_data(out, sh, 2, &io);
   free(out);
+  return done(o, r);
+}
+
+/* tinygrad's fixed-size selection (jittable: nothing is realized). Output position j takes the
+ * element at flat index idx_j = #{i : cumsum(mask)[i] <= j}, the position of the (j+1)-th true
+ * element, and fill where j >= the number of true elements. One (size, n) compare-and-count reduce,
+ * the work of tinygrad's one-hot scatter. Returns the flat source indices (int32, clamped into range)
+ * and in *valid whether each output position has an element. */
+static tg_tensor select_positions(UOp *a, tg_tensor maskflat, int64_t n, int64_t size, tg_tensor *valid) {
+  tg_opts io = on_device(a, TG_INT32);
+  tg_tensor cs = tg_reshape(tg_cumsum(tg_cast(maskflat, TG_INT32), 0), (const int64_t[]){1, n}, 2);
+  tg_tensor j = tg_reshape(tg_arange(0, (double)size, 1, &io), (const int64_t[]){size, 1}, 2);
+  tg_tensor idx = tg_cast(tg_sum(tg_logical_not(tg_gt(cs, j)), (const int[]){1}, 1, false), TG_INT32);
+  tg_tensor cnt = tg_sum(tg_cast(maskflat, TG_INT32), NULL, 0, false);
+  *valid = tg_lt(tg_reshape(j, (const int64_t[]){size}, 1), cnt);
+  return tg_minimum_s(idx, (double)(n - 1));
+}
+
+static bool size_ok(const char *fn, int64_t size) {
+  if (size < 0 || size > ((int64_t)1 << 31) - 1) {
+    tg_set_error(TG_ERR_INVALID, "%s: size %lld must be in 0 .. 2^31-1", fn, (long long)size);
+    return false;
+  }
+  return true;
+}
+
+tg_tensor tg_masked_select_size(tg_tensor x, tg_tensor mask, int64_t size, double fill_value) {
+  const char *fn = "tg_masked_select_size";
+  UOp *a = t_get(x, fn), *m = a ? t_get(mask, fn) : NULL;
+  if (!a || !m) return NONE;
+  if (!check_mask(fn, a, m, true) || !size_ok(fn, size)) return NONE;
+  int64_t n = numel_of(a->shape, a->ndim);
+  Op_ o = begin(fn);
+  tg_tensor flat = tg_flatten(x, 0, -1), r;
+  if (n == 0 || size == 0) {
+    tg_opts fo = on_device(a, (tg_dtype)a->dtype);
+    r = tg_full((const int64_t[]){size}, 1, fill_value, &fo);
+  } else {
+    tg_tensor valid, mb = tg_flatten(tg_expand(mask, a->shape, a->ndim), 0, -1);
+    tg_tensor idx = select_positions(a, mb, n, size, &valid);
+    tg_tensor g = tg_index(flat, idx);
+    r = tg_cast(tg_where(valid, g, tg_const_like(g, fill_value)), (tg_dtype)a->dtype);
+  }
+  return done(o, r);
+}
+
+tg_tensor tg_nonzero_size(tg_tensor x, int64_t size, double fill_value) {
+  const char *fn = "tg_nonzero_size";
+  UOp *a = t_get(x, fn);
+  if (!a || !size_ok(fn, size)) return NONE;
+  int nd = a->ndim;
+  int64_t n = numel_of(a->shape, nd);
+  Op_ o = begin(fn);
+  tg_opts io = on_device(a, TG_INT32);
+  tg_tensor r;
+  if (nd == 0) {
+    r = tg_zeros((const int64_t[]){size, 0}, 2, &io);
+  } else if (n == 0 || size == 0) {
+    r = tg_full((const int64_t[]){size, nd}, 2, fill_value, &io);
+  } else {
+    tg_tensor valid, idx = select_positions(a, tg_flatten(tg_ne_s(x, 0), 0, -1), n, size, &valid);
+    /* unravel the flat index: coordinate d = idx / stride_d % shape_d */
+    int64_t stride = 1;
+    tg_tensor cols[MAXD];
+    for (int d = nd - 1; d >= 0; d--) {
+      tg_tensor c = tg_idiv(idx, tg_const_like(idx, (double)stride));
+      cols[d] = tg_mod(c, tg_const_like(c, (double)a->shape[d]));
+      stride *= a->shape[d];
+    }
+    tg_tensor coords = tg_stack(cols, nd, 1); /* (size, nd) */
+    tg_tensor v2 = tg_reshape(valid, (const int64_t[]){size, 1}, 2);
+    r = tg_cast(tg_where(v2, coords, tg_const_like(coords, fill_value)), TG_INT32);
+  }
   return done(o, r);
 }
 

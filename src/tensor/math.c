@@ -167,6 +167,8 @@ static tg_tensor atan_pos(tg_tensor a) {
 /* A&S 7.1.26 (tinygrad's erf polynomial, |error| <= 1.5e-7) on a >= 0 */
 static const double ERF_C[] = {1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592};
 static tg_tensor erf_pos(tg_tensor a) {
+  /* erf is 1 (rounded) from 6 on: clamping there keeps the gradient at +-inf 0, not 0 * inf */
+  a = tg_where(tg_gt_s(a, 6), K(a, 6), a);
   tg_tensor t = tg_reciprocal(tg_add_s(tg_mul_s(a, 0.3275911), 1));
   tg_tensor p = tg_mul(t, polyn(t, ERF_C, 5));
   return tg_rsub_s(1, tg_mul(p, tg_exp(tg_neg(tg_mul(a, a)))));
@@ -183,14 +185,18 @@ static tg_tensor asinh_pos(tg_tensor a) {
   return tg_where(big, fb, fs);
 }
 
-/* acosh(x): log(x + sqrt(x-1) sqrt(x+1)) for x <= 2 (nan below 1: sqrt(x-1)), and
- * log(x) + log(1 + sqrt(1 - (1/x)^2)) above, so x*x never overflows. */
+/* acosh(x): log(x + sqrt(x-1) sqrt(x+1)) for 0 <= x <= 2 (no cancellation near 1; nan below 1).
+ * Below 0 it is nan - acosh(|x|): the value stays nan, and the gradient is 1/sqrt(x^2-1) for x <= -1,
+ * as tinygrad and PyTorch have it. Above 2, log(x) + log(1 + sqrt(1 - (1/x)^2)), so x*x never
+ * overflows. */
 static tg_tensor acosh_(tg_tensor x) {
   tg_tensor big = tg_gt_s(x, 2);
   tg_tensor xb = tg_where(big, x, K(x, 4)), xs = tg_where(big, K(x, 1.5), x);
   tg_tensor r = tg_reciprocal(xb);
   tg_tensor fb = tg_add(tg_log(xb), tg_log(tg_add_s(tg_sqrt(tg_rsub_s(1, tg_mul(r, r))), 1)));
-  tg_tensor fs = tg_log(tg_add(xs, tg_mul(tg_sqrt(tg_sub_s(xs, 1)), tg_sqrt(tg_add_s(xs, 1)))));
+  tg_tensor ax = wabs(xs);
+  tg_tensor fa = tg_log(tg_add(ax, tg_mul(tg_sqrt(tg_sub_s(ax, 1)), tg_sqrt(tg_add_s(ax, 1)))));
+  tg_tensor fs = tg_where(tg_lt_s(xs, 0), tg_rsub_s(NAN, fa), fa);
   return tg_where(big, fb, fs);
 }
 
@@ -256,8 +262,10 @@ static tg_tensor sinh_(tg_tensor x) {
 static tg_tensor cosh_(tg_tensor x) {
   return tg_add(tg_exp(tg_sub_s(x, M_LN2)), tg_exp(tg_sub_s(tg_neg(x), M_LN2)));
 }
+/* (log(1+x) - log(1-x)) / 2: tinygrad's log((1+x)/(1-x)) / 2 in two logs, so that the gradient at
+ * x = +-1 is inf (the quotient's derivative there is 0 * inf = nan) */
 static tg_tensor atanh_(tg_tensor x) {
-  return tg_mul_s(tg_log(tg_div(tg_add_s(x, 1), tg_rsub_s(1, x))), 0.5);
+  return tg_mul_s(tg_sub(tg_log(tg_add_s(x, 1)), tg_log(tg_rsub_s(1, x))), 0.5);
 }
 static tg_tensor asinh_(tg_tensor x) { return odd(x, asinh_pos); }
 static tg_tensor erf_(tg_tensor x) { return odd(x, erf_pos); }
@@ -267,7 +275,8 @@ static tg_tensor gelu_(tg_tensor x) {
   return tg_mul(tg_mul_s(x, 0.5), tg_add_s(tanh_(in), 1));
 }
 static tg_tensor selu_(tg_tensor x) {
-  tg_tensor pos, xn = negpart(x, &pos);
+  /* x >= 0 takes the linear branch: tinygrad's gradient at 0 is scale (PyTorch's is scale * alpha) */
+  tg_tensor pos = tg_ge(x, K(x, 0)), xn = tg_where(pos, K(x, 0), x);
   tg_tensor neg = tg_mul_s(tg_sub_s(tg_exp(xn), 1), 1.6732632423543772848170429916717);
   return tg_mul_s(tg_where(pos, x, neg), 1.0507009873554804934193349852946);
 }
@@ -323,28 +332,34 @@ tg_tensor tg_softplus(tg_tensor x, double beta) {
 /* ---------------------------------------------------------------------------------------------- */
 /* piecewise-linear activations (dtype of x, Python-scalar promotion for the parameters)           */
 
-/* min(max(x, lo), hi) as two where()s: nan passes through, +-inf saturate, gradient 1 inside. */
-static tg_tensor clamp_(tg_tensor x, double lo, double hi) {
-  tg_tensor r = tg_where(tg_lt_s(x, lo), K(x, lo), x);
+/* min(max(x, lo), hi) as two where()s: nan passes through, +-inf saturate, gradient 1 inside, and
+ * tinygrad's relu(u - lo) - relu(u - hi) gradient at the kinks: 0 at u == lo (relu's gradient at 0
+ * is 0), 1 at u == hi. Used where tinygrad composes from relu (relu6, hardsigmoid, hardswish); the
+ * value is PyTorch's (6 at +inf where tinygrad's inf - inf gives nan). */
+static tg_tensor relu_clamp_(tg_tensor x, double lo, double hi) {
+  tg_tensor r = tg_where(tg_bitwise_or(tg_lt_s(x, lo), tg_eq_s(x, lo)), K(x, lo), x); /* nan passes */
   return tg_where(tg_gt_s(r, hi), K(r, hi), r);
 }
 
 /* tinygrad writes relu6 as relu(x) - relu(x - 6) and hardsigmoid likewise: nan at x = +inf (inf -
- * inf) and 0 for nan. The clamp form gives PyTorch's 6 / 1 and propagates nan. */
+ * inf) and 0 for nan. The clamp form gives PyTorch's 6 / 1 and propagates nan; its gradient at the
+ * kinks is tinygrad's (0 at 0, 1 at 6). */
 tg_tensor tg_relu6(tg_tensor x) {
   BEGIN("tg_relu6", x);
-  return done(clamp_(x, 0, 6));
+  return done(relu_clamp_(x, 0, 6));
 }
 
 /* x * relu6(x + 3) / 6 (nan at -inf, as PyTorch) */
 tg_tensor tg_hardswish(tg_tensor x) {
   BEGIN("tg_hardswish", x);
-  return done(tg_mul_s(tg_mul(x, clamp_(tg_add_s(x, 3), 0, 6)), 1.0 / 6));
+  return done(tg_mul_s(tg_mul(x, relu_clamp_(tg_add_s(x, 3), 0, 6)), 1.0 / 6));
 }
 
 tg_tensor tg_hardsigmoid(tg_tensor x) {
   BEGIN("tg_hardsigmoid", x);
-  return done(clamp_(tg_add_s(tg_mul_s(x, 1.0 / 6), 0.5), 0, 1));
+  /* the kinks decided on x itself: x/6 + 1/2 does not round to 0 at x = -3 in float64 */
+  tg_tensor lo = tg_bitwise_or(tg_lt_s(x, -3), tg_eq_s(x, -3)), hi = tg_gt_s(x, 3);
+  return done(tg_where(lo, K(x, 0), tg_where(hi, K(x, 1), tg_add_s(tg_mul_s(x, 1.0 / 6), 0.5))));
 }
 
 tg_tensor tg_leaky_relu(tg_tensor x, double neg_slope) {
@@ -454,6 +469,18 @@ tg_tensor tg_lerp(tg_tensor x, tg_tensor end, tg_tensor weight) {
     tg_scope_end();
     return NONE;
   }
+  tg_dtype xd = tg_dtype_of(x);
+  if (xd == TG_UINT8) {
+    /* tinygrad's fixed-point uint8 lerp: the weight as a 7-bit fraction, the difference as a signed
+     * byte (end - x wraps, the int8 view undoes it), rounded and shifted back; the result stays uint8 */
+    tg_tensor wi = tg_cast(tg_add_s(tg_mul_s(weight, 128), 0.5), TG_INT16);
+    tg_tensor d = tg_cast(tg_sub(end, x), TG_INT8);
+    tg_tensor f = tg_rshift(tg_cast(tg_add_s(tg_mul(d, wi), 64), TG_UINT16), tg_const_like(tg_cast(d, TG_UINT16), 7));
+    return done(tg_cast(tg_add(x, f), TG_UINT8));
+  }
+  /* a float result takes the difference in that float, so unsigned end - x cannot wrap */
+  tg_dtype rd = tg_dtype_promote(tg_dtype_promote(xd, tg_dtype_of(end)), tg_dtype_of(weight));
+  if (tg_dtype_is_float(rd)) x = tg_cast(x, rd), end = tg_cast(end, rd);
   return done(tg_add(x, tg_mul(tg_sub(end, x), weight)));
 }
 
@@ -463,6 +490,9 @@ tg_tensor tg_lerp_s(tg_tensor x, tg_tensor end, double weight) {
     tg_scope_end();
     return NONE;
   }
+  /* a fractional weight makes the result float: take the difference in it (no unsigned wrap) */
+  tg_dtype rd = tg_dtype_promote(tg_dtype_of(x), tg_dtype_of(end));
+  if (!tg_dtype_is_float(rd) && weight != trunc(weight)) x = tg_cast(x, tg_default_float()), end = tg_cast(end, tg_default_float());
   return done(tg_add(x, tg_mul_s(tg_sub(end, x), weight)));
 }
 

@@ -6,9 +6,9 @@
  * In: handles and arguments from the user. Out: new handles (or none + an error naming the function,
  * the shapes/values and a hint). Every op here is a composition of the public primitive ops, built
  * the way tinygrad builds it, so the result is one lazy graph that fuses and that autograd
- * differentiates with the per-primitive rules. Nothing here computes data, with two exceptions:
- * one_hot with num_classes = -1 reads the largest label (as tinygrad once did), and dropout realizes
- * its mask at once so that the forward value and the gradient see the same mask (see tg_dropout).
+ * differentiates with the per-primitive rules. Nothing here computes data, with one exception:
+ * dropout realizes its mask at once so that the forward value and the gradient see the same mask
+ * (see tg_dropout).
  *
  * Pattern: validate every argument first (so errors name the function the user called), then
  * compose inside a private scope and move only the result out. If an inner op still fails, its
@@ -159,6 +159,53 @@ tg_tensor tg_repeat(tg_tensor x, const int64_t *repeats, int nrepeats) {
   return done(o, repeat_impl(x, a, repeats, nrepeats));
 }
 
+/* How many inputs one cat kernel combines. Each output element of a pad+add cat evaluates every
+ * input's pad, so one kernel over n inputs costs n times the output (and scheduling a chain of n
+ * pads is worse): past CAT_GROUP inputs, groups of CAT_GROUP are concatenated into buffers of their
+ * own first, and those are concatenated in turn -- work and graph size grow with the total size
+ * times CAT_GROUP per level, about n / (CAT_GROUP - 1) extra kernels. Up to CAT_GROUP inputs the cat
+ * stays one lazy expression that fuses into its consumer, as tinygrad's does. */
+#define CAT_GROUP 32
+
+/* Sum (or, for bool, OR) of each input padded to its place along d: a balanced tree, so no chain
+ * deeper than log2(n) is built. */
+static tg_tensor cat_sum(const tg_tensor *ts, int n, int d, tg_dtype dt) {
+  int64_t total = 0;
+  for (int i = 0; i < n; i++) {
+    UOp *a = t_get(ts[i], "tg_cat"); /* a group that failed to build (its error is recorded) */
+    if (!a) return NONE;
+    total += a->shape[d];
+  }
+  tg_tensor *p = tg_xmalloc(sizeof(tg_tensor) * (size_t)n);
+  int64_t before = 0;
+  for (int i = 0; i < n; i++) {
+    UOp *a = t_get(ts[i], "tg_cat");
+    int64_t pads[2 * MAXD] = {0};
+    pads[2 * d] = before;
+    pads[2 * d + 1] = total - before - a->shape[d];
+    before += a->shape[d];
+    p[i] = tg_pad(tg_cast(ts[i], dt), pads, 2 * a->ndim, 0.0);
+  }
+  for (int w = 1; w < n; w *= 2)
+    for (int i = 0; i + w < n; i += 2 * w) p[i] = dt == TG_BOOL ? tg_bitwise_or(p[i], p[i + w]) : tg_add(p[i], p[i + w]);
+  tg_tensor r = p[0];
+  free(p);
+  return r;
+}
+
+static tg_tensor cat_tree(const tg_tensor *ts, int n, int d, tg_dtype dt) {
+  if (n <= CAT_GROUP) return cat_sum(ts, n, d, dt);
+  int m = (n + CAT_GROUP - 1) / CAT_GROUP;
+  tg_tensor *parts = tg_xmalloc(sizeof(tg_tensor) * (size_t)m);
+  for (int g = 0; g < m; g++) {
+    int k = n - g * CAT_GROUP < CAT_GROUP ? n - g * CAT_GROUP : CAT_GROUP;
+    parts[g] = k == 1 ? tg_cast(ts[g * CAT_GROUP], dt) : tg_contiguous(cat_sum(ts + g * CAT_GROUP, k, d, dt));
+  }
+  tg_tensor r = cat_tree(parts, m, d, dt);
+  free(parts);
+  return r;
+}
+
 tg_tensor tg_cat(const tg_tensor *ts, int n, int dim) {
   const char *fn = "tg_cat";
   if (n < 1 || !ts) return fail("%s: needs at least one tensor (got n=%d%s)", fn, n, ts ? "" : ", ts=NULL");
@@ -185,18 +232,7 @@ tg_tensor tg_cat(const tg_tensor *ts, int n, int dim) {
   }
   NnOp o = begin(fn);
   if (n == 1) return done(o, tg_cast(ts[0], dt));
-  tg_tensor acc = NONE;
-  int64_t before = 0;
-  for (int i = 0; i < n; i++) {
-    UOp *a = t_get(ts[i], fn);
-    int64_t pads[2 * MAXD] = {0};
-    pads[2 * d] = before;
-    pads[2 * d + 1] = total - before - a->shape[d];
-    before += a->shape[d];
-    tg_tensor p = tg_pad(tg_cast(ts[i], dt), pads, 2 * a->ndim, 0.0);
-    acc = i == 0 ? p : (dt == TG_BOOL ? tg_bitwise_or(acc, p) : tg_add(acc, p));
-  }
-  return done(o, acc);
+  return done(o, cat_tree(ts, n, d, dt));
 }
 
 tg_tensor tg_stack(const tg_tensor *ts, int n, int dim) {
@@ -803,48 +839,57 @@ static bool opt_pads(const char *fn, const int64_t *p, int np, int64_t *out) {
   return true;
 }
 
-/* Checks that a window fits in the padded input; hw = input (H, W), pads as opt_pads. */
-static bool window_fits(const char *fn, UOp *a, const int64_t *hw, const int64_t *pads, const int64_t *k,
+/* Checks that a window fits in the padded input along each of the nk spatial dims; sp = their sizes,
+ * pads = (before, after) per dim. */
+static bool window_fits(const char *fn, UOp *a, int nk, const int64_t *sp, const int64_t *pads, const int64_t *k,
                         const int64_t *d) {
-  for (int j = 0; j < 2; j++) {
-    int64_t ip = hw[j] + pads[2 * j] + pads[2 * j + 1], span;
+  for (int j = 0; j < nk; j++) {
+    int64_t ip = sp[j] + pads[2 * j] + pads[2 * j + 1], span;
     if (__builtin_mul_overflow(d[j], k[j] - 1, &span)) {
       tg_set_error(TG_ERR_INVALID, "%s: kernel %lld with dilation %lld spans more than int64 can hold", fn,
                    (long long)k[j], (long long)d[j]);
       return false;
     }
     if (ip <= span) {
+      char what[32];
+      if (nk == 2) snprintf(what, sizeof what, "%s", j ? "horizontal" : "vertical");
+      else snprintf(what, sizeof what, "spatial dim %d", j);
       tg_set_error(TG_ERR_INVALID,
                    "%s: the %s window (kernel %lld, dilation %lld spans %lld) is larger than the padded "
                    "input (%lld = %lld + padding %lld + %lld) of shape %s",
-                   fn, j ? "horizontal" : "vertical", (long long)k[j], (long long)d[j], (long long)(span + 1),
-                   (long long)ip, (long long)hw[j], (long long)pads[2 * j], (long long)pads[2 * j + 1],
-                   SHP(a));
+                   fn, what, (long long)k[j], (long long)d[j], (long long)(span + 1), (long long)ip,
+                   (long long)sp[j], (long long)pads[2 * j], (long long)pads[2 * j + 1], SHP(a));
       return false;
     }
   }
   return true;
 }
 
-/* pad the last two dims of x with pads (H before/after, W before/after), then pool */
-static tg_tensor pad_pool2(tg_tensor x, UOp *a, const int64_t *pads, double value, const int64_t *k,
-                           const int64_t *s, const int64_t *d) {
+/* pad the last nk dims of x with pads ((before, after) per dim), then pool */
+static tg_tensor pad_pool(tg_tensor x, UOp *a, int nk, const int64_t *pads, double value, const int64_t *k,
+                          const int64_t *s, const int64_t *d) {
   int n = a->ndim;
   int64_t p[2 * MAXD] = {0}, xs[MAXD];
+  bool any = false;
   memcpy(xs, a->shape, sizeof(int64_t) * (size_t)n);
-  for (int j = 0; j < 2; j++) {
-    p[2 * (n - 2 + j)] = pads[2 * j], p[2 * (n - 2 + j) + 1] = pads[2 * j + 1];
-    xs[n - 2 + j] += pads[2 * j] + pads[2 * j + 1];
+  for (int j = 0; j < nk; j++) {
+    p[2 * (n - nk + j)] = pads[2 * j], p[2 * (n - nk + j) + 1] = pads[2 * j + 1];
+    xs[n - nk + j] += pads[2 * j] + pads[2 * j + 1];
+    any = any || pads[2 * j] || pads[2 * j + 1];
   }
-  bool any = pads[0] || pads[1] || pads[2] || pads[3];
-  return pool_windows(any ? tg_pad(x, p, 2 * n, value) : x, xs, n, 2, k, s, d);
+  return pool_windows(any ? tg_pad(x, p, 2 * n, value) : x, xs, n, nk, k, s, d);
+}
+
+static tg_tensor pad_pool2(tg_tensor x, UOp *a, const int64_t *pads, double value, const int64_t *k,
+                           const int64_t *s, const int64_t *d) {
+  return pad_pool(x, a, 2, pads, value, k, s, d);
 }
 
 /* tinygrad's _apply_ceil_mode: extra padding after each dim so the last partial window counts */
-static void ceil_pads(const int64_t *hw, const int64_t *pads, const int64_t *k, const int64_t *s,
+static void ceil_pads(int nk, const int64_t *sp, const int64_t *pads, const int64_t *k, const int64_t *s,
                       const int64_t *d, int64_t *out) {
-  for (int j = 0; j < 2; j++) {
-    int64_t i = hw[j], pb = pads[2 * j], pa = pads[2 * j + 1];
+  for (int j = 0; j < nk; j++) {
+    int64_t i = sp[j], pb = pads[2 * j], pa = pads[2 * j + 1];
     int64_t o = cdiv(i + pb + pa - (d[j] * (k[j] - 1) + 1), s[j]) + 1;
     out[2 * j] = pb;
     out[2 * j + 1] = pa + s[j] * (o - 1) + (d[j] * (k[j] - 1) + 1) - (i + pb + pa) -
@@ -852,8 +897,12 @@ static void ceil_pads(const int64_t *hw, const int64_t *pads, const int64_t *k, 
   }
 }
 
+/* Resolved window arguments of a pool over the trailing nk dims: pads are (before, after) per dim. */
 typedef struct {
-  int64_t k[2], s[2], d[2], pads[4], hw[2];
+  int nk;
+  int64_t k[TG_WINDOW_MAXDIMS], s[TG_WINDOW_MAXDIMS], d[TG_WINDOW_MAXDIMS], pads[2 * TG_WINDOW_MAXDIMS],
+      sp[TG_WINDOW_MAXDIMS];
+  bool ceil_mode, exclude_pad;
 } PoolArgs;
 
 static bool pool_args(const char *fn, UOp *a, const tg_pool2d_opts *opts, PoolArgs *pa) {
@@ -865,24 +914,125 @@ static bool pool_args(const char *fn, UOp *a, const tg_pool2d_opts *opts, PoolAr
     return false;
   }
   static const int64_t two[2] = {2, 2}, one[2] = {1, 1};
+  pa->nk = 2;
   if (!opt_pair(fn, "kernel_size", opts->kernel_size, two, pa->k) ||
       !opt_pair(fn, "stride", opts->stride, pa->k, pa->s) ||
       !opt_pair(fn, "dilation", opts->dilation, one, pa->d) ||
       !opt_pads(fn, opts->padding, opts->npadding, pa->pads))
     return false;
-  pa->hw[0] = a->shape[a->ndim - 2], pa->hw[1] = a->shape[a->ndim - 1];
-  return window_fits(fn, a, pa->hw, pa->pads, pa->k, pa->d);
+  pa->sp[0] = a->shape[a->ndim - 2], pa->sp[1] = a->shape[a->ndim - 1];
+  pa->ceil_mode = opts->ceil_mode, pa->exclude_pad = opts->exclude_pad;
+  return window_fits(fn, a, 2, pa->sp, pa->pads, pa->k, pa->d);
 }
 
-tg_tensor tg_max_pool2d(tg_tensor x, const tg_pool2d_opts *opts) {
-  const char *fn = "tg_max_pool2d";
-  UOp *a = t_get(x, fn);
-  if (!a) return NONE;
-  PoolArgs p;
-  if (!pool_args(fn, a, opts, &p)) return NONE;
-  int64_t pads[4];
-  memcpy(pads, p.pads, sizeof pads);
-  if (opts && opts->ceil_mode) ceil_pads(p.hw, p.pads, p.k, p.s, p.d, pads);
+/* ---- n-d window options (tg_window_opts) ---- */
+
+/* One value per spatial dim from an n-d options array: all zero -> def, only the first set -> that
+ * value in every dim, else nk positive values (entries past nk must be zero). */
+static bool opt_dims(const char *fn, const char *name, const int64_t *v, int nk, const int64_t *def,
+                     int64_t *out) {
+  int last = -1;
+  for (int j = 0; j < TG_WINDOW_MAXDIMS; j++)
+    if (v[j]) last = j;
+  if (last < 0) {
+    for (int j = 0; j < nk; j++) out[j] = def[j];
+  } else if (last == 0) {
+    for (int j = 0; j < nk; j++) out[j] = v[0];
+  } else if (last >= nk) {
+    tg_set_error(TG_ERR_INVALID, "%s: %s has an entry at position %d but there are only %d spatial dims", fn,
+                 name, last, nk);
+    return false;
+  } else {
+    for (int j = 0; j < nk; j++) out[j] = v[j];
+  }
+  for (int j = 0; j < nk; j++)
+    if (out[j] < 1 || out[j] > ((int64_t)1 << 32)) {
+      tg_set_error(TG_ERR_INVALID,
+                   "%s: %s[%d] = %lld must be positive (give all %d values, or only the first for every dim; "
+                   "all zero means the default)",
+                   fn, name, j, (long long)out[j], nk);
+      return false;
+    }
+  return true;
+}
+
+/* n-d padding forms (tinygrad's): npadding 0 or 1 = padding[0] on every side, nk = one value per dim
+ * (both sides), 2*nk = (before, after) pairs from the LAST dim back (F.pad order). out = (before,
+ * after) per dim, first dim first. */
+static bool opt_pads_nd(const char *fn, const int64_t *p, int np, int nk, int64_t *out) {
+  if (np == 0) {
+    for (int j = 1; j < 2 * TG_WINDOW_MAXDIMS; j++)
+      if (p[j]) {
+        tg_set_error(TG_ERR_INVALID, "%s: padding has several entries but npadding is 0; set npadding to 1, %d or %d",
+                     fn, nk, 2 * nk);
+        return false;
+      }
+  }
+  if (np == 0 || np == 1) {
+    for (int j = 0; j < 2 * nk; j++) out[j] = p[0];
+  } else if (np == nk) {
+    for (int j = 0; j < nk; j++) out[2 * j] = out[2 * j + 1] = p[j];
+  } else if (np == 2 * nk) {
+    for (int j = 0; j < nk; j++) out[2 * j] = p[2 * (nk - 1 - j)], out[2 * j + 1] = p[2 * (nk - 1 - j) + 1];
+  } else {
+    tg_set_error(TG_ERR_INVALID,
+                 "%s: npadding is %d; with %d spatial dims use 1 (all sides), %d (one per dim) or %d ((before, "
+                 "after) from the last dim back)",
+                 fn, np, nk, nk, 2 * nk);
+    return false;
+  }
+  for (int j = 0; j < 2 * nk; j++)
+    if (out[j] > ((int64_t)1 << 32) || out[j] < -((int64_t)1 << 32)) {
+      tg_set_error(TG_ERR_INVALID, "%s: padding %lld is out of range", fn, (long long)out[j]);
+      return false;
+    }
+  return true;
+}
+
+static bool nd_count_ok(const char *fn, int nk) {
+  if (nk < 1 || nk > TG_WINDOW_MAXDIMS) {
+    tg_set_error(TG_ERR_INVALID, "%s: %d spatial dims; 1..%d are supported", fn, nk, TG_WINDOW_MAXDIMS);
+    return false;
+  }
+  return true;
+}
+
+static bool pool_args_nd(const char *fn, UOp *a, int nk, const tg_window_opts *opts, PoolArgs *pa) {
+  static const tg_window_opts zero;
+  if (!opts) opts = &zero;
+  if (!nd_count_ok(fn, nk)) return false;
+  if (a->ndim < nk || a->ndim + nk > MAXD_WINDOW) {
+    tg_set_error(TG_ERR_INVALID, "%s: a %d-d pool needs %d..%d dimensions (..., spatial dims), got shape %s", fn,
+                 nk, nk, MAXD_WINDOW - nk, SHP(a));
+    return false;
+  }
+  if (opts->groups || opts->noutput_padding)
+    return tg_set_error(TG_ERR_INVALID, "%s: groups and output_padding are convolution options; leave them 0", fn),
+           false;
+  for (int j = 0; j < TG_WINDOW_MAXDIMS; j++)
+    if (opts->output_padding[j])
+      return tg_set_error(TG_ERR_INVALID, "%s: output_padding is a transposed-convolution option; leave it 0", fn),
+             false;
+  int64_t two[TG_WINDOW_MAXDIMS], one[TG_WINDOW_MAXDIMS];
+  for (int j = 0; j < TG_WINDOW_MAXDIMS; j++) two[j] = 2, one[j] = 1;
+  pa->nk = nk;
+  if (!opt_dims(fn, "kernel_size", opts->kernel_size, nk, two, pa->k) ||
+      !opt_dims(fn, "stride", opts->stride, nk, pa->k, pa->s) ||
+      !opt_dims(fn, "dilation", opts->dilation, nk, one, pa->d) ||
+      !opt_pads_nd(fn, opts->padding, opts->npadding, nk, pa->pads))
+    return false;
+  for (int j = 0; j < nk; j++) pa->sp[j] = a->shape[a->ndim - nk + j];
+  pa->ceil_mode = opts->ceil_mode, pa->exclude_pad = opts->exclude_pad;
+  return window_fits(fn, a, nk, pa->sp, pa->pads, pa->k, pa->d);
+}
+
+static const int last_axes[TG_WINDOW_MAXDIMS] = {-1, -2, -3, -4, -5, -6, -7, -8};
+
+static tg_tensor max_pool_impl(const char *fn, tg_tensor x, UOp *a, const PoolArgs *p) {
+  int nk = p->nk;
+  int64_t pads[2 * TG_WINDOW_MAXDIMS];
+  memcpy(pads, p->pads, sizeof pads);
+  if (p->ceil_mode) ceil_pads(nk, p->sp, p->pads, p->k, p->s, p->d, pads);
   NnOp o = begin(fn);
   /* the gradient of a max compares every input with the maximum: a computed input is stored once,
    * so the forward and backward kernels compare the same bits (recomputed in two kernels it can
@@ -890,43 +1040,72 @@ tg_tensor tg_max_pool2d(tg_tensor x, const tg_pool2d_opts *opts) {
    * then match no element at all) */
   x = t_wrap(g_stable(a));
   a = t_get(x, fn);
-  tg_tensor w = pad_pool2(x, a, pads, dtype_min((tg_dtype)a->dtype), p.k, p.s, p.d);
-  return done(o, tg_max(w, (const int[]){-2, -1}, 2, false));
+  tg_tensor w = pad_pool(x, a, nk, pads, dtype_min((tg_dtype)a->dtype), p->k, p->s, p->d);
+  return done(o, tg_max(w, last_axes, nk, false));
+}
+
+static tg_tensor avg_pool_impl(const char *fn, tg_tensor x, UOp *a, const PoolArgs *p) {
+  int nk = p->nk;
+  bool ceil = p->ceil_mode, include = !p->exclude_pad;
+  int64_t pads[2 * TG_WINDOW_MAXDIMS];
+  memcpy(pads, p->pads, sizeof pads);
+  if (ceil) ceil_pads(nk, p->sp, p->pads, p->k, p->s, p->d, pads);
+  NnOp o = begin(fn);
+  tg_tensor r;
+  if (!include) {
+    tg_tensor num = tg_sum(pad_pool(x, a, nk, pads, 0.0, p->k, p->s, p->d), last_axes, nk, false);
+    tg_tensor ones = tg_ones_like(x, NULL);
+    r = tg_div(num, tg_sum(pad_pool(ones, a, nk, pads, 0.0, p->k, p->s, p->d), last_axes, nk, false));
+  } else if (!ceil) {
+    r = tg_mean(pad_pool(x, a, nk, pads, 0.0, p->k, p->s, p->d), last_axes, nk, false);
+  } else {
+    /* divide by the window's overlap with the regularly padded input (padding counts, the ceil
+     * overhang not) */
+    tg_tensor num = tg_sum(pad_pool(x, a, nk, pads, 0.0, p->k, p->s, p->d), last_axes, nk, false);
+    int n = a->ndim;
+    int64_t pp[2 * MAXD] = {0}, extra[2 * TG_WINDOW_MAXDIMS];
+    for (int j = 0; j < nk; j++)
+      pp[2 * (n - nk + j)] = p->pads[2 * j], pp[2 * (n - nk + j) + 1] = p->pads[2 * j + 1];
+    for (int j = 0; j < 2 * nk; j++) extra[j] = pads[j] - p->pads[j];
+    tg_tensor ones = tg_ones_like(tg_pad(x, pp, 2 * n, 0.0), NULL);
+    UOp *ou = t_get(ones, fn);
+    r = ou ? tg_div(num, tg_sum(pad_pool(ones, ou, nk, extra, 0.0, p->k, p->s, p->d), last_axes, nk, false))
+           : NONE;
+  }
+  return done(o, r);
+}
+
+tg_tensor tg_max_pool2d(tg_tensor x, const tg_pool2d_opts *opts) {
+  const char *fn = "tg_max_pool2d";
+  UOp *a = t_get(x, fn);
+  PoolArgs p;
+  if (!a || !pool_args(fn, a, opts, &p)) return NONE;
+  return max_pool_impl(fn, x, a, &p);
 }
 
 tg_tensor tg_avg_pool2d(tg_tensor x, const tg_pool2d_opts *opts) {
   const char *fn = "tg_avg_pool2d";
   UOp *a = t_get(x, fn);
-  if (!a) return NONE;
   PoolArgs p;
-  if (!pool_args(fn, a, opts, &p)) return NONE;
-  bool ceil = opts && opts->ceil_mode, include = !(opts && opts->exclude_pad);
-  int64_t pads[4];
-  memcpy(pads, p.pads, sizeof pads);
-  if (ceil) ceil_pads(p.hw, p.pads, p.k, p.s, p.d, pads);
-  const int ax[2] = {-2, -1};
-  NnOp o = begin(fn);
-  tg_tensor r;
-  if (!include) {
-    tg_tensor num = tg_sum(pad_pool2(x, a, pads, 0.0, p.k, p.s, p.d), ax, 2, false);
-    tg_tensor ones = tg_ones_like(x, NULL);
-    r = tg_div(num, tg_sum(pad_pool2(ones, a, pads, 0.0, p.k, p.s, p.d), ax, 2, false));
-  } else if (!ceil) {
-    r = tg_mean(pad_pool2(x, a, pads, 0.0, p.k, p.s, p.d), ax, 2, false);
-  } else {
-    /* divide by the window's overlap with the regularly padded input (padding counts, the ceil overhang not)
-     */
-    tg_tensor num = tg_sum(pad_pool2(x, a, pads, 0.0, p.k, p.s, p.d), ax, 2, false);
-    int n = a->ndim;
-    int64_t pp[2 * MAXD] = {0}, extra[4];
-    for (int j = 0; j < 2; j++)
-      pp[2 * (n - 2 + j)] = p.pads[2 * j], pp[2 * (n - 2 + j) + 1] = p.pads[2 * j + 1];
-    for (int j = 0; j < 4; j++) extra[j] = pads[j] - p.pads[j];
-    tg_tensor ones = tg_ones_like(tg_pad(x, pp, 2 * n, 0.0), NULL);
-    UOp *ou = t_get(ones, fn);
-    r = ou ? tg_div(num, tg_sum(pad_pool2(ones, ou, extra, 0.0, p.k, p.s, p.d), ax, 2, false)) : NONE;
-  }
-  return done(o, r);
+  if (!a || !pool_args(fn, a, opts, &p)) return NONE;
+  return avg_pool_impl(fn, x, a, &p);
+}
+
+tg_tensor tg_max_pool_nd(tg_tensor x, int nk, const tg_window_opts *opts) {
+  const char *fn = "tg_max_pool_nd";
+  UOp *a = t_get(x, fn);
+  PoolArgs p;
+  if (!a || !pool_args_nd(fn, a, nk, opts, &p)) return NONE;
+  if (p.exclude_pad) return fail("%s: exclude_pad is an avg_pool option", fn);
+  return max_pool_impl(fn, x, a, &p);
+}
+
+tg_tensor tg_avg_pool_nd(tg_tensor x, int nk, const tg_window_opts *opts) {
+  const char *fn = "tg_avg_pool_nd";
+  UOp *a = t_get(x, fn);
+  PoolArgs p;
+  if (!a || !pool_args_nd(fn, a, nk, opts, &p)) return NONE;
+  return avg_pool_impl(fn, x, a, &p);
 }
 
 /* Is u (through movement ops) data that is already in memory or will be materialized anyway? */
@@ -934,7 +1113,7 @@ static bool is_data_view(UOp *u) { return g_is_stored(u, false); }
 
 /* Is u a (bs, c, h, w) view of channels-last data: PERMUTE(0,3,1,2) of something in memory? */
 static bool is_nhwc_view(UOp *u) {
-  if (u->realized || u->op != OP_PERMUTE || u->ndim != 4 || u->niarg != 4) return false;
+  if (uop_realized(u) || u->op != OP_PERMUTE || u->ndim != 4 || u->niarg != 4) return false;
   static const int64_t nchw[4] = {0, 3, 1, 2};
   return !memcmp(u->iarg, nchw, sizeof nchw) && is_data_view(u->src[0]);
 }
@@ -1036,8 +1215,31 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
   UOp *a = t_get(x, fn), *w = a ? t_get(weight, fn) : NULL, *b = NULL;
   if (!a || !w) return NONE;
   if (bias.id && !(b = t_get(bias, fn))) return NONE;
+  if (a->ndim == w->ndim && w->ndim >= 3 && w->ndim != 4 && w->ndim - 2 <= TG_WINDOW_MAXDIMS) {
+    /* tinygrad's conv2d takes any number of spatial dims; a (y, x) pair option only carries one value
+     * per dim here when it is uniform */
+    int nsp = w->ndim - 2;
+    bool uniform = (!opts->stride[1] || opts->stride[1] == opts->stride[0]) &&
+                   (!opts->dilation[1] || opts->dilation[1] == opts->dilation[0]) && opts->npadding <= 1;
+    if (!uniform)
+      return fail("%s: a %d-d convolution (weight %s) takes only uniform stride, dilation and padding here; use "
+                  "tg_conv_nd for per-dim values",
+                  fn, nsp, SHP(w));
+    int64_t g = opts->groups ? opts->groups : 1, s[TG_WINDOW_MAXDIMS], d[TG_WINDOW_MAXDIMS],
+            pads[2 * TG_WINDOW_MAXDIMS];
+    if (opts->npadding == 0 && (opts->padding[1] || opts->padding[2] || opts->padding[3]))
+      return fail("%s: padding has several entries but npadding is 0", fn);
+    for (int j = 0; j < nsp; j++) {
+      s[j] = opts->stride[0] ? opts->stride[0] : 1, d[j] = opts->dilation[0] ? opts->dilation[0] : 1;
+      pads[2 * j] = pads[2 * j + 1] = opts->padding[0];
+      if (s[j] < 1 || d[j] < 1)
+        return fail("%s: stride %lld and dilation %lld must be positive", fn, (long long)s[j], (long long)d[j]);
+    }
+    return conv_nd_resolved(fn, x, weight, bias, g, s, d, pads);
+  }
   if (a->ndim != 4 || w->ndim != 4)
-    return fail("%s: input %s must be (batch, cin, height, width) and weight %s (cout, cin/groups, kh, kw)",
+    return fail("%s: input %s must be (batch, cin, spatial...) and weight %s (cout, cin/groups, kernel...) with "
+                "the same spatial dims",
                 fn, SHP(a), SHP(w));
   int64_t groups = opts->groups ? opts->groups : 1;
   if (groups < 1) return fail("%s: groups %lld must be positive", fn, (long long)groups);
@@ -1064,7 +1266,7 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
       !opt_pads(fn, opts->padding, opts->npadding, pads))
     return NONE;
   int64_t hw[2] = {a->shape[2], a->shape[3]};
-  if (!window_fits(fn, a, hw, pads, k, d)) return NONE;
+  if (!window_fits(fn, a, 2, hw, pads, k, d)) return NONE;
   int64_t oy = cdiv(hw[0] + pads[0] + pads[1] - d[0] * (kh - 1), s[0]),
           ox = cdiv(hw[1] + pads[2] + pads[3] - d[1] * (kw - 1), s[1]);
   int64_t rcout = cout / groups;
@@ -1135,6 +1337,175 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
   return done(o, r);
 }
 
+/* Convolution over nsp >= 3 spatial dims (or any count, but 1 and 2 go through tg_conv2d): tinygrad's
+ * conv2d on windows of the padded input, (bs, groups*cin, o..., k...) -> (bs, groups, rcout, o...,
+ * cin, k...) times the weight, reduced over (cin, k...). Autograd differentiates the window views. */
+static tg_tensor conv_generic(const char *fn, tg_tensor x, UOp *a, tg_tensor weight, UOp *w, tg_tensor bias,
+                              int nsp, int64_t groups, const int64_t *s, const int64_t *d, const int64_t *pads) {
+  int64_t bs = a->shape[0], cout = w->shape[0], cin = w->shape[1], rcout = cout / groups;
+  int64_t sh[MAXD], o[TG_WINDOW_MAXDIMS], k[TG_WINDOW_MAXDIMS];
+  for (int j = 0; j < nsp; j++) {
+    k[j] = w->shape[2 + j];
+    o[j] = cdiv(a->shape[2 + j] + pads[2 * j] + pads[2 * j + 1] - d[j] * (k[j] - 1), s[j]);
+  }
+  NnOp op = begin(fn);
+  tg_tensor win = pad_pool(x, a, nsp, pads, 0.0, k, s, d); /* (bs, groups*cin, o..., k...) */
+  int n = 0;
+  sh[n++] = bs, sh[n++] = groups, sh[n++] = cin, sh[n++] = 1;
+  for (int j = 0; j < nsp; j++) sh[n++] = o[j];
+  for (int j = 0; j < nsp; j++) sh[n++] = k[j];
+  win = tg_reshape(win, sh, n);
+  sh[3] = rcout;
+  win = tg_expand(win, sh, n);
+  int perm[MAXD], m = 0;
+  perm[m++] = 0, perm[m++] = 1, perm[m++] = 3;
+  for (int j = 0; j < nsp; j++) perm[m++] = 4 + j;
+  perm[m++] = 2;
+  for (int j = 0; j < nsp; j++) perm[m++] = 4 + nsp + j;
+  win = tg_permute(win, perm, n); /* (bs, groups, rcout, o..., cin, k...) */
+  int64_t wsh[MAXD];
+  m = 0;
+  wsh[m++] = 1, wsh[m++] = groups, wsh[m++] = rcout;
+  for (int j = 0; j < nsp; j++) wsh[m++] = 1;
+  wsh[m++] = cin;
+  for (int j = 0; j < nsp; j++) wsh[m++] = k[j];
+  tg_tensor wr = tg_reshape(weight, wsh, m);
+  int ax[TG_WINDOW_MAXDIMS + 1];
+  for (int j = 0; j <= nsp; j++) ax[j] = -1 - j;
+  tg_tensor r = tg_sum(tg_mul(win, wr), ax, nsp + 1, false); /* (bs, groups, rcout, o...) */
+  m = 0;
+  sh[m++] = bs, sh[m++] = cout;
+  for (int j = 0; j < nsp; j++) sh[m++] = o[j];
+  r = tg_reshape(r, sh, m);
+  r = tg_cast(r, tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)w->dtype));
+  if (bias.id) {
+    sh[1] = cout;
+    for (int j = 0; j < m; j++) if (j != 1) sh[j] = 1;
+    r = tg_add(r, tg_reshape(bias, sh, m));
+  }
+  return done(op, r);
+}
+
+/* Checks the shapes of an n-d convolution: x (bs, groups*cin, spatial...), weight (cout, cin, k...). */
+static bool conv_shapes_ok(const char *fn, UOp *a, UOp *w, UOp *b, int64_t groups) {
+  if (w->ndim < 3 || w->ndim - 2 > TG_WINDOW_MAXDIMS || a->ndim != w->ndim) {
+    tg_set_error(TG_ERR_INVALID,
+                 "%s: input %s must be (batch, cin, spatial...) and weight %s (cout, cin/groups, kernel...) with "
+                 "the same 1..%d spatial dims",
+                 fn, SHP(a), SHP(w), TG_WINDOW_MAXDIMS);
+    return false;
+  }
+  if (groups < 1) return tg_set_error(TG_ERR_INVALID, "%s: groups %lld must be positive", fn, (long long)groups), false;
+  int64_t gcin;
+  if (__builtin_mul_overflow(groups, w->shape[1], &gcin) || gcin != a->shape[1]) {
+    tg_set_error(TG_ERR_INVALID, "%s: input %s has %lld channels but weight %s with groups=%lld expects groups*cin",
+                 fn, SHP(a), (long long)a->shape[1], SHP(w), (long long)groups);
+    return false;
+  }
+  if (w->shape[0] % groups) {
+    tg_set_error(TG_ERR_INVALID, "%s: cout %lld of weight %s is not divisible by groups=%lld", fn,
+                 (long long)w->shape[0], SHP(w), (long long)groups);
+    return false;
+  }
+  for (int j = 2; j < w->ndim; j++)
+    if (w->shape[j] < 1) return tg_set_error(TG_ERR_INVALID, "%s: weight %s has an empty kernel", fn, SHP(w)), false;
+  if (b && (b->ndim != 1 || b->shape[0] != w->shape[0])) {
+    tg_set_error(TG_ERR_INVALID, "%s: bias has shape %s but the weight %s needs (%lld,)", fn, SHP(b), SHP(w),
+                 (long long)w->shape[0]);
+    return false;
+  }
+  return same_device(fn, a, w, "weight") && (!b || same_device(fn, a, b, "bias"));
+}
+
+/* The n-d convolution once its options are resolved (pads: (before, after) per spatial dim). One and
+ * two spatial dims run as tg_conv2d (a 1-d one on (bs, cin, 1, L)), which has the tuned kernels and
+ * backward; more go through conv_generic. */
+tg_tensor conv_nd_resolved(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, int64_t groups,
+                           const int64_t *s, const int64_t *d, const int64_t *pads) {
+  UOp *a = t_get(x, fn), *w = a ? t_get(weight, fn) : NULL, *b = NULL;
+  if (!a || !w) return NONE;
+  if (bias.id && !(b = t_get(bias, fn))) return NONE;
+  if (!conv_shapes_ok(fn, a, w, b, groups)) return NONE;
+  int nsp = w->ndim - 2;
+  int64_t sp[TG_WINDOW_MAXDIMS], k[TG_WINDOW_MAXDIMS];
+  for (int j = 0; j < nsp; j++) sp[j] = a->shape[2 + j], k[j] = w->shape[2 + j];
+  if (!window_fits(fn, a, nsp, sp, pads, k, d)) return NONE;
+  if (nsp > 2) return conv_generic(fn, x, a, weight, w, bias, nsp, groups, s, d, pads);
+  NnOp op = begin(fn);
+  tg_conv2d_opts co = {0};
+  co.groups = groups, co.npadding = 4;
+  tg_tensor r;
+  if (nsp == 2) {
+    co.stride[0] = s[0], co.stride[1] = s[1], co.dilation[0] = d[0], co.dilation[1] = d[1];
+    co.padding[0] = pads[2], co.padding[1] = pads[3], co.padding[2] = pads[0], co.padding[3] = pads[1];
+    r = tg_conv2d(x, weight, bias, &co);
+  } else {
+    co.stride[0] = 1, co.stride[1] = s[0], co.dilation[0] = 1, co.dilation[1] = d[0];
+    co.padding[0] = pads[0], co.padding[1] = pads[1];
+    r = tg_squeeze(tg_conv2d(tg_unsqueeze(x, 2), tg_unsqueeze(weight, 2), bias, &co), 2);
+  }
+  return done(op, r);
+}
+
+/* Reads the convolution fields of n-d options for nsp spatial dims. */
+bool conv_opts_nd(const char *fn, const tg_window_opts *opts, int nsp, bool transposed, int64_t *groups,
+                  int64_t *s, int64_t *d, int64_t *pads, int64_t *outpad) {
+  static const tg_window_opts zero;
+  if (!opts) opts = &zero;
+  if (!nd_count_ok(fn, nsp)) return false;
+  int64_t one[TG_WINDOW_MAXDIMS];
+  for (int j = 0; j < TG_WINDOW_MAXDIMS; j++) one[j] = 1;
+  for (int j = 0; j < TG_WINDOW_MAXDIMS; j++)
+    if (opts->kernel_size[j])
+      return tg_set_error(TG_ERR_INVALID, "%s: kernel_size is a pool option (the weight gives the kernel); leave it 0",
+                          fn),
+             false;
+  if (opts->ceil_mode || opts->exclude_pad)
+    return tg_set_error(TG_ERR_INVALID, "%s: ceil_mode and exclude_pad are pool options; leave them false", fn), false;
+  *groups = opts->groups ? opts->groups : 1;
+  if (!opt_dims(fn, "stride", opts->stride, nsp, one, s) || !opt_dims(fn, "dilation", opts->dilation, nsp, one, d) ||
+      !opt_pads_nd(fn, opts->padding, opts->npadding, nsp, pads))
+    return false;
+  if (!transposed) {
+    if (opts->noutput_padding)
+      return tg_set_error(TG_ERR_INVALID, "%s: output_padding is a transposed-convolution option; leave it 0", fn),
+             false;
+    for (int j = 0; j < TG_WINDOW_MAXDIMS; j++)
+      if (opts->output_padding[j])
+        return tg_set_error(TG_ERR_INVALID, "%s: output_padding is a transposed-convolution option; leave it 0", fn),
+               false;
+    return true;
+  }
+  int no = opts->noutput_padding;
+  for (int j = (no > 1 ? no : 1); j < TG_WINDOW_MAXDIMS; j++)
+    if (opts->output_padding[j]) {
+      tg_set_error(TG_ERR_INVALID, "%s: output_padding has an entry at position %d but noutput_padding is %d", fn, j,
+                   no);
+      return false;
+    }
+  if (no == 0 || no == 1) {
+    for (int j = 0; j < nsp; j++) outpad[j] = opts->output_padding[0];
+  } else if (no == nsp) {
+    for (int j = 0; j < nsp; j++) outpad[j] = opts->output_padding[j];
+  } else {
+    tg_set_error(TG_ERR_INVALID, "%s: noutput_padding is %d; use 1 (every dim) or %d (one per spatial dim)", fn, no,
+                 nsp);
+    return false;
+  }
+  return true;
+}
+
+tg_tensor tg_conv_nd(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_window_opts *opts) {
+  const char *fn = "tg_conv_nd";
+  UOp *w = t_get(weight, fn);
+  if (!w || !t_get(x, fn)) return NONE;
+  int64_t g, s[TG_WINDOW_MAXDIMS], d[TG_WINDOW_MAXDIMS], pads[2 * TG_WINDOW_MAXDIMS];
+  if (w->ndim < 3)
+    return fail("%s: weight %s must be (cout, cin/groups, kernel...) with at least one spatial dim", fn, SHP(w));
+  if (!conv_opts_nd(fn, opts, w->ndim - 2, false, &g, s, d, pads, NULL)) return NONE;
+  return conv_nd_resolved(fn, x, weight, bias, g, s, d, pads);
+}
+
 tg_tensor tg_dot(tg_tensor x, tg_tensor w) {
   const char *fn = "tg_dot";
   UOp *a = t_get(x, fn), *b = a ? t_get(w, fn) : NULL;
@@ -1143,8 +1514,27 @@ tg_tensor tg_dot(tg_tensor x, tg_tensor w) {
   return done(o, tg_matmul(x, w));
 }
 
+tg_tensor tg_dot_dtype(tg_tensor x, tg_tensor w, tg_dtype dtype) {
+  const char *fn = "tg_dot_dtype";
+  UOp *a = t_get(x, fn), *b = a ? t_get(w, fn) : NULL;
+  if (!a || !b) return NONE;
+  NnOp o = begin(fn);
+  return done(o, tg_matmul_dtype(x, w, dtype));
+}
+
+static tg_tensor linear_impl(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, tg_dtype dtype);
+
 tg_tensor tg_linear(tg_tensor x, tg_tensor weight, tg_tensor bias) {
-  const char *fn = "tg_linear";
+  return linear_impl("tg_linear", x, weight, bias, TG_DTYPE_DEFAULT);
+}
+
+/* tinygrad's linear(dtype=): x, weight and bias are cast to dtype first */
+tg_tensor tg_linear_dtype(tg_tensor x, tg_tensor weight, tg_tensor bias, tg_dtype dtype) {
+  if ((int)dtype < 0 || dtype >= TG_DTYPE_COUNT) return fail("tg_linear_dtype: invalid dtype %d", (int)dtype);
+  return linear_impl("tg_linear_dtype", x, weight, bias, dtype);
+}
+
+static tg_tensor linear_impl(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, tg_dtype dtype) {
   UOp *a = t_get(x, fn), *w = a ? t_get(weight, fn) : NULL, *b = NULL;
   if (!a || !w) return NONE;
   if (bias.id && !(b = t_get(bias, fn))) return NONE;
@@ -1160,6 +1550,10 @@ tg_tensor tg_linear(tg_tensor x, tg_tensor weight, tg_tensor bias) {
     return fail("%s: bias has shape %s but the output has %lld features", fn, SHP(b), (long long)outf);
   if (!same_device(fn, a, w, "weight") || (b && !same_device(fn, a, b, "bias"))) return NONE;
   NnOp o = begin(fn);
+  if (dtype != TG_DTYPE_DEFAULT) {
+    x = tg_cast(x, dtype), weight = tg_cast(weight, dtype);
+    if (b) bias = tg_cast(bias, dtype);
+  }
   tg_tensor r = w->ndim == 1 ? tg_mul(x, weight) : tg_matmul(x, tg_transpose(weight, 0, 1));
   if (b) r = tg_add(r, bias);
   return done(o, r);
@@ -1174,20 +1568,12 @@ tg_tensor tg_one_hot(tg_tensor x, int64_t num_classes) {
   if (!a) return NONE;
   if (!tg_dtype_is_int((tg_dtype)a->dtype))
     return fail("%s: expects an integer tensor, got %s", fn, tg_dtype_name((tg_dtype)a->dtype));
-  if (num_classes < -1 || num_classes > ((int64_t)1 << 31))
-    return fail("%s: num_classes %lld must be non-negative (or -1: the largest label + 1)", fn,
+  /* no -1 (infer from the largest label), as in tinygrad: a lazy library would have to realize x */
+  if (num_classes < 0 || num_classes > ((int64_t)1 << 31))
+    return fail("%s: num_classes %lld must be in 0..2^31 (it cannot be inferred: pass the class count)", fn,
                 (long long)num_classes);
   if (a->ndim >= MAXD) return fail("%s: too many dimensions", fn);
   NnOp o = begin(fn);
-  if (num_classes == -1) {
-    if (shape_numel(a->shape, a->ndim) == 0) {
-      tg_scope_end();
-      return fail("%s: num_classes=-1 needs a non-empty tensor to find the largest label", fn);
-    }
-    int64_t mx = 0;
-    if (tg_item_i64(tg_max(x, NULL, 0, false), &mx) != TG_OK) return done(o, NONE);
-    num_classes = mx + 1 > 0 ? mx + 1 : 0;
-  }
   tg_tensor eq = tg_eq(tg_unsqueeze(x, -1), arange_on(a, 0, (double)num_classes, 1));
   return done(o, tg_cast(eq, TG_INT32));
 }
@@ -1243,6 +1629,51 @@ tg_tensor tg_batchnorm(tg_tensor x, tg_tensor weight, tg_tensor bias, tg_tensor 
   return done(o, r);
 }
 
+tg_tensor tg_batchnorm_axes(tg_tensor x, tg_tensor weight, tg_tensor bias, tg_tensor mean, tg_tensor invstd,
+                            const int *axes, int naxes) {
+  const char *fn = "tg_batchnorm_axes";
+  UOp *a = t_get(x, fn), *m = a ? t_get(mean, fn) : NULL, *is = m ? t_get(invstd, fn) : NULL, *w = NULL,
+      *b = NULL;
+  if (!a || !m || !is) return NONE;
+  if (weight.id && !(w = t_get(weight, fn))) return NONE;
+  if (bias.id && !(b = t_get(bias, fn))) return NONE;
+  if (naxes < 0 || (naxes > 0 && !axes)) return fail("%s: axes is NULL or naxes=%d < 0", fn, naxes);
+  bool keep[MAXD] = {false};
+  int64_t sh[MAXD], c = 1;
+  for (int i = 0; i < naxes; i++) {
+    int ax;
+    if (norm_axis(fn, axes[i], a->ndim, &ax) < 0) return NONE;
+    if (keep[ax]) return fail("%s: axis %d appears twice", fn, axes[i]);
+    keep[ax] = true;
+  }
+  for (int i = 0; i < a->ndim; i++) sh[i] = keep[i] ? a->shape[i] : 1, c *= sh[i];
+  /* the parameters hold one value per kept position (any shape with that many elements, reshaped);
+   * invstd of another rank broadcasts against x as it is (tinygrad's rule) */
+  struct {
+    UOp *u;
+    const char *name;
+  } per[3] = {{m, "mean"}, {w, "weight"}, {b, "bias"}};
+  for (int i = 0; i < 3; i++)
+    if (per[i].u && shape_numel(per[i].u->shape, per[i].u->ndim) != c)
+      return fail("%s: %s has shape %s but x %s kept over the %d axes has %lld elements per position", fn,
+                  per[i].name, SHP(per[i].u), SHP(a), naxes, (long long)c);
+  bool is_per = is->ndim == naxes;
+  int64_t bs[MAXD];
+  if (is_per && shape_numel(is->shape, is->ndim) != c)
+    return fail("%s: invstd has shape %s but x %s kept over the %d axes has %lld elements per position", fn, SHP(is),
+                SHP(a), naxes, (long long)c);
+  if (!is_per && bcast_shape(fn, a->shape, a->ndim, is->shape, is->ndim, bs, "invstd") < 0) return NONE;
+  UOp *dv[4] = {m, is, w, b};
+  for (int i = 0; i < 4; i++)
+    if (dv[i] && !same_device(fn, a, dv[i], "a parameter")) return NONE;
+  NnOp o = begin(fn);
+  tg_tensor r = tg_sub(x, tg_reshape(mean, sh, a->ndim));
+  if (w) r = tg_mul(r, tg_reshape(weight, sh, a->ndim));
+  r = tg_mul(r, is_per ? tg_reshape(invstd, sh, a->ndim) : invstd);
+  if (b) r = tg_add(r, tg_reshape(bias, sh, a->ndim));
+  return done(o, r);
+}
+
 tg_tensor tg_dropout(tg_tensor x, double p) {
   const char *fn = "tg_dropout";
   UOp *a = t_get(x, fn);
@@ -1258,6 +1689,21 @@ tg_tensor tg_dropout(tg_tensor x, double p) {
    * in between. tinygrad's .contiguous() gets the same effect from its becomes_map. */
   if (tg_realize(keep) != TG_OK) return done(o, NONE);
   return done(o, tg_div_s(tg_where(keep, x, tg_const_like(x, 0)), 1.0 - p));
+}
+
+/* repeat_interleave(r, dim=-3): (..., H, S, E) -> (..., H*r, S, E), each head r times in a row (a view) */
+static tg_tensor repeat_heads(tg_tensor t, UOp *u, int64_t r) {
+  int n = u->ndim;
+  int64_t sh[MAXD];
+  for (int i = 0; i < n - 2; i++) sh[i] = u->shape[i];
+  sh[n - 2] = 1, sh[n - 1] = u->shape[n - 2], sh[n] = u->shape[n - 1];
+  tg_tensor e = tg_reshape(t, sh, n + 1);
+  sh[n - 2] = r;
+  e = tg_expand(e, sh, n + 1);
+  int64_t out[MAXD];
+  memcpy(out, u->shape, sizeof(int64_t) * (size_t)n);
+  out[n - 3] *= r;
+  return tg_reshape(e, out, n);
 }
 
 tg_tensor tg_scaled_dot_product_attention(tg_tensor q, tg_tensor k, tg_tensor v, tg_tensor attn_mask,
@@ -1277,9 +1723,24 @@ tg_tensor tg_scaled_dot_product_attention(tg_tensor q, tg_tensor k, tg_tensor v,
   if (va->shape[va->ndim - 2] != S)
     return fail("%s: key %s and value %s must have the same sequence length (dim -2)", fn, SHP(ka), SHP(va));
   if (causal && ma) return fail("%s: cannot set attn_mask when is_causal is true", fn);
+  int64_t gqa_k = 1, gqa_v = 1;
+  if (opts && opts->enable_gqa) {
+    /* grouped-query attention: each key / value head serves Hq / Hkv consecutive query heads (dim -3) */
+    if (qa->ndim < 3 || ka->ndim < 3 || va->ndim < 3)
+      return fail("%s: enable_gqa needs a heads dim (-3) in query %s, key %s and value %s", fn, SHP(qa), SHP(ka),
+                  SHP(va));
+    int64_t hq = qa->shape[qa->ndim - 3], hk = ka->shape[ka->ndim - 3], hv = va->shape[va->ndim - 3];
+    if (!hk || !hv || hq % hk || hq % hv)
+      return fail("%s: enable_gqa: the query's %lld heads are not a multiple of the key's %lld and the value's %lld "
+                  "heads (query %s, key %s, value %s)",
+                  fn, (long long)hq, (long long)hk, (long long)hv, SHP(qa), SHP(ka), SHP(va));
+    gqa_k = hq / hk, gqa_v = hq / hv;
+  }
   if (!(dp >= 0 && dp <= 1)) return fail("%s: dropout_p=%g is out of range [0, 1]", fn, dp);
-  int64_t qk[MAXD], tmp[MAXD];
-  int n = bcast_shape(fn, qa->shape, qa->ndim - 2, ka->shape, ka->ndim - 2, qk, "query/key batch dims");
+  int64_t qk[MAXD], tmp[MAXD], kbatch[MAXD];
+  memcpy(kbatch, ka->shape, sizeof(int64_t) * (size_t)(ka->ndim - 2));
+  if (gqa_k > 1) kbatch[ka->ndim - 3] *= gqa_k;
+  int n = bcast_shape(fn, qa->shape, qa->ndim - 2, kbatch, ka->ndim - 2, qk, "query/key batch dims");
   if (n < 0 || n + 2 > MAXD) return NONE;
   qk[n] = L, qk[n + 1] = S;
   if (ma && bcast_shape(fn, qk, n + 2, ma->shape, ma->ndim, tmp, "attn_mask") < 0) return NONE;
@@ -1287,6 +1748,8 @@ tg_tensor tg_scaled_dot_product_attention(tg_tensor q, tg_tensor k, tg_tensor v,
       (ma && !same_device(fn, qa, ma, "attn_mask")))
     return NONE;
   NnOp o = begin(fn);
+  if (gqa_k > 1) k = repeat_heads(k, ka, gqa_k);
+  if (gqa_v > 1) v = repeat_heads(v, va, gqa_v);
   tg_dtype acc = tg_dtype_promote(tg_dtype_promote((tg_dtype)qa->dtype, (tg_dtype)ka->dtype), TG_FLOAT32);
   tg_tensor s = tg_div_s(tg_matmul(tg_cast(q, acc), tg_transpose(tg_cast(k, acc), -2, -1)), sqrt((double)e));
   tg_tensor mask = ma ? attn_mask : NONE;

@@ -291,7 +291,6 @@ SCALAR_OP(tg_add_s(tg_tensor x, double y), "tg_add_s", K_ARITH, OP_ADD, 0)
 SCALAR_OP(tg_sub_s(tg_tensor x, double y), "tg_sub_s", K_ARITH, OP_SUB, 0)
 SCALAR_OP(tg_mul_s(tg_tensor x, double y), "tg_mul_s", K_ARITH, OP_MUL, 0)
 SCALAR_OP(tg_div_s(tg_tensor x, double y), "tg_div_s", K_TRUEDIV, OP_FDIV, 0)
-SCALAR_OP(tg_pow_s(tg_tensor x, double y), "tg_pow_s", K_ARITH, OP_POW, 0)
 SCALAR_OP(tg_maximum_s(tg_tensor x, double y), "tg_maximum_s", K_ARITH, OP_MAX, 0)
 SCALAR_OP(tg_lt_s(tg_tensor x, double y), "tg_lt_s", K_CMP, OP_CMPLT, 0)
 SCALAR_OP(tg_gt_s(tg_tensor x, double y), "tg_gt_s", K_CMP, OP_CMPLT, 1)
@@ -305,6 +304,18 @@ SCALAR_OP(tg_rsub_s(double x, tg_tensor y), "tg_rsub_s", K_ARITH, OP_SUB, 1)
 SCALAR_OP(tg_rdiv_s(double x, tg_tensor y), "tg_rdiv_s", K_TRUEDIV, OP_FDIV, 1)
 #undef T
 #undef V
+
+tg_tensor tg_pow_s(tg_tensor x, double y) {
+  GET(a, x, "tg_pow_s");
+  /* tinygrad: a negative integer power of an integer tensor has no integer result */
+  if (!tg_dtype_is_float((tg_dtype)a->dtype) && y == trunc(y) && y < 0)
+    return fail(TG_ERR_INVALID, "tg_pow_s: %s tensor ** %g: the base needs to be float for a negative integer exponent (cast it first)",
+                tg_dtype_name((tg_dtype)a->dtype), y);
+  UOp *s = scalar_node(a, y);
+  tg_tensor r = binop_nodes("tg_pow_s", OP_POW, a, s, K_ARITH);
+  uop_unref(s);
+  return r;
+}
 
 tg_tensor tg_minimum_s(tg_tensor x, double y) {
   GET(a, x, "tg_minimum_s");
@@ -356,7 +367,7 @@ static UOp *mul_const(UOp *a, double c) {
 UOp *n_exp(UOp *a);
 UOp *n_exp(UOp *a) {
   /* 16-bit floats compute in float32, as tinygrad's exp does: 1/ln2 rounded to half costs |x| * 2e-4 */
-  if (a->dtype == TG_FLOAT16 || a->dtype == TG_BFLOAT16) {
+  if (a->dtype == TG_FLOAT16 || a->dtype == TG_BFLOAT16 || a->dtype == TG_FP8E4M3 || a->dtype == TG_FP8E5M2) {
     UOp *c = g_cast(a, TG_FLOAT32), *e = n_exp(c), *r = g_cast(e, (tg_dtype)a->dtype);
     uop_unref(c), uop_unref(e);
     return r;
@@ -424,7 +435,7 @@ tg_tensor tg_bitcast(tg_tensor x, tg_dtype dtype) {
     uop_unref(c);
     return NONE;
   }
-  UOp *bn = c->realized;
+  UOp *bn = uop_realized(c);
   int64_t *sh = tg_xmalloc(sizeof(int64_t) * (size_t)a->ndim);
   memcpy(sh, a->shape, sizeof(int64_t) * (size_t)a->ndim);
   sh[a->ndim - 1] = last * (int64_t)si / (int64_t)di;
@@ -494,7 +505,7 @@ static tg_tensor reduce_nodes(const char *fn, UOp *a, int op, const int *axes, i
 tg_tensor tg_sum(tg_tensor x, const int *axes, int naxes, bool keepdim) {
   GET(a, x, "tg_sum");
   tg_dtype dt = (tg_dtype)a->dtype, acc = dtype_sum_acc(dt);
-  tg_dtype out = (dt == TG_FLOAT16 || dt == TG_BFLOAT16) ? dt : acc;
+  tg_dtype out = (dt == TG_FLOAT16 || dt == TG_BFLOAT16 || dt == TG_FP8E4M3 || dt == TG_FP8E5M2) ? dt : acc;
   return reduce_nodes("tg_sum", a, OP_ADD, axes, naxes, keepdim, acc, out);
 }
 tg_tensor tg_prod(tg_tensor x, const int *axes, int naxes, bool keepdim) {
@@ -551,50 +562,66 @@ tg_tensor tg_mean(tg_tensor x, const int *axes, int naxes, bool keepdim) {
   if (nax < 0) return NONE;
   int64_t cnt = 1;
   for (int i = 0; i < nax; i++) cnt *= a->shape[ax[i]];
-  tg_tensor s = reduce_nodes("tg_mean", a, OP_ADD, axes, naxes, keepdim, tg_dtype_is_float(dt) ? dtype_sum_acc(dt) : out, out);
+  /* as tinygrad: the sum and its scaling stay in the accumulation dtype, one rounding to a narrow
+   * float at the end */
+  tg_dtype acc = tg_dtype_is_float(dt) ? dtype_sum_acc(dt) : out;
+  tg_tensor s = reduce_nodes("tg_mean", a, OP_ADD, axes, naxes, keepdim, acc, acc);
   UOp *su = t_get(s, "tg_mean");
   if (!su) return NONE;
-  UOp *d = n_const_like(su, cnt ? 1.0 / (double)cnt : NAN, out);
-  UOp *r = g_alu(OP_MUL, out, su, d, NULL);
+  UOp *d = n_const_like(su, cnt ? 1.0 / (double)cnt : NAN, acc);
+  UOp *r = g_alu(OP_MUL, acc, su, d, NULL);
   uop_unref(d);
   tg_free(s);
+  if (acc != out) {
+    UOp *c = g_cast(r, out);
+    uop_unref(r);
+    r = c;
+  }
   return t_wrap(r);
 }
 
-/* softmax pieces along one axis: m = x - max(x), e = exp(m), s = sum(e) (keepdim) */
-static int softmax_parts(const char *fn, UOp *a, int axis, UOp **m, UOp **e, UOp **s) {
+/* softmax pieces along one axis: m = x - max(x), e = exp(m), s = sum(e) (keepdim). As in tinygrad
+ * the max is detached: the result does not depend on it, and its gradient (zero, but only up to
+ * rounding) would add noise and a kernel. */
+static int softmax_parts(const char *fn, UOp *a, int axis, UOp **m, UOp **e, UOp **s, UOp **sred) {
   int ax;
   if (norm_axis(fn, axis, a->ndim, &ax) < 0) return -1;
   tg_dtype dt = float_of((tg_dtype)a->dtype);
   UOp *x = g_cast(a, dt);
   int64_t axx = ax;
   int nax = a->ndim ? 1 : 0;
-  UOp *mx = g_reduce(x, OP_MAX, &axx, nax);
+  UOp *mx0 = g_reduce(x, OP_MAX, &axx, nax), *mx = g_detach(mx0);
   UOp *mxe = g_expand(mx, x->shape);
+  uop_unref(mx0);
   *m = g_alu(OP_SUB, dt, x, mxe, NULL);
   *e = n_exp(*m);
   UOp *sm = g_reduce(*e, OP_ADD, &axx, nax);
   *s = g_expand(sm, x->shape);
-  uop_unref(x), uop_unref(mx), uop_unref(mxe), uop_unref(sm);
+  *sred = sm; /* the sum before the expand (kept dims) */
+  uop_unref(x), uop_unref(mx), uop_unref(mxe);
   return 0;
 }
 
 tg_tensor tg_softmax(tg_tensor x, int axis) {
   GET(a, x, "tg_softmax");
-  UOp *m, *e, *s;
-  if (softmax_parts("tg_softmax", a, axis, &m, &e, &s) < 0) return NONE;
-  UOp *r = g_alu(OP_FDIV, (tg_dtype)e->dtype, e, s, NULL);
-  uop_unref(m), uop_unref(e), uop_unref(s);
+  UOp *m, *e, *s, *sr;
+  if (softmax_parts("tg_softmax", a, axis, &m, &e, &s, &sr) < 0) return NONE;
+  /* e * (1/s) with the reciprocal taken before the broadcast, tinygrad's form: the backward then
+   * sums g*e (the same sum as s when g is 1) before scaling by 1/s^2, and r - (s*r)*r cancels to 0
+   * where e/s would leave rounding noise from summing e_i/s^2 */
+  UOp *rs = g_alu(OP_RECIP, (tg_dtype)sr->dtype, sr, NULL, NULL), *rse = g_expand(rs, e->shape);
+  UOp *r = g_alu(OP_MUL, (tg_dtype)e->dtype, e, rse, NULL);
+  uop_unref(m), uop_unref(e), uop_unref(s), uop_unref(sr), uop_unref(rs), uop_unref(rse);
   return t_wrap(r);
 }
 
 tg_tensor tg_log_softmax(tg_tensor x, int axis) {
   GET(a, x, "tg_log_softmax");
-  UOp *m, *e, *s;
-  if (softmax_parts("tg_log_softmax", a, axis, &m, &e, &s) < 0) return NONE;
+  UOp *m, *e, *s, *sr;
+  if (softmax_parts("tg_log_softmax", a, axis, &m, &e, &s, &sr) < 0) return NONE;
   UOp *ls = n_log(s);
   UOp *r = g_alu(OP_SUB, (tg_dtype)m->dtype, m, ls, NULL);
-  uop_unref(m), uop_unref(e), uop_unref(s), uop_unref(ls);
+  uop_unref(m), uop_unref(e), uop_unref(s), uop_unref(sr), uop_unref(ls);
   return t_wrap(r);
 }
 
@@ -847,21 +874,24 @@ static tg_tensor matmul_packed(tg_tensor x, tg_tensor w, int64_t n, int64_t k, i
   return op_scope_done(o, r);
 }
 
-tg_tensor tg_matmul(tg_tensor x, tg_tensor w) {
-  GET(a, x, "tg_matmul");
-  GET(b, w, "tg_matmul");
+/* dtype TG_DTYPE_DEFAULT: the promoted dtype; else tinygrad's dot(dtype=): the product (in the promoted
+ * dtype) is cast to dtype and summed, the result has that dtype */
+static tg_tensor matmul_impl(const char *fn, tg_tensor x, tg_tensor w, tg_dtype dtype) {
+  GET(a, x, fn);
+  GET(b, w, fn);
   char s1[256], s2[256];
   if (a->ndim == 0 || b->ndim == 0)
-    return fail(TG_ERR_INVALID, "tg_matmul: both arguments need at least 1 dimension, got %s and %s", shp(s1, sizeof s1, a), shp(s2, sizeof s2, b));
+    return fail(TG_ERR_INVALID, "%s: both arguments need at least 1 dimension, got %s and %s", fn, shp(s1, sizeof s1, a), shp(s2, sizeof s2, b));
   int64_t k = a->shape[a->ndim - 1];
   int64_t kb = b->shape[b->ndim >= 2 ? b->ndim - 2 : 0];
   if (k != kb)
-    return fail(TG_ERR_INVALID, "tg_matmul: inner dimensions differ: %s @ %s (%lld != %lld)", shp(s1, sizeof s1, a), shp(s2, sizeof s2, b),
+    return fail(TG_ERR_INVALID, "%s: inner dimensions differ: %s @ %s (%lld != %lld)", fn, shp(s1, sizeof s1, a), shp(s2, sizeof s2, b),
                 (long long)k, (long long)kb);
-  if (a->ndim > 60 || b->ndim > 60) return fail(TG_ERR_INVALID, "tg_matmul: too many dimensions");
+  if (a->ndim > 60 || b->ndim > 60) return fail(TG_ERR_INVALID, "%s: too many dimensions", fn);
   tg_dtype dt = tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)b->dtype);
   int64_t mcols = b->ndim >= 2 ? b->shape[b->ndim - 1] : 1;
-  if (a->ndim == 2 && b->ndim == 2 && dt == TG_FLOAT32 && a->dtype == TG_FLOAT32 && b->dtype == TG_FLOAT32 &&
+  if (dtype == dt) dtype = TG_DTYPE_DEFAULT;
+  if (dtype == TG_DTYPE_DEFAULT && a->ndim == 2 && b->ndim == 2 && dt == TG_FLOAT32 && a->dtype == TG_FLOAT32 && b->dtype == TG_FLOAT32 &&
       mcols % PANEL == 0 && mcols >= PACK_MIN_COLS && k >= 64)
     return matmul_packed(x, w, a->shape[0], k, mcols);
   /* x: (..., n, k) -> (..., n, 1, k); w: (..., k, m) -> (..., 1, m, k) */
@@ -887,21 +917,27 @@ tg_tensor tg_matmul(tg_tensor x, tg_tensor w) {
     wt = uop_ref(b);
   }
   UOp *in[2] = {xa, wt}, *bb[2];
-  int rc = broadcast_n("tg_matmul", in, 2, bb);
+  int rc = broadcast_n(fn, in, 2, bb);
   uop_unref(xa), uop_unref(wt);
   if (rc < 0) return NONE;
   UOp *cx = g_cast(bb[0], dt), *cw = g_cast(bb[1], dt);
   UOp *m = g_alu(OP_MUL, dt, cx, cw, NULL);
   uop_unref(cx), uop_unref(cw), uop_unref(bb[0]), uop_unref(bb[1]);
+  if (dtype != TG_DTYPE_DEFAULT) {
+    UOp *mc = g_cast(m, dtype);
+    uop_unref(m);
+    m = mc;
+    dt = dtype;
+  }
   tg_tensor mt = t_wrap(m);
   tg_tensor r = tg_sum(mt, TG_AXES(-1), false);
   tg_free(mt);
   if (!tg_valid(r)) return r;
-  UOp *ru = t_get(r, "tg_matmul");
+  UOp *ru = t_get(r, fn);
   if (ru->dtype != dt) {
     UOp *c = g_cast(ru, dt);
     tg_free(r);
-    return t_wrap(c);
+    r = t_wrap(c);
   }
   /* a 1-D first argument drops its n dimension */
   if (a->ndim == 1 && b->ndim >= 2) {
@@ -912,6 +948,14 @@ tg_tensor tg_matmul(tg_tensor x, tg_tensor w) {
   return r;
 }
 
+tg_tensor tg_matmul(tg_tensor x, tg_tensor w) { return matmul_impl("tg_matmul", x, w, TG_DTYPE_DEFAULT); }
+
+tg_tensor tg_matmul_dtype(tg_tensor x, tg_tensor w, tg_dtype dtype) {
+  if ((int)dtype < 0 || dtype >= TG_DTYPE_COUNT)
+    return fail(TG_ERR_INVALID, "tg_matmul_dtype: invalid dtype %d", (int)dtype);
+  return matmul_impl("tg_matmul_dtype", x, w, dtype);
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* x[idx]: rows of x picked by an integer tensor, one fused data-dependent load (no one-hot)        */
 
@@ -920,8 +964,11 @@ tg_tensor tg_index(tg_tensor x, tg_tensor idx) {
   GET(ix, idx, "tg_index");
   char b1[256], b2[256];
   if (a->ndim == 0) return fail(TG_ERR_INVALID, "tg_index: cannot index a 0-d tensor (shape %s)", shp(b1, sizeof b1, a));
-  if (!tg_dtype_is_int((tg_dtype)ix->dtype) && ix->dtype != TG_BOOL)
-    return fail(TG_ERR_INVALID, "tg_index: indices have dtype %s; use an integer tensor", tg_dtype_name((tg_dtype)ix->dtype));
+  /* bool is refused as tinygrad refuses it: read as 0/1 row numbers it would silently pick rows 0 and
+   * 1 where a mask was meant */
+  if (!tg_dtype_is_int((tg_dtype)ix->dtype))
+    return fail(TG_ERR_INVALID, "tg_index: indices have dtype %s; use an integer tensor%s", tg_dtype_name((tg_dtype)ix->dtype),
+                ix->dtype == TG_BOOL ? " (for a boolean mask use tg_masked_select, tg_nonzero or tg_where)" : "");
   if (ix->ndim + a->ndim - 1 > 64) return fail(TG_ERR_INVALID, "tg_index: result would have more than 64 dimensions (%s[%s])", shp(b1, sizeof b1, a), shp(b2, sizeof b2, ix));
   if (ix->device != a->device)
     return fail(TG_ERR_INVALID, "tg_index: indices are on %s but x is on %s", device_by_id(ix->device)->name, device_by_id(a->device)->name);

@@ -600,8 +600,9 @@ static tg_tensor take_diagonal(tg_tensor x, int nd, int j, int k) {
   return tg_squeeze(y, -1);
 }
 
-tg_tensor tg_einsum(const char *formula, const tg_tensor *ts, int n) {
-  const char *fn = "tg_einsum";
+/* dtype TG_DTYPE_DEFAULT: the product's dtype (tg_sum's accumulation); else tinygrad's sum(dtype=):
+ * the product is cast to dtype, then summed, and the result has that dtype */
+static tg_tensor einsum_impl(const char *fn, const char *formula, const tg_tensor *ts, int n, tg_dtype dtype) {
   if (!formula) return fail("%s: formula is NULL", fn);
   if (n < 1 || !ts) return fail("%s: needs at least one tensor (n=%d%s)", fn, n, ts ? "" : ", ts=NULL");
   size_t flen = strlen(formula);
@@ -817,7 +818,9 @@ tg_tensor tg_einsum(const char *formula, const tg_tensor *ts, int n) {
     int red[MAXD], nr = 0;
     for (int q = 0; q < na; q++)
       if (!strchr(rhs, alpha[q])) red[nr++] = q;
+    if (dtype != TG_DTYPE_DEFAULT) prod = tg_cast(prod, dtype);
     tg_tensor r = nr ? tg_sum(prod, red, nr, false) : prod;
+    if (dtype != TG_DTYPE_DEFAULT) r = tg_cast(r, dtype);
     /* the kept letters are in alphabet order; permute them into the output's order */
     int nk = (int)strlen(rhs), perm[MAXD];
     for (int k = 0; k < nk; k++) {
@@ -833,6 +836,16 @@ out:
   for (int i = 0; i < n; i++) free(sub[i]);
   free(sub), free(ell_n), free(rhs), free(f), free(us), free(starts), free(lens);
   return result;
+}
+
+tg_tensor tg_einsum(const char *formula, const tg_tensor *ts, int n) {
+  return einsum_impl("tg_einsum", formula, ts, n, TG_DTYPE_DEFAULT);
+}
+
+tg_tensor tg_einsum_dtype(const char *formula, const tg_tensor *ts, int n, tg_dtype dtype) {
+  const char *fn = "tg_einsum_dtype";
+  if ((int)dtype < 0 || dtype >= TG_DTYPE_COUNT) return fail("%s: invalid dtype %d", fn, (int)dtype);
+  return einsum_impl(fn, formula, ts, n, dtype);
 }
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -16,15 +16,26 @@
 UOp *t_get(tg_tensor t, const char *fn);
 /* Wraps a UOp (ownership taken) into a new handle in the current scope. NULL -> none. */
 tg_tensor t_wrap(UOp *u);
-/* Replaces the UOp of every live handle that holds `from` with `to` (after realize). */
+/* Marks (or unmarks) t as owned by a container that lends it out (a state dict entry): tg_free of a
+ * borrowed handle records an error and frees nothing. Unmark before the owner frees it. */
+void t_set_borrowed(tg_tensor t, bool borrowed);
+/* Replaces the UOp of every live handle of the calling thread that holds `from` with `to` (after
+ * realize). Other threads' handles keep `from` (whose ->realized is `to`, so they read the same
+ * value): only a handle's own thread ever changes or drops its reference, so a pointer that thread
+ * borrowed with t_get stays valid while another thread realizes the same node. */
 int t_replace_everywhere(UOp *from, UOp *to); /* returns how many handles it changed */
+/* Replaces the UOp of every live handle that holds a BUFFER node of buffer b (or a node realized as
+ * one) with `to`: several BUFFER nodes may name one buffer. Returns how many it changed. */
+int t_replace_buffer_everywhere(Buffer *b, UOp *to);
 /* Handle slot fields used by autograd. */
 typedef struct Slot {
   UOp *u;
   uint32_t gen;
   int32_t scope;    /* scope depth owning the handle; -1 when free */
-  bool requires_grad;
+  int8_t requires_grad; /* 1, 0 or TG_GRAD_UNSET (tinygrad's None): only 0 keeps tg_backward away */
+  bool borrowed;    /* owned by a tg_state_dict entry: tg_free refuses it (t_set_borrowed) */
   int32_t next_free;
+  uint32_t thread;  /* the thread that created the handle (t_replace_everywhere) */
   UOp *grad;        /* owned; NULL when no gradient */
 } Slot;
 Slot *t_slot(tg_tensor t);
@@ -71,7 +82,7 @@ bool shape_fits(const int64_t *shape, int ndim);
  * looks through realized caches. */
 UOp *g_base_buffer(UOp *u);
 /* The value that `u` denotes right now for scheduling: its realized BUFFER if it has one. */
-static inline UOp *g_resolve(UOp *u) { return u->realized ? u->realized : u; }
+static inline UOp *g_resolve(UOp *u) { return uop_realized(u) ? uop_realized(u) : u; }
 Buffer *g_buffer_of(UOp *buf_node);
 
 /* Formats a shape "(3, 4)" into buf (static-size safe: truncates). */

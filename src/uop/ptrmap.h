@@ -76,6 +76,24 @@ static inline void pm_put(PtrMap *m, uint64_t k, void *v) {
   m->vals[i] = v;
 }
 
+/* Removes k (if present), shifting later entries of its probe run back so lookups stay correct. */
+static inline void pm_del(PtrMap *m, uint64_t k) {
+  if (!m->cap) return;
+  size_t mask = m->cap - 1, i = pm_hash(k) & mask;
+  while (m->keys[i] && m->keys[i] != k) i = (i + 1) & mask;
+  if (!m->keys[i]) return;
+  m->keys[i] = 0, m->vals[i] = NULL, m->len--;
+  for (size_t j = (i + 1) & mask; m->keys[j]; j = (j + 1) & mask) {
+    size_t h = pm_hash(m->keys[j]) & mask;
+    /* the entry at j may stay if its home h lies cyclically in (i, j] */
+    int stay = i <= j ? (i < h && h <= j) : (i < h || h <= j);
+    if (stay) continue;
+    m->keys[i] = m->keys[j], m->vals[i] = m->vals[j];
+    m->keys[j] = 0, m->vals[j] = NULL;
+    i = j;
+  }
+}
+
 /* Growable array of pointers. */
 typedef struct {
   void **p;

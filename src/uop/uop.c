@@ -141,7 +141,21 @@ static void compute_bounds(UOp *u) {
   }
 }
 
-UOp *uop_new(int op, tg_dtype dt, UOp *const *src, int nsrc, const int64_t *iarg, int niarg, UArg arg) {
+/* Fills a tensor-graph node's shape and device. Caller holds g_lock, and the node is either not yet
+ * in the table or found there without them: either way no thread can have read them yet through a
+ * builder, so the fields are complete before any reader sees UOPF_META. */
+static void fill_meta(UOp *u, const int64_t *shape, int ndim, int device) {
+  u->ndim = ndim;
+  u->device = device;
+  if (ndim) {
+    u->shape = tg_xmalloc(sizeof(int64_t) * (size_t)ndim);
+    memcpy(u->shape, shape, sizeof(int64_t) * (size_t)ndim);
+  }
+  __atomic_fetch_or(&u->flags, (uint8_t)UOPF_META, __ATOMIC_RELEASE);
+}
+
+UOp *uop_new_meta(int op, tg_dtype dt, UOp *const *src, int nsrc, const int64_t *iarg, int niarg, UArg arg,
+                  const int64_t *shape, int ndim, int device) {
   uint64_t h = uop_hash(op, dt, src, nsrc, iarg, niarg, arg);
   pthread_mutex_lock(&g_lock);
   if (g_count + 1 > g_nbuckets) table_grow();
@@ -149,6 +163,7 @@ UOp *uop_new(int op, tg_dtype dt, UOp *const *src, int nsrc, const int64_t *iarg
   for (UOp *u = g_buckets[b]; u; u = u->next) {
     if (u->hash == h && uop_eq(u, op, dt, src, nsrc, iarg, niarg, arg)) {
       u->rc++;
+      if (ndim >= 0 && !(__atomic_load_n(&u->flags, __ATOMIC_RELAXED) & UOPF_META)) fill_meta(u, shape, ndim, device);
       pthread_mutex_unlock(&g_lock);
       return u;
     }
@@ -175,11 +190,17 @@ UOp *uop_new(int op, tg_dtype dt, UOp *const *src, int nsrc, const int64_t *iarg
     memcpy(u->iarg, iarg, sizeof(int64_t) * (size_t)niarg);
   }
   compute_bounds(u);
+  if (ndim >= 0) fill_meta(u, shape, ndim, device);
+  /* published only now, complete: another thread finding it in the table sees every field */
   u->next = g_buckets[b];
   g_buckets[b] = u;
   g_count++;
   pthread_mutex_unlock(&g_lock);
   return u;
+}
+
+UOp *uop_new(int op, tg_dtype dt, UOp *const *src, int nsrc, const int64_t *iarg, int niarg, UArg arg) {
+  return uop_new_meta(op, dt, src, nsrc, iarg, niarg, arg, NULL, -1, -1);
 }
 
 UOp *uop_ref(UOp *u) {
@@ -191,42 +212,84 @@ UOp *uop_ref(UOp *u) {
 }
 
 /* BUFFER nodes own a Buffer reference; the tensor layer registers how to drop it so this file stays
- * independent of the runtime. */
+ * independent of the runtime. Written and read atomically: any thread may create the first buffer
+ * node while another frees one. */
 void (*uop_buffer_release_hook)(void *buf);
 void (*uop_free_hook)(UOp *u);
 
+/* A stack of nodes that lives on the C stack until it outgrows it (most releases free a few nodes). */
+typedef struct {
+  UOp **p;
+  size_t n, cap;
+  UOp *inl[32];
+} RelStack;
+
+static void rs_push(RelStack *s, UOp *u) {
+  if (s->n == s->cap) {
+    size_t nc = s->cap * 2;
+    UOp **np = tg_xmalloc(sizeof(UOp *) * nc);
+    memcpy(np, s->p, sizeof(UOp *) * s->n);
+    if (s->p != s->inl) free(s->p);
+    s->p = np, s->cap = nc;
+  }
+  s->p[s->n++] = u;
+}
+
+static void rs_init(RelStack *s) { s->p = s->inl, s->n = 0, s->cap = sizeof s->inl / sizeof *s->inl; }
+static void rs_free(RelStack *s) {
+  if (s->p != s->inl) free(s->p);
+  rs_init(s);
+}
+
+/* The release under way on this thread: a free hook that drops references of its own (a realized
+ * node's autograd history) hands them to it instead of starting a nested release, so a chain of
+ * histories a million long is freed in one loop rather than a million nested calls. */
+static _Thread_local RelStack *tl_releasing;
+
 void uop_unref(UOp *u) {
   if (!u) return;
+  if (tl_releasing) {
+    rs_push(tl_releasing, u);
+    return;
+  }
   /* iterative release: a long chain must not overflow the C stack */
-  PtrVec stack = {0};
-  pthread_mutex_lock(&g_lock);
-  pv_push(&stack, u);
-  PtrVec dead = {0};
+  bool oom_mark = tg_oom_mark(); /* the scratch below may run short; the release still completes */
+  RelStack stack, dead;
+  rs_init(&stack), rs_init(&dead);
+  rs_push(&stack, u);
+  tl_releasing = &stack;
   while (stack.n) {
-    UOp *x = stack.p[--stack.n];
-    if (--x->rc) continue;
-    /* unlink from the intern table */
-    size_t b = x->hash & (g_nbuckets - 1);
-    UOp **pp = &g_buckets[b];
-    while (*pp != x) pp = &(*pp)->next;
-    *pp = x->next;
-    g_count--;
-    for (uint32_t i = 0; i < x->nsrc; i++) pv_push(&stack, x->src[i]);
-    if (x->realized && !(x->flags & UOPF_WEAK_REALIZED)) pv_push(&stack, x->realized);
-    pv_push(&dead, x);
+    pthread_mutex_lock(&g_lock);
+    while (stack.n) {
+      UOp *x = stack.p[--stack.n];
+      if (--x->rc) continue;
+      /* unlink from the intern table */
+      size_t b = x->hash & (g_nbuckets - 1);
+      UOp **pp = &g_buckets[b];
+      while (*pp != x) pp = &(*pp)->next;
+      *pp = x->next;
+      g_count--;
+      for (uint32_t i = 0; i < x->nsrc; i++) rs_push(&stack, x->src[i]);
+      if (uop_realized(x) && !(uop_flags(x) & UOPF_WEAK_REALIZED)) rs_push(&stack, uop_realized(x));
+      rs_push(&dead, x);
+    }
+    pthread_mutex_unlock(&g_lock);
+    for (size_t i = 0; i < dead.n; i++) {
+      UOp *x = dead.p[i];
+      void (*release)(void *) = __atomic_load_n(&uop_buffer_release_hook, __ATOMIC_ACQUIRE);
+      if (x->op == OP_BUFFER && release) release(x->arg.p);
+      if ((uop_flags(x) & UOPF_HOOKED) && uop_free_hook) uop_free_hook(x); /* may push onto stack */
+      free(x->src);
+      free(x->iarg);
+      free(x->shape);
+      free(x);
+    }
+    dead.n = 0;
   }
-  pthread_mutex_unlock(&g_lock);
-  for (size_t i = 0; i < dead.n; i++) {
-    UOp *x = dead.p[i];
-    if (x->op == OP_BUFFER && uop_buffer_release_hook) uop_buffer_release_hook(x->arg.p);
-    if ((x->flags & UOPF_HOOKED) && uop_free_hook) uop_free_hook(x);
-    free(x->src);
-    free(x->iarg);
-    free(x->shape);
-    free(x);
-  }
-  pv_free(&stack);
-  pv_free(&dead);
+  tl_releasing = NULL;
+  rs_free(&stack);
+  rs_free(&dead);
+  tg_oom_forget(oom_mark);
 }
 
 UOp *uop_const_i(tg_dtype dt, int64_t v) {

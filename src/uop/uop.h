@@ -125,6 +125,8 @@ struct UOp {
   UOp *next;         /* intern-table chain */
 };
 
+/* flags bit: shape/ndim/device are filled (tensor-graph nodes, set once before the node is visible) */
+#define UOPF_META 1
 /* flags bit: the node has side-table entries (e.g. a custom gradient) to drop when it is freed */
 #define UOPF_HOOKED 2
 /* flags bit: a gradient compares this node (or a view of it) with a maximum computed from it, so
@@ -136,12 +138,28 @@ struct UOp {
 /* flags bit: ->realized is not owned -- the realized BUFFER node keeps this node as its history for
  * autograd (it owns this node), and clears ->realized when it dies (autograd.c, ag_attach_history) */
 #define UOPF_WEAK_REALIZED 16
+/* flags bit: a tensor handle holds this reshape. tg_backward and tg_gradient may target any tensor
+ * (tinygrad's rule), so a reshape of it is not folded into a reshape of its source either */
+#define UOPF_HELD_RESHAPE 32
 extern void (*uop_free_hook)(UOp *u);
 
 /* Creates (or finds) a node. Takes no ownership of srcs (they are ref'd by the new node). Returns a
- * new reference. iarg copied. shape/ndim/device are set by the caller on first creation (check
- * `uop_is_fresh`). */
+ * new reference. iarg copied. Kernel and index nodes carry no shape (ndim 0, device -1). */
 UOp *uop_new(int op, tg_dtype dt, UOp *const *src, int nsrc, const int64_t *iarg, int niarg, UArg arg);
+/* The same for tensor-graph nodes: shape (copied), ndim and device are filled before the node is
+ * published in the intern table, so a thread that finds it never sees them half written (a found
+ * node created without them gets them under the table's lock). */
+UOp *uop_new_meta(int op, tg_dtype dt, UOp *const *src, int nsrc, const int64_t *iarg, int niarg, UArg arg,
+                  const int64_t *shape, int ndim, int device);
+/* The node's flag bits (UOPF_*), set and read atomically: threads building graphs over shared nodes
+ * may mark one while another reads it. */
+static inline uint8_t uop_flags(const UOp *u) { return __atomic_load_n(&u->flags, __ATOMIC_ACQUIRE); }
+static inline void uop_set_flag(UOp *u, uint8_t f) { __atomic_fetch_or(&u->flags, f, __ATOMIC_RELEASE); }
+static inline void uop_clear_flag(UOp *u, uint8_t f) { __atomic_fetch_and(&u->flags, (uint8_t)~f, __ATOMIC_RELEASE); }
+/* ->realized, read and written atomically: a realize in one thread sets it on nodes that graphs
+ * built by other threads share (the BUFFER node it points to is complete before it is stored). */
+static inline UOp *uop_realized(const UOp *u) { return __atomic_load_n(&u->realized, __ATOMIC_ACQUIRE); }
+static inline void uop_set_realized(UOp *u, UOp *r) { __atomic_store_n(&u->realized, r, __ATOMIC_RELEASE); }
 UOp *uop_ref(UOp *u);
 void uop_unref(UOp *u);
 size_t uop_live_count(void);

@@ -1,0 +1,477 @@
+/*
+ * test_cl.c -- the OpenCL device (PoCL in `make test`) and the GPU kernel model: device names and
+ * their errors, the missing-library error, tg_device_list, buffers and copies CPU<->CL and CL<->CL,
+ * build errors with the build log, the on-disk binary cache, launch timing, computations on CL
+ * against the same on CPU (values and kernel counts: elementwise, reductions, softmax, matmul,
+ * float16/bfloat16, float64, autograd), forced LOCAL/GROUP/GROUPTOP/UPCAST/UNROLL lists (GPU_OPTS)
+ * and their errors, and the float64 error of a device without cl_khr_fp64.
+ * The first test must be the first to open CL in the process (it points the loader at a missing
+ * library); the binary cache goes to a fresh temporary directory.
+ */
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <tinygrad.h>
+#include <unistd.h>
+
+#include "codegen/codegen.h"
+#include "runtime/device.h"
+#include "schedule/schedule.h"
+#include "tensor/tensor.h"
+#include "test.h"
+
+static char g_cache[256];
+
+/* ---------------------------------------------------------------------------------------------- */
+
+TEST(cl_missing_library_names_the_package) {
+  tg_clear_error();
+  tg_context_begin();
+  tg_context_set("TG_OPENCL_LIB", "libOpenCL-not-here.so.1");
+  Device *d = device_get("CL");
+  CHECK(d == NULL);
+  CHECK(tg_last_status() == TG_ERR_RUNTIME);
+  CHECK_STR_CONTAINS(tg_last_error(), "libOpenCL-not-here.so.1");
+  CHECK_STR_CONTAINS(tg_last_error(), "ocl-icd-libopencl1");
+  CHECK_STR_CONTAINS(tg_last_error(), "pocl-opencl-icd");
+  tg_clear_error();
+  /* the public API reports the same through tg_device_list, leaving no error behind */
+  tg_device_info info[4];
+  int n = tg_device_list(info, 4);
+  CHECK(n == 2 && !info[1].available);
+  CHECK_STR_CONTAINS(info[1].why, "pocl-opencl-icd");
+  CHECK(!tg_has_error());
+  tg_context_end();
+}
+
+TEST(cl_device_names) {
+  tg_clear_error();
+  Device *a = device_get("CL");
+  CHECK_MSG(a != NULL, "%s", tg_last_error());
+  if (!a) return;
+  CHECK(strcmp(a->name, "CL") == 0 && a->index == 0);
+  CHECK(strcmp(a->renderer, "OpenCL") == 0);
+  CHECK(device_get("cl") == a && device_get("CL:0") == a && device_get("CL:OpenCL") == a && device_get("cl:opencl:0") == a);
+  CHECK(a->caps.gpu && a->caps.lang == LANG_OPENCL);
+  CHECK(a->caps.max_local >= 1 && a->caps.max_local_dims[0] >= 1 && a->caps.local_mem > 0 && a->caps.max_dims == 3);
+  CHECK(device_get("CPU:C") == device_get("CPU"));
+  CHECK(!tg_has_error());
+  struct {
+    const char *name, *msg;
+  } bad[] = {
+      {"NV:CUDA:sm_90", "unknown device 'NV:CUDA:sm_90'"},
+      {"CPU:LLVM", "CPU has no renderer 'LLVM' (renderers: C)"},
+      {"CL:CUDA", "CL has no renderer 'CUDA' (renderers: OpenCL)"},
+      {"CL:OpenCL:sm_90", "renderer OpenCL has no arch 'sm_90'"},
+      {"CL:1:2", "two instance numbers"},
+      {"CL:", "empty part"},
+      {"CL:1x", "bad instance number"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    tg_clear_error();
+    CHECK(device_get(bad[i].name) == NULL);
+    CHECK_STR_CONTAINS(tg_last_error(), bad[i].msg);
+    CHECK_STR_CONTAINS(tg_last_error(), "available: CPU[:<n>][:C], CL[:<n>][:OpenCL]");
+  }
+  /* an instance this machine lacks: the message counts what it has */
+  tg_clear_error();
+  CHECK(device_get("CL:77") == NULL);
+  CHECK_STR_CONTAINS(tg_last_error(), "no device CL:77");
+  tg_clear_error();
+}
+
+TEST(cl_device_list) {
+  tg_clear_error();
+  tg_set_error(TG_ERR_INVALID, "an earlier error");
+  tg_device_info info[4];
+  int n = tg_device_list(info, 4);
+  CHECK(n == 2);
+  CHECK(strcmp(info[0].name, "CPU") == 0 && info[0].available && strcmp(info[0].renderers[0], "C") == 0);
+  CHECK(strcmp(info[1].name, "CL") == 0 && info[1].available && strcmp(info[1].renderers[0], "OpenCL") == 0);
+  CHECK(info[1].renderers[1] == NULL);
+  CHECK(tg_device_list(NULL, 0) == 2);
+  CHECK_STR_CONTAINS(tg_last_error(), "an earlier error"); /* the caller's error is kept */
+  tg_clear_error();
+}
+
+TEST(cl_buffers_and_copies) {
+  tg_clear_error();
+  Device *cl = device_get("CL"), *cpu = device_get("CPU");
+  if (!cl) return;
+  enum { N = 3000 };
+  float in[N], out[N];
+  for (int i = 0; i < N; i++) in[i] = (float)i * 0.5f - 7;
+  size_t live0 = buffer_live_count();
+  Buffer *a = buffer_new(cl, sizeof in), *b = buffer_new(cl, sizeof in), *h = buffer_new(cpu, sizeof in);
+  CHECK(a && b && h);
+  if (!a || !b || !h) return;
+  CHECK(buffer_copyin(a, in, sizeof in) == TG_OK);
+  CHECK(buffer_copy(b, a, sizeof in) == TG_OK); /* CL -> CL on the device */
+  memset(out, 0, sizeof out);
+  CHECK(buffer_copyout(b, out, sizeof out) == TG_OK && memcmp(in, out, sizeof in) == 0);
+  CHECK(buffer_copy(h, b, sizeof in) == TG_OK); /* CL -> CPU */
+  CHECK(memcmp(h->ptr, in, sizeof in) == 0);
+  ((float *)h->ptr)[5] = 42;
+  CHECK(buffer_copy(a, h, sizeof in) == TG_OK); /* CPU -> CL */
+  CHECK(buffer_copyout(a, out, sizeof out) == TG_OK && out[5] == 42 && out[6] == in[6]);
+  buffer_unref(a), buffer_unref(b), buffer_unref(h);
+  /* large buffers are whole cl_mem objects (no pointer arithmetic on device handles) */
+  Buffer *big = buffer_new(cl, (size_t)3 << 20);
+  CHECK(big != NULL && big->chunk == NULL);
+  buffer_unref(big);
+  CHECK(buffer_live_count() == live0);
+  CHECK(!tg_has_error());
+}
+
+TEST(cl_build_error_has_the_log) {
+  tg_clear_error();
+  Device *cl = device_get("CL");
+  if (!cl) return;
+  Program *p = program_get(cl, "broken", "__kernel void broken(__global float *a) { a[0] = no_such_variable_here; }\n");
+  CHECK(p == NULL);
+  CHECK(tg_last_status() == TG_ERR_COMPILE);
+  CHECK_STR_CONTAINS(tg_last_error(), "compile failed for kernel 'broken'");
+  CHECK_STR_CONTAINS(tg_last_error(), "no_such_variable_here");
+  tg_clear_error();
+}
+
+static int count_bins(const char *dir) {
+  DIR *d = opendir(dir);
+  int n = 0;
+  if (!d) return 0;
+  for (struct dirent *e; (e = readdir(d));) n += strstr(e->d_name, ".bin") != NULL;
+  closedir(d);
+  return n;
+}
+
+TEST(cl_binary_cache_and_launch) {
+  tg_clear_error();
+  Device *cl = device_get("CL");
+  if (!cl) return;
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/cl", g_cache);
+  int before = count_bins(dir);
+  const char *src = "__kernel void twice(__global float *restrict o, __global const float *restrict i) {\n"
+                    "  long g = (long)get_global_id(0) + (long)get_global_id(1) * 8L; o[g] = 2.0f * i[g];\n}\n";
+  uint8_t *lib = NULL;
+  size_t len = 0;
+  CHECK(cl->vt->compile(cl->state, src, &lib, &len) == TG_OK && len > 0);
+  CHECK(count_bins(dir) == before + 1);
+  uint8_t *lib2 = NULL;
+  size_t len2 = 0;
+  CHECK(cl->vt->compile(cl->state, src, &lib2, &len2) == TG_OK); /* from the cache: the same bytes */
+  CHECK(len2 == len && lib && lib2 && memcmp(lib, lib2, len) == 0);
+  free(lib), free(lib2);
+  /* a damaged entry is rebuilt */
+  DIR *d = opendir(dir);
+  for (struct dirent *e; d && (e = readdir(d));) {
+    if (!strstr(e->d_name, ".bin")) continue;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    FILE *f = fopen(path, "r+b");
+    if (f) fseek(f, 20, SEEK_SET), fputc(0x5a, f), fputc(0xa5, f), fclose(f);
+  }
+  if (d) closedir(d);
+  Program *p = program_get(cl, "twice", src);
+  CHECK_MSG(p != NULL, "%s", tg_last_error());
+  if (!p) return;
+  enum { N = 64 };
+  float in[N], out[N];
+  for (int i = 0; i < N; i++) in[i] = (float)i;
+  Buffer *bi = buffer_new(cl, sizeof in), *bo = buffer_new(cl, sizeof out);
+  CHECK(buffer_copyin(bi, in, sizeof in) == TG_OK);
+  void *bufs[2] = {bo->ptr, bi->ptr};
+  int64_t gs[3] = {8, 8, 1}, ls[3] = {4, 2, 1};
+  double t = program_exec(p, bufs, 2, gs, ls, true); /* timed by the device's events */
+  CHECK(t >= 0 && t < 10);
+  CHECK(program_exec(p, bufs, 2, gs, NULL, false) == 0.0);
+  cl->vt->synchronize(cl->state);
+  CHECK(buffer_copyout(bo, out, sizeof out) == TG_OK);
+  bool ok = true;
+  for (int i = 0; i < N; i++) ok = ok && out[i] == 2.0f * i;
+  CHECK(ok);
+  /* a work-group size that does not divide the global size is a launch error, not a crash */
+  int64_t bad[3] = {3, 1, 1};
+  CHECK(program_exec(p, bufs, 2, gs, bad, true) < 0);
+  CHECK_STR_CONTAINS(tg_last_error(), "CL: launch on CL:0 failed");
+  tg_clear_error();
+  buffer_unref(bi), buffer_unref(bo);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* computations: CL against CPU                                                                    */
+
+typedef tg_tensor (*build_fn)(const char *dev);
+
+static tg_tensor mk(const char *dev, int64_t r, int64_t c, float seed, tg_dtype dt) {
+  float *d = malloc(sizeof(float) * (size_t)(r * c));
+  for (int64_t i = 0; i < r * c; i++) d[i] = sinf((float)i * 0.37f + seed) * 3.0f;
+  tg_tensor t = tg_cast(tg_from_data(d, TG_SHAPE(r, c), TG_OPTS(.device = dev)), dt);
+  free(d);
+  return t;
+}
+
+/* Realizes f on CPU and on CL (with setting=value there unless NULL); compares values (as
+ * float64) within tol and the kernel counts. */
+static void same_on_cl_set(const char *what, build_fn f, double tol, const char *setting, const char *opts) {
+  BEGIN;
+  double *v[2] = {NULL, NULL};
+  int64_t n[2] = {0, 0};
+  uint64_t kernels[2] = {0, 0};
+  const char *devs[2] = {"CPU", "CL"};
+  for (int i = 0; i < 2; i++) {
+    tg_tensor x = f(devs[i]);
+    CHECK_MSG(x.id != 0, "%s: %s", what, tg_last_error());
+    if (!x.id) break;
+    CHECK(strcmp(tg_device_of(x), devs[i]) == 0);
+    bool forced = opts && i == 1;
+    if (forced) tg_context_begin(), tg_context_set(setting, opts);
+    uint64_t k0 = tg_global_counters().kernel_count;
+    tg_status st = tg_realize(x);
+    kernels[i] = tg_global_counters().kernel_count - k0;
+    if (forced) tg_context_end();
+    CHECK_MSG(st == TG_OK, "%s on %s: %s", what, devs[i], tg_last_error());
+    if (st != TG_OK) break;
+    tg_tensor h = tg_to(tg_cast(x, TG_FLOAT64), "CPU");
+    n[i] = tg_numel(h);
+    v[i] = malloc(sizeof(double) * (size_t)(n[i] ? n[i] : 1));
+    CHECK_MSG(tg_data(h, v[i], sizeof(double) * (size_t)n[i]) == TG_OK, "%s: %s", what, tg_last_error());
+  }
+  if (v[0] && v[1]) {
+    CHECK_MSG(n[0] == n[1], "%s", what);
+    CHECK_MSG(kernels[0] == kernels[1], "%s: %llu kernels on CPU, %llu on CL", what, (unsigned long long)kernels[0],
+              (unsigned long long)kernels[1]);
+    int bad = 0;
+    for (int64_t i = 0; i < n[0] && i < n[1]; i++) {
+      double a = v[0][i], b = v[1][i];
+      bool ok = (isnan(a) && isnan(b)) || a == b || fabs(a - b) <= tol * (1 + fabs(a));
+      if (!ok && bad++ < 3) fprintf(stderr, "  %s[%lld]: CPU %.9g, CL %.9g\n", what, (long long)i, a, b);
+    }
+    CHECK_MSG(bad == 0, "%s: %d values differ", what, bad);
+  }
+  free(v[0]), free(v[1]);
+  tg_clear_error();
+  END;
+}
+
+static void same_on_cl(const char *what, build_fn f, double tol) { same_on_cl_set(what, f, tol, NULL, NULL); }
+
+static tg_tensor f_elementwise(const char *d) {
+  tg_tensor a = mk(d, 37, 53, 0, TG_FLOAT32), b = mk(d, 1, 53, 1, TG_FLOAT32);
+  return tg_where(tg_lt(a, b), tg_exp(tg_mul(a, b)), tg_sqrt(tg_abs(tg_sub(a, b))));
+}
+static tg_tensor f_sum_rows(const char *d) { return tg_sum(mk(d, 8, 3000, 0, TG_FLOAT32), TG_AXES(1), false); }
+static tg_tensor f_max_cols(const char *d) { return tg_max(mk(d, 300, 7, 0, TG_FLOAT32), TG_AXES(0), false); }
+static tg_tensor f_sum_all(const char *d) { return tg_sum(mk(d, 100, 100, 2, TG_FLOAT32), NULL, 0, false); }
+static tg_tensor f_softmax(const char *d) { return tg_softmax(mk(d, 16, 1000, 0, TG_FLOAT32), -1); }
+static tg_tensor f_matmul(const char *d) { return tg_matmul(mk(d, 33, 65, 0, TG_FLOAT32), mk(d, 65, 17, 3, TG_FLOAT32)); }
+static tg_tensor f_permuted(const char *d) {
+  tg_tensor a = tg_reshape(mk(d, 6, 60, 0, TG_FLOAT32), TG_SHAPE(2, 3, 4, 5, 3));
+  return tg_contiguous(tg_add_s(tg_flip(tg_permute(a, TG_AXES(4, 2, 0, 3, 1)), TG_AXES(1)), 1));
+}
+static tg_tensor f_half(const char *d) {
+  tg_tensor a = mk(d, 16, 70, 0, TG_FLOAT16), b = mk(d, 16, 70, 1, TG_FLOAT16);
+  return tg_sum(tg_mul(tg_add(a, b), a), TG_AXES(1), false);
+}
+static tg_tensor f_bf16(const char *d) {
+  tg_tensor a = mk(d, 16, 70, 0, TG_BFLOAT16);
+  return tg_sum(tg_exp(tg_mul_s(a, 0.5)), TG_AXES(1), false);
+}
+static tg_tensor f_f64(const char *d) { return tg_sum(tg_mul(mk(d, 9, 300, 0, TG_FLOAT64), mk(d, 9, 300, 1, TG_FLOAT64)), TG_AXES(1), false); }
+static tg_tensor f_int(const char *d) {
+  tg_tensor a = mk(d, 12, 40, 0, TG_INT32), b = mk(d, 12, 40, 2, TG_INT32);
+  return tg_sum(tg_add(tg_mul(a, b), tg_idiv(a, tg_add_s(b, 7))), TG_AXES(0), false);
+}
+static tg_tensor f_grad(const char *d) {
+  tg_tensor w = mk(d, 20, 30, 0, TG_FLOAT32);
+  tg_set_requires_grad(w, true);
+  tg_tensor loss = tg_sum(tg_log_softmax(tg_matmul(mk(d, 8, 20, 1, TG_FLOAT32), w), -1), NULL, 0, false);
+  if (tg_backward(loss) != TG_OK) return (tg_tensor){0};
+  return tg_grad(w);
+}
+
+TEST(cl_matches_cpu) {
+  tg_clear_error();
+  if (!device_get("CL")) return;
+  same_on_cl("elementwise", f_elementwise, 2e-6);
+  same_on_cl("sum of rows", f_sum_rows, 1e-5);
+  same_on_cl("max of columns", f_max_cols, 0);
+  same_on_cl("sum of all", f_sum_all, 1e-5);
+  same_on_cl("softmax", f_softmax, 1e-6);
+  same_on_cl("matmul", f_matmul, 2e-4); /* 65 products of |x| <= 9 summed in another order */
+  same_on_cl("permute flip contiguous", f_permuted, 0);
+  same_on_cl("float16", f_half, 2e-3);
+  same_on_cl("bfloat16", f_bf16, 1e-2);
+  same_on_cl("float64", f_f64, 1e-12);
+  same_on_cl("int32", f_int, 0);
+  same_on_cl("autograd through log_softmax(matmul)", f_grad, 2e-4);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* forced Opt lists                                                                                */
+
+/* f under GPU_OPTS=opts on CL: as many kernels as on the CPU, and the CPU's values. */
+static void forced(const char *opts, build_fn f, double tol) { same_on_cl_set(opts, f, tol, "GPU_OPTS", opts); }
+
+static tg_tensor f_sum_rows_odd(const char *d) { return tg_sum(mk(d, 12, 1001, 0, TG_FLOAT32), TG_AXES(1), false); }
+static tg_tensor f_max_rows(const char *d) { return tg_max(mk(d, 12, 1001, 0, TG_FLOAT32), TG_AXES(1), false); }
+/* two global loops that do not merge (one operand is transposed) */
+static tg_tensor f_add2d(const char *d) { return tg_add(mk(d, 24, 40, 0, TG_FLOAT32), tg_permute(mk(d, 40, 24, 1, TG_FLOAT32), TG_AXES(1, 0))); }
+
+TEST(cl_forced_opts) {
+  tg_clear_error();
+  if (!device_get("CL")) return;
+  forced("GROUP:0:16", f_sum_rows_odd, 1e-4); /* 1001 terms of |x| <= 3 in another order */
+  forced("GROUPTOP:0:16", f_sum_rows_odd, 1e-4);
+  forced("GROUPTOP:0:64", f_max_rows, 0);
+  forced("GROUP:0:128,LOCAL:0:4", f_sum_rows_odd, 1e-4);
+  forced("UPCAST:0:4,GROUP:0:8", f_sum_rows_odd, 1e-4);
+  forced("UNROLL:0:7", f_sum_rows_odd, 1e-4);
+  forced("LOCAL:0:8,LOCAL:1:4", f_add2d, 0);
+  forced("SWAP:0:1,LOCAL:1:6", f_add2d, 0);
+  forced("UPCAST:1:4,LOCAL:0:2", f_add2d, 0);
+  forced("NOLOCALS", f_add2d, 0);
+
+  /* lists that do not fit: clear errors */
+  struct {
+    const char *opts, *msg;
+  } bad[] = {
+      {"GROUP:0:7000", "does not fit this kernel (global loops [12], reduce loops [1001])"},
+      {"LOCAL:0:5", "does not fit"},
+      {"GROUP:1:16", "does not fit"},
+      {"PADTO:0:16", "does not fit"},
+      {"NOLOCALS,LOCAL:0:4", "does not fit"},
+      {"WIBBLE:0:1", "is not a list of actions"},
+      {"LOCAL:0", "is not a list of actions"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    BEGIN;
+    tg_tensor x = f_sum_rows_odd("CL");
+    tg_context_begin();
+    tg_context_set("GPU_OPTS", bad[i].opts);
+    CHECK(tg_realize(x) != TG_OK);
+    tg_context_end();
+    CHECK_STR_CONTAINS(tg_last_error(), bad[i].msg);
+    CHECK_STR_CONTAINS(tg_last_error(), bad[i].opts);
+    tg_clear_error();
+    END;
+  }
+}
+
+/* The generated code of the last kernel realizing t would run, for the given device caps and Opt
+ * list (NULL: heuristics). NULL if it does not apply (the error, if any, is left recorded). */
+static KernelCode *last_kernel(tg_tensor t, const DeviceCaps *caps, const OptList *opts) {
+  UOp *u = t_get(t, "last_kernel");
+  Schedule s;
+  int tbuf;
+  KernelCode *kc = NULL;
+  if (schedule_build(&s, &u, 1, &tbuf) != TG_OK) return NULL;
+  for (int i = s.nitems - 1; i >= 0 && !kc; i--)
+    if (s.items[i].kind == SI_KERNEL) {
+      kc = codegen_gpu(s.items[i].ast, caps, opts);
+      break;
+    }
+  schedule_free(&s);
+  return kc;
+}
+
+TEST(cl_kernel_model) {
+  tg_clear_error();
+  Device *cl = device_get("CL");
+  if (!cl) return;
+  BEGIN;
+  tg_tensor x = tg_sum(mk("CL", 12, 1001, 0, TG_FLOAT32), TG_AXES(1), false);
+  /* heuristics: a reduction with few outputs is grouped, dimension 0 holds the group */
+  KernelCode *kc = last_kernel(x, &cl->caps, NULL);
+  CHECK(kc != NULL);
+  if (kc) {
+    CHECK_STR_CONTAINS(kc->src, "__kernel void r_12_1001(__global float *restrict data0, __global const float *restrict data1)");
+    CHECK_STR_CONTAINS(kc->src, "__local float tg_red[");
+    CHECK_STR_CONTAINS(kc->src, "barrier(CLK_LOCAL_MEM_FENCE);");
+    CHECK_STR_CONTAINS(kc->src, "get_global_id(1)");
+    CHECK(kc->local_size[0] >= 2 && kc->global_size[0] == kc->local_size[0] && kc->global_size[1] == 12);
+    kernel_code_free(kc);
+  }
+  /* GROUPTOP:0:32 with LOCAL:0:4: 32 x 4 work-items per group, 3 groups */
+  OptList l;
+  CHECK(optlist_parse("GROUPTOP:0:32,LOCAL:0:4", &l) && l.n == 2 && l.o[0].op == OPT_GROUPTOP && l.o[1].arg == 4);
+  char buf[64];
+  optlist_format(&l, buf, sizeof buf);
+  CHECK(strcmp(buf, "GROUPTOP:0:32,LOCAL:0:4") == 0);
+  kc = last_kernel(x, &cl->caps, &l);
+  CHECK(kc != NULL);
+  if (kc) {
+    CHECK(kc->global_size[0] == 32 && kc->global_size[1] == 12 && kc->local_size[0] == 32 && kc->local_size[1] == 4);
+    CHECK_STR_CONTAINS(kc->src, "__local float tg_red[128L];");
+    CHECK_STR_CONTAINS(kc->src, "min((long)(1001L)");
+    kernel_code_free(kc);
+  }
+  /* the device's limits: a group bigger than a work-group, or partials past the local memory */
+  DeviceCaps small = cl->caps;
+  small.max_local = small.max_local_dims[0] = 16;
+  CHECK(optlist_parse("GROUP:0:32", &l));
+  CHECK(last_kernel(x, &small, &l) == NULL);
+  small = cl->caps;
+  small.local_mem = 64;
+  CHECK(last_kernel(x, &small, &l) == NULL);
+  kc = last_kernel(x, &small, NULL); /* the heuristics fit what there is */
+  CHECK(kc != NULL && kc->local_size[0] * 8 <= 64);
+  kernel_code_free(kc);
+  /* elementwise: loops are work-item ids, innermost in dimension 0; no group size of ours */
+  tg_tensor e = tg_contiguous(tg_permute(tg_reshape(mk("CL", 6, 20, 0, TG_FLOAT32), TG_SHAPE(2, 3, 4, 5)), TG_AXES(3, 1, 2, 0)));
+  kc = last_kernel(e, &cl->caps, NULL);
+  CHECK(kc != NULL);
+  if (kc) {
+    CHECK(kc->local_size[0] == 0);
+    CHECK(kc->global_size[0] * kc->global_size[1] * kc->global_size[2] == 120);
+    CHECK_STR_CONTAINS(kc->src, "get_global_id(0)");
+    kernel_code_free(kc);
+  }
+  CHECK(!optlist_parse("GROUP:0", &l) && !optlist_parse("FOO:1:2", &l) && !optlist_parse("LOCAL:-1:2", &l));
+  CHECK(optlist_parse("", &l) && l.n == 0);
+  END;
+}
+
+static tg_tensor f_small_sum(const char *d) { return tg_sum(mk(d, 8, 64, 0, TG_FLOAT32), TG_AXES(1), false); }
+
+/* BEAM=2 on CL: the searched kernel computes what the CPU computes (and what NOOPT computes) */
+TEST(cl_beam) {
+  tg_clear_error();
+  if (!device_get("CL")) return;
+  same_on_cl_set("BEAM=2 sum", f_small_sum, 1e-5, "BEAM", "2");
+  same_on_cl_set("NOOPT=1 sum", f_small_sum, 1e-5, "NOOPT", "1");
+}
+
+/* float64 on a device without cl_khr_fp64 is an error naming the extension, not a build failure */
+TEST(cl_float64_needs_fp64) {
+  tg_clear_error();
+  Device *cl = device_get("CL");
+  if (!cl) return;
+  BEGIN;
+  tg_tensor x = tg_sum(mk("CL", 3, 40, 0, TG_FLOAT64), TG_AXES(1), false);
+  DeviceCaps caps = cl->caps;
+  caps.fp64 = false;
+  CHECK(last_kernel(x, &caps, NULL) == NULL);
+  CHECK_STR_CONTAINS(tg_last_error(), "cl_khr_fp64");
+  tg_clear_error();
+  caps.fp64 = true;
+  KernelCode *kc = last_kernel(x, &caps, NULL);
+  CHECK(kc != NULL && strstr(kc->src, "double") != NULL);
+  kernel_code_free(kc);
+  END;
+}
+
+int main(void) {
+  snprintf(g_cache, sizeof g_cache, "%s/tg-test-cl-XXXXXX", getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  if (!mkdtemp(g_cache)) return 2;
+  setenv("TINYGRAD_CACHE_DIR", g_cache, 1);
+  int rc = RUN_TESTS();
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_cache);
+  if (system(cmd) != 0) rc = rc ? rc : 1;
+  CHECK(tg_live_count() == 0);
+  return rc;
+}

@@ -1,0 +1,332 @@
+/*
+ * test_grad_semantics.c -- tinygrad's semantics for which tensors get gradients (the three-state
+ * requires_grad), backward / gradient with an explicit upstream gradient, setitem through views and
+ * its gradient, and the range of the random-number creators. The expected numbers are tinygrad's
+ * (worked out by hand here: they are small).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "test.h"
+#include "tinygrad.h"
+
+#define OK(x) CHECK_MSG((x) == TG_OK, "%s", tg_last_error() ? tg_last_error() : "(no error recorded)")
+#define F32V(...)                                                                                            \
+  f32((const float[]){__VA_ARGS__}, (int64_t)(sizeof((const float[]){__VA_ARGS__}) / sizeof(float)))
+#define NONE_T ((tg_tensor){0})
+
+static tg_tensor f32(const float *v, int64_t n) { return tg_from_data(v, &n, 1, NULL); }
+
+/* t's values (cast to float32) against want[0..n-1], exactly or within tol */
+static void check_vals(const char *file, int line, tg_tensor t, const double *want, int64_t n, double tol) {
+  if (!tg_valid(t)) {
+    tt_failed_checks++;
+    fprintf(stderr, "  FAIL %s:%d: none tensor (%s)\n", file, line, tg_last_error() ? tg_last_error() : "");
+    return;
+  }
+  if (tg_numel(t) != n) {
+    tt_failed_checks++;
+    fprintf(stderr, "  FAIL %s:%d: %lld elements, expected %lld\n", file, line, (long long)tg_numel(t),
+            (long long)n);
+    return;
+  }
+  tg_scope_begin();
+  float v[64];
+  if (n > 64 || tg_data(tg_cast(t, TG_FLOAT32), v, sizeof(float) * (size_t)n) != TG_OK) {
+    tt_failed_checks++;
+    fprintf(stderr, "  FAIL %s:%d: cannot read (%s)\n", file, line, tg_last_error() ? tg_last_error() : "");
+  } else {
+    for (int64_t i = 0; i < n; i++)
+      if (!(fabs(v[i] - want[i]) <= tol)) {
+        tt_failed_checks++;
+        fprintf(stderr, "  FAIL %s:%d: [%lld] = %g, expected %g\n", file, line, (long long)i, v[i], want[i]);
+      }
+  }
+  tg_scope_end();
+}
+#define CHECK_VALS(t, tol, ...)                                                                              \
+  check_vals(__FILE__, __LINE__, (t), (const double[]){__VA_ARGS__},                                         \
+             (int64_t)(sizeof((const double[]){__VA_ARGS__}) / sizeof(double)), (tol))
+
+#define BEGIN_T                                                                                              \
+  size_t live0 = tg_live_count();                                                                            \
+  tg_clear_error();                                                                                          \
+  tg_scope_begin()
+#define END_T                                                                                                \
+  do {                                                                                                       \
+    tg_scope_end();                                                                                          \
+    CHECK_MSG(tg_live_count() == live0, "live handles %zu, expected %zu", tg_live_count(), live0);           \
+    CHECK_MSG(tg_last_error() == NULL, "unexpected error left: %s", tg_last_error());                        \
+    tg_clear_error();                                                                                        \
+  } while (0)
+
+static tg_tensor sumall(tg_tensor t) { return tg_sum(t, TG_ALL_AXES, false); }
+
+/* ---- which tensors get gradients ---- */
+
+TEST(requires_grad_is_three_state) {
+  BEGIN_T;
+  tg_tensor x = F32V(1, 2);
+  CHECK(!tg_requires_grad(x)); /* unset reads as not true */
+  tg_tensor y = tg_mul_s(x, 3);
+  tg_tensor z = sumall(tg_mul(y, y));
+  OK(tg_backward(z));
+  /* every float tensor in the graph not marked false: x, y and the loss itself */
+  CHECK_VALS(tg_grad(x), 1e-5, 18, 36);
+  CHECK_VALS(tg_grad(y), 1e-5, 6, 12);
+  CHECK_VALS(tg_grad(z), 0, 1);
+  /* marked false: no gradient, but the gradient still flows through it to x */
+  tg_zero_grad(x);
+  tg_tensor y2 = tg_set_requires_grad(tg_mul_s(x, 3), false);
+  OK(tg_backward(sumall(tg_mul(y2, y2))));
+  CHECK(tg_grad(y2).id == 0);
+  CHECK_VALS(tg_grad(x), 1e-5, 18, 36);
+  /* integer tensors never get one */
+  tg_tensor ai = tg_arange(0, 2, 1, NULL);
+  tg_zero_grad(x);
+  OK(tg_backward(sumall(tg_mul(x, tg_cast(ai, TG_FLOAT32)))));
+  CHECK(tg_grad(ai).id == 0);
+  CHECK_VALS(tg_grad(x), 0, 0, 1);
+  /* a TG_OPTS without .requires_grad is unset; .requires_grad = false marks the tensor false */
+  tg_tensor u = tg_from_data((float[]){4, 5}, TG_SHAPE(2), TG_OPTS(.dtype = TG_FLOAT32));
+  tg_tensor f = tg_from_data((float[]){6, 7}, TG_SHAPE(2), TG_OPTS(.requires_grad = false));
+  OK(tg_backward(sumall(tg_add(tg_mul_s(u, 2), tg_mul_s(f, 3)))));
+  CHECK_VALS(tg_grad(u), 0, 2, 2);
+  CHECK(tg_grad(f).id == 0);
+  /* everything marked false: an error naming the reason */
+  tg_tensor g = tg_set_requires_grad(F32V(8, 9), false);
+  tg_tensor l = tg_set_requires_grad(sumall(g), false);
+  CHECK(tg_backward(l) == TG_ERR_INVALID);
+  CHECK_STR_CONTAINS(tg_last_error(), "requires_grad false");
+  tg_clear_error();
+  END_T;
+}
+
+TEST(gradient_of_clone_expand_reshaped_arange) {
+  BEGIN_T;
+  tg_tensor x = F32V(1, 2, 3);
+  tg_tensor c = tg_clone(x), gc;
+  OK(tg_gradient(sumall(tg_mul(c, c)), &c, 1, &gc));
+  CHECK_VALS(gc, 1e-6, 2, 4, 6);
+  tg_tensor e = tg_expand(tg_from_data((float[]){1, 2}, TG_SHAPE(1, 2), NULL), TG_SHAPE(3, 2)), ge;
+  tg_tensor w = tg_cast(tg_reshape(tg_arange(0, 6, 1, NULL), TG_SHAPE(3, 2)), TG_FLOAT32);
+  OK(tg_gradient(sumall(tg_mul(e, w)), &e, 1, &ge));
+  CHECK_VALS(ge, 0, 0, 1, 2, 3, 4, 5);
+  /* a reshape of a reshaped tensor still reaches it */
+  tg_tensor a = tg_reshape(tg_arange(0, 6, 1, TG_OPTS(.dtype = TG_FLOAT32)), TG_SHAPE(2, 3)), ga;
+  OK(tg_gradient(sumall(tg_mul_s(tg_reshape(a, TG_SHAPE(3, 2)), 2)), &a, 1, &ga));
+  CHECK_VALS(ga, 0, 2, 2, 2, 2, 2, 2);
+  /* and tg_backward fills them too */
+  OK(tg_backward(sumall(tg_mul_s(tg_reshape(a, TG_SHAPE(3, 2)), 5))));
+  CHECK_VALS(tg_grad(a), 0, 5, 5, 5, 5, 5, 5);
+  END_T;
+}
+
+TEST(optimizer_takes_unset_tensors_as_parameters) {
+  BEGIN_T;
+  tg_tensor w = tg_persist(F32V(1, 2)), b = tg_persist(tg_set_requires_grad(F32V(0, 0), false));
+  tg_optim *o = tg_optim_sgd((tg_tensor[]){w, b}, 2, TG_SGD_OPTS(.lr = 0.5));
+  CHECK(o != NULL);
+  CHECK(tg_requires_grad(w) && !tg_requires_grad(b)); /* unset became true, as tinygrad's Optimizer does */
+  tg_context_begin();
+  tg_context_set_int("TRAINING", 1);
+  tg_scope_begin();
+  OK(tg_backward(sumall(tg_mul(w, w))));
+  OK(tg_optim_step(o));
+  tg_scope_end();
+  tg_context_end();
+  CHECK_VALS(w, 1e-6, 0, 0); /* w - 0.5 * 2w */
+  tg_optim_free(o);
+  tg_tensor f = tg_persist(tg_set_requires_grad(F32V(1), false));
+  CHECK(tg_optim_sgd(&f, 1, NULL) == NULL);
+  CHECK_STR_CONTAINS(tg_last_error(), "at least one param");
+  tg_clear_error();
+  tg_free(w), tg_free(b), tg_free(f);
+  END_T;
+}
+
+TEST(state_dict_aliases_take_no_gradient) {
+  BEGIN_T;
+  /* a dict entry is a second handle of the model's tensor: repeated backward passes must not pile
+   * gradients onto it, and the parameters it lists are the owners' handles */
+  tg_tensor w = tg_persist(F32V(1, 2));
+  tg_state_dict *sd = tg_state_dict_new();
+  OK(tg_state_dict_set(sd, "w", w));
+  for (int k = 0; k < 3; k++) {
+    tg_scope_begin();
+    OK(tg_backward(sumall(tg_mul(w, w))));
+    tg_scope_end();
+  }
+  CHECK(tg_grad(tg_state_dict_get(sd, "w")).id == 0);
+  CHECK_VALS(tg_grad(w), 1e-6, 6, 12); /* accumulated over the three passes */
+  tg_tensor p[2];
+  CHECK(tg_state_dict_parameters(sd, true, p, 2) == 1 && p[0].id == w.id);
+  tg_state_dict_free(sd);
+  tg_free(w);
+  END_T;
+}
+
+/* ---- an explicit upstream gradient ---- */
+
+TEST(backward_and_gradient_with_an_upstream_gradient) {
+  BEGIN_T;
+  tg_tensor x = F32V(1, 2, 3);
+  tg_tensor y = tg_mul(x, x);
+  OK(tg_backward_with_grad(y, F32V(1, 10, 100)));
+  CHECK_VALS(tg_grad(x), 1e-4, 2, 40, 600);
+  CHECK_VALS(tg_grad(y), 0, 1, 10, 100); /* y itself is in the graph */
+  tg_tensor gx;
+  OK(tg_gradient_with_grad(y, F32V(1, 0.5, 2), &x, 1, &gx));
+  CHECK_VALS(gx, 1e-5, 2, 2, 12);
+  /* a 2-d output, an integer upstream gradient cast to the output's dtype */
+  tg_tensor m = tg_from_data((float[]){1, 2, 3, 4}, TG_SHAPE(2, 2), NULL);
+  tg_tensor up = tg_from_data((int32_t[]){1, 0, 0, 2}, TG_SHAPE(2, 2), TG_OPTS(.dtype = TG_INT32)), gm;
+  OK(tg_gradient_with_grad(tg_exp(m), up, &m, 1, &gm));
+  CHECK_VALS(gm, 1e-4, exp(1.0), 0, 0, 2 * exp(4.0));
+  /* {0} upstream is the plain scalar form */
+  tg_tensor s = sumall(y), gs;
+  OK(tg_gradient_with_grad(s, NONE_T, &x, 1, &gs));
+  CHECK_VALS(gs, 1e-6, 2, 4, 6);
+  /* errors: shape mismatch, a non-scalar without one (the hint names the _with_grad forms) */
+  CHECK(tg_backward_with_grad(y, F32V(1, 2)) == TG_ERR_INVALID);
+  CHECK_ERR(TG_ERR_INVALID, "tg_backward_with_grad", "(2,)", "(3,)");
+  CHECK(tg_gradient(y, &x, 1, &gx) == TG_ERR_INVALID);
+  CHECK_ERR(TG_ERR_INVALID, "tg_gradient", "not a scalar", "tg_gradient_with_grad");
+  CHECK(tg_backward_with_grad(tg_cast(y, TG_INT32), tg_ones(TG_SHAPE(3), TG_OPTS(.dtype = TG_INT32))) ==
+        TG_ERR_INVALID);
+  CHECK_ERR(TG_ERR_INVALID, "tg_backward_with_grad", "float");
+  END_T;
+}
+
+/* ---- setitem through views, and its gradient ---- */
+
+static tg_tensor realized_zeros33(void) {
+  tg_tensor t = tg_contiguous(tg_zeros(TG_SHAPE(3, 3), NULL));
+  if (tg_realize(t) != TG_OK) return NONE_T;
+  return t;
+}
+
+TEST(setitem_through_a_view_writes_the_base) {
+  BEGIN_T;
+  /* t.T[1, 0] = 5 */
+  tg_tensor t = realized_zeros33();
+  tg_tensor tt = tg_transpose(t, 0, 1);
+  OK(tg_setitem_s(tt, TG_INDEX(TG_IX_INT(1), TG_IX_INT(0)), 5));
+  CHECK_VALS(t, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0);
+  CHECK_VALS(tt, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0); /* the view shows it too */
+  /* t[::-1][0] = 5 */
+  t = realized_zeros33();
+  OK(tg_setitem_s(tg_getitem(t, TG_INDEX(TG_IX_STEP(-1))), TG_INDEX(TG_IX_INT(0)), 5));
+  CHECK_VALS(t, 0, 0, 0, 0, 0, 0, 0, 5, 5, 5);
+  /* t[1][2] = 5, with a tensor value */
+  t = realized_zeros33();
+  OK(tg_setitem(tg_getitem(t, TG_INDEX(TG_IX_INT(1))), TG_INDEX(TG_IX_INT(2)), tg_scalar(5, NULL)));
+  CHECK_VALS(t, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0);
+  /* t[:3] *= 10 on a realized tensor: the view is read before the write lands */
+  tg_tensor a = tg_contiguous(tg_cast(tg_arange(0, 5, 1, NULL), TG_FLOAT32));
+  OK(tg_realize(a));
+  tg_tensor v = tg_getitem(a, TG_INDEX(TG_IX_TO(3, 1)));
+  OK(tg_setitem(v, TG_INDEX(TG_IX_ALL), tg_mul_s(v, 10)));
+  CHECK_VALS(a, 0, 0, 10, 20, 3, 4);
+  /* a strided, padded and reshaped view; other handles of the base see the write */
+  tg_tensor b = tg_contiguous(tg_zeros(TG_SHAPE(6), NULL));
+  OK(tg_realize(b));
+  tg_tensor b2 = tg_reshape(b, TG_SHAPE(6)); /* same node: another handle of the base */
+  tg_tensor w = tg_reshape(tg_getitem(b, TG_INDEX(TG_IX_STEP(2))), TG_SHAPE(3, 1));
+  OK(tg_setitem_s(w, TG_INDEX(TG_IX_SLICE(1, 3, 1)), 7));
+  CHECK_VALS(b2, 0, 0, 0, 7, 0, 7, 0);
+  tg_tensor pd = tg_pad(b, (const int64_t[]){1, 1}, 2, 0.0);
+  OK(tg_setitem_s(pd, TG_INDEX(TG_IX_SLICE(0, 2, 1)), 9)); /* [0] is padding: only b[0] is written */
+  CHECK_VALS(b, 0, 9, 0, 7, 0, 7, 0);
+  /* tg_assign into a view writes the base too (tinygrad's view assign) */
+  tg_tensor c = realized_zeros33();
+  tg_tensor col = tg_getitem(c, TG_INDEX(TG_IX_ALL, TG_IX_INT(2)));
+  CHECK(tg_assign(col, F32V(1, 2, 3)).id == col.id);
+  CHECK_VALS(c, 0, 0, 0, 1, 0, 0, 2, 0, 0, 3);
+  /* an expanded view shares elements: refused with a hint */
+  tg_tensor e = tg_expand(tg_reshape(b, TG_SHAPE(1, 6)), TG_SHAPE(2, 6));
+  CHECK(tg_setitem_s(e, TG_INDEX(TG_IX_INT(0)), 1) == TG_ERR_INVALID);
+  CHECK_ERR(TG_ERR_INVALID, "tg_setitem_s", "expanded");
+  /* a view of a lazy tensor (no storage yet) changes only the view, as in tinygrad */
+  tg_tensor z = tg_zeros(TG_SHAPE(3, 3), NULL);
+  tg_tensor zt = tg_transpose(z, 0, 1);
+  OK(tg_setitem_s(zt, TG_INDEX(TG_IX_INT(1), TG_IX_INT(0)), 5));
+  CHECK_VALS(zt, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0);
+  CHECK_VALS(z, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  END_T;
+}
+
+TEST(setitem_is_differentiable) {
+  BEGIN_T;
+  /* y = x * 2 (lazy: no storage); y[1:3] = v * 2; loss = sum(y * [1, 2, 3, 4]) */
+  tg_tensor x = F32V(1, 2, 3, 4), v = F32V(10, 20);
+  tg_tensor y = tg_mul_s(x, 2);
+  OK(tg_setitem(y, TG_INDEX(TG_IX_SLICE(1, 3, 1)), tg_mul_s(v, 2)));
+  tg_tensor l = sumall(tg_mul(y, F32V(1, 2, 3, 4)));
+  tg_tensor g[2];
+  OK(tg_gradient(l, (tg_tensor[]){x, v}, 2, g));
+  CHECK_VALS(y, 0, 2, 20, 40, 8);  /* (read after: a realized unset tensor keeps no graph, as tinygrad's) */
+  CHECK_VALS(g[0], 0, 2, 0, 0, 8); /* the overwritten part of x gets nothing */
+  CHECK_VALS(g[1], 0, 4, 6);
+  /* a scalar write, and tg_backward */
+  tg_tensor y2 = tg_mul_s(x, 2);
+  OK(tg_setitem_s(y2, TG_INDEX(TG_IX_INT(1)), 7));
+  OK(tg_backward(sumall(tg_mul(y2, y2))));
+  CHECK_VALS(tg_grad(x), 1e-5, 8, 0, 24, 32);
+  /* advanced indices too */
+  tg_tensor y3 = tg_mul_s(x, 2),
+            idx = tg_from_data((int32_t[]){3, 0}, TG_SHAPE(2), TG_OPTS(.dtype = TG_INT32)), g3[2];
+  OK(tg_setitem(y3, TG_INDEX(TG_IX_TENSOR(idx)), tg_mul_s(v, 3)));
+  OK(tg_gradient(sumall(tg_mul(y3, F32V(1, 2, 3, 4))), (tg_tensor[]){x, v}, 2, g3));
+  CHECK_VALS(g3[0], 0, 0, 4, 6, 0);
+  CHECK_VALS(g3[1], 0, 12, 3);
+  END_T;
+}
+
+/* ---- random numbers ---- */
+
+TEST(rand_is_below_one_in_every_float_dtype) {
+  BEGIN_T;
+  const tg_dtype dts[] = {TG_FLOAT16, TG_BFLOAT16, TG_FLOAT32, TG_FLOAT64};
+  for (int k = 0; k < 4; k++) {
+    tg_scope_begin();
+    tg_manual_seed(0);
+    tg_tensor r = tg_rand(TG_SHAPE(2, 128, 128), TG_OPTS(.dtype = dts[k]));
+    double mx = -1, mn = 2, mean = 0;
+    OK(tg_item(tg_max(r, TG_ALL_AXES, false), &mx));
+    OK(tg_item(tg_min(r, TG_ALL_AXES, false), &mn));
+    OK(tg_item(tg_mean(tg_cast(r, TG_FLOAT32), TG_ALL_AXES, false), &mean));
+    CHECK_MSG(mx < 1 && mn >= 0, "%s: range [%g, %g]", tg_dtype_name(dts[k]), mn, mx);
+    CHECK_MSG(fabs(mean - 0.5) < 0.01, "%s: mean %g", tg_dtype_name(dts[k]), mean);
+    /* the largest value is the dtype's largest below 1 (or close): the top of the range is used */
+    CHECK_MSG(mx > 0.99, "%s: max %g", tg_dtype_name(dts[k]), mx);
+    tg_scope_end();
+  }
+  END_T;
+}
+
+TEST(randn_with_an_integer_dtype_casts) {
+  BEGIN_T;
+  tg_manual_seed(3);
+  tg_tensor f = tg_randn(TG_SHAPE(1000), NULL);
+  tg_manual_seed(3);
+  tg_tensor i = tg_randn(TG_SHAPE(1000), TG_OPTS(.dtype = TG_INT32));
+  CHECK(tg_dtype_of(i) == TG_INT32);
+  /* the same draws, truncated toward zero */
+  double diff = -1;
+  OK(tg_item(tg_max(tg_abs(tg_sub(tg_cast(tg_cast(f, TG_INT32), TG_FLOAT32), tg_cast(i, TG_FLOAT32))),
+                    TG_ALL_AXES, false),
+             &diff));
+  CHECK(diff == 0);
+  tg_tensor il = tg_randn_like(tg_zeros(TG_SHAPE(4), TG_OPTS(.dtype = TG_INT16)), NULL);
+  CHECK(tg_dtype_of(il) == TG_INT16);
+  OK(tg_realize(il));
+  /* rand itself stays float-only, as tinygrad's */
+  CHECK(tg_rand(TG_SHAPE(2), TG_OPTS(.dtype = TG_INT32)).id == 0);
+  CHECK_STR_CONTAINS(tg_last_error(), "not a float dtype");
+  tg_clear_error();
+  END_T;
+}
+
+int main(void) { return RUN_TESTS(); }

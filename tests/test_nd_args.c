@@ -1,0 +1,158 @@
+/* test_nd_args.c -- the C side of tinygrad's argument forms: n-d convolutions and pools, fixed-size
+ * selection, Newton-Schulz and Muon, fp8 storage; values small enough to check by hand, error
+ * messages, and no leaked handles (run under ASan by make asan). The differential tests against
+ * PyTorch are tests/test_nd_args_torch.py. */
+#include <math.h>
+#include <string.h>
+#include <tinygrad.h>
+
+#include "test.h"
+
+static void get_f32(tg_tensor t, float *out, size_t n) {
+  CHECK_MSG(tg_data(tg_cast(t, TG_FLOAT32), out, n * sizeof(float)) == TG_OK, "%s", tg_last_error());
+}
+
+TEST(conv_nd_3d_ones_and_grad) {
+  BEGIN;
+  tg_tensor x = tg_set_requires_grad(tg_ones(TG_SHAPE(1, 2, 3, 3, 3), NULL), true);
+  tg_tensor w = tg_set_requires_grad(tg_ones(TG_SHAPE(4, 2, 2, 2, 2), NULL), true);
+  tg_tensor b = tg_full(TG_SHAPE(4), 0.5, NULL);
+  tg_tensor y = tg_conv_nd(x, w, b, TG_WINDOW_OPTS(.padding = {1}, .npadding = 1, .stride = {2}));
+  int64_t sh[8];
+  CHECK(tg_shape(y, sh) == 5 && sh[0] == 1 && sh[1] == 4 && sh[2] == 2 && sh[3] == 2 && sh[4] == 2);
+  float v[32];
+  /* padding 1, stride 2, kernel 2 over 3: per dim the first window covers 1 input (the other is
+   * padding), the second 2; times 2 channels, plus the bias */
+  CHECK(tg_backward(tg_sum(y, NULL, 0, false)) == TG_OK);
+  get_f32(y, v, 32);
+  for (int i = 0; i < 32; i++) {
+    int od = (i >> 2) & 1, oh = (i >> 1) & 1, ow = i & 1;
+    CHECK_CLOSE(v[i], 2.0 * (1 + od) * (1 + oh) * (1 + ow) + 0.5, 1e-6);
+  }
+  float gx[54];
+  get_f32(tg_grad(x), gx, 54);
+  for (int i = 0; i < 54; i++) CHECK_CLOSE(gx[i], 4.0, 1e-6); /* each input is in one window of each of 4 filters */
+  /* the same through tg_conv2d with a 3-d weight and uniform options */
+  tg_tensor y2 = tg_conv2d(x, w, b, TG_CONV2D_OPTS(.padding = {1}, .npadding = 1, .stride = {2}));
+  float v2[32];
+  get_f32(y2, v2, 32);
+  CHECK(memcmp(v, v2, sizeof v) == 0);
+  END;
+}
+
+TEST(pools_nd) {
+  BEGIN;
+  tg_tensor x = tg_arange(0, 10, 1, TG_OPTS(.dtype = TG_FLOAT32));
+  x = tg_reshape(x, TG_SHAPE(1, 10));
+  float m[5], a[4];
+  get_f32(tg_max_pool_nd(x, 1, NULL), m, 5); /* kernel 2, stride 2 */
+  for (int i = 0; i < 5; i++) CHECK_CLOSE(m[i], 2 * i + 1, 0);
+  get_f32(tg_avg_pool_nd(x, 1, TG_WINDOW_OPTS(.kernel_size = {3}, .stride = {2})), a, 4);
+  for (int i = 0; i < 4; i++) CHECK_CLOSE(a[i], 2 * i + 1, 1e-6);
+  tg_tensor c = tg_reshape(tg_arange(0, 27, 1, TG_OPTS(.dtype = TG_FLOAT32)), TG_SHAPE(1, 1, 3, 3, 3));
+  float mx;
+  get_f32(tg_max_pool_nd(c, 3, TG_WINDOW_OPTS(.kernel_size = {3})), &mx, 1);
+  CHECK_CLOSE(mx, 26, 0);
+  /* errors name the function and the problem */
+  CHECK(tg_max_pool_nd(x, 0, NULL).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_max_pool_nd", "spatial dims");
+  CHECK(tg_avg_pool_nd(c, 3, TG_WINDOW_OPTS(.kernel_size = {2, 2, 2, 2})).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_avg_pool_nd", "kernel_size");
+  CHECK(tg_conv_nd(c, tg_ones(TG_SHAPE(1, 1, 2, 2), NULL), (tg_tensor){0}, NULL).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_conv_nd", "spatial");
+  END;
+}
+
+TEST(conv_transpose_nd_1d) {
+  BEGIN;
+  const float xd[3] = {1, 2, 3}, wd[2] = {1, 10};
+  tg_tensor x = tg_from_data(xd, TG_SHAPE(1, 1, 3), NULL), w = tg_from_data(wd, TG_SHAPE(1, 1, 2), NULL);
+  float y[6];
+  /* stride 2: each input spreads (x, 10x) at 2i */
+  get_f32(tg_conv_transpose_nd(x, w, (tg_tensor){0}, TG_WINDOW_OPTS(.stride = {2})), y, 6);
+  float y7[7]; /* output_padding adds a position at the end */
+  get_f32(tg_conv_transpose_nd(x, w, (tg_tensor){0}, TG_WINDOW_OPTS(.stride = {2}, .output_padding = {1}, .noutput_padding = 1)),
+          y7, 7);
+  CHECK(y7[6] == 0.0f && y7[5] == 30.0f);
+  const float want[6] = {1, 10, 2, 20, 3, 30};
+  for (int i = 0; i < 6; i++) CHECK_CLOSE(y[i], want[i], 0);
+  END;
+}
+
+TEST(fixed_size_selection) {
+  BEGIN;
+  const float xd[6] = {5, 0, 7, 0, 0, 9};
+  tg_tensor x = tg_from_data(xd, TG_SHAPE(2, 3), NULL);
+  float s[4];
+  get_f32(tg_masked_select_size(x, tg_gt_s(x, 0), 4, -1), s, 4);
+  const float ws[4] = {5, 7, 9, -1};
+  for (int i = 0; i < 4; i++) CHECK_CLOSE(s[i], ws[i], 0);
+  tg_tensor nz = tg_nonzero_size(x, 2, -1);
+  CHECK(tg_dtype_of(nz) == TG_INT32);
+  int32_t idx[4];
+  CHECK(tg_data(nz, idx, sizeof idx) == TG_OK);
+  CHECK(idx[0] == 0 && idx[1] == 0 && idx[2] == 0 && idx[3] == 2);
+  CHECK(tg_nonzero_size(x, -2, 0).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_nonzero_size", "size");
+  END;
+}
+
+TEST(newton_schulz_and_muon) {
+  BEGIN;
+  static const double coefs[3] = {3.4445, -4.775, 2.0315};
+  /* a diagonal matrix stays diagonal; its entries are driven towards 1 */
+  const float d[4] = {3, 0, 0, 1};
+  float g[4];
+  get_f32(tg_newton_schulz(tg_from_data(d, TG_SHAPE(2, 2), NULL), 5, coefs, 3, 1e-7), g, 4);
+  CHECK(fabsf(g[1]) < 1e-6f && fabsf(g[2]) < 1e-6f);
+  CHECK(g[0] > 0.6f && g[0] < 1.25f && g[3] > 0.6f && g[3] < 1.25f);
+  CHECK(tg_newton_schulz(tg_ones(TG_SHAPE(3), NULL), 5, coefs, 3, 1e-7).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_newton_schulz", "matrices");
+
+  tg_tensor p = tg_persist(tg_set_requires_grad(tg_from_data(d, TG_SHAPE(2, 2), NULL), true));
+  tg_optim *o = tg_optim_muon(&p, 1, TG_MUON_OPTS(.lr = 0.1));
+  CHECK_MSG(o != NULL, "%s", tg_last_error());
+  tg_context_begin();
+  tg_context_set_int("TRAINING", 1);
+  tg_scope_begin();
+  CHECK(tg_backward(tg_sum(tg_square(p), NULL, 0, false)) == TG_OK);
+  CHECK(tg_optim_step(o) == TG_OK);
+  tg_scope_end();
+  tg_context_end();
+  float after[4];
+  get_f32(p, after, 4);
+  /* the orthogonalized step moves both diagonal entries by about lr, plus lr * wd * p */
+  CHECK_MSG(after[0] < 3.0f - 0.05f && after[0] > 3.0f - 0.2f, "%g", after[0]);
+  CHECK(after[3] < 1.0f && after[1] == 0.0f);
+  tg_optim_free(o);
+  tg_free(p);
+  tg_tensor z = tg_set_requires_grad(tg_scalar(1.0, NULL), true);
+  CHECK(tg_optim_muon(&z, 1, NULL) == NULL);
+  CHECK_ERR(TG_ERR_INVALID, "tg_optim_muon", "0-d");
+  END;
+}
+
+TEST(fp8_storage_and_casts) {
+  BEGIN;
+  CHECK(strcmp(tg_dtype_name(TG_FP8E4M3), "float8_e4m3") == 0 && tg_dtype_itemsize(TG_FP8E5M2) == 1);
+  CHECK(tg_dtype_promote(TG_FP8E4M3, TG_FP8E5M2) == TG_FLOAT16);
+  CHECK(tg_dtype_promote(TG_INT32, TG_FP8E5M2) == TG_FP8E5M2);
+  const float v[6] = {0.3f, 460.0f, 1000.0f, INFINITY, -1e-4f, 57344.0f};
+  tg_tensor x = tg_from_data(v, TG_SHAPE(6), NULL);
+  unsigned char a[6], b[6];
+  CHECK(tg_data(tg_cast(x, TG_FP8E4M3), a, 6) == TG_OK);
+  CHECK(tg_data(tg_cast(x, TG_FP8E5M2), b, 6) == TG_OK);
+  const unsigned char wa[6] = {42, 126, 126, 127, 128, 126}, wb[6] = {53, 95, 100, 124, 135, 123};
+  for (int i = 0; i < 6; i++) CHECK_MSG(a[i] == wa[i] && b[i] == wb[i], "%d: %u %u", i, a[i], b[i]);
+  /* storage made on the host (tg_full) rounds the same way; values read back through float */
+  tg_tensor f = tg_full(TG_SHAPE(2), 465.0, TG_OPTS(.dtype = TG_FP8E4M3));
+  double item;
+  CHECK(tg_item(tg_sum(tg_cast(f, TG_FLOAT32), NULL, 0, false), &item) == TG_OK);
+  CHECK_CLOSE(item, 896.0, 0);
+  /* the sum of an fp8 tensor keeps its dtype, as tinygrad's: 896 in float32 saturates to 448 */
+  CHECK(tg_item(tg_sum(f, NULL, 0, false), &item) == TG_OK);
+  CHECK_CLOSE(item, 448.0, 0);
+  END;
+}
+
+int main(void) { return RUN_TESTS(); }
