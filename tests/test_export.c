@@ -450,29 +450,36 @@ TEST(export_errors) {
   END;
 }
 
-/* A jit captured on a device other than CPU is refused. Only CPU devices are built in; the check
- * runs wherever another kind can be opened. */
+/* in[0] * 2 + a tensor on the same device */
+static tg_status mul_fn(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout;
+  out[0] = tg_add(tg_mul_s(tg_sum(in[0], TG_AXES(1), false), 2), *(tg_tensor *)u);
+  return TG_OK;
+}
+
+/* A jit captured on a device other than CPU is refused: OpenCL (PoCL in make test), or whichever
+ * other kind opens here. */
 TEST(export_non_cpu_device) {
   BEGIN;
-  static const char *const devs[] = {"CL", "GPU", "CUDA", "NV"};
+  static const char *const devs[] = {"CL", "CUDA", "NV"};
+  int ran = 0;
   for (size_t d = 0; d < sizeof devs / sizeof devs[0]; d++) {
     tg_tensor x = tg_contiguous(tg_ones(TG_SHAPE(8, 16), TG_OPTS(.device = devs[d])));
     if (!tg_valid(x) || tg_realize(x) != TG_OK) {
       tg_clear_error();
       continue;
     }
-    Mlp m;
-    (void)m;
-    tg_jit *j = tg_jit_new(assign_fn, 1, NULL);
-    tg_tensor y = tg_contiguous(tg_zeros(TG_SHAPE(4), TG_OPTS(.device = devs[d])));
+    ran++;
+    tg_tensor y = tg_contiguous(tg_ones(TG_SHAPE(8), TG_OPTS(.device = devs[d])));
     tg_tensor out;
     CHECK(tg_realize(y) == TG_OK);
-    j = (tg_jit_free(j), tg_jit_new(const_fn, 1, &y));
+    tg_jit *j = tg_jit_new(mul_fn, 1, &y);
     for (int call = 0; call < 3; call++) CHECK(tg_jit_call(j, &x, 1, NULL, 0, &out) == TG_OK);
     CHECK(tg_jit_export(j, tpath("dev.c"), NULL) == TG_ERR_INVALID);
     CHECK_ERR(TG_ERR_INVALID, "only jits captured on the CPU device");
     tg_jit_free(j);
   }
+  CHECK_MSG(ran > 0, "no device other than CPU could be opened (OpenCL needs an ICD such as PoCL)");
   END;
 }
 
