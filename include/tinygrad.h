@@ -1525,6 +1525,28 @@ void tg_jit_free(tg_jit *j);
 /* Number of kernel launches and copies captured, those prune kept (-1 for NULL; 0 before capture). */
 int tg_jit_captured_kernels(const tg_jit *j);
 
+/* Export of a captured TinyJit as C. name: the entry point, a C identifier that prefixes every
+ * generated symbol (NULL: "model"). weights_path: NULL embeds the weights in the C file as a byte
+ * array; else they are written to this safetensors file, and the generated <name>_load(path) reads
+ * and checks it (a wrong, truncated or damaged file is an error code with a message). */
+typedef struct {
+  const char *name;
+  const char *weights_path;
+} tg_jit_export_opts;
+#define TG_JIT_EXPORT_OPTS(...) (&(const tg_jit_export_opts){__VA_ARGS__})
+/* Writes the jit's capture (it must have been called at least twice) as one C11 file at path, and
+ * its header next to it (path with .c replaced by .h): every captured kernel's C source as the CPU
+ * device compiled it, intermediates in one static arena laid out by a memory plan (no allocation
+ * per call), and `int <name>(const T *in0, ..., T *out0, ...)` running the kernels in order, with
+ * the shapes and dtypes in comments and #defines. The shapes are the captured ones (a fixed batch
+ * size). The code needs only libc and libm, compiles as C11 and C++, runs single-threaded, or
+ * splits kernels over pthreads as the CPU device does with -DTG_EXPORT_THREADS; compiled with the
+ * runtime's flags (-O2 -march=native -ffp-contract=fast) it computes the library's bits.
+ * Errors (nothing is left written): a jit that captured nothing, a capture on another device than
+ * CPU, a function that writes its inputs or keeps state across calls, a bad name, a file that cannot
+ * be written (TG_ERR_IO), embedded weights over 256 MiB (use weights_path). */
+tg_status tg_jit_export(const tg_jit *j, const char *path, const tg_jit_export_opts *opts);
+
 /* ---------------------------------------------------------------------------------------------- */
 /* settings, counters, debugging                                                                   */
 

@@ -42,6 +42,7 @@ int main(void) {
   EXPECT(TG_BATCHNORM_OPTS(.momentum = 0)->momentum == 0 && TG_BATCHNORM_OPTS()->track_running_stats);
   EXPECT(strlen(TG_VERSION) > 0);
   EXPECT(TG_JIT_OPTS(.prune = true)->prune);
+  EXPECT(TG_JIT_EXPORT_OPTS(.name = "net")->name[0] == 'n' && !TG_JIT_EXPORT_OPTS(.name = "net")->weights_path);
 
   printf("test_header: %d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;

@@ -52,4 +52,21 @@ tg_status capture_replay(const Capture *c, Buffer *const *from, Buffer *const *t
  * number of items kept, or -1 with the error recorded (c unchanged). */
 int capture_prune(Capture *c, Buffer *const *inputs, int n);
 
+/* What tg_jit_export (export.c) reads of a jit: its capture, and the buffer, dtype and shape of each
+ * input and output as captured. The arrays are malloc'd (caller frees in and out); the rest is
+ * borrowed from the jit and valid until its next call or tg_jit_free. calls: 0 or 1 before the
+ * capture, 2 or more after it. */
+typedef struct {
+  Buffer *buf;
+  tg_dtype dtype;
+  int ndim;
+  const int64_t *shape;
+} JitIO;
+typedef struct {
+  const Capture *cap;
+  int calls, nin, nout, nargs;
+  JitIO *in, *out;
+} JitView;
+void jit_view(const tg_jit *j, JitView *v);
+
 #endif

@@ -357,3 +357,16 @@ tg_status tg_jit_call(tg_jit *j, const tg_tensor *in, int nin, const double *arg
 }
 
 int tg_jit_captured_kernels(const tg_jit *j) { return j ? j->cap.n : -1; }
+
+void jit_view(const tg_jit *j, JitView *v) {
+  memset(v, 0, sizeof *v);
+  v->calls = j->calls;
+  if (j->calls < 2) return;
+  v->cap = &j->cap;
+  v->nin = j->nin, v->nout = j->nout, v->nargs = j->nargs;
+  v->in = tg_xcalloc((size_t)j->nin + 1, sizeof(JitIO));
+  v->out = tg_xcalloc((size_t)j->nout + 1, sizeof(JitIO));
+  for (int i = 0; i < j->nin; i++) v->in[i] = (JitIO){j->in_buf[i], j->in_sig[i].dtype, j->in_sig[i].ndim, j->in_sig[i].shape};
+  for (int i = 0; i < j->nout; i++)
+    v->out[i] = (JitIO){j->out_buf[i], j->out_sig[i].dtype, j->out_sig[i].ndim, j->out_sig[i].shape};
+}

@@ -99,8 +99,7 @@ static CachedKernel *kcache_put(uint64_t key, UOp *ast, Device *dev, KernelCode 
   ck->code = kc;
   ck->key = key;
   ck->refs = 1;
-  free(kc->src); /* keep only the metadata */
-  kc->src = NULL;
+  /* the source stays (a few KB per kernel): tg_jit_export writes the captured kernels' sources */
   const char *g = kc_gopts(dev);
   ck->gopts = g ? tg_xstrdup(g) : NULL;
   int64_t lim = getenv_int("MAX_LOADED_KERNELS", 4096);

@@ -1,0 +1,836 @@
+/*
+ * export.c -- tg_jit_export: a captured TinyJit as one C file (plus its header) that needs only libc
+ * and libm.
+ *
+ * In: a jit after its capture (call 2 on). Out: <path> holding every captured kernel's C source as
+ * the CPU device compiled it (renamed, made static), a memory plan that places every intermediate
+ * in one static arena, the weights (every buffer the kernels read and never write) as a byte array
+ * or in a safetensors file, and the entry point `int <name>(const T *in0, ..., T *out0, ...)` that
+ * runs the kernels in the captured order; and <path minus .c>.h declaring it.
+ * Invariants: the kernels are the very sources the runtime compiled, launched over the same ranges
+ * (split across threads the way ops_cpu does it when TG_EXPORT_THREADS is defined), so compiled
+ * with the runtime's flags the exported code computes the library's bits. What a plain C function
+ * cannot replay faithfully is refused with an error instead: a capture on another device, a
+ * function that writes its inputs or keeps state across calls.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+#define ALIGN 64
+#define EMBED_MAX ((size_t)256 << 20) /* above this the weights go to a file: compilers choke on it */
+
+static size_t align_up(size_t n) { return (n + ALIGN - 1) & ~(size_t)(ALIGN - 1); }
+
+/* FNV-1a: the generated loader computes the same sum with a few lines of C. */
+static uint64_t fnv1a(uint64_t h, const uint8_t *p, size_t n) {
+  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ULL;
+  return h;
+}
+#define FNV_SEED 0xcbf29ce484222325ULL
+
+static const char *io_ctype(tg_dtype dt) {
+  switch (dt) {
+  case TG_BOOL: return "bool";
+  case TG_INT8: return "int8_t";
+  case TG_INT16: return "int16_t";
+  case TG_INT32: return "int32_t";
+  case TG_INT64: return "int64_t";
+  case TG_UINT8: return "uint8_t";
+  case TG_UINT16: return "uint16_t";
+  case TG_UINT32: return "uint32_t";
+  case TG_UINT64: return "uint64_t";
+  case TG_FLOAT16: return "uint16_t"; /* raw IEEE half bits */
+  case TG_BFLOAT16: return "uint16_t"; /* raw bfloat16 bits */
+  case TG_FLOAT32: return "float";
+  case TG_FLOAT64: return "double";
+  default: return "uint8_t";
+  }
+}
+
+/* Where a buffer lives in the exported code. */
+enum { B_IN, B_OUT, B_ARENA, B_WEIGHT };
+
+typedef struct {
+  Buffer *buf; /* NULL for a transient slot */
+  int slot;    /* transient slot index, or -1 */
+  int kind, index; /* B_IN/B_OUT: argument number */
+  size_t nbytes, off; /* arena or weights offset */
+  int first_read, first_write, last; /* item indices, -1 = never */
+  bool read_at_first_write;
+} XBuf;
+
+typedef struct {
+  XBuf *b;
+  int n, cap;
+} XBufs;
+
+static int xb_find(XBufs *t, Buffer *buf, int slot) {
+  for (int i = 0; i < t->n; i++)
+    if (slot >= 0 ? t->b[i].slot == slot : t->b[i].buf == buf) return i;
+  if (t->n == t->cap) {
+    t->cap = t->cap ? t->cap * 2 : 32;
+    t->b = tg_xrealloc(t->b, sizeof(XBuf) * (size_t)t->cap);
+  }
+  t->b[t->n] = (XBuf){buf, slot, B_ARENA, -1, buf ? buf->nbytes : 0, 0, -1, -1, -1, false};
+  return t->n++;
+}
+
+/* The entry of item it's buffer j. */
+static int xb_of(XBufs *t, const Capture *c, const CapItem *it, int j) {
+  int s = it->slot ? it->slot[j] : -1;
+  int k = xb_find(t, s >= 0 ? NULL : it->bufs[j], s);
+  if (s >= 0) t->b[k].nbytes = c->slots[s].nbytes;
+  return k;
+}
+
+static bool is_ident(const char *s) {
+  if (!s || !*s || (*s >= '0' && *s <= '9')) return false;
+  for (const char *p = s; *p; p++)
+    if (!(*p == '_' || (*p >= '0' && *p <= '9') || ((*p | 32) >= 'a' && (*p | 32) <= 'z'))) return false;
+  return strlen(s) < 48;
+}
+
+/* Memory plan: intermediates whose lives [first, last] overlap never share bytes. Largest first,
+ * each at the lowest offset free over its whole life. Returns the arena size. */
+static size_t plan_arena(XBufs *t) {
+  int *ord = tg_xmalloc(sizeof(int) * (size_t)(t->n + 1)), m = 0;
+  for (int i = 0; i < t->n; i++)
+    if (t->b[i].kind == B_ARENA) ord[m++] = i;
+  for (int i = 1; i < m; i++) /* insertion sort: by size, descending, then by first use */
+    for (int k = i; k > 0; k--) {
+      XBuf *a = &t->b[ord[k - 1]], *b = &t->b[ord[k]];
+      int fa = a->first_write >= 0 ? a->first_write : a->first_read, fb = b->first_write >= 0 ? b->first_write : b->first_read;
+      if (align_up(a->nbytes) > align_up(b->nbytes) || (align_up(a->nbytes) == align_up(b->nbytes) && fa <= fb)) break;
+      int tmp = ord[k - 1];
+      ord[k - 1] = ord[k], ord[k] = tmp;
+    }
+  size_t total = 0;
+  for (int i = 0; i < m; i++) {
+    XBuf *x = &t->b[ord[i]];
+    int xf = x->first_write >= 0 ? x->first_write : x->first_read;
+    size_t sz = align_up(x->nbytes), off = 0;
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (int k = 0; k < i; k++) {
+        XBuf *y = &t->b[ord[k]];
+        int yf = y->first_write >= 0 ? y->first_write : y->first_read;
+        if (y->last < xf || x->last < yf) continue;                 /* lives apart */
+        if (off + sz <= y->off || y->off + align_up(y->nbytes) <= off) continue; /* bytes apart */
+        off = y->off + align_up(y->nbytes);
+        moved = true;
+      }
+    }
+    x->off = off;
+    if (off + sz > total) total = off + sz;
+  }
+  free(ord);
+  return total;
+}
+
+/* The kernel's source with its function renamed to fname and made file-local. */
+static char *kernel_source(const KernelCode *kc, const char *fname) {
+  char pat[128];
+  snprintf(pat, sizeof pat, "void %s(void **", kc->name);
+  const char *p = strstr(kc->src, pat);
+  if (!p) return NULL;
+  SB b;
+  sb_init(&b);
+  sb_printf(&b, "%.*sTGX_KERNEL void %s(void **%s", (int)(p - kc->src), kc->src, fname, p + strlen(pat));
+  return sb_take(&b);
+}
+
+static void upper(char *dst, const char *s, size_t cap) {
+  size_t i = 0;
+  for (; s[i] && i + 1 < cap; i++) dst[i] = (char)(s[i] >= 'a' && s[i] <= 'z' ? s[i] - 32 : s[i]);
+  dst[i] = '\0';
+}
+
+static void fmt_dims(SB *b, const JitIO *io) {
+  sb_putc(b, '{');
+  for (int d = 0; d < io->ndim; d++) sb_printf(b, "%s%lld", d ? ", " : "", (long long)io->shape[d]);
+  if (!io->ndim) sb_putc(b, '1'); /* a scalar: an initializer cannot be empty */
+  sb_putc(b, '}');
+}
+
+static void fmt_shape_text(SB *b, const JitIO *io) {
+  sb_putc(b, '(');
+  for (int d = 0; d < io->ndim; d++) sb_printf(b, "%s%lld", d ? ", " : "", (long long)io->shape[d]);
+  if (io->ndim == 1) sb_putc(b, ',');
+  sb_putc(b, ')');
+}
+
+static size_t io_numel(const JitIO *io) {
+  size_t n = 1;
+  for (int d = 0; d < io->ndim; d++) n *= (size_t)io->shape[d];
+  return n;
+}
+
+static tg_status write_text(const char *fn, const char *path, const char *text, size_t len) {
+  FILE *f = fopen(path, "wb");
+  if (!f) return tg_set_error(TG_ERR_IO, "%s: cannot write %s: %s", fn, path, strerror(errno));
+  bool ok = fwrite(text, 1, len, f) == len;
+  int e = errno;
+  ok = fclose(f) == 0 && ok;
+  if (!ok) {
+    remove(path);
+    return tg_set_error(TG_ERR_IO, "%s: writing %s failed: %s", fn, path, strerror(e ? e : EIO));
+  }
+  return TG_OK;
+}
+
+/* The C code shared by every export: what a kernel needs to compile as C and C++, and the thread
+ * split of ops_cpu.c/threadpool.c (chunk k of n over [0, g): sizes differ by at most one). */
+static const char RUNTIME_C[] =
+    "#ifdef __cplusplus\n"
+    "#define restrict __restrict\n"
+    "#define _Bool bool\n"
+    "#define TGX_ALIGN alignas(64)\n"
+    "#else\n"
+    "#define TGX_ALIGN _Alignas(64)\n"
+    "#endif\n"
+    "/* Kernels stay separate functions, as the runtime runs them: inlined into one another, a\n"
+    " * compiler could reorder accesses to arena bytes that two kernels use with different types. */\n"
+    "#if defined(__clang__)\n"
+    "#define TGX_KERNEL static __attribute__((noinline))\n"
+    "#elif defined(__GNUC__)\n"
+    "#define TGX_KERNEL static __attribute__((noipa))\n"
+    "#else\n"
+    "#define TGX_KERNEL static\n"
+    "#endif\n"
+    "#if defined(__GNUC__)\n"
+    "/* (no pop at the end: gcc checks -Wpsabi when it emits a function, after the last line) */\n"
+    "#pragma GCC diagnostic ignored \"-Wunused-function\"\n"
+    "/* vector helpers pass vectors wider than the target's registers when it is compiled without\n"
+    " * -march=native; they are all static, so no ABI is crossed */\n"
+    "#pragma GCC diagnostic ignored \"-Wpsabi\"\n"
+    "#endif\n"
+    "/* As the runtime compiles kernels with gcc (ops_cpu.c): gcc 12's loop vectorizer miscompiles\n"
+    " * some of their index arithmetic; they vectorize explicitly instead. */\n"
+    "#if defined(__GNUC__) && !defined(__clang__)\n"
+    "#pragma GCC optimize(\"no-tree-loop-vectorize\")\n"
+    "#endif\n"
+    "typedef void (*tgx_fn)(void **, long long, long long);\n"
+    "\n"
+    "#ifdef TG_EXPORT_THREADS\n"
+    "#include <pthread.h>\n"
+    "#include <sched.h>\n"
+    "#include <time.h>\n"
+    "#include <unistd.h>\n"
+    "/* A persistent pool, as the library's (threadpool.c): one job (a kernel over [0, n)) at a time,\n"
+    " * split into nchunks contiguous chunks that the workers and the caller claim by a compare-and-swap\n"
+    " * on claim = job << 32 | next chunk, so a late worker can never run a chunk of another job. Idle\n"
+    " * workers poll for 100 us (the gap between two kernels), then sleep on a condition variable. */\n"
+    "#define TGX_LD(p) __atomic_load_n(p, __ATOMIC_ACQUIRE)\n"
+    "#define TGX_ST(p, v) __atomic_store_n(p, v, __ATOMIC_RELEASE)\n"
+    "#define TGX_CLOSED 0xffffffffu\n"
+    "static struct {\n"
+    "  pthread_mutex_t mu;\n"
+    "  pthread_cond_t go;\n"
+    "  int nthreads, started, sleepers;\n"
+    "  unsigned gen, nchunks, remaining;\n"
+    "  unsigned long long claim;\n"
+    "  tgx_fn fn;\n"
+    "  void **bufs;\n"
+    "  long long n;\n"
+    "} tgx_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};\n"
+    "\n"
+    "static long long tgx_ns(void) {\n"
+    "  struct timespec t;\n"
+    "  clock_gettime(CLOCK_MONOTONIC, &t);\n"
+    "  return (long long)t.tv_sec * 1000000000 + t.tv_nsec;\n"
+    "}\n"
+    "\n"
+    "/* runs chunks of job g until none is left or the job is another */\n"
+    "static void tgx_claim(unsigned g) {\n"
+    "  for (;;) {\n"
+    "    unsigned long long c = TGX_LD(&tgx_pool.claim);\n"
+    "    unsigned i = (unsigned)c, k = TGX_LD(&tgx_pool.nchunks);\n"
+    "    if ((unsigned)(c >> 32) != g || i >= k) return;\n"
+    "    tgx_fn fn = TGX_LD(&tgx_pool.fn);\n"
+    "    void **bufs = TGX_LD(&tgx_pool.bufs);\n"
+    "    long long n = TGX_LD(&tgx_pool.n);\n"
+    "    if (!__atomic_compare_exchange_n(&tgx_pool.claim, &c, c + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;\n"
+    "    long long q = n / k, r = n % k, lo = q * i + ((long long)i < r ? (long long)i : r);\n"
+    "    fn(bufs, lo, lo + q + ((long long)i < r ? 1 : 0));\n"
+    "    __atomic_sub_fetch(&tgx_pool.remaining, 1, __ATOMIC_ACQ_REL);\n"
+    "  }\n"
+    "}\n"
+    "\n"
+    "static void *tgx_worker(void *arg) {\n"
+    "  unsigned seen = 0, g;\n"
+    "  (void)arg;\n"
+    "  for (;;) {\n"
+    "    long long t0 = tgx_ns();\n"
+    "    for (unsigned it = 0; (g = __atomic_load_n(&tgx_pool.gen, __ATOMIC_SEQ_CST)) == seen; it++) {\n"
+    "      if (it % 64 == 63 && tgx_ns() - t0 > 100000) break;\n"
+    "      if (it > 256) sched_yield();\n"
+    "    }\n"
+    "    if (g == seen) {\n"
+    "      pthread_mutex_lock(&tgx_pool.mu);\n"
+    "      __atomic_add_fetch(&tgx_pool.sleepers, 1, __ATOMIC_SEQ_CST);\n"
+    "      while ((g = __atomic_load_n(&tgx_pool.gen, __ATOMIC_SEQ_CST)) == seen) pthread_cond_wait(&tgx_pool.go, &tgx_pool.mu);\n"
+    "      __atomic_sub_fetch(&tgx_pool.sleepers, 1, __ATOMIC_SEQ_CST);\n"
+    "      pthread_mutex_unlock(&tgx_pool.mu);\n"
+    "    }\n"
+    "    seen = g;\n"
+    "    tgx_claim(g);\n"
+    "  }\n"
+    "  return NULL;\n"
+    "}\n"
+    "\n"
+    "/* THREADS (as the library reads it), else the online CPUs; workers start on first use */\n"
+    "static int tgx_threads(void) {\n"
+    "  if (!tgx_pool.nthreads) {\n"
+    "    const char *e = getenv(\"THREADS\");\n"
+    "    long n = e && *e ? strtol(e, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);\n"
+    "    tgx_pool.nthreads = n < 1 ? 1 : n > 256 ? 256 : (int)n;\n"
+    "  }\n"
+    "  while (tgx_pool.started + 1 < tgx_pool.nthreads) {\n"
+    "    pthread_t t;\n"
+    "    if (pthread_create(&t, NULL, tgx_worker, NULL) != 0) {\n"
+    "      tgx_pool.nthreads = tgx_pool.started + 1;\n"
+    "      break;\n"
+    "    }\n"
+    "    pthread_detach(t);\n"
+    "    tgx_pool.started++;\n"
+    "  }\n"
+    "  return tgx_pool.nthreads;\n"
+    "}\n"
+    "\n"
+    "/* nt: the kernel's thread hint (0 = all threads, 1 = one); one caller at a time */\n"
+    "static void tgx_run(tgx_fn fn, void **bufs, long long n, int nt) {\n"
+    "  if (n <= 0) return;\n"
+    "  int max = tgx_threads();\n"
+    "  if (nt <= 0 || nt > max) nt = max;\n"
+    "  if (nt > n) nt = (int)n;\n"
+    "  if (nt <= 1) {\n"
+    "    fn(bufs, 0, n);\n"
+    "    return;\n"
+    "  }\n"
+    "  unsigned g = tgx_pool.gen + 1;\n"
+    "  TGX_ST(&tgx_pool.fn, fn);\n"
+    "  TGX_ST(&tgx_pool.bufs, bufs);\n"
+    "  TGX_ST(&tgx_pool.n, n);\n"
+    "  TGX_ST(&tgx_pool.nchunks, (unsigned)nt);\n"
+    "  TGX_ST(&tgx_pool.remaining, (unsigned)nt);\n"
+    "  TGX_ST(&tgx_pool.claim, (unsigned long long)g << 32);\n"
+    "  __atomic_store_n(&tgx_pool.gen, g, __ATOMIC_SEQ_CST);\n"
+    "  if (__atomic_load_n(&tgx_pool.sleepers, __ATOMIC_SEQ_CST)) {\n"
+    "    pthread_mutex_lock(&tgx_pool.mu);\n"
+    "    pthread_cond_broadcast(&tgx_pool.go);\n"
+    "    pthread_mutex_unlock(&tgx_pool.mu);\n"
+    "  }\n"
+    "  tgx_claim(g);\n"
+    "  for (unsigned it = 0; TGX_LD(&tgx_pool.remaining); it++)\n"
+    "    if (it > 256) sched_yield();\n"
+    "  TGX_ST(&tgx_pool.claim, (unsigned long long)g << 32 | TGX_CLOSED);\n"
+    "}\n"
+    "#else\n"
+    "static void tgx_run(tgx_fn fn, void **bufs, long long n, int nt) {\n"
+    "  (void)nt;\n"
+    "  if (n > 0) fn(bufs, 0, n);\n"
+    "}\n"
+    "#endif\n"
+    "\n"
+    "static char tgx_msg[512];\n"
+    "static int tgx_fail(int code, const char *fmt, ...) {\n"
+    "  va_list ap;\n"
+    "  va_start(ap, fmt);\n"
+    "  vsnprintf(tgx_msg, sizeof tgx_msg, fmt, ap);\n"
+    "  va_end(ap);\n"
+    "  return code;\n"
+    "}\n";
+
+/* The generated <name>_load: reads the safetensors file written next to the export and checks it
+ * (exact header, exact size, checksum) before it replaces the weights in use. %1$s = name. */
+static const char LOADER_C[] =
+    "static unsigned char *tgx_raw;        /* malloc'd */\n"
+    "static const unsigned char *tgx_w;    /* tgx_raw aligned to 64 bytes; NULL until loaded */\n"
+    "\n"
+    "int %1$s_load(const char *path) {\n"
+    "  if (!path) return tgx_fail(%2$s_ERR_ARG, \"%1$s_load: path is NULL\");\n"
+    "  FILE *f = fopen(path, \"rb\");\n"
+    "  if (!f) return tgx_fail(%2$s_ERR_IO, \"%1$s_load: cannot open %%s: %%s\", path, strerror(errno));\n"
+    "  unsigned char len8[8], hdr[sizeof tgx_hdr];\n"
+    "  unsigned long long hlen = 0;\n"
+    "  int code = %2$s_OK;\n"
+    "  unsigned char *raw = NULL;\n"
+    "  if (fread(len8, 1, 8, f) != 8) {\n"
+    "    code = tgx_fail(%2$s_ERR_FORMAT, \"%1$s_load: %%s is too short for a safetensors file (%%d bytes needed for its header length)\", path, 8);\n"
+    "    goto done;\n"
+    "  }\n"
+    "  for (int i = 7; i >= 0; i--) hlen = hlen << 8 | len8[i];\n"
+    "  if (hlen != sizeof tgx_hdr - 1) {\n"
+    "    code = tgx_fail(%2$s_ERR_FORMAT, \"%1$s_load: %%s has a %%llu-byte header, the weights of %1$s have a %%u-byte one: not this model's weights file\", path, hlen, (unsigned)(sizeof tgx_hdr - 1));\n"
+    "    goto done;\n"
+    "  }\n"
+    "  if (fread(hdr, 1, (size_t)hlen, f) != (size_t)hlen) {\n"
+    "    code = tgx_fail(%2$s_ERR_FORMAT, \"%1$s_load: %%s is truncated inside its header\", path);\n"
+    "    goto done;\n"
+    "  }\n"
+    "  if (memcmp(hdr, tgx_hdr, (size_t)hlen) != 0) {\n"
+    "    code = tgx_fail(%2$s_ERR_FORMAT, \"%1$s_load: the header of %%s differs from the one %1$s was exported with (another model's or another export's weights?)\", path);\n"
+    "    goto done;\n"
+    "  }\n"
+    "  raw = (unsigned char *)malloc(TGX_WBYTES + 64);\n"
+    "  if (!raw) {\n"
+    "    code = tgx_fail(%2$s_ERR_MEMORY, \"%1$s_load: out of memory for %%lu bytes of weights\", (unsigned long)TGX_WBYTES);\n"
+    "    goto done;\n"
+    "  }\n"
+    "  {\n"
+    "    unsigned char *w = raw + (64 - (uintptr_t)raw %% 64) %% 64;\n"
+    "    unsigned long long h = 0xcbf29ce484222325ULL, got = 0;\n"
+    "    for (size_t t = 0; t < sizeof tgx_wtab / sizeof tgx_wtab[0]; t++) {\n"
+    "      size_t n = fread(w + tgx_wtab[t][0], 1, tgx_wtab[t][1], f);\n"
+    "      got += n;\n"
+    "      for (size_t i = 0; i < n; i++) h = (h ^ w[tgx_wtab[t][0] + i]) * 0x100000001b3ULL;\n"
+    "      if (n != tgx_wtab[t][1]) {\n"
+    "        code = tgx_fail(%2$s_ERR_FORMAT, \"%1$s_load: %%s is truncated: %%llu of %%llu data bytes\", path, got, (unsigned long long)TGX_FBYTES);\n"
+    "        goto done;\n"
+    "      }\n"
+    "    }\n"
+    "    if (fgetc(f) != EOF) {\n"
+    "      code = tgx_fail(%2$s_ERR_FORMAT, \"%1$s_load: %%s has bytes after its %%llu data bytes\", path, (unsigned long long)TGX_FBYTES);\n"
+    "      goto done;\n"
+    "    }\n"
+    "    if (h != TGX_WHASH) {\n"
+    "      code = tgx_fail(%2$s_ERR_FORMAT, \"%1$s_load: the data of %%s fails its checksum (damaged, or written by another export)\", path);\n"
+    "      goto done;\n"
+    "    }\n"
+    "    free(tgx_raw);\n"
+    "    tgx_raw = raw, tgx_w = w;\n"
+    "    raw = NULL;\n"
+    "  }\n"
+    "done:\n"
+    "  free(raw);\n"
+    "  fclose(f);\n"
+    "  return code;\n"
+    "}\n"
+    "\n"
+    "void %1$s_free(void) {\n"
+    "  free(tgx_raw);\n"
+    "  tgx_raw = NULL, tgx_w = NULL;\n"
+    "}\n";
+
+typedef struct {
+  const char *name;
+  char NAME[64];
+  const char *wpath;
+  JitView v;
+  XBufs t;
+  const KernelCode **kern; /* distinct kernels */
+  int nkern;
+  int *item_kern;          /* per item: index into kern, -1 for a copy */
+  size_t arena, arena_naive, wbytes, wfile;
+  int nweights;
+} Ex;
+
+/* Walks the capture: every buffer gets a place, or the export is refused. */
+static tg_status classify(Ex *e) {
+  static const char *fn = "tg_jit_export";
+  const Capture *c = e->v.cap;
+  XBufs *t = &e->t;
+  for (int i = 0; i < e->v.nin; i++) {
+    int k = xb_find(t, e->v.in[i].buf, -1);
+    t->b[k].kind = B_IN, t->b[k].index = i;
+  }
+  for (int o = 0; o < e->v.nout; o++) {
+    int k = xb_find(t, e->v.out[o].buf, -1);
+    if (t->b[k].kind == B_IN)
+      return tg_set_error(TG_ERR_INVALID,
+                          "%s: output %d is input %d (the function assigns to its input); the exported entry point takes "
+                          "its inputs read-only, so this function cannot be exported (return a new tensor instead)",
+                          fn, o, t->b[k].index);
+    if (t->b[k].kind != B_OUT) t->b[k].kind = B_OUT, t->b[k].index = o;
+  }
+  for (int i = 0; i < c->n; i++) {
+    const CapItem *it = &c->items[i];
+    Device *d = it->prg ? it->prg->dev : NULL;
+    for (int j = 0; !d && j < it->nbufs; j++) d = it->bufs[j] ? it->bufs[j]->dev : c->slots[it->slot[j]].dev;
+    for (int j = 0; j < it->nbufs; j++) {
+      Device *bd = it->bufs[j] ? it->bufs[j]->dev : c->slots[it->slot[j]].dev;
+      if (bd->vt != &cpu_device_vt || (d && d->vt != &cpu_device_vt))
+        return tg_set_error(TG_ERR_INVALID,
+                            "%s: captured item %d runs on %s; only jits captured on the CPU device can be exported "
+                            "(their kernels are C)",
+                            fn, i, (d && d->vt != &cpu_device_vt ? d : bd)->name);
+      int k = xb_of(t, c, it, j);
+      XBuf *x = &t->b[k];
+      if (j == 0) {
+        if (x->first_write < 0) x->first_write = i;
+      } else {
+        if (x->first_read < 0) x->first_read = i;
+        if (x->first_write == i) x->read_at_first_write = true;
+      }
+      x->last = i;
+    }
+  }
+  for (int k = 0; k < t->n; k++) {
+    XBuf *x = &t->b[k];
+    bool written = x->first_write >= 0;
+    bool state = written && x->first_read >= 0 && (x->first_read < x->first_write || x->read_at_first_write);
+    if (x->kind == B_IN) {
+      if (written)
+        return tg_set_error(TG_ERR_INVALID, "%s: captured item %d writes input %d; an exported function cannot write its inputs",
+                            fn, x->first_write, x->index);
+      continue;
+    }
+    if (state)
+      return tg_set_error(TG_ERR_INVALID,
+                          "%s: captured item %d reads a %zu-byte buffer that item %d then writes: the function keeps state "
+                          "across calls (a counter, running statistics), which an exported function cannot hold; export a "
+                          "function without side effects (e.g. the model's forward pass in eval mode)",
+                          fn, x->first_read, x->nbytes, x->first_write);
+    if (x->kind == B_OUT && !written) {
+      x->kind = B_WEIGHT; /* a constant output: copied from the weights at the end */
+      x->index = -1;
+      for (int o = 0; o < e->v.nout; o++)
+        if (e->v.out[o].buf == x->buf && x->index < 0) x->index = o;
+    }
+    if (x->kind == B_ARENA && !written) x->kind = B_WEIGHT;
+    if (x->kind == B_WEIGHT && x->buf == NULL)
+      return tg_set_error(TG_ERR_INVALID, "%s: captured item %d reads an intermediate no item writes (a capture that lost a kernel)", fn, x->first_read);
+  }
+  e->arena = plan_arena(t);
+  for (int k = 0; k < t->n; k++) {
+    XBuf *x = &t->b[k];
+    if (x->kind == B_ARENA) e->arena_naive += align_up(x->nbytes);
+    if (x->kind == B_WEIGHT) {
+      x->off = e->wbytes;
+      e->wbytes += align_up(x->nbytes);
+      e->wfile += x->nbytes;
+      e->nweights++;
+    }
+  }
+  /* distinct kernels, in order of first launch */
+  e->kern = tg_xcalloc((size_t)c->n + 1, sizeof *e->kern);
+  e->item_kern = tg_xcalloc((size_t)c->n + 1, sizeof(int));
+  for (int i = 0; i < c->n; i++) {
+    const CapItem *it = &c->items[i];
+    e->item_kern[i] = -1;
+    if (!it->prg) continue;
+    int k = 0;
+    while (k < e->nkern && e->kern[k] != it->code && strcmp(e->kern[k]->src, it->code->src) != 0) k++;
+    if (k == e->nkern) e->kern[e->nkern++] = it->code;
+    e->item_kern[i] = k;
+  }
+  return TG_OK;
+}
+
+/* The weights in file order (the XBuf order), each padded to ALIGN in memory. */
+static tg_status weights_bytes(Ex *e, uint8_t **out) {
+  uint8_t *w = tg_xcalloc(e->wbytes + 1, 1);
+  for (int k = 0; k < e->t.n; k++) {
+    XBuf *x = &e->t.b[k];
+    if (x->kind != B_WEIGHT) continue;
+    tg_status st = buffer_copyout(x->buf, w + x->off, x->nbytes);
+    if (st != TG_OK) {
+      free(w);
+      return st;
+    }
+  }
+  *out = w;
+  return TG_OK;
+}
+
+static uint64_t weights_hash(const Ex *e, const uint8_t *w) {
+  uint64_t h = FNV_SEED;
+  for (int k = 0; k < e->t.n; k++)
+    if (e->t.b[k].kind == B_WEIGHT) h = fnv1a(h, w + e->t.b[k].off, e->t.b[k].nbytes);
+  return h;
+}
+
+/* The safetensors header of the weights file (padded with spaces to a multiple of 8 bytes). */
+static char *st_header(const Ex *e, uint64_t hash) {
+  SB b;
+  sb_init(&b);
+  sb_printf(&b, "{\"__metadata__\":{\"exported_by\":\"tinygrad.c tg_jit_export\",\"model\":\"%s\",\"fnv1a64\":\"%016llx\"}",
+            e->name, (unsigned long long)hash);
+  size_t off = 0;
+  int n = 0;
+  for (int k = 0; k < e->t.n; k++) {
+    const XBuf *x = &e->t.b[k];
+    if (x->kind != B_WEIGHT) continue;
+    sb_printf(&b, ",\"w%d\":{\"dtype\":\"U8\",\"shape\":[%zu],\"data_offsets\":[%zu,%zu]}", n++, x->nbytes, off, off + x->nbytes);
+    off += x->nbytes;
+  }
+  sb_putc(&b, '}');
+  while ((b.len + 8) % 8) sb_putc(&b, ' ');
+  return sb_take(&b);
+}
+
+static tg_status write_weights_file(const Ex *e, const uint8_t *w, const char *hdr) {
+  static const char *fn = "tg_jit_export";
+  FILE *f = fopen(e->wpath, "wb");
+  if (!f) return tg_set_error(TG_ERR_IO, "%s: cannot write the weights file %s: %s", fn, e->wpath, strerror(errno));
+  uint64_t hl = strlen(hdr);
+  uint8_t len8[8];
+  for (int i = 0; i < 8; i++) len8[i] = (uint8_t)(hl >> (8 * i));
+  bool ok = fwrite(len8, 1, 8, f) == 8 && fwrite(hdr, 1, hl, f) == hl;
+  for (int k = 0; ok && k < e->t.n; k++) {
+    const XBuf *x = &e->t.b[k];
+    if (x->kind == B_WEIGHT) ok = fwrite(w + x->off, 1, x->nbytes, f) == x->nbytes;
+  }
+  int er = errno;
+  ok = fclose(f) == 0 && ok;
+  if (!ok) {
+    remove(e->wpath);
+    return tg_set_error(TG_ERR_IO, "%s: writing the weights file %s failed: %s", fn, e->wpath, strerror(er ? er : EIO));
+  }
+  return TG_OK;
+}
+
+/* The C expression of entry k's memory inside the entry point. */
+static void buf_expr(SB *b, const XBuf *x) {
+  switch (x->kind) {
+  case B_IN: sb_printf(b, "(void *)in%d", x->index); break;
+  case B_OUT: sb_printf(b, "(void *)out%d", x->index); break;
+  case B_ARENA: sb_printf(b, "(void *)(A + %zu)", x->off); break;
+  default: sb_printf(b, "(void *)(W + %zu)", x->off); break;
+  }
+}
+
+static void signature(SB *b, const Ex *e) {
+  sb_printf(b, "int %s(", e->name);
+  for (int i = 0; i < e->v.nin; i++) sb_printf(b, "%sconst %s *in%d", i ? ", " : "", io_ctype(e->v.in[i].dtype), i);
+  for (int o = 0; o < e->v.nout; o++)
+    sb_printf(b, "%s%s *out%d", e->v.nin || o ? ", " : "", io_ctype(e->v.out[o].dtype), o);
+  if (!e->v.nin && !e->v.nout) sb_puts(b, "void");
+  sb_putc(b, ')');
+}
+
+static char *gen_header(const Ex *e, const char *hbase) {
+  SB b;
+  sb_init(&b);
+  const char *N = e->NAME;
+  sb_printf(&b, "/*\n * %s -- generated by tinygrad.c (tg_jit_export): the entry point of %s.c.\n *\n", hbase, e->name);
+  sb_puts(&b, " *   ");
+  signature(&b, e);
+  sb_puts(&b, "\n *\n");
+  for (int i = 0; i < e->v.nin; i++) {
+    SB s;
+    sb_init(&s);
+    fmt_shape_text(&s, &e->v.in[i]);
+    sb_printf(&b, " *   in%d:  %s, shape %s (%zu elements, C type %s)\n", i, tg_dtype_name(e->v.in[i].dtype), s.s,
+              io_numel(&e->v.in[i]), io_ctype(e->v.in[i].dtype));
+    sb_free(&s);
+  }
+  for (int o = 0; o < e->v.nout; o++) {
+    SB s;
+    sb_init(&s);
+    fmt_shape_text(&s, &e->v.out[o]);
+    sb_printf(&b, " *   out%d: %s, shape %s (%zu elements, C type %s)\n", o, tg_dtype_name(e->v.out[o].dtype), s.s,
+              io_numel(&e->v.out[o]), io_ctype(e->v.out[o].dtype));
+    sb_free(&s);
+  }
+  sb_puts(&b,
+          " *\n"
+          " * Fixed shapes: the model runs at the sizes it was captured with (batch size included); a\n"
+          " * different batch size needs another export. Arrays are dense, row-major; outputs must not\n"
+          " * overlap inputs. Returns ");
+  sb_printf(&b, "%s_OK (0), or a negative %s_ERR_* code with a message in %s_last_error().\n", N, N, e->name);
+  sb_puts(&b,
+          " * Not reentrant: the intermediates live in one static arena, so one call runs at a time.\n"
+          " * Threads: single-threaded unless the .c file is compiled with -DTG_EXPORT_THREADS (then add\n"
+          " * -pthread): each kernel's outermost loop is split across THREADS (default: the online CPUs)\n"
+          " * threads, as the library's CPU device splits it.\n"
+          " * The kernels were generated for the CPU they were exported on; compiled with the flags the\n"
+          " * library compiles kernels with, -O2 -march=native -ffp-contract=fast -fno-math-errno, the\n"
+          " * results are the library's bit for bit. Only libc and libm (-lm) are needed.\n");
+  if (e->wpath)
+    sb_printf(&b, " * Weights: call %s_load(\"<file>.safetensors\") (the file written with this export) before the\n"
+                  " * first call; %s_free() releases them.\n",
+              e->name, e->name);
+  else sb_puts(&b, " * Weights: embedded in the .c file.\n");
+  sb_puts(&b, " */\n");
+  sb_printf(&b, "#ifndef %s_EXPORT_H\n#define %s_EXPORT_H\n\n#include <stdint.h>\n#ifndef __cplusplus\n#include <stdbool.h>\n#endif\n\n", N, N);
+  sb_printf(&b, "#ifdef __cplusplus\nextern \"C\" {\n#endif\n\n");
+  sb_printf(&b, "#define %s_OK 0\n#define %s_ERR_ARG (-1)    /* a NULL argument */\n#define %s_ERR_IO (-2)     /* the weights file cannot be opened */\n"
+                "#define %s_ERR_FORMAT (-3) /* the weights file is not this export's (wrong, truncated, damaged) */\n"
+                "#define %s_ERR_MEMORY (-4) /* out of memory */\n#define %s_ERR_STATE (-5)  /* weights not loaded */\n\n",
+            N, N, N, N, N, N);
+  sb_printf(&b, "#define %s_NUM_INPUTS %d\n#define %s_NUM_OUTPUTS %d\n#define %s_NUM_KERNELS %d\n#define %s_ARENA_BYTES %zu\n#define %s_WEIGHT_BYTES %zu\n",
+            N, e->v.nin, N, e->v.nout, N, e->nkern, N, e->arena, N, e->wfile);
+  for (int pass = 0; pass < 2; pass++) {
+    int n = pass ? e->v.nout : e->v.nin;
+    for (int i = 0; i < n; i++) {
+      const JitIO *io = pass ? &e->v.out[i] : &e->v.in[i];
+      const char *P = pass ? "OUT" : "IN";
+      sb_printf(&b, "#define %s_%s%d_DTYPE \"%s\"\n#define %s_%s%d_NDIM %d\n#define %s_%s%d_SHAPE ", N, P, i, tg_dtype_name(io->dtype), N, P, i,
+                io->ndim, N, P, i);
+      fmt_dims(&b, io);
+      sb_printf(&b, "\n#define %s_%s%d_NUMEL %zu\n#define %s_%s%d_BYTES %zu\n", N, P, i, io_numel(io), N, P, i,
+                io_numel(io) * tg_dtype_itemsize(io->dtype));
+      for (int d = 0; d < io->ndim; d++) sb_printf(&b, "#define %s_%s%d_DIM%d %lld\n", N, P, i, d, (long long)io->shape[d]);
+    }
+  }
+  sb_puts(&b, "\n/* Runs the model (see above). */\n");
+  signature(&b, e);
+  sb_puts(&b, ";\n");
+  if (e->wpath) {
+    sb_printf(&b, "/* Reads and checks the weights file (its header, size and checksum must be this export's);\n"
+                  " * on success they replace any loaded before. Returns %s_OK or an error code, with a message\n"
+                  " * in %s_last_error(); a failure keeps what was loaded. */\n"
+                  "int %s_load(const char *path);\n/* Releases the loaded weights. */\nvoid %s_free(void);\n",
+              N, e->name, e->name, e->name);
+  }
+  sb_printf(&b, "/* The message of the last failure (static storage; \"\" if none). */\nconst char *%s_last_error(void);\n", e->name);
+  sb_printf(&b, "\n#ifdef __cplusplus\n}\n#endif\n#endif\n");
+  return sb_take(&b);
+}
+
+static tg_status gen_source(const Ex *e, const char *hbase, const uint8_t *w, uint64_t hash, const char *sthdr, char **out) {
+  const Capture *c = e->v.cap;
+  SB b;
+  sb_init(&b);
+  const char *N = e->NAME;
+  sb_printf(&b,
+            "/*\n * %s.c -- generated by tinygrad.c (tg_jit_export) from a TinyJit capture: %d kernel launches of %d\n"
+            " * kernels, intermediates in one %zu-byte arena (%zu bytes without reuse), %zu bytes of weights %s.\n"
+            " * The entry point and its shapes are in %s. Needs libc and libm only.\n */\n",
+            e->name, c->n, e->nkern, e->arena, e->arena_naive, e->wfile, e->wpath ? "in a safetensors file" : "embedded", hbase);
+  sb_puts(&b, "#if defined(TG_EXPORT_THREADS) && !defined(_GNU_SOURCE)\n#define _GNU_SOURCE /* sysconf(_SC_NPROCESSORS_ONLN) */\n#endif\n");
+  sb_puts(&b, "#include <errno.h>\n#include <math.h>\n#include <stdarg.h>\n#include <stdint.h>\n#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n\n");
+  sb_printf(&b, "#include \"%s\"\n\n", hbase);
+  sb_puts(&b, RUNTIME_C);
+  sb_printf(&b, "\nconst char *%s_last_error(void) { return tgx_msg; }\n", e->name);
+  /* kernels */
+  sb_puts(&b, "\n/* ---- kernels: the CPU device's sources, renamed ---- */\n");
+  for (int k = 0; k < e->nkern; k++) {
+    char fname[96];
+    snprintf(fname, sizeof fname, "tgx_k%d", k);
+    char *src = kernel_source(e->kern[k], fname);
+    if (!src) {
+      sb_free(&b);
+      return tg_set_error(TG_ERR_INVALID, "tg_jit_export: kernel %s: its entry point is not in its source", e->kern[k]->name);
+    }
+    sb_printf(&b, "\n/* %s: global size (%lld, %lld, %lld), %llu FLOPs per launch */\n", e->kern[k]->name,
+              (long long)e->kern[k]->global_size[0], (long long)e->kern[k]->global_size[1], (long long)e->kern[k]->global_size[2],
+              (unsigned long long)e->kern[k]->ops);
+    sb_puts(&b, src);
+    free(src);
+  }
+  /* weights */
+  if (e->nweights && !e->wpath) {
+    sb_printf(&b, "\n/* ---- weights: %d buffers, each at a 64-byte aligned offset ---- */\n", e->nweights);
+    sb_printf(&b, "TGX_ALIGN static const unsigned char tgx_w[%zu] = {\n", e->wbytes);
+    for (size_t i = 0; i < e->wbytes; i++) {
+      sb_printf(&b, "%u,", w[i]);
+      if (i % 32 == 31 || i + 1 == e->wbytes) sb_putc(&b, '\n');
+    }
+    sb_puts(&b, "};\n");
+  } else if (e->nweights) {
+    sb_printf(&b, "\n/* ---- weights: %d buffers read from the safetensors file by %s_load ---- */\n", e->nweights, e->name);
+    sb_printf(&b, "#define TGX_WBYTES %zu\n#define TGX_FBYTES %zu\n#define TGX_WHASH 0x%016llxULL\n", e->wbytes, e->wfile,
+              (unsigned long long)hash);
+    sb_puts(&b, "static const char tgx_hdr[] = \"");
+    for (const char *p = sthdr; *p; p++) {
+      if (*p == '"' || *p == '\\') sb_putc(&b, '\\');
+      sb_putc(&b, *p);
+    }
+    sb_puts(&b, "\";\n/* per weight: offset in memory, bytes (the file holds them back to back) */\n");
+    sb_puts(&b, "static const size_t tgx_wtab[][2] = {\n");
+    for (int k = 0; k < e->t.n; k++)
+      if (e->t.b[k].kind == B_WEIGHT) sb_printf(&b, "  {%zu, %zu},\n", e->t.b[k].off, e->t.b[k].nbytes);
+    sb_puts(&b, "};\n");
+    sb_printf(&b, LOADER_C, e->name, N);
+  }
+  if (e->arena) sb_printf(&b, "\n/* ---- intermediates: one arena, offsets planned so that buffers alive at the same time never\n * overlap ---- */\nTGX_ALIGN static unsigned char tgx_arena[%zu];\n", e->arena);
+  /* entry point */
+  sb_puts(&b, "\n/* ---- entry point ---- */\n");
+  signature(&b, e);
+  sb_puts(&b, " {\n");
+  for (int i = 0; i < e->v.nin; i++) sb_printf(&b, "  if (!in%d) return tgx_fail(%s_ERR_ARG, \"%s: in%d is NULL\");\n", i, N, e->name, i);
+  for (int o = 0; o < e->v.nout; o++) sb_printf(&b, "  if (!out%d) return tgx_fail(%s_ERR_ARG, \"%s: out%d is NULL\");\n", o, N, e->name, o);
+  if (e->nweights && e->wpath)
+    sb_printf(&b, "  if (!tgx_w) return tgx_fail(%s_ERR_STATE, \"%s: no weights loaded: call %s_load(path) first\");\n", N, e->name, e->name);
+  if (e->nweights) sb_puts(&b, "  const unsigned char *const W = tgx_w;\n");
+  if (e->arena) sb_puts(&b, "  unsigned char *const A = tgx_arena;\n");
+  for (int i = 0; i < c->n; i++) {
+    const CapItem *it = &c->items[i];
+    XBufs *t = (XBufs *)&e->t;
+    if (!it->prg) {
+      sb_printf(&b, "  memcpy(");
+      buf_expr(&b, &t->b[xb_of(t, c, it, 0)]);
+      sb_puts(&b, ", ");
+      buf_expr(&b, &t->b[xb_of(t, c, it, 1)]);
+      sb_printf(&b, ", %zu);\n", it->nbytes);
+      continue;
+    }
+    sb_puts(&b, "  {\n    void *b[] = {");
+    for (int j = 0; j < it->nbufs; j++) {
+      if (j) sb_puts(&b, ", ");
+      buf_expr(&b, &t->b[xb_of(t, c, it, j)]);
+    }
+    int64_t nt = it->code->local_size[0];
+    sb_printf(&b, "};\n    tgx_run(tgx_k%d, b, %lldLL, %d); /* %s */\n  }\n", e->item_kern[i], (long long)it->code->global_size[0],
+              nt > 0 && nt < 1 << 30 ? (int)nt : 0, it->code->name);
+  }
+  /* outputs that no item writes (constants) and the same buffer returned twice */
+  for (int o = 0; o < e->v.nout; o++) {
+    int k = xb_find((XBufs *)&e->t, e->v.out[o].buf, -1);
+    const XBuf *x = &e->t.b[k];
+    if ((x->kind == B_OUT && x->index != o) || x->kind == B_WEIGHT) {
+      sb_printf(&b, "  memcpy(out%d, ", o);
+      buf_expr(&b, x);
+      sb_printf(&b, ", %zu);\n", x->nbytes);
+    }
+  }
+  sb_printf(&b, "  return %s_OK;\n}\n", N);
+  *out = sb_take(&b);
+  return TG_OK;
+}
+
+tg_status tg_jit_export(const tg_jit *j, const char *path, const tg_jit_export_opts *opts) {
+  static const char *fn = "tg_jit_export";
+  if (!j) return tg_set_error(TG_ERR_INVALID, "%s: jit is NULL", fn);
+  if (!path || !*path) return tg_set_error(TG_ERR_INVALID, "%s: path is NULL or empty (give the .c file to write)", fn);
+  Ex e;
+  memset(&e, 0, sizeof e);
+  e.name = opts && opts->name ? opts->name : "model";
+  e.wpath = opts && opts->weights_path && *opts->weights_path ? opts->weights_path : NULL;
+  if (!is_ident(e.name) || !strncmp(e.name, "tgx_", 4))
+    return tg_set_error(TG_ERR_INVALID, "%s: name \"%s\" is not a C identifier of at most 47 characters (and not tgx_...)", fn, e.name);
+  upper(e.NAME, e.name, sizeof e.NAME);
+  jit_view(j, &e.v);
+  if (e.v.calls < 2) {
+    return tg_set_error(TG_ERR_INVALID,
+                        "%s: the jit has not captured anything yet (%d call%s); call it twice (the second call captures) "
+                        "before exporting",
+                        fn, e.v.calls, e.v.calls == 1 ? "" : "s");
+  }
+  if (!e.v.cap->n) {
+    free(e.v.in), free(e.v.out);
+    return tg_set_error(TG_ERR_INVALID, "%s: the jit captured no kernel: there is nothing to export", fn);
+  }
+  /* the header's path: path with .c replaced (or .h appended), its name as the .c includes it */
+  size_t pl = strlen(path);
+  char *hpath = tg_xmalloc(pl + 3);
+  if (pl > 2 && !strcmp(path + pl - 2, ".c")) snprintf(hpath, pl + 3, "%.*s.h", (int)(pl - 2), path);
+  else snprintf(hpath, pl + 3, "%s.h", path);
+  const char *hbase = strrchr(hpath, '/') ? strrchr(hpath, '/') + 1 : hpath;
+  uint8_t *w = NULL;
+  char *sthdr = NULL, *src = NULL, *hdr = NULL;
+  tg_status st = classify(&e);
+  if (st == TG_OK && !e.wpath && e.wbytes > EMBED_MAX)
+    st = tg_set_error(TG_ERR_INVALID,
+                      "%s: %zu bytes of weights are too many to embed in a C source (at most %zu); set weights_path to "
+                      "keep them in a safetensors file",
+                      fn, e.wbytes, EMBED_MAX);
+  if (st == TG_OK) st = weights_bytes(&e, &w);
+  uint64_t hash = w ? weights_hash(&e, w) : 0;
+  if (st == TG_OK && e.wpath) sthdr = st_header(&e, hash);
+  if (st == TG_OK) st = gen_source(&e, hbase, w, hash, sthdr, &src);
+  if (st == TG_OK) hdr = gen_header(&e, hbase);
+  if (st == TG_OK) st = write_text(fn, path, src, strlen(src));
+  if (st == TG_OK && (st = write_text(fn, hpath, hdr, strlen(hdr))) != TG_OK) remove(path);
+  if (st == TG_OK && e.wpath && (st = write_weights_file(&e, w, sthdr)) != TG_OK) remove(path), remove(hpath);
+  free(w), free(sthdr), free(src), free(hdr), free(hpath);
+  free(e.t.b), free(e.kern), free(e.item_kern);
+  free(e.v.in), free(e.v.out);
+  return st;
+}
