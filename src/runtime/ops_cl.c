@@ -191,6 +191,7 @@ typedef struct {
 typedef struct {
   cl_program prg;
   cl_kernel kernel;
+  atomic_bool launched; /* its first launch has completed (PoCL compiled it for the launch sizes) */
 } ClProgram;
 
 static char *dev_str(cl_device_id d, cl_uint what) {
@@ -300,6 +301,7 @@ static void *cl_open(int index) {
 static void cl_close(void *state) {
   ClState *s = state;
   if (!s) return;
+  g_cl.clFinish(s->queue);
   g_cl.clReleaseCommandQueue(s->queue);
   g_cl.clReleaseContext(s->ctx);
   pthread_mutex_destroy(&s->lock);
@@ -548,6 +550,7 @@ static void *cl_load(void *state, const char *fname, const uint8_t *lib, size_t 
   ClProgram *p = tg_xmalloc(sizeof *p);
   p->prg = prg;
   p->kernel = k;
+  atomic_init(&p->launched, false);
   return p;
 }
 
@@ -585,6 +588,13 @@ static double cl_exec(void *state, void *prg, void **bufs, int nbufs, const int6
   }
   if (err == CL_SUCCESS)
     err = g_cl.clEnqueueNDRangeKernel(s->queue, p->kernel, 3, NULL, gs, have_local ? ls : NULL, 0, NULL, wait ? &ev : NULL);
+  /* PoCL compiles a kernel for its launch sizes on a worker thread after the first enqueue returns;
+   * a process that exits while that compile runs has LLVM's lazily created statics destroyed under
+   * it (a crash in libLLVM at exit). The first launch of each program therefore waits. */
+  if (err == CL_SUCCESS && !wait && !atomic_load(&p->launched)) {
+    err = g_cl.clFinish(s->queue);
+    if (err == CL_SUCCESS) atomic_store(&p->launched, true);
+  }
   pthread_mutex_unlock(&s->lock);
   if (err != CL_SUCCESS) {
     tg_set_error(TG_ERR_RUNTIME, "CL: launch on CL:%d failed: %s (%d); global %zux%zux%zu local %s%zux%zux%zu", s->index,
