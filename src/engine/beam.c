@@ -82,6 +82,31 @@ static char *beam_dir(void) {
 }
 
 
+/* Reads the first line of the cached choice for key hash h (file <dir>/<h><ext>); path gets the
+ * file's name either way so a fresh choice can be stored there. */
+static bool cache_read(const char *dir, uint64_t h, const char *ext, char *path, size_t psz, char *line, int lsz) {
+  snprintf(path, psz, "%s/%016llx%s", dir, (unsigned long long)h, ext);
+  FILE *f = fopen(path, "r");
+  if (!f) return false;
+  bool got = fgets(line, lsz, f) != NULL;
+  fclose(f);
+  return got;
+}
+
+/* Writes through a per-process temporary file and renames it, so concurrent searches never leave
+ * a half-written choice behind. */
+static void cache_write(const char *path, const char *line) {
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+  FILE *f = fopen(tmp, "w");
+  if (f) {
+    fprintf(f, "%s\n", line);
+    if (fclose(f) == 0) rename(tmp, path);
+    else unlink(tmp);
+  }
+}
+
+
 static PtrMap mem_cache; /* key hash -> OptCfg* */
 static pthread_mutex_t mem_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -130,6 +155,41 @@ static double time_one(Bench *b, Cand *c, double best) {
     }
   }
   return t;
+}
+
+/* Benchmark setup: the real inputs, a scratch output initialised like the real one (orig keeps the
+ * output's contents). Returns false when the scratch cannot be made or read. */
+static bool bench_init(Bench *b, unsigned char **orig, UOp *ast, Device *dev, Buffer **bufs, int nbufs) {
+  *b = (Bench){0};
+  b->nbufs = nbufs;
+  b->bufs = tg_xmalloc(sizeof(void *) * (size_t)nbufs);
+  b->nbytes = bufs[0]->nbytes;
+  b->odt = (tg_dtype)ast->src[0]->dtype;
+  b->scratch = buffer_new(dev, b->nbytes);
+  *orig = tg_xmalloc(b->nbytes + 1);
+  b->ref = tg_xmalloc(b->nbytes + 1);
+  b->got = tg_xmalloc(b->nbytes + 1);
+  bool ok = b->scratch && buffer_copyout(bufs[0], *orig, b->nbytes) == TG_OK;
+  b->orig = *orig;
+  for (int i = 0; i < nbufs; i++) b->bufs[i] = bufs[i]->ptr;
+  if (ok) b->bufs[0] = b->scratch->ptr;
+  return ok;
+}
+
+/* Times the reference (unoptimized) candidate without checking it, and keeps its output as the
+ * one every other candidate must match. */
+static bool bench_ref(Bench *b, Cand *ref, Device *dev) {
+  compile_all(ref, 1, dev);
+  unsigned char *keep = b->ref;
+  b->ref = NULL;
+  ref->t = time_one(b, ref, INFINITY);
+  b->ref = keep;
+  return isfinite(ref->t) && buffer_copyout(b->scratch, b->ref, b->nbytes) == TG_OK;
+}
+
+static void bench_free(Bench *b, unsigned char *orig) {
+  if (b->scratch) buffer_unref(b->scratch);
+  free(orig), free(b->ref), free(b->got), free(b->bufs);
 }
 
 static int cand_cmp(const void *x, const void *y) {
@@ -224,22 +284,16 @@ bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptC
   }
   char *dir = beam_dir();
   char path[4096] = {0};
-  if (dir) {
-    snprintf(path, sizeof path, "%s/%016llx.txt", dir, (unsigned long long)h);
-    FILE *f = fopen(path, "r");
-    char line[256];
-    if (f && fgets(line, sizeof line, f) && optcfg_parse(line, out)) {
-      fclose(f);
-      free(dir);
-      kernel_code_free(base);
-      pthread_mutex_lock(&mem_lock);
-      OptCfg *c = tg_xmalloc(sizeof *c);
-      *c = *out;
-      pm_put(&mem_cache, h, c);
-      pthread_mutex_unlock(&mem_lock);
-      return true;
-    }
-    if (f) fclose(f);
+  char line[256];
+  if (dir && cache_read(dir, h, ".txt", path, sizeof path, line, sizeof line) && optcfg_parse(line, out)) {
+    free(dir);
+    kernel_code_free(base);
+    pthread_mutex_lock(&mem_lock);
+    OptCfg *c = tg_xmalloc(sizeof *c);
+    *c = *out;
+    pm_put(&mem_cache, h, c);
+    pthread_mutex_unlock(&mem_lock);
+    return true;
   }
   double t0 = now_seconds();
   int64_t gs[64], rs[64];
@@ -249,29 +303,12 @@ bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptC
   int nr = kernel_reduce_sizes(ast, rs, 64);
   if (nr > 64) nr = 64;
   /* benchmark setup: real inputs, a scratch output initialised like the real one */
-  Bench b = {0};
-  b.nbufs = nbufs;
-  b.bufs = tg_xmalloc(sizeof(void *) * (size_t)nbufs);
-  b.nbytes = bufs[0]->nbytes;
-  b.odt = (tg_dtype)ast->src[0]->dtype;
-  b.scratch = buffer_new(dev, b.nbytes);
-  unsigned char *orig = tg_xmalloc(b.nbytes + 1);
-  b.ref = tg_xmalloc(b.nbytes + 1);
-  b.got = tg_xmalloc(b.nbytes + 1);
-  bool ok = b.scratch && buffer_copyout(bufs[0], orig, b.nbytes) == TG_OK;
-  b.orig = orig;
-  for (int i = 0; i < nbufs; i++) b.bufs[i] = bufs[i]->ptr;
-  if (ok) b.bufs[0] = b.scratch->ptr;
+  Bench b;
+  unsigned char *orig;
+  bool ok = bench_init(&b, &orig, ast, dev, bufs, nbufs);
   /* reference output from the unoptimized kernel */
   Cand ref = {none, base, NULL, INFINITY};
-  if (ok) {
-    compile_all(&ref, 1, dev);
-    unsigned char *keep = b.ref;
-    b.ref = NULL;
-    ref.t = time_one(&b, &ref, INFINITY);
-    b.ref = keep;
-    ok = isfinite(ref.t) && buffer_copyout(b.scratch, b.ref, b.nbytes) == TG_OK;
-  }
+  if (ok) ok = bench_ref(&b, &ref, dev);
   OptCfg best = none;
   double best_t = ref.t;
   Cand *front = tg_xmalloc(sizeof(Cand) * (size_t)(beam + 2));
@@ -322,8 +359,7 @@ bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptC
   }
   free(front);
   program_release(ref.prg);
-  if (b.scratch) buffer_unref(b.scratch);
-  free(orig), free(b.ref), free(b.got), free(b.bufs);
+  bench_free(&b, orig);
   kernel_code_free(base);
   if (!ok) {
     free(dir);
@@ -336,16 +372,8 @@ bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptC
   pm_put(&mem_cache, h, c);
   pthread_mutex_unlock(&mem_lock);
   if (dir) {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (f) {
-      char line[160];
-      optcfg_format(&best, line, sizeof line);
-      fprintf(f, "%s\n", line);
-      if (fclose(f) == 0) rename(tmp, path);
-      else unlink(tmp);
-    }
+    optcfg_format(&best, line, 160);
+    cache_write(path, line);
     free(dir);
   }
   return true;
@@ -410,20 +438,14 @@ bool beam_search_gpu(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, 
   sb_free(&key);
   char *dir = beam_dir();
   char path[4096] = {0};
-  if (dir) {
-    snprintf(path, sizeof path, "%s/%016llx.opts", dir, (unsigned long long)h);
-    FILE *f = fopen(path, "r");
-    char line[512];
-    if (f && fgets(line, sizeof line, f)) {
-      line[strcspn(line, "\n")] = 0;
-      if (optlist_parse(line, out)) {
-        fclose(f);
-        free(dir);
-        kernel_code_free(base);
-        return true;
-      }
+  char line[512];
+  if (dir && cache_read(dir, h, ".opts", path, sizeof path, line, sizeof line)) {
+    line[strcspn(line, "\n")] = 0;
+    if (optlist_parse(line, out)) {
+      free(dir);
+      kernel_code_free(base);
+      return true;
     }
-    if (f) fclose(f);
   }
   /* loop sizes of the kernel as lowered for the GPU (no actions) */
   int64_t gs[64], rs[64];
@@ -432,28 +454,11 @@ bool beam_search_gpu(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, 
   for (int i = 0; i < ng; i++) gs[i] = lk->granges[i]->iarg[0];
   for (int i = 0; i < nr; i++) rs[i] = lk->rranges[i]->iarg[0];
   lkernel_free(lk);
-  Bench b = {0};
-  b.nbufs = nbufs;
-  b.bufs = tg_xmalloc(sizeof(void *) * (size_t)nbufs);
-  b.nbytes = bufs[0]->nbytes;
-  b.odt = (tg_dtype)ast->src[0]->dtype;
-  b.scratch = buffer_new(dev, b.nbytes);
-  unsigned char *orig = tg_xmalloc(b.nbytes + 1);
-  b.ref = tg_xmalloc(b.nbytes + 1);
-  b.got = tg_xmalloc(b.nbytes + 1);
-  bool ok = b.scratch && buffer_copyout(bufs[0], orig, b.nbytes) == TG_OK;
-  b.orig = orig;
-  for (int i = 0; i < nbufs; i++) b.bufs[i] = bufs[i]->ptr;
-  if (ok) b.bufs[0] = b.scratch->ptr;
+  Bench b;
+  unsigned char *orig;
+  bool ok = bench_init(&b, &orig, ast, dev, bufs, nbufs);
   Cand ref = {OPTCFG_NONE, base, NULL, INFINITY};
-  if (ok) {
-    compile_all(&ref, 1, dev);
-    unsigned char *keep = b.ref;
-    b.ref = NULL;
-    ref.t = time_one(&b, &ref, INFINITY);
-    b.ref = keep;
-    ok = isfinite(ref.t) && buffer_copyout(b.scratch, b.ref, b.nbytes) == TG_OK;
-  }
+  if (ok) ok = bench_ref(&b, &ref, dev);
   OptList best = none;
   double best_t = ref.t;
   GCand *front = tg_xmalloc(sizeof(GCand) * (size_t)(beam + 1));
@@ -495,8 +500,7 @@ bool beam_search_gpu(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, 
     if (nfront == 0 || (round >= 1 && best_t >= prev)) break;
   }
   free(front);
-  if (b.scratch) buffer_unref(b.scratch);
-  free(orig), free(b.ref), free(b.got), free(b.bufs);
+  bench_free(&b, orig);
   kernel_code_free(base);
   if (!ok) {
     free(dir);
@@ -505,15 +509,8 @@ bool beam_search_gpu(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, 
   }
   *out = best;
   if (dir) {
-    char tmp[4200], line[256];
-    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (f) {
-      optlist_format(&best, line, sizeof line);
-      fprintf(f, "%s\n", line);
-      if (fclose(f) == 0) rename(tmp, path);
-      else unlink(tmp);
-    }
+    optlist_format(&best, line, 256);
+    cache_write(path, line);
     free(dir);
   }
   return true;

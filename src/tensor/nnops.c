@@ -1075,37 +1075,30 @@ static tg_tensor avg_pool_impl(const char *fn, tg_tensor x, UOp *a, const PoolAr
   return done(o, r);
 }
 
-tg_tensor tg_max_pool2d(tg_tensor x, const tg_pool2d_opts *opts) {
-  const char *fn = "tg_max_pool2d";
+/* The four pooling entry points: parse the 2-D or N-D options, then run the max or average pool. */
+static tg_tensor pool_entry(const char *fn, tg_tensor x, bool nd, const tg_pool2d_opts *o2, int nk, const tg_window_opts *ond,
+                            bool is_max) {
   UOp *a = t_get(x, fn);
   PoolArgs p;
-  if (!a || !pool_args(fn, a, opts, &p)) return NONE;
-  return max_pool_impl(fn, x, a, &p);
+  if (!a || !(nd ? pool_args_nd(fn, a, nk, ond, &p) : pool_args(fn, a, o2, &p))) return NONE;
+  if (nd && is_max && p.exclude_pad) return fail("%s: exclude_pad is an avg_pool option", fn);
+  return is_max ? max_pool_impl(fn, x, a, &p) : avg_pool_impl(fn, x, a, &p);
+}
+
+tg_tensor tg_max_pool2d(tg_tensor x, const tg_pool2d_opts *opts) {
+  return pool_entry("tg_max_pool2d", x, false, opts, 0, NULL, true);
 }
 
 tg_tensor tg_avg_pool2d(tg_tensor x, const tg_pool2d_opts *opts) {
-  const char *fn = "tg_avg_pool2d";
-  UOp *a = t_get(x, fn);
-  PoolArgs p;
-  if (!a || !pool_args(fn, a, opts, &p)) return NONE;
-  return avg_pool_impl(fn, x, a, &p);
+  return pool_entry("tg_avg_pool2d", x, false, opts, 0, NULL, false);
 }
 
 tg_tensor tg_max_pool_nd(tg_tensor x, int nk, const tg_window_opts *opts) {
-  const char *fn = "tg_max_pool_nd";
-  UOp *a = t_get(x, fn);
-  PoolArgs p;
-  if (!a || !pool_args_nd(fn, a, nk, opts, &p)) return NONE;
-  if (p.exclude_pad) return fail("%s: exclude_pad is an avg_pool option", fn);
-  return max_pool_impl(fn, x, a, &p);
+  return pool_entry("tg_max_pool_nd", x, true, NULL, nk, opts, true);
 }
 
 tg_tensor tg_avg_pool_nd(tg_tensor x, int nk, const tg_window_opts *opts) {
-  const char *fn = "tg_avg_pool_nd";
-  UOp *a = t_get(x, fn);
-  PoolArgs p;
-  if (!a || !pool_args_nd(fn, a, nk, opts, &p)) return NONE;
-  return avg_pool_impl(fn, x, a, &p);
+  return pool_entry("tg_avg_pool_nd", x, true, NULL, nk, opts, false);
 }
 
 /* Is u (through movement ops) data that is already in memory or will be materialized anyway? */
