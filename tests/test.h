@@ -146,6 +146,23 @@ static inline const char *tpath(const char *name) {
   snprintf(p, 512, "%s/%s", tmpdir(), name);
   return p;
 }
+/* The whole file at path (malloc'd, *n bytes, followed by a NUL so text can be searched), or NULL
+ * if it cannot be opened. */
+static inline void *tt_read_file(const char *path, size_t *n) {
+  *n = 0;
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long len = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *b = malloc(len > 0 ? (size_t)len + 1 : 1);
+  if (b) {
+    *n = len > 0 ? fread(b, 1, (size_t)len, f) : 0;
+    b[*n] = '\0';
+  }
+  fclose(f);
+  return b;
+}
 static inline void tmpdir_remove(void) {
   char *d = tt_dir_buf(), cmd[600];
   if (!d[0]) return;

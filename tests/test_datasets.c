@@ -39,17 +39,6 @@ static void write_file(const char *path, const void *data, size_t n, bool gz) {
   }
 }
 
-static uint8_t *read_file(const char *path, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long len = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  uint8_t *b = malloc((size_t)len + 1);
-  *n = fread(b, 1, (size_t)len, f);
-  fclose(f);
-  return b;
-}
 
 /* An IDX image: header + big-endian elements (host values in `vals`, itemsize isz). */
 static size_t make_idx(uint8_t *out, uint8_t type, int ndim, const uint32_t *dims, const void *vals,
@@ -204,7 +193,7 @@ TEST(idx_every_truncation_and_trailing_data) {
   /* a truncated gzip stream (the compressed bytes themselves cut short) */
   write_file(tpath("whole.gz"), file, n, true);
   size_t zn = 0;
-  uint8_t *z = read_file(tpath("whole.gz"), &zn);
+  uint8_t *z = tt_read_file(tpath("whole.gz"), &zn);
   if (!z) {
     CHECK(z != NULL);
     return;
@@ -287,7 +276,7 @@ TEST(idx_gzip_members_trailing_garbage_and_bombs) {
   write_file(p, file, 5, true);
   write_file(tpath("second.gz"), file + 5, n - 5, true);
   size_t zn = 0;
-  uint8_t *z = read_file(tpath("second.gz"), &zn);
+  uint8_t *z = tt_read_file(tpath("second.gz"), &zn);
   CHECK(z != NULL);
   if (!z) return;
   append_file(p, z, zn);

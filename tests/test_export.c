@@ -42,18 +42,6 @@ static bool write_file(const char *path, const void *p, size_t n) {
   return fclose(f) == 0 && ok;
 }
 
-static void *read_all(const char *path, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long len = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *p = malloc(len > 0 ? (size_t)len + 1 : 1);
-  *n = len > 0 ? fread(p, 1, (size_t)len, f) : 0;
-  p[*n] = '\0'; /* the callers search the text */
-  fclose(f);
-  return p;
-}
 
 /* A driver for an exported entry point: reads in<i>.bin, calls it twice (the second call must give
  * the same bytes: the arena is reused), writes out<i>.bin. With a weights file it loads it first;
@@ -103,7 +91,7 @@ static void write_driver(const char *path, const char *name, const char *const *
 /* Compares the file the exported program wrote with the library's output, byte for byte. */
 static bool same_bytes(const char *path, tg_tensor t, const char *what) {
   size_t n = 0, want = (size_t)tg_numel(t) * tg_dtype_itemsize(tg_dtype_of(t));
-  void *got = read_all(path, &n);
+  void *got = tt_read_file(path, &n);
   void *ref = malloc(want + 1);
   bool ok = got && tg_data(t, ref, want) == TG_OK && n == want && !memcmp(got, ref, want);
   if (!ok) {
@@ -138,10 +126,10 @@ static void export_compile_run(tg_jit *j, const Case *c, const char *dir, const 
   tg_clear_error();
   /* the header and source say what they are */
   size_t n = 0;
-  char *h = read_all(hdr, &n);
+  char *h = tt_read_file(hdr, &n);
   CHECK(h && strstr(h, "Fixed shapes") && strstr(h, "_IN0_SHAPE") && strstr(h, "TG_EXPORT_THREADS"));
   free(h);
-  char *s = read_all(src, &n);
+  char *s = tt_read_file(src, &n);
   CHECK(s && !strstr(s, "tinygrad.h") && !strstr(s, "dlopen"));
   free(s);
   for (int k = 0; k < c->nin; k++) {
@@ -313,7 +301,7 @@ TEST(export_weights_file) {
   tg_scope_end();
   tg_clear_error();
   size_t n = 0;
-  unsigned char *good = read_all(w, &n);
+  unsigned char *good = tt_read_file(w, &n);
   CHECK(good && n > 1000);
   if (!good) return;
   struct {
@@ -348,21 +336,21 @@ TEST(export_weights_file) {
     const char *prog = b ? "prog-asan" : "prog-gcc";
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
       CHECK(sh("cd '%s' && ./%s load %s > load.txt", dir, prog, bad[i].file) == 0);
-      char *got = read_all(log, &n);
+      char *got = tt_read_file(log, &n);
       CHECK_MSG(got && !strncmp(got, "-3 cnn_load: ", 13) && strstr(got, bad[i].needle), "%s: %s", bad[i].file, got ? got : "(none)");
       free(got);
     }
     /* the MLP's weights, a missing file */
     CHECK(sh("cd '%s' && ./%s load '%s' > load.txt", dir, prog, other) == 0);
-    char *got = read_all(log, &n);
+    char *got = tt_read_file(log, &n);
     CHECK_MSG(got && !strncmp(got, "-3 ", 3) && strstr(got, "not this model's"), "%s", got ? got : "(none)");
     free(got);
     CHECK(sh("cd '%s' && ./%s load no-such-file > load.txt", dir, prog) == 0);
-    got = read_all(log, &n);
+    got = tt_read_file(log, &n);
     CHECK_MSG(got && !strncmp(got, "-2 ", 3) && strstr(got, "cannot open no-such-file"), "%s", got ? got : "(none)");
     free(got);
     CHECK(sh("cd '%s' && ./%s load cnn.safetensors > load.txt", dir, prog) == 0);
-    got = read_all(log, &n);
+    got = tt_read_file(log, &n);
     CHECK_MSG(got && !strncmp(got, "0 ", 2), "%s", got ? got : "(none)");
     free(got);
   }

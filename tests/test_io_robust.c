@@ -373,18 +373,6 @@ TEST(safe_save_removes_temps_of_dead_processes) {
 
 /* ---- files that change while they are loaded ---- */
 
-/* The whole file (malloc'd, *n bytes) or NULL. */
-static uint8_t *slurp(const char *path, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long len = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  uint8_t *b = malloc(len > 0 ? (size_t)len : 1);
-  *n = b ? fread(b, 1, (size_t)len, f) : 0;
-  fclose(f);
-  return b;
-}
 
 static void write_bytes(const char *path, const void *b, size_t n) {
   FILE *f = fopen(path, "wb");
@@ -436,7 +424,7 @@ static bool make_samples(void) {
                            {"fuzz_torch_load/small.zip.pt", "changing.pt"}};
   for (int i = 0; i < 3 && ok; i++) {
     size_t n = 0;
-    uint8_t *b = slurp(corpus(src[i][0]), &n);
+    uint8_t *b = tt_read_file(corpus(src[i][0]), &n);
     ok = b && n > 0;
     CHECK_MSG(ok, "cannot read %s", corpus(src[i][0]));
     if (ok) write_bytes(tpath(src[i][1]), b, n);
@@ -453,7 +441,7 @@ TEST(file_truncated_during_load) {
     char path[600];
     snprintf(path, sizeof path, "%s", tpath(l->file));
     size_t n = 0;
-    uint8_t *orig = slurp(path, &n);
+    uint8_t *orig = tt_read_file(path, &n);
     CHECK(orig != NULL);
     if (!orig) continue;
     tg_state_dict *sd = l->fn(path); /* unchanged: loads */
@@ -520,7 +508,7 @@ TEST(copying_loaders_survive_concurrent_rewrites) {
     char path[600];
     snprintf(path, sizeof path, "%s", tpath(l->file));
     size_t n = 0;
-    uint8_t *orig = slurp(path, &n);
+    uint8_t *orig = tt_read_file(path, &n);
     CHECK(orig != NULL);
     if (!orig) continue;
     pid_t parent = getpid(), pid = fork();
@@ -559,7 +547,7 @@ TEST(mmap_documented_limits) {
   if (!make_samples()) return;
   const char *path = tpath("changing.safetensors");
   size_t n = 0;
-  uint8_t *orig = slurp(path, &n);
+  uint8_t *orig = tt_read_file(path, &n);
   CHECK(orig != NULL);
   if (!orig) return;
   /* a same-size rewrite in place shows through a tensor that wraps the mapping */

@@ -775,17 +775,6 @@ static bool prog_computes(Program *p, int k) {
   return true;
 }
 
-static uint8_t *slurp(const char *path, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long len = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  uint8_t *b = malloc(len > 0 ? (size_t)len : 1);
-  *n = b && len > 0 ? fread(b, 1, (size_t)len, f) : 0;
-  fclose(f);
-  return b;
-}
 
 static bool spill(const char *path, const void *p, size_t n) {
   FILE *f = fopen(path, "wb");
@@ -809,7 +798,7 @@ static bool entry_of(const char *src, char *path, size_t cap) {
  * payload: a complete, valid-looking entry whose binary is not this kernel's. */
 static bool forge_payload(const char *path, const uint8_t *payload, size_t plen) {
   size_t n = 0;
-  uint8_t *e = slurp(path, &n);
+  uint8_t *e = tt_read_file(path, &n);
   if (!e || n < 32) {
     free(e);
     return false;
@@ -840,7 +829,7 @@ TEST(disk_cache_entry_of_another_kernel) {
   times_src(b, sizeof b, "timesk", 5, "key-b");
   CHECK(entry_of(b, eb, sizeof eb));
   size_t nb = 0;
-  uint8_t *bytes_b = slurp(eb, &nb);
+  uint8_t *bytes_b = tt_read_file(eb, &nb);
   CHECK(entry_of(a, ea, sizeof ea));
   CHECK(strcmp(ea, eb) != 0);
   CHECK(bytes_b && spill(ea, bytes_b, nb)); /* b's complete entry now sits under a's name */
@@ -852,7 +841,7 @@ TEST(disk_cache_entry_of_another_kernel) {
   free(lib);
   /* rebuilt in place: the next read is a hit on a's own entry */
   size_t n1 = 0;
-  uint8_t *rebuilt = slurp(ea, &n1);
+  uint8_t *rebuilt = tt_read_file(ea, &n1);
   CHECK(rebuilt && n1 > 0);
   ino_t ino = inode_of(ea);
   CHECK(cpu_device_vt.compile(st, a, &lib, &len) == TG_OK);
