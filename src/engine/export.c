@@ -23,6 +23,8 @@
 #define ALIGN 64
 #define EMBED_MAX ((size_t)256 << 20) /* above this the weights go to a file: compilers choke on it */
 
+/* arenas from this size up get huge-page advice (the library's allocator: blocks from 8 MiB) */
+#define HUGE_ARENA ((size_t)8 << 20)
 static size_t align_up(size_t n) { return (n + ALIGN - 1) & ~(size_t)(ALIGN - 1); }
 
 /* FNV-1a: the generated loader computes the same sum with a few lines of C. */
@@ -694,7 +696,12 @@ static tg_status gen_source(const Ex *e, const char *hbase, const uint8_t *w, ui
             " * The entry point and its shapes are in %s. Needs libc and libm only.\n */\n",
             e->name, c->n, e->nkern, e->arena, e->arena_naive, e->wfile, e->wpath ? "in a safetensors file" : "embedded", hbase);
   sb_puts(&b, "#if defined(TG_EXPORT_THREADS) && !defined(_GNU_SOURCE)\n#define _GNU_SOURCE /* sysconf(_SC_NPROCESSORS_ONLN) */\n#endif\n");
-  sb_puts(&b, "#include <errno.h>\n#include <math.h>\n#include <stdarg.h>\n#include <stdint.h>\n#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n\n");
+  if (e->arena >= HUGE_ARENA)
+    sb_puts(&b, "#if defined(__linux__) && !defined(TG_EXPORT_NO_HUGEPAGES) && !defined(_DEFAULT_SOURCE)\n"
+                "#define _DEFAULT_SOURCE /* madvise */\n#endif\n");
+  sb_puts(&b, "#include <errno.h>\n#include <math.h>\n#include <stdarg.h>\n#include <stdint.h>\n#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n");
+  if (e->arena >= HUGE_ARENA) sb_puts(&b, "#if defined(__linux__) && !defined(TG_EXPORT_NO_HUGEPAGES)\n#include <sys/mman.h>\n#endif\n");
+  sb_puts(&b, "\n");
   sb_printf(&b, "#include \"%s\"\n\n", hbase);
   sb_puts(&b, RUNTIME_C);
   sb_printf(&b, "\nconst char *%s_last_error(void) { return tgx_msg; }\n", e->name);
@@ -740,6 +747,20 @@ static tg_status gen_source(const Ex *e, const char *hbase, const uint8_t *w, ui
     sb_printf(&b, LOADER_C, e->name, N);
   }
   if (e->arena) sb_printf(&b, "\n/* ---- intermediates: one arena, offsets planned so that buffers alive at the same time never\n * overlap ---- */\nTGX_ALIGN static unsigned char tgx_arena[%zu];\n", e->arena);
+  if (e->arena >= HUGE_ARENA)
+    sb_puts(&b, "/* Linux: transparent huge pages over the arena, as the library's allocator asks for its large\n"
+                " * blocks; with 4 KiB pages a kernel that walks a large intermediate misses the TLB every page.\n"
+                " * Advice only: -DTG_EXPORT_NO_HUGEPAGES leaves it out. */\n"
+                "static void tgx_arena_init(void) {\n"
+                "#if defined(__linux__) && defined(MADV_HUGEPAGE) && !defined(TG_EXPORT_NO_HUGEPAGES)\n"
+                "  static int done;\n"
+                "  if (done) return;\n"
+                "  done = 1;\n"
+                "  const uintptr_t h = (uintptr_t)2 << 20, p = (uintptr_t)tgx_arena;\n"
+                "  const uintptr_t lo = (p + h - 1) & ~(h - 1), hi = (p + sizeof tgx_arena) & ~(h - 1);\n"
+                "  if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);\n"
+                "#endif\n"
+                "}\n");
   /* entry point */
   sb_puts(&b, "\n/* ---- entry point ---- */\n");
   signature(&b, e);
@@ -749,6 +770,7 @@ static tg_status gen_source(const Ex *e, const char *hbase, const uint8_t *w, ui
   if (e->nweights && e->wpath)
     sb_printf(&b, "  if (!tgx_w) return tgx_fail(%s_ERR_STATE, \"%s: no weights loaded: call %s_load(path) first\");\n", N, e->name, e->name);
   if (e->nweights) sb_puts(&b, "  const unsigned char *const W = tgx_w;\n");
+  if (e->arena >= HUGE_ARENA) sb_puts(&b, "  tgx_arena_init();\n");
   if (e->arena) sb_puts(&b, "  unsigned char *const A = tgx_arena;\n");
   for (int i = 0; i < c->n; i++) {
     const CapItem *it = &c->items[i];
