@@ -1,0 +1,840 @@
+/*
+ * viz.c -- VIZ=1 / VIZ=-1 / PROFILE=1 (see viz.h): records schedules, kernels, runs and memory while
+ * the process runs; at exit writes the page (index.html, viz.js, viz.css, data.js) to a directory or
+ * serves it on a loopback port, and writes the Chrome trace-event file.
+ *
+ * In: the engine's hooks (viz_schedule / viz_run / viz_copy) and the runtime's buffer_mem_hook.
+ * Out: the page's data as JSON (data.js), graphs laid out by Graphviz's `dot` (run when the page is
+ *      made; a page made without it says so and shows the DOT text), the trace JSON.
+ * Invariants: every record is plain data copied out of the engine's structures (no references to
+ *      nodes, kernels or buffers are kept), under one lock; with viz_on == 0 no function here runs.
+ */
+#include "viz.h"
+#include "viz_serve.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int viz_on;
+static int viz_mode;     /* VIZ: 1 serve, -1 write only, 0 off */
+static bool profile_on;
+static double t_origin;  /* now_seconds() at load: time 0 of the timeline and the trace */
+static pthread_mutex_t vlock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Limits that keep a long training run's record (and page) bounded; what is left out is counted. */
+#define MAX_RUNS 2000000      /* runs recorded (the trace gets them all) */
+#define MAX_PAGE_RUNS 50000   /* runs on the page's timeline */
+#define MAX_MEM 2000000       /* memory events */
+#define MAX_PAGE_MEM 50000
+#define MAX_NODES 4000        /* tensor-graph nodes recorded per schedule */
+#define MAX_SCHEDULES 20000   /* schedules recorded (graphs: the first MAX_GRAPHS distinct ones are laid out) */
+#define MAX_GRAPHS 200
+#define MAX_LAYOUT_NODES 1500 /* larger graphs are not given to dot (it takes minutes on them) */
+#define MAX_KERNELS 4096
+
+typedef struct {
+  char *name, *dev, *src, *opts, *ast, *asm_text;
+  uint64_t ops, hash;
+  int64_t gs[3], ls[3];
+  int nparams, devid, lang;
+  int nruns;
+  double tsum;
+} VKernel;
+
+typedef struct {
+  int kernel; /* index into kernels, or -1 for a copy */
+  int sched, item, dev, srcdev;
+  double start, dur;
+  uint64_t ops, mem;
+} VRun;
+
+typedef struct {
+  double t;
+  int dev;
+  int64_t bytes;
+} VMem;
+
+typedef struct {
+  char *label;
+  int op, owner; /* owner: the item computing it, -1 none (an input, or not in any kernel) */
+} VNode;
+
+typedef struct {
+  int id, nitems, ntargets;
+  double t;
+  int *item_kernel; /* per item: kernel index, -1 copy, -2 not run */
+  VNode *nodes;
+  int nnodes;
+  int (*edges)[2]; /* (src, dst) node indices */
+  int nedges;
+  bool truncated;
+  int ncopies;
+} VSched;
+
+static VKernel *kernels;
+static int nkernels;
+static PtrMap kernel_by_hash;
+static VRun *runs;
+static int nruns, capruns;
+static long runs_dropped;
+static VMem *mems;
+static int nmems, capmems;
+static long mems_dropped;
+static int64_t *dev_bytes; /* per device id: bytes in use now */
+static int ndev_bytes;
+static VSched *scheds;
+static int nscheds, capscheds;
+static long scheds_dropped;
+static int cur_sched = -1;
+
+static double rel_now(void) { return now_seconds() - t_origin; }
+
+/* ---- recording --------------------------------------------------------------------------------- */
+
+static void mem_hook(const Device *dev, int64_t delta) {
+  pthread_mutex_lock(&vlock);
+  if (dev->id >= ndev_bytes) {
+    int n = dev->id + 8;
+    dev_bytes = tg_xrealloc(dev_bytes, sizeof(int64_t) * (size_t)n);
+    for (int i = ndev_bytes; i < n; i++) dev_bytes[i] = 0;
+    ndev_bytes = n;
+  }
+  dev_bytes[dev->id] += delta;
+  if (nmems >= MAX_MEM) {
+    mems_dropped++;
+  } else {
+    if (nmems == capmems) {
+      capmems = capmems ? capmems * 2 : 1024;
+      mems = tg_xrealloc(mems, sizeof(VMem) * (size_t)capmems);
+    }
+    mems[nmems++] = (VMem){rel_now(), dev->id, dev_bytes[dev->id]};
+  }
+  pthread_mutex_unlock(&vlock);
+}
+
+static void shape_str(SB *b, const int64_t *v, int n) {
+  sb_putc(b, '(');
+  for (int i = 0; i < n; i++) sb_printf(b, "%s%lld", i ? "," : "", (long long)v[i]);
+  if (n == 1) sb_putc(b, ',');
+  sb_putc(b, ')');
+}
+
+static const char *dev_name(int id) {
+  Device *d = id >= 0 ? device_by_id(id) : NULL;
+  return d ? d->name : "?";
+}
+
+/* "REDUCE_AXIS MAX axes=(1,)\nfloat (4,1)": what a tensor-graph node shows in the graph */
+static char *node_label(const UOp *u, bool realized) {
+  SB b;
+  sb_init(&b);
+  sb_puts(&b, realized && u->op != OP_BUFFER ? "BUFFER" : op_names[u->op]);
+  if (realized || u->op == OP_BUFFER) {
+    sb_printf(&b, " %s", dev_name(u->device));
+  } else if (u->op == OP_CONST) {
+    sb_printf(&b, " %g", uop_const_as_f(u));
+  } else if (u->op == OP_REDUCE_AXIS) {
+    sb_printf(&b, " %s axes=", op_names[u->arg.i >= 0 && u->arg.i < OP_COUNT ? u->arg.i : 0]);
+    shape_str(&b, u->iarg, (int)u->niarg);
+  } else if (u->op == OP_COPY) {
+    sb_printf(&b, " to %s", dev_name(u->device));
+  } else if (u->niarg) {
+    sb_putc(&b, ' ');
+    shape_str(&b, u->iarg, (int)u->niarg);
+  }
+  sb_printf(&b, "\n%s ", tg_dtype_name((tg_dtype)u->dtype));
+  shape_str(&b, u->shape, u->ndim);
+  return sb_take(&b);
+}
+
+void viz_schedule(const Schedule *s, UOp *const *targets, int n) {
+  if (!(viz_on & VIZ_GRAPHS)) return;
+  pthread_mutex_lock(&vlock);
+  if (nscheds >= MAX_SCHEDULES) {
+    scheds_dropped++;
+    cur_sched = -1;
+    pthread_mutex_unlock(&vlock);
+    return;
+  }
+  if (nscheds == capscheds) {
+    capscheds = capscheds ? capscheds * 2 : 64;
+    scheds = tg_xrealloc(scheds, sizeof(VSched) * (size_t)capscheds);
+  }
+  VSched *vs = &scheds[nscheds];
+  memset(vs, 0, sizeof *vs);
+  vs->id = nscheds;
+  vs->t = rel_now();
+  vs->nitems = s->nitems;
+  vs->ntargets = n;
+  vs->item_kernel = tg_xmalloc(sizeof(int) * (size_t)(s->nitems + 1));
+  for (int i = 0; i < s->nitems; i++) vs->item_kernel[i] = s->items[i].kind == SI_COPY ? -1 : -2;
+  /* the nodes each item writes, and the schedule's inputs (realized buffers) */
+  PtrMap writer, index;
+  pm_init(&writer), pm_init(&index);
+  for (int i = 0; i < s->nitems; i++) {
+    UOp *o = s->bufs[s->items[i].bufs[0]].node;
+    if (o && !pm_has(&writer, (uint64_t)(uintptr_t)o)) pm_put(&writer, (uint64_t)(uintptr_t)o, (void *)(intptr_t)(i + 1));
+  }
+  /* nodes from the targets down, stopping at buffers and realized nodes (explicit stack: a graph may
+   * be a long chain) */
+  PtrVec stack = {0};
+  int capn = 0, cape = 0;
+  for (int t = 0; t < n; t++) {
+    if (pm_has(&index, (uint64_t)(uintptr_t)targets[t])) continue;
+    pv_push(&stack, targets[t]);
+    while (stack.n) {
+      UOp *u = stack.p[--stack.n];
+      if (pm_has(&index, (uint64_t)(uintptr_t)u)) continue;
+      if (vs->nnodes >= MAX_NODES) {
+        vs->truncated = true;
+        stack.n = 0;
+        break;
+      }
+      bool leaf = u->op == OP_BUFFER || uop_realized(u) != NULL;
+      if (vs->nnodes == capn) {
+        capn = capn ? capn * 2 : 64;
+        vs->nodes = tg_xrealloc(vs->nodes, sizeof(VNode) * (size_t)capn);
+      }
+      int id = vs->nnodes++;
+      intptr_t w = (intptr_t)pm_get(&writer, (uint64_t)(uintptr_t)u);
+      vs->nodes[id] = (VNode){node_label(u, leaf), u->op, w ? (int)w - 1 : -1};
+      pm_put(&index, (uint64_t)(uintptr_t)u, (void *)(intptr_t)(id + 1));
+      if (leaf) continue;
+      for (uint32_t k = u->nsrc; k-- > 0;)
+        if (!pm_has(&index, (uint64_t)(uintptr_t)u->src[k])) pv_push(&stack, u->src[k]);
+    }
+  }
+  /* edges between recorded nodes */
+  for (size_t slot = 0; slot < index.cap; slot++) {
+    if (!index.keys[slot]) continue;
+    UOp *u = (UOp *)(uintptr_t)index.keys[slot];
+    int dst = (int)(intptr_t)index.vals[slot] - 1;
+    if (u->op == OP_BUFFER || uop_realized(u)) continue;
+    for (uint32_t k = 0; k < u->nsrc; k++) {
+      intptr_t src = (intptr_t)pm_get(&index, (uint64_t)(uintptr_t)u->src[k]);
+      if (!src) continue;
+      if (vs->nedges == cape) {
+        cape = cape ? cape * 2 : 64;
+        vs->edges = tg_xrealloc(vs->edges, sizeof(int[2]) * (size_t)cape);
+      }
+      vs->edges[vs->nedges][0] = (int)src - 1;
+      vs->edges[vs->nedges++][1] = dst;
+    }
+  }
+  /* kernel membership: each item takes the nodes below the one it writes, down to the nodes other
+   * items write and the inputs (a node several kernels recompute goes to the first) */
+  for (int i = 0; i < s->nitems; i++) {
+    UOp *o = s->bufs[s->items[i].bufs[0]].node;
+    if (!o || !pm_has(&index, (uint64_t)(uintptr_t)o)) continue;
+    pv_push(&stack, o);
+    while (stack.n) {
+      UOp *u = stack.p[--stack.n];
+      intptr_t id = (intptr_t)pm_get(&index, (uint64_t)(uintptr_t)u);
+      if (!id) continue;
+      VNode *vn = &vs->nodes[id - 1];
+      if (u != o && (vn->owner >= 0 || pm_has(&writer, (uint64_t)(uintptr_t)u))) continue;
+      if (u->op == OP_BUFFER || uop_realized(u)) continue;
+      vn->owner = i;
+      for (uint32_t k = 0; k < u->nsrc; k++) pv_push(&stack, u->src[k]);
+    }
+  }
+  pv_free(&stack);
+  pm_free(&writer), pm_free(&index);
+  cur_sched = nscheds++;
+  pthread_mutex_unlock(&vlock);
+}
+
+static void ast_arg(SB *b, const UOp *u) {
+  switch (u->op) {
+  case OP_CONST: sb_printf(b, " %g", uop_const_as_f(u)); break;
+  case OP_DEFINE_GLOBAL: sb_printf(b, " data%lld", (long long)u->arg.i); break;
+  case OP_RANGE: sb_printf(b, " axis=%lld", (long long)u->arg.i); break;
+  case OP_REDUCE:
+  case OP_REDUCE_AXIS:
+    if (u->arg.i > 0 && u->arg.i < OP_COUNT) sb_printf(b, " %s", op_names[u->arg.i]);
+    break;
+  default: break;
+  }
+  if (u->niarg) {
+    sb_putc(b, ' ');
+    shape_str(b, u->iarg, (int)u->niarg);
+  }
+}
+
+/* The kernel AST as a numbered list in dependency order: "  7 ADD float <- 4 6". */
+static char *ast_text(const UOp *ast) {
+  SB b;
+  sb_init(&b);
+  PtrMap num;
+  pm_init(&num);
+  PtrVec stack = {0}, state = {0}; /* state: 0 first visit, 1 sources done */
+  pv_push(&stack, (void *)ast);
+  pv_push(&state, (void *)0);
+  int next = 0;
+  while (stack.n) {
+    const UOp *u = stack.p[stack.n - 1];
+    intptr_t st = (intptr_t)state.p[state.n - 1];
+    if (pm_has(&num, (uint64_t)(uintptr_t)u)) {
+      stack.n--, state.n--;
+      continue;
+    }
+    if (st == 0) {
+      state.p[state.n - 1] = (void *)1;
+      for (uint32_t k = u->nsrc; k-- > 0;)
+        if (!pm_has(&num, (uint64_t)(uintptr_t)u->src[k])) {
+          pv_push(&stack, u->src[k]);
+          pv_push(&state, (void *)0);
+        }
+      continue;
+    }
+    stack.n--, state.n--;
+    pm_put(&num, (uint64_t)(uintptr_t)u, (void *)(intptr_t)(next + 1));
+    sb_printf(&b, "%4d %s %s", next++, op_names[u->op], tg_dtype_name((tg_dtype)u->dtype));
+    ast_arg(&b, u);
+    if (u->nsrc) {
+      sb_puts(&b, " <-");
+      for (uint32_t k = 0; k < u->nsrc; k++) sb_printf(&b, " %d", (int)(intptr_t)pm_get(&num, (uint64_t)(uintptr_t)u->src[k]) - 1);
+    }
+    sb_putc(&b, '\n');
+  }
+  pv_free(&stack), pv_free(&state);
+  pm_free(&num);
+  return sb_take(&b);
+}
+
+static int kernel_record(Device *dev, const KernelCode *kc, const UOp *ast) {
+  uint64_t h = hash_bytes(kc->src, strlen(kc->src), hash_bytes(kc->name, strlen(kc->name), (uint64_t)dev->id + 1));
+  if (!h) h = 1;
+  intptr_t k = (intptr_t)pm_get(&kernel_by_hash, h);
+  if (k) return (int)k - 1;
+  if (nkernels >= MAX_KERNELS) return -1;
+  kernels = tg_xrealloc(kernels, sizeof(VKernel) * (size_t)(nkernels + 1));
+  VKernel *v = &kernels[nkernels];
+  memset(v, 0, sizeof *v);
+  v->name = tg_xstrdup(kc->name);
+  v->dev = tg_xstrdup(dev->name);
+  v->devid = dev->id;
+  v->lang = dev->caps.lang;
+  v->src = tg_xstrdup(kc->src);
+  v->opts = tg_xstrdup(kc->opts);
+  v->ast = (viz_on & VIZ_GRAPHS) ? (ast ? ast_text(ast) : tg_xstrdup("(first seen in a TinyJit replay: no AST)")) : NULL;
+  v->ops = kc->ops;
+  v->hash = h;
+  memcpy(v->gs, kc->global_size, sizeof v->gs);
+  memcpy(v->ls, kc->local_size, sizeof v->ls);
+  v->nparams = kc->nparams;
+  pm_put(&kernel_by_hash, h, (void *)(intptr_t)(nkernels + 1));
+  return nkernels++;
+}
+
+static void add_run(VRun r) {
+  if (nruns >= MAX_RUNS) {
+    runs_dropped++;
+    return;
+  }
+  if (nruns == capruns) {
+    capruns = capruns ? capruns * 2 : 1024;
+    runs = tg_xrealloc(runs, sizeof(VRun) * (size_t)capruns);
+  }
+  runs[nruns++] = r;
+}
+
+void viz_run(int item, Device *dev, const KernelCode *kc, const UOp *ast, double secs, size_t mem) {
+  double end = rel_now();
+  pthread_mutex_lock(&vlock);
+  int k = kernel_record(dev, kc, ast);
+  int sched = item >= 0 ? cur_sched : -1;
+  if (sched >= 0 && item < scheds[sched].nitems) scheds[sched].item_kernel[item] = k;
+  if (k >= 0) kernels[k].nruns++, kernels[k].tsum += secs;
+  add_run((VRun){k < 0 ? -2 : k, sched, item, dev->id, dev->id, end - secs, secs, kc->ops, mem});
+  pthread_mutex_unlock(&vlock);
+}
+
+void viz_copy(int item, Device *dst, Device *src, size_t nbytes, double secs) {
+  double end = rel_now();
+  pthread_mutex_lock(&vlock);
+  int sched = item >= 0 ? cur_sched : -1;
+  if (sched >= 0) scheds[sched].ncopies++;
+  add_run((VRun){-1, sched, item, dst->id, src->id, end - secs, secs, 0, nbytes});
+  pthread_mutex_unlock(&vlock);
+}
+
+/* ---- JSON -------------------------------------------------------------------------------------- */
+
+static void json_str(SB *b, const char *s) {
+  sb_putc(b, '"');
+  for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+    unsigned char c = *p;
+    if (c == '"' || c == '\\') sb_printf(b, "\\%c", c);
+    else if (c == '\n') sb_puts(b, "\\n");
+    else if (c == '\t') sb_puts(b, "\\t");
+    else if (c < 0x20 || c == '<' || c == '>' || c == '&' || c == 0x7f) sb_printf(b, "\\u%04x", c);
+    else sb_putc(b, (char)c);
+  }
+  sb_putc(b, '"');
+}
+
+static void json_num(SB *b, double v) {
+  if (v != v || v > 1e300 || v < -1e300) sb_puts(b, "0");
+  else sb_printf(b, "%.9g", v);
+}
+
+/* ---- running programs (dot, objdump) ---------------------------------------------------------- */
+
+static char *read_all(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  SB b;
+  sb_init(&b);
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
+    for (size_t i = 0; i < n; i++) sb_putc(&b, buf[i] ? buf[i] : ' ');
+  }
+  fclose(f);
+  if (len) *len = b.len;
+  return sb_take(&b);
+}
+
+static const char *const palette[] = {"#ffd8a8", "#b2f2bb", "#a5d8ff", "#fcc2d7", "#d0bfff", "#ffec99",
+                                      "#99e9f2", "#ffc9c9", "#c0eb75", "#eebefa", "#e9ecef", "#96f2d7"};
+#define NPALETTE (int)(sizeof palette / sizeof palette[0])
+
+static void dot_escape(SB *b, const char *s) {
+  for (; *s; s++) {
+    if (*s == '"' || *s == '\\') sb_putc(b, '\\'), sb_putc(b, *s);
+    else if (*s == '\n') sb_puts(b, "\\n");
+    else sb_putc(b, *s);
+  }
+}
+
+/* The DOT text of schedule vs: nodes labelled op/dtype/shape, each kernel a coloured cluster. */
+static char *sched_dot(const VSched *vs) {
+  SB b;
+  sb_init(&b);
+  sb_printf(&b, "digraph schedule%d {\n  rankdir=TB; bgcolor=\"transparent\"; nodesep=0.25; ranksep=0.35;\n"
+                "  node [shape=box style=\"rounded,filled\" fillcolor=\"#ffffff\" fontname=\"Helvetica\" fontsize=10 "
+                "height=0.3 margin=\"0.08,0.03\"];\n  edge [color=\"#555555\" arrowsize=0.6];\n", vs->id);
+  for (int item = -1; item < vs->nitems; item++) {
+    bool any = false;
+    for (int i = 0; i < vs->nnodes && !any; i++) any = vs->nodes[i].owner == item;
+    if (!any) continue;
+    if (item >= 0) {
+      int k = vs->item_kernel[item];
+      const char *name = k >= 0 ? kernels[k].name : k == -1 ? "copy" : "(not run)";
+      sb_printf(&b, "  subgraph cluster_k%d {\n    id=\"k%d\"; class=\"kernel\"; label=\"", item, item);
+      dot_escape(&b, name);
+      sb_printf(&b, "\"; tooltip=\"item %d: ", item);
+      dot_escape(&b, name);
+      sb_printf(&b, "\"; style=\"filled,rounded\"; color=\"#888888\"; fillcolor=\"%s\"; fontname=\"Helvetica\"; fontsize=11;\n",
+                palette[item % NPALETTE]);
+    }
+    for (int i = 0; i < vs->nnodes; i++) {
+      const VNode *n = &vs->nodes[i];
+      if (n->owner != item) continue;
+      sb_printf(&b, "    n%d [id=\"n%d\" class=\"op-%s\" label=\"", i, i, op_names[n->op]);
+      dot_escape(&b, n->label);
+      sb_printf(&b, "\"%s];\n", item < 0 ? " fillcolor=\"#dee2e6\"" : "");
+    }
+    if (item >= 0) sb_puts(&b, "  }\n");
+  }
+  for (int e = 0; e < vs->nedges; e++) sb_printf(&b, "  n%d -> n%d;\n", vs->edges[e][0], vs->edges[e][1]);
+  sb_puts(&b, "}\n");
+  return sb_take(&b);
+}
+
+typedef struct {
+  char *tmpdir;
+  const char *dot;
+  char *dot_error; /* why no graph was laid out (dot missing or failing), NULL if fine */
+} Tools;
+
+/* dot -Tsvg of text; NULL (and t->dot_error set once) when it cannot run. The SVG's XML prologue
+ * is dropped: the page puts the <svg> element into the document. */
+static char *run_dot(Tools *t, const char *text) {
+  if (!t->tmpdir) return NULL;
+  char in[4096], out[4096], err[4096];
+  snprintf(in, sizeof in, "%s/graph.dot", t->tmpdir);
+  snprintf(out, sizeof out, "%s/graph.svg", t->tmpdir);
+  snprintf(err, sizeof err, "%s/dot.err", t->tmpdir);
+  if (!viz_write_file(in, text, strlen(text))) return NULL;
+  char *argv[] = {(char *)t->dot, "-Tsvg", in, NULL};
+  int rc = viz_run_program(argv, NULL, out, err);
+  if (rc != 0) {
+    if (!t->dot_error) {
+      SB m;
+      sb_init(&m);
+      if (rc == 127)
+        sb_printf(&m, "Graphviz's '%s' program was not found, so the graphs are not drawn (install the graphviz package: "
+                      "apt-get install graphviz; or set VIZ_DOT to its path). Their DOT text is shown instead.", t->dot);
+      else {
+        char *e = read_all(err, NULL);
+        sb_printf(&m, "'%s -Tsvg' failed (exit status %d): %.300s", t->dot, rc, e ? e : "");
+        free(e);
+      }
+      t->dot_error = sb_take(&m);
+    }
+    return NULL;
+  }
+  char *svg = read_all(out, NULL);
+  if (!svg) return NULL;
+  char *start = strstr(svg, "<svg");
+  if (start && start != svg) memmove(svg, start, strlen(start) + 1);
+  return svg;
+}
+
+/* CPU kernels: the disassembly of the compiled object (objdump -d), NULL when unavailable. */
+static char *kernel_asm(Tools *t, const VKernel *k) {
+  Device *dev = device_by_id(k->devid);
+  if (!t->tmpdir || !dev || k->lang != LANG_C || !dev->vt->compile) return NULL;
+  uint8_t *lib = NULL;
+  size_t len = 0;
+  bool had = tg_has_error();
+  if (dev->vt->compile(dev->state, k->src, &lib, &len) != TG_OK) {
+    if (!had) tg_clear_error();
+    return NULL;
+  }
+  char obj[4096], out[4096], err[4096], sym[128];
+  snprintf(obj, sizeof obj, "%s/kernel.so", t->tmpdir);
+  snprintf(out, sizeof out, "%s/kernel.s", t->tmpdir);
+  snprintf(err, sizeof err, "%s/objdump.err", t->tmpdir);
+  snprintf(sym, sizeof sym, "--disassemble=%s", k->name);
+  bool ok = viz_write_file(obj, (const char *)lib, len);
+  free(lib);
+  if (!ok) return NULL;
+  char *argv[] = {"objdump", "--no-show-raw-insn", "--no-addresses", sym, obj, NULL};
+  if (viz_run_program(argv, NULL, out, err) != 0) {
+    char *argv2[] = {"objdump", "--no-show-raw-insn", sym, obj, NULL}; /* older binutils: no --no-addresses */
+    if (viz_run_program(argv2, NULL, out, err) != 0) return NULL;
+  }
+  char *s = read_all(out, NULL);
+  if (!s) return NULL;
+  char *body = strstr(s, "Disassembly of section");
+  if (body && body != s) memmove(s, body, strlen(body) + 1);
+  return s;
+}
+
+static void tools_init(Tools *t) {
+  memset(t, 0, sizeof *t);
+  const char *tmp = getenv("TMPDIR");
+  SB p;
+  sb_init(&p);
+  sb_printf(&p, "%s/tinygrad-viz-work-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  t->tmpdir = sb_take(&p);
+  if (!mkdtemp(t->tmpdir)) {
+    free(t->tmpdir);
+    t->tmpdir = NULL;
+  }
+  const char *d = getenv("VIZ_DOT");
+  t->dot = d && *d ? d : "dot";
+}
+
+static void tools_free(Tools *t) {
+  if (t->tmpdir) {
+    const char *names[] = {"graph.dot", "graph.svg", "dot.err", "kernel.so", "kernel.s", "objdump.err"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+      char p[4096];
+      snprintf(p, sizeof p, "%s/%s", t->tmpdir, names[i]);
+      unlink(p);
+    }
+    rmdir(t->tmpdir);
+  }
+  free(t->tmpdir);
+  free(t->dot_error);
+}
+
+/* ---- the page's data (data.js) ------------------------------------------------------------------ */
+
+static char *page_data(void) {
+  double end = rel_now();
+  Tools t;
+  tools_init(&t);
+  SB b;
+  sb_init(&b);
+  sb_puts(&b, "window.TG_VIZ = {\n\"pid\": ");
+  sb_printf(&b, "%d,\n\"program\": ", (int)getpid());
+  char exe[512] = "";
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  exe[n > 0 ? n : 0] = 0;
+  json_str(&b, exe);
+  /* devices seen */
+  int maxdev = 0;
+  for (int i = 0; i < ndev_bytes; i++)
+    if (device_by_id(i)) maxdev = i + 1;
+  for (int i = 0; i < nruns; i++) maxdev = runs[i].dev + 1 > maxdev ? runs[i].dev + 1 : maxdev;
+  sb_puts(&b, ",\n\"devices\": [");
+  for (int i = 0; i < maxdev; i++) {
+    sb_printf(&b, "%s", i ? ", " : "");
+    json_str(&b, device_by_id(i) ? device_by_id(i)->name : "");
+  }
+  sb_puts(&b, "],\n\"kernels\": [\n");
+  for (int i = 0; i < nkernels; i++) {
+    VKernel *k = &kernels[i];
+    if (!k->asm_text) k->asm_text = kernel_asm(&t, k);
+    sb_puts(&b, i ? ",\n{\"name\": " : "{\"name\": ");
+    json_str(&b, k->name);
+    sb_puts(&b, ", \"device\": ");
+    json_str(&b, k->dev);
+    sb_puts(&b, ", \"opts\": ");
+    json_str(&b, k->opts);
+    sb_printf(&b, ", \"global\": [%lld, %lld, %lld], \"local\": [%lld, %lld, %lld], \"params\": %d, \"ops\": %llu, "
+                  "\"runs\": %d, \"time\": ",
+              (long long)k->gs[0], (long long)k->gs[1], (long long)k->gs[2], (long long)k->ls[0], (long long)k->ls[1],
+              (long long)k->ls[2], k->nparams, (unsigned long long)k->ops, k->nruns);
+    json_num(&b, k->tsum);
+    sb_puts(&b, ", \"ast\": ");
+    json_str(&b, k->ast);
+    sb_puts(&b, ", \"src\": ");
+    json_str(&b, k->src);
+    sb_puts(&b, ", \"asm\": ");
+    if (k->asm_text) json_str(&b, k->asm_text);
+    else sb_puts(&b, "null");
+    sb_putc(&b, '}');
+  }
+  sb_puts(&b, "],\n\"schedules\": [\n");
+  /* distinct graphs are laid out once (a training loop's steps share theirs) */
+  PtrMap svg_of;
+  pm_init(&svg_of);
+  char **svgs = NULL;
+  int nsvgs = 0, laid = 0;
+  for (int i = 0; i < nscheds; i++) {
+    VSched *vs = &scheds[i];
+    char *dot = sched_dot(vs);
+    uint64_t h = hash_bytes(dot, strlen(dot), 7);
+    if (!h) h = 1;
+    intptr_t have = (intptr_t)pm_get(&svg_of, h);
+    const char *svg = NULL, *why = NULL;
+    if (have) {
+      svg = svgs[have - 1];
+    } else if (vs->nnodes > MAX_LAYOUT_NODES) {
+      why = "graph too large to lay out";
+    } else if (laid >= MAX_GRAPHS) {
+      why = "not laid out: more distinct graphs than the page draws";
+    } else {
+      laid++;
+      char *s = run_dot(&t, dot);
+      svgs = tg_xrealloc(svgs, sizeof(char *) * (size_t)(nsvgs + 1));
+      svgs[nsvgs++] = s;
+      pm_put(&svg_of, h, (void *)(intptr_t)nsvgs);
+      svg = s;
+    }
+    sb_printf(&b, "%s{\"id\": %d, \"t\": ", i ? ",\n" : "", vs->id);
+    json_num(&b, vs->t);
+    sb_printf(&b, ", \"targets\": %d, \"nodes\": %d, \"edges\": %d, \"truncated\": %s, \"items\": [", vs->ntargets, vs->nnodes,
+              vs->nedges, vs->truncated ? "true" : "false");
+    for (int j = 0; j < vs->nitems; j++) sb_printf(&b, "%s%d", j ? ", " : "", vs->item_kernel[j]);
+    sb_puts(&b, "], \"svg\": ");
+    if (svg) json_str(&b, svg);
+    else sb_puts(&b, "null");
+    sb_puts(&b, ", \"why\": ");
+    if (why) json_str(&b, why);
+    else sb_puts(&b, "null");
+    sb_puts(&b, ", \"dot\": ");
+    if (svg) sb_puts(&b, "null");
+    else json_str(&b, dot);
+    sb_putc(&b, '}');
+    free(dot);
+  }
+  for (int i = 0; i < nsvgs; i++) free(svgs[i]);
+  free(svgs);
+  pm_free(&svg_of);
+  sb_puts(&b, "],\n\"dot_error\": ");
+  if (t.dot_error) json_str(&b, t.dot_error);
+  else sb_puts(&b, "null");
+  /* runs: [kernel (-1 copy), schedule, item, device, source device, start s, duration s, FLOPs, bytes] */
+  int pr = nruns < MAX_PAGE_RUNS ? nruns : MAX_PAGE_RUNS;
+  sb_printf(&b, ",\n\"runs_total\": %ld, \"runs\": [", (long)nruns + runs_dropped);
+  for (int i = 0; i < pr; i++) {
+    VRun *r = &runs[i];
+    sb_printf(&b, "%s[%d,%d,%d,%d,%d,", i ? (i % 8 ? "," : ",\n") : "", r->kernel, r->sched, r->item, r->dev, r->srcdev);
+    json_num(&b, r->start);
+    sb_putc(&b, ',');
+    json_num(&b, r->dur);
+    sb_printf(&b, ",%llu,%llu]", (unsigned long long)r->ops, (unsigned long long)r->mem);
+  }
+  /* memory: [time s, device, bytes]; thinned evenly past the page's limit (every change is in the
+   * trace) */
+  sb_printf(&b, "],\n\"mem_total\": %ld, \"mem\": [", (long)nmems + mems_dropped);
+  int step = nmems > MAX_PAGE_MEM ? (nmems + MAX_PAGE_MEM - 1) / MAX_PAGE_MEM : 1;
+  for (int i = 0, w = 0; i < nmems; i += step, w++) {
+    sb_printf(&b, "%s[", w ? (w % 8 ? "," : ",\n") : "");
+    json_num(&b, mems[i].t);
+    sb_printf(&b, ",%d,%lld]", mems[i].dev, (long long)mems[i].bytes);
+  }
+  sb_printf(&b, "],\n\"schedules_dropped\": %ld, \"end\": ", scheds_dropped);
+  json_num(&b, end);
+  sb_puts(&b, "\n};\n");
+  tools_free(&t);
+  return sb_take(&b);
+}
+
+/* ---- PROFILE: the Chrome trace-event file -------------------------------------------------------- */
+
+static void profile_write(void) {
+  const char *path = getenv("PROFILE_PATH");
+  char def[4096];
+  if (!path || !*path) {
+    const char *tmp = getenv("TMPDIR");
+    snprintf(def, sizeof def, "%s/tinygrad-profile-%d.json", tmp && *tmp ? tmp : "/tmp", (int)getpid());
+    path = def;
+  }
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    fprintf(stderr, "PROFILE: cannot write the trace to PROFILE_PATH=%s: %s (set PROFILE_PATH to a writable file)\n", path,
+            strerror(errno));
+    return;
+  }
+  SB b;
+  sb_init(&b);
+  sb_puts(&b, "{\"displayTimeUnit\": \"ns\", \"traceEvents\": [\n");
+  int maxdev = ndev_bytes;
+  for (int i = 0; i < nruns; i++) maxdev = runs[i].dev + 1 > maxdev ? runs[i].dev + 1 : maxdev;
+  long events = 0;
+  bool first = true;
+#define SEP() (first ? (first = false, "") : ",\n")
+  for (int d = 0; d < maxdev; d++) {
+    if (!device_by_id(d)) continue;
+    sb_printf(&b, "%s{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": ", SEP(), d);
+    json_str(&b, dev_name(d));
+    sb_printf(&b, "}},\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"kernels\"}},\n"
+                  "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 1, \"args\": {\"name\": \"copies\"}}",
+              d, d);
+  }
+  for (int i = 0; i < nruns; i++) {
+    VRun *r = &runs[i];
+    double gb = r->dur > 0 ? (double)r->mem / r->dur * 1e-9 : 0;
+    if (r->kernel == -1) {
+      sb_printf(&b, "%s{\"name\": \"copy %s -> %s\", \"cat\": \"copy\", \"ph\": \"X\", \"pid\": %d, \"tid\": 1, \"ts\": ", SEP(),
+                dev_name(r->srcdev), dev_name(r->dev), r->dev);
+      json_num(&b, r->start * 1e6);
+      sb_puts(&b, ", \"dur\": ");
+      json_num(&b, r->dur * 1e6);
+      sb_printf(&b, ", \"args\": {\"size\": %llu, \"GB/s\": ", (unsigned long long)r->mem);
+      json_num(&b, gb);
+      sb_puts(&b, "}}");
+    } else {
+      const VKernel *k = r->kernel >= 0 ? &kernels[r->kernel] : NULL;
+      sb_printf(&b, "%s{\"name\": ", SEP());
+      json_str(&b, k ? k->name : "kernel");
+      sb_printf(&b, ", \"cat\": \"kernel\", \"ph\": \"X\", \"pid\": %d, \"tid\": 0, \"ts\": ", r->dev);
+      json_num(&b, r->start * 1e6);
+      sb_puts(&b, ", \"dur\": ");
+      json_num(&b, r->dur * 1e6);
+      sb_printf(&b, ", \"args\": {\"size\": %llu, \"FLOPs\": %llu, \"GFLOPS\": ", (unsigned long long)r->mem,
+                (unsigned long long)r->ops);
+      json_num(&b, r->dur > 0 ? (double)r->ops / r->dur * 1e-9 : 0);
+      sb_puts(&b, ", \"GB/s\": ");
+      json_num(&b, gb);
+      if (k) sb_printf(&b, ", \"global\": [%lld, %lld, %lld]", (long long)k->gs[0], (long long)k->gs[1], (long long)k->gs[2]);
+      sb_puts(&b, "}}");
+    }
+    events++;
+    if (b.len > (1 << 20)) {
+      fwrite(b.s, 1, b.len, f);
+      b.len = 0;
+      b.s[0] = 0;
+    }
+  }
+  for (int i = 0; i < nmems; i++) {
+    sb_printf(&b, "%s{\"name\": \"memory\", \"ph\": \"C\", \"pid\": %d, \"ts\": ", SEP(), mems[i].dev);
+    json_num(&b, mems[i].t * 1e6);
+    sb_printf(&b, ", \"args\": {\"bytes\": %lld}}", (long long)mems[i].bytes);
+    if (b.len > (1 << 20)) {
+      fwrite(b.s, 1, b.len, f);
+      b.len = 0;
+      b.s[0] = 0;
+    }
+  }
+#undef SEP
+  sb_puts(&b, "\n]}\n");
+  bool ok = fwrite(b.s, 1, b.len, f) == b.len;
+  ok = fclose(f) == 0 && ok;
+  sb_free(&b);
+  if (!ok) {
+    fprintf(stderr, "PROFILE: writing the trace to %s failed: %s\n", path, strerror(errno));
+    return;
+  }
+  fprintf(stderr, "PROFILE: wrote %ld kernel runs and copies%s to %s (open it in Perfetto or chrome://tracing)\n", events,
+          runs_dropped ? " (more were not recorded)" : "", path);
+}
+
+/* ---- load and exit ------------------------------------------------------------------------------ */
+
+static void viz_free_all(void) {
+  for (int i = 0; i < nkernels; i++) {
+    VKernel *k = &kernels[i];
+    free(k->name), free(k->dev), free(k->src), free(k->opts), free(k->ast), free(k->asm_text);
+  }
+  free(kernels);
+  kernels = NULL;
+  nkernels = 0;
+  pm_free(&kernel_by_hash);
+  for (int i = 0; i < nscheds; i++) {
+    VSched *s = &scheds[i];
+    for (int j = 0; j < s->nnodes; j++) free(s->nodes[j].label);
+    free(s->nodes), free(s->edges), free(s->item_kernel);
+  }
+  free(scheds);
+  scheds = NULL;
+  nscheds = capscheds = 0;
+  free(runs), free(mems), free(dev_bytes);
+  runs = NULL, mems = NULL, dev_bytes = NULL;
+  nruns = capruns = nmems = capmems = ndev_bytes = 0;
+}
+
+static void viz_at_exit(void) {
+  if (!viz_on) return;
+  buffer_mem_hook = NULL;
+  pthread_mutex_lock(&vlock);
+  int on = viz_on;
+  viz_on = 0; /* nothing more is recorded while the page is made */
+  if (profile_on) profile_write();
+  if ((on & VIZ_GRAPHS) && viz_mode) {
+    VizPage p;
+    viz_page_make(&p, page_data());
+    if (viz_mode < 0) {
+      viz_page_write_dir(&p);
+    } else {
+      const char *ps = getenv("PORT");
+      char *end = NULL;
+      long port = ps && *ps ? strtol(ps, &end, 10) : 8000;
+      if (ps && *ps && (*end || port < 0 || port > 65535)) {
+        fprintf(stderr, "VIZ: PORT=%s is not a port number (0-65535); the page is written to a directory instead\n", ps);
+        viz_page_write_dir(&p);
+      } else if (!viz_page_serve(&p, (int)port)) {
+        viz_page_write_dir(&p);
+      }
+    }
+    free(p.data);
+  }
+  viz_free_all();
+  pthread_mutex_unlock(&vlock);
+}
+
+static int env_level(const char *name) {
+  const char *s = getenv(name);
+  if (!s || !*s) return 0;
+  char *end;
+  long v = strtol(s, &end, 10);
+  if (*end) {
+    fprintf(stderr, "tinygrad.c: ignoring %s=%s (not an integer); using 0\n", name, s);
+    return 0;
+  }
+  return (int)(v > 0 ? 1 : v < 0 ? -1 : 0);
+}
+
+__attribute__((constructor)) static void viz_load(void) {
+  viz_mode = env_level("VIZ");
+  profile_on = env_level("PROFILE") > 0;
+  if (!viz_mode && !profile_on) return;
+  t_origin = now_seconds();
+  pm_init(&kernel_by_hash);
+  viz_on = (viz_mode ? VIZ_GRAPHS : 0) | VIZ_RUNS;
+  buffer_mem_hook = mem_hook;
+  atexit(viz_at_exit);
+}
