@@ -789,6 +789,7 @@ static void viz_free_all(void) {
 
 static void viz_at_exit(void) {
   if (!viz_on) return;
+  fflush(stdout); /* the program's own output first */
   buffer_mem_hook = NULL;
   pthread_mutex_lock(&vlock);
   int on = viz_on;

@@ -40,7 +40,8 @@
   var kernelTime = 0, kernelRuns = 0;
   D.runs.forEach(function (r) { if (r[0] >= 0) { kernelTime += r[6]; kernelRuns++; } });
   $('summary').textContent = D.schedules.length + ' schedules, ' + D.kernels.length + ' kernels, ' +
-    D.runs_total + ' runs (' + fmtTime(kernelTime) + ' in kernels) -- ' + D.program;
+    D.runs_total + ' runs (' + fmtTime(kernelTime) + ' in kernels) -- ' + D.program.replace(/^.*\//, '');
+  $('summary').title = D.program + ' (pid ' + D.pid + ')';
 
   // ---- lists ------------------------------------------------------------------------------------
   var schedLis = [], kernelLis = [];
@@ -84,6 +85,20 @@
     box.innerHTML = '';
     if (s.svg) {
       box.innerHTML = s.svg;
+      var svg = box.querySelector('svg');
+      if (svg) {
+        // fitted to the pane (the viewBox scales it); a click on the background shows it at 1:1
+        var natural = [svg.getAttribute('width'), svg.getAttribute('height')];
+        var fit = function (on) {
+          box.classList.toggle('fit', on);
+          if (on) { svg.removeAttribute('width'); svg.removeAttribute('height'); }
+          else { svg.setAttribute('width', natural[0]); svg.setAttribute('height', natural[1]); }
+        };
+        fit(true);
+        svg.addEventListener('click', function (ev) {
+          if (ev.target === svg || (ev.target.parentNode && ev.target.parentNode.classList.contains('graph'))) fit(!box.classList.contains('fit'));
+        });
+      }
       box.querySelectorAll('g.cluster').forEach(function (g) {
         var item = parseInt(g.id.replace(/^k/, ''), 10);
         g.onclick = function () { var k = s.items[item]; if (k >= 0) showKernel(k, item); };
