@@ -24,6 +24,7 @@ int viz_on;
 static int viz_mode;     /* VIZ: 1 serve, -1 write only, 0 off */
 static bool profile_on;
 static double t_origin;  /* now_seconds() at load: time 0 of the timeline and the trace */
+static pid_t load_pid;   /* a forked child that exits writes and serves nothing */
 static pthread_mutex_t vlock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Limits that keep a long training run's record (and page) bounded; what is left out is counted. */
@@ -788,7 +789,7 @@ static void viz_free_all(void) {
 }
 
 static void viz_at_exit(void) {
-  if (!viz_on) return;
+  if (!viz_on || getpid() != load_pid) return;
   fflush(stdout); /* the program's own output first */
   buffer_mem_hook = NULL;
   pthread_mutex_lock(&vlock);
@@ -834,6 +835,7 @@ __attribute__((constructor)) static void viz_load(void) {
   profile_on = env_level("PROFILE") > 0;
   if (!viz_mode && !profile_on) return;
   t_origin = now_seconds();
+  load_pid = getpid();
   pm_init(&kernel_by_hash);
   viz_on = (viz_mode ? VIZ_GRAPHS : 0) | VIZ_RUNS;
   buffer_mem_hook = mem_hook;
