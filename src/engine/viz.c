@@ -34,7 +34,7 @@ static pthread_mutex_t vlock = PTHREAD_MUTEX_INITIALIZER;
 #define MAX_PAGE_MEM 50000
 #define MAX_NODES 4000        /* tensor-graph nodes recorded per schedule */
 #define MAX_SCHEDULES 20000   /* schedules recorded (graphs: the first MAX_GRAPHS distinct ones are laid out) */
-#define MAX_GRAPHS 200
+#define MAX_GRAPHS 1000
 #define MAX_LAYOUT_NODES 1500 /* larger graphs are not given to dot (it takes minutes on them) */
 #define MAX_KERNELS 4096
 
@@ -455,69 +455,121 @@ typedef struct {
   char *dot_error; /* why no graph was laid out (dot missing or failing), NULL if fine */
 } Tools;
 
-/* dot -Tsvg of text; NULL (and t->dot_error set once) when it cannot run. The SVG's XML prologue
- * is dropped: the page puts the <svg> element into the document. */
-static char *run_dot(Tools *t, const char *text) {
-  if (!t->tmpdir) return NULL;
+/* dot -Tsvg of texts[0..n) in one run (one input file holding every graph: dot writes one SVG
+ * document per graph, in order); svgs[i] gets each <svg> element (malloc'd; the XML prologue is
+ * dropped: the page puts the element into the document), all NULL and t->dot_error set when dot
+ * cannot run or fails. */
+static void run_dot(Tools *t, char *const *texts, int n, char **svgs) {
+  for (int i = 0; i < n; i++) svgs[i] = NULL;
+  if (!t->tmpdir || n == 0) return;
   char in[4096], out[4096], err[4096];
-  snprintf(in, sizeof in, "%s/graph.dot", t->tmpdir);
-  snprintf(out, sizeof out, "%s/graph.svg", t->tmpdir);
+  snprintf(in, sizeof in, "%s/graphs.dot", t->tmpdir);
+  snprintf(out, sizeof out, "%s/graphs.svg", t->tmpdir);
   snprintf(err, sizeof err, "%s/dot.err", t->tmpdir);
-  if (!viz_write_file(in, text, strlen(text))) return NULL;
+  SB all;
+  sb_init(&all);
+  for (int i = 0; i < n; i++) sb_puts(&all, texts[i]);
+  bool ok = viz_write_file(in, all.s, all.len);
+  sb_free(&all);
+  if (!ok) return;
   char *argv[] = {(char *)t->dot, "-Tsvg", in, NULL};
   int rc = viz_run_program(argv, NULL, out, err);
-  if (rc != 0) {
-    if (!t->dot_error) {
-      SB m;
-      sb_init(&m);
-      if (rc == 127)
-        sb_printf(&m, "Graphviz's '%s' program was not found, so the graphs are not drawn (install the graphviz package: "
-                      "apt-get install graphviz; or set VIZ_DOT to its path). Their DOT text is shown instead.", t->dot);
-      else {
-        char *e = read_all(err, NULL);
-        sb_printf(&m, "'%s -Tsvg' failed (exit status %d): %.300s", t->dot, rc, e ? e : "");
-        free(e);
-      }
-      t->dot_error = sb_take(&m);
+  char *text = rc == 0 ? read_all(out, NULL) : NULL;
+  int got = 0;
+  for (char *p = text; p && (p = strstr(p, "<svg")); p += 4) got++;
+  if (rc != 0 || got != n) {
+    SB m;
+    sb_init(&m);
+    if (rc == 127)
+      sb_printf(&m, "Graphviz's '%s' program was not found, so the graphs are not drawn (install the graphviz package: "
+                    "apt-get install graphviz; or set VIZ_DOT to its path). Their DOT text is shown instead.", t->dot);
+    else {
+      char *e = read_all(err, NULL);
+      sb_printf(&m, "'%s -Tsvg' failed (exit status %d, %d of %d graphs drawn): %.300s", t->dot, rc, got, n, e ? e : "");
+      free(e);
     }
-    return NULL;
+    t->dot_error = sb_take(&m);
+    free(text);
+    return;
   }
-  char *svg = read_all(out, NULL);
-  if (!svg) return NULL;
-  char *start = strstr(svg, "<svg");
-  if (start && start != svg) memmove(svg, start, strlen(start) + 1);
-  return svg;
+  char *p = strstr(text, "<svg");
+  for (int i = 0; i < n; i++) {
+    char *e = strstr(p, "</svg>");
+    size_t len = e ? (size_t)(e + 6 - p) : strlen(p);
+    svgs[i] = tg_xmalloc(len + 2);
+    memcpy(svgs[i], p, len);
+    svgs[i][len] = '\n', svgs[i][len + 1] = 0;
+    p = e ? strstr(e, "<svg") : NULL;
+    if (!p) break;
+  }
+  free(text);
 }
 
-/* CPU kernels: the disassembly of the compiled object (objdump -d), NULL when unavailable. */
-static char *kernel_asm(Tools *t, const VKernel *k) {
-  Device *dev = device_by_id(k->devid);
-  if (!t->tmpdir || !dev || k->lang != LANG_C || !dev->vt->compile) return NULL;
-  uint8_t *lib = NULL;
-  size_t len = 0;
-  bool had = tg_has_error();
-  if (dev->vt->compile(dev->state, k->src, &lib, &len) != TG_OK) {
-    if (!had) tg_clear_error();
-    return NULL;
+/* The CPU kernels' assembly: each compiled object (the disk cache has them) disassembled by one
+ * objdump run over all of them; k->asm_text gets the kernel's function ("<name>:" and its
+ * instructions). Kernels of other devices, or when objdump is missing, get none. */
+static void kernels_asm(Tools *t) {
+  if (!t->tmpdir) return;
+  int *which = tg_xmalloc(sizeof(int) * (size_t)(nkernels + 1));
+  char **argv = tg_xmalloc(sizeof(char *) * (size_t)(nkernels + 5));
+  int n = 0, a = 0;
+  argv[a++] = "objdump", argv[a++] = "-d", argv[a++] = "--no-show-raw-insn", argv[a++] = "--no-addresses";
+  for (int i = 0; i < nkernels; i++) {
+    VKernel *k = &kernels[i];
+    Device *dev = device_by_id(k->devid);
+    if (k->asm_text || !dev || k->lang != LANG_C || !dev->vt->compile) continue;
+    uint8_t *lib = NULL;
+    size_t len = 0;
+    bool had = tg_has_error();
+    if (dev->vt->compile(dev->state, k->src, &lib, &len) != TG_OK) {
+      if (!had) tg_clear_error();
+      continue;
+    }
+    char obj[4096];
+    snprintf(obj, sizeof obj, "%s/k%d.so", t->tmpdir, n);
+    bool ok = viz_write_file(obj, (const char *)lib, len);
+    free(lib);
+    if (!ok) continue;
+    argv[a++] = tg_xstrdup(obj);
+    which[n++] = i;
   }
-  char obj[4096], out[4096], err[4096], sym[128];
-  snprintf(obj, sizeof obj, "%s/kernel.so", t->tmpdir);
-  snprintf(out, sizeof out, "%s/kernel.s", t->tmpdir);
+  argv[a] = NULL;
+  char out[4096], err[4096];
+  snprintf(out, sizeof out, "%s/kernels.s", t->tmpdir);
   snprintf(err, sizeof err, "%s/objdump.err", t->tmpdir);
-  snprintf(sym, sizeof sym, "--disassemble=%s", k->name);
-  bool ok = viz_write_file(obj, (const char *)lib, len);
-  free(lib);
-  if (!ok) return NULL;
-  char *argv[] = {"objdump", "--no-show-raw-insn", "--no-addresses", sym, obj, NULL};
-  if (viz_run_program(argv, NULL, out, err) != 0) {
-    char *argv2[] = {"objdump", "--no-show-raw-insn", sym, obj, NULL}; /* older binutils: no --no-addresses */
-    if (viz_run_program(argv2, NULL, out, err) != 0) return NULL;
+  int rc = n ? viz_run_program(argv, NULL, out, err) : -1;
+  if (rc != 0 && n) {
+    memmove(argv + 3, argv + 4, sizeof(char *) * (size_t)(a - 3)); /* older binutils: no --no-addresses */
+    rc = viz_run_program(argv, NULL, out, err);
   }
-  char *s = read_all(out, NULL);
-  if (!s) return NULL;
-  char *body = strstr(s, "Disassembly of section");
-  if (body && body != s) memmove(s, body, strlen(body) + 1);
-  return s;
+  char *text = rc == 0 ? read_all(out, NULL) : NULL;
+  for (int j = 0; text && j < n; j++) {
+    /* this object's part: from "<dir>/kJ.so:     file format" to the next object's */
+    char head[4200];
+    snprintf(head, sizeof head, "%s/k%d.so:", t->tmpdir, j);
+    char *part = strstr(text, head);
+    if (!part) continue;
+    char *next = strstr(part + strlen(head), "\n/");
+    VKernel *k = &kernels[which[j]];
+    char sym[96];
+    snprintf(sym, sizeof sym, "\n<%s>:\n", k->name);
+    char *f = strstr(part, sym);
+    if (!f || (next && f > next)) continue;
+    f++;
+    char *stop = strstr(f, "\n\n");
+    if (next && (!stop || stop > next)) stop = next;
+    size_t len = stop ? (size_t)(stop - f) : strlen(f);
+    k->asm_text = tg_xmalloc(len + 2);
+    memcpy(k->asm_text, f, len);
+    k->asm_text[len] = '\n', k->asm_text[len + 1] = 0;
+  }
+  free(text);
+  for (int j = 0; j < n; j++) {
+    unlink(argv[a - n + j]);
+    free(argv[a - n + j]);
+  }
+  free(argv);
+  free(which);
 }
 
 static void tools_init(Tools *t) {
@@ -537,7 +589,7 @@ static void tools_init(Tools *t) {
 
 static void tools_free(Tools *t) {
   if (t->tmpdir) {
-    const char *names[] = {"graph.dot", "graph.svg", "dot.err", "kernel.so", "kernel.s", "objdump.err"};
+    const char *names[] = {"graphs.dot", "graphs.svg", "dot.err", "kernels.s", "objdump.err"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
       char p[4096];
       snprintf(p, sizeof p, "%s/%s", t->tmpdir, names[i]);
@@ -574,9 +626,9 @@ static char *page_data(void) {
     json_str(&b, device_by_id(i) ? device_by_id(i)->name : "");
   }
   sb_puts(&b, "],\n\"kernels\": [\n");
+  kernels_asm(&t);
   for (int i = 0; i < nkernels; i++) {
     VKernel *k = &kernels[i];
-    if (!k->asm_text) k->asm_text = kernel_asm(&t, k);
     sb_puts(&b, i ? ",\n{\"name\": " : "{\"name\": ");
     json_str(&b, k->name);
     sb_puts(&b, ", \"device\": ");
@@ -598,32 +650,32 @@ static char *page_data(void) {
     sb_putc(&b, '}');
   }
   sb_puts(&b, "],\n\"schedules\": [\n");
-  /* distinct graphs are laid out once (a training loop's steps share theirs) */
-  PtrMap svg_of;
-  pm_init(&svg_of);
-  char **svgs = NULL;
-  int nsvgs = 0, laid = 0;
+  /* distinct graphs are laid out once (a training loop's steps share theirs), all in one dot run */
+  PtrMap graph_of;
+  pm_init(&graph_of);
+  char **dots = tg_xmalloc(sizeof(char *) * (size_t)(nscheds + 1)), **uniq = tg_xmalloc(sizeof(char *) * (size_t)(nscheds + 1));
+  int *gidx = tg_xmalloc(sizeof(int) * (size_t)(nscheds + 1)), nsvgs = 0;
+  for (int i = 0; i < nscheds; i++) {
+    dots[i] = sched_dot(&scheds[i]);
+    uint64_t h = hash_bytes(dots[i], strlen(dots[i]), 7);
+    if (!h) h = 1;
+    intptr_t have = (intptr_t)pm_get(&graph_of, h);
+    if (have) gidx[i] = (int)have - 1;
+    else if (scheds[i].nnodes > MAX_LAYOUT_NODES) gidx[i] = -2;
+    else if (nsvgs >= MAX_GRAPHS) gidx[i] = -3;
+    else {
+      uniq[nsvgs] = dots[i];
+      gidx[i] = nsvgs++;
+      pm_put(&graph_of, h, (void *)(intptr_t)nsvgs);
+    }
+  }
+  char **svgs = tg_xmalloc(sizeof(char *) * (size_t)(nsvgs + 1));
+  run_dot(&t, uniq, nsvgs, svgs);
   for (int i = 0; i < nscheds; i++) {
     VSched *vs = &scheds[i];
-    char *dot = sched_dot(vs);
-    uint64_t h = hash_bytes(dot, strlen(dot), 7);
-    if (!h) h = 1;
-    intptr_t have = (intptr_t)pm_get(&svg_of, h);
-    const char *svg = NULL, *why = NULL;
-    if (have) {
-      svg = svgs[have - 1];
-    } else if (vs->nnodes > MAX_LAYOUT_NODES) {
-      why = "graph too large to lay out";
-    } else if (laid >= MAX_GRAPHS) {
-      why = "not laid out: more distinct graphs than the page draws";
-    } else {
-      laid++;
-      char *s = run_dot(&t, dot);
-      svgs = tg_xrealloc(svgs, sizeof(char *) * (size_t)(nsvgs + 1));
-      svgs[nsvgs++] = s;
-      pm_put(&svg_of, h, (void *)(intptr_t)nsvgs);
-      svg = s;
-    }
+    const char *svg = gidx[i] >= 0 ? svgs[gidx[i]] : NULL;
+    const char *why = gidx[i] == -2 ? "graph too large to lay out" :
+                      gidx[i] == -3 ? "not laid out: more distinct graphs than the page draws" : NULL;
     sb_printf(&b, "%s{\"id\": %d, \"t\": ", i ? ",\n" : "", vs->id);
     json_num(&b, vs->t);
     sb_printf(&b, ", \"targets\": %d, \"nodes\": %d, \"edges\": %d, \"truncated\": %s, \"items\": [", vs->ntargets, vs->nnodes,
@@ -637,13 +689,14 @@ static char *page_data(void) {
     else sb_puts(&b, "null");
     sb_puts(&b, ", \"dot\": ");
     if (svg) sb_puts(&b, "null");
-    else json_str(&b, dot);
+    else json_str(&b, dots[i]);
     sb_putc(&b, '}');
-    free(dot);
   }
+  for (int i = 0; i < nscheds; i++) free(dots[i]);
+  free(dots), free(uniq), free(gidx);
   for (int i = 0; i < nsvgs; i++) free(svgs[i]);
   free(svgs);
-  pm_free(&svg_of);
+  pm_free(&graph_of);
   sb_puts(&b, "],\n\"dot_error\": ");
   if (t.dot_error) json_str(&b, t.dot_error);
   else sb_puts(&b, "null");
