@@ -20,7 +20,8 @@
 #include "test.h"
 
 /* ---- the child: the program whose run is recorded ---- */
-static tg_status jit_fn(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *user) {
+static tg_status jit_fn(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout,
+                        void *user) {
   (void)nin, (void)args, (void)nargs, (void)nout, (void)user;
   out[0] = tg_relu(tg_sub_s(tg_mul_s(in[0], 2), 1));
   return tg_last_status();
@@ -34,7 +35,8 @@ static int child_main(void) {
   for (int i = 0; i < 32 * 8; i++) w[i] = (float)((i * 7) % 31) / 11.0f - 1.4f;
   tg_tensor tx = tg_from_data(x, TG_SHAPE(4, 100), NULL);
   tg_tensor sm = tg_softmax(tx, 1);
-  tg_tensor y = tg_relu(tg_matmul(tg_from_data(a, TG_SHAPE(16, 32), NULL), tg_from_data(w, TG_SHAPE(32, 8), NULL)));
+  tg_tensor y =
+      tg_relu(tg_matmul(tg_from_data(a, TG_SHAPE(16, 32), NULL), tg_from_data(w, TG_SHAPE(32, 8), NULL)));
   float out1[400], out2[128];
   if (tg_data(sm, out1, sizeof out1) != TG_OK || tg_data(y, out2, sizeof out2) != TG_OK) {
     fprintf(stderr, "child: %s\n", tg_last_error());
@@ -84,10 +86,13 @@ static Child child_start(const char *tag, const char *const *env) {
       char name[64];
       const char *eq = strchr(env[i], '=');
       snprintf(name, sizeof name, "%.*s", (int)(eq - env[i]), env[i]);
-      if (eq[1]) setenv(name, eq + 1, 1);
-      else unsetenv(name);
+      if (eq[1])
+        setenv(name, eq + 1, 1);
+      else
+        unsetenv(name);
     }
-    int o = open(c.out, O_WRONLY | O_CREAT | O_TRUNC, 0644), e = open(c.err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int o = open(c.out, O_WRONLY | O_CREAT | O_TRUNC, 0644),
+        e = open(c.err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (o < 0 || e < 0) _exit(126);
     dup2(o, 1), dup2(e, 2);
     execl(self_path, self_path, "--child", (char *)NULL);
@@ -126,7 +131,8 @@ static char *slurp(const char *path) {
 }
 
 /* hay contains needle (on failure, the start of hay is shown, not all of it) */
-#define CHECK_HAS(hay, needle) CHECK_MSG(strstr((hay), (needle)) != NULL, "no \"%s\" in \"%.300s\"...", (needle), (hay))
+#define CHECK_HAS(hay, needle)                                                                               \
+  CHECK_MSG(strstr((hay), (needle)) != NULL, "no \"%s\" in \"%.300s\"...", (needle), (hay))
 
 static int count(const char *hay, const char *needle) {
   int n = 0;
@@ -195,7 +201,8 @@ TEST(write_page_and_trace_results_unchanged) {
     char want[1200];
     snprintf(want, sizeof want, "{\"name\": \"%.63s\", \"device\": \"CPU\"", names[i]);
     CHECK_HAS(data, want);
-    snprintf(want, sizeof want, "{\"name\": \"%.63s\", \"cat\": \"kernel\", \"ph\": \"X\", \"pid\": 0, \"tid\": 0", names[i]);
+    snprintf(want, sizeof want,
+             "{\"name\": \"%.63s\", \"cat\": \"kernel\", \"ph\": \"X\", \"pid\": 0, \"tid\": 0", names[i]);
     CHECK_HAS(tr, want);
   }
   CHECK_HAS(data, "REDUCE_AXIS MAX axes=(1,)");
@@ -207,9 +214,11 @@ TEST(write_page_and_trace_results_unchanged) {
    * jit's kernel runs 4 times): 5 */
   int nsrc = count(data, "\"src\": \"");
   CHECK_MSG(nsrc == 5, "%d kernels with source", nsrc);
-  CHECK_MSG(count(data, ",-1,-1,0,0,") == 2, "%d runs outside a schedule (jit replays)", count(data, ",-1,-1,0,0,"));
+  CHECK_MSG(count(data, ",-1,-1,0,0,") == 2, "%d runs outside a schedule (jit replays)",
+            count(data, ",-1,-1,0,0,"));
   /* objdump of the CPU kernels: each one's own function */
-  CHECK_MSG(count(data, "\"asm\": \"\\u003c") == nsrc, "%d kernels with assembly", count(data, "\"asm\": \"\\u003c"));
+  CHECK_MSG(count(data, "\"asm\": \"\\u003c") == nsrc, "%d kernels with assembly",
+            count(data, "\"asm\": \"\\u003c"));
   for (int i = 0; i < nk; i++) {
     char want[200];
     snprintf(want, sizeof want, "\"asm\": \"\\u003c%.60s\\u003e:\\n\\t", names[i]);
@@ -219,7 +228,9 @@ TEST(write_page_and_trace_results_unchanged) {
   CHECK_HAS(tr, "\"traceEvents\"");
   CHECK_MSG(count(tr, "\"cat\": \"kernel\", \"ph\": \"X\"") == nk, "%d kernel events, %d kernels run",
             count(tr, "\"cat\": \"kernel\", \"ph\": \"X\""), nk);
-  CHECK_HAS(tr, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": 0, \"args\": {\"name\": \"CPU\"}}");
+  CHECK_HAS(
+      tr,
+      "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": 0, \"args\": {\"name\": \"CPU\"}}");
   CHECK_HAS(tr, "\"GFLOPS\": ");
   CHECK_HAS(tr, "{\"name\": \"memory\", \"ph\": \"C\"");
   free(tr), free(data), free(out), free(err);
@@ -243,7 +254,8 @@ TEST(missing_dot_is_said_on_the_page) {
 }
 
 TEST(unwritable_dirs_are_clear_errors) {
-  const char *env[] = {"VIZ=-1", "VIZ_DIR=/proc/no/such/dir", "PROFILE=1", "PROFILE_PATH=/proc/no/such/trace.json", NULL};
+  const char *env[] = {"VIZ=-1", "VIZ_DIR=/proc/no/such/dir", "PROFILE=1",
+                       "PROFILE_PATH=/proc/no/such/trace.json", NULL};
   Child c = child_start("unwritable", env);
   CHECK(child_wait(&c, 60) == 0);
   char *err = slurp(c.err), *out = slurp(c.out);
@@ -334,7 +346,8 @@ TEST(serve_answers_its_own_paths_until_interrupted) {
   r = http(port, "GET /viz.js HTTP/1.0\r\n\r\n");
   CHECK_HAS(r, "text/javascript");
   free(r);
-  const char *bad[] = {"GET /../../../etc/passwd HTTP/1.0\r\n\r\n", "GET /%2e%2e/%2e%2e/etc/passwd HTTP/1.0\r\n\r\n",
+  const char *bad[] = {"GET /../../../etc/passwd HTTP/1.0\r\n\r\n",
+                       "GET /%2e%2e/%2e%2e/etc/passwd HTTP/1.0\r\n\r\n",
                        "GET /index.html/../../x HTTP/1.0\r\n\r\n", "GET //etc/passwd HTTP/1.0\r\n\r\n",
                        "GET http://127.0.0.1/etc/passwd HTTP/1.0\r\n\r\n"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -385,7 +398,8 @@ TEST(port_in_use_is_a_clear_error) {
   CHECK_MSG(rc == 0, "child exited with %d", rc);
   char *err = slurp(c.err);
   char want[128];
-  snprintf(want, sizeof want, "VIZ: cannot serve on 127.0.0.1:%d: the port is in use (set PORT to a free port", port);
+  snprintf(want, sizeof want,
+           "VIZ: cannot serve on 127.0.0.1:%d: the port is in use (set PORT to a free port", port);
   CHECK_HAS(err, want);
   CHECK_HAS(err, "VIZ: wrote the page to"); /* nothing recorded is lost */
   free(err);

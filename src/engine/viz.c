@@ -21,19 +21,20 @@
 #include <unistd.h>
 
 int viz_on;
-static int viz_mode;     /* VIZ: 1 serve, -1 write only, 0 off */
+static int viz_mode; /* VIZ: 1 serve, -1 write only, 0 off */
 static bool profile_on;
-static double t_origin;  /* now_seconds() at load: time 0 of the timeline and the trace */
-static pid_t load_pid;   /* a forked child that exits writes and serves nothing */
+static double t_origin; /* now_seconds() at load: time 0 of the timeline and the trace */
+static pid_t load_pid;  /* a forked child that exits writes and serves nothing */
 static pthread_mutex_t vlock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Limits that keep a long training run's record (and page) bounded; what is left out is counted. */
-#define MAX_RUNS 2000000      /* runs recorded (the trace gets them all) */
-#define MAX_PAGE_RUNS 50000   /* runs on the page's timeline */
-#define MAX_MEM 2000000       /* memory events */
+#define MAX_RUNS 2000000    /* runs recorded (the trace gets them all) */
+#define MAX_PAGE_RUNS 50000 /* runs on the page's timeline */
+#define MAX_MEM 2000000     /* memory events */
 #define MAX_PAGE_MEM 50000
-#define MAX_NODES 4000        /* tensor-graph nodes recorded per schedule */
-#define MAX_SCHEDULES 20000   /* schedules recorded (graphs: the first MAX_GRAPHS distinct ones are laid out) */
+#define MAX_NODES 4000      /* tensor-graph nodes recorded per schedule */
+#define MAX_SCHEDULES 20000 /* schedules recorded (graphs: the first MAX_GRAPHS distinct ones are laid out)  \
+                             */
 #define MAX_GRAPHS 1000
 #define MAX_LAYOUT_NODES 1500 /* larger graphs are not given to dot (it takes minutes on them) */
 #define MAX_KERNELS 4096
@@ -179,7 +180,8 @@ void viz_schedule(const Schedule *s, UOp *const *targets, int n) {
   pm_init(&writer), pm_init(&index);
   for (int i = 0; i < s->nitems; i++) {
     UOp *o = s->bufs[s->items[i].bufs[0]].node;
-    if (o && !pm_has(&writer, (uint64_t)(uintptr_t)o)) pm_put(&writer, (uint64_t)(uintptr_t)o, (void *)(intptr_t)(i + 1));
+    if (o && !pm_has(&writer, (uint64_t)(uintptr_t)o))
+      pm_put(&writer, (uint64_t)(uintptr_t)o, (void *)(intptr_t)(i + 1));
   }
   /* nodes from the targets down, stopping at buffers and realized nodes (explicit stack: a graph may
    * be a long chain) */
@@ -252,14 +254,21 @@ void viz_schedule(const Schedule *s, UOp *const *targets, int n) {
 
 static void ast_arg(SB *b, const UOp *u) {
   switch (u->op) {
-  case OP_CONST: sb_printf(b, " %g", uop_const_as_f(u)); break;
-  case OP_DEFINE_GLOBAL: sb_printf(b, " data%lld", (long long)u->arg.i); break;
-  case OP_RANGE: sb_printf(b, " axis=%lld", (long long)u->arg.i); break;
+  case OP_CONST:
+    sb_printf(b, " %g", uop_const_as_f(u));
+    break;
+  case OP_DEFINE_GLOBAL:
+    sb_printf(b, " data%lld", (long long)u->arg.i);
+    break;
+  case OP_RANGE:
+    sb_printf(b, " axis=%lld", (long long)u->arg.i);
+    break;
   case OP_REDUCE:
   case OP_REDUCE_AXIS:
     if (u->arg.i > 0 && u->arg.i < OP_COUNT) sb_printf(b, " %s", op_names[u->arg.i]);
     break;
-  default: break;
+  default:
+    break;
   }
   if (u->niarg) {
     sb_putc(b, ' ');
@@ -299,7 +308,8 @@ static char *ast_text(const UOp *ast) {
     ast_arg(&b, u);
     if (u->nsrc) {
       sb_puts(&b, " <-");
-      for (uint32_t k = 0; k < u->nsrc; k++) sb_printf(&b, " %d", (int)(intptr_t)pm_get(&num, (uint64_t)(uintptr_t)u->src[k]) - 1);
+      for (uint32_t k = 0; k < u->nsrc; k++)
+        sb_printf(&b, " %d", (int)(intptr_t)pm_get(&num, (uint64_t)(uintptr_t)u->src[k]) - 1);
     }
     sb_putc(&b, '\n');
   }
@@ -309,7 +319,8 @@ static char *ast_text(const UOp *ast) {
 }
 
 static int kernel_record(Device *dev, const KernelCode *kc, const UOp *ast) {
-  uint64_t h = hash_bytes(kc->src, strlen(kc->src), hash_bytes(kc->name, strlen(kc->name), (uint64_t)dev->id + 1));
+  uint64_t h =
+      hash_bytes(kc->src, strlen(kc->src), hash_bytes(kc->name, strlen(kc->name), (uint64_t)dev->id + 1));
   if (!h) h = 1;
   intptr_t k = (intptr_t)pm_get(&kernel_by_hash, h);
   if (k) return (int)k - 1;
@@ -323,7 +334,9 @@ static int kernel_record(Device *dev, const KernelCode *kc, const UOp *ast) {
   v->lang = dev->caps.lang;
   v->src = tg_xstrdup(kc->src);
   v->opts = tg_xstrdup(kc->opts);
-  v->ast = (viz_on & VIZ_GRAPHS) ? (ast ? ast_text(ast) : tg_xstrdup("(first seen in a TinyJit replay: no AST)")) : NULL;
+  v->ast = (viz_on & VIZ_GRAPHS)
+               ? (ast ? ast_text(ast) : tg_xstrdup("(first seen in a TinyJit replay: no AST)"))
+               : NULL;
   v->ops = kc->ops;
   v->hash = h;
   memcpy(v->gs, kc->global_size, sizeof v->gs);
@@ -371,18 +384,25 @@ static void json_str(SB *b, const char *s) {
   sb_putc(b, '"');
   for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
     unsigned char c = *p;
-    if (c == '"' || c == '\\') sb_printf(b, "\\%c", c);
-    else if (c == '\n') sb_puts(b, "\\n");
-    else if (c == '\t') sb_puts(b, "\\t");
-    else if (c < 0x20 || c == '<' || c == '>' || c == '&' || c == 0x7f) sb_printf(b, "\\u%04x", c);
-    else sb_putc(b, (char)c);
+    if (c == '"' || c == '\\')
+      sb_printf(b, "\\%c", c);
+    else if (c == '\n')
+      sb_puts(b, "\\n");
+    else if (c == '\t')
+      sb_puts(b, "\\t");
+    else if (c < 0x20 || c == '<' || c == '>' || c == '&' || c == 0x7f)
+      sb_printf(b, "\\u%04x", c);
+    else
+      sb_putc(b, (char)c);
   }
   sb_putc(b, '"');
 }
 
 static void json_num(SB *b, double v) {
-  if (v != v || v > 1e300 || v < -1e300) sb_puts(b, "0");
-  else sb_printf(b, "%.9g", v);
+  if (v != v || v > 1e300 || v < -1e300)
+    sb_puts(b, "0");
+  else
+    sb_printf(b, "%.9g", v);
 }
 
 /* ---- running programs (dot, objdump) ---------------------------------------------------------- */
@@ -408,9 +428,12 @@ static const char *const palette[] = {"#ffd8a8", "#b2f2bb", "#a5d8ff", "#fcc2d7"
 
 static void dot_escape(SB *b, const char *s) {
   for (; *s; s++) {
-    if (*s == '"' || *s == '\\') sb_putc(b, '\\'), sb_putc(b, *s);
-    else if (*s == '\n') sb_puts(b, "\\n");
-    else sb_putc(b, *s);
+    if (*s == '"' || *s == '\\')
+      sb_putc(b, '\\'), sb_putc(b, *s);
+    else if (*s == '\n')
+      sb_puts(b, "\\n");
+    else
+      sb_putc(b, *s);
   }
 }
 
@@ -418,9 +441,12 @@ static void dot_escape(SB *b, const char *s) {
 static char *sched_dot(const VSched *vs) {
   SB b;
   sb_init(&b);
-  sb_printf(&b, "digraph schedule%d {\n  rankdir=TB; bgcolor=\"transparent\"; nodesep=0.25; ranksep=0.35;\n"
-                "  node [shape=box style=\"rounded,filled\" fillcolor=\"#ffffff\" fontname=\"Helvetica\" fontsize=10 "
-                "height=0.3 margin=\"0.08,0.03\"];\n  edge [color=\"#555555\" arrowsize=0.6];\n", vs->id);
+  sb_printf(
+      &b,
+      "digraph schedule%d {\n  rankdir=TB; bgcolor=\"transparent\"; nodesep=0.25; ranksep=0.35;\n"
+      "  node [shape=box style=\"rounded,filled\" fillcolor=\"#ffffff\" fontname=\"Helvetica\" fontsize=10 "
+      "height=0.3 margin=\"0.08,0.03\"];\n  edge [color=\"#555555\" arrowsize=0.6];\n",
+      vs->id);
   for (int item = -1; item < vs->nitems; item++) {
     bool any = false;
     for (int i = 0; i < vs->nnodes && !any; i++) any = vs->nodes[i].owner == item;
@@ -432,7 +458,9 @@ static char *sched_dot(const VSched *vs) {
       dot_escape(&b, name);
       sb_printf(&b, "\"; tooltip=\"item %d: ", item);
       dot_escape(&b, name);
-      sb_printf(&b, "\"; style=\"filled,rounded\"; color=\"#888888\"; fillcolor=\"%s\"; fontname=\"Helvetica\"; fontsize=11;\n",
+      sb_printf(&b,
+                "\"; style=\"filled,rounded\"; color=\"#888888\"; fillcolor=\"%s\"; fontname=\"Helvetica\"; "
+                "fontsize=11;\n",
                 palette[item % NPALETTE]);
     }
     for (int i = 0; i < vs->nnodes; i++) {
@@ -481,11 +509,15 @@ static void run_dot(Tools *t, char *const *texts, int n, char **svgs) {
     SB m;
     sb_init(&m);
     if (rc == 127)
-      sb_printf(&m, "Graphviz's '%s' program was not found, so the graphs are not drawn (install the graphviz package: "
-                    "apt-get install graphviz; or set VIZ_DOT to its path). Their DOT text is shown instead.", t->dot);
+      sb_printf(
+          &m,
+          "Graphviz's '%s' program was not found, so the graphs are not drawn (install the graphviz package: "
+          "apt-get install graphviz; or set VIZ_DOT to its path). Their DOT text is shown instead.",
+          t->dot);
     else {
       char *e = read_all(err, NULL);
-      sb_printf(&m, "'%s -Tsvg' failed (exit status %d, %d of %d graphs drawn): %.300s", t->dot, rc, got, n, e ? e : "");
+      sb_printf(&m, "'%s -Tsvg' failed (exit status %d, %d of %d graphs drawn): %.300s", t->dot, rc, got, n,
+                e ? e : "");
       free(e);
     }
     t->dot_error = sb_take(&m);
@@ -635,34 +667,42 @@ static char *page_data(void) {
     json_str(&b, k->dev);
     sb_puts(&b, ", \"opts\": ");
     json_str(&b, k->opts);
-    sb_printf(&b, ", \"global\": [%lld, %lld, %lld], \"local\": [%lld, %lld, %lld], \"params\": %d, \"ops\": %llu, "
-                  "\"runs\": %d, \"time\": ",
-              (long long)k->gs[0], (long long)k->gs[1], (long long)k->gs[2], (long long)k->ls[0], (long long)k->ls[1],
-              (long long)k->ls[2], k->nparams, (unsigned long long)k->ops, k->nruns);
+    sb_printf(
+        &b,
+        ", \"global\": [%lld, %lld, %lld], \"local\": [%lld, %lld, %lld], \"params\": %d, \"ops\": %llu, "
+        "\"runs\": %d, \"time\": ",
+        (long long)k->gs[0], (long long)k->gs[1], (long long)k->gs[2], (long long)k->ls[0],
+        (long long)k->ls[1], (long long)k->ls[2], k->nparams, (unsigned long long)k->ops, k->nruns);
     json_num(&b, k->tsum);
     sb_puts(&b, ", \"ast\": ");
     json_str(&b, k->ast);
     sb_puts(&b, ", \"src\": ");
     json_str(&b, k->src);
     sb_puts(&b, ", \"asm\": ");
-    if (k->asm_text) json_str(&b, k->asm_text);
-    else sb_puts(&b, "null");
+    if (k->asm_text)
+      json_str(&b, k->asm_text);
+    else
+      sb_puts(&b, "null");
     sb_putc(&b, '}');
   }
   sb_puts(&b, "],\n\"schedules\": [\n");
   /* distinct graphs are laid out once (a training loop's steps share theirs), all in one dot run */
   PtrMap graph_of;
   pm_init(&graph_of);
-  char **dots = tg_xmalloc(sizeof(char *) * (size_t)(nscheds + 1)), **uniq = tg_xmalloc(sizeof(char *) * (size_t)(nscheds + 1));
+  char **dots = tg_xmalloc(sizeof(char *) * (size_t)(nscheds + 1)),
+       **uniq = tg_xmalloc(sizeof(char *) * (size_t)(nscheds + 1));
   int *gidx = tg_xmalloc(sizeof(int) * (size_t)(nscheds + 1)), nsvgs = 0;
   for (int i = 0; i < nscheds; i++) {
     dots[i] = sched_dot(&scheds[i]);
     uint64_t h = hash_bytes(dots[i], strlen(dots[i]), 7);
     if (!h) h = 1;
     intptr_t have = (intptr_t)pm_get(&graph_of, h);
-    if (have) gidx[i] = (int)have - 1;
-    else if (scheds[i].nnodes > MAX_LAYOUT_NODES) gidx[i] = -2;
-    else if (nsvgs >= MAX_GRAPHS) gidx[i] = -3;
+    if (have)
+      gidx[i] = (int)have - 1;
+    else if (scheds[i].nnodes > MAX_LAYOUT_NODES)
+      gidx[i] = -2;
+    else if (nsvgs >= MAX_GRAPHS)
+      gidx[i] = -3;
     else {
       uniq[nsvgs] = dots[i];
       gidx[i] = nsvgs++;
@@ -674,22 +714,29 @@ static char *page_data(void) {
   for (int i = 0; i < nscheds; i++) {
     VSched *vs = &scheds[i];
     const char *svg = gidx[i] >= 0 ? svgs[gidx[i]] : NULL;
-    const char *why = gidx[i] == -2 ? "graph too large to lay out" :
-                      gidx[i] == -3 ? "not laid out: more distinct graphs than the page draws" : NULL;
+    const char *why = gidx[i] == -2   ? "graph too large to lay out"
+                      : gidx[i] == -3 ? "not laid out: more distinct graphs than the page draws"
+                                      : NULL;
     sb_printf(&b, "%s{\"id\": %d, \"t\": ", i ? ",\n" : "", vs->id);
     json_num(&b, vs->t);
-    sb_printf(&b, ", \"targets\": %d, \"nodes\": %d, \"edges\": %d, \"truncated\": %s, \"items\": [", vs->ntargets, vs->nnodes,
-              vs->nedges, vs->truncated ? "true" : "false");
+    sb_printf(&b, ", \"targets\": %d, \"nodes\": %d, \"edges\": %d, \"truncated\": %s, \"items\": [",
+              vs->ntargets, vs->nnodes, vs->nedges, vs->truncated ? "true" : "false");
     for (int j = 0; j < vs->nitems; j++) sb_printf(&b, "%s%d", j ? ", " : "", vs->item_kernel[j]);
     sb_puts(&b, "], \"svg\": ");
-    if (svg) json_str(&b, svg);
-    else sb_puts(&b, "null");
+    if (svg)
+      json_str(&b, svg);
+    else
+      sb_puts(&b, "null");
     sb_puts(&b, ", \"why\": ");
-    if (why) json_str(&b, why);
-    else sb_puts(&b, "null");
+    if (why)
+      json_str(&b, why);
+    else
+      sb_puts(&b, "null");
     sb_puts(&b, ", \"dot\": ");
-    if (svg) sb_puts(&b, "null");
-    else json_str(&b, dots[i]);
+    if (svg)
+      sb_puts(&b, "null");
+    else
+      json_str(&b, dots[i]);
     sb_putc(&b, '}');
   }
   for (int i = 0; i < nscheds; i++) free(dots[i]);
@@ -698,14 +745,17 @@ static char *page_data(void) {
   free(svgs);
   pm_free(&graph_of);
   sb_puts(&b, "],\n\"dot_error\": ");
-  if (t.dot_error) json_str(&b, t.dot_error);
-  else sb_puts(&b, "null");
+  if (t.dot_error)
+    json_str(&b, t.dot_error);
+  else
+    sb_puts(&b, "null");
   /* runs: [kernel (-1 copy), schedule, item, device, source device, start s, duration s, FLOPs, bytes] */
   int pr = nruns < MAX_PAGE_RUNS ? nruns : MAX_PAGE_RUNS;
   sb_printf(&b, ",\n\"runs_total\": %ld, \"runs\": [", (long)nruns + runs_dropped);
   for (int i = 0; i < pr; i++) {
     VRun *r = &runs[i];
-    sb_printf(&b, "%s[%d,%d,%d,%d,%d,", i ? (i % 8 ? "," : ",\n") : "", r->kernel, r->sched, r->item, r->dev, r->srcdev);
+    sb_printf(&b, "%s[%d,%d,%d,%d,%d,", i ? (i % 8 ? "," : ",\n") : "", r->kernel, r->sched, r->item, r->dev,
+              r->srcdev);
     json_num(&b, r->start);
     sb_putc(&b, ',');
     json_num(&b, r->dur);
@@ -739,8 +789,9 @@ static void profile_write(void) {
   }
   FILE *f = fopen(path, "w");
   if (!f) {
-    fprintf(stderr, "PROFILE: cannot write the trace to PROFILE_PATH=%s: %s (set PROFILE_PATH to a writable file)\n", path,
-            strerror(errno));
+    fprintf(stderr,
+            "PROFILE: cannot write the trace to PROFILE_PATH=%s: %s (set PROFILE_PATH to a writable file)\n",
+            path, strerror(errno));
     return;
   }
   SB b;
@@ -753,18 +804,25 @@ static void profile_write(void) {
 #define SEP() (first ? (first = false, "") : ",\n")
   for (int d = 0; d < maxdev; d++) {
     if (!device_by_id(d)) continue;
-    sb_printf(&b, "%s{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": ", SEP(), d);
+    sb_printf(&b,
+              "%s{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": ",
+              SEP(), d);
     json_str(&b, dev_name(d));
-    sb_printf(&b, "}},\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"kernels\"}},\n"
-                  "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 1, \"args\": {\"name\": \"copies\"}}",
+    sb_printf(&b,
+              "}},\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": "
+              "\"kernels\"}},\n"
+              "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 1, \"args\": {\"name\": "
+              "\"copies\"}}",
               d, d);
   }
   for (int i = 0; i < nruns; i++) {
     VRun *r = &runs[i];
     double gb = r->dur > 0 ? (double)r->mem / r->dur * 1e-9 : 0;
     if (r->kernel == -1) {
-      sb_printf(&b, "%s{\"name\": \"copy %s -> %s\", \"cat\": \"copy\", \"ph\": \"X\", \"pid\": %d, \"tid\": 1, \"ts\": ", SEP(),
-                dev_name(r->srcdev), dev_name(r->dev), r->dev);
+      sb_printf(&b,
+                "%s{\"name\": \"copy %s -> %s\", \"cat\": \"copy\", \"ph\": \"X\", \"pid\": %d, \"tid\": 1, "
+                "\"ts\": ",
+                SEP(), dev_name(r->srcdev), dev_name(r->dev), r->dev);
       json_num(&b, r->start * 1e6);
       sb_puts(&b, ", \"dur\": ");
       json_num(&b, r->dur * 1e6);
@@ -784,7 +842,9 @@ static void profile_write(void) {
       json_num(&b, r->dur > 0 ? (double)r->ops / r->dur * 1e-9 : 0);
       sb_puts(&b, ", \"GB/s\": ");
       json_num(&b, gb);
-      if (k) sb_printf(&b, ", \"global\": [%lld, %lld, %lld]", (long long)k->gs[0], (long long)k->gs[1], (long long)k->gs[2]);
+      if (k)
+        sb_printf(&b, ", \"global\": [%lld, %lld, %lld]", (long long)k->gs[0], (long long)k->gs[1],
+                  (long long)k->gs[2]);
       sb_puts(&b, "}}");
     }
     events++;
@@ -813,8 +873,9 @@ static void profile_write(void) {
     fprintf(stderr, "PROFILE: writing the trace to %s failed: %s\n", path, strerror(errno));
     return;
   }
-  fprintf(stderr, "PROFILE: wrote %ld kernel runs and copies%s to %s (open it in Perfetto or chrome://tracing)\n", events,
-          runs_dropped ? " (more were not recorded)" : "", path);
+  fprintf(stderr,
+          "PROFILE: wrote %ld kernel runs and copies%s to %s (open it in Perfetto or chrome://tracing)\n",
+          events, runs_dropped ? " (more were not recorded)" : "", path);
 }
 
 /* ---- load and exit ------------------------------------------------------------------------------ */
@@ -859,7 +920,9 @@ static void viz_at_exit(void) {
       char *end = NULL;
       long port = ps && *ps ? strtol(ps, &end, 10) : 8000;
       if (ps && *ps && (*end || port < 0 || port > 65535)) {
-        fprintf(stderr, "VIZ: PORT=%s is not a port number (0-65535); the page is written to a directory instead\n", ps);
+        fprintf(stderr,
+                "VIZ: PORT=%s is not a port number (0-65535); the page is written to a directory instead\n",
+                ps);
         viz_page_write_dir(&p);
       } else if (!viz_page_serve(&p, (int)port)) {
         viz_page_write_dir(&p);

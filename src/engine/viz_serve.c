@@ -58,9 +58,12 @@ int viz_run_program(char *const argv[], const char *in_path, const char *out_pat
 
 void viz_page_make(VizPage *p, char *data) {
   p->data = data;
-  p->files[0] = (VizPageFile){"index.html", "text/html; charset=utf-8", viz_page_index_html, strlen(viz_page_index_html)};
-  p->files[1] = (VizPageFile){"viz.js", "text/javascript; charset=utf-8", viz_page_viz_js, strlen(viz_page_viz_js)};
-  p->files[2] = (VizPageFile){"viz.css", "text/css; charset=utf-8", viz_page_viz_css, strlen(viz_page_viz_css)};
+  p->files[0] = (VizPageFile){"index.html", "text/html; charset=utf-8", viz_page_index_html,
+                              strlen(viz_page_index_html)};
+  p->files[1] =
+      (VizPageFile){"viz.js", "text/javascript; charset=utf-8", viz_page_viz_js, strlen(viz_page_viz_js)};
+  p->files[2] =
+      (VizPageFile){"viz.css", "text/css; charset=utf-8", viz_page_viz_css, strlen(viz_page_viz_css)};
   p->files[3] = (VizPageFile){"data.js", "text/javascript; charset=utf-8", p->data, strlen(p->data)};
 }
 
@@ -98,7 +101,8 @@ void viz_page_write_dir(const VizPage *p) {
     sb_printf(&d, "%s/tinygrad-viz-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     made = sb_take(&d);
     if (!mkdtemp(made)) {
-      fprintf(stderr, "VIZ: cannot create a temporary directory %s: %s (set VIZ_DIR to a writable directory)\n", made,
+      fprintf(stderr,
+              "VIZ: cannot create a temporary directory %s: %s (set VIZ_DIR to a writable directory)\n", made,
               strerror(errno));
       free(made);
       return;
@@ -109,9 +113,11 @@ void viz_page_write_dir(const VizPage *p) {
   if (page_write(p, dir, why, sizeof why)) {
     char abs[4096];
     if (!realpath(dir, abs)) snprintf(abs, sizeof abs, "%s", dir);
-    fprintf(stderr, "VIZ: wrote the page to %s/index.html (open file://%s/index.html in a browser)\n", abs, abs);
+    fprintf(stderr, "VIZ: wrote the page to %s/index.html (open file://%s/index.html in a browser)\n", abs,
+            abs);
   } else {
-    fprintf(stderr, "VIZ: cannot write the page to VIZ_DIR=%s: %s (set VIZ_DIR to a writable directory)\n", dir, why);
+    fprintf(stderr, "VIZ: cannot write the page to VIZ_DIR=%s: %s (set VIZ_DIR to a writable directory)\n",
+            dir, why);
   }
   free(made);
 }
@@ -209,8 +215,10 @@ bool viz_page_serve(const VizPage *p, int port) {
   if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 16) != 0) {
     int e = errno;
     if (e == EADDRINUSE)
-      fprintf(stderr, "VIZ: cannot serve on 127.0.0.1:%d: the port is in use (set PORT to a free port, or VIZ=-1 to "
-                      "write the page to a directory)\n", port);
+      fprintf(stderr,
+              "VIZ: cannot serve on 127.0.0.1:%d: the port is in use (set PORT to a free port, or VIZ=-1 to "
+              "write the page to a directory)\n",
+              port);
     else
       fprintf(stderr, "VIZ: cannot serve on 127.0.0.1:%d: %s\n", port, strerror(e));
     close(fd);
@@ -242,4 +250,3 @@ bool viz_page_serve(const VizPage *p, int port) {
   fprintf(stderr, "VIZ: stopped serving\n");
   return true;
 }
-
