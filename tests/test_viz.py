@@ -89,8 +89,10 @@ def main():
 
     # ---- the page in Chromium ----
     url = "file://" + os.path.join(page, "index.html")
-    dom, err = chromium("--dump-dom", url)
+    dom, err = chromium("--enable-logging=stderr", "--v=0", "--dump-dom", url)
     check(dom is not None and "<html" in dom, "chromium dumps the page's DOM", (err or "")[-600:])
+    errors = [l for l in (err or "").splitlines() if "CONSOLE" in l or "Uncaught" in l]
+    check(not errors, "the page's script runs without errors", "\n".join(errors[:5]))
     dom = dom or ""
     listed = re.findall(r'<li class="kernel[^"]*"[^>]*><span class="kname">([^<]+)</span>', dom)
     check(sorted(set(listed)) == names, f"the DOM lists the kernels by name: {listed} vs {names}")
@@ -99,12 +101,12 @@ def main():
     check(summary is not None and f"{len(listed)} kernels, {len(ran) + (1 if with_cl else 0)} runs" in summary.group(1),
           "the summary line was filled by the script", summary and summary.group(1))
     # the last schedule with kernels is shown first; timeline: one bar per kernel run
-    bars = re.findall(r'<rect class="run"[^>]*>', dom)
+    bars = re.findall(r'<rect class="run(?: sel)?"[^>]*>', dom)
     check(len(bars) == len(ran), f"the timeline has one bar per kernel run ({len(bars)} bars, {len(ran)} runs)")
     copies = re.findall(r'<rect class="copy"[^>]*>', dom)
     check(len(copies) == (1 if with_cl else 0), f"and one bar per copy ({len(copies)})")
     lanes = re.findall(r'<text class="lane"[^>]*>([^<]*)</text>', dom)
-    check("CPU" in lanes and (not with_cl or "CL" in lanes), f"timeline lanes per device: {lanes}")
+    check("CPU" in lanes and (not with_cl or ("CL" in lanes and "copies to it" in lanes)), f"timeline lanes per device: {lanes}")
     mem = re.findall(r'<path class="mem"[^>]*data-device="([^"]*)"', dom)
     check("CPU" in mem and (not with_cl or "CL" in mem), f"a memory track per device: {mem}")
     check('<pre id="kernel-src" class="pane" hidden="">' in dom and "void " in dom.split('id="kernel-src"')[1][:2000],

@@ -44,6 +44,10 @@
   $('summary').title = D.program + ' (pid ' + D.pid + ')';
 
   // ---- lists ------------------------------------------------------------------------------------
+  var usedIn = D.kernels.map(function () { return []; });
+  D.schedules.forEach(function (s, i) {
+    s.items.forEach(function (k) { if (k >= 0 && usedIn[k].indexOf(i) < 0) usedIn[k].push(i); });
+  });
   var schedLis = [], kernelLis = [];
   D.schedules.forEach(function (s, i) {
     var nk = s.items.filter(function (k) { return k !== -1; }).length, nc = s.items.length - nk;
@@ -66,13 +70,16 @@
     li.appendChild(el('span', 'kname', k.name));
     li.appendChild(el('span', 'meta', ' ' + k.device + ', ' + k.runs + ' run' + (k.runs === 1 ? '' : 's')));
     li.title = k.name + ' on ' + k.device;
-    li.onclick = function () { showKernel(i); };
+    li.onclick = function () {
+      if (usedIn[i].length && usedIn[i].indexOf(curSched) < 0) showSchedule(usedIn[i][usedIn[i].length - 1]);
+      showKernel(i);
+    };
     $('kernels').appendChild(li);
     kernelLis.push(li);
   });
 
   // ---- graph ------------------------------------------------------------------------------------
-  var curSched = -1;
+  var curSched = -1, curKernel = -1;
   function showSchedule(i) {
     var s = D.schedules[i];
     curSched = i;
@@ -118,11 +125,17 @@
       g.classList.toggle('on', !!s && s.items[it] === i && (item === undefined || item === it));
     });
     $('kernel-title').textContent = k.name;
+    curKernel = i;
+    document.querySelectorAll('#timeline rect.run').forEach(function (r) {
+      r.classList.toggle('sel', D.runs[+r.getAttribute('data-run')][0] === i);
+    });
     var avg = k.runs ? k.time / k.runs : 0;
     var rows = [['device', k.device], ['opts', k.opts || '(none)'], ['global size', k.global.join(' x ')],
                 ['local size', k.local.join(' x ')], ['buffers', k.params], ['FLOPs per run', k.ops],
                 ['runs', k.runs + (k.runs ? ', ' + fmtTime(k.time) + ' in all, ' + fmtTime(avg) + ' each' : '')],
-                ['GFLOPS', rate(k.ops, avg).toFixed(2)]];
+                ['GFLOPS', rate(k.ops, avg).toFixed(2)],
+                ['in realizes', usedIn[i].length ? usedIn[i].slice(0, 20).join(', ') + (usedIn[i].length > 20 ? ', ...' : '') :
+                                 '(TinyJit replays only)']];
     var t = $('kernel-info');
     t.innerHTML = '';
     rows.forEach(function (r) {
@@ -174,27 +187,32 @@
     }
   }
 
+  var hasCopies = {};
+  D.runs.forEach(function (r) { if (r[0] === -1) hasCopies[r[3]] = true; });
+  var laneY = {}, laneH = 0;
+  devs.forEach(function (d) { laneY[d] = laneH; laneH += LANE * (hasCopies[d] ? 2 : 1); });
+
   function drawTimeline() {
-    var W = width(), H = devs.length * LANE * 2 + 16;
+    var W = width(), H = laneH + 16;
     var box = $('timeline');
     box.innerHTML = '';
     var svg = sel('svg', {width: W, height: H, viewBox: '0 0 ' + W + ' ' + H});
     box.appendChild(svg);
     axis(svg, W, H);
-    devs.forEach(function (d, li) {
-      var y = li * LANE * 2;
+    devs.forEach(function (d) {
+      var y = laneY[d];
       sel('text', {'class': 'lane', x: 4, y: y + 18}, svg).textContent = D.devices[d] || ('device ' + d);
-      sel('text', {'class': 'lane', x: 4, y: y + LANE + 18}, svg).textContent = 'copies';
+      if (hasCopies[d]) sel('text', {'class': 'lane', x: 4, y: y + LANE + 18}, svg).textContent = 'copies to it';
     });
     D.runs.forEach(function (r, i) {
       if (r[5] + r[6] < view[0] || r[5] > view[1]) return;
-      var li = devs.indexOf(r[3]);
       var copy = r[0] === -1;
       var x = xOf(r[5], W), w = Math.max(1, xOf(r[5] + r[6], W) - x);
-      var y = li * LANE * 2 + (copy ? LANE : 0) + 4;
+      var y = laneY[r[3]] + (copy ? LANE : 0) + 4;
       var rect = sel('rect', {'class': copy ? 'copy' : 'run', x: x.toFixed(2), y: y, width: w.toFixed(2), height: LANE - 8,
                               'data-run': i}, svg);
       if (!copy) rect.setAttribute('fill', COLORS[Math.max(r[0], 0) % COLORS.length]);
+      if (!copy && r[0] === curKernel) rect.classList.add('sel');
       var name = copy ? 'copy ' + (D.devices[r[4]] || r[4]) + ' -> ' + (D.devices[r[3]] || r[3]) :
                  (r[0] >= 0 ? D.kernels[r[0]].name : 'kernel');
       sel('title', {}, rect).textContent = name + '\n' + fmtTime(r[6]) + ', ' + fmtBytes(r[8]) +
