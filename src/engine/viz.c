@@ -75,6 +75,7 @@ typedef struct {
   int (*edges)[2]; /* (src, dst) node indices */
   int nedges;
   bool truncated;
+  bool shared; /* nodes and edges are another schedule's (an identical graph: kept once) */
   int ncopies;
 } VSched;
 
@@ -93,6 +94,7 @@ static VSched *scheds;
 static int nscheds, capscheds;
 static long scheds_dropped;
 static int cur_sched = -1;
+static PtrMap graph_seen; /* hash of a recorded graph -> the first schedule with it (+1) */
 
 static double rel_now(void) { return now_seconds() - t_origin; }
 
@@ -248,6 +250,26 @@ void viz_schedule(const Schedule *s, UOp *const *targets, int n) {
   }
   pv_free(&stack);
   pm_free(&writer), pm_free(&index);
+  /* a training loop realizes the same graph every step: keep one copy */
+  uint64_t h = hash_mix((uint64_t)vs->nnodes, (uint64_t)vs->nedges);
+  for (int i = 0; i < vs->nnodes; i++)
+    h = hash_bytes(vs->nodes[i].label, strlen(vs->nodes[i].label), hash_mix(h, (uint64_t)(vs->nodes[i].owner + 2)));
+  h = vs->nedges ? hash_bytes(vs->edges, sizeof(int[2]) * (size_t)vs->nedges, h) : h;
+  if (!h) h = 1;
+  intptr_t prev = (intptr_t)pm_get(&graph_seen, h);
+  VSched *ps = prev ? &scheds[prev - 1] : NULL;
+  bool same = ps && ps->nnodes == vs->nnodes && ps->nedges == vs->nedges &&
+              (!vs->nedges || memcmp(ps->edges, vs->edges, sizeof(int[2]) * (size_t)vs->nedges) == 0);
+  for (int i = 0; same && i < vs->nnodes; i++)
+    same = ps->nodes[i].owner == vs->nodes[i].owner && strcmp(ps->nodes[i].label, vs->nodes[i].label) == 0;
+  if (same) {
+    for (int i = 0; i < vs->nnodes; i++) free(vs->nodes[i].label);
+    free(vs->nodes), free(vs->edges);
+    vs->nodes = ps->nodes, vs->edges = ps->edges;
+    vs->shared = true;
+  } else if (!prev) {
+    pm_put(&graph_seen, h, (void *)(intptr_t)(nscheds + 1));
+  }
   cur_sched = nscheds++;
   pthread_mutex_unlock(&vlock);
 }
@@ -441,16 +463,18 @@ static void dot_escape(SB *b, const char *s) {
 static char *sched_dot(const VSched *vs) {
   SB b;
   sb_init(&b);
-  sb_printf(
-      &b,
-      "digraph schedule%d {\n  rankdir=TB; bgcolor=\"transparent\"; nodesep=0.25; ranksep=0.35;\n"
-      "  node [shape=box style=\"rounded,filled\" fillcolor=\"#ffffff\" fontname=\"Helvetica\" fontsize=10 "
-      "height=0.3 margin=\"0.08,0.03\"];\n  edge [color=\"#555555\" arrowsize=0.6];\n",
-      vs->id);
+  sb_puts(&b, "digraph schedule {\n  rankdir=TB; bgcolor=\"transparent\"; nodesep=0.25; ranksep=0.35;\n"
+              "  node [shape=box style=\"rounded,filled\" fillcolor=\"#ffffff\" fontname=\"Helvetica\" fontsize=10 "
+              "height=0.3 margin=\"0.08,0.03\"];\n  edge [color=\"#555555\" arrowsize=0.6];\n");
+  /* the nodes grouped by owner (counting sort: owner -1, then items in order) */
+  int *start = tg_xcalloc((size_t)vs->nitems + 2, sizeof(int)), *order = tg_xmalloc(sizeof(int) * (size_t)(vs->nnodes + 1));
+  for (int i = 0; i < vs->nnodes; i++) start[vs->nodes[i].owner + 2]++;
+  for (int g = 1; g <= vs->nitems + 1; g++) start[g] += start[g - 1];
+  for (int i = 0; i < vs->nnodes; i++) order[start[vs->nodes[i].owner + 1]++] = i;
+  /* start[g] is now the end of group g-1; group g (owner g-1) runs from start[g-1] (0 for g = 0) */
   for (int item = -1; item < vs->nitems; item++) {
-    bool any = false;
-    for (int i = 0; i < vs->nnodes && !any; i++) any = vs->nodes[i].owner == item;
-    if (!any) continue;
+    int lo = item == -1 ? 0 : start[item], hi = start[item + 1];
+    if (lo == hi) continue;
     if (item >= 0) {
       int k = vs->item_kernel[item];
       const char *name = k >= 0 ? kernels[k].name : k == -1 ? "copy" : "(not run)";
@@ -463,15 +487,16 @@ static char *sched_dot(const VSched *vs) {
                 "fontsize=11;\n",
                 palette[item % NPALETTE]);
     }
-    for (int i = 0; i < vs->nnodes; i++) {
+    for (int o = lo; o < hi; o++) {
+      int i = order[o];
       const VNode *n = &vs->nodes[i];
-      if (n->owner != item) continue;
       sb_printf(&b, "    n%d [id=\"n%d\" class=\"op-%s\" label=\"", i, i, op_names[n->op]);
       dot_escape(&b, n->label);
       sb_printf(&b, "\"%s];\n", item < 0 ? " fillcolor=\"#dee2e6\"" : "");
     }
     if (item >= 0) sb_puts(&b, "  }\n");
   }
+  free(start), free(order);
   for (int e = 0; e < vs->nedges; e++) sb_printf(&b, "  n%d -> n%d;\n", vs->edges[e][0], vs->edges[e][1]);
   sb_puts(&b, "}\n");
   return sb_take(&b);
@@ -889,10 +914,14 @@ static void viz_free_all(void) {
   kernels = NULL;
   nkernels = 0;
   pm_free(&kernel_by_hash);
+  pm_free(&graph_seen);
   for (int i = 0; i < nscheds; i++) {
     VSched *s = &scheds[i];
-    for (int j = 0; j < s->nnodes; j++) free(s->nodes[j].label);
-    free(s->nodes), free(s->edges), free(s->item_kernel);
+    if (!s->shared) {
+      for (int j = 0; j < s->nnodes; j++) free(s->nodes[j].label);
+      free(s->nodes), free(s->edges);
+    }
+    free(s->item_kernel);
   }
   free(scheds);
   scheds = NULL;
@@ -953,6 +982,7 @@ __attribute__((constructor)) static void viz_load(void) {
   t_origin = now_seconds();
   load_pid = getpid();
   pm_init(&kernel_by_hash);
+  pm_init(&graph_seen);
   viz_on = (viz_mode ? VIZ_GRAPHS : 0) | VIZ_RUNS;
   buffer_mem_hook = mem_hook;
   atexit(viz_at_exit);
