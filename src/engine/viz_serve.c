@@ -38,7 +38,7 @@ bool viz_write_file(const char *path, const char *data, size_t len) {
 
 /* Runs argv with stdin from in_path (NULL: /dev/null), stdout to out_path and stderr to err_path.
  * Returns the exit status, 127 if the program could not be started, -1 if it died. */
-int viz_run_program(char *const argv[], const char *in_path, const char *out_path, const char *err_path) {
+int viz_spawn(char *const argv[], const char *in_path, const char *out_path, const char *err_path) {
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 0, in_path ? in_path : "/dev/null", O_RDONLY, 0);
@@ -47,11 +47,19 @@ int viz_run_program(char *const argv[], const char *in_path, const char *out_pat
   pid_t pid;
   int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
   posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) return 127;
+  return rc != 0 ? -1 : (int)pid;
+}
+
+int viz_wait(int pid) {
+  if (pid < 0) return 127;
   int status;
-  while (waitpid(pid, &status, 0) < 0)
+  while (waitpid((pid_t)pid, &status, 0) < 0)
     if (errno != EINTR) return -1;
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int viz_run_program(char *const argv[], const char *in_path, const char *out_path, const char *err_path) {
+  return viz_wait(viz_spawn(argv, in_path, out_path, err_path));
 }
 
 /* ---- the page's files --------------------------------------------------------------------------- */

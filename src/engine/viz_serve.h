@@ -34,5 +34,9 @@ bool viz_write_file(const char *path, const char *data, size_t len);
 /* Runs argv (no shell; argv[0] looked up in PATH) with stdin from in_path (NULL: /dev/null), stdout
  * to out_path and stderr to err_path. The exit status; 127 if it could not start, -1 if it died. */
 int viz_run_program(char *const argv[], const char *in_path, const char *out_path, const char *err_path);
+/* The same in two steps: start it (its pid, -1 if it could not start), and wait for it (its exit
+ * status as above; 127 for pid -1). */
+int viz_spawn(char *const argv[], const char *in_path, const char *out_path, const char *err_path);
+int viz_wait(int pid);
 
 #endif
