@@ -12,7 +12,7 @@ memory graph a track per device, and a screenshot must be written. The trace mus
 with one event per kernel run named after it on its device. Results must equal a run without VIZ.
 Ends with "test_viz: N passed, N failed".
 """
-import json, os, re, shutil, subprocess, sys, tempfile
+import json, os, re, shutil, signal, subprocess, sys, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 passed = failed = 0
@@ -136,6 +136,34 @@ def main():
     check(ok, f"a screenshot is written ({os.path.getsize(shot) if os.path.exists(shot) else 0} bytes)")
     if os.environ.get("VIZ_SCREENSHOT") and ok:
       shutil.copy(shot, os.environ["VIZ_SCREENSHOT"])
+
+    # ---- VIZ=1: the same page from the process's own server, in the browser, until SIGINT ----
+    env = {k: v for k, v in os.environ.items() if k not in ("VIZ", "PROFILE", "VIZ_DIR", "PROFILE_PATH", "DEBUG")}
+    env.update({"VIZ": "1", "PORT": "0"})
+    errlog = os.path.join(tmp, "serve.err")
+    with open(errlog, "w") as ef:
+      srv = subprocess.Popen([sys.executable, "-c", CHILD % (os.path.join(ROOT, "tests"), False)], env=env,
+                             stdout=subprocess.PIPE, stderr=ef, text=True)
+    port = None
+    for _ in range(3000):
+      m = re.search(r"serving the page on http://127\.0\.0\.1:(\d+)/", open(errlog).read())
+      if m or srv.poll() is not None: break
+      time.sleep(0.02)
+    check(m is not None, "VIZ=1 prints the address it serves on", open(errlog).read()[-400:])
+    if m:
+      served, _ = chromium("--dump-dom", f"http://127.0.0.1:{m.group(1)}/")
+      served_list = re.findall(r'<li class="kernel[^"]*"[^>]*><span class="kname">([^<]+)</span>', served or "")
+      cpu_names = sorted(set(n for d, n in ran if d == "CPU"))
+      check(sorted(set(served_list)) == cpu_names and '<rect class="run' in (served or ""),
+            "the served page works in the browser (kernels listed, timeline drawn)", f"{served_list} vs {cpu_names}")
+    srv.send_signal(signal.SIGINT)
+    try:
+      out, _ = srv.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+      srv.kill()
+      out, _ = srv.communicate()
+    check(srv.returncode == 0 and "VIZ: stopped serving" in open(errlog).read(), "SIGINT stops the server, the process exits 0")
+    check(out == run_child({}, False).stdout, "results with VIZ=1 equal the results without")
 
     # ---- the trace ----
     try:
