@@ -952,6 +952,7 @@ static void viz_free_all(void) {
   free(scheds);
   scheds = NULL;
   nscheds = capscheds = 0;
+  cur_sched = -1; /* a realize still running on another thread records nothing into freed memory */
   free(runs), free(mems), free(dev_bytes);
   runs = NULL, mems = NULL, dev_bytes = NULL;
   nruns = capruns = nmems = capmems = ndev_bytes = 0;
