@@ -78,6 +78,11 @@
     kernelLis.push(li);
   });
 
+  $('filter').addEventListener('input', function () {
+    var f = this.value.toLowerCase();
+    kernelLis.forEach(function (li, i) { li.hidden = f !== '' && D.kernels[i].name.toLowerCase().indexOf(f) < 0; });
+  });
+
   // ---- graph ------------------------------------------------------------------------------------
   var curSched = -1, curKernel = -1;
   function showSchedule(i) {
