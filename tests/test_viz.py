@@ -58,17 +58,22 @@ def run_child(env_extra, with_cl):
   return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
 
 
+PROFILE_DIR = None  # chromium's profile: a directory of the test's own (HOME may be unwritable)
+
+
 def chromium(*args):
   exe = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-  if not exe: return None, "no chromium"
-  r = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                      "--no-first-run", "--disable-extensions", "--virtual-time-budget=5000"] + list(args),
+  if not exe: return None, "chromium is not installed (Debian package chromium; make test installs it)"
+  r = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+                      "--disable-extensions", f"--user-data-dir={PROFILE_DIR}", "--virtual-time-budget=5000"] + list(args),
                      capture_output=True, text=True, timeout=120)
   return r.stdout, r.stderr
 
 
 def main():
+  global PROFILE_DIR
   tmp = tempfile.mkdtemp(prefix="tg-test-viz-")
+  PROFILE_DIR = os.path.join(tmp, "chromium-profile")
   try:
     with_cl = cl_available()
     print(f"OpenCL: {'yes' if with_cl else 'no (CPU only)'}")
