@@ -27,17 +27,17 @@ static double t_origin; /* now_seconds() at load: time 0 of the timeline and the
 static pid_t load_pid;  /* a forked child that exits writes and serves nothing */
 static pthread_mutex_t vlock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Limits that keep a long training run's record (and page) bounded; what is left out is counted. */
-#define MAX_RUNS 2000000    /* runs recorded (the trace gets them all) */
-#define MAX_PAGE_RUNS 50000 /* runs on the page's timeline */
-#define MAX_MEM 2000000     /* memory events */
-#define MAX_PAGE_MEM 50000
-#define MAX_NODES 4000      /* tensor-graph nodes recorded per schedule */
-#define MAX_SCHEDULES 20000 /* schedules recorded (graphs: the first MAX_GRAPHS distinct ones are laid out)  \
-                             */
-#define MAX_GRAPHS 1000
+/* Limits that keep a long training run's record (and page) bounded; what is left out is counted and
+ * the page says so. A run's memory is about 60 bytes, a memory event 24. */
+#define MAX_RUNS 1000000      /* runs recorded (the trace gets them all) */
+#define MAX_PAGE_RUNS 50000   /* runs on the page's timeline (the first ones) */
+#define MAX_MEM 2000000       /* memory events recorded */
+#define MAX_PAGE_MEM 50000    /* memory points on the page (thinned evenly) */
+#define MAX_NODES 4000        /* tensor-graph nodes recorded per schedule */
+#define MAX_SCHEDULES 20000   /* schedules recorded */
+#define MAX_GRAPHS 1000       /* distinct graphs laid out */
 #define MAX_LAYOUT_NODES 1500 /* larger graphs are not given to dot (it takes minutes on them) */
-#define MAX_KERNELS 4096
+#define MAX_KERNELS 4096      /* kernels recorded (later ones' runs are named "kernel") */
 
 typedef struct {
   char *name, *dev, *src, *opts, *ast, *asm_text;
@@ -49,7 +49,7 @@ typedef struct {
 } VKernel;
 
 typedef struct {
-  int kernel; /* index into kernels, or -1 for a copy */
+  int kernel; /* index into kernels, -1 for a copy, -2 for a kernel past MAX_KERNELS */
   int sched, item, dev, srcdev;
   double start, dur;
   uint64_t ops, mem;
@@ -253,7 +253,8 @@ void viz_schedule(const Schedule *s, UOp *const *targets, int n) {
   /* a training loop realizes the same graph every step: keep one copy */
   uint64_t h = hash_mix((uint64_t)vs->nnodes, (uint64_t)vs->nedges);
   for (int i = 0; i < vs->nnodes; i++)
-    h = hash_bytes(vs->nodes[i].label, strlen(vs->nodes[i].label), hash_mix(h, (uint64_t)(vs->nodes[i].owner + 2)));
+    h = hash_bytes(vs->nodes[i].label, strlen(vs->nodes[i].label),
+                   hash_mix(h, (uint64_t)(vs->nodes[i].owner + 2)));
   h = vs->nedges ? hash_bytes(vs->edges, sizeof(int[2]) * (size_t)vs->nedges, h) : h;
   if (!h) h = 1;
   intptr_t prev = (intptr_t)pm_get(&graph_seen, h);
@@ -463,11 +464,14 @@ static void dot_escape(SB *b, const char *s) {
 static char *sched_dot(const VSched *vs) {
   SB b;
   sb_init(&b);
-  sb_puts(&b, "digraph schedule {\n  rankdir=TB; bgcolor=\"transparent\"; nodesep=0.25; ranksep=0.35;\n"
-              "  node [shape=box style=\"rounded,filled\" fillcolor=\"#ffffff\" fontname=\"Helvetica\" fontsize=10 "
-              "height=0.3 margin=\"0.08,0.03\"];\n  edge [color=\"#555555\" arrowsize=0.6];\n");
+  sb_puts(
+      &b,
+      "digraph schedule {\n  rankdir=TB; bgcolor=\"transparent\"; nodesep=0.25; ranksep=0.35;\n"
+      "  node [shape=box style=\"rounded,filled\" fillcolor=\"#ffffff\" fontname=\"Helvetica\" fontsize=10 "
+      "height=0.3 margin=\"0.08,0.03\"];\n  edge [color=\"#555555\" arrowsize=0.6];\n");
   /* the nodes grouped by owner (counting sort: owner -1, then items in order) */
-  int *start = tg_xcalloc((size_t)vs->nitems + 2, sizeof(int)), *order = tg_xmalloc(sizeof(int) * (size_t)(vs->nnodes + 1));
+  int *start = tg_xcalloc((size_t)vs->nitems + 2, sizeof(int)),
+      *order = tg_xmalloc(sizeof(int) * (size_t)(vs->nnodes + 1));
   for (int i = 0; i < vs->nnodes; i++) start[vs->nodes[i].owner + 2]++;
   for (int g = 1; g <= vs->nitems + 1; g++) start[g] += start[g - 1];
   for (int i = 0; i < vs->nnodes; i++) order[start[vs->nodes[i].owner + 1]++] = i;
@@ -538,7 +542,8 @@ static void run_dot(Tools *t, char *const *texts, int n, char **svgs) {
       if (nodes > 300) {
         const char *nl = strchr(txt, '\n');
         size_t head = nl ? (size_t)(nl - txt + 1) : 0;
-        sb_printf(&all, "%.*s  mclimit=0.3; nslimit=2; nslimit1=2; splines=polyline;\n%s", (int)head, txt, txt + head);
+        sb_printf(&all, "%.*s  mclimit=0.3; nslimit=2; nslimit1=2; splines=polyline;\n%s", (int)head, txt,
+                  txt + head);
       } else {
         sb_puts(&all, txt);
       }
@@ -559,14 +564,16 @@ static void run_dot(Tools *t, char *const *texts, int n, char **svgs) {
         SB m;
         sb_init(&m);
         if (rc == 127)
-          sb_printf(&m,
-                    "Graphviz's '%s' program was not found, so the graphs are not drawn (install the graphviz "
-                    "package: apt-get install graphviz; or set VIZ_DOT to its path). Their DOT text is shown instead.",
-                    t->dot);
+          sb_printf(
+              &m,
+              "Graphviz's '%s' program was not found, so the graphs are not drawn (install the graphviz "
+              "package: apt-get install graphviz; or set VIZ_DOT to its path). Their DOT text is shown "
+              "instead.",
+              t->dot);
         else {
           char *e = read_all(err[p], NULL);
-          sb_printf(&m, "'%s -Tsvg' failed (exit status %d, %d of %d graphs drawn): %.300s", t->dot, rc, got, want,
-                    e ? e : "");
+          sb_printf(&m, "'%s -Tsvg' failed (exit status %d, %d of %d graphs drawn): %.300s", t->dot, rc, got,
+                    want, e ? e : "");
           free(e);
         }
         t->dot_error = sb_take(&m);
