@@ -42,6 +42,7 @@
   $('summary').textContent = D.schedules.length + ' schedules, ' + D.kernels.length + ' kernels, ' +
     D.runs_total + ' runs (' + fmtTime(kernelTime) + ' in kernels) -- ' + D.program.replace(/^.*\//, '');
   $('summary').title = D.program + ' (pid ' + D.pid + ')';
+  if (D.schedules_dropped) $('summary').textContent += ' (' + D.schedules_dropped + ' later realizes were not recorded)';
 
   // ---- lists ------------------------------------------------------------------------------------
   var usedIn = D.kernels.map(function () { return []; });
