@@ -1,9 +1,9 @@
 /*
  * test_viz.c -- VIZ=1 / VIZ=-1 / PROFILE=1. The settings are read when the library loads, so each
- * case runs this binary again as a child (`test_viz --child`: a softmax and a small matmul + relu,
- * results printed) with the environment it needs, and checks what the child printed and wrote: the
- * page's files, the trace, the server's answers, the error messages. tests/test_viz.py loads the
- * page in headless Chromium.
+ * case runs this binary again as a child (`test_viz --child`: a softmax, a small matmul + relu and a
+ * TinyJit called four times, results printed) with the environment it needs, and checks what the
+ * child printed and wrote: the page's files, the trace, the server's answers, the error messages.
+ * tests/test_viz.py loads the page in headless Chromium.
  */
 #include <arpa/inet.h>
 #include <errno.h>
