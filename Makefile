@@ -41,6 +41,9 @@ SOMAJOR := 0
 # ---- sources ----------------------------------------------------------------------------------
 SRCS       := $(shell find src -name '*.c' 2>/dev/null | LC_ALL=C sort)
 OBJS       := $(patsubst %.c,$(BUILD)/obj/%.o,$(SRCS))
+# The VIZ page (src/engine/viz_page/: HTML, JavaScript, CSS) is compiled into the library as strings.
+VIZ_ASSETS := $(sort $(wildcard src/engine/viz_page/*))
+OBJS       += $(BUILD)/obj/gen/viz_assets.o
 # tests/test_header.c is compiled by tests/run_tests.sh with -pedantic under gcc and clang instead.
 TEST_SRCS  := $(filter-out tests/test_header.c,$(sort $(wildcard tests/test_*.c)))
 TESTS      := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
@@ -110,6 +113,14 @@ $(LIB_SO): $(OBJS)
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) $(DEPFLAGS) -c $< -o $@
+
+$(BUILD)/gen/viz_assets.c: $(VIZ_ASSETS) scripts/embed_assets.sh
+	@mkdir -p $(@D)
+	sh scripts/embed_assets.sh $(VIZ_ASSETS) > $@
+
+$(BUILD)/obj/gen/viz_assets.o: $(BUILD)/gen/viz_assets.c
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIB_A)
 	@mkdir -p $(@D)

@@ -122,6 +122,7 @@ typedef struct {
   uint64_t ops;          /* estimated FLOPs per launch */
   int nparams;
   OptCfg cfg;            /* the optimizations applied (the heuristics' choice when none was given) */
+  char opts[128];        /* the applied optimizations as DEBUG=3 prints them (VIZ shows them) */
 } KernelCode;
 
 /* Lowers and renders `ast` for the C renderer. Returns NULL with an error recorded on failure. */

@@ -400,6 +400,7 @@ static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptCfg *
   }
   KernelCode *kc = tg_xcalloc(1, sizeof(KernelCode));
   kc->cfg = k->cfg;
+  snprintf(kc->opts, sizeof kc->opts, "%s", k->opts);
   /* tinygrad-style name: E_ (elementwise) or r_ (reduce) followed by the loop sizes */
   int o = snprintf(kc->name, sizeof kc->name, "%s", k->rbody ? "r" : "E");
   for (int i = 0; i < k->ng && o < (int)sizeof kc->name - 24; i++)

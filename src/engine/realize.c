@@ -14,6 +14,7 @@
 
 #include "../codegen/codegen.h"
 #include "engine.h"
+#include "viz.h"
 #include "../schedule/schedule.h"
 #include "../uop/ptrmap.h"
 
@@ -360,14 +361,17 @@ static tg_status run_items(const Capture *c, const bool *run, Buffer *const *fro
       break;
     }
     if (!it->prg) {
+      double c0 = viz_on ? now_seconds() : 0;
       st = buffer_copy(b[0], b[1], it->nbytes);
+      if (st == TG_OK && viz_on) viz_copy(-1, b[0]->dev, b[1]->dev, it->nbytes, now_seconds() - c0);
       if (st == TG_OK) counters_add(false, 0, it->nbytes, 0);
     } else {
       void *ps[64];
       void **p = it->nbufs <= 64 ? ps : tg_xmalloc(sizeof(void *) * (size_t)it->nbufs);
       for (int j = 0; j < it->nbufs; j++) p[j] = b[j]->ptr;
-      double t = program_exec(it->prg, p, it->nbufs, it->code->global_size, it->code->local_size, dbg >= 2);
+      double t = program_exec(it->prg, p, it->nbufs, it->code->global_size, it->code->local_size, dbg >= 2 || viz_on);
       if (p != ps) free(p);
+      if (t >= 0 && viz_on) viz_run(-1, it->prg->dev, it->code, NULL, t, it->mem);
       if (t < 0) {
         st = tg_last_status() ? tg_last_status() : TG_ERR_RUNTIME;
       } else {
@@ -536,8 +540,10 @@ static tg_status run_schedule(Schedule *s) {
     }
     if (it->kind == SI_COPY) {
       SBuf *in = &s->bufs[it->bufs[1]];
+      double c0 = viz_on ? now_seconds() : 0;
       tg_status st = buffer_copy(out->buf, in->buf, out->nbytes);
       if (st != TG_OK) return st;
+      if (viz_on) viz_copy(i, out->dev, in->dev, out->nbytes, now_seconds() - c0);
       if (g_capture) {
         Buffer *cb[2] = {out->buf, in->buf};
         capture_add(NULL, cb, 2, out->nbytes, 0);
@@ -566,8 +572,9 @@ static tg_status run_schedule(Schedule *s) {
         bufs[j] = s->bufs[it->bufs[j]].buf->ptr;
         mem += s->bufs[it->bufs[j]].nbytes;
       }
-      double t = program_exec(ck->prg, bufs, it->nbufs, ck->code->global_size, ck->code->local_size, dbg >= 2);
+      double t = program_exec(ck->prg, bufs, it->nbufs, ck->code->global_size, ck->code->local_size, dbg >= 2 || viz_on);
       if (bufs != ptrs) free(bufs);
+      if (t >= 0 && viz_on) viz_run(i, it->dev, ck->code, it->ast, t, mem);
       if (g_capture) {
         Buffer *cb[64];
         Buffer **cbp = it->nbufs <= 64 ? cb : tg_xmalloc(sizeof(Buffer *) * (size_t)it->nbufs);
@@ -662,6 +669,7 @@ static tg_status realize_locked(UOp **targets, int n) {
   tg_status st = schedule_build(&s, todo, m, tbuf);
   if (st == TG_OK && tg_oom_check("realize (scheduling)")) st = TG_ERR_RUNTIME;
   int *held = st == TG_OK ? keep_held_contiguous(&s) : NULL;
+  if (st == TG_OK && viz_on) viz_schedule(&s, todo, m);
   tg_counters before = tg_global_counters();
   double t0 = now_seconds();
   if (st == TG_OK) st = run_schedule(&s);

@@ -292,6 +292,7 @@ struct Segment {
 };
 
 static _Atomic size_t g_live_buffers;
+void (*buffer_mem_hook)(const Device *dev, int64_t delta);
 static _Atomic uint64_t g_mem_used;
 
 static inline size_t bucket_index(size_t nbytes, size_t mask) {
@@ -557,6 +558,7 @@ Buffer *buffer_new(Device *dev, size_t nbytes) {
     return NULL;
   }
   atomic_fetch_add_explicit(&g_mem_used, sz, memory_order_relaxed);
+  if (buffer_mem_hook) buffer_mem_hook(dev, (int64_t)sz);
   Buffer *b = buffer_struct(dev, ptr, nbytes, false);
   b->chunk = chunk;
   return b;
@@ -590,6 +592,7 @@ void buffer_unref(Buffer *b) {
     DeviceImpl *d = (DeviceImpl *)b->dev;
     size_t sz = block_size(b->nbytes);
     atomic_fetch_sub_explicit(&g_mem_used, sz, memory_order_relaxed);
+    if (buffer_mem_hook) buffer_mem_hook(b->dev, -(int64_t)sz);
     if (b->chunk) {
       pthread_mutex_lock(&d->lock);
       d->live_bytes -= sz;

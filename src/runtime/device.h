@@ -117,6 +117,9 @@ Buffer *buffer_wrap(Device *dev, void *ptr, size_t nbytes);  /* external */
 /* Sets an external buffer's on_free callback (e.g. dropping a reference to a file mapping). */
 void buffer_on_free(Buffer *b, void (*fn)(void *ctx), void *ctx);
 Buffer *buffer_ref(Buffer *b);
+/* NULL, or called with +bytes when a (non-external) buffer is allocated and -bytes when it is freed
+ * (VIZ and PROFILE's memory tracks; set once before any buffer exists). */
+extern void (*buffer_mem_hook)(const Device *dev, int64_t delta);
 /* Bytes of device memory held by live (non-external) buffers, all devices together. */
 uint64_t device_mem_used(void);
 /* Returns the device's idle cached memory to it (what an out-of-memory retry does). */

@@ -1,0 +1,260 @@
+/*
+ * viz_serve.c -- writes the VIZ page's files to a directory, or serves them: a small HTTP/1.0 server
+ * on 127.0.0.1 that answers GET for the page's own five paths (/, /index.html, /viz.js, /viz.css,
+ * /data.js) -- names are compared whole, so no request reaches the file system -- 404 for any other
+ * path, 405 for any other method, one connection at a time, until SIGINT or SIGTERM.
+ */
+#include "viz_serve.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../helpers.h"
+
+extern char **environ;
+
+/* the page's files (build/gen/viz_assets.c, made from src/engine/viz_page/) */
+extern const char viz_page_index_html[], viz_page_viz_js[], viz_page_viz_css[];
+
+bool viz_write_file(const char *path, const char *data, size_t len) {
+  FILE *f = fopen(path, "wb");
+  if (!f) return false;
+  bool ok = fwrite(data, 1, len, f) == len;
+  ok = fclose(f) == 0 && ok;
+  return ok;
+}
+
+/* Runs argv with stdin from in_path (NULL: /dev/null), stdout to out_path and stderr to err_path.
+ * Returns the exit status, 127 if the program could not be started, -1 if it died. */
+int viz_spawn(char *const argv[], const char *in_path, const char *out_path, const char *err_path) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, in_path ? in_path : "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  pid_t pid;
+  int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  return rc != 0 ? -1 : (int)pid;
+}
+
+int viz_wait(int pid) {
+  if (pid < 0) return 127;
+  int status;
+  while (waitpid((pid_t)pid, &status, 0) < 0)
+    if (errno != EINTR) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int viz_run_program(char *const argv[], const char *in_path, const char *out_path, const char *err_path) {
+  return viz_wait(viz_spawn(argv, in_path, out_path, err_path));
+}
+
+/* ---- the page's files --------------------------------------------------------------------------- */
+
+void viz_page_make(VizPage *p, char *data) {
+  p->data = data;
+  p->files[0] = (VizPageFile){"index.html", "text/html; charset=utf-8", viz_page_index_html,
+                              strlen(viz_page_index_html)};
+  p->files[1] =
+      (VizPageFile){"viz.js", "text/javascript; charset=utf-8", viz_page_viz_js, strlen(viz_page_viz_js)};
+  p->files[2] =
+      (VizPageFile){"viz.css", "text/css; charset=utf-8", viz_page_viz_css, strlen(viz_page_viz_css)};
+  p->files[3] = (VizPageFile){"data.js", "text/javascript; charset=utf-8", p->data, strlen(p->data)};
+}
+
+/* Writes the page's files into dir (created if missing). false with *why set on failure. */
+static bool page_write(const VizPage *p, const char *dir, char *why, size_t whylen) {
+  struct stat st;
+  if (stat(dir, &st) != 0) {
+    if (mkdir(dir, 0755) != 0) {
+      snprintf(why, whylen, "cannot create the directory: %s", strerror(errno));
+      return false;
+    }
+  } else if (!S_ISDIR(st.st_mode)) {
+    snprintf(why, whylen, "it exists and is not a directory");
+    return false;
+  }
+  for (int i = 0; i < 4; i++) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, p->files[i].path);
+    if (!viz_write_file(path, p->files[i].data, p->files[i].len)) {
+      snprintf(why, whylen, "cannot write %s: %s", path, strerror(errno));
+      return false;
+    }
+  }
+  return true;
+}
+
+/* VIZ_DIR, or a new temporary directory. Prints where the page is. */
+void viz_page_write_dir(const VizPage *p) {
+  const char *dir = getenv("VIZ_DIR");
+  char *made = NULL;
+  if (!dir || !*dir) {
+    const char *tmp = getenv("TMPDIR");
+    SB d;
+    sb_init(&d);
+    sb_printf(&d, "%s/tinygrad-viz-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    made = sb_take(&d);
+    if (!mkdtemp(made)) {
+      fprintf(stderr,
+              "VIZ: cannot create a temporary directory %s: %s (set VIZ_DIR to a writable directory)\n", made,
+              strerror(errno));
+      free(made);
+      return;
+    }
+    dir = made;
+  }
+  char why[4200];
+  if (page_write(p, dir, why, sizeof why)) {
+    char abs[4096];
+    if (!realpath(dir, abs)) snprintf(abs, sizeof abs, "%s", dir);
+    fprintf(stderr, "VIZ: wrote the page to %s/index.html (open file://%s/index.html in a browser)\n", abs,
+            abs);
+  } else {
+    fprintf(stderr, "VIZ: cannot write the page to VIZ_DIR=%s: %s (set VIZ_DIR to a writable directory)\n",
+            dir, why);
+  }
+  free(made);
+}
+
+/* ---- the server --------------------------------------------------------------------------------- */
+
+static volatile sig_atomic_t stop_serving;
+static void on_stop(int sig) {
+  (void)sig;
+  stop_serving = 1;
+}
+
+static void send_all(int fd, const char *data, size_t len) {
+  while (len) {
+    ssize_t w = send(fd, data, len, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;
+    data += w;
+    len -= (size_t)w;
+  }
+}
+
+static void respond(int fd, int code, const char *status, const char *type, const char *body, size_t len,
+                    const char *extra) {
+  char head[512];
+  int n = snprintf(head, sizeof head,
+                   "HTTP/1.0 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nCache-Control: no-store\r\n"
+                   "X-Content-Type-Options: nosniff\r\n%sConnection: close\r\n\r\n",
+                   code, status, type, len, extra ? extra : "");
+  send_all(fd, head, (size_t)n);
+  send_all(fd, body, len);
+}
+
+/* One request: reads its head (at most 8 KiB, 5 s), answers GET for the page's own paths. */
+static void serve_one(const VizPage *p, int fd) {
+  char req[8192];
+  size_t got = 0;
+  while (got < sizeof req - 1 && !memmem(req, got, "\r\n\r\n", 4) && !memmem(req, got, "\n\n", 2)) {
+    struct pollfd pf = {fd, POLLIN, 0};
+    int r = poll(&pf, 1, 5000);
+    if (r < 0 && errno == EINTR) {
+      if (stop_serving) return;
+      continue;
+    }
+    if (r <= 0) return;
+    ssize_t k = recv(fd, req + got, sizeof req - 1 - got, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) break;
+    got += (size_t)k;
+  }
+  req[got] = 0;
+  char method[16], target[2048];
+  if (sscanf(req, "%15s %2047s", method, target) != 2) {
+    const char *m = "bad request\n";
+    respond(fd, 400, "Bad Request", "text/plain; charset=utf-8", m, strlen(m), NULL);
+    return;
+  }
+  if (strcmp(method, "GET") != 0) {
+    char m[128];
+    int n = snprintf(m, sizeof m, "method %s not allowed: this server answers GET only\n", method);
+    respond(fd, 405, "Method Not Allowed", "text/plain; charset=utf-8", m, (size_t)n, "Allow: GET\r\n");
+    return;
+  }
+  char *q = strpbrk(target, "?#");
+  if (q) *q = 0;
+  const char *name = strcmp(target, "/") == 0 ? "index.html" : target[0] == '/' ? target + 1 : NULL;
+  for (int i = 0; name && i < 4; i++)
+    if (strcmp(name, p->files[i].path) == 0) {
+      respond(fd, 200, "OK", p->files[i].type, p->files[i].data, p->files[i].len, NULL);
+      return;
+    }
+  SB m;
+  sb_init(&m);
+  sb_puts(&m, "not found: ");
+  for (const char *c = target; *c && m.len < 300; c++) sb_putc(&m, (*c >= 0x20 && *c < 0x7f) ? *c : '?');
+  sb_puts(&m, " (this server answers /, /index.html, /viz.js, /viz.css and /data.js)\n");
+  respond(fd, 404, "Not Found", "text/plain; charset=utf-8", m.s, m.len, NULL);
+  sb_free(&m);
+}
+
+/* Serves p on 127.0.0.1:port until SIGINT or SIGTERM. false (message printed) if it cannot listen. */
+bool viz_page_serve(const VizPage *p, int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    fprintf(stderr, "VIZ: cannot create a socket: %s\n", strerror(errno));
+    return false;
+  }
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_port = htons((uint16_t)port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 16) != 0) {
+    int e = errno;
+    if (e == EADDRINUSE)
+      fprintf(stderr,
+              "VIZ: cannot serve on 127.0.0.1:%d: the port is in use (set PORT to a free port, or VIZ=-1 to "
+              "write the page to a directory)\n",
+              port);
+    else
+      fprintf(stderr, "VIZ: cannot serve on 127.0.0.1:%d: %s\n", port, strerror(e));
+    close(fd);
+    return false;
+  }
+  socklen_t al = sizeof a;
+  getsockname(fd, (struct sockaddr *)&a, &al);
+  struct sigaction sa, old_int, old_term;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_stop;
+  sigemptyset(&sa.sa_mask);
+  stop_serving = 0;
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  fprintf(stderr, "VIZ: serving the page on http://127.0.0.1:%d/ (Ctrl-C stops)\n", ntohs(a.sin_port));
+  while (!stop_serving) {
+    struct pollfd pf = {fd, POLLIN, 0};
+    int r = poll(&pf, 1, 500);
+    if (r <= 0) continue;
+    int c = accept4(fd, NULL, NULL, SOCK_CLOEXEC);
+    if (c < 0) continue;
+    serve_one(p, c);
+    shutdown(c, SHUT_WR);
+    close(c);
+  }
+  close(fd);
+  sigaction(SIGINT, &old_int, NULL);
+  sigaction(SIGTERM, &old_term, NULL);
+  fprintf(stderr, "VIZ: stopped serving\n");
+  return true;
+}
