@@ -435,6 +435,57 @@ TEST(cl_kernel_model) {
   END;
 }
 
+/* vector UPCASTs: OpenCL C vector types (masks, where, exp2, sqrt, max; gathers of a transposed
+ * operand; register tiles of vector accumulators) compute what the CPU computes */
+static tg_tensor f_vec_elementwise(const char *d) {
+  tg_tensor a = mk(d, 32, 64, 0, TG_FLOAT32), b = mk(d, 1, 64, 1, TG_FLOAT32);
+  tg_tensor w = tg_where(tg_lt(a, b), tg_exp(tg_mul(a, b)), tg_sqrt(tg_abs(tg_sub(a, b))));
+  return tg_maximum(tg_relu(w), tg_mul_s(b, 0.5));
+}
+static tg_tensor f_vec_matmul(const char *d) { return tg_matmul(mk(d, 32, 48, 0, TG_FLOAT32), mk(d, 48, 64, 3, TG_FLOAT32)); }
+static tg_tensor f_vec_maxrows(const char *d) { return tg_max(mk(d, 16, 1024, 0, TG_FLOAT32), TG_AXES(0), false); }
+static tg_tensor f_vec_relu_grad(const char *d) {
+  tg_tensor w = mk(d, 48, 64, 0, TG_FLOAT32);
+  tg_set_requires_grad(w, true);
+  tg_tensor loss = tg_sum(tg_relu(tg_matmul(mk(d, 32, 48, 1, TG_FLOAT32), w)), NULL, 0, false);
+  if (tg_backward(loss) != TG_OK) return (tg_tensor){0};
+  return tg_grad(w);
+}
+
+TEST(cl_vector_opts) {
+  tg_clear_error();
+  Device *cl = device_get("CL");
+  if (!cl) return;
+  forced("UPCAST:1:16", f_vec_elementwise, 2e-6);
+  forced("UPCAST:1:4,LOCAL:0:4", f_vec_elementwise, 2e-6);
+  forced("UPCAST:1:8", f_add2d, 0); /* the transposed operand is gathered */
+  forced("UPCAST:1:16,UPCAST:0:8,UPCAST:1:2", f_vec_matmul, 2e-4);
+  forced("UPCAST:1:4,UPCAST:0:4,LOCAL:0:2", f_vec_matmul, 2e-4);
+  forced("UPCAST:0:16,UNROLL:0:4", f_vec_maxrows, 0);
+  same_on_cl("vector heuristics: matmul", f_vec_matmul, 2e-4);
+  same_on_cl("vector heuristics: relu backward", f_vec_relu_grad, 2e-4);
+  same_on_cl("vector heuristics: elementwise", f_vec_elementwise, 2e-6);
+  BEGIN;
+  /* the heuristics' matmul: 16 lanes along the output's rows, a tile of 8 rows x 2 vectors */
+  tg_tensor x = f_vec_matmul("CL");
+  KernelCode *kc = last_kernel(x, &cl->caps, NULL);
+  CHECK(kc != NULL);
+  if (kc) {
+    CHECK_STR_CONTAINS(kc->src, "typedef float tg_vf __attribute__((ext_vector_type(16)));");
+    CHECK_STR_CONTAINS(kc->src, "(*(const __global tg_vfu *)(data2 + ");
+    CHECK_STR_CONTAINS(kc->src, "*(__global tg_vfu *)(data0 + ");
+    CHECK(kc->local_size[0] == 0);
+    kernel_code_free(kc);
+  }
+  /* a GROUP reduction keeps scalar accumulators: a vector UPCAST before it does not fit */
+  OptList l;
+  CHECK(optlist_parse("UPCAST:0:4,GROUP:0:8", &l));
+  tg_tensor y = f_vec_maxrows("CL");
+  CHECK(last_kernel(y, &cl->caps, &l) == NULL);
+  tg_clear_error();
+  END;
+}
+
 static tg_tensor f_small_sum(const char *d) { return tg_sum(mk(d, 8, 64, 0, TG_FLOAT32), TG_AXES(1), false); }
 
 /* BEAM=2 on CL: the searched kernel computes what the CPU computes (and what NOOPT computes) */
