@@ -44,8 +44,8 @@ import numpy as np
 from tinygrad import Tensor, TinyJit, nn
 STEPS, BS = int(sys.argv[1]), int(sys.argv[2])
 D = "/usr/share/datasets/fashion-mnist/"
-def idx(name, off):
-  with gzip.open(D + name) as f: return np.frombuffer(f.read(), np.uint8, offset=off)
+def idx(name, off):  # a writable copy: tinygrad's CL device copies in only from writable memory
+  with gzip.open(D + name) as f: return np.frombuffer(f.read(), np.uint8, offset=off).copy()
 X_train = Tensor(idx("train-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28)).realize()
 Y_train = Tensor(idx("train-labels-idx1-ubyte.gz", 8).copy()).realize()
 X_test = Tensor(idx("t10k-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28)).realize()
