@@ -2,6 +2,8 @@
  * matmul.c -- fp32 N x N matmul throughput of tinygrad.c with the default (hand-coded) kernel opts.
  * Usage: matmul N [N ...]; prints "N GFLOPS" lines (best of several runs, kernel compiled first).
  * bench/matmul.py runs it beside OpenBLAS (numpy) and PyTorch and prints the ratios.
+ * MATMUL_GPU_OPTS=<Opt list> applies that list (GPU_OPTS) to the matmul kernel alone, to time one
+ * choice of GPU optimizations (DEV=CL MATMUL_GPU_OPTS=UPCAST:1:16,UPCAST:0:8 build/bench/matmul 1024).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,13 +29,18 @@ int main(int argc, char **argv) {
     for (int it = 0; it < 20 && (it < 3 || now() < budget); it++) {
       tg_scope_begin();
       tg_tensor c = tg_matmul(a, b);
+      const char *gopts = getenv("MATMUL_GPU_OPTS");
+      tg_context_begin();
+      if (gopts && *gopts) tg_context_set("GPU_OPTS", gopts);
       double t0 = now();
       /* a GPU device queues the kernel: the time is until it has finished */
       if (tg_realize(c) != TG_OK || tg_synchronize(NULL) != TG_OK) {
         fprintf(stderr, "error: %s\n", tg_last_error());
+        tg_context_end();
         return 1;
       }
       double t = now() - t0;
+      tg_context_end();
       if (it > 0 && t < best) best = t; /* run 0 compiles */
       tg_scope_end();
     }

@@ -5,6 +5,10 @@ tinygrad (default and BEAM=2) when installed, measured in one run. Prints GFLOPS
 Debian's OpenBLAS 0.3.21 misdetects this CPU and runs 4-5x slower unless OPENBLAS_CORETYPE=SkylakeX is
 set, so numpy runs in a child process with that variable (and nothing else) changed.
 Usage: /usr/bin/python3 bench/matmul.py [N ...]
+
+With DEV=CL it measures the OpenCL device instead: tinygrad.c on CL against tinygrad.c on the CPU
+and against tinygrad on DEV=CL (both on PoCL here), in one run; the CPU libraries are not run then.
+  DEV=CL /usr/bin/python3 bench/matmul.py 512 1024
 """
 import os, subprocess, sys, time
 
@@ -39,12 +43,16 @@ def torch_gflops(n):
     if i > 2 and time.perf_counter() > end: break
   return 2 * n**3 / best * 1e-9
 
-def tinygrad_gflops(n, beam):
-  code = ("import time\nfrom tinygrad import Tensor\nfrom tinygrad.helpers import Context\n"
+def tinygrad_gflops(n, beam, dev="CPU"):
+  # the time runs until the device has finished (a GPU-like device only queues the kernel)
+  code = ("import time\nfrom tinygrad import Tensor, Device\nfrom tinygrad.helpers import Context\n"
           f"n={n}\na=Tensor.rand(n,n).realize(); b=Tensor.rand(n,n).realize()\nbest=1e30\n"
-          f"with Context(BEAM={beam}):\n  for i in range(5):\n    t=time.perf_counter(); (a@b).realize(); t=time.perf_counter()-t\n"
+          f"with Context(BEAM={beam}):\n  for i in range(5):\n"
+          "    t=time.perf_counter(); (a@b).realize(); Device[Device.DEFAULT].synchronize(); t=time.perf_counter()-t\n"
           "    if i>0: best=min(best,t)\nprint(2*n**3/best*1e-9)\n")
-  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, DEV="CPU"), timeout=600)
+  env = dict(os.environ, DEV=dev)
+  for k in ("DEBUG", "BEAM", "NOOPT"): env.pop(k, None)
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600, cwd="/tmp")
   return float(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 and r.stdout.strip() else None
 
 try:
@@ -53,10 +61,23 @@ try:
 except ImportError:
   have_tinygrad = False
 
-ours = {}
-out = subprocess.run([exe] + [str(n) for n in sizes], capture_output=True, text=True, check=True).stdout
-for line in out.splitlines():
-  n, g = line.split(); ours[int(n)] = float(g)
+def ours_gflops(dev):
+  env = dict(os.environ, DEV=dev)
+  for k in ("DEBUG", "BEAM", "NOOPT", "GPU_OPTS"): env.pop(k, None)
+  out = subprocess.run([exe] + [str(n) for n in sizes], capture_output=True, text=True, check=True, env=env).stdout
+  return {int(n): float(g) for n, g in (line.split() for line in out.splitlines())}
+
+if os.environ.get("DEV", "CPU").split(":")[0].upper() == "CL":
+  cl, cpu = ours_gflops(os.environ["DEV"]), ours_gflops("CPU")
+  print(f"{'N':>6} {'tinygrad.c CL':>13} {'tinygrad.c CPU':>14} {'tinygrad CL':>11} {'CL/CPU':>7} {'c/tinygrad CL':>13}")
+  for n in sizes:
+    tg = tinygrad_gflops(n, 0, "CL") if have_tinygrad and n <= 2048 else None
+    print(f"{n:>6} {cl[n]:>13.1f} {cpu[n]:>14.1f} {tg or float('nan'):>11.1f} {cl[n] / cpu[n]:>7.2f} "
+          f"{cl[n] / tg if tg else float('nan'):>13.2f}", flush=True)
+  print("(GFLOPS, fp32, default opts; ratios are throughputs, tinygrad.c on CL / other, measured in this run)")
+  sys.exit(0)
+
+ours = ours_gflops("CPU")
 
 print(f"{'N':>6} {'tinygrad.c':>11} {'OpenBLAS':>9} {'PyTorch':>9} {'ratio/BLAS':>10} {'ratio/torch':>11}" + (" tinygrad  tg BEAM=2" if have_tinygrad else ""))
 for n in sizes:

@@ -8,6 +8,10 @@ measured in one run, each in its own process, one after the other.
 Environment: STEPS (default 20), BS (default 512), TINYGRAD=0 skips tinygrad even if importable,
 TIMEOUT (seconds per child process, default 1800).
 
+With DEV=CL it compares the OpenCL device instead: tinygrad.c on CL against tinygrad.c on the CPU
+and tinygrad on DEV=CL (PoCL here), in one run (PyTorch is not run then):
+  DEV=CL STEPS=10 /usr/bin/python3 bench/mnist.py
+
 For each framework it prints
   step        median train-step time over steps 2..STEPS (the first step is reported apart)
   eval        one pass over the 10 000 test images (tinygrad.c / tinygrad: the last of several
@@ -40,8 +44,8 @@ import numpy as np
 from tinygrad import Tensor, TinyJit, nn
 STEPS, BS = int(sys.argv[1]), int(sys.argv[2])
 D = "/usr/share/datasets/fashion-mnist/"
-def idx(name, off):
-  with gzip.open(D + name) as f: return np.frombuffer(f.read(), np.uint8, offset=off)
+def idx(name, off):  # a writable copy: tinygrad's CL device copies in only from writable memory
+  with gzip.open(D + name) as f: return np.frombuffer(f.read(), np.uint8, offset=off).copy()
 X_train = Tensor(idx("train-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28)).realize()
 Y_train = Tensor(idx("train-labels-idx1-ubyte.gz", 8).copy()).realize()
 X_test = Tensor(idx("t10k-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28)).realize()
@@ -111,12 +115,12 @@ def summary(steps, evals, rss, first_cold, first_warm):
           "rss": rss, "first_cold": first_cold, "first_warm": first_warm}
 
 
-def tinygrad_c():
+def tinygrad_c(dev="CPU"):
   if not os.access(EXE, os.X_OK): sys.exit(f"{EXE} not found: run `make` first")
   cache = tempfile.mkdtemp(prefix="tinygrad.c-bench-cache-")
   try:
-    env = dict(os.environ, BENCH="1", STEPS=str(STEPS), BS=str(BS), MNIST_SAVE="", TINYGRAD_CACHE_DIR=cache)
-    for k in ("DISABLE_COMPILER_CACHE", "DEBUG", "BEAM", "NOOPT", "JIT"): env.pop(k, None)
+    env = dict(os.environ, BENCH="1", STEPS=str(STEPS), BS=str(BS), MNIST_SAVE="", TINYGRAD_CACHE_DIR=cache, DEV=dev)
+    for k in ("DISABLE_COMPILER_CACHE", "DEBUG", "BEAM", "NOOPT", "JIT", "GPU_OPTS"): env.pop(k, None)
     t = time.perf_counter()
     lines, rss, _ = run_child([EXE], env)  # empty cache: the first step compiles every kernel
     wall = time.perf_counter() - t
@@ -138,13 +142,13 @@ def pytorch():
   return {"step": step, "eval": ev, "rss": rss, "first_cold": first, "first_warm": first}
 
 
-def tinygrad():
+def tinygrad(dev="CPU"):
   # not from bench/ or tests/ (tests/tinygrad.py is our ctypes binding, not tinygrad)
   if subprocess.run([PY, "-c", "import tinygrad"], cwd=tempfile.gettempdir(), capture_output=True).returncode != 0:
     return None
   db = tempfile.mkdtemp(prefix="tinygrad-bench-cachedb-")
   try:
-    env = dict(os.environ, CACHEDB=os.path.join(db, "cache.db"), DEV="CPU")
+    env = dict(os.environ, CACHEDB=os.path.join(db, "cache.db"), DEV=dev)
     for k in ("DEBUG", "BEAM", "JIT"): env.pop(k, None)
     lines, rss, _ = run_child([PY, "-c", TINYGRAD_SCRIPT, str(STEPS), str(BS)], env, cwd=tempfile.gettempdir())
     steps, evals = parse_bench(lines)
@@ -153,7 +157,37 @@ def tinygrad():
     shutil.rmtree(db, ignore_errors=True)
 
 
+ROWS = [("train step, median (ms)", "step"), ("eval, 10000 images (ms)", "eval"), ("peak RSS (MB)", "rss"),
+        ("first step, empty cache (ms)", "first_cold"), ("first step, warm cache (ms)", "first_warm")]
+fmt = lambda v: f"{v:14.1f}" if v is not None else f"{'-':>14}"
+ratio = lambda a, b: f"{a / b:13.2f}x" if a is not None and b else f"{'-':>14}"
+
+
+def main_cl(dev):
+  """DEV=CL: tinygrad.c on the OpenCL device against tinygrad.c on the CPU and tinygrad on CL."""
+  print(f"beautiful_mnist on Fashion-MNIST, BS={BS}, STEPS={STEPS}, {os.cpu_count()} CPUs, {dev} against CPU and tinygrad {dev}", flush=True)
+  cl = tinygrad_c(dev)
+  cpu = tinygrad_c("CPU")
+  tg = None
+  if os.environ.get("TINYGRAD", "1") != "0":
+    try:
+      tg = tinygrad(dev.split(":")[0].upper())
+      if tg is None: print("(tinygrad not installed: pip install tinygrad to compare)")
+    except Exception as e:  # tinygrad is optional: report and go on
+      print(f"(tinygrad failed: {str(e).splitlines()[0]})")
+  head = ["tinygrad.c CL", "tinygrad.c CPU"] + (["tinygrad CL"] if tg else []) + ["c CL/c CPU"] + (["c CL/tg CL"] if tg else [])
+  print(f"{'':30}" + "".join(f" {h:>14}" for h in head))
+  for label, k in ROWS:
+    line = f"{label:30} {fmt(cl[k])} {fmt(cpu[k])}" + (f" {fmt(tg[k])}" if tg else "") + f" {ratio(cl[k], cpu[k])}"
+    if tg: line += f" {ratio(cl[k], tg[k])}"
+    print(line)
+  print(f"(tinygrad.c on CL: first evaluation, compiling its kernels, {cl['eval_first']:.1f} ms; whole empty-cache run {cl['wall']:.1f} s. "
+        "Ratios are times (RSS: sizes), tinygrad.c on CL / other: below 1 is faster or smaller.)")
+
+
 def main():
+  dev = os.environ.get("DEV", "CPU")
+  if dev.split(":")[0].upper() == "CL": return main_cl(dev)
   print(f"beautiful_mnist on Fashion-MNIST, BS={BS}, STEPS={STEPS}, {os.cpu_count()} CPUs", flush=True)
   ours = tinygrad_c()
   torch = pytorch()

@@ -383,9 +383,12 @@ TEST(cl_kernel_model) {
   Device *cl = device_get("CL");
   if (!cl) return;
   BEGIN;
+  /* the GPU heuristics (those of a device that is not made of CPU cores, as PoCL is) */
+  DeviceCaps gcaps = cl->caps;
+  gcaps.cpu_cores = false;
   tg_tensor x = tg_sum(mk("CL", 12, 1001, 0, TG_FLOAT32), TG_AXES(1), false);
   /* heuristics: a reduction with few outputs is grouped, dimension 0 holds the group */
-  KernelCode *kc = last_kernel(x, &cl->caps, NULL);
+  KernelCode *kc = last_kernel(x, &gcaps, NULL);
   CHECK(kc != NULL);
   if (kc) {
     CHECK_STR_CONTAINS(kc->src, "__kernel void r_12_1001(__global float *restrict data0, __global const float *restrict data1)");
@@ -410,11 +413,11 @@ TEST(cl_kernel_model) {
     kernel_code_free(kc);
   }
   /* the device's limits: a group bigger than a work-group, or partials past the local memory */
-  DeviceCaps small = cl->caps;
+  DeviceCaps small = gcaps;
   small.max_local = small.max_local_dims[0] = 16;
   CHECK(optlist_parse("GROUP:0:32", &l));
   CHECK(last_kernel(x, &small, &l) == NULL);
-  small = cl->caps;
+  small = gcaps;
   small.local_mem = 64;
   CHECK(last_kernel(x, &small, &l) == NULL);
   kc = last_kernel(x, &small, NULL); /* the heuristics fit what there is */
@@ -422,7 +425,7 @@ TEST(cl_kernel_model) {
   kernel_code_free(kc);
   /* elementwise: loops are work-item ids, innermost in dimension 0; no group size of ours */
   tg_tensor e = tg_contiguous(tg_permute(tg_reshape(mk("CL", 6, 20, 0, TG_FLOAT32), TG_SHAPE(2, 3, 4, 5)), TG_AXES(3, 1, 2, 0)));
-  kc = last_kernel(e, &cl->caps, NULL);
+  kc = last_kernel(e, &gcaps, NULL);
   CHECK(kc != NULL);
   if (kc) {
     CHECK(kc->local_size[0] == 0);
@@ -430,8 +433,73 @@ TEST(cl_kernel_model) {
     CHECK_STR_CONTAINS(kc->src, "get_global_id(0)");
     kernel_code_free(kc);
   }
+  /* on PoCL (CPU cores) the CPU's choices: the sum runs 16 lanes along its reduction, no group */
+  if (cl->caps.cpu_cores) {
+    kc = last_kernel(tg_sum(mk("CL", 12, 1024, 0, TG_FLOAT32), TG_AXES(1), false), &cl->caps, NULL);
+    CHECK(kc != NULL);
+    if (kc) {
+      CHECK_STR_CONTAINS(kc->src, "tg_hadd(acc0)");
+      CHECK(strstr(kc->src, "tg_red") == NULL && kc->local_size[0] == 0);
+      kernel_code_free(kc);
+    }
+  }
   CHECK(!optlist_parse("GROUP:0", &l) && !optlist_parse("FOO:1:2", &l) && !optlist_parse("LOCAL:-1:2", &l));
   CHECK(optlist_parse("", &l) && l.n == 0);
+  END;
+}
+
+/* vector UPCASTs: OpenCL C vector types (masks, where, exp2, sqrt, max; gathers of a transposed
+ * operand; register tiles of vector accumulators) compute what the CPU computes; the lists forced
+ * here include gpu_heuristic's own choice for the matmul */
+static tg_tensor f_vec_elementwise(const char *d) {
+  tg_tensor a = mk(d, 32, 64, 0, TG_FLOAT32), b = mk(d, 1, 64, 1, TG_FLOAT32);
+  tg_tensor w = tg_where(tg_lt(a, b), tg_exp(tg_mul(a, b)), tg_sqrt(tg_abs(tg_sub(a, b))));
+  return tg_maximum(tg_relu(w), tg_mul_s(b, 0.5));
+}
+static tg_tensor f_vec_matmul(const char *d) { return tg_matmul(mk(d, 32, 48, 0, TG_FLOAT32), mk(d, 48, 64, 3, TG_FLOAT32)); }
+static tg_tensor f_vec_maxrows(const char *d) { return tg_max(mk(d, 16, 1024, 0, TG_FLOAT32), TG_AXES(0), false); }
+static tg_tensor f_vec_relu_grad(const char *d) {
+  tg_tensor w = mk(d, 48, 64, 0, TG_FLOAT32);
+  tg_set_requires_grad(w, true);
+  tg_tensor loss = tg_sum(tg_relu(tg_matmul(mk(d, 32, 48, 1, TG_FLOAT32), w)), NULL, 0, false);
+  if (tg_backward(loss) != TG_OK) return (tg_tensor){0};
+  return tg_grad(w);
+}
+
+TEST(cl_vector_opts) {
+  tg_clear_error();
+  Device *cl = device_get("CL");
+  if (!cl) return;
+  forced("UPCAST:1:16", f_vec_elementwise, 2e-6);
+  forced("UPCAST:1:4,LOCAL:0:4", f_vec_elementwise, 2e-6);
+  forced("UPCAST:1:8", f_add2d, 0); /* the transposed operand is gathered */
+  forced("UPCAST:1:16,UPCAST:0:8,UPCAST:1:2", f_vec_matmul, 2e-4);
+  forced("UPCAST:1:4,UPCAST:0:4,LOCAL:0:2", f_vec_matmul, 2e-4);
+  forced("UPCAST:0:16,UNROLL:0:4", f_vec_maxrows, 0);
+  /* the device's own heuristics (on PoCL the CPU's choices, in OpenCL C) */
+  same_on_cl("heuristics: matmul", f_vec_matmul, 2e-4);
+  same_on_cl("heuristics: relu backward", f_vec_relu_grad, 2e-4);
+  same_on_cl("heuristics: elementwise", f_vec_elementwise, 2e-6);
+  BEGIN;
+  /* the GPU heuristics' matmul: 16 lanes along the output's rows, a tile of 8 rows x 2 vectors */
+  DeviceCaps gcaps = cl->caps;
+  gcaps.cpu_cores = false;
+  tg_tensor x = f_vec_matmul("CL");
+  KernelCode *kc = last_kernel(x, &gcaps, NULL);
+  CHECK(kc != NULL);
+  if (kc) {
+    CHECK_STR_CONTAINS(kc->src, "typedef float tg_vf __attribute__((ext_vector_type(16)));");
+    CHECK_STR_CONTAINS(kc->src, "(*(const __global tg_vfu *)(data2 + ");
+    CHECK_STR_CONTAINS(kc->src, "*(__global tg_vfu *)(data0 + ");
+    CHECK(kc->local_size[0] == 0);
+    kernel_code_free(kc);
+  }
+  /* a GROUP reduction keeps scalar accumulators: a vector UPCAST before it does not fit */
+  OptList l;
+  CHECK(optlist_parse("UPCAST:0:4,GROUP:0:8", &l));
+  tg_tensor y = f_vec_maxrows("CL");
+  CHECK(last_kernel(y, &cl->caps, &l) == NULL);
+  tg_clear_error();
   END;
 }
 

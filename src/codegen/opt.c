@@ -29,6 +29,7 @@ typedef struct {
   UOp *lane;
   int W;
   bool gather; /* float32 loads strided along the lanes may become gathers */
+  bool gpu;    /* an OpenCL kernel: float32 lanes and masks only (no integer lanes or loads) */
   PtrMap dep;  /* node -> 1 (depends on lane) / 2 (does not) */
   PtrMap memo; /* node -> rewritten node (owned) */
   bool fail;
@@ -137,7 +138,7 @@ static UOp *vr(VR *v, UOp *u) {
   if (!dep_lane(v, u)) {
     r = uop_ref(u);
   } else if (u->op == OP_LOAD) {
-    bool dt_ok = u->dtype == TG_FLOAT32 || vec_int_load_dtype((tg_dtype)u->dtype);
+    bool dt_ok = u->dtype == TG_FLOAT32 || (!v->gpu && vec_int_load_dtype((tg_dtype)u->dtype));
     bool mask_ok = !(u->nsrc > 2 && dep_lane(v, u->src[2]));
     UOp *base = dt_ok && mask_ok ? contiguous_base(v, u->src[1]) : NULL;
     int64_t stride = 0;
@@ -153,7 +154,7 @@ static UOp *vr(VR *v, UOp *u) {
     a.i = v->W;
     r = uop_new(OP_LOAD, (tg_dtype)u->dtype, s, (int)u->nsrc, stride ? &stride : NULL, stride ? 1 : 0, a);
     uop_unref(base);
-  } else if (u->op == OP_CAST && vec_i32(u->dtype) && u->src[0]->dtype == DT_INDEX) {
+  } else if (u->op == OP_CAST && vec_i32(u->dtype) && u->src[0]->dtype == DT_INDEX && !v->gpu) {
     /* an index value (an iota: random counters, an arange) base + lane becomes the vector
      * base + {0, 1, ..., W-1}: a CAST marked with W in iarg */
     UOp *base = contiguous_base(v, u->src[0]);
@@ -164,7 +165,7 @@ static UOp *vr(VR *v, UOp *u) {
     int64_t w = v->W;
     r = uop_new(OP_CAST, (tg_dtype)u->dtype, &base, 1, &w, 1, u->arg);
     uop_unref(base);
-  } else if (u->dtype != DT_INDEX && (vec_op_ok(u) || vec_int_op_ok(u))) {
+  } else if (u->dtype != DT_INDEX && (vec_op_ok(u) || (!v->gpu && vec_int_op_ok(u)))) {
     UOp *s[3] = {NULL, NULL, NULL};
     for (uint32_t i = 0; i < u->nsrc; i++) {
       s[i] = vr(v, u->src[i]);
@@ -210,6 +211,7 @@ static bool try_vectorize_g(LKernel *k, int g, int W, int *next_axis, bool gathe
   v.lane = lane;
   v.W = W;
   v.gather = gather;
+  v.gpu = k->gpu;
   UOp *sbase = contiguous_base(&v, sidx);
   UOp *nval = sbase ? vr(&v, val) : NULL;
   UOp *nrb = (nval && rb) ? vr(&v, rb) : NULL;
@@ -615,6 +617,11 @@ void optimize_kernel(LKernel *k, int *next_axis, const OptCfg *cfg) {
   if (k->gpu) {
     /* GPU kernels are scalar per work-item (no vector types) and take Opt lists */
     if (k->force) gpu_apply_opts(k, k->force, k->caps, next_axis);
+    /* an OpenCL device made of CPU cores (PoCL) runs a work-item's body as the CPU runs one loop
+     * iteration: the CPU's choices (vectors along the output or the reduction, register tiles,
+     * gathers) fit it better than spreading work over many lanes (beautiful_mnist's step on PoCL:
+     * 2.0-2.5 s against 2.8-3.0 s with gpu_heuristic, side by side on a loaded machine) */
+    else if (getenv_int("NOOPT", 0) == 0 && k->np > 0 && k->caps->cpu_cores) heuristic(k, next_axis);
     else if (getenv_int("NOOPT", 0) == 0 && k->np > 0) gpu_heuristic(k, k->caps, next_axis);
     else gpu_apply_opts(k, &(OptList){.n = 0}, k->caps, next_axis);
     return; /* axis order is the work-item dimension order: no trivial_axes_last */
@@ -688,18 +695,28 @@ void optlist_format(const OptList *l, char *buf, size_t n) {
   }
 }
 
-/* Applies l in order. UPCASTs are collected and made into copies at the end (axis numbers stay the
- * lowered kernel's); SWAP renumbers the LOCALs that name its axes. Limits come from the device:
- * a GROUP's size must fit a work-group and its partials the local memory. */
-void gpu_apply_opts(LKernel *k, const OptList *l, const DeviceCaps *caps, int *next_axis) {
+/* May an UPCAST(g, f) of a GPU kernel be a vector of f lanes? In OpenCL C, when nothing is a
+ * vector yet, f is 4, 8 or 16, and the kernel vectorizes along g (its output contiguous there,
+ * float32 lanes: try_vectorize_g). */
+static bool gpu_vector_upcast(LKernel *k, const DeviceCaps *caps, int g, int f, int *next_axis) {
+  return caps->lang == LANG_OPENCL && !k->vw && !k->group && (f == 4 || f == 8 || f == 16) && try_vectorize(k, g, f, next_axis);
+}
+
+/* Applies l->o[from..] in order (l->o[..from] were applied by the caller). UPCASTs are collected
+ * and made into copies at the end (axis numbers stay the lowered kernel's) -- except the first one
+ * that can be a vector (gpu_vector_upcast), which becomes one at once; SWAP renumbers the LOCALs
+ * that name its axes. Limits come from the device: a GROUP's size must fit a work-group and its
+ * partials the local memory. */
+static void gpu_apply_from(LKernel *k, const OptList *l, int from, const DeviceCaps *caps, int *next_axis) {
   Upcast ups[3];
   int nup = 0;
   bool ok = true;
   k->gopts = *l;
-  for (int i = 0; i < l->n && ok; i++) {
+  for (int i = from; i < l->n && ok; i++) {
     const Opt *o = &l->o[i];
     switch (o->op) {
     case OPT_UPCAST:
+      if (o->axis < k->ng && gpu_vector_upcast(k, caps, o->axis, o->arg, next_axis)) break;
       ok = nup < 3 && o->axis < k->ng && o->arg > 1 && k->granges[o->axis]->iarg[0] % o->arg == 0;
       for (int j = 0; ok && j < nup; j++) ok = ups[j].axis != o->axis;
       if (ok) ups[nup].axis = o->axis, ups[nup++].factor = o->arg;
@@ -710,8 +727,8 @@ void gpu_apply_opts(LKernel *k, const OptList *l, const DeviceCaps *caps, int *n
       for (int j = 0; ok && j < k->nlocal; j++) ok = k->local_axis[j] != o->axis;
       if (ok) k->local_axis[k->nlocal] = o->axis, k->local_arg[k->nlocal++] = o->arg;
       break;
-    case OPT_GROUP: case OPT_GROUPTOP:
-      ok = !k->nolocals && !k->group && k->rbody && !k->sop && o->axis < k->nr && o->arg >= 2 &&
+    case OPT_GROUP: case OPT_GROUPTOP: /* (scalar accumulators: not after a vector UPCAST) */
+      ok = !k->nolocals && !k->group && !k->vw && k->rbody && !k->sop && o->axis < k->nr && o->arg >= 2 &&
            o->arg <= caps->max_local_dims[0] && o->arg <= caps->max_local;
       if (ok) k->group = o->arg, k->group_axis = o->axis, k->group_top = o->op == OPT_GROUPTOP;
       break;
@@ -749,10 +766,20 @@ void gpu_apply_opts(LKernel *k, const OptList *l, const DeviceCaps *caps, int *n
   optlist_format(&k->gopts, k->opts, sizeof k->opts);
 }
 
+void gpu_apply_opts(LKernel *k, const OptList *l, const DeviceCaps *caps, int *next_axis) {
+  gpu_apply_from(k, l, 0, caps, next_axis);
+}
+
 /* Hand-coded GPU choices: a reduction with few outputs and a long reduce axis spreads that axis
- * over a work-group (GROUP, strided so neighbouring work-items read neighbouring elements); one
- * with many outputs gets a register tile (UPCAST) and work-groups along its innermost axis;
- * elementwise kernels leave the work-group size to the driver. */
+ * over a work-group (GROUP, strided so neighbouring work-items read neighbouring elements).
+ * Otherwise, where the language has vectors, the innermost axis the output is contiguous along
+ * becomes a vector (UPCAST by 16, 8 or 4), and a reduction with many outputs gets a register tile
+ * as the CPU's kernels do: another axis upcast by 8 (or 4), preferring one the vector loads do not
+ * depend on (each loaded vector then feeds every copy), and the vector axis by 2. Work-groups are
+ * left to the driver then: each work-item is already a vector loop body (PoCL runs a work-group's
+ * items as a loop; it vectorizes across them only where the body has no loop, so a reduction's
+ * lanes must be explicit). Without a vector, a register tile of 8 x 4 outputs over the two
+ * innermost axes and work-groups of 16 along the innermost. */
 void gpu_heuristic(LKernel *k, const DeviceCaps *caps, int *next_axis) {
   OptList l = {.n = 0};
   if (k->rbody && !k->sop && k->nr > 0) {
@@ -764,10 +791,28 @@ void gpu_heuristic(LKernel *k, const DeviceCaps *caps, int *next_axis) {
     while (G >= 2 && (G > caps->max_local_dims[0] || G > caps->max_local || G * 8 > caps->local_mem)) G /= 2;
     if (outs <= 4096 && G >= 2) l.o[l.n++] = (Opt){OPT_GROUP, ri, (int)G};
   }
-  /* a reduction with many outputs (matmul-like, conv-like): a register tile of 8 x 4 outputs per
-   * work-item over the two innermost global axes (4 x 4, or one axis, where they do not divide),
-   * and work-groups of 16 along the innermost. Each loaded value then feeds several products
-   * (1024 matmul on PoCL: 2.4 -> 50 GFLOPS). */
+  int vg = -1, applied = 0; /* the vector UPCAST is applied here (it tells which axes are free) */
+  for (int g = k->ng - 1; l.n == 0 && g >= 0 && vg < 0; g--)
+    for (int W = 16; W >= 4 && vg < 0; W /= 2)
+      if (gpu_vector_upcast(k, caps, g, W, next_axis)) vg = g, l.o[l.n++] = (Opt){OPT_UPCAST, g, W}, applied = 1;
+  if (vg >= 0 && k->rbody) {
+    int best = -1;
+    bool best_free = false;
+    for (int g = 0; g < k->ng; g++) {
+      int64_t n = k->granges[g]->iarg[0];
+      if (g == vg || n % 4) continue;
+      bool free_axis = !loads_depend(k->rbody, k->vw, k->granges[g], ANY_LOAD);
+      if (best < 0 || (free_axis && !best_free) || (free_axis == best_free && n > k->granges[best]->iarg[0])) best = g, best_free = free_axis;
+    }
+    if (best >= 0) {
+      int64_t n = k->granges[best]->iarg[0];
+      l.o[l.n++] = (Opt){OPT_UPCAST, best, n % 8 == 0 && n >= 16 ? 8 : 4};
+    }
+    if (k->granges[vg]->iarg[0] % 2 == 0 && k->granges[vg]->iarg[0] >= 2 && l.n < OPTLIST_MAX) l.o[l.n++] = (Opt){OPT_UPCAST, vg, 2};
+  }
+  /* a reduction with many outputs and no vector: a register tile of 8 x 4 outputs per work-item
+   * over the two innermost global axes (4 x 4, or one axis, where they do not divide), and
+   * work-groups of 16 along the innermost */
   if (l.n == 0 && k->rbody && !k->sop && k->ng >= 1) {
     int a1 = k->ng - 1, a0 = k->ng - 2;
     int64_t n1 = k->granges[a1]->iarg[0], n0 = a0 >= 0 ? k->granges[a0]->iarg[0] : 0;
@@ -778,5 +823,5 @@ void gpu_heuristic(LKernel *k, const DeviceCaps *caps, int *next_axis) {
     if (f1 > 1 && (n1 / f1) % 16 == 0 && caps->max_local >= 16 && caps->max_local_dims[0] >= 16)
       l.o[l.n++] = (Opt){OPT_LOCAL, a1, 16};
   }
-  gpu_apply_opts(k, &l, caps, next_axis);
+  gpu_apply_from(k, &l, applied, caps, next_axis);
 }

@@ -415,8 +415,9 @@ static void gpu_actions(const OptList *base, const int64_t *gs, int ng, const in
   for (int a = 0; a < ng; a++)
     for (int l = 2; l <= 32; l *= 2)
       if (gs[a] % l == 0) EXTEND(OPT_LOCAL, a, l);
+  /* (UPCAST 4, 8 and 16 of an axis the output is contiguous on are vectors in OpenCL C) */
   for (int a = 0; a < ng; a++)
-    for (int f = 2; f <= 4; f *= 2)
+    for (int f = 2; f <= 16; f *= 2)
       if (gs[a] % f == 0) EXTEND(OPT_UPCAST, a, f);
   for (int r = 0; r < nr; r++)
     for (int f = 2; f <= 4; f *= 2)

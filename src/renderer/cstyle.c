@@ -2,8 +2,10 @@
  * cstyle.c -- the C-style renderer: LKernel -> C source for the CPU device, or OpenCL C for GPU-like
  * devices. The languages differ only in the spellings of one table row (Lang: type names, literal
  * suffixes, math builtins, bit casts, the kernel's signature and how a global loop becomes a
- * work-item id); the vector code (GCC vector types) is C only -- GPU kernels are scalar per
- * work-item.
+ * work-item id). Vector code is GCC vector types in C and clang's OpenCL vector types
+ * (ext_vector_type, the type of float16 and friends) in OpenCL C: the same expressions, with a zero
+ * vector, the address space of a vector pointer and the transcendental functions spelled per
+ * language (OpenCL C takes its own exp2/log2/sin/sqrt/trunc, which work on vectors).
  *
  * Every value node becomes one local variable, declared at the outermost loop level where all its
  * inputs are available (loop-invariant code is hoisted by construction). float16, bfloat16 and the
@@ -29,6 +31,8 @@ typedef struct Lang {
   const char *math;                  /* prefix of exp2/log2/sin/sqrt/trunc/fmod/pow */
   bool math_fsuf;                    /* float versions end in f (C) or are overloads (OpenCL C) */
   bool as_type;                      /* bit casts are as_<type>() (OpenCL C) or memcpy (C) */
+  const char *gptr;                  /* address space of a pointer to data: "" or "__global " */
+  bool ext_vec;                      /* vectors are ext_vector_type(W) (OpenCL C), not vector_size */
 } Lang;
 
 static const Lang LANG_TABLE[] = {
@@ -37,13 +41,13 @@ static const Lang LANG_TABLE[] = {
                  [TG_UINT32] = "unsigned int", [TG_UINT64] = "unsigned long long", [TG_FLOAT16] = "float",
                  [TG_BFLOAT16] = "float", [TG_FLOAT32] = "float", [TG_FLOAT64] = "double", [TG_FP8E4M3] = "float", [TG_FP8E5M2] = "float"},
                 "_Bool", "unsigned short", "unsigned short", "unsigned int", "long long", "LL", "ULL",
-                "__builtin_inf()", "__builtin_inff()", "__builtin_nan(\"\")", "__builtin_nanf(\"\")", "__builtin_", true, false},
+                "__builtin_inf()", "__builtin_inff()", "__builtin_nan(\"\")", "__builtin_nanf(\"\")", "__builtin_", true, false, "", false},
     [LANG_OPENCL] = {{[TG_BOOL] = "bool", [TG_INT8] = "char", [TG_INT16] = "short", [TG_INT32] = "int",
                       [TG_INT64] = "long", [TG_UINT8] = "uchar", [TG_UINT16] = "ushort", [TG_UINT32] = "uint",
                       [TG_UINT64] = "ulong", [TG_FLOAT16] = "float", [TG_BFLOAT16] = "float", [TG_FLOAT32] = "float",
                       [TG_FLOAT64] = "double", [TG_FP8E4M3] = "float", [TG_FP8E5M2] = "float"},
                      "uchar", "ushort", "ushort", "uint", "long", "L", "UL", "((double)INFINITY)", "INFINITY", "((double)NAN)",
-                     "NAN", "", false, true},
+                     "NAN", "", false, true, "__global ", true},
 };
 /* The language of the kernel being rendered (renderers run on any thread). */
 static _Thread_local const Lang *L = &LANG_TABLE[LANG_C];
@@ -347,15 +351,23 @@ static bool isvec(R *r, UOp *u) { return u && pm_has(&r->vec, (uint64_t)(uintptr
 
 static bool is_i32(int dt) { return dt == TG_INT32 || dt == TG_UINT32; }
 
+/* the zero vector of type t: a compound literal in C, a cast of 0 (every lane) in OpenCL C, whose
+ * vector literals must name every lane */
+static const char *vz(char buf[48], const char *t) {
+  snprintf(buf, 48, L->ext_vec ? "((%s)(0))" : "(%s){0}", t);
+  return buf;
+}
+
 /* operand of a vector op: vectors as they are, scalars broadcast */
 static void vopnd(R *r, UOp *u, bool mask, SB *e) {
   const char *n = nm(r, u);
+  char z[48], t[32];
   if (isvec(r, u)) sb_puts(e, n);
-  else if (mask) sb_printf(e, "((tg_vm){0} + ((%s) ? -1 : 0))", n);
-  else if (is_i32(u->dtype)) sb_printf(e, "((tg_v%d){0} + (%s)(%s))", (int)u->dtype, ctype((tg_dtype)u->dtype), n);
+  else if (mask) sb_printf(e, "(%s + ((%s) ? -1 : 0))", vz(z, "tg_vm"), n);
+  else if (is_i32(u->dtype)) snprintf(t, sizeof t, "tg_v%d", (int)u->dtype), sb_printf(e, "(%s + (%s)(%s))", vz(z, t), ctype((tg_dtype)u->dtype), n);
   /* x - 0 is x for every float (0 + x turns -0 into +0, so the compiler must emit that add): the
    * broadcast folds into the consumer, e.g. an FMA with an embedded {1to16} memory broadcast */
-  else sb_printf(e, "((float)(%s) - (tg_vf){0})", n);
+  else sb_printf(e, "((float)(%s) - %s)", n, vz(z, "tg_vf"));
 }
 
 /* vector type names for a loaded dtype: float32 uses tg_vf; integer loads get their own lane type */
@@ -370,6 +382,7 @@ static void vtype_names(tg_dtype dt, char *vt, char *vtu) {
 static void render_vexpr(R *r, UOp *u, SB *e) {
   UOp *a = u->nsrc > 0 ? u->src[0] : NULL, *b = u->nsrc > 1 ? u->src[1] : NULL, *c = u->nsrc > 2 ? u->src[2] : NULL;
   bool amask = a && a->dtype == TG_BOOL;
+  char z[48], z1[48];
   /* bools are masks here (true = -1): arithmetic on them is logic (false < true, a*b = a and b,
    * a+b and max = a or b), not the integer operation, which would see true as -1 */
   if (amask && b && (u->op == OP_CMPLT || u->op == OP_MUL || u->op == OP_ADD || u->op == OP_MAX)) {
@@ -388,13 +401,13 @@ static void render_vexpr(R *r, UOp *u, SB *e) {
       if (gated(u)) sb_printf(e, "((%s) ? ", nm(r, c));
       sb_printf(e, "((%s){", vt);
       for (int l = 0; l < (int)u->arg.i; l++)
-        sb_printf(e, "%s%s[%s + %lldLL]", l ? ", " : "", nm(r, a), nm(r, b), (long long)(l * u->iarg[0]));
+        sb_printf(e, "%s%s[%s + %lld%s]", l ? ", " : "", nm(r, a), nm(r, b), (long long)(l * u->iarg[0]), L->ll);
       sb_puts(e, "})");
-      if (gated(u)) sb_printf(e, " : (%s){0})", vt);
+      if (gated(u)) sb_printf(e, " : %s)", vz(z, vt));
       return;
     }
-    if (gated(u)) sb_printf(e, "((%s) ? *(const %s *)(%s + %s) : (%s){0})", nm(r, c), vtu, nm(r, a), nm(r, b), vt);
-    else sb_printf(e, "(*(const %s *)(%s + %s))", vtu, nm(r, a), nm(r, b));
+    if (gated(u)) sb_printf(e, "((%s) ? *(const %s%s *)(%s + %s) : %s)", nm(r, c), L->gptr, vtu, nm(r, a), nm(r, b), vz(z, vt));
+    else sb_printf(e, "(*(const %s%s *)(%s + %s))", L->gptr, vtu, nm(r, a), nm(r, b));
     return;
   }
   case OP_WHERE:
@@ -435,7 +448,7 @@ static void render_vexpr(R *r, UOp *u, SB *e) {
     sb_printf(e, amask ? "(~%s)" : "(-%s)", nm(r, a));
     return;
   case OP_RECIP:
-    sb_printf(e, "((tg_vf){0} + 1.0f) / %s", nm(r, a));
+    sb_printf(e, "(%s + 1.0f) / %s", vz(z, "tg_vf"), nm(r, a));
     return;
   case OP_EXP2: case OP_LOG2: case OP_SIN: case OP_SQRT: case OP_TRUNC: {
     const char *f = u->op == OP_EXP2 ? "exp2f" : u->op == OP_LOG2 ? "log2f" : u->op == OP_SIN ? "sinf" : u->op == OP_SQRT ? "sqrtf" : "truncf";
@@ -463,8 +476,8 @@ static void render_vexpr(R *r, UOp *u, SB *e) {
       return;
     }
     if (u->dtype == TG_FLOAT32 && a->dtype != TG_BOOL) sb_printf(e, "__builtin_convertvector(%s, tg_vf)", nm(r, a));
-    else if (u->dtype == TG_FLOAT32) sb_printf(e, "tg_vsel(%s, (tg_vf){0} + 1.0f, (tg_vf){0})", nm(r, a));
-    else sb_printf(e, "(%s != (tg_vf){0})", nm(r, a));
+    else if (u->dtype == TG_FLOAT32) sb_printf(e, "tg_vsel(%s, %s + 1.0f, %s)", nm(r, a), vz(z, "tg_vf"), vz(z1, "tg_vf"));
+    else sb_printf(e, "(%s != %s)", nm(r, a), vz(z, "tg_vf"));
     return;
   default: break;
   }
@@ -516,11 +529,11 @@ static void emit_store(R *r, const LKernel *k, int c) {
     sb_init(&e);
     vopnd(r, v, false, &e);
     if (!k->sop) {
-      sb_printf(r->b, "*(tg_vfu *)(data0 + %s) = %s;\n", at, e.s);
+      sb_printf(r->b, "*(%stg_vfu *)(data0 + %s) = %s;\n", L->gptr, at, e.s);
     } else {
       /* combining store (float32 only): the first window position stores, the others keep the max */
-      sb_printf(r->b, "{ tg_vf nv_ = %s; if (!%s) nv_ = tg_vmax(nv_, *(const tg_vfu *)(data0 + %s)); *(tg_vfu *)(data0 + %s) = nv_; }\n",
-                e.s, nm(r, k->sfirsts[c]), at, at);
+      sb_printf(r->b, "{ tg_vf nv_ = %s; if (!%s) nv_ = tg_vmax(nv_, *(const %stg_vfu *)(data0 + %s)); *(%stg_vfu *)(data0 + %s) = nv_; }\n",
+                e.s, nm(r, k->sfirsts[c]), L->gptr, at, L->gptr, at);
     }
     sb_free(&e);
     return;
@@ -588,6 +601,13 @@ static const char PRELUDE_VEC[] =
     "typedef float tg_vfu __attribute__((vector_size(%d), aligned(4)));\n"
     "typedef int tg_vm __attribute__((vector_size(%d)));\n"
     "static inline tg_vf tg_vsel(tg_vm m, tg_vf a, tg_vf b){return (tg_vf)(((tg_vm)a & m) | ((tg_vm)b & ~m));}\n"
+    "static inline tg_vf tg_vmax(tg_vf a, tg_vf b){return tg_vsel((a > b) | (a != a), a, b);}\n";
+/* OpenCL C: select() takes the lane of its second operand where the mask's top bit is set */
+static const char PRELUDE_VEC_CL[] =
+    "typedef float tg_vf __attribute__((ext_vector_type(%d)));\n"
+    "typedef float tg_vfu __attribute__((ext_vector_type(%d), aligned(4)));\n"
+    "typedef int tg_vm __attribute__((ext_vector_type(%d)));\n"
+    "static inline tg_vf tg_vsel(tg_vm m, tg_vf a, tg_vf b){return select(b, a, m);}\n"
     "static inline tg_vf tg_vmax(tg_vf a, tg_vf b){return tg_vsel((a > b) | (a != a), a, b);}\n";
 
 /* Vector exp2, log2 and sin, written with vector operations (a libm call per lane costs 6-7 times
@@ -721,7 +741,8 @@ static Blocking blocking(const LKernel *k) {
 static void declare_accs(R *r, const LKernel *k, const char *prefix, const char *init) {
   for (int c = 0; c < k->ncopy; c++) {
     ind(r);
-    if (isvec(r, k->rbodies[c])) sb_printf(r->b, "tg_vf %s%d = (tg_vf){0} + %s;\n", prefix, c, init);
+    char z[48];
+    if (isvec(r, k->rbodies[c])) sb_printf(r->b, "tg_vf %s%d = %s + %s;\n", prefix, c, vz(z, "tg_vf"), init);
     else sb_printf(r->b, "%s %s%d = %s;\n", ctype(k->racc), prefix, c, init);
   }
 }
@@ -949,7 +970,8 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
     for (size_t i = 0; i < sizeof vnames / sizeof *vnames; i++) sb_printf(&out, "#define %s %s%d\n", vnames[i], vnames[i], W);
     for (int dt = TG_INT8; dt <= TG_UINT32; dt++) sb_printf(&out, "#define tg_v%d tg_v%d_%d\n#define tg_v%du tg_v%du_%d\n", dt, dt, W, dt, dt, W);
     sb_printf(&out, "#ifndef TG_VEC%d_H\n#define TG_VEC%d_H\n", W, W);
-    sb_printf(&out, PRELUDE_VEC, W * 4, W * 4, W * 4);
+    if (L->ext_vec) sb_printf(&out, PRELUDE_VEC_CL, W, W, W);
+    else sb_printf(&out, PRELUDE_VEC, W * 4, W * 4, W * 4);
     sb_puts(&out, "#endif\n");
     for (int dt = TG_INT8; dt <= TG_UINT32; dt++) {
       char key[32];
@@ -957,8 +979,10 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
       if (dt == TG_INT64 || !uses_name(body.s, key)) continue;
       int bytes = W * (int)tg_dtype_itemsize((tg_dtype)dt);
       sb_printf(&out, "#ifndef TG_V%d_%d_H\n#define TG_V%d_%d_H\n", dt, W, dt, W);
-      sb_printf(&out, "typedef %s tg_v%d __attribute__((vector_size(%d)));\n", ctype((tg_dtype)dt), dt, bytes);
-      sb_printf(&out, "typedef %s tg_v%du __attribute__((vector_size(%d), aligned(1)));\n#endif\n", ctype((tg_dtype)dt), dt, bytes);
+      const char *va = L->ext_vec ? "ext_vector_type" : "vector_size";
+      int vn = L->ext_vec ? W : bytes;
+      sb_printf(&out, "typedef %s tg_v%d __attribute__((%s(%d)));\n", ctype((tg_dtype)dt), dt, va, vn);
+      sb_printf(&out, "typedef %s tg_v%du __attribute__((%s(%d), aligned(1)));\n#endif\n", ctype((tg_dtype)dt), dt, va, vn);
     }
     if (k->rvw)
       sb_printf(&out, "#ifndef TG_HRED%d_H\n#define TG_HRED%d_H\n"
@@ -971,7 +995,11 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
       snprintf(key, sizeof key, "tg_v_%s(", fs[i]);
       if (!body.s || !strstr(body.s, key)) continue;
       sb_printf(&out, "#ifndef TG_V_%s_%d_H\n#define TG_V_%s_%d_H\n", fs[i], W, fs[i], W);
-      if (i < 3) {
+      if (L->ext_vec) {
+        /* OpenCL C's own functions take vectors (and are what its scalar code calls) */
+        static const char *const clf[] = {"exp2", "log2", "sin", "sqrt", "trunc"};
+        sb_printf(&out, "static inline tg_vf tg_v_%s(tg_vf x){return %s(x);}\n", fs[i], clf[i]);
+      } else if (i < 3) {
         sb_puts(&out, i == 0 ? PRELUDE_V_EXP2 : i == 1 ? PRELUDE_V_LOG2 : PRELUDE_V_SIN);
         if (i == 0) {
           /* the scalef builtin of this width and the feature macro that provides it */

@@ -31,6 +31,8 @@ enum { LANG_C = 0, LANG_OPENCL = 1 };
 typedef struct DeviceCaps {
   int lang;                  /* LANG_C / LANG_OPENCL */
   bool gpu;                  /* kernels are indexed by global/local ids instead of loops */
+  bool cpu_cores;            /* (gpu) its compute units are CPU cores (PoCL): a work-group runs as a
+                              * loop on one core, so kernels are chosen as the CPU's are */
   bool fp16, fp64, images;   /* native half arithmetic, double, 2-D images */
   int64_t max_local;         /* work-items per work-group (0: no work-groups) */
   int64_t max_local_dims[3]; /* per dimension */

@@ -46,6 +46,8 @@ typedef struct _cl_event *cl_event;
 
 #define CL_SUCCESS 0
 #define CL_DEVICE_TYPE_ALL 0xFFFFFFFFu
+#define CL_DEVICE_TYPE_CPU (1u << 1)
+#define CL_DEVICE_TYPE 0x1000
 #define CL_PLATFORM_VERSION 0x0901
 #define CL_PLATFORM_NAME 0x0902
 #define CL_DEVICE_MAX_WORK_ITEM_DIMENSIONS 0x1003
@@ -279,6 +281,8 @@ static void *cl_open(int index) {
   DeviceCaps *c = &s->caps;
   c->lang = LANG_OPENCL;
   c->gpu = true;
+  cl_ulong type = 0;
+  c->cpu_cores = g_cl.clGetDeviceInfo(dev, CL_DEVICE_TYPE, sizeof type, &type, NULL) == CL_SUCCESS && (type & CL_DEVICE_TYPE_CPU);
   c->fp16 = has_ext(s->extensions, "cl_khr_fp16");
   c->fp64 = has_ext(s->extensions, "cl_khr_fp64");
   cl_uint img = 0, dims = 0;
