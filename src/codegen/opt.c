@@ -691,10 +691,19 @@ void optlist_format(const OptList *l, char *buf, size_t n) {
 /* Applies l in order. UPCASTs are collected and made into copies at the end (axis numbers stay the
  * lowered kernel's); SWAP renumbers the LOCALs that name its axes. Limits come from the device:
  * a GROUP's size must fit a work-group and its partials the local memory. */
+/* IMAGE: the texel lanes of an image output as the first upcast (see image_lane_upcast) */
+static void img_lanes(LKernel *k, UOp *lane, Upcast *ups, int *nup) {
+  ImgUpcast iu[3];
+  for (int j = 0; j < *nup; j++) iu[j] = (ImgUpcast){ups[j].axis, ups[j].factor};
+  image_lane_upcast(k, lane, iu, nup, 3);
+  for (int j = 0; j < *nup; j++) ups[j].axis = iu[j].axis, ups[j].factor = iu[j].factor;
+}
+
 void gpu_apply_opts(LKernel *k, const OptList *l, const DeviceCaps *caps, int *next_axis) {
   Upcast ups[3];
   int nup = 0;
   bool ok = true;
+  UOp *lane = k->pimg && k->np && k->pimg[0] && k->ng ? k->granges[k->ng - 1] : NULL;
   k->gopts = *l;
   for (int i = 0; i < l->n && ok; i++) {
     const Opt *o = &l->o[i];
@@ -733,6 +742,7 @@ void gpu_apply_opts(LKernel *k, const OptList *l, const DeviceCaps *caps, int *n
     default: ok = false; break; /* PADTO, THREAD: CPU actions */
     }
   }
+  if (ok && lane) img_lanes(k, lane, ups, &nup);
   /* the partials of every copy of every work-item of a group live in local memory together */
   if (ok && k->group) {
     int64_t items = k->group, copies = 1;
@@ -744,6 +754,7 @@ void gpu_apply_opts(LKernel *k, const OptList *l, const DeviceCaps *caps, int *n
   if (!ok) {
     k->cfg_failed = true;
     nup = 0;
+    if (lane) img_lanes(k, lane, ups, &nup);
   }
   make_copies(k, ups, nup, next_axis);
   optlist_format(&k->gopts, k->opts, sizeof k->opts);
