@@ -312,6 +312,20 @@ static bool image_ok(const LKernel *k, const DeviceCaps *caps) {
                    tg_dtype_name(k->pdt[i]));
       return false;
     }
+  if (k->pimg[0]) { /* a write_only image cannot be read by the kernel that writes it */
+    PtrVec lds = {0};
+    uop_collect(k->value, OP_LOAD, &lds);
+    if (k->rbody) uop_collect(k->rbody, OP_LOAD, &lds);
+    bool self = false;
+    for (size_t i = 0; i < lds.n; i++)
+      self = self || (((UOp *)lds.p[i])->src[0]->op == OP_DEFINE_GLOBAL && ((UOp *)lds.p[i])->src[0]->arg.i == 0);
+    pv_free(&lds);
+    if (self) {
+      tg_set_error(TG_ERR_INVALID, "codegen: a kernel reads the image it writes (an assign into an image); images are "
+                   "read or written by one kernel, not both");
+      return false;
+    }
+  }
   if (k->pimg[0] && (k->sop || k->img_bad)) {
     tg_set_error(TG_ERR_INVALID, "codegen: this kernel cannot store into an image (%s); images are written four "
                  "consecutive floats at a time", k->sop ? "a combining window store" : "the store does not run along a "
