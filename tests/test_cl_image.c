@@ -80,8 +80,8 @@ static void same_with_images(const char *what, build_fn f, const void *arg, doub
     CHECK_MSG(x.id != 0, "%s (IMAGE=%d): %s", what, i == 1, tg_last_error());
     if (x.id && i == 1 && images) {
       char *src = kernel_sources(x);
-      CHECK_MSG(src && strstr(src, "read_imagef(") && strstr(src, "write_imagef(") && strstr(src, "read_only image2d_t") &&
-                    strstr(src, "write_only image2d_t"),
+      CHECK_MSG(src && strstr(src, "read_imagef(") && strstr(src, "write_imagef(") &&
+                    strstr(src, "read_only image2d_t") && strstr(src, "write_only image2d_t"),
                 "%s: the IMAGE=1 kernels do not use images", what);
       free(src);
     }
@@ -93,8 +93,8 @@ static void same_with_images(const char *what, build_fn f, const void *arg, doub
     tg_context_end();
   }
   if (v[0] && v[1] && v[2]) {
-    CHECK_MSG(n[0] == n[1] && n[0] == n[2] && n[0] > 0, "%s: %lld / %lld / %lld values", what, (long long)n[0],
-              (long long)n[1], (long long)n[2]);
+    CHECK_MSG(n[0] == n[1] && n[0] == n[2] && n[0] > 0, "%s: %lld / %lld / %lld values", what,
+              (long long)n[0], (long long)n[1], (long long)n[2]);
     int bad = 0;
     for (int64_t i = 0; i < n[0] && i < n[1] && i < n[2]; i++) {
       double a = v[0][i], b = v[1][i], c = v[2][i];
@@ -141,19 +141,20 @@ static tg_tensor f_dot(const char *dev, const void *arg) {
 TEST(image_conv2d_equals_plain) {
   if (!g_cl) return;
   static const ConvCase cases[] = {
-      {2, 4, 9, 9, 8, 3, 3, 1, 1, 0, 1, false},  /* channels multiples of 4 */
-      {2, 3, 10, 7, 5, 3, 3, 1, 1, 1, 1, true},  /* 3 -> 5 channels (both padded to 4), padding, bias */
+      {2, 4, 9, 9, 8, 3, 3, 1, 1, 0, 1, false},    /* channels multiples of 4 */
+      {2, 3, 10, 7, 5, 3, 3, 1, 1, 1, 1, true},    /* 3 -> 5 channels (both padded to 4), padding, bias */
       {1, 1, 28, 28, 32, 5, 5, 1, 1, 0, 1, false}, /* beautiful_mnist's first layer */
-      {2, 6, 11, 12, 7, 3, 2, 1, 2, 1, 1, true},  /* stride 2, a 3x2 kernel */
-      {1, 5, 12, 12, 4, 3, 3, 1, 1, 2, 2, false}, /* dilation 2, padding 2 */
-      {2, 3, 8, 8, 6, 3, 3, 2, 1, 1, 1, true},   /* groups 2: 3 channels each, 3 outputs each */
-      {1, 1, 7, 7, 4, 3, 3, 4, 1, 1, 1, false},  /* depthwise-like: 4 groups of one channel */
+      {2, 6, 11, 12, 7, 3, 2, 1, 2, 1, 1, true},   /* stride 2, a 3x2 kernel */
+      {1, 5, 12, 12, 4, 3, 3, 1, 1, 2, 2, false},  /* dilation 2, padding 2 */
+      {2, 3, 8, 8, 6, 3, 3, 2, 1, 1, 1, true},     /* groups 2: 3 channels each, 3 outputs each */
+      {1, 1, 7, 7, 4, 3, 3, 4, 1, 1, 1, false},    /* depthwise-like: 4 groups of one channel */
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     char what[96];
     const ConvCase *c = &cases[i];
     snprintf(what, sizeof what, "conv2d case %zu (cin %lld cout %lld groups %lld stride %lld pad %lld)", i,
-             (long long)c->cin, (long long)c->cout, (long long)c->groups, (long long)c->stride, (long long)c->pad);
+             (long long)c->cin, (long long)c->cout, (long long)c->groups, (long long)c->stride,
+             (long long)c->pad);
     same_with_images(what, f_conv, c, 1e-4, true);
   }
 }
@@ -169,7 +170,8 @@ TEST(image_matmul_equals_plain) {
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     char what[64];
-    snprintf(what, sizeof what, "matmul case %zu (k %lld n %lld)", i, (long long)cases[i].k, (long long)cases[i].n);
+    snprintf(what, sizeof what, "matmul case %zu (k %lld n %lld)", i, (long long)cases[i].k,
+             (long long)cases[i].n);
     same_with_images(what, f_dot, &cases[i], 1e-4, true);
   }
 }
@@ -219,7 +221,9 @@ static tg_tensor f_conv_grad(const char *dev, const void *arg) {
   (void)arg;
   tg_tensor x = mk(dev, TG_SHAPE(2, 3, 8, 8), 0.2f), w = mk(dev, TG_SHAPE(5, 3, 3, 3), 0.9f);
   tg_set_requires_grad(w, true);
-  tg_tensor loss = tg_sum(tg_relu(tg_conv2d(x, w, (tg_tensor){0}, TG_CONV2D_OPTS(.padding = {1}, .npadding = 1))), NULL, 0, false);
+  tg_tensor loss =
+      tg_sum(tg_relu(tg_conv2d(x, w, (tg_tensor){0}, TG_CONV2D_OPTS(.padding = {1}, .npadding = 1))), NULL, 0,
+             false);
   CHECK(tg_backward(loss) == TG_OK);
   return tg_grad(w);
 }
@@ -233,7 +237,8 @@ TEST(image_conv2d_gradient) {
 static tg_tensor jit_body(const tg_tensor *in) {
   return tg_relu(tg_conv2d(in[0], in[1], (tg_tensor){0}, TG_CONV2D_OPTS(.padding = {1}, .npadding = 1)));
 }
-static tg_status jit_fn(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *user) {
+static tg_status jit_fn(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout,
+                        void *user) {
   (void)nin, (void)args, (void)nargs, (void)nout, (void)user;
   out[0] = jit_body(in);
   return out[0].id ? TG_OK : tg_last_status();

@@ -23,8 +23,10 @@ int image_mode(const char *fn, const UOp *a, const UOp *w, const UOp *b) {
   /* tinygrad's image path is for GPU devices; the CPU has no image memory and keeps its kernels */
   if (!dev || !dev->caps.gpu) return 0;
   if (!dev->caps.images) {
-    tg_set_error(TG_ERR_INVALID, "%s: IMAGE=%lld needs 2-D images, and %s has none (CL_DEVICE_IMAGE_SUPPORT is false); unset IMAGE",
-                 fn, (long long)level, dev->name);
+    tg_set_error(
+        TG_ERR_INVALID,
+        "%s: IMAGE=%lld needs 2-D images, and %s has none (CL_DEVICE_IMAGE_SUPPORT is false); unset IMAGE",
+        fn, (long long)level, dev->name);
     return -1;
   }
   /* images hold float32 texels: other dtypes take the ordinary kernels */
@@ -57,8 +59,8 @@ static tg_tensor image_contig(const char *fn, tg_tensor t, int64_t rows) {
 
 static int64_t round4(int64_t v) { return (v + 3) / 4 * 4; }
 
-tg_tensor image_conv2d(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, int64_t groups, const int64_t *s,
-                       const int64_t *d, const int64_t *pads) {
+tg_tensor image_conv2d(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, int64_t groups,
+                       const int64_t *s, const int64_t *d, const int64_t *pads) {
   UOp *a = t_get(x, fn), *w = a ? t_get(weight, fn) : NULL;
   if (!a || !w) return NONE;
   int64_t bs = a->shape[0], iy = a->shape[2], ix = a->shape[3], cout = w->shape[0], cin = w->shape[1],
@@ -71,7 +73,8 @@ tg_tensor image_conv2d(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor 
   if (cinp != cin) xi = tg_pad(xi, (const int64_t[]){0, 0, 0, 0, 0, cinp - cin, 0, 0, 0, 0}, 10, 0.0);
   xi = image_contig(fn, tg_permute(xi, (const int[]){0, 3, 4, 1, 2}, 5), bs * iy);
   /* viewed back as (bs, groups*cinp, iy, ix), padded and cut into windows (bs, C, oy, ox, kh, kw) */
-  xi = tg_permute(tg_reshape(xi, (const int64_t[]){bs, iy, ix, groups * cinp}, 4), (const int[]){0, 3, 1, 2}, 4);
+  xi = tg_permute(tg_reshape(xi, (const int64_t[]){bs, iy, ix, groups * cinp}, 4), (const int[]){0, 3, 1, 2},
+                  4);
   xi = tg_pad(xi, (const int64_t[]){0, 0, 0, 0, pads[0], pads[1], pads[2], pads[3]}, 8, 0.0);
   int64_t xs[4] = {bs, groups * cinp, iy + pads[0] + pads[1], ix + pads[2] + pads[3]}, k[2] = {kh, kw};
   tg_tensor win = pool_windows(xi, xs, 4, 2, k, s, d);
