@@ -688,9 +688,6 @@ void optlist_format(const OptList *l, char *buf, size_t n) {
   }
 }
 
-/* Applies l in order. UPCASTs are collected and made into copies at the end (axis numbers stay the
- * lowered kernel's); SWAP renumbers the LOCALs that name its axes. Limits come from the device:
- * a GROUP's size must fit a work-group and its partials the local memory. */
 /* IMAGE: the texel lanes of an image output as the first upcast (see image_lane_upcast) */
 static void img_lanes(LKernel *k, UOp *lane, Upcast *ups, int *nup) {
   ImgUpcast iu[3];
@@ -699,6 +696,9 @@ static void img_lanes(LKernel *k, UOp *lane, Upcast *ups, int *nup) {
   for (int j = 0; j < *nup; j++) ups[j].axis = iu[j].axis, ups[j].factor = iu[j].factor;
 }
 
+/* Applies l in order. UPCASTs are collected and made into copies at the end (axis numbers stay the
+ * lowered kernel's); SWAP renumbers the LOCALs that name its axes. Limits come from the device:
+ * a GROUP's size must fit a work-group and its partials the local memory. */
 void gpu_apply_opts(LKernel *k, const OptList *l, const DeviceCaps *caps, int *next_axis) {
   Upcast ups[3];
   int nup = 0;
