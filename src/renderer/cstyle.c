@@ -496,7 +496,49 @@ static void render_vexpr(R *r, UOp *u, SB *e) {
   sb_puts(e, ")");
 }
 
+/* Is index u a multiple of 4 by its form (constants, products by multiples of 4, their sums)? */
+static bool mult4(const UOp *u) {
+  if (u->op == OP_CONST) return u->arg.i % 4 == 0;
+  if (u->op == OP_MUL) return (u->src[1]->op == OP_CONST && u->src[1]->arg.i % 4 == 0) || mult4(u->src[0]) || mult4(u->src[1]);
+  if (u->op == OP_ADD) return mult4(u->src[0]) && mult4(u->src[1]);
+  return false;
+}
+
+/* IMAGE: a load of lane c of texel base/4 (idx = base + c, base a multiple of 4 by its form) reads
+ * the texel once per emitted block: `float4 tN = read_imagef(...)` then `tN.x` .. `tN.w`. Reading
+ * the texel of a masked-off lane is harmless (the sampler clamps). Returns false where the index
+ * has no such form (the load stays a tg_rimg call). */
+static bool emit_texel_load(R *r, UOp *u, PtrMap *texels, SB *e) {
+  int64_t w = img_of(r, u->src[0]);
+  UOp *idx = u->src[1], *base = idx;
+  int64_t c = 0;
+  if (!w || isvec(r, u)) return false;
+  if (idx->op == OP_ADD && idx->src[1]->op == OP_CONST && idx->src[1]->arg.i > 0 && idx->src[1]->arg.i < 4 && mult4(idx->src[0]))
+    base = idx->src[0], c = idx->src[1]->arg.i;
+  else if (!mult4(idx)) return false;
+  const char *bn = nm(r, base);
+  if (!bn) return false;
+  const char *t = pm_get(texels, (uint64_t)(uintptr_t)base);
+  if (!t || strncmp(t, nm(r, u->src[0]), strlen(nm(r, u->src[0]))) || t[strlen(nm(r, u->src[0]))] != ':') {
+    if (t) return false; /* one texel name per base node and block: another image's stays */
+    char name[64];
+    snprintf(name, sizeof name, "%s:t%d", nm(r, u->src[0]), r->nvar++);
+    ind(r);
+    sb_printf(r->b, "float4 %s = read_imagef(%s, tg_smp, tg_ixy(%s, %lldL));\n", strchr(name, ':') + 1, nm(r, u->src[0]), bn,
+              (long long)w);
+    pm_put(texels, (uint64_t)(uintptr_t)base, tg_xstrdup(name));
+    t = pm_get(texels, (uint64_t)(uintptr_t)base);
+  }
+  const char *tv = strchr(t, ':') + 1;
+  static const char lanes[4] = {'x', 'y', 'z', 'w'};
+  if (gated(u)) sb_printf(e, "(%s ? %s.%c : 0)", nm(r, u->src[2]), tv, lanes[c]);
+  else sb_printf(e, "%s.%c", tv, lanes[c]);
+  return true;
+}
+
 static void emit_level(R *r, Lin *l, int level, bool post_phase) {
+  PtrMap texels; /* base index node -> "<image>:<texel variable>" read in this block */
+  pm_init(&texels);
   for (size_t i = 0; i < l->order.n; i++) {
     UOp *u = l->order.p[i];
     if (!needs_var(u) || nm(r, u)) continue;
@@ -505,6 +547,15 @@ static void emit_level(R *r, Lin *l, int level, bool post_phase) {
     if (lv != level || is_post != post_phase) continue;
     SB e;
     sb_init(&e);
+    if (u->op == OP_LOAD && emit_texel_load(r, u, &texels, &e)) {
+      char name[32];
+      snprintf(name, sizeof name, "v%d", r->nvar++);
+      ind(r);
+      sb_printf(r->b, "float %s = %s;\n", name, e.s);
+      sb_free(&e);
+      pm_put(&r->names, (uint64_t)(uintptr_t)u, tg_xstrdup(name));
+      continue;
+    }
     const char *ty;
     char vt[32], vtu[32];
     if (isvec(r, u)) {
@@ -522,6 +573,9 @@ static void emit_level(R *r, Lin *l, int level, bool post_phase) {
     sb_free(&e);
     pm_put(&r->names, (uint64_t)(uintptr_t)u, tg_xstrdup(name));
   }
+  for (size_t i = 0; i < texels.cap; i++)
+    if (texels.keys[i]) free(texels.vals[i]);
+  pm_free(&texels);
 }
 
 static void emit_store(R *r, const LKernel *k, int c) {
