@@ -3,8 +3,8 @@
  * give the values of IMAGE=0 (channels not a multiple of 4, stride, padding, dilation, groups,
  * bias; matmuls of odd sizes and batched inputs), their kernels read and write images
  * (read_imagef / write_imagef / image2d_t in the generated source), image buffers copy in and out,
- * gradients flow through the image path, a TinyJit replays it, the CPU ignores IMAGE, and codegen
- * refuses an image kernel for a device without images.
+ * gradients flow through the image path, a TinyJit replays it, the CPU ignores IMAGE, and a device
+ * without images refuses IMAGE (conv2d and matmul fail naming it; codegen refuses image kernels).
  * Skips (saying why) only when this machine has no OpenCL device at all.
  */
 #include <math.h>
@@ -315,6 +315,22 @@ TEST(image_refused_without_images) {
   CHECK(refused >= 2);
   if (u) schedule_free(&s);
   tg_clear_error();
+  /* the tensor layer: conv2d and matmul on a GPU device whose caps say it has no images fail,
+   * naming the device and what it lacks (the device's caps are what the ops read) */
+  g_cl->caps.images = false;
+  tg_context_begin();
+  tg_context_set("IMAGE", "1");
+  ConvCase c = {1, 3, 6, 6, 5, 3, 3, 1, 1, 1, 1, false};
+  tg_tensor r1 = f_conv("CL", &c);
+  CHECK(r1.id == 0);
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_conv2d: IMAGE=1 needs 2-D images, and CL has none");
+  tg_clear_error();
+  tg_tensor r2 = f_dot("CL", &(DotCase){{8}, 1, 8, 8});
+  CHECK(r2.id == 0);
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_matmul: IMAGE=1 needs 2-D images");
+  tg_clear_error();
+  tg_context_end();
+  g_cl->caps.images = true;
   END;
 }
 
