@@ -7,7 +7,8 @@
  *
  *   BS=512 STEPS=70 TARGET_EVAL_ACC_PCT=83 ./build/examples/beautiful_mnist
  *
- * Knobs (tinygrad's names): BS, STEPS, FASHION (with MNIST_DIR), TARGET_EVAL_ACC_PCT, SEED; the
+ * Knobs (tinygrad's names): BS, STEPS, FASHION (with MNIST_DIR), TARGET_EVAL_ACC_PCT, SEED; EVAL_N=n
+ * measures the test accuracy on the first n test images only (a quick check on a slow device); the
  * trained weights are saved to MNIST_SAVE (default mnist.safetensors; empty to skip). BENCH=1 also
  * prints timings for bench/mnist.py on stdout ("bench step=<i> ms=<t>" per train step, "bench eval=<k>
  * ms=<t>" per test-accuracy call) and evaluates twice more after training, so that the last
@@ -160,6 +161,14 @@ int main(void) {
   c.bs = bs;
   if (tg_mnist_load(dir && *dir ? dir : NULL, fashion, &c.X_train, &c.Y_train, &c.X_test, &c.Y_test) != TG_OK)
     return fail("loading the dataset");
+  int64_t eval_n = tg_getenv_int("EVAL_N", 0);
+  if (eval_n > 0 && eval_n < tg_dim(c.X_test, 0)) { /* EVAL_N: the test accuracy over the first n test images */
+    int64_t b[2 * 8];
+    int nd = tg_ndim(c.X_test);
+    for (int k = 0; k < nd && k < 8; k++) b[2 * k] = 0, b[2 * k + 1] = k ? tg_dim(c.X_test, k) : eval_n;
+    c.X_test = tg_shrink(c.X_test, b, 2 * nd);
+    c.Y_test = tg_shrink(c.Y_test, (const int64_t[]){0, eval_n}, 2);
+  }
   Model model;
   memset(&model, 0, sizeof model);
   c.model = &model;

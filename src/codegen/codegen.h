@@ -71,6 +71,8 @@ typedef struct {
   UOp *sfirst;   /* (sop) the window position is the first (owned) */
   tg_dtype *pdt; /* dtype of each param buffer; param 0 is the output */
   int np;
+  int64_t *pimg; /* per param: texels per row of the 2-D image holding it, 0 for a plain buffer (IMAGE) */
+  bool img_bad;  /* an image output whose store is not 4 consecutive floats along one global axis */
   /* after optimization (what renderers consume): upcast copies of the expressions above, one per
    * unrolled position of the upcast axes (copy 0 alone when nothing is upcast) */
   int ncopy;
@@ -155,6 +157,17 @@ void lkernel_free(LKernel *k);
 /* After optimization: bounds reduce loops by the validity conditions that zero every term outside
  * them (bounds.c). */
 void bound_reduce_loops(LKernel *k);
+
+/* The coefficient of loop variable r in the affine index u, or INT64_MIN when u is not affine in r. */
+int64_t index_coef(UOp *u, UOp *r);
+/* IMAGE: an image output is stored a texel at a time, so one work-item computes the 4 consecutive
+ * floats of a texel: its innermost global axis (the store moves by 1 along it) is upcast by 4 (or a
+ * multiple) and comes first among the upcasts, so copies 4t..4t+3 are texel t's lanes. Called by
+ * gpu_apply_opts before the copies are made; sets k->img_bad when the store does not allow it. */
+typedef struct {
+  int axis, factor;
+} ImgUpcast;
+void image_lane_upcast(LKernel *k, UOp *lane, ImgUpcast *ups, int *nup, int cap);
 
 /* The C renderer: LKernel -> C source (malloc'd). */
 char *render_c(const LKernel *k, const char *name);

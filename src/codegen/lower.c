@@ -133,10 +133,12 @@ static void collect_params(UOp *u, PtrMap *seen, LKernel *k) {
     int p = (int)u->arg.i;
     if (p >= k->np) {
       k->pdt = tg_xrealloc(k->pdt, sizeof(tg_dtype) * (size_t)(p + 1));
-      for (int i = k->np; i <= p; i++) k->pdt[i] = TG_DTYPE_DEFAULT;
+      k->pimg = tg_xrealloc(k->pimg, sizeof(int64_t) * (size_t)(p + 1));
+      for (int i = k->np; i <= p; i++) k->pdt[i] = TG_DTYPE_DEFAULT, k->pimg[i] = 0;
       k->np = p + 1;
     }
     k->pdt[p] = (tg_dtype)u->dtype;
+    if (u->niarg) k->pimg[p] = u->iarg[0];
   }
   for (uint32_t i = 0; i < u->nsrc; i++) collect_params(u->src[i], seen, k);
 }
@@ -250,7 +252,87 @@ void lkernel_free(LKernel *k) {
   for (int i = 0; k->rlo && i < k->nr; i++) uop_unref(k->rlo[i]), uop_unref(k->rhi[i]);
   free(k->rlo), free(k->rhi);
   free(k->pdt);
+  free(k->pimg);
   free(k);
+}
+
+int64_t index_coef(UOp *u, UOp *r) {
+  if (u == r) return 1;
+  if (u->op == OP_ADD) {
+    int64_t a = index_coef(u->src[0], r), b = a == INT64_MIN ? 0 : index_coef(u->src[1], r);
+    return a == INT64_MIN || b == INT64_MIN ? INT64_MIN : a + b;
+  }
+  if (u->op == OP_MUL && u->src[1]->op == OP_CONST) {
+    int64_t a = index_coef(u->src[0], r);
+    return a == INT64_MIN ? a : a * u->src[1]->arg.i;
+  }
+  return uop_depends_on(u, r) ? INT64_MIN : 0;
+}
+
+void image_lane_upcast(LKernel *k, UOp *lane, ImgUpcast *ups, int *nup, int cap) {
+  int g = -1;
+  for (int i = 0; i < k->ng; i++)
+    if (k->granges[i] == lane) g = i;
+  if (g < 0 || lane->iarg[0] % 4 || index_coef(k->sidx, lane) != 1) {
+    k->img_bad = true;
+    return;
+  }
+  int j = -1;
+  for (int i = 0; i < *nup; i++)
+    if (ups[i].axis == g) j = i;
+  if (j >= 0 && ups[j].factor % 4) {
+    k->img_bad = true;
+    return;
+  }
+  ImgUpcast u = j >= 0 ? ups[j] : (ImgUpcast){g, 4};
+  if (j < 0) {
+    if (*nup >= cap) {
+      k->img_bad = true;
+      return;
+    }
+    j = (*nup)++;
+  }
+  memmove(&ups[1], &ups[0], sizeof *ups * (size_t)j); /* the lanes are copy index's fastest digit */
+  ups[0] = u;
+}
+
+/* What an image kernel needs beyond a plain one; false with the error recorded. */
+static bool image_ok(const LKernel *k, const DeviceCaps *caps) {
+  bool any = false;
+  for (int i = 0; i < k->np; i++) any = any || k->pimg[i];
+  if (!any) return true;
+  if (!caps || !caps->gpu || caps->lang != LANG_OPENCL || !caps->images) {
+    tg_set_error(TG_ERR_INVALID, "codegen: a kernel reads or writes a 2-D image but the device has none (IMAGE needs an "
+                 "OpenCL device with image support); unset IMAGE");
+    return false;
+  }
+  for (int i = 0; i < k->np; i++)
+    if (k->pimg[i] && k->pdt[i] != TG_FLOAT32) {
+      tg_set_error(TG_ERR_INVALID, "codegen: image param %d has dtype %s (images hold float32 texels)", i,
+                   tg_dtype_name(k->pdt[i]));
+      return false;
+    }
+  if (k->pimg[0]) { /* a write_only image cannot be read by the kernel that writes it */
+    PtrVec lds = {0};
+    uop_collect(k->value, OP_LOAD, &lds);
+    if (k->rbody) uop_collect(k->rbody, OP_LOAD, &lds);
+    bool self = false;
+    for (size_t i = 0; i < lds.n; i++)
+      self = self || (((UOp *)lds.p[i])->src[0]->op == OP_DEFINE_GLOBAL && ((UOp *)lds.p[i])->src[0]->arg.i == 0);
+    pv_free(&lds);
+    if (self) {
+      tg_set_error(TG_ERR_INVALID, "codegen: a kernel reads the image it writes (an assign into an image); images are "
+                   "read or written by one kernel, not both");
+      return false;
+    }
+  }
+  if (k->pimg[0] && (k->sop || k->img_bad)) {
+    tg_set_error(TG_ERR_INVALID, "codegen: this kernel cannot store into an image (%s); images are written four "
+                 "consecutive floats at a time", k->sop ? "a combining window store" : "the store does not run along a "
+                 "global axis of a multiple of 4 with stride 1");
+    return false;
+  }
+  return true;
 }
 
 static uint64_t count_alu(UOp *u, PtrMap *seen) {
@@ -394,7 +476,7 @@ static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptCfg *
                  (long long)caps->max_local, (long long)caps->local_mem);
     sb_free(&loops);
   }
-  if (k->cfg_failed || (gpu && k->ng > 64)) {
+  if (k->cfg_failed || (gpu && k->ng > 64) || !image_ok(k, caps)) {
     lkernel_free(k);
     return NULL;
   }

@@ -695,10 +695,21 @@ void optlist_format(const OptList *l, char *buf, size_t n) {
   }
 }
 
+/* IMAGE: the texel lanes of an image output as the first upcast (see image_lane_upcast) */
+static void img_lanes(LKernel *k, UOp *lane, Upcast *ups, int *nup) {
+  ImgUpcast iu[3];
+  for (int j = 0; j < *nup; j++) iu[j] = (ImgUpcast){ups[j].axis, ups[j].factor};
+  image_lane_upcast(k, lane, iu, nup, 3);
+  for (int j = 0; j < *nup; j++) ups[j].axis = iu[j].axis, ups[j].factor = iu[j].factor;
+}
+
 /* May an UPCAST(g, f) of a GPU kernel be a vector of f lanes? In OpenCL C, when nothing is a
  * vector yet, f is 4, 8 or 16, and the kernel vectorizes along g (its output contiguous there,
  * float32 lanes: try_vectorize_g). */
 static bool gpu_vector_upcast(LKernel *k, const DeviceCaps *caps, int g, int f, int *next_axis) {
+  if (k->pimg)
+    for (int i = 0; i < k->np; i++)
+      if (k->pimg[i]) return false; /* image loads and stores go texel by texel (IMAGE) */
   return caps->lang == LANG_OPENCL && !k->vw && !k->group && (f == 4 || f == 8 || f == 16) && try_vectorize(k, g, f, next_axis);
 }
 
@@ -711,6 +722,7 @@ static void gpu_apply_from(LKernel *k, const OptList *l, int from, const DeviceC
   Upcast ups[3];
   int nup = 0;
   bool ok = true;
+  UOp *lane = k->pimg && k->np && k->pimg[0] && k->ng ? k->granges[k->ng - 1] : NULL;
   k->gopts = *l;
   for (int i = from; i < l->n && ok; i++) {
     const Opt *o = &l->o[i];
@@ -750,6 +762,7 @@ static void gpu_apply_from(LKernel *k, const OptList *l, int from, const DeviceC
     default: ok = false; break; /* PADTO, THREAD: CPU actions */
     }
   }
+  if (ok && lane) img_lanes(k, lane, ups, &nup);
   /* the partials of every copy of every work-item of a group live in local memory together */
   if (ok && k->group) {
     int64_t items = k->group, copies = 1;
@@ -761,6 +774,7 @@ static void gpu_apply_from(LKernel *k, const OptList *l, int from, const DeviceC
   if (!ok) {
     k->cfg_failed = true;
     nup = 0;
+    if (lane) img_lanes(k, lane, ups, &nup);
   }
   make_copies(k, ups, nup, next_axis);
   optlist_format(&k->gopts, k->opts, sizeof k->opts);

@@ -165,7 +165,7 @@ static bool bench_init(Bench *b, unsigned char **orig, UOp *ast, Device *dev, Bu
   b->bufs = tg_xmalloc(sizeof(void *) * (size_t)nbufs);
   b->nbytes = bufs[0]->nbytes;
   b->odt = (tg_dtype)ast->src[0]->dtype;
-  b->scratch = buffer_new(dev, b->nbytes);
+  b->scratch = buffer_new_like(dev, b->nbytes, bufs[0]->img_w, bufs[0]->img_h);
   *orig = tg_xmalloc(b->nbytes + 1);
   b->ref = tg_xmalloc(b->nbytes + 1);
   b->got = tg_xmalloc(b->nbytes + 1);

@@ -28,6 +28,7 @@ typedef struct {
   size_t nbytes;
   Device *dev;
   int first, last; /* item indices */
+  int64_t img_w, img_h; /* an image's texels (0: a plain buffer) */
 } CapSlot;
 
 typedef struct {

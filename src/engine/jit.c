@@ -287,7 +287,7 @@ static tg_status replay(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs, 
   bool *copied = tg_xcalloc((size_t)nin + 1, sizeof(bool));
   for (int i = 0; i < nin && st == TG_OK; i++) {
     if (!in_list(j->written, j->nwritten, bufs[i])) continue;
-    Buffer *c = buffer_new(bufs[i]->dev, bufs[i]->nbytes);
+    Buffer *c = buffer_new_like(bufs[i]->dev, bufs[i]->nbytes, bufs[i]->img_w, bufs[i]->img_h);
     if (!c || (st = buffer_copy(c, bufs[i], bufs[i]->nbytes)) != TG_OK) {
       if (st == TG_OK) st = tg_last_status();
       buffer_unref(c);

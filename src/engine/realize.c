@@ -309,7 +309,7 @@ void capture_forget(Capture *c, Buffer *b, int from) {
           c->slots = tg_xrealloc(c->slots, sizeof(CapSlot) * (size_t)c->slotcap);
         }
         s = c->nslots++;
-        c->slots[s] = (CapSlot){b->nbytes, b->dev, i, i};
+        c->slots[s] = (CapSlot){b->nbytes, b->dev, i, i, b->img_w, b->img_h};
       }
       if (!it->slot) {
         it->slot = tg_xmalloc(sizeof(int) * (size_t)it->nbufs);
@@ -344,7 +344,7 @@ static tg_status run_items(const Capture *c, const bool *run, Buffer *const *fro
           b[j] = pin[s];
           continue;
         }
-        if (!live[s] && !(live[s] = buffer_new(c->slots[s].dev, c->slots[s].nbytes))) st = tg_last_status();
+        if (!live[s] && !(live[s] = buffer_new_like(c->slots[s].dev, c->slots[s].nbytes, c->slots[s].img_w, c->slots[s].img_h))) st = tg_last_status();
         b[j] = live[s];
         continue;
       }
@@ -466,7 +466,7 @@ int capture_prune(Capture *c, Buffer *const *inputs, int n) {
       need[s] = false;
       continue;
     }
-    if (st == TG_OK && !(pin[s] = buffer_new(c->slots[s].dev, c->slots[s].nbytes))) st = tg_last_status();
+    if (st == TG_OK && !(pin[s] = buffer_new_like(c->slots[s].dev, c->slots[s].nbytes, c->slots[s].img_w, c->slots[s].img_h))) st = tg_last_status();
   }
   /* the producers of the pinned slots, and of the transients those read, backwards */
   for (int i = c->n - 1; i >= 0; i--) {
@@ -535,7 +535,7 @@ static tg_status run_schedule(Schedule *s) {
     SItem *it = &s->items[i];
     SBuf *out = &s->bufs[it->bufs[0]];
     if (!out->buf) {
-      out->buf = buffer_new(out->dev, out->nbytes);
+      out->buf = buffer_new_like(out->dev, out->nbytes, out->img_w, out->img_h);
       if (!out->buf) return tg_last_status();
     }
     if (it->kind == SI_COPY) {

@@ -162,7 +162,22 @@ typedef struct {
   int nvar;
   int indent;
   bool uses_half, uses_bf16, uses_fp8, uses_f64;
+  const int64_t *pimg; /* per param: texels per image row, 0 for a plain buffer (IMAGE) */
+  int np;
 } R;
+
+/* IMAGE: float i of an image lives in texel i/4 (at x = texel % width, y = texel / width), lane i%4.
+ * The sampler clamps, so a masked-off load with an index outside the image reads 0, never out of
+ * bounds. */
+static const char PRELUDE_IMAGE_CL[] =
+    "__constant sampler_t tg_smp = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_CLAMP | CLK_FILTER_NEAREST;\n"
+    "static inline int2 tg_ixy(long i, long w){long t=i>>2;return (int2)((int)(t%w),(int)(t/w));}\n"
+    "static inline float tg_rimg(read_only image2d_t im, long i, long w){float4 v=read_imagef(im,tg_smp,tg_ixy(i,w));"
+    "int c=(int)(i&3);return c==0?v.x:c==1?v.y:c==2?v.z:v.w;}\n";
+
+static int64_t img_of(const R *r, const UOp *g) {
+  return g->op == OP_DEFINE_GLOBAL && r->pimg && g->arg.i >= 0 && g->arg.i < r->np ? r->pimg[g->arg.i] : 0;
+}
 
 static const char *nm(R *r, UOp *u) { return pm_get(&r->names, (uint64_t)(uintptr_t)u); }
 
@@ -243,7 +258,10 @@ static void render_expr(R *r, UOp *u, SB *e) {
   switch (u->op) {
   case OP_LOAD: {
     const char *conv = to_f(dt);
-    if (gated(u)) sb_printf(e, "(%s ? %s(%s[%s]) : 0)", c, conv, a, b);
+    int64_t iw = img_of(r, u->src[0]);
+    if (iw && gated(u)) sb_printf(e, "(%s ? tg_rimg(%s, %s, %lldL) : 0)", c, a, b, (long long)iw);
+    else if (iw) sb_printf(e, "tg_rimg(%s, %s, %lldL)", a, b, (long long)iw);
+    else if (gated(u)) sb_printf(e, "(%s ? %s(%s[%s]) : 0)", c, conv, a, b);
     else sb_printf(e, "%s(%s[%s])", conv, a, b);
     return;
   }
@@ -491,7 +509,49 @@ static void render_vexpr(R *r, UOp *u, SB *e) {
   sb_puts(e, ")");
 }
 
+/* Is index u a multiple of 4 by its form (constants, products by multiples of 4, their sums)? */
+static bool mult4(const UOp *u) {
+  if (u->op == OP_CONST) return u->arg.i % 4 == 0;
+  if (u->op == OP_MUL) return (u->src[1]->op == OP_CONST && u->src[1]->arg.i % 4 == 0) || mult4(u->src[0]) || mult4(u->src[1]);
+  if (u->op == OP_ADD) return mult4(u->src[0]) && mult4(u->src[1]);
+  return false;
+}
+
+/* IMAGE: a load of lane c of texel base/4 (idx = base + c, base a multiple of 4 by its form) reads
+ * the texel once per emitted block: `float4 tN = read_imagef(...)` then `tN.x` .. `tN.w`. Reading
+ * the texel of a masked-off lane is harmless (the sampler clamps). Returns false where the index
+ * has no such form (the load stays a tg_rimg call). */
+static bool emit_texel_load(R *r, UOp *u, PtrMap *texels, SB *e) {
+  int64_t w = img_of(r, u->src[0]);
+  UOp *idx = u->src[1], *base = idx;
+  int64_t c = 0;
+  if (!w || isvec(r, u)) return false;
+  if (idx->op == OP_ADD && idx->src[1]->op == OP_CONST && idx->src[1]->arg.i > 0 && idx->src[1]->arg.i < 4 && mult4(idx->src[0]))
+    base = idx->src[0], c = idx->src[1]->arg.i;
+  else if (!mult4(idx)) return false;
+  const char *bn = nm(r, base);
+  if (!bn) return false;
+  const char *t = pm_get(texels, (uint64_t)(uintptr_t)base);
+  if (!t || strncmp(t, nm(r, u->src[0]), strlen(nm(r, u->src[0]))) || t[strlen(nm(r, u->src[0]))] != ':') {
+    if (t) return false; /* one texel name per base node and block: another image's stays */
+    char name[64];
+    snprintf(name, sizeof name, "%s:t%d", nm(r, u->src[0]), r->nvar++);
+    ind(r);
+    sb_printf(r->b, "float4 %s = read_imagef(%s, tg_smp, tg_ixy(%s, %lldL));\n", strchr(name, ':') + 1, nm(r, u->src[0]), bn,
+              (long long)w);
+    pm_put(texels, (uint64_t)(uintptr_t)base, tg_xstrdup(name));
+    t = pm_get(texels, (uint64_t)(uintptr_t)base);
+  }
+  const char *tv = strchr(t, ':') + 1;
+  static const char lanes[4] = {'x', 'y', 'z', 'w'};
+  if (gated(u)) sb_printf(e, "(%s ? %s.%c : 0)", nm(r, u->src[2]), tv, lanes[c]);
+  else sb_printf(e, "%s.%c", tv, lanes[c]);
+  return true;
+}
+
 static void emit_level(R *r, Lin *l, int level, bool post_phase) {
+  PtrMap texels; /* base index node -> "<image>:<texel variable>" read in this block */
+  pm_init(&texels);
   for (size_t i = 0; i < l->order.n; i++) {
     UOp *u = l->order.p[i];
     if (!needs_var(u) || nm(r, u)) continue;
@@ -500,6 +560,15 @@ static void emit_level(R *r, Lin *l, int level, bool post_phase) {
     if (lv != level || is_post != post_phase) continue;
     SB e;
     sb_init(&e);
+    if (u->op == OP_LOAD && emit_texel_load(r, u, &texels, &e)) {
+      char name[32];
+      snprintf(name, sizeof name, "v%d", r->nvar++);
+      ind(r);
+      sb_printf(r->b, "float %s = %s;\n", name, e.s);
+      sb_free(&e);
+      pm_put(&r->names, (uint64_t)(uintptr_t)u, tg_xstrdup(name));
+      continue;
+    }
     const char *ty;
     char vt[32], vtu[32];
     if (isvec(r, u)) {
@@ -517,11 +586,22 @@ static void emit_level(R *r, Lin *l, int level, bool post_phase) {
     sb_free(&e);
     pm_put(&r->names, (uint64_t)(uintptr_t)u, tg_xstrdup(name));
   }
+  for (size_t i = 0; i < texels.cap; i++)
+    if (texels.keys[i]) free(texels.vals[i]);
+  pm_free(&texels);
 }
 
 static void emit_store(R *r, const LKernel *k, int c) {
   tg_dtype odt = k->pdt[0];
   UOp *v = k->values[c];
+  if (k->pimg && k->pimg[0]) {
+    /* a texel at a time: copies c..c+3 are its lanes (image_lane_upcast) */
+    if (c % 4) return;
+    ind(r);
+    sb_printf(r->b, "write_imagef(data0, tg_ixy(%s, %lldL), (float4)(%s, %s, %s, %s));\n", nm(r, k->sidxs[c]),
+              (long long)k->pimg[0], nm(r, v), nm(r, k->values[c + 1]), nm(r, k->values[c + 2]), nm(r, k->values[c + 3]));
+    return;
+  }
   ind(r);
   if (k->vw) {
     const char *at = nm(r, k->sidxs[c]);
@@ -762,6 +842,7 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
   memset(&r, 0, sizeof r);
   r.b = &body;
   r.vw = k->vw ? k->vw : k->rvw;
+  r.pimg = k->pimg, r.np = k->np;
   pm_init(&r.names);
   pm_init(&r.vec);
   Lin l;
@@ -959,6 +1040,9 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
   static const char *const vnames[] = {"tg_vf", "tg_vfu", "tg_vm", "tg_vsel", "tg_vmax", "tg_hadd", "tg_hmax",
                                        "tg_v_exp2f", "tg_v_log2f", "tg_v_sinf", "tg_v_sqrtf", "tg_v_truncf", "tg_vd", "tg_vl"};
   if (gpu && r.uses_f64) sb_puts(&out, "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n");
+  bool images = false;
+  for (int i = 0; gpu && i < k->np; i++) images = images || k->pimg[i];
+  if (images) sb_printf(&out, "#ifndef TG_IMAGE_H\n#define TG_IMAGE_H\n%s#endif\n", PRELUDE_IMAGE_CL);
   if (r.uses_half) sb_printf(&out, "#ifndef TG_HALF_H\n#define TG_HALF_H\n%s#endif\n", gpu ? PRELUDE_HALF_CL : PRELUDE_HALF);
   if (r.uses_bf16) sb_printf(&out, "#ifndef TG_BF16_H\n#define TG_BF16_H\n%s#endif\n", gpu ? PRELUDE_BF16_CL : PRELUDE_BF16);
   if (r.uses_fp8) sb_printf(&out, "#ifndef TG_FP8_H\n#define TG_FP8_H\n%s#endif\n", PRELUDE_FP8); /* C only: codegen refuses fp8 on GPU devices */
@@ -1022,8 +1106,10 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
   }
   if (gpu) {
     sb_printf(&out, "__kernel void %s(", name);
-    for (int i = 0; i < k->np; i++)
-      sb_printf(&out, "%s__global %s%s *restrict data%d", i ? ", " : "", i ? "const " : "", stype(k->pdt[i]), i);
+    for (int i = 0; i < k->np; i++) {
+      if (k->pimg[i]) sb_printf(&out, "%s%s image2d_t data%d", i ? ", " : "", i ? "read_only" : "write_only", i);
+      else sb_printf(&out, "%s__global %s%s *restrict data%d", i ? ", " : "", i ? "const " : "", stype(k->pdt[i]), i);
+    }
     sb_puts(&out, ") {\n");
   } else {
     sb_printf(&out, "void %s(void **restrict bufs, long long gstart, long long gend) {\n", name);

@@ -493,6 +493,7 @@ static Buffer *buffer_struct(Device *dev, void *ptr, size_t nbytes, bool externa
   b->chunk = NULL;
   b->on_free = NULL;
   b->on_free_ctx = NULL;
+  b->img_w = b->img_h = 0;
   atomic_fetch_add_explicit(&g_live_buffers, 1, memory_order_relaxed);
   return b;
 }
@@ -564,6 +565,35 @@ Buffer *buffer_new(Device *dev, size_t nbytes) {
   return b;
 }
 
+Buffer *buffer_new_image(Device *dev, int64_t w, int64_t h) {
+  if (!dev) {
+    tg_set_error(TG_ERR_INVALID, "buffer_new_image: no device");
+    return NULL;
+  }
+  if (!dev->vt->alloc_image || !dev->caps.images) {
+    tg_set_error(TG_ERR_INVALID, "buffer_new_image: %s has no 2-D images; unset IMAGE", dev->name);
+    return NULL;
+  }
+  if (w < 1 || h < 1 || w > dev->caps.image_max_w || h > dev->caps.image_max_h) {
+    tg_set_error(TG_ERR_INVALID, "buffer_new_image: a %lld x %lld image exceeds %s's limits (%lld x %lld texels)",
+                 (long long)w, (long long)h, dev->name, (long long)dev->caps.image_max_w,
+                 (long long)dev->caps.image_max_h);
+    return NULL;
+  }
+  void *ptr = dev->vt->alloc_image(dev->state, w, h);
+  if (!ptr) return NULL;
+  size_t nbytes = (size_t)w * (size_t)h * 16;
+  atomic_fetch_add_explicit(&g_mem_used, block_size(nbytes), memory_order_relaxed);
+  if (buffer_mem_hook) buffer_mem_hook(dev, (int64_t)block_size(nbytes));
+  Buffer *b = buffer_struct(dev, ptr, nbytes, false);
+  b->img_w = w, b->img_h = h;
+  return b;
+}
+
+Buffer *buffer_new_like(Device *dev, size_t nbytes, int64_t img_w, int64_t img_h) {
+  return img_w ? buffer_new_image(dev, img_w, img_h) : buffer_new(dev, nbytes);
+}
+
 Buffer *buffer_wrap(Device *dev, void *ptr, size_t nbytes) {
   if (!dev || (!ptr && nbytes)) {
     tg_set_error(TG_ERR_INVALID, "buffer_wrap: %s", dev ? "NULL pointer" : "no device");
@@ -593,7 +623,9 @@ void buffer_unref(Buffer *b) {
     size_t sz = block_size(b->nbytes);
     atomic_fetch_sub_explicit(&g_mem_used, sz, memory_order_relaxed);
     if (buffer_mem_hook) buffer_mem_hook(b->dev, -(int64_t)sz);
-    if (b->chunk) {
+    if (b->img_w) {
+      b->dev->vt->free(b->dev->state, b->ptr, b->nbytes); /* images never enter the caches */
+    } else if (b->chunk) {
       pthread_mutex_lock(&d->lock);
       d->live_bytes -= sz;
       chunk_put_locked(d, b->chunk);

@@ -38,6 +38,7 @@ typedef struct DeviceCaps {
   int64_t max_local_dims[3]; /* per dimension */
   int64_t local_mem;         /* bytes of local (shared) memory per work-group */
   int max_dims;              /* global dimensions (3 for OpenCL) */
+  int64_t image_max_w, image_max_h; /* 2-D image limits in texels (images only) */
 } DeviceCaps;
 
 typedef struct DeviceVT {
@@ -72,6 +73,10 @@ typedef struct DeviceVT {
   /* Removes the on-disk cache entry of src (NULL: the device caches nothing). program_get calls it
    * when a binary from compile fails to load, then compiles again. */
   void (*cache_evict)(void *state, const char *src);
+  /* Optional (devices with 2-D images): a w x h image of RGBA float32 texels (16 bytes each). Its
+   * handle goes where buffers go (Buffer.ptr, kernel arguments, free, copyin/copyout/copy of the
+   * texels in row-major order); NULL + tg_set_error on failure. */
+  void *(*alloc_image)(void *state, int64_t w, int64_t h);
 } DeviceVT;
 
 struct Device {
@@ -113,9 +118,15 @@ typedef struct Buffer {
   void *chunk; /* the allocator's record of a large block (NULL for small and external buffers) */
   void (*on_free)(void *ctx); /* external buffers: releases what owns the memory (NULL: nothing) */
   void *on_free_ctx;
+  int64_t img_w, img_h; /* a 2-D image of img_w x img_h RGBA float32 texels (0: a plain buffer) */
 } Buffer;
 Buffer *buffer_new(Device *dev, size_t nbytes);              /* NULL + error on failure */
 Buffer *buffer_wrap(Device *dev, void *ptr, size_t nbytes);  /* external */
+/* A w x h image of float4 texels (IMAGE=1): nbytes = 16*w*h; the device must have images
+ * (DeviceCaps.images). Never taken from or returned to the allocator's caches. NULL + error. */
+Buffer *buffer_new_image(Device *dev, int64_t w, int64_t h);
+/* A new buffer like b: an image of the same size if b is one, else a plain buffer of nbytes. */
+Buffer *buffer_new_like(Device *dev, size_t nbytes, int64_t img_w, int64_t img_h);
 /* Sets an external buffer's on_free callback (e.g. dropping a reference to a file mapping). */
 void buffer_on_free(Buffer *b, void (*fn)(void *ctx), void *ctx);
 Buffer *buffer_ref(Buffer *b);

@@ -67,6 +67,24 @@ typedef struct _cl_event *cl_event;
 #define CL_PROGRAM_BUILD_LOG 0x1183
 #define CL_PROFILING_COMMAND_START 0x1282
 #define CL_PROFILING_COMMAND_END 0x1283
+#define CL_DEVICE_IMAGE2D_MAX_WIDTH 0x1011
+#define CL_DEVICE_IMAGE2D_MAX_HEIGHT 0x1012
+#define CL_RGBA 0x10B5
+#define CL_FLOAT 0x10DE
+#define CL_MEM_OBJECT_BUFFER 0x10F0
+#define CL_MEM_OBJECT_IMAGE2D 0x10F1
+#define CL_MEM_TYPE 0x1100
+#define CL_IMAGE_WIDTH 0x1114
+
+typedef struct {
+  cl_uint order, type;
+} cl_image_format;
+typedef struct {
+  cl_uint image_type;
+  size_t width, height, depth, array_size, row_pitch, slice_pitch;
+  cl_uint mip_levels, samples;
+  cl_mem buffer;
+} cl_image_desc;
 
 /* The entry points, resolved once from the library. */
 #define CL_FUNCS(X)                                                                                              \
@@ -102,7 +120,18 @@ typedef struct _cl_event *cl_event;
   X(cl_int, clFinish, (cl_command_queue))                                                                        \
   X(cl_int, clWaitForEvents, (cl_uint, const cl_event *))                                                        \
   X(cl_int, clGetEventProfilingInfo, (cl_event, cl_uint, size_t, void *, size_t *))                              \
-  X(cl_int, clReleaseEvent, (cl_event))
+  X(cl_int, clReleaseEvent, (cl_event))                                                                          \
+  X(cl_mem, clCreateImage, (cl_context, cl_bitfield, const cl_image_format *, const cl_image_desc *, void *, cl_int *)) \
+  X(cl_int, clGetMemObjectInfo, (cl_mem, cl_uint, size_t, void *, size_t *))                                     \
+  X(cl_int, clGetImageInfo, (cl_mem, cl_uint, size_t, void *, size_t *))                                         \
+  X(cl_int, clEnqueueWriteImage, (cl_command_queue, cl_mem, cl_uint, const size_t *, const size_t *, size_t,     \
+                                  size_t, const void *, cl_uint, const cl_event *, cl_event *))                  \
+  X(cl_int, clEnqueueReadImage, (cl_command_queue, cl_mem, cl_uint, const size_t *, const size_t *, size_t,      \
+                                 size_t, void *, cl_uint, const cl_event *, cl_event *))                         \
+  X(cl_int, clEnqueueCopyImageToBuffer, (cl_command_queue, cl_mem, cl_mem, const size_t *, const size_t *,       \
+                                         size_t, cl_uint, const cl_event *, cl_event *))                         \
+  X(cl_int, clEnqueueCopyBufferToImage, (cl_command_queue, cl_mem, cl_mem, size_t, const size_t *,               \
+                                         const size_t *, cl_uint, const cl_event *, cl_event *))
 
 typedef struct {
 #define DECL(ret, name, args) ret(*name) args;
@@ -299,6 +328,12 @@ static void *cl_open(int index) {
   cl_ulong lm = 0;
   if (g_cl.clGetDeviceInfo(dev, CL_DEVICE_LOCAL_MEM_SIZE, sizeof lm, &lm, NULL) != CL_SUCCESS) lm = 0;
   c->local_mem = (int64_t)lm;
+  size_t iw = 0, ih = 0;
+  if (c->images && (g_cl.clGetDeviceInfo(dev, CL_DEVICE_IMAGE2D_MAX_WIDTH, sizeof iw, &iw, NULL) != CL_SUCCESS ||
+                    g_cl.clGetDeviceInfo(dev, CL_DEVICE_IMAGE2D_MAX_HEIGHT, sizeof ih, &ih, NULL) != CL_SUCCESS))
+    iw = ih = 0;
+  c->image_max_w = (int64_t)iw, c->image_max_h = (int64_t)ih;
+  c->images = c->images && iw > 0 && ih > 0;
   return s;
 }
 
@@ -341,23 +376,85 @@ static void cl_free(void *state, void *ptr, size_t nbytes) {
   if (ptr) g_cl.clReleaseMemObject((cl_mem)ptr);
 }
 
+/* Images (IMAGE=1): RGBA float32 texels, 16 bytes each, row-major like the buffer they stand for.
+ * A copy of nbytes covers the first nbytes/16 texels: whole rows, then part of one more. */
+static void *cl_alloc_image(void *state, int64_t w, int64_t h) {
+  ClState *s = state;
+  cl_int err = CL_SUCCESS;
+  cl_image_format f = {CL_RGBA, CL_FLOAT};
+  cl_image_desc d = {CL_MEM_OBJECT_IMAGE2D, (size_t)w, (size_t)h, 1, 1, 0, 0, 0, 0, NULL};
+  cl_mem m = g_cl.clCreateImage(s->ctx, CL_MEM_READ_WRITE, &f, &d, NULL, &err);
+  if (!m)
+    tg_set_error(TG_ERR_RUNTIME, "CL: cannot create a %lld x %lld RGBA float image on CL:%d: %s (%d)", (long long)w,
+                 (long long)h, s->index, cl_err(err), (int)err);
+  return m;
+}
+
+/* the image's width in texels, or 0 for a plain buffer */
+static size_t image_width(const void *m) {
+  cl_uint t = 0;
+  size_t w = 0;
+  if (g_cl.clGetMemObjectInfo((cl_mem)m, CL_MEM_TYPE, sizeof t, &t, NULL) != CL_SUCCESS || t != CL_MEM_OBJECT_IMAGE2D)
+    return 0;
+  if (g_cl.clGetImageInfo((cl_mem)m, CL_IMAGE_WIDTH, sizeof w, &w, NULL) != CL_SUCCESS) return 0;
+  return w;
+}
+
+enum { IMG_WRITE, IMG_READ, IMG_FROM_BUF, IMG_TO_BUF };
+/* One image transfer of the first nbytes (a multiple of 16) as at most two rectangles. */
+static cl_int image_xfer(ClState *s, int how, cl_mem img, size_t w, void *host, cl_mem buf, size_t nbytes) {
+  if (nbytes % 16) return -30; /* CL_INVALID_VALUE: not whole texels */
+  size_t texels = nbytes / 16, rows = texels / w, rest = texels % w;
+  size_t rect[2][3] = {{w, rows, 1}, {rest, 1, 1}}, at[2][3] = {{0, 0, 0}, {0, rows, 0}};
+  size_t off[2] = {0, rows * w * 16};
+  cl_int e = CL_SUCCESS;
+  for (int r = 0; r < 2 && e == CL_SUCCESS; r++) {
+    if (!rect[r][0] || !rect[r][1]) continue;
+    switch (how) {
+    case IMG_WRITE: e = g_cl.clEnqueueWriteImage(s->queue, img, 1, at[r], rect[r], 0, 0, (char *)host + off[r], 0, NULL, NULL); break;
+    case IMG_READ: e = g_cl.clEnqueueReadImage(s->queue, img, 1, at[r], rect[r], 0, 0, (char *)host + off[r], 0, NULL, NULL); break;
+    case IMG_FROM_BUF: e = g_cl.clEnqueueCopyBufferToImage(s->queue, buf, img, off[r], at[r], rect[r], 0, NULL, NULL); break;
+    default: e = g_cl.clEnqueueCopyImageToBuffer(s->queue, img, buf, at[r], rect[r], off[r], 0, NULL, NULL); break;
+    }
+  }
+  return e;
+}
+
 static tg_status cl_copyin(void *state, void *dst, const void *src, size_t nbytes) {
   ClState *s = state;
-  cl_int e = g_cl.clEnqueueWriteBuffer(s->queue, (cl_mem)dst, 1, 0, nbytes, src, 0, NULL, NULL);
-  if (e != CL_SUCCESS) return tg_set_error(TG_ERR_RUNTIME, "CL: copy of %zu bytes to CL:%d failed: %s (%d)", nbytes, s->index, cl_err(e), (int)e);
+  size_t w = image_width(dst);
+  cl_int e = w ? image_xfer(s, IMG_WRITE, (cl_mem)dst, w, (void *)src, NULL, nbytes)
+               : g_cl.clEnqueueWriteBuffer(s->queue, (cl_mem)dst, 1, 0, nbytes, src, 0, NULL, NULL);
+  if (e != CL_SUCCESS) return tg_set_error(TG_ERR_RUNTIME, "CL: copy of %zu bytes to CL:%d%s failed: %s (%d)", nbytes, s->index, w ? " (an image)" : "", cl_err(e), (int)e);
   return TG_OK;
 }
 
 static tg_status cl_copyout(void *state, void *dst, const void *src, size_t nbytes) {
   ClState *s = state;
-  cl_int e = g_cl.clEnqueueReadBuffer(s->queue, (cl_mem)src, 1, 0, nbytes, dst, 0, NULL, NULL);
-  if (e != CL_SUCCESS) return tg_set_error(TG_ERR_RUNTIME, "CL: copy of %zu bytes from CL:%d failed: %s (%d)", nbytes, s->index, cl_err(e), (int)e);
+  size_t w = image_width(src);
+  cl_int e = w ? image_xfer(s, IMG_READ, (cl_mem)src, w, dst, NULL, nbytes)
+               : g_cl.clEnqueueReadBuffer(s->queue, (cl_mem)src, 1, 0, nbytes, dst, 0, NULL, NULL);
+  if (e != CL_SUCCESS) return tg_set_error(TG_ERR_RUNTIME, "CL: copy of %zu bytes from CL:%d%s failed: %s (%d)", nbytes, s->index, w ? " (an image)" : "", cl_err(e), (int)e);
   return TG_OK;
 }
 
 static tg_status cl_copy(void *state, void *dst, const void *src, size_t nbytes) {
   ClState *s = state;
-  cl_int e = g_cl.clEnqueueCopyBuffer(s->queue, (cl_mem)src, (cl_mem)dst, 0, 0, nbytes, 0, NULL, NULL);
+  size_t wd = image_width(dst), ws = image_width(src);
+  cl_int e;
+  if (wd && ws) { /* image to image: through the host (their widths may differ) */
+    void *tmp = malloc(nbytes ? nbytes : 1);
+    if (!tmp) return tg_set_error(TG_ERR_RUNTIME, "CL: no host memory for an image copy of %zu bytes", nbytes);
+    e = image_xfer(s, IMG_READ, (cl_mem)src, ws, tmp, NULL, nbytes);
+    if (e == CL_SUCCESS) e = image_xfer(s, IMG_WRITE, (cl_mem)dst, wd, tmp, NULL, nbytes);
+    free(tmp);
+  } else if (wd) {
+    e = image_xfer(s, IMG_FROM_BUF, (cl_mem)dst, wd, NULL, (cl_mem)src, nbytes);
+  } else if (ws) {
+    e = image_xfer(s, IMG_TO_BUF, (cl_mem)src, ws, NULL, (cl_mem)dst, nbytes);
+  } else {
+    e = g_cl.clEnqueueCopyBuffer(s->queue, (cl_mem)src, (cl_mem)dst, 0, 0, nbytes, 0, NULL, NULL);
+  }
   if (e != CL_SUCCESS) return tg_set_error(TG_ERR_RUNTIME, "CL: copy of %zu bytes on CL:%d failed: %s (%d)", nbytes, s->index, cl_err(e), (int)e);
   return TG_OK;
 }
@@ -638,4 +735,5 @@ const DeviceVT cl_device_vt = {
     .copy = cl_copy,
     .describe = cl_describe,
     .cache_evict = cl_cache_evict,
+    .alloc_image = cl_alloc_image,
 };

@@ -1416,6 +1416,8 @@ static bool fuse_window(Schedule *s, int j, int i) {
   return true;
 }
 
+static void mark_images(Schedule *s);
+
 static void fuse_windows(Schedule *s) {
   bool any = false;
   for (int i = 0; i < s->nitems; i++) {
@@ -1496,6 +1498,8 @@ tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
     }
     x->sbuf = sbuf_new(s, dev, nbytes, nd);
     s->bufs[x->sbuf].keep = x->target;
+    if (nd->op == OP_CONTIGUOUS && nd->arg.i == 2 && nd->niarg == 2) /* g_image: a 2-D image */
+      s->bufs[x->sbuf].img_w = nd->iarg[0], s->bufs[x->sbuf].img_h = nd->iarg[1];
     if (nd->op == OP_COPY) {
       NI *src = info(&c, nd->src[0]);
       if (src->n->op == OP_ASSIGN && !src->emitted) flush_assign(&c, (int)(src - c.ni));
@@ -1516,7 +1520,7 @@ tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
       params = NULL;
       ast = build_kernel(&c, nd, value, x->fused_reduce, x->fused_perm, x->lay, x->sbuf, &params, &np, false);
     }
-    int src = ast && nd->op == OP_CONTIGUOUS && !x->lay ? pure_copy_source(s, ast, params, np, x->sbuf) : -1;
+    int src = ast && nd->op == OP_CONTIGUOUS && nd->arg.i != 2 && !x->lay ? pure_copy_source(s, ast, params, np, x->sbuf) : -1;
     if (src >= 0) {
       /* the copy would reproduce its source byte for byte: use the source's buffer instead (it is
        * an intermediate of this schedule, so nothing else can write it or hold it) */
@@ -1545,6 +1549,7 @@ tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
     s->assign_bufs[s->nassigns++] = x->sbuf;
   }
   if (getenv_int("FUSE_WINDOW", 1)) fuse_windows(s);
+  mark_images(s);
   for (int i = 0; i < n; i++) {
     NI *x = info(&c, targets[i]);
     tbuf[i] = (x && x->mat) ? x->sbuf : -1;
@@ -1556,6 +1561,36 @@ tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
   pv_free(&c.pending_assign);
   free(c.ni);
   return TG_OK;
+}
+
+/* Params held in images (made by g_image here, or realized so earlier) become image params:
+ * DEFINE_GLOBAL with iarg {texels per row}, so codegen loads and stores them as texels and the kernel
+ * cache tells the two kinds of kernel apart. Done last, after every fusion of the schedule. */
+static void mark_images(Schedule *s) {
+  for (int i = 0; i < s->nitems; i++) {
+    SItem *it = &s->items[i];
+    if (it->kind != SI_KERNEL || !it->ast) continue;
+    PtrVec gl = {0};
+    uop_collect(it->ast, OP_DEFINE_GLOBAL, &gl);
+    USubst *sub = tg_xmalloc(sizeof(USubst) * (gl.n + 1));
+    int ns = 0;
+    for (size_t g = 0; g < gl.n; g++) {
+      UOp *d = gl.p[g];
+      if (d->niarg || d->arg.i < 0 || d->arg.i >= it->nbufs) continue;
+      SBuf *b = &s->bufs[it->bufs[d->arg.i]];
+      int64_t w = b->buf ? b->buf->img_w : b->img_w;
+      if (w <= 0) continue;
+      sub[ns++] = (USubst){d, uop_new(OP_DEFINE_GLOBAL, (tg_dtype)d->dtype, NULL, 0, &w, 1, d->arg)};
+    }
+    if (ns) {
+      UOp *a = uop_substitute(it->ast, sub, ns);
+      uop_unref(it->ast);
+      it->ast = a;
+    }
+    for (int j = 0; j < ns; j++) uop_unref(sub[j].to);
+    free(sub);
+    pv_free(&gl);
+  }
 }
 
 void schedule_free(Schedule *s) {

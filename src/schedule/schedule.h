@@ -17,11 +17,13 @@ typedef struct {
   int last_use;   /* index of the last item that reads it */
   bool keep;      /* outlives the schedule (realize target, or pre-existing) */
   UOp *node;      /* tensor node this buffer holds (borrowed) */
+  int64_t img_w, img_h; /* IMAGE: a 2-D image of float4 texels (0: a plain buffer) */
 } SBuf;
 
 typedef struct {
   int kind;
-  UOp *ast;       /* SI_KERNEL: kernel AST (owned). Param i of the AST is bufs[i]; bufs[0] is the output */
+  UOp *ast;       /* SI_KERNEL: kernel AST (owned). Param i of the AST is bufs[i]; bufs[0] is the output.
+                   * A param held in an image is DEFINE_GLOBAL with iarg {texels per row} */
   int *bufs;
   int nbufs;
   Device *dev;

@@ -34,6 +34,15 @@ bool conv_opts_nd(const char *fn, const tg_window_opts *opts, int nsp, bool tran
 tg_tensor conv_nd_resolved(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, int64_t groups,
                            const int64_t *s, const int64_t *d, const int64_t *pads);
 
+/* IMAGE (image.c): image_mode says whether tg_conv2d / tg_matmul of a (weight w, bias b or NULL)
+ * take the image path: 1 yes, 0 no (IMAGE unset, a CPU device, or not float32), -1 error recorded
+ * (IMAGE set on a GPU device without images). image_conv2d takes checked tg_conv2d arguments (pads
+ * as (top, bottom, left, right)); image_dot a 2-D w. */
+int image_mode(const char *fn, const UOp *a, const UOp *w, const UOp *b);
+tg_tensor image_conv2d(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, int64_t groups, const int64_t *s,
+                       const int64_t *d, const int64_t *pads);
+tg_tensor image_dot(const char *fn, tg_tensor x, tg_tensor w);
+
 /* Ceiling division for window sizes (b > 0). */
 int64_t ceil_div(int64_t a, int64_t b);
 

@@ -234,6 +234,13 @@ UOp *g_contiguous(UOp *a) {
   return u;
 }
 
+UOp *g_image(UOp *a, int64_t w, int64_t h) {
+  UArg m = {0};
+  m.i = 2;
+  const int64_t wh[2] = {w, h};
+  return uop_new_meta(OP_CONTIGUOUS, (tg_dtype)a->dtype, &a, 1, wh, 2, m, a->shape, a->ndim, a->device);
+}
+
 /* Materialized like CONTIGUOUS, but the scheduler may store it in any order of its dims (its
  * values are only read through the graph, never handed to the user as a buffer). */
 UOp *g_materialize(UOp *a) {

@@ -1263,6 +1263,9 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
   int64_t oy = cdiv(hw[0] + pads[0] + pads[1] - d[0] * (kh - 1), s[0]),
           ox = cdiv(hw[1] + pads[2] + pads[3] - d[1] * (kw - 1), s[1]);
   int64_t rcout = cout / groups;
+  int im = image_mode(fn, a, w, b);
+  if (im < 0) return NONE;
+  if (im) return image_conv2d(fn, x, weight, bias, groups, s, d, pads);
   NnOp o = begin(fn);
   bool simple = groups == 1 && s[0] == 1 && s[1] == 1 && d[0] == 1 && d[1] == 1;
   tg_tensor xin = x;

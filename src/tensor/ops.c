@@ -891,6 +891,11 @@ static tg_tensor matmul_impl(const char *fn, tg_tensor x, tg_tensor w, tg_dtype 
   tg_dtype dt = tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)b->dtype);
   int64_t mcols = b->ndim >= 2 ? b->shape[b->ndim - 1] : 1;
   if (dtype == dt) dtype = TG_DTYPE_DEFAULT;
+  if (dtype == TG_DTYPE_DEFAULT && b->ndim == 2) { /* IMAGE=1 on a GPU device: a 1x1 image convolution */
+    int im = image_mode(fn, a, b, NULL);
+    if (im < 0) return NONE;
+    if (im) return image_dot(fn, x, w);
+  }
   if (dtype == TG_DTYPE_DEFAULT && a->ndim == 2 && b->ndim == 2 && dt == TG_FLOAT32 && a->dtype == TG_FLOAT32 && b->dtype == TG_FLOAT32 &&
       mcols % PANEL == 0 && mcols >= PACK_MIN_COLS && k >= 64)
     return matmul_packed(x, w, a->shape[0], k, mcols);

@@ -60,6 +60,9 @@ UOp *g_flip(UOp *a, const int64_t *flags); /* ndim 0/1 flags */
 UOp *g_reduce(UOp *a, int op, const int64_t *axes, int naxes); /* keepdim result */
 UOp *g_contiguous(UOp *a);
 UOp *g_materialize(UOp *a); /* CONTIGUOUS whose storage order the scheduler picks */
+/* IMAGE: materialized in a w x h 2-D image of float4 texels (a float32 node of 4*w*h elements;
+ * CONTIGUOUS with arg 2 and iarg {w, h}) */
+UOp *g_image(UOp *a, int64_t w, int64_t h);
 /* Is u (through movement ops) data in memory or a node materialized anyway (a reduction too, when
  * reduce_ok: a kernel holds at most one, so readers of a reduction load its buffer)? */
 bool g_is_stored(UOp *u, bool reduce_ok);
