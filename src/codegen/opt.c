@@ -611,6 +611,14 @@ static void trivial_axes_last(LKernel *k) {
   memcpy(k->granges, tmp, sizeof(UOp *) * (size_t)k->ng);
 }
 
+/* a parameter held in a 2-D image (IMAGE): its loads and stores go texel by texel, so the kernel
+ * takes the GPU heuristics, never vectors */
+static bool has_image_param(const LKernel *k) {
+  for (int i = 0; k->pimg && i < k->np; i++)
+    if (k->pimg[i]) return true;
+  return false;
+}
+
 void optimize_kernel(LKernel *k, int *next_axis, const OptCfg *cfg) {
   k->cfg = OPTCFG_NONE;
   k->opts[0] = 0;
@@ -621,7 +629,7 @@ void optimize_kernel(LKernel *k, int *next_axis, const OptCfg *cfg) {
      * iteration: the CPU's choices (vectors along the output or the reduction, register tiles,
      * gathers) fit it better than spreading work over many lanes (beautiful_mnist's step on PoCL:
      * 2.0-2.5 s against 2.8-3.0 s with gpu_heuristic, side by side on a loaded machine) */
-    else if (getenv_int("NOOPT", 0) == 0 && k->np > 0 && k->caps->cpu_cores) heuristic(k, next_axis);
+    else if (getenv_int("NOOPT", 0) == 0 && k->np > 0 && k->caps->cpu_cores && !has_image_param(k)) heuristic(k, next_axis);
     else if (getenv_int("NOOPT", 0) == 0 && k->np > 0) gpu_heuristic(k, k->caps, next_axis);
     else gpu_apply_opts(k, &(OptList){.n = 0}, k->caps, next_axis);
     return; /* axis order is the work-item dimension order: no trivial_axes_last */
@@ -707,9 +715,7 @@ static void img_lanes(LKernel *k, UOp *lane, Upcast *ups, int *nup) {
  * vector yet, f is 4, 8 or 16, and the kernel vectorizes along g (its output contiguous there,
  * float32 lanes: try_vectorize_g). */
 static bool gpu_vector_upcast(LKernel *k, const DeviceCaps *caps, int g, int f, int *next_axis) {
-  if (k->pimg)
-    for (int i = 0; i < k->np; i++)
-      if (k->pimg[i]) return false; /* image loads and stores go texel by texel (IMAGE) */
+  if (has_image_param(k)) return false; /* image loads and stores go texel by texel (IMAGE) */
   return caps->lang == LANG_OPENCL && !k->vw && !k->group && (f == 4 || f == 8 || f == 16) && try_vectorize(k, g, f, next_axis);
 }
 
