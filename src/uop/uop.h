@@ -202,6 +202,26 @@ bool uop_depends_on_memo(const UOp *u, const UOp *r, PtrMap *memo);
 /* Appends every distinct node of op `op` in u's graph to out, depth first, sources in order. */
 void uop_collect(UOp *u, int op, PtrVec *out);
 
+/* ---- symbolic sizes (var.c) ----
+ * Variables are rows of a process-wide table (index >= 0); a size code (tg_sym) is a tagged int64
+ * packing a variable, its bound value (-1: unbound) and an offset. */
+typedef struct {
+  int var;
+  int64_t value, offset, min, max;
+} SymDim;
+/* The index of variable (name, min, max), created at the first call; -1 + error on bad input. */
+int var_intern(const char *fn, const char *name, int64_t min, int64_t max);
+bool var_info(int idx, const char **name, int64_t *min, int64_t *max);
+bool sym_is_code(int64_t x);
+/* TG_SYM_NONE when a field does not fit */
+int64_t sym_encode(int var, int64_t value, int64_t offset);
+/* false when x is not a valid code */
+bool sym_decode(int64_t x, SymDim *out);
+/* the size a code stands for now (value + offset; max + offset when unbound); plain sizes as they are */
+int64_t sym_concrete(int64_t x);
+/* the largest size a code can stand for (max + offset); plain sizes as they are */
+int64_t sym_maxval(int64_t x);
+
 /* Debug: prints a node tree to stderr. */
 void uop_print(const UOp *u);
 
