@@ -800,3 +800,25 @@ tg_status tg_synchronize(const char *device) {
   if (d->vt->synchronize) d->vt->synchronize(d->state);
   return TG_OK;
 }
+
+/* tinygrad's Tensor.arange(v) for a symbolic length (see tinygrad.h): an iota, computed where it is read */
+tg_tensor tg_arange_sym(int64_t stop, const tg_opts *opts) {
+  tg_dtype dt = opts && opts->dtype != TG_DTYPE_DEFAULT ? opts->dtype : TG_INT32;
+  SymDim d;
+  bool sym = sym_decode(stop, &d);
+  int64_t n = sym ? sym_concrete(stop) : stop;
+  if (!sym && stop < -((int64_t)1 << 62))
+    return tg_set_error(TG_ERR_INVALID, "tg_arange_sym: stop %lld is neither a size nor a symbolic size (tg_sym)", (long long)stop),
+           (tg_tensor){0};
+  if (n < 0 || (sym && d.min + d.offset < 0))
+    return tg_set_error(TG_ERR_INVALID, "tg_arange_sym: length %lld must not be negative (for any value of the variable)", (long long)n),
+           (tg_tensor){0};
+  if (!tg_dtype_is_int(dt) || (sym ? sym_maxval(stop) : n) - 1 > dtype_max(dt))
+    return tg_set_error(TG_ERR_INVALID, "tg_arange_sym: dtype %s cannot hold every index below %lld", tg_dtype_name(dt),
+                        (long long)(sym ? sym_maxval(stop) : n)),
+           (tg_tensor){0};
+  Device *dev = opts_device("tg_arange_sym", opts);
+  if (!dev) return (tg_tensor){0};
+  return t_wrap(g_iota(stop, dt, dev->id));
+}
+

@@ -104,3 +104,14 @@ tg_symvar tg_sym_variable(int64_t size, int64_t *offset) {
   if (offset) *offset = d.offset;
   return var_pack(d.var, d.value);
 }
+
+int tg_shape_sym(tg_tensor t, int64_t *out) {
+  UOp *u = t_get(t, "tg_shape_sym");
+  if (!u) return -1;
+  if (!out && u->ndim) {
+    tg_set_error(TG_ERR_INVALID, "tg_shape_sym: out is NULL");
+    return -1;
+  }
+  if (u->ndim) memcpy(out, u->sym ? u->sym : u->shape, sizeof(int64_t) * (size_t)u->ndim);
+  return u->ndim;
+}

@@ -116,3 +116,212 @@ int64_t sym_maxval(int64_t code) {
   if (!sym_decode(code, &d)) return code;
   return d.max + d.offset;
 }
+
+/* ---- symbolic shapes of tensor-graph nodes ---- */
+
+static bool code_of(const int64_t *sym, int i, SymDim *d) { return sym && sym_decode(sym[i], d); }
+
+/* the code for d's variable with another offset (TG_SYM_NONE when it does not fit) */
+static int64_t shifted(const SymDim *d, int64_t off) { return sym_encode(d->var, d->value, off); }
+
+const int64_t *uop_move_args(const UOp *u, int *n) {
+  int k;
+  switch (u->op) {
+  case OP_RESHAPE: case OP_EXPAND: case OP_PERMUTE: case OP_FLIP: k = u->ndim; break;
+  case OP_PAD: case OP_SHRINK: k = 2 * u->ndim; break;
+  default: k = (int)u->niarg; break;
+  }
+  if ((int)u->niarg == 2 * k && k > 0) {
+    *n = k;
+    return u->iarg + k;
+  }
+  *n = (int)u->niarg;
+  return u->iarg;
+}
+
+int sym_reshape_groups(const int64_t *a, const int64_t *asym, int na, const int64_t *b, const int64_t *bsym, int nb,
+                       int *ga, int *gb) {
+  SymDim d;
+  int i = 0, j = 0, g = 0;
+  for (;;) {
+    /* concrete size-1 dims belong to no group */
+    while (i < na && a[i] == 1 && !code_of(asym, i, &d)) ga[i++] = -1;
+    while (j < nb && b[j] == 1 && !code_of(bsym, j, &d)) gb[j++] = -1;
+    if (i == na || j == nb) break;
+    bool sa = code_of(asym, i, &d), sb = code_of(bsym, j, &d);
+    if (sa || sb) {
+      /* one symbolic dim on each side, the same size */
+      if (!(sa && sb) || a[i] != b[j]) return -1;
+      ga[i++] = g, gb[j++] = g;
+      g++;
+      continue;
+    }
+    int64_t pa = a[i], pb = b[j];
+    ga[i++] = g, gb[j++] = g;
+    while (pa != pb) {
+      if (pa < pb) {
+        if (i == na || code_of(asym, i, &d)) return -1;
+        pa *= a[i], ga[i++] = g;
+      } else {
+        if (j == nb || code_of(bsym, j, &d)) return -1;
+        pb *= b[j], gb[j++] = g;
+      }
+      if (pa == 0 || pb == 0) break;
+    }
+    g++;
+  }
+  for (; i < na; i++) {
+    if (a[i] != 1 || code_of(asym, i, &d)) return -1;
+    ga[i] = -1;
+  }
+  for (; j < nb; j++) {
+    if (b[j] != 1 || code_of(bsym, j, &d)) return -1;
+    gb[j] = -1;
+  }
+  return g;
+}
+
+/* The output dims of a reshape (a -> b) that carry input a's symbolic dims: each symbolic dim maps
+ * to one output dim of its size, concrete dims group by equal products. bs holds b's sizes on entry
+ * and gets the codes. False when a symbolic dim is merged with others or split. */
+static bool reshape_carry(const int64_t *a, const int64_t *as, int na, const int64_t *b, int64_t *bs, int nb) {
+  SymDim d;
+  int i = 0, j = 0;
+  for (;;) {
+    while (i < na && a[i] == 1 && !code_of(as, i, &d)) i++;
+    if (i < na && code_of(as, i, &d)) {
+      if (a[i] != 1)
+        while (j < nb && b[j] == 1) j++;
+      if (j == nb || b[j] != a[i]) return false;
+      bs[j++] = as[i++];
+      continue;
+    }
+    while (j < nb && b[j] == 1) j++;
+    if (i == na || j == nb) break;
+    int64_t pa = a[i++], pb = b[j++];
+    while (pa != pb && pa && pb) {
+      if (pa < pb) {
+        if (i == na || code_of(as, i, &d)) return false;
+        pa *= a[i++];
+      } else {
+        if (j == nb) return false;
+        pb *= b[j++];
+      }
+    }
+  }
+  for (; i < na; i++)
+    if (code_of(as, i, &d)) return false;
+  return true;
+}
+
+int64_t *sym_infer(const UOp *u, bool *lost) {
+  int nd = u->ndim;
+  *lost = false;
+  if (nd <= 0) return NULL;
+  UOp *s0 = u->nsrc ? u->src[0] : NULL;
+  const int64_t *ss = s0 ? s0->sym : NULL;
+  int nargs;
+  const int64_t *args = uop_move_args(u, &nargs);
+  bool has_codes = op_is_movement(u->op) && args != u->iarg;
+  if (!has_codes && u->op != OP_IOTA) {
+    bool any = false;
+    for (uint32_t k = 0; k < u->nsrc; k++) any = any || u->src[k]->sym;
+    if (!any) return NULL;
+  }
+  int64_t *out = tg_xmalloc(sizeof(int64_t) * (size_t)nd);
+  memcpy(out, u->shape, sizeof(int64_t) * (size_t)nd);
+  SymDim d, e;
+  switch (u->op) {
+  case OP_IOTA:
+    if (u->niarg == 3) out[0] = u->iarg[2];
+    break;
+  case OP_REDUCE_AXIS:
+    if (ss) memcpy(out, ss, sizeof(int64_t) * (size_t)nd);
+    for (uint32_t k = 0; k < u->niarg; k++) out[u->iarg[k]] = 1;
+    break;
+  case OP_PERMUTE:
+    for (int i = 0; i < nd; i++) out[i] = ss ? ss[u->iarg[i]] : u->shape[i];
+    break;
+  case OP_FLIP:
+    if (ss) memcpy(out, ss, sizeof(int64_t) * (size_t)nd);
+    break;
+  case OP_EXPAND:
+    for (int i = 0; i < nd; i++) {
+      if (has_codes && sym_is_code(args[i])) out[i] = args[i];
+      else if (ss && (s0->shape[i] != 1 || code_of(ss, i, &d))) out[i] = ss[i];
+    }
+    break;
+  case OP_RESHAPE:
+    if (has_codes) {
+      memcpy(out, args, sizeof(int64_t) * (size_t)nd);
+    } else if (ss && !reshape_carry(s0->shape, ss, s0->ndim, u->shape, out, nd)) {
+      *lost = true;
+    }
+    break;
+  case OP_SHRINK: {
+    const int64_t *b = args;
+    for (int i = 0; i < nd; i++) {
+      int64_t st = u->iarg[2 * i], en = u->iarg[2 * i + 1];
+      bool cs = sym_decode(b[2 * i], &d), ce = sym_decode(b[2 * i + 1], &e);
+      if (ce && !cs) out[i] = shifted(&e, e.offset - st);
+      else if (ce && cs) out[i] = d.var == e.var ? en - st : TG_SYM_NONE;
+      else if (cs) out[i] = TG_SYM_NONE; /* c - v is not v + c */
+      else if (code_of(ss, i, &d) && en == s0->shape[i]) out[i] = shifted(&d, d.offset - st);
+      if (out[i] == TG_SYM_NONE) out[i] = en - st, *lost = true;
+    }
+    break;
+  }
+  case OP_PAD: {
+    for (int i = 0; i < nd; i++) {
+      int nsym = 0;
+      SymDim w = {0};
+      int64_t rest = 0;
+      int64_t parts[3] = {ss ? ss[i] : s0->shape[i], args[2 * i], args[2 * i + 1]};
+      for (int k = 0; k < 3; k++) {
+        if (sym_decode(parts[k], &d)) nsym++, w = d;
+        else rest += parts[k];
+      }
+      if (nsym == 1) out[i] = shifted(&w, w.offset + rest);
+      if (nsym > 1 || out[i] == TG_SYM_NONE) out[i] = u->shape[i], *lost = true;
+    }
+    break;
+  }
+  case OP_INDEX: {
+    UOp *data = u->src[0], *ix = u->src[1];
+    for (int i = 0; i < ix->ndim && i < nd; i++)
+      if (ix->sym) out[i] = ix->sym[i];
+    for (int i = 1; i < data->ndim && ix->ndim + i - 1 < nd; i++)
+      if (data->sym) out[ix->ndim + i - 1] = data->sym[i];
+    break;
+  }
+  case OP_ASSIGN:
+    if (u->niarg) { /* a write into a region of the target: the target's shape */
+      if (ss) memcpy(out, ss, sizeof(int64_t) * (size_t)nd);
+      break;
+    }
+    /* fall through */
+  default: /* elementwise and the rest: a symbolic dim of any source */
+    for (uint32_t k = 0; k < u->nsrc; k++) {
+      UOp *x = u->src[k];
+      if (!x->sym || x->ndim != nd) continue;
+      for (int i = 0; i < nd; i++)
+        if (!sym_is_code(out[i]) && sym_is_code(x->sym[i])) out[i] = x->sym[i];
+    }
+    break;
+  }
+  bool any = false;
+  for (int i = 0; i < nd; i++) any = any || sym_is_code(out[i]);
+  if (!any) {
+    free(out);
+    return NULL;
+  }
+  return out;
+}
+
+UOp *sym_expr(int64_t x) {
+  SymDim d;
+  if (!sym_decode(x, &d)) return s_const(x);
+  UOp *v = s_var(d.var), *r = s_addc(v, d.offset);
+  uop_unref(v);
+  return r;
+}
