@@ -1513,8 +1513,8 @@ tg_symvar tg_var_unbind(tg_symvar v);
  * tg_shrink (start and end), tg_reshape, tg_expand, tg_pad and tg_arange_sym. It is a tagged
  * negative number (below -2^62), never a legal plain size, that packs the variable, its bound value
  * and the offset, so a size argument stays one int64_t and every existing call keeps its form:
- *   tg_shrink(kv, TG_SHAPE(0, 2, 0, B, tg_sym(sp, 0), tg_sym(sp, 1), 0, H, 0, D), 10)
- *   tg_shrink(k, TG_SHAPE(0, B, 0, tg_sym(sp, 1), 0, H, 0, D), 8)        keys [0, start_pos+1)
+ *   tg_shrink(kv, TG_SHAPE(0, 2, 0, B, tg_sym(sp, 0), tg_sym(sp, 1), 0, H, 0, D))
+ *   tg_shrink(k, TG_SHAPE(0, B, 0, tg_sym(sp, 1), 0, H, 0, D))        keys [0, start_pos+1)
  * The tensor's shape (tg_shape) reports the bound value (v's value + offset); an unbound v makes
  * the shape use v's max and the realize fail ("tg_realize: variable 'start_pos' [1, 1024] is
  * unbound"). Kernels depend on the variable, not on its value: the value is a kernel argument, and

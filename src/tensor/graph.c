@@ -246,7 +246,7 @@ static UOp *reduce1(UOp *a, int op, const int64_t *axes, int naxes) {
 UOp *g_reduce(UOp *a, int op, const int64_t *axes, int naxes) {
   int64_t in_n = 1, out_n = 1;
   for (int i = 0; i < a->ndim; i++) in_n *= a->shape[i];
-  if (op != OP_ADD || naxes == 0 || a->ndim >= 63 || in_n == 0 || !getenv_int("SPLIT_REDUCEOP", 1))
+  if (op != OP_ADD || naxes == 0 || a->ndim >= 63 || in_n == 0 || a->sym || !getenv_int("SPLIT_REDUCEOP", 1))
     return reduce1(a, op, axes, naxes);
   bool red[64] = {false};
   for (int i = 0; i < naxes; i++) red[axes[i]] = true;
@@ -371,6 +371,40 @@ UOp *g_assign(UOp *target, UOp *value) {
   UArg z = {0};
   UOp *u = uop_new_meta(OP_ASSIGN, (tg_dtype)target->dtype, s, 2, NULL, 0, z, target->shape, target->ndim, target->device);
   return u;
+}
+
+/* An assign of value into the region bounds (2 per dim, tg_sym codes allowed) of target, whose
+ * shape stays the target's: tinygrad's assign to a shrink of a buffer, written in place. */
+UOp *g_assign_region(UOp *target, UOp *value, const int64_t *bounds0) {
+  int n = 2 * target->ndim;
+  int64_t cb[128] = {0};
+  int64_t *conc = n <= 128 ? cb : tg_xmalloc(sizeof(int64_t) * (size_t)n);
+  bool any = decode_args(bounds0, n, conc);
+  int64_t *ia = tg_xmalloc(sizeof(int64_t) * (size_t)(2 * n + 1));
+  memcpy(ia, conc, sizeof(int64_t) * (size_t)n);
+  if (any) memcpy(ia + n, bounds0, sizeof(int64_t) * (size_t)n);
+  UOp *s[2] = {target, value};
+  UArg z = {0};
+  UOp *u = uop_new_meta(OP_ASSIGN, (tg_dtype)target->dtype, s, 2, ia, any ? 2 * n : n, z, target->shape, target->ndim,
+                        target->device);
+  free(ia);
+  if (conc != cb) free(conc);
+  return u;
+}
+
+/* u with every symbolic argument of its movement ops down to a buffer replaced by its bound value:
+ * the same elements, as a view of concrete shape (for reading data out). */
+UOp *g_concrete(UOp *u) {
+  if (uop_realized(u)) return uop_ref(uop_realized(u));
+  if (u->op == OP_BUFFER || (!op_is_movement(u->op) && u->op != OP_DETACH)) return uop_ref(u);
+  UOp *src = g_concrete(u->src[0]);
+  if (u->op == OP_DETACH) return src;
+  int n;
+  const int64_t *args = uop_move_args(u, &n);
+  (void)args;
+  UOp *r = mk_move(u->op, src, u->iarg, n, u->shape, u->ndim);
+  uop_unref(src);
+  return r;
 }
 
 UOp *g_base_buffer(UOp *u) {

@@ -650,7 +650,7 @@ static int sym_args(const char *fn, const int64_t *args, int n, int64_t *conc) {
     if (args[i] >= -((int64_t)1 << 62)) continue;
     SymDim d;
     if (!sym_decode(args[i], &d)) {
-      tg_set_error(TG_ERR_INVALID, "%s: argument %d (%lld) is neither a size nor a symbolic size (tg_sym)", fn, i,
+      tg_set_error(TG_ERR_INVALID, "%s: argument %d (%lld) is out of range: neither a size nor a symbolic size (tg_sym)", fn, i,
                    (long long)args[i]);
       return -1;
     }

@@ -128,7 +128,7 @@ const int64_t *uop_move_args(const UOp *u, int *n) {
   int k;
   switch (u->op) {
   case OP_RESHAPE: case OP_EXPAND: case OP_PERMUTE: case OP_FLIP: k = u->ndim; break;
-  case OP_PAD: case OP_SHRINK: k = 2 * u->ndim; break;
+  case OP_PAD: case OP_SHRINK: case OP_ASSIGN: k = 2 * u->ndim; break;
   default: k = (int)u->niarg; break;
   }
   if ((int)u->niarg == 2 * k && k > 0) {
