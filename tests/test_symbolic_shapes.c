@@ -94,7 +94,10 @@ TEST(reduce_softmax_over_v) {
   tg_symvar v = tg_variable("v", 1, 12);
   tg_tensor x = tg_reshape(seq(4 * 12, 1.3f, 0.5f), TG_SHAPE(4, 12));
   tg_realize(x);
-  for (int val = 1; val <= 12; val += 5) {
+  /* a size of 1 may be built as a broadcastable dim (another graph): kernels are shared from 2 on */
+  const int vals[] = {1, 2, 7, 12};
+  for (int vi = 0; vi < 4; vi++) {
+    int val = vals[vi];
     tg_scope_begin();
     tg_symvar b = tg_var_bind(v, val);
     tg_tensor xs = tg_shrink(x, TG_SHAPE(0, 4, 0, tg_sym(b, 0))), xc = tg_shrink(x, TG_SHAPE(0, 4, 0, val));
@@ -104,7 +107,7 @@ TEST(reduce_softmax_over_v) {
     uint64_t c0 = compiles();
     tg_tensor outs[3] = {s, m, sm};
     CHECK(tg_realize_many(outs, 3) == TG_OK);
-    if (val > 1) CHECK_MSG(compiles() == c0, "v=%d compiled %llu", val, (unsigned long long)(compiles() - c0));
+    if (val > 2) CHECK_MSG(compiles() == c0, "v=%d compiled %llu", val, (unsigned long long)(compiles() - c0));
     CHECK_MSG(maxdiff(s, sc, 4) < 1e-5, "sum v=%d", val);
     CHECK_MSG(maxdiff(m, mc, 4) == 0, "max v=%d", val);
     CHECK_MSG(maxdiff(sm, smc, 4 * val) < 1e-6, "softmax v=%d", val);
@@ -131,7 +134,9 @@ TEST(attention_over_v_keys) {
   tg_tensor vv = tg_reshape(seq(MAXC * H * D, 0.21f, 0.1f), TG_SHAPE(1, MAXC, H, D));
   tg_realize(q), tg_realize(k), tg_realize(vv);
   uint64_t csym = 0;
-  for (int val = 1; val <= MAXC; val += 4) {
+  const int vals[] = {1, 2, 5, 9, 16};
+  for (int vi = 0; vi < 5; vi++) {
+    int val = vals[vi];
     tg_scope_begin();
     tg_symvar b = tg_var_bind(v, val);
     tg_tensor rc = attention(q, k, vv, val);
@@ -139,8 +144,8 @@ TEST(attention_over_v_keys) {
     uint64_t c1 = compiles();
     tg_tensor rs = attention(q, k, vv, tg_sym(b, 0));
     tg_realize(rs);
-    if (val > 1) CHECK_MSG(compiles() == c1, "v=%d: the symbolic attention compiled %llu kernels", val, (unsigned long long)(compiles() - c1));
-    else csym = compiles() - c1;
+    if (val > 2) CHECK_MSG(compiles() == c1, "v=%d: the symbolic attention compiled %llu kernels", val, (unsigned long long)(compiles() - c1));
+    else if (val == 2) csym = compiles() - c1;
     CHECK_MSG(maxdiff(rs, rc, H * D) < 1e-5, "v=%d", val);
     tg_scope_end();
   }

@@ -36,6 +36,7 @@ typedef struct {
   int n, cap;
   CapSlot *slots;
   int nslots, slotcap;
+  bool sym_unit; /* a captured schedule had a symbolic size of 0 or 1 (Schedule.sym_unit) */
 } Capture;
 
 /* While non-NULL (per thread), every executed item is appended to it. */

@@ -237,6 +237,13 @@ static tg_status capture(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs,
     free_outputs(j, out);
     return st;
   }
+  if (j->cap.sym_unit) {
+    /* a symbolic size was 0 or 1, which graphs may treat as a plain size-1 dim (broadcasting): the
+     * kernels need not hold for other values. The call ran and its outputs are right; the capture
+     * is dropped and the next call captures again. */
+    jit_reset(j);
+    return TG_OK;
+  }
   /* every variable a captured kernel takes must be an input of the call, or a replay would run it
    * with the captured value */
   for (int k = 0; k < j->cap.n; k++) {

@@ -418,6 +418,15 @@ static void reshape_index(UOp **idx, const UOp *from, const UOp *to, UOp **out) 
   }
   int ga[MAXD], gb[MAXD];
   int ng = sym_reshape_groups(from->shape, from->sym, from->ndim, to->shape, to->sym, to->ndim, ga, gb);
+  if (ng < 0) {
+    /* a symbolic dim bound to 1 met a plain size-1 dim (the graph was built treating it as one,
+     * as broadcasting does): at this value they are the same, so match them as size-1 dims (a
+     * TinyJit capture refuses such values: see Schedule.sym_unit) */
+    int64_t fs[MAXD], ts[MAXD];
+    for (int i = 0; i < from->ndim; i++) fs[i] = from->sym && from->shape[i] != 1 ? from->sym[i] : from->shape[i];
+    for (int j = 0; j < to->ndim; j++) ts[j] = to->sym && to->shape[j] != 1 ? to->sym[j] : to->shape[j];
+    ng = sym_reshape_groups(from->shape, fs, from->ndim, to->shape, ts, to->ndim, ga, gb);
+  }
   TG_ASSERT(ng >= 0); /* UOPF_SYM_LOST graphs are refused before */
   for (int j = 0; j < to->ndim; j++) out[j] = NULL;
   for (int g = 0; g < ng; g++) {
@@ -1637,6 +1646,7 @@ static tg_status collect_vars(SCtx *c) {
     for (int k = 0; n->sym && k < n->ndim; k++) {
       tg_status st = note_code(c->s, n->sym[k]);
       if (st != TG_OK) return st;
+      if (sym_is_code(n->sym[k]) && n->shape[k] <= 1) c->s->sym_unit = true;
     }
     int na;
     const int64_t *a = (op_is_movement(n->op) || n->op == OP_ASSIGN) ? uop_move_args(n, &na) : NULL;

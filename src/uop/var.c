@@ -192,6 +192,10 @@ static bool reshape_carry(const int64_t *a, const int64_t *as, int na, const int
     if (i < na && code_of(as, i, &d)) {
       if (a[i] != 1)
         while (j < nb && b[j] == 1) j++;
+      if (a[i] == 1 && (j == nb || b[j] != 1)) {
+        i++; /* a symbolic dim bound to 1 that the reshape dropped (as a size-1 dim) */
+        continue;
+      }
       if (j == nb || b[j] != a[i]) return false;
       bs[j++] = as[i++];
       continue;
