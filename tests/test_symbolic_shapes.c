@@ -280,6 +280,62 @@ TEST(jit_kv_cache_decode) {
   CHECK(tg_live_count() == 0);
 }
 
+
+/* tinygrad's test_symbolic_jit: a jitted function of x[0:i] and y[0:j] for changing i and j, two
+ * variables as jit inputs, one capture for every value */
+static tg_status f_two(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
+  tg_symvar i = tg_jit_var(0), j = tg_jit_var(1);
+  tg_tensor a = tg_sum(tg_mul_s(tg_shrink(in[0], TG_SHAPE(0, 3, 0, tg_sym(i, 0))), 2), TG_AXES(1), false);
+  tg_tensor b = tg_max(tg_shrink(in[1], TG_SHAPE(0, tg_sym(j, 1), 0, 3)), TG_AXES(0), false);
+  out[0] = tg_add(a, b);
+  return TG_OK;
+}
+
+TEST(jit_two_variables) {
+  tg_scope_begin();
+  tg_symvar vi = tg_variable("i", 1, 12), vj = tg_variable("j", 0, 11);
+  float xd[36], yd[36];
+  for (int k = 0; k < 36; k++) xd[k] = (float)sin(k * 0.3), yd[k] = (float)cos(k * 0.45);
+  tg_tensor in[2] = {tg_from_data(xd, TG_SHAPE(3, 12), NULL), tg_from_data(yd, TG_SHAPE(12, 3), NULL)};
+  tg_jit *jit = tg_jit_new(f_two, 1, NULL);
+  uint64_t c0 = 0;
+  int ncap = 0;
+  for (int call = 0; call < 8; call++) {
+    tg_scope_begin();
+    int iv = 2 + (call * 5) % 11, jv = (call * 7) % 12;
+    tg_symvar vars[2] = {tg_var_bind(vi, iv), tg_var_bind(vj, jv)};
+    tg_tensor out[1];
+    CHECK_MSG(tg_jit_call_vars(jit, in, 2, vars, 2, NULL, 0, out) == TG_OK, "%s", tg_last_error());
+    float o[3] = {0};
+    CHECK(tg_data(out[0], o, sizeof o) == TG_OK);
+    for (int r = 0; r < 3; r++) {
+      double a = 0, b = -INFINITY;
+      for (int k = 0; k < iv; k++) a += 2.0 * xd[r * 12 + k];
+      for (int k = 0; k < jv + 1; k++) b = fmax(b, yd[k * 3 + r]);
+      CHECK_MSG(fabs(o[r] - (a + b)) < 1e-5, "call %d (i=%d j=%d) row %d: %g vs %g", call, iv, jv, r, o[r], a + b);
+    }
+    if (call == 1) c0 = compiles(), ncap = tg_jit_captured_kernels(jit);
+    if (call > 1) CHECK(compiles() == c0 && tg_jit_captured_kernels(jit) == ncap);
+    tg_scope_end();
+  }
+  CHECK(ncap > 0);
+  /* the same call with one variable missing is refused */
+  tg_symvar one = tg_var_bind(vi, 3);
+  tg_tensor out[1];
+  CHECK(tg_jit_call_vars(jit, in, 2, &one, 1, NULL, 0, out) != TG_OK);
+  CHECK_STR_CONTAINS(tg_last_error(), "variables");
+  tg_clear_error();
+  /* unbound variables are refused at the call */
+  tg_symvar unb[2] = {vi, vj};
+  CHECK(tg_jit_call_vars(jit, in, 2, unb, 2, NULL, 0, out) != TG_OK);
+  CHECK_STR_CONTAINS(tg_last_error(), "unbound");
+  tg_clear_error();
+  tg_jit_free(jit);
+  tg_scope_end();
+  CHECK(tg_live_count() == 0);
+}
+
 TEST(errors) {
   tg_scope_begin();
   tg_symvar v = tg_variable("len", 1, 10);
