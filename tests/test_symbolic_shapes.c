@@ -336,6 +336,66 @@ TEST(jit_two_variables) {
   CHECK(tg_live_count() == 0);
 }
 
+/* The decode step the way tinygrad's gpt2 writes it: xk, xv stacked into the cache at start_pos,
+ * keys and values cache[i][:, 0:start_pos+1] reshaped and transposed, scaled_dot_product_attention,
+ * then a projection; jitted, against the same step with concrete sizes. */
+#define B2 2
+static tg_status f_gpt2(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout;
+  Model *m = u;
+  int64_t sp = nargs ? (int64_t)args[0] : 0; /* concrete form: the position as a plain size */
+  tg_symvar v = tg_jit_var(0);
+  int64_t st = v.id ? tg_sym(v, 0) : sp, en = v.id ? tg_sym(v, 1) : sp + 1;
+  /* in[0]: x (B2, 1, H*D); in[1]: the qkv weight (H*D, 3*H*D) */
+  tg_tensor qkv = tg_matmul(in[0], in[1]);
+  tg_tensor xq = tg_reshape(tg_shrink(qkv, TG_SHAPE(0, B2, 0, 1, 0, H * D)), TG_SHAPE(B2, 1, H, D));
+  tg_tensor xk = tg_reshape(tg_shrink(qkv, TG_SHAPE(0, B2, 0, 1, H * D, 2 * H * D)), TG_SHAPE(B2, 1, H, D));
+  tg_tensor xv = tg_reshape(tg_shrink(qkv, TG_SHAPE(0, B2, 0, 1, 2 * H * D, 3 * H * D)), TG_SHAPE(B2, 1, H, D));
+  tg_tensor kv[2] = {xk, xv};
+  tg_assign(tg_shrink(m->cache, TG_SHAPE(0, 2, 0, B2, st, en, 0, H, 0, D)), tg_stack(kv, 2, 0));
+  tg_status s = tg_realize(m->cache);
+  if (s != TG_OK) return s;
+  tg_tensor keys = tg_reshape(tg_shrink(m->cache, TG_SHAPE(0, 1, 0, B2, 0, en, 0, H, 0, D)), TG_SHAPE(B2, en, H, D));
+  tg_tensor vals = tg_reshape(tg_shrink(m->cache, TG_SHAPE(1, 2, 0, B2, 0, en, 0, H, 0, D)), TG_SHAPE(B2, en, H, D));
+  tg_tensor a = tg_scaled_dot_product_attention(tg_transpose(xq, 1, 2), tg_transpose(keys, 1, 2), tg_transpose(vals, 1, 2),
+                                                (tg_tensor){0}, NULL);
+  out[0] = tg_reshape(tg_transpose(a, 1, 2), TG_SHAPE(B2, 1, H * D));
+  return TG_OK;
+}
+
+TEST(gpt2_style_decode) {
+  tg_scope_begin();
+  Model ms = {tg_contiguous(tg_zeros(TG_SHAPE(2, B2, MAXC, H, D), NULL))}, mc = {tg_contiguous(tg_zeros(TG_SHAPE(2, B2, MAXC, H, D), NULL))};
+  tg_realize(ms.cache), tg_realize(mc.cache);
+  float w[H * D * 3 * H * D];
+  for (int i = 0; i < H * D * 3 * H * D; i++) w[i] = (float)sin(i * 0.013) * 0.3f;
+  tg_tensor wt = tg_from_data(w, TG_SHAPE(H * D, 3 * H * D), NULL);
+  tg_jit *jit = tg_jit_new(f_gpt2, 1, &ms);
+  tg_symvar sp = tg_variable("start_pos", 0, MAXC - 1);
+  for (int pos = 0; pos < 10; pos++) {
+    tg_scope_begin();
+    float x[B2 * H * D];
+    for (int i = 0; i < B2 * H * D; i++) x[i] = (float)cos(pos * 0.77 + i * 0.31);
+    tg_tensor in[2] = {tg_from_data(x, TG_SHAPE(B2, 1, H * D), NULL), wt};
+    tg_symvar b = tg_var_bind(sp, pos);
+    tg_tensor os[1], oc[1];
+    uint64_t cb = compiles();
+    CHECK_MSG(tg_jit_call_vars(jit, in, 2, &b, 1, NULL, 0, os) == TG_OK, "pos %d: %s", pos, tg_last_error());
+    /* call 1 (pos 0) runs and compiles; call 2 (pos 1, start_pos + 1 = 2) captures; replays compile nothing */
+    if (pos >= 2) CHECK_MSG(compiles() == cb, "pos %d: the jitted step compiled %llu kernels", pos, (unsigned long long)(compiles() - cb));
+    double arg = pos;
+    CHECK(f_gpt2(in, 2, &arg, 1, oc, 1, &mc) == TG_OK);
+    CHECK_MSG(maxdiff(os[0], oc[0], B2 * H * D) < 1e-5, "pos %d", pos);
+    tg_scope_end();
+  }
+  float all_s[2 * B2 * MAXC * H * D], all_c[2 * B2 * MAXC * H * D];
+  CHECK(tg_data(ms.cache, all_s, sizeof all_s) == TG_OK && tg_data(mc.cache, all_c, sizeof all_c) == TG_OK);
+  CHECK(!memcmp(all_s, all_c, sizeof all_s));
+  tg_jit_free(jit);
+  tg_scope_end();
+  CHECK(tg_live_count() == 0);
+}
+
 TEST(errors) {
   tg_scope_begin();
   tg_symvar v = tg_variable("len", 1, 10);
