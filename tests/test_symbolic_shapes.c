@@ -396,6 +396,29 @@ TEST(gpt2_style_decode) {
   CHECK(tg_live_count() == 0);
 }
 
+/* a symbolic loop long enough to be split across threads (over its max extent) */
+TEST(threaded_symbolic_loop) {
+  tg_scope_begin();
+  const int64_t N = 300000;
+  tg_symvar v = tg_variable("big", 1, N);
+  tg_tensor x = seq(N, 0.001f, 0);
+  for (int64_t val = 100001; val <= N; val += 99999) {
+    tg_scope_begin();
+    tg_symvar b = tg_var_bind(v, val);
+    tg_tensor y = tg_exp(tg_shrink(x, TG_SHAPE(0, tg_sym(b, 0))));
+    tg_tensor r = tg_exp(tg_shrink(x, TG_SHAPE(0, val)));
+    /* (the concrete kernel may be vectorized, whose exp can differ from libm's by an ulp) */
+    CHECK_MSG(maxdiff(y, r, val) < 1e-6, "v=%lld", (long long)val);
+    double s1 = 0, s2 = 0;
+    CHECK(tg_item(tg_sum(tg_shrink(x, TG_SHAPE(0, tg_sym(b, 0))), NULL, 0, false), &s1) == TG_OK);
+    CHECK(tg_item(tg_sum(tg_shrink(x, TG_SHAPE(0, val)), NULL, 0, false), &s2) == TG_OK);
+    CHECK_CLOSE(s1, s2, 1e-4);
+    tg_scope_end();
+  }
+  tg_scope_end();
+  CHECK(tg_live_count() == 0);
+}
+
 TEST(errors) {
   tg_scope_begin();
   tg_symvar v = tg_variable("len", 1, 10);
