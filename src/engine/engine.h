@@ -37,6 +37,7 @@ typedef struct {
   CapSlot *slots;
   int nslots, slotcap;
   bool sym_unit; /* a captured schedule had a symbolic size of 0 or 1 (Schedule.sym_unit) */
+  bool sym_baked; /* a captured schedule had a size computed from a bound value (Schedule.sym_baked) */
 } Capture;
 
 /* While non-NULL (per thread), every executed item is appended to it. */

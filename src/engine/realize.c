@@ -537,6 +537,7 @@ static tg_status run_schedule(Schedule *s) {
   int dbg = debug_level();
   int cap_from = g_capture ? g_capture->n : 0;
   if (g_capture && s->sym_unit) g_capture->sym_unit = true;
+  if (g_capture && s->sym_baked) g_capture->sym_baked = true;
   int beam = (int)getenv_int("BEAM", 0);
   if (beam <= 0) precompile(s);
   /* out of memory before any kernel ran: nothing was changed yet, so stop here (later, kernels must

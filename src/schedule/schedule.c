@@ -1640,6 +1640,7 @@ static tg_status note_code(Schedule *s, int64_t code) {
 static tg_status collect_vars(SCtx *c) {
   for (int i = 0; i < c->nn; i++) {
     UOp *n = c->ni[i].n;
+    if (uop_flags(n) & UOPF_SYM_BAKED) c->s->sym_baked = true;
     if (uop_flags(n) & UOPF_SYM_LOST)
       return tg_set_error(TG_ERR_INVALID, "tg_realize: a reshape (or pad) merges or splits a symbolic dim, which is "
                           "not expressible as variable + constant; keep symbolic dims whole");

@@ -46,6 +46,7 @@ typedef struct {
   /* a symbolic size is 0 or 1 now: the tensor layer may have built the graph treating it as a
    * plain size-1 dim (broadcasting), so its kernels need not hold for other values */
   bool sym_unit;
+  bool sym_baked; /* a node has UOPF_SYM_BAKED: its kernels hold for the bound values only */
 } Schedule;
 
 /* Builds the schedule realizing `targets` (nodes already realized or plain buffer views produce no

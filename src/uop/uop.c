@@ -154,9 +154,10 @@ static void fill_meta(UOp *u, const int64_t *shape, int ndim, int device) {
     u->shape = tg_xmalloc(sizeof(int64_t) * (size_t)ndim);
     memcpy(u->shape, shape, sizeof(int64_t) * (size_t)ndim);
   }
-  bool lost = false;
-  u->sym = ndim ? sym_infer(u, &lost) : NULL;
+  bool lost = false, baked = false;
+  u->sym = ndim ? sym_infer(u, &lost, &baked) : NULL;
   if (lost) __atomic_fetch_or(&u->flags, (uint8_t)UOPF_SYM_LOST, __ATOMIC_RELEASE);
+  if (baked) __atomic_fetch_or(&u->flags, (uint8_t)UOPF_SYM_BAKED, __ATOMIC_RELEASE);
   __atomic_fetch_or(&u->flags, (uint8_t)UOPF_META, __ATOMIC_RELEASE);
 }
 

@@ -146,6 +146,10 @@ struct UOp {
 /* flags bit: a reshape merged or split a symbolic dim (its shape is no longer v + c): the scheduler
  * refuses kernels that contain it rather than bake the bound value in */
 #define UOPF_SYM_LOST 64
+/* flags bit: an elementwise op meets a symbolic dim and, in the same place, a concrete size that is
+ * not a broadcast (a pad or shrink whose amount the library computed from the bound value, as
+ * tg_cat does): the kernel is right for this value only, so a TinyJit capture refuses it */
+#define UOPF_SYM_BAKED 128
 extern void (*uop_free_hook)(UOp *u);
 
 /* Creates (or finds) a node. Takes no ownership of srcs (they are ref'd by the new node). Returns a
@@ -236,8 +240,9 @@ int64_t sym_maxval(int64_t x);
  * iarg itself); *n gets their count. */
 const int64_t *uop_move_args(const UOp *u, int *n);
 /* The symbolic shape of a tensor-graph node (malloc'd, NULL when no dim is symbolic), inferred from
- * its sources' and its own codes; *lost when a reshape merged or split a symbolic dim. */
-int64_t *sym_infer(const UOp *u, bool *lost);
+ * its sources' and its own codes; *lost when a reshape merged or split a symbolic dim, *baked when
+ * a concrete size that is not a broadcast meets a symbolic dim (UOPF_SYM_BAKED). */
+int64_t *sym_infer(const UOp *u, bool *lost, bool *baked);
 /* Groups matching the dims of a reshape: dims of `a` and of `b` get group numbers (a size-1 dim
  * that is not symbolic gets -1); a group is either one symbolic dim on each side or concrete dims
  * of equal product. Returns the group count, or -1 when a symbolic dim would be merged or split.

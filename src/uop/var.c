@@ -218,9 +218,30 @@ static bool reshape_carry(const int64_t *a, const int64_t *as, int na, const int
   return true;
 }
 
-int64_t *sym_infer(const UOp *u, bool *lost) {
+/* Is dim i of x independent of its size -- a broadcast of a size-1 dim (through elementwise ops and
+ * permutes), or symbolic itself? Then it may meet a symbolic dim of another source. */
+static bool size_free_dim(const UOp *x, int i, int depth) {
+  if (depth > 32 || i >= x->ndim) return false;
+  if (x->sym && sym_is_code(x->sym[i])) return true;
+  switch (x->op) {
+  case OP_EXPAND:
+    return x->src[0]->shape[i] == 1 || size_free_dim(x->src[0], i, depth + 1);
+  case OP_PERMUTE:
+    return size_free_dim(x->src[0], (int)x->iarg[i], depth + 1);
+  case OP_CONTIGUOUS: case OP_DETACH:
+    return size_free_dim(x->src[0], i, depth + 1);
+  default:
+    if (!op_is_alu(x->op)) return false;
+    for (uint32_t k = 0; k < x->nsrc; k++)
+      if (x->src[k]->ndim == x->ndim && !size_free_dim(x->src[k], i, depth + 1)) return false;
+    return x->nsrc > 0;
+  }
+}
+
+int64_t *sym_infer(const UOp *u, bool *lost, bool *baked) {
   int nd = u->ndim;
   *lost = false;
+  *baked = false;
   if (nd <= 0) return NULL;
   UOp *s0 = u->nsrc ? u->src[0] : NULL;
   const int64_t *ss = s0 ? s0->sym : NULL;
@@ -311,6 +332,14 @@ int64_t *sym_infer(const UOp *u, bool *lost) {
       for (int i = 0; i < nd; i++)
         if (!sym_is_code(out[i]) && sym_is_code(x->sym[i])) out[i] = x->sym[i];
     }
+    /* a source whose dim is a plain size where another's is symbolic must not depend on that size */
+    if (op_is_alu(u->op) || u->op == OP_ASSIGN)
+      for (uint32_t k = 0; k < u->nsrc && !*baked; k++) {
+        UOp *x = u->src[k];
+        if (x->ndim != nd || (u->op == OP_ASSIGN && u->niarg)) continue;
+        for (int i = 0; i < nd && !*baked; i++)
+          if (sym_is_code(out[i]) && !(x->sym && sym_is_code(x->sym[i])) && !size_free_dim(x, i, 0)) *baked = true;
+      }
     break;
   }
   bool any = false;
