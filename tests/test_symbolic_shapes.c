@@ -459,6 +459,35 @@ TEST(cat_symbolic) {
   CHECK(tg_live_count() == 0);
 }
 
+static tg_status f_symout(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
+  out[0] = tg_mul_s(tg_shrink(in[0], TG_SHAPE(0, tg_sym(tg_jit_var(0), 0))), 3);
+  return TG_OK;
+}
+
+/* a jitted function's outputs must have concrete shapes: the first call works, the capture refuses */
+TEST(jit_symbolic_output_refused) {
+  tg_scope_begin();
+  tg_symvar v = tg_variable("v", 1, 12);
+  tg_tensor in[1] = {seq(12, 0.5f, 0)};
+  tg_jit *j = tg_jit_new(f_symout, 1, NULL);
+  tg_symvar b = tg_var_bind(v, 4);
+  tg_tensor out[1];
+  CHECK(tg_jit_call_vars(j, in, 1, &b, 1, NULL, 0, out) == TG_OK);
+  int64_t sh[1];
+  CHECK(tg_shape(out[0], sh) == 1 && sh[0] == 4);
+  float o[4], x[12];
+  CHECK(tg_data(out[0], o, sizeof o) == TG_OK && tg_data(in[0], x, sizeof x) == TG_OK);
+  for (int i = 0; i < 4; i++) CHECK(o[i] == x[i] * 3);
+  b = tg_var_bind(v, 5);
+  CHECK(tg_jit_call_vars(j, in, 1, &b, 1, NULL, 0, out) != TG_OK);
+  CHECK_STR_CONTAINS(tg_last_error(), "output 0 has a symbolic shape");
+  tg_clear_error();
+  tg_jit_free(j);
+  tg_scope_end();
+  CHECK(tg_live_count() == 0);
+}
+
 TEST(errors) {
   tg_scope_begin();
   tg_symvar v = tg_variable("len", 1, 10);

@@ -275,6 +275,16 @@ static tg_status capture(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs,
     memcpy(j->vars, cv->idx, sizeof(int) * (size_t)cv->n);
     j->nvars = cv->n;
   }
+  for (int i = 0; i < j->nout; i++) {
+    UOp *u = t_get(out[i], "tg_jit_call");
+    UOp *b = u ? (uop_realized(u) ? uop_realized(u) : u) : NULL;
+    if (b && b->op == OP_BUFFER) continue;
+    st = tg_set_error(TG_ERR_INVALID, "tg_jit_call: output %d has a symbolic shape; a jitted function's outputs must "
+                      "have concrete shapes (return a fixed-size tensor, e.g. padded to the max, or a reduction)", i);
+    jit_reset(j);
+    free_outputs(j, out);
+    return st;
+  }
   j->out_sig = tg_xcalloc((size_t)j->nout + 1, sizeof(Sig));
   j->out_buf = tg_xcalloc((size_t)j->nout + 1, sizeof(Buffer *));
   for (int i = 0; i < j->nout; i++) {
