@@ -533,6 +533,16 @@ static void print_kernel_line(Device *dev, uint64_t kn, const char *name, int nb
           atomic_load_explicit(&g_counters.time_sum_s, memory_order_relaxed) * 1e3, t > 0 ? (double)ops / t * 1e-9 : 0.0, t > 0 ? (double)mem / t * 1e-9 : 0.0);
 }
 
+/* Does the kernel take variables (symbolic sizes)? BEAM does not search those: their loops get no
+ * optimizations. */
+static bool ast_has_vars(UOp *ast) {
+  PtrVec v = {0};
+  uop_collect(ast, OP_DEFINE_VAR, &v);
+  bool any = v.n > 0;
+  pv_free(&v);
+  return any;
+}
+
 static tg_status run_schedule(Schedule *s) {
   int dbg = debug_level();
   int cap_from = g_capture ? g_capture->n : 0;
@@ -564,7 +574,7 @@ static tg_status run_schedule(Schedule *s) {
                 out->dev->name);
     } else if (out->nbytes > 0) {
       CachedKernel *ck;
-      if (beam > 0 && !s->nvars && !(it->dev->caps.gpu && kc_gopts(it->dev))) { /* (no search over symbolic kernels) */
+      if (beam > 0 && !(s->nvars && ast_has_vars(it->ast)) && !(it->dev->caps.gpu && kc_gopts(it->dev))) {
         Buffer *bb[64];
         Buffer **bp = it->nbufs <= 64 ? bb : tg_xmalloc(sizeof(Buffer *) * (size_t)it->nbufs);
         for (int j = 0; j < it->nbufs; j++) bp[j] = s->bufs[it->bufs[j]].buf;
