@@ -488,6 +488,33 @@ TEST(jit_symbolic_output_refused) {
   CHECK(tg_live_count() == 0);
 }
 
+/* a window at a symbolic offset, x[v : v+3] (a concrete size), and a pad by a symbolic amount */
+TEST(symbolic_offset_and_pad) {
+  tg_scope_begin();
+  tg_symvar v = tg_variable("off", 0, 9);
+  tg_tensor x = seq(12, 0.9f, 1);
+  for (int val = 0; val <= 9; val += 3) {
+    tg_scope_begin();
+    tg_symvar b = tg_var_bind(v, val);
+    tg_tensor w = tg_mul_s(tg_shrink(x, TG_SHAPE(tg_sym(b, 0), tg_sym(b, 3))), 2);
+    tg_tensor wc = tg_mul_s(tg_shrink(x, TG_SHAPE(val, val + 3)), 2);
+    int64_t sh[1], ss[1];
+    CHECK(tg_shape(w, sh) == 1 && sh[0] == 3 && tg_shape_sym(w, ss) == 1 && ss[0] == 3); /* a concrete size */
+    uint64_t c0 = compiles();
+    CHECK(tg_realize(w) == TG_OK);
+    if (val > 0) CHECK_MSG(compiles() == c0, "off=%d compiled %llu", val, (unsigned long long)(compiles() - c0));
+    CHECK_MSG(maxdiff(w, wc, 3) == 0, "window off=%d", val);
+    /* pad(x[0:3], (off, 0)): off zeros, then the three values */
+    tg_tensor p = tg_pad(tg_shrink(x, TG_SHAPE(0, 3)), TG_SHAPE(tg_sym(b, 0), 0), 0.0);
+    tg_tensor pc = tg_pad(tg_shrink(x, TG_SHAPE(0, 3)), TG_SHAPE(val, 0), 0.0);
+    CHECK(tg_shape(p, sh) == 1 && sh[0] == val + 3);
+    CHECK_MSG(maxdiff(p, pc, val + 3) == 0, "pad off=%d", val);
+    tg_scope_end();
+  }
+  tg_scope_end();
+  CHECK(tg_live_count() == 0);
+}
+
 TEST(errors) {
   tg_scope_begin();
   tg_symvar v = tg_variable("len", 1, 10);
