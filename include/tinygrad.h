@@ -1577,8 +1577,12 @@ void tg_jit_free(tg_jit *j);
  * call's values. The capture records which kernels take which variable; a replay passes the new
  * values to those kernels, so one capture serves every value (no recompiles, no re-capture). The
  * function builds its graphs with the same bound variables (pass them through `user`, or read
- * them with tg_jit_var). Errors: a changed set of variables, a variable bound to two values in one
- * call, a captured kernel whose variable is not in vars[]. A plain tg_jit_call is this with none. */
+ * them with tg_jit_var). Errors: a changed set of variables, an unbound or repeated variable, a
+ * captured kernel whose variable is not in vars[], an output of symbolic shape, and a capture whose
+ * graph holds a size computed from a bound value next to a symbolic one (tg_cat along a symbolic
+ * dim): its kernels would hold for that value only. A call where a symbolic size is 0 or 1 (which
+ * graphs may treat as a broadcastable size-1 dim) runs but is not captured; the next call captures.
+ * Kernels with variables run on CPU devices. A plain tg_jit_call is this with no variables. */
 tg_status tg_jit_call_vars(tg_jit *j, const tg_tensor *in, int nin, const tg_symvar *vars, int nvars, const double *args,
                            int nargs, tg_tensor *out);
 /* Inside a jitted function: the i-th bound variable of the running tg_jit_call_vars ({0} if none). */
