@@ -515,6 +515,46 @@ TEST(symbolic_offset_and_pad) {
   CHECK(tg_live_count() == 0);
 }
 
+/* mean and variance over a symbolic axis count its elements in the kernel: jitted over changing v */
+static tg_status f_meanvar(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
+  tg_tensor xs = tg_shrink(in[0], TG_SHAPE(0, 3, 0, tg_sym(tg_jit_var(0), 0)));
+  out[0] = tg_add(tg_mean(xs, TG_AXES(1), false), tg_mul_s(tg_var(xs, TG_AXES(1), false, 1.0), 10));
+  return TG_OK;
+}
+
+TEST(jit_mean_var_over_v) {
+  tg_scope_begin();
+  tg_symvar v = tg_variable("v", 2, 20);
+  float xd[60];
+  for (int i = 0; i < 60; i++) xd[i] = (float)sin(i * 0.37) * 2;
+  tg_tensor in[1] = {tg_from_data(xd, TG_SHAPE(3, 20), NULL)};
+  tg_jit *j = tg_jit_new(f_meanvar, 1, NULL);
+  uint64_t c0 = 0;
+  for (int call = 0; call < 6; call++) {
+    tg_scope_begin();
+    int val = 2 + (call * 7) % 19;
+    tg_symvar b = tg_var_bind(v, val);
+    tg_tensor out[1];
+    CHECK_MSG(tg_jit_call_vars(j, in, 1, &b, 1, NULL, 0, out) == TG_OK, "%s", tg_last_error());
+    float o[3] = {0};
+    CHECK(tg_data(out[0], o, sizeof o) == TG_OK);
+    for (int r = 0; r < 3; r++) {
+      double m = 0, q = 0;
+      for (int k = 0; k < val; k++) m += xd[r * 20 + k];
+      m /= val;
+      for (int k = 0; k < val; k++) q += (xd[r * 20 + k] - m) * (xd[r * 20 + k] - m);
+      CHECK_MSG(fabs(o[r] - (m + 10 * q / (val - 1))) < 1e-4, "v=%d row %d: %g vs %g", val, r, o[r], m + 10 * q / (val - 1));
+    }
+    if (call == 1) c0 = compiles();
+    if (call > 1) CHECK(compiles() == c0);
+    tg_scope_end();
+  }
+  tg_jit_free(j);
+  tg_scope_end();
+  CHECK(tg_live_count() == 0);
+}
+
 TEST(errors) {
   tg_scope_begin();
   tg_symvar v = tg_variable("len", 1, 10);

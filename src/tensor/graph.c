@@ -373,6 +373,33 @@ UOp *g_assign(UOp *target, UOp *value) {
   return u;
 }
 
+/* The number of elements a reduction over the dims red[] of a takes, as a node (keepdim shape, or
+ * with those dims dropped) when one of them is symbolic: a sum of ones over them, so kernels count
+ * at run time instead of baking the bound value in (a mean over start_pos + 1 keys). NULL when
+ * every reduced dim is concrete (the caller uses the number). */
+UOp *g_sym_count(UOp *a, const bool *red, bool keepdim, tg_dtype dt) {
+  bool sym = false;
+  int64_t axes[64];
+  int na = 0;
+  for (int i = 0; i < a->ndim && i < 64; i++) {
+    if (!red[i]) continue;
+    sym = sym || (a->sym && sym_is_code(a->sym[i]));
+    axes[na++] = i;
+  }
+  if (!sym) return NULL;
+  UOp *one = g_const_shaped(1.0, dt, a->device, a->sym, a->ndim);
+  UOp *r = g_reduce(one, OP_ADD, axes, na);
+  uop_unref(one);
+  if (keepdim) return r;
+  int64_t sh[64];
+  int nd = 0;
+  for (int i = 0; i < a->ndim; i++)
+    if (!red[i]) sh[nd++] = r->shape[i];
+  UOp *q = g_reshape(r, sh, nd);
+  uop_unref(r);
+  return q;
+}
+
 /* An assign of value into the region bounds (2 per dim, tg_sym codes allowed) of target, whose
  * shape stays the target's: tinygrad's assign to a shrink of a buffer, written in place. */
 UOp *g_assign_region(UOp *target, UOp *value, const int64_t *bounds0) {

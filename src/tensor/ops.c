@@ -568,8 +568,11 @@ tg_tensor tg_mean(tg_tensor x, const int *axes, int naxes, bool keepdim) {
   tg_tensor s = reduce_nodes("tg_mean", a, OP_ADD, axes, naxes, keepdim, acc, acc);
   UOp *su = t_get(s, "tg_mean");
   if (!su) return NONE;
-  UOp *d = n_const_like(su, cnt ? 1.0 / (double)cnt : NAN, acc);
-  UOp *r = g_alu(OP_MUL, acc, su, d, NULL);
+  bool red[64] = {false};
+  for (int i = 0; i < nax; i++) red[ax[i]] = true;
+  UOp *sc = g_sym_count(a, red, keepdim, acc); /* a symbolic count: divided at run time */
+  UOp *d = sc ? sc : n_const_like(su, cnt ? 1.0 / (double)cnt : NAN, acc);
+  UOp *r = g_alu(sc ? OP_FDIV : OP_MUL, acc, su, d, NULL);
   uop_unref(d);
   tg_free(s);
   if (acc != out) {
