@@ -555,6 +555,47 @@ TEST(jit_mean_var_over_v) {
   CHECK(tg_live_count() == 0);
 }
 
+/* a call where the symbolic size is 1 runs but is not captured (its graph treats the size as a
+ * broadcastable 1); the jit captures at the first call with a larger size and replays from there */
+static tg_status f_soft(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
+  tg_tensor xs = tg_shrink(in[0], TG_SHAPE(0, 3, 0, tg_sym(tg_jit_var(0), 0)));
+  out[0] = tg_sum(tg_mul(tg_softmax(xs, 1), xs), TG_AXES(1), false);
+  return TG_OK;
+}
+
+TEST(jit_capture_postponed_at_size_one) {
+  tg_scope_begin();
+  tg_symvar v = tg_variable("v", 1, 10);
+  float xd[30];
+  for (int i = 0; i < 30; i++) xd[i] = (float)cos(i * 0.61) * 3;
+  tg_tensor in[1] = {tg_from_data(xd, TG_SHAPE(3, 10), NULL)};
+  tg_jit *j = tg_jit_new(f_soft, 1, NULL);
+  const int vals[] = {1, 1, 1, 2, 3, 1, 7, 10, 4};
+  for (int c = 0; c < 9; c++) {
+    tg_scope_begin();
+    int val = vals[c];
+    tg_symvar b = tg_var_bind(v, val);
+    tg_tensor out[1];
+    CHECK_MSG(tg_jit_call_vars(j, in, 1, &b, 1, NULL, 0, out) == TG_OK, "call %d: %s", c, tg_last_error());
+    if (c < 3) CHECK(tg_jit_captured_kernels(j) == 0);
+    if (c >= 4) CHECK(tg_jit_captured_kernels(j) > 0);
+    float o[3] = {0};
+    CHECK(tg_data(out[0], o, sizeof o) == TG_OK);
+    for (int r = 0; r < 3; r++) {
+      double mx = -INFINITY, t = 0, a = 0;
+      for (int k = 0; k < val; k++) mx = fmax(mx, xd[r * 10 + k]);
+      for (int k = 0; k < val; k++) t += exp(xd[r * 10 + k] - mx);
+      for (int k = 0; k < val; k++) a += exp(xd[r * 10 + k] - mx) / t * xd[r * 10 + k];
+      CHECK_MSG(fabs(o[r] - a) < 1e-5, "call %d v=%d row %d: %g vs %g", c, val, r, o[r], a);
+    }
+    tg_scope_end();
+  }
+  tg_jit_free(j);
+  tg_scope_end();
+  CHECK(tg_live_count() == 0);
+}
+
 TEST(errors) {
   tg_scope_begin();
   tg_symvar v = tg_variable("len", 1, 10);

@@ -237,6 +237,13 @@ static tg_status capture(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs,
     free_outputs(j, out);
     return st;
   }
+  if (j->cap.sym_unit) {
+    /* a symbolic size was 0 or 1, which graphs may treat as a plain size-1 dim (broadcasting): the
+     * kernels need not hold for other values. The call ran and its outputs are right; the capture
+     * is dropped and the next call captures again. */
+    jit_reset(j);
+    return TG_OK;
+  }
   if (j->cap.sym_baked) {
     st = tg_set_error(TG_ERR_INVALID, "tg_jit_call: the function combines a symbolic size with a concrete size computed "
                       "from its bound value (as tg_cat along a symbolic dim does), so the captured kernels would hold "
@@ -244,13 +251,6 @@ static tg_status capture(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs,
     jit_reset(j);
     free_outputs(j, out);
     return st;
-  }
-  if (j->cap.sym_unit) {
-    /* a symbolic size was 0 or 1, which graphs may treat as a plain size-1 dim (broadcasting): the
-     * kernels need not hold for other values. The call ran and its outputs are right; the capture
-     * is dropped and the next call captures again. */
-    jit_reset(j);
-    return TG_OK;
   }
   /* every variable a captured kernel takes must be an input of the call, or a replay would run it
    * with the captured value */

@@ -338,7 +338,9 @@ int64_t *sym_infer(const UOp *u, bool *lost, bool *baked) {
         UOp *x = u->src[k];
         if (x->ndim != nd || (u->op == OP_ASSIGN && u->niarg)) continue;
         for (int i = 0; i < nd && !*baked; i++)
-          if (sym_is_code(out[i]) && !(x->sym && sym_is_code(x->sym[i])) && !size_free_dim(x, i, 0)) *baked = true;
+          /* (a plain size 1 there is a symbolic size bound to 1: the sym_unit case, not this one) */
+          if (sym_is_code(out[i]) && !(x->sym && sym_is_code(x->sym[i])) && x->shape[i] != 1 && !size_free_dim(x, i, 0))
+            *baked = true;
       }
     break;
   }
