@@ -427,8 +427,7 @@ tg_status tg_jit_call_vars(tg_jit *j, const tg_tensor *in, int nin, const tg_sym
     cv.val = tg_xmalloc(sizeof(int64_t) * (size_t)nvars);
   }
   for (int i = 0; i < nvars; i++) {
-    int64_t off;
-    int64_t code = tg_sym(vars[i], 0);
+    int64_t code = vars[i].id ? tg_sym(vars[i], 0) : TG_SYM_NONE;
     SymDim d;
     tg_status vs = TG_OK;
     if (!sym_decode(code, &d)) {
@@ -441,7 +440,6 @@ tg_status tg_jit_call_vars(tg_jit *j, const tg_tensor *in, int nin, const tg_sym
     for (int q = 0; vs == TG_OK && q < cv.n; q++)
       if (cv.idx[q] == d.var)
         vs = tg_set_error(TG_ERR_INVALID, "tg_jit_call_vars: variable '%s' is passed twice", tg_var_name(vars[i]));
-    (void)off;
     if (vs != TG_OK) {
       free(cv.idx), free(cv.val);
       return vs;
