@@ -494,6 +494,11 @@ static tg_tensor var_impl(const char *fn, tg_tensor x, const int *axes, int naxe
   tg_tensor m = tg_mean(x, axes, naxes, true);
   tg_tensor dd = tg_sub(x, m);
   tg_tensor num = tg_sum(tg_mul(dd, dd), axes, naxes, keepdim);
+  UOp *sc = g_sym_count(a, red, keepdim, out);
+  if (sc) { /* a symbolic count: max(n - correction, 0) computed in the kernel */
+    tg_tensor den = tg_maximum_s(tg_sub_s(t_wrap(sc), correction), 0.0);
+    return tg_cast(tg_div(num, den), out);
+  }
   double den = (double)n - correction;
   return tg_cast(tg_div_s(num, den > 0 ? den : 0.0), out);
 }
