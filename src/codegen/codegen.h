@@ -155,6 +155,13 @@ void lkernel_free(LKernel *k);
  * them (bounds.c). */
 void bound_reduce_loops(LKernel *k);
 
+/* DEBUG=5 and 6 (describe.c): the AST one node per line (id, op, dtype, the loop sizes it varies
+ * over, argument, source ids), and the lowered kernel (loop nest, then the instruction list) as
+ * codegen_for would lower it for caps with cfg (NULL: the heuristics). malloc'd text. */
+char *kernel_ast_format(UOp *ast);
+char *lkernel_format(const LKernel *k);
+char *kernel_lowered_format(UOp *ast, const DeviceCaps *caps, const OptCfg *cfg);
+
 /* The C renderer: LKernel -> C source (malloc'd). */
 char *render_c(const LKernel *k, const char *name);
 /* The C-style renderer for a language (LANG_C, LANG_OPENCL): LKernel -> source (malloc'd). */

@@ -895,6 +895,26 @@ Program *program_get(Device *dev, const char *fname, const char *src) {
   }
 }
 
+char *program_disasm(Program *p) {
+  if (!p) {
+    tg_set_error(TG_ERR_INVALID, "program_disasm: no program");
+    return NULL;
+  }
+  Device *dev = p->dev;
+  if (!dev->vt->disasm) {
+    tg_set_error(TG_ERR_INVALID, "program_disasm: device %s (renderer %s) cannot show its code", dev->name, dev->renderer);
+    return NULL;
+  }
+  /* the binary again: from the disk cache, or compiled once more where there is none */
+  ProgEntry *e = entry_of(p);
+  uint8_t *lib = NULL;
+  size_t liblen = 0;
+  if (dev->vt->compile(dev->state, e->src, &lib, &liblen) != TG_OK) return NULL;
+  char *s = dev->vt->disasm(dev->state, e->src, lib, liblen);
+  free(lib);
+  return s;
+}
+
 double program_exec(Program *p, void **bufs, int nbufs, const int64_t *global_size, const int64_t *local_size,
                     bool wait) {
   if (!p) {

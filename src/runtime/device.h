@@ -70,6 +70,9 @@ typedef struct DeviceVT {
   /* Removes the on-disk cache entry of src (NULL: the device caches nothing). program_get calls it
    * when a binary from compile fails to load, then compiles again. */
   void (*cache_evict)(void *state, const char *src);
+  /* Optional: the assembly of a compiled binary (what compile returned for src), malloc'd text, or
+   * NULL + tg_set_error (no disassembler). NULL: the device cannot show its code. */
+  char *(*disasm)(void *state, const char *src, const uint8_t *lib, size_t liblen);
 } DeviceVT;
 
 struct Device {
@@ -149,6 +152,10 @@ size_t program_loaded_count(void);
 /* Compiles the kernels not loaded yet in one compiler run (faster than one run each); afterwards
  * program_get finds them without compiling. Returns how many are available. Records no error. */
 int program_get_batch(Device *dev, const char *const *fnames, const char *const *srcs, int n);
+/* The assembly of p as its device runs it (DEBUG=7): the disassembly of the loaded object for the
+ * C renderer (objdump, from binutils), the target machine's assembly for LLVM. malloc'd text the
+ * caller frees, or NULL + error (no disassembler installed, a device that cannot show its code). */
+char *program_disasm(Program *p);
 double program_exec(Program *p, void **bufs, int nbufs, const int64_t *global_size,
                     const int64_t *local_size, bool wait);
 

@@ -530,6 +530,45 @@ static void cpu_cache_evict(void *state, const char *src) {
   free(dir), free(entry);
 }
 
+/* DEBUG=7: the kernel object disassembled by objdump (binutils). The object goes to a private file
+ * for objdump to read and is removed at once. */
+static char *cpu_disasm(void *state, const char *src, const uint8_t *lib, size_t liblen) {
+  (void)state;
+  char *objdump = which(getenv_str("OBJDUMP", "objdump"));
+  if (!objdump) {
+    tg_set_error(TG_ERR_RUNTIME, "disassembly: objdump not found (install binutils, or set OBJDUMP)");
+    return NULL;
+  }
+  const char *tmpdir = getenv("TMPDIR");
+  if (!tmpdir || !*tmpdir) tmpdir = "/tmp";
+  SB path, out;
+  sb_init(&path);
+  sb_init(&out);
+  sb_printf(&path, "%s/tgd-XXXXXX.so", tmpdir);
+  int fd = mkstemps(path.s, 3);
+  char *res = NULL;
+  if (fd < 0) {
+    tg_set_error(TG_ERR_RUNTIME, "disassembly: cannot create a file in %s: %s", tmpdir, strerror(errno));
+  } else {
+    bool ok = write_all(fd, lib, liblen);
+    ok = close(fd) == 0 && ok;
+    char name[96], only[128];
+    kernel_name(src ? src : "", name, sizeof name);
+    snprintf(only, sizeof only, "--disassemble=%s", name); /* the kernel alone, not the loader stubs */
+    char *argv[] = {objdump, only, "--no-show-raw-insn", path.s, NULL};
+    int ws = 0, rc = ok ? run_capture(objdump, argv, &out, (size_t)1 << 24, &ws) : EIO;
+    unlink(path.s);
+    if (rc != 0 || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
+      tg_set_error(TG_ERR_RUNTIME, "disassembly: %s failed: %s", objdump, rc ? strerror(rc) : out.s ? out.s : "?");
+    else
+      res = sb_take(&out);
+  }
+  sb_free(&out);
+  sb_free(&path);
+  free(objdump);
+  return res;
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* load, exec                                                                                      */
 
@@ -665,4 +704,5 @@ const DeviceVT cpu_device_vt = {
     .synchronize = cpu_synchronize,
     .compiler_id = cpu_compiler_id,
     .cache_evict = cpu_cache_evict,
+    .disasm = cpu_disasm,
 };
