@@ -162,6 +162,13 @@ char *kernel_ast_format(UOp *ast);
 char *lkernel_format(const LKernel *k);
 char *kernel_lowered_format(UOp *ast, const DeviceCaps *caps, const OptCfg *cfg);
 
+/* Blocked accumulation of long float sums (cstyle.c): the loop level (1-based, global loops first)
+ * that runs in blocks of *iters iterations, each summed into a fresh partial; 0 = none. Every
+ * renderer blocks the same way so results agree bit for bit. */
+int kernel_block_level(const LKernel *k, int64_t *iters);
+/* The LLVM IR renderer (llvmir.c): LKernel -> LLVM IR text (malloc'd), the CPU kernel ABI. */
+char *render_llvm(const LKernel *k, const char *name);
+
 /* The C renderer: LKernel -> C source (malloc'd). */
 char *render_c(const LKernel *k, const char *name);
 /* The C-style renderer for a language (LANG_C, LANG_OPENCL): LKernel -> source (malloc'd). */

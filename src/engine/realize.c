@@ -196,8 +196,8 @@ static CachedKernel *get_kernel_beam(UOp *ast, Device *dev, Buffer **bufs, int n
     return kcache_put(key, ast, dev, kc ? kc : codegen_gpu(ast, &dev->caps, NULL));
   }
   OptCfg cfg;
-  KernelCode *kc = beam_search(ast, dev, bufs, nbufs, beam, &cfg) ? codegen_c_cfg(ast, &cfg) : NULL;
-  return kcache_put(key, ast, dev, kc ? kc : codegen_c(ast));
+  KernelCode *kc = beam_search(ast, dev, bufs, nbufs, beam, &cfg) ? codegen_for(ast, &dev->caps, &cfg) : NULL;
+  return kcache_put(key, ast, dev, kc ? kc : codegen_for(ast, &dev->caps, NULL));
 }
 
 static CachedKernel *get_kernel(UOp *ast, Device *dev) {

@@ -25,11 +25,11 @@
 typedef struct Device Device;
 
 /* The languages kernels are rendered in (one row each in the renderer's spelling table). */
-enum { LANG_C = 0, LANG_OPENCL = 1 };
+enum { LANG_C = 0, LANG_OPENCL = 1, LANG_LLVM = 2 };
 
 /* What codegen may assume about a device, read from the device when it opens. */
 typedef struct DeviceCaps {
-  int lang;                  /* LANG_C / LANG_OPENCL */
+  int lang;                  /* LANG_C / LANG_OPENCL / LANG_LLVM */
   bool gpu;                  /* kernels are indexed by global/local ids instead of loops */
   bool fp16, fp64, images;   /* native half arithmetic, double, 2-D images */
   int64_t max_local;         /* work-items per work-group (0: no work-groups) */
@@ -73,14 +73,21 @@ typedef struct DeviceVT {
   /* Optional: the assembly of a compiled binary (what compile returned for src), malloc'd text, or
    * NULL + tg_set_error (no disassembler). NULL: the device cannot show its code. */
   char *(*disasm)(void *state, const char *src, const uint8_t *lib, size_t liblen);
+  /* Optional: open for an arch string (the ARCH of DEVICE:RENDERER:ARCH; NULL = the host). A
+   * renderer without it has no archs to choose. */
+  void *(*open_arch)(int index, const char *arch);
+  /* Sources cannot be concatenated into one compile (program_get_batch compiles them one by one). */
+  bool no_batch;
 } DeviceVT;
 
 struct Device {
   const DeviceVT *vt;
   void *state;
   int index;        /* instance number */
-  char name[32];    /* canonical name: "CPU" for index 0, "CPU:1" otherwise */
-  const char *renderer; /* the renderer its kernels go through ("C", "OpenCL") */
+  char name[160];   /* canonical name: "CPU" for index 0, "CPU:1" otherwise, then ":RENDERER[:ARCH]"
+                     * for a renderer other than the kind's first ("CPU:LLVM", "CPU:1:LLVM:x86_64,...") */
+  const char *renderer; /* the renderer its kernels go through ("C", "OpenCL", "LLVM") */
+  char arch[128];   /* the ARCH the device was opened with ("" = the host) */
   DeviceCaps caps;
   int id;           /* position in the open-device table (small int, stable for the process) */
   /* caching allocator: freed blocks kept per size for reuse */
@@ -159,8 +166,17 @@ char *program_disasm(Program *p);
 double program_exec(Program *p, void **bufs, int nbufs, const int64_t *global_size,
                     const int64_t *local_size, bool wait);
 
+/* The on-disk kernel cache (ops_cpu.c), shared by the CPU renderers: the entry for (id, src) --
+ * id names the compiler, its flags and target -- or, on a miss, build()'s output, stored. Entries
+ * are checked (key, checksum) before use; see ops_cpu.c. */
+typedef tg_status (*disk_cache_build_fn)(void *ctx, const char *src, uint8_t **lib, size_t *liblen);
+tg_status disk_cache_compile(const char *id, const char *src, disk_cache_build_fn build, void *ctx, uint8_t **lib,
+                             size_t *liblen);
+void disk_cache_evict(const char *id, const char *src);
+
 /* Registry of device kinds. */
 extern const DeviceVT cpu_device_vt;
 extern const DeviceVT cl_device_vt;
+extern const DeviceVT llvm_device_vt;
 
 #endif
