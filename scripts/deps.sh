@@ -14,6 +14,8 @@
 #   pocl-opencl-icd      an OpenCL driver that runs on the CPU (PoCL): the DEV=CL tests
 #   ocl-icd-opencl-dev   the OpenCL ICD loader, libOpenCL.so.1 (opened with dlopen; never linked)
 #   clinfo               lists the OpenCL platforms and devices (diagnosing DEV=CL)
+#   libllvm15            libLLVM-15.so.1 for DEV=CPU:LLVM (opened with dlopen; never linked)
+#   binutils             objdump: DEBUG=7 disassembles the C renderer's kernels
 #
 # and, from PyPI into $PYTHON (default /usr/bin/python3) with pip (python3-pip if pip is missing):
 #   safetensors gguf     reference readers/writers for tests/test_formats.py
@@ -36,7 +38,8 @@ case $MODE in
   *) echo "deps.sh: unknown mode '$MODE' (all, bench, mnist)" >&2; exit 2 ;;
 esac
 PKGS=(build-essential clang zlib1g-dev pkg-config python3 python3-torch python3-numpy
-      libclang-rt-14-dev libfuzzer-14-dev dataset-fashion-mnist pocl-opencl-icd ocl-icd-opencl-dev clinfo)
+      libclang-rt-14-dev libfuzzer-14-dev dataset-fashion-mnist pocl-opencl-icd ocl-icd-opencl-dev clinfo
+      libllvm15 binutils)
 if [ "$MODE" = bench ]; then PKGS+=(libopenblas0-pthread); fi
 if [ "$MODE" = mnist ]; then PKGS=(build-essential zlib1g-dev dataset-fashion-mnist); fi
 
