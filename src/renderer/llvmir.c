@@ -106,6 +106,7 @@ typedef struct {
   PtrVec order;
   int vw;
   int nv, nl;
+  bool uses_vexp2, uses_vlog2;
   SB intr; /* intrinsic declarations used */
 } LR;
 
@@ -458,6 +459,18 @@ static void emit_node(LR *r, UOp *u, char *out) {
   switch (u->op) {
   case OP_EXP2: case OP_LOG2: case OP_SIN: case OP_SQRT: {
     opnd(r, A, v, a);
+    if (v && dt == TG_FLOAT32 && (u->op == OP_EXP2 || u->op == OP_LOG2)) {
+      bool e = u->op == OP_EXP2;
+      if (e) r->uses_vexp2 = true;
+      else r->uses_vlog2 = true;
+      char decl[96];
+      snprintf(decl, sizeof decl, "declare <%d x float> @llvm.fma.v%df32(<%d x float>, <%d x float>, <%d x float>)", r->vw, r->vw,
+               r->vw, r->vw, r->vw);
+      declare_intr(r, decl);
+      fresh(r, out);
+      sb_printf(r->b, "  %s = call %s @tg_v%s_%d(%s %s)\n", out, ty, e ? "exp2" : "log2", r->vw, ty, a);
+      return;
+    }
     const char *f = u->op == OP_EXP2 ? "exp2" : u->op == OP_LOG2 ? "log2" : u->op == OP_SIN ? "sin" : "sqrt";
     intr1(r, f, ty, v, dbl, a, out);
     if (!v) call_round(r, dt, out);
@@ -660,6 +673,112 @@ static void emit_node(LR *r, UOp *u, char *out) {
   default:
     TG_ASSERT(0 && "llvm renderer: unhandled op");
   }
+}
+
+/* ---- vector exp2 and log2: the C renderer's polynomials (cstyle.c, PRELUDE_V_EXP2/LOG2) as IR, so
+ * a vectorized exp or log is not a libm call per lane ---- */
+
+/* "<W x float> <c, c, ...>" text of a float constant */
+static char *vk(int W, double v) {
+  char one[48];
+  flit(v, false, one);
+  SB s;
+  sb_init(&s);
+  sb_puts(&s, "<");
+  for (int l = 0; l < W; l++) sb_printf(&s, "%sfloat %s", l ? ", " : "", one);
+  sb_puts(&s, ">");
+  return sb_take(&s);
+}
+static char *vki(int W, long long v) {
+  SB s;
+  sb_init(&s);
+  sb_puts(&s, "<");
+  for (int l = 0; l < W; l++) sb_printf(&s, "%si32 %lld", l ? ", " : "", v);
+  sb_puts(&s, ">");
+  return sb_take(&s);
+}
+
+/* out = fma(a, b, c) on <W x float>, c a constant */
+static void vfma_k(SB *b, int W, const char *out, const char *x, const char *y, double c) {
+  char *k = vk(W, c);
+  sb_printf(b, "  %s = call <%d x float> @llvm.fma.v%df32(<%d x float> %s, <%d x float> %s, <%d x float> %s)\n", out, W, W, W, x, W,
+            y, W, k);
+  free(k);
+}
+
+static void emit_vexp2(SB *b, int W) {
+  char *k129 = vk(W, 129.0), *km151 = vk(W, -151.0), *kr = vk(W, 0x1.8p23), *k127 = vki(W, 127), *k1 = vki(W, 1),
+       *k23 = vki(W, 23);
+  sb_printf(b, "define internal <%d x float> @tg_vexp2_%d(<%d x float> %%x) alwaysinline {\n", W, W, W);
+  sb_printf(b, "  %%g = fcmp ogt <%d x float> %%x, %s\n  %%c0 = select <%d x i1> %%g, <%d x float> %s, <%d x float> %%x\n", W, k129,
+            W, W, k129, W);
+  sb_printf(b, "  %%l = fcmp olt <%d x float> %%c0, %s\n  %%c = select <%d x i1> %%l, <%d x float> %s, <%d x float> %%c0\n", W,
+            km151, W, W, km151, W);
+  sb_printf(b, "  %%n0 = fadd <%d x float> %%c, %s\n  %%n = fsub <%d x float> %%n0, %s\n  %%f = fsub <%d x float> %%c, %%n\n", W, kr,
+            W, kr, W);
+  static const double P[] = {0x1.41d32ep-13, 0x1.5f456ap-10, 0x1.3b2dbcp-7, 0x1.c6aed4p-5, 0x1.ebfbdap-3, 0x1.62e43p-1, 1.0};
+  char *p0 = vk(W, P[0]);
+  sb_printf(b, "  %%p0 = fadd <%d x float> %s, zeroinitializer\n", W, p0);
+  free(p0);
+  for (int i = 1; i < 7; i++) {
+    char o[16], pin[16];
+    snprintf(o, sizeof o, "%%p%d", i);
+    snprintf(pin, sizeof pin, "%%p%d", i - 1);
+    vfma_k(b, W, o, pin, "%f", P[i]);
+  }
+  sb_printf(b, "  %%ni = fptosi <%d x float> %%n to <%d x i32>\n  %%h = ashr <%d x i32> %%ni, %s\n", W, W, W, k1);
+  sb_printf(b, "  %%h1 = add <%d x i32> %%h, %s\n  %%h2 = shl <%d x i32> %%h1, %s\n  %%s1 = bitcast <%d x i32> %%h2 to <%d x float>\n",
+            W, k127, W, k23, W, W);
+  sb_printf(b, "  %%d = sub <%d x i32> %%ni, %%h\n  %%d1 = add <%d x i32> %%d, %s\n  %%d2 = shl <%d x i32> %%d1, %s\n", W, W, k127, W,
+            k23);
+  sb_printf(b, "  %%s2 = bitcast <%d x i32> %%d2 to <%d x float>\n  %%r0 = fmul <%d x float> %%p6, %%s1\n  %%r = fmul <%d x float> %%r0, %%s2\n",
+            W, W, W, W);
+  sb_printf(b, "  %%nan = fcmp uno <%d x float> %%x, %%x\n  %%o = select <%d x i1> %%nan, <%d x float> %%x, <%d x float> %%r\n", W, W,
+            W, W);
+  sb_printf(b, "  ret <%d x float> %%o\n}\n", W);
+  free(k129), free(km151), free(kr), free(k127), free(k1), free(k23);
+}
+
+static void emit_vlog2(SB *b, int W) {
+  char *tiny = vk(W, 0x1p-126), *s23 = vk(W, 0x1p23), *k23 = vki(W, 23), *kff = vki(W, 0xff), *k127 = vki(W, 127),
+       *km = vki(W, 0x7fffff), *kone = vki(W, 0x3f800000), *kbig = vki(W, 0x3fb504f3), *k800 = vki(W, 0x800000),
+       *kz = vki(W, 0), *f1 = vk(W, 1.0), *fa = vk(W, 0x1.715476p+0), *fb = vk(W, 0x1.4ae0cp-26), *finf = vk(W, INFINITY),
+       *fninf = vk(W, -INFINITY), *fnan = vk(W, NAN), *kw1 = vki(W, 1);
+  sb_printf(b, "define internal <%d x float> @tg_vlog2_%d(<%d x float> %%x) alwaysinline {\n", W, W, W);
+  sb_printf(b, "  %%sub = fcmp olt <%d x float> %%x, %s\n  %%xs0 = fmul <%d x float> %%x, %s\n", W, tiny, W, s23);
+  sb_printf(b, "  %%xs = select <%d x i1> %%sub, <%d x float> %%xs0, <%d x float> %%x\n  %%i = bitcast <%d x float> %%xs to <%d x i32>\n", W,
+            W, W, W, W);
+  sb_printf(b, "  %%e0 = ashr <%d x i32> %%i, %s\n  %%e1 = and <%d x i32> %%e0, %s\n  %%e2 = sub <%d x i32> %%e1, %s\n", W, k23, W, kff, W, k127);
+  sb_printf(b, "  %%sb = select <%d x i1> %%sub, <%d x i32> %s, <%d x i32> %s\n  %%e3 = sub <%d x i32> %%e2, %%sb\n", W, W, k23, W, kz, W);
+  sb_printf(b, "  %%m0 = and <%d x i32> %%i, %s\n  %%m1 = or <%d x i32> %%m0, %s\n  %%big = icmp sgt <%d x i32> %%m1, %s\n", W, km, W,
+            kone, W, kbig);
+  sb_printf(b, "  %%bm = select <%d x i1> %%big, <%d x i32> %s, <%d x i32> %s\n  %%m2 = sub <%d x i32> %%m1, %%bm\n", W, W, k800, W, kz, W);
+  sb_printf(b, "  %%bi = select <%d x i1> %%big, <%d x i32> %s, <%d x i32> %s\n  %%e = add <%d x i32> %%e3, %%bi\n", W, W, kw1, W, kz, W);
+  sb_printf(b, "  %%mf = bitcast <%d x i32> %%m2 to <%d x float>\n  %%f = fsub <%d x float> %%mf, %s\n", W, W, W, f1);
+  static const double Q[] = {-0x1.cb9ebap-4, 0x1.7985cep-3, -0x1.837912p-3, 0x1.a371f6p-3, -0x1.eb4548p-3,
+                             0x1.277cf4p-2,  -0x1.715768p-2, 0x1.ec7096p-2, -0x1.715476p-1};
+  char *q0 = vk(W, Q[0]);
+  sb_printf(b, "  %%q0 = fadd <%d x float> %s, zeroinitializer\n", W, q0);
+  free(q0);
+  for (int i = 1; i < 9; i++) {
+    char o[16], qin[16];
+    snprintf(o, sizeof o, "%%q%d", i);
+    snprintf(qin, sizeof qin, "%%q%d", i - 1);
+    vfma_k(b, W, o, qin, "%f", Q[i]);
+  }
+  sb_printf(b, "  %%ff = fmul <%d x float> %%f, %%f\n  %%fb = fmul <%d x float> %%f, %s\n", W, W, fb);
+  sb_printf(b, "  %%in = call <%d x float> @llvm.fma.v%df32(<%d x float> %%ff, <%d x float> %%q8, <%d x float> %%fb)\n", W, W, W, W, W);
+  sb_printf(b, "  %%lg = call <%d x float> @llvm.fma.v%df32(<%d x float> %%f, <%d x float> %s, <%d x float> %%in)\n", W, W, W, W, fa, W);
+  sb_printf(b, "  %%ef = sitofp <%d x i32> %%e to <%d x float>\n  %%r0 = fadd <%d x float> %%ef, %%lg\n", W, W, W);
+  sb_printf(b, "  %%z = fcmp oeq <%d x float> %%x, zeroinitializer\n  %%r1 = select <%d x i1> %%z, <%d x float> %s, <%d x float> %%r0\n", W,
+            W, W, fninf, W);
+  sb_printf(b, "  %%pi = fcmp oeq <%d x float> %%x, %s\n  %%r2 = select <%d x i1> %%pi, <%d x float> %%x, <%d x float> %%r1\n", W, finf,
+            W, W, W);
+  sb_printf(b, "  %%ng = fcmp olt <%d x float> %%x, zeroinitializer\n  %%un = fcmp uno <%d x float> %%x, %%x\n", W, W);
+  sb_printf(b, "  %%bad = or <%d x i1> %%ng, %%un\n  %%o = select <%d x i1> %%bad, <%d x float> %s, <%d x float> %%r2\n", W, W, W, fnan, W);
+  sb_printf(b, "  ret <%d x float> %%o\n}\n", W);
+  free(tiny), free(s23), free(k23), free(kff), free(k127), free(km), free(kone), free(kbig), free(k800), free(kz), free(f1),
+      free(fa), free(fb), free(finf), free(fninf), free(fnan), free(kw1);
 }
 
 static bool needs_var(UOp *u) {
@@ -1012,6 +1131,8 @@ char *render_llvm(const LKernel *k, const char *name) {
   SB out;
   sb_init(&out);
   sb_printf(&out, "; kernel %s\n%s%s", name, DECLS, r.intr.s ? r.intr.s : "");
+  if (r.uses_vexp2) emit_vexp2(&out, r.vw);
+  if (r.uses_vlog2) emit_vlog2(&out, r.vw);
   sb_printf(&out, "define internal void @%s.body(", name);
   for (int i = 0; i < k->np; i++) sb_printf(&out, "ptr noalias %%data%d, ", i);
   sb_puts(&out, "i64 %gstart, i64 %gend) #0 {\n");
