@@ -106,7 +106,7 @@ typedef struct {
   PtrVec order;
   int vw;
   int nv, nl;
-  bool uses_vexp2, uses_vlog2;
+  bool uses_vexp2, uses_vlog2, uses_vsin;
   SB intr; /* intrinsic declarations used */
 } LR;
 
@@ -459,16 +459,25 @@ static void emit_node(LR *r, UOp *u, char *out) {
   switch (u->op) {
   case OP_EXP2: case OP_LOG2: case OP_SIN: case OP_SQRT: {
     opnd(r, A, v, a);
-    if (v && dt == TG_FLOAT32 && (u->op == OP_EXP2 || u->op == OP_LOG2)) {
-      bool e = u->op == OP_EXP2;
-      if (e) r->uses_vexp2 = true;
-      else r->uses_vlog2 = true;
-      char decl[96];
+    if (v && dt == TG_FLOAT32 && u->op != OP_SQRT) {
+      const char *fn = u->op == OP_EXP2 ? "exp2" : u->op == OP_LOG2 ? "log2" : "sin";
+      if (u->op == OP_EXP2) r->uses_vexp2 = true;
+      else if (u->op == OP_LOG2) r->uses_vlog2 = true;
+      else r->uses_vsin = true;
+      char decl[160];
       snprintf(decl, sizeof decl, "declare <%d x float> @llvm.fma.v%df32(<%d x float>, <%d x float>, <%d x float>)", r->vw, r->vw,
                r->vw, r->vw, r->vw);
       declare_intr(r, decl);
+      if (u->op == OP_SIN) {
+        snprintf(decl, sizeof decl, "declare <%d x double> @llvm.fma.v%df64(<%d x double>, <%d x double>, <%d x double>)", r->vw,
+                 r->vw, r->vw, r->vw, r->vw);
+        declare_intr(r, decl);
+        snprintf(decl, sizeof decl, "declare i1 @llvm.vector.reduce.or.v%di1(<%d x i1>)", r->vw, r->vw);
+        declare_intr(r, decl);
+        declare_intr(r, "declare float @llvm.sin.f32(float)");
+      }
       fresh(r, out);
-      sb_printf(r->b, "  %s = call %s @tg_v%s_%d(%s %s)\n", out, ty, e ? "exp2" : "log2", r->vw, ty, a);
+      sb_printf(r->b, "  %s = call %s @tg_v%s_%d(%s %s)\n", out, ty, fn, r->vw, ty, a);
       return;
     }
     const char *f = u->op == OP_EXP2 ? "exp2" : u->op == OP_LOG2 ? "log2" : u->op == OP_SIN ? "sin" : "sqrt";
@@ -779,6 +788,83 @@ static void emit_vlog2(SB *b, int W) {
   sb_printf(b, "  ret <%d x float> %%o\n}\n", W);
   free(tiny), free(s23), free(k23), free(kff), free(k127), free(km), free(kone), free(kbig), free(k800), free(kz), free(f1),
       free(fa), free(fb), free(finf), free(fninf), free(fnan), free(kw1);
+}
+
+/* "<W x double> <c, ...>" */
+static char *vkd(int W, double v) {
+  char one[48];
+  flit(v, true, one);
+  SB s;
+  sb_init(&s);
+  sb_puts(&s, "<");
+  for (int l = 0; l < W; l++) sb_printf(&s, "%sdouble %s", l ? ", " : "", one);
+  sb_puts(&s, ">");
+  return sb_take(&s);
+}
+static char *vkl(int W, long long v) {
+  SB s;
+  sb_init(&s);
+  sb_puts(&s, "<");
+  for (int l = 0; l < W; l++) sb_printf(&s, "%si64 %lld", l ? ", " : "", v);
+  sb_puts(&s, ">");
+  return sb_take(&s);
+}
+
+/* out = fma(x, y, c) on <W x double>; c a constant (kc) or a value (vc) */
+static void vdfma(SB *b, int W, const char *out, const char *x, const char *y, const char *z) {
+  sb_printf(b, "  %s = call <%d x double> @llvm.fma.v%df64(<%d x double> %s, <%d x double> %s, <%d x double> %s)\n", out, W, W, W, x,
+            W, y, W, z);
+}
+
+/* vector sin as the C prelude's PRELUDE_V_SIN: in double, k = round(x 2/pi), r = x - k pi/2 in two
+ * parts, sin or cos polynomial by the quadrant; a vector with a lane past 2^13 (or inf, NaN) takes
+ * libm's sinf lane by lane */
+static void emit_vsin(SB *b, int W) {
+  char *kf = vk(W, 8192.0), *kfn = vk(W, -8192.0), *k2pi = vkd(W, 0x1.45f306dc9c883p-1), *kr = vkd(W, 0x1.8p52),
+       *khi = vkd(W, -0x1.921fb54442d18p+0), *klo = vkd(W, -0x1.1a62633145c07p-54), *kone = vkd(W, 1.0), *l1 = vkl(W, 1),
+       *l2 = vkl(W, 2), *l62 = vkl(W, 62), *lz = vkl(W, 0);
+  static const double S[] = {-0x1.5555555555555p-3, 0x1.1111111111111p-7, -0x1.a01a01a01a01ap-13, 0x1.71de3a556c734p-19};
+  static const double C[] = {-0.5, 0x1.5555555555555p-5, -0x1.6c16c16c16c17p-10, 0x1.a01a01a01a01ap-16, -0x1.27e4fb7789f5cp-22};
+  sb_printf(b, "define internal <%d x float> @tg_vsin_%d(<%d x float> %%x) alwaysinline {\nentry:\n", W, W, W);
+  sb_printf(b, "  %%f1 = fcmp ogt <%d x float> %%x, %s\n  %%f2 = fcmp olt <%d x float> %%x, %s\n  %%f3 = fcmp uno <%d x float> %%x, %%x\n", W,
+            kf, W, kfn, W);
+  sb_printf(b, "  %%f12 = or <%d x i1> %%f1, %%f2\n  %%far = or <%d x i1> %%f12, %%f3\n", W, W);
+  sb_printf(b, "  %%any = call i1 @llvm.vector.reduce.or.v%di1(<%d x i1> %%far)\n  br i1 %%any, label %%slow, label %%fast\nslow:\n", W, W);
+  char prev[32] = "poison";
+  for (int l = 0; l < W; l++) {
+    sb_printf(b, "  %%se%d = extractelement <%d x float> %%x, i64 %d\n  %%ss%d = call float @llvm.sin.f32(float %%se%d)\n", l, W, l, l, l);
+    sb_printf(b, "  %%sv%d = insertelement <%d x float> %s, float %%ss%d, i64 %d\n", l, W, prev, l, l);
+    snprintf(prev, sizeof prev, "%%sv%d", l);
+  }
+  sb_printf(b, "  ret <%d x float> %s\nfast:\n", W, prev);
+  sb_printf(b, "  %%d = fpext <%d x float> %%x to <%d x double>\n", W, W);
+  vdfma(b, W, "%k0", "%d", k2pi, kr);
+  sb_printf(b, "  %%k = fsub <%d x double> %%k0, %s\n", W, kr);
+  vdfma(b, W, "%r0", "%k", khi, "%d");
+  vdfma(b, W, "%r", "%k", klo, "%r0");
+  sb_printf(b, "  %%z = fmul <%d x double> %%r, %%r\n", W);
+  /* S: s = r + r z (S0 + z (S1 + z (S2 + z S3))) */
+  char *s3 = vkd(W, S[3]), *s2 = vkd(W, S[2]), *s1 = vkd(W, S[1]), *s0 = vkd(W, S[0]);
+  vdfma(b, W, "%sp2", "%z", s3, s2);
+  vdfma(b, W, "%sp1", "%z", "%sp2", s1);
+  vdfma(b, W, "%sp0", "%z", "%sp1", s0);
+  sb_printf(b, "  %%rz = fmul <%d x double> %%r, %%z\n", W);
+  vdfma(b, W, "%s", "%rz", "%sp0", "%r");
+  char *c4 = vkd(W, C[4]), *c3 = vkd(W, C[3]), *c2 = vkd(W, C[2]), *c1 = vkd(W, C[1]), *c0 = vkd(W, C[0]);
+  vdfma(b, W, "%cp3", "%z", c4, c3);
+  vdfma(b, W, "%cp2", "%z", "%cp3", c2);
+  vdfma(b, W, "%cp1", "%z", "%cp2", c1);
+  vdfma(b, W, "%cp0", "%z", "%cp1", c0);
+  vdfma(b, W, "%c", "%z", "%cp0", kone);
+  sb_printf(b, "  %%q = fptosi <%d x double> %%k to <%d x i64>\n  %%qo = and <%d x i64> %%q, %s\n  %%odd = icmp ne <%d x i64> %%qo, %s\n", W, W,
+            W, l1, W, lz);
+  sb_printf(b, "  %%v = select <%d x i1> %%odd, <%d x double> %%c, <%d x double> %%s\n  %%vi = bitcast <%d x double> %%v to <%d x i64>\n", W,
+            W, W, W, W);
+  sb_printf(b, "  %%q2 = and <%d x i64> %%q, %s\n  %%sg = shl <%d x i64> %%q2, %s\n  %%vx = xor <%d x i64> %%vi, %%sg\n", W, l2, W, l62, W);
+  sb_printf(b, "  %%vd = bitcast <%d x i64> %%vx to <%d x double>\n  %%o = fptrunc <%d x double> %%vd to <%d x float>\n", W, W, W, W);
+  sb_printf(b, "  ret <%d x float> %%o\n}\n", W);
+  free(kf), free(kfn), free(k2pi), free(kr), free(khi), free(klo), free(kone), free(l1), free(l2), free(l62), free(lz);
+  free(s3), free(s2), free(s1), free(s0), free(c4), free(c3), free(c2), free(c1), free(c0);
 }
 
 static bool needs_var(UOp *u) {
@@ -1133,6 +1219,7 @@ char *render_llvm(const LKernel *k, const char *name) {
   sb_printf(&out, "; kernel %s\n%s%s", name, DECLS, r.intr.s ? r.intr.s : "");
   if (r.uses_vexp2) emit_vexp2(&out, r.vw);
   if (r.uses_vlog2) emit_vlog2(&out, r.vw);
+  if (r.uses_vsin) emit_vsin(&out, r.vw);
   sb_printf(&out, "define internal void @%s.body(", name);
   for (int i = 0; i < k->np; i++) sb_printf(&out, "ptr noalias %%data%d, ", i);
   sb_puts(&out, "i64 %gstart, i64 %gend) #0 {\n");
