@@ -498,6 +498,7 @@ typedef struct {
 static tg_status llvm_build(void *vctx, const char *src, uint8_t **lib, size_t *liblen) {
   BuildCtx *bc = vctx;
   LlvmState *s = bc->s;
+  double t0 = now_seconds();
   char name[128];
   ir_kernel_name(src, name, sizeof name);
   Ref ctx = L.LLVMContextCreate();
@@ -572,6 +573,9 @@ static tg_status llvm_build(void *vctx, const char *src, uint8_t **lib, size_t *
     memcpy(*lib + 8 + sl, L.LLVMGetBufferStart(out), n);
   }
   L.LLVMDisposeMemoryBuffer(out);
+  if (debug_level() >= 3)
+    fprintf(stderr, "CPU:LLVM: compiled %s in %.1f ms (%zu bytes of IR, %zu of %s)\n", name, (now_seconds() - t0) * 1e3,
+            strlen(src), n, bc->filetype ? "object" : "assembly");
 done:
   if (tm) L.LLVMDisposeTargetMachine(tm);
   L.LLVMDisposeModule(mod);
