@@ -543,7 +543,8 @@ static tg_status llvm_build(void *vctx, const char *src, uint8_t **lib, size_t *
   Ref opts = L.LLVMCreatePassBuilderOptions();
   /* the renderer vectorizes explicitly (as with gcc, whose loop vectorizer is off for the C kernels) */
   L.LLVMPassBuilderOptionsSetLoopVectorization(opts, 0);
-  Ref perr = L.LLVMRunPasses(mod, "default<O2>", tm, opts);
+  const char *pipe = getenv_str("TG_LLVM_PASSES", "default<O2>");
+  Ref perr = L.LLVMRunPasses(mod, pipe && *pipe ? pipe : "default<O2>", tm, opts);
   L.LLVMDisposePassBuilderOptions(opts);
   if (perr) {
     char *m = take_error(perr);
