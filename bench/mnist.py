@@ -6,7 +6,9 @@ measured in one run, each in its own process, one after the other.
   STEPS=10 BS=512 /usr/bin/python3 bench/mnist.py
 
 Environment: STEPS (default 20), BS (default 512), TINYGRAD=0 skips tinygrad even if importable,
-TIMEOUT (seconds per child process, default 1800).
+LLVM=0 skips the DEV=CPU:LLVM run, TIMEOUT (seconds per child process, default 1800).
+tinygrad.c runs twice: DEV=CPU (C kernels through the system compiler) and DEV=CPU:LLVM (LLVM IR
+compiled in process), each with its own empty kernel cache; a column gives LLVM / C.
 
 With DEV=CL it compares the OpenCL device instead: tinygrad.c on CL against tinygrad.c on the CPU
 and tinygrad on DEV=CL (PoCL here), in one run (PyTorch is not run then):
@@ -189,7 +191,13 @@ def main():
   dev = os.environ.get("DEV", "CPU")
   if dev.split(":")[0].upper() == "CL": return main_cl(dev)
   print(f"beautiful_mnist on Fashion-MNIST, BS={BS}, STEPS={STEPS}, {os.cpu_count()} CPUs", flush=True)
-  ours = tinygrad_c()
+  ours = tinygrad_c("CPU")
+  llvm = None
+  if os.environ.get("LLVM", "1") != "0":
+    try:
+      llvm = tinygrad_c("CPU:LLVM")
+    except Exception as e:  # libLLVM is optional: report and go on
+      print(f"(DEV=CPU:LLVM failed: {str(e).splitlines()[0]})")
   torch = pytorch()
   tg = None
   if os.environ.get("TINYGRAD", "1") != "0":
@@ -202,10 +210,13 @@ def main():
           ("first step, empty cache (ms)", "first_cold"), ("first step, warm cache (ms)", "first_warm")]
   fmt = lambda v: f"{v:10.1f}" if v is not None else f"{'-':>10}"
   ratio = lambda a, b: f"{a / b:9.2f}x" if a is not None and b else f"{'-':>10}"
-  print(f"{'':30} {'tinygrad.c':>10} {'PyTorch':>10}" + (f" {'tinygrad':>10}" if tg else "") + f" {'c/PyTorch':>10}" +
+  print(f"{'':30} {'tinygrad.c':>10}" + (f" {'CPU:LLVM':>10}" if llvm else "") + f" {'PyTorch':>10}" +
+        (f" {'tinygrad':>10}" if tg else "") + f" {'c/PyTorch':>10}" + (f" {'LLVM/c':>10} {'LLVM/PyT':>10}" if llvm else "") +
         (f" {'c/tinygrad':>10}" if tg else ""))
   for label, k in rows:
-    line = f"{label:30} {fmt(ours[k])} {fmt(torch[k])}" + (f" {fmt(tg[k])}" if tg else "") + f" {ratio(ours[k], torch[k])}"
+    line = f"{label:30} {fmt(ours[k])}" + (f" {fmt(llvm[k])}" if llvm else "") + f" {fmt(torch[k])}" + \
+        (f" {fmt(tg[k])}" if tg else "") + f" {ratio(ours[k], torch[k])}"
+    if llvm: line += f" {ratio(llvm[k], ours[k])} {ratio(llvm[k], torch[k])}"
     if tg: line += f" {ratio(ours[k], tg[k])}"
     print(line)
   print(f"(tinygrad.c: first evaluation, compiling its kernels, {ours['eval_first']:.1f} ms; whole empty-cache run {ours['wall']:.1f} s; "

@@ -3,6 +3,8 @@
 run; prints the median ms of each and the ratio tinygrad.c / PyTorch (below 1 is faster).
 Usage: make bench && /usr/bin/python3 bench/ops.py [substring of op names]
 Each op is built and realized (tinygrad.c) or called (PyTorch) 10 times, the first dropped.
+With DEV=CPU:LLVM[:ARCH] the ops run on that device and on DEV=CPU (the C renderer) in the same run,
+and a column gives the ratio LLVM / C (below 1: the LLVM kernels are faster).
 """
 import os, subprocess, sys, time
 import torch
@@ -12,9 +14,20 @@ torch.set_num_threads(2)
 torch.manual_seed(1)
 here = os.path.dirname(os.path.abspath(__file__))
 flt = sys.argv[1:] and sys.argv[1] or ""
-out = subprocess.run([os.path.join(here, "..", "build", "bench", "ops")] + ([flt] if flt else []), capture_output=True,
-                     text=True, check=True).stdout
-ours = {l.split()[0]: float(l.split()[1]) for l in out.splitlines()}
+dev = os.environ.get("DEV", "")
+llvm = dev.upper().startswith("CPU:LLVM")
+
+
+def run_ops(env_dev):
+  env = dict(os.environ)
+  if env_dev: env["DEV"] = env_dev
+  out = subprocess.run([os.path.join(here, "..", "build", "bench", "ops")] + ([flt] if flt else []), capture_output=True,
+                       text=True, check=True, env=env).stdout
+  return {l.split()[0]: float(l.split()[1]) for l in out.splitlines()}
+
+
+ours = run_ops(None)
+cref = run_ops("CPU") if llvm else None
 
 r = torch.randn
 A, B, M2k, S, L, V, M1k = r(1 << 22), r(1 << 22), r(2048, 2048), r(256, 4096), r(1024, 1024), r(1 << 20), r(1024, 1024)
@@ -37,11 +50,19 @@ TORCH = {
     "interpolate_16x32x56->112": lambda: F.interpolate(IMG, size=(112, 112), mode="bilinear"),
     "rand_4M": lambda: torch.rand(1 << 22), "randn_4M": lambda: torch.randn(1 << 22),
 }
-print(f"{'op':<30} {'tinygrad.c':>11} {'PyTorch':>9} {'ratio':>7}")
+if llvm: print(f"{'op':<30} {'CPU:LLVM':>11} {'CPU (C)':>11} {'LLVM/C':>7} {'PyTorch':>9} {'ratio':>7}")
+else: print(f"{'op':<30} {'tinygrad.c':>11} {'PyTorch':>9} {'ratio':>7}")
+worst = 0.0
 for name, ms in ours.items():
   ts = []
   for i in range(10):
     t = time.perf_counter(); TORCH[name](); ts.append(time.perf_counter() - t)
   tm = sorted(ts[1:])[4] * 1e3
-  print(f"{name:<30} {ms:>9.3f}ms {tm:>7.3f}ms {ms / tm:>7.2f}")
+  if llvm:
+    c = cref.get(name, float("nan"))
+    worst = max(worst, ms / c)
+    print(f"{name:<30} {ms:>9.3f}ms {c:>9.3f}ms {ms / c:>7.2f} {tm:>7.3f}ms {ms / tm:>7.2f}")
+  else:
+    print(f"{name:<30} {ms:>9.3f}ms {tm:>7.3f}ms {ms / tm:>7.2f}")
+if llvm: print(f"(worst LLVM/C ratio {worst:.2f}; ratio columns: ours / PyTorch, all in this run on this machine)")
 print("(ms: median of 9 runs; ratio tinygrad.c / PyTorch, both in this run on this machine)")

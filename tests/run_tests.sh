@@ -5,9 +5,11 @@
 #
 # Runs, in this order:
 #   1. $BUILD/tests/test_X for every tests/test_X.c (C unit tests, linked against libtinygrad.a);
-#      then test_jit and test_fusion again with DEV=CL (OpenCL on PoCL), and examples/devices
+#      then test_jit and test_fusion again with DEV=CL (OpenCL on PoCL), test_opt with
+#      DEV=CPU:LLVM (LLVM IR compiled in process), and examples/devices
 #   2. every tests/test_*.py with $PYTHON (differential tests against PyTorch; they load the library
-#      from $TINYGRAD_LIB), then every 8th case of test_ops_torch.py with DEV=CL  [skipped by --c-only]
+#      from $TINYGRAD_LIB), then every 8th case of test_ops_torch.py with DEV=CL, and every
+#      tests/test_*_torch.py again with DEV=CPU:LLVM, every case                  [skipped by --c-only]
 #   3. header checks: tests/test_header.c with gcc and clang (-std=c11 -pedantic), and
 #      tests/test_header_cpp.cpp with g++ and clang++ (-std=c++11 -pedantic)   [skipped by --c-only]
 #   4. install check: `make install` into a temporary prefix, then a program built with
@@ -126,6 +128,8 @@ done
 for name in test_jit test_fusion; do
   [ -x "$BUILD/tests/$name" ] && run "$name (DEV=CL)" env DEV=CL "$BUILD/tests/$name"
 done
+# ---- 1c. the optimizer's checks (default opts and BEAM=2 against NOOPT) on the LLVM renderer
+[ -x "$BUILD/tests/test_opt" ] && run "test_opt (DEV=CPU:LLVM)" env DEV=CPU:LLVM "$BUILD/tests/test_opt"
 # examples/devices must list CPU and CL and compute [1,2,3]*2 on both
 [ -x "$BUILD/examples/devices" ] && run "examples/devices" bash -c '
   out=$("$1") && echo "$out" && grep -q "\[2, 4, 6\] on CPU$" <<<"$out" && grep -q "\[2, 4, 6\] on CL$" <<<"$out" &&
@@ -139,6 +143,10 @@ if [ $C_ONLY = 0 ]; then
   # the op suite on OpenCL: every 8th case (each op family on CL; the whole suite takes ~15 min
   # there with a cold kernel cache, PoCL compiling each kernel in ~0.3 s)
   run "test_ops_torch.py (DEV=CL, every 8th case)" env DEV=CL "$PYTHON" tests/test_ops_torch.py --every 8
+  # the differential suites on the LLVM renderer (libLLVM in process), every case
+  for py in tests/test_*_torch.py; do
+    run "$(basename "$py") (DEV=CPU:LLVM)" env DEV=CPU:LLVM "$PYTHON" "$py"
+  done
 
   # ---- 3. header checks -------------------------------------------------------------------------
   mkdir -p "$TMP/hdr"

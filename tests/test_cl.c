@@ -58,12 +58,22 @@ TEST(cl_device_names) {
   CHECK(a->caps.gpu && a->caps.lang == LANG_OPENCL);
   CHECK(a->caps.max_local >= 1 && a->caps.max_local_dims[0] >= 1 && a->caps.local_mem > 0 && a->caps.max_dims == 3);
   CHECK(device_get("CPU:C") == device_get("CPU"));
+  /* the LLVM renderer is a device of its own on the CPU's memory, one per arch */
+  Device *l = device_get("CPU:LLVM");
+  CHECK_MSG(l != NULL, "%s", tg_last_error());
+  if (l) {
+    CHECK(l != device_get("CPU") && strcmp(l->name, "CPU:LLVM") == 0 && strcmp(l->renderer, "LLVM") == 0);
+    CHECK(l->caps.lang == LANG_LLVM && !l->caps.gpu && device_get("cpu:llvm:0") == l);
+    Device *l1 = device_get("CPU:1:LLVM");
+    CHECK(l1 && l1 != l && strcmp(l1->name, "CPU:1:LLVM") == 0);
+  }
   CHECK(!tg_has_error());
   struct {
     const char *name, *msg;
   } bad[] = {
       {"NV:CUDA:sm_90", "unknown device 'NV:CUDA:sm_90'"},
-      {"CPU:LLVM", "CPU has no renderer 'LLVM' (renderers: C)"},
+      {"CPU:FORTRAN", "CPU has no renderer 'FORTRAN' (renderers: C, LLVM)"},
+      {"CPU:C:x86_64", "renderer C has no arch 'x86_64'"},
       {"CL:CUDA", "CL has no renderer 'CUDA' (renderers: OpenCL)"},
       {"CL:OpenCL:sm_90", "renderer OpenCL has no arch 'sm_90'"},
       {"CL:1:2", "two instance numbers"},
@@ -74,7 +84,7 @@ TEST(cl_device_names) {
     tg_clear_error();
     CHECK(device_get(bad[i].name) == NULL);
     CHECK_STR_CONTAINS(tg_last_error(), bad[i].msg);
-    CHECK_STR_CONTAINS(tg_last_error(), "available: CPU[:<n>][:C], CL[:<n>][:OpenCL]");
+    CHECK_STR_CONTAINS(tg_last_error(), "available: CPU[:<n>][:C|LLVM], CL[:<n>][:OpenCL]");
   }
   /* an instance this machine lacks: the message counts what it has */
   tg_clear_error();

@@ -173,6 +173,19 @@ typedef struct {
   int axis, factor;
 } ImgUpcast;
 void image_lane_upcast(LKernel *k, UOp *lane, ImgUpcast *ups, int *nup, int cap);
+/* DEBUG=5 and 6 (describe.c): the AST one node per line (id, op, dtype, the loop sizes it varies
+ * over, argument, source ids), and the lowered kernel (loop nest, then the instruction list) as
+ * codegen_for would lower it for caps with cfg (NULL: the heuristics). malloc'd text. */
+char *kernel_ast_format(UOp *ast);
+char *lkernel_format(const LKernel *k);
+char *kernel_lowered_format(UOp *ast, const DeviceCaps *caps, const OptCfg *cfg);
+
+/* Blocked accumulation of long float sums (cstyle.c): the loop level (1-based, global loops first)
+ * that runs in blocks of *iters iterations, each summed into a fresh partial; 0 = none. Every
+ * renderer blocks the same way so results agree bit for bit. */
+int kernel_block_level(const LKernel *k, int64_t *iters);
+/* The LLVM IR renderer (llvmir.c): LKernel -> LLVM IR text (malloc'd), the CPU kernel ABI. */
+char *render_llvm(const LKernel *k, const char *name);
 
 /* The C renderer: LKernel -> C source (malloc'd). */
 char *render_c(const LKernel *k, const char *name);

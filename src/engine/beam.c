@@ -267,7 +267,7 @@ static void free_cands(Cand *cs, int n) {
 bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptCfg *out) {
   /* key: the unoptimized source identifies the computation */
   OptCfg none = OPTCFG_NONE;
-  KernelCode *base = codegen_c_cfg(ast, &none);
+  KernelCode *base = codegen_for(ast, &dev->caps, &none);
   if (!base) return false;
   SB key;
   sb_init(&key);
@@ -317,9 +317,9 @@ bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptC
   /* the hand-coded heuristics' choice competes too, and seeds the beam: the search never ends worse
    * than BEAM=0 */
   bool had_error = tg_last_error() != NULL;
-  KernelCode *hk = ok ? codegen_c_cfg(ast, NULL) : NULL;
+  KernelCode *hk = ok ? codegen_for(ast, &dev->caps, NULL) : NULL;
   if (hk) {
-    Cand hc = {hk->cfg, codegen_c_cfg(ast, &hk->cfg), NULL, INFINITY};
+    Cand hc = {hk->cfg, codegen_for(ast, &dev->caps, &hk->cfg), NULL, INFINITY};
     kernel_code_free(hk);
     if (hc.kc) {
       compile_all(&hc, 1, dev);
@@ -337,7 +337,7 @@ bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptC
     Cand *cs = NULL;
     int n = 0, cap = 0;
     for (int f = 0; f < nfront; f++) actions(&front[f].cfg, round, gs, ng, rs, nr, red, &cs, &n, &cap);
-    for (int i = 0; i < n; i++) cs[i].kc = codegen_c_cfg(ast, &cs[i].cfg);
+    for (int i = 0; i < n; i++) cs[i].kc = codegen_for(ast, &dev->caps, &cs[i].cfg);
     int m = 0; /* keep those that apply */
     for (int i = 0; i < n; i++)
       if (cs[i].kc) cs[m++] = cs[i];

@@ -8,6 +8,7 @@
  * BUFFER node of the same shape and dtype, and live handles that held the target now hold that node.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -84,16 +85,42 @@ static CachedKernel *kcache_get(uint64_t key, const char *gopts) {
   return ck;
 }
 
+/* DEBUG=7: the kernel's assembly; a device without a disassembler says so once per process. */
+static void debug_disasm(Program *p) {
+  static _Atomic int said;
+  bool had = tg_has_error();
+  char *s = program_disasm(p);
+  if (s) {
+    fprintf(stderr, "*** %s assembly (%s)\n%s\n", p->name, p->dev->name, s);
+    free(s);
+  } else {
+    if (!atomic_exchange(&said, 1)) fprintf(stderr, "DEBUG=7: no assembly shown: %s\n", tg_last_error());
+    if (!had) tg_clear_error();
+  }
+}
+
 /* Loads kc's program (compiling it unless a batch already did) and caches it under key. Takes kc.
  * NULL with the error recorded if it does not compile. */
 static CachedKernel *kcache_put(uint64_t key, UOp *ast, Device *dev, KernelCode *kc) {
   if (!kc) return NULL;
-  if (debug_level() >= 4) fprintf(stderr, "%s\n", kc->src);
+  int dbg = debug_level();
+  if (dbg >= 5) {
+    char *s = kernel_ast_format(ast);
+    fprintf(stderr, "*** %s AST\n%s", kc->name, s);
+    free(s);
+  }
+  if (dbg >= 6) {
+    char *s = kernel_lowered_format(ast, &dev->caps, dev->caps.gpu ? NULL : &kc->cfg);
+    fprintf(stderr, "*** %s lowered\n%s", kc->name, s);
+    free(s);
+  }
+  if (dbg >= 4) fprintf(stderr, "%s\n", kc->src);
   Program *p = program_get(dev, kc->name, kc->src);
   if (!p) {
     kernel_code_free(kc);
     return NULL;
   }
+  if (dbg >= 7) debug_disasm(p);
   CachedKernel *ck = tg_xcalloc(1, sizeof *ck);
   ck->ast = uop_ref(ast);
   ck->prg = p;
@@ -170,8 +197,8 @@ static CachedKernel *get_kernel_beam(UOp *ast, Device *dev, Buffer **bufs, int n
     return kcache_put(key, ast, dev, kc ? kc : codegen_gpu(ast, &dev->caps, NULL));
   }
   OptCfg cfg;
-  KernelCode *kc = beam_search(ast, dev, bufs, nbufs, beam, &cfg) ? codegen_c_cfg(ast, &cfg) : NULL;
-  return kcache_put(key, ast, dev, kc ? kc : codegen_c(ast));
+  KernelCode *kc = beam_search(ast, dev, bufs, nbufs, beam, &cfg) ? codegen_for(ast, &dev->caps, &cfg) : NULL;
+  return kcache_put(key, ast, dev, kc ? kc : codegen_for(ast, &dev->caps, NULL));
 }
 
 static CachedKernel *get_kernel(UOp *ast, Device *dev) {

@@ -817,6 +817,12 @@ static Blocking blocking(const LKernel *k) {
   return b;
 }
 
+int kernel_block_level(const LKernel *k, int64_t *iters) {
+  Blocking b = blocking(k);
+  *iters = b.iters;
+  return b.level;
+}
+
 /* One accumulator per copy, <prefix><c>, set to init: a vector where the copy's body is one. */
 static void declare_accs(R *r, const LKernel *k, const char *prefix, const char *init) {
   for (int c = 0; c < k->ncopy; c++) {

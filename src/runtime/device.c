@@ -35,14 +35,16 @@ typedef struct {
    * out of bigger allocations (pointer arithmetic on Buffer.ptr). */
   bool host_memory;
   const char *const *renderers; /* default first; NULL-terminated */
+  const DeviceVT *const *rvts;  /* per renderer, its device (NULL: vt) */
 } DeviceKind;
 
-static const char *const CPU_RENDERERS[] = {"C", NULL};
+static const char *const CPU_RENDERERS[] = {"C", "LLVM", NULL};
+static const DeviceVT *const CPU_RVTS[] = {&cpu_device_vt, &llvm_device_vt, NULL};
 static const char *const CL_RENDERERS[] = {"OpenCL", NULL};
 
 static const DeviceKind g_kinds[] = {
-    {"CPU", &cpu_device_vt, true, CPU_RENDERERS},
-    {"CL", &cl_device_vt, false, CL_RENDERERS},
+    {"CPU", &cpu_device_vt, true, CPU_RENDERERS, CPU_RVTS},
+    {"CL", &cl_device_vt, false, CL_RENDERERS, NULL},
 };
 #define NKINDS (sizeof g_kinds / sizeof g_kinds[0])
 
@@ -80,11 +82,19 @@ static size_t g_nold;
 
 static const DeviceKind *kind_of(const Device *d) { return ((const DeviceImpl *)d)->kind; }
 
-static Device *find_open(const DeviceKind *k, int index) {
+/* The device of a renderer of kind k (its own vtable where the kind has one per renderer). */
+static const DeviceVT *renderer_vt(const DeviceKind *k, const char *renderer) {
+  for (int i = 0; k->rvts && k->renderers[i]; i++)
+    if (k->renderers[i] == renderer && k->rvts[i]) return k->rvts[i];
+  return k->vt;
+}
+
+static Device *find_open(const DeviceKind *k, int index, const char *renderer, const char *arch) {
   int n = atomic_load_explicit(&g_ndevs, memory_order_acquire);
   Device **t = atomic_load_explicit(&g_devs, memory_order_acquire);
+  const DeviceVT *vt = renderer_vt(k, renderer);
   for (int i = 0; i < n; i++)
-    if (kind_of(t[i]) == k && t[i]->index == index) return t[i];
+    if (kind_of(t[i]) == k && t[i]->index == index && t[i]->vt == vt && strcmp(t[i]->arch, arch) == 0) return t[i];
   return NULL;
 }
 
@@ -101,8 +111,12 @@ static void unknown_device(const char *name, const char *part) {
 }
 
 /* DEVICE[:N][:RENDERER[:ARCH]], case-insensitive; the instance number may also come last
- * ("CL:OpenCL:1"). No renderer has an arch to choose yet, so any ARCH is reported as unknown. */
-static bool parse_device(const char *name, const DeviceKind **kind, int *index, const char **renderer) {
+ * ("CL:OpenCL:1"). ARCH is the rest of the string after the renderer (it may hold commas:
+ * "CPU:LLVM:x86_64,znver2,avx2,-avx512f"); only a renderer whose device has open_arch takes one
+ * (its open checks it). */
+static bool parse_device(const char *name, const DeviceKind **kind, int *index, const char **renderer, char *arch,
+                         size_t archcap) {
+  arch[0] = '\0';
   const char *colon = strchr(name, ':');
   size_t klen = colon ? (size_t)(colon - name) : strlen(name);
   *kind = NULL;
@@ -157,6 +171,15 @@ static bool parse_device(const char *name, const DeviceKind **kind, int *index, 
       have_renderer = true;
       continue;
     }
+    if (renderer_vt(*kind, *renderer)->open_arch) {
+      /* everything after the renderer is its arch */
+      if (strlen(tok) >= archcap) {
+        unknown_device(name, ": arch string too long");
+        return false;
+      }
+      snprintf(arch, archcap, "%s", tok);
+      return true;
+    }
     SB m;
     sb_init(&m);
     sb_printf(&m, ": renderer %s has no arch '%.*s' (it targets the device it runs on; archs: none)", *renderer, (int)n, tok);
@@ -167,22 +190,24 @@ static bool parse_device(const char *name, const DeviceKind **kind, int *index, 
   return true;
 }
 
-static Device *open_device(const DeviceKind *k, int index, const char *renderer) {
+static Device *open_device(const DeviceKind *k, int index, const char *renderer, const char *arch) {
   pthread_mutex_lock(&g_dev_lock);
-  Device *d = find_open(k, index);
+  Device *d = find_open(k, index, renderer, arch);
   if (d) {
     pthread_mutex_unlock(&g_dev_lock);
     return d;
   }
   bool had_error = tg_has_error();
-  void *state = k->vt->open(index);
+  const DeviceVT *vt = renderer_vt(k, renderer);
+  void *state = vt->open_arch ? vt->open_arch(index, arch[0] ? arch : NULL) : vt->open(index);
   if (!state) {
     pthread_mutex_unlock(&g_dev_lock);
     /* the runtime's own reason first (a missing library, no such device) */
     if (!had_error && tg_has_error()) {
       char *why = tg_xstrdup(tg_last_error());
       tg_clear_error();
-      tg_set_error(TG_ERR_RUNTIME, "device_get: cannot open %s:%d: %s", k->name, index, why);
+      tg_set_error(TG_ERR_RUNTIME, "device_get: cannot open %s:%d%s%s: %s", k->name, index, vt != k->vt ? ":" : "",
+                   vt != k->vt ? renderer : "", why);
       free(why);
     } else {
       tg_set_error(TG_ERR_RUNTIME, "device_get: cannot open %s:%d", k->name, index);
@@ -193,16 +218,16 @@ static Device *open_device(const DeviceKind *k, int index, const char *renderer)
   di->kind = k;
   pthread_mutex_init(&di->lock, NULL);
   d = &di->pub;
-  d->vt = k->vt;
+  d->vt = vt;
   d->state = state;
   d->index = index;
   d->renderer = renderer;
+  snprintf(d->arch, sizeof d->arch, "%s", arch);
   d->caps.max_dims = 1;
-  if (k->vt->caps) k->vt->caps(state, &d->caps);
-  if (index == 0)
-    snprintf(d->name, sizeof d->name, "%s", k->name);
-  else
-    snprintf(d->name, sizeof d->name, "%s:%d", k->name, index);
+  if (vt->caps) vt->caps(state, &d->caps);
+  int o = index == 0 ? snprintf(d->name, sizeof d->name, "%s", k->name) : snprintf(d->name, sizeof d->name, "%s:%d", k->name, index);
+  if (vt != k->vt && o > 0 && (size_t)o < sizeof d->name)
+    snprintf(d->name + o, sizeof d->name - (size_t)o, ":%s%s%s", renderer, arch[0] ? ":" : "", arch);
   int n = atomic_load(&g_ndevs);
   Device **t = atomic_load(&g_devs);
   if (n == g_devcap) {
@@ -224,7 +249,7 @@ static Device *open_device(const DeviceKind *k, int index, const char *renderer)
   if (debug_level() >= 1) {
     if (n == 0) device_list_print();
     fprintf(stderr, "opened device %s from pid:%d\n", d->name, (int)getpid());
-    if (k->vt->describe) k->vt->describe(state);
+    if (vt->describe) vt->describe(state);
   }
   return d;
 }
@@ -235,9 +260,10 @@ Device *device_get(const char *name) {
   const DeviceKind *k;
   int index;
   const char *renderer;
-  if (!parse_device(name, &k, &index, &renderer)) return NULL;
-  Device *d = find_open(k, index);
-  return d ? d : open_device(k, index, renderer);
+  char arch[128];
+  if (!parse_device(name, &k, &index, &renderer, arch, sizeof arch)) return NULL;
+  Device *d = find_open(k, index, renderer, arch);
+  return d ? d : open_device(k, index, renderer, arch);
 }
 
 Device *device_default(void) { return device_get(NULL); }
@@ -870,7 +896,7 @@ Program *program_get(Device *dev, const char *fname, const char *src) {
           mine = e;
           break;
         }
-        if (shareable && e->pub.dev->vt == dev->vt) {
+        if (shareable && e->pub.dev->vt == dev->vt && strcmp(e->pub.dev->arch, dev->arch) == 0) {
           if (e->ready)
             sibling = e;
           else
@@ -930,6 +956,26 @@ Program *program_get(Device *dev, const char *fname, const char *src) {
   }
 }
 
+char *program_disasm(Program *p) {
+  if (!p) {
+    tg_set_error(TG_ERR_INVALID, "program_disasm: no program");
+    return NULL;
+  }
+  Device *dev = p->dev;
+  if (!dev->vt->disasm) {
+    tg_set_error(TG_ERR_INVALID, "program_disasm: device %s (renderer %s) cannot show its code", dev->name, dev->renderer);
+    return NULL;
+  }
+  /* the binary again: from the disk cache, or compiled once more where there is none */
+  ProgEntry *e = entry_of(p);
+  uint8_t *lib = NULL;
+  size_t liblen = 0;
+  if (dev->vt->compile(dev->state, e->src, &lib, &liblen) != TG_OK) return NULL;
+  char *s = dev->vt->disasm(dev->state, e->src, lib, liblen);
+  free(lib);
+  return s;
+}
+
 double program_exec(Program *p, void **bufs, int nbufs, const int64_t *global_size, const int64_t *local_size,
                     bool wait) {
   if (!p) {
@@ -946,6 +992,17 @@ double program_exec(Program *p, void **bufs, int nbufs, const int64_t *global_si
  * which reports their own error. Never records an error itself. */
 int program_get_batch(Device *dev, const char *const *fnames, const char *const *srcs, int n) {
   if (!dev || n <= 0) return 0;
+  if (dev->vt->no_batch) {
+    /* one compile each (the caller runs batches on several threads); they stay loaded, unheld */
+    int have = 0;
+    bool had = tg_has_error();
+    for (int i = 0; i < n; i++) {
+      Program *p = program_get(dev, fnames[i], srcs[i]);
+      if (p) have++, program_release(p);
+      else if (!had) tg_clear_error();
+    }
+    return have;
+  }
   int *todo = tg_xmalloc(sizeof(int) * (size_t)n);
   int ntodo = 0, have = 0;
   pthread_mutex_lock(&g_prog_lock);

@@ -25,11 +25,11 @@
 typedef struct Device Device;
 
 /* The languages kernels are rendered in (one row each in the renderer's spelling table). */
-enum { LANG_C = 0, LANG_OPENCL = 1 };
+enum { LANG_C = 0, LANG_OPENCL = 1, LANG_LLVM = 2 };
 
 /* What codegen may assume about a device, read from the device when it opens. */
 typedef struct DeviceCaps {
-  int lang;                  /* LANG_C / LANG_OPENCL */
+  int lang;                  /* LANG_C / LANG_OPENCL / LANG_LLVM */
   bool gpu;                  /* kernels are indexed by global/local ids instead of loops */
   bool cpu_cores;            /* (gpu) its compute units are CPU cores (PoCL): a work-group runs as a
                               * loop on one core, so kernels are chosen as the CPU's are */
@@ -77,14 +77,24 @@ typedef struct DeviceVT {
    * handle goes where buffers go (Buffer.ptr, kernel arguments, free, copyin/copyout/copy of the
    * texels in row-major order); NULL + tg_set_error on failure. */
   void *(*alloc_image)(void *state, int64_t w, int64_t h);
+  /* Optional: the assembly of a compiled binary (what compile returned for src), malloc'd text, or
+   * NULL + tg_set_error (no disassembler). NULL: the device cannot show its code. */
+  char *(*disasm)(void *state, const char *src, const uint8_t *lib, size_t liblen);
+  /* Optional: open for an arch string (the ARCH of DEVICE:RENDERER:ARCH; NULL = the host). A
+   * renderer without it has no archs to choose. */
+  void *(*open_arch)(int index, const char *arch);
+  /* Sources cannot be concatenated into one compile (program_get_batch compiles them one by one). */
+  bool no_batch;
 } DeviceVT;
 
 struct Device {
   const DeviceVT *vt;
   void *state;
   int index;        /* instance number */
-  char name[32];    /* canonical name: "CPU" for index 0, "CPU:1" otherwise */
-  const char *renderer; /* the renderer its kernels go through ("C", "OpenCL") */
+  char name[160];   /* canonical name: "CPU" for index 0, "CPU:1" otherwise, then ":RENDERER[:ARCH]"
+                     * for a renderer other than the kind's first ("CPU:LLVM", "CPU:1:LLVM:x86_64,...") */
+  const char *renderer; /* the renderer its kernels go through ("C", "OpenCL", "LLVM") */
+  char arch[128];   /* the ARCH the device was opened with ("" = the host) */
   DeviceCaps caps;
   int id;           /* position in the open-device table (small int, stable for the process) */
   /* caching allocator: freed blocks kept per size for reuse */
@@ -165,11 +175,24 @@ size_t program_loaded_count(void);
 /* Compiles the kernels not loaded yet in one compiler run (faster than one run each); afterwards
  * program_get finds them without compiling. Returns how many are available. Records no error. */
 int program_get_batch(Device *dev, const char *const *fnames, const char *const *srcs, int n);
+/* The assembly of p as its device runs it (DEBUG=7): the disassembly of the loaded object for the
+ * C renderer (objdump, from binutils), the target machine's assembly for LLVM. malloc'd text the
+ * caller frees, or NULL + error (no disassembler installed, a device that cannot show its code). */
+char *program_disasm(Program *p);
 double program_exec(Program *p, void **bufs, int nbufs, const int64_t *global_size,
                     const int64_t *local_size, bool wait);
+
+/* The on-disk kernel cache (ops_cpu.c), shared by the CPU renderers: the entry for (id, src) --
+ * id names the compiler, its flags and target -- or, on a miss, build()'s output, stored. Entries
+ * are checked (key, checksum) before use; see ops_cpu.c. */
+typedef tg_status (*disk_cache_build_fn)(void *ctx, const char *src, uint8_t **lib, size_t *liblen);
+tg_status disk_cache_compile(const char *id, const char *src, disk_cache_build_fn build, void *ctx, uint8_t **lib,
+                             size_t *liblen);
+void disk_cache_evict(const char *id, const char *src);
 
 /* Registry of device kinds. */
 extern const DeviceVT cpu_device_vt;
 extern const DeviceVT cl_device_vt;
+extern const DeviceVT llvm_device_vt;
 
 #endif

@@ -338,22 +338,22 @@ static char *cache_dir(void) {
 /* The key stored in an entry: the compiler id and a 128-bit hash of the source. The file name is a
  * hash of both as well, but only the stored key proves that an entry belongs to this source (a file
  * copied in from another cache, or a name collision, has another key). */
-static char *cache_key(const CompilerInfo *ci, const char *src) {
+static char *cache_key(const char *id, const char *src) {
   size_t n = strlen(src);
   SB k;
   sb_init(&k);
-  sb_printf(&k, "%s\nsrc:%016llx%016llx", ci->id, (unsigned long long)hash_bytes(src, n, CACHE_SEED),
+  sb_printf(&k, "%s\nsrc:%016llx%016llx", id, (unsigned long long)hash_bytes(src, n, CACHE_SEED),
             (unsigned long long)hash_bytes(src, n, ~CACHE_SEED));
   return sb_take(&k);
 }
 
 /* The entry's path for src, or NULL when there is no cache (DISABLE_COMPILER_CACHE, no directory
  * setting); *dir gets the directory (malloc'd, or NULL). */
-static char *cache_entry_path(const CompilerInfo *ci, const char *src, char **dir) {
+static char *cache_entry_path(const char *id, const char *src, char **dir) {
   *dir = NULL;
   if (getenv_int("DISABLE_COMPILER_CACHE", 0) != 0 || !(*dir = cache_dir())) return NULL;
   size_t n = strlen(src);
-  uint64_t base = hash_bytes(ci->id, strlen(ci->id), CACHE_SEED);
+  uint64_t base = hash_bytes(id, strlen(id), CACHE_SEED);
   uint64_t h1 = hash_bytes(src, n, base), h2 = hash_bytes(src, n, ~base);
   SB e;
   sb_init(&e);
@@ -501,33 +501,85 @@ static tg_status compile_now(CompilerInfo *ci, const char *src, uint8_t **lib, s
   return st;
 }
 
-static tg_status cpu_compile(void *state, const char *src, uint8_t **lib, size_t *liblen) {
-  (void)state;
+tg_status disk_cache_compile(const char *id, const char *src, disk_cache_build_fn build, void *ctx, uint8_t **lib,
+                             size_t *liblen) {
   *lib = NULL;
   *liblen = 0;
   if (!src) return tg_set_error(TG_ERR_INVALID, "compile: no source");
-  CompilerInfo *ci = compiler_get();
-  char *dir = NULL, *entry = cache_entry_path(ci, src, &dir), *key = entry ? cache_key(ci, src) : NULL;
+  char *dir = NULL, *entry = cache_entry_path(id, src, &dir), *key = entry ? cache_key(id, src) : NULL;
   if (entry && (*lib = cache_read(entry, key, liblen))) {
     free(dir), free(entry), free(key);
     return TG_OK;
   }
-  tg_status st = compile_now(ci, src, lib, liblen);
+  tg_status st = build(ctx, src, lib, liblen);
   if (st == TG_OK && entry && mkdir_p(dir)) cache_write(dir, entry, key, *lib, *liblen);
   free(dir), free(entry), free(key);
   return st;
+}
+
+void disk_cache_evict(const char *id, const char *src) {
+  if (!src) return;
+  char *dir = NULL, *entry = cache_entry_path(id, src, &dir);
+  if (entry) {
+    if (unlink(entry) == 0 && debug_level() >= 2) fprintf(stderr, "kernel cache: removed %s (its binary did not load)\n", entry);
+  }
+  free(dir), free(entry);
+}
+
+static tg_status cc_build(void *ctx, const char *src, uint8_t **lib, size_t *liblen) {
+  return compile_now(ctx, src, lib, liblen);
+}
+
+static tg_status cpu_compile(void *state, const char *src, uint8_t **lib, size_t *liblen) {
+  (void)state;
+  CompilerInfo *ci = compiler_get();
+  return disk_cache_compile(ci->id, src, cc_build, ci, lib, liblen);
 }
 
 /* The binary cpu_compile gave for src did not load: whatever entry the cache holds for it is
  * damaged (or not ours), so the next compile builds it afresh. */
 static void cpu_cache_evict(void *state, const char *src) {
   (void)state;
-  if (!src) return;
-  char *dir = NULL, *entry = cache_entry_path(compiler_get(), src, &dir);
-  if (entry) {
-    if (unlink(entry) == 0 && debug_level() >= 2) fprintf(stderr, "kernel cache: removed %s (its binary did not load)\n", entry);
+  disk_cache_evict(compiler_get()->id, src);
+}
+
+/* DEBUG=7: the kernel object disassembled by objdump (binutils). The object goes to a private file
+ * for objdump to read and is removed at once. */
+static char *cpu_disasm(void *state, const char *src, const uint8_t *lib, size_t liblen) {
+  (void)state;
+  char *objdump = which(getenv_str("OBJDUMP", "objdump"));
+  if (!objdump) {
+    tg_set_error(TG_ERR_RUNTIME, "disassembly: objdump not found (install binutils, or set OBJDUMP)");
+    return NULL;
   }
-  free(dir), free(entry);
+  const char *tmpdir = getenv("TMPDIR");
+  if (!tmpdir || !*tmpdir) tmpdir = "/tmp";
+  SB path, out;
+  sb_init(&path);
+  sb_init(&out);
+  sb_printf(&path, "%s/tgd-XXXXXX.so", tmpdir);
+  int fd = mkstemps(path.s, 3);
+  char *res = NULL;
+  if (fd < 0) {
+    tg_set_error(TG_ERR_RUNTIME, "disassembly: cannot create a file in %s: %s", tmpdir, strerror(errno));
+  } else {
+    bool ok = write_all(fd, lib, liblen);
+    ok = close(fd) == 0 && ok;
+    char name[96], only[128];
+    kernel_name(src ? src : "", name, sizeof name);
+    snprintf(only, sizeof only, "--disassemble=%s", name); /* the kernel alone, not the loader stubs */
+    char *argv[] = {objdump, only, "--no-show-raw-insn", path.s, NULL};
+    int ws = 0, rc = ok ? run_capture(objdump, argv, &out, (size_t)1 << 24, &ws) : EIO;
+    unlink(path.s);
+    if (rc != 0 || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
+      tg_set_error(TG_ERR_RUNTIME, "disassembly: %s failed: %s", objdump, rc ? strerror(rc) : out.s ? out.s : "?");
+    else
+      res = sb_take(&out);
+  }
+  sb_free(&out);
+  sb_free(&path);
+  free(objdump);
+  return res;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -665,4 +717,5 @@ const DeviceVT cpu_device_vt = {
     .synchronize = cpu_synchronize,
     .compiler_id = cpu_compiler_id,
     .cache_evict = cpu_cache_evict,
+    .disasm = cpu_disasm,
 };

@@ -1,0 +1,710 @@
+/*
+ * ops_llvm.c -- the CPU device's LLVM renderer (DEV=CPU:LLVM[:ARCH]): host memory and the thread
+ * pool as the C renderer's device, kernels in LLVM IR (renderer/llvmir.c) compiled in process by
+ * libLLVM and loaded by its ORC LLJIT. No compiler process runs and no file is written except the
+ * kernel cache.
+ *
+ * In: LLVM IR text defining `void @<fname>(ptr %bufs, i64 %gstart, i64 %gend)`.
+ * Out: compile -> a blob "TGLL", u32 symbol length, the symbol, the ELF object (cached on disk under
+ *      the same cache as the C kernels, keyed by "llvm15", the target triple, CPU and features);
+ *      load -> the object added to the JIT under its own resource tracker, its entry point looked up;
+ *      unload removes the tracker (the code is freed); disasm -> the target machine's assembly.
+ * Invariants:
+ *  - libLLVM-15 is opened with dlopen at the first CPU:LLVM open, never linked (TG_LLVM_LIB names
+ *    another library; a test points it at a missing one). Only the C API is used; its few types are
+ *    declared here as opaque pointers, so the library builds without LLVM's headers.
+ *  - Each compile uses its own LLVMContext and target machine: compiles run on several threads at
+ *    once. The JIT is one per process (ORC is thread-safe), created at the first open.
+ *  - A kernel's symbol is its name and a hash of its source and target, so two kernels of one name
+ *    never meet in the JIT's one symbol table.
+ *  - Kernels call the narrow-float conversions and the integer power below; they are defined in the
+ *    JIT as absolute symbols (addresses in this library), so statically linked programs work too.
+ *    libm's functions (exp2f, powf, ...) and memset/memcpy come from the process.
+ *  - The arch string is "<triple arch>,<cpu>,<feature>,..." (tinygrad's spelling:
+ *    "x86_64,znver2,avx2,-avx512f"); features without a sign are enabled. It must name this
+ *    machine's architecture (the kernels run here), and every enabled feature must be one the host
+ *    has: anything else is refused when the device opens.
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "device.h"
+#include "threadpool.h"
+
+typedef void *Ref; /* every LLVM handle: LLVMContextRef, LLVMModuleRef, LLVMErrorRef, ... */
+typedef struct {
+  uint8_t generic, target;
+} JitFlags;
+typedef struct {
+  Ref name;
+  uint64_t addr;
+  JitFlags flags;
+} SymPair;
+
+#define LLVM_FUNCS(X)                                                                                  \
+  X(Ref, LLVMContextCreate, (void))                                                                    \
+  X(void, LLVMContextDispose, (Ref))                                                                   \
+  X(Ref, LLVMCreateMemoryBufferWithMemoryRangeCopy, (const char *, size_t, const char *))              \
+  X(int, LLVMParseIRInContext, (Ref, Ref, Ref *, char **))                                             \
+  X(int, LLVMGetTargetFromTriple, (const char *, Ref *, char **))                                      \
+  X(Ref, LLVMCreateTargetMachine, (Ref, const char *, const char *, const char *, int, int, int))      \
+  X(void, LLVMDisposeTargetMachine, (Ref))                                                             \
+  X(void, LLVMSetTarget, (Ref, const char *))                                                          \
+  X(Ref, LLVMCreateTargetDataLayout, (Ref))                                                            \
+  X(void, LLVMSetModuleDataLayout, (Ref, Ref))                                                         \
+  X(void, LLVMDisposeTargetData, (Ref))                                                                \
+  X(Ref, LLVMCreatePassBuilderOptions, (void))                                                         \
+  X(void, LLVMPassBuilderOptionsSetLoopVectorization, (Ref, int))                                      \
+  X(void, LLVMDisposePassBuilderOptions, (Ref))                                                        \
+  X(Ref, LLVMRunPasses, (Ref, const char *, Ref, Ref))                                                 \
+  X(int, LLVMTargetMachineEmitToMemoryBuffer, (Ref, Ref, int, char **, Ref *))                         \
+  X(const char *, LLVMGetBufferStart, (Ref))                                                           \
+  X(size_t, LLVMGetBufferSize, (Ref))                                                                  \
+  X(void, LLVMDisposeMemoryBuffer, (Ref))                                                              \
+  X(void, LLVMDisposeModule, (Ref))                                                                    \
+  X(void, LLVMDisposeMessage, (char *))                                                                \
+  X(Ref, LLVMGetNamedFunction, (Ref, const char *))                                                    \
+  X(void, LLVMSetValueName2, (Ref, const char *, size_t))                                              \
+  X(char *, LLVMGetHostCPUName, (void))                                                                \
+  X(char *, LLVMGetHostCPUFeatures, (void))                                                            \
+  X(char *, LLVMGetDefaultTargetTriple, (void))                                                        \
+  X(char *, LLVMGetErrorMessage, (Ref))                                                                \
+  X(void, LLVMDisposeErrorMessage, (char *))                                                           \
+  X(Ref, LLVMOrcCreateLLJIT, (Ref *, Ref))                                                             \
+  X(Ref, LLVMOrcLLJITGetMainJITDylib, (Ref))                                                           \
+  X(char, LLVMOrcLLJITGetGlobalPrefix, (Ref))                                                          \
+  X(Ref, LLVMOrcLLJITMangleAndIntern, (Ref, const char *))                                             \
+  X(Ref, LLVMOrcLLJITAddObjectFileWithRT, (Ref, Ref, Ref))                                             \
+  X(Ref, LLVMOrcLLJITLookup, (Ref, uint64_t *, const char *))                                          \
+  X(Ref, LLVMOrcJITDylibCreateResourceTracker, (Ref))                                                  \
+  X(Ref, LLVMOrcResourceTrackerRemove, (Ref))                                                          \
+  X(void, LLVMOrcReleaseResourceTracker, (Ref))                                                        \
+  X(Ref, LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess, (Ref *, char, void *, void *))          \
+  X(void, LLVMOrcJITDylibAddGenerator, (Ref, Ref))                                                     \
+  X(Ref, LLVMOrcAbsoluteSymbols, (SymPair *, size_t))                                                  \
+  X(Ref, LLVMOrcJITDylibDefine, (Ref, Ref))
+
+typedef struct {
+#define DECL(ret, name, args) ret(*name) args;
+  LLVM_FUNCS(DECL)
+#undef DECL
+} LlvmApi;
+
+static LlvmApi L;
+static void *g_llvm_lib;
+static Ref g_jit, g_jd;
+static char *g_host_triple, *g_host_cpu, *g_host_features;
+static pthread_mutex_t g_llvm_lock = PTHREAD_MUTEX_INITIALIZER;
+
+#define LLVM_LIBRARY "libLLVM-15.so.1"
+#define LLVM_PACKAGES "libllvm15 (Debian/Ubuntu; llvm-15-dev brings it too)"
+
+/* The target machine of one architecture: the kernels' triple, CPU and features. */
+typedef struct {
+  int index;
+  char triple[128];
+  char cpu[64];
+  char *features; /* "+avx2,-avx512f" (malloc'd) */
+  char id[512];   /* part of every cache key */
+} LlvmState;
+
+typedef struct {
+  tp_range_fn fn;
+  Ref rt;
+} LlvmProgram;
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the kernels' runtime helpers (the C prelude's algorithms, called from LLVM IR)                   */
+
+static float h2f(uint16_t h) {
+  uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, b;
+  if (e == 0) {
+    if (m == 0) b = s;
+    else {
+      e = 113;
+      while (!(m & 0x400)) m <<= 1, e--;
+      m &= 0x3ff;
+      b = s | (e << 23) | (m << 13);
+    }
+  } else if (e == 31) b = s | 0x7f800000u | (m << 13);
+  else b = s | ((e + 112) << 23) | (m << 13);
+  float f;
+  memcpy(&f, &b, 4);
+  return f;
+}
+static uint16_t f2h(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t s = (x >> 16) & 0x8000, a = x & 0x7fffffffu;
+  if (a > 0x7f800000u) {
+    uint32_t p = (a >> 13) & 0x3ff;
+    return (uint16_t)(s | 0x7c00 | (p ? p : 0x200));
+  }
+  if (a >= 0x477ff000u) return (uint16_t)(s | 0x7c00);
+  if (a < 0x38800000u) {
+    if (a < 0x33000000u) return (uint16_t)s;
+    uint32_t e = a >> 23, m = (a & 0x7fffff) | 0x800000, sh = 126 - e, r = m >> sh, rem = m & ((1u << sh) - 1), half = 1u << (sh - 1);
+    if (rem > half || (rem == half && (r & 1))) r++;
+    return (uint16_t)(s | r);
+  }
+  uint32_t r = a + 0xc8000fffu + ((a >> 13) & 1);
+  return (uint16_t)(s | (r >> 13));
+}
+static float rh(float f) { return h2f(f2h(f)); }
+static float b2f(uint16_t h) {
+  uint32_t b = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &b, 4);
+  return f;
+}
+static uint16_t f2b(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) & 0x7f ? (x >> 16) : ((x >> 16) | 0x40));
+  x += 0x7fffu + ((x >> 16) & 1);
+  return (uint16_t)(x >> 16);
+}
+static float rb(float f) { return b2f(f2b(f)); }
+static uint8_t f2f8(double f, int M, int B, int ieee, uint64_t ovf, uint8_t mx) {
+  uint64_t x;
+  memcpy(&x, &f, 8);
+  uint8_t s = (uint8_t)((x >> 56) & 0x80);
+  uint64_t a = x & 0x7fffffffffffffffULL;
+  if (a >= 0x7ff0000000000000ULL) {
+    if (!ieee) return s | 0x7f;
+    return s | (a > 0x7ff0000000000000ULL ? 0x7f : 0x7c);
+  }
+  if (a > ovf) return s | mx;
+  int E = (int)(a >> 52) - 1023;
+  if (E >= 1 - B) {
+    int sh = 52 - M;
+    uint64_t rbits = a & ((1ULL << sh) - 1), h = 1ULL << (sh - 1);
+    unsigned r = ((unsigned)(E + B) << M) | (unsigned)((a >> sh) & ((1u << M) - 1));
+    if (rbits > h || (rbits == h && (r & 1))) r++;
+    return s | (uint8_t)r;
+  }
+  if (E < -B - M) return s;
+  int sh = 53 - B - M - E;
+  uint64_t m = (a & 0xfffffffffffffULL) | (1ULL << 52), q = m >> sh, rm = m & ((1ULL << sh) - 1), h = 1ULL << (sh - 1);
+  if (rm > h || (rm == h && (q & 1))) q++;
+  return s | (uint8_t)q;
+}
+static float f82f(uint8_t b, int M, int B, int ieee) {
+  int e = (b >> M) & ((1 << (7 - M)) - 1), m = b & ((1 << M) - 1);
+  float v;
+  if (ieee && e == (1 << (7 - M)) - 1) v = m ? __builtin_nanf("") : __builtin_inff();
+  else if (!ieee && e == 15 && m == 7) v = __builtin_nanf("");
+  else {
+    uint32_t pb = (uint32_t)((e ? e : 1) - B - M + 127) << 23;
+    float p;
+    memcpy(&p, &pb, 4);
+    v = (float)(e ? (m | (1 << M)) : m) * p;
+  }
+  return (b & 0x80) ? -v : v;
+}
+static uint8_t f28a(double f) { return f2f8(f, 3, 7, 0, 0x407D000000000000ULL, 0x7e); }
+static uint8_t f28b(double f) { return f2f8(f, 2, 15, 1, 0x40EE000000000000ULL - 1, 0x7b); }
+static float f8a2f(uint8_t b) { return f82f(b, 3, 7, 0); }
+static float f8b2f(uint8_t b) { return f82f(b, 2, 15, 1); }
+static float r8a(double f) { return f8a2f(f28a(f)); }
+static float r8b(double f) { return f8b2f(f28b(f)); }
+static int64_t ipow(int64_t b, int64_t e) {
+  if (e < 0) return b == 1 ? 1 : (b == -1 ? ((e & 1) ? -1 : 1) : 0);
+  uint64_t r = 1, ub = (uint64_t)b; /* wraps like the C kernels' (-fwrapv) */
+  while (e) {
+    if (e & 1) r *= ub;
+    ub *= ub;
+    e >>= 1;
+  }
+  return (int64_t)r;
+}
+
+static const struct {
+  const char *name;
+  void *fn;
+} HELPERS[] = {
+    {"tg_llvm_h2f", (void *)h2f},   {"tg_llvm_f2h", (void *)f2h},   {"tg_llvm_rh", (void *)rh},
+    {"tg_llvm_b2f", (void *)b2f},   {"tg_llvm_f2b", (void *)f2b},   {"tg_llvm_rb", (void *)rb},
+    {"tg_llvm_8a2f", (void *)f8a2f}, {"tg_llvm_8b2f", (void *)f8b2f}, {"tg_llvm_f28a", (void *)f28a},
+    {"tg_llvm_f28b", (void *)f28b}, {"tg_llvm_r8a", (void *)r8a},   {"tg_llvm_r8b", (void *)r8b},
+    {"tg_llvm_ipow", (void *)ipow},
+};
+#define NHELPERS (sizeof HELPERS / sizeof HELPERS[0])
+
+/* ---------------------------------------------------------------------------------------------- */
+/* loading libLLVM                                                                                 */
+
+static char *take_error(Ref err) {
+  if (!err) return tg_xstrdup("?");
+  char *m = L.LLVMGetErrorMessage(err);
+  char *s = tg_xstrdup(m ? m : "?");
+  if (m) L.LLVMDisposeErrorMessage(m);
+  return s;
+}
+
+/* the target of the host's architecture ("X86" for x86_64): its four initializers */
+static const char *target_family(const char *arch) {
+  if (!strcmp(arch, "x86_64") || !strcmp(arch, "i386") || !strcmp(arch, "i686")) return "X86";
+  if (!strcmp(arch, "aarch64") || !strcmp(arch, "arm64")) return "AArch64";
+  if (!strncmp(arch, "riscv", 5)) return "RISCV";
+  if (!strncmp(arch, "ppc64", 5) || !strncmp(arch, "powerpc64", 9)) return "PowerPC";
+  if (!strcmp(arch, "s390x")) return "SystemZ";
+  return NULL;
+}
+
+/* Opens the library, initializes the host's target and creates the JIT once; false + error. */
+static bool llvm_load_api(void) {
+  pthread_mutex_lock(&g_llvm_lock);
+  bool ok = g_jit != NULL;
+  if (ok || g_llvm_lib) goto out; /* loaded but the JIT failed earlier: the error was given then */
+  const char *name = getenv_str("TG_LLVM_LIB", LLVM_LIBRARY);
+  if (!name || !*name) name = LLVM_LIBRARY;
+  void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char *why = dlerror();
+    tg_set_error(TG_ERR_RUNTIME, "CPU:LLVM: cannot load the LLVM library %s (%s); on Debian/Ubuntu install %s", name,
+                 why ? why : "not found", LLVM_PACKAGES);
+    goto out;
+  }
+  LlvmApi api;
+  const char *missing = NULL;
+#define LOAD(ret, fn, args)                              \
+  if (!missing && !(*(void **)&api.fn = dlsym(h, #fn))) \
+    missing = #fn;
+  LLVM_FUNCS(LOAD)
+#undef LOAD
+  if (missing) {
+    tg_set_error(TG_ERR_RUNTIME, "CPU:LLVM: %s has no %s (LLVM 15 or newer is needed: %s)", name, missing, LLVM_PACKAGES);
+    dlclose(h);
+    goto out;
+  }
+  L = api;
+  char *triple = L.LLVMGetDefaultTargetTriple();
+  char arch[64];
+  snprintf(arch, sizeof arch, "%.*s", (int)strcspn(triple, "-"), triple);
+  const char *fam = target_family(arch);
+  const char *parts[] = {"TargetInfo", "Target", "TargetMC", "AsmPrinter"};
+  for (int i = 0; fam && i < 4; i++) {
+    char sym[96];
+    snprintf(sym, sizeof sym, "LLVMInitialize%s%s", fam, parts[i]);
+    void (*init)(void);
+    *(void **)&init = dlsym(h, sym);
+    if (!init) {
+      fam = NULL;
+      break;
+    }
+    init();
+  }
+  if (!fam) {
+    tg_set_error(TG_ERR_RUNTIME, "CPU:LLVM: %s cannot generate code for this machine (%s)", name, triple);
+    L.LLVMDisposeMessage(triple);
+    dlclose(h);
+    goto out;
+  }
+  g_llvm_lib = h;
+  g_host_triple = tg_xstrdup(triple);
+  L.LLVMDisposeMessage(triple);
+  char *cpu = L.LLVMGetHostCPUName(), *feat = L.LLVMGetHostCPUFeatures();
+  g_host_cpu = tg_xstrdup(cpu ? cpu : "generic");
+  g_host_features = tg_xstrdup(feat ? feat : "");
+  if (cpu) L.LLVMDisposeMessage(cpu);
+  if (feat) L.LLVMDisposeMessage(feat);
+  Ref jit = NULL, err = L.LLVMOrcCreateLLJIT(&jit, NULL);
+  if (err) {
+    char *m = take_error(err);
+    tg_set_error(TG_ERR_RUNTIME, "CPU:LLVM: cannot create the JIT: %s", m);
+    free(m);
+    goto out;
+  }
+  Ref jd = L.LLVMOrcLLJITGetMainJITDylib(jit);
+  /* libm and libc for the calls LLVM emits (exp2f, powf, memset, ...) */
+  Ref gen = NULL;
+  err = L.LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(&gen, L.LLVMOrcLLJITGetGlobalPrefix(jit), NULL, NULL);
+  if (!err) L.LLVMOrcJITDylibAddGenerator(jd, gen);
+  else free(take_error(err));
+  SymPair syms[NHELPERS];
+  for (size_t i = 0; i < NHELPERS; i++) {
+    syms[i].name = L.LLVMOrcLLJITMangleAndIntern(jit, HELPERS[i].name);
+    syms[i].addr = (uint64_t)(uintptr_t)HELPERS[i].fn;
+    syms[i].flags = (JitFlags){1 /* exported */ | 4 /* callable */, 0};
+  }
+  err = L.LLVMOrcJITDylibDefine(jd, L.LLVMOrcAbsoluteSymbols(syms, NHELPERS));
+  if (err) {
+    char *m = take_error(err);
+    tg_set_error(TG_ERR_RUNTIME, "CPU:LLVM: cannot define the kernels' helpers in the JIT: %s", m);
+    free(m);
+    goto out;
+  }
+  g_jd = jd;
+  g_jit = jit;
+  ok = true;
+out:
+  pthread_mutex_unlock(&g_llvm_lock);
+  return ok;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the arch string                                                                                 */
+
+/* Is feature f ("avx2") enabled in a feature list ("+sse,+avx2,-avx512f")? */
+static bool host_has(const char *f, size_t n) {
+  for (const char *p = g_host_features; p && *p;) {
+    const char *e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    if (len == n + 1 && strncmp(p + 1, f, n) == 0) return p[0] == '+';
+    if (!e) break;
+    p = e + 1;
+  }
+  return false;
+}
+
+static bool valid_name(const char *s, size_t n) {
+  if (n == 0) return false;
+  for (size_t i = 0; i < n; i++) {
+    char c = s[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.'))
+      return false;
+  }
+  return true;
+}
+
+/* "x86_64,znver2,avx2,-avx512f" -> state; NULL arch = the host. false + error. */
+static bool parse_arch(LlvmState *s, const char *arch) {
+  char host_arch[64];
+  snprintf(host_arch, sizeof host_arch, "%.*s", (int)strcspn(g_host_triple, "-"), g_host_triple);
+  if (!arch || !*arch) {
+    snprintf(s->triple, sizeof s->triple, "%s", g_host_triple);
+    snprintf(s->cpu, sizeof s->cpu, "%s", g_host_cpu);
+    s->features = tg_xstrdup(g_host_features);
+    return true;
+  }
+  const char *hint = "write it as <arch>,<cpu>[,<feature>...], e.g. x86_64,znver2,avx2,-avx512f";
+  const char *c1 = strchr(arch, ',');
+  size_t an = c1 ? (size_t)(c1 - arch) : strlen(arch);
+  if (!valid_name(arch, an)) {
+    tg_set_error(TG_ERR_INVALID, "device_get: CPU:LLVM arch '%s': empty or bad architecture name; %s", arch, hint);
+    return false;
+  }
+  if (!(an == strlen(host_arch) && strncasecmp(arch, host_arch, an) == 0)) {
+    tg_set_error(TG_ERR_INVALID, "device_get: CPU:LLVM arch '%s': architecture '%.*s' is not this machine's (%s); "
+                 "CPU kernels run where they are compiled", arch, (int)an, arch, host_arch);
+    return false;
+  }
+  snprintf(s->triple, sizeof s->triple, "%s", g_host_triple);
+  const char *cpu = c1 ? c1 + 1 : NULL;
+  if (!cpu) {
+    snprintf(s->cpu, sizeof s->cpu, "%s", g_host_cpu);
+    s->features = tg_xstrdup(g_host_features);
+    return true;
+  }
+  const char *c2 = strchr(cpu, ',');
+  size_t cn = c2 ? (size_t)(c2 - cpu) : strlen(cpu);
+  if (!valid_name(cpu, cn) || cn >= sizeof s->cpu || cpu[0] == '+' || cpu[0] == '-') {
+    tg_set_error(TG_ERR_INVALID, "device_get: CPU:LLVM arch '%s': bad CPU name '%.*s'; %s", arch, (int)cn, cpu, hint);
+    return false;
+  }
+  snprintf(s->cpu, sizeof s->cpu, "%.*s", (int)cn, cpu);
+  SB f;
+  sb_init(&f);
+  for (const char *p = c2; p;) {
+    const char *tok = p + 1, *e = strchr(tok, ',');
+    size_t n = e ? (size_t)(e - tok) : strlen(tok);
+    p = e;
+    bool off = n && tok[0] == '-', sign = n && (tok[0] == '-' || tok[0] == '+');
+    const char *name = sign ? tok + 1 : tok;
+    size_t nn = sign ? n - 1 : n;
+    if (!valid_name(name, nn) || name[0] == '-' || name[0] == '+') {
+      tg_set_error(TG_ERR_INVALID, "device_get: CPU:LLVM arch '%s': bad feature '%.*s' (a name, +name or -name); %s", arch,
+                   (int)n, tok, hint);
+      sb_free(&f);
+      return false;
+    }
+    if (!off && !host_has(name, nn)) {
+      tg_set_error(TG_ERR_INVALID, "device_get: CPU:LLVM arch '%s': this CPU has no '%.*s' (its kernels would not run here)",
+                   arch, (int)nn, name);
+      sb_free(&f);
+      return false;
+    }
+    sb_printf(&f, "%s%c%.*s", f.len ? "," : "", off ? '-' : '+', (int)nn, name);
+  }
+  s->features = f.s ? sb_take(&f) : tg_xstrdup("");
+  return true;
+}
+
+static void *llvm_open_arch(int index, const char *arch) {
+  if (!llvm_load_api()) return NULL;
+  LlvmState *s = tg_xcalloc(1, sizeof *s);
+  s->index = index;
+  if (!parse_arch(s, arch)) {
+    free(s->features);
+    free(s);
+    return NULL;
+  }
+  Ref t = NULL;
+  char *err = NULL;
+  if (L.LLVMGetTargetFromTriple(s->triple, &t, &err)) {
+    tg_set_error(TG_ERR_RUNTIME, "CPU:LLVM: no target for %s: %s", s->triple, err ? err : "?");
+    if (err) L.LLVMDisposeMessage(err);
+    free(s->features);
+    free(s);
+    return NULL;
+  }
+  /* the features are hashed: the host's list is long */
+  snprintf(s->id, sizeof s->id, "llvm15:O2|%s|%s|%016llx", s->triple, s->cpu,
+           (unsigned long long)hash_bytes(s->features, strlen(s->features), 0x6c6c766dULL));
+  return s;
+}
+
+static void *llvm_open(int index) { return llvm_open_arch(index, NULL); }
+
+static void llvm_close(void *state) {
+  LlvmState *s = state;
+  if (!s) return;
+  free(s->features);
+  free(s);
+}
+
+static const char *llvm_compiler_id(void *state) { return ((LlvmState *)state)->id; }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* compile                                                                                         */
+
+/* The kernel's name: the identifier after "define void @" that is not the .body function. */
+static void ir_kernel_name(const char *src, char *out, size_t cap) {
+  const char *p = src;
+  out[0] = '\0';
+  while ((p = strstr(p, "define void @"))) {
+    p += strlen("define void @");
+    size_t n = strcspn(p, "(");
+    if (n < cap && !(n > 5 && strncmp(p + n - 5, ".body", 5) == 0)) {
+      snprintf(out, cap, "%.*s", (int)n, p);
+      return;
+    }
+  }
+  snprintf(out, cap, "?");
+}
+
+typedef struct {
+  LlvmState *s;
+  int filetype; /* 0: assembly, 1: object */
+} BuildCtx;
+
+/* IR text -> optimized module -> object (or assembly) bytes. *lib is malloc'd. */
+static tg_status llvm_build(void *vctx, const char *src, uint8_t **lib, size_t *liblen) {
+  BuildCtx *bc = vctx;
+  LlvmState *s = bc->s;
+  double t0 = now_seconds();
+  char name[128];
+  ir_kernel_name(src, name, sizeof name);
+  Ref ctx = L.LLVMContextCreate();
+  Ref buf = L.LLVMCreateMemoryBufferWithMemoryRangeCopy(src, strlen(src), name);
+  Ref mod = NULL;
+  char *msg = NULL;
+  tg_status st = TG_OK;
+  Ref tm = NULL;
+  if (L.LLVMParseIRInContext(ctx, buf, &mod, &msg)) { /* takes buf */
+    st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s' (LLVM IR): %s", name, msg ? msg : "?");
+    if (msg) L.LLVMDisposeMessage(msg);
+    L.LLVMContextDispose(ctx);
+    return st;
+  }
+  Ref target = NULL;
+  char *err = NULL;
+  if (L.LLVMGetTargetFromTriple(s->triple, &target, &err)) {
+    st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s': no target %s: %s", name, s->triple, err ? err : "?");
+    if (err) L.LLVMDisposeMessage(err);
+    goto done;
+  }
+  /* O2, PIC, the small code model: the JIT links the object as a shared library would be */
+  tm = L.LLVMCreateTargetMachine(target, s->triple, s->cpu, s->features, 2, 2, 3);
+  if (!tm) {
+    st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s': no target machine for %s %s", name, s->triple, s->cpu);
+    goto done;
+  }
+  L.LLVMSetTarget(mod, s->triple);
+  Ref dl = L.LLVMCreateTargetDataLayout(tm);
+  L.LLVMSetModuleDataLayout(mod, dl);
+  L.LLVMDisposeTargetData(dl);
+  /* the kernel's symbol: its name and a hash of its source and target (unique in the JIT) */
+  char sym[192];
+  uint64_t h = hash_bytes(src, strlen(src), hash_bytes(s->id, strlen(s->id), 0x74676c6cULL));
+  snprintf(sym, sizeof sym, "%s_%016llx", name, (unsigned long long)h);
+  Ref fn = L.LLVMGetNamedFunction(mod, name);
+  if (!fn) {
+    st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s': the module defines no @%s", name, name);
+    goto done;
+  }
+  L.LLVMSetValueName2(fn, sym, strlen(sym));
+  Ref opts = L.LLVMCreatePassBuilderOptions();
+  /* the renderer vectorizes explicitly (as with gcc, whose loop vectorizer is off for the C kernels) */
+  L.LLVMPassBuilderOptionsSetLoopVectorization(opts, 0);
+  const char *pipe = getenv_str("TG_LLVM_PASSES", "default<O2>");
+  Ref perr = L.LLVMRunPasses(mod, pipe && *pipe ? pipe : "default<O2>", tm, opts);
+  L.LLVMDisposePassBuilderOptions(opts);
+  if (perr) {
+    char *m = take_error(perr);
+    st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s' (LLVM passes): %s", name, m);
+    free(m);
+    goto done;
+  }
+  Ref out = NULL;
+  if (L.LLVMTargetMachineEmitToMemoryBuffer(tm, mod, bc->filetype, &err, &out)) {
+    st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s' (LLVM code generation): %s", name, err ? err : "?");
+    if (err) L.LLVMDisposeMessage(err);
+    goto done;
+  }
+  size_t n = L.LLVMGetBufferSize(out), sl = strlen(sym);
+  if (bc->filetype == 0) {
+    *lib = tg_xmalloc(n + 1);
+    memcpy(*lib, L.LLVMGetBufferStart(out), n);
+    (*lib)[n] = 0;
+    *liblen = n;
+  } else {
+    uint32_t sl32 = (uint32_t)sl;
+    *liblen = 8 + sl + n;
+    *lib = tg_xmalloc(*liblen);
+    memcpy(*lib, "TGLL", 4);
+    memcpy(*lib + 4, &sl32, 4);
+    memcpy(*lib + 8, sym, sl);
+    memcpy(*lib + 8 + sl, L.LLVMGetBufferStart(out), n);
+  }
+  L.LLVMDisposeMemoryBuffer(out);
+  if (debug_level() >= 3)
+    fprintf(stderr, "CPU:LLVM: compiled %s in %.1f ms (%zu bytes of IR, %zu of %s)\n", name, (now_seconds() - t0) * 1e3,
+            strlen(src), n, bc->filetype ? "object" : "assembly");
+done:
+  if (tm) L.LLVMDisposeTargetMachine(tm);
+  L.LLVMDisposeModule(mod);
+  L.LLVMContextDispose(ctx);
+  return st;
+}
+
+static tg_status llvm_compile(void *state, const char *src, uint8_t **lib, size_t *liblen) {
+  BuildCtx bc = {state, 1};
+  return disk_cache_compile(((LlvmState *)state)->id, src, llvm_build, &bc, lib, liblen);
+}
+
+static void llvm_cache_evict(void *state, const char *src) { disk_cache_evict(((LlvmState *)state)->id, src); }
+
+/* DEBUG=7: the target machine's assembly of the kernel (compiled again, not cached). */
+static char *llvm_disasm(void *state, const char *src, const uint8_t *lib, size_t liblen) {
+  (void)lib, (void)liblen;
+  BuildCtx bc = {state, 0};
+  uint8_t *s = NULL;
+  size_t n = 0;
+  if (llvm_build(&bc, src, &s, &n) != TG_OK) return NULL;
+  return (char *)s;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* load, exec                                                                                      */
+
+static void *llvm_load(void *state, const char *fname, const uint8_t *lib, size_t liblen) {
+  (void)state;
+  uint32_t sl = 0;
+  if (!fname || !lib || liblen < 8 || memcmp(lib, "TGLL", 4) != 0 || (memcpy(&sl, lib + 4, 4), sl == 0) || sl > 512 ||
+      8 + (size_t)sl >= liblen) {
+    tg_set_error(TG_ERR_RUNTIME, "cannot load kernel '%s': not a CPU:LLVM kernel object", fname ? fname : "?");
+    return NULL;
+  }
+  char sym[520];
+  memcpy(sym, lib + 8, sl);
+  sym[sl] = '\0';
+  const uint8_t *obj = lib + 8 + sl;
+  size_t olen = liblen - 8 - sl;
+  Ref buf = L.LLVMCreateMemoryBufferWithMemoryRangeCopy((const char *)obj, olen, sym);
+  Ref rt = L.LLVMOrcJITDylibCreateResourceTracker(g_jd);
+  Ref err = L.LLVMOrcLLJITAddObjectFileWithRT(g_jit, rt, buf); /* takes buf */
+  uint64_t addr = 0;
+  if (!err) err = L.LLVMOrcLLJITLookup(g_jit, &addr, sym);
+  if (err || !addr) {
+    char *m = err ? take_error(err) : tg_xstrdup("address 0");
+    tg_set_error(TG_ERR_RUNTIME, "cannot load kernel '%s': %s", fname, m);
+    free(m);
+    Ref e2 = L.LLVMOrcResourceTrackerRemove(rt);
+    if (e2) free(take_error(e2));
+    L.LLVMOrcReleaseResourceTracker(rt);
+    return NULL;
+  }
+  LlvmProgram *p = tg_xmalloc(sizeof *p);
+  *(void **)&p->fn = (void *)(uintptr_t)addr;
+  p->rt = rt;
+  return p;
+}
+
+static void llvm_unload(void *state, void *prg) {
+  (void)state;
+  LlvmProgram *p = prg;
+  if (!p) return;
+  Ref err = L.LLVMOrcResourceTrackerRemove(p->rt);
+  if (err) free(take_error(err));
+  L.LLVMOrcReleaseResourceTracker(p->rt);
+  free(p);
+}
+
+static double llvm_exec(void *state, void *prg, void **bufs, int nbufs, const int64_t *global_size,
+                        const int64_t *local_size, bool wait) {
+  (void)state, (void)nbufs;
+  const LlvmProgram *p = prg;
+  if (!p) {
+    tg_set_error(TG_ERR_INVALID, "exec: no program");
+    return -1.0;
+  }
+  int64_t n = global_size ? global_size[0] : 1;
+  int64_t nt = local_size ? local_size[0] : 0;
+  int nthreads = nt > 0 && nt < INT32_MAX ? (int)nt : 0;
+  double t0 = wait ? now_seconds() : 0;
+  tp_parallel_for(p->fn, bufs, n, nthreads);
+  return wait ? now_seconds() - t0 : 0.0;
+}
+
+static void llvm_caps(void *state, DeviceCaps *c) {
+  (void)state;
+  c->lang = LANG_LLVM;
+  c->gpu = false;
+  c->fp16 = c->fp64 = true;
+  c->max_dims = 1;
+}
+
+static void llvm_describe(void *state) {
+  LlvmState *s = state;
+  fprintf(stderr, "CPU:LLVM: %s, cpu %s, in-process LLVM (%s)\n", s->triple, s->cpu, LLVM_LIBRARY);
+}
+
+/* Memory is the CPU device's (host memory). */
+static tg_status llvm_copy(void *state, void *dst, const void *src, size_t nbytes) {
+  (void)state;
+  if (nbytes) memmove(dst, src, nbytes);
+  return TG_OK;
+}
+static void llvm_synchronize(void *state) { (void)state; }
+static void *llvm_alloc(void *state, size_t nbytes) { return cpu_device_vt.alloc(state, nbytes); }
+static void llvm_free(void *state, void *ptr, size_t nbytes) { cpu_device_vt.free(state, ptr, nbytes); }
+
+const DeviceVT llvm_device_vt = {
+    .name = "LLVM",
+    .open = llvm_open,
+    .open_arch = llvm_open_arch,
+    .close = llvm_close,
+    .alloc = llvm_alloc,
+    .free = llvm_free,
+    .copyin = llvm_copy,
+    .copyout = llvm_copy,
+    .copy = llvm_copy,
+    .compile = llvm_compile,
+    .load = llvm_load,
+    .unload = llvm_unload,
+    .exec = llvm_exec,
+    .synchronize = llvm_synchronize,
+    .compiler_id = llvm_compiler_id,
+    .caps = llvm_caps,
+    .describe = llvm_describe,
+    .cache_evict = llvm_cache_evict,
+    .disasm = llvm_disasm,
+    .no_batch = true,
+};

@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""test_llvm.py -- DEV=CPU:LLVM (LLVM IR compiled in process) and DEBUG=5..7 on both CPU renderers.
+
+  /usr/bin/python3 tests/test_llvm.py      (run by tests/run_tests.sh)
+
+Checks: CPU:LLVM computes what numpy computes (elementwise, reductions, a matmul, half and int
+kernels) and what DEV=CPU computes; arch strings select the target (znver2 without AVX-512 has no
+zmm register in its assembly, the host's has where the host has AVX-512F) and bad ones are clear
+errors; a missing libLLVM names its package; DEBUG=5 prints each kernel's AST with its ops, DEBUG=6
+the loop nest, DEBUG=7 assembly with an FMA for a matmul (objdump for the C renderer, the target
+machine's asm for LLVM); program objects land in the kernel cache. Ends with
+"test_llvm: N passed, N failed".
+"""
+import os, subprocess, sys, tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import numpy as np  # noqa: E402
+import tinygrad as tg  # noqa: E402
+
+passed = failed = 0
+
+
+def check(ok, what, detail=""):
+  global passed, failed
+  if ok:
+    passed += 1
+    print(f"ok   {what}")
+  else:
+    failed += 1
+    print(f"FAIL {what}{(': ' + detail) if detail else ''}")
+
+
+def host_has_avx512f():
+  try:
+    return " avx512f" in open("/proc/cpuinfo").read()
+  except OSError:
+    return False
+
+
+# a child process: one realize under the given environment; its stderr is the DEBUG output
+SNIPPET = r"""
+import sys; sys.path.insert(0, %r)
+import numpy as np, tinygrad as tg
+a = tg.Tensor(np.arange(64 * 64, dtype=np.float32).reshape(64, 64) / 4096)
+b = tg.Tensor(np.ones((64, 64), dtype=np.float32))
+c = (a @ b).numpy()
+assert abs(float(c[3, 5]) - float((np.arange(64 * 64, dtype=np.float32).reshape(64, 64) / 4096)[3].sum())) < 1e-3
+print("ok")
+""" % HERE
+
+
+def child(env_extra, code=SNIPPET):
+  env = dict(os.environ)
+  env.update(env_extra)
+  r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+  return r.returncode, r.stdout, r.stderr
+
+
+def test_results():
+  rng = np.random.RandomState(1)
+  x = rng.randn(37, 130).astype(np.float32)
+  y = rng.randn(130, 19).astype(np.float32)
+  for dev in ("CPU:LLVM", "CPU"):
+    with tg.scope():
+      X, Y = tg.Tensor(x, device=dev), tg.Tensor(y, device=dev)
+      got = (X @ Y).numpy()
+      check(np.allclose(got, x @ y, rtol=1e-4, atol=1e-4), f"{dev}: 37x130 @ 130x19 matmul")
+      got = (X.exp() * 2 + X.relu()).sum(axis=1).numpy()
+      want = (np.exp(x) * 2 + np.maximum(x, 0)).sum(axis=1)
+      check(np.allclose(got, want, rtol=1e-4), f"{dev}: fused exp/relu/sum")
+      h = tg.Tensor(x, device=dev).cast(tg.FLOAT16)
+      got = (h * h).cast(tg.FLOAT32).numpy()
+      want = (x.astype(np.float16) * x.astype(np.float16)).astype(np.float32)
+      check(np.array_equal(got, want), f"{dev}: float16 multiply rounds as numpy's")
+      i = tg.Tensor(np.arange(-20, 20, dtype=np.int32), device=dev)
+      d = np.array([3, -3, 0, 7] * 10, dtype=np.int32)
+      got = i.idiv(tg.Tensor(d, device=dev)).numpy()
+      ref = tg.Tensor(np.arange(-20, 20, dtype=np.int32), device="CPU").idiv(tg.Tensor(d, device="CPU")).numpy()
+      check(np.array_equal(got, ref) and int(got[2]) == 0, f"{dev}: integer division as CPU's, by zero gives 0")
+  with tg.scope():
+    a = tg.Tensor(x, device="CPU:LLVM").softmax(1).numpy()
+    b = tg.Tensor(x, device="CPU").softmax(1).numpy()
+    check(np.allclose(a, b, rtol=1e-6, atol=1e-7), "CPU:LLVM softmax equals CPU's (within an ulp)")
+
+
+def test_arch_errors():
+  bad = [
+      ("CPU:LLVM:aarch64,cortex-a72", "not this machine"),
+      ("CPU:LLVM:x86_64,znver2,+nosuchfeature", "no 'nosuchfeature'"),
+      ("CPU:LLVM:x86_64,zn ver2", "bad CPU name"),
+      ("CPU:LLVM:x86_64,znver2,av$x", "bad feature"),
+      ("CPU:LLVM:,znver2", "bad architecture name"),
+      ("CPU:C:x86_64", "has no arch"),
+      ("CPU:FORTRAN", "no renderer 'FORTRAN'"),
+  ]
+  for name, want in bad:
+    try:
+      with tg.scope():
+        tg.Tensor.zeros(3, device=name).numpy()
+      check(False, f"{name} is refused", "no error")
+    except tg.TGError as e:
+      check(want in str(e), f"{name} is refused: ...{want}...", str(e))
+    tg.clear_error()
+  with tg.scope():
+    ok = tg.Tensor.ones(4, device="CPU:LLVM:x86_64,znver2,avx2,-avx512f").sum().numpy()
+    check(float(ok) == 4.0, "CPU:LLVM:x86_64,znver2,avx2,-avx512f opens and computes")
+
+
+def test_missing_library():
+  rc, out, err = child({"DEV": "CPU:LLVM", "TG_LLVM_LIB": "/nonexistent/libLLVM-15.so.1"},
+                       "import sys; sys.path.insert(0, %r)\nimport tinygrad as tg\n"
+                       "try:\n  tg.Tensor.ones(3).numpy()\nexcept tg.TGError as e:\n  print('ERR', e)\n" % HERE)
+  check("ERR" in out and "libllvm15" in out and "/nonexistent/libLLVM-15.so.1" in out,
+        "a missing libLLVM is an error naming the library and its package", out + err)
+
+
+def test_debug_levels():
+  for dev in ("CPU", "CPU:LLVM"):
+    rc, out, err = child({"DEV": dev, "DEBUG": "5"})
+    check(rc == 0 and "*** r_" in err and " AST" in err, f"{dev} DEBUG=5 prints the AST", err[-400:])
+    ops = all(f" {op} " in err for op in ("DEFINE_GLOBAL", "RANGE", "LOAD", "MUL", "REDUCE", "STORE"))
+    check(ops and "float" in err and "(64,64,64)" in err, f"{dev} DEBUG=5 names the ops, dtypes and loop sizes", err[-600:])
+    rc, out, err = child({"DEV": dev, "DEBUG": "6"})
+    check(rc == 0 and "for ridx0 in [gstart, gend)" in err and "reduce ADD" in err and "instructions (" in err,
+          f"{dev} DEBUG=6 shows the loop nest and instruction list", err[-600:])
+    rc, out, err = child({"DEV": dev, "DEBUG": "7"})
+    check(rc == 0 and " assembly (" in err, f"{dev} DEBUG=7 prints assembly", err[-600:])
+    check("vfmadd" in err or "vfmadd" in err.lower(), f"{dev} DEBUG=7 of a matmul has an FMA instruction", err[-800:])
+  if host_has_avx512f():
+    rc, out, err = child({"DEV": "CPU:LLVM", "DEBUG": "7"})
+    check("zmm" in err, "host CPU:LLVM (AVX-512F) uses zmm registers", err[-400:])
+  rc, out, err = child({"DEV": "CPU:LLVM:x86_64,znver2,avx2,-avx512f", "DEBUG": "7"})
+  check(rc == 0 and "vfmadd" in err and "ymm" in err and "zmm" not in err,
+        "CPU:LLVM:x86_64,znver2,avx2,-avx512f: FMA on ymm, no zmm register", err[-800:])
+  rc, out, err = child({"DEV": "CPU", "DEBUG": "7", "OBJDUMP": "/nonexistent/objdump"})
+  check(rc == 0 and err.count("objdump not found") == 1, "without objdump DEBUG=7 says so once", err[-400:])
+
+
+def test_cache():
+  with tempfile.TemporaryDirectory() as d:
+    env = {"DEV": "CPU:LLVM", "TINYGRAD_CACHE_DIR": d}
+    rc, out, err = child(env)
+    files = os.listdir(os.path.join(d, "kernels")) if os.path.isdir(os.path.join(d, "kernels")) else []
+    check(rc == 0 and len(files) >= 1, "CPU:LLVM objects are written to the kernel cache", str(files))
+    blob = open(os.path.join(d, "kernels", files[0]), "rb").read() if files else b""
+    check(b"TGLL" in blob and b"\x7fELF" in blob, "a cache entry holds the kernel's ELF object")
+    rc2, out2, err2 = child(dict(env, DEBUG="2"))
+    check(rc2 == 0 and out2.strip() == "ok", "a second process runs from the cache", err2[-400:])
+
+
+def main():
+  for f in (test_results, test_arch_errors, test_missing_library, test_debug_levels, test_cache):
+    try:
+      f()
+    except Exception as e:  # noqa: BLE001
+      check(False, f.__name__, f"{type(e).__name__}: {e}")
+  check(tg.live_count() == 0, "no live handles at the end", str(tg.live_count()))
+  print(f"test_llvm: {passed} passed, {failed} failed")
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
