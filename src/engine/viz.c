@@ -357,6 +357,16 @@ static int kernel_record(Device *dev, const KernelCode *kc, const UOp *ast) {
   v->lang = dev->caps.lang;
   v->src = tg_xstrdup(kc->src);
   v->opts = tg_xstrdup(kc->opts);
+  /* CPU:LLVM: the target machine's assembly (DEBUG=7's), made now -- LLVM's own statics are gone by
+   * the time the page is made at exit. The binary comes from the kernel cache. */
+  if (v->lang == LANG_LLVM && dev->vt->disasm && dev->vt->compile) {
+    uint8_t *lib = NULL;
+    size_t len = 0;
+    bool had = tg_has_error();
+    if (dev->vt->compile(dev->state, kc->src, &lib, &len) == TG_OK) v->asm_text = dev->vt->disasm(dev->state, kc->src, lib, len);
+    free(lib);
+    if (!v->asm_text && !had) tg_clear_error();
+  }
   v->ast = (viz_on & VIZ_GRAPHS)
                ? (ast ? ast_text(ast) : tg_xstrdup("(first seen in a TinyJit replay: no AST)"))
                : NULL;
@@ -597,7 +607,8 @@ static void run_dot(Tools *t, char *const *texts, int n, char **svgs) {
 
 /* The CPU kernels' assembly: each compiled object (the disk cache has them) disassembled by one
  * objdump run over all of them; k->asm_text gets the kernel's function ("<name>:" and its
- * instructions). Kernels of other devices, or when objdump is missing, get none. */
+ * instructions). CPU:LLVM kernels got theirs when they were recorded (kernel_record); kernels of other
+ * devices, or when objdump is missing, get none. */
 static void kernels_asm(Tools *t) {
   if (!t->tmpdir) return;
   int *which = tg_xmalloc(sizeof(int) * (size_t)(nkernels + 1));
