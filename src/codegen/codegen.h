@@ -10,6 +10,7 @@
 #define TG_CODEGEN_H
 
 #include "../runtime/device.h"
+#include "../uop/ptrmap.h"
 #include "../uop/uop.h"
 
 /* A choice of optimizations (what BEAM searches over). Axis numbers index the global loops of the
@@ -184,6 +185,10 @@ char *kernel_lowered_format(UOp *ast, const DeviceCaps *caps, const OptCfg *cfg)
  * that runs in blocks of *iters iterations, each summed into a fresh partial; 0 = none. Every
  * renderer blocks the same way so results agree bit for bit. */
 int kernel_block_level(const LKernel *k, int64_t *iters);
+/* Vector-ness and loop levels of a kernel's nodes (order: topological), as both CPU renderers
+ * decide them (cstyle.c): vec gets the nodes computed as vw-lane vectors, level each node's loop
+ * level + 1 (the loop ranges must be in it already), post the nodes computed after the reduction. */
+void kernel_vec_levels(const LKernel *k, int vw, const PtrVec *order, PtrMap *vec, PtrMap *level, PtrMap *post);
 /* The LLVM IR renderer (llvmir.c): LKernel -> LLVM IR text (malloc'd), the CPU kernel ABI. */
 char *render_llvm(const LKernel *k, const char *name);
 

@@ -817,6 +817,43 @@ static Blocking blocking(const LKernel *k) {
   return b;
 }
 
+/* Vector-ness and loop levels, as both CPU renderers (C, LLVM) decide them, over the kernel's nodes
+ * in topological order: vec gets the nodes computed as vectors of vw lanes (vw-wide loads and
+ * everything computed from them; a reduction's placeholder follows its body); level gets each
+ * node's loop level + 1, the deepest of its sources' (the loop ranges must be in it already); post
+ * gets the nodes computed after the reduction loops (a placeholder, and what reads one). */
+void kernel_vec_levels(const LKernel *k, int vw, const PtrVec *order, PtrMap *vec, PtrMap *level, PtrMap *post) {
+#define ISVEC(x) ((x) && pm_has(vec, (uint64_t)(uintptr_t)(x)))
+  for (size_t i = 0; i < order->n; i++) {
+    UOp *u = order->p[i];
+    bool v = (u->op == OP_LOAD && vw && u->arg.i == vw) || (u->op == OP_CAST && u->niarg == 1 && vw);
+    for (uint32_t j = 0; j < u->nsrc && !v; j++)
+      if (u->op != OP_LOAD && u->op != OP_STORE) v = ISVEC(u->src[j]);
+    if (u->op == OP_NOOP && u->arg.i < 0) {
+      int c = (int)(-u->arg.i) - 1;
+      v = !k->rvw && c < k->ncopy && ISVEC(k->rbodies[c]);
+    }
+    if (u->dtype == DT_INDEX) v = false;
+    if (v) pm_put(vec, (uint64_t)(uintptr_t)u, (void *)1);
+  }
+#undef ISVEC
+  for (size_t i = 0; i < order->n; i++) {
+    UOp *u = order->p[i];
+    if (u->op == OP_RANGE) continue;
+    intptr_t lv = 0;
+    bool after = false;
+    for (int c = 0; c < k->ncopy; c++) after = after || u == k->rplaces[c];
+    if (after) lv = k->ng;
+    for (uint32_t j = 0; j < u->nsrc; j++) {
+      intptr_t sl = (intptr_t)pm_get(level, (uint64_t)(uintptr_t)u->src[j]) - 1;
+      if (sl > lv) lv = sl;
+      if (pm_has(post, (uint64_t)(uintptr_t)u->src[j])) after = true;
+    }
+    pm_put(level, (uint64_t)(uintptr_t)u, (void *)(intptr_t)(lv + 1));
+    if (after) pm_put(post, (uint64_t)(uintptr_t)u, (void *)1);
+  }
+}
+
 int kernel_block_level(const LKernel *k, int64_t *iters) {
   Blocking b = blocking(k);
   *iters = b.iters;
@@ -878,32 +915,10 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
   for (int c = 0; k->sop && c < k->ncopy; c++) topo(&l, k->sfirsts[c]);
   for (int i = 0; k->rlo && i < k->nr; i++) topo(&l, k->rlo[i]), topo(&l, k->rhi[i]); /* NULL: none */
   /* vector-ness: W-wide loads and everything computed from them; placeholders follow their body */
-  for (size_t i = 0; i < l.order.n; i++) {
-    UOp *u = l.order.p[i];
-    bool v = (u->op == OP_LOAD && r.vw && u->arg.i == r.vw) || (u->op == OP_CAST && u->niarg == 1 && r.vw);
-    for (uint32_t j = 0; j < u->nsrc && !v; j++)
-      if (u->op != OP_LOAD && u->op != OP_STORE) v = isvec(&r, u->src[j]);
-    if (u->op == OP_NOOP && u->arg.i < 0) {
-      int c = (int)(-u->arg.i) - 1;
-      v = !k->rvw && c < k->ncopy && isvec(&r, k->rbodies[c]);
-    }
-    if (u->dtype == DT_INDEX) v = false;
-    if (v) pm_put(&r.vec, (uint64_t)(uintptr_t)u, (void *)1);
-  }
+  kernel_vec_levels(k, r.vw, &l.order, &r.vec, &l.level, &l.post);
   for (size_t i = 0; i < l.order.n; i++) {
     UOp *u = l.order.p[i];
     if (u->op == OP_RANGE) continue;
-    intptr_t lv = 0;
-    bool post = false;
-    for (int c = 0; c < k->ncopy; c++) post = post || u == k->rplaces[c];
-    if (post) lv = k->ng;
-    for (uint32_t j = 0; j < u->nsrc; j++) {
-      intptr_t sl = (intptr_t)pm_get(&l.level, (uint64_t)(uintptr_t)u->src[j]) - 1;
-      if (sl > lv) lv = sl;
-      if (pm_has(&l.post, (uint64_t)(uintptr_t)u->src[j])) post = true;
-    }
-    pm_put(&l.level, (uint64_t)(uintptr_t)u, (void *)(intptr_t)(lv + 1));
-    if (post) pm_put(&l.post, (uint64_t)(uintptr_t)u, (void *)1);
     if (u->dtype == TG_FLOAT16) r.uses_half = true;
     if (u->dtype == TG_FLOAT64) r.uses_f64 = true;
     if (u->dtype == TG_BFLOAT16) r.uses_bf16 = true;

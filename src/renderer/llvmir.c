@@ -1070,32 +1070,10 @@ char *render_llvm(const LKernel *k, const char *name) {
   for (int c = 0; k->sop && c < k->ncopy; c++) topo(&r, k->sfirsts[c]);
   for (int i = 0; k->rlo && i < k->nr; i++) topo(&r, k->rlo[i]), topo(&r, k->rhi[i]);
   /* vector-ness, as the C renderer decides it */
-  for (size_t i = 0; i < r.order.n; i++) {
-    UOp *u = r.order.p[i];
-    bool v = (u->op == OP_LOAD && r.vw && u->arg.i == r.vw) || (u->op == OP_CAST && u->niarg == 1 && r.vw);
-    for (uint32_t j = 0; j < u->nsrc && !v; j++)
-      if (u->op != OP_LOAD && u->op != OP_STORE) v = isvec(&r, u->src[j]);
-    if (u->op == OP_NOOP && u->arg.i < 0) {
-      int c = (int)(-u->arg.i) - 1;
-      v = !k->rvw && c < k->ncopy && isvec(&r, k->rbodies[c]);
-    }
-    if (u->dtype == DT_INDEX) v = false;
-    if (v) pm_put(&r.vec, (uint64_t)(uintptr_t)u, (void *)1);
-  }
+  kernel_vec_levels(k, r.vw, &r.order, &r.vec, &r.level, &r.post);
   for (size_t i = 0; i < r.order.n; i++) {
     UOp *u = r.order.p[i];
     if (u->op == OP_RANGE) continue;
-    intptr_t lv = 0;
-    bool post = false;
-    for (int c = 0; c < k->ncopy; c++) post = post || u == k->rplaces[c];
-    if (post) lv = k->ng;
-    for (uint32_t j = 0; j < u->nsrc; j++) {
-      intptr_t sl = (intptr_t)pm_get(&r.level, (uint64_t)(uintptr_t)u->src[j]) - 1;
-      if (sl > lv) lv = sl;
-      if (pm_has(&r.post, (uint64_t)(uintptr_t)u->src[j])) post = true;
-    }
-    pm_put(&r.level, (uint64_t)(uintptr_t)u, (void *)(intptr_t)(lv + 1));
-    if (post) pm_put(&r.post, (uint64_t)(uintptr_t)u, (void *)1);
     if (u->op == OP_CONST) pm_put(&r.names, (uint64_t)(uintptr_t)u, const_text((tg_dtype)u->dtype, u));
     if (u->op == OP_DEFINE_GLOBAL) {
       char buf[32];
