@@ -22,7 +22,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.environ.get("BUILD", os.path.join(ROOT, "build"))
+BUILD = os.path.join(ROOT, os.environ.get("BUILD", "build"))  # run_tests.sh passes it relative to ROOT
 EXE = os.path.join(BUILD, "examples", "beautiful_mnist")
 DEVICES = os.path.join(BUILD, "examples", "devices")
 STEPS = int(os.environ.get("MNIST_CL_STEPS", "4"))
