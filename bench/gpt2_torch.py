@@ -81,8 +81,9 @@ def config(n_layer, n_head, n_embd, n_positions, vocab_size):
 
 
 def random_state_dict(cfg, seed):
-  """GPT2LMHeadModel's parameters with its initialization (normal(0, 0.02), c_proj scaled by
-  1/sqrt(2 n_layer), LayerNorms ones/zeros -- here perturbed so that they matter)."""
+  """Random parameters with GPT2LMHeadModel's names and shapes. Larger than its initialization
+  (normal(0, 0.02)) and with LayerNorm weights away from ones / zeros, so that every part of the
+  model matters and a greedy continuation does not just repeat one token."""
   g = torch.Generator().manual_seed(seed)
   C, L, V, P = cfg["n_embd"], cfg["n_layer"], cfg["vocab_size"], cfg["n_positions"]
 
@@ -96,13 +97,13 @@ def random_state_dict(cfg, seed):
     sd[p + "ln_1.bias"] = n(C, std=0.1)
     sd[p + "attn.c_attn.weight"] = n(C, 3 * C, std=0.1)
     sd[p + "attn.c_attn.bias"] = n(3 * C, std=0.05)
-    sd[p + "attn.c_proj.weight"] = n(C, C, std=0.02 / math.sqrt(2 * L))
+    sd[p + "attn.c_proj.weight"] = n(C, C, std=0.3)
     sd[p + "attn.c_proj.bias"] = n(C, std=0.02)
     sd[p + "ln_2.weight"] = 1 + n(C, std=0.1)
     sd[p + "ln_2.bias"] = n(C, std=0.1)
-    sd[p + "mlp.c_fc.weight"] = n(C, 4 * C)
+    sd[p + "mlp.c_fc.weight"] = n(C, 4 * C, std=0.2)
     sd[p + "mlp.c_fc.bias"] = n(4 * C, std=0.02)
-    sd[p + "mlp.c_proj.weight"] = n(4 * C, C, std=0.02 / math.sqrt(2 * L))
+    sd[p + "mlp.c_proj.weight"] = n(4 * C, C, std=0.3)
     sd[p + "mlp.c_proj.bias"] = n(C, std=0.02)
   sd["transformer.ln_f.weight"] = 1 + n(C, std=0.1)
   sd["transformer.ln_f.bias"] = n(C, std=0.1)
