@@ -1286,7 +1286,7 @@ static int run(const Args *a) {
   int n = (int)T;
   double t_prefill = 0, t_decode = 0, t_replay = 0;
   int n_decode = 0, n_replay = 0;
-  uint64_t compiles_before_replays = 0, compiles_in_replays = 0, kernels_per_step = 0;
+  uint64_t compiles_before_replays = 0, compiles_in_replays = 0, kernels_per_step = 0, bytes_per_step = 0;
   tg_jit *jit = NULL;
   for (int step = 0; step < a->count; step++) {
     tg_scope_begin();
@@ -1322,7 +1322,7 @@ static int run(const Args *a) {
       tg_counters c1 = tg_global_counters();
       if (step <= 2) compiles_before_replays += c1.compile_count - c0.compile_count;
       else compiles_in_replays += c1.compile_count - c0.compile_count;
-      if (step > 2) kernels_per_step = c1.kernel_count - c0.kernel_count;
+      if (step > 2) kernels_per_step = c1.kernel_count - c0.kernel_count, bytes_per_step = c1.global_mem - c0.global_mem;
       double dt = now_s() - ts;
       t_decode += dt, n_decode++;
       if (step > 2) t_replay += dt, n_replay++;
@@ -1362,9 +1362,9 @@ static int run(const Args *a) {
     }
     if (a->stats)
       printf("stats: decode jit kernels %d, compiles in the first two decode steps %llu, compiles in later steps %llu, "
-             "kernels per replayed step %llu\n",
+             "kernels per replayed step %llu, bytes per replayed step %llu\n",
              jit ? tg_jit_captured_kernels(jit) : 0, (unsigned long long)compiles_before_replays, (unsigned long long)compiles_in_replays,
-             (unsigned long long)kernels_per_step);
+             (unsigned long long)kernels_per_step, (unsigned long long)bytes_per_step);
   }
   tg_jit_free(jit);
   free(seq);
