@@ -1484,6 +1484,56 @@ tg_status tg_optim_state(const tg_optim *o, tg_state_dict *sd, const char *prefi
 void tg_optim_free(tg_optim *o);
 
 /* ---------------------------------------------------------------------------------------------- */
+/* Symbolic sizes (tinygrad's Variable)                                                            */
+
+/* A named integer with bounds that can stand where a size goes, so that one kernel (compiled once)
+ * serves every value: tinygrad's Variable("start_pos", 1, MAX_CONTEXT).bind(pos). A tg_symvar is a
+ * value (no handle to free): it names the variable and, once bound, carries its value. {0} is none.
+ * Variables are interned by (name, min, max) and live for the process. (tg_var is the variance.) */
+typedef struct {
+  uint64_t id;
+} tg_symvar;
+/* The variable `name` (a C identifier, at most 31 characters) with 0 <= min <= max <= TG_VAR_MAX.
+ * Bad input: {0} and an error naming the function and the values. */
+#define TG_VAR_MAX 0x3ffffffeLL
+tg_symvar tg_variable(const char *name, int64_t min, int64_t max);
+/* v bound to value (the same variable, carrying the value): min <= value <= max, else {0} and an
+ * error "tg_var_bind: start_pos = 9 is outside its bounds [1, 8]". Binding again replaces the value
+ * (tg_var_bind(b, 5) of a bound b is v bound to 5). */
+tg_symvar tg_var_bind(tg_symvar v, int64_t value);
+/* The bound value, or -1 for an unbound variable or none. */
+int64_t tg_var_value(tg_symvar v);
+/* The variable's name (static storage, lives for the process), bounds, and the variable unbound. */
+const char *tg_var_name(tg_symvar v);
+int64_t tg_var_min(tg_symvar v);
+int64_t tg_var_max(tg_symvar v);
+tg_symvar tg_var_unbind(tg_symvar v);
+
+/* A size argument that stands for v + offset (|offset| < 2^16), for the int64_t arrays of
+ * tg_shrink (start and end), tg_reshape, tg_expand, tg_pad and tg_arange_sym. It is a tagged
+ * negative number (below -2^62), never a legal plain size, that packs the variable, its bound value
+ * and the offset, so a size argument stays one int64_t and every existing call keeps its form:
+ *   tg_shrink(kv, TG_SHAPE(0, 2, 0, B, tg_sym(sp, 0), tg_sym(sp, 1), 0, H, 0, D))
+ *   tg_shrink(k, TG_SHAPE(0, B, 0, tg_sym(sp, 1), 0, H, 0, D))        keys [0, start_pos+1)
+ * The tensor's shape (tg_shape) reports the bound value (v's value + offset); an unbound v makes
+ * the shape use v's max and the realize fail ("tg_realize: variable 'start_pos' [1, 1024] is
+ * unbound"). Kernels depend on the variable, not on its value: the value is a kernel argument, and
+ * the kernel cache, compile counts and TinyJit captures are the same for every value. tg_sym of
+ * none (or a bad offset) returns TG_SYM_NONE, which every op rejects. */
+#define TG_SYM_NONE INT64_MIN
+int64_t tg_sym(tg_symvar v, int64_t offset);
+#define TG_SYM(v) tg_sym((v), 0)
+/* Is `size` a symbolic size (a tg_sym result)? Its variable (bound as it was given) and offset. */
+bool tg_is_sym(int64_t size);
+tg_symvar tg_sym_variable(int64_t size, int64_t *offset);
+/* [0, stop) as an integer tensor (int32 unless opts says otherwise) whose length may be symbolic
+ * (stop = tg_sym(v, c)): tinygrad's Tensor.arange(v). Computed inside the kernels that read it. */
+tg_tensor tg_arange_sym(int64_t stop, const tg_opts *opts);
+/* The shape of t with its symbolic dims as tg_sym codes (others plain), as tg_shape writes it. Returns
+ * ndim, or -1 for a bad handle. */
+int tg_shape_sym(tg_tensor t, int64_t *out);
+
+/* ---------------------------------------------------------------------------------------------- */
 /* TinyJit                                                                                         */
 
 /* A jittable function: computes nout outputs from tensor inputs and non-tensor arguments (args).
@@ -1522,6 +1572,17 @@ tg_jit *tg_jit_new_opts(tg_jit_fn fn, int nout, void *user, const tg_jit_opts *o
  * (tg_data, tg_item, tg_print, ...) inside the function while it is captured. */
 tg_status tg_jit_call(tg_jit *j, const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out);
 void tg_jit_free(tg_jit *j);
+/* tg_jit_call with bound variables as inputs (tinygrad's jit over a function taking
+ * Variable(...).bind(v)): vars[] are the variables the function's symbolic sizes use, bound to this
+ * call's values. The capture records which kernels take which variable; a replay passes the new
+ * values to those kernels, so one capture serves every value (no recompiles, no re-capture). The
+ * function builds its graphs with the same bound variables (pass them through `user`, or read
+ * them with tg_jit_var). Errors: a changed set of variables, a variable bound to two values in one
+ * call, a captured kernel whose variable is not in vars[]. A plain tg_jit_call is this with none. */
+tg_status tg_jit_call_vars(tg_jit *j, const tg_tensor *in, int nin, const tg_symvar *vars, int nvars, const double *args,
+                           int nargs, tg_tensor *out);
+/* Inside a jitted function: the i-th bound variable of the running tg_jit_call_vars ({0} if none). */
+tg_symvar tg_jit_var(int i);
 /* Number of kernel launches and copies captured, those prune kept (-1 for NULL; 0 before capture). */
 int tg_jit_captured_kernels(const tg_jit *j);
 

@@ -96,6 +96,9 @@ typedef struct {
   bool group_top;
   bool nolocals;
   int64_t lsize[3]; /* the work-group size per dimension (after gpu_launch) */
+  bool sym;         /* some loop runs to a variable's expression (RANGE with a source): no optimizations */
+  UOp **vars;       /* the kernel's DEFINE_VAR nodes in argument order (by name, min, max; owned) */
+  int nvars;
   const DeviceCaps *caps; /* (while lowering) the device's limits */
   const OptList *force;   /* (while lowering) the Opt list to apply; NULL: heuristics */
 } LKernel;
@@ -121,6 +124,8 @@ typedef struct {
   int64_t local_size[3]; /* local_size[0] = thread count hint for CPU (1 = single thread, 0 = all) */
   uint64_t ops;          /* estimated FLOPs per launch */
   int nparams;
+  int nvars;             /* variables the kernel takes after its buffers (bufs[nparams + i]) */
+  int *vars;             /* their variable indices (malloc'd) */
   OptCfg cfg;            /* the optimizations applied (the heuristics' choice when none was given) */
 } KernelCode;
 

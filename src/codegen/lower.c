@@ -21,6 +21,26 @@ static void collect(UOp *u, PtrMap *seen, PtrVec *ranges, UOp **reds, int *nred)
   for (uint32_t i = 0; i < u->nsrc; i++) collect(u->src[i], seen, ranges, reds, nred);
 }
 
+/* The kernel's variables (DEFINE_VAR), in argument order: by name, then bounds, so the source of a
+ * kernel does not depend on the order variables were created in. */
+static void collect_vars(UOp *u, PtrMap *seen, PtrVec *out) {
+  if (pm_has(seen, (uint64_t)(uintptr_t)u)) return;
+  pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
+  if (u->op == OP_DEFINE_VAR) pv_push(out, u);
+  for (uint32_t i = 0; i < u->nsrc; i++) collect_vars(u->src[i], seen, out);
+}
+
+static int var_cmp(const void *a, const void *b) {
+  const UOp *x = *(UOp *const *)a, *y = *(UOp *const *)b;
+  const char *nx = "", *ny = "";
+  var_info((int)x->arg.i, &nx, NULL, NULL);
+  var_info((int)y->arg.i, &ny, NULL, NULL);
+  int c = strcmp(nx, ny);
+  if (c) return c;
+  if (x->iarg[0] != y->iarg[0]) return x->iarg[0] < y->iarg[0] ? -1 : 1;
+  return x->iarg[1] < y->iarg[1] ? -1 : x->iarg[1] > y->iarg[1];
+}
+
 static int range_cmp(const void *a, const void *b) {
   const UOp *x = *(UOp *const *)a, *y = *(UOp *const *)b;
   return x->arg.i < y->arg.i ? -1 : x->arg.i > y->arg.i;
@@ -65,7 +85,7 @@ static void subst_all(LKernel *k, USubst *s, int ns) {
 static void drop_unit(LKernel *k, UOp **rs, int *n) {
   int m = 0;
   for (int i = 0; i < *n; i++) {
-    if (rs[i]->iarg[0] == 1) {
+    if (rs[i]->iarg[0] == 1 && rs[i]->nsrc == 0) {
       UOp *z = s_const(0);
       USubst s = {rs[i], z};
       subst_all(k, &s, 1);
@@ -84,7 +104,7 @@ void optimize_kernel(LKernel *k, int *next_axis, const OptCfg *cfg);
 /* Tries to merge loops rs[i] (outer) and rs[i+1] (inner). */
 static bool try_merge(LKernel *k, UOp **rs, int *n, int i) {
   int64_t na = rs[i]->iarg[0], nb = rs[i + 1]->iarg[0];
-  if (na <= 0 || nb <= 0) return false;
+  if (na <= 0 || nb <= 0 || rs[i]->nsrc || rs[i + 1]->nsrc) return false; /* a loop of variable length stays whole */
   int before = kernel_divmod(k);
   UOp *R = s_range(next_axis++, na * nb);
   UOp *d = s_divc(R, nb), *m = s_modc(R, nb);
@@ -158,7 +178,18 @@ LKernel *lower_kernel_for(UOp *ast, const OptCfg *cfg, const DeviceCaps *caps, c
   UOp *reds[2] = {NULL, NULL}, *red = NULL, *outer = NULL;
   int nred = 0;
   collect(store, &seen, &ranges, reds, &nred);
+  pm_clear(&seen);
+  PtrVec vars = {0};
+  collect_vars(ast, &seen, &vars);
   pm_free(&seen);
+  if (vars.n) {
+    qsort(vars.p, vars.n, sizeof(UOp *), var_cmp);
+    k->vars = tg_xmalloc(sizeof(UOp *) * vars.n);
+    for (size_t i = 0; i < vars.n; i++) k->vars[i] = uop_ref(vars.p[i]);
+    k->nvars = (int)vars.n;
+  }
+  pv_free(&vars);
+  for (size_t i = 0; i < ranges.n; i++) k->sym = k->sym || ((UOp *)ranges.p[i])->nsrc > 0;
   red = reds[0];
   if (nred == 2) {
     /* a window maximum (the stored value) over a reduction: its loops become global loops, and the
@@ -220,7 +251,7 @@ LKernel *lower_kernel_for(UOp *ast, const OptCfg *cfg, const DeviceCaps *caps, c
   optimize_kernel(k, &next_axis, cfg);
   k->caps = NULL;
   k->force = NULL;
-  bound_reduce_loops(k);
+  if (!k->sym) bound_reduce_loops(k);
   if (debug_level() >= 3) {
     fprintf(stderr, "opts: loops %d global + %d reduce; dropped %d size-1; merged to", ng0, nr0, (ng0 - ng1) + (nr0 - nr1));
     for (int i = 0; i < k->ng; i++) fprintf(stderr, " %lld", (long long)k->granges[i]->iarg[0]);
@@ -250,6 +281,8 @@ void lkernel_free(LKernel *k) {
   for (int i = 0; k->rlo && i < k->nr; i++) uop_unref(k->rlo[i]), uop_unref(k->rhi[i]);
   free(k->rlo), free(k->rhi);
   free(k->pdt);
+  for (int i = 0; i < k->nvars; i++) uop_unref(k->vars[i]);
+  free(k->vars);
   free(k);
 }
 
@@ -376,6 +409,12 @@ static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptCfg *
     }
   }
   LKernel *k = lower_kernel_for(ast, cfg, caps, gopts);
+  if (gpu && k->nvars) {
+    /* the GPU kernel model takes its sizes from the launch: a variable's loop would need a guard */
+    tg_set_error(TG_ERR_INVALID, "codegen: kernels with symbolic sizes (tg_sym) run on CPU devices only for now");
+    lkernel_free(k);
+    return NULL;
+  }
   int64_t gs[3] = {1, 1, 1}, ls[3] = {1, 1, 1};
   if (gpu && k->ng > 64) tg_set_error(TG_ERR_INVALID, "codegen: a GPU kernel of %d global loops (at most 64)", k->ng);
   else if (gpu && !k->cfg_failed && !gpu_launch(k, caps, gs, ls)) k->cfg_failed = true;
@@ -435,6 +474,11 @@ static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptCfg *
   int64_t lanes = k->vw ? k->vw : 1;
   kc->ops = (uint64_t)(outer * lanes) * (post + (k->rbody ? (uint64_t)inner * body : 0));
   kc->nparams = k->np;
+  if (k->nvars) {
+    kc->vars = tg_xmalloc(sizeof(int) * (size_t)k->nvars);
+    for (int i = 0; i < k->nvars; i++) kc->vars[i] = (int)k->vars[i]->arg.i;
+    kc->nvars = k->nvars;
+  }
   lkernel_free(k);
   return kc;
 }
@@ -442,5 +486,6 @@ static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptCfg *
 void kernel_code_free(KernelCode *k) {
   if (!k) return;
   free(k->src);
+  free(k->vars);
   free(k);
 }

@@ -618,7 +618,8 @@ void optimize_kernel(LKernel *k, int *next_axis, const OptCfg *cfg) {
     else if (getenv_int("NOOPT", 0) == 0 && k->np > 0) gpu_heuristic(k, k->caps, next_axis);
     else gpu_apply_opts(k, &(OptList){.n = 0}, k->caps, next_axis);
     return; /* axis order is the work-item dimension order: no trivial_axes_last */
-  } else if (cfg) apply_cfg(k, cfg, next_axis);
+  } else if (k->sym) make_copies(k, NULL, 0, next_axis); /* loops of variable length stay as they are */
+  else if (cfg) apply_cfg(k, cfg, next_axis);
   else if (getenv_int("NOOPT", 0) == 0 && k->np > 0) heuristic(k, next_axis);
   else make_copies(k, NULL, 0, next_axis);
   trivial_axes_last(k);

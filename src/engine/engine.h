@@ -19,6 +19,7 @@ typedef struct {
   int nbufs;
   size_t nbytes;         /* copy size */
   size_t mem;            /* bytes a kernel reads and writes (counted again on every replay) */
+  int64_t *vals;         /* the values of the kernel's variables (code->vars) in the captured run */
 } CapItem;
 
 /* A buffer that lived only between two items of the capture (an intermediate its schedule freed):
@@ -35,6 +36,7 @@ typedef struct {
   int n, cap;
   CapSlot *slots;
   int nslots, slotcap;
+  bool sym_unit; /* a captured schedule had a symbolic size of 0 or 1 (Schedule.sym_unit) */
 } Capture;
 
 /* While non-NULL (per thread), every executed item is appended to it. */
@@ -44,8 +46,10 @@ void capture_free(Capture *c);
 void capture_forget(Capture *c, Buffer *b, int from);
 /* Entries of the in-memory kernel cache (at most MAX_LOADED_KERNELS; for tests). */
 size_t kernel_cache_count(void);
-/* Replays c with buffers from[i] replaced by to[i] (the from[] distinct). */
-tg_status capture_replay(const Capture *c, Buffer *const *from, Buffer *const *to, int n);
+/* Replays c with buffers from[i] replaced by to[i] (the from[] distinct), and each kernel's variable
+ * vars[k] taking the value vals[k] (a variable not listed keeps its captured value). */
+tg_status capture_replay(const Capture *c, Buffer *const *from, Buffer *const *to, int n, const int *vars,
+                         const int64_t *vals, int nvars);
 /* TinyJit's prune: drops the items that do not depend on inputs[0..n) (their results, computed by
  * the capture, stay in their buffers; transients among them that kept items read become persistent
  * buffers, computed once more here). Items whose result a replay could change stay. Returns the

@@ -449,6 +449,11 @@ static tg_status classify(Ex *e) {
   }
   for (int i = 0; i < c->n; i++) {
     const CapItem *it = &c->items[i];
+    if (it->code && it->code->nvars)
+      return tg_set_error(TG_ERR_INVALID,
+                          "%s: captured kernel %s takes symbolic variables (tg_jit_call_vars); exporting them is not "
+                          "supported yet (the entry point would need the values as arguments)",
+                          fn, it->code->name);
     Device *d = it->prg ? it->prg->dev : NULL;
     for (int j = 0; !d && j < it->nbufs; j++) d = it->bufs[j] ? it->bufs[j]->dev : c->slots[it->slot[j]].dev;
     for (int j = 0; j < it->nbufs; j++) {

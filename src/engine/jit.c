@@ -46,10 +46,17 @@ struct tg_jit {
   int nwritten;
   bool prune;
   atomic_bool busy;  /* a call is running: a second one (another thread) is refused */
+  int *vars;         /* the variables passed to the captured call (indices), whose values replays pass on */
+  int nvars;
 };
 
 /* Jitted functions running on this thread: a tg_jit_call inside one is nesting. */
 static _Thread_local int tl_depth;
+/* The bound variables of the tg_jit_call_vars running on this thread (tg_jit_var). */
+static _Thread_local const tg_symvar *tl_vars;
+static _Thread_local int tl_nvars;
+
+tg_symvar tg_jit_var(int i) { return tl_vars && i >= 0 && i < tl_nvars ? tl_vars[i] : (tg_symvar){0}; }
 
 tg_jit *tg_jit_new_opts(tg_jit_fn fn, int nout, void *user, const tg_jit_opts *opts) {
   if (!fn || nout < 0) {
@@ -87,6 +94,9 @@ static void jit_reset(tg_jit *j) {
   sig_free(j->in_sig, j->nin);
   sig_free(j->out_sig, j->nout);
   free(j->args);
+  free(j->vars);
+  j->vars = NULL;
+  j->nvars = 0;
   j->in_buf = j->out_buf = NULL;
   j->in_sig = j->out_sig = NULL;
   j->args = NULL;
@@ -193,8 +203,15 @@ static bool in_list(Buffer *const *l, int n, const Buffer *b) {
 }
 
 /* Call 2: runs fn while recording its kernels, then checks and (with prune) trims the capture. */
+/* The call's variables, decoded: vidx[i] the variable index, vval[i] its value. */
+typedef struct {
+  int *idx;
+  int64_t *val;
+  int n;
+} CallVars;
+
 static tg_status capture(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs, const double *args, int nargs,
-                         tg_tensor *out) {
+                         tg_tensor *out, const CallVars *cv) {
   j->nin = nin, j->nargs = nargs;
   j->in_sig = tg_xcalloc((size_t)nin + 1, sizeof(Sig));
   j->in_buf = tg_xcalloc((size_t)nin + 1, sizeof(Buffer *));
@@ -219,6 +236,36 @@ static tg_status capture(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs,
     jit_reset(j);
     free_outputs(j, out);
     return st;
+  }
+  if (j->cap.sym_unit) {
+    /* a symbolic size was 0 or 1, which graphs may treat as a plain size-1 dim (broadcasting): the
+     * kernels need not hold for other values. The call ran and its outputs are right; the capture
+     * is dropped and the next call captures again. */
+    jit_reset(j);
+    return TG_OK;
+  }
+  /* every variable a captured kernel takes must be an input of the call, or a replay would run it
+   * with the captured value */
+  for (int k = 0; k < j->cap.n; k++) {
+    const KernelCode *kc = j->cap.items[k].code;
+    for (int v = 0; kc && v < kc->nvars; v++) {
+      bool found = false;
+      for (int q = 0; q < cv->n && !found; q++) found = cv->idx[q] == kc->vars[v];
+      if (found) continue;
+      const char *name = "?";
+      var_info(kc->vars[v], &name, NULL, NULL);
+      st = tg_set_error(TG_ERR_INVALID, "tg_jit_call: kernel '%s' takes variable '%s', which is not an input of the "
+                        "call; pass it bound in tg_jit_call_vars' vars[] (a replay would use its captured value)",
+                        kc->name, name);
+      jit_reset(j);
+      free_outputs(j, out);
+      return st;
+    }
+  }
+  if (cv->n) {
+    j->vars = tg_xmalloc(sizeof(int) * (size_t)cv->n);
+    memcpy(j->vars, cv->idx, sizeof(int) * (size_t)cv->n);
+    j->nvars = cv->n;
   }
   j->out_sig = tg_xcalloc((size_t)j->nout + 1, sizeof(Sig));
   j->out_buf = tg_xcalloc((size_t)j->nout + 1, sizeof(Buffer *));
@@ -265,8 +312,17 @@ static tg_status capture(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs,
 
 /* Call 3 on: checks the call against the capture and replays it with the new inputs' buffers. */
 static tg_status replay(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs, const double *args, int nargs,
-                        tg_tensor *out) {
+                        tg_tensor *out, const CallVars *cv) {
   tg_status st = TG_OK;
+  bool same = cv->n == j->nvars;
+  for (int q = 0; same && q < cv->n; q++) {
+    bool found = false;
+    for (int k = 0; k < j->nvars && !found; k++) found = j->vars[k] == cv->idx[q];
+    same = found;
+  }
+  if (!same)
+    return tg_set_error(TG_ERR_INVALID, "tg_jit_call: called with %d variables, captured with %d (or other ones); pass "
+                        "the same variables (bound to this call's values) on every call", cv->n, j->nvars);
   if (nin != j->nin) return tg_set_error(TG_ERR_INVALID, "tg_jit_call: called with %d inputs, captured with %d", nin, j->nin);
   for (int i = 0; i < nin; i++) {
     UOp *u = t_get(in[i], "tg_jit_call");
@@ -297,7 +353,7 @@ static tg_status replay(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs, 
     bufs[i] = c;
     copied[i] = true;
   }
-  if (st == TG_OK) st = capture_replay(&j->cap, j->in_buf, bufs, nin);
+  if (st == TG_OK) st = capture_replay(&j->cap, j->in_buf, bufs, nin, cv->idx, cv->val, cv->n);
   if (st == TG_OK) {
     /* an assigned input comes back as itself: the buffer passed now, not the captured one */
     for (int i = 0; i < j->nout; i++) {
@@ -317,7 +373,8 @@ static tg_status replay(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs, 
   return st;
 }
 
-static tg_status jit_call(tg_jit *j, const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out) {
+static tg_status jit_call(tg_jit *j, const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out,
+                          const CallVars *cv) {
   if (getenv_int("JIT", 1) == 0 || j->calls == 0) {
     if (j->calls == 0) j->calls = 1;
     return run_fn(j, in, nin, args, nargs, out);
@@ -330,12 +387,56 @@ static tg_status jit_call(tg_jit *j, const tg_tensor *in, int nin, const double 
       return tg_last_status();
     }
   }
-  tg_status st = j->calls == 1 ? capture(j, in, nin, bufs, args, nargs, out) : replay(j, in, nin, bufs, args, nargs, out);
+  tg_status st = j->calls == 1 ? capture(j, in, nin, bufs, args, nargs, out, cv) : replay(j, in, nin, bufs, args, nargs, out, cv);
   free(bufs);
   return st;
 }
 
+static tg_status tg_jit_call_impl(tg_jit *j, const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out,
+                                  const CallVars *cv, const tg_symvar *vars, int nvars);
+
 tg_status tg_jit_call(tg_jit *j, const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out) {
+  return tg_jit_call_vars(j, in, nin, NULL, 0, args, nargs, out);
+}
+
+tg_status tg_jit_call_vars(tg_jit *j, const tg_tensor *in, int nin, const tg_symvar *vars, int nvars, const double *args,
+                           int nargs, tg_tensor *out) {
+  if (!j) return tg_set_error(TG_ERR_INVALID, "tg_jit_call: jit is NULL");
+  if (nvars < 0 || (nvars && !vars)) return tg_set_error(TG_ERR_INVALID, "tg_jit_call_vars: vars is NULL with nvars=%d", nvars);
+  CallVars cv = {NULL, NULL, 0};
+  if (nvars) {
+    cv.idx = tg_xmalloc(sizeof(int) * (size_t)nvars);
+    cv.val = tg_xmalloc(sizeof(int64_t) * (size_t)nvars);
+  }
+  for (int i = 0; i < nvars; i++) {
+    int64_t off;
+    int64_t code = tg_sym(vars[i], 0);
+    SymDim d;
+    tg_status vs = TG_OK;
+    if (!sym_decode(code, &d)) {
+      vs = tg_set_error(TG_ERR_INVALID, "tg_jit_call_vars: vars[%d] is not a variable (tg_variable)", i);
+    } else if (d.value < 0) {
+      const char *name = tg_var_name(vars[i]);
+      vs = tg_set_error(TG_ERR_INVALID, "tg_jit_call_vars: variable '%s' (vars[%d]) is unbound; pass it bound to this "
+                        "call's value (tg_var_bind)", name ? name : "?", i);
+    }
+    for (int q = 0; vs == TG_OK && q < cv.n; q++)
+      if (cv.idx[q] == d.var)
+        vs = tg_set_error(TG_ERR_INVALID, "tg_jit_call_vars: variable '%s' is passed twice", tg_var_name(vars[i]));
+    (void)off;
+    if (vs != TG_OK) {
+      free(cv.idx), free(cv.val);
+      return vs;
+    }
+    cv.idx[cv.n] = d.var, cv.val[cv.n++] = d.value;
+  }
+  tg_status st = tg_jit_call_impl(j, in, nin, args, nargs, out, &cv, vars, nvars);
+  free(cv.idx), free(cv.val);
+  return st;
+}
+
+static tg_status tg_jit_call_impl(tg_jit *j, const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out,
+                                  const CallVars *cv, const tg_symvar *vars, int nvars) {
   if (!j) return tg_set_error(TG_ERR_INVALID, "tg_jit_call: jit is NULL");
   if (nin < 0 || nargs < 0 || (nin && !in) || (nargs && !args) || (j->nout && !out))
     return tg_set_error(TG_ERR_INVALID, "tg_jit_call: NULL arrays or negative counts (nin=%d nargs=%d)", nin, nargs);
@@ -351,12 +452,17 @@ tg_status tg_jit_call(tg_jit *j, const tg_tensor *in, int nin, const double *arg
                         "tg_jit_call: this jit is running a call in another thread; a tg_jit serves one call at a "
                         "time (give each thread its own jit)");
   tg_status st = check_distinct(in, nin);
-  if (st == TG_OK) st = jit_call(j, in, nin, args, nargs, out);
+  const tg_symvar *saved_vars = tl_vars;
+  int saved_n = tl_nvars;
+  tl_vars = vars, tl_nvars = nvars;
+  if (st == TG_OK) st = jit_call(j, in, nin, args, nargs, out, cv);
+  tl_vars = saved_vars, tl_nvars = saved_n;
   atomic_store(&j->busy, false);
   return st;
 }
 
 int tg_jit_captured_kernels(const tg_jit *j) { return j ? j->cap.n : -1; }
+int jit_nvars(const tg_jit *j) { return j ? j->nvars : 0; }
 
 void jit_view(const tg_jit *j, JitView *v) {
   memset(v, 0, sizeof *v);

@@ -262,7 +262,7 @@ static void precompile(Schedule *s) {
 
 _Thread_local Capture *g_capture;
 
-static void capture_add(CachedKernel *ck, Buffer **bufs, int nbufs, size_t nbytes, size_t mem) {
+static void capture_add(CachedKernel *ck, Buffer **bufs, int nbufs, size_t nbytes, size_t mem, const int64_t *vals) {
   Capture *c = g_capture;
   if (c->n == c->cap) {
     c->cap = c->cap ? c->cap * 2 : 32;
@@ -278,6 +278,11 @@ static void capture_add(CachedKernel *ck, Buffer **bufs, int nbufs, size_t nbyte
   it->slot = NULL;
   it->bufs = tg_xmalloc(sizeof(Buffer *) * (size_t)nbufs);
   for (int i = 0; i < nbufs; i++) it->bufs[i] = buffer_ref(bufs[i]);
+  it->vals = NULL;
+  if (ck && ck->code->nvars) {
+    it->vals = tg_xmalloc(sizeof(int64_t) * (size_t)ck->code->nvars);
+    memcpy(it->vals, vals, sizeof(int64_t) * (size_t)ck->code->nvars);
+  }
 }
 
 bool engine_capturing(void) { return g_capture != NULL; }
@@ -286,6 +291,7 @@ static void capitem_free(CapItem *it) {
   for (int j = 0; j < it->nbufs; j++) buffer_unref(it->bufs[j]);
   free(it->bufs);
   free(it->slot);
+  free(it->vals);
   ck_release(it->ck);
 }
 
@@ -327,7 +333,7 @@ void capture_forget(Capture *c, Buffer *b, int from) {
  * in a buffer allocated at its first use and freed after its last item. Counts every item in the
  * global counters as the captured run counted it. */
 static tg_status run_items(const Capture *c, const bool *run, Buffer *const *from, Buffer *const *to, int n,
-                           Buffer *const *pin) {
+                           Buffer *const *pin, const int *vars, const int64_t *vals, int nvars) {
   int dbg = debug_level();
   Buffer **live = c->nslots ? tg_xcalloc((size_t)c->nslots, sizeof(Buffer *)) : NULL;
   tg_status st = TG_OK;
@@ -364,8 +370,15 @@ static tg_status run_items(const Capture *c, const bool *run, Buffer *const *fro
       if (st == TG_OK) counters_add(false, 0, it->nbytes, 0);
     } else {
       void *ps[64];
-      void **p = it->nbufs <= 64 ? ps : tg_xmalloc(sizeof(void *) * (size_t)it->nbufs);
+      int nv = it->code->nvars;
+      void **p = it->nbufs + nv <= 64 ? ps : tg_xmalloc(sizeof(void *) * (size_t)(it->nbufs + nv));
       for (int j = 0; j < it->nbufs; j++) p[j] = b[j]->ptr;
+      for (int k = 0; k < nv; k++) { /* the kernel's variables: this replay's values */
+        int64_t v = it->vals[k];
+        for (int q = 0; q < nvars; q++)
+          if (vars[q] == it->code->vars[k]) v = vals[q];
+        p[it->nbufs + k] = (void *)(intptr_t)v;
+      }
       double t = program_exec(it->prg, p, it->nbufs, it->code->global_size, it->code->local_size, dbg >= 2);
       if (p != ps) free(p);
       if (t < 0) {
@@ -391,8 +404,9 @@ static tg_status run_items(const Capture *c, const bool *run, Buffer *const *fro
   return st;
 }
 
-tg_status capture_replay(const Capture *c, Buffer *const *from, Buffer *const *to, int n) {
-  return run_items(c, NULL, from, to, n, NULL);
+tg_status capture_replay(const Capture *c, Buffer *const *from, Buffer *const *to, int n, const int *vars,
+                         const int64_t *vals, int nvars) {
+  return run_items(c, NULL, from, to, n, NULL, vars, vals, nvars);
 }
 
 /* ---- pruning (TinyJit prune) ----
@@ -472,7 +486,7 @@ int capture_prune(Capture *c, Buffer *const *inputs, int n) {
     for (int j = 1; j < it->nbufs; j++)
       if (it->slot[j] >= 0) need[it->slot[j]] = true;
   }
-  if (st == TG_OK && any_rerun) st = run_items(c, rerun, NULL, NULL, 0, pin);
+  if (st == TG_OK && any_rerun) st = run_items(c, rerun, NULL, NULL, 0, pin, NULL, NULL, 0);
   int kept = -1;
   if (st == TG_OK) {
     /* 4. rebuild: only kept items, pinned slots as their buffers, slot lifetimes recomputed */
@@ -522,6 +536,7 @@ static void print_kernel_line(Device *dev, uint64_t kn, const char *name, int nb
 static tg_status run_schedule(Schedule *s) {
   int dbg = debug_level();
   int cap_from = g_capture ? g_capture->n : 0;
+  if (g_capture && s->sym_unit) g_capture->sym_unit = true;
   int beam = (int)getenv_int("BEAM", 0);
   if (beam <= 0) precompile(s);
   /* out of memory before any kernel ran: nothing was changed yet, so stop here (later, kernels must
@@ -540,7 +555,7 @@ static tg_status run_schedule(Schedule *s) {
       if (st != TG_OK) return st;
       if (g_capture) {
         Buffer *cb[2] = {out->buf, in->buf};
-        capture_add(NULL, cb, 2, out->nbytes, 0);
+        capture_add(NULL, cb, 2, out->nbytes, 0, NULL);
       }
       counters_add(false, 0, out->nbytes, 0);
       if (dbg >= 2)
@@ -548,7 +563,7 @@ static tg_status run_schedule(Schedule *s) {
                 out->dev->name);
     } else if (out->nbytes > 0) {
       CachedKernel *ck;
-      if (beam > 0 && !(it->dev->caps.gpu && kc_gopts(it->dev))) {
+      if (beam > 0 && !s->nvars && !(it->dev->caps.gpu && kc_gopts(it->dev))) { /* (no search over symbolic kernels) */
         Buffer *bb[64];
         Buffer **bp = it->nbufs <= 64 ? bb : tg_xmalloc(sizeof(Buffer *) * (size_t)it->nbufs);
         for (int j = 0; j < it->nbufs; j++) bp[j] = s->bufs[it->bufs[j]].buf;
@@ -560,11 +575,21 @@ static tg_status run_schedule(Schedule *s) {
       if (!ck) return tg_last_status();
       ck_retain(ck); /* kept while it runs, whatever the cache drops meanwhile */
       void *ptrs[16];
-      void **bufs = it->nbufs <= 16 ? ptrs : tg_xmalloc(sizeof(void *) * (size_t)it->nbufs);
+      int nv = ck->code->nvars;
+      void **bufs = it->nbufs + nv <= 16 ? ptrs : tg_xmalloc(sizeof(void *) * (size_t)(it->nbufs + nv));
+      int64_t vb[16];
+      int64_t *vals = nv <= 16 ? vb : tg_xmalloc(sizeof(int64_t) * (size_t)nv);
       size_t mem = 0;
       for (int j = 0; j < it->nbufs; j++) {
         bufs[j] = s->bufs[it->bufs[j]].buf->ptr;
         mem += s->bufs[it->bufs[j]].nbytes;
+      }
+      /* the kernel's variables take their bound values, passed after the buffers */
+      for (int k = 0; k < nv; k++) {
+        vals[k] = 0;
+        for (int q = 0; q < s->nvars; q++)
+          if (s->vars[q] == ck->code->vars[k]) vals[k] = s->vals[q];
+        bufs[it->nbufs + k] = (void *)(intptr_t)vals[k];
       }
       double t = program_exec(ck->prg, bufs, it->nbufs, ck->code->global_size, ck->code->local_size, dbg >= 2);
       if (bufs != ptrs) free(bufs);
@@ -572,9 +597,10 @@ static tg_status run_schedule(Schedule *s) {
         Buffer *cb[64];
         Buffer **cbp = it->nbufs <= 64 ? cb : tg_xmalloc(sizeof(Buffer *) * (size_t)it->nbufs);
         for (int j = 0; j < it->nbufs; j++) cbp[j] = s->bufs[it->bufs[j]].buf;
-        capture_add(ck, cbp, it->nbufs, 0, mem);
+        capture_add(ck, cbp, it->nbufs, 0, mem, vals);
         if (cbp != cb) free(cbp);
       }
+      if (vals != vb) free(vals);
       if (t < 0) {
         ck_release(ck);
         return tg_last_status() ? tg_last_status() : TG_ERR_RUNTIME;
@@ -675,6 +701,21 @@ static tg_status realize_locked(UOp **targets, int n) {
       UOp *t = todo[i];
       if (tbuf[i] < 0) continue;
       Buffer *b = s.bufs[tbuf[i]].buf;
+      if (t->sym) {
+        /* a symbolic shape is stored at its max: handles get the [0, size) view of that buffer
+         * (tinygrad's buffer of a symbolic tensor is its max size too); t itself stays lazy */
+        int64_t mx[64], bd[128];
+        for (int d = 0; d < t->ndim && t->ndim <= 64; d++) {
+          mx[d] = sym_is_code(t->sym[d]) ? sym_maxval(t->sym[d]) : t->shape[d];
+          bd[2 * d] = 0, bd[2 * d + 1] = t->sym[d];
+        }
+        UOp *bm = g_buffer(buffer_ref(b), (tg_dtype)t->dtype, mx, t->ndim);
+        UOp *view = g_shrink(bm, bd);
+        uop_unref(bm);
+        t_replace_everywhere(t, view);
+        uop_unref(view);
+        continue;
+      }
       UOp *bn = g_buffer(buffer_ref(b), (tg_dtype)t->dtype, t->shape, t->ndim);
       uop_set_realized(t, bn); /* owned by t */
       /* handles now hold bn; bn keeps t's graph for autograd when a gradient may flow through it */

@@ -329,7 +329,7 @@ static void topo(Lin *l, UOp *u) {
 }
 
 static bool needs_var(UOp *u) {
-  return u->op != OP_CONST && u->op != OP_RANGE && u->op != OP_DEFINE_GLOBAL && u->op != OP_NOOP;
+  return u->op != OP_CONST && u->op != OP_RANGE && u->op != OP_DEFINE_GLOBAL && u->op != OP_NOOP && u->op != OP_DEFINE_VAR;
 }
 
 /* Does text use identifier `name` (or name + "u", its unaligned twin)? "tg_v8" is not "tg_v8_16". */
@@ -761,6 +761,9 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
     pm_put(&r.names, (uint64_t)(uintptr_t)k->rranges[i], tg_xstrdup(buf));
     pm_put(&l.level, (uint64_t)(uintptr_t)k->rranges[i], (void *)(intptr_t)(k->ng + i + 2));
   }
+  /* the ends of loops of variable length, computed before the loops */
+  for (int i = 0; i < k->ng; i++) topo(&l, k->granges[i]->nsrc ? k->granges[i]->src[0] : NULL);
+  for (int i = 0; i < k->nr; i++) topo(&l, k->rranges[i]->nsrc ? k->rranges[i]->src[0] : NULL);
   for (int c = 0; c < k->ncopy; c++) topo(&l, k->rbodies[c]);
   for (int c = 0; c < k->ncopy; c++) topo(&l, k->values[c]);
   for (int c = 0; c < k->ncopy; c++) topo(&l, k->sidxs[c]);
@@ -803,6 +806,18 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
       snprintf(buf, sizeof buf, "data%lld", (long long)u->arg.i);
       pm_put(&r.names, (uint64_t)(uintptr_t)u, tg_xstrdup(buf));
     }
+    if (u->op == OP_DEFINE_VAR) {
+      /* the variable's own name (tinygrad's `int start_pos` argument), numbered by its argument
+       * place so that two variables of one name stay apart */
+      const char *vn = "v";
+      var_info((int)u->arg.i, &vn, NULL, NULL);
+      int place = 0;
+      for (int j = 0; j < k->nvars; j++)
+        if (k->vars[j] == u) place = j;
+      char buf[48];
+      snprintf(buf, sizeof buf, "%s_%d", vn, place);
+      pm_put(&r.names, (uint64_t)(uintptr_t)u, tg_xstrdup(buf));
+    }
   }
   for (int i = 0; i < k->np; i++) {
     if (k->pdt[i] == TG_FLOAT64) r.uses_f64 = true;
@@ -820,7 +835,11 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
     sb_printf(&body, "%s%s *restrict data%d = (%s%s *)bufs[%d];\n", i ? "const " : "", stype(k->pdt[i]), i,
               i ? "const " : "", stype(k->pdt[i]), i);
   }
-  Blocking blk = blocking(k);
+  for (int i = 0; i < k->nvars && !gpu; i++) {
+    ind(&r);
+    sb_printf(&body, "const long long %s = (long long)(__INTPTR_TYPE__)bufs[%d];\n", nm(&r, k->vars[i]), k->np + i);
+  }
+  Blocking blk = k->sym ? (Blocking){0, 0} : blocking(k);
   if (gpu && k->group) {
     /* the group's partials; each work-item owns the slots at (lbase + lidx0) * ncopy */
     blk.level = 0; /* each work-item's chain is already 1/group of the axis */
@@ -856,7 +875,8 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
     UOp *rg = lv <= k->ng ? k->granges[lv - 1] : k->rranges[lv - 1 - k->ng];
     /* the loop's range: 0..size, or the bounds of a bounded reduce loop */
     char lo[64] = "0", hi[64];
-    snprintf(hi, sizeof hi, "%lld%s", (long long)rg->iarg[0], L->ll);
+    if (rg->nsrc) snprintf(hi, sizeof hi, "%s", nm(&r, rg->src[0]));
+    else snprintf(hi, sizeof hi, "%lld%s", (long long)rg->iarg[0], L->ll);
     bool bounded = lv > k->ng && k->rlo && k->rlo[lv - 1 - k->ng];
     if (bounded) {
       snprintf(lo, sizeof lo, "%s", nm(&r, k->rlo[lv - 1 - k->ng]));
@@ -890,6 +910,9 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
       if (g->div > 1) sb_printf(&body, " / %lldL", (long long)g->div);
       if (g->mod) sb_printf(&body, " %% %lldL", (long long)g->mod);
       sb_puts(&body, ";\n");
+    } else if (lv == 1 && k->ng > 0 && rg->nsrc) {
+      /* the threads split the loop's largest extent; those past the variable's end do nothing */
+      sb_printf(&body, "for (long long ridx0 = gstart; ridx0 < gend && ridx0 < %s; ridx0++) {\n", hi);
     } else if (lv == 1 && k->ng > 0) sb_printf(&body, "for (long long ridx0 = gstart; ridx0 < gend; ridx0++) {\n");
     else sb_printf(&body, "for (%s ridx%d = %s; ridx%d < %s; ridx%d++) {\n", L->i64, lv - 1, lo, lv - 1, hi, lv - 1);
     r.indent++;

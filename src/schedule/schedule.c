@@ -372,6 +372,85 @@ static UOp *k_global(int param, tg_dtype dt) {
   return uop_new(OP_DEFINE_GLOBAL, dt, NULL, 0, NULL, 0, a);
 }
 
+/* ---- symbolic dims ----
+ * A node's symbolic dims (n->sym, tg_sym codes) become index arithmetic over DEFINE_VAR nodes: loops
+ * over them end at the variable's expression, and storage is laid out at their max, so strides stay
+ * constants. */
+static bool dim_sym(const UOp *n, int i) { return n->sym && sym_is_code(n->sym[i]); }
+
+/* the loop over dim i of n, axis id */
+static UOp *k_range(int id, const UOp *n, int i) {
+  if (!dim_sym(n, i)) return s_range(id, n->shape[i]);
+  UOp *e = sym_expr(n->sym[i]);
+  UOp *r = s_range_sym(id, sym_maxval(n->sym[i]), e);
+  uop_unref(e);
+  return r;
+}
+
+/* dim i of n as index arithmetic */
+static UOp *dim_expr(const UOp *n, int i) { return dim_sym(n, i) ? sym_expr(n->sym[i]) : s_const(n->shape[i]); }
+
+/* The shape n is stored in: symbolic dims at their max (buf holds it when n has any). */
+static const int64_t *store_shape(const UOp *n, int64_t *buf) {
+  if (!n->sym) return n->shape;
+  for (int i = 0; i < n->ndim; i++) buf[i] = dim_sym(n, i) ? sym_maxval(n->sym[i]) : n->shape[i];
+  return buf;
+}
+
+static size_t store_bytes(const UOp *n) {
+  int64_t b[MAXD];
+  const int64_t *sh = n->ndim <= MAXD ? store_shape(n, b) : n->shape;
+  return (size_t)shape_numel(sh, n->ndim) * tg_dtype_itemsize((tg_dtype)n->dtype);
+}
+
+static UOp *flat_index(UOp **idx, const int64_t *shape, int ndim);
+static void unravel(UOp *F, const int64_t *shape, int ndim, UOp **out);
+
+/* The index in `to` of the element at index idx of `from`, across a reshape (same elements in the
+ * same order). With symbolic dims the dims are matched in groups (a symbolic dim maps to one dim,
+ * concrete dims re-linearize within their group), so no product with a variable arises. */
+static void reshape_index(UOp **idx, const UOp *from, const UOp *to, UOp **out) {
+  if (!from->sym && !to->sym) {
+    UOp *F = flat_index(idx, from->shape, from->ndim);
+    unravel(F, to->shape, to->ndim, out);
+    uop_unref(F);
+    return;
+  }
+  int ga[MAXD], gb[MAXD];
+  int ng = sym_reshape_groups(from->shape, from->sym, from->ndim, to->shape, to->sym, to->ndim, ga, gb);
+  if (ng < 0) {
+    /* a symbolic dim bound to 1 met a plain size-1 dim (the graph was built treating it as one,
+     * as broadcasting does): at this value they are the same, so match them as size-1 dims (a
+     * TinyJit capture refuses such values: see Schedule.sym_unit) */
+    int64_t fs[MAXD], ts[MAXD];
+    for (int i = 0; i < from->ndim; i++) fs[i] = from->sym && from->shape[i] != 1 ? from->sym[i] : from->shape[i];
+    for (int j = 0; j < to->ndim; j++) ts[j] = to->sym && to->shape[j] != 1 ? to->sym[j] : to->shape[j];
+    ng = sym_reshape_groups(from->shape, fs, from->ndim, to->shape, ts, to->ndim, ga, gb);
+  }
+  TG_ASSERT(ng >= 0); /* UOPF_SYM_LOST graphs are refused before */
+  for (int j = 0; j < to->ndim; j++) out[j] = NULL;
+  for (int g = 0; g < ng; g++) {
+    UOp *fi[MAXD], *ti[MAXD];
+    int64_t fs[MAXD], ts[MAXD];
+    int nf = 0, nt = 0, tj[MAXD];
+    bool sym = false;
+    for (int i = 0; i < from->ndim; i++)
+      if (ga[i] == g) fi[nf] = idx[i], fs[nf++] = from->shape[i], sym = sym || dim_sym(from, i);
+    for (int j = 0; j < to->ndim; j++)
+      if (gb[j] == g) ts[nt] = to->shape[j], tj[nt++] = j;
+    if (sym) {
+      out[tj[0]] = uop_ref(fi[0]);
+      continue;
+    }
+    UOp *F = flat_index(fi, fs, nf);
+    unravel(F, ts, nt, ti);
+    uop_unref(F);
+    for (int k = 0; k < nt; k++) out[tj[k]] = ti[k];
+  }
+  for (int j = 0; j < to->ndim; j++)
+    if (!out[j]) out[j] = s_const(0);
+}
+
 static UOp *flat_index(UOp **idx, const int64_t *shape, int ndim) {
   UOp *acc = s_const(0);
   int64_t st = 1;
@@ -446,7 +525,7 @@ static UOp *build_reduce_at(KB *kb, UOp *reduce, UOp **idx) {
   UOp *ix[MAXD], *rs[MAXD + 1];
   bool red[MAXD] = {false};
   for (int i = 0; i < na; i++) red[reduce->iarg[i]] = true;
-  for (int i = 0; i < k; i++) ix[i] = red[i] ? s_range(100 + i, in->shape[i]) : uop_ref(idx[i]);
+  for (int i = 0; i < k; i++) ix[i] = red[i] ? k_range(100 + i, in, i) : uop_ref(idx[i]);
   UOp *vin = kbuild(kb, in, ix, NULL);
   rs[0] = vin;
   for (int i = 0; i < na; i++) rs[i + 1] = ix[reduce->iarg[i]];
@@ -686,7 +765,8 @@ static UOp *kbuild_inner(KB *kb, UOp *n, UOp **idx, UOp *valid) {
     return r;
   }
   if (x->leaf || (x->mat && n != kb->root)) {
-    UOp *fi = lay_flat(idx, n->shape, n->ndim, x->leaf ? NULL : x->lay);
+    int64_t ssb[MAXD];
+    UOp *fi = lay_flat(idx, n->ndim <= MAXD ? store_shape(n, ssb) : n->shape, n->ndim, x->leaf ? NULL : x->lay);
     UOp *r = stored_load(kb, n, x, fi, valid);
     uop_unref(fi);
     return r;
@@ -715,6 +795,10 @@ static UOp *kbuild_inner(KB *kb, UOp *n, UOp **idx, UOp *valid) {
     UOp *nvalid = valid ? uop_ref(valid) : NULL;
     switch (n->op) {
     case OP_RESHAPE: {
+      if (n->sym || src->sym) {
+        reshape_index(idx, n, src, sidx);
+        break;
+      }
       UOp *F = flat_index(idx, n->shape, nd);
       NI *xs = info(c, src);
       bool stored = xs->leaf ? !is_computed_leaf(src) : xs->mat && src != kb->root && !xs->lay;
@@ -736,14 +820,25 @@ static UOp *kbuild_inner(KB *kb, UOp *n, UOp **idx, UOp *valid) {
       for (int i = 0; i < nd; i++) sidx[n->iarg[i]] = uop_ref(idx[i]);
       break;
     case OP_EXPAND:
-      for (int i = 0; i < nd; i++) sidx[i] = (src->shape[i] == 1 && n->shape[i] != 1) ? s_const(0) : uop_ref(idx[i]);
+      for (int i = 0; i < nd; i++)
+        sidx[i] = (src->shape[i] == 1 && !dim_sym(src, i) && (n->shape[i] != 1 || dim_sym(n, i))) ? s_const(0) : uop_ref(idx[i]);
       break;
-    case OP_PAD:
+    case OP_PAD: {
+      int na;
+      const int64_t *pa = uop_move_args(n, &na);
       for (int i = 0; i < nd; i++) {
         int64_t before = n->iarg[2 * i];
-        sidx[i] = s_addc(idx[i], -before);
-        if (before || n->iarg[2 * i + 1]) {
-          UOp *ge = s_gec(sidx[i], 0), *lt = s_ltc(sidx[i], src->shape[i]);
+        if (sym_is_code(pa[2 * i])) {
+          UOp *e = sym_expr(pa[2 * i]), *ne = s_mulc(e, -1);
+          sidx[i] = s_add(idx[i], ne);
+          uop_unref(e), uop_unref(ne);
+        } else {
+          sidx[i] = s_addc(idx[i], -before);
+        }
+        if (before || n->iarg[2 * i + 1] || sym_is_code(pa[2 * i]) || sym_is_code(pa[2 * i + 1])) {
+          UOp *se = dim_expr(src, i);
+          UOp *ge = s_gec(sidx[i], 0), *lt = s_lt(sidx[i], se);
+          uop_unref(se);
           UOp *both = s_and(ge, lt);
           UOp *nv = s_and(nvalid, both);
           uop_unref(ge);
@@ -754,15 +849,27 @@ static UOp *kbuild_inner(KB *kb, UOp *n, UOp **idx, UOp *valid) {
         }
       }
       break;
-    case OP_SHRINK:
-      for (int i = 0; i < nd; i++) sidx[i] = s_addc(idx[i], n->iarg[2 * i]);
+    }
+    case OP_SHRINK: {
+      int na;
+      const int64_t *sa = uop_move_args(n, &na);
+      for (int i = 0; i < nd; i++) {
+        if (sym_is_code(sa[2 * i])) {
+          UOp *e = sym_expr(sa[2 * i]);
+          sidx[i] = s_add(idx[i], e);
+          uop_unref(e);
+        } else {
+          sidx[i] = s_addc(idx[i], n->iarg[2 * i]);
+        }
+      }
       break;
+    }
     case OP_FLIP:
       for (int i = 0; i < nd; i++) {
         if (n->iarg[i]) {
-          UOp *m = s_mulc(idx[i], -1);
-          sidx[i] = s_addc(m, src->shape[i] - 1);
-          uop_unref(m);
+          UOp *m = s_mulc(idx[i], -1), *se = dim_expr(src, i), *t = s_add(m, se);
+          sidx[i] = s_addc(t, -1);
+          uop_unref(m), uop_unref(se), uop_unref(t);
         } else {
           sidx[i] = uop_ref(idx[i]);
         }
@@ -845,6 +952,27 @@ static bool reads_out_elsewhere(UOp *u, UOp *sidx, PtrMap *seen) {
   return false;
 }
 
+/* The store index of an assign into a region of its target (ASSIGN with iarg: the region's bounds,
+ * tinygrad's assign to a shrink of a buffer): the value's index idx moved by the region's starts,
+ * in the target's storage. NULL for any other root. */
+static UOp *region_store(UOp *root, UOp **idx) {
+  if (root->op != OP_ASSIGN || !root->niarg) return NULL;
+  UOp *t = root->src[0];
+  int na;
+  const int64_t *ra = uop_move_args(root, &na);
+  (void)na;
+  UOp *ti[MAXD];
+  for (int i = 0; i < t->ndim; i++) {
+    UOp *st = sym_expr(ra[2 * i]);
+    ti[i] = s_add(idx[i], st);
+    uop_unref(st);
+  }
+  int64_t ssb[MAXD];
+  UOp *f = flat_index(ti, store_shape(t, ssb), t->ndim);
+  for (int i = 0; i < t->ndim; i++) uop_unref(ti[i]);
+  return f;
+}
+
 /* Builds the kernel computing `value` (shape of root) into sbuf `out`. Returns the SINK AST or NULL
  * if an in-place hazard was found (only possible when out already holds an input). */
 /* Builds the kernel computing root (its value `value`, with `reduce` fused) into sbuf `out`, storing
@@ -872,7 +1000,7 @@ static UOp *build_kernel(SCtx *c, UOp *root, UOp *value, UOp *reduce, bool root_
     lay_ids(lay, k, id);
     if (lay) /* the reduced dims keep their order, after the output's */
       for (int i = 0; i < (int)reduce->niarg; i++) id[reduce->iarg[i]] = 100 + (int)reduce->iarg[i];
-    for (int i = 0; i < k; i++) r[i] = s_range(id[i], in->shape[i]);
+    for (int i = 0; i < k; i++) r[i] = k_range(id[i], in, i);
     UOp *vin = kbuild(&kb, in, r, NULL);
     int na = (int)reduce->niarg;
     UOp **rs = tg_xmalloc(sizeof(UOp *) * (size_t)(na + 1));
@@ -888,19 +1016,20 @@ static UOp *build_kernel(SCtx *c, UOp *root, UOp *value, UOp *reduce, bool root_
       uop_unref(o[reduce->iarg[i]]);
       o[reduce->iarg[i]] = s_const(0);
     }
-    UOp *F = lay_flat(o, reduce->shape, k, value == reduce ? lay : NULL);
+    int64_t ssb[MAXD];
     if (value == reduce) {
-      sidx = uop_ref(F);
+      sidx = region_store(root, o);
+      if (!sidx) sidx = lay_flat(o, store_shape(reduce, ssb), k, lay);
       val = uop_ref(kb.reduce_uop);
     } else {
       UOp **vi = tg_xmalloc(sizeof(UOp *) * (size_t)(value->ndim + 1));
-      unravel(F, value->shape, value->ndim, vi);
+      reshape_index(o, reduce, value, vi);
       val = kbuild(&kb, value, vi, NULL);
-      sidx = flat_index(vi, value->shape, value->ndim);
+      sidx = region_store(root, vi);
+      if (!sidx) sidx = flat_index(vi, store_shape(value, ssb), value->ndim);
       for (int i = 0; i < value->ndim; i++) uop_unref(vi[i]);
       free(vi);
     }
-    uop_unref(F);
     for (int i = 0; i < k; i++) uop_unref(o[i]), uop_unref(r[i]);
     free(o);
     free(r);
@@ -908,9 +1037,11 @@ static UOp *build_kernel(SCtx *c, UOp *root, UOp *value, UOp *reduce, bool root_
     int k = value->ndim;
     lay_ids(lay, k, id);
     UOp **r = tg_xmalloc(sizeof(UOp *) * (size_t)(k + 1));
-    for (int i = 0; i < k; i++) r[i] = s_range(id[i], value->shape[i]);
+    for (int i = 0; i < k; i++) r[i] = k_range(id[i], value, i);
     val = kbuild(&kb, value, r, NULL);
-    sidx = lay_flat(r, value->shape, k, lay);
+    int64_t ssb[MAXD];
+    sidx = region_store(root, r);
+    if (!sidx) sidx = lay_flat(r, store_shape(value, ssb), k, lay);
     for (int i = 0; i < k; i++) uop_unref(r[i]);
     free(r);
   }
@@ -962,7 +1093,7 @@ static int *layout_or_null(const int *order, int k) {
 
 static bool layout_candidate(const NI *x) {
   UOp *n = x->n;
-  if (x->target || x->cand_copy || n->ndim < 2 || n->ndim > MAXD) return false;
+  if (x->target || x->cand_copy || n->ndim < 2 || n->ndim > MAXD || n->sym) return false;
   /* (a CONTIGUOUS keeps row-major order -- tg_contiguous promises it -- unless it was made by
    * g_materialize) */
   bool free_contig = n->op == OP_CONTIGUOUS && n->arg.i == 1;
@@ -1129,9 +1260,16 @@ static void emit_assign(SCtx *c, NI *x) {
   flush_assigns_for(c, n);
   int *params = NULL, np = 0;
   UOp *ast = build_kernel(c, n, n->src[1], x->fused_reduce, x->fused_perm, NULL, x->sbuf, &params, &np, true);
+  if (!ast && n->niarg) {
+    /* an assign into a region whose value reads the target elsewhere: computed in place it could
+     * read what it already wrote */
+    c->s->region_hazard = true;
+    x->emitted = true;
+    return;
+  }
   if (!ast) {
     /* the value reads the target at other positions: compute it into a temp first */
-    size_t nbytes = (size_t)shape_numel(n->shape, n->ndim) * tg_dtype_itemsize((tg_dtype)n->dtype);
+    size_t nbytes = store_bytes(n);
     int tmp = sbuf_new(c->s, dev, nbytes, NULL);
     ast = build_kernel(c, n, n->src[1], x->fused_reduce, x->fused_perm, NULL, tmp, &params, &np, false);
     add_item(c, SI_KERNEL, ast, params, np, dev);
@@ -1474,6 +1612,56 @@ static int pure_copy_source(Schedule *s, UOp *ast, const int *params, int np, in
   return params[1];
 }
 
+/* Records the value of a variable a code binds (-1 for unbound); an error for an unbound variable
+ * or one bound to two values in one realize. */
+static tg_status note_code(Schedule *s, int64_t code) {
+  SymDim d;
+  if (!sym_decode(code, &d)) return TG_OK;
+  const char *name = "?";
+  var_info(d.var, &name, NULL, NULL);
+  if (d.value < 0)
+    return tg_set_error(TG_ERR_INVALID, "tg_realize: variable '%s' [%lld, %lld] is unbound; bind it with "
+                        "tg_var_bind before using it in a size (tg_sym)", name, (long long)d.min, (long long)d.max);
+  for (int i = 0; i < s->nvars; i++) {
+    if (s->vars[i] != d.var) continue;
+    if (s->vals[i] != d.value)
+      return tg_set_error(TG_ERR_INVALID, "tg_realize: variable '%s' is bound to %lld and to %lld in one realize",
+                          name, (long long)s->vals[i], (long long)d.value);
+    return TG_OK;
+  }
+  s->vars = tg_xrealloc(s->vars, sizeof(int) * (size_t)(s->nvars + 1));
+  s->vals = tg_xrealloc(s->vals, sizeof(int64_t) * (size_t)(s->nvars + 1));
+  s->vars[s->nvars] = d.var, s->vals[s->nvars++] = d.value;
+  return TG_OK;
+}
+
+/* The variables of every node's symbolic sizes and arguments, with their values; refuses graphs
+ * where a reshape merged or split a symbolic dim. */
+static tg_status collect_vars(SCtx *c) {
+  for (int i = 0; i < c->nn; i++) {
+    UOp *n = c->ni[i].n;
+    if (uop_flags(n) & UOPF_SYM_LOST)
+      return tg_set_error(TG_ERR_INVALID, "tg_realize: a reshape (or pad) merges or splits a symbolic dim, which is "
+                          "not expressible as variable + constant; keep symbolic dims whole");
+    for (int k = 0; n->sym && k < n->ndim; k++) {
+      tg_status st = note_code(c->s, n->sym[k]);
+      if (st != TG_OK) return st;
+      if (sym_is_code(n->sym[k]) && n->shape[k] <= 1) c->s->sym_unit = true;
+    }
+    int na;
+    const int64_t *a = (op_is_movement(n->op) || n->op == OP_ASSIGN) ? uop_move_args(n, &na) : NULL;
+    for (int k = 0; a && a != n->iarg && k < na; k++) {
+      tg_status st = note_code(c->s, a[k]);
+      if (st != TG_OK) return st;
+    }
+    if (n->op == OP_IOTA && n->niarg == 3) {
+      tg_status st = note_code(c->s, n->iarg[2]);
+      if (st != TG_OK) return st;
+    }
+  }
+  return TG_OK;
+}
+
 tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
   SCtx c;
   memset(&c, 0, sizeof c);
@@ -1481,13 +1669,20 @@ tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
   memset(s, 0, sizeof *s);
   int bound = depth_bound();
   for (int i = 0; i < n; i++) visit(&c, targets[i], true, bound);
+  tg_status vst = collect_vars(&c);
+  if (vst != TG_OK) {
+    pm_free(&c.idx);
+    free(c.ni);
+    schedule_free(s);
+    return vst;
+  }
   decide(&c);
   for (int i = 0; i < c.nn; i++) {
     NI *x = &c.ni[i];
     if (!x->mat) continue;
     UOp *nd = x->n;
     Device *dev = device_by_id(nd->device);
-    size_t nbytes = (size_t)shape_numel(nd->shape, nd->ndim) * tg_dtype_itemsize((tg_dtype)nd->dtype);
+    size_t nbytes = store_bytes(nd);
     if (nd->op == OP_ASSIGN) {
       NI *t = info(&c, nd->src[0]);
       x->sbuf = leaf_sbuf(&c, t);
@@ -1544,7 +1739,7 @@ tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
     s->assigns[s->nassigns] = x->n;
     s->assign_bufs[s->nassigns++] = x->sbuf;
   }
-  if (getenv_int("FUSE_WINDOW", 1)) fuse_windows(s);
+  if (getenv_int("FUSE_WINDOW", 1) && !s->nvars) fuse_windows(s);
   for (int i = 0; i < n; i++) {
     NI *x = info(&c, targets[i]);
     tbuf[i] = (x && x->mat) ? x->sbuf : -1;
@@ -1555,6 +1750,11 @@ tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
   pm_free(&c.snap);
   pv_free(&c.pending_assign);
   free(c.ni);
+  if (s->region_hazard) {
+    schedule_free(s);
+    return tg_set_error(TG_ERR_INVALID, "tg_assign: the value assigned into a region of a buffer reads that buffer "
+                        "outside the region; realize the value first (tg_contiguous + tg_realize)");
+  }
   return TG_OK;
 }
 
@@ -1569,5 +1769,7 @@ void schedule_free(Schedule *s) {
   free(s->bufs);
   free(s->assigns);
   free(s->assign_bufs);
+  free(s->vars);
+  free(s->vals);
   memset(s, 0, sizeof *s);
 }

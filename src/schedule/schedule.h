@@ -37,6 +37,15 @@ typedef struct {
   UOp **assigns;
   int *assign_bufs;
   int nassigns;
+  /* The variables the graph's symbolic sizes use (tg_sym codes) and their bound values: kernels
+   * take them as arguments (vars[i] is a variable index, vals[i] its value). */
+  int *vars;
+  int64_t *vals;
+  int nvars;
+  bool region_hazard; /* (while building) an assign into a region reads its target elsewhere */
+  /* a symbolic size is 0 or 1 now: the tensor layer may have built the graph treating it as a
+   * plain size-1 dim (broadcasting), so its kernels need not hold for other values */
+  bool sym_unit;
 } Schedule;
 
 /* Builds the schedule realizing `targets` (nodes already realized or plain buffer views produce no

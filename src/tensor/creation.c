@@ -618,6 +618,19 @@ tg_status tg_data(tg_tensor t, void *out, size_t nbytes) {
                         (long long)shape_numel(u->shape, u->ndim), tg_dtype_name((tg_dtype)u->dtype));
   uop_ref(u);
   tg_status st;
+  if (u->sym && !g_base_buffer(u)) {
+    /* a symbolic shape: realized at its max, the handle then holds a view of that buffer */
+    st = realize_uops(&u, 1);
+    uop_unref(u);
+    if (st != TG_OK) return st;
+    u = uop_ref(t_get(t, "tg_data"));
+  }
+  if (u->sym) {
+    /* read the bound-size elements through a view with the bound values */
+    UOp *c = g_concrete(u);
+    uop_unref(u);
+    u = c;
+  }
   UOp *b = contiguous_buffer(u, &st);
   uop_unref(u);
   if (!b) return st;
@@ -713,6 +726,86 @@ tg_tensor tg_detach(tg_tensor t) {
   return t_wrap(g_detach(u));
 }
 
+/* Is t a chain of shrinks, one with a symbolic argument, over a buffer (or a pending assign into
+ * one)? Such a target is written in place (an ASSIGN of a region); a concrete shrink keeps the
+ * setitem path. */
+static bool region_target(UOp *t) {
+  bool sym = false;
+  while (t->op == OP_SHRINK && !uop_realized(t)) {
+    int n;
+    sym = sym || uop_move_args(t, &n) != t->iarg;
+    t = t->src[0];
+  }
+  UOp *b = uop_realized(t) ? uop_realized(t) : t;
+  return sym && (b->op == OP_BUFFER || b->op == OP_ASSIGN);
+}
+
+static tg_tensor assign_region(tg_tensor target, UOp *tb, UOp *vu) {
+  int nd = tb->ndim;
+  int64_t lo[64], loc[64]; /* the region's start per dim (codes kept) and its concrete value */
+  for (int i = 0; i < nd; i++) lo[i] = 0, loc[i] = 0;
+  UOp *t = tb, *chain[64];
+  int nc = 0;
+  while (t->op == OP_SHRINK && !uop_realized(t) && nc < 64) {
+    chain[nc++] = t;
+    t = t->src[0];
+  }
+  /* compose the starts, innermost first: start = sum of the chain's starts */
+  for (int k = nc - 1; k >= 0; k--) {
+    int n;
+    const int64_t *a = uop_move_args(chain[k], &n);
+    for (int i = 0; i < nd; i++) {
+      int64_t s = a[2 * i];
+      if (sym_is_code(s) && sym_is_code(lo[i]))
+        return tg_set_error(TG_ERR_INVALID, "tg_assign: dim %d of the target view is shrunk at two symbolic starts", i), (tg_tensor){0};
+      loc[i] += chain[k]->iarg[2 * i];
+      if (sym_is_code(s)) {
+        SymDim d;
+        sym_decode(s, &d);
+        lo[i] = sym_encode(d.var, d.value, d.offset + (lo[i]));
+      } else if (sym_is_code(lo[i])) {
+        SymDim d;
+        sym_decode(lo[i], &d);
+        lo[i] = sym_encode(d.var, d.value, d.offset + s);
+      } else {
+        lo[i] += s;
+      }
+    }
+  }
+  UOp *base = t;
+  if (base->op == OP_ASSIGN || (uop_realized(base) == NULL && base->op != OP_BUFFER)) {
+    if (realize_uops(&base, 1) != TG_OK) return (tg_tensor){0};
+  }
+  UOp *bn = uop_realized(base) ? uop_realized(base) : base;
+  if (bn->op != OP_BUFFER) return tg_set_error(TG_ERR_INVALID, "tg_assign: the target view's base has no storage"), (tg_tensor){0};
+  /* the region: [start, start + the value's size) per dim */
+  int64_t bounds[128];
+  for (int i = 0; i < nd; i++) {
+    bounds[2 * i] = lo[i];
+    SymDim d;
+    if (sym_decode(lo[i], &d)) bounds[2 * i + 1] = sym_encode(d.var, d.value, d.offset + tb->shape[i]);
+    else bounds[2 * i + 1] = loc[i] + tb->shape[i];
+  }
+  UOp *v = g_cast(vu, (tg_dtype)bn->dtype);
+  UOp *a = g_assign_region(bn, v, bounds);
+  uop_unref(v);
+  t_replace_buffer_everywhere(g_buffer_of(bn), a);
+  /* the target: the same view of the assigned buffer */
+  UOp *r = uop_ref(a);
+  for (int k = nc - 1; k >= 0; k--) {
+    int n;
+    const int64_t *ma = uop_move_args(chain[k], &n);
+    UOp *x = g_shrink(r, ma);
+    uop_unref(r);
+    r = x;
+  }
+  Slot *s = t_slot(target);
+  UOp *old = s->u;
+  s->u = r;
+  uop_unref(old);
+  return target;
+}
+
 tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
   GET(tu, target, "tg_assign");
   GET(vu, value, "tg_assign");
@@ -751,6 +844,10 @@ tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
       uop_unref(prev);
       uop_unref(a0);
       tu = tb = ts->u;
+    }
+    if (tb->op != OP_BUFFER && tb->sym == NULL && region_target(tb)) {
+      /* a shrink of a buffer at a symbolic offset (a KV cache at start_pos): written in place */
+      return assign_region(target, tb, vu);
     }
     if (tb->op != OP_BUFFER) {
       /* a view of a tensor with storage: the write lands in that storage (tinygrad's view assign),
@@ -800,3 +897,25 @@ tg_status tg_synchronize(const char *device) {
   if (d->vt->synchronize) d->vt->synchronize(d->state);
   return TG_OK;
 }
+
+/* tinygrad's Tensor.arange(v) for a symbolic length (see tinygrad.h): an iota, computed where it is read */
+tg_tensor tg_arange_sym(int64_t stop, const tg_opts *opts) {
+  tg_dtype dt = opts && opts->dtype != TG_DTYPE_DEFAULT ? opts->dtype : TG_INT32;
+  SymDim d;
+  bool sym = sym_decode(stop, &d);
+  int64_t n = sym ? sym_concrete(stop) : stop;
+  if (!sym && stop < -((int64_t)1 << 62))
+    return tg_set_error(TG_ERR_INVALID, "tg_arange_sym: stop %lld is neither a size nor a symbolic size (tg_sym)", (long long)stop),
+           (tg_tensor){0};
+  if (n < 0 || (sym && d.min + d.offset < 0))
+    return tg_set_error(TG_ERR_INVALID, "tg_arange_sym: length %lld must not be negative (for any value of the variable)", (long long)n),
+           (tg_tensor){0};
+  if (!tg_dtype_is_int(dt) || (sym ? sym_maxval(stop) : n) - 1 > dtype_max(dt))
+    return tg_set_error(TG_ERR_INVALID, "tg_arange_sym: dtype %s cannot hold every index below %lld", tg_dtype_name(dt),
+                        (long long)(sym ? sym_maxval(stop) : n)),
+           (tg_tensor){0};
+  Device *dev = opts_device("tg_arange_sym", opts);
+  if (!dev) return (tg_tensor){0};
+  return t_wrap(g_iota(stop, dt, dev->id));
+}
+

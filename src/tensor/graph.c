@@ -45,10 +45,29 @@ UOp *g_buffer(Buffer *b, tg_dtype dt, const int64_t *shape, int ndim) {
  * that reads it, so an arange or random counters cost no memory and no host loop. n is in iarg so
  * iotas of different lengths are different nodes. */
 UOp *g_iota(int64_t n, tg_dtype dt, int device) {
-  int64_t ia[2] = {device, n};
+  /* a symbolic length (a tg_sym code) is kept after the concrete one */
+  int64_t c = sym_concrete(n);
+  int64_t ia[3] = {device, c, n};
   UArg z = {0};
-  UOp *u = uop_new_meta(OP_IOTA, dt, NULL, 0, ia, 2, z, &n, 1, device);
+  UOp *u = uop_new_meta(OP_IOTA, dt, NULL, 0, ia, sym_is_code(n) ? 3 : 2, z, &c, 1, device);
   return u;
+}
+
+/* Movement arguments may hold symbolic sizes (tg_sym codes): conc gets their concrete values; true
+ * when any is a code. */
+static bool decode_args(const int64_t *args, int n, int64_t *conc) {
+  bool any = false;
+  for (int i = 0; i < n; i++) {
+    conc[i] = sym_concrete(args[i]);
+    any = any || sym_is_code(args[i]);
+  }
+  return any;
+}
+
+/* Are the codes of a movement's result the same as a's own symbolic dims (or both none)? */
+static bool same_sym(const int64_t *codes, bool any, const UOp *a) {
+  if (!any) return !a->sym;
+  return a->sym && !memcmp(codes, a->sym, sizeof(int64_t) * (size_t)a->ndim);
 }
 
 Buffer *g_buffer_of(UOp *u) { return u && u->op == OP_BUFFER ? (Buffer *)u->arg.p : NULL; }
@@ -108,13 +127,34 @@ static UOp *mk_move(int op, UOp *a, const int64_t *iarg, int niarg, const int64_
   return u;
 }
 
+/* The same with arguments that hold codes: iarg is the concrete values, then the codes. */
+static UOp *mk_move_sym(int op, UOp *a, const int64_t *conc, const int64_t *args, int niarg, bool any,
+                        const int64_t *shape, int ndim) {
+  if (!any) return mk_move(op, a, conc, niarg, shape, ndim);
+  int64_t *ia = tg_xmalloc(sizeof(int64_t) * (size_t)(2 * niarg));
+  memcpy(ia, conc, sizeof(int64_t) * (size_t)niarg);
+  memcpy(ia + niarg, args, sizeof(int64_t) * (size_t)niarg);
+  UOp *u = mk_move(op, a, ia, 2 * niarg, shape, ndim);
+  free(ia);
+  return u;
+}
+
 UOp *g_reshape(UOp *a, const int64_t *shape, int ndim) {
-  if (ndim == a->ndim && (ndim == 0 || !memcmp(shape, a->shape, sizeof(int64_t) * (size_t)ndim))) return uop_ref(a);
+  int64_t cb[64] = {0};
+  int64_t *conc = ndim <= 64 ? cb : tg_xmalloc(sizeof(int64_t) * (size_t)ndim);
+  bool any = decode_args(shape, ndim, conc);
+  UOp *r = NULL;
+  if (ndim == a->ndim && (ndim == 0 || !memcmp(conc, a->shape, sizeof(int64_t) * (size_t)ndim)) && (!any || same_sym(shape, any, a)))
+    r = uop_ref(a);
   /* collapse reshape chains: reshape(reshape(x)) == reshape(x), unless the inner one is held by a
    * tensor (which a gradient may be asked for) */
-  if (a->op == OP_RESHAPE && !(uop_flags(a) & (UOPF_GRAD_LEAF | UOPF_HELD_RESHAPE))) a = a->src[0];
-  if (ndim == a->ndim && (ndim == 0 || !memcmp(shape, a->shape, sizeof(int64_t) * (size_t)ndim))) return uop_ref(a);
-  return mk_move(OP_RESHAPE, a, shape, ndim, shape, ndim);
+  if (!r && a->op == OP_RESHAPE && !(uop_flags(a) & (UOPF_GRAD_LEAF | UOPF_HELD_RESHAPE))) a = a->src[0];
+  if (!r && ndim == a->ndim && (ndim == 0 || !memcmp(conc, a->shape, sizeof(int64_t) * (size_t)ndim)) &&
+      (!any || same_sym(shape, any, a)))
+    r = uop_ref(a);
+  if (!r) r = mk_move_sym(OP_RESHAPE, a, conc, shape, ndim, any, conc, ndim);
+  if (conc != cb) free(conc);
+  return r;
 }
 
 UOp *g_permute(UOp *a, const int64_t *order) {
@@ -131,33 +171,48 @@ UOp *g_permute(UOp *a, const int64_t *order) {
 }
 
 UOp *g_expand(UOp *a, const int64_t *shape) {
-  if (a->ndim == 0 || !memcmp(shape, a->shape, sizeof(int64_t) * (size_t)a->ndim)) return uop_ref(a);
-  return mk_move(OP_EXPAND, a, shape, a->ndim, shape, a->ndim);
+  if (a->ndim == 0) return uop_ref(a);
+  int64_t cb[64] = {0};
+  int64_t *conc = a->ndim <= 64 ? cb : tg_xmalloc(sizeof(int64_t) * (size_t)a->ndim);
+  bool any = decode_args(shape, a->ndim, conc);
+  UOp *r;
+  if (!memcmp(conc, a->shape, sizeof(int64_t) * (size_t)a->ndim) && (!any || same_sym(shape, any, a)))
+    r = uop_ref(a);
+  else
+    r = mk_move_sym(OP_EXPAND, a, conc, shape, a->ndim, any, conc, a->ndim);
+  if (conc != cb) free(conc);
+  return r;
 }
 
-UOp *g_pad(UOp *a, const int64_t *pads) {
+UOp *g_pad(UOp *a, const int64_t *pads0) {
   bool any = false;
-  int64_t shape[64];
+  int64_t shape[64], pb[128];
   int64_t *sh = a->ndim <= 64 ? shape : tg_xmalloc(sizeof(int64_t) * (size_t)a->ndim);
+  int64_t *pads = a->ndim <= 64 ? pb : tg_xmalloc(sizeof(int64_t) * (size_t)(2 * a->ndim));
+  bool syms = decode_args(pads0, 2 * a->ndim, pads);
   for (int i = 0; i < a->ndim; i++) {
     sh[i] = a->shape[i] + pads[2 * i] + pads[2 * i + 1];
-    any = any || pads[2 * i] || pads[2 * i + 1];
+    any = any || pads[2 * i] || pads[2 * i + 1] || syms;
   }
-  UOp *u = any ? mk_move(OP_PAD, a, pads, 2 * a->ndim, sh, a->ndim) : uop_ref(a);
+  UOp *u = any ? mk_move_sym(OP_PAD, a, pads, pads0, 2 * a->ndim, syms, sh, a->ndim) : uop_ref(a);
   if (sh != shape) free(sh);
+  if (pads != pb) free(pads);
   return u;
 }
 
-UOp *g_shrink(UOp *a, const int64_t *bounds) {
+UOp *g_shrink(UOp *a, const int64_t *bounds0) {
   bool any = false;
-  int64_t shape[64];
+  int64_t shape[64], bb[128];
   int64_t *sh = a->ndim <= 64 ? shape : tg_xmalloc(sizeof(int64_t) * (size_t)a->ndim);
+  int64_t *bounds = a->ndim <= 64 ? bb : tg_xmalloc(sizeof(int64_t) * (size_t)(2 * a->ndim));
+  bool syms = decode_args(bounds0, 2 * a->ndim, bounds);
   for (int i = 0; i < a->ndim; i++) {
     sh[i] = bounds[2 * i + 1] - bounds[2 * i];
-    any = any || bounds[2 * i] != 0 || bounds[2 * i + 1] != a->shape[i];
+    any = any || bounds[2 * i] != 0 || bounds[2 * i + 1] != a->shape[i] || syms;
   }
-  UOp *u = any ? mk_move(OP_SHRINK, a, bounds, 2 * a->ndim, sh, a->ndim) : uop_ref(a);
+  UOp *u = any ? mk_move_sym(OP_SHRINK, a, bounds, bounds0, 2 * a->ndim, syms, sh, a->ndim) : uop_ref(a);
   if (sh != shape) free(sh);
+  if (bounds != bb) free(bounds);
   return u;
 }
 
@@ -191,7 +246,7 @@ static UOp *reduce1(UOp *a, int op, const int64_t *axes, int naxes) {
 UOp *g_reduce(UOp *a, int op, const int64_t *axes, int naxes) {
   int64_t in_n = 1, out_n = 1;
   for (int i = 0; i < a->ndim; i++) in_n *= a->shape[i];
-  if (op != OP_ADD || naxes == 0 || a->ndim >= 63 || in_n == 0 || !getenv_int("SPLIT_REDUCEOP", 1))
+  if (op != OP_ADD || naxes == 0 || a->ndim >= 63 || in_n == 0 || a->sym || !getenv_int("SPLIT_REDUCEOP", 1))
     return reduce1(a, op, axes, naxes);
   bool red[64] = {false};
   for (int i = 0; i < naxes; i++) red[axes[i]] = true;
@@ -297,7 +352,7 @@ UOp *g_index(UOp *data, UOp *idx) {
 }
 
 UOp *g_copy(UOp *a, int device) {
-  if (a->op == OP_IOTA && !uop_realized(a)) return g_iota(a->shape[0], (tg_dtype)a->dtype, device);
+  if (a->op == OP_IOTA && !uop_realized(a)) return g_iota(a->niarg == 3 ? a->iarg[2] : a->shape[0], (tg_dtype)a->dtype, device);
   if (a->op == OP_CONST && !uop_realized(a)) {
     /* a constant needs no copy: it is the same constant on the other device (a backward pass
      * through tg_to starts from one) */
@@ -316,6 +371,40 @@ UOp *g_assign(UOp *target, UOp *value) {
   UArg z = {0};
   UOp *u = uop_new_meta(OP_ASSIGN, (tg_dtype)target->dtype, s, 2, NULL, 0, z, target->shape, target->ndim, target->device);
   return u;
+}
+
+/* An assign of value into the region bounds (2 per dim, tg_sym codes allowed) of target, whose
+ * shape stays the target's: tinygrad's assign to a shrink of a buffer, written in place. */
+UOp *g_assign_region(UOp *target, UOp *value, const int64_t *bounds0) {
+  int n = 2 * target->ndim;
+  int64_t cb[128] = {0};
+  int64_t *conc = n <= 128 ? cb : tg_xmalloc(sizeof(int64_t) * (size_t)n);
+  bool any = decode_args(bounds0, n, conc);
+  int64_t *ia = tg_xmalloc(sizeof(int64_t) * (size_t)(2 * n + 1));
+  memcpy(ia, conc, sizeof(int64_t) * (size_t)n);
+  if (any) memcpy(ia + n, bounds0, sizeof(int64_t) * (size_t)n);
+  UOp *s[2] = {target, value};
+  UArg z = {0};
+  UOp *u = uop_new_meta(OP_ASSIGN, (tg_dtype)target->dtype, s, 2, ia, any ? 2 * n : n, z, target->shape, target->ndim,
+                        target->device);
+  free(ia);
+  if (conc != cb) free(conc);
+  return u;
+}
+
+/* u with every symbolic argument of its movement ops down to a buffer replaced by its bound value:
+ * the same elements, as a view of concrete shape (for reading data out). */
+UOp *g_concrete(UOp *u) {
+  if (uop_realized(u)) return uop_ref(uop_realized(u));
+  if (u->op == OP_BUFFER || (!op_is_movement(u->op) && u->op != OP_DETACH)) return uop_ref(u);
+  UOp *src = g_concrete(u->src[0]);
+  if (u->op == OP_DETACH) return src;
+  int n;
+  const int64_t *args = uop_move_args(u, &n);
+  (void)args;
+  UOp *r = mk_move(u->op, src, u->iarg, n, u->shape, u->ndim);
+  uop_unref(src);
+  return r;
 }
 
 UOp *g_base_buffer(UOp *u) {

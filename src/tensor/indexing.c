@@ -616,9 +616,12 @@ static tg_status write_through(const char *fn, tg_tensor x, UOp *const *chain, i
     UOp *u = chain[k];
     int nd = u->ndim;
     switch (u->op) {
-    case OP_RESHAPE:
-      r = tg_reshape(r, u->iarg, (int)u->niarg);
+    case OP_RESHAPE: {
+      int na;
+      const int64_t *ma = uop_move_args(u, &na);
+      r = tg_reshape(r, ma, na);
       break;
+    }
     case OP_PERMUTE: {
       int o[MAXD];
       for (int d = 0; d < nd; d++) o[d] = (int)u->iarg[d];
@@ -632,12 +635,18 @@ static tg_status write_through(const char *fn, tg_tensor x, UOp *const *chain, i
       r = tg_flip(r, ax, na);
       break;
     }
-    case OP_SHRINK:
-      r = tg_shrink(r, u->iarg, (int)u->niarg);
+    case OP_SHRINK: {
+      int na;
+      const int64_t *ma = uop_move_args(u, &na);
+      r = tg_shrink(r, ma, na);
       break;
-    case OP_PAD:
-      r = tg_pad(r, u->iarg, (int)u->niarg, 0.0);
+    }
+    case OP_PAD: {
+      int na;
+      const int64_t *ma = uop_move_args(u, &na);
+      r = tg_pad(r, ma, na, 0.0);
       break;
+    }
     default:
       break;
     }

@@ -640,9 +640,32 @@ static bool check_ndim(const char *fn, int ndim, const void *p) {
   return true;
 }
 
-tg_tensor tg_reshape(tg_tensor x, const int64_t *shape, int ndim) {
+/* Symbolic sizes (tg_sym codes) in a size argument: conc gets the concrete values (the bound value
+ * + offset). Returns 1 when any entry is a code, 0 when none, -1 + error for a code whose variable
+ * does not exist (a corrupted value). */
+static int sym_args(const char *fn, const int64_t *args, int n, int64_t *conc) {
+  int any = 0;
+  for (int i = 0; i < n; i++) {
+    conc[i] = args[i];
+    if (args[i] >= -((int64_t)1 << 62)) continue;
+    SymDim d;
+    if (!sym_decode(args[i], &d)) {
+      tg_set_error(TG_ERR_INVALID, "%s: argument %d (%lld) is out of range: neither a size nor a symbolic size (tg_sym)", fn, i,
+                   (long long)args[i]);
+      return -1;
+    }
+    conc[i] = sym_concrete(args[i]);
+    any = 1;
+  }
+  return any;
+}
+
+tg_tensor tg_reshape(tg_tensor x, const int64_t *shape0, int ndim) {
   GET(a, x, "tg_reshape");
-  if (!check_ndim("tg_reshape", ndim, shape)) return NONE;
+  if (!check_ndim("tg_reshape", ndim, shape0)) return NONE;
+  int64_t shape[64];
+  int syms = sym_args("tg_reshape", shape0, ndim, shape);
+  if (syms < 0) return NONE;
   int64_t sh[64];
   int infer = -1;
   int64_t known = 1;
@@ -673,6 +696,8 @@ tg_tensor tg_reshape(tg_tensor x, const int64_t *shape, int ndim) {
     return fail(TG_ERR_INVALID,
                 "tg_reshape: new shape %s is too large (its non-zero dimensions multiply past 2^48)",
                 fmt_shape(b1, sizeof b1, sh, ndim));
+  for (int i = 0; syms && i < ndim; i++)
+    if (sym_is_code(shape0[i])) sh[i] = shape0[i];
   return t_wrap(g_reshape(a, sh, ndim));
 }
 
@@ -702,9 +727,12 @@ bool shape_fits(const int64_t *shape, int ndim) {
   return true;
 }
 
-tg_tensor tg_expand(tg_tensor x, const int64_t *shape, int ndim) {
+tg_tensor tg_expand(tg_tensor x, const int64_t *shape0, int ndim) {
   GET(a, x, "tg_expand");
-  if (!check_ndim("tg_expand", ndim, shape)) return NONE;
+  if (!check_ndim("tg_expand", ndim, shape0)) return NONE;
+  int64_t shape[64];
+  int syms = sym_args("tg_expand", shape0, ndim, shape);
+  if (syms < 0) return NONE;
   char b1[256], b2[256];
   if (ndim < a->ndim)
     return fail(TG_ERR_INVALID, "tg_expand: cannot expand %s to fewer dims %s", shp(b1, sizeof b1, a), fmt_shape(b2, sizeof b2, shape, ndim));
@@ -720,26 +748,44 @@ tg_tensor tg_expand(tg_tensor x, const int64_t *shape, int ndim) {
   }
   if (!shape_fits(sh, ndim))
     return fail(TG_ERR_INVALID, "tg_expand: cannot expand %s to %s (too many elements)", shp(b1, sizeof b1, a), fmt_shape(b2, sizeof b2, sh, ndim));
+  for (int i = 0; syms && i < ndim; i++)
+    if (sym_is_code(shape0[i])) sh[i] = shape0[i];
   return t_wrap(bcast_to(a, sh, ndim));
 }
 
-tg_tensor tg_shrink(tg_tensor x, const int64_t *bounds, int nbounds) {
+tg_tensor tg_shrink(tg_tensor x, const int64_t *bounds0, int nbounds) {
   GET(a, x, "tg_shrink");
   char b[256];
-  if (nbounds != 2 * a->ndim || (nbounds && !bounds))
+  if (nbounds != 2 * a->ndim || (nbounds && !bounds0))
     return fail(TG_ERR_INVALID, "tg_shrink: expected %d bounds (start, end per dim) for shape %s, got %d", 2 * a->ndim, shp(b, sizeof b, a), nbounds);
+  int64_t bounds[128];
+  int syms = sym_args("tg_shrink", bounds0, nbounds, bounds);
+  if (syms < 0) return NONE;
+  for (int i = 0; syms && i < a->ndim; i++) {
+    SymDim s0, s1;
+    bool c0 = sym_decode(bounds0[2 * i], &s0), c1 = sym_decode(bounds0[2 * i + 1], &s1);
+    if (c0 && (!c1 || s1.var != s0.var))
+      return fail(TG_ERR_INVALID, "tg_shrink: dim %d starts at a symbolic size, so it must end at one of the same "
+                  "variable (a size end - start = c - v is not expressible; use (tg_sym(v, a), tg_sym(v, b)))", i);
+  }
   for (int i = 0; i < a->ndim; i++)
     if (bounds[2 * i] < 0 || bounds[2 * i] > bounds[2 * i + 1] || bounds[2 * i + 1] > a->shape[i])
       return fail(TG_ERR_INVALID, "tg_shrink: bounds (%lld, %lld) for dim %d of shape %s must satisfy 0 <= start <= end <= %lld",
                   (long long)bounds[2 * i], (long long)bounds[2 * i + 1], i, shp(b, sizeof b, a), (long long)a->shape[i]);
-  return t_wrap(g_shrink(a, bounds));
+  return t_wrap(g_shrink(a, bounds0));
 }
 
-tg_tensor tg_pad(tg_tensor x, const int64_t *pads, int npads, double value) {
+tg_tensor tg_pad(tg_tensor x, const int64_t *pads0, int npads, double value) {
   GET(a, x, "tg_pad");
   char b[256];
-  if (npads != 2 * a->ndim || (npads && !pads))
+  if (npads != 2 * a->ndim || (npads && !pads0))
     return fail(TG_ERR_INVALID, "tg_pad: expected %d pads (before, after per dim) for shape %s, got %d", 2 * a->ndim, shp(b, sizeof b, a), npads);
+  int64_t pads[128];
+  int syms = sym_args("tg_pad", pads0, npads, pads);
+  if (syms < 0) return NONE;
+  for (int i = 0; syms && i < npads; i++)
+    if (sym_is_code(pads0[i]) && pads[i] < 0)
+      return fail(TG_ERR_INVALID, "tg_pad: symbolic pad %d stands for %lld now; a symbolic pad must not be negative", i, (long long)pads[i]);
   int64_t sb[128], pp[128];
   bool neg = false;
   for (int i = 0; i < a->ndim; i++) {
@@ -759,6 +805,8 @@ tg_tensor tg_pad(tg_tensor x, const int64_t *pads, int npads, double value) {
     char b2[256];
     return fail(TG_ERR_INVALID, "tg_pad: padding shape %s gives %s, too many elements", shp(b, sizeof b, a), fmt_shape(b2, sizeof b2, outsh, a->ndim));
   }
+  for (int i = 0; syms && i < npads; i++)
+    if (sym_is_code(pads0[i])) pp[i] = pads0[i];
   UOp *s = neg ? g_shrink(a, sb) : uop_ref(a);
   UOp *p = g_pad(s, pp);
   if (value != 0.0) {

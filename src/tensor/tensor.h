@@ -71,6 +71,8 @@ UOp *g_copy(UOp *a, int device);
 UOp *g_detach(UOp *a); /* same value, no gradient flows through */
 UOp *g_index(UOp *data, UOp *idx); /* data[idx] along dim 0 (negative indices wrap, out of range reads 0) */
 UOp *g_assign(UOp *target, UOp *value);
+UOp *g_assign_region(UOp *target, UOp *value, const int64_t *bounds);
+UOp *g_concrete(UOp *u);
 
 int64_t shape_numel(const int64_t *shape, int ndim);
 /* Can a tensor have this shape? No negative dimension, and the product of the non-zero dimensions at

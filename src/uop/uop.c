@@ -97,6 +97,9 @@ static void compute_bounds(UOp *u) {
   case OP_RANGE:
     u->vmin = 0, u->vmax = u->iarg[0] - 1;
     break;
+  case OP_DEFINE_VAR:
+    u->vmin = u->iarg[0], u->vmax = u->iarg[1];
+    break;
   case OP_ADD:
     u->vmin = sat_add(a->vmin, b->vmin), u->vmax = sat_add(a->vmax, b->vmax);
     break;
@@ -151,6 +154,9 @@ static void fill_meta(UOp *u, const int64_t *shape, int ndim, int device) {
     u->shape = tg_xmalloc(sizeof(int64_t) * (size_t)ndim);
     memcpy(u->shape, shape, sizeof(int64_t) * (size_t)ndim);
   }
+  bool lost = false;
+  u->sym = ndim ? sym_infer(u, &lost) : NULL;
+  if (lost) __atomic_fetch_or(&u->flags, (uint8_t)UOPF_SYM_LOST, __ATOMIC_RELEASE);
   __atomic_fetch_or(&u->flags, (uint8_t)UOPF_META, __ATOMIC_RELEASE);
 }
 
@@ -282,6 +288,7 @@ void uop_unref(UOp *u) {
       free(x->src);
       free(x->iarg);
       free(x->shape);
+      free(x->sym);
       free(x);
     }
     dead.n = 0;
@@ -323,6 +330,22 @@ UOp *s_range(int axis, int64_t size) {
   UArg a;
   a.i = axis;
   return uop_new(OP_RANGE, DT_INDEX, NULL, 0, &size, 1, a);
+}
+
+UOp *s_range_sym(int axis, int64_t max, UOp *end) {
+  if (end->op == OP_CONST) return s_range(axis, end->arg.i);
+  UArg a;
+  a.i = axis;
+  if (max < 0) max = 0;
+  return uop_new(OP_RANGE, DT_INDEX, &end, 1, &max, 1, a);
+}
+
+UOp *s_var(int var) {
+  int64_t b[2] = {0, 0};
+  var_info(var, NULL, &b[0], &b[1]);
+  UArg a;
+  a.i = var;
+  return uop_new(OP_DEFINE_VAR, DT_INDEX, NULL, 0, b, 2, a);
 }
 
 typedef struct {
@@ -620,6 +643,15 @@ UOp *s_gec(UOp *x, int64_t c) {
   uop_unref(cc);
   return r;
 }
+UOp *s_lt(UOp *a, UOp *b) {
+  if (b->op == OP_CONST) return s_ltc(a, b->arg.i);
+  if (a->op == OP_CONST) return s_gec(b, a->arg.i + 1);
+  UOp *nb = s_mulc(b, -1), *d = s_add(a, nb);
+  UOp *r = s_ltc(d, 0);
+  uop_unref(nb), uop_unref(d);
+  return r;
+}
+
 bool uop_depends_on_memo(const UOp *u, const UOp *r, PtrMap *memo) {
   if (u == r) return true;
   intptr_t m = (intptr_t)pm_get(memo, (uint64_t)(uintptr_t)u);

@@ -74,7 +74,8 @@
   X(ASSIGN, 0)                                                                                     \
   /* kernel AST */                                                                                 \
   X(DEFINE_GLOBAL, 0)                                                                              \
-  X(RANGE, 0)                                                                                      \
+  X(RANGE, 0) /* iarg[0] the size (max); a symbolic loop has src[0], its end (index arithmetic) */   \
+  X(DEFINE_VAR, 0) /* a variable's value as a kernel argument: arg.i its index, iarg {min, max} */ \
   X(LOAD, 0)                                                                                       \
   X(REDUCE, 0)                                                                                     \
   X(STORE, 0)                                                                                      \
@@ -118,6 +119,7 @@ struct UOp {
   UArg arg;          /* scalar argument (part of identity): CONST value, BUFFER pointer, RANGE axis */
   /* derived, not part of identity */
   int64_t *shape;    /* tensor-graph nodes: the shape; NULL for 0-d and kernel nodes */
+  int64_t *sym;      /* tensor-graph nodes with symbolic dims: the shape with those dims as tg_sym codes */
   int ndim;
   int device;        /* device id (tensor-graph nodes) */
   int64_t vmin, vmax;/* index-arithmetic bounds (kernel nodes of integer dtype) */
@@ -141,6 +143,9 @@ struct UOp {
 /* flags bit: a tensor handle holds this reshape. tg_backward and tg_gradient may target any tensor
  * (tinygrad's rule), so a reshape of it is not folded into a reshape of its source either */
 #define UOPF_HELD_RESHAPE 32
+/* flags bit: a reshape merged or split a symbolic dim (its shape is no longer v + c): the scheduler
+ * refuses kernels that contain it rather than bake the bound value in */
+#define UOPF_SYM_LOST 64
 extern void (*uop_free_hook)(UOp *u);
 
 /* Creates (or finds) a node. Takes no ownership of srcs (they are ref'd by the new node). Returns a
@@ -178,6 +183,12 @@ int64_t uop_const_as_i(const UOp *u);
  * contiguous access comes out as a plain running index. All take borrowed refs, return new refs. */
 UOp *s_const(int64_t v);
 UOp *s_range(int axis, int64_t size);
+/* a loop over [0, end) where end is index arithmetic (a variable) of at most max */
+UOp *s_range_sym(int axis, int64_t max, UOp *end);
+/* the value of variable `var` (index arithmetic with its bounds) */
+UOp *s_var(int var);
+/* a < b for two index expressions (a bool; folded when the bounds decide it) */
+UOp *s_lt(UOp *a, UOp *b);
 UOp *s_add(UOp *a, UOp *b);
 UOp *s_addc(UOp *a, int64_t c);
 UOp *s_mulc(UOp *a, int64_t c);
@@ -201,6 +212,40 @@ bool uop_depends_on(const UOp *u, const UOp *r);
 bool uop_depends_on_memo(const UOp *u, const UOp *r, PtrMap *memo);
 /* Appends every distinct node of op `op` in u's graph to out, depth first, sources in order. */
 void uop_collect(UOp *u, int op, PtrVec *out);
+
+/* ---- symbolic sizes (var.c) ----
+ * Variables are rows of a process-wide table (index >= 0); a size code (tg_sym) is a tagged int64
+ * packing a variable, its bound value (-1: unbound) and an offset. */
+typedef struct {
+  int var;
+  int64_t value, offset, min, max;
+} SymDim;
+/* The index of variable (name, min, max), created at the first call; -1 + error on bad input. */
+int var_intern(const char *fn, const char *name, int64_t min, int64_t max);
+bool var_info(int idx, const char **name, int64_t *min, int64_t *max);
+bool sym_is_code(int64_t x);
+/* TG_SYM_NONE when a field does not fit */
+int64_t sym_encode(int var, int64_t value, int64_t offset);
+/* false when x is not a valid code */
+bool sym_decode(int64_t x, SymDim *out);
+/* the size a code stands for now (value + offset; max + offset when unbound); plain sizes as they are */
+int64_t sym_concrete(int64_t x);
+/* the largest size a code can stand for (max + offset); plain sizes as they are */
+int64_t sym_maxval(int64_t x);
+/* A movement node's arguments with their codes (the second half of iarg when it has codes, else
+ * iarg itself); *n gets their count. */
+const int64_t *uop_move_args(const UOp *u, int *n);
+/* The symbolic shape of a tensor-graph node (malloc'd, NULL when no dim is symbolic), inferred from
+ * its sources' and its own codes; *lost when a reshape merged or split a symbolic dim. */
+int64_t *sym_infer(const UOp *u, bool *lost);
+/* Groups matching the dims of a reshape: dims of `a` and of `b` get group numbers (a size-1 dim
+ * that is not symbolic gets -1); a group is either one symbolic dim on each side or concrete dims
+ * of equal product. Returns the group count, or -1 when a symbolic dim would be merged or split.
+ * asym/bsym may be NULL (no symbolic dims). */
+int sym_reshape_groups(const int64_t *a, const int64_t *asym, int na, const int64_t *b, const int64_t *bsym, int nb,
+                       int *ga, int *gb);
+/* index arithmetic for a code (DEFINE_VAR + offset), or s_const for a plain size */
+UOp *sym_expr(int64_t x);
 
 /* Debug: prints a node tree to stderr. */
 void uop_print(const UOp *u);

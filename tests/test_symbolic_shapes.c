@@ -1,0 +1,457 @@
+/* test_symbolic_shapes.c -- symbolic sizes (tinygrad's Variable): shrinks to [0:v], sums, softmax and
+ * attention over v keys, a symbolic arange, reshape/expand with a variable, a KV cache written at a
+ * symbolic position, TinyJit over changing v -- each against the concrete-size result, each kernel
+ * compiled once for every value -- and the errors (out of bounds, unbound at realize). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <tinygrad.h>
+
+#include "test.h"
+
+#define MAXC 16 /* the cache's context length */
+#define H 2
+#define D 8
+
+static uint64_t compiles(void) { return tg_global_counters().compile_count; }
+
+static tg_tensor seq(int64_t n, float scale, float off) {
+  float *d = malloc(sizeof(float) * (size_t)n);
+  for (int64_t i = 0; i < n; i++) d[i] = (float)sin((double)i * scale) + off;
+  tg_tensor t = tg_from_data(d, &n, 1, NULL);
+  free(d);
+  return t;
+}
+
+/* max |a - b| over n floats of two tensors (read through tg_data) */
+static double maxdiff(tg_tensor a, tg_tensor b, int64_t n) {
+  float *x = calloc((size_t)n + 1, sizeof(float)), *y = calloc((size_t)n + 1, sizeof(float));
+  double m = INFINITY;
+  if (tg_data(a, x, sizeof(float) * (size_t)n) == TG_OK && tg_data(b, y, sizeof(float) * (size_t)n) == TG_OK) {
+    m = 0;
+    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs((double)x[i] - (double)y[i]));
+  } else {
+    fprintf(stderr, "    tg_data failed: %s\n", tg_last_error());
+  }
+  free(x), free(y);
+  return m;
+}
+
+TEST(variable_api) {
+  tg_symvar v = tg_variable("start_pos", 1, 8);
+  CHECK(v.id != 0);
+  CHECK(tg_variable("start_pos", 1, 8).id == v.id); /* interned */
+  CHECK(tg_var_value(v) == -1);
+  CHECK(!strcmp(tg_var_name(v), "start_pos") && tg_var_min(v) == 1 && tg_var_max(v) == 8);
+  tg_symvar b = tg_var_bind(v, 5);
+  CHECK(tg_var_value(b) == 5 && tg_var_value(tg_var_bind(b, 6)) == 6 && tg_var_value(tg_var_unbind(b)) == -1);
+  int64_t c = tg_sym(b, 3), off = 0;
+  CHECK(tg_is_sym(c) && c < -((int64_t)1 << 62));
+  CHECK(tg_sym_variable(c, &off).id == b.id && off == 3);
+  CHECK(!tg_is_sym(-1) && !tg_is_sym(0) && !tg_is_sym(7) && !tg_is_sym(TG_SYM_NONE));
+  tg_clear_error();
+  CHECK(tg_var_bind(v, 9).id == 0);
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_var_bind: start_pos = 9 is outside its bounds [1, 8]");
+  tg_clear_error();
+  CHECK(tg_var_bind(v, 0).id == 0);
+  tg_clear_error();
+  CHECK(tg_variable("2bad", 0, 3).id == 0);
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_variable");
+  tg_clear_error();
+  CHECK(tg_variable("n", 5, 3).id == 0);
+  CHECK_STR_CONTAINS(tg_last_error(), "[5, 3]");
+  tg_clear_error();
+  CHECK(tg_sym((tg_symvar){0}, 0) == TG_SYM_NONE);
+  tg_clear_error();
+}
+
+/* x[0:v] * 2 + 1, for several v: the same values as a concrete shrink, one compile */
+TEST(shrink_to_v) {
+  tg_scope_begin();
+  tg_symvar v = tg_variable("v", 1, 10);
+  tg_tensor x = seq(10, 0.7f, 0);
+  for (int val = 2; val <= 9; val += 3) {
+    tg_scope_begin();
+    tg_symvar b = tg_var_bind(v, val);
+    tg_tensor y = tg_add_s(tg_mul_s(tg_shrink(x, TG_SHAPE(0, tg_sym(b, 0))), 2), 1);
+    int64_t sh[1], shs[1];
+    CHECK(tg_shape(y, sh) == 1 && sh[0] == val);
+    CHECK(tg_shape_sym(y, shs) == 1 && tg_is_sym(shs[0]));
+    tg_tensor r = tg_add_s(tg_mul_s(tg_shrink(x, TG_SHAPE(0, val)), 2), 1);
+    uint64_t c0 = compiles();
+    CHECK(tg_realize(y) == TG_OK);
+    if (val > 2) CHECK_MSG(compiles() == c0, "compiled %llu kernels for a new value", (unsigned long long)(compiles() - c0));
+    CHECK_MSG(maxdiff(y, r, val) == 0, "v=%d", val);
+    tg_scope_end();
+  }
+  tg_scope_end();
+  CHECK(tg_live_count() == 0);
+}
+
+/* sums, max and softmax over a symbolic axis of a (4, v) view */
+TEST(reduce_softmax_over_v) {
+  tg_scope_begin();
+  tg_symvar v = tg_variable("v", 1, 12);
+  tg_tensor x = tg_reshape(seq(4 * 12, 1.3f, 0.5f), TG_SHAPE(4, 12));
+  tg_realize(x);
+  /* a size of 1 may be built as a broadcastable dim (another graph): kernels are shared from 2 on */
+  const int vals[] = {1, 2, 7, 12};
+  for (int vi = 0; vi < 4; vi++) {
+    int val = vals[vi];
+    tg_scope_begin();
+    tg_symvar b = tg_var_bind(v, val);
+    tg_tensor xs = tg_shrink(x, TG_SHAPE(0, 4, 0, tg_sym(b, 0))), xc = tg_shrink(x, TG_SHAPE(0, 4, 0, val));
+    tg_tensor s = tg_sum(xs, TG_AXES(1), false), sc = tg_sum(xc, TG_AXES(1), false);
+    tg_tensor m = tg_max(xs, TG_AXES(1), false), mc = tg_max(xc, TG_AXES(1), false);
+    tg_tensor sm = tg_softmax(xs, 1), smc = tg_softmax(xc, 1);
+    uint64_t c0 = compiles();
+    tg_tensor outs[3] = {s, m, sm};
+    CHECK(tg_realize_many(outs, 3) == TG_OK);
+    if (val > 2) CHECK_MSG(compiles() == c0, "v=%d compiled %llu", val, (unsigned long long)(compiles() - c0));
+    CHECK_MSG(maxdiff(s, sc, 4) < 1e-5, "sum v=%d", val);
+    CHECK_MSG(maxdiff(m, mc, 4) == 0, "max v=%d", val);
+    CHECK_MSG(maxdiff(sm, smc, 4 * val) < 1e-6, "softmax v=%d", val);
+    tg_scope_end();
+  }
+  tg_scope_end();
+  CHECK(tg_live_count() == 0);
+}
+
+/* attention of one query over the first v keys of a cache (tinygrad's gpt2 decode step) */
+static tg_tensor attention(tg_tensor q, tg_tensor k, tg_tensor vv, int64_t len) {
+  /* q (1, H, 1, D); k, v: (1, MAXC, H, D) caches, the first len positions used */
+  tg_tensor ks = tg_transpose(tg_shrink(k, TG_SHAPE(0, 1, 0, len, 0, H, 0, D)), 1, 2);
+  tg_tensor vs = tg_transpose(tg_shrink(vv, TG_SHAPE(0, 1, 0, len, 0, H, 0, D)), 1, 2);
+  tg_tensor sc = tg_mul_s(tg_matmul(q, tg_transpose(ks, 2, 3)), 1.0 / sqrt((double)D));
+  return tg_matmul(tg_softmax(sc, -1), vs);
+}
+
+TEST(attention_over_v_keys) {
+  tg_scope_begin();
+  tg_symvar v = tg_variable("v", 1, MAXC);
+  tg_tensor q = tg_reshape(seq(H * D, 0.9f, 0), TG_SHAPE(1, H, 1, D));
+  tg_tensor k = tg_reshape(seq(MAXC * H * D, 0.37f, 0), TG_SHAPE(1, MAXC, H, D));
+  tg_tensor vv = tg_reshape(seq(MAXC * H * D, 0.21f, 0.1f), TG_SHAPE(1, MAXC, H, D));
+  tg_realize(q), tg_realize(k), tg_realize(vv);
+  uint64_t csym = 0;
+  const int vals[] = {1, 2, 5, 9, 16};
+  for (int vi = 0; vi < 5; vi++) {
+    int val = vals[vi];
+    tg_scope_begin();
+    tg_symvar b = tg_var_bind(v, val);
+    tg_tensor rc = attention(q, k, vv, val);
+    tg_realize(rc);
+    uint64_t c1 = compiles();
+    tg_tensor rs = attention(q, k, vv, tg_sym(b, 0));
+    tg_realize(rs);
+    if (val > 2) CHECK_MSG(compiles() == c1, "v=%d: the symbolic attention compiled %llu kernels", val, (unsigned long long)(compiles() - c1));
+    else if (val == 2) csym = compiles() - c1;
+    CHECK_MSG(maxdiff(rs, rc, H * D) < 1e-5, "v=%d", val);
+    tg_scope_end();
+  }
+  CHECK(csym > 0);
+  tg_scope_end();
+  CHECK(tg_live_count() == 0);
+}
+
+TEST(arange_reshape_expand) {
+  tg_scope_begin();
+  tg_symvar v = tg_variable("n", 0, 20);
+  for (int val = 0; val <= 20; val += 7) {
+    tg_scope_begin();
+    tg_symvar b = tg_var_bind(v, val);
+    tg_tensor a = tg_arange_sym(tg_sym(b, 0), NULL);
+    int64_t sh[1];
+    CHECK(tg_shape(a, sh) == 1 && sh[0] == val);
+    int32_t got[32] = {0};
+    CHECK(tg_data(a, got, sizeof got) == TG_OK);
+    for (int i = 0; i < val; i++) CHECK_MSG(got[i] == i, "arange(%d)[%d] = %d", val, i, got[i]);
+    int64_t total = -1;
+    CHECK(tg_item_i64(tg_sum(a, NULL, 0, false), &total) == TG_OK && total == (int64_t)val * (val - 1) / 2);
+    /* (v,) -> (1, v) -> (3, v), summed over the 3 copies; (v + 2,) by a pad */
+    tg_tensor e = tg_expand(tg_reshape(tg_cast(a, TG_FLOAT32), TG_SHAPE(1, tg_sym(b, 0))), TG_SHAPE(3, tg_sym(b, 0)));
+    tg_tensor es = tg_sum(e, TG_AXES(0), false);
+    tg_tensor ref = tg_mul_s(tg_cast(tg_arange(0, val, 1, NULL), TG_FLOAT32), 3);
+    if (val) CHECK_MSG(maxdiff(es, ref, val) == 0, "expand v=%d", val);
+    tg_tensor p = tg_pad(tg_cast(a, TG_FLOAT32), TG_SHAPE(1, 1), 5.0);
+    float pd[32] = {0};
+    CHECK(tg_data(p, pd, sizeof pd) == TG_OK);
+    CHECK(pd[0] == 5 && pd[val + 1] == 5);
+    for (int i = 0; i < val; i++) CHECK(pd[i + 1] == (float)i);
+    tg_scope_end();
+  }
+  tg_scope_end();
+  CHECK(tg_live_count() == 0);
+}
+
+/* A decode step as gpt2 does it: write this position's k and v into the cache at start_pos (an
+ * assign into a symbolic-offset shrink), then attend over cache[0 : start_pos + 1]. */
+typedef struct {
+  tg_tensor cache; /* (2, 1, MAXC, H, D) */
+} Model;
+
+static tg_status f_step(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout;
+  Model *m = u;
+  tg_symvar sp = tg_jit_var(0);
+  /* in[0]: q (1, H, 1, D); in[1]: the new k and v, (2, 1, 1, H, D) */
+  tg_tensor slot = tg_shrink(m->cache, TG_SHAPE(0, 2, 0, 1, tg_sym(sp, 0), tg_sym(sp, 1), 0, H, 0, D));
+  tg_assign(slot, in[1]);
+  tg_status st = tg_realize(m->cache);
+  if (st != TG_OK) return st;
+  tg_tensor k = tg_reshape(tg_shrink(m->cache, TG_SHAPE(0, 1, 0, 1, 0, MAXC, 0, H, 0, D)), TG_SHAPE(1, MAXC, H, D));
+  tg_tensor v = tg_reshape(tg_shrink(m->cache, TG_SHAPE(1, 2, 0, 1, 0, MAXC, 0, H, 0, D)), TG_SHAPE(1, MAXC, H, D));
+  out[0] = attention(in[0], k, v, tg_sym(sp, 1));
+  return TG_OK;
+}
+
+/* the reference, in plain C: softmax(q.k / sqrt(D)) . v over positions 0..len-1 */
+static void ref_attention(const float *q, const float *kc, const float *vc, int len, float *o) {
+  for (int h = 0; h < H; h++) {
+    double s[MAXC], mx = -INFINITY, tot = 0;
+    for (int p = 0; p < len; p++) {
+      double d = 0;
+      for (int i = 0; i < D; i++) d += (double)q[h * D + i] * kc[(p * H + h) * D + i];
+      s[p] = d / sqrt((double)D);
+      mx = fmax(mx, s[p]);
+    }
+    for (int p = 0; p < len; p++) tot += s[p] = exp(s[p] - mx);
+    for (int i = 0; i < D; i++) {
+      double a = 0;
+      for (int p = 0; p < len; p++) a += s[p] / tot * vc[(p * H + h) * D + i];
+      o[h * D + i] = (float)a;
+    }
+  }
+}
+
+TEST(jit_kv_cache_decode) {
+  tg_scope_begin();
+  Model m = {tg_contiguous(tg_zeros(TG_SHAPE(2, 1, MAXC, H, D), NULL))};
+  CHECK(tg_realize(m.cache) == TG_OK);
+  tg_jit *j = tg_jit_new(f_step, 1, &m);
+  tg_symvar sp = tg_variable("start_pos", 0, MAXC - 1);
+  float kc[MAXC * H * D], vc[MAXC * H * D];
+  uint64_t c_after_capture = 0;
+  int ncap = -1;
+  for (int pos = 0; pos < MAXC; pos++) {
+    tg_scope_begin();
+    float qd[H * D], kv[2 * H * D], o[H * D], want[H * D];
+    for (int i = 0; i < H * D; i++) {
+      qd[i] = (float)sin(pos * 0.3 + i);
+      kv[i] = kc[pos * H * D + i] = (float)cos(pos * 0.7 + i * 0.1);
+      kv[H * D + i] = vc[pos * H * D + i] = (float)sin(pos * 1.1 - i * 0.2);
+    }
+    tg_tensor in[2] = {tg_from_data(qd, TG_SHAPE(1, H, 1, D), NULL), tg_from_data(kv, TG_SHAPE(2, 1, 1, H, D), NULL)};
+    tg_symvar b = tg_var_bind(sp, pos);
+    tg_tensor out[1];
+    tg_status st = tg_jit_call_vars(j, in, 2, &b, 1, NULL, 0, out);
+    CHECK_MSG(st == TG_OK, "pos %d: %s", pos, tg_last_error());
+    if (st != TG_OK) {
+      tg_scope_end();
+      break;
+    }
+    ref_attention(qd, kc, vc, pos + 1, want);
+    CHECK(tg_data(out[0], o, sizeof o) == TG_OK);
+    double err = 0;
+    for (int i = 0; i < H * D; i++) err = fmax(err, fabs((double)o[i] - want[i]));
+    CHECK_MSG(err < 1e-5, "pos %d: max error %g", pos, err);
+    if (pos == 1) c_after_capture = compiles(), ncap = tg_jit_captured_kernels(j);
+    if (pos > 1) {
+      CHECK_MSG(compiles() == c_after_capture, "pos %d compiled %llu kernels", pos, (unsigned long long)(compiles() - c_after_capture));
+      CHECK(tg_jit_captured_kernels(j) == ncap);
+    }
+    tg_scope_end();
+  }
+  CHECK(ncap > 0);
+  /* the cache holds every position written */
+  float all[2 * MAXC * H * D];
+  CHECK(tg_data(m.cache, all, sizeof all) == TG_OK);
+  CHECK(!memcmp(all, kc, sizeof kc) && !memcmp(all + MAXC * H * D, vc, sizeof vc));
+  /* a replay without the variable is refused, not run with the captured value */
+  tg_clear_error();
+  tg_tensor in[2] = {tg_zeros(TG_SHAPE(1, H, 1, D), NULL), tg_zeros(TG_SHAPE(2, 1, 1, H, D), NULL)};
+  tg_realize(in[0]), tg_realize(in[1]);
+  tg_tensor out[1];
+  CHECK(tg_jit_call(j, in, 2, NULL, 0, out) != TG_OK);
+  CHECK_STR_CONTAINS(tg_last_error(), "variables");
+  tg_clear_error();
+  tg_jit_free(j);
+  tg_scope_end();
+  CHECK(tg_live_count() == 0);
+}
+
+
+/* tinygrad's test_symbolic_jit: a jitted function of x[0:i] and y[0:j] for changing i and j, two
+ * variables as jit inputs, one capture for every value */
+static tg_status f_two(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
+  tg_symvar i = tg_jit_var(0), j = tg_jit_var(1);
+  tg_tensor a = tg_sum(tg_mul_s(tg_shrink(in[0], TG_SHAPE(0, 3, 0, tg_sym(i, 0))), 2), TG_AXES(1), false);
+  tg_tensor b = tg_max(tg_shrink(in[1], TG_SHAPE(0, tg_sym(j, 1), 0, 3)), TG_AXES(0), false);
+  out[0] = tg_add(a, b);
+  return TG_OK;
+}
+
+TEST(jit_two_variables) {
+  tg_scope_begin();
+  tg_symvar vi = tg_variable("i", 1, 12), vj = tg_variable("j", 0, 11);
+  float xd[36], yd[36];
+  for (int k = 0; k < 36; k++) xd[k] = (float)sin(k * 0.3), yd[k] = (float)cos(k * 0.45);
+  tg_tensor in[2] = {tg_from_data(xd, TG_SHAPE(3, 12), NULL), tg_from_data(yd, TG_SHAPE(12, 3), NULL)};
+  tg_jit *jit = tg_jit_new(f_two, 1, NULL);
+  uint64_t c0 = 0;
+  int ncap = 0;
+  for (int call = 0; call < 8; call++) {
+    tg_scope_begin();
+    int iv = 2 + (call * 5) % 11, jv = (call * 7) % 12;
+    tg_symvar vars[2] = {tg_var_bind(vi, iv), tg_var_bind(vj, jv)};
+    tg_tensor out[1];
+    CHECK_MSG(tg_jit_call_vars(jit, in, 2, vars, 2, NULL, 0, out) == TG_OK, "%s", tg_last_error());
+    float o[3] = {0};
+    CHECK(tg_data(out[0], o, sizeof o) == TG_OK);
+    for (int r = 0; r < 3; r++) {
+      double a = 0, b = -INFINITY;
+      for (int k = 0; k < iv; k++) a += 2.0 * xd[r * 12 + k];
+      for (int k = 0; k < jv + 1; k++) b = fmax(b, yd[k * 3 + r]);
+      CHECK_MSG(fabs(o[r] - (a + b)) < 1e-5, "call %d (i=%d j=%d) row %d: %g vs %g", call, iv, jv, r, o[r], a + b);
+    }
+    if (call == 1) c0 = compiles(), ncap = tg_jit_captured_kernels(jit);
+    if (call > 1) CHECK(compiles() == c0 && tg_jit_captured_kernels(jit) == ncap);
+    tg_scope_end();
+  }
+  CHECK(ncap > 0);
+  /* the same call with one variable missing is refused */
+  tg_symvar one = tg_var_bind(vi, 3);
+  tg_tensor out[1];
+  CHECK(tg_jit_call_vars(jit, in, 2, &one, 1, NULL, 0, out) != TG_OK);
+  CHECK_STR_CONTAINS(tg_last_error(), "variables");
+  tg_clear_error();
+  /* unbound variables are refused at the call */
+  tg_symvar unb[2] = {vi, vj};
+  CHECK(tg_jit_call_vars(jit, in, 2, unb, 2, NULL, 0, out) != TG_OK);
+  CHECK_STR_CONTAINS(tg_last_error(), "unbound");
+  tg_clear_error();
+  tg_jit_free(jit);
+  tg_scope_end();
+  CHECK(tg_live_count() == 0);
+}
+
+/* The decode step the way tinygrad's gpt2 writes it: xk, xv stacked into the cache at start_pos,
+ * keys and values cache[i][:, 0:start_pos+1] reshaped and transposed, scaled_dot_product_attention,
+ * then a projection; jitted, against the same step with concrete sizes. */
+#define B2 2
+static tg_status f_gpt2(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout;
+  Model *m = u;
+  int64_t sp = nargs ? (int64_t)args[0] : 0; /* concrete form: the position as a plain size */
+  tg_symvar v = tg_jit_var(0);
+  int64_t st = v.id ? tg_sym(v, 0) : sp, en = v.id ? tg_sym(v, 1) : sp + 1;
+  /* in[0]: x (B2, 1, H*D); in[1]: the qkv weight (H*D, 3*H*D) */
+  tg_tensor qkv = tg_matmul(in[0], in[1]);
+  tg_tensor xq = tg_reshape(tg_shrink(qkv, TG_SHAPE(0, B2, 0, 1, 0, H * D)), TG_SHAPE(B2, 1, H, D));
+  tg_tensor xk = tg_reshape(tg_shrink(qkv, TG_SHAPE(0, B2, 0, 1, H * D, 2 * H * D)), TG_SHAPE(B2, 1, H, D));
+  tg_tensor xv = tg_reshape(tg_shrink(qkv, TG_SHAPE(0, B2, 0, 1, 2 * H * D, 3 * H * D)), TG_SHAPE(B2, 1, H, D));
+  tg_tensor kv[2] = {xk, xv};
+  tg_assign(tg_shrink(m->cache, TG_SHAPE(0, 2, 0, B2, st, en, 0, H, 0, D)), tg_stack(kv, 2, 0));
+  tg_status s = tg_realize(m->cache);
+  if (s != TG_OK) return s;
+  tg_tensor keys = tg_reshape(tg_shrink(m->cache, TG_SHAPE(0, 1, 0, B2, 0, en, 0, H, 0, D)), TG_SHAPE(B2, en, H, D));
+  tg_tensor vals = tg_reshape(tg_shrink(m->cache, TG_SHAPE(1, 2, 0, B2, 0, en, 0, H, 0, D)), TG_SHAPE(B2, en, H, D));
+  tg_tensor a = tg_scaled_dot_product_attention(tg_transpose(xq, 1, 2), tg_transpose(keys, 1, 2), tg_transpose(vals, 1, 2),
+                                                (tg_tensor){0}, NULL);
+  out[0] = tg_reshape(tg_transpose(a, 1, 2), TG_SHAPE(B2, 1, H * D));
+  return TG_OK;
+}
+
+TEST(gpt2_style_decode) {
+  tg_scope_begin();
+  Model ms = {tg_contiguous(tg_zeros(TG_SHAPE(2, B2, MAXC, H, D), NULL))}, mc = {tg_contiguous(tg_zeros(TG_SHAPE(2, B2, MAXC, H, D), NULL))};
+  tg_realize(ms.cache), tg_realize(mc.cache);
+  float w[H * D * 3 * H * D];
+  for (int i = 0; i < H * D * 3 * H * D; i++) w[i] = (float)sin(i * 0.013) * 0.3f;
+  tg_tensor wt = tg_from_data(w, TG_SHAPE(H * D, 3 * H * D), NULL);
+  tg_jit *jit = tg_jit_new(f_gpt2, 1, &ms);
+  tg_symvar sp = tg_variable("start_pos", 0, MAXC - 1);
+  for (int pos = 0; pos < 10; pos++) {
+    tg_scope_begin();
+    float x[B2 * H * D];
+    for (int i = 0; i < B2 * H * D; i++) x[i] = (float)cos(pos * 0.77 + i * 0.31);
+    tg_tensor in[2] = {tg_from_data(x, TG_SHAPE(B2, 1, H * D), NULL), wt};
+    tg_symvar b = tg_var_bind(sp, pos);
+    tg_tensor os[1], oc[1];
+    uint64_t cb = compiles();
+    CHECK_MSG(tg_jit_call_vars(jit, in, 2, &b, 1, NULL, 0, os) == TG_OK, "pos %d: %s", pos, tg_last_error());
+    /* call 1 (pos 0) runs and compiles; call 2 (pos 1, start_pos + 1 = 2) captures; replays compile nothing */
+    if (pos >= 2) CHECK_MSG(compiles() == cb, "pos %d: the jitted step compiled %llu kernels", pos, (unsigned long long)(compiles() - cb));
+    double arg = pos;
+    CHECK(f_gpt2(in, 2, &arg, 1, oc, 1, &mc) == TG_OK);
+    CHECK_MSG(maxdiff(os[0], oc[0], B2 * H * D) < 1e-5, "pos %d", pos);
+    tg_scope_end();
+  }
+  float all_s[2 * B2 * MAXC * H * D], all_c[2 * B2 * MAXC * H * D];
+  CHECK(tg_data(ms.cache, all_s, sizeof all_s) == TG_OK && tg_data(mc.cache, all_c, sizeof all_c) == TG_OK);
+  CHECK(!memcmp(all_s, all_c, sizeof all_s));
+  tg_jit_free(jit);
+  tg_scope_end();
+  CHECK(tg_live_count() == 0);
+}
+
+/* a symbolic loop long enough to be split across threads (over its max extent) */
+TEST(threaded_symbolic_loop) {
+  tg_scope_begin();
+  const int64_t N = 300000;
+  tg_symvar v = tg_variable("big", 1, N);
+  tg_tensor x = seq(N, 0.001f, 0);
+  for (int64_t val = 100001; val <= N; val += 99999) {
+    tg_scope_begin();
+    tg_symvar b = tg_var_bind(v, val);
+    tg_tensor y = tg_exp(tg_shrink(x, TG_SHAPE(0, tg_sym(b, 0))));
+    tg_tensor r = tg_exp(tg_shrink(x, TG_SHAPE(0, val)));
+    /* (the concrete kernel may be vectorized, whose exp can differ from libm's by an ulp) */
+    CHECK_MSG(maxdiff(y, r, val) < 1e-6, "v=%lld", (long long)val);
+    double s1 = 0, s2 = 0;
+    CHECK(tg_item(tg_sum(tg_shrink(x, TG_SHAPE(0, tg_sym(b, 0))), NULL, 0, false), &s1) == TG_OK);
+    CHECK(tg_item(tg_sum(tg_shrink(x, TG_SHAPE(0, val)), NULL, 0, false), &s2) == TG_OK);
+    CHECK_CLOSE(s1, s2, 1e-4);
+    tg_scope_end();
+  }
+  tg_scope_end();
+  CHECK(tg_live_count() == 0);
+}
+
+TEST(errors) {
+  tg_scope_begin();
+  tg_symvar v = tg_variable("len", 1, 10);
+  tg_tensor x = seq(10, 1, 0);
+  /* unbound at realize: the shape uses the max, the realize names the variable */
+  tg_clear_error();
+  tg_tensor y = tg_mul_s(tg_shrink(x, TG_SHAPE(0, tg_sym(v, 0))), 2);
+  int64_t sh[1];
+  CHECK(tg_shape(y, sh) == 1 && sh[0] == 10);
+  CHECK(tg_realize(y) != TG_OK);
+  CHECK_STR_CONTAINS(tg_last_error(), "variable 'len' [1, 10] is unbound");
+  tg_clear_error();
+  /* a symbolic start must come with a symbolic end of the same variable */
+  tg_symvar b = tg_var_bind(v, 3);
+  CHECK(!tg_valid(tg_shrink(x, TG_SHAPE(tg_sym(b, 0), 10))));
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_shrink");
+  tg_clear_error();
+  /* a bound value past the tensor: the usual bounds error */
+  CHECK(!tg_valid(tg_shrink(x, TG_SHAPE(0, tg_sym(b, 8)))));
+  CHECK_STR_CONTAINS(tg_last_error(), "0 <= start <= end <= 10");
+  tg_clear_error();
+  /* garbage that looks like a code */
+  CHECK(!tg_valid(tg_reshape(x, TG_SHAPE(-((int64_t)1 << 62) - 5))));
+  tg_clear_error();
+  /* one variable bound to two values in one realize */
+  tg_tensor z = tg_add(tg_shrink(x, TG_SHAPE(0, tg_sym(tg_var_bind(v, 4), 0))),
+                       tg_shrink(tg_flip(x, TG_AXES(0)), TG_SHAPE(0, tg_sym(tg_var_bind(v, 2), 2))));
+  CHECK(tg_valid(z));
+  CHECK(tg_realize(z) != TG_OK);
+  CHECK_STR_CONTAINS(tg_last_error(), "bound to 4 and to 2");
+  tg_clear_error();
+  tg_scope_end();
+  CHECK(tg_live_count() == 0);
+}
+
+int main(void) { return RUN_TESTS(); }
