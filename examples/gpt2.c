@@ -1023,16 +1023,21 @@ static tg_tensor ln(tg_tensor x, tg_tensor w, tg_tensor b, double eps) {
  *  pos == {0}: the positions are 0 .. T-1 (prefill or a cache-less pass); with `fill` the keys and
  *    values are written to the cache's first T positions (the assigns are appended to upd).
  *  pos a (1,) int32 tensor and T == 1: one decode step at that position, reading and updating the
- *    cache in the graph (fixed shapes: the same kernels serve every position).
- * Returns the logits (1, T, vocab) in the model's dtype. */
-static tg_tensor forward(Model *m, tg_tensor tokens, int T, tg_tensor pos, bool fill, tg_tensor *upd, int *nupd) {
+ *    cache; the same kernels serve every position. With sp (the variable start_pos bound to pos):
+ *    k and v are assigned into cache[start_pos : start_pos+1] and the attention reads the keys
+ *    [0, start_pos+1) (symbolic sizes, as tinygrad's gpt2). Without (sp {0}, --no-symbolic): fixed
+ *    shapes, cache = where(arange == pos, k, cache) and a -inf mask after pos over all keys.
+ * Returns the logits (1, T, vocab) in the model's dtype, or none. */
+static tg_tensor forward(Model *m, tg_tensor tokens, int T, tg_tensor pos, tg_symvar sp, bool fill, tg_tensor *upd, int *nupd) {
   const Config *c = &m->c;
   int64_t C = c->n_embd, H = c->n_head, D = C / H, S = m->max_ctx;
   bool decode = tg_valid(pos);
   tg_tensor tok_emb = tg_index(m->wte, tokens); /* (1, T, C) */
   tg_tensor pos_emb;
   tg_tensor sel = {0}, mask = {0};
-  if (decode) {
+  if (decode && sp.id) {
+    pos_emb = tg_reshape(tg_index(m->wpe, pos), TG_SHAPE(1, 1, C));
+  } else if (decode) {
     pos_emb = tg_reshape(tg_index(m->wpe, pos), TG_SHAPE(1, 1, C));
     tg_tensor ar = tg_arange(0, (double)S, 1, NULL); /* (S,) int32 */
     sel = tg_eq(tg_reshape(ar, TG_SHAPE(1, 1, S, 1)), tg_reshape(pos, TG_SHAPE(1, 1, 1, 1)));
@@ -1050,7 +1055,19 @@ static tg_tensor forward(Model *m, tg_tensor tokens, int T, tg_tensor pos, bool 
     tg_split(qkv, (const int64_t[]){C}, 1, 2, parts, 3);
     for (int k = 0; k < 3; k++) parts[k] = tg_transpose(tg_reshape(parts[k], TG_SHAPE(1, T, H, D)), 1, 2); /* (1, H, T, D) */
     tg_tensor att;
-    if (decode) {
+    if (decode && sp.id) {
+      int64_t at = tg_sym(sp, 0), after = tg_sym(sp, 1);
+      tg_assign(tg_shrink(L->ck, (const int64_t[]){0, 1, 0, H, at, after, 0, D}, 8), parts[1]);
+      tg_assign(tg_shrink(L->cv, (const int64_t[]){0, 1, 0, H, at, after, 0, D}, 8), parts[2]);
+      /* the cache write is realized before the attention reads the cache; h and qkv with it, or
+       * the next schedule would compute them (and every earlier layer) again */
+      tg_tensor kv[4] = {L->ck, L->cv, qkv, h};
+      if (tg_realize_many(kv, 4) != TG_OK) return (tg_tensor){0};
+      tg_tensor keys = tg_shrink(L->ck, (const int64_t[]){0, 1, 0, H, 0, after, 0, D}, 8);
+      tg_tensor vals = tg_shrink(L->cv, (const int64_t[]){0, 1, 0, H, 0, after, 0, D}, 8);
+      tg_tensor sc = tg_mul_s(tg_matmul(parts[0], tg_transpose(keys, 2, 3)), 1.0 / sqrt((double)D));
+      att = tg_matmul(tg_softmax(sc, -1), vals);
+    } else if (decode) {
       tg_tensor nk = tg_where(sel, parts[1], L->ck), nv = tg_where(sel, parts[2], L->cv);
       tg_tensor kv[2] = {tg_assign(L->ck, nk), tg_assign(L->cv, nv)};
       upd[(*nupd)++] = kv[0], upd[(*nupd)++] = kv[1];
@@ -1102,7 +1119,8 @@ static tg_status decode_step(const tg_tensor *in, int nin, const double *args, i
   Model *m = user;
   tg_tensor upd[2 * 1024 + 2];
   int nupd = 0;
-  tg_tensor logits = forward(m, in[0], 1, in[1], false, upd, &nupd);
+  tg_tensor logits = forward(m, in[0], 1, in[1], tg_jit_var(0), false, upd, &nupd);
+  if (!tg_valid(logits)) return tg_last_status() != TG_OK ? tg_last_status() : TG_ERR_INVALID;
   logits = tg_float(tg_reshape(logits, TG_SHAPE(m->c.vocab_size)));
   logits = tg_contiguous(logits);
   out[1] = logits;
@@ -1119,13 +1137,13 @@ typedef struct {
   const char *prompt, *model_dir, *tokens, *dump, *encode, *decode;
   int count, benchmark, seed, max_ctx, top_k;
   double temperature, top_p;
-  bool timing, ids, no_cache, stats;
+  bool timing, ids, no_cache, stats, no_symbolic;
 } Args;
 
 static void usage(FILE *f) {
   fprintf(f, "usage: gpt2 [--model DIR] [--prompt TEXT] [--count N] [--temperature T] [--top-k K] [--top-p P]\n"
              "            [--seed N] [--timing] [--benchmark N] [--max-context N] [--tokens IDS] [--ids]\n"
-             "            [--dump-logits FILE] [--no-cache] [--stats] [--encode FILE] [--decode IDS]\n"
+             "            [--dump-logits FILE] [--no-cache] [--no-symbolic] [--stats] [--encode FILE] [--decode IDS]\n"
              "  HALF=1 runs in float16. See the comment at the top of examples/gpt2.c.\n");
 }
 
@@ -1173,6 +1191,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     else if (!strcmp(o, "--ids")) a->ids = true;
     else if (!strcmp(o, "--no-cache")) a->no_cache = true;
     else if (!strcmp(o, "--stats")) a->stats = true;
+    else if (!strcmp(o, "--no-symbolic")) a->no_symbolic = true;
     else if (!strcmp(o, "-h") || !strcmp(o, "--help")) { usage(stdout); exit(0); }
     else return fail("unknown option %s (see --help)", o);
 #undef NEEDV
@@ -1298,7 +1317,7 @@ static int run(const Args *a) {
       tg_tensor toks = tg_from_data(seq, (const int64_t[]){1, n}, 2, TG_OPTS(.dtype = TG_INT32));
       tg_tensor upd[2 * 1024 + 2];
       int nupd = 0;
-      tg_tensor logits = forward(&m, toks, n, (tg_tensor){0}, !a->no_cache, upd, &nupd);
+      tg_tensor logits = forward(&m, toks, n, (tg_tensor){0}, (tg_symvar){0}, !a->no_cache, upd, &nupd);
       tg_tensor last = tg_reshape(tg_shrink(logits, (const int64_t[]){0, 1, n - 1, n, 0, c->vocab_size}, 6), TG_SHAPE(c->vocab_size));
       tg_tensor tok = sample(&m, last);
       upd[nupd++] = tok;
@@ -1314,7 +1333,10 @@ static int run(const Args *a) {
       int32_t tv = seq[n - 1], pv = n - 1;
       tg_tensor in[2] = {tg_from_data(&tv, TG_SHAPE(1, 1), TG_OPTS(.dtype = TG_INT32)), tg_from_data(&pv, TG_SHAPE(1), TG_OPTS(.dtype = TG_INT32))};
       tg_tensor out[2];
-      if (tg_jit_call(jit, in, 2, NULL, 0, out) != TG_OK) r = fail_tg("the decode step");
+      tg_symvar sp = {0};
+      if (!a->no_symbolic) sp = tg_var_bind(tg_variable("start_pos", 1, m.max_ctx - 1), pv);
+      if (!a->no_symbolic && !sp.id) r = fail_tg("binding start_pos");
+      if (!r && tg_jit_call_vars(jit, in, 2, &sp, sp.id ? 1 : 0, NULL, 0, out) != TG_OK) r = fail_tg("the decode step");
       double v;
       if (!r && tg_item(out[0], &v) != TG_OK) r = fail_tg("reading the token");
       if (!r) next = (int)v;

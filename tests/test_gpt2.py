@@ -120,13 +120,14 @@ def tokenizer_ids_match_hf():
 
 @case
 def logits_match_with_kv_cache():
-  for n in (1, 6, 17):
+  """symbolic start_pos (the default) for several prompt lengths; the fixed-shape step too"""
+  for n, extra in ((1, ()), (6, ()), (17, ()), (6, ("--no-symbolic",))):
     prompt = [(i * 37 + 11) % V for i in range(n)]
-    gen, ours = ours_logits(MODEL, prompt, 6)
+    gen, ours = ours_logits(MODEL, prompt, 6, *extra)
     want = ref_logits(MODEL_REF, prompt + gen[:-1])
-    assert ours.shape == want.shape, f"prompt {n}: {ours.shape} rows vs {want.shape}"
+    assert ours.shape == want.shape, f"prompt {n} {extra}: {ours.shape} rows vs {want.shape}"
     err = np.abs(ours - want).max()
-    assert err <= 1e-4, f"prompt {n}: logits differ by {err:.3g}"
+    assert err <= 1e-4, f"prompt {n} {extra}: logits differ by {err:.3g}"
 
 
 @case
@@ -187,15 +188,16 @@ def stats(out):
 
 @case
 def decode_compiles_once():
-  seen = []
-  for n, count in ((3, 10), (11, 24)):
-    _, out, _ = run("--model", MODEL, "--tokens", ",".join(str(i + 1) for i in range(n)), "--count", count,
-                    "--temperature", 0, "--stats")
-    s = stats(out)
-    assert s["later"] == 0, f"kernels compiled after the capture: {s}"
-    assert s["captured"] > 0 and s["per_step"] == s["captured"], f"replays launch the captured kernels: {s}"
-    seen.append(s["captured"])
-  assert seen[0] == seen[1], f"captured kernel counts differ across positions: {seen}"
+  for extra in ((), ("--no-symbolic",)):
+    seen = []
+    for n, count in ((3, 10), (11, 24)):
+      _, out, _ = run("--model", MODEL, "--tokens", ",".join(str(i + 1) for i in range(n)), "--count", count,
+                      "--temperature", 0, "--stats", *extra)
+      s = stats(out)
+      assert s["later"] == 0, f"{extra}: kernels compiled after the capture: {s}"
+      assert s["captured"] > 0 and s["per_step"] == s["captured"], f"{extra}: replays launch the captured kernels: {s}"
+      seen.append(s["captured"])
+    assert seen[0] == seen[1], f"{extra}: captured kernel counts differ across positions: {seen}"
 
 
 @case
