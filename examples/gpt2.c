@@ -9,11 +9,14 @@
  * into Linear's (out, in) layout once at load; lm_head is tied to wte.
  *
  * Generation: the prompt runs through the model once (prefill; it writes the keys and values of every
- * layer into a KV cache of max_context positions), then each new token is one TinyJit'd decode step
- * whose shapes never change: the token and its position are 1-element int32 input tensors, the new
- * key and value are written into the cache in the graph (where(arange == pos, k, cache), assigned to
- * the cache), and the attention mask is built from the position (keys after it get -inf). The second
- * step captures the kernels; every later position replays them: nothing compiles after the capture.
+ * layer into a KV cache of max_context positions), then each new token is one TinyJit'd decode step,
+ * as tinygrad's gpt2.py does it: the token and its position come in as 1-element int32 tensors, the
+ * variable start_pos (tg_variable, bound to the position for each call and passed to
+ * tg_jit_call_vars) places the new key and value with an assign into cache[start_pos :
+ * start_pos+1], and the attention reads keys [0, start_pos+1). The kernels take start_pos as an
+ * argument, so the second step captures them and every later position replays them: nothing
+ * compiles after the capture. --no-symbolic runs the same step with fixed shapes instead (cache =
+ * where(arange == pos, k, cache) over the whole cache, a -inf mask after pos).
  * Sampling happens inside the graph with the library's seeded generator: temperature 0 is argmax,
  * otherwise softmax(logits / temperature), optionally cut to the top-k and to the top-p nucleus, then
  * one multinomial draw.
@@ -25,7 +28,8 @@
  * n_positions). HALF=1 keeps weights, activations and the cache in float16.
  * For tests and tools: --tokens 1,2,3 (prompt as token ids), --ids (print the generated ids),
  * --dump-logits FILE (float32 logits of every position the model computes, in order), --no-cache
- * (every token recomputes the whole sequence, no cache, no JIT), --stats (kernel and compile
+ * (every token recomputes the whole sequence, no cache, no JIT), --no-symbolic (the fixed-shape
+ * decode step), --stats (kernel and compile
  * counts of the decode steps), --encode FILE (print the token ids of a file's text and exit),
  * --decode IDS (print the text of comma-separated ids and exit).
  *
@@ -276,18 +280,25 @@ static int jvalue(JP *p, JVal *v) {
       if (obj) {
         jskip(p);
         size_t kl;
-        if (jstring(p, &v->keys[v->n], &kl)) return -1;
+        if (jstring(p, &v->keys[v->n], &kl)) goto bad;
         jskip(p);
-        if (p->i >= p->n || p->s[p->i] != ':') return free(v->keys[v->n]), jfail(p, "expected ':'");
+        if (p->i >= p->n || p->s[p->i] != ':') {
+          free(v->keys[v->n]);
+          jfail(p, "expected ':'");
+          goto bad;
+        }
         p->i++;
       }
-      if (jvalue(p, &v->items[v->n])) {
+      if (jvalue(p, &v->items[v->n])) { /* the child freed what it had built */
         if (obj) free(v->keys[v->n]);
-        return -1;
+        goto bad;
       }
       v->n++;
       jskip(p);
-      if (p->i >= p->n) return jfail(p, "unexpected end of file");
+      if (p->i >= p->n) {
+        jfail(p, "unexpected end of file");
+        goto bad;
+      }
       if (p->s[p->i] == ',') {
         p->i++;
         continue;
@@ -296,10 +307,14 @@ static int jvalue(JP *p, JVal *v) {
         p->i++;
         break;
       }
-      return jfail(p, obj ? "expected ',' or '}'" : "expected ',' or ']'");
+      jfail(p, obj ? "expected ',' or '}'" : "expected ',' or ']'");
+      goto bad;
     }
     p->depth--;
     return 0;
+  bad:
+    jfree(v);
+    return -1;
   }
   if (c == '"') {
     v->t = J_STR;
