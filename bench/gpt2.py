@@ -9,8 +9,9 @@ float32, from the same 32-token prompt, 128 new tokens:
   - tinygrad.c: build/examples/gpt2 --benchmark 32 --count 128 --temperature 0 --stats (the prompt in
     one forward pass, then TinyJit'd decode steps; the best of RUNS runs, the first of which may
     compile kernels);
+  - the same with --no-symbolic (the fixed-shape decode step), in the last column;
   - PyTorch (2 threads, torch.set_num_threads(2)): model.generate(max_new_tokens=128, do_sample=False)
-    with its KV cache, the best of RUNS runs after a warm-up.
+    with its KV cache, the best of TORCH_RUNS (default 1) runs after a warm-up.
 Reported: tokens/s end to end (128 tokens / (prefill + decode)), ms per decode step (ours: the
 replayed steps; PyTorch's: (generate - one 32-token forward) / 127), and the bytes a decode step moves
 (the library's count of bytes read and written by the replayed kernels) as GB/s against the
@@ -28,6 +29,7 @@ ROOT = os.path.dirname(HERE)
 EXE = os.path.join(ROOT, "build", "examples", "gpt2")
 DIR = os.environ.get("GPT2_BENCH_DIR", "/tmp/tg-bench-gpt2-124m")
 RUNS = int(os.environ.get("RUNS", "2"))
+TORCH_RUNS = int(os.environ.get("TORCH_RUNS", "1"))
 PROMPT = int(os.environ.get("PROMPT", "32"))
 COUNT = int(os.environ.get("COUNT", "128"))
 
@@ -55,11 +57,11 @@ def triad_gbs():
   return 3 * 4 * n / best / 1e9
 
 
-def ours():
+def ours(*extra):
   best = None
   for _ in range(RUNS):
     r = subprocess.run([EXE, "--model", DIR, "--benchmark", str(PROMPT), "--count", str(COUNT), "--temperature", "0",
-                        "--stats"], capture_output=True, text=True, timeout=1800)
+                        "--stats", *extra], capture_output=True, text=True, timeout=1800)
     if r.returncode != 0:
       sys.exit(f"examples/gpt2 failed: {r.stderr.strip()}")
     out = r.stdout
@@ -84,7 +86,7 @@ def pytorch(model):
       model(ids, use_cache=True)
       pre = min(pre, time.perf_counter() - t)
     best = 1e9
-    for _ in range(RUNS):
+    for _ in range(TORCH_RUNS):
       t = time.perf_counter()
       out = model.generate(ids, max_new_tokens=COUNT, min_new_tokens=COUNT, do_sample=False, pad_token_id=0)
       best = min(best, time.perf_counter() - t)
@@ -99,6 +101,7 @@ def main():
   nparams = sum(p.numel() for p in model.parameters())
   bw = triad_gbs()
   a = ours()
+  f = ours("--no-symbolic")
   b = pytorch(model)
   try:
     import llama_cpp  # noqa: F401
@@ -108,9 +111,11 @@ def main():
   gbs = a["bytes"] / (a["step_ms"] / 1e3) / 1e9
   print(f"gpt2 124M ({nparams / 1e6:.1f}M parameters, random weights), float32, {PROMPT}-token prompt, {COUNT} new "
         f"tokens, greedy; memory bandwidth (triad, 2 threads) {bw:.1f} GB/s")
-  print(f"{'':34} {'tinygrad.c':>11} {'PyTorch':>9} {'ratio':>7}")
-  print(f"{'tokens/s (end to end)':34} {a['tok_s']:11.2f} {b['tok_s']:9.2f} {a['tok_s'] / b['tok_s']:6.2f}x")
-  print(f"{'ms per decode step':34} {a['step_ms']:11.2f} {b['step_ms']:9.2f} {b['step_ms'] / a['step_ms']:6.2f}x")
+  print(f"{'':34} {'tinygrad.c':>11} {'PyTorch':>9} {'ratio':>7}   {'fixed-shape step':>16}")
+  print(f"{'tokens/s (end to end)':34} {a['tok_s']:11.2f} {b['tok_s']:9.2f} {a['tok_s'] / b['tok_s']:6.2f}x   "
+        f"{f['tok_s']:9.2f} {f['tok_s'] / b['tok_s']:5.2f}x")
+  print(f"{'ms per decode step':34} {a['step_ms']:11.2f} {b['step_ms']:9.2f} {b['step_ms'] / a['step_ms']:6.2f}x   "
+        f"{f['step_ms']:9.2f} {b['step_ms'] / f['step_ms']:5.2f}x")
   print(f"{'prefill, ms':34} {a['prefill_ms']:11.1f} {b['prefill_ms']:9.1f}")
   print(f"decode step: {a['bytes'] / 1e6:.1f} MB moved, {gbs:.1f} GB/s = {100 * gbs / bw:.0f}% of the measured bandwidth")
   print(f"llama.cpp: {llama}")
