@@ -773,15 +773,28 @@ static int bpe_word(const Tokenizer *t, const unsigned char *w, size_t n, int **
   return r;
 }
 
-/* Token ids of text (n bytes). Returns the count, or -1 with an error. *ids is malloc'd. */
+/* Token ids of text (n bytes). <|endoftext|> in the text is that special token (as tiktoken's
+ * allowed_special and the tokenizers package treat it), not its spelling. Returns the count, or -1
+ * with an error. *ids is malloc'd. */
 static long tok_encode(const Tokenizer *t, const char *text, size_t n, int **ids) {
+  static const char eot[] = "<|endoftext|>";
+  const size_t eotn = sizeof eot - 1;
   size_t nids = 0, cap = 0;
   *ids = NULL;
   const unsigned char *s = (const unsigned char *)text;
   for (size_t i = 0; i < n;) {
-    size_t l = pretoken_len(s + i, n - i);
-    if (bpe_word(t, s + i, l, ids, &nids, &cap)) return free(*ids), *ids = NULL, -1;
-    i += l;
+    const unsigned char *sp = t->eot >= 0 ? memmem(s + i, n - i, eot, eotn) : NULL;
+    size_t end = sp ? (size_t)(sp - s) : n;
+    while (i < end) {
+      size_t l = pretoken_len(s + i, end - i);
+      if (bpe_word(t, s + i, l, ids, &nids, &cap)) return free(*ids), *ids = NULL, -1;
+      i += l;
+    }
+    if (sp) {
+      if (nids == cap) *ids = xrealloc(*ids, sizeof **ids * (cap = cap * 2 + 16));
+      (*ids)[nids++] = t->eot;
+      i = end + eotn;
+    }
   }
   return (long)nids;
 }

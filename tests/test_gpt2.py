@@ -94,6 +94,7 @@ TEXTS = [
   "don't I'M they'RE 'll 'd x's '' ' 123456789 1.5e10 $%^&*()_+-=[]{}|;:\",.<>/?`~",
   "  leading and trailing   ", "a\u00a0b\u2003c\u3000d \u200b e\u2028f", "\n", " ", "x" * 300, "tab\t\tend\t",
   "mixed123abc ABC-def_ghi 12ab34 ab12", "The quick brown fox jumps over the lazy dog.",
+  "end of one text<|endoftext|>The next one <|endoftext|><|endoftext|> x<|endoftext",
 ]
 
 
