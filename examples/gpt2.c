@@ -16,7 +16,8 @@
  * start_pos+1], and the attention reads keys [0, start_pos+1). The kernels take start_pos as an
  * argument, so the second step captures them and every later position replays them: nothing
  * compiles after the capture. --no-symbolic runs the same step with fixed shapes instead (cache =
- * where(arange == pos, k, cache) over the whole cache, a -inf mask after pos).
+ * where(arange == pos, k, cache) over the whole cache, a -inf mask after pos); so do devices other
+ * than the CPU (DEV=CL), where the library does not run kernels with symbolic sizes yet.
  * Sampling happens inside the graph with the library's seeded generator: temperature 0 is argmax,
  * otherwise softmax(logits / temperature), optionally cut to the top-k and to the top-p nucleus, then
  * one multinomial draw.
@@ -1335,6 +1336,9 @@ static int run(const Args *a) {
   int n_decode = 0, n_replay = 0;
   uint64_t compiles_before_replays = 0, compiles_in_replays = 0, kernels_per_step = 0, bytes_per_step = 0;
   tg_jit *jit = NULL;
+  /* the library runs kernels with symbolic sizes on CPU devices only: elsewhere the fixed-shape step */
+  const char *dev = tg_default_device();
+  bool symbolic = !a->no_symbolic && dev && !strncmp(dev, "CPU", 3);
   for (int step = 0; step < a->count; step++) {
     tg_scope_begin();
     double ts = now_s();
@@ -1362,8 +1366,8 @@ static int run(const Args *a) {
       tg_tensor in[2] = {tg_from_data(&tv, TG_SHAPE(1, 1), TG_OPTS(.dtype = TG_INT32)), tg_from_data(&pv, TG_SHAPE(1), TG_OPTS(.dtype = TG_INT32))};
       tg_tensor out[2];
       tg_symvar sp = {0};
-      if (!a->no_symbolic) sp = tg_var_bind(tg_variable("start_pos", 1, m.max_ctx - 1), pv);
-      if (!a->no_symbolic && !sp.id) r = fail_tg("binding start_pos");
+      if (symbolic) sp = tg_var_bind(tg_variable("start_pos", 1, m.max_ctx - 1), pv);
+      if (symbolic && !sp.id) r = fail_tg("binding start_pos");
       if (!r && tg_jit_call_vars(jit, in, 2, &sp, sp.id ? 1 : 0, NULL, 0, out) != TG_OK) r = fail_tg("the decode step");
       double v;
       if (!r && tg_item(out[0], &v) != TG_OK) r = fail_tg("reading the token");
