@@ -1042,6 +1042,14 @@ static int model_cache(Model *m, int max_ctx) {
   return 0;
 }
 
+/* x @ w.T + b. In float16 the products are formed and summed in float32 (tinygrad's
+ * linear(dtype=float)) and the result rounded to float16 once: the weights and activations stay
+ * float16 in memory, and the kernel skips rounding every product to float16. */
+static tg_tensor linear(const Model *m, tg_tensor x, tg_tensor w, tg_tensor b) {
+  if (m->dt == TG_FLOAT32) return tg_linear(x, w, b);
+  return tg_cast(tg_linear_dtype(x, w, b, TG_FLOAT32), m->dt);
+}
+
 /* LayerNorm, materialized: the matmul that reads it would otherwise recompute the normalization
  * for every output row. */
 static tg_tensor ln(tg_tensor x, tg_tensor w, tg_tensor b, double eps) {
@@ -1079,7 +1087,7 @@ static tg_tensor forward(Model *m, tg_tensor tokens, int T, tg_tensor pos, tg_sy
   for (int i = 0; i < c->n_layer; i++) {
     Layer *L = &m->l[i];
     tg_tensor x = ln(h, L->ln1_w, L->ln1_b, c->eps);
-    tg_tensor qkv = tg_contiguous(tg_linear(x, L->qkv_w, L->qkv_b)); /* (1, T, 3C) */
+    tg_tensor qkv = tg_contiguous(linear(m, x, L->qkv_w, L->qkv_b)); /* (1, T, 3C) */
     tg_tensor parts[3];
     tg_split(qkv, (const int64_t[]){C}, 1, 2, parts, 3);
     for (int k = 0; k < 3; k++) parts[k] = tg_transpose(tg_reshape(parts[k], TG_SHAPE(1, T, H, D)), 1, 2); /* (1, H, T, D) */
@@ -1113,14 +1121,14 @@ static tg_tensor forward(Model *m, tg_tensor tokens, int T, tg_tensor pos, tg_sy
     att = tg_reshape(tg_transpose(att, 1, 2), TG_SHAPE(1, T, C));
     /* the residual stream and the activation are materialized (tinygrad's block ends in
      * .contiguous()): each is read by a matmul, which would recompute them per output row */
-    h = tg_contiguous(tg_add(h, tg_linear(att, L->proj_w, L->proj_b)));
+    h = tg_contiguous(tg_add(h, linear(m, att, L->proj_w, L->proj_b)));
     x = ln(h, L->ln2_w, L->ln2_b, c->eps);
-    tg_tensor f = tg_linear(x, L->fc_w, L->fc_b);
+    tg_tensor f = linear(m, x, L->fc_w, L->fc_b);
     f = tg_contiguous(c->gelu_exact ? tg_gelu_ex(f, "none") : tg_gelu(f));
-    h = tg_contiguous(tg_add(h, tg_linear(f, L->fc2_w, L->fc2_b)));
+    h = tg_contiguous(tg_add(h, linear(m, f, L->fc2_w, L->fc2_b)));
   }
   h = ln(h, m->lnf_w, m->lnf_b, c->eps);
-  return tg_linear(h, m->wte, (tg_tensor){0});
+  return linear(m, h, m->wte, (tg_tensor){0});
 }
 
 /* The next token (1,) int32 from one row of logits (V,), inside the graph. */
