@@ -113,7 +113,8 @@ static char *read_file(const char *path, size_t *len) {
   struct stat st;
   if (stat(path, &st) != 0) return fail("%s: %s", path, strerror(errno)), NULL;
   if (!S_ISREG(st.st_mode)) return fail("%s: not a regular file", path), NULL;
-  if (st.st_size > (1LL << 30)) return fail("%s: %lld bytes is too large for a text file", path, (long long)st.st_size), NULL;
+  if (st.st_size > (1LL << 30))
+    return fail("%s: %lld bytes is too large for a text file", path, (long long)st.st_size), NULL;
   FILE *f = fopen(path, "rb");
   if (!f) return fail("%s: %s", path, strerror(errno)), NULL;
   size_t n = (size_t)st.st_size, got = 0;
@@ -158,7 +159,8 @@ static int jfail(JP *p, const char *what) {
 }
 
 static void jskip(JP *p) {
-  while (p->i < p->n && (p->s[p->i] == ' ' || p->s[p->i] == '\t' || p->s[p->i] == '\n' || p->s[p->i] == '\r')) p->i++;
+  while (p->i < p->n && (p->s[p->i] == ' ' || p->s[p->i] == '\t' || p->s[p->i] == '\n' || p->s[p->i] == '\r'))
+    p->i++;
 }
 
 static void jfree(JVal *v) {
@@ -176,13 +178,16 @@ static void jfree(JVal *v) {
 static void put_utf8(char **buf, size_t *len, size_t *cap, uint32_t cp) {
   if (*len + 4 >= *cap) *buf = xrealloc(*buf, *cap = *cap * 2 + 8);
   char *o = *buf + *len;
-  if (cp < 0x80) o[0] = (char)cp, *len += 1;
-  else if (cp < 0x800) o[0] = (char)(0xC0 | (cp >> 6)), o[1] = (char)(0x80 | (cp & 63)), *len += 2;
+  if (cp < 0x80)
+    o[0] = (char)cp, *len += 1;
+  else if (cp < 0x800)
+    o[0] = (char)(0xC0 | (cp >> 6)), o[1] = (char)(0x80 | (cp & 63)), *len += 2;
   else if (cp < 0x10000)
-    o[0] = (char)(0xE0 | (cp >> 12)), o[1] = (char)(0x80 | ((cp >> 6) & 63)), o[2] = (char)(0x80 | (cp & 63)), *len += 3;
+    o[0] = (char)(0xE0 | (cp >> 12)), o[1] = (char)(0x80 | ((cp >> 6) & 63)), o[2] = (char)(0x80 | (cp & 63)),
+    *len += 3;
   else
-    o[0] = (char)(0xF0 | (cp >> 18)), o[1] = (char)(0x80 | ((cp >> 12) & 63)), o[2] = (char)(0x80 | ((cp >> 6) & 63)),
-    o[3] = (char)(0x80 | (cp & 63)), *len += 4;
+    o[0] = (char)(0xF0 | (cp >> 18)), o[1] = (char)(0x80 | ((cp >> 12) & 63)),
+    o[2] = (char)(0x80 | ((cp >> 6) & 63)), o[3] = (char)(0x80 | (cp & 63)), *len += 4;
 }
 
 static int jhex4(JP *p, uint32_t *out) {
@@ -191,10 +196,14 @@ static int jhex4(JP *p, uint32_t *out) {
   for (int k = 0; k < 4; k++) {
     char c = p->s[p->i++];
     v <<= 4;
-    if (c >= '0' && c <= '9') v |= (uint32_t)(c - '0');
-    else if (c >= 'a' && c <= 'f') v |= (uint32_t)(c - 'a' + 10);
-    else if (c >= 'A' && c <= 'F') v |= (uint32_t)(c - 'A' + 10);
-    else return jfail(p, "bad hex digit in \\u escape");
+    if (c >= '0' && c <= '9')
+      v |= (uint32_t)(c - '0');
+    else if (c >= 'a' && c <= 'f')
+      v |= (uint32_t)(c - 'a' + 10);
+    else if (c >= 'A' && c <= 'F')
+      v |= (uint32_t)(c - 'A' + 10);
+    else
+      return jfail(p, "bad hex digit in \\u escape");
   }
   *out = v;
   return 0;
@@ -219,19 +228,36 @@ static int jstring(JP *p, char **out, size_t *outlen) {
       char e = p->s[p->i++];
       uint32_t cp;
       switch (e) {
-      case '"': cp = '"'; break;
-      case '\\': cp = '\\'; break;
-      case '/': cp = '/'; break;
-      case 'b': cp = 8; break;
-      case 'f': cp = 12; break;
-      case 'n': cp = 10; break;
-      case 'r': cp = 13; break;
-      case 't': cp = 9; break;
+      case '"':
+        cp = '"';
+        break;
+      case '\\':
+        cp = '\\';
+        break;
+      case '/':
+        cp = '/';
+        break;
+      case 'b':
+        cp = 8;
+        break;
+      case 'f':
+        cp = 12;
+        break;
+      case 'n':
+        cp = 10;
+        break;
+      case 'r':
+        cp = 13;
+        break;
+      case 't':
+        cp = 9;
+        break;
       case 'u':
         if (jhex4(p, &cp)) return free(buf), -1;
         if (cp >= 0xD800 && cp < 0xDC00) { /* a surrogate pair */
           uint32_t lo;
-          if (p->i + 2 > p->n || p->s[p->i] != '\\' || p->s[p->i + 1] != 'u') return free(buf), jfail(p, "unpaired surrogate");
+          if (p->i + 2 > p->n || p->s[p->i] != '\\' || p->s[p->i + 1] != 'u')
+            return free(buf), jfail(p, "unpaired surrogate");
           p->i += 2;
           if (jhex4(p, &lo)) return free(buf), -1;
           if (lo < 0xDC00 || lo >= 0xE000) return free(buf), jfail(p, "unpaired surrogate");
@@ -240,7 +266,8 @@ static int jstring(JP *p, char **out, size_t *outlen) {
           return free(buf), jfail(p, "unpaired surrogate");
         }
         break;
-      default: return free(buf), jfail(p, "unknown escape");
+      default:
+        return free(buf), jfail(p, "unknown escape");
       }
       put_utf8(&buf, &len, &cap, cp);
       continue;
@@ -424,7 +451,8 @@ static bool smap_put(SMap *m, const char *k, size_t n, int v) {
   if ((m->n + 1) * 2 > m->cap) {
     SMap g = {0};
     g.cap = m->cap ? m->cap * 2 : 1024;
-    g.keys = calloc(g.cap, sizeof *g.keys), g.klen = calloc(g.cap, sizeof *g.klen), g.vals = calloc(g.cap, sizeof *g.vals);
+    g.keys = calloc(g.cap, sizeof *g.keys), g.klen = calloc(g.cap, sizeof *g.klen),
+    g.vals = calloc(g.cap, sizeof *g.vals);
     if (!g.keys || !g.klen || !g.vals) {
       fprintf(stderr, "gpt2: out of memory\n");
       exit(1);
@@ -458,9 +486,9 @@ static bool smap_put(SMap *m, const char *k, size_t n, int v) {
  * printable Latin-1 (! .. ~, ¡ .. ¬, ® .. ÿ) stand for themselves, the other 68 are mapped in
  * order to U+0100 and up (GPT-2's bytes_to_unicode). Tokens in vocab.json are spelled that way. */
 typedef struct {
-  SMap vocab;     /* token (mapped UTF-8) -> id */
-  SMap merges;    /* "left right" -> rank */
-  char **tok;     /* id -> token (mapped UTF-8), NULL for unused ids */
+  SMap vocab;  /* token (mapped UTF-8) -> id */
+  SMap merges; /* "left right" -> rank */
+  char **tok;  /* id -> token (mapped UTF-8), NULL for unused ids */
   int n_tok;
   char byte_sym[256][3]; /* mapped UTF-8 of each byte (2 bytes at most) */
   int byte_len[256];
@@ -491,7 +519,8 @@ static void tok_free(Tokenizer *t) {
 }
 
 static int tok_add_vocab(Tokenizer *t, const char *file, const char *k, size_t kl, double id) {
-  if (id < 0 || id > 10000000 || id != floor(id)) return fail("%s: token \"%s\" has id %g (not an id 0..10^7)", file, k, id);
+  if (id < 0 || id > 10000000 || id != floor(id))
+    return fail("%s: token \"%s\" has id %g (not an id 0..10^7)", file, k, id);
   int i = (int)id;
   if (!smap_put(&t->vocab, k, kl, i)) return fail("%s: token \"%s\" appears twice", file, k);
   if (i >= t->n_tok) {
@@ -506,7 +535,8 @@ static int tok_add_vocab(Tokenizer *t, const char *file, const char *k, size_t k
   return 0;
 }
 
-static int tok_add_merge(Tokenizer *t, const char *file, const char *a, size_t al, const char *b, size_t bl, int rank) {
+static int tok_add_merge(Tokenizer *t, const char *file, const char *a, size_t al, const char *b, size_t bl,
+                         int rank) {
   if (!al || !bl) return fail("%s: merge %d has an empty side", file, rank + 1);
   char *k = xmalloc(al + bl + 2);
   memcpy(k, a, al);
@@ -533,7 +563,8 @@ static int tok_load(Tokenizer *t, const char *dir) {
   memset(t, 0, sizeof *t);
   tok_init_bytes(t);
   t->eot = -1;
-  char *vj = path_join(dir, "vocab.json"), *mt = path_join(dir, "merges.txt"), *tj = path_join(dir, "tokenizer.json");
+  char *vj = path_join(dir, "vocab.json"), *mt = path_join(dir, "merges.txt"),
+       *tj = path_join(dir, "tokenizer.json");
   int r = 0;
   if (file_exists(vj) && file_exists(mt)) {
     JVal v;
@@ -564,7 +595,8 @@ static int tok_load(Tokenizer *t, const char *dir) {
           r = fail("%s:%d: a merge line is two tokens separated by one space", mt, lineno);
           goto done;
         }
-        if ((r = tok_add_merge(t, mt, line, (size_t)(sp - line), sp + 1, len - (size_t)(sp + 1 - line), rank++))) {
+        if ((r = tok_add_merge(t, mt, line, (size_t)(sp - line), sp + 1, len - (size_t)(sp + 1 - line),
+                               rank++))) {
           free(text);
           goto done;
         }
@@ -589,10 +621,14 @@ static int tok_load(Tokenizer *t, const char *dir) {
       const JVal *m = &merges->items[i];
       if (m->t == J_STR) {
         char *sp = memchr(m->str, ' ', m->slen);
-        if (!sp) r = fail("%s: merge %zu \"%s\" has no space", tj, i + 1, m->str);
-        else r = tok_add_merge(t, tj, m->str, (size_t)(sp - m->str), sp + 1, m->slen - (size_t)(sp + 1 - m->str), (int)i);
+        if (!sp)
+          r = fail("%s: merge %zu \"%s\" has no space", tj, i + 1, m->str);
+        else
+          r = tok_add_merge(t, tj, m->str, (size_t)(sp - m->str), sp + 1, m->slen - (size_t)(sp + 1 - m->str),
+                            (int)i);
       } else if (m->t == J_ARR && m->n == 2 && m->items[0].t == J_STR && m->items[1].t == J_STR) {
-        r = tok_add_merge(t, tj, m->items[0].str, m->items[0].slen, m->items[1].str, m->items[1].slen, (int)i);
+        r = tok_add_merge(t, tj, m->items[0].str, m->items[0].slen, m->items[1].str, m->items[1].slen,
+                          (int)i);
       } else {
         r = fail("%s: merge %zu is neither \"a b\" nor [\"a\", \"b\"]", tj, i + 1);
       }
@@ -613,7 +649,8 @@ done:
     /* every byte must be a token, or some text could not be encoded */
     for (int b = 0; b < 256 && !r; b++)
       if (!smap_find(&t->vocab, t->byte_sym[b], (size_t)t->byte_len[b]))
-        r = fail("%s: the vocabulary lacks the token of byte 0x%02X (not a byte-level BPE vocabulary)", dir, b);
+        r = fail("%s: the vocabulary lacks the token of byte 0x%02X (not a byte-level BPE vocabulary)", dir,
+                 b);
     int *e = smap_find(&t->vocab, "<|endoftext|>", 13);
     t->eot = e ? *e : -1;
   }
@@ -645,9 +682,12 @@ static bool in_ranges(uint32_t cp, const uint32_t (*r)[2], size_t n) {
   size_t lo = 0, hi = n;
   while (lo < hi) {
     size_t mid = (lo + hi) / 2;
-    if (cp < r[mid][0]) hi = mid;
-    else if (cp > r[mid][1]) lo = mid + 1;
-    else return true;
+    if (cp < r[mid][0])
+      hi = mid;
+    else if (cp > r[mid][1])
+      lo = mid + 1;
+    else
+      return true;
   }
   return false;
 }
@@ -656,11 +696,14 @@ enum { C_LETTER, C_NUMBER, C_SPACE, C_OTHER };
 static int char_class(uint32_t cp) {
   if (cp == 0xFFFFFFFFu) return C_OTHER;
   /* White_Space (what \s matches in Unicode regex engines) */
-  if ((cp >= 9 && cp <= 13) || cp == 32 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) ||
-      cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000)
+  if ((cp >= 9 && cp <= 13) || cp == 32 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+      (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
+      cp == 0x3000)
     return C_SPACE;
-  if (in_ranges(cp, gpt2_letter_ranges, sizeof gpt2_letter_ranges / sizeof gpt2_letter_ranges[0])) return C_LETTER;
-  if (in_ranges(cp, gpt2_number_ranges, sizeof gpt2_number_ranges / sizeof gpt2_number_ranges[0])) return C_NUMBER;
+  if (in_ranges(cp, gpt2_letter_ranges, sizeof gpt2_letter_ranges / sizeof gpt2_letter_ranges[0]))
+    return C_LETTER;
+  if (in_ranges(cp, gpt2_number_ranges, sizeof gpt2_number_ranges / sizeof gpt2_number_ranges[0]))
+    return C_NUMBER;
   return C_OTHER;
 }
 
@@ -711,7 +754,8 @@ static size_t pretoken_len(const unsigned char *s, size_t n) {
 }
 
 /* Appends the BPE ids of one pre-token (raw bytes) to *ids. */
-static int bpe_word(const Tokenizer *t, const unsigned char *w, size_t n, int **ids, size_t *nids, size_t *cap) {
+static int bpe_word(const Tokenizer *t, const unsigned char *w, size_t n, int **ids, size_t *nids,
+                    size_t *cap) {
   /* symbols: strings in mapped UTF-8 */
   size_t ns = n;
   char **sym = xmalloc(sizeof *sym * ns);
@@ -744,7 +788,8 @@ static int bpe_word(const Tokenizer *t, const unsigned char *w, size_t n, int **
     memcpy(ac, a, al + 1), memcpy(bc, b, bl + 1);
     size_t o = 0;
     for (size_t i = 0; i < ns;) {
-      if (i + 1 < ns && sl[i] == al && sl[i + 1] == bl && !memcmp(sym[i], ac, al) && !memcmp(sym[i + 1], bc, bl)) {
+      if (i + 1 < ns && sl[i] == al && sl[i + 1] == bl && !memcmp(sym[i], ac, al) &&
+          !memcmp(sym[i + 1], bc, bl)) {
         char *m = xmalloc(al + bl + 1);
         memcpy(m, ac, al), memcpy(m + al, bc, bl);
         m[al + bl] = 0;
@@ -763,7 +808,10 @@ static int bpe_word(const Tokenizer *t, const unsigned char *w, size_t n, int **
   int r = 0;
   for (size_t i = 0; i < ns; i++) {
     int *id = smap_find(&t->vocab, sym[i], sl[i]);
-    if (!id && !r) r = fail("tokenizer: the merged symbol \"%s\" is not in the vocabulary (merges and vocabulary disagree)", sym[i]);
+    if (!id && !r)
+      r = fail(
+          "tokenizer: the merged symbol \"%s\" is not in the vocabulary (merges and vocabulary disagree)",
+          sym[i]);
     if (id) {
       if (*nids == *cap) *ids = xrealloc(*ids, sizeof **ids * (*cap = *cap * 2 + 16));
       (*ids)[(*nids)++] = *id;
@@ -802,7 +850,8 @@ static long tok_encode(const Tokenizer *t, const char *text, size_t n, int **ids
 
 /* The bytes a token stands for, appended to *out (a growing buffer). */
 static int tok_decode_one(const Tokenizer *t, int id, char **out, size_t *len, size_t *cap) {
-  if (id < 0 || id >= t->n_tok || !t->tok[id]) return fail("tokenizer: id %d is not in the vocabulary (0..%d)", id, t->n_tok - 1);
+  if (id < 0 || id >= t->n_tok || !t->tok[id])
+    return fail("tokenizer: id %d is not in the vocabulary (0..%d)", id, t->n_tok - 1);
   const unsigned char *s = (const unsigned char *)t->tok[id];
   size_t n = strlen(t->tok[id]);
   for (size_t i = 0; i < n;) {
@@ -811,7 +860,8 @@ static int tok_decode_one(const Tokenizer *t, int id, char **out, size_t *len, s
     int byte = -1;
     for (int b = 0; b < 256; b++) { /* 256 candidates: the reverse of bytes_to_unicode */
       int bl;
-      if (t->byte_len[b] == l && utf8_next((const unsigned char *)t->byte_sym[b], (size_t)t->byte_len[b], &bl) == cp) {
+      if (t->byte_len[b] == l &&
+          utf8_next((const unsigned char *)t->byte_sym[b], (size_t)t->byte_len[b], &bl) == cp) {
         byte = b;
         break;
       }
@@ -847,13 +897,14 @@ typedef struct {
   tg_dtype dt;
   int max_ctx;
   Layer *l;
-  tg_tensor wte, wpe, lnf_w, lnf_b, lm_head;
+  tg_tensor wte, wpe, lnf_w, lnf_b; /* lm_head is wte */
   /* sampling */
   double temperature, top_p;
   int top_k;
 } Model;
 
-static int cfg_int(const JVal *cfg, const char *path, const char *a, const char *b, int def, int lo, int hi, int *out) {
+static int cfg_int(const JVal *cfg, const char *path, const char *a, const char *b, int def, int lo, int hi,
+                   int *out) {
   const JVal *v = jget(cfg, a);
   if (!v && b) v = jget(cfg, b);
   if (!v) {
@@ -871,7 +922,9 @@ static int config_load(const char *dir, Config *c) {
   char *path = path_join(dir, "config.json");
   JVal cfg;
   if (!file_exists(path)) {
-    fail("%s: no config.json (a Hugging Face GPT-2 directory has config.json and model.safetensors or pytorch_model.bin)", dir);
+    fail("%s: no config.json (a Hugging Face GPT-2 directory has config.json and model.safetensors or "
+         "pytorch_model.bin)",
+         dir);
     free(path);
     return -1;
   }
@@ -891,19 +944,25 @@ static int config_load(const char *dir, Config *c) {
   const JVal *eps = jget(&cfg, "layer_norm_epsilon");
   c->eps = 1e-5;
   if (!r && eps) {
-    if (eps->t != J_NUM || !(eps->num > 0 && eps->num < 1)) r = fail("%s: layer_norm_epsilon must be a number in (0, 1)", path);
-    else c->eps = eps->num;
+    if (eps->t != J_NUM || !(eps->num > 0 && eps->num < 1))
+      r = fail("%s: layer_norm_epsilon must be a number in (0, 1)", path);
+    else
+      c->eps = eps->num;
   }
   const JVal *act = jget(&cfg, "activation_function");
   c->gelu_exact = false;
   if (!r && act) {
-    if (act->t != J_STR) r = fail("%s: activation_function is not a string", path);
-    else if (!strcmp(act->str, "gelu")) c->gelu_exact = true;
-    else if (strcmp(act->str, "gelu_new") && strcmp(act->str, "gelu_pytorch_tanh") && strcmp(act->str, "gelu_fast"))
+    if (act->t != J_STR)
+      r = fail("%s: activation_function is not a string", path);
+    else if (!strcmp(act->str, "gelu"))
+      c->gelu_exact = true;
+    else if (strcmp(act->str, "gelu_new") && strcmp(act->str, "gelu_pytorch_tanh") &&
+             strcmp(act->str, "gelu_fast"))
       r = fail("%s: activation_function \"%s\" is not supported (gelu_new or gelu)", path, act->str);
   }
   const JVal *inv = jget(&cfg, "scale_attn_by_inverse_layer_idx");
-  if (!r && inv && inv->t == J_BOOL && inv->b) r = fail("%s: scale_attn_by_inverse_layer_idx is not supported", path);
+  if (!r && inv && inv->t == J_BOOL && inv->b)
+    r = fail("%s: scale_attn_by_inverse_layer_idx is not supported", path);
   const JVal *sc = jget(&cfg, "scale_attn_weights");
   if (!r && sc && sc->t == J_BOOL && !sc->b) r = fail("%s: scale_attn_weights false is not supported", path);
   jfree(&cfg);
@@ -915,7 +974,8 @@ static const char *shape_str(tg_tensor t, char *buf, size_t n) {
   int64_t sh[8];
   int nd = tg_shape(t, sh);
   size_t o = (size_t)snprintf(buf, n, "(");
-  for (int i = 0; i < nd && o < n; i++) o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)sh[i]);
+  for (int i = 0; i < nd && o < n; i++)
+    o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)sh[i]);
   if (o < n) snprintf(buf + o, n - o, nd == 1 ? ",)" : ")");
   return buf;
 }
@@ -923,22 +983,28 @@ static const char *shape_str(tg_tensor t, char *buf, size_t n) {
 /* The weight named `name` (with or without the "transformer." prefix save_pretrained adds), checked
  * against the expected shape, cast to the model's dtype, transposed when `transpose` (Conv1D), made
  * contiguous, realized and persisted. */
-static int take(Model *m, tg_state_dict *sd, const char *file, const char *name, int64_t d0, int64_t d1, bool transpose,
-                tg_tensor *out) {
+static int take(Model *m, tg_state_dict *sd, const char *file, const char *name, int64_t d0, int64_t d1,
+                bool transpose, tg_tensor *out) {
   char full[256];
   snprintf(full, sizeof full, "transformer.%s", name);
   const char *key = tg_state_dict_has(sd, full) ? full : tg_state_dict_has(sd, name) ? name : NULL;
-  if (!key) return fail("%s: no tensor \"%s\" (nor \"%s\"): not a GPT-2 checkpoint, or a truncated one", file, full, name);
+  if (!key)
+    return fail("%s: no tensor \"%s\" (nor \"%s\"): not a GPT-2 checkpoint, or a truncated one", file, full,
+                name);
   tg_tensor t = tg_state_dict_get(sd, key);
   int64_t sh[8];
   int nd = tg_shape(t, sh);
   bool ok = d1 ? (nd == 2 && sh[0] == d0 && sh[1] == d1) : (nd == 1 && sh[0] == d0);
   if (!ok) {
     char b[128];
-    if (d1) return fail("%s: \"%s\" has shape %s, expected (%lld, %lld) from config.json", file, key, shape_str(t, b, sizeof b), (long long)d0, (long long)d1);
-    return fail("%s: \"%s\" has shape %s, expected (%lld,) from config.json", file, key, shape_str(t, b, sizeof b), (long long)d0);
+    if (d1)
+      return fail("%s: \"%s\" has shape %s, expected (%lld, %lld) from config.json", file, key,
+                  shape_str(t, b, sizeof b), (long long)d0, (long long)d1);
+    return fail("%s: \"%s\" has shape %s, expected (%lld,) from config.json", file, key,
+                shape_str(t, b, sizeof b), (long long)d0);
   }
-  if (!tg_is_floating_point(t)) return fail("%s: \"%s\" has dtype %s, not a float", file, key, tg_dtype_name(tg_dtype_of(t)));
+  if (!tg_is_floating_point(t))
+    return fail("%s: \"%s\" has dtype %s, not a float", file, key, tg_dtype_name(tg_dtype_of(t)));
   tg_scope_begin();
   tg_tensor w = tg_cast(t, m->dt);
   if (transpose) w = tg_transpose(w, 0, 1);
@@ -954,7 +1020,8 @@ static void model_free(Model *m) {
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tg_free(*all[i]), *all[i] = (tg_tensor){0};
   for (int i = 0; m->l && i < m->c.n_layer; i++) {
     Layer *L = &m->l[i];
-    tg_tensor ts[] = {L->ln1_w, L->ln1_b, L->qkv_w, L->qkv_b, L->proj_w, L->proj_b, L->ln2_w, L->ln2_b, L->fc_w, L->fc_b, L->fc2_w, L->fc2_b, L->ck, L->cv};
+    tg_tensor ts[] = {L->ln1_w, L->ln1_b, L->qkv_w, L->qkv_b, L->proj_w, L->proj_b, L->ln2_w,
+                      L->ln2_b, L->fc_w,  L->fc_b,  L->fc2_w, L->fc2_b,  L->ck,     L->cv};
     for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) tg_free(ts[k]);
   }
   free(m->l);
@@ -990,7 +1057,7 @@ static int model_load(Model *m, const char *dir) {
   for (int i = 0; !r && i < c->n_layer; i++) {
     Layer *L = &m->l[i];
     char n[128];
-#define W(field, suffix, d0, d1, tr) \
+#define W(field, suffix, d0, d1, tr)                                                                         \
   if (!r) snprintf(n, sizeof n, "h.%d.%s", i, suffix), r = take(m, sd, file, n, d0, d1, tr, &L->field)
     W(ln1_w, "ln_1.weight", C, 0, false);
     W(ln1_b, "ln_1.bias", C, 0, false);
@@ -1013,7 +1080,8 @@ static int model_load(Model *m, const char *dir) {
     int nd = tg_shape(lm, sh);
     char b[128];
     if (nd != 2 || sh[0] != V || sh[1] != C)
-      r = fail("%s: \"lm_head.weight\" has shape %s, expected (%lld, %lld)", file, shape_str(lm, b, sizeof b), (long long)V, (long long)C);
+      r = fail("%s: \"lm_head.weight\" has shape %s, expected (%lld, %lld)", file, shape_str(lm, b, sizeof b),
+               (long long)V, (long long)C);
   }
   tg_state_dict_free(sd);
   free(st), free(pt);
@@ -1065,23 +1133,24 @@ static tg_tensor ln(tg_tensor x, tg_tensor w, tg_tensor b, double eps) {
  *    [0, start_pos+1) (symbolic sizes, as tinygrad's gpt2). Without (sp {0}, --no-symbolic): fixed
  *    shapes, cache = where(arange == pos, k, cache) and a -inf mask after pos over all keys.
  * Returns the logits (1, T, vocab) in the model's dtype, or none. */
-static tg_tensor forward(Model *m, tg_tensor tokens, int T, tg_tensor pos, tg_symvar sp, bool fill, tg_tensor *upd, int *nupd) {
+static tg_tensor forward(Model *m, tg_tensor tokens, int T, tg_tensor pos, tg_symvar sp, bool fill,
+                         tg_tensor *upd, int *nupd) {
   const Config *c = &m->c;
   int64_t C = c->n_embd, H = c->n_head, D = C / H, S = m->max_ctx;
   bool decode = tg_valid(pos);
   tg_tensor tok_emb = tg_index(m->wte, tokens); /* (1, T, C) */
   tg_tensor pos_emb;
   tg_tensor sel = {0}, mask = {0};
-  if (decode && sp.id) {
+  if (decode)
     pos_emb = tg_reshape(tg_index(m->wpe, pos), TG_SHAPE(1, 1, C));
-  } else if (decode) {
-    pos_emb = tg_reshape(tg_index(m->wpe, pos), TG_SHAPE(1, 1, C));
+  else
+    pos_emb = tg_reshape(tg_shrink(m->wpe, (const int64_t[]){0, T, 0, C}, 4), TG_SHAPE(1, T, C));
+  if (decode && !sp.id) { /* the fixed-shape step: the cache row to write and the keys to mask */
     tg_tensor ar = tg_arange(0, (double)S, 1, NULL); /* (S,) int32 */
     sel = tg_eq(tg_reshape(ar, TG_SHAPE(1, 1, S, 1)), tg_reshape(pos, TG_SHAPE(1, 1, 1, 1)));
     tg_tensor keep = tg_le(tg_reshape(ar, TG_SHAPE(1, 1, 1, S)), tg_reshape(pos, TG_SHAPE(1, 1, 1, 1)));
-    mask = tg_where(keep, tg_zeros(TG_SHAPE(1), TG_OPTS(.dtype = m->dt)), tg_full(TG_SHAPE(1), -INFINITY, TG_OPTS(.dtype = m->dt)));
-  } else {
-    pos_emb = tg_reshape(tg_shrink(m->wpe, (const int64_t[]){0, T, 0, C}, 4), TG_SHAPE(1, T, C));
+    mask = tg_where(keep, tg_zeros(TG_SHAPE(1), TG_OPTS(.dtype = m->dt)),
+                    tg_full(TG_SHAPE(1), -INFINITY, TG_OPTS(.dtype = m->dt)));
   }
   tg_tensor h = tg_add(tok_emb, pos_emb);
   for (int i = 0; i < c->n_layer; i++) {
@@ -1090,7 +1159,8 @@ static tg_tensor forward(Model *m, tg_tensor tokens, int T, tg_tensor pos, tg_sy
     tg_tensor qkv = tg_contiguous(linear(m, x, L->qkv_w, L->qkv_b)); /* (1, T, 3C) */
     tg_tensor parts[3];
     tg_split(qkv, (const int64_t[]){C}, 1, 2, parts, 3);
-    for (int k = 0; k < 3; k++) parts[k] = tg_transpose(tg_reshape(parts[k], TG_SHAPE(1, T, H, D)), 1, 2); /* (1, H, T, D) */
+    for (int k = 0; k < 3; k++)
+      parts[k] = tg_transpose(tg_reshape(parts[k], TG_SHAPE(1, T, H, D)), 1, 2); /* (1, H, T, D) */
     tg_tensor att;
     if (decode && sp.id) {
       int64_t at = tg_sym(sp, 0), after = tg_sym(sp, 1);
@@ -1116,7 +1186,8 @@ static tg_tensor forward(Model *m, tg_tensor tokens, int T, tg_tensor pos, tg_sy
         tg_assign(vk, parts[1]), tg_assign(vv, parts[2]);
         upd[(*nupd)++] = L->ck, upd[(*nupd)++] = L->cv;
       }
-      att = tg_scaled_dot_product_attention(parts[0], parts[1], parts[2], (tg_tensor){0}, TG_SDPA_OPTS(.is_causal = T > 1));
+      att = tg_scaled_dot_product_attention(parts[0], parts[1], parts[2], (tg_tensor){0},
+                                            TG_SDPA_OPTS(.is_causal = T > 1));
     }
     att = tg_reshape(tg_transpose(att, 1, 2), TG_SHAPE(1, T, C));
     /* the residual stream and the activation are materialized (tinygrad's block ends in
@@ -1151,7 +1222,8 @@ static tg_tensor sample(const Model *m, tg_tensor logits) {
 
 /* The TinyJit'd decode step: in[0] the token (1, 1), in[1] its position (1,); out[0] the next token
  * (1,) int32, out[1] the logits (vocab,) float32. */
-static tg_status decode_step(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *user) {
+static tg_status decode_step(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out,
+                             int nout, void *user) {
   (void)nin, (void)args, (void)nargs, (void)nout;
   Model *m = user;
   tg_tensor upd[2 * 1024 + 2];
@@ -1178,10 +1250,12 @@ typedef struct {
 } Args;
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: gpt2 [--model DIR] [--prompt TEXT] [--count N] [--temperature T] [--top-k K] [--top-p P]\n"
-             "            [--seed N] [--timing] [--benchmark N] [--max-context N] [--tokens IDS] [--ids]\n"
-             "            [--dump-logits FILE] [--no-cache] [--no-symbolic] [--stats] [--encode FILE] [--decode IDS]\n"
-             "  HALF=1 runs in float16. See the comment at the top of examples/gpt2.c.\n");
+  fprintf(f,
+          "usage: gpt2 [--model DIR] [--prompt TEXT] [--count N] [--temperature T] [--top-k K] [--top-p P]\n"
+          "            [--seed N] [--timing] [--benchmark N] [--max-context N] [--tokens IDS] [--ids]\n"
+          "            [--dump-logits FILE] [--no-cache] [--no-symbolic] [--stats] [--encode FILE] [--decode "
+          "IDS]\n"
+          "  HALF=1 runs in float16. See the comment at the top of examples/gpt2.c.\n");
 }
 
 static bool parse_int(const char *s, long lo, long hi, int *out) {
@@ -1203,34 +1277,64 @@ static bool parse_double(const char *s, double lo, double hi, double *out) {
 
 static int parse_args(int argc, char **argv, Args *a) {
   const char *env_model = getenv("GPT2_MODEL");
-  *a = (Args){.prompt = "What is the answer to life, the universe, and everything?", .model_dir = env_model ? env_model : "gpt2",
-              .count = 100, .benchmark = -1, .seed = -1, .temperature = 0.8, .top_p = 1.0};
+  *a = (Args){.prompt = "What is the answer to life, the universe, and everything?",
+              .model_dir = env_model ? env_model : "gpt2",
+              .count = 100,
+              .benchmark = -1,
+              .seed = -1,
+              .temperature = 0.8,
+              .top_p = 1.0};
   for (int i = 1; i < argc; i++) {
     const char *o = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEEDV \
-  if (!v) return fail("%s needs a value", o); \
+#define NEEDV                                                                                                \
+  if (!v) return fail("%s needs a value", o);                                                                \
   i++;
-    if (!strcmp(o, "--prompt")) { NEEDV a->prompt = v; }
-    else if (!strcmp(o, "--model")) { NEEDV a->model_dir = v; }
-    else if (!strcmp(o, "--tokens")) { NEEDV a->tokens = v; }
-    else if (!strcmp(o, "--dump-logits")) { NEEDV a->dump = v; }
-    else if (!strcmp(o, "--encode")) { NEEDV a->encode = v; }
-    else if (!strcmp(o, "--decode")) { NEEDV a->decode = v; }
-    else if (!strcmp(o, "--count")) { NEEDV if (!parse_int(v, 0, 1 << 20, &a->count)) return fail("--count %s: expected an integer >= 0", v); }
-    else if (!strcmp(o, "--benchmark")) { NEEDV if (!parse_int(v, 1, 1 << 20, &a->benchmark)) return fail("--benchmark %s: expected a prompt length >= 1", v); }
-    else if (!strcmp(o, "--seed")) { NEEDV if (!parse_int(v, 0, 2147483647, &a->seed)) return fail("--seed %s: expected an integer >= 0", v); }
-    else if (!strcmp(o, "--max-context")) { NEEDV if (!parse_int(v, 1, 1 << 20, &a->max_ctx)) return fail("--max-context %s: expected an integer >= 1", v); }
-    else if (!strcmp(o, "--top-k")) { NEEDV if (!parse_int(v, 0, 1 << 24, &a->top_k)) return fail("--top-k %s: expected an integer >= 0", v); }
-    else if (!strcmp(o, "--temperature")) { NEEDV if (!parse_double(v, 0, 1e6, &a->temperature)) return fail("--temperature %s: expected a number >= 0", v); }
-    else if (!strcmp(o, "--top-p")) { NEEDV if (!parse_double(v, 1e-9, 1, &a->top_p)) return fail("--top-p %s: expected a number in (0, 1]", v); }
-    else if (!strcmp(o, "--timing")) a->timing = true;
-    else if (!strcmp(o, "--ids")) a->ids = true;
-    else if (!strcmp(o, "--no-cache")) a->no_cache = true;
-    else if (!strcmp(o, "--stats")) a->stats = true;
-    else if (!strcmp(o, "--no-symbolic")) a->no_symbolic = true;
-    else if (!strcmp(o, "-h") || !strcmp(o, "--help")) { usage(stdout); exit(0); }
-    else return fail("unknown option %s (see --help)", o);
+    if (!strcmp(o, "--prompt")) {
+      NEEDV a->prompt = v;
+    } else if (!strcmp(o, "--model")) {
+      NEEDV a->model_dir = v;
+    } else if (!strcmp(o, "--tokens")) {
+      NEEDV a->tokens = v;
+    } else if (!strcmp(o, "--dump-logits")) {
+      NEEDV a->dump = v;
+    } else if (!strcmp(o, "--encode")) {
+      NEEDV a->encode = v;
+    } else if (!strcmp(o, "--decode")) {
+      NEEDV a->decode = v;
+    } else if (!strcmp(o, "--count")) {
+      NEEDV if (!parse_int(v, 0, 1 << 20, &a->count)) return fail("--count %s: expected an integer >= 0", v);
+    } else if (!strcmp(o, "--benchmark")) {
+      NEEDV if (!parse_int(v, 1, 1 << 20, &a->benchmark)) return fail(
+          "--benchmark %s: expected a prompt length >= 1", v);
+    } else if (!strcmp(o, "--seed")) {
+      NEEDV if (!parse_int(v, 0, 2147483647, &a->seed)) return fail("--seed %s: expected an integer >= 0", v);
+    } else if (!strcmp(o, "--max-context")) {
+      NEEDV if (!parse_int(v, 1, 1 << 20, &a->max_ctx)) return fail(
+          "--max-context %s: expected an integer >= 1", v);
+    } else if (!strcmp(o, "--top-k")) {
+      NEEDV if (!parse_int(v, 0, 1 << 24, &a->top_k)) return fail("--top-k %s: expected an integer >= 0", v);
+    } else if (!strcmp(o, "--temperature")) {
+      NEEDV if (!parse_double(v, 0, 1e6, &a->temperature)) return fail(
+          "--temperature %s: expected a number >= 0", v);
+    } else if (!strcmp(o, "--top-p")) {
+      NEEDV if (!parse_double(v, 1e-9, 1, &a->top_p)) return fail("--top-p %s: expected a number in (0, 1]",
+                                                                  v);
+    } else if (!strcmp(o, "--timing"))
+      a->timing = true;
+    else if (!strcmp(o, "--ids"))
+      a->ids = true;
+    else if (!strcmp(o, "--no-cache"))
+      a->no_cache = true;
+    else if (!strcmp(o, "--stats"))
+      a->stats = true;
+    else if (!strcmp(o, "--no-symbolic"))
+      a->no_symbolic = true;
+    else if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
+      usage(stdout);
+      exit(0);
+    } else
+      return fail("unknown option %s (see --help)", o);
 #undef NEEDV
   }
   if (a->benchmark > 0) a->timing = true;
@@ -1245,12 +1349,15 @@ static long parse_ids(const char *s, int **ids) {
     char *e;
     errno = 0;
     long v = strtol(s, &e, 10);
-    if (e == s || errno || v < 0 || v > 1 << 24) return free(*ids), *ids = NULL, fail("token ids: \"%s\" is not a list of ids like 1,2,3", s);
+    if (e == s || errno || v < 0 || v > 1 << 24)
+      return free(*ids), *ids = NULL, fail("token ids: \"%s\" is not a list of ids like 1,2,3", s);
     if (n == cap) *ids = xrealloc(*ids, sizeof **ids * (cap = cap * 2 + 16));
     (*ids)[n++] = (int)v;
     s = e;
-    if (*s == ',') s++;
-    else if (*s) return free(*ids), *ids = NULL, fail("token ids: unexpected '%c'", *s);
+    if (*s == ',')
+      s++;
+    else if (*s)
+      return free(*ids), *ids = NULL, fail("token ids: unexpected '%c'", *s);
   }
   return (long)n;
 }
@@ -1259,8 +1366,10 @@ static int write_logits(FILE *f, tg_tensor logits, int64_t rows, int64_t V) {
   float *buf = xmalloc(sizeof(float) * (size_t)(rows * V));
   tg_tensor l32 = tg_float(logits);
   int r = 0;
-  if (tg_data(l32, buf, sizeof(float) * (size_t)(rows * V)) != TG_OK) r = fail_tg("reading the logits");
-  else if (fwrite(buf, sizeof(float), (size_t)(rows * V), f) != (size_t)(rows * V)) r = fail("--dump-logits: write failed: %s", strerror(errno));
+  if (tg_data(l32, buf, sizeof(float) * (size_t)(rows * V)) != TG_OK)
+    r = fail_tg("reading the logits");
+  else if (fwrite(buf, sizeof(float), (size_t)(rows * V), f) != (size_t)(rows * V))
+    r = fail("--dump-logits: write failed: %s", strerror(errno));
   free(buf);
   return r;
 }
@@ -1286,8 +1395,10 @@ static int run(const Args *a) {
     if (a->encode) {
       size_t tl;
       char *text = read_file(a->encode, &tl);
-      if (!text) r = -1;
-      else if ((n = tok_encode(&tk, text, tl, &ids)) < 0) r = -1;
+      if (!text)
+        r = -1;
+      else if ((n = tok_encode(&tk, text, tl, &ids)) < 0)
+        r = -1;
       else
         for (long i = 0; i < n; i++) printf("%s%d", i ? " " : "", ids[i]);
       if (!r) printf("\n");
@@ -1325,13 +1436,17 @@ static int run(const Args *a) {
   }
   if (T == 0) r = fail("the prompt is empty (no tokens)");
   for (long i = 0; !r && T > 0 && i < T; i++)
-    if (prompt[i] >= c->vocab_size) r = fail("token id %d is outside the vocabulary (0..%d)", prompt[i], c->vocab_size - 1);
+    if (prompt[i] >= c->vocab_size)
+      r = fail("token id %d is outside the vocabulary (0..%d)", prompt[i], c->vocab_size - 1);
   int total = (int)T + a->count;
   if (!r && T > 0 && total - 1 > c->n_positions)
-    r = fail("prompt (%ld tokens) + count (%d) exceeds the model's %d positions", T, a->count, c->n_positions);
+    r = fail("prompt (%ld tokens) + count (%d) exceeds the model's %d positions", T, a->count,
+             c->n_positions);
   int max_ctx = a->max_ctx ? a->max_ctx : (total < c->n_positions ? total : c->n_positions);
-  if (!r && max_ctx > c->n_positions) r = fail("--max-context %d exceeds n_positions %d", max_ctx, c->n_positions);
-  if (!r && !a->no_cache && total - 1 > max_ctx) r = fail("--max-context %d is shorter than prompt + count - 1 = %d", max_ctx, total - 1);
+  if (!r && max_ctx > c->n_positions)
+    r = fail("--max-context %d exceeds n_positions %d", max_ctx, c->n_positions);
+  if (!r && !a->no_cache && total - 1 > max_ctx)
+    r = fail("--max-context %d is shorter than prompt + count - 1 = %d", max_ctx, total - 1);
   if (!r && !a->no_cache) r = model_cache(&m, max_ctx);
   FILE *dump = NULL;
   if (!r && a->dump && !(dump = fopen(a->dump, "wb"))) r = fail("%s: %s", a->dump, strerror(errno));
@@ -1358,7 +1473,8 @@ static int run(const Args *a) {
       tg_tensor upd[2 * 1024 + 2];
       int nupd = 0;
       tg_tensor logits = forward(&m, toks, n, (tg_tensor){0}, (tg_symvar){0}, !a->no_cache, upd, &nupd);
-      tg_tensor last = tg_reshape(tg_shrink(logits, (const int64_t[]){0, 1, n - 1, n, 0, c->vocab_size}, 6), TG_SHAPE(c->vocab_size));
+      tg_tensor last = tg_reshape(tg_shrink(logits, (const int64_t[]){0, 1, n - 1, n, 0, c->vocab_size}, 6),
+                                  TG_SHAPE(c->vocab_size));
       tg_tensor tok = sample(&m, last);
       upd[nupd++] = tok;
       upd[nupd++] = logits;
@@ -1371,20 +1487,25 @@ static int run(const Args *a) {
     } else {
       if (!jit) jit = tg_jit_new(decode_step, 2, &m);
       int32_t tv = seq[n - 1], pv = n - 1;
-      tg_tensor in[2] = {tg_from_data(&tv, TG_SHAPE(1, 1), TG_OPTS(.dtype = TG_INT32)), tg_from_data(&pv, TG_SHAPE(1), TG_OPTS(.dtype = TG_INT32))};
+      tg_tensor in[2] = {tg_from_data(&tv, TG_SHAPE(1, 1), TG_OPTS(.dtype = TG_INT32)),
+                         tg_from_data(&pv, TG_SHAPE(1), TG_OPTS(.dtype = TG_INT32))};
       tg_tensor out[2];
       tg_symvar sp = {0};
       if (symbolic) sp = tg_var_bind(tg_variable("start_pos", 1, m.max_ctx - 1), pv);
       if (symbolic && !sp.id) r = fail_tg("binding start_pos");
-      if (!r && tg_jit_call_vars(jit, in, 2, &sp, sp.id ? 1 : 0, NULL, 0, out) != TG_OK) r = fail_tg("the decode step");
+      if (!r && tg_jit_call_vars(jit, in, 2, &sp, sp.id ? 1 : 0, NULL, 0, out) != TG_OK)
+        r = fail_tg("the decode step");
       double v;
       if (!r && tg_item(out[0], &v) != TG_OK) r = fail_tg("reading the token");
       if (!r) next = (int)v;
       if (!r && dump) r = write_logits(dump, out[1], 1, c->vocab_size);
       tg_counters c1 = tg_global_counters();
-      if (step <= 2) compiles_before_replays += c1.compile_count - c0.compile_count;
-      else compiles_in_replays += c1.compile_count - c0.compile_count;
-      if (step > 2) kernels_per_step = c1.kernel_count - c0.kernel_count, bytes_per_step = c1.global_mem - c0.global_mem;
+      if (step <= 2)
+        compiles_before_replays += c1.compile_count - c0.compile_count;
+      else
+        compiles_in_replays += c1.compile_count - c0.compile_count;
+      if (step > 2)
+        kernels_per_step = c1.kernel_count - c0.kernel_count, bytes_per_step = c1.global_mem - c0.global_mem;
       double dt = now_s() - ts;
       t_decode += dt, n_decode++;
       if (step > 2) t_replay += dt, n_replay++;
@@ -1416,17 +1537,22 @@ static int run(const Args *a) {
       free(text);
     }
     if (a->timing) {
-      printf("timing: load %.1f ms, prefill %ld tokens %.1f ms, %s\n", t_load * 1e3, T, t_prefill * 1e3, m.dt == TG_FLOAT16 ? "float16" : "float32");
+      printf("timing: load %.1f ms, prefill %ld tokens %.1f ms, %s\n", t_load * 1e3, T, t_prefill * 1e3,
+             m.dt == TG_FLOAT16 ? "float16" : "float32");
       if (n_decode > 0)
-        printf("timing: %d decoded tokens: %.2f tokens/s, %.2f ms per token\n", n_decode, n_decode / t_decode, t_decode * 1e3 / n_decode);
+        printf("timing: %d decoded tokens: %.2f tokens/s, %.2f ms per token\n", n_decode, n_decode / t_decode,
+               t_decode * 1e3 / n_decode);
       if (n_replay > 0)
-        printf("timing: %d replayed decode steps: %.2f tokens/s, %.2f ms per token\n", n_replay, n_replay / t_replay, t_replay * 1e3 / n_replay);
+        printf("timing: %d replayed decode steps: %.2f tokens/s, %.2f ms per token\n", n_replay,
+               n_replay / t_replay, t_replay * 1e3 / n_replay);
     }
     if (a->stats)
-      printf("stats: decode jit kernels %d, compiles in the first two decode steps %llu, compiles in later steps %llu, "
+      printf("stats: decode jit kernels %d, compiles in the first two decode steps %llu, compiles in later "
+             "steps %llu, "
              "kernels per replayed step %llu, bytes per replayed step %llu\n",
-             jit ? tg_jit_captured_kernels(jit) : 0, (unsigned long long)compiles_before_replays, (unsigned long long)compiles_in_replays,
-             (unsigned long long)kernels_per_step, (unsigned long long)bytes_per_step);
+             jit ? tg_jit_captured_kernels(jit) : 0, (unsigned long long)compiles_before_replays,
+             (unsigned long long)compiles_in_replays, (unsigned long long)kernels_per_step,
+             (unsigned long long)bytes_per_step);
   }
   tg_jit_free(jit);
   free(seq);
