@@ -21,6 +21,8 @@
 #
 # and, from PyPI into $PYTHON (default /usr/bin/python3) with pip (python3-pip if pip is missing):
 #   safetensors gguf     reference readers/writers for tests/test_formats.py
+#   tokenizers transformers  reference tokenizer and GPT-2 for tests/test_gpt2.py and bench/gpt2.py
+#                        (transformers pinned to 4.40.2, the version tested with Debian's torch 1.13)
 #
 # `deps.sh mnist` (make mnist, the training job) checks only what building and training need:
 #   build-essential zlib1g-dev dataset-fashion-mnist   (no PyTorch, no fuzzing libraries, no PyPI)
@@ -47,7 +49,7 @@ if [ "$MODE" = bench ]; then PKGS+=(libopenblas0-pthread); fi
 if [ "$MODE" = mnist ]; then PKGS=(build-essential zlib1g-dev dataset-fashion-mnist); fi
 
 PY=${PYTHON:-/usr/bin/python3}
-PIP_PKGS=(safetensors gguf)
+PIP_PKGS=(safetensors gguf tokenizers transformers)
 if [ "$MODE" = mnist ]; then PIP_PKGS=(); fi
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
@@ -87,10 +89,12 @@ fi
 
 # ---- PyPI packages (not in Debian): one import check when they are already there ----------------
 if [ ${#PIP_PKGS[@]} -eq 0 ]; then exit 0; fi
-if "$PY" -c 'import safetensors, gguf' >/dev/null 2>&1; then exit 0; fi
+if "$PY" -c 'import safetensors, gguf, tokenizers, transformers' >/dev/null 2>&1; then exit 0; fi
 missing_py=()
 for p in "${PIP_PKGS[@]}"; do
-  "$PY" -c "import $p" >/dev/null 2>&1 || missing_py+=("$p")
+  spec=$p
+  [ "$p" = transformers ] && spec="transformers==4.40.2"
+  "$PY" -c "import $p" >/dev/null 2>&1 || missing_py+=("$spec")
 done
 if [ "$(id -u)" != 0 ]; then
   echo "deps.sh: missing Python packages for $PY: ${missing_py[*]}" >&2
