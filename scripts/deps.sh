@@ -22,7 +22,7 @@
 # and, from PyPI into $PYTHON (default /usr/bin/python3) with pip (python3-pip if pip is missing):
 #   safetensors gguf     reference readers/writers for tests/test_formats.py
 #   tokenizers transformers  reference tokenizer and GPT-2 for tests/test_gpt2.py and bench/gpt2.py
-#                        (transformers pinned to 4.40.2, the version tested with Debian's torch 1.13)
+#                        (pinned: transformers 4.40.2 with tokenizers 0.19.1, the versions tested with Debian's torch 1.13)
 #
 # `deps.sh mnist` (make mnist, the training job) checks only what building and training need:
 #   build-essential zlib1g-dev dataset-fashion-mnist   (no PyTorch, no fuzzing libraries, no PyPI)
@@ -94,6 +94,7 @@ missing_py=()
 for p in "${PIP_PKGS[@]}"; do
   spec=$p
   [ "$p" = transformers ] && spec="transformers==4.40.2"
+  [ "$p" = tokenizers ] && spec="tokenizers==0.19.1"
   "$PY" -c "import $p" >/dev/null 2>&1 || missing_py+=("$spec")
 done
 if [ "$(id -u)" != 0 ]; then
