@@ -162,9 +162,26 @@ TEST(sgd_1000_steps_flat_handles_and_memory) {
   tg_manual_seed(2);
   tg_nn_linear l;
   OK(tg_nn_linear_init(&l, 8, 8, true));
-  tg_tensor X = tg_persist(tg_randn(TG_SHAPE(16, 8), NULL)), T = tg_persist(tg_randn(TG_SHAPE(16, 8), NULL));
+  /* The data is marked requires_grad false, as a dataset kept across steps must be: with tinygrad's
+   * unset (None) requires_grad, tg_backward fills a gradient for every float tensor in the graph and
+   * adds each step's to the last, and these gradients, never zeroed by the optimizer, would grow a
+   * graph of 23 nodes a step, and the memory this loop checks would grow. */
+  tg_tensor X = tg_persist(tg_randn(TG_SHAPE(16, 8), TG_OPTS(.requires_grad = false)));
+  tg_tensor T = tg_persist(tg_randn(TG_SHAPE(16, 8), TG_OPTS(.requires_grad = false)));
   OK(tg_realize(X));
   OK(tg_realize(T));
+  {
+    /* an unset tensor in the graph does get (and accumulate) a gradient */
+    tg_scope_begin();
+    tg_tensor U = tg_randn(TG_SHAPE(16, 8), NULL);
+    tg_tensor y = tg_sum(tg_mul(tg_nn_linear_forward(&l, U), X), TG_ALL_AXES, false);
+    OK(tg_backward(y));
+    OK(tg_backward(y));
+    CHECK(tg_valid(tg_grad(U)) && !tg_valid(tg_grad(X)));
+    tg_clear_error();
+    tg_zero_grad(l.weight), tg_zero_grad(l.bias), tg_zero_grad(U);
+    tg_scope_end();
+  }
   tg_tensor params[2] = {l.weight, l.bias};
   tg_optim *opt = tg_optim_sgd(params, 2, TG_SGD_OPTS(.lr = 0.01, .momentum = 0.9));
   CHECK(opt != NULL);

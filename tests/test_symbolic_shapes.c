@@ -596,6 +596,24 @@ TEST(jit_capture_postponed_at_size_one) {
   CHECK(tg_live_count() == 0);
 }
 
+/* CPU:LLVM renders no symbolic loops yet: a clear error, not a crash */
+TEST(llvm_refuses_symbolic) {
+  tg_scope_begin();
+  tg_tensor x = tg_to(seq(10, 1, 0), "CPU:LLVM");
+  if (!tg_valid(x)) {
+    printf("  (CPU:LLVM does not open here: %s)\n", tg_last_error() ? tg_last_error() : "?");
+    tg_clear_error();
+  } else {
+    tg_symvar b = tg_var_bind(tg_variable("n", 1, 10), 4);
+    tg_tensor y = tg_mul_s(tg_shrink(x, TG_SHAPE(0, tg_sym(b, 0))), 2);
+    CHECK(tg_realize(y) != TG_OK);
+    CHECK_STR_CONTAINS(tg_last_error(), "not rendered as LLVM IR");
+    tg_clear_error();
+  }
+  tg_scope_end();
+  CHECK(tg_live_count() == 0);
+}
+
 TEST(errors) {
   tg_scope_begin();
   tg_symvar v = tg_variable("len", 1, 10);
