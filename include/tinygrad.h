@@ -947,7 +947,10 @@ tg_tensor tg_contiguous_backward(tg_tensor x);
  * false. true marks a leaf: tensors computed from it and realized keep the graph for a later
  * tg_backward, and a realized one stops the backward pass there. false keeps tg_backward from
  * filling t's gradient (the gradient still flows through t to what it was computed from). An
- * optimizer turns unset parameters into true ones (tinygrad's Optimizer). Returns t. */
+ * optimizer turns unset parameters into true ones (tinygrad's Optimizer). Gradients accumulate:
+ * each tg_backward adds to every reached tensor's gradient until tg_zero_grad, so a tensor kept
+ * across training steps with requires_grad unset (a dataset held in one tensor) gathers a longer
+ * graph every step: create it with TG_OPTS(.requires_grad = false). Returns t. */
 tg_tensor tg_set_requires_grad(tg_tensor t, bool requires_grad);
 /* True only when requires_grad was set true (unset and false read false). */
 bool tg_requires_grad(tg_tensor t);
