@@ -217,43 +217,14 @@ static void run_mlp(bool prune, const char *dir, const char *wpath) {
 TEST(export_mlp_bit_exact) { run_mlp(false, tpath("mlp"), NULL); }
 TEST(export_mlp_pruned_bit_exact) { run_mlp(true, tpath("mlp-pruned"), NULL); }
 
-/* ---- the beautiful_mnist model (examples/beautiful_mnist.c), random weights, eval mode ---- */
+/* ---- the beautiful_mnist model (examples/mnist_model.h), random weights, eval mode ---- */
 
-typedef struct {
-  tg_nn_conv2d c1, c2, c3, c4;
-  tg_nn_batchnorm b1, b2;
-  tg_nn_linear l;
-} Cnn;
-
-static tg_status cnn_init(Cnn *m) {
-  tg_status st = TG_OK;
-  if (st == TG_OK) st = tg_nn_conv2d_init(&m->c1, 1, 32, (const int64_t[2]){5}, true, NULL);
-  if (st == TG_OK) st = tg_nn_conv2d_init(&m->c2, 32, 32, (const int64_t[2]){5}, true, NULL);
-  if (st == TG_OK) st = tg_nn_batchnorm_init(&m->b1, 32, NULL);
-  if (st == TG_OK) st = tg_nn_conv2d_init(&m->c3, 32, 64, (const int64_t[2]){3}, true, NULL);
-  if (st == TG_OK) st = tg_nn_conv2d_init(&m->c4, 64, 64, (const int64_t[2]){3}, true, NULL);
-  if (st == TG_OK) st = tg_nn_batchnorm_init(&m->b2, 64, NULL);
-  if (st == TG_OK) st = tg_nn_linear_init(&m->l, 576, 10, true);
-  return st;
-}
-
-static void cnn_free(Cnn *m) {
-  tg_nn_conv2d_free(&m->c1), tg_nn_conv2d_free(&m->c2), tg_nn_conv2d_free(&m->c3), tg_nn_conv2d_free(&m->c4);
-  tg_nn_batchnorm_free(&m->b1), tg_nn_batchnorm_free(&m->b2);
-  tg_nn_linear_free(&m->l);
-}
+#include "../examples/mnist_model.h"
 
 /* logits and their argmax: two outputs of two dtypes */
 static tg_status cnn_fn(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
   (void)nin, (void)args, (void)nargs, (void)nout;
-  Cnn *m = u;
-  tg_tensor x = tg_relu(tg_nn_conv2d_forward(&m->c1, in[0]));
-  x = tg_relu(tg_nn_conv2d_forward(&m->c2, x));
-  x = tg_max_pool2d(tg_nn_batchnorm_forward(&m->b1, x), NULL);
-  x = tg_relu(tg_nn_conv2d_forward(&m->c3, x));
-  x = tg_relu(tg_nn_conv2d_forward(&m->c4, x));
-  x = tg_max_pool2d(tg_nn_batchnorm_forward(&m->b2, x), NULL);
-  out[0] = tg_nn_linear_forward(&m->l, tg_flatten(x, 1, -1));
+  out[0] = model_forward(u, in[0]);
   out[1] = tg_argmax(out[0], TG_AXES(1), false);
   return TG_OK;
 }
@@ -261,8 +232,8 @@ static tg_status cnn_fn(const tg_tensor *in, int nin, const double *args, int na
 static void run_cnn(const char *dir, const char *wpath) {
   BEGIN;
   tg_manual_seed(11);
-  Cnn m;
-  CHECK(cnn_init(&m) == TG_OK);
+  Model m;
+  CHECK(model_init(&m) == TG_OK);
   tg_jit *j = tg_jit_new(cnn_fn, 2, &m);
   tg_tensor out[2];
   for (int call = 0; call < 3; call++) {
@@ -276,7 +247,7 @@ static void run_cnn(const char *dir, const char *wpath) {
   Case c = {"cnn", it, ot, 1, 2, &x, out};
   export_compile_run(j, &c, dir, wpath);
   tg_jit_free(j);
-  cnn_free(&m);
+  model_free(&m);
   END;
 }
 
