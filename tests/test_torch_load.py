@@ -36,6 +36,7 @@ import torch  # noqa: E402
 
 import tinygrad as tg  # noqa: E402
 from tinygrad import Tensor, _T, lib  # noqa: E402
+from zipbytes import raw_zip  # noqa: E402
 
 # ---- prototypes of the state-dict / torch_load section of include/tinygrad.h ---------------------
 _P, _S, _I = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int
@@ -714,18 +715,6 @@ def huge_declared_sizes():
   b2 = bytearray(good)
   struct.pack_into("<HH", b2, e + 8, 60000, 60000)
   expect_fail(write("entries.pt", bytes(b2)), "declares 60000 entries")
-
-
-def raw_zip(members):
-  """A zip built byte by byte: members are (name, method, payload as stored, uncompressed size, crc)."""
-  out, cd = b"", b""
-  for name, method, payload, usize, crc in members:
-    nb = name.encode()
-    off = len(out)
-    out += struct.pack("<IHHHHHIIIHH", 0x04034b50, 20, 0, method, 0, 0, crc, len(payload), usize, len(nb), 0) + nb + payload
-    cd += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014b50, 20, 20, 0, method, 0, 0, crc, len(payload), usize, len(nb), 0, 0, 0,
-                      0, 0, off) + nb
-  return out + cd + struct.pack("<IHHHHIIH", 0x06054b50, 0, 0, len(members), len(members), len(cd), len(out), 0)
 
 
 def deflate_raw(chunks):

@@ -8,24 +8,16 @@ import gzip
 import os
 import pickle
 import struct
+import sys
 import zlib
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(ROOT))
+from zipbytes import raw_zip  # noqa: E402
 
 
 def put(target, name, data):
   with open(os.path.join(ROOT, target, name), "wb") as f: f.write(data)
-
-
-def raw_zip(members):
-  out, cd = b"", b""
-  for name, method, payload, usize, crc in members:
-    nb = name.encode()
-    off = len(out)
-    out += struct.pack("<IHHHHHIIIHH", 0x04034b50, 20, 0, method, 0, 0, crc, len(payload), usize, len(nb), 0) + nb + payload
-    cd += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014b50, 20, 20, 0, method, 0, 0, crc, len(payload), usize, len(nb), 0, 0, 0,
-                      0, 0, off) + nb
-  return out + cd + struct.pack("<IHHHHIIH", 0x06054b50, 0, 0, len(members), len(members), len(cd), len(out), 0)
 
 
 def deflate(data):
