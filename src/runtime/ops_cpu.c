@@ -644,16 +644,7 @@ static double cpu_exec(void *state, void *prg, void **bufs, int nbufs, const int
     tg_set_error(TG_ERR_INVALID, "exec: no program");
     return -1.0;
   }
-  int64_t n = global_size ? global_size[0] : 1;
-  int64_t nt = local_size ? local_size[0] : 0;
-  int nthreads = nt > 0 && nt < INT32_MAX ? (int)nt : 0;
-  if (!wait) {
-    tp_parallel_for(p->fn, bufs, n, nthreads);
-    return 0.0;
-  }
-  double t0 = now_seconds();
-  tp_parallel_for(p->fn, bufs, n, nthreads);
-  return now_seconds() - t0;
+  return tp_run_kernel(p->fn, bufs, global_size, local_size, wait);
 }
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -655,12 +655,7 @@ static double llvm_exec(void *state, void *prg, void **bufs, int nbufs, const in
     tg_set_error(TG_ERR_INVALID, "exec: no program");
     return -1.0;
   }
-  int64_t n = global_size ? global_size[0] : 1;
-  int64_t nt = local_size ? local_size[0] : 0;
-  int nthreads = nt > 0 && nt < INT32_MAX ? (int)nt : 0;
-  double t0 = wait ? now_seconds() : 0;
-  tp_parallel_for(p->fn, bufs, n, nthreads);
-  return wait ? now_seconds() - t0 : 0.0;
+  return tp_run_kernel(p->fn, bufs, global_size, local_size, wait);
 }
 
 static void llvm_caps(void *state, DeviceCaps *c) {

@@ -246,3 +246,12 @@ void tp_parallel_for(tp_range_fn fn, void **arg, int64_t n, int nthreads) {
   atomic_store_explicit(&p->claim, ((uint64_t)g << 32) | CLOSED, memory_order_release);
   pthread_mutex_unlock(&p->submit);
 }
+
+double tp_run_kernel(tp_range_fn fn, void **bufs, const int64_t *global_size, const int64_t *local_size, bool wait) {
+  int64_t n = global_size ? global_size[0] : 1;
+  int64_t nt = local_size ? local_size[0] : 0;
+  int nthreads = nt > 0 && nt < INT32_MAX ? (int)nt : 0;
+  double t0 = wait ? now_seconds() : 0;
+  tp_parallel_for(fn, bufs, n, nthreads);
+  return wait ? now_seconds() - t0 : 0.0;
+}

@@ -8,6 +8,7 @@
 #ifndef TG_THREADPOOL_H
 #define TG_THREADPOOL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef void (*tp_range_fn)(void **arg, int64_t start, int64_t end);
@@ -19,5 +20,10 @@ int tp_max_threads(void);
  * them). Synchronous. Re-entrant: a call made while the pool is busy (another thread, or a kernel
  * calling back in) runs on the calling thread alone instead of waiting. */
 void tp_parallel_for(tp_range_fn fn, void **arg, int64_t n, int nthreads);
+
+/* A CPU kernel launch as every CPU renderer's kernels take it: fn over [0, global_size[0]) (1 when
+ * NULL) on local_size[0] threads (the kernel's thread hint; 0 or none: all). Returns the seconds it
+ * took when wait is set, else 0. */
+double tp_run_kernel(tp_range_fn fn, void **bufs, const int64_t *global_size, const int64_t *local_size, bool wait);
 
 #endif
