@@ -23,40 +23,6 @@
 
 #include "mnist_model.h"
 
-typedef struct {
-  Model *model;
-  tg_optim *opt;
-  tg_tensor X_train, Y_train, X_test, Y_test;
-  int64_t bs;
-} Ctx;
-
-/* @TinyJit @Tensor.train() def train_step(): zero_grad; sample a batch; loss.backward(); opt.step()
- * (returns the loss) */
-static tg_status train_step(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout,
-                            void *user) {
-  (void)in, (void)nin, (void)args, (void)nargs, (void)nout;
-  Ctx *c = user;
-  tg_context_begin();
-  tg_context_set_int("TRAINING", 1);
-  tg_optim_zero_grad(c->opt);
-  tg_tensor samples = tg_randint(TG_SHAPE(c->bs), 0, tg_dim(c->X_train, 0), NULL);
-  tg_tensor logits = model_forward(c->model, tg_index(c->X_train, samples));
-  tg_tensor loss = tg_sparse_categorical_crossentropy(logits, tg_index(c->Y_train, samples), NULL);
-  tg_status st = tg_backward(loss);
-  if (st == TG_OK) {
-    /* the loss and every parameter update realize in one schedule */
-    int n = tg_optim_schedule_step(c->opt, NULL, 0);
-    tg_tensor *ts = malloc(sizeof(tg_tensor) * (size_t)(n + 1));
-    ts[0] = loss;
-    if (n < 0 || tg_optim_schedule_step(c->opt, ts + 1, n) != n) st = tg_last_status();
-    else st = tg_realize_many(ts, n + 1);
-    free(ts);
-  }
-  tg_context_end();
-  out[0] = loss;
-  return st;
-}
-
 /* @TinyJit def classify(x): return model(x).argmax(axis=1) */
 static tg_status classify(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout,
                           void *user) {

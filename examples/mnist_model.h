@@ -1,11 +1,13 @@
 /*
  * mnist_model.h -- the beautiful_mnist CNN (tinygrad's examples/beautiful_mnist.py), shared by
  * examples/beautiful_mnist.c, examples/export_mnist.c and tests/test_export.c: its layers, their
- * creation and release, the forward pass, and the state-dict names tinygrad gives them.
+ * creation and release, the forward pass, the state-dict names tinygrad gives them, and the jitted
+ * training step of the examples.
  */
 #ifndef TG_EXAMPLES_MNIST_MODEL_H
 #define TG_EXAMPLES_MNIST_MODEL_H
 
+#include <stdlib.h>
 #include <tinygrad.h>
 
 typedef struct {
@@ -53,6 +55,42 @@ static inline tg_status model_state(const Model *m, tg_state_dict *sd) {
   if (st == TG_OK) st = tg_nn_conv2d_state(&m->c4, sd, "layers.8");
   if (st == TG_OK) st = tg_nn_batchnorm_state(&m->b2, sd, "layers.10");
   if (st == TG_OK) st = tg_nn_linear_state(&m->l, sd, "layers.13");
+  return st;
+}
+
+/* what the jitted functions of the examples read: the model, its optimizer, the data, the batch size */
+typedef struct {
+  Model *model;
+  tg_optim *opt;
+  tg_tensor X_train, Y_train, X_test, Y_test;
+  int64_t bs;
+} Ctx;
+
+/* @TinyJit @Tensor.train() def train_step(): zero_grad; sample a batch; loss.backward(); opt.step()
+ * (returns the loss, and with MNIST_TRACE the batch's indices) */
+static inline tg_status train_step(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout,
+                            void *user) {
+  (void)in, (void)nin, (void)args, (void)nargs;
+  Ctx *c = user;
+  tg_context_begin();
+  tg_context_set_int("TRAINING", 1);
+  tg_optim_zero_grad(c->opt);
+  tg_tensor samples = tg_randint(TG_SHAPE(c->bs), 0, tg_dim(c->X_train, 0), NULL);
+  tg_tensor logits = model_forward(c->model, tg_index(c->X_train, samples));
+  tg_tensor loss = tg_sparse_categorical_crossentropy(logits, tg_index(c->Y_train, samples), NULL);
+  tg_status st = tg_backward(loss);
+  if (st == TG_OK) {
+    /* the loss and every parameter update realize in one schedule */
+    int n = tg_optim_schedule_step(c->opt, NULL, 0);
+    tg_tensor *ts = malloc(sizeof(tg_tensor) * (size_t)(n + 1));
+    ts[0] = loss;
+    if (n < 0 || tg_optim_schedule_step(c->opt, ts + 1, n) != n) st = tg_last_status();
+    else st = tg_realize_many(ts, n + 1);
+    free(ts);
+  }
+  tg_context_end();
+  out[0] = loss;
+  if (nout > 1) out[1] = samples; /* MNIST_TRACE */
   return st;
 }
 
