@@ -418,6 +418,41 @@ void tg_context_end(void) {
   free_level(lv);
 }
 
+/* A thread that works for another (a compile worker) sees the other's Context overrides. */
+struct CtxCopy {
+  CtxLevel all; /* every override of the source thread, outermost first */
+};
+
+CtxCopy *ctx_copy(void) {
+  ThreadState *ts = tl_state;
+  if (!ts || tl_override_count == 0) return NULL;
+  CtxCopy *c = tg_xcalloc(1, sizeof *c);
+  for (size_t l = 0; l < ts->nlevels; l++)
+    for (size_t i = 0; i < ts->levels[l].n; i++) {
+      grow((void **)&c->all.pairs, &c->all.cap, c->all.n + 1, sizeof *c->all.pairs);
+      c->all.pairs[c->all.n].name = tg_xstrdup(ts->levels[l].pairs[i].name);
+      c->all.pairs[c->all.n].value = tg_xstrdup(ts->levels[l].pairs[i].value);
+      c->all.n++;
+    }
+  return c;
+}
+
+void ctx_enter(const CtxCopy *c) {
+  if (!c) return;
+  tg_context_begin();
+  for (size_t i = 0; i < c->all.n; i++) tg_context_set(c->all.pairs[i].name, c->all.pairs[i].value);
+}
+
+void ctx_leave(const CtxCopy *c) {
+  if (c) tg_context_end();
+}
+
+void ctx_copy_free(CtxCopy *c) {
+  if (!c) return;
+  free_level(&c->all);
+  free(c);
+}
+
 /* ---- counters ---- */
 
 uint64_t counters_add(bool kernel, uint64_t ops, uint64_t mem, double t) {

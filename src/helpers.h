@@ -60,6 +60,14 @@ const char *getenv_str(const char *name, const char *def);
 /* Reports on stderr, once per setting name, that name=value is ignored (why) and what is used
  * instead. getenv_int reports values that are not integers. */
 void env_warn(const char *name, const char *value, const char *why, const char *instead);
+/* Context overrides are per thread. A thread working for another (a compile worker) takes the
+ * caller's: ctx_copy (in the caller; NULL when it has none), then ctx_enter / ctx_leave around the
+ * work in the worker, and ctx_copy_free once every worker is done. */
+typedef struct CtxCopy CtxCopy;
+CtxCopy *ctx_copy(void);
+void ctx_enter(const CtxCopy *c);
+void ctx_leave(const CtxCopy *c);
+void ctx_copy_free(CtxCopy *c);
 /* Shorthand for getenv_int("DEBUG", 0). Must be cheap (called on hot paths). */
 int debug_level(void);
 

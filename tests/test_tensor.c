@@ -1414,6 +1414,36 @@ TEST(assign_in_place) {
   END;
 }
 
+/* Two creations of one shape are two tensors, as in tinygrad: realized and then assigned, one never
+ * changes the other (hash-consing makes them one node until realize). A value computed from buffers
+ * and built twice stays one buffer for both handles, as in tinygrad. */
+TEST(assign_keeps_equal_creations_apart) {
+  BEGIN;
+  tg_tensor a = tg_contiguous(tg_zeros(TG_SHAPE(3), NULL)), b = tg_contiguous(tg_zeros(TG_SHAPE(3), NULL));
+  CHECK(tg_realize(a) == TG_OK && tg_realize(b) == TG_OK);
+  CHECK(tg_realize(tg_assign(a, tg_ones(TG_SHAPE(3), NULL))) == TG_OK);
+  CHECK_VALUES(a, 0, 1, 1, 1);
+  CHECK_VALUES(b, 0, 0, 0, 0);
+  tg_tensor p = tg_zeros(TG_SHAPE(2, 2), NULL), q = tg_zeros(TG_SHAPE(2, 2), NULL), r = tg_zeros(TG_SHAPE(2, 2), NULL);
+  tg_tensor pqr[3] = {p, q, r};
+  CHECK(tg_realize_many(pqr, 3) == TG_OK);
+  tg_assign(q, tg_full(TG_SHAPE(2, 2), 7, NULL));
+  CHECK_VALUES(q, 0, 7, 7, 7, 7);
+  CHECK_VALUES(p, 0, 0, 0, 0, 0);
+  CHECK_VALUES(r, 0, 0, 0, 0, 0);
+  tg_tensor i = tg_cast(tg_contiguous(tg_arange(0, 3, 1, NULL)), TG_FLOAT32), j = tg_cast(tg_contiguous(tg_arange(0, 3, 1, NULL)), TG_FLOAT32);
+  CHECK(tg_realize(i) == TG_OK && tg_realize(j) == TG_OK);
+  tg_assign(i, tg_ones(TG_SHAPE(3), NULL));
+  CHECK_VALUES(i, 0, 1, 1, 1);
+  CHECK_VALUES(j, 0, 0, 1, 2);
+  tg_tensor x = tg_from_data((float[]){1, 2, 3}, TG_SHAPE(3), NULL), y = tg_from_data((float[]){1, 1, 1}, TG_SHAPE(3), NULL);
+  tg_tensor c = tg_add(x, y), d = tg_add(x, y);
+  CHECK(tg_realize(c) == TG_OK && tg_realize(d) == TG_OK);
+  CHECK(tg_realize(tg_assign(c, tg_zeros(TG_SHAPE(3), NULL))) == TG_OK);
+  CHECK_VALUES(d, 0, 0, 0, 0);
+  END;
+}
+
 TEST(assign_reading_target_through_flip) {
   BEGIN;
   const float v[] = {1, 2, 3, 4, 5};

@@ -34,21 +34,24 @@ typedef struct {
   int n;
   int next;
   Device *dev;
+  const CtxCopy *ctx; /* the searching thread's Context (CC, DEBUG, ...) */
 } CandJobs;
 
 static void *cand_compile(void *arg) {
   CandJobs *j = arg;
+  ctx_enter(j->ctx);
   for (;;) {
     int i = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
     if (i >= j->n) break;
     j->c[i].prg = program_get(j->dev, j->c[i].kc->name, j->c[i].kc->src);
     if (!j->c[i].prg) tg_clear_error(); /* a candidate that does not compile is dropped */
   }
+  ctx_leave(j->ctx);
   return NULL;
 }
 
 static void compile_all(Cand *c, int n, Device *dev) {
-  CandJobs j = {c, n, 0, dev};
+  CandJobs j = {c, n, 0, dev, ctx_copy()};
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   int nt = (int)(ncpu < 1 ? 1 : ncpu > 16 ? 16 : ncpu);
   pthread_t th[16];
@@ -57,6 +60,7 @@ static void compile_all(Cand *c, int n, Device *dev) {
     if (pthread_create(&th[started], NULL, cand_compile, &j) == 0) started++;
   cand_compile(&j);
   for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+  ctx_copy_free((CtxCopy *)j.ctx);
 }
 
 /* ---- on-disk choice cache ---- */

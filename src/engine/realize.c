@@ -31,6 +31,8 @@ typedef struct CachedKernel {
   int refs; /* the cache's own (while listed) + captures' + a running schedule's */
   char *gopts; /* the GPU_OPTS it was generated under (NULL: none): a lookup under another finds
                 * nothing, and the new kernel replaces the entry */
+  const char *cid; /* the compiler it was built by (the device's compiler_id, a stable string: CC
+                    * may name another compiler later); the same rule as gopts */
   struct CachedKernel *prev, *next; /* LRU order, most recent first */
 } CachedKernel;
 
@@ -49,6 +51,9 @@ static const char *kc_gopts(Device *dev) {
 }
 
 static bool same_gopts(const char *a, const char *b) { return a == b || (a && b && strcmp(a, b) == 0); }
+
+/* The device's compiler now (the CPU device follows CC at each compile). */
+static const char *kc_cid(Device *dev) { return dev->vt->compiler_id ? dev->vt->compiler_id(dev->state) : NULL; }
 
 static CachedKernel *ck_retain(CachedKernel *ck) {
   if (ck) __atomic_fetch_add(&ck->refs, 1, __ATOMIC_RELAXED);
@@ -76,10 +81,10 @@ static void lru_front(CachedKernel *ck) {
   kc_lru.next = ck;
 }
 
-static CachedKernel *kcache_get(uint64_t key, const char *gopts) {
+static CachedKernel *kcache_get(uint64_t key, const char *gopts, const char *cid) {
   pthread_mutex_lock(&kc_lock);
   CachedKernel *ck = pm_get(&kcache, key);
-  if (ck && !same_gopts(ck->gopts, gopts)) ck = NULL;
+  if (ck && (!same_gopts(ck->gopts, gopts) || !same_gopts(ck->cid, cid))) ck = NULL;
   if (ck) lru_unlink(ck), lru_front(ck);
   pthread_mutex_unlock(&kc_lock);
   return ck;
@@ -130,13 +135,14 @@ static CachedKernel *kcache_put(uint64_t key, UOp *ast, Device *dev, KernelCode 
   /* the source stays (a few KB per kernel): tg_jit_export writes the captured kernels' sources */
   const char *g = kc_gopts(dev);
   ck->gopts = g ? tg_xstrdup(g) : NULL;
+  ck->cid = kc_cid(dev);
   int64_t lim = getenv_int("MAX_LOADED_KERNELS", 4096);
   size_t limit = lim < 1 ? 1 : (size_t)lim;
   CachedKernel *dead = NULL;
   pthread_mutex_lock(&kc_lock);
   CachedKernel *had = pm_get(&kcache, key), *evicted = NULL;
-  if (had && !same_gopts(had->gopts, ck->gopts)) {
-    /* made under another GPU_OPTS: this one replaces it */
+  if (had && (!same_gopts(had->gopts, ck->gopts) || !same_gopts(had->cid, ck->cid))) {
+    /* made under another GPU_OPTS or by another compiler: this one replaces it */
     lru_unlink(had);
     pm_del(&kcache, key);
     kc_n--;
@@ -189,7 +195,7 @@ static uint64_t kkey(UOp *ast, Device *dev) {
 /* BEAM>0: the kernel compiled with the searched optimizations (cached per AST and beam width). */
 static CachedKernel *get_kernel_beam(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam) {
   uint64_t key = kkey(ast, dev) ^ ((uint64_t)beam << 56) ^ 1;
-  CachedKernel *ck = kcache_get(key, NULL);
+  CachedKernel *ck = kcache_get(key, NULL, kc_cid(dev));
   if (ck) return ck;
   if (dev->caps.gpu) {
     OptList l;
@@ -203,7 +209,7 @@ static CachedKernel *get_kernel_beam(UOp *ast, Device *dev, Buffer **bufs, int n
 
 static CachedKernel *get_kernel(UOp *ast, Device *dev) {
   uint64_t key = kkey(ast, dev);
-  CachedKernel *ck = kcache_get(key, kc_gopts(dev));
+  CachedKernel *ck = kcache_get(key, kc_gopts(dev), kc_cid(dev));
   return ck ? ck : kcache_put(key, ast, dev, codegen_for(ast, &dev->caps, NULL));
 }
 
@@ -222,12 +228,14 @@ typedef struct {
 typedef struct {
   CJobs *js;
   int first, stride;
+  const CtxCopy *ctx; /* the realizing thread's Context (CC, DEBUG, ...) */
 } CGroup;
 
 /* One compiler run for every stride-th job starting at first (batched compilation). */
 static void *compile_group(void *arg) {
   CGroup *g = arg;
   CJobs *js = g->js;
+  ctx_enter(g->ctx);
   int m = 0;
   const char **names = tg_xmalloc(sizeof(char *) * (size_t)(js->n + 1)), **srcs = tg_xmalloc(sizeof(char *) * (size_t)(js->n + 1));
   Device *dev = NULL;
@@ -245,6 +253,7 @@ static void *compile_group(void *arg) {
   }
   if (m) program_get_batch(dev, names, srcs, m);
   free(names), free(srcs);
+  ctx_leave(g->ctx);
   return NULL;
 }
 
@@ -256,7 +265,7 @@ static void precompile(Schedule *s) {
     SItem *it = &s->items[i];
     if (it->kind != SI_KERNEL || pm_has(&seen, (uint64_t)(uintptr_t)it->ast)) continue;
     pm_put(&seen, (uint64_t)(uintptr_t)it->ast, (void *)1);
-    if (kcache_get(kkey(it->ast, it->dev), kc_gopts(it->dev))) continue;
+    if (kcache_get(kkey(it->ast, it->dev), kc_gopts(it->dev), kc_cid(it->dev))) continue;
     js.jobs = tg_xrealloc(js.jobs, sizeof(CJob) * (size_t)(js.n + 1));
     js.jobs[js.n++] = (CJob){it->ast, it->dev, NULL};
   }
@@ -272,13 +281,15 @@ static void precompile(Schedule *s) {
     pthread_t th[16];
     CGroup groups[16];
     bool started[16] = {false};
-    for (int t = 0; t < nt; t++) groups[t] = (CGroup){&js, t, nt};
+    CtxCopy *ctx = ctx_copy();
+    for (int t = 0; t < nt; t++) groups[t] = (CGroup){&js, t, nt, t ? ctx : NULL};
     for (int t = 1; t < nt; t++) started[t] = pthread_create(&th[t], NULL, compile_group, &groups[t]) == 0;
     compile_group(&groups[0]);
     for (int t = 1; t < nt; t++) {
       if (started[t]) pthread_join(th[t], NULL);
       else compile_group(&groups[t]);
     }
+    ctx_copy_free(ctx);
     /* the batches loaded the programs; a kernel that failed in its batch compiles alone here, and
      * one that fails again is left for the run loop, which reports its error */
     for (int i = 0; i < js.n; i++)
@@ -713,6 +724,52 @@ tg_status realize_uops(UOp **targets, int n) {
   return st;
 }
 
+/* Does t's value come from no buffer at all (a tg_zeros, tg_full, tg_arange or tg_eye, maybe cast,
+ * reshaped or made contiguous)? seen: the nodes already known to. */
+static bool reads_no_buffer(UOp *t, PtrMap *seen) {
+  if (uop_realized(t) || t->op == OP_BUFFER) return false;
+  if (pm_has(seen, (uint64_t)(uintptr_t)t)) return true;
+  for (uint32_t i = 0; i < t->nsrc; i++)
+    if (!reads_no_buffer(t->src[i], seen)) return false;
+  pm_put(seen, (uint64_t)(uintptr_t)t, t);
+  return true;
+}
+
+/* Hands the buffer node bn (b's) of the just realized t to the live handles holding t. Creating a
+ * tensor (tg_zeros, tg_full, tg_arange, ...) makes a new tensor each time, as in tinygrad, where each
+ * creation gets its own buffer; here hash-consing makes two creations of one shape one node. So when
+ * several handles hold a node that reads no buffer, each after the first gets a copy of b, and an
+ * assign to one never changes another. A value computed from buffers (x + y built twice) stays one
+ * buffer for all its handles, as in tinygrad. Returns how many handles now hold bn. */
+static int hand_out(UOp *t, UOp *bn, Buffer *b) {
+  int holders = t_count_holding(t);
+  if (holders <= 1 || b->img_w) return t_replace_everywhere(t, bn);
+  PtrMap seen;
+  pm_init(&seen);
+  bool fresh = t->op != OP_BUFFER; /* t itself is realized by now: its inputs tell */
+  for (uint32_t i = 0; fresh && i < t->nsrc; i++) fresh = reads_no_buffer(t->src[i], &seen);
+  pm_free(&seen);
+  if (!fresh) return t_replace_everywhere(t, bn);
+  UOp **tos = tg_xmalloc(sizeof(UOp *) * (size_t)holders);
+  int n = 1;
+  tos[0] = bn;
+  for (; n < holders; n++) {
+    Buffer *c = buffer_new(b->dev, b->nbytes);
+    if (!c) break;
+    if (buffer_copy(c, b, b->nbytes) != TG_OK) {
+      buffer_unref(c);
+      break;
+    }
+    tos[n] = g_buffer(c, (tg_dtype)t->dtype, t->shape, t->ndim);
+  }
+  /* on a failed allocation (the error is recorded) the remaining handles share bn */
+  int done = t_replace_each(t, tos, n);
+  if (n < holders) done += t_replace_everywhere(t, bn);
+  for (int i = 1; i < n; i++) uop_unref(tos[i]);
+  free(tos);
+  return done;
+}
+
 static tg_status realize_locked(UOp **targets, int n) {
   /* only nodes that are neither realized nor plain views of a buffer need work */
   UOp **todo = tg_xmalloc(sizeof(UOp *) * (size_t)(n + 1));
@@ -765,7 +822,7 @@ static tg_status realize_locked(UOp **targets, int n) {
       UOp *bn = g_buffer(buffer_ref(b), (tg_dtype)t->dtype, t->shape, t->ndim);
       uop_set_realized(t, bn); /* owned by t */
       /* handles now hold bn; bn keeps t's graph for autograd when a gradient may flow through it */
-      if (t_replace_everywhere(t, bn) > 0) ag_attach_history(bn, t);
+      if (hand_out(t, bn, b) > 0) ag_attach_history(bn, t);
     }
     /* user contiguous() intermediates that a live handle holds become that handle's buffer */
     for (int i = 0; held && held[i] >= 0; i++) {
@@ -774,7 +831,7 @@ static tg_status realize_locked(UOp **targets, int n) {
       if (!sb->buf || t->realized) continue;
       UOp *bn = g_buffer(buffer_ref(sb->buf), (tg_dtype)t->dtype, t->shape, t->ndim);
       t->realized = bn;
-      if (t_replace_everywhere(t, bn) > 0) ag_attach_history(bn, t);
+      if (hand_out(t, bn, sb->buf) > 0) ag_attach_history(bn, t);
     }
     /* assigns carried out on the way (a kernel needed their result) are done too: handles holding
      * them must not run them again */

@@ -727,7 +727,11 @@ typedef struct ProgEntry {
   uint64_t last_use;
   struct ProgEntry *owner;
   struct ProgEntry *next;
+  const char *cid; /* the compiler that built it (compiler_id: CC may name another one later) */
 } ProgEntry;
+
+/* The device's compiler now: a stable string per compiler. */
+static const char *dev_cid(Device *dev) { return dev->vt->compiler_id ? dev->vt->compiler_id(dev->state) : NULL; }
 
 static pthread_mutex_t g_prog_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_prog_cond = PTHREAD_COND_INITIALIZER;
@@ -774,6 +778,7 @@ static ProgEntry *prog_new(Device *dev, const char *fname, const char *src, size
   e->src = tg_xmalloc(srclen + 1);
   memcpy(e->src, src, srclen + 1);
   e->srclen = srclen;
+  e->cid = dev_cid(dev);
   return e;
 }
 
@@ -882,6 +887,7 @@ Program *program_get(Device *dev, const char *fname, const char *src) {
   size_t srclen = strlen(src);
   uint64_t h = hash_bytes(src, srclen, hash_bytes(fname, strlen(fname), 0x7467707267ULL));
   bool shareable = kind_of(dev)->host_memory;
+  const char *cid = dev_cid(dev);
 
   pthread_mutex_lock(&g_prog_lock);
   for (;;) {
@@ -889,7 +895,7 @@ Program *program_get(Device *dev, const char *fname, const char *src) {
     bool busy = false;
     if (g_prog_cap) {
       for (ProgEntry *e = g_prog_tab[h & (g_prog_cap - 1)]; e; e = e->next) {
-        if (e->hash != h || e->srclen != srclen || strcmp(e->pub.name, fname) != 0 ||
+        if (e->hash != h || e->srclen != srclen || e->cid != cid || strcmp(e->pub.name, fname) != 0 ||
             memcmp(e->src, src, srclen) != 0)
           continue;
         if (e->pub.dev == dev) {
@@ -1005,13 +1011,14 @@ int program_get_batch(Device *dev, const char *const *fnames, const char *const 
   }
   int *todo = tg_xmalloc(sizeof(int) * (size_t)n);
   int ntodo = 0, have = 0;
+  const char *cid = dev_cid(dev);
   pthread_mutex_lock(&g_prog_lock);
   for (int i = 0; i < n; i++) {
     size_t srclen = strlen(srcs[i]);
     uint64_t h = hash_bytes(srcs[i], srclen, hash_bytes(fnames[i], strlen(fnames[i]), 0x7467707267ULL));
     bool found = false;
     for (ProgEntry *e = g_prog_cap ? g_prog_tab[h & (g_prog_cap - 1)] : NULL; e && !found; e = e->next)
-      found = e->hash == h && e->srclen == srclen && e->pub.dev == dev && strcmp(e->pub.name, fnames[i]) == 0 &&
+      found = e->hash == h && e->srclen == srclen && e->pub.dev == dev && e->cid == cid && strcmp(e->pub.name, fnames[i]) == 0 &&
               memcmp(e->src, srcs[i], srclen) == 0;
     if (found) have++;
     else todo[ntodo++] = i;

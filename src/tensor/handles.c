@@ -281,6 +281,35 @@ int t_replace_buffer_everywhere(Buffer *b, UOp *to) {
   return n;
 }
 
+int t_count_holding(UOp *from) {
+  int n = 0;
+  uint32_t me = thread_no();
+  pthread_mutex_lock(&h_lock);
+  for (size_t i = 0; i < nslots; i++) {
+    Slot *sl = slot_at(i);
+    n += sl->scope >= 0 && sl->u == from && sl->thread == me;
+  }
+  pthread_mutex_unlock(&h_lock);
+  return n;
+}
+
+int t_replace_each(UOp *from, UOp *const *tos, int ntos) {
+  int n = 0;
+  uint32_t me = thread_no();
+  pthread_mutex_lock(&h_lock);
+  for (size_t i = 0; i < nslots && n < ntos; i++) {
+    Slot *sl = slot_at(i);
+    if (sl->scope >= 0 && sl->u == from && sl->thread == me) {
+      UOp *to = tos[n++];
+      sl->u = uop_ref(to);
+      if (sl->requires_grad == 1) uop_set_flag(to, UOPF_GRAD_LEAF);
+    }
+  }
+  pthread_mutex_unlock(&h_lock);
+  for (int i = 0; i < n; i++) uop_unref(from);
+  return n;
+}
+
 int t_replace_everywhere(UOp *from, UOp *to) {
   int n = 0;
   uint32_t me = thread_no();
