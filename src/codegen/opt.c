@@ -489,22 +489,35 @@ static void apply_cfg(LKernel *k, const OptCfg *c, int *next_axis) {
   describe(k);
 }
 
+/* The widest vector (in 4-byte lanes, 4..16) worth using on the kernel's CPU: 16 with AVX-512, 8
+ * with AVX2. Wider vectors than the registers split into several instructions each and, in a
+ * register tile, spill. Unknown (a GPU-like device run by CPU cores): 16. */
+static int cpu_max_lanes(const LKernel *k) {
+  int vb = k->caps ? k->caps->vec_bytes : 0;
+  int w = vb ? vb / 4 : 16;
+  return w < 4 ? 4 : w > 16 ? 16 : w;
+}
+
+/* Enough vector registers (32) for the 8-row register tiles; AVX2's 16 hold a 4-row tile. */
+static bool cpu_many_regs(const LKernel *k) { return !k->caps || !k->caps->vec_regs || k->caps->vec_regs >= 32; }
+
 /* tinygrad's hand-coded heuristics (BEAM=0). */
 static void heuristic(LKernel *k, int *next_axis) {
   OptCfg c = OPTCFG_NONE;
   Upcast ups[3];
   int nup = 0;
   int vg = -1;
+  const int wmax = cpu_max_lanes(k);
   for (int g = k->ng - 1; g >= 0 && vg < 0; g--)
-    for (int W = 16; W >= 4 && vg < 0; W /= 2)
+    for (int W = wmax; W >= 4 && vg < 0; W /= 2)
       if (try_vectorize(k, g, W, next_axis)) vg = g, c.vaxis = g, c.vw = W;
   /* no contiguous output axis: vectorize the innermost reduce axis the loads run along */
   for (int ri = k->nr - 1; vg < 0 && ri >= 0 && c.raxis < 0; ri--)
-    for (int W = 16; W >= 4 && c.raxis < 0; W /= 2)
+    for (int W = wmax; W >= 4 && c.raxis < 0; W /= 2)
       if (try_vectorize_reduce(k, ri, W, next_axis)) c.raxis = ri, c.rw = W;
   /* neither: a reduction whose only obstacle is a strided operand gathers it */
   for (int g = k->ng - 1; k->rbody && g >= 0 && vg < 0 && c.raxis < 0; g--)
-    for (int W = 16; W >= 4 && vg < 0; W /= 2)
+    for (int W = wmax; W >= 4 && vg < 0; W /= 2)
       if (try_vectorize_g(k, g, W, next_axis, true)) vg = g, c.vaxis = g, c.vw = W;
   int lanes = k->vw ? k->vw : k->rvw;
   if (k->rbody) {
@@ -547,12 +560,12 @@ static void heuristic(LKernel *k, int *next_axis) {
       if (second >= 0) {
         ups[nup].axis = second, ups[nup++].factor = 4;
         c.uaxis2 = second, c.ufac2 = 4;
-      } else if (k->granges[best]->iarg[0] % 8 == 0) {
+      } else if (k->granges[best]->iarg[0] % 8 == 0 && cpu_many_regs(k)) {
         ups[nup - 1].factor = c.ufac = 8;
       }
     } else if (best >= 0) {
       int64_t n = k->granges[best]->iarg[0];
-      f = padded ? 4 : n % 4 != 0 ? (int)n : n % 8 == 0 && n >= 16 ? 8 : 4;
+      f = padded ? 4 : n % 4 != 0 ? (int)n : n % 8 == 0 && n >= 16 && cpu_many_regs(k) ? 8 : 4;
       ups[nup].axis = best, ups[nup++].factor = f;
       c.uaxis = best, c.ufac = f;
     }

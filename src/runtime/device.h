@@ -39,7 +39,14 @@ typedef struct DeviceCaps {
   int64_t local_mem;         /* bytes of local (shared) memory per work-group */
   int max_dims;              /* global dimensions (3 for OpenCL) */
   int64_t image_max_w, image_max_h; /* 2-D image limits in texels (images only) */
+  int vec_bytes;             /* (CPU) width of the widest SIMD register the kernels may use, in bytes:
+                              * 64 with AVX-512, 32 with AVX2, 16 with SSE or NEON; 0: unknown (as 64) */
+  int vec_regs;              /* (CPU) how many of those registers there are (32 with AVX-512, 16 with
+                              * AVX2); 0: unknown (as 32). Register tiles are sized by the two. */
 } DeviceCaps;
+
+/* The host CPU's SIMD registers as DeviceCaps.vec_bytes / vec_regs describe them (cpuid on x86). */
+void cpu_host_simd(int *vec_bytes, int *vec_regs);
 
 typedef struct DeviceVT {
   const char *name; /* "CPU" */

@@ -693,6 +693,25 @@ static tg_status cpu_copy(void *state, void *dst, const void *src, size_t nbytes
 
 static void cpu_synchronize(void *state) { (void)state; }
 
+void cpu_host_simd(int *vec_bytes, int *vec_regs) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) *vec_bytes = 64, *vec_regs = 32;
+  else if (__builtin_cpu_supports("avx2") || __builtin_cpu_supports("avx")) *vec_bytes = 32, *vec_regs = 16;
+  else *vec_bytes = 16, *vec_regs = 16;
+#elif defined(__aarch64__)
+  *vec_bytes = 16, *vec_regs = 32; /* NEON (SVE's width is not assumed) */
+#else
+  *vec_bytes = 16, *vec_regs = 16;
+#endif
+}
+
+/* Kernels are compiled with -march=native: they use what the host has. */
+static void cpu_caps(void *state, DeviceCaps *c) {
+  (void)state;
+  cpu_host_simd(&c->vec_bytes, &c->vec_regs);
+}
+
 const DeviceVT cpu_device_vt = {
     .name = "CPU",
     .open = cpu_open,
@@ -707,6 +726,7 @@ const DeviceVT cpu_device_vt = {
     .exec = cpu_exec,
     .synchronize = cpu_synchronize,
     .compiler_id = cpu_compiler_id,
+    .caps = cpu_caps,
     .cache_evict = cpu_cache_evict,
     .disasm = cpu_disasm,
 };
