@@ -136,4 +136,57 @@ TEST(movement) {
   END;
 }
 
+
+TEST(matmul_9) {
+  BEGIN;
+  tg_tensor x = realized(tg_randn(TG_SHAPE(8, 12), NULL)), w = realized(tg_randn(TG_SHAPE(12, 4), NULL));
+  tg_tensor want = tg_matmul(x, w);
+  int axes[] = {-1, 0, 1};
+  for (int i = 0; i < 3; i++)
+    for (int j = 0; j < 3; j++) {
+      tg_tensor got = tg_matmul(tg_shard(x, DEV4, 4, axes[i]), tg_shard(w, DEV4, 4, axes[j]));
+      CHECK_MSG(maxdiff(got, want) < 1e-4, "X axis %d, W axis %d: %g", axes[i], axes[j], maxdiff(got, want));
+    }
+  END;
+}
+
+/* gradients of a small MLP with the batch sharded and the weights replicated, against one device */
+TEST(autograd_data_parallel) {
+  BEGIN;
+  tg_tensor x = realized(tg_randn(TG_SHAPE(10, 6), NULL)), w1 = realized(tg_randn(TG_SHAPE(6, 5), NULL));
+  tg_tensor w2 = realized(tg_randn(TG_SHAPE(5, 3), NULL));
+  tg_tensor y = realized(tg_cast(tg_arange(0, 10, 1, NULL), TG_INT32));
+  y = realized(tg_mod(y, tg_const_like(y, 3)));
+  tg_tensor ws[2] = {w1, w2}, g1[2], g2[2];
+  tg_tensor loss1 = tg_sparse_categorical_crossentropy(tg_matmul(tg_relu(tg_matmul(x, w1)), w2), y, NULL);
+  CHECK(tg_gradient(loss1, ws, 2, g1) == TG_OK);
+  tg_tensor sx = tg_shard(x, DEV4, 4, 0), sy = tg_shard(y, DEV4, 4, 0);
+  tg_tensor sw[2] = {tg_shard(w1, DEV4, 4, TG_SHARD_NONE), tg_shard(w2, DEV4, 4, TG_SHARD_NONE)};
+  tg_tensor loss2 = tg_sparse_categorical_crossentropy(tg_matmul(tg_relu(tg_matmul(sx, sw[0])), sw[1]), sy, NULL);
+  CHECK(tg_gradient(loss2, sw, 2, g2) == TG_OK);
+  CHECK(maxdiff(loss2, loss1) < 1e-5);
+  for (int i = 0; i < 2; i++) {
+    CHECK(tg_shard_axis(g2[i]) == TG_SHARD_NONE && tg_shard_count(g2[i]) == 4);
+    CHECK_MSG(maxdiff(g2[i], g1[i]) < 1e-5, "grad %d: %g", i, maxdiff(g2[i], g1[i]));
+    /* every replica holds the whole gradient */
+    CHECK(maxdiff(tg_shard_get(g2[i], 3), g1[i]) < 1e-5);
+  }
+  /* tg_backward finds sharded leaves too */
+  tg_tensor p = realized(tg_shard(w1, DEV2, 2, 1));
+  tg_set_requires_grad(p, true);
+  tg_tensor l3 = tg_sum(tg_mul(tg_matmul(tg_shard(x, DEV2, 2, TG_SHARD_NONE), p), tg_matmul(x, w1) /* wrong device */), NULL, 0, false);
+  CHECK(!tg_valid(l3));
+  tg_clear_error();
+  tg_tensor l4 = tg_sum(tg_square(tg_matmul(tg_shard(x, DEV2, 2, TG_SHARD_NONE), p)), NULL, 0, false);
+  CHECK(tg_backward(l4) == TG_OK);
+  tg_tensor w1g = realized(tg_detach(w1));
+  tg_set_requires_grad(w1g, true);
+  tg_tensor l5 = tg_sum(tg_square(tg_matmul(x, w1g)), NULL, 0, false);
+  CHECK(tg_backward(l5) == TG_OK);
+  CHECK(tg_shard_axis(tg_grad(p)) == 1);
+  CHECK(maxdiff(tg_grad(p), tg_grad(w1g)) < 1e-4);
+  tg_zero_grad(p), tg_zero_grad(w1g);
+  END;
+}
+
 int main(void) { return RUN_TESTS(); }

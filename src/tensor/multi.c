@@ -139,7 +139,9 @@ static UOp *split_single(UOp *x, int tuple, int axis, UOp *like) {
       start += sz;
       v = g_shrink(x, b);
     }
-    sh[i] = v->device == ids[i] ? v : g_copy(v, ids[i]);
+    /* never x itself: a shard that is its source would be an ancestor of the other shards (their
+     * copies), and a gradient joined from the shards' would count theirs twice */
+    sh[i] = v->device != ids[i] ? g_copy(v, ids[i]) : v == x ? g_contiguous(v) : v;
     if (sh[i] != v) uop_unref(v);
   }
   UOp *r = m_make(sh, n, axis, tuple);
