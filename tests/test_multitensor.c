@@ -189,4 +189,76 @@ TEST(autograd_data_parallel) {
   END;
 }
 
+
+/* kernels (and results) of a sum over the sharded axis: per-shard reductions, then the allreduce */
+static uint64_t allreduce_kernels(tg_tensor x, int ring, tg_tensor want, double *diff) {
+  tg_context_begin();
+  tg_context_set_int("RING", ring);
+  tg_tensor s = tg_shard(x, DEV4, 4, 0);
+  tg_realize(s);
+  tg_global_counters_reset();
+  tg_tensor r = tg_sum(s, (int[]){0}, 1, false);
+  tg_realize(r);
+  uint64_t k = tg_global_counters().kernel_count;
+  tg_context_end();
+  *diff = maxdiff(r, want);
+  return k;
+}
+
+TEST(allreduce_ring_vs_naive) {
+  BEGIN;
+  tg_tensor x = realized(tg_randn(TG_SHAPE(8, 1000), NULL));
+  tg_tensor want = tg_sum(x, (int[]){0}, 1, false);
+  double dn, dr;
+  uint64_t kn = allreduce_kernels(x, 0, want, &dn), kr = allreduce_kernels(x, 2, want, &dr);
+  CHECK_MSG(dn < 1e-4 && dr < 1e-4, "naive %g ring %g", dn, dr);
+  /* naive: 4 per-shard sums, then on each device one kernel adding the 3 copies to its own part */
+  CHECK_MSG(kn == 8, "naive: %llu kernels", (unsigned long long)kn);
+  /* ring: 4 sums, per chunk its slice made contiguous for the first hop and 3 reduce steps, and
+   * one kernel per device joining the 4 chunks */
+  CHECK_MSG(kr == 24, "ring: %llu kernels", (unsigned long long)kr);
+  /* ring and naive agree to rounding on a bigger one, chosen by size (RING=1: ring above 256000) */
+  tg_tensor y = realized(tg_randn(TG_SHAPE(4, 300000), NULL));
+  tg_tensor wy = tg_sum(y, (int[]){0}, 1, false);
+  uint64_t ka = allreduce_kernels(y, 1, wy, &dr);
+  CHECK_MSG(ka == 24 && dr < 1e-4, "auto: %llu kernels, diff %g", (unsigned long long)ka, dr);
+  END;
+}
+
+
+TEST(conv2d_batch_sharded) {
+  BEGIN;
+  tg_tensor x = realized(tg_randn(TG_SHAPE(4, 3, 8, 8), NULL)), w = realized(tg_randn(TG_SHAPE(5, 3, 3, 3), NULL));
+  tg_tensor b = realized(tg_randn(TG_SHAPE(5), NULL));
+  tg_tensor ws[2] = {w, b}, g1[2], g2[2];
+  tg_tensor want = tg_conv2d(x, w, b, TG_CONV2D_OPTS(.padding = {1}, .npadding = 1));
+  CHECK(tg_gradient(tg_sum(tg_square(want), NULL, 0, false), ws, 2, g1) == TG_OK);
+  tg_tensor sw[2] = {tg_shard(w, DEV2, 2, TG_SHARD_NONE), tg_shard(b, DEV2, 2, TG_SHARD_NONE)};
+  tg_tensor got = tg_conv2d(tg_shard(x, DEV2, 2, 0), sw[0], sw[1], TG_CONV2D_OPTS(.padding = {1}, .npadding = 1));
+  CHECK(tg_shard_axis(got) == 0);
+  CHECK(tg_gradient(tg_sum(tg_square(got), NULL, 0, false), sw, 2, g2) == TG_OK);
+  CHECK(maxdiff(got, want) < 1e-4);
+  for (int i = 0; i < 2; i++) CHECK_MSG(maxdiff(g2[i], g1[i]) < 1e-3, "grad %d: %g", i, maxdiff(g2[i], g1[i]));
+  END;
+}
+
+TEST(embedding) {
+  BEGIN;
+  tg_tensor w = realized(tg_randn(TG_SHAPE(10, 4), NULL));
+  int32_t ids[] = {1, 3, 3, 9, 0, 2, 7, 7};
+  tg_tensor idx = tg_from_data(ids, TG_SHAPE(2, 4), TG_OPTS(.dtype = TG_INT32));
+  tg_tensor g1, g2;
+  tg_tensor want = tg_index(w, idx);
+  CHECK(tg_gradient(tg_sum(tg_square(want), NULL, 0, false), &w, 1, &g1) == TG_OK);
+  for (int wa = -1; wa < 1; wa++)
+    for (int ia = -1; ia < 1; ia++) {
+      tg_tensor sw = tg_shard(w, DEV2, 2, wa), si = tg_shard(idx, DEV2, 2, ia);
+      tg_tensor got = tg_index(sw, si);
+      CHECK(tg_gradient(tg_sum(tg_square(got), NULL, 0, false), &sw, 1, &g2) == TG_OK);
+      CHECK_MSG(maxdiff(got, want) == 0, "weight axis %d, idx axis %d", wa, ia);
+      CHECK_MSG(maxdiff(g2, g1) < 1e-5, "grad: weight axis %d, idx axis %d", wa, ia);
+    }
+  END;
+}
+
 int main(void) { return RUN_TESTS(); }

@@ -410,7 +410,9 @@ static void compute_grads_plain(UOp *loss, UOp *seed, UOp **targets, int n, UOp 
     /* a realized tensor marked requires_grad is a leaf; other realized targets (unset ones, the loss
      * read before its backward) pass the gradient on through their history */
     if (is_target && u->op == OP_BUFFER && (uop_flags(u) & UOPF_GRAD_LEAF)) continue;
-    if (u->op == OP_MULTI) { /* a multi-device loss: its gradient split into its shards' */
+    /* a MULTI node (a multi-device value: the loss, or a node a custom gradient was registered on)
+     * passes its gradient to its shards; a custom gradient on one runs on the MULTI nodes first */
+    if (u->op == OP_MULTI && !custom_of(u)) {
       UOp **mc = tg_xmalloc(sizeof(UOp *) * u->nsrc);
       m_grad_split(u, g, mc);
       for (uint32_t j = 0; j < u->nsrc; j++) {
