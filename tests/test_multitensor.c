@@ -261,4 +261,105 @@ TEST(embedding) {
   END;
 }
 
+
+/* BatchNorm in training mode with the batch sharded: the batch statistics reduce over the sharded
+ * axis, so they are allreduced (synced BatchNorm) and match one device's */
+TEST(batchnorm) {
+  BEGIN;
+  tg_context_begin();
+  tg_context_set_int("TRAINING", 1);
+  tg_tensor x = realized(tg_randn(TG_SHAPE(6, 3, 4, 4), NULL));
+  tg_nn_batchnorm b1, b2;
+  CHECK(tg_nn_batchnorm_init(&b1, 3, NULL) == TG_OK && tg_nn_batchnorm_init(&b2, 3, NULL) == TG_OK);
+  tg_tensor want = tg_nn_batchnorm_forward(&b1, x);
+  tg_tensor *p[] = {&b2.weight, &b2.bias, &b2.running_mean, &b2.running_var};
+  for (int i = 0; i < 4; i++) {
+    tg_tensor r = tg_shard(*p[i], DEV2, 2, TG_SHARD_NONE);
+    CHECK(tg_realize(r) == TG_OK);
+    tg_free(*p[i]);
+    *p[i] = r;
+    tg_persist(r);
+  }
+  tg_tensor got = tg_nn_batchnorm_forward(&b2, tg_shard(x, DEV2, 2, 0));
+  CHECK(maxdiff(got, want) < 1e-5);
+  tg_realize(b1.running_mean), tg_realize(b2.running_mean);
+  CHECK(maxdiff(b2.running_mean, b1.running_mean) < 1e-6);
+  CHECK(maxdiff(b2.running_var, b1.running_var) < 1e-6);
+  tg_context_end();
+  tg_nn_batchnorm_free(&b1), tg_nn_batchnorm_free(&b2);
+  END;
+}
+
+static tg_status jit_step(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *user) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)user;
+  tg_tensor h = tg_relu(tg_matmul(in[0], in[1]));
+  out[0] = tg_sum(tg_mul(h, h), (int[]){0}, 1, false); /* over the sharded batch: an allreduce */
+  out[1] = tg_add_s(h, 1.0);
+  return TG_OK;
+}
+
+TEST(jit_sharded) {
+  BEGIN;
+  tg_tensor w = realized(tg_randn(TG_SHAPE(5, 3), NULL));
+  tg_tensor sw = realized(tg_shard(w, DEV4, 4, TG_SHARD_NONE));
+  tg_jit *j = tg_jit_new(jit_step, 2, NULL);
+  for (int it = 0; it < 4; it++) {
+    tg_scope_begin();
+    tg_tensor x = realized(tg_randn(TG_SHAPE(8, 5), NULL));
+    tg_tensor sx = realized(tg_shard(x, DEV4, 4, 0));
+    tg_tensor out[2], in[2] = {sx, sw};
+    CHECK(tg_jit_call(j, in, 2, NULL, 0, out) == TG_OK);
+    tg_tensor h = tg_relu(tg_matmul(x, w));
+    CHECK_MSG(maxdiff(out[0], tg_sum(tg_mul(h, h), (int[]){0}, 1, false)) < 1e-4, "call %d", it);
+    CHECK_MSG(maxdiff(out[1], tg_add_s(h, 1.0)) < 1e-5, "call %d", it);
+    CHECK(tg_shard_axis(out[1]) == 0 && tg_shard_axis(out[0]) == TG_SHARD_NONE);
+    tg_scope_end();
+  }
+  CHECK(tg_jit_captured_kernels(j) > 4);
+  tg_jit_free(j);
+  END;
+}
+
+TEST(rand_on_shards) {
+  BEGIN;
+  tg_manual_seed(7);
+  tg_tensor want = tg_rand(TG_SHAPE(8, 4), NULL);
+  tg_realize(want);
+  tg_manual_seed(7);
+  tg_tensor got = tg_rand(TG_SHAPE(8, 4), TG_OPTS(.device = "CPU:0,CPU:1,CPU:2,CPU:3"));
+  CHECK(tg_shard_count(got) == 4);
+  CHECK(maxdiff(got, want) == 0);
+  /* rand_like of a sharded tensor has its sharding */
+  tg_tensor s = tg_shard(want, DEV4, 4, 1);
+  tg_tensor rl = tg_rand_like(s, NULL);
+  CHECK(tg_shard_axis(rl) == 1 && tg_numel(rl) == 32);
+  float v[32];
+  CHECK(tg_data(rl, v, sizeof v) == TG_OK);
+  bool in01 = true, differ = false;
+  for (int i = 0; i < 32; i++) in01 = in01 && v[i] >= 0 && v[i] < 1, differ = differ || v[i] != v[0];
+  CHECK(in01 && differ);
+  END;
+}
+
+TEST(assign_setitem) {
+  BEGIN;
+  tg_tensor a = realized(tg_randn(TG_SHAPE(10, 4), NULL)), v = realized(tg_randn(TG_SHAPE(10, 4), NULL));
+  for (int ax = -1; ax < 2; ax++) {
+    tg_tensor s = realized(tg_shard(a, DEV4, 4, ax));
+    CHECK(tg_valid(tg_assign(s, tg_shard(v, DEV4, 4, ax == 0 ? 1 : 0)))); /* a value sharded differently */
+    CHECK(tg_realize(s) == TG_OK);
+    CHECK(tg_shard_axis(s) == ax);
+    CHECK_MSG(maxdiff(s, v) == 0, "assign, axis %d", ax);
+    /* rows 2:7 cross the shard boundaries at 3 and 6 */
+    tg_tensor want = tg_contiguous(v);
+    tg_realize(want);
+    CHECK(tg_setitem_s(want, TG_INDEX(TG_IX_SLICE(2, 7, 1)), 5.0) == TG_OK);
+    CHECK(tg_setitem_s(s, TG_INDEX(TG_IX_SLICE(2, 7, 1)), 5.0) == TG_OK);
+    CHECK_MSG(maxdiff(s, want) == 0, "setitem, axis %d", ax);
+    /* reading a shrink across the boundaries */
+    CHECK(maxdiff(tg_shrink(s, TG_SHAPE(1, 8, 0, 4)), tg_shrink(want, TG_SHAPE(1, 8, 0, 4))) == 0);
+  }
+  END;
+}
+
 int main(void) { return RUN_TESTS(); }

@@ -84,6 +84,24 @@ static tg_tensor finish(UOp *u, const tg_opts *o) {
   return t;
 }
 
+/* Creation on a device tuple: made on its first member (member_opts: opts with that device and
+ * no requires_grad), then replicated over the tuple with opts' requires_grad (on_first_member). */
+static const tg_opts *member_opts(Device *tuple, const tg_opts *opts) {
+  static _Thread_local tg_opts o;
+  const int *ids;
+  device_tuple_members(tuple->id, &ids);
+  o = opts ? *opts : *TG_OPTS();
+  o.device = device_by_id(ids[0])->name;
+  o.requires_grad = TG_GRAD_UNSET;
+  return &o;
+}
+static tg_tensor on_first_member(Device *tuple, const tg_opts *opts, tg_tensor t) {
+  if (!tg_valid(t)) return NONE;
+  UOp *c = g_copy(t_get(t, "tg_to"), tuple->id);
+  tg_free(t);
+  return finish(c, opts);
+}
+
 tg_tensor tg_from_data(const void *data, const int64_t *shape, int ndim, const tg_opts *opts) {
   int64_t n;
   tg_dtype dt;
@@ -91,6 +109,7 @@ tg_tensor tg_from_data(const void *data, const int64_t *shape, int ndim, const t
   if (!data && n > 0) return tg_set_error(TG_ERR_INVALID, "tg_from_data: data is NULL"), NONE;
   Device *d = opts_device("tg_from_data", opts);
   if (!d) return NONE;
+  if (!d->vt) return on_first_member(d, opts, tg_from_data(data, shape, ndim, member_opts(d, opts)));
   size_t nbytes = (size_t)n * tg_dtype_itemsize(dt);
   Buffer *b = buffer_new(d, nbytes);
   if (!b) return NONE;
@@ -142,6 +161,7 @@ tg_tensor tg_empty(const int64_t *shape, int ndim, const tg_opts *opts) {
   if (!check_shape("tg_empty", shape, ndim, &n) || !opts_dtype("tg_empty", opts, tg_default_float(), &dt)) return NONE;
   Device *d = opts_device("tg_empty", opts);
   if (!d) return NONE;
+  if (!d->vt) return on_first_member(d, opts, tg_empty(shape, ndim, member_opts(d, opts)));
   Buffer *b = buffer_new(d, (size_t)n * tg_dtype_itemsize(dt));
   if (!b) return NONE;
   return finish(g_buffer(b, dt, shape, ndim), opts);
@@ -420,6 +440,7 @@ static tg_tensor rand_shaped(const char *fn, const int64_t *shape, int ndim, con
     return tg_set_error(TG_ERR_INVALID, "%s: dtype %s is not a float dtype", fn, tg_dtype_name(dt)), NONE;
   Device *d = opts_device(fn, opts);
   if (!d) return NONE;
+  if (!d->vt) return on_first_member(d, opts, rand_shaped(fn, shape, ndim, member_opts(d, opts), scale, shift, normal, int_ok));
   UOp *r;
   if (!normal) {
     r = rand01(fn, d->id, n);

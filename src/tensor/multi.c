@@ -139,10 +139,11 @@ static UOp *split_single(UOp *x, int tuple, int axis, UOp *like) {
       start += sz;
       v = g_shrink(x, b);
     }
-    /* never x itself: a shard that is its source would be an ancestor of the other shards (their
-     * copies), and a gradient joined from the shards' would count theirs twice */
-    sh[i] = v->device != ids[i] ? g_copy(v, ids[i]) : v == x ? g_contiguous(v) : v;
-    if (sh[i] != v) uop_unref(v);
+    /* each shard its own buffer: never a view of x (TinyJit takes shards as buffers), never x
+     * itself (it would be an ancestor of the other shards, their copies, and a gradient joined
+     * from the shards' would count theirs twice) */
+    sh[i] = v->device != ids[i] ? g_copy(v, ids[i]) : g_contiguous(v);
+    uop_unref(v);
   }
   UOp *r = m_make(sh, n, axis, tuple);
   free(sh);
@@ -514,6 +515,15 @@ UOp *m_assign_region(UOp *target, UOp *value, const int64_t *bounds) {
   uop_unref(v);
   free(sh);
   return r;
+}
+
+/* A MULTI node from shards (borrowed), for TinyJit's flattened calls. */
+UOp *m_from_shards(UOp *const *sh, int n, int axis, int tuple) {
+  UOp **r = tg_xmalloc(sizeof(UOp *) * (size_t)n);
+  for (int i = 0; i < n; i++) r[i] = uop_ref(sh[i]);
+  UOp *u = m_make(r, n, axis, tuple);
+  free(r);
+  return u;
 }
 
 /* ---- realize ---- */

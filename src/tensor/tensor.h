@@ -131,6 +131,7 @@ UOp *m_gather(UOp *u, int dev);
 UOp *m_assign(UOp *target, UOp *value);
 UOp *m_assign_region(UOp *target, UOp *value, const int64_t *bounds);
 tg_status realize_multi(UOp **targets, int n);
+UOp *m_from_shards(UOp *const *sh, int n, int axis, int tuple);
 void m_grad_split(UOp *u, UOp *g, UOp **out);
 UOp *m_grad_join(UOp *u, UOp **gs);
 
