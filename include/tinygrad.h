@@ -260,6 +260,10 @@ tg_tensor tg_to(tg_tensor t, const char *device);
  * shard i holds the i-th ceil(size/n) slice (the last ones may be smaller or empty). TG_SHARD_NONE
  * replicates. Lazy: new handle. */
 tg_tensor tg_shard(tg_tensor t, const char *const *devices, int n, int axis);
+/* tinygrad's shard_: t itself becomes the sharded tensor (realized; the handle, its requires_grad
+ * and whoever borrows it, an optimizer or a state dict, see the new value; a gradient it had is
+ * dropped). TG_OK or the error of tg_shard. */
+tg_status tg_shard_(tg_tensor t, const char *const *devices, int n, int axis);
 /* t on like's devices with like's sharding (axis and shard sizes); shapes must match. */
 tg_tensor tg_shard_like(tg_tensor t, tg_tensor like);
 /* The sharded axis, TG_SHARD_NONE for a replicated or single-device tensor; -2 on a bad handle. */

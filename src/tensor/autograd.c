@@ -227,7 +227,35 @@ static void custom_drop(UOp *u) {
   free(c);
 }
 
+static void set_custom(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn);
+
+/* A multi-device node's consumers read its shards, not it: the gradient is registered on each shard
+ * too, with the inputs' shards, when that is the same computation per shard -- every sharded input
+ * split exactly as the output (a batch-sharded convolution with replicated weights); replicated
+ * inputs then collect one contribution per replica, which the join of their gradient sums. */
 void ag_set_custom_grad(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn) {
+  set_custom(out, inputs, n, fn);
+  if (!m_is(out)) return;
+  UOp *o = g_resolve(out);
+  int ns = (int)o->nsrc, ax = m_axis(o);
+  for (int k = 0; k < n; k++) {
+    if (!m_is(inputs[k]) || inputs[k]->device != out->device) return;
+    UOp *in = g_resolve(inputs[k]);
+    int ia = m_axis(in);
+    if (ia < 0) continue;
+    if (ia != ax || (int)in->nsrc != ns) return;
+    for (int i = 0; i < ns; i++)
+      if (in->src[i]->shape[ia] != o->src[i]->shape[ax]) return;
+  }
+  UOp **ins = tg_xmalloc(sizeof(UOp *) * (size_t)(n + 1));
+  for (int i = 0; i < ns; i++) {
+    for (int k = 0; k < n; k++) ins[k] = g_resolve(inputs[k])->src[i];
+    set_custom(o->src[i], ins, n, fn);
+  }
+  free(ins);
+}
+
+static void set_custom(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn) {
   uop_free_hook = custom_drop;
   pthread_mutex_lock(&custom_lock);
   bool have = pm_get(&customs, (uint64_t)(uintptr_t)out) != NULL;

@@ -709,3 +709,23 @@ tg_tensor tg_shard_get(tg_tensor t, int i) {
   if (i < 0 || i >= n) return tg_set_error(TG_ERR_INVALID, "tg_shard_get: shard %d of %d does not exist", i, n), NONE_T();
   return t_wrap(uop_ref(device_is_tuple(u->device) ? m_src(u, i) : u));
 }
+
+tg_status tg_shard_(tg_tensor t, const char *const *devices, int n, int axis) {
+  tg_tensor r = tg_shard(t, devices, n, axis);
+  if (!tg_valid(r)) return tg_last_status();
+  if (tg_realize(r) != TG_OK) {
+    tg_free(r);
+    return tg_last_status();
+  }
+  Slot *s = t_slot(t);
+  UOp *nu = uop_ref(t_get(r, "tg_shard_"));
+  tg_free(r);
+  UOp *old = s->u;
+  s->u = nu;
+  uop_unref(old);
+  /* a gradient of the old value is on the old device */
+  uop_unref(s->grad);
+  s->grad = NULL;
+  if (s->requires_grad == 1) tg_set_requires_grad(t, true);
+  return TG_OK;
+}
