@@ -54,6 +54,7 @@ struct tg_jit {
   bool multi;
   int nuser_out;     /* the user's nout (nout is the flattened count while a flattened call runs) */
   int *out_lay;      /* 3 per user output: shard count (0: a plain tensor), axis, tuple id */
+  int ncap_out;      /* entries of out_sig/out_buf (the nout of the captured call) */
 };
 
 /* Jitted functions running on this thread: a tg_jit_call inside one is nesting. */
@@ -90,7 +91,7 @@ static void sig_free(Sig *s, int n) {
 static void jit_reset(tg_jit *j) {
   capture_free(&j->cap);
   for (int i = 0; j->in_buf && i < j->nin; i++) buffer_unref(j->in_buf[i]);
-  for (int i = 0; j->out_buf && i < j->nout; i++) buffer_unref(j->out_buf[i]);
+  for (int i = 0; j->out_buf && i < j->ncap_out; i++) buffer_unref(j->out_buf[i]);
   for (int i = 0; i < j->nwritten; i++) buffer_unref(j->written[i]);
   free(j->written);
   j->written = NULL;
@@ -98,7 +99,8 @@ static void jit_reset(tg_jit *j) {
   free(j->in_buf);
   free(j->out_buf);
   sig_free(j->in_sig, j->nin);
-  sig_free(j->out_sig, j->nout);
+  sig_free(j->out_sig, j->ncap_out);
+  j->ncap_out = 0;
   free(j->args);
   free(j->vars);
   j->vars = NULL;
@@ -292,6 +294,7 @@ static tg_status capture(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs,
     free_outputs(j, out);
     return st;
   }
+  j->ncap_out = j->nout; /* the flattened count when the call is flattened (multi-device) */
   j->out_sig = tg_xcalloc((size_t)j->nout + 1, sizeof(Sig));
   j->out_buf = tg_xcalloc((size_t)j->nout + 1, sizeof(Buffer *));
   for (int i = 0; i < j->nout; i++) {
