@@ -264,6 +264,19 @@ tg_tensor tg_shard(tg_tensor t, const char *const *devices, int n, int axis);
  * and whoever borrows it, an optimizer or a state dict, see the new value; a gradient it had is
  * dropped). TG_OK or the error of tg_shard. */
 tg_status tg_shard_(tg_tensor t, const char *const *devices, int n, int axis);
+/* ---- across processes and machines: MPI (Open MPI's libmpi, opened at run time) ----
+ * tg_dist_init starts MPI (a process not started by mpirun is a world of one) and makes its calls
+ * return errors instead of aborting (MPI_ERRORS_RETURN): TG_ERR_RUNTIME naming what is missing when
+ * libmpi cannot be opened (TG_LIBMPI=<path> picks one). Rank and size are -1 before it. */
+tg_status tg_dist_init(void);
+int tg_dist_rank(void);
+int tg_dist_size(void);
+tg_status tg_dist_finalize(void);
+/* The sum of t over all ranks (MPI_Allreduce; float32/64, int32/64), or rank root's t on every rank
+ * (MPI_Bcast): a new realized tensor with t's shape, dtype, device and sharding. Every rank must call
+ * it with the same shape and dtype. */
+tg_tensor tg_dist_allreduce(tg_tensor t);
+tg_tensor tg_dist_broadcast(tg_tensor t, int root);
 /* t on like's devices with like's sharding (axis and shard sizes); shapes must match. */
 tg_tensor tg_shard_like(tg_tensor t, tg_tensor like);
 /* The sharded axis, TG_SHARD_NONE for a replicated or single-device tensor; -2 on a bad handle. */
