@@ -3,11 +3,14 @@
  * `mpirun --oversubscribe -np 2` (as root with --allow-run-as-root) and checks both ranks passed;
  * each rank checks rank/size, an allreduce and a broadcast of tensors (a sharded one too), and a
  * data-parallel gradient: each rank's half-batch gradient, allreduced and averaged, equals the
- * whole batch's gradient computed in one process.
+ * whole batch's gradient computed in one process. A rank that dies mid-run makes the job end with an
+ * error in bounded time.
  */
 #include "test.h"
 
 #include <tinygrad.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static char self[4096];
@@ -29,6 +32,31 @@ TEST(dist_two_ranks) {
   int rc = pclose(p);
   CHECK_MSG(rc == 0, "mpirun exited with status %d", rc);
   CHECK_MSG(ok == 2, "%d ranks reported ok", ok);
+}
+
+/* A rank that dies mid-run (rank 1 exits before the allreduce rank 0 waits in) ends the job with an
+ * error within a bounded time, never a hang. */
+TEST(dist_rank_dies) {
+  char cmd[8192];
+  snprintf(cmd, sizeof cmd, "TG_DIST_CHILD=die timeout 60 mpirun --oversubscribe %s -np 2 %s >/dev/null 2>&1",
+           geteuid() == 0 ? "--allow-run-as-root" : "", self);
+  double t0 = (double)time(NULL);
+  int rc = system(cmd);
+  double dt = (double)time(NULL) - t0;
+  CHECK_MSG(rc != 0, "the job succeeded although a rank died");
+  /* timeout's 124 would mean the survivor hung until killed */
+  CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) != 124 && dt < 55, "status %d after %.0f s", rc, dt);
+}
+
+static int child_die(void) {
+  if (tg_dist_init() != TG_OK) return 1;
+  tg_scope_begin();
+  tg_tensor t = tg_ones(TG_SHAPE(1000), NULL);
+  if (tg_dist_rank() == 1) _exit(3);
+  tg_tensor s = tg_dist_allreduce(t); /* rank 0 waits here for a peer that is gone */
+  fprintf(stderr, "rank 0: allreduce returned %s\n", tg_valid(s) ? "a value" : tg_last_error());
+  tg_scope_end();
+  return 2;
 }
 
 static int child(void) {
@@ -86,7 +114,7 @@ static int child(void) {
 
 int main(int argc, char **argv) {
   (void)argc;
-  if (getenv("TG_DIST_CHILD")) return child();
+  if (getenv("TG_DIST_CHILD")) return strcmp(getenv("TG_DIST_CHILD"), "die") ? child() : child_die();
   if (!realpath(argv[0], self)) snprintf(self, sizeof self, "%s", argv[0]);
   return RUN_TESTS();
 }
