@@ -362,4 +362,26 @@ TEST(assign_setitem) {
   END;
 }
 
+
+/* a tuple of unlike devices: the CPU and OpenCL (PoCL in `make test`); says so when no CL device opens */
+TEST(cpu_and_cl) {
+  BEGIN;
+  tg_tensor probe = tg_zeros(TG_SHAPE(1), TG_OPTS(.device = "CL"));
+  if (!tg_valid(probe)) {
+    fprintf(stderr, "  cpu_and_cl: no OpenCL device here (%s); not run\n", tg_last_error());
+    tg_clear_error();
+  } else {
+    const char *d[] = {"CPU", "CL"};
+    tg_tensor x = realized(tg_randn(TG_SHAPE(8, 6), NULL)), w = realized(tg_randn(TG_SHAPE(6, 3), NULL));
+    tg_tensor want = tg_matmul(x, w), g1, g2;
+    CHECK(tg_gradient(tg_sum(tg_square(want), NULL, 0, false), &w, 1, &g1) == TG_OK);
+    tg_tensor sw = tg_shard(w, d, 2, TG_SHARD_NONE);
+    tg_tensor got = tg_matmul(tg_shard(x, d, 2, 0), sw);
+    CHECK(tg_gradient(tg_sum(tg_square(got), NULL, 0, false), &sw, 1, &g2) == TG_OK);
+    CHECK(maxdiff(got, want) < 1e-4);
+    CHECK(maxdiff(g2, g1) < 1e-3);
+  }
+  END;
+}
+
 int main(void) { return RUN_TESTS(); }
