@@ -14,11 +14,14 @@
 #include <unistd.h>
 
 static char self[4096];
+/* The ranks run without LeakSanitizer under `make asan`: Open MPI keeps memory for the process in
+ * plugins it unloads at MPI_Finalize (unattributable, so not suppressible by library); each rank
+ * checks instead that it ends with no live tensor handle. */
 
 TEST(dist_two_ranks) {
   char cmd[8192];
   snprintf(cmd, sizeof cmd,
-           "TG_DIST_CHILD=1 timeout 120 mpirun --oversubscribe %s -np 2 %s 2>&1",
+           "TG_DIST_CHILD=1 ASAN_OPTIONS=detect_leaks=0 timeout 120 mpirun --oversubscribe %s -np 2 %s 2>&1",
            geteuid() == 0 ? "--allow-run-as-root" : "", self);
   FILE *p = popen(cmd, "r");
   CHECK(p != NULL);
@@ -38,7 +41,7 @@ TEST(dist_two_ranks) {
  * error within a bounded time, never a hang. */
 TEST(dist_rank_dies) {
   char cmd[8192];
-  snprintf(cmd, sizeof cmd, "TG_DIST_CHILD=die timeout 60 mpirun --oversubscribe %s -np 2 %s >/dev/null 2>&1",
+  snprintf(cmd, sizeof cmd, "TG_DIST_CHILD=die ASAN_OPTIONS=detect_leaks=0 timeout 60 mpirun --oversubscribe %s -np 2 %s >/dev/null 2>&1",
            geteuid() == 0 ? "--allow-run-as-root" : "", self);
   double t0 = (double)time(NULL);
   int rc = system(cmd);
