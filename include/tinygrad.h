@@ -242,8 +242,49 @@ tg_status tg_print(tg_tensor t);
 tg_status tg_realize(tg_tensor t);
 /* Realizes several tensors in one schedule (shared work is computed once). */
 tg_status tg_realize_many(const tg_tensor *ts, int n);
-/* Lazy copy of t to another device ("CPU:1"). */
+/* Lazy copy of t to another device ("CPU:1"). A comma-separated device tuple ("CPU:0,CPU:1")
+ * replicates t onto every member (tinygrad's to(tuple)); a multi-device tensor sent to one device is
+ * gathered there (the shards joined in order). */
 tg_tensor tg_to(tg_tensor t, const char *device);
+
+/* ---- multi-device tensors (tinygrad's shard) ----
+ * A tensor on a device tuple holds one shard per device: the whole tensor on each (replicated) or a
+ * slice of it along one axis. Every op accepts such tensors (the tuple is their device, and the
+ * inputs of an op must share it): elementwise ops with matching shardings run per shard, mismatched
+ * ones reshard first; a reduction over the sharded axis ends in an allreduce (naive, or ring for
+ * more than 2 devices and more than RING_ALLREDUCE_THRESHOLD=256000 elements; RING=0 forces naive,
+ * RING=2 ring; DEBUG=2 prints each one); autograd, TinyJit and data readers (which gather) work on
+ * them. docs/DESIGN.md describes the rules. */
+#define TG_SHARD_NONE (-1)
+/* t split along `axis` over the n devices (names as tg_to takes them; each listed once), in order:
+ * shard i holds the i-th ceil(size/n) slice (the last ones may be smaller or empty). TG_SHARD_NONE
+ * replicates. Lazy: new handle. */
+tg_tensor tg_shard(tg_tensor t, const char *const *devices, int n, int axis);
+/* tinygrad's shard_: t itself becomes the sharded tensor (realized; the handle, its requires_grad
+ * and whoever borrows it, an optimizer or a state dict, see the new value; a gradient it had is
+ * dropped). TG_OK or the error of tg_shard. */
+tg_status tg_shard_(tg_tensor t, const char *const *devices, int n, int axis);
+/* ---- across processes and machines: MPI (Open MPI's libmpi, opened at run time) ----
+ * tg_dist_init starts MPI (a process not started by mpirun is a world of one) and makes its calls
+ * return errors instead of aborting (MPI_ERRORS_RETURN): TG_ERR_RUNTIME naming what is missing when
+ * libmpi cannot be opened (TG_LIBMPI=<path> picks one). Rank and size are -1 before it. */
+tg_status tg_dist_init(void);
+int tg_dist_rank(void);
+int tg_dist_size(void);
+tg_status tg_dist_finalize(void);
+/* The sum of t over all ranks (MPI_Allreduce; float32/64, int32/64), or rank root's t on every rank
+ * (MPI_Bcast): a new realized tensor with t's shape, dtype, device and sharding. Every rank must call
+ * it with the same shape and dtype. */
+tg_tensor tg_dist_allreduce(tg_tensor t);
+tg_tensor tg_dist_broadcast(tg_tensor t, int root);
+/* t on like's devices with like's sharding (axis and shard sizes); shapes must match. */
+tg_tensor tg_shard_like(tg_tensor t, tg_tensor like);
+/* The sharded axis, TG_SHARD_NONE for a replicated or single-device tensor; -2 on a bad handle. */
+int tg_shard_axis(tg_tensor t);
+/* The number of shards (1 for a single-device tensor; -1 on a bad handle). */
+int tg_shard_count(tg_tensor t);
+/* Shard i as a tensor on its own device (new handle; lazy). */
+tg_tensor tg_shard_get(tg_tensor t, int i);
 /* A tensor whose data is contiguous in memory (a copy if t is a non-trivial view). */
 tg_tensor tg_contiguous(tg_tensor t);
 /* Writes value into target's buffer (shapes must match; value is cast to target's dtype). Returns

@@ -18,6 +18,8 @@
 #   chromium             headless browser: tests/test_viz.py loads the VIZ page, takes a screenshot
 #   libllvm15            libLLVM-15.so.1 for DEV=CPU:LLVM (opened with dlopen; never linked)
 #   binutils             objdump: DEBUG=7 disassembles the C renderer's kernels
+#   openmpi-bin libopenmpi-dev  mpirun and libmpi.so for tg_dist_* (libmpi opened with dlopen; never
+#                        linked): tests/test_dist.c runs itself under mpirun -np 2
 #
 # and, from PyPI into $PYTHON (default /usr/bin/python3) with pip (python3-pip if pip is missing):
 #   safetensors gguf     reference readers/writers for tests/test_formats.py
@@ -44,7 +46,7 @@ esac
 PKGS=(build-essential clang zlib1g-dev pkg-config python3 python3-torch python3-numpy
       libclang-rt-14-dev libfuzzer-14-dev dataset-fashion-mnist pocl-opencl-icd ocl-icd-opencl-dev clinfo
       graphviz chromium
-      libllvm15 binutils)
+      libllvm15 binutils openmpi-bin libopenmpi-dev)
 if [ "$MODE" = bench ]; then PKGS+=(libopenblas0-pthread); fi
 if [ "$MODE" = mnist ]; then PKGS=(build-essential zlib1g-dev dataset-fashion-mnist); fi
 

@@ -48,6 +48,13 @@ struct tg_jit {
   atomic_bool busy;  /* a call is running: a second one (another thread) is refused */
   int *vars;         /* the variables passed to the captured call (indices), whose values replays pass on */
   int nvars;
+  /* multi-device tensors: the captured call sees their shards as separate tensors (flattened), and
+   * the user function sees them joined again; the layout of each output (shards, axis, tuple) is
+   * taken from the first call. */
+  bool multi;
+  int nuser_out;     /* the user's nout (nout is the flattened count while a flattened call runs) */
+  int *out_lay;      /* 3 per user output: shard count (0: a plain tensor), axis, tuple id */
+  int ncap_out;      /* entries of out_sig/out_buf (the nout of the captured call) */
 };
 
 /* Jitted functions running on this thread: a tg_jit_call inside one is nesting. */
@@ -84,7 +91,7 @@ static void sig_free(Sig *s, int n) {
 static void jit_reset(tg_jit *j) {
   capture_free(&j->cap);
   for (int i = 0; j->in_buf && i < j->nin; i++) buffer_unref(j->in_buf[i]);
-  for (int i = 0; j->out_buf && i < j->nout; i++) buffer_unref(j->out_buf[i]);
+  for (int i = 0; j->out_buf && i < j->ncap_out; i++) buffer_unref(j->out_buf[i]);
   for (int i = 0; i < j->nwritten; i++) buffer_unref(j->written[i]);
   free(j->written);
   j->written = NULL;
@@ -92,7 +99,8 @@ static void jit_reset(tg_jit *j) {
   free(j->in_buf);
   free(j->out_buf);
   sig_free(j->in_sig, j->nin);
-  sig_free(j->out_sig, j->nout);
+  sig_free(j->out_sig, j->ncap_out);
+  j->ncap_out = 0;
   free(j->args);
   free(j->vars);
   j->vars = NULL;
@@ -104,6 +112,7 @@ static void jit_reset(tg_jit *j) {
 }
 
 void tg_jit_free(tg_jit *j) {
+  if (j) free(j->out_lay);
   if (!j) return;
   jit_reset(j);
   free(j);
@@ -285,6 +294,7 @@ static tg_status capture(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs,
     free_outputs(j, out);
     return st;
   }
+  j->ncap_out = j->nout; /* the flattened count when the call is flattened (multi-device) */
   j->out_sig = tg_xcalloc((size_t)j->nout + 1, sizeof(Sig));
   j->out_buf = tg_xcalloc((size_t)j->nout + 1, sizeof(Buffer *));
   for (int i = 0; i < j->nout; i++) {
@@ -412,6 +422,8 @@ static tg_status jit_call(tg_jit *j, const tg_tensor *in, int nin, const double 
 
 static tg_status tg_jit_call_impl(tg_jit *j, const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out,
                                   const CallVars *cv, const tg_symvar *vars, int nvars);
+static tg_status jit_call_multi(tg_jit *j, const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out,
+                                const CallVars *cv);
 
 tg_status tg_jit_call(tg_jit *j, const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out) {
   return tg_jit_call_vars(j, in, nin, NULL, 0, args, nargs, out);
@@ -471,9 +483,131 @@ static tg_status tg_jit_call_impl(tg_jit *j, const tg_tensor *in, int nin, const
   const tg_symvar *saved_vars = tl_vars;
   int saved_n = tl_nvars;
   tl_vars = vars, tl_nvars = nvars;
-  if (st == TG_OK) st = jit_call(j, in, nin, args, nargs, out, cv);
+  if (st == TG_OK) st = jit_call_multi(j, in, nin, args, nargs, out, cv);
   tl_vars = saved_vars, tl_nvars = saved_n;
   atomic_store(&j->busy, false);
+  return st;
+}
+
+/* ---- multi-device inputs and outputs ---- */
+
+typedef struct {
+  tg_jit *j;
+  tg_jit_fn fn;      /* the user's function and data */
+  void *user;
+  const int *in_lay; /* 3 per user input, as out_lay */
+  int nin;
+} MultiCall;
+
+static void lay_of(tg_tensor t, int *lay) {
+  UOp *u = t_get(t, "tg_jit_call");
+  bool m = u && m_is(u);
+  lay[0] = m ? (int)g_resolve(u)->nsrc : 0, lay[1] = m ? m_axis(u) : 0, lay[2] = m ? u->device : 0;
+}
+
+/* The user function, given the flattened inputs: joins them, calls it, flattens its outputs. */
+static tg_status multi_tramp(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *user) {
+  MultiCall *c = user;
+  tg_jit *j = c->j;
+  (void)nin, (void)nout;
+  tg_tensor *uin = tg_xcalloc((size_t)c->nin + 1, sizeof(tg_tensor)), *uout = tg_xcalloc((size_t)j->nuser_out + 1, sizeof(tg_tensor));
+  int p = 0;
+  for (int k = 0; k < c->nin; k++) {
+    int n = c->in_lay[3 * k];
+    if (!n) {
+      uin[k] = in[p++];
+      continue;
+    }
+    UOp **sh = tg_xmalloc(sizeof(UOp *) * (size_t)n);
+    for (int i = 0; i < n; i++) sh[i] = t_get(in[p + i], "tg_jit_call");
+    uin[k] = t_wrap(m_from_shards(sh, n, c->in_lay[3 * k + 1], c->in_lay[3 * k + 2]));
+    free(sh);
+    p += n;
+  }
+  tg_status st = c->fn(uin, c->nin, args, nargs, uout, j->nuser_out, c->user);
+  p = 0;
+  for (int k = 0; st == TG_OK && k < j->nuser_out; k++) {
+    int lay[3];
+    lay_of(uout[k], lay);
+    if (memcmp(lay, j->out_lay + 3 * k, sizeof lay)) {
+      st = tg_set_error(TG_ERR_INVALID, "tg_jit_call: output %d changed its devices or sharding since the first call (%d shards on axis %d, was %d on axis %d)",
+                        k, lay[0], lay[1], j->out_lay[3 * k], j->out_lay[3 * k + 1]);
+      break;
+    }
+    if (!lay[0]) out[p++] = uout[k];
+    else
+      for (int i = 0; i < lay[0]; i++) out[p++] = tg_shard_get(uout[k], i);
+  }
+  free(uin), free(uout);
+  return st;
+}
+
+/* jit_call, with multi-device inputs and outputs flattened into their shards once the first call
+ * (run as is) has shown the outputs' layout */
+static tg_status jit_call_multi(tg_jit *j, const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out,
+                                const CallVars *cv) {
+  bool any = j->multi;
+  for (int i = 0; i < nin && !any; i++) {
+    UOp *u = t_get(in[i], "tg_jit_call");
+    any = u && m_is(u);
+  }
+  if (!any || j->calls == 0 || getenv_int("JIT", 1) == 0) {
+    tg_status st = jit_call(j, in, nin, args, nargs, out, cv);
+    if (st == TG_OK && !j->out_lay) {
+      j->out_lay = tg_xcalloc((size_t)j->nout * 3 + 1, sizeof(int));
+      j->nuser_out = j->nout;
+      for (int k = 0; k < j->nout; k++) {
+        lay_of(out[k], j->out_lay + 3 * k);
+        j->multi = j->multi || j->out_lay[3 * k];
+      }
+      j->multi = j->multi || any;
+    }
+    return st;
+  }
+  int *in_lay = tg_xcalloc((size_t)nin * 3 + 1, sizeof(int));
+  int nflat = 0, nfout = 0;
+  for (int i = 0; i < nin; i++) lay_of(in[i], in_lay + 3 * i), nflat += in_lay[3 * i] ? in_lay[3 * i] : 1;
+  for (int k = 0; k < j->nuser_out; k++) nfout += j->out_lay[3 * k] ? j->out_lay[3 * k] : 1;
+  tg_tensor *fin = tg_xcalloc((size_t)nflat + 1, sizeof(tg_tensor)), *fout = tg_xcalloc((size_t)nfout + 1, sizeof(tg_tensor));
+  int p = 0;
+  for (int i = 0; i < nin; i++) {
+    if (!in_lay[3 * i]) {
+      fin[p++] = in[i];
+      continue;
+    }
+    UOp *r = g_resolve(t_get(in[i], "tg_jit_call"));
+    for (uint32_t s = 0; s < r->nsrc; s++) fin[p++] = t_wrap(uop_ref(r->src[s]));
+  }
+  MultiCall c = {j, j->fn, j->user, in_lay, nin};
+  j->fn = multi_tramp, j->user = &c, j->nout = nfout;
+  tg_status st = jit_call(j, fin, nflat, args, nargs, fout, cv);
+  j->fn = c.fn, j->user = c.user, j->nout = j->nuser_out;
+  p = 0;
+  for (int k = 0; k < j->nuser_out; k++) {
+    int n = j->out_lay[3 * k];
+    if (!n) {
+      out[k] = st == TG_OK ? fout[p] : (tg_tensor){0};
+      p++;
+      continue;
+    }
+    out[k] = (tg_tensor){0};
+    if (st == TG_OK) {
+      UOp **sh = tg_xmalloc(sizeof(UOp *) * (size_t)n);
+      for (int i = 0; i < n; i++) sh[i] = t_get(fout[p + i], "tg_jit_call");
+      out[k] = t_wrap(m_from_shards(sh, n, j->out_lay[3 * k + 1], j->out_lay[3 * k + 2]));
+      free(sh);
+    }
+    for (int i = 0; i < n; i++) tg_free(fout[p + i]);
+    p += n;
+  }
+  for (int i = 0, q = 0; i < nin; i++) {
+    if (!in_lay[3 * i]) {
+      q++;
+      continue;
+    }
+    for (int s = 0; s < in_lay[3 * i]; s++) tg_free(fin[q++]);
+  }
+  free(in_lay), free(fin), free(fout);
   return st;
 }
 

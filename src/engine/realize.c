@@ -718,6 +718,9 @@ static int *keep_held_contiguous(Schedule *s) {
 }
 
 tg_status realize_uops(UOp **targets, int n) {
+  /* multi-device targets realize their shards (multi.c), which comes back here */
+  for (int i = 0; i < n; i++)
+    if (device_is_tuple(targets[i]->device)) return realize_multi(targets, n);
   pthread_mutex_lock(&realize_lock);
   tg_status st = realize_locked(targets, n);
   pthread_mutex_unlock(&realize_lock);

@@ -192,7 +192,10 @@ tg_tensor tg_rand_like(tg_tensor t, const tg_opts *opts) {
   int64_t s[64];
   int nd = tg_shape(t, s);
   NnOp op = op_begin(fn);
-  return op_done(op, tg_rand(s, nd, &o));
+  tg_tensor r = tg_rand(s, nd, &o);
+  /* a sharded tensor's: drawn whole, then sharded as t is */
+  if (!opts || !opts->device) r = tg_shard_axis(t) >= 0 && tg_valid(r) ? tg_shard_like(r, t) : r;
+  return op_done(op, r);
 }
 
 tg_tensor tg_randn_like(tg_tensor t, const tg_opts *opts) {
@@ -202,7 +205,10 @@ tg_tensor tg_randn_like(tg_tensor t, const tg_opts *opts) {
   int64_t s[64];
   int nd = tg_shape(t, s);
   NnOp op = op_begin(fn);
-  return op_done(op, tg_randn(s, nd, &o));
+  tg_tensor r = tg_randn(s, nd, &o);
+  /* a sharded tensor's: drawn whole, then sharded as t is */
+  if (!opts || !opts->device) r = tg_shard_axis(t) >= 0 && tg_valid(r) ? tg_shard_like(r, t) : r;
+  return op_done(op, r);
 }
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -257,6 +257,7 @@ static Device *open_device(const DeviceKind *k, int index, const char *renderer,
 Device *device_get(const char *name) {
   if (!name || !*name) name = getenv_str("DEV", "CPU");
   if (!name || !*name) name = "CPU";
+  if (strchr(name, ',')) return device_tuple_get(name);
   const DeviceKind *k;
   int index;
   const char *renderer;
@@ -269,6 +270,7 @@ Device *device_get(const char *name) {
 Device *device_default(void) { return device_get(NULL); }
 
 Device *device_by_id(int id) {
+  if (device_is_tuple(id)) return device_tuple_by_id(id);
   int n = atomic_load_explicit(&g_ndevs, memory_order_acquire);
   if (id < 0 || id >= n) return NULL;
   return atomic_load_explicit(&g_devs, memory_order_acquire)[id];
@@ -569,6 +571,10 @@ static void *block_new(DeviceImpl *d, size_t sz, Chunk **chunk) {
 Buffer *buffer_new(Device *dev, size_t nbytes) {
   if (!dev) {
     tg_set_error(TG_ERR_INVALID, "buffer_new: no device");
+    return NULL;
+  }
+  if (!dev->vt) {
+    tg_set_error(TG_ERR_INVALID, "buffer_new: %s is a device tuple; its tensors live in one buffer per member", dev->name);
     return NULL;
   }
   DeviceImpl *d = (DeviceImpl *)dev;

@@ -116,6 +116,15 @@ struct Device {
 Device *device_get(const char *name);
 Device *device_default(void);
 Device *device_by_id(int id);
+/* Device tuples (devtuple.c): the pseudo-device of a tensor sharded or replicated over several
+ * devices. Ids from DEVICE_TUPLE_BASE; a tuple has no vtable (no buffers, no kernels). device_get
+ * of a comma-separated name ("CPU,CPU:1") and device_by_id of a tuple id return one. */
+#define DEVICE_TUPLE_BASE (1 << 20)
+static inline bool device_is_tuple(int id) { return id >= DEVICE_TUPLE_BASE; }
+Device *device_tuple_of(const int *ids, int n);   /* interned; NULL + error on a bad member */
+Device *device_tuple_get(const char *names);
+Device *device_tuple_by_id(int id);
+int device_tuple_members(int id, const int **ids); /* member count (0 if not a tuple) */
 /* Prints the device list (DEBUG>=1 at first use). */
 void device_list_print(void);
 /* Number of registered device kinds; the i-th kind's name and its renderers (default first,

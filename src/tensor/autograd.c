@@ -227,7 +227,35 @@ static void custom_drop(UOp *u) {
   free(c);
 }
 
+static void set_custom(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn);
+
+/* A multi-device node's consumers read its shards, not it: the gradient is registered on each shard
+ * too, with the inputs' shards, when that is the same computation per shard -- every sharded input
+ * split exactly as the output (a batch-sharded convolution with replicated weights); replicated
+ * inputs then collect one contribution per replica, which the join of their gradient sums. */
 void ag_set_custom_grad(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn) {
+  set_custom(out, inputs, n, fn);
+  if (!m_is(out)) return;
+  UOp *o = g_resolve(out);
+  int ns = (int)o->nsrc, ax = m_axis(o);
+  for (int k = 0; k < n; k++) {
+    if (!m_is(inputs[k]) || inputs[k]->device != out->device) return;
+    UOp *in = g_resolve(inputs[k]);
+    int ia = m_axis(in);
+    if (ia < 0) continue;
+    if (ia != ax || (int)in->nsrc != ns) return;
+    for (int i = 0; i < ns; i++)
+      if (in->src[i]->shape[ia] != o->src[i]->shape[ax]) return;
+  }
+  UOp **ins = tg_xmalloc(sizeof(UOp *) * (size_t)(n + 1));
+  for (int i = 0; i < ns; i++) {
+    for (int k = 0; k < n; k++) ins[k] = g_resolve(inputs[k])->src[i];
+    set_custom(o->src[i], ins, n, fn);
+  }
+  free(ins);
+}
+
+static void set_custom(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn) {
   uop_free_hook = custom_drop;
   pthread_mutex_lock(&custom_lock);
   bool have = pm_get(&customs, (uint64_t)(uintptr_t)out) != NULL;
@@ -349,7 +377,40 @@ static void topo_visit(Topo *t, UOp *u) {
 }
 
 /* Computes d loss / d targets[i] into out[i] (new refs; NULL if unreachable). */
+static void compute_grads_plain(UOp *loss, UOp *seed, UOp **targets, int n, UOp **out);
+/* MULTI targets (multi-device tensors) take their gradient from their shards' (multi.c). */
 static void compute_grads(UOp *loss, UOp *seed, UOp **targets, int n, UOp **out) {
+  int extra = 0;
+  for (int i = 0; i < n; i++)
+    if (m_is(targets[i])) extra += (int)g_resolve(targets[i])->nsrc;
+  if (!extra) {
+    compute_grads_plain(loss, seed, targets, n, out);
+    return;
+  }
+  UOp **ts = tg_xmalloc(sizeof(UOp *) * (size_t)(n + extra)), **gs = tg_xmalloc(sizeof(UOp *) * (size_t)(n + extra));
+  int m = n;
+  for (int i = 0; i < n; i++) {
+    ts[i] = targets[i];
+    if (m_is(targets[i]))
+      for (uint32_t j = 0; j < g_resolve(targets[i])->nsrc; j++) ts[m++] = g_resolve(targets[i])->src[j];
+  }
+  compute_grads_plain(loss, seed, ts, m, gs);
+  m = n;
+  for (int i = 0; i < n; i++) {
+    if (!m_is(targets[i])) {
+      out[i] = gs[i];
+      continue;
+    }
+    uop_unref(gs[i]);
+    UOp *r = g_resolve(targets[i]);
+    out[i] = m_grad_join(r, gs + m);
+    for (uint32_t j = 0; j < r->nsrc; j++) uop_unref(gs[m + j]);
+    m += (int)r->nsrc;
+  }
+  free(ts), free(gs);
+}
+
+static void compute_grads_plain(UOp *loss, UOp *seed, UOp **targets, int n, UOp **out) {
   Topo t;
   memset(&t, 0, sizeof t);
   topo_visit(&t, loss);
@@ -377,6 +438,25 @@ static void compute_grads(UOp *loss, UOp *seed, UOp **targets, int n, UOp **out)
     /* a realized tensor marked requires_grad is a leaf; other realized targets (unset ones, the loss
      * read before its backward) pass the gradient on through their history */
     if (is_target && u->op == OP_BUFFER && (uop_flags(u) & UOPF_GRAD_LEAF)) continue;
+    /* a MULTI node (a multi-device value: the loss, or a node a custom gradient was registered on)
+     * passes its gradient to its shards; a custom gradient on one runs on the MULTI nodes first */
+    if (u->op == OP_MULTI && !custom_of(u)) {
+      UOp **mc = tg_xmalloc(sizeof(UOp *) * u->nsrc);
+      m_grad_split(u, g, mc);
+      for (uint32_t j = 0; j < u->nsrc; j++) {
+        UOp *c = mc[j], *s = u->src[j];
+        if (!c) continue;
+        UOp *prev = pm_get(&grads, (uint64_t)(uintptr_t)s);
+        if (prev) {
+          UOp *sum = bin(OP_ADD, prev, c);
+          uop_unref(prev), uop_unref(c);
+          c = sum;
+        }
+        pm_put(&grads, (uint64_t)(uintptr_t)s, c);
+      }
+      free(mc);
+      continue;
+    }
     UOp *contrib[8] = {NULL};
     Custom *cu = custom_of(u);
     int ns;
@@ -546,9 +626,11 @@ static tg_status backward_impl(const char *fn, tg_tensor loss, tg_tensor upstrea
   PtrVec nodes = {0};
   for (size_t i = 0; i < t_slot_count(); i++) {
     Slot *s = t_slot_at(i);
-    if (s->scope < 0 || s->requires_grad == 0 || !tg_dtype_is_float((tg_dtype)s->u->dtype) ||
-        !pm_has(&t.idx, (uint64_t)(uintptr_t)s->u))
-      continue;
+    if (s->scope < 0 || s->requires_grad == 0 || !tg_dtype_is_float((tg_dtype)s->u->dtype)) continue;
+    bool in = pm_has(&t.idx, (uint64_t)(uintptr_t)s->u);
+    if (!in && m_is(s->u)) /* a multi-device tensor is in the graph through its shards */
+      for (uint32_t j = 0; j < g_resolve(s->u)->nsrc && !in; j++) in = pm_has(&t.idx, (uint64_t)(uintptr_t)g_resolve(s->u)->src[j]);
+    if (!in) continue;
     pv_push(&slots, s);
     pv_push(&nodes, s->u);
   }
@@ -613,6 +695,8 @@ tg_tensor tg_set_requires_grad(tg_tensor t, bool requires_grad) {
   }
   s->requires_grad = requires_grad ? 1 : 0;
   if (requires_grad && s->u) uop_set_flag(s->u, UOPF_GRAD_LEAF);
+  if (requires_grad && s->u && m_is(s->u))
+    for (uint32_t j = 0; j < g_resolve(s->u)->nsrc; j++) uop_set_flag(g_resolve(s->u)->src[j], UOPF_GRAD_LEAF);
   return t;
 }
 

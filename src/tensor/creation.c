@@ -84,6 +84,24 @@ static tg_tensor finish(UOp *u, const tg_opts *o) {
   return t;
 }
 
+/* Creation on a device tuple: made on its first member (member_opts: opts with that device and
+ * no requires_grad), then replicated over the tuple with opts' requires_grad (on_first_member). */
+static const tg_opts *member_opts(Device *tuple, const tg_opts *opts) {
+  static _Thread_local tg_opts o;
+  const int *ids;
+  device_tuple_members(tuple->id, &ids);
+  o = opts ? *opts : *TG_OPTS();
+  o.device = device_by_id(ids[0])->name;
+  o.requires_grad = TG_GRAD_UNSET;
+  return &o;
+}
+static tg_tensor on_first_member(Device *tuple, const tg_opts *opts, tg_tensor t) {
+  if (!tg_valid(t)) return NONE;
+  UOp *c = g_copy(t_get(t, "tg_to"), tuple->id);
+  tg_free(t);
+  return finish(c, opts);
+}
+
 tg_tensor tg_from_data(const void *data, const int64_t *shape, int ndim, const tg_opts *opts) {
   int64_t n;
   tg_dtype dt;
@@ -91,6 +109,7 @@ tg_tensor tg_from_data(const void *data, const int64_t *shape, int ndim, const t
   if (!data && n > 0) return tg_set_error(TG_ERR_INVALID, "tg_from_data: data is NULL"), NONE;
   Device *d = opts_device("tg_from_data", opts);
   if (!d) return NONE;
+  if (!d->vt) return on_first_member(d, opts, tg_from_data(data, shape, ndim, member_opts(d, opts)));
   size_t nbytes = (size_t)n * tg_dtype_itemsize(dt);
   Buffer *b = buffer_new(d, nbytes);
   if (!b) return NONE;
@@ -142,6 +161,7 @@ tg_tensor tg_empty(const int64_t *shape, int ndim, const tg_opts *opts) {
   if (!check_shape("tg_empty", shape, ndim, &n) || !opts_dtype("tg_empty", opts, tg_default_float(), &dt)) return NONE;
   Device *d = opts_device("tg_empty", opts);
   if (!d) return NONE;
+  if (!d->vt) return on_first_member(d, opts, tg_empty(shape, ndim, member_opts(d, opts)));
   Buffer *b = buffer_new(d, (size_t)n * tg_dtype_itemsize(dt));
   if (!b) return NONE;
   return finish(g_buffer(b, dt, shape, ndim), opts);
@@ -420,6 +440,7 @@ static tg_tensor rand_shaped(const char *fn, const int64_t *shape, int ndim, con
     return tg_set_error(TG_ERR_INVALID, "%s: dtype %s is not a float dtype", fn, tg_dtype_name(dt)), NONE;
   Device *d = opts_device(fn, opts);
   if (!d) return NONE;
+  if (!d->vt) return on_first_member(d, opts, rand_shaped(fn, shape, ndim, member_opts(d, opts), scale, shift, normal, int_ok));
   UOp *r;
   if (!normal) {
     r = rand01(fn, d->id, n);
@@ -578,6 +599,16 @@ tg_status tg_realize_many(const tg_tensor *ts, int n) {
 
 /* A BUFFER node holding u's elements contiguously (realizing or copying as needed); new ref. */
 static UOp *contiguous_buffer(UOp *u, tg_status *st) {
+  if (m_is(u)) { /* a multi-device tensor: realized, then gathered on its first device */
+    *st = realize_uops(&u, 1);
+    if (*st != TG_OK) return NULL;
+    const int *ids;
+    device_tuple_members(u->device, &ids);
+    UOp *g = m_gather(g_resolve(u), ids[0]);
+    UOp *b = contiguous_buffer(g, st);
+    uop_unref(g);
+    return b;
+  }
   UOp *r = uop_realized(u) ? uop_realized(u) : u;
   if (r->op == OP_BUFFER) {
     *st = TG_OK;
@@ -806,6 +837,35 @@ static tg_tensor assign_region(tg_tensor target, UOp *tb, UOp *vu) {
   return target;
 }
 
+/* tg_assign to a multi-device target: each shard's buffer takes its part of the value (resharded
+ * to the target's sharding). A target whose shards are not buffers of their own gets them first. */
+static tg_tensor assign_multi(tg_tensor target, UOp *tu, UOp *vu) {
+  UOp *tb = g_resolve(tu);
+  bool own = true;
+  for (uint32_t i = 0; i < tb->nsrc; i++) own = own && g_resolve(tb->src[i])->op == OP_BUFFER;
+  if (!own) {
+    UOp *c = g_contiguous(tu);
+    tg_status st = realize_uops(&c, 1);
+    if (st != TG_OK) {
+      uop_unref(c);
+      return NONE;
+    }
+    Slot *ts = t_slot(target);
+    UOp *prev = ts->u;
+    ts->u = uop_ref(g_resolve(c));
+    uop_unref(prev), uop_unref(c);
+    tu = tb = ts->u;
+  }
+  UOp *v = g_cast(vu, (tg_dtype)tb->dtype);
+  UOp *a = g_assign(tb, v);
+  uop_unref(v);
+  Slot *s = t_slot(target);
+  UOp *old = s->u;
+  s->u = a;
+  uop_unref(old);
+  return target;
+}
+
 tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
   GET(tu, target, "tg_assign");
   GET(vu, value, "tg_assign");
@@ -816,6 +876,7 @@ tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
            NONE;
   if (tu->device != vu->device)
     return tg_set_error(TG_ERR_INVALID, "tg_assign: value is on %s but the target is on %s", device_by_id(vu->device)->name, device_by_id(tu->device)->name), NONE;
+  if (m_is(tu)) return assign_multi(target, tu, vu);
   /* the target must be backed by its own contiguous buffer */
   UOp *tb = uop_realized(tu) ? uop_realized(tu) : tu;
   if (tb->op != OP_BUFFER) {

@@ -45,6 +45,7 @@ UOp *g_buffer(Buffer *b, tg_dtype dt, const int64_t *shape, int ndim) {
  * that reads it, so an arange or random counters cost no memory and no host loop. n is in iarg so
  * iotas of different lengths are different nodes. */
 UOp *g_iota(int64_t n, tg_dtype dt, int device) {
+  if (device_is_tuple(device)) return m_iota(n, dt, device);
   /* a symbolic length (a tg_sym code) is kept after the concrete one */
   int64_t c = sym_concrete(n);
   int64_t ia[3] = {device, c, n};
@@ -73,6 +74,7 @@ static bool same_sym(const int64_t *codes, bool any, const UOp *a) {
 Buffer *g_buffer_of(UOp *u) { return u && u->op == OP_BUFFER ? (Buffer *)u->arg.p : NULL; }
 
 UOp *g_const(double v, tg_dtype dt, int device) {
+  if (device_is_tuple(device)) return m_const(v, dt, device);
   UArg a;
   if (tg_dtype_is_float(dt)) {
     /* store the value as the dtype sees it, so 0.1 as half and as float differ */
@@ -106,6 +108,7 @@ UOp *g_const_shaped(double v, tg_dtype dt, int device, const int64_t *shape, int
 }
 
 UOp *g_alu(int op, tg_dtype dt, UOp *a, UOp *b, UOp *c) {
+  if (m_is(a) || (b && m_is(b)) || (c && m_is(c))) return m_alu(op, dt, a, b, c);
   UOp *s[3] = {a, b, c};
   UArg z = {0};
   return uop_new_meta(op, dt, s, c ? 3 : (b ? 2 : 1), NULL, 0, z, a->shape, a->ndim, a->device);
@@ -140,6 +143,7 @@ static UOp *mk_move_sym(int op, UOp *a, const int64_t *conc, const int64_t *args
 }
 
 UOp *g_reshape(UOp *a, const int64_t *shape, int ndim) {
+  if (m_is(a)) return m_reshape(a, shape, ndim);
   int64_t cb[64] = {0};
   int64_t *conc = ndim <= 64 ? cb : tg_xmalloc(sizeof(int64_t) * (size_t)ndim);
   bool any = decode_args(shape, ndim, conc);
@@ -158,6 +162,7 @@ UOp *g_reshape(UOp *a, const int64_t *shape, int ndim) {
 }
 
 UOp *g_permute(UOp *a, const int64_t *order) {
+  if (m_is(a)) return m_permute(a, order);
   bool ident = true;
   int64_t shape[64];
   int64_t *sh = a->ndim <= 64 ? shape : tg_xmalloc(sizeof(int64_t) * (size_t)a->ndim);
@@ -171,6 +176,7 @@ UOp *g_permute(UOp *a, const int64_t *order) {
 }
 
 UOp *g_expand(UOp *a, const int64_t *shape) {
+  if (m_is(a)) return m_expand(a, shape);
   if (a->ndim == 0) return uop_ref(a);
   int64_t cb[64] = {0};
   int64_t *conc = a->ndim <= 64 ? cb : tg_xmalloc(sizeof(int64_t) * (size_t)a->ndim);
@@ -185,6 +191,7 @@ UOp *g_expand(UOp *a, const int64_t *shape) {
 }
 
 UOp *g_pad(UOp *a, const int64_t *pads0) {
+  if (m_is(a)) return m_pad(a, pads0);
   bool any = false;
   int64_t shape[64], pb[128];
   int64_t *sh = a->ndim <= 64 ? shape : tg_xmalloc(sizeof(int64_t) * (size_t)a->ndim);
@@ -201,6 +208,7 @@ UOp *g_pad(UOp *a, const int64_t *pads0) {
 }
 
 UOp *g_shrink(UOp *a, const int64_t *bounds0) {
+  if (m_is(a)) return m_shrink(a, bounds0);
   bool any = false;
   int64_t shape[64], bb[128];
   int64_t *sh = a->ndim <= 64 ? shape : tg_xmalloc(sizeof(int64_t) * (size_t)a->ndim);
@@ -217,6 +225,7 @@ UOp *g_shrink(UOp *a, const int64_t *bounds0) {
 }
 
 UOp *g_flip(UOp *a, const int64_t *flags) {
+  if (m_is(a)) return m_flip(a, flags);
   bool any = false;
   for (int i = 0; i < a->ndim; i++) any = any || (flags[i] && a->shape[i] > 1);
   if (!any) return uop_ref(a);
@@ -244,6 +253,7 @@ static UOp *reduce1(UOp *a, int op, const int64_t *axes, int naxes) {
 #define SPLIT_MIN_RATIO 32768
 #define SPLIT_MAX_OUT 256
 UOp *g_reduce(UOp *a, int op, const int64_t *axes, int naxes) {
+  if (m_is(a)) return m_reduce(a, op, axes, naxes);
   int64_t in_n = 1, out_n = 1;
   for (int i = 0; i < a->ndim; i++) in_n *= a->shape[i];
   if (op != OP_ADD || naxes == 0 || a->ndim >= 63 || in_n == 0 || a->sym || !getenv_int("SPLIT_REDUCEOP", 1))
@@ -283,13 +293,22 @@ UOp *g_reduce(UOp *a, int op, const int64_t *axes, int naxes) {
   return r;
 }
 
+/* one-input builders as m_map callbacks (a MULTI node applies them per shard) */
+static UOp *map_contiguous(UOp *s, const void *c) { (void)c; return g_contiguous(s); }
+static UOp *map_materialize(UOp *s, const void *c) { (void)c; return g_materialize(s); }
+static UOp *map_stable(UOp *s, const void *c) { (void)c; return g_stable(s); }
+static UOp *map_detach(UOp *s, const void *c) { (void)c; return g_detach(s); }
+static UOp *map_image(UOp *s, const void *c) { const int64_t *wh = c; return g_image(s, wh[0], wh[1]); }
+
 UOp *g_contiguous(UOp *a) {
+  if (m_is(a)) return m_map(a, map_contiguous, NULL);
   UArg z = {0};
   UOp *u = uop_new_meta(OP_CONTIGUOUS, (tg_dtype)a->dtype, &a, 1, NULL, 0, z, a->shape, a->ndim, a->device);
   return u;
 }
 
 UOp *g_image(UOp *a, int64_t w, int64_t h) {
+  if (m_is(a)) { const int64_t wh[2] = {w, h}; return m_map(a, map_image, wh); }
   UArg m = {0};
   m.i = 2;
   const int64_t wh[2] = {w, h};
@@ -299,6 +318,7 @@ UOp *g_image(UOp *a, int64_t w, int64_t h) {
 /* Materialized like CONTIGUOUS, but the scheduler may store it in any order of its dims (its
  * values are only read through the graph, never handed to the user as a buffer). */
 UOp *g_materialize(UOp *a) {
+  if (m_is(a)) return m_map(a, map_materialize, NULL);
   UArg m = {0};
   m.i = 1;
   UOp *u = uop_new_meta(OP_CONTIGUOUS, (tg_dtype)a->dtype, &a, 1, NULL, 0, m, a->shape, a->ndim, a->device);
@@ -335,18 +355,21 @@ static bool may_round(UOp *u, int *budget) {
 }
 
 UOp *g_stable(UOp *a) {
+  if (m_is(a)) return m_map(a, map_stable, NULL);
   int budget = 256;
   if (!tg_dtype_is_float((tg_dtype)a->dtype) || !may_round(a, &budget)) return uop_ref(a);
   return g_materialize(a);
 }
 
 UOp *g_detach(UOp *a) {
+  if (m_is(a)) return m_map(a, map_detach, NULL);
   UArg z = {0};
   UOp *u = uop_new_meta(OP_DETACH, (tg_dtype)a->dtype, &a, 1, NULL, 0, z, a->shape, a->ndim, a->device);
   return u;
 }
 
 UOp *g_index(UOp *data, UOp *idx) {
+  if (m_is(data) || m_is(idx)) return m_index(data, idx);
   int nd = idx->ndim + data->ndim - 1;
   int64_t *sh = tg_xmalloc(sizeof(int64_t) * (size_t)(nd + 1));
   for (int i = 0; i < idx->ndim; i++) sh[i] = idx->shape[i];
@@ -359,6 +382,7 @@ UOp *g_index(UOp *data, UOp *idx) {
 }
 
 UOp *g_copy(UOp *a, int device) {
+  if (m_is(a) || device_is_tuple(device)) return m_copy(a, device);
   if (a->op == OP_IOTA && !uop_realized(a)) return g_iota(a->niarg == 3 ? a->iarg[2] : a->shape[0], (tg_dtype)a->dtype, device);
   if (a->op == OP_CONST && !uop_realized(a)) {
     /* a constant needs no copy: it is the same constant on the other device (a backward pass
@@ -374,6 +398,7 @@ UOp *g_copy(UOp *a, int device) {
 }
 
 UOp *g_assign(UOp *target, UOp *value) {
+  if (m_is(target)) return m_assign(target, value);
   UOp *s[2] = {target, value};
   UArg z = {0};
   UOp *u = uop_new_meta(OP_ASSIGN, (tg_dtype)target->dtype, s, 2, NULL, 0, z, target->shape, target->ndim, target->device);
@@ -410,6 +435,7 @@ UOp *g_sym_count(UOp *a, const bool *red, bool keepdim, tg_dtype dt) {
 /* An assign of value into the region bounds (2 per dim, tg_sym codes allowed) of target, whose
  * shape stays the target's: tinygrad's assign to a shrink of a buffer, written in place. */
 UOp *g_assign_region(UOp *target, UOp *value, const int64_t *bounds0) {
+  if (m_is(target)) return m_assign_region(target, value, bounds0);
   int n = 2 * target->ndim;
   int64_t cb[128] = {0};
   int64_t *conc = n <= 128 ? cb : tg_xmalloc(sizeof(int64_t) * (size_t)n);

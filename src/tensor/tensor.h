@@ -114,6 +114,32 @@ void ag_set_custom_grad(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn);
  * when it dies, so the two never keep each other alive. Takes over t's reference to bn. */
 void ag_attach_history(UOp *bn, UOp *t);
 
+/* ---- multi-device tensors (multi.c) ----
+ * A node on a device tuple is a MULTI node of per-member shards; the builders above hand such
+ * inputs to these, which build per-shard graphs. */
+static inline bool m_is(const UOp *u) { return device_is_tuple(u->device); }
+int m_axis(UOp *u);
+UOp *m_const(double v, tg_dtype dt, int tuple);
+UOp *m_iota(int64_t n, tg_dtype dt, int tuple);
+UOp *m_map(UOp *a, UOp *(*fn)(UOp *, const void *), const void *ctx);
+UOp *m_alu(int op, tg_dtype dt, UOp *a, UOp *b, UOp *c);
+UOp *m_reduce(UOp *a, int op, const int64_t *axes, int naxes);
+UOp *m_reshape(UOp *a, const int64_t *shape, int ndim);
+UOp *m_permute(UOp *a, const int64_t *order);
+UOp *m_expand(UOp *a, const int64_t *shape);
+UOp *m_pad(UOp *a, const int64_t *pads);
+UOp *m_shrink(UOp *a, const int64_t *bounds);
+UOp *m_flip(UOp *a, const int64_t *flags);
+UOp *m_index(UOp *data, UOp *idx);
+UOp *m_copy(UOp *a, int device);
+UOp *m_gather(UOp *u, int dev);
+UOp *m_assign(UOp *target, UOp *value);
+UOp *m_assign_region(UOp *target, UOp *value, const int64_t *bounds);
+tg_status realize_multi(UOp **targets, int n);
+UOp *m_from_shards(UOp *const *sh, int n, int axis, int tuple);
+void m_grad_split(UOp *u, UOp *g, UOp **out);
+UOp *m_grad_join(UOp *u, UOp **gs);
+
 /* ---- realize (engine) ---- */
 /* Realizes the given nodes; afterwards each non-view node has ->realized set. */
 tg_status realize_uops(UOp **targets, int n);

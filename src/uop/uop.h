@@ -72,6 +72,7 @@
   X(INDEX, 0)                                                                                      \
   X(COPY, 0)                                                                                       \
   X(ASSIGN, 0)                                                                                     \
+  X(MULTI, 0) /* a tensor over a device tuple: src = one node per member; arg.i the sharded axis (-1: replicated) */ \
   /* kernel AST */                                                                                 \
   X(DEFINE_GLOBAL, 0)                                                                              \
   X(RANGE, 0) /* iarg[0] the size (max); a symbolic loop has src[0], its end (index arithmetic) */   \

@@ -1,0 +1,387 @@
+/*
+ * test_multitensor.c -- multi-device tensors (tg_shard) on CPU:0..CPU:3, each case against the
+ * same computation on one device: basics, resharding, reductions and the allreduce (ring against
+ * naive, kernel counts), the 9 matmul shardings, conv2d, embedding, BatchNorm, autograd, TinyJit,
+ * rand, assign/setitem across shard boundaries.
+ */
+#include "test.h"
+
+#include <tinygrad.h>
+
+static const char *DEV4[] = {"CPU:0", "CPU:1", "CPU:2", "CPU:3"};
+static const char *DEV2[] = {"CPU:0", "CPU:1"};
+
+/* max |a - b| of two tensors of equal numel (a may be multi-device: tg_data gathers) */
+static double maxdiff(tg_tensor a, tg_tensor b) {
+  int64_t n = tg_numel(a);
+  if (n != tg_numel(b) || n < 0) return INFINITY;
+  float *x = malloc(sizeof(float) * (size_t)(n + 1)), *y = malloc(sizeof(float) * (size_t)(n + 1));
+  tg_tensor ac = tg_cast(a, TG_FLOAT32), bc = tg_cast(b, TG_FLOAT32);
+  double m = INFINITY;
+  if (tg_data(ac, x, sizeof(float) * (size_t)n) == TG_OK && tg_data(bc, y, sizeof(float) * (size_t)n) == TG_OK) {
+    m = 0;
+    for (int64_t i = 0; i < n; i++) {
+      double d = fabs((double)x[i] - (double)y[i]);
+      if (!(d <= m)) m = d;
+    }
+  }
+  free(x), free(y);
+  return m;
+}
+
+static tg_tensor realized(tg_tensor t) {
+  tg_realize(t);
+  return t;
+}
+
+TEST(shard_roundtrip) {
+  BEGIN;
+  tg_tensor x = realized(tg_randn(TG_SHAPE(10, 3), NULL));
+  for (int axis = -1; axis < 2; axis++) {
+    tg_tensor s = tg_shard(x, DEV4, 4, axis);
+    CHECK(tg_shard_axis(s) == axis);
+    CHECK(tg_shard_count(s) == 4);
+    CHECK(tg_numel(s) == 30);
+    CHECK_STR_CONTAINS(tg_device_of(s), "CPU:1");
+    CHECK(maxdiff(s, x) == 0);
+    tg_tensor back = tg_to(s, "CPU");
+    CHECK(strcmp(tg_device_of(back), "CPU") == 0);
+    CHECK(maxdiff(back, x) == 0);
+  }
+  /* uneven: 10 rows over 4 devices are 3, 3, 3, 1 */
+  tg_tensor s = tg_shard(x, DEV4, 4, 0);
+  CHECK(tg_numel(tg_shard_get(s, 0)) == 9 && tg_numel(tg_shard_get(s, 3)) == 3);
+  /* replication through tg_to of a tuple */
+  tg_tensor r = tg_to(x, "CPU:0,CPU:1,CPU:2");
+  CHECK(tg_shard_count(r) == 3 && tg_shard_axis(r) == TG_SHARD_NONE);
+  CHECK(maxdiff(tg_shard_get(r, 2), x) == 0);
+  /* shard_like */
+  tg_tensor y = realized(tg_randn(TG_SHAPE(10, 3), NULL));
+  tg_tensor yl = tg_shard_like(y, s);
+  CHECK(tg_shard_axis(yl) == 0 && tg_numel(tg_shard_get(yl, 3)) == 3);
+  CHECK(maxdiff(yl, y) == 0);
+  END;
+}
+
+TEST(shard_errors) {
+  BEGIN;
+  tg_tensor x = tg_ones(TG_SHAPE(4, 4), NULL);
+  CHECK(!tg_valid(tg_shard(x, DEV2, 2, 2)));
+  CHECK_ERR(TG_ERR_INVALID, "tg_shard", "axis 2");
+  CHECK(!tg_valid(tg_shard(x, DEV2, 0, 0)));
+  CHECK_ERR(TG_ERR_INVALID, "tg_shard");
+  const char *dup[] = {"CPU:1", "CPU:1"};
+  CHECK(!tg_valid(tg_shard(x, dup, 2, 0)));
+  CHECK_ERR(TG_ERR_INVALID, "twice");
+  tg_tensor s = tg_shard(x, DEV2, 2, 0);
+  CHECK(!tg_valid(tg_add(s, x)));
+  CHECK_ERR(TG_ERR_INVALID, "tg_add");
+  END;
+}
+
+TEST(elementwise) {
+  BEGIN;
+  tg_tensor a = realized(tg_randn(TG_SHAPE(7, 6), NULL)), b = realized(tg_randn(TG_SHAPE(7, 6), NULL));
+  tg_tensor want = tg_add(tg_mul(a, b), tg_exp(a));
+  int axes[] = {-1, 0, 1};
+  for (int i = 0; i < 3; i++)
+    for (int j = 0; j < 3; j++) {
+      tg_tensor sa = tg_shard(a, DEV4, 4, axes[i]), sb = tg_shard(b, DEV4, 4, axes[j]);
+      tg_tensor got = tg_add(tg_mul(sa, sb), tg_exp(sa));
+      CHECK_MSG(maxdiff(got, want) < 1e-6, "axes %d %d", axes[i], axes[j]);
+      /* the result takes the first sharded input's sharding */
+      CHECK(tg_shard_axis(got) == (axes[i] >= 0 ? axes[i] : axes[j]));
+    }
+  /* a scalar with a sharded tensor */
+  tg_tensor s = tg_shard(a, DEV4, 4, 0);
+  CHECK(maxdiff(tg_add_s(s, 2.5), tg_add_s(a, 2.5)) < 1e-6);
+  END;
+}
+
+TEST(reduce) {
+  BEGIN;
+  tg_tensor a = realized(tg_randn(TG_SHAPE(9, 5), NULL));
+  for (int ax = -1; ax < 2; ax++) {
+    tg_tensor s = tg_shard(a, DEV4, 4, ax);
+    for (int r = 0; r < 2; r++) {
+      int axis[] = {r};
+      CHECK_MSG(maxdiff(tg_sum(s, axis, 1, false), tg_sum(a, axis, 1, false)) < 1e-5, "sum shard %d over %d", ax, r);
+      CHECK_MSG(maxdiff(tg_max(s, axis, 1, true), tg_max(a, axis, 1, true)) == 0, "max shard %d over %d", ax, r);
+    }
+    CHECK(maxdiff(tg_sum(s, NULL, 0, false), tg_sum(a, NULL, 0, false)) < 1e-5);
+    CHECK(maxdiff(tg_mean(s, NULL, 0, false), tg_mean(a, NULL, 0, false)) < 1e-6);
+  }
+  END;
+}
+
+TEST(movement) {
+  BEGIN;
+  tg_tensor a = realized(tg_randn(TG_SHAPE(8, 6), NULL));
+  for (int ax = -1; ax < 2; ax++) {
+    tg_tensor s = tg_shard(a, DEV4, 4, ax);
+    CHECK(maxdiff(tg_reshape(s, TG_SHAPE(48)), tg_reshape(a, TG_SHAPE(48))) == 0);
+    CHECK(maxdiff(tg_reshape(s, TG_SHAPE(4, 2, 6)), tg_reshape(a, TG_SHAPE(4, 2, 6))) == 0);
+    CHECK(maxdiff(tg_reshape(s, TG_SHAPE(6, 8)), tg_reshape(a, TG_SHAPE(6, 8))) == 0);
+    CHECK(maxdiff(tg_permute(s, (int[]){1, 0}, 2), tg_permute(a, (int[]){1, 0}, 2)) == 0);
+    CHECK(maxdiff(tg_shrink(s, TG_SHAPE(1, 7, 2, 5)), tg_shrink(a, TG_SHAPE(1, 7, 2, 5))) == 0);
+    CHECK(maxdiff(tg_pad(s, TG_SHAPE(1, 2, 3, 0), 0), tg_pad(a, TG_SHAPE(1, 2, 3, 0), 0)) == 0);
+    CHECK(maxdiff(tg_flip(s, (int[]){0, 1}, 2), tg_flip(a, (int[]){0, 1}, 2)) == 0);
+    tg_tensor e = tg_reshape(s, TG_SHAPE(8, 1, 6));
+    CHECK(maxdiff(tg_expand(e, TG_SHAPE(8, 3, 6)), tg_expand(tg_reshape(a, TG_SHAPE(8, 1, 6)), TG_SHAPE(8, 3, 6))) == 0);
+  }
+  /* the sharded axis kept by a merge: still sharded */
+  tg_tensor s0 = tg_shard(a, DEV4, 4, 0);
+  CHECK(tg_shard_axis(tg_reshape(s0, TG_SHAPE(48))) == 0);
+  CHECK(tg_shard_axis(tg_permute(s0, (int[]){1, 0}, 2)) == 1);
+  END;
+}
+
+
+TEST(matmul_9) {
+  BEGIN;
+  tg_tensor x = realized(tg_randn(TG_SHAPE(8, 12), NULL)), w = realized(tg_randn(TG_SHAPE(12, 4), NULL));
+  tg_tensor want = tg_matmul(x, w);
+  int axes[] = {-1, 0, 1};
+  for (int i = 0; i < 3; i++)
+    for (int j = 0; j < 3; j++) {
+      tg_tensor got = tg_matmul(tg_shard(x, DEV4, 4, axes[i]), tg_shard(w, DEV4, 4, axes[j]));
+      CHECK_MSG(maxdiff(got, want) < 1e-4, "X axis %d, W axis %d: %g", axes[i], axes[j], maxdiff(got, want));
+    }
+  END;
+}
+
+/* gradients of a small MLP with the batch sharded and the weights replicated, against one device */
+TEST(autograd_data_parallel) {
+  BEGIN;
+  tg_tensor x = realized(tg_randn(TG_SHAPE(10, 6), NULL)), w1 = realized(tg_randn(TG_SHAPE(6, 5), NULL));
+  tg_tensor w2 = realized(tg_randn(TG_SHAPE(5, 3), NULL));
+  tg_tensor y = realized(tg_cast(tg_arange(0, 10, 1, NULL), TG_INT32));
+  y = realized(tg_mod(y, tg_const_like(y, 3)));
+  tg_tensor ws[2] = {w1, w2}, g1[2], g2[2];
+  tg_tensor loss1 = tg_sparse_categorical_crossentropy(tg_matmul(tg_relu(tg_matmul(x, w1)), w2), y, NULL);
+  CHECK(tg_gradient(loss1, ws, 2, g1) == TG_OK);
+  tg_tensor sx = tg_shard(x, DEV4, 4, 0), sy = tg_shard(y, DEV4, 4, 0);
+  tg_tensor sw[2] = {tg_shard(w1, DEV4, 4, TG_SHARD_NONE), tg_shard(w2, DEV4, 4, TG_SHARD_NONE)};
+  tg_tensor loss2 = tg_sparse_categorical_crossentropy(tg_matmul(tg_relu(tg_matmul(sx, sw[0])), sw[1]), sy, NULL);
+  CHECK(tg_gradient(loss2, sw, 2, g2) == TG_OK);
+  CHECK(maxdiff(loss2, loss1) < 1e-5);
+  for (int i = 0; i < 2; i++) {
+    CHECK(tg_shard_axis(g2[i]) == TG_SHARD_NONE && tg_shard_count(g2[i]) == 4);
+    CHECK_MSG(maxdiff(g2[i], g1[i]) < 1e-5, "grad %d: %g", i, maxdiff(g2[i], g1[i]));
+    /* every replica holds the whole gradient */
+    CHECK(maxdiff(tg_shard_get(g2[i], 3), g1[i]) < 1e-5);
+  }
+  /* tg_backward finds sharded leaves too */
+  tg_tensor p = realized(tg_shard(w1, DEV2, 2, 1));
+  tg_set_requires_grad(p, true);
+  tg_tensor l3 = tg_sum(tg_mul(tg_matmul(tg_shard(x, DEV2, 2, TG_SHARD_NONE), p), tg_matmul(x, w1) /* wrong device */), NULL, 0, false);
+  CHECK(!tg_valid(l3));
+  tg_clear_error();
+  tg_tensor l4 = tg_sum(tg_square(tg_matmul(tg_shard(x, DEV2, 2, TG_SHARD_NONE), p)), NULL, 0, false);
+  CHECK(tg_backward(l4) == TG_OK);
+  tg_tensor w1g = realized(tg_detach(w1));
+  tg_set_requires_grad(w1g, true);
+  tg_tensor l5 = tg_sum(tg_square(tg_matmul(x, w1g)), NULL, 0, false);
+  CHECK(tg_backward(l5) == TG_OK);
+  CHECK(tg_shard_axis(tg_grad(p)) == 1);
+  CHECK(maxdiff(tg_grad(p), tg_grad(w1g)) < 1e-4);
+  tg_zero_grad(p), tg_zero_grad(w1g);
+  END;
+}
+
+
+/* kernels (and results) of a sum over the sharded axis: per-shard reductions, then the allreduce */
+static uint64_t allreduce_kernels(tg_tensor x, int ring, tg_tensor want, double *diff) {
+  tg_context_begin();
+  tg_context_set_int("RING", ring);
+  tg_tensor s = tg_shard(x, DEV4, 4, 0);
+  tg_realize(s);
+  tg_global_counters_reset();
+  tg_tensor r = tg_sum(s, (int[]){0}, 1, false);
+  tg_realize(r);
+  uint64_t k = tg_global_counters().kernel_count;
+  tg_context_end();
+  *diff = maxdiff(r, want);
+  return k;
+}
+
+TEST(allreduce_ring_vs_naive) {
+  BEGIN;
+  tg_tensor x = realized(tg_randn(TG_SHAPE(8, 1000), NULL));
+  tg_tensor want = tg_sum(x, (int[]){0}, 1, false);
+  double dn, dr;
+  uint64_t kn = allreduce_kernels(x, 0, want, &dn), kr = allreduce_kernels(x, 2, want, &dr);
+  CHECK_MSG(dn < 1e-4 && dr < 1e-4, "naive %g ring %g", dn, dr);
+  /* naive: 4 per-shard sums, then on each device one kernel adding the 3 copies to its own part */
+  CHECK_MSG(kn == 8, "naive: %llu kernels", (unsigned long long)kn);
+  /* ring: 4 sums, per chunk its slice made contiguous for the first hop and 3 reduce steps, and
+   * one kernel per device joining the 4 chunks */
+  CHECK_MSG(kr == 24, "ring: %llu kernels", (unsigned long long)kr);
+  /* ring and naive agree to rounding on a bigger one, chosen by size (RING=1: ring above 256000) */
+  tg_tensor y = realized(tg_randn(TG_SHAPE(4, 300000), NULL));
+  tg_tensor wy = tg_sum(y, (int[]){0}, 1, false);
+  uint64_t ka = allreduce_kernels(y, 1, wy, &dr);
+  CHECK_MSG(ka == 24 && dr < 1e-4, "auto: %llu kernels, diff %g", (unsigned long long)ka, dr);
+  END;
+}
+
+
+TEST(conv2d_batch_sharded) {
+  BEGIN;
+  tg_tensor x = realized(tg_randn(TG_SHAPE(4, 3, 8, 8), NULL)), w = realized(tg_randn(TG_SHAPE(5, 3, 3, 3), NULL));
+  tg_tensor b = realized(tg_randn(TG_SHAPE(5), NULL));
+  tg_tensor ws[2] = {w, b}, g1[2], g2[2];
+  tg_tensor want = tg_conv2d(x, w, b, TG_CONV2D_OPTS(.padding = {1}, .npadding = 1));
+  CHECK(tg_gradient(tg_sum(tg_square(want), NULL, 0, false), ws, 2, g1) == TG_OK);
+  tg_tensor sw[2] = {tg_shard(w, DEV2, 2, TG_SHARD_NONE), tg_shard(b, DEV2, 2, TG_SHARD_NONE)};
+  tg_tensor got = tg_conv2d(tg_shard(x, DEV2, 2, 0), sw[0], sw[1], TG_CONV2D_OPTS(.padding = {1}, .npadding = 1));
+  CHECK(tg_shard_axis(got) == 0);
+  CHECK(tg_gradient(tg_sum(tg_square(got), NULL, 0, false), sw, 2, g2) == TG_OK);
+  CHECK(maxdiff(got, want) < 1e-4);
+  for (int i = 0; i < 2; i++) CHECK_MSG(maxdiff(g2[i], g1[i]) < 1e-3, "grad %d: %g", i, maxdiff(g2[i], g1[i]));
+  END;
+}
+
+TEST(embedding) {
+  BEGIN;
+  tg_tensor w = realized(tg_randn(TG_SHAPE(10, 4), NULL));
+  int32_t ids[] = {1, 3, 3, 9, 0, 2, 7, 7};
+  tg_tensor idx = tg_from_data(ids, TG_SHAPE(2, 4), TG_OPTS(.dtype = TG_INT32));
+  tg_tensor g1, g2;
+  tg_tensor want = tg_index(w, idx);
+  CHECK(tg_gradient(tg_sum(tg_square(want), NULL, 0, false), &w, 1, &g1) == TG_OK);
+  for (int wa = -1; wa < 1; wa++)
+    for (int ia = -1; ia < 1; ia++) {
+      tg_tensor sw = tg_shard(w, DEV2, 2, wa), si = tg_shard(idx, DEV2, 2, ia);
+      tg_tensor got = tg_index(sw, si);
+      CHECK(tg_gradient(tg_sum(tg_square(got), NULL, 0, false), &sw, 1, &g2) == TG_OK);
+      CHECK_MSG(maxdiff(got, want) == 0, "weight axis %d, idx axis %d", wa, ia);
+      CHECK_MSG(maxdiff(g2, g1) < 1e-5, "grad: weight axis %d, idx axis %d", wa, ia);
+    }
+  END;
+}
+
+
+/* BatchNorm in training mode with the batch sharded: the batch statistics reduce over the sharded
+ * axis, so they are allreduced (synced BatchNorm) and match one device's */
+TEST(batchnorm) {
+  BEGIN;
+  tg_context_begin();
+  tg_context_set_int("TRAINING", 1);
+  tg_tensor x = realized(tg_randn(TG_SHAPE(6, 3, 4, 4), NULL));
+  tg_nn_batchnorm b1, b2;
+  CHECK(tg_nn_batchnorm_init(&b1, 3, NULL) == TG_OK && tg_nn_batchnorm_init(&b2, 3, NULL) == TG_OK);
+  tg_tensor want = tg_nn_batchnorm_forward(&b1, x);
+  tg_tensor *p[] = {&b2.weight, &b2.bias, &b2.running_mean, &b2.running_var};
+  for (int i = 0; i < 4; i++) {
+    tg_tensor r = tg_shard(*p[i], DEV2, 2, TG_SHARD_NONE);
+    CHECK(tg_realize(r) == TG_OK);
+    tg_free(*p[i]);
+    *p[i] = r;
+    tg_persist(r);
+  }
+  tg_tensor got = tg_nn_batchnorm_forward(&b2, tg_shard(x, DEV2, 2, 0));
+  CHECK(maxdiff(got, want) < 1e-5);
+  tg_realize(b1.running_mean), tg_realize(b2.running_mean);
+  CHECK(maxdiff(b2.running_mean, b1.running_mean) < 1e-6);
+  CHECK(maxdiff(b2.running_var, b1.running_var) < 1e-6);
+  tg_context_end();
+  tg_nn_batchnorm_free(&b1), tg_nn_batchnorm_free(&b2);
+  END;
+}
+
+static tg_status jit_step(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *user) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)user;
+  tg_tensor h = tg_relu(tg_matmul(in[0], in[1]));
+  out[0] = tg_sum(tg_mul(h, h), (int[]){0}, 1, false); /* over the sharded batch: an allreduce */
+  out[1] = tg_add_s(h, 1.0);
+  return TG_OK;
+}
+
+TEST(jit_sharded) {
+  BEGIN;
+  tg_tensor w = realized(tg_randn(TG_SHAPE(5, 3), NULL));
+  tg_tensor sw = realized(tg_shard(w, DEV4, 4, TG_SHARD_NONE));
+  tg_jit *j = tg_jit_new(jit_step, 2, NULL);
+  for (int it = 0; it < 4; it++) {
+    tg_scope_begin();
+    tg_tensor x = realized(tg_randn(TG_SHAPE(8, 5), NULL));
+    tg_tensor sx = realized(tg_shard(x, DEV4, 4, 0));
+    tg_tensor out[2], in[2] = {sx, sw};
+    CHECK(tg_jit_call(j, in, 2, NULL, 0, out) == TG_OK);
+    tg_tensor h = tg_relu(tg_matmul(x, w));
+    CHECK_MSG(maxdiff(out[0], tg_sum(tg_mul(h, h), (int[]){0}, 1, false)) < 1e-4, "call %d", it);
+    CHECK_MSG(maxdiff(out[1], tg_add_s(h, 1.0)) < 1e-5, "call %d", it);
+    CHECK(tg_shard_axis(out[1]) == 0 && tg_shard_axis(out[0]) == TG_SHARD_NONE);
+    tg_scope_end();
+  }
+  CHECK(tg_jit_captured_kernels(j) > 4);
+  tg_jit_free(j);
+  END;
+}
+
+TEST(rand_on_shards) {
+  BEGIN;
+  tg_manual_seed(7);
+  tg_tensor want = tg_rand(TG_SHAPE(8, 4), NULL);
+  tg_realize(want);
+  tg_manual_seed(7);
+  tg_tensor got = tg_rand(TG_SHAPE(8, 4), TG_OPTS(.device = "CPU:0,CPU:1,CPU:2,CPU:3"));
+  CHECK(tg_shard_count(got) == 4);
+  CHECK(maxdiff(got, want) == 0);
+  /* rand_like of a sharded tensor has its sharding */
+  tg_tensor s = tg_shard(want, DEV4, 4, 1);
+  tg_tensor rl = tg_rand_like(s, NULL);
+  CHECK(tg_shard_axis(rl) == 1 && tg_numel(rl) == 32);
+  float v[32];
+  CHECK(tg_data(rl, v, sizeof v) == TG_OK);
+  bool in01 = true, differ = false;
+  for (int i = 0; i < 32; i++) in01 = in01 && v[i] >= 0 && v[i] < 1, differ = differ || v[i] != v[0];
+  CHECK(in01 && differ);
+  END;
+}
+
+TEST(assign_setitem) {
+  BEGIN;
+  tg_tensor a = realized(tg_randn(TG_SHAPE(10, 4), NULL)), v = realized(tg_randn(TG_SHAPE(10, 4), NULL));
+  for (int ax = -1; ax < 2; ax++) {
+    tg_tensor s = realized(tg_shard(a, DEV4, 4, ax));
+    CHECK(tg_valid(tg_assign(s, tg_shard(v, DEV4, 4, ax == 0 ? 1 : 0)))); /* a value sharded differently */
+    CHECK(tg_realize(s) == TG_OK);
+    CHECK(tg_shard_axis(s) == ax);
+    CHECK_MSG(maxdiff(s, v) == 0, "assign, axis %d", ax);
+    /* rows 2:7 cross the shard boundaries at 3 and 6 */
+    tg_tensor want = tg_contiguous(v);
+    tg_realize(want);
+    CHECK(tg_setitem_s(want, TG_INDEX(TG_IX_SLICE(2, 7, 1)), 5.0) == TG_OK);
+    CHECK(tg_setitem_s(s, TG_INDEX(TG_IX_SLICE(2, 7, 1)), 5.0) == TG_OK);
+    CHECK_MSG(maxdiff(s, want) == 0, "setitem, axis %d", ax);
+    /* reading a shrink across the boundaries */
+    CHECK(maxdiff(tg_shrink(s, TG_SHAPE(1, 8, 0, 4)), tg_shrink(want, TG_SHAPE(1, 8, 0, 4))) == 0);
+  }
+  END;
+}
+
+
+/* a tuple of unlike devices: the CPU and OpenCL (PoCL in `make test`); says so when no CL device opens */
+TEST(cpu_and_cl) {
+  BEGIN;
+  tg_tensor probe = tg_zeros(TG_SHAPE(1), TG_OPTS(.device = "CL"));
+  if (!tg_valid(probe)) {
+    fprintf(stderr, "  cpu_and_cl: no OpenCL device here (%s); not run\n", tg_last_error());
+    tg_clear_error();
+  } else {
+    const char *d[] = {"CPU", "CL"};
+    tg_tensor x = realized(tg_randn(TG_SHAPE(8, 6), NULL)), w = realized(tg_randn(TG_SHAPE(6, 3), NULL));
+    tg_tensor want = tg_matmul(x, w), g1, g2;
+    CHECK(tg_gradient(tg_sum(tg_square(want), NULL, 0, false), &w, 1, &g1) == TG_OK);
+    tg_tensor sw = tg_shard(w, d, 2, TG_SHARD_NONE);
+    tg_tensor got = tg_matmul(tg_shard(x, d, 2, 0), sw);
+    CHECK(tg_gradient(tg_sum(tg_square(got), NULL, 0, false), &sw, 1, &g2) == TG_OK);
+    CHECK(maxdiff(got, want) < 1e-4);
+    CHECK(maxdiff(g2, g1) < 1e-3);
+  }
+  END;
+}
+
+int main(void) { return RUN_TESTS(); }
