@@ -267,36 +267,6 @@ TEST(gelu_into_matmul_materialized_relu_fused) {
   END;
 }
 
-/* tg_linear on a (batch, tokens, in) input with one weight is the same matmul as on the
- * (batch * tokens, in) rows: the same kernels (a wide weight packed into column panels, then one
- * matmul kernel), and the same values. */
-TEST(linear_3d_same_kernels_as_2d) {
-  BEGIN;
-  enum { B = 2, L = 8, K = 64, M = 1536 };
-  float *xv = test_data(B * L * K, 10), *wv = test_data(M * K, 11);
-  tg_tensor x3 = tg_from_data(xv, TG_SHAPE(B, L, K), F32), x2 = tg_from_data(xv, TG_SHAPE(B * L, K), F32);
-  tg_tensor w = tg_from_data(wv, TG_SHAPE(M, K), F32);
-  tg_tensor y2 = tg_linear(x2, w, (tg_tensor){0});
-  uint64_t k2 = kernels_for(y2);
-  tg_tensor y3 = tg_linear(x3, w, (tg_tensor){0});
-  uint64_t k3 = kernels_for(y3);
-  CHECK_MSG(k2 == 2 && k3 == k2, "2-d %llu kernels, 3-d %llu", (unsigned long long)k2, (unsigned long long)k3);
-  int64_t sh3[3] = {0};
-  CHECK(tg_ndim(y3) == 3 && tg_shape(y3, sh3) == 3 && sh3[2] == M);
-  double *want = malloc(sizeof(double) * B * L * M);
-  for (int i = 0; i < B * L; i++)
-    for (int j = 0; j < M; j++) {
-      double s = 0;
-      for (int k = 0; k < K; k++) s += (double)xv[i * K + k] * wv[j * K + k];
-      want[i * M + j] = s;
-    }
-  CHECK_CLOSE_ALL(y3, want, B * L * M, 1e-5);
-  free(want);
-  free(xv);
-  free(wv);
-  END;
-}
-
 TEST(matmul_2d_one_kernel_odd_shapes) {
   BEGIN;
   enum { N = 5, K = 17, M = 3 };

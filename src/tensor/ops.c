@@ -947,17 +947,9 @@ static tg_tensor matmul_impl(const char *fn, tg_tensor x, tg_tensor w, tg_dtype 
     if (im < 0) return NONE;
     if (im) return image_dot(fn, x, w);
   }
-  if (dtype == TG_DTYPE_DEFAULT && a->ndim >= 2 && b->ndim == 2 && dt == TG_FLOAT32 && a->dtype == TG_FLOAT32 && b->dtype == TG_FLOAT32 &&
-      mcols % PANEL == 0 && mcols >= PACK_MIN_COLS && k >= 64 && !a->sym) {
-    if (a->ndim == 2) return matmul_packed(x, w, a->shape[0], k, mcols);
-    /* (..., n, k) @ (k, m) with one weight for every batch is one (rows, k) @ (k, m) matmul */
-    int64_t rows = 1, osh[64];
-    for (int i = 0; i < a->ndim - 1; i++) rows *= a->shape[i], osh[i] = a->shape[i];
-    osh[a->ndim - 1] = mcols;
-    OpScope o = op_scope_begin(fn);
-    tg_tensor r = matmul_packed(tg_reshape(x, TG_SHAPE(rows, k)), w, rows, k, mcols);
-    return op_scope_done(o, tg_reshape(r, osh, a->ndim));
-  }
+  if (dtype == TG_DTYPE_DEFAULT && a->ndim == 2 && b->ndim == 2 && dt == TG_FLOAT32 && a->dtype == TG_FLOAT32 && b->dtype == TG_FLOAT32 &&
+      mcols % PANEL == 0 && mcols >= PACK_MIN_COLS && k >= 64)
+    return matmul_packed(x, w, a->shape[0], k, mcols);
   /* x: (..., n, k) -> (..., n, 1, k); w: (..., k, m) -> (..., 1, m, k) */
   int64_t sa[64], sbb[64];
   int na = 0, nb = 0;
