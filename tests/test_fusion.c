@@ -235,6 +235,38 @@ TEST(broadcast_matmul_one_kernel_no_big_buffer) {
   END;
 }
 
+/* An expensive elementwise result feeding a matmul is stored once (2 kernels) instead of being
+ * recomputed inside the reduce loop for every output column; a cheap one (relu) stays fused. */
+TEST(gelu_into_matmul_materialized_relu_fused) {
+  BEGIN;
+  enum { N = 128, K = 128, M = 64 };
+  float *hv = test_data(N * K, 8), *wv = test_data(M * K, 9);
+  tg_tensor h = tg_from_data(hv, TG_SHAPE(N, K), F32);
+  tg_tensor w = tg_from_data(wv, TG_SHAPE(M, K), F32); /* (out, in) */
+  tg_tensor g = tg_linear(tg_gelu_ex(h, "none"), w, (tg_tensor){0});
+  CHECK_KERNELS(g, ==, 2);
+  tg_tensor r = tg_linear(tg_relu(h), w, (tg_tensor){0});
+  CHECK_KERNELS(r, ==, 1);
+  double *wg = malloc(sizeof(double) * N * M), *wr = malloc(sizeof(double) * N * M);
+  for (int i = 0; i < N; i++)
+    for (int j = 0; j < M; j++) {
+      double sg = 0, sr = 0;
+      for (int k = 0; k < K; k++) {
+        double x = hv[i * K + k];
+        sg += 0.5 * x * (1 + erf(x / sqrt(2.0))) * wv[j * K + k];
+        sr += (x > 0 ? x : 0) * wv[j * K + k];
+      }
+      wg[i * M + j] = sg, wr[i * M + j] = sr;
+    }
+  CHECK_CLOSE_ALL(g, wg, N * M, 1e-4);
+  CHECK_CLOSE_ALL(r, wr, N * M, 1e-5);
+  free(wg);
+  free(wr);
+  free(hv);
+  free(wv);
+  END;
+}
+
 TEST(matmul_2d_one_kernel_odd_shapes) {
   BEGIN;
   enum { N = 5, K = 17, M = 3 };

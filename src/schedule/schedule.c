@@ -56,6 +56,8 @@ typedef struct {
   int *lay;        /* (materialized intermediates) storage order of the dims, outermost first; NULL: as the shape */
   int depth;       /* ops from this node down to the nearest stored value (see depth_bound) */
   bool deep;       /* materialized because it was deeper than the bound */
+  bool into_red;   /* a consumer in the same kernel is (or feeds, unmaterialized) a reduction's input */
+  int64_t bcast;   /* largest EXPAND output through which a consumer reaches a reduction's input (0: none) */
 } NI;
 
 typedef struct {
@@ -193,6 +195,40 @@ static bool worth_materializing(SCtx *c, NI *x) {
   return cost > RECOMPUTE_MAX_OPS;
 }
 
+/* Weighted ALU count of computing n inline (as inline_cost): transcendental and dividing ops count
+ * 8, the rest 1. Stops counting at `cap`. */
+static int recompute_weight(SCtx *c, UOp *n, PtrMap *seen, int cap) {
+  if (pm_has(seen, (uint64_t)(uintptr_t)n)) return 0;
+  pm_put(seen, (uint64_t)(uintptr_t)n, (void *)1);
+  NI *x = info(c, n);
+  if (!x || x->leaf || x->deep || x->mat || n->op == OP_REDUCE_AXIS || n->op == OP_CONTIGUOUS || n->op == OP_INDEX) return 0;
+  int op = n->op, cost = 0;
+  if (op == OP_EXP2 || op == OP_LOG2 || op == OP_SIN || op == OP_SQRT || op == OP_RECIP || op == OP_FDIV || op == OP_IDIV ||
+      op == OP_MOD || op == OP_POW)
+    cost = 8;
+  else if (op_is_alu(op) && op != OP_CAST && op != OP_BITCAST)
+    cost = 1;
+  for (uint32_t k = 0; k < n->nsrc && cost < cap; k++) cost += recompute_weight(c, n->src[k], seen, cap - cost);
+  return cost;
+}
+
+/* An elementwise result that a reduction reads through an EXPAND (the left-hand side of a matmul,
+ * broadcast over the output columns; a convolution's input over its output channels) would be
+ * recomputed once per broadcast copy inside the reduce loop: gelu(h) @ W computes gelu once per
+ * element of h and output column. Stored once, it is loaded instead. Cheap chains (a relu, a cast,
+ * an add) stay fused: their recomputation costs less than the extra kernel's store and load. The
+ * topmost such node materializes the whole chain below it (its sources fuse into its kernel). */
+#define BCAST_RECOMPUTE_MAX 6
+static bool worth_materializing_bcast(SCtx *c, NI *x) {
+  UOp *n = x->n;
+  if (!op_is_alu(n->op) || !x->bcast || x->bcast < 2 * node_numel(n) || x->bcast < RECOMPUTE_MIN_NUMEL) return false;
+  PtrMap seen;
+  pm_init(&seen);
+  int cost = recompute_weight(c, n, &seen, BCAST_RECOMPUTE_MAX + 1);
+  pm_free(&seen);
+  return cost > BCAST_RECOMPUTE_MAX;
+}
+
 static bool dims_to_reduce(SCtx *c, UOp *u, const int *d, UOp *reduce, int *out, int depth);
 
 /* May root r store its dims in another order than its shape's (an intermediate nobody else sees)? */
@@ -226,7 +262,7 @@ static void decide(SCtx *c) {
     NI *x = &c->ni[i];
     if (x->leaf) continue;
     UOp *n = x->n;
-    if (!x->mat && worth_materializing(c, x)) x->mat = true;
+    if (!x->mat && (worth_materializing(c, x) || worth_materializing_bcast(c, x))) x->mat = true;
     /* a gather (INDEX) fuses into its consumers' kernel when they are all in one kernel and reach
      * its output 1:1 (an elementwise epilogue: an interpolation's lerp of two gathers); read by a
      * reduction or by several kernels it gets its own small kernel, so consumers read a plain
@@ -265,6 +301,10 @@ static void decide(SCtx *c) {
                    (op_is_alu(op) || op == OP_RESHAPE || op == OP_PERMUTE || op == OP_CONTIGUOUS || op == OP_ASSIGN || op == OP_DETACH);
     bool perm = through && (op == OP_PERMUTE || (!x->mat && x->perm));
     UOp *rep = (op == OP_PERMUTE || op == OP_RESHAPE) ? n : x->rep;
+    /* reduction inputs and the broadcasts into them, for worth_materializing_bcast */
+    bool red = op == OP_REDUCE_AXIS || (!x->mat && x->into_red);
+    int64_t bcast = x->mat ? 0 : x->bcast;
+    if (!x->mat && op == OP_EXPAND && x->into_red && node_numel(n) > bcast) bcast = node_numel(n);
     for (uint32_t k = 0; k < n->nsrc; k++) {
       bool dup = false;
       for (uint32_t j = 0; j < k && !dup; j++) dup = n->src[j] == n->src[k];
@@ -281,6 +321,8 @@ static void decide(SCtx *c) {
       }
       if (op == OP_COPY) s->cand_copy = true;
       if (perm) s->cand_perm = true;
+      if (red) s->into_red = true;
+      if (bcast > s->bcast) s->bcast = bcast;
     }
   }
 }
