@@ -41,10 +41,12 @@ typedef struct {
 static const char *const CPU_RENDERERS[] = {"C", "LLVM", NULL};
 static const DeviceVT *const CPU_RVTS[] = {&cpu_device_vt, &llvm_device_vt, NULL};
 static const char *const CL_RENDERERS[] = {"OpenCL", NULL};
+static const char *const NULL_RENDERERS[] = {"CUDA", NULL};
 
 static const DeviceKind g_kinds[] = {
     {"CPU", &cpu_device_vt, true, CPU_RENDERERS, CPU_RVTS},
     {"CL", &cl_device_vt, false, CL_RENDERERS, NULL},
+    {"NULL", &nullcuda_device_vt, false, NULL_RENDERERS, NULL},
 };
 #define NKINDS (sizeof g_kinds / sizeof g_kinds[0])
 
