@@ -143,6 +143,8 @@ if [ $C_ONLY = 0 ]; then
   # the op suite on OpenCL: every 8th case (each op family on CL; the whole suite takes ~15 min
   # there with a cold kernel cache, PoCL compiling each kernel in ~0.3 s)
   run "test_ops_torch.py (DEV=CL, every 8th case)" env DEV=CL "$PYTHON" tests/test_ops_torch.py --every 8
+  # CUDA codegen without a GPU: every 8th op case's kernels compiled by NVRTC for sm_80 and sm_90
+  run "test_cuda_null.sh (DEV=NULL:CUDA)" tests/test_cuda_null.sh "$BUILD" "$PYTHON"
   # the differential suites on the LLVM renderer (libLLVM in process), every case
   # (not the symbolic suite: the LLVM renderer refuses symbolic loops, test_symbolic_shapes checks that)
   for py in tests/test_*_torch.py; do

@@ -43,6 +43,7 @@ typedef struct Lang {
   const char *shared;                /* qualifier of the group's local-memory array */
   const char *barrier;               /* work-group barrier on local memory */
   const char *lmin;                  /* the minimum of two longs */
+  bool bc_template;                  /* bit casts call the tg_bc<To> template (CUDA C++ has no statement expressions) */
 } Lang;
 
 static const Lang LANG_TABLE[] = {
@@ -75,7 +76,7 @@ static const Lang LANG_TABLE[] = {
                    "static __device__ __forceinline__", "extern \"C\" __global__", "__restrict__",
                    {"((long)blockIdx.x * (long)blockDim.x + (long)threadIdx.x)", "((long)blockIdx.y * (long)blockDim.y + (long)threadIdx.y)",
                     "((long)blockIdx.z * (long)blockDim.z + (long)threadIdx.z)"},
-                   {"threadIdx.x", "threadIdx.y", "threadIdx.z"}, "__shared__", "__syncthreads();", "tg_lmin"},
+                   {"threadIdx.x", "threadIdx.y", "threadIdx.z"}, "__shared__", "__syncthreads();", "tg_lmin", true},
 };
 /* The language of the kernel being rendered (renderers run on any thread). */
 static _Thread_local const Lang *L = &LANG_TABLE[LANG_C];
@@ -335,6 +336,7 @@ static void render_expr(R *r, UOp *u, SB *e) {
     const char *dstt = is_half(dt) ? stype(dt) : ctype(dt);
     const char *conv = to_f(dt);
     if (L->as_type) sb_printf(e, "%s(as_%s((%s)(%s)))", conv, dstt, st, src.s);
+    else if (L->bc_template) sb_printf(e, "%s(tg_bc<%s>((%s)(%s)))", conv, dstt, st, src.s);
     else sb_printf(e, "%s(({%s s_=%s;%s d_;%s(&d_,&s_,sizeof d_);d_;}))", conv, st, src.s, dstt, L->memcpy);
     sb_free(&src);
     return;
@@ -1189,6 +1191,8 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
     }
   }
   if (gpu) {
+    if (cuda && strstr(body.s ? body.s : "", "tg_bc<"))
+      sb_printf(&out, "#ifndef TG_BC_H\n#define TG_BC_H\ntemplate <class D, class S> %s D tg_bc(S s){D d;memcpy(&d,&s,sizeof d);return d;}\n#endif\n", L->fn);
     if (cuda && strstr(body.s ? body.s : "", "tg_lmin("))
       sb_printf(&out, "#ifndef TG_LMIN_H\n#define TG_LMIN_H\n%s long tg_lmin(long a,long b){return a<b?a:b;}\n#endif\n", L->fn);
     sb_printf(&out, "%s void %s(", L->kern, name);

@@ -228,7 +228,7 @@ static Device *open_device(const DeviceKind *k, int index, const char *renderer,
   d->caps.max_dims = 1;
   if (vt->caps) vt->caps(state, &d->caps);
   int o = index == 0 ? snprintf(d->name, sizeof d->name, "%s", k->name) : snprintf(d->name, sizeof d->name, "%s:%d", k->name, index);
-  if (vt != k->vt && o > 0 && (size_t)o < sizeof d->name)
+  if ((vt != k->vt || arch[0]) && o > 0 && (size_t)o < sizeof d->name)
     snprintf(d->name + o, sizeof d->name - (size_t)o, ":%s%s%s", renderer, arch[0] ? ":" : "", arch);
   int n = atomic_load(&g_ndevs);
   Device **t = atomic_load(&g_devs);

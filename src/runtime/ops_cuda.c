@@ -161,8 +161,8 @@ static tg_status nullcuda_compile(void *state, const char *src, uint8_t **lib, s
   char arch[64], inc[1100];
   snprintf(arch, sizeof arch, "--gpu-architecture=compute_%d", s->sm);
   snprintf(inc, sizeof inc, "-I%s/include", cuda_path());
-  const char *opts[] = {arch, inc, "-std=c++17"};
-  r = g_nv.nvrtcCompileProgram(p, 3, opts);
+  const char *opts[] = {arch, inc, "-std=c++17", "-w"};
+  r = g_nv.nvrtcCompileProgram(p, 4, opts);
   tg_status st = TG_OK;
   if (r) {
     size_t n = 0;
