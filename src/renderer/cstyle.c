@@ -53,7 +53,7 @@ static const Lang LANG_TABLE[] = {
                  [TG_BFLOAT16] = "float", [TG_FLOAT32] = "float", [TG_FLOAT64] = "double", [TG_FP8E4M3] = "float", [TG_FP8E5M2] = "float"},
                 "_Bool", "unsigned short", "unsigned short", "unsigned int", "long long", "LL", "ULL",
                 "__builtin_inf()", "__builtin_inff()", "__builtin_nan(\"\")", "__builtin_nanf(\"\")", "__builtin_", true, false, "", false,
-                "__builtin_memcpy", "-__builtin_inf()", "-__builtin_inff()", "static inline"},
+                "__builtin_memcpy", "-__builtin_inf()", "-__builtin_inff()", "static inline", "", "", {"", "", ""}, {"", "", ""}, "", "", "", false},
     [LANG_OPENCL] = {{[TG_BOOL] = "bool", [TG_INT8] = "char", [TG_INT16] = "short", [TG_INT32] = "int",
                       [TG_INT64] = "long", [TG_UINT8] = "uchar", [TG_UINT16] = "ushort", [TG_UINT32] = "uint",
                       [TG_UINT64] = "ulong", [TG_FLOAT16] = "float", [TG_BFLOAT16] = "float", [TG_FLOAT32] = "float",
@@ -61,7 +61,7 @@ static const Lang LANG_TABLE[] = {
                      "uchar", "ushort", "ushort", "uint", "long", "L", "UL", "((double)INFINITY)", "INFINITY", "((double)NAN)",
                      "NAN", "", false, true, "__global ", true, "__builtin_memcpy", "(-(double)INFINITY)", "(-INFINITY)",
                      "static inline", "__kernel", "restrict", {"get_global_id(0)", "get_global_id(1)", "get_global_id(2)"},
-                     {"get_local_id(0)", "get_local_id(1)", "get_local_id(2)"}, "__local", "barrier(CLK_LOCAL_MEM_FENCE);", "min"},
+                     {"get_local_id(0)", "get_local_id(1)", "get_local_id(2)"}, "__local", "barrier(CLK_LOCAL_MEM_FENCE);", "min", false},
     /* CUDA C as NVRTC compiles it: C++ with CUDA's qualifiers and intrinsics, no libc headers
      * (memcpy and the f-suffixed math functions are device builtins), 16-bit floats through
      * cuda_fp16.h/cuda_bf16.h, 64-bit work-item ids. */
