@@ -8,7 +8,8 @@
 #      then test_jit and test_fusion again with DEV=CL (OpenCL on PoCL), test_opt with
 #      DEV=CPU:LLVM (LLVM IR compiled in process), and examples/devices
 #   2. every tests/test_*.py with $PYTHON (differential tests against PyTorch; they load the library
-#      from $TINYGRAD_LIB), then every 8th case of test_ops_torch.py with DEV=CL, and every
+#      from $TINYGRAD_LIB), then every 8th case of test_ops_torch.py with DEV=CL and (compiled by
+#      NVRTC only, tests/test_cuda_null.sh) with DEV=NULL:CUDA for sm_80 and sm_90, and every
 #      tests/test_*_torch.py again with DEV=CPU:LLVM, every case                  [skipped by --c-only]
 #   3. header checks: tests/test_header.c with gcc and clang (-std=c11 -pedantic), and
 #      tests/test_header_cpp.cpp with g++ and clang++ (-std=c++11 -pedantic)   [skipped by --c-only]
