@@ -8,7 +8,8 @@
 #      then test_jit and test_fusion again with DEV=CL (OpenCL on PoCL), test_opt with
 #      DEV=CPU:LLVM (LLVM IR compiled in process), and examples/devices
 #   2. every tests/test_*.py with $PYTHON (differential tests against PyTorch; they load the library
-#      from $TINYGRAD_LIB), then every 8th case of test_ops_torch.py with DEV=CL, and every
+#      from $TINYGRAD_LIB), then every 8th case of test_ops_torch.py with DEV=CL and (compiled by
+#      NVRTC only, tests/test_cuda_null.sh) with DEV=NULL:CUDA for sm_80 and sm_90, and every
 #      tests/test_*_torch.py again with DEV=CPU:LLVM, every case                  [skipped by --c-only]
 #   3. header checks: tests/test_header.c with gcc and clang (-std=c11 -pedantic), and
 #      tests/test_header_cpp.cpp with g++ and clang++ (-std=c++11 -pedantic)   [skipped by --c-only]
@@ -143,6 +144,8 @@ if [ $C_ONLY = 0 ]; then
   # the op suite on OpenCL: every 8th case (each op family on CL; the whole suite takes ~15 min
   # there with a cold kernel cache, PoCL compiling each kernel in ~0.3 s)
   run "test_ops_torch.py (DEV=CL, every 8th case)" env DEV=CL "$PYTHON" tests/test_ops_torch.py --every 8
+  # CUDA codegen without a GPU: every 8th op case's kernels compiled by NVRTC for sm_80 and sm_90
+  run "test_cuda_null.sh (DEV=NULL:CUDA)" tests/test_cuda_null.sh "$BUILD" "$PYTHON"
   # the differential suites on the LLVM renderer (libLLVM in process), every case
   # (not the symbolic suite: the LLVM renderer refuses symbolic loops, test_symbolic_shapes checks that)
   for py in tests/test_*_torch.py; do

@@ -33,6 +33,17 @@ typedef struct Lang {
   bool as_type;                      /* bit casts are as_<type>() (OpenCL C) or memcpy (C) */
   const char *gptr;                  /* address space of a pointer to data: "" or "__global " */
   bool ext_vec;                      /* vectors are ext_vector_type(W) (OpenCL C), not vector_size */
+  const char *memcpy;                /* the bit-copy builtin of a memcpy bit cast */
+  const char *ninf, *ninff;          /* -inf (double, float): the initial value of a max reduction */
+  const char *fn;                    /* qualifiers of a helper function */
+  /* GPU dialects only: */
+  const char *kern;                  /* the kernel's qualifiers */
+  const char *restr;                 /* restrict */
+  const char *gid[3], *lid[3];       /* global and local work-item ids, per dimension */
+  const char *shared;                /* qualifier of the group's local-memory array */
+  const char *barrier;               /* work-group barrier on local memory */
+  const char *lmin;                  /* the minimum of two longs */
+  bool bc_template;                  /* bit casts call the tg_bc<To> template (CUDA C++ has no statement expressions) */
 } Lang;
 
 static const Lang LANG_TABLE[] = {
@@ -41,13 +52,31 @@ static const Lang LANG_TABLE[] = {
                  [TG_UINT32] = "unsigned int", [TG_UINT64] = "unsigned long long", [TG_FLOAT16] = "float",
                  [TG_BFLOAT16] = "float", [TG_FLOAT32] = "float", [TG_FLOAT64] = "double", [TG_FP8E4M3] = "float", [TG_FP8E5M2] = "float"},
                 "_Bool", "unsigned short", "unsigned short", "unsigned int", "long long", "LL", "ULL",
-                "__builtin_inf()", "__builtin_inff()", "__builtin_nan(\"\")", "__builtin_nanf(\"\")", "__builtin_", true, false, "", false},
+                "__builtin_inf()", "__builtin_inff()", "__builtin_nan(\"\")", "__builtin_nanf(\"\")", "__builtin_", true, false, "", false,
+                "__builtin_memcpy", "-__builtin_inf()", "-__builtin_inff()", "static inline", "", "", {"", "", ""}, {"", "", ""}, "", "", "", false},
     [LANG_OPENCL] = {{[TG_BOOL] = "bool", [TG_INT8] = "char", [TG_INT16] = "short", [TG_INT32] = "int",
                       [TG_INT64] = "long", [TG_UINT8] = "uchar", [TG_UINT16] = "ushort", [TG_UINT32] = "uint",
                       [TG_UINT64] = "ulong", [TG_FLOAT16] = "float", [TG_BFLOAT16] = "float", [TG_FLOAT32] = "float",
                       [TG_FLOAT64] = "double", [TG_FP8E4M3] = "float", [TG_FP8E5M2] = "float"},
                      "uchar", "ushort", "ushort", "uint", "long", "L", "UL", "((double)INFINITY)", "INFINITY", "((double)NAN)",
-                     "NAN", "", false, true, "__global ", true},
+                     "NAN", "", false, true, "__global ", true, "__builtin_memcpy", "(-(double)INFINITY)", "(-INFINITY)",
+                     "static inline", "__kernel", "restrict", {"get_global_id(0)", "get_global_id(1)", "get_global_id(2)"},
+                     {"get_local_id(0)", "get_local_id(1)", "get_local_id(2)"}, "__local", "barrier(CLK_LOCAL_MEM_FENCE);", "min", false},
+    /* CUDA C as NVRTC compiles it: C++ with CUDA's qualifiers and intrinsics, no libc headers
+     * (memcpy and the f-suffixed math functions are device builtins), 16-bit floats through
+     * cuda_fp16.h/cuda_bf16.h, 64-bit work-item ids. */
+    [LANG_CUDA] = {{[TG_BOOL] = "bool", [TG_INT8] = "signed char", [TG_INT16] = "short", [TG_INT32] = "int",
+                    [TG_INT64] = "long long", [TG_UINT8] = "unsigned char", [TG_UINT16] = "unsigned short",
+                    [TG_UINT32] = "unsigned int", [TG_UINT64] = "unsigned long long", [TG_FLOAT16] = "float",
+                    [TG_BFLOAT16] = "float", [TG_FLOAT32] = "float", [TG_FLOAT64] = "double", [TG_FP8E4M3] = "float", [TG_FP8E5M2] = "float"},
+                   "unsigned char", "unsigned short", "unsigned short", "unsigned int", "long long", "LL", "ULL",
+                   "__longlong_as_double(0x7ff0000000000000LL)", "__int_as_float(0x7f800000)",
+                   "__longlong_as_double(0x7ff8000000000000LL)", "__int_as_float(0x7fc00000)", "", true, false, "", false,
+                   "memcpy", "(-__longlong_as_double(0x7ff0000000000000LL))", "(-__int_as_float(0x7f800000))",
+                   "static __device__ __forceinline__", "extern \"C\" __global__", "__restrict__",
+                   {"((long)blockIdx.x * (long)blockDim.x + (long)threadIdx.x)", "((long)blockIdx.y * (long)blockDim.y + (long)threadIdx.y)",
+                    "((long)blockIdx.z * (long)blockDim.z + (long)threadIdx.z)"},
+                   {"threadIdx.x", "threadIdx.y", "threadIdx.z"}, "__shared__", "__syncthreads();", "tg_lmin", true},
 };
 /* The language of the kernel being rendered (renderers run on any thread). */
 static _Thread_local const Lang *L = &LANG_TABLE[LANG_C];
@@ -153,6 +182,18 @@ static const char PRELUDE_BF16_CL[] =
     "static inline ushort tg_f2b(float f){uint x=as_uint(f);if((x&0x7fffffffu)>0x7f800000u)"
     "return (ushort)((x>>16)&0x7f?(x>>16):((x>>16)|0x40));x+=0x7fffu+((x>>16)&1);return (ushort)(x>>16);}\n"
     "static inline float tg_rb(float f){return tg_b2f(tg_f2b(f));}\n";
+
+/* CUDA: the same conversions through cuda_fp16.h and cuda_bf16.h (round to nearest even). */
+static const char PRELUDE_HALF_CUDA[] =
+    "#include <cuda_fp16.h>\n"
+    "static __device__ __forceinline__ float tg_h2f(unsigned short h){return __half2float(__ushort_as_half(h));}\n"
+    "static __device__ __forceinline__ unsigned short tg_f2h(float f){return __half_as_ushort(__float2half_rn(f));}\n"
+    "static __device__ __forceinline__ float tg_rh(float f){return tg_h2f(tg_f2h(f));}\n";
+static const char PRELUDE_BF16_CUDA[] =
+    "#include <cuda_bf16.h>\n"
+    "static __device__ __forceinline__ float tg_b2f(unsigned short h){return __bfloat162float(__ushort_as_bfloat16(h));}\n"
+    "static __device__ __forceinline__ unsigned short tg_f2b(float f){return __bfloat16_as_ushort(__float2bfloat16_rn(f));}\n"
+    "static __device__ __forceinline__ float tg_rb(float f){return tg_b2f(tg_f2b(f));}\n";
 
 typedef struct {
   SB *b;
@@ -295,7 +336,8 @@ static void render_expr(R *r, UOp *u, SB *e) {
     const char *dstt = is_half(dt) ? stype(dt) : ctype(dt);
     const char *conv = to_f(dt);
     if (L->as_type) sb_printf(e, "%s(as_%s((%s)(%s)))", conv, dstt, st, src.s);
-    else sb_printf(e, "%s(({%s s_=%s;%s d_;__builtin_memcpy(&d_,&s_,sizeof d_);d_;}))", conv, st, src.s, dstt);
+    else if (L->bc_template) sb_printf(e, "%s(tg_bc<%s>((%s)(%s)))", conv, dstt, st, src.s);
+    else sb_printf(e, "%s(({%s s_=%s;%s d_;%s(&d_,&s_,sizeof d_);d_;}))", conv, st, src.s, dstt, L->memcpy);
     sb_free(&src);
     return;
   }
@@ -639,7 +681,7 @@ static void emit_group_combine(R *r, const LKernel *k) {
     sb_printf(r->b, "tg_red[(lbase + lidx0) * %lldL + %d] = acc%d;\n", (long long)nc, c, c);
   }
   ind(r);
-  sb_puts(r->b, "barrier(CLK_LOCAL_MEM_FENCE);\n");
+  sb_printf(r->b, "%s\n", L->barrier);
   ind(r);
   sb_puts(r->b, "if (lidx0 == 0) {\n");
   r->indent++;
@@ -873,8 +915,8 @@ static void declare_accs(R *r, const LKernel *k, const char *prefix, const char 
 char *render_c(const LKernel *k, const char *name) { return render_kernel(k, name, LANG_C); }
 
 char *render_kernel(const LKernel *k, const char *name, int lang) {
-  L = &LANG_TABLE[lang == LANG_OPENCL ? LANG_OPENCL : LANG_C];
-  bool gpu = lang == LANG_OPENCL;
+  L = &LANG_TABLE[lang == LANG_OPENCL || lang == LANG_CUDA ? lang : LANG_C];
+  bool gpu = lang == LANG_OPENCL || lang == LANG_CUDA, cuda = lang == LANG_CUDA;
   GDim gd[64];
   int64_t gsz[3];
   if (gpu) gpu_global_dims(k, gd, gsz);
@@ -967,11 +1009,11 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
     /* the group's partials; each work-item owns the slots at (lbase + lidx0) * ncopy */
     blk.level = 0; /* each work-item's chain is already 1/group of the axis */
     ind(&r);
-    sb_printf(&body, "__local %s tg_red[%lldL];\n", ctype(k->racc), (long long)(k->lsize[0] * k->lsize[1] * k->lsize[2] * k->ncopy));
+    sb_printf(&body, "%s %s tg_red[%lldL];\n", L->shared, ctype(k->racc), (long long)(k->lsize[0] * k->lsize[1] * k->lsize[2] * k->ncopy));
     ind(&r);
-    sb_puts(&body, "long lidx0 = (long)get_local_id(0);\n");
+    sb_printf(&body, "long lidx0 = (long)%s;\n", L->lid[0]);
     ind(&r);
-    sb_printf(&body, "long lbase = ((long)get_local_id(2) * %lldL + (long)get_local_id(1)) * %dL;\n", (long long)k->lsize[1], k->group);
+    sb_printf(&body, "long lbase = ((long)%s * %lldL + (long)%s) * %dL;\n", L->lid[2], (long long)k->lsize[1], L->lid[1], k->group);
   }
   emit_level(&r, &l, 0, false);
   if (k->ng == 0) {
@@ -987,7 +1029,7 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
       const char *init;
       if (k->rop == OP_ADD) init = "0";
       else if (k->rop == OP_MUL) init = "1";
-      else if (tg_dtype_is_float(at)) init = at == TG_FLOAT64 ? (gpu ? "(-(double)INFINITY)" : "-__builtin_inf()") : (gpu ? "(-INFINITY)" : "-__builtin_inff()");
+      else if (tg_dtype_is_float(at)) init = at == TG_FLOAT64 ? L->ninf : L->ninff;
       else if (at == TG_BOOL || tg_dtype_is_unsigned(at)) init = "0";
       else {
         snprintf(ib, sizeof ib, "(%s)(%lld%s-1)", ctype(at), (long long)dtype_min(at) + 1, L->ll);
@@ -1024,12 +1066,12 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
       if (!k->group_top)
         sb_printf(&body, "for (long ridx%d = %s + lidx0; ridx%d < %s; ridx%d += %dL) {\n", v, lo, v, hi, v, k->group);
       else
-        sb_printf(&body, "for (long ch%d_ = ((%s) - (%s) + %dL) / %dL, ridx%d = %s + lidx0 * ch%d_; ridx%d < min((long)(%s), (%s) + (lidx0 + 1) * ch%d_); ridx%d++) {\n",
-                  v, hi, lo, k->group - 1, k->group, v, lo, v, v, hi, lo, v, v);
+        sb_printf(&body, "for (long ch%d_ = ((%s) - (%s) + %dL) / %dL, ridx%d = %s + lidx0 * ch%d_; ridx%d < %s((long)(%s), (%s) + (lidx0 + 1) * ch%d_); ridx%d++) {\n",
+                  v, hi, lo, k->group - 1, k->group, v, lo, v, v, L->lmin, hi, lo, v, v);
     } else if (gpu && lv <= k->ng) {
       /* a global loop of a GPU kernel is a work-item id (or a part of one: see gpu_global_dims) */
       const GDim *g = &gd[lv - 1];
-      sb_printf(&body, "{ long ridx%d = (long)get_global_id(%d)", lv - 1, g->dim);
+      sb_printf(&body, "{ long ridx%d = (long)%s", lv - 1, L->gid[g->dim]);
       if (g->div > 1) sb_printf(&body, " / %lldL", (long long)g->div);
       if (g->mod) sb_printf(&body, " %% %lldL", (long long)g->mod);
       sb_puts(&body, ";\n");
@@ -1083,16 +1125,16 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
    * so several kernels can share one translation unit (batched compilation). */
   static const char *const vnames[] = {"tg_vf", "tg_vfu", "tg_vm", "tg_vsel", "tg_vmax", "tg_hadd", "tg_hmax",
                                        "tg_v_exp2f", "tg_v_log2f", "tg_v_sinf", "tg_v_sqrtf", "tg_v_truncf", "tg_vd", "tg_vl"};
-  if (gpu && r.uses_f64) sb_puts(&out, "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n");
+  if (gpu && !cuda && r.uses_f64) sb_puts(&out, "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n");
   bool images = false;
   for (int i = 0; gpu && i < k->np; i++) images = images || k->pimg[i];
   if (images) sb_printf(&out, "#ifndef TG_IMAGE_H\n#define TG_IMAGE_H\n%s#endif\n", PRELUDE_IMAGE_CL);
-  if (r.uses_half) sb_printf(&out, "#ifndef TG_HALF_H\n#define TG_HALF_H\n%s#endif\n", gpu ? PRELUDE_HALF_CL : PRELUDE_HALF);
-  if (r.uses_bf16) sb_printf(&out, "#ifndef TG_BF16_H\n#define TG_BF16_H\n%s#endif\n", gpu ? PRELUDE_BF16_CL : PRELUDE_BF16);
+  if (r.uses_half) sb_printf(&out, "#ifndef TG_HALF_H\n#define TG_HALF_H\n%s#endif\n", cuda ? PRELUDE_HALF_CUDA : gpu ? PRELUDE_HALF_CL : PRELUDE_HALF);
+  if (r.uses_bf16) sb_printf(&out, "#ifndef TG_BF16_H\n#define TG_BF16_H\n%s#endif\n", cuda ? PRELUDE_BF16_CUDA : gpu ? PRELUDE_BF16_CL : PRELUDE_BF16);
   if (r.uses_fp8) sb_printf(&out, "#ifndef TG_FP8_H\n#define TG_FP8_H\n%s#endif\n", PRELUDE_FP8); /* C only: codegen refuses fp8 on GPU devices */
   if (strstr(body.s ? body.s : "", "tg_ipow"))
-    sb_printf(&out, "#ifndef TG_IPOW_H\n#define TG_IPOW_H\nstatic inline %s tg_ipow(%s b,%s e){%s r=1;if(e<0)return b==1?1:(b==-1?((e&1)?-1:1):0);"
-                    "while(e){if(e&1)r*=b;b*=b;e>>=1;}return r;}\n#endif\n", L->i64, L->i64, L->i64, L->i64);
+    sb_printf(&out, "#ifndef TG_IPOW_H\n#define TG_IPOW_H\n%s %s tg_ipow(%s b,%s e){%s r=1;if(e<0)return b==1?1:(b==-1?((e&1)?-1:1):0);"
+                    "while(e){if(e&1)r*=b;b*=b;e>>=1;}return r;}\n#endif\n", L->fn, L->i64, L->i64, L->i64, L->i64);
   int W = r.vw;
   if (W) {
     for (size_t i = 0; i < sizeof vnames / sizeof *vnames; i++) sb_printf(&out, "#define %s %s%d\n", vnames[i], vnames[i], W);
@@ -1149,10 +1191,14 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
     }
   }
   if (gpu) {
-    sb_printf(&out, "__kernel void %s(", name);
+    if (cuda && strstr(body.s ? body.s : "", "tg_bc<"))
+      sb_printf(&out, "#ifndef TG_BC_H\n#define TG_BC_H\ntemplate <class D, class S> %s D tg_bc(S s){D d;memcpy(&d,&s,sizeof d);return d;}\n#endif\n", L->fn);
+    if (cuda && strstr(body.s ? body.s : "", "tg_lmin("))
+      sb_printf(&out, "#ifndef TG_LMIN_H\n#define TG_LMIN_H\n%s long tg_lmin(long a,long b){return a<b?a:b;}\n#endif\n", L->fn);
+    sb_printf(&out, "%s void %s(", L->kern, name);
     for (int i = 0; i < k->np; i++) {
       if (k->pimg[i]) sb_printf(&out, "%s%s image2d_t data%d", i ? ", " : "", i ? "read_only" : "write_only", i);
-      else sb_printf(&out, "%s__global %s%s *restrict data%d", i ? ", " : "", i ? "const " : "", stype(k->pdt[i]), i);
+      else sb_printf(&out, "%s%s%s%s *%s data%d", i ? ", " : "", L->gptr, i ? "const " : "", stype(k->pdt[i]), L->restr, i);
     }
     sb_puts(&out, ") {\n");
   } else {

@@ -41,10 +41,12 @@ typedef struct {
 static const char *const CPU_RENDERERS[] = {"C", "LLVM", NULL};
 static const DeviceVT *const CPU_RVTS[] = {&cpu_device_vt, &llvm_device_vt, NULL};
 static const char *const CL_RENDERERS[] = {"OpenCL", NULL};
+static const char *const NULL_RENDERERS[] = {"CUDA", NULL};
 
 static const DeviceKind g_kinds[] = {
     {"CPU", &cpu_device_vt, true, CPU_RENDERERS, CPU_RVTS},
     {"CL", &cl_device_vt, false, CL_RENDERERS, NULL},
+    {"NULL", &nullcuda_device_vt, false, NULL_RENDERERS, NULL},
 };
 #define NKINDS (sizeof g_kinds / sizeof g_kinds[0])
 
@@ -226,7 +228,7 @@ static Device *open_device(const DeviceKind *k, int index, const char *renderer,
   d->caps.max_dims = 1;
   if (vt->caps) vt->caps(state, &d->caps);
   int o = index == 0 ? snprintf(d->name, sizeof d->name, "%s", k->name) : snprintf(d->name, sizeof d->name, "%s:%d", k->name, index);
-  if (vt != k->vt && o > 0 && (size_t)o < sizeof d->name)
+  if ((vt != k->vt || arch[0]) && o > 0 && (size_t)o < sizeof d->name)
     snprintf(d->name + o, sizeof d->name - (size_t)o, ":%s%s%s", renderer, arch[0] ? ":" : "", arch);
   int n = atomic_load(&g_ndevs);
   Device **t = atomic_load(&g_devs);

@@ -25,7 +25,7 @@
 typedef struct Device Device;
 
 /* The languages kernels are rendered in (one row each in the renderer's spelling table). */
-enum { LANG_C = 0, LANG_OPENCL = 1, LANG_LLVM = 2 };
+enum { LANG_C = 0, LANG_OPENCL = 1, LANG_LLVM = 2, LANG_CUDA = 3 };
 
 /* What codegen may assume about a device, read from the device when it opens. */
 typedef struct DeviceCaps {
@@ -209,6 +209,7 @@ void disk_cache_evict(const char *id, const char *src);
 /* Registry of device kinds. */
 extern const DeviceVT cpu_device_vt;
 extern const DeviceVT cl_device_vt;
+extern const DeviceVT nullcuda_device_vt; /* compile-only CUDA (ops_cuda.c) */
 extern const DeviceVT llvm_device_vt;
 
 #endif
