@@ -256,10 +256,27 @@ static Device *open_device(const DeviceKind *k, int index, const char *renderer,
   return d;
 }
 
+/* Does p (after spaces and an opening parenthesis) start with a device kind's name, ending there? */
+static bool starts_kind(const char *p) {
+  while (*p == ' ' || *p == '(') p++;
+  if (!*p || *p == ')') return true; /* nothing follows: a trailing comma */
+  for (size_t i = 0; i < NKINDS; i++) {
+    size_t n = strlen(g_kinds[i].name);
+    if (strncasecmp(p, g_kinds[i].name, n) == 0 && strchr(":, )", p[n])) return true;
+  }
+  return false;
+}
+
+const char *device_tuple_sep(const char *p) {
+  for (const char *e = strchr(p, ','); e; e = strchr(e + 1, ','))
+    if (starts_kind(e + 1)) return e;
+  return NULL;
+}
+
 Device *device_get(const char *name) {
   if (!name || !*name) name = getenv_str("DEV", "CPU");
   if (!name || !*name) name = "CPU";
-  if (strchr(name, ',')) return device_tuple_get(name);
+  if (device_tuple_sep(name)) return device_tuple_get(name);
   const DeviceKind *k;
   int index;
   const char *renderer;

@@ -123,6 +123,10 @@ Device *device_by_id(int id);
 static inline bool device_is_tuple(int id) { return id >= DEVICE_TUPLE_BASE; }
 Device *device_tuple_of(const int *ids, int n);   /* interned; NULL + error on a bad member */
 Device *device_tuple_get(const char *names);
+/* The comma after p that separates two members of a device tuple, or NULL: a comma followed by a
+ * device kind's name ("CPU:0,CPU:1") or by nothing ("CPU,"). Other commas belong to an ARCH
+ * ("CPU:LLVM:x86_64,znver2,avx2"). */
+const char *device_tuple_sep(const char *p);
 Device *device_tuple_by_id(int id);
 int device_tuple_members(int id, const int **ids); /* member count (0 if not a tuple) */
 /* Prints the device list (DEBUG>=1 at first use). */

@@ -95,7 +95,7 @@ Device *device_tuple_get(const char *names) {
   const char *p = names;
   Device *r = NULL;
   for (;;) {
-    const char *e = strchr(p, ',');
+    const char *e = device_tuple_sep(p);
     size_t l = e ? (size_t)(e - p) : strlen(p);
     while (l && (*p == ' ' || *p == '(')) p++, l--;
     while (l && (p[l - 1] == ' ' || p[l - 1] == ')')) l--;
