@@ -743,19 +743,19 @@ static bool reads_no_buffer(UOp *t, PtrMap *seen) {
  * creation gets its own buffer; here hash-consing makes two creations of one shape one node. So when
  * several handles hold a node that reads no buffer, each after the first gets a copy of b, and an
  * assign to one never changes another. A value computed from buffers (x + y built twice) stays one
- * buffer for all its handles, as in tinygrad. Returns how many handles now hold bn. */
+ * buffer for all its handles, as in tinygrad. Returns how many handles hold t's value now. */
 static int hand_out(UOp *t, UOp *bn, Buffer *b) {
-  int holders = t_count_holding(t);
-  if (holders <= 1 || b->img_w) return t_replace_everywhere(t, bn);
+  int holders = t_replace_everywhere(t, bn); /* bn is a new node: only these handles hold it */
+  if (holders <= 1 || b->img_w) return holders;
   PtrMap seen;
   pm_init(&seen);
-  bool fresh = t->op != OP_BUFFER; /* t itself is realized by now: its inputs tell */
+  bool fresh = true; /* t itself is realized by now: its inputs tell */
   for (uint32_t i = 0; fresh && i < t->nsrc; i++) fresh = reads_no_buffer(t->src[i], &seen);
   pm_free(&seen);
-  if (!fresh) return t_replace_everywhere(t, bn);
+  if (!fresh) return holders;
   UOp **tos = tg_xmalloc(sizeof(UOp *) * (size_t)holders);
   int n = 1;
-  tos[0] = bn;
+  tos[0] = bn; /* the first handle keeps bn */
   for (; n < holders; n++) {
     Buffer *c = buffer_new(b->dev, b->nbytes);
     if (!c) break;
@@ -766,11 +766,10 @@ static int hand_out(UOp *t, UOp *bn, Buffer *b) {
     tos[n] = g_buffer(c, (tg_dtype)t->dtype, t->shape, t->ndim);
   }
   /* on a failed allocation (the error is recorded) the remaining handles share bn */
-  int done = t_replace_each(t, tos, n);
-  if (n < holders) done += t_replace_everywhere(t, bn);
+  t_replace_each(bn, tos, n);
   for (int i = 1; i < n; i++) uop_unref(tos[i]);
   free(tos);
-  return done;
+  return holders;
 }
 
 static tg_status realize_locked(UOp **targets, int n) {

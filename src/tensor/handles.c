@@ -281,18 +281,6 @@ int t_replace_buffer_everywhere(Buffer *b, UOp *to) {
   return n;
 }
 
-int t_count_holding(UOp *from) {
-  int n = 0;
-  uint32_t me = thread_no();
-  pthread_mutex_lock(&h_lock);
-  for (size_t i = 0; i < nslots; i++) {
-    Slot *sl = slot_at(i);
-    n += sl->scope >= 0 && sl->u == from && sl->thread == me;
-  }
-  pthread_mutex_unlock(&h_lock);
-  return n;
-}
-
 int t_replace_each(UOp *from, UOp *const *tos, int ntos) {
   int n = 0;
   uint32_t me = thread_no();

@@ -24,8 +24,6 @@ void t_set_borrowed(tg_tensor t, bool borrowed);
  * value): only a handle's own thread ever changes or drops its reference, so a pointer that thread
  * borrowed with t_get stays valid while another thread realizes the same node. */
 int t_replace_everywhere(UOp *from, UOp *to); /* returns how many handles it changed */
-/* How many live handles of the calling thread hold `from`. */
-int t_count_holding(UOp *from);
 /* As t_replace_everywhere, but the i-th handle holding `from` (in slot order) gets tos[i]: each
  * takes its own reference; at most ntos handles change. Returns how many did. */
 int t_replace_each(UOp *from, UOp *const *tos, int ntos);
