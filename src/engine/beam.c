@@ -34,7 +34,7 @@ typedef struct {
   int n;
   int next;
   Device *dev;
-  const CtxCopy *ctx; /* the searching thread's Context (CC, DEBUG, ...) */
+  CtxCopy *ctx; /* the searching thread's Context (CC, DEBUG, ...) */
 } CandJobs;
 
 static void *cand_compile(void *arg) {
@@ -60,7 +60,7 @@ static void compile_all(Cand *c, int n, Device *dev) {
     if (pthread_create(&th[started], NULL, cand_compile, &j) == 0) started++;
   cand_compile(&j);
   for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
-  ctx_copy_free((CtxCopy *)j.ctx);
+  ctx_copy_free(j.ctx);
 }
 
 /* ---- on-disk choice cache ---- */

@@ -52,9 +52,6 @@ static const char *kc_gopts(Device *dev) {
 
 static bool same_gopts(const char *a, const char *b) { return a == b || (a && b && strcmp(a, b) == 0); }
 
-/* The device's compiler now (the CPU device follows CC at each compile). */
-static const char *kc_cid(Device *dev) { return dev->vt->compiler_id ? dev->vt->compiler_id(dev->state) : NULL; }
-
 static CachedKernel *ck_retain(CachedKernel *ck) {
   if (ck) __atomic_fetch_add(&ck->refs, 1, __ATOMIC_RELAXED);
   return ck;
@@ -135,7 +132,7 @@ static CachedKernel *kcache_put(uint64_t key, UOp *ast, Device *dev, KernelCode 
   /* the source stays (a few KB per kernel): tg_jit_export writes the captured kernels' sources */
   const char *g = kc_gopts(dev);
   ck->gopts = g ? tg_xstrdup(g) : NULL;
-  ck->cid = kc_cid(dev);
+  ck->cid = device_compiler_id(dev);
   int64_t lim = getenv_int("MAX_LOADED_KERNELS", 4096);
   size_t limit = lim < 1 ? 1 : (size_t)lim;
   CachedKernel *dead = NULL;
@@ -195,7 +192,7 @@ static uint64_t kkey(UOp *ast, Device *dev) {
 /* BEAM>0: the kernel compiled with the searched optimizations (cached per AST and beam width). */
 static CachedKernel *get_kernel_beam(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam) {
   uint64_t key = kkey(ast, dev) ^ ((uint64_t)beam << 56) ^ 1;
-  CachedKernel *ck = kcache_get(key, NULL, kc_cid(dev));
+  CachedKernel *ck = kcache_get(key, NULL, device_compiler_id(dev));
   if (ck) return ck;
   if (dev->caps.gpu) {
     OptList l;
@@ -209,7 +206,7 @@ static CachedKernel *get_kernel_beam(UOp *ast, Device *dev, Buffer **bufs, int n
 
 static CachedKernel *get_kernel(UOp *ast, Device *dev) {
   uint64_t key = kkey(ast, dev);
-  CachedKernel *ck = kcache_get(key, kc_gopts(dev), kc_cid(dev));
+  CachedKernel *ck = kcache_get(key, kc_gopts(dev), device_compiler_id(dev));
   return ck ? ck : kcache_put(key, ast, dev, codegen_for(ast, &dev->caps, NULL));
 }
 
@@ -265,7 +262,7 @@ static void precompile(Schedule *s) {
     SItem *it = &s->items[i];
     if (it->kind != SI_KERNEL || pm_has(&seen, (uint64_t)(uintptr_t)it->ast)) continue;
     pm_put(&seen, (uint64_t)(uintptr_t)it->ast, (void *)1);
-    if (kcache_get(kkey(it->ast, it->dev), kc_gopts(it->dev), kc_cid(it->dev))) continue;
+    if (kcache_get(kkey(it->ast, it->dev), kc_gopts(it->dev), device_compiler_id(it->dev))) continue;
     js.jobs = tg_xrealloc(js.jobs, sizeof(CJob) * (size_t)(js.n + 1));
     js.jobs[js.n++] = (CJob){it->ast, it->dev, NULL};
   }

@@ -755,8 +755,7 @@ typedef struct ProgEntry {
   const char *cid; /* the compiler that built it (compiler_id: CC may name another one later) */
 } ProgEntry;
 
-/* The device's compiler now: a stable string per compiler. */
-static const char *dev_cid(Device *dev) { return dev->vt->compiler_id ? dev->vt->compiler_id(dev->state) : NULL; }
+const char *device_compiler_id(Device *dev) { return dev->vt->compiler_id ? dev->vt->compiler_id(dev->state) : NULL; }
 
 static pthread_mutex_t g_prog_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_prog_cond = PTHREAD_COND_INITIALIZER;
@@ -803,7 +802,7 @@ static ProgEntry *prog_new(Device *dev, const char *fname, const char *src, size
   e->src = tg_xmalloc(srclen + 1);
   memcpy(e->src, src, srclen + 1);
   e->srclen = srclen;
-  e->cid = dev_cid(dev);
+  e->cid = device_compiler_id(dev);
   return e;
 }
 
@@ -912,7 +911,7 @@ Program *program_get(Device *dev, const char *fname, const char *src) {
   size_t srclen = strlen(src);
   uint64_t h = hash_bytes(src, srclen, hash_bytes(fname, strlen(fname), 0x7467707267ULL));
   bool shareable = kind_of(dev)->host_memory;
-  const char *cid = dev_cid(dev);
+  const char *cid = device_compiler_id(dev);
 
   pthread_mutex_lock(&g_prog_lock);
   for (;;) {
@@ -1036,7 +1035,7 @@ int program_get_batch(Device *dev, const char *const *fnames, const char *const 
   }
   int *todo = tg_xmalloc(sizeof(int) * (size_t)n);
   int ntodo = 0, have = 0;
-  const char *cid = dev_cid(dev);
+  const char *cid = device_compiler_id(dev);
   pthread_mutex_lock(&g_prog_lock);
   for (int i = 0; i < n; i++) {
     size_t srclen = strlen(srcs[i]);

@@ -122,6 +122,9 @@ Device *device_by_id(int id);
 #define DEVICE_TUPLE_BASE (1 << 20)
 static inline bool device_is_tuple(int id) { return id >= DEVICE_TUPLE_BASE; }
 Device *device_tuple_of(const int *ids, int n);   /* interned; NULL + error on a bad member */
+/* The compiler the device's kernels are built by now (its compiler_id: a stable string per compiler;
+ * the CPU device follows CC), or NULL. Part of what a compiled program is. */
+const char *device_compiler_id(Device *dev);
 Device *device_tuple_get(const char *names);
 /* The comma after p that separates two members of a device tuple, or NULL: a comma followed by a
  * device kind's name ("CPU:0,CPU:1") or by nothing ("CPU,"). Other commas belong to an ARCH
