@@ -351,17 +351,21 @@ out:
 /* ---------------------------------------------------------------------------------------------- */
 /* the arch string                                                                                 */
 
-/* Is feature f ("avx2") enabled in a feature list ("+sse,+avx2,-avx512f")? */
-static bool host_has(const char *f, size_t n) {
-  for (const char *p = g_host_features; p && *p;) {
+/* Is feature f (n bytes: "avx2") named with sign c ('+' or '-') in a feature list
+ * ("+sse,+avx2,-avx512f")? The first entry naming f decides. */
+static bool feature_is(const char *list, char c, const char *f, size_t n) {
+  for (const char *p = list; p && *p;) {
     const char *e = strchr(p, ',');
     size_t len = e ? (size_t)(e - p) : strlen(p);
-    if (len == n + 1 && strncmp(p + 1, f, n) == 0) return p[0] == '+';
+    if (len == n + 1 && strncmp(p + 1, f, n) == 0) return p[0] == c;
     if (!e) break;
     p = e + 1;
   }
   return false;
 }
+
+/* Is feature f enabled on the host? */
+static bool host_has(const char *f, size_t n) { return feature_is(g_host_features, '+', f, n); }
 
 static bool valid_name(const char *s, size_t n) {
   if (n == 0) return false;
@@ -658,26 +662,16 @@ static double llvm_exec(void *state, void *prg, void **bufs, int nbufs, const in
   return tp_run_kernel(p->fn, bufs, global_size, local_size, wait);
 }
 
-/* Is feature f named with sign c ('+' or '-') in a feature list ("+avx2,-avx512f")? */
-static bool feature_is(const char *list, char c, const char *f) {
-  size_t n = strlen(f);
-  for (const char *p = list; p && *p;) {
-    const char *e = strchr(p, ',');
-    size_t len = e ? (size_t)(e - p) : strlen(p);
-    if (len == n + 1 && p[0] == c && strncmp(p + 1, f, n) == 0) return true;
-    if (!e) break;
-    p = e + 1;
-  }
-  return false;
-}
+/* Does the arch string turn feature f off ("-avx512f")? */
+static bool turned_off(const LlvmState *s, const char *f) { return feature_is(s->features, '-', f, strlen(f)); }
 
 static void llvm_caps(void *state, DeviceCaps *c) {
   LlvmState *s = state;
   /* the host's registers, less what the arch string turns off (an arch can only name features the
    * host has); a CPU name alone is taken to keep the host's vector width */
   cpu_host_simd(&c->vec_bytes, &c->vec_regs);
-  if (c->vec_bytes > 32 && feature_is(s->features, '-', "avx512f")) c->vec_bytes = 32, c->vec_regs = 16;
-  if (c->vec_bytes > 16 && (feature_is(s->features, '-', "avx2") || feature_is(s->features, '-', "avx"))) c->vec_bytes = 16, c->vec_regs = 16;
+  if (c->vec_bytes > 32 && turned_off(s, "avx512f")) c->vec_bytes = 32, c->vec_regs = 16;
+  if (c->vec_bytes > 16 && (turned_off(s, "avx2") || turned_off(s, "avx"))) c->vec_bytes = 16, c->vec_regs = 16;
   c->lang = LANG_LLVM;
   c->gpu = false;
   c->fp16 = c->fp64 = true;
