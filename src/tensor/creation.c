@@ -837,6 +837,19 @@ static tg_tensor assign_region(tg_tensor target, UOp *tb, UOp *vu) {
   return target;
 }
 
+/* The lazy write of vu (cast to tb's dtype) into tb, the target's storage: target's handle holds the
+ * ASSIGN node from now on. */
+static tg_tensor assign_node(tg_tensor target, UOp *tb, UOp *vu) {
+  UOp *v = g_cast(vu, (tg_dtype)tb->dtype);
+  UOp *a = g_assign(tb, v);
+  uop_unref(v);
+  Slot *s = t_slot(target);
+  UOp *old = s->u;
+  s->u = a;
+  uop_unref(old);
+  return target;
+}
+
 /* tg_assign to a multi-device target: each shard's buffer takes its part of the value (resharded
  * to the target's sharding). A target whose shards are not buffers of their own gets them first. */
 static tg_tensor assign_multi(tg_tensor target, UOp *tu, UOp *vu) {
@@ -856,14 +869,7 @@ static tg_tensor assign_multi(tg_tensor target, UOp *tu, UOp *vu) {
     uop_unref(prev), uop_unref(c);
     tu = tb = ts->u;
   }
-  UOp *v = g_cast(vu, (tg_dtype)tb->dtype);
-  UOp *a = g_assign(tb, v);
-  uop_unref(v);
-  Slot *s = t_slot(target);
-  UOp *old = s->u;
-  s->u = a;
-  uop_unref(old);
-  return target;
+  return assign_node(target, tb, vu);
 }
 
 tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
@@ -917,14 +923,7 @@ tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
       return st == TG_OK ? target : NONE;
     }
   }
-  UOp *v = g_cast(vu, (tg_dtype)tb->dtype);
-  UOp *a = g_assign(tb, v);
-  uop_unref(v);
-  Slot *s = t_slot(target);
-  UOp *old = s->u;
-  s->u = a;
-  uop_unref(old);
-  return target;
+  return assign_node(target, tb, vu);
 }
 
 int tg_device_list(tg_device_info *out, int cap) {
