@@ -38,15 +38,7 @@ static tg_status train_step_multi(const tg_tensor *in, int nin, const double *ar
   tg_tensor X = tg_index(c->X_train, samples), Y = tg_index(c->Y_train, samples);
   if (m->ndev > 1) X = tg_shard(X, m->devs, m->ndev, 0), Y = tg_shard(Y, m->devs, m->ndev, 0);
   tg_tensor loss = tg_sparse_categorical_crossentropy(model_forward(c->model, X), Y, NULL);
-  tg_status st = tg_backward(loss);
-  if (st == TG_OK) {
-    int n = tg_optim_schedule_step(c->opt, NULL, 0);
-    tg_tensor *ts = malloc(sizeof(tg_tensor) * (size_t)(n + 1));
-    ts[0] = loss;
-    if (n < 0 || tg_optim_schedule_step(c->opt, ts + 1, n) != n) st = tg_last_status();
-    else st = tg_realize_many(ts, n + 1);
-    free(ts);
-  }
+  tg_status st = backward_step(c->opt, loss);
   tg_context_end();
   out[0] = loss;
   return st;

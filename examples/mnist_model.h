@@ -66,6 +66,19 @@ typedef struct {
   int64_t bs;
 } Ctx;
 
+/* loss.backward(); opt.step(): the loss and every parameter update realize in one schedule */
+static inline tg_status backward_step(tg_optim *opt, tg_tensor loss) {
+  tg_status st = tg_backward(loss);
+  if (st != TG_OK) return st;
+  int n = tg_optim_schedule_step(opt, NULL, 0);
+  tg_tensor *ts = malloc(sizeof(tg_tensor) * (size_t)(n > 0 ? n + 1 : 1));
+  ts[0] = loss;
+  if (n < 0 || tg_optim_schedule_step(opt, ts + 1, n) != n) st = tg_last_status();
+  else st = tg_realize_many(ts, n + 1);
+  free(ts);
+  return st;
+}
+
 /* @TinyJit @Tensor.train() def train_step(): zero_grad; sample a batch; loss.backward(); opt.step()
  * (returns the loss, and with MNIST_TRACE the batch's indices) */
 static inline tg_status train_step(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout,
@@ -78,16 +91,7 @@ static inline tg_status train_step(const tg_tensor *in, int nin, const double *a
   tg_tensor samples = tg_randint(TG_SHAPE(c->bs), 0, tg_dim(c->X_train, 0), NULL);
   tg_tensor logits = model_forward(c->model, tg_index(c->X_train, samples));
   tg_tensor loss = tg_sparse_categorical_crossentropy(logits, tg_index(c->Y_train, samples), NULL);
-  tg_status st = tg_backward(loss);
-  if (st == TG_OK) {
-    /* the loss and every parameter update realize in one schedule */
-    int n = tg_optim_schedule_step(c->opt, NULL, 0);
-    tg_tensor *ts = malloc(sizeof(tg_tensor) * (size_t)(n + 1));
-    ts[0] = loss;
-    if (n < 0 || tg_optim_schedule_step(c->opt, ts + 1, n) != n) st = tg_last_status();
-    else st = tg_realize_many(ts, n + 1);
-    free(ts);
-  }
+  tg_status st = backward_step(c->opt, loss);
   tg_context_end();
   out[0] = loss;
   if (nout > 1) out[1] = samples; /* MNIST_TRACE */
