@@ -1621,8 +1621,13 @@ void tg_jit_free(tg_jit *j);
  * call's values. The capture records which kernels take which variable; a replay passes the new
  * values to those kernels, so one capture serves every value (no recompiles, no re-capture). The
  * function builds its graphs with the same bound variables (pass them through `user`, or read
- * them with tg_jit_var). Errors: a changed set of variables, an unbound or repeated variable, a
- * captured kernel whose variable is not in vars[], an output of symbolic shape, and a capture whose
+ * them with tg_jit_var). An input may have a symbolic shape: the [0, v + c) tg_shrink of a realized
+ * tensor (a batch of B rows: tg_shrink(x, TG_SHAPE(0, tg_sym(b, 0), 0, 784)) with b bound to x's row
+ * count); later calls pass the same variable at any value, over a tensor of any first size and the
+ * same other sizes. An output of symbolic shape comes back as the [0, v + c) view of its buffer,
+ * which is stored at the variable's max (tg_shape reports this call's size). Errors: a changed set
+ * of variables, an unbound or repeated variable, a captured kernel or output whose variable is not
+ * in vars[], and a capture whose
  * graph holds a size computed from a bound value next to a symbolic one (tg_cat along a symbolic
  * dim): its kernels would hold for that value only. A call where a symbolic size is 0 or 1 (which
  * graphs may treat as a broadcastable size-1 dim) runs but is not captured; the next call captures.

@@ -67,11 +67,15 @@ typedef struct {
   tg_dtype dtype;
   int ndim;
   const int64_t *shape;
+  const int64_t *sym;  /* a symbolic input or output: its dims as tg_sym codes (else NULL) */
+  const int64_t *base; /* and the shape of the buffer behind it (its max) */
 } JitIO;
 typedef struct {
   const Capture *cap;
   int calls, nin, nout, nargs;
   JitIO *in, *out;
+  int nvars;
+  const int *vars; /* the variables of the captured call (var.c indices) */
 } JitView;
 void jit_view(const tg_jit *j, JitView *v);
 

@@ -22,11 +22,16 @@
 #include "../tensor/tensor.h"
 #include "engine.h"
 
+/* An input's or output's dtype, device and shape. A symbolic one (a [0, v + c) view of a buffer
+ * stored at its max) also keeps its dims as tg_sym codes (sym) and the shape of the buffer behind
+ * it (base). */
 typedef struct {
   tg_dtype dtype;
   int device;
   int ndim;
   int64_t *shape;
+  int64_t *sym;  /* NULL: no symbolic dim */
+  int64_t *base;
 } Sig;
 
 struct tg_jit {
@@ -82,7 +87,7 @@ tg_jit *tg_jit_new_opts(tg_jit_fn fn, int nout, void *user, const tg_jit_opts *o
 tg_jit *tg_jit_new(tg_jit_fn fn, int nout, void *user) { return tg_jit_new_opts(fn, nout, user, NULL); }
 
 static void sig_free(Sig *s, int n) {
-  for (int i = 0; s && i < n; i++) free(s[i].shape);
+  for (int i = 0; s && i < n; i++) free(s[i].shape), free(s[i].sym), free(s[i].base);
   free(s);
 }
 
@@ -118,27 +123,61 @@ void tg_jit_free(tg_jit *j) {
   free(j);
 }
 
+/* Is u the [0, v + c) view of a realized buffer that a realize of a symbolic shape hands out (or
+ * that a caller builds with tg_shrink to pass a symbolic input)? Every start 0, every end the full
+ * size or a tg_sym code. Its buffer node in *base. */
+static bool sym_view(UOp *u, UOp **base) {
+  if (!u || u->op != OP_SHRINK || !u->sym || u->nsrc != 1) return false;
+  UOp *b = g_resolve(u->src[0]);
+  if (b->op != OP_BUFFER || b->ndim != u->ndim) return false;
+  int n = 0;
+  const int64_t *a = uop_move_args(u, &n);
+  if (n != 2 * u->ndim) return false;
+  for (int d = 0; d < u->ndim; d++)
+    if (a[2 * d] != 0 || (!sym_is_code(a[2 * d + 1]) && a[2 * d + 1] != b->shape[d])) return false;
+  if (base) *base = b;
+  return true;
+}
+
+static int64_t *dup_dims(const int64_t *s, int n) {
+  int64_t *d = tg_xmalloc(sizeof(int64_t) * (size_t)(n + 1));
+  if (n) memcpy(d, s, sizeof(int64_t) * (size_t)n);
+  return d;
+}
+
 static Sig sig_of(UOp *u) {
-  Sig s = {(tg_dtype)u->dtype, u->device, u->ndim, NULL};
-  if (u->ndim) {
-    s.shape = tg_xmalloc(sizeof(int64_t) * (size_t)u->ndim);
-    memcpy(s.shape, u->shape, sizeof(int64_t) * (size_t)u->ndim);
-  }
+  Sig s = {(tg_dtype)u->dtype, u->device, u->ndim, NULL, NULL, NULL};
+  if (u->ndim) s.shape = dup_dims(u->shape, u->ndim);
+  UOp *b;
+  if (sym_view(u, &b)) s.sym = dup_dims(u->sym, u->ndim), s.base = dup_dims(b->shape, b->ndim);
   return s;
 }
 
+/* Same dtype, device and shape; a symbolic dim must be the same variable + offset (any value), and
+ * the buffer behind a symbolic view the same shape past its first dim (which no index reads). */
 static bool sig_eq(const Sig *s, UOp *u) {
-  return s->dtype == (tg_dtype)u->dtype && s->device == u->device && s->ndim == u->ndim &&
-         (!s->ndim || !memcmp(s->shape, u->shape, sizeof(int64_t) * (size_t)s->ndim));
+  if (s->dtype != (tg_dtype)u->dtype || s->device != u->device || s->ndim != u->ndim) return false;
+  UOp *b = NULL;
+  bool sv = sym_view(u, &b);
+  if (sv != (s->sym != NULL)) return false;
+  if (!sv) return !s->ndim || !memcmp(s->shape, u->shape, sizeof(int64_t) * (size_t)s->ndim);
+  for (int d = 0; d < s->ndim; d++) {
+    SymDim a, c;
+    bool as = sym_decode(s->sym[d], &a), cs = sym_decode(u->sym[d], &c);
+    if (as != cs || (as && (a.var != c.var || a.offset != c.offset)) || (!as && s->sym[d] != u->sym[d])) return false;
+    if (d && b->shape[d] != s->base[d]) return false;
+  }
+  return true;
 }
 
-/* The buffer behind a realized, contiguous input; NULL + error otherwise. */
+/* The buffer behind a realized, contiguous input (or a symbolic view of one); NULL + error otherwise. */
 static Buffer *input_buffer(tg_tensor t, int i) {
   UOp *u = t_get(t, "tg_jit_call");
   if (!u) return NULL;
-  UOp *b = uop_realized(u) ? uop_realized(u) : u;
+  UOp *b = g_resolve(u), *vb;
+  if (sym_view(b, &vb)) b = vb;
   if (b->op != OP_BUFFER) {
-    tg_set_error(TG_ERR_INVALID, "tg_jit_call: input %d is not realized (or is a view); realize it (tg_realize, tg_contiguous) before calling the jitted function", i);
+    tg_set_error(TG_ERR_INVALID, "tg_jit_call: input %d is not realized (or is a view); realize it (tg_realize, tg_contiguous) before calling the jitted function (a symbolic input is a [0, v) tg_shrink of a realized tensor)", i);
     return NULL;
   }
   return g_buffer_of(b);
@@ -158,7 +197,7 @@ static tg_status run_fn(tg_jit *j, const tg_tensor *in, int nin, const double *a
   for (int i = 0; st == TG_OK && i < j->nout; i++) {
     UOp *u = t_get(out[i], "tg_jit_call");
     if (!u) st = tg_last_status();
-    else if ((uop_realized(u) ? uop_realized(u) : u)->op != OP_BUFFER) out[i] = tg_contiguous(out[i]), views = true;
+    else if (g_resolve(u)->op != OP_BUFFER && !sym_view(u, NULL)) out[i] = tg_contiguous(out[i]), views = true;
   }
   if (st == TG_OK && views) st = tg_realize_many(out, j->nout);
   /* fresh handles: the function may have stored a caller's handle (an input) in out[] */
@@ -176,11 +215,11 @@ static tg_status run_fn(tg_jit *j, const tg_tensor *in, int nin, const double *a
   return st;
 }
 
-/* The buffer behind a realized input, or NULL. */
+/* The buffer behind a realized input (or a symbolic view of one), or NULL. */
 static Buffer *buffer_behind(tg_tensor t) {
   if (!tg_valid(t)) return NULL;
-  UOp *u = t_get(t, "tg_jit_call");
-  UOp *b = uop_realized(u) ? uop_realized(u) : u;
+  UOp *b = g_resolve(t_get(t, "tg_jit_call")), *vb;
+  if (sym_view(b, &vb)) b = vb;
   return b->op == OP_BUFFER ? g_buffer_of(b) : NULL;
 }
 
@@ -286,10 +325,10 @@ static tg_status capture(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs,
   }
   for (int i = 0; i < j->nout; i++) {
     UOp *u = t_get(out[i], "tg_jit_call");
-    UOp *b = u ? (uop_realized(u) ? uop_realized(u) : u) : NULL;
-    if (b && b->op == OP_BUFFER) continue;
-    st = tg_set_error(TG_ERR_INVALID, "tg_jit_call: output %d has a symbolic shape; a jitted function's outputs must "
-                      "have concrete shapes (return a fixed-size tensor, e.g. padded to the max, or a reduction)", i);
+    UOp *b = u ? g_resolve(u) : NULL;
+    if (b && (b->op == OP_BUFFER || sym_view(b, NULL))) continue;
+    st = tg_set_error(TG_ERR_INVALID, "tg_jit_call: output %d is neither a buffer nor a [0, v) view of one; a jitted "
+                      "function's outputs must be realized tensors", i);
     jit_reset(j);
     free_outputs(j, out);
     return st;
@@ -298,8 +337,27 @@ static tg_status capture(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs,
   j->out_sig = tg_xcalloc((size_t)j->nout + 1, sizeof(Sig));
   j->out_buf = tg_xcalloc((size_t)j->nout + 1, sizeof(Buffer *));
   for (int i = 0; i < j->nout; i++) {
-    UOp *u = t_get(out[i], "tg_jit_call");
-    UOp *b = uop_realized(u) ? uop_realized(u) : u;
+    UOp *u = g_resolve(t_get(out[i], "tg_jit_call")), *b = u;
+    if (sym_view(u, &b)) {
+      /* a symbolic output: its variables must be the call's, so that a replay can size it */
+      for (int d = 0; d < u->ndim; d++) {
+        SymDim sd;
+        bool found = !sym_decode(u->sym[d], &sd);
+        for (int q = 0; q < cv->n && !found; q++) found = cv->idx[q] == sd.var;
+        if (found) continue;
+        const char *name = "?";
+        var_info(sd.var, &name, NULL, NULL);
+        for (int k = 0; k < i; k++) buffer_unref(j->out_buf[k]);
+        sig_free(j->out_sig, i);
+        free(j->out_buf);
+        j->out_sig = NULL, j->out_buf = NULL, j->ncap_out = 0;
+        st = tg_set_error(TG_ERR_INVALID, "tg_jit_call: output %d's dim %d is symbolic in variable '%s', which is not an "
+                          "input of the call; pass it bound in tg_jit_call_vars' vars[]", i, d, name);
+        jit_reset(j);
+        free_outputs(j, out);
+        return st;
+      }
+    }
     j->out_sig[i] = sig_of(u);
     j->out_buf[i] = buffer_ref(g_buffer_of(b));
   }
@@ -336,6 +394,25 @@ static tg_status capture(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs,
   }
   j->calls = 2;
   return TG_OK;
+}
+
+/* A replay's output: the buffer, or for a symbolic output the [0, v + c) view of it at this call's
+ * values. */
+static UOp *out_node(const Sig *s, Buffer *b, const CallVars *cv) {
+  if (!s->sym) return g_buffer(buffer_ref(b), s->dtype, s->shape, s->ndim);
+  UOp *bm = g_buffer(buffer_ref(b), s->dtype, s->base, s->ndim);
+  int64_t bd[128], *bounds = s->ndim <= 64 ? bd : tg_xmalloc(sizeof(int64_t) * (size_t)(2 * s->ndim));
+  for (int d = 0; d < s->ndim; d++) {
+    SymDim sd;
+    bounds[2 * d] = 0, bounds[2 * d + 1] = s->sym[d];
+    if (!sym_decode(s->sym[d], &sd)) continue;
+    for (int q = 0; q < cv->n; q++)
+      if (cv->idx[q] == sd.var) bounds[2 * d + 1] = sym_encode(sd.var, cv->val[q], sd.offset);
+  }
+  UOp *v = g_shrink(bm, bounds);
+  uop_unref(bm);
+  if (bounds != bd) free(bounds);
+  return v;
 }
 
 /* Call 3 on: checks the call against the capture and replays it with the new inputs' buffers. */
@@ -391,7 +468,7 @@ static tg_status replay(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs, 
           b = bufs[k];
           break;
         }
-      out[i] = t_wrap(g_buffer(buffer_ref(b), j->out_sig[i].dtype, j->out_sig[i].shape, j->out_sig[i].ndim));
+      out[i] = t_wrap(out_node(&j->out_sig[i], b, cv));
     }
     j->calls++;
   }
@@ -622,7 +699,13 @@ void jit_view(const tg_jit *j, JitView *v) {
   v->nin = j->nin, v->nout = j->nout, v->nargs = j->nargs;
   v->in = tg_xcalloc((size_t)j->nin + 1, sizeof(JitIO));
   v->out = tg_xcalloc((size_t)j->nout + 1, sizeof(JitIO));
-  for (int i = 0; i < j->nin; i++) v->in[i] = (JitIO){j->in_buf[i], j->in_sig[i].dtype, j->in_sig[i].ndim, j->in_sig[i].shape};
-  for (int i = 0; i < j->nout; i++)
-    v->out[i] = (JitIO){j->out_buf[i], j->out_sig[i].dtype, j->out_sig[i].ndim, j->out_sig[i].shape};
+  for (int i = 0; i < j->nin; i++) {
+    const Sig *s = &j->in_sig[i];
+    v->in[i] = (JitIO){j->in_buf[i], s->dtype, s->ndim, s->shape, s->sym, s->base};
+  }
+  for (int i = 0; i < j->nout; i++) {
+    const Sig *s = &j->out_sig[i];
+    v->out[i] = (JitIO){j->out_buf[i], s->dtype, s->ndim, s->shape, s->sym, s->base};
+  }
+  v->nvars = j->nvars, v->vars = j->vars;
 }
