@@ -248,6 +248,139 @@ static void run_mlp(bool prune, const char *dir, const char *wpath) {
 TEST(export_mlp_bit_exact) { run_mlp(false, tpath("mlp"), NULL); }
 TEST(export_mlp_pruned_bit_exact) { run_mlp(true, tpath("mlp-pruned"), NULL); }
 
+/* ---- a batch size chosen per call (a symbolic first dim) ---- */
+
+#define SB_MAX 24
+/* The MLP on the first n rows of x (SB_MAX, 16): the input is the (batch, 16) view of a tensor of
+ * those n rows, batch bound to n. One capture serves every n. */
+static tg_status sym_call(tg_jit *j, tg_symvar bv, const float *x, int n, tg_tensor *out) {
+  tg_tensor xn = tg_from_data(x, TG_SHAPE(n, 16), NULL);
+  tg_symvar b = tg_var_bind(bv, n);
+  tg_tensor in = tg_shrink(xn, TG_SHAPE(0, tg_sym(b, 0), 0, 16));
+  tg_status st = tg_realize(xn);
+  if (st == TG_OK) st = tg_jit_call_vars(j, &in, 1, &b, 1, NULL, 0, out);
+  return st;
+}
+
+TEST(export_symbolic_batch) {
+  BEGIN;
+  const char *dir = tpath("mlpb");
+  tg_manual_seed(17);
+  Mlp m;
+  CHECK(tg_nn_linear_init(&m.l1, 16, 32, true) == TG_OK && tg_nn_linear_init(&m.l2, 32, 10, true) == TG_OK);
+  tg_symvar bv = tg_variable("batch", 1, SB_MAX);
+  float x[SB_MAX * 16];
+  for (int i = 0; i < SB_MAX * 16; i++) x[i] = (float)sin(i * 0.37) * 1.5f;
+  tg_jit *j = tg_jit_new(mlp_fn, 1, &m);
+  tg_tensor out;
+  CHECK_MSG(sym_call(j, bv, x, 5, &out) == TG_OK && sym_call(j, bv, x, 7, &out) == TG_OK, "%s", tg_last_error());
+  CHECK(tg_jit_captured_kernels(j) > 0);
+  /* the library's replays at the sizes the exported program will run */
+  static const int ns[] = {1, 3, SB_MAX, 13};
+  float ref[4][SB_MAX * 10];
+  for (int k = 0; k < 4; k++) {
+    CHECK_MSG(sym_call(j, bv, x, ns[k], &out) == TG_OK, "%s", tg_last_error());
+    int64_t shp[2] = {0};
+    CHECK(tg_shape(out, shp) == 2 && shp[0] == ns[k] && shp[1] == 10);
+    CHECK(tg_data(out, ref[k], sizeof(float) * 10 * (size_t)ns[k]) == TG_OK);
+  }
+  char src[700], hdr[700];
+  snprintf(src, sizeof src, "%s/mlpb.c", dir);
+  snprintf(hdr, sizeof hdr, "%s/mlpb.h", dir);
+  CHECK(sh("mkdir -p '%s'", dir) == 0);
+  CHECK_MSG(tg_jit_export(j, src, TG_JIT_EXPORT_OPTS(.name = "mlpb")) == TG_OK, "%s", tg_last_error());
+  size_t hn = 0;
+  char *h = tt_read_file(hdr, &hn);
+  CHECK(h && strstr(h, "int mlpb(int batch, const float *in0, float *out0)") && strstr(h, "batch in [1, 24]") &&
+        strstr(h, "MLPB_IN0_BYTES(batch)") && strstr(h, "MLPB_ERR_RANGE") && strstr(h, "MLPB_OK (0)") &&
+        !strstr(h, "Fixed shapes"));
+  free(h);
+  char xb[700];
+  snprintf(xb, sizeof xb, "%s/x.bin", dir);
+  CHECK(write_file(xb, x, sizeof x));
+  /* the driver gives each call arrays of exactly its rows (ASan sees any access past them) */
+  char drv[700];
+  snprintf(drv, sizeof drv, "%s/main.c", dir);
+  static const char driver[] =
+      "#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n#include \"mlpb.h\"\n"
+      "int main(int argc, char **argv) {\n"
+      "  static float x[MLPB_IN0_DIM0_MAX * MLPB_IN0_DIM1];\n"
+      "  FILE *f = fopen(\"x.bin\", \"rb\");\n"
+      "  if (!f || fread(x, 1, sizeof x, f) != sizeof x) return 2;\n"
+      "  fclose(f);\n"
+      "  float dummy[MLPB_OUT0_DIM1];\n"
+      "  if (mlpb(0, x, dummy) != MLPB_ERR_RANGE || !strstr(mlpb_last_error(), \"batch = 0\")) return 8;\n"
+      "  if (mlpb(MLPB_BATCH_MAX + 1, x, dummy) != MLPB_ERR_RANGE) return 9;\n"
+      "  for (int a = 1; a < argc; a++) {\n"
+      "    int n = atoi(argv[a]);\n"
+      "    float *in = (float *)malloc(MLPB_IN0_BYTES(n)), *out = (float *)malloc(MLPB_OUT0_BYTES(n));\n"
+      "    memcpy(in, x, MLPB_IN0_BYTES(n));\n"
+      "    if (mlpb(n, in, out) != MLPB_OK) { fprintf(stderr, \"%s\\n\", mlpb_last_error()); return 3; }\n"
+      "    char p[64];\n"
+      "    snprintf(p, sizeof p, \"out%d.bin\", n);\n"
+      "    f = fopen(p, \"wb\");\n"
+      "    if (!f || fwrite(out, 1, MLPB_OUT0_BYTES(n), f) != MLPB_OUT0_BYTES(n)) return 7;\n"
+      "    fclose(f);\n"
+      "    free(in), free(out);\n"
+      "  }\n"
+      "  return 0;\n}\n";
+  CHECK(write_file(drv, driver, sizeof driver - 1));
+  CHECK(sh("cd '%s' && clang -std=c11 -O2 -Wall -Wextra -Werror -c mlpb.c -o plain-clang.o", dir) == 0);
+  CHECK(sh("cd '%s' && g++ -x c++ -std=c++17 -O2 -Wall -Wextra -Werror -c mlpb.c -o plain-gxx.o", dir) == 0);
+  static const char *const builds[][2] = {
+      {"gcc", "gcc -std=c11 " NATIVE " -Wall -Wextra -Werror"},
+      {"threads", "gcc -std=c11 " NATIVE " -Wall -Wextra -Werror -DTG_EXPORT_THREADS -pthread"},
+      {"asan", "gcc -std=c11 " NATIVE " -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"},
+  };
+  for (size_t b = 0; b < sizeof builds / sizeof builds[0]; b++) {
+    if (sh("cd '%s' && %s -o prog-%s mlpb.c main.c -lm", dir, builds[b][1], builds[b][0]) != 0) {
+      CHECK_MSG(0, "%s build failed", builds[b][0]);
+      continue;
+    }
+    CHECK(sh("cd '%s' && rm -f out*.bin && THREADS=2 ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 ./prog-%s 1 3 24 13", dir,
+             builds[b][0]) == 0);
+    for (int k = 0; k < 4; k++) {
+      char p[800];
+      snprintf(p, sizeof p, "%s/out%d.bin", dir, ns[k]);
+      size_t n = 0;
+      void *got = tt_read_file(p, &n);
+      CHECK_MSG(got && n == sizeof(float) * 10 * (size_t)ns[k] && !memcmp(got, ref[k], n),
+                "%s, batch %d: the exported program's output differs from the library's replay", builds[b][0], ns[k]);
+      free(got);
+    }
+  }
+  tg_jit_free(j);
+  tg_nn_linear_free(&m.l1), tg_nn_linear_free(&m.l2);
+  END;
+}
+
+static tg_status rowsum_fn(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
+  out[0] = tg_sum(in[0], TG_AXES(1), false);
+  return TG_OK;
+}
+
+/* a symbolic dim past the first would need the caller's array padded to the max: refused */
+TEST(export_symbolic_inner_dim_refused) {
+  BEGIN;
+  tg_symvar v = tg_variable("cols", 1, 12);
+  tg_tensor x = tg_contiguous(tg_ones(TG_SHAPE(3, 12), NULL));
+  CHECK(tg_realize(x) == TG_OK);
+  tg_jit *j = tg_jit_new(rowsum_fn, 1, NULL);
+  tg_tensor out;
+  for (int n = 4; n < 7; n++) {
+    tg_symvar b = tg_var_bind(v, n);
+    tg_tensor in = tg_shrink(x, TG_SHAPE(0, 3, 0, tg_sym(b, 0)));
+    CHECK_MSG(tg_jit_call_vars(j, &in, 1, &b, 1, NULL, 0, &out) == TG_OK, "%s", tg_last_error());
+    float o[3];
+    CHECK(tg_data(out, o, sizeof o) == TG_OK && o[0] == n && o[2] == n);
+  }
+  CHECK(tg_jit_export(j, tpath("inner.c"), NULL) == TG_ERR_INVALID);
+  CHECK_ERR(TG_ERR_INVALID, "tg_jit_export", "input 0's dim 1 is symbolic");
+  tg_jit_free(j);
+  END;
+}
+
 /* ---- the beautiful_mnist model (examples/mnist_model.h), random weights, eval mode ---- */
 
 #include "../examples/mnist_model.h"

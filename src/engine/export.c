@@ -153,22 +153,62 @@ static void upper(char *dst, const char *s, size_t cap) {
 
 static void fmt_dims(SB *b, const JitIO *io) {
   sb_putc(b, '{');
-  for (int d = 0; d < io->ndim; d++) sb_printf(b, "%s%lld", d ? ", " : "", (long long)io->shape[d]);
+  for (int d = 0; d < io->ndim; d++) sb_printf(b, "%s%lld", d ? ", " : "", (long long)(io->sym ? sym_maxval(io->sym[d]) : io->shape[d]));
   if (!io->ndim) sb_putc(b, '1'); /* a scalar: an initializer cannot be empty */
   sb_putc(b, '}');
 }
 
+/* A symbolic dim of an exported input or output (only the first may be): the variable's name and
+ * the offset (the dim is name + off). NULL for a concrete io. */
+static const char *io_var(const JitIO *io, int64_t *off) {
+  SymDim d;
+  if (!io->sym || !sym_decode(io->sym[0], &d)) return NULL;
+  const char *name = NULL;
+  if (!var_info(d.var, &name, NULL, NULL)) return NULL;
+  if (off) *off = d.offset;
+  return name;
+}
+
+/* the first dim as C text: "784", or "batch", "(batch + 1)" */
+static void fmt_dim0(SB *b, const JitIO *io, bool paren) {
+  int64_t off = 0;
+  const char *v = io_var(io, &off);
+  if (!v) sb_printf(b, "%lld", (long long)io->shape[0]);
+  else if (!off) sb_puts(b, v);
+  else sb_printf(b, "%s%s %c %lld%s", paren ? "(" : "", v, off < 0 ? '-' : '+', (long long)(off < 0 ? -off : off), paren ? ")" : "");
+}
+
 static void fmt_shape_text(SB *b, const JitIO *io) {
   sb_putc(b, '(');
-  for (int d = 0; d < io->ndim; d++) sb_printf(b, "%s%lld", d ? ", " : "", (long long)io->shape[d]);
+  for (int d = 0; d < io->ndim; d++) {
+    if (d) sb_puts(b, ", ");
+    if (d == 0) fmt_dim0(b, io, false);
+    else sb_printf(b, "%lld", (long long)io->shape[d]);
+  }
   if (io->ndim == 1) sb_putc(b, ',');
   sb_putc(b, ')');
 }
 
-static size_t io_numel(const JitIO *io) {
+/* elements past the first dim (a row), and all of them (at the max for a symbolic io) */
+static size_t io_row(const JitIO *io) {
   size_t n = 1;
-  for (int d = 0; d < io->ndim; d++) n *= (size_t)io->shape[d];
+  for (int d = 1; d < io->ndim; d++) n *= (size_t)io->shape[d];
   return n;
+}
+
+static size_t io_numel(const JitIO *io) {
+  return io->ndim ? (size_t)(io->sym ? sym_maxval(io->sym[0]) : io->shape[0]) * io_row(io) : 1;
+}
+
+/* The io's byte count as a C expression of the entry point's arguments. */
+static void fmt_bytes(SB *b, const JitIO *io) {
+  if (!io_var(io, NULL)) {
+    sb_printf(b, "%zu", io_numel(io) * tg_dtype_itemsize(io->dtype));
+    return;
+  }
+  sb_puts(b, "(size_t)");
+  fmt_dim0(b, io, true);
+  sb_printf(b, " * %zu", io_row(io) * tg_dtype_itemsize(io->dtype));
 }
 
 static tg_status write_text(const char *fn, const char *path, const char *text, size_t len) {
@@ -429,7 +469,59 @@ typedef struct {
   int *item_kern;          /* per item: index into kern, -1 for a copy */
   size_t arena, arena_naive, wbytes, wfile;
   int nweights;
+  /* the capture's variables: int arguments of the entry point, in the jit's order */
+  int nvars;
+  const char *vname[16];
+  char VNAME[16][40];
+  int64_t vmin[16], vmax[16];
 } Ex;
+
+static bool c_keyword(const char *s) {
+  static const char *const kw[] = {"auto", "bool", "break", "case", "catch", "char", "class", "const", "continue", "default",
+                                   "delete", "do", "double", "else", "enum", "extern", "false", "float", "for", "goto", "if",
+                                   "inline", "int", "long", "new", "operator", "private", "protected", "public", "register",
+                                   "restrict", "return", "short", "signed", "sizeof", "static", "struct", "switch", "template",
+                                   "this", "throw", "true", "try", "typedef", "typename", "union", "unsigned", "using", "virtual",
+                                   "void", "volatile", "while", "errno", "NULL", "alignas", "static_assert"};
+  for (size_t i = 0; i < sizeof kw / sizeof kw[0]; i++)
+    if (!strcmp(s, kw[i])) return true;
+  return s[0] == '_' || !strncmp(s, "tgx_", 4);
+}
+
+/* The capture's variables become the entry point's int arguments; its symbolic inputs and outputs
+ * may be symbolic in their first dim only (a batch of rows: the caller's arrays are dense). */
+static tg_status check_vars(Ex *e) {
+  static const char *fn = "tg_jit_export";
+  if (e->v.nvars > 16) return tg_set_error(TG_ERR_INVALID, "%s: the capture takes %d variables; at most 16 can be exported", fn, e->v.nvars);
+  e->nvars = e->v.nvars;
+  for (int i = 0; i < e->nvars; i++) {
+    const char *name = NULL;
+    var_info(e->v.vars[i], &name, &e->vmin[i], &e->vmax[i]);
+    e->vname[i] = name;
+    upper(e->VNAME[i], name, sizeof e->VNAME[i]);
+    int k = 0;
+    bool io_name = (sscanf(name, "in%d", &k) == 1 || sscanf(name, "out%d", &k) == 1) && strspn(name, "inout0123456789") == strlen(name);
+    if (c_keyword(name) || io_name || !strcmp(name, e->name))
+      return tg_set_error(TG_ERR_INVALID, "%s: variable '%s' cannot name an argument of the entry point (a C keyword, an "
+                          "input or output's name, the entry point's, or a reserved prefix); rename the tg_variable", fn, name);
+    for (int q = 0; q < i; q++)
+      if (!strcmp(e->vname[q], name))
+        return tg_set_error(TG_ERR_INVALID, "%s: two variables are named '%s' (with other bounds); the entry point needs one "
+                            "argument name per variable", fn, name);
+  }
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < (pass ? e->v.nout : e->v.nin); i++) {
+      const JitIO *io = pass ? &e->v.out[i] : &e->v.in[i];
+      for (int d = 1; io->sym && d < io->ndim; d++)
+        if (sym_is_code(io->sym[d]))
+          return tg_set_error(TG_ERR_INVALID, "%s: %s %d's dim %d is symbolic; only the first dim of an input or output "
+                              "(a batch of rows) can be symbolic in an export (its array stays dense)",
+                              fn, pass ? "output" : "input", i, d);
+      if (io->sym && !io_var(io, NULL))
+        return tg_set_error(TG_ERR_INVALID, "%s: %s %d is a view whose first dim is not symbolic", fn, pass ? "output" : "input", i);
+    }
+  return TG_OK;
+}
 
 /* Walks the capture: every buffer gets a place, or the export is refused. */
 static tg_status classify(Ex *e) {
@@ -451,11 +543,20 @@ static tg_status classify(Ex *e) {
   }
   for (int i = 0; i < c->n; i++) {
     const CapItem *it = &c->items[i];
-    if (it->code && it->code->nvars)
-      return tg_set_error(TG_ERR_INVALID,
-                          "%s: captured kernel %s takes symbolic variables (tg_jit_call_vars); exporting them is not "
-                          "supported yet (the entry point would need the values as arguments)",
-                          fn, it->code->name);
+    for (int k = 0; it->code && k < it->code->nvars; k++) {
+      bool found = false;
+      for (int q = 0; q < e->v.nvars && !found; q++) found = e->v.vars[q] == it->code->vars[k];
+      if (!found)
+        return tg_set_error(TG_ERR_INVALID, "%s: captured kernel %s takes a variable the call did not pass", fn, it->code->name);
+    }
+    for (int j = 0; !it->prg && j < it->nbufs; j++)
+      for (int q = 0; it->bufs[j] && q < e->v.nin + e->v.nout; q++) {
+        const JitIO *io = q < e->v.nin ? &e->v.in[q] : &e->v.out[q - e->v.nin];
+        if (io->sym && io->buf == it->bufs[j])
+          return tg_set_error(TG_ERR_INVALID, "%s: captured item %d copies symbolic %s %d whole; a symbolic input or output "
+                              "must be read and written by kernels only", fn, i, q < e->v.nin ? "input" : "output",
+                              q < e->v.nin ? q : q - e->v.nin);
+      }
     Device *d = it->prg ? it->prg->dev : NULL;
     for (int j = 0; !d && j < it->nbufs; j++) d = it->bufs[j] ? it->bufs[j]->dev : c->slots[it->slot[j]].dev;
     for (int j = 0; j < it->nbufs; j++) {
@@ -492,6 +593,8 @@ static tg_status classify(Ex *e) {
                           "across calls (a counter, running statistics), which an exported function cannot hold; export a "
                           "function without side effects (e.g. the model's forward pass in eval mode)",
                           fn, x->first_read, x->nbytes, x->first_write);
+    if (x->kind == B_OUT && !written && e->v.out[x->index].sym)
+      return tg_set_error(TG_ERR_INVALID, "%s: output %d has a symbolic shape but no kernel computes it", fn, x->index);
     if (x->kind == B_OUT && !written) {
       x->kind = B_WEIGHT; /* a constant output: copied from the weights at the end */
       x->index = -1;
@@ -596,17 +699,18 @@ static void buf_expr(SB *b, const XBuf *x) {
   switch (x->kind) {
   case B_IN: sb_printf(b, "(void *)in%d", x->index); break;
   case B_OUT: sb_printf(b, "(void *)out%d", x->index); break;
-  case B_ARENA: sb_printf(b, "(void *)(A + %zu)", x->off); break;
-  default: sb_printf(b, "(void *)(W + %zu)", x->off); break;
+  case B_ARENA: sb_printf(b, "(void *)(tgx_A + %zu)", x->off); break;
+  default: sb_printf(b, "(void *)(tgx_W + %zu)", x->off); break;
   }
 }
 
 static void signature(SB *b, const Ex *e) {
   sb_printf(b, "int %s(", e->name);
-  for (int i = 0; i < e->v.nin; i++) sb_printf(b, "%sconst %s *in%d", i ? ", " : "", io_ctype(e->v.in[i].dtype), i);
+  for (int v = 0; v < e->nvars; v++) sb_printf(b, "%sint %s", v ? ", " : "", e->vname[v]);
+  for (int i = 0; i < e->v.nin; i++) sb_printf(b, "%sconst %s *in%d", e->nvars || i ? ", " : "", io_ctype(e->v.in[i].dtype), i);
   for (int o = 0; o < e->v.nout; o++)
-    sb_printf(b, "%s%s *out%d", e->v.nin || o ? ", " : "", io_ctype(e->v.out[o].dtype), o);
-  if (!e->v.nin && !e->v.nout) sb_puts(b, "void");
+    sb_printf(b, "%s%s *out%d", e->nvars || e->v.nin || o ? ", " : "", io_ctype(e->v.out[o].dtype), o);
+  if (!e->nvars && !e->v.nin && !e->v.nout) sb_puts(b, "void");
   sb_putc(b, ')');
 }
 
@@ -618,27 +722,35 @@ static char *gen_header(const Ex *e, const char *hbase) {
   sb_puts(&b, " *   ");
   signature(&b, e);
   sb_puts(&b, "\n *\n");
-  for (int i = 0; i < e->v.nin; i++) {
-    SB s;
-    sb_init(&s);
-    fmt_shape_text(&s, &e->v.in[i]);
-    sb_printf(&b, " *   in%d:  %s, shape %s (%zu elements, C type %s)\n", i, tg_dtype_name(e->v.in[i].dtype), s.s,
-              io_numel(&e->v.in[i]), io_ctype(e->v.in[i].dtype));
-    sb_free(&s);
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < (pass ? e->v.nout : e->v.nin); i++) {
+      const JitIO *io = pass ? &e->v.out[i] : &e->v.in[i];
+      SB s;
+      sb_init(&s);
+      fmt_shape_text(&s, io);
+      sb_printf(&b, " *   %s%d:%s %s, shape %s (", pass ? "out" : "in", i, pass ? "" : " ", tg_dtype_name(io->dtype), s.s);
+      if (io->sym) {
+        sb_putc(&b, '(');
+        fmt_dim0(&b, io, false);
+        sb_printf(&b, ") * %zu", io_row(io));
+      } else {
+        sb_printf(&b, "%zu", io_numel(io));
+      }
+      sb_printf(&b, " elements, C type %s)\n", io_ctype(io->dtype));
+      sb_free(&s);
+    }
+  sb_puts(&b, " *\n");
+  if (!e->nvars) {
+    sb_puts(&b, " * Fixed shapes: the model runs at the sizes it was captured with (batch size included); a\n"
+                " * different batch size needs another export. ");
+  } else {
+    sb_puts(&b, " * Symbolic sizes, chosen per call: ");
+    for (int v = 0; v < e->nvars; v++)
+      sb_printf(&b, "%s%s in [%lld, %lld]", v ? ", " : "", e->vname[v], (long long)e->vmin[v], (long long)e->vmax[v]);
+    sb_printf(&b, " (a value outside is %s_ERR_RANGE).\n * The arrays hold this call's rows (the _BYTES(...) macros);"
+                  " the intermediates are sized for the max.\n * ", N);
   }
-  for (int o = 0; o < e->v.nout; o++) {
-    SB s;
-    sb_init(&s);
-    fmt_shape_text(&s, &e->v.out[o]);
-    sb_printf(&b, " *   out%d: %s, shape %s (%zu elements, C type %s)\n", o, tg_dtype_name(e->v.out[o].dtype), s.s,
-              io_numel(&e->v.out[o]), io_ctype(e->v.out[o].dtype));
-    sb_free(&s);
-  }
-  sb_puts(&b,
-          " *\n"
-          " * Fixed shapes: the model runs at the sizes it was captured with (batch size included); a\n"
-          " * different batch size needs another export. Arrays are dense, row-major; outputs must not\n"
-          " * overlap inputs. Returns ");
+  sb_puts(&b, "Arrays are dense, row-major; outputs must not overlap inputs. Returns\n * ");
   sb_printf(&b, "%s_OK (0), or a negative %s_ERR_* code with a message in %s_last_error().\n", N, N, e->name);
   sb_puts(&b,
           " * Not reentrant: the intermediates live in one static arena, so one call runs at a time.\n"
@@ -658,8 +770,13 @@ static char *gen_header(const Ex *e, const char *hbase) {
   sb_printf(&b, "#ifdef __cplusplus\nextern \"C\" {\n#endif\n\n");
   sb_printf(&b, "#define %s_OK 0\n#define %s_ERR_ARG (-1)    /* a NULL argument */\n#define %s_ERR_IO (-2)     /* the weights file cannot be opened */\n"
                 "#define %s_ERR_FORMAT (-3) /* the weights file is not this export's (wrong, truncated, damaged) */\n"
-                "#define %s_ERR_MEMORY (-4) /* out of memory */\n#define %s_ERR_STATE (-5)  /* weights not loaded */\n\n",
-            N, N, N, N, N, N);
+                "#define %s_ERR_MEMORY (-4) /* out of memory */\n#define %s_ERR_STATE (-5)  /* weights not loaded */\n"
+                "#define %s_ERR_RANGE (-6)  /* a symbolic size outside its bounds */\n\n",
+            N, N, N, N, N, N, N);
+  sb_printf(&b, "#define %s_NUM_VARS %d\n", N, e->nvars);
+  for (int v = 0; v < e->nvars; v++)
+    sb_printf(&b, "#define %s_%s_MIN %lld\n#define %s_%s_MAX %lld\n", N, e->VNAME[v], (long long)e->vmin[v], N, e->VNAME[v],
+              (long long)e->vmax[v]);
   sb_printf(&b, "#define %s_NUM_INPUTS %d\n#define %s_NUM_OUTPUTS %d\n#define %s_NUM_KERNELS %d\n#define %s_ARENA_BYTES %zu\n#define %s_WEIGHT_BYTES %zu\n",
             N, e->v.nin, N, e->v.nout, N, e->nkern, N, e->arena, N, e->wfile);
   for (int pass = 0; pass < 2; pass++) {
@@ -670,6 +787,20 @@ static char *gen_header(const Ex *e, const char *hbase) {
       sb_printf(&b, "#define %s_%s%d_DTYPE \"%s\"\n#define %s_%s%d_NDIM %d\n#define %s_%s%d_SHAPE ", N, P, i, tg_dtype_name(io->dtype), N, P, i,
                 io->ndim, N, P, i);
       fmt_dims(&b, io);
+      if (io->sym) {
+        /* a symbolic first dim: SHAPE is at the max; the sizes are macros of the variable */
+        int64_t off = 0;
+        const char *vn = io_var(io, &off);
+        sb_printf(&b, " /* at the max of %s */\n#define %s_%s%d_NUMEL(%s) ((size_t)(", vn, N, P, i, vn);
+        fmt_dim0(&b, io, false);
+        sb_printf(&b, ") * %zu)\n#define %s_%s%d_BYTES(%s) ((size_t)(", io_row(io), N, P, i, vn);
+        fmt_dim0(&b, io, false);
+        sb_printf(&b, ") * %zu)\n#define %s_%s%d_MAX_BYTES %zu\n", io_row(io) * tg_dtype_itemsize(io->dtype), N, P, i,
+                  io_numel(io) * tg_dtype_itemsize(io->dtype));
+        sb_printf(&b, "#define %s_%s%d_DIM0_MAX %lld\n", N, P, i, (long long)sym_maxval(io->sym[0]));
+        for (int d = 1; d < io->ndim; d++) sb_printf(&b, "#define %s_%s%d_DIM%d %lld\n", N, P, i, d, (long long)io->shape[d]);
+        continue;
+      }
       sb_printf(&b, "\n#define %s_%s%d_NUMEL %zu\n#define %s_%s%d_BYTES %zu\n", N, P, i, io_numel(io), N, P, i,
                 io_numel(io) * tg_dtype_itemsize(io->dtype));
       for (int d = 0; d < io->ndim; d++) sb_printf(&b, "#define %s_%s%d_DIM%d %lld\n", N, P, i, d, (long long)io->shape[d]);
@@ -774,9 +905,13 @@ static tg_status gen_source(const Ex *e, const char *hbase, const uint8_t *w, ui
   for (int o = 0; o < e->v.nout; o++) sb_printf(&b, "  if (!out%d) return tgx_fail(%s_ERR_ARG, \"%s: out%d is NULL\");\n", o, N, e->name, o);
   if (e->nweights && e->wpath)
     sb_printf(&b, "  if (!tgx_w) return tgx_fail(%s_ERR_STATE, \"%s: no weights loaded: call %s_load(path) first\");\n", N, e->name, e->name);
-  if (e->nweights) sb_puts(&b, "  const unsigned char *const W = tgx_w;\n");
+  for (int v = 0; v < e->nvars; v++)
+    sb_printf(&b, "  if (%s < %lld || %s > %lld) return tgx_fail(%s_ERR_RANGE, \"%s: %s = %%d is outside its bounds [%lld, %lld]\", %s);\n",
+              e->vname[v], (long long)e->vmin[v], e->vname[v], (long long)e->vmax[v], N, e->name, e->vname[v],
+              (long long)e->vmin[v], (long long)e->vmax[v], e->vname[v]);
+  if (e->nweights) sb_puts(&b, "  const unsigned char *const tgx_W = tgx_w;\n");
   if (e->arena >= HUGE_ARENA) sb_puts(&b, "  tgx_arena_init();\n");
-  if (e->arena) sb_puts(&b, "  unsigned char *const A = tgx_arena;\n");
+  if (e->arena) sb_puts(&b, "  unsigned char *const tgx_A = tgx_arena;\n");
   for (int i = 0; i < c->n; i++) {
     const CapItem *it = &c->items[i];
     XBufs *t = (XBufs *)&e->t;
@@ -788,13 +923,17 @@ static tg_status gen_source(const Ex *e, const char *hbase, const uint8_t *w, ui
       sb_printf(&b, ", %zu);\n", it->nbytes);
       continue;
     }
-    sb_puts(&b, "  {\n    void *b[] = {");
+    sb_puts(&b, "  {\n    void *tgx_b[] = {");
     for (int j = 0; j < it->nbufs; j++) {
       if (j) sb_puts(&b, ", ");
       buf_expr(&b, &t->b[xb_of(t, c, it, j)]);
     }
+    /* the kernel's variables follow its buffers, as the runtime passes them */
+    for (int k = 0; k < it->code->nvars; k++)
+      for (int q = 0; q < e->v.nvars; q++)
+        if (e->v.vars[q] == it->code->vars[k]) sb_printf(&b, ", (void *)(intptr_t)%s", e->vname[q]);
     int64_t nt = it->code->local_size[0];
-    sb_printf(&b, "};\n    tgx_run(tgx_k%d, b, %lldLL, %d); /* %s */\n  }\n", e->item_kern[i], (long long)it->code->global_size[0],
+    sb_printf(&b, "};\n    tgx_run(tgx_k%d, tgx_b, %lldLL, %d); /* %s */\n  }\n", e->item_kern[i], (long long)it->code->global_size[0],
               nt > 0 && nt < 1 << 30 ? (int)nt : 0, it->code->name);
   }
   /* outputs that no item writes (constants) and the same buffer returned twice */
@@ -804,7 +943,10 @@ static tg_status gen_source(const Ex *e, const char *hbase, const uint8_t *w, ui
     if ((x->kind == B_OUT && x->index != o) || x->kind == B_WEIGHT) {
       sb_printf(&b, "  memcpy(out%d, ", o);
       buf_expr(&b, x);
-      sb_printf(&b, ", %zu);\n", x->nbytes);
+      sb_puts(&b, ", ");
+      if (e->v.out[o].sym) fmt_bytes(&b, &e->v.out[o]);
+      else sb_printf(&b, "%zu", x->nbytes);
+      sb_puts(&b, ");\n");
     }
   }
   sb_printf(&b, "  return %s_OK;\n}\n", N);
@@ -842,7 +984,8 @@ tg_status tg_jit_export(const tg_jit *j, const char *path, const tg_jit_export_o
   const char *hbase = strrchr(hpath, '/') ? strrchr(hpath, '/') + 1 : hpath;
   uint8_t *w = NULL;
   char *sthdr = NULL, *src = NULL, *hdr = NULL;
-  tg_status st = classify(&e);
+  tg_status st = check_vars(&e);
+  if (st == TG_OK) st = classify(&e);
   if (st == TG_OK && !e.wpath && e.wbytes > EMBED_MAX)
     st = tg_set_error(TG_ERR_INVALID,
                       "%s: %zu bytes of weights are too many to embed in a C source (at most %zu); set weights_path to "
