@@ -206,7 +206,7 @@ int main(void) {
   if (wfile) snprintf(wdef, sizeof wdef, "'-DMNIST_NET_WEIGHTS=\"%s\"'", wpath);
   /* the library's kernel flags: the same bits as the library */
   snprintf(cmd, sizeof cmd,
-           "cd '%s' && %s -std=c11 -O2 -march=native -ffp-contract=fast -fno-math-errno -Wall -Wextra %s %s -o classify "
+           "cd '%s' && %s -std=c11 -O2 -march=native -ffp-contract=fast -fno-math-errno -fwrapv -fno-stack-protector -Wall -Wextra %s %s -o classify "
            "classify.c mnist_net.c -lm",
            dir, cc, threads ? "-DTG_EXPORT_THREADS -pthread" : "", wdef);
   printf("%s\n", cmd);

@@ -1652,8 +1652,13 @@ typedef struct {
  * its header next to it (path with .c replaced by .h): every captured kernel's C source as the CPU
  * device compiled it, intermediates in one static arena laid out by a memory plan (no allocation
  * per call), and `int <name>(const T *in0, ..., T *out0, ...)` running the kernels in order, with
- * the shapes and dtypes in comments and #defines. The shapes are the captured ones (a fixed batch
- * size). The code needs only libc and libm, compiles as C11 and C++, runs single-threaded, or
+ * the shapes and dtypes in comments and #defines. The shapes are the captured ones, except for a
+ * capture by tg_jit_call_vars: each variable becomes an int argument of the entry point, before the
+ * arrays (`int model(int batch, const float *in0, float *out0)`), checked against its bounds
+ * (<NAME>_ERR_RANGE), and an input or output symbolic in its first dim takes an array of exactly
+ * that call's rows (<NAME>_IN0_BYTES(batch)); intermediates are planned at the max. A symbolic dim
+ * past the first is refused (the caller's array would have to be padded). The code needs only libc
+ * and libm, compiles as C11 and C++, runs single-threaded, or
  * splits kernels over pthreads as the CPU device does with -DTG_EXPORT_THREADS; compiled with the
  * runtime's flags (-O2 -march=native -ffp-contract=fast) it computes the library's bits.
  * Errors (nothing is left written): a jit that captured nothing, a capture on another device than

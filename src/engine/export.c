@@ -758,7 +758,7 @@ static char *gen_header(const Ex *e, const char *hbase) {
           " * -pthread): each kernel's outermost loop is split across THREADS (default: the online CPUs)\n"
           " * threads, as the library's CPU device splits it.\n"
           " * The kernels were generated for the CPU they were exported on; compiled with the flags the\n"
-          " * library compiles kernels with, -O2 -march=native -ffp-contract=fast -fno-math-errno, the\n"
+          " * library compiles kernels with, -O2 -march=native -ffp-contract=fast -fno-math-errno -fwrapv, the\n"
           " * results are the library's bit for bit. Only libc and libm (-lm) are needed.\n");
   if (e->wpath)
     sb_printf(&b, " * Weights: call %s_load(\"<file>.safetensors\") (the file written with this export) before the\n"
