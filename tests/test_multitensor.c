@@ -242,6 +242,34 @@ TEST(conv2d_batch_sharded) {
   END;
 }
 
+/* A convolution whose weight is sharded (on cout or cin), with the input replicated or split on the
+ * batch or on its channels: outputs and the gradients of input, weight and bias against one device.
+ * Sizes large enough for the channels-last form, whose weight gradient comes from a custom
+ * backward that per-shard registration cannot place when the output is split differently. */
+TEST(conv2d_weight_sharded) {
+  BEGIN;
+  tg_tensor x = realized(tg_randn(TG_SHAPE(4, 16, 10, 10), NULL)), w = realized(tg_randn(TG_SHAPE(32, 16, 3, 3), NULL));
+  tg_tensor b = realized(tg_randn(TG_SHAPE(32), NULL));
+  tg_tensor all[3] = {x, w, b}, g1[3], g2[3];
+  tg_tensor want = tg_conv2d(x, w, b, NULL);
+  CHECK(tg_gradient(tg_sum(tg_square(want), NULL, 0, false), all, 3, g1) == TG_OK);
+  for (int wa = -1; wa < 2; wa++)
+    for (int xa = -1; xa < 2; xa++) {
+      tg_tensor sx = tg_shard(x, DEV2, 2, xa), sw = tg_shard(w, DEV2, 2, wa);
+      tg_tensor sb = tg_shard(b, DEV2, 2, wa == 0 ? 0 : TG_SHARD_NONE);
+      tg_tensor got = tg_conv2d(sx, sw, sb, NULL);
+      tg_tensor ins[3] = {sx, sw, sb};
+      tg_status st = tg_gradient(tg_sum(tg_square(got), NULL, 0, false), ins, 3, g2);
+      CHECK_MSG(st == TG_OK, "weight axis %d, input axis %d: %s", wa, xa, tg_last_error());
+      if (st != TG_OK) continue;
+      CHECK_MSG(maxdiff(got, want) < 1e-3, "weight axis %d, input axis %d: output %g", wa, xa, maxdiff(got, want));
+      for (int i = 0; i < 3; i++)
+        CHECK_MSG(tg_valid(g2[i]) && maxdiff(g2[i], g1[i]) < 1e-5 * (1 + maxdiff(g1[i], tg_zeros_like(g1[i], NULL))),
+                  "weight axis %d, input axis %d: gradient %d differs by %g", wa, xa, i, tg_valid(g2[i]) ? maxdiff(g2[i], g1[i]) : -1.0);
+    }
+  END;
+}
+
 TEST(embedding) {
   BEGIN;
   tg_tensor w = realized(tg_randn(TG_SHAPE(10, 4), NULL));

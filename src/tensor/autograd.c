@@ -233,19 +233,19 @@ static void set_custom(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn);
  * too, with the inputs' shards, when that is the same computation per shard -- every sharded input
  * split exactly as the output (a batch-sharded convolution with replicated weights); replicated
  * inputs then collect one contribution per replica, which the join of their gradient sums. */
-void ag_set_custom_grad(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn) {
+bool ag_set_custom_grad(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn) {
   set_custom(out, inputs, n, fn);
-  if (!m_is(out)) return;
+  if (!m_is(out)) return true;
   UOp *o = g_resolve(out);
   int ns = (int)o->nsrc, ax = m_axis(o);
   for (int k = 0; k < n; k++) {
-    if (!m_is(inputs[k]) || inputs[k]->device != out->device) return;
+    if (!m_is(inputs[k]) || inputs[k]->device != out->device) return false;
     UOp *in = g_resolve(inputs[k]);
     int ia = m_axis(in);
     if (ia < 0) continue;
-    if (ia != ax || (int)in->nsrc != ns) return;
+    if (ia != ax || (int)in->nsrc != ns) return false;
     for (int i = 0; i < ns; i++)
-      if (in->src[i]->shape[ia] != o->src[i]->shape[ax]) return;
+      if (in->src[i]->shape[ia] != o->src[i]->shape[ax]) return false;
   }
   UOp **ins = tg_xmalloc(sizeof(UOp *) * (size_t)(n + 1));
   for (int i = 0; i < ns; i++) {
@@ -253,6 +253,7 @@ void ag_set_custom_grad(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn) {
     set_custom(o->src[i], ins, n, fn);
   }
   free(ins);
+  return true;
 }
 
 static void set_custom(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn) {

@@ -103,7 +103,9 @@ const char *fmt_shape(char *buf, size_t n, const int64_t *shape, int ndim);
  * gradient (or NULL) per input. Used where the generic rules would build a poor backward graph
  * (convolutions). The registration lives as long as the node. */
 typedef void (*ag_custom_fn)(UOp *out, UOp *g, UOp *const *inputs, int n, UOp **grads);
-void ag_set_custom_grad(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn);
+/* Returns whether the gradient is where autograd will look for it: always for a single-device out;
+ * for a multi-device one, only when it could be registered on every shard (consumers read shards). */
+bool ag_set_custom_grad(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn);
 /* History of a realized tensor: after realizing computed node t into the BUFFER node bn that the
  * handles now hold, a later loss built on bn still differentiates through t's graph (reading a loss
  * before tg_backward, as tinygrad and PyTorch allow). Only when t's graph reaches a tensor with
