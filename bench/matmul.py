@@ -2,8 +2,9 @@
 """fp32 matmul: tinygrad.c (default opts) vs OpenBLAS through numpy vs PyTorch (2 threads), and
 tinygrad (default and BEAM=2) when installed, measured in one run. Prints GFLOPS and ratios.
 
-Debian's OpenBLAS 0.3.21 misdetects this CPU and runs 4-5x slower unless OPENBLAS_CORETYPE=SkylakeX is
-set, so numpy runs in a child process with that variable (and nothing else) changed.
+Debian's OpenBLAS 0.3.21 misdetects AVX-512 Zen CPUs and runs 4-5x slower unless OPENBLAS_CORETYPE=SkylakeX
+is set, so numpy runs in a child process with that variable (and nothing else) changed, where the CPU has
+AVX-512 (elsewhere OpenBLAS's own detection is kept).
 Usage: /usr/bin/python3 bench/matmul.py [N ...]
 
 With DEV=CL it measures the OpenCL device instead: tinygrad.c on CL against tinygrad.c on the CPU
@@ -27,8 +28,19 @@ for i in range(20):
 print(2 * n**3 / best * 1e-9)
 '''
 
+def _has_avx512():
+  try:
+    with open("/proc/cpuinfo") as f:
+      return any(l.startswith("flags") and " avx512f" in l for l in f)
+  except OSError:
+    return False
+HAS_AVX512 = _has_avx512()
+
 def numpy_gflops(n):
-  env = dict(os.environ); env.pop("OPENBLAS_L2_SIZE", None); env["OPENBLAS_CORETYPE"] = "SkylakeX"
+  env = dict(os.environ); env.pop("OPENBLAS_L2_SIZE", None)
+  # Debian's OpenBLAS takes Zen 4/5 for an older core and skips its AVX-512 kernels: name the core
+  # only where the CPU has AVX-512 (elsewhere that core type would die on an illegal instruction)
+  if HAS_AVX512: env["OPENBLAS_CORETYPE"] = "SkylakeX"
   env["OPENBLAS_NUM_THREADS"] = "2"
   return float(subprocess.run([sys.executable, "-c", CHILD, str(n)], env=env, capture_output=True, text=True, check=True).stdout)
 

@@ -900,19 +900,33 @@ tg_tensor tg_squeeze(tg_tensor x, int dim) {
 /* A wide right-hand matrix is packed first, as BLAS libraries do: (k, m) is copied to (m/32, k, 32),
  * so the 32 columns a register tile works on are contiguous for the whole reduction. Read in place,
  * each step of the reduction would touch a new page (the rows are m*4 bytes apart): from m = 2048 on
- * the kernel then runs at half speed. The copy costs k*m loads and stores against 2*n*k*m FLOPs. */
+ * the kernel then runs at half speed. The copy costs k*m loads and stores against 2*n*k*m FLOPs, so
+ * a left-hand matrix of few rows (a decode step's vector) reads the weight in place instead. */
 #define PANEL 32
-#define PACK_MIN_COLS 1536
-static tg_tensor matmul_packed(tg_tensor x, tg_tensor w, int64_t n, int64_t k, int64_t m) {
+#define PACK_MIN_ROWS 64 /* the copy (k*m) is then at most 1/128 of the work; fewer rows stream the weight once */
+/* Where the packed path starts and how large its row blocks are, by the host's vector width. The
+ * AVX-512 figures are the ones the path was tuned with; on an AVX2 Zen 3 (same 1 MiB L2, 32 MiB L3)
+ * they left 2048^3 at 26 GFLOPS, and packing from 512 columns with 2 MB row blocks from 2 MB on gave
+ * 78 (1024^3: 47 -> 97; bench/matmul.py). */
+typedef struct {
+  int64_t min_cols, block_from, block_max; /* bytes for the last two */
+} PackLimits;
+static PackLimits pack_limits(int device) {
+  Device *d = device_by_id(device);
+  if (d && d->caps.vec_bytes == 32) return (PackLimits){512, 2 << 20, 2 << 20};
+  return (PackLimits){1536, 16 << 20, 8 << 20};
+}
+static tg_tensor matmul_packed(tg_tensor x, tg_tensor w, int64_t n, int64_t k, int64_t m, PackLimits pl) {
   OpScope o = op_scope_begin("tg_matmul");
   tg_tensor bp = tg_contiguous(tg_permute(tg_reshape(w, TG_SHAPE(k, m / PANEL, PANEL)), TG_AXES(1, 0, 2)));
   tg_tensor bt = tg_permute(bp, TG_AXES(0, 2, 1)), r;
-  /* a left-hand matrix larger than 16 MB would stream from memory once per panel: row blocks of at
-   * most 8 MB are multiplied with every panel in turn while they stay in the last-level cache */
+  /* a left-hand matrix larger than the blocking size would stream from the shared cache (or
+   * memory) once per panel: row blocks of at most block_max bytes are multiplied with every panel
+   * in turn while they stay in cache */
   int64_t R = 0;
-  if (n * k * 4 > (16 << 20))
+  if (n * k * 4 > pl.block_from)
     for (int64_t rb = 512; rb >= 64 && !R; rb /= 2)
-      if (n % rb == 0 && rb * k * 4 <= (8 << 20)) R = rb;
+      if (n % rb == 0 && rb * k * 4 <= pl.block_max) R = rb;
   if (R) {
     tg_tensor ar = tg_reshape(x, TG_SHAPE(n / R, 1, R, 1, k));
     tg_tensor br = tg_reshape(bt, TG_SHAPE(1, m / PANEL, 1, PANEL, k));
@@ -948,8 +962,10 @@ static tg_tensor matmul_impl(const char *fn, tg_tensor x, tg_tensor w, tg_dtype 
     if (im) return image_dot(fn, x, w);
   }
   if (dtype == TG_DTYPE_DEFAULT && a->ndim == 2 && b->ndim == 2 && dt == TG_FLOAT32 && a->dtype == TG_FLOAT32 && b->dtype == TG_FLOAT32 &&
-      mcols % PANEL == 0 && mcols >= PACK_MIN_COLS && k >= 64)
-    return matmul_packed(x, w, a->shape[0], k, mcols);
+      mcols % PANEL == 0 && k >= 64 && a->shape[0] >= PACK_MIN_ROWS) {
+    PackLimits pl = pack_limits(a->device);
+    if (mcols >= pl.min_cols) return matmul_packed(x, w, a->shape[0], k, mcols, pl);
+  }
   /* x: (..., n, k) -> (..., n, 1, k); w: (..., k, m) -> (..., 1, m, k) */
   int64_t sa[64], sbb[64];
   int na = 0, nb = 0;
