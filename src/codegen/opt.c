@@ -194,9 +194,13 @@ static void vr_free(VR *v) {
 
 /* Tries to vectorize global axis g by W lanes. On success updates k (value/sidx/rbody hold the
  * rewritten expressions; sidx holds the store's base offset) and returns true. */
+/* a loop of variable length (its end is an expression of a variable): never split, vectorized,
+ * unrolled or padded */
+static bool sym_range(const UOp *r) { return r && r->nsrc > 0; }
+
 static bool try_vectorize_g(LKernel *k, int g, int W, int *next_axis, bool gather) {
   int64_t n = k->granges[g]->iarg[0];
-  if (W < 1 || n % W != 0 || n < W) return false;
+  if (W < 1 || n % W != 0 || n < W || sym_range(k->granges[g])) return false;
   UOp *lane = s_range(LANE_AXIS, W);
   UOp *R = s_range((*next_axis)++, n / W);
   UOp *RW = s_mulc(R, W);
@@ -297,7 +301,9 @@ static int gather_contiguous_axis(LKernel *k, int vg) {
  * become W-wide), the accumulators become vectors summed across lanes at the end. */
 static bool try_vectorize_reduce(LKernel *k, int ri, int W, int *next_axis) {
   int64_t n = k->rranges[ri]->iarg[0];
-  if (!k->rbody || W < 1 || n % W != 0 || n < W || k->racc != TG_FLOAT32 || (k->rop != OP_ADD && k->rop != OP_MAX)) return false;
+  if (!k->rbody || W < 1 || n % W != 0 || n < W || k->racc != TG_FLOAT32 || (k->rop != OP_ADD && k->rop != OP_MAX) ||
+      sym_range(k->rranges[ri]))
+    return false;
   UOp *lane = s_range(LANE_AXIS, W);
   UOp *R = s_range((*next_axis)++, n / W);
   UOp *RW = s_mulc(R, W);
@@ -388,7 +394,8 @@ static void make_copies(LKernel *k, const Upcast *ups, int nup, int *next_axis) 
 /* UNROLL: reduce axis ri runs f steps per iteration -- r = R*f + u for u < f, the body becomes the
  * sum (or max) of its f copies, so the compiler sees f independent loads and FMAs per loop turn. */
 static bool try_unroll_reduce(LKernel *k, int ri, int f) {
-  if (!k->rbody || ri < 0 || ri >= k->nr || f < 2 || (k->rop != OP_ADD && k->rop != OP_MAX)) return false;
+  if (!k->rbody || ri < 0 || ri >= k->nr || f < 2 || (k->rop != OP_ADD && k->rop != OP_MAX) || sym_range(k->rranges[ri]))
+    return false;
   int64_t n = k->rranges[ri]->iarg[0];
   if (n % f != 0 || n / f < 1) return false;
   UOp *R = s_range((int)k->rranges[ri]->arg.i, n / f), *acc = NULL;
@@ -446,6 +453,7 @@ static int describe(LKernel *k) {
  * -- and padding adds at most a quarter to the axis. */
 static bool pad_ok(const LKernel *k, int g, int f) {
   int64_t n = k->granges[g]->iarg[0];
+  if (sym_range(k->granges[g])) return false;
   if (n % f == 0) return true;
   int64_t padded = (n + f - 1) / f * f;
   /* not in a combining store (the clamped copies of a window axis would read and write one output
@@ -528,7 +536,7 @@ static void heuristic(LKernel *k, int *next_axis) {
     bool best_free = false;
     bool best_masked = false;
     for (int g = 0; g < k->ng; g++) {
-      if (g == vg) continue;
+      if (g == vg || sym_range(k->granges[g])) continue;
       int64_t n = k->granges[g]->iarg[0];
       bool free_axis = lanes && !loads_depend(k->rbody, lanes, k->granges[g], ANY_LOAD);
       /* a short free axis (a 5-wide kernel window) is upcast whole */
@@ -553,7 +561,7 @@ static void heuristic(LKernel *k, int *next_axis) {
       /* lanes run along the reduction: tile two output axes 4x4 so each loaded vector feeds 4 FMAs */
       int second = -1;
       for (int g = 0; g < k->ng; g++)
-        if (g != best && k->granges[g]->iarg[0] % 4 == 0 && (second < 0 || k->granges[g]->iarg[0] > k->granges[second]->iarg[0])) second = g;
+        if (g != best && !sym_range(k->granges[g]) && k->granges[g]->iarg[0] % 4 == 0 && (second < 0 || k->granges[g]->iarg[0] > k->granges[second]->iarg[0])) second = g;
       f = 4;
       ups[nup].axis = best, ups[nup++].factor = f;
       c.uaxis = best, c.ufac = f;
@@ -584,7 +592,7 @@ static void heuristic(LKernel *k, int *next_axis) {
    * upcast copies only cost there (4.0 -> 7.1 ms). */
   if (!k->rbody && vg >= 0 && k->granges[vg]->iarg[0] * k->vw > 512) {
     int g2 = gather_contiguous_axis(k, vg);
-    if (g2 >= 0) {
+    if (g2 >= 0 && !sym_range(k->granges[g2])) {
       int64_t n = k->granges[g2]->iarg[0];
       int f = 8;
       while (f > 1 && n % f) f /= 2;
@@ -600,7 +608,7 @@ static void heuristic(LKernel *k, int *next_axis) {
   make_copies(k, ups, nup, next_axis);
   /* for register-tiled reduce kernels, iterate the vector axis outermost: the input panel that
    * varies along it then stays in cache while the other axis streams */
-  if (k->rbody && vg > 0 && nup > 0) {
+  if (k->rbody && vg > 0 && nup > 0 && !k->sym) {
     /* ...but inside an outer batch-like axis that every load depends on (the batch groups of a
      * convolution's weight gradient): each of its iterations has its own small working set, and
      * it is the axis the threads split */
@@ -646,7 +654,9 @@ void optimize_kernel(LKernel *k, int *next_axis, const OptCfg *cfg) {
     else if (getenv_int("NOOPT", 0) == 0 && k->np > 0) gpu_heuristic(k, k->caps, next_axis);
     else gpu_apply_opts(k, &(OptList){.n = 0}, k->caps, next_axis);
     return; /* axis order is the work-item dimension order: no trivial_axes_last */
-  } else if (k->sym) make_copies(k, NULL, 0, next_axis); /* loops of variable length stay as they are */
+  } else if (k->sym && (cfg || getenv_int("NOOPT", 0) || k->np == 0)) make_copies(k, NULL, 0, next_axis);
+  /* (a kernel with loops of variable length takes the heuristic, which leaves those loops as they
+   * are and vectorizes and tiles the others; BEAM does not search it) */
   else if (cfg) apply_cfg(k, cfg, next_axis);
   else if (getenv_int("NOOPT", 0) == 0 && k->np > 0) heuristic(k, next_axis);
   else make_copies(k, NULL, 0, next_axis);
