@@ -729,6 +729,17 @@ TEST(random_distributions) {
   tg_tensor rh_ok =
       tg_sum(tg_bitwise_and(tg_ge(rh, tg_zeros_like(rh, NULL)), tg_lt_s(rh, 1)), TG_ALL_AXES, false);
   CHECK_VALUES(rh_ok, 0, 100);
+  /* every low-precision float stays below 1 (rounded to fp8's 2 or 3 mantissa bits, a float32 value
+   * just below 1 would become 1), and the draws cover the dtype's grid below 1 */
+  static const tg_dtype low[] = {TG_BFLOAT16, TG_FP8E4M3, TG_FP8E5M2};
+  for (size_t q = 0; q < sizeof low / sizeof low[0]; q++) {
+    tg_tensor r8 = tg_cast(tg_rand(TG_SHAPE(4096), TG_OPTS(.dtype = low[q])), TG_FLOAT32);
+    float v8[4096];
+    CHECK(tg_data(r8, v8, sizeof v8) == TG_OK);
+    float mx = 0, mn = 1;
+    for (int i = 0; i < 4096; i++) mx = v8[i] > mx ? v8[i] : mx, mn = v8[i] < mn ? v8[i] : mn;
+    CHECK_MSG(mn >= 0 && mx < 1 && mx >= 0.7f, "%s: draws in [%g, %g]", tg_dtype_name(low[q]), mn, mx);
+  }
   /* non-float dtypes are rejected */
   CHECK(tg_rand(TG_SHAPE(2), I32).id == 0);
   CHECK_ERR(TG_ERR_INVALID, "tg_rand", "int");
