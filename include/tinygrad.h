@@ -1312,6 +1312,10 @@ typedef struct {
   bool affine;              /* default true */
   bool track_running_stats; /* default true; false: always normalize with batch statistics */
   double momentum;          /* running-statistics momentum, default 0.1 (0: they never change) */
+  bool unsynced;            /* default false. true: an input sharded on its batch axis (tg_shard, axis
+                             * 0, evenly) is normalized per device with that device's batch statistics
+                             * (tinygrad's UnsyncedBatchNorm), no allreduce; the running statistics
+                             * take the mean of the devices' statistics. Otherwise as synced. */
 } tg_batchnorm_opts;
 #define TG_BATCHNORM_OPTS(...) \
   TG_OPTS_WITH_(tg_batchnorm_opts, .eps = 1e-5, .affine = true, .track_running_stats = true, .momentum = 0.1, __VA_ARGS__)
@@ -1327,7 +1331,7 @@ typedef struct {
 typedef struct {
   int64_t num_features;
   double eps, momentum;
-  bool affine, track_running_stats;
+  bool affine, track_running_stats, unsynced;
   tg_tensor weight, bias, running_mean, running_var, num_batches_tracked;
 } tg_nn_batchnorm;
 tg_status tg_nn_batchnorm_init(tg_nn_batchnorm *l, int64_t num_features, const tg_batchnorm_opts *opts);

@@ -318,6 +318,64 @@ TEST(batchnorm) {
   END;
 }
 
+/* Unsynced BatchNorm (tinygrad's UnsyncedBatchNorm): each device normalizes its part of the batch
+ * with its own statistics -- against one device normalizing each half alone; the gradients of x
+ * and the weight against the halves'; the running statistics take the halves' mean. */
+TEST(batchnorm_unsynced) {
+  BEGIN;
+  tg_context_begin();
+  tg_context_set_int("TRAINING", 1);
+  tg_tensor x = realized(tg_randn(TG_SHAPE(8, 3, 4, 4), NULL));
+  tg_tensor gy = realized(tg_randn(TG_SHAPE(8, 3, 4, 4), NULL));
+  tg_nn_batchnorm h[2], b;
+  CHECK(tg_nn_batchnorm_init(&b, 3, TG_BATCHNORM_OPTS(.unsynced = true)) == TG_OK);
+  float wv[3] = {0.5f, 1.5f, -2.0f}, bv[3] = {0.1f, -0.2f, 0.3f};
+  tg_tensor w0 = tg_from_data(wv, TG_SHAPE(3), NULL), b0 = tg_from_data(bv, TG_SHAPE(3), NULL);
+  tg_tensor halves[2], gw[2], gb[2], gx[2];
+  for (int i = 0; i < 2; i++) {
+    CHECK(tg_nn_batchnorm_init(&h[i], 3, NULL) == TG_OK);
+    tg_assign(h[i].weight, w0), tg_assign(h[i].bias, b0);
+    CHECK(tg_realize(h[i].weight) == TG_OK && tg_realize(h[i].bias) == TG_OK);
+    tg_tensor xi = realized(tg_contiguous(tg_shrink(x, TG_SHAPE(4 * i, 4 * i + 4, 0, 3, 0, 4, 0, 4))));
+    halves[i] = tg_nn_batchnorm_forward(&h[i], xi);
+    tg_tensor l = tg_sum(tg_mul(halves[i], tg_shrink(gy, TG_SHAPE(4 * i, 4 * i + 4, 0, 3, 0, 4, 0, 4))), NULL, 0, false);
+    tg_tensor tg3[3] = {xi, h[i].weight, h[i].bias}, g3[3];
+    CHECK(tg_gradient(l, tg3, 3, g3) == TG_OK);
+    gx[i] = g3[0], gw[i] = g3[1], gb[i] = g3[2];
+  }
+  tg_tensor want = tg_cat(halves, 2, 0), want_gx = tg_cat(gx, 2, 0);
+  tg_assign(b.weight, w0), tg_assign(b.bias, b0);
+  tg_tensor *p[] = {&b.weight, &b.bias, &b.running_mean, &b.running_var};
+  for (int i = 0; i < 4; i++) {
+    tg_tensor r = tg_shard(*p[i], DEV2, 2, TG_SHARD_NONE);
+    CHECK(tg_realize(r) == TG_OK);
+    tg_free(*p[i]);
+    *p[i] = r;
+    tg_persist(r);
+  }
+  tg_tensor sx = tg_shard(x, DEV2, 2, 0);
+  tg_tensor got = tg_nn_batchnorm_forward(&b, sx);
+  CHECK(tg_shard_axis(got) == 0);
+  tg_tensor tg3[3] = {sx, b.weight, b.bias}, g3[3];
+  CHECK(tg_gradient(tg_sum(tg_mul(got, tg_shard(gy, DEV2, 2, 0)), NULL, 0, false), tg3, 3, g3) == TG_OK);
+  CHECK_MSG(maxdiff(got, want) < 1e-5, "output: %g", maxdiff(got, want));
+  CHECK_MSG(maxdiff(g3[0], want_gx) < 1e-4, "x gradient: %g", maxdiff(g3[0], want_gx));
+  CHECK_MSG(maxdiff(g3[1], tg_add(gw[0], gw[1])) < 1e-4, "weight gradient: %g", maxdiff(g3[1], tg_add(gw[0], gw[1])));
+  CHECK_MSG(maxdiff(g3[2], tg_add(gb[0], gb[1])) < 1e-4, "bias gradient: %g", maxdiff(g3[2], tg_add(gb[0], gb[1])));
+  tg_realize(b.running_mean), tg_realize(b.running_var), tg_realize(h[0].running_mean), tg_realize(h[1].running_mean);
+  tg_tensor rm = tg_mul_s(tg_add(h[0].running_mean, h[1].running_mean), 0.5);
+  tg_tensor rv = tg_mul_s(tg_add(h[0].running_var, h[1].running_var), 0.5);
+  CHECK_MSG(maxdiff(b.running_mean, rm) < 1e-6, "running mean: %g", maxdiff(b.running_mean, rm));
+  CHECK_MSG(maxdiff(b.running_var, rv) < 1e-6, "running var: %g", maxdiff(b.running_var, rv));
+  /* the synced layer on the same input differs (its statistics are the whole batch's) */
+  tg_nn_batchnorm s;
+  CHECK(tg_nn_batchnorm_init(&s, 3, NULL) == TG_OK);
+  CHECK(maxdiff(tg_nn_batchnorm_forward(&s, x), want) > 1e-3);
+  tg_context_end();
+  tg_nn_batchnorm_free(&b), tg_nn_batchnorm_free(&h[0]), tg_nn_batchnorm_free(&h[1]), tg_nn_batchnorm_free(&s);
+  END;
+}
+
 static tg_status jit_step(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *user) {
   (void)nin, (void)args, (void)nargs, (void)nout, (void)user;
   tg_tensor h = tg_relu(tg_matmul(in[0], in[1]));

@@ -742,7 +742,7 @@ tg_status tg_nn_batchnorm_init(tg_nn_batchnorm *l, int64_t num_features, const t
   if (!eps_ok(fn, eps)) return TG_ERR_INVALID;
   if (!isfinite(mom)) return tg_set_error(TG_ERR_INVALID, "%s: momentum %g must be finite", fn, mom);
   l->num_features = num_features, l->eps = eps, l->momentum = mom;
-  l->affine = opts->affine, l->track_running_stats = opts->track_running_stats;
+  l->affine = opts->affine, l->track_running_stats = opts->track_running_stats, l->unsynced = opts->unsynced;
   const int64_t c[1] = {num_features};
   NnOp o = op_begin(fn);
   PDef p[5] = {{&l->weight, l->affine ? tg_ones(c, 1, NULL) : NONE, true},
@@ -771,6 +771,41 @@ tg_tensor tg_nn_batchnorm_forward(tg_nn_batchnorm *l, tg_tensor x) {
   for (int i = 0; i < nd; i++) mask[i] = i == 1 ? -1 : 1;
   NnOp o = op_begin(fn);
   tg_tensor mean, invstd;
+  int ndev = tg_shard_count(x);
+  if (l->unsynced && ndev > 1 && tg_shard_axis(x) == 0 && xs[0] % ndev == 0 && nd < 63 &&
+      !(l->track_running_stats && !training)) {
+    /* per device: (N, C, ...) as (devices, N/devices, C, ...), whose first axis is the sharded one,
+     * so statistics over the others stay on their device */
+    int64_t s5[64], m5[64];
+    int a5[64], n5 = 0;
+    s5[0] = ndev, s5[1] = xs[0] / ndev;
+    for (int i = 1; i < nd; i++) s5[i + 1] = xs[i];
+    for (int i = 0; i <= nd; i++) {
+      m5[i] = i == 0 ? ndev : i == 2 ? xs[1] : 1;
+      if (i != 0 && i != 2) a5[n5++] = i;
+    }
+    tg_tensor x5 = tg_reshape(x, s5, nd + 1);
+    tg_tensor bm = tg_mean(x5, a5, n5, false); /* (devices, C) */
+    tg_tensor y = tg_sub(x5, tg_reshape(tg_detach(bm), m5, nd + 1));
+    tg_tensor bv = tg_mean(tg_mul(y, y), a5, n5, false);
+    if (l->track_running_stats && training) {
+      int64_t cnt = prod(xs, nd) / xs[1] / ndev;
+      if (cnt <= 1)
+        return op_done(o, fail("%s: training needs more than one value per channel on each device, got input %s over %d devices",
+                               fn, TSHP(x), ndev));
+      double m = l->momentum, f = m * (double)cnt / (double)(cnt - 1);
+      tg_tensor dm = tg_mean(tg_detach(bm), TG_AXES(0), false), dv = tg_mean(tg_detach(bv), TG_AXES(0), false);
+      tg_assign(l->running_mean, tg_add(tg_mul_s(l->running_mean, 1.0 - m), tg_mul_s(dm, m)));
+      tg_assign(l->running_var, tg_add(tg_mul_s(l->running_var, 1.0 - m), tg_mul_s(dv, f)));
+      tg_assign(l->num_batches_tracked, tg_add_s(l->num_batches_tracked, 1));
+    }
+    tg_tensor z = tg_mul(tg_sub(x5, tg_reshape(bm, m5, nd + 1)), tg_reshape(tg_rsqrt(tg_add_s(bv, l->eps)), m5, nd + 1));
+    z = tg_reshape(z, xs, nd);
+    for (int i = 0; i < nd; i++) mask[i] = i == 1 ? xs[1] : 1;
+    if (l->weight.id) z = tg_mul(z, tg_reshape(l->weight, mask, nd));
+    if (l->bias.id) z = tg_add(z, tg_reshape(l->bias, mask, nd));
+    return op_done(o, z);
+  }
   if (l->track_running_stats && !training) {
     mean = l->running_mean;
     invstd = tg_rsqrt(tg_add_s(l->running_var, l->eps));
