@@ -290,6 +290,17 @@ TEST(embedding) {
 }
 
 
+/* a layer's parameters replicated on DEV2 in place (the layer keeps the new handles) */
+static void replicate2(tg_tensor *const *p, int n) {
+  for (int i = 0; i < n; i++) {
+    tg_tensor r = tg_shard(*p[i], DEV2, 2, TG_SHARD_NONE);
+    CHECK(tg_realize(r) == TG_OK);
+    tg_free(*p[i]);
+    *p[i] = r;
+    tg_persist(r);
+  }
+}
+
 /* BatchNorm in training mode with the batch sharded: the batch statistics reduce over the sharded
  * axis, so they are allreduced (synced BatchNorm) and match one device's */
 TEST(batchnorm) {
@@ -300,14 +311,7 @@ TEST(batchnorm) {
   tg_nn_batchnorm b1, b2;
   CHECK(tg_nn_batchnorm_init(&b1, 3, NULL) == TG_OK && tg_nn_batchnorm_init(&b2, 3, NULL) == TG_OK);
   tg_tensor want = tg_nn_batchnorm_forward(&b1, x);
-  tg_tensor *p[] = {&b2.weight, &b2.bias, &b2.running_mean, &b2.running_var};
-  for (int i = 0; i < 4; i++) {
-    tg_tensor r = tg_shard(*p[i], DEV2, 2, TG_SHARD_NONE);
-    CHECK(tg_realize(r) == TG_OK);
-    tg_free(*p[i]);
-    *p[i] = r;
-    tg_persist(r);
-  }
+  replicate2((tg_tensor *[]){&b2.weight, &b2.bias, &b2.running_mean, &b2.running_var}, 4);
   tg_tensor got = tg_nn_batchnorm_forward(&b2, tg_shard(x, DEV2, 2, 0));
   CHECK(maxdiff(got, want) < 1e-5);
   tg_realize(b1.running_mean), tg_realize(b2.running_mean);
@@ -345,14 +349,7 @@ TEST(batchnorm_unsynced) {
   }
   tg_tensor want = tg_cat(halves, 2, 0), want_gx = tg_cat(gx, 2, 0);
   tg_assign(b.weight, w0), tg_assign(b.bias, b0);
-  tg_tensor *p[] = {&b.weight, &b.bias, &b.running_mean, &b.running_var};
-  for (int i = 0; i < 4; i++) {
-    tg_tensor r = tg_shard(*p[i], DEV2, 2, TG_SHARD_NONE);
-    CHECK(tg_realize(r) == TG_OK);
-    tg_free(*p[i]);
-    *p[i] = r;
-    tg_persist(r);
-  }
+  replicate2((tg_tensor *[]){&b.weight, &b.bias, &b.running_mean, &b.running_var}, 4);
   tg_tensor sx = tg_shard(x, DEV2, 2, 0);
   tg_tensor got = tg_nn_batchnorm_forward(&b, sx);
   CHECK(tg_shard_axis(got) == 0);
