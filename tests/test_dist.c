@@ -86,6 +86,12 @@ static int child(void) {
   tg_tensor b = tg_dist_broadcast(t, 1);
   EXPECT(tg_data(b, o, sizeof o) == TG_OK);
   for (int i = 0; i < 6; i++) EXPECT(o[i] == (float)(i + 10));
+  /* a view (read through a contiguous copy) and an integer dtype */
+  tg_tensor tv = tg_dist_allreduce(tg_permute(t, (const int[]){1, 0}, 2));
+  EXPECT(tg_data(tv, o, sizeof o) == TG_OK && o[1] == (float)(2 * 3 + 10) && o[5] == (float)(2 * 5 + 10));
+  int32_t iv[6];
+  tg_tensor ti = tg_dist_allreduce(tg_cast(t, TG_INT32));
+  EXPECT(tg_dtype_of(ti) == TG_INT32 && tg_data(ti, iv, sizeof iv) == TG_OK && iv[4] == 18);
   /* a sharded tensor keeps its sharding */
   const char *devs[] = {"CPU:0", "CPU:1"};
   tg_tensor sh = tg_dist_allreduce(tg_shard(t, devs, 2, 1));

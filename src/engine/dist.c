@@ -116,6 +116,44 @@ static MPI_Handle mpi_type(tg_dtype dt) {
   }
 }
 
+/* The buffer behind a realized tensor, NULL for a view or a lazy one. */
+static Buffer *realized_buffer(tg_tensor t) {
+  UOp *u = t_get(t, "tg_dist");
+  UOp *b = u ? g_resolve(u) : NULL;
+  return b && b->op == OP_BUFFER ? g_buffer_of(b) : NULL;
+}
+
+/* A single-device tensor in host memory (the CPU devices): MPI reads t's buffer and writes the
+ * result's directly, no staging copy on either side. */
+static tg_tensor collective_host(const char *fn, tg_tensor t, tg_dtype dt, const int64_t *shape, int nd, int64_t n,
+                                 int root, bool bcast, MPI_Handle ty) {
+  size_t isz = tg_dtype_itemsize(dt);
+  tg_opts o = {.dtype = dt, .device = device_by_id(t_get(t, fn)->device)->name, .requires_grad = TG_GRAD_UNSET};
+  tg_tensor src = tg_contiguous(t), out = tg_empty(shape, nd, &o);
+  Buffer *sb = NULL, *ob = NULL;
+  if (tg_realize(src) == TG_OK && tg_realize(out) == TG_OK) sb = realized_buffer(src), ob = realized_buffer(out);
+  if (!sb || !ob || !sb->ptr || !ob->ptr) {
+    tg_free(src), tg_free(out);
+    if (!tg_has_error()) tg_set_error(TG_ERR_RUNTIME, "%s: the tensor's buffer could not be realized", fn);
+    return (tg_tensor){0};
+  }
+  const char *in = sb->ptr;
+  char *res = ob->ptr;
+  if (bcast && M.rank == root) memcpy(res, in, (size_t)n * isz);
+  for (int64_t off = 0; off < n;) { /* MPI counts are int */
+    int cnt = n - off > INT_MAX / 2 ? INT_MAX / 2 : (int)(n - off);
+    int rc = bcast ? M.Bcast(res + off * (int64_t)isz, cnt, ty, root, M.world)
+                   : M.Allreduce(in + off * (int64_t)isz, res + off * (int64_t)isz, cnt, ty, M.sum, M.world);
+    if (rc) {
+      tg_free(src), tg_free(out);
+      return mpi_fail(fn, bcast ? "MPI_Bcast" : "MPI_Allreduce", rc), (tg_tensor){0};
+    }
+    off += cnt;
+  }
+  tg_free(src);
+  return out;
+}
+
 /* t's data on the host, op'd across ranks in place, then back as a tensor like t */
 static tg_tensor collective(const char *fn, tg_tensor t, int root, bool bcast) {
   if (!M.inited) return tg_set_error(TG_ERR_INVALID, "%s: call tg_dist_init first", fn), (tg_tensor){0};
@@ -134,6 +172,10 @@ static tg_tensor collective(const char *fn, tg_tensor t, int root, bool bcast) {
   if (nd) memcpy(shape, u->shape, sizeof(int64_t) * (size_t)nd);
   int64_t n = shape_numel(shape, nd);
   size_t isz = tg_dtype_itemsize(dt);
+  if (!m_is(u) && n > 0) {
+    Device *d = device_by_id(dev);
+    if (d && (d->vt == &cpu_device_vt || d->vt == &llvm_device_vt)) return collective_host(fn, t, dt, shape, nd, n, root, bcast, ty);
+  }
   char *buf = malloc((size_t)n * isz + 1);
   if (!buf) return tg_set_error(TG_ERR_RUNTIME, "%s: cannot allocate %lld elements on the host", fn, (long long)n), (tg_tensor){0};
   if (tg_data(t, buf, (size_t)n * isz) != TG_OK) {
