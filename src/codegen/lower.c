@@ -497,13 +497,6 @@ static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptCfg *
     lkernel_free(k);
     return NULL;
   }
-  if (caps && caps->lang == LANG_LLVM && k->nvars) {
-    /* the LLVM renderer takes every loop's length as a constant */
-    tg_set_error(TG_ERR_INVALID, "codegen: kernels with symbolic sizes (tg_sym) are not rendered as LLVM IR yet; run "
-                                 "them on DEV=CPU (the C renderer)");
-    lkernel_free(k);
-    return NULL;
-  }
   int64_t gs[3] = {1, 1, 1}, ls[3] = {1, 1, 1};
   if (gpu && k->ng > 64) tg_set_error(TG_ERR_INVALID, "codegen: a GPU kernel of %d global loops (at most 64)", k->ng);
   else if (gpu && !k->cfg_failed && !gpu_launch(k, caps, gs, ls)) k->cfg_failed = true;

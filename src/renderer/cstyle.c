@@ -897,7 +897,7 @@ void kernel_vec_levels(const LKernel *k, int vw, const PtrVec *order, PtrMap *ve
 }
 
 int kernel_block_level(const LKernel *k, int64_t *iters) {
-  Blocking b = blocking(k);
+  Blocking b = k->sym ? (Blocking){0, 0} : blocking(k); /* loops of variable length are not blocked */
   *iters = b.iters;
   return b.level;
 }

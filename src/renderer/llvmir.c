@@ -868,7 +868,7 @@ static void emit_vsin(SB *b, int W) {
 }
 
 static bool needs_var(UOp *u) {
-  return u->op != OP_CONST && u->op != OP_RANGE && u->op != OP_DEFINE_GLOBAL && u->op != OP_NOOP;
+  return u->op != OP_CONST && u->op != OP_RANGE && u->op != OP_DEFINE_GLOBAL && u->op != OP_NOOP && u->op != OP_DEFINE_VAR;
 }
 
 static void topo(LR *r, UOp *u) {
@@ -1069,6 +1069,16 @@ char *render_llvm(const LKernel *k, const char *name) {
   for (int c = 0; c < k->ncopy; c++) topo(&r, k->sidxs[c]);
   for (int c = 0; k->sop && c < k->ncopy; c++) topo(&r, k->sfirsts[c]);
   for (int i = 0; k->rlo && i < k->nr; i++) topo(&r, k->rlo[i]), topo(&r, k->rhi[i]);
+  /* a loop of variable length ends at an expression of the kernel's variables (computed on entry) */
+  for (int i = 0; i < nloops; i++) {
+    UOp *rg = i < k->ng ? k->granges[i] : k->rranges[i - k->ng];
+    if (rg->nsrc) topo(&r, rg->src[0]);
+  }
+  for (int i = 0; i < k->nvars; i++) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%%var%d", i);
+    setname(&r, k->vars[i], buf);
+  }
   /* vector-ness, as the C renderer decides it */
   kernel_vec_levels(k, r.vw, &r.order, &r.vec, &r.level, &r.post);
   for (size_t i = 0; i < r.order.n; i++) {
@@ -1115,13 +1125,18 @@ char *render_llvm(const LKernel *k, const char *name) {
     }
     UOp *rg = lv <= k->ng ? k->granges[i] : k->rranges[i - k->ng];
     char lo[64] = "0", hi[64];
-    snprintf(hi, sizeof hi, "%lld", (long long)rg->iarg[0]);
+    if (rg->nsrc) snprintf(hi, sizeof hi, "%s", nm(&r, rg->src[0]));
+    else snprintf(hi, sizeof hi, "%lld", (long long)rg->iarg[0]);
     bool bounded = lv > k->ng && k->rlo && k->rlo[i - k->ng];
     if (bounded) {
       snprintf(lo, sizeof lo, "%s", nm(&r, k->rlo[i - k->ng]));
       snprintf(hi, sizeof hi, "%s", nm(&r, k->rhi[i - k->ng]));
     }
-    if (lv == 1 && k->ng > 0) snprintf(lo, sizeof lo, "%%gstart"), snprintf(hi, sizeof hi, "%%gend");
+    if (lv == 1 && k->ng > 0 && rg->nsrc) {
+      /* the threads split the loop's largest extent; those past the variable's end do nothing */
+      sb_printf(&body, "  %%ghi.c = icmp slt i64 %%gend, %s\n  %%ghi = select i1 %%ghi.c, i64 %%gend, i64 %s\n", hi, hi);
+      snprintf(lo, sizeof lo, "%%gstart"), snprintf(hi, sizeof hi, "%%ghi");
+    } else if (lv == 1 && k->ng > 0) snprintf(lo, sizeof lo, "%%gstart"), snprintf(hi, sizeof hi, "%%gend");
     if (lv == blevel) {
       /* blocked accumulation: ridx<i>b steps by biters; each block sums into part<c> */
       sb_printf(&body, "  store i64 %s, ptr %%ridx%db.p, align 8\n  br label %%L%db.head\nL%db.head:\n", lo, i, i, i);
@@ -1200,14 +1215,20 @@ char *render_llvm(const LKernel *k, const char *name) {
   if (r.uses_vsin) emit_vsin(&out, r.vw);
   sb_printf(&out, "define internal void @%s.body(", name);
   for (int i = 0; i < k->np; i++) sb_printf(&out, "ptr noalias %%data%d, ", i);
+  for (int i = 0; i < k->nvars; i++) sb_printf(&out, "i64 %%var%d, ", i);
   sb_puts(&out, "i64 %gstart, i64 %gend) #0 {\n");
   sb_puts(&out, body.s);
   sb_puts(&out, "}\n");
   sb_printf(&out, "define void @%s(ptr noalias %%bufs, i64 %%gstart, i64 %%gend) #1 {\n", name);
   for (int i = 0; i < k->np; i++)
     sb_printf(&out, "  %%b%d = getelementptr inbounds ptr, ptr %%bufs, i64 %d\n  %%p%d = load ptr, ptr %%b%d, align 8\n", i, i, i, i);
+  /* the variables' values follow the buffers, as integers in pointer slots */
+  for (int i = 0; i < k->nvars; i++)
+    sb_printf(&out, "  %%vb%d = getelementptr inbounds ptr, ptr %%bufs, i64 %d\n  %%vp%d = load ptr, ptr %%vb%d, align 8\n"
+                    "  %%vv%d = ptrtoint ptr %%vp%d to i64\n", i, k->np + i, i, i, i, i);
   sb_printf(&out, "  call void @%s.body(", name);
   for (int i = 0; i < k->np; i++) sb_printf(&out, "ptr %%p%d, ", i);
+  for (int i = 0; i < k->nvars; i++) sb_printf(&out, "i64 %%vv%d, ", i);
   sb_puts(&out, "i64 %gstart, i64 %gend)\n  ret void\n}\n");
   sb_puts(&out, "attributes #0 = { alwaysinline nounwind \"no-trapping-math\"=\"true\" }\n");
   sb_puts(&out, "attributes #1 = { nounwind \"no-trapping-math\"=\"true\" }\n");
