@@ -16,7 +16,10 @@ Reported: tokens/s end to end (128 tokens / (prefill + decode)), ms per decode s
 replayed steps; PyTorch's: (generate - one 32-token forward) / 127), and the bytes a decode step moves
 (the library's count of bytes read and written by the replayed kernels) as GB/s against the
 machine's memory bandwidth, measured here with a triad (a = b + 2c over 3 x 256 MB, 2 threads).
-llama.cpp runs only if llama-cpp-python is installed (it is not a dependency of this project).
+llama.cpp runs when llama-cpp-python is installed (`/usr/bin/python3 -m pip install --break-system-packages
+--no-deps jinja2 markupsafe diskcache llama-cpp-python` builds it in some minutes; it is not a dependency
+of the library): the same model converted here to GGUF f32 (to_gguf, with the gguf package),
+2 threads, the same prompt ids, COUNT greedy tokens (argmax of its logits), best of RUNS.
 """
 import os
 import re
@@ -33,6 +36,7 @@ TORCH_RUNS = int(os.environ.get("TORCH_RUNS", "1"))
 PROMPT = int(os.environ.get("PROMPT", "32"))
 COUNT = int(os.environ.get("COUNT", "128"))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(2)
@@ -94,6 +98,77 @@ def pytorch(model):
   return {"tok_s": COUNT / best, "step_ms": (best - pre) / (COUNT - 1) * 1e3, "prefill_ms": pre * 1e3}
 
 
+def to_gguf(model, path):
+  """The model as a GGUF f32 file of llama.cpp's gpt2 architecture (HF Conv1D weights transposed to
+  (out, in); lm_head tied to wte). The vocabulary is a placeholder: the bench feeds token ids."""
+  import gguf
+  import numpy as np
+  cfg = model.config
+  w = gguf.GGUFWriter(path, "gpt2")
+  w.add_name("gpt2-124m-random")
+  w.add_context_length(cfg.n_positions)
+  w.add_embedding_length(cfg.n_embd)
+  w.add_feed_forward_length(4 * cfg.n_embd)
+  w.add_block_count(cfg.n_layer)
+  w.add_head_count(cfg.n_head)
+  w.add_layer_norm_eps(cfg.layer_norm_epsilon)
+  w.add_file_type(0)  # all f32
+  w.add_tokenizer_model("gpt2")
+  w.add_tokenizer_pre("gpt-2")
+  w.add_token_list([f"<t{i}>" for i in range(cfg.vocab_size)])
+  w.add_token_types([1] * cfg.vocab_size)
+  w.add_token_merges(["<t0> <t1>"])
+  w.add_bos_token_id(cfg.bos_token_id)
+  w.add_eos_token_id(cfg.eos_token_id)
+  sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+  def put(name, a, transpose=False):
+    w.add_tensor(name, np.ascontiguousarray(a.T if transpose else a, dtype=np.float32))
+  put("token_embd.weight", sd["transformer.wte.weight"])
+  put("position_embd.weight", sd["transformer.wpe.weight"])
+  put("output_norm.weight", sd["transformer.ln_f.weight"])
+  put("output_norm.bias", sd["transformer.ln_f.bias"])
+  put("output.weight", sd["transformer.wte.weight"])
+  names = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output", "ln_2": "ffn_norm",
+           "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
+  for i in range(cfg.n_layer):
+    for hf, gg in names.items():
+      conv = not hf.startswith("ln")
+      put(f"blk.{i}.{gg}.weight", sd[f"transformer.h.{i}.{hf}.weight"], transpose=conv)
+      put(f"blk.{i}.{gg}.bias", sd[f"transformer.h.{i}.{hf}.bias"])
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+
+
+def llama_cpp_run(model):
+  """llama.cpp (llama-cpp-python, 2 threads) on the same model as GGUF f32: the prompt, then COUNT
+  greedy tokens; the best of RUNS runs. None when llama-cpp-python is not installed."""
+  try:
+    import llama_cpp
+  except ImportError:
+    return None
+  path = os.path.join(DIR, "model-f32.gguf")
+  if not os.path.exists(path):
+    to_gguf(model, path)
+  llm = llama_cpp.Llama(model_path=path, n_threads=2, n_threads_batch=2, n_ctx=PROMPT + COUNT + 8, verbose=False)
+  ids = [(i * 7919 + 13) % 50257 for i in range(PROMPT)]
+  best = None
+  for _ in range(RUNS):
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(ids)
+    t1 = time.perf_counter()
+    for _ in range(COUNT):
+      tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+      llm.eval([tok])
+    t2 = time.perf_counter()
+    res = {"tok_s": COUNT / (t2 - t0), "step_ms": (t2 - t1) / COUNT * 1e3, "prefill_ms": (t1 - t0) * 1e3}
+    if best is None or res["tok_s"] > best["tok_s"]:
+      best = res
+  return best
+
+
 def main():
   if not os.path.exists(EXE):
     sys.exit(f"{EXE} is missing: run `make examples` first")
@@ -103,11 +178,13 @@ def main():
   a = ours()
   f = ours("--no-symbolic")
   b = pytorch(model)
-  try:
-    import llama_cpp  # noqa: F401
-    llama = "llama-cpp-python is installed, but the GGUF conversion is not automated here"
-  except ImportError:
-    llama = "skipped: llama-cpp-python is not installed"
+  lc = llama_cpp_run(model)
+  if lc is None:
+    llama = ("skipped: llama-cpp-python is not installed (/usr/bin/python3 -m pip install --break-system-packages "
+             "--no-deps jinja2 markupsafe diskcache llama-cpp-python builds it, some minutes)")
+  else:
+    llama = (f"{lc['tok_s']:.2f} tokens/s end to end, {lc['step_ms']:.2f} ms per decode step, prefill {lc['prefill_ms']:.1f} ms; "
+             f"tinygrad.c / llama.cpp {a['tok_s'] / lc['tok_s']:.2f}x tokens/s, {lc['step_ms'] / a['step_ms']:.2f}x per step")
   gbs = a["bytes"] / (a["step_ms"] / 1e3) / 1e9
   print(f"gpt2 124M ({nparams / 1e6:.1f}M parameters, random weights), float32, {PROMPT}-token prompt, {COUNT} new "
         f"tokens, greedy; memory bandwidth (triad, 2 threads) {bw:.1f} GB/s")
