@@ -32,6 +32,11 @@
 # `deps.sh bench` (make bench) adds
 #   libopenblas0-pthread  OpenBLAS as the system BLAS: the benchmarks compare against PyTorch and
 #                         numpy, which otherwise run on the reference BLAS (a 1024 matmul 30x slower)
+#   cmake                 builds llama.cpp (below)
+# and from PyPI, without their dependencies (which would replace Debian's numpy and torch):
+#   tinygrad              the reference the benchmarks time side by side
+#   llama-cpp-python      builds llama.cpp (some minutes) for bench/gpt2.py; with jinja2, markupsafe
+#                         and diskcache, which it imports
 #
 # Set TG_SKIP_DEPS=1 to skip this check entirely.
 set -euo pipefail
@@ -47,7 +52,7 @@ PKGS=(build-essential clang zlib1g-dev pkg-config python3 python3-torch python3-
       libclang-rt-14-dev libfuzzer-14-dev dataset-fashion-mnist pocl-opencl-icd ocl-icd-opencl-dev clinfo
       graphviz chromium
       libllvm15 binutils openmpi-bin libopenmpi-dev)
-if [ "$MODE" = bench ]; then PKGS+=(libopenblas0-pthread); fi
+if [ "$MODE" = bench ]; then PKGS+=(libopenblas0-pthread cmake); fi
 if [ "$MODE" = mnist ]; then PKGS=(build-essential zlib1g-dev dataset-fashion-mnist); fi
 
 PY=${PYTHON:-/usr/bin/python3}
@@ -91,23 +96,36 @@ fi
 
 # ---- PyPI packages (not in Debian): one import check when they are already there ----------------
 if [ ${#PIP_PKGS[@]} -eq 0 ]; then exit 0; fi
-if "$PY" -c 'import safetensors, gguf, tokenizers, transformers' >/dev/null 2>&1; then exit 0; fi
-missing_py=()
-for p in "${PIP_PKGS[@]}"; do
-  spec=$p
-  [ "$p" = transformers ] && spec="transformers==4.40.2"
-  [ "$p" = tokenizers ] && spec="tokenizers==0.19.1"
-  "$PY" -c "import $p" >/dev/null 2>&1 || missing_py+=("$spec")
-done
-if [ "$(id -u)" != 0 ]; then
-  echo "deps.sh: missing Python packages for $PY: ${missing_py[*]}" >&2
-  echo "deps.sh: install them as root:  $PY -m pip install --break-system-packages ${missing_py[*]}" >&2
-  exit 1
+if ! "$PY" -c 'import safetensors, gguf, tokenizers, transformers' >/dev/null 2>&1; then
+  missing_py=()
+  for p in "${PIP_PKGS[@]}"; do
+    spec=$p
+    [ "$p" = transformers ] && spec="transformers==4.40.2"
+    [ "$p" = tokenizers ] && spec="tokenizers==0.19.1"
+    "$PY" -c "import $p" >/dev/null 2>&1 || missing_py+=("$spec")
+  done
+  if [ "$(id -u)" != 0 ]; then
+    echo "deps.sh: missing Python packages for $PY: ${missing_py[*]}" >&2
+    echo "deps.sh: install them as root:  $PY -m pip install --break-system-packages ${missing_py[*]}" >&2
+    exit 1
+  fi
+  if ! "$PY" -m pip --version >/dev/null 2>&1; then
+    echo "deps.sh: installing python3-pip"
+    [ $apt_updated = 1 ] || apt-get update -qq
+    apt-get install -y -qq --no-install-recommends python3-pip
+  fi
+  echo "deps.sh: installing from PyPI: ${missing_py[*]}"
+  "$PY" -m pip install -q --break-system-packages --root-user-action=ignore "${missing_py[@]}"
 fi
-if ! "$PY" -m pip --version >/dev/null 2>&1; then
-  echo "deps.sh: installing python3-pip"
-  [ $apt_updated = 1 ] || apt-get update -qq
-  apt-get install -y -qq --no-install-recommends python3-pip
+
+# ---- `deps.sh bench`: the benchmarks' references from PyPI, --no-deps ---------------------------
+if [ "$MODE" = bench ] && [ "$(id -u)" = 0 ] && "$PY" -m pip --version >/dev/null 2>&1; then
+  extra=()
+  "$PY" -c 'import tinygrad' >/dev/null 2>&1 || extra+=(tinygrad)
+  "$PY" -c 'import llama_cpp' >/dev/null 2>&1 || extra+=(jinja2 markupsafe diskcache llama-cpp-python)
+  if [ ${#extra[@]} -gt 0 ]; then
+    echo "deps.sh: installing from PyPI (without dependencies): ${extra[*]}"
+    "$PY" -m pip install -q --break-system-packages --root-user-action=ignore --no-deps "${extra[@]}" ||
+      echo "deps.sh: could not install ${extra[*]}; the benchmarks skip what is missing" >&2
+  fi
 fi
-echo "deps.sh: installing from PyPI: ${missing_py[*]}"
-"$PY" -m pip install -q --break-system-packages --root-user-action=ignore "${missing_py[@]}"
