@@ -16,7 +16,7 @@ Reported: tokens/s end to end (128 tokens / (prefill + decode)), ms per decode s
 replayed steps; PyTorch's: (generate - one 32-token forward) / 127), and the bytes a decode step moves
 (the library's count of bytes read and written by the replayed kernels) as GB/s against the
 machine's memory bandwidth, measured here with a triad (a = b + 2c over 3 x 256 MB, 2 threads).
-llama.cpp runs when llama-cpp-python is installed (`bash scripts/deps.sh bench` builds it from PyPI in
+llama.cpp runs when llama-cpp-python is installed (`bash scripts/deps.sh llama` builds it from PyPI in
 some minutes; it is not a dependency of the library): the same model converted here to GGUF f32 (to_gguf, with the gguf package),
 2 threads, the same prompt ids, COUNT greedy tokens (argmax of its logits), best of RUNS.
 """
@@ -179,7 +179,7 @@ def main():
   b = pytorch(model)
   lc = llama_cpp_run(model)
   if lc is None:
-    llama = "skipped: llama-cpp-python is not installed (bash scripts/deps.sh bench builds it, some minutes)"
+    llama = "skipped: llama-cpp-python is not installed (bash scripts/deps.sh llama builds it, some minutes)"
   else:
     llama = (f"{lc['tok_s']:.2f} tokens/s end to end, {lc['step_ms']:.2f} ms per decode step, prefill {lc['prefill_ms']:.1f} ms; "
              f"tinygrad.c / llama.cpp {a['tok_s'] / lc['tok_s']:.2f}x tokens/s, {lc['step_ms'] / a['step_ms']:.2f}x per step")

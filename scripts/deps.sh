@@ -32,11 +32,12 @@
 # `deps.sh bench` (make bench) adds
 #   libopenblas0-pthread  OpenBLAS as the system BLAS: the benchmarks compare against PyTorch and
 #                         numpy, which otherwise run on the reference BLAS (a 1024 matmul 30x slower)
-#   cmake                 builds llama.cpp (below)
-# and from PyPI, without their dependencies (which would replace Debian's numpy and torch):
+# and from PyPI, without its dependencies (which would replace Debian's numpy and torch):
 #   tinygrad              the reference the benchmarks time side by side
-#   llama-cpp-python      builds llama.cpp (some minutes) for bench/gpt2.py; with jinja2, markupsafe
-#                         and diskcache, which it imports
+#
+# `deps.sh llama` is bench plus llama.cpp for bench/gpt2.py (not run by make: its build takes minutes):
+#   cmake                 builds it
+#   llama-cpp-python      from PyPI, --no-deps, with jinja2, markupsafe and diskcache, which it imports
 #
 # Set TG_SKIP_DEPS=1 to skip this check entirely.
 set -euo pipefail
@@ -45,14 +46,15 @@ if [ "${TG_SKIP_DEPS:-0}" = 1 ]; then exit 0; fi
 
 MODE=${1:-all}
 case $MODE in
-  all | bench | mnist) ;;
-  *) echo "deps.sh: unknown mode '$MODE' (all, bench, mnist)" >&2; exit 2 ;;
+  all | bench | mnist | llama) ;;
+  *) echo "deps.sh: unknown mode '$MODE' (all, bench, mnist, llama)" >&2; exit 2 ;;
 esac
 PKGS=(build-essential clang zlib1g-dev pkg-config python3 python3-torch python3-numpy
       libclang-rt-14-dev libfuzzer-14-dev dataset-fashion-mnist pocl-opencl-icd ocl-icd-opencl-dev clinfo
       graphviz chromium
       libllvm15 binutils openmpi-bin libopenmpi-dev)
-if [ "$MODE" = bench ]; then PKGS+=(libopenblas0-pthread cmake); fi
+if [ "$MODE" = bench ]; then PKGS+=(libopenblas0-pthread); fi
+if [ "$MODE" = llama ]; then PKGS+=(libopenblas0-pthread cmake); fi
 if [ "$MODE" = mnist ]; then PKGS=(build-essential zlib1g-dev dataset-fashion-mnist); fi
 
 PY=${PYTHON:-/usr/bin/python3}
@@ -118,11 +120,13 @@ if ! "$PY" -c 'import safetensors, gguf, tokenizers, transformers' >/dev/null 2>
   "$PY" -m pip install -q --break-system-packages --root-user-action=ignore "${missing_py[@]}"
 fi
 
-# ---- `deps.sh bench`: the benchmarks' references from PyPI, --no-deps ---------------------------
-if [ "$MODE" = bench ] && [ "$(id -u)" = 0 ] && "$PY" -m pip --version >/dev/null 2>&1; then
+# ---- `deps.sh bench` / `llama`: the benchmarks' references from PyPI, --no-deps ------------------
+if { [ "$MODE" = bench ] || [ "$MODE" = llama ]; } && [ "$(id -u)" = 0 ] && "$PY" -m pip --version >/dev/null 2>&1; then
   extra=()
   "$PY" -c 'import tinygrad' >/dev/null 2>&1 || extra+=(tinygrad)
-  "$PY" -c 'import llama_cpp' >/dev/null 2>&1 || extra+=(jinja2 markupsafe diskcache llama-cpp-python)
+  if [ "$MODE" = llama ]; then
+    "$PY" -c 'import llama_cpp' >/dev/null 2>&1 || extra+=(jinja2 markupsafe diskcache llama-cpp-python)
+  fi
   if [ ${#extra[@]} -gt 0 ]; then
     echo "deps.sh: installing from PyPI (without dependencies): ${extra[*]}"
     "$PY" -m pip install -q --break-system-packages --root-user-action=ignore --no-deps "${extra[@]}" ||
