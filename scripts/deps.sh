@@ -33,7 +33,7 @@
 #   libopenblas0-pthread  OpenBLAS as the system BLAS: the benchmarks compare against PyTorch and
 #                         numpy, which otherwise run on the reference BLAS (a 1024 matmul 30x slower)
 # and from PyPI, without its dependencies (which would replace Debian's numpy and torch):
-#   tinygrad              the reference the benchmarks time side by side
+#   tinygrad==0.14.0      the reference the benchmarks time side by side (and the tests compare with)
 #
 # `deps.sh llama` is bench plus llama.cpp for bench/gpt2.py (not run by make: its build takes minutes):
 #   cmake                 builds it
@@ -123,7 +123,7 @@ fi
 # ---- `deps.sh bench` / `llama`: the benchmarks' references from PyPI, --no-deps ------------------
 if { [ "$MODE" = bench ] || [ "$MODE" = llama ]; } && [ "$(id -u)" = 0 ] && "$PY" -m pip --version >/dev/null 2>&1; then
   extra=()
-  "$PY" -c 'import tinygrad' >/dev/null 2>&1 || extra+=(tinygrad)
+  "$PY" -c 'import tinygrad' >/dev/null 2>&1 || extra+=(tinygrad==0.14.0) # the version the tests compare with
   if [ "$MODE" = llama ]; then
     "$PY" -c 'import llama_cpp' >/dev/null 2>&1 || extra+=(jinja2 markupsafe diskcache llama-cpp-python)
   fi
