@@ -192,12 +192,12 @@ static void vr_free(VR *v) {
   pm_free(&v->dep);
 }
 
-/* Tries to vectorize global axis g by W lanes. On success updates k (value/sidx/rbody hold the
- * rewritten expressions; sidx holds the store's base offset) and returns true. */
 /* a loop of variable length (its end is an expression of a variable): never split, vectorized,
  * unrolled or padded */
 static bool sym_range(const UOp *r) { return r && r->nsrc > 0; }
 
+/* Tries to vectorize global axis g by W lanes. On success updates k (value/sidx/rbody hold the
+ * rewritten expressions; sidx holds the store's base offset) and returns true. */
 static bool try_vectorize_g(LKernel *k, int g, int W, int *next_axis, bool gather) {
   int64_t n = k->granges[g]->iarg[0];
   if (W < 1 || n % W != 0 || n < W || sym_range(k->granges[g])) return false;

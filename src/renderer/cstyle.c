@@ -834,7 +834,8 @@ typedef struct {
 
 static Blocking blocking(const LKernel *k) {
   Blocking b = {0, 0};
-  if (!k->rbody || k->rop != OP_ADD || !tg_dtype_is_float(k->racc) || k->nr == 0) return b;
+  /* (a kernel with loops of variable length is not blocked: their sizes are only maxima) */
+  if (!k->rbody || k->rop != OP_ADD || !tg_dtype_is_float(k->racc) || k->nr == 0 || k->sym) return b;
   int64_t n = 1;
   for (int i = 0; i < k->nr; i++) n *= k->rranges[i]->iarg[0];
   if (n < BLOCK_MIN) return b;
@@ -897,7 +898,7 @@ void kernel_vec_levels(const LKernel *k, int vw, const PtrVec *order, PtrMap *ve
 }
 
 int kernel_block_level(const LKernel *k, int64_t *iters) {
-  Blocking b = k->sym ? (Blocking){0, 0} : blocking(k); /* loops of variable length are not blocked */
+  Blocking b = blocking(k);
   *iters = b.iters;
   return b.level;
 }
@@ -1004,7 +1005,7 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
     ind(&r);
     sb_printf(&body, "const long long %s = (long long)(__INTPTR_TYPE__)bufs[%d];\n", nm(&r, k->vars[i]), k->np + i);
   }
-  Blocking blk = k->sym ? (Blocking){0, 0} : blocking(k);
+  Blocking blk = blocking(k);
   if (gpu && k->group) {
     /* the group's partials; each work-item owns the slots at (lbase + lidx0) * ncopy */
     blk.level = 0; /* each work-item's chain is already 1/group of the axis */
