@@ -123,35 +123,38 @@ static Buffer *realized_buffer(tg_tensor t) {
   return b && b->op == OP_BUFFER ? g_buffer_of(b) : NULL;
 }
 
-/* A single-device tensor in host memory (the CPU devices): MPI reads t's buffer and writes the
- * result's directly, no staging copy on either side. */
-static tg_tensor collective_host(const char *fn, tg_tensor t, tg_dtype dt, const int64_t *shape, int nd, int64_t n,
-                                 int root, bool bcast, MPI_Handle ty) {
-  size_t isz = tg_dtype_itemsize(dt);
-  tg_opts o = {.dtype = dt, .device = device_by_id(t_get(t, fn)->device)->name, .requires_grad = TG_GRAD_UNSET};
-  tg_tensor src = tg_contiguous(t), out = tg_empty(shape, nd, &o);
-  Buffer *sb = NULL, *ob = NULL;
-  if (tg_realize(src) == TG_OK && tg_realize(out) == TG_OK) sb = realized_buffer(src), ob = realized_buffer(out);
-  if (!sb || !ob || !sb->ptr || !ob->ptr) {
-    tg_free(src), tg_free(out);
-    if (!tg_has_error()) tg_set_error(TG_ERR_RUNTIME, "%s: the tensor's buffer could not be realized", fn);
-    return (tg_tensor){0};
-  }
-  const char *in = sb->ptr;
-  char *res = ob->ptr;
-  if (bcast && M.rank == root) memcpy(res, in, (size_t)n * isz);
-  for (int64_t off = 0; off < n;) { /* MPI counts are int */
+/* The collective over n elements of buf, in int-sized pieces (MPI counts are int): Bcast from
+ * root, or Allreduce reading send (NULL: in place). */
+static tg_status mpi_run(const char *fn, const char *send, char *buf, int64_t n, size_t isz, MPI_Handle ty, int root,
+                         bool bcast) {
+  for (int64_t off = 0; off < n;) {
     int cnt = n - off > INT_MAX / 2 ? INT_MAX / 2 : (int)(n - off);
-    int rc = bcast ? M.Bcast(res + off * (int64_t)isz, cnt, ty, root, M.world)
-                   : M.Allreduce(in + off * (int64_t)isz, res + off * (int64_t)isz, cnt, ty, M.sum, M.world);
-    if (rc) {
-      tg_free(src), tg_free(out);
-      return mpi_fail(fn, bcast ? "MPI_Bcast" : "MPI_Allreduce", rc), (tg_tensor){0};
-    }
+    char *at = buf + off * (int64_t)isz;
+    int rc = bcast ? M.Bcast(at, cnt, ty, root, M.world)
+                   : M.Allreduce(send ? send + off * (int64_t)isz : (void *)1 /* MPI_IN_PLACE */, at, cnt, ty, M.sum, M.world);
+    if (rc) return mpi_fail(fn, bcast ? "MPI_Bcast" : "MPI_Allreduce", rc);
     off += cnt;
   }
+  return TG_OK;
+}
+
+/* A single-device tensor in host memory (the CPU devices): MPI reads t's buffer and writes the
+ * result's directly, no staging copy on either side. */
+static tg_tensor collective_host(const char *fn, tg_tensor t, const tg_opts *o, const int64_t *shape, int nd, int64_t n,
+                                 int root, bool bcast, MPI_Handle ty) {
+  size_t isz = tg_dtype_itemsize(o->dtype);
+  tg_tensor src = tg_contiguous(t), out = tg_empty(shape, nd, o);
+  Buffer *sb = NULL, *ob = NULL;
+  if (tg_realize(src) == TG_OK && tg_realize(out) == TG_OK) sb = realized_buffer(src), ob = realized_buffer(out);
+  tg_status st = TG_OK;
+  if (!sb || !ob || !sb->ptr || !ob->ptr)
+    st = tg_has_error() ? tg_last_status() : tg_set_error(TG_ERR_RUNTIME, "%s: the tensor's buffer could not be realized", fn);
+  if (st == TG_OK && bcast && M.rank == root) memcpy(ob->ptr, sb->ptr, (size_t)n * isz);
+  if (st == TG_OK) st = mpi_run(fn, sb->ptr, ob->ptr, n, isz, ty, root, bcast);
   tg_free(src);
-  return out;
+  if (st == TG_OK) return out;
+  tg_free(out);
+  return (tg_tensor){0};
 }
 
 /* t's data on the host, op'd across ranks in place, then back as a tensor like t */
@@ -172,27 +175,20 @@ static tg_tensor collective(const char *fn, tg_tensor t, int root, bool bcast) {
   if (nd) memcpy(shape, u->shape, sizeof(int64_t) * (size_t)nd);
   int64_t n = shape_numel(shape, nd);
   size_t isz = tg_dtype_itemsize(dt);
-  if (!m_is(u) && n > 0) {
-    Device *d = device_by_id(dev);
-    if (d && (d->vt == &cpu_device_vt || d->vt == &llvm_device_vt)) return collective_host(fn, t, dt, shape, nd, n, root, bcast, ty);
-  }
+  Device *d = device_by_id(dev);
+  tg_opts o = {.dtype = dt, .device = d->name, .requires_grad = TG_GRAD_UNSET};
+  if (!m_is(u) && n > 0 && (d->vt == &cpu_device_vt || d->vt == &llvm_device_vt))
+    return collective_host(fn, t, &o, shape, nd, n, root, bcast, ty);
   char *buf = malloc((size_t)n * isz + 1);
   if (!buf) return tg_set_error(TG_ERR_RUNTIME, "%s: cannot allocate %lld elements on the host", fn, (long long)n), (tg_tensor){0};
   if (tg_data(t, buf, (size_t)n * isz) != TG_OK) {
     free(buf);
     return (tg_tensor){0};
   }
-  for (int64_t off = 0; off < n;) { /* MPI counts are int */
-    int cnt = n - off > INT_MAX / 2 ? INT_MAX / 2 : (int)(n - off);
-    int rc = bcast ? M.Bcast(buf + off * (int64_t)isz, cnt, ty, root, M.world)
-                   : M.Allreduce((void *)1 /* MPI_IN_PLACE */, buf + off * (int64_t)isz, cnt, ty, M.sum, M.world);
-    if (rc) {
-      free(buf);
-      return mpi_fail(fn, bcast ? "MPI_Bcast" : "MPI_Allreduce", rc), (tg_tensor){0};
-    }
-    off += cnt;
+  if (mpi_run(fn, NULL, buf, n, isz, ty, root, bcast) != TG_OK) {
+    free(buf);
+    return (tg_tensor){0};
   }
-  tg_opts o = {.dtype = dt, .device = device_by_id(dev)->name, .requires_grad = TG_GRAD_UNSET};
   tg_tensor r = tg_from_data(buf, shape, nd, &o);
   free(buf);
   if (tg_valid(r) && tg_shard_axis(t) >= 0) r = tg_shard_like(r, t);
