@@ -258,6 +258,16 @@ typedef struct {
   int n;
 } CallVars;
 
+/* Is variable var one of the call's? Its value in *val (when val is not NULL). */
+static bool call_var(const CallVars *cv, int var, int64_t *val) {
+  for (int q = 0; q < cv->n; q++)
+    if (cv->idx[q] == var) {
+      if (val) *val = cv->val[q];
+      return true;
+    }
+  return false;
+}
+
 static tg_status capture(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs, const double *args, int nargs,
                          tg_tensor *out, const CallVars *cv) {
   j->nin = nin, j->nargs = nargs;
@@ -305,9 +315,7 @@ static tg_status capture(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs,
   for (int k = 0; k < j->cap.n; k++) {
     const KernelCode *kc = j->cap.items[k].code;
     for (int v = 0; kc && v < kc->nvars; v++) {
-      bool found = false;
-      for (int q = 0; q < cv->n && !found; q++) found = cv->idx[q] == kc->vars[v];
-      if (found) continue;
+      if (call_var(cv, kc->vars[v], NULL)) continue;
       const char *name = "?";
       var_info(kc->vars[v], &name, NULL, NULL);
       st = tg_set_error(TG_ERR_INVALID, "tg_jit_call: kernel '%s' takes variable '%s', which is not an input of the "
@@ -326,9 +334,20 @@ static tg_status capture(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs,
   for (int i = 0; i < j->nout; i++) {
     UOp *u = t_get(out[i], "tg_jit_call");
     UOp *b = u ? g_resolve(u) : NULL;
-    if (b && (b->op == OP_BUFFER || sym_view(b, NULL))) continue;
-    st = tg_set_error(TG_ERR_INVALID, "tg_jit_call: output %d is neither a buffer nor a [0, v) view of one; a jitted "
-                      "function's outputs must be realized tensors", i);
+    if (b && b->op == OP_BUFFER) continue;
+    if (!b || !sym_view(b, NULL))
+      st = tg_set_error(TG_ERR_INVALID, "tg_jit_call: output %d is neither a buffer nor a [0, v) view of one; a jitted "
+                        "function's outputs must be realized tensors", i);
+    /* a symbolic output: its variables must be the call's, so that a replay can size it */
+    for (int d = 0; st == TG_OK && d < b->ndim; d++) {
+      SymDim sd;
+      if (!sym_decode(b->sym[d], &sd) || call_var(cv, sd.var, NULL)) continue;
+      const char *name = "?";
+      var_info(sd.var, &name, NULL, NULL);
+      st = tg_set_error(TG_ERR_INVALID, "tg_jit_call: output %d's dim %d is symbolic in variable '%s', which is not an "
+                        "input of the call; pass it bound in tg_jit_call_vars' vars[]", i, d, name);
+    }
+    if (st == TG_OK) continue;
     jit_reset(j);
     free_outputs(j, out);
     return st;
@@ -338,26 +357,7 @@ static tg_status capture(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs,
   j->out_buf = tg_xcalloc((size_t)j->nout + 1, sizeof(Buffer *));
   for (int i = 0; i < j->nout; i++) {
     UOp *u = g_resolve(t_get(out[i], "tg_jit_call")), *b = u;
-    if (sym_view(u, &b)) {
-      /* a symbolic output: its variables must be the call's, so that a replay can size it */
-      for (int d = 0; d < u->ndim; d++) {
-        SymDim sd;
-        bool found = !sym_decode(u->sym[d], &sd);
-        for (int q = 0; q < cv->n && !found; q++) found = cv->idx[q] == sd.var;
-        if (found) continue;
-        const char *name = "?";
-        var_info(sd.var, &name, NULL, NULL);
-        for (int k = 0; k < i; k++) buffer_unref(j->out_buf[k]);
-        sig_free(j->out_sig, i);
-        free(j->out_buf);
-        j->out_sig = NULL, j->out_buf = NULL, j->ncap_out = 0;
-        st = tg_set_error(TG_ERR_INVALID, "tg_jit_call: output %d's dim %d is symbolic in variable '%s', which is not an "
-                          "input of the call; pass it bound in tg_jit_call_vars' vars[]", i, d, name);
-        jit_reset(j);
-        free_outputs(j, out);
-        return st;
-      }
-    }
+    sym_view(u, &b); /* a symbolic output: b is the buffer behind its view */
     j->out_sig[i] = sig_of(u);
     j->out_buf[i] = buffer_ref(g_buffer_of(b));
   }
@@ -404,10 +404,9 @@ static UOp *out_node(const Sig *s, Buffer *b, const CallVars *cv) {
   int64_t bd[128], *bounds = s->ndim <= 64 ? bd : tg_xmalloc(sizeof(int64_t) * (size_t)(2 * s->ndim));
   for (int d = 0; d < s->ndim; d++) {
     SymDim sd;
+    int64_t val;
     bounds[2 * d] = 0, bounds[2 * d + 1] = s->sym[d];
-    if (!sym_decode(s->sym[d], &sd)) continue;
-    for (int q = 0; q < cv->n; q++)
-      if (cv->idx[q] == sd.var) bounds[2 * d + 1] = sym_encode(sd.var, cv->val[q], sd.offset);
+    if (sym_decode(s->sym[d], &sd) && call_var(cv, sd.var, &val)) bounds[2 * d + 1] = sym_encode(sd.var, val, sd.offset);
   }
   UOp *v = g_shrink(bm, bounds);
   uop_unref(bm);
