@@ -755,6 +755,16 @@ tg_status tg_nn_batchnorm_init(tg_nn_batchnorm *l, int64_t num_features, const t
   return st;
 }
 
+/* running_mean = (1-m) running_mean + m mean, running_var = (1-m) running_var + f var (lazy
+ * assigns; f is m times the unbiasing count/(count-1)), num_batches_tracked += 1; mean and var are
+ * the batch's (detached here) */
+static void bn_update_running(tg_nn_batchnorm *l, tg_tensor mean, tg_tensor var, double f) {
+  double m = l->momentum;
+  tg_assign(l->running_mean, tg_add(tg_mul_s(l->running_mean, 1.0 - m), tg_mul_s(tg_detach(mean), m)));
+  tg_assign(l->running_var, tg_add(tg_mul_s(l->running_var, 1.0 - m), tg_mul_s(tg_detach(var), f)));
+  tg_assign(l->num_batches_tracked, tg_add_s(l->num_batches_tracked, 1));
+}
+
 tg_tensor tg_nn_batchnorm_forward(tg_nn_batchnorm *l, tg_tensor x) {
   const char *fn = "tg_nn_batchnorm_forward";
   if (!layer_ok(fn, l, l && l->num_batches_tracked.id)) return NONE;
@@ -793,11 +803,8 @@ tg_tensor tg_nn_batchnorm_forward(tg_nn_batchnorm *l, tg_tensor x) {
       if (cnt <= 1)
         return op_done(o, fail("%s: training needs more than one value per channel on each device, got input %s over %d devices",
                                fn, TSHP(x), ndev));
-      double m = l->momentum, f = m * (double)cnt / (double)(cnt - 1);
-      tg_tensor dm = tg_mean(tg_detach(bm), TG_AXES(0), false), dv = tg_mean(tg_detach(bv), TG_AXES(0), false);
-      tg_assign(l->running_mean, tg_add(tg_mul_s(l->running_mean, 1.0 - m), tg_mul_s(dm, m)));
-      tg_assign(l->running_var, tg_add(tg_mul_s(l->running_var, 1.0 - m), tg_mul_s(dv, f)));
-      tg_assign(l->num_batches_tracked, tg_add_s(l->num_batches_tracked, 1));
+      double f = l->momentum * (double)cnt / (double)(cnt - 1);
+      bn_update_running(l, tg_mean(bm, TG_AXES(0), false), tg_mean(bv, TG_AXES(0), false), f); /* the devices' mean */
     }
     tg_tensor z = tg_mul(tg_sub(x5, tg_reshape(bm, m5, nd + 1)), tg_reshape(tg_rsqrt(tg_add_s(bv, l->eps)), m5, nd + 1));
     z = tg_reshape(z, xs, nd);
@@ -819,10 +826,7 @@ tg_tensor tg_nn_batchnorm_forward(tg_nn_batchnorm *l, tg_tensor x) {
       if (n - xs[1] <= 0)
         return op_done(o,
                        fail("%s: training needs more than one value per channel, got input %s", fn, TSHP(x)));
-      double m = l->momentum, f = m * (double)n / (double)(n - xs[1]);
-      tg_assign(l->running_mean, tg_add(tg_mul_s(l->running_mean, 1.0 - m), tg_mul_s(tg_detach(bm), m)));
-      tg_assign(l->running_var, tg_add(tg_mul_s(l->running_var, 1.0 - m), tg_mul_s(tg_detach(bv), f)));
-      tg_assign(l->num_batches_tracked, tg_add_s(l->num_batches_tracked, 1));
+      bn_update_running(l, bm, bv, l->momentum * (double)n / (double)(n - xs[1]));
     }
     mean = bm;
     invstd = tg_rsqrt(tg_add_s(bv, l->eps));
