@@ -1301,43 +1301,44 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
    * sharded: each output shard then reads every input shard), it is built again on the weight
    * itself, and autograd differentiates the graph. */
   for (bool detach = true;; detach = false) {
-  tg_tensor win = win0, wsrc = detach ? tg_detach(weight) : weight;
-  if (chlast) {
-    /* channels-last accumulation: the kernel's output is (bs, oy, ox, cout), contiguous along cout,
-     * with the weight copied to (cin, kh, kw, cout), so the channel axis vectorizes even when output
-     * rows are short (6 or 10 wide); the result is viewed back as (bs, cout, oy, ox) */
-    tg_tensor wr;
-    if (nhwc) { /* reduce in (kh, kw, cin) order: the loads of a channels-last input run along cin */
-      win = tg_permute(win, (const int[]){0, 2, 3, 4, 5, 1}, 6); /* (bs, oy, ox, kh, kw, cin) */
-      win = tg_reshape(win, (const int64_t[]){bs, oy, ox, 1, kh, kw, cin}, 7);
-      win = tg_expand(win, (const int64_t[]){bs, oy, ox, cout, kh, kw, cin}, 7);
-      tg_tensor wl = tg_contiguous(tg_permute(wsrc, (const int[]){2, 3, 1, 0}, 4)); /* (kh, kw, cin, cout) */
-      wr = tg_reshape(tg_permute(wl, (const int[]){3, 0, 1, 2}, 4), (const int64_t[]){1, 1, 1, cout, kh, kw, cin}, 7);
+    tg_tensor win = win0;
+    if (chlast) {
+      tg_tensor wsrc = detach ? tg_detach(weight) : weight;
+      /* channels-last accumulation: the kernel's output is (bs, oy, ox, cout), contiguous along cout,
+       * with the weight copied to (cin, kh, kw, cout), so the channel axis vectorizes even when output
+       * rows are short (6 or 10 wide); the result is viewed back as (bs, cout, oy, ox) */
+      tg_tensor wr;
+      if (nhwc) { /* reduce in (kh, kw, cin) order: the loads of a channels-last input run along cin */
+        win = tg_permute(win, (const int[]){0, 2, 3, 4, 5, 1}, 6); /* (bs, oy, ox, kh, kw, cin) */
+        win = tg_reshape(win, (const int64_t[]){bs, oy, ox, 1, kh, kw, cin}, 7);
+        win = tg_expand(win, (const int64_t[]){bs, oy, ox, cout, kh, kw, cin}, 7);
+        tg_tensor wl = tg_contiguous(tg_permute(wsrc, (const int[]){2, 3, 1, 0}, 4)); /* (kh, kw, cin, cout) */
+        wr = tg_reshape(tg_permute(wl, (const int[]){3, 0, 1, 2}, 4), (const int64_t[]){1, 1, 1, cout, kh, kw, cin}, 7);
+      } else {
+        win = tg_permute(win, (const int[]){0, 2, 3, 1, 4, 5}, 6); /* (bs, oy, ox, cin, kh, kw) */
+        win = tg_reshape(win, (const int64_t[]){bs, oy, ox, 1, cin, kh, kw}, 7);
+        win = tg_expand(win, (const int64_t[]){bs, oy, ox, cout, cin, kh, kw}, 7);
+        tg_tensor wl = tg_contiguous(tg_permute(wsrc, (const int[]){1, 2, 3, 0}, 4)); /* (cin, kh, kw, cout) */
+        wr = tg_reshape(tg_permute(wl, (const int[]){3, 0, 1, 2}, 4), (const int64_t[]){1, 1, 1, cout, cin, kh, kw}, 7);
+      }
+      r = tg_sum(tg_mul(win, wr), (const int[]){-1, -2, -3}, 3, false);
+      r = tg_permute(r, (const int[]){0, 3, 1, 2}, 4);
     } else {
-      win = tg_permute(win, (const int[]){0, 2, 3, 1, 4, 5}, 6); /* (bs, oy, ox, cin, kh, kw) */
-      win = tg_reshape(win, (const int64_t[]){bs, oy, ox, 1, cin, kh, kw}, 7);
-      win = tg_expand(win, (const int64_t[]){bs, oy, ox, cout, cin, kh, kw}, 7);
-      tg_tensor wl = tg_contiguous(tg_permute(wsrc, (const int[]){1, 2, 3, 0}, 4)); /* (cin, kh, kw, cout) */
-      wr = tg_reshape(tg_permute(wl, (const int[]){3, 0, 1, 2}, 4), (const int64_t[]){1, 1, 1, cout, cin, kh, kw}, 7);
+      win = tg_reshape(win, (const int64_t[]){bs, groups, cin, 1, oy, ox, kh, kw}, 8);
+      win = tg_expand(win, (const int64_t[]){bs, groups, cin, rcout, oy, ox, kh, kw}, 8);
+      win = tg_permute(win, (const int[]){0, 1, 3, 4, 5, 2, 6, 7}, 8);
+      tg_tensor wr = tg_reshape(weight, (const int64_t[]){1, groups, rcout, 1, 1, cin, kh, kw}, 8);
+      r = tg_sum(tg_mul(win, wr), (const int[]){-1, -2, -3}, 3, true);
+      r = tg_reshape(r, (const int64_t[]){bs, cout, oy, ox}, 4);
     }
-    r = tg_sum(tg_mul(win, wr), (const int[]){-1, -2, -3}, 3, false);
-    r = tg_permute(r, (const int[]){0, 3, 1, 2}, 4);
-  } else {
-    win = tg_reshape(win, (const int64_t[]){bs, groups, cin, 1, oy, ox, kh, kw}, 8);
-    win = tg_expand(win, (const int64_t[]){bs, groups, cin, rcout, oy, ox, kh, kw}, 8);
-    win = tg_permute(win, (const int[]){0, 1, 3, 4, 5, 2, 6, 7}, 8);
-    tg_tensor wr = tg_reshape(weight, (const int64_t[]){1, groups, rcout, 1, 1, cin, kh, kw}, 8);
-    r = tg_sum(tg_mul(win, wr), (const int[]){-1, -2, -3}, 3, true);
-    r = tg_reshape(r, (const int64_t[]){bs, cout, oy, ox}, 4);
-  }
-  if (simple) {
-    UOp *ru = t_get(r, fn), *wu = t_get(weight, fn);
-    if (ru && wu && tg_dtype_is_float((tg_dtype)ru->dtype)) {
-      UOp *ins[2] = {ain, wu};
-      if (!ag_set_custom_grad(ru, ins, 2, conv_valid_grad) && chlast && detach) continue;
+    if (simple) {
+      UOp *ru = t_get(r, fn), *wu = t_get(weight, fn);
+      if (ru && wu && tg_dtype_is_float((tg_dtype)ru->dtype)) {
+        UOp *ins[2] = {ain, wu};
+        if (!ag_set_custom_grad(ru, ins, 2, conv_valid_grad) && chlast && detach) continue;
+      }
     }
-  }
-  break;
+    break;
   }
   tg_dtype dt = tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)w->dtype);
   r = tg_cast(r, dt);
