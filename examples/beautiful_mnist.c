@@ -15,6 +15,13 @@
  * evaluation is a TinyJit replay. MNIST_TRACE=<dir> writes what bench/mnist_lockstep.py replays in
  * PyTorch: the initial weights (<dir>/init.safetensors), each step's batch indices (<dir>/samples.bin,
  * int32) and loss (<dir>/losses.txt).
+ *
+ * Data-parallel over MPI: started by mpirun (`mpirun -np 2 ./build/examples/beautiful_mnist`), every
+ * rank draws the same global batch of BS images and trains on its BS/ranks slice; the BatchNorm
+ * statistics are over the whole batch (their sums allreduced) and the gradients are averaged over the
+ * ranks before Adam's step, all inside the one jitted step, so the run gives the losses and accuracy
+ * of one process with the same BS. The initial weights are rank 0's; rank 0 alone prints progress
+ * and writes MNIST_SAVE and MNIST_TRACE.
  */
 #include <math.h>
 #include <stdio.h>
@@ -75,9 +82,21 @@ int main(void) {
     return 1;
   }
   tg_manual_seed((uint64_t)tg_getenv_int("SEED", 42));
-  tg_scope_begin();
   Ctx c = {0};
-  c.bs = bs;
+  c.bs = bs, c.ranks = 1;
+  const char *world = getenv("OMPI_COMM_WORLD_SIZE"); /* set by Open MPI's mpirun */
+  if (world && atoi(world) > 1) {
+    if (tg_dist_init() != TG_OK) return fail("starting MPI");
+    c.rank = tg_dist_rank(), c.ranks = tg_dist_size();
+    if (bs % c.ranks) {
+      fprintf(stderr, "beautiful_mnist: BS=%lld must be a multiple of the %d MPI ranks\n", (long long)bs, c.ranks);
+      tg_dist_finalize();
+      return 1;
+    }
+  }
+  bool lead = c.rank == 0;
+  if (!lead) save = NULL, trace = NULL;
+  tg_scope_begin();
   if (tg_mnist_load(dir && *dir ? dir : NULL, fashion, &c.X_train, &c.Y_train, &c.X_test, &c.Y_test) != TG_OK)
     return fail("loading the dataset");
   int64_t eval_n = tg_getenv_int("EVAL_N", 0);
@@ -91,17 +110,24 @@ int main(void) {
   Model model;
   memset(&model, 0, sizeof model);
   c.model = &model;
-  if (model_init(&model) != TG_OK) return fail("creating the model");
+  if (model_init_dist(&model, c.ranks > 1) != TG_OK) return fail("creating the model");
   tg_state_dict *sd = tg_state_dict_new();
   if (model_state(&model, sd) != TG_OK) return fail("collecting parameters");
   int np = tg_state_dict_parameters(sd, false, NULL, 0);
   tg_tensor *params = malloc(sizeof(tg_tensor) * (size_t)(np + 1));
   tg_state_dict_parameters(sd, false, params, np);
   c.opt = tg_optim_adam(params, np, NULL);
-  free(params);
+  c.params = params, c.nparams = np;
   if (!c.opt) return fail("creating the optimizer");
-  printf("%s: %lld train / %lld test images, BS=%lld, %lld steps\n", fashion ? "Fashion-MNIST" : "MNIST",
-         (long long)tg_dim(c.X_train, 0), (long long)tg_dim(c.X_test, 0), (long long)bs, (long long)steps);
+  for (int k = 0; c.ranks > 1 && k < np; k++) /* every rank starts from rank 0's weights */
+    if (!tg_valid(tg_assign(params[k], tg_dist_broadcast(params[k], 0))) || tg_realize(params[k]) != TG_OK)
+      return fail("broadcasting the initial weights");
+  if (lead) {
+    printf("%s: %lld train / %lld test images, BS=%lld, %lld steps", fashion ? "Fashion-MNIST" : "MNIST",
+           (long long)tg_dim(c.X_train, 0), (long long)tg_dim(c.X_test, 0), (long long)bs, (long long)steps);
+    if (c.ranks > 1) printf(", data-parallel over %d MPI ranks (%lld images each)", c.ranks, (long long)(bs / c.ranks));
+    printf("\n");
+  }
 
   FILE *fsamples = NULL, *flosses = NULL;
   int32_t *idx = NULL;
@@ -128,7 +154,7 @@ int main(void) {
     tg_tensor lo[2];
     double ts = now();
     if (tg_jit_call(jtrain, NULL, 0, NULL, 0, lo) != TG_OK || tg_item(lo[0], &loss) != TG_OK) return fail("train step");
-    if (bench) printf("bench step=%lld ms=%.3f\n", (long long)i, (now() - ts) * 1e3);
+    if (bench && lead) printf("bench step=%lld ms=%.3f\n", (long long)i, (now() - ts) * 1e3);
     if (fsamples) {
       if (tg_data(lo[1], idx, sizeof(int32_t) * (size_t)bs) != TG_OK) return fail("MNIST_TRACE: reading the batch");
       fwrite(idx, sizeof(int32_t), (size_t)bs, fsamples);
@@ -138,23 +164,23 @@ int main(void) {
       tg_tensor a;
       ts = now();
       if (tg_jit_call(jtest, NULL, 0, NULL, 0, &a) != TG_OK || tg_item(a, &acc) != TG_OK) return fail("test accuracy");
-      if (bench) printf("bench eval=%d ms=%.3f\n", nevals++, (now() - ts) * 1e3);
+      if (bench && lead) printf("bench eval=%d ms=%.3f\n", nevals++, (now() - ts) * 1e3);
     }
     tg_scope_end();
     snprintf(desc, sizeof desc, "loss: %6.2f test_accuracy: %5.2f%%", loss, acc);
-    progress(desc, (int)i + 1, (int)steps, t0);
+    if (lead) progress(desc, (int)i + 1, (int)steps, t0);
   }
-  fprintf(stderr, "\n");
+  if (lead) fprintf(stderr, "\n");
   if (fsamples) fclose(fsamples), fclose(flosses), free(idx);
   for (int k = 0; bench && k < 2; k++) { /* BENCH: the last of these is a TinyJit replay */
     tg_scope_begin();
     tg_tensor a;
     double ts = now();
     if (tg_jit_call(jtest, NULL, 0, NULL, 0, &a) != TG_OK || tg_item(a, &acc) != TG_OK) return fail("test accuracy");
-    printf("bench eval=%d ms=%.3f\n", nevals++, (now() - ts) * 1e3);
+    if (lead) printf("bench eval=%d ms=%.3f\n", nevals++, (now() - ts) * 1e3);
     tg_scope_end();
   }
-  printf("final: loss %.4f, test accuracy %.2f%% (%.1f s)\n", loss, acc, now() - t0);
+  if (lead) printf("final: loss %.4f, test accuracy %.2f%% (%.1f s)\n", loss, acc, now() - t0);
   int rc = 0;
   if (save && *save) {
     if (tg_safe_save(sd, save) != TG_OK) rc = fail("saving weights");
@@ -169,6 +195,8 @@ int main(void) {
   tg_optim_free(c.opt);
   tg_state_dict_free(sd);
   model_free(&model);
+  free(params);
   tg_scope_end();
+  if (c.ranks > 1 && tg_dist_finalize() != TG_OK) rc = fail("ending MPI");
   return rc;
 }

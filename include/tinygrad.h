@@ -273,8 +273,10 @@ int tg_dist_rank(void);
 int tg_dist_size(void);
 tg_status tg_dist_finalize(void);
 /* The sum of t over all ranks (MPI_Allreduce; float32/64, int32/64), or rank root's t on every rank
- * (MPI_Bcast): a new realized tensor with t's shape, dtype, device and sharding. Every rank must call
- * it with the same shape and dtype. */
+ * (MPI_Bcast): a new lazy tensor with t's shape, dtype, device and sharding, realized with the rest
+ * of its graph. Differentiable (an allreduce's gradient is the allreduce of the gradient), and
+ * TinyJit captures it: each replay runs the MPI call again. Every rank must build and realize the
+ * same collectives, with the same shapes and dtypes, in the same order. */
 tg_tensor tg_dist_allreduce(tg_tensor t);
 tg_tensor tg_dist_broadcast(tg_tensor t, int root);
 /* t on like's devices with like's sharding (axis and shard sizes); shapes must match. */
@@ -1316,6 +1318,11 @@ typedef struct {
                              * 0, evenly) is normalized per device with that device's batch statistics
                              * (tinygrad's UnsyncedBatchNorm), no allreduce; the running statistics
                              * take the mean of the devices' statistics. Otherwise as synced. */
+  bool dist;                /* default false. true: while MPI runs several ranks (tg_dist_init), the
+                             * batch statistics are over all ranks' inputs together (PyTorch's
+                             * SyncBatchNorm): sums allreduced (tg_dist_allreduce), gradients too.
+                             * Every rank passes the same shape. Data-parallel training then equals
+                             * one process on the whole batch. */
 } tg_batchnorm_opts;
 #define TG_BATCHNORM_OPTS(...) \
   TG_OPTS_WITH_(tg_batchnorm_opts, .eps = 1e-5, .affine = true, .track_running_stats = true, .momentum = 0.1, __VA_ARGS__)
@@ -1331,7 +1338,7 @@ typedef struct {
 typedef struct {
   int64_t num_features;
   double eps, momentum;
-  bool affine, track_running_stats, unsynced;
+  bool affine, track_running_stats, unsynced, dist;
   tg_tensor weight, bias, running_mean, running_var, num_batches_tracked;
 } tg_nn_batchnorm;
 tg_status tg_nn_batchnorm_init(tg_nn_batchnorm *l, int64_t num_features, const tg_batchnorm_opts *opts);

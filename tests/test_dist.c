@@ -1,9 +1,10 @@
 /*
  * test_dist.c -- tg_dist_* over MPI. Run plainly (as `make test` does), it starts itself under
  * `mpirun --oversubscribe -np 2` (as root with --allow-run-as-root) and checks both ranks passed;
- * each rank checks rank/size, an allreduce and a broadcast of tensors (a sharded one too), and a
- * data-parallel gradient: each rank's half-batch gradient, allreduced and averaged, equals the
- * whole batch's gradient computed in one process. A rank that dies mid-run makes the job end with an
+ * each rank checks rank/size, an allreduce and a broadcast of tensors (a sharded one too), a
+ * data-parallel gradient (each rank's half-batch gradient, allreduced and averaged, equals the whole
+ * batch's gradient computed in one process), gradients through the collectives, TinyJit replays of
+ * one, and data-parallel training with BatchNorm over the ranks against one process. A rank that dies mid-run makes the job end with an
  * error in bounded time.
  */
 #include "test.h"
@@ -51,15 +52,71 @@ TEST(dist_rank_dies) {
   CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) != 124 && dt < 55, "status %d after %.0f s", rc, dt);
 }
 
+static tg_status jit_allreduce(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout,
+                               void *user) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)user;
+  out[0] = tg_dist_allreduce(tg_mul_s(in[0], 2.0));
+  return TG_OK;
+}
+
 static int child_die(void) {
   if (tg_dist_init() != TG_OK) return 1;
   tg_scope_begin();
   tg_tensor t = tg_ones(TG_SHAPE(1000), NULL);
   if (tg_dist_rank() == 1) _exit(3);
-  tg_tensor s = tg_dist_allreduce(t); /* rank 0 waits here for a peer that is gone */
-  fprintf(stderr, "rank 0: allreduce returned %s\n", tg_valid(s) ? "a value" : tg_last_error());
+  tg_tensor s = tg_dist_allreduce(t);
+  tg_status st = tg_realize(s); /* rank 0 waits here for a peer that is gone */
+  fprintf(stderr, "rank 0: allreduce returned %s\n", st == TG_OK ? "a value" : tg_last_error());
   tg_scope_end();
   return 2;
+}
+
+/* A small net for the data-parallel check: linear -> BatchNorm -> relu -> linear, Adam. */
+typedef struct {
+  tg_nn_linear l1, l2;
+  tg_nn_batchnorm bn;
+  tg_optim *opt;
+  tg_tensor params[5], x;
+  int ranks, rank;
+} Net;
+
+static void net_init(Net *n, bool dist, int ranks, int rank, tg_tensor x) {
+  memset(n, 0, sizeof *n);
+  tg_manual_seed(11);
+  /* no bias before the BatchNorm: its gradient is zero but for rounding, which Adam would scale up
+   * to full steps of either sign (moving the running mean differently in the two runs) */
+  tg_nn_linear_init(&n->l1, 3, 4, false);
+  tg_nn_batchnorm_init(&n->bn, 4, TG_BATCHNORM_OPTS(.dist = dist));
+  tg_nn_linear_init(&n->l2, 4, 1, true);
+  tg_tensor p[8] = {n->l1.weight, n->bn.weight, n->bn.bias, n->l2.weight, n->l2.bias,
+                    n->bn.running_mean, n->bn.running_var, n->bn.num_batches_tracked};
+  memcpy(n->params, p, sizeof n->params);
+  n->opt = tg_optim_adam(p, 8, NULL); /* the running statistics as its buffers, realized by its step */
+  n->ranks = ranks, n->rank = rank, n->x = x;
+}
+
+/* one training step: on ranks > 1 over this rank's half of x, the gradients averaged over the ranks */
+static tg_status net_step(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *user) {
+  (void)in, (void)nin, (void)args, (void)nargs, (void)nout;
+  Net *n = user;
+  tg_context_begin();
+  tg_context_set_int("TRAINING", 1);
+  tg_optim_zero_grad(n->opt);
+  tg_tensor x = n->ranks > 1 ? tg_shrink(n->x, TG_SHAPE(4 * n->rank, 4 * n->rank + 4, 0, 3)) : n->x;
+  tg_tensor h = tg_relu(tg_nn_batchnorm_forward(&n->bn, tg_nn_linear_forward(&n->l1, x)));
+  tg_tensor loss = tg_mean(tg_square(tg_sub_s(tg_nn_linear_forward(&n->l2, h), 0.5)), NULL, 0, false);
+  tg_status st = tg_backward(loss);
+  for (int k = 0; n->ranks > 1 && k < 5 && st == TG_OK; k++)
+    st = tg_set_grad(n->params[k], tg_div_s(tg_dist_allreduce(tg_grad(n->params[k])), (double)n->ranks));
+  if (st == TG_OK) st = tg_optim_step(n->opt);
+  tg_context_end();
+  out[0] = loss;
+  return st;
+}
+
+static void net_free(Net *n) {
+  tg_optim_free(n->opt);
+  tg_nn_linear_free(&n->l1), tg_nn_linear_free(&n->l2), tg_nn_batchnorm_free(&n->bn);
 }
 
 static int child(void) {
@@ -110,6 +167,57 @@ static int child(void) {
   float a[8], c[8];
   EXPECT(tg_data(gavg, a, sizeof a) == TG_OK && tg_data(g1, c, sizeof c) == TG_OK);
   for (int i = 0; i < 8; i++) EXPECT(fabsf(a[i] - c[i]) <= 1e-5f * (1 + fabsf(c[i])));
+  /* lazy: nothing runs until realized; gradients flow through (an allreduce's is the allreduce of
+   * the gradient: here 2x on each of 2 ranks; a broadcast's is the sum of the ranks' on the root) */
+  tg_tensor xg = tg_from_data(v, TG_SHAPE(2, 3), TG_OPTS(.requires_grad = true));
+  EXPECT(tg_backward(tg_sum(tg_dist_allreduce(tg_mul(xg, xg)), NULL, 0, false)) == TG_OK);
+  EXPECT(tg_data(tg_grad(xg), o, sizeof o) == TG_OK);
+  for (int i = 0; i < 6; i++) EXPECT(o[i] == 4.0f * v[i]);
+  tg_tensor xb = tg_from_data(v, TG_SHAPE(2, 3), TG_OPTS(.requires_grad = true));
+  EXPECT(tg_backward(tg_sum(tg_mul_s(tg_dist_broadcast(xb, 1), 1.0 + r), NULL, 0, false)) == TG_OK);
+  EXPECT(tg_data(tg_grad(xb), o, sizeof o) == TG_OK);
+  for (int i = 0; i < 6; i++) EXPECT(o[i] == (r == 1 ? 3.0f : 0.0f));
+  /* TinyJit captures the collective and each replay runs it again, on that call's input */
+  tg_jit *j = tg_jit_new(jit_allreduce, 1, NULL);
+  for (int call = 0; call < 4; call++) {
+    tg_scope_begin();
+    float in[3] = {(float)call, (float)r, 1}, res[3];
+    tg_tensor a = tg_from_data(in, TG_SHAPE(3), NULL), out;
+    EXPECT(tg_jit_call(j, &a, 1, NULL, 0, &out) == TG_OK && tg_data(out, res, sizeof res) == TG_OK);
+    EXPECT(res[0] == 4.0f * call && res[1] == 2.0f && res[2] == 4.0f);
+    tg_scope_end();
+  }
+  /* an exported function runs in one process: a capture with a collective is refused, nothing written */
+  char xp[64];
+  snprintf(xp, sizeof xp, "/tmp/tg-dist-export-%d-%d.c", (int)getpid(), r);
+  EXPECT(tg_jit_export(j, xp, NULL) == TG_ERR_INVALID && strstr(tg_last_error(), "MPI collective") && access(xp, F_OK) != 0);
+  tg_clear_error();
+  tg_jit_free(j);
+  /* data-parallel training with BatchNorm over the ranks (jitted) equals one process on the whole
+   * batch: each rank also runs the one-process reference itself */
+  tg_manual_seed(9);
+  tg_tensor xd = tg_randn(TG_SHAPE(8, 3), NULL);
+  tg_realize(xd);
+  Net dp, one;
+  net_init(&dp, true, 2, r, xd);
+  net_init(&one, false, 1, 0, xd);
+  tg_jit *jd = tg_jit_new(net_step, 1, &dp);
+  for (int step = 0; step < 4; step++) {
+    tg_scope_begin();
+    tg_tensor l1, l2;
+    EXPECT(tg_jit_call(jd, NULL, 0, NULL, 0, &l1) == TG_OK && net_step(NULL, 0, NULL, 0, &l2, 1, &one) == TG_OK);
+    tg_scope_end();
+  }
+  tg_tensor cmp[][2] = {{dp.l1.weight, one.l1.weight}, {dp.l2.weight, one.l2.weight}, {dp.bn.weight, one.bn.weight},
+                        {dp.bn.running_mean, one.bn.running_mean}, {dp.bn.running_var, one.bn.running_var}};
+  for (int k = 0; k < 5; k++) {
+    float pa[12] = {0}, pb[12] = {0};
+    size_t nb = sizeof(float) * (size_t)tg_numel(cmp[k][0]);
+    EXPECT(nb <= sizeof pa && tg_data(cmp[k][0], pa, nb) == TG_OK && tg_data(cmp[k][1], pb, nb) == TG_OK);
+    for (size_t i = 0; i < nb / sizeof(float); i++) EXPECT(fabsf(pa[i] - pb[i]) <= 1e-5f * (1 + fabsf(pb[i])));
+  }
+  tg_jit_free(jd);
+  net_free(&dp), net_free(&one);
   /* bad input: an error, not an abort */
   EXPECT(!tg_valid(tg_dist_broadcast(t, 5)));
   tg_clear_error();

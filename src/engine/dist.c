@@ -4,9 +4,15 @@
  *
  * In: a process started by mpirun (or a lone process: a world of size 1). Out: rank and size, and a
  * tensor's sum over all ranks (tg_dist_allreduce) or rank root's copy (tg_dist_broadcast), as new
- * tensors on the input's device (and sharding). Errors come back as statuses, never aborts: the world
- * communicator gets MPI_ERRORS_RETURN, so a failed call (a peer that died) returns an error code
- * that is reported with MPI's own message.
+ * lazy tensors on the input's device (and sharding). They are graph nodes (COLLECTIVE) like any op:
+ * realized with the rest of the graph, differentiable (an allreduce's gradient is the allreduce of
+ * the gradient, a broadcast's an MPI_Reduce to the root), and captured by TinyJit, whose replays run
+ * the MPI call again; so a whole data-parallel training step (forward, BatchNorm statistics over all
+ * ranks, backward, gradient allreduce, optimizer) is one jitted function. MPI needs every rank to
+ * make the same collectives in the same order, which the same program over the same graph does:
+ * scheduling is deterministic. Errors come back as statuses, never aborts: the world communicator
+ * gets MPI_ERRORS_RETURN, so a failed call (a peer that died) returns an error code that is
+ * reported with MPI's own message.
  *
  * Open MPI's handles are addresses of its predefined objects (MPI_COMM_WORLD is &ompi_mpi_comm_world,
  * MPI_FLOAT &ompi_mpi_float, ...), which dlsym gives; MPI_IN_PLACE is (void *)1 in its ABI.
@@ -33,6 +39,7 @@ static struct {
   int (*Comm_set_errhandler)(MPI_Handle, MPI_Handle);
   int (*Allreduce)(const void *, void *, int, MPI_Handle, MPI_Handle, MPI_Handle);
   int (*Bcast)(void *, int, MPI_Handle, int, MPI_Handle);
+  int (*Reduce)(const void *, void *, int, MPI_Handle, MPI_Handle, int, MPI_Handle);
   int (*Error_string)(int, char *, int *);
   int (*Finalize)(void);
 } M;
@@ -63,7 +70,7 @@ tg_status tg_dist_init(void) {
     goto out;                                                                                                           \
   }
   SYM(Init, "MPI_Init") SYM(Initialized, "MPI_Initialized") SYM(Comm_rank, "MPI_Comm_rank") SYM(Comm_size, "MPI_Comm_size")
-  SYM(Comm_set_errhandler, "MPI_Comm_set_errhandler") SYM(Allreduce, "MPI_Allreduce") SYM(Bcast, "MPI_Bcast")
+  SYM(Comm_set_errhandler, "MPI_Comm_set_errhandler") SYM(Allreduce, "MPI_Allreduce") SYM(Bcast, "MPI_Bcast") SYM(Reduce, "MPI_Reduce")
   SYM(Error_string, "MPI_Error_string") SYM(Finalize, "MPI_Finalize")
 #undef SYM
 #define OBJ(field, name)                                                                                                 \
@@ -116,83 +123,70 @@ static MPI_Handle mpi_type(tg_dtype dt) {
   }
 }
 
-/* The buffer behind a realized tensor, NULL for a view or a lazy one. */
-static Buffer *realized_buffer(tg_tensor t) {
-  UOp *u = t_get(t, "tg_dist");
-  UOp *b = u ? g_resolve(u) : NULL;
-  return b && b->op == OP_BUFFER ? g_buffer_of(b) : NULL;
-}
-
-/* The collective over n elements of buf, in int-sized pieces (MPI counts are int): Bcast from
- * root, or Allreduce reading send (NULL: in place). */
-static tg_status mpi_run(const char *fn, const char *send, char *buf, int64_t n, size_t isz, MPI_Handle ty, int root,
-                         bool bcast) {
+/* The collective over n elements, in int-sized pieces (MPI counts are int): MPI_Allreduce of send
+ * into buf (root -1), MPI_Bcast of buf from root (root >= 0), or MPI_Reduce of send into buf on
+ * rank -2-root (root <= -2). */
+static tg_status mpi_run(const char *send, char *buf, int64_t n, size_t isz, MPI_Handle ty, int64_t root) {
   for (int64_t off = 0; off < n;) {
     int cnt = n - off > INT_MAX / 2 ? INT_MAX / 2 : (int)(n - off);
     char *at = buf + off * (int64_t)isz;
-    int rc = bcast ? M.Bcast(at, cnt, ty, root, M.world)
-                   : M.Allreduce(send ? send + off * (int64_t)isz : (void *)1 /* MPI_IN_PLACE */, at, cnt, ty, M.sum, M.world);
-    if (rc) return mpi_fail(fn, bcast ? "MPI_Bcast" : "MPI_Allreduce", rc);
+    const char *from = send + off * (int64_t)isz;
+    int rc = root >= 0    ? M.Bcast(at, cnt, ty, (int)root, M.world)
+             : root == -1 ? M.Allreduce(from, at, cnt, ty, M.sum, M.world)
+                          : M.Reduce(from, at, cnt, ty, M.sum, (int)(-2 - root), M.world);
+    if (rc) return mpi_fail("tg_dist", root >= 0 ? "MPI_Bcast" : root == -1 ? "MPI_Allreduce" : "MPI_Reduce", rc);
     off += cnt;
   }
   return TG_OK;
 }
 
-/* A single-device tensor in host memory (the CPU devices): MPI reads t's buffer and writes the
- * result's directly, no staging copy on either side. */
-static tg_tensor collective_host(const char *fn, tg_tensor t, const tg_opts *o, const int64_t *shape, int nd, int64_t n,
-                                 int root, bool bcast, MPI_Handle ty) {
-  size_t isz = tg_dtype_itemsize(o->dtype);
-  tg_tensor src = tg_contiguous(t), out = tg_empty(shape, nd, o);
-  Buffer *sb = NULL, *ob = NULL;
-  if (tg_realize(src) == TG_OK && tg_realize(out) == TG_OK) sb = realized_buffer(src), ob = realized_buffer(out);
+tg_status dist_exec(Buffer *out, Buffer *in, size_t n, tg_dtype dt, int64_t root) {
+  pthread_mutex_lock(&dist_lock); /* MPI is initialized for one thread at a time */
   tg_status st = TG_OK;
-  if (!sb || !ob || !sb->ptr || !ob->ptr)
-    st = tg_has_error() ? tg_last_status() : tg_set_error(TG_ERR_RUNTIME, "%s: the tensor's buffer could not be realized", fn);
-  if (st == TG_OK && bcast && M.rank == root) memcpy(ob->ptr, sb->ptr, (size_t)n * isz);
-  if (st == TG_OK) st = mpi_run(fn, sb->ptr, ob->ptr, n, isz, ty, root, bcast);
-  tg_free(src);
-  if (st == TG_OK) return out;
-  tg_free(out);
-  return (tg_tensor){0};
+  size_t isz = tg_dtype_itemsize(dt);
+  MPI_Handle ty = M.inited ? mpi_type(dt) : NULL;
+  if (!M.inited)
+    st = tg_set_error(TG_ERR_INVALID, "tg_dist: a collective was realized after tg_dist_finalize; realize it before finalizing");
+  else if (!out->ptr || !in->ptr || !ty)
+    st = tg_set_error(TG_ERR_RUNTIME, "tg_dist: the collective's buffers are not in host memory");
+  if (st == TG_OK && root >= 0 && M.rank == root) memcpy(out->ptr, in->ptr, n);
+  if (st == TG_OK && n) st = mpi_run(in->ptr, out->ptr, (int64_t)(n / isz), isz, ty, root);
+  if (st == TG_OK && root <= -2 && M.rank != -2 - root) memset(out->ptr, 0, n);
+  pthread_mutex_unlock(&dist_lock);
+  return st;
 }
 
-/* t's data on the host, op'd across ranks in place, then back as a tensor like t */
+static bool host_memory(const Device *d) { return d->vt == &cpu_device_vt || d->vt == &llvm_device_vt; }
+
+/* u's collective node: on a device in host memory, the node itself; elsewhere through a copy to
+ * the CPU and back; over a device tuple, one per shard. */
+static UOp *dist_node(UOp *u, const void *ctx) {
+  int64_t root = *(const int64_t *)ctx;
+  if (m_is(u)) return m_map(u, dist_node, ctx);
+  Device *d = device_by_id(u->device);
+  if (host_memory(d)) return g_collective(u, (int)root);
+  Device *cpu = device_get("CPU");
+  if (!cpu) return NULL;
+  UOp *h = g_copy(u, cpu->id), *c = g_collective(h, (int)root), *r = g_copy(c, u->device);
+  uop_unref(h), uop_unref(c);
+  return r;
+}
+
 static tg_tensor collective(const char *fn, tg_tensor t, int root, bool bcast) {
   if (!M.inited) return tg_set_error(TG_ERR_INVALID, "%s: call tg_dist_init first", fn), (tg_tensor){0};
   UOp *u = t_get(t, fn);
   if (!u) return (tg_tensor){0};
-  MPI_Handle ty = mpi_type((tg_dtype)u->dtype);
-  if (!ty)
+  if (!mpi_type((tg_dtype)u->dtype))
     return tg_set_error(TG_ERR_INVALID, "%s: dtype %s is not supported (float32, float64, int32, int64)", fn, tg_dtype_name((tg_dtype)u->dtype)),
            (tg_tensor){0};
   if (bcast && (root < 0 || root >= M.size))
     return tg_set_error(TG_ERR_INVALID, "%s: root %d is not a rank (0..%d)", fn, root, M.size - 1), (tg_tensor){0};
-  /* u's fields copied: reading the data realizes t, which may free the node u was */
-  int nd = u->ndim, dev = u->device;
-  tg_dtype dt = (tg_dtype)u->dtype;
-  int64_t shape[64];
-  if (nd) memcpy(shape, u->shape, sizeof(int64_t) * (size_t)nd);
-  int64_t n = shape_numel(shape, nd);
-  size_t isz = tg_dtype_itemsize(dt);
-  Device *d = device_by_id(dev);
-  tg_opts o = {.dtype = dt, .device = d->name, .requires_grad = TG_GRAD_UNSET};
-  if (!m_is(u) && n > 0 && (d->vt == &cpu_device_vt || d->vt == &llvm_device_vt))
-    return collective_host(fn, t, &o, shape, nd, n, root, bcast, ty);
-  char *buf = malloc((size_t)n * isz + 1);
-  if (!buf) return tg_set_error(TG_ERR_RUNTIME, "%s: cannot allocate %lld elements on the host", fn, (long long)n), (tg_tensor){0};
-  if (tg_data(t, buf, (size_t)n * isz) != TG_OK) {
-    free(buf);
-    return (tg_tensor){0};
-  }
-  if (mpi_run(fn, NULL, buf, n, isz, ty, root, bcast) != TG_OK) {
-    free(buf);
-    return (tg_tensor){0};
-  }
-  tg_tensor r = tg_from_data(buf, shape, nd, &o);
-  free(buf);
-  if (tg_valid(r) && tg_shard_axis(t) >= 0) r = tg_shard_like(r, t);
-  return r;
+  if (u->sym)
+    return tg_set_error(TG_ERR_INVALID, "%s: the tensor has a symbolic shape; shrink it to a concrete one first", fn), (tg_tensor){0};
+  int64_t r = bcast ? root : -1;
+  UOp *c = dist_node(u, &r);
+  if (!c) return (tg_tensor){0};
+  return t_wrap(c);
 }
 
 tg_tensor tg_dist_allreduce(tg_tensor t) { return collective("tg_dist_allreduce", t, 0, false); }

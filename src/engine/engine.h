@@ -8,7 +8,8 @@
 #include "../codegen/codegen.h"
 #include "../runtime/device.h"
 
-/* One executed item: a kernel launch or a device copy, with references to the buffers it used. */
+/* One executed item: a kernel launch, a device copy or an MPI collective, with references to the
+ * buffers it used. */
 struct CachedKernel;
 typedef struct {
   Program *prg;          /* NULL for a copy */
@@ -20,6 +21,9 @@ typedef struct {
   size_t nbytes;         /* copy size */
   size_t mem;            /* bytes a kernel reads and writes (counted again on every replay) */
   int64_t *vals;         /* the values of the kernel's variables (code->vars) in the captured run */
+  bool coll;             /* an MPI collective (prg NULL): bufs[0] = op(bufs[1]), nbytes each */
+  int64_t root;          /* coll: the COLLECTIVE node's arg */
+  int dtype;             /* coll: the element type */
 } CapItem;
 
 /* A buffer that lived only between two items of the capture (an intermediate its schedule freed):
@@ -78,5 +82,9 @@ typedef struct {
   const int *vars; /* the variables of the captured call (var.c indices) */
 } JitView;
 void jit_view(const tg_jit *j, JitView *v);
+
+/* Runs an SI_COLLECTIVE item (dist.c): out = the collective `root` (a COLLECTIVE node's arg) of in,
+ * n bytes of dtype dt each, host memory. */
+tg_status dist_exec(Buffer *out, Buffer *in, size_t n, tg_dtype dt, int64_t root);
 
 #endif

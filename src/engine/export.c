@@ -543,6 +543,9 @@ static tg_status classify(Ex *e) {
   }
   for (int i = 0; i < c->n; i++) {
     const CapItem *it = &c->items[i];
+    if (it->coll)
+      return tg_set_error(TG_ERR_INVALID, "%s: captured item %d is an MPI collective (tg_dist_allreduce/broadcast); an "
+                          "exported function runs in one process, so capture it without them", fn, i);
     for (int k = 0; it->code && k < it->code->nvars; k++) {
       bool found = false;
       for (int q = 0; q < e->v.nvars && !found; q++) found = e->v.vars[q] == it->code->vars[k];

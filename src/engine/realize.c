@@ -315,6 +315,7 @@ static void capture_add(CachedKernel *ck, Buffer **bufs, int nbufs, size_t nbyte
   it->bufs = tg_xmalloc(sizeof(Buffer *) * (size_t)nbufs);
   for (int i = 0; i < nbufs; i++) it->bufs[i] = buffer_ref(bufs[i]);
   it->vals = NULL;
+  it->coll = false, it->root = 0, it->dtype = 0;
   if (ck && ck->code->nvars) {
     it->vals = tg_xmalloc(sizeof(int64_t) * (size_t)ck->code->nvars);
     memcpy(it->vals, vals, sizeof(int64_t) * (size_t)ck->code->nvars);
@@ -401,7 +402,10 @@ static tg_status run_items(const Capture *c, const bool *run, Buffer *const *fro
       if (b != bs) free(b);
       break;
     }
-    if (!it->prg) {
+    if (it->coll) {
+      st = dist_exec(b[0], b[1], it->nbytes, (tg_dtype)it->dtype, it->root);
+      if (st == TG_OK) counters_add(false, 0, it->nbytes, 0);
+    } else if (!it->prg) {
       double c0 = viz_on ? now_seconds() : 0;
       st = buffer_copy(b[0], b[1], it->nbytes);
       if (st == TG_OK && viz_on) viz_copy(-1, b[0]->dev, b[1]->dev, it->nbytes, now_seconds() - c0);
@@ -613,6 +617,20 @@ static tg_status run_schedule(Schedule *s) {
       if (dbg >= 2)
         fprintf(stderr, "*** %-8s %6s copy %zu bytes %s -> %s\n", out->dev->name, "", out->nbytes, in->dev->name,
                 out->dev->name);
+    } else if (it->kind == SI_COLLECTIVE) {
+      SBuf *in = &s->bufs[it->bufs[1]];
+      tg_status st = dist_exec(out->buf, in->buf, out->nbytes, (tg_dtype)it->dtype, it->root);
+      if (st != TG_OK) return st;
+      if (g_capture) {
+        Buffer *cb[2] = {out->buf, in->buf};
+        capture_add(NULL, cb, 2, out->nbytes, 0, NULL);
+        CapItem *ci = &g_capture->items[g_capture->n - 1];
+        ci->coll = true, ci->root = it->root, ci->dtype = it->dtype;
+      }
+      counters_add(false, 0, out->nbytes, 0);
+      if (dbg >= 2)
+        fprintf(stderr, "*** %-8s %6s MPI %s %zu bytes\n", out->dev->name, "",
+                it->root == -1 ? "allreduce" : it->root >= 0 ? "broadcast" : "reduce", out->nbytes);
     } else if (out->nbytes > 0) {
       CachedKernel *ck;
       if (beam > 0 && !(s->nvars && ast_has_vars(it->ast)) && !(it->dev->caps.gpu && kc_gopts(it->dev))) {

@@ -147,6 +147,9 @@ static char *node_label(const UOp *u, bool realized) {
     shape_str(&b, u->iarg, (int)u->niarg);
   } else if (u->op == OP_COPY) {
     sb_printf(&b, " to %s", dev_name(u->device));
+  } else if (u->op == OP_COLLECTIVE) {
+    if (u->arg.i == -1) sb_puts(&b, " sum over ranks");
+    else sb_printf(&b, " %s rank %lld", u->arg.i >= 0 ? "from" : "sum to", (long long)(u->arg.i >= 0 ? u->arg.i : -2 - u->arg.i));
   } else if (u->niarg) {
     sb_putc(&b, ' ');
     shape_str(&b, u->iarg, (int)u->niarg);
@@ -176,7 +179,7 @@ void viz_schedule(const Schedule *s, UOp *const *targets, int n) {
   vs->nitems = s->nitems;
   vs->ntargets = n;
   vs->item_kernel = tg_xmalloc(sizeof(int) * (size_t)(s->nitems + 1));
-  for (int i = 0; i < s->nitems; i++) vs->item_kernel[i] = s->items[i].kind == SI_COPY ? -1 : -2;
+  for (int i = 0; i < s->nitems; i++) vs->item_kernel[i] = s->items[i].kind != SI_KERNEL ? -1 : -2;
   /* the nodes each item writes, and the schedule's inputs (realized buffers) */
   PtrMap writer, index;
   pm_init(&writer), pm_init(&index);

@@ -742,7 +742,7 @@ tg_status tg_nn_batchnorm_init(tg_nn_batchnorm *l, int64_t num_features, const t
   if (!eps_ok(fn, eps)) return TG_ERR_INVALID;
   if (!isfinite(mom)) return tg_set_error(TG_ERR_INVALID, "%s: momentum %g must be finite", fn, mom);
   l->num_features = num_features, l->eps = eps, l->momentum = mom;
-  l->affine = opts->affine, l->track_running_stats = opts->track_running_stats, l->unsynced = opts->unsynced;
+  l->affine = opts->affine, l->track_running_stats = opts->track_running_stats, l->unsynced = opts->unsynced, l->dist = opts->dist;
   const int64_t c[1] = {num_features};
   NnOp o = op_begin(fn);
   PDef p[5] = {{&l->weight, l->affine ? tg_ones(c, 1, NULL) : NONE, true},
@@ -817,12 +817,16 @@ tg_tensor tg_nn_batchnorm_forward(tg_nn_batchnorm *l, tg_tensor x) {
     mean = l->running_mean;
     invstd = tg_rsqrt(tg_add_s(l->running_var, l->eps));
   } else {
-    /* two passes over x; d(var)/d(mean) = 0, so the mean is detached inside the variance */
-    tg_tensor bm = tg_mean(x, axes, na, false);
+    /* two passes over x; d(var)/d(mean) = 0, so the mean is detached inside the variance. Over MPI
+     * ranks (dist): each pass's sums are allreduced and divided by the count over all ranks */
+    int ranks = l->dist && tg_dist_size() > 1 ? tg_dist_size() : 1;
+    double total = (double)(prod(xs, nd) / xs[1]) * ranks;
+    tg_tensor bm = ranks > 1 ? tg_div_s(tg_dist_allreduce(tg_sum(x, axes, na, false)), total) : tg_mean(x, axes, na, false);
     tg_tensor y = tg_sub(x, tg_reshape(tg_detach(bm), mask, nd));
-    tg_tensor bv = tg_mean(tg_mul(y, y), axes, na, false);
+    tg_tensor bv = ranks > 1 ? tg_div_s(tg_dist_allreduce(tg_sum(tg_mul(y, y), axes, na, false)), total)
+                             : tg_mean(tg_mul(y, y), axes, na, false);
     if (l->track_running_stats && training) {
-      int64_t n = prod(xs, nd);
+      int64_t n = prod(xs, nd) * ranks;
       if (n - xs[1] <= 0)
         return op_done(o,
                        fail("%s: training needs more than one value per channel, got input %s", fn, TSHP(x)));

@@ -94,7 +94,7 @@ static int depth_bound(void) {
 /* What a node adds to the depth of the kernels reading it: 0 when they load it from a buffer. */
 static int depth_seen_by_consumers(const NI *x) {
   UOp *n = x->n;
-  if (x->leaf || x->deep || n->op == OP_CONTIGUOUS || n->op == OP_COPY || n->op == OP_ASSIGN) return 0;
+  if (x->leaf || x->deep || n->op == OP_CONTIGUOUS || n->op == OP_COPY || n->op == OP_COLLECTIVE || n->op == OP_ASSIGN) return 0;
   return x->depth;
 }
 
@@ -268,7 +268,7 @@ static void decide(SCtx *c) {
      * reduction or by several kernels it gets its own small kernel, so consumers read a plain
      * buffer (no data-dependent addresses inside reduce loops, nothing recomputed per use) */
     bool gather_own = n->op == OP_INDEX && !(x->npush > 0 && x->cand_root >= 0 && x->cand_fus);
-    if (x->target || n->op == OP_CONTIGUOUS || n->op == OP_COPY || n->op == OP_ASSIGN || gather_own || x->cand_copy) x->mat = true;
+    if (x->target || n->op == OP_CONTIGUOUS || n->op == OP_COPY || n->op == OP_COLLECTIVE || n->op == OP_ASSIGN || gather_own || x->cand_copy) x->mat = true;
     if (!x->mat && x->npush > 0) {
       x->root = x->cand_root;
       /* through a permute the reduce is evaluated at the index its path gives it (root-order
@@ -319,7 +319,7 @@ static void decide(SCtx *c) {
         s->cand_fus = s->cand_fus && through;
         if (s->cand_rep != rep) s->rep_conflict = true;
       }
-      if (op == OP_COPY) s->cand_copy = true;
+      if (op == OP_COPY || op == OP_COLLECTIVE) s->cand_copy = true;
       if (perm) s->cand_perm = true;
       if (red) s->into_red = true;
       if (bcast > s->bcast) s->bcast = bcast;
@@ -1745,6 +1745,17 @@ tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
       int *params = tg_xmalloc(sizeof(int) * 2);
       params[0] = x->sbuf, params[1] = in;
       add_item(&c, SI_COPY, NULL, params, 2, dev);
+      continue;
+    }
+    if (nd->op == OP_COLLECTIVE) {
+      NI *src = info(&c, nd->src[0]);
+      if (src->n->op == OP_ASSIGN && !src->emitted) flush_assign(&c, (int)(src - c.ni));
+      int in = src->leaf ? read_sbuf(&c, src) : src->sbuf;
+      int *params = tg_xmalloc(sizeof(int) * 2);
+      params[0] = x->sbuf, params[1] = in;
+      add_item(&c, SI_COLLECTIVE, NULL, params, 2, dev);
+      s->items[s->nitems - 1].root = nd->arg.i;
+      s->items[s->nitems - 1].dtype = nd->dtype;
       continue;
     }
     UOp *value = nd->op == OP_CONTIGUOUS ? nd->src[0] : nd;

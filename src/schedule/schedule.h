@@ -7,7 +7,7 @@
 
 #include "../tensor/tensor.h"
 
-enum { SI_KERNEL, SI_COPY };
+enum { SI_KERNEL, SI_COPY, SI_COLLECTIVE };
 
 /* One buffer of a schedule: pre-existing (a realized input) or created by a kernel. */
 typedef struct {
@@ -27,6 +27,8 @@ typedef struct {
   int *bufs;
   int nbufs;
   Device *dev;
+  int64_t root;   /* SI_COLLECTIVE: the COLLECTIVE node's arg (bufs[0] = op(bufs[1])) */
+  int dtype;      /* SI_COLLECTIVE: the element type */
 } SItem;
 
 typedef struct {

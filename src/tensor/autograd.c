@@ -119,6 +119,10 @@ static void grad_rule(UOp *n, UOp *g, UOp **out) {
   case OP_TRUNC: out[0] = kconst(a, 0, (tg_dtype)a->dtype); break;
   case OP_CONTIGUOUS: out[0] = uop_ref(g); break;
   case OP_COPY: out[0] = g_copy(g, a->device); break;
+  /* every process's value feeds the sum on every process, so each gets the sum of all their
+   * gradients; a broadcast's value is the root's alone, so its gradient is the sum of theirs on the
+   * root (an MPI reduce to it) and zero elsewhere */
+  case OP_COLLECTIVE: out[0] = g_collective(g, n->arg.i < 0 ? -1 : -2 - n->arg.i); break;
   case OP_RESHAPE: out[0] = g_reshape(g, a->shape, a->ndim); break;
   case OP_PERMUTE: {
     int64_t inv[64];

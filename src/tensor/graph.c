@@ -332,7 +332,7 @@ bool g_is_stored(UOp *u, bool reduce_ok) {
     u = u->src[0];
   }
   return u->op == OP_BUFFER || u->op == OP_CONST || u->op == OP_IOTA || u->op == OP_CONTIGUOUS || u->op == OP_INDEX || u->op == OP_COPY ||
-         u->op == OP_ASSIGN || (reduce_ok && u->op == OP_REDUCE_AXIS);
+         u->op == OP_COLLECTIVE || u->op == OP_ASSIGN || (reduce_ok && u->op == OP_REDUCE_AXIS);
 }
 
 /* Can recomputing u round differently in another kernel: does it compute floats with rounding
@@ -395,6 +395,12 @@ UOp *g_copy(UOp *a, int device) {
   arg.i = device;
   UOp *u = uop_new_meta(OP_COPY, (tg_dtype)a->dtype, &a, 1, NULL, 0, arg, a->shape, a->ndim, device);
   return u;
+}
+
+UOp *g_collective(UOp *a, int root) {
+  UArg arg;
+  arg.i = root;
+  return uop_new_meta(OP_COLLECTIVE, (tg_dtype)a->dtype, &a, 1, NULL, 0, arg, a->shape, a->ndim, a->device);
 }
 
 UOp *g_assign(UOp *target, UOp *value) {

@@ -74,6 +74,10 @@ bool g_is_stored(UOp *u, bool reduce_ok);
  * differently compiled kernels may round an expression differently (FMA contraction) */
 UOp *g_stable(UOp *a);
 UOp *g_copy(UOp *a, int device);
+/* a across an MPI world (dist.c runs it): root -1 the sum over all processes, r >= 0 process r's a,
+ * -2-r the sum on process r and zeros elsewhere; a must be single-device, in host memory
+ * (tg_dist_allreduce/broadcast arrange both) */
+UOp *g_collective(UOp *a, int root);
 UOp *g_detach(UOp *a); /* same value, no gradient flows through */
 UOp *g_index(UOp *data, UOp *idx); /* data[idx] along dim 0 (negative indices wrap, out of range reads 0) */
 UOp *g_assign(UOp *target, UOp *value);

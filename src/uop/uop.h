@@ -71,6 +71,10 @@
   /* x[idx] along dim 0: src0 data, src1 integer indices; shape idx.shape + data.shape[1:] */       \
   X(INDEX, 0)                                                                                      \
   X(COPY, 0)                                                                                       \
+  /* across the processes of an MPI world (dist.c), src0 stored first, on a host-memory device:     \
+   * arg.i -1 the sum of src0 over all of them, r >= 0 process r's src0 (a broadcast), -2-r the sum \
+   * on process r and zeros on the others (a reduce to r: a broadcast's gradient) */              \
+  X(COLLECTIVE, 0)                                                                                 \
   X(ASSIGN, 0)                                                                                     \
   X(MULTI, 0) /* a tensor over a device tuple: src = one node per member; arg.i the sharded axis (-1: replicated) */ \
   /* kernel AST */                                                                                 \
