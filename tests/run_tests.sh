@@ -147,9 +147,8 @@ if [ $C_ONLY = 0 ]; then
   # CUDA codegen without a GPU: every 8th op case's kernels compiled by NVRTC for sm_80 and sm_90
   run "test_cuda_null.sh (DEV=NULL:CUDA)" tests/test_cuda_null.sh "$BUILD" "$PYTHON"
   # the differential suites on the LLVM renderer (libLLVM in process), every case
-  # (not the symbolic suite: the LLVM renderer refuses symbolic loops, test_symbolic_shapes checks that)
+  # (the symbolic suite too: the LLVM renderer renders variable loop ends)
   for py in tests/test_*_torch.py; do
-    [ "$(basename "$py")" = test_symbolic_torch.py ] && continue
     run "$(basename "$py") (DEV=CPU:LLVM)" env DEV=CPU:LLVM "$PYTHON" "$py"
   done
 
