@@ -149,8 +149,46 @@ def test_cache():
     check(rc2 == 0 and out2.strip() == "ok", "a second process runs from the cache", err2[-400:])
 
 
+# several kernels in one schedule: a cold CPU:LLVM realize compiles them as batches (one module,
+# one object, one JIT entry shared by their programs)
+BATCH_SNIPPET = r"""
+import sys; sys.path.insert(0, %r)
+import numpy as np, tinygrad as tg
+rng = np.random.RandomState(3)
+x, w1, w2 = (rng.randn(*s).astype(np.float32) for s in ((16, 40), (40, 32), (32, 10)))
+for _ in range(3):
+  h = (tg.Tensor(x) @ tg.Tensor(w1)).relu()
+  y = (h @ tg.Tensor(w2)).softmax(1) + (h.exp() * 0.5).mean(0).sum()
+  got = y.numpy()
+e = np.maximum(x @ w1, 0)
+z = e @ w2
+sm = np.exp(z - z.max(1, keepdims=True))
+want = sm / sm.sum(1, keepdims=True) + (np.exp(e) * 0.5).mean(0).sum()
+assert np.allclose(got, want, rtol=1e-4, atol=1e-4), abs(got - want).max()
+print("sum %%.6f" %% float(got.sum()))
+""" % HERE
+
+
+def test_batch():
+  with tempfile.TemporaryDirectory() as d:
+    env = {"DEV": "CPU:LLVM", "TINYGRAD_CACHE_DIR": d, "DEBUG": "3"}
+    rc, out, err = child(env, BATCH_SNIPPET)
+    check(rc == 0 and "compiled a batch of " in err, "a cold CPU:LLVM schedule compiles its kernels as a batch",
+          (out + err)[-800:])
+    rc2, out2, err2 = child(env, BATCH_SNIPPET)
+    check(rc2 == 0 and out2 == out and "CPU:LLVM: compiled" not in err2,
+          "a second process loads the batch from the cache and computes the same", (out2 + err2)[-800:])
+    # one loaded program at a time: every batch's programs are unloaded (the shared object goes with
+    # the last) and reloaded one by one
+    rc3, out3, err3 = child(dict(env, MAX_LOADED_KERNELS="1", DEBUG="0"), BATCH_SNIPPET)
+    check(rc3 == 0 and out3 == out, "batched programs unload and reload with MAX_LOADED_KERNELS=1", (out3 + err3)[-800:])
+  rc4, out4, err4 = child({"DEV": "CPU"}, BATCH_SNIPPET)
+  check(rc4 == 0 and out4.strip() and abs(float(out4.split()[1]) - float(out.split()[1])) < 1e-3,
+        "the batch computes what DEV=CPU computes", out4 + out)
+
+
 def main():
-  for f in (test_results, test_arch_errors, test_missing_library, test_debug_levels, test_cache):
+  for f in (test_results, test_arch_errors, test_missing_library, test_debug_levels, test_cache, test_batch):
     try:
       f()
     except Exception as e:  # noqa: BLE001

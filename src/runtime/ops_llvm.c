@@ -70,6 +70,7 @@ typedef struct {
   X(void, LLVMDisposeMessage, (char *))                                                                \
   X(Ref, LLVMGetNamedFunction, (Ref, const char *))                                                    \
   X(void, LLVMSetValueName2, (Ref, const char *, size_t))                                              \
+  X(int, LLVMLinkModules2, (Ref, Ref))                                                                 \
   X(char *, LLVMGetHostCPUName, (void))                                                                \
   X(char *, LLVMGetHostCPUFeatures, (void))                                                            \
   X(char *, LLVMGetDefaultTargetTriple, (void))                                                        \
@@ -126,9 +127,22 @@ typedef struct {
   int ntm_free;
 } LlvmState;
 
+/* One object in the JIT holding a batch of kernels: loaded once, shared by their programs, removed
+ * with the last of them. */
+typedef struct BatchObj {
+  uint64_t hash; /* the batch's: its kernels' symbols end in it */
+  Ref rt;
+  int refs;
+  struct BatchObj *next;
+} BatchObj;
+
+static BatchObj *g_batches;
+static pthread_mutex_t g_batch_lock = PTHREAD_MUTEX_INITIALIZER;
+
 typedef struct {
   tp_range_fn fn;
-  Ref rt;
+  Ref rt;          /* the object's tracker (a single kernel's), or NULL */
+  BatchObj *batch; /* or the shared batch object it is in */
 } LlvmProgram;
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -535,51 +549,114 @@ static void tm_put(LlvmState *s, Ref tm) {
   if (tm) L.LLVMDisposeTargetMachine(tm);
 }
 
-/* IR text -> optimized module -> object (or assembly) bytes. *lib is malloc'd. */
+/* One kernel of a compile: its entry point's name, the symbol it gets in the JIT, its IR. */
+typedef struct {
+  char name[128];
+  char sym[192];
+  const char *ir;
+  size_t irlen;
+} Seg;
+
+/* A batch from program_get_batch: "#define NAME ALIAS\n<IR>#undef NAME\n" per kernel. Fills segs
+ * (malloc'd) with each kernel, its symbol ALIAS_<hash of the batch>; the count, or -1 when src is
+ * not a well-formed batch. */
+static int split_batch(const char *src, uint64_t h, Seg **segs) {
+  int n = 0, cap = 0;
+  Seg *v = NULL;
+  const char *p = src;
+  while (strncmp(p, "#define ", 8) == 0) {
+    p += 8;
+    size_t nl = strcspn(p, " \n");
+    if (p[nl] != ' ' || nl == 0 || nl >= 100) goto bad;
+    const char *alias = p + nl + 1;
+    size_t al = strcspn(alias, "\n");
+    if (alias[al] != '\n' || al == 0 || al >= 150) goto bad;
+    const char *ir = alias + al + 1;
+    char undef[128];
+    snprintf(undef, sizeof undef, "#undef %.*s\n", (int)nl, p);
+    const char *end = strstr(ir, undef);
+    if (!end) goto bad;
+    if (n == cap) cap = cap ? cap * 2 : 16, v = tg_xrealloc(v, sizeof(Seg) * (size_t)cap);
+    snprintf(v[n].name, sizeof v[n].name, "%.*s", (int)nl, p);
+    snprintf(v[n].sym, sizeof v[n].sym, "%.*s_%016llx", (int)al, alias, (unsigned long long)h);
+    v[n].ir = ir;
+    v[n].irlen = (size_t)(end - ir);
+    n++;
+    p = end + strlen(undef);
+  }
+  if (n == 0 || *p) goto bad;
+  *segs = v;
+  return n;
+bad:
+  free(v);
+  return -1;
+}
+
+/* IR text -> optimized module -> object (or assembly) bytes. *lib is malloc'd. A batch of kernels
+ * is linked into one module and becomes one object: the code generator's and the JIT's fixed costs
+ * per object (about a millisecond) are paid once for all of them. */
 static tg_status llvm_build(void *vctx, const char *src, uint8_t **lib, size_t *liblen) {
   BuildCtx *bc = vctx;
   LlvmState *s = bc->s;
   double t0 = now_seconds();
-  char name[128];
-  ir_kernel_name(src, name, sizeof name);
-  Ref ctx = L.LLVMContextCreate();
-  Ref buf = L.LLVMCreateMemoryBufferWithMemoryRangeCopy(src, strlen(src), name);
-  Ref mod = NULL;
-  char *msg = NULL;
-  tg_status st = TG_OK;
-  Ref tm = NULL;
-  if (L.LLVMParseIRInContext(ctx, buf, &mod, &msg)) { /* takes buf */
-    st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s' (LLVM IR): %s", name, msg ? msg : "?");
-    if (msg) L.LLVMDisposeMessage(msg);
-    L.LLVMContextDispose(ctx);
-    return st;
+  uint64_t h = hash_bytes(src, strlen(src), hash_bytes(s->id, strlen(s->id), 0x74676c6cULL));
+  bool batch = strncmp(src, "#define ", 8) == 0;
+  Seg one, *segs = &one;
+  int nseg = 1;
+  if (batch) {
+    nseg = split_batch(src, h, &segs);
+    if (nseg < 0) return tg_set_error(TG_ERR_COMPILE, "compile failed: a CPU:LLVM batch of kernels is malformed");
+  } else {
+    ir_kernel_name(src, one.name, sizeof one.name);
+    snprintf(one.sym, sizeof one.sym, "%s_%016llx", one.name, (unsigned long long)h);
+    one.ir = src;
+    one.irlen = strlen(src);
   }
-  Ref target = NULL;
+  char what[200];
+  if (batch) snprintf(what, sizeof what, "a batch of %d kernels (%s, ...)", nseg, segs[0].name);
+  else snprintf(what, sizeof what, "%s", one.name);
+  Ref ctx = L.LLVMContextCreate();
+  Ref mod = NULL, tm = NULL;
+  tg_status st = TG_OK;
   char *err = NULL;
+  for (int i = 0; i < nseg && st == TG_OK; i++) {
+    Ref buf = L.LLVMCreateMemoryBufferWithMemoryRangeCopy(segs[i].ir, segs[i].irlen, segs[i].name);
+    Ref m = NULL;
+    char *msg = NULL;
+    if (L.LLVMParseIRInContext(ctx, buf, &m, &msg)) { /* takes buf */
+      st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s' (LLVM IR): %s", segs[i].name, msg ? msg : "?");
+      if (msg) L.LLVMDisposeMessage(msg);
+      break;
+    }
+    /* the kernel's symbol: its name and a hash of its source and target (unique in the JIT) */
+    Ref fn = L.LLVMGetNamedFunction(m, segs[i].name);
+    if (!fn) {
+      st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s': the module defines no @%s", segs[i].name, segs[i].name);
+      L.LLVMDisposeModule(m);
+      break;
+    }
+    L.LLVMSetValueName2(fn, segs[i].sym, strlen(segs[i].sym));
+    if (!mod) mod = m;
+    else if (L.LLVMLinkModules2(mod, m)) /* takes m; internal names that clash are renamed */
+      st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s': LLVM cannot link it into its batch", segs[i].name);
+  }
+  if (st != TG_OK) goto done;
+  double t1 = now_seconds();
+  Ref target = NULL;
   if (L.LLVMGetTargetFromTriple(s->triple, &target, &err)) {
-    st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s': no target %s: %s", name, s->triple, err ? err : "?");
+    st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s': no target %s: %s", what, s->triple, err ? err : "?");
     if (err) L.LLVMDisposeMessage(err);
     goto done;
   }
   tm = tm_take(s, target);
   if (!tm) {
-    st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s': no target machine for %s %s", name, s->triple, s->cpu);
+    st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s': no target machine for %s %s", what, s->triple, s->cpu);
     goto done;
   }
   L.LLVMSetTarget(mod, s->triple);
   Ref dl = L.LLVMCreateTargetDataLayout(tm);
   L.LLVMSetModuleDataLayout(mod, dl);
   L.LLVMDisposeTargetData(dl);
-  /* the kernel's symbol: its name and a hash of its source and target (unique in the JIT) */
-  char sym[192];
-  uint64_t h = hash_bytes(src, strlen(src), hash_bytes(s->id, strlen(s->id), 0x74676c6cULL));
-  snprintf(sym, sizeof sym, "%s_%016llx", name, (unsigned long long)h);
-  Ref fn = L.LLVMGetNamedFunction(mod, name);
-  if (!fn) {
-    st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s': the module defines no @%s", name, name);
-    goto done;
-  }
-  L.LLVMSetValueName2(fn, sym, strlen(sym));
   Ref opts = L.LLVMCreatePassBuilderOptions();
   /* the renderer vectorizes explicitly (as with gcc, whose loop vectorizer is off for the C kernels) */
   L.LLVMPassBuilderOptionsSetLoopVectorization(opts, 0);
@@ -587,39 +664,51 @@ static tg_status llvm_build(void *vctx, const char *src, uint8_t **lib, size_t *
   L.LLVMDisposePassBuilderOptions(opts);
   if (perr) {
     char *m = take_error(perr);
-    st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s' (LLVM passes): %s", name, m);
+    st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s' (LLVM passes): %s", what, m);
     free(m);
     goto done;
   }
+  double t2 = now_seconds();
   Ref out = NULL;
   if (L.LLVMTargetMachineEmitToMemoryBuffer(tm, mod, bc->filetype, &err, &out)) {
-    st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s' (LLVM code generation): %s", name, err ? err : "?");
+    st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s' (LLVM code generation): %s", what, err ? err : "?");
     if (err) L.LLVMDisposeMessage(err);
     goto done;
   }
-  size_t n = L.LLVMGetBufferSize(out), sl = strlen(sym);
+  size_t n = L.LLVMGetBufferSize(out);
   if (bc->filetype == 0) {
     *lib = tg_xmalloc(n + 1);
     memcpy(*lib, L.LLVMGetBufferStart(out), n);
     (*lib)[n] = 0;
     *liblen = n;
+  } else if (batch) {
+    /* "TGLB", the batch's hash (which names its symbols), the object */
+    *liblen = 12 + n;
+    *lib = tg_xmalloc(*liblen);
+    memcpy(*lib, "TGLB", 4);
+    memcpy(*lib + 4, &h, 8);
+    memcpy(*lib + 12, L.LLVMGetBufferStart(out), n);
   } else {
+    /* "TGLL", the symbol's length, the symbol, the object */
+    size_t sl = strlen(one.sym);
     uint32_t sl32 = (uint32_t)sl;
     *liblen = 8 + sl + n;
     *lib = tg_xmalloc(*liblen);
     memcpy(*lib, "TGLL", 4);
     memcpy(*lib + 4, &sl32, 4);
-    memcpy(*lib + 8, sym, sl);
+    memcpy(*lib + 8, one.sym, sl);
     memcpy(*lib + 8 + sl, L.LLVMGetBufferStart(out), n);
   }
   L.LLVMDisposeMemoryBuffer(out);
   if (debug_level() >= 3)
-    fprintf(stderr, "CPU:LLVM: compiled %s in %.1f ms (%zu bytes of IR, %zu of %s)\n", name, (now_seconds() - t0) * 1e3,
-            strlen(src), n, bc->filetype ? "object" : "assembly");
+    fprintf(stderr, "CPU:LLVM: compiled %s in %.1f ms (parse %.1f, passes %.1f, codegen %.1f; %zu bytes of IR, %zu of %s)\n",
+            what, (now_seconds() - t0) * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (now_seconds() - t2) * 1e3, strlen(src), n,
+            bc->filetype ? "object" : "assembly");
 done:
   if (tm) tm_put(s, tm);
-  L.LLVMDisposeModule(mod);
+  if (mod) L.LLVMDisposeModule(mod);
   L.LLVMContextDispose(ctx);
+  if (segs != &one) free(segs);
   return st;
 }
 
@@ -643,8 +732,86 @@ static char *llvm_disasm(void *state, const char *src, const uint8_t *lib, size_
 /* ---------------------------------------------------------------------------------------------- */
 /* load, exec                                                                                      */
 
+/* Drops one program's hold on its batch object; the last one removes it from the JIT. */
+static void batch_release(BatchObj *b) {
+  pthread_mutex_lock(&g_batch_lock);
+  bool last = --b->refs == 0;
+  if (last)
+    for (BatchObj **pp = &g_batches; *pp; pp = &(*pp)->next)
+      if (*pp == b) {
+        *pp = b->next;
+        break;
+      }
+  pthread_mutex_unlock(&g_batch_lock);
+  if (!last) return;
+  Ref err = L.LLVMOrcResourceTrackerRemove(b->rt);
+  if (err) free(take_error(err));
+  L.LLVMOrcReleaseResourceTracker(b->rt);
+  free(b);
+}
+
+/* Adds an object to the JIT under a new tracker and looks sym up in it; NULL + *why on failure
+ * (the object is removed again). */
+static Ref add_object(const uint8_t *obj, size_t olen, const char *sym, uint64_t *addr, char **why) {
+  Ref buf = L.LLVMCreateMemoryBufferWithMemoryRangeCopy((const char *)obj, olen, sym);
+  Ref rt = L.LLVMOrcJITDylibCreateResourceTracker(g_jd);
+  Ref err = L.LLVMOrcLLJITAddObjectFileWithRT(g_jit, rt, buf); /* takes buf */
+  *addr = 0;
+  if (!err && sym) err = L.LLVMOrcLLJITLookup(g_jit, addr, sym);
+  if (err || (sym && !*addr)) {
+    *why = err ? take_error(err) : tg_xstrdup("address 0");
+    Ref e2 = L.LLVMOrcResourceTrackerRemove(rt);
+    if (e2) free(take_error(e2));
+    L.LLVMOrcReleaseResourceTracker(rt);
+    return NULL;
+  }
+  return rt;
+}
+
+/* A kernel of a batch object: the object goes into the JIT with the first of its kernels to load
+ * and stays while any of them is loaded. */
+static void *load_from_batch(const char *fname, const uint8_t *lib, size_t liblen) {
+  uint64_t h;
+  memcpy(&h, lib + 4, 8);
+  char sym[256];
+  snprintf(sym, sizeof sym, "%s_%016llx", fname, (unsigned long long)h);
+  pthread_mutex_lock(&g_batch_lock);
+  BatchObj *b = g_batches;
+  while (b && b->hash != h) b = b->next;
+  char *why = NULL;
+  if (!b) {
+    uint64_t unused;
+    Ref rt = add_object(lib + 12, liblen - 12, NULL, &unused, &why);
+    if (rt) {
+      b = tg_xcalloc(1, sizeof *b);
+      b->hash = h, b->rt = rt, b->next = g_batches;
+      g_batches = b;
+    }
+  }
+  if (b) b->refs++; /* held across the lookup */
+  pthread_mutex_unlock(&g_batch_lock);
+  uint64_t addr = 0;
+  if (b) {
+    Ref err = L.LLVMOrcLLJITLookup(g_jit, &addr, sym);
+    if (err) why = take_error(err);
+    else if (!addr) why = tg_xstrdup("address 0");
+  }
+  if (why) {
+    tg_set_error(TG_ERR_RUNTIME, "cannot load kernel '%s': %s", fname, why);
+    free(why);
+    if (b) batch_release(b);
+    return NULL;
+  }
+  LlvmProgram *p = tg_xcalloc(1, sizeof *p);
+  *(void **)&p->fn = (void *)(uintptr_t)addr;
+  p->batch = b;
+  return p;
+}
+
 static void *llvm_load(void *state, const char *fname, const uint8_t *lib, size_t liblen) {
   (void)state;
+  if (fname && lib && liblen > 12 && memcmp(lib, "TGLB", 4) == 0 && strlen(fname) < 200)
+    return load_from_batch(fname, lib, liblen);
   uint32_t sl = 0;
   if (!fname || !lib || liblen < 8 || memcmp(lib, "TGLL", 4) != 0 || (memcpy(&sl, lib + 4, 4), sl == 0) || sl > 512 ||
       8 + (size_t)sl >= liblen) {
@@ -654,23 +821,15 @@ static void *llvm_load(void *state, const char *fname, const uint8_t *lib, size_
   char sym[520];
   memcpy(sym, lib + 8, sl);
   sym[sl] = '\0';
-  const uint8_t *obj = lib + 8 + sl;
-  size_t olen = liblen - 8 - sl;
-  Ref buf = L.LLVMCreateMemoryBufferWithMemoryRangeCopy((const char *)obj, olen, sym);
-  Ref rt = L.LLVMOrcJITDylibCreateResourceTracker(g_jd);
-  Ref err = L.LLVMOrcLLJITAddObjectFileWithRT(g_jit, rt, buf); /* takes buf */
   uint64_t addr = 0;
-  if (!err) err = L.LLVMOrcLLJITLookup(g_jit, &addr, sym);
-  if (err || !addr) {
-    char *m = err ? take_error(err) : tg_xstrdup("address 0");
-    tg_set_error(TG_ERR_RUNTIME, "cannot load kernel '%s': %s", fname, m);
-    free(m);
-    Ref e2 = L.LLVMOrcResourceTrackerRemove(rt);
-    if (e2) free(take_error(e2));
-    L.LLVMOrcReleaseResourceTracker(rt);
+  char *why = NULL;
+  Ref rt = add_object(lib + 8 + sl, liblen - 8 - sl, sym, &addr, &why);
+  if (!rt) {
+    tg_set_error(TG_ERR_RUNTIME, "cannot load kernel '%s': %s", fname, why);
+    free(why);
     return NULL;
   }
-  LlvmProgram *p = tg_xmalloc(sizeof *p);
+  LlvmProgram *p = tg_xcalloc(1, sizeof *p);
   *(void **)&p->fn = (void *)(uintptr_t)addr;
   p->rt = rt;
   return p;
@@ -680,9 +839,13 @@ static void llvm_unload(void *state, void *prg) {
   (void)state;
   LlvmProgram *p = prg;
   if (!p) return;
-  Ref err = L.LLVMOrcResourceTrackerRemove(p->rt);
-  if (err) free(take_error(err));
-  L.LLVMOrcReleaseResourceTracker(p->rt);
+  if (p->batch) {
+    batch_release(p->batch);
+  } else {
+    Ref err = L.LLVMOrcResourceTrackerRemove(p->rt);
+    if (err) free(take_error(err));
+    L.LLVMOrcReleaseResourceTracker(p->rt);
+  }
   free(p);
 }
 
@@ -748,5 +911,4 @@ const DeviceVT llvm_device_vt = {
     .describe = llvm_describe,
     .cache_evict = llvm_cache_evict,
     .disasm = llvm_disasm,
-    .no_batch = true,
 };
