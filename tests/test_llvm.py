@@ -11,7 +11,7 @@ the loop nest, DEBUG=7 assembly with an FMA for a matmul (objdump for the C rend
 machine's asm for LLVM); program objects land in the kernel cache. Ends with
 "test_llvm: N passed, N failed".
 """
-import os, subprocess, sys, tempfile
+import os, re, subprocess, sys, tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -127,6 +127,12 @@ def test_debug_levels():
     rc, out, err = child({"DEV": dev, "DEBUG": "7"})
     check(rc == 0 and " assembly (" in err, f"{dev} DEBUG=7 prints assembly", err[-600:])
     check("vfmadd" in err or "vfmadd" in err.lower(), f"{dev} DEBUG=7 of a matmul has an FMA instruction", err[-800:])
+    if dev == "CPU" and " avx" in open("/proc/cpuinfo").read() and not os.environ.get("CC"):
+      # gcc: the register tile's operand vectors are pinned in registers (TG_PIN), so no FMA of the
+      # matmul reloads a whole vector from memory (an embedded scalar broadcast, {1toN}, may stay)
+      folded = [ln for ln in err.splitlines() if re.search(r"vfmadd\w*\s+-?(0x)?[0-9a-f]*\(%", ln) and "{1to" not in ln]
+      check(" TG_PIN32(" in err or " TG_PIN64(" in err, "CPU: the matmul's source pins its operand vectors", err[-800:])
+      check(not folded, "CPU (gcc): no FMA of the matmul loads its vector operand from memory", "\n".join(folded[:6]))
   if host_has_avx512f():
     rc, out, err = child({"DEV": "CPU:LLVM", "DEBUG": "7"})
     check("zmm" in err, "host CPU:LLVM (AVX-512F) uses zmm registers", err[-400:])
