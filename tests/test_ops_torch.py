@@ -1006,6 +1006,13 @@ for _mi in range(len(MATMULS)):
   _dt = [FLOAT16, INT32, FLOAT64, INT8, BFLOAT16, UINT8][_mi % 6]
   case(f"matmul {N[_dt]} #{_mi}", t_matmul, _dt, _mi)
 
+# the packed path (a wide float32 right-hand matrix copied into panels first), in one block and in
+# row blocks (a left-hand matrix over the blocking size); 528 columns are whole 16-column panels
+# (AVX2 hosts) but not whole 32-column ones (where the plain kernel runs)
+MATMULS += [(((72, 80), []), ((80, 528), [])), (((1024, 600), []), ((600, 544), []))]
+for _mi in range(len(MATMULS) - 2, len(MATMULS)):
+  case(f"matmul float32 packed #{_mi}", t_matmul, FLOAT32, _mi)
+
 
 def t_matmul_errors():
   expect_error(lambda: Tensor(np.zeros((2, 3), np.float32)).matmul(Tensor(np.zeros((4, 2), np.float32))), "matmul")

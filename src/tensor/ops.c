@@ -897,12 +897,11 @@ tg_tensor tg_squeeze(tg_tensor x, int dim) {
 /* ---------------------------------------------------------------------------------------------- */
 /* matmul: (x[..., n, 1, k] * w[..., 1, m, k]).sum(-1), fused into one reduce kernel                */
 
-/* A wide right-hand matrix is packed first, as BLAS libraries do: (k, m) is copied to (m/32, k, 32),
- * so the 32 columns a register tile works on are contiguous for the whole reduction. Read in place,
+/* A wide right-hand matrix is packed first, as BLAS libraries do: (k, m) is copied to (m/P, k, P),
+ * so the P columns a register tile works on are contiguous for the whole reduction. Read in place,
  * each step of the reduction would touch a new page (the rows are m*4 bytes apart): from m = 2048 on
  * the kernel then runs at half speed. The copy costs k*m loads and stores against 2*n*k*m FLOPs, so
  * a left-hand matrix of few rows (a decode step's vector) reads the weight in place instead. */
-#define PANEL 32
 #define PACK_MIN_ROWS 64 /* the copy (k*m) is then at most 1/128 of the work; fewer rows stream the weight once */
 /* Where the packed path starts and how large its row blocks are, by the host's vector width. The
  * AVX-512 figures are the ones the path was tuned with; on an AVX2 Zen 3 (same 1 MiB L2, 32 MiB L3)
@@ -910,14 +909,21 @@ tg_tensor tg_squeeze(tg_tensor x, int dim) {
  * 78 (1024^3: 47 -> 97; bench/matmul.py). */
 typedef struct {
   int64_t min_cols, block_from, block_max; /* bytes for the last two */
+  int64_t panel;                           /* columns per packed panel */
 } PackLimits;
+/* The panel is as wide as the register tile (8 lanes x 2 with AVX2, 16 x 2 with AVX-512): a tile
+ * then reads whole cache lines of one contiguous panel. With AVX2's 16-column tiles in 32-column
+ * panels, each tile used half of every line it fetched and its panel slice (k x 128 bytes apart)
+ * was twice the size: 16-column panels took 1024^3 from 164 to 185 GFLOPS and 4096^3 from 118 to
+ * 175 (bench/matmul.py; OpenBLAS 187 and 185 in the same run). */
 static PackLimits pack_limits(int device) {
   Device *d = device_by_id(device);
-  if (d && d->caps.vec_bytes == 32) return (PackLimits){512, 2 << 20, 2 << 20};
-  return (PackLimits){1536, 16 << 20, 8 << 20};
+  if (d && d->caps.vec_bytes == 32) return (PackLimits){512, 2 << 20, 2 << 20, 16};
+  return (PackLimits){1536, 16 << 20, 8 << 20, 32};
 }
 static tg_tensor matmul_packed(tg_tensor x, tg_tensor w, int64_t n, int64_t k, int64_t m, PackLimits pl) {
   OpScope o = op_scope_begin("tg_matmul");
+  const int64_t PANEL = pl.panel;
   tg_tensor bp = tg_contiguous(tg_permute(tg_reshape(w, TG_SHAPE(k, m / PANEL, PANEL)), TG_AXES(1, 0, 2)));
   tg_tensor bt = tg_permute(bp, TG_AXES(0, 2, 1)), r;
   /* a left-hand matrix larger than the blocking size would stream from the shared cache (or
@@ -962,9 +968,9 @@ static tg_tensor matmul_impl(const char *fn, tg_tensor x, tg_tensor w, tg_dtype 
     if (im) return image_dot(fn, x, w);
   }
   if (dtype == TG_DTYPE_DEFAULT && a->ndim == 2 && b->ndim == 2 && dt == TG_FLOAT32 && a->dtype == TG_FLOAT32 && b->dtype == TG_FLOAT32 &&
-      mcols % PANEL == 0 && k >= 64 && a->shape[0] >= PACK_MIN_ROWS) {
+      k >= 64 && a->shape[0] >= PACK_MIN_ROWS) {
     PackLimits pl = pack_limits(a->device);
-    if (mcols >= pl.min_cols) return matmul_packed(x, w, a->shape[0], k, mcols, pl);
+    if (mcols >= pl.min_cols && mcols % pl.panel == 0) return matmul_packed(x, w, a->shape[0], k, mcols, pl);
   }
   /* x: (..., n, k) -> (..., n, 1, k); w: (..., k, m) -> (..., 1, m, k) */
   int64_t sa[64], sbb[64];
