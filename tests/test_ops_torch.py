@@ -1009,8 +1009,11 @@ for _mi in range(len(MATMULS)):
 # the packed path (a wide float32 right-hand matrix copied into panels first), in one block and in
 # row blocks (a left-hand matrix over the blocking size); 528 columns are whole 16-column panels
 # (AVX2 hosts) but not whole 32-column ones (where the plain kernel runs)
-MATMULS += [(((72, 80), []), ((80, 528), [])), (((1024, 600), []), ((600, 544), []))]
-for _mi in range(len(MATMULS) - 2, len(MATMULS)):
+# and a 3-D left-hand matrix (a linear layer's (B, L, in) input, its rows the leading axes), also
+# as a transposed view
+MATMULS += [(((72, 80), []), ((80, 528), [])), (((1024, 600), []), ((600, 544), [])), (((2, 40, 80), []), ((80, 528), [])),
+            (((40, 3, 96), [("permute", (1, 0, 2))]), ((96, 512), []))]
+for _mi in range(len(MATMULS) - 4, len(MATMULS)):
   case(f"matmul float32 packed #{_mi}", t_matmul, FLOAT32, _mi)
 
 
