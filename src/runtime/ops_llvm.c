@@ -753,7 +753,7 @@ static void batch_release(BatchObj *b) {
 /* Adds an object to the JIT under a new tracker and looks sym up in it; NULL + *why on failure
  * (the object is removed again). */
 static Ref add_object(const uint8_t *obj, size_t olen, const char *sym, uint64_t *addr, char **why) {
-  Ref buf = L.LLVMCreateMemoryBufferWithMemoryRangeCopy((const char *)obj, olen, sym);
+  Ref buf = L.LLVMCreateMemoryBufferWithMemoryRangeCopy((const char *)obj, olen, sym ? sym : "tg-batch");
   Ref rt = L.LLVMOrcJITDylibCreateResourceTracker(g_jd);
   Ref err = L.LLVMOrcLLJITAddObjectFileWithRT(g_jit, rt, buf); /* takes buf */
   *addr = 0;

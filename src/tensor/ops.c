@@ -923,8 +923,8 @@ static PackLimits pack_limits(int device) {
 }
 static tg_tensor matmul_packed(tg_tensor x, tg_tensor w, int64_t n, int64_t k, int64_t m, PackLimits pl) {
   OpScope o = op_scope_begin("tg_matmul");
-  const int64_t PANEL = pl.panel;
-  tg_tensor bp = tg_contiguous(tg_permute(tg_reshape(w, TG_SHAPE(k, m / PANEL, PANEL)), TG_AXES(1, 0, 2)));
+  const int64_t P = pl.panel;
+  tg_tensor bp = tg_contiguous(tg_permute(tg_reshape(w, TG_SHAPE(k, m / P, P)), TG_AXES(1, 0, 2)));
   tg_tensor bt = tg_permute(bp, TG_AXES(0, 2, 1)), r;
   /* a left-hand matrix larger than the blocking size would stream from the shared cache (or
    * memory) once per panel: row blocks of at most block_max bytes are multiplied with every panel
@@ -935,12 +935,12 @@ static tg_tensor matmul_packed(tg_tensor x, tg_tensor w, int64_t n, int64_t k, i
       if (n % rb == 0 && rb * k * 4 <= pl.block_max) R = rb;
   if (R) {
     tg_tensor ar = tg_reshape(x, TG_SHAPE(n / R, 1, R, 1, k));
-    tg_tensor br = tg_reshape(bt, TG_SHAPE(1, m / PANEL, 1, PANEL, k));
-    r = tg_sum(tg_mul(ar, br), TG_AXES(4), false); /* (n/R, m/32, R, 32) */
+    tg_tensor br = tg_reshape(bt, TG_SHAPE(1, m / P, 1, P, k));
+    r = tg_sum(tg_mul(ar, br), TG_AXES(4), false); /* (n/R, m/P, R, P) */
     r = tg_reshape(tg_permute(r, TG_AXES(0, 2, 1, 3)), TG_SHAPE(n, m));
   } else {
     tg_tensor ar = tg_reshape(x, TG_SHAPE(n, 1, 1, k));
-    r = tg_reshape(tg_sum(tg_mul(ar, tg_reshape(bt, TG_SHAPE(1, m / PANEL, PANEL, k))), TG_AXES(3), false), TG_SHAPE(n, m));
+    r = tg_reshape(tg_sum(tg_mul(ar, tg_reshape(bt, TG_SHAPE(1, m / P, P, k))), TG_AXES(3), false), TG_SHAPE(n, m));
   }
   return op_scope_done(o, r);
 }
