@@ -1696,7 +1696,8 @@ typedef struct {
   uint64_t global_ops;    /* estimated FLOPs */
   uint64_t global_mem;    /* bytes read + written by kernels */
   double time_sum_s;      /* kernel time measured when DEBUG >= 2 (else 0) */
-  uint64_t compile_count; /* kernels compiled in this process (cache misses in memory) */
+  uint64_t compile_count; /* kernels compiled or loaded from the disk cache (misses of the in-memory
+                           * cache); a batch compiled in one compiler run counts each of its kernels */
   uint64_t mem_used;      /* bytes held by live device buffers now (not a total: reset leaves it) */
 } tg_counters;
 tg_counters tg_global_counters(void);

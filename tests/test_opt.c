@@ -202,6 +202,41 @@ TEST(reductions_vectorized) {
   CHECK(compare(e_batched, 64, 32, 128, 16, 1e-5) == 0);
 }
 
+/* The FLOPs the kernels of realizing t count (DEBUG=2's GFLOPS, tg_global_counters' global_ops); with
+ * NOOPT (no vector or upcast) when noopt. */
+static uint64_t flops_of(tg_tensor t, bool noopt) {
+  tg_context_begin();
+  if (noopt) tg_context_set_int("NOOPT", 1);
+  tg_global_counters_reset();
+  uint64_t ops = tg_realize(t) == TG_OK ? tg_global_counters().global_ops : 0;
+  tg_context_end();
+  return ops;
+}
+
+/* The FLOP count is the same with and without optimizations: a matmul is 2nkm, a sum vectorized along
+ * its reduce axis counts every lane (not one per vector), and a padded conv counts its full window. */
+TEST(flop_counts) {
+  tg_scope_begin();
+  for (int noopt = 0; noopt < 2; noopt++) {
+    tg_tensor a = mkrand(96, 64, 11), b = mkrand(64, 80, 12), v = tg_rand(TG_SHAPE(1 << 16), NULL);
+    tg_tensor x = tg_rand(TG_SHAPE(2, 8, 12, 12), NULL), w = tg_rand(TG_SHAPE(16, 8, 3, 3), NULL);
+    CHECK(tg_realize(a) == TG_OK && tg_realize(b) == TG_OK && tg_realize(v) == TG_OK);
+    CHECK(tg_realize(x) == TG_OK && tg_realize(w) == TG_OK);
+    uint64_t mm = flops_of(tg_matmul(a, b), noopt), want_mm = 2ull * 96 * 64 * 80;
+    CHECK_MSG(mm >= want_mm && mm <= want_mm + 96 * 80, "matmul 96x64 @ 64x80: %llu FLOPs, want %llu (noopt %d)",
+              (unsigned long long)mm, (unsigned long long)want_mm, noopt);
+    /* one add per element, and a few more where lanes, splits or work-groups combine partial sums */
+    uint64_t sm = flops_of(tg_sum(v, NULL, 0, false), noopt), want_sm = 1 << 16;
+    CHECK_MSG(sm >= want_sm - 1 && sm <= want_sm + want_sm / 16, "sum of 65536: %llu FLOPs (noopt %d)", (unsigned long long)sm,
+              noopt);
+    tg_tensor c = tg_conv2d(x, w, (tg_tensor){0}, TG_CONV2D_OPTS(.padding = {1}));
+    uint64_t cv = flops_of(c, noopt), want_cv = 2ull * 2 * 16 * 12 * 12 * 8 * 9;
+    CHECK_MSG(cv >= want_cv && cv <= want_cv + 2 * 16 * 12 * 12 * 4, "conv 2x8x12x12 * 16x8x3x3: %llu FLOPs, want %llu (noopt %d)",
+              (unsigned long long)cv, (unsigned long long)want_cv, noopt);
+  }
+  tg_scope_end();
+}
+
 /* The optimizations the heuristics apply to the last kernel that realizing t would run. */
 static void last_kernel_opts(tg_tensor t, char *out, size_t n) {
   out[0] = 0;

@@ -548,6 +548,40 @@ static void *get_worker(void *arg) {
   return NULL;
 }
 
+/* A batch compiles its kernels in one compiler run; compile_count still counts kernels, and a
+ * kernel already loaded is neither compiled again nor counted. */
+TEST(program_batch_counts_kernels) {
+  static char srcs[3][256];
+  const char *names[3] = {"bk_add1", "bk_add2", "bk_add3"}, *sp[3];
+  for (int i = 0; i < 3; i++) {
+    snprintf(srcs[i], sizeof srcs[i],
+             "#include <stdint.h>\n"
+             "void %s(void **restrict bufs, int64_t gstart, int64_t gend) {\n"
+             "  int *x = bufs[0]; for (int64_t i = gstart; i < gend; i++) x[i] += %d; /* %d */\n"
+             "}\n",
+             names[i], i + 1, (int)getpid());
+    sp[i] = srcs[i];
+  }
+  Device *d = device_get("CPU");
+  Program *first = program_get(d, names[0], sp[0]);
+  CHECK(first != NULL);
+  uint64_t before = g_counters.compile_count;
+  CHECK(program_get_batch(d, names, sp, 3) == 3);
+  CHECK_MSG(g_counters.compile_count == before + 2, "a batch of 2 new kernels counted %llu compiles",
+            (unsigned long long)(g_counters.compile_count - before));
+  int x[4] = {0, 0, 0, 0};
+  void *bufs[1] = {x};
+  int64_t gs[3] = {4, 1, 1};
+  for (int i = 0; i < 3; i++) {
+    Program *p = program_get(d, names[i], sp[i]);
+    CHECK(p != NULL);
+    if (p) program_exec(p, bufs, 1, gs, NULL, true), program_release(p);
+  }
+  CHECK(x[0] == 6 && x[3] == 6);
+  CHECK(g_counters.compile_count == before + 2);
+  if (first) program_release(first);
+}
+
 TEST(program_cache_concurrent_get) {
   static char src[256];
   snprintf(src, sizeof src,

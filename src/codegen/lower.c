@@ -553,9 +553,11 @@ static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptCfg *
   for (int c = 0; c < k->ncopy; c++) post += count_alu(k->values[c], &seen);
   for (int c = 0; c < k->ncopy; c++) body += count_alu(k->rbodies[c], &seen) + (k->rbodies[c] ? 1 : 0);
   pm_free(&seen);
-  /* per copy, vector nodes count once per lane */
+  /* per copy, vector nodes count once per lane; a reduction vectorized along its axis runs rvw lanes
+   * an iteration (its loop counts rvw times fewer), and the lanes' final sum adds rvw - 1 per copy */
   int64_t lanes = k->vw ? k->vw : 1;
-  kc->ops = (uint64_t)(outer * lanes) * (post + (k->rbody ? (uint64_t)inner * body : 0));
+  uint64_t rl = k->rvw > 1 ? (uint64_t)k->rvw : 1;
+  kc->ops = (uint64_t)(outer * lanes) * (post + (k->rbody ? (uint64_t)inner * body * rl + (rl - 1) * (uint64_t)k->ncopy : 0));
   kc->nparams = k->np;
   if (k->nvars) {
     kc->vars = tg_xmalloc(sizeof(int) * (size_t)k->nvars);

@@ -1067,7 +1067,8 @@ int program_get_batch(Device *dev, const char *const *fnames, const char *const 
     free(todo);
     return have;
   }
-  atomic_fetch_add_explicit(&g_counters.compile_count, 1, memory_order_relaxed);
+  /* compile_count counts kernels, so a batch of n counts n */
+  atomic_fetch_add_explicit(&g_counters.compile_count, (uint64_t)ntodo, memory_order_relaxed);
   bool damaged = false;
   for (int t = 0; t < ntodo; t++) {
     int i = todo[t];
