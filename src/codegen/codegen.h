@@ -192,6 +192,7 @@ void kernel_vec_levels(const LKernel *k, int vw, const PtrVec *order, PtrMap *ve
 /* The LLVM IR renderer (llvmir.c): LKernel -> LLVM IR text (malloc'd), the CPU kernel ABI. */
 char *render_llvm(const LKernel *k, const char *name);
 
+
 /* The C renderer: LKernel -> C source (malloc'd). */
 char *render_c(const LKernel *k, const char *name);
 /* The C-style renderer for a language (LANG_C, LANG_OPENCL): LKernel -> source (malloc'd). */

@@ -110,6 +110,14 @@ static pthread_mutex_t g_llvm_lock = PTHREAD_MUTEX_INITIALIZER;
  * GVN took 7x the time on beautiful_mnist's kernels (5.2 s against 0.7 s of compiling) for a train
  * step no faster (308 against 285-290 ms), and bench/ops.py finds no op slower. */
 #define LLVM_PASSES "always-inline,function(sroa,early-cse,instcombine,simplifycfg)"
+/* What a kernel marked LLVM_LOOP_VECTORIZE_MARK (a reduction the renderer left scalar) gets before it
+ * joins its batch: the lean pipeline, then LLVM's loop vectorizer with its cost model (which only
+ * makes legal changes: no float reduction is reassociated). An integer max-index reduction (argmax's
+ * second kernel) ran 1.8-3x slower than gcc's SLP-vectorized C before; run over every kernel, the
+ * vectorizer cost half as much compile time again for nothing on kernels the renderer vectorized. */
+#define LLVM_LV_PASSES                                                                                  \
+  "always-inline,function(sroa,early-cse,instcombine,simplifycfg,loop-simplify,lcssa,loop-rotate,loop-vectorize," \
+  "instcombine,simplifycfg)"
 #define LLVM_PACKAGES "libllvm15 (Debian/Ubuntu; llvm-15-dev brings it too)"
 
 /* The target machine of one architecture: the kernels' triple, CPU and features. */
@@ -616,9 +624,21 @@ static tg_status llvm_build(void *vctx, const char *src, uint8_t **lib, size_t *
   if (batch) snprintf(what, sizeof what, "a batch of %d kernels (%s, ...)", nseg, segs[0].name);
   else snprintf(what, sizeof what, "%s", one.name);
   Ref ctx = L.LLVMContextCreate();
-  Ref mod = NULL, tm = NULL;
+  Ref mod = NULL, tm = NULL, dl = NULL;
   tg_status st = TG_OK;
   char *err = NULL;
+  Ref target = NULL;
+  if (L.LLVMGetTargetFromTriple(s->triple, &target, &err)) {
+    st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s': no target %s: %s", what, s->triple, err ? err : "?");
+    if (err) L.LLVMDisposeMessage(err);
+    goto done;
+  }
+  tm = tm_take(s, target);
+  if (!tm) {
+    st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s': no target machine for %s %s", what, s->triple, s->cpu);
+    goto done;
+  }
+  dl = L.LLVMCreateTargetDataLayout(tm);
   for (int i = 0; i < nseg && st == TG_OK; i++) {
     Ref buf = L.LLVMCreateMemoryBufferWithMemoryRangeCopy(segs[i].ir, segs[i].irlen, segs[i].name);
     Ref m = NULL;
@@ -636,27 +656,29 @@ static tg_status llvm_build(void *vctx, const char *src, uint8_t **lib, size_t *
       break;
     }
     L.LLVMSetValueName2(fn, segs[i].sym, strlen(segs[i].sym));
+    L.LLVMSetTarget(m, s->triple);
+    L.LLVMSetModuleDataLayout(m, dl);
+    const char *nl = memchr(segs[i].ir, '\n', segs[i].irlen);
+    size_t ml = strlen(LLVM_LOOP_VECTORIZE_MARK);
+    if (nl && (size_t)(segs[i].ir + segs[i].irlen - nl) > ml + 1 && memcmp(nl + 1, LLVM_LOOP_VECTORIZE_MARK, ml) == 0 &&
+        nl[1 + ml] == '\n') {
+      Ref vo = L.LLVMCreatePassBuilderOptions();
+      Ref verr = L.LLVMRunPasses(m, LLVM_LV_PASSES, tm, vo);
+      L.LLVMDisposePassBuilderOptions(vo);
+      if (verr) {
+        char *why = take_error(verr);
+        st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s' (LLVM loop vectorizer): %s", segs[i].name, why);
+        free(why);
+        L.LLVMDisposeModule(m);
+        break;
+      }
+    }
     if (!mod) mod = m;
     else if (L.LLVMLinkModules2(mod, m)) /* takes m; internal names that clash are renamed */
       st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s': LLVM cannot link it into its batch", segs[i].name);
   }
   if (st != TG_OK) goto done;
   double t1 = now_seconds();
-  Ref target = NULL;
-  if (L.LLVMGetTargetFromTriple(s->triple, &target, &err)) {
-    st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s': no target %s: %s", what, s->triple, err ? err : "?");
-    if (err) L.LLVMDisposeMessage(err);
-    goto done;
-  }
-  tm = tm_take(s, target);
-  if (!tm) {
-    st = tg_set_error(TG_ERR_COMPILE, "compile failed for kernel '%s': no target machine for %s %s", what, s->triple, s->cpu);
-    goto done;
-  }
-  L.LLVMSetTarget(mod, s->triple);
-  Ref dl = L.LLVMCreateTargetDataLayout(tm);
-  L.LLVMSetModuleDataLayout(mod, dl);
-  L.LLVMDisposeTargetData(dl);
   Ref opts = L.LLVMCreatePassBuilderOptions();
   /* the renderer vectorizes explicitly (as with gcc, whose loop vectorizer is off for the C kernels) */
   L.LLVMPassBuilderOptionsSetLoopVectorization(opts, 0);
@@ -705,6 +727,7 @@ static tg_status llvm_build(void *vctx, const char *src, uint8_t **lib, size_t *
             what, (now_seconds() - t0) * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (now_seconds() - t2) * 1e3, strlen(src), n,
             bc->filetype ? "object" : "assembly");
 done:
+  if (dl) L.LLVMDisposeTargetData(dl);
   if (tm) tm_put(s, tm);
   if (mod) L.LLVMDisposeModule(mod);
   L.LLVMContextDispose(ctx);
