@@ -260,30 +260,68 @@ void tg_clear_error(void) {
 /* ---- settings ---- */
 
 /* Environment values, looked up once per name. Entries are never freed, so pointers into them stay
- * valid for the process. */
+ * valid for the process. Settings are read on every realize (several per kernel), so a lookup takes
+ * no lock: an open-addressing table whose slots are filled once, under env_lock, and published by
+ * their hash (written last, with release order; 0 is a free slot). A table that fills up (more than
+ * ENV_SLOTS distinct names) keeps the rest in a locked list. */
+#define ENV_SLOTS 1024
 typedef struct {
   char *name;
   char *value; /* NULL if unset */
+  uint64_t hash; /* set last; 0 while the slot is free */
 } EnvEntry;
 
 static pthread_mutex_t env_lock = PTHREAD_MUTEX_INITIALIZER;
-static EnvEntry *env_entries;
-static size_t env_n, env_cap;
+static EnvEntry env_table[ENV_SLOTS];
+static size_t env_used;
+static EnvEntry *env_more; /* past the table's capacity */
+static size_t env_nmore, env_capmore;
+
+static uint64_t env_hash(const char *name) {
+  uint64_t h = 1469598103934665603ULL;
+  for (const unsigned char *p = (const unsigned char *)name; *p; p++) h = (h ^ *p) * 1099511628211ULL;
+  return h ? h : 1;
+}
+
+/* The slot holding name, or the free slot where it would go (NULL: the table is full of others). */
+static EnvEntry *env_probe(const char *name, uint64_t h) {
+  for (size_t k = 0, i = h & (ENV_SLOTS - 1); k < ENV_SLOTS; k++, i = (i + 1) & (ENV_SLOTS - 1)) {
+    EnvEntry *e = &env_table[i];
+    uint64_t eh = __atomic_load_n(&e->hash, __ATOMIC_ACQUIRE);
+    if (eh == 0 || (eh == h && strcmp(e->name, name) == 0)) return e;
+  }
+  return NULL;
+}
 
 static const char *env_cached(const char *name) {
+  uint64_t h = env_hash(name);
+  EnvEntry *e = env_probe(name, h);
+  if (e && __atomic_load_n(&e->hash, __ATOMIC_ACQUIRE)) return e->value;
   pthread_mutex_lock(&env_lock);
-  const char *v = NULL;
-  size_t i = 0;
-  for (; i < env_n; i++)
-    if (strcmp(env_entries[i].name, name) == 0) break;
-  if (i == env_n) {
-    grow((void **)&env_entries, &env_cap, env_n + 1, sizeof *env_entries);
-    const char *e = getenv(name);
-    env_entries[env_n].name = tg_xstrdup(name);
-    env_entries[env_n].value = e ? tg_xstrdup(e) : NULL;
-    env_n++;
+  e = env_probe(name, h); /* another thread may have added it meanwhile */
+  const char *v;
+  if (e && e->hash) {
+    v = e->value;
+  } else if (e && env_used + 1 < ENV_SLOTS) {
+    const char *ev = getenv(name);
+    e->name = tg_xstrdup(name);
+    e->value = ev ? tg_xstrdup(ev) : NULL;
+    __atomic_store_n(&e->hash, h, __ATOMIC_RELEASE);
+    env_used++;
+    v = e->value;
+  } else {
+    size_t i = 0;
+    for (; i < env_nmore; i++)
+      if (strcmp(env_more[i].name, name) == 0) break;
+    if (i == env_nmore) {
+      grow((void **)&env_more, &env_capmore, env_nmore + 1, sizeof *env_more);
+      const char *ev = getenv(name);
+      env_more[i].name = tg_xstrdup(name);
+      env_more[i].value = ev ? tg_xstrdup(ev) : NULL;
+      env_nmore++;
+    }
+    v = env_more[i].value;
   }
-  v = env_entries[i].value;
   pthread_mutex_unlock(&env_lock);
   return v;
 }

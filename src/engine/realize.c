@@ -804,7 +804,15 @@ static tg_status realize_locked(UOp **targets, int n) {
   }
   Schedule s;
   int *tbuf = tg_xmalloc(sizeof(int) * (size_t)m);
-  tg_status st = schedule_build(&s, todo, m, tbuf);
+  /* a graph of the structure of one realized before reuses its schedule (not while a TinyJit capture
+   * plans memory: its replays hold on to the buffers the schedule hands out) */
+  SchedKey *key = g_capture ? NULL : schedule_key(todo, m);
+  tg_status st = TG_OK;
+  if (!key || !schedule_from_cache(key, &s, tbuf)) {
+    st = schedule_build(&s, todo, m, tbuf);
+    if (st == TG_OK && key) schedule_cache_put(key, &s, tbuf);
+  }
+  schedule_key_free(key);
   if (st == TG_OK && tg_oom_check("realize (scheduling)")) st = TG_ERR_RUNTIME;
   int *held = st == TG_OK ? keep_held_contiguous(&s) : NULL;
   if (st == TG_OK && viz_on) viz_schedule(&s, todo, m);

@@ -58,4 +58,17 @@ typedef struct {
 tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf);
 void schedule_free(Schedule *s);
 
+/* The schedule cache (schedcache.c). schedule_key writes out the structure of the graph of `targets`
+ * (NULL: not a graph the cache takes, or SCACHE=0); schedule_from_cache fills s and tbuf as
+ * schedule_build would when a schedule of that structure is cached; schedule_cache_put caches the
+ * one schedule_build made for the key (before it runs: its buffers not yet allocated). The caller
+ * holds the realize lock. */
+typedef struct SchedKey SchedKey;
+SchedKey *schedule_key(UOp **targets, int n);
+bool schedule_from_cache(SchedKey *k, Schedule *s, int *tbuf);
+void schedule_cache_put(SchedKey *k, const Schedule *s, const int *tbuf);
+void schedule_key_free(SchedKey *k);
+size_t schedule_cache_count(void);  /* schedules cached now */
+uint64_t schedule_cache_hits(void); /* realizes that took a cached schedule, ever */
+
 #endif
