@@ -65,9 +65,9 @@ struct SchedKey {
   uint64_t hash;
   uint64_t *words;
   size_t nw, capw;
-  UOp **nodes; /* in post-order */
+  UOp **nodes; /* in post-order; node->kpos is its position while node->kmark == epoch */
   int nn, capn;
-  PtrMap pos;  /* node -> position + 1 */
+  uint32_t epoch;
   PtrMap bpos; /* a realized leaf's BUFFER node -> the leaf's position + 1 */
   Buffer **cls;
   int ncls, capcls;
@@ -146,14 +146,14 @@ static bool put_node(SchedKey *k, UOp *u) {
   put_word(k, (uint64_t)(uint32_t)u->device);
   put_shape(k, u);
   put_word(k, (uint64_t)u->nsrc);
-  for (uint32_t i = 0; i < u->nsrc; i++) put_word(k, (uint64_t)(intptr_t)pm_get(&k->pos, (uint64_t)(uintptr_t)u->src[i]));
+  for (uint32_t i = 0; i < u->nsrc; i++) put_word(k, (uint64_t)u->src[i]->kpos);
   put_word(k, (uint64_t)u->niarg);
   for (uint32_t i = 0; i < u->niarg; i++) put_word(k, (uint64_t)u->iarg[i]);
   return true;
 }
 
-/* One key's storage is kept between realizes (the lists and maps keep their capacity), unless it
- * grew large: a key is made on every realize. Callers hold the realize lock. */
+/* The one key's storage is kept between realizes (the lists and maps keep their capacity), unless
+ * it grew large: a key is made on every realize. Callers hold the realize lock. */
 static SchedKey g_spare;
 static bool g_spare_used;
 
@@ -161,35 +161,37 @@ static void key_release_storage(SchedKey *k) {
   free(k->words);
   free(k->nodes);
   free(k->cls);
-  pm_free(&k->pos);
   pm_free(&k->bpos);
   pm_free(&k->clsof);
 }
 
 void schedule_key_free(SchedKey *k) {
   if (!k) return;
-  if (k != &g_spare) {
-    key_release_storage(k);
-    free(k);
-    return;
-  }
   g_spare_used = false;
-  if (k->capw > 16384 || k->pos.cap > 4096) {
+  if (k->capw > 16384 || k->capn > 4096) {
     key_release_storage(k);
     memset(k, 0, sizeof *k);
   }
 }
 
+static uint32_t g_epoch;
+
 static SchedKey *key_new(void) {
-  if (g_spare_used) return tg_xcalloc(1, sizeof(SchedKey));
+  TG_ASSERT(!g_spare_used); /* one key at a time: it lives from schedule_key to schedule_key_free */
   g_spare_used = true;
   SchedKey *k = &g_spare;
   k->nw = 0, k->nn = 0, k->ncls = 0, k->ntargets = 0, k->hash = 0;
-  if (k->pos.len) pm_clear(&k->pos);
   if (k->bpos.len) pm_clear(&k->bpos);
   if (k->clsof.len) pm_clear(&k->clsof);
+  if (++g_epoch == 0) { /* wrapped: no node may keep a mark of an old walk */
+    uop_clear_kmarks();
+    g_epoch = 1;
+  }
+  k->epoch = g_epoch;
   return k;
 }
+
+static inline bool seen(const SchedKey *k, const UOp *u) { return u->kmark == k->epoch; }
 
 typedef struct {
   UOp *n;
@@ -205,7 +207,7 @@ SchedKey *schedule_key(UOp **targets, int n) {
   size_t cap = sizeof st / sizeof *st;
   bool ok = true;
   for (int t = 0; t < n && ok; t++) {
-    if (pm_has(&k->pos, (uint64_t)(uintptr_t)targets[t])) continue;
+    if (seen(k, targets[t])) continue;
     size_t ns = 0;
     sp[ns++] = (KFrame){targets[t], 0};
     while (ns && ok) {
@@ -213,7 +215,7 @@ SchedKey *schedule_key(UOp **targets, int n) {
       bool leaf = uop_realized(f->n) || f->n->op == OP_BUFFER;
       if (!leaf && f->next < f->n->nsrc) {
         UOp *s = f->n->src[f->next++];
-        if (pm_has(&k->pos, (uint64_t)(uintptr_t)s)) continue;
+        if (seen(k, s)) continue;
         if (ns == cap) {
           KFrame *np = tg_xmalloc(sizeof *np * cap * 2);
           memcpy(np, sp, sizeof *np * ns);
@@ -233,8 +235,9 @@ SchedKey *schedule_key(UOp **targets, int n) {
         k->capn = k->capn ? k->capn * 2 : 64;
         k->nodes = tg_xrealloc(k->nodes, sizeof(UOp *) * (size_t)k->capn);
       }
+      u->kpos = (uint32_t)k->nn;
+      u->kmark = k->epoch;
       k->nodes[k->nn++] = u;
-      pm_put(&k->pos, (uint64_t)(uintptr_t)u, (void *)(intptr_t)k->nn);
     }
   }
   if (sp != st) free(sp);
@@ -242,10 +245,13 @@ SchedKey *schedule_key(UOp **targets, int n) {
     schedule_key_free(k);
     return NULL;
   }
-  for (int t = 0; t < n; t++) put_word(k, (uint64_t)(intptr_t)pm_get(&k->pos, (uint64_t)(uintptr_t)targets[t]));
+  for (int t = 0; t < n; t++) put_word(k, (uint64_t)targets[t]->kpos);
   k->ntargets = n;
   uint64_t h = 0x9e3779b97f4a7c15ULL;
-  for (size_t i = 0; i < k->nw; i++) h = hash_mix(h, k->words[i]);
+  for (size_t i = 0; i < k->nw; i++) { /* cheap: the table rehashes it, and a hit compares every word */
+    h = (h ^ k->words[i]) * 0x100000001b3ULL;
+    h ^= h >> 29;
+  }
   k->hash = h | 1; /* a PtrMap key is never 0 */
   return k;
 }
@@ -318,9 +324,8 @@ bool schedule_from_cache(SchedKey *k, Schedule *s, int *tbuf) {
 /* The key's code for node u (see TBuf.node); -2 if u is not one the key knows. */
 static int encode_node(const SchedKey *k, UOp *u) {
   if (!u) return -1;
-  intptr_t p = (intptr_t)pm_get(&k->pos, (uint64_t)(uintptr_t)u);
-  if (p) return (int)(2 * (p - 1));
-  p = (intptr_t)pm_get(&k->bpos, (uint64_t)(uintptr_t)u);
+  if (seen(k, u) && u->kpos < (uint32_t)k->nn && k->nodes[u->kpos] == u) return (int)(2 * u->kpos);
+  intptr_t p = (intptr_t)pm_get(&k->bpos, (uint64_t)(uintptr_t)u);
   if (p) return (int)(2 * (p - 1) + 1);
   return -2;
 }

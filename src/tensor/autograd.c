@@ -288,24 +288,52 @@ static Custom *custom_of(UOp *u);
 /* Does u's graph (through histories too) contain a tensor that requires grad? Iterative, as every
  * walk over a whole tensor graph: a graph built by a loop can be a chain of millions of nodes. */
 static bool reaches_grad_leaf(UOp *u) {
+  if (!__atomic_load_n(&uop_any_grad_leaf, __ATOMIC_SEQ_CST)) return false;
+  /* the nodes seen: a small graph (one realize of an expression) in a list on the C stack, searched
+   * linearly; a larger one in a hash map */
+  UOp *few[32];
+  size_t nfew = 0;
   PtrMap seen;
   pm_init(&seen);
+  UOp *stk[64];
   PtrVec st = {0};
-  pv_push(&st, u);
+  size_t ns = 0; /* on stk until it outgrows it, then on st */
+  stk[ns++] = u;
   bool found = false;
-  while (st.n && !found) {
-    UOp *x = st.p[--st.n];
+  while ((ns || st.n) && !found) {
+    UOp *x = st.n ? st.p[--st.n] : stk[--ns];
     if (uop_flags(x) & UOPF_GRAD_LEAF) {
       found = true;
       break;
     }
-    if (pm_has(&seen, (uint64_t)(uintptr_t)x)) continue;
-    pm_put(&seen, (uint64_t)(uintptr_t)x, (void *)1);
+    bool dup = false;
+    if (!seen.cap) {
+      for (size_t i = 0; i < nfew && !dup; i++) dup = few[i] == x;
+      if (!dup && nfew < sizeof few / sizeof *few) few[nfew++] = x;
+      else if (!dup) {
+        for (size_t i = 0; i < nfew; i++) pm_put(&seen, (uint64_t)(uintptr_t)few[i], (void *)1);
+        pm_put(&seen, (uint64_t)(uintptr_t)x, (void *)1);
+      }
+    } else if (pm_has(&seen, (uint64_t)(uintptr_t)x)) {
+      dup = true;
+    } else {
+      pm_put(&seen, (uint64_t)(uintptr_t)x, (void *)1);
+    }
+    if (dup) continue;
     Custom *c = custom_of(x);
     int nin = c ? c->n : (int)x->nsrc;
     UOp *const *in = c ? c->inputs : x->src;
     /* a leaf among the direct inputs ends the walk before it descends into a long history */
     for (int i = 0; i < nin && !found; i++) found = (uop_flags(in[i]) & UOPF_GRAD_LEAF) != 0;
+    size_t more = (size_t)nin + (c ? x->nsrc : 0);
+    if (!st.n && ns + more <= sizeof stk / sizeof *stk) {
+      for (int i = nin; i-- > 0;) stk[ns++] = in[i];
+      if (c)
+        for (uint32_t i = x->nsrc; i-- > 0;) stk[ns++] = x->src[i];
+      continue;
+    }
+    for (size_t i = 0; i < ns; i++) pv_push(&st, stk[i]); /* the rest goes on the heap, in order */
+    ns = 0;
     for (int i = nin; i-- > 0;) pv_push(&st, in[i]);
     if (c)
       for (uint32_t i = x->nsrc; i-- > 0;) pv_push(&st, x->src[i]);

@@ -37,6 +37,15 @@ static uint64_t g_next_id = 1;
 
 size_t uop_live_count(void) { return g_count; }
 
+bool uop_any_grad_leaf;
+
+void uop_clear_kmarks(void) {
+  pthread_mutex_lock(&g_lock);
+  for (size_t i = 0; i < g_nbuckets; i++)
+    for (UOp *u = g_buckets[i]; u; u = u->next) u->kmark = 0;
+  pthread_mutex_unlock(&g_lock);
+}
+
 static uint64_t uop_hash(int op, tg_dtype dt, UOp *const *src, int nsrc, const int64_t *iarg, int niarg,
                          UArg arg) {
   uint64_t h = hash_mix((uint64_t)op * 131 + (uint64_t)dt, (uint64_t)arg.i);
@@ -147,11 +156,12 @@ static void compute_bounds(UOp *u) {
 /* Fills a tensor-graph node's shape and device. Caller holds g_lock, and the node is either not yet
  * in the table or found there without them: either way no thread can have read them yet through a
  * builder, so the fields are complete before any reader sees UOPF_META. */
-static void fill_meta(UOp *u, const int64_t *shape, int ndim, int device) {
+static void fill_meta(UOp *u, const int64_t *shape, int ndim, int device, int64_t *inl) {
   u->ndim = ndim;
   u->device = device;
   if (ndim) {
-    u->shape = tg_xmalloc(sizeof(int64_t) * (size_t)ndim);
+    u->shape = inl ? inl : tg_xmalloc(sizeof(int64_t) * (size_t)ndim);
+    u->shape_inline = inl != NULL;
     memcpy(u->shape, shape, sizeof(int64_t) * (size_t)ndim);
   }
   bool lost = false, baked = false;
@@ -170,12 +180,16 @@ UOp *uop_new_meta(int op, tg_dtype dt, UOp *const *src, int nsrc, const int64_t 
   for (UOp *u = g_buckets[b]; u; u = u->next) {
     if (u->hash == h && uop_eq(u, op, dt, src, nsrc, iarg, niarg, arg)) {
       u->rc++;
-      if (ndim >= 0 && !(__atomic_load_n(&u->flags, __ATOMIC_RELAXED) & UOPF_META)) fill_meta(u, shape, ndim, device);
+      if (ndim >= 0 && !(__atomic_load_n(&u->flags, __ATOMIC_RELAXED) & UOPF_META)) fill_meta(u, shape, ndim, device, NULL);
       pthread_mutex_unlock(&g_lock);
       return u;
     }
   }
-  UOp *u = tg_xcalloc(1, sizeof(UOp));
+  /* one allocation: the node, then its sources, its iarg and (a tensor-graph node) its shape */
+  size_t extra = sizeof(UOp *) * (size_t)nsrc + sizeof(int64_t) * (size_t)niarg + sizeof(int64_t) * (size_t)(ndim > 0 ? ndim : 0);
+  UOp *u = tg_xmalloc(sizeof(UOp) + extra);
+  memset(u, 0, sizeof(UOp));
+  char *tail = (char *)(u + 1);
   u->op = (uint16_t)op;
   u->dtype = (uint8_t)dt;
   u->nsrc = (uint32_t)nsrc;
@@ -186,18 +200,20 @@ UOp *uop_new_meta(int op, tg_dtype dt, UOp *const *src, int nsrc, const int64_t 
   u->id = g_next_id++;
   u->device = -1;
   if (nsrc) {
-    u->src = tg_xmalloc(sizeof(UOp *) * (size_t)nsrc);
+    u->src = (UOp **)tail;
+    tail += sizeof(UOp *) * (size_t)nsrc;
     for (int i = 0; i < nsrc; i++) {
       u->src[i] = src[i];
       src[i]->rc++;
     }
   }
   if (niarg) {
-    u->iarg = tg_xmalloc(sizeof(int64_t) * (size_t)niarg);
+    u->iarg = (int64_t *)tail;
+    tail += sizeof(int64_t) * (size_t)niarg;
     memcpy(u->iarg, iarg, sizeof(int64_t) * (size_t)niarg);
   }
   compute_bounds(u);
-  if (ndim >= 0) fill_meta(u, shape, ndim, device);
+  if (ndim >= 0) fill_meta(u, shape, ndim, device, ndim > 0 ? (int64_t *)tail : NULL);
   /* published only now, complete: another thread finding it in the table sees every field */
   u->next = g_buckets[b];
   g_buckets[b] = u;
@@ -286,9 +302,7 @@ void uop_unref(UOp *u) {
       void (*release)(void *) = __atomic_load_n(&uop_buffer_release_hook, __ATOMIC_ACQUIRE);
       if (x->op == OP_BUFFER && release) release(x->arg.p);
       if ((uop_flags(x) & UOPF_HOOKED) && uop_free_hook) uop_free_hook(x); /* may push onto stack */
-      free(x->src);
-      free(x->iarg);
-      free(x->shape);
+      if (!x->shape_inline) free(x->shape);
       free(x->sym);
       free(x);
     }

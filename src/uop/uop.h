@@ -127,6 +127,8 @@ struct UOp {
   int64_t *sym;      /* tensor-graph nodes with symbolic dims: the shape with those dims as tg_sym codes */
   int ndim;
   int device;        /* device id (tensor-graph nodes) */
+  bool shape_inline; /* (internal) shape lives in the node's own allocation, after src and iarg */
+  uint32_t kmark, kpos; /* (internal) the schedule cache's walk: kpos is valid while kmark is its epoch */
   int64_t vmin, vmax;/* index-arithmetic bounds (kernel nodes of integer dtype) */
   UOp *realized;     /* tensor graph: BUFFER node holding this node's value once realized (owned ref) */
   UOp *next;         /* intern-table chain */
@@ -168,7 +170,13 @@ UOp *uop_new_meta(int op, tg_dtype dt, UOp *const *src, int nsrc, const int64_t 
 /* The node's flag bits (UOPF_*), set and read atomically: threads building graphs over shared nodes
  * may mark one while another reads it. */
 static inline uint8_t uop_flags(const UOp *u) { return __atomic_load_n(&u->flags, __ATOMIC_ACQUIRE); }
-static inline void uop_set_flag(UOp *u, uint8_t f) { __atomic_fetch_or(&u->flags, f, __ATOMIC_RELEASE); }
+/* true once any node got UOPF_GRAD_LEAF (never cleared): until then no graph can need a gradient,
+ * and the walks that look for one are skipped */
+extern bool uop_any_grad_leaf;
+static inline void uop_set_flag(UOp *u, uint8_t f) {
+  if (f & UOPF_GRAD_LEAF) __atomic_store_n(&uop_any_grad_leaf, true, __ATOMIC_SEQ_CST);
+  __atomic_fetch_or(&u->flags, f, __ATOMIC_SEQ_CST);
+}
 static inline void uop_clear_flag(UOp *u, uint8_t f) { __atomic_fetch_and(&u->flags, (uint8_t)~f, __ATOMIC_RELEASE); }
 /* ->realized, read and written atomically: a realize in one thread sets it on nodes that graphs
  * built by other threads share (the BUFFER node it points to is complete before it is stored). */
@@ -177,6 +185,8 @@ static inline void uop_set_realized(UOp *u, UOp *r) { __atomic_store_n(&u->reali
 UOp *uop_ref(UOp *u);
 void uop_unref(UOp *u);
 size_t uop_live_count(void);
+/* Sets kmark to 0 on every live node (the schedule cache's epochs wrapped around). */
+void uop_clear_kmarks(void);
 
 /* Convenience constructors (all return new references, srcs are borrowed). */
 UOp *uop_const_i(tg_dtype dt, int64_t v);
