@@ -915,11 +915,14 @@ typedef struct {
  * then reads whole cache lines of one contiguous panel. With AVX2's 16-column tiles in 32-column
  * panels, each tile used half of every line it fetched and its panel slice (k x 128 bytes apart)
  * was twice the size: 16-column panels took 1024^3 from 164 to 185 GFLOPS and 4096^3 from 118 to
- * 175 (bench/matmul.py; OpenBLAS 187 and 185 in the same run). */
+ * 175 (bench/matmul.py; OpenBLAS 187 and 185 in the same run). With AVX-512 the path starts at
+ * 1024 columns, where a row is 4 KiB: read in place, the k rows of a tile's columns then fall in one
+ * L1 set and a few L2 sets. On a Zen 5 (48 KiB L1, 1 MiB L2) 1024^3 went from 322 to 441 GFLOPS
+ * (OpenBLAS 438-443 in the same runs); 512 columns stay in place (468-484 against OpenBLAS's 405-441). */
 static PackLimits pack_limits(int device) {
   Device *d = device_by_id(device);
   if (d && d->caps.vec_bytes == 32) return (PackLimits){512, 2 << 20, 2 << 20, 16};
-  return (PackLimits){1536, 16 << 20, 8 << 20, 32};
+  return (PackLimits){1024, 16 << 20, 8 << 20, 32};
 }
 static tg_tensor matmul_packed(tg_tensor x, tg_tensor w, int64_t n, int64_t k, int64_t m, PackLimits pl) {
   OpScope o = op_scope_begin("tg_matmul");
