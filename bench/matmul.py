@@ -89,14 +89,19 @@ if os.environ.get("DEV", "CPU").split(":")[0].upper() == "CL":
   print("(GFLOPS, fp32, default opts; ratios are throughputs, tinygrad.c on CL / other, measured in this run)")
   sys.exit(0)
 
+sys.path.insert(0, here)
+import machine  # noqa: E402
+lim = machine.limits()
+print(machine.describe(lim))
 ours = ours_gflops("CPU")
 
-print(f"{'N':>6} {'tinygrad.c':>11} {'OpenBLAS':>9} {'PyTorch':>9} {'ratio/BLAS':>10} {'ratio/torch':>11}" + (" tinygrad  tg BEAM=2" if have_tinygrad else ""))
+print(f"{'N':>6} {'tinygrad.c':>11} {'of peak':>7} {'OpenBLAS':>9} {'of peak':>7} {'PyTorch':>9} {'ratio/BLAS':>10} {'ratio/torch':>11}" + (" tinygrad  tg BEAM=2" if have_tinygrad else ""))
 for n in sizes:
   nb, tt = numpy_gflops(n), torch_gflops(n)
-  line = f"{n:>6} {ours[n]:>11.1f} {nb:>9.1f} {tt:>9.1f} {ours[n] / nb:>10.2f} {ours[n] / tt:>11.2f}"
+  pk = (lambda g: f"{100 * g / lim['fma']:>6.0f}%") if lim else (lambda g: f"{'':>7}")
+  line = f"{n:>6} {ours[n]:>11.1f} {pk(ours[n])} {nb:>9.1f} {pk(nb)} {tt:>9.1f} {ours[n] / nb:>10.2f} {ours[n] / tt:>11.2f}"
   if have_tinygrad and n <= 1024:
     g0, g2 = tinygrad_gflops(n, 0), tinygrad_gflops(n, 2)
     line += f" {g0 or float('nan'):>8.1f} {g2 or float('nan'):>8.1f}"
   print(line, flush=True)
-print("(GFLOPS, fp32; ratios are tinygrad.c / other, measured in this run)")
+print("(GFLOPS, fp32; ratios are tinygrad.c / other; of peak: of the FMA peak above; all measured in this run)")

@@ -1,6 +1,7 @@
 /*
  * ops.c -- common single ops on realistic sizes, each built and realized 10 times (kernels already
- * compiled after the first); prints "<name> <median ms>" per op. bench/ops.py runs this and the same
+ * compiled after the first); prints "<name> <median ms> <bytes moved> <FLOPs>" per op (the last two
+ * from GlobalCounters over one run). bench/ops.py runs this and the same
  * ops in PyTorch (2 threads) and prints the ratios. An argument runs only the ops whose name
  * contains it.
  */
@@ -90,8 +91,10 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strstr(OPS[i].name, argv[1])) continue;
     double ts[9];
     int n = 0;
+    tg_counters c0 = {0}, c1 = {0};
     for (int r = 0; r < 10; r++) {
       tg_scope_begin();
+      if (r == 9) c0 = tg_global_counters();
       double t0 = now();
       tg_tensor y = OPS[i].fn();
       if (tg_realize(y) != TG_OK) {
@@ -99,6 +102,7 @@ int main(int argc, char **argv) {
         return 1;
       }
       double t = now() - t0;
+      if (r == 9) c1 = tg_global_counters();
       tg_scope_end();
       if (r) ts[n++] = t;
     }
@@ -108,7 +112,9 @@ int main(int argc, char **argv) {
           double t = ts[a];
           ts[a] = ts[b], ts[b] = t;
         }
-    printf("%s %.4f\n", OPS[i].name, ts[n / 2] * 1e3);
+    /* the median ms, then the bytes the kernels of one run moved and their FLOPs (DEBUG=2's counts) */
+    printf("%s %.4f %llu %llu\n", OPS[i].name, ts[n / 2] * 1e3, (unsigned long long)(c1.global_mem - c0.global_mem),
+           (unsigned long long)(c1.global_ops - c0.global_ops));
     fflush(stdout);
   }
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) tg_free(*all[i]);

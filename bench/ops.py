@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Common single ops on realistic sizes: tinygrad.c (build/bench/ops) and PyTorch (2 threads) in one
-run; prints the median ms of each and the ratio tinygrad.c / PyTorch (below 1 is faster).
+run; prints the median ms of each and the ratio tinygrad.c / PyTorch (below 1 is faster), and how close
+each op comes to the machine's limits (bench/machine.py: FMA peak and triad bandwidth, measured first).
 Usage: make bench && /usr/bin/python3 bench/ops.py [substring of op names]
 Each op is built and realized (tinygrad.c) or called (PyTorch) 10 times, the first dropped.
 With DEV=CPU:LLVM[:ARCH] the ops run on that device and on DEV=CPU (the C renderer) in the same run,
@@ -23,11 +24,16 @@ def run_ops(env_dev):
   if env_dev: env["DEV"] = env_dev
   out = subprocess.run([os.path.join(here, "..", "build", "bench", "ops")] + ([flt] if flt else []), capture_output=True,
                        text=True, check=True, env=env).stdout
-  return {l.split()[0]: float(l.split()[1]) for l in out.splitlines()}
+  rows = [l.split() for l in out.splitlines()]
+  return {r[0]: float(r[1]) for r in rows}, {r[0]: (int(r[2]), int(r[3])) for r in rows if len(r) >= 4}
 
 
-ours = run_ops(None)
-cref = run_ops("CPU") if llvm else None
+sys.path.insert(0, here)
+import machine  # noqa: E402
+lim = machine.limits()
+print(machine.describe(lim))
+ours, work = run_ops(None)
+cref = run_ops("CPU")[0] if llvm else None
 
 r = torch.randn
 A, B, M2k, S, L, V, M1k = r(1 << 22), r(1 << 22), r(2048, 2048), r(256, 4096), r(1024, 1024), r(1 << 20), r(1024, 1024)
@@ -50,8 +56,19 @@ TORCH = {
     "interpolate_16x32x56->112": lambda: F.interpolate(IMG, size=(112, 112), mode="bilinear"),
     "rand_4M": lambda: torch.rand(1 << 22), "randn_4M": lambda: torch.randn(1 << 22),
 }
+
+
+def of_limit(name, ms):
+  """The op's GB/s and GFLOPS (its kernels' counts over its time) as the larger fraction of the machine's
+  bandwidth or FMA peak, e.g. ' 83% mem'."""
+  if not lim or name not in work or ms <= 0: return ""
+  nbytes, flops = work[name]
+  m, f = nbytes / ms * 1e-6 / lim["bw"], flops / ms * 1e-6 / lim["fma"]
+  return f"{100 * max(m, f):>5.0f}% {'mem' if m >= f else 'fma'}"
+
+
 if llvm: print(f"{'op':<30} {'CPU:LLVM':>11} {'CPU (C)':>11} {'LLVM/C':>7} {'PyTorch':>9} {'ratio':>7}")
-else: print(f"{'op':<30} {'tinygrad.c':>11} {'PyTorch':>9} {'ratio':>7}")
+else: print(f"{'op':<30} {'tinygrad.c':>11} {'PyTorch':>9} {'ratio':>7} {'of limit':>9}")
 worst = 0.0
 for name, ms in ours.items():
   ts = []
@@ -63,6 +80,7 @@ for name, ms in ours.items():
     worst = max(worst, ms / c)
     print(f"{name:<30} {ms:>9.3f}ms {c:>9.3f}ms {ms / c:>7.2f} {tm:>7.3f}ms {ms / tm:>7.2f}")
   else:
-    print(f"{name:<30} {ms:>9.3f}ms {tm:>7.3f}ms {ms / tm:>7.2f}")
+    print(f"{name:<30} {ms:>9.3f}ms {tm:>7.3f}ms {ms / tm:>7.2f} {of_limit(name, ms):>9}")
 if llvm: print(f"(worst LLVM/C ratio {worst:.2f}; ratio columns: ours / PyTorch, all in this run on this machine)")
-print("(ms: median of 9 runs; ratio tinygrad.c / PyTorch, both in this run on this machine)")
+print("(ms: median of 9 runs; ratio tinygrad.c / PyTorch, both in this run on this machine; of limit: the op's\n"
+      " GB/s or GFLOPS, by its kernels' byte and FLOP counts (DEBUG=2's), as a fraction of the triad bandwidth or FMA peak)")
