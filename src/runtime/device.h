@@ -26,7 +26,7 @@ typedef struct Device Device;
 
 /* The languages kernels are rendered in (one row each in the renderer's spelling table). */
 enum { LANG_C = 0, LANG_OPENCL = 1, LANG_LLVM = 2, LANG_CUDA = 3 };
-/* The line the LLVM renderer puts after a kernel's first line when its reduction is scalar: CPU:LLVM
+/* The line the LLVM renderer puts after a kernel's first line when it has no vector axis: CPU:LLVM
  * runs LLVM's loop vectorizer (with its cost model) over that kernel, and only over it. */
 #define LLVM_LOOP_VECTORIZE_MARK "; tinygrad.c: loop-vectorize"
 

@@ -110,7 +110,7 @@ static pthread_mutex_t g_llvm_lock = PTHREAD_MUTEX_INITIALIZER;
  * GVN took 7x the time on beautiful_mnist's kernels (5.2 s against 0.7 s of compiling) for a train
  * step no faster (308 against 285-290 ms), and bench/ops.py finds no op slower. */
 #define LLVM_PASSES "always-inline,function(sroa,early-cse,instcombine,simplifycfg)"
-/* What a kernel marked LLVM_LOOP_VECTORIZE_MARK (a reduction the renderer left scalar) gets before it
+/* What a kernel marked LLVM_LOOP_VECTORIZE_MARK (one the renderer left scalar) gets before it
  * joins its batch: the lean pipeline, then LLVM's loop vectorizer with its cost model (which only
  * makes legal changes: no float reduction is reassociated). An integer max-index reduction (argmax's
  * second kernel) ran 1.8-3x slower than gcc's SLP-vectorized C before; run over every kernel, the
