@@ -6,7 +6,8 @@
 # Runs, in this order:
 #   1. $BUILD/tests/test_X for every tests/test_X.c (C unit tests, linked against libtinygrad.a);
 #      then test_jit and test_fusion again with DEV=CL (OpenCL on PoCL), test_opt with
-#      DEV=CPU:LLVM (LLVM IR compiled in process), and examples/devices
+#      DEV=CPU:LLVM (LLVM IR compiled in process) and, on an AVX-512 host, again with AVX-512 turned
+#      off (DEV=CPU:LLVM:x86_64,x86-64-v3,-avx512f), and examples/devices
 #   2. every tests/test_*.py with $PYTHON (differential tests against PyTorch; they load the library
 #      from $TINYGRAD_LIB), then every 8th case of test_ops_torch.py with DEV=CL and (compiled by
 #      NVRTC only, tests/test_cuda_null.sh) with DEV=NULL:CUDA for sm_80 and sm_90, and every
@@ -34,7 +35,7 @@ C_ONLY=0
 for arg in "$@"; do
   case $arg in
     --c-only) C_ONLY=1 ;;
-    -h | --help) sed -n '2,24p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h | --help) sed -n '2,25p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "run_tests.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
@@ -131,6 +132,11 @@ for name in test_jit test_fusion; do
 done
 # ---- 1c. the optimizer's checks (default opts and BEAM=2 against NOOPT) on the LLVM renderer
 [ -x "$BUILD/tests/test_opt" ] && run "test_opt (DEV=CPU:LLVM)" env DEV=CPU:LLVM "$BUILD/tests/test_opt"
+# and, on an AVX-512 machine, without AVX-512: the kernels a machine with only AVX2 gets (8-lane
+# vectors, 16 registers: other tiles and unrolls) checked against NOOPT here too
+if grep -qw avx512f /proc/cpuinfo 2>/dev/null && [ -x "$BUILD/tests/test_opt" ]; then
+  run "test_opt (DEV=CPU:LLVM:x86_64,x86-64-v3,-avx512f)" env DEV=CPU:LLVM:x86_64,x86-64-v3,-avx512f "$BUILD/tests/test_opt"
+fi
 # examples/devices must list CPU and CL and compute [1,2,3]*2 on both
 [ -x "$BUILD/examples/devices" ] && run "examples/devices" bash -c '
   out=$("$1") && echo "$out" && grep -q "\[2, 4, 6\] on CPU$" <<<"$out" && grep -q "\[2, 4, 6\] on CL$" <<<"$out" &&
