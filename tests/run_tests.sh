@@ -35,7 +35,7 @@ C_ONLY=0
 for arg in "$@"; do
   case $arg in
     --c-only) C_ONLY=1 ;;
-    -h | --help) sed -n '2,25p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h | --help) sed -n '2,29p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "run_tests.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
