@@ -5,6 +5,7 @@
  * recurses once per node (a million frames) would overflow it: passing proves the graph walks,
  * the kernel building and the release of nodes are iterative or bounded by the kernel depth split.
  */
+#include <math.h>
 #include <pthread.h>
 
 #include "test.h"
@@ -181,6 +182,42 @@ TEST(depth_split_kernel_count) {
   CHECK_MSG(kernels[1] >= 4 && kernels[1] <= 5, "%llu", (unsigned long long)kernels[1]);
   tg_free(x0);
   CHECK(tg_live_count() == 0);
+}
+
+/* A matmul at the end of a graph deeper than the bound (a transformer's last layer) must not get its
+ * broadcast product x[:, None, :] * w (or the EXPAND under it) stored as the depth cut. With
+ * DEPTH_SPLIT=8, chains of 1 to 12 ops into a 64x64 matmul: wherever the bound falls, the kernels
+ * move well under the 1 MB a stored 64x64x64 product would (the inputs are 16 KB each). */
+TEST(depth_split_never_stores_a_broadcast) {
+  size_t live0 = tg_live_count();
+  float xv[64 * 64], wv[64 * 64];
+  for (int i = 0; i < 64 * 64; i++) xv[i] = (float)(i % 13) * 0.01f, wv[i] = (float)(i % 7) * 0.01f - 0.03f;
+  for (int len = 1; len <= 12; len++) {
+    tg_scope_begin();
+    tg_context_begin();
+    tg_context_set_int("DEPTH_SPLIT", 8);
+    tg_tensor x = tg_from_data(xv, TG_SHAPE(64, 64), NULL), w = tg_from_data(wv, TG_SHAPE(64, 64), NULL);
+    tg_tensor h = x;
+    for (int i = 0; i < len; i++) h = tg_add_s(h, 0.01f); /* h = x + 0.01 len */
+    tg_tensor y = tg_matmul(h, w);
+    tg_global_counters_reset();
+    CHECK(tg_realize(y) == TG_OK);
+    uint64_t mem = tg_global_counters().global_mem;
+    CHECK_MSG(mem < 300000, "chain of %d: %llu bytes moved (a stored broadcast is over 1 MB)", len, (unsigned long long)mem);
+    float out[64 * 64];
+    CHECK(tg_data(y, out, sizeof out) == TG_OK);
+    int bad = 0;
+    for (int i = 0; i < 64; i += 9)
+      for (int j = 0; j < 64; j += 7) {
+        double want = 0;
+        for (int k = 0; k < 64; k++) want += ((double)xv[i * 64 + k] + 0.01 * len) * wv[k * 64 + j];
+        if (fabs(out[i * 64 + j] - want) > 1e-4) bad++;
+      }
+    CHECK_MSG(bad == 0, "chain of %d: %d sampled values wrong", len, bad);
+    tg_context_end();
+    tg_scope_end();
+  }
+  CHECK(tg_live_count() == live0);
 }
 
 int main(void) { return RUN_TESTS(); }

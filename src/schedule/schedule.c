@@ -105,6 +105,30 @@ typedef struct {
   int depth;     /* 1 + the deepest source seen so far */
 } VFrame;
 
+static int64_t numel_of(const UOp *n) {
+  int64_t e = 1;
+  for (int d = 0; d < n->ndim; d++) e *= n->shape[d];
+  return e;
+}
+
+/* Does n have more elements than every value it is computed from (looking through movement ops to
+ * the nodes below them)? Then it is a broadcast: the product inside a matmul, x[:, None, :] * w,
+ * or an EXPAND itself. Stored, it would be the whole broadcast (BERT's feed-forward input times its
+ * weight: 9.7 GB), so the depth bound does not cut there but at the reduction above it or the
+ * values below it. */
+static bool is_broadcast(const UOp *n) {
+  if (n->op == OP_EXPAND) return true;
+  if (!op_is_alu(n->op)) return false;
+  int64_t big = 0;
+  for (uint32_t i = 0; i < n->nsrc; i++) {
+    const UOp *s = n->src[i];
+    for (int k = 0; k < 64 && op_is_movement(s->op) && !uop_realized(s) && s->nsrc; k++) s = s->src[0];
+    int64_t e = numel_of(s);
+    if (e > big) big = e;
+  }
+  return numel_of(n) > big;
+}
+
 /* Records every node reachable from n in post-order (sources first), once each. Iterative: a graph
  * may be a chain of millions of nodes. */
 static void visit(SCtx *c, UOp *n, bool target, int bound) {
@@ -145,7 +169,9 @@ static void visit(SCtx *c, UOp *n, bool target, int bound) {
     x->root = -1;
     x->sbuf = -1;
     x->depth = done.leaf ? 0 : done.depth;
-    if (!done.leaf && done.depth > bound) x->deep = x->mat = true;
+    /* past the bound, a node is stored -- unless it is a broadcast (while the depth stays under twice
+     * the bound: a chain of broadcasts must still be cut somewhere) */
+    if (!done.leaf && done.depth > bound && (done.depth > 2 * bound || !is_broadcast(done.n))) x->deep = x->mat = true;
     pm_put(&c->idx, (uint64_t)(uintptr_t)done.n, (void *)(intptr_t)c->nn);
     if (ns) {
       int d = depth_seen_by_consumers(x) + 1;
