@@ -29,16 +29,6 @@
 #define SCHED_ENTRIES 256  /* schedules kept, least recently used out first */
 
 typedef struct {
-  int kind;
-  UOp *ast; /* owned */
-  int *bufs;
-  int nbufs;
-  Device *dev;
-  int64_t root;
-  int dtype;
-} TItem;
-
-typedef struct {
   Device *dev;
   size_t nbytes;
   int last_use;
@@ -52,7 +42,7 @@ typedef struct Entry {
   uint64_t hash;
   uint64_t *words;
   size_t nw;
-  TItem *items;
+  SItem *items; /* as schedule_build made them (ASTs owned by the entry) */
   int nitems;
   TBuf *bufs;
   int nbufs;
@@ -280,6 +270,18 @@ static void lru_front(Entry *e) {
   g_lru.next = e;
 }
 
+/* n items copied from src into a new array; each copy holds its own AST reference and bufs list */
+static SItem *items_copy(const SItem *src, int n) {
+  SItem *dst = tg_xcalloc((size_t)(n ? n : 1), sizeof(SItem));
+  for (int i = 0; i < n; i++) {
+    dst[i] = src[i];
+    dst[i].ast = src[i].ast ? uop_ref(src[i].ast) : NULL;
+    dst[i].bufs = tg_xmalloc(sizeof(int) * (size_t)(src[i].nbufs ? src[i].nbufs : 1));
+    memcpy(dst[i].bufs, src[i].bufs, sizeof(int) * (size_t)src[i].nbufs);
+  }
+  return dst;
+}
+
 static UOp *decode_node(const SchedKey *k, int ref) {
   if (ref < 0) return NULL;
   UOp *u = k->nodes[ref / 2];
@@ -293,19 +295,8 @@ bool schedule_from_cache(SchedKey *k, Schedule *s, int *tbuf) {
   lru_unlink(e), lru_front(e);
   g_hits++;
   memset(s, 0, sizeof *s);
-  s->items = tg_xmalloc(sizeof(SItem) * (size_t)(e->nitems ? e->nitems : 1));
+  s->items = items_copy(e->items, e->nitems);
   s->nitems = s->capitems = e->nitems;
-  for (int i = 0; i < e->nitems; i++) {
-    const TItem *t = &e->items[i];
-    SItem *it = &s->items[i];
-    memset(it, 0, sizeof *it);
-    it->kind = t->kind;
-    it->ast = t->ast ? uop_ref(t->ast) : NULL;
-    it->nbufs = t->nbufs;
-    it->bufs = tg_xmalloc(sizeof(int) * (size_t)(t->nbufs ? t->nbufs : 1));
-    memcpy(it->bufs, t->bufs, sizeof(int) * (size_t)t->nbufs);
-    it->dev = t->dev, it->root = t->root, it->dtype = t->dtype;
-  }
   s->bufs = tg_xmalloc(sizeof(SBuf) * (size_t)(e->nbufs ? e->nbufs : 1));
   s->nbufs = s->capbufs = e->nbufs;
   for (int i = 0; i < e->nbufs; i++) {
@@ -352,18 +343,8 @@ void schedule_cache_put(SchedKey *k, const Schedule *s, const int *tbuf) {
       return;
     }
   }
-  e->items = tg_xcalloc((size_t)(s->nitems ? s->nitems : 1), sizeof(TItem));
+  e->items = items_copy(s->items, s->nitems);
   e->nitems = s->nitems;
-  for (int i = 0; i < s->nitems; i++) {
-    const SItem *it = &s->items[i];
-    TItem *t = &e->items[i];
-    t->kind = it->kind;
-    t->ast = it->ast ? uop_ref(it->ast) : NULL;
-    t->nbufs = it->nbufs;
-    t->bufs = tg_xmalloc(sizeof(int) * (size_t)(it->nbufs ? it->nbufs : 1));
-    memcpy(t->bufs, it->bufs, sizeof(int) * (size_t)it->nbufs);
-    t->dev = it->dev, t->root = it->root, t->dtype = it->dtype;
-  }
   e->tbuf = tg_xmalloc(sizeof(int) * (size_t)(k->ntargets ? k->ntargets : 1));
   memcpy(e->tbuf, tbuf, sizeof(int) * (size_t)k->ntargets);
   e->ntargets = k->ntargets;
