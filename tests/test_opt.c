@@ -4,6 +4,7 @@
  * and the two must agree. Shapes are chosen so that vectorization and upcasting actually apply.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <tinygrad.h>
@@ -499,6 +500,87 @@ TEST(beam_cache_line_round_trip) {
   CHECK(!optcfg_parse("0 16 -1 1 1 0 -1 0 -1 1 -1 1 7", &back));     /* trailing field */
   CHECK(!optcfg_parse("0 16 -1 0 1 0 -1 0 -1 1 -1 1", &back));       /* upcast by 0 */
   CHECK(!optcfg_parse("-1 0 -1 1 1 0 -1 0 -1 1 0 0", &back));        /* unroll by 0 */
+}
+
+/* float16 and bfloat16 run in vector lanes (float lanes, rounded after every operation, converted
+ * with vector integer code): bit for bit what the scalar kernels (NOOPT) give, over every one of the
+ * 65536 bit patterns -- infinities, subnormals, overflow, NaN payloads -- and a selection passes
+ * every NaN, signalling ones too, through unchanged, as the scalar code does. */
+typedef tg_tensor (*hfn)(tg_tensor x, tg_tensor y);
+static tg_tensor h_add(tg_tensor x, tg_tensor y) { return tg_add(x, y); }
+static tg_tensor h_mul(tg_tensor x, tg_tensor y) { return tg_mul(x, y); }
+static tg_tensor h_div(tg_tensor x, tg_tensor y) { return tg_div(x, y); }
+static tg_tensor h_max(tg_tensor x, tg_tensor y) { return tg_maximum(x, y); }
+static tg_tensor h_sel(tg_tensor x, tg_tensor y) { return tg_where(tg_lt(x, y), x, tg_neg(y)); }
+static tg_tensor h_sqrt(tg_tensor x, tg_tensor y) { return tg_add(tg_sqrt(tg_abs(x)), tg_reciprocal(y)); }
+static tg_tensor h_f32(tg_tensor x, tg_tensor y) {
+  return tg_cast(tg_add(tg_mul(tg_cast(x, TG_FLOAT32), tg_cast(y, TG_FLOAT32)), tg_cast(y, TG_FLOAT32)), tg_dtype_of(x));
+}
+static tg_tensor h_keep(tg_tensor x, tg_tensor y) { return tg_where(tg_ne(y, y), y, x); } /* NaN y: y's own bits */
+
+static const char *g_half_cc; /* a compiler command for the kernels (NULL: the default) */
+
+static size_t half_run(hfn f, tg_tensor x, tg_tensor y, bool noopt, uint16_t *out) {
+  tg_scope_begin();
+  tg_context_begin();
+  if (noopt) tg_context_set_int("NOOPT", 1);
+  if (g_half_cc) tg_context_set("CC", g_half_cc);
+  tg_status st = tg_data(f(x, y), out, 65536 * 2);
+  tg_context_end();
+  tg_scope_end();
+  return st == TG_OK;
+}
+
+TEST(half_lanes_bit_exact) {
+  BEGIN;
+  static uint16_t xb[65536], yb[65536], o1[65536], o2[65536];
+  for (int i = 0; i < 65536; i++) xb[i] = (uint16_t)i, yb[i] = (uint16_t)((i * 40503u + 12345u) & 0xffff);
+  const hfn fs[] = {h_add, h_mul, h_div, h_max, h_sel, h_sqrt, h_f32, h_keep};
+  const char *names[] = {"add", "mul", "div", "max", "where", "sqrt+recip", "via float32", "keep NaN bits"};
+  tg_dtype dts[2] = {TG_FLOAT16, TG_BFLOAT16};
+  /* with the host's F16C/AVX-512 conversions, and (x86) without them: the portable vector code */
+#if defined(__x86_64__)
+  const char *ccs[2] = {NULL, "cc -mno-avx512f -mno-f16c"};
+  int ncc = getenv_str("CC", NULL) ? 1 : 2; /* a CC of the user's own is left alone */
+#else
+  const char *ccs[1] = {NULL};
+  int ncc = 1;
+#endif
+  for (int pass = 0; pass < 2 * ncc; pass++) {
+    int d = pass % 2;
+    g_half_cc = ccs[pass / 2];
+    tg_tensor x = tg_bitcast(tg_from_data(xb, TG_SHAPE(256, 256), TG_OPTS(.dtype = TG_UINT16)), dts[d]);
+    tg_tensor y = tg_bitcast(tg_from_data(yb, TG_SHAPE(256, 256), TG_OPTS(.dtype = TG_UINT16)), dts[d]);
+    x = tg_contiguous(x), y = tg_contiguous(y);
+    CHECK(tg_realize(x) == TG_OK && tg_realize(y) == TG_OK);
+    for (size_t k = 0; k < sizeof fs / sizeof *fs; k++) {
+      CHECK(half_run(fs[k], x, y, false, o1) && half_run(fs[k], x, y, true, o2));
+      /* an operation on two NaNs may return either one's (the compiler may swap the operands of a
+       * commutative op, and x86 returns the first's): a NaN for a NaN counts as equal there */
+      int diff = 0, first = -1;
+      for (int i = 0; i < 65536; i++) {
+        bool n1 = d ? (o1[i] & 0x7fff) > 0x7f80 : (o1[i] & 0x7fff) > 0x7c00;
+        bool n2 = d ? (o2[i] & 0x7fff) > 0x7f80 : (o2[i] & 0x7fff) > 0x7c00;
+        if (o1[i] != o2[i] && !(n1 && n2 && fs[k] != h_keep)) diff++, first = first < 0 ? i : first;
+      }
+      CHECK_MSG(diff == 0, "%s %s%s%s: %d of 65536 differ from the scalar kernel (first at %d: %04x, scalar %04x)",
+                d ? "bfloat16" : "float16", names[k], g_half_cc ? ", CC=" : "", g_half_cc ? g_half_cc : "", diff, first,
+                first >= 0 ? o1[first] : 0, first >= 0 ? o2[first] : 0);
+      if (fs[k] == h_keep) {
+        int lost = 0;
+        for (int i = 0; i < 65536; i++) {
+          bool ynan = d ? ((yb[i] & 0x7f80) == 0x7f80 && (yb[i] & 0x7f)) : ((yb[i] & 0x7c00) == 0x7c00 && (yb[i] & 0x3ff));
+          if (ynan && o1[i] != yb[i]) lost++;
+        }
+        CHECK_MSG(lost == 0, "%s: %d NaN bit patterns changed", d ? "bfloat16" : "float16", lost);
+      }
+    }
+    char opts[128];
+    last_kernel_opts(h_add(x, y), opts, sizeof opts);
+    CHECK_MSG(strstr(opts, "VECTORIZE(") != NULL, "%s add: %s", d ? "bfloat16" : "float16", opts);
+  }
+  g_half_cc = NULL;
+  END;
 }
 
 int main(void) {

@@ -30,6 +30,7 @@ typedef struct {
   int W;
   bool gather; /* float32 loads strided along the lanes may become gathers */
   bool gpu;    /* an OpenCL kernel: float32 lanes and masks only (no integer lanes or loads) */
+  bool half;   /* float16/bfloat16 lanes too (the C renderer: float lanes rounded after every op) */
   PtrMap dep;  /* node -> 1 (depends on lane) / 2 (does not) */
   PtrMap memo; /* node -> rewritten node (owned) */
   bool fail;
@@ -87,23 +88,37 @@ static bool vec_int_load_dtype(tg_dtype dt) {
   return dt == TG_UINT8 || dt == TG_INT8 || dt == TG_INT16 || dt == TG_UINT16 || dt == TG_INT32 || dt == TG_UINT32;
 }
 
-static bool vec_op_ok(UOp *u) {
+static bool is_half_dt(int dt) { return dt == TG_FLOAT16 || dt == TG_BFLOAT16; }
+/* the float lane dtypes: float32, and with `half` float16/bfloat16 (held in float lanes) */
+static bool vflt(const VR *v, int dt) { return dt == TG_FLOAT32 || (v->half && is_half_dt(dt)); }
+
+static bool vec_op_ok(const VR *v, UOp *u) {
   switch (u->op) {
   case OP_ADD: case OP_SUB: case OP_MUL: case OP_FDIV: case OP_NEG: case OP_MAX: case OP_CMPLT: case OP_CMPNE:
   case OP_CMPEQ: case OP_WHERE: case OP_AND: case OP_OR: case OP_XOR: case OP_EXP2: case OP_LOG2: case OP_SIN:
   case OP_SQRT: case OP_RECIP: case OP_TRUNC:
-    if (u->dtype != TG_FLOAT32 && u->dtype != TG_BOOL) return false;
-    /* integer vectors only exist to be converted: every operand must be float32 or a mask */
-    for (uint32_t i = 0; i < u->nsrc; i++)
-      if (u->src[i]->dtype != TG_FLOAT32 && u->src[i]->dtype != TG_BOOL) return false;
+    if (!vflt(v, u->dtype) && u->dtype != TG_BOOL) return false;
+    /* integer vectors only exist to be converted: every operand must be a float lane or a mask, and
+     * the float operands of one op have one dtype (a float16 op rounds to float16) */
+    for (uint32_t i = 0; i < u->nsrc; i++) {
+      int sd = u->src[i]->dtype;
+      if (!vflt(v, sd) && sd != TG_BOOL) return false;
+      if (sd != TG_BOOL && u->dtype != TG_BOOL && sd != u->dtype) return false;
+      if (sd != TG_BOOL && i && u->src[0]->dtype != TG_BOOL && sd != u->src[0]->dtype) return false;
+    }
+    if (is_half_dt(u->dtype) && (u->op == OP_AND || u->op == OP_OR || u->op == OP_XOR)) return false;
     /* mask operands: only the ops the renderer writes as logic on masks */
     if (u->nsrc && u->src[0]->dtype == TG_BOOL && u->op != OP_WHERE)
       return u->op == OP_AND || u->op == OP_OR || u->op == OP_XOR || u->op == OP_NEG || u->op == OP_CMPLT ||
              u->op == OP_CMPNE || u->op == OP_CMPEQ || u->op == OP_MUL || u->op == OP_ADD || u->op == OP_MAX;
     return true;
-  case OP_CAST:
-    return (u->dtype == TG_FLOAT32 && (u->src[0]->dtype == TG_BOOL || vec_int_load_dtype((tg_dtype)u->src[0]->dtype))) ||
-           (u->dtype == TG_BOOL && u->src[0]->dtype == TG_FLOAT32);
+  case OP_CAST: {
+    int sd = u->src[0]->dtype;
+    if (vflt(v, u->dtype) && (sd == TG_BOOL || vec_int_load_dtype((tg_dtype)sd))) return true;
+    if (u->dtype == TG_BOOL && vflt(v, sd)) return true;
+    /* between float lanes: float32 <-> float16/bfloat16 (a rounding, or nothing) */
+    return vflt(v, u->dtype) && vflt(v, sd) && (u->dtype == TG_FLOAT32 || sd == TG_FLOAT32 || sd == u->dtype);
+  }
   default:
     return false;
   }
@@ -138,7 +153,7 @@ static UOp *vr(VR *v, UOp *u) {
   if (!dep_lane(v, u)) {
     r = uop_ref(u);
   } else if (u->op == OP_LOAD) {
-    bool dt_ok = u->dtype == TG_FLOAT32 || (!v->gpu && vec_int_load_dtype((tg_dtype)u->dtype));
+    bool dt_ok = vflt(v, u->dtype) || (!v->gpu && vec_int_load_dtype((tg_dtype)u->dtype));
     bool mask_ok = !(u->nsrc > 2 && dep_lane(v, u->src[2]));
     UOp *base = dt_ok && mask_ok ? contiguous_base(v, u->src[1]) : NULL;
     int64_t stride = 0;
@@ -165,7 +180,7 @@ static UOp *vr(VR *v, UOp *u) {
     int64_t w = v->W;
     r = uop_new(OP_CAST, (tg_dtype)u->dtype, &base, 1, &w, 1, u->arg);
     uop_unref(base);
-  } else if (u->dtype != DT_INDEX && (vec_op_ok(u) || (!v->gpu && vec_int_op_ok(u)))) {
+  } else if (u->dtype != DT_INDEX && (vec_op_ok(v, u) || (!v->gpu && vec_int_op_ok(u)))) {
     UOp *s[3] = {NULL, NULL, NULL};
     for (uint32_t i = 0; i < u->nsrc; i++) {
       s[i] = vr(v, u->src[i]);
@@ -198,6 +213,10 @@ static bool sym_range(const UOp *r) { return r && r->nsrc > 0; }
 
 /* Tries to vectorize global axis g by W lanes. On success updates k (value/sidx/rbody hold the
  * rewritten expressions; sidx holds the store's base offset) and returns true. */
+/* float16/bfloat16 lanes: on the CPU with the C renderer (the LLVM and OpenCL renderers keep those
+ * kernels scalar) */
+static bool half_lanes(const LKernel *k) { return !k->gpu && (!k->caps || k->caps->lang == LANG_C); }
+
 static bool try_vectorize_g(LKernel *k, int g, int W, int *next_axis, bool gather) {
   int64_t n = k->granges[g]->iarg[0];
   if (W < 1 || n % W != 0 || n < W || sym_range(k->granges[g])) return false;
@@ -216,12 +235,14 @@ static bool try_vectorize_g(LKernel *k, int g, int W, int *next_axis, bool gathe
   v.W = W;
   v.gather = gather;
   v.gpu = k->gpu;
+  v.half = half_lanes(k);
   UOp *sbase = contiguous_base(&v, sidx);
   UOp *nval = sbase ? vr(&v, val) : NULL;
   UOp *nrb = (nval && rb) ? vr(&v, rb) : NULL;
-  bool ok = sbase && nval && (!rb || nrb) && !v.fail && k->pdt[0] == TG_FLOAT32;
-  /* the stored value must be float32 (a vector) or independent of the lanes */
-  if (ok && nval->dtype != TG_FLOAT32) ok = false;
+  bool ok = sbase && nval && (!rb || nrb) && !v.fail && vflt(&v, k->pdt[0]);
+  /* the stored value must be a float lane of the output's dtype (a vector) or independent of the
+   * lanes; a combining store (a window max) is float32 only */
+  if (ok && (nval->dtype != k->pdt[0] || (k->sop && k->pdt[0] != TG_FLOAT32))) ok = false;
   /* vector accumulators are float32: a reduction of integers (the max of uint8 values) whose body
    * depends on the lanes stays scalar */
   if (ok && rb && dep_lane(&v, rb) && (nrb->dtype != TG_FLOAT32 || k->racc != TG_FLOAT32)) ok = false;
@@ -316,6 +337,7 @@ static bool try_vectorize_reduce(LKernel *k, int ri, int W, int *next_axis) {
   memset(&v, 0, sizeof v);
   v.lane = lane;
   v.W = W;
+  v.half = half_lanes(k);
   UOp *nrb = vr(&v, rb);
   bool ok = nrb && !v.fail && nrb->dtype == TG_FLOAT32 && dep_lane(&v, rb);
   vr_free(&v);

@@ -433,14 +433,36 @@ static void vopnd(R *r, UOp *u, bool mask, SB *e) {
 
 /* vector type names for a loaded dtype: float32 uses tg_vf; integer loads get their own lane type */
 static void vtype_names(tg_dtype dt, char *vt, char *vtu) {
-  if (dt == TG_FLOAT32) {
+  if (dt == TG_FLOAT32 || dt == TG_FLOAT16 || dt == TG_BFLOAT16) {
     strcpy(vt, "tg_vf"), strcpy(vtu, "tg_vfu");
   } else {
     snprintf(vt, 32, "tg_v%d", (int)dt), snprintf(vtu, 32, "tg_v%du", (int)dt);
   }
 }
 
+static bool is_vhalf(int dt) { return dt == TG_FLOAT16 || dt == TG_BFLOAT16; }
+static bool is_vfloat(int dt) { return dt == TG_FLOAT32 || is_vhalf(dt); }
+
+static void render_vexpr_f(R *r, UOp *u, SB *e);
+
+/* A vector operation; one whose dtype is float16 or bfloat16 is computed on float lanes and rounded
+ * (except where the result is exact already: a negation, a max, a selection, a load, a cast from
+ * the same dtype) */
 static void render_vexpr(R *r, UOp *u, SB *e) {
+  bool exact = u->op == OP_LOAD || u->op == OP_NEG || u->op == OP_MAX || u->op == OP_WHERE ||
+               (u->op == OP_CAST && u->src[0]->dtype == u->dtype);
+  if (!is_vhalf(u->dtype) || exact) {
+    render_vexpr_f(r, u, e);
+    return;
+  }
+  SB t;
+  sb_init(&t);
+  render_vexpr_f(r, u, &t);
+  sb_printf(e, "%s(%s)", u->dtype == TG_FLOAT16 ? "tg_vrh" : "tg_vrb", t.s);
+  sb_free(&t);
+}
+
+static void render_vexpr_f(R *r, UOp *u, SB *e) {
   UOp *a = u->nsrc > 0 ? u->src[0] : NULL, *b = u->nsrc > 1 ? u->src[1] : NULL, *c = u->nsrc > 2 ? u->src[2] : NULL;
   bool amask = a && a->dtype == TG_BOOL;
   char z[48], z1[48];
@@ -465,6 +487,12 @@ static void render_vexpr(R *r, UOp *u, SB *e) {
         sb_printf(e, "%s%s[%s + %lld%s]", l ? ", " : "", nm(r, a), nm(r, b), (long long)(l * u->iarg[0]), L->ll);
       sb_puts(e, "})");
       if (gated(u)) sb_printf(e, " : %s)", vz(z, vt));
+      return;
+    }
+    if (is_vhalf(u->dtype)) {
+      const char *f = u->dtype == TG_FLOAT16 ? "tg_vlh" : "tg_vlb";
+      if (gated(u)) sb_printf(e, "((%s) ? %s(%s + %s) : %s)", nm(r, c), f, nm(r, a), nm(r, b), vz(z, vt));
+      else sb_printf(e, "%s(%s + %s)", f, nm(r, a), nm(r, b));
       return;
     }
     if (gated(u)) sb_printf(e, "((%s) ? *(const %s%s *)(%s + %s) : %s)", nm(r, c), L->gptr, vtu, nm(r, a), nm(r, b), vz(z, vt));
@@ -536,8 +564,9 @@ static void render_vexpr(R *r, UOp *u, SB *e) {
       sb_printf(e, "} + (%s)%s)", ctype((tg_dtype)u->dtype), nm(r, a));
       return;
     }
-    if (u->dtype == TG_FLOAT32 && a->dtype != TG_BOOL) sb_printf(e, "__builtin_convertvector(%s, tg_vf)", nm(r, a));
-    else if (u->dtype == TG_FLOAT32) sb_printf(e, "tg_vsel(%s, %s + 1.0f, %s)", nm(r, a), vz(z, "tg_vf"), vz(z1, "tg_vf"));
+    if (is_vfloat(u->dtype) && is_vfloat(a->dtype)) vopnd(r, a, false, e); /* the same float lanes (render_vexpr rounds) */
+    else if (is_vfloat(u->dtype) && a->dtype != TG_BOOL) sb_printf(e, "__builtin_convertvector(%s, tg_vf)", nm(r, a));
+    else if (is_vfloat(u->dtype)) sb_printf(e, "tg_vsel(%s, %s + 1.0f, %s)", nm(r, a), vz(z, "tg_vf"), vz(z1, "tg_vf"));
     else sb_printf(e, "(%s != %s)", nm(r, a), vz(z, "tg_vf"));
     return;
   default: break;
@@ -658,7 +687,12 @@ static void emit_store(R *r, const LKernel *k, int c) {
     SB e;
     sb_init(&e);
     vopnd(r, v, false, &e);
-    if (!k->sop) {
+    if (is_vhalf(odt)) {
+      /* the result of a rounded operation (never a signalling NaN) may take the hardware's conversion */
+      bool rounded = v->op != OP_LOAD && v->op != OP_NEG && v->op != OP_MAX && v->op != OP_WHERE && v->op != OP_CAST &&
+                     isvec(r, v) && (op_is_alu(v->op));
+      sb_printf(r->b, "%s(data0 + %s, %s);\n", odt == TG_FLOAT16 ? (rounded ? "tg_vshr" : "tg_vsh") : "tg_vsb", at, e.s);
+    } else if (!k->sop) {
       sb_printf(r->b, "*(%stg_vfu *)(data0 + %s) = %s;\n", L->gptr, at, e.s);
     } else {
       /* combining store (float32 only): the first window position stores, the others keep the max */
@@ -762,6 +796,48 @@ static const char PRELUDE_VEC[] =
     "typedef int tg_vm __attribute__((vector_size(%d)));\n"
     "static inline tg_vf tg_vsel(tg_vm m, tg_vf a, tg_vf b){return (tg_vf)(((tg_vm)a & m) | ((tg_vm)b & ~m));}\n"
     "static inline tg_vf tg_vmax(tg_vf a, tg_vf b){return tg_vsel((a > b) | (a != a), a, b);}\n";
+/* float16 and bfloat16 lanes (the C renderer on the CPU): held as float lanes, rounded after every
+ * operation as the scalar code rounds (tg_rh, tg_rb), converted with vector integer operations. Bit
+ * for bit the scalar conversions: checked over every half and bfloat16 and every float32 bit
+ * pattern, NaN payloads and signalling NaNs included (F16C's vcvtph2ps would quiet a signalling NaN).
+ * A half's magnitude bits moved up to a float's (<< 13) are the value times 2^-112 -- a float
+ * subnormal for a half subnormal -- so one multiply by 2^112 converts every finite half exactly; a
+ * float below the half normals rounds to one by adding 0.5f, whose ulp is the half subnormals' step
+ * (the add rounds to nearest even). */
+static const char PRELUDE_VHALF[] =
+    "typedef unsigned int tg_vhw __attribute__((vector_size(%d)));\n"
+    "typedef unsigned short tg_vhs __attribute__((vector_size(%d), aligned(2)));\n"
+    "static inline tg_vhw tg_vselu(tg_vm m, tg_vhw a, tg_vhw b){return (tg_vhw)(((tg_vm)a & m) | ((tg_vm)b & ~m));}\n"
+    "static inline tg_vf tg_vh2f(tg_vhw h){tg_vhw a = (h & 0x7fffu) << 13, s = (h & 0x8000u) << 16;\n"
+    "  tg_vhw n = (tg_vhw)((tg_vf)a * 0x1p112f);\n"
+    "  return (tg_vf)(tg_vselu((h & 0x7c00u) == 0x7c00u, a | 0x7f800000u, n) | s);}\n"
+    "static inline tg_vhw tg_vf2h(tg_vf f){tg_vhw x = (tg_vhw)f, s = (x >> 16) & 0x8000u, a = x & 0x7fffffffu, p = (a >> 13) & 0x3ffu;\n"
+    "  tg_vhw r = tg_vselu(a < 0x38800000u, s | ((tg_vhw)((tg_vf)a + 0.5f) - 0x3f000000u), s | ((a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13));\n"
+    "  r = tg_vselu(a >= 0x477ff000u, s | 0x7c00u, r);\n"
+    "  return tg_vselu(a > 0x7f800000u, s | 0x7c00u | p | ((tg_vhw)(p == 0u) & 0x200u), r);}\n"
+    "static inline tg_vf tg_vb2f(tg_vhw h){return (tg_vf)(h << 16);}\n"
+    "static inline tg_vhw tg_vf2b(tg_vf f){tg_vhw x = (tg_vhw)f, t = x >> 16;\n"
+    "  return tg_vselu((x & 0x7fffffffu) > 0x7f800000u, t | ((tg_vhw)((t & 0x7fu) == 0u) & 0x40u), (x + 0x7fffu + (t & 1u)) >> 16);}\n"
+    "static inline tg_vf tg_vrb(tg_vf f){return tg_vb2f(tg_vf2b(f));}\n"
+    "static inline tg_vf tg_vlh(const unsigned short *p){return tg_vh2f(__builtin_convertvector(*(const tg_vhs *)p, tg_vhw));}\n"
+    "static inline tg_vf tg_vlb(const unsigned short *p){return tg_vb2f(__builtin_convertvector(*(const tg_vhs *)p, tg_vhw));}\n"
+    "static inline void tg_vsh(unsigned short *p, tg_vf v){*(tg_vhs *)p = __builtin_convertvector(tg_vf2h(v), tg_vhs);}\n"
+    "static inline void tg_vsb(unsigned short *p, tg_vf v){*(tg_vhs *)p = __builtin_convertvector(tg_vf2b(v), tg_vhs);}\n";
+/* tg_vrh: the rounding to float16 after an operation. With F16C (AVX-512 for 16 lanes) the
+ * hardware's conversion there and back, two instructions, which round to nearest even as
+ * tg_vf2h does; they differ from it only on a signalling NaN, which the result of an arithmetic
+ * operation never is (loads and stores, which must keep every bit, stay with tg_vh2f/tg_vf2h).
+ * tg_vshr stores such a result (never a signalling NaN) with the hardware's conversion too. The
+ * arguments: the feature test, the bytes of 8 or 16 halves, the two conversions of this width. */
+static const char PRELUDE_VRH_HW[] =
+    "#if %s\n"
+    "typedef short tg_vhx __attribute__((vector_size(%d)));\n"
+    "static inline tg_vf tg_vrh(tg_vf f){%s}\n"
+    "static inline void tg_vshr(unsigned short *p, tg_vf v){*(tg_vhx *)p = %s;}\n"
+    "#else\n"
+    "static inline tg_vf tg_vrh(tg_vf f){return tg_vh2f(tg_vf2h(f));}\n"
+    "static inline void tg_vshr(unsigned short *p, tg_vf v){tg_vsh(p, v);}\n"
+    "#endif\n";
 /* OpenCL C: select() takes the lane of its second operand where the mask's top bit is set */
 static const char PRELUDE_VEC_CL[] =
     "typedef float tg_vf __attribute__((ext_vector_type(%d)));\n"
@@ -1171,7 +1247,9 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
   /* Every helper is guarded and width-specific names are aliased with #define around the kernel,
    * so several kernels can share one translation unit (batched compilation). */
   static const char *const vnames[] = {"tg_vf", "tg_vfu", "tg_vm", "tg_vsel", "tg_vmax", "tg_hadd", "tg_hmax",
-                                       "tg_v_exp2f", "tg_v_log2f", "tg_v_sinf", "tg_v_sqrtf", "tg_v_truncf", "tg_vd", "tg_vl"};
+                                       "tg_v_exp2f", "tg_v_log2f", "tg_v_sinf", "tg_v_sqrtf", "tg_v_truncf", "tg_vd", "tg_vl",
+                                       "tg_vhw", "tg_vhs", "tg_vselu", "tg_vh2f", "tg_vf2h", "tg_vb2f", "tg_vf2b", "tg_vrh",
+                                       "tg_vrb", "tg_vlh", "tg_vlb", "tg_vsh", "tg_vsb", "tg_vhx", "tg_vshr"};
   if (gpu && !cuda && r.uses_f64) sb_puts(&out, "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n");
   bool images = false;
   for (int i = 0; gpu && i < k->np; i++) images = images || k->pimg[i];
@@ -1191,6 +1269,22 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
     if (L->ext_vec) sb_printf(&out, PRELUDE_VEC_CL, W, W, W);
     else sb_printf(&out, PRELUDE_VEC, W * 4, W * 4, W * 4);
     sb_puts(&out, "#endif\n");
+    const char *bs = body.s ? body.s : "";
+    if (!L->ext_vec && (strstr(bs, "tg_vrh(") || strstr(bs, "tg_vrb(") || strstr(bs, "tg_vlh(") || strstr(bs, "tg_vlb(") ||
+                        strstr(bs, "tg_vsh(") || strstr(bs, "tg_vsb(") || strstr(bs, "tg_vshr("))) {
+      sb_printf(&out, "#ifndef TG_VHALF%d_H\n#define TG_VHALF%d_H\n", W, W);
+      sb_printf(&out, PRELUDE_VHALF, W * 4, W * 2);
+      if (W == 16)
+        sb_printf(&out, PRELUDE_VRH_HW, "defined(__AVX512F__)", 32,
+                  "return __builtin_ia32_vcvtph2ps512_mask(__builtin_ia32_vcvtps2ph512_mask(f, 0, (tg_vhx){0}, -1), (tg_vf){0}, -1, 4);",
+                  "__builtin_ia32_vcvtps2ph512_mask(v, 0, (tg_vhx){0}, -1)");
+      else if (W == 8)
+        sb_printf(&out, PRELUDE_VRH_HW, "defined(__F16C__)", 16, "return __builtin_ia32_vcvtph2ps256(__builtin_ia32_vcvtps2ph256(f, 0));",
+                  "__builtin_ia32_vcvtps2ph256(v, 0)");
+      else
+        sb_printf(&out, PRELUDE_VRH_HW, "0", 16, "return f;", "(tg_vhx){0}");
+      sb_puts(&out, "#endif\n");
+    }
     for (int dt = TG_INT8; dt <= TG_UINT32; dt++) {
       char key[32];
       snprintf(key, sizeof key, "tg_v%d", dt);
