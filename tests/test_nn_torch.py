@@ -1017,6 +1017,38 @@ def _dtypes():
 case("float64 and float16 inputs keep their dtype (conv2d, pools, cumsum, logsumexp, var, layernorm, CE)", _dtypes)
 
 
+def _half_kernels():
+  # float16 and bfloat16 at sizes whose kernels run in vector lanes (matmul, sums, conv2d, softmax,
+  # elementwise): against PyTorch in float64 on the same half-precision inputs (PyTorch 1.13 has no
+  # CPU float16 matmul or conv), with tolerances for one half rounding per operation; bfloat16 also
+  # against PyTorch's own bfloat16 matmul
+  for dt, name, tol in [(tg.FLOAT16, "float16", 2e-3), (tg.BFLOAT16, "bfloat16", 1.6e-2)]:
+    def half(a):
+      t = Tensor(a.astype(np.float32), dtype=dt)
+      return t, torch.tensor(t.numpy().astype(np.float64))
+    (x, tx), (w, tw) = half(rnd(64, 96)), half(rnd(96, 48))
+    mag = torch.abs(tx) @ torch.abs(tw)  # the scale of each dot product's rounding
+    got = dot(x, w)
+    assert got.dtype == dt, tg.dtype_name(got.dtype)
+    close(got.numpy(), tx @ tw, atol=float(mag.max()) * tol * 2, rtol=tol * 2, what=f"matmul {name}")
+    if dt == tg.BFLOAT16:
+      tb = torch.tensor(x.numpy()).bfloat16() @ torch.tensor(w.numpy()).bfloat16()
+      close(got.numpy(), tb.float(), atol=float(mag.max()) * tol * 2, rtol=tol * 2, what="matmul bfloat16 vs torch bfloat16")
+    a, ta = half(rnd(128, 256))
+    close(red("sum", a, 1).numpy(), ta.sum(1), atol=float(ta.abs().sum(1).max()) * tol, rtol=tol, what=f"sum rows {name}")
+    close(red("sum", a, 0).numpy(), ta.sum(0), atol=float(ta.abs().sum(0).max()) * tol, rtol=tol, what=f"sum cols {name}")
+    close(a.softmax(-1).numpy(), torch.softmax(ta, -1), atol=tol, rtol=tol * 4, what=f"softmax {name}")
+    close((a * a + a).exp().numpy(), torch.exp(ta * ta + ta), atol=tol, rtol=tol * 4, what=f"elementwise {name}")
+    (c, tc), (k, tk) = half(rnd(2, 16, 12, 12)), half(rnd(32, 16, 3, 3))
+    r = conv2d(c, k, padding=1)
+    assert r.dtype == dt, tg.dtype_name(r.dtype)
+    cmag = F.conv2d(torch.abs(tc), torch.abs(tk), padding=1)
+    close(r.numpy(), F.conv2d(tc, tk, padding=1), atol=float(cmag.max()) * tol * 2, rtol=tol * 2, what=f"conv2d {name}")
+
+
+case("float16 and bfloat16 matmul, sums, softmax, elementwise and conv2d in vector lanes", _half_kernels)
+
+
 def _cumsum_kernels():
   for shape, most in [((4, 64), 1), ((4, 100), 3), ((2, 1000), 3), ((1, 100000), 7)]:
     x = Tensor(rnd(*shape)).realize()
