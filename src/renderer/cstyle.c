@@ -124,9 +124,9 @@ static const char *from_f(tg_dtype dt) {
 }
 
 static const char PRELUDE_HALF[] =
-    "static inline float tg_h2f(unsigned short h){unsigned int s=(h&0x8000u)<<16,e=(h>>10)&0x1f,m=h&0x3ff,b;"
-    "if(e==0){if(m==0)b=s;else{e=113;while(!(m&0x400)){m<<=1;e--;}m&=0x3ff;b=s|(e<<23)|(m<<13);}}"
-    "else if(e==31)b=s|0x7f800000u|(m<<13);else b=s|((e+112)<<23)|(m<<13);float f;__builtin_memcpy(&f,&b,4);return f;}\n"
+    "static inline float tg_h2f(unsigned short h){unsigned int o=(unsigned int)(h&0x7fffu)<<13,e=o&0x0f800000u,"
+    "s=(unsigned int)(h&0x8000u)<<16;float f;o+=0x38000000u;if(e==0x0f800000u)o+=0x38000000u;else if(e==0){o+=0x00800000u;"
+    "__builtin_memcpy(&f,&o,4);f-=0x1p-14f;__builtin_memcpy(&o,&f,4);}o|=s;__builtin_memcpy(&f,&o,4);return f;}\n"
     "static inline unsigned short tg_f2h(float f){unsigned int x;__builtin_memcpy(&x,&f,4);unsigned int s=(x>>16)&0x8000,"
     "a=x&0x7fffffffu;if(a>0x7f800000u){unsigned int p=(a>>13)&0x3ff;return (unsigned short)(s|0x7c00|(p?p:0x200));}if(a>=0x477ff000u)return (unsigned short)(s|0x7c00);"
     "if(a<0x38800000u){if(a<0x33000000u)return (unsigned short)s;unsigned int e=a>>23,m=(a&0x7fffff)|0x800000,sh=126-e,"
@@ -800,17 +800,21 @@ static const char PRELUDE_VEC[] =
  * operation as the scalar code rounds (tg_rh, tg_rb), converted with vector integer operations. Bit
  * for bit the scalar conversions: checked over every half and bfloat16 and every float32 bit
  * pattern, NaN payloads and signalling NaNs included (F16C's vcvtph2ps would quiet a signalling NaN).
- * A half's magnitude bits moved up to a float's (<< 13) are the value times 2^-112 -- a float
- * subnormal for a half subnormal -- so one multiply by 2^112 converts every finite half exactly; a
- * float below the half normals rounds to one by adding 0.5f, whose ulp is the half subnormals' step
- * (the add rounds to nearest even). */
+ * A half's magnitude bits moved up to a float's (<< 13) with the exponent rebiased (+112) are the
+ * float of a normal half; a subnormal one is that pattern plus one exponent step, less 2^-14 (its
+ * value is mantissa x 2^-24), computed on normal floats only, so a thread with denormals flushed
+ * (DAZ/FTZ, set by programs built with -ffast-math) still converts every half exactly. A float below
+ * the half normals rounds to one by adding 0.5f, whose ulp is the half subnormals' step (the add
+ * rounds to nearest even). The scalar tg_h2f works the same way. */
 static const char PRELUDE_VHALF[] =
     "typedef unsigned int tg_vhw __attribute__((vector_size(%d)));\n"
     "typedef unsigned short tg_vhs __attribute__((vector_size(%d), aligned(2)));\n"
     "static inline tg_vhw tg_vselu(tg_vm m, tg_vhw a, tg_vhw b){return (tg_vhw)(((tg_vm)a & m) | ((tg_vm)b & ~m));}\n"
-    "static inline tg_vf tg_vh2f(tg_vhw h){tg_vhw a = (h & 0x7fffu) << 13, s = (h & 0x8000u) << 16;\n"
-    "  tg_vhw n = (tg_vhw)((tg_vf)a * 0x1p112f);\n"
-    "  return (tg_vf)(tg_vselu((h & 0x7c00u) == 0x7c00u, a | 0x7f800000u, n) | s);}\n"
+    "static inline tg_vf tg_vh2f(tg_vhw h){tg_vhw o = (h & 0x7fffu) << 13, e = o & 0x0f800000u, s = (h & 0x8000u) << 16;\n"
+    "  o += 0x38000000u;\n"
+    "  tg_vhw z = (tg_vhw)((tg_vf)(o + 0x00800000u) - 0x1p-14f);\n"
+    "  o = tg_vselu(e == 0x0f800000u, o + 0x38000000u, o);\n"
+    "  return (tg_vf)(tg_vselu(e == 0u, z, o) | s);}\n"
     "static inline tg_vhw tg_vf2h(tg_vf f){tg_vhw x = (tg_vhw)f, s = (x >> 16) & 0x8000u, a = x & 0x7fffffffu, p = (a >> 13) & 0x3ffu;\n"
     "  tg_vhw r = tg_vselu(a < 0x38800000u, s | ((tg_vhw)((tg_vf)a + 0.5f) - 0x3f000000u), s | ((a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13));\n"
     "  r = tg_vselu(a >= 0x477ff000u, s | 0x7c00u, r);\n"

@@ -965,6 +965,17 @@ static tg_tensor matmul_impl(const char *fn, tg_tensor x, tg_tensor w, tg_dtype 
   tg_dtype dt = tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)b->dtype);
   int64_t mcols = b->ndim >= 2 ? b->shape[b->ndim - 1] : 1;
   if (dtype == dt) dtype = TG_DTYPE_DEFAULT;
+  /* float16/bfloat16 on the CPU: the products and their sum in float32 and one rounding at the end
+   * (the product of two halves is exact in float32). That is what tinygrad computes -- its kernels
+   * keep a product that only feeds the float32 accumulator unrounded (measured: 8 of 4096 results of
+   * a 64x512x64 float16 matmul differ from exact products summed, by the order of the sum, and 1712
+   * from rounded ones) -- and it runs on the float32 kernels, packing included. */
+  Device *mdev = device_by_id(a->device);
+  if (dtype == TG_DTYPE_DEFAULT && (dt == TG_FLOAT16 || dt == TG_BFLOAT16) && mdev && !mdev->caps.gpu) {
+    OpScope o = op_scope_begin(fn);
+    tg_tensor r = matmul_impl(fn, tg_cast(x, TG_FLOAT32), tg_cast(w, TG_FLOAT32), TG_DTYPE_DEFAULT);
+    return op_scope_done(o, tg_valid(r) ? tg_cast(r, dt) : r);
+  }
   if (dtype == TG_DTYPE_DEFAULT && b->ndim == 2) { /* IMAGE=1 on a GPU device: a 1x1 image convolution */
     int im = image_mode(fn, a, b, NULL);
     if (im < 0) return NONE;
