@@ -15,6 +15,7 @@
  * Not cached: graphs with assigns (their ordering depends on which buffers other kernels read),
  * symbolic sizes (the variables' values are part of the schedule), more than SCHED_NODES nodes (the
  * list would cost what it saves), and anything realized while a TinyJit capture plans its memory.
+ * At most SCHED_ENTRIES schedules and SCHED_WORDS key words are kept, least recently used out first.
  * SCACHE=0 turns the cache off (tinygrad's name). The settings schedule_build reads (DEPTH_SPLIT,
  * FUSE_WINDOW) are part of the key.
  *
@@ -27,6 +28,7 @@
 
 #define SCHED_NODES 4096   /* larger graphs are not cached */
 #define SCHED_ENTRIES 256  /* schedules kept, least recently used out first */
+#define SCHED_WORDS (4 << 20) /* and at most this many key words (32 MB) over all of them */
 
 typedef struct {
   Device *dev;
@@ -68,6 +70,7 @@ struct SchedKey {
 static PtrMap g_entries; /* hash -> Entry* */
 static Entry g_lru = {.prev = &g_lru, .next = &g_lru};
 static int g_nentries;
+static size_t g_nwords; /* key words held by all entries */
 static uint64_t g_hits;
 
 static void grow_words(SchedKey *k) {
@@ -356,16 +359,19 @@ void schedule_cache_put(SchedKey *k, const Schedule *s, const int *tbuf) {
   if (old) {
     lru_unlink(old);
     g_nentries--;
+    g_nwords -= old->nw;
     entry_free(old);
   }
   pm_put(&g_entries, e->hash, e);
   lru_front(e);
   g_nentries++;
-  while (g_nentries > SCHED_ENTRIES) {
+  g_nwords += e->nw;
+  while ((g_nentries > SCHED_ENTRIES || g_nwords > SCHED_WORDS) && g_lru.prev != e) {
     Entry *v = g_lru.prev;
     lru_unlink(v);
     pm_del(&g_entries, v->hash);
     g_nentries--;
+    g_nwords -= v->nw;
     entry_free(v);
   }
 }
