@@ -979,11 +979,11 @@ static tg_tensor matmul_impl(const char *fn, tg_tensor x, tg_tensor w, tg_dtype 
      * copies anyway is converted by that copy */
     int64_t rows = 1, m = b->ndim >= 2 ? b->shape[b->ndim - 1] : 1;
     for (int i = 0; i < a->ndim - 1; i++) rows *= a->shape[i];
-    if (rows * k * m >= (int64_t)1 << 18) {
-      x32 = tg_contiguous(x32);
+    if (rows * k * m >= (int64_t)1 << 23) { /* smaller ones: an extra kernel costs more than it saves */
       PackLimits pl = pack_limits(a->device);
       bool packed = b->ndim == 2 && k >= 64 && rows >= PACK_MIN_ROWS && m >= pl.min_cols && m % pl.panel == 0;
-      if (!packed) w32 = tg_contiguous(w32);
+      if (m >= 64) x32 = tg_contiguous(x32);                /* each x value is read m times */
+      if (rows >= 64 && !packed) w32 = tg_contiguous(w32); /* each w value rows times */
     }
     tg_tensor r = matmul_impl(fn, x32, w32, TG_DTYPE_DEFAULT);
     return op_scope_done(o, tg_valid(r) ? tg_cast(r, dt) : r);
