@@ -704,6 +704,23 @@ def _sort_long():
 case("sort of 300 floats (9 stages) and of 700 ints with ties", _sort_long)
 
 
+def _sort_big():
+  # from 256 elements on, the stages at distances below 16 run in a transposed layout (processing.c
+  # bitonic_desc): 3 rows of 5000 floats with infinities and ties, and 65536 ints, both directions
+  a = RNG.standard_normal((3, 5000)).astype(np.float32)
+  a[0, :40], a[1, 100:140], a[2, -7:] = np.inf, -np.inf, 0.5
+  for desc in (True, False):
+    v, _ = sort(Tensor(a), 1, desc)
+    close(v.numpy(), torch.sort(torch.tensor(a), 1, desc)[0])
+  b = RNG.integers(-1000, 1000, size=(65536,)).astype(np.int32)
+  for desc in (False, True):
+    v, _ = sort(Tensor(b), 0, desc)
+    close(v.numpy(), torch.sort(torch.tensor(b), 0, desc)[0])
+
+
+case("sort of 3 x 5000 floats with infinities and of 65536 ints", _sort_big)
+
+
 def _sort_kernels():
   a = Tensor(distinct(4, 8)).realize()
   k = kernels(lambda: sort(a, 1)[0])
