@@ -14,7 +14,8 @@
  * small); an inner failure is re-recorded as "fn: <inner message>".
  *
  * Where we differ from tinygrad (each place says why): the bitonic sort works on a (B, N/2d, 2, d)
- * view per comparator stage instead of unflattening into log2(N) binary dims; the SVD's round-robin
+ * view per comparator stage (and, for d < 16, on the (B, 16, N/16) transpose, so the stage runs in
+ * vector lanes) instead of unflattening into log2(N) binary dims; the SVD's round-robin
  * pairings are computed on the host (they do not depend on the data) so every Jacobi round is the same
  * kernels; cummax/cummin indices pick the latest tie like torch; max_unpool2d averages repeated indices
  * instead of adding them; einsum broadcasts size-1 dims and takes diagonals of any rank correctly.
