@@ -445,20 +445,31 @@ static bool is_vfloat(int dt) { return dt == TG_FLOAT32 || is_vhalf(dt); }
 
 static void render_vexpr_f(R *r, UOp *u, SB *e);
 
+/* How a float16/bfloat16 vector result u is rounded: not at all where it is exact already (a
+ * negation, a max, a selection, a load, a cast from the same dtype); after a cast, by the exact
+ * conversion (its operand may be a signalling NaN read from memory, whose bits the scalar cast
+ * keeps); after arithmetic, whose result is never a signalling NaN, by tg_vrh (the hardware's
+ * conversion where the CPU has one), which a store of it may use too (tg_vshr). */
+typedef enum { VH_EXACT, VH_CAST, VH_ARITH } VHRound;
+static VHRound vhalf_round(const UOp *u) {
+  if (u->op == OP_LOAD || u->op == OP_NEG || u->op == OP_MAX || u->op == OP_WHERE ||
+      (u->op == OP_CAST && u->src[0]->dtype == u->dtype))
+    return VH_EXACT;
+  return u->op == OP_CAST ? VH_CAST : VH_ARITH;
+}
+
 /* A vector operation; one whose dtype is float16 or bfloat16 is computed on float lanes and rounded
- * (except where the result is exact already: a negation, a max, a selection, a load, a cast from
- * the same dtype) */
+ * as vhalf_round says */
 static void render_vexpr(R *r, UOp *u, SB *e) {
-  bool exact = u->op == OP_LOAD || u->op == OP_NEG || u->op == OP_MAX || u->op == OP_WHERE ||
-               (u->op == OP_CAST && u->src[0]->dtype == u->dtype);
-  if (!is_vhalf(u->dtype) || exact) {
+  VHRound how = is_vhalf(u->dtype) ? vhalf_round(u) : VH_EXACT;
+  if (how == VH_EXACT) {
     render_vexpr_f(r, u, e);
     return;
   }
   SB t;
   sb_init(&t);
   render_vexpr_f(r, u, &t);
-  sb_printf(e, "%s(%s)", u->dtype == TG_FLOAT16 ? "tg_vrh" : "tg_vrb", t.s);
+  sb_printf(e, "%s(%s)", u->dtype == TG_BFLOAT16 ? "tg_vrb" : how == VH_CAST ? "tg_vrhx" : "tg_vrh", t.s);
   sb_free(&t);
 }
 
@@ -688,9 +699,8 @@ static void emit_store(R *r, const LKernel *k, int c) {
     sb_init(&e);
     vopnd(r, v, false, &e);
     if (is_vhalf(odt)) {
-      /* the result of a rounded operation (never a signalling NaN) may take the hardware's conversion */
-      bool rounded = v->op != OP_LOAD && v->op != OP_NEG && v->op != OP_MAX && v->op != OP_WHERE && v->op != OP_CAST &&
-                     isvec(r, v) && (op_is_alu(v->op));
+      /* the result of arithmetic (never a signalling NaN) may take the hardware's conversion */
+      bool rounded = isvec(r, v) && op_is_alu(v->op) && vhalf_round(v) == VH_ARITH;
       sb_printf(r->b, "%s(data0 + %s, %s);\n", odt == TG_FLOAT16 ? (rounded ? "tg_vshr" : "tg_vsh") : "tg_vsb", at, e.s);
     } else if (!k->sop) {
       sb_printf(r->b, "*(%stg_vfu *)(data0 + %s) = %s;\n", L->gptr, at, e.s);
@@ -823,6 +833,7 @@ static const char PRELUDE_VHALF[] =
     "static inline tg_vhw tg_vf2b(tg_vf f){tg_vhw x = (tg_vhw)f, t = x >> 16;\n"
     "  return tg_vselu((x & 0x7fffffffu) > 0x7f800000u, t | ((tg_vhw)((t & 0x7fu) == 0u) & 0x40u), (x + 0x7fffu + (t & 1u)) >> 16);}\n"
     "static inline tg_vf tg_vrb(tg_vf f){return tg_vb2f(tg_vf2b(f));}\n"
+    "static inline tg_vf tg_vrhx(tg_vf f){return tg_vh2f(tg_vf2h(f));}\n"
     "static inline tg_vf tg_vlh(const unsigned short *p){return tg_vh2f(__builtin_convertvector(*(const tg_vhs *)p, tg_vhw));}\n"
     "static inline tg_vf tg_vlb(const unsigned short *p){return tg_vb2f(__builtin_convertvector(*(const tg_vhs *)p, tg_vhw));}\n"
     "static inline void tg_vsh(unsigned short *p, tg_vf v){*(tg_vhs *)p = __builtin_convertvector(tg_vf2h(v), tg_vhs);}\n"
@@ -839,7 +850,7 @@ static const char PRELUDE_VRH_HW[] =
     "static inline tg_vf tg_vrh(tg_vf f){%s}\n"
     "static inline void tg_vshr(unsigned short *p, tg_vf v){*(tg_vhx *)p = %s;}\n"
     "#else\n"
-    "static inline tg_vf tg_vrh(tg_vf f){return tg_vh2f(tg_vf2h(f));}\n"
+    "static inline tg_vf tg_vrh(tg_vf f){return tg_vrhx(f);}\n"
     "static inline void tg_vshr(unsigned short *p, tg_vf v){tg_vsh(p, v);}\n"
     "#endif\n";
 /* OpenCL C: select() takes the lane of its second operand where the mask's top bit is set */
@@ -1253,7 +1264,7 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
   static const char *const vnames[] = {"tg_vf", "tg_vfu", "tg_vm", "tg_vsel", "tg_vmax", "tg_hadd", "tg_hmax",
                                        "tg_v_exp2f", "tg_v_log2f", "tg_v_sinf", "tg_v_sqrtf", "tg_v_truncf", "tg_vd", "tg_vl",
                                        "tg_vhw", "tg_vhs", "tg_vselu", "tg_vh2f", "tg_vf2h", "tg_vb2f", "tg_vf2b", "tg_vrh",
-                                       "tg_vrb", "tg_vlh", "tg_vlb", "tg_vsh", "tg_vsb", "tg_vhx", "tg_vshr"};
+                                       "tg_vrb", "tg_vlh", "tg_vlb", "tg_vsh", "tg_vsb", "tg_vhx", "tg_vshr", "tg_vrhx"};
   if (gpu && !cuda && r.uses_f64) sb_puts(&out, "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n");
   bool images = false;
   for (int i = 0; gpu && i < k->np; i++) images = images || k->pimg[i];
@@ -1274,7 +1285,7 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
     else sb_printf(&out, PRELUDE_VEC, W * 4, W * 4, W * 4);
     sb_puts(&out, "#endif\n");
     const char *bs = body.s ? body.s : "";
-    if (!L->ext_vec && (strstr(bs, "tg_vrh(") || strstr(bs, "tg_vrb(") || strstr(bs, "tg_vlh(") || strstr(bs, "tg_vlb(") ||
+    if (!L->ext_vec && (strstr(bs, "tg_vrh(") || strstr(bs, "tg_vrhx(") || strstr(bs, "tg_vrb(") || strstr(bs, "tg_vlh(") || strstr(bs, "tg_vlb(") ||
                         strstr(bs, "tg_vsh(") || strstr(bs, "tg_vsb(") || strstr(bs, "tg_vshr("))) {
       sb_printf(&out, "#ifndef TG_VHALF%d_H\n#define TG_VHALF%d_H\n", W, W);
       sb_printf(&out, PRELUDE_VHALF, W * 4, W * 2);
