@@ -293,6 +293,14 @@ static EnvEntry *env_probe(const char *name, uint64_t h) {
   return NULL;
 }
 
+/* Reads name from the environment into e (its hash, for a table slot, is the caller's to publish). */
+static const char *env_fill(EnvEntry *e, const char *name) {
+  const char *ev = getenv(name);
+  e->name = tg_xstrdup(name);
+  e->value = ev ? tg_xstrdup(ev) : NULL;
+  return e->value;
+}
+
 static const char *env_cached(const char *name) {
   uint64_t h = env_hash(name);
   EnvEntry *e = env_probe(name, h);
@@ -303,21 +311,16 @@ static const char *env_cached(const char *name) {
   if (e && e->hash) {
     v = e->value;
   } else if (e && env_used + 1 < ENV_SLOTS) {
-    const char *ev = getenv(name);
-    e->name = tg_xstrdup(name);
-    e->value = ev ? tg_xstrdup(ev) : NULL;
+    v = env_fill(e, name);
     __atomic_store_n(&e->hash, h, __ATOMIC_RELEASE);
     env_used++;
-    v = e->value;
   } else {
     size_t i = 0;
     for (; i < env_nmore; i++)
       if (strcmp(env_more[i].name, name) == 0) break;
     if (i == env_nmore) {
       grow((void **)&env_more, &env_capmore, env_nmore + 1, sizeof *env_more);
-      const char *ev = getenv(name);
-      env_more[i].name = tg_xstrdup(name);
-      env_more[i].value = ev ? tg_xstrdup(ev) : NULL;
+      env_fill(&env_more[i], name);
       env_nmore++;
     }
     v = env_more[i].value;

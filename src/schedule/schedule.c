@@ -105,7 +105,7 @@ typedef struct {
   int depth;     /* 1 + the deepest source seen so far */
 } VFrame;
 
-static int64_t numel_of(const UOp *n) {
+static int64_t node_numel(const UOp *n) {
   int64_t e = 1;
   for (int d = 0; d < n->ndim; d++) e *= n->shape[d];
   return e;
@@ -123,10 +123,10 @@ static bool is_broadcast(const UOp *n) {
   for (uint32_t i = 0; i < n->nsrc; i++) {
     const UOp *s = n->src[i];
     for (int k = 0; k < 64 && op_is_movement(s->op) && !uop_realized(s) && s->nsrc; k++) s = s->src[0];
-    int64_t e = numel_of(s);
+    int64_t e = node_numel(s);
     if (e > big) big = e;
   }
-  return numel_of(n) > big;
+  return node_numel(n) > big;
 }
 
 /* Records every node reachable from n in post-order (sources first), once each. Iterative: a graph
@@ -196,12 +196,6 @@ static int inline_cost(SCtx *c, UOp *n, PtrMap *seen, int cap) {
   int cost = op_is_alu(n->op) ? 1 : 0;
   for (uint32_t k = 0; k < n->nsrc && cost < cap; k++) cost += inline_cost(c, n->src[k], seen, cap - cost);
   return cost;
-}
-
-static int64_t node_numel(UOp *n) {
-  int64_t e = 1;
-  for (int d = 0; d < n->ndim; d++) e *= n->shape[d];
-  return e;
 }
 
 /* An elementwise result read by several kernels, at least one of them a reduction, is recomputed

@@ -924,6 +924,14 @@ static PackLimits pack_limits(int device) {
   if (d && d->caps.vec_bytes == 32) return (PackLimits){512, 2 << 20, 2 << 20, 16};
   return (PackLimits){1024, 16 << 20, 8 << 20, 32};
 }
+/* Does (..., rows, k) a @ (k, m) b take the packed path, as far as shapes go (the dtypes are the
+ * caller's to check)? Fills *pl. */
+static bool takes_packed(const UOp *a, const UOp *b, int64_t rows, int64_t k, int64_t m, PackLimits *pl) {
+  if (a->ndim < 2 || b->ndim != 2 || (a->ndim != 2 && (a->sym || b->sym)) || k < 64 || rows < PACK_MIN_ROWS) return false;
+  *pl = pack_limits(a->device);
+  return m >= pl->min_cols && m % pl->panel == 0;
+}
+
 static tg_tensor matmul_packed(tg_tensor x, tg_tensor w, int64_t n, int64_t k, int64_t m, PackLimits pl) {
   OpScope o = op_scope_begin("tg_matmul");
   const int64_t P = pl.panel;
@@ -965,6 +973,9 @@ static tg_tensor matmul_impl(const char *fn, tg_tensor x, tg_tensor w, tg_dtype 
   tg_dtype dt = tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)b->dtype);
   int64_t mcols = b->ndim >= 2 ? b->shape[b->ndim - 1] : 1;
   if (dtype == dt) dtype = TG_DTYPE_DEFAULT;
+  int64_t rows = 1; /* (..., n, k) @ (k, m): the leading axes are rows too */
+  for (int i = 0; i < a->ndim - 1; i++) rows *= a->shape[i];
+  PackLimits pl;
   /* float16/bfloat16 on the CPU: the products and their sum in float32 and one rounding at the end
    * (the product of two halves is exact in float32). That is what tinygrad computes -- its kernels
    * keep a product that only feeds the float32 accumulator unrounded (measured: 8 of 4096 results of
@@ -977,13 +988,9 @@ static tg_tensor matmul_impl(const char *fn, tg_tensor x, tg_tensor w, tg_dtype 
     /* a large product reads each operand value many times: converted once into float32 buffers,
      * not in the kernel's inner loop (float16 512^3: 4.0 -> 1.3 ms); a weight the packed path
      * copies anyway is converted by that copy */
-    int64_t rows = 1, m = b->ndim >= 2 ? b->shape[b->ndim - 1] : 1;
-    for (int i = 0; i < a->ndim - 1; i++) rows *= a->shape[i];
-    if (rows * k * m >= (int64_t)1 << 23) { /* smaller ones: an extra kernel costs more than it saves */
-      PackLimits pl = pack_limits(a->device);
-      bool packed = b->ndim == 2 && k >= 64 && rows >= PACK_MIN_ROWS && m >= pl.min_cols && m % pl.panel == 0;
-      if (m >= 64) x32 = tg_contiguous(x32);                /* each x value is read m times */
-      if (rows >= 64 && !packed) w32 = tg_contiguous(w32); /* each w value rows times */
+    if (rows * k * mcols >= (int64_t)1 << 23) { /* smaller ones: an extra kernel costs more than it saves */
+      if (mcols >= 64) x32 = tg_contiguous(x32); /* each x value is read mcols times */
+      if (rows >= 64 && !takes_packed(a, b, rows, k, mcols, &pl)) w32 = tg_contiguous(w32); /* each w value rows times */
     }
     tg_tensor r = matmul_impl(fn, x32, w32, TG_DTYPE_DEFAULT);
     return op_scope_done(o, tg_valid(r) ? tg_cast(r, dt) : r);
@@ -997,22 +1004,17 @@ static tg_tensor matmul_impl(const char *fn, tg_tensor x, tg_tensor w, tg_dtype 
    * takes the 2-D path and the result is reshaped back -- unless a dim is symbolic (merging it into
    * the rows would bake its current value into the kernels). bench/bert.py, 32 x 128 tokens: 1993 ->
    * 1160 ms (PyTorch 1357-1397 in the same runs). */
-  int64_t rows = 1;
-  for (int i = 0; i < a->ndim - 1; i++) rows *= a->shape[i];
-  if (dtype == TG_DTYPE_DEFAULT && a->ndim >= 2 && b->ndim == 2 && (a->ndim == 2 || (!a->sym && !b->sym)) && dt == TG_FLOAT32 && a->dtype == TG_FLOAT32 && b->dtype == TG_FLOAT32 &&
-      k >= 64 && rows >= PACK_MIN_ROWS) {
-    PackLimits pl = pack_limits(a->device);
-    if (mcols >= pl.min_cols && mcols % pl.panel == 0) {
-      if (a->ndim == 2) return matmul_packed(x, w, rows, k, mcols, pl);
-      int64_t osh[64];
-      for (int i = 0; i < a->ndim - 1; i++) osh[i] = a->shape[i];
-      osh[a->ndim - 1] = mcols;
-      tg_tensor x2 = tg_reshape(x, TG_SHAPE(rows, k));
-      tg_tensor r2 = matmul_packed(x2, w, rows, k, mcols, pl);
-      tg_tensor r = tg_reshape(r2, osh, a->ndim);
-      tg_free(x2), tg_free(r2);
-      return r;
-    }
+  if (dtype == TG_DTYPE_DEFAULT && dt == TG_FLOAT32 && a->dtype == TG_FLOAT32 && b->dtype == TG_FLOAT32 &&
+      takes_packed(a, b, rows, k, mcols, &pl)) {
+    if (a->ndim == 2) return matmul_packed(x, w, rows, k, mcols, pl);
+    int64_t osh[64];
+    for (int i = 0; i < a->ndim - 1; i++) osh[i] = a->shape[i];
+    osh[a->ndim - 1] = mcols;
+    tg_tensor x2 = tg_reshape(x, TG_SHAPE(rows, k));
+    tg_tensor r2 = matmul_packed(x2, w, rows, k, mcols, pl);
+    tg_tensor r = tg_reshape(r2, osh, a->ndim);
+    tg_free(x2), tg_free(r2);
+    return r;
   }
   /* x: (..., n, k) -> (..., n, 1, k); w: (..., k, m) -> (..., 1, m, k) */
   int64_t sa[64], sbb[64];

@@ -957,11 +957,10 @@ static tg_tensor bitonic_desc(UOp *a, tg_tensor y, int64_t B, int64_t N, int S) 
          * lanes along the blocks instead of as scalar code (sort_64k: 46 of 136 kernels took 9 of
          * its 10 ms); the distances from d down to 1 all run there, then the layout goes back */
         tg_tensor yt = contiguous2(tg_transpose(tg_reshape(y, (const int64_t[]){B, N / SORT_T, SORT_T}, 3), 1, 2));
+        tg_tensor top5 = tg_reshape(top, (const int64_t[]){1, 1, 2, 1, 1}, 5);
         for (; sub >= 0; sub--) {
           int64_t dd = (int64_t)1 << sub, v5[5] = {B, SORT_T / (2 * dd), 2, dd, N / SORT_T};
-          const int flip5[1] = {2};
-          tg_tensor y5 = tg_reshape(yt, v5, 5), p5 = tg_flip(y5, flip5, 1);
-          tg_tensor top5 = tg_reshape(top, (const int64_t[]){1, 1, 2, 1, 1}, 5);
+          tg_tensor y5 = tg_reshape(yt, v5, 5), p5 = tg_flip(y5, flip_pair, 1);
           yt = contiguous2(tg_reshape(tg_where(top5, tg_maximum(y5, p5), tg_minimum(y5, p5)), (const int64_t[]){B, SORT_T, N / SORT_T}, 3));
         }
         y = tg_reshape(tg_transpose(yt, 1, 2), (const int64_t[]){B, N}, 2);
