@@ -382,7 +382,7 @@ static KernelCode *last_kernel(tg_tensor t, const DeviceCaps *caps, const OptLis
   if (schedule_build(&s, &u, 1, &tbuf) != TG_OK) return NULL;
   for (int i = s.nitems - 1; i >= 0 && !kc; i--)
     if (s.items[i].kind == SI_KERNEL) {
-      kc = codegen_gpu(s.items[i].ast, caps, opts);
+      kc = codegen_for(s.items[i].ast, caps, opts);
       break;
     }
   schedule_free(&s);
@@ -511,6 +511,45 @@ TEST(cl_vector_opts) {
   tg_tensor y = f_vec_maxrows("CL");
   CHECK(last_kernel(y, &cl->caps, &l) == NULL);
   tg_clear_error();
+  END;
+}
+
+/* On PoCL the kernels take the CPU's hand-coded choices, recorded as an Opt list: applying that
+ * list gives the same OpenCL C again (BEAM times it and starts from it), for a matmul's vector
+ * tile, a relu backward and an elementwise kernel; and on a GPU that is not made of CPU cores,
+ * gpu_heuristic's list replays the same way. */
+static int cl_replay_mismatches(tg_tensor t, const DeviceCaps *caps) {
+  UOp *u = t_get(t, "cl_replay_mismatches");
+  Schedule s;
+  int tbuf, bad = 0;
+  if (schedule_build(&s, &u, 1, &tbuf) != TG_OK) return 1;
+  for (int i = 0; i < s.nitems; i++) {
+    if (s.items[i].kind != SI_KERNEL) continue;
+    KernelCode *h = codegen_for(s.items[i].ast, caps, NULL);
+    KernelCode *r = h ? codegen_for(s.items[i].ast, caps, &h->applied) : NULL;
+    if (!r || strcmp(h->src, r->src) != 0 || memcmp(h->local_size, r->local_size, sizeof h->local_size) != 0) {
+      fprintf(stderr, "  %s [%s] does not replay\n", h ? h->name : "?", h ? h->opts : "");
+      bad++;
+    }
+    kernel_code_free(h), kernel_code_free(r);
+  }
+  schedule_free(&s);
+  return bad;
+}
+
+TEST(cl_heuristic_list_replays) {
+  tg_clear_error();
+  Device *cl = device_get("CL");
+  if (!cl) return;
+  BEGIN;
+  DeviceCaps gcaps = cl->caps;
+  gcaps.cpu_cores = false;
+  tg_tensor (*const fs[])(const char *) = {f_vec_matmul, f_vec_relu_grad, f_vec_elementwise, f_vec_maxrows, f_sum_rows_odd};
+  for (size_t i = 0; i < sizeof fs / sizeof *fs; i++) {
+    tg_tensor x = fs[i]("CL");
+    CHECK(cl_replay_mismatches(x, &cl->caps) == 0);
+    CHECK(cl_replay_mismatches(x, &gcaps) == 0);
+  }
   END;
 }
 

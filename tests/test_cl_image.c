@@ -53,7 +53,7 @@ static char *kernel_sources(tg_tensor t) {
   char *all = calloc(1, 1);
   for (int i = 0; i < s.nitems; i++) {
     if (s.items[i].kind != SI_KERNEL) continue;
-    KernelCode *kc = codegen_gpu(s.items[i].ast, &g_cl->caps, NULL);
+    KernelCode *kc = codegen_for(s.items[i].ast, &g_cl->caps, NULL);
     if (!kc) continue;
     size_t n = strlen(kc->src);
     all = realloc(all, len + n);
@@ -308,7 +308,7 @@ TEST(image_refused_without_images) {
   for (int i = 0; u && i < s.nitems; i++) {
     if (s.items[i].kind != SI_KERNEL) continue;
     tg_clear_error();
-    KernelCode *kc = codegen_gpu(s.items[i].ast, &caps, NULL);
+    KernelCode *kc = codegen_for(s.items[i].ast, &caps, NULL);
     if (!kc && strstr(tg_last_error(), "the device has none")) refused++;
     kernel_code_free(kc);
   }

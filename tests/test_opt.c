@@ -17,6 +17,20 @@
 typedef tg_tensor (*expr_fn)(tg_tensor a, tg_tensor b);
 static void last_kernel_opts(tg_tensor t, char *out, size_t n);
 
+/* the applied list's text ends in "[W lanes]" when a global axis became W vector lanes (W = 0: any
+ * width), "[W reduce lanes]" for lanes along a reduce axis */
+static bool has_lanes(const char *opts, int w) {
+  const char *p = strchr(opts, '[');
+  if (!p || strstr(p, "reduce")) return false;
+  return w == 0 || atoi(p + 1) == w;
+}
+
+static int count_of(const char *s, const char *what) {
+  int n = 0;
+  for (const char *p = strstr(s, what); p; p = strstr(p + 1, what)) n++;
+  return n;
+}
+
 static tg_tensor mkrand(int64_t r, int64_t c, unsigned seed) {
   float *d = malloc(sizeof(float) * (size_t)(r * c));
   srand(seed);
@@ -176,24 +190,24 @@ TEST(elementwise_vectorized) {
   CHECK(compare(e_transpose_copy, 1024, 1000, 1, 1, 0) == 0);
   CHECK(compare(e_transpose_copy, 40, 1024, 1, 1, 0) == 0);
   tg_scope_begin();
-  char opts[128];
+  char opts[256];
   last_kernel_opts(e_transpose_copy(mkrand(1024, 1000, 5), mkrand(1, 1, 6)), opts, sizeof opts);
-  CHECK_MSG(strstr(opts, "VECTORIZE(") && strstr(opts, "UPCAST("), "1024x1000 transpose: %s", opts);
+  CHECK_MSG(has_lanes(opts, 0) && count_of(opts, "UPCAST:") == 2, "1024x1000 transpose: %s", opts);
   last_kernel_opts(e_transpose_copy(mkrand(64, 48, 5), mkrand(1, 1, 6)), opts, sizeof opts);
-  CHECK_MSG(strstr(opts, "VECTORIZE(") && !strstr(opts, "UPCAST("), "64x48 transpose: %s", opts);
+  CHECK_MSG(has_lanes(opts, 0) && count_of(opts, "UPCAST:") == 1, "64x48 transpose: %s", opts);
   last_kernel_opts(e_int_lanes(mkrand(16, 64, 5), mkrand(16, 64, 6)), opts, sizeof opts);
-  CHECK_MSG(strstr(opts, "VECTORIZE(") != NULL, "integer lanes: %s", opts);
+  CHECK_MSG(has_lanes(opts, 0), "integer lanes: %s", opts);
   last_kernel_opts(tg_rand(TG_SHAPE(4096), NULL), opts, sizeof opts);
-  CHECK_MSG(strstr(opts, "VECTORIZE(") != NULL, "tg_rand: %s", opts);
+  CHECK_MSG(has_lanes(opts, 0), "tg_rand: %s", opts);
   tg_scope_end();
 }
 TEST(reductions_vectorized) {
   CHECK(compare(e_sum_mixed_layouts, 24, 48, 48, 24, 1e-5) == 0);
   {
     tg_scope_begin();
-    char opts[128];
+    char opts[256];
     last_kernel_opts(e_sum_mixed_layouts(mkrand(24, 48, 3), mkrand(48, 24, 4)), opts, sizeof opts);
-    CHECK_MSG(strstr(opts, "VECTORIZE(") != NULL, "opts: %s", opts);
+    CHECK_MSG(has_lanes(opts, 0), "opts: %s", opts);
     tg_scope_end();
   }
   CHECK(compare(e_sum_rows, 32, 64, 32, 64, 1e-5) == 0);
@@ -278,10 +292,10 @@ static tg_tensor e_classifier(tg_tensor a, tg_tensor b) { return tg_matmul(a, b)
  * so the results are exactly the unoptimized kernel's */
 TEST(padded_upcasts) {
   tg_scope_begin();
-  char opts[128];
+  char opts[256];
   tg_tensor a = mkrand(37, 24, 5), b = mkrand(24, 10, 6);
   last_kernel_opts(tg_matmul(a, b), opts, sizeof opts);
-  CHECK_MSG(strstr(opts, "PADTO(") != NULL, "opts: %s", opts);
+  CHECK_MSG(strstr(opts, "PADTO:") != NULL, "opts: %s", opts);
   tg_scope_end();
   CHECK(compare(e_classifier, 37, 24, 24, 10, 1e-5) == 0);
   CHECK(compare(e_classifier, 13, 7, 7, 19, 1e-5) == 0);
@@ -395,10 +409,9 @@ TEST(vector_transcendentals_accurate) {
     tg_scope_begin();
     tg_tensor t = tg_from_data(x, TG_SHAPE(len), NULL);
     tg_tensor r = f % 3 == 0 ? tg_exp2(t) : f % 3 == 1 ? tg_log2(t) : tg_sin(t);
-    char opts[128], want_opt[32];
+    char opts[256];
     last_kernel_opts(r, opts, sizeof opts);
-    snprintf(want_opt, sizeof want_opt, ",%d)", widths[f / 3]);
-    CHECK_MSG(strstr(opts, "VECTORIZE(") != NULL && strstr(strstr(opts, "VECTORIZE("), want_opt) != NULL,
+    CHECK_MSG(has_lanes(opts, widths[f / 3]),
               "%s over %d: opts %s", names[f % 3], len, opts);
     CHECK(tg_data(r, y, sizeof(float) * (size_t)len) == TG_OK);
     double worst = 0;
@@ -427,7 +440,7 @@ TEST(padded_conv_upcasts_the_batch) {
   CHECK(tg_realize(x) == TG_OK && tg_realize(w) == TG_OK);
   tg_tensor y = tg_conv2d(x, w, (tg_tensor){0}, TG_CONV2D_OPTS(.padding = {1}));
   CHECK(kernels_with(y, "BOUNDS") == 1);
-  CHECK(kernels_with(y, "UPCAST(0,") == 1); /* the one reduce kernel; axis 0 is the batch */
+  CHECK(kernels_with(y, "UPCAST:0:") == 1); /* the one reduce kernel; axis 0 is the batch */
   tg_scope_end();
 }
 
@@ -442,9 +455,9 @@ TEST(position_gather_vectorizes) {
   tg_tensor x = tg_from_data(xs, TG_SHAPE(1, C, H, Wd), NULL);
   CHECK(tg_realize(x) == TG_OK);
   tg_tensor y = tg_interpolate(x, (const int64_t[]){OH, OW}, 2, TG_INTERPOLATE_OPTS(.mode = TG_INTERP_BILINEAR));
-  char opts[128];
+  char opts[256];
   last_kernel_opts(y, opts, sizeof opts);
-  CHECK_MSG(strstr(opts, "VECTORIZE(") != NULL, "second pass opts: %s", opts);
+  CHECK_MSG(has_lanes(opts, 0), "second pass opts: %s", opts);
   float got[C * OH * OW];
   CHECK(tg_data(y, got, sizeof got) == TG_OK);
   double worst = 0;
@@ -477,29 +490,81 @@ TEST(beam_choices_agree) {
   g_beam = NULL;
 }
 
-/* a BEAM choice read back from the disk cache is the choice that was written: every field, the
- * reduce-axis vectorization and the second upcast included; malformed lines are misses */
+/* a BEAM choice read back from the disk cache is the list that was written: CPU actions (vector
+ * lanes along a reduce axis, PADTO, the SWAPs of a loop order, THREAD) included; malformed lines,
+ * the former twelve-integer form among them, are misses */
 TEST(beam_cache_line_round_trip) {
-  OptCfg c = OPTCFG_NONE, back;
-  c.raxis = 1, c.rw = 8, c.uaxis = 0, c.ufac = 4, c.uaxis2 = 2, c.ufac2 = 4;
-  char line[160];
-  optcfg_format(&c, line, sizeof line);
-  CHECK(optcfg_parse(line, &back));
-  CHECK(memcmp(&c, &back, sizeof c) == 0);
-  OptCfg d = OPTCFG_NONE;
-  d.vaxis = 2, d.vw = 16, d.vfac = 2, d.swap = 2;
-  optcfg_format(&d, line, sizeof line);
-  CHECK(optcfg_parse(line, &back) && memcmp(&d, &back, sizeof d) == 0);
-  OptCfg e = OPTCFG_NONE;
-  e.raxis2 = 0, e.rufac = 4;
-  optcfg_format(&e, line, sizeof line);
-  CHECK(optcfg_parse(line, &back) && memcmp(&e, &back, sizeof e) == 0);
-  CHECK(!optcfg_parse("0 16 -1 1 1 0", &back));                      /* an older six-field line */
-  CHECK(!optcfg_parse("0 16 -1 1 1 0 -1 0 -1 1", &back));            /* an older ten-field line */
-  CHECK(!optcfg_parse("-1 0 -1 1 1 0 1 0 -1 1 -1 1", &back));        /* reduce axis with 0 lanes */
-  CHECK(!optcfg_parse("0 16 -1 1 1 0 -1 0 -1 1 -1 1 7", &back));     /* trailing field */
-  CHECK(!optcfg_parse("0 16 -1 0 1 0 -1 0 -1 1 -1 1", &back));       /* upcast by 0 */
-  CHECK(!optcfg_parse("-1 0 -1 1 1 0 -1 0 -1 1 0 0", &back));        /* unroll by 0 */
+  static const char *const lines[] = {"UNROLL:1:8,UPCAST:0:4,UPCAST:2:4", "UPCAST:2:16,UPCAST:0:8,UPCAST:2:2,SWAP:1:2,SWAP:0:1",
+                                      "PADTO:0:4,UPCAST:0:4,THREAD:0:1", "LOCAL:0:16,GROUP:0:32,NOLOCALS", ""};
+  for (int i = 0; i < (int)(sizeof lines / sizeof *lines); i++) {
+    OptList l;
+    char back[256];
+    CHECK_MSG(optlist_parse(lines[i], &l), "%s", lines[i]);
+    optlist_format(&l, back, sizeof back);
+    CHECK_MSG(strcmp(back, lines[i]) == 0, "%s came back as %s", lines[i], back);
+  }
+  OptList l;
+  CHECK(!optlist_parse("0 16 -1 1 1 0 -1 0 -1 1 -1 1", &l)); /* the former form of a CPU choice */
+  CHECK(!optlist_parse("UPCAST:0", &l));                     /* no argument */
+  CHECK(!optlist_parse("UPCAST:0:4x", &l));                  /* trailing text */
+  CHECK(!optlist_parse("VECTORIZE:0:16", &l));               /* no such action */
+  CHECK(!optlist_parse("UPCAST:0:-4", &l));                  /* negative */
+  char many[512] = "";
+  for (int i = 0; i <= OPTLIST_MAX; i++) strcat(many, "SWAP:0:1,");
+  CHECK(!optlist_parse(many, &l)); /* longer than OPTLIST_MAX */
+}
+
+/* The heuristics' choice is an Opt list like any other: applying the list a kernel reports gives
+ * that kernel again, byte for byte (BEAM's seed candidate and a cached choice rely on it). Kernels
+ * with vector lanes along the output and along a reduction, gathers, register tiles, PADTO, the
+ * loop swaps of a convolution and a scalar unroll; the device's own capabilities. */
+static int replay_mismatches(expr_fn f, int64_t ar, int64_t ac, int64_t br, int64_t bc, int *nk) {
+  int bad = 0;
+  tg_scope_begin();
+  tg_tensor y = f(mkrand(ar, ac, 1), mkrand(br, bc, 2));
+  UOp *u = t_get(y, "replay_mismatches");
+  Schedule s;
+  int tbuf;
+  Device *dev = device_get(NULL);
+  if (!dev || schedule_build(&s, &u, 1, &tbuf) != TG_OK) {
+    tg_scope_end();
+    return 1;
+  }
+  for (int i = 0; i < s.nitems; i++) {
+    if (s.items[i].kind != SI_KERNEL) continue;
+    KernelCode *h = codegen_for(s.items[i].ast, &dev->caps, NULL);
+    KernelCode *r = h ? codegen_for(s.items[i].ast, &dev->caps, &h->applied) : NULL;
+    if (!h || !r || strcmp(h->src, r->src) != 0) {
+      fprintf(stderr, "  %s [%s] does not replay%s\n", h ? h->name : "?", h ? h->opts : "", r ? " to the same source" : "");
+      bad++;
+    }
+    (*nk)++;
+    kernel_code_free(h), kernel_code_free(r);
+  }
+  schedule_free(&s);
+  tg_scope_end();
+  return bad;
+}
+
+static tg_tensor e_int_sum_strided(tg_tensor a, tg_tensor b) {
+  (void)b;
+  return tg_sum(tg_cast(tg_transpose(tg_mul_s(a, 8), 0, 1), TG_INT32), TG_AXES(1), false);
+}
+
+TEST(heuristic_list_replays) {
+  int nk = 0;
+  CHECK(replay_mismatches(e_matmul, 64, 32, 32, 48, &nk) == 0);
+  CHECK(replay_mismatches(e_classifier, 37, 24, 24, 10, &nk) == 0);
+  CHECK(replay_mismatches(e_conv, 64, 64, 8, 36, &nk) == 0);
+  CHECK(replay_mismatches(e_conv_pool, 64, 64, 8, 36, &nk) == 0);
+  CHECK(replay_mismatches(e_conv_input_grad, 64, 64, 8, 200, &nk) == 0);
+  CHECK(replay_mismatches(e_sum_mixed_layouts, 24, 48, 48, 24, &nk) == 0);
+  CHECK(replay_mismatches(e_transpose_copy, 1024, 1000, 1, 1, &nk) == 0);
+  CHECK(replay_mismatches(e_int_sums, 12, 40, 12, 40, &nk) == 0);
+  CHECK(replay_mismatches(e_int_sum_strided, 64, 48, 1, 1, &nk) == 0);
+  CHECK(replay_mismatches(e_softmax, 32, 64, 32, 64, &nk) == 0);
+  CHECK(replay_mismatches(e_half, 16, 32, 16, 32, &nk) == 0);
+  CHECK(nk >= 12);
 }
 
 /* float16 and bfloat16 run in vector lanes (float lanes, rounded after every operation, converted
@@ -582,9 +647,9 @@ TEST(half_lanes_bit_exact) {
         CHECK_MSG(lost == 0, "%s: %d NaN bit patterns changed", d ? "bfloat16" : "float16", lost);
       }
     }
-    char opts[128];
+    char opts[256];
     last_kernel_opts(h_add(x, y), opts, sizeof opts);
-    CHECK_MSG(strstr(opts, "VECTORIZE(") != NULL, "%s add: %s", d ? "bfloat16" : "float16", opts);
+    CHECK_MSG(has_lanes(opts, 0), "%s add: %s", d ? "bfloat16" : "float16", opts);
   }
   g_half_cc = NULL;
   END;

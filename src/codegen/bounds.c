@@ -197,7 +197,7 @@ static UOp *imin(UOp *a, UOp *b) {
 }
 
 void bound_reduce_loops(LKernel *k) {
-  if (k->cfg_failed || !k->rbody || k->rop != OP_ADD || k->nr == 0 || k->ncopy == 0 || k->rvw) return;
+  if (k->opts_failed || !k->rbody || k->rop != OP_ADD || k->nr == 0 || k->ncopy == 0 || k->rvw) return;
   if (getenv_int("NOOPT", 0) || !getenv_int("LOOP_BOUNDS", 1)) return;
   /* conditions that zero every copy's term */
   PtrVec conds = {0};
@@ -262,7 +262,7 @@ void bound_reduce_loops(LKernel *k) {
     free(s);
     k->rlo = lo, k->rhi = hi;
     size_t o = strlen(k->opts);
-    if (o + 8 < sizeof k->opts) snprintf(k->opts + o, sizeof k->opts - o, "BOUNDS ");
+    if (o + 8 < sizeof k->opts) snprintf(k->opts + o, sizeof k->opts - o, "%sBOUNDS", o ? " " : "");
   } else {
     free(lo), free(hi);
   }

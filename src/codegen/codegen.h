@@ -13,34 +13,32 @@
 #include "../uop/ptrmap.h"
 #include "../uop/uop.h"
 
-/* A choice of optimizations (what BEAM searches over). Axis numbers index the global loops of the
- * lowered, merged kernel; -1 = not applied. */
-typedef struct {
-  int vaxis, vw;   /* VECTORIZE global axis vaxis by vw lanes (16, 8 or 4) */
-  int uaxis, ufac; /* UPCAST global axis uaxis by ufac */
-  int vfac;        /* UPCAST the vectorized axis by vfac (1 = no) */
-  int swap;        /* 1: move the vectorized axis to the outermost loop, 2: to the second */
-  int raxis, rw;   /* VECTORIZE reduce axis raxis by rw lanes (only without a global vector axis) */
-  int uaxis2, ufac2; /* a second UPCAST (a 2-D register tile) */
-  int raxis2, rufac; /* UNROLL reduce axis raxis2 by rufac: rufac steps of the reduction per iteration */
-} OptCfg;
-#define OPTCFG_NONE ((OptCfg){-1, 0, -1, 1, 1, 0, -1, 0, -1, 1, -1, 1})
-/* One optimization action, tinygrad's Opt(op, axis, arg). GPU kernels take lists of them:
- *   UPCAST(g, f)   global axis g computes f outputs per work-item (register tile)
- *   UNROLL(r, f)   reduce axis r runs f steps per loop turn
- *   LOCAL(g, n)    global axis g runs in work-groups of n along its dimension
- *   GROUP(r, n)    n work-items of a work-group share reduce axis r (strided), their partial
+/* One optimization action, tinygrad's Opt(op, axis, arg). Every kernel's optimizations are a list of
+ * them, applied in order -- the hand-coded heuristics' choice and BEAM's candidates alike, on the
+ * CPU and on GPU devices (opt.c, apply_opts):
+ *   UPCAST(g, f)   global axis g computes f outputs per loop iteration or work-item (register tile:
+ *                  one copy of the body per position). While nothing is a vector yet, an UPCAST
+ *                  by 4, 8 or 16 of an axis the output is contiguous along becomes f vector lanes
+ *                  instead (a reduction on the CPU may gather a strided operand for it)
+ *   UNROLL(r, f)   reduce axis r runs f steps per loop turn; while nothing is a vector yet, an UNROLL
+ *                  by 4, 8 or 16 of an axis the loads run along becomes vector accumulators summed
+ *                  across lanes at the end (CPU and CPU-core OpenCL devices)
+ *   PADTO(g, f)    global axis g of a reduction runs to the next multiple of f, so that a later
+ *                  UPCAST(g, f) applies; the positions past its end recompute its last element
+ *   SWAP(g, h)     exchanges global axes g and h (loop order; on GPUs, which is dimension 0)
+ *   THREAD(0, n)   (CPU) the launch splits the outermost loop over n threads (default: all)
+ *   LOCAL(g, n)    (GPU) global axis g runs in work-groups of n along its dimension
+ *   GROUP(r, n)    (GPU) n work-items of a work-group share reduce axis r (strided); their partial
  *                  results meet in local memory after a barrier and work-item 0 combines them
- *   GROUPTOP(r, n) the same with contiguous chunks of the axis per work-item
- *   SWAP(g, h)     exchanges global axes g and h (which one is work-item dimension 0)
- *   NOLOCALS       no work-groups of our choosing (the driver picks)
- * PADTO and THREAD are CPU actions (part of UPCAST and the thread split there); a GPU list with
- * them does not apply. Axis numbers index the lowered, merged kernel's loops. */
+ *   GROUPTOP(r, n) (GPU) the same with contiguous chunks of the axis per work-item
+ *   NOLOCALS       (GPU) no work-groups of our choosing (the driver picks)
+ * Axis numbers index the lowered, merged kernel's loops. A list that does not fit the kernel or
+ * the device does not apply. */
 typedef enum { OPT_UPCAST, OPT_UNROLL, OPT_LOCAL, OPT_GROUP, OPT_GROUPTOP, OPT_PADTO, OPT_SWAP, OPT_NOLOCALS, OPT_THREAD, OPT_NOPS } OptOp;
 typedef struct {
   int op, axis, arg;
 } Opt;
-#define OPTLIST_MAX 8
+#define OPTLIST_MAX 16
 typedef struct {
   Opt o[OPTLIST_MAX];
   int n;
@@ -51,9 +49,6 @@ bool optlist_parse(const char *s, OptList *out);
 void optlist_format(const OptList *l, char *buf, size_t n);
 const char *opt_name(int op);
 
-/* the BEAM cache's text form of a configuration; parse rejects anything but twelve sane integers */
-void optcfg_format(const OptCfg *c, char *buf, size_t n);
-bool optcfg_parse(const char *s, OptCfg *c);
 
 typedef struct {
   UOp **granges; /* global loop RANGE nodes, outermost first (owned refs) */
@@ -84,13 +79,12 @@ typedef struct {
                   * lanes when the reduction ends (0 = none; exclusive with vw) */
   UOp **rlo, **rhi; /* NULL, or per reduce loop its bounds over the enclosing loops' variables: the
                      * loop runs rlo <= ridx < rhi (bounds.c; owned; NULL entries: 0..size) */
-  char opts[128];/* applied optimizations, for DEBUG=3 and kernel names */
-  char padinfo[32];/* "PADTO(axis,size) " when an upcast axis was padded (part of opts) */
-  OptCfg cfg;    /* the optimizations applied */
-  bool cfg_failed; /* a forced OptCfg could not be applied (BEAM drops such candidates) */
+  char opts[160];/* the applied optimizations as text, for DEBUG=3 and VIZ */
+  OptList applied; /* the optimizations applied (the heuristics' choice when none was forced) */
+  bool opts_failed; /* a forced Opt list could not be applied (BEAM drops such candidates) */
   bool gpu;        /* GPU kernel model: global loops are work-item ids, no vector types */
+  int threads;     /* THREAD: the CPU threads the launch may use (0: all) */
   /* GPU: what the applied Opt list chose */
-  OptList gopts;   /* the actions applied */
   int nlocal;      /* LOCAL actions: local_axis[i] (a global axis) runs in groups of local_arg[i] */
   int local_axis[3];
   int64_t local_arg[3];
@@ -103,7 +97,7 @@ typedef struct {
   UOp **vars;       /* the kernel's DEFINE_VAR nodes in argument order (by name, min, max; owned) */
   int nvars;
   const DeviceCaps *caps; /* (while lowering) the device's limits */
-  const OptList *force;   /* (while lowering) the Opt list to apply; NULL: heuristics */
+  const OptList *force;   /* (while lowering) the Opt list to apply; NULL: the heuristics */
 } LKernel;
 
 /* GPU kernels: where the index of global loop g comes from -- (get_global_id(dim) / div) % mod
@@ -116,8 +110,9 @@ typedef struct {
 /* Fills dims[g] for each global loop (k->ng <= 64) and the launch's global size. With GROUP,
  * dimension 0 holds the group's work-items and the loops start at dimension 1. */
 void gpu_global_dims(const LKernel *k, GDim *dims, int64_t global_size[3]);
-/* The GPU optimizations: apply an Opt list (cfg_failed when it does not fit), or choose one. */
-void gpu_apply_opts(LKernel *k, const OptList *l, const DeviceCaps *caps, int *next_axis);
+/* Applies an Opt list to a lowered kernel (opts_failed when it does not fit), the same on every
+ * device; gpu_heuristic chooses one for a GPU device. */
+void apply_opts(LKernel *k, const OptList *l, const DeviceCaps *caps, int *next_axis);
 void gpu_heuristic(LKernel *k, const DeviceCaps *caps, int *next_axis);
 
 typedef struct {
@@ -129,35 +124,24 @@ typedef struct {
   int nparams;
   int nvars;             /* variables the kernel takes after its buffers (bufs[nparams + i]) */
   int *vars;             /* their variable indices (malloc'd) */
-  OptCfg cfg;            /* the optimizations applied (the heuristics' choice when none was given) */
-  char opts[128];        /* the applied optimizations as DEBUG=3 prints them (VIZ shows them) */
+  OptList applied;       /* the optimizations applied (the heuristics' choice when none was given) */
+  char opts[160];        /* the applied optimizations as DEBUG=3 prints them (VIZ shows them) */
 } KernelCode;
 
 /* Lowers and renders `ast` for the C renderer. Returns NULL with an error recorded on failure. */
 KernelCode *codegen_c(UOp *ast);
 /* Lowers and renders `ast` for a device of the given capabilities (NULL = the CPU's: C, loops),
- * with the given optimizations (NULL = the hand-coded heuristics). Returns NULL when cfg cannot be
- * applied (no error recorded), or when the device cannot run the kernel (error recorded: float64
- * without cl_khr_fp64). */
-KernelCode *codegen_for(UOp *ast, const DeviceCaps *caps, const OptCfg *cfg);
-/* GPU devices: with a given Opt list (NULL: the GPU_OPTS setting if set, else the heuristics).
- * Returns NULL when the list does not fit the kernel or the device (an error is recorded only
- * for GPU_OPTS, which the user chose). */
-KernelCode *codegen_gpu(UOp *ast, const DeviceCaps *caps, const OptList *opts);
-/* Same with a given set of optimizations (NULL = the hand-coded heuristics). Returns NULL, with no
- * error recorded, when cfg cannot be applied to this kernel. */
-KernelCode *codegen_c_cfg(UOp *ast, const OptCfg *cfg);
-/* The global loop sizes of the lowered kernel before optimizations (for enumerating OptCfgs).
- * Returns the number of global loops (at most cap written) and whether it has a reduction. */
-int kernel_global_sizes(UOp *ast, int64_t *sizes, int cap, bool *has_reduce);
-/* The reduce loop sizes of the lowered kernel before optimizations (count returned). */
-int kernel_reduce_sizes(UOp *ast, int64_t *sizes, int cap);
+ * with the given Opt list (NULL = the hand-coded heuristics, or on a GPU device the GPU_OPTS
+ * setting when set). Returns NULL when a given list does not fit the kernel or the device (no
+ * error recorded; for GPU_OPTS, which the user chose, an error naming it), or when the device
+ * cannot run the kernel (error recorded: float64 without cl_khr_fp64). */
+KernelCode *codegen_for(UOp *ast, const DeviceCaps *caps, const OptList *opts);
 void kernel_code_free(KernelCode *k);
 
 /* Lowering (shared by every renderer): builds the LKernel of an AST, with adjacent loops merged
  * wherever that removes index arithmetic (contiguous access becomes a single running index). */
-LKernel *lower_kernel(UOp *ast, const OptCfg *cfg);
-LKernel *lower_kernel_for(UOp *ast, const OptCfg *cfg, const DeviceCaps *caps, const OptList *gopts);
+LKernel *lower_kernel(UOp *ast, const OptList *opts);
+LKernel *lower_kernel_for(UOp *ast, const DeviceCaps *caps, const OptList *opts);
 void lkernel_free(LKernel *k);
 
 /* After optimization: bounds reduce loops by the validity conditions that zero every term outside
@@ -169,17 +153,17 @@ int64_t index_coef(UOp *u, UOp *r);
 /* IMAGE: an image output is stored a texel at a time, so one work-item computes the 4 consecutive
  * floats of a texel: its innermost global axis (the store moves by 1 along it) is upcast by 4 (or a
  * multiple) and comes first among the upcasts, so copies 4t..4t+3 are texel t's lanes. Called by
- * gpu_apply_opts before the copies are made; sets k->img_bad when the store does not allow it. */
+ * apply_opts before the copies are made; sets k->img_bad when the store does not allow it. */
 typedef struct {
   int axis, factor;
 } ImgUpcast;
 void image_lane_upcast(LKernel *k, UOp *lane, ImgUpcast *ups, int *nup, int cap);
 /* DEBUG=5 and 6 (describe.c): the AST one node per line (id, op, dtype, the loop sizes it varies
  * over, argument, source ids), and the lowered kernel (loop nest, then the instruction list) as
- * codegen_for would lower it for caps with cfg (NULL: the heuristics). malloc'd text. */
+ * codegen_for would lower it for caps with opts (NULL: the heuristics). malloc'd text. */
 char *kernel_ast_format(UOp *ast);
 char *lkernel_format(const LKernel *k);
-char *kernel_lowered_format(UOp *ast, const DeviceCaps *caps, const OptCfg *cfg);
+char *kernel_lowered_format(UOp *ast, const DeviceCaps *caps, const OptList *opts);
 
 /* Blocked accumulation of long float sums (cstyle.c): the loop level (1-based, global loops first)
  * that runs in blocks of *iters iterations, each summed into a fresh partial; 0 = none. Every

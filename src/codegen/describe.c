@@ -178,8 +178,8 @@ char *lkernel_format(const LKernel *k) {
   return sb_take(&b);
 }
 
-char *kernel_lowered_format(UOp *ast, const DeviceCaps *caps, const OptCfg *cfg) {
-  LKernel *k = lower_kernel_for(ast, cfg, caps, NULL);
+char *kernel_lowered_format(UOp *ast, const DeviceCaps *caps, const OptList *opts) {
+  LKernel *k = lower_kernel_for(ast, caps, opts);
   char *s = lkernel_format(k);
   lkernel_free(k);
   return s;

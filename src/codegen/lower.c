@@ -99,7 +99,7 @@ static void drop_unit(LKernel *k, UOp **rs, int *n) {
 }
 
 static int next_axis;
-void optimize_kernel(LKernel *k, int *next_axis, const OptCfg *cfg);
+void optimize_kernel(LKernel *k, int *next_axis);
 
 /* Tries to merge loops rs[i] (outer) and rs[i+1] (inner). */
 static bool try_merge(LKernel *k, UOp **rs, int *n, int i) {
@@ -163,15 +163,15 @@ static void collect_params(UOp *u, PtrMap *seen, LKernel *k) {
   for (uint32_t i = 0; i < u->nsrc; i++) collect_params(u->src[i], seen, k);
 }
 
-LKernel *lower_kernel(UOp *ast, const OptCfg *cfg) { return lower_kernel_for(ast, cfg, NULL, NULL); }
+LKernel *lower_kernel(UOp *ast, const OptList *opts) { return lower_kernel_for(ast, NULL, opts); }
 
-LKernel *lower_kernel_for(UOp *ast, const OptCfg *cfg, const DeviceCaps *caps, const OptList *gopts) {
+LKernel *lower_kernel_for(UOp *ast, const DeviceCaps *caps, const OptList *opts) {
   TG_ASSERT(ast->op == OP_SINK && ast->nsrc == 1 && ast->src[0]->op == OP_STORE);
   UOp *store = ast->src[0];
   LKernel *k = tg_xcalloc(1, sizeof(LKernel));
   k->gpu = caps && caps->gpu;
   k->caps = caps;
-  k->force = gopts;
+  k->force = opts;
   PtrMap seen;
   pm_init(&seen);
   collect_params(ast, &seen, k);
@@ -250,7 +250,7 @@ LKernel *lower_kernel_for(UOp *ast, const OptCfg *cfg, const DeviceCaps *caps, c
     merge_all(k, k->granges, &k->ng);
     merge_all(k, k->rranges, &k->nr);
   }
-  optimize_kernel(k, &next_axis, cfg);
+  optimize_kernel(k, &next_axis);
   k->caps = NULL;
   k->force = NULL;
   if (!k->sym) bound_reduce_loops(k);
@@ -376,28 +376,7 @@ static uint64_t count_alu(UOp *u, PtrMap *seen) {
   return n;
 }
 
-KernelCode *codegen_c(UOp *ast) { return codegen_c_cfg(ast, NULL); }
-
-int kernel_global_sizes(UOp *ast, int64_t *sizes, int cap, bool *has_reduce) {
-  OptCfg none = OPTCFG_NONE;
-  LKernel *k = lower_kernel(ast, &none);
-  int n = k->ng;
-  for (int i = 0; i < n && i < cap; i++) sizes[i] = k->granges[i]->iarg[0];
-  *has_reduce = k->rbody != NULL;
-  lkernel_free(k);
-  return n;
-}
-
-int kernel_reduce_sizes(UOp *ast, int64_t *sizes, int cap) {
-  OptCfg none = OPTCFG_NONE;
-  LKernel *k = lower_kernel(ast, &none);
-  int n = k->nr;
-  for (int i = 0; i < n && i < cap; i++) sizes[i] = k->rranges[i]->iarg[0];
-  lkernel_free(k);
-  return n;
-}
-
-KernelCode *codegen_c_cfg(UOp *ast, const OptCfg *cfg) { return codegen_for(ast, NULL, cfg); }
+KernelCode *codegen_c(UOp *ast) { return codegen_for(ast, NULL, NULL); }
 
 void gpu_global_dims(const LKernel *k, GDim *dims, int64_t global_size[3]) {
   global_size[0] = k->group ? k->group : 1;
@@ -443,28 +422,23 @@ static bool gpu_launch(LKernel *k, const DeviceCaps *caps, int64_t gs[3], int64_
   return true;
 }
 
-static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptCfg *cfg, const OptList *gopts, bool user);
+static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptList *opts, bool user);
 
-KernelCode *codegen_for(UOp *ast, const DeviceCaps *caps, const OptCfg *cfg) {
-  if (caps && caps->gpu) return codegen_gpu(ast, caps, NULL);
-  return codegen_impl(ast, caps, cfg, NULL, false);
-}
-
-KernelCode *codegen_gpu(UOp *ast, const DeviceCaps *caps, const OptList *opts) {
-  OptList env;
-  const char *s = opts ? NULL : getenv_str("GPU_OPTS", NULL);
+KernelCode *codegen_for(UOp *ast, const DeviceCaps *caps, const OptList *opts) {
+  const char *s = !opts && caps && caps->gpu ? getenv_str("GPU_OPTS", NULL) : NULL;
   if (s && *s) {
+    OptList env;
     if (!optlist_parse(s, &env)) {
       tg_set_error(TG_ERR_INVALID, "codegen: GPU_OPTS='%s' is not a list of actions like 'LOCAL:0:16,GROUP:0:32' "
-                   "(UPCAST, UNROLL, LOCAL, GROUP, GROUPTOP, SWAP take :axis:arg; NOLOCALS none)", s);
+                   "(UPCAST, UNROLL, LOCAL, GROUP, GROUPTOP, PADTO, SWAP take :axis:arg; NOLOCALS none)", s);
       return NULL;
     }
-    return codegen_impl(ast, caps, NULL, &env, true);
+    return codegen_impl(ast, caps, &env, true);
   }
-  return codegen_impl(ast, caps, NULL, opts, false);
+  return codegen_impl(ast, caps, opts, false);
 }
 
-static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptCfg *cfg, const OptList *gopts, bool user) {
+static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptList *opts, bool user) {
   bool gpu = caps && caps->gpu;
   if (gpu && !caps->fp64) {
     PtrMap seen;
@@ -490,7 +464,7 @@ static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptCfg *
       return NULL;
     }
   }
-  LKernel *k = lower_kernel_for(ast, cfg, caps, gopts);
+  LKernel *k = lower_kernel_for(ast, caps, opts);
   if (gpu && k->nvars) {
     /* the GPU kernel model takes its sizes from the launch: a variable's loop would need a guard */
     tg_set_error(TG_ERR_INVALID, "codegen: kernels with symbolic sizes (tg_sym) run on CPU devices only for now");
@@ -499,10 +473,10 @@ static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptCfg *
   }
   int64_t gs[3] = {1, 1, 1}, ls[3] = {1, 1, 1};
   if (gpu && k->ng > 64) tg_set_error(TG_ERR_INVALID, "codegen: a GPU kernel of %d global loops (at most 64)", k->ng);
-  else if (gpu && !k->cfg_failed && !gpu_launch(k, caps, gs, ls)) k->cfg_failed = true;
-  if (k->cfg_failed && user) {
+  else if (gpu && !k->opts_failed && !gpu_launch(k, caps, gs, ls)) k->opts_failed = true;
+  if (k->opts_failed && user) {
     char buf[256];
-    optlist_format(gopts, buf, sizeof buf);
+    optlist_format(opts, buf, sizeof buf);
     SB loops;
     sb_init(&loops);
     sb_puts(&loops, "global loops [");
@@ -515,12 +489,12 @@ static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptCfg *
                  (long long)caps->max_local, (long long)caps->local_mem);
     sb_free(&loops);
   }
-  if (k->cfg_failed || (gpu && k->ng > 64) || !image_ok(k, caps)) {
+  if (k->opts_failed || (gpu && k->ng > 64) || !image_ok(k, caps)) {
     lkernel_free(k);
     return NULL;
   }
   KernelCode *kc = tg_xcalloc(1, sizeof(KernelCode));
-  kc->cfg = k->cfg;
+  kc->applied = k->applied;
   snprintf(kc->opts, sizeof kc->opts, "%s", k->opts);
   /* tinygrad-style name: E_ (elementwise) or r_ (reduce) followed by the loop sizes */
   int o = snprintf(kc->name, sizeof kc->name, "%s", k->rbody ? "r" : "E");
@@ -537,6 +511,7 @@ static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptCfg *
   /* small kernels run on the calling thread: waking workers costs more than the work */
   int64_t work = outer * (k->vw ? k->vw : 1) * k->ncopy * (inner > 0 ? inner : 1);
   kc->local_size[0] = (work < 65536 || kc->global_size[0] < 2) ? 1 : 0;
+  if (k->threads) kc->local_size[0] = k->threads; /* THREAD(0, n) */
   /* a combining store: iterations of the split loop must not meet at one output */
   for (int c = 0; k->sop && k->ng && c < k->ncopy; c++)
     if (uop_depends_on(k->sfirsts[c], k->granges[0])) kc->local_size[0] = 1;

@@ -1,21 +1,30 @@
 /*
- * opt.c -- hand-coded kernel optimizations (tinygrad's heuristic opts, BEAM=0), applied to a lowered
- * kernel before rendering:
+ * opt.c -- kernel optimizations as Opt lists (tinygrad's Opt(op, axis, arg), see codegen.h): the
+ * hand-coded heuristics (tinygrad's BEAM=0 choices), and applying a given list (BEAM's candidates,
+ * a cached choice, GPU_OPTS), to a lowered kernel before rendering. The actions:
  *
- *  - VECTORIZE a global axis along which the output is contiguous: the axis steps by W lanes and
- *    every load whose index moves by exactly 1 per lane becomes one W-wide load (loads that do not
- *    depend on the axis stay scalar and are broadcast). Refused when any lane-dependent value is not
- *    float32/bool, or lanes reach index arithmetic other than a contiguous load/store offset.
- *  - UPCAST global axes of reduce kernels (register tiles): the body is copied for each unrolled
- *    position, each copy with its own accumulator, so one loaded vector of one input is reused by
- *    every copy that shares it (hash-consing shares the common loads automatically).
+ *  - vector lanes (the first UPCAST by 4, 8 or 16 that can make them): a global axis along which
+ *    the output is contiguous steps by W lanes and every load whose index moves by exactly 1 per
+ *    lane becomes one W-wide load (loads that do not depend on the axis stay scalar and are
+ *    broadcast). Refused when any lane-dependent value is not float32/bool, or lanes reach index
+ *    arithmetic other than a contiguous load/store offset. Or (UNROLL by 4, 8 or 16) lanes along a
+ *    reduce axis, with vector accumulators summed across lanes at the end.
+ *  - UPCAST of global axes (register tiles): the body is copied for each unrolled position, each
+ *    copy with its own accumulator, so one loaded vector of one input is reused by every copy that
+ *    shares it (hash-consing shares the common loads automatically).
  *  - PADTO: an upcast axis of a reduce kernel that the factor does not divide (10 outputs of a
  *    classifier, a 6x6 feature map) is padded to the next multiple; the copies past the end are
  *    clamped to the last position (see make_copies).
+ *  - UNROLL of a reduce axis, SWAP of loop order, THREAD, and the GPU actions (LOCAL, GROUP,
+ *    GROUPTOP, NOLOCALS).
+ *
+ * The heuristics apply their choices as they make them and record them as the list that, applied
+ * to the same kernel, gives the same code (tests/test_opt.c heuristic_list_replays).
  *
  * In: an LKernel with value/sidx/rbody/rplace. Out: ncopy copies in values/sidxs/rbodies/rplaces,
- * vw set, loop ranges resized. Invariant: the copies together compute exactly what the unoptimized
- * kernel computes (checked by running the op suite with NOOPT=1 and without).
+ * vw set, loop ranges resized, the list in `applied`. Invariant: the copies together compute
+ * exactly what the unoptimized kernel computes (checked by running the op suite with NOOPT=1 and
+ * without).
  */
 #include <stdio.h>
 #include <string.h>
@@ -369,15 +378,12 @@ static void make_copies(LKernel *k, const Upcast *ups, int nup, int *next_axis) 
   k->rplaces = tg_xcalloc((size_t)total, sizeof(UOp *));
   if (k->sop) k->sfirsts = tg_xcalloc((size_t)total, sizeof(UOp *));
   UOp *newr[8];
-  k->padinfo[0] = 0;
   for (int i = 0; i < nup; i++) {
     /* PADTO: an axis the factor does not divide runs to the next multiple; positions past its end
      * are clamped to its last one, so the extra copies recompute (and store again) the last
      * element -- no out-of-bounds access and no masks */
     int64_t n = k->granges[ups[i].axis]->iarg[0], f = ups[i].factor;
     newr[i] = s_range((*next_axis)++, (n + f - 1) / f);
-    if (n % f)
-      snprintf(k->padinfo, sizeof k->padinfo, "PADTO(%d,%lld) ", ups[i].axis, (long long)((n + f - 1) / f * f));
   }
   for (int c = 0; c < total; c++) {
     USubst s[9];
@@ -454,20 +460,16 @@ static void swap_outer(LKernel *k, int g, int pos) {
   k->granges[pos] = t;
 }
 
-static int describe(LKernel *k) {
-  const OptCfg *c = &k->cfg;
-  int o = 0;
-  size_t n = sizeof k->opts;
-  k->opts[0] = 0;
-  if (k->padinfo[0]) o += snprintf(k->opts + o, n - (size_t)o, "%s", k->padinfo);
-  if (c->vaxis >= 0) o += snprintf(k->opts + o, n - (size_t)o, "VECTORIZE(%d,%d) ", c->vaxis, c->vw);
-  if (c->uaxis >= 0) o += snprintf(k->opts + o, n - (size_t)o, "UPCAST(%d,%d) ", c->uaxis, c->ufac);
-  if (c->vfac > 1) o += snprintf(k->opts + o, n - (size_t)o, "UPCAST(%d,%d) ", c->vaxis, c->vfac);
-  if (c->swap) o += snprintf(k->opts + o, n - (size_t)o, "SWAP(%d,%d) ", c->swap - 1, c->vaxis);
-  if (c->raxis >= 0) o += snprintf(k->opts + o, n - (size_t)o, "VECTORIZE_REDUCE(%d,%d) ", c->raxis, c->rw);
-  if (c->uaxis2 >= 0) o += snprintf(k->opts + o, n - (size_t)o, "UPCAST(%d,%d) ", c->uaxis2, c->ufac2);
-  if (c->raxis2 >= 0) o += snprintf(k->opts + o, n - (size_t)o, "UNROLL(%d,%d) ", c->raxis2, c->rufac);
-  return o;
+/* k->opts: the applied list as GPU_OPTS spells it, and what became vector lanes */
+static void describe(LKernel *k) {
+  optlist_format(&k->applied, k->opts, sizeof k->opts);
+  size_t o = strlen(k->opts);
+  if (k->vw || k->rvw)
+    snprintf(k->opts + o, sizeof k->opts - o, "%s[%d %slanes]", o ? " " : "", k->vw ? k->vw : k->rvw, k->rvw ? "reduce " : "");
+}
+
+static void push_opt(OptList *l, int op, int axis, int arg) {
+  if (l->n < OPTLIST_MAX) l->o[l->n++] = (Opt){op, axis, arg};
 }
 
 /* May global axis g be upcast by f: f divides it, or (PADTO) the kernel is a reduction -- whose
@@ -481,42 +483,6 @@ static bool pad_ok(const LKernel *k, int g, int f) {
   /* not in a combining store (the clamped copies of a window axis would read and write one output
    * in an order the store's first-position test does not expect) */
   return k->rbody && !k->sop && n > f && (padded - n) * 4 <= n;
-}
-
-/* Applies a given configuration; marks k->cfg_failed when it does not fit this kernel. */
-static void apply_cfg(LKernel *k, const OptCfg *c, int *next_axis) {
-  Upcast ups[3];
-  int nup = 0;
-  k->cfg = OPTCFG_NONE;
-  bool ok = true;
-  if (c->vaxis >= 0)
-    ok = c->vaxis < k->ng && (try_vectorize(k, c->vaxis, c->vw, next_axis) ||
-                              (k->rbody && c->raxis < 0 && try_vectorize_g(k, c->vaxis, c->vw, next_axis, true)));
-  if (ok && c->raxis >= 0) ok = c->vaxis < 0 && c->raxis < k->nr && try_vectorize_reduce(k, c->raxis, c->rw, next_axis);
-  if (ok && c->raxis2 >= 0) ok = try_unroll_reduce(k, c->raxis2, c->rufac);
-  if (ok && c->uaxis >= 0) {
-    ok = c->uaxis < k->ng && c->uaxis != c->vaxis && c->ufac > 1 && pad_ok(k, c->uaxis, c->ufac);
-    if (ok) ups[nup].axis = c->uaxis, ups[nup++].factor = c->ufac;
-  }
-  if (ok && c->vfac > 1) {
-    ok = c->vaxis >= 0 && k->granges[c->vaxis]->iarg[0] % c->vfac == 0;
-    if (ok) ups[nup].axis = c->vaxis, ups[nup++].factor = c->vfac;
-  }
-  if (ok && c->uaxis2 >= 0) {
-    ok = c->uaxis2 < k->ng && c->uaxis2 != c->vaxis && c->uaxis2 != c->uaxis && c->ufac2 > 1 &&
-         k->granges[c->uaxis2]->iarg[0] % c->ufac2 == 0;
-    if (ok) ups[nup].axis = c->uaxis2, ups[nup++].factor = c->ufac2;
-  }
-  if (ok && c->swap) ok = c->swap >= 1 && c->swap <= 2 && c->vaxis > c->swap - 1;
-  if (!ok) {
-    k->cfg_failed = true;
-    nup = 0;
-  } else {
-    k->cfg = *c;
-  }
-  make_copies(k, ups, nup, next_axis);
-  if (ok && c->swap) swap_outer(k, c->vaxis, c->swap - 1);
-  describe(k);
 }
 
 /* The widest vector (in 4-byte lanes, 4..16) worth using on the kernel's CPU: 16 with AVX-512, 8
@@ -533,22 +499,22 @@ static bool cpu_many_regs(const LKernel *k) { return !k->caps || !k->caps->vec_r
 
 /* tinygrad's hand-coded heuristics (BEAM=0). */
 static void heuristic(LKernel *k, int *next_axis) {
-  OptCfg c = OPTCFG_NONE;
+  OptList l = {.n = 0};
   Upcast ups[3];
   int nup = 0;
-  int vg = -1;
+  int vg = -1, vr = -1;
   const int wmax = cpu_max_lanes(k);
   for (int g = k->ng - 1; g >= 0 && vg < 0; g--)
     for (int W = wmax; W >= 4 && vg < 0; W /= 2)
-      if (try_vectorize(k, g, W, next_axis)) vg = g, c.vaxis = g, c.vw = W;
+      if (try_vectorize(k, g, W, next_axis)) vg = g, push_opt(&l, OPT_UPCAST, g, W);
   /* no contiguous output axis: vectorize the innermost reduce axis the loads run along */
-  for (int ri = k->nr - 1; vg < 0 && ri >= 0 && c.raxis < 0; ri--)
-    for (int W = wmax; W >= 4 && c.raxis < 0; W /= 2)
-      if (try_vectorize_reduce(k, ri, W, next_axis)) c.raxis = ri, c.rw = W;
+  for (int ri = k->nr - 1; vg < 0 && ri >= 0 && vr < 0; ri--)
+    for (int W = wmax; W >= 4 && vr < 0; W /= 2)
+      if (try_vectorize_reduce(k, ri, W, next_axis)) vr = ri, push_opt(&l, OPT_UNROLL, ri, W);
   /* neither: a reduction whose only obstacle is a strided operand gathers it */
-  for (int g = k->ng - 1; k->rbody && g >= 0 && vg < 0 && c.raxis < 0; g--)
+  for (int g = k->ng - 1; k->rbody && g >= 0 && vg < 0 && vr < 0; g--)
     for (int W = wmax; W >= 4 && vg < 0; W /= 2)
-      if (try_vectorize_g(k, g, W, next_axis, true)) vg = g, c.vaxis = g, c.vw = W;
+      if (try_vectorize_g(k, g, W, next_axis, true)) vg = g, push_opt(&l, OPT_UPCAST, g, W);
   int lanes = k->vw ? k->vw : k->rvw;
   if (k->rbody) {
     /* register tile: upcast another global axis, preferring one the vector loads do not depend
@@ -584,24 +550,24 @@ static void heuristic(LKernel *k, int *next_axis) {
       int second = -1;
       for (int g = 0; g < k->ng; g++)
         if (g != best && !sym_range(k->granges[g]) && k->granges[g]->iarg[0] % 4 == 0 && (second < 0 || k->granges[g]->iarg[0] > k->granges[second]->iarg[0])) second = g;
-      f = 4;
+      f = second < 0 && k->granges[best]->iarg[0] % 8 == 0 && cpu_many_regs(k) ? 8 : 4;
+      if (padded) push_opt(&l, OPT_PADTO, best, f);
       ups[nup].axis = best, ups[nup++].factor = f;
-      c.uaxis = best, c.ufac = f;
+      push_opt(&l, OPT_UPCAST, best, f);
       if (second >= 0) {
         ups[nup].axis = second, ups[nup++].factor = 4;
-        c.uaxis2 = second, c.ufac2 = 4;
-      } else if (k->granges[best]->iarg[0] % 8 == 0 && cpu_many_regs(k)) {
-        ups[nup - 1].factor = c.ufac = 8;
+        push_opt(&l, OPT_UPCAST, second, 4);
       }
     } else if (best >= 0) {
       int64_t n = k->granges[best]->iarg[0];
       f = padded ? 4 : n % 4 != 0 ? (int)n : n % 8 == 0 && n >= 16 && cpu_many_regs(k) ? 8 : 4;
+      if (padded) push_opt(&l, OPT_PADTO, best, f);
       ups[nup].axis = best, ups[nup++].factor = f;
-      c.uaxis = best, c.ufac = f;
+      push_opt(&l, OPT_UPCAST, best, f);
     }
     if (vg >= 0 && k->granges[vg]->iarg[0] % 2 == 0 && f * 2 <= 16 && k->granges[vg]->iarg[0] >= 2) {
       ups[nup].axis = vg, ups[nup++].factor = 2;
-      c.vfac = 2;
+      push_opt(&l, OPT_UPCAST, vg, 2);
     }
   }
   /* an elementwise kernel whose vector lanes gather a strided operand (a transposing copy) upcasts
@@ -618,14 +584,14 @@ static void heuristic(LKernel *k, int *next_axis) {
       int64_t n = k->granges[g2]->iarg[0];
       int f = 8;
       while (f > 1 && n % f) f /= 2;
-      if (f >= 4) ups[nup].axis = g2, ups[nup++].factor = f, c.uaxis = g2, c.ufac = f;
+      if (f >= 4) ups[nup].axis = g2, ups[nup++].factor = f, push_opt(&l, OPT_UPCAST, g2, f);
     }
   }
   /* a reduction nothing vectorizes (integer sums, strided loads) unrolls its innermost axis by 4:
    * four loads per loop turn instead of one, and a shorter chain of dependent adds */
-  if (k->rbody && vg < 0 && c.raxis < 0 && k->nr > 0) {
+  if (k->rbody && vg < 0 && vr < 0 && k->nr > 0) {
     int64_t n = k->rranges[k->nr - 1]->iarg[0];
-    if (n % 4 == 0 && n >= 8 && try_unroll_reduce(k, k->nr - 1, 4)) c.raxis2 = k->nr - 1, c.rufac = 4;
+    if (n % 4 == 0 && n >= 8 && try_unroll_reduce(k, k->nr - 1, 4)) push_opt(&l, OPT_UNROLL, k->nr - 1, 4);
   }
   make_copies(k, ups, nup, next_axis);
   /* for register-tiled reduce kernels, iterate the vector axis outermost: the input panel that
@@ -633,11 +599,14 @@ static void heuristic(LKernel *k, int *next_axis) {
   if (k->rbody && vg > 0 && nup > 0 && !k->sym) {
     /* ...but inside an outer batch-like axis that every load depends on (the batch groups of a
      * convolution's weight gradient): each of its iterations has its own small working set, and
-     * it is the axis the threads split */
-    c.swap = vg > 1 && loads_depend(k->rbody, -1, k->granges[0], ALL_LOADS) ? 2 : 1;
-    swap_outer(k, vg, c.swap - 1);
+     * it is the axis the threads split. As actions: SWAPs of neighbours that walk it there. */
+    int pos = vg > 1 && loads_depend(k->rbody, -1, k->granges[0], ALL_LOADS) ? 1 : 0;
+    if (l.n + vg - pos <= OPTLIST_MAX) {
+      swap_outer(k, vg, pos);
+      for (int j = vg; j > pos; j--) push_opt(&l, OPT_SWAP, j - 1, j);
+    }
   }
-  k->cfg = c;
+  k->applied = l;
   describe(k);
 }
 
@@ -662,53 +631,32 @@ static bool has_image_param(const LKernel *k) {
   return false;
 }
 
-void optimize_kernel(LKernel *k, int *next_axis, const OptCfg *cfg) {
-  k->cfg = OPTCFG_NONE;
+void optimize_kernel(LKernel *k, int *next_axis) {
+  k->applied.n = 0;
   k->opts[0] = 0;
+  bool noopt = getenv_int("NOOPT", 0) != 0;
   if (k->gpu) {
-    /* GPU kernels are scalar per work-item (no vector types) and take Opt lists */
-    if (k->force) gpu_apply_opts(k, k->force, k->caps, next_axis);
+    /* GPU kernels take the GPU heuristics */
+    if (k->force) apply_opts(k, k->force, k->caps, next_axis);
     /* an OpenCL device made of CPU cores (PoCL) runs a work-item's body as the CPU runs one loop
      * iteration: the CPU's choices (vectors along the output or the reduction, register tiles,
      * gathers) fit it better than spreading work over many lanes (beautiful_mnist's step on PoCL:
      * 2.0-2.5 s against 2.8-3.0 s with gpu_heuristic, side by side on a loaded machine) */
-    else if (getenv_int("NOOPT", 0) == 0 && k->np > 0 && k->caps->cpu_cores && !has_image_param(k)) heuristic(k, next_axis);
-    else if (getenv_int("NOOPT", 0) == 0 && k->np > 0) gpu_heuristic(k, k->caps, next_axis);
-    else gpu_apply_opts(k, &(OptList){.n = 0}, k->caps, next_axis);
+    else if (!noopt && k->np > 0 && k->caps->cpu_cores && !has_image_param(k)) heuristic(k, next_axis);
+    else if (!noopt && k->np > 0) gpu_heuristic(k, k->caps, next_axis);
+    else apply_opts(k, &(OptList){.n = 0}, k->caps, next_axis);
     return; /* axis order is the work-item dimension order: no trivial_axes_last */
-  } else if (k->sym && (cfg || getenv_int("NOOPT", 0) || k->np == 0)) make_copies(k, NULL, 0, next_axis);
+  } else if (k->sym && (k->force || noopt || k->np == 0)) make_copies(k, NULL, 0, next_axis);
   /* (a kernel with loops of variable length takes the heuristic, which leaves those loops as they
    * are and vectorizes and tiles the others; BEAM does not search it) */
-  else if (cfg) apply_cfg(k, cfg, next_axis);
-  else if (getenv_int("NOOPT", 0) == 0 && k->np > 0) heuristic(k, next_axis);
+  else if (k->force) apply_opts(k, k->force, k->caps, next_axis);
+  else if (!noopt && k->np > 0) heuristic(k, next_axis);
   else make_copies(k, NULL, 0, next_axis);
   trivial_axes_last(k);
 }
 
-/* The persistent form of a configuration (the BEAM cache): one line of twelve integers, every field. */
-void optcfg_format(const OptCfg *c, char *buf, size_t n) {
-  snprintf(buf, n, "%d %d %d %d %d %d %d %d %d %d %d %d", c->vaxis, c->vw, c->uaxis, c->ufac, c->vfac, c->swap, c->raxis,
-           c->rw, c->uaxis2, c->ufac2, c->raxis2, c->rufac);
-}
-
-bool optcfg_parse(const char *s, OptCfg *c) {
-  OptCfg t = OPTCFG_NONE;
-  int end = 0;
-  if (sscanf(s, "%d %d %d %d %d %d %d %d %d %d %d %d%n", &t.vaxis, &t.vw, &t.uaxis, &t.ufac, &t.vfac, &t.swap, &t.raxis,
-             &t.rw, &t.uaxis2, &t.ufac2, &t.raxis2, &t.rufac, &end) != 12)
-    return false;
-  while (s[end] == ' ' || s[end] == '\n' || s[end] == '\r') end++;
-  if (s[end]) return false;
-  /* only values apply_cfg can act on (it checks them against the kernel itself) */
-  if ((t.vaxis >= 0 && t.vw < 1) || (t.raxis >= 0 && t.rw < 1) || t.ufac < 1 || t.vfac < 1 || t.ufac2 < 1 || t.swap < 0 ||
-      t.swap > 2 || t.rufac < 1)
-    return false;
-  *c = t;
-  return true;
-}
-
 /* ---------------------------------------------------------------------------------------------- */
-/* GPU kernels: Opt lists                                                                          */
+/* Opt lists: text form, and applying one                                                          */
 
 static const char *const OPT_NAMES[OPT_NOPS] = {"UPCAST", "UNROLL", "LOCAL", "GROUP", "GROUPTOP", "PADTO", "SWAP", "NOLOCALS", "THREAD"};
 
@@ -757,42 +705,80 @@ static void img_lanes(LKernel *k, UOp *lane, Upcast *ups, int *nup) {
   for (int j = 0; j < *nup; j++) ups[j].axis = iu[j].axis, ups[j].factor = iu[j].factor;
 }
 
-/* May an UPCAST(g, f) of a GPU kernel be a vector of f lanes? In OpenCL C, when nothing is a
- * vector yet, f is 4, 8 or 16, and the kernel vectorizes along g (its output contiguous there,
- * float32 lanes: try_vectorize_g). */
-static bool gpu_vector_upcast(LKernel *k, const DeviceCaps *caps, int g, int f, int *next_axis) {
-  if (has_image_param(k)) return false; /* image loads and stores go texel by texel (IMAGE) */
-  return caps->lang == LANG_OPENCL && !k->vw && !k->group && (f == 4 || f == 8 || f == 16) && try_vectorize(k, g, f, next_axis);
+/* Vector lanes come from the first UPCAST or UNROLL by 4, 8 or 16 that can make them, while the
+ * kernel has none: in a language with vector types (C and LLVM IR on the CPU, OpenCL C), not for
+ * image parameters (texel by texel) and not after a GROUP (scalar accumulators). */
+static bool lanes_possible(const LKernel *k, const DeviceCaps *caps, int f) {
+  if (k->vw || k->rvw || k->group || has_image_param(k) || (f != 4 && f != 8 && f != 16)) return false;
+  return !k->gpu || (caps && caps->lang == LANG_OPENCL);
+}
+
+/* UPCAST(g, f) as f lanes along g: the output contiguous there (try_vectorize), or in a reduction
+ * a gathered strided operand (the heuristics' last resort) -- on the CPU and on OpenCL devices
+ * made of CPU cores, whose heuristics are the CPU's, and not when a GROUP follows in the list
+ * (scalar accumulators: the UPCAST stays a register tile then). */
+static bool vector_upcast(LKernel *k, const DeviceCaps *caps, int g, int f, bool group_follows, int *next_axis) {
+  if (!lanes_possible(k, caps, f) || g >= k->ng) return false;
+  return try_vectorize(k, g, f, next_axis) ||
+         (k->rbody && (!k->gpu || caps->cpu_cores) && !group_follows && try_vectorize_g(k, g, f, next_axis, true));
+}
+
+static bool group_after(const OptList *l, int i) {
+  for (int j = i + 1; j < l->n; j++)
+    if (l->o[j].op == OPT_GROUP || l->o[j].op == OPT_GROUPTOP) return true;
+  return false;
+}
+
+/* UNROLL(r, f) as f lanes along reduce axis r, with vector accumulators (the same devices) */
+static bool vector_unroll(LKernel *k, const DeviceCaps *caps, int r, int f, int *next_axis) {
+  if (!lanes_possible(k, caps, f) || r >= k->nr || (k->gpu && !caps->cpu_cores)) return false;
+  return try_vectorize_reduce(k, r, f, next_axis);
 }
 
 /* Applies l->o[from..] in order (l->o[..from] were applied by the caller). UPCASTs are collected
- * and made into copies at the end (axis numbers stay the lowered kernel's) -- except the first one
- * that can be a vector (gpu_vector_upcast), which becomes one at once; SWAP renumbers the LOCALs
- * that name its axes. Limits come from the device: a GROUP's size must fit a work-group and its
- * partials the local memory. */
-static void gpu_apply_from(LKernel *k, const OptList *l, int from, const DeviceCaps *caps, int *next_axis) {
-  Upcast ups[3];
-  int nup = 0;
+ * and made into copies at the end (axis numbers stay the lowered kernel's) -- except one that
+ * becomes vector lanes (vector_upcast), at once; UNROLL applies at once; SWAP renumbers the
+ * collected UPCASTs, PADTOs and LOCALs that name its axes. Limits come from the device: a GROUP's
+ * size must fit a work-group and its partials the local memory. */
+static void apply_from(LKernel *k, const OptList *l, int from, const DeviceCaps *caps, int *next_axis) {
+  Upcast ups[3], pads[3];
+  int nup = 0, npad = 0;
   bool ok = true;
-  UOp *lane = k->pimg && k->np && k->pimg[0] && k->ng ? k->granges[k->ng - 1] : NULL;
-  k->gopts = *l;
+  UOp *lane = k->gpu && k->pimg && k->np && k->pimg[0] && k->ng ? k->granges[k->ng - 1] : NULL;
+  k->applied = *l;
   for (int i = from; i < l->n && ok; i++) {
     const Opt *o = &l->o[i];
     switch (o->op) {
-    case OPT_UPCAST:
-      if (o->axis < k->ng && gpu_vector_upcast(k, caps, o->axis, o->arg, next_axis)) break;
-      ok = nup < 3 && o->axis < k->ng && o->arg > 1 && k->granges[o->axis]->iarg[0] % o->arg == 0;
+    case OPT_UPCAST: {
+      if (vector_upcast(k, caps, o->axis, o->arg, group_after(l, i), next_axis)) break;
+      ok = nup < 3 && o->axis < k->ng && o->arg > 1 && !sym_range(k->granges[o->axis]);
+      bool padded = false;
+      for (int j = 0; ok && j < npad; j++) padded = padded || (pads[j].axis == o->axis && pads[j].factor == o->arg);
+      ok = ok && (k->granges[o->axis]->iarg[0] % o->arg == 0 || padded);
       for (int j = 0; ok && j < nup; j++) ok = ups[j].axis != o->axis;
       if (ok) ups[nup].axis = o->axis, ups[nup++].factor = o->arg;
       break;
-    case OPT_UNROLL: ok = try_unroll_reduce(k, o->axis, o->arg); break;
+    }
+    case OPT_UNROLL:
+      if (vector_unroll(k, caps, o->axis, o->arg, next_axis)) break;
+      ok = try_unroll_reduce(k, o->axis, o->arg);
+      break;
+    case OPT_PADTO: /* (before the UPCAST it is for; reductions only, see pad_ok) */
+      ok = npad < 3 && o->axis < k->ng && o->arg > 1 && pad_ok(k, o->axis, o->arg);
+      for (int j = 0; ok && j < nup; j++) ok = ups[j].axis != o->axis;
+      if (ok) pads[npad].axis = o->axis, pads[npad++].factor = o->arg;
+      break;
+    case OPT_THREAD: /* the CPU device splits the outermost loop */
+      ok = !k->gpu && o->axis == 0 && o->arg >= 1 && !k->threads;
+      if (ok) k->threads = o->arg;
+      break;
     case OPT_LOCAL:
-      ok = !k->nolocals && k->nlocal < 3 && o->axis < k->ng && o->arg >= 1 && k->granges[o->axis]->iarg[0] % o->arg == 0;
+      ok = k->gpu && !k->nolocals && k->nlocal < 3 && o->axis < k->ng && o->arg >= 1 && k->granges[o->axis]->iarg[0] % o->arg == 0;
       for (int j = 0; ok && j < k->nlocal; j++) ok = k->local_axis[j] != o->axis;
       if (ok) k->local_axis[k->nlocal] = o->axis, k->local_arg[k->nlocal++] = o->arg;
       break;
-    case OPT_GROUP: case OPT_GROUPTOP: /* (scalar accumulators: not after a vector UPCAST) */
-      ok = !k->nolocals && !k->group && !k->vw && k->rbody && !k->sop && o->axis < k->nr && o->arg >= 2 &&
+    case OPT_GROUP: case OPT_GROUPTOP: /* (scalar accumulators: not after vector lanes) */
+      ok = k->gpu && !k->nolocals && !k->group && !k->vw && !k->rvw && k->rbody && !k->sop && o->axis < k->nr && o->arg >= 2 &&
            o->arg <= caps->max_local_dims[0] && o->arg <= caps->max_local;
       if (ok) k->group = o->arg, k->group_axis = o->axis, k->group_top = o->op == OPT_GROUPTOP;
       break;
@@ -802,16 +788,18 @@ static void gpu_apply_from(LKernel *k, const OptList *l, int from, const DeviceC
         UOp *t = k->granges[o->axis];
         k->granges[o->axis] = k->granges[o->arg];
         k->granges[o->arg] = t;
-        for (int j = 0; j < k->nlocal; j++)
-          k->local_axis[j] = k->local_axis[j] == o->axis ? o->arg : k->local_axis[j] == o->arg ? o->axis : k->local_axis[j];
-        for (int j = 0; j < nup; j++) ups[j].axis = ups[j].axis == o->axis ? o->arg : ups[j].axis == o->arg ? o->axis : ups[j].axis;
+#define SWAPPED(x) ((x) == o->axis ? o->arg : (x) == o->arg ? o->axis : (x))
+        for (int j = 0; j < k->nlocal; j++) k->local_axis[j] = SWAPPED(k->local_axis[j]);
+        for (int j = 0; j < nup; j++) ups[j].axis = SWAPPED(ups[j].axis);
+        for (int j = 0; j < npad; j++) pads[j].axis = SWAPPED(pads[j].axis);
+#undef SWAPPED
       }
       break;
     case OPT_NOLOCALS:
-      ok = !k->nlocal && !k->group;
+      ok = k->gpu && !k->nlocal && !k->group;
       k->nolocals = true;
       break;
-    default: ok = false; break; /* PADTO, THREAD: CPU actions */
+    default: ok = false; break;
     }
   }
   if (ok && lane) img_lanes(k, lane, ups, &nup);
@@ -824,17 +812,15 @@ static void gpu_apply_from(LKernel *k, const OptList *l, int from, const DeviceC
     ok = items <= caps->max_local && items * copies * (int64_t)tg_dtype_itemsize(at) <= caps->local_mem;
   }
   if (!ok) {
-    k->cfg_failed = true;
+    k->opts_failed = true;
     nup = 0;
     if (lane) img_lanes(k, lane, ups, &nup);
   }
   make_copies(k, ups, nup, next_axis);
-  optlist_format(&k->gopts, k->opts, sizeof k->opts);
+  describe(k);
 }
 
-void gpu_apply_opts(LKernel *k, const OptList *l, const DeviceCaps *caps, int *next_axis) {
-  gpu_apply_from(k, l, 0, caps, next_axis);
-}
+void apply_opts(LKernel *k, const OptList *l, const DeviceCaps *caps, int *next_axis) { apply_from(k, l, 0, caps, next_axis); }
 
 /* Hand-coded GPU choices: a reduction with few outputs and a long reduce axis spreads that axis
  * over a work-group (GROUP, strided so neighbouring work-items read neighbouring elements).
@@ -860,7 +846,7 @@ void gpu_heuristic(LKernel *k, const DeviceCaps *caps, int *next_axis) {
   int vg = -1, applied = 0; /* the vector UPCAST is applied here (it tells which axes are free) */
   for (int g = k->ng - 1; l.n == 0 && g >= 0 && vg < 0; g--)
     for (int W = 16; W >= 4 && vg < 0; W /= 2)
-      if (gpu_vector_upcast(k, caps, g, W, next_axis)) vg = g, l.o[l.n++] = (Opt){OPT_UPCAST, g, W}, applied = 1;
+      if (vector_upcast(k, caps, g, W, false, next_axis)) vg = g, l.o[l.n++] = (Opt){OPT_UPCAST, g, W}, applied = 1;
   if (vg >= 0 && k->rbody) {
     int best = -1;
     bool best_free = false;
@@ -889,5 +875,5 @@ void gpu_heuristic(LKernel *k, const DeviceCaps *caps, int *next_axis) {
     if (f1 > 1 && (n1 / f1) % 16 == 0 && caps->max_local >= 16 && caps->max_local_dims[0] >= 16)
       l.o[l.n++] = (Opt){OPT_LOCAL, a1, 16};
   }
-  gpu_apply_from(k, &l, applied, caps, next_axis);
+  apply_from(k, &l, applied, caps, next_axis);
 }

@@ -1,9 +1,10 @@
 /*
  * beam.c -- BEAM=n: choose a kernel's optimizations by timing them.
  *
- * In: a kernel AST, the device and the real buffers of the launch. Out: the OptCfg that ran fastest.
- * The search is a beam over four rounds of actions (vectorize an axis, upcast an axis, upcast the
- * vector axis, swap loop order); each round extends the n best configurations so far by one action,
+ * In: a kernel AST, the device and the real buffers of the launch. Out: the Opt list that ran
+ * fastest. The search is a beam over rounds of actions (on the CPU four: vector lanes, register
+ * tiles, upcast of the vector axis or unroll, loop order or one thread; on GPU devices three rounds
+ * of every action); each round extends the n best lists so far by one action,
  * compiles all candidates in parallel on every core, times them on the real inputs with a scratch
  * output, and drops candidates that fail to compile or whose output differs from the unoptimized
  * kernel's. It stops when a round brings no gain. The choice is cached in memory and on disk
@@ -23,7 +24,7 @@
 #include "../uop/ptrmap.h"
 
 typedef struct {
-  OptCfg cfg;
+  OptList l;
   KernelCode *kc;
   Program *prg;
   double t;
@@ -111,7 +112,7 @@ static void cache_write(const char *path, const char *line) {
 }
 
 
-static PtrMap mem_cache; /* key hash -> OptCfg* */
+static PtrMap mem_cache; /* key hash -> OptList* */
 static pthread_mutex_t mem_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* ---- timing ---- */
@@ -201,162 +202,240 @@ static int cand_cmp(const void *x, const void *y) {
   return a->t < b->t ? -1 : a->t > b->t;
 }
 
-static bool cfg_eq(const OptCfg *a, const OptCfg *b) { return memcmp(a, b, sizeof *a) == 0; }
-
-static void add_cand(Cand **cs, int *n, int *cap, OptCfg c) {
-  for (int i = 0; i < *n; i++)
-    if (cfg_eq(&(*cs)[i].cfg, &c)) return;
+static void add_cand(Cand **cs, int *n, int *cap, const OptList *l) {
+  char a[256], b[256];
+  optlist_format(l, a, sizeof a);
+  for (int i = 0; i < *n; i++) {
+    optlist_format(&(*cs)[i].l, b, sizeof b);
+    if (strcmp(a, b) == 0) return;
+  }
   if (*n == *cap) {
     *cap = *cap ? *cap * 2 : 32;
     *cs = tg_xrealloc(*cs, sizeof(Cand) * (size_t)*cap);
   }
-  (*cs)[*n].cfg = c;
-  (*cs)[*n].kc = NULL;
-  (*cs)[*n].prg = NULL;
-  (*cs)[(*n)++].t = INFINITY;
+  (*cs)[(*n)++] = (Cand){*l, NULL, NULL, INFINITY};
 }
 
-/* Extends cfg by one action of the given round. */
-static void actions(const OptCfg *base, int round, const int64_t *gs, int ng, const int64_t *rs, int nr, bool red, Cand **cs,
-                    int *n, int *cap) {
-  add_cand(cs, n, cap, *base);
-  OptCfg c;
+/* base extended by up to three actions (those past OPTLIST_MAX are not candidates) */
+static void add_ext(Cand **cs, int *n, int *cap, const OptList *base, int k, const Opt *o) {
+  if (base->n + k > OPTLIST_MAX) return;
+  OptList c = *base;
+  for (int i = 0; i < k; i++) c.o[c.n++] = o[i];
+  add_cand(cs, n, cap, &c);
+}
+#define EXT(...) add_ext(cs, n, cap, base, (int)(sizeof((Opt[]){__VA_ARGS__}) / sizeof(Opt)), (Opt[]){__VA_ARGS__})
+
+/* The axis of the list's vector lanes as the CPU would make them: its first UPCAST, when that is by
+ * 4, 8 or 16 and comes before any UNROLL (-1: none). */
+static int vector_axis(const OptList *l) {
+  for (int i = 0; i < l->n; i++) {
+    const Opt *o = &l->o[i];
+    if (o->op == OPT_UNROLL) return -1;
+    if (o->op == OPT_UPCAST) return o->arg == 4 || o->arg == 8 || o->arg == 16 ? o->axis : -1;
+  }
+  return -1;
+}
+
+static bool has_lanes_action(const OptList *l) {
+  for (int i = 0; i < l->n; i++)
+    if (l->o[i].op == OPT_UPCAST || l->o[i].op == OPT_UNROLL) return true;
+  return false;
+}
+
+/* CPU: the lists that extend base by one action of the given round -- vector lanes (UPCAST or
+ * UNROLL by 16, 8 or 4), register tiles (UPCAST, PADTO first where the factor does not divide, and
+ * 2-D tiles), UPCAST of the vector axis and UNROLL, and the loop order (SWAPs that walk the vector
+ * axis outermost or second) or one thread. */
+static void cpu_actions(const OptList *base, int round, const int64_t *gs, int ng, const int64_t *rs, int nr, bool red, Cand **cs,
+                        int *n, int *cap) {
+  add_cand(cs, n, cap, base);
+  int va = vector_axis(base);
   switch (round) {
   case 0:
+    if (has_lanes_action(base)) break;
     for (int g = 0; g < ng; g++)
       for (int W = 16; W >= 4; W /= 2)
-        if (gs[g] % W == 0) c = *base, c.vaxis = g, c.vw = W, add_cand(cs, n, cap, c);
+        if (gs[g] % W == 0) EXT({OPT_UPCAST, g, W});
     for (int ri = 0; ri < nr; ri++)
       for (int W = 16; W >= 4; W /= 2)
-        if (rs[ri] % W == 0) c = *base, c.raxis = ri, c.rw = W, add_cand(cs, n, cap, c);
+        if (rs[ri] % W == 0) EXT({OPT_UNROLL, ri, W});
     break;
   case 1:
     for (int g = 0; g < ng; g++)
       for (int f = 2; f <= 8; f *= 2) {
         /* a factor that does not divide the axis pads it (PADTO, reductions only, at most +25%) */
         int64_t padded = (gs[g] + f - 1) / f * f;
-        bool fits = gs[g] % f == 0 || (red && gs[g] > f && (padded - gs[g]) * 4 <= gs[g]);
-        if (g == base->vaxis || !fits || (!red && f > 4)) continue;
-        c = *base, c.uaxis = g, c.ufac = f, add_cand(cs, n, cap, c);
+        bool divides = gs[g] % f == 0, fits = divides || (red && gs[g] > f && (padded - gs[g]) * 4 <= gs[g]);
+        if (g == va || !fits || (!red && f > 4)) continue;
+        if (divides) EXT({OPT_UPCAST, g, f});
+        else EXT({OPT_PADTO, g, f}, {OPT_UPCAST, g, f});
         /* a second upcast axis: 2-D register tiles */
         for (int g2 = 0; g2 < ng && red && f <= 4; g2++)
-          if (g2 != g && g2 != base->vaxis && gs[g2] % 4 == 0) {
-            OptCfg c2 = c;
-            c2.uaxis2 = g2, c2.ufac2 = 4;
-            add_cand(cs, n, cap, c2);
+          if (g2 != g && g2 != va && gs[g2] % 4 == 0) {
+            if (divides) EXT({OPT_UPCAST, g, f}, {OPT_UPCAST, g2, 4});
+            else EXT({OPT_PADTO, g, f}, {OPT_UPCAST, g, f}, {OPT_UPCAST, g2, 4});
           }
       }
     break;
   case 2:
-    if (base->vaxis >= 0)
-      for (int f = 2; f <= 4; f *= 2) c = *base, c.vfac = f, add_cand(cs, n, cap, c);
-    for (int ri = 0; ri < nr; ri++) /* UNROLL a reduce axis */
+    if (va >= 0)
+      for (int f = 2; f <= 4; f *= 2) EXT({OPT_UPCAST, va, f});
+    for (int ri = 0; ri < nr; ri++)
       for (int f = 2; f <= 4; f *= 2)
-        if (rs[ri] % f == 0 && rs[ri] / f >= 2) c = *base, c.raxis2 = ri, c.rufac = f, add_cand(cs, n, cap, c);
+        if (rs[ri] % f == 0 && rs[ri] / f >= 2) EXT({OPT_UNROLL, ri, f});
     break;
   case 3:
-    for (int sw = 1; sw <= 2; sw++)
-      if (base->vaxis > sw - 1) c = *base, c.swap = sw, add_cand(cs, n, cap, c);
+    for (int pos = 0; pos <= 1 && va > pos; pos++) {
+      OptList c = *base;
+      for (int j = va; j > pos && c.n < OPTLIST_MAX; j--) c.o[c.n++] = (Opt){OPT_SWAP, j - 1, j};
+      if (c.n == base->n + va - pos) add_cand(cs, n, cap, &c);
+    }
+    EXT({OPT_THREAD, 0, 1});
     break;
   }
 }
+
+/* GPU: every list that extends base by one action: GROUP/GROUPTOP of a reduce axis, LOCAL or UPCAST
+ * of a global axis, UNROLL of a reduce axis (codegen drops those that do not fit). */
+static void gpu_actions(const OptList *base, const int64_t *gs, int ng, const int64_t *rs, int nr, Cand **cs, int *n, int *cap) {
+  add_cand(cs, n, cap, base);
+  for (int r = 0; r < nr; r++)
+    for (int g = 16; g <= 256; g *= 2)
+      if (rs[r] >= 2 * g) EXT({OPT_GROUP, r, g}), EXT({OPT_GROUPTOP, r, g});
+  for (int a = 0; a < ng; a++)
+    for (int l = 2; l <= 32; l *= 2)
+      if (gs[a] % l == 0) EXT({OPT_LOCAL, a, l});
+  /* (UPCAST 4, 8 and 16 of an axis the output is contiguous on are vectors in OpenCL C) */
+  for (int a = 0; a < ng; a++)
+    for (int f = 2; f <= 16; f *= 2)
+      if (gs[a] % f == 0) EXT({OPT_UPCAST, a, f});
+  for (int r = 0; r < nr; r++)
+    for (int f = 2; f <= 4; f *= 2)
+      if (rs[r] % f == 0 && rs[r] / f >= 2) EXT({OPT_UNROLL, r, f});
+}
+#undef EXT
 
 static void free_cands(Cand *cs, int n) {
   for (int i = 0; i < n; i++) {
     kernel_code_free(cs[i].kc);
     program_release(cs[i].prg); /* a candidate's program may be unloaded once the cache is full */
+    cs[i].kc = NULL, cs[i].prg = NULL;
   }
 }
 
-bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptCfg *out) {
-  /* key: the unoptimized source identifies the computation */
-  OptCfg none = OPTCFG_NONE;
-  KernelCode *base = codegen_for(ast, &dev->caps, &none);
+static void remember(uint64_t h, const OptList *l) {
+  pthread_mutex_lock(&mem_lock);
+  OptList *c = pm_get(&mem_cache, h);
+  if (!c) {
+    c = tg_xmalloc(sizeof *c);
+    pm_put(&mem_cache, h, c);
+  }
+  *c = *l;
+  pthread_mutex_unlock(&mem_lock);
+}
+
+/* BEAM on any device: rounds of one more action each (the CPU's four rounds of kinds of actions,
+ * or three of every GPU action), timed on the real inputs (GPU: by the device's events), checked
+ * against the unoptimized kernel's output. The heuristics' list competes and seeds the beam. The
+ * choice is cached in memory and on disk, keyed by the unoptimized source, the device and its
+ * compiler or driver, and n. */
+bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptList *out) {
+  const DeviceCaps *caps = &dev->caps;
+  const OptList none = {.n = 0};
+  bool gpu = caps->gpu;
+  KernelCode *base = codegen_for(ast, caps, &none);
   if (!base) return false;
   SB key;
   sb_init(&key);
-  sb_printf(&key, "%s|%s|%d", dev->vt->name, base->src, beam);
+  const char *cid = device_compiler_id(dev);
+  sb_printf(&key, "opts|%s|%s|%s|%d", dev->vt->name, cid ? cid : "", base->src, beam);
   uint64_t h = hash_bytes(key.s, key.len, 0x6265616d);
   sb_free(&key);
   pthread_mutex_lock(&mem_lock);
-  OptCfg *mc = pm_get(&mem_cache, h);
+  OptList *mc = pm_get(&mem_cache, h);
+  if (mc) *out = *mc;
   pthread_mutex_unlock(&mem_lock);
   if (mc) {
-    *out = *mc;
     kernel_code_free(base);
     return true;
   }
   char *dir = beam_dir();
   char path[4096] = {0};
-  char line[256];
-  if (dir && cache_read(dir, h, ".txt", path, sizeof path, line, sizeof line) && optcfg_parse(line, out)) {
-    free(dir);
-    kernel_code_free(base);
-    pthread_mutex_lock(&mem_lock);
-    OptCfg *c = tg_xmalloc(sizeof *c);
-    *c = *out;
-    pm_put(&mem_cache, h, c);
-    pthread_mutex_unlock(&mem_lock);
-    return true;
+  char line[512];
+  if (dir && cache_read(dir, h, ".opts", path, sizeof path, line, sizeof line)) {
+    line[strcspn(line, "\n")] = 0;
+    if (optlist_parse(line, out)) {
+      free(dir);
+      kernel_code_free(base);
+      remember(h, out);
+      return true;
+    }
   }
   double t0 = now_seconds();
+  /* loop sizes of the kernel as lowered for this device, before any action */
   int64_t gs[64], rs[64];
-  bool red = false;
-  int ng = kernel_global_sizes(ast, gs, 64, &red);
-  if (ng > 64) ng = 64;
-  int nr = kernel_reduce_sizes(ast, rs, 64);
-  if (nr > 64) nr = 64;
+  LKernel *lk = lower_kernel_for(ast, caps, &none);
+  int ng = lk->ng < 64 ? lk->ng : 64, nr = lk->nr < 64 ? lk->nr : 64;
+  bool red = lk->rbody != NULL;
+  for (int i = 0; i < ng; i++) gs[i] = lk->granges[i]->iarg[0];
+  for (int i = 0; i < nr; i++) rs[i] = lk->rranges[i]->iarg[0];
+  lkernel_free(lk);
   /* benchmark setup: real inputs, a scratch output initialised like the real one */
   Bench b;
   unsigned char *orig;
+  bool had_error = tg_last_error() != NULL;
   bool ok = bench_init(&b, &orig, ast, dev, bufs, nbufs);
   /* reference output from the unoptimized kernel */
   Cand ref = {none, base, NULL, INFINITY};
   if (ok) ok = bench_ref(&b, &ref, dev);
-  OptCfg best = none;
+  OptList best = none;
   double best_t = ref.t;
   Cand *front = tg_xmalloc(sizeof(Cand) * (size_t)(beam + 2));
-  int nfront = 1;
-  front[0] = (Cand){none, NULL, NULL, ref.t};
+  int nfront = 0;
+  if (ok) front[nfront++] = (Cand){none, NULL, NULL, ref.t};
   /* the hand-coded heuristics' choice competes too, and seeds the beam: the search never ends worse
    * than BEAM=0 */
-  bool had_error = tg_last_error() != NULL;
-  KernelCode *hk = ok ? codegen_for(ast, &dev->caps, NULL) : NULL;
+  KernelCode *hk = ok ? codegen_for(ast, caps, NULL) : NULL;
   if (hk) {
-    Cand hc = {hk->cfg, codegen_for(ast, &dev->caps, &hk->cfg), NULL, INFINITY};
+    Cand hc = {hk->applied, codegen_for(ast, caps, &hk->applied), NULL, INFINITY};
     kernel_code_free(hk);
     if (hc.kc) {
       compile_all(&hc, 1, dev);
       hc.t = time_one(&b, &hc, INFINITY);
       if (isfinite(hc.t)) {
-        front[nfront++] = (Cand){hc.cfg, NULL, NULL, hc.t};
-        if (hc.t < best_t) best = hc.cfg, best_t = hc.t;
+        front[nfront++] = (Cand){hc.l, NULL, NULL, hc.t};
+        if (hc.t < best_t) best = hc.l, best_t = hc.t;
       }
       free_cands(&hc, 1);
     }
-  } else if (!had_error) {
-    tg_clear_error(); /* a kernel the heuristics cannot lower is simply not a candidate */
   }
-  for (int round = 0; ok && round < 4; round++) {
+  if (!had_error) tg_clear_error(); /* a kernel the heuristics cannot lower is simply not a candidate */
+  int rounds = gpu ? 3 : 4;
+  for (int round = 0; ok && round < rounds; round++) {
     Cand *cs = NULL;
     int n = 0, cap = 0;
-    for (int f = 0; f < nfront; f++) actions(&front[f].cfg, round, gs, ng, rs, nr, red, &cs, &n, &cap);
-    for (int i = 0; i < n; i++) cs[i].kc = codegen_for(ast, &dev->caps, &cs[i].cfg);
+    for (int f = 0; f < nfront; f++) {
+      if (gpu) gpu_actions(&front[f].l, gs, ng, rs, nr, &cs, &n, &cap);
+      else cpu_actions(&front[f].l, round, gs, ng, rs, nr, red, &cs, &n, &cap);
+    }
     int m = 0; /* keep those that apply */
     for (int i = 0; i < n; i++)
-      if (cs[i].kc) cs[m++] = cs[i];
+      if ((cs[i].kc = codegen_for(ast, caps, &cs[i].l))) cs[m++] = cs[i];
     n = m;
     compile_all(cs, n, dev);
     for (int i = 0; i < n; i++) cs[i].t = time_one(&b, &cs[i], best_t);
     qsort(cs, (size_t)n, sizeof(Cand), cand_cmp);
     double prev = best_t;
-    if (n && cs[0].t < best_t) best = cs[0].cfg, best_t = cs[0].t;
+    if (n && cs[0].t < best_t) best = cs[0].l, best_t = cs[0].t;
     nfront = 0;
     for (int i = 0; i < n && nfront < beam; i++)
-      if (isfinite(cs[i].t)) front[nfront++] = (Cand){cs[i].cfg, NULL, NULL, cs[i].t};
-    if (debug_level() >= 1 || now_seconds() - t0 > 2.0)
-      fprintf(stderr, "BEAM %d: %-28s round %d/4: %3d candidates, best %9.2f us (unoptimized %9.2f us)\n", beam, base->name,
-              round + 1, n, best_t * 1e6, ref.t * 1e6);
+      if (isfinite(cs[i].t)) front[nfront++] = (Cand){cs[i].l, NULL, NULL, cs[i].t};
+    if (debug_level() >= 1 || now_seconds() - t0 > 2.0) {
+      char bl[256];
+      optlist_format(&best, bl, sizeof bl);
+      fprintf(stderr, "BEAM %d: %-28s round %d/%d: %3d candidates, best %9.2f us [%s] (unoptimized %9.2f us)\n", beam,
+              base->name, round + 1, rounds, n, best_t * 1e6, bl, ref.t * 1e6);
+    }
     free_cands(cs, n);
     free(cs);
     if (nfront == 0 || (round >= 1 && best_t >= prev)) break;
@@ -367,154 +446,13 @@ bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptC
   kernel_code_free(base);
   if (!ok) {
     free(dir);
+    if (!had_error) tg_clear_error();
     return false;
   }
   *out = best;
-  pthread_mutex_lock(&mem_lock);
-  OptCfg *c = tg_xmalloc(sizeof *c);
-  *c = best;
-  pm_put(&mem_cache, h, c);
-  pthread_mutex_unlock(&mem_lock);
+  remember(h, &best);
   if (dir) {
-    optcfg_format(&best, line, 160);
-    cache_write(path, line);
-    free(dir);
-  }
-  return true;
-}
-
-/* ---- GPU devices: the same search over Opt lists ---- */
-
-typedef struct {
-  OptList l;
-  KernelCode *kc;
-  Program *prg;
-  double t;
-} GCand;
-
-static void add_gcand(GCand **cs, int *n, int *cap, const OptList *l) {
-  char a[256], b[256];
-  optlist_format(l, a, sizeof a);
-  for (int i = 0; i < *n; i++) {
-    optlist_format(&(*cs)[i].l, b, sizeof b);
-    if (strcmp(a, b) == 0) return;
-  }
-  if (*n == *cap) {
-    *cap = *cap ? *cap * 2 : 32;
-    *cs = tg_xrealloc(*cs, sizeof(GCand) * (size_t)*cap);
-  }
-  (*cs)[(*n)++] = (GCand){*l, NULL, NULL, INFINITY};
-}
-
-/* Every list that extends base by one action: GROUP/GROUPTOP of a reduce axis, LOCAL or UPCAST of
- * a global axis, UNROLL of a reduce axis (codegen drops those that do not fit). */
-static void gpu_actions(const OptList *base, const int64_t *gs, int ng, const int64_t *rs, int nr, GCand **cs, int *n, int *cap) {
-  add_gcand(cs, n, cap, base);
-  if (base->n >= OPTLIST_MAX) return;
-  OptList c;
-#define EXTEND(OP, AX, ARG) (c = *base, c.o[c.n++] = (Opt){OP, AX, ARG}, add_gcand(cs, n, cap, &c))
-  for (int r = 0; r < nr; r++)
-    for (int g = 16; g <= 256; g *= 2)
-      if (rs[r] >= 2 * g) EXTEND(OPT_GROUP, r, g), EXTEND(OPT_GROUPTOP, r, g);
-  for (int a = 0; a < ng; a++)
-    for (int l = 2; l <= 32; l *= 2)
-      if (gs[a] % l == 0) EXTEND(OPT_LOCAL, a, l);
-  /* (UPCAST 4, 8 and 16 of an axis the output is contiguous on are vectors in OpenCL C) */
-  for (int a = 0; a < ng; a++)
-    for (int f = 2; f <= 16; f *= 2)
-      if (gs[a] % f == 0) EXTEND(OPT_UPCAST, a, f);
-  for (int r = 0; r < nr; r++)
-    for (int f = 2; f <= 4; f *= 2)
-      if (rs[r] % f == 0 && rs[r] / f >= 2) EXTEND(OPT_UNROLL, r, f);
-#undef EXTEND
-}
-
-/* BEAM on a GPU device: rounds of one more action each, timed by the device's events on the real
- * inputs, checked against the list-less kernel's output. Cached like the CPU's choice, keyed by
- * the device's identity (platform, device, driver). */
-bool beam_search_gpu(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptList *out) {
-  OptList none = {.n = 0};
-  KernelCode *base = codegen_gpu(ast, &dev->caps, &none);
-  if (!base) return false;
-  SB key;
-  sb_init(&key);
-  sb_printf(&key, "gpu|%s|%s|%s|%d", dev->vt->name, dev->vt->compiler_id(dev->state), base->src, beam);
-  uint64_t h = hash_bytes(key.s, key.len, 0x6265616d);
-  sb_free(&key);
-  char *dir = beam_dir();
-  char path[4096] = {0};
-  char line[512];
-  if (dir && cache_read(dir, h, ".opts", path, sizeof path, line, sizeof line)) {
-    line[strcspn(line, "\n")] = 0;
-    if (optlist_parse(line, out)) {
-      free(dir);
-      kernel_code_free(base);
-      return true;
-    }
-  }
-  /* loop sizes of the kernel as lowered for the GPU (no actions) */
-  int64_t gs[64], rs[64];
-  LKernel *lk = lower_kernel_for(ast, NULL, &dev->caps, &none);
-  int ng = lk->ng < 64 ? lk->ng : 64, nr = lk->nr < 64 ? lk->nr : 64;
-  for (int i = 0; i < ng; i++) gs[i] = lk->granges[i]->iarg[0];
-  for (int i = 0; i < nr; i++) rs[i] = lk->rranges[i]->iarg[0];
-  lkernel_free(lk);
-  Bench b;
-  unsigned char *orig;
-  bool ok = bench_init(&b, &orig, ast, dev, bufs, nbufs);
-  Cand ref = {OPTCFG_NONE, base, NULL, INFINITY};
-  if (ok) ok = bench_ref(&b, &ref, dev);
-  OptList best = none;
-  double best_t = ref.t;
-  GCand *front = tg_xmalloc(sizeof(GCand) * (size_t)(beam + 1));
-  int nfront = 1;
-  front[0] = (GCand){none, NULL, NULL, ref.t};
-  for (int round = 0; ok && round < 3; round++) {
-    GCand *cs = NULL;
-    int n = 0, cap = 0;
-    for (int f = 0; f < nfront; f++) gpu_actions(&front[f].l, gs, ng, rs, nr, &cs, &n, &cap);
-    int m = 0;
-    for (int i = 0; i < n; i++)
-      if ((cs[i].kc = codegen_gpu(ast, &dev->caps, &cs[i].l))) cs[m++] = cs[i];
-    n = m;
-    /* compile and time through the CPU candidates' machinery */
-    Cand *cc = tg_xcalloc((size_t)(n ? n : 1), sizeof(Cand));
-    for (int i = 0; i < n; i++) cc[i] = (Cand){OPTCFG_NONE, cs[i].kc, NULL, INFINITY};
-    compile_all(cc, n, dev);
-    for (int i = 0; i < n; i++) cs[i].t = time_one(&b, &cc[i], best_t);
-    free(cc);
-    for (int i = 0; i < n; i++) kernel_code_free(cs[i].kc), cs[i].kc = NULL;
-    /* sort by time (few candidates: insertion sort keeps this simple) */
-    for (int i = 1; i < n; i++)
-      for (int j = i; j > 0 && cs[j].t < cs[j - 1].t; j--) {
-        GCand t = cs[j];
-        cs[j] = cs[j - 1], cs[j - 1] = t;
-      }
-    double prev = best_t;
-    if (n && cs[0].t < best_t) best = cs[0].l, best_t = cs[0].t;
-    nfront = 0;
-    for (int i = 0; i < n && nfront < beam; i++)
-      if (isfinite(cs[i].t)) front[nfront++] = cs[i];
-    if (debug_level() >= 1) {
-      char bl[256];
-      optlist_format(&best, bl, sizeof bl);
-      fprintf(stderr, "BEAM %d: %-28s round %d/3: %3d candidates, best %9.2f us [%s] (no actions %9.2f us)\n", beam,
-              base->name, round + 1, n, best_t * 1e6, bl, ref.t * 1e6);
-    }
-    free(cs);
-    if (nfront == 0 || (round >= 1 && best_t >= prev)) break;
-  }
-  free(front);
-  bench_free(&b, orig);
-  kernel_code_free(base);
-  if (!ok) {
-    free(dir);
-    tg_clear_error();
-    return false;
-  }
-  *out = best;
-  if (dir) {
-    optlist_format(&best, line, 256);
+    optlist_format(&best, line, sizeof line);
     cache_write(path, line);
     free(dir);
   }

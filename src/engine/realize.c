@@ -41,8 +41,7 @@ static CachedKernel kc_lru = {.prev = &kc_lru, .next = &kc_lru};
 static size_t kc_n;
 static pthread_mutex_t kc_lock = PTHREAD_MUTEX_INITIALIZER;
 
-bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptCfg *out);
-bool beam_search_gpu(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptList *out);
+bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptList *out);
 
 /* GPU_OPTS forces the actions of GPU kernels: part of what a cache entry was made under. */
 static const char *kc_gopts(Device *dev) {
@@ -112,7 +111,7 @@ static CachedKernel *kcache_put(uint64_t key, UOp *ast, Device *dev, KernelCode 
     free(s);
   }
   if (dbg >= 6) {
-    char *s = kernel_lowered_format(ast, &dev->caps, dev->caps.gpu ? NULL : &kc->cfg);
+    char *s = kernel_lowered_format(ast, &dev->caps, &kc->applied);
     fprintf(stderr, "*** %s lowered\n%s", kc->name, s);
     free(s);
   }
@@ -194,13 +193,8 @@ static CachedKernel *get_kernel_beam(UOp *ast, Device *dev, Buffer **bufs, int n
   uint64_t key = kkey(ast, dev) ^ ((uint64_t)beam << 56) ^ 1;
   CachedKernel *ck = kcache_get(key, NULL, device_compiler_id(dev));
   if (ck) return ck;
-  if (dev->caps.gpu) {
-    OptList l;
-    KernelCode *kc = beam_search_gpu(ast, dev, bufs, nbufs, beam, &l) ? codegen_gpu(ast, &dev->caps, &l) : NULL;
-    return kcache_put(key, ast, dev, kc ? kc : codegen_gpu(ast, &dev->caps, NULL));
-  }
-  OptCfg cfg;
-  KernelCode *kc = beam_search(ast, dev, bufs, nbufs, beam, &cfg) ? codegen_for(ast, &dev->caps, &cfg) : NULL;
+  OptList l;
+  KernelCode *kc = beam_search(ast, dev, bufs, nbufs, beam, &l) ? codegen_for(ast, &dev->caps, &l) : NULL;
   return kcache_put(key, ast, dev, kc ? kc : codegen_for(ast, &dev->caps, NULL));
 }
 
