@@ -567,6 +567,51 @@ TEST(heuristic_list_replays) {
   CHECK(nk >= 12);
 }
 
+/* Lists forced on a CPU kernel: THREAD sets the launch's thread count; GPU actions, an UPCAST the
+ * axis does not allow (not dividing it, without PADTO) and a second tile of one axis do not apply */
+static KernelCode *first_reduce_kernel(tg_tensor t, const char *opts) {
+  UOp *u = t_get(t, "first_reduce_kernel");
+  Schedule s;
+  int tbuf;
+  OptList l;
+  KernelCode *kc = NULL;
+  if (!optlist_parse(opts, &l) || schedule_build(&s, &u, 1, &tbuf) != TG_OK) return NULL;
+  for (int i = 0; i < s.nitems && !kc; i++)
+    if (s.items[i].kind == SI_KERNEL) kc = codegen_for(s.items[i].ast, &device_get(NULL)->caps, &l);
+  schedule_free(&s);
+  return kc;
+}
+
+TEST(cpu_lists_apply) {
+  tg_scope_begin();
+  tg_tensor a = mkrand(37, 64, 1), b = mkrand(64, 48, 2);
+  CHECK(tg_realize(a) == TG_OK && tg_realize(b) == TG_OK);
+  tg_tensor y = tg_matmul(a, b); /* one kernel: 37 x 48 outputs, 64 terms */
+  static const struct {
+    const char *opts;
+    bool applies;
+    int64_t threads; /* local_size[0] when it applies; -1: the default's */
+  } cases[] = {
+      {"UPCAST:1:16,UPCAST:0:4,THREAD:0:1", false, 0},        /* 37 rows: 4 does not divide */
+      {"UPCAST:1:16,PADTO:0:4,UPCAST:0:4,THREAD:0:1", true, 1}, {"UPCAST:1:16,THREAD:0:2", true, 2},
+      {"UPCAST:1:16,UPCAST:0:37,SWAP:0:1", true, -1},         {"THREAD:1:2", false, 0},
+      {"LOCAL:0:4", false, 0},                                 {"GROUP:0:16", false, 0},
+      {"UPCAST:1:16,UPCAST:0:37,UPCAST:0:37", false, 0},       {"UNROLL:0:3", false, 0},
+      {"UNROLL:0:16,UPCAST:1:4", true, -1},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    KernelCode *kc = first_reduce_kernel(y, cases[i].opts);
+    CHECK_MSG((kc != NULL) == cases[i].applies, "%s: %s", cases[i].opts, kc ? "applies" : "does not apply");
+    if (kc && cases[i].threads >= 0) CHECK_MSG(kc->local_size[0] == cases[i].threads, "%s: %lld threads", cases[i].opts, (long long)kc->local_size[0]);
+    kernel_code_free(kc);
+  }
+  tg_scope_end();
+  /* BEAM's lists compute what NOOPT computes, THREAD and PADTO among them */
+  g_beam = "1";
+  CHECK(compare(e_classifier, 37, 64, 64, 48, 1e-5) == 0);
+  g_beam = NULL;
+}
+
 /* float16 and bfloat16 run in vector lanes (float lanes, rounded after every operation, converted
  * with vector integer code): bit for bit what the scalar kernels (NOOPT) give, over every one of the
  * 65536 bit patterns -- infinities, subnormals, overflow, NaN payloads -- and a selection passes
