@@ -110,6 +110,23 @@ TEST(device_get_from_dev_setting) {
   CHECK(d != NULL && strcmp(d->name, "CPU") == 0);
 }
 
+/* The CPU device knows the host's data caches (they size matmul's row blocks): plausible sizes,
+ * growing by level, the L1 and L2 the ones the C library reports where it reports them */
+TEST(cpu_caps_know_the_caches) {
+  Device *d = device_get("CPU");
+  CHECK(d != NULL);
+  if (!d) return;
+  const DeviceCaps *c = &d->caps;
+  CHECK_MSG(c->l1d_bytes >= (8 << 10) && c->l1d_bytes <= (4 << 20), "L1 %lld", (long long)c->l1d_bytes);
+  CHECK_MSG(c->l2_bytes >= c->l1d_bytes && c->l2_bytes <= (256 << 20), "L2 %lld", (long long)c->l2_bytes);
+  CHECK_MSG(c->l3_bytes == 0 || c->l3_bytes >= c->l2_bytes, "L3 %lld", (long long)c->l3_bytes);
+  if (access("/sys/devices/system/cpu/cpu0/cache/index3/size", R_OK) == 0) CHECK(c->l3_bytes > 0);
+#ifdef _SC_LEVEL1_DCACHE_SIZE
+  if (sysconf(_SC_LEVEL1_DCACHE_SIZE) > 0) CHECK(c->l1d_bytes == sysconf(_SC_LEVEL1_DCACHE_SIZE));
+  if (sysconf(_SC_LEVEL2_CACHE_SIZE) > 0) CHECK(c->l2_bytes == sysconf(_SC_LEVEL2_CACHE_SIZE));
+#endif
+}
+
 TEST(device_get_errors) {
   const char *bad[] = {"XYZ", "CPU:", "CPU:x", "CPU:-1", "CPUX", "CPU:1:2", ":1", "CPU:99999999999"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

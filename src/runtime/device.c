@@ -252,6 +252,10 @@ static Device *open_device(const DeviceKind *k, int index, const char *renderer,
     if (n == 0) device_list_print();
     fprintf(stderr, "opened device %s from pid:%d\n", d->name, (int)getpid());
     if (vt->describe) vt->describe(state);
+    if (!d->caps.gpu && d->caps.vec_bytes)
+      fprintf(stderr, "  %d-byte vectors x %d registers; data caches L1 %lld KiB, L2 %lld KiB, L3 %lld KiB (0: unknown)\n",
+              d->caps.vec_bytes, d->caps.vec_regs, (long long)(d->caps.l1d_bytes >> 10), (long long)(d->caps.l2_bytes >> 10),
+              (long long)(d->caps.l3_bytes >> 10));
   }
   return d;
 }

@@ -47,10 +47,16 @@ typedef struct DeviceCaps {
                               * 64 with AVX-512, 32 with AVX2, 16 with SSE or NEON; 0: unknown (as 64) */
   int vec_regs;              /* (CPU) how many of those registers there are (32 with AVX-512, 16 with
                               * AVX2); 0: unknown (as 32). Register tiles are sized by the two. */
+  int64_t l1d_bytes, l2_bytes, l3_bytes; /* (CPU) the data caches one core uses, in bytes (the L3 is
+                              * the slice its core complex shares); 0: unknown. Matmul's packed path
+                              * sizes its row blocks by them. */
 } DeviceCaps;
 
 /* The host CPU's SIMD registers as DeviceCaps.vec_bytes / vec_regs describe them (cpuid on x86). */
 void cpu_host_simd(int *vec_bytes, int *vec_regs);
+/* The host CPU's data caches as DeviceCaps.l1d_bytes / l2_bytes / l3_bytes describe them: from
+ * sysfs (cpu0's cache/index*), else sysconf; 0 where neither knows. */
+void cpu_host_caches(int64_t *l1d, int64_t *l2, int64_t *l3);
 
 typedef struct DeviceVT {
   const char *name; /* "CPU" */

@@ -706,10 +706,46 @@ void cpu_host_simd(int *vec_bytes, int *vec_regs) {
 #endif
 }
 
+/* sysfs spells a cache's size "32K", "1024K" or "32M" */
+static int64_t sysfs_cache_bytes(const char *dir, int index, const char *what, char *buf, size_t n) {
+  char path[128];
+  snprintf(path, sizeof path, "%s/index%d/%s", dir, index, what);
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  bool got = fgets(buf, (int)n, f) != NULL;
+  fclose(f);
+  if (!got) return -1;
+  buf[strcspn(buf, "\n")] = 0;
+  char *end;
+  long long v = strtoll(buf, &end, 10);
+  return *end == 'K' ? v << 10 : *end == 'M' ? v << 20 : *end == 'G' ? v << 30 : v;
+}
+
+void cpu_host_caches(int64_t *l1d, int64_t *l2, int64_t *l3) {
+  int64_t lv[4] = {0, 0, 0, 0};
+  const char *dir = "/sys/devices/system/cpu/cpu0/cache";
+  char type[32], tmp[32];
+  for (int i = 0; i < 16; i++) {
+    int64_t level = sysfs_cache_bytes(dir, i, "level", tmp, sizeof tmp);
+    if (level < 0) break;
+    if (sysfs_cache_bytes(dir, i, "type", type, sizeof type) < 0 || strcmp(type, "Instruction") == 0) continue;
+    int64_t size = sysfs_cache_bytes(dir, i, "size", tmp, sizeof tmp);
+    if (level >= 1 && level <= 3 && size > 0) lv[level] = size;
+  }
+#ifdef _SC_LEVEL1_DCACHE_SIZE
+  /* (sysconf's L3 may be the whole package's: only where sysfs says nothing) */
+  if (!lv[1]) lv[1] = sysconf(_SC_LEVEL1_DCACHE_SIZE) > 0 ? sysconf(_SC_LEVEL1_DCACHE_SIZE) : 0;
+  if (!lv[2]) lv[2] = sysconf(_SC_LEVEL2_CACHE_SIZE) > 0 ? sysconf(_SC_LEVEL2_CACHE_SIZE) : 0;
+  if (!lv[3]) lv[3] = sysconf(_SC_LEVEL3_CACHE_SIZE) > 0 ? sysconf(_SC_LEVEL3_CACHE_SIZE) : 0;
+#endif
+  *l1d = lv[1], *l2 = lv[2], *l3 = lv[3];
+}
+
 /* Kernels are compiled with -march=native: they use what the host has. */
 static void cpu_caps(void *state, DeviceCaps *c) {
   (void)state;
   cpu_host_simd(&c->vec_bytes, &c->vec_regs);
+  cpu_host_caches(&c->l1d_bytes, &c->l2_bytes, &c->l3_bytes);
 }
 
 const DeviceVT cpu_device_vt = {

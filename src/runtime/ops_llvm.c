@@ -891,6 +891,7 @@ static void llvm_caps(void *state, DeviceCaps *c) {
   /* the host's registers, less what the arch string turns off (an arch can only name features the
    * host has); a CPU name alone is taken to keep the host's vector width */
   cpu_host_simd(&c->vec_bytes, &c->vec_regs);
+  cpu_host_caches(&c->l1d_bytes, &c->l2_bytes, &c->l3_bytes);
   if (c->vec_bytes > 32 && turned_off(s, "avx512f")) c->vec_bytes = 32, c->vec_regs = 16;
   if (c->vec_bytes > 16 && (turned_off(s, "avx2") || turned_off(s, "avx"))) c->vec_bytes = 16, c->vec_regs = 16;
   c->lang = LANG_LLVM;

@@ -903,10 +903,12 @@ tg_tensor tg_squeeze(tg_tensor x, int dim) {
  * the kernel then runs at half speed. The copy costs k*m loads and stores against 2*n*k*m FLOPs, so
  * a left-hand matrix of few rows (a decode step's vector) reads the weight in place instead. */
 #define PACK_MIN_ROWS 64 /* the copy (k*m) is then at most 1/128 of the work; fewer rows stream the weight once */
-/* Where the packed path starts and how large its row blocks are, by the host's vector width. The
- * AVX-512 figures are the ones the path was tuned with; on an AVX2 Zen 3 (same 1 MiB L2, 32 MiB L3)
- * they left 2048^3 at 26 GFLOPS, and packing from 512 columns with 2 MB row blocks from 2 MB on gave
- * 78 (1024^3: 47 -> 97; bench/matmul.py). */
+/* Where the packed path starts and how large its row blocks are, by the host's vector width and
+ * caches. The AVX-512 figures were tuned on a Zen 4/5 with a 1 MiB L2 and a 32 MiB L3 slice: blocks
+ * from half the L3 on, of at most a quarter of it (16 and 8 MB there). On an AVX2 Zen 3 (the same
+ * caches) those left 2048^3 at 26 GFLOPS, and packing from 512 columns with row blocks of twice the
+ * L2 from twice the L2 on gave 78 (1024^3: 47 -> 97; bench/matmul.py). Unknown caches count as
+ * those machines'. */
 typedef struct {
   int64_t min_cols, block_from, block_max; /* bytes for the last two */
   int64_t panel;                           /* columns per packed panel */
@@ -921,8 +923,10 @@ typedef struct {
  * (OpenBLAS 438-443 in the same runs); 512 columns stay in place (468-484 against OpenBLAS's 405-441). */
 static PackLimits pack_limits(int device) {
   Device *d = device_by_id(device);
-  if (d && d->caps.vec_bytes == 32) return (PackLimits){512, 2 << 20, 2 << 20, 16};
-  return (PackLimits){1024, 16 << 20, 8 << 20, 32};
+  int64_t l2 = d && d->caps.l2_bytes >= (256 << 10) ? d->caps.l2_bytes : 1 << 20;
+  int64_t l3 = d && d->caps.l3_bytes >= (4 << 20) ? d->caps.l3_bytes : 32 << 20;
+  if (d && d->caps.vec_bytes == 32) return (PackLimits){512, 2 * l2, 2 * l2, 16};
+  return (PackLimits){1024, l3 / 2, l3 / 4, 32};
 }
 /* Does (..., rows, k) a @ (k, m) b take the packed path, as far as shapes go (the dtypes are the
  * caller's to check)? Fills *pl. */
