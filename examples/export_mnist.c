@@ -12,7 +12,9 @@
  *   ./build/examples/export_mnist && ./mnist_export/classify mnist_export/t10k-images-idx3-ubyte \
  *       mnist_export/t10k-labels-idx1-ubyte
  *
- * BENCH=1 also times both on the whole test set (bench/export_mnist.sh reports the ratio).
+ * BENCH=1 also times both on the whole test set (bench/export_mnist.sh reports the ratio): the
+ * library's replays in this process, and the standalone program's faster of two passes
+ * (CLASSIFY_PASSES=2), so both are timed warm.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,18 +79,24 @@ static const char CLASSIFY_C[] =
     "  int32_t *pred = (int32_t *)malloc(sizeof(int32_t) * (size_t)(n + bs));\n"
     "  uint8_t *batch = (uint8_t *)calloc(MNIST_NET_IN0_BYTES, 1);\n"
     "  struct timespec t0, t1, c0, c1;\n"
-    "  clock_gettime(CLOCK_MONOTONIC, &t0);\n"
-    "  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);\n"
-    "  for (long i = 0; i < n; i += bs) {\n"
-    "    long k = n - i < bs ? n - i : bs; /* the last batch is padded with blank images */\n"
-    "    memset(batch, 0, MNIST_NET_IN0_BYTES);\n"
-    "    memcpy(batch, img + i * 784, (size_t)(k * 784));\n"
-    "    if (mnist_net(batch, pred + i) != MNIST_NET_OK) { fprintf(stderr, \"%s\\n\", mnist_net_last_error()); return 1; }\n"
+    "  /* CLASSIFY_PASSES=n: classify the set n times and report the fastest pass (a warm process) */\n"
+    "  const char *pe = getenv(\"CLASSIFY_PASSES\");\n"
+    "  int passes = pe && atoi(pe) > 1 ? atoi(pe) : 1;\n"
+    "  double s = 1e30, cs = 0;\n"
+    "  for (int pass = 0; pass < passes; pass++) {\n"
+    "    clock_gettime(CLOCK_MONOTONIC, &t0);\n"
+    "    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);\n"
+    "    for (long i = 0; i < n; i += bs) {\n"
+    "      long k = n - i < bs ? n - i : bs; /* the last batch is padded with blank images */\n"
+    "      memset(batch, 0, MNIST_NET_IN0_BYTES);\n"
+    "      memcpy(batch, img + i * 784, (size_t)(k * 784));\n"
+    "      if (mnist_net(batch, pred + i) != MNIST_NET_OK) { fprintf(stderr, \"%s\\n\", mnist_net_last_error()); return 1; }\n"
+    "    }\n"
+    "    clock_gettime(CLOCK_MONOTONIC, &t1);\n"
+    "    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);\n"
+    "    double ps = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;\n"
+    "    if (ps < s) s = ps, cs = (double)(c1.tv_sec - c0.tv_sec) + (double)(c1.tv_nsec - c0.tv_nsec) * 1e-9;\n"
     "  }\n"
-    "  clock_gettime(CLOCK_MONOTONIC, &t1);\n"
-    "  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);\n"
-    "  double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;\n"
-    "  double cs = (double)(c1.tv_sec - c0.tv_sec) + (double)(c1.tv_nsec - c0.tv_nsec) * 1e-9;\n"
     "  for (long i = 0; lab && i < n; i++) right += pred[i] == lab[i];\n"
     "  printf(\"classify: %ld images in %.3f s (%.0f images/s, batch %ld; %.3f s of CPU time)\", n, s, (double)n / s, bs, cs);\n"
     "  if (lab) printf(\", accuracy %.2f%%\", 100.0 * (double)right / (double)n);\n"
@@ -230,7 +238,8 @@ int main(void) {
     double r_lib = (double)n / (now() - t1), r_exp = 0, c_lib = (clock_s(CLOCK_PROCESS_CPUTIME_ID) - c1) / (double)n;
     if (c_lib < cpu_lib) cpu_lib = c_lib;
     if (r_lib > best_lib) best_lib = r_lib;
-    snprintf(cmd, sizeof cmd, "'%s/classify' '%s'", dir, ipath);
+    /* its fastest of two passes: a warm process, as the library's replays run in one */
+    snprintf(cmd, sizeof cmd, "CLASSIFY_PASSES=2 '%s/classify' '%s'", dir, ipath);
     FILE *pp = popen(cmd, "r");
     char line[512];
     while (pp && fgets(line, sizeof line, pp)) {
