@@ -1227,7 +1227,20 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
         const char *rd = tg_dtype_is_float(k->racc) && !vv ? rnd(k->racc) : "";
         ind(&r);
         const char *an = blk.level ? "part" : "acc";
-        if (k->rop == OP_ADD) sb_printf(&body, "%s%d = %s(%s%d + %s);\n", an, c, rd, an, c, v);
+        /* OpenCL C fuses a*b+c only within one expression, and the product is a statement of its
+         * own: a float32 sum of products accumulates through fma() (the C renderer's compiler
+         * contracts across statements, -ffp-contract=fast; PoCL did not, and its register tiles
+         * ran separate multiplies and adds). The product's own statement is then dead code. */
+        UOp *m = k->rbodies[c];
+        if (lang == LANG_OPENCL && k->rop == OP_ADD && k->racc == TG_FLOAT32 && m->op == OP_MUL && m->nsrc == 2 &&
+            m->dtype == TG_FLOAT32 && m->src[0]->dtype == TG_FLOAT32 && m->src[1]->dtype == TG_FLOAT32 && nm(&r, m->src[0]) &&
+            nm(&r, m->src[1])) {
+          const char *x = nm(&r, m->src[0]), *y = nm(&r, m->src[1]);
+          if (vv)
+            sb_printf(&body, "%s%d = fma(%s%s%s, %s%s%s, %s%d);\n", an, c, isvec(&r, m->src[0]) ? "" : "(tg_vf)(", x,
+                      isvec(&r, m->src[0]) ? "" : ")", isvec(&r, m->src[1]) ? "" : "(tg_vf)(", y, isvec(&r, m->src[1]) ? "" : ")", an, c);
+          else sb_printf(&body, "%s%d = fma(%s, %s, %s%d);\n", an, c, x, y, an, c);
+        } else if (k->rop == OP_ADD) sb_printf(&body, "%s%d = %s(%s%d + %s);\n", an, c, rd, an, c, v);
         else if (k->rop == OP_MUL) sb_printf(&body, "acc%d = %s(acc%d * %s);\n", c, rd, c, v);
         else if (vv) sb_printf(&body, "acc%d = tg_vmax(%s, acc%d);\n", c, v, c);
         else if (tg_dtype_is_float(k->racc)) sb_printf(&body, "acc%d = (%s > acc%d || %s != %s) ? %s : acc%d;\n", c, v, c, v, v, v, c);
@@ -1352,7 +1365,17 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
       sb_printf(&out, "#ifndef TG_BC_H\n#define TG_BC_H\ntemplate <class D, class S> %s D tg_bc(S s){D d;memcpy(&d,&s,sizeof d);return d;}\n#endif\n", L->fn);
     if (cuda && strstr(body.s ? body.s : "", "tg_lmin("))
       sb_printf(&out, "#ifndef TG_LMIN_H\n#define TG_LMIN_H\n%s long tg_lmin(long a,long b){return a<b?a:b;}\n#endif\n", L->fn);
-    sb_printf(&out, "%s void %s(", L->kern, name);
+    /* OpenCL C vectors wider than 32 bytes: a compiler targeting x86 with a preference for 256-bit
+     * vectors (PoCL's skylake-avx512 target) splits every 16-lane operation in two unless the
+     * kernel asks for 512-bit ones, and a register tile of split vectors spills (beautiful_mnist's
+     * convolutions on PoCL ran 1.3-1.6x the CPU device's time). Compilers without the attribute
+     * (GPU drivers) see nothing. */
+    int lanes = k->vw > k->rvw ? k->vw : k->rvw;
+    bool wide = lang == LANG_OPENCL && lanes * 4 > 32;
+    if (wide)
+      sb_puts(&out, "#if defined(__has_attribute) && !defined(TG_MINVW)\n#if __has_attribute(min_vector_width)\n"
+                    "#define TG_MINVW __attribute__((min_vector_width(512)))\n#endif\n#endif\n#ifndef TG_MINVW\n#define TG_MINVW\n#endif\n");
+    sb_printf(&out, "%s%s void %s(", L->kern, wide ? " TG_MINVW" : "", name);
     for (int i = 0; i < k->np; i++) {
       if (k->pimg[i]) sb_printf(&out, "%s%s image2d_t data%d", i ? ", " : "", i ? "read_only" : "write_only", i);
       else sb_printf(&out, "%s%s%s%s *%s data%d", i ? ", " : "", L->gptr, i ? "const " : "", stype(k->pdt[i]), L->restr, i);
