@@ -444,13 +444,21 @@ TEST(cl_kernel_model) {
     CHECK_STR_CONTAINS(kc->src, "get_global_id(0)");
     kernel_code_free(kc);
   }
-  /* on PoCL (CPU cores) the CPU's choices: the sum runs 16 lanes along its reduction, no group */
+  /* on PoCL (CPU cores) the CPU's choices: the sum runs 16 lanes along its reduction, no group;
+   * its 12 work-items are work-groups of one (spread over the cores), while a launch of many
+   * work-items leaves the work-group size to the driver */
   if (cl->caps.cpu_cores) {
     kc = last_kernel(tg_sum(mk("CL", 12, 1024, 0, TG_FLOAT32), TG_AXES(1), false), &cl->caps, NULL);
     CHECK(kc != NULL);
     if (kc) {
       CHECK_STR_CONTAINS(kc->src, "tg_hadd(acc0)");
-      CHECK(strstr(kc->src, "tg_red") == NULL && kc->local_size[0] == 0);
+      CHECK(strstr(kc->src, "tg_red") == NULL && kc->local_size[0] == 1 && kc->local_size[1] == 1 && kc->local_size[2] == 1);
+      kernel_code_free(kc);
+    }
+    kc = last_kernel(tg_sum(mk("CL", 16384, 32, 0, TG_FLOAT32), TG_AXES(1), false), &cl->caps, NULL);
+    CHECK(kc != NULL);
+    if (kc) {
+      CHECK(kc->global_size[0] * kc->global_size[1] * kc->global_size[2] > 256 && kc->local_size[0] == 0);
       kernel_code_free(kc);
     }
   }
