@@ -9,7 +9,8 @@
 #      DEV=CPU:LLVM (LLVM IR compiled in process) and, on an AVX-512 host, again with AVX-512 turned
 #      off (DEV=CPU:LLVM:x86_64,x86-64-v3,-avx512f), and examples/devices
 #   2. every tests/test_*.py with $PYTHON (differential tests against PyTorch; they load the library
-#      from $TINYGRAD_LIB), then every 8th case of test_ops_torch.py with DEV=CL and (compiled by
+#      from $TINYGRAD_LIB), then every 8th case of test_ops_torch.py and the float16 cases of
+#      test_nn_torch.py with DEV=CL and (compiled by
 #      NVRTC only, tests/test_cuda_null.sh) with DEV=NULL:CUDA for sm_80 and sm_90, and every
 #      tests/test_*_torch.py again with DEV=CPU:LLVM, every case                  [skipped by --c-only]
 #   3. header checks: tests/test_header.c with gcc and clang (-std=c11 -pedantic), and
@@ -150,6 +151,8 @@ if [ $C_ONLY = 0 ]; then
   # the op suite on OpenCL: every 8th case (each op family on CL; the whole suite takes ~15 min
   # there with a cold kernel cache, PoCL compiling each kernel in ~0.3 s)
   run "test_ops_torch.py (DEV=CL, every 8th case)" env DEV=CL "$PYTHON" tests/test_ops_torch.py --every 8
+  # the float16 cases of the layer suite on OpenCL (half matmuls sum unrounded products there too)
+  run "test_nn_torch.py (DEV=CL, float16 cases)" env DEV=CL TEST_FILTER=float16 "$PYTHON" tests/test_nn_torch.py
   # CUDA codegen without a GPU: every 8th op case's kernels compiled by NVRTC for sm_80 and sm_90
   run "test_cuda_null.sh (DEV=NULL:CUDA)" tests/test_cuda_null.sh "$BUILD" "$PYTHON"
   # the differential suites on the LLVM renderer (libLLVM in process), every case
