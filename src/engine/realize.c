@@ -100,6 +100,8 @@ static void debug_disasm(Program *p) {
   }
 }
 
+static bool ast_has_vars(UOp *ast);
+
 /* Loads kc's program (compiling it unless a batch already did) and caches it under key. Takes kc.
  * NULL with the error recorded if it does not compile. */
 static CachedKernel *kcache_put(uint64_t key, UOp *ast, Device *dev, KernelCode *kc) {
@@ -111,7 +113,9 @@ static CachedKernel *kcache_put(uint64_t key, UOp *ast, Device *dev, KernelCode 
     free(s);
   }
   if (dbg >= 6) {
-    char *s = kernel_lowered_format(ast, &dev->caps, &kc->applied);
+    /* the applied list lowers it again (a kernel with variable loops takes no forced list: the
+     * heuristics lower it as it ran) */
+    char *s = kernel_lowered_format(ast, &dev->caps, ast_has_vars(ast) ? NULL : &kc->applied);
     fprintf(stderr, "*** %s lowered\n%s", kc->name, s);
     free(s);
   }
