@@ -524,7 +524,7 @@ static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptList 
      * batchnorm's 8 channel sums took twice the CPU device's time); work-groups of one item are
      * spread over the cores */
     if (!k->group && !k->nlocal) {
-      bool few = caps->cpu_cores && k->nolocals == false && gs[0] * gs[1] * gs[2] <= 256;
+      bool few = caps->cpu_cores && !k->nolocals && gs[0] * gs[1] * gs[2] <= 256;
       kc->local_size[0] = kc->local_size[1] = kc->local_size[2] = few ? 1 : 0;
     }
   }

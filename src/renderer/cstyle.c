@@ -1235,11 +1235,13 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
         if (lang == LANG_OPENCL && k->rop == OP_ADD && k->racc == TG_FLOAT32 && m->op == OP_MUL && m->nsrc == 2 &&
             m->dtype == TG_FLOAT32 && m->src[0]->dtype == TG_FLOAT32 && m->src[1]->dtype == TG_FLOAT32 && nm(&r, m->src[0]) &&
             nm(&r, m->src[1])) {
-          const char *x = nm(&r, m->src[0]), *y = nm(&r, m->src[1]);
-          if (vv)
-            sb_printf(&body, "%s%d = fma(%s%s%s, %s%s%s, %s%d);\n", an, c, isvec(&r, m->src[0]) ? "" : "(tg_vf)(", x,
-                      isvec(&r, m->src[0]) ? "" : ")", isvec(&r, m->src[1]) ? "" : "(tg_vf)(", y, isvec(&r, m->src[1]) ? "" : ")", an, c);
-          else sb_printf(&body, "%s%d = fma(%s, %s, %s%d);\n", an, c, x, y, an, c);
+          sb_printf(&body, "%s%d = fma(", an, c);
+          for (int i = 0; i < 2; i++) {
+            if (vv) vopnd(&r, m->src[i], false, &body); /* a scalar operand broadcast, as in the product */
+            else sb_puts(&body, nm(&r, m->src[i]));
+            sb_puts(&body, ", ");
+          }
+          sb_printf(&body, "%s%d);\n", an, c);
         } else if (k->rop == OP_ADD) sb_printf(&body, "%s%d = %s(%s%d + %s);\n", an, c, rd, an, c, v);
         else if (k->rop == OP_MUL) sb_printf(&body, "acc%d = %s(acc%d * %s);\n", c, rd, c, v);
         else if (vv) sb_printf(&body, "acc%d = tg_vmax(%s, acc%d);\n", c, v, c);
