@@ -192,7 +192,7 @@ tsan: deps
 	@$(MAKE) $(SUBFLAGS) BUILD=$(TSAN_DIR) CFLAGS="$(TSAN_CFLAGS)" LDFLAGS="-fsanitize=thread" tsan-run
 
 tsan-run: $(BUILD)/tests/test_threads
-	@TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1$${TSAN_OPTIONS:+:$$TSAN_OPTIONS}" ./$(BUILD)/tests/test_threads
+	@TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp$${TSAN_OPTIONS:+:$$TSAN_OPTIONS}" ./$(BUILD)/tests/test_threads
 
 ifeq ($(FUZZ_SRCS),)
 fuzz:

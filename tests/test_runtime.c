@@ -5,6 +5,7 @@
  * (printed, not asserted). The kernel cache goes to a fresh temporary directory.
  */
 #include <dirent.h>
+#include <math.h>
 #include <ftw.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -1064,6 +1065,91 @@ TEST(kernel_cache_bounded_and_jit_keeps_its_kernels) {
   tg_scope_end();
   CHECK(tg_live_count() == live);
   tg_context_end();
+  CHECK(!tg_has_error());
+}
+
+/* Cache entries whose key names the C compiler ("cc:...", ops_cpu.c) and those of CPU:LLVM. */
+static void cache_entry_kinds(int *c_entries, int *llvm_entries) {
+  *c_entries = *llvm_entries = 0;
+  DIR *d = opendir(kernels_dir());
+  if (!d) return;
+  for (struct dirent *e; (e = readdir(d));) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", kernels_dir(), e->d_name);
+    FILE *f = e->d_name[0] != '.' ? fopen(path, "rb") : NULL;
+    if (!f) continue;
+    char head[64] = {0};
+    size_t n = fread(head, 1, sizeof head - 1, f);
+    fclose(f);
+    /* the key follows the 24-byte header */
+    if (n > 27 && memcmp(head + 24, "cc:", 3) == 0) (*c_entries)++;
+    if (n > 30 && memcmp(head + 24, "llvm15:", 7) == 0) (*llvm_entries)++;
+  }
+  closedir(d);
+}
+
+/* Tiered compilation: a cold DEV=CPU schedule runs CPU:LLVM stand-ins of its kernels at once, while
+ * the C compiler builds them in the background (stopped while kernels run); the C binaries then
+ * replace the stand-ins and land in the disk cache. TIERED=0 compiles them with the C compiler
+ * before they run. */
+TEST(tiered_compile_runs_stand_ins_then_c_code) {
+  tg_clear_error();
+  const char *cc = getenv("CC");
+  bool had = tg_has_error();
+  bool llvm = device_get("CPU:LLVM") != NULL;
+  if (!had) tg_clear_error();
+  bool expect = llvm && (!cc || !*cc || strcmp(cc, "cc") == 0); /* a CC of the user's own is not tiered */
+  static int uniq;
+  float xv[64], got[64];
+  for (int i = 0; i < 64; i++) xv[i] = (float)i * 0.5f;
+  for (int tiered = 1; tiered >= 0; tiered--) {
+    tg_context_begin();
+    tg_context_set_int("TIERED", tiered);
+    double k = 3.0 + (double)(++uniq) * 0.0078125; /* kernels no earlier test compiled */
+    int c0, l0, c1, l1;
+    cache_entry_kinds(&c0, &l0);
+    uint64_t compiled = g_counters.compile_count;
+    cpu_background_pause(true); /* as while kernels run: the stand-ins are what runs */
+    tg_scope_begin();
+    tg_tensor x = tg_from_data(xv, TG_SHAPE(64), NULL);
+    tg_tensor y = tg_add(tg_mul(x, tg_scalar(k, NULL)), tg_sum(tg_contiguous(tg_exp(tg_mul(x, tg_scalar(0.01 * k, NULL)))), NULL, 0, false));
+    CHECK(tg_data(y, got, sizeof got) == TG_OK);
+    double sum = 0;
+    for (int i = 0; i < 64; i++) sum += exp(xv[i] * 0.01 * k);
+    for (int i = 0; i < 64; i++) CHECK_CLOSE(got[i], xv[i] * k + sum, 1e-4 * fabs(xv[i] * k + sum));
+    tg_scope_end();
+    size_t pending = program_tier_pending();
+    uint64_t ncompiled = g_counters.compile_count - compiled;
+    CHECK_MSG(ncompiled >= 2, "%llu kernels compiled", (unsigned long long)ncompiled); /* once each */
+    cache_entry_kinds(&c1, &l1);
+    if (tiered && expect) {
+      CHECK_MSG(pending >= 2, "%zu tiered programs pending", pending);
+      CHECK_MSG(l1 > l0 && c1 == c0, "cache entries: C %d -> %d, LLVM %d -> %d", c0, c1, l0, l1);
+    } else {
+      CHECK_MSG(pending == 0, "%zu tiered programs pending (TIERED=%d)", pending, tiered);
+      CHECK_MSG(l1 == l0 && c1 > c0, "cache entries: C %d -> %d, LLVM %d -> %d", c0, c1, l0, l1);
+    }
+    cpu_background_pause(false);
+    program_tier_wait();
+    CHECK(program_tier_pending() == 0);
+    CHECK(g_counters.compile_count - compiled == ncompiled); /* the background build is not a second count */
+    int c2, l2;
+    cache_entry_kinds(&c2, &l2);
+    CHECK_MSG(c2 > c0, "C cache entries %d -> %d after the background compile", c0, c2);
+    /* the same kernels again, now the C compiler's */
+    tg_scope_begin();
+    float xv2[64];
+    for (int i = 0; i < 64; i++) xv2[i] = (float)(63 - i);
+    tg_tensor x2 = tg_from_data(xv2, TG_SHAPE(64), NULL);
+    tg_tensor y2 = tg_add(tg_mul(x2, tg_scalar(k, NULL)), tg_sum(tg_contiguous(tg_exp(tg_mul(x2, tg_scalar(0.01 * k, NULL)))), NULL, 0, false));
+    CHECK(tg_data(y2, got, sizeof got) == TG_OK);
+    double sum2 = 0;
+    for (int i = 0; i < 64; i++) sum2 += exp(xv2[i] * 0.01 * k);
+    for (int i = 0; i < 64; i++) CHECK_CLOSE(got[i], xv2[i] * k + sum2, 1e-4 * fabs(xv2[i] * k + sum2));
+    tg_scope_end();
+    CHECK(g_counters.compile_count - compiled == ncompiled);
+    tg_context_end();
+  }
   CHECK(!tg_has_error());
 }
 

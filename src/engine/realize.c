@@ -220,34 +220,90 @@ typedef struct {
   int n;
 } CJobs;
 
+/* One compiler run: up to BATCH_MAX jobs of one device, compiled by one thread. */
+#define BATCH_MAX 24 /* bounded translation units: the compiler's cost per unit grows with its size */
+typedef struct {
+  int idx[BATCH_MAX], m;
+  int thread;
+  Device *dev;
+  Device *alt;                     /* tiered: the stand-ins' device (NULL: compile as usual) */
+  KernelCode *alt_kc[BATCH_MAX];   /* the same kernels rendered for alt */
+} CBatch;
+
 typedef struct {
   CJobs *js;
-  int first, stride;
+  CBatch *b;
+  int nb, thread;
   const CtxCopy *ctx; /* the realizing thread's Context (CC, DEBUG, ...) */
 } CGroup;
 
-/* One compiler run for every stride-th job starting at first (batched compilation). */
+/* Tiered compilation: the device whose kernels stand in for dev's while dev's own compiler builds
+ * them in the background, or NULL. The CPU device with its default compiler gets CPU:LLVM, whose
+ * in-process compiles are several times faster than gcc's; TIERED=0, BEAM, DEBUG=7 (which shows the C
+ * compiler's code), a CC of the user's own (its code is what was asked for) or an ARCH turn it off,
+ * and so does a machine without libLLVM. */
+static Device *tier_device(Device *dev) {
+  static _Atomic int unavailable;
+  if (strcmp(dev->vt->name, "CPU") != 0 || strcmp(dev->renderer, "C") != 0 || !dev->vt->compile_async || dev->arch[0] ||
+      !getenv_int("TIERED", 1) || getenv_int("BEAM", 0) > 0 || debug_level() >= 7 || atomic_load(&unavailable))
+    return NULL;
+  const char *cc = getenv_str("CC", NULL);
+  if (cc && *cc && strcmp(cc, "cc") != 0) return NULL;
+  char name[48];
+  if (dev->index) snprintf(name, sizeof name, "CPU:%d:LLVM", dev->index);
+  else snprintf(name, sizeof name, "CPU:LLVM");
+  bool had = tg_has_error();
+  Device *alt = device_get(name);
+  if (!alt) {
+    if (debug_level() >= 2) fprintf(stderr, "tiered compile: off (%s)\n", tg_last_error());
+    atomic_store(&unavailable, 1);
+    if (!had) tg_clear_error();
+  }
+  return alt;
+}
+
+/* Renders the batch's kernels for its stand-in device with the optimizations they were chosen with;
+ * false (and nothing kept) if one does not render or would launch differently. */
+static bool tier_render(CJobs *js, CBatch *b) {
+  bool had = tg_has_error(), ok = true;
+  for (int k = 0; k < b->m; k++) {
+    CJob *j = &js->jobs[b->idx[k]];
+    KernelCode *a = codegen_for(j->ast, &b->alt->caps, ast_has_vars(j->ast) ? NULL : &j->kc->applied);
+    b->alt_kc[k] = a;
+    ok = ok && a && a->nparams == j->kc->nparams && a->nvars == j->kc->nvars &&
+         memcmp(a->global_size, j->kc->global_size, sizeof a->global_size) == 0 &&
+         memcmp(a->local_size, j->kc->local_size, sizeof a->local_size) == 0;
+  }
+  if (!ok) {
+    for (int k = 0; k < b->m; k++) kernel_code_free(b->alt_kc[k]), b->alt_kc[k] = NULL;
+    if (!had) tg_clear_error();
+  }
+  return ok;
+}
+
+static void compile_batch(CJobs *js, CBatch *b) {
+  const char *names[BATCH_MAX], *srcs[BATCH_MAX];
+  for (int k = 0; k < b->m; k++) names[k] = js->jobs[b->idx[k]].kc->name, srcs[k] = js->jobs[b->idx[k]].kc->src;
+  if (b->alt) {
+    const char *an[BATCH_MAX], *as[BATCH_MAX];
+    Program *stand[BATCH_MAX];
+    for (int k = 0; k < b->m; k++) an[k] = b->alt_kc[k]->name, as[k] = b->alt_kc[k]->src;
+    program_get_batch(b->alt, an, as, b->m);
+    bool all = true, had = tg_has_error();
+    for (int k = 0; k < b->m; k++) all = (stand[k] = program_get(b->alt, an[k], as[k])) && all;
+    int got = all ? program_get_batch_tiered(b->dev, names, srcs, stand, b->m) : 0;
+    for (int k = 0; k < b->m; k++) program_release(stand[k]);
+    if (!had) tg_clear_error();
+    if (got) return;
+  }
+  program_get_batch(b->dev, names, srcs, b->m);
+}
+
 static void *compile_group(void *arg) {
   CGroup *g = arg;
-  CJobs *js = g->js;
   ctx_enter(g->ctx);
-  int m = 0;
-  const char **names = tg_xmalloc(sizeof(char *) * (size_t)(js->n + 1)), **srcs = tg_xmalloc(sizeof(char *) * (size_t)(js->n + 1));
-  Device *dev = NULL;
-  for (int i = g->first; i < js->n; i += g->stride) {
-    if (!js->jobs[i].kc) continue;
-    if (dev && js->jobs[i].dev != dev) continue; /* one device per batch; others compile singly */
-    dev = js->jobs[i].dev;
-    names[m] = js->jobs[i].kc->name;
-    srcs[m++] = js->jobs[i].kc->src;
-    /* bounded translation units: the compiler's cost per unit grows with its size */
-    if (m == 24) {
-      program_get_batch(dev, names, srcs, m);
-      m = 0;
-    }
-  }
-  if (m) program_get_batch(dev, names, srcs, m);
-  free(names), free(srcs);
+  for (int i = 0; i < g->nb; i++)
+    if (g->b[i].thread == g->thread) compile_batch(g->js, &g->b[i]);
   ctx_leave(g->ctx);
   return NULL;
 }
@@ -265,7 +321,8 @@ static void precompile(Schedule *s) {
     js.jobs[js.n++] = (CJob){it->ast, it->dev, NULL};
   }
   pm_free(&seen);
-  if (js.n >= 2) {
+  /* one kernel compiles in the run loop, unless it is tiered */
+  if (js.n >= 2 || (js.n == 1 && program_tier_room(1) && tier_device(js.jobs[0].dev))) {
     for (int i = 0; i < js.n; i++) {
       js.jobs[i].kc = codegen_for(js.jobs[i].ast, &js.jobs[i].dev->caps, NULL);
       if (!js.jobs[i].kc) tg_clear_error(); /* the run loop reports it */
@@ -273,11 +330,32 @@ static void precompile(Schedule *s) {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int nt = (int)(ncpu < 1 ? 1 : ncpu > 16 ? 16 : ncpu);
     if (nt > js.n) nt = js.n;
+    /* thread t takes every nt-th job, in batches of one device (a job of another device than the
+     * thread's first compiles alone in kcache_put) */
+    CBatch *b = tg_xcalloc((size_t)js.n, sizeof *b);
+    int nb = 0;
+    for (int t = 0; t < nt; t++) {
+      Device *dev = NULL;
+      CBatch *cur = NULL;
+      for (int i = t; i < js.n; i += nt) {
+        if (!js.jobs[i].kc || (dev && js.jobs[i].dev != dev)) continue;
+        dev = js.jobs[i].dev;
+        if (!cur || cur->m == BATCH_MAX) cur = &b[nb++], cur->thread = t, cur->dev = dev;
+        cur->idx[cur->m++] = i;
+      }
+    }
+    for (int i = 0; i < nb; i++) {
+      CBatch *x = &b[i];
+      if (!program_tier_room(x->m) || !(x->alt = tier_device(x->dev))) continue;
+      const char *names[BATCH_MAX], *srcs[BATCH_MAX];
+      for (int k = 0; k < x->m; k++) names[k] = js.jobs[x->idx[k]].kc->name, srcs[k] = js.jobs[x->idx[k]].kc->src;
+      if (program_batch_cached(x->dev, names, srcs, x->m) || !tier_render(&js, x)) x->alt = NULL;
+    }
     pthread_t th[16];
     CGroup groups[16];
     bool started[16] = {false};
     CtxCopy *ctx = ctx_copy();
-    for (int t = 0; t < nt; t++) groups[t] = (CGroup){&js, t, nt, t ? ctx : NULL};
+    for (int t = 0; t < nt; t++) groups[t] = (CGroup){&js, b, nb, t, t ? ctx : NULL};
     for (int t = 1; t < nt; t++) started[t] = pthread_create(&th[t], NULL, compile_group, &groups[t]) == 0;
     compile_group(&groups[0]);
     for (int t = 1; t < nt; t++) {
@@ -285,6 +363,9 @@ static void precompile(Schedule *s) {
       else compile_group(&groups[t]);
     }
     ctx_copy_free(ctx);
+    for (int i = 0; i < nb; i++)
+      for (int k = 0; k < b[i].m; k++) kernel_code_free(b[i].alt_kc[k]);
+    free(b);
     /* the batches loaded the programs; a kernel that failed in its batch compiles alone here, and
      * one that fails again is left for the run loop, which reports its error */
     for (int i = 0; i < js.n; i++)
@@ -447,7 +528,10 @@ static tg_status run_items(const Capture *c, const bool *run, Buffer *const *fro
 
 tg_status capture_replay(const Capture *c, Buffer *const *from, Buffer *const *to, int n, const int *vars,
                          const int64_t *vals, int nvars) {
-  return run_items(c, NULL, from, to, n, NULL, vars, vals, nvars);
+  cpu_background_pause(true);
+  tg_status st = run_items(c, NULL, from, to, n, NULL, vars, vals, nvars);
+  cpu_background_pause(false);
+  return st;
 }
 
 /* ---- pruning (TinyJit prune) ----
@@ -584,7 +668,17 @@ static bool ast_has_vars(UOp *ast) {
   return any;
 }
 
+static tg_status run_schedule_items(Schedule *s);
+
+/* Runs a schedule with background compiles stopped (their compiler would take cores the kernels use). */
 static tg_status run_schedule(Schedule *s) {
+  cpu_background_pause(true);
+  tg_status st = run_schedule_items(s);
+  cpu_background_pause(false);
+  return st;
+}
+
+static tg_status run_schedule_items(Schedule *s) {
   int dbg = debug_level();
   int cap_from = g_capture ? g_capture->n : 0;
   if (g_capture && s->sym_unit) g_capture->sym_unit = true;

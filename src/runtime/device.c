@@ -841,11 +841,14 @@ static ProgEntry *prog_evict_locked(void) {
   return dead;
 }
 
-static void prog_unload_list(ProgEntry *dead) {
+void program_release(Program *p);
+
+static void prog_unload_list(ProgEntry *dead) { /* (stand-ins are released with program_release) */
   while (dead) {
     ProgEntry *nx = dead->next;
     if (debug_level() >= 3) fprintf(stderr, "program cache: unloaded %s (least recently used)\n", dead->pub.name);
-    dead->pub.dev->vt->unload(dead->pub.dev->state, dead->pub.handle);
+    if (dead->pub.handle) dead->pub.dev->vt->unload(dead->pub.dev->state, dead->pub.handle);
+    program_release(dead->pub.stand_in);
     prog_free(dead);
     dead = nx;
   }
@@ -930,7 +933,8 @@ Program *program_get(Device *dev, const char *fname, const char *src) {
           mine = e;
           break;
         }
-        if (shareable && e->pub.dev->vt == dev->vt && strcmp(e->pub.dev->arch, dev->arch) == 0) {
+        if (shareable && e->pub.dev->vt == dev->vt && strcmp(e->pub.dev->arch, dev->arch) == 0 &&
+            (!e->ready || e->pub.handle)) { /* (a tiered entry has no binary to share yet) */
           if (e->ready)
             sibling = e;
           else
@@ -995,6 +999,7 @@ char *program_disasm(Program *p) {
     tg_set_error(TG_ERR_INVALID, "program_disasm: no program");
     return NULL;
   }
+  if (!p->handle && p->stand_in) return program_disasm(p->stand_in); /* what runs until the binary is loaded */
   Device *dev = p->dev;
   if (!dev->vt->disasm) {
     tg_set_error(TG_ERR_INVALID, "program_disasm: device %s (renderer %s) cannot show its code", dev->name, dev->renderer);
@@ -1016,7 +1021,194 @@ double program_exec(Program *p, void **bufs, int nbufs, const int64_t *global_si
     tg_set_error(TG_ERR_INVALID, "program_exec: no program");
     return -1.0;
   }
-  return p->dev->vt->exec(p->dev->state, p->handle, bufs, nbufs, global_size, local_size, wait);
+  void *h = atomic_load_explicit(&p->handle, memory_order_acquire);
+  if (!h && p->stand_in) return program_exec(p->stand_in, bufs, nbufs, global_size, local_size, wait);
+  return p->dev->vt->exec(p->dev->state, h, bufs, nbufs, global_size, local_size, wait);
+}
+
+static uint64_t prog_hash(const char *fname, const char *src, size_t srclen) {
+  return hash_bytes(src, srclen, hash_bytes(fname, strlen(fname), 0x7467707267ULL));
+}
+
+/* The kernels of a batch with no program of dev yet (their indices into todo); *have counts the
+ * others. */
+static int batch_todo(Device *dev, const char *const *fnames, const char *const *srcs, int n, int *todo, int *have) {
+  int ntodo = 0;
+  const char *cid = device_compiler_id(dev);
+  pthread_mutex_lock(&g_prog_lock);
+  for (int i = 0; i < n; i++) {
+    size_t srclen = strlen(srcs[i]);
+    uint64_t h = prog_hash(fnames[i], srcs[i], srclen);
+    bool found = false;
+    for (ProgEntry *e = g_prog_cap ? g_prog_tab[h & (g_prog_cap - 1)] : NULL; e && !found; e = e->next)
+      found = e->hash == h && e->srclen == srclen && e->pub.dev == dev && e->cid == cid && strcmp(e->pub.name, fnames[i]) == 0 &&
+              memcmp(e->src, srcs[i], srclen) == 0;
+    if (found) (*have)++;
+    else todo[ntodo++] = i;
+  }
+  pthread_mutex_unlock(&g_prog_lock);
+  return ntodo;
+}
+
+/* One translation unit of the todo kernels; the t-th one's entry point is renamed <fname>__b<t>
+ * (tiered: a batch of one is its source as it is, the unit program_get compiles). */
+static void batch_source(SB *all, const char *const *fnames, const char *const *srcs, const int *todo, int ntodo) {
+  sb_init(all);
+  if (ntodo == 1 && fnames == NULL) {
+    sb_puts(all, srcs[todo[0]]);
+    return;
+  }
+  for (int t = 0; t < ntodo; t++) {
+    int i = todo[t];
+    sb_printf(all, "#define %s %s__b%d\n%s#undef %s\n", fnames[i], fnames[i], t, srcs[i], fnames[i]);
+  }
+}
+
+bool program_batch_cached(Device *dev, const char *const *fnames, const char *const *srcs, int n) {
+  if (!dev || n <= 0 || !dev->vt->cached) return true;
+  int *todo = tg_xmalloc(sizeof(int) * (size_t)n);
+  int have = 0, ntodo = batch_todo(dev, fnames, srcs, n, todo, &have);
+  bool cached = true;
+  if (ntodo >= 1) {
+    SB all;
+    batch_source(&all, ntodo == 1 ? NULL : fnames, srcs, todo, ntodo);
+    cached = dev->vt->cached(dev->state, all.s);
+    sb_free(&all);
+  }
+  free(todo);
+  return cached;
+}
+
+/* ---- tiered programs: entries that run a stand-in until the background compile of their batch
+ * loads their own binary. The job holds one reference to each entry, so none is unloaded before. */
+static size_t g_prog_pending;
+
+typedef struct {
+  Device *dev;
+  int n;
+  ProgEntry **e;
+  double t0;
+} TierJob;
+
+static void tier_done(void *ctx, const uint8_t *lib, size_t liblen, const char *err) {
+  TierJob *j = ctx;
+  int loaded = 0;
+  for (int t = 0; t < j->n && lib; t++) {
+    char sym[160];
+    if (j->n == 1) snprintf(sym, sizeof sym, "%s", j->e[t]->pub.name);
+    else snprintf(sym, sizeof sym, "%s__b%d", j->e[t]->pub.name, t);
+    void *h = j->dev->vt->load(j->dev->state, sym, lib, liblen);
+    if (!h) {
+      if (debug_level() >= 1) fprintf(stderr, "tiered compile: %s did not load: %s\n", j->e[t]->pub.name, tg_last_error());
+      tg_clear_error();
+      continue;
+    }
+    atomic_store_explicit(&j->e[t]->pub.handle, h, memory_order_release);
+    loaded++;
+  }
+  if (!lib && err) {
+    /* the stand-ins keep running; say so once, since the device's compiler is broken */
+    static _Atomic int said;
+    if (!atomic_exchange(&said, 1) || debug_level() >= 2)
+      fprintf(stderr, "tinygrad.c: the background compile of %d %s kernels failed; they keep running their %s code:\n%s\n",
+                j->n, j->dev->name, j->e[0]->pub.stand_in->dev->name, err ? err : "?");
+  }
+  if (debug_level() >= 3 && (lib || err))
+    fprintf(stderr, "tiered compile: %d of %d %s kernels replaced their stand-ins after %.1f ms\n", loaded, j->n, j->dev->name,
+            (now_seconds() - j->t0) * 1e3);
+  pthread_mutex_lock(&g_prog_lock);
+  g_prog_pending -= (size_t)j->n;
+  pthread_cond_broadcast(&g_prog_cond);
+  pthread_mutex_unlock(&g_prog_lock);
+  for (int t = 0; t < j->n; t++) program_release(&j->e[t]->pub);
+  free(j->e);
+  free(j);
+}
+
+int program_get_batch_tiered(Device *dev, const char *const *fnames, const char *const *srcs, Program *const *stand_ins,
+                             int n) {
+  if (!dev || n <= 0 || !dev->vt->compile_async) return 0;
+  int *todo = tg_xmalloc(sizeof(int) * (size_t)n);
+  int have = 0, ntodo = batch_todo(dev, fnames, srcs, n, todo, &have);
+  if (ntodo < 1 || !program_tier_room(ntodo)) {
+    free(todo);
+    return ntodo < 1 ? have : 0;
+  }
+  TierJob *j = tg_xcalloc(1, sizeof *j);
+  j->dev = dev;
+  j->n = ntodo;
+  j->e = tg_xcalloc((size_t)ntodo, sizeof *j->e);
+  j->t0 = now_seconds();
+  for (int t = 0; t < ntodo; t++) {
+    int i = todo[t];
+    size_t srclen = strlen(srcs[i]);
+    ProgEntry *e = prog_new(dev, fnames[i], srcs[i], srclen, prog_hash(fnames[i], srcs[i], srclen));
+    e->pub.stand_in = program_retain(stand_ins[i]);
+    e->ready = true;
+    e->refs = 1; /* the job's */
+    j->e[t] = e;
+  }
+  SB all;
+  batch_source(&all, ntodo == 1 ? NULL : fnames, srcs, todo, ntodo);
+  /* in the table before the job is queued: its completion may come at once */
+  pthread_mutex_lock(&g_prog_lock);
+  ProgEntry *dead = NULL;
+  for (int t = 0; t < ntodo; t++) {
+    j->e[t]->last_use = ++g_prog_tick;
+    prog_insert_locked(j->e[t]);
+    g_prog_loaded++;
+  }
+  g_prog_pending += (size_t)ntodo;
+  pthread_cond_broadcast(&g_prog_cond);
+  pthread_mutex_unlock(&g_prog_lock);
+  if (!dev->vt->compile_async(dev->state, all.s, tier_done, j)) {
+    /* nothing queued: take the entries out again (one a program_get found meanwhile stays, and
+     * runs its stand-in) */
+    tg_clear_error();
+    pthread_mutex_lock(&g_prog_lock);
+    g_prog_pending -= (size_t)ntodo;
+    for (int t = 0; t < ntodo; t++) {
+      ProgEntry *e = j->e[t];
+      if (--e->refs == 0) {
+        prog_remove_locked(e);
+        g_prog_loaded--;
+        e->next = dead;
+        dead = e;
+      }
+    }
+    pthread_cond_broadcast(&g_prog_cond);
+    pthread_mutex_unlock(&g_prog_lock);
+    prog_unload_list(dead);
+    free(j->e);
+    free(j);
+    ntodo = 0;
+  }
+  sb_free(&all);
+  free(todo);
+  return have + ntodo;
+}
+
+/* Tiered programs hold their stand-ins loaded, and cannot be unloaded before their binary comes: at
+ * most a quarter of MAX_LOADED_KERNELS of them wait at a time (past that, kernels compile as usual). */
+bool program_tier_room(int n) {
+  size_t cap = max_loaded() / 4;
+  pthread_mutex_lock(&g_prog_lock);
+  bool room = g_prog_pending + (size_t)n <= (cap ? cap : 1);
+  pthread_mutex_unlock(&g_prog_lock);
+  return room;
+}
+
+size_t program_tier_pending(void) {
+  pthread_mutex_lock(&g_prog_lock);
+  size_t n = g_prog_pending;
+  pthread_mutex_unlock(&g_prog_lock);
+  return n;
+}
+
+void program_tier_wait(void) {
+  pthread_mutex_lock(&g_prog_lock);
+  while (g_prog_pending) pthread_cond_wait(&g_prog_cond, &g_prog_lock);
+  pthread_mutex_unlock(&g_prog_lock);
 }
 
 /* Compiles several kernels in one compiler run (one translation unit, one shared object): process
@@ -1038,30 +1230,13 @@ int program_get_batch(Device *dev, const char *const *fnames, const char *const 
     return have;
   }
   int *todo = tg_xmalloc(sizeof(int) * (size_t)n);
-  int ntodo = 0, have = 0;
-  const char *cid = device_compiler_id(dev);
-  pthread_mutex_lock(&g_prog_lock);
-  for (int i = 0; i < n; i++) {
-    size_t srclen = strlen(srcs[i]);
-    uint64_t h = hash_bytes(srcs[i], srclen, hash_bytes(fnames[i], strlen(fnames[i]), 0x7467707267ULL));
-    bool found = false;
-    for (ProgEntry *e = g_prog_cap ? g_prog_tab[h & (g_prog_cap - 1)] : NULL; e && !found; e = e->next)
-      found = e->hash == h && e->srclen == srclen && e->pub.dev == dev && e->cid == cid && strcmp(e->pub.name, fnames[i]) == 0 &&
-              memcmp(e->src, srcs[i], srclen) == 0;
-    if (found) have++;
-    else todo[ntodo++] = i;
-  }
-  pthread_mutex_unlock(&g_prog_lock);
+  int have = 0, ntodo = batch_todo(dev, fnames, srcs, n, todo, &have);
   if (ntodo < 2) {
     free(todo);
     return have;
   }
   SB all;
-  sb_init(&all);
-  for (int t = 0; t < ntodo; t++) {
-    int i = todo[t];
-    sb_printf(&all, "#define %s %s__b%d\n%s#undef %s\n", fnames[i], fnames[i], t, srcs[i], fnames[i]);
-  }
+  batch_source(&all, fnames, srcs, todo, ntodo);
   uint8_t *lib = NULL;
   size_t liblen = 0;
   tg_status st = dev->vt->compile(dev->state, all.s, &lib, &liblen);

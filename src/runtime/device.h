@@ -58,6 +58,10 @@ void cpu_host_simd(int *vec_bytes, int *vec_regs);
  * sysfs (cpu0's cache/index*), else sysconf; 0 where neither knows. */
 void cpu_host_caches(int64_t *l1d, int64_t *l2, int64_t *l3);
 
+/* Brackets a stretch of kernel runs (nesting, any thread): background compiles (compile_async) stop
+ * their compiler until the last one ends, so kernels never share the cores with it. */
+void cpu_background_pause(bool pause);
+
 typedef struct DeviceVT {
   const char *name; /* "CPU" */
   /* Creates the device state for instance `index` (CPU:0, CPU:1, ...). NULL + tg_set_error on failure. */
@@ -100,6 +104,15 @@ typedef struct DeviceVT {
   /* Optional: open for an arch string (the ARCH of DEVICE:RENDERER:ARCH; NULL = the host). A
    * renderer without it has no archs to choose. */
   void *(*open_arch)(int index, const char *arch);
+  /* Optional: whether compile would find src's binary in the disk cache (run no compiler). */
+  bool (*cached)(void *state, const char *src);
+  /* Optional: compiles src as compile does (disk cache included) on a background thread of low
+   * priority, then calls done(ctx, lib, liblen, err) on that thread: lib is the binary (NULL with
+   * err, the compiler's message, on failure; both freed after done returns). The compiler and cache
+   * are the calling thread's (its Context). false: nothing was queued. At process exit, jobs not
+   * finished are cancelled: done gets neither lib nor err (from the exiting thread). */
+  bool (*compile_async)(void *state, const char *src,
+                        void (*done)(void *ctx, const uint8_t *lib, size_t liblen, const char *err), void *ctx);
   /* Sources cannot be concatenated into one compile (program_get_batch compiles them one by one). */
   bool no_batch;
 } DeviceVT;
@@ -187,11 +200,14 @@ tg_status buffer_copyout(Buffer *b, void *dst, size_t nbytes);
 tg_status buffer_copy(Buffer *dst, Buffer *src, size_t nbytes);
 size_t buffer_live_count(void);
 
-/* Compiled programs, cached in memory by (device, source). */
+/* Compiled programs, cached in memory by (device, source). A tiered program (program_get_batch_tiered)
+ * runs its stand-in, a program of another device compiled from the same kernel, until its own binary
+ * is loaded (handle goes from NULL to it once; program_exec reads it atomically). */
 typedef struct Program {
   Device *dev;
   char *name;
-  void *handle;
+  void *_Atomic handle;
+  struct Program *stand_in; /* held; NULL for an ordinary program */
 } Program;
 /* Compiles (disk cache) and loads `src` whose entry point is `fname`. Returns a reference to a
  * program of the in-memory cache (release it with program_release), or NULL + error (TG_ERR_COMPILE
@@ -208,6 +224,21 @@ size_t program_loaded_count(void);
 /* Compiles the kernels not loaded yet in one compiler run (faster than one run each); afterwards
  * program_get finds them without compiling. Returns how many are available. Records no error. */
 int program_get_batch(Device *dev, const char *const *fnames, const char *const *srcs, int n);
+/* Tiered compilation. Whether program_get_batch(dev, ...) would find its batch in the disk cache
+ * (or loaded already, or have nothing to batch): false means it would run the compiler. */
+bool program_batch_cached(Device *dev, const char *const *fnames, const char *const *srcs, int n);
+/* Like program_get_batch, but the batch compiles in the background (DeviceVT.compile_async): its
+ * programs are available at once, each running stand_ins[i] (same kernel, same launch, another
+ * device of the same memory: CPU:LLVM for CPU) until the device's own binary replaces it. Returns how
+ * many are available (0: the device cannot compile in the background; nothing was done). */
+int program_get_batch_tiered(Device *dev, const char *const *fnames, const char *const *srcs, Program *const *stand_ins,
+                             int n);
+/* Tiered programs still running their stand-in; program_tier_wait blocks until there are none (the
+ * background compiles done, loaded or failed). */
+size_t program_tier_pending(void);
+/* Whether n more may wait now (at most MAX_LOADED_KERNELS / 4 at a time: each holds its stand-in). */
+bool program_tier_room(int n);
+void program_tier_wait(void);
 /* The assembly of p as its device runs it (DEBUG=7): the disassembly of the loaded object for the
  * C renderer (objdump, from binutils), the target machine's assembly for LLVM. malloc'd text the
  * caller frees, or NULL + error (no disassembler installed, a device that cannot show its code). */

@@ -31,7 +31,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -185,6 +188,21 @@ static bool mkdir_p(const char *path) {
   return ok;
 }
 
+/* Background compiles (see compile_async below): their compiler runs in a process group of its own,
+ * g_bg_pgid (0: none running), which is stopped while kernels run (cpu_background_pause) and killed
+ * at exit. tl_background marks the thread that starts them. */
+static _Thread_local bool tl_background;
+static pthread_mutex_t g_pause_lock = PTHREAD_MUTEX_INITIALIZER;
+static pid_t g_bg_pgid;
+static int g_pause_depth;
+
+void cpu_background_pause(bool pause) {
+  pthread_mutex_lock(&g_pause_lock);
+  bool edge = pause ? g_pause_depth++ == 0 : g_pause_depth > 0 && --g_pause_depth == 0;
+  if (edge && g_bg_pgid > 0) kill(-g_bg_pgid, pause ? SIGSTOP : SIGCONT);
+  pthread_mutex_unlock(&g_pause_lock);
+}
+
 /* Runs the program at `path` with stdin from /dev/null; stdout and stderr go to `out` (the first
  * `keep` bytes; the rest is drained so the child never blocks). Returns 0 and the wait status, or
  * the errno of a failed spawn. */
@@ -196,9 +214,22 @@ static int run_capture(const char *path, char *const argv[], SB *out, size_t kee
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&fa, pfd[1], 1);
   posix_spawn_file_actions_adddup2(&fa, pfd[1], 2);
+  posix_spawnattr_t at;
+  posix_spawnattr_init(&at);
+  if (tl_background) {
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&at, 0);
+  }
   pid_t pid;
-  int rc = posix_spawn(&pid, path, &fa, NULL, argv, environ);
+  int rc = posix_spawn(&pid, path, &fa, &at, argv, environ);
   posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&at);
+  if (rc == 0 && tl_background) {
+    pthread_mutex_lock(&g_pause_lock);
+    g_bg_pgid = pid;
+    if (g_pause_depth > 0) kill(-pid, SIGSTOP); /* kernels are running: it waits for them */
+    pthread_mutex_unlock(&g_pause_lock);
+  }
   close(pfd[1]);
   if (rc != 0) {
     close(pfd[0]);
@@ -216,6 +247,16 @@ static int run_capture(const char *path, char *const argv[], SB *out, size_t kee
   }
   close(pfd[0]);
   *wstatus = -1;
+  if (tl_background) {
+    /* signals go to its group until it has exited: wait without reaping first, so that its pid
+     * is withdrawn before it can be handed to another process */
+    siginfo_t si;
+    while (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOWAIT) < 0 && errno == EINTR) {
+    }
+    pthread_mutex_lock(&g_pause_lock);
+    g_bg_pgid = 0;
+    pthread_mutex_unlock(&g_pause_lock);
+  }
   while (waitpid(pid, wstatus, 0) < 0 && errno == EINTR) {
   }
   return 0;
@@ -543,6 +584,139 @@ static void cpu_cache_evict(void *state, const char *src) {
   disk_cache_evict(compiler_get()->id, src);
 }
 
+static bool cpu_cached(void *state, const char *src) {
+  (void)state;
+  char *dir = NULL, *entry = cache_entry_path(compiler_get()->id, src, &dir);
+  bool have = entry && access(entry, R_OK) == 0;
+  free(dir), free(entry);
+  return have;
+}
+
+/* ---- background compiles (compile_async): one thread at the lowest priority (SCHED_IDLE, else
+ * nice 19; the compiler processes it starts inherit it), so it takes only CPU time left idle, and
+ * its compiler is stopped outright while kernels run (cpu_background_pause). The job
+ * records what the caller's thread would compile with (compiler, cache entry) when it is queued. At
+ * exit the running compiler is killed and queued jobs are dropped: nothing is half-written (the
+ * cache entry is renamed into place only when complete) and the temporary files are removed. ---- */
+typedef struct BgJob {
+  CompilerInfo *ci;
+  char *src, *dir, *entry, *key;
+  void (*done)(void *ctx, const uint8_t *lib, size_t liblen, const char *err);
+  void *ctx;
+  struct BgJob *next;
+} BgJob;
+
+static pthread_mutex_t g_bg_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_bg_cond = PTHREAD_COND_INITIALIZER;
+static BgJob *g_bg_head, *g_bg_tail;
+static bool g_bg_started, g_bg_stop, g_bg_exited;
+static pthread_t g_bg_thread;
+
+static void bg_job_free(BgJob *j) {
+  free(j->src), free(j->dir), free(j->entry), free(j->key);
+  free(j);
+}
+
+static void *bg_main(void *arg) {
+  (void)arg;
+  /* SCHED_IDLE where the kernel has it (any other thread preempts it at once), else nice 19 */
+  struct sched_param sp = {0};
+  if (sched_setscheduler(0, SCHED_IDLE, &sp) != 0) setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
+  tl_background = true;
+  pthread_mutex_lock(&g_bg_lock);
+  for (;;) {
+    while (!g_bg_head && !g_bg_stop) pthread_cond_wait(&g_bg_cond, &g_bg_lock);
+    if (g_bg_stop) break;
+    BgJob *j = g_bg_head;
+    g_bg_head = j->next;
+    if (!g_bg_head) g_bg_tail = NULL;
+    pthread_mutex_unlock(&g_bg_lock);
+    uint8_t *lib = NULL;
+    size_t len = 0;
+    char *err = NULL;
+    if (!(j->entry && (lib = cache_read(j->entry, j->key, &len)))) {
+      if (compile_now(j->ci, j->src, &lib, &len) == TG_OK) {
+        if (j->entry && mkdir_p(j->dir)) cache_write(j->dir, j->entry, j->key, lib, len);
+      } else {
+        err = tg_xstrdup(tg_last_error() ? tg_last_error() : "compile failed");
+        tg_clear_error();
+      }
+    }
+    pthread_mutex_lock(&g_bg_lock);
+    bool stop = g_bg_stop;
+    pthread_mutex_unlock(&g_bg_lock);
+    if (stop) j->done(j->ctx, NULL, 0, NULL);
+    else j->done(j->ctx, lib, len, err ? err : lib ? NULL : "compile failed");
+    free(lib), free(err);
+    bg_job_free(j);
+    pthread_mutex_lock(&g_bg_lock);
+  }
+  g_bg_exited = true;
+  pthread_mutex_unlock(&g_bg_lock);
+  return NULL;
+}
+
+static void bg_at_exit(void) {
+  pthread_mutex_lock(&g_bg_lock);
+  g_bg_stop = true;
+  BgJob *j = g_bg_head;
+  g_bg_head = g_bg_tail = NULL;
+  pthread_cond_broadcast(&g_bg_cond);
+  pthread_mutex_unlock(&g_bg_lock);
+  while (j) {
+    BgJob *nx = j->next;
+    j->done(j->ctx, NULL, 0, NULL);
+    bg_job_free(j);
+    j = nx;
+  }
+  /* the job in progress ends as soon as its compiler does (at most a few seconds if it will not) */
+  for (int i = 0; i < 2000; i++) {
+    pthread_mutex_lock(&g_bg_lock);
+    bool exited = g_bg_exited;
+    pthread_mutex_unlock(&g_bg_lock);
+    if (exited) {
+      pthread_join(g_bg_thread, NULL);
+      return;
+    }
+    pthread_mutex_lock(&g_pause_lock);
+    if (g_bg_pgid > 0) kill(-g_bg_pgid, SIGKILL);
+    pthread_mutex_unlock(&g_pause_lock);
+    usleep(1000);
+  }
+}
+
+static bool cpu_compile_async(void *state, const char *src,
+                              void (*done)(void *ctx, const uint8_t *lib, size_t liblen, const char *err), void *ctx) {
+  (void)state;
+  CompilerInfo *ci = compiler_get();
+  if (!ci->path || !src) return false;
+  BgJob *j = tg_xcalloc(1, sizeof *j);
+  j->ci = ci;
+  j->src = tg_xstrdup(src);
+  j->entry = cache_entry_path(ci->id, src, &j->dir);
+  j->key = j->entry ? cache_key(ci->id, src) : NULL;
+  j->done = done;
+  j->ctx = ctx;
+  pthread_mutex_lock(&g_bg_lock);
+  bool ok = !g_bg_stop;
+  if (ok && !g_bg_started) {
+    ok = pthread_create(&g_bg_thread, NULL, bg_main, NULL) == 0;
+    if (ok) {
+      g_bg_started = true;
+      atexit(bg_at_exit);
+    }
+  }
+  if (ok) {
+    if (g_bg_tail) g_bg_tail->next = j;
+    else g_bg_head = j;
+    g_bg_tail = j;
+    pthread_cond_signal(&g_bg_cond);
+  }
+  pthread_mutex_unlock(&g_bg_lock);
+  if (!ok) bg_job_free(j);
+  return ok;
+}
+
 /* DEBUG=7: the kernel object disassembled by objdump (binutils). The object goes to a private file
  * for objdump to read and is removed at once. */
 static char *cpu_disasm(void *state, const char *src, const uint8_t *lib, size_t liblen) {
@@ -765,4 +939,6 @@ const DeviceVT cpu_device_vt = {
     .caps = cpu_caps,
     .cache_evict = cpu_cache_evict,
     .disasm = cpu_disasm,
+    .cached = cpu_cached,
+    .compile_async = cpu_compile_async,
 };
