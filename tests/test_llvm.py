@@ -8,7 +8,9 @@ kernels) and what DEV=CPU computes; arch strings select the target (znver2 witho
 zmm register in its assembly, the host's has where the host has AVX-512F) and bad ones are clear
 errors; a missing libLLVM names its package; DEBUG=5 prints each kernel's AST with its ops, DEBUG=6
 the loop nest, DEBUG=7 assembly with an FMA for a matmul (objdump for the C renderer, the target
-machine's asm for LLVM); program objects land in the kernel cache. Ends with
+machine's asm for LLVM); program objects land in the kernel cache; a cold DEV=CPU schedule runs
+CPU:LLVM stand-ins while gcc builds in the background, and exiting leaves no compiler or file behind.
+Ends with
 "test_llvm: N passed, N failed".
 """
 import os, re, subprocess, sys, tempfile
@@ -193,8 +195,42 @@ def test_batch():
         "the batch computes what DEV=CPU computes", out4 + out)
 
 
+def procs_mentioning(text):
+  found = []
+  for pid in os.listdir("/proc"):
+    if not pid.isdigit():
+      continue
+    try:
+      cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+    except OSError:
+      continue
+    if text in cmd:
+      found.append(cmd.replace("\0", " "))
+  return found
+
+
+# tiered compilation (DEV=CPU, default CC): a cold schedule runs CPU:LLVM stand-ins while the C
+# compiler builds in the background; a process that exits at once leaves no compiler running and no
+# file behind, and computes what TIERED=0 computes
+def test_tiered():
+  with tempfile.TemporaryDirectory() as d, tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as d0:
+    env = {"DEV": "CPU", "CC": "cc", "TINYGRAD_CACHE_DIR": d, "TMPDIR": tmp, "DEBUG": "3"}
+    rc, out, err = child(env, BATCH_SNIPPET)
+    check(rc == 0 and "CPU:LLVM: compiled" in err, "a cold DEV=CPU schedule runs CPU:LLVM stand-ins", (out + err)[-800:])
+    left = [f for f in os.listdir(tmp) if f.startswith("tgk-")]
+    check(not left, "a process exiting with background compiles pending leaves no compiler file", str(left))
+    running = procs_mentioning(tmp)
+    check(not running, "and no compiler process running", str(running))
+    rc0, out0, err0 = child(dict(env, TIERED="0", DEBUG="0", TINYGRAD_CACHE_DIR=d0), BATCH_SNIPPET)
+    check(rc0 == 0 and out0.strip() and out.strip() and abs(float(out0.split()[1]) - float(out.split()[1])) < 1e-3,
+          "tiered and TIERED=0 compute the same", out + out0 + err0[-400:])
+    check("CPU:LLVM: compiled" not in err0, "TIERED=0 compiles no stand-in", err0[-400:])
+    rc2, out2, err2 = child(dict(env, TG_LLVM_LIB="/nonexistent/libLLVM-15.so.1", TINYGRAD_CACHE_DIR=d0 + "/x"), BATCH_SNIPPET)
+    check(rc2 == 0 and out2 == out0, "without libLLVM DEV=CPU compiles with the C compiler alone", (out2 + err2)[-400:])
+
+
 def main():
-  for f in (test_results, test_arch_errors, test_missing_library, test_debug_levels, test_cache, test_batch):
+  for f in (test_results, test_arch_errors, test_missing_library, test_debug_levels, test_cache, test_batch, test_tiered):
     try:
       f()
     except Exception as e:  # noqa: BLE001
