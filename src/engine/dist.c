@@ -14,6 +14,9 @@
  * gets MPI_ERRORS_RETURN, so a failed call (a peer that died) returns an error code that is
  * reported with MPI's own message.
  *
+ * This file is the MPI side (loading libmpi, running a collective); the tensor calls that build
+ * COLLECTIVE nodes are in tensor/collective.c.
+ *
  * Open MPI's handles are addresses of its predefined objects (MPI_COMM_WORLD is &ompi_mpi_comm_world,
  * MPI_FLOAT &ompi_mpi_float, ...), which dlsym gives; MPI_IN_PLACE is (void *)1 in its ABI.
  */
@@ -24,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../tensor/tensor.h"
+#include "engine.h"
 
 typedef void *MPI_Handle;
 static struct {
@@ -156,38 +159,4 @@ tg_status dist_exec(Buffer *out, Buffer *in, size_t n, tg_dtype dt, int64_t root
   return st;
 }
 
-static bool host_memory(const Device *d) { return d->vt == &cpu_device_vt || d->vt == &llvm_device_vt; }
-
-/* u's collective node: on a device in host memory, the node itself; elsewhere through a copy to
- * the CPU and back; over a device tuple, one per shard. */
-static UOp *dist_node(UOp *u, const void *ctx) {
-  int64_t root = *(const int64_t *)ctx;
-  if (m_is(u)) return m_map(u, dist_node, ctx);
-  Device *d = device_by_id(u->device);
-  if (host_memory(d)) return g_collective(u, (int)root);
-  Device *cpu = device_get("CPU");
-  if (!cpu) return NULL;
-  UOp *h = g_copy(u, cpu->id), *c = g_collective(h, (int)root), *r = g_copy(c, u->device);
-  uop_unref(h), uop_unref(c);
-  return r;
-}
-
-static tg_tensor collective(const char *fn, tg_tensor t, int root, bool bcast) {
-  if (!M.inited) return tg_set_error(TG_ERR_INVALID, "%s: call tg_dist_init first", fn), (tg_tensor){0};
-  UOp *u = t_get(t, fn);
-  if (!u) return (tg_tensor){0};
-  if (!mpi_type((tg_dtype)u->dtype))
-    return tg_set_error(TG_ERR_INVALID, "%s: dtype %s is not supported (float32, float64, int32, int64)", fn, tg_dtype_name((tg_dtype)u->dtype)),
-           (tg_tensor){0};
-  if (bcast && (root < 0 || root >= M.size))
-    return tg_set_error(TG_ERR_INVALID, "%s: root %d is not a rank (0..%d)", fn, root, M.size - 1), (tg_tensor){0};
-  if (u->sym)
-    return tg_set_error(TG_ERR_INVALID, "%s: the tensor has a symbolic shape; shrink it to a concrete one first", fn), (tg_tensor){0};
-  int64_t r = bcast ? root : -1;
-  UOp *c = dist_node(u, &r);
-  if (!c) return (tg_tensor){0};
-  return t_wrap(c);
-}
-
-tg_tensor tg_dist_allreduce(tg_tensor t) { return collective("tg_dist_allreduce", t, 0, false); }
-tg_tensor tg_dist_broadcast(tg_tensor t, int root) { return collective("tg_dist_broadcast", t, root, true); }
+bool dist_dtype_ok(tg_dtype dt) { return mpi_type(dt) != NULL; }

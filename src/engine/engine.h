@@ -1,12 +1,34 @@
 /*
- * engine.h -- execution internals shared by realize.c and jit.c: a capture of executed kernels
- * (TinyJit) and replaying it with some buffers swapped.
+ * engine.h -- the execution engine below the tensor layer: realizing lazy graphs (engine_realize),
+ * a capture of executed kernels (TinyJit) and replaying it with some buffers swapped, exporting a
+ * capture as C, and MPI collectives. The engine never touches tensor handles or autograd: the tensor
+ * layer calls it and is told about results through RealizeHooks.
  */
 #ifndef TG_ENGINE_H
 #define TG_ENGINE_H
 
 #include "../codegen/codegen.h"
 #include "../runtime/device.h"
+
+/* What the tensor layer does with a realize's results. engine_realize calls them while it holds the
+ * realize lock, so no other realize sees a result half handed out. Buffers are borrowed (a hook takes
+ * its own references). */
+typedef struct RealizeHooks {
+  /* Calls visit(ctx, u) with the node of every live handle: a contiguous() intermediate that a
+   * handle holds is kept (becomes that handle's buffer) instead of being freed after its readers. */
+  void (*each_held)(void (*visit)(void *ctx, UOp *u), void *ctx);
+  /* Target t was computed into b. */
+  void (*computed)(UOp *t, Buffer *b);
+  /* t, a contiguous() intermediate that a live handle holds, was computed into b. */
+  void (*kept)(UOp *t, Buffer *b);
+  /* Assign a (a target or not) was carried out: its target buffer b holds the new value. */
+  void (*assigned)(UOp *a, Buffer *b);
+} RealizeHooks;
+/* Schedules, compiles and runs what the single-device nodes targets[0..n) need (nodes already
+ * realized or plain views of a buffer need nothing), then reports the results through hooks. */
+tg_status engine_realize(UOp **targets, int n, const RealizeHooks *hooks);
+/* True while this thread runs a TinyJit capture: reading data then is an error. */
+bool engine_capturing(void);
 
 /* One executed item: a kernel launch, a device copy or an MPI collective, with references to the
  * buffers it used. */
@@ -82,7 +104,11 @@ typedef struct {
   const int *vars; /* the variables of the captured call (var.c indices) */
 } JitView;
 void jit_view(const tg_jit *j, JitView *v);
+/* tg_jit_export's work on a jit's view (v->in and v->out are freed here, whatever happens). */
+tg_status export_capture(const JitView *v, const char *path, const tg_jit_export_opts *opts);
 
+/* Whether tg_dist_* can move elements of dtype dt (dist.c). */
+bool dist_dtype_ok(tg_dtype dt);
 /* Runs an SI_COLLECTIVE item (dist.c): out = the collective `root` (a COLLECTIVE node's arg) of in,
  * n bytes of dtype dt each, host memory. */
 tg_status dist_exec(Buffer *out, Buffer *in, size_t n, tg_dtype dt, int64_t root);

@@ -957,18 +957,22 @@ static tg_status gen_source(const Ex *e, const char *hbase, const uint8_t *w, ui
   return TG_OK;
 }
 
-tg_status tg_jit_export(const tg_jit *j, const char *path, const tg_jit_export_opts *opts) {
+tg_status export_capture(const JitView *v, const char *path, const tg_jit_export_opts *opts) {
   static const char *fn = "tg_jit_export";
-  if (!j) return tg_set_error(TG_ERR_INVALID, "%s: jit is NULL", fn);
-  if (!path || !*path) return tg_set_error(TG_ERR_INVALID, "%s: path is NULL or empty (give the .c file to write)", fn);
+  if (!path || !*path) {
+    free(v->in), free(v->out);
+    return tg_set_error(TG_ERR_INVALID, "%s: path is NULL or empty (give the .c file to write)", fn);
+  }
   Ex e;
   memset(&e, 0, sizeof e);
   e.name = opts && opts->name ? opts->name : "model";
   e.wpath = opts && opts->weights_path && *opts->weights_path ? opts->weights_path : NULL;
-  if (!is_ident(e.name) || !strncmp(e.name, "tgx_", 4))
+  e.v = *v;
+  if (!is_ident(e.name) || !strncmp(e.name, "tgx_", 4)) {
+    free(e.v.in), free(e.v.out);
     return tg_set_error(TG_ERR_INVALID, "%s: name \"%s\" is not a C identifier of at most 47 characters (and not tgx_...)", fn, e.name);
+  }
   upper(e.NAME, e.name, sizeof e.NAME);
-  jit_view(j, &e.v);
   if (e.v.calls < 2) {
     return tg_set_error(TG_ERR_INVALID,
                         "%s: the jit has not captured anything yet (%d call%s); call it twice (the second call captures) "

@@ -790,14 +790,30 @@ static tg_status run_schedule_items(Schedule *s) {
  * core (the thread pool). Recursive: a TinyJit capture realizes inside a realize's caller. */
 static pthread_mutex_t realize_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 
-static tg_status realize_locked(UOp **targets, int n);
 
 /* As tinygrad does, a contiguous() that a kernel of this schedule computes on the way to the targets
  * is kept when a live handle holds it: the handle gets the buffer, so using it again (c * 2 after
  * c + 1, an Embedding weight made by zeros_like(...).contiguous()) costs no kernel to recompute it.
  * Marks those buffers kept and returns their sbuf indices, -1 terminated (NULL if none). Not while a
  * TinyJit capture plans the intermediates' memory: a replay may reuse such a buffer. */
-static int *keep_held_contiguous(Schedule *s) {
+typedef struct {
+  PtrMap *cand;
+  Schedule *s;
+  int **out, *n;
+} HeldScan;
+
+/* One live handle's node: a candidate it holds is kept (and listed once). */
+static void held_visit(void *ctx, UOp *u) {
+  HeldScan *h = ctx;
+  intptr_t b = (intptr_t)pm_get(h->cand, (uint64_t)(uintptr_t)u);
+  if (!b || h->s->bufs[b - 1].keep) return;
+  h->s->bufs[b - 1].keep = true;
+  *h->out = tg_xrealloc(*h->out, sizeof(int) * (size_t)(*h->n + 2));
+  (*h->out)[(*h->n)++] = (int)(b - 1);
+  (*h->out)[*h->n] = -1;
+}
+
+static int *keep_held_contiguous(Schedule *s, const RealizeHooks *hooks) {
   if (g_capture) return NULL;
   int *out = NULL, n = 0;
   PtrMap cand;
@@ -808,78 +824,14 @@ static int *keep_held_contiguous(Schedule *s) {
       pm_put(&cand, (uint64_t)(uintptr_t)u, (void *)(intptr_t)(i + 1));
   }
   if (cand.len) {
-    size_t ns = t_slot_count();
-    for (size_t k = 0; k < ns; k++) {
-      Slot *sl = t_slot_at(k);
-      if (sl->scope < 0 || !sl->u) continue;
-      intptr_t b = (intptr_t)pm_get(&cand, (uint64_t)(uintptr_t)sl->u);
-      if (!b || s->bufs[b - 1].keep) continue;
-      s->bufs[b - 1].keep = true;
-      out = tg_xrealloc(out, sizeof(int) * (size_t)(n + 2));
-      out[n++] = (int)(b - 1);
-      out[n] = -1;
-    }
+    HeldScan hs = {&cand, s, &out, &n};
+    hooks->each_held(held_visit, &hs);
   }
   pm_free(&cand);
   return out;
 }
 
-tg_status realize_uops(UOp **targets, int n) {
-  /* multi-device targets realize their shards (multi.c), which comes back here */
-  for (int i = 0; i < n; i++)
-    if (device_is_tuple(targets[i]->device)) return realize_multi(targets, n);
-  pthread_mutex_lock(&realize_lock);
-  tg_status st = realize_locked(targets, n);
-  pthread_mutex_unlock(&realize_lock);
-  return st;
-}
-
-/* Does t's value come from no buffer at all (a tg_zeros, tg_full, tg_arange or tg_eye, maybe cast,
- * reshaped or made contiguous)? seen: the nodes already known to. */
-static bool reads_no_buffer(UOp *t, PtrMap *seen) {
-  if (uop_realized(t) || t->op == OP_BUFFER) return false;
-  if (pm_has(seen, (uint64_t)(uintptr_t)t)) return true;
-  for (uint32_t i = 0; i < t->nsrc; i++)
-    if (!reads_no_buffer(t->src[i], seen)) return false;
-  pm_put(seen, (uint64_t)(uintptr_t)t, t);
-  return true;
-}
-
-/* Hands the buffer node bn (b's) of the just realized t to the live handles holding t. Creating a
- * tensor (tg_zeros, tg_full, tg_arange, ...) makes a new tensor each time, as in tinygrad, where each
- * creation gets its own buffer; here hash-consing makes two creations of one shape one node. So when
- * several handles hold a node that reads no buffer, each after the first gets a copy of b, and an
- * assign to one never changes another. A value computed from buffers (x + y built twice) stays one
- * buffer for all its handles, as in tinygrad. Returns how many handles hold t's value now. */
-static int hand_out(UOp *t, UOp *bn, Buffer *b) {
-  int holders = t_replace_everywhere(t, bn); /* bn is a new node: only these handles hold it */
-  if (holders <= 1 || b->img_w) return holders;
-  PtrMap seen;
-  pm_init(&seen);
-  bool fresh = true; /* t itself is realized by now: its inputs tell */
-  for (uint32_t i = 0; fresh && i < t->nsrc; i++) fresh = reads_no_buffer(t->src[i], &seen);
-  pm_free(&seen);
-  if (!fresh) return holders;
-  UOp **tos = tg_xmalloc(sizeof(UOp *) * (size_t)holders);
-  int n = 1;
-  tos[0] = bn; /* the first handle keeps bn */
-  for (; n < holders; n++) {
-    Buffer *c = buffer_new(b->dev, b->nbytes);
-    if (!c) break;
-    if (buffer_copy(c, b, b->nbytes) != TG_OK) {
-      buffer_unref(c);
-      break;
-    }
-    tos[n] = g_buffer(c, (tg_dtype)t->dtype, t->shape, t->ndim);
-  }
-  /* on a failed allocation (the error is recorded) the remaining handles share bn */
-  t_replace_each(bn, tos, n);
-  for (int i = 1; i < n; i++) uop_unref(tos[i]);
-  free(tos);
-  return holders;
-}
-
-static tg_status realize_locked(UOp **targets, int n) {
+static tg_status realize_locked(UOp **targets, int n, const RealizeHooks *hooks) {
   /* only nodes that are neither realized nor plain views of a buffer need work */
   UOp **todo = tg_xmalloc(sizeof(UOp *) * (size_t)(n + 1));
   int m = 0;
@@ -906,7 +858,7 @@ static tg_status realize_locked(UOp **targets, int n) {
   }
   schedule_key_free(key);
   if (st == TG_OK && tg_oom_check("realize (scheduling)")) st = TG_ERR_RUNTIME;
-  int *held = st == TG_OK ? keep_held_contiguous(&s) : NULL;
+  int *held = st == TG_OK ? keep_held_contiguous(&s, hooks) : NULL;
   if (st == TG_OK && viz_on) viz_schedule(&s, todo, m);
   tg_counters before = tg_global_counters();
   double t0 = now_seconds();
@@ -916,49 +868,18 @@ static tg_status realize_locked(UOp **targets, int n) {
             (unsigned long long)(tg_global_counters().kernel_count - before.kernel_count),
             (double)(tg_global_counters().global_ops - before.global_ops) * 1e-6,
             (double)(tg_global_counters().global_mem - before.global_mem) * 1e-6, (now_seconds() - t0) * 1e3);
+  /* the tensor layer hands the results to its handles (and autograd) while the lock is held */
   if (st == TG_OK) {
-    for (int i = 0; i < m; i++) {
-      UOp *t = todo[i];
-      if (tbuf[i] < 0) continue;
-      Buffer *b = s.bufs[tbuf[i]].buf;
-      if (t->sym) {
-        /* a symbolic shape is stored at its max: handles get the [0, size) view of that buffer
-         * (tinygrad's buffer of a symbolic tensor is its max size too); t itself stays lazy */
-        int64_t mx[64], bd[128];
-        for (int d = 0; d < t->ndim && t->ndim <= 64; d++) {
-          mx[d] = sym_is_code(t->sym[d]) ? sym_maxval(t->sym[d]) : t->shape[d];
-          bd[2 * d] = 0, bd[2 * d + 1] = t->sym[d];
-        }
-        UOp *bm = g_buffer(buffer_ref(b), (tg_dtype)t->dtype, mx, t->ndim);
-        UOp *view = g_shrink(bm, bd);
-        uop_unref(bm);
-        t_replace_everywhere(t, view);
-        uop_unref(view);
-        continue;
-      }
-      UOp *bn = g_buffer(buffer_ref(b), (tg_dtype)t->dtype, t->shape, t->ndim);
-      uop_set_realized(t, bn); /* owned by t */
-      /* handles now hold bn; bn keeps t's graph for autograd when a gradient may flow through it */
-      if (hand_out(t, bn, b) > 0) ag_attach_history(bn, t);
-    }
-    /* user contiguous() intermediates that a live handle holds become that handle's buffer */
+    for (int i = 0; i < m; i++)
+      if (tbuf[i] >= 0) hooks->computed(todo[i], s.bufs[tbuf[i]].buf);
     for (int i = 0; held && held[i] >= 0; i++) {
       SBuf *sb = &s.bufs[held[i]];
-      UOp *t = sb->node;
-      if (!sb->buf || t->realized) continue;
-      UOp *bn = g_buffer(buffer_ref(sb->buf), (tg_dtype)t->dtype, t->shape, t->ndim);
-      t->realized = bn;
-      if (hand_out(t, bn, sb->buf) > 0) ag_attach_history(bn, t);
+      if (sb->buf && !sb->node->realized) hooks->kept(sb->node, sb->buf);
     }
     /* assigns carried out on the way (a kernel needed their result) are done too: handles holding
      * them must not run them again */
-    for (int i = 0; i < s.nassigns; i++) {
-      UOp *a = s.assigns[i];
-      if (uop_realized(a)) continue;
-      UOp *bn = g_buffer(buffer_ref(s.bufs[s.assign_bufs[i]].buf), (tg_dtype)a->dtype, a->shape, a->ndim);
-      uop_set_realized(a, bn);
-      t_replace_everywhere(a, bn);
-    }
+    for (int i = 0; i < s.nassigns; i++)
+      if (!uop_realized(s.assigns[i])) hooks->assigned(s.assigns[i], s.bufs[s.assign_bufs[i]].buf);
   }
   /* the results are right (the reserve carried the run through), but the failure is reported */
   if (tg_oom_check("realize") && st == TG_OK) st = TG_ERR_RUNTIME;
@@ -966,5 +887,12 @@ static tg_status realize_locked(UOp **targets, int n) {
   free(held);
   free(tbuf);
   free(todo);
+  return st;
+}
+
+tg_status engine_realize(UOp **targets, int n, const RealizeHooks *hooks) {
+  pthread_mutex_lock(&realize_lock);
+  tg_status st = realize_locked(targets, n, hooks);
+  pthread_mutex_unlock(&realize_lock);
   return st;
 }

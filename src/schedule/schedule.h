@@ -5,7 +5,7 @@
 #ifndef TG_SCHEDULE_H
 #define TG_SCHEDULE_H
 
-#include "../tensor/tensor.h"
+#include "bufnode.h"
 
 enum { SI_KERNEL, SI_COPY, SI_COLLECTIVE };
 

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../engine/engine.h"
 #include "tensor.h"
 
 #define NONE ((tg_tensor){0})

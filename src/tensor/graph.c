@@ -10,12 +10,6 @@
 
 #include "tensor.h"
 
-int64_t shape_numel(const int64_t *shape, int ndim) {
-  int64_t n = 1;
-  for (int i = 0; i < ndim; i++) n *= shape[i];
-  return n;
-}
-
 const char *fmt_shape(char *buf, size_t n, const int64_t *shape, int ndim) {
   size_t o = 0;
   o += (size_t)snprintf(buf + o, n - o, "(");
@@ -71,7 +65,6 @@ static bool same_sym(const int64_t *codes, bool any, const UOp *a) {
   return a->sym && !memcmp(codes, a->sym, sizeof(int64_t) * (size_t)a->ndim);
 }
 
-Buffer *g_buffer_of(UOp *u) { return u && u->op == OP_BUFFER ? (Buffer *)u->arg.p : NULL; }
 
 UOp *g_const(double v, tg_dtype dt, int device) {
   if (device_is_tuple(device)) return m_const(v, dt, device);
@@ -473,12 +466,3 @@ UOp *g_concrete(UOp *u) {
   return r;
 }
 
-UOp *g_base_buffer(UOp *u) {
-  while (u) {
-    if (uop_realized(u)) u = uop_realized(u);
-    if (u->op == OP_BUFFER) return u;
-    if (!op_is_movement(u->op) && u->op != OP_DETACH) return NULL;
-    u = u->src[0];
-  }
-  return NULL;
-}

@@ -9,6 +9,7 @@
 #define TG_TENSOR_INTERNAL_H
 
 #include "../runtime/device.h"
+#include "../schedule/bufnode.h"
 #include "../uop/uop.h"
 
 /* ---- handles ---- */
@@ -85,18 +86,11 @@ UOp *g_assign_region(UOp *target, UOp *value, const int64_t *bounds);
 UOp *g_concrete(UOp *u);
 UOp *g_sym_count(UOp *a, const bool *red, bool keepdim, tg_dtype dt);
 
-int64_t shape_numel(const int64_t *shape, int ndim);
 /* Can a tensor have this shape? No negative dimension, and the product of the non-zero dimensions at
  * most 2^48 (a 0 in one dimension does not excuse the others), so that the product of any subset of
  * a valid shape's dimensions fits in int64 wherever it is computed downstream (ops.c). */
 bool shape_fits(const int64_t *shape, int ndim);
 #define TG_MAX_NUMEL ((int64_t)1 << 48)
-/* The BUFFER node at the base of a chain of movement ops (NULL if the base is not a buffer); also
- * looks through realized caches. */
-UOp *g_base_buffer(UOp *u);
-/* The value that `u` denotes right now for scheduling: its realized BUFFER if it has one. */
-static inline UOp *g_resolve(UOp *u) { return uop_realized(u) ? uop_realized(u) : u; }
-Buffer *g_buffer_of(UOp *buf_node);
 
 /* Formats a shape "(3, 4)" into buf (static-size safe: truncates). */
 const char *fmt_shape(char *buf, size_t n, const int64_t *shape, int ndim);
@@ -144,10 +138,10 @@ UOp *m_from_shards(UOp *const *sh, int n, int axis, int tuple);
 void m_grad_split(UOp *u, UOp *g, UOp **out);
 UOp *m_grad_join(UOp *u, UOp **gs);
 
-/* ---- realize (engine) ---- */
-/* Realizes the given nodes; afterwards each non-view node has ->realized set. */
+/* ---- realize (results.c) ---- */
+/* Realizes the given nodes (multi-device ones shard by shard) through the engine, then hands the
+ * results to the live handles: afterwards each non-view node has ->realized set, and the handles
+ * that held it hold its BUFFER node. */
 tg_status realize_uops(UOp **targets, int n);
-/* True while this thread runs a TinyJit capture (engine/realize.c): reading data then is an error. */
-bool engine_capturing(void);
 
 #endif

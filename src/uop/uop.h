@@ -98,6 +98,12 @@ typedef enum {
 extern const char *const op_names[OP_COUNT];
 extern const int op_flags[OP_COUNT];
 static inline bool op_is_alu(int op) { return (op_flags[op] & (OPF_UNARY | OPF_BINARY | OPF_TERNARY)) != 0; }
+/* The number of elements of a shape (1 for a 0-d one). */
+static inline int64_t shape_numel(const int64_t *shape, int ndim) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= shape[i];
+  return n;
+}
 static inline bool op_is_movement(int op) { return (op_flags[op] & OPF_MOVE) != 0; }
 
 /* The dtype used for index arithmetic inside kernels. */

@@ -13,14 +13,17 @@
  * inputs, a capture that runs no kernel, reading data during the capture (creation.c). An input
  * that a replay writes (a previous call's output fed back) is copied first, as tinygrad does,
  * since the replay overwrites it while other kernels of the same replay still read it.
+ *
+ * The capture itself (recording launches, replaying, pruning) is the engine's (engine/realize.c);
+ * this file is the tensor API over it: handles in and out, and the checks a replay needs.
  */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../tensor/tensor.h"
-#include "engine.h"
+#include "../engine/engine.h"
+#include "tensor.h"
 
 /* An input's or output's dtype, device and shape. A symbolic one (a [0, v + c) view of a buffer
  * stored at its max) also keeps its dims as tg_sym codes (sym) and the shape of the buffer behind
@@ -707,4 +710,11 @@ void jit_view(const tg_jit *j, JitView *v) {
     v->out[i] = (JitIO){j->out_buf[i], s->dtype, s->ndim, s->shape, s->sym, s->base};
   }
   v->nvars = j->nvars, v->vars = j->vars;
+}
+
+tg_status tg_jit_export(const tg_jit *j, const char *path, const tg_jit_export_opts *opts) {
+  if (!j) return tg_set_error(TG_ERR_INVALID, "tg_jit_export: jit is NULL");
+  JitView v;
+  jit_view(j, &v);
+  return export_capture(&v, path, opts);
 }
