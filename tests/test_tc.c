@@ -195,6 +195,9 @@ TEST(tc_emulated_on_cl_matches_noopt) {
   /* more tiles per warp: the UPCASTs of the row and column axes (axes 0, 1 of a plain matmul) */
   on_cl(&cases[2], "TC:0:0,UPCAST:0:2,UPCAST:1:4", true, 0);
   on_cl(&cases[1], "TC:0:0,UPCAST:1:2", true, 0);
+  /* the other way the product matches: the output's columns as the instruction's rows (C^T = B^T A^T) */
+  on_cl(&cases[1], "TC:1:0", true, 0);
+  on_cl(&cases[4], "TC:1:0,UPCAST:1:2", true, 0);
   Case bup = cases[4];
   on_cl(&bup, "TC:0:0,UPCAST:1:2,UPCAST:2:2", true, 0);
   /* fractions: float16 inputs, exact products, float32 sums */
@@ -368,6 +371,19 @@ TEST(tc_cuda_null_heuristics_nvrtc_ptxas) {
   tg_context_end();
   tg_clear_error();
   END;
+  /* BEAM on a CUDA device compiles TC candidates too (NULL runs nothing: no timing to choose by) */
+  {
+  BEGIN;
+  Case c2 = {0, 64, 32, 32, TG_FLOAT16, false, false};
+  tg_tensor y = build(&c2, "NULL:CUDA:sm_90", true);
+  tg_context_begin();
+  tg_context_set("BEAM", "1");
+  tg_context_set("DISABLE_COMPILER_CACHE", "1");
+  CHECK_MSG(tg_realize(y) == TG_OK, "%s", tg_last_error());
+  tg_context_end();
+  tg_clear_error();
+  END;
+  }
   /* the heuristics of OpenCL devices never choose TC */
   Device *cl = device_get("CL");
   tg_clear_error();
