@@ -24,6 +24,7 @@
 #include "schedule/schedule.h"
 #include "tensor/tensor.h"
 #include "test.h"
+#include "last_kernel.h"
 
 /* ---------------------------------------------------------------------------------------------- */
 /* the layouts                                                                                     */
@@ -120,6 +121,16 @@ typedef struct {
   bool epilogue;      /* relu(a @ b + 1) stored as the input dtype */
 } Case;
 
+/* realizes x with setting k=v (and k2=v2 unless NULL) in a context */
+static tg_status realize_with(tg_tensor x, const char *k, const char *v, const char *k2, const char *v2) {
+  tg_context_begin();
+  tg_context_set(k, v);
+  if (k2) tg_context_set(k2, v2);
+  tg_status st = tg_realize(x);
+  tg_context_end();
+  return st;
+}
+
 /* the case on dev: float32 accumulation of dt products (tg_matmul_dtype); f64: the same inputs
  * multiplied and summed in float64 (the reference) */
 static tg_tensor build_f64(const Case *c, const char *dev, bool ints, bool f64) {
@@ -156,11 +167,7 @@ static void on_cl(const Case *c, const char *opts, bool ints, double tol) {
   int64_t n[3];
   for (int run = 0; run < 3; run++) {
     tg_tensor x = build_f64(c, run == 2 ? "CPU" : "CL", ints, run == 2);
-    tg_context_begin();
-    if (run == 0) tg_context_set("GPU_OPTS", opts);
-    if (run == 1) tg_context_set("NOOPT", "1");
-    tg_status st = tg_realize(x);
-    tg_context_end();
+    tg_status st = run == 0 ? realize_with(x, "GPU_OPTS", opts, NULL, NULL) : run == 1 ? realize_with(x, "NOOPT", "1", NULL, NULL) : tg_realize(x);
     CHECK_MSG(st == TG_OK, "%s: %s", what, tg_last_error());
     tg_clear_error();
     v[run] = values(x, &n[run]);
@@ -224,43 +231,21 @@ TEST(tc_emulated_on_cl_matches_noopt) {
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     BEGIN;
     tg_tensor x = build(&bad[i].c, "CL", true);
-    tg_context_begin();
-    tg_context_set("GPU_OPTS", bad[i].opts);
-    CHECK_MSG(tg_realize(x) != TG_OK, "%s applied to %lldx%lldx%lld", bad[i].opts, (long long)bad[i].c.m, (long long)bad[i].c.n,
-              (long long)bad[i].c.k);
-    tg_context_end();
+    CHECK_MSG(realize_with(x, "GPU_OPTS", bad[i].opts, NULL, NULL) != TG_OK, "%s applied to %lldx%lldx%lld", bad[i].opts,
+              (long long)bad[i].c.m, (long long)bad[i].c.n, (long long)bad[i].c.k);
     CHECK_STR_CONTAINS(tg_last_error(), "does not fit this kernel");
     tg_clear_error();
     END;
   }
   BEGIN;
   tg_tensor s = tg_sum(mat("CL", TG_SHAPE(64, 32), 1, TG_FLOAT16, true), TG_AXES(1), false);
-  tg_context_begin();
-  tg_context_set("GPU_OPTS", "TC:0:0");
-  CHECK(tg_realize(s) != TG_OK);
-  tg_context_end();
+  CHECK(realize_with(s, "GPU_OPTS", "TC:0:0", NULL, NULL) != TG_OK);
   tg_clear_error();
   END;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
 /* CUDA on the compile-only NULL device                                                            */
-
-/* The code of the last kernel realizing t, for caps with opts (NULL: the heuristics). */
-static KernelCode *kernel_of(tg_tensor t, const DeviceCaps *caps, const OptList *opts) {
-  UOp *u = t_get(t, "kernel_of");
-  Schedule s;
-  int tbuf;
-  KernelCode *kc = NULL;
-  if (schedule_build(&s, &u, 1, &tbuf) != TG_OK) return NULL;
-  for (int i = s.nitems - 1; i >= 0; i--)
-    if (s.items[i].kind == SI_KERNEL) {
-      kc = codegen_for(s.items[i].ast, caps, opts);
-      break;
-    }
-  schedule_free(&s);
-  return kc;
-}
 
 static bool first_is_tc(const KernelCode *kc) { return kc && kc->applied.n > 0 && kc->applied.o[0].op == OPT_TC; }
 
@@ -323,7 +308,7 @@ TEST(tc_cuda_null_heuristics_nvrtc_ptxas) {
       if (cs[i].tf32) tg_context_set("ALLOW_TF32", "1");
       Case c = {cs[i].b, cs[i].m, cs[i].n, cs[i].k, cs[i].dt, false, false};
       tg_tensor x = build(&c, name, true);
-      KernelCode *kc = kernel_of(x, &caps, NULL);
+      KernelCode *kc = last_kernel(x, &caps, NULL);
       CHECK_MSG(kc && first_is_tc(kc) == cs[i].expect, "sm_%d %s %lldx%lldx%lld: heuristics chose '%s'", sm, tg_dtype_name(cs[i].dt),
                 (long long)cs[i].m, (long long)cs[i].n, (long long)cs[i].k, kc ? kc->opts : "(no kernel)");
       if (kc && cs[i].ptx) {
@@ -347,11 +332,11 @@ TEST(tc_cuda_null_heuristics_nvrtc_ptxas) {
       if (kc && cs[i].ptx) {
         DeviceCaps old = caps;
         old.sm = 75;
-        KernelCode *k75 = kernel_of(x, &old, NULL);
+        KernelCode *k75 = last_kernel(x, &old, NULL);
         CHECK(k75 && !first_is_tc(k75));
         OptList tc = {.n = 1};
         tc.o[0] = (Opt){OPT_TC, 0, 0};
-        KernelCode *f75 = kernel_of(x, &old, &tc);
+        KernelCode *f75 = last_kernel(x, &old, &tc);
         CHECK(f75 == NULL);
         kernel_code_free(k75), kernel_code_free(f75);
       }
@@ -365,10 +350,7 @@ TEST(tc_cuda_null_heuristics_nvrtc_ptxas) {
   BEGIN;
   Case c = {0, 64, 64, 32, TG_FLOAT16, false, true};
   tg_tensor x = build(&c, "NULL:CUDA:sm_80", true);
-  tg_context_begin();
-  tg_context_set("GPU_OPTS", "TC:0:0,UPCAST:0:2,UPCAST:1:2");
-  CHECK_MSG(tg_realize(x) == TG_OK, "%s", tg_last_error());
-  tg_context_end();
+  CHECK_MSG(realize_with(x, "GPU_OPTS", "TC:0:0,UPCAST:0:2,UPCAST:1:2", NULL, NULL) == TG_OK, "%s", tg_last_error());
   tg_clear_error();
   END;
   /* BEAM on a CUDA device compiles TC candidates too (NULL runs nothing: no timing to choose by) */
@@ -376,11 +358,7 @@ TEST(tc_cuda_null_heuristics_nvrtc_ptxas) {
   BEGIN;
   Case c2 = {0, 64, 32, 32, TG_FLOAT16, false, false};
   tg_tensor y = build(&c2, "NULL:CUDA:sm_90", true);
-  tg_context_begin();
-  tg_context_set("BEAM", "1");
-  tg_context_set("DISABLE_COMPILER_CACHE", "1");
-  CHECK_MSG(tg_realize(y) == TG_OK, "%s", tg_last_error());
-  tg_context_end();
+  CHECK_MSG(realize_with(y, "BEAM", "1", "DISABLE_COMPILER_CACHE", "1") == TG_OK, "%s", tg_last_error());
   tg_clear_error();
   END;
   }
@@ -393,7 +371,7 @@ TEST(tc_cuda_null_heuristics_nvrtc_ptxas) {
     tg_tensor x2 = build(&h, "CL", true);
     DeviceCaps g = cl->caps;
     g.cpu_cores = false;
-    KernelCode *a = kernel_of(x2, &cl->caps, NULL), *b = kernel_of(x2, &g, NULL);
+    KernelCode *a = last_kernel(x2, &cl->caps, NULL), *b = last_kernel(x2, &g, NULL);
     CHECK(a && b && !first_is_tc(a) && !first_is_tc(b));
     kernel_code_free(a), kernel_code_free(b);
     END;
