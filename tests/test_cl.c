@@ -22,6 +22,7 @@
 #include "schedule/schedule.h"
 #include "tensor/tensor.h"
 #include "test.h"
+#include "last_kernel.h"
 
 static char g_cache[256];
 
@@ -370,23 +371,6 @@ TEST(cl_forced_opts) {
     tg_clear_error();
     END;
   }
-}
-
-/* The generated code of the last kernel realizing t would run, for the given device caps and Opt
- * list (NULL: heuristics). NULL if it does not apply (the error, if any, is left recorded). */
-static KernelCode *last_kernel(tg_tensor t, const DeviceCaps *caps, const OptList *opts) {
-  UOp *u = t_get(t, "last_kernel");
-  Schedule s;
-  int tbuf;
-  KernelCode *kc = NULL;
-  if (schedule_build(&s, &u, 1, &tbuf) != TG_OK) return NULL;
-  for (int i = s.nitems - 1; i >= 0 && !kc; i--)
-    if (s.items[i].kind == SI_KERNEL) {
-      kc = codegen_for(s.items[i].ast, caps, opts);
-      break;
-    }
-  schedule_free(&s);
-  return kc;
 }
 
 TEST(cl_kernel_model) {

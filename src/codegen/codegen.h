@@ -32,9 +32,13 @@
  *                  results meet in local memory after a barrier and work-item 0 combines them
  *   GROUPTOP(r, n) (GPU) the same with contiguous chunks of the axis per work-item
  *   NOLOCALS       (GPU) no work-groups of our choosing (the driver picks)
+ *   TC(i, 0)       (GPU, first in its list) tensor cores: a matmul-like reduction becomes warp tiles
+ *                  of one warp-level matrix instruction (tc.c); i picks among the ways the kernel
+ *                  matches (tc_match). After it only UPCASTs of its row and column axes apply (more
+ *                  tiles per warp)
  * Axis numbers index the lowered, merged kernel's loops. A list that does not fit the kernel or
  * the device does not apply. */
-typedef enum { OPT_UPCAST, OPT_UNROLL, OPT_LOCAL, OPT_GROUP, OPT_GROUPTOP, OPT_PADTO, OPT_SWAP, OPT_NOLOCALS, OPT_THREAD, OPT_NOPS } OptOp;
+typedef enum { OPT_UPCAST, OPT_UNROLL, OPT_LOCAL, OPT_GROUP, OPT_GROUPTOP, OPT_PADTO, OPT_SWAP, OPT_NOLOCALS, OPT_THREAD, OPT_TC, OPT_NOPS } OptOp;
 typedef struct {
   int op, axis, arg;
 } Opt;
@@ -48,6 +52,28 @@ typedef struct {
 bool optlist_parse(const char *s, OptList *out);
 void optlist_format(const OptList *l, char *buf, size_t n);
 const char *opt_name(int op);
+
+/* Tensor cores (tc.c). A warp-level matrix instruction D = A x B + C on an m x k tile A, a k x n
+ * tile B and an m x n float32 accumulator tile, each spread over the 32 lanes of a warp: lane L
+ * holds elements 0..na-1 of A, 0..nb-1 of B and 0..nc-1 of C. Where each element sits in its tile
+ * is data (NVIDIA's PTX ISA, "Matrix Fragments for mma.m16n8k16" / "mma.m16n8k8"): with
+ * g = L / 4 and t = L % 4, element e is at row rg*g + rt*t + r0, column cg*g + ct*t + c0. */
+typedef struct {
+  int8_t rg, rt, r0, cg, ct, c0;
+} TcPos;
+typedef struct {
+  const char *name;      /* "m16n8k16.f16" (DEBUG=3) */
+  tg_dtype in;           /* the inputs' dtype (float32: the instruction reads them as tf32) */
+  int m, n, k;
+  int na, nb, nc;        /* elements per lane of A, B, C */
+  int per_reg;           /* A and B elements per 32-bit register (2 for 16-bit inputs, 1 for tf32) */
+  const char *ptx;       /* the instruction */
+  const TcPos *a, *b, *c;
+} TensorCore;
+/* Every tensor core codegen knows (n of them). */
+const TensorCore *tc_table(int *n);
+/* Where lane `lane`'s element at p sits in its tile. */
+void tc_pos(const TcPos *p, int lane, int *row, int *col);
 
 
 typedef struct {
@@ -96,6 +122,15 @@ typedef struct {
   bool sym;         /* some loop runs to a variable's expression (RANGE with a source): no optimizations */
   UOp **vars;       /* the kernel's DEFINE_VAR nodes in argument order (by name, min, max; owned) */
   int nvars;
+  /* TC: the tensor core the kernel's product runs on (NULL: none), and how */
+  const TensorCore *tc;
+  int tc_gm, tc_gn, tc_kr; /* its axes: rows of A and of the output, columns of B and of the output, the sum */
+  int tc_um, tc_un;        /* tiles per warp along rows and columns (UPCASTs after TC) */
+  int tc_lane;             /* the lane axis: a global loop of 32, one warp per work-group */
+  UOp *tc_opa, *tc_opb;    /* (until the copies) the product's operands that feed A and B (owned) */
+  UOp **tc_frag;           /* A's na elements per tile row, then B's nb per tile column (owned); copy
+                            * (im * tc_un + in) * nc + e is accumulator element e of tile (im, in) */
+  int nfrag;
   const DeviceCaps *caps; /* (while lowering) the device's limits */
   const OptList *force;   /* (while lowering) the Opt list to apply; NULL: the heuristics */
 } LKernel;
@@ -114,6 +149,15 @@ void gpu_global_dims(const LKernel *k, GDim *dims, int64_t global_size[3]);
  * device; gpu_heuristic chooses one for a GPU device. */
 void apply_opts(LKernel *k, const OptList *l, const DeviceCaps *caps, int *next_axis);
 void gpu_heuristic(LKernel *k, const DeviceCaps *caps, int *next_axis);
+/* TC (tc.c). tc_match: how many ways the lowered, not yet optimized kernel k runs on a tensor core
+ * of the device (0: none -- not matmul-like, a shape the tiles do not divide, a dtype without one,
+ * float32 without ALLOW_TF32, a device without them). tc_apply: TC(i, arg) (false: does not fit).
+ * tc_upcast: UPCAST(g, f) after it. tc_make_copies: the fragments and the copies, where
+ * make_copies would make them. */
+int tc_match(const LKernel *k, const DeviceCaps *caps);
+bool tc_apply(LKernel *k, int i, int arg, const DeviceCaps *caps, int *next_axis);
+bool tc_upcast(LKernel *k, int g, int f);
+void tc_make_copies(LKernel *k, int *next_axis);
 
 typedef struct {
   char name[64];

@@ -148,6 +148,7 @@ char *lkernel_format(const LKernel *k) {
     if (k->sfirsts) topo_rec(&t, k->sfirsts[c]);
   }
   for (int i = 0; k->rlo && i < k->nr; i++) topo_rec(&t, k->rlo[i]), topo_rec(&t, k->rhi[i]);
+  for (int i = 0; i < k->nfrag; i++) topo_rec(&t, k->tc_frag[i]);
   PtrMap memo;
   pm_init(&memo);
   sb_printf(&b, "instructions (%zu):\n", t.order.n);
@@ -164,6 +165,8 @@ char *lkernel_format(const LKernel *k) {
       else if (u == k->values[c]) role = "  <- stored value";
       else if (u == k->sidxs[c]) role = "  <- store index";
     }
+    for (int i = 0; i < k->nfrag; i++)
+      if (u == k->tc_frag[i]) role = i < k->tc_um * k->tc->na ? "  <- tensor core A element" : "  <- tensor core B element";
     sb_printf(&b, "%4zu %-13s %-8s", i, u->op == OP_NOOP ? "ACC" : op_names[u->op], tg_dtype_name((tg_dtype)u->dtype));
     if (lvl < 0) sb_puts(&b, " @top");
     else sb_printf(&b, " @ridx%d", lvl);

@@ -253,7 +253,7 @@ LKernel *lower_kernel_for(UOp *ast, const DeviceCaps *caps, const OptList *opts)
   optimize_kernel(k, &next_axis);
   k->caps = NULL;
   k->force = NULL;
-  if (!k->sym) bound_reduce_loops(k);
+  if (!k->sym && !k->tc) bound_reduce_loops(k); /* (a tensor core's k steps are whole tiles) */
   if (debug_level() >= 3) {
     fprintf(stderr, "opts: loops %d global + %d reduce; dropped %d size-1; merged to", ng0, nr0, (ng0 - ng1) + (nr0 - nr1));
     for (int i = 0; i < k->ng; i++) fprintf(stderr, " %lld", (long long)k->granges[i]->iarg[0]);
@@ -281,6 +281,9 @@ void lkernel_free(LKernel *k) {
   }
   free(k->values), free(k->sidxs), free(k->rbodies), free(k->rplaces), free(k->sfirsts);
   for (int i = 0; k->rlo && i < k->nr; i++) uop_unref(k->rlo[i]), uop_unref(k->rhi[i]);
+  for (int i = 0; i < k->nfrag; i++) uop_unref(k->tc_frag[i]);
+  free(k->tc_frag);
+  uop_unref(k->tc_opa), uop_unref(k->tc_opb);
   free(k->rlo), free(k->rhi);
   free(k->pdt);
   free(k->pimg);
@@ -430,7 +433,7 @@ KernelCode *codegen_for(UOp *ast, const DeviceCaps *caps, const OptList *opts) {
     OptList env;
     if (!optlist_parse(s, &env)) {
       tg_set_error(TG_ERR_INVALID, "codegen: GPU_OPTS='%s' is not a list of actions like 'LOCAL:0:16,GROUP:0:32' "
-                   "(UPCAST, UNROLL, LOCAL, GROUP, GROUPTOP, PADTO, SWAP take :axis:arg; NOLOCALS none)", s);
+                   "(UPCAST, UNROLL, LOCAL, GROUP, GROUPTOP, PADTO, SWAP, TC take :axis:arg; NOLOCALS none)", s);
       return NULL;
     }
     return codegen_impl(ast, caps, &env, true);
@@ -539,6 +542,8 @@ static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptList 
   int64_t lanes = k->vw ? k->vw : 1;
   uint64_t rl = k->rvw > 1 ? (uint64_t)k->rvw : 1;
   kc->ops = (uint64_t)(outer * lanes) * (post + (k->rbody ? (uint64_t)inner * body * rl + (rl - 1) * (uint64_t)k->ncopy : 0));
+  /* a tensor core: per warp (32 lanes) and k step, a multiply and an add per element of each tile */
+  if (k->tc) kc->ops += (uint64_t)(outer / 32 * inner) * (uint64_t)(k->tc_um * k->tc_un) * (uint64_t)(2 * k->tc->m * k->tc->n * k->tc->k);
   kc->nparams = k->np;
   if (k->nvars) {
     kc->vars = tg_xmalloc(sizeof(int) * (size_t)k->nvars);

@@ -464,6 +464,8 @@ static void swap_outer(LKernel *k, int g, int pos) {
 static void describe(LKernel *k) {
   optlist_format(&k->applied, k->opts, sizeof k->opts);
   size_t o = strlen(k->opts);
+  if (k->tc && k->ncopy && k->tc_frag)
+    snprintf(k->opts + o, sizeof k->opts - o, " [tensor core %s, %dx%d tiles per warp]", k->tc->name, k->tc_um, k->tc_un);
   if (k->vw || k->rvw)
     snprintf(k->opts + o, sizeof k->opts - o, "%s[%d %slanes]", o ? " " : "", k->vw ? k->vw : k->rvw, k->rvw ? "reduce " : "");
 }
@@ -658,7 +660,7 @@ void optimize_kernel(LKernel *k, int *next_axis) {
 /* ---------------------------------------------------------------------------------------------- */
 /* Opt lists: text form, and applying one                                                          */
 
-static const char *const OPT_NAMES[OPT_NOPS] = {"UPCAST", "UNROLL", "LOCAL", "GROUP", "GROUPTOP", "PADTO", "SWAP", "NOLOCALS", "THREAD"};
+static const char *const OPT_NAMES[OPT_NOPS] = {"UPCAST", "UNROLL", "LOCAL", "GROUP", "GROUPTOP", "PADTO", "SWAP", "NOLOCALS", "THREAD", "TC"};
 
 const char *opt_name(int op) { return op >= 0 && op < OPT_NOPS ? OPT_NAMES[op] : "?"; }
 
@@ -748,7 +750,15 @@ static void apply_from(LKernel *k, const OptList *l, int from, const DeviceCaps 
   k->applied = *l;
   for (int i = from; i < l->n && ok; i++) {
     const Opt *o = &l->o[i];
+    /* a tensor-core kernel takes more tiles per warp, nothing else (tc.c) */
+    if (k->tc) {
+      ok = o->op == OPT_UPCAST && o->axis < k->ng && tc_upcast(k, o->axis, o->arg);
+      continue;
+    }
     switch (o->op) {
+    case OPT_TC:
+      ok = i == 0 && tc_apply(k, o->axis, o->arg, caps, next_axis);
+      break;
     case OPT_UPCAST: {
       if (vector_upcast(k, caps, o->axis, o->arg, group_after(l, i), next_axis)) break;
       ok = nup < 3 && o->axis < k->ng && o->arg > 1 && !sym_range(k->granges[o->axis]);
@@ -816,7 +826,8 @@ static void apply_from(LKernel *k, const OptList *l, int from, const DeviceCaps 
     nup = 0;
     if (lane) img_lanes(k, lane, ups, &nup);
   }
-  make_copies(k, ups, nup, next_axis);
+  if (ok && k->tc) tc_make_copies(k, next_axis);
+  else make_copies(k, ups, nup, next_axis);
   describe(k);
 }
 
@@ -834,6 +845,16 @@ void apply_opts(LKernel *k, const OptList *l, const DeviceCaps *caps, int *next_
  * innermost axes and work-groups of 16 along the innermost. */
 void gpu_heuristic(LKernel *k, const DeviceCaps *caps, int *next_axis) {
   OptList l = {.n = 0};
+  /* a matmul-like kernel on a CUDA device with tensor cores (sm_80 and up, the arch known) runs on
+   * them; a large one takes 2 x 2 tiles per warp, so each fragment loaded feeds two instructions */
+  if (caps->lang == LANG_CUDA && caps->sm >= 80 && tc_apply(k, 0, 0, caps, next_axis)) {
+    push_opt(&l, OPT_TC, 0, 0);
+    int64_t M = k->granges[k->tc_gm]->iarg[0], N = k->granges[k->tc_gn]->iarg[0];
+    if (M >= 256 && M % (2 * k->tc->m) == 0) push_opt(&l, OPT_UPCAST, k->tc_gm, 2);
+    if (N >= 256 && N % (2 * k->tc->n) == 0) push_opt(&l, OPT_UPCAST, k->tc_gn, 2);
+    apply_from(k, &l, 1, caps, next_axis);
+    return;
+  }
   if (k->rbody && !k->sop && k->nr > 0) {
     int64_t outs = 1;
     for (int g = 0; g < k->ng; g++) outs *= k->granges[g]->iarg[0];

@@ -296,9 +296,12 @@ static void cpu_actions(const OptList *base, int round, const int64_t *gs, int n
 }
 
 /* GPU: every list that extends base by one action: GROUP/GROUPTOP of a reduce axis, LOCAL or UPCAST
- * of a global axis, UNROLL of a reduce axis (codegen drops those that do not fit). */
-static void gpu_actions(const OptList *base, const int64_t *gs, int ng, const int64_t *rs, int nr, Cand **cs, int *n, int *cap) {
+ * of a global axis, UNROLL of a reduce axis, and on a CUDA device (tc) an empty list by TC in each
+ * of the ways a matmul-like kernel may match (codegen drops those that do not fit; after a TC only
+ * UPCASTs of its axes do). */
+static void gpu_actions(const OptList *base, const int64_t *gs, int ng, const int64_t *rs, int nr, bool tc, Cand **cs, int *n, int *cap) {
   add_cand(cs, n, cap, base);
+  for (int i = 0; tc && base->n == 0 && i < 4; i++) EXT({OPT_TC, i, 0});
   for (int r = 0; r < nr; r++)
     for (int g = 16; g <= 256; g *= 2)
       if (rs[r] >= 2 * g) EXT({OPT_GROUP, r, g}), EXT({OPT_GROUPTOP, r, g});
@@ -349,6 +352,7 @@ bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptL
   sb_init(&key);
   const char *cid = device_compiler_id(dev);
   sb_printf(&key, "opts|%s|%s|%s|%d", dev->vt->name, cid ? cid : "", base->src, beam);
+  if (getenv_int("ALLOW_TF32", 0)) sb_puts(&key, "|tf32"); /* (TC may take float32 kernels) */
   uint64_t h = hash_bytes(key.s, key.len, 0x6265616d);
   sb_free(&key);
   pthread_mutex_lock(&mem_lock);
@@ -415,7 +419,7 @@ bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptL
     Cand *cs = NULL;
     int n = 0, cap = 0;
     for (int f = 0; f < nfront; f++) {
-      if (gpu) gpu_actions(&front[f].l, gs, ng, rs, nr, &cs, &n, &cap);
+      if (gpu) gpu_actions(&front[f].l, gs, ng, rs, nr, caps->lang == LANG_CUDA, &cs, &n, &cap);
       else cpu_actions(&front[f].l, round, gs, ng, rs, nr, red, &cs, &n, &cap);
     }
     int m = 0; /* keep those that apply */

@@ -770,6 +770,85 @@ static void emit_post_and_store(R *r, Lin *l, const LKernel *k, int level) {
   }
 }
 
+/* A tensor core's row or column of an element, as text over the lane variable (the layout's
+ * coefficients: see TcPos) */
+static void tc_pos_text(char *buf, size_t n, const char *lane, int cg, int ct, int c0) {
+  snprintf(buf, n, "(%d * (%s / 4) + %d * (%s %% 4) + %d)", cg, lane, ct, lane, c0);
+}
+
+/* One k step of a tensor-core kernel (LKernel.tc), after the lane's fragment elements (tc_frag)
+ * were computed. CUDA: the elements packed into 32-bit registers (lower index in the low half), and
+ * the instruction as inline PTX per tile, accumulating in place. OpenCL: an emulation with the same
+ * layout -- each lane leaves its A and B elements in local memory where the layout puts them, and
+ * after a barrier computes its accumulator elements from the whole tiles. It checks the layout's
+ * consistency and the index math on a device that runs OpenCL; whether the hardware's layout is
+ * the table's, only a run on a GPU shows. */
+static void emit_tc(R *r, const LKernel *k, bool cuda) {
+  const TensorCore *tc = k->tc;
+  const char *lane = nm(r, k->granges[k->tc_lane]);
+  int um = k->tc_um, un = k->tc_un;
+  if (cuda) {
+    const char *bits = tc->in == TG_FLOAT16 ? "tg_f2h" : tc->in == TG_BFLOAT16 ? "tg_f2b" : "__float_as_uint";
+    int ra = tc->na / tc->per_reg, rb = tc->nb / tc->per_reg;
+    for (int f = 0; f < k->nfrag; f += tc->per_reg) {
+      bool is_a = f < um * tc->na;
+      int reg = is_a ? f / tc->per_reg : (f - um * tc->na) / tc->per_reg;
+      ind(r);
+      sb_printf(r->b, "unsigned int tg_%c%d = ", is_a ? 'a' : 'b', reg);
+      if (tc->per_reg == 2) sb_printf(r->b, "(unsigned int)%s(%s) | ((unsigned int)%s(%s) << 16);\n", bits, nm(r, k->tc_frag[f]), bits, nm(r, k->tc_frag[f + 1]));
+      else sb_printf(r->b, "%s(%s);\n", bits, nm(r, k->tc_frag[f]));
+    }
+    for (int im = 0; im < um; im++)
+      for (int in = 0; in < un; in++) {
+        int c0 = (im * un + in) * tc->nc, o = 0;
+        ind(r);
+        sb_printf(r->b, "asm(\"%s {", tc->ptx);
+        for (int i = 0; i < tc->nc; i++) sb_printf(r->b, "%s%%%d", i ? "," : "", i);
+        sb_puts(r->b, "}, {");
+        for (int i = 0; i < ra; i++) sb_printf(r->b, "%s%%%d", i ? "," : "", tc->nc + i);
+        sb_puts(r->b, "}, {");
+        for (int i = 0; i < rb; i++) sb_printf(r->b, "%s%%%d", i ? "," : "", tc->nc + ra + i);
+        sb_puts(r->b, "}, {");
+        for (int i = 0; i < tc->nc; i++) sb_printf(r->b, "%s%%%d", i ? "," : "", i);
+        sb_puts(r->b, "};\" : ");
+        for (int i = 0; i < tc->nc; i++, o++) sb_printf(r->b, "%s\"+f\"(acc%d)", o ? ", " : "", c0 + i);
+        sb_puts(r->b, " : ");
+        for (int i = 0; i < ra; i++) sb_printf(r->b, "%s\"r\"(tg_a%d)", i ? ", " : "", im * ra + i);
+        for (int i = 0; i < rb; i++) sb_printf(r->b, ", \"r\"(tg_b%d)", in * rb + i);
+        sb_puts(r->b, ");\n");
+      }
+    return;
+  }
+  char row[96], col[96];
+  ind(r);
+  sb_printf(r->b, "%s\n", L->barrier); /* the previous step's reads are done */
+  for (int f = 0; f < k->nfrag; f++) {
+    bool is_a = f < um * tc->na;
+    int e = is_a ? f % tc->na : (f - um * tc->na) % tc->nb, t = is_a ? f / tc->na : (f - um * tc->na) / tc->nb;
+    const TcPos *p = is_a ? &tc->a[e] : &tc->b[e];
+    tc_pos_text(row, sizeof row, lane, p->rg, p->rt, p->r0);
+    tc_pos_text(col, sizeof col, lane, p->cg, p->ct, p->c0);
+    ind(r);
+    if (is_a) sb_printf(r->b, "tg_ta[%d + %s * %d + %s] = %s;\n", t * tc->m * tc->k, row, tc->k, col, nm(r, k->tc_frag[f]));
+    else sb_printf(r->b, "tg_tb[%d + %s * %d + %s] = %s;\n", t * tc->k * tc->n, row, tc->n, col, nm(r, k->tc_frag[f]));
+  }
+  ind(r);
+  sb_printf(r->b, "%s\n", L->barrier);
+  ind(r);
+  sb_printf(r->b, "for (int kk_ = 0; kk_ < %d; kk_++) {\n", tc->k);
+  for (int c = 0; c < k->ncopy; c++) {
+    int e = c % tc->nc, in = (c / tc->nc) % un, im = c / tc->nc / un;
+    const TcPos *p = &tc->c[e];
+    tc_pos_text(row, sizeof row, lane, p->rg, p->rt, p->r0);
+    tc_pos_text(col, sizeof col, lane, p->cg, p->ct, p->c0);
+    ind(r);
+    sb_printf(r->b, "  acc%d = fma(tg_ta[%d + %s * %d + kk_], tg_tb[%d + kk_ * %d + %s], acc%d);\n", c, im * tc->m * tc->k, row,
+              tc->k, in * tc->k * tc->n, tc->n, col, c);
+  }
+  ind(r);
+  sb_puts(r->b, "}\n");
+}
+
 /* TG_PIN<bytes>(v): the float vector v lives in a vector register from here. GCC folds a load into every instruction that
  * reads it when it can (vfmadd231ps (mem), ...), so a register tile whose operand vector feeds 4 or
  * 8 FMAs loads it 4 or 8 times: the loads, not the FMAs, then bound the inner loop (one conv kernel
@@ -964,7 +1043,7 @@ typedef struct {
 static Blocking blocking(const LKernel *k) {
   Blocking b = {0, 0};
   /* (a kernel with loops of variable length is not blocked: their sizes are only maxima) */
-  if (!k->rbody || k->rop != OP_ADD || !tg_dtype_is_float(k->racc) || k->nr == 0 || k->sym) return b;
+  if (!k->rbody || k->rop != OP_ADD || !tg_dtype_is_float(k->racc) || k->nr == 0 || k->sym || k->tc) return b;
   int64_t n = 1;
   for (int i = 0; i < k->nr; i++) n *= k->rranges[i]->iarg[0];
   if (n < BLOCK_MIN) return b;
@@ -1083,6 +1162,7 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
   for (int i = 0; i < k->ng; i++) topo(&l, k->granges[i]->nsrc ? k->granges[i]->src[0] : NULL);
   for (int i = 0; i < k->nr; i++) topo(&l, k->rranges[i]->nsrc ? k->rranges[i]->src[0] : NULL);
   for (int c = 0; c < k->ncopy; c++) topo(&l, k->rbodies[c]);
+  for (int i = 0; i < k->nfrag; i++) topo(&l, k->tc_frag[i]);
   for (int c = 0; c < k->ncopy; c++) topo(&l, k->values[c]);
   for (int c = 0; c < k->ncopy; c++) topo(&l, k->sidxs[c]);
   for (int c = 0; k->sop && c < k->ncopy; c++) topo(&l, k->sfirsts[c]);
@@ -1153,6 +1233,11 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
     ind(&r);
     sb_printf(&body, "long lbase = ((long)%s * %lldL + (long)%s) * %dL;\n", L->lid[2], (long long)k->lsize[1], L->lid[1], k->group);
   }
+  if (gpu && !cuda && k->tc) {
+    /* (the OpenCL emulation of a tensor core) the work-group's -- the warp's -- A and B tiles */
+    ind(&r);
+    sb_printf(&body, "%s float tg_ta[%d], tg_tb[%d];\n", L->shared, k->tc_um * k->tc->m * k->tc->k, k->tc_un * k->tc->k * k->tc->n);
+  }
   emit_level(&r, &l, 0, false);
   if (k->ng == 0) {
     ind(&r);
@@ -1220,7 +1305,8 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
     else sb_printf(&body, "for (%s ridx%d = %s; ridx%d < %s; ridx%d++) {\n", L->i64, lv - 1, lo, lv - 1, hi, lv - 1);
     r.indent++;
     emit_level(&r, &l, lv, false);
-    if (lv == nloops && k->rbody) {
+    if (lv == nloops && k->tc) emit_tc(&r, k, cuda);
+    else if (lv == nloops && k->rbody) {
       for (int c = 0; c < k->ncopy; c++) {
         const char *v = nm(&r, k->rbodies[c]);
         bool vv = isvec(&r, k->rbodies[c]);

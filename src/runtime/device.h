@@ -42,6 +42,8 @@ typedef struct DeviceCaps {
   int64_t max_local_dims[3]; /* per dimension */
   int64_t local_mem;         /* bytes of local (shared) memory per work-group */
   int max_dims;              /* global dimensions (3 for OpenCL) */
+  int sm;                    /* (CUDA) the compute capability, 80 for sm_80; 0: unknown. Tensor cores
+                              * (TC) need 80; the heuristics choose them only where it is known */
   int64_t image_max_w, image_max_h; /* 2-D image limits in texels (images only) */
   int vec_bytes;             /* (CPU) width of the widest SIMD register the kernels may use, in bytes:
                               * 64 with AVX-512, 32 with AVX2, 16 with SSE or NEON; 0: unknown (as 64) */

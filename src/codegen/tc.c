@@ -1,0 +1,198 @@
+/*
+ * tc.c -- tensor cores: the TC action (tinygrad's Opt(OptOps.TC, ...)) for matmul-like kernels.
+ *
+ * In: a lowered, not yet optimized GPU kernel whose reduction is a float32 sum of a product of two
+ * loads (each possibly cast to float): out[.., m, n] = sum_k A(m, k) * B(k, n), with float16 or
+ * bfloat16 inputs (float32 ones as tf32 when ALLOW_TF32=1). Out: the same LKernel in a warp-tiled
+ * form the renderers know (codegen.h, LKernel.tc): the row axis m and the column axis n become
+ * tile indices, the reduction axis k steps a tile depth at a time, and a new innermost global axis
+ * of 32 -- one work-group, one warp -- is the lane. Per k step, each lane computes the A and B
+ * elements the instruction's layout gives it (tc_frag, the kernel's own expressions with m, k and n
+ * substituted by tile position + layout), and holds nc accumulators per tile (the copies, whose
+ * stored values and indices are substituted the same way).
+ *
+ * Narrower than tinygrad's TC: the kernel must be recognised as a whole (one product of two loads,
+ * nothing else accumulated), TC comes first in its list, only UPCASTs of its row and column axes
+ * may follow, and a shape the tiles do not divide is refused rather than padded.
+ *
+ * The layouts are the PTX ISA's; CUDA C renders the instruction as inline PTX (cstyle.c), OpenCL C
+ * as an emulation through local memory with the same layout (which checks the index math here,
+ * not the hardware's layout: tests/test_tc.c).
+ */
+#include <string.h>
+
+#include "codegen.h"
+
+/* m16n8k16 with 16-bit inputs: A is 16x16 in 4 registers of 2 elements, B 16x8 in 2, C 16x8 */
+static const TcPos A_16816[8] = {{1, 0, 0, 0, 2, 0}, {1, 0, 0, 0, 2, 1}, {1, 0, 8, 0, 2, 0}, {1, 0, 8, 0, 2, 1},
+                                 {1, 0, 0, 0, 2, 8}, {1, 0, 0, 0, 2, 9}, {1, 0, 8, 0, 2, 8}, {1, 0, 8, 0, 2, 9}};
+static const TcPos B_16816[4] = {{0, 2, 0, 1, 0, 0}, {0, 2, 1, 1, 0, 0}, {0, 2, 8, 1, 0, 0}, {0, 2, 9, 1, 0, 0}};
+/* the float32 accumulator of every m16n8 shape */
+static const TcPos C_168[4] = {{1, 0, 0, 0, 2, 0}, {1, 0, 0, 0, 2, 1}, {1, 0, 8, 0, 2, 0}, {1, 0, 8, 0, 2, 1}};
+/* m16n8k8 with tf32 inputs: A is 16x8 in 4 registers, B 8x8 in 2 */
+static const TcPos A_1688[4] = {{1, 0, 0, 0, 1, 0}, {1, 0, 8, 0, 1, 0}, {1, 0, 0, 0, 1, 4}, {1, 0, 8, 0, 1, 4}};
+static const TcPos B_1688[2] = {{0, 1, 0, 1, 0, 0}, {0, 1, 4, 1, 0, 0}};
+
+static const TensorCore TCS[] = {
+    {"m16n8k16.f16", TG_FLOAT16, 16, 8, 16, 8, 4, 4, 2, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", A_16816, B_16816, C_168},
+    {"m16n8k16.bf16", TG_BFLOAT16, 16, 8, 16, 8, 4, 4, 2, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", A_16816, B_16816, C_168},
+    {"m16n8k8.tf32", TG_FLOAT32, 16, 8, 8, 4, 2, 4, 1, "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", A_1688, B_1688, C_168},
+};
+
+const TensorCore *tc_table(int *n) {
+  *n = (int)(sizeof TCS / sizeof TCS[0]);
+  return TCS;
+}
+
+void tc_pos(const TcPos *p, int lane, int *row, int *col) {
+  int g = lane / 4, t = lane % 4;
+  *row = p->rg * g + p->rt * t + p->r0;
+  *col = p->cg * g + p->ct * t + p->c0;
+}
+
+/* an operand of the product: a load, or a float cast of one (float16 values widened to float32) */
+static UOp *operand_load(UOp *u) {
+  if (u->op == OP_CAST && tg_dtype_is_float((tg_dtype)u->dtype)) u = u->src[0];
+  return u->op == OP_LOAD ? u : NULL;
+}
+
+static const TensorCore *tc_for(tg_dtype in) {
+  for (size_t i = 0; i < sizeof TCS / sizeof TCS[0]; i++)
+    if (TCS[i].in == in && (in != TG_FLOAT32 || getenv_int("ALLOW_TF32", 0))) return &TCS[i];
+  return NULL;
+}
+
+typedef struct {
+  const TensorCore *tc;
+  int gm, gn, kr;
+  UOp *a, *b; /* borrowed */
+} TcWay;
+
+/* The i-th way k runs on a tensor core (ways are counted innermost column axis first, then row
+ * axis, then reduce axis, then which operand is A); returns how many there are when i < 0 or i is
+ * past them. */
+static int tc_ways(const LKernel *k, const DeviceCaps *caps, int i, TcWay *out) {
+  if (!caps || !k->gpu || (caps->lang != LANG_CUDA && caps->lang != LANG_OPENCL) || (caps->lang == LANG_CUDA && caps->sm && caps->sm < 80))
+    return 0;
+  if (!k->rbody || k->sop || k->rop != OP_ADD || k->racc != TG_FLOAT32 || k->ncopy || k->vw || k->rvw || k->group ||
+      k->nlocal || k->nolocals || k->sym || k->nvars || k->tc || caps->max_local < 32 || caps->max_local_dims[0] < 32)
+    return 0;
+  for (int p = 0; k->pimg && p < k->np; p++)
+    if (k->pimg[p]) return 0;
+  UOp *mul = k->rbody;
+  if (mul->op == OP_CAST && mul->dtype == TG_FLOAT32) mul = mul->src[0];
+  if (mul->op != OP_MUL || mul->nsrc != 2 || !tg_dtype_is_float((tg_dtype)mul->dtype)) return 0;
+  UOp *la = operand_load(mul->src[0]), *lb = operand_load(mul->src[1]);
+  if (!la || !lb || la->dtype != lb->dtype) return 0;
+  const TensorCore *tc = tc_for((tg_dtype)la->dtype);
+  if (!tc) return 0;
+  int n = 0;
+  for (int kr = k->nr - 1; kr >= 0; kr--) {
+    UOp *rk = k->rranges[kr];
+    if (rk->nsrc || rk->iarg[0] % tc->k || !uop_depends_on(la, rk) || !uop_depends_on(lb, rk)) continue;
+    for (int gn = k->ng - 1; gn >= 0; gn--)
+      for (int gm = k->ng - 1; gm >= 0; gm--) {
+        UOp *rm = k->granges[gm], *rn = k->granges[gn];
+        if (gm == gn || rm->nsrc || rn->nsrc || rm->iarg[0] % tc->m || rn->iarg[0] % tc->n) continue;
+        for (int sw = 0; sw < 2; sw++) {
+          UOp *a = mul->src[sw], *b = mul->src[1 - sw];
+          if (!uop_depends_on(a, rm) || uop_depends_on(a, rn) || !uop_depends_on(b, rn) || uop_depends_on(b, rm)) continue;
+          if (n == i && out) *out = (TcWay){tc, gm, gn, kr, a, b};
+          n++;
+        }
+      }
+  }
+  return n;
+}
+
+int tc_match(const LKernel *k, const DeviceCaps *caps) { return tc_ways(k, caps, -1, NULL); }
+
+bool tc_apply(LKernel *k, int i, int arg, const DeviceCaps *caps, int *next_axis) {
+  TcWay w;
+  if (i < 0 || arg != 0 || i >= tc_ways(k, caps, i, &w)) return false;
+  k->tc = w.tc;
+  k->tc_gm = w.gm, k->tc_gn = w.gn, k->tc_kr = w.kr;
+  k->tc_um = k->tc_un = 1;
+  k->tc_opa = uop_ref(w.a), k->tc_opb = uop_ref(w.b);
+  /* the lane: the innermost global axis, so it is work-item dimension 0, in work-groups of 32 */
+  k->granges = tg_xrealloc(k->granges, sizeof(UOp *) * (size_t)(k->ng + 1));
+  k->tc_lane = k->ng;
+  k->granges[k->ng++] = s_range((*next_axis)++, 32);
+  k->nlocal = 1;
+  k->local_axis[0] = k->tc_lane, k->local_arg[0] = 32;
+  return true;
+}
+
+bool tc_upcast(LKernel *k, int g, int f) {
+  if (f < 2 || (g != k->tc_gm && g != k->tc_gn)) return false;
+  int *u = g == k->tc_gm ? &k->tc_um : &k->tc_un;
+  int64_t tile = g == k->tc_gm ? k->tc->m : k->tc->n;
+  if (k->granges[g]->iarg[0] % (tile * *u * f)) return false;
+  *u *= f;
+  return true;
+}
+
+/* base * tile + pos: a tile's origin plus an element's position in it (new ref) */
+static UOp *at(UOp *base, int64_t tile, UOp *pos) {
+  UOp *m = s_mulc(base, tile), *r = s_add(m, pos);
+  uop_unref(m);
+  return r;
+}
+
+/* the layout's row or column of an element as an expression of the lane (new ref) */
+static UOp *lane_pos(UOp *g, UOp *t, int cg, int ct, int c0, int64_t off) {
+  UOp *a = s_mulc(g, cg), *b = s_mulc(t, ct), *s = s_add(a, b), *r = s_addc(s, c0 + off);
+  uop_unref(a), uop_unref(b), uop_unref(s);
+  return r;
+}
+
+void tc_make_copies(LKernel *k, int *next_axis) {
+  const TensorCore *tc = k->tc;
+  UOp *om = k->granges[k->tc_gm], *on = k->granges[k->tc_gn], *ok = k->rranges[k->tc_kr], *lane = k->granges[k->tc_lane];
+  int um = k->tc_um, un = k->tc_un;
+  UOp *rm = s_range((*next_axis)++, om->iarg[0] / (tc->m * um));
+  UOp *rn = s_range((*next_axis)++, on->iarg[0] / (tc->n * un));
+  UOp *rk = s_range((*next_axis)++, ok->iarg[0] / tc->k);
+  UOp *g = s_divc(lane, 4), *t = s_modc(lane, 4);
+  k->nfrag = um * tc->na + un * tc->nb;
+  k->tc_frag = tg_xcalloc((size_t)k->nfrag, sizeof(UOp *));
+  int f = 0;
+  for (int im = 0; im < um; im++)
+    for (int e = 0; e < tc->na; e++, f++) {
+      const TcPos *p = &tc->a[e];
+      UOp *row = lane_pos(g, t, p->rg, p->rt, p->r0, (int64_t)im * tc->m), *col = lane_pos(g, t, p->cg, p->ct, p->c0, 0);
+      USubst s[2] = {{om, at(rm, (int64_t)tc->m * um, row)}, {ok, at(rk, tc->k, col)}};
+      k->tc_frag[f] = uop_substitute(k->tc_opa, s, 2);
+      uop_unref(row), uop_unref(col), uop_unref(s[0].to), uop_unref(s[1].to);
+    }
+  for (int in = 0; in < un; in++)
+    for (int e = 0; e < tc->nb; e++, f++) {
+      const TcPos *p = &tc->b[e];
+      UOp *row = lane_pos(g, t, p->rg, p->rt, p->r0, 0), *col = lane_pos(g, t, p->cg, p->ct, p->c0, (int64_t)in * tc->n);
+      USubst s[2] = {{ok, at(rk, tc->k, row)}, {on, at(rn, (int64_t)tc->n * un, col)}};
+      k->tc_frag[f] = uop_substitute(k->tc_opb, s, 2);
+      uop_unref(row), uop_unref(col), uop_unref(s[0].to), uop_unref(s[1].to);
+    }
+  int total = um * un * tc->nc;
+  k->ncopy = total;
+  k->values = tg_xcalloc((size_t)total, sizeof(UOp *));
+  k->sidxs = tg_xcalloc((size_t)total, sizeof(UOp *));
+  k->rbodies = tg_xcalloc((size_t)total, sizeof(UOp *));
+  k->rplaces = tg_xcalloc((size_t)total, sizeof(UOp *));
+  for (int c = 0; c < total; c++) {
+    int e = c % tc->nc, in = (c / tc->nc) % un, im = c / tc->nc / un;
+    const TcPos *p = &tc->c[e];
+    UOp *row = lane_pos(g, t, p->rg, p->rt, p->r0, (int64_t)im * tc->m), *col = lane_pos(g, t, p->cg, p->ct, p->c0, (int64_t)in * tc->n);
+    UArg a;
+    a.i = -(c + 1);
+    UOp *ph = uop_new(OP_NOOP, (tg_dtype)k->racc, NULL, 0, NULL, 0, a);
+    USubst s[3] = {{om, at(rm, (int64_t)tc->m * um, row)}, {on, at(rn, (int64_t)tc->n * un, col)}, {k->rplace, ph}};
+    k->values[c] = uop_substitute(k->value, s, 3);
+    k->sidxs[c] = uop_substitute(k->sidx, s, 3);
+    k->rplaces[c] = ph;
+    uop_unref(row), uop_unref(col), uop_unref(s[0].to), uop_unref(s[1].to);
+  }
+  uop_unref(g), uop_unref(t);
+  uop_unref(om), uop_unref(on), uop_unref(ok);
+  k->granges[k->tc_gm] = rm, k->granges[k->tc_gn] = rn, k->rranges[k->tc_kr] = rk;
+}
