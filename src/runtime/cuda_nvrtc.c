@@ -13,14 +13,11 @@
 #include "cuda_nvrtc.h"
 
 #include <dlfcn.h>
-#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 typedef int nvrtcResult; /* NVRTC_SUCCESS = 0 */
 typedef struct _nvrtcProgram *nvrtcProgram;
@@ -199,35 +196,6 @@ static char *find_sass_tool(bool *is_nvdisasm) {
   return NULL;
 }
 
-/* The SASS of a CUBIN through tool (NULL + error when it fails). */
-static char *sass_of(const char *who, const char *tool, bool is_nvdisasm, const uint8_t *cubin, size_t len) {
-  const char *tmpdir = getenv("TMPDIR");
-  if (!tmpdir || !*tmpdir) tmpdir = "/tmp";
-  SB path, out;
-  sb_init(&path);
-  sb_init(&out);
-  sb_printf(&path, "%s/tgsass-XXXXXX.cubin", tmpdir);
-  int fd = mkstemps(path.s, 6);
-  char *res = NULL;
-  if (fd < 0) {
-    tg_set_error(TG_ERR_RUNTIME, "%s: disassembly: cannot create a file in %s: %s", who, tmpdir, strerror(errno));
-  } else {
-    bool ok = host_write_all(fd, cubin, len);
-    ok = close(fd) == 0 && ok;
-    char *argv_nvd[] = {(char *)tool, "-c", path.s, NULL};
-    char *argv_cuo[] = {(char *)tool, "-sass", path.s, NULL};
-    int ws = 0, rc = ok ? host_run_capture(tool, is_nvdisasm ? argv_nvd : argv_cuo, &out, (size_t)1 << 24, &ws) : EIO;
-    unlink(path.s);
-    if (rc != 0 || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
-      tg_set_error(TG_ERR_RUNTIME, "%s: disassembly: %s failed: %s", who, tool, rc ? strerror(rc) : out.s ? out.s : "?");
-    else
-      res = sb_take(&out);
-  }
-  sb_free(&out);
-  sb_free(&path);
-  return res;
-}
-
 char *cuda_listing(const char *who, const char *src, int sm, const uint8_t *cubin_or_null, size_t cubinlen) {
   uint8_t *ptx = NULL, *own = NULL;
   size_t ptxlen = 0, ownlen = 0;
@@ -250,7 +218,8 @@ char *cuda_listing(const char *who, const char *src, int sm, const uint8_t *cubi
   bool cubin = true;
   if (!bin && g_nv.narchs) nvrtc_target(who, sm, &cubin);
   if (!bin && cubin && nvrtc_compile(who, src, sm, true, &own, &ownlen) == TG_OK) bin = own, binlen = ownlen;
-  char *sass = bin ? sass_of(who, tool, is_nvdisasm, bin, binlen) : NULL;
+  const char *args[] = {is_nvdisasm ? "-c" : "-sass", NULL};
+  char *sass = bin ? host_disassemble(tool, args, bin, binlen, ".cubin") : NULL;
   if (sass) sb_printf(&out, "\n// SASS (sm_%d, %s)\n%s", sm, is_nvdisasm ? "nvdisasm" : "cuobjdump -sass", sass);
   else if (!cubin) sb_printf(&out, "\n// no SASS: NVRTC %d.%d has no machine code for sm_%d\n", g_nv.major, g_nv.minor, sm);
   free(sass);

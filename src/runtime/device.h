@@ -268,6 +268,9 @@ void disk_cache_evict(const char *id, const char *src);
 char *host_which(const char *prog);
 int host_run_capture(const char *path, char *const argv[], SB *out, size_t keep, int *wstatus);
 bool host_write_all(int fd, const void *p, size_t n);
+/* Runs `tool args... FILE` on the bytes bin (written to a private temporary FILE ending in suffix,
+ * removed afterwards) and returns what it printed (malloc'd), or NULL + tg_set_error when it fails. */
+char *host_disassemble(const char *tool, const char *const *args, const uint8_t *bin, size_t len, const char *suffix);
 
 /* Registry of device kinds. */
 extern const DeviceVT cpu_device_vt;

@@ -717,8 +717,40 @@ static bool cpu_compile_async(void *state, const char *src,
   return ok;
 }
 
-/* DEBUG=7: the kernel object disassembled by objdump (binutils). The object goes to a private file
- * for objdump to read and is removed at once. */
+char *host_disassemble(const char *tool, const char *const *args, const uint8_t *bin, size_t len, const char *suffix) {
+  const char *tmpdir = getenv("TMPDIR");
+  if (!tmpdir || !*tmpdir) tmpdir = "/tmp";
+  SB path, out;
+  sb_init(&path);
+  sb_init(&out);
+  sb_printf(&path, "%s/tgd-XXXXXX%s", tmpdir, suffix);
+  int fd = mkstemps(path.s, (int)strlen(suffix));
+  char *res = NULL;
+  if (fd < 0) {
+    tg_set_error(TG_ERR_RUNTIME, "disassembly: cannot create a file in %s: %s", tmpdir, strerror(errno));
+  } else {
+    bool ok = host_write_all(fd, bin, len);
+    ok = close(fd) == 0 && ok;
+    size_t nargs = 0;
+    while (args && args[nargs]) nargs++;
+    char **argv = tg_xcalloc(nargs + 3, sizeof *argv);
+    argv[0] = (char *)tool;
+    for (size_t i = 0; i < nargs; i++) argv[i + 1] = (char *)args[i];
+    argv[nargs + 1] = path.s;
+    int ws = 0, rc = ok ? host_run_capture(tool, argv, &out, (size_t)1 << 24, &ws) : EIO;
+    free(argv);
+    unlink(path.s);
+    if (rc != 0 || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
+      tg_set_error(TG_ERR_RUNTIME, "disassembly: %s failed: %s", tool, rc ? strerror(rc) : out.s ? out.s : "?");
+    else
+      res = sb_take(&out);
+  }
+  sb_free(&out);
+  sb_free(&path);
+  return res;
+}
+
+/* DEBUG=7: the kernel object disassembled by objdump (binutils). */
 static char *cpu_disasm(void *state, const char *src, const uint8_t *lib, size_t liblen) {
   (void)state;
   char *objdump = host_which(getenv_str("OBJDUMP", "objdump"));
@@ -726,32 +758,11 @@ static char *cpu_disasm(void *state, const char *src, const uint8_t *lib, size_t
     tg_set_error(TG_ERR_RUNTIME, "disassembly: objdump not found (install binutils, or set OBJDUMP)");
     return NULL;
   }
-  const char *tmpdir = getenv("TMPDIR");
-  if (!tmpdir || !*tmpdir) tmpdir = "/tmp";
-  SB path, out;
-  sb_init(&path);
-  sb_init(&out);
-  sb_printf(&path, "%s/tgd-XXXXXX.so", tmpdir);
-  int fd = mkstemps(path.s, 3);
-  char *res = NULL;
-  if (fd < 0) {
-    tg_set_error(TG_ERR_RUNTIME, "disassembly: cannot create a file in %s: %s", tmpdir, strerror(errno));
-  } else {
-    bool ok = host_write_all(fd, lib, liblen);
-    ok = close(fd) == 0 && ok;
-    char name[96], only[128];
-    kernel_name(src ? src : "", name, sizeof name);
-    snprintf(only, sizeof only, "--disassemble=%s", name); /* the kernel alone, not the loader stubs */
-    char *argv[] = {objdump, only, "--no-show-raw-insn", path.s, NULL};
-    int ws = 0, rc = ok ? host_run_capture(objdump, argv, &out, (size_t)1 << 24, &ws) : EIO;
-    unlink(path.s);
-    if (rc != 0 || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
-      tg_set_error(TG_ERR_RUNTIME, "disassembly: %s failed: %s", objdump, rc ? strerror(rc) : out.s ? out.s : "?");
-    else
-      res = sb_take(&out);
-  }
-  sb_free(&out);
-  sb_free(&path);
+  char name[96], only[128];
+  kernel_name(src ? src : "", name, sizeof name);
+  snprintf(only, sizeof only, "--disassemble=%s", name); /* the kernel alone, not the loader stubs */
+  const char *args[] = {only, "--no-show-raw-insn", NULL};
+  char *res = host_disassemble(objdump, args, lib, liblen, ".so");
   free(objdump);
   return res;
 }
