@@ -54,7 +54,7 @@ static size_t g_live_bytes;
 
 static struct {
   long launches, bad_params, peer_copies, enable_peer, htod, dtoh, dtod, pinned, alloc_fail, live_allocs, live_modules,
-      live_events, live_streams, retained, last_nparams, last_grid[3], last_block[3];
+      live_events, live_streams, retained, last_nparams, max_grid2, last_grid[3], last_block[3];
 } g_st;
 
 static long env_long(const char *name, long dflt) {
@@ -74,6 +74,7 @@ long fake_cuda_stat(const char *what) {
   if (strcmp(what, "grid0") == 0) v = g_st.last_grid[0];
   if (strcmp(what, "nparams") == 0) v = g_st.last_nparams;
   if (strcmp(what, "block0") == 0) v = g_st.last_block[0];
+  if (strcmp(what, "max_grid2") == 0) v = g_st.max_grid2;
   pthread_mutex_unlock(&g_lock);
   return v;
 }
@@ -355,6 +356,8 @@ CUresult cuLaunchKernel(FakeFunc *f, unsigned gx, unsigned gy, unsigned gz, unsi
   g_st.launches++;
   g_st.last_grid[0] = gx, g_st.last_grid[1] = gy, g_st.last_grid[2] = gz;
   g_st.last_block[0] = bx, g_st.last_block[1] = by, g_st.last_block[2] = bz;
+  if (gz > g_st.max_grid2) g_st.max_grid2 = gz;
+  if (gy > 65535 || gz > 65535) g_st.bad_params++; /* the driver refuses such a grid */
   /* the parameters: pointers to device pointers, each inside a live allocation (all of them where
    * the PTX tells how many there are, else the first, the output every kernel has) */
   int np = f->nparams >= 0 ? f->nparams : 1;

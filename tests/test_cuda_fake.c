@@ -233,6 +233,15 @@ TEST(cuda_fake_launch_debug2) {
             fake_stat("launches"), bad0, fake_stat("bad_params"));
   CHECK(fake_stat("nparams") == 3); /* the output, a and b */
   CHECK(fake_stat("block0") >= 1 && fake_stat("grid0") * fake_stat("block0") == 6);
+  /* a launch with more blocks along z than a CUDA grid has (65535): the grid is clamped and the
+   * kernel's ids stride over the rest (65537 is prime, so the blocks along z hold one work-item) */
+  float *host = calloc(5 * 3 * 65537, sizeof *host);
+  tg_tensor big = tg_from_data(host, TG_SHAPE(5, 3, 65537), TG_OPTS(.dtype = TG_FLOAT32, .device = "CUDA"));
+  free(host);
+  l0 = fake_stat("launches");
+  CHECK(tg_realize(tg_add_s(tg_contiguous(tg_permute(big, TG_AXES(2, 1, 0))), 1)) == TG_OK);
+  CHECK(fake_stat("launches") > l0 && fake_stat("bad_params") == bad0);
+  CHECK_MSG(fake_stat("max_grid2") == 65535, "largest grid z %ld", fake_stat("max_grid2"));
   END;
 }
 

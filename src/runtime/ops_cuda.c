@@ -710,7 +710,7 @@ static double cuda_exec(void *state, void *prg, void **bufs, int nbufs, const in
   for (int i = 0; i < 3 && !bad; i++) {
     if (g[i] % b[i]) bad = "the block does not divide the launch";
     else if (b[i] > s->caps.max_local_dims[i]) bad = "a block dimension exceeds the device's";
-    else if (g[i] / b[i] > s->max_grid[i]) bad = "more blocks than the device's grid allows";
+    else if (i == 0 && g[i] / b[i] > s->max_grid[i]) bad = "more blocks than the device's grid allows";
   }
   if (!bad && b[0] * b[1] * b[2] > p->max_threads) bad = "more threads per block than this kernel can take (its registers)";
   if (bad) {
@@ -720,6 +720,10 @@ static double cuda_exec(void *state, void *prg, void **bufs, int nbufs, const in
                  (long long)s->max_grid[0], (long long)s->max_grid[1], (long long)s->max_grid[2]);
     return -1.0;
   }
+  /* y and z: at most the grid's limit; the kernels' ids stride over the rest (cstyle.c) */
+  int64_t grid[3] = {g[0] / b[0], g[1] / b[1], g[2] / b[2]};
+  for (int i = 1; i < 3; i++)
+    if (grid[i] > s->max_grid[i]) grid[i] = s->max_grid[i];
   CUdeviceptr vals_small[16];
   void *args_small[16];
   CUdeviceptr *vals = nbufs <= 16 ? vals_small : tg_xmalloc(sizeof *vals * (size_t)nbufs);
@@ -734,7 +738,7 @@ static double cuda_exec(void *state, void *prg, void **bufs, int nbufs, const in
   CUresult r = wait ? g_cu.cuEventRecord(s->ev_start, s->stream) : CUDA_SUCCESS;
   const char *what = "cuLaunchKernel";
   if (r == CUDA_SUCCESS)
-    r = g_cu.cuLaunchKernel(p->fn, (unsigned)(g[0] / b[0]), (unsigned)(g[1] / b[1]), (unsigned)(g[2] / b[2]), (unsigned)b[0],
+    r = g_cu.cuLaunchKernel(p->fn, (unsigned)grid[0], (unsigned)grid[1], (unsigned)grid[2], (unsigned)b[0],
                             (unsigned)b[1], (unsigned)b[2], 0, s->stream, nbufs ? args : NULL, NULL);
   if (wait && r == CUDA_SUCCESS && (r = g_cu.cuEventRecord(s->ev_end, s->stream)) == CUDA_SUCCESS) {
     what = "the kernel";
@@ -745,7 +749,7 @@ static double cuda_exec(void *state, void *prg, void **bufs, int nbufs, const in
   if (args != args_small) free(args);
   if (r != CUDA_SUCCESS) {
     tg_set_error(TG_ERR_RUNTIME, "CUDA: %s '%s' on %s failed: %s (%d); grid %lldx%lldx%lld, block %lldx%lldx%lld", what, p->name,
-                 s->label, cu_err(r), r, (long long)(g[0] / b[0]), (long long)(g[1] / b[1]), (long long)(g[2] / b[2]),
+                 s->label, cu_err(r), r, (long long)grid[0], (long long)grid[1], (long long)grid[2],
                  (long long)b[0], (long long)b[1], (long long)b[2]);
     return -1.0;
   }

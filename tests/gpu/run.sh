@@ -9,16 +9,17 @@
 #   0. info        nvidia-smi, the driver's version, NVRTC's version, prerequisites (gcc, make, zlib
 #                  headers, $PYTHON with torch and numpy, libcuda.so.1, NVRTC in $CUDA_PATH,
 #                  Fashion-MNIST); what is missing is printed and the steps that need it fail
-#   1. build       make -j$(nproc) lib examples tests bench
+#   1. build       make -j$(nproc) lib examples tests bench (TG_SKIP_DEPS=1: no package installs)
 #   2. devices     examples/devices must compute [1,2,3]*2 on CUDA and NV; DEBUG=1 and DEBUG=7
 #                  (describe, PTX and SASS) of quickstart on CUDA
-#   3. suites      in parallel on the GPU: the differential suites with DEV=CUDA (every case of
+#   3. bench       bench/matmul.py on CUDA against PyTorch CUDA (1024, 2048, 4096)
+#   4. suites      in parallel on the GPU: the differential suites with DEV=CUDA (every case of
 #                  test_ops_torch, test_nn_torch, test_math_torch, test_edges_torch,
 #                  test_indexing_torch, test_processing_torch, test_nd_args_torch), test_jit and
 #                  test_fusion with DEV=CUDA, test_cuda_fake (host-side), beautiful_mnist (70 steps)
 #                  with DEV=CUDA and its accuracy line; then CUDA:0 -> CUDA:1 round trip if there are
 #                  two GPUs
-#   4. bench       bench/matmul.py on CUDA against PyTorch CUDA; beautiful_mnist BENCH=1 step times
+#   5. mnist bench beautiful_mnist BENCH=1: the median train step on CUDA (no PyTorch CUDA reference)
 #
 # Environment: PYTHON (default /opt/torch/.venv/bin/python3, else python3), CUDA_PATH (default
 # /usr/local/cuda), TOTAL_S, JOBS (make -j, default nproc), MNIST_DIR (Fashion-MNIST's four .gz files;
@@ -105,7 +106,7 @@ note "python: $PYTHON ($("$PYTHON" -c 'import torch; print("torch", torch.__vers
 for m in "${missing[@]}"; do note "MISSING $m"; done
 
 # ---- 1. build -----------------------------------------------------------------------------------
-step build 240 make -j"$JOBS" lib examples tests bench || { note "the build failed: nothing else runs"; exit 1; }
+step build 240 env TG_SKIP_DEPS=1 make -j"$JOBS" lib examples tests bench || { note "the build failed: nothing else runs"; exit 1; }
 
 # ---- 2. the device ------------------------------------------------------------------------------
 step devices 60 bash -c 'out=$(build/examples/devices) ; echo "$out";
@@ -114,7 +115,11 @@ step debug1_debug7 60 env DEV=CUDA DEBUG=7 build/examples/quickstart
 grep -m1 '^CUDA:0: ' "$OUT/debug1_debug7.log" | sed 's/^/  describe: /' | tee -a "$SUMMARY"
 grep -q '^// SASS' "$OUT/debug1_debug7.log" && note "  DEBUG=7 showed SASS" || note "  DEBUG=7 showed no SASS (no nvdisasm/cuobjdump)"
 
-# ---- 3. the suites, in parallel on the GPU ------------------------------------------------------
+# ---- 3. matmul against PyTorch's CUDA matmul, while the GPU has nothing else to do ---------------
+step bench_matmul 120 env DEV=CUDA "$PYTHON" bench/matmul.py 1024 2048 4096
+[ -f "$OUT/bench_matmul.log" ] && grep -E '^ +[0-9]+ ' "$OUT/bench_matmul.log" | sed 's/^/  matmul /' | tee -a "$SUMMARY"
+
+# ---- 4. the suites, in parallel on the GPU ------------------------------------------------------
 pids=()
 par() { step "$@" & pids+=($!); }
 for s in ops nn math edges indexing processing nd_args; do
@@ -151,9 +156,7 @@ else
   note "SKIP    two_gpus (one GPU)"
 fi
 
-# ---- 4. benchmarks (the GPU idle otherwise) -----------------------------------------------------
-step bench_matmul 150 env DEV=CUDA "$PYTHON" bench/matmul.py 1024 2048 4096
-grep -E '^ +[0-9]+ ' "$OUT/bench_matmul.log" | sed 's/^/  matmul /' | tee -a "$SUMMARY"
+# ---- 5. beautiful_mnist's train step, the GPU idle again -----------------------------------------
 if [ -n "$MNIST" ]; then
   step bench_mnist 120 env DEV=CUDA BENCH=1 STEPS=20 BS=512 MNIST_DIR="$MNIST" FASHION=1 MNIST_SAVE= build/examples/beautiful_mnist
   ms=$(sed -n 's/^bench step=\([0-9]*\) ms=\([0-9.]*\)/\1 \2/p' "$OUT/bench_mnist.log" | awk '$1 >= 2 {print $2}' | sort -n |
