@@ -1,6 +1,7 @@
 /*
  * test_cuda_fake.c -- the CUDA device (ops_cuda.c) without a GPU: its errors with a missing driver
- * library, with the CUDA toolkit's stub libcuda, with no GPU and with a GPU number the machine lacks;
+ * library, with the CUDA toolkit's stub libcuda, with no GPU, with a GPU number the machine lacks and
+ * without NVRTC;
  * then, on the stand-in driver tests/fake_libcuda.c (build/tests/libfakecuda.so: host memory, two
  * sm_90 devices, launches recorded but not run), device names and archs (CUDA, NV, CUDA:1,
  * NV:CUDA:sm_80), caps, exact round trips CPU -> CUDA -> CPU through the pinned staging buffer,
@@ -126,6 +127,11 @@ TEST(cuda_no_gpu_and_no_such_gpu) {
   setenv("FAKE_CUDA_DEVICES", "2", 1);
   CHECK(device_get("CUDA:5") == NULL);
   CHECK_STR_CONTAINS(tg_last_error(), "(this machine has 2 GPUs, CUDA:0 to CUDA:1)");
+  tg_clear_error();
+  /* a GPU but no NVRTC to compile for it */
+  tg_context_set("TG_NVRTC_LIB", "/nonexistent/libnvrtc.so");
+  CHECK(device_get("CUDA") == NULL);
+  CHECK_STR_CONTAINS(tg_last_error(), "CUDA: NVRTC not found: tried /nonexistent/libnvrtc.so (set CUDA_PATH to the CUDA toolkit");
   tg_clear_error();
   tg_context_end();
 }

@@ -4,8 +4,8 @@
  *
  * Invariants:
  *  - libnvrtc is opened with dlopen on first use and kept for the process, never linked: from
- *    $CUDA_PATH/lib64 (default /usr/local/cuda), then by its usual sonames. A failed attempt is
- *    remembered with its reason (the library does not appear while the process runs).
+ *    $CUDA_PATH/lib64 (default /usr/local/cuda), then by its usual sonames (TG_NVRTC_LIB: that file
+ *    alone). A failed attempt is tried again at the next open.
  *  - NVRTC includes cuda_fp16.h/cuda_bf16.h from $CUDA_PATH/include.
  *  - PTX is handed out with its terminating NUL (cuModuleLoadData reads PTX as a C string); a CUBIN
  *    is an ELF object, so the two are told apart by their first bytes (cuda_is_cubin).
@@ -23,7 +23,7 @@ typedef int nvrtcResult; /* NVRTC_SUCCESS = 0 */
 typedef struct _nvrtcProgram *nvrtcProgram;
 
 static struct {
-  bool tried, ok;
+  bool ok;
   char why[1536];
   const char *(*nvrtcGetErrorString)(nvrtcResult);
   nvrtcResult (*nvrtcVersion)(int *, int *);
@@ -56,13 +56,15 @@ static bool nvrtc_open_locked(void) {
   char first[1024];
   snprintf(first, sizeof first, "%s/lib64/libnvrtc.so", cuda_path());
   const char *names[] = {first, "libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2"};
+  size_t nnames = sizeof names / sizeof *names;
+  const char *only = getenv_str("TG_NVRTC_LIB", NULL); /* one file and no other (tests name a missing one) */
+  if (only && *only) names[0] = only, nnames = 1;
   void *h = NULL;
-  for (size_t i = 0; !h && i < sizeof names / sizeof *names; i++) h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+  for (size_t i = 0; !h && i < nnames; i++) h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     snprintf(g_nv.why, sizeof g_nv.why,
-             "NVRTC not found: tried %s, libnvrtc.so, libnvrtc.so.13, libnvrtc.so.12 (set CUDA_PATH to the CUDA "
-             "toolkit; NVRTC comes with it)",
-             first);
+             "NVRTC not found: tried %s%s (set CUDA_PATH to the CUDA toolkit; NVRTC comes with it)", names[0],
+             nnames > 1 ? ", libnvrtc.so, libnvrtc.so.13, libnvrtc.so.12" : "");
     return false;
   }
   const char *missing = NULL;
@@ -92,10 +94,7 @@ static bool nvrtc_open_locked(void) {
 
 bool nvrtc_load(const char *who) {
   pthread_mutex_lock(&g_nv_lock);
-  if (!g_nv.tried) {
-    g_nv.tried = true;
-    g_nv.ok = nvrtc_open_locked();
-  }
+  if (!g_nv.ok) g_nv.ok = nvrtc_open_locked(); /* a failure is tried again at the next open */
   bool ok = g_nv.ok;
   pthread_mutex_unlock(&g_nv_lock);
   if (!ok) tg_set_error(TG_ERR_RUNTIME, "%s: %s", who, g_nv.why);

@@ -15,8 +15,9 @@
 /* $CUDA_PATH, or /usr/local/cuda when unset or empty. Static storage (the environment's). */
 const char *cuda_path(void);
 
-/* Opens libnvrtc once (from $CUDA_PATH/lib64, then by its sonames). false + tg_set_error naming
- * `who` (the device, "CUDA:0"), the files tried and CUDA_PATH when it cannot. Thread-safe. */
+/* Opens libnvrtc once (from $CUDA_PATH/lib64, then by its sonames; TG_NVRTC_LIB names the one file
+ * to try). false + tg_set_error naming `who` (the device, "CUDA"), the files tried and CUDA_PATH
+ * when it cannot. Thread-safe. */
 bool nvrtc_load(const char *who);
 /* NVRTC's version (after a successful nvrtc_load). */
 void nvrtc_version(int *major, int *minor);
