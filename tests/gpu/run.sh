@@ -138,7 +138,7 @@ for s in ops nn math edges indexing processing nd_args; do
   [ -f "$OUT/test_${s}_torch.log" ] && note "  test_${s}_torch: $(counts "test_${s}_torch" || echo 'no count line')"
 done
 for s in test_jit test_fusion test_cuda_fake; do [ -f "$OUT/$s.log" ] && note "  $s: $(counts $s || echo 'no count line')"; done
-[ -f "$OUT/beautiful_mnist.log" ] && note "  beautiful_mnist: $(grep -aiE 'accuracy|acc' "$OUT/beautiful_mnist.log" | tr '\r' '\n' | grep -aiE 'accuracy|acc' | tail -n 1)"
+[ -f "$OUT/beautiful_mnist.log" ] && note "  beautiful_mnist: $(tr '\r' '\n' <"$OUT/beautiful_mnist.log" | grep -a -m1 '^final:' || echo 'no final line')"
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if [ "${ngpu:-0}" -ge 2 ]; then
   cat >"$OUT/two_gpus.py" <<'EOF'
