@@ -230,6 +230,17 @@ TEST(cuda_fake_launch_debug2) {
   CHECK_STR_CONTAINS(err, "*** CUDA");
   CHECK_STR_CONTAINS(err, "tm ");
   free(err);
+  /* DEBUG=7: the kernel's PTX, then its SASS from the cached CUBIN (or the note that no disassembler
+   * is installed) */
+  tg_context_begin();
+  tg_context_set("DEBUG", "7");
+  err = stderr_of_realize(tg_exp2(tg_add_s(x, 3)), &st);
+  tg_context_end();
+  CHECK_MSG(st == TG_OK, "%s", tg_last_error());
+  CHECK_STR_CONTAINS(err, "assembly (CUDA)");
+  CHECK_STR_CONTAINS(err, "// PTX (compute_90)");
+  CHECK_MSG(strstr(err, "// SASS (sm_90, ") || strstr(err, "neither nvdisasm nor cuobjdump is installed"), "%.2000s", err);
+  free(err);
   /* the same on NV:CUDA:sm_80, whose PTX tells the fake how many parameters each kernel takes */
   tg_tensor a = tg_from_data(in, TG_SHAPE(6), TG_OPTS(.dtype = TG_FLOAT32, .device = "NV:CUDA:sm_80"));
   tg_tensor b = tg_from_data(in, TG_SHAPE(6), TG_OPTS(.dtype = TG_FLOAT32, .device = "NV:CUDA:sm_80"));
