@@ -17,8 +17,8 @@
 #                  test_ops_torch, test_nn_torch, test_math_torch, test_edges_torch,
 #                  test_indexing_torch, test_processing_torch, test_nd_args_torch), test_jit and
 #                  test_fusion with DEV=CUDA, test_cuda_fake (host-side), beautiful_mnist (70 steps)
-#                  with DEV=CUDA and its accuracy line; then CUDA:0 -> CUDA:1 round trip if there are
-#                  two GPUs
+#                  with DEV=CUDA, failing below 83% test accuracy (the example's documented target),
+#                  and its final line; then a CUDA:0 -> CUDA:1 round trip if there are two GPUs
 #   5. mnist bench beautiful_mnist BENCH=1: the median train step on CUDA (no PyTorch CUDA reference)
 #
 # Environment: PYTHON (default /opt/torch/.venv/bin/python3, else python3), CUDA_PATH (default
@@ -129,7 +129,7 @@ par test_jit 300 env DEV=CUDA build/tests/test_jit
 par test_fusion 300 env DEV=CUDA build/tests/test_fusion
 par test_cuda_fake 120 build/tests/test_cuda_fake
 if [ -n "$MNIST" ]; then
-  par beautiful_mnist 420 env DEV=CUDA STEPS=70 BS=512 MNIST_DIR="$MNIST" FASHION=1 MNIST_SAVE= build/examples/beautiful_mnist
+  par beautiful_mnist 420 env DEV=CUDA STEPS=70 BS=512 TARGET_EVAL_ACC_PCT=83 MNIST_DIR="$MNIST" FASHION=1 MNIST_SAVE= build/examples/beautiful_mnist
 else
   note "SKIP    beautiful_mnist (no Fashion-MNIST)"
 fi
