@@ -18,7 +18,7 @@
 #
 # Every src/**/*.c is part of the library (found with find, so new files need no edit here).
 # tests/test_X.c -> build/tests/test_X, examples/X.c -> build/examples/X, bench/X.c -> build/bench/X,
-# all linked statically against libtinygrad.a.
+# all linked statically against libtinygrad.a; tests/fake_libcuda.c -> build/tests/libfakecuda.so.
 
 CC      ?= cc
 AR      ?= ar
@@ -52,6 +52,7 @@ EXAMPLES   := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EX_SRCS))
 BENCH_SRCS := $(sort $(wildcard bench/*.c))
 BENCHES    := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 FUZZ_SRCS  := $(sort $(wildcard tests/fuzz_*.c))
+FAKE_CUDA  := $(BUILD)/tests/libfakecuda.so
 
 LIB_A  := $(BUILD)/libtinygrad.a
 LIB_SO := $(BUILD)/libtinygrad.so
@@ -97,7 +98,7 @@ lib: static shared
 static: $(LIB_A)
 shared: $(LIB_SO)
 examples: $(EXAMPLES)
-tests: $(TESTS)
+tests: $(TESTS) $(FAKE_CUDA)
 bench: bench-deps $(BENCHES)
 
 $(LIB_A): $(OBJS)
@@ -125,6 +126,12 @@ $(BUILD)/obj/gen/viz_assets.o: $(BUILD)/gen/viz_assets.c
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIB_A)
 	@mkdir -p $(@D)
 	$(CC) -pthread $(LDFLAGS) -o $@ $< $(LIB_A) $(LDLIBS)
+
+# A stand-in for the NVIDIA driver's libcuda (host memory, launches recorded): tests/test_cuda_fake.c
+# loads it through TG_CUDA_LIB. Not part of the library.
+$(FAKE_CUDA): tests/fake_libcuda.c
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -shared $(LDFLAGS) -o $@ $< -lpthread
 
 $(BUILD)/examples/%: $(BUILD)/obj/examples/%.o $(LIB_A)
 	@mkdir -p $(@D)

@@ -10,6 +10,10 @@ Usage: /usr/bin/python3 bench/matmul.py [N ...]
 With DEV=CL it measures the OpenCL device instead: tinygrad.c on CL against tinygrad.c on the CPU
 and against tinygrad on DEV=CL (both on PoCL here), in one run; the CPU libraries are not run then.
   DEV=CL /usr/bin/python3 bench/matmul.py 512 1024
+
+With DEV=CUDA (or NV) it measures the NVIDIA GPU: tinygrad.c on it against PyTorch's CUDA matmul
+(cuBLAS, TF32 off) when the Python running it has a CUDA PyTorch:
+  DEV=CUDA python3 bench/matmul.py 1024 4096
 """
 import os, subprocess, sys, time
 
@@ -87,6 +91,32 @@ if os.environ.get("DEV", "CPU").split(":")[0].upper() == "CL":
     print(f"{n:>6} {cl[n]:>13.1f} {cpu[n]:>14.1f} {tg or float('nan'):>11.1f} {cl[n] / cpu[n]:>7.2f} "
           f"{cl[n] / tg if tg else float('nan'):>13.2f}", flush=True)
   print("(GFLOPS, fp32, default opts; ratios are throughputs, tinygrad.c on CL / other, measured in this run)")
+  sys.exit(0)
+
+def torch_cuda_gflops(n):
+  """PyTorch's fp32 matmul on the GPU (TF32 off, as tinygrad.c computes in fp32); None without CUDA."""
+  try:
+    import torch
+    if not torch.cuda.is_available(): return None
+  except ImportError:
+    return None
+  torch.backends.cuda.matmul.allow_tf32 = False
+  a, b = torch.rand(n, n, device="cuda"), torch.rand(n, n, device="cuda")
+  best, end = 1e30, time.perf_counter() + 3
+  for i in range(20):
+    torch.cuda.synchronize(); t = time.perf_counter(); a @ b; torch.cuda.synchronize(); t = time.perf_counter() - t
+    if i > 0: best = min(best, t)
+    if i > 2 and time.perf_counter() > end: break
+  return 2 * n**3 / best * 1e-9
+
+if os.environ.get("DEV", "CPU").split(":")[0].upper() in ("CUDA", "NV"):
+  # an NVIDIA GPU: tinygrad.c on it against PyTorch on it (cuBLAS), in one run
+  gpu = ours_gflops(os.environ["DEV"])
+  print(f"{'N':>6} {'tinygrad.c CUDA':>15} {'PyTorch CUDA':>12} {'c/torch':>7}")
+  for n in sizes:
+    tt = torch_cuda_gflops(n)
+    print(f"{n:>6} {gpu[n]:>15.1f} {tt or float('nan'):>12.1f} {gpu[n] / tt if tt else float('nan'):>7.3f}", flush=True)
+  print("(GFLOPS, fp32 without TF32, default opts; c/torch: tinygrad.c's throughput / PyTorch's, measured in this run)")
   sys.exit(0)
 
 sys.path.insert(0, here)

@@ -25,6 +25,8 @@
 #   safetensors gguf     reference readers/writers for tests/test_formats.py
 #   tokenizers transformers  reference tokenizer and GPT-2 for tests/test_gpt2.py and bench/gpt2.py
 #                        (pinned: transformers 4.40.2 with tokenizers 0.19.1, the versions tested with Debian's torch 1.13)
+#   nvidia-cuda-nvdisasm  (only with a CUDA toolkit that has NVRTC but no disassembler) nvdisasm for
+#                        DEBUG=7's SASS listing of CUDA kernels
 #
 # `deps.sh mnist` (make mnist, the training job) checks only what building and training need:
 #   build-essential zlib1g-dev dataset-fashion-mnist   (no PyTorch, no fuzzing libraries, no PyPI)
@@ -131,5 +133,23 @@ if { [ "$MODE" = bench ] || [ "$MODE" = llama ]; } && [ "$(id -u)" = 0 ] && "$PY
     echo "deps.sh: installing from PyPI (without dependencies): ${extra[*]}"
     "$PY" -m pip install -q --break-system-packages --root-user-action=ignore --no-deps "${extra[@]}" ||
       echo "deps.sh: could not install ${extra[*]}; the benchmarks skip what is missing" >&2
+  fi
+fi
+
+# ---- a CUDA disassembler for DEBUG=7's SASS listing (tests/test_cuda_null.sh checks it): the CUDA
+# toolkit of this machine kind ships NVRTC without nvdisasm or cuobjdump; the nvidia-cuda-nvdisasm
+# wheel (from PyPI, into $PY's site-packages: nvidia/cu13/bin/nvdisasm) brings one ----------------
+CUDA_DIR=${CUDA_PATH:-/usr/local/cuda}
+if [ "$MODE" = all ] && ls "$CUDA_DIR"/lib64/libnvrtc.so* >/dev/null 2>&1 && [ ! -x "$CUDA_DIR/bin/nvdisasm" ] &&
+  [ ! -x "$CUDA_DIR/bin/cuobjdump" ] && ! command -v nvdisasm >/dev/null && ! command -v cuobjdump >/dev/null; then
+  purelib=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null || true)
+  if [ ! -x "$purelib/nvidia/cu13/bin/nvdisasm" ]; then
+    if [ "$(id -u)" = 0 ] && "$PY" -m pip --version >/dev/null 2>&1; then
+      echo "deps.sh: installing from PyPI: nvidia-cuda-nvdisasm"
+      "$PY" -m pip install -q --break-system-packages --root-user-action=ignore nvidia-cuda-nvdisasm==13.5.37 ||
+        echo "deps.sh: could not install nvidia-cuda-nvdisasm; DEBUG=7 shows CUDA kernels without SASS" >&2
+    else
+      echo "deps.sh: for CUDA SASS listings install as root:  $PY -m pip install --break-system-packages nvidia-cuda-nvdisasm" >&2
+    fi
   fi
 fi

@@ -4,7 +4,8 @@
 #   tests/run_tests.sh [--c-only]        (normally through `make test` / `make asan`)
 #
 # Runs, in this order:
-#   1. $BUILD/tests/test_X for every tests/test_X.c (C unit tests, linked against libtinygrad.a);
+#   1. $BUILD/tests/test_X for every tests/test_X.c (C unit tests, linked against libtinygrad.a;
+#      test_cuda_fake runs the CUDA device on the stand-in driver $BUILD/tests/libfakecuda.so);
 #      then test_jit and test_fusion again with DEV=CL (OpenCL on PoCL), test_opt with
 #      DEV=CPU:LLVM (LLVM IR compiled in process) and, on an AVX-512 host, again with AVX-512 turned
 #      off (DEV=CPU:LLVM:x86_64,x86-64-v3,-avx512f), and examples/devices
@@ -36,7 +37,7 @@ C_ONLY=0
 for arg in "$@"; do
   case $arg in
     --c-only) C_ONLY=1 ;;
-    -h | --help) sed -n '2,29p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h | --help) sed -n '2,31p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "run_tests.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done

@@ -1294,7 +1294,9 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
     } else if (gpu && lv <= k->ng) {
       /* a global loop of a GPU kernel is a work-item id (or a part of one: see gpu_global_dims) */
       const GDim *g = &gd[lv - 1];
-      sb_printf(&body, "{ long ridx%d = (long)%s", lv - 1, L->gid[g->dim]);
+      /* (CUDA: dimensions 1 and 2 stride over the grid, see the kernel's signature below) */
+      static const char *const strided[3] = {NULL, "tg_gid1", "tg_gid2"};
+      sb_printf(&body, "{ long ridx%d = (long)%s", lv - 1, cuda && g->dim > 0 && gsz[g->dim] > 1 ? strided[g->dim] : L->gid[g->dim]);
       if (g->div > 1) sb_printf(&body, " / %lldL", (long long)g->div);
       if (g->mod) sb_printf(&body, " %% %lldL", (long long)g->mod);
       sb_puts(&body, ";\n");
@@ -1469,10 +1471,20 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
       else sb_printf(&out, "%s%s%s%s *%s data%d", i ? ", " : "", L->gptr, i ? "const " : "", stype(k->pdt[i]), L->restr, i);
     }
     sb_puts(&out, ") {\n");
+    /* CUDA grids have at most 65535 blocks along y and z, fewer than a launch may need: the ids of
+     * dimensions 1 and 2 stride over the grid, so the runtime may launch fewer blocks there and each
+     * block then takes several. Every work-item of a block makes the same number of steps (the
+     * block divides the launch), so a barrier inside stays uniform. */
+    for (int d = 2; cuda && d >= 1; d--)
+      if (gsz[d] > 1)
+        sb_printf(&out, "  for (long tg_gid%d = %s; tg_gid%d < %lldL; tg_gid%d += (long)gridDim.%c * (long)blockDim.%c)\n", d, L->gid[d], d,
+                  (long long)gsz[d], d, "xyz"[d], "xyz"[d]);
+    if (cuda && (gsz[1] > 1 || gsz[2] > 1)) sb_puts(&out, "  {\n");
   } else {
     sb_printf(&out, "void %s(void **restrict bufs, long long gstart, long long gend) {\n", name);
   }
   sb_puts(&out, body.s ? body.s : "");
+  if (cuda && (gsz[1] > 1 || gsz[2] > 1)) sb_puts(&out, "  }\n");
   sb_puts(&out, "}\n");
   if (W) {
     for (size_t i = 0; i < sizeof vnames / sizeof *vnames; i++) sb_printf(&out, "#undef %s\n", vnames[i]);

@@ -36,17 +36,26 @@ typedef struct {
   bool host_memory;
   const char *const *renderers; /* default first; NULL-terminated */
   const DeviceVT *const *rvts;  /* per renderer, its device (NULL: vt) */
+  /* An ARCH may follow the kind or its number without the renderer ("CUDA:sm_80", "CUDA:1:sm_80"
+   * for CUDA:1:CUDA:sm_80): the kind has one renderer, and its archs are not renderer names. */
+  bool arch_shorthand;
 } DeviceKind;
 
 static const char *const CPU_RENDERERS[] = {"C", "LLVM", NULL};
 static const DeviceVT *const CPU_RVTS[] = {&cpu_device_vt, &llvm_device_vt, NULL};
 static const char *const CL_RENDERERS[] = {"OpenCL", NULL};
 static const char *const NULL_RENDERERS[] = {"CUDA", NULL};
+static const char *const CUDA_RENDERERS[] = {"CUDA", NULL};
 
+/* NV is tinygrad's other name for an NVIDIA GPU: here the same device as CUDA (the driver API), kept
+ * under the name it was asked by. NV:0 and CUDA:0 share the GPU's primary context, so their buffers
+ * copy to each other on the GPU. */
 static const DeviceKind g_kinds[] = {
-    {"CPU", &cpu_device_vt, true, CPU_RENDERERS, CPU_RVTS},
-    {"CL", &cl_device_vt, false, CL_RENDERERS, NULL},
-    {"NULL", &nullcuda_device_vt, false, NULL_RENDERERS, NULL},
+    {"CPU", &cpu_device_vt, true, CPU_RENDERERS, CPU_RVTS, false},
+    {"CL", &cl_device_vt, false, CL_RENDERERS, NULL, false},
+    {"NULL", &nullcuda_device_vt, false, NULL_RENDERERS, NULL, false},
+    {"CUDA", &cuda_device_vt, false, CUDA_RENDERERS, NULL, true},
+    {"NV", &cuda_device_vt, false, CUDA_RENDERERS, NULL, true},
 };
 #define NKINDS (sizeof g_kinds / sizeof g_kinds[0])
 
@@ -159,6 +168,14 @@ static bool parse_device(const char *name, const DeviceKind **kind, int *index, 
     if (!have_renderer) {
       const char *const *r = (*kind)->renderers;
       while (*r && !(strlen(*r) == n && strncasecmp(*r, tok, n) == 0)) r++;
+      if (!*r && (*kind)->arch_shorthand) {
+        if (strlen(tok) >= archcap) {
+          unknown_device(name, ": arch string too long");
+          return false;
+        }
+        snprintf(arch, archcap, "%s", tok); /* the default renderer's open checks it */
+        return true;
+      }
       if (!*r) {
         SB m;
         sb_init(&m);
@@ -729,6 +746,10 @@ tg_status buffer_copy(Buffer *dst, Buffer *src, size_t nbytes) {
   if (kind_of(src->dev)->host_memory)
     return dst->dev->vt->copyin(dst->dev->state, dst->ptr, src->ptr, nbytes);
   if (dst->dev == src->dev && dst->dev->vt->copy) return dst->dev->vt->copy(dst->dev->state, dst->ptr, src->ptr, nbytes);
+  if (dst->dev != src->dev && dst->dev->vt == src->dev->vt && dst->dev->vt->copy_peer) {
+    int done = dst->dev->vt->copy_peer(dst->dev->state, dst->ptr, src->dev->state, src->ptr, nbytes);
+    if (done) return done > 0 ? TG_OK : tg_last_status() ? tg_last_status() : TG_ERR_RUNTIME;
+  }
   void *tmp = malloc(nbytes);
   if (!tmp) return tg_set_error(TG_ERR_RUNTIME, "buffer_copy: no host memory for %zu bytes", nbytes);
   tg_status st = src->dev->vt->copyout(src->dev->state, tmp, src->ptr, nbytes);

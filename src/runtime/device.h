@@ -115,6 +115,11 @@ typedef struct DeviceVT {
    * finished are cancelled: done gets neither lib nor err (from the exiting thread). */
   bool (*compile_async)(void *state, const char *src,
                         void (*done)(void *ctx, const uint8_t *lib, size_t liblen, const char *err), void *ctx);
+  /* Optional: copies nbytes from a buffer of the device src_state to one of dst_state, two devices
+   * of this vtable (two GPUs), without staging through the host where the hardware allows. Returns
+   * 1 when done, 0 when these two devices cannot (buffer_copy then stages through the host), -1 +
+   * tg_set_error on failure. Later work on either device sees the copy complete. */
+  int (*copy_peer)(void *dst_state, void *dst, void *src_state, const void *src, size_t nbytes);
   /* Sources cannot be concatenated into one compile (program_get_batch compiles them one by one). */
   bool no_batch;
 } DeviceVT;
@@ -198,7 +203,8 @@ void device_cache_clear(Device *dev);
 void buffer_unref(Buffer *b);
 tg_status buffer_copyin(Buffer *b, const void *src, size_t nbytes);
 tg_status buffer_copyout(Buffer *b, void *dst, size_t nbytes);
-/* Device to device copy (through the host if the devices differ). */
+/* Device to device copy: within one device by its copy, between two devices of one vtable by its
+ * copy_peer where it can, else through the host. */
 tg_status buffer_copy(Buffer *dst, Buffer *src, size_t nbytes);
 size_t buffer_live_count(void);
 
@@ -256,10 +262,23 @@ tg_status disk_cache_compile(const char *id, const char *src, disk_cache_build_f
                              size_t *liblen);
 void disk_cache_evict(const char *id, const char *src);
 
+/* Process and file helpers of ops_cpu.c that other runtimes use (the CUDA listing runs nvdisasm).
+ * host_which: prog resolved through PATH (or checked, when it holds a '/'), malloc'd, or NULL.
+ * host_run_capture: runs path with argv, stdin from /dev/null, stdout and stderr into out (the first
+ * keep bytes); 0 and the wait status, or the errno of a failed spawn.
+ * host_write_all: writes all n bytes to fd (retrying short writes); false on an error. */
+char *host_which(const char *prog);
+int host_run_capture(const char *path, char *const argv[], SB *out, size_t keep, int *wstatus);
+bool host_write_all(int fd, const void *p, size_t n);
+/* Runs `tool args... FILE` on the bytes bin (written to a private temporary FILE ending in suffix,
+ * removed afterwards) and returns what it printed (malloc'd), or NULL + tg_set_error when it fails. */
+char *host_disassemble(const char *tool, const char *const *args, const uint8_t *bin, size_t len, const char *suffix);
+
 /* Registry of device kinds. */
 extern const DeviceVT cpu_device_vt;
 extern const DeviceVT cl_device_vt;
-extern const DeviceVT nullcuda_device_vt; /* compile-only CUDA (ops_cuda.c) */
+extern const DeviceVT nullcuda_device_vt; /* compile-only CUDA (ops_cuda_null.c) */
+extern const DeviceVT cuda_device_vt;     /* NVIDIA GPUs through the CUDA driver API (ops_cuda.c) */
 extern const DeviceVT llvm_device_vt;
 
 #endif

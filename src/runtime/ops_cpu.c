@@ -135,7 +135,7 @@ static _Atomic uint64_t g_file_counter;
 /* ---------------------------------------------------------------------------------------------- */
 /* small file and process helpers                                                                  */
 
-static bool write_all(int fd, const void *p, size_t n) {
+bool host_write_all(int fd, const void *p, size_t n) {
   const uint8_t *c = p;
   while (n) {
     ssize_t w = write(fd, c, n);
@@ -206,7 +206,7 @@ void cpu_background_pause(bool pause) {
 /* Runs the program at `path` with stdin from /dev/null; stdout and stderr go to `out` (the first
  * `keep` bytes; the rest is drained so the child never blocks). Returns 0 and the wait status, or
  * the errno of a failed spawn. */
-static int run_capture(const char *path, char *const argv[], SB *out, size_t keep, int *wstatus) {
+int host_run_capture(const char *path, char *const argv[], SB *out, size_t keep, int *wstatus) {
   int pfd[2];
   if (pipe2(pfd, O_CLOEXEC) != 0) return errno;
   posix_spawn_file_actions_t fa;
@@ -278,7 +278,7 @@ typedef struct CompilerInfo {
 static pthread_mutex_t g_cc_lock = PTHREAD_MUTEX_INITIALIZER;
 static CompilerInfo *g_compilers; /* one per CC value seen; never freed (ids are handed out) */
 
-static char *which(const char *prog) {
+char *host_which(const char *prog) {
   if (strchr(prog, '/')) return access(prog, X_OK) == 0 ? tg_xstrdup(prog) : NULL;
   const char *pathenv = getenv("PATH");
   if (!pathenv || !*pathenv) pathenv = "/usr/local/bin:/usr/bin:/bin";
@@ -308,7 +308,7 @@ static CompilerInfo *compiler_new(const char *cc) {
     ci->argv[ci->argc] = NULL;
   }
   free(copy);
-  if (ci->argc) ci->path = which(ci->argv[0]);
+  if (ci->argc) ci->path = host_which(ci->argv[0]);
 
   SB version;
   sb_init(&version);
@@ -317,7 +317,7 @@ static CompilerInfo *compiler_new(const char *cc) {
     for (int i = 0; i < ci->argc; i++) argv[i] = ci->argv[i];
     argv[ci->argc] = "--version";
     int ws;
-    if (run_capture(ci->path, argv, &version, 4096, &ws) != 0) version.len = 0;
+    if (host_run_capture(ci->path, argv, &version, 4096, &ws) != 0) version.len = 0;
     free(argv);
     if (version.s) {
       version.s[strcspn(version.s, "\n")] = '\0';
@@ -459,7 +459,7 @@ static void cache_write(const char *dir, const char *path, const char *key, cons
     memcpy(e + CACHE_HDR + klen, lib, len);
     uint64_t sum = hash_bytes(e, total - CACHE_TRAILER, CACHE_SEED);
     memcpy(e + total - CACHE_TRAILER, &sum, 8);
-    bool ok = write_all(fd, e, total);
+    bool ok = host_write_all(fd, e, total);
     ok = close(fd) == 0 && ok;
     if (!ok || rename(tmp.s, path) != 0) unlink(tmp.s);
   }
@@ -496,7 +496,7 @@ static tg_status compile_now(CompilerInfo *ci, const char *src, uint8_t **lib, s
     sb_free(&cpath);
     return st;
   }
-  bool wrote = write_all(fd, src, strlen(src));
+  bool wrote = host_write_all(fd, src, strlen(src));
   close(fd);
   /* The .c name is ours (mkstemps), so the matching .so name cannot collide either. */
   sb_printf(&opath, "%.*s.so", (int)(cpath.len - 2), cpath.s);
@@ -514,7 +514,7 @@ static tg_status compile_now(CompilerInfo *ci, const char *src, uint8_t **lib, s
   argv[k++] = cpath.s;
   argv[k++] = "-lm";
   argv[k] = NULL;
-  int ws = 0, rc = wrote ? run_capture(ci->path, argv, &diag, DIAG_KEEP, &ws) : EIO;
+  int ws = 0, rc = wrote ? host_run_capture(ci->path, argv, &diag, DIAG_KEEP, &ws) : EIO;
   free(argv);
   unlink(cpath.s);
   if (rc == ENOENT) {
@@ -717,41 +717,52 @@ static bool cpu_compile_async(void *state, const char *src,
   return ok;
 }
 
-/* DEBUG=7: the kernel object disassembled by objdump (binutils). The object goes to a private file
- * for objdump to read and is removed at once. */
-static char *cpu_disasm(void *state, const char *src, const uint8_t *lib, size_t liblen) {
-  (void)state;
-  char *objdump = which(getenv_str("OBJDUMP", "objdump"));
-  if (!objdump) {
-    tg_set_error(TG_ERR_RUNTIME, "disassembly: objdump not found (install binutils, or set OBJDUMP)");
-    return NULL;
-  }
+char *host_disassemble(const char *tool, const char *const *args, const uint8_t *bin, size_t len, const char *suffix) {
   const char *tmpdir = getenv("TMPDIR");
   if (!tmpdir || !*tmpdir) tmpdir = "/tmp";
   SB path, out;
   sb_init(&path);
   sb_init(&out);
-  sb_printf(&path, "%s/tgd-XXXXXX.so", tmpdir);
-  int fd = mkstemps(path.s, 3);
+  sb_printf(&path, "%s/tgd-XXXXXX%s", tmpdir, suffix);
+  int fd = mkstemps(path.s, (int)strlen(suffix));
   char *res = NULL;
   if (fd < 0) {
     tg_set_error(TG_ERR_RUNTIME, "disassembly: cannot create a file in %s: %s", tmpdir, strerror(errno));
   } else {
-    bool ok = write_all(fd, lib, liblen);
+    bool ok = host_write_all(fd, bin, len);
     ok = close(fd) == 0 && ok;
-    char name[96], only[128];
-    kernel_name(src ? src : "", name, sizeof name);
-    snprintf(only, sizeof only, "--disassemble=%s", name); /* the kernel alone, not the loader stubs */
-    char *argv[] = {objdump, only, "--no-show-raw-insn", path.s, NULL};
-    int ws = 0, rc = ok ? run_capture(objdump, argv, &out, (size_t)1 << 24, &ws) : EIO;
+    size_t nargs = 0;
+    while (args && args[nargs]) nargs++;
+    char **argv = tg_xcalloc(nargs + 3, sizeof *argv);
+    argv[0] = (char *)tool;
+    for (size_t i = 0; i < nargs; i++) argv[i + 1] = (char *)args[i];
+    argv[nargs + 1] = path.s;
+    int ws = 0, rc = ok ? host_run_capture(tool, argv, &out, (size_t)1 << 24, &ws) : EIO;
+    free(argv);
     unlink(path.s);
     if (rc != 0 || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
-      tg_set_error(TG_ERR_RUNTIME, "disassembly: %s failed: %s", objdump, rc ? strerror(rc) : out.s ? out.s : "?");
+      tg_set_error(TG_ERR_RUNTIME, "disassembly: %s failed: %s", tool, rc ? strerror(rc) : out.s ? out.s : "?");
     else
       res = sb_take(&out);
   }
   sb_free(&out);
   sb_free(&path);
+  return res;
+}
+
+/* DEBUG=7: the kernel object disassembled by objdump (binutils). */
+static char *cpu_disasm(void *state, const char *src, const uint8_t *lib, size_t liblen) {
+  (void)state;
+  char *objdump = host_which(getenv_str("OBJDUMP", "objdump"));
+  if (!objdump) {
+    tg_set_error(TG_ERR_RUNTIME, "disassembly: objdump not found (install binutils, or set OBJDUMP)");
+    return NULL;
+  }
+  char name[96], only[128];
+  kernel_name(src ? src : "", name, sizeof name);
+  snprintf(only, sizeof only, "--disassemble=%s", name); /* the kernel alone, not the loader stubs */
+  const char *args[] = {only, "--no-show-raw-insn", NULL};
+  char *res = host_disassemble(objdump, args, lib, liblen, ".so");
   free(objdump);
   return res;
 }
@@ -777,7 +788,7 @@ static void *cpu_load(void *state, const char *fname, const uint8_t *lib, size_t
     if (len < 0 || (size_t)len >= sizeof path) continue;
     int fd = mkstemps(path, 3);
     if (fd < 0) continue;
-    bool ok = write_all(fd, lib, liblen);
+    bool ok = host_write_all(fd, lib, liblen);
     ok = close(fd) == 0 && ok;
     if (ok) {
       dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
