@@ -312,6 +312,10 @@ static void *cl_open(int index) {
   c->gpu = true;
   cl_ulong type = 0;
   c->cpu_cores = g_cl.clGetDeviceInfo(dev, CL_DEVICE_TYPE, sizeof type, &type, NULL) == CL_SUCCESS && (type & CL_DEVICE_TYPE_CPU);
+  /* A device of CPU cores (PoCL's) runs a work-group as a loop on one host core, in the host's
+   * vector registers: its kernels are sized as the CPU device's are (on an AVX2 host, 8 lanes and
+   * tiles for 16 registers; the "unknown" default of 16 lanes spilled there, 1.8x the CPU's step) */
+  if (c->cpu_cores) cpu_host_simd(&c->vec_bytes, &c->vec_regs);
   c->fp16 = has_ext(s->extensions, "cl_khr_fp16");
   c->fp64 = has_ext(s->extensions, "cl_khr_fp64");
   cl_uint img = 0, dims = 0;

@@ -1457,7 +1457,8 @@ static void flush_assigns_for(SCtx *c, UOp *root) {
  * buffer is never allocated: beautiful_mnist's evaluation stores its second convolution pooled
  * (122 MiB) instead of whole (488 MiB). Only when each element of the buffer is read once (disjoint
  * windows, no recomputation), and never for an input a maximum's gradient will compare with the
- * maximum again (UOPF_MAX_GRAD): that comparison must see the bits the maximum saw. */
+ * maximum again (UOPF_MAX_GRAD): that comparison must see the bits the maximum saw. Not on GPU
+ * devices (work-items of one output's window would race on its combining store). */
 #define WINDOW_MAX 16
 
 /* The loads of param p in u (appended to v); false if one has a validity mask. */
@@ -1622,7 +1623,10 @@ static void fuse_windows(Schedule *s) {
   bool any = false;
   for (int i = 0; i < s->nitems; i++) {
     SItem *k2 = &s->items[i];
-    if (k2->kind != SI_KERNEL || !k2->ast) continue;
+    /* only where a kernel's global loops run in order: the window's positions combine into one
+     * output one after another (the first stores, the others max into it), which work-items of a
+     * GPU, run in any order and at once, would race on (wrong maxima, or never-stored outputs) */
+    if (k2->kind != SI_KERNEL || !k2->ast || k2->dev->caps.gpu) continue;
     for (int q = 1; q < k2->nbufs; q++) {
       int B = k2->bufs[q];
       SBuf *b = &s->bufs[B];
