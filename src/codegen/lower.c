@@ -199,6 +199,9 @@ LKernel *lower_kernel_for(UOp *ast, const DeviceCaps *caps, const OptList *opts)
     outer = reds[0] == store->src[2] ? reds[0] : reds[1];
     red = outer == reds[0] ? reds[1] : reds[0];
     TG_ASSERT(outer == store->src[2] && outer->arg.i == OP_MAX);
+    /* the scheduler fuses windows only for devices that run global loops in order (schedule.c,
+     * fuse_windows): a GPU's work-items would race on the combining store */
+    TG_ASSERT(!k->gpu);
     k->sop = (int)outer->arg.i;
     for (uint32_t j = 1; j < outer->nsrc; j++) {
       UOp *z = s_ltc(outer->src[j], 1), *a = s_and(k->sfirst, z);
