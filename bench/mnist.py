@@ -20,7 +20,8 @@ For each framework it prints
               TinyJit'd calls, a replay; PyTorch: one call under no_grad after training)
   peak RSS    the child process's maximum resident set size (os.wait4)
   first step  the first train step with an empty kernel cache (tinygrad.c: a fresh
-              TINYGRAD_CACHE_DIR; tinygrad: a fresh CACHEDB) and, for tinygrad.c, again with the
+              TINYGRAD_CACHE_DIR; tinygrad: a fresh CACHEDB; both with a fresh POCL_CACHE_DIR, PoCL's
+              own cache of built kernels, under DEV=CL) and, for tinygrad.c, again with the
               cache that run filled (PyTorch compiles nothing: its first step appears in both rows)
 and the ratios tinygrad.c / other (below 1 is better for tinygrad.c).
 
@@ -121,7 +122,9 @@ def tinygrad_c(dev="CPU"):
   if not os.access(EXE, os.X_OK): sys.exit(f"{EXE} not found: run `make` first")
   cache = tempfile.mkdtemp(prefix="tinygrad.c-bench-cache-")
   try:
-    env = dict(os.environ, BENCH="1", STEPS=str(STEPS), BS=str(BS), MNIST_SAVE="", TINYGRAD_CACHE_DIR=cache, DEV=dev)
+    # POCL_CACHE_DIR: on CL the empty-cache run also starts without PoCL's own cache of built kernels
+    env = dict(os.environ, BENCH="1", STEPS=str(STEPS), BS=str(BS), MNIST_SAVE="", TINYGRAD_CACHE_DIR=cache, DEV=dev,
+               POCL_CACHE_DIR=os.path.join(cache, "pocl"))
     for k in ("DISABLE_COMPILER_CACHE", "DEBUG", "BEAM", "NOOPT", "JIT", "GPU_OPTS"): env.pop(k, None)
     t = time.perf_counter()
     lines, rss, _ = run_child([EXE], env)  # empty cache: the first step compiles every kernel
@@ -150,7 +153,7 @@ def tinygrad(dev="CPU"):
     return None
   db = tempfile.mkdtemp(prefix="tinygrad-bench-cachedb-")
   try:
-    env = dict(os.environ, CACHEDB=os.path.join(db, "cache.db"), DEV=dev)
+    env = dict(os.environ, CACHEDB=os.path.join(db, "cache.db"), DEV=dev, POCL_CACHE_DIR=os.path.join(db, "pocl"))
     for k in ("DEBUG", "BEAM", "JIT"): env.pop(k, None)
     lines, rss, _ = run_child([PY, "-c", TINYGRAD_SCRIPT, str(STEPS), str(BS)], env, cwd=tempfile.gettempdir())
     steps, evals = parse_bench(lines)
