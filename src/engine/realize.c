@@ -790,12 +790,6 @@ static tg_status run_schedule_items(Schedule *s) {
  * core (the thread pool). Recursive: a TinyJit capture realizes inside a realize's caller. */
 static pthread_mutex_t realize_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 
-
-/* As tinygrad does, a contiguous() that a kernel of this schedule computes on the way to the targets
- * is kept when a live handle holds it: the handle gets the buffer, so using it again (c * 2 after
- * c + 1, an Embedding weight made by zeros_like(...).contiguous()) costs no kernel to recompute it.
- * Marks those buffers kept and returns their sbuf indices, -1 terminated (NULL if none). Not while a
- * TinyJit capture plans the intermediates' memory: a replay may reuse such a buffer. */
 typedef struct {
   PtrMap *cand;
   Schedule *s;
@@ -813,6 +807,11 @@ static void held_visit(void *ctx, UOp *u) {
   (*h->out)[*h->n] = -1;
 }
 
+/* As tinygrad does, a contiguous() that a kernel of this schedule computes on the way to the targets
+ * is kept when a live handle holds it: the handle gets the buffer, so using it again (c * 2 after
+ * c + 1, an Embedding weight made by zeros_like(...).contiguous()) costs no kernel to recompute it.
+ * Marks those buffers kept and returns their sbuf indices, -1 terminated (NULL if none). Not while a
+ * TinyJit capture plans the intermediates' memory: a replay may reuse such a buffer. */
 static int *keep_held_contiguous(Schedule *s, const RealizeHooks *hooks) {
   if (g_capture) return NULL;
   int *out = NULL, n = 0;

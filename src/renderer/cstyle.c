@@ -800,7 +800,7 @@ static void emit_tc(R *r, const LKernel *k, bool cuda) {
     }
     for (int im = 0; im < um; im++)
       for (int in = 0; in < un; in++) {
-        int c0 = (im * un + in) * tc->nc, o = 0;
+        int c0 = (im * un + in) * tc->nc;
         ind(r);
         sb_printf(r->b, "asm(\"%s {", tc->ptx);
         for (int i = 0; i < tc->nc; i++) sb_printf(r->b, "%s%%%d", i ? "," : "", i);
@@ -811,7 +811,7 @@ static void emit_tc(R *r, const LKernel *k, bool cuda) {
         sb_puts(r->b, "}, {");
         for (int i = 0; i < tc->nc; i++) sb_printf(r->b, "%s%%%d", i ? "," : "", i);
         sb_puts(r->b, "};\" : ");
-        for (int i = 0; i < tc->nc; i++, o++) sb_printf(r->b, "%s\"+f\"(acc%d)", o ? ", " : "", c0 + i);
+        for (int i = 0; i < tc->nc; i++) sb_printf(r->b, "%s\"+f\"(acc%d)", i ? ", " : "", c0 + i);
         sb_puts(r->b, " : ");
         for (int i = 0; i < ra; i++) sb_printf(r->b, "%s\"r\"(tg_a%d)", i ? ", " : "", im * ra + i);
         for (int i = 0; i < rb; i++) sb_printf(r->b, ", \"r\"(tg_b%d)", in * rb + i);

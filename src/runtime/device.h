@@ -262,14 +262,9 @@ tg_status disk_cache_compile(const char *id, const char *src, disk_cache_build_f
                              size_t *liblen);
 void disk_cache_evict(const char *id, const char *src);
 
-/* Process and file helpers of ops_cpu.c that other runtimes use (the CUDA listing runs nvdisasm).
- * host_which: prog resolved through PATH (or checked, when it holds a '/'), malloc'd, or NULL.
- * host_run_capture: runs path with argv, stdin from /dev/null, stdout and stderr into out (the first
- * keep bytes); 0 and the wait status, or the errno of a failed spawn.
- * host_write_all: writes all n bytes to fd (retrying short writes); false on an error. */
+/* Process helpers of ops_cpu.c that other runtimes use (the CUDA listing runs nvdisasm).
+ * host_which: prog resolved through PATH (or checked, when it holds a '/'), malloc'd, or NULL. */
 char *host_which(const char *prog);
-int host_run_capture(const char *path, char *const argv[], SB *out, size_t keep, int *wstatus);
-bool host_write_all(int fd, const void *p, size_t n);
 /* Runs `tool args... FILE` on the bytes bin (written to a private temporary FILE ending in suffix,
  * removed afterwards) and returns what it printed (malloc'd), or NULL + tg_set_error when it fails. */
 char *host_disassemble(const char *tool, const char *const *args, const uint8_t *bin, size_t len, const char *suffix);

@@ -135,7 +135,7 @@ static _Atomic uint64_t g_file_counter;
 /* ---------------------------------------------------------------------------------------------- */
 /* small file and process helpers                                                                  */
 
-bool host_write_all(int fd, const void *p, size_t n) {
+static bool write_all(int fd, const void *p, size_t n) {
   const uint8_t *c = p;
   while (n) {
     ssize_t w = write(fd, c, n);
@@ -206,7 +206,7 @@ void cpu_background_pause(bool pause) {
 /* Runs the program at `path` with stdin from /dev/null; stdout and stderr go to `out` (the first
  * `keep` bytes; the rest is drained so the child never blocks). Returns 0 and the wait status, or
  * the errno of a failed spawn. */
-int host_run_capture(const char *path, char *const argv[], SB *out, size_t keep, int *wstatus) {
+static int run_capture(const char *path, char *const argv[], SB *out, size_t keep, int *wstatus) {
   int pfd[2];
   if (pipe2(pfd, O_CLOEXEC) != 0) return errno;
   posix_spawn_file_actions_t fa;
@@ -317,7 +317,7 @@ static CompilerInfo *compiler_new(const char *cc) {
     for (int i = 0; i < ci->argc; i++) argv[i] = ci->argv[i];
     argv[ci->argc] = "--version";
     int ws;
-    if (host_run_capture(ci->path, argv, &version, 4096, &ws) != 0) version.len = 0;
+    if (run_capture(ci->path, argv, &version, 4096, &ws) != 0) version.len = 0;
     free(argv);
     if (version.s) {
       version.s[strcspn(version.s, "\n")] = '\0';
@@ -459,7 +459,7 @@ static void cache_write(const char *dir, const char *path, const char *key, cons
     memcpy(e + CACHE_HDR + klen, lib, len);
     uint64_t sum = hash_bytes(e, total - CACHE_TRAILER, CACHE_SEED);
     memcpy(e + total - CACHE_TRAILER, &sum, 8);
-    bool ok = host_write_all(fd, e, total);
+    bool ok = write_all(fd, e, total);
     ok = close(fd) == 0 && ok;
     if (!ok || rename(tmp.s, path) != 0) unlink(tmp.s);
   }
@@ -496,7 +496,7 @@ static tg_status compile_now(CompilerInfo *ci, const char *src, uint8_t **lib, s
     sb_free(&cpath);
     return st;
   }
-  bool wrote = host_write_all(fd, src, strlen(src));
+  bool wrote = write_all(fd, src, strlen(src));
   close(fd);
   /* The .c name is ours (mkstemps), so the matching .so name cannot collide either. */
   sb_printf(&opath, "%.*s.so", (int)(cpath.len - 2), cpath.s);
@@ -514,7 +514,7 @@ static tg_status compile_now(CompilerInfo *ci, const char *src, uint8_t **lib, s
   argv[k++] = cpath.s;
   argv[k++] = "-lm";
   argv[k] = NULL;
-  int ws = 0, rc = wrote ? host_run_capture(ci->path, argv, &diag, DIAG_KEEP, &ws) : EIO;
+  int ws = 0, rc = wrote ? run_capture(ci->path, argv, &diag, DIAG_KEEP, &ws) : EIO;
   free(argv);
   unlink(cpath.s);
   if (rc == ENOENT) {
@@ -729,7 +729,7 @@ char *host_disassemble(const char *tool, const char *const *args, const uint8_t 
   if (fd < 0) {
     tg_set_error(TG_ERR_RUNTIME, "disassembly: cannot create a file in %s: %s", tmpdir, strerror(errno));
   } else {
-    bool ok = host_write_all(fd, bin, len);
+    bool ok = write_all(fd, bin, len);
     ok = close(fd) == 0 && ok;
     size_t nargs = 0;
     while (args && args[nargs]) nargs++;
@@ -737,7 +737,7 @@ char *host_disassemble(const char *tool, const char *const *args, const uint8_t 
     argv[0] = (char *)tool;
     for (size_t i = 0; i < nargs; i++) argv[i + 1] = (char *)args[i];
     argv[nargs + 1] = path.s;
-    int ws = 0, rc = ok ? host_run_capture(tool, argv, &out, (size_t)1 << 24, &ws) : EIO;
+    int ws = 0, rc = ok ? run_capture(tool, argv, &out, (size_t)1 << 24, &ws) : EIO;
     free(argv);
     unlink(path.s);
     if (rc != 0 || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
@@ -788,7 +788,7 @@ static void *cpu_load(void *state, const char *fname, const uint8_t *lib, size_t
     if (len < 0 || (size_t)len >= sizeof path) continue;
     int fd = mkstemps(path, 3);
     if (fd < 0) continue;
-    bool ok = host_write_all(fd, lib, liblen);
+    bool ok = write_all(fd, lib, liblen);
     ok = close(fd) == 0 && ok;
     if (ok) {
       dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
