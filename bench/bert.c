@@ -3,7 +3,9 @@
  * only, written plainly with the public API: tg_linear on (batch, tokens, hidden) activations,
  * tg_scaled_dot_product_attention, tg_gelu_ex "none", tg_layernorm with its affine parameters.
  * Usage: bert [batch tokens [runs]] (defaults 32 128 10); prints "bert_<batch>x<tokens> <median ms>"
- * over the runs after the first (which compiles). With PARTS=1 it also prints the median of each
+ * over the runs after the first (which compiles), then "jit <median ms> <kernels> <constant kernels>" for
+ * the model as a TinyJit function (replays only) and "jit_rerun <median ms>" for the same jit running
+ * its constant work on the weights (the packed copies of wide weights) on every replay. With PARTS=1 it also prints the median of each
  * part of one layer on its own (a linear on 3-d input, the gelu'd FFN, attention). bench/bert.py
  * runs this against PyTorch.
  */
@@ -85,6 +87,38 @@ static tg_tensor f_model(void *a) {
   for (int i = 0; i < LAYERS; i++) x = layer(&L[i], x, B, T);
   return x;
 }
+/* The model as a TinyJit function of its input. */
+static tg_status j_model(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
+  tg_tensor x = in[0];
+  for (int i = 0; i < LAYERS; i++) x = layer(&L[i], x, B, T);
+  out[0] = x;
+  return TG_OK;
+}
+
+/* median ms of the TinyJit replays (calls 3 to runs + 2) of the model; *nk: kernels per replay as
+ * captured, *nc: those that are constant work on the weights */
+static double timeit_jit(bool rerun_constants, int runs, int *nk, int *nc) {
+  double t[64];
+  if (runs > 64) runs = 64;
+  tg_jit *j = tg_jit_new_opts(j_model, 1, NULL, TG_JIT_OPTS(.rerun_constants = rerun_constants));
+  for (int r = 0; r < runs + 2; r++) {
+    tg_scope_begin();
+    double t0 = now();
+    tg_tensor y;
+    if (tg_jit_call(j, &X, 1, NULL, 0, &y) != TG_OK) {
+      fprintf(stderr, "bert: %s\n", tg_last_error());
+      exit(1);
+    }
+    if (r >= 2) t[r - 2] = (now() - t0) * 1e3;
+    tg_scope_end();
+  }
+  *nk = tg_jit_captured_kernels(j), *nc = tg_jit_constant_kernels(j);
+  tg_jit_free(j);
+  qsort(t, (size_t)runs, sizeof *t, cmpd);
+  return t[(runs - 1) / 2];
+}
+
 static tg_tensor f_linear3d(void *a) { (void)a; return tg_linear(X, L[0].w1, L[0].c1); }
 static tg_tensor f_ffn(void *a) { (void)a; return ffn(&L[0], X); }
 static tg_tensor f_gelu_mm(void *a) { (void)a; return tg_linear(tg_gelu_ex(H, "none"), L[0].w2, L[0].c2); }
@@ -114,6 +148,10 @@ int main(int argc, char **argv) {
     return 1;
   }
   printf("bert_%lldx%lld %.3f\n", (long long)B, (long long)T, timeit(f_model, NULL, runs));
+  int nk, nc;
+  double tj = timeit_jit(false, runs, &nk, &nc);
+  printf("jit %.3f %d %d\n", tj, nk, nc);
+  printf("jit_rerun %.3f\n", timeit_jit(true, runs, &nk, &nc));
   const char *p = getenv("PARTS");
   if (p && atoi(p)) {
     printf("linear3d %.3f\n", timeit(f_linear3d, NULL, runs));

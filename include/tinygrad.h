@@ -1611,8 +1611,16 @@ tg_jit *tg_jit_new(tg_jit_fn fn, int nout, void *user);
  * input (assigns) are kept, and so is any kernel a replay could change the result of (it reads or
  * writes a buffer a kept kernel writes). Like tinygrad's, a pruned state update that reads no input
  * (a counter a function bumps) is not replayed. */
+/* Without prune, a replay still skips the constant work on realized weights: the kernels that read
+ * only buffers no input reaches and nothing in the capture writes (the packed copy of a matmul's
+ * weight, a cast or layout copy of it) and produce intermediates. They run on the first replay and
+ * again only when one of the buffers they read has been written since (a tg_assign, a state-dict
+ * load, an optimizer step outside the jit); their results stay in buffers the jit holds.
+ * Memory the caller owns (tg_from_blob) may change unseen, so kernels reading it always run.
+ * rerun_constants: run them on every replay instead (no extra memory held between calls). */
 typedef struct {
   bool prune;
+  bool rerun_constants;
 } tg_jit_opts;
 #define TG_JIT_OPTS(...) (&(const tg_jit_opts){__VA_ARGS__})
 /* tg_jit_new with options (NULL: the defaults, as tg_jit_new). */
@@ -1649,6 +1657,8 @@ tg_status tg_jit_call_vars(tg_jit *j, const tg_tensor *in, int nin, const tg_sym
 tg_symvar tg_jit_var(int i);
 /* Number of kernel launches and copies captured, those prune kept (-1 for NULL; 0 before capture). */
 int tg_jit_captured_kernels(const tg_jit *j);
+/* Of those, the constant work a replay skips while the weights it reads are unchanged (-1 for NULL). */
+int tg_jit_constant_kernels(const tg_jit *j);
 
 /* Export of a captured TinyJit as C. name: the entry point, a C identifier that prefixes every
  * generated symbol (NULL: "model"). weights_path: NULL embeds the weights in the C file as a byte

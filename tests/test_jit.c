@@ -839,15 +839,15 @@ TEST(jit_prune_drops_input_independent_kernels) {
   size_t live = tg_live_count();
   tg_scope_begin();
   for (int rw = 0; rw < 2; rw++) {
-    float res[3][6][9];
-    int captured[3] = {0};
-    uint64_t replay_kernels[3] = {0};
-    for (int mode = 0; mode < 3; mode++) { /* eager, jit, jit with prune */
+    float res[4][6][9];
+    int captured[4] = {0}, constant[4] = {0};
+    uint64_t replay_kernels[4] = {0};
+    for (int mode = 0; mode < 4; mode++) { /* eager, jit, jit with prune, jit with rerun_constants */
       PruneCtx c = {tg_zeros(TG_SHAPE(1), NULL), rw == 1};
       CHECK(tg_realize(c.acc) == TG_OK);
       tg_context_begin();
       tg_context_set_int("JIT", mode > 0);
-      tg_jit *j = tg_jit_new_opts(f_prune, 2, &c, TG_JIT_OPTS(.prune = mode == 2));
+      tg_jit *j = tg_jit_new_opts(f_prune, 2, &c, TG_JIT_OPTS(.prune = mode == 2, .rerun_constants = mode == 3));
       for (int it = 0; it < 6; it++) {
         float xd[8];
         for (int i = 0; i < 8; i++) xd[i] = (float)(it - i);
@@ -859,10 +859,11 @@ TEST(jit_prune_drops_input_independent_kernels) {
         CHECK(tg_data(out[1], &res[mode][it][8], sizeof(float)) == TG_OK);
       }
       captured[mode] = tg_jit_captured_kernels(j);
+      constant[mode] = tg_jit_constant_kernels(j);
       tg_jit_free(j);
       tg_context_end();
     }
-    for (int mode = 1; mode < 3; mode++)
+    for (int mode = 1; mode < 4; mode++)
       for (int it = 0; it < 6; it++)
         for (int i = 0; i < 9; i++)
           CHECK_MSG(res[mode][it][i] == res[0][it][i], "weight realized %d, %s, call %d, [%d]: %g, eager %g", rw,
@@ -870,8 +871,13 @@ TEST(jit_prune_drops_input_independent_kernels) {
     CHECK_CLOSE(res[0][5][3], (5 - 3) * 8.0, 0);
     /* the weight's kernel is the one pruned */
     CHECK_MSG(captured[2] == captured[1] - 1, "weight realized %d: %d kernels pruned to %d", rw, captured[1], captured[2]);
-    CHECK(replay_kernels[1] == (uint64_t)captured[1]);
+    /* without prune, the weight's kernel is constant work when its result is an intermediate (a
+     * weight realized on its own is a buffer the jit holds, written on every replay) */
+    CHECK_MSG(constant[1] == (rw == 0), "weight realized %d: %d constant kernels", rw, constant[1]);
+    CHECK(constant[2] == 0 && constant[3] == 0);
+    CHECK(replay_kernels[1] == (uint64_t)(captured[1] - constant[1]));
     CHECK(replay_kernels[2] == (uint64_t)captured[2]);
+    CHECK(replay_kernels[3] == (uint64_t)captured[3] && captured[3] == captured[1]);
   }
   tg_scope_end();
   CHECK(tg_live_count() == live);
@@ -920,6 +926,85 @@ TEST(jit_prune_keeps_assigns) {
   CHECK_STR_CONTAINS(tg_last_error(), "tg_jit_new");
   tg_clear_error();
   tg_scope_end();
+  CHECK(tg_live_count() == live);
+}
+
+
+/* ---- constant work on realized weights ---- */
+
+typedef struct {
+  tg_tensor w;   /* (64, 1024): a matmul this wide packs its weight first */
+  bool train;    /* also update w from the input inside the function */
+} WeightCtx;
+
+static tg_status f_weight(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout;
+  WeightCtx *c = u;
+  out[0] = tg_matmul(in[0], c->w);
+  if (c->train) CHECK(tg_realize(tg_assign(c->w, tg_sub(c->w, tg_mul_s(tg_mean(in[0], TG_ALL_AXES, false), 0.5)))) == TG_OK);
+  return TG_OK;
+}
+
+static void fill_weight(float *w, int n, float scale) {
+  for (int i = 0; i < n; i++) w[i] = scale * (float)((i * 37) % 17 - 8) / 8;
+}
+
+/* x @ w for x (64, 64) in row-major floats */
+static void ref_matmul(const float *x, const float *w, float *o) {
+  for (int r = 0; r < 64; r++)
+    for (int c = 0; c < 1024; c++) {
+      double acc = 0;
+      for (int k = 0; k < 64; k++) acc += (double)x[r * 64 + k] * w[k * 1024 + c];
+      o[r * 1024 + c] = (float)acc;
+    }
+}
+
+/* The packing of a realized weight runs once, not on every replay: it runs again after the weight
+ * is assigned outside the jit, always when the weight is memory the caller owns, and on every call
+ * when the function updates the weight itself. Every result equals the direct computation. */
+TEST(jit_constant_work_runs_when_weights_change) {
+  size_t live = tg_live_count();
+  static float wd[64 * 1024], blob[64 * 1024], xd[64 * 64], o[64 * 1024], ref[64 * 1024];
+  for (int kind = 0; kind < 3; kind++) { /* 0: library weight, 1: tg_from_blob weight, 2: trained inside */
+    tg_scope_begin();
+    fill_weight(wd, 64 * 1024, 1);
+    memcpy(blob, wd, sizeof blob);
+    WeightCtx c = {kind == 1 ? tg_from_blob(blob, TG_SHAPE(64, 1024), NULL) : tg_from_data(wd, TG_SHAPE(64, 1024), NULL), kind == 2};
+    tg_jit *j = tg_jit_new(f_weight, 1, &c);
+    int captured = 0, constant = 0;
+    for (int it = 0; it < 7; it++) {
+      for (int i = 0; i < 64 * 64; i++) xd[i] = (float)((i + it) % 13 - 6) / 4;
+      if (it == 5 && kind == 0) { /* the weight changes outside the jit */
+        CHECK(tg_realize(tg_assign(c.w, tg_mul_s(c.w, 2))) == TG_OK);
+        for (int i = 0; i < 64 * 1024; i++) wd[i] *= 2;
+      }
+      if (it == 5 && kind == 1)
+        for (int i = 0; i < 64 * 1024; i++) blob[i] = wd[i] = -wd[i];
+      tg_tensor x = tg_from_data(xd, TG_SHAPE(64, 64), NULL), out;
+      tg_global_counters_reset();
+      CHECK(tg_jit_call(j, &x, 1, NULL, 0, &out) == TG_OK);
+      uint64_t ran = tg_global_counters().kernel_count;
+      CHECK(tg_data(out, o, sizeof o) == TG_OK);
+      ref_matmul(xd, wd, ref);
+      float worst = 0;
+      for (int i = 0; i < 64 * 1024; i++) worst = fmaxf(worst, fabsf(o[i] - ref[i]));
+      CHECK_MSG(worst < 1e-3f, "weight kind %d, call %d: off by %g", kind, it, worst);
+      if (kind == 2) { /* the function's own update: w -= mean(x) / 2 */
+        double m = 0;
+        for (int i = 0; i < 64 * 64; i++) m += xd[i];
+        for (int i = 0; i < 64 * 1024; i++) wd[i] -= (float)(m / (64 * 64) * 0.5);
+      }
+      if (it == 1) captured = tg_jit_captured_kernels(j), constant = tg_jit_constant_kernels(j);
+      /* call 2 captures, call 3 computes the constants; from then on they run only after a change */
+      bool refresh = it == 2 || (it == 5 && kind == 0);
+      if (it >= 2)
+        CHECK_MSG(ran == (uint64_t)(refresh ? captured : captured - constant), "weight kind %d, call %d: %llu of %d kernels ran (%d constant)",
+                  kind, it, (unsigned long long)ran, captured, constant);
+    }
+    CHECK_MSG(kind == 0 ? constant >= 1 : constant == 0, "weight kind %d: %d constant kernels", kind, constant);
+    tg_jit_free(j);
+    tg_scope_end();
+  }
   CHECK(tg_live_count() == live);
 }
 

@@ -147,6 +147,7 @@ tg_status dist_exec(Buffer *out, Buffer *in, size_t n, tg_dtype dt, int64_t root
   pthread_mutex_lock(&dist_lock); /* MPI is initialized for one thread at a time */
   tg_status st = TG_OK;
   size_t isz = tg_dtype_itemsize(dt);
+  buffer_written(out);
   MPI_Handle ty = M.inited ? mpi_type(dt) : NULL;
   if (!M.inited)
     st = tg_set_error(TG_ERR_INVALID, "tg_dist: a collective was realized after tg_dist_finalize; realize it before finalizing");

@@ -65,6 +65,17 @@ typedef struct {
   int nslots, slotcap;
   bool sym_unit; /* a captured schedule had a symbolic size of 0 or 1 (Schedule.sym_unit) */
   bool sym_baked; /* a captured schedule had a size computed from a bound value (Schedule.sym_baked) */
+  /* Constant work (capture_hoist): hoisted[i] marks an item that reads only realized buffers nothing
+   * in the capture writes (weights) and writes a transient (a packed or converted copy of them). A
+   * replay runs those items only when one of deps[] changed since they last ran (its version is not
+   * dep_ver's), else it skips them: their results stay in pin[] (per slot; NULL: not pinned). */
+  bool *hoisted;
+  int nhoisted;
+  Buffer **pin;
+  Buffer **deps;
+  uint64_t *dep_ver;
+  int ndeps;
+  bool fresh; /* pin[] holds what the hoisted items compute from deps at dep_ver */
 } Capture;
 
 /* While non-NULL (per thread), every executed item is appended to it. */
@@ -76,13 +87,21 @@ void capture_forget(Capture *c, Buffer *b, int from);
 size_t kernel_cache_count(void);
 /* Replays c with buffers from[i] replaced by to[i] (the from[] distinct), and each kernel's variable
  * vars[k] taking the value vals[k] (a variable not listed keeps its captured value). */
-tg_status capture_replay(const Capture *c, Buffer *const *from, Buffer *const *to, int n, const int *vars,
+tg_status capture_replay(Capture *c, Buffer *const *from, Buffer *const *to, int n, const int *vars,
                          const int64_t *vals, int nvars);
 /* TinyJit's prune: drops the items that do not depend on inputs[0..n) (their results, computed by
  * the capture, stay in their buffers; transients among them that kept items read become persistent
  * buffers, computed once more here). Items whose result a replay could change stay. Returns the
  * number of items kept, or -1 with the error recorded (c unchanged). */
 int capture_prune(Capture *c, Buffer *const *inputs, int n);
+/* TinyJit's constant work: marks the items that depend neither on inputs[0..n) nor on anything a
+ * replay writes, and only read realized buffers the library wrote (weights; not tg_from_blob memory,
+ * which the caller may change unseen) to produce transients (packing, layout copies, casts of
+ * weights). Replays then run them only when one of the buffers they read was written since (an
+ * assign, a copyin), keeping their results that kept items read in pinned buffers. Items taking
+ * variables, collectives and items that write a persistent buffer always run. Returns the number of
+ * items marked (0: nothing changes). */
+int capture_hoist(Capture *c, Buffer *const *inputs, int n);
 
 /* What tg_jit_export (export.c) reads of a jit: its capture, and the buffer, dtype and shape of each
  * input and output as captured. The arrays are malloc'd (caller frees in and out); the rest is

@@ -413,8 +413,14 @@ static void capitem_free(CapItem *it) {
 
 void capture_free(Capture *c) {
   for (int i = 0; i < c->n; i++) capitem_free(&c->items[i]);
+  for (int s = 0; c->pin && s < c->nslots; s++) buffer_unref(c->pin[s]);
+  for (int k = 0; k < c->ndeps; k++) buffer_unref(c->deps[k]);
   free(c->items);
   free(c->slots);
+  free(c->hoisted);
+  free(c->pin);
+  free(c->deps);
+  free(c->dep_ver);
   memset(c, 0, sizeof *c);
 }
 
@@ -500,6 +506,7 @@ static tg_status run_items(const Capture *c, const bool *run, Buffer *const *fro
           if (vars[q] == it->code->vars[k]) v = vals[q];
         p[it->nbufs + k] = (void *)(intptr_t)v;
       }
+      buffer_written(b[0]);
       double t = program_exec(it->prg, p, it->nbufs, it->code->global_size, it->code->local_size, dbg >= 2 || viz_on);
       if (p != ps) free(p);
       if (t >= 0 && viz_on) viz_run(-1, it->prg->dev, it->code, NULL, t, it->mem);
@@ -526,11 +533,27 @@ static tg_status run_items(const Capture *c, const bool *run, Buffer *const *fro
   return st;
 }
 
-tg_status capture_replay(const Capture *c, Buffer *const *from, Buffer *const *to, int n, const int *vars,
+tg_status capture_replay(Capture *c, Buffer *const *from, Buffer *const *to, int n, const int *vars,
                          const int64_t *vals, int nvars) {
+  const bool *run = NULL;
+  bool *kept = NULL;
+  if (c->nhoisted) {
+    /* the constant work runs again when a buffer it reads was written since it last ran */
+    bool stale = !c->fresh;
+    for (int k = 0; k < c->ndeps && !stale; k++) stale = buffer_version(c->deps[k]) != c->dep_ver[k];
+    if (stale) {
+      for (int k = 0; k < c->ndeps; k++) c->dep_ver[k] = buffer_version(c->deps[k]);
+    } else {
+      kept = tg_xmalloc((size_t)c->n);
+      for (int i = 0; i < c->n; i++) kept[i] = !c->hoisted[i];
+      run = kept;
+    }
+  }
   cpu_background_pause(true);
-  tg_status st = run_items(c, NULL, from, to, n, NULL, vars, vals, nvars);
+  tg_status st = run_items(c, run, from, to, n, c->pin, vars, vals, nvars);
   cpu_background_pause(false);
+  if (c->nhoisted) c->fresh = st == TG_OK; /* a failed run may have left a pin half written */
+  free(kept);
   return st;
 }
 
@@ -541,9 +564,12 @@ static uint64_t item_key(const CapItem *it, int j) {
   return it->bufs[j] ? (uint64_t)(uintptr_t)it->bufs[j] : 2u * (uint64_t)it->slot[j] + 1u;
 }
 
-int capture_prune(Capture *c, Buffer *const *inputs, int n) {
-  if (c->n == 0) return 0;
-  bool *keep = tg_xcalloc((size_t)c->n, sizeof(bool));
+/* Which items a replay must run (tinygrad's prune rule and its closure). hoist: also every item
+ * that writes a persistent buffer (a state update, an output), is a collective, takes variables or
+ * reads memory the caller owns (tg_from_blob), with what depends on it, must run. Returns keep[]
+ * (malloc'd, c->n entries). */
+static bool *capture_keep(const Capture *c, Buffer *const *inputs, int n, bool hoist) {
+  bool *keep = tg_xcalloc((size_t)c->n + 1, sizeof(bool));
   /* 1. tinygrad's rule: in order, an item that touches a buffer that depends on the inputs depends
    * on them too, and so does everything it touches */
   PtrMap dep, wr, first_read;
@@ -551,6 +577,10 @@ int capture_prune(Capture *c, Buffer *const *inputs, int n) {
   for (int k = 0; k < n; k++) pm_put(&dep, (uint64_t)(uintptr_t)inputs[k], (void *)1);
   for (int i = 0; i < c->n; i++) {
     const CapItem *it = &c->items[i];
+    if (hoist) {
+      keep[i] = it->coll || it->bufs[0] || (it->code && it->code->nvars);
+      for (int j = 1; j < it->nbufs && !keep[i]; j++) keep[i] = it->bufs[j] && buffer_foreign(it->bufs[j]);
+    }
     for (int j = 0; j < it->nbufs && !keep[i]; j++) keep[i] = pm_has(&dep, item_key(it, j));
     if (keep[i])
       for (int j = 0; j < it->nbufs; j++) pm_put(&dep, item_key(it, j), (void *)1);
@@ -581,6 +611,14 @@ int capture_prune(Capture *c, Buffer *const *inputs, int n) {
       if (k) keep[i] = changed = true;
     }
   }
+  pm_free(&dep), pm_free(&wr), pm_free(&first_read);
+  return keep;
+}
+
+int capture_prune(Capture *c, Buffer *const *inputs, int n) {
+  if (c->n == 0) return 0;
+  TG_ASSERT(!c->nhoisted);
+  bool *keep = capture_keep(c, inputs, n, false);
   /* 3. a transient a dropped item writes and a kept one reads becomes a persistent buffer
    * (pinned); the dropped items that produce it run once more now, the capture having freed it */
   Buffer **pin = c->nslots ? tg_xcalloc((size_t)c->nslots, sizeof(Buffer *)) : NULL;
@@ -647,8 +685,59 @@ int capture_prune(Capture *c, Buffer *const *inputs, int n) {
   free(need);
   free(rerun);
   free(keep);
-  pm_free(&dep), pm_free(&wr), pm_free(&first_read);
   return kept;
+}
+
+int capture_hoist(Capture *c, Buffer *const *inputs, int n) {
+  if (c->n == 0 || c->nhoisted) return c->nhoisted;
+  bool *keep = capture_keep(c, inputs, n, true);
+  int nh = 0;
+  for (int i = 0; i < c->n; i++) nh += !keep[i];
+  if (!nh) {
+    free(keep);
+    return 0;
+  }
+  /* the transients hoisted items write and kept items read live in pinned buffers across replays */
+  c->pin = tg_xcalloc((size_t)c->nslots + 1, sizeof(Buffer *));
+  bool ok = true;
+  for (int i = 0; i < c->n && ok; i++)
+    for (int j = 1; keep[i] && c->items[i].slot && j < c->items[i].nbufs && ok; j++) {
+      int s = c->items[i].slot[j];
+      if (s < 0 || c->pin[s]) continue;
+      bool hoisted_writer = false;
+      for (int w = 0; w < c->n && !hoisted_writer; w++) hoisted_writer = !keep[w] && c->items[w].slot && c->items[w].slot[0] == s;
+      if (hoisted_writer && !(c->pin[s] = buffer_new_like(c->slots[s].dev, c->slots[s].nbytes, c->slots[s].img_w, c->slots[s].img_h)))
+        ok = false;
+    }
+  if (!ok) { /* no memory to keep them: the constant work runs on every replay, as without this */
+    tg_clear_error();
+    for (int s = 0; s < c->nslots; s++) buffer_unref(c->pin[s]);
+    free(c->pin);
+    c->pin = NULL;
+    free(keep);
+    return 0;
+  }
+  /* what the hoisted items read that outlives a replay: the buffers whose versions decide */
+  PtrMap seen;
+  pm_init(&seen);
+  for (int i = 0; i < c->n; i++) {
+    const CapItem *it = &c->items[i];
+    for (int j = 1; !keep[i] && j < it->nbufs; j++) {
+      Buffer *b = it->bufs[j];
+      if (!b || pm_has(&seen, (uint64_t)(uintptr_t)b)) continue;
+      pm_put(&seen, (uint64_t)(uintptr_t)b, (void *)1);
+      c->deps = tg_xrealloc(c->deps, sizeof(Buffer *) * (size_t)(c->ndeps + 1));
+      c->deps[c->ndeps++] = buffer_ref(b);
+    }
+  }
+  pm_free(&seen);
+  c->dep_ver = tg_xcalloc((size_t)c->ndeps + 1, sizeof(uint64_t));
+  c->hoisted = tg_xcalloc((size_t)c->n + 1, sizeof(bool));
+  for (int i = 0; i < c->n; i++) c->hoisted[i] = !keep[i];
+  c->nhoisted = nh;
+  c->fresh = false; /* the capture freed the transients: the first replay computes the pins */
+  free(keep);
+  return nh;
 }
 
 static void print_kernel_line(Device *dev, uint64_t kn, const char *name, int nbufs, size_t mem, double t, uint64_t ops) {
@@ -753,6 +842,7 @@ static tg_status run_schedule_items(Schedule *s) {
           if (s->vars[q] == ck->code->vars[k]) vals[k] = s->vals[q];
         bufs[it->nbufs + k] = (void *)(intptr_t)vals[k];
       }
+      buffer_written(out->buf);
       double t = program_exec(ck->prg, bufs, it->nbufs, ck->code->global_size, ck->code->local_size, dbg >= 2 || viz_on);
       if (bufs != ptrs) free(bufs);
       if (t >= 0 && viz_on) viz_run(i, it->dev, ck->code, it->ast, t, mem);

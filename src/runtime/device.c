@@ -562,6 +562,7 @@ static Buffer *buffer_struct(Device *dev, void *ptr, size_t nbytes, bool externa
   b->on_free = NULL;
   b->on_free_ctx = NULL;
   b->img_w = b->img_h = 0;
+  b->version = 0;
   atomic_fetch_add_explicit(&g_live_buffers, 1, memory_order_relaxed);
   return b;
 }
@@ -722,6 +723,7 @@ tg_status buffer_copyin(Buffer *b, const void *src, size_t nbytes) {
   if (nbytes > b->nbytes)
     return tg_set_error(TG_ERR_INVALID, "buffer_copyin: %zu bytes into a buffer of %zu", nbytes, b->nbytes);
   if (!nbytes) return TG_OK;
+  buffer_written(b);
   return b->dev->vt->copyin(b->dev->state, b->ptr, src, nbytes);
 }
 
@@ -740,6 +742,7 @@ tg_status buffer_copy(Buffer *dst, Buffer *src, size_t nbytes) {
     return tg_set_error(TG_ERR_INVALID, "buffer_copy: %zu bytes from %zu-byte %s to %zu-byte %s", nbytes,
                         src->nbytes, src->dev->name, dst->nbytes, dst->dev->name);
   if (!nbytes || (dst->ptr == src->ptr && dst->dev == src->dev)) return TG_OK;
+  buffer_written(dst);
   /* A host-memory side is its own staging buffer. */
   if (kind_of(dst->dev)->host_memory)
     return src->dev->vt->copyout(src->dev->state, dst->ptr, src->ptr, nbytes);

@@ -182,6 +182,9 @@ typedef struct Buffer {
   void (*on_free)(void *ctx); /* external buffers: releases what owns the memory (NULL: nothing) */
   void *on_free_ctx;
   int64_t img_w, img_h; /* a 2-D image of img_w x img_h RGBA float32 texels (0: a plain buffer) */
+  uint64_t version;      /* bumped by every write the library makes (buffer_written): a kernel's output,
+                          * a copy's destination, copyin. Read and bumped atomically. TinyJit compares
+                          * it to rerun the kernels that only read realized constants when one changed */
 } Buffer;
 Buffer *buffer_new(Device *dev, size_t nbytes);              /* NULL + error on failure */
 Buffer *buffer_wrap(Device *dev, void *ptr, size_t nbytes);  /* external */
@@ -201,6 +204,12 @@ uint64_t device_mem_used(void);
 /* Returns the device's idle cached memory to it (what an out-of-memory retry does). */
 void device_cache_clear(Device *dev);
 void buffer_unref(Buffer *b);
+/* Records a write to b (a kernel ran with b as its output); copyin and copy record their own. */
+static inline void buffer_written(Buffer *b) { __atomic_fetch_add(&b->version, 1, __ATOMIC_RELAXED); }
+static inline uint64_t buffer_version(const Buffer *b) { return __atomic_load_n(&b->version, __ATOMIC_RELAXED); }
+/* Memory the caller owns and may change behind the library's back (tg_from_blob): an external
+ * buffer with no on_free. A file mapping the library made has one. */
+static inline bool buffer_foreign(const Buffer *b) { return b->external && !b->on_free; }
 tg_status buffer_copyin(Buffer *b, const void *src, size_t nbytes);
 tg_status buffer_copyout(Buffer *b, void *dst, size_t nbytes);
 /* Device to device copy: within one device by its copy, between two devices of one vtable by its

@@ -52,7 +52,7 @@ struct tg_jit {
   Buffer **out_buf;  /* output buffers (refs) */
   Buffer **written;  /* persistent buffers the captured items write, inputs excepted (refs) */
   int nwritten;
-  bool prune;
+  bool prune, rerun_constants;
   atomic_bool busy;  /* a call is running: a second one (another thread) is refused */
   int *vars;         /* the variables passed to the captured call (indices), whose values replays pass on */
   int nvars;
@@ -83,6 +83,7 @@ tg_jit *tg_jit_new_opts(tg_jit_fn fn, int nout, void *user, const tg_jit_opts *o
   j->user = user;
   j->nout = nout;
   j->prune = opts && opts->prune;
+  j->rerun_constants = opts && opts->rerun_constants;
   atomic_init(&j->busy, false);
   return j;
 }
@@ -388,6 +389,11 @@ static tg_status capture(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs,
       return st;
     }
     if (debug_level() >= 1) fprintf(stderr, "TinyJit: pruned %d -> %d kernels\n", before, j->cap.n);
+  } else if (!j->rerun_constants) {
+    int h = capture_hoist(&j->cap, j->in_buf, nin);
+    if (h && debug_level() >= 1)
+      fprintf(stderr, "TinyJit: %d of %d kernels are constant work on realized weights (run again only when those change)\n", h,
+              j->cap.n);
   }
   for (int k = 0; k < j->cap.n; k++) {
     Buffer *w = j->cap.items[k].bufs[0];
@@ -691,6 +697,7 @@ static tg_status jit_call_multi(tg_jit *j, const tg_tensor *in, int nin, const d
 }
 
 int tg_jit_captured_kernels(const tg_jit *j) { return j ? j->cap.n : -1; }
+int tg_jit_constant_kernels(const tg_jit *j) { return j ? j->cap.nhoisted : -1; }
 int jit_nvars(const tg_jit *j) { return j ? j->nvars : 0; }
 
 void jit_view(const tg_jit *j, JitView *v) {
