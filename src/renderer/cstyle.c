@@ -205,6 +205,9 @@ typedef struct {
   bool uses_half, uses_bf16, uses_fp8, uses_f64;
   const int64_t *pimg; /* per param: texels per image row, 0 for a plain buffer (IMAGE) */
   int np;
+  PtrMap bits;  /* node -> 1 if a consumer keeps its bits (a store, a max, a negation...): a float16
+                 * load without it only feeds arithmetic and may convert with the hardware's
+                 * instruction, which quiets a signalling NaN that arithmetic would quiet anyway */
 } R;
 
 /* IMAGE: float i of an image lives in texel i/4 (at x = texel % width, y = texel / width), lane i%4.
@@ -469,7 +472,9 @@ static void render_vexpr(R *r, UOp *u, SB *e) {
   SB t;
   sb_init(&t);
   render_vexpr_f(r, u, &t);
-  sb_printf(e, "%s(%s)", u->dtype == TG_BFLOAT16 ? "tg_vrb" : how == VH_CAST ? "tg_vrhx" : "tg_vrh", t.s);
+  /* a cast whose bits no consumer keeps may take the hardware's conversion too */
+  bool exact = how == VH_CAST && pm_has(&r->bits, (uint64_t)(uintptr_t)u);
+  sb_printf(e, "%s(%s)", u->dtype == TG_BFLOAT16 ? "tg_vrb" : exact ? "tg_vrhx" : "tg_vrh", t.s);
   sb_free(&t);
 }
 
@@ -501,7 +506,7 @@ static void render_vexpr_f(R *r, UOp *u, SB *e) {
       return;
     }
     if (is_vhalf(u->dtype)) {
-      const char *f = u->dtype == TG_FLOAT16 ? "tg_vlh" : "tg_vlb";
+      const char *f = u->dtype == TG_BFLOAT16 ? "tg_vlb" : pm_has(&r->bits, (uint64_t)(uintptr_t)u) ? "tg_vlh" : "tg_vlhq";
       if (gated(u)) sb_printf(e, "((%s) ? %s(%s + %s) : %s)", nm(r, c), f, nm(r, a), nm(r, b), vz(z, vt));
       else sb_printf(e, "%s(%s + %s)", f, nm(r, a), nm(r, b));
       return;
@@ -926,11 +931,14 @@ static const char PRELUDE_VHALF[] =
 static const char PRELUDE_VRH_HW[] =
     "#if %s\n"
     "typedef short tg_vhx __attribute__((vector_size(%d)));\n"
+    "typedef short tg_vhxu __attribute__((vector_size(%d), aligned(2)));\n"
     "static inline tg_vf tg_vrh(tg_vf f){%s}\n"
     "static inline void tg_vshr(unsigned short *p, tg_vf v){*(tg_vhx *)p = %s;}\n"
+    "static inline tg_vf tg_vlhq(const unsigned short *p){return %s;}\n"
     "#else\n"
     "static inline tg_vf tg_vrh(tg_vf f){return tg_vrhx(f);}\n"
     "static inline void tg_vshr(unsigned short *p, tg_vf v){tg_vsh(p, v);}\n"
+    "static inline tg_vf tg_vlhq(const unsigned short *p){return tg_vlh(p);}\n"
     "#endif\n";
 /* OpenCL C: select() takes the lane of its second operand where the mask's top bit is set */
 static const char PRELUDE_VEC_CL[] =
@@ -1176,6 +1184,26 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
       pm_put(&l.nuse, key, (void *)((intptr_t)pm_get(&l.nuse, key) + 1));
     }
   }
+  /* the nodes whose bits a consumer keeps: consumers come after their sources in the order, so a
+   * cast (value-preserving, to float32) is settled when its sources are reached */
+  pm_init(&r.bits);
+  {
+    UOp *const *roots[] = {k->values, k->sidxs, k->sfirsts, k->tc_frag};
+    const int nroots[] = {k->ncopy, k->ncopy, k->sop ? k->ncopy : 0, k->nfrag};
+    for (int g = 0; g < 4; g++)
+      for (int c = 0; roots[g] && c < nroots[g]; c++)
+        if (roots[g][c]) pm_put(&r.bits, (uint64_t)(uintptr_t)roots[g][c], (void *)1);
+    for (int c = 0; k->rbodies && c < k->ncopy; c++) /* a sum or product of them is arithmetic */
+      if (k->rbodies[c] && k->rop != OP_ADD && k->rop != OP_MUL) pm_put(&r.bits, (uint64_t)(uintptr_t)k->rbodies[c], (void *)1);
+    for (size_t i = l.order.n; i-- > 0;) {
+      UOp *u = l.order.p[i];
+      bool arith = u->op == OP_ADD || u->op == OP_SUB || u->op == OP_MUL || u->op == OP_FDIV || u->op == OP_POW ||
+                   u->op == OP_EXP2 || u->op == OP_LOG2 || u->op == OP_SIN || u->op == OP_SQRT || u->op == OP_RECIP ||
+                   u->op == OP_CMPLT || u->op == OP_CMPNE || u->op == OP_CMPEQ ||
+                   (u->op == OP_CAST && (u->dtype == TG_FLOAT32 || u->dtype == TG_FLOAT16) && !pm_has(&r.bits, (uint64_t)(uintptr_t)u));
+      for (uint32_t j = 0; !arith && j < u->nsrc; j++) pm_put(&r.bits, (uint64_t)(uintptr_t)u->src[j], (void *)1);
+    }
+  }
   for (size_t i = 0; i < l.order.n; i++) {
     UOp *u = l.order.p[i];
     if (u->op == OP_RANGE) continue;
@@ -1367,7 +1395,8 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
   static const char *const vnames[] = {"tg_vf", "tg_vfu", "tg_vm", "tg_vsel", "tg_vmax", "tg_hadd", "tg_hmax",
                                        "tg_v_exp2f", "tg_v_log2f", "tg_v_sinf", "tg_v_sqrtf", "tg_v_truncf", "tg_vd", "tg_vl",
                                        "tg_vhw", "tg_vhs", "tg_vselu", "tg_vh2f", "tg_vf2h", "tg_vb2f", "tg_vf2b", "tg_vrh",
-                                       "tg_vrb", "tg_vlh", "tg_vlb", "tg_vsh", "tg_vsb", "tg_vhx", "tg_vshr", "tg_vrhx"};
+                                       "tg_vrb", "tg_vlh", "tg_vlb", "tg_vsh", "tg_vsb", "tg_vhx", "tg_vshr", "tg_vrhx",
+                                       "tg_vhxu", "tg_vlhq"};
   if (gpu && !cuda && r.uses_f64) sb_puts(&out, "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n");
   bool images = false;
   for (int i = 0; gpu && i < k->np; i++) images = images || k->pimg[i];
@@ -1388,19 +1417,20 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
     else sb_printf(&out, PRELUDE_VEC, W * 4, W * 4, W * 4);
     sb_puts(&out, "#endif\n");
     const char *bs = body.s ? body.s : "";
-    if (!L->ext_vec && (strstr(bs, "tg_vrh(") || strstr(bs, "tg_vrhx(") || strstr(bs, "tg_vrb(") || strstr(bs, "tg_vlh(") || strstr(bs, "tg_vlb(") ||
+    if (!L->ext_vec && (strstr(bs, "tg_vrh(") || strstr(bs, "tg_vrhx(") || strstr(bs, "tg_vrb(") || strstr(bs, "tg_vlh(") || strstr(bs, "tg_vlhq(") || strstr(bs, "tg_vlb(") ||
                         strstr(bs, "tg_vsh(") || strstr(bs, "tg_vsb(") || strstr(bs, "tg_vshr("))) {
       sb_printf(&out, "#ifndef TG_VHALF%d_H\n#define TG_VHALF%d_H\n", W, W);
       sb_printf(&out, PRELUDE_VHALF, W * 4, W * 2);
       if (W == 16)
-        sb_printf(&out, PRELUDE_VRH_HW, "defined(__AVX512F__)", 32,
+        sb_printf(&out, PRELUDE_VRH_HW, "defined(__AVX512F__)", 32, 32,
                   "return __builtin_ia32_vcvtph2ps512_mask(__builtin_ia32_vcvtps2ph512_mask(f, 0, (tg_vhx){0}, -1), (tg_vf){0}, -1, 4);",
-                  "__builtin_ia32_vcvtps2ph512_mask(v, 0, (tg_vhx){0}, -1)");
+                  "__builtin_ia32_vcvtps2ph512_mask(v, 0, (tg_vhx){0}, -1)",
+                  "__builtin_ia32_vcvtph2ps512_mask((tg_vhx)*(const tg_vhxu *)p, (tg_vf){0}, -1, 4)");
       else if (W == 8)
-        sb_printf(&out, PRELUDE_VRH_HW, "defined(__F16C__)", 16, "return __builtin_ia32_vcvtph2ps256(__builtin_ia32_vcvtps2ph256(f, 0));",
-                  "__builtin_ia32_vcvtps2ph256(v, 0)");
+        sb_printf(&out, PRELUDE_VRH_HW, "defined(__F16C__)", 16, 16, "return __builtin_ia32_vcvtph2ps256(__builtin_ia32_vcvtps2ph256(f, 0));",
+                  "__builtin_ia32_vcvtps2ph256(v, 0)", "__builtin_ia32_vcvtph2ps256((tg_vhx)*(const tg_vhxu *)p)");
       else
-        sb_printf(&out, PRELUDE_VRH_HW, "0", 16, "return f;", "(tg_vhx){0}");
+        sb_printf(&out, PRELUDE_VRH_HW, "0", 16, 16, "return f;", "(tg_vhx){0}", "(tg_vf){0}");
       sb_puts(&out, "#endif\n");
     }
     for (int dt = TG_INT8; dt <= TG_UINT32; dt++) {
@@ -1495,6 +1525,7 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
     if (r.names.keys[i]) free(r.names.vals[i]);
   pm_free(&r.names);
   pm_free(&r.vec);
+  pm_free(&r.bits);
   pm_free(&l.level);
   pm_free(&l.post);
   pm_free(&l.seen);
