@@ -970,6 +970,11 @@ TEST(jit_constant_work_runs_when_weights_change) {
     fill_weight(wd, 64 * 1024, 1);
     memcpy(blob, wd, sizeof blob);
     WeightCtx c = {kind == 1 ? tg_from_blob(blob, TG_SHAPE(64, 1024), NULL) : tg_from_data(wd, TG_SHAPE(64, 1024), NULL), kind == 2};
+    if (kind == 1 && !tg_valid(c.w)) { /* only CPU devices wrap host memory (DEV=CL) */
+      tg_clear_error();
+      tg_scope_end();
+      continue;
+    }
     tg_jit *j = tg_jit_new(f_weight, 1, &c);
     int captured = 0, constant = 0;
     for (int it = 0; it < 7; it++) {
