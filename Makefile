@@ -53,6 +53,7 @@ BENCH_SRCS := $(sort $(wildcard bench/*.c))
 BENCHES    := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 FUZZ_SRCS  := $(sort $(wildcard tests/fuzz_*.c))
 FAKE_CUDA  := $(BUILD)/tests/libfakecuda.so
+FAKE_NCCL  := $(BUILD)/tests/libfakenccl.so
 
 LIB_A  := $(BUILD)/libtinygrad.a
 LIB_SO := $(BUILD)/libtinygrad.so
@@ -98,7 +99,7 @@ lib: static shared
 static: $(LIB_A)
 shared: $(LIB_SO)
 examples: $(EXAMPLES)
-tests: $(TESTS) $(FAKE_CUDA)
+tests: $(TESTS) $(FAKE_CUDA) $(FAKE_NCCL)
 bench: bench-deps $(BENCHES)
 
 $(LIB_A): $(OBJS)
@@ -132,6 +133,12 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIB_A)
 $(FAKE_CUDA): tests/fake_libcuda.c
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -shared $(LDFLAGS) -o $@ $< -lpthread
+
+# A stand-in for libnccl (each collective done by the process's MPI on host memory): test_dist.c's
+# CUDA ranks load it through TG_NCCL_LIB, with the fake libcuda. Not part of the library.
+$(FAKE_NCCL): tests/fake_libnccl.c
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -shared $(LDFLAGS) -o $@ $< -ldl
 
 $(BUILD)/examples/%: $(BUILD)/obj/examples/%.o $(LIB_A)
 	@mkdir -p $(@D)

@@ -276,7 +276,11 @@ tg_status tg_dist_finalize(void);
  * (MPI_Bcast): a new lazy tensor with t's shape, dtype, device and sharding, realized with the rest
  * of its graph. Differentiable (an allreduce's gradient is the allreduce of the gradient), and
  * TinyJit captures it: each replay runs the MPI call again. Every rank must build and realize the
- * same collectives, with the same shapes and dtypes, in the same order. */
+ * same collectives, with the same shapes and dtypes, in the same order. A CUDA tensor's collective
+ * runs as the NCCL call on its device when libnccl opens (TG_NCCL_LIB=<path>, else libnccl.so.2;
+ * NCCL=0 declines it), with one communicator per device over the ranks; without NCCL it goes
+ * through host memory and MPI. A NCCL call that a dead or silent peer holds up ends in an error
+ * after DIST_TIMEOUT seconds (default 600). */
 tg_tensor tg_dist_allreduce(tg_tensor t);
 tg_tensor tg_dist_broadcast(tg_tensor t, int root);
 /* t on like's devices with like's sharding (axis and shard sizes); shapes must match. */

@@ -153,6 +153,7 @@ static CUresult obj_free(void *o, long *count) {
 CUresult cuStreamCreate(void **s, unsigned flags) { (void)flags; return obj_new(s, &g_st.live_streams); }
 CUresult cuStreamDestroy_v2(void *s) { return obj_free(s, &g_st.live_streams); }
 CUresult cuStreamSynchronize(void *s) { return s ? OK : ERR_INVALID_VALUE; }
+CUresult cuStreamQuery(void *s) { return s ? OK : ERR_INVALID_VALUE; } /* launches do nothing: always done */
 CUresult cuStreamWaitEvent(void *s, void *e, unsigned f) { return s && e && !f ? OK : ERR_INVALID_VALUE; }
 CUresult cuEventCreate(void **e, unsigned flags) { (void)flags; return obj_new(e, &g_st.live_events); }
 CUresult cuEventDestroy_v2(void *e) { return obj_free(e, &g_st.live_events); }

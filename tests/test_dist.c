@@ -9,6 +9,7 @@
  */
 #include "test.h"
 
+#include <dlfcn.h>
 #include <tinygrad.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -229,9 +230,114 @@ static int child(void) {
   return bad ? 1 : 0;
 }
 
+/* The ranks of dist_cuda_nccl: CUDA tensors on the stand-in driver (tests/fake_libcuda.c, GPU
+ * memory that is host memory, kernels that do nothing -- so only copies and collectives, which
+ * need no kernel) with the stand-in NCCL (tests/fake_libnccl.c, each call done by MPI). */
+static long nccl_stat(const char *name) {
+  void *h = dlopen(getenv("TG_NCCL_LIB"), RTLD_NOW | RTLD_NOLOAD);
+  long (*f)(const char *) = h ? (long (*)(const char *))dlsym(h, "fake_nccl_stat") : NULL;
+  long v = f ? f(name) : -1;
+  if (h) dlclose(h);
+  return v;
+}
+
+static tg_status jit_plain_allreduce(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout,
+                                     void *user) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)user;
+  out[0] = tg_dist_allreduce(in[0]);
+  return TG_OK;
+}
+
+static int child_cuda(void) {
+  int bad = 0;
+  if (tg_dist_init() != TG_OK) {
+    fprintf(stderr, "tg_dist_init: %s\n", tg_last_error());
+    return 1;
+  }
+  int r = tg_dist_rank();
+  tg_scope_begin();
+  float v[6], o[6];
+  for (int i = 0; i < 6; i++) v[i] = (float)(i + 10 * r);
+  tg_tensor t = tg_from_data(v, TG_SHAPE(2, 3), TG_OPTS(.device = "CUDA"));
+  EXPECT(tg_valid(t));
+  /* the allreduce and broadcast run as NCCL calls on the device */
+  EXPECT(tg_data(tg_dist_allreduce(t), o, sizeof o) == TG_OK);
+  for (int i = 0; i < 6; i++) EXPECT(o[i] == (float)(2 * i + 10));
+  EXPECT(nccl_stat("init") == 1 && nccl_stat("allreduce") == 1);
+  EXPECT(tg_data(tg_dist_broadcast(t, 1), o, sizeof o) == TG_OK);
+  for (int i = 0; i < 6; i++) EXPECT(o[i] == (float)(i + 10));
+  EXPECT(nccl_stat("broadcast") == 1 && nccl_stat("init") == 1); /* one communicator per device */
+  int64_t iv[3] = {1, 2, (int64_t)r << 40}, io[3];
+  tg_tensor ti = tg_from_data(iv, TG_SHAPE(3), TG_OPTS(.dtype = TG_INT64, .device = "CUDA"));
+  EXPECT(tg_data(tg_dist_allreduce(ti), io, sizeof io) == TG_OK && io[0] == 2 && io[1] == 4 && io[2] == (int64_t)1 << 40);
+  /* TinyJit replays run the NCCL call again, on each call's input */
+  tg_jit *j = tg_jit_new(jit_plain_allreduce, 1, NULL);
+  long before = nccl_stat("allreduce");
+  for (int call = 0; call < 4; call++) {
+    tg_scope_begin();
+    float in[3] = {(float)call, (float)r, 1}, res[3];
+    tg_tensor a = tg_from_data(in, TG_SHAPE(3), TG_OPTS(.device = "CUDA")), out;
+    EXPECT(tg_jit_call(j, &a, 1, NULL, 0, &out) == TG_OK && tg_data(out, res, sizeof res) == TG_OK);
+    EXPECT(res[0] == 2.0f * call && res[1] == 1.0f && res[2] == 2.0f);
+    tg_scope_end();
+  }
+  EXPECT(nccl_stat("allreduce") == before + 4);
+  tg_jit_free(j);
+  /* NCCL=0: through host memory and MPI, the same values, no NCCL call */
+  tg_context_begin();
+  tg_context_set_int("NCCL", 0);
+  before = nccl_stat("allreduce");
+  EXPECT(tg_data(tg_dist_allreduce(t), o, sizeof o) == TG_OK && o[5] == 20.0f);
+  EXPECT(nccl_stat("allreduce") == before);
+  tg_context_end();
+  /* a failing NCCL call (on every rank) is an error naming it, not an abort or a hang */
+  setenv("FAKE_NCCL_FAIL", "allreduce", 1);
+  EXPECT(tg_realize(tg_dist_allreduce(t)) != TG_OK && tg_last_error() && strstr(tg_last_error(), "ncclAllReduce") &&
+         strstr(tg_last_error(), "NCCL error 2"));
+  tg_clear_error();
+  unsetenv("FAKE_NCCL_FAIL");
+  EXPECT(tg_data(tg_dist_allreduce(t), o, sizeof o) == TG_OK && o[0] == 10.0f);
+  tg_scope_end();
+  EXPECT(tg_live_count() == 0);
+  EXPECT(tg_dist_finalize() == TG_OK && nccl_stat("destroy") == 1);
+  if (!bad) printf("rank %d ok\n", r);
+  fflush(stdout);
+  return bad ? 1 : 0;
+}
+
+/* CUDA tensors on two ranks with libnccl present: their collectives are NCCL calls on the device
+ * (checked through the stand-in libraries' counters), TinyJit replays them, NCCL=0 takes the host
+ * path, and a failing NCCL call is a clear error on every rank. */
+TEST(dist_cuda_nccl) {
+  char dir[4096], cmd[16384];
+  snprintf(dir, sizeof dir, "%s", self);
+  char *slash = strrchr(dir, '/');
+  if (slash) *slash = '\0';
+  snprintf(cmd, sizeof cmd,
+           "TG_DIST_CHILD=cuda TG_CUDA_LIB=%s/libfakecuda.so TG_NCCL_LIB=%s/libfakenccl.so ASAN_OPTIONS=detect_leaks=0 "
+           "timeout 120 mpirun --oversubscribe %s -x TG_DIST_CHILD -x TG_CUDA_LIB -x TG_NCCL_LIB -np 2 %s 2>&1",
+           dir, dir, geteuid() == 0 ? "--allow-run-as-root" : "", self);
+  FILE *p = popen(cmd, "r");
+  CHECK(p != NULL);
+  if (!p) return;
+  char line[1024];
+  int ok = 0;
+  while (fgets(line, sizeof line, p)) {
+    if (strstr(line, "ok\n") && strstr(line, "rank ")) ok++;
+    else fputs(line, stderr);
+  }
+  int rc = pclose(p);
+  CHECK_MSG(rc == 0, "mpirun exited with status %d", rc);
+  CHECK_MSG(ok == 2, "%d ranks reported ok", ok);
+}
+
 int main(int argc, char **argv) {
   (void)argc;
-  if (getenv("TG_DIST_CHILD")) return strcmp(getenv("TG_DIST_CHILD"), "die") ? child() : child_die();
+  if (getenv("TG_DIST_CHILD")) {
+    if (!strcmp(getenv("TG_DIST_CHILD"), "die")) return child_die();
+    if (!strcmp(getenv("TG_DIST_CHILD"), "cuda")) return child_cuda();
+    return child();
+  }
   if (!realpath(argv[0], self)) snprintf(self, sizeof self, "%s", argv[0]);
   return RUN_TESTS();
 }

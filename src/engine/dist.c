@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine.h"
 
@@ -47,6 +48,30 @@ static struct {
   int (*Finalize)(void);
 } M;
 static pthread_mutex_t dist_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* libnccl's entry points and this process's communicators (see the NCCL part above dist_exec) */
+typedef struct {
+  char internal[128];
+} NcclId;
+enum { NCCL_SUCCESS = 0, NCCL_IN_PROGRESS = 7, NCCL_SUM = 0 };
+static struct {
+  void *lib;
+  bool tried;
+  char why[600]; /* why it could not be opened */
+  int (*GetUniqueId)(NcclId *);
+  int (*CommInitRank)(void **, int, NcclId, int);
+  int (*AllReduce)(const void *, void *, size_t, int, int, void *, void *);
+  int (*Broadcast)(const void *, void *, size_t, int, int, void *, void *);
+  int (*Reduce)(const void *, void *, size_t, int, int, int, void *, void *);
+  int (*CommGetAsyncError)(void *, int *);
+  int (*CommAbort)(void *);
+  int (*CommDestroy)(void *);
+  const char *(*GetErrorString)(int);
+  Device *dev[64]; /* communicators, one per device */
+  void *comm[64];
+  int ncomm;
+} N;
+
 
 static tg_status mpi_fail(const char *fn, const char *what, int rc) {
   char msg[1024] = "";
@@ -108,6 +133,9 @@ tg_status tg_dist_finalize(void) {
   pthread_mutex_lock(&dist_lock);
   tg_status st = TG_OK;
   if (M.inited) {
+    for (int i = 0; i < N.ncomm; i++) /* (an aborted one is gone already) */
+      if (N.dev[i]) N.CommDestroy(N.comm[i]);
+    N.ncomm = 0;
     int rc = M.Finalize();
     if (rc) st = mpi_fail("tg_dist_finalize", "MPI_Finalize", rc);
     M.inited = false;
@@ -143,11 +171,144 @@ static tg_status mpi_run(const char *send, char *buf, int64_t n, size_t isz, MPI
   return TG_OK;
 }
 
+/* ---- NCCL: the collectives of GPU buffers where libnccl is present ----
+ * A COLLECTIVE node of a CUDA tensor runs as the NCCL call on the device's own stream (no copy to
+ * the host and back), over one communicator per device spanning the MPI ranks: rank 0 makes its
+ * id and MPI_Bcast hands it to the others, at the first collective on that device (every rank
+ * reaches it in the same order, as with MPI). libnccl is opened at run time (TG_NCCL_LIB, else
+ * libnccl.so.2); without it, or with NCCL=0, those tensors go through host memory and MPI. A call
+ * is waited for with the device's stream_done while NCCL's asynchronous errors are polled: a peer
+ * that died ends it with NCCL's error, and one that stays silent for DIST_TIMEOUT seconds (600)
+ * aborts the communicator, so no rank hangs. */
+static int nccl_type(tg_dtype dt) {
+  switch (dt) {
+  case TG_FLOAT32: return 7;
+  case TG_FLOAT64: return 8;
+  case TG_INT32: return 2;
+  case TG_INT64: return 4;
+  default: return -1;
+  }
+}
+
+/* Opens libnccl once (under dist_lock). */
+static bool nccl_load(void) {
+  if (N.tried) return N.lib != NULL;
+  N.tried = true;
+  const char *env = getenv("TG_NCCL_LIB"), *names[] = {env, "libnccl.so.2", "libnccl.so"};
+  for (int i = 0; i < 3 && !N.lib; i++)
+    if (names[i] && *names[i]) N.lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+  if (!N.lib) {
+    snprintf(N.why, sizeof N.why, "cannot open libnccl (%s); install NCCL or set TG_NCCL_LIB", dlerror());
+    return false;
+  }
+#define NSYM(field, name)                                                                                                \
+  if (!(*(void **)&N.field = dlsym(N.lib, name))) {                                                                     \
+    snprintf(N.why, sizeof N.why, "%s lacks %s", env && *env ? env : "libnccl", name);                                  \
+    dlclose(N.lib);                                                                                                     \
+    N.lib = NULL;                                                                                                       \
+    return false;                                                                                                       \
+  }
+  NSYM(GetUniqueId, "ncclGetUniqueId") NSYM(CommInitRank, "ncclCommInitRank") NSYM(AllReduce, "ncclAllReduce")
+  NSYM(Broadcast, "ncclBroadcast") NSYM(Reduce, "ncclReduce") NSYM(CommGetAsyncError, "ncclCommGetAsyncError")
+  NSYM(CommAbort, "ncclCommAbort") NSYM(CommDestroy, "ncclCommDestroy") NSYM(GetErrorString, "ncclGetErrorString")
+#undef NSYM
+  return true;
+}
+
+bool dist_nccl_ok(Device *d) {
+  if (!d || !d->vt->stream || !d->vt->stream_done || !getenv_int("NCCL", 1)) return false;
+  pthread_mutex_lock(&dist_lock);
+  bool ok = M.inited && nccl_load();
+  if (!ok && debug_level() >= 2 && M.inited)
+    fprintf(stderr, "tg_dist: collectives on %s go through host memory: %s\n", d->name, N.why);
+  pthread_mutex_unlock(&dist_lock);
+  return ok;
+}
+
+static tg_status nccl_fail(const char *what, int rc) {
+  return tg_set_error(TG_ERR_RUNTIME, "tg_dist: %s failed (NCCL error %d: %s)", what, rc,
+                      N.GetErrorString ? N.GetErrorString(rc) : "unknown");
+}
+
+/* The communicator of device d over all ranks, made at its first use (a collective call of every
+ * rank). NULL + error. */
+static void *nccl_comm(Device *d) {
+  for (int i = 0; i < N.ncomm; i++)
+    if (N.dev[i] == d) return N.comm[i];
+  if (N.ncomm == 64) return tg_set_error(TG_ERR_RUNTIME, "tg_dist: NCCL collectives on more than 64 devices"), NULL;
+  NcclId id;
+  memset(&id, 0, sizeof id);
+  int rc = M.rank == 0 ? N.GetUniqueId(&id) : NCCL_SUCCESS;
+  if (rc != NCCL_SUCCESS) return nccl_fail("ncclGetUniqueId", rc), NULL;
+  /* (rank 0's id, or its failure, reaches every rank: 32 ints) */
+  if ((rc = M.Bcast(&id, (int)(sizeof id / 4), M.i32, 0, M.world)) != 0) return mpi_fail("tg_dist", "MPI_Bcast (NCCL id)", rc), NULL;
+  void *comm = NULL;
+  if (!d->vt->stream(d->state)) return NULL; /* its context current on this thread */
+  if ((rc = N.CommInitRank(&comm, M.size, id, M.rank)) != NCCL_SUCCESS) return nccl_fail("ncclCommInitRank", rc), NULL;
+  N.dev[N.ncomm] = d, N.comm[N.ncomm++] = comm;
+  return comm;
+}
+
+/* Waits for the device's stream to finish the NCCL call just enqueued, watching NCCL's errors. */
+static tg_status nccl_wait(Device *d, void *comm, const char *what) {
+  double t0 = now_seconds(), limit = (double)getenv_int("DIST_TIMEOUT", 600);
+  for (;;) {
+    int done = d->vt->stream_done(d->state);
+    if (done < 0) return tg_last_status();
+    if (done) return TG_OK;
+    int err = NCCL_SUCCESS;
+    if (N.CommGetAsyncError(comm, &err) == NCCL_SUCCESS && err != NCCL_SUCCESS && err != NCCL_IN_PROGRESS) {
+      N.CommAbort(comm);
+      for (int i = 0; i < N.ncomm; i++)
+        if (N.comm[i] == comm) N.dev[i] = NULL; /* gone: a later collective makes a new one */
+      return nccl_fail(what, err);
+    }
+    if (now_seconds() - t0 > limit) {
+      N.CommAbort(comm);
+      for (int i = 0; i < N.ncomm; i++)
+        if (N.comm[i] == comm) N.dev[i] = NULL;
+      return tg_set_error(TG_ERR_RUNTIME, "tg_dist: %s on %s did not finish in %.0f s (DIST_TIMEOUT): a rank died or "
+                          "stopped making the same collectives", what, d->name, limit);
+    }
+    struct timespec ts = {0, 20000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* dist_exec on a GPU device through NCCL (under dist_lock). */
+static tg_status nccl_exec(Buffer *out, Buffer *in, size_t n, tg_dtype dt, int64_t root) {
+  Device *d = out->dev;
+  int ty = nccl_type(dt);
+  if (ty < 0) return tg_set_error(TG_ERR_INVALID, "tg_dist: dtype %s has no NCCL type", tg_dtype_name(dt));
+  void *comm = nccl_comm(d);
+  if (!comm) return tg_last_status();
+  void *stream = d->vt->stream(d->state);
+  if (!stream) return tg_last_status();
+  size_t cnt = n / tg_dtype_itemsize(dt);
+  const char *what = root >= 0 ? "ncclBroadcast" : root == -1 ? "ncclAllReduce" : "ncclReduce";
+  int rc = root >= 0    ? N.Broadcast(in->ptr, out->ptr, cnt, ty, (int)root, comm, stream)
+           : root == -1 ? N.AllReduce(in->ptr, out->ptr, cnt, ty, NCCL_SUM, comm, stream)
+                        : N.Reduce(in->ptr, out->ptr, cnt, ty, NCCL_SUM, (int)(-2 - root), comm, stream);
+  if (rc != NCCL_SUCCESS) return nccl_fail(what, rc);
+  tg_status st = nccl_wait(d, comm, what);
+  if (st == TG_OK && root <= -2 && M.rank != -2 - root) { /* the reduction lands on the root only */
+    void *z = calloc(1, n ? n : 1);
+    st = z ? d->vt->copyin(d->state, out->ptr, z, n) : tg_set_error(TG_ERR_RUNTIME, "tg_dist: no host memory for %zu bytes", n);
+    free(z);
+  }
+  return st;
+}
+
 tg_status dist_exec(Buffer *out, Buffer *in, size_t n, tg_dtype dt, int64_t root) {
   pthread_mutex_lock(&dist_lock); /* MPI is initialized for one thread at a time */
   tg_status st = TG_OK;
   size_t isz = tg_dtype_itemsize(dt);
   buffer_written(out);
+  if (M.inited && out->dev->vt->stream && N.lib) {
+    st = nccl_exec(out, in, n, dt, root);
+    pthread_mutex_unlock(&dist_lock);
+    return st;
+  }
   MPI_Handle ty = M.inited ? mpi_type(dt) : NULL;
   if (!M.inited)
     st = tg_set_error(TG_ERR_INVALID, "tg_dist: a collective was realized after tg_dist_finalize; realize it before finalizing");

@@ -126,6 +126,9 @@ void jit_view(const tg_jit *j, JitView *v);
 /* tg_jit_export's work on a jit's view (v->in and v->out are freed here, whatever happens). */
 tg_status export_capture(const JitView *v, const char *path, const tg_jit_export_opts *opts);
 
+/* Whether a collective on device d runs through NCCL on the device itself (dist.c): d has a stream
+ * (CUDA), tg_dist_init was called, libnccl opens, and NCCL is not 0. */
+bool dist_nccl_ok(Device *d);
 /* Whether tg_dist_* can move elements of dtype dt (dist.c). */
 bool dist_dtype_ok(tg_dtype dt);
 /* Runs an SI_COLLECTIVE item (dist.c): out = the collective `root` (a COLLECTIVE node's arg) of in,

@@ -810,7 +810,7 @@ static tg_status run_schedule_items(Schedule *s) {
       }
       counters_add(false, 0, out->nbytes, 0);
       if (dbg >= 2)
-        fprintf(stderr, "*** %-8s %6s MPI %s %zu bytes\n", out->dev->name, "",
+        fprintf(stderr, "*** %-8s %6s %s %s %zu bytes\n", out->dev->name, "", out->dev->vt->stream ? "NCCL" : "MPI",
                 it->root == -1 ? "allreduce" : it->root >= 0 ? "broadcast" : "reduce", out->nbytes);
     } else if (out->nbytes > 0) {
       CachedKernel *ck;

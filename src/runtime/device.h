@@ -120,6 +120,12 @@ typedef struct DeviceVT {
    * 1 when done, 0 when these two devices cannot (buffer_copy then stages through the host), -1 +
    * tg_set_error on failure. Later work on either device sees the copy complete. */
   int (*copy_peer)(void *dst_state, void *dst, void *src_state, const void *src, size_t nbytes);
+  /* Optional (CUDA): the device's command stream (a CUstream) with its context made current on the
+   * calling thread, for a library that enqueues work in order with the kernels (NCCL); NULL +
+   * tg_set_error where there is none. stream_done: 1 when what was enqueued on it so far has
+   * finished, 0 while it runs, -1 + tg_set_error when it failed. */
+  void *(*stream)(void *state);
+  int (*stream_done)(void *state);
   /* Sources cannot be concatenated into one compile (program_get_batch compiles them one by one). */
   bool no_batch;
 } DeviceVT;

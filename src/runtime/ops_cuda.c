@@ -48,6 +48,7 @@ enum {
   CUDA_ERROR_NO_DEVICE = 100,
   CUDA_ERROR_NO_BINARY_FOR_GPU = 209,
   CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222,
+  CUDA_ERROR_NOT_READY = 600,
   CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704,
 };
 enum {
@@ -81,6 +82,7 @@ enum {
   X(cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess", NULL, (CUcontext, unsigned))                                     \
   X(cuStreamCreate, "cuStreamCreate", NULL, (CUstream *, unsigned))                                                  \
   X(cuStreamSynchronize, "cuStreamSynchronize", NULL, (CUstream))                                                    \
+  X(cuStreamQuery, "cuStreamQuery", NULL, (CUstream))                                                                \
   X(cuStreamWaitEvent, "cuStreamWaitEvent", NULL, (CUstream, CUevent, unsigned))                                     \
   X(cuStreamDestroy, "cuStreamDestroy_v2", "cuStreamDestroy", (CUstream))                                            \
   X(cuMemAlloc, "cuMemAlloc_v2", NULL, (CUdeviceptr *, size_t))                                                      \
@@ -582,6 +584,22 @@ static void cuda_synchronize(void *state) {
   }
 }
 
+static void *cuda_stream(void *state) {
+  CuState *s = state;
+  cu_current(s);
+  return s->stream;
+}
+
+static int cuda_stream_done(void *state) {
+  CuState *s = state;
+  cu_current(s);
+  CUresult r = g_cu.cuStreamQuery(s->stream);
+  if (r == CUDA_SUCCESS) return 1;
+  if (r == CUDA_ERROR_NOT_READY) return 0;
+  tg_set_error(TG_ERR_RUNTIME, "CUDA: %s's stream failed: %s (%d)", s->label, cu_err(r), r);
+  return -1;
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* compile, load, exec                                                                             */
 
@@ -778,4 +796,6 @@ const DeviceVT cuda_device_vt = {
     .disasm = cuda_disasm,
     .open_arch = cuda_open_arch,
     .copy_peer = cuda_copy_peer,
+    .stream = cuda_stream,
+    .stream_done = cuda_stream_done,
 };

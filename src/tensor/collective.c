@@ -4,7 +4,8 @@
  *
  * In: a tensor handle, after tg_dist_init. Out: a new handle on the input's device (and sharding).
  * A device whose memory the host cannot read goes through a copy to the CPU and back, since MPI
- * reads and writes host memory here.
+ * reads and writes host memory here -- except a CUDA device where libnccl is present, whose
+ * collectives NCCL runs on the device (dist.c).
  */
 #include "../engine/engine.h"
 #include "tensor.h"
@@ -17,7 +18,7 @@ static UOp *dist_node(UOp *u, const void *ctx) {
   int64_t root = *(const int64_t *)ctx;
   if (m_is(u)) return m_map(u, dist_node, ctx);
   Device *d = device_by_id(u->device);
-  if (host_memory(d)) return g_collective(u, (int)root);
+  if (host_memory(d) || dist_nccl_ok(d)) return g_collective(u, (int)root);
   Device *cpu = device_get("CPU");
   if (!cpu) return NULL;
   UOp *h = g_copy(u, cpu->id), *c = g_collective(h, (int)root), *r = g_copy(c, u->device);
