@@ -19,6 +19,8 @@
 #                  test_fusion with DEV=CUDA, test_cuda_fake (host-side), beautiful_mnist (70 steps)
 #                  with DEV=CUDA, failing below 83% test accuracy (the example's documented target),
 #                  and its final line; then a CUDA:0 -> CUDA:1 round trip if there are two GPUs
+#   4b. nccl      where mpirun and libnccl exist: bench/allreduce_mpi on one rank with DEV=CUDA, whose
+#                  allreduce must go through NCCL (DEBUG=2's "NCCL allreduce")
 #   5. mnist bench beautiful_mnist BENCH=1: the median train step on CUDA (no PyTorch CUDA reference)
 #
 # Environment: PYTHON (default /opt/torch/.venv/bin/python3, else python3), CUDA_PATH (default
@@ -138,6 +140,20 @@ for s in ops nn math edges indexing processing nd_args; do
   [ -f "$OUT/test_${s}_torch.log" ] && note "  test_${s}_torch: $(counts "test_${s}_torch" || echo 'no count line')"
 done
 for s in test_jit test_fusion test_cuda_fake; do [ -f "$OUT/$s.log" ] && note "  $s: $(counts $s || echo 'no count line')"; done
+
+# ---- 4b. NCCL: a CUDA tensor's tg_dist_allreduce through the real libnccl (one rank: a
+# communicator of one), where mpirun and libnccl exist
+NCCL_LIB=${TG_NCCL_LIB:-}
+[ -z "$NCCL_LIB" ] && NCCL_LIB=$(ls "$CUDA"/lib64/libnccl.so.2 /usr/lib/x86_64-linux-gnu/libnccl.so.2 2>/dev/null | head -1)
+[ -z "$NCCL_LIB" ] && ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2' && NCCL_LIB=libnccl.so.2
+if command -v mpirun >/dev/null && [ -n "$NCCL_LIB" ]; then
+  step nccl 90 env TG_NCCL_LIB="$NCCL_LIB" DEV=CUDA DEBUG=2 ALLREDUCE_N=1048576 bash -c \
+    'mpirun --oversubscribe --allow-run-as-root -x TG_NCCL_LIB -x DEV -x DEBUG -x ALLREDUCE_N -np 1 build/bench/allreduce_mpi >nccl.out 2>&1;
+     rc=$?; cat nccl.out; grep -q "NCCL allreduce" nccl.out && [ $rc -eq 0 ]; r=$?; rm -f nccl.out; exit $r'
+  [ -f "$OUT/nccl.log" ] && grep -m1 'ranks=' "$OUT/nccl.log" | sed 's/^/  nccl: /' | tee -a "$SUMMARY"
+else
+  note "SKIP    nccl (needs mpirun and libnccl.so.2)"
+fi
 [ -f "$OUT/beautiful_mnist.log" ] && note "  beautiful_mnist: $(tr '\r' '\n' <"$OUT/beautiful_mnist.log" | grep -a -m1 '^final:' || echo 'no final line')"
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if [ "${ngpu:-0}" -ge 2 ]; then
