@@ -13,6 +13,10 @@ compiled in process), each with its own empty kernel cache; a column gives LLVM 
 With DEV=CL it compares the OpenCL device instead: tinygrad.c on CL against tinygrad.c on the CPU
 and tinygrad on DEV=CL (PoCL here), in one run (PyTorch is not run then):
   DEV=CL STEPS=10 /usr/bin/python3 bench/mnist.py
+With DEV=CUDA (or NV) it compares tinygrad.c on the GPU with PyTorch CUDA eager (bench/mnist_torch.py
+with TORCH_DEVICE=cuda, in this script's interpreter, which needs a CUDA build of torch):
+  DEV=CUDA STEPS=20 /opt/torch/.venv/bin/python3 bench/mnist.py
+MNIST_DIR points both at the dataset where the Debian package is not installed.
 
 For each framework it prints
   step        median train-step time over steps 2..STEPS (the first step is reported apart)
@@ -139,8 +143,8 @@ def tinygrad_c(dev="CPU"):
     shutil.rmtree(cache, ignore_errors=True)
 
 
-def pytorch():
-  lines, rss, _ = run_child([PY, os.path.join(HERE, "mnist_torch.py"), str(STEPS), str(BS)], dict(os.environ))
+def pytorch(device="cpu"):
+  lines, rss, _ = run_child([PY, os.path.join(HERE, "mnist_torch.py"), str(STEPS), str(BS)], dict(os.environ, TORCH_DEVICE=device))
   m = re.search(r"step_ms=([0-9.]+) eval_ms=([0-9.]+) first_step_ms=([0-9.]+)", "\n".join(lines))
   if not m: raise RuntimeError("mnist_torch.py printed no result:\n" + "\n".join(lines))
   step, ev, first = (float(x) for x in m.groups())
@@ -190,9 +194,27 @@ def main_cl(dev):
         "Ratios are times (RSS: sizes), tinygrad.c on CL / other: below 1 is faster or smaller.)")
 
 
+def main_cuda(dev):
+  """DEV=CUDA (or NV): tinygrad.c on the GPU against PyTorch CUDA eager, in one run. PyTorch runs in
+  the interpreter that runs this script, which must have a CUDA build of torch."""
+  print(f"beautiful_mnist on Fashion-MNIST, BS={BS}, STEPS={STEPS}, {dev} against PyTorch CUDA", flush=True)
+  ours = tinygrad_c(dev)
+  try:
+    ref = pytorch("cuda")
+  except Exception as e:  # a torch without CUDA: report and show ours alone
+    print(f"(PyTorch CUDA failed: {str(e).splitlines()[-1] if str(e) else e})")
+    ref = None
+  print(f"{'':30} {'tinygrad.c':>14}" + (f" {'PyTorch CUDA':>14} {'c/PyTorch':>14}" if ref else ""))
+  for label, k in ROWS:
+    print(f"{label:30} {fmt(ours[k])}" + (f" {fmt(ref[k])} {ratio(ours[k], ref[k])}" if ref else ""))
+  print(f"(tinygrad.c on {dev}: first evaluation, compiling its kernels, {ours['eval_first']:.1f} ms; whole empty-cache run "
+        f"{ours['wall']:.1f} s. Ratios are tinygrad.c / PyTorch: below 1 is faster or smaller.)")
+
+
 def main():
   dev = os.environ.get("DEV", "CPU")
   if dev.split(":")[0].upper() == "CL": return main_cl(dev)
+  if dev.split(":")[0].upper() in ("CUDA", "NV"): return main_cuda(dev)
   print(f"beautiful_mnist on Fashion-MNIST, BS={BS}, STEPS={STEPS}, {os.cpu_count()} CPUs", flush=True)
   ours = tinygrad_c("CPU")
   llvm = None

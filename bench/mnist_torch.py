@@ -3,6 +3,8 @@
 
 Prints one line: `torch step_ms=<median> eval_ms=<ms> first_step_ms=<ms> rss_mb=<peak> acc=<pct>`.
 Usage: /usr/bin/python3 bench/mnist_torch.py STEPS BS   (SEED=n seeds torch; default 0)
+TORCH_DEVICE=cuda runs it on the GPU (data and model there, each step timed to its completion with
+torch.cuda.synchronize): the PyTorch CUDA eager reference of bench/mnist.py under DEV=CUDA.
 
 bench/mnist_lockstep.py imports load() and make_model().
 """
@@ -10,7 +12,7 @@ import gzip, os, resource, sys, time
 import numpy as np
 import torch, torch.nn as nn, torch.nn.functional as F
 
-D = "/usr/share/datasets/fashion-mnist/"
+D = (os.environ.get("MNIST_DIR") or "/usr/share/datasets/fashion-mnist").rstrip("/") + "/"
 
 
 def load():
@@ -33,14 +35,16 @@ def make_model():
 def main():
   torch.set_num_threads(2)
   STEPS, BS = int(sys.argv[1]), int(sys.argv[2])
-  X_train, Y_train, X_test, Y_test = load()
+  dev = os.environ.get("TORCH_DEVICE", "cpu")
+  sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
+  X_train, Y_train, X_test, Y_test = (t.to(dev) for t in load())
   torch.manual_seed(int(os.environ.get("SEED", "0")))
-  model = make_model()
+  model = make_model().to(dev)
   opt = torch.optim.Adam(model.parameters())
 
   def step():
     model.train()
-    samples = torch.randint(0, X_train.shape[0], (BS,))
+    samples = torch.randint(0, X_train.shape[0], (BS,), device=dev)
     opt.zero_grad()
     loss = F.cross_entropy(model(X_train[samples]), Y_train[samples])
     loss.backward()
@@ -49,11 +53,11 @@ def main():
 
   times = []
   for i in range(STEPS):
-    t = time.perf_counter(); step(); times.append(time.perf_counter() - t)
+    t = time.perf_counter(); step(); sync(); times.append(time.perf_counter() - t)
   model.eval()
   t = time.perf_counter()
   with torch.no_grad():
-    acc = (model(X_test).argmax(1) == Y_test).float().mean().item() * 100
+    acc = (model(X_test).argmax(1) == Y_test).float().mean().item() * 100  # (.item() waits for the GPU)
   ev = time.perf_counter() - t
   rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   print(f"torch step_ms={np.median(times[1:]) * 1e3:.1f} eval_ms={ev * 1e3:.1f} first_step_ms={times[0] * 1e3:.1f} rss_mb={rss:.1f} acc={acc:.2f}")

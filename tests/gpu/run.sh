@@ -21,7 +21,8 @@
 #                  and its final line; then a CUDA:0 -> CUDA:1 round trip if there are two GPUs
 #   4b. nccl      where mpirun and libnccl exist: bench/allreduce_mpi on one rank with DEV=CUDA, whose
 #                  allreduce must go through NCCL (DEBUG=2's "NCCL allreduce")
-#   5. mnist bench beautiful_mnist BENCH=1: the median train step on CUDA (no PyTorch CUDA reference)
+#   5. mnist bench bench/mnist.py with DEV=CUDA: beautiful_mnist's median train step, evaluation and
+#                  first steps on CUDA against PyTorch CUDA eager (in $PYTHON, when its torch has CUDA)
 #
 # Environment: PYTHON (default /opt/torch/.venv/bin/python3, else python3), CUDA_PATH (default
 # /usr/local/cuda), TOTAL_S, JOBS (make -j, default nproc), MNIST_DIR (Fashion-MNIST's four .gz files;
@@ -172,12 +173,10 @@ else
   note "SKIP    two_gpus (one GPU)"
 fi
 
-# ---- 5. beautiful_mnist's train step, the GPU idle again -----------------------------------------
+# ---- 5. beautiful_mnist's train step against PyTorch CUDA eager, the GPU idle again ---------------
 if [ -n "$MNIST" ]; then
-  step bench_mnist 120 env DEV=CUDA BENCH=1 STEPS=20 BS=512 MNIST_DIR="$MNIST" FASHION=1 MNIST_SAVE= build/examples/beautiful_mnist
-  ms=$(sed -n 's/^bench step=\([0-9]*\) ms=\([0-9.]*\)/\1 \2/p' "$OUT/bench_mnist.log" | awk '$1 >= 2 {print $2}' | sort -n |
-       awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]}')
-  note "  beautiful_mnist train step on CUDA: median ${ms:-?} ms (steps 2..20, BS=512; no PyTorch CUDA reference here)"
+  step bench_mnist 150 env DEV=CUDA STEPS=20 BS=512 MNIST_DIR="$MNIST" FASHION=1 TIMEOUT=140 "$PYTHON" bench/mnist.py
+  [ -f "$OUT/bench_mnist.log" ] && grep -E '^(train step|eval|first step|\(PyTorch)' "$OUT/bench_mnist.log" | sed 's/^/  mnist: /' | tee -a "$SUMMARY"
 fi
 note "total: $(($(date +%s) - T0)) s; logs in $OUT"
 grep -qE '^(FAIL|TIMEOUT)' "$SUMMARY" && exit 1
