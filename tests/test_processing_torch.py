@@ -721,6 +721,31 @@ def _sort_big():
 case("sort of 3 x 5000 floats with infinities and of 65536 ints", _sort_big)
 
 
+def _sort_nan():
+  # NaN ranks above everything (first descending, last ascending, as torch); a comparator exchanges
+  # values, so NaNs and a -0.0 tied with a 0.0 are never duplicated; indices stay stable. 360 values
+  # (padded to 512: the transposed layout too), every NaN-free run, and 3 rows of 5000 with NaNs.
+  a = np.tile(np.array([1.0, np.nan, -0.0, 0.0, np.inf, -np.inf, 2.0, np.nan, 1.0], np.float32), 40)
+  for desc in (False, True):
+    v, i = sort(Tensor(a), 0, desc)
+    rv, ri = torch.sort(torch.tensor(a), dim=0, descending=desc, stable=True)
+    close(v.numpy(), rv, what=f"values desc={desc}"), close(i.numpy(), ri, what=f"indices desc={desc}")
+    assert np.signbit(v.numpy()[v.numpy() == 0]).sum() == np.signbit(a[a == 0]).sum(), "as many -0.0 as in the input"
+  b = RNG.standard_normal((3, 5000)).astype(np.float32)
+  b[0, ::7], b[1, 4000:], b[2, :3] = np.nan, np.nan, np.nan
+  for desc in (False, True):
+    v, _ = sort(Tensor(b), 1, desc)
+    close(v.numpy(), torch.sort(torch.tensor(b), 1, desc)[0], what=f"5000 with NaN desc={desc}")
+  h = np.array([np.nan, 1.0, -np.inf, np.nan, 0.5], np.float16)
+  for desc in (False, True):
+    v, i = sort(Tensor(h), 0, desc)
+    rv, ri = torch.sort(torch.tensor(h).float(), dim=0, descending=desc, stable=True)
+    close(v.numpy(), rv), close(i.numpy(), ri)
+
+
+case("sort with NaN (both directions, float32 and float16, transposed layout) and signed zeros", _sort_nan)
+
+
 def _sort_kernels():
   a = Tensor(distinct(4, 8)).realize()
   k = kernels(lambda: sort(a, 1)[0])

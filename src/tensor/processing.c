@@ -13,9 +13,11 @@
  * scope that ends before returning (loops open one scope per iteration, so the handle table stays
  * small); an inner failure is re-recorded as "fn: <inner message>".
  *
- * Where we differ from tinygrad (each place says why): the bitonic sort works on a (B, N/2d, 2, d)
- * view per comparator stage (and, for d < 16, on the (B, 16, N/16) transpose, so the stage runs in
- * vector lanes) instead of unflattening into log2(N) binary dims; the SVD's round-robin
+ * Where we differ from tinygrad (each place says why): the bitonic sort gives each comparator stage
+ * a view whose dims are the bit fields of the position (the pair's bit and the run's direction bit
+ * among them; for distances below 16 on the (B, 16, N/16) transpose, so the stage runs in vector
+ * lanes), where tinygrad reverses every other run between merges, and its comparators exchange
+ * values (tinygrad's max/min pair copies a NaN into both places); the SVD's round-robin
  * pairings are computed on the host (they do not depend on the data) so every Jacobi round is the same
  * kernels; cummax/cummin indices pick the latest tie like torch; max_unpool2d averages repeated indices
  * instead of adding them; einsum broadcasts size-1 dims and takes diagonals of any rank correctly.
@@ -932,55 +934,102 @@ tg_tensor tg_interpolate(tg_tensor x, const int64_t *size, int nsize, const tg_i
 /* ---------------------------------------------------------------------------------------------- */
 /* sort, argsort, topk                                                                             */
 
-/* Bitonic sort, descending, of y (B, N) along N = 2^S (tinygrad's network: before stage s < S the
- * second half of every 2^(s+1) block is reversed so all comparators point the same way, and reversed
- * back after it). Each comparator stage at distance d views y as (B, N/2d, 2, d): the partner of an
- * element is the same view flipped on the pair axis; the top of each pair keeps the max. One kernel
- * per comparator stage (the reversals fuse into the next one). */
-#define SORT_T 16 /* the block of the transposed small-distance stages (a vector's lanes) */
-static tg_tensor bitonic_desc(UOp *a, tg_tensor y, int64_t B, int64_t N, int S) {
-  tg_tensor top = tg_reshape(tg_eq_s(iarange(a, 0, 2, 1), 0), (const int64_t[]){1, 1, 2, 1}, 4);
-  const int flip_pair[1] = {2}, flip_run[1] = {3};
-  for (int stage = 1; stage <= S; stage++) {
+/* Bitonic sort, descending, of y (B, N) along N = 2^S. The merge of runs of 2^s into runs of 2^(s+1)
+ * (s = 0..S-1) makes comparator stages at distances 2^b, b = s..0: element i meets i ^ 2^b, and the
+ * pair keeps its order descending when bit s+1 of i is 0 (always in the last merge), ascending when
+ * it is 1, so every run of 2^(s+1) that the next merge reads is bitonic. A stage is one elementwise
+ * kernel over a view of y whose dims are bit fields of the position: the partner is the same view
+ * flipped on the pair's dim, and the direction is a dim of its own, so every load is a strided
+ * (affine) read (tinygrad instead reverses every other run between merges; those reversals fused
+ * into the next stage as two loads behind a select of non-affine indices: 2 ms of sort_64k's 30 per
+ * merge). */
+#define SORT_T 16 /* the rows of the transposed layout (the small distances run across its columns) */
+
+/* u ranks strictly above v: u > v, or u is NaN and v is not (the other way round when nan_small) */
+static tg_tensor ranks_above(tg_tensor u, tg_tensor v, bool nan_small) {
+  tg_tensor g = tg_gt(u, v);
+  if (!tg_dtype_is_float(tg_dtype_of(u))) return g;
+  tg_tensor nu = tg_isnan(u), nv = tg_isnan(v);
+  return tg_bitwise_or(g, nan_small ? tg_bitwise_and(nv, tg_logical_not(nu)) : tg_bitwise_and(nu, tg_logical_not(nv)));
+}
+
+/* One comparator stage on a layout whose dims, outermost first, are the bit fields of the position
+ * listed in f (nf fields of widths w[]: the total is the layout's numel); pair and dir are the field
+ * indices of the pair's bit and the direction's bit (dir -1: all descending). */
+static tg_tensor bitonic_stage(UOp *a, tg_tensor y, const int64_t *lay, int nl, const int64_t *v, int nv,
+                               int pair, int dir, bool nan_small, bool store) {
+  tg_tensor yv = tg_reshape(y, v, nv);
+  const int fp[1] = {pair};
+  tg_tensor p = tg_flip(yv, fp, 1);
+  int64_t ms[MAXD];
+  for (int i = 0; i < nv; i++) ms[i] = 1;
+  ms[pair] = 2;
+  tg_tensor two = iarange(a, 0, 2, 1);
+  tg_tensor keepmax = tg_reshape(tg_eq_s(two, 0), ms, nv); /* the first of a pair keeps the max */
+  if (dir >= 0) {
+    ms[pair] = 1, ms[dir] = 2;
+    keepmax = tg_ne(keepmax, tg_reshape(tg_eq_s(two, 1), ms, nv)); /* ascending runs: the min */
+  }
+  /* the pair swaps where its second element ranks strictly above its first (descending) or below
+   * it (ascending): both elements decide alike, so values are exchanged, never duplicated (a -0.0
+   * tied with a 0.0, or a NaN, which ranks above everything, or below when nan_small) */
+  tg_tensor sw = tg_where(keepmax, ranks_above(p, yv, nan_small), ranks_above(yv, p, nan_small));
+  tg_tensor z = tg_where(sw, p, yv);
+  /* stored in the view's shape, the kernel keeps a loop per bit field (the index math of a pair
+   * stays outside the inner loop) instead of one loop over the layout taking every field apart */
+  if (store) z = contiguous2(z);
+  return tg_reshape(z, lay, nl);
+}
+
+static tg_tensor bitonic_desc(UOp *a, tg_tensor y, int64_t B, int64_t N, int S, bool nan_small) {
+  /* from N = 256 on, the stages at distances below SORT_T run on the transposed layout (B, SORT_T,
+   * N/SORT_T): a pair is two rows and the stage runs in vector lanes along the columns instead of as
+   * scalar code (sort_64k: 46 of 136 kernels took 9 of its 10 ms) */
+  bool tr = N >= SORT_T * SORT_T;
+  const int64_t T = SORT_T, C = N / SORT_T, nl[2] = {B, N}, tl[3] = {B, SORT_T, N / SORT_T};
+  bool in_t = false; /* y is in the transposed layout */
+  for (int s = 0; s < S; s++) {
     tg_scope_begin();
-    int64_t run = (int64_t)1 << stage;
-    int64_t cv[4] = {B, N / (2 * run), 2, run};
-    if (stage != S) /* reverse the second run of each pair of runs */
-      y = tg_reshape(
-          tg_where(tg_logical_not(top), tg_flip(tg_reshape(y, cv, 4), flip_run, 1), tg_reshape(y, cv, 4)),
-          (const int64_t[]){B, N}, 2);
-    for (int sub = stage - 1; sub >= 0; sub--) {
-      int64_t d = (int64_t)1 << sub, v[4] = {B, N / (2 * d), 2, d};
-      if (d < SORT_T && N >= SORT_T * SORT_T) {
-        /* the stages at distances below SORT_T pair elements inside one block of SORT_T: in the
-         * transposed layout (B, SORT_T, N/SORT_T) a pair is two rows, and each stage runs in vector
-         * lanes along the blocks instead of as scalar code (sort_64k: 46 of 136 kernels took 9 of
-         * its 10 ms); the distances from d down to 1 all run there, then the layout goes back */
-        tg_tensor yt = contiguous2(tg_transpose(tg_reshape(y, (const int64_t[]){B, N / SORT_T, SORT_T}, 3), 1, 2));
-        tg_tensor top5 = tg_reshape(top, (const int64_t[]){1, 1, 2, 1, 1}, 5);
-        for (; sub >= 0; sub--) {
-          int64_t dd = (int64_t)1 << sub, v5[5] = {B, SORT_T / (2 * dd), 2, dd, N / SORT_T};
-          tg_tensor y5 = tg_reshape(yt, v5, 5), p5 = tg_flip(y5, flip_pair, 1);
-          yt = contiguous2(tg_reshape(tg_where(top5, tg_maximum(y5, p5), tg_minimum(y5, p5)), (const int64_t[]){B, SORT_T, N / SORT_T}, 3));
-        }
-        y = tg_reshape(tg_transpose(yt, 1, 2), (const int64_t[]){B, N}, 2);
-        if (stage != S) y = contiguous2(y);
-        break;
+    int64_t k = (int64_t)2 << s; /* the run this merge makes; its direction is bit s+1 */
+    bool last_merge = s == S - 1;
+    for (int b = s; b >= 0; b--) {
+      int64_t j = (int64_t)1 << b, v[8];
+      int nv = 0, pair, dir = -1;
+      bool want_t = tr && j < T;
+      if (want_t != in_t) { /* change layouts: one transposing copy */
+        if (want_t) y = contiguous2(tg_transpose(tg_reshape(y, (const int64_t[]){B, C, T}, 3), 1, 2));
+        else y = contiguous2(tg_reshape(tg_transpose(y, 1, 2), nl, 2));
+        in_t = want_t;
       }
-      tg_tensor y4 = tg_reshape(y, v, 4), p4 = tg_flip(y4, flip_pair, 1);
-      tg_tensor z = tg_where(top, tg_maximum(y4, p4), tg_minimum(y4, p4));
-      y = tg_reshape(z, (const int64_t[]){B, N}, 2);
-      /* materialize every comparator stage but the last, which fuses into its consumers */
-      if (stage != S || sub != 0) y = contiguous2(y);
+      v[nv++] = B;
+      if (!in_t) { /* position = (outer, dir, mid, pair, j) */
+        if (!last_merge) v[nv++] = N / (2 * k), dir = nv, v[nv++] = 2, v[nv++] = k / (2 * j);
+        else v[nv++] = N / (2 * j);
+        pair = nv, v[nv++] = 2, v[nv++] = j;
+      } else if (k < T) { /* rows = (outer, dir, mid, pair, j), then the columns */
+        v[nv++] = T / (2 * k), dir = nv, v[nv++] = 2, v[nv++] = k / (2 * j);
+        pair = nv, v[nv++] = 2, v[nv++] = j, v[nv++] = C;
+      } else { /* rows = (outer, pair, j); the direction bit is a column bit */
+        v[nv++] = T / (2 * j), pair = nv, v[nv++] = 2, v[nv++] = j;
+        if (!last_merge) v[nv++] = N / (2 * k), dir = nv, v[nv++] = 2, v[nv++] = k / T;
+        else v[nv++] = C;
+      }
+      /* every comparator stage but the last is stored; the last fuses into its consumers */
+      y = bitonic_stage(a, y, in_t ? tl : nl, in_t ? 3 : 2, v, nv, pair, dir, nan_small,
+                        !(last_merge && b == 0));
     }
-    if (stage != S)
-      y = tg_reshape(
-          tg_where(tg_logical_not(top), tg_flip(tg_reshape(y, cv, 4), flip_run, 1), tg_reshape(y, cv, 4)),
-          (const int64_t[]){B, N}, 2);
     y = tg_keep(y);
     tg_scope_end();
   }
+  if (in_t) y = tg_reshape(tg_transpose(y, 1, 2), nl, 2);
   return y;
+}
+
+/* x == y, where a NaN equals a NaN */
+static tg_tensor same_value(tg_tensor x, tg_tensor y) {
+  tg_tensor e = tg_eq(x, y);
+  if (!tg_dtype_is_float(tg_dtype_of(x))) return e;
+  return tg_bitwise_or(e, tg_bitwise_and(tg_isnan(x), tg_isnan(y)));
 }
 
 /* Sorted values and stable int32 indices of x along ax (ndim >= 1, size n >= 2, non-empty). The indices
@@ -996,13 +1045,16 @@ static void sort_(UOp *a, tg_tensor x, int ax, bool descending, bool want_idx, t
   shape_of(xt, ts);
   tg_dtype dt = (tg_dtype)a->dtype;
   tg_tensor w = dt == TG_BOOL ? tg_cast(xt, TG_UINT8) : xt;
-  /* ascending = the inverse of a descending sort of the inverse, so padding is always the dtype's min */
+  /* ascending = the inverse of a descending sort of the inverse, so padding is always the dtype's min;
+   * a float NaN stays NaN under the inverse, so there NaN ranks lowest (torch puts it last
+   * ascending, first descending) and the padding is NaN */
   if (!descending) w = inverse(w);
+  bool nan_small = !descending && tg_dtype_is_float(dt);
   int S = 0;
   while (((int64_t)1 << S) < n) S++;
   int64_t N = (int64_t)1 << S;
-  w = pad_last(tg_reshape(w, (const int64_t[]){B, n}, 2), 2, 0, N - n, dtype_min(tg_dtype_of(w)));
-  tg_tensor y = bitonic_desc(a, w, B, N, S);
+  w = pad_last(tg_reshape(w, (const int64_t[]){B, n}, 2), 2, 0, N - n, nan_small ? NAN : dtype_min(tg_dtype_of(w)));
+  tg_tensor y = bitonic_desc(a, w, B, N, S, nan_small);
   y = tg_reshape(shrink_last(y, (const int64_t[]){B, N}, 2, 0, n), ts, nd);
   if (!descending) y = inverse(y);
   if (dt == TG_BOOL) y = tg_cast(y, TG_BOOL);
@@ -1011,12 +1063,11 @@ static void sort_(UOp *a, tg_tensor x, int ax, bool descending, bool want_idx, t
   if (!want_idx) return;
   tg_tensor low = tri_mask(a, n, true);
   const int last[1] = {-1}, second[1] = {-2};
-  /* count[i] = #{j <= i : t[j] == t[i]} */
-  tg_tensor co =
-      tg_sum(tg_bitwise_and(low, tg_eq(tg_unsqueeze(xt, -1), tg_unsqueeze(xt, -2))), last, 1, false);
-  tg_tensor cs = tg_sum(tg_bitwise_and(low, tg_eq(tg_unsqueeze(y, -1), tg_unsqueeze(y, -2))), last, 1, false);
+  /* count[i] = #{j <= i : t[j] == t[i]} (NaNs equal to each other) */
+  tg_tensor co = tg_sum(tg_bitwise_and(low, same_value(tg_unsqueeze(xt, -1), tg_unsqueeze(xt, -2))), last, 1, false);
+  tg_tensor cs = tg_sum(tg_bitwise_and(low, same_value(tg_unsqueeze(y, -1), tg_unsqueeze(y, -2))), last, 1, false);
   /* [i, p]: input i is the sorted element p */
-  tg_tensor cond = tg_bitwise_and(tg_eq(tg_unsqueeze(xt, -1), tg_unsqueeze(y, -2)),
+  tg_tensor cond = tg_bitwise_and(same_value(tg_unsqueeze(xt, -1), tg_unsqueeze(y, -2)),
                                   tg_eq(tg_unsqueeze(co, -1), tg_unsqueeze(cs, -2)));
   tg_tensor pos = tg_unsqueeze(iarange(a, 0, (double)n, 1), -1);
   tg_tensor idx = tg_sum(tg_where(cond, pos, tg_const_like(pos, 0)), second, 1, false);
