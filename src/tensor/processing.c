@@ -1122,13 +1122,45 @@ tg_tensor tg_argsort(tg_tensor x, int dim, bool descending) {
   return done(o, i);
 }
 
-/* The top k along ax by k rounds of selection, each taking the largest value not yet taken and
- * its earliest position: O(k n) per row, where the bitonic sort makes log2(n)^2 / 2 passes and
- * recovers its indices in O(n^2) per row (topk 10 of 1024x1024: 124 -> 3.2 ms). The same order as
- * the sort's first k (descending, ties to the earliest position), NaN counting as the largest
- * (taken last when largest is false). Values are gathered at the indices, so the gradient goes to
- * exactly the chosen positions. Each round's taken-mask is stored: round j reads it instead of
- * recomputing rounds 0..j-1. */
+/* The top k of w along its last dim (m entries, k <= m, no NaN) by k rounds of selection: round j
+ * takes the largest value not yet taken and, among equal ones, the smallest key (keys are distinct
+ * within a row and below none_key). The taken set is always the top j of the order (value
+ * descending, key ascending), so "not taken" is "ranks below the last one taken": a round reads w,
+ * key and the previous round's (value, key) -- a few compares that fuse into both of its
+ * reductions -- and stores nothing of w's size. Returns the (..., k) keys, in order. */
+static tg_tensor select_keys(tg_tensor w, tg_tensor key, int64_t k, double none_key) {
+  const int last[1] = {-1};
+  tg_tensor low = tg_full_like(w, dtype_min(tg_dtype_of(w)), NULL), none = tg_full_like(key, none_key, NULL);
+  tg_tensor m = NONE, ps = NONE;
+  tg_tensor *out = tg_xmalloc(sizeof(tg_tensor) * (size_t)k);
+  for (int64_t j = 0; j < k; j++) {
+    tg_tensor left = NONE, mw = w;
+    if (j) {
+      left = tg_bitwise_or(tg_lt(w, m), tg_bitwise_and(tg_eq(w, m), tg_gt(key, ps)));
+      mw = tg_where(left, w, low);
+    }
+    m = tg_contiguous(tg_max(mw, last, 1, true));
+    tg_tensor hit = j ? tg_bitwise_and(tg_eq(w, m), left) : tg_eq(w, m);
+    ps = out[j] = tg_contiguous(tg_min(tg_where(hit, key, none), last, 1, true));
+  }
+  /* stored: read by several kernels, a cat of k pieces costs k loads an element */
+  tg_tensor r = tg_contiguous(tg_cat(out, (int)k, -1));
+  free(out);
+  return r;
+}
+
+/* The top k along ax by selection (select_keys): O(k n) per row, where the bitonic sort makes
+ * log2(n)^2 / 2 passes and recovers its indices in O(n^2) per row. The same order as the sort's
+ * first k (descending, ties to the earliest position), NaN counting as the largest (taken last when
+ * largest is false). Values are gathered at the indices, so the gradient goes to exactly the chosen
+ * positions. A NaN becomes +inf (-inf when largest is false) with its key moved by -n (+n) from its
+ * position, so it wins (loses) the tie with a genuine infinity and the rounds compare no NaN.
+ * Long rows are cut first into chunks of TOPK_C: the top k of a row lie in the k chunks whose best
+ * elements rank highest (any other chunk's best has k better elements above it), so one pass takes
+ * each chunk's maximum, a selection picks k chunks from those, and the final selection runs on
+ * their k * TOPK_C elements: only the first pass reads the whole row (topk 10 of 1024x1024: 30
+ * kernels over 4 MB each -> 1 over 4 MB and 40 over 0.3-0.5 MB). */
+#define TOPK_C 8
 static void topk_select(UOp *a, int ax, int64_t k, bool largest, tg_tensor *v, tg_tensor *i) {
   int64_t n = a->shape[ax];
   tg_dtype dt = (tg_dtype)a->dtype;
@@ -1137,45 +1169,65 @@ static void topk_select(UOp *a, int ax, int64_t k, bool largest, tg_tensor *v, t
    * another kernel (a vectorized exp in one, libm's in another) is stored once (g_stable) */
   tg_tensor xt = tg_transpose(t_wrap(g_stable(a)), ax, -1);
   tg_tensor w = dt == TG_BOOL ? tg_cast(xt, TG_UINT8) : xt;
-  /* torch ranks NaN above +inf: for the smallest, NaNs come after everything else. They become -inf
-   * like an inverted +inf, and lose the position tie-break below to genuine values */
-  tg_tensor nanpen = NONE;
-  if (!largest) {
-    w = inverse(w);
-    if (fl) {
-      tg_tensor isn = tg_isnan(w);
-      nanpen = tg_where(isn, tg_full_like(w, (double)n, NULL), tg_zeros_like(w, NULL));
-      w = tg_where(isn, tg_full_like(w, -INFINITY, NULL), w);
-    }
+  if (!largest) w = inverse(w);
+  /* keys as float32 for float32 rows (exact: |key| < 2n <= 2^24), so each round's reductions
+   * vectorize */
+  tg_dtype pt = dt == TG_FLOAT32 && n < ((int64_t)1 << 23) ? TG_FLOAT32 : TG_INT32;
+  tg_opts po = on_device(a, pt), io = on_device(a, TG_INT32);
+  tg_tensor pos = tg_arange(0, (double)n, 1, &po), key = pos, isn = NONE;
+  if (fl) {
+    isn = tg_isnan(xt);
+    w = tg_where(isn, tg_full_like(w, largest ? INFINITY : -INFINITY, NULL), w);
+    key = tg_add(pos, tg_where(isn, tg_full_like(pos, largest ? (double)-n : (double)n, NULL), tg_zeros_like(pos, NULL)));
   }
-  tg_tensor low = tg_full_like(w, dtype_min(tg_dtype_of(w)), NULL);
-  /* float32 rows keep every operand float32 (positions and the taken-mask as floats, exact below
-   * 2^24), so each round's two reductions vectorize */
-  tg_dtype pt = dt == TG_FLOAT32 && n < ((int64_t)1 << 24) ? TG_FLOAT32 : TG_INT32;
-  tg_opts po = on_device(a, pt);
-  tg_tensor pos = tg_arange(0, (double)n, 1, &po), none = tg_full_like(pos, (double)(2 * n), NULL);
-  /* the key a round minimizes: the position, plus n for a NaN when taking the smallest */
-  tg_tensor key = tg_valid(nanpen) ? tg_contiguous(tg_add(pos, tg_cast(nanpen, pt))) : pos;
-  tg_opts to = on_device(a, pt == TG_FLOAT32 ? TG_FLOAT32 : TG_BOOL);
-  tg_tensor taken = tg_full_like(w, 0, &to);
   const int last[1] = {-1};
-  tg_tensor *ps = tg_xmalloc(sizeof(tg_tensor) * (size_t)k);
-  for (int64_t j = 0; j < k; j++) {
-    tg_tensor tk = pt == TG_FLOAT32 ? tg_gt_s(taken, 0.5) : taken;
-    tg_tensor mw = j ? tg_where(tk, low, w) : w;
-    tg_tensor m = tg_max(mw, last, 1, true);
-    tg_tensor eq = tg_eq(mw, m);
-    if (fl) eq = tg_bitwise_or(eq, tg_bitwise_and(tg_isnan(mw), tg_isnan(m)));
-    tg_tensor hit = j ? tg_bitwise_and(eq, tg_logical_not(tk)) : eq;
-    ps[j] = tg_min(tg_where(hit, key, none), last, 1, true);
-    if (tg_valid(nanpen)) ps[j] = tg_where(tg_lt_s(ps[j], (double)n), ps[j], tg_sub_s(ps[j], (double)n));
-    ps[j] = tg_contiguous(ps[j]);
-    if (j + 1 < k)
-      taken = tg_contiguous(pt == TG_FLOAT32 ? tg_where(tg_eq(pos, ps[j]), tg_ones_like(taken, NULL), taken)
-                                             : tg_bitwise_or(taken, tg_eq(pos, ps[j])));
+  int64_t ws[MAXD];
+  int nd = shape_of(w, ws);
+  tg_tensor keys;
+  if (n % TOPK_C == 0 && 4 * k * TOPK_C <= n) {
+    int64_t nc = n / TOPK_C, cs[MAXD + 1], ks[MAXD];
+    memcpy(cs, ws, sizeof(int64_t) * (size_t)nd);
+    memcpy(ks, ws, sizeof(int64_t) * (size_t)nd);
+    cs[nd - 1] = nc, cs[nd] = TOPK_C, ks[nd - 1] = k * TOPK_C;
+    tg_tensor cidx = tg_arange(0, (double)nc, 1, &po), cm, ck, chunk;
+    if (fl && largest) { /* a chunk with a NaN ranks first (its maximum is NaN), earlier chunks first */
+      tg_tensor mx = tg_max(tg_reshape(xt, cs, nd + 1), last, 1, false), has = tg_isnan(mx);
+      cm = tg_where(has, tg_full_like(mx, INFINITY, NULL), mx);
+      ck = tg_sub(cidx, tg_where(has, tg_full_like(mx, (double)nc, &po), tg_zeros_like(mx, &po)));
+    } else if (fl) { /* a chunk ranks by its best element's key (a genuine -inf before a NaN) */
+      tg_tensor cw = tg_reshape(w, cs, nd + 1);
+      cm = tg_max(cw, last, 1, false);
+      ck = tg_min(tg_where(tg_eq(cw, tg_unsqueeze(cm, -1)), tg_reshape(key, cs, nd + 1), tg_full_like(cw, (double)(2 * n), &po)),
+                  last, 1, false);
+    } else {
+      cm = tg_max(tg_reshape(w, cs, nd + 1), last, 1, false), ck = cidx;
+    }
+    ck = tg_valid(isn) ? tg_contiguous(ck) : ck;
+    tg_tensor ckeys = select_keys(tg_contiguous(cm), ck, k, (double)(2 * n));
+    if (fl && largest) chunk = tg_where(tg_lt_s(ckeys, 0), tg_add_s(ckeys, (double)nc), ckeys);
+    else if (fl) chunk = tg_where(tg_lt_s(ckeys, (double)n), ckeys, tg_sub_s(ckeys, (double)n));
+    else chunk = ckeys;
+    chunk = tg_cast(chunk, TG_INT32);
+    if (fl && !largest) chunk = tg_idiv(chunk, tg_full_like(chunk, TOPK_C, NULL));
+    /* the candidates: the k chunks' positions, values and keys */
+    tg_tensor cpos = tg_add(tg_mul_s(tg_unsqueeze(chunk, -1), TOPK_C), tg_arange(0, TOPK_C, 1, &io));
+    cpos = tg_contiguous(tg_reshape(cpos, ks, nd));
+    /* one gather of x: the candidates' values and keys are computed from it as w and key are */
+    tg_tensor cx = tg_gather(xt, -1, cpos), cw = dt == TG_BOOL ? tg_cast(cx, TG_UINT8) : cx, ckey = tg_cast(cpos, pt);
+    if (!largest) cw = inverse(cw);
+    if (fl) {
+      tg_tensor cn = tg_isnan(cx);
+      cw = tg_where(cn, tg_full_like(cw, largest ? INFINITY : -INFINITY, NULL), cw);
+      ckey = tg_add(ckey, tg_where(cn, tg_full_like(ckey, largest ? (double)-n : (double)n, NULL), tg_zeros_like(ckey, NULL)));
+    }
+    keys = select_keys(fl ? tg_contiguous(cw) : cw, fl ? tg_contiguous(ckey) : ckey, k, (double)(2 * n));
+  } else {
+    if (fl) w = tg_contiguous(w), key = tg_contiguous(tg_expand(key, ws, nd));
+    keys = select_keys(w, key, k, (double)(2 * n));
   }
-  tg_tensor idx = tg_cast(tg_cat(ps, (int)k, -1), TG_INT32);
-  free(ps);
+  if (fl) keys = tg_where(tg_lt_s(keys, 0), tg_add_s(keys, (double)n),
+                          tg_where(tg_lt_s(keys, (double)n), keys, tg_sub_s(keys, (double)n)));
+  tg_tensor idx = tg_cast(keys, TG_INT32);
   *v = tg_transpose(tg_gather(xt, -1, idx), ax, -1);
   *i = tg_transpose(idx, ax, -1);
 }
