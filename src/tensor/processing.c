@@ -996,8 +996,11 @@ static tg_tensor bitonic_desc(UOp *a, tg_tensor y, int64_t B, int64_t N, int S, 
       int64_t j = (int64_t)1 << b, v[8];
       int nv = 0, pair, dir = -1;
       bool want_t = tr && j < T;
-      if (want_t != in_t) { /* change layouts: one transposing copy */
-        if (want_t) y = contiguous2(tg_transpose(tg_reshape(y, (const int64_t[]){B, C, T}, 3), 1, 2));
+      if (want_t != in_t) {
+        /* change layouts: into the transposed one, the stage reads through the transpose (its
+         * lanes gather at a stride of SORT_T); back, a transposing copy first (fused, the stage
+         * gathers at a stride of N/SORT_T: 2x slower than the copy and the stage apart) */
+        if (want_t) y = tg_transpose(tg_reshape(y, (const int64_t[]){B, C, T}, 3), 1, 2);
         else y = contiguous2(tg_reshape(tg_transpose(y, 1, 2), nl, 2));
         in_t = want_t;
       }
@@ -1014,9 +1017,11 @@ static tg_tensor bitonic_desc(UOp *a, tg_tensor y, int64_t B, int64_t N, int S, 
         if (!last_merge) v[nv++] = N / (2 * k), dir = nv, v[nv++] = 2, v[nv++] = k / T;
         else v[nv++] = C;
       }
-      /* every comparator stage but the last is stored; the last fuses into its consumers */
+      /* every comparator stage is stored but a last one on the plain layout, which fuses into its
+       * consumers (on the transposed layout it runs in vector lanes first: fused into the
+       * transposing read it is scalar code, 10x slower) */
       y = bitonic_stage(a, y, in_t ? tl : nl, in_t ? 3 : 2, v, nv, pair, dir, nan_small,
-                        !(last_merge && b == 0));
+                        !(last_merge && b == 0) || in_t);
     }
     y = tg_keep(y);
     tg_scope_end();
@@ -1200,10 +1205,11 @@ static void topk_select(UOp *a, int ax, int64_t k, bool largest, tg_tensor *v, t
       ck = tg_min(tg_where(tg_eq(cw, tg_unsqueeze(cm, -1)), tg_reshape(key, cs, nd + 1), tg_full_like(cw, (double)(2 * n), &po)),
                   last, 1, false);
     } else {
-      cm = tg_max(tg_reshape(w, cs, nd + 1), last, 1, false), ck = cidx;
+      cm = tg_contiguous(tg_max(tg_reshape(w, cs, nd + 1), last, 1, false)), ck = cidx;
     }
-    ck = tg_valid(isn) ? tg_contiguous(ck) : ck;
-    tg_tensor ckeys = select_keys(tg_contiguous(cm), ck, k, (double)(2 * n));
+    /* stored: computed in each round's kernels, the masks would cost more than a load */
+    if (fl) cm = tg_contiguous(cm), ck = tg_contiguous(ck);
+    tg_tensor ckeys = select_keys(cm, ck, k, (double)(2 * n));
     if (fl && largest) chunk = tg_where(tg_lt_s(ckeys, 0), tg_add_s(ckeys, (double)nc), ckeys);
     else if (fl) chunk = tg_where(tg_lt_s(ckeys, (double)n), ckeys, tg_sub_s(ckeys, (double)n));
     else chunk = ckeys;
