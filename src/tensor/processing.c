@@ -981,52 +981,76 @@ static tg_tensor bitonic_stage(UOp *a, tg_tensor y, const int64_t *lay, int nl, 
   return tg_reshape(z, lay, nl);
 }
 
+/* A layout of the N = 2^S positions of a row: bit fields of widths w[0..nf-1], lowest bits first;
+ * field 0 is the outermost dim in memory (the plain layout is the single field S). */
+typedef struct {
+  int nf, w[3];
+} SortLayout;
+
+/* y (B, N) in the plain layout -> lay's (B, 2^w[0], ...), or back (to_plain); views only */
+static tg_tensor sort_relayout(tg_tensor y, int64_t B, int64_t N, const SortLayout *lay, bool to_plain) {
+  int64_t hi[4] = {B};
+  int perm[4] = {0};
+  for (int f = 0; f < lay->nf; f++) hi[lay->nf - f] = (int64_t)1 << lay->w[f], perm[1 + f] = lay->nf - f;
+  if (to_plain) return tg_reshape(tg_permute(y, perm, 1 + lay->nf), (const int64_t[]){B, N}, 2);
+  return tg_permute(tg_reshape(y, hi, 1 + lay->nf), perm, 1 + lay->nf);
+}
+
 static tg_tensor bitonic_desc(UOp *a, tg_tensor y, int64_t B, int64_t N, int S, bool nan_small) {
-  /* from N = 256 on, the stages at distances below SORT_T run on the transposed layout (B, SORT_T,
-   * N/SORT_T): a pair is two rows and the stage runs in vector lanes along the columns instead of as
-   * scalar code (sort_64k: 46 of 136 kernels took 9 of its 10 ms) */
+  /* From N = 256 on, the stages at distances below SORT_T run on a transposed layout (rows: the low
+   * 4 bits; columns: the rest): a pair is two rows and the stage runs in vector lanes along the
+   * columns instead of as scalar code (sort_64k: 46 of 136 kernels took 9 of its 10 ms). Its lanes
+   * are the columns' low 3 bits; a merge whose direction bit is one of them (bits 4..6) would be
+   * scalar code again, so up to that merge (N >= 1024) the columns are split once more and bits
+   * 7..9 are the lanes. */
   bool tr = N >= SORT_T * SORT_T;
-  const int64_t T = SORT_T, C = N / SORT_T, nl[2] = {B, N}, tl[3] = {B, SORT_T, N / SORT_T};
-  bool in_t = false; /* y is in the transposed layout */
+  const SortLayout plain = {1, {S}}, t1 = {2, {4, S - 4}}, t2 = {3, {4, 3, S - 7}};
+  const SortLayout *cur = &plain;
+  int64_t ls[4];
   for (int s = 0; s < S; s++) {
     tg_scope_begin();
-    int64_t k = (int64_t)2 << s; /* the run this merge makes; its direction is bit s+1 */
     bool last_merge = s == S - 1;
+    int d = last_merge ? -1 : s + 1; /* the direction bit */
+    const SortLayout *small = S >= 10 && s <= 5 ? &t2 : &t1;
     for (int b = s; b >= 0; b--) {
-      int64_t j = (int64_t)1 << b, v[8];
-      int nv = 0, pair, dir = -1;
-      bool want_t = tr && j < T;
-      if (want_t != in_t) {
-        /* change layouts: into the transposed one, the stage reads through the transpose (its
-         * lanes gather at a stride of SORT_T); back, a transposing copy first (fused, the stage
-         * gathers at a stride of N/SORT_T: 2x slower than the copy and the stage apart) */
-        if (want_t) y = tg_transpose(tg_reshape(y, (const int64_t[]){B, C, T}, 3), 1, 2);
-        else y = contiguous2(tg_reshape(tg_transpose(y, 1, 2), nl, 2));
-        in_t = want_t;
+      const SortLayout *want = tr && b < 4 ? small : &plain;
+      if (want != cur) {
+        /* change layouts: into a transposed one, the stage reads through the transpose (its lanes
+         * gather at a stride of SORT_T); back, a transposing copy first (fused, the stage gathers
+         * at a stride of N/SORT_T: 2x slower than the copy and the stage apart) */
+        if (cur != &plain) y = contiguous2(sort_relayout(y, B, N, cur, true));
+        if (want != &plain) y = sort_relayout(y, B, N, want, false);
+        cur = want;
       }
-      v[nv++] = B;
-      if (!in_t) { /* position = (outer, dir, mid, pair, j) */
-        if (!last_merge) v[nv++] = N / (2 * k), dir = nv, v[nv++] = 2, v[nv++] = k / (2 * j);
-        else v[nv++] = N / (2 * j);
-        pair = nv, v[nv++] = 2, v[nv++] = j;
-      } else if (k < T) { /* rows = (outer, dir, mid, pair, j), then the columns */
-        v[nv++] = T / (2 * k), dir = nv, v[nv++] = 2, v[nv++] = k / (2 * j);
-        pair = nv, v[nv++] = 2, v[nv++] = j, v[nv++] = C;
-      } else { /* rows = (outer, pair, j); the direction bit is a column bit */
-        v[nv++] = T / (2 * j), pair = nv, v[nv++] = 2, v[nv++] = j;
-        if (!last_merge) v[nv++] = N / (2 * k), dir = nv, v[nv++] = 2, v[nv++] = k / T;
-        else v[nv++] = C;
+      /* the view: every field split at the pair's bit b and the direction bit d, high bits first */
+      int64_t v[12];
+      int nv = 0, pair = -1, dir = -1, lo = 0;
+      v[nv++] = B, ls[0] = B;
+      for (int f = 0; f < cur->nf; f++) {
+        int top = lo + cur->w[f]; /* the field's bits are lo..top-1 */
+        ls[1 + f] = (int64_t)1 << cur->w[f];
+        int cut[2], nc = 0;
+        if (d >= lo && d < top) cut[nc++] = d;
+        if (b >= lo && b < top) cut[nc++] = b; /* (d > b) */
+        int at = top;
+        for (int c = 0; c < nc; c++) {
+          v[nv++] = (int64_t)1 << (at - cut[c] - 1);
+          if (cut[c] == d) dir = nv;
+          else pair = nv;
+          v[nv++] = 2, at = cut[c];
+        }
+        v[nv++] = (int64_t)1 << (at - lo);
+        lo = top;
       }
       /* every comparator stage is stored but a last one on the plain layout, which fuses into its
-       * consumers (on the transposed layout it runs in vector lanes first: fused into the
+       * consumers (on a transposed layout it runs in vector lanes first: fused into the
        * transposing read it is scalar code, 10x slower) */
-      y = bitonic_stage(a, y, in_t ? tl : nl, in_t ? 3 : 2, v, nv, pair, dir, nan_small,
-                        !(last_merge && b == 0) || in_t);
+      y = bitonic_stage(a, y, ls, 1 + cur->nf, v, nv, pair, dir, nan_small, !(last_merge && b == 0) || cur != &plain);
     }
     y = tg_keep(y);
     tg_scope_end();
   }
-  if (in_t) y = tg_reshape(tg_transpose(y, 1, 2), nl, 2);
+  if (cur != &plain) y = sort_relayout(y, B, N, cur, true);
   return y;
 }
 
