@@ -950,7 +950,8 @@ static tg_tensor ranks_above(tg_tensor u, tg_tensor v, bool nan_small) {
   tg_tensor g = tg_gt(u, v);
   if (!tg_dtype_is_float(tg_dtype_of(u))) return g;
   tg_tensor nu = tg_isnan(u), nv = tg_isnan(v);
-  return tg_bitwise_or(g, nan_small ? tg_bitwise_and(nv, tg_logical_not(nu)) : tg_bitwise_and(nu, tg_logical_not(nv)));
+  return tg_bitwise_or(g, nan_small ? tg_bitwise_and(nv, tg_logical_not(nu))
+                                    : tg_bitwise_and(nu, tg_logical_not(nv)));
 }
 
 /* One comparator stage on a layout whose dims, outermost first, are the bit fields of the position
@@ -1035,8 +1036,10 @@ static tg_tensor bitonic_desc(UOp *a, tg_tensor y, int64_t B, int64_t N, int S, 
         int at = top;
         for (int c = 0; c < nc; c++) {
           v[nv++] = (int64_t)1 << (at - cut[c] - 1);
-          if (cut[c] == d) dir = nv;
-          else pair = nv;
+          if (cut[c] == d)
+            dir = nv;
+          else
+            pair = nv;
           v[nv++] = 2, at = cut[c];
         }
         v[nv++] = (int64_t)1 << (at - lo);
@@ -1045,7 +1048,8 @@ static tg_tensor bitonic_desc(UOp *a, tg_tensor y, int64_t B, int64_t N, int S, 
       /* every comparator stage is stored but a last one on the plain layout, which fuses into its
        * consumers (on a transposed layout it runs in vector lanes first: fused into the
        * transposing read it is scalar code, 10x slower) */
-      y = bitonic_stage(a, y, ls, 1 + cur->nf, v, nv, pair, dir, nan_small, !(last_merge && b == 0) || cur != &plain);
+      y = bitonic_stage(a, y, ls, 1 + cur->nf, v, nv, pair, dir, nan_small,
+                        !(last_merge && b == 0) || cur != &plain);
     }
     y = tg_keep(y);
     tg_scope_end();
@@ -1082,7 +1086,8 @@ static void sort_(UOp *a, tg_tensor x, int ax, bool descending, bool want_idx, t
   int S = 0;
   while (((int64_t)1 << S) < n) S++;
   int64_t N = (int64_t)1 << S;
-  w = pad_last(tg_reshape(w, (const int64_t[]){B, n}, 2), 2, 0, N - n, nan_small ? NAN : dtype_min(tg_dtype_of(w)));
+  w = pad_last(tg_reshape(w, (const int64_t[]){B, n}, 2), 2, 0, N - n,
+               nan_small ? NAN : dtype_min(tg_dtype_of(w)));
   tg_tensor y = bitonic_desc(a, w, B, N, S, nan_small);
   y = tg_reshape(shrink_last(y, (const int64_t[]){B, N}, 2, 0, n), ts, nd);
   if (!descending) y = inverse(y);
@@ -1093,8 +1098,10 @@ static void sort_(UOp *a, tg_tensor x, int ax, bool descending, bool want_idx, t
   tg_tensor low = tri_mask(a, n, true);
   const int last[1] = {-1}, second[1] = {-2};
   /* count[i] = #{j <= i : t[j] == t[i]} (NaNs equal to each other) */
-  tg_tensor co = tg_sum(tg_bitwise_and(low, same_value(tg_unsqueeze(xt, -1), tg_unsqueeze(xt, -2))), last, 1, false);
-  tg_tensor cs = tg_sum(tg_bitwise_and(low, same_value(tg_unsqueeze(y, -1), tg_unsqueeze(y, -2))), last, 1, false);
+  tg_tensor co =
+      tg_sum(tg_bitwise_and(low, same_value(tg_unsqueeze(xt, -1), tg_unsqueeze(xt, -2))), last, 1, false);
+  tg_tensor cs =
+      tg_sum(tg_bitwise_and(low, same_value(tg_unsqueeze(y, -1), tg_unsqueeze(y, -2))), last, 1, false);
   /* [i, p]: input i is the sorted element p */
   tg_tensor cond = tg_bitwise_and(same_value(tg_unsqueeze(xt, -1), tg_unsqueeze(y, -2)),
                                   tg_eq(tg_unsqueeze(co, -1), tg_unsqueeze(cs, -2)));
@@ -1207,7 +1214,8 @@ static void topk_select(UOp *a, int ax, int64_t k, bool largest, tg_tensor *v, t
   if (fl) {
     isn = tg_isnan(xt);
     w = tg_where(isn, tg_full_like(w, largest ? INFINITY : -INFINITY, NULL), w);
-    key = tg_add(pos, tg_where(isn, tg_full_like(pos, largest ? (double)-n : (double)n, NULL), tg_zeros_like(pos, NULL)));
+    key = tg_add(pos, tg_where(isn, tg_full_like(pos, largest ? (double)-n : (double)n, NULL),
+                               tg_zeros_like(pos, NULL)));
   }
   const int last[1] = {-1};
   int64_t ws[MAXD];
@@ -1226,7 +1234,8 @@ static void topk_select(UOp *a, int ax, int64_t k, bool largest, tg_tensor *v, t
     } else if (fl) { /* a chunk ranks by its best element's key (a genuine -inf before a NaN) */
       tg_tensor cw = tg_reshape(w, cs, nd + 1);
       cm = tg_max(cw, last, 1, false);
-      ck = tg_min(tg_where(tg_eq(cw, tg_unsqueeze(cm, -1)), tg_reshape(key, cs, nd + 1), tg_full_like(cw, (double)(2 * n), &po)),
+      ck = tg_min(tg_where(tg_eq(cw, tg_unsqueeze(cm, -1)), tg_reshape(key, cs, nd + 1),
+                           tg_full_like(cw, (double)(2 * n), &po)),
                   last, 1, false);
     } else {
       cm = tg_contiguous(tg_max(tg_reshape(w, cs, nd + 1), last, 1, false)), ck = cidx;
@@ -1234,29 +1243,35 @@ static void topk_select(UOp *a, int ax, int64_t k, bool largest, tg_tensor *v, t
     /* stored: computed in each round's kernels, the masks would cost more than a load */
     if (fl) cm = tg_contiguous(cm), ck = tg_contiguous(ck);
     tg_tensor ckeys = select_keys(cm, ck, k, (double)(2 * n));
-    if (fl && largest) chunk = tg_where(tg_lt_s(ckeys, 0), tg_add_s(ckeys, (double)nc), ckeys);
-    else if (fl) chunk = tg_where(tg_lt_s(ckeys, (double)n), ckeys, tg_sub_s(ckeys, (double)n));
-    else chunk = ckeys;
+    if (fl && largest)
+      chunk = tg_where(tg_lt_s(ckeys, 0), tg_add_s(ckeys, (double)nc), ckeys);
+    else if (fl)
+      chunk = tg_where(tg_lt_s(ckeys, (double)n), ckeys, tg_sub_s(ckeys, (double)n));
+    else
+      chunk = ckeys;
     chunk = tg_cast(chunk, TG_INT32);
     if (fl && !largest) chunk = tg_idiv(chunk, tg_full_like(chunk, TOPK_C, NULL));
     /* the candidates: the k chunks' positions, values and keys */
     tg_tensor cpos = tg_add(tg_mul_s(tg_unsqueeze(chunk, -1), TOPK_C), tg_arange(0, TOPK_C, 1, &io));
     cpos = tg_contiguous(tg_reshape(cpos, ks, nd));
     /* one gather of x: the candidates' values and keys are computed from it as w and key are */
-    tg_tensor cx = tg_gather(xt, -1, cpos), cw = dt == TG_BOOL ? tg_cast(cx, TG_UINT8) : cx, ckey = tg_cast(cpos, pt);
+    tg_tensor cx = tg_gather(xt, -1, cpos), cw = dt == TG_BOOL ? tg_cast(cx, TG_UINT8) : cx,
+              ckey = tg_cast(cpos, pt);
     if (!largest) cw = inverse(cw);
     if (fl) {
       tg_tensor cn = tg_isnan(cx);
       cw = tg_where(cn, tg_full_like(cw, largest ? INFINITY : -INFINITY, NULL), cw);
-      ckey = tg_add(ckey, tg_where(cn, tg_full_like(ckey, largest ? (double)-n : (double)n, NULL), tg_zeros_like(ckey, NULL)));
+      ckey = tg_add(ckey, tg_where(cn, tg_full_like(ckey, largest ? (double)-n : (double)n, NULL),
+                                   tg_zeros_like(ckey, NULL)));
     }
     keys = select_keys(fl ? tg_contiguous(cw) : cw, fl ? tg_contiguous(ckey) : ckey, k, (double)(2 * n));
   } else {
     if (fl) w = tg_contiguous(w), key = tg_contiguous(tg_expand(key, ws, nd));
     keys = select_keys(w, key, k, (double)(2 * n));
   }
-  if (fl) keys = tg_where(tg_lt_s(keys, 0), tg_add_s(keys, (double)n),
-                          tg_where(tg_lt_s(keys, (double)n), keys, tg_sub_s(keys, (double)n)));
+  if (fl)
+    keys = tg_where(tg_lt_s(keys, 0), tg_add_s(keys, (double)n),
+                    tg_where(tg_lt_s(keys, (double)n), keys, tg_sub_s(keys, (double)n)));
   tg_tensor idx = tg_cast(keys, TG_INT32);
   *v = tg_transpose(tg_gather(xt, -1, idx), ax, -1);
   *i = tg_transpose(idx, ax, -1);
