@@ -721,6 +721,31 @@ def _sort_big():
 case("sort of 3 x 5000 floats with infinities and of 65536 ints", _sort_big)
 
 
+def _sort_nan():
+  # NaN ranks above everything (first descending, last ascending, as torch); a comparator exchanges
+  # values, so NaNs and a -0.0 tied with a 0.0 are never duplicated; indices stay stable. 360 values
+  # (padded to 512: the transposed layout too), every NaN-free run, and 3 rows of 5000 with NaNs.
+  a = np.tile(np.array([1.0, np.nan, -0.0, 0.0, np.inf, -np.inf, 2.0, np.nan, 1.0], np.float32), 40)
+  for desc in (False, True):
+    v, i = sort(Tensor(a), 0, desc)
+    rv, ri = torch.sort(torch.tensor(a), dim=0, descending=desc, stable=True)
+    close(v.numpy(), rv, what=f"values desc={desc}"), close(i.numpy(), ri, what=f"indices desc={desc}")
+    assert np.signbit(v.numpy()[v.numpy() == 0]).sum() == np.signbit(a[a == 0]).sum(), "as many -0.0 as in the input"
+  b = RNG.standard_normal((3, 5000)).astype(np.float32)
+  b[0, ::7], b[1, 4000:], b[2, :3] = np.nan, np.nan, np.nan
+  for desc in (False, True):
+    v, _ = sort(Tensor(b), 1, desc)
+    close(v.numpy(), torch.sort(torch.tensor(b), 1, desc)[0], what=f"5000 with NaN desc={desc}")
+  h = np.array([np.nan, 1.0, -np.inf, np.nan, 0.5], np.float16)
+  for desc in (False, True):
+    v, i = sort(Tensor(h), 0, desc)
+    rv, ri = torch.sort(torch.tensor(h).float(), dim=0, descending=desc, stable=True)
+    close(v.numpy(), rv), close(i.numpy(), ri)
+
+
+case("sort with NaN (both directions, float32 and float16, transposed layout) and signed zeros", _sort_nan)
+
+
 def _sort_kernels():
   a = Tensor(distinct(4, 8)).realize()
   k = kernels(lambda: sort(a, 1)[0])
@@ -816,6 +841,52 @@ def _topk_selection():
 
 case("topk by selection (k <= 64): long rows, k=64/65 agree with the sort, ints with ties, bool, float64, -inf, nan",
      _topk_selection)
+
+
+def _topk_chunked():
+  # rows of n >= 32 k (n a multiple of 8) are cut into chunks of 8: one pass takes each chunk's
+  # maximum, k chunks are selected, the final selection runs on their 8 k elements. Ties across and
+  # inside chunks, NaN (largest: first; smallest: last, after +inf), +-inf, ints, k at the limit of
+  # the chunked path (n = 32 k) and just past it, gradients to the chosen positions.
+  def ref_order(r, k, largest):
+    nan = np.isnan(r) if r.dtype.kind == "f" else np.zeros(r.shape, bool)
+    key = np.where(nan, np.inf, r).astype(np.float64)  # NaN ties with +inf, then comes first (largest)
+    rank, nrank = (-key, -nan.astype(np.int8)) if largest else (key, nan.astype(np.int8))  # or last
+    order = np.lexsort((np.broadcast_to(np.arange(r.shape[-1]), r.shape), nrank, rank), axis=-1)
+    return order[..., :k]
+  for n, k in [(1024, 10), (320, 10), (328, 10), (256, 8), (512, 16), (2048, 64), (4096, 3)]:
+    a = RNG.integers(-6, 6, size=(5, n)).astype(np.float32)  # many ties inside and across chunks
+    a[1, ::37], a[2, 5::11], a[3, :] = np.nan, np.inf, -np.inf
+    a[3, 100 % n], a[3, (n - 1)] = np.nan, 7.0
+    a[2, n - 3] = np.nan  # after k chunks with +inf: its chunk must rank first (largest)
+    a[4, :], a[4, :24] = np.inf, np.nan  # chunks of only NaN before chunks of +inf: they rank last (smallest)
+    for largest in (True, False):
+      v, i = topk(Tensor(a), k, 1, largest)
+      order = ref_order(a, k, largest)
+      close(i.numpy(), order, what=f"n={n} k={k} largest={largest} indices")
+      close(v.numpy(), np.take_along_axis(a, order, 1), what=f"n={n} k={k} largest={largest} values")
+  r = RNG.integers(-50, 50, size=(3, 640)).astype(np.int32)
+  for largest in (True, False):
+    v, i = topk(Tensor(r), 20, 1, largest)
+    order = ref_order(r, 20, largest)
+    close(i.numpy(), order, what=f"int32 largest={largest}"), close(v.numpy(), np.take_along_axis(r, order, 1))
+  h = RNG.standard_normal((2, 800)).astype(np.float16)
+  h[0, 3::50] = np.nan
+  for largest in (True, False):
+    v, i = topk(Tensor(h), 9, 1, largest)
+    order = ref_order(h, 9, largest)
+    close(i.numpy(), order, what=f"float16 largest={largest}")
+  d = distinct(600, 3)  # along dim 0, with the gradient
+  x = set_rg(Tensor(d))
+  v, i = topk(x, 12, 0)
+  t = torch.tensor(d, requires_grad=True)
+  rv, ri = torch.topk(t, 12, 0)
+  wv = rnd(*rv.shape, lo=0.5, hi=1.5)
+  backward((v * Tensor(wv)).sum()), (rv * torch.tensor(wv)).sum().backward()
+  close(v.numpy(), rv), close(i.numpy(), ri), close(grad(x).numpy(), t.grad, what="grad")
+
+
+case("topk of long rows by chunks of 8 (n >= 32 k): ties, NaN, inf, ints, float16, dim 0 + backward", _topk_chunked)
 
 # =====================================================================================================
 # multinomial

@@ -13,9 +13,11 @@
  * scope that ends before returning (loops open one scope per iteration, so the handle table stays
  * small); an inner failure is re-recorded as "fn: <inner message>".
  *
- * Where we differ from tinygrad (each place says why): the bitonic sort works on a (B, N/2d, 2, d)
- * view per comparator stage (and, for d < 16, on the (B, 16, N/16) transpose, so the stage runs in
- * vector lanes) instead of unflattening into log2(N) binary dims; the SVD's round-robin
+ * Where we differ from tinygrad (each place says why): the bitonic sort gives each comparator stage
+ * a view whose dims are the bit fields of the position (the pair's bit and the run's direction bit
+ * among them; for distances below 16 on the (B, 16, N/16) transpose, so the stage runs in vector
+ * lanes), where tinygrad reverses every other run between merges, and its comparators exchange
+ * values (tinygrad's max/min pair copies a NaN into both places); the SVD's round-robin
  * pairings are computed on the host (they do not depend on the data) so every Jacobi round is the same
  * kernels; cummax/cummin indices pick the latest tie like torch; max_unpool2d averages repeated indices
  * instead of adding them; einsum broadcasts size-1 dims and takes diagonals of any rank correctly.
@@ -932,55 +934,135 @@ tg_tensor tg_interpolate(tg_tensor x, const int64_t *size, int nsize, const tg_i
 /* ---------------------------------------------------------------------------------------------- */
 /* sort, argsort, topk                                                                             */
 
-/* Bitonic sort, descending, of y (B, N) along N = 2^S (tinygrad's network: before stage s < S the
- * second half of every 2^(s+1) block is reversed so all comparators point the same way, and reversed
- * back after it). Each comparator stage at distance d views y as (B, N/2d, 2, d): the partner of an
- * element is the same view flipped on the pair axis; the top of each pair keeps the max. One kernel
- * per comparator stage (the reversals fuse into the next one). */
-#define SORT_T 16 /* the block of the transposed small-distance stages (a vector's lanes) */
-static tg_tensor bitonic_desc(UOp *a, tg_tensor y, int64_t B, int64_t N, int S) {
-  tg_tensor top = tg_reshape(tg_eq_s(iarange(a, 0, 2, 1), 0), (const int64_t[]){1, 1, 2, 1}, 4);
-  const int flip_pair[1] = {2}, flip_run[1] = {3};
-  for (int stage = 1; stage <= S; stage++) {
+/* Bitonic sort, descending, of y (B, N) along N = 2^S. The merge of runs of 2^s into runs of 2^(s+1)
+ * (s = 0..S-1) makes comparator stages at distances 2^b, b = s..0: element i meets i ^ 2^b, and the
+ * pair keeps its order descending when bit s+1 of i is 0 (always in the last merge), ascending when
+ * it is 1, so every run of 2^(s+1) that the next merge reads is bitonic. A stage is one elementwise
+ * kernel over a view of y whose dims are bit fields of the position: the partner is the same view
+ * flipped on the pair's dim, and the direction is a dim of its own, so every load is a strided
+ * (affine) read (tinygrad instead reverses every other run between merges; those reversals fused
+ * into the next stage as two loads behind a select of non-affine indices: 2 ms of sort_64k's 30 per
+ * merge). */
+#define SORT_T 16 /* the rows of the transposed layout (the small distances run across its columns) */
+
+/* u ranks strictly above v: u > v, or u is NaN and v is not (the other way round when nan_small) */
+static tg_tensor ranks_above(tg_tensor u, tg_tensor v, bool nan_small) {
+  tg_tensor g = tg_gt(u, v);
+  if (!tg_dtype_is_float(tg_dtype_of(u))) return g;
+  tg_tensor nu = tg_isnan(u), nv = tg_isnan(v);
+  return tg_bitwise_or(g, nan_small ? tg_bitwise_and(nv, tg_logical_not(nu))
+                                    : tg_bitwise_and(nu, tg_logical_not(nv)));
+}
+
+/* One comparator stage on a layout whose dims, outermost first, are the bit fields of the position
+ * listed in f (nf fields of widths w[]: the total is the layout's numel); pair and dir are the field
+ * indices of the pair's bit and the direction's bit (dir -1: all descending). */
+static tg_tensor bitonic_stage(UOp *a, tg_tensor y, const int64_t *lay, int nl, const int64_t *v, int nv,
+                               int pair, int dir, bool nan_small, bool store) {
+  tg_tensor yv = tg_reshape(y, v, nv);
+  const int fp[1] = {pair};
+  tg_tensor p = tg_flip(yv, fp, 1);
+  int64_t ms[MAXD];
+  for (int i = 0; i < nv; i++) ms[i] = 1;
+  ms[pair] = 2;
+  tg_tensor two = iarange(a, 0, 2, 1);
+  tg_tensor keepmax = tg_reshape(tg_eq_s(two, 0), ms, nv); /* the first of a pair keeps the max */
+  if (dir >= 0) {
+    ms[pair] = 1, ms[dir] = 2;
+    keepmax = tg_ne(keepmax, tg_reshape(tg_eq_s(two, 1), ms, nv)); /* ascending runs: the min */
+  }
+  /* the pair swaps where its second element ranks strictly above its first (descending) or below
+   * it (ascending): both elements decide alike, so values are exchanged, never duplicated (a -0.0
+   * tied with a 0.0, or a NaN, which ranks above everything, or below when nan_small) */
+  tg_tensor sw = tg_where(keepmax, ranks_above(p, yv, nan_small), ranks_above(yv, p, nan_small));
+  tg_tensor z = tg_where(sw, p, yv);
+  /* stored in the view's shape, the kernel keeps a loop per bit field (the index math of a pair
+   * stays outside the inner loop) instead of one loop over the layout taking every field apart */
+  if (store) z = contiguous2(z);
+  return tg_reshape(z, lay, nl);
+}
+
+/* A layout of the N = 2^S positions of a row: bit fields of widths w[0..nf-1], lowest bits first;
+ * field 0 is the outermost dim in memory (the plain layout is the single field S). */
+typedef struct {
+  int nf, w[3];
+} SortLayout;
+
+/* y (B, N) in the plain layout -> lay's (B, 2^w[0], ...), or back (to_plain); views only */
+static tg_tensor sort_relayout(tg_tensor y, int64_t B, int64_t N, const SortLayout *lay, bool to_plain) {
+  int64_t hi[4] = {B};
+  int perm[4] = {0};
+  for (int f = 0; f < lay->nf; f++) hi[lay->nf - f] = (int64_t)1 << lay->w[f], perm[1 + f] = lay->nf - f;
+  if (to_plain) return tg_reshape(tg_permute(y, perm, 1 + lay->nf), (const int64_t[]){B, N}, 2);
+  return tg_permute(tg_reshape(y, hi, 1 + lay->nf), perm, 1 + lay->nf);
+}
+
+static tg_tensor bitonic_desc(UOp *a, tg_tensor y, int64_t B, int64_t N, int S, bool nan_small) {
+  /* From N = 256 on, the stages at distances below SORT_T run on a transposed layout (rows: the low
+   * 4 bits; columns: the rest): a pair is two rows and the stage runs in vector lanes along the
+   * columns instead of as scalar code (sort_64k: 46 of 136 kernels took 9 of its 10 ms). Its lanes
+   * are the columns' low 3 bits; a merge whose direction bit is one of them (bits 4..6) would be
+   * scalar code again, so up to that merge (N >= 1024) the columns are split once more and bits
+   * 7..9 are the lanes. */
+  bool tr = N >= SORT_T * SORT_T;
+  const SortLayout plain = {1, {S}}, t1 = {2, {4, S - 4}}, t2 = {3, {4, 3, S - 7}};
+  const SortLayout *cur = &plain;
+  int64_t ls[4];
+  for (int s = 0; s < S; s++) {
     tg_scope_begin();
-    int64_t run = (int64_t)1 << stage;
-    int64_t cv[4] = {B, N / (2 * run), 2, run};
-    if (stage != S) /* reverse the second run of each pair of runs */
-      y = tg_reshape(
-          tg_where(tg_logical_not(top), tg_flip(tg_reshape(y, cv, 4), flip_run, 1), tg_reshape(y, cv, 4)),
-          (const int64_t[]){B, N}, 2);
-    for (int sub = stage - 1; sub >= 0; sub--) {
-      int64_t d = (int64_t)1 << sub, v[4] = {B, N / (2 * d), 2, d};
-      if (d < SORT_T && N >= SORT_T * SORT_T) {
-        /* the stages at distances below SORT_T pair elements inside one block of SORT_T: in the
-         * transposed layout (B, SORT_T, N/SORT_T) a pair is two rows, and each stage runs in vector
-         * lanes along the blocks instead of as scalar code (sort_64k: 46 of 136 kernels took 9 of
-         * its 10 ms); the distances from d down to 1 all run there, then the layout goes back */
-        tg_tensor yt = contiguous2(tg_transpose(tg_reshape(y, (const int64_t[]){B, N / SORT_T, SORT_T}, 3), 1, 2));
-        tg_tensor top5 = tg_reshape(top, (const int64_t[]){1, 1, 2, 1, 1}, 5);
-        for (; sub >= 0; sub--) {
-          int64_t dd = (int64_t)1 << sub, v5[5] = {B, SORT_T / (2 * dd), 2, dd, N / SORT_T};
-          tg_tensor y5 = tg_reshape(yt, v5, 5), p5 = tg_flip(y5, flip_pair, 1);
-          yt = contiguous2(tg_reshape(tg_where(top5, tg_maximum(y5, p5), tg_minimum(y5, p5)), (const int64_t[]){B, SORT_T, N / SORT_T}, 3));
-        }
-        y = tg_reshape(tg_transpose(yt, 1, 2), (const int64_t[]){B, N}, 2);
-        if (stage != S) y = contiguous2(y);
-        break;
+    bool last_merge = s == S - 1;
+    int d = last_merge ? -1 : s + 1; /* the direction bit */
+    const SortLayout *small = S >= 10 && s <= 5 ? &t2 : &t1;
+    for (int b = s; b >= 0; b--) {
+      const SortLayout *want = tr && b < 4 ? small : &plain;
+      if (want != cur) {
+        /* change layouts: into a transposed one, the stage reads through the transpose (its lanes
+         * gather at a stride of SORT_T); back, a transposing copy first (fused, the stage gathers
+         * at a stride of N/SORT_T: 2x slower than the copy and the stage apart) */
+        if (cur != &plain) y = contiguous2(sort_relayout(y, B, N, cur, true));
+        if (want != &plain) y = sort_relayout(y, B, N, want, false);
+        cur = want;
       }
-      tg_tensor y4 = tg_reshape(y, v, 4), p4 = tg_flip(y4, flip_pair, 1);
-      tg_tensor z = tg_where(top, tg_maximum(y4, p4), tg_minimum(y4, p4));
-      y = tg_reshape(z, (const int64_t[]){B, N}, 2);
-      /* materialize every comparator stage but the last, which fuses into its consumers */
-      if (stage != S || sub != 0) y = contiguous2(y);
+      /* the view: every field split at the pair's bit b and the direction bit d, high bits first */
+      int64_t v[12];
+      int nv = 0, pair = -1, dir = -1, lo = 0;
+      v[nv++] = B, ls[0] = B;
+      for (int f = 0; f < cur->nf; f++) {
+        int top = lo + cur->w[f]; /* the field's bits are lo..top-1 */
+        ls[1 + f] = (int64_t)1 << cur->w[f];
+        int cut[2], nc = 0;
+        if (d >= lo && d < top) cut[nc++] = d;
+        if (b >= lo && b < top) cut[nc++] = b; /* (d > b) */
+        int at = top;
+        for (int c = 0; c < nc; c++) {
+          v[nv++] = (int64_t)1 << (at - cut[c] - 1);
+          if (cut[c] == d)
+            dir = nv;
+          else
+            pair = nv;
+          v[nv++] = 2, at = cut[c];
+        }
+        v[nv++] = (int64_t)1 << (at - lo);
+        lo = top;
+      }
+      /* every comparator stage is stored but a last one on the plain layout, which fuses into its
+       * consumers (on a transposed layout it runs in vector lanes first: fused into the
+       * transposing read it is scalar code, 10x slower) */
+      y = bitonic_stage(a, y, ls, 1 + cur->nf, v, nv, pair, dir, nan_small,
+                        !(last_merge && b == 0) || cur != &plain);
     }
-    if (stage != S)
-      y = tg_reshape(
-          tg_where(tg_logical_not(top), tg_flip(tg_reshape(y, cv, 4), flip_run, 1), tg_reshape(y, cv, 4)),
-          (const int64_t[]){B, N}, 2);
     y = tg_keep(y);
     tg_scope_end();
   }
+  if (cur != &plain) y = sort_relayout(y, B, N, cur, true);
   return y;
+}
+
+/* x == y, where a NaN equals a NaN */
+static tg_tensor same_value(tg_tensor x, tg_tensor y) {
+  tg_tensor e = tg_eq(x, y);
+  if (!tg_dtype_is_float(tg_dtype_of(x))) return e;
+  return tg_bitwise_or(e, tg_bitwise_and(tg_isnan(x), tg_isnan(y)));
 }
 
 /* Sorted values and stable int32 indices of x along ax (ndim >= 1, size n >= 2, non-empty). The indices
@@ -996,13 +1078,17 @@ static void sort_(UOp *a, tg_tensor x, int ax, bool descending, bool want_idx, t
   shape_of(xt, ts);
   tg_dtype dt = (tg_dtype)a->dtype;
   tg_tensor w = dt == TG_BOOL ? tg_cast(xt, TG_UINT8) : xt;
-  /* ascending = the inverse of a descending sort of the inverse, so padding is always the dtype's min */
+  /* ascending = the inverse of a descending sort of the inverse, so padding is always the dtype's min;
+   * a float NaN stays NaN under the inverse, so there NaN ranks lowest (torch puts it last
+   * ascending, first descending) and the padding is NaN */
   if (!descending) w = inverse(w);
+  bool nan_small = !descending && tg_dtype_is_float(dt);
   int S = 0;
   while (((int64_t)1 << S) < n) S++;
   int64_t N = (int64_t)1 << S;
-  w = pad_last(tg_reshape(w, (const int64_t[]){B, n}, 2), 2, 0, N - n, dtype_min(tg_dtype_of(w)));
-  tg_tensor y = bitonic_desc(a, w, B, N, S);
+  w = pad_last(tg_reshape(w, (const int64_t[]){B, n}, 2), 2, 0, N - n,
+               nan_small ? NAN : dtype_min(tg_dtype_of(w)));
+  tg_tensor y = bitonic_desc(a, w, B, N, S, nan_small);
   y = tg_reshape(shrink_last(y, (const int64_t[]){B, N}, 2, 0, n), ts, nd);
   if (!descending) y = inverse(y);
   if (dt == TG_BOOL) y = tg_cast(y, TG_BOOL);
@@ -1011,12 +1097,13 @@ static void sort_(UOp *a, tg_tensor x, int ax, bool descending, bool want_idx, t
   if (!want_idx) return;
   tg_tensor low = tri_mask(a, n, true);
   const int last[1] = {-1}, second[1] = {-2};
-  /* count[i] = #{j <= i : t[j] == t[i]} */
+  /* count[i] = #{j <= i : t[j] == t[i]} (NaNs equal to each other) */
   tg_tensor co =
-      tg_sum(tg_bitwise_and(low, tg_eq(tg_unsqueeze(xt, -1), tg_unsqueeze(xt, -2))), last, 1, false);
-  tg_tensor cs = tg_sum(tg_bitwise_and(low, tg_eq(tg_unsqueeze(y, -1), tg_unsqueeze(y, -2))), last, 1, false);
+      tg_sum(tg_bitwise_and(low, same_value(tg_unsqueeze(xt, -1), tg_unsqueeze(xt, -2))), last, 1, false);
+  tg_tensor cs =
+      tg_sum(tg_bitwise_and(low, same_value(tg_unsqueeze(y, -1), tg_unsqueeze(y, -2))), last, 1, false);
   /* [i, p]: input i is the sorted element p */
-  tg_tensor cond = tg_bitwise_and(tg_eq(tg_unsqueeze(xt, -1), tg_unsqueeze(y, -2)),
+  tg_tensor cond = tg_bitwise_and(same_value(tg_unsqueeze(xt, -1), tg_unsqueeze(y, -2)),
                                   tg_eq(tg_unsqueeze(co, -1), tg_unsqueeze(cs, -2)));
   tg_tensor pos = tg_unsqueeze(iarange(a, 0, (double)n, 1), -1);
   tg_tensor idx = tg_sum(tg_where(cond, pos, tg_const_like(pos, 0)), second, 1, false);
@@ -1071,13 +1158,45 @@ tg_tensor tg_argsort(tg_tensor x, int dim, bool descending) {
   return done(o, i);
 }
 
-/* The top k along ax by k rounds of selection, each taking the largest value not yet taken and
- * its earliest position: O(k n) per row, where the bitonic sort makes log2(n)^2 / 2 passes and
- * recovers its indices in O(n^2) per row (topk 10 of 1024x1024: 124 -> 3.2 ms). The same order as
- * the sort's first k (descending, ties to the earliest position), NaN counting as the largest
- * (taken last when largest is false). Values are gathered at the indices, so the gradient goes to
- * exactly the chosen positions. Each round's taken-mask is stored: round j reads it instead of
- * recomputing rounds 0..j-1. */
+/* The top k of w along its last dim (m entries, k <= m, no NaN) by k rounds of selection: round j
+ * takes the largest value not yet taken and, among equal ones, the smallest key (keys are distinct
+ * within a row and below none_key). The taken set is always the top j of the order (value
+ * descending, key ascending), so "not taken" is "ranks below the last one taken": a round reads w,
+ * key and the previous round's (value, key) -- a few compares that fuse into both of its
+ * reductions -- and stores nothing of w's size. Returns the (..., k) keys, in order. */
+static tg_tensor select_keys(tg_tensor w, tg_tensor key, int64_t k, double none_key) {
+  const int last[1] = {-1};
+  tg_tensor low = tg_full_like(w, dtype_min(tg_dtype_of(w)), NULL), none = tg_full_like(key, none_key, NULL);
+  tg_tensor m = NONE, ps = NONE;
+  tg_tensor *out = tg_xmalloc(sizeof(tg_tensor) * (size_t)k);
+  for (int64_t j = 0; j < k; j++) {
+    tg_tensor left = NONE, mw = w;
+    if (j) {
+      left = tg_bitwise_or(tg_lt(w, m), tg_bitwise_and(tg_eq(w, m), tg_gt(key, ps)));
+      mw = tg_where(left, w, low);
+    }
+    m = tg_contiguous(tg_max(mw, last, 1, true));
+    tg_tensor hit = j ? tg_bitwise_and(tg_eq(w, m), left) : tg_eq(w, m);
+    ps = out[j] = tg_contiguous(tg_min(tg_where(hit, key, none), last, 1, true));
+  }
+  /* stored: read by several kernels, a cat of k pieces costs k loads an element */
+  tg_tensor r = tg_contiguous(tg_cat(out, (int)k, -1));
+  free(out);
+  return r;
+}
+
+/* The top k along ax by selection (select_keys): O(k n) per row, where the bitonic sort makes
+ * log2(n)^2 / 2 passes and recovers its indices in O(n^2) per row. The same order as the sort's
+ * first k (descending, ties to the earliest position), NaN counting as the largest (taken last when
+ * largest is false). Values are gathered at the indices, so the gradient goes to exactly the chosen
+ * positions. A NaN becomes +inf (-inf when largest is false) with its key moved by -n (+n) from its
+ * position, so it wins (loses) the tie with a genuine infinity and the rounds compare no NaN.
+ * Long rows are cut first into chunks of TOPK_C: the top k of a row lie in the k chunks whose best
+ * elements rank highest (any other chunk's best has k better elements above it), so one pass takes
+ * each chunk's maximum, a selection picks k chunks from those, and the final selection runs on
+ * their k * TOPK_C elements: only the first pass reads the whole row (topk 10 of 1024x1024: 30
+ * kernels over 4 MB each -> 1 over 4 MB and 40 over 0.3-0.5 MB). */
+#define TOPK_C 8
 static void topk_select(UOp *a, int ax, int64_t k, bool largest, tg_tensor *v, tg_tensor *i) {
   int64_t n = a->shape[ax];
   tg_dtype dt = (tg_dtype)a->dtype;
@@ -1086,45 +1205,74 @@ static void topk_select(UOp *a, int ax, int64_t k, bool largest, tg_tensor *v, t
    * another kernel (a vectorized exp in one, libm's in another) is stored once (g_stable) */
   tg_tensor xt = tg_transpose(t_wrap(g_stable(a)), ax, -1);
   tg_tensor w = dt == TG_BOOL ? tg_cast(xt, TG_UINT8) : xt;
-  /* torch ranks NaN above +inf: for the smallest, NaNs come after everything else. They become -inf
-   * like an inverted +inf, and lose the position tie-break below to genuine values */
-  tg_tensor nanpen = NONE;
-  if (!largest) {
-    w = inverse(w);
-    if (fl) {
-      tg_tensor isn = tg_isnan(w);
-      nanpen = tg_where(isn, tg_full_like(w, (double)n, NULL), tg_zeros_like(w, NULL));
-      w = tg_where(isn, tg_full_like(w, -INFINITY, NULL), w);
-    }
+  if (!largest) w = inverse(w);
+  /* keys as float32 for float32 rows (exact: |key| < 2n <= 2^24), so each round's reductions
+   * vectorize */
+  tg_dtype pt = dt == TG_FLOAT32 && n < ((int64_t)1 << 23) ? TG_FLOAT32 : TG_INT32;
+  tg_opts po = on_device(a, pt), io = on_device(a, TG_INT32);
+  tg_tensor pos = tg_arange(0, (double)n, 1, &po), key = pos, isn = NONE;
+  if (fl) {
+    isn = tg_isnan(xt);
+    w = tg_where(isn, tg_full_like(w, largest ? INFINITY : -INFINITY, NULL), w);
+    key = tg_add(pos, tg_where(isn, tg_full_like(pos, largest ? (double)-n : (double)n, NULL),
+                               tg_zeros_like(pos, NULL)));
   }
-  tg_tensor low = tg_full_like(w, dtype_min(tg_dtype_of(w)), NULL);
-  /* float32 rows keep every operand float32 (positions and the taken-mask as floats, exact below
-   * 2^24), so each round's two reductions vectorize */
-  tg_dtype pt = dt == TG_FLOAT32 && n < ((int64_t)1 << 24) ? TG_FLOAT32 : TG_INT32;
-  tg_opts po = on_device(a, pt);
-  tg_tensor pos = tg_arange(0, (double)n, 1, &po), none = tg_full_like(pos, (double)(2 * n), NULL);
-  /* the key a round minimizes: the position, plus n for a NaN when taking the smallest */
-  tg_tensor key = tg_valid(nanpen) ? tg_contiguous(tg_add(pos, tg_cast(nanpen, pt))) : pos;
-  tg_opts to = on_device(a, pt == TG_FLOAT32 ? TG_FLOAT32 : TG_BOOL);
-  tg_tensor taken = tg_full_like(w, 0, &to);
   const int last[1] = {-1};
-  tg_tensor *ps = tg_xmalloc(sizeof(tg_tensor) * (size_t)k);
-  for (int64_t j = 0; j < k; j++) {
-    tg_tensor tk = pt == TG_FLOAT32 ? tg_gt_s(taken, 0.5) : taken;
-    tg_tensor mw = j ? tg_where(tk, low, w) : w;
-    tg_tensor m = tg_max(mw, last, 1, true);
-    tg_tensor eq = tg_eq(mw, m);
-    if (fl) eq = tg_bitwise_or(eq, tg_bitwise_and(tg_isnan(mw), tg_isnan(m)));
-    tg_tensor hit = j ? tg_bitwise_and(eq, tg_logical_not(tk)) : eq;
-    ps[j] = tg_min(tg_where(hit, key, none), last, 1, true);
-    if (tg_valid(nanpen)) ps[j] = tg_where(tg_lt_s(ps[j], (double)n), ps[j], tg_sub_s(ps[j], (double)n));
-    ps[j] = tg_contiguous(ps[j]);
-    if (j + 1 < k)
-      taken = tg_contiguous(pt == TG_FLOAT32 ? tg_where(tg_eq(pos, ps[j]), tg_ones_like(taken, NULL), taken)
-                                             : tg_bitwise_or(taken, tg_eq(pos, ps[j])));
+  int64_t ws[MAXD];
+  int nd = shape_of(w, ws);
+  tg_tensor keys;
+  if (n % TOPK_C == 0 && 4 * k * TOPK_C <= n) {
+    int64_t nc = n / TOPK_C, cs[MAXD + 1], ks[MAXD];
+    memcpy(cs, ws, sizeof(int64_t) * (size_t)nd);
+    memcpy(ks, ws, sizeof(int64_t) * (size_t)nd);
+    cs[nd - 1] = nc, cs[nd] = TOPK_C, ks[nd - 1] = k * TOPK_C;
+    tg_tensor cidx = tg_arange(0, (double)nc, 1, &po), cm, ck, chunk;
+    if (fl && largest) { /* a chunk with a NaN ranks first (its maximum is NaN), earlier chunks first */
+      tg_tensor mx = tg_max(tg_reshape(xt, cs, nd + 1), last, 1, false), has = tg_isnan(mx);
+      cm = tg_where(has, tg_full_like(mx, INFINITY, NULL), mx);
+      ck = tg_sub(cidx, tg_where(has, tg_full_like(mx, (double)nc, &po), tg_zeros_like(mx, &po)));
+    } else if (fl) { /* a chunk ranks by its best element's key (a genuine -inf before a NaN) */
+      tg_tensor cw = tg_reshape(w, cs, nd + 1);
+      cm = tg_max(cw, last, 1, false);
+      ck = tg_min(tg_where(tg_eq(cw, tg_unsqueeze(cm, -1)), tg_reshape(key, cs, nd + 1),
+                           tg_full_like(cw, (double)(2 * n), &po)),
+                  last, 1, false);
+    } else {
+      cm = tg_contiguous(tg_max(tg_reshape(w, cs, nd + 1), last, 1, false)), ck = cidx;
+    }
+    /* stored: computed in each round's kernels, the masks would cost more than a load */
+    if (fl) cm = tg_contiguous(cm), ck = tg_contiguous(ck);
+    tg_tensor ckeys = select_keys(cm, ck, k, (double)(2 * n));
+    if (fl && largest)
+      chunk = tg_where(tg_lt_s(ckeys, 0), tg_add_s(ckeys, (double)nc), ckeys);
+    else if (fl)
+      chunk = tg_where(tg_lt_s(ckeys, (double)n), ckeys, tg_sub_s(ckeys, (double)n));
+    else
+      chunk = ckeys;
+    chunk = tg_cast(chunk, TG_INT32);
+    if (fl && !largest) chunk = tg_idiv(chunk, tg_full_like(chunk, TOPK_C, NULL));
+    /* the candidates: the k chunks' positions, values and keys */
+    tg_tensor cpos = tg_add(tg_mul_s(tg_unsqueeze(chunk, -1), TOPK_C), tg_arange(0, TOPK_C, 1, &io));
+    cpos = tg_contiguous(tg_reshape(cpos, ks, nd));
+    /* one gather of x: the candidates' values and keys are computed from it as w and key are */
+    tg_tensor cx = tg_gather(xt, -1, cpos), cw = dt == TG_BOOL ? tg_cast(cx, TG_UINT8) : cx,
+              ckey = tg_cast(cpos, pt);
+    if (!largest) cw = inverse(cw);
+    if (fl) {
+      tg_tensor cn = tg_isnan(cx);
+      cw = tg_where(cn, tg_full_like(cw, largest ? INFINITY : -INFINITY, NULL), cw);
+      ckey = tg_add(ckey, tg_where(cn, tg_full_like(ckey, largest ? (double)-n : (double)n, NULL),
+                                   tg_zeros_like(ckey, NULL)));
+    }
+    keys = select_keys(fl ? tg_contiguous(cw) : cw, fl ? tg_contiguous(ckey) : ckey, k, (double)(2 * n));
+  } else {
+    if (fl) w = tg_contiguous(w), key = tg_contiguous(tg_expand(key, ws, nd));
+    keys = select_keys(w, key, k, (double)(2 * n));
   }
-  tg_tensor idx = tg_cast(tg_cat(ps, (int)k, -1), TG_INT32);
-  free(ps);
+  if (fl)
+    keys = tg_where(tg_lt_s(keys, 0), tg_add_s(keys, (double)n),
+                    tg_where(tg_lt_s(keys, (double)n), keys, tg_sub_s(keys, (double)n)));
+  tg_tensor idx = tg_cast(keys, TG_INT32);
   *v = tg_transpose(tg_gather(xt, -1, idx), ax, -1);
   *i = tg_transpose(idx, ax, -1);
 }
