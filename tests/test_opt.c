@@ -515,6 +515,39 @@ TEST(table_gather_checks_index_once) {
   tg_scope_end();
 }
 
+/* x << 8k | x >> (32 - 8k) on uint32 vector lanes renders as a byte shuffle (tg_vrotb): threefry's
+ * rotations by 16 and 24 in rand's kernel, whose values stay those of the shifts -- the same bits as
+ * CPU:LLVM's kernel, which keeps the shifts, and as the scalar kernel (NOOPT) */
+TEST(byte_rotation_in_rand) {
+  enum { N = 1 << 16 };
+  static float got[3][N];
+  for (int pass = 0; pass < 3; pass++) {
+    tg_scope_begin();
+    tg_manual_seed(11);
+    if (pass == 2) setenv("NOOPT", "1", 1);
+    tg_tensor y = tg_rand(TG_SHAPE(N), TG_OPTS(.device = pass == 1 ? "CPU:LLVM" : "CPU"));
+    if (pass == 0) {
+      UOp *u = t_get(y, "test");
+      Schedule s;
+      int tbuf, rot = 0;
+      CHECK(schedule_build(&s, &u, 1, &tbuf) == TG_OK);
+      for (int i = 0; i < s.nitems; i++) {
+        if (s.items[i].kind != SI_KERNEL) continue;
+        KernelCode *kc = codegen_for(s.items[i].ast, &device_get("CPU")->caps, NULL);
+        if (kc) rot += count_of(kc->src, "tg_vrotb2((") + count_of(kc->src, "tg_vrotb3((");
+        kernel_code_free(kc);
+      }
+      schedule_free(&s);
+      CHECK_MSG(rot == 4, "%d byte rotations in rand's kernel", rot); /* 16 and 24, in two of the five round groups */
+    }
+    CHECK(tg_data(y, got[pass], sizeof got[pass]) == TG_OK);
+    unsetenv("NOOPT");
+    tg_scope_end();
+  }
+  CHECK(memcmp(got[0], got[1], sizeof got[0]) == 0);
+  CHECK(memcmp(got[0], got[2], sizeof got[0]) == 0);
+}
+
 /* BEAM search picks among candidates checked against the unoptimized kernel: the chosen kernels
  * must agree with NOOPT too (a private cache directory keeps earlier choices out of it) */
 TEST(beam_choices_agree) {

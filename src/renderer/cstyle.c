@@ -445,6 +445,20 @@ static bool is_vfloat(int dt) { return dt == TG_FLOAT32 || is_vhalf(dt); }
 
 static void render_vexpr_f(R *r, UOp *u, SB *e);
 
+/* u = x << 8k | x >> (32 - 8k) (either order) on 32-bit integer lanes with constant amounts: k in
+ * 1..3, else 0 */
+static int rot_bytes(const UOp *u) {
+  if (u->op != OP_OR || (u->dtype != TG_UINT32 && u->dtype != TG_INT32) || u->nsrc != 2) return 0;
+  const UOp *l = u->src[0], *h = u->src[1];
+  if (l->op == OP_SHR) l = u->src[1], h = u->src[0];
+  if (l->op != OP_SHL || h->op != OP_SHR || l->src[0] != h->src[0] || l->src[1]->op != OP_CONST || h->src[1]->op != OP_CONST ||
+      u->dtype != TG_UINT32 || l->dtype != TG_UINT32 || h->dtype != TG_UINT32)
+    return 0;
+  int64_t kl = l->src[1]->arg.i, kh = h->src[1]->arg.i;
+  if (kl <= 0 || kl >= 32 || kl % 8 != 0 || kl + kh != 32) return 0;
+  return (int)(kl / 8);
+}
+
 /* How a float16/bfloat16 vector result u is rounded: not at all where it is exact already (a
  * negation, a max, a selection, a load, a cast from the same dtype); after a cast, by the exact
  * conversion (its operand may be a signalling NaN read from memory, whose bits the scalar cast
@@ -559,6 +573,19 @@ static void render_vexpr_f(R *r, UOp *u, SB *e) {
     if (u->dtype == TG_FLOAT32) sb_printf(e, "((tg_vf)%s)", nm(r, a));
     else sb_printf(e, "((tg_v%d)%s)", (int)u->dtype, nm(r, a));
     return;
+  case OP_OR: {
+    /* x << 8k | x >> (32 - 8k) on 32-bit lanes: a byte rotation, one byte shuffle instead of two
+     * shifts and an or (threefry's rotations by 16 and 24; Zen 1 has one vector shift pipe) */
+    int kb = rot_bytes(u);
+    if (kb && L == &LANG_TABLE[LANG_C]) {
+      UOp *x = a->src[0];
+      sb_printf(e, "((tg_v%d)tg_vrotb%d((tg_v%d)", (int)u->dtype, kb, (int)TG_UINT32);
+      vopnd(r, x, false, e);
+      sb_puts(e, "))");
+      return;
+    }
+    break;
+  }
   case OP_SHL: case OP_SHR: /* the amount taken mod 32 as the scalar code does; left shifts unsigned */
     if (u->op == OP_SHL) sb_printf(e, "((tg_v%d)((tg_v%d)", (int)u->dtype, (int)TG_UINT32);
     else sb_printf(e, "((tg_v%d)(", (int)u->dtype);
@@ -1380,7 +1407,7 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
 
   /* Every helper is guarded and width-specific names are aliased with #define around the kernel,
    * so several kernels can share one translation unit (batched compilation). */
-  static const char *const vnames[] = {"tg_vf", "tg_vfu", "tg_vm", "tg_vsel", "tg_vmax", "tg_vany", "tg_hadd", "tg_hmax",
+  static const char *const vnames[] = {"tg_vf", "tg_vfu", "tg_vm", "tg_vsel", "tg_vmax", "tg_vany", "tg_vrotb1", "tg_vrotb2", "tg_vrotb3", "tg_hadd", "tg_hmax",
                                        "tg_v_exp2f", "tg_v_log2f", "tg_v_sinf", "tg_v_sqrtf", "tg_v_truncf", "tg_vd", "tg_vl",
                                        "tg_vhw", "tg_vhs", "tg_vselu", "tg_vh2f", "tg_vf2h", "tg_vb2f", "tg_vf2b", "tg_vrh",
                                        "tg_vrb", "tg_vlh", "tg_vlb", "tg_vsh", "tg_vsb", "tg_vhx", "tg_vshr", "tg_vrhx"};
@@ -1429,6 +1456,21 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
       int vn = L->ext_vec ? W : bytes;
       sb_printf(&out, "typedef %s tg_v%d __attribute__((%s(%d)));\n", ctype((tg_dtype)dt), dt, va, vn);
       sb_printf(&out, "typedef %s tg_v%du __attribute__((%s(%d), aligned(1)));\n#endif\n", ctype((tg_dtype)dt), dt, va, vn);
+    }
+    for (int kb = 1; kb <= 3 && L == &LANG_TABLE[LANG_C]; kb++) {
+      char key[16];
+      snprintf(key, sizeof key, "tg_vrotb%d(", kb);
+      if (!strstr(bs, key)) continue;
+      /* the byte shuffle of a rotation left by kb bytes (little-endian lanes), else the shifts */
+      int U = (int)TG_UINT32;
+      sb_printf(&out, "#ifndef TG_VROTB%d_%d_H\n#define TG_VROTB%d_%d_H\nstatic inline tg_v%d tg_vrotb%d(tg_v%d x){\n", kb, W, kb, W, U, kb, U);
+      sb_puts(&out, "#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__\n");
+      sb_printf(&out, "  typedef unsigned char tg_vb_ __attribute__((vector_size(%d)));\n#if defined(__clang__)\n", 4 * W);
+      sb_printf(&out, "  return (tg_v%d)__builtin_shufflevector((tg_vb_)x, (tg_vb_)x", U);
+      for (int i = 0; i < 4 * W; i++) sb_printf(&out, ", %d", (i & ~3) + ((i - kb) & 3));
+      sb_printf(&out, ");\n#else\n  return (tg_v%d)__builtin_shuffle((tg_vb_)x, (tg_vb_){", U);
+      for (int i = 0; i < 4 * W; i++) sb_printf(&out, "%s%d", i ? ", " : "", (i & ~3) + ((i - kb) & 3));
+      sb_printf(&out, "});\n#endif\n#else\n  return (x << %d) | (x >> %d);\n#endif\n}\n#endif\n", 8 * kb, 32 - 8 * kb);
     }
     if (k->rvw)
       sb_printf(&out, "#ifndef TG_HRED%d_H\n#define TG_HRED%d_H\n"
