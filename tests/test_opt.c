@@ -478,6 +478,76 @@ TEST(position_gather_vectorizes) {
   tg_scope_end();
 }
 
+/* A gather through a stored index table (a bilinear resize's first pass: per-column source
+ * positions) checks each index once: the gather's own range test bounds the position, so the load
+ * needs neither the negative wrap nor a second range check (31% off that pass of
+ * bench/ops.py's interpolate). Out-of-range indices of a plain gather still read 0. */
+TEST(table_gather_checks_index_once) {
+  tg_scope_begin();
+  tg_tensor x = tg_reshape(tg_mul_s(tg_cast(tg_arange(0, 3 * 5 * 32, 1, NULL), TG_FLOAT32), 0.01), TG_SHAPE(1, 3, 5, 32));
+  x = tg_contiguous(x);
+  CHECK(tg_realize(x) == TG_OK);
+  tg_tensor y = tg_interpolate(x, (const int64_t[]){9, 64}, 2, TG_INTERPOLATE_OPTS(.mode = TG_INTERP_BILINEAR));
+  UOp *u = t_get(y, "test");
+  Schedule s;
+  int tbuf, seen = 0;
+  CHECK(schedule_build(&s, &u, 1, &tbuf) == TG_OK);
+  for (int i = 0; i < s.nitems; i++) {
+    if (s.items[i].kind != SI_KERNEL) continue;
+    KernelCode *kc = codegen_for(s.items[i].ast, &device_get("CPU")->caps, NULL); /* C source, whatever DEV is */
+    CHECK(kc != NULL);
+    if (kc && count_of(kc->src, "? (data") == 2 && !strstr(kc->src, "tg_vf")) { /* the scalar first pass */
+      seen++;
+      CHECK_MSG(count_of(kc->src, "<0") == 2, "first pass:\n%s", kc->src);
+    }
+    kernel_code_free(kc);
+  }
+  schedule_free(&s);
+  CHECK(seen == 1);
+  /* a plain gather: indices below 0 and past the end still read 0 */
+  float xs[4] = {1, 2, 3, 4};
+  int32_t is[5] = {-1, 0, 3, 4, 2};
+  tg_tensor g = tg_gather(tg_from_data(xs, TG_SHAPE(4), NULL), 0,
+                          tg_from_data(is, TG_SHAPE(5), TG_OPTS(.dtype = TG_INT32)));
+  float got[5];
+  CHECK(tg_data(g, got, sizeof got) == TG_OK);
+  CHECK(got[0] == 0 && got[1] == 1 && got[2] == 4 && got[3] == 0 && got[4] == 3);
+  tg_scope_end();
+}
+
+/* x << 8k | x >> (32 - 8k) on uint32 vector lanes renders as a byte shuffle (tg_vrotb): threefry's
+ * rotations by 16 and 24 in rand's kernel, whose values stay those of the shifts -- the same bits as
+ * CPU:LLVM's kernel, which keeps the shifts, and as the scalar kernel (NOOPT) */
+TEST(byte_rotation_in_rand) {
+  enum { N = 1 << 16 };
+  static float got[3][N];
+  for (int pass = 0; pass < 3; pass++) {
+    tg_scope_begin();
+    tg_manual_seed(11);
+    if (pass == 2) setenv("NOOPT", "1", 1);
+    tg_tensor y = tg_rand(TG_SHAPE(N), TG_OPTS(.device = pass == 1 ? "CPU:LLVM" : "CPU"));
+    if (pass == 0) {
+      UOp *u = t_get(y, "test");
+      Schedule s;
+      int tbuf, rot = 0;
+      CHECK(schedule_build(&s, &u, 1, &tbuf) == TG_OK);
+      for (int i = 0; i < s.nitems; i++) {
+        if (s.items[i].kind != SI_KERNEL) continue;
+        KernelCode *kc = codegen_for(s.items[i].ast, &device_get("CPU")->caps, NULL);
+        if (kc) rot += count_of(kc->src, "tg_vrotb2((") + count_of(kc->src, "tg_vrotb3((");
+        kernel_code_free(kc);
+      }
+      schedule_free(&s);
+      CHECK_MSG(rot == 4, "%d byte rotations in rand's kernel", rot); /* 16 and 24, in two of the five round groups */
+    }
+    CHECK(tg_data(y, got[pass], sizeof got[pass]) == TG_OK);
+    unsetenv("NOOPT");
+    tg_scope_end();
+  }
+  CHECK(memcmp(got[0], got[1], sizeof got[0]) == 0);
+  CHECK(memcmp(got[0], got[2], sizeof got[0]) == 0);
+}
+
 /* BEAM search picks among candidates checked against the unoptimized kernel: the chosen kernels
  * must agree with NOOPT too (a private cache directory keeps earlier choices out of it) */
 TEST(beam_choices_agree) {

@@ -448,6 +448,20 @@ static bool is_vfloat(int dt) { return dt == TG_FLOAT32 || is_vhalf(dt); }
 
 static void render_vexpr_f(R *r, UOp *u, SB *e);
 
+/* u = x << 8k | x >> (32 - 8k) (either order) on 32-bit integer lanes with constant amounts: k in
+ * 1..3, else 0 */
+static int rot_bytes(const UOp *u) {
+  if (u->op != OP_OR || (u->dtype != TG_UINT32 && u->dtype != TG_INT32) || u->nsrc != 2) return 0;
+  const UOp *l = u->src[0], *h = u->src[1];
+  if (l->op == OP_SHR) l = u->src[1], h = u->src[0];
+  if (l->op != OP_SHL || h->op != OP_SHR || l->src[0] != h->src[0] || l->src[1]->op != OP_CONST || h->src[1]->op != OP_CONST ||
+      u->dtype != TG_UINT32 || l->dtype != TG_UINT32 || h->dtype != TG_UINT32)
+    return 0;
+  int64_t kl = l->src[1]->arg.i, kh = h->src[1]->arg.i;
+  if (kl <= 0 || kl >= 32 || kl % 8 != 0 || kl + kh != 32) return 0;
+  return (int)(kl / 8);
+}
+
 /* How a float16/bfloat16 vector result u is rounded: not at all where it is exact already (a
  * negation, a max, a selection, a load, a cast from the same dtype); after a cast, by the exact
  * conversion (its operand may be a signalling NaN read from memory, whose bits the scalar cast
@@ -564,6 +578,19 @@ static void render_vexpr_f(R *r, UOp *u, SB *e) {
     if (u->dtype == TG_FLOAT32) sb_printf(e, "((tg_vf)%s)", nm(r, a));
     else sb_printf(e, "((tg_v%d)%s)", (int)u->dtype, nm(r, a));
     return;
+  case OP_OR: {
+    /* x << 8k | x >> (32 - 8k) on 32-bit lanes: a byte rotation, one byte shuffle instead of two
+     * shifts and an or (threefry's rotations by 16 and 24; Zen 1 has one vector shift pipe) */
+    int kb = rot_bytes(u);
+    if (kb && L == &LANG_TABLE[LANG_C]) {
+      UOp *x = a->src[0];
+      sb_printf(e, "((tg_v%d)tg_vrotb%d((tg_v%d)", (int)u->dtype, kb, (int)TG_UINT32);
+      vopnd(r, x, false, e);
+      sb_puts(e, "))");
+      return;
+    }
+    break;
+  }
   case OP_SHL: case OP_SHR: /* the amount taken mod 32 as the scalar code does; left shifts unsigned */
     if (u->op == OP_SHL) sb_printf(e, "((tg_v%d)((tg_v%d)", (int)u->dtype, (int)TG_UINT32);
     else sb_printf(e, "((tg_v%d)(", (int)u->dtype);
@@ -953,10 +980,14 @@ static const char PRELUDE_VEC_CL[] =
  * 0.53 ulp (measured against double precision over every 112th float, and every float in
  * |x| < 3); infinities, NaN, zeros and subnormals give what libm gives.
  *  - exp2: x = n + f with n = round(x), |f| <= 1/2; 2^f by a degree-6 polynomial fitted for
- *    relative error (1.9e-9); 2^n applied as two factors 2^(n/2) so subnormal results and the
- *    overflow to inf come out right (with AVX-512, scalef does it in one instruction, same bits,
- *    and without the slow subnormal multiply). x is clamped to [-151, 129] first (NaN passes
- *    through).
+ *    relative error (1.9e-9). When every lane has n in [-125, 127] (2^f is in [2^-1/2, 2^1/2], so
+ *    the result is a normal float) 2^n is added to the exponent field as an integer: exact, the
+ *    same bits as a multiply, and no clamp, no NaN select. Otherwise (a lane that under- or
+ *    overflows, inf, NaN) x is clamped to [-151, 129] (NaN passes through) and 2^n is applied as
+ *    two factors 2^(n/2) so subnormal results and the overflow to inf come out right (with
+ *    AVX-512, scalef does it in one instruction, same bits, and without the slow subnormal
+ *    multiply). The fast path is a third fewer instructions (the exp-bound softmax sum, 25 -> 16
+ *    cycles per 8 lanes on Zen 1).
  *  - log2: subnormals are scaled by 2^23; x = 2^e m with m in [sqrt(1/2), sqrt(2)), f = m - 1
  *    (exact); log2(1 + f) = f log2(e) + f^2 Q(f), Q of degree 8 (4.7e-8), log2(e) in two parts so
  *    the leading term is one fused rounding.
@@ -966,31 +997,45 @@ static const char PRELUDE_VEC_CL[] =
  *    reduction). */
 static const char PRELUDE_V_EXP2[] =
     "static inline tg_vf tg_v_exp2f(tg_vf x){\n"
-    "  tg_vf c = tg_vsel(x > 129.0f, (tg_vf){0} + 129.0f, x);\n"
-    "  c = tg_vsel(c < -151.0f, (tg_vf){0} - 151.0f, c);\n"
-    "  tg_vf n = (c + 0x1.8p23f) - 0x1.8p23f, f = c - n;\n"
+    "  typedef unsigned tg_vu_ __attribute__((vector_size(sizeof(tg_vf))));\n"
+    "  tg_vf c = x, n = (c + 0x1.8p23f) - 0x1.8p23f;\n"
+    "  tg_vm ni = __builtin_convertvector(n, tg_vm), out = (tg_vm)((tg_vu_)(ni + 125) > 252u);\n"
+    "  int slow = tg_vany(out);\n"
+    "  if (__builtin_expect(slow, 0)) {\n"
+    "    c = tg_vsel(x > 129.0f, (tg_vf){0} + 129.0f, x);\n"
+    "    c = tg_vsel(c < -151.0f, (tg_vf){0} - 151.0f, c);\n"
+    "    n = (c + 0x1.8p23f) - 0x1.8p23f;\n"
+    "    ni = __builtin_convertvector(n, tg_vm);\n"
+    "  }\n"
+    "  tg_vf f = c - n;\n"
     "  tg_vf p = (tg_vf){0} + 0x1.41d32ep-13f;\n"
     "  p = p * f + 0x1.5f456ap-10f;\n"
     "  p = p * f + 0x1.3b2dbcp-7f;\n"
     "  p = p * f + 0x1.c6aed4p-5f;\n"
     "  p = p * f + 0x1.ebfbdap-3f;\n"
     "  p = p * f + 0x1.62e43p-1f;\n"
-    "  p = p * f + 1.0f;\n";
+    "  p = p * f + 1.0f;\n"
+    "  if (__builtin_expect(!slow, 1)) return (tg_vf)((tg_vm)p + (ni << 23));\n";
 /* p 2^n: AVX-512's scalef when the vector is one register of it (exact, subnormal results without
  * a slow multiply), else two exponent-field factors. Bit-identical results either way. */
 #define PRELUDE_V_EXP2_SCALE \
   "  tg_vf r = %s(p, n, p, (%s)-1%s);\n" \
   "#else\n"
 static const char PRELUDE_V_EXP2_TAIL[] =
-    "  tg_vm ni = __builtin_convertvector(n, tg_vm), h = ni >> 1;\n"
+    "  tg_vm h = ni >> 1;\n"
     "  tg_vf r = p * (tg_vf)((h + 127) << 23) * (tg_vf)((ni - h + 127) << 23);\n"
     "#endif\n"
     "  return tg_vsel(x != x, x, r);\n"
     "}\n";
 static const char PRELUDE_V_LOG2[] =
     "static inline tg_vf tg_v_log2f(tg_vf x){\n"
-    "  tg_vm sub = x < 0x1p-126f;\n"
-    "  tg_vm i = (tg_vm)tg_vsel(sub, x * 0x1p23f, x);\n"
+    "  typedef unsigned tg_vu_ __attribute__((vector_size(sizeof(tg_vf))));\n"
+    "  tg_vm i = (tg_vm)x, sub = (tg_vm){0};\n"
+    "  int slow = tg_vany((tg_vm)((tg_vu_)(i - 0x800000) >= 0x7f000000u));\n"
+    "  if (__builtin_expect(slow, 0)) {\n"
+    "    sub = x < 0x1p-126f;\n"
+    "    i = (tg_vm)tg_vsel(sub, x * 0x1p23f, x);\n"
+    "  }\n"
     "  tg_vm e = ((i >> 23) & 0xff) - 127 - (sub & 23);\n"
     "  tg_vm mi = (i & 0x7fffff) | 0x3f800000;\n"
     "  tg_vm big = mi > 0x3fb504f3;\n"
@@ -1008,6 +1053,7 @@ static const char PRELUDE_V_LOG2[] =
     "  q = q * f - 0x1.715476p-1f;\n"
     "  tg_vf l = f * 0x1.715476p+0f + (f * 0x1.4ae0cp-26f + f * f * q);\n"
     "  tg_vf r = __builtin_convertvector(e, tg_vf) + l;\n"
+    "  if (__builtin_expect(!slow, 1)) return r;\n"
     "  r = tg_vsel(x == 0.0f, (tg_vf){0} - __builtin_inff(), r);\n"
     "  r = tg_vsel(x == __builtin_inff(), x, r);\n"
     "  return tg_vsel((x < 0.0f) | (x != x), (tg_vf){0} + __builtin_nanf(\"\"), r);\n"
@@ -1017,20 +1063,17 @@ static const char PRELUDE_V_SIN[] =
     "typedef long long tg_vl __attribute__((vector_size(2 * sizeof(tg_vf))));\n"
     "static inline tg_vf tg_v_sinf(tg_vf x){\n"
     "  enum { L = (int)(sizeof(tg_vf) / sizeof(float)) };\n"
-    "  tg_vm far = (x > 8192.0f) | (x < -8192.0f) | (x != x);\n"
-    "  int any = 0;\n"
-    "  for (int l = 0; l < L; l++) any |= far[l];\n"
-    "  if (any) {\n"
+    "  if (tg_vany((x > 8192.0f) | (x < -8192.0f) | (x != x))) {\n"
     "    tg_vf r;\n"
     "    for (int l = 0; l < L; l++) r[l] = __builtin_sinf(x[l]);\n"
     "    return r;\n"
     "  }\n"
     "  tg_vd d = __builtin_convertvector(x, tg_vd);\n"
-    "  tg_vd k = (d * 0x1.45f306dc9c883p-1 + 0x1.8p52) - 0x1.8p52;\n"
+    "  tg_vd t = d * 0x1.45f306dc9c883p-1 + 0x1.8p52, k = t - 0x1.8p52;\n"
     "  tg_vd r = (d - k * 0x1.921fb54442d18p+0) - k * 0x1.1a62633145c07p-54, z = r * r;\n"
     "  tg_vd s = r + r * z * (-0x1.5555555555555p-3 + z * (0x1.1111111111111p-7 + z * (-0x1.a01a01a01a01ap-13 + z * 0x1.71de3a556c734p-19)));\n"
     "  tg_vd c = 1.0 + z * (-0.5 + z * (0x1.5555555555555p-5 + z * (-0x1.6c16c16c16c17p-10 + z * (0x1.a01a01a01a01ap-16 + z * -0x1.27e4fb7789f5cp-22))));\n"
-    "  tg_vl q = __builtin_convertvector(k, tg_vl), odd = -(q & 1);\n"
+    "  tg_vl q = (tg_vl)t, odd = -(q & 1);\n"
     "  tg_vl v = ((tg_vl)c & odd) | ((tg_vl)s & ~odd);\n"
     "  return __builtin_convertvector((tg_vd)(v ^ ((q & 2) << 62)), tg_vf);\n"
     "}\n";
@@ -1392,7 +1435,7 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
 
   /* Every helper is guarded and width-specific names are aliased with #define around the kernel,
    * so several kernels can share one translation unit (batched compilation). */
-  static const char *const vnames[] = {"tg_vf", "tg_vfu", "tg_vm", "tg_vsel", "tg_vmax", "tg_hadd", "tg_hmax",
+  static const char *const vnames[] = {"tg_vf", "tg_vfu", "tg_vm", "tg_vsel", "tg_vmax", "tg_vany", "tg_vrotb1", "tg_vrotb2", "tg_vrotb3", "tg_hadd", "tg_hmax",
                                        "tg_v_exp2f", "tg_v_log2f", "tg_v_sinf", "tg_v_sqrtf", "tg_v_truncf", "tg_vd", "tg_vl",
                                        "tg_vhw", "tg_vhs", "tg_vselu", "tg_vh2f", "tg_vf2h", "tg_vb2f", "tg_vf2b", "tg_vrh",
                                        "tg_vrb", "tg_vlh", "tg_vlb", "tg_vsh", "tg_vsb", "tg_vhx", "tg_vshr", "tg_vrhx",
@@ -1444,11 +1487,34 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
       sb_printf(&out, "typedef %s tg_v%d __attribute__((%s(%d)));\n", ctype((tg_dtype)dt), dt, va, vn);
       sb_printf(&out, "typedef %s tg_v%du __attribute__((%s(%d), aligned(1)));\n#endif\n", ctype((tg_dtype)dt), dt, va, vn);
     }
+    for (int kb = 1; kb <= 3 && L == &LANG_TABLE[LANG_C]; kb++) {
+      char key[16];
+      snprintf(key, sizeof key, "tg_vrotb%d(", kb);
+      if (!strstr(bs, key)) continue;
+      /* the byte shuffle of a rotation left by kb bytes (little-endian lanes), else the shifts */
+      int U = (int)TG_UINT32;
+      sb_printf(&out, "#ifndef TG_VROTB%d_%d_H\n#define TG_VROTB%d_%d_H\nstatic inline tg_v%d tg_vrotb%d(tg_v%d x){\n", kb, W, kb, W, U, kb, U);
+      sb_puts(&out, "#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__\n");
+      sb_printf(&out, "  typedef unsigned char tg_vb_ __attribute__((vector_size(%d)));\n#if defined(__clang__)\n", 4 * W);
+      sb_printf(&out, "  return (tg_v%d)__builtin_shufflevector((tg_vb_)x, (tg_vb_)x", U);
+      for (int i = 0; i < 4 * W; i++) sb_printf(&out, ", %d", (i & ~3) + ((i - kb) & 3));
+      sb_printf(&out, ");\n#else\n  return (tg_v%d)__builtin_shuffle((tg_vb_)x, (tg_vb_){", U);
+      for (int i = 0; i < 4 * W; i++) sb_printf(&out, "%s%d", i ? ", " : "", (i & ~3) + ((i - kb) & 3));
+      sb_printf(&out, "});\n#endif\n#else\n  return (x << %d) | (x >> %d);\n#endif\n}\n#endif\n", 8 * kb, 32 - 8 * kb);
+    }
     if (k->rvw)
       sb_printf(&out, "#ifndef TG_HRED%d_H\n#define TG_HRED%d_H\n"
                       "static inline float tg_hadd(tg_vf v){float s=0;for(int i=0;i<%d;i++)s+=v[i];return s;}\n"
                       "static inline float tg_hmax(tg_vf v){float m=v[0];for(int i=1;i<%d;i++)m=(v[i]>m||v[i]!=v[i])?v[i]:m;return m;}\n#endif\n",
                 W, W, W, W);
+    if (!L->ext_vec && (strstr(bs, "tg_v_exp2f(") || strstr(bs, "tg_v_log2f(") || strstr(bs, "tg_v_sinf("))) {
+      /* whether any lane of a mask is set: the transcendentals' test for their rare slow path */
+      sb_printf(&out, "#ifndef TG_VANY%d_H\n#define TG_VANY%d_H\nstatic inline int tg_vany(tg_vm m){\n", W, W);
+      if (W == 8) sb_puts(&out, "#if defined(__AVX__)\n  return __builtin_ia32_movmskps256((tg_vf)m);\n#else\n");
+      else if (W == 4) sb_puts(&out, "#if defined(__SSE__)\n  return __builtin_ia32_movmskps((tg_vf)m);\n#else\n");
+      else sb_puts(&out, "#if 0\n#else\n");
+      sb_printf(&out, "  int a = 0;\n  for (int l = 0; l < %d; l++) a |= m[l];\n  return a;\n#endif\n}\n#endif\n", W);
+    }
     static const char *const fs[] = {"exp2f", "log2f", "sinf", "sqrtf", "truncf"};
     for (size_t i = 0; i < sizeof fs / sizeof *fs; i++) {
       char key[32];

@@ -777,6 +777,62 @@ static UOp *sym_convert(UOp *u) {
  * validity: `valid` and the row being in range (new ref, NULL for always). An index computed from
  * positions that provably stays in range is used as it is, with no wrap and no mask; any other
  * (data-dependent) index wraps negatives and masks what is out of range. */
+/* Bounds that a condition puts on its operands: in a conjunction of `!(a < lo)` and `a < hi` with
+ * constant lo, hi, the value a lies in [lo, hi) wherever the condition holds. Each a bounded both
+ * ways goes into m (node -> a stand-in index with those bounds: a loop variable of its own, plus
+ * lo), so that sym_index treats a data-dependent value as known to be in range; the stand-in is
+ * only ever used to bound an expression, never emitted. Returns the number of values bounded. */
+typedef struct {
+  UOp *a;
+  int64_t lo, hi;
+  bool has_lo, has_hi;
+} CondBound;
+
+static void cond_bounds(UOp *c, CondBound *b, int *nb, int cap, int depth) {
+  if (depth > 16) return;
+  if (c->op == OP_AND) {
+    cond_bounds(c->src[0], b, nb, cap, depth + 1), cond_bounds(c->src[1], b, nb, cap, depth + 1);
+    return;
+  }
+  bool neg = c->op == OP_NEG;
+  UOp *lt = neg ? c->src[0] : c;
+  if (lt->op != OP_CMPLT || lt->src[1]->op != OP_CONST || !tg_dtype_is_int((tg_dtype)lt->src[0]->dtype)) return;
+  UOp *a = lt->src[0];
+  int64_t k = lt->src[1]->arg.i;
+  int i = 0;
+  while (i < *nb && b[i].a != a) i++;
+  if (i == *nb) {
+    if (*nb == cap) return;
+    b[(*nb)++] = (CondBound){a, 0, 0, false, false};
+  }
+  if (neg) b[i].lo = b[i].has_lo ? (k > b[i].lo ? k : b[i].lo) : k, b[i].has_lo = true;
+  else b[i].hi = b[i].has_hi ? (k < b[i].hi ? k : b[i].hi) : k, b[i].has_hi = true;
+}
+
+/* x provably in [0, rows) wherever cond holds (x's data-dependent values bounded by cond)? */
+static bool in_range_given(UOp *x, UOp *cond, int64_t rows) {
+  CondBound b[8];
+  int nb = 0;
+  cond_bounds(cond, b, &nb, 8, 0);
+  PtrMap m;
+  pm_init(&m);
+  int seeded = 0;
+  for (int i = 0; i < nb; i++) {
+    if (!b[i].has_lo || !b[i].has_hi || b[i].hi <= b[i].lo) continue;
+    UOp *r = s_range(-1000 - i, b[i].hi - b[i].lo), *v = s_addc(r, b[i].lo);
+    uop_unref(r);
+    pm_put(&m, (uint64_t)(uintptr_t)b[i].a, v); /* the map owns v */
+    seeded++;
+  }
+  UOp *s = seeded ? sym_index(&m, x, 0) : NULL;
+  bool ok = s && s->vmin >= 0 && s->vmax < rows;
+  uop_unref(s);
+  for (size_t i = 0; i < m.cap; i++)
+    if (m.keys[i] && m.vals[i] != SYM_NONE) uop_unref(m.vals[i]);
+  pm_free(&m);
+  return ok;
+}
+
 static UOp *index_row(UOp *iv, int64_t rows, UOp *valid, UOp **nv) {
   UOp *si = sym_convert(iv);
   if (si && si->vmin >= 0 && si->vmax < rows) {
@@ -784,6 +840,14 @@ static UOp *index_row(UOp *iv, int64_t rows, UOp *valid, UOp **nv) {
     return si;
   }
   uop_unref(si);
+  /* where(ok, x, rows): a gather's position, `rows` (masked) where its index is out of range. When
+   * ok bounds the data-dependent index so that x stays in range, the load is masked by ok alone,
+   * without the negative wrap and the second range check (interpolate's column tables) */
+  if (iv->op == OP_WHERE && iv->src[2]->op == OP_CONST && iv->src[2]->arg.i == rows && iv->src[0]->dtype == TG_BOOL &&
+      tg_dtype_is_int((tg_dtype)iv->src[1]->dtype) && in_range_given(iv->src[1], iv->src[0], rows)) {
+    *nv = s_and(valid, iv->src[0]);
+    return uop_alu(OP_CAST, DT_INDEX, iv->src[1], NULL, NULL);
+  }
   UOp *ci = uop_alu(OP_CAST, DT_INDEX, iv, NULL, NULL);
   UOp *z = s_const(0), *nn = s_const(rows);
   UOp *neg = uop_alu(OP_CMPLT, TG_BOOL, ci, z, NULL);
