@@ -249,6 +249,13 @@ static void *nccl_comm(Device *d) {
   return comm;
 }
 
+/* Aborts a communicator that failed; a later collective on its device makes a new one. */
+static void nccl_abort(void *comm) {
+  N.CommAbort(comm);
+  for (int i = 0; i < N.ncomm; i++)
+    if (N.comm[i] == comm) N.dev[i] = NULL;
+}
+
 /* Waits for the device's stream to finish the NCCL call just enqueued, watching NCCL's errors. */
 static tg_status nccl_wait(Device *d, void *comm, const char *what) {
   double t0 = now_seconds(), limit = (double)getenv_int("DIST_TIMEOUT", 600);
@@ -258,15 +265,11 @@ static tg_status nccl_wait(Device *d, void *comm, const char *what) {
     if (done) return TG_OK;
     int err = NCCL_SUCCESS;
     if (N.CommGetAsyncError(comm, &err) == NCCL_SUCCESS && err != NCCL_SUCCESS && err != NCCL_IN_PROGRESS) {
-      N.CommAbort(comm);
-      for (int i = 0; i < N.ncomm; i++)
-        if (N.comm[i] == comm) N.dev[i] = NULL; /* gone: a later collective makes a new one */
+      nccl_abort(comm);
       return nccl_fail(what, err);
     }
     if (now_seconds() - t0 > limit) {
-      N.CommAbort(comm);
-      for (int i = 0; i < N.ncomm; i++)
-        if (N.comm[i] == comm) N.dev[i] = NULL;
+      nccl_abort(comm);
       return tg_set_error(TG_ERR_RUNTIME, "tg_dist: %s on %s did not finish in %.0f s (DIST_TIMEOUT): a rank died or "
                           "stopped making the same collectives", what, d->name, limit);
     }

@@ -699,16 +699,17 @@ int capture_hoist(Capture *c, Buffer *const *inputs, int n) {
   }
   /* the transients hoisted items write and kept items read live in pinned buffers across replays */
   c->pin = tg_xcalloc((size_t)c->nslots + 1, sizeof(Buffer *));
+  bool *hoisted_out = tg_xcalloc((size_t)c->nslots + 1, sizeof(bool)); /* slots a hoisted item writes */
+  for (int i = 0; i < c->n; i++)
+    if (!keep[i] && c->items[i].slot && c->items[i].slot[0] >= 0) hoisted_out[c->items[i].slot[0]] = true;
   bool ok = true;
   for (int i = 0; i < c->n && ok; i++)
     for (int j = 1; keep[i] && c->items[i].slot && j < c->items[i].nbufs && ok; j++) {
       int s = c->items[i].slot[j];
-      if (s < 0 || c->pin[s]) continue;
-      bool hoisted_writer = false;
-      for (int w = 0; w < c->n && !hoisted_writer; w++) hoisted_writer = !keep[w] && c->items[w].slot && c->items[w].slot[0] == s;
-      if (hoisted_writer && !(c->pin[s] = buffer_new_like(c->slots[s].dev, c->slots[s].nbytes, c->slots[s].img_w, c->slots[s].img_h)))
-        ok = false;
+      if (s < 0 || c->pin[s] || !hoisted_out[s]) continue;
+      if (!(c->pin[s] = buffer_new_like(c->slots[s].dev, c->slots[s].nbytes, c->slots[s].img_w, c->slots[s].img_h))) ok = false;
     }
+  free(hoisted_out);
   if (!ok) { /* no memory to keep them: the constant work runs on every replay, as without this */
     tg_clear_error();
     for (int s = 0; s < c->nslots; s++) buffer_unref(c->pin[s]);
