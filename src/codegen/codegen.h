@@ -91,6 +91,9 @@ typedef struct {
                   * global loops, and each value max-combines into the output except the first of
                   * its window (sfirst true), which stores */
   UOp *sfirst;   /* (sop) the window position is the first (owned) */
+  UOp *wranges[4]; /* (sop, GPU) the window's loops, taken out of the global loops: every position
+                    * runs in the same work-item, as copies that combine in order (owned) */
+  int nwr;
   tg_dtype *pdt; /* dtype of each param buffer; param 0 is the output */
   int np;
   int64_t *pimg; /* per param: texels per row of the 2-D image holding it, 0 for a plain buffer (IMAGE) */

@@ -105,6 +105,8 @@ void optimize_kernel(LKernel *k, int *next_axis);
 static bool try_merge(LKernel *k, UOp **rs, int *n, int i) {
   int64_t na = rs[i]->iarg[0], nb = rs[i + 1]->iarg[0];
   if (na <= 0 || nb <= 0 || rs[i]->nsrc || rs[i + 1]->nsrc) return false; /* a loop of variable length stays whole */
+  /* on a GPU a window's loop never merges with an output's (take_window must find it whole) */
+  if (k->gpu && k->sop && uop_depends_on(k->sfirst, rs[i]) != uop_depends_on(k->sfirst, rs[i + 1])) return false;
   int before = kernel_divmod(k);
   UOp *R = s_range(next_axis++, na * nb);
   UOp *d = s_divc(R, nb), *m = s_modc(R, nb);
@@ -137,6 +139,21 @@ static bool try_merge(LKernel *k, UOp **rs, int *n, int i) {
   uop_unref(d);
   uop_unref(m);
   return ok;
+}
+
+/* A GPU kernel with a combining window store: the global loops the first-position test depends on
+ * (the window's; the store index does not) leave the loop nest. make_copies unrolls them whole,
+ * outermost, so the window's first position stores before the others max into it, all in one
+ * work-item: no two work-items ever meet at one output. */
+static void take_window(LKernel *k) {
+  int m = 0;
+  for (int i = 0; i < k->ng; i++) {
+    UOp *r = k->granges[i];
+    if (k->nwr < 4 && uop_depends_on(k->sfirst, r) && !uop_depends_on(k->sidx, r)) k->wranges[k->nwr++] = r;
+    else k->granges[m++] = r;
+  }
+  k->ng = m;
+  for (int i = 0; i < k->ng; i++) TG_ASSERT(!uop_depends_on(k->sfirst, k->granges[i]));
 }
 
 static void merge_all(LKernel *k, UOp **rs, int *n) {
@@ -199,9 +216,8 @@ LKernel *lower_kernel_for(UOp *ast, const DeviceCaps *caps, const OptList *opts)
     outer = reds[0] == store->src[2] ? reds[0] : reds[1];
     red = outer == reds[0] ? reds[1] : reds[0];
     TG_ASSERT(outer == store->src[2] && outer->arg.i == OP_MAX);
-    /* the scheduler fuses windows only for devices that run global loops in order (schedule.c,
-     * fuse_windows): a GPU's work-items would race on the combining store */
-    TG_ASSERT(!k->gpu);
+    /* (a GPU's work-items run at once: there the window's loops leave the global loops before the
+     * optimizations, take_window, so one work-item combines a whole window in order) */
     k->sop = (int)outer->arg.i;
     for (uint32_t j = 1; j < outer->nsrc; j++) {
       UOp *z = s_ltc(outer->src[j], 1), *a = s_and(k->sfirst, z);
@@ -253,6 +269,7 @@ LKernel *lower_kernel_for(UOp *ast, const DeviceCaps *caps, const OptList *opts)
     merge_all(k, k->granges, &k->ng);
     merge_all(k, k->rranges, &k->nr);
   }
+  if (k->gpu && k->sop) take_window(k);
   optimize_kernel(k, &next_axis);
   k->caps = NULL;
   k->force = NULL;
@@ -278,6 +295,7 @@ void lkernel_free(LKernel *k) {
   uop_unref(k->value);
   uop_unref(k->sidx);
   uop_unref(k->sfirst);
+  for (int i = 0; i < k->nwr; i++) uop_unref(k->wranges[i]);
   for (int c = 0; c < k->ncopy; c++) {
     uop_unref(k->values[c]), uop_unref(k->sidxs[c]), uop_unref(k->rbodies[c]), uop_unref(k->rplaces[c]);
     if (k->sfirsts) uop_unref(k->sfirsts[c]);

@@ -369,8 +369,12 @@ typedef struct {
 } Upcast;
 
 static void make_copies(LKernel *k, const Upcast *ups, int nup, int *next_axis) {
-  int total = 1;
+  int total = 1, tile;
   for (int i = 0; i < nup; i++) total *= ups[i].factor;
+  tile = total;
+  /* a GPU kernel's window positions (take_window): copies too, the slowest-varying, so every copy
+   * of the window's first position stores before any other position combines */
+  for (int w = 0; w < k->nwr; w++) total *= (int)k->wranges[w]->iarg[0];
   k->ncopy = total;
   k->values = tg_xcalloc((size_t)total, sizeof(UOp *));
   k->sidxs = tg_xcalloc((size_t)total, sizeof(UOp *));
@@ -386,8 +390,8 @@ static void make_copies(LKernel *k, const Upcast *ups, int nup, int *next_axis) 
     newr[i] = s_range((*next_axis)++, (n + f - 1) / f);
   }
   for (int c = 0; c < total; c++) {
-    USubst s[9];
-    int ns = 0, rem = c;
+    USubst s[13];
+    int ns = 0, rem = c % tile, wrem = c / tile;
     for (int i = 0; i < nup; i++) {
       int pos = rem % ups[i].factor;
       rem /= ups[i].factor;
@@ -395,6 +399,12 @@ static void make_copies(LKernel *k, const Upcast *ups, int nup, int *next_axis) 
       s[ns].from = k->granges[ups[i].axis];
       s[ns++].to = s_minc(e, k->granges[ups[i].axis]->iarg[0] - 1);
       uop_unref(m), uop_unref(e);
+    }
+    for (int w = k->nwr - 1; w >= 0; w--) { /* (the innermost window loop fastest) */
+      int64_t n = k->wranges[w]->iarg[0];
+      s[ns].from = k->wranges[w];
+      s[ns++].to = s_const(wrem % n);
+      wrem /= (int)n;
     }
     UOp *ph = NULL;
     if (k->rbody) {
@@ -411,7 +421,7 @@ static void make_copies(LKernel *k, const Upcast *ups, int nup, int *next_axis) 
       k->rbodies[c] = uop_substitute(k->rbody, s, ns);
       k->rplaces[c] = ph;
     }
-    for (int i = 0; i < nup; i++) uop_unref(s[i].to);
+    for (int i = 0; i < nup + k->nwr; i++) uop_unref(s[i].to);
   }
   for (int i = 0; i < nup; i++) {
     uop_unref(k->granges[ups[i].axis]);
@@ -525,7 +535,9 @@ static void heuristic(LKernel *k, int *next_axis) {
     int best = -1;
     bool best_free = false;
     bool best_masked = false;
-    for (int g = 0; g < k->ng; g++) {
+    /* (a GPU kernel's window positions are its tile already: their copies share every load the
+     * window does not move, a convolution's weights) */
+    for (int g = 0; g < k->ng && !k->nwr; g++) {
       if (g == vg || sym_range(k->granges[g])) continue;
       int64_t n = k->granges[g]->iarg[0];
       bool free_axis = lanes && !loads_depend(k->rbody, lanes, k->granges[g], ANY_LOAD);
@@ -540,7 +552,7 @@ static void heuristic(LKernel *k, int *next_axis) {
         best = g, best_free = free_axis, best_masked = masked;
     }
     /* nothing divides by 4: PADTO the longest axis that pads by at most a quarter */
-    bool padded = best < 0;
+    bool padded = best < 0 && !k->nwr;
     for (int g = 0; padded && g < k->ng; g++)
       if (g != vg && k->granges[g]->iarg[0] > 8 && pad_ok(k, g, 4) &&
           (best < 0 || k->granges[g]->iarg[0] > k->granges[best]->iarg[0]))
@@ -871,7 +883,7 @@ void gpu_heuristic(LKernel *k, const DeviceCaps *caps, int *next_axis) {
   if (vg >= 0 && k->rbody) {
     int best = -1;
     bool best_free = false;
-    for (int g = 0; g < k->ng; g++) {
+    for (int g = 0; g < k->ng && !k->nwr; g++) { /* (window positions: the tile already) */
       int64_t n = k->granges[g]->iarg[0];
       if (g == vg || n % 4) continue;
       bool free_axis = !loads_depend(k->rbody, k->vw, k->granges[g], ANY_LOAD);

@@ -1521,8 +1521,8 @@ static void flush_assigns_for(SCtx *c, UOp *root) {
  * buffer is never allocated: beautiful_mnist's evaluation stores its second convolution pooled
  * (122 MiB) instead of whole (488 MiB). Only when each element of the buffer is read once (disjoint
  * windows, no recomputation), and never for an input a maximum's gradient will compare with the
- * maximum again (UOPF_MAX_GRAD): that comparison must see the bits the maximum saw. Not on GPU
- * devices (work-items of one output's window would race on its combining store). */
+ * maximum again (UOPF_MAX_GRAD): that comparison must see the bits the maximum saw. On GPU devices
+ * one work-item computes a whole window (see fuse_windows). */
 #define WINDOW_MAX 16
 
 /* The loads of param p in u (appended to v); false if one has a validity mask. */
@@ -1687,10 +1687,13 @@ static void fuse_windows(Schedule *s) {
   bool any = false;
   for (int i = 0; i < s->nitems; i++) {
     SItem *k2 = &s->items[i];
-    /* only where a kernel's global loops run in order: the window's positions combine into one
-     * output one after another (the first stores, the others max into it), which work-items of a
-     * GPU, run in any order and at once, would race on (wrong maxima, or never-stored outputs) */
-    if (k2->kind != SI_KERNEL || !k2->ast || k2->dev->caps.gpu) continue;
+    /* the window's positions combine into one output one after another (the first stores, the
+     * others max into it): on a GPU, whose work-items run in any order and at once, the lowering
+     * gives one work-item the whole window (lower.c, take_window). Not into a 2-D image, whose
+     * texels are written whole */
+    if (k2->kind != SI_KERNEL || !k2->ast) continue;
+    const SBuf *o = &s->bufs[k2->bufs[0]];
+    if ((o->buf ? o->buf->img_w : o->img_w) > 0) continue;
     for (int q = 1; q < k2->nbufs; q++) {
       int B = k2->bufs[q];
       SBuf *b = &s->bufs[B];
