@@ -210,6 +210,21 @@ TEST(tc_emulated_on_cl_matches_noopt) {
   /* fractions: float16 inputs, exact products, float32 sums */
   on_cl(&cases[2], "TC:0:0", false, 1e-5);
   on_cl(&cases[3], "TC:0:0,UPCAST:0:2", false, 1e-5);
+  /* padded (TC:i:2): rows, columns and depth the tiles do not divide -- each alone, all three, with
+   * more tiles per warp, a batch, B transposed, an epilogue, fractions, and one tile larger than the
+   * whole matrix */
+  const Case padc[] = {
+      {0, 20, 32, 48, TG_FLOAT16, false, false}, {0, 64, 20, 48, TG_FLOAT16, false, false},
+      {0, 64, 32, 40, TG_FLOAT16, false, false}, {0, 37, 13, 29, TG_FLOAT16, false, false},
+      {3, 21, 11, 19, TG_BFLOAT16, false, false}, {0, 37, 13, 29, TG_FLOAT16, true, true},
+      {0, 5, 3, 7, TG_FLOAT16, false, false},
+  };
+  for (size_t i = 0; i < sizeof padc / sizeof padc[0]; i++) on_cl(&padc[i], "TC:0:2", true, 0);
+  on_cl(&padc[3], "TC:0:2,UPCAST:0:2", true, 0);
+  Case pad2 = {0, 40, 24, 29, TG_FLOAT16, false, false};
+  on_cl(&pad2, "TC:0:2,UPCAST:0:2,UPCAST:1:2", true, 0);
+  on_cl(&padc[3], "TC:1:2", true, 0);
+  on_cl(&padc[3], "TC:0:2", false, 1e-5);
   /* float32 as tf32, only with ALLOW_TF32 (the emulation keeps every bit: integers) */
   tg_context_begin();
   tg_context_set("ALLOW_TF32", "1");
@@ -300,7 +315,11 @@ TEST(tc_cuda_null_heuristics_nvrtc_ptxas) {
         {TG_BFLOAT16, false, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", 64, 32, 48, 2, true},
         {TG_FLOAT32, true, "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", 64, 32, 48, 0, true},
         {TG_FLOAT32, false, NULL, 64, 32, 48, 0, false},  /* exact float32 by default */
-        {TG_FLOAT16, false, NULL, 20, 32, 48, 0, false},  /* 20 rows: not a multiple of 16 */
+        /* 20 rows, not a multiple of 16: the instruction's columns (8) take them, 20 -> 24 padded */
+        {TG_FLOAT16, false, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", 20, 32, 48, 0, true},
+        /* 1001 columns (a vocabulary projection), padded to 1008 */
+        {TG_FLOAT16, false, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", 64, 1001, 48, 0, true},
+        {TG_FLOAT16, false, NULL, 5, 3, 7, 0, false},     /* padding would be most of the work */
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
       BEGIN;

@@ -130,6 +130,7 @@ typedef struct {
   int tc_gm, tc_gn, tc_kr; /* its axes: rows of A and of the output, columns of B and of the output, the sum */
   int tc_um, tc_un;        /* tiles per warp along rows and columns (UPCASTs after TC) */
   int tc_lane;             /* the lane axis: a global loop of 32, one warp per work-group */
+  bool tc_pad;             /* TC(i, 2): axes the tiles do not divide are padded */
   UOp *tc_opa, *tc_opb;    /* (until the copies) the product's operands that feed A and B (owned) */
   UOp **tc_frag;           /* A's na elements per tile row, then B's nb per tile column (owned); copy
                             * (im * tc_un + in) * nc + e is accumulator element e of tile (im, in) */
@@ -153,12 +154,14 @@ void gpu_global_dims(const LKernel *k, GDim *dims, int64_t global_size[3]);
 void apply_opts(LKernel *k, const OptList *l, const DeviceCaps *caps, int *next_axis);
 void gpu_heuristic(LKernel *k, const DeviceCaps *caps, int *next_axis);
 /* TC (tc.c). tc_match: how many ways the lowered, not yet optimized kernel k runs on a tensor core
- * of the device (0: none -- not matmul-like, a shape the tiles do not divide, a dtype without one,
- * float32 without ALLOW_TF32, a device without them). tc_apply: TC(i, arg) (false: does not fit).
- * tc_upcast: UPCAST(g, f) after it. tc_make_copies: the fragments and the copies, where
- * make_copies would make them. */
+ * of the device as it is (0: none -- not matmul-like, a shape the tiles do not divide, a dtype
+ * without one, float32 without ALLOW_TF32, a device without them). tc_apply: TC(i, arg), arg 0 (the
+ * tiles divide the axes) or 2 (axes padded); false: does not fit. tc_apply_heuristic: the
+ * heuristics' choice, padding only where it is cheap. tc_upcast: UPCAST(g, f) after it.
+ * tc_make_copies: the fragments and the copies, where make_copies would make them. */
 int tc_match(const LKernel *k, const DeviceCaps *caps);
 bool tc_apply(LKernel *k, int i, int arg, const DeviceCaps *caps, int *next_axis);
+bool tc_apply_heuristic(LKernel *k, const DeviceCaps *caps, int *next_axis, int *i, int *arg);
 bool tc_upcast(LKernel *k, int g, int f);
 void tc_make_copies(LKernel *k, int *next_axis);
 

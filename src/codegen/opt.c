@@ -859,8 +859,9 @@ void gpu_heuristic(LKernel *k, const DeviceCaps *caps, int *next_axis) {
   OptList l = {.n = 0};
   /* a matmul-like kernel on a CUDA device with tensor cores (sm_80 and up, the arch known) runs on
    * them; a large one takes 2 x 2 tiles per warp, so each fragment loaded feeds two instructions */
-  if (caps->lang == LANG_CUDA && caps->sm >= 80 && tc_apply(k, 0, 0, caps, next_axis)) {
-    push_opt(&l, OPT_TC, 0, 0);
+  int tci, tcarg;
+  if (caps->lang == LANG_CUDA && caps->sm >= 80 && tc_apply_heuristic(k, caps, next_axis, &tci, &tcarg)) {
+    push_opt(&l, OPT_TC, tci, tcarg);
     int64_t M = k->granges[k->tc_gm]->iarg[0], N = k->granges[k->tc_gn]->iarg[0];
     if (M >= 256 && M % (2 * k->tc->m) == 0) push_opt(&l, OPT_UPCAST, k->tc_gm, 2);
     if (N >= 256 && N % (2 * k->tc->n) == 0) push_opt(&l, OPT_UPCAST, k->tc_gn, 2);

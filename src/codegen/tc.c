@@ -12,8 +12,12 @@
  * stored values and indices are substituted the same way).
  *
  * Narrower than tinygrad's TC: the kernel must be recognised as a whole (one product of two loads,
- * nothing else accumulated), TC comes first in its list, only UPCASTs of its row and column axes
- * may follow, and a shape the tiles do not divide is refused rather than padded.
+ * nothing else accumulated), TC comes first in its list, and only UPCASTs of its row and column axes
+ * may follow. The arg is tinygrad's tc_opt: 0 takes only shapes the tiles divide; 2 pads the others
+ * (a 50257-column vocabulary projection, a 784-deep first layer): the row and column tiles past the
+ * end recompute and store again the last row or column (clamped indices, as PADTO does), and the
+ * depth past the end reads zeros. The heuristics pad only where that adds at most a quarter of an
+ * axis (tc_apply_heuristic).
  *
  * The layouts are the PTX ISA's; CUDA C renders the instruction as inline PTX (cstyle.c), OpenCL C
  * as an emulation through local memory with the same layout (which checks the index math here,
@@ -68,10 +72,14 @@ typedef struct {
   UOp *a, *b; /* borrowed */
 } TcWay;
 
+/* An axis of n elements in tiles of t: t divides n, or (pad) it is padded to the next multiple. */
+static bool tiles_fit(int64_t n, int64_t t, bool pad) { return n > 0 && (n % t == 0 || pad); }
+static int64_t padded(int64_t n, int64_t t) { return (n + t - 1) / t * t; }
+
 /* The i-th way k runs on a tensor core (ways are counted innermost column axis first, then row
  * axis, then reduce axis, then which operand is A); returns how many there are when i < 0 or i is
  * past them. */
-static int tc_ways(const LKernel *k, const DeviceCaps *caps, int i, TcWay *out) {
+static int tc_ways(const LKernel *k, const DeviceCaps *caps, int i, TcWay *out, bool pad) {
   if (!caps || !k->gpu || (caps->lang != LANG_CUDA && caps->lang != LANG_OPENCL) || (caps->lang == LANG_CUDA && caps->sm && caps->sm < 80))
     return 0;
   if (!k->rbody || k->sop || k->rop != OP_ADD || k->racc != TG_FLOAT32 || k->ncopy || k->vw || k->rvw || k->group ||
@@ -89,11 +97,11 @@ static int tc_ways(const LKernel *k, const DeviceCaps *caps, int i, TcWay *out) 
   int n = 0;
   for (int kr = k->nr - 1; kr >= 0; kr--) {
     UOp *rk = k->rranges[kr];
-    if (rk->nsrc || rk->iarg[0] % tc->k || !uop_depends_on(la, rk) || !uop_depends_on(lb, rk)) continue;
+    if (rk->nsrc || !tiles_fit(rk->iarg[0], tc->k, pad) || !uop_depends_on(la, rk) || !uop_depends_on(lb, rk)) continue;
     for (int gn = k->ng - 1; gn >= 0; gn--)
       for (int gm = k->ng - 1; gm >= 0; gm--) {
         UOp *rm = k->granges[gm], *rn = k->granges[gn];
-        if (gm == gn || rm->nsrc || rn->nsrc || rm->iarg[0] % tc->m || rn->iarg[0] % tc->n) continue;
+        if (gm == gn || rm->nsrc || rn->nsrc || !tiles_fit(rm->iarg[0], tc->m, pad) || !tiles_fit(rn->iarg[0], tc->n, pad)) continue;
         for (int sw = 0; sw < 2; sw++) {
           UOp *a = mul->src[sw], *b = mul->src[1 - sw];
           if (!uop_depends_on(a, rm) || uop_depends_on(a, rn) || !uop_depends_on(b, rn) || uop_depends_on(b, rm)) continue;
@@ -105,11 +113,38 @@ static int tc_ways(const LKernel *k, const DeviceCaps *caps, int i, TcWay *out) 
   return n;
 }
 
-int tc_match(const LKernel *k, const DeviceCaps *caps) { return tc_ways(k, caps, -1, NULL); }
+int tc_match(const LKernel *k, const DeviceCaps *caps) { return tc_ways(k, caps, -1, NULL, false); }
+
+static void tc_take(LKernel *k, const TcWay *w, bool pad, int *next_axis);
 
 bool tc_apply(LKernel *k, int i, int arg, const DeviceCaps *caps, int *next_axis) {
   TcWay w;
-  if (i < 0 || arg != 0 || i >= tc_ways(k, caps, i, &w)) return false;
+  if (i < 0 || (arg != 0 && arg != 2) || i >= tc_ways(k, caps, i, &w, arg == 2)) return false;
+  tc_take(k, &w, arg == 2, next_axis);
+  return true;
+}
+
+/* The heuristics' TC: the first way the tiles divide (TC(i, 0)), else the first way padding adds at
+ * most a quarter to each of its axes (TC(i, 2)); the Opt's index and arg in *i and *arg. */
+bool tc_apply_heuristic(LKernel *k, const DeviceCaps *caps, int *next_axis, int *i, int *arg) {
+  TcWay w;
+  for (int pad = 0; pad < 2; pad++) {
+    int n = tc_ways(k, caps, -1, NULL, pad);
+    for (int j = 0; j < n; j++) {
+      tc_ways(k, caps, j, &w, pad);
+      int64_t M = k->granges[w.gm]->iarg[0], N = k->granges[w.gn]->iarg[0], K = k->rranges[w.kr]->iarg[0];
+      if (pad && (padded(M, w.tc->m) * 3 > M * 4 || padded(N, w.tc->n) * 3 > N * 4 || padded(K, w.tc->k) * 3 > K * 4)) continue;
+      tc_take(k, &w, pad, next_axis);
+      *i = j, *arg = pad ? 2 : 0;
+      return true;
+    }
+  }
+  return false;
+}
+
+static void tc_take(LKernel *k, const TcWay *wp, bool pad, int *next_axis) {
+  TcWay w = *wp;
+  k->tc_pad = pad;
   k->tc = w.tc;
   k->tc_gm = w.gm, k->tc_gn = w.gn, k->tc_kr = w.kr;
   k->tc_um = k->tc_un = 1;
@@ -120,14 +155,15 @@ bool tc_apply(LKernel *k, int i, int arg, const DeviceCaps *caps, int *next_axis
   k->granges[k->ng++] = s_range((*next_axis)++, 32);
   k->nlocal = 1;
   k->local_axis[0] = k->tc_lane, k->local_arg[0] = 32;
-  return true;
 }
 
 bool tc_upcast(LKernel *k, int g, int f) {
   if (f < 2 || (g != k->tc_gm && g != k->tc_gn)) return false;
   int *u = g == k->tc_gm ? &k->tc_um : &k->tc_un;
   int64_t tile = g == k->tc_gm ? k->tc->m : k->tc->n;
-  if (k->granges[g]->iarg[0] % (tile * *u * f)) return false;
+  /* (padded: the axis pads to whole groups of f tiles; at least one of them is all real rows) */
+  int64_t n = k->granges[g]->iarg[0];
+  if (k->tc_pad ? n < tile * *u * f : n % (tile * *u * f) != 0) return false;
   *u *= f;
   return true;
 }
@@ -146,13 +182,36 @@ static UOp *lane_pos(UOp *g, UOp *t, int cg, int ct, int c0, int64_t off) {
   return r;
 }
 
+/* A padded row or column past the axis's end: the last one again (pos is consumed; new ref). */
+static UOp *clamped(UOp *pos, int64_t n) {
+  UOp *r = s_minc(pos, n - 1);
+  uop_unref(pos);
+  return r;
+}
+
+/* An operand at a row or column (s[0]) and a depth (s[1], consumed here): past the depth's end K a
+ * zero, so a padded step adds nothing (new ref). */
+static UOp *depth_operand(UOp *op, USubst s[2], int64_t K) {
+  UOp *kp = s[1].to;
+  s[1].to = clamped(uop_ref(kp), K);
+  UOp *v = uop_substitute(op, s, 2);
+  if (kp->op != OP_CONST && s[1].to != kp) {
+    UOp *in = s_ltc(kp, K), *z = uop_const_f((tg_dtype)v->dtype, 0), *w = uop_alu(OP_WHERE, (tg_dtype)v->dtype, in, v, z);
+    uop_unref(in), uop_unref(z), uop_unref(v);
+    v = w;
+  }
+  uop_unref(kp);
+  return v;
+}
+
 void tc_make_copies(LKernel *k, int *next_axis) {
   const TensorCore *tc = k->tc;
   UOp *om = k->granges[k->tc_gm], *on = k->granges[k->tc_gn], *ok = k->rranges[k->tc_kr], *lane = k->granges[k->tc_lane];
   int um = k->tc_um, un = k->tc_un;
-  UOp *rm = s_range((*next_axis)++, om->iarg[0] / (tc->m * um));
-  UOp *rn = s_range((*next_axis)++, on->iarg[0] / (tc->n * un));
-  UOp *rk = s_range((*next_axis)++, ok->iarg[0] / tc->k);
+  int64_t M = om->iarg[0], N = on->iarg[0], K = ok->iarg[0];
+  UOp *rm = s_range((*next_axis)++, padded(M, tc->m * um) / (tc->m * um));
+  UOp *rn = s_range((*next_axis)++, padded(N, tc->n * un) / (tc->n * un));
+  UOp *rk = s_range((*next_axis)++, padded(K, tc->k) / tc->k);
   UOp *g = s_divc(lane, 4), *t = s_modc(lane, 4);
   k->nfrag = um * tc->na + un * tc->nb;
   k->tc_frag = tg_xcalloc((size_t)k->nfrag, sizeof(UOp *));
@@ -161,16 +220,16 @@ void tc_make_copies(LKernel *k, int *next_axis) {
     for (int e = 0; e < tc->na; e++, f++) {
       const TcPos *p = &tc->a[e];
       UOp *row = lane_pos(g, t, p->rg, p->rt, p->r0, (int64_t)im * tc->m), *col = lane_pos(g, t, p->cg, p->ct, p->c0, 0);
-      USubst s[2] = {{om, at(rm, (int64_t)tc->m * um, row)}, {ok, at(rk, tc->k, col)}};
-      k->tc_frag[f] = uop_substitute(k->tc_opa, s, 2);
+      USubst s[2] = {{om, clamped(at(rm, (int64_t)tc->m * um, row), M)}, {ok, at(rk, tc->k, col)}};
+      k->tc_frag[f] = depth_operand(k->tc_opa, s, K);
       uop_unref(row), uop_unref(col), uop_unref(s[0].to), uop_unref(s[1].to);
     }
   for (int in = 0; in < un; in++)
     for (int e = 0; e < tc->nb; e++, f++) {
       const TcPos *p = &tc->b[e];
       UOp *row = lane_pos(g, t, p->rg, p->rt, p->r0, 0), *col = lane_pos(g, t, p->cg, p->ct, p->c0, (int64_t)in * tc->n);
-      USubst s[2] = {{ok, at(rk, tc->k, row)}, {on, at(rn, (int64_t)tc->n * un, col)}};
-      k->tc_frag[f] = uop_substitute(k->tc_opb, s, 2);
+      USubst s[2] = {{on, clamped(at(rn, (int64_t)tc->n * un, col), N)}, {ok, at(rk, tc->k, row)}};
+      k->tc_frag[f] = depth_operand(k->tc_opb, s, K);
       uop_unref(row), uop_unref(col), uop_unref(s[0].to), uop_unref(s[1].to);
     }
   int total = um * un * tc->nc;
@@ -186,7 +245,7 @@ void tc_make_copies(LKernel *k, int *next_axis) {
     UArg a;
     a.i = -(c + 1);
     UOp *ph = uop_new(OP_NOOP, (tg_dtype)k->racc, NULL, 0, NULL, 0, a);
-    USubst s[3] = {{om, at(rm, (int64_t)tc->m * um, row)}, {on, at(rn, (int64_t)tc->n * un, col)}, {k->rplace, ph}};
+    USubst s[3] = {{om, clamped(at(rm, (int64_t)tc->m * um, row), M)}, {on, clamped(at(rn, (int64_t)tc->n * un, col), N)}, {k->rplace, ph}};
     k->values[c] = uop_substitute(k->value, s, 3);
     k->sidxs[c] = uop_substitute(k->sidx, s, 3);
     k->rplaces[c] = ph;

@@ -297,11 +297,11 @@ static void cpu_actions(const OptList *base, int round, const int64_t *gs, int n
 
 /* GPU: every list that extends base by one action: GROUP/GROUPTOP of a reduce axis, LOCAL or UPCAST
  * of a global axis, UNROLL of a reduce axis, and on a CUDA device (tc) an empty list by TC in each
- * of the ways a matmul-like kernel may match (codegen drops those that do not fit; after a TC only
- * UPCASTs of its axes do). */
+ * of the ways a matmul-like kernel may match, unpadded and padded (codegen drops those that do not
+ * fit; after a TC only UPCASTs of its axes do). */
 static void gpu_actions(const OptList *base, const int64_t *gs, int ng, const int64_t *rs, int nr, bool tc, Cand **cs, int *n, int *cap) {
   add_cand(cs, n, cap, base);
-  for (int i = 0; tc && base->n == 0 && i < 4; i++) EXT({OPT_TC, i, 0});
+  for (int i = 0; tc && base->n == 0 && i < 4; i++) EXT({OPT_TC, i, 0}), EXT({OPT_TC, i, 2});
   for (int r = 0; r < nr; r++)
     for (int g = 16; g <= 256; g *= 2)
       if (rs[r] >= 2 * g) EXT({OPT_GROUP, r, g}), EXT({OPT_GROUPTOP, r, g});
