@@ -154,20 +154,21 @@ static double *values(tg_tensor t, int64_t *n) {
   return v;
 }
 
-/* The case under GPU_OPTS=opts on CL (its matmul kernel only: the inputs are realized before),
- * against NOOPT on CL and the float64 product on the CPU. With integer inputs every result must
- * be exact. */
-static void on_cl(const Case *c, const char *opts, bool ints, double tol) {
+/* The case under GPU_OPTS=opts on dev (its matmul kernel only: the inputs are realized before; opts
+ * NULL: the device's heuristics), against NOOPT on dev and the float64 product on the CPU. With
+ * integer inputs every result must be exact. */
+static void on_dev(const char *dev, const Case *c, const char *opts, bool ints, double tol) {
   BEGIN;
-  char what[160];
-  snprintf(what, sizeof what, "%s %s[%lld]%lldx%lldx%lld%s%s (%s)", opts, tg_dtype_name(c->dt), (long long)c->b,
+  char what[200];
+  snprintf(what, sizeof what, "%s %s %s[%lld]%lldx%lldx%lld%s%s (%s)", dev, opts ? opts : "heuristics", tg_dtype_name(c->dt), (long long)c->b,
            (long long)c->m, (long long)c->n, (long long)c->k, c->bt ? " B^T" : "", c->epilogue ? " +epilogue" : "",
            ints ? "integers" : "fractions");
   double *v[3];
   int64_t n[3];
   for (int run = 0; run < 3; run++) {
-    tg_tensor x = build_f64(c, run == 2 ? "CPU" : "CL", ints, run == 2);
-    tg_status st = run == 0 ? realize_with(x, "GPU_OPTS", opts, NULL, NULL) : run == 1 ? realize_with(x, "NOOPT", "1", NULL, NULL) : tg_realize(x);
+    tg_tensor x = build_f64(c, run == 2 ? "CPU" : dev, ints, run == 2);
+    tg_status st = run == 0 ? (opts ? realize_with(x, "GPU_OPTS", opts, NULL, NULL) : tg_realize(x))
+                   : run == 1 ? realize_with(x, "NOOPT", "1", NULL, NULL) : tg_realize(x);
     CHECK_MSG(st == TG_OK, "%s: %s", what, tg_last_error());
     tg_clear_error();
     v[run] = values(x, &n[run]);
@@ -184,6 +185,7 @@ static void on_cl(const Case *c, const char *opts, bool ints, double tol) {
   for (int i = 0; i < 3; i++) free(v[i]);
   END;
 }
+static void on_cl(const Case *c, const char *opts, bool ints, double tol) { on_dev("CL", c, opts, ints, tol); }
 
 TEST(tc_emulated_on_cl_matches_noopt) {
   tg_clear_error();
@@ -395,6 +397,55 @@ TEST(tc_cuda_null_heuristics_nvrtc_ptxas) {
     kernel_code_free(a), kernel_code_free(b);
     END;
   }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* on a real NVIDIA GPU (tests/gpu/run.sh; here the device does not open and this says so)         */
+
+/* The hardware's own layout: every case of the emulation above on CUDA, through mma.sync, exact
+ * against NOOPT and float64 for small integers (a table that is a consistent permutation of the
+ * right one fails here, where the emulation cannot see it), within 1e-5 for fractions; float16,
+ * bfloat16, tf32 under ALLOW_TF32, padded shapes, and the heuristics' own choice. */
+TEST(tc_on_cuda_gpu) {
+  tg_clear_error();
+  Device *d = device_get("CUDA");
+  if (!d) {
+    printf("test_tc: no CUDA GPU (%s); the tensor cores' hardware layout is not checked\n", tg_last_error());
+    tg_clear_error();
+    return;
+  }
+  if (d->caps.sm && d->caps.sm < 80) {
+    printf("test_tc: CUDA sm_%d has no mma.sync m16n8k16; not checked\n", d->caps.sm);
+    return;
+  }
+  const Case cs[] = {
+      {0, 16, 16, 16, TG_FLOAT16, false, false},  {0, 64, 32, 48, TG_FLOAT16, false, false},
+      {0, 128, 128, 64, TG_FLOAT16, false, false}, {0, 64, 32, 48, TG_BFLOAT16, false, false},
+      {3, 32, 16, 32, TG_FLOAT16, false, false},  {0, 32, 24, 32, TG_FLOAT16, true, false},
+      {0, 48, 16, 16, TG_BFLOAT16, false, true},  {0, 512, 256, 128, TG_FLOAT16, false, false},
+  };
+  for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+    on_dev("CUDA", &cs[i], "TC:0:0", true, 0);
+    on_dev("CUDA", &cs[i], NULL, true, 0);
+  }
+  on_dev("CUDA", &cs[2], "TC:0:0,UPCAST:0:2,UPCAST:1:4", true, 0);
+  on_dev("CUDA", &cs[1], "TC:1:0", true, 0);
+  on_dev("CUDA", &cs[2], "TC:0:0", false, 1e-5);
+  on_dev("CUDA", &cs[3], "TC:0:0,UPCAST:0:2", false, 1e-5);
+  const Case pad[] = {{0, 37, 13, 29, TG_FLOAT16, false, false}, {3, 21, 11, 19, TG_BFLOAT16, false, false},
+                      {0, 64, 1001, 48, TG_FLOAT16, false, false}, {0, 37, 13, 29, TG_FLOAT16, true, true}};
+  for (size_t i = 0; i < sizeof pad / sizeof pad[0]; i++) {
+    on_dev("CUDA", &pad[i], "TC:0:2", true, 0);
+    on_dev("CUDA", &pad[i], NULL, true, 0);
+  }
+  tg_context_begin();
+  tg_context_set("ALLOW_TF32", "1");
+  Case f32 = {0, 64, 32, 48, TG_FLOAT32, false, false};
+  on_dev("CUDA", &f32, "TC:0:0", true, 0);
+  on_dev("CUDA", &f32, NULL, true, 0);
+  /* fractions through tf32: 10 mantissa bits per input, float32 sums */
+  on_dev("CUDA", &f32, "TC:0:0", false, 1e-2);
+  tg_context_end();
 }
 
 int main(void) {
