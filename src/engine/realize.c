@@ -450,10 +450,6 @@ void capture_forget(Capture *c, Buffer *b, int from) {
   }
 }
 
-/* Runs the items of c that run[] selects (all when run is NULL), buffers from[k] replaced by to[k].
- * A transient slot s runs in pin[s] when pin is given and pin[s] is set (the caller keeps it), else
- * in a buffer allocated at its first use and freed after its last item. Counts every item in the
- * global counters as the captured run counted it. */
 /* Buffer j of captured item it in a run of run_items (NULL + error when a transient cannot be
  * allocated). */
 static Buffer *run_buffer(const Capture *c, const CapItem *it, int j, Buffer **live, Buffer *const *pin, Buffer *const *from,
@@ -510,6 +506,10 @@ static tg_status run_group_items(const Capture *c, int i, bool *ran, Buffer **li
   return st;
 }
 
+/* Runs the items of c that run[] selects (all when run is NULL), buffers from[k] replaced by to[k].
+ * A transient slot s runs in pin[s] when pin is given and pin[s] is set (the caller keeps it), else
+ * in a buffer allocated at its first use and freed after its last item. Counts every item in the
+ * global counters as the captured run counted it. */
 static tg_status run_items(const Capture *c, const bool *run, Buffer *const *from, Buffer *const *to, int n,
                            Buffer *const *pin, const int *vars, const int64_t *vals, int nvars) {
   int dbg = debug_level();
