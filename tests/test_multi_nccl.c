@@ -352,6 +352,16 @@ TEST(nccl_fallbacks) {
   cap_begin();
   tg_tensor s = tg_sum(tg_shard(x, DEV3, 3, 0), (int[]){0}, 1, false);
   CHECK(tg_realize(s) == TG_OK);
+  /* the training step's loss and gradient through the copies */
+  float w0[8] = {1, -1, 0.5f, 2, -0.5f, 1, 1.5f, 0.25f}, ys[12];
+  for (int i = 0; i < 12; i++) ys[i] = (float)(i % 4) - 1;
+  tg_tensor w = tg_from_data(w0, TG_SHAPE(4, 2), NULL), y = tg_from_data(ys, TG_SHAPE(6, 2), NULL);
+  tg_tensor sw = tg_shard(w, DEV3, 3, TG_SHARD_NONE), loss = mse(tg_shard(x, DEV3, 3, 0), sw, tg_shard(y, DEV3, 3, 0));
+  tg_tensor g = {0}, want_g = {0}, want_loss = mse(x, w, y);
+  CHECK(tg_gradient(loss, &sw, 1, &g) == TG_OK);
+  CHECK(tg_gradient(want_loss, &w, 1, &want_g) == TG_OK);
+  tg_tensor both[2] = {loss, g};
+  CHECK(tg_realize_many(both, 2) == TG_OK);
   tg_context_set_int("NCCL", 1);
   tg_tensor xh = tg_cast(x, TG_INT16); /* (a max keeps the dtype; a sum would widen it to int) */
   tg_tensor h = tg_max(tg_shard(xh, DEV2, 2, 0), (int[]){0}, 1, false);
@@ -363,6 +373,8 @@ TEST(nccl_fallbacks) {
   char *err = cap_end();
   tg_context_end();
   CHECK(replicas_diff(s, tg_sum(x, (int[]){0}, 1, false)) == 0);
+  CHECK_MSG(maxdiff(loss, want_loss) < 1e-5 && replicas_diff(g, want_g) < 1e-5, "loss %g, grad %g", maxdiff(loss, want_loss),
+            replicas_diff(g, want_g));
   CHECK(replicas_diff(h, tg_max(xh, (int[]){0}, 1, false)) == 0);
   CHECK(replicas_diff(p, tg_prod(x, (int[]){0}, 1, false)) == 0);
   CHECK(replicas_diff(sn, tg_sum(x, (int[]){0}, 1, false)) == 0);
