@@ -5,8 +5,8 @@
  *
  * In: the cu* calls the runtime makes. Out: GPU memory that is host memory (cuMemAlloc = malloc,
  * copies = memcpy), modules accepted when they look like a CUBIN or PTX (and a function found only if
- * its name is in the image), launches recorded and doing nothing, two devices of sm_90 with peer
- * access, events whose elapsed time is a fixed 0.25 ms. fake_cuda_stat(name) reads its counters.
+ * its name is in the image), launches recorded and doing nothing (but see "Kernels that run"), two
+ * devices of sm_90 with peer access, events whose elapsed time is a fixed 0.25 ms. fake_cuda_stat(name) reads its counters.
  * Knobs (read at each call): FAKE_CUDA_INIT=<code> makes cuInit return that error; FAKE_CUDA_DEVICES
  * (default 2); FAKE_CUDA_MEM_LIMIT=<bytes> makes cuMemAlloc fail with CUDA_ERROR_OUT_OF_MEMORY past
  * that many live bytes; FAKE_CUDA_NO_PINNED refuses cuMemHostAlloc; FAKE_CUDA_STREAM_BUSY=1 makes

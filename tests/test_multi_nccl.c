@@ -105,7 +105,8 @@ static void check_replica_grad(const char *const *devs, int n, int seed) {
   CHECK(tg_data(want, ref, sizeof ref) == TG_OK);
   for (int i = 0; i < n; i++) {
     CHECK(tg_data(tg_shard_get(g, i), got, sizeof got) == TG_OK);
-    for (int k = 0; k < L; k++) CHECK_MSG(got[k] == ref[k], "n %d replica %d [%d]: %g, want %g", n, i, k, got[k], ref[k]);
+    for (int k = 0; k < L; k++)
+      CHECK_MSG(got[k] == ref[k], "n %d replica %d [%d]: %g, want %g", n, i, k, got[k], ref[k]);
   }
 }
 
@@ -182,8 +183,10 @@ TEST(nccl_sum_and_max) {
   char *err = cap_end();
   tg_context_end();
   CHECK(replicas_diff(s2, tg_sum(x, (int[]){0}, 1, false)) == 0);
-  CHECK(nstat("initall") == 1 && nstat("group") == 1 && nstat("local_allreduce") == 1 && nstat("allreduce") == 2);
-  CHECK(nstat("last_nranks") == 2 && nstat("last_count") == 4 && nstat("last_op") == 0 && nstat("last_type") == 7);
+  CHECK(nstat("initall") == 1 && nstat("group") == 1 && nstat("local_allreduce") == 1 &&
+        nstat("allreduce") == 2);
+  CHECK(nstat("last_nranks") == 2 && nstat("last_count") == 4 && nstat("last_op") == 0 &&
+        nstat("last_type") == 7);
   CHECK(nstat("live") == 2);
   CHECK_STR_CONTAINS(err, "allreduce: NCCL sum 2x4 float");
   CHECK_STR_CONTAINS(err, "*** CUDA,CUDA:1");
@@ -196,7 +199,8 @@ TEST(nccl_sum_and_max) {
   CHECK(nstat("initall") == 1 && nstat("group") == 2 && nstat("last_op") == 2);
   /* 3 GPUs: the whole sum (a scalar), an int sum, a max */
   tg_tensor x3 = tg_shard(x, DEV3, 3, 0);
-  tg_tensor s3 = tg_sum(x3, NULL, 0, false), m3 = tg_max(x3, (int[]){0}, 1, true), i3 = tg_sum(tg_cast(x3, TG_INT32), (int[]){0}, 1, false);
+  tg_tensor s3 = tg_sum(x3, NULL, 0, false), m3 = tg_max(x3, (int[]){0}, 1, true),
+            i3 = tg_sum(tg_cast(x3, TG_INT32), (int[]){0}, 1, false);
   tg_tensor three[3] = {s3, m3, i3};
   CHECK(tg_realize_many(three, 3) == TG_OK);
   CHECK(replicas_diff(s3, tg_sum(x, NULL, 0, false)) == 0);
@@ -220,14 +224,17 @@ TEST(nccl_allreduce_gradients) {
   for (int n = 2; n <= 3; n++) {
     tg_tensor sx = tg_shard(x, n == 2 ? DEV2 : DEV3, n, 0);
     long a0 = nstat("local_allreduce");
-    tg_tensor l1 = tg_sum(tg_mul(tg_max(sx, (int[]){0}, 1, false), tg_sum(sx, (int[]){0}, 1, false)), NULL, 0, false);
-    tg_tensor l0 = tg_sum(tg_mul(tg_max(x, (int[]){0}, 1, false), tg_sum(x, (int[]){0}, 1, false)), NULL, 0, false);
+    tg_tensor l1 =
+        tg_sum(tg_mul(tg_max(sx, (int[]){0}, 1, false), tg_sum(sx, (int[]){0}, 1, false)), NULL, 0, false);
+    tg_tensor l0 =
+        tg_sum(tg_mul(tg_max(x, (int[]){0}, 1, false), tg_sum(x, (int[]){0}, 1, false)), NULL, 0, false);
     CHECK(tg_gradient(l1, &sx, 1, &gx) == TG_OK && tg_gradient(l0, &x, 1, &want) == TG_OK);
     CHECK(tg_shard_axis(gx) == 0);
     CHECK_MSG(maxdiff(gx, want) == 0, "%d GPUs: %g", n, maxdiff(gx, want));
     CHECK(maxdiff(l1, l0) == 0);
     /* forward: the max, the sum and the loss's sum; backward: the ties' count */
-    CHECK_MSG(nstat("local_allreduce") >= a0 + 4, "%d GPUs: %ld allreduces", n, nstat("local_allreduce") - a0);
+    CHECK_MSG(nstat("local_allreduce") >= a0 + 4, "%d GPUs: %ld allreduces", n,
+              nstat("local_allreduce") - a0);
   }
   END;
 }
@@ -256,8 +263,10 @@ TEST(nccl_training_step) {
   BEGIN;
   float w0[8] = {0.5f, -1, 0.25f, 2, -0.5f, 1, 1.5f, 0}, ys[12];
   for (int i = 0; i < 12; i++) ys[i] = (float)(i % 5) - 2;
-  tg_tensor x = batch(4, "CPU"), w = tg_from_data(w0, TG_SHAPE(4, 2), NULL), y = tg_from_data(ys, TG_SHAPE(6, 2), NULL);
-  tg_tensor sx = tg_shard(x, DEV3, 3, 0), sy = tg_shard(y, DEV3, 3, 0), sw = tg_shard(w, DEV3, 3, TG_SHARD_NONE);
+  tg_tensor x = batch(4, "CPU"), w = tg_from_data(w0, TG_SHAPE(4, 2), NULL),
+            y = tg_from_data(ys, TG_SHAPE(6, 2), NULL);
+  tg_tensor sx = tg_shard(x, DEV3, 3, 0), sy = tg_shard(y, DEV3, 3, 0),
+            sw = tg_shard(w, DEV3, 3, TG_SHARD_NONE);
   CHECK(tg_realize(sw) == TG_OK);
   tg_tensor loss = mse(sx, sw, sy), g = {0}, want_g = {0}, want_loss = mse(x, w, y);
   CHECK(tg_gradient(loss, &sw, 1, &g) == TG_OK && tg_gradient(want_loss, &w, 1, &want_g) == TG_OK);
@@ -291,7 +300,8 @@ TEST(nccl_one_replica_realized) {
   END;
 }
 
-static tg_status jit_step(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *user) {
+static tg_status jit_step(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out,
+                          int nout, void *user) {
   (void)nin, (void)args, (void)nargs, (void)nout;
   tg_tensor w = in[1];
   out[0] = mse(in[0], w, in[2]);
@@ -315,10 +325,12 @@ TEST(nccl_jit_replays) {
     tg_tensor cx = batch(20, "CPU"), csh = tg_shard(cx, devs, n, 0);
     CHECK(tg_realize(csh) == TG_OK);
     bool prune = n == 3;
-    tg_jit *j = prune ? tg_jit_new_opts(jit_step, 3, &csh, TG_JIT_OPTS(.prune = true)) : tg_jit_new(jit_step, 2, NULL);
+    tg_jit *j = prune ? tg_jit_new_opts(jit_step, 3, &csh, TG_JIT_OPTS(.prune = true))
+                      : tg_jit_new(jit_step, 2, NULL);
     for (int call = 0; call < 5; call++) {
       tg_scope_begin();
-      tg_tensor x = batch(10 + call, "CPU"), sx = tg_shard(x, devs, n, 0), out[3] = {{0}, {0}, {0}}, want_g = {0};
+      tg_tensor x = batch(10 + call, "CPU"), sx = tg_shard(x, devs, n, 0), out[3] = {{0}, {0}, {0}},
+                want_g = {0};
       CHECK(tg_realize(sx) == TG_OK);
       long g0 = nstat("group");
       tg_tensor in[3] = {sx, sw, sy};
@@ -326,8 +338,9 @@ TEST(nccl_jit_replays) {
       CHECK_MSG(st == TG_OK, "%d GPUs, call %d: %s", n, call, tg_last_error());
       tg_tensor want_loss = mse(x, w, y);
       CHECK(tg_gradient(want_loss, &w, 1, &want_g) == TG_OK);
-      CHECK_MSG(maxdiff(out[0], want_loss) < 1e-5 && replicas_diff(out[1], want_g) < 1e-5, "%d GPUs, call %d: loss %g, grad %g", n,
-                call, maxdiff(out[0], want_loss), replicas_diff(out[1], want_g));
+      CHECK_MSG(maxdiff(out[0], want_loss) < 1e-5 && replicas_diff(out[1], want_g) < 1e-5,
+                "%d GPUs, call %d: loss %g, grad %g", n, call, maxdiff(out[0], want_loss),
+                replicas_diff(out[1], want_g));
       if (prune) CHECK_MSG(replicas_diff(out[2], tg_sum(cx, (int[]){0}, 1, false)) == 0, "call %d", call);
       /* the loss's allreduce and the gradient's; with prune the constant one ran in the capture only */
       long want = 2 + (prune && call < 2);
@@ -356,7 +369,8 @@ TEST(nccl_fallbacks) {
   float w0[8] = {1, -1, 0.5f, 2, -0.5f, 1, 1.5f, 0.25f}, ys[12];
   for (int i = 0; i < 12; i++) ys[i] = (float)(i % 4) - 1;
   tg_tensor w = tg_from_data(w0, TG_SHAPE(4, 2), NULL), y = tg_from_data(ys, TG_SHAPE(6, 2), NULL);
-  tg_tensor sw = tg_shard(w, DEV3, 3, TG_SHARD_NONE), loss = mse(tg_shard(x, DEV3, 3, 0), sw, tg_shard(y, DEV3, 3, 0));
+  tg_tensor sw = tg_shard(w, DEV3, 3, TG_SHARD_NONE),
+            loss = mse(tg_shard(x, DEV3, 3, 0), sw, tg_shard(y, DEV3, 3, 0));
   tg_tensor g = {0}, want_g = {0}, want_loss = mse(x, w, y);
   CHECK(tg_gradient(loss, &sw, 1, &g) == TG_OK);
   CHECK(tg_gradient(want_loss, &w, 1, &want_g) == TG_OK);
@@ -373,8 +387,8 @@ TEST(nccl_fallbacks) {
   char *err = cap_end();
   tg_context_end();
   CHECK(replicas_diff(s, tg_sum(x, (int[]){0}, 1, false)) == 0);
-  CHECK_MSG(maxdiff(loss, want_loss) < 1e-5 && replicas_diff(g, want_g) < 1e-5, "loss %g, grad %g", maxdiff(loss, want_loss),
-            replicas_diff(g, want_g));
+  CHECK_MSG(maxdiff(loss, want_loss) < 1e-5 && replicas_diff(g, want_g) < 1e-5, "loss %g, grad %g",
+            maxdiff(loss, want_loss), replicas_diff(g, want_g));
   CHECK(replicas_diff(h, tg_max(xh, (int[]){0}, 1, false)) == 0);
   CHECK(replicas_diff(p, tg_prod(x, (int[]){0}, 1, false)) == 0);
   CHECK(replicas_diff(sn, tg_sum(x, (int[]){0}, 1, false)) == 0);
@@ -395,9 +409,11 @@ static void expect_failure(const char *knob, const char *value, const char *need
   setenv(knob, value, 1);
   float w0[L] = {0}, c0[L] = {0};
   tg_tensor w = tg_shard(tg_from_data(w0, TG_SHAPE(L), NULL), DEV3, 3, TG_SHARD_NONE), g = {0};
-  tg_tensor cs[3] = {tg_from_data(c0, TG_SHAPE(L), NULL), tg_from_data(c0, TG_SHAPE(L), NULL), tg_from_data(c0, TG_SHAPE(L), NULL)};
+  tg_tensor cs[3] = {tg_from_data(c0, TG_SHAPE(L), NULL), tg_from_data(c0, TG_SHAPE(L), NULL),
+                     tg_from_data(c0, TG_SHAPE(L), NULL)};
   CHECK(tg_gradient(replica_loss(w, cs, 3), &w, 1, &g) == TG_OK);
-  CHECK_MSG(tg_realize(g) == TG_ERR_RUNTIME, "%s=%s: %s", knob, value, tg_last_error() ? tg_last_error() : "no error");
+  CHECK_MSG(tg_realize(g) == TG_ERR_RUNTIME, "%s=%s: %s", knob, value,
+            tg_last_error() ? tg_last_error() : "no error");
   CHECK_STR_CONTAINS(tg_last_error(), "allreduce over CUDA,CUDA:1,CUDA:2: ");
   CHECK_STR_CONTAINS(tg_last_error(), needle);
   CHECK_STR_CONTAINS(tg_last_error(), "NCCL=0 allreduces with copies between the devices instead");
@@ -405,15 +421,16 @@ static void expect_failure(const char *knob, const char *value, const char *need
   unsetenv(knob);
   /* (a failed ncclCommInitAll made nothing to abort) */
   long aborted = strcmp(value, "initall") ? 3 : 0;
-  CHECK_MSG(nstat("abort") == ab0 + aborted && nstat("live") == live0 - (existed ? 3 : 0), "%s: %ld aborted, %ld live", needle,
-            nstat("abort") - ab0, nstat("live"));
+  CHECK_MSG(nstat("abort") == ab0 + aborted && nstat("live") == live0 - (existed ? 3 : 0),
+            "%s: %ld aborted, %ld live", needle, nstat("abort") - ab0, nstat("live"));
 }
 
 TEST(nccl_failures_are_errors) {
   if (!g_ok) return;
   BEGIN;
   check_replica_grad(DEV3, 3, 8); /* the tuple's communicators exist */
-  expect_failure("FAKE_NCCL_FAIL", "allreduce", "ncclAllReduce failed (NCCL error 2: unhandled system error (fake))", true);
+  expect_failure("FAKE_NCCL_FAIL", "allreduce",
+                 "ncclAllReduce failed (NCCL error 2: unhandled system error (fake))", true);
   long in0 = nstat("initall");
   check_replica_grad(DEV3, 3, 9); /* new communicators */
   CHECK(nstat("initall") == in0 + 1);
