@@ -18,7 +18,7 @@
 #
 # Every src/**/*.c is part of the library (found with find, so new files need no edit here).
 # tests/test_X.c -> build/tests/test_X, examples/X.c -> build/examples/X, bench/X.c -> build/bench/X,
-# all linked statically against libtinygrad.a; tests/fake_libcuda.c -> build/tests/libfakecuda.so.
+# all linked statically against libtinygrad.a; tests/fake_lib<X>.c -> build/tests/libfake<X>.so.
 
 CC      ?= cc
 AR      ?= ar
@@ -54,6 +54,7 @@ BENCHES    := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 FUZZ_SRCS  := $(sort $(wildcard tests/fuzz_*.c))
 FAKE_CUDA  := $(BUILD)/tests/libfakecuda.so
 FAKE_NCCL  := $(BUILD)/tests/libfakenccl.so
+FAKE_NVRTC := $(BUILD)/tests/libfakenvrtc.so
 
 LIB_A  := $(BUILD)/libtinygrad.a
 LIB_SO := $(BUILD)/libtinygrad.so
@@ -99,7 +100,7 @@ lib: static shared
 static: $(LIB_A)
 shared: $(LIB_SO)
 examples: $(EXAMPLES)
-tests: $(TESTS) $(FAKE_CUDA) $(FAKE_NCCL)
+tests: $(TESTS) $(FAKE_CUDA) $(FAKE_NCCL) $(FAKE_NVRTC)
 bench: bench-deps $(BENCHES)
 
 $(LIB_A): $(OBJS)
@@ -132,10 +133,17 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIB_A)
 # loads it through TG_CUDA_LIB. Not part of the library.
 $(FAKE_CUDA): tests/fake_libcuda.c
 	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) -shared $(LDFLAGS) -o $@ $< -lpthread
+	$(CC) $(ALL_CFLAGS) -shared $(LDFLAGS) -o $@ $< -lpthread -ldl
 
-# A stand-in for libnccl (each collective done by the process's MPI on host memory): test_dist.c's
-# CUDA ranks load it through TG_NCCL_LIB, with the fake libcuda. Not part of the library.
+# A stand-in for NVRTC whose output is the CUDA C itself, which the fake libcuda then compiles for
+# the host and runs (tests/test_multi_nccl.c loads it through TG_NVRTC_LIB). Not part of the library.
+$(FAKE_NVRTC): tests/fake_libnvrtc.c
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -shared $(LDFLAGS) -o $@ $<
+
+# A stand-in for libnccl (each collective across processes done by the process's MPI, an allreduce
+# over the GPUs of one process combined on the host): test_dist.c's CUDA ranks and
+# tests/test_multi_nccl.c load it through TG_NCCL_LIB, with the fake libcuda. Not part of the library.
 $(FAKE_NCCL): tests/fake_libnccl.c
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -shared $(LDFLAGS) -o $@ $< -ldl

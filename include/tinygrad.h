@@ -254,7 +254,10 @@ tg_tensor tg_to(tg_tensor t, const char *device);
  * ones reshard first; a reduction over the sharded axis ends in an allreduce (naive, or ring for
  * more than 2 devices and more than RING_ALLREDUCE_THRESHOLD=256000 elements; RING=0 forces naive,
  * RING=2 ring; DEBUG=2 prints each one); autograd, TinyJit and data readers (which gather) work on
- * them. docs/DESIGN.md describes the rules. */
+ * them. Over distinct CUDA GPUs, a sum or max allreduce of a dtype NCCL has runs as one NCCL group
+ * when libnccl opens (TG_NCCL_LIB=<path>, that file alone, else libnccl.so.2; NCCL=0 declines it);
+ * a failing NCCL call is an error (TG_ERR_RUNTIME) naming it, after DIST_TIMEOUT seconds at most.
+ * docs/DESIGN.md describes the rules. */
 #define TG_SHARD_NONE (-1)
 /* t split along `axis` over the n devices (names as tg_to takes them; each listed once), in order:
  * shard i holds the i-th ceil(size/n) slice (the last ones may be smaller or empty). TG_SHARD_NONE
@@ -277,10 +280,10 @@ tg_status tg_dist_finalize(void);
  * of its graph. Differentiable (an allreduce's gradient is the allreduce of the gradient), and
  * TinyJit captures it: each replay runs the MPI call again. Every rank must build and realize the
  * same collectives, with the same shapes and dtypes, in the same order. A CUDA tensor's collective
- * runs as the NCCL call on its device when libnccl opens (TG_NCCL_LIB=<path>, else libnccl.so.2;
- * NCCL=0 declines it), with one communicator per device over the ranks; without NCCL it goes
- * through host memory and MPI. A NCCL call that a dead or silent peer holds up ends in an error
- * after DIST_TIMEOUT seconds (default 600). */
+ * runs as the NCCL call on its device when libnccl opens (TG_NCCL_LIB=<path>, that file alone,
+ * else libnccl.so.2; NCCL=0 declines it), with one communicator per device over the ranks; without
+ * NCCL it goes through host memory and MPI. A NCCL call that a dead or silent peer holds up ends in
+ * an error after DIST_TIMEOUT seconds (default 600). */
 tg_tensor tg_dist_allreduce(tg_tensor t);
 tg_tensor tg_dist_broadcast(tg_tensor t, int root);
 /* t on like's devices with like's sharding (axis and shard sizes); shapes must match. */

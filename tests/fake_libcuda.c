@@ -5,21 +5,29 @@
  *
  * In: the cu* calls the runtime makes. Out: GPU memory that is host memory (cuMemAlloc = malloc,
  * copies = memcpy), modules accepted when they look like a CUBIN or PTX (and a function found only if
- * its name is in the image), launches recorded and doing nothing, two devices of sm_90 with peer
- * access, events whose elapsed time is a fixed 0.25 ms. fake_cuda_stat(name) reads its counters.
+ * its name is in the image), launches recorded and doing nothing (but see "Kernels that run"), two
+ * devices of sm_90 with peer access, events whose elapsed time is a fixed 0.25 ms. fake_cuda_stat(name) reads its counters.
  * Knobs (read at each call): FAKE_CUDA_INIT=<code> makes cuInit return that error; FAKE_CUDA_DEVICES
  * (default 2); FAKE_CUDA_MEM_LIMIT=<bytes> makes cuMemAlloc fail with CUDA_ERROR_OUT_OF_MEMORY past
- * that many live bytes; FAKE_CUDA_NO_PINNED refuses cuMemHostAlloc.
+ * that many live bytes; FAKE_CUDA_NO_PINNED refuses cuMemHostAlloc; FAKE_CUDA_STREAM_BUSY=1 makes
+ * cuStreamQuery report CUDA_ERROR_NOT_READY (a stream whose work never finishes).
+ * Kernels that run: an image from tests/fake_libnvrtc.c (its marker line, then CUDA C) is compiled for
+ * the host with the system's C++ compiler (a prelude supplies CUDA's qualifiers, ids and bit casts)
+ * and each launch runs every thread of every block in turn, so kernels without barriers or shared
+ * memory compute what a GPU would (NOOPT=1 keeps a kernel free of them; one with a barrier is
+ * refused at load). Compiled images are kept per process, shared by the modules that load them.
  * Invariants: every call that needs a context checks that one is current on the calling thread
  * (CUDA_ERROR_INVALID_CONTEXT otherwise, as the driver does), and a launch checks that each kernel
  * parameter points to a live allocation (counted in "bad_params" otherwise).
  */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -27,18 +35,22 @@ typedef struct FakeCtx {
   int dev;
   int peer_enabled[8];
 } FakeCtx;
+typedef void (*HostRun)(void **params, const unsigned *grid, const unsigned *block);
 typedef struct FakeFunc {
   int nparams; /* from the PTX (-1: a CUBIN's, not read here) */
+  HostRun run; /* a kernel compiled for the host (see host_compile), else NULL: the launch does nothing */
   struct FakeFunc *next;
 } FakeFunc;
+typedef struct HostLib HostLib;
 typedef struct FakeMod {
   char *image;
   size_t len;
   FakeFunc *funcs; /* handed out by cuModuleGetFunction; freed with the module */
+  HostLib *host;   /* the image compiled for the host, or NULL */
 } FakeMod;
 
 enum { OK = 0, ERR_INVALID_VALUE = 1, ERR_OOM = 2, ERR_INVALID_DEVICE = 101, ERR_INVALID_IMAGE = 200,
-       ERR_INVALID_CONTEXT = 201, ERR_NOT_FOUND = 500, ERR_PEER_ALREADY = 704 };
+       ERR_INVALID_CONTEXT = 201, ERR_NOT_FOUND = 500, ERR_NOT_READY = 600, ERR_PEER_ALREADY = 704 };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static FakeCtx g_ctx[8];
@@ -153,7 +165,8 @@ static CUresult obj_free(void *o, long *count) {
 CUresult cuStreamCreate(void **s, unsigned flags) { (void)flags; return obj_new(s, &g_st.live_streams); }
 CUresult cuStreamDestroy_v2(void *s) { return obj_free(s, &g_st.live_streams); }
 CUresult cuStreamSynchronize(void *s) { return s ? OK : ERR_INVALID_VALUE; }
-CUresult cuStreamQuery(void *s) { return s ? OK : ERR_INVALID_VALUE; } /* launches do nothing: always done */
+/* launches do nothing: always done, unless FAKE_CUDA_STREAM_BUSY makes a stream that never finishes */
+CUresult cuStreamQuery(void *s) { return !s ? ERR_INVALID_VALUE : env_long("FAKE_CUDA_STREAM_BUSY", 0) ? ERR_NOT_READY : OK; }
 CUresult cuStreamWaitEvent(void *s, void *e, unsigned f) { return s && e && !f ? OK : ERR_INVALID_VALUE; }
 CUresult cuEventCreate(void **e, unsigned flags) { (void)flags; return obj_new(e, &g_st.live_events); }
 CUresult cuEventDestroy_v2(void *e) { return obj_free(e, &g_st.live_events); }
@@ -275,12 +288,120 @@ CUresult cuMemcpyPeerAsync(CUdeviceptr d, FakeCtx *dc, CUdeviceptr s, FakeCtx *s
   return OK;
 }
 
+/* ---- kernels for the host: the fake NVRTC's images ---- */
+static const char FAKE_HOST_MARK[] = "// tinygrad.c fake NVRTC: CUDA C for the host\n";
+static const char HOST_PRELUDE[] =
+    "#include <math.h>\n#include <string.h>\n#include <stdint.h>\n#include <algorithm>\n#include <utility>\n"
+    "using std::max; using std::min;\n"
+    "struct tg_fake_dim3 { unsigned x, y, z; };\n"
+    "static thread_local tg_fake_dim3 blockIdx, threadIdx, blockDim, gridDim;\n"
+    "#define __global__\n#define __device__\n#define __forceinline__ inline\n#define __restrict__ __restrict\n"
+    "#define __launch_bounds__(...)\n"
+    "static inline float __int_as_float(int i){float f;memcpy(&f,&i,4);return f;}\n"
+    "static inline int __float_as_int(float f){int i;memcpy(&i,&f,4);return i;}\n"
+    "static inline float __uint_as_float(unsigned i){float f;memcpy(&f,&i,4);return f;}\n"
+    "static inline unsigned __float_as_uint(float f){unsigned i;memcpy(&i,&f,4);return i;}\n"
+    "static inline double __longlong_as_double(long long i){double f;memcpy(&f,&i,8);return f;}\n"
+    "static inline long long __double_as_longlong(double f){long long i;memcpy(&i,&f,8);return i;}\n"
+    "template <class... A, size_t... I> static void tg_fake_call(void (*f)(A...), void **p, std::index_sequence<I...>)"
+    " { f(*(A *)p[I]...); }\n"
+    "template <class... A> static void tg_fake_call(void (*f)(A...), void **p) { tg_fake_call(f, p, std::index_sequence_for<A...>{}); }\n"
+    "#line 1 \"kernel.cu\"\n";
+
+struct HostLib {
+  char *image; /* the key */
+  void *handle;
+  int refs;
+  HostLib *next;
+};
+static HostLib *g_host_libs;
+
+/* The image's kernels compiled for the host and loaded (shared by equal images), or NULL (said on
+ * stderr). Caller holds g_lock. */
+static HostLib *host_compile(const char *image) {
+  for (HostLib *h = g_host_libs; h; h = h->next)
+    if (!strcmp(h->image, image)) {
+      h->refs++;
+      return h;
+    }
+  const char *src = image + sizeof FAKE_HOST_MARK - 1;
+  if (strstr(src, "__syncthreads") || strstr(src, "__shared__")) {
+    fprintf(stderr, "fake libcuda: a kernel with shared memory or a barrier cannot run on the host (NOOPT=1 avoids them)\n");
+    return NULL;
+  }
+  char dir[] = "/tmp/fake-cuda-XXXXXX", path[64], so[64], cmd[256];
+  if (!mkdtemp(dir)) return NULL;
+  snprintf(path, sizeof path, "%s/k.cpp", dir);
+  snprintf(so, sizeof so, "%s/k.so", dir);
+  FILE *f = fopen(path, "w");
+  if (!f) return NULL;
+  fputs(HOST_PRELUDE, f);
+  fputs(src, f);
+  /* a runner per kernel: every thread of every block in turn */
+  for (const char *q = strstr(src, "__global__"); q; q = strstr(q + 1, "__global__")) {
+    const char *par = strchr(q, '('), *e = par;
+    while (e > q && (e[-1] == ' ')) e--;
+    const char *b = e;
+    while (b > q && (b[-1] == '_' || (b[-1] >= 'a' && b[-1] <= 'z') || (b[-1] >= 'A' && b[-1] <= 'Z') || (b[-1] >= '0' && b[-1] <= '9'))) b--;
+    if (!par || b == e) continue;
+    int n = (int)(e - b);
+    /* a batch of kernels names each through a macro (#define r_8 r_8__b0): the real name */
+    char pat[160];
+    snprintf(pat, sizeof pat, "#define %.*s ", n, b);
+    const char *d = NULL;
+    for (const char *x = strstr(src, pat); x && x < q; x = strstr(x + 1, pat)) d = x;
+    if (d) {
+      b = d + strlen(pat);
+      n = (int)strcspn(b, " \n");
+    }
+    fprintf(f,
+            "\nextern \"C\" void tg_fake_run_%.*s(void **p, const unsigned *g, const unsigned *b) {\n"
+            "  gridDim = {g[0], g[1], g[2]}; blockDim = {b[0], b[1], b[2]};\n"
+            "  for (unsigned z = 0; z < g[2]; z++) for (unsigned y = 0; y < g[1]; y++) for (unsigned x = 0; x < g[0]; x++)\n"
+            "    for (unsigned tz = 0; tz < b[2]; tz++) for (unsigned ty = 0; ty < b[1]; ty++) for (unsigned tx = 0; tx < b[0]; tx++) {\n"
+            "      blockIdx = {x, y, z}; threadIdx = {tx, ty, tz}; tg_fake_call(%.*s, p);\n    }\n}\n",
+            n, b, n, b);
+  }
+  fclose(f);
+  snprintf(cmd, sizeof cmd, "c++ -std=c++17 -O1 -w -shared -fPIC -o %s %s", so, path);
+  void *handle = system(cmd) == 0 ? dlopen(so, RTLD_NOW | RTLD_LOCAL) : NULL;
+  if (!handle) fprintf(stderr, "fake libcuda: the kernel did not compile for the host (%s)\n%s\n", cmd, src);
+  unlink(path), unlink(so), rmdir(dir);
+  if (!handle) return NULL;
+  HostLib *h = calloc(1, sizeof *h);
+  h->image = strdup(image);
+  h->handle = handle;
+  h->refs = 1;
+  h->next = g_host_libs;
+  g_host_libs = h;
+  return h;
+}
+
+static void host_release(HostLib *h) {
+  if (!h || --h->refs > 0) return;
+  for (HostLib **p = &g_host_libs; *p; p = &(*p)->next)
+    if (*p == h) {
+      *p = h->next;
+      break;
+    }
+  dlclose(h->handle);
+  free(h->image);
+  free(h);
+}
+
 /* modules: a CUBIN (ELF) or PTX text; a function exists when its name is in the image */
 CUresult cuModuleLoadData(FakeMod **m, const void *image) {
   if (!t_current) return ERR_INVALID_CONTEXT;
   const unsigned char *b = image;
   size_t len;
-  if (b[0] == 0x7f && b[1] == 'E' && b[2] == 'L' && b[3] == 'F' && b[4] == 2) {
+  HostLib *host = NULL;
+  if (!strncmp(image, FAKE_HOST_MARK, sizeof FAKE_HOST_MARK - 1)) {
+    pthread_mutex_lock(&g_lock);
+    host = host_compile(image);
+    pthread_mutex_unlock(&g_lock);
+    if (!host) return ERR_INVALID_IMAGE;
+    len = strlen(image);
+  } else if (b[0] == 0x7f && b[1] == 'E' && b[2] == 'L' && b[3] == 'F' && b[4] == 2) {
     /* the size is not passed: an ELF64 file ends with its section (or program) header table */
     uint64_t shoff, phoff;
     uint16_t phentsize, phnum, shentsize, shnum;
@@ -303,6 +424,7 @@ CUresult cuModuleLoadData(FakeMod **m, const void *image) {
   memcpy(fm->image, image, len);
   fm->len = len;
   fm->funcs = NULL;
+  fm->host = host;
   *m = fm;
   count(&g_st.live_modules);
   return OK;
@@ -314,8 +436,9 @@ CUresult cuModuleUnload(FakeMod *m) {
     free(f);
   }
   free(m->image);
-  free(m);
   pthread_mutex_lock(&g_lock);
+  host_release(m->host);
+  free(m);
   g_st.live_modules--;
   pthread_mutex_unlock(&g_lock);
   return OK;
@@ -329,7 +452,15 @@ CUresult cuModuleGetFunction(FakeFunc **f, FakeMod *m, const char *name) {
   if (!found) return ERR_NOT_FOUND;
   FakeFunc *fn = calloc(1, sizeof *fn);
   fn->nparams = -1;
-  if (!elf) {
+  if (m->host) {
+    char sym[300];
+    snprintf(sym, sizeof sym, "tg_fake_run_%s", name);
+    *(void **)&fn->run = dlsym(m->host->handle, sym);
+    if (!fn->run) {
+      free(fn);
+      return ERR_NOT_FOUND;
+    }
+  } else if (!elf) {
     /* PTX declares a kernel's parameters in the parentheses after ".entry <name>(" */
     char pat[300];
     snprintf(pat, sizeof pat, ".entry %s(", name);
@@ -367,6 +498,10 @@ CUresult cuLaunchKernel(FakeFunc *f, unsigned gx, unsigned gy, unsigned gz, unsi
   for (int i = 0; params && i < np; i++)
     if (!params[i] || !find_alloc(*(CUdeviceptr *)params[i], 1)) g_st.bad_params++;
   pthread_mutex_unlock(&g_lock);
+  if (f->run) {
+    const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+    f->run(params, grid, block);
+  }
   return OK;
 }
 

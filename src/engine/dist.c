@@ -15,7 +15,8 @@
  * reported with MPI's own message.
  *
  * This file is the MPI side (loading libmpi, running a collective); the tensor calls that build
- * COLLECTIVE nodes are in tensor/collective.c.
+ * COLLECTIVE nodes are in tensor/collective.c. It also runs, through libnccl, the allreduce of a
+ * tensor sharded over several GPUs of this one process (tg_shard; nccl_group_exec, at the end).
  *
  * Open MPI's handles are addresses of its predefined objects (MPI_COMM_WORLD is &ompi_mpi_comm_world,
  * MPI_FLOAT &ompi_mpi_float, ...), which dlsym gives; MPI_IN_PLACE is (void *)1 in its ABI.
@@ -53,13 +54,24 @@ static pthread_mutex_t dist_lock = PTHREAD_MUTEX_INITIALIZER;
 typedef struct {
   char internal[128];
 } NcclId;
-enum { NCCL_SUCCESS = 0, NCCL_IN_PROGRESS = 7, NCCL_SUM = 0 };
+enum { NCCL_SUCCESS = 0, NCCL_IN_PROGRESS = 7, NCCL_SUM = 0, NCCL_MAX = 2 };
+/* The communicators of one device tuple inside this process (ncclCommInitAll), see nccl_group_exec */
+typedef struct Clique {
+  int n;
+  Device **dev;
+  void **comm;
+  struct Clique *next;
+} Clique;
 static struct {
   void *lib;
   bool tried;
-  char why[600]; /* why it could not be opened */
+  char tried_name[512]; /* the TG_NCCL_LIB of the failed attempt */
+  char why[600];        /* why it could not be opened */
   int (*GetUniqueId)(NcclId *);
   int (*CommInitRank)(void **, int, NcclId, int);
+  int (*CommInitAll)(void **, int, const int *);
+  int (*GroupStart)(void);
+  int (*GroupEnd)(void);
   int (*AllReduce)(const void *, void *, size_t, int, int, void *, void *);
   int (*Broadcast)(const void *, void *, size_t, int, int, void *, void *);
   int (*Reduce)(const void *, void *, size_t, int, int, int, void *, void *);
@@ -70,6 +82,8 @@ static struct {
   Device *dev[64]; /* communicators, one per device */
   void *comm[64];
   int ncomm;
+  Clique *cliques;     /* in-process communicator sets, one per device tuple */
+  bool exit_hook;      /* nccl_at_exit is registered */
 } N;
 
 
@@ -180,23 +194,38 @@ static tg_status mpi_run(const char *send, char *buf, int64_t n, size_t isz, MPI
  * is waited for with the device's stream_done while NCCL's asynchronous errors are polled: a peer
  * that died ends it with NCCL's error, and one that stays silent for DIST_TIMEOUT seconds (600)
  * aborts the communicator, so no rank hangs. */
+/* ncclDataType_t of a dtype (nccl.h's numbering), -1 where NCCL has none */
 static int nccl_type(tg_dtype dt) {
   switch (dt) {
+  case TG_INT8: return 0;
+  case TG_UINT8: return 1;
+  case TG_INT32: return 2;
+  case TG_UINT32: return 3;
+  case TG_INT64: return 4;
+  case TG_UINT64: return 5;
+  case TG_FLOAT16: return 6;
   case TG_FLOAT32: return 7;
   case TG_FLOAT64: return 8;
-  case TG_INT32: return 2;
-  case TG_INT64: return 4;
+  case TG_BFLOAT16: return 9;
   default: return -1;
   }
 }
 
-/* Opens libnccl once (under dist_lock). */
+/* Opens libnccl (under dist_lock): TG_NCCL_LIB, or else libnccl.so.2 / libnccl.so. Once open it
+ * stays for the process; a failure is final for that TG_NCCL_LIB value (a program that sets another
+ * one tries again). */
 static bool nccl_load(void) {
-  if (N.tried) return N.lib != NULL;
+  if (N.lib) return true;
+  const char *env = getenv("TG_NCCL_LIB");
+  if (N.tried && !strcmp(N.tried_name, env ? env : "")) return false;
   N.tried = true;
-  const char *env = getenv("TG_NCCL_LIB"), *names[] = {env, "libnccl.so.2", "libnccl.so"};
-  for (int i = 0; i < 3 && !N.lib; i++)
-    if (names[i] && *names[i]) N.lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+  snprintf(N.tried_name, sizeof N.tried_name, "%s", env ? env : "");
+  if (env && *env) {
+    N.lib = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+  } else {
+    const char *names[] = {"libnccl.so.2", "libnccl.so"};
+    for (int i = 0; i < 2 && !N.lib; i++) N.lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+  }
   if (!N.lib) {
     snprintf(N.why, sizeof N.why, "cannot open libnccl (%s); install NCCL or set TG_NCCL_LIB", dlerror());
     return false;
@@ -211,6 +240,7 @@ static bool nccl_load(void) {
   NSYM(GetUniqueId, "ncclGetUniqueId") NSYM(CommInitRank, "ncclCommInitRank") NSYM(AllReduce, "ncclAllReduce")
   NSYM(Broadcast, "ncclBroadcast") NSYM(Reduce, "ncclReduce") NSYM(CommGetAsyncError, "ncclCommGetAsyncError")
   NSYM(CommAbort, "ncclCommAbort") NSYM(CommDestroy, "ncclCommDestroy") NSYM(GetErrorString, "ncclGetErrorString")
+  NSYM(CommInitAll, "ncclCommInitAll") NSYM(GroupStart, "ncclGroupStart") NSYM(GroupEnd, "ncclGroupEnd")
 #undef NSYM
   return true;
 }
@@ -325,3 +355,182 @@ tg_status dist_exec(Buffer *out, Buffer *in, size_t n, tg_dtype dt, int64_t root
 }
 
 bool dist_dtype_ok(tg_dtype dt) { return mpi_type(dt) != NULL; }
+
+/* ---- NCCL inside one process: a sharded tensor's allreduce over several GPUs ----
+ * multi.c builds an allreduce whose parts are on distinct CUDA GPUs as n COLLECTIVE nodes, member k
+ * on part k's GPU, each reading every part; realize runs the n items as one NCCL group
+ * (nccl_group_exec): ncclGroupStart, one ncclAllReduce per GPU on its communicator and its own
+ * stream (ordered with the kernels around it), ncclGroupEnd, then a wait for every stream while the
+ * communicators' asynchronous errors are polled, with the same DIST_TIMEOUT and abort as across
+ * processes. The communicators of one device tuple (a clique) come from ncclCommInitAll at its
+ * first allreduce and are kept, one clique per tuple, until the process exits (an atexit handler
+ * destroys them). A failure aborts the clique; the next allreduce makes a new one. */
+
+static int nccl_redop(int op) { return op == OP_ADD ? NCCL_SUM : op == OP_MAX ? NCCL_MAX : -1; }
+static const char *redop_name(int op) { return op == OP_ADD ? "sum" : op == OP_MAX ? "max" : "?"; }
+
+/* "CUDA:0,CUDA:1" */
+static void dev_names(Device *const *devs, int n, char *out, size_t cap) {
+  size_t len = 0;
+  out[0] = '\0';
+  for (int i = 0; i < n && len + 1 < cap; i++) {
+    int w = snprintf(out + len, cap - len, "%s%s", i ? "," : "", devs[i]->name);
+    if (w < 0) break;
+    len += (size_t)w < cap - len ? (size_t)w : cap - len - 1;
+  }
+}
+
+bool nccl_group_ok(Device *const *devs, int n, tg_dtype dt, int op) {
+  if (n < 2) return false;
+  for (int i = 0; i < n; i++) {
+    if (!devs[i] || !devs[i]->vt || !devs[i]->vt->stream || !devs[i]->vt->stream_done || devs[i]->vt != devs[0]->vt) return false;
+    for (int j = 0; j < i; j++)
+      if (devs[j]->index == devs[i]->index) return false; /* one GPU twice (CUDA:0 and NV:0): copies */
+  }
+  const char *why = NULL;
+  char buf[700];
+  if (!getenv_int("NCCL", 1)) why = "NCCL=0";
+  else if (nccl_type(dt) < 0) snprintf(buf, sizeof buf, "NCCL has no type for %s", tg_dtype_name(dt)), why = buf;
+  else if (nccl_redop(op) < 0) why = "only sums and maxima go through NCCL";
+  if (!why) {
+    pthread_mutex_lock(&dist_lock);
+    if (!nccl_load()) snprintf(buf, sizeof buf, "%s", N.why), why = buf;
+    pthread_mutex_unlock(&dist_lock);
+  }
+  if (why && debug_level() >= 2) {
+    char names[512];
+    dev_names(devs, n, names, sizeof names);
+    fprintf(stderr, "allreduce over %s with copies, not NCCL: %s\n", names, why);
+  }
+  return !why;
+}
+
+static void clique_free(Clique *q) {
+  free(q->dev);
+  free(q->comm);
+  free(q);
+}
+
+/* Destroys every clique's communicators (at process exit; not while another thread is in a
+ * collective: exit must not wait for it). */
+static void nccl_at_exit(void) {
+  if (pthread_mutex_trylock(&dist_lock) != 0) return;
+  for (Clique *q = N.cliques, *nx; q; q = nx) {
+    nx = q->next;
+    for (int i = 0; i < q->n; i++) N.CommDestroy(q->comm[i]);
+    clique_free(q);
+  }
+  N.cliques = NULL;
+  pthread_mutex_unlock(&dist_lock);
+}
+
+/* Aborts a clique that failed and forgets it. */
+static void clique_abort(Clique *q) {
+  for (Clique **p = &N.cliques; *p; p = &(*p)->next)
+    if (*p == q) {
+      *p = q->next;
+      break;
+    }
+  for (int i = 0; i < q->n; i++) N.CommAbort(q->comm[i]);
+  clique_free(q);
+}
+
+static tg_status group_fail(const char *what, const char *names, int rc) {
+  return tg_set_error(TG_ERR_RUNTIME, "allreduce over %s: %s failed (NCCL error %d: %s); NCCL=0 allreduces with copies between the "
+                      "devices instead", names, what, rc, N.GetErrorString ? N.GetErrorString(rc) : "unknown");
+}
+
+/* The clique of devs[0..n) (made at its first use). NULL + error. */
+static Clique *clique_get(Device *const *devs, int n, const char *names) {
+  for (Clique *q = N.cliques; q; q = q->next)
+    if (q->n == n && !memcmp(q->dev, devs, sizeof(Device *) * (size_t)n)) return q;
+  if (!devs[0]->vt->stream(devs[0]->state)) return NULL; /* a context current on this thread */
+  int *ord = tg_xmalloc(sizeof(int) * (size_t)n);
+  for (int i = 0; i < n; i++) ord[i] = devs[i]->index; /* CUDA:N is the driver's (and NCCL's) GPU N */
+  void **comm = tg_xcalloc((size_t)n, sizeof(void *));
+  int rc = N.CommInitAll(comm, n, ord);
+  free(ord);
+  if (rc != NCCL_SUCCESS) {
+    free(comm);
+    return group_fail("ncclCommInitAll", names, rc), NULL;
+  }
+  Clique *q = tg_xcalloc(1, sizeof *q);
+  q->n = n;
+  q->dev = tg_xmalloc(sizeof(Device *) * (size_t)n);
+  memcpy(q->dev, devs, sizeof(Device *) * (size_t)n);
+  q->comm = comm;
+  q->next = N.cliques;
+  N.cliques = q;
+  if (!N.exit_hook) N.exit_hook = atexit(nccl_at_exit) == 0;
+  return q;
+}
+
+/* Waits for every stream of the group just enqueued, watching the communicators' errors. */
+static tg_status clique_wait(Clique *q, const char *names) {
+  double t0 = now_seconds(), limit = (double)getenv_int("DIST_TIMEOUT", 600);
+  for (;;) {
+    for (int i = 0; i < q->n; i++) {
+      int err = NCCL_SUCCESS;
+      if (N.CommGetAsyncError(q->comm[i], &err) == NCCL_SUCCESS && err != NCCL_SUCCESS && err != NCCL_IN_PROGRESS) {
+        clique_abort(q);
+        return group_fail("ncclAllReduce", names, err);
+      }
+    }
+    bool all = true;
+    for (int i = 0; i < q->n; i++) {
+      int done = q->dev[i]->vt->stream_done(q->dev[i]->state);
+      if (done < 0) {
+        clique_abort(q);
+        return tg_last_status();
+      }
+      all = all && done;
+    }
+    if (all) return TG_OK;
+    if (now_seconds() - t0 > limit) {
+      clique_abort(q);
+      return tg_set_error(TG_ERR_RUNTIME, "allreduce over %s: ncclAllReduce did not finish in %.0f s (DIST_TIMEOUT); its "
+                          "communicators were aborted (NCCL=0 allreduces with copies between the devices instead)", names, limit);
+    }
+    struct timespec ts = {0, 20000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+tg_status nccl_group_exec(Buffer *const *out, Buffer *const *in, int n, size_t nbytes, tg_dtype dt, int op) {
+  Device **devs = tg_xmalloc(sizeof(Device *) * (size_t)n);
+  for (int i = 0; i < n; i++) devs[i] = out[i]->dev, buffer_written(out[i]);
+  char names[512];
+  dev_names(devs, n, names, sizeof names);
+  pthread_mutex_lock(&dist_lock);
+  tg_status st = TG_OK;
+  int ty = nccl_type(dt), rop = nccl_redop(op);
+  Clique *q = NULL;
+  if (!nccl_load()) st = tg_set_error(TG_ERR_RUNTIME, "allreduce over %s: %s", names, N.why);
+  else if (ty < 0 || rop < 0)
+    st = tg_set_error(TG_ERR_INVALID, "allreduce over %s: NCCL cannot %s %s", names, redop_name(op), tg_dtype_name(dt));
+  else if (!(q = clique_get(devs, n, names))) st = tg_last_status();
+  void **streams = tg_xcalloc((size_t)n, sizeof(void *));
+  for (int i = 0; st == TG_OK && i < n; i++)
+    if (!(streams[i] = devs[i]->vt->stream(devs[i]->state))) st = tg_last_status();
+  if (st == TG_OK) {
+    size_t cnt = nbytes / tg_dtype_itemsize(dt);
+    const char *what = "ncclGroupStart";
+    int rc = N.GroupStart();
+    if (rc == NCCL_SUCCESS) {
+      for (int i = 0; rc == NCCL_SUCCESS && i < n; i++)
+        if ((rc = N.AllReduce(in[i]->ptr, out[i]->ptr, cnt, ty, rop, q->comm[i], streams[i])) != NCCL_SUCCESS) what = "ncclAllReduce";
+      int rc2 = N.GroupEnd(); /* closed even when a call in it failed */
+      if (rc2 != NCCL_SUCCESS && rc == NCCL_SUCCESS) rc = rc2, what = "ncclGroupEnd";
+    }
+    if (rc != NCCL_SUCCESS) {
+      clique_abort(q);
+      st = group_fail(what, names, rc);
+    } else {
+      st = clique_wait(q, names);
+    }
+  }
+  pthread_mutex_unlock(&dist_lock);
+  free(streams);
+  free(devs);
+  return st;
+}

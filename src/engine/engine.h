@@ -43,9 +43,13 @@ typedef struct {
   size_t nbytes;         /* copy size */
   size_t mem;            /* bytes a kernel reads and writes (counted again on every replay) */
   int64_t *vals;         /* the values of the kernel's variables (code->vars) in the captured run */
-  bool coll;             /* an MPI collective (prg NULL): bufs[0] = op(bufs[1]), nbytes each */
-  int64_t root;          /* coll: the COLLECTIVE node's arg */
+  bool coll;             /* an MPI collective (prg NULL): bufs[0] = op(bufs[1]), nbytes each; or, with
+                          * nbufs > 2, one member of an NCCL group over the GPUs of this process:
+                          * bufs[0] = redop over bufs[1..nbufs), on bufs[0]'s device */
+  int64_t root;          /* coll: the COLLECTIVE node's arg (a group member: its index) */
   int dtype;             /* coll: the element type */
+  int redop;             /* group member: OP_ADD or OP_MAX */
+  uint64_t group;        /* group member: the group's id (its members run together, at the first) */
 } CapItem;
 
 /* A buffer that lived only between two items of the capture (an intermediate its schedule freed):
@@ -134,5 +138,13 @@ bool dist_dtype_ok(tg_dtype dt);
 /* Runs an SI_COLLECTIVE item (dist.c): out = the collective `root` (a COLLECTIVE node's arg) of in,
  * n bytes of dtype dt each, host memory. */
 tg_status dist_exec(Buffer *out, Buffer *in, size_t n, tg_dtype dt, int64_t root);
+/* Whether an allreduce (op OP_ADD or OP_MAX) of parts of dtype dt on devs[0..n) runs as one NCCL
+ * group in this process (dist.c): n >= 2 distinct GPUs of one kind with streams (CUDA), NCCL not 0,
+ * a dtype NCCL has, and libnccl opens. DEBUG>=2 says why not when the devices are such GPUs. */
+bool nccl_group_ok(Device *const *devs, int n, tg_dtype dt, int op);
+/* Runs the NCCL group of an allreduce inside this process (dist.c): out[i] = op over in[0..n) on
+ * device out[i]->dev (in[i] is on it too), nbytes each. Waits for it (DIST_TIMEOUT); a failure is
+ * an error naming the NCCL call and the devices, never an abort or a hang. */
+tg_status nccl_group_exec(Buffer *const *out, Buffer *const *in, int n, size_t nbytes, tg_dtype dt, int op);
 
 #endif

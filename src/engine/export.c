@@ -543,6 +543,9 @@ static tg_status classify(Ex *e) {
   }
   for (int i = 0; i < c->n; i++) {
     const CapItem *it = &c->items[i];
+    if (it->coll && it->nbufs > 2)
+      return tg_set_error(TG_ERR_INVALID, "%s: captured item %d is an NCCL allreduce over several GPUs (a sharded tensor's); an "
+                          "exported function runs on one device, so capture it without sharded tensors", fn, i);
     if (it->coll)
       return tg_set_error(TG_ERR_INVALID, "%s: captured item %d is an MPI collective (tg_dist_allreduce/broadcast); an "
                           "exported function runs in one process, so capture it without them", fn, i);

@@ -394,7 +394,7 @@ static void capture_add(CachedKernel *ck, Buffer **bufs, int nbufs, size_t nbyte
   it->bufs = tg_xmalloc(sizeof(Buffer *) * (size_t)nbufs);
   for (int i = 0; i < nbufs; i++) it->bufs[i] = buffer_ref(bufs[i]);
   it->vals = NULL;
-  it->coll = false, it->root = 0, it->dtype = 0;
+  it->coll = false, it->root = 0, it->dtype = 0, it->redop = 0, it->group = 0;
   if (ck && ck->code->nvars) {
     it->vals = tg_xmalloc(sizeof(int64_t) * (size_t)ck->code->nvars);
     memcpy(it->vals, vals, sizeof(int64_t) * (size_t)ck->code->nvars);
@@ -450,6 +450,62 @@ void capture_forget(Capture *c, Buffer *b, int from) {
   }
 }
 
+/* Buffer j of captured item it in a run of run_items (NULL + error when a transient cannot be
+ * allocated). */
+static Buffer *run_buffer(const Capture *c, const CapItem *it, int j, Buffer **live, Buffer *const *pin, Buffer *const *from,
+                          Buffer *const *to, int n) {
+  int s = it->slot ? it->slot[j] : -1;
+  if (s >= 0) {
+    if (pin && pin[s]) return pin[s];
+    if (!live[s]) live[s] = buffer_new_like(c->slots[s].dev, c->slots[s].nbytes, c->slots[s].img_w, c->slots[s].img_h);
+    return live[s];
+  }
+  /* one substitution per buffer: with inputs swapped between calls, to[k] may be another from[] */
+  for (int k = 0; k < n; k++)
+    if (it->bufs[j] == from[k]) return to[k];
+  return it->bufs[j];
+}
+
+static void print_group_line(Buffer *const *out, int n, size_t nbytes, tg_dtype dt, int redop, bool replay) {
+  char names[512];
+  size_t len = 0;
+  names[0] = '\0';
+  for (int k = 0; k < n && len + 1 < sizeof names; k++) {
+    int w = snprintf(names + len, sizeof names - len, "%s%s", k ? "," : "", out[k]->dev->name);
+    if (w < 0) break;
+    len += (size_t)w < sizeof names - len ? (size_t)w : sizeof names - len - 1;
+  }
+  fprintf(stderr, "*** %-8s %6s NCCL allreduce %s %dx%zu bytes %s%s\n", names, "", redop == OP_MAX ? "max" : "sum", n, nbytes,
+          tg_dtype_name(dt), replay ? " (jit replay)" : "");
+}
+
+/* A captured NCCL group, run at its first member item i: every member's output (items of the same
+ * group) from the inputs of item i; ran[] marks the members done. */
+static tg_status run_group_items(const Capture *c, int i, bool *ran, Buffer **live, Buffer *const *pin, Buffer *const *from,
+                                 Buffer *const *to, int n) {
+  const CapItem *it = &c->items[i];
+  int m = it->nbufs - 1;
+  Buffer **out = tg_xcalloc((size_t)m, sizeof(Buffer *)), **in = tg_xcalloc((size_t)m, sizeof(Buffer *));
+  tg_status st = TG_OK;
+  for (int k = 0; k < m && st == TG_OK; k++)
+    if (!(in[k] = run_buffer(c, it, k + 1, live, pin, from, to, n))) st = tg_last_status();
+  for (int j = 0; j < c->n && st == TG_OK; j++) { /* (a rerun of some items may start past the first member) */
+    const CapItem *o = &c->items[j];
+    if (!o->coll || o->group != it->group || o->root < 0 || o->root >= m) continue;
+    if (!(out[o->root] = run_buffer(c, o, 0, live, pin, from, to, n))) st = tg_last_status();
+    ran[j] = true;
+  }
+  for (int k = 0; k < m && st == TG_OK; k++)
+    if (!out[k]) st = tg_set_error(TG_ERR_RUNTIME, "TinyJit replay: member %d of a captured NCCL allreduce is missing", k);
+  if (st == TG_OK) st = nccl_group_exec(out, in, m, it->nbytes, (tg_dtype)it->dtype, it->redop);
+  if (st == TG_OK) {
+    for (int k = 0; k < m; k++) counters_add(false, 0, it->nbytes, 0);
+    if (debug_level() >= 2) print_group_line(out, m, it->nbytes, (tg_dtype)it->dtype, it->redop, true);
+  }
+  free(out), free(in);
+  return st;
+}
+
 /* Runs the items of c that run[] selects (all when run is NULL), buffers from[k] replaced by to[k].
  * A transient slot s runs in pin[s] when pin is given and pin[s] is set (the caller keeps it), else
  * in a buffer allocated at its first use and freed after its last item. Counts every item in the
@@ -458,36 +514,26 @@ static tg_status run_items(const Capture *c, const bool *run, Buffer *const *fro
                            Buffer *const *pin, const int *vars, const int64_t *vals, int nvars) {
   int dbg = debug_level();
   Buffer **live = c->nslots ? tg_xcalloc((size_t)c->nslots, sizeof(Buffer *)) : NULL;
+  bool *ran = NULL; /* members of NCCL groups run already (with their group's first member) */
   tg_status st = TG_OK;
   for (int i = 0; i < c->n && st == TG_OK; i++) {
     if (run && !run[i]) continue;
     const CapItem *it = &c->items[i];
+    if (it->coll && it->nbufs > 2) {
+      if (!ran) ran = tg_xcalloc((size_t)c->n, sizeof(bool));
+      if (!ran[i]) st = run_group_items(c, i, ran, live, pin, from, to, n);
+    }
     Buffer *bs[64];
     Buffer **b = it->nbufs <= 64 ? bs : tg_xmalloc(sizeof(Buffer *) * (size_t)it->nbufs);
-    for (int j = 0; j < it->nbufs; j++) {
-      int s = it->slot ? it->slot[j] : -1;
-      if (s >= 0) {
-        if (pin && pin[s]) {
-          b[j] = pin[s];
-          continue;
-        }
-        if (!live[s] && !(live[s] = buffer_new_like(c->slots[s].dev, c->slots[s].nbytes, c->slots[s].img_w, c->slots[s].img_h))) st = tg_last_status();
-        b[j] = live[s];
-        continue;
-      }
-      b[j] = it->bufs[j];
-      /* one substitution per buffer: with inputs swapped between calls, to[k] may be another from[] */
-      for (int k = 0; k < n; k++)
-        if (b[j] == from[k]) {
-          b[j] = to[k];
-          break;
-        }
-    }
+    for (int j = 0; j < it->nbufs && st == TG_OK && !(it->coll && it->nbufs > 2); j++)
+      if (!(b[j] = run_buffer(c, it, j, live, pin, from, to, n))) st = tg_last_status();
     if (st != TG_OK) {
       if (b != bs) free(b);
       break;
     }
-    if (it->coll) {
+    if (it->coll && it->nbufs > 2) {
+      /* ran with its group */
+    } else if (it->coll) {
       st = dist_exec(b[0], b[1], it->nbytes, (tg_dtype)it->dtype, it->root);
       if (st == TG_OK) counters_add(false, 0, it->nbytes, 0);
     } else if (!it->prg) {
@@ -530,6 +576,7 @@ static tg_status run_items(const Capture *c, const bool *run, Buffer *const *fro
   }
   for (int s = 0; s < c->nslots; s++) buffer_unref(live[s]);
   free(live);
+  free(ran);
   return st;
 }
 
@@ -610,6 +657,10 @@ static bool *capture_keep(const Capture *c, Buffer *const *inputs, int n, bool h
       if (!k && it->bufs[0] && r > 0 && r - 1 < i) k = true;
       if (k) keep[i] = changed = true;
     }
+    /* the members of an NCCL group run together: all kept or none */
+    for (int i = 0; i < c->n; i++)
+      for (int j = 0; keep[i] && c->items[i].group && j < c->n; j++)
+        if (!keep[j] && c->items[j].group == c->items[i].group) keep[j] = changed = true;
   }
   pm_free(&dep), pm_free(&wr), pm_free(&first_read);
   return keep;
@@ -758,17 +809,73 @@ static bool ast_has_vars(UOp *ast) {
   return any;
 }
 
-static tg_status run_schedule_items(Schedule *s);
+static tg_status run_schedule_items(Schedule *s, bool *ran);
 
 /* Runs a schedule with background compiles stopped (their compiler would take cores the kernels use). */
 static tg_status run_schedule(Schedule *s) {
+  bool *ran = NULL; /* items of NCCL groups run already (with their group's first member) */
+  for (int i = 0; i < s->nitems && !ran; i++)
+    if (s->items[i].kind == SI_COLLECTIVE && s->items[i].nbufs > 2) ran = tg_xcalloc((size_t)s->nitems, sizeof(bool));
   cpu_background_pause(true);
-  tg_status st = run_schedule_items(s);
+  tg_status st = run_schedule_items(s, ran);
   cpu_background_pause(false);
+  free(ran);
   return st;
 }
 
-static tg_status run_schedule_items(Schedule *s) {
+static _Atomic uint64_t g_next_group = 1;
+
+/* Runs the NCCL allreduce whose first member in the schedule is item i: its other members are the
+ * later SI_COLLECTIVE items over the same inputs with the same op (their outputs are allocated now
+ * and they are marked in ran[]); a member the schedule does not compute (a realize of some shards
+ * only) writes to a temporary buffer, since every GPU of the group must take part. */
+static tg_status run_group(Schedule *s, int i, bool *ran, int cap_from) {
+  SItem *it = &s->items[i];
+  int m = it->nbufs - 1;
+  size_t nbytes = s->bufs[it->bufs[0]].nbytes;
+  Buffer **out = tg_xcalloc((size_t)m, sizeof(Buffer *)), **in = tg_xcalloc((size_t)m, sizeof(Buffer *));
+  Buffer **tmp = tg_xcalloc((size_t)m, sizeof(Buffer *));
+  tg_status st = TG_OK;
+  for (int k = 0; k < m; k++) in[k] = s->bufs[it->bufs[k + 1]].buf;
+  for (int j = i; j < s->nitems && st == TG_OK; j++) {
+    SItem *o = &s->items[j];
+    if (o->kind != SI_COLLECTIVE || o->nbufs != it->nbufs || o->redop != it->redop || o->root < 0 || o->root >= m ||
+        out[o->root] || memcmp(o->bufs + 1, it->bufs + 1, sizeof(int) * (size_t)m))
+      continue;
+    SBuf *ob = &s->bufs[o->bufs[0]];
+    if (!ob->buf && !(ob->buf = buffer_new_like(ob->dev, ob->nbytes, ob->img_w, ob->img_h))) st = tg_last_status();
+    out[o->root] = ob->buf;
+    ran[j] = true;
+  }
+  for (int k = 0; k < m && st == TG_OK; k++)
+    if (!out[k] && !(out[k] = tmp[k] = buffer_new(in[k]->dev, nbytes))) st = tg_last_status();
+  if (st == TG_OK) st = nccl_group_exec(out, in, m, nbytes, (tg_dtype)it->dtype, it->redop);
+  if (st == TG_OK) {
+    if (g_capture) { /* one item per member, run together at the first on a replay */
+      uint64_t gid = atomic_fetch_add(&g_next_group, 1);
+      Buffer **cb = tg_xmalloc(sizeof(Buffer *) * (size_t)(m + 1));
+      memcpy(cb + 1, in, sizeof(Buffer *) * (size_t)m);
+      for (int k = 0; k < m; k++) {
+        cb[0] = out[k];
+        capture_add(NULL, cb, m + 1, nbytes, 0, NULL);
+        CapItem *ci = &g_capture->items[g_capture->n - 1];
+        ci->coll = true, ci->root = k, ci->dtype = it->dtype, ci->redop = it->redop, ci->group = gid;
+      }
+      free(cb);
+    }
+    for (int k = 0; k < m; k++) counters_add(false, 0, nbytes, 0);
+    if (debug_level() >= 2) print_group_line(out, m, nbytes, (tg_dtype)it->dtype, it->redop, false);
+  }
+  for (int k = 0; k < m; k++) {
+    if (!tmp[k]) continue;
+    if (g_capture) capture_forget(g_capture, tmp[k], cap_from);
+    buffer_unref(tmp[k]);
+  }
+  free(out), free(in), free(tmp);
+  return st;
+}
+
+static tg_status run_schedule_items(Schedule *s, bool *ran) {
   int dbg = debug_level();
   int cap_from = g_capture ? g_capture->n : 0;
   if (g_capture && s->sym_unit) g_capture->sym_unit = true;
@@ -799,6 +906,11 @@ static tg_status run_schedule_items(Schedule *s) {
       if (dbg >= 2)
         fprintf(stderr, "*** %-8s %6s copy %zu bytes %s -> %s\n", out->dev->name, "", out->nbytes, in->dev->name,
                 out->dev->name);
+    } else if (it->kind == SI_COLLECTIVE && it->nbufs > 2) {
+      if (!ran[i]) {
+        tg_status st = run_group(s, i, ran, cap_from);
+        if (st != TG_OK) return st;
+      }
     } else if (it->kind == SI_COLLECTIVE) {
       SBuf *in = &s->bufs[it->bufs[1]];
       tg_status st = dist_exec(out->buf, in->buf, out->nbytes, (tg_dtype)it->dtype, it->root);

@@ -148,7 +148,8 @@ static char *node_label(const UOp *u, bool realized) {
   } else if (u->op == OP_COPY) {
     sb_printf(&b, " to %s", dev_name(u->device));
   } else if (u->op == OP_COLLECTIVE) {
-    if (u->arg.i == -1) sb_puts(&b, " sum over ranks");
+    if (u->nsrc > 1) sb_printf(&b, " NCCL %s over %u devices, member %lld", u->niarg && u->iarg[0] == OP_MAX ? "max" : "sum", u->nsrc, (long long)u->arg.i);
+    else if (u->arg.i == -1) sb_puts(&b, " sum over ranks");
     else sb_printf(&b, " %s rank %lld", u->arg.i >= 0 ? "from" : "sum to", (long long)(u->arg.i >= 0 ? u->arg.i : -2 - u->arg.i));
   } else if (u->niarg) {
     sb_putc(&b, ' ');

@@ -1838,15 +1838,19 @@ tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
       add_item(&c, SI_COPY, NULL, params, 2, dev);
       continue;
     }
-    if (nd->op == OP_COLLECTIVE) {
-      NI *src = info(&c, nd->src[0]);
-      if (src->n->op == OP_ASSIGN && !src->emitted) flush_assign(&c, (int)(src - c.ni));
-      int in = src->leaf ? read_sbuf(&c, src) : src->sbuf;
-      int *params = tg_xmalloc(sizeof(int) * 2);
-      params[0] = x->sbuf, params[1] = in;
-      add_item(&c, SI_COLLECTIVE, NULL, params, 2, dev);
+    if (nd->op == OP_COLLECTIVE) { /* (several sources: a member of an allreduce over devices) */
+      int ns = (int)nd->nsrc;
+      int *params = tg_xmalloc(sizeof(int) * (size_t)(ns + 1));
+      params[0] = x->sbuf;
+      for (int k = 0; k < ns; k++) {
+        NI *src = info(&c, nd->src[k]);
+        if (src->n->op == OP_ASSIGN && !src->emitted) flush_assign(&c, (int)(src - c.ni));
+        params[k + 1] = src->leaf ? read_sbuf(&c, src) : src->sbuf;
+      }
+      add_item(&c, SI_COLLECTIVE, NULL, params, ns + 1, dev);
       s->items[s->nitems - 1].root = nd->arg.i;
       s->items[s->nitems - 1].dtype = nd->dtype;
+      s->items[s->nitems - 1].redop = ns > 1 ? (int)nd->iarg[0] : 0;
       continue;
     }
     UOp *value = nd->op == OP_CONTIGUOUS ? nd->src[0] : nd;

@@ -27,8 +27,11 @@ typedef struct {
   int *bufs;
   int nbufs;
   Device *dev;
-  int64_t root;   /* SI_COLLECTIVE: the COLLECTIVE node's arg (bufs[0] = op(bufs[1])) */
+  int64_t root;   /* SI_COLLECTIVE: the COLLECTIVE node's arg (bufs[0] = op(bufs[1])); with nbufs > 2,
+                   * a member of an allreduce over this process's devices: bufs[0] = redop over
+                   * bufs[1..nbufs) (one part per device), root = the member's index */
   int dtype;      /* SI_COLLECTIVE: the element type */
+  int redop;      /* SI_COLLECTIVE with nbufs > 2: OP_ADD or OP_MAX */
 } SItem;
 
 typedef struct {

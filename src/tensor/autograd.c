@@ -122,7 +122,10 @@ static void grad_rule(UOp *n, UOp *g, UOp **out) {
   /* every process's value feeds the sum on every process, so each gets the sum of all their
    * gradients; a broadcast's value is the root's alone, so its gradient is the sum of theirs on the
    * root (an MPI reduce to it) and zero elsewhere */
-  case OP_COLLECTIVE: out[0] = g_collective(g, n->arg.i < 0 ? -1 : -2 - n->arg.i); break;
+  case OP_COLLECTIVE:
+    if (n->nsrc > 1) m_allreduce_grad(n, g, out); /* an allreduce over this process's GPUs */
+    else out[0] = g_collective(g, n->arg.i < 0 ? -1 : -2 - n->arg.i);
+    break;
   case OP_RESHAPE: out[0] = g_reshape(g, a->shape, a->ndim); break;
   case OP_PERMUTE: {
     int64_t inv[64];
@@ -490,7 +493,7 @@ static void compute_grads_plain(UOp *loss, UOp *seed, UOp **targets, int n, UOp 
       free(mc);
       continue;
     }
-    UOp *contrib[8] = {NULL};
+    UOp *cb[8] = {NULL}, **contrib = cb;
     Custom *cu = custom_of(u);
     int ns;
     UOp *const *srcs;
@@ -499,7 +502,9 @@ static void compute_grads_plain(UOp *loss, UOp *seed, UOp **targets, int n, UOp 
       ns = cu->n;
       srcs = cu->inputs;
     } else {
-      if (u->nsrc > 3 || u->op == OP_BUFFER || u->op == OP_CONST || u->op == OP_IOTA) continue;
+      /* (an allreduce member over GPUs has one source per GPU) */
+      if ((u->nsrc > 3 && u->op != OP_COLLECTIVE) || u->op == OP_BUFFER || u->op == OP_CONST || u->op == OP_IOTA) continue;
+      if (u->nsrc > 8) contrib = tg_xcalloc(u->nsrc, sizeof(UOp *));
       grad_rule(u, g, contrib);
       ns = (int)u->nsrc;
       srcs = u->src;
@@ -521,6 +526,7 @@ static void compute_grads_plain(UOp *loss, UOp *seed, UOp **targets, int n, UOp 
         pm_put(&grads, (uint64_t)(uintptr_t)s, c);
       }
     }
+    if (contrib != cb) free(contrib);
   }
   for (int i = 0; i < n; i++) {
     UOp *g = pm_get(&grads, (uint64_t)(uintptr_t)targets[i]);

@@ -396,6 +396,14 @@ UOp *g_collective(UOp *a, int root) {
   return uop_new_meta(OP_COLLECTIVE, (tg_dtype)a->dtype, &a, 1, NULL, 0, arg, a->shape, a->ndim, a->device);
 }
 
+UOp *g_allreduce(UOp *const *parts, int n, int op, int member) {
+  UArg arg;
+  arg.i = member;
+  const int64_t iop = op;
+  const UOp *p = parts[member];
+  return uop_new_meta(OP_COLLECTIVE, (tg_dtype)p->dtype, parts, n, &iop, 1, arg, p->shape, p->ndim, p->device);
+}
+
 UOp *g_assign(UOp *target, UOp *value) {
   if (m_is(target)) return m_assign(target, value);
   UOp *s[2] = {target, value};

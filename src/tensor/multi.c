@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../engine/engine.h"
 #include "tensor.h"
 
 static tg_tensor NONE_T(void) { return (tg_tensor){0}; }
@@ -185,10 +186,31 @@ static UOp *op2(int op, UOp *a, UOp *b) {
   return r;
 }
 
+/* The allreduce as one NCCL group where every part is on its own GPU (CUDA) and libnccl opens
+ * (engine/dist.c decides): out[i] = member i, a COLLECTIVE node over all the parts on part i's
+ * device, which realize runs together with the others. false: the graph's copies do it. */
+static bool nccl_allreduce(UOp **parts, int n, int op, int64_t numel, UOp **out) {
+  if (n < 2 || numel == 0) return false;
+  Device **devs = tg_xmalloc(sizeof(Device *) * (size_t)n);
+  bool ok = true;
+  for (int i = 0; i < n; i++) {
+    devs[i] = device_by_id(parts[i]->device);
+    ok = ok && !parts[i]->sym;
+  }
+  ok = ok && nccl_group_ok(devs, n, (tg_dtype)parts[0]->dtype, op);
+  free(devs);
+  if (!ok) return false;
+  if (debug_level() >= 2)
+    fprintf(stderr, "allreduce: NCCL %s %dx%lld %s\n", op == OP_ADD ? "sum" : "max", n, (long long)numel, tg_dtype_name((tg_dtype)parts[0]->dtype));
+  for (int i = 0; i < n; i++) out[i] = g_allreduce(parts, n, op, i);
+  return true;
+}
+
 /* Combines n same-shaped parts (part i on device i of the tuple) with op (OP_ADD, OP_MAX, OP_MUL):
  * out[i] is the whole result on device i (new refs). */
 static void allreduce(UOp **parts, int n, int op, UOp **out) {
   int64_t numel = shape_numel(parts[0]->shape, parts[0]->ndim);
+  if (nccl_allreduce(parts, n, op, numel, out)) return;
   bool ring = use_ring(n, numel) && numel >= n;
   if (debug_level() >= 2)
     fprintf(stderr, "allreduce: %s %dx%lld %s\n", ring ? "ring" : "naive", n, (long long)numel, tg_dtype_name((tg_dtype)parts[0]->dtype));
@@ -620,6 +642,43 @@ UOp *m_grad_join(UOp *u, UOp **gs) {
   }
   free(sh);
   return r;
+}
+
+void m_allreduce_grad(UOp *n, UOp *g, UOp **out) {
+  int k = (int)n->nsrc, op = (int)n->iarg[0];
+  tg_dtype dt = (tg_dtype)n->dtype;
+  UOp **eq = NULL, **cnt = NULL;
+  if (op == OP_MAX) {
+    /* the gradient goes to the parts that hold the maximum, split evenly between all the tied
+     * elements, as a max over the whole logical tensor splits it: a part that is a shard's own max
+     * (m_reduce's) holding c of them takes c / (their count over all parts, an allreduce), which
+     * its REDUCE_AXIS rule then shares among its c */
+    eq = tg_xmalloc(sizeof(UOp *) * (size_t)k), cnt = tg_xmalloc(sizeof(UOp *) * (size_t)k);
+    for (int j = 0; j < k; j++) {
+      UOp *p = n->src[j], *mj = g_allreduce(n->src, k, op, j), *e = g_alu(OP_CMPEQ, TG_BOOL, p, mj, NULL);
+      eq[j] = g_cast(e, dt);
+      uop_unref(mj), uop_unref(e);
+      if (p->op == OP_REDUCE_AXIS && p->arg.i == OP_MAX) {
+        UOp *a = p->src[0], *pe = g_expand(p, a->shape), *ae = g_alu(OP_CMPEQ, TG_BOOL, a, pe, NULL), *af = g_cast(ae, dt);
+        UOp *c = g_reduce(af, OP_ADD, p->iarg, (int)p->niarg), *w = g_alu(OP_MUL, dt, eq[j], c, NULL);
+        uop_unref(pe), uop_unref(ae), uop_unref(af), uop_unref(c), uop_unref(eq[j]);
+        eq[j] = w;
+      }
+    }
+    allreduce(eq, k, OP_ADD, cnt);
+  }
+  for (int j = 0; j < k; j++) {
+    UOp *gj = n->src[j]->device == g->device ? uop_ref(g) : g_copy(g, n->src[j]->device);
+    if (op == OP_MAX) {
+      UOp *t = g_alu(OP_MUL, dt, gj, eq[j], NULL);
+      uop_unref(gj);
+      gj = g_alu(OP_FDIV, dt, t, cnt[j], NULL);
+      uop_unref(t);
+    }
+    out[j] = gj;
+  }
+  for (int j = 0; eq && j < k; j++) uop_unref(eq[j]), uop_unref(cnt[j]);
+  free(eq), free(cnt);
 }
 
 /* ---- public API ---- */

@@ -79,6 +79,10 @@ UOp *g_copy(UOp *a, int device);
  * -2-r the sum on process r and zeros elsewhere; a must be single-device, in host memory
  * (tg_dist_allreduce/broadcast arrange both) */
 UOp *g_collective(UOp *a, int root);
+/* Member `member` of an allreduce over this process's GPUs (multi.c's, through NCCL): op (OP_ADD,
+ * OP_MAX) over parts[0..n), each on its own device, on parts[member]'s device. A COLLECTIVE node
+ * with n sources, arg the member, iarg {op}; realize runs the n members as one NCCL group. */
+UOp *g_allreduce(UOp *const *parts, int n, int op, int member);
 UOp *g_detach(UOp *a); /* same value, no gradient flows through */
 UOp *g_index(UOp *data, UOp *idx); /* data[idx] along dim 0 (negative indices wrap, out of range reads 0) */
 UOp *g_assign(UOp *target, UOp *value);
@@ -137,6 +141,9 @@ tg_status realize_multi(UOp **targets, int n);
 UOp *m_from_shards(UOp *const *sh, int n, int axis, int tuple);
 void m_grad_split(UOp *u, UOp *g, UOp **out);
 UOp *m_grad_join(UOp *u, UOp **gs);
+/* The gradient contributions of allreduce member n (g_allreduce) to its parts, given its gradient g:
+ * out[k] for n->src[k] (new refs). */
+void m_allreduce_grad(UOp *n, UOp *g, UOp **out);
 
 /* ---- realize (results.c) ---- */
 /* Realizes the given nodes (multi-device ones shard by shard) through the engine, then hands the
