@@ -1606,8 +1606,10 @@ typedef tg_status (*tg_jit_fn)(const tg_tensor *in, int nin, const double *args,
                                 void *user);
 typedef struct tg_jit tg_jit;
 /* Wraps fn. The first call runs it normally, the second captures the kernels it runs, later calls
- * replay them with the new inputs' buffers (no graph building or scheduling). JIT=0 disables capture;
- * JIT=2 captures too (there is no separate graph batching to turn off). Between calls the jit holds
+ * replay them with the new inputs' buffers (no graph building or scheduling). On a CUDA device a
+ * replay of kernels of that one device is one CUDA graph (recorded at the first replay; later ones
+ * only give the launches that read new buffers their arguments). JIT=0 disables capture; JIT=2
+ * captures and replays launch by launch (tinygrad's "no graphs"). Between calls the jit holds
  * its outputs (and buffers that outlived one realize inside fn), not the intermediates: a replay
  * allocates them as the captured run did. A jit serves one call at a time: a call from another
  * thread while one runs is an error (give each thread its own jit). Free with tg_jit_free. */

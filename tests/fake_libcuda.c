@@ -10,7 +10,12 @@
  * Knobs (read at each call): FAKE_CUDA_INIT=<code> makes cuInit return that error; FAKE_CUDA_DEVICES
  * (default 2); FAKE_CUDA_MEM_LIMIT=<bytes> makes cuMemAlloc fail with CUDA_ERROR_OUT_OF_MEMORY past
  * that many live bytes; FAKE_CUDA_NO_PINNED refuses cuMemHostAlloc; FAKE_CUDA_STREAM_BUSY=1 makes
- * cuStreamQuery report CUDA_ERROR_NOT_READY (a stream whose work never finishes).
+ * cuStreamQuery report CUDA_ERROR_NOT_READY (a stream whose work never finishes);
+ * FAKE_CUDA_GRAPH_FAIL=instantiate|set|launch makes that graph call fail (CUDA_ERROR_NOT_SUPPORTED,
+ * or CUDA_ERROR_LAUNCH_FAILED for launch).
+ * Graphs (cuGraphCreate, cuGraphAddKernelNode, cuGraphInstantiateWithFlags, cuGraphLaunch,
+ * cuGraphExecKernelNodeSetParams): chains of kernel nodes whose parameter values are copied when
+ * added or set, launched by running the nodes in order (graph_runs counts them).
  * Kernels that run: an image from tests/fake_libnvrtc.c (its marker line, then CUDA C) is compiled for
  * the host with the system's C++ compiler (a prelude supplies CUDA's qualifiers, ids and bit casts)
  * and each launch runs every thread of every block in turn, so kernels without barriers or shared
@@ -38,6 +43,7 @@ typedef struct FakeCtx {
 typedef void (*HostRun)(void **params, const unsigned *grid, const unsigned *block);
 typedef struct FakeFunc {
   int nparams; /* from the PTX (-1: a CUBIN's, not read here) */
+  int nargs;   /* a kernel run on the host: its parameter count (-1: not one) */
   HostRun run; /* a kernel compiled for the host (see host_compile), else NULL: the launch does nothing */
   struct FakeFunc *next;
 } FakeFunc;
@@ -50,7 +56,8 @@ typedef struct FakeMod {
 } FakeMod;
 
 enum { OK = 0, ERR_INVALID_VALUE = 1, ERR_OOM = 2, ERR_INVALID_DEVICE = 101, ERR_INVALID_IMAGE = 200,
-       ERR_INVALID_CONTEXT = 201, ERR_NOT_FOUND = 500, ERR_NOT_READY = 600, ERR_PEER_ALREADY = 704 };
+       ERR_INVALID_CONTEXT = 201, ERR_NOT_FOUND = 500, ERR_NOT_READY = 600, ERR_PEER_ALREADY = 704,
+       ERR_LAUNCH_FAILED = 719, ERR_NOT_SUPPORTED = 801 };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static FakeCtx g_ctx[8];
@@ -66,7 +73,8 @@ static size_t g_live_bytes;
 
 static struct {
   long launches, bad_params, peer_copies, enable_peer, htod, dtoh, dtod, pinned, alloc_fail, live_allocs, live_modules,
-      live_events, live_streams, retained, last_nparams, max_grid2, last_grid[3], last_block[3];
+      live_events, live_streams, retained, last_nparams, max_grid2, last_grid[3], last_block[3], graph_nodes, graph_sets,
+      graph_launches, graph_runs, live_graphs;
 } g_st;
 
 static long env_long(const char *name, long dflt) {
@@ -80,7 +88,8 @@ long fake_cuda_stat(const char *what) {
   long v = -1;
 #define S(n) if (strcmp(what, #n) == 0) v = g_st.n;
   S(launches) S(bad_params) S(peer_copies) S(enable_peer) S(htod) S(dtoh) S(dtod) S(pinned) S(alloc_fail) S(live_allocs)
-  S(live_modules) S(live_events) S(live_streams) S(retained)
+  S(live_modules) S(live_events) S(live_streams) S(retained) S(graph_nodes) S(graph_sets) S(graph_launches) S(graph_runs)
+  S(live_graphs)
 #undef S
   if (strcmp(what, "live_bytes") == 0) v = (long)g_live_bytes;
   if (strcmp(what, "grid0") == 0) v = g_st.last_grid[0];
@@ -306,6 +315,7 @@ static const char HOST_PRELUDE[] =
     "template <class... A, size_t... I> static void tg_fake_call(void (*f)(A...), void **p, std::index_sequence<I...>)"
     " { f(*(A *)p[I]...); }\n"
     "template <class... A> static void tg_fake_call(void (*f)(A...), void **p) { tg_fake_call(f, p, std::index_sequence_for<A...>{}); }\n"
+    "template <class... A> static int tg_fake_count(void (*)(A...)) { return (int)sizeof...(A); }\n"
     "#line 1 \"kernel.cu\"\n";
 
 struct HostLib {
@@ -359,8 +369,9 @@ static HostLib *host_compile(const char *image) {
             "  gridDim = {g[0], g[1], g[2]}; blockDim = {b[0], b[1], b[2]};\n"
             "  for (unsigned z = 0; z < g[2]; z++) for (unsigned y = 0; y < g[1]; y++) for (unsigned x = 0; x < g[0]; x++)\n"
             "    for (unsigned tz = 0; tz < b[2]; tz++) for (unsigned ty = 0; ty < b[1]; ty++) for (unsigned tx = 0; tx < b[0]; tx++) {\n"
-            "      blockIdx = {x, y, z}; threadIdx = {tx, ty, tz}; tg_fake_call(%.*s, p);\n    }\n}\n",
-            n, b, n, b);
+            "      blockIdx = {x, y, z}; threadIdx = {tx, ty, tz}; tg_fake_call(%.*s, p);\n    }\n}\n"
+            "extern \"C\" int tg_fake_nargs_%.*s(void) { return tg_fake_count(%.*s); }\n",
+            n, b, n, b, n, b, n, b);
   }
   fclose(f);
   snprintf(cmd, sizeof cmd, "c++ -std=c++17 -O1 -w -shared -fPIC -o %s %s", so, path);
@@ -451,15 +462,19 @@ CUresult cuModuleGetFunction(FakeFunc **f, FakeMod *m, const char *name) {
   for (size_t i = 0; i + n <= m->len && !found; i++) found = memcmp(m->image + i, name, n) == 0;
   if (!found) return ERR_NOT_FOUND;
   FakeFunc *fn = calloc(1, sizeof *fn);
-  fn->nparams = -1;
+  fn->nparams = fn->nargs = -1;
   if (m->host) {
     char sym[300];
     snprintf(sym, sizeof sym, "tg_fake_run_%s", name);
     *(void **)&fn->run = dlsym(m->host->handle, sym);
-    if (!fn->run) {
+    snprintf(sym, sizeof sym, "tg_fake_nargs_%s", name);
+    int (*nargs)(void);
+    *(void **)&nargs = dlsym(m->host->handle, sym);
+    if (!fn->run || !nargs) {
       free(fn);
       return ERR_NOT_FOUND;
     }
+    fn->nargs = nargs();
   } else if (!elf) {
     /* PTX declares a kernel's parameters in the parentheses after ".entry <name>(" */
     char pat[300];
@@ -480,12 +495,19 @@ CUresult cuFuncGetAttribute(int *v, int a, FakeFunc *f) {
   *v = 1024;
   return OK;
 }
+static CUresult launch(FakeFunc *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, void **params,
+                       long *counter);
 CUresult cuLaunchKernel(FakeFunc *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned shmem, void *st, void **params, void **extra) {
   if (!t_current) return ERR_INVALID_CONTEXT;
-  if (!f || !st || extra || shmem || !gx || !gy || !gz || !bx || !by || !bz || (long)bx * by * bz > 1024) return ERR_INVALID_VALUE;
+  if (!f || !st || extra || shmem) return ERR_INVALID_VALUE;
+  return launch(f, gx, gy, gz, bx, by, bz, params, &g_st.launches);
+}
+static CUresult launch(FakeFunc *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, void **params,
+                       long *counter) {
+  if (!gx || !gy || !gz || !bx || !by || !bz || (long)bx * by * bz > 1024) return ERR_INVALID_VALUE;
   pthread_mutex_lock(&g_lock);
-  g_st.launches++;
+  (*counter)++;
   g_st.last_grid[0] = gx, g_st.last_grid[1] = gy, g_st.last_grid[2] = gz;
   g_st.last_block[0] = bx, g_st.last_block[1] = by, g_st.last_block[2] = bz;
   if (gz > g_st.max_grid2) g_st.max_grid2 = gz;
@@ -504,6 +526,106 @@ CUresult cuLaunchKernel(FakeFunc *f, unsigned gx, unsigned gy, unsigned gz, unsi
   }
   return OK;
 }
+
+/* graphs: a chain of kernel nodes whose parameter values are copied when added (and when set on an
+ * instantiated graph), as the driver copies them; a launch runs the nodes in order, each as a
+ * kernel launch would (counted in graph_runs, not launches). A node's handle is its index + 1. */
+typedef struct {
+  FakeFunc *f;
+  unsigned g[3], b[3];
+  int n;
+  CUdeviceptr v[64];
+} FakeNode;
+typedef struct {
+  FakeNode *nodes;
+  int n, cap;
+  bool exec; /* an instantiated copy */
+} FakeGraph;
+typedef struct {
+  FakeFunc *func;
+  unsigned gx, gy, gz, bx, by, bz, shmem;
+  void **params, **extra;
+} FakeKernelParams;
+
+static CUresult node_fill(FakeNode *nd, const FakeKernelParams *kp) {
+  if (!kp || !kp->func || kp->shmem || kp->extra) return ERR_INVALID_VALUE;
+  FakeFunc *f = kp->func;
+  int n = f->nargs >= 0 ? f->nargs : f->nparams >= 0 ? f->nparams : 1;
+  if (n > 64 || (n && !kp->params)) return ERR_INVALID_VALUE;
+  nd->f = f;
+  nd->g[0] = kp->gx, nd->g[1] = kp->gy, nd->g[2] = kp->gz, nd->b[0] = kp->bx, nd->b[1] = kp->by, nd->b[2] = kp->bz;
+  nd->n = n;
+  for (int i = 0; i < n; i++) nd->v[i] = *(CUdeviceptr *)kp->params[i];
+  return OK;
+}
+CUresult cuGraphCreate(FakeGraph **g, unsigned flags) {
+  if (!t_current) return ERR_INVALID_CONTEXT;
+  if (!g || flags) return ERR_INVALID_VALUE;
+  *g = calloc(1, sizeof **g);
+  count(&g_st.live_graphs);
+  return OK;
+}
+CUresult cuGraphAddKernelNode(void **node, FakeGraph *g, void *const *deps, size_t ndeps, const FakeKernelParams *kp) {
+  if (!t_current) return ERR_INVALID_CONTEXT;
+  /* the runtime builds chains: no dependency for the first node, the node before for the others */
+  if (!node || !g || g->exec || ndeps != (g->n ? 1u : 0u) || (ndeps && deps[0] != (void *)(uintptr_t)g->n)) return ERR_INVALID_VALUE;
+  if (g->n == g->cap) g->cap = g->cap ? 2 * g->cap : 16, g->nodes = realloc(g->nodes, sizeof *g->nodes * (size_t)g->cap);
+  CUresult r = node_fill(&g->nodes[g->n], kp);
+  if (r != OK) return r;
+  *node = (void *)(uintptr_t)++g->n;
+  count(&g_st.graph_nodes);
+  return OK;
+}
+static bool graph_fails(const char *call) {
+  const char *f = getenv("FAKE_CUDA_GRAPH_FAIL");
+  return f && !strcmp(f, call);
+}
+CUresult cuGraphInstantiateWithFlags(FakeGraph **e, FakeGraph *g, unsigned long long flags) {
+  if (!t_current) return ERR_INVALID_CONTEXT;
+  if (graph_fails("instantiate")) return ERR_NOT_SUPPORTED;
+  if (!e || !g || g->exec || flags || !g->n) return ERR_INVALID_VALUE;
+  FakeGraph *x = calloc(1, sizeof *x);
+  x->nodes = malloc(sizeof *x->nodes * (size_t)g->n);
+  memcpy(x->nodes, g->nodes, sizeof *x->nodes * (size_t)g->n);
+  x->n = x->cap = g->n;
+  x->exec = true;
+  *e = x;
+  count(&g_st.live_graphs);
+  return OK;
+}
+CUresult cuGraphExecKernelNodeSetParams(FakeGraph *e, void *node, const FakeKernelParams *kp) {
+  if (!t_current) return ERR_INVALID_CONTEXT;
+  uintptr_t i = (uintptr_t)node;
+  if (!e || !e->exec || i < 1 || i > (uintptr_t)e->n || !kp || kp->func != e->nodes[i - 1].f) return ERR_INVALID_VALUE;
+  if (graph_fails("set")) return ERR_NOT_SUPPORTED;
+  count(&g_st.graph_sets);
+  return node_fill(&e->nodes[i - 1], kp);
+}
+CUresult cuGraphLaunch(FakeGraph *e, void *stream) {
+  if (!t_current) return ERR_INVALID_CONTEXT;
+  if (!e || !e->exec || !stream) return ERR_INVALID_VALUE;
+  if (graph_fails("launch")) return ERR_LAUNCH_FAILED;
+  count(&g_st.graph_launches);
+  for (int i = 0; i < e->n; i++) {
+    FakeNode *nd = &e->nodes[i];
+    void *p[64];
+    for (int k = 0; k < nd->n; k++) p[k] = &nd->v[k];
+    CUresult r = launch(nd->f, nd->g[0], nd->g[1], nd->g[2], nd->b[0], nd->b[1], nd->b[2], p, &g_st.graph_runs);
+    if (r != OK) return r;
+  }
+  return OK;
+}
+static CUresult graph_free(FakeGraph *g, bool exec) {
+  if (!g || g->exec != exec) return ERR_INVALID_VALUE;
+  free(g->nodes);
+  free(g);
+  pthread_mutex_lock(&g_lock);
+  g_st.live_graphs--;
+  pthread_mutex_unlock(&g_lock);
+  return OK;
+}
+CUresult cuGraphExecDestroy(FakeGraph *e) { return graph_free(e, true); }
+CUresult cuGraphDestroy(FakeGraph *g) { return graph_free(g, false); }
 
 CUresult cuGetErrorName(CUresult r, const char **s) {
   switch (r) {

@@ -411,7 +411,18 @@ static void capitem_free(CapItem *it) {
   ck_release(it->ck);
 }
 
+/* Drops the capture's device graph and its planned memory (the items changed, or the capture ends). */
+static void capture_graph_drop(Capture *c) {
+  if (c->graph) c->gdev->vt->graph_free(c->gdev->state, c->graph);
+  for (int i = 0; c->gargs && i < c->n; i++) free(c->gargs[i]);
+  for (int s = 0; c->gslot && s < c->nslots; s++) buffer_unref(c->gslot[s]);
+  buffer_unref(c->garena);
+  free(c->gargs), free(c->gnargs), free(c->gmask), free(c->gslot);
+  c->graph = NULL, c->gdev = NULL, c->gargs = NULL, c->gnargs = NULL, c->gmask = NULL, c->gslot = NULL, c->garena = NULL;
+}
+
 void capture_free(Capture *c) {
+  capture_graph_drop(c);
   for (int i = 0; i < c->n; i++) capitem_free(&c->items[i]);
   for (int s = 0; c->pin && s < c->nslots; s++) buffer_unref(c->pin[s]);
   for (int k = 0; k < c->ndeps; k++) buffer_unref(c->deps[k]);
@@ -425,6 +436,7 @@ void capture_free(Capture *c) {
 }
 
 void capture_forget(Capture *c, Buffer *b, int from) {
+  capture_graph_drop(c);
   int s = -1;
   for (int i = from < 0 ? 0 : from; i < c->n; i++) {
     CapItem *it = &c->items[i];
@@ -580,6 +592,116 @@ static tg_status run_items(const Capture *c, const bool *run, Buffer *const *fro
   return st;
 }
 
+/* The transients of the kernels run[] marks, planned into one buffer of gdev: walking the items in
+ * order, a slot takes the first gap (256-byte aligned) that fits among the slots still live, the
+ * others' memory freed after their last item. Pinned slots keep their pins. */
+static tg_status graph_plan(Capture *c, const bool *run, Buffer *const *pin) {
+  enum { ALIGN = 256 };
+  size_t *off = c->nslots ? tg_xcalloc((size_t)c->nslots, sizeof(size_t)) : NULL;
+  bool *placed = c->nslots ? tg_xcalloc((size_t)c->nslots, sizeof(bool)) : NULL;
+  size_t total = 0;
+  for (int i = 0; i < c->n; i++) {
+    if (run && !run[i]) continue;
+    const CapItem *it = &c->items[i];
+    for (int j = 0; it->slot && j < it->nbufs; j++) {
+      int sl = it->slot[j];
+      if (sl < 0 || placed[sl] || (pin && pin[sl])) continue;
+      size_t need = (c->slots[sl].nbytes + ALIGN - 1) / ALIGN * ALIGN, at = 0;
+      /* the lowest offset where no live slot (lifetime overlapping this one's) is in the way */
+      for (bool moved = true; moved;) {
+        moved = false;
+        for (int q = 0; q < c->nslots; q++) {
+          if (!placed[q] || c->slots[q].last < c->slots[sl].first || c->slots[q].first > c->slots[sl].last) continue;
+          size_t qend = off[q] + (c->slots[q].nbytes + ALIGN - 1) / ALIGN * ALIGN;
+          if (off[q] < at + need && at < qend) at = qend, moved = true;
+        }
+      }
+      off[sl] = at, placed[sl] = true;
+      if (at + need > total) total = at + need;
+    }
+  }
+  tg_status st = TG_OK;
+  c->gslot = c->nslots ? tg_xcalloc((size_t)c->nslots, sizeof(Buffer *)) : NULL;
+  if (total && !(c->garena = buffer_new(c->gdev, total))) st = tg_last_status();
+  for (int sl = 0; st == TG_OK && sl < c->nslots; sl++)
+    if (placed[sl] && !(c->gslot[sl] = buffer_wrap(c->gdev, (char *)c->garena->ptr + off[sl], c->slots[sl].nbytes)))
+      st = tg_last_status();
+  free(off), free(placed);
+  return st;
+}
+
+/* A replay as the device's graph: 1 when done, 0 when it does not apply (another device or item
+ * kind in the run, no graphs on the device, DEBUG>=2 or VIZ timing each kernel, JIT=2), -1 + error.
+ * The first replay of a run mask records the graph; later ones update the launches whose arguments
+ * changed (new input buffers, variables) and submit it. */
+static int graph_replay(Capture *c, const bool *run, Buffer *const *from, Buffer *const *to, int n, const int *vars,
+                        const int64_t *vals, int nvars) {
+  if (c->gfailed || getenv_int("JIT", 1) != 1 || debug_level() >= 2 || viz_on) return 0;
+  Device *d = NULL;
+  int nk = 0;
+  for (int i = 0; i < c->n; i++) {
+    if (run && !run[i]) continue;
+    const CapItem *it = &c->items[i];
+    if (!it->prg || it->coll || !atomic_load(&it->prg->handle) || (d && it->prg->dev != d)) return 0;
+    d = it->prg->dev;
+    nk++;
+  }
+  if (nk < 2 || !d->vt->graph_new) return 0;
+  bool same = c->graph && c->gdev == d;
+  for (int i = 0; same && i < c->n; i++) same = c->gmask[i] == (!run || run[i]);
+  tg_status st = TG_OK;
+  if (!same) {
+    capture_graph_drop(c);
+    c->gdev = d;
+    c->gmask = tg_xcalloc((size_t)c->n + 1, sizeof(bool));
+    c->gargs = tg_xcalloc((size_t)c->n + 1, sizeof(void **));
+    c->gnargs = tg_xcalloc((size_t)c->n + 1, sizeof(int));
+    for (int i = 0; i < c->n; i++) c->gmask[i] = !run || run[i];
+    if ((st = graph_plan(c, run, c->pin)) == TG_OK && !(c->graph = d->vt->graph_new(d->state))) st = tg_last_status();
+  }
+  int idx = 0;
+  for (int i = 0; i < c->n && st == TG_OK; i++) {
+    if (!c->gmask[i]) continue;
+    const CapItem *it = &c->items[i];
+    int nv = it->code->nvars, na = it->nbufs + nv;
+    void **p = tg_xmalloc(sizeof(void *) * (size_t)(na + 1));
+    for (int j = 0; j < it->nbufs; j++) {
+      int sl = it->slot ? it->slot[j] : -1;
+      Buffer *b = sl >= 0 ? (c->pin && c->pin[sl] ? c->pin[sl] : c->gslot[sl]) : run_buffer(c, it, j, NULL, NULL, from, to, n);
+      p[j] = b->ptr;
+      if (j == 0) buffer_written(b);
+    }
+    for (int k = 0; k < nv; k++) {
+      int64_t v = it->vals[k];
+      for (int q = 0; q < nvars; q++)
+        if (vars[q] == it->code->vars[k]) v = vals[q];
+      p[it->nbufs + k] = (void *)(intptr_t)v;
+    }
+    if (!same) {
+      st = d->vt->graph_add(d->state, c->graph, atomic_load(&it->prg->handle), p, na, it->code->global_size, it->code->local_size);
+    } else if (memcmp(p, c->gargs[i], sizeof(void *) * (size_t)na) != 0) {
+      st = d->vt->graph_set(d->state, c->graph, idx, p, na);
+    }
+    free(c->gargs[i]);
+    c->gargs[i] = p, c->gnargs[i] = na;
+    idx++;
+  }
+  if (st == TG_OK) st = d->vt->graph_launch(d->state, c->graph);
+  if (st != TG_OK) {
+    /* this capture replays launch by launch from now on: at once where the graph never ran (the
+     * driver refused to record or instantiate it), else the failure is this call's */
+    capture_graph_drop(c);
+    c->gfailed = true;
+    if (same) return -1;
+    if (debug_level() >= 1) fprintf(stderr, "TinyJit: no graph on %s (%s); replaying launch by launch\n", d->name, tg_last_error());
+    tg_clear_error();
+    return 0;
+  }
+  for (int i = 0; i < c->n; i++)
+    if (c->gmask[i]) counters_add(true, c->items[i].code->ops, c->items[i].mem, 0);
+  return 1;
+}
+
 tg_status capture_replay(Capture *c, Buffer *const *from, Buffer *const *to, int n, const int *vars,
                          const int64_t *vals, int nvars) {
   const bool *run = NULL;
@@ -597,7 +719,8 @@ tg_status capture_replay(Capture *c, Buffer *const *from, Buffer *const *to, int
     }
   }
   cpu_background_pause(true);
-  tg_status st = run_items(c, run, from, to, n, c->pin, vars, vals, nvars);
+  int g = graph_replay(c, run, from, to, n, vars, vals, nvars);
+  tg_status st = g > 0 ? TG_OK : g < 0 ? tg_last_status() : run_items(c, run, from, to, n, c->pin, vars, vals, nvars);
   cpu_background_pause(false);
   if (c->nhoisted) c->fresh = st == TG_OK; /* a failed run may have left a pin half written */
   free(kept);
@@ -667,6 +790,7 @@ static bool *capture_keep(const Capture *c, Buffer *const *inputs, int n, bool h
 }
 
 int capture_prune(Capture *c, Buffer *const *inputs, int n) {
+  capture_graph_drop(c);
   if (c->n == 0) return 0;
   TG_ASSERT(!c->nhoisted);
   bool *keep = capture_keep(c, inputs, n, false);
@@ -740,6 +864,7 @@ int capture_prune(Capture *c, Buffer *const *inputs, int n) {
 }
 
 int capture_hoist(Capture *c, Buffer *const *inputs, int n) {
+  capture_graph_drop(c);
   if (c->n == 0 || c->nhoisted) return c->nhoisted;
   bool *keep = capture_keep(c, inputs, n, true);
   int nh = 0;

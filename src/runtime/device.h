@@ -126,6 +126,17 @@ typedef struct DeviceVT {
    * finished, 0 while it runs, -1 + tg_set_error when it failed. */
   void *(*stream)(void *state);
   int (*stream_done)(void *state);
+  /* Optional (CUDA graphs, TinyJit's replays): a recorded sequence of this device's launches that
+   * runs as one submission. graph_new starts an empty one (NULL + tg_set_error: cannot);
+   * graph_add appends launch i (the arguments exec takes; the record keeps their values);
+   * graph_set gives launch i other arguments (the same count); graph_launch runs the sequence in
+   * order on the device's queue (after what is queued, before what is queued later); graph_free. */
+  void *(*graph_new)(void *state);
+  tg_status (*graph_add)(void *state, void *graph, void *prg, void **bufs, int nbufs, const int64_t *global_size,
+                         const int64_t *local_size);
+  tg_status (*graph_set)(void *state, void *graph, int i, void **bufs, int nbufs);
+  tg_status (*graph_launch)(void *state, void *graph);
+  void (*graph_free)(void *state, void *graph);
   /* Sources cannot be concatenated into one compile (program_get_batch compiles them one by one). */
   bool no_batch;
 } DeviceVT;

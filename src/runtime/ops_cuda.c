@@ -114,6 +114,27 @@ typedef struct {
 } CuApi;
 
 static CuApi g_cu;
+
+/* CUDA graphs (TinyJit's replays): optional, a driver without them replays launch by launch. The
+ * kernel node's parameters in their first layout (CUDA_KERNEL_NODE_PARAMS_v1), which every driver
+ * since CUDA 10 keeps under the unversioned names. */
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct {
+  CUfunction func;
+  unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+  void **kernelParams, **extra;
+} CuKernelNodeParams;
+static struct {
+  CUresult (*create)(CUgraph *, unsigned);
+  CUresult (*add_kernel)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, const CuKernelNodeParams *);
+  CUresult (*instantiate)(CUgraphExec *, CUgraph, unsigned long long);
+  CUresult (*set_params)(CUgraphExec, CUgraphNode, const CuKernelNodeParams *);
+  CUresult (*launch)(CUgraphExec, CUstream);
+  CUresult (*exec_destroy)(CUgraphExec);
+  CUresult (*destroy)(CUgraph);
+} g_cug;
 static void *g_cu_lib;
 static char *g_cu_libname; /* the file g_cu_lib came from (messages) */
 static pthread_mutex_t g_cu_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -182,6 +203,17 @@ static bool cu_load_locked(void) {
   }
   g_cu = api;
   g_cu_lib = h;
+  memset(&g_cug, 0, sizeof g_cug);
+  void *gf[7] = {dlsym(h, "cuGraphCreate"), dlsym(h, "cuGraphAddKernelNode"), dlsym(h, "cuGraphInstantiateWithFlags"),
+                 dlsym(h, "cuGraphExecKernelNodeSetParams"), dlsym(h, "cuGraphLaunch"), dlsym(h, "cuGraphExecDestroy"),
+                 dlsym(h, "cuGraphDestroy")};
+  bool all = true;
+  for (int i = 0; i < 7; i++) all = all && gf[i];
+  if (all) {
+    *(void **)&g_cug.create = gf[0], *(void **)&g_cug.add_kernel = gf[1], *(void **)&g_cug.instantiate = gf[2];
+    *(void **)&g_cug.set_params = gf[3], *(void **)&g_cug.launch = gf[4], *(void **)&g_cug.exec_destroy = gf[5];
+    *(void **)&g_cug.destroy = gf[6];
+  }
   free(g_cu_libname);
   g_cu_libname = tg_xstrdup(name);
   return true;
@@ -704,17 +736,13 @@ static int64_t divisor_upto(int64_t g, int64_t lim) {
   return 1;
 }
 
-static double cuda_exec(void *state, void *prg, void **bufs, int nbufs, const int64_t *global_size,
-                        const int64_t *local_size, bool wait) {
-  CuState *s = state;
-  CuProgram *p = prg;
-  if (!p) {
-    tg_set_error(TG_ERR_INVALID, "exec: no program");
-    return -1.0;
-  }
+/* The launch's grid and block (ids stride over a grid past the device's y and z limits, cstyle.c):
+ * 1, or 0 for an empty launch, or -1 + error when it cannot launch. */
+static int launch_geometry(CuState *s, CuProgram *p, const int64_t *global_size, const int64_t *local_size, unsigned grid[3],
+                           unsigned blk[3]) {
   int64_t g[3], b[3];
   for (int i = 0; i < 3; i++) g[i] = global_size ? global_size[i] : 1;
-  if (g[0] <= 0 || g[1] <= 0 || g[2] <= 0) return 0.0;
+  if (g[0] <= 0 || g[1] <= 0 || g[2] <= 0) return 0;
   int64_t budget = p->max_threads < s->caps.max_local ? p->max_threads : s->caps.max_local;
   bool have_local = local_size && local_size[0] > 0;
   for (int i = 0; i < 3; i++) {
@@ -737,12 +765,28 @@ static double cuda_exec(void *state, void *prg, void **bufs, int nbufs, const in
                  "threads per block, grid %lldx%lldx%lld)", p->name, s->label, bad, (long long)g[0], (long long)g[1],
                  (long long)g[2], (long long)b[0], (long long)b[1], (long long)b[2], p->max_threads,
                  (long long)s->max_grid[0], (long long)s->max_grid[1], (long long)s->max_grid[2]);
-    return -1.0;
+    return -1;
   }
   /* y and z: at most the grid's limit; the kernels' ids stride over the rest (cstyle.c) */
-  int64_t grid[3] = {g[0] / b[0], g[1] / b[1], g[2] / b[2]};
-  for (int i = 1; i < 3; i++)
-    if (grid[i] > s->max_grid[i]) grid[i] = s->max_grid[i];
+  for (int i = 0; i < 3; i++) {
+    int64_t n = g[i] / b[i];
+    grid[i] = (unsigned)(i && n > s->max_grid[i] ? s->max_grid[i] : n);
+    blk[i] = (unsigned)b[i];
+  }
+  return 1;
+}
+
+static double cuda_exec(void *state, void *prg, void **bufs, int nbufs, const int64_t *global_size,
+                        const int64_t *local_size, bool wait) {
+  CuState *s = state;
+  CuProgram *p = prg;
+  if (!p) {
+    tg_set_error(TG_ERR_INVALID, "exec: no program");
+    return -1.0;
+  }
+  unsigned grid[3], blk[3];
+  int geo = launch_geometry(s, p, global_size, local_size, grid, blk);
+  if (geo <= 0) return geo < 0 ? -1.0 : 0.0;
   CUdeviceptr vals_small[16];
   void *args_small[16];
   CUdeviceptr *vals = nbufs <= 16 ? vals_small : tg_xmalloc(sizeof *vals * (size_t)nbufs);
@@ -757,8 +801,7 @@ static double cuda_exec(void *state, void *prg, void **bufs, int nbufs, const in
   CUresult r = wait ? g_cu.cuEventRecord(s->ev_start, s->stream) : CUDA_SUCCESS;
   const char *what = "cuLaunchKernel";
   if (r == CUDA_SUCCESS)
-    r = g_cu.cuLaunchKernel(p->fn, (unsigned)grid[0], (unsigned)grid[1], (unsigned)grid[2], (unsigned)b[0],
-                            (unsigned)b[1], (unsigned)b[2], 0, s->stream, nbufs ? args : NULL, NULL);
+    r = g_cu.cuLaunchKernel(p->fn, grid[0], grid[1], grid[2], blk[0], blk[1], blk[2], 0, s->stream, nbufs ? args : NULL, NULL);
   if (wait && r == CUDA_SUCCESS && (r = g_cu.cuEventRecord(s->ev_end, s->stream)) == CUDA_SUCCESS) {
     what = "the kernel";
     if ((r = g_cu.cuEventSynchronize(s->ev_end)) == CUDA_SUCCESS) r = g_cu.cuEventElapsedTime(&ms, s->ev_start, s->ev_end);
@@ -767,12 +810,141 @@ static double cuda_exec(void *state, void *prg, void **bufs, int nbufs, const in
   if (vals != vals_small) free(vals);
   if (args != args_small) free(args);
   if (r != CUDA_SUCCESS) {
-    tg_set_error(TG_ERR_RUNTIME, "CUDA: %s '%s' on %s failed: %s (%d); grid %lldx%lldx%lld, block %lldx%lldx%lld", what, p->name,
-                 s->label, cu_err(r), r, (long long)grid[0], (long long)grid[1], (long long)grid[2],
-                 (long long)b[0], (long long)b[1], (long long)b[2]);
+    tg_set_error(TG_ERR_RUNTIME, "CUDA: %s '%s' on %s failed: %s (%d); grid %ux%ux%u, block %ux%ux%u", what, p->name,
+                 s->label, cu_err(r), r, grid[0], grid[1], grid[2], blk[0], blk[1], blk[2]);
     return -1.0;
   }
   return wait ? (double)ms * 1e-3 : 0.0;
+}
+
+/* ---- graphs: TinyJit's replays as one submission ---- */
+
+typedef struct {
+  CUgraphNode node; /* NULL: an empty launch, nothing to run */
+  CuKernelNodeParams kp;
+  CUdeviceptr *vals;
+  void **args;
+  int nbufs;
+} CuLaunch;
+
+typedef struct {
+  CUgraph g;
+  CUgraphExec exec; /* made at the first launch */
+  CuLaunch *l;
+  int n, cap;
+  CUgraphNode last; /* the chain's end: each launch depends on the one before */
+} CuGraph;
+
+static tg_status graph_fail(CuState *s, const char *what, CUresult r) {
+  tg_set_error(TG_ERR_RUNTIME, "CUDA: %s on %s failed: %s (%d)", what, s->label, cu_err(r), r);
+  return TG_ERR_RUNTIME;
+}
+
+static void *cuda_graph_new(void *state) {
+  CuState *s = state;
+  if (!g_cug.create) {
+    tg_set_error(TG_ERR_RUNTIME, "CUDA: the driver library %s has no CUDA graphs", g_cu_libname ? g_cu_libname : CU_LIBRARY);
+    return NULL;
+  }
+  CuGraph *gr = tg_xcalloc(1, sizeof *gr);
+  pthread_mutex_lock(&s->lock);
+  cu_current(s);
+  CUresult r = g_cug.create(&gr->g, 0);
+  pthread_mutex_unlock(&s->lock);
+  if (r != CUDA_SUCCESS) {
+    free(gr);
+    graph_fail(s, "cuGraphCreate", r);
+    return NULL;
+  }
+  return gr;
+}
+
+static void launch_args(CuLaunch *l, void **bufs, int nbufs) {
+  for (int i = 0; i < nbufs; i++) {
+    l->vals[i] = (CUdeviceptr)(uintptr_t)bufs[i];
+    l->args[i] = &l->vals[i];
+  }
+}
+
+static tg_status cuda_graph_add(void *state, void *graph, void *prg, void **bufs, int nbufs, const int64_t *global_size,
+                                const int64_t *local_size) {
+  CuState *s = state;
+  CuGraph *gr = graph;
+  CuProgram *p = prg;
+  if (!gr || !p || gr->exec) {
+    tg_set_error(TG_ERR_INVALID, "CUDA graph: %s", !gr || !p ? "no graph or program" : "launches are added before the first run");
+    return TG_ERR_INVALID;
+  }
+  unsigned grid[3], blk[3];
+  int geo = launch_geometry(s, p, global_size, local_size, grid, blk);
+  if (geo < 0) return tg_last_status();
+  if (gr->n == gr->cap) {
+    gr->cap = gr->cap ? 2 * gr->cap : 16;
+    gr->l = tg_xrealloc(gr->l, sizeof *gr->l * (size_t)gr->cap);
+  }
+  CuLaunch *l = &gr->l[gr->n];
+  memset(l, 0, sizeof *l);
+  l->nbufs = nbufs;
+  l->vals = tg_xcalloc((size_t)nbufs + 1, sizeof *l->vals);
+  l->args = tg_xcalloc((size_t)nbufs + 1, sizeof *l->args);
+  launch_args(l, bufs, nbufs);
+  gr->n++;
+  if (geo == 0) return TG_OK;
+  l->kp = (CuKernelNodeParams){p->fn, grid[0], grid[1], grid[2], blk[0], blk[1], blk[2], 0, nbufs ? l->args : NULL, NULL};
+  pthread_mutex_lock(&s->lock);
+  cu_current(s);
+  CUresult r = g_cug.add_kernel(&l->node, gr->g, gr->last ? &gr->last : NULL, gr->last ? 1 : 0, &l->kp);
+  pthread_mutex_unlock(&s->lock);
+  if (r != CUDA_SUCCESS) {
+    l->node = NULL;
+    return graph_fail(s, "cuGraphAddKernelNode", r);
+  }
+  gr->last = l->node;
+  return TG_OK;
+}
+
+static tg_status cuda_graph_set(void *state, void *graph, int i, void **bufs, int nbufs) {
+  CuState *s = state;
+  CuGraph *gr = graph;
+  if (!gr || i < 0 || i >= gr->n || nbufs != gr->l[i].nbufs || !gr->exec) {
+    tg_set_error(TG_ERR_INVALID, "CUDA graph: no launch %d of %d arguments in a graph that ran", i, nbufs);
+    return TG_ERR_INVALID;
+  }
+  CuLaunch *l = &gr->l[i];
+  launch_args(l, bufs, nbufs);
+  if (!l->node) return TG_OK;
+  pthread_mutex_lock(&s->lock);
+  cu_current(s);
+  CUresult r = g_cug.set_params(gr->exec, l->node, &l->kp);
+  pthread_mutex_unlock(&s->lock);
+  return r == CUDA_SUCCESS ? TG_OK : graph_fail(s, "cuGraphExecKernelNodeSetParams", r);
+}
+
+static tg_status cuda_graph_launch(void *state, void *graph) {
+  CuState *s = state;
+  CuGraph *gr = graph;
+  pthread_mutex_lock(&s->lock);
+  cu_current(s);
+  const char *what = "cuGraphInstantiateWithFlags";
+  CUresult r = gr->exec ? CUDA_SUCCESS : g_cug.instantiate(&gr->exec, gr->g, 0);
+  if (r != CUDA_SUCCESS) gr->exec = NULL;
+  else what = "cuGraphLaunch", r = g_cug.launch(gr->exec, s->stream);
+  pthread_mutex_unlock(&s->lock);
+  return r == CUDA_SUCCESS ? TG_OK : graph_fail(s, what, r);
+}
+
+static void cuda_graph_free(void *state, void *graph) {
+  CuState *s = state;
+  CuGraph *gr = graph;
+  if (!gr) return;
+  pthread_mutex_lock(&s->lock);
+  cu_current(s);
+  if (gr->exec) g_cug.exec_destroy(gr->exec);
+  if (gr->g) g_cug.destroy(gr->g);
+  pthread_mutex_unlock(&s->lock);
+  for (int i = 0; i < gr->n; i++) free(gr->l[i].vals), free(gr->l[i].args);
+  free(gr->l);
+  free(gr);
 }
 
 const DeviceVT cuda_device_vt = {
@@ -787,6 +959,11 @@ const DeviceVT cuda_device_vt = {
     .load = cuda_load,
     .unload = cuda_unload,
     .exec = cuda_exec,
+    .graph_new = cuda_graph_new,
+    .graph_add = cuda_graph_add,
+    .graph_set = cuda_graph_set,
+    .graph_launch = cuda_graph_launch,
+    .graph_free = cuda_graph_free,
     .synchronize = cuda_synchronize,
     .compiler_id = cuda_compiler_id,
     .caps = cuda_caps,
