@@ -20,6 +20,8 @@
 #include <tinygrad.h>
 #include <unistd.h>
 
+#include "fake_cuda_env.h"
+#include "maxdiff.h"
 #include "test.h"
 
 static char g_cuda[PATH_MAX + 32];
@@ -54,17 +56,7 @@ static tg_status jfn(const tg_tensor *in, int nin, const double *args, int nargs
   return TG_OK;
 }
 
-static double maxdiff(tg_tensor a, tg_tensor b) {
-  int64_t n = tg_numel(b);
-  double *x = malloc(sizeof(double) * (size_t)n), *y = malloc(sizeof(double) * (size_t)n), m = INFINITY;
-  if (tg_data(tg_cast(tg_to(a, "CPU"), TG_FLOAT64), x, sizeof(double) * (size_t)n) == TG_OK &&
-      tg_data(tg_cast(b, TG_FLOAT64), y, sizeof(double) * (size_t)n) == TG_OK) {
-    m = 0;
-    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs(x[i] - y[i]));
-  }
-  free(x), free(y);
-  return m;
-}
+static double maxdiff(tg_tensor a, tg_tensor b) { return tensor_maxdiff(a, b); }
 
 /* Runs the jit for `calls` calls with a new input each time; the counters' changes over the replays
  * (calls 3 and later) go to *launches, *graph_launches, *graph_runs and *sets. */
@@ -159,30 +151,11 @@ TEST(graph_failures) {
 }
 
 int main(void) {
-  char exe[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  exe[n > 0 ? n : 0] = '\0';
-  char *slash = strrchr(exe, '/');
-  if (slash) *slash = '\0';
-  snprintf(g_cuda, sizeof g_cuda, "%s/libfakecuda.so", exe);
-  setenv("TG_CUDA_LIB", g_cuda, 1);
-  char nvrtc[PATH_MAX + 32];
-  snprintf(nvrtc, sizeof nvrtc, "%s/libfakenvrtc.so", exe);
-  setenv("TG_NVRTC_LIB", nvrtc, 1); /* CUDA C the stand-in driver compiles for the host and runs */
-  char cache[] = "/tmp/tg-cugraph-cache-XXXXXX";
-  if (!getenv("TINYGRAD_CACHE_DIR") && mkdtemp(cache)) setenv("TINYGRAD_CACHE_DIR", cache, 1);
-  tg_clear_error();
-  tg_tensor t = tg_zeros(TG_SHAPE(1), TG_OPTS(.device = "CUDA"));
-  g_ok = tg_valid(t);
-  if (!g_ok) fprintf(stderr, "the CUDA device on the stand-in driver: %s\n", tg_last_error());
-  tg_free(t);
-  tg_clear_error();
+  char dir[PATH_MAX];
+  g_ok = fake_cuda_env_begin(dir, sizeof dir, "CUDA");
+  snprintf(g_cuda, sizeof g_cuda, "%s/libfakecuda.so", dir);
   int rc = RUN_TESTS();
   if (!g_ok) rc = 1;
-  if (strcmp(getenv("TINYGRAD_CACHE_DIR"), cache) == 0) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", cache);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", cache);
-  }
+  fake_cuda_env_end();
   return rc;
 }

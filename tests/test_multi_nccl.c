@@ -22,6 +22,8 @@
 #include <tinygrad.h>
 #include <unistd.h>
 
+#include "fake_cuda_env.h"
+#include "maxdiff.h"
 #include "test.h"
 
 #define L 5 /* elements of the weight */
@@ -111,22 +113,7 @@ static void check_replica_grad(const char *const *devs, int n, int seed) {
 }
 
 /* max |a - b| (a multi-device tensor is gathered) */
-static double maxdiff(tg_tensor a, tg_tensor b) {
-  int64_t n = tg_numel(a);
-  if (n != tg_numel(b) || n < 0) return INFINITY;
-  float *x = malloc(sizeof(float) * (size_t)(n + 1)), *y = malloc(sizeof(float) * (size_t)(n + 1));
-  double m = INFINITY;
-  if (tg_data(tg_cast(a, TG_FLOAT32), x, sizeof(float) * (size_t)n) == TG_OK &&
-      tg_data(tg_cast(b, TG_FLOAT32), y, sizeof(float) * (size_t)n) == TG_OK) {
-    m = 0;
-    for (int64_t i = 0; i < n; i++) {
-      double d = fabs((double)x[i] - (double)y[i]);
-      if (!(d <= m)) m = d;
-    }
-  }
-  free(x), free(y);
-  return m;
-}
+static double maxdiff(tg_tensor a, tg_tensor b) { return tensor_maxdiff(a, b); }
 
 /* every replica of a replicated tensor against want */
 static double replicas_diff(tg_tensor r, tg_tensor want) {
@@ -448,36 +435,14 @@ TEST(nccl_failures_are_errors) {
 }
 
 int main(void) {
-  char exe[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  exe[n > 0 ? n : 0] = '\0';
-  char *slash = strrchr(exe, '/');
-  if (slash) *slash = '\0';
-  snprintf(g_dir, sizeof g_dir, "%s", exe);
-  snprintf(g_nccl, sizeof g_nccl, "%s/libfakenccl.so", g_dir);
-  char cuda[PATH_MAX + 32];
-  snprintf(cuda, sizeof cuda, "%s/libfakecuda.so", g_dir);
-  setenv("TG_CUDA_LIB", cuda, 1);
-  char nvrtc[PATH_MAX + 32];
-  snprintf(nvrtc, sizeof nvrtc, "%s/libfakenvrtc.so", g_dir);
-  setenv("TG_NVRTC_LIB", nvrtc, 1); /* CUDA C the stand-in driver compiles for the host and runs */
-  setenv("TG_NCCL_LIB", g_nccl, 1);
   setenv("FAKE_CUDA_DEVICES", "3", 1);
   setenv("FAKE_NCCL_LIVE_CHECK", "1", 1); /* the stand-in fails the process if a communicator is left */
-  char cache[] = "/tmp/tg-nccl-cache-XXXXXX";
-  if (!getenv("TINYGRAD_CACHE_DIR") && mkdtemp(cache)) setenv("TINYGRAD_CACHE_DIR", cache, 1);
-  tg_clear_error();
-  tg_tensor t = tg_zeros(TG_SHAPE(1), TG_OPTS(.device = "CUDA:2"));
-  g_ok = tg_valid(t);
-  if (!g_ok) fprintf(stderr, "the CUDA device on the stand-in driver: %s\n", tg_last_error());
-  tg_free(t);
-  tg_clear_error();
+  bool ok = fake_cuda_env_begin(g_dir, sizeof g_dir, "CUDA:2");
+  snprintf(g_nccl, sizeof g_nccl, "%s/libfakenccl.so", g_dir);
+  setenv("TG_NCCL_LIB", g_nccl, 1);
+  g_ok = ok;
   int rc = RUN_TESTS();
   if (!g_ok) rc = 1;
-  if (strcmp(getenv("TINYGRAD_CACHE_DIR"), cache) == 0) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", cache);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", cache);
-  }
+  fake_cuda_env_end();
   return rc;
 }

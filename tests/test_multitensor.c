@@ -4,6 +4,7 @@
  * naive, kernel counts), the 9 matmul shardings, conv2d, embedding, BatchNorm, autograd, TinyJit,
  * rand, assign/setitem across shard boundaries.
  */
+#include "maxdiff.h"
 #include "test.h"
 
 #include <tinygrad.h>
@@ -12,22 +13,7 @@ static const char *DEV4[] = {"CPU:0", "CPU:1", "CPU:2", "CPU:3"};
 static const char *DEV2[] = {"CPU:0", "CPU:1"};
 
 /* max |a - b| of two tensors of equal numel (a may be multi-device: tg_data gathers) */
-static double maxdiff(tg_tensor a, tg_tensor b) {
-  int64_t n = tg_numel(a);
-  if (n != tg_numel(b) || n < 0) return INFINITY;
-  float *x = malloc(sizeof(float) * (size_t)(n + 1)), *y = malloc(sizeof(float) * (size_t)(n + 1));
-  tg_tensor ac = tg_cast(a, TG_FLOAT32), bc = tg_cast(b, TG_FLOAT32);
-  double m = INFINITY;
-  if (tg_data(ac, x, sizeof(float) * (size_t)n) == TG_OK && tg_data(bc, y, sizeof(float) * (size_t)n) == TG_OK) {
-    m = 0;
-    for (int64_t i = 0; i < n; i++) {
-      double d = fabs((double)x[i] - (double)y[i]);
-      if (!(d <= m)) m = d;
-    }
-  }
-  free(x), free(y);
-  return m;
-}
+static double maxdiff(tg_tensor a, tg_tensor b) { return tensor_maxdiff(a, b); }
 
 static tg_tensor realized(tg_tensor t) {
   tg_realize(t);
