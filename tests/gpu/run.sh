@@ -20,7 +20,9 @@
 #                  tensor cores' hardware layout, f16/bf16/tf32 and padded shapes, exact against
 #                  float64 for small integers), beautiful_mnist (70 steps)
 #                  with DEV=CUDA, failing below 83% test accuracy (the example's documented target),
-#                  and its final line; then a CUDA:0 -> CUDA:1 round trip if there are two GPUs
+#                  and its final line; then, if there are two GPUs, a CUDA:0 -> CUDA:1 round trip and
+#                  beautiful_mnist_multigpu over both (GPUS=2, 5 steps; its allreduces through NCCL
+#                  groups where libnccl is, shown by DEBUG=2)
 #   4b. nccl      where mpirun and libnccl exist: bench/allreduce_mpi on one rank with DEV=CUDA, whose
 #                  allreduce must go through NCCL (DEBUG=2's "NCCL allreduce")
 #   5. mnist bench bench/mnist.py with DEV=CUDA: beautiful_mnist's median train step, evaluation and
@@ -172,6 +174,13 @@ assert np.array_equal(y, x * 2), "CUDA:0 -> CUDA:1 -> CPU differs"
 print("two_gpus: 1 passed, 0 failed")
 EOF
   step two_gpus 60 "$PYTHON" "$OUT/two_gpus.py"
+  # tg_shard over the two GPUs: beautiful_mnist_multigpu's allreduces as NCCL groups (libnccl where
+  # it is), 5 steps, DEBUG=2 to see them
+  if [ -n "$MNIST" ]; then
+    step multigpu_nccl 180 env ${NCCL_LIB:+TG_NCCL_LIB="$NCCL_LIB"} DEV=CUDA GPUS=2 STEPS=5 EVAL_N=1000 DEBUG=2 \
+      MNIST_DIR="$MNIST" FASHION=1 MNIST_SAVE= bash -c 'build/examples/beautiful_mnist_multigpu >mg.out 2>&1; rc=$?;
+        grep -a -m3 "NCCL allreduce\|with copies, not NCCL" mg.out; grep -a "^final:" mg.out; rm -f mg.out; exit $rc'
+  fi
 else
   note "SKIP    two_gpus (one GPU)"
 fi
