@@ -808,6 +808,18 @@ def _topk_selection():
     v, i = topk(Tensor(r), 12, 1, largest)
     order = np.argsort(-r if largest else r, 1, kind="stable")[:, :12]
     close(i.numpy(), order, what=f"int64 ties largest={largest}"), close(v.numpy(), np.take_along_axis(r, order, 1))
+  r32 = RNG.integers(-2**31, 2**31 - 1, size=(3, 300), dtype=np.int64).astype(np.int32)
+  r32[:, ::7] = r32[:, :1]  # ties, and the int32 extremes
+  r32[0, 5], r32[1, 9], r32[2, 3] = -2**31, 2**31 - 1, -2**31
+  for largest in (True, False):
+    v, i = topk(Tensor(r32), 20, 1, largest)
+    order = np.argsort(-r32.astype(np.int64) if largest else r32, 1, kind="stable")[:, :20]
+    close(i.numpy(), order, what=f"int32 largest={largest}"), close(v.numpy(), np.take_along_axis(r32, order, 1))
+  z = np.array([[0.0, -0.0, 1.0, -0.0, 0.0, -1.0] * 8], np.float32)  # -0 ties with +0: earliest first
+  for largest in (True, False):
+    v, i = topk(Tensor(z), 12, 1, largest)
+    order = np.argsort(-z if largest else z, 1, kind="stable")[:, :12]
+    close(i.numpy(), order, what=f"-0 and +0 largest={largest}")
   b = RNG.integers(0, 2, size=(3, 40)).astype(np.bool_)
   v, i = topk(Tensor(b), 7, 1)
   order = np.argsort(~b, 1, kind="stable")[:, :7]

@@ -1164,7 +1164,13 @@ tg_tensor tg_argsort(tg_tensor x, int dim, bool descending) {
  * descending, key ascending), so "not taken" is "ranks below the last one taken": a round reads w,
  * key and the previous round's (value, key) -- a few compares that fuse into both of its
  * reductions -- and stores nothing of w's size. Returns the (..., k) keys, in order. */
+static tg_tensor select_keys_packed(tg_tensor w, tg_tensor key, int64_t k);
+static bool packs(tg_dtype dt) {
+  return dt == TG_FLOAT32 || dt == TG_INT32 || dt == TG_INT16 || dt == TG_INT8 || dt == TG_UINT16 || dt == TG_UINT8;
+}
+
 static tg_tensor select_keys(tg_tensor w, tg_tensor key, int64_t k, double none_key) {
+  if (packs(tg_dtype_of(w)) && none_key <= (double)(1 << 30)) return select_keys_packed(w, key, k);
   const int last[1] = {-1};
   tg_tensor low = tg_full_like(w, dtype_min(tg_dtype_of(w)), NULL), none = tg_full_like(key, none_key, NULL);
   tg_tensor m = NONE, ps = NONE;
@@ -1183,6 +1189,37 @@ static tg_tensor select_keys(tg_tensor w, tg_tensor key, int64_t k, double none_
   tg_tensor r = tg_contiguous(tg_cat(out, (int)k, -1));
   free(out);
   return r;
+}
+
+/* select_keys with one reduction a round: where w's values map to int32 in their order (float32 by
+ * its bits, -0 made +0 first so that it ties with +0; integers of at most 32 bits as they are) and
+ * keys lie in [-2^30, 2^30], one int64 per element holds that int32 in its high half and 2^31 - key
+ * in its low half, so int64 order is the selection's order (value descending, then key ascending)
+ * and a round is the largest packed value below the last one taken. The key comes back from the
+ * low half. Rounds read 8 bytes an element, as the two-reduction form reads w and key. */
+static tg_tensor select_keys_packed(tg_tensor w, tg_tensor key, int64_t k) {
+  const int last[1] = {-1};
+  tg_dtype kt = tg_dtype_of(key);
+  tg_opts lo = *TG_OPTS(.dtype = TG_INT64);
+  tg_tensor o;
+  if (tg_dtype_of(w) == TG_FLOAT32) {
+    tg_tensor b = tg_bitcast(tg_where(tg_eq_s(w, 0), tg_zeros_like(w, NULL), w), TG_INT32);
+    o = tg_where(tg_lt_s(b, 0), tg_bitwise_xor(b, tg_full_like(b, 0x7fffffff, NULL)), b);
+  } else {
+    o = tg_cast(w, TG_INT32);
+  }
+  tg_tensor hi = tg_mul(tg_cast(o, TG_INT64), tg_full_like(o, 4294967296.0, &lo));
+  tg_tensor packed = tg_contiguous(tg_add(hi, tg_sub(tg_full_like(key, 2147483648.0, &lo), tg_cast(key, TG_INT64))));
+  tg_tensor low = tg_full_like(packed, -9223372036854775808.0, NULL), m = NONE;
+  tg_tensor *out = tg_xmalloc(sizeof(tg_tensor) * (size_t)k);
+  for (int64_t j = 0; j < k; j++) {
+    tg_tensor mw = j ? tg_where(tg_lt(packed, m), packed, low) : packed;
+    m = out[j] = tg_contiguous(tg_max(mw, last, 1, true));
+  }
+  tg_tensor r = tg_cat(out, (int)k, -1);
+  free(out);
+  tg_tensor kl = tg_bitwise_and(r, tg_full_like(r, 4294967295.0, NULL));
+  return tg_contiguous(tg_cast(tg_sub(tg_full_like(kl, 2147483648.0, NULL), kl), kt));
 }
 
 /* The top k along ax by selection (select_keys): O(k n) per row, where the bitonic sort makes
