@@ -642,6 +642,35 @@ TEST(cl_beam) {
 }
 
 /* float64 on a device without cl_khr_fp64 is an error naming the extension, not a build failure */
+/* sin of vectors whose lanes mix tiny and huge arguments: PoCL's vector sin gave the tiny lanes the
+ * sine of a rescaled value (sin(1e-3) = 0.008, sin(1e-35) = 2^-7) when another lane needed its
+ * large-argument reduction; such vectors now go lane by lane. Every lane within 4 ulp (OpenCL's
+ * bound for sin) of libm in double precision, for each lane position of a 16-float vector. */
+TEST(cl_sin_tiny_lanes_beside_huge_ones) {
+  tg_clear_error();
+  if (!device_get("CL")) return;
+  BEGIN;
+  enum { N = 16 * 64 };
+  static const float tiny[] = {1e-3f, -2.5e-5f, 0x1.723888p-117f, 1e-38f, -0x1p-149f, 0.0f, 0.01f, -0x1.3408d8p-78f};
+  static const float big[] = {1e10f, -3e7f, 8193.0f, 1e30f, 123456.7f, -0x1.fffffep+127f, 65536.5f, 2e5f};
+  float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N);
+  for (int i = 0; i < N; i++) {
+    int v = i / 16, lane = i % 16;
+    /* each vector: one huge lane at position v % 16, tiny ones elsewhere, and ordinary values */
+    x[i] = lane == v % 16 ? big[v % 8] : (lane + v) % 3 ? tiny[(lane + v) % 8] : 0.25f * (float)(lane + 1);
+  }
+  tg_tensor t = tg_from_data(x, TG_SHAPE(N), TG_OPTS(.device = "CL"));
+  CHECK(tg_data(tg_sin(t), y, sizeof(float) * N) == TG_OK);
+  int bad = 0;
+  for (int i = 0; i < N; i++) {
+    double want = sin((double)x[i]), sp = fabs(want) < 0x1p-126 ? 0x1p-149 : ldexp(1.0, ilogb(want) - 23);
+    if (!(fabs((double)y[i] - want) <= 4 * sp) && bad++ < 3) fprintf(stderr, "  sin(%a) = %a, want %a\n", x[i], y[i], want);
+  }
+  CHECK_MSG(bad == 0, "%d of %d sines off by more than 4 ulp", bad, N);
+  free(x), free(y);
+  END;
+}
+
 TEST(cl_float64_needs_fp64) {
   tg_clear_error();
   Device *cl = device_get("CL");

@@ -1537,7 +1537,15 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
       if (L->ext_vec) {
         /* OpenCL C's own functions take vectors (and are what its scalar code calls) */
         static const char *const clf[] = {"exp2", "log2", "sin", "sqrt", "trunc"};
-        sb_printf(&out, "static inline tg_vf tg_v_%s(tg_vf x){return %s(x);}\n", fs[i], clf[i]);
+        if (i == 2 && W > 1)
+          /* PoCL's vector sin gives lanes below about 2^-7 the sine of a rescaled value (sin(1e-3)
+           * = 0.008) when another lane of the vector needs its large-argument reduction (1e10; 9000
+           * does not): such vectors, and NaN ones, go lane by lane, as the C renderer's do */
+          sb_printf(&out, "static inline tg_vf tg_v_sinf(tg_vf x){\n  if (any((fabs(x) > 8192.0f) | isnan(x))) {\n"
+                          "    tg_vf r;\n    for (int l = 0; l < %d; l++) r[l] = sin(x[l]);\n    return r;\n  }\n"
+                          "  return sin(x);\n}\n", W);
+        else
+          sb_printf(&out, "static inline tg_vf tg_v_%s(tg_vf x){return %s(x);}\n", fs[i], clf[i]);
       } else if (i < 3) {
         sb_puts(&out, i == 0 ? PRELUDE_V_EXP2 : i == 1 ? PRELUDE_V_LOG2 : PRELUDE_V_SIN);
         if (i == 0) {
