@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef void (*tt_fn)(void);
 typedef struct {
@@ -163,6 +164,40 @@ static inline void *tt_read_file(const char *path, size_t *n) {
   fclose(f);
   return b;
 }
+/* What the process writes to stderr (fd 2, C's stderr included) between tt_stderr_begin() and
+ * tt_stderr_end(), which returns it (malloc'd, NUL-terminated; "" if it could not be captured).
+ * One capture at a time. */
+typedef struct {
+  FILE *file;
+  int saved;
+} tt_capture;
+static inline tt_capture *tt_cap(void) {
+  static tt_capture c = {NULL, -1};
+  return &c;
+}
+static inline void tt_stderr_begin(void) {
+  tt_capture *c = tt_cap();
+  fflush(stderr);
+  c->file = tmpfile();
+  c->saved = c->file ? dup(2) : -1;
+  if (c->saved >= 0) dup2(fileno(c->file), 2);
+}
+static inline char *tt_stderr_end(void) {
+  tt_capture *c = tt_cap();
+  fflush(stderr);
+  if (c->saved >= 0) dup2(c->saved, 2), close(c->saved);
+  c->saved = -1;
+  if (!c->file) return calloc(1, 1);
+  fseek(c->file, 0, SEEK_END);
+  long n = ftell(c->file);
+  char *out = calloc(1, (size_t)(n > 0 ? n : 0) + 1);
+  rewind(c->file);
+  if (n > 0 && fread(out, 1, (size_t)n, c->file) != (size_t)n) out[0] = '\0';
+  fclose(c->file);
+  c->file = NULL;
+  return out;
+}
+
 static inline void tmpdir_remove(void) {
   char *d = tt_dir_buf(), cmd[600];
   if (!d[0]) return;

@@ -50,21 +50,9 @@ static bool has_nvrtc(void) {
 
 /* Runs realize(t) with stderr going to a file; returns what it printed (malloc'd). */
 static char *stderr_of_realize(tg_tensor t, tg_status *st) {
-  fflush(stderr);
-  char path[] = "/tmp/tg-cuda-fake-XXXXXX";
-  int fd = mkstemp(path);
-  int saved = dup(2);
-  dup2(fd, 2);
+  tt_stderr_begin();
   *st = tg_realize(t);
-  fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
-  off_t n = lseek(fd, 0, SEEK_END);
-  char *out = calloc(1, (size_t)(n > 0 ? n : 0) + 1);
-  if (n > 0 && pread(fd, out, (size_t)n, 0) != n) out[0] = '\0';
-  close(fd);
-  unlink(path);
-  return out;
+  return tt_stderr_end();
 }
 
 TEST(cuda_missing_driver_library) {

@@ -82,18 +82,11 @@ TEST(error_and_context_are_thread_local) {
 
 /* Runs fn with stderr redirected; what it wrote is left in out. */
 static void capture_stderr(void (*fn)(void), char *out, size_t n) {
-  fflush(stderr);
-  int saved = dup(2);
-  FILE *f = tmpfile();
-  dup2(fileno(f), 2);
+  tt_stderr_begin();
   fn();
-  fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
-  rewind(f);
-  size_t got = fread(out, 1, n - 1, f);
-  out[got] = 0;
-  fclose(f);
+  char *e = tt_stderr_end();
+  snprintf(out, n, "%s", e);
+  free(e);
 }
 
 static int64_t g_bad_int;

@@ -50,28 +50,6 @@ static long nstat(const char *name) {
   return v;
 }
 
-/* stderr into a file between cap_begin and cap_end, which returns what was written (malloc'd) */
-static int g_cap_fd = -1, g_saved = -1;
-static char g_cap_path[64];
-static void cap_begin(void) {
-  fflush(stderr);
-  snprintf(g_cap_path, sizeof g_cap_path, "/tmp/tg-nccl-XXXXXX");
-  g_cap_fd = mkstemp(g_cap_path);
-  g_saved = dup(2);
-  dup2(g_cap_fd, 2);
-}
-static char *cap_end(void) {
-  fflush(stderr);
-  dup2(g_saved, 2);
-  close(g_saved);
-  off_t n = lseek(g_cap_fd, 0, SEEK_END);
-  char *out = calloc(1, (size_t)(n > 0 ? n : 0) + 1);
-  if (n > 0 && pread(g_cap_fd, out, (size_t)n, 0) != n) out[0] = '\0';
-  close(g_cap_fd);
-  unlink(g_cap_path);
-  return out;
-}
-
 /* c[i][k]: replica i's coefficients */
 static void coeffs(float c[3][L], int seed) {
   for (int i = 0; i < 3; i++)
@@ -140,10 +118,10 @@ TEST(nccl_no_library_uses_copies) {
   setenv("TG_NCCL_LIB", "/nonexistent/libnccl.so.2", 1);
   tg_context_begin();
   tg_context_set_int("DEBUG", 2);
-  cap_begin();
+  tt_stderr_begin();
   tg_tensor x = batch(1, "CPU"), r = tg_sum(tg_shard(x, DEV2, 2, 0), (int[]){0}, 1, false);
   tg_status st = tg_realize(r);
-  char *err = cap_end();
+  char *err = tt_stderr_end();
   tg_context_end();
   CHECK_MSG(st == TG_OK, "%s", tg_last_error());
   CHECK(replicas_diff(r, tg_sum(x, (int[]){0}, 1, false)) == 0);
@@ -164,10 +142,10 @@ TEST(nccl_sum_and_max) {
   tg_tensor x = batch(2, "CPU");
   tg_context_begin();
   tg_context_set_int("DEBUG", 2);
-  cap_begin();
+  tt_stderr_begin();
   tg_tensor s2 = tg_sum(tg_shard(x, DEV2, 2, 0), (int[]){0}, 1, false);
   CHECK(tg_realize(s2) == TG_OK);
-  char *err = cap_end();
+  char *err = tt_stderr_end();
   tg_context_end();
   CHECK(replicas_diff(s2, tg_sum(x, (int[]){0}, 1, false)) == 0);
   CHECK(nstat("initall") == 1 && nstat("group") == 1 && nstat("local_allreduce") == 1 &&
@@ -349,7 +327,7 @@ TEST(nccl_fallbacks) {
   tg_context_begin();
   tg_context_set_int("DEBUG", 2);
   tg_context_set_int("NCCL", 0);
-  cap_begin();
+  tt_stderr_begin();
   tg_tensor s = tg_sum(tg_shard(x, DEV3, 3, 0), (int[]){0}, 1, false);
   CHECK(tg_realize(s) == TG_OK);
   /* the training step's loss and gradient through the copies */
@@ -371,7 +349,7 @@ TEST(nccl_fallbacks) {
   tg_tensor sn = tg_sum(tg_shard(x, same, 2, 0), (int[]){0}, 1, false);
   tg_tensor all[3] = {h, p, sn};
   CHECK(tg_realize_many(all, 3) == TG_OK);
-  char *err = cap_end();
+  char *err = tt_stderr_end();
   tg_context_end();
   CHECK(replicas_diff(s, tg_sum(x, (int[]){0}, 1, false)) == 0);
   CHECK_MSG(maxdiff(loss, want_loss) < 1e-5 && replicas_diff(g, want_g) < 1e-5, "loss %g, grad %g",

@@ -82,14 +82,14 @@ typedef struct {
   bool fresh; /* pin[] holds what the hoisted items compute from deps at dep_ver */
   /* Device graphs (CUDA graphs; JIT=1, tinygrad's default -- JIT=2 replays launch by launch): the
    * kernels a replay runs (those gmask marks) recorded on gdev as one graph, with the arguments
-   * each last ran with (gargs[i], gnargs[i] of them). Its transients live in one planned buffer
-   * (garena: slots whose lifetimes do not overlap share memory), viewed per slot by gslot[s], so
-   * their addresses stay put from one replay to the next. gfailed: this capture replays without. */
+   * each last ran with (gargs[i]: its buffers, then its variables). Its transients live in one
+   * planned buffer (garena: slots whose lifetimes do not overlap share memory), viewed per slot by
+   * gslot[s], so their addresses stay put from one replay to the next. gfailed: this capture
+   * replays without. */
   void *graph;
   Device *gdev;
   bool *gmask;
   void ***gargs;
-  int *gnargs;
   Buffer *garena;
   Buffer **gslot;
   bool gfailed;

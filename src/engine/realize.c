@@ -417,8 +417,8 @@ static void capture_graph_drop(Capture *c) {
   for (int i = 0; c->gargs && i < c->n; i++) free(c->gargs[i]);
   for (int s = 0; c->gslot && s < c->nslots; s++) buffer_unref(c->gslot[s]);
   buffer_unref(c->garena);
-  free(c->gargs), free(c->gnargs), free(c->gmask), free(c->gslot);
-  c->graph = NULL, c->gdev = NULL, c->gargs = NULL, c->gnargs = NULL, c->gmask = NULL, c->gslot = NULL, c->garena = NULL;
+  free(c->gargs), free(c->gmask), free(c->gslot);
+  c->graph = NULL, c->gdev = NULL, c->gargs = NULL, c->gmask = NULL, c->gslot = NULL, c->garena = NULL;
 }
 
 void capture_free(Capture *c) {
@@ -476,6 +476,17 @@ static Buffer *run_buffer(const Capture *c, const CapItem *it, int j, Buffer **l
   for (int k = 0; k < n; k++)
     if (it->bufs[j] == from[k]) return to[k];
   return it->bufs[j];
+}
+
+/* A captured kernel's variable arguments (after its nbufs buffers in p): this replay's values of
+ * vars[] where it takes them, else the values it was captured with. */
+static void kernel_var_args(const CapItem *it, void **p, const int *vars, const int64_t *vals, int nvars) {
+  for (int k = 0; k < it->code->nvars; k++) {
+    int64_t v = it->vals[k];
+    for (int q = 0; q < nvars; q++)
+      if (vars[q] == it->code->vars[k]) v = vals[q];
+    p[it->nbufs + k] = (void *)(intptr_t)v;
+  }
 }
 
 static void print_group_line(Buffer *const *out, int n, size_t nbytes, tg_dtype dt, int redop, bool replay) {
@@ -558,12 +569,7 @@ static tg_status run_items(const Capture *c, const bool *run, Buffer *const *fro
       int nv = it->code->nvars;
       void **p = it->nbufs + nv <= 64 ? ps : tg_xmalloc(sizeof(void *) * (size_t)(it->nbufs + nv));
       for (int j = 0; j < it->nbufs; j++) p[j] = b[j]->ptr;
-      for (int k = 0; k < nv; k++) { /* the kernel's variables: this replay's values */
-        int64_t v = it->vals[k];
-        for (int q = 0; q < nvars; q++)
-          if (vars[q] == it->code->vars[k]) v = vals[q];
-        p[it->nbufs + k] = (void *)(intptr_t)v;
-      }
+      kernel_var_args(it, p, vars, vals, nvars);
       buffer_written(b[0]);
       double t = program_exec(it->prg, p, it->nbufs, it->code->global_size, it->code->local_size, dbg >= 2 || viz_on);
       if (p != ps) free(p);
@@ -595,8 +601,9 @@ static tg_status run_items(const Capture *c, const bool *run, Buffer *const *fro
 /* The transients of the kernels run[] marks, planned into one buffer of gdev: walking the items in
  * order, a slot takes the first gap (256-byte aligned) that fits among the slots still live, the
  * others' memory freed after their last item. Pinned slots keep their pins. */
+static size_t slot_span(const CapSlot *s) { return (s->nbytes + 255) / 256 * 256; }
+
 static tg_status graph_plan(Capture *c, const bool *run, Buffer *const *pin) {
-  enum { ALIGN = 256 };
   size_t *off = c->nslots ? tg_xcalloc((size_t)c->nslots, sizeof(size_t)) : NULL;
   bool *placed = c->nslots ? tg_xcalloc((size_t)c->nslots, sizeof(bool)) : NULL;
   size_t total = 0;
@@ -606,13 +613,13 @@ static tg_status graph_plan(Capture *c, const bool *run, Buffer *const *pin) {
     for (int j = 0; it->slot && j < it->nbufs; j++) {
       int sl = it->slot[j];
       if (sl < 0 || placed[sl] || (pin && pin[sl])) continue;
-      size_t need = (c->slots[sl].nbytes + ALIGN - 1) / ALIGN * ALIGN, at = 0;
+      size_t need = slot_span(&c->slots[sl]), at = 0;
       /* the lowest offset where no live slot (lifetime overlapping this one's) is in the way */
       for (bool moved = true; moved;) {
         moved = false;
         for (int q = 0; q < c->nslots; q++) {
           if (!placed[q] || c->slots[q].last < c->slots[sl].first || c->slots[q].first > c->slots[sl].last) continue;
-          size_t qend = off[q] + (c->slots[q].nbytes + ALIGN - 1) / ALIGN * ALIGN;
+          size_t qend = off[q] + slot_span(&c->slots[q]);
           if (off[q] < at + need && at < qend) at = qend, moved = true;
         }
       }
@@ -655,7 +662,6 @@ static int graph_replay(Capture *c, const bool *run, Buffer *const *from, Buffer
     c->gdev = d;
     c->gmask = tg_xcalloc((size_t)c->n + 1, sizeof(bool));
     c->gargs = tg_xcalloc((size_t)c->n + 1, sizeof(void **));
-    c->gnargs = tg_xcalloc((size_t)c->n + 1, sizeof(int));
     for (int i = 0; i < c->n; i++) c->gmask[i] = !run || run[i];
     if ((st = graph_plan(c, run, c->pin)) == TG_OK && !(c->graph = d->vt->graph_new(d->state))) st = tg_last_status();
   }
@@ -663,27 +669,23 @@ static int graph_replay(Capture *c, const bool *run, Buffer *const *from, Buffer
   for (int i = 0; i < c->n && st == TG_OK; i++) {
     if (!c->gmask[i]) continue;
     const CapItem *it = &c->items[i];
-    int nv = it->code->nvars, na = it->nbufs + nv;
+    int na = it->nbufs + it->code->nvars;
     void **p = tg_xmalloc(sizeof(void *) * (size_t)(na + 1));
     for (int j = 0; j < it->nbufs; j++) {
-      int sl = it->slot ? it->slot[j] : -1;
-      Buffer *b = sl >= 0 ? (c->pin && c->pin[sl] ? c->pin[sl] : c->gslot[sl]) : run_buffer(c, it, j, NULL, NULL, from, to, n);
+      /* (every transient of the graph's items has its place in the arena: gslot serves as the
+       * live buffers, so none is allocated here) */
+      Buffer *b = run_buffer(c, it, j, c->gslot, c->pin, from, to, n);
       p[j] = b->ptr;
       if (j == 0) buffer_written(b);
     }
-    for (int k = 0; k < nv; k++) {
-      int64_t v = it->vals[k];
-      for (int q = 0; q < nvars; q++)
-        if (vars[q] == it->code->vars[k]) v = vals[q];
-      p[it->nbufs + k] = (void *)(intptr_t)v;
-    }
+    kernel_var_args(it, p, vars, vals, nvars);
     if (!same) {
       st = d->vt->graph_add(d->state, c->graph, atomic_load(&it->prg->handle), p, na, it->code->global_size, it->code->local_size);
     } else if (memcmp(p, c->gargs[i], sizeof(void *) * (size_t)na) != 0) {
       st = d->vt->graph_set(d->state, c->graph, idx, p, na);
     }
     free(c->gargs[i]);
-    c->gargs[i] = p, c->gnargs[i] = na;
+    c->gargs[i] = p;
     idx++;
   }
   if (st == TG_OK) st = d->vt->graph_launch(d->state, c->graph);

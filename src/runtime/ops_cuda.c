@@ -776,6 +776,15 @@ static int launch_geometry(CuState *s, CuProgram *p, const int64_t *global_size,
   return 1;
 }
 
+/* cuLaunchKernel's parameters: each argument's value (a device pointer, or a variable's value) in
+ * vals[i], and args[i] pointing at it. */
+static void kernel_args(CUdeviceptr *vals, void **args, void **bufs, int nbufs) {
+  for (int i = 0; i < nbufs; i++) {
+    vals[i] = (CUdeviceptr)(uintptr_t)bufs[i];
+    args[i] = &vals[i];
+  }
+}
+
 static double cuda_exec(void *state, void *prg, void **bufs, int nbufs, const int64_t *global_size,
                         const int64_t *local_size, bool wait) {
   CuState *s = state;
@@ -791,10 +800,7 @@ static double cuda_exec(void *state, void *prg, void **bufs, int nbufs, const in
   void *args_small[16];
   CUdeviceptr *vals = nbufs <= 16 ? vals_small : tg_xmalloc(sizeof *vals * (size_t)nbufs);
   void **args = nbufs <= 16 ? args_small : tg_xmalloc(sizeof *args * (size_t)nbufs);
-  for (int i = 0; i < nbufs; i++) {
-    vals[i] = (CUdeviceptr)(uintptr_t)bufs[i];
-    args[i] = &vals[i];
-  }
+  kernel_args(vals, args, bufs, nbufs);
   float ms = 0.0f;
   pthread_mutex_lock(&s->lock);
   cu_current(s);
@@ -859,13 +865,6 @@ static void *cuda_graph_new(void *state) {
   return gr;
 }
 
-static void launch_args(CuLaunch *l, void **bufs, int nbufs) {
-  for (int i = 0; i < nbufs; i++) {
-    l->vals[i] = (CUdeviceptr)(uintptr_t)bufs[i];
-    l->args[i] = &l->vals[i];
-  }
-}
-
 static tg_status cuda_graph_add(void *state, void *graph, void *prg, void **bufs, int nbufs, const int64_t *global_size,
                                 const int64_t *local_size) {
   CuState *s = state;
@@ -887,7 +886,7 @@ static tg_status cuda_graph_add(void *state, void *graph, void *prg, void **bufs
   l->nbufs = nbufs;
   l->vals = tg_xcalloc((size_t)nbufs + 1, sizeof *l->vals);
   l->args = tg_xcalloc((size_t)nbufs + 1, sizeof *l->args);
-  launch_args(l, bufs, nbufs);
+  kernel_args(l->vals, l->args, bufs, nbufs);
   gr->n++;
   if (geo == 0) return TG_OK;
   l->kp = (CuKernelNodeParams){p->fn, grid[0], grid[1], grid[2], blk[0], blk[1], blk[2], 0, nbufs ? l->args : NULL, NULL};
@@ -911,7 +910,7 @@ static tg_status cuda_graph_set(void *state, void *graph, int i, void **bufs, in
     return TG_ERR_INVALID;
   }
   CuLaunch *l = &gr->l[i];
-  launch_args(l, bufs, nbufs);
+  kernel_args(l->vals, l->args, bufs, nbufs);
   if (!l->node) return TG_OK;
   pthread_mutex_lock(&s->lock);
   cu_current(s);
