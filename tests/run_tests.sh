@@ -55,6 +55,11 @@ trap 'rm -rf "$TMP"' EXIT
 
 total_pass=0
 total_fail=0
+failed_why=()
+# lines of a failed program's output that say why: failed checks, sanitizer reports and their first
+# frames outside the sanitizer, errors of the stand-in drivers
+WHY_RE='FAIL|ERROR: |SUMMARY: |runtime error|#[1-3] 0x|leak of|stand-in|fake lib|error:|Abort|panic'
+
 programs=0
 failed_programs=()
 
@@ -87,6 +92,8 @@ record() {
   if [ "$f" -ne 0 ] || [ "$rc" -ne 0 ]; then
     failed_programs+=("$name${why:+ ($why)}")
     [ -n "$why" ] && echo "!! $name: $why"
+    # the lines that say why, again in the summary (a long log scrolls them away)
+    failed_why+=("$name: $(grep -aE "$WHY_RE" "$log" | head -n 6 | cut -c1-240 | sed 's/^/    /')")
   fi
   return 0
 }
@@ -260,6 +267,8 @@ fi
 if [ ${#failed_programs[@]} -gt 0 ]; then
   echo "failed (${#failed_programs[@]} of $programs programs):"
   for p in "${failed_programs[@]}"; do echo "  $p"; done
+  echo "why (the first lines of each that say so):"
+  for w in "${failed_why[@]}"; do echo "  $w"; done
 else
   echo "all $programs programs passed"
 fi

@@ -10,7 +10,8 @@
  * Without a GPU: the stand-in driver tests/fake_libcuda.c (three GPUs whose memory is host memory)
  * runs the kernels that the stand-in NVRTC tests/fake_libnvrtc.c hands it as CUDA C, compiled for
  * the host; the stand-in tests/fake_libnccl.c combines a group's allreduces on the host and counts
- * the calls (fake_nccl_stat). The tests run in file order: the first runs before libnccl is loaded.
+ * the calls (fake_nccl_stat). The tests run in file order: the first that allreduces runs before
+ * libnccl is loaded.
  * FAKE_NCCL_LIVE_CHECK makes the process fail at exit if a communicator was left.
  */
 #include <dlfcn.h>
@@ -111,7 +112,12 @@ static tg_tensor batch(int seed, const char *dev) {
   return tg_from_data(xs, TG_SHAPE(6, 4), TG_OPTS(.device = dev));
 }
 
-/* The first test: libnccl is not there (TG_NCCL_LIB names a missing file): the graph's copies. */
+/* The stand-in driver runs kernels (main opened CUDA:2 on it); every other test needs it. */
+TEST(nccl_stand_in_driver_opens) {
+  CHECK_MSG(g_ok, "the CUDA device does not open on the stand-in driver in %s (its error is above)", g_dir);
+}
+
+/* The first test that allreduces: libnccl is not there (TG_NCCL_LIB names a missing file): the graph's copies. */
 TEST(nccl_no_library_uses_copies) {
   if (!g_ok) return;
   BEGIN;
@@ -420,7 +426,6 @@ int main(void) {
   setenv("TG_NCCL_LIB", g_nccl, 1);
   g_ok = ok;
   int rc = RUN_TESTS();
-  if (!g_ok) rc = 1;
   fake_cuda_env_end();
   return rc;
 }
