@@ -748,6 +748,37 @@ TEST(random_distributions) {
   END;
 }
 
+/* randn takes both uniforms of a Box-Muller pair from the two output words of one threefry call:
+ * the normals must still be independent and normal. 2^18 of them: mean and standard deviation
+ * within 5 standard errors, the mass within 1 and 2 sigma, the third and fourth moments, and no
+ * correlation between neighbours or between a number and the one half the tensor away. */
+TEST(randn_from_one_call_is_normal) {
+  BEGIN;
+  enum { N = 1 << 18 };
+  static float v[N];
+  tg_manual_seed(77);
+  tg_tensor t = tg_randn(TG_SHAPE(N), NULL);
+  CHECK(tg_data(t, v, sizeof v) == TG_OK);
+  tg_free(t);
+  double m = 0, m2 = 0, m3 = 0, m4 = 0, in1 = 0, in2 = 0, c1 = 0, ch = 0;
+  for (int i = 0; i < N; i++) m += v[i];
+  m /= N;
+  for (int i = 0; i < N; i++) {
+    double z = v[i];
+    m2 += z * z, m3 += z * z * z, m4 += z * z * z * z;
+    in1 += fabs(z) < 1, in2 += fabs(z) < 2;
+    c1 += z * v[(i + 1) % N], ch += z * v[(i + N / 2) % N];
+  }
+  m2 /= N, m3 /= N, m4 /= N, in1 /= N, in2 /= N, c1 /= N, ch /= N;
+  double se = 1 / sqrt((double)N); /* 0.002 */
+  CHECK_MSG(fabs(m) < 5 * se, "mean %g", m);
+  CHECK_MSG(fabs(sqrt(m2) - 1) < 5 * se, "std %g", sqrt(m2));
+  CHECK_MSG(fabs(in1 - 0.682689) < 0.005 && fabs(in2 - 0.954500) < 0.003, "mass within 1 and 2 sigma %g %g", in1, in2);
+  CHECK_MSG(fabs(m3) < 0.03 && fabs(m4 - 3) < 0.08, "skew %g, kurtosis %g", m3, m4);
+  CHECK_MSG(fabs(c1) < 5 * se && fabs(ch) < 5 * se, "correlations %g (neighbours) %g (half apart)", c1, ch);
+  END;
+}
+
 TEST(random_seed_reproducible) {
   BEGIN;
   float a[256], b[256], c[256], d[256];

@@ -376,8 +376,10 @@ static UOp *next_counter(int device, uint64_t *seed) {
 }
 
 /* Random uint32 bits for `n` elements (1-D), new ref: threefry2x32 with key (seed, call counter)
- * over counters (i, 0). fn names the public function in errors. */
-static UOp *random_bits(const char *fn, int device, int64_t n) {
+ * over counters (i, 0), its first output word. With second, *second gets the other output word of
+ * the same calls (another n independent words for the price of none: a normal draw takes both of
+ * its uniforms from one call). fn names the public function in errors. */
+static UOp *random_bits(const char *fn, int device, int64_t n, UOp **second) {
   (void)fn;
   uint64_t seed;
   UOp *ctr = next_counter(device, &seed);
@@ -411,16 +413,15 @@ static UOp *random_bits(const char *fn, int device, int64_t n) {
     uop_unref(x0), uop_unref(x1), uop_unref(ic), uop_unref(bk);
     x0 = a, x1 = b;
   }
-  uop_unref(x1);
+  if (second) *second = x1;
+  else uop_unref(x1);
   uop_unref(c);
   for (int i = 0; i < 3; i++) uop_unref(ks[i]);
   return x0;
 }
 
-/* uniform [0, 1) float32 of numel n (1-D), new ref */
-static UOp *rand01(const char *fn, int device, int64_t n) {
-  UOp *bits = random_bits(fn, device, n);
-  if (!bits) return NULL;
+/* uniform [0, 1) float32 from 23 of the random bits, new ref (bits' reference is taken) */
+static UOp *bits01(UOp *bits, int device) {
   UOp *nine = u32c(bits, 9), *one = u32c(bits, 0x3F800000u);
   UOp *sh = u32op(OP_SHR, bits, nine);
   UOp *o = u32op(OP_OR, sh, one);
@@ -429,6 +430,15 @@ static UOp *rand01(const char *fn, int device, int64_t n) {
   UOp *r = g_alu(OP_SUB, TG_FLOAT32, f, fo, NULL);
   uop_unref(bits), uop_unref(nine), uop_unref(one), uop_unref(sh), uop_unref(o), uop_unref(f), uop_unref(fo);
   return r;
+}
+
+/* uniform [0, 1) float32 of numel n (1-D), new ref; with second, *second gets n more from the same
+ * calls' other words */
+static UOp *rand01(const char *fn, int device, int64_t n, UOp **second) {
+  UOp *w1 = NULL, *bits = random_bits(fn, device, n, second ? &w1 : NULL);
+  if (!bits) return NULL;
+  if (second) *second = bits01(w1, device);
+  return bits01(bits, device);
 }
 
 /* int_ok: tinygrad's randn, which draws in float and casts to an integer or bool dtype */
@@ -444,7 +454,7 @@ static tg_tensor rand_shaped(const char *fn, const int64_t *shape, int ndim, con
   if (!d->vt) return on_first_member(d, opts, rand_shaped(fn, shape, ndim, member_opts(d, opts), scale, shift, normal, int_ok));
   UOp *r;
   if (!normal) {
-    r = rand01(fn, d->id, n);
+    r = rand01(fn, d->id, n, NULL);
     /* [0, 1) in float32 has 2^-24 steps; rounded to float16's 11, bfloat16's 8 or fp8's 3-4 significant bits,
      * the values just below 1 would become 1. Truncate to the dtype's own grid (tinygrad fills the
      * dtype's mantissa bits), which keeps every value below 1. */
@@ -459,11 +469,11 @@ static tg_tensor rand_shaped(const char *fn, const int64_t *shape, int ndim, con
       r = q;
     }
   } else {
-    /* Box-Muller: cos(2*pi*u0) * sqrt(-2*log(1-u1)) */
-    UOp *u = rand01(fn, d->id, 2 * n);
-    if (!u) return NONE;
-    int64_t b0[2] = {0, n}, b1[2] = {n, 2 * n};
-    UOp *u0 = g_shrink(u, b0), *u1 = g_shrink(u, b1);
+    /* Box-Muller: cos(2*pi*u0) * sqrt(-2*log(1-u1)), u0 and u1 the two output words of one
+     * threefry call (one call per normal number, as tinygrad's randn, whose rand of 2n numbers
+     * takes the calls' two words for its halves) */
+    UOp *u1 = NULL, *u0 = rand01(fn, d->id, n, &u1);
+    if (!u0) return NONE;
     UOp *k = g_const_shaped(2 * M_PI, TG_FLOAT32, d->id, u0->shape, 1), *hp = g_const_shaped(M_PI / 2, TG_FLOAT32, d->id, u0->shape, 1);
     UOp *ang = g_alu(OP_MUL, TG_FLOAT32, u0, k, NULL), *ang2 = g_alu(OP_ADD, TG_FLOAT32, ang, hp, NULL);
     UOp *cs = g_alu(OP_SIN, TG_FLOAT32, ang2, NULL, NULL);
@@ -473,7 +483,7 @@ static tg_tensor rand_shaped(const char *fn, const int64_t *shape, int ndim, con
     UOp *t = g_alu(OP_MUL, TG_FLOAT32, lg, m2, NULL);
     UOp *sq = g_alu(OP_SQRT, TG_FLOAT32, t, NULL, NULL);
     r = g_alu(OP_MUL, TG_FLOAT32, cs, sq, NULL);
-    UOp *all[] = {u, u0, u1, k, hp, ang, ang2, cs, one, m2, om, lg, t, sq};
+    UOp *all[] = {u0, u1, k, hp, ang, ang2, cs, one, m2, om, lg, t, sq};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) uop_unref(all[i]);
   }
   if (!r) return NONE;
