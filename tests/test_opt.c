@@ -645,9 +645,9 @@ static KernelCode *first_reduce_kernel(tg_tensor t, const char *opts) {
   int tbuf;
   OptList l;
   KernelCode *kc = NULL;
-  if (!optlist_parse(opts, &l) || schedule_build(&s, &u, 1, &tbuf) != TG_OK) return NULL;
+  if ((opts && !optlist_parse(opts, &l)) || schedule_build(&s, &u, 1, &tbuf) != TG_OK) return NULL;
   for (int i = 0; i < s.nitems && !kc; i++)
-    if (s.items[i].kind == SI_KERNEL) kc = codegen_for(s.items[i].ast, &device_get(NULL)->caps, &l);
+    if (s.items[i].kind == SI_KERNEL) kc = codegen_for(s.items[i].ast, &device_get(NULL)->caps, opts ? &l : NULL);
   schedule_free(&s);
   return kc;
 }
@@ -680,6 +680,23 @@ TEST(cpu_lists_apply) {
   g_beam = "1";
   CHECK(compare(e_classifier, 37, 64, 64, 48, 1e-5) == 0);
   g_beam = NULL;
+}
+
+/* The launch's thread count counts every element a kernel touches: a reduction vectorized along its
+ * axis does a vector of elements per iteration of its loop. A cross-entropy's sums of exponentials
+ * (512 rows of 1000) ran on one thread, its work counted a vector width too small (0.95 -> 0.49 ms
+ * with two threads); a few rows of the same stay on the calling thread. */
+TEST(cpu_threads_count_reduce_lanes) {
+  tg_scope_begin();
+  for (int rows = 4; rows <= 512; rows += 508) {
+    tg_tensor x = mkrand(rows, 1000, 3);
+    CHECK(tg_realize(x) == TG_OK);
+    KernelCode *kc = first_reduce_kernel(tg_sum(tg_exp(x), TG_AXES(1), false), NULL);
+    CHECK(kc != NULL);
+    if (kc) CHECK_MSG(kc->local_size[0] == (rows == 4 ? 1 : 0), "%d rows: %s, %lld threads", rows, kc->opts, (long long)kc->local_size[0]);
+    kernel_code_free(kc);
+  }
+  tg_scope_end();
 }
 
 /* float16 and bfloat16 run in vector lanes (float lanes, rounded after every operation, converted

@@ -533,7 +533,8 @@ static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptList 
   kc->global_size[0] = k->ng ? k->granges[0]->iarg[0] : 1;
   kc->global_size[1] = kc->global_size[2] = 1;
   /* small kernels run on the calling thread: waking workers costs more than the work */
-  int64_t work = outer * (k->vw ? k->vw : 1) * k->ncopy * (inner > 0 ? inner : 1);
+  /* (a reduction vectorized along its axis does rvw elements an iteration of its loop) */
+  int64_t work = outer * (k->vw ? k->vw : 1) * k->ncopy * (inner > 0 ? inner : 1) * (k->rvw > 1 ? k->rvw : 1);
   kc->local_size[0] = (work < 65536 || kc->global_size[0] < 2) ? 1 : 0;
   if (k->threads) kc->local_size[0] = k->threads; /* THREAD(0, n) */
   /* a combining store: iterations of the split loop must not meet at one output */
