@@ -401,7 +401,10 @@ TEST(vector_transcendentals_accurate) {
     x[n++] = v;
   }
   static const char *const names[] = {"exp2", "log2", "sin"};
-  static const double bound[] = {1.0, 1.2, 0.6}; /* measured: 0.95, 1.10, 0.53 */
+  /* measured: 0.95, 1.10, 0.53; an OpenCL device computes them with its own exp2, log2 and sin,
+   * whose accuracy the OpenCL C specification bounds by 3, 3 and 4 ulp (PoCL's sin: 1.48) */
+  static const double own_bound[] = {1.0, 1.2, 0.6}, cl_bound[] = {3.0, 3.0, 4.0};
+  const double *bound = device_get(NULL)->caps.lang == LANG_OPENCL ? cl_bound : own_bound;
   /* lengths divisible by 16, by 8 only and by 4 only: each vector width has its own helpers */
   static const int lens[] = {N, N - 8, N - 4}, widths[] = {16, 8, 4};
   for (int f = 0; f < 9; f++) {
@@ -638,7 +641,8 @@ TEST(heuristic_list_replays) {
 }
 
 /* Lists forced on a CPU kernel: THREAD sets the launch's thread count; GPU actions, an UPCAST the
- * axis does not allow (not dividing it, without PADTO) and a second tile of one axis do not apply */
+ * axis does not allow (not dividing it, without PADTO) and a second tile of one axis do not apply.
+ * (The CPU device's kernel for t's first reduction, whatever DEV is.) */
 static KernelCode *first_reduce_kernel(tg_tensor t, const char *opts) {
   UOp *u = t_get(t, "first_reduce_kernel");
   Schedule s;
@@ -647,7 +651,7 @@ static KernelCode *first_reduce_kernel(tg_tensor t, const char *opts) {
   KernelCode *kc = NULL;
   if ((opts && !optlist_parse(opts, &l)) || schedule_build(&s, &u, 1, &tbuf) != TG_OK) return NULL;
   for (int i = 0; i < s.nitems && !kc; i++)
-    if (s.items[i].kind == SI_KERNEL) kc = codegen_for(s.items[i].ast, &device_get(NULL)->caps, opts ? &l : NULL);
+    if (s.items[i].kind == SI_KERNEL) kc = codegen_for(s.items[i].ast, &device_get("CPU")->caps, opts ? &l : NULL);
   schedule_free(&s);
   return kc;
 }
