@@ -58,7 +58,7 @@ total_fail=0
 failed_why=()
 # lines of a failed program's output that say why: failed checks, sanitizer reports and their first
 # frames outside the sanitizer, errors of the stand-in drivers
-WHY_RE='FAIL|ERROR: |SUMMARY: |runtime error|#[1-3] 0x|leak of|stand-in|fake lib|error:|Abort|panic'
+WHY_RE='FAIL|ERROR: |SUMMARY: |Sanitizer|runtime error|#[1-3] 0x|leak of|stand-in|fake lib|error:|fatal|Abort|panic'
 
 programs=0
 failed_programs=()
