@@ -1158,40 +1158,7 @@ tg_tensor tg_argsort(tg_tensor x, int dim, bool descending) {
   return done(o, i);
 }
 
-/* The top k of w along its last dim (m entries, k <= m, no NaN) by k rounds of selection: round j
- * takes the largest value not yet taken and, among equal ones, the smallest key (keys are distinct
- * within a row and below none_key). The taken set is always the top j of the order (value
- * descending, key ascending), so "not taken" is "ranks below the last one taken": a round reads w,
- * key and the previous round's (value, key) -- a few compares that fuse into both of its
- * reductions -- and stores nothing of w's size. Returns the (..., k) keys, in order. */
-static tg_tensor select_keys_packed(tg_tensor w, tg_tensor key, int64_t k);
-static bool packs(tg_dtype dt) {
-  return dt == TG_FLOAT32 || dt == TG_INT32 || dt == TG_INT16 || dt == TG_INT8 || dt == TG_UINT16 || dt == TG_UINT8;
-}
-
-static tg_tensor select_keys(tg_tensor w, tg_tensor key, int64_t k, double none_key) {
-  if (packs(tg_dtype_of(w)) && none_key <= (double)(1 << 30)) return select_keys_packed(w, key, k);
-  const int last[1] = {-1};
-  tg_tensor low = tg_full_like(w, dtype_min(tg_dtype_of(w)), NULL), none = tg_full_like(key, none_key, NULL);
-  tg_tensor m = NONE, ps = NONE;
-  tg_tensor *out = tg_xmalloc(sizeof(tg_tensor) * (size_t)k);
-  for (int64_t j = 0; j < k; j++) {
-    tg_tensor left = NONE, mw = w;
-    if (j) {
-      left = tg_bitwise_or(tg_lt(w, m), tg_bitwise_and(tg_eq(w, m), tg_gt(key, ps)));
-      mw = tg_where(left, w, low);
-    }
-    m = tg_contiguous(tg_max(mw, last, 1, true));
-    tg_tensor hit = j ? tg_bitwise_and(tg_eq(w, m), left) : tg_eq(w, m);
-    ps = out[j] = tg_contiguous(tg_min(tg_where(hit, key, none), last, 1, true));
-  }
-  /* stored: read by several kernels, a cat of k pieces costs k loads an element */
-  tg_tensor r = tg_contiguous(tg_cat(out, (int)k, -1));
-  free(out);
-  return r;
-}
-
-/* select_keys with one reduction a round: where w's values map to int32 in their order (float32 by
+/* select_keys (below) with one reduction a round: where w's values map to int32 in their order (float32 by
  * its bits, -0 made +0 first so that it ties with +0; integers of at most 32 bits as they are) and
  * keys lie in [-2^30, 2^30], one int64 per element holds that int32 in its high half and 2^31 - key
  * in its low half, so int64 order is the selection's order (value descending, then key ascending)
@@ -1220,6 +1187,39 @@ static tg_tensor select_keys_packed(tg_tensor w, tg_tensor key, int64_t k) {
   free(out);
   tg_tensor kl = tg_bitwise_and(r, tg_full_like(r, 4294967295.0, NULL));
   return tg_contiguous(tg_cast(tg_sub(tg_full_like(kl, 2147483648.0, NULL), kl), kt));
+}
+
+/* the dtypes whose values select_keys_packed maps to int32 in their order */
+static bool packs(tg_dtype dt) {
+  return dt == TG_FLOAT32 || dt == TG_INT32 || dt == TG_INT16 || dt == TG_INT8 || dt == TG_UINT16 || dt == TG_UINT8;
+}
+
+/* The top k of w along its last dim (m entries, k <= m, no NaN) by k rounds of selection: round j
+ * takes the largest value not yet taken and, among equal ones, the smallest key (keys are distinct
+ * within a row and below none_key). The taken set is always the top j of the order (value
+ * descending, key ascending), so "not taken" is "ranks below the last one taken": a round reads w,
+ * key and the previous round's (value, key) -- a few compares that fuse into both of its
+ * reductions -- and stores nothing of w's size. Returns the (..., k) keys, in order. */
+static tg_tensor select_keys(tg_tensor w, tg_tensor key, int64_t k, double none_key) {
+  if (packs(tg_dtype_of(w)) && none_key <= (double)(1 << 30)) return select_keys_packed(w, key, k);
+  const int last[1] = {-1};
+  tg_tensor low = tg_full_like(w, dtype_min(tg_dtype_of(w)), NULL), none = tg_full_like(key, none_key, NULL);
+  tg_tensor m = NONE, ps = NONE;
+  tg_tensor *out = tg_xmalloc(sizeof(tg_tensor) * (size_t)k);
+  for (int64_t j = 0; j < k; j++) {
+    tg_tensor left = NONE, mw = w;
+    if (j) {
+      left = tg_bitwise_or(tg_lt(w, m), tg_bitwise_and(tg_eq(w, m), tg_gt(key, ps)));
+      mw = tg_where(left, w, low);
+    }
+    m = tg_contiguous(tg_max(mw, last, 1, true));
+    tg_tensor hit = j ? tg_bitwise_and(tg_eq(w, m), left) : tg_eq(w, m);
+    ps = out[j] = tg_contiguous(tg_min(tg_where(hit, key, none), last, 1, true));
+  }
+  /* stored: read by several kernels, a cat of k pieces costs k loads an element */
+  tg_tensor r = tg_contiguous(tg_cat(out, (int)k, -1));
+  free(out);
+  return r;
 }
 
 /* The top k along ax by selection (select_keys): O(k n) per row, where the bitonic sort makes
