@@ -55,13 +55,13 @@ trap 'rm -rf "$TMP"' EXIT
 
 total_pass=0
 total_fail=0
-failed_why=()
 # lines of a failed program's output that say why: failed checks, sanitizer reports and their first
 # frames outside the sanitizer, errors of the stand-in drivers
 WHY_RE='FAIL|ERROR: |SUMMARY: |Sanitizer|runtime error|#[1-3] 0x|leak of|stand-in|fake lib|error:|fatal|Abort|panic'
 
 programs=0
 failed_programs=()
+failed_why=()
 
 # record NAME RC LOGFILE: adds the counts from LOGFILE's last "N passed, N failed" line; a non-zero
 # exit or a missing line adds a failure.

@@ -641,7 +641,6 @@ TEST(cl_beam) {
   same_on_cl_set("NOOPT=1 sum", f_small_sum, 1e-5, "NOOPT", "1");
 }
 
-/* float64 on a device without cl_khr_fp64 is an error naming the extension, not a build failure */
 /* sin of vectors whose lanes mix tiny and huge arguments: PoCL's vector sin gave the tiny lanes the
  * sine of a rescaled value (sin(1e-3) = 0.008, sin(1e-35) = 2^-7) when another lane needed its
  * large-argument reduction; such vectors now go lane by lane. Every lane within 4 ulp (OpenCL's
@@ -671,6 +670,7 @@ TEST(cl_sin_tiny_lanes_beside_huge_ones) {
   END;
 }
 
+/* float64 on a device without cl_khr_fp64 is an error naming the extension, not a build failure */
 TEST(cl_float64_needs_fp64) {
   tg_clear_error();
   Device *cl = device_get("CL");
