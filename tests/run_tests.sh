@@ -24,6 +24,8 @@
 # Every program ends its output with "<name>: N passed, N failed"; the counts are summed. A program
 # that exits non-zero, dies from a signal, times out or prints no such line counts at least one
 # failure. The last line printed is "N passed, N failed"; the exit status is 1 if anything failed.
+# Under `make asan`, a program whose tests all passed but whose LeakSanitizer check at exit could not
+# run (LeakSanitizer's "fatal error") runs again, see run().
 #
 # Environment: BUILD (default build), PYTHON (default /usr/bin/python3), TINYGRAD_LIB (default
 # $BUILD/libtinygrad.so), TEST_TIMEOUT (seconds per program, default 600), TEST_FILTER (passed on to
@@ -37,7 +39,7 @@ C_ONLY=0
 for arg in "$@"; do
   case $arg in
     --c-only) C_ONLY=1 ;;
-    -h | --help) sed -n '2,31p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h | --help) sed -n '2,33p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "run_tests.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
@@ -57,11 +59,12 @@ total_pass=0
 total_fail=0
 # lines of a failed program's output that say why: failed checks, sanitizer reports and their first
 # frames outside the sanitizer, errors of the stand-in drivers
-WHY_RE='FAIL|ERROR: |SUMMARY: |Sanitizer|runtime error|#[1-3] 0x|leak of|stand-in|fake lib|error:|fatal|Abort|panic'
+WHY_RE='FAIL|ERROR: |SUMMARY: |Sanitizer|Tracer|Could not|Unable to|runtime error|#[1-3] 0x|leak of|stand-in|fake lib|error:|fatal|Abort|panic'
 
 programs=0
 failed_programs=()
 failed_why=()
+lsan_notes=() # programs whose leak check had to be run again (run)
 
 # record NAME RC LOGFILE: adds the counts from LOGFILE's last "N passed, N failed" line; a non-zero
 # exit or a missing line adds a failure.
@@ -98,9 +101,20 @@ record() {
   return 0
 }
 
+# lsan_checker_failed LOG: the program's own tests all passed, and then LeakSanitizer could not do its
+# check at exit (its "fatal error": the tracer that stops the threads failed; no leak was found).
+lsan_checker_failed() {
+  grep -aq 'LeakSanitizer has encountered a fatal error' "$1" && grep -aqE '[0-9]+ passed, 0 failed' "$1"
+}
+
 # run NAME CMD...: runs CMD with the time limit, shows its output, records its counts.
+# When LeakSanitizer's checker itself fails (lsan_checker_failed), the leak check has not been done:
+# the program runs again with LeakSanitizer's diagnostics on (what stopped the tracer is printed),
+# and if that fails the same way, once more with the leak check made at the end of main
+# (TT_LEAK_CHECK_AT_END, tests/test.h), before the libraries' exit handlers run. The program passes
+# only when one of those runs completes its leak check and finds nothing.
 run() {
-  local name=$1 log="$TMP/run.log" rc t0 t1
+  local name=$1 log="$TMP/run.log" rc t0 t1 try diag
   shift
   echo "== $name"
   t0=$(date +%s%N)
@@ -108,6 +122,22 @@ run() {
   rc=$?
   t1=$(date +%s%N)
   cat "$log"
+  for try in diagnostics at-end; do
+    [ "$rc" -ne 0 ] && lsan_checker_failed "$log" || break
+    echo "!! $name: LeakSanitizer's check at exit failed (exit $rc) after all tests passed; running it again ($try)"
+    if [ $try = diagnostics ]; then
+      { LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}verbosity=1:log_threads=1" timeout -k 10 "$TEST_TIMEOUT" "$@" >"$log.2" 2>&1 </dev/null; } 2>/dev/null
+    else
+      { TT_LEAK_CHECK_AT_END=1 timeout -k 10 "$TEST_TIMEOUT" "$@" >"$log.2" 2>&1 </dev/null; } 2>/dev/null
+    fi
+    rc=$?
+    # LeakSanitizer's own account (the verbose log is long: only the lines about the tracer and threads)
+    diag=$(grep -aE 'Tracer|tracer|Could not|Failed|Unable|errno|fatal|not found in registry|passed, [0-9]+ failed|SUMMARY|leak of' "$log.2" |
+      grep -av 'failed to intercept' | head -n 20 | cut -c1-240 | sed 's/^/    | /')
+    echo "$diag"
+    lsan_notes+=("$name: LeakSanitizer's checker failed; run again ($try): exit $rc"$'\n'"$diag")
+    mv "$log.2" "$log"
+  done
   record "$name" "$rc" "$log"
   printf '   (%s: exit %d, %d.%02d s)\n' "$name" "$rc" $(((t1 - t0) / 1000000000)) $((((t1 - t0) / 10000000) % 100))
 }
@@ -260,6 +290,10 @@ fi
 
 # ---- summary ------------------------------------------------------------------------------------
 echo
+if [ ${#lsan_notes[@]} -gt 0 ]; then
+  echo "LeakSanitizer's check at exit failed (not a leak: its tracer could not stop the threads) and ran again:"
+  for w in "${lsan_notes[@]}"; do echo "  $w"; done
+fi
 if [ "$programs" -eq 0 ] || [ $((total_pass + total_fail)) -eq 0 ]; then
   echo "!! no tests ran (nothing in $BUILD/tests/ or tests/test_*.py)"
   total_fail=$((total_fail + 1))

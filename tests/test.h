@@ -16,6 +16,20 @@
 #include <string.h>
 #include <unistd.h>
 
+/* Under AddressSanitizer, TT_LEAK_CHECK_AT_END=1 makes LeakSanitizer's check run when the tests end
+ * (in tt_run) instead of at process exit, before the libraries' exit handlers and destructors run.
+ * tests/run_tests.sh uses it only when the check at exit could not run at all. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TT_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TT_ASAN 1
+#endif
+#endif
+#ifdef TT_ASAN
+#include <sanitizer/lsan_interface.h>
+#endif
+
 typedef void (*tt_fn)(void);
 typedef struct {
   const char *name;
@@ -90,6 +104,10 @@ static inline int tt_run(const char *prog) {
   const char *base = strrchr(prog, '/');
   printf("%s: %d passed, %d failed\n", base ? base + 1 : prog, passed, failed);
   fflush(stdout);
+#ifdef TT_ASAN
+  const char *at_end = getenv("TT_LEAK_CHECK_AT_END");
+  if (at_end && atoi(at_end)) __lsan_do_leak_check(); /* a leak ends the process here; no check at exit follows */
+#endif
   return failed ? 1 : 0;
 }
 #define RUN_TESTS() tt_run(__FILE__)
