@@ -707,13 +707,58 @@ TEST(big_sum_split_in_two_stages) {
   CHECK_KERNELS(s1, ==, 1);
   tg_context_end();
   CHECK_CLOSE_ALL(s1, &tot, 1, 1e-3);
-  /* many outputs: one kernel, the threads split the outputs */
+  /* many outputs, each of few elements: one kernel, the threads split the outputs */
+  tg_tensor rs = tg_sum(x, TG_AXES(1), false);
+  CHECK_KERNELS(rs, ==, 1);
+  /* a column sum of a large matrix: blocks of rows first (split_columns), then their sum */
   tg_tensor cs = tg_sum(x, TG_AXES(0), false);
-  CHECK_KERNELS(cs, ==, 1);
+  CHECK_KERNELS(cs, ==, 2);
   float c0;
   CHECK(tg_data(tg_shrink(cs, (const int64_t[]){0, 1}, 2), &c0, sizeof c0) == TG_OK);
   CHECK(fabs(c0 - col0) < 1e-3);
   free(v);
+  END;
+}
+
+/* A sum over the rows of a large matrix whose columns are contiguous sums blocks of 16 rows first,
+ * then the partial rows (2048 x 512: 2 kernels); its values and gradient are the plain sum's. It
+ * stays one kernel with SPLIT_REDUCEOP=0, for a small matrix, and where the kept axis is not
+ * contiguous (a transposed view: its rows are the reduction's contiguous axis). */
+TEST(column_sum_split_by_row_blocks) {
+  BEGIN;
+  enum { R = 2048, C = 512 };
+  float *v = test_data((size_t)R * C, 23);
+  double *want = calloc(C, sizeof(double));
+  for (size_t r = 0; r < R; r++)
+    for (size_t c = 0; c < C; c++) want[c] += v[r * C + c];
+  tg_tensor x = tg_set_requires_grad(tg_from_data(v, TG_SHAPE(R, C), F32), true);
+  tg_tensor s = tg_sum(tg_mul_s(x, 2.0), TG_AXES(0), false);
+  CHECK_KERNELS(s, ==, 2);
+  double *want2 = malloc(C * sizeof(double));
+  for (size_t c = 0; c < C; c++) want2[c] = 2 * want[c];
+  CHECK_CLOSE_ALL(s, want2, C, 1e-4);
+  /* backward of the two stages: every element's gradient is 2 */
+  CHECK(tg_backward(tg_sum(s, TG_ALL_AXES, false)) == TG_OK);
+  float g[8];
+  CHECK(tg_data(tg_shrink(tg_reshape(tg_grad(x), TG_SHAPE(R * C)), (const int64_t[]){R * C - 8, R * C}, 2), g, sizeof g) == TG_OK);
+  for (int i = 0; i < 8; i++) CHECK(g[i] == 2.0f);
+  tg_context_begin();
+  tg_context_set("SPLIT_REDUCEOP", "0");
+  tg_tensor s0 = tg_sum(tg_mul_s(x, 1.0), TG_AXES(0), false);
+  CHECK_KERNELS(s0, ==, 1);
+  tg_context_end();
+  CHECK_CLOSE_ALL(s0, want, C, 1e-4);
+  /* the same columns of a quarter of the rows (under 2^20 elements): one kernel */
+  tg_tensor small = tg_from_data(v, TG_SHAPE(R / 4, C), F32);
+  CHECK_KERNELS(tg_sum(small, TG_AXES(0), false), ==, 1);
+  /* x stored transposed, (C, R), viewed as (R, C) again: summed over its rows, it reads along its
+   * contiguous axis */
+  tg_tensor xt = tg_contiguous(tg_permute(tg_detach(x), TG_AXES(1, 0)));
+  CHECK(tg_realize(xt) == TG_OK);
+  tg_tensor st = tg_sum(tg_permute(xt, TG_AXES(1, 0)), TG_AXES(0), false);
+  CHECK_KERNELS(st, ==, 1);
+  CHECK_CLOSE_ALL(st, want, C, 1e-4);
+  free(v), free(want), free(want2);
   END;
 }
 

@@ -535,12 +535,17 @@ static void heuristic(LKernel *k, int *next_axis) {
     int best = -1;
     bool best_free = false;
     bool best_masked = false;
+    /* every load moves along the vector axis (a column sum's blocks of rows): another axis's copies
+     * would reuse no load, only read more rows at once; the vector axis's copy below reads each
+     * row further instead */
+    bool stream_only = vg >= 0 && lanes && loads_depend(k->rbody, -1, k->granges[vg], ALL_LOADS);
     /* (a GPU kernel's window positions are its tile already: their copies share every load the
      * window does not move, a convolution's weights) */
     for (int g = 0; g < k->ng && !k->nwr; g++) {
       if (g == vg || sym_range(k->granges[g])) continue;
       int64_t n = k->granges[g]->iarg[0];
       bool free_axis = lanes && !loads_depend(k->rbody, lanes, k->granges[g], ANY_LOAD);
+      if (stream_only && !free_axis) continue;
       /* a short free axis (a 5-wide kernel window) is upcast whole */
       if (n % 4 != 0 && !(free_axis && !k->rvw && n >= 3 && n <= 8)) continue;
       /* among equally free axes, one that no load's padding condition involves: an upcast axis
@@ -552,7 +557,7 @@ static void heuristic(LKernel *k, int *next_axis) {
         best = g, best_free = free_axis, best_masked = masked;
     }
     /* nothing divides by 4: PADTO the longest axis that pads by at most a quarter */
-    bool padded = best < 0 && !k->nwr;
+    bool padded = best < 0 && !k->nwr && !stream_only;
     for (int g = 0; padded && g < k->ng; g++)
       if (g != vg && k->granges[g]->iarg[0] > 8 && pad_ok(k, g, 4) &&
           (best < 0 || k->granges[g]->iarg[0] > k->granges[best]->iarg[0]))
@@ -579,9 +584,10 @@ static void heuristic(LKernel *k, int *next_axis) {
       ups[nup].axis = best, ups[nup++].factor = f;
       push_opt(&l, OPT_UPCAST, best, f);
     }
-    if (vg >= 0 && k->granges[vg]->iarg[0] % 2 == 0 && f * 2 <= 16 && k->granges[vg]->iarg[0] >= 2) {
-      ups[nup].axis = vg, ups[nup++].factor = 2;
-      push_opt(&l, OPT_UPCAST, vg, 2);
+    int vf2 = stream_only ? 4 : 2; /* (four vectors: a longer piece of each row per load stream) */
+    if (vg >= 0 && k->granges[vg]->iarg[0] % vf2 == 0 && f * vf2 <= 16 && k->granges[vg]->iarg[0] >= vf2) {
+      ups[nup].axis = vg, ups[nup++].factor = vf2;
+      push_opt(&l, OPT_UPCAST, vg, vf2);
     }
   }
   /* an elementwise kernel whose vector lanes gather a strided operand (a transposing copy) upcasts
@@ -607,10 +613,14 @@ static void heuristic(LKernel *k, int *next_axis) {
     int64_t n = k->rranges[k->nr - 1]->iarg[0];
     if (n % 4 == 0 && n >= 8 && try_unroll_reduce(k, k->nr - 1, 4)) push_opt(&l, OPT_UNROLL, k->nr - 1, 4);
   }
+  bool vg_every_load = vg >= 0 && k->rbody && loads_depend(k->rbody, -1, k->granges[vg], ALL_LOADS);
   make_copies(k, ups, nup, next_axis);
   /* for register-tiled reduce kernels, iterate the vector axis outermost: the input panel that
-   * varies along it then stays in cache while the other axis streams */
-  if (k->rbody && vg > 0 && nup > 0 && !k->sym) {
+   * varies along it then stays in cache while the other axis streams. Only where some load does
+   * not depend on it (the streamed operand): where every load does (the blocks of rows of a
+   * column sum), nothing is reused across it, and the outer axes' order keeps the reads moving
+   * along rows */
+  if (k->rbody && vg > 0 && nup > 0 && !k->sym && !vg_every_load) {
     /* ...but inside an outer batch-like axis that every load depends on (the batch groups of a
      * convolution's weight gradient): each of its iterations has its own small working set, and
      * it is the axis the threads split. As actions: SWAPs of neighbours that walk it there. */

@@ -245,6 +245,72 @@ static UOp *reduce1(UOp *a, int op, const int64_t *axes, int naxes) {
  * its gradient among tied maxima per group, not evenly. SPLIT_REDUCEOP=0 turns it off. */
 #define SPLIT_MIN_RATIO 32768
 #define SPLIT_MAX_OUT 256
+
+/* Does every element of a's last axis sit next to the previous one in memory wherever a reads it:
+ * a tree of same-shape elementwise ops over row-major buffers (stored tensors, a reduction's
+ * output) and broadcast constants? `budget` bounds the walk (then: no). */
+static bool last_axis_contiguous(UOp *a, int *budget) {
+  if (--*budget < 0) return false;
+  UOp *r = uop_realized(a);
+  if (r) return a->op != OP_CONTIGUOUS || a->arg.i != 1; /* a materialized node may be stored permuted */
+  if (a->op == OP_BUFFER || a->op == OP_REDUCE_AXIS || (a->op == OP_CONTIGUOUS && a->arg.i == 0)) return true;
+  if (a->op == OP_DETACH) return last_axis_contiguous(a->src[0], budget);
+  if (op_is_movement(a->op)) { /* only a constant broadcast */
+    UOp *b = a;
+    while (op_is_movement(b->op) && !uop_realized(b)) b = b->src[0];
+    return b->op == OP_CONST && !uop_realized(b);
+  }
+  if (!op_is_alu(a->op) || a->sym) return false;
+  for (uint32_t i = 0; i < a->nsrc; i++) {
+    UOp *s = a->src[i];
+    if (s->ndim != a->ndim || memcmp(s->shape, a->shape, sizeof(int64_t) * (size_t)a->ndim) || !last_axis_contiguous(s, budget))
+      return false;
+  }
+  return true;
+}
+
+/* A sum over leading axes of a large tensor whose last axis is kept and contiguous (x.sum(0) of a
+ * (rows, cols) matrix): one kernel would walk each group of columns down every row, a row apart in
+ * memory, which the caches and prefetchers serve at about half the bandwidth of reading rows whole.
+ * The first reduced axis n becomes (n/RB, RB), RB = 16 (or 8): the first kernel sums blocks of RB
+ * consecutive rows, RB streams side by side, into n/RB partial rows; the second sums those (split
+ * again while still large). 2048x2048 .sum(0): 1.75 -> 0.73 ms. NULL where it does not apply. */
+#define COLSPLIT_MIN_IN (1 << 20)
+#define COLSPLIT_MIN_RED 256
+#define COLSPLIT_MIN_COLS 64
+static UOp *split_columns(UOp *a, int op, const bool *red, int64_t in_n, int64_t out_n) {
+  int last = a->ndim - 1;
+  if (op != OP_ADD || last < 1 || red[last] || a->shape[last] < COLSPLIT_MIN_COLS || in_n < COLSPLIT_MIN_IN ||
+      in_n / out_n < COLSPLIT_MIN_RED)
+    return NULL;
+  int ax = -1;
+  int64_t RB = 0;
+  for (int i = 0; i < last && ax < 0; i++)
+    for (int64_t d = 16; d >= 8 && red[i] && ax < 0; d /= 2)
+      if (a->shape[i] % d == 0 && a->shape[i] / d >= 2) ax = i, RB = d;
+  int budget = 64;
+  if (ax < 0 || !last_axis_contiguous(a, &budget)) return NULL;
+  int64_t sh[64], ax1 = ax + 1, ax2[64];
+  int n = 0, nax = 0;
+  for (int i = 0; i < a->ndim; i++) {
+    if (i == ax) {
+      ax2[nax++] = n;
+      sh[n++] = a->shape[i] / RB, sh[n++] = RB;
+    } else {
+      if (red[i]) ax2[nax++] = n;
+      sh[n++] = a->shape[i];
+    }
+  }
+  UOp *v = g_reshape(a, sh, n);
+  UOp *part = reduce1(v, op, &ax1, 1);
+  UOp *tot = g_reduce(part, op, ax2, nax);
+  int64_t osh[64];
+  for (int i = 0; i < a->ndim; i++) osh[i] = red[i] ? 1 : a->shape[i];
+  UOp *r = g_reshape(tot, osh, a->ndim);
+  uop_unref(v), uop_unref(part), uop_unref(tot);
+  return r;
+}
+
 UOp *g_reduce(UOp *a, int op, const int64_t *axes, int naxes) {
   if (m_is(a)) return m_reduce(a, op, axes, naxes);
   int64_t in_n = 1, out_n = 1;
@@ -255,7 +321,11 @@ UOp *g_reduce(UOp *a, int op, const int64_t *axes, int naxes) {
   for (int i = 0; i < naxes; i++) red[axes[i]] = true;
   for (int i = 0; i < a->ndim; i++)
     if (!red[i]) out_n *= a->shape[i];
-  if (out_n > SPLIT_MAX_OUT || in_n / out_n < SPLIT_MIN_RATIO) return reduce1(a, op, axes, naxes);
+  if (out_n > SPLIT_MAX_OUT) {
+    UOp *c = split_columns(a, op, red, in_n, out_n);
+    return c ? c : reduce1(a, op, axes, naxes);
+  }
+  if (in_n / out_n < SPLIT_MIN_RATIO) return reduce1(a, op, axes, naxes);
   /* the first reduced axis with a divisor G in [8, 64] leaving at least 8 per group: the largest */
   int ax = -1;
   int64_t G = 0;
