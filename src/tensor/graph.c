@@ -281,8 +281,9 @@ static bool last_axis_contiguous(UOp *a, int *budget) {
 #define COLSPLIT_MIN_COLS 64
 static UOp *split_columns(UOp *a, int op, const bool *red, int64_t in_n, int64_t out_n) {
   int last = a->ndim - 1;
+  /* (not 16-bit floats: their partial rows would be rounded to 11 or 8 bits once more) */
   if (op != OP_ADD || last < 1 || red[last] || a->shape[last] < COLSPLIT_MIN_COLS || in_n < COLSPLIT_MIN_IN ||
-      in_n / out_n < COLSPLIT_MIN_RED)
+      in_n / out_n < COLSPLIT_MIN_RED || a->dtype == TG_FLOAT16 || a->dtype == TG_BFLOAT16)
     return NULL;
   int ax = -1;
   int64_t RB = 0;
