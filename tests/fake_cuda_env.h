@@ -44,8 +44,10 @@ static bool fake_cuda_env_begin(char *dir, size_t cap, const char *device) {
   return ok;
 }
 
+void program_tier_wait(void); /* (src/runtime/device.h) */
 static void fake_cuda_env_end(void) {
   if (!fake_cache_ours) return;
+  program_tier_wait(); /* a background build of a CPU kernel may still be writing into the cache */
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf %s", fake_cache_dir);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", fake_cache_dir);

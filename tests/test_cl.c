@@ -694,6 +694,7 @@ int main(void) {
   if (!mkdtemp(g_cache)) return 2;
   setenv("TINYGRAD_CACHE_DIR", g_cache, 1);
   int rc = RUN_TESTS();
+  program_tier_wait(); /* a background build of a CPU kernel may still be writing into the cache */
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_cache);
   if (system(cmd) != 0) rc = rc ? rc : 1;
