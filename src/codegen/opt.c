@@ -512,7 +512,7 @@ static bool cpu_many_regs(const LKernel *k) { return !k->caps || !k->caps->vec_r
 /* tinygrad's hand-coded heuristics (BEAM=0). */
 static void heuristic(LKernel *k, int *next_axis) {
   OptList l = {.n = 0};
-  Upcast ups[3];
+  Upcast ups[3] = {{0, 0}};
   int nup = 0;
   int vg = -1, vr = -1;
   const int wmax = cpu_max_lanes(k);
@@ -528,6 +528,8 @@ static void heuristic(LKernel *k, int *next_axis) {
     for (int W = wmax; W >= 4 && vg < 0; W /= 2)
       if (try_vectorize_g(k, g, W, next_axis, true)) vg = g, push_opt(&l, OPT_UPCAST, g, W);
   int lanes = k->vw ? k->vw : k->rvw;
+  /* does every load move along the vector axis (a column sum's blocks of rows)? */
+  bool vg_every_load = vg >= 0 && k->rbody && loads_depend(k->rbody, -1, k->granges[vg], ALL_LOADS);
   if (k->rbody) {
     /* register tile: upcast another global axis, preferring one the vector loads do not depend
      * on (every copy then reuses the same loaded vectors and only its scalar operand differs: rows
@@ -535,10 +537,9 @@ static void heuristic(LKernel *k, int *next_axis) {
     int best = -1;
     bool best_free = false;
     bool best_masked = false;
-    /* every load moves along the vector axis (a column sum's blocks of rows): another axis's copies
-     * would reuse no load, only read more rows at once; the vector axis's copy below reads each
-     * row further instead */
-    bool stream_only = vg >= 0 && lanes && loads_depend(k->rbody, -1, k->granges[vg], ALL_LOADS);
+    /* where every load moves along the vector axis, another axis's copies would reuse no load, only
+     * read more rows at once; the vector axis's copy below reads each row further instead */
+    bool stream_only = vg_every_load && lanes;
     /* (a GPU kernel's window positions are its tile already: their copies share every load the
      * window does not move, a convolution's weights) */
     for (int g = 0; g < k->ng && !k->nwr; g++) {
@@ -613,7 +614,6 @@ static void heuristic(LKernel *k, int *next_axis) {
     int64_t n = k->rranges[k->nr - 1]->iarg[0];
     if (n % 4 == 0 && n >= 8 && try_unroll_reduce(k, k->nr - 1, 4)) push_opt(&l, OPT_UNROLL, k->nr - 1, 4);
   }
-  bool vg_every_load = vg >= 0 && k->rbody && loads_depend(k->rbody, -1, k->granges[vg], ALL_LOADS);
   make_copies(k, ups, nup, next_axis);
   /* for register-tiled reduce kernels, iterate the vector axis outermost: the input panel that
    * varies along it then stays in cache while the other axis streams. Only where some load does
