@@ -18,6 +18,8 @@
 #include <tinygrad.h>
 #include <unistd.h>
 
+#include "runtime/device.h" /* program_tier_wait */
+
 static char fake_cache_dir[] = "/tmp/tg-fake-cuda-cache-XXXXXX";
 static bool fake_cache_ours;
 
@@ -44,7 +46,6 @@ static bool fake_cuda_env_begin(char *dir, size_t cap, const char *device) {
   return ok;
 }
 
-void program_tier_wait(void); /* (src/runtime/device.h) */
 static void fake_cuda_env_end(void) {
   if (!fake_cache_ours) return;
   program_tier_wait(); /* a background build of a CPU kernel may still be writing into the cache */

@@ -143,7 +143,7 @@ valgrind_leaks() {
 # the same way too, its unsanitized build under valgrind's leak check (valgrind_leaks). The program
 # passes only when one of those runs completes its leak check and finds nothing.
 run() {
-  local name=$1 log="$TMP/run.log" rc t0 t1 try diag
+  local name=$1 log="$TMP/run.log" rc t0 t1 try diag setting
   shift
   echo "== $name"
   t0=$(date +%s%N)
@@ -154,17 +154,16 @@ run() {
   for try in diagnostics at-end valgrind; do
     [ "$rc" -ne 0 ] && lsan_checker_failed "$log" || break
     echo "!! $name: LeakSanitizer's check failed (exit $rc) after all tests passed; running it again ($try)"
-    if [ $try = diagnostics ]; then
-      { LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}verbosity=1:log_threads=1" timeout -k 10 "$TEST_TIMEOUT" "$@" >"$log.2" 2>&1 </dev/null; } 2>/dev/null
-      rc=$?
-    elif [ $try = at-end ]; then
-      { TT_LEAK_CHECK_AT_END=1 timeout -k 10 "$TEST_TIMEOUT" "$@" >"$log.2" 2>&1 </dev/null; } 2>/dev/null
-      rc=$?
-    else
+    if [ $try = valgrind ]; then
       valgrind_leaks "$log.2" "$@"
-      rc=$?
+    else
+      [ $try = diagnostics ] && setting="LSAN_OPTIONS=${LSAN_OPTIONS:+$LSAN_OPTIONS:}verbosity=1:log_threads=1" ||
+        setting=TT_LEAK_CHECK_AT_END=1
+      { env "$setting" timeout -k 10 "$TEST_TIMEOUT" "$@" >"$log.2" 2>&1 </dev/null; } 2>/dev/null
     fi
-    # LeakSanitizer's own account (the verbose log is long: only the lines about the tracer and threads)
+    rc=$?
+    # LeakSanitizer's or valgrind's own account (a verbose log is long: only the lines about the
+    # tracer, the threads and the leaks)
     diag=$(grep -aE 'Tracer|tracer|Could not|Failed|Unable|errno|fatal|not found in registry|passed, [0-9]+ failed|SUMMARY|leak of|lost:|no leaks' "$log.2" |
       grep -av 'failed to intercept' | head -n 20 | cut -c1-240 | sed 's/^/    | /')
     echo "$diag"
