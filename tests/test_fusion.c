@@ -762,6 +762,46 @@ TEST(column_sum_split_by_row_blocks) {
   END;
 }
 
+/* A stored channels-first input with 16 or more channels is copied channels-last before a padded
+ * 3x3 convolution (its windows then fit L1); with 8 channels it is read in place. Values and
+ * gradients against a direct loop, in both forms. */
+static void conv_stored_input(int C, uint64_t nkernels) {
+  enum { N = 2, H = 6, W = 6, CO = 8 };
+  float *v = test_data((size_t)N * C * H * W, 31), *wv = test_data((size_t)CO * C * 9, 37);
+  tg_tensor x = tg_set_requires_grad(tg_from_data(v, TG_SHAPE(N, C, H, W), F32), true);
+  tg_tensor w = tg_set_requires_grad(tg_from_data(wv, TG_SHAPE(CO, C, 3, 3), F32), true);
+  CHECK(tg_realize(x) == TG_OK && tg_realize(w) == TG_OK);
+  tg_tensor y = tg_conv2d(x, w, (tg_tensor){0}, TG_CONV2D_OPTS(.padding = {1}, .npadding = 1));
+  CHECK_KERNELS(y, ==, nkernels);
+  double *want = calloc((size_t)N * CO * H * W, sizeof(double)), *gx = calloc((size_t)N * C * H * W, sizeof(double)),
+         *gw = calloc((size_t)CO * C * 9, sizeof(double));
+  for (int n = 0; n < N; n++)
+    for (int co = 0; co < CO; co++)
+      for (int i = 0; i < H; i++)
+        for (int j = 0; j < W; j++)
+          for (int ci = 0; ci < C; ci++)
+            for (int a = 0; a < 3; a++)
+              for (int b = 0; b < 3; b++) {
+                int yi = i + a - 1, xj = j + b - 1;
+                if (yi < 0 || yi >= H || xj < 0 || xj >= W) continue;
+                size_t xo = ((size_t)(n * C + ci) * H + yi) * W + xj, wo = ((size_t)(co * C + ci) * 3 + a) * 3 + b;
+                want[((size_t)(n * CO + co) * H + i) * W + j] += v[xo] * wv[wo];
+                gx[xo] += wv[wo], gw[wo] += v[xo];
+              }
+  CHECK_CLOSE_ALL(y, want, (size_t)N * CO * H * W, 1e-4);
+  CHECK(tg_backward(tg_sum(y, TG_ALL_AXES, false)) == TG_OK);
+  CHECK_CLOSE_ALL(tg_grad(x), gx, (size_t)N * C * H * W, 1e-4);
+  CHECK_CLOSE_ALL(tg_grad(w), gw, (size_t)CO * C * 9, 1e-4);
+  free(v), free(wv), free(want), free(gx), free(gw);
+}
+
+TEST(conv_stored_input_channels_last_from_16) {
+  BEGIN;
+  conv_stored_input(16, 4); /* weight and input copied channels-last, the convolution, its output */
+  conv_stored_input(8, 3);  /* the input read in place */
+  END;
+}
+
 /* a wide right-hand matrix is packed into column panels before the product (tg_matmul): values
  * and gradients as the plain product's */
 TEST(matmul_wide_packed_values_and_grads) {
