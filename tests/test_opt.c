@@ -193,6 +193,8 @@ TEST(elementwise_vectorized) {
   char opts[256];
   last_kernel_opts(e_transpose_copy(mkrand(1024, 1000, 5), mkrand(1, 1, 6)), opts, sizeof opts);
   CHECK_MSG(has_lanes(opts, 0) && count_of(opts, "UPCAST:") == 2, "1024x1000 transpose: %s", opts);
+  /* ...walked in tiles of rows and columns (cpu_tiles) */
+  CHECK_MSG(count_of(opts, "LOCAL:") == 2, "1024x1000 transpose: %s", opts);
   last_kernel_opts(e_transpose_copy(mkrand(64, 48, 5), mkrand(1, 1, 6)), opts, sizeof opts);
   CHECK_MSG(has_lanes(opts, 0) && count_of(opts, "UPCAST:") == 1, "64x48 transpose: %s", opts);
   last_kernel_opts(e_int_lanes(mkrand(16, 64, 5), mkrand(16, 64, 6)), opts, sizeof opts);
@@ -640,8 +642,9 @@ TEST(heuristic_list_replays) {
   CHECK(nk >= 12);
 }
 
-/* Lists forced on a CPU kernel: THREAD sets the launch's thread count; GPU actions, an UPCAST the
- * axis does not allow (not dividing it, without PADTO) and a second tile of one axis do not apply.
+/* Lists forced on a CPU kernel: THREAD sets the launch's thread count; LOCAL tiles a loop where it
+ * divides the loop left after the upcasts; GROUP (a GPU action), an UPCAST the axis does not allow
+ * (not dividing it, without PADTO) and a second tile of one axis do not apply.
  * (The CPU device's kernel for t's first reduction, whatever DEV is.) */
 static KernelCode *first_reduce_kernel(tg_tensor t, const char *opts) {
   UOp *u = t_get(t, "first_reduce_kernel");
@@ -670,6 +673,8 @@ TEST(cpu_lists_apply) {
       {"UPCAST:1:16,PADTO:0:4,UPCAST:0:4,THREAD:0:1", true, 1}, {"UPCAST:1:16,THREAD:0:2", true, 2},
       {"UPCAST:1:16,UPCAST:0:37,SWAP:0:1", true, -1},         {"THREAD:1:2", false, 0},
       {"LOCAL:0:4", false, 0},                                 {"GROUP:0:16", false, 0},
+      {"UPCAST:1:16,LOCAL:1:3", true, -1},                     {"UPCAST:1:16,LOCAL:1:2", false, 0},
+      {"LOCAL:0:37,LOCAL:1:8", true, -1},
       {"UPCAST:1:16,UPCAST:0:37,UPCAST:0:37", false, 0},       {"UNROLL:0:3", false, 0},
       {"UNROLL:0:16,UPCAST:1:4", true, -1},
   };

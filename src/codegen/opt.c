@@ -429,6 +429,49 @@ static void make_copies(LKernel *k, const Upcast *ups, int nup, int *next_axis) 
   }
 }
 
+/* LOCAL on a CPU device: the axis runs in tiles, as a work-group's items run inside the loop over
+ * work-groups. Global loop g of n iterations (counted after the upcasts) keeps its place as a loop
+ * of n/f tiles, and a loop of the f positions inside a tile goes after every global loop. Two
+ * LOCALs tile a 2-D iteration space: a transposing copy then finishes a block of rows and columns
+ * before it moves on. False when f does not divide the loop (the list does not fit). */
+static bool cpu_tiles(LKernel *k, int *next_axis) {
+  int nl = k->nlocal, ng = k->ng;
+  for (int i = 0; i < nl; i++) {
+    int g = k->local_axis[i];
+    if (g >= ng || sym_range(k->granges[g]) || k->local_arg[i] < 2 || k->granges[g]->iarg[0] % k->local_arg[i]) return false;
+  }
+  k->granges = tg_xrealloc(k->granges, sizeof(UOp *) * (size_t)(ng + nl + 1));
+  for (int i = 0; i < nl; i++) {
+    int g = k->local_axis[i];
+    int64_t f = k->local_arg[i], n = k->granges[g]->iarg[0];
+    UOp *O = s_range((*next_axis)++, n / f), *I = s_range((*next_axis)++, f);
+    UOp *Of = s_mulc(O, f);
+    USubst su = {k->granges[g], s_add(Of, I)};
+    uop_unref(Of);
+    UOp **exprs[] = {k->values, k->sidxs, k->rbodies, k->sfirsts};
+    for (int e = 0; e < 4; e++)
+      for (int c = 0; exprs[e] && c < k->ncopy; c++)
+        if (exprs[e][c]) {
+          UOp *t = uop_substitute(exprs[e][c], &su, 1);
+          uop_unref(exprs[e][c]);
+          exprs[e][c] = t;
+        }
+    UOp **orig[] = {&k->value, &k->sidx, &k->rbody, &k->sfirst};
+    for (int e = 0; e < 4; e++)
+      if (*orig[e]) {
+        UOp *t = uop_substitute(*orig[e], &su, 1);
+        uop_unref(*orig[e]);
+        *orig[e] = t;
+      }
+    uop_unref(su.to);
+    uop_unref(k->granges[g]);
+    k->granges[g] = O;
+    k->granges[k->ng++] = I;
+  }
+  k->nlocal = 0;
+  return true;
+}
+
 /* UNROLL: reduce axis ri runs f steps per iteration -- r = R*f + u for u < f, the body becomes the
  * sum (or max) of its f copies, so the compiler sees f independent loads and FMAs per loop turn. */
 static bool try_unroll_reduce(LKernel *k, int ri, int f) {
@@ -508,6 +551,13 @@ static int cpu_max_lanes(const LKernel *k) {
 
 /* Enough vector registers (32) for the 8-row register tiles; AVX2's 16 hold a 4-row tile. */
 static bool cpu_many_regs(const LKernel *k) { return !k->caps || !k->caps->vec_regs || k->caps->vec_regs >= 32; }
+
+/* The largest divisor of n from 8 to at most m, or 0 (a tile of a transposing copy's loop). */
+static int64_t tile_div(int64_t n, int64_t m) {
+  for (int64_t t = m < n ? m : n; t >= 8; t--)
+    if (n % t == 0) return t;
+  return 0;
+}
 
 /* tinygrad's hand-coded heuristics (BEAM=0). */
 static void heuristic(LKernel *k, int *next_axis) {
@@ -605,7 +655,19 @@ static void heuristic(LKernel *k, int *next_axis) {
       int64_t n = k->granges[g2]->iarg[0];
       int f = 8;
       while (f > 1 && n % f) f /= 2;
-      if (f >= 4) ups[nup].axis = g2, ups[nup++].factor = f, push_opt(&l, OPT_UPCAST, g2, f);
+      if (f >= 4) {
+        ups[nup].axis = g2, ups[nup++].factor = f, push_opt(&l, OPT_UPCAST, g2, f);
+        /* ...and walks the copy in tiles of about 256 x 256 elements (LOCAL on both axes, see
+         * cpu_tiles): inside one, the gathered rows' cache lines are still in L1 when the next
+         * pass comes back for their neighbours, and the stores stream along a few output rows
+         * (2048x2048 transpose: 5.1 -> 3.3 ms on an AVX2 Zen) */
+        int64_t nv = k->granges[vg]->iarg[0], n2 = n / f, tv = tile_div(nv, 256 / k->vw), t2 = tile_div(n2, 256 / f);
+        if (!k->gpu && tv && t2 && nv > tv && n2 > t2) { /* (on a GPU device LOCAL means work-groups) */
+          k->local_axis[0] = g2, k->local_arg[0] = t2, push_opt(&l, OPT_LOCAL, g2, (int)t2);
+          k->local_axis[1] = vg, k->local_arg[1] = tv, push_opt(&l, OPT_LOCAL, vg, (int)tv);
+          k->nlocal = 2;
+        }
+      }
     }
   }
   /* a reduction nothing vectorizes (integer sums, strided loads) unrolls its innermost axis by 4:
@@ -615,6 +677,7 @@ static void heuristic(LKernel *k, int *next_axis) {
     if (n % 4 == 0 && n >= 8 && try_unroll_reduce(k, k->nr - 1, 4)) push_opt(&l, OPT_UNROLL, k->nr - 1, 4);
   }
   make_copies(k, ups, nup, next_axis);
+  if (k->nlocal) cpu_tiles(k, next_axis); /* (the sizes were checked above) */
   /* for register-tiled reduce kernels, iterate the vector axis outermost: the input panel that
    * varies along it then stays in cache while the other axis streams. Only where some load does
    * not depend on it (the streamed operand): where every load does (the blocks of rows of a
@@ -804,8 +867,8 @@ static void apply_from(LKernel *k, const OptList *l, int from, const DeviceCaps 
       ok = !k->gpu && o->axis == 0 && o->arg >= 1 && !k->threads;
       if (ok) k->threads = o->arg;
       break;
-    case OPT_LOCAL:
-      ok = k->gpu && !k->nolocals && k->nlocal < 3 && o->axis < k->ng && o->arg >= 1 && k->granges[o->axis]->iarg[0] % o->arg == 0;
+    case OPT_LOCAL: /* (on a CPU device: tiles, see cpu_tiles; the upcasts' copies come first) */
+      ok = !k->nolocals && k->nlocal < 3 && o->axis < k->ng && o->arg >= 1 && (!k->gpu || k->granges[o->axis]->iarg[0] % o->arg == 0);
       for (int j = 0; ok && j < k->nlocal; j++) ok = k->local_axis[j] != o->axis;
       if (ok) k->local_axis[k->nlocal] = o->axis, k->local_arg[k->nlocal++] = o->arg;
       break;
@@ -850,6 +913,7 @@ static void apply_from(LKernel *k, const OptList *l, int from, const DeviceCaps 
   }
   if (ok && k->tc) tc_make_copies(k, next_axis);
   else make_copies(k, ups, nup, next_axis);
+  if (ok && !k->gpu && k->nlocal && !cpu_tiles(k, next_axis)) k->opts_failed = true;
   describe(k);
 }
 
