@@ -468,6 +468,10 @@ static void emit_node(LR *r, UOp *u, char *out) {
       snprintf(decl, sizeof decl, "declare <%d x float> @llvm.fma.v%df32(<%d x float>, <%d x float>, <%d x float>)", r->vw, r->vw,
                r->vw, r->vw, r->vw);
       declare_intr(r, decl);
+      if (u->op == OP_EXP2) {
+        snprintf(decl, sizeof decl, "declare i1 @llvm.vector.reduce.and.v%di1(<%d x i1>)", r->vw, r->vw);
+        declare_intr(r, decl);
+      }
       if (u->op == OP_SIN) {
         snprintf(decl, sizeof decl, "declare <%d x double> @llvm.fma.v%df64(<%d x double>, <%d x double>, <%d x double>)", r->vw,
                  r->vw, r->vw, r->vw, r->vw);
@@ -715,26 +719,44 @@ static void vfma_k(SB *b, int W, const char *out, const char *x, const char *y, 
   free(k);
 }
 
+/* exp2 as the C renderer's prelude computes it (cstyle.c), with the same fast path: when every
+ * lane's n = round(x) is in [-125, 127] (an ordered compare, so NaN lanes take the slow path),
+ * 2^n is added to p's exponent field as an integer; otherwise x is clamped to [-151, 129] and p is
+ * scaled by two factors 2^(n/2), 2^(n - n/2), NaN passing through. Both paths give the C code's
+ * bits. */
+static void emit_poly_exp2(SB *b, int W, const char *pre, const char *f) {
+  static const double P[] = {0x1.41d32ep-13, 0x1.5f456ap-10, 0x1.3b2dbcp-7, 0x1.c6aed4p-5, 0x1.ebfbdap-3, 0x1.62e43p-1, 1.0};
+  char *p0 = vk(W, P[0]);
+  sb_printf(b, "  %%%sp0 = fadd <%d x float> %s, zeroinitializer\n", pre, W, p0);
+  free(p0);
+  for (int i = 1; i < 7; i++) {
+    char o[24], pin[24];
+    snprintf(o, sizeof o, "%%%sp%d", pre, i);
+    snprintf(pin, sizeof pin, "%%%sp%d", pre, i - 1);
+    vfma_k(b, W, o, pin, f, P[i]);
+  }
+}
+
 static void emit_vexp2(SB *b, int W) {
   char *k129 = vk(W, 129.0), *km151 = vk(W, -151.0), *kr = vk(W, 0x1.8p23), *k127 = vki(W, 127), *k1 = vki(W, 1),
-       *k23 = vki(W, 23);
+       *k23 = vki(W, 23), *kmin = vk(W, -125.0), *kmax = vk(W, 127.0);
   sb_printf(b, "define internal <%d x float> @tg_vexp2_%d(<%d x float> %%x) alwaysinline {\n", W, W, W);
+  sb_printf(b, "  %%fn0 = fadd <%d x float> %%x, %s\n  %%fn = fsub <%d x float> %%fn0, %s\n", W, kr, W, kr);
+  sb_printf(b, "  %%flo = fcmp oge <%d x float> %%fn, %s\n  %%fhi = fcmp ole <%d x float> %%fn, %s\n", W, kmin, W, kmax);
+  sb_printf(b, "  %%fok = and <%d x i1> %%flo, %%fhi\n  %%fall = call i1 @llvm.vector.reduce.and.v%di1(<%d x i1> %%fok)\n", W, W, W);
+  sb_puts(b, "  br i1 %fall, label %fast, label %slow\nfast:\n");
+  sb_printf(b, "  %%ff = fsub <%d x float> %%x, %%fn\n", W);
+  emit_poly_exp2(b, W, "f", "%ff");
+  sb_printf(b, "  %%fni = fptosi <%d x float> %%fn to <%d x i32>\n  %%fe = shl <%d x i32> %%fni, %s\n", W, W, W, k23);
+  sb_printf(b, "  %%fpi = bitcast <%d x float> %%fp6 to <%d x i32>\n  %%fri = add <%d x i32> %%fpi, %%fe\n", W, W, W);
+  sb_printf(b, "  %%fr = bitcast <%d x i32> %%fri to <%d x float>\n  ret <%d x float> %%fr\nslow:\n", W, W, W);
   sb_printf(b, "  %%g = fcmp ogt <%d x float> %%x, %s\n  %%c0 = select <%d x i1> %%g, <%d x float> %s, <%d x float> %%x\n", W, k129,
             W, W, k129, W);
   sb_printf(b, "  %%l = fcmp olt <%d x float> %%c0, %s\n  %%c = select <%d x i1> %%l, <%d x float> %s, <%d x float> %%c0\n", W,
             km151, W, W, km151, W);
   sb_printf(b, "  %%n0 = fadd <%d x float> %%c, %s\n  %%n = fsub <%d x float> %%n0, %s\n  %%f = fsub <%d x float> %%c, %%n\n", W, kr,
             W, kr, W);
-  static const double P[] = {0x1.41d32ep-13, 0x1.5f456ap-10, 0x1.3b2dbcp-7, 0x1.c6aed4p-5, 0x1.ebfbdap-3, 0x1.62e43p-1, 1.0};
-  char *p0 = vk(W, P[0]);
-  sb_printf(b, "  %%p0 = fadd <%d x float> %s, zeroinitializer\n", W, p0);
-  free(p0);
-  for (int i = 1; i < 7; i++) {
-    char o[16], pin[16];
-    snprintf(o, sizeof o, "%%p%d", i);
-    snprintf(pin, sizeof pin, "%%p%d", i - 1);
-    vfma_k(b, W, o, pin, "%f", P[i]);
-  }
+  emit_poly_exp2(b, W, "", "%f");
   sb_printf(b, "  %%ni = fptosi <%d x float> %%n to <%d x i32>\n  %%h = ashr <%d x i32> %%ni, %s\n", W, W, W, k1);
   sb_printf(b, "  %%h1 = add <%d x i32> %%h, %s\n  %%h2 = shl <%d x i32> %%h1, %s\n  %%s1 = bitcast <%d x i32> %%h2 to <%d x float>\n",
             W, k127, W, k23, W, W);
@@ -745,7 +767,7 @@ static void emit_vexp2(SB *b, int W) {
   sb_printf(b, "  %%nan = fcmp uno <%d x float> %%x, %%x\n  %%o = select <%d x i1> %%nan, <%d x float> %%x, <%d x float> %%r\n", W, W,
             W, W);
   sb_printf(b, "  ret <%d x float> %%o\n}\n", W);
-  free(k129), free(km151), free(kr), free(k127), free(k1), free(k23);
+  free(k129), free(km151), free(kr), free(k127), free(k1), free(k23), free(kmin), free(kmax);
 }
 
 static void emit_vlog2(SB *b, int W) {
