@@ -591,8 +591,23 @@ static tg_tensor arg_impl(const char *fn, tg_tensor x, const int *axes, int naxe
   int64_t rs[MAXD];
   rs[0] = n;
   for (int i = 1; i < nd - ax; i++) rs[i] = 1;
-  tg_tensor idx = tg_mul(m, tg_reshape(arange_on(a, (double)n, 0, -1), rs, nd - ax));
-  tg_tensor r = tg_cast(tg_rsub_s((double)n, tg_max(idx, axv, 1, keepdim)), TG_INT32);
+  /* the positions n..1 as int32 (tinygrad's), or as float32 for a float input of at most 2^24
+   * positions, where they are exact: the selection is then a float max, which vectorizes (the
+   * integer one ran as scalar code, 2x slower with LLVM's code than with gcc's). Its max is taken
+   * without tg_max's stable copy (that is for a gradient, and these products round nothing). */
+  bool fpos = tg_dtype_is_float((tg_dtype)a->dtype) && n <= ((int64_t)1 << 24);
+  tg_tensor pos = arange_on(a, (double)n, 0, -1);
+  if (fpos) pos = tg_cast(pos, TG_FLOAT32);
+  tg_tensor idx = tg_mul(m, tg_reshape(pos, rs, nd - ax)), best;
+  if (fpos) {
+    UOp *iu = t_get(idx, fn);
+    int64_t ax64 = ax;
+    best = iu ? t_wrap(g_reduce(iu, OP_MAX, &ax64, 1)) : NONE;
+    if (!keepdim) best = tg_squeeze(best, ax);
+  } else {
+    best = tg_max(idx, axv, 1, keepdim);
+  }
+  tg_tensor r = tg_cast(tg_rsub_s((double)n, best), TG_INT32);
   if (a->ndim == 0 && naxes == 1) r = keepdim ? tg_reshape(r, NULL, 0) : r;
   return done(o, r);
 }
