@@ -723,7 +723,7 @@ static void vfma_k(SB *b, int W, const char *out, const char *x, const char *y, 
  * lane's n = round(x) is in [-125, 127] (an ordered compare, so NaN lanes take the slow path),
  * 2^n is added to p's exponent field as an integer; otherwise x is clamped to [-151, 129] and p is
  * scaled by two factors 2^(n/2), 2^(n - n/2), NaN passing through. Both paths give the C code's
- * bits. */
+ * bits. (n << 23 is the bits of x + 1.5*2^23 shifted by 23, as in C: no conversion.) */
 static void emit_poly_exp2(SB *b, int W, const char *pre, const char *f) {
   static const double P[] = {0x1.41d32ep-13, 0x1.5f456ap-10, 0x1.3b2dbcp-7, 0x1.c6aed4p-5, 0x1.ebfbdap-3, 0x1.62e43p-1, 1.0};
   char *p0 = vk(W, P[0]);
@@ -747,7 +747,7 @@ static void emit_vexp2(SB *b, int W) {
   sb_puts(b, "  br i1 %fall, label %fast, label %slow\nfast:\n");
   sb_printf(b, "  %%ff = fsub <%d x float> %%x, %%fn\n", W);
   emit_poly_exp2(b, W, "f", "%ff");
-  sb_printf(b, "  %%fni = fptosi <%d x float> %%fn to <%d x i32>\n  %%fe = shl <%d x i32> %%fni, %s\n", W, W, W, k23);
+  sb_printf(b, "  %%fti = bitcast <%d x float> %%fn0 to <%d x i32>\n  %%fe = shl <%d x i32> %%fti, %s\n", W, W, W, k23);
   sb_printf(b, "  %%fpi = bitcast <%d x float> %%fp6 to <%d x i32>\n  %%fri = add <%d x i32> %%fpi, %%fe\n", W, W, W);
   sb_printf(b, "  %%fr = bitcast <%d x i32> %%fri to <%d x float>\n  ret <%d x float> %%fr\nslow:\n", W, W, W);
   sb_printf(b, "  %%g = fcmp ogt <%d x float> %%x, %s\n  %%c0 = select <%d x i1> %%g, <%d x float> %s, <%d x float> %%x\n", W, k129,
