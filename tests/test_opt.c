@@ -210,6 +210,10 @@ TEST(reductions_vectorized) {
     char opts[256];
     last_kernel_opts(e_sum_mixed_layouts(mkrand(24, 48, 3), mkrand(48, 24, 4)), opts, sizeof opts);
     CHECK_MSG(has_lanes(opts, 0), "opts: %s", opts);
+    /* argmax of floats selects with float positions: its second reduction has vector lanes (the
+     * int32 positions of before left it scalar) */
+    last_kernel_opts(tg_argmax(mkrand(64, 256, 5), TG_AXES(1), false), opts, sizeof opts);
+    CHECK_MSG(strstr(opts, "reduce lanes") != NULL, "argmax: %s", opts);
     tg_scope_end();
   }
   CHECK(compare(e_sum_rows, 32, 64, 32, 64, 1e-5) == 0);
