@@ -533,7 +533,8 @@ TEST(byte_rotation_in_rand) {
   for (int pass = 0; pass < 3; pass++) {
     tg_scope_begin();
     tg_manual_seed(11);
-    if (pass == 2) setenv("NOOPT", "1", 1);
+    tg_context_begin(); /* (settings are read from the environment once: a context overrides them) */
+    if (pass == 2) tg_context_set("NOOPT", "1");
     tg_tensor y = tg_rand(TG_SHAPE(N), TG_OPTS(.device = pass == 1 ? "CPU:LLVM" : "CPU"));
     if (pass == 0) {
       UOp *u = t_get(y, "test");
@@ -550,11 +551,40 @@ TEST(byte_rotation_in_rand) {
       CHECK_MSG(rot == 4, "%d byte rotations in rand's kernel", rot); /* 16 and 24, in two of the five round groups */
     }
     CHECK(tg_data(y, got[pass], sizeof got[pass]) == TG_OK);
-    unsetenv("NOOPT");
+    tg_context_end();
     tg_scope_end();
   }
   CHECK(memcmp(got[0], got[1], sizeof got[0]) == 0);
   CHECK(memcmp(got[0], got[2], sizeof got[0]) == 0);
+}
+
+/* The vector exp2's fast path (every lane's n = round(x) in [-125, 127]: 2^n added to the exponent
+ * field, n read from the bits of x + 1.5*2^23) and its slow path (clamps, two factors, NaN): values
+ * stepping across both ends of the range, so vectors lie inside, across and outside it, with NaN and
+ * inf lanes in a few. The C kernel (compiled, not tiered) and CPU:LLVM's give the same bits, within
+ * an ulp of exp2 in double. */
+TEST(exp2_fast_path_both_renderers) {
+  enum { N = 8192 };
+  static float x[N], got[2][N];
+  for (int i = 0; i < N; i++) x[i] = -127.0f + 256.0f * (float)i / (float)N;
+  x[2048 + 3] = NAN, x[4096 + 5] = INFINITY, x[6144 + 1] = -INFINITY, x[100] = 1e30f, x[7000] = -1e30f;
+  tg_context_begin();
+  tg_context_set("TIERED", "0");
+  for (int pass = 0; pass < 2; pass++) {
+    tg_scope_begin();
+    tg_tensor y = tg_exp2(tg_from_data(x, TG_SHAPE(N), TG_OPTS(.device = pass ? "CPU:LLVM" : "CPU")));
+    CHECK(tg_data(y, got[pass], sizeof got[pass]) == TG_OK);
+    tg_scope_end();
+  }
+  tg_context_end();
+  CHECK(memcmp(got[0], got[1], sizeof got[0]) == 0);
+  double worst = 0;
+  int at = 0;
+  for (int i = 0; i < N; i++) {
+    double e = ulps(got[0][i], exp2((double)x[i]));
+    if (e > worst) worst = e, at = i;
+  }
+  CHECK_MSG(worst <= 1.0, "exp2(%a) = %a: %.3f ulp", x[at], got[0][at], worst);
 }
 
 /* BEAM search picks among candidates checked against the unoptimized kernel: the chosen kernels
