@@ -434,40 +434,38 @@ static void make_copies(LKernel *k, const Upcast *ups, int nup, int *next_axis) 
  * of n/f tiles, and a loop of the f positions inside a tile goes after every global loop. Two
  * LOCALs tile a 2-D iteration space: a transposing copy then finishes a block of rows and columns
  * before it moves on. False when f does not divide the loop (the list does not fit). */
+static void subst_in_place(UOp **u, const USubst *s, int n) {
+  if (!*u) return;
+  UOp *t = uop_substitute(*u, s, n);
+  uop_unref(*u);
+  *u = t;
+}
+
 static bool cpu_tiles(LKernel *k, int *next_axis) {
   int nl = k->nlocal, ng = k->ng;
   for (int i = 0; i < nl; i++) {
     int g = k->local_axis[i];
     if (g >= ng || sym_range(k->granges[g]) || k->local_arg[i] < 2 || k->granges[g]->iarg[0] % k->local_arg[i]) return false;
   }
+  /* every tiled loop r becomes O * f + I at once: the outer loops keep r's places, the inner ones
+   * follow the global loops */
+  USubst s[3];
   k->granges = tg_xrealloc(k->granges, sizeof(UOp *) * (size_t)(ng + nl + 1));
   for (int i = 0; i < nl; i++) {
     int g = k->local_axis[i];
     int64_t f = k->local_arg[i], n = k->granges[g]->iarg[0];
-    UOp *O = s_range((*next_axis)++, n / f), *I = s_range((*next_axis)++, f);
-    UOp *Of = s_mulc(O, f);
-    USubst su = {k->granges[g], s_add(Of, I)};
+    UOp *O = s_range((*next_axis)++, n / f), *I = s_range((*next_axis)++, f), *Of = s_mulc(O, f);
+    s[i].from = k->granges[g], s[i].to = s_add(Of, I);
     uop_unref(Of);
-    UOp **exprs[] = {k->values, k->sidxs, k->rbodies, k->sfirsts};
-    for (int e = 0; e < 4; e++)
-      for (int c = 0; exprs[e] && c < k->ncopy; c++)
-        if (exprs[e][c]) {
-          UOp *t = uop_substitute(exprs[e][c], &su, 1);
-          uop_unref(exprs[e][c]);
-          exprs[e][c] = t;
-        }
-    UOp **orig[] = {&k->value, &k->sidx, &k->rbody, &k->sfirst};
-    for (int e = 0; e < 4; e++)
-      if (*orig[e]) {
-        UOp *t = uop_substitute(*orig[e], &su, 1);
-        uop_unref(*orig[e]);
-        *orig[e] = t;
-      }
-    uop_unref(su.to);
-    uop_unref(k->granges[g]);
     k->granges[g] = O;
     k->granges[k->ng++] = I;
   }
+  UOp **copies[] = {k->values, k->sidxs, k->rbodies, k->sfirsts};
+  for (int e = 0; e < 4; e++)
+    for (int c = 0; copies[e] && c < k->ncopy; c++) subst_in_place(&copies[e][c], s, nl);
+  subst_in_place(&k->value, s, nl), subst_in_place(&k->sidx, s, nl);
+  subst_in_place(&k->rbody, s, nl), subst_in_place(&k->sfirst, s, nl);
+  for (int i = 0; i < nl; i++) uop_unref(s[i].from), uop_unref(s[i].to);
   k->nlocal = 0;
   return true;
 }
