@@ -802,6 +802,38 @@ TEST(conv_stored_input_channels_last_from_16) {
   END;
 }
 
+/* A float16 residual stream through layernorms, each layer's output feeding a matmul: the matmul
+ * stores its operand widened to float32, and the float16 value itself must be stored too, or every
+ * later layer recomputes all the earlier ones (the bytes the kernels move grew with the square of
+ * the depth). Here each extra pair of layers moves the same bytes. */
+static uint64_t half_stack_bytes(tg_tensor x0, tg_tensor w, int layers) {
+  tg_tensor x = x0;
+  for (int l = 0; l < layers; l++) x = tg_layernorm(tg_add(x, tg_linear(x, w, (tg_tensor){0})), 1, 1e-5);
+  tg_global_counters_reset();
+  if (tg_realize(x) != TG_OK) return UINT64_MAX;
+  uint64_t b = tg_global_counters().global_mem;
+  double v = 0;
+  tg_tensor s = tg_sum(tg_cast(tg_mul(x, x), TG_FLOAT32), NULL, 0, false);
+  if (tg_item(s, &v) != TG_OK || !(v > 0.9 * 32 * 384 && v < 1.1 * 32 * 384)) return UINT64_MAX; /* rows of unit variance */
+  return b;
+}
+
+TEST(half_residual_stream_stored_once) {
+  BEGIN;
+  float *xv = test_data(32 * 384, 21), *wv = test_data(384 * 384, 22);
+  for (int i = 0; i < 384 * 384; i++) wv[i] *= 0.05f;
+  tg_tensor x0 = tg_contiguous(tg_cast(tg_from_data(xv, TG_SHAPE(32, 384), F32), TG_FLOAT16));
+  tg_tensor w = tg_contiguous(tg_cast(tg_from_data(wv, TG_SHAPE(384, 384), F32), TG_FLOAT16));
+  CHECK(tg_realize(x0) == TG_OK && tg_realize(w) == TG_OK);
+  uint64_t b2 = half_stack_bytes(x0, w, 2), b4 = half_stack_bytes(x0, w, 4), b6 = half_stack_bytes(x0, w, 6);
+  CHECK_MSG(b2 != UINT64_MAX && b4 != UINT64_MAX && b6 != UINT64_MAX, "realize or values failed");
+  CHECK_MSG(b6 - b4 <= b4 - b2 + (b4 - b2) / 10, "bytes moved: %llu (2 layers), %llu (4), %llu (6)", (unsigned long long)b2,
+            (unsigned long long)b4, (unsigned long long)b6);
+  free(xv);
+  free(wv);
+  END;
+}
+
 /* a wide right-hand matrix is packed into column panels before the product (tg_matmul): values
  * and gradients as the plain product's */
 TEST(matmul_wide_packed_values_and_grads) {

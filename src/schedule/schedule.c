@@ -58,6 +58,7 @@ typedef struct {
   bool deep;       /* materialized because it was deeper than the bound */
   bool into_red;   /* a consumer in the same kernel is (or feeds, unmaterialized) a reduction's input */
   int64_t bcast;   /* largest EXPAND output through which a consumer reaches a reduction's input (0: none) */
+  bool cast_mat;   /* a CAST of this node is stored (worth_materializing_bcast, or a CONTIGUOUS of it) */
 } NI;
 
 typedef struct {
@@ -282,7 +283,26 @@ static void decide(SCtx *c) {
     NI *x = &c->ni[i];
     if (x->leaf) continue;
     UOp *n = x->n;
-    if (!x->mat && (worth_materializing(c, x) || worth_materializing_bcast(c, x))) x->mat = true;
+    if (!x->mat && (worth_materializing(c, x) || worth_materializing_bcast(c, x))) {
+      x->mat = true;
+      NI *s = n->op == OP_CAST ? info(c, n->src[0]) : NULL;
+      if (s) s->cast_mat = true;
+    }
+    if (n->op == OP_CONTIGUOUS && n->src[0]->op == OP_CAST) { /* the matmul's own float32 copy */
+      NI *s = info(c, n->src[0]->src[0]);
+      if (s) s->cast_mat = true;
+    }
+    /* A float16 value widened for a matmul: the widening CAST is what the bcast rule stores, so
+     * the value itself would be recomputed by every other kernel that reads it -- a residual
+     * stream through layernorms recomputes every earlier layer (2 x 16 tokens of the float16 BERT
+     * encoder: the sixth layer's normalization read 36 buffers). Read by another kernel too, the
+     * value is stored as well. */
+    if (!x->mat && x->cast_mat && x->npush >= 2 && x->cand_root == -1 && op_is_alu(n->op)) {
+      PtrMap seen;
+      pm_init(&seen);
+      x->mat = recompute_weight(c, n, &seen, BCAST_RECOMPUTE_MAX + 1) > BCAST_RECOMPUTE_MAX;
+      pm_free(&seen);
+    }
     /* a gather (INDEX) fuses into its consumers' kernel when they are all in one kernel and reach
      * its output 1:1 (an elementwise epilogue: an interpolation's lerp of two gathers); read by a
      * reduction or by several kernels it gets its own small kernel, so consumers read a plain
