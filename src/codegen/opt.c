@@ -166,9 +166,11 @@ static UOp *vr(VR *v, UOp *u) {
     bool mask_ok = !(u->nsrc > 2 && dep_lane(v, u->src[2]));
     UOp *base = dt_ok && mask_ok ? contiguous_base(v, u->src[1]) : NULL;
     int64_t stride = 0;
-    /* a strided float32 load becomes a gather: W scalar loads into one vector (a LOAD whose iarg
-     * holds the stride), so the rest of the kernel still runs W lanes at a time */
-    if (!base && v->gather && mask_ok && u->dtype == TG_FLOAT32) base = strided_base(v, u->src[1], &stride);
+    /* a strided float32 (or, in float16/bfloat16 lanes, half) load becomes a gather: W scalar
+     * loads into one vector (a LOAD whose iarg holds the stride), so the rest of the kernel still
+     * runs W lanes at a time */
+    if (!base && v->gather && mask_ok && (u->dtype == TG_FLOAT32 || (v->half && is_half_dt(u->dtype))))
+      base = strided_base(v, u->src[1], &stride);
     if (!base) {
       v->fail = true;
       return NULL;

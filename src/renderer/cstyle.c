@@ -531,10 +531,13 @@ static void render_vexpr_f(R *r, UOp *u, SB *e) {
     vtype_names((tg_dtype)u->dtype, vt, vtu);
     if (u->niarg == 1) { /* a gather: lane l at base + l*stride */
       if (gated(u)) sb_printf(e, "((%s) ? ", nm(r, c));
-      sb_printf(e, "((%s){", vt);
+      /* float16/bfloat16: the W halves gathered into integer lanes, converted exactly */
+      bool h = is_vhalf(u->dtype);
+      if (h) sb_printf(e, "%s(", u->dtype == TG_BFLOAT16 ? "tg_vb2f" : "tg_vh2f");
+      sb_printf(e, "((%s){", h ? "tg_vhw" : vt);
       for (int l = 0; l < (int)u->arg.i; l++)
         sb_printf(e, "%s%s[%s + %lld%s]", l ? ", " : "", nm(r, a), nm(r, b), (long long)(l * u->iarg[0]), L->ll);
-      sb_puts(e, "})");
+      sb_puts(e, h ? "}))" : "})");
       if (gated(u)) sb_printf(e, " : %s)", vz(z, vt));
       return;
     }
@@ -1490,7 +1493,7 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
     sb_puts(&out, "#endif\n");
     const char *bs = body.s ? body.s : "";
     if (!L->ext_vec && (strstr(bs, "tg_vrh(") || strstr(bs, "tg_vrhx(") || strstr(bs, "tg_vrb(") || strstr(bs, "tg_vlh(") || strstr(bs, "tg_vlhq(") || strstr(bs, "tg_vlb(") ||
-                        strstr(bs, "tg_vsh(") || strstr(bs, "tg_vsb(") || strstr(bs, "tg_vshr("))) {
+                        strstr(bs, "tg_vh2f(") || strstr(bs, "tg_vb2f(") || strstr(bs, "tg_vsh(") || strstr(bs, "tg_vsb(") || strstr(bs, "tg_vshr("))) {
       sb_printf(&out, "#ifndef TG_VHALF%d_H\n#define TG_VHALF%d_H\n", W, W);
       sb_printf(&out, PRELUDE_VHALF, W * 4, W * 2);
       if (W == 16)
