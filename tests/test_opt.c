@@ -178,6 +178,9 @@ TEST(matmul_shapes) {
   CHECK(compare(e_matmul, 128, 96, 96, 128, 1e-5) == 0);
   CHECK(compare(e_matmul_t, 64, 32, 48, 32, 1e-5) == 0);
   CHECK(compare(e_matmul_relu_bias, 32, 32, 32, 32, 1e-5) == 0);
+  /* a few rows times a weight larger than L2, read in place (a linear): lanes along the sum, the
+   * weight's loop outermost, a 4x2 register tile on 16 vector registers */
+  CHECK(compare(e_matmul_t, 32, 384, 1536, 384, 1e-4) == 0); /* (sums of 384 in another order) */
 }
 TEST(elementwise_vectorized) {
   CHECK(compare(e_elementwise, 32, 64, 32, 64, 1e-5) == 0);
