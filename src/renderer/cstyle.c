@@ -106,6 +106,18 @@ static const char *rnd(tg_dtype dt) {
 /* the rounding after arithmetic: for float16 the hardware's conversion where there is one (see
  * tg_rhq); a cast keeps rnd(), whose operand may be a signalling NaN read from memory */
 static const char *rnd_arith(tg_dtype dt) { return dt == TG_FLOAT16 ? "tg_rhq" : rnd(dt); }
+/* Is u the result of float arithmetic (never a signalling NaN: the one input on which the
+ * hardware's conversion to float16 differs from the exact one)? A cast of it may then round with
+ * the hardware even where its bits are kept (a softmax's max over scaled float32 scores). */
+static bool arith_result(const UOp *u) {
+  switch (u->op) {
+  case OP_ADD: case OP_SUB: case OP_MUL: case OP_FDIV: case OP_SQRT: case OP_RECIP: case OP_EXP2: case OP_LOG2:
+  case OP_SIN: case OP_POW:
+    return tg_dtype_is_float((tg_dtype)u->dtype);
+  default:
+    return false;
+  }
+}
 /* storage bits -> float, and float -> storage bits, for the narrow floats ("" for the others) */
 static const char *to_f(tg_dtype dt) {
   switch (dt) {
@@ -344,7 +356,8 @@ static void render_expr(R *r, UOp *u, SB *e) {
   case OP_CAST:
     if (dt == TG_BOOL) sb_printf(e, "(%s != 0)", a);
     else if (fl && is_fp8(dt)) sb_printf(e, "%s((double)%s)", rd, a); /* one rounding, also from double */
-    else if (fl && is_half(dt)) sb_printf(e, "%s((float)%s)", rnd(dt), a);
+    else if (fl && is_half(dt)) /* exact, unless the bits kept cannot be a signalling NaN's */
+      sb_printf(e, "%s((float)%s)", arith_result(u->src[0]) || !pm_has(&r->bits, (uint64_t)(uintptr_t)u) ? rnd_arith(dt) : rnd(dt), a);
     else sb_printf(e, "(%s)(%s)", ctype(dt), a);
     return;
   case OP_BITCAST: {
@@ -506,7 +519,7 @@ static void render_vexpr(R *r, UOp *u, SB *e) {
   sb_init(&t);
   render_vexpr_f(r, u, &t);
   /* a cast whose bits no consumer keeps may take the hardware's conversion too */
-  bool exact = how == VH_CAST && pm_has(&r->bits, (uint64_t)(uintptr_t)u);
+  bool exact = how == VH_CAST && pm_has(&r->bits, (uint64_t)(uintptr_t)u) && !arith_result(u->src[0]);
   sb_printf(e, "%s(%s)", u->dtype == TG_BFLOAT16 ? "tg_vrb" : exact ? "tg_vrhx" : "tg_vrh", t.s);
   sb_free(&t);
 }

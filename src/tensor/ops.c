@@ -925,7 +925,7 @@ static PackLimits pack_limits(int device) {
   Device *d = device_by_id(device);
   int64_t l2 = d && d->caps.l2_bytes >= (256 << 10) ? d->caps.l2_bytes : 1 << 20;
   int64_t l3 = d && d->caps.l3_bytes >= (4 << 20) ? d->caps.l3_bytes : 32 << 20;
-  if (d && d->caps.vec_bytes == 32) return (PackLimits){512, 2 * l2, 2 * l2, 16};
+  if (d && d->caps.vec_bytes == 32) return (PackLimits){256, 2 * l2, 2 * l2, 16};
   return (PackLimits){1024, l3 / 2, l3 / 4, 32};
 }
 /* Does (..., rows, k) a @ (k, m) b take the packed path, as far as shapes go (the dtypes are the
