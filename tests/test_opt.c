@@ -765,6 +765,8 @@ static tg_tensor h_keep(tg_tensor x, tg_tensor y) { return tg_where(tg_ne(y, y),
 /* x read transposed: the vector lanes gather it (a strided half load) */
 static tg_tensor h_gather(tg_tensor x, tg_tensor y) { return tg_add(tg_transpose(x, 0, 1), y); }
 static tg_tensor h_gather_keep(tg_tensor x, tg_tensor y) { (void)y; return tg_neg(tg_transpose(x, 0, 1)); }
+/* a max along rows of a product: float32 vector accumulators over the half values */
+static tg_tensor h_rowmax(tg_tensor x, tg_tensor y) { return tg_add(y, tg_max(tg_mul(x, y), TG_AXES(1), true)); }
 /* float32 bit patterns (x's bits in the top half, y's in the bottom: signalling NaNs among them) cast
  * to x's dtype: a cast keeps a NaN's payload without quieting it, as the scalar conversion does */
 static tg_tensor h_narrow(tg_tensor x, tg_tensor y) {
@@ -791,9 +793,9 @@ TEST(half_lanes_bit_exact) {
   BEGIN;
   static uint16_t xb[65536], yb[65536], o1[65536], o2[65536], o3[65536];
   for (int i = 0; i < 65536; i++) xb[i] = (uint16_t)i, yb[i] = (uint16_t)((i * 40503u + 12345u) & 0xffff);
-  const hfn fs[] = {h_add, h_mul, h_div, h_max, h_sel, h_sqrt, h_f32, h_keep, h_narrow, h_gather, h_gather_keep};
+  const hfn fs[] = {h_add, h_mul, h_div, h_max, h_sel, h_sqrt, h_f32, h_keep, h_narrow, h_gather, h_gather_keep, h_rowmax};
   const char *names[] = {"add", "mul", "div", "max", "where", "sqrt+recip", "via float32", "keep NaN bits", "cast from float32 bits",
-                         "gathered add", "gathered negation"};
+                         "gathered add", "gathered negation", "row max"};
   tg_dtype dts[2] = {TG_FLOAT16, TG_BFLOAT16};
   /* with the host's F16C/AVX-512 conversions, and (x86) without them: the portable vector code */
 #if defined(__x86_64__)

@@ -368,7 +368,10 @@ static int gather_contiguous_axis(LKernel *k, int vg) {
  * become W-wide), the accumulators become vectors summed across lanes at the end. */
 static bool try_vectorize_reduce(LKernel *k, int ri, int W, int *next_axis) {
   int64_t n = k->rranges[ri]->iarg[0];
-  if (!k->rbody || W < 1 || n % W != 0 || n < W || k->racc != TG_FLOAT32 || (k->rop != OP_ADD && k->rop != OP_MAX) ||
+  /* a max of float16/bfloat16 values is exact in float32 lanes: its accumulators become float32
+   * (the values they hold are all halves, so nothing rounds differently) */
+  bool hmax = k->rop == OP_MAX && is_half_dt(k->racc) && half_lanes(k);
+  if (!k->rbody || W < 1 || n % W != 0 || n < W || (k->racc != TG_FLOAT32 && !hmax) || (k->rop != OP_ADD && k->rop != OP_MAX) ||
       sym_range(k->rranges[ri]))
     return false;
   UOp *lane = s_range(LANE_AXIS, W);
@@ -385,6 +388,11 @@ static bool try_vectorize_reduce(LKernel *k, int ri, int W, int *next_axis) {
   v.W = W;
   v.half = half_lanes(k);
   UOp *nrb = vr(&v, rb);
+  if (hmax && nrb && !v.fail && nrb->dtype == k->racc) {
+    UOp *w = uop_new(OP_CAST, TG_FLOAT32, &nrb, 1, NULL, 0, (UArg){0});
+    uop_unref(nrb);
+    nrb = w;
+  }
   bool ok = nrb && !v.fail && nrb->dtype == TG_FLOAT32 && dep_lane(&v, rb);
   vr_free(&v);
   if (ok) {
@@ -393,6 +401,7 @@ static bool try_vectorize_reduce(LKernel *k, int ri, int W, int *next_axis) {
     uop_unref(k->rranges[ri]);
     k->rranges[ri] = R;
     k->rvw = W;
+    if (hmax) k->racc = TG_FLOAT32;
   } else {
     uop_unref(nrb), uop_unref(R);
   }
