@@ -2002,6 +2002,33 @@ static double now_s(void) {
 
 /* tg_cat of many small tensors: linear in the total size (it was cubic: 2000 one-element tensors
  * took minutes), a bounded number of kernels, exact values, and a backward through it. */
+/* A float16 softmax sums its exponentials as tg_sum does (in float32, one rounding to float16 at the
+ * end: tinygrad's e.sum()), so it equals e * (1 / sum(e)) written out with tg_sum, bit for bit,
+ * with and without optimizations (summed in float16, 128 values of e differ in the last bits). */
+TEST(half_softmax_sums_in_float32) {
+  BEGIN;
+  enum { R = 64, N = 128 };
+  float *xv = malloc(sizeof(float) * R * N);
+  uint32_t st = 12345;
+  for (int i = 0; i < R * N; i++) st = st * 1664525u + 1013904223u, xv[i] = (float)(st >> 8) / (float)(1 << 24) * 8 - 4;
+  for (int noopt = 0; noopt < 2; noopt++) {
+    tg_context_begin();
+    if (noopt) tg_context_set_int("NOOPT", 1);
+    tg_tensor x = tg_contiguous(tg_cast(tg_from_data(xv, TG_SHAPE(R, N), TG_OPTS(.dtype = TG_FLOAT32)), TG_FLOAT16));
+    tg_tensor e = tg_exp(tg_sub(x, tg_max(x, TG_AXES(1), true)));
+    tg_tensor want = tg_mul(e, tg_reciprocal(tg_sum(e, TG_AXES(1), true)));
+    uint16_t *a = malloc(2 * R * N), *b = malloc(2 * R * N);
+    CHECK(tg_data(tg_softmax(x, 1), a, 2 * R * N) == TG_OK && tg_data(want, b, 2 * R * N) == TG_OK);
+    int bad = 0;
+    for (int i = 0; i < R * N; i++) bad += a[i] != b[i];
+    CHECK_MSG(bad == 0, "%s: %d of %d differ from e * (1 / tg_sum(e))", noopt ? "NOOPT" : "default", bad, R * N);
+    free(a), free(b);
+    tg_context_end();
+  }
+  free(xv);
+  END;
+}
+
 TEST(cat_many_tensors) {
   BEGIN;
   enum { N = 2000 };

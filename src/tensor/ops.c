@@ -598,7 +598,17 @@ static int softmax_parts(const char *fn, UOp *a, int axis, UOp **m, UOp **e, UOp
   uop_unref(mx0);
   *m = g_alu(OP_SUB, dt, x, mxe, NULL);
   *e = n_exp(*m);
-  UOp *sm = g_reduce(*e, OP_ADD, &axx, nax);
+  /* the sum accumulates as tg_sum's does (tinygrad's e.sum()): float16/bfloat16 in float32, cast
+   * back once */
+  tg_dtype acc = dtype_sum_acc(dt);
+  UOp *ec = acc != dt ? g_cast(*e, acc) : uop_ref(*e);
+  UOp *sm = g_reduce(ec, OP_ADD, &axx, nax);
+  uop_unref(ec);
+  if (acc != dt) {
+    UOp *c = g_cast(sm, dt);
+    uop_unref(sm);
+    sm = c;
+  }
   *s = g_expand(sm, x->shape);
   *sred = sm; /* the sum before the expand (kept dims) */
   uop_unref(x), uop_unref(mx), uop_unref(mxe);
