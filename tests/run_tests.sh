@@ -10,7 +10,7 @@
 #      DEV=CPU:LLVM (LLVM IR compiled in process) and, on an AVX-512 host, again with AVX-512 turned
 #      off (DEV=CPU:LLVM:x86_64,x86-64-v3,-avx512f), and examples/devices
 #   2. every tests/test_*.py with $PYTHON (differential tests against PyTorch; they load the library
-#      from $TINYGRAD_LIB), then every 8th case of test_ops_torch.py and the float16 cases of
+#      from $TINYGRAD_LIB; the *_torch.py suites with TIERED=0, so they check the C kernels), then every 8th case of test_ops_torch.py and the float16 cases of
 #      test_nn_torch.py with DEV=CL and (compiled by
 #      NVRTC only, tests/test_cuda_null.sh) with DEV=NULL:CUDA for sm_80 and sm_90, and every
 #      tests/test_*_torch.py again with DEV=CPU:LLVM, every case                  [skipped by --c-only]
@@ -215,8 +215,14 @@ fi
 
 if [ $C_ONLY = 0 ]; then
   # ---- 2. Python differential tests -------------------------------------------------------------
+  # (the differential suites with TIERED=0: each kernel runs once there, so under tiered compilation
+  # nearly all of them would run as CPU:LLVM stand-ins, which the DEV=CPU:LLVM pass below covers,
+  # and the C renderer's kernels would go untested)
   for py in tests/test_*.py; do
-    run "$(basename "$py")" "$PYTHON" "$py"
+    case $py in
+      *_torch.py) run "$(basename "$py")" env TIERED=0 "$PYTHON" "$py" ;;
+      *) run "$(basename "$py")" "$PYTHON" "$py" ;;
+    esac
   done
   # the op suite on OpenCL: every 8th case (each op family on CL; the whole suite takes ~15 min
   # there with a cold kernel cache, PoCL compiling each kernel in ~0.3 s)
