@@ -10,8 +10,8 @@
 #      DEV=CPU:LLVM (LLVM IR compiled in process) and, on an AVX-512 host, again with AVX-512 turned
 #      off (DEV=CPU:LLVM:x86_64,x86-64-v3,-avx512f), and examples/devices
 #   2. every tests/test_*.py with $PYTHON (differential tests against PyTorch; they load the library
-#      from $TINYGRAD_LIB; the *_torch.py suites with TIERED=0, so they check the C kernels), then every 8th case of test_ops_torch.py and the float16 cases of
-#      test_nn_torch.py with DEV=CL and (compiled by
+#      from $TINYGRAD_LIB; the *_torch.py suites with TIERED=0, so they check the C kernels), then
+#      every 8th case of test_ops_torch.py and the float16 cases of test_nn_torch.py with DEV=CL and (compiled by
 #      NVRTC only, tests/test_cuda_null.sh) with DEV=NULL:CUDA for sm_80 and sm_90, and every
 #      tests/test_*_torch.py again with DEV=CPU:LLVM, every case                  [skipped by --c-only]
 #   3. header checks: tests/test_header.c with gcc and clang (-std=c11 -pedantic), and

@@ -731,10 +731,11 @@ static void heuristic(LKernel *k, int *next_axis) {
    * memory again (float BERT at 2 x 16 tokens, a 384 -> 1536 linear: the 2.4 MB weight 8 times) */
   int big = -1;
   if (k->rbody && vr >= 0 && k->ng >= 2 && !k->sym && k->caps && k->caps->l2_bytes > 0) {
-    int64_t l2 = k->caps->l2_bytes, b0 = axis_load_bytes(k, k->rbody, 0);
-    for (int g = 1; g < k->ng && b0 <= l2 / 2; g++)
-      if (!sym_range(k->granges[g]) && axis_load_bytes(k, k->rbody, g) > l2 && (big < 0 || axis_load_bytes(k, k->rbody, g) > axis_load_bytes(k, k->rbody, big)))
-        big = g;
+    int64_t l2 = k->caps->l2_bytes, b0 = axis_load_bytes(k, k->rbody, 0), most = l2;
+    for (int g = 1; g < k->ng && b0 <= l2 / 2; g++) {
+      int64_t bg = sym_range(k->granges[g]) ? 0 : axis_load_bytes(k, k->rbody, g);
+      if (bg > most) big = g, most = bg;
+    }
   }
   make_copies(k, ups, nup, next_axis);
   if (big > 0 && l.n + big <= OPTLIST_MAX) {

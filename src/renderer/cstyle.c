@@ -109,15 +109,16 @@ static const char *rnd_arith(tg_dtype dt) { return dt == TG_FLOAT16 ? "tg_rhq" :
 /* Is u the result of float arithmetic (never a signalling NaN: the one input on which the
  * hardware's conversion to float16 differs from the exact one)? A cast of it may then round with
  * the hardware even where its bits are kept (a softmax's max over scaled float32 scores). */
-static bool arith_result(const UOp *u) {
-  switch (u->op) {
+static bool arith_op(int op) {
+  switch (op) {
   case OP_ADD: case OP_SUB: case OP_MUL: case OP_FDIV: case OP_SQRT: case OP_RECIP: case OP_EXP2: case OP_LOG2:
   case OP_SIN: case OP_POW:
-    return tg_dtype_is_float((tg_dtype)u->dtype);
+    return true;
   default:
     return false;
   }
 }
+static bool arith_result(const UOp *u) { return arith_op(u->op) && tg_dtype_is_float((tg_dtype)u->dtype); }
 /* storage bits -> float, and float -> storage bits, for the narrow floats ("" for the others) */
 static const char *to_f(tg_dtype dt) {
   switch (dt) {
@@ -1285,9 +1286,7 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
       if (k->rbodies[c] && k->rop != OP_ADD && k->rop != OP_MUL) pm_put(&r.bits, (uint64_t)(uintptr_t)k->rbodies[c], (void *)1);
     for (size_t i = l.order.n; i-- > 0;) {
       UOp *u = l.order.p[i];
-      bool arith = u->op == OP_ADD || u->op == OP_SUB || u->op == OP_MUL || u->op == OP_FDIV || u->op == OP_POW ||
-                   u->op == OP_EXP2 || u->op == OP_LOG2 || u->op == OP_SIN || u->op == OP_SQRT || u->op == OP_RECIP ||
-                   u->op == OP_CMPLT || u->op == OP_CMPNE || u->op == OP_CMPEQ ||
+      bool arith = arith_op(u->op) || u->op == OP_CMPLT || u->op == OP_CMPNE || u->op == OP_CMPEQ ||
                    (u->op == OP_CAST && (u->dtype == TG_FLOAT32 || u->dtype == TG_FLOAT16) && !pm_has(&r.bits, (uint64_t)(uintptr_t)u));
       for (uint32_t j = 0; !arith && j < u->nsrc; j++) pm_put(&r.bits, (uint64_t)(uintptr_t)u->src[j], (void *)1);
     }
