@@ -728,6 +728,96 @@ TEST(cpu_lists_apply) {
   g_beam = NULL;
 }
 
+/* The applied list of t's first reduction kernel, lowered for `caps`. */
+static void reduce_opts_for(tg_tensor t, const DeviceCaps *caps, char *out, size_t n) {
+  out[0] = 0;
+  UOp *u = t_get(t, "reduce_opts_for");
+  Schedule s;
+  int tbuf;
+  if (schedule_build(&s, &u, 1, &tbuf) != TG_OK) return;
+  for (int i = 0; i < s.nitems && !out[0]; i++) {
+    if (s.items[i].kind != SI_KERNEL) continue;
+    LKernel *k = lower_kernel_for(s.items[i].ast, caps, NULL);
+    if (k && k->rbody) snprintf(out, n, "%s", k->opts);
+    lkernel_free(k);
+  }
+  schedule_free(&s);
+}
+
+static tg_tensor e_matmul_gelu(tg_tensor a, tg_tensor b) { return tg_gelu(tg_matmul(a, b)); }
+
+/* A product vectorized along its columns whose rows' operand is larger than L2 runs its rows in
+ * tiles of about half the L2 (LOCAL on the rows, the tiles' loop outermost), each tile multiplied
+ * with every column panel while it stays in cache; with the operand inside L2 the rows stay one
+ * loop. Lowered for the host CPU with its L2 set small, then large; then computed on the host with
+ * the rows' operand four times its L2, against NOOPT. */
+TEST(matmul_rows_tiled_past_l2) {
+  BEGIN;
+  tg_tensor a = mkrand(512, 64, 1), b = mkrand(64, 48, 2); /* the rows' operand: 128 KiB */
+  CHECK(tg_realize(a) == TG_OK && tg_realize(b) == TG_OK);
+  tg_tensor y = tg_gelu(tg_matmul(a, b));
+  DeviceCaps caps = device_get("CPU")->caps;
+  char opts[200];
+  caps.l2_bytes = 32 << 10;
+  reduce_opts_for(y, &caps, opts, sizeof opts);
+  const char *loc = strstr(opts, "LOCAL:0:");
+  CHECK_MSG(loc != NULL && !strstr(opts, "SWAP"), "L2 32 KiB: %s", opts);
+  if (loc) {
+    /* rows in 4-row register tiles: a tile of t of them reads t * 4 * 64 floats, at most half the L2 */
+    int t = atoi(loc + 8);
+    CHECK_MSG(t >= 2 && t * 4 * 64 * 4 <= 16 << 10 && 512 / 4 / t >= 4, "L2 32 KiB: %s", opts);
+  }
+  caps.l2_bytes = 1 << 20;
+  reduce_opts_for(y, &caps, opts, sizeof opts);
+  CHECK_MSG(opts[0] && !strstr(opts, "LOCAL"), "L2 1 MiB: %s", opts);
+  const DeviceCaps *host = &device_get(NULL)->caps;
+  int64_t l2 = !host->gpu && host->l2_bytes > 0 ? host->l2_bytes : 1 << 20;
+  int64_t rows = (4 * l2 / (64 * 4) + 63) / 64 * 64;
+  if (!host->gpu) {
+    tg_scope_begin();
+    tg_tensor a2 = mkrand(rows, 64, 3), b2 = mkrand(64, 48, 4);
+    char real[200];
+    reduce_opts_for(tg_gelu(tg_matmul(a2, b2)), host, real, sizeof real);
+    CHECK_MSG(strstr(real, "LOCAL:0:") != NULL, "%lld rows on the host: %s", (long long)rows, real);
+    tg_scope_end();
+  }
+  CHECK(compare(e_matmul_gelu, rows, 64, 64, 48, 1e-4) == 0);
+  END;
+}
+
+/* Attention's scores q @ k^T over 16 features per head: the transposed key is stored first, so the
+ * scores' kernel runs vector lanes along the keys (the output) as a matmul does, not along the 16
+ * features with a horizontal sum per score. Of the kernels, only the softmax's two row reductions
+ * (max and sum along the keys) take lanes along a reduction. A single query keeps the key in
+ * place. Values against NOOPT. */
+static tg_tensor e_attention(tg_tensor a, tg_tensor b) {
+  tg_tensor q = tg_reshape(a, TG_SHAPE(2, 4, 32, 16)), k = tg_reshape(b, TG_SHAPE(2, 4, 32, 16));
+  return tg_reshape(tg_scaled_dot_product_attention(q, k, tg_mul_s(k, 0.5), (tg_tensor){0}, NULL), TG_SHAPE(256, 16));
+}
+
+TEST(attention_scores_lanes_along_keys) {
+  BEGIN;
+  tg_tensor a = mkrand(256, 16, 1), b = mkrand(256, 16, 2);
+  tg_tensor y = e_attention(a, b);
+  CHECK_MSG(kernels_with(y, "reduce lanes") == 2, "%d kernels with reduce lanes", kernels_with(y, "reduce lanes"));
+  tg_tensor q1 = tg_reshape(tg_shrink(a, (const int64_t[]){0, 8, 0, 16}, 4), TG_SHAPE(8, 1, 16));
+  tg_tensor k1 = tg_reshape(b, TG_SHAPE(8, 32, 16));
+  tg_tensor y1 = tg_scaled_dot_product_attention(q1, k1, k1, (tg_tensor){0}, NULL);
+  UOp *u = t_get(y1, "attention_scores_lanes_along_keys");
+  Schedule s;
+  int tbuf, copies = 0;
+  CHECK(u != NULL);
+  if (!u || schedule_build(&s, &u, 1, &tbuf) != TG_OK) {
+    END;
+    return;
+  }
+  for (int i = 0; i < s.nitems; i++) copies += s.items[i].kind == SI_KERNEL && s.items[i].ast->src[0]->src[2]->op == OP_LOAD;
+  schedule_free(&s);
+  CHECK_MSG(copies == 0, "%d plain copies for a single query", copies);
+  END;
+  CHECK(compare(e_attention, 256, 16, 256, 16, 1e-5) == 0);
+}
+
 /* The launch's thread count counts every element a kernel touches: a reduction vectorized along its
  * axis does a vector of elements per iteration of its loop. A cross-entropy's sums of exponentials
  * (512 rows of 1000) ran on one thread, its work counted a vector width too small (0.95 -> 0.49 ms

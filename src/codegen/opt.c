@@ -737,7 +737,35 @@ static void heuristic(LKernel *k, int *next_axis) {
       if (bg > most) big = g, most = bg;
     }
   }
+  /* A register-tiled product over two global axes (rows, then the vector axis's columns) whose
+   * rows' operand is larger than L2: the loop over the columns goes outermost below (so the panel
+   * of the other operand stays in cache), and then every column panel streams the whole rows'
+   * operand again from L3 or memory. Instead the rows run in tiles (LOCAL, see cpu_tiles) of about
+   * half the L2: each tile is multiplied with every panel while it stays in L2, as the packed path
+   * (ops.c) blocks its rows -- which a product with a fused epilogue (BERT's linear + gelu, stored
+   * in row order) cannot keep, its row blocks merged back into one axis. A 4096 x 384 x 1536
+   * product with gelu: 92 -> 72 ms on an AVX2 Zen (the plain product takes 64). */
+  int tile_rows = -1; /* the rows' axis, its operand's bytes per row below */
+  int64_t row_bytes = 0;
+  if (k->rbody && vg == 1 && k->ng == 2 && nup > 0 && !k->sym && !vg_every_load && !k->gpu && k->caps && k->caps->l2_bytes > 0 &&
+      !sym_range(k->granges[0]) && k->granges[0]->iarg[0] > 0) {
+    tile_rows = 0;
+    row_bytes = axis_load_bytes(k, k->rbody, 0) / k->granges[0]->iarg[0];
+  }
   make_copies(k, ups, nup, next_axis);
+  bool rows_tiled = false;
+  if (tile_rows >= 0) {
+    int64_t f = 1;
+    for (int i = 0; i < nup; i++)
+      if (ups[i].axis == tile_rows) f = ups[i].factor;
+    int64_t n = k->granges[tile_rows]->iarg[0], per = row_bytes * f, t = per > 0 ? k->caps->l2_bytes / 2 / per : 0;
+    while (t >= 2 && n % t) t--;
+    /* (at least 4 tiles: the threads split the loop over them) */
+    if (per > 0 && n * per > k->caps->l2_bytes && t >= 2 && n / t >= 4) {
+      k->local_axis[0] = tile_rows, k->local_arg[0] = (int)t, k->nlocal = 1, rows_tiled = true;
+      push_opt(&l, OPT_LOCAL, tile_rows, (int)t);
+    }
+  }
   if (big > 0 && l.n + big <= OPTLIST_MAX) {
     swap_outer(k, big, 0);
     for (int j = big; j > 0; j--) push_opt(&l, OPT_SWAP, j - 1, j);
@@ -748,7 +776,7 @@ static void heuristic(LKernel *k, int *next_axis) {
    * not depend on it (the streamed operand): where every load does (the blocks of rows of a
    * column sum), nothing is reused across it, and the outer axes' order keeps the reads moving
    * along rows */
-  if (k->rbody && vg > 0 && nup > 0 && !k->sym && !vg_every_load) {
+  if (k->rbody && vg > 0 && nup > 0 && !k->sym && !vg_every_load && !rows_tiled) {
     /* ...but inside an outer batch-like axis that every load depends on (the batch groups of a
      * convolution's weight gradient): each of its iterations has its own small working set, and
      * it is the axis the threads split. As actions: SWAPs of neighbours that walk it there. */
