@@ -900,4 +900,44 @@ TEST(matmul_row_blocked_values_and_grads) {
   END;
 }
 
+/* A matmul whose left-hand rows run across a permute's dims (attention's (batch, heads, tokens,
+ * features) output transposed and reshaped to (batch * tokens, heads * features)) copies them into
+ * row order first: two kernels, not one matmul kernel that divides and wraps every index of its
+ * inner loop. Values and the gradient through the permute, against double sums. A transpose the
+ * reshape keeps in order (only the rows' dims permuted) stays one kernel. */
+TEST(matmul_scrambled_rows_copied_first) {
+  BEGIN;
+  enum { B = 2, H = 4, L = 32, D = 16, M = 64 };
+  float *av = test_data((size_t)B * H * L * D, 30), *bv = test_data((size_t)H * D * M, 31);
+  tg_tensor a = tg_set_requires_grad(tg_from_data(av, TG_SHAPE(B, H, L, D), F32), true);
+  tg_tensor b = tg_from_data(bv, TG_SHAPE(H * D, M), F32);
+  CHECK(tg_realize(a) == TG_OK && tg_realize(b) == TG_OK);
+  tg_tensor x = tg_reshape(tg_transpose(a, 1, 2), TG_SHAPE(B * L, H * D));
+  tg_tensor c = tg_matmul(x, b);
+  CHECK_KERNELS(c, ==, 2);
+  CHECK(tg_backward(tg_sum(tg_mul(c, c), TG_ALL_AXES, false)) == TG_OK);
+  float *cv = malloc(sizeof(float) * B * L * M), *ga = malloc(sizeof(float) * B * H * L * D);
+  CHECK(tg_data(c, cv, sizeof(float) * B * L * M) == TG_OK);
+  CHECK(tg_data(tg_grad(a), ga, sizeof(float) * B * H * L * D) == TG_OK);
+  int bad = 0;
+  for (int r = 0; r < B * L; r++)
+    for (int j = 0; j < M; j++) {
+      double want = 0;
+      for (int q = 0; q < H * D; q++) want += (double)av[(((size_t)(r / L) * H + q / D) * L + r % L) * D + q % D] * bv[(size_t)q * M + j];
+      if (fabs(cv[(size_t)r * M + j] - want) > 1e-4 * (1 + fabs(want))) bad++;
+    }
+  /* d/da of sum(c^2): 2 c @ b^T, read back through the permute */
+  for (int i = 0; i < B * H * L * D; i += 7) {
+    int bb = i / (H * L * D), h = i / (L * D) % H, l = i / D % L, d = i % D, r = bb * L + l, q = h * D + d;
+    double want = 0;
+    for (int j = 0; j < M; j++) want += 2.0 * cv[(size_t)r * M + j] * bv[(size_t)q * M + j];
+    if (fabs(ga[i] - want) > 1e-3 * (1 + fabs(want))) bad++;
+  }
+  CHECK_MSG(bad == 0, "%d values wrong", bad);
+  tg_tensor kept = tg_reshape(tg_transpose(a, 0, 1), TG_SHAPE(H * B * L, D));
+  CHECK_KERNELS(tg_matmul(kept, tg_reshape(b, TG_SHAPE(D, H * M))), ==, 1);
+  free(cv), free(ga), free(av), free(bv);
+  END;
+}
+
 int main(void) { return RUN_TESTS(); }

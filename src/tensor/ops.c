@@ -970,6 +970,27 @@ static tg_tensor matmul_packed(tg_tensor x, tg_tensor w, int64_t n, int64_t k, i
   return op_scope_done(o, r);
 }
 
+/* Is u a reshape whose last axis merges dims that a permute right below it took out of their order
+ * -- attention's output (batch, heads, tokens, features) transposed and reshaped to (batch, tokens,
+ * heads * features)? Read in place, each step along that axis then takes a division and a remainder
+ * of its index, and jumps between the merged dims' blocks. */
+static bool last_axis_scrambled(const UOp *u) {
+  if (uop_realized((UOp *)u) || u->op != OP_RESHAPE || u->ndim < 1) return false;
+  const UOp *p = u->src[0];
+  if (uop_realized((UOp *)p) || p->op != OP_PERMUTE || (int)p->niarg != p->ndim) return false;
+  int64_t need = u->shape[u->ndim - 1], got = 1;
+  int j = p->ndim;
+  while (j > 0 && got < need) got *= p->shape[--j];
+  if (got != need) return false;
+  int prev = -1;
+  for (int i = j; i < p->ndim; i++) {
+    if (p->shape[i] == 1) continue;
+    if (prev >= 0 && p->iarg[i] != prev + 1) return true;
+    prev = (int)p->iarg[i];
+  }
+  return false;
+}
+
 /* dtype TG_DTYPE_DEFAULT: the promoted dtype; else tinygrad's dot(dtype=): the product (in the promoted
  * dtype) is cast to dtype and summed, the result has that dtype */
 static tg_tensor matmul_impl(const char *fn, tg_tensor x, tg_tensor w, tg_dtype dtype) {
@@ -990,6 +1011,17 @@ static tg_tensor matmul_impl(const char *fn, tg_tensor x, tg_tensor w, tg_dtype 
   int64_t rows = 1; /* (..., n, k) @ (k, m): the leading axes are rows too */
   for (int i = 0; i < a->ndim - 1; i++) rows *= a->shape[i];
   PackLimits pl;
+  /* a left-hand matrix whose rows run across a permute's dims (see last_axis_scrambled), read by
+   * many columns, is copied into row order first: every column tile would otherwise redo the
+   * scrambled indexing. BERT's attention output into its projection (32 x 128 tokens, 384 -> 384):
+   * 30 -> 17.5 ms, the copy 0.7 ms included. */
+  if (rows >= 64 && mcols >= 64 && k >= 16 && last_axis_scrambled(a)) {
+    OpScope o = op_scope_begin(fn);
+    tg_tensor xc = tg_contiguous(x);
+    tg_tensor r = matmul_impl(fn, xc, w, dtype);
+    tg_free(xc);
+    return op_scope_done(o, r);
+  }
   /* float16/bfloat16 on the CPU: the products and their sum in float32 and one rounding at the end
    * (the product of two halves is exact in float32). That is what tinygrad computes -- its kernels
    * keep a product that only feeds the float32 accumulator unrounded (measured: 8 of 4096 results of
