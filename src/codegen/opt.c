@@ -747,7 +747,8 @@ static void heuristic(LKernel *k, int *next_axis) {
    * product with gelu: 92 -> 72 ms on an AVX2 Zen (the plain product takes 64). */
   int tile_rows = -1; /* the rows' axis, its operand's bytes per row below */
   int64_t row_bytes = 0;
-  if (k->rbody && vg == 1 && k->ng == 2 && nup > 0 && !k->sym && !vg_every_load && !k->gpu && k->caps && k->caps->l2_bytes > 0 &&
+  const int64_t l2 = k->caps && k->caps->l2_bytes > 0 ? k->caps->l2_bytes : 1 << 20; /* (unknown: 1 MiB, as ops.c) */
+  if (k->rbody && vg == 1 && k->ng == 2 && nup > 0 && !k->sym && !vg_every_load && !k->gpu && k->caps &&
       !sym_range(k->granges[0]) && k->granges[0]->iarg[0] > 0) {
     tile_rows = 0;
     row_bytes = axis_load_bytes(k, k->rbody, 0) / k->granges[0]->iarg[0];
@@ -758,10 +759,10 @@ static void heuristic(LKernel *k, int *next_axis) {
     int64_t f = 1;
     for (int i = 0; i < nup; i++)
       if (ups[i].axis == tile_rows) f = ups[i].factor;
-    int64_t n = k->granges[tile_rows]->iarg[0], per = row_bytes * f, t = per > 0 ? k->caps->l2_bytes / 2 / per : 0;
+    int64_t n = k->granges[tile_rows]->iarg[0], per = row_bytes * f, t = per > 0 ? l2 / 2 / per : 0;
     while (t >= 2 && n % t) t--;
     /* (at least 4 tiles: the threads split the loop over them) */
-    if (per > 0 && n * per > k->caps->l2_bytes && t >= 2 && n / t >= 4) {
+    if (per > 0 && n * per > l2 && t >= 2 && n / t >= 4) {
       k->local_axis[0] = tile_rows, k->local_arg[0] = (int)t, k->nlocal = 1, rows_tiled = true;
       push_opt(&l, OPT_LOCAL, tile_rows, (int)t);
     }
