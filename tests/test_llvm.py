@@ -145,6 +145,29 @@ def test_debug_levels():
   check(rc == 0 and err.count("objdump not found") == 1, "without objdump DEBUG=7 says so once", err[-400:])
 
 
+# a 2x2 max-pool written as a reshape and a max over the two window axes (reduce loops of 2 steps)
+POOL_SNIPPET = r"""
+import sys; sys.path.insert(0, %r)
+import numpy as np, tinygrad as tg
+x = np.random.RandomState(3).randn(2, 8, 16, 32).astype(np.float32)
+y = tg.Tensor(x).reshape(2, 8, 8, 2, 16, 2).max(axis=(3, 5)).numpy()
+assert np.array_equal(y, x.reshape(2, 8, 8, 2, 16, 2).max(axis=(3, 5)))
+print("ok")
+""" % HERE
+
+
+def test_short_loops():
+  # a vector kernel whose reduce loops are this short is marked, and LLVM unrolls them whole: one
+  # NaN-aware max (an unordered compare) per window position in the kernel's assembly, not one in a
+  # loop taken four times
+  rc, out, err = child({"DEV": "CPU:LLVM", "DEBUG": "7", "DISABLE_COMPILER_CACHE": "1"}, POOL_SNIPPET)
+  check(rc == 0 and out.strip() == "ok", "CPU:LLVM 2x2 window max equals numpy's", (out + err)[-600:])
+  check("; tinygrad.c: unroll-short-loops" in err, "a kernel with 2-step reduce loops is marked for unrolling", err[-600:])
+  asm = err[err.find(" assembly ("):] if " assembly (" in err else ""
+  check(asm.count("vcmpunordps") >= 4, "its window loops are unrolled (4 max steps in the assembly)",
+        f"{asm.count('vcmpunordps')} unordered compares")
+
+
 def test_cache():
   with tempfile.TemporaryDirectory() as d:
     env = {"DEV": "CPU:LLVM", "TINYGRAD_CACHE_DIR": d}
@@ -230,7 +253,8 @@ def test_tiered():
 
 
 def main():
-  for f in (test_results, test_arch_errors, test_missing_library, test_debug_levels, test_cache, test_batch, test_tiered):
+  for f in (test_results, test_arch_errors, test_missing_library, test_debug_levels, test_short_loops, test_cache, test_batch,
+            test_tiered):
     try:
       f()
     except Exception as e:  # noqa: BLE001

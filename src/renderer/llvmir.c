@@ -1239,7 +1239,10 @@ char *render_llvm(const LKernel *k, const char *name) {
    * Marking the scalar elementwise kernels too (not only reductions) took interpolate's gather kernel
    * from 4.5 to 3.2 ms and 2.3 to 2.0 ms in two alternating runs on a Zen 5, for about 6% more
    * compile time in beautiful_mnist's first step (379 against 357 ms, medians of 4). */
+  bool short_loop = false;
+  for (int i = 0; i < k->nr; i++) short_loop = short_loop || (k->rranges[i]->nsrc == 0 && k->rranges[i]->iarg[0] <= 4);
   if (!k->vw && !k->rvw && !k->sym) sb_puts(&out, LLVM_LOOP_VECTORIZE_MARK "\n");
+  else if (short_loop && !k->sym) sb_puts(&out, LLVM_SHORT_LOOPS_MARK "\n");
   sb_printf(&out, "%s%s", DECLS, r.intr.s ? r.intr.s : "");
   if (r.uses_vexp2) emit_vexp2(&out, r.vw);
   if (r.uses_vlog2) emit_vlog2(&out, r.vw);

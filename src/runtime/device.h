@@ -29,6 +29,10 @@ enum { LANG_C = 0, LANG_OPENCL = 1, LANG_LLVM = 2, LANG_CUDA = 3 };
 /* The line the LLVM renderer puts after a kernel's first line when it has no vector axis: CPU:LLVM
  * runs LLVM's loop vectorizer (with its cost model) over that kernel, and only over it. */
 #define LLVM_LOOP_VECTORIZE_MARK "; tinygrad.c: loop-vectorize"
+/* ...and the line it puts there when a vector kernel has a reduce loop of at most 4 steps (a 2x2
+ * pooling window): that kernel's loops of constant, small trip count are unrolled whole
+ * (LLVM_SHORT_LOOP_PASSES in ops_llvm.c), as gcc's -O2 peels them for the C renderer. */
+#define LLVM_SHORT_LOOPS_MARK "; tinygrad.c: unroll-short-loops"
 
 
 /* What codegen may assume about a device, read from the device when it opens. */
