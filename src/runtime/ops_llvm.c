@@ -508,9 +508,10 @@ static void *llvm_open_arch(int index, const char *arch) {
   /* the features are hashed: the host's list is long */
   const char *pipe = getenv_str("TG_LLVM_PASSES", LLVM_PASSES);
   snprintf(s->passes, sizeof s->passes, "%s", pipe && *pipe ? pipe : LLVM_PASSES);
-  /* the pipeline is part of the key: a kernel built by another one is another binary */
+  /* the pipelines are part of the key: a kernel built by another one is another binary */
+  static const char pre[] = LLVM_LV_PASSES "|" LLVM_SHORT_LOOP_PASSES;
   snprintf(s->id, sizeof s->id, "llvm15:%016llx|%s|%s|%016llx",
-           (unsigned long long)hash_bytes(s->passes, strlen(s->passes), 0x70617373ULL), s->triple, s->cpu,
+           (unsigned long long)hash_bytes(pre, strlen(pre), hash_bytes(s->passes, strlen(s->passes), 0x70617373ULL)), s->triple, s->cpu,
            (unsigned long long)hash_bytes(s->features, strlen(s->features), 0x6c6c766dULL));
   pthread_mutex_init(&s->tm_lock, NULL);
   return s;
