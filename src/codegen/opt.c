@@ -745,26 +745,23 @@ static void heuristic(LKernel *k, int *next_axis) {
    * (ops.c) blocks its rows -- which a product with a fused epilogue (BERT's linear + gelu, stored
    * in row order) cannot keep, its row blocks merged back into one axis. A 4096 x 384 x 1536
    * product with gelu: 92 -> 72 ms on an AVX2 Zen (the plain product takes 64). */
-  int tile_rows = -1; /* the rows' axis, its operand's bytes per row below */
-  int64_t row_bytes = 0;
+  int64_t row_bytes = 0; /* the rows' (axis 0's) operand bytes per row, before the upcasts; 0: no tiles */
   const int64_t l2 = k->caps && k->caps->l2_bytes > 0 ? k->caps->l2_bytes : 1 << 20; /* (unknown: 1 MiB, as ops.c) */
   if (k->rbody && vg == 1 && k->ng == 2 && nup > 0 && !k->sym && !vg_every_load && !k->gpu && k->caps &&
-      !sym_range(k->granges[0]) && k->granges[0]->iarg[0] > 0) {
-    tile_rows = 0;
+      !sym_range(k->granges[0]) && k->granges[0]->iarg[0] > 0)
     row_bytes = axis_load_bytes(k, k->rbody, 0) / k->granges[0]->iarg[0];
-  }
   make_copies(k, ups, nup, next_axis);
   bool rows_tiled = false;
-  if (tile_rows >= 0) {
+  if (row_bytes > 0) {
     int64_t f = 1;
     for (int i = 0; i < nup; i++)
-      if (ups[i].axis == tile_rows) f = ups[i].factor;
-    int64_t n = k->granges[tile_rows]->iarg[0], per = row_bytes * f, t = per > 0 ? l2 / 2 / per : 0;
+      if (ups[i].axis == 0) f = ups[i].factor;
+    int64_t n = k->granges[0]->iarg[0], per = row_bytes * f, t = l2 / 2 / per;
     while (t >= 2 && n % t) t--;
     /* (at least 4 tiles: the threads split the loop over them) */
-    if (per > 0 && n * per > l2 && t >= 2 && n / t >= 4) {
-      k->local_axis[0] = tile_rows, k->local_arg[0] = (int)t, k->nlocal = 1, rows_tiled = true;
-      push_opt(&l, OPT_LOCAL, tile_rows, (int)t);
+    if (n * per > l2 && t >= 2 && n / t >= 4) {
+      k->local_axis[0] = 0, k->local_arg[0] = (int)t, k->nlocal = 1, rows_tiled = true;
+      push_opt(&l, OPT_LOCAL, 0, (int)t);
     }
   }
   if (big > 0 && l.n + big <= OPTLIST_MAX) {
