@@ -683,18 +683,19 @@ TEST(heuristic_list_replays) {
  * divides the loop left after the upcasts; GROUP (a GPU action), an UPCAST the axis does not allow
  * (not dividing it, without PADTO) and a second tile of one axis do not apply.
  * (The CPU device's kernel for t's first reduction, whatever DEV is.) */
-static KernelCode *first_reduce_kernel(tg_tensor t, const char *opts) {
-  UOp *u = t_get(t, "first_reduce_kernel");
+static KernelCode *first_kernel_for(tg_tensor t, const DeviceCaps *caps, const char *opts) {
+  UOp *u = t_get(t, "first_kernel_for");
   Schedule s;
   int tbuf;
   OptList l;
   KernelCode *kc = NULL;
   if ((opts && !optlist_parse(opts, &l)) || schedule_build(&s, &u, 1, &tbuf) != TG_OK) return NULL;
   for (int i = 0; i < s.nitems && !kc; i++)
-    if (s.items[i].kind == SI_KERNEL) kc = codegen_for(s.items[i].ast, &device_get("CPU")->caps, opts ? &l : NULL);
+    if (s.items[i].kind == SI_KERNEL) kc = codegen_for(s.items[i].ast, caps, opts ? &l : NULL);
   schedule_free(&s);
   return kc;
 }
+static KernelCode *first_reduce_kernel(tg_tensor t, const char *opts) { return first_kernel_for(t, &device_get("CPU")->caps, opts); }
 
 TEST(cpu_lists_apply) {
   tg_scope_begin();
@@ -728,20 +729,11 @@ TEST(cpu_lists_apply) {
   g_beam = NULL;
 }
 
-/* The applied list of t's first reduction kernel, lowered for `caps`. */
+/* The applied list of t's first kernel (here its only one, a product), generated for `caps`. */
 static void reduce_opts_for(tg_tensor t, const DeviceCaps *caps, char *out, size_t n) {
-  out[0] = 0;
-  UOp *u = t_get(t, "reduce_opts_for");
-  Schedule s;
-  int tbuf;
-  if (schedule_build(&s, &u, 1, &tbuf) != TG_OK) return;
-  for (int i = 0; i < s.nitems && !out[0]; i++) {
-    if (s.items[i].kind != SI_KERNEL) continue;
-    LKernel *k = lower_kernel_for(s.items[i].ast, caps, NULL);
-    if (k && k->rbody) snprintf(out, n, "%s", k->opts);
-    lkernel_free(k);
-  }
-  schedule_free(&s);
+  KernelCode *kc = first_kernel_for(t, caps, NULL);
+  snprintf(out, n, "%s", kc ? kc->opts : "");
+  kernel_code_free(kc);
 }
 
 static tg_tensor e_matmul_gelu(tg_tensor a, tg_tensor b) { return tg_gelu(tg_matmul(a, b)); }
