@@ -8,7 +8,8 @@
 #      test_cuda_fake runs the CUDA device on the stand-in driver $BUILD/tests/libfakecuda.so);
 #      then test_jit and test_fusion again with DEV=CL (OpenCL on PoCL), test_opt with
 #      DEV=CPU:LLVM (LLVM IR compiled in process) and, on an AVX-512 host, again with AVX-512 turned
-#      off (DEV=CPU:LLVM:x86_64,x86-64-v3,-avx512f), and examples/devices
+#      off (DEV=CPU:LLVM:x86_64,x86-64-v3,-avx512f), its half-precision lanes without F16C, and
+#      examples/devices
 #   2. every tests/test_*.py with $PYTHON (differential tests against PyTorch; they load the library
 #      from $TINYGRAD_LIB; the *_torch.py suites with TIERED=0, so they check the C kernels), then
 #      every 8th case of test_ops_torch.py and the float16 cases of test_nn_torch.py with DEV=CL and (compiled by
@@ -207,6 +208,11 @@ done
 # vectors, 16 registers: other tiles and unrolls) checked against NOOPT here too
 if grep -qw avx512f /proc/cpuinfo 2>/dev/null && [ -x "$BUILD/tests/test_opt" ]; then
   run "test_opt (DEV=CPU:LLVM:x86_64,x86-64-v3,-avx512f)" env DEV=CPU:LLVM:x86_64,x86-64-v3,-avx512f "$BUILD/tests/test_opt"
+fi
+# float16/bfloat16 lanes on LLVM with integer conversions instead of F16C: bit for bit the scalar kernels
+if grep -qw f16c /proc/cpuinfo 2>/dev/null && [ -x "$BUILD/tests/test_opt" ]; then
+  run "test_opt half lanes (DEV=CPU:LLVM:x86_64,x86-64-v3,-f16c)" env TEST_FILTER=half_lanes \
+    DEV=CPU:LLVM:x86_64,x86-64-v3,-f16c "$BUILD/tests/test_opt"
 fi
 # examples/devices must list CPU and CL and compute [1,2,3]*2 on both
 [ -x "$BUILD/examples/devices" ] && run "examples/devices" bash -c '

@@ -168,6 +168,38 @@ def test_short_loops():
         f"{asm.count('vcmpunordps')} unordered compares")
 
 
+# float16 arithmetic in vector lanes, special values included, against numpy's (which rounds after
+# every operation, as tinygrad does)
+HALF_SNIPPET = r"""
+import sys; sys.path.insert(0, %r)
+import numpy as np, tinygrad as tg
+rng = np.random.RandomState(5)
+h = (rng.randn(64, 256) * 300).astype(np.float16)
+h.reshape(-1)[:8] = [np.inf, -np.inf, np.nan, 6e-8, -6e-8, 65504, 1e-5, 0]
+y = ((tg.Tensor(h) * tg.Tensor(h) + tg.Tensor(h)) / 3).numpy()
+with np.errstate(all="ignore"):
+  want = (h * h + h) / np.float16(3)
+assert y.dtype == np.float16 and np.array_equal(y, want, equal_nan=True), np.argwhere(~((y == want) | np.isnan(want)))[:4]
+print("ok")
+""" % HERE
+
+
+def test_half_lanes():
+  # CPU:LLVM computes float16 in float vector lanes: loads, rounding and stores converted as vectors,
+  # with the CPU's F16C where it has it and the arch keeps it, else with integer vector code
+  if not os.path.exists("/proc/cpuinfo") or " f16c" not in open("/proc/cpuinfo").read():
+    return
+  rc, out, err = child({"DEV": "CPU:LLVM", "DEBUG": "7", "DISABLE_COMPILER_CACHE": "1"}, HALF_SNIPPET)
+  check(rc == 0 and out.strip() == "ok", "CPU:LLVM float16 arithmetic equals numpy's", (out + err)[-600:])
+  check(re.search(r"fpext <\d+ x half>", err) is not None and "vcvtph2ps" in err and "vcvtps2ph" in err,
+        "its kernel converts float16 vectors with F16C", err[-600:])
+  arch = "CPU:LLVM:x86_64,x86-64-v3,-f16c"
+  rc, out, err = child({"DEV": arch, "DEBUG": "7", "DISABLE_COMPILER_CACHE": "1"}, HALF_SNIPPET)
+  check(rc == 0 and out.strip() == "ok", f"{arch}: float16 arithmetic equals numpy's", (out + err)[-600:])
+  check("@tg_vh2f_" in err and "@tg_vf2h_" in err and "vcvtph2ps" not in err and "vcvtps2ph" not in err,
+        f"{arch}: its kernel converts float16 vectors with integer code, not F16C", err[-600:])
+
+
 def test_cache():
   with tempfile.TemporaryDirectory() as d:
     env = {"DEV": "CPU:LLVM", "TINYGRAD_CACHE_DIR": d}
@@ -253,7 +285,7 @@ def test_tiered():
 
 
 def main():
-  for f in (test_results, test_arch_errors, test_missing_library, test_debug_levels, test_short_loops, test_cache, test_batch,
+  for f in (test_results, test_arch_errors, test_missing_library, test_debug_levels, test_short_loops, test_half_lanes, test_cache, test_batch,
             test_tiered):
     try:
       f()

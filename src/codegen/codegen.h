@@ -223,8 +223,26 @@ int kernel_block_level(const LKernel *k, int64_t *iters);
  * decide them (cstyle.c): vec gets the nodes computed as vw-lane vectors, level each node's loop
  * level + 1 (the loop ranges must be in it already), post the nodes computed after the reduction. */
 void kernel_vec_levels(const LKernel *k, int vw, const PtrVec *order, PtrMap *vec, PtrMap *level, PtrMap *post);
-/* The LLVM IR renderer (llvmir.c): LKernel -> LLVM IR text (malloc'd), the CPU kernel ABI. */
-char *render_llvm(const LKernel *k, const char *name);
+/* float16/bfloat16 in float lanes (cstyle.c, for both CPU renderers). How a vector result u of
+ * either dtype is rounded: not at all where it is exact already (a negation, a max, a selection, a
+ * load, a cast from the same dtype); after a cast, by the exact conversion (its operand may be a
+ * signalling NaN read from memory, whose bits the scalar cast keeps); after arithmetic, whose result
+ * is never a signalling NaN, by the hardware's conversion where the CPU has one. */
+typedef enum { VH_EXACT, VH_CAST, VH_ARITH } VHRound;
+VHRound vhalf_round(const UOp *u);
+/* Is u the result of float arithmetic (never a signalling NaN: the one input on which the
+ * hardware's conversion to float16 differs from the exact one)? */
+bool float_arith_result(const UOp *u);
+/* bits: the nodes whose bits a consumer keeps (a store, a max, a negation...); a float16 load
+ * outside it only feeds arithmetic and may convert with the hardware's instruction, which quiets a
+ * signalling NaN that the arithmetic would quiet anyway. storeonly: the float16/bfloat16 arithmetic
+ * results nothing but the output store reads, left unrounded since the store's conversion rounds
+ * the same way. order: the kernel's nodes, topological; nuse: how many nodes of order read each.
+ * Both maps are initialized here (the caller frees them). */
+void kernel_half_bits(const LKernel *k, const PtrVec *order, const PtrMap *nuse, PtrMap *bits, PtrMap *storeonly);
+/* The LLVM IR renderer (llvmir.c): LKernel -> LLVM IR text (malloc'd), the CPU kernel ABI, for the
+ * device caps describe (NULL: the portable choices). */
+char *render_llvm(const LKernel *k, const char *name, const DeviceCaps *caps);
 
 
 /* The C renderer: LKernel -> C source (malloc'd). */

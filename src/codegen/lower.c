@@ -526,7 +526,7 @@ static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptList 
     o += snprintf(kc->name + o, sizeof kc->name - (size_t)o, "_%lld", (long long)k->granges[i]->iarg[0]);
   for (int i = 0; i < k->nr && o < (int)sizeof kc->name - 24; i++)
     o += snprintf(kc->name + o, sizeof kc->name - (size_t)o, "_%lld", (long long)k->rranges[i]->iarg[0]);
-  kc->src = caps && caps->lang == LANG_LLVM ? render_llvm(k, kc->name) : render_kernel(k, kc->name, caps ? caps->lang : LANG_C);
+  kc->src = caps && caps->lang == LANG_LLVM ? render_llvm(k, kc->name, caps) : render_kernel(k, kc->name, caps ? caps->lang : LANG_C);
   int64_t outer = 1, inner = 1;
   for (int i = 0; i < k->ng; i++) outer *= k->granges[i]->iarg[0];
   for (int i = 0; i < k->nr; i++) inner *= k->rranges[i]->iarg[0];

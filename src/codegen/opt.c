@@ -224,9 +224,11 @@ static bool sym_range(const UOp *r) { return r && r->nsrc > 0; }
 
 /* Tries to vectorize global axis g by W lanes. On success updates k (value/sidx/rbody hold the
  * rewritten expressions; sidx holds the store's base offset) and returns true. */
-/* float16/bfloat16 lanes: on the CPU with the C renderer (the LLVM and OpenCL renderers keep those
- * kernels scalar) */
-static bool half_lanes(const LKernel *k) { return !k->gpu && (!k->caps || k->caps->lang == LANG_C); }
+/* float16/bfloat16 lanes: on the CPU, with the C or the LLVM renderer (the OpenCL renderer keeps
+ * those kernels scalar) */
+static bool half_lanes(const LKernel *k) {
+  return !k->gpu && (!k->caps || k->caps->lang == LANG_C || k->caps->lang == LANG_LLVM);
+}
 
 static bool try_vectorize_g(LKernel *k, int g, int W, int *next_axis, bool gather) {
   int64_t n = k->granges[g]->iarg[0];

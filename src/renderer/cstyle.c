@@ -106,9 +106,8 @@ static const char *rnd(tg_dtype dt) {
 /* the rounding after arithmetic: for float16 the hardware's conversion where there is one (see
  * tg_rhq); a cast keeps rnd(), whose operand may be a signalling NaN read from memory */
 static const char *rnd_arith(tg_dtype dt) { return dt == TG_FLOAT16 ? "tg_rhq" : rnd(dt); }
-/* Is u the result of float arithmetic (never a signalling NaN: the one input on which the
- * hardware's conversion to float16 differs from the exact one)? A cast of it may then round with
- * the hardware even where its bits are kept (a softmax's max over scaled float32 scores). */
+/* float arithmetic (codegen.h's float_arith_result): a cast of its result may round with the
+ * hardware even where its bits are kept (a softmax's max over scaled float32 scores) */
 static bool arith_op(int op) {
   switch (op) {
   case OP_ADD: case OP_SUB: case OP_MUL: case OP_FDIV: case OP_SQRT: case OP_RECIP: case OP_EXP2: case OP_LOG2:
@@ -118,7 +117,7 @@ static bool arith_op(int op) {
     return false;
   }
 }
-static bool arith_result(const UOp *u) { return arith_op(u->op) && tg_dtype_is_float((tg_dtype)u->dtype); }
+bool float_arith_result(const UOp *u) { return arith_op(u->op) && tg_dtype_is_float((tg_dtype)u->dtype); }
 /* storage bits -> float, and float -> storage bits, for the narrow floats ("" for the others) */
 static const char *to_f(tg_dtype dt) {
   switch (dt) {
@@ -358,7 +357,7 @@ static void render_expr(R *r, UOp *u, SB *e) {
     if (dt == TG_BOOL) sb_printf(e, "(%s != 0)", a);
     else if (fl && is_fp8(dt)) sb_printf(e, "%s((double)%s)", rd, a); /* one rounding, also from double */
     else if (fl && is_half(dt)) /* exact, unless the bits kept cannot be a signalling NaN's */
-      sb_printf(e, "%s((float)%s)", arith_result(u->src[0]) || !pm_has(&r->bits, (uint64_t)(uintptr_t)u) ? rnd_arith(dt) : rnd(dt), a);
+      sb_printf(e, "%s((float)%s)", float_arith_result(u->src[0]) || !pm_has(&r->bits, (uint64_t)(uintptr_t)u) ? rnd_arith(dt) : rnd(dt), a);
     else sb_printf(e, "(%s)(%s)", ctype(dt), a);
     return;
   case OP_BITCAST: {
@@ -494,13 +493,9 @@ static int rot_bytes(const UOp *u) {
   return (int)(kl / 8);
 }
 
-/* How a float16/bfloat16 vector result u is rounded: not at all where it is exact already (a
- * negation, a max, a selection, a load, a cast from the same dtype); after a cast, by the exact
- * conversion (its operand may be a signalling NaN read from memory, whose bits the scalar cast
- * keeps); after arithmetic, whose result is never a signalling NaN, by tg_vrh (the hardware's
- * conversion where the CPU has one), which a store of it may use too (tg_vshr). */
-typedef enum { VH_EXACT, VH_CAST, VH_ARITH } VHRound;
-static VHRound vhalf_round(const UOp *u) {
+/* How a float16/bfloat16 vector result is rounded (codegen.h); here, after arithmetic, by tg_vrh
+ * (the hardware's conversion where the CPU has one), which a store of it may use too (tg_vshr). */
+VHRound vhalf_round(const UOp *u) {
   if (u->op == OP_LOAD || u->op == OP_NEG || u->op == OP_MAX || u->op == OP_WHERE ||
       (u->op == OP_CAST && u->src[0]->dtype == u->dtype))
     return VH_EXACT;
@@ -520,7 +515,7 @@ static void render_vexpr(R *r, UOp *u, SB *e) {
   sb_init(&t);
   render_vexpr_f(r, u, &t);
   /* a cast whose bits no consumer keeps may take the hardware's conversion too */
-  bool exact = how == VH_CAST && pm_has(&r->bits, (uint64_t)(uintptr_t)u) && !arith_result(u->src[0]);
+  bool exact = how == VH_CAST && pm_has(&r->bits, (uint64_t)(uintptr_t)u) && !float_arith_result(u->src[0]);
   sb_printf(e, "%s(%s)", u->dtype == TG_BFLOAT16 ? "tg_vrb" : exact ? "tg_vrhx" : "tg_vrh", t.s);
   sb_free(&t);
 }
@@ -1158,6 +1153,33 @@ static Blocking blocking(const LKernel *k) {
   return b;
 }
 
+/* The float16/bfloat16 nodes whose bits a consumer keeps, and the arithmetic results only the
+ * output store reads (codegen.h): consumers come after their sources in the order, so a cast
+ * (value-preserving, to float32) is settled when its sources are reached. */
+void kernel_half_bits(const LKernel *k, const PtrVec *order, const PtrMap *nuse, PtrMap *bits, PtrMap *storeonly) {
+  pm_init(bits);
+  pm_init(storeonly);
+  for (int c = 0; !k->sop && !(k->pimg && k->pimg[0]) && c < k->ncopy; c++) {
+    UOp *v = k->values[c];
+    if (v && (v->dtype == TG_FLOAT16 || v->dtype == TG_BFLOAT16) && v->dtype == k->pdt[0] && op_is_alu(v->op) &&
+        v->op != OP_CAST && !pm_get(nuse, (uint64_t)(uintptr_t)v))
+      pm_put(storeonly, (uint64_t)(uintptr_t)v, (void *)1);
+  }
+  UOp *const *roots[] = {k->values, k->sidxs, k->sfirsts, k->tc_frag};
+  const int nroots[] = {k->ncopy, k->ncopy, k->sop ? k->ncopy : 0, k->nfrag};
+  for (int g = 0; g < 4; g++)
+    for (int c = 0; roots[g] && c < nroots[g]; c++)
+      if (roots[g][c]) pm_put(bits, (uint64_t)(uintptr_t)roots[g][c], (void *)1);
+  for (int c = 0; k->rbodies && c < k->ncopy; c++) /* a sum or product of them is arithmetic */
+    if (k->rbodies[c] && k->rop != OP_ADD && k->rop != OP_MUL) pm_put(bits, (uint64_t)(uintptr_t)k->rbodies[c], (void *)1);
+  for (size_t i = order->n; i-- > 0;) {
+    UOp *u = order->p[i];
+    bool arith = arith_op(u->op) || u->op == OP_CMPLT || u->op == OP_CMPNE || u->op == OP_CMPEQ ||
+                 (u->op == OP_CAST && (u->dtype == TG_FLOAT32 || u->dtype == TG_FLOAT16) && !pm_has(bits, (uint64_t)(uintptr_t)u));
+    for (uint32_t j = 0; !arith && j < u->nsrc; j++) pm_put(bits, (uint64_t)(uintptr_t)u->src[j], (void *)1);
+  }
+}
+
 /* Vector-ness and loop levels, as both CPU renderers (C, LLVM) decide them, over the kernel's nodes
  * in topological order: vec gets the nodes computed as vectors of vw lanes (vw-wide loads and
  * everything computed from them; a reduction's placeholder follows its body); level gets each
@@ -1266,31 +1288,7 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
       pm_put(&l.nuse, key, (void *)((intptr_t)pm_get(&l.nuse, key) + 1));
     }
   }
-  /* the nodes whose bits a consumer keeps: consumers come after their sources in the order, so a
-   * cast (value-preserving, to float32) is settled when its sources are reached */
-  pm_init(&r.bits);
-  pm_init(&r.storeonly);
-  for (int c = 0; !k->sop && !(k->pimg && k->pimg[0]) && c < k->ncopy; c++) {
-    UOp *v = k->values[c];
-    if (v && (v->dtype == TG_FLOAT16 || v->dtype == TG_BFLOAT16) && v->dtype == k->pdt[0] && op_is_alu(v->op) &&
-        v->op != OP_CAST && !pm_get(&l.nuse, (uint64_t)(uintptr_t)v))
-      pm_put(&r.storeonly, (uint64_t)(uintptr_t)v, (void *)1);
-  }
-  {
-    UOp *const *roots[] = {k->values, k->sidxs, k->sfirsts, k->tc_frag};
-    const int nroots[] = {k->ncopy, k->ncopy, k->sop ? k->ncopy : 0, k->nfrag};
-    for (int g = 0; g < 4; g++)
-      for (int c = 0; roots[g] && c < nroots[g]; c++)
-        if (roots[g][c]) pm_put(&r.bits, (uint64_t)(uintptr_t)roots[g][c], (void *)1);
-    for (int c = 0; k->rbodies && c < k->ncopy; c++) /* a sum or product of them is arithmetic */
-      if (k->rbodies[c] && k->rop != OP_ADD && k->rop != OP_MUL) pm_put(&r.bits, (uint64_t)(uintptr_t)k->rbodies[c], (void *)1);
-    for (size_t i = l.order.n; i-- > 0;) {
-      UOp *u = l.order.p[i];
-      bool arith = arith_op(u->op) || u->op == OP_CMPLT || u->op == OP_CMPNE || u->op == OP_CMPEQ ||
-                   (u->op == OP_CAST && (u->dtype == TG_FLOAT32 || u->dtype == TG_FLOAT16) && !pm_has(&r.bits, (uint64_t)(uintptr_t)u));
-      for (uint32_t j = 0; !arith && j < u->nsrc; j++) pm_put(&r.bits, (uint64_t)(uintptr_t)u->src[j], (void *)1);
-    }
-  }
+  kernel_half_bits(k, &l.order, &l.nuse, &r.bits, &r.storeonly);
   for (size_t i = 0; i < l.order.n; i++) {
     UOp *u = l.order.p[i];
     if (u->op == OP_RANGE) continue;

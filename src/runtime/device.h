@@ -53,6 +53,8 @@ typedef struct DeviceCaps {
                               * 64 with AVX-512, 32 with AVX2, 16 with SSE or NEON; 0: unknown (as 64) */
   int vec_regs;              /* (CPU) how many of those registers there are (32 with AVX-512, 16 with
                               * AVX2); 0: unknown (as 32). Register tiles are sized by the two. */
+  bool f16c;                 /* (CPU:LLVM) the kernels may convert float <-> float16 with the CPU's
+                              * instructions (x86 F16C); else with integer code */
   int64_t l1d_bytes, l2_bytes, l3_bytes; /* (CPU) the data caches one core uses, in bytes (the L3 is
                               * the slice its core complex shares); 0: unknown. Matmul's packed path
                               * sizes its row blocks by them. */

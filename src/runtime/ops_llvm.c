@@ -911,6 +911,10 @@ static void llvm_caps(void *state, DeviceCaps *c) {
   cpu_host_caches(&c->l1d_bytes, &c->l2_bytes, &c->l3_bytes);
   if (c->vec_bytes > 32 && turned_off(s, "avx512f")) c->vec_bytes = 32, c->vec_regs = 16;
   if (c->vec_bytes > 16 && (turned_off(s, "avx2") || turned_off(s, "avx"))) c->vec_bytes = 16, c->vec_regs = 16;
+  /* F16C where the host has it and the arch string neither turns it off nor names another CPU
+   * (whose features this side does not know) without naming +f16c */
+  c->f16c = host_has("f16c", 4) && !turned_off(s, "f16c") &&
+            (!strcmp(s->cpu, g_host_cpu) || feature_is(s->features, '+', "f16c", 4));
   c->lang = LANG_LLVM;
   c->gpu = false;
   c->fp16 = c->fp64 = true;
