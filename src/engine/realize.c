@@ -262,16 +262,11 @@ static Device *tier_device(Device *dev) {
   return alt;
 }
 
-/* Renders the batch's kernels for its stand-in device with the optimizations they were chosen with;
- * false (and nothing kept) if one does not render or would launch differently, or is a C kernel with
- * float16/bfloat16 vector lanes (its vector conversion prelude, TG_VHALF): the LLVM renderer keeps
- * those kernels scalar, converting through a helper call per element, so its stand-in would run
- * many times slower than the compile it saves (the float16 BERT encoder at 2 x 16 tokens: 387 ms a
- * call on CPU:LLVM, 27 ms in C). */
+/* Renders the batch's kernels for its stand-in device with the optimizations they were chosen with
+ * (float16/bfloat16 vector lanes included: both renderers compute them alike); false (and nothing
+ * kept) if one does not render or would launch differently. */
 static bool tier_render(CJobs *js, CBatch *b) {
   bool had = tg_has_error(), ok = true;
-  for (int k = 0; k < b->m; k++)
-    if (strstr(js->jobs[b->idx[k]].kc->src, "TG_VHALF")) return false;
   for (int k = 0; k < b->m; k++) {
     CJob *j = &js->jobs[b->idx[k]];
     KernelCode *a = codegen_for(j->ast, &b->alt->caps, ast_has_vars(j->ast) ? NULL : &j->kc->applied);
