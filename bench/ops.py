@@ -5,7 +5,8 @@ each op comes to the machine's limits (bench/machine.py: FMA peak and triad band
 Usage: make bench && /usr/bin/python3 bench/ops.py [substring of op names]
 Each op is built and realized (tinygrad.c) or called (PyTorch) 10 times, the first dropped.
 With DEV=CPU:LLVM[:ARCH] the ops run on that device and on DEV=CPU (the C renderer) in the same run,
-and a column gives the ratio LLVM / C (below 1: the LLVM kernels are faster).
+ROUNDS times alternately (default 5; each op's median over the rounds), and a column gives the
+ratio LLVM / C (below 1: the LLVM kernels are faster).
 """
 import os, subprocess, sys, time
 import torch
@@ -33,7 +34,18 @@ import machine  # noqa: E402
 lim = machine.limits()
 print(machine.describe(lim))
 ours, work = run_ops(None)
-cref = run_ops("CPU")[0] if llvm else None
+cref = None
+if llvm:
+  # LLVM against C: ROUNDS (default 5) alternating runs of both, each op's median over them, so that
+  # the host's speed drifting between two back-to-back runs does not land on one side
+  import statistics
+  rounds = max(1, int(os.environ.get("ROUNDS", "5")))
+  runs_l, runs_c = [ours], [run_ops("CPU")[0]]
+  for _ in range(rounds - 1):
+    runs_l.append(run_ops(None)[0])
+    runs_c.append(run_ops("CPU")[0])
+  med = lambda runs: {k: statistics.median(r[k] for r in runs if k in r) for k in runs[0]}
+  ours, cref = med(runs_l), med(runs_c)
 
 r = torch.randn
 A, B, M2k, S, L, V, M1k = r(1 << 22), r(1 << 22), r(2048, 2048), r(256, 4096), r(1024, 1024), r(1 << 20), r(1024, 1024)
