@@ -16,6 +16,7 @@
 
 typedef tg_tensor (*expr_fn)(tg_tensor a, tg_tensor b);
 static void last_kernel_opts(tg_tensor t, char *out, size_t n);
+static KernelCode *first_kernel_for(tg_tensor t, const DeviceCaps *caps, const char *opts);
 
 /* the applied list's text ends in "[W lanes]" when a global axis became W vector lanes (W = 0: any
  * width), "[W reduce lanes]" for lanes along a reduce axis */
@@ -204,6 +205,25 @@ TEST(elementwise_vectorized) {
   CHECK_MSG(has_lanes(opts, 0), "integer lanes: %s", opts);
   last_kernel_opts(tg_rand(TG_SHAPE(4096), NULL), opts, sizeof opts);
   CHECK_MSG(has_lanes(opts, 0), "tg_rand: %s", opts);
+  tg_scope_end();
+}
+/* A transposing copy whose tile is W x W (W lanes, W positions along the gathered rows) loads the
+ * tile's rows as vectors and transposes them in registers: the same values as the scalar kernel,
+ * and shuffles in the device's kernel source (C or LLVM IR) */
+TEST(transpose_in_registers) {
+  CHECK(compare(e_transpose_copy, 1024, 256, 1, 1, 0) == 0);
+  CHECK(compare(e_transpose_copy, 2048, 96, 1, 1, 0) == 0);
+  tg_scope_begin();
+  const char *dev = getenv_str("DEV", NULL);
+  Device *d = device_get(dev && *dev ? dev : "CPU");
+  CHECK(d != NULL);
+  KernelCode *kc = d ? first_kernel_for(e_transpose_copy(mkrand(1024, 256, 5), mkrand(1, 1, 6)), &d->caps, NULL) : NULL;
+  CHECK(kc != NULL);
+  if (kc && d) {
+    const char *shuf = d->caps.lang == LANG_LLVM ? "shufflevector" : "TG_SHUF(";
+    CHECK_MSG(strstr(kc->src, shuf) != NULL, "1024x256 transpose (%s): no %s in its kernel", kc->opts, shuf);
+  }
+  kernel_code_free(kc);
   tg_scope_end();
 }
 TEST(reductions_vectorized) {

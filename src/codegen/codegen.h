@@ -240,6 +240,16 @@ bool float_arith_result(const UOp *u);
  * the same way. order: the kernel's nodes, topological; nuse: how many nodes of order read each.
  * Both maps are initialized here (the caller frees them). */
 void kernel_half_bits(const LKernel *k, const PtrVec *order, const PtrMap *nuse, PtrMap *bits, PtrMap *storeonly);
+/* A transposing tile (cstyle.c, for both CPU renderers): is u one of W ungated float32 gathers of
+ * W lanes, of one buffer with one stride, at one level, whose indices are root + off0 + j for
+ * j = 0..W-1 (no other such gather there)? Then members[j] is gather j, and the tile's rows are W
+ * contiguous floats each at root + off0 + l * stride: the renderers load them as vectors and
+ * transpose in registers. gather_block_masks: the two-input shuffle indices (0..W-1 from the first,
+ * W..2W-1 from the second) of the round exchanging bit h of the row and lane indices, for the pair
+ * of rows (i, i + h): lo becomes row i, hi row i + h. */
+bool gather_block(const PtrVec *order, const PtrMap *vec, const PtrMap *level, const PtrMap *post, UOp *u, int W,
+                  UOp **members, UOp **root, int64_t *off0);
+void gather_block_masks(int W, int h, int *lo, int *hi);
 /* The LLVM IR renderer (llvmir.c): LKernel -> LLVM IR text (malloc'd), the CPU kernel ABI, for the
  * device caps describe (NULL: the portable choices). */
 char *render_llvm(const LKernel *k, const char *name, const DeviceCaps *caps);

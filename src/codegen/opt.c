@@ -704,7 +704,9 @@ static void heuristic(LKernel *k, int *next_axis) {
     int g2 = gather_contiguous_axis(k, vg);
     if (g2 >= 0 && !sym_range(k->granges[g2])) {
       int64_t n = k->granges[g2]->iarg[0];
-      int f = 8;
+      /* on the CPU, as many positions as lanes where they divide the axis: the renderers then load
+       * the W x W tile's rows as vectors and transpose it in registers (gather_block) */
+      int f = !k->gpu && k->vw >= 4 && k->vw <= 16 && n % k->vw == 0 ? k->vw : 8;
       while (f > 1 && n % f) f /= 2;
       if (f >= 4) {
         ups[nup].axis = g2, ups[nup++].factor = f, push_opt(&l, OPT_UPCAST, g2, f);

@@ -695,6 +695,40 @@ static bool emit_texel_load(R *r, UOp *u, PtrMap *texels, SB *e) {
   return true;
 }
 
+/* The W gathers of a W x W tile (gather_block) as W row loads and a transposition in registers:
+ * log2(W) rounds of two-input shuffles, each exchanging one bit of the row index with the same bit
+ * of the lane index, instead of W*W scalar loads. */
+static void emit_gather_block(R *r, UOp **blk, UOp *root, int64_t off0) {
+  int W = r->vw, t[16], lo[16], hi[16];
+  const UOp *g = blk[0];
+  for (int l = 0; l < W; l++) {
+    t[l] = r->nvar++;
+    ind(r);
+    sb_printf(r->b, "tg_vf v%d = *(const tg_vfu *)(%s + %s + %lld%s);\n", t[l], nm(r, g->src[0]), nm(r, root),
+              (long long)(off0 + l * g->iarg[0]), L->ll);
+  }
+  for (int h = W / 2; h >= 1; h /= 2) {
+    gather_block_masks(W, h, lo, hi);
+    for (int i = 0; i < W; i++) {
+      if (i & h) continue;
+      int a = t[i], b = t[i + h], n[2];
+      for (int x = 0; x < 2; x++) {
+        n[x] = r->nvar++;
+        ind(r);
+        sb_printf(r->b, "tg_vf v%d = TG_SHUF(v%d, v%d", n[x], a, b);
+        for (int l = 0; l < W; l++) sb_printf(r->b, ", %d", x ? hi[l] : lo[l]);
+        sb_puts(r->b, ");\n");
+      }
+      t[i] = n[0], t[i + h] = n[1];
+    }
+  }
+  for (int j = 0; j < W; j++) {
+    char name[32];
+    snprintf(name, sizeof name, "v%d", t[j]);
+    pm_put(&r->names, (uint64_t)(uintptr_t)blk[j], tg_xstrdup(name));
+  }
+}
+
 static void emit_level(R *r, Lin *l, int level, bool post_phase) {
   PtrMap texels; /* base index node -> "<image>:<texel variable>" read in this block */
   pm_init(&texels);
@@ -713,6 +747,13 @@ static void emit_level(R *r, Lin *l, int level, bool post_phase) {
       sb_printf(r->b, "float %s = %s;\n", name, e.s);
       sb_free(&e);
       pm_put(&r->names, (uint64_t)(uintptr_t)u, tg_xstrdup(name));
+      continue;
+    }
+    UOp *blk[16], *root;
+    int64_t off0;
+    if (L == &LANG_TABLE[LANG_C] && u->op == OP_LOAD && gather_block(&l->order, &r->vec, &l->level, &l->post, u, r->vw, blk, &root, &off0)) {
+      sb_free(&e);
+      emit_gather_block(r, blk, root, off0);
       continue;
     }
     const char *ty;
@@ -912,6 +953,13 @@ static void emit_tc(R *r, const LKernel *k, bool cuda) {
   sb_puts(r->b, "}\n");
 }
 
+/* TG_SHUF(a, b, i...): lanes of the float vectors a (0..W-1) and b (W..2W-1), constant indices */
+static const char PRELUDE_SHUF[] =
+    "#if defined(__clang__)\n"
+    "#define TG_SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)\n"
+    "#else\n"
+    "#define TG_SHUF(a, b, ...) __builtin_shuffle(a, b, (tg_vm){__VA_ARGS__})\n"
+    "#endif\n";
 /* TG_PIN<bytes>(v): the float vector v lives in a vector register from here. GCC folds a load into every instruction that
  * reads it when it can (vfmadd231ps (mem), ...), so a register tile whose operand vector feeds 4 or
  * 8 FMAs loads it 4 or 8 times: the loads, not the FMAs, then bound the inner loop (one conv kernel
@@ -1151,6 +1199,55 @@ static Blocking blocking(const LKernel *k) {
     inner *= sz;
   }
   return b;
+}
+
+/* A transposing block (codegen.h): the W gathers of a W x W tile. */
+static UOp *index_root(UOp *b, int64_t *off) {
+  *off = 0;
+  if (b->op == OP_ADD && b->nsrc == 2 && b->src[1]->op == OP_CONST) return *off = b->src[1]->arg.i, b->src[0];
+  if (b->op == OP_ADD && b->nsrc == 2 && b->src[0]->op == OP_CONST) return *off = b->src[0]->arg.i, b->src[1];
+  return b;
+}
+
+static bool block_gather(const UOp *u, int W) {
+  return u->op == OP_LOAD && u->niarg == 1 && u->dtype == TG_FLOAT32 && u->arg.i == W && !(u->nsrc > 2 && !(u->src[2]->op == OP_CONST && u->src[2]->arg.i));
+}
+
+bool gather_block(const PtrVec *order, const PtrMap *vec, const PtrMap *level, const PtrMap *post, UOp *u, int W,
+                  UOp **members, UOp **root, int64_t *off0) {
+  if (W < 2 || W > 16 || (W & (W - 1)) || !block_gather(u, W) || !pm_has(vec, (uint64_t)(uintptr_t)u)) return false;
+  int64_t ou, o;
+  UOp *ru = index_root(u->src[1], &ou);
+  void *lv = pm_get(level, (uint64_t)(uintptr_t)u);
+  bool pu = pm_has(post, (uint64_t)(uintptr_t)u);
+  int n = 0;
+  UOp *cand[16];
+  int64_t offs[16], lo = ou;
+  for (size_t i = 0; i < order->n; i++) {
+    UOp *v = order->p[i];
+    if (!block_gather(v, W) || v->src[0] != u->src[0] || v->iarg[0] != u->iarg[0] || !pm_has(vec, (uint64_t)(uintptr_t)v) ||
+        pm_get(level, (uint64_t)(uintptr_t)v) != lv || pm_has(post, (uint64_t)(uintptr_t)v) != pu || index_root(v->src[1], &o) != ru)
+      continue;
+    if (n == W) return false; /* more than one tile's worth: not a single block */
+    cand[n] = v, offs[n++] = o;
+    if (o < lo) lo = o;
+  }
+  if (n != W) return false;
+  for (int j = 0; j < W; j++) members[j] = NULL;
+  for (int i = 0; i < n; i++) {
+    int64_t j = offs[i] - lo;
+    if (j < 0 || j >= W || members[j]) return false;
+    members[j] = cand[i];
+  }
+  *root = ru, *off0 = lo;
+  return true;
+}
+
+void gather_block_masks(int W, int h, int *lo, int *hi) {
+  for (int l = 0; l < W; l++) {
+    lo[l] = (l & h) ? W + l - h : l;
+    hi[l] = (l & h) ? W + l : l + h;
+  }
 }
 
 /* The float16/bfloat16 nodes whose bits a consumer keeps, and the arithmetic results only the
@@ -1493,6 +1590,7 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
     sb_printf(&out, "#ifndef TG_IPOW_H\n#define TG_IPOW_H\n%s %s tg_ipow(%s b,%s e){%s r=1;if(e<0)return b==1?1:(b==-1?((e&1)?-1:1):0);"
                     "while(e){if(e&1)r*=b;b*=b;e>>=1;}return r;}\n#endif\n", L->fn, L->i64, L->i64, L->i64, L->i64);
   if (strstr(body.s ? body.s : "", " TG_PIN")) sb_printf(&out, "#ifndef TG_PIN_H\n#define TG_PIN_H\n%s#endif\n", PRELUDE_PIN);
+  if (strstr(body.s ? body.s : "", "TG_SHUF(")) sb_printf(&out, "#ifndef TG_SHUF_H\n#define TG_SHUF_H\n%s#endif\n", PRELUDE_SHUF);
   int W = r.vw;
   if (W) {
     for (size_t i = 0; i < sizeof vnames / sizeof *vnames; i++) sb_printf(&out, "#define %s %s%d\n", vnames[i], vnames[i], W);

@@ -1087,6 +1087,37 @@ static void topo(LR *r, UOp *u) {
   pv_push(&r->order, u);
 }
 
+/* The W gathers of a W x W tile (gather_block) as W row loads and log2(W) rounds of two-input
+ * shuffles, as the C renderer writes them */
+static void emit_gather_block(LR *r, UOp **blk, UOp *root, int64_t off0) {
+  int W = r->vw, lo[16], hi[16];
+  char t[16][32];
+  const UOp *g = blk[0];
+  for (int l = 0; l < W; l++) {
+    char ix[32], a[32];
+    fresh(r, ix);
+    sb_printf(r->b, "  %s = add i64 %s, %lld\n", ix, nm(r, root), (long long)(off0 + l * g->iarg[0]));
+    gep(r, TG_FLOAT32, nm(r, g->src[0]), ix, a);
+    fresh(r, t[l]);
+    sb_printf(r->b, "  %s = load <%d x float>, ptr %s, align 4\n", t[l], W, a);
+  }
+  for (int h = W / 2; h >= 1; h /= 2) {
+    gather_block_masks(W, h, lo, hi);
+    for (int i = 0; i < W; i++) {
+      if (i & h) continue;
+      char n[2][32];
+      for (int x = 0; x < 2; x++) {
+        fresh(r, n[x]);
+        sb_printf(r->b, "  %s = shufflevector <%d x float> %s, <%d x float> %s, <%d x i32> <", n[x], W, t[i], W, t[i + h], W);
+        for (int l = 0; l < W; l++) sb_printf(r->b, "%si32 %d", l ? ", " : "", x ? hi[l] : lo[l]);
+        sb_puts(r->b, ">\n");
+      }
+      strcpy(t[i], n[0]), strcpy(t[i + h], n[1]);
+    }
+  }
+  for (int j = 0; j < W; j++) setname(r, blk[j], t[j]);
+}
+
 static void emit_level(LR *r, int level, bool post_phase) {
   for (size_t i = 0; i < r->order.n; i++) {
     UOp *u = r->order.p[i];
@@ -1094,6 +1125,12 @@ static void emit_level(LR *r, int level, bool post_phase) {
     intptr_t lv = (intptr_t)pm_get(&r->level, (uint64_t)(uintptr_t)u) - 1;
     bool is_post = pm_has(&r->post, (uint64_t)(uintptr_t)u);
     if (lv != level || is_post != post_phase) continue;
+    UOp *blk[16], *root;
+    int64_t off0;
+    if (u->op == OP_LOAD && gather_block(&r->order, &r->vec, &r->level, &r->post, u, r->vw, blk, &root, &off0)) {
+      emit_gather_block(r, blk, root, off0);
+      continue;
+    }
     char out[48];
     emit_node(r, u, out);
     setname(r, u, out);
