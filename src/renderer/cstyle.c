@@ -1312,6 +1312,34 @@ void kernel_vec_levels(const LKernel *k, int vw, const PtrVec *order, PtrMap *ve
     pm_put(level, (uint64_t)(uintptr_t)u, (void *)(intptr_t)(lv + 1));
     if (after) pm_put(post, (uint64_t)(uintptr_t)u, (void *)1);
   }
+  /* A value at the reduction's level that only the post-reduction code reads (the bias and the
+   * residual a matmul's epilogue adds) is computed after the reduce loop, not before it: held
+   * across the loop it took registers from the loop's tile (gcc spilled a 4x4 tile's operands of
+   * BERT's projections to the stack, with twenty such floats live). Sources come before their
+   * consumers in the order, so walking it backwards settles every consumer first. */
+  if (!k->rbody || k->nr == 0) return;
+  PtrMap keep; /* nodes that a node outside the post phase reads, or that must exist before it */
+  pm_init(&keep);
+  UOp *const *roots[] = {k->rbodies, k->rlo, k->rhi, k->sidxs, k->sfirsts, k->tc_frag};
+  const int nroots[] = {k->ncopy, k->rlo ? k->nr : 0, k->rhi ? k->nr : 0, k->ncopy, k->sop ? k->ncopy : 0, k->nfrag};
+  for (int g = 0; g < 6; g++)
+    for (int c = 0; roots[g] && c < nroots[g]; c++)
+      if (roots[g][c]) pm_put(&keep, (uint64_t)(uintptr_t)roots[g][c], (void *)1);
+  for (int i = 0; i < k->ng + k->nr; i++) {
+    UOp *rg = i < k->ng ? k->granges[i] : k->rranges[i - k->ng];
+    if (rg->nsrc) pm_put(&keep, (uint64_t)(uintptr_t)rg->src[0], (void *)1);
+  }
+  for (size_t i = order->n; i-- > 0;) {
+    UOp *u = order->p[i];
+    uint64_t key = (uint64_t)(uintptr_t)u;
+    if (u->op == OP_RANGE || u->op == OP_CONST || u->op == OP_DEFINE_GLOBAL || u->op == OP_DEFINE_VAR) continue;
+    bool sink = !pm_has(post, key) && !pm_has(&keep, key) && (intptr_t)pm_get(level, key) - 1 == k->ng;
+    for (int c = 0; sink && c < k->ncopy; c++) sink = u != k->values[c];
+    if (sink) pm_put(post, key, (void *)1);
+    if (pm_has(post, key)) continue;
+    for (uint32_t j = 0; j < u->nsrc; j++) pm_put(&keep, (uint64_t)(uintptr_t)u->src[j], (void *)1);
+  }
+  pm_free(&keep);
 }
 
 int kernel_block_level(const LKernel *k, int64_t *iters) {
@@ -1646,10 +1674,12 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
       /* the lanes' maximum by halving, in vector registers: a scan over the lanes branched on each
        * compare, mispredicted on random data (a max over chunks of 8, one scan an output, ran at 15
        * cycles an element) */
-      sb_printf(&out, "#ifndef TG_HRED%d_H\n#define TG_HRED%d_H\n"
-                      "static inline float tg_hadd(tg_vf v){float s=0;for(int i=0;i<%d;i++)s+=v[i];return s;}\n"
-                      "static inline float tg_hmax(tg_vf v){\n",
-                W, W, W);
+      /* the lanes' sum in lane order (the scalar code's order), written out: as a loop gcc kept it
+       * a loop through the stack, 16 dependent adds per accumulator after the reduce loop, and a
+       * 4x4 tile's sixteen of them took longer than its 24-step reduce loop (BERT's linears) */
+      sb_printf(&out, "#ifndef TG_HRED%d_H\n#define TG_HRED%d_H\nstatic inline float tg_hadd(tg_vf v){float s=0;", W, W);
+      for (int i = 0; i < W; i++) sb_printf(&out, "s+=v[%d];", i);
+      sb_puts(&out, "return s;}\nstatic inline float tg_hmax(tg_vf v){\n");
       for (int half = W / 2; half >= 1; half /= 2) {
         SB ix;
         sb_init(&ix);
