@@ -226,6 +226,28 @@ TEST(transpose_in_registers) {
   kernel_code_free(kc);
   tg_scope_end();
 }
+/* A linear's epilogue (bias, residual) is loaded after the reduce loop, not held in registers
+ * across it: the C kernel reads no scalar element before the reduce loop begins */
+TEST(epilogue_after_reduce_loop) {
+  tg_scope_begin();
+  tg_tensor x = mkrand(64, 384, 1), w = mkrand(96, 384, 2), b = mkrand(1, 96, 3), res = mkrand(64, 96, 4);
+  CHECK(tg_realize(x) == TG_OK && tg_realize(w) == TG_OK && tg_realize(b) == TG_OK && tg_realize(res) == TG_OK);
+  tg_tensor y = tg_add(tg_linear(x, w, tg_reshape(b, TG_SHAPE(96))), res);
+  KernelCode *kc = first_kernel_for(y, &device_get("CPU")->caps, NULL);
+  CHECK(kc != NULL && kc->src);
+  if (kc && kc->src) {
+    const char *body = strstr(kc->src, "void r_");
+    const char *loop = body ? strstr(body, "for (long long ridx2") : NULL;
+    CHECK_MSG(loop != NULL, "no reduce loop at ridx2 (%s)", kc->opts);
+    int early = 0;
+    for (const char *p = body; loop && p < loop; p++) /* "(data<n>[": a scalar element read */
+      if (!strncmp(p, "(data", 5) && p[5] >= '0' && p[5] <= '9' && strchr(p + 5, '[') && strchr(p + 5, '[') - p <= 8) early++;
+    CHECK_MSG(early == 0, "%d scalar loads before the reduce loop (%s)", early, kc->opts);
+  }
+  kernel_code_free(kc);
+  CHECK(compare(e_matmul_relu_bias, 64, 384, 384, 96, 1e-4) == 0);
+  tg_scope_end();
+}
 TEST(reductions_vectorized) {
   CHECK(compare(e_sum_mixed_layouts, 24, 48, 48, 24, 1e-5) == 0);
   {
