@@ -1656,7 +1656,7 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
       sb_printf(&out, "typedef %s tg_v%du __attribute__((%s(%d), aligned(1)));\n#endif\n", ctype((tg_dtype)dt), dt, va, vn);
     }
     for (int kb = 1; kb <= 3 && L == &LANG_TABLE[LANG_C]; kb++) {
-      char key[16];
+      char key[32];
       snprintf(key, sizeof key, "tg_vrotb%d(", kb);
       if (!strstr(bs, key)) continue;
       /* the byte shuffle of a rotation left by kb bytes (little-endian lanes), else the shifts */
