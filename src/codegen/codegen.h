@@ -240,6 +240,8 @@ bool float_arith_result(const UOp *u);
  * the same way. order: the kernel's nodes, topological; nuse: how many nodes of order read each.
  * Both maps are initialized here (the caller frees them). */
 void kernel_half_bits(const LKernel *k, const PtrVec *order, const PtrMap *nuse, PtrMap *bits, PtrMap *storeonly);
+/* nuse (initialized by the caller) += for each node, how many nodes of order read it */
+void kernel_use_counts(const PtrVec *order, PtrMap *nuse);
 /* A transposing tile (cstyle.c, for both CPU renderers): is u one of W ungated float32 gathers of
  * W lanes, of one buffer with one stride, at one level, whose indices are root + off0 + j for
  * j = 0..W-1 (no other such gather there)? Then members[j] is gather j, and the tile's rows are W

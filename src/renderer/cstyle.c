@@ -1210,7 +1210,7 @@ static UOp *index_root(UOp *b, int64_t *off) {
 }
 
 static bool block_gather(const UOp *u, int W) {
-  return u->op == OP_LOAD && u->niarg == 1 && u->dtype == TG_FLOAT32 && u->arg.i == W && !(u->nsrc > 2 && !(u->src[2]->op == OP_CONST && u->src[2]->arg.i));
+  return u->op == OP_LOAD && u->niarg == 1 && u->dtype == TG_FLOAT32 && u->arg.i == W && !gated(u);
 }
 
 bool gather_block(const PtrVec *order, const PtrMap *vec, const PtrMap *level, const PtrMap *post, UOp *u, int W,
@@ -1247,6 +1247,16 @@ void gather_block_masks(int W, int h, int *lo, int *hi) {
   for (int l = 0; l < W; l++) {
     lo[l] = (l & h) ? W + l - h : l;
     hi[l] = (l & h) ? W + l : l + h;
+  }
+}
+
+void kernel_use_counts(const PtrVec *order, PtrMap *nuse) {
+  for (size_t i = 0; i < order->n; i++) {
+    UOp *u = order->p[i];
+    for (uint32_t j = 0; j < u->nsrc; j++) {
+      uint64_t key = (uint64_t)(uintptr_t)u->src[j];
+      pm_put(nuse, key, (void *)((intptr_t)pm_get(nuse, key) + 1));
+    }
   }
 }
 
@@ -1406,13 +1416,7 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
   for (int i = 0; k->rlo && i < k->nr; i++) topo(&l, k->rlo[i]), topo(&l, k->rhi[i]); /* NULL: none */
   /* vector-ness: W-wide loads and everything computed from them; placeholders follow their body */
   kernel_vec_levels(k, r.vw, &l.order, &r.vec, &l.level, &l.post);
-  for (size_t i = 0; i < l.order.n; i++) {
-    UOp *u = l.order.p[i];
-    for (uint32_t j = 0; j < u->nsrc; j++) {
-      uint64_t key = (uint64_t)(uintptr_t)u->src[j];
-      pm_put(&l.nuse, key, (void *)((intptr_t)pm_get(&l.nuse, key) + 1));
-    }
-  }
+  kernel_use_counts(&l.order, &l.nuse);
   kernel_half_bits(k, &l.order, &l.nuse, &r.bits, &r.storeonly);
   for (size_t i = 0; i < l.order.n; i++) {
     UOp *u = l.order.p[i];

@@ -199,22 +199,27 @@ static void call_round(LR *r, tg_dtype dt, char *val) {
 static bool is_vhalf(tg_dtype dt) { return dt == TG_FLOAT16 || dt == TG_BFLOAT16; }
 static bool has(const PtrMap *m, const UOp *u) { return pm_has(m, (uint64_t)(uintptr_t)u); }
 
-/* W halves' bits (<W x i16> raw) -> float lanes: exactly, or where no consumer keeps u's bits and
- * the CPU has F16C, by the hardware (which quiets a signalling NaN, as the arithmetic reading it
- * would anyway) */
-static void vhalf_from_bits(LR *r, const UOp *u, const char *raw, char *out) {
+/* W halves of dtype dt, their bits in raw (<W x i16>) -> float lanes: with the hardware where `hw`
+ * and the CPU has F16C (it quiets a signalling NaN), else exactly */
+static void vhalf_bits_to_float(LR *r, tg_dtype dt, const char *raw, bool hw, char *out) {
   fresh(r, out);
-  if (u->dtype == TG_FLOAT16 && r->f16c && !has(&r->bits, u)) {
+  if (dt == TG_FLOAT16 && hw && r->f16c) {
     char h[32];
     fresh(r, h);
     sb_printf(r->b, "  %s = bitcast <%d x i16> %s to <%d x half>\n", h, r->vw, raw, r->vw);
     sb_printf(r->b, "  %s = fpext <%d x half> %s to <%d x float>\n", out, r->vw, h, r->vw);
     return;
   }
-  bool b = u->dtype == TG_BFLOAT16;
+  bool b = dt == TG_BFLOAT16;
   if (b) r->uses_vb = true;
   else r->uses_vh = true;
   sb_printf(r->b, "  %s = call <%d x float> @tg_v%s2f_%d(<%d x i16> %s)\n", out, r->vw, b ? "b" : "h", r->vw, r->vw, raw);
+}
+
+/* A float16/bfloat16 load u's bits -> float lanes: by the hardware only where no consumer keeps u's
+ * bits (the arithmetic reading it would quiet a signalling NaN anyway) */
+static void vhalf_from_bits(LR *r, const UOp *u, const char *raw, char *out) {
+  vhalf_bits_to_float(r, (tg_dtype)u->dtype, raw, !has(&r->bits, u), out);
 }
 
 /* float lanes x of dtype dt -> their <W x i16> bits, rounding to nearest even: with the hardware
@@ -244,16 +249,7 @@ static void vhalf_result(LR *r, UOp *u, char *out) {
   bool hw = how == VH_ARITH || !has(&r->bits, u) || float_arith_result(u->src[0]);
   char bits16[32];
   vhalf_to_bits(r, (tg_dtype)u->dtype, out, hw, bits16);
-  if (u->dtype == TG_FLOAT16 && hw && r->f16c) {
-    char h[32];
-    fresh(r, h), fresh(r, out);
-    sb_printf(r->b, "  %s = bitcast <%d x i16> %s to <%d x half>\n", h, r->vw, bits16, r->vw);
-    sb_printf(r->b, "  %s = fpext <%d x half> %s to <%d x float>\n", out, r->vw, h, r->vw);
-    return;
-  }
-  bool b = u->dtype == TG_BFLOAT16;
-  fresh(r, out);
-  sb_printf(r->b, "  %s = call <%d x float> @tg_v%s2f_%d(<%d x i16> %s)\n", out, r->vw, b ? "b" : "h", r->vw, r->vw, bits16);
+  vhalf_bits_to_float(r, (tg_dtype)u->dtype, bits16, hw, out);
 }
 
 /* a unary float intrinsic (scalar or vector of type ty) */
@@ -411,12 +407,18 @@ static void gep(LR *r, tg_dtype dt, const char *p, const char *idx, char *out) {
   sb_printf(r->b, "  %s = getelementptr inbounds %s, ptr %s, i64 %s\n", out, sty(dt), p, idx);
 }
 
+/* loads one element's storage bits (its memory type) */
+static void load_raw(LR *r, tg_dtype dt, const char *p, const char *idx, char *out) {
+  char a[32];
+  gep(r, dt, p, idx, a);
+  fresh(r, out);
+  sb_printf(r->b, "  %s = load %s, ptr %s, align %d\n", out, sty(dt), a, (int)tg_dtype_itemsize(dt));
+}
+
 /* loads one scalar element, converted to its register form */
 static void load_scalar(LR *r, tg_dtype dt, const char *p, const char *idx, char *out) {
-  char a[32], x[32];
-  gep(r, dt, p, idx, a);
-  fresh(r, x);
-  sb_printf(r->b, "  %s = load %s, ptr %s, align %d\n", x, sty(dt), a, (int)tg_dtype_itemsize(dt));
+  char x[32];
+  load_raw(r, dt, p, idx, x);
   if (dt == TG_BOOL) {
     fresh(r, out);
     sb_printf(r->b, "  %s = icmp ne i8 %s, 0\n", out, x);
@@ -487,14 +489,8 @@ static void emit_load(LR *r, UOp *u, char *out) {
       char ix[32], e[32], nv[32];
       fresh(r, ix);
       sb_printf(r->b, "  %s = add i64 %s, %lld\n", ix, idx, (long long)(l * u->iarg[0]));
-      if (h) {
-        char ea[32];
-        gep(r, dt, p, ix, ea);
-        fresh(r, e);
-        sb_printf(r->b, "  %s = load i16, ptr %s, align 2\n", e, ea);
-      } else {
-        load_scalar(r, dt, p, ix, e);
-      }
+      if (h) load_raw(r, dt, p, ix, e);
+      else load_scalar(r, dt, p, ix, e);
       fresh(r, nv);
       sb_printf(r->b, "  %s = insertelement %s %s, %s %s, i64 %d\n", nv, h ? vst : vt, prev, h ? "i16" : lty(dt), e, l);
       strcpy(prev, nv);
@@ -1346,13 +1342,7 @@ char *render_llvm(const LKernel *k, const char *name, const DeviceCaps *caps) {
   {
     PtrMap nuse;
     pm_init(&nuse);
-    for (size_t i = 0; i < r.order.n; i++) {
-      UOp *u = r.order.p[i];
-      for (uint32_t j = 0; j < u->nsrc; j++) {
-        uint64_t key = (uint64_t)(uintptr_t)u->src[j];
-        pm_put(&nuse, key, (void *)((intptr_t)pm_get(&nuse, key) + 1));
-      }
-    }
+    kernel_use_counts(&r.order, &nuse);
     kernel_half_bits(k, &r.order, &nuse, &r.bits, &r.storeonly);
     pm_free(&nuse);
   }
