@@ -212,6 +212,20 @@ def test_cache():
     check(rc2 == 0 and out2.strip() == "ok", "a second process runs from the cache", err2[-400:])
 
 
+# LLVM's loop strength reduction is left out of code generation (compile time); TG_LLVM_LSR=1 keeps
+# it: the same results, and kernels built either way are kept apart in the cache
+def test_lsr_switch():
+  with tempfile.TemporaryDirectory() as d:
+    env = {"DEV": "CPU:LLVM", "TINYGRAD_CACHE_DIR": d, "DEBUG": "3"}
+    rc, out, err = child(env)
+    check(rc == 0 and out.strip() == "ok" and "CPU:LLVM: compiled" in err, "CPU:LLVM without LSR computes the product", err[-400:])
+    rc2, out2, err2 = child(dict(env, TG_LLVM_LSR="1"))
+    check(rc2 == 0 and out2.strip() == "ok", "CPU:LLVM with TG_LLVM_LSR=1 computes the product", err2[-400:])
+    check("CPU:LLVM: compiled" in err2, "a kernel built with LSR is not taken from the cache entry of one built without")
+    rc3, out3, err3 = child(env)
+    check(rc3 == 0 and "CPU:LLVM: compiled" not in err3, "the cache entry built without LSR is found again", err3[-400:])
+
+
 # several kernels in one schedule: a cold CPU:LLVM realize compiles them as batches (one module,
 # one object, one JIT entry shared by their programs)
 BATCH_SNIPPET = r"""
@@ -285,7 +299,7 @@ def test_tiered():
 
 
 def main():
-  for f in (test_results, test_arch_errors, test_missing_library, test_debug_levels, test_short_loops, test_half_lanes, test_cache, test_batch,
+  for f in (test_results, test_arch_errors, test_missing_library, test_debug_levels, test_short_loops, test_half_lanes, test_cache, test_lsr_switch, test_batch,
             test_tiered):
     try:
       f()

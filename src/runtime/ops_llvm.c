@@ -88,7 +88,8 @@ typedef struct {
   X(Ref, LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess, (Ref *, char, void *, void *))          \
   X(void, LLVMOrcJITDylibAddGenerator, (Ref, Ref))                                                     \
   X(Ref, LLVMOrcAbsoluteSymbols, (SymPair *, size_t))                                                  \
-  X(Ref, LLVMOrcJITDylibDefine, (Ref, Ref))
+  X(Ref, LLVMOrcJITDylibDefine, (Ref, Ref))                                                             \
+  X(void, LLVMParseCommandLineOptions, (int, const char *const *, const char *))
 
 typedef struct {
 #define DECL(ret, name, args) ret(*name) args;
@@ -101,6 +102,14 @@ static void *g_llvm_lib;
 static Ref g_jit, g_jd;
 static char *g_host_triple, *g_host_cpu, *g_host_features;
 static pthread_mutex_t g_llvm_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Code generation without loop strength reduction, which LLVM's O2 back end runs on every loop
+ * (with its analysis of each induction variable's users): on beautiful_mnist's kernels it took about
+ * a quarter of the compile time, and the kernels ran no slower without it (the renderer's loops
+ * index their buffers with one counter and constant offsets, which addressing modes take as they
+ * are). The switch is one of LLVM's process-wide options, so it is set only when this library is
+ * the one that brings LLVM into the process: another user of it (PoCL, Mesa) that loaded it first
+ * keeps its code generation as it was. TG_LLVM_LSR=1 keeps the pass. */
+static bool g_no_lsr;
 
 #define LLVM_LIBRARY "libLLVM-15.so.1"
 /* The IR pipeline. The renderer has already done what LLVM's O2 would spend its time on: loops are
@@ -314,6 +323,9 @@ static bool llvm_load_api(void) {
   if (ok || g_llvm_lib) goto out; /* loaded but the JIT failed earlier: the error was given then */
   const char *name = getenv_str("TG_LLVM_LIB", LLVM_LIBRARY);
   if (!name || !*name) name = LLVM_LIBRARY;
+  void *pre = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD); /* another part of the process uses it */
+  bool shared = pre != NULL;
+  if (pre) dlclose(pre);
   void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     const char *why = dlerror();
@@ -357,6 +369,11 @@ static bool llvm_load_api(void) {
     goto out;
   }
   g_llvm_lib = h;
+  g_no_lsr = !shared && !getenv_int("TG_LLVM_LSR", 0);
+  if (g_no_lsr) {
+    const char *argv[] = {"libtinygrad", "-disable-lsr"};
+    L.LLVMParseCommandLineOptions(2, argv, NULL); /* errors go to LLVM's null stream, never exit */
+  }
   g_host_triple = tg_xstrdup(triple);
   L.LLVMDisposeMessage(triple);
   char *cpu = L.LLVMGetHostCPUName(), *feat = L.LLVMGetHostCPUFeatures();
@@ -513,7 +530,7 @@ static void *llvm_open_arch(int index, const char *arch) {
   snprintf(s->passes, sizeof s->passes, "%s", pipe && *pipe ? pipe : LLVM_PASSES);
   /* the pipelines are part of the key: a kernel built by another one is another binary */
   static const char pre[] = LLVM_LV_PASSES "|" LLVM_SHORT_LOOP_PASSES;
-  snprintf(s->id, sizeof s->id, "llvm15:%016llx|%s|%s|%016llx",
+  snprintf(s->id, sizeof s->id, "llvm15%s:%016llx|%s|%s|%016llx", g_no_lsr ? "-nolsr" : "",
            (unsigned long long)hash_bytes(pre, strlen(pre), hash_bytes(s->passes, strlen(s->passes), 0x70617373ULL)), s->triple, s->cpu,
            (unsigned long long)hash_bytes(s->features, strlen(s->features), 0x6c6c766dULL));
   pthread_mutex_init(&s->tm_lock, NULL);
