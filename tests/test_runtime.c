@@ -1083,7 +1083,7 @@ static void cache_entry_kinds(int *c_entries, int *llvm_entries) {
     fclose(f);
     /* the key follows the 24-byte header */
     if (n > 27 && memcmp(head + 24, "cc:", 3) == 0) (*c_entries)++;
-    if (n > 30 && memcmp(head + 24, "llvm15:", 7) == 0) (*llvm_entries)++;
+    if (n > 30 && memcmp(head + 24, "llvm15", 6) == 0) (*llvm_entries)++;
   }
   closedir(d);
 }

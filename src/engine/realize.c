@@ -209,7 +209,8 @@ static CachedKernel *get_kernel(UOp *ast, Device *dev) {
 }
 
 /* ---- parallel compilation: kernels a schedule needs that are not cached yet are compiled on all
- * cores before it runs (codegen stays on this thread; compiling is the slow part) ---- */
+ * cores before it runs. Code generation stays on this thread (it is not reentrant) and hands each
+ * batch to the compiling threads as soon as it is rendered, so they start while it renders the rest. ---- */
 typedef struct {
   UOp *ast;
   Device *dev;
@@ -222,20 +223,25 @@ typedef struct {
 
 /* One compiler run: up to BATCH_MAX jobs of one device, compiled by one thread. */
 #define BATCH_MAX 24 /* bounded translation units: the compiler's cost per unit grows with its size */
+#define BATCH_MIN 4  /* below this, a unit's fixed costs (an object, a compiler process) weigh */
 typedef struct {
   int idx[BATCH_MAX], m;
-  int thread;
   Device *dev;
   Device *alt;                     /* tiered: the stand-ins' device (NULL: compile as usual) */
   KernelCode *alt_kc[BATCH_MAX];   /* the same kernels rendered for alt */
 } CBatch;
 
+/* The batches: this thread appends them as it renders, every thread (this one when it is done
+ * rendering) takes the next one. */
 typedef struct {
   CJobs *js;
   CBatch *b;
-  int nb, thread;
-  const CtxCopy *ctx; /* the realizing thread's Context (CC, DEBUG, ...) */
-} CGroup;
+  int nb, next;
+  bool done; /* every batch is in */
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  const CtxCopy *ctx; /* the realizing thread's Context (CC, DEBUG, ...), for the other threads */
+} CQueue;
 
 /* Tiered compilation: the device whose kernels stand in for dev's while dev's own compiler builds
  * them in the background, or NULL. The CPU device with its default compiler gets CPU:LLVM, whose
@@ -300,13 +306,31 @@ static void compile_batch(CJobs *js, CBatch *b) {
   program_get_batch(b->dev, names, srcs, b->m);
 }
 
-static void *compile_group(void *arg) {
-  CGroup *g = arg;
-  ctx_enter(g->ctx);
-  for (int i = 0; i < g->nb; i++)
-    if (g->b[i].thread == g->thread) compile_batch(g->js, &g->b[i]);
-  ctx_leave(g->ctx);
+static void compile_queue(CQueue *q) {
+  for (;;) {
+    pthread_mutex_lock(&q->lock);
+    while (q->next == q->nb && !q->done) pthread_cond_wait(&q->cond, &q->lock);
+    int i = q->next < q->nb ? q->next++ : -1;
+    pthread_mutex_unlock(&q->lock);
+    if (i < 0) return;
+    compile_batch(q->js, &q->b[i]);
+  }
+}
+
+static void *compile_worker(void *arg) {
+  CQueue *q = arg;
+  ctx_enter(q->ctx);
+  compile_queue(q);
+  ctx_leave(q->ctx);
   return NULL;
+}
+
+/* Decides whether batch x compiles tiered (its stand-ins rendered for the tier device now). */
+static void tier_setup(CJobs *js, CBatch *x) {
+  if (!program_tier_room(x->m) || !(x->alt = tier_device(x->dev))) return;
+  const char *names[BATCH_MAX], *srcs[BATCH_MAX];
+  for (int k = 0; k < x->m; k++) names[k] = js->jobs[x->idx[k]].kc->name, srcs[k] = js->jobs[x->idx[k]].kc->src;
+  if (program_batch_cached(x->dev, names, srcs, x->m) || !tier_render(js, x)) x->alt = NULL;
 }
 
 static void precompile(Schedule *s) {
@@ -324,49 +348,57 @@ static void precompile(Schedule *s) {
   pm_free(&seen);
   /* one kernel compiles in the run loop, unless it is tiered */
   if (js.n >= 2 || (js.n == 1 && program_tier_room(1) && tier_device(js.jobs[0].dev))) {
-    for (int i = 0; i < js.n; i++) {
-      js.jobs[i].kc = codegen_for(js.jobs[i].ast, &js.jobs[i].dev->caps, NULL);
-      if (!js.jobs[i].kc) tg_clear_error(); /* the run loop reports it */
-    }
+    double t0 = now_seconds();
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int nt = (int)(ncpu < 1 ? 1 : ncpu > 16 ? 16 : ncpu);
     if (nt > js.n) nt = js.n;
-    /* thread t takes every nt-th job, in batches of one device (a job of another device than the
-     * thread's first compiles alone in kcache_put) */
-    CBatch *b = tg_xcalloc((size_t)js.n, sizeof *b);
-    int nb = 0;
-    for (int t = 0; t < nt; t++) {
-      Device *dev = NULL;
-      CBatch *cur = NULL;
-      for (int i = t; i < js.n; i += nt) {
-        if (!js.jobs[i].kc || (dev && js.jobs[i].dev != dev)) continue;
-        dev = js.jobs[i].dev;
-        if (!cur || cur->m == BATCH_MAX) cur = &b[nb++], cur->thread = t, cur->dev = dev;
-        cur->idx[cur->m++] = i;
-      }
-    }
-    for (int i = 0; i < nb; i++) {
-      CBatch *x = &b[i];
-      if (!program_tier_room(x->m) || !(x->alt = tier_device(x->dev))) continue;
-      const char *names[BATCH_MAX], *srcs[BATCH_MAX];
-      for (int k = 0; k < x->m; k++) names[k] = js.jobs[x->idx[k]].kc->name, srcs[k] = js.jobs[x->idx[k]].kc->src;
-      if (program_batch_cached(x->dev, names, srcs, x->m) || !tier_render(&js, x)) x->alt = NULL;
-    }
+    CQueue q = {.js = &js, .b = tg_xcalloc((size_t)js.n, sizeof(CBatch))};
+    pthread_mutex_init(&q.lock, NULL);
+    pthread_cond_init(&q.cond, NULL);
+    CtxCopy *ctx = nt > 1 ? ctx_copy() : NULL;
+    q.ctx = ctx;
     pthread_t th[16];
-    CGroup groups[16];
     bool started[16] = {false};
-    CtxCopy *ctx = ctx_copy();
-    for (int t = 0; t < nt; t++) groups[t] = (CGroup){&js, b, nb, t, t ? ctx : NULL};
-    for (int t = 1; t < nt; t++) started[t] = pthread_create(&th[t], NULL, compile_group, &groups[t]) == 0;
-    compile_group(&groups[0]);
-    for (int t = 1; t < nt; t++) {
-      if (started[t]) pthread_join(th[t], NULL);
-      else compile_group(&groups[t]);
+    for (int t = 1; t < nt; t++) started[t] = pthread_create(&th[t], NULL, compile_worker, &q) == 0;
+    /* batches shrink as the jobs run out (a share of what is left for each thread), so that the
+     * threads finish together; one device per batch */
+    for (int i = 0; i < js.n;) {
+      int left = js.n - i, want = (left + 2 * nt - 1) / (2 * nt);
+      want = want < BATCH_MIN ? BATCH_MIN : want > BATCH_MAX ? BATCH_MAX : want;
+      CBatch x = {.m = 0};
+      for (; i < js.n && x.m < want; i++) {
+        CJob *j = &js.jobs[i];
+        if (x.m && j->dev != x.dev) break;
+        j->kc = codegen_for(j->ast, &j->dev->caps, NULL);
+        if (!j->kc) {
+          tg_clear_error(); /* the run loop reports it */
+          continue;
+        }
+        x.dev = j->dev;
+        x.idx[x.m++] = i;
+      }
+      if (!x.m) continue;
+      tier_setup(&js, &x);
+      pthread_mutex_lock(&q.lock);
+      q.b[q.nb++] = x;
+      pthread_cond_signal(&q.cond);
+      pthread_mutex_unlock(&q.lock);
     }
-    ctx_copy_free(ctx);
-    for (int i = 0; i < nb; i++)
-      for (int k = 0; k < b[i].m; k++) kernel_code_free(b[i].alt_kc[k]);
-    free(b);
+    pthread_mutex_lock(&q.lock);
+    q.done = true;
+    pthread_cond_broadcast(&q.cond);
+    pthread_mutex_unlock(&q.lock);
+    compile_queue(&q);
+    for (int t = 1; t < nt; t++)
+      if (started[t]) pthread_join(th[t], NULL);
+    if (ctx) ctx_copy_free(ctx);
+    if (debug_level() >= 2)
+      fprintf(stderr, "precompile: %d kernels in %d batches on %d threads, %.1f ms\n", js.n, q.nb, nt, (now_seconds() - t0) * 1e3);
+    pthread_cond_destroy(&q.cond);
+    pthread_mutex_destroy(&q.lock);
+    for (int i = 0; i < q.nb; i++)
+      for (int k = 0; k < q.b[i].m; k++) kernel_code_free(q.b[i].alt_kc[k]);
+    free(q.b);
     /* the batches loaded the programs; a kernel that failed in its batch compiles alone here, and
      * one that fails again is left for the run loop, which reports its error */
     for (int i = 0; i < js.n; i++)
