@@ -1946,8 +1946,11 @@ tg_tensor tg_sparse_categorical_crossentropy(tg_tensor logits, tg_tensor labels,
   tg_tensor oh =
       tg_bitwise_and(tg_eq(tg_unsqueeze(labels, -1), arange_on(a, 0, (double)a->shape[a->ndim - 1], 1)),
                      tg_unsqueeze(mask, -1));
-  tg_tensor smooth = tg_mul_s(tg_mul(tg_mean(lp, (const int[]){-1}, 1, false), mask), ls);
-  tg_tensor unred = tg_add(tg_mul_s(tg_sum(tg_mul(lp, oh), (const int[]){-1}, 1, false), 1 - ls), smooth);
+  tg_tensor unred = tg_mul_s(tg_sum(tg_mul(lp, oh), (const int[]){-1}, 1, false), 1 - ls);
+  /* the smoothing term only where there is smoothing: at 0 it would read every logit once more (and
+   * once more in the backward pass) to add zeros -- a NaN or infinity it could carry reaches the sum
+   * above through the same row anyway */
+  if (ls != 0) unred = tg_add(unred, tg_mul_s(tg_mul(tg_mean(lp, (const int[]){-1}, 1, false), mask), ls));
   tg_reduction r = opts ? opts->reduction : TG_REDUCTION_MEAN;
   tg_tensor res = r == TG_REDUCTION_MEAN
                       ? tg_div(tg_neg(tg_sum(unred, NULL, 0, false)), tg_sum(mask, NULL, 0, false))
