@@ -861,6 +861,25 @@ for shape, ls, ign, red_ in [((4, 5), 0.0, None, "mean"), ((4, 5), 0.1, None, "m
     check_fwd_bwd(lambda a, b: loss("sparse_categorical_crossentropy", a, b, red_, ls, ign), tf, [x, y], atol=1e-5)
   case(f"sparse_categorical_crossentropy {shape} smoothing={ls} ignore={ign} {red_}", _scce)
 
+# a non-finite logit outside the label's column: NaN and +inf make the loss NaN; -inf (probability
+# 0) leaves it finite without smoothing and makes it inf with smoothing -- PyTorch's results, and
+# tinygrad's (whose rewrites fold the one-hot product into a select)
+def _ce_nonfinite():
+  for bad in (np.nan, np.inf, -np.inf):
+    for ls in (0.0, 0.1):
+      x = rnd(3, 4, lo=-2, hi=2)
+      x[1, 2] = bad
+      y = np.array([0, 1, 3], np.int64)
+      ref = F.cross_entropy(torch.tensor(x), torch.tensor(y), label_smoothing=ls)
+      close(loss("sparse_categorical_crossentropy", Tensor(x), Tensor(y), label_smoothing=ls).numpy(), ref,
+            what=f"sparse_categorical_crossentropy, logit {bad}, smoothing {ls}")
+      close(loss("cross_entropy", Tensor(x), Tensor(y), label_smoothing=ls).numpy(), ref,
+            what=f"cross_entropy, logit {bad}, smoothing {ls}")
+
+
+case("cross-entropy losses with a non-finite logit", _ce_nonfinite)
+
+
 for shape, ls, red_, probs in [((4, 5), 0.0, "mean", False), ((4, 5), 0.2, "sum", False), ((2, 3, 4), 0.0, "none", False), ((5,), 0.0, "mean", False),
                                ((3, 4), 0.0, "mean", True), ((2, 3, 2, 2), 0.1, "mean", False), ((3, 4), 0.25, "none", True)]:
   def _ce(shape=shape, ls=ls, red_=red_, probs=probs):

@@ -1946,10 +1946,14 @@ tg_tensor tg_sparse_categorical_crossentropy(tg_tensor logits, tg_tensor labels,
   tg_tensor oh =
       tg_bitwise_and(tg_eq(tg_unsqueeze(labels, -1), arange_on(a, 0, (double)a->shape[a->ndim - 1], 1)),
                      tg_unsqueeze(mask, -1));
-  tg_tensor unred = tg_mul_s(tg_sum(tg_mul(lp, oh), (const int[]){-1}, 1, false), 1 - ls);
+  /* the label's log-probability picked out by a select, not a product with the one-hot: a -inf
+   * logit in another column (probability 0) leaves the loss finite, as in tinygrad (whose graph
+   * rewrites turn the product into that select) and PyTorch */
+  tg_tensor picked = tg_where(oh, lp, tg_zeros_like(lp, NULL));
+  tg_tensor unred = tg_mul_s(tg_sum(picked, (const int[]){-1}, 1, false), 1 - ls);
   /* the smoothing term only where there is smoothing: at 0 it would read every logit once more (and
-   * once more in the backward pass) to add zeros -- a NaN or infinity it could carry reaches the sum
-   * above through the same row anyway */
+   * once more in the backward pass) to add zeros, and 0 * mean(...) would turn a -inf logit into a NaN
+   * loss where tinygrad folds the product away and PyTorch leaves the term out */
   if (ls != 0) unred = tg_add(unred, tg_mul_s(tg_mul(tg_mean(lp, (const int[]){-1}, 1, false), mask), ls));
   tg_reduction r = opts ? opts->reduction : TG_REDUCTION_MEAN;
   tg_tensor res = r == TG_REDUCTION_MEAN
@@ -1980,9 +1984,14 @@ tg_tensor tg_cross_entropy(tg_tensor x, tg_tensor y, const tg_loss_opts *opts) {
     yy = tg_eq(tg_unsqueeze(y, cdim), tg_reshape(arange_on(a, 0, (double)c, 1), rs, a->ndim - cdim));
   }
   tg_dtype ydt = probs && tg_dtype_is_float((tg_dtype)t->dtype) ? (tg_dtype)t->dtype : tg_default_float();
-  yy = tg_add_s(tg_mul_s(tg_cast(yy, ydt), 1 - ls), ls / (double)c);
   int cd[1] = {cdim};
-  tg_tensor l = tg_neg(tg_sum(tg_mul(tg_log_softmax(x, cdim), yy), cd, 1, false));
+  tg_tensor lsm = tg_log_softmax(x, cdim), l;
+  if (!probs && ls == 0) { /* class indices: the label's log-probability selected (see above) */
+    l = tg_neg(tg_sum(tg_where(yy, lsm, tg_zeros_like(lsm, NULL)), cd, 1, false));
+  } else {
+    yy = tg_add_s(tg_mul_s(tg_cast(yy, ydt), 1 - ls), ls / (double)c);
+    l = tg_neg(tg_sum(tg_mul(lsm, yy), cd, 1, false));
+  }
   return done(o, do_reduction(l, opts));
 }
 
