@@ -539,5 +539,84 @@ def gradient_of_non_differentiable_path():
 
 case("tg_gradient: zeros for a target reached only through non-differentiable ops", gradient_of_non_differentiable_path)
 
+# NaN and infinities where a formula compares with its own max (found against tinygrad and PyTorch)
+_AXP = ctypes.POINTER(ctypes.c_int)
+lib.tg_exp.restype, lib.tg_exp.argtypes = _T, [_T]
+for _n, _a in (("argmax", [_T, _AXP, _I, _B]), ("argmin", [_T, _AXP, _I, _B]), ("logsumexp", [_T, _AXP, _I, _B]),
+               ("mean", [_T, _AXP, _I, _B])):
+  getattr(lib, "tg_" + _n).restype, getattr(lib, "tg_" + _n).argtypes = _T, _a
+for _n in ("cummax", "cummin"): getattr(lib, "tg_" + _n).restype, getattr(lib, "tg_" + _n).argtypes = _I, [_T, _I, _TP, _TP]
+
+
+def nan_in_argmax_and_cummax():
+  ax0 = (ctypes.c_int * 1)(0)
+  for row in ([1, np.nan, 3], [np.nan, 1, 3], [1, 3, np.nan], [-np.inf, np.nan, np.inf], [np.nan, np.nan, 2]):
+    a = np.array(row, np.float32)
+    t = torch.tensor(a)
+    for name, ref in (("argmax", torch.argmax), ("argmin", torch.argmin)):
+      got = int(op(name, Tensor(a), ax0, 1, False).numpy())
+      # the first NaN, as PyTorch (tinygrad's max skips NaN, ours keeps it: never an index past the end)
+      if got != int(ref(t)): raise AssertionError(f"{name}({row}) = {got}, PyTorch {int(ref(t))}")
+    for name, ref in (("cummax", torch.cummax), ("cummin", torch.cummin)):
+      v, i = _T(), _T()
+      if lib.__getattr__("tg_" + name)(Tensor(a).h, 0, ctypes.byref(v), ctypes.byref(i)) != 0: tg._raise(name, -1)
+      gv, gi = Tensor._wrap(v).numpy(), Tensor._wrap(i).numpy()
+      rv, ri = ref(t, 0)
+      np.testing.assert_array_equal(gv, rv.numpy(), err_msg=f"{name} values of {row}")
+      np.testing.assert_array_equal(gi, ri.numpy(), err_msg=f"{name} indices of {row}")
+  flat = np.array([[1, np.nan], [np.nan, np.nan], [5, 5]], np.float32)
+  got = int(op("argmax", Tensor(flat), None, 0, False).numpy())
+  if got != 1: raise AssertionError(f"argmax of the flattened 3x2 with NaNs: {got}, want 1")
+
+
+case("argmax/argmin and cummax/cummin indices with NaN (PyTorch's: the NaN's position)", nan_in_argmax_and_cummax)
+
+
+def logsumexp_infinities():
+  ax0 = (ctypes.c_int * 1)(0)
+  for row in ([np.inf], [1, np.inf, 3], [-np.inf, -np.inf], [-np.inf], [np.inf, -np.inf], [1, 2, -np.inf]):
+    a = np.array(row, np.float32)
+    got = op("logsumexp", Tensor(a), ax0, 1, False).numpy()
+    want = torch.logsumexp(torch.tensor(a), 0).numpy()
+    if not agree(got, want, 1e-6, 1e-6): raise AssertionError(f"logsumexp({row}) = {got}, PyTorch {want}")
+
+
+case("logsumexp with infinite entries (PyTorch's: inf, -inf, no NaN)", logsumexp_infinities)
+
+
+def integer_mean_exact():
+  # tinygrad sums in the integer accumulation dtype and converts the sum (wrapping where it overflows)
+  for vals, npd, want in (([16777217, -16777216], np.int32, 0.5), ([2 ** 40 + 1, -2 ** 40], np.int64, 0.5),
+                          ([2 ** 30 + 1, -2 ** 30, 0, 0], np.int32, 0.25), ([2 ** 63 - 1, -2 ** 63, 5], np.int64, 4 / 3),
+                          ([255, 255, 1], np.uint8, 511 / 3)):
+    m = op("mean", Tensor(np.array(vals, npd)), None, 0, False)
+    if m.dtype != tg.FLOAT32 or abs(float(m.numpy()) - want) > 1e-6 * max(1, abs(want)):
+      raise AssertionError(f"mean({vals} {np.dtype(npd).name}) = {m.numpy()} ({tg.dtype_name(m.dtype)}), want {want}")
+
+
+case("mean of integers: summed exactly, then converted", integer_mean_exact)
+
+
+def odd_functions_at_zero():
+  for name, ref in (("asin", torch.asin), ("atan", torch.atan)):
+    for z in (0.0, -0.0):
+      a = np.array([z], np.float32)
+      got = op(name, Tensor(a)).numpy()
+      if got[0] != 0: raise AssertionError(f"{name}({z}) = {got[0]}, want 0")
+      x = leaf(np.array([0.0], np.float32))
+      g = gradients(total(op(name, x)), x)[0]
+      if abs(g[0] - 1) > 1e-6: raise AssertionError(f"d{name}/dx at 0 = {g[0]}, want 1")
+  # sinh/cosh as exact as exp (tinygrad's exp2(x * log2 e): its own error grows with |x|, 1.1e-6 at 40)
+  for xv in (0.5, 3.0, 20.0, -20.0, 30.0, 80.5, 88.0, 89.0):
+    a = np.array([xv], np.float32)
+    ea = np.float64(op("exp", Tensor(np.abs(a))).numpy()[0])
+    tol = abs(ea / np.exp(np.float64(abs(xv))) - 1) + 2e-7 if abs(xv) <= 80 else 1e-5
+    for name, ref in (("sinh", np.sinh), ("cosh", np.cosh)):
+      got, want = float(op(name, Tensor(a)).numpy()[0]), float(ref(np.float64(xv)))
+      if abs(got - want) > tol * abs(want): raise AssertionError(f"{name}({xv}) = {got}, want {want} (tolerance {tol:.2g})")
+
+
+case("asin/atan are exactly 0 at 0; sinh/cosh as exact as exp", odd_functions_at_zero)
+
 print(f"test_edges_torch: {PASSED} passed, {FAILED} failed")
 sys.exit(1 if FAILED else 0)

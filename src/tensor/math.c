@@ -242,26 +242,35 @@ static tg_tensor ceil_(tg_tensor x) {
 static tg_tensor log10_(tg_tensor x) { return tg_mul_s(tg_log2(x), 0.301029995663981195214); }
 static tg_tensor rsqrt_(tg_tensor x) { return tg_reciprocal(tg_sqrt(x)); }
 static tg_tensor tan_(tg_tensor x) { return tg_div(tg_sin(x), cos_(x)); }
-static tg_tensor asin_(tg_tensor x) { return odd(x, asin_pos); }
+/* asin and atan are odd: at 0 the polynomial leaves pi/2 - c0's rounding (1.2e-7 in float32), where
+ * tinygrad's multiplication by sign(x) gives 0 -- x itself is returned there (its gradient 1 is
+ * theirs too) */
+static tg_tensor asin_(tg_tensor x) { return tg_where(tg_eq_s(x, 0), x, odd(x, asin_pos)); }
 static tg_tensor acos_(tg_tensor x) {
   tg_tensor n = tg_lt_s(x, 0);
   tg_tensor g = acos_pos(tg_where(n, tg_neg(x), x));
   return tg_where(n, tg_rsub_s(M_PI, g), g);
 }
-static tg_tensor atan_(tg_tensor x) { return odd(x, atan_pos); }
+static tg_tensor atan_(tg_tensor x) { return tg_where(tg_eq_s(x, 0), x, odd(x, atan_pos)); }
 static tg_tensor logsigmoid_(tg_tensor x) { return tg_neg(softplus1_(tg_neg(x))); }
 static tg_tensor swish_(tg_tensor x) { return tg_mul(x, sigmoid_(x)); }
 static tg_tensor quick_gelu_(tg_tensor x) { return tg_mul(x, sigmoid_(tg_mul_s(x, 1.702))); }
 static tg_tensor mish_(tg_tensor x) { return tg_mul(x, tanh_(softplus1_(x))); }
 static tg_tensor softsign_(tg_tensor x) { return tg_div(x, tg_add_s(wabs(x), 1)); }
-/* (exp(x) -+ exp(-x)) / 2 with the halving folded into the exponent: finite up to |x| = 89.4 in
- * float32 where exp(x) alone overflows at 88.7 */
-static tg_tensor sinh_(tg_tensor x) {
-  return tg_sub(tg_exp(tg_sub_s(x, M_LN2)), tg_exp(tg_sub_s(tg_neg(x), M_LN2)));
+/* (exp(x) -+ exp(-x)) / 2; past |x| = 80 with the halving folded into the exponent, finite up to
+ * |x| = 89.4 in float32 where exp(x) alone overflows at 88.7. Not below: x - ln 2 rounds, which cost
+ * 1.3e-6 of relative accuracy at x = 20. Each side is fed 0 where the other is taken, so that its
+ * gradient there is 0, not 0 * inf. */
+static tg_tensor sinh_cosh(tg_tensor x, bool is_cosh) {
+  tg_tensor big = tg_gt_s(wabs(x), 80), zero = K(x, 0);
+  tg_tensor xs = tg_where(big, zero, x), xb = tg_where(big, x, zero);
+  tg_tensor e = tg_exp(xs), f = tg_exp(tg_neg(xs));
+  tg_tensor g = tg_exp(tg_sub_s(xb, M_LN2)), h = tg_exp(tg_sub_s(tg_neg(xb), M_LN2));
+  tg_tensor small = tg_mul_s(is_cosh ? tg_add(e, f) : tg_sub(e, f), 0.5);
+  return tg_where(big, is_cosh ? tg_add(g, h) : tg_sub(g, h), small);
 }
-static tg_tensor cosh_(tg_tensor x) {
-  return tg_add(tg_exp(tg_sub_s(x, M_LN2)), tg_exp(tg_sub_s(tg_neg(x), M_LN2)));
-}
+static tg_tensor sinh_(tg_tensor x) { return sinh_cosh(x, false); }
+static tg_tensor cosh_(tg_tensor x) { return sinh_cosh(x, true); }
 /* (log(1+x) - log(1-x)) / 2: tinygrad's log((1+x)/(1-x)) / 2 in two logs, so that the gradient at
  * x = +-1 is inf (the quotient's derivative there is 0 * inf = nan) */
 static tg_tensor atanh_(tg_tensor x) {

@@ -551,6 +551,9 @@ tg_tensor tg_logsumexp(tg_tensor x, const int *axes, int naxes, bool keepdim) {
   int on = reduced_shape(a, red, keepdim, os);
   NnOp o = begin(fn);
   tg_tensor m = tg_detach(tg_max(x, axes, naxes, true));
+  /* an infinite max is shifted by 0 instead (as PyTorch's): inf - inf would make a row holding +inf
+   * NaN rather than +inf, and a row of -inf NaN rather than -inf */
+  if (tg_dtype_is_float((tg_dtype)a->dtype)) m = tg_where(tg_isinf(m), tg_zeros_like(m, NULL), m);
   tg_tensor l = tg_log(tg_sum(tg_exp(tg_sub(x, m)), axes, naxes, keepdim));
   return done(o, tg_add(l, keepdim ? m : reshape_n(m, os, on)));
 }
@@ -588,6 +591,9 @@ static tg_tensor arg_impl(const char *fn, tg_tensor x, const int *axes, int naxe
   int axv[1] = {ax};
   tg_tensor mx = is_min ? tg_min(src, axv, 1, true) : tg_max(src, axv, 1, true);
   tg_tensor m = tg_eq(src, mx);
+  /* a NaN is the max (and the min) of its row, as tg_max and PyTorch have it: the first NaN is the
+   * answer (compared only with the max, no position would match and the result would be n) */
+  if (tg_dtype_is_float((tg_dtype)a->dtype)) m = tg_bitwise_or(m, tg_isnan(src));
   int64_t rs[MAXD];
   rs[0] = n;
   for (int i = 1; i < nd - ax; i++) rs[i] = 1;

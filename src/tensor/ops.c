@@ -563,17 +563,20 @@ tg_tensor tg_mean(tg_tensor x, const int *axes, int naxes, bool keepdim) {
   int64_t cnt = 1;
   for (int i = 0; i < nax; i++) cnt *= a->shape[ax[i]];
   /* as tinygrad: the sum and its scaling stay in the accumulation dtype, one rounding to a narrow
-   * float at the end */
-  tg_dtype acc = tg_dtype_is_float(dt) ? dtype_sum_acc(dt) : out;
-  tg_tensor s = reduce_nodes("tg_mean", a, OP_ADD, axes, naxes, keepdim, acc, acc);
-  UOp *su = t_get(s, "tg_mean");
-  if (!su) return NONE;
+   * float at the end; integers are summed exactly in theirs (wrapping as tinygrad's sum does) and
+   * only the sum is converted: mean([16777217, -16777216]) is 0.5 */
+  bool fl = tg_dtype_is_float(dt);
+  tg_dtype acc = fl ? dtype_sum_acc(dt) : out, sacc = fl ? acc : dtype_sum_acc(dt);
+  tg_tensor s = reduce_nodes("tg_mean", a, OP_ADD, axes, naxes, keepdim, sacc, sacc);
+  UOp *s0 = t_get(s, "tg_mean");
+  if (!s0) return NONE;
+  UOp *su = fl ? uop_ref(s0) : g_cast(s0, acc);
   bool red[64] = {false};
   for (int i = 0; i < nax; i++) red[ax[i]] = true;
   UOp *sc = g_sym_count(a, red, keepdim, acc); /* a symbolic count: divided at run time */
   UOp *d = sc ? sc : n_const_like(su, cnt ? 1.0 / (double)cnt : NAN, acc);
   UOp *r = g_alu(sc ? OP_FDIV : OP_MUL, acc, su, d, NULL);
-  uop_unref(d);
+  uop_unref(d), uop_unref(su);
   tg_free(s);
   if (acc != out) {
     UOp *c = g_cast(r, out);

@@ -312,7 +312,10 @@ static void cummax_(UOp *a, tg_tensor x, int ax, bool want_idx, tg_tensor *v, tg
   if (!want_idx) return;
   int64_t n = a->shape[ax];
   tg_tensor xt = tg_transpose(x, ax, -1), vt = tg_transpose(*v, ax, -1);
-  tg_tensor match = tg_bitwise_and(tg_eq(tg_unsqueeze(xt, -1), tg_unsqueeze(vt, -2)), tri_mask(a, n, false));
+  tg_tensor eq = tg_eq(tg_unsqueeze(xt, -1), tg_unsqueeze(vt, -2));
+  /* from a NaN on the running max is NaN (PyTorch's values): its index is the latest NaN's */
+  if (tg_dtype_is_float((tg_dtype)a->dtype)) eq = tg_bitwise_or(eq, tg_isnan(tg_unsqueeze(xt, -1)));
+  tg_tensor match = tg_bitwise_and(eq, tri_mask(a, n, false));
   tg_tensor pos = tg_unsqueeze(iarange(a, 1, (double)n + 1, 1), -1);
   tg_tensor w = tg_where(match, pos, tg_const_like(pos, 0));
   tg_tensor r = tg_sub_s(tg_max(w, (const int[]){-2}, 1, false), 1);
