@@ -618,5 +618,23 @@ def odd_functions_at_zero():
 
 case("asin/atan are exactly 0 at 0; sinh/cosh as exact as exp", odd_functions_at_zero)
 
+def true_division_by_out_of_range_scalars():
+  # the scalar divides with its own value, not wrapped into the tensor's dtype (tinygrad, PyTorch)
+  lib.tg_div_s.restype, lib.tg_div_s.argtypes = _T, [_T, _D]
+  lib.tg_rdiv_s.restype, lib.tg_rdiv_s.argtypes = _T, [_D, _T]
+  for vals, npd in (([0, 1, 200, 255], np.uint8), ([-128, -1, 5, 127], np.int8), ([-32768, 7, 32767], np.int16)):
+    a = np.array(vals, npd)
+    for k in (256, -1, 300, 65536, 0.5):
+      got = Tensor._wrap(lib.tg_div_s(Tensor(a).h, k)).numpy()
+      want = (torch.tensor(a.astype(np.int64)) / k).numpy()
+      if not np.all(agree(got, want, 1e-6, 1e-6)): raise AssertionError(f"{vals} ({np.dtype(npd).name}) / {k} = {got}, want {want}")
+      got = Tensor._wrap(lib.tg_rdiv_s(k, Tensor(a).h)).numpy()
+      with np.errstate(divide="ignore"):
+        want = (k / torch.tensor(a.astype(np.int64)).double()).float().numpy()
+      if not np.all(agree(got, want, 1e-6, 1e-6)): raise AssertionError(f"{k} / {vals} ({np.dtype(npd).name}) = {got}, want {want}")
+
+
+case("integer tensor / out-of-range scalar: the scalar's own value", true_division_by_out_of_range_scalars)
+
 print(f"test_edges_torch: {PASSED} passed, {FAILED} failed")
 sys.exit(1 if FAILED else 0)

@@ -277,10 +277,19 @@ tg_tensor tg_where(tg_tensor cond, tg_tensor x, tg_tensor y) {
 }
 
 /* ---- scalar right operands ---- */
+/* A true division's scalar is made in the float dtype the division computes in: an integer tensor
+ * divided by 256 or by -1 divides by that value (as tinygrad and PyTorch), not by the scalar wrapped
+ * into the tensor's dtype (uint8: 0 and 255) */
+static UOp *scalar_node_for(UOp *x, double v, Kind kind) {
+  if (kind != K_TRUEDIV) return scalar_node(x, v);
+  tg_dtype dt = float_of(tg_dtype_promote((tg_dtype)x->dtype, scalar_dtype((tg_dtype)x->dtype, v)));
+  return g_const(v, dt, x->device);
+}
+
 #define SCALAR_OP(name, fnname, kind, op, swap)                                                    \
   tg_tensor name {                                                                                 \
     GET(a, T, fnname);                                                                             \
-    UOp *s = scalar_node(a, V);                                                                    \
+    UOp *s = scalar_node_for(a, V, kind);                                                          \
     tg_tensor r = swap ? binop_nodes(fnname, op, s, a, kind) : binop_nodes(fnname, op, a, s, kind); \
     uop_unref(s);                                                                                  \
     return r;                                                                                      \
