@@ -703,7 +703,8 @@ tg_tensor tg_softmin(tg_tensor x, int axis, tg_dtype dtype);
 tg_tensor tg_normalize(tg_tensor x, double p, int dim, double eps);
 /* tinygrad's newton_schulz: over the last two dims (a tall matrix works on its transpose), G = x /
  * (||x||_F + eps), then steps times G = sum_i coefs[i] (G G^T)^i G -- an odd polynomial that drives the
- * singular values towards 1 (Muon's orthogonalization; tinygrad's eps default 1e-7). */
+ * singular values towards 1 (Muon's orthogonalization; tinygrad's eps default 1e-7). steps in
+ * 0..TG_NS_MAX_STEPS (1000), ncoefs in 1..TG_MUON_MAX_COEFS (8). */
 tg_tensor tg_newton_schulz(tg_tensor x, int steps, const double *coefs, int ncoefs, double eps);
 
 /* ~x for integers (two's complement), logical not for bool; error for floats. */
@@ -1481,6 +1482,7 @@ typedef struct {
  * is 0). */
 tg_optim *tg_optim_lars(const tg_tensor *params, int n, const tg_lars_opts *opts);
 #define TG_MUON_MAX_COEFS 8
+#define TG_NS_MAX_STEPS 1000 /* the most Newton-Schulz iterations tg_newton_schulz and Muon accept */
 typedef struct {
   double lr;           /* default 0.001 */
   double momentum;     /* default 0.95; 0: no momentum */

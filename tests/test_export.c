@@ -543,6 +543,12 @@ TEST(export_errors) {
   CHECK_ERR(TG_ERR_INVALID, "\"1net\" is not a C identifier");
   CHECK(tg_jit_export(j, p, TG_JIT_EXPORT_OPTS(.name = "my-net")) == TG_ERR_INVALID);
   CHECK_ERR(TG_ERR_INVALID, "not a C identifier");
+  /* names the generated C could not define: a keyword, a C library function it calls, main */
+  const char *reserved[] = {"int", "memcpy", "main", "__x"};
+  for (int i = 0; i < 4; i++) {
+    CHECK(tg_jit_export(j, p, TG_JIT_EXPORT_OPTS(.name = reserved[i])) == TG_ERR_INVALID);
+    CHECK_ERR(TG_ERR_INVALID, "reserved");
+  }
   CHECK(tg_jit_export(j, p, NULL) == TG_OK);
   tg_jit_free(j);
 

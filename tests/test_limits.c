@@ -420,6 +420,79 @@ TEST(layernorm_fields_changed_after_init) {
   END;
 }
 
+/* The jit freed from inside its own function: freed when the call returns (not under it). */
+static tg_jit *g_self_freeing;
+static tg_status f_free_own_jit(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout,
+                                void *user) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)user;
+  tg_jit_free(g_self_freeing);
+  out[0] = tg_add_s(in[0], 1);
+  return TG_OK;
+}
+
+static int g_extra_scopes;
+static tg_status f_unbalanced_scopes(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out,
+                                     int nout, void *user) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)user;
+  for (int i = 0; i < g_extra_scopes; i++) tg_scope_begin();
+  out[0] = tg_add_s(in[0], 1);
+  return TG_OK;
+}
+
+TEST(jit_freed_inside_its_function_and_unbalanced_scopes) {
+  BEGIN;
+  tg_tensor x = tg_ones(TG_SHAPE(4), NULL), out[1];
+  CHECK(tg_realize(x) == TG_OK);
+  g_self_freeing = tg_jit_new(f_free_own_jit, 1, NULL);
+  CHECK(tg_jit_call(g_self_freeing, &x, 1, NULL, 0, out) == TG_OK); /* ASan: no use after free */
+  float v[4];
+  CHECK(tg_data(out[0], v, sizeof v) == TG_OK && v[0] == 2);
+  tg_free(out[0]);
+  /* scopes the function leaves open are closed, and the call is an error; no handle outlives it */
+  size_t live = tg_live_count();
+  tg_jit *j = tg_jit_new(f_unbalanced_scopes, 1, NULL);
+  for (int k = 0; k < 3; k++) {
+    g_extra_scopes = 2;
+    CHECK(tg_jit_call(j, &x, 1, NULL, 0, out) == TG_ERR_INVALID);
+    CHECK_ERR(TG_ERR_INVALID, "tg_jit_call", "left open 2 scopes");
+    CHECK(tg_live_count() == live);
+  }
+  tg_jit_free(j);
+  END;
+}
+
+/* More axes than dims: an error before the array is read past what a tensor could take (the caller's
+ * array may be that short), as for a NULL array */
+TEST(axis_counts_past_ndim) {
+  BEGIN;
+  tg_tensor x = tg_zeros(TG_SHAPE(2, 3, 4), NULL);
+  int ax[3] = {0, 1, 2};
+  CHECK_NONE(tg_sum(x, ax, 4, false), "tg_sum", "4 axes for a tensor of 3 dims");
+  CHECK_NONE(tg_max(x, ax, 1000, false), "tg_max", "1000 axes");
+  CHECK_NONE(tg_mean(x, ax, 1000, true), "tg_mean", "1000 axes");
+  CHECK_NONE(tg_flip(x, ax, 1000), "tg_flip", "1000 axes");
+  CHECK_NONE(tg_logsumexp(x, ax, 1000, false), "tg_logsumexp", "1000 axes");
+  CHECK_NONE(tg_sum(x, ax, -1, false), "tg_sum", "naxes=-1 is negative");
+  tg_tensor s = tg_sum(x, ax, 3, false); /* all of them is still right */
+  CHECK(tg_valid(s) && tg_ndim(s) == 0);
+  tg_tensor m = tg_ones(TG_SHAPE(3, 3), NULL);
+  CHECK_NONE(tg_newton_schulz(m, TG_NS_MAX_STEPS + 1, (const double[]){1, 2, 3}, 3, 1e-7), "tg_newton_schulz", "steps");
+  CHECK_NONE(tg_newton_schulz(m, 5, (const double[]){1, 2, 3}, 1000, 1e-7), "tg_newton_schulz", "coefficients");
+  check_usable();
+  END;
+}
+
+/* uint64 indices of 2^63 and more are out of range (read 0), not negative indices from the end */
+TEST(uint64_index_past_int64) {
+  BEGIN;
+  tg_tensor p = tg_from_data((float[]){10, 11, 12, 13}, TG_SHAPE(4), NULL);
+  tg_tensor u = tg_from_data((uint64_t[]){UINT64_MAX, 1, (uint64_t)1 << 63, 3, 4}, TG_SHAPE(5), TG_OPTS(.dtype = TG_UINT64));
+  float o[5];
+  CHECK(tg_data(tg_index(p, u), o, sizeof o) == TG_OK);
+  CHECK(o[0] == 0 && o[1] == 11 && o[2] == 0 && o[3] == 13 && o[4] == 0);
+  END;
+}
+
 int main(void) {
   int rc = RUN_TESTS();
   if (tg_live_count() != 0) {

@@ -89,10 +89,23 @@ static int xb_of(XBufs *t, const Capture *c, const CapItem *it, int j) {
   return k;
 }
 
+/* Names the export cannot take for its function: C's keywords, and what the generated file or its
+ * user's program already defines (the C library calls it makes, main). */
+static const char *const RESERVED[] = {
+    "auto", "break", "case", "char", "const", "continue", "default", "do", "double", "else", "enum", "extern", "float",
+    "for", "goto", "if", "inline", "int", "long", "register", "restrict", "return", "short", "signed", "sizeof",
+    "static", "struct", "switch", "typedef", "union", "unsigned", "void", "volatile", "while", "bool", "true", "false",
+    "main", "memcpy", "memset", "memmove", "memcmp", "malloc", "calloc", "realloc", "free", "aligned_alloc", "fopen",
+    "fclose", "fread", "fwrite", "fseek", "ftell", "printf", "fprintf", "snprintf", "strlen", "strcmp", "strncmp",
+    "exit", "abort", "exp2f", "log2f", "sqrtf", "sinf", "exp2", "log2", "sqrt", "sin", "fmaf", "fma", "errno"};
+
 static bool is_ident(const char *s) {
   if (!s || !*s || (*s >= '0' && *s <= '9')) return false;
   for (const char *p = s; *p; p++)
     if (!(*p == '_' || (*p >= '0' && *p <= '9') || ((*p | 32) >= 'a' && (*p | 32) <= 'z'))) return false;
+  if (s[0] == '_' && (s[1] == '_' || (s[1] >= 'A' && s[1] <= 'Z'))) return false; /* the implementation's */
+  for (size_t i = 0; i < sizeof RESERVED / sizeof *RESERVED; i++)
+    if (!strcmp(s, RESERVED[i])) return false;
   return strlen(s) < 48;
 }
 
@@ -973,7 +986,10 @@ tg_status export_capture(const JitView *v, const char *path, const tg_jit_export
   e.v = *v;
   if (!is_ident(e.name) || !strncmp(e.name, "tgx_", 4)) {
     free(e.v.in), free(e.v.out);
-    return tg_set_error(TG_ERR_INVALID, "%s: name \"%s\" is not a C identifier of at most 47 characters (and not tgx_...)", fn, e.name);
+    return tg_set_error(TG_ERR_INVALID,
+                        "%s: name \"%s\" is not a C identifier of at most 47 characters, or is reserved (a C keyword, a C "
+                        "library function the export calls, main, tgx_...)",
+                        fn, e.name);
   }
   upper(e.NAME, e.name, sizeof e.NAME);
   if (e.v.calls < 2) {

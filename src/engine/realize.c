@@ -192,6 +192,18 @@ static uint64_t kkey(UOp *ast, Device *dev) {
   return (uint64_t)(uintptr_t)ast ^ (v << 60) ^ ((uint64_t)(dev->id & 0xff) << 48);
 }
 
+/* BEAM's width: tinygrad's values are a few to a hundred; past BEAM_MAX the search's candidate
+ * arrays (and its time) would grow without use, so a larger value is taken as BEAM_MAX. */
+#define BEAM_MAX 256
+static int beam_width(void) {
+  int64_t b = getenv_int("BEAM", 0);
+  if (b <= BEAM_MAX) return b < 0 ? 0 : (int)b;
+  char v[32], m[32];
+  snprintf(v, sizeof v, "%lld", (long long)b), snprintf(m, sizeof m, "%d", BEAM_MAX);
+  env_warn("BEAM", v, "wider than a search can use", m);
+  return BEAM_MAX;
+}
+
 /* BEAM>0: the kernel compiled with the searched optimizations (cached per AST and beam width). */
 static CachedKernel *get_kernel_beam(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam) {
   uint64_t key = kkey(ast, dev) ^ ((uint64_t)beam << 56) ^ 1;
@@ -1040,7 +1052,7 @@ static tg_status run_schedule_items(Schedule *s, bool *ran) {
   int cap_from = g_capture ? g_capture->n : 0;
   if (g_capture && s->sym_unit) g_capture->sym_unit = true;
   if (g_capture && s->sym_baked) g_capture->sym_baked = true;
-  int beam = (int)getenv_int("BEAM", 0);
+  int beam = beam_width();
   if (beam <= 0) precompile(s);
   /* out of memory before any kernel ran: nothing was changed yet, so stop here (later, kernels must
    * all run -- an assign done twice on a retry would be wrong -- and realize_uops reports it) */

@@ -179,8 +179,9 @@ tg_optim *tg_optim_muon(const tg_tensor *params, int n, const tg_muon_opts *opts
   opts = &opts_v;
   double mom = opts->momentum, wd = opts->weight_decay;
   int nc = opts->n_ns_coefficients;
-  if (opts->ns_steps < 0) {
-    tg_set_error(TG_ERR_INVALID, "%s: ns_steps %d is negative (0 skips the iteration)", fn, opts->ns_steps);
+  if (opts->ns_steps < 0 || opts->ns_steps > TG_NS_MAX_STEPS) {
+    tg_set_error(TG_ERR_INVALID, "%s: ns_steps %d must be in 0..%d (0 skips the iteration; the default is 5)", fn,
+                 opts->ns_steps, TG_NS_MAX_STEPS);
     return NULL;
   }
   if (nc < 0 || nc > TG_MUON_MAX_COEFS) {

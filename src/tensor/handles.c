@@ -77,6 +77,7 @@ Slot *t_slot(tg_tensor t) {
   return s;
 }
 size_t t_slot_count(void) { return nslots; }
+int t_scope_depth(void) { return scope_depth; }
 Slot *t_slot_at(size_t i) { return slot_at(i); }
 
 static void scope_push_id(uint64_t id) {

@@ -54,6 +54,7 @@ struct tg_jit {
   int nwritten;
   bool prune, rerun_constants;
   atomic_bool busy;  /* a call is running: a second one (another thread) is refused */
+  bool free_pending; /* tg_jit_free was called from inside the running function: freed when it returns */
   int *vars;         /* the variables passed to the captured call (indices), whose values replays pass on */
   int nvars;
   /* multi-device tensors: the captured call sees their shards as separate tensors (flattened), and
@@ -121,8 +122,18 @@ static void jit_reset(tg_jit *j) {
 }
 
 void tg_jit_free(tg_jit *j) {
-  if (j) free(j->out_lay);
   if (!j) return;
+  if (atomic_load(&j->busy)) {
+    /* inside its own function (a jit runs one call at a time, and nesting is refused): freed when the
+     * call returns; from another thread while a call runs: refused (freeing it would pull the memory
+     * from under that call) */
+    if (tl_depth > 0) j->free_pending = true;
+    else
+      tg_set_error(TG_ERR_INVALID, "tg_jit_free: the jit is running a call in another thread; free it after that "
+                                   "tg_jit_call returns");
+    return;
+  }
+  free(j->out_lay);
   jit_reset(j);
   free(j);
 }
@@ -190,10 +201,26 @@ static Buffer *input_buffer(tg_tensor t, int i) {
 /* Runs fn in its own scope; outputs are realized, contiguous and moved to the caller's scope. */
 static tg_status run_fn(tg_jit *j, const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out) {
   tg_scope_begin();
+  int depth = t_scope_depth();
   for (int i = 0; i < j->nout; i++) out[i] = (tg_tensor){0};
   tl_depth++;
   tg_status st = j->fn(in, nin, args, nargs, out, j->nout, j->user);
   tl_depth--;
+  /* the function's scopes must balance: extra ones it left open are closed (their handles would
+   * outlive every call), and one it closed that it had not opened is reported */
+  if (t_scope_depth() != depth) {
+    int d = t_scope_depth();
+    while (t_scope_depth() > depth) tg_scope_end();
+    if (st == TG_OK || !tg_has_error())
+      st = tg_set_error(TG_ERR_INVALID, "tg_jit_call: the jitted function %s %d scope%s (tg_scope_begin and tg_scope_end "
+                                        "must pair up inside it)", d > depth ? "left open" : "closed", d > depth ? d - depth : depth - d,
+                        d - depth == 1 || depth - d == 1 ? "" : "s");
+    if (t_scope_depth() < depth) {
+      for (int i = 0; i < j->nout; i++) out[i] = (tg_tensor){0};
+      while (t_scope_depth() < depth - 1) tg_scope_begin(); /* the caller's scopes it closed are gone: reopen */
+      return st;
+    }
+  }
   /* realize first, then copy only what is still a view: an assigned input returned as itself stays
    * its own buffer (a contiguous copy of it would hide that the function writes the input) */
   if (st == TG_OK) st = tg_realize_many(out, j->nout);
@@ -571,6 +598,7 @@ static tg_status tg_jit_call_impl(tg_jit *j, const tg_tensor *in, int nin, const
   if (st == TG_OK) st = jit_call_multi(j, in, nin, args, nargs, out, cv);
   tl_vars = saved_vars, tl_nvars = saved_n;
   atomic_store(&j->busy, false);
+  if (j->free_pending) tg_jit_free(j);
   return st;
 }
 

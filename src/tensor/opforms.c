@@ -147,8 +147,11 @@ tg_tensor tg_newton_schulz(tg_tensor x, int steps, const double *coefs, int ncoe
   if (!t_get(x, fn)) return NONE;
   int nd = tg_ndim(x);
   if (nd < 2) return op_fail("%s: x has %d dims; the iteration works on matrices (at least 2 dims)", fn, nd);
-  if (steps < 0) return op_fail("%s: steps %d must be non-negative", fn, steps);
+  if (steps < 0 || steps > TG_NS_MAX_STEPS)
+    return op_fail("%s: steps %d must be in 0..%d (Muon uses 5)", fn, steps, TG_NS_MAX_STEPS);
   if (ncoefs < 1 || !coefs) return op_fail("%s: needs at least one coefficient (ncoefs=%d)", fn, ncoefs);
+  if (ncoefs > TG_MUON_MAX_COEFS)
+    return op_fail("%s: %d coefficients; at most %d (the polynomial's terms)", fn, ncoefs, TG_MUON_MAX_COEFS);
   for (int i = 0; i < ncoefs; i++)
     if (!isfinite(coefs[i])) return op_fail("%s: coefficient %d (%g) is not finite", fn, i, coefs[i]);
   int64_t sh[64];

@@ -460,7 +460,12 @@ tg_tensor tg_bitcast(tg_tensor x, tg_dtype dtype) {
 /* Normalizes axes (naxes == 0: all). Returns count or -1. */
 static int norm_axes(const char *fn, UOp *a, const int *axes, int naxes, int64_t *out) {
   if (naxes < 0 || (naxes > 0 && !axes)) {
-    tg_set_error(TG_ERR_INVALID, "%s: axes is NULL with naxes=%d", fn, naxes);
+    tg_set_error(TG_ERR_INVALID, naxes < 0 ? "%s: naxes=%d is negative" : "%s: axes is NULL with naxes=%d", fn, naxes);
+    return -1;
+  }
+  /* checked before any entry is read: each axis may appear once */
+  if (naxes > (a->ndim > 0 ? a->ndim : 1)) {
+    tg_set_error(TG_ERR_INVALID, "%s: %d axes for a tensor of %d dims (each axis at most once)", fn, naxes, a->ndim);
     return -1;
   }
   if (naxes == 0) {
@@ -850,6 +855,8 @@ tg_tensor tg_flip(tg_tensor x, const int *axes, int naxes) {
   GET(a, x, "tg_flip");
   int64_t f[64] = {0};
   if (naxes < 0 || (naxes && !axes)) return fail(TG_ERR_INVALID, "tg_flip: axes is NULL with naxes=%d", naxes);
+  if (naxes > (a->ndim > 0 ? a->ndim : 1))
+    return fail(TG_ERR_INVALID, "tg_flip: %d axes for a tensor of %d dims (each axis at most once)", naxes, a->ndim);
   for (int i = 0; i < naxes; i++) {
     int ax;
     if (norm_axis("tg_flip", axes[i], a->ndim, &ax) < 0) return NONE;
@@ -1156,6 +1163,16 @@ tg_tensor tg_index(tg_tensor x, tg_tensor idx) {
   if (ix->ndim + a->ndim - 1 > 64) return fail(TG_ERR_INVALID, "tg_index: result would have more than 64 dimensions (%s[%s])", shp(b1, sizeof b1, a), shp(b2, sizeof b2, ix));
   if (ix->device != a->device)
     return fail(TG_ERR_INVALID, "tg_index: indices are on %s but x is on %s", device_by_id(ix->device)->name, device_by_id(a->device)->name);
+  if (ix->dtype == TG_UINT64) {
+    /* a uint64 index of 2^63 or more is out of range (it reads 0, as any index past the end): read as
+     * int64 it would be negative and count from the end */
+    tg_tensor big = tg_ge(idx, tg_full_like(idx, 9223372036854775808.0, NULL));
+    tg_tensor safe = tg_where(big, tg_full_like(idx, (double)a->shape[0], NULL), idx);
+    UOp *su = t_get(safe, "tg_index");
+    tg_tensor r = su ? t_wrap(g_index(a, su)) : NONE;
+    tg_free(big), tg_free(safe);
+    return r;
+  }
   return t_wrap(g_index(a, ix));
 }
 

@@ -45,6 +45,7 @@ typedef struct Slot {
 Slot *t_slot(tg_tensor t);
 /* Iterates live slots: returns the number of slots (some free); t_slot_at(i) may be free (scope -1). */
 size_t t_slot_count(void);
+int t_scope_depth(void); /* the scopes open on this thread */
 Slot *t_slot_at(size_t i);
 
 /* ---- graph builders (new references) ---- */
