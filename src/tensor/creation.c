@@ -883,6 +883,13 @@ static tg_tensor assign_multi(tg_tensor target, UOp *tu, UOp *vu) {
   return assign_node(target, tb, vu);
 }
 
+/* Is u a chain of views over a pending write (an ASSIGN not yet realized)? Its storage is that
+ * write's buffer: an assign into it is a write through the view, not into a copy. */
+static bool view_of_pending_write(UOp *u) {
+  while (u && op_is_movement(u->op) && !uop_realized(u)) u = u->src[0];
+  return u && u->op == OP_ASSIGN;
+}
+
 tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
   GET(tu, target, "tg_assign");
   GET(vu, value, "tg_assign");
@@ -901,7 +908,7 @@ tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
       if (tg_realize(target) != TG_OK) return NONE;
       tu = t_get(target, "tg_assign");
       tb = uop_realized(tu) ? uop_realized(tu) : tu;
-    } else if (!g_base_buffer(tb)) {
+    } else if (!g_base_buffer(tb) && !view_of_pending_write(tb)) {
       /* A lazy target gets a buffer of its own holding its current value. Realizing the node itself
        * would give that buffer to every handle holding the (hash-consed) node -- two tg_zeros of one
        * shape are one node -- and the assign would change all of them. */

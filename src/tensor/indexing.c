@@ -604,6 +604,10 @@ static tg_status write_through(const char *fn, tg_tensor x, UOp *const *chain, i
   UOp *bn = uop_realized(base) ? uop_realized(base) : base;
   if (bn->op != OP_BUFFER)
     return tg_set_error(TG_ERR_INVALID, "%s: the base of the target view has no storage", fn);
+  /* a write into the same storage that another handle (the tensor itself, another view of it) holds
+   * pending goes first: built on the buffer alone, this one would drop it */
+  tg_status pst = t_realize_pending_writes(g_buffer_of(bn));
+  if (pst != TG_OK) return pst;
   tg_tensor hb = t_wrap(uop_ref(bn));
   tg_tensor nb = tg_where(mask, vb, hb);
   if (!tg_valid(nb) || !tg_valid(tg_assign(hb, nb)))

@@ -46,6 +46,9 @@ Slot *t_slot(tg_tensor t);
 /* Iterates live slots: returns the number of slots (some free); t_slot_at(i) may be free (scope -1). */
 size_t t_slot_count(void);
 int t_scope_depth(void); /* the scopes open on this thread */
+/* Realizes every write into b still pending in a handle (an ASSIGN a handle holds, or views it),
+ * so that a new write through another view of b builds on them. */
+tg_status t_realize_pending_writes(Buffer *b);
 Slot *t_slot_at(size_t i);
 
 /* ---- graph builders (new references) ---- */
