@@ -58,7 +58,10 @@ TEST(shard_errors) {
   CHECK_ERR(TG_ERR_INVALID, "tg_shard");
   const char *dup[] = {"CPU:1", "CPU:1"};
   CHECK(!tg_valid(tg_shard(x, dup, 2, 0)));
-  CHECK_ERR(TG_ERR_INVALID, "twice");
+  CHECK_ERR(TG_ERR_INVALID, "tg_shard", "twice");
+  const char *none[] = {"CPU:1", NULL};
+  CHECK(!tg_valid(tg_shard(x, none, 2, 0)));
+  CHECK_ERR(TG_ERR_INVALID, "tg_shard", "device 1 is NULL");
   tg_tensor s = tg_shard(x, DEV2, 2, 0);
   CHECK(!tg_valid(tg_add(s, x)));
   CHECK_ERR(TG_ERR_INVALID, "tg_add");

@@ -1366,7 +1366,7 @@ TEST(realize_many_shares_work) {
   CHECK_VALUES(t3, 0, -1, -2, -3, -4);
   /* an invalid handle in the list fails the whole call */
   CHECK(tg_realize_many((tg_tensor[]){t1, NONE_T}, 2) == TG_ERR_HANDLE);
-  CHECK_ERR(TG_ERR_HANDLE, "tg_realize");
+  CHECK_ERR(TG_ERR_HANDLE, "tg_realize_many");
   CHECK(tg_realize_many(NULL, 2) == TG_ERR_INVALID);
   CHECK_ERR(TG_ERR_INVALID, "tg_realize_many");
   END;

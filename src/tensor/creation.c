@@ -589,13 +589,18 @@ bool tg_is_realized(tg_tensor t) {
 /* ---------------------------------------------------------------------------------------------- */
 /* realize and data                                                                                */
 
-tg_status tg_realize(tg_tensor t) { return tg_realize_many(&t, 1); }
+static tg_status realize_many(const char *fn, const tg_tensor *ts, int n);
 
-tg_status tg_realize_many(const tg_tensor *ts, int n) {
+tg_status tg_realize(tg_tensor t) { return realize_many("tg_realize", &t, 1); }
+
+tg_status tg_realize_many(const tg_tensor *ts, int n) { return realize_many("tg_realize_many", ts, n); }
+
+/* fn: the entry point, named in a handle's error */
+static tg_status realize_many(const char *fn, const tg_tensor *ts, int n) {
   if (n < 0 || (n > 0 && !ts)) return tg_set_error(TG_ERR_INVALID, "tg_realize_many: ts is NULL or n=%d < 0", n);
   UOp **us = tg_xmalloc(sizeof(UOp *) * (size_t)(n + 1));
   for (int i = 0; i < n; i++) {
-    us[i] = t_get(ts[i], "tg_realize");
+    us[i] = t_get(ts[i], fn);
     if (!us[i]) {
       free(us);
       return TG_ERR_HANDLE;

@@ -690,9 +690,14 @@ static bool tuple_from_names(const char *fn, const char *const *devices, int n, 
   }
   int *ids = tg_xmalloc(sizeof(int) * (size_t)n);
   for (int i = 0; i < n; i++) {
-    Device *d = devices[i] ? device_get(devices[i]) : NULL;
+    if (!devices[i]) {
+      tg_set_error(TG_ERR_INVALID, "%s: device %d is NULL (give a device name such as \"CPU:1\")", fn, i);
+      free(ids);
+      return false;
+    }
+    Device *d = device_get(devices[i]);
     if (!d || !d->vt) {
-      if (!tg_has_error() || d) tg_set_error(TG_ERR_INVALID, "%s: device %d ('%s') is not a single device", fn, i, devices[i] ? devices[i] : "(null)");
+      if (!tg_has_error() || d) tg_set_error(TG_ERR_INVALID, "%s: device %d ('%s') is not a single device", fn, i, devices[i]);
       free(ids);
       return false;
     }
@@ -700,7 +705,14 @@ static bool tuple_from_names(const char *fn, const char *const *devices, int n, 
   }
   Device *t = device_tuple_of(ids, n);
   free(ids);
-  if (!t) return false;
+  if (!t) { /* its message names the tuple, not the call */
+    tg_status st = tg_last_status();
+    char m[512];
+    snprintf(m, sizeof m, "%s", tg_last_error() ? tg_last_error() : "cannot make the device tuple");
+    tg_clear_error();
+    tg_set_error(st, "%s: %s", fn, m);
+    return false;
+  }
   *tuple = t->id;
   return true;
 }
