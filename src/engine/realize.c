@@ -300,9 +300,14 @@ static bool tier_render(CJobs *js, CBatch *b) {
   return ok;
 }
 
+/* the names and sources of batch b's kernels */
+static void batch_sources(const CJobs *js, const CBatch *b, const char **names, const char **srcs) {
+  for (int k = 0; k < b->m; k++) names[k] = js->jobs[b->idx[k]].kc->name, srcs[k] = js->jobs[b->idx[k]].kc->src;
+}
+
 static void compile_batch(CJobs *js, CBatch *b) {
   const char *names[BATCH_MAX], *srcs[BATCH_MAX];
-  for (int k = 0; k < b->m; k++) names[k] = js->jobs[b->idx[k]].kc->name, srcs[k] = js->jobs[b->idx[k]].kc->src;
+  batch_sources(js, b, names, srcs);
   if (b->alt) {
     const char *an[BATCH_MAX], *as[BATCH_MAX];
     Program *stand[BATCH_MAX];
@@ -341,7 +346,7 @@ static void *compile_worker(void *arg) {
 static void tier_setup(CJobs *js, CBatch *x) {
   if (!program_tier_room(x->m) || !(x->alt = tier_device(x->dev))) return;
   const char *names[BATCH_MAX], *srcs[BATCH_MAX];
-  for (int k = 0; k < x->m; k++) names[k] = js->jobs[x->idx[k]].kc->name, srcs[k] = js->jobs[x->idx[k]].kc->src;
+  batch_sources(js, x, names, srcs);
   if (program_batch_cached(x->dev, names, srcs, x->m) || !tier_render(js, x)) x->alt = NULL;
 }
 

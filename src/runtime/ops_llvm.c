@@ -104,7 +104,7 @@ static char *g_host_triple, *g_host_cpu, *g_host_features;
 static pthread_mutex_t g_llvm_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Code generation without loop strength reduction, which LLVM's O2 back end runs on every loop
  * (with its analysis of each induction variable's users): on beautiful_mnist's kernels it took about
- * a quarter of the compile time, and the kernels ran no slower without it (the renderer's loops
+ * a sixth of the code generator's time, and the kernels ran no slower without it (the renderer's loops
  * index their buffers with one counter and constant offsets, which addressing modes take as they
  * are). The switch is one of LLVM's process-wide options, so it is set only when this library is
  * the one that brings LLVM into the process: another user of it (PoCL, Mesa) that loaded it first

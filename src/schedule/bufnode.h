@@ -14,6 +14,11 @@
 static inline UOp *g_resolve(UOp *u) { return uop_realized(u) ? uop_realized(u) : u; }
 /* The device buffer a BUFFER node names (NULL for any other node). */
 static inline Buffer *g_buffer_of(UOp *u) { return u && u->op == OP_BUFFER ? (Buffer *)u->arg.p : NULL; }
+/* The node under a chain of unrealized movement ops (u itself when it is none). */
+static inline UOp *g_view_base(UOp *u) {
+  while (u && op_is_movement(u->op) && !uop_realized(u)) u = u->src[0];
+  return u;
+}
 /* The BUFFER node at the base of a chain of movement ops (NULL if the base is not a buffer); also
  * looks through realized caches. */
 static inline UOp *g_base_buffer(UOp *u) {

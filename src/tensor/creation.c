@@ -891,8 +891,8 @@ static tg_tensor assign_multi(tg_tensor target, UOp *tu, UOp *vu) {
 /* Is u a chain of views over a pending write (an ASSIGN not yet realized)? Its storage is that
  * write's buffer: an assign into it is a write through the view, not into a copy. */
 static bool view_of_pending_write(UOp *u) {
-  while (u && op_is_movement(u->op) && !uop_realized(u)) u = u->src[0];
-  return u && u->op == OP_ASSIGN;
+  UOp *b = g_view_base(u);
+  return b && b->op == OP_ASSIGN;
 }
 
 tg_tensor tg_assign(tg_tensor target, tg_tensor value) {

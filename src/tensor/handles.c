@@ -284,19 +284,18 @@ int t_replace_buffer_everywhere(Buffer *b, UOp *to) {
 
 tg_status t_realize_pending_writes(Buffer *b) {
   int n = 0;
-  size_t cap = 8;
-  UOp **pend = tg_xmalloc(sizeof(UOp *) * cap);
+  size_t cap = 0;
+  UOp **pend = NULL;
   pthread_mutex_lock(&h_lock);
   for (size_t i = 0; i < nslots; i++) {
     Slot *sl = slot_at(i);
-    UOp *u = sl->scope < 0 ? NULL : sl->u;
-    while (u && op_is_movement(u->op) && !uop_realized(u)) u = u->src[0]; /* a view of a pending write */
+    UOp *u = g_view_base(sl->scope < 0 ? NULL : sl->u); /* the write itself or a view of it */
     if (!u || u->op != OP_ASSIGN || uop_realized(u) || u->nsrc < 1) continue;
     if (g_buffer_of(g_base_buffer(u->src[0])) != b) continue;
     bool dup = false;
     for (int k = 0; k < n && !dup; k++) dup = pend[k] == u;
     if (dup) continue;
-    if ((size_t)n == cap) pend = tg_xrealloc(pend, sizeof(UOp *) * (cap *= 2));
+    if ((size_t)n == cap) pend = tg_xrealloc(pend, sizeof(UOp *) * (cap = cap ? cap * 2 : 8));
     pend[n++] = uop_ref(u);
   }
   pthread_mutex_unlock(&h_lock);

@@ -209,12 +209,11 @@ static tg_status run_fn(tg_jit *j, const tg_tensor *in, int nin, const double *a
   /* the function's scopes must balance: extra ones it left open are closed (their handles would
    * outlive every call), and one it closed that it had not opened is reported */
   if (t_scope_depth() != depth) {
-    int d = t_scope_depth();
+    int d = t_scope_depth(), k = d > depth ? d - depth : depth - d;
     while (t_scope_depth() > depth) tg_scope_end();
     if (st == TG_OK || !tg_has_error())
       st = tg_set_error(TG_ERR_INVALID, "tg_jit_call: the jitted function %s %d scope%s (tg_scope_begin and tg_scope_end "
-                                        "must pair up inside it)", d > depth ? "left open" : "closed", d > depth ? d - depth : depth - d,
-                        d - depth == 1 || depth - d == 1 ? "" : "s");
+                                        "must pair up inside it)", d > depth ? "left open" : "closed", k, k == 1 ? "" : "s");
     if (t_scope_depth() < depth) {
       for (int i = 0; i < j->nout; i++) out[i] = (tg_tensor){0};
       while (t_scope_depth() < depth - 1) tg_scope_begin(); /* the caller's scopes it closed are gone: reopen */

@@ -74,14 +74,7 @@ static int bcast_shape(const char *fn, const int64_t *a, int na, const int64_t *
 /* Normalizes reduction axes (naxes == 0: all) into flags red[ndim]. Returns the number of reduced
  * elements or -1. */
 static int64_t reduce_flags(const char *fn, UOp *a, const int *axes, int naxes, bool *red) {
-  if (naxes < 0 || (naxes > 0 && !axes)) {
-    tg_set_error(TG_ERR_INVALID, naxes < 0 ? "%s: naxes=%d is negative" : "%s: axes is NULL with naxes=%d", fn, naxes);
-    return -1;
-  }
-  if (naxes > (a->ndim > 0 ? a->ndim : 1)) { /* before any entry is read: each axis may appear once */
-    tg_set_error(TG_ERR_INVALID, "%s: %d axes for a tensor of %d dims (each axis at most once)", fn, naxes, a->ndim);
-    return -1;
-  }
+  if (!t_axes_count_ok(fn, axes, naxes, a->ndim)) return -1;
   for (int i = 0; i < a->ndim; i++) red[i] = naxes == 0;
   for (int i = 0; i < naxes; i++) {
     int ax;
@@ -1685,8 +1678,7 @@ tg_tensor tg_batchnorm_axes(tg_tensor x, tg_tensor weight, tg_tensor bias, tg_te
   if (!a || !m || !is) return NONE;
   if (weight.id && !(w = t_get(weight, fn))) return NONE;
   if (bias.id && !(b = t_get(bias, fn))) return NONE;
-  if (naxes < 0 || (naxes > 0 && !axes)) return fail("%s: axes is NULL or naxes=%d < 0", fn, naxes);
-  if (naxes > a->ndim) return fail("%s: %d axes for x of %d dims (each axis at most once)", fn, naxes, a->ndim);
+  if (!t_axes_count_ok(fn, axes, naxes, a->ndim)) return NONE;
   bool keep[MAXD] = {false};
   int64_t sh[MAXD], c = 1;
   for (int i = 0; i < naxes; i++) {

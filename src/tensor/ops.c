@@ -458,16 +458,21 @@ tg_tensor tg_bitcast(tg_tensor x, tg_dtype dtype) {
 /* reductions                                                                                      */
 
 /* Normalizes axes (naxes == 0: all). Returns count or -1. */
-static int norm_axes(const char *fn, UOp *a, const int *axes, int naxes, int64_t *out) {
+bool t_axes_count_ok(const char *fn, const int *axes, int naxes, int ndim) {
   if (naxes < 0 || (naxes > 0 && !axes)) {
     tg_set_error(TG_ERR_INVALID, naxes < 0 ? "%s: naxes=%d is negative" : "%s: axes is NULL with naxes=%d", fn, naxes);
-    return -1;
+    return false;
   }
-  /* checked before any entry is read: each axis may appear once */
-  if (naxes > (a->ndim > 0 ? a->ndim : 1)) {
-    tg_set_error(TG_ERR_INVALID, "%s: %d axes for a tensor of %d dims (each axis at most once)", fn, naxes, a->ndim);
-    return -1;
+  /* checked before any entry is read: each axis may appear once (a 0-d tensor takes axis 0 or -1) */
+  if (naxes > (ndim > 0 ? ndim : 1)) {
+    tg_set_error(TG_ERR_INVALID, "%s: %d axes for a tensor of %d dims (each axis at most once)", fn, naxes, ndim);
+    return false;
   }
+  return true;
+}
+
+static int norm_axes(const char *fn, UOp *a, const int *axes, int naxes, int64_t *out) {
+  if (!t_axes_count_ok(fn, axes, naxes, a->ndim)) return -1;
   if (naxes == 0) {
     for (int i = 0; i < a->ndim; i++) out[i] = i;
     return a->ndim;
@@ -854,9 +859,7 @@ tg_tensor tg_pad(tg_tensor x, const int64_t *pads0, int npads, double value) {
 tg_tensor tg_flip(tg_tensor x, const int *axes, int naxes) {
   GET(a, x, "tg_flip");
   int64_t f[64] = {0};
-  if (naxes < 0 || (naxes && !axes)) return fail(TG_ERR_INVALID, "tg_flip: axes is NULL with naxes=%d", naxes);
-  if (naxes > (a->ndim > 0 ? a->ndim : 1))
-    return fail(TG_ERR_INVALID, "tg_flip: %d axes for a tensor of %d dims (each axis at most once)", naxes, a->ndim);
+  if (!t_axes_count_ok("tg_flip", axes, naxes, a->ndim)) return NONE;
   for (int i = 0; i < naxes; i++) {
     int ax;
     if (norm_axis("tg_flip", axes[i], a->ndim, &ax) < 0) return NONE;

@@ -46,6 +46,10 @@ Slot *t_slot(tg_tensor t);
 /* Iterates live slots: returns the number of slots (some free); t_slot_at(i) may be free (scope -1). */
 size_t t_slot_count(void);
 int t_scope_depth(void); /* the scopes open on this thread */
+/* The axes argument of a call that takes each axis at most once: not NULL with naxes > 0, naxes not
+ * negative and at most ndim (1 for a 0-d tensor), checked before any entry is read; false and an
+ * error naming fn otherwise. */
+bool t_axes_count_ok(const char *fn, const int *axes, int naxes, int ndim);
 /* Realizes every write into b still pending in a handle (an ASSIGN a handle holds, or views it),
  * so that a new write through another view of b builds on them. */
 tg_status t_realize_pending_writes(Buffer *b);
