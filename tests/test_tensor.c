@@ -560,6 +560,15 @@ TEST(empty_zeros_ones_full_like) {
   CHECK_VALUES(f, 0, -2.5, -2.5);
   tg_tensor fi = tg_full(TG_SHAPE(2), 7, I32);
   CHECK_VALUES(fi, 0, 7, 7);
+  /* an integer fill the dtype cannot hold at all is an error (PyTorch's too); in-range ones wrap */
+  CHECK(!tg_valid(tg_full(TG_SHAPE(2), NAN, I32)));
+  CHECK_ERR(TG_ERR_INVALID, "tg_full", "nan", "int");
+  CHECK(!tg_valid(tg_full_like(fi, -INFINITY, NULL)));
+  CHECK_ERR(TG_ERR_INVALID, "tg_full_like", "-inf");
+  CHECK(!tg_valid(tg_full(TG_SHAPE(2), 1e20, TG_OPTS(.dtype = TG_UINT64))));
+  CHECK_ERR(TG_ERR_INVALID, "tg_full", "1e+20");
+  CHECK_VALUES(tg_full(TG_SHAPE(1), 300, TG_OPTS(.dtype = TG_UINT8)), 0, 44);
+  CHECK_VALUES(tg_full(TG_SHAPE(1), NAN, TG_OPTS(.dtype = TG_FLOAT32)), 0, NAN);
   tg_tensor fs = tg_full(NULL, 0, 4.0, NULL);
   CHECK(tg_ndim(fs) == 0);
   CHECK_VALUES(fs, 0, 4);

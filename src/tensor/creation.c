@@ -148,6 +148,13 @@ static tg_tensor full_named(const char *fn, const int64_t *shape, int ndim, doub
   int64_t n;
   tg_dtype dt;
   if (!check_shape(fn, shape, ndim, &n) || !opts_dtype(fn, opts, tg_default_float(), &dt)) return NONE;
+  /* an integer fill must be a number an integer can hold: NaN, an infinity or a value past 64 bits
+   * has no integer to become (PyTorch refuses them too; smaller values wrap, as in tinygrad) */
+  if (tg_dtype_is_int(dt) && !(value >= -0x1p63 && value < 0x1p64)) {
+    tg_set_error(TG_ERR_INVALID, "%s: the fill value %g cannot be held by %s (hint: integer dtypes hold finite values within "
+                 "64 bits; use a float dtype)", fn, value, tg_dtype_name(dt));
+    return NONE;
+  }
   Device *d = opts_device(fn, opts);
   if (!d) return NONE;
   return finish(g_const_shaped(value, dt, d->id, shape, ndim), opts);
