@@ -3,12 +3,40 @@
  * library's own replay bit for bit; its refusals; the weights-file variant and its checks. */
 #include <math.h>
 #include <stdarg.h>
+#include <dirent.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <tinygrad.h>
 
 #include "test.h"
+
+static bool write_text_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  if (!f) return false;
+  bool ok = fputs(text, f) >= 0;
+  return fclose(f) == 0 && ok;
+}
+/* Does the file at path hold exactly text? */
+static bool file_is(const char *path, const char *text) {
+  char buf[256] = {0};
+  FILE *f = fopen(path, "r");
+  if (!f) return false;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  return n == strlen(text) && memcmp(buf, text, n) == 0;
+}
+/* Files in dir whose name has ".tmp." in it (a save's temporary file left behind). */
+static int count_temp_files(const char *dir) {
+  DIR *d = opendir(dir);
+  int n = 0;
+  if (!d) return -1;
+  for (struct dirent *e; (e = readdir(d));) n += strstr(e->d_name, ".tmp.") != NULL;
+  closedir(d);
+  return n;
+}
 
 /* The runtime's kernel flags (ops_cpu.c): the same kernels compiled the same way give the same bits. */
 #define NATIVE "-O2 -march=native -ffp-contract=fast -fno-math-errno -fwrapv"
@@ -529,14 +557,42 @@ TEST(export_errors) {
   CHECK(tg_jit_call(j, &x, 1, NULL, 0, &out) == TG_OK);
   /* unwritable paths; nothing is left behind */
   CHECK(tg_jit_export(j, "/nonexistent-dir/model.c", NULL) == TG_ERR_IO);
-  CHECK_ERR(TG_ERR_IO, "tg_jit_export", "cannot write /nonexistent-dir/model.c");
+  CHECK_ERR(TG_ERR_IO, "tg_jit_export", "/nonexistent-dir/model.c", "cannot create a temporary file");
   CHECK(tg_jit_export(j, tmpdir(), NULL) == TG_ERR_IO);
-  CHECK_ERR(TG_ERR_IO, "cannot write");
+  CHECK_ERR(TG_ERR_IO, "is not a regular file (a directory)");
   CHECK(tg_jit_export(j, p, TG_JIT_EXPORT_OPTS(.weights_path = "/nonexistent-dir/w.safetensors")) == TG_ERR_IO);
-  CHECK_ERR(TG_ERR_IO, "weights file /nonexistent-dir/w.safetensors");
+  CHECK_ERR(TG_ERR_IO, "/nonexistent-dir/w.safetensors");
   FILE *f = fopen(p, "r");
   CHECK(f == NULL);
   if (f) fclose(f);
+  /* a failed export leaves the files it would replace as they were: the source and header are
+   * complete before the weights path turns out to be a directory, and none of them is renamed */
+  {
+    char oc[4096], oh[4096], wdir[4096];
+    snprintf(oc, sizeof oc, "%s", tpath("old.c"));
+    snprintf(oh, sizeof oh, "%s", tpath("old.h"));
+    snprintf(wdir, sizeof wdir, "%s", tpath("wdir"));
+    CHECK(write_text_file(oc, "keep the old source\n") && write_text_file(oh, "keep the old header\n"));
+    CHECK(mkdir(wdir, 0755) == 0);
+    CHECK(tg_jit_export(j, oc, TG_JIT_EXPORT_OPTS(.weights_path = wdir)) == TG_ERR_IO);
+    CHECK_ERR(TG_ERR_IO, "tg_jit_export", "not a regular file (a directory)", "nothing was written");
+    CHECK(file_is(oc, "keep the old source\n") && file_is(oh, "keep the old header\n"));
+    /* two outputs naming one file: refused before anything is written (it used to report success
+     * with the weights written over the source) */
+    CHECK(tg_jit_export(j, oc, TG_JIT_EXPORT_OPTS(.weights_path = oh)) == TG_ERR_INVALID);
+    CHECK_ERR(TG_ERR_INVALID, "the header", "the weights file", "the same file");
+    CHECK(file_is(oc, "keep the old source\n") && file_is(oh, "keep the old header\n"));
+    /* a FIFO at the path: refused at once (opening it to write waited for a reader forever) */
+    char fifo[4096];
+    snprintf(fifo, sizeof fifo, "%s", tpath("fifo.c"));
+    CHECK(mkfifo(fifo, 0644) == 0);
+    CHECK(tg_jit_export(j, fifo, NULL) == TG_ERR_IO);
+    CHECK_ERR(TG_ERR_IO, "not a regular file (a FIFO)");
+    struct stat fst;
+    CHECK(stat(fifo, &fst) == 0 && S_ISFIFO(fst.st_mode));
+    CHECK(count_temp_files(tmpdir()) == 0);
+    unlink(fifo), unlink(oc), unlink(oh), rmdir(wdir);
+  }
   CHECK(tg_jit_export(j, "", NULL) == TG_ERR_INVALID);
   CHECK_ERR(TG_ERR_INVALID, "path");
   CHECK(tg_jit_export(j, p, TG_JIT_EXPORT_OPTS(.name = "1net")) == TG_ERR_INVALID);

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../nn/savefile.h"
 #include "engine.h"
 
 #define ALIGN 64
@@ -222,19 +223,6 @@ static void fmt_bytes(SB *b, const JitIO *io) {
   sb_puts(b, "(size_t)");
   fmt_dim0(b, io, true);
   sb_printf(b, " * %zu", io_row(io) * tg_dtype_itemsize(io->dtype));
-}
-
-static tg_status write_text(const char *fn, const char *path, const char *text, size_t len) {
-  FILE *f = fopen(path, "wb");
-  if (!f) return tg_set_error(TG_ERR_IO, "%s: cannot write %s: %s", fn, path, strerror(errno));
-  bool ok = fwrite(text, 1, len, f) == len;
-  int e = errno;
-  ok = fclose(f) == 0 && ok;
-  if (!ok) {
-    remove(path);
-    return tg_set_error(TG_ERR_IO, "%s: writing %s failed: %s", fn, path, strerror(e ? e : EIO));
-  }
-  return TG_OK;
 }
 
 /* The C code shared by every export: what a kernel needs to compile as C and C++, and the thread
@@ -692,25 +680,45 @@ static char *st_header(const Ex *e, uint64_t hash) {
   return sb_take(&b);
 }
 
-static tg_status write_weights_file(const Ex *e, const uint8_t *w, const char *hdr) {
-  static const char *fn = "tg_jit_export";
-  FILE *f = fopen(e->wpath, "wb");
-  if (!f) return tg_set_error(TG_ERR_IO, "%s: cannot write the weights file %s: %s", fn, e->wpath, strerror(errno));
+/* The weights file's bytes: the safetensors header hdr, then every weight in buffer order. */
+static tg_status write_weights_file(const Ex *e, SaveFile *f, const uint8_t *w, const char *hdr) {
   uint64_t hl = strlen(hdr);
   uint8_t len8[8];
   for (int i = 0; i < 8; i++) len8[i] = (uint8_t)(hl >> (8 * i));
-  bool ok = fwrite(len8, 1, 8, f) == 8 && fwrite(hdr, 1, hl, f) == hl;
-  for (int k = 0; ok && k < e->t.n; k++) {
+  tg_status st = savefile_write(f, len8, 8);
+  if (st == TG_OK) st = savefile_write(f, hdr, hl);
+  for (int k = 0; st == TG_OK && k < e->t.n; k++) {
     const XBuf *x = &e->t.b[k];
-    if (x->kind == B_WEIGHT) ok = fwrite(w + x->off, 1, x->nbytes, f) == x->nbytes;
+    if (x->kind == B_WEIGHT) st = savefile_write(f, w + x->off, x->nbytes);
   }
-  int er = errno;
-  ok = fclose(f) == 0 && ok;
-  if (!ok) {
-    remove(e->wpath);
-    return tg_set_error(TG_ERR_IO, "%s: writing the weights file %s failed: %s", fn, e->wpath, strerror(er ? er : EIO));
-  }
-  return TG_OK;
+  return st;
+}
+
+/* Writes the export's files (the source, its header, and the weights file when wpath is set) as
+ * savefile.h replaces a file: each through a temporary file, all of them complete before the first
+ * rename, so a failure leaves every existing file as it was. Two of them naming the same file is an
+ * error before anything is written. */
+static tg_status write_export(const char *fn, const Ex *e, const char *path, const char *hpath, const char *src,
+                              const char *hdr, const uint8_t *w, const char *sthdr) {
+  SaveFile f[3];
+  const char *what[3] = {"the source", "the header", "the weights file"};
+  int n = e->wpath ? 3 : 2;
+  tg_status st = TG_OK;
+  int opened = 0;
+  for (; opened < n && st == TG_OK; opened++) st = savefile_open(&f[opened], fn, opened == 0 ? path : opened == 1 ? hpath : e->wpath);
+  if (st != TG_OK) opened--;
+  for (int i = 0; st == TG_OK && i < n; i++)
+    for (int j = 0; st == TG_OK && j < i; j++)
+      if (savefile_same_target(&f[i], &f[j]))
+        st = tg_set_error(TG_ERR_INVALID, "%s: %s (%s) and %s (%s) are the same file; nothing was written: give each its own path",
+                          fn, f[j].path, what[j], f[i].path, what[i]);
+  if (st == TG_OK) st = savefile_write(&f[0], src, strlen(src));
+  if (st == TG_OK) st = savefile_write(&f[1], hdr, strlen(hdr));
+  if (st == TG_OK && n == 3) st = write_weights_file(e, &f[2], w, sthdr);
+  for (int i = 0; st == TG_OK && i < n; i++) st = savefile_finish(&f[i]);
+  for (int i = n - 1; st == TG_OK && i >= 0; i--) st = savefile_rename(&f[i]); /* the source last: it includes the rest */
+  for (int i = 0; i < opened; i++) savefile_close(&f[i]);
+  return st;
 }
 
 /* The C expression of entry k's memory inside the entry point. */
@@ -1022,9 +1030,7 @@ tg_status export_capture(const JitView *v, const char *path, const tg_jit_export
   if (st == TG_OK && e.wpath) sthdr = st_header(&e, hash);
   if (st == TG_OK) st = gen_source(&e, hbase, w, hash, sthdr, &src);
   if (st == TG_OK) hdr = gen_header(&e, hbase);
-  if (st == TG_OK) st = write_text(fn, path, src, strlen(src));
-  if (st == TG_OK && (st = write_text(fn, hpath, hdr, strlen(hdr))) != TG_OK) remove(path);
-  if (st == TG_OK && e.wpath && (st = write_weights_file(&e, w, sthdr)) != TG_OK) remove(path), remove(hpath);
+  if (st == TG_OK) st = write_export(fn, &e, path, hpath, src, hdr, w, sthdr);
   free(w), free(sthdr), free(src), free(hdr), free(hpath);
   free(e.t.b), free(e.kern), free(e.item_kern);
   free(e.v.in), free(e.v.out);

@@ -13,10 +13,8 @@
  * Save writes PATH.tmp.PID.N and renames it over PATH; a save killed before the rename leaves that
  * file, so each save first removes the PATH.tmp.* files of processes that no longer exist.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +23,7 @@
 #include <unistd.h>
 
 #include "../helpers.h"
+#include "savefile.h"
 #include "state_dict.h"
 
 #define MAX_HEADER ((uint64_t)100000000) /* the reference implementation's limit (100 MB) */
@@ -760,134 +759,6 @@ static void json_str(SB *b, const char *s) {
   sb_putc(b, '"');
 }
 
-static bool write_all(int fd, const void *buf, size_t n) {
-  const uint8_t *p = buf;
-  while (n) {
-    ssize_t w = write(fd, p, n > (1u << 30) ? (1u << 30) : n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    p += w;
-    n -= (size_t)w;
-  }
-  return true;
-}
-
-/* The file that saving to `path` writes (malloc'd): path itself, or where its chain of symbolic links
- * ends, so that the links stay links and their target is replaced. A link to a missing file gives
- * that file's path (it is created). *exists says whether the file is there, *mode is its st_mode.
- * NULL with an error if the chain cannot be followed. */
-/* "<digits>" of at most 19 characters: its value; else -1. */
-static long long parse_decimal(const char *s, size_t n) {
-  if (n == 0 || n > 18) return -1;
-  long long v = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (s[i] < '0' || s[i] > '9') return -1;
-    v = v * 10 + (s[i] - '0');
-  }
-  return v;
-}
-
-/* Removes the temporary files that saves to `target` by processes now gone left behind: regular
- * files named "<base>.tmp.<pid>.<n>" next to it whose pid no longer exists (kill(pid, 0) says
- * ESRCH). A live process's file -- a save in progress, in this process or another -- is never
- * touched, nor is anything else in the directory. Best effort: errors are ignored. */
-static void remove_stale_temps(const char *target) {
-  const char *slash = strrchr(target, '/');
-  const char *base = slash ? slash + 1 : target;
-  size_t blen = strlen(base);
-  char *dir = slash ? tg_xstrdup(target) : tg_xstrdup(".");
-  if (slash) dir[slash == target ? 1 : (size_t)(slash - target)] = '\0';
-  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  free(dir);
-  if (dfd < 0) return;
-  DIR *d = fdopendir(dfd);
-  if (!d) {
-    close(dfd);
-    return;
-  }
-  long self = (long)getpid();
-  for (struct dirent *e; (e = readdir(d));) {
-    const char *nm = e->d_name;
-    if (strncmp(nm, base, blen) != 0 || strncmp(nm + blen, ".tmp.", 5) != 0) continue;
-    const char *p = nm + blen + 5, *dot = strchr(p, '.');
-    if (!dot) continue;
-    long long pid = parse_decimal(p, (size_t)(dot - p)), n = parse_decimal(dot + 1, strlen(dot + 1));
-    if (pid <= 0 || n < 0 || pid > 0x7fffffff || pid == self) continue;
-    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive (or not ours to ask): keep */
-    struct stat st;
-    if (fstatat(dirfd(d), nm, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
-    if (unlinkat(dirfd(d), nm, 0) == 0 && debug_level() >= 1)
-      fprintf(stderr, "tg_safe_save: removed %s, left by a save of process %lld that no longer exists\n", nm, pid);
-  }
-  closedir(d);
-}
-
-static char *save_target(const char *fn, const char *path, bool *exists, mode_t *mode) {
-  char *cur = tg_xstrdup(path);
-  for (int depth = 0;; depth++) {
-    struct stat st;
-    if (lstat(cur, &st) != 0) {
-      if (errno == ENOENT) {
-        *exists = false;
-        return cur;
-      }
-      tg_set_error(TG_ERR_IO, "%s: %s: cannot stat %s: %s", fn, path, cur, strerror(errno));
-      free(cur);
-      return NULL;
-    }
-    if (!S_ISLNK(st.st_mode)) {
-      *exists = true;
-      *mode = st.st_mode;
-      if (depth == 0) return cur;
-      /* the link's target, canonical (the temporary file is created next to it) */
-      char *real = realpath(cur, NULL);
-      if (!real) {
-        tg_set_error(TG_ERR_IO, "%s: %s: cannot resolve the symbolic link's target %s: %s", fn, path, cur,
-                     strerror(errno));
-        free(cur);
-        return NULL;
-      }
-      free(cur);
-      return real;
-    }
-    if (depth == 40) {
-      tg_set_error(TG_ERR_IO, "%s: %s: too many levels of symbolic links", fn, path);
-      free(cur);
-      return NULL;
-    }
-    /* one more link: read it (its size may be 0 for some file systems: grow until it fits) */
-    size_t cap = st.st_size > 0 ? (size_t)st.st_size + 1 : 256;
-    char *to = NULL;
-    ssize_t r;
-    for (;;) {
-      to = tg_xrealloc(to, cap);
-      r = readlink(cur, to, cap);
-      if (r < 0 || (size_t)r < cap) break;
-      cap *= 2;
-    }
-    if (r < 0) {
-      tg_set_error(TG_ERR_IO, "%s: %s: cannot read the symbolic link %s: %s", fn, path, cur, strerror(errno));
-      free(to);
-      free(cur);
-      return NULL;
-    }
-    to[r] = 0;
-    if (to[0] != '/') { /* relative to the link's directory */
-      char *slash = strrchr(cur, '/');
-      size_t dl = slash ? (size_t)(slash - cur) + 1 : 0;
-      char *joined = tg_xmalloc(dl + (size_t)r + 1);
-      memcpy(joined, cur, dl);
-      memcpy(joined + dl, to, (size_t)r + 1);
-      free(to);
-      to = joined;
-    }
-    free(cur);
-    cur = to;
-  }
-}
-
 tg_status tg_safe_save(const tg_state_dict *sd, const char *path) {
   const char *fn = "tg_safe_save";
   if (!sd) return tg_set_error(TG_ERR_INVALID, "%s: dict is NULL", fn);
@@ -898,8 +769,7 @@ tg_status tg_safe_save(const tg_state_dict *sd, const char *path) {
   sb_init(&h);
   uint64_t *offs = tg_xmalloc((size_t)(n ? n : 1) * sizeof(uint64_t));
   int *layout = tg_xmalloc((size_t)(n ? n : 1) * sizeof(int));
-  char *tmp = NULL, *target = NULL;
-  int fd = -1;
+  SaveFile sf = {.fd = -1};
 
   /* validate every entry before touching the file system */
   for (int i = 0; i < n; i++) {
@@ -970,53 +840,11 @@ tg_status tg_safe_save(const tg_state_dict *sd, const char *path) {
   sb_putc(&h, '}');
   while (h.len % 8) sb_putc(&h, ' '); /* the data section starts 8-byte aligned */
 
-  /* the file to replace: path, or the file its symbolic links lead to (the links stay); only a
-   * regular file is ever replaced -- renaming over a FIFO, a device or a socket would replace the
-   * node itself */
-  bool exists = false;
-  mode_t mode = 0;
-  target = save_target(fn, path, &exists, &mode);
-  if (!target) {
-    st = tg_last_status();
-    goto done;
-  }
-  if (exists && !S_ISREG(mode)) {
-    if (strcmp(target, path) == 0)
-      st = tg_set_error(TG_ERR_IO,
-                        "%s: %s is not a regular file (%s); nothing was written: save to a regular "
-                        "file's path",
-                        fn, path, file_kind(mode));
-    else
-      st = tg_set_error(TG_ERR_IO,
-                        "%s: %s is not a regular file (a symbolic link to %s, %s); nothing was "
-                        "written: save to a regular file's path",
-                        fn, path, target, file_kind(mode));
-    goto done;
-  }
-
-  remove_stale_temps(target);
-  /* a temporary file next to the target: O_EXCL with a unique name, mode 0666 & ~umask */
-  size_t plen = strlen(target);
-  tmp = tg_xmalloc(plen + 64);
-  static unsigned counter;
-  for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
-    snprintf(tmp, plen + 64, "%s.tmp.%ld.%u", target, (long)getpid(),
-             __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
-    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0 && errno != EEXIST) break;
-  }
-  if (fd < 0) {
-    st = tg_set_error(TG_ERR_IO, "%s: %s: cannot create a temporary file next to it: %s", fn, path,
-                      strerror(errno));
-    free(tmp);
-    tmp = NULL;
-    goto done;
-  }
-  if (exists && fchmod(fd, mode & 07777) != 0) { /* keeping the old permissions is best effort */
-  }
+  /* the file to replace (savefile.h): only a regular file, through a temporary file renamed over it */
+  if ((st = savefile_open(&sf, fn, path)) != TG_OK) goto done;
   uint8_t lenb[8];
   for (int k = 0; k < 8; k++) lenb[k] = (uint8_t)((uint64_t)h.len >> (8 * k));
-  if (!write_all(fd, lenb, 8) || !write_all(fd, h.s, h.len)) goto fail_write;
+  if ((st = savefile_write(&sf, lenb, 8)) != TG_OK || (st = savefile_write(&sf, h.s, h.len)) != TG_OK) goto done;
   for (int k = 0; k < n; k++) {
     int i = layout[k];
     tg_tensor t = tg_state_dict_tensor(sd, i);
@@ -1029,46 +857,13 @@ tg_status tg_safe_save(const tg_state_dict *sd, const char *path) {
       goto done;
     }
     st = tg_data(t, buf, nbytes); /* realizes lazy tensors and makes views contiguous */
-    bool w = st == TG_OK && write_all(fd, buf, nbytes);
+    if (st == TG_OK) st = savefile_write(&sf, buf, nbytes);
     free(buf);
     if (st != TG_OK) goto done;
-    if (!w) goto fail_write;
   }
-  if (fsync(fd) != 0) goto fail_write;
-  int cfd = fd;
-  fd = -1;
-  if (close(cfd) != 0) goto fail_write;
-  if (rename(tmp, target) != 0) {
-    st = tg_set_error(TG_ERR_IO, "%s: %s: cannot rename the temporary file over it: %s", fn, path,
-                      strerror(errno));
-    goto done;
-  }
-  free(tmp);
-  tmp = NULL;
-  { /* make the rename durable: fsync the directory (best effort) */
-    char *dir = tg_xstrdup(target);
-    char *slash = strrchr(dir, '/');
-    const char *d = slash ? (slash == dir ? "/" : (*slash = 0, dir)) : ".";
-    int dfd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-      if (fsync(dfd) != 0) { /* best effort */
-      }
-      close(dfd);
-    }
-    free(dir);
-  }
-  goto done;
-
-fail_write:
-  st = tg_set_error(TG_ERR_IO, "%s: %s: write failed: %s (the existing file, if any, is untouched)", fn, path,
-                    strerror(errno));
+  if ((st = savefile_finish(&sf)) == TG_OK) st = savefile_rename(&sf);
 done:
-  if (fd >= 0) close(fd);
-  if (tmp) { /* any failure after the temporary file exists: remove it, leave path alone */
-    unlink(tmp);
-    free(tmp);
-  }
-  free(target);
+  savefile_close(&sf);
   free(offs);
   free(layout);
   sb_free(&h);
