@@ -3,11 +3,15 @@
  * with the default (hand-coded) opts and once with NOOPT=1 (no merging, vectorizing or upcasting),
  * and the two must agree. Shapes are chosen so that vectorization and upcasting actually apply.
  */
+#include <dirent.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <tinygrad.h>
+#include <unistd.h>
 
 #include "codegen/codegen.h"
 #include "schedule/schedule.h"
@@ -642,6 +646,65 @@ TEST(beam_choices_agree) {
   CHECK(compare(e_conv_pool, 64, 64, 8, 36, 1e-5) == 0);
   CHECK(compare(e_sum_rows, 32, 64, 32, 64, 1e-5) == 0);
   g_beam = NULL;
+}
+
+/* Runs this test binary's beam_cache_odd_entries as a child with BEAM=2 and TINYGRAD_CACHE_DIR=dir
+ * (a fresh process: no choice cached in memory), under `timeout 120`; its exit status, or -1. */
+static int beam_child(const char *dir) {
+  char self[4096], cmd[9000];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return -1;
+  self[n] = 0;
+  snprintf(cmd, sizeof cmd,
+           "env -u BEAM TINYGRAD_CACHE_DIR='%s' TEST_FILTER=beam_cache_odd_entries TG_BEAM_CHILD=1 timeout 120 '%s' "
+           ">/dev/null 2>&1",
+           dir, self);
+  int st = system(cmd);
+  return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Counts the entries of dir/beam whose name holds `part`; with replace set, each .opts entry is first
+ * replaced by a directory ('d') or a FIFO ('f'). */
+static int beam_entries(const char *dir, const char *part, char replace) {
+  char bd[4200], p[4500];
+  snprintf(bd, sizeof bd, "%s/beam", dir);
+  DIR *d = opendir(bd);
+  if (!d) return -1;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    if (!strstr(e->d_name, part)) continue;
+    n++;
+    snprintf(p, sizeof p, "%s/%s", bd, e->d_name);
+    if (replace && (unlink(p) == 0 || rmdir(p) == 0)) {
+      if (replace == 'd') mkdir(p, 0755);
+      else mkfifo(p, 0644);
+    }
+  }
+  closedir(d);
+  return n;
+}
+
+/* The disk cache of BEAM choices takes only regular files: a FIFO where a choice should be is a
+ * miss (opening it waited for a writer forever), and a directory there keeps the fresh choice from
+ * being stored without leaving its temporary file behind. */
+TEST(beam_cache_odd_entries) {
+  if (getenv("TG_BEAM_CHILD")) { /* the child: one search (or cache read), checked against NOOPT */
+    g_beam = "2";
+    CHECK(compare(e_matmul, 16, 32, 32, 16, 1e-5) == 0);
+    g_beam = NULL;
+    return;
+  }
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", tpath("beam-odd"));
+  CHECK(mkdir(dir, 0755) == 0);
+  CHECK(beam_child(dir) == 0);
+  CHECK(beam_entries(dir, ".opts", 0) >= 1);
+  CHECK(beam_entries(dir, ".opts", 'd') >= 1);
+  CHECK(beam_child(dir) == 0);
+  CHECK(beam_child(dir) == 0);
+  CHECK_MSG(beam_entries(dir, ".tmp", 0) == 0, "temporary files left in %s/beam", dir);
+  CHECK(beam_entries(dir, ".opts", 'f') >= 1);
+  CHECK(beam_child(dir) == 0); /* 124 from timeout: the read hung */
 }
 
 /* a BEAM choice read back from the disk cache is the list that was written: CPU actions (vector

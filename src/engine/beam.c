@@ -11,6 +11,7 @@
  * (keyed by the unoptimized kernel's source, the device and n), so a second run searches nothing.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -91,8 +92,15 @@ static char *beam_dir(void) {
  * file's name either way so a fresh choice can be stored there. */
 static bool cache_read(const char *dir, uint64_t h, const char *ext, char *path, size_t psz, char *line, int lsz) {
   snprintf(path, psz, "%s/%016llx%s", dir, (unsigned long long)h, ext);
-  FILE *f = fopen(path, "r");
-  if (!f) return false;
+  /* a regular file only: O_NONBLOCK so that a FIFO there cannot make the open wait for a writer */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return false;
+  struct stat st;
+  FILE *f = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? fdopen(fd, "r") : NULL;
+  if (!f) {
+    close(fd);
+    return false;
+  }
   bool got = fgets(line, lsz, f) != NULL;
   fclose(f);
   return got;
@@ -106,8 +114,8 @@ static void cache_write(const char *path, const char *line) {
   FILE *f = fopen(tmp, "w");
   if (f) {
     fprintf(f, "%s\n", line);
-    if (fclose(f) == 0) rename(tmp, path);
-    else unlink(tmp);
+    /* (a rename that fails -- a directory at path -- must not leave the temporary file behind) */
+    if (fclose(f) != 0 || rename(tmp, path) != 0) unlink(tmp);
   }
 }
 
