@@ -212,6 +212,29 @@ def test_cache():
     check(rc2 == 0 and out2.strip() == "ok", "a second process runs from the cache", err2[-400:])
 
 
+# one kernel on two CPU:LLVM devices: each loads the same object, which the JIT holds once (a second
+# copy's symbol was a "Duplicate definition" error on the second device)
+TWO_DEVICES_SNIPPET = r"""
+import sys; sys.path.insert(0, %r)
+import numpy as np, tinygrad as tg
+x = np.arange(8, dtype=np.float32)
+with tg.scope():
+  r = [((tg.Tensor(x, device=d) * 2) + 1).numpy() for d in ("CPU:LLVM", "CPU:1:LLVM", "CPU:LLVM", "CPU:2:LLVM")]
+assert all((v == x * 2 + 1).all() for v in r), r
+print("ok")
+""" % HERE
+
+
+def test_two_devices():
+  for cache in ("0", "1"):
+    with tempfile.TemporaryDirectory() as d:
+      env = {"TINYGRAD_CACHE_DIR": d, "DISABLE_COMPILER_CACHE": cache}
+      rc, out, err = child(env, TWO_DEVICES_SNIPPET)
+      rc2, out2, err2 = child(env, TWO_DEVICES_SNIPPET)  # (from the disk cache, unless disabled)
+      check(rc == 0 and out.strip() == "ok" and rc2 == 0 and out2.strip() == "ok",
+            f"one kernel on CPU:LLVM, CPU:1:LLVM and CPU:2:LLVM (DISABLE_COMPILER_CACHE={cache})", (err + err2)[-600:])
+
+
 # LLVM's loop strength reduction is left out of code generation (compile time); TG_LLVM_LSR=1 keeps
 # it: the same results, and kernels built either way are kept apart in the cache
 def test_lsr_switch():
@@ -299,7 +322,7 @@ def test_tiered():
 
 
 def main():
-  for f in (test_results, test_arch_errors, test_missing_library, test_debug_levels, test_short_loops, test_half_lanes, test_cache, test_lsr_switch, test_batch,
+  for f in (test_results, test_arch_errors, test_missing_library, test_debug_levels, test_short_loops, test_half_lanes, test_cache, test_two_devices, test_lsr_switch, test_batch,
             test_tiered):
     try:
       f()

@@ -152,10 +152,10 @@ typedef struct {
   int ntm_free;
 } LlvmState;
 
-/* One object in the JIT holding a batch of kernels: loaded once, shared by their programs, removed
- * with the last of them. */
+/* One object in the JIT, holding a batch of kernels or a single one: loaded once, shared by their
+ * programs, removed with the last of them. */
 typedef struct BatchObj {
-  uint64_t hash; /* the batch's: its kernels' symbols end in it */
+  uint64_t hash; /* a batch's (its kernels' symbols end in it), or a single kernel object's bytes' */
   Ref rt;
   int refs;
   struct BatchObj *next;
@@ -166,8 +166,7 @@ static pthread_mutex_t g_batch_lock = PTHREAD_MUTEX_INITIALIZER;
 
 typedef struct {
   tp_range_fn fn;
-  Ref rt;          /* the object's tracker (a single kernel's), or NULL */
-  BatchObj *batch; /* or the shared batch object it is in */
+  BatchObj *batch; /* the shared object it is in */
 } LlvmProgram;
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -807,16 +806,14 @@ static void batch_release(BatchObj *b) {
   free(b);
 }
 
-/* Adds an object to the JIT under a new tracker and looks sym up in it; NULL + *why on failure
- * (the object is removed again). */
-static Ref add_object(const uint8_t *obj, size_t olen, const char *sym, uint64_t *addr, char **why) {
-  Ref buf = L.LLVMCreateMemoryBufferWithMemoryRangeCopy((const char *)obj, olen, sym ? sym : "tg-batch");
+/* Adds an object to the JIT under a new tracker; NULL + *why on failure. (Its symbols resolve at
+ * the first lookup, where a broken object shows.) */
+static Ref add_object(const uint8_t *obj, size_t olen, char **why) {
+  Ref buf = L.LLVMCreateMemoryBufferWithMemoryRangeCopy((const char *)obj, olen, "tg-kernels");
   Ref rt = L.LLVMOrcJITDylibCreateResourceTracker(g_jd);
   Ref err = L.LLVMOrcLLJITAddObjectFileWithRT(g_jit, rt, buf); /* takes buf */
-  *addr = 0;
-  if (!err && sym) err = L.LLVMOrcLLJITLookup(g_jit, addr, sym);
-  if (err || (sym && !*addr)) {
-    *why = err ? take_error(err) : tg_xstrdup("address 0");
+  if (err) {
+    *why = take_error(err);
     Ref e2 = L.LLVMOrcResourceTrackerRemove(rt);
     if (e2) free(take_error(e2));
     L.LLVMOrcReleaseResourceTracker(rt);
@@ -825,23 +822,20 @@ static Ref add_object(const uint8_t *obj, size_t olen, const char *sym, uint64_t
   return rt;
 }
 
-/* A kernel of a batch object: the object goes into the JIT with the first of its kernels to load
- * and stays while any of them is loaded. */
-static void *load_from_batch(const char *fname, const uint8_t *lib, size_t liblen) {
-  uint64_t h;
-  memcpy(&h, lib + 4, 8);
-  char sym[256];
-  snprintf(sym, sizeof sym, "%s_%016llx", fname, (unsigned long long)h);
+/* A kernel in a shared object: the object (keyed by key) goes into the JIT with the first of its
+ * kernels to load and stays while any of them is loaded. A batch object holds many kernels; a single
+ * kernel's object is shared too, by the CPU devices that load it (CPU:LLVM and CPU:1:LLVM load the
+ * same kernel, whose symbol a second copy in the JIT would define twice). */
+static void *load_shared(const char *fname, uint64_t key, const uint8_t *obj, size_t olen, const char *sym) {
   pthread_mutex_lock(&g_batch_lock);
   BatchObj *b = g_batches;
-  while (b && b->hash != h) b = b->next;
+  while (b && b->hash != key) b = b->next;
   char *why = NULL;
   if (!b) {
-    uint64_t unused;
-    Ref rt = add_object(lib + 12, liblen - 12, NULL, &unused, &why);
+    Ref rt = add_object(obj, olen, &why);
     if (rt) {
       b = tg_xcalloc(1, sizeof *b);
-      b->hash = h, b->rt = rt, b->next = g_batches;
+      b->hash = key, b->rt = rt, b->next = g_batches;
       g_batches = b;
     }
   }
@@ -867,8 +861,13 @@ static void *load_from_batch(const char *fname, const uint8_t *lib, size_t lible
 
 static void *llvm_load(void *state, const char *fname, const uint8_t *lib, size_t liblen) {
   (void)state;
-  if (fname && lib && liblen > 12 && memcmp(lib, "TGLB", 4) == 0 && strlen(fname) < 200)
-    return load_from_batch(fname, lib, liblen);
+  if (fname && lib && liblen > 12 && memcmp(lib, "TGLB", 4) == 0 && strlen(fname) < 200) {
+    uint64_t h;
+    memcpy(&h, lib + 4, 8);
+    char sym[256];
+    snprintf(sym, sizeof sym, "%s_%016llx", fname, (unsigned long long)h);
+    return load_shared(fname, h, lib + 12, liblen - 12, sym);
+  }
   uint32_t sl = 0;
   if (!fname || !lib || liblen < 8 || memcmp(lib, "TGLL", 4) != 0 || (memcpy(&sl, lib + 4, 4), sl == 0) || sl > 512 ||
       8 + (size_t)sl >= liblen) {
@@ -878,31 +877,14 @@ static void *llvm_load(void *state, const char *fname, const uint8_t *lib, size_
   char sym[520];
   memcpy(sym, lib + 8, sl);
   sym[sl] = '\0';
-  uint64_t addr = 0;
-  char *why = NULL;
-  Ref rt = add_object(lib + 8 + sl, liblen - 8 - sl, sym, &addr, &why);
-  if (!rt) {
-    tg_set_error(TG_ERR_RUNTIME, "cannot load kernel '%s': %s", fname, why);
-    free(why);
-    return NULL;
-  }
-  LlvmProgram *p = tg_xcalloc(1, sizeof *p);
-  *(void **)&p->fn = (void *)(uintptr_t)addr;
-  p->rt = rt;
-  return p;
+  return load_shared(fname, hash_bytes(lib, liblen, 0x4c4c4f424a), lib + 8 + sl, liblen - 8 - sl, sym);
 }
 
 static void llvm_unload(void *state, void *prg) {
   (void)state;
   LlvmProgram *p = prg;
   if (!p) return;
-  if (p->batch) {
-    batch_release(p->batch);
-  } else {
-    Ref err = L.LLVMOrcResourceTrackerRemove(p->rt);
-    if (err) free(take_error(err));
-    L.LLVMOrcReleaseResourceTracker(p->rt);
-  }
+  batch_release(p->batch);
   free(p);
 }
 
