@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "helpers.h"
+#include "runtime/threadpool.h"
 #include "test.h"
 
 /* ---- errors ---- */
@@ -111,6 +112,22 @@ TEST(bad_settings_are_reported) {
   CHECK_MSG(strstr(out, "ignoring DEFAULT_FLOAT=int8") != NULL, "stderr: %s", out);
   char *first = strstr(out, "TG_TEST_ENV_GARBAGE");
   CHECK(first && !strstr(first + 1, "TG_TEST_ENV_GARBAGE"));
+}
+
+static int g_threads[4];
+static void read_thread_settings(void) {
+  g_threads[0] = tp_threads_setting(3, 2);
+  g_threads[1] = tp_threads_setting(0, 2);
+  g_threads[2] = tp_threads_setting(1000000000, 2); /* (the pool once tried to start this many) */
+  g_threads[3] = tp_threads_setting(1000, 200);
+}
+
+/* THREADS is taken as given up to 8 per CPU (at least 256), capped and reported past that */
+TEST(threads_setting_is_capped) {
+  char out[1024];
+  capture_stderr(read_thread_settings, out, sizeof out);
+  CHECK(g_threads[0] == 3 && g_threads[1] == 1 && g_threads[2] == 256 && g_threads[3] == 1000);
+  CHECK_MSG(strstr(out, "ignoring THREADS=1000000000") && strstr(out, "using 256"), "stderr: %s", out);
 }
 
 TEST(getenv_reads_environment_once) {

@@ -25,6 +25,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -94,6 +95,22 @@ static void futex_wake(_Atomic uint32_t *addr, int count) {
   syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, count, NULL, NULL, 0);
 }
 
+int tp_threads_setting(int64_t want, long ncpu) {
+  if (ncpu <= 0) ncpu = 1;
+  if (want < 1) want = 1;
+  /* more threads than 8 per CPU only add switching (and THREADS=1000000000 asked the pool for a
+   * billion threads): capped, with a warning */
+  int64_t cap = 8 * (int64_t)ncpu < 256 ? 256 : 8 * (int64_t)ncpu;
+  if (want > cap) {
+    char v[32], m[32];
+    snprintf(v, sizeof v, "%lld", (long long)want);
+    snprintf(m, sizeof m, "%lld", (long long)cap);
+    env_warn("THREADS", v, "more threads than the pool takes: at most 8 per CPU, or 256", m);
+    want = cap;
+  }
+  return (int)want;
+}
+
 int tp_max_threads(void) {
   int t = atomic_load_explicit(&g_max_threads, memory_order_relaxed);
   if (t > 0) return t;
@@ -101,10 +118,8 @@ int tp_max_threads(void) {
   cpu_set_t set;
   long ncpu = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
   if (ncpu <= 0) ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  int64_t want = getenv_int("THREADS", ncpu > 0 ? ncpu : 1);
-  if (want < 1) want = 1;
-  if (want > INT_MAX / 2) want = INT_MAX / 2;
-  t = (int)want;
+  if (ncpu <= 0) ncpu = 1;
+  t = tp_threads_setting(getenv_int("THREADS", ncpu), ncpu);
   atomic_store(&g_max_threads, t);
   return t;
 }

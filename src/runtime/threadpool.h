@@ -15,6 +15,9 @@ typedef void (*tp_range_fn)(void **arg, int64_t start, int64_t end);
 
 /* Threads the pool can use including the caller: THREADS, else the number of online CPUs. Read once. */
 int tp_max_threads(void);
+/* The pool size THREADS=want asks for on a process with ncpu CPUs: at least 1, at most
+ * max(8 * ncpu, 256) (a larger value is reported on stderr once and capped). */
+int tp_threads_setting(int64_t want, long ncpu);
 
 /* Runs fn over [0, n) with up to nthreads threads (<= 0 or more than tp_max_threads(): all of
  * them). Synchronous. Re-entrant: a call made while the pool is busy (another thread, or a kernel
