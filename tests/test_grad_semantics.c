@@ -146,6 +146,35 @@ TEST(optimizer_takes_unset_tensors_as_parameters) {
   END_T;
 }
 
+/* Gradients accumulated over optimizer steps (no zero_grad): tinygrad stores the sum
+ * (t.grad.assign(t.grad + g)), so each step adds the gradient at that step's parameters. SGD lr 0.1
+ * on sum(p*p) from [1, 2]: tinygrad's parameters after three steps are [0.064, 0.128] (the grad's
+ * earlier terms, evaluated again at the new parameters, gave [0.128, 0.256]); reading the grad
+ * between the steps changes nothing. */
+TEST(gradients_accumulate_across_steps_as_tinygrad) {
+  BEGIN_T;
+  for (int read = 0; read < 2; read++) {
+    tg_tensor p = tg_persist(F32V(1, 2));
+    tg_optim *o = tg_optim_sgd(&p, 1, TG_SGD_OPTS(.lr = 0.1));
+    tg_context_begin();
+    tg_context_set_int("TRAINING", 1);
+    for (int step = 0; step < 3; step++) {
+      tg_scope_begin();
+      OK(tg_backward(sumall(tg_mul(p, p))));
+      OK(tg_optim_step(o));
+      if (read && step == 0) CHECK_VALS(tg_grad(p), 1e-6, 1.6, 3.2); /* the first grad stays lazy, as tinygrad's */
+      if (read && step == 1) CHECK_VALS(tg_grad(p), 1e-6, 3.2, 6.4);
+      tg_scope_end();
+    }
+    tg_context_end();
+    CHECK_VALS(p, 1e-6, 0.064, 0.128);
+    CHECK_VALS(tg_grad(p), 1e-6, 4.16, 8.32);
+    tg_optim_free(o);
+    tg_free(p);
+  }
+  END_T;
+}
+
 TEST(state_dict_aliases_take_no_gradient) {
   BEGIN_T;
   /* a dict entry is a second handle of the model's tensor: repeated backward passes must not pile

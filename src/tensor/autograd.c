@@ -695,8 +695,18 @@ static tg_status backward_impl(const char *fn, tg_tensor loss, tg_tensor upstrea
         gs[i] = sum;
       }
     }
+    /* An accumulated gradient is stored, as tinygrad's t.grad.assign(t.grad + g) stores it when the
+     * step reads it: its value is the sum at the parameters of now. Kept lazy, the earlier terms
+     * would be evaluated again at whatever values the parameters have when it is read, after an
+     * optimizer step too (a second step without zero_grad used a gradient tinygrad does not). */
+    UOp **acc = tg_xmalloc(sizeof(UOp *) * nodes.n);
+    int nacc = 0;
+    for (size_t i = 0; i < nodes.n; i++)
+      if (gs[i] && ((Slot *)slots.p[i])->grad) acc[nacc++] = gs[i];
+    if (nacc && realize_uops(acc, nacc) != TG_OK) st = tg_last_status();
+    free(acc);
     /* short of memory on the way: no gradient changes, so the call can simply be repeated */
-    bool oom = tg_oom_check("tg_backward");
+    bool oom = st != TG_OK || tg_oom_check("tg_backward");
     for (size_t i = 0; i < nodes.n; i++) {
       Slot *s = slots.p[i];
       if (!gs[i]) continue;
@@ -707,7 +717,7 @@ static tg_status backward_impl(const char *fn, tg_tensor loss, tg_tensor upstrea
         s->grad = gs[i];
       }
     }
-    if (oom) st = TG_ERR_RUNTIME;
+    if (oom) st = st != TG_OK ? st : TG_ERR_RUNTIME;
     else if (!got)
       st = tg_set_error(TG_ERR_INVALID,
                         "%s: no tensor not marked requires_grad false is reachable from the loss through "
