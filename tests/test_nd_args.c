@@ -129,6 +129,15 @@ TEST(newton_schulz_and_muon) {
   tg_tensor z = tg_set_requires_grad(tg_scalar(1.0, NULL), true);
   CHECK(tg_optim_muon(&z, 1, NULL) == NULL);
   CHECK_ERR(TG_ERR_INVALID, "tg_optim_muon", "0-d");
+  /* a 0-d tensor with requires_grad unset is a parameter too (it was taken, and its step read an
+   * uninitialized shape); one marked false is a buffer, which Muon leaves alone */
+  tg_tensor u = tg_scalar(1.0, NULL), v = tg_from_data((float[]){1, 2}, TG_SHAPE(1, 2), NULL);
+  CHECK(tg_optim_muon((tg_tensor[]){v, u}, 2, NULL) == NULL);
+  CHECK_ERR(TG_ERR_INVALID, "tg_optim_muon", "parameter 1 is 0-d");
+  tg_tensor buf0 = tg_set_requires_grad(tg_scalar(1.0, NULL), false);
+  tg_optim *ob = tg_optim_muon((tg_tensor[]){v, buf0}, 2, NULL);
+  CHECK(ob != NULL);
+  tg_optim_free(ob);
   END;
 }
 

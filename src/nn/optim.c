@@ -194,7 +194,9 @@ tg_optim *tg_optim_muon(const tg_tensor *params, int n, const tg_muon_opts *opts
       return NULL;
     }
   for (int i = 0; i < n && params; i++)
-    if (tg_valid(params[i]) && tg_requires_grad(params[i]) && tg_ndim(params[i]) < 1) {
+    /* every tensor the optimizer takes as a parameter: requires_grad true or unset (a buffer, marked
+     * false, is not updated) */
+    if (tg_valid(params[i]) && t_slot(params[i])->requires_grad != 0 && tg_ndim(params[i]) < 1) {
       tg_set_error(TG_ERR_INVALID, "%s: parameter %d is 0-d; Muon views each parameter as (shape[0], -1)", fn, i);
       return NULL;
     }
