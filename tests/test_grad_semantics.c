@@ -175,6 +175,32 @@ TEST(gradients_accumulate_across_steps_as_tinygrad) {
   END_T;
 }
 
+/* A graph built before a realized assign to a parameter (an optimizer step between forward and
+ * backward) reads the parameter's buffer, and its gradient reaches the parameter as in tinygrad
+ * (x.grad was left unset, and tg_gradient said x is not in the graph). Before the assign is
+ * realized the tensor is the pending write, which the graph does not hold (tinygrad: None too). */
+TEST(gradient_reaches_a_parameter_written_after_the_graph) {
+  BEGIN_T;
+  tg_tensor x = tg_persist(tg_set_requires_grad(F32V(1, 2, 3), true));
+  OK(tg_realize(x));
+  tg_tensor y = tg_mul_s(x, 1.0);
+  OK(tg_realize(tg_assign(x, F32V(4, 5, 6))));
+  tg_tensor l = sumall(tg_mul(y, y));
+  tg_tensor g;
+  OK(tg_gradient(l, &x, 1, &g));
+  CHECK_VALS(g, 1e-6, 8, 10, 12);
+  OK(tg_backward(l));
+  CHECK_VALS(tg_grad(x), 1e-6, 8, 10, 12);
+  /* the parameter read both before and after the write: the two paths add up */
+  tg_tensor x0 = tg_mul_s(x, 1.0);
+  OK(tg_realize(tg_assign(x, F32V(1, 1, 1))));
+  tg_tensor g2;
+  OK(tg_gradient(sumall(tg_mul(x0, x)), &x, 1, &g2));
+  CHECK_VALS(g2, 1e-6, 2, 2, 2);
+  tg_free(x);
+  END_T;
+}
+
 TEST(state_dict_aliases_take_no_gradient) {
   BEGIN_T;
   /* a dict entry is a second handle of the model's tensor: repeated backward passes must not pile

@@ -412,6 +412,40 @@ static void topo_visit(Topo *t, UOp *u) {
   free(st);
 }
 
+/* A realized tensor is a BUFFER node, and every wrap of a buffer is a node of its own (g_buffer): a
+ * tensor written by a realized assign (an optimizer step) holds a new node while a graph built
+ * before the write reads the buffer through the old one. tinygrad keeps one node per buffer, so its
+ * gradient finds the tensor in such a graph; here every BUFFER node of the graph that wraps the
+ * target's buffer whole (same dtype and shape) stands for the target. */
+static bool buffer_twin(const UOp *a, const UOp *b) {
+  return a->op == OP_BUFFER && b->op == OP_BUFFER && a->arg.p == b->arg.p && a->dtype == b->dtype &&
+         a->ndim == b->ndim && (a->ndim == 0 || memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) == 0);
+}
+/* The graph's BUFFER nodes by buffer (Buffer * -> PtrVec * of nodes, owned). */
+static void buffer_nodes(const Topo *t, PtrMap *by) {
+  pm_init(by);
+  for (size_t i = 0; i < t->order.n; i++) {
+    UOp *u = t->order.p[i];
+    if (u->op != OP_BUFFER) continue;
+    PtrVec *v = pm_get(by, (uint64_t)(uintptr_t)u->arg.p);
+    if (!v) v = tg_xcalloc(1, sizeof *v), pm_put(by, (uint64_t)(uintptr_t)u->arg.p, v);
+    pv_push(v, u);
+  }
+}
+static void buffer_nodes_free(PtrMap *by) {
+  for (size_t i = 0; i < by->cap; i++)
+    if (by->keys[i]) pv_free(by->vals[i]), free(by->vals[i]);
+  pm_free(by);
+}
+/* Does the graph (by, from buffer_nodes) hold target u, itself or a twin? */
+static bool graph_holds(const Topo *t, const PtrMap *by, UOp *u) {
+  if (pm_has(&t->idx, (uint64_t)(uintptr_t)u)) return true;
+  const PtrVec *v = u->op == OP_BUFFER ? pm_get(by, (uint64_t)(uintptr_t)u->arg.p) : NULL;
+  for (size_t i = 0; v && i < v->n; i++)
+    if (buffer_twin(u, v->p[i])) return true;
+  return false;
+}
+
 /* Computes d loss / d targets[i] into out[i] (new refs; NULL if unreachable). */
 static void compute_grads_plain(UOp *loss, UOp *seed, UOp **targets, int n, UOp **out);
 /* MULTI targets (multi-device tensors) take their gradient from their shards' (multi.c). */
@@ -446,7 +480,52 @@ static void compute_grads(UOp *loss, UOp *seed, UOp **targets, int n, UOp **out)
   free(ts), free(gs);
 }
 
+static void compute_grads_nodes(UOp *loss, UOp *seed, UOp **targets, int n, UOp **out);
+/* A BUFFER target takes the gradients of its twins in the graph (buffer_twin) too, summed. */
 static void compute_grads_plain(UOp *loss, UOp *seed, UOp **targets, int n, UOp **out) {
+  Topo t;
+  memset(&t, 0, sizeof t);
+  topo_visit(&t, loss);
+  PtrMap by;
+  buffer_nodes(&t, &by);
+  PtrVec ts = {0};
+  int *first = tg_xmalloc(sizeof(int) * (size_t)(n + 1)), *count = tg_xcalloc((size_t)(n + 1), sizeof(int));
+  bool twins = false;
+  for (int i = 0; i < n; i++) {
+    first[i] = (int)ts.n;
+    pv_push(&ts, targets[i]), count[i] = 1;
+    const PtrVec *v = targets[i]->op == OP_BUFFER ? pm_get(&by, (uint64_t)(uintptr_t)targets[i]->arg.p) : NULL;
+    for (size_t j = 0; v && j < v->n; j++)
+      if (v->p[j] != targets[i] && buffer_twin(targets[i], v->p[j])) pv_push(&ts, v->p[j]), count[i]++, twins = true;
+  }
+  buffer_nodes_free(&by);
+  pm_free(&t.idx), pv_free(&t.order);
+  if (!twins) {
+    compute_grads_nodes(loss, seed, targets, n, out);
+  } else {
+    UOp **gs = tg_xmalloc(sizeof(UOp *) * ts.n);
+    compute_grads_nodes(loss, seed, (UOp **)ts.p, (int)ts.n, gs);
+    for (int i = 0; i < n; i++) {
+      UOp *g = NULL;
+      for (int j = first[i]; j < first[i] + count[i]; j++) {
+        if (!gs[j]) continue;
+        if (!g) {
+          g = gs[j];
+        } else {
+          UOp *sum = bin(OP_ADD, g, gs[j]);
+          uop_unref(g), uop_unref(gs[j]);
+          g = sum;
+        }
+      }
+      out[i] = g;
+    }
+    free(gs);
+  }
+  pv_free(&ts);
+  free(first), free(count);
+}
+
+static void compute_grads_nodes(UOp *loss, UOp *seed, UOp **targets, int n, UOp **out) {
   Topo t;
   memset(&t, 0, sizeof t);
   topo_visit(&t, loss);
@@ -612,6 +691,7 @@ static tg_status gradient_impl(const char *fn, tg_tensor loss, tg_tensor upstrea
    * once; one that is not in the loss's graph at all is reported (the wrong tensor, most likely) */
   Topo tp;
   memset(&tp, 0, sizeof tp);
+  PtrMap by;
   bool walked = false;
   for (int i = 0; i < n; i++) {
     char b[256];
@@ -626,14 +706,14 @@ static tg_status gradient_impl(const char *fn, tg_tensor loss, tg_tensor upstrea
                         tg_dtype_name((tg_dtype)ts[i]->dtype));
       continue;
     }
-    if (!walked) topo_visit(&tp, l), walked = true;
-    if (pm_has(&tp.idx, (uint64_t)(uintptr_t)ts[i]))
+    if (!walked) topo_visit(&tp, l), buffer_nodes(&tp, &by), walked = true;
+    if (graph_holds(&tp, &by, ts[i]))
       out[i] = t_wrap(kconst(ts[i], 0, (tg_dtype)ts[i]->dtype));
     else
       st = tg_set_error(TG_ERR_INVALID, "%s: target %d (shape %s) is not part of the loss's graph", fn, i,
                         fmt_shape(b, sizeof b, ts[i]->shape, ts[i]->ndim));
   }
-  if (walked) pm_free(&tp.idx), pv_free(&tp.order);
+  if (walked) pm_free(&tp.idx), pv_free(&tp.order), buffer_nodes_free(&by);
   if (st != TG_OK)
     for (int i = 0; i < n; i++) {
       tg_free(out[i]);
@@ -661,18 +741,21 @@ static tg_status backward_impl(const char *fn, tg_tensor loss, tg_tensor upstrea
   Topo t;
   memset(&t, 0, sizeof t);
   topo_visit(&t, l);
+  PtrMap by;
+  buffer_nodes(&t, &by);
   PtrVec slots = {0};
   PtrVec nodes = {0};
   for (size_t i = 0; i < t_slot_count(); i++) {
     Slot *s = t_slot_at(i);
     if (s->scope < 0 || s->requires_grad == 0 || !tg_dtype_is_float((tg_dtype)s->u->dtype)) continue;
-    bool in = pm_has(&t.idx, (uint64_t)(uintptr_t)s->u);
+    bool in = graph_holds(&t, &by, s->u);
     if (!in && m_is(s->u)) /* a multi-device tensor is in the graph through its shards */
-      for (uint32_t j = 0; j < g_resolve(s->u)->nsrc && !in; j++) in = pm_has(&t.idx, (uint64_t)(uintptr_t)g_resolve(s->u)->src[j]);
+      for (uint32_t j = 0; j < g_resolve(s->u)->nsrc && !in; j++) in = graph_holds(&t, &by, g_resolve(s->u)->src[j]);
     if (!in) continue;
     pv_push(&slots, s);
     pv_push(&nodes, s->u);
   }
+  buffer_nodes_free(&by);
   pm_free(&t.idx);
   pv_free(&t.order);
   tg_status st = TG_OK;
