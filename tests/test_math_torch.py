@@ -271,7 +271,8 @@ INT_OPS = [
     (U("abs", torch.abs, kind="same"), -100, 100),
     (U("sign", torch.sign, kind="same"), -100, 100),
     (U("square", torch.square, kind="same"), -11, 11),
-    (U("clamp", lambda x: torch.clamp(x, -3, 5), args=(-3.0, 5.0), kind="same"), -10, 10),
+    # bounds compare by value, as in tinygrad (torch 1.13 wraps -3 into uint8's 253 and clamps everything to 5)
+    (U("clamp", lambda x: torch.clamp(x.to(torch.int64), -3, 5).to(x.dtype), args=(-3.0, 5.0), kind="same"), -10, 10),
     (U("clamp", lambda x: torch.clamp(x, max=5), args=(-math.inf, 5.0), kind="same", label="clamp(max only)"), -10, 10),
     (U("bitwise_not", torch.bitwise_not, kind="same"), -100, 100),
     (U("ceil", lambda x: x.clone(), kind="same"), -100, 100),

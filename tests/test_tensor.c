@@ -560,6 +560,26 @@ TEST(empty_zeros_ones_full_like) {
   CHECK_VALUES(f, 0, -2.5, -2.5);
   tg_tensor fi = tg_full(TG_SHAPE(2), 7, I32);
   CHECK_VALUES(fi, 0, 7, 7);
+  /* scalars an integer dtype cannot hold compare by value, as in tinygrad (they were wrapped into
+   * the dtype: uint8 x < 300 was false for 200, clamp(x, -1, 2) was 2 everywhere) */
+  {
+    tg_tensor u8 = tg_from_data((const uint8_t[]){0, 1, 2, 200}, TG_SHAPE(4), TG_OPTS(.dtype = TG_UINT8));
+    CHECK_VALUES(tg_lt_s(u8, 300), 0, 1, 1, 1, 1);
+    CHECK_VALUES(tg_gt_s(u8, -1), 0, 1, 1, 1, 1);
+    CHECK_VALUES(tg_gt_s(u8, 256), 0, 0, 0, 0, 0);
+    CHECK_VALUES(tg_eq_s(u8, 256), 0, 0, 0, 0, 0);
+    CHECK_VALUES(tg_ne_s(u8, -256), 0, 1, 1, 1, 1);
+    CHECK_VALUES(tg_clamp(u8, -1, 2), 0, 0, 1, 2, 2);
+    CHECK_VALUES(tg_hardtanh(u8, -1, 1), 0, 0, 1, 1, 1);
+    CHECK_VALUES(tg_maximum_s(u8, -1), 0, 0, 1, 2, 200);
+    CHECK_VALUES(tg_minimum_s(u8, 1000), 0, 0, 1, 2, 200);
+    tg_tensor cf = tg_clamp(u8, -1.0, 1.5); /* a fractional bound clamps as floats */
+    CHECK(tg_dtype_is_float(tg_dtype_of(cf)));
+    CHECK_VALUES(cf, 0, 0, 1, 1.5, 1.5);
+    tg_tensor i8 = tg_from_data((const int8_t[]){-128, 0, 127}, TG_SHAPE(3), TG_OPTS(.dtype = TG_INT8));
+    CHECK_VALUES(tg_clamp(i8, -200, 300), 0, -128, 0, 127);
+    CHECK_VALUES(tg_clamp(i8, -5, 300), 0, -5, 0, 127);
+  }
   /* an integer fill the dtype cannot hold at all is an error (PyTorch's too); in-range ones wrap */
   CHECK(!tg_valid(tg_full(TG_SHAPE(2), NAN, I32)));
   CHECK_ERR(TG_ERR_INVALID, "tg_full", "nan", "int");

@@ -379,6 +379,10 @@ tg_tensor tg_leaky_relu(tg_tensor x, double neg_slope) {
 tg_tensor tg_clamp(tg_tensor x, double min, double max) {
   BEGIN("tg_clamp", x);
   tg_tensor r = same(x);
+  /* an integer tensor with a bound that is not a whole number is clamped as floats (tinygrad's
+   * clamp(uint8, -1.0, 1.5) is [0, 1, 1.5, 1.5]); bounds its dtype cannot hold compare by value */
+  bool frac = (isfinite(min) && min != trunc(min)) || (isfinite(max) && max != trunc(max));
+  if (!tg_dtype_is_float(tg_dtype_of(r)) && tg_dtype_of(r) != TG_BOOL && frac) r = tg_cast(r, tg_default_float());
   if (!isnan(min) && min != -INFINITY) r = tg_where(tg_lt_s(r, min), K(r, min), r);
   if (!isnan(max) && max != INFINITY) r = tg_where(tg_gt_s(r, max), K(r, max), r);
   return done(r);

@@ -286,9 +286,33 @@ static UOp *scalar_node_for(UOp *x, double v, Kind kind) {
   return g_const(v, dt, x->device);
 }
 
+/* A comparison of an integer tensor with a whole number its dtype cannot hold has one answer for
+ * every element, as in tinygrad (which compares with the number, not with it wrapped into the
+ * dtype: uint8 x < 300 is all true, x > -1 too). Returns 0 or 1, or -1 when the scalar is in range
+ * (or not a whole number: it then promotes the comparison to a float one). */
+static int cmp_known(const UOp *x, double v, int op, bool swap) {
+  tg_dtype dt = (tg_dtype)x->dtype;
+  if (!tg_dtype_is_int(dt) || !isfinite(v) || v != trunc(v) || (v >= dtype_min(dt) && v <= dtype_max(dt))) return -1;
+  bool above = v > dtype_max(dt); /* every element is below v */
+  if (op == OP_CMPEQ) return 0;
+  if (op == OP_CMPNE) return 1;
+  return swap ? !above : above; /* x < v, or (swapped) v < x */
+}
+
+/* The maximum (or minimum) of an integer tensor and a whole number below (above) everything its
+ * dtype holds is the tensor (tinygrad: uint8 x.maximum(-1) is x; the number wrapped into the dtype
+ * gave 255 everywhere). A bound on the other side has no value in the dtype and wraps, as in tinygrad. */
+static bool extreme_is_x(const UOp *x, double v, bool max) {
+  tg_dtype dt = (tg_dtype)x->dtype;
+  return tg_dtype_is_int(dt) && isfinite(v) && v == trunc(v) && (max ? v < dtype_min(dt) : v > dtype_max(dt));
+}
+
 #define SCALAR_OP(name, fnname, kind, op, swap)                                                    \
   tg_tensor name {                                                                                 \
     GET(a, T, fnname);                                                                             \
+    int known = kind == K_CMP ? cmp_known(a, V, op, swap) : -1;                                    \
+    if (known >= 0) return t_wrap(n_const_like(a, known, TG_BOOL));                                \
+    if (op == OP_MAX && extreme_is_x(a, V, true)) return t_wrap(uop_ref(a));                        \
     UOp *s = scalar_node_for(a, V, kind);                                                          \
     tg_tensor r = swap ? binop_nodes(fnname, op, s, a, kind) : binop_nodes(fnname, op, a, s, kind); \
     uop_unref(s);                                                                                  \
@@ -328,6 +352,7 @@ tg_tensor tg_pow_s(tg_tensor x, double y) {
 
 tg_tensor tg_minimum_s(tg_tensor x, double y) {
   GET(a, x, "tg_minimum_s");
+  if (extreme_is_x(a, y, false)) return t_wrap(uop_ref(a));
   UOp *s = scalar_node(a, y);
   tg_tensor r = minimum_nodes("tg_minimum_s", a, s);
   uop_unref(s);
