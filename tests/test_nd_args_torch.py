@@ -261,6 +261,7 @@ POOL_ND = [
     ((1, 2, 6, 6, 6), 3, {"kernel_size": 2, "dilation": (1, 2, 1), "stride": 1}),
     ((1, 1, 5, 5, 5), 3, {"kernel_size": 2, "ceil_mode": True}), ((1, 1, 7, 6, 5), 3, {"kernel_size": 3, "stride": 2, "padding": 1, "ceil_mode": True}),
     ((0, 2, 4, 4, 4), 3, {}), ((2, 3, 6, 6), 2, {"kernel_size": 3, "stride": 2, "padding": 1}),
+    ((1, 1, 2), 1, {"kernel_size": 3, "stride": 3, "ceil_mode": True}),
 ]
 
 

@@ -590,6 +590,9 @@ POOL_CASES = [
     ((2, 1, 5, 6), {"kernel_size": 3, "stride": 1, "padding": (1, 0)}), ((1, 1, 5, 5), {"kernel_size": 2, "ceil_mode": True}),
     ((1, 2, 7, 6), {"kernel_size": 3, "stride": 2, "padding": 1, "ceil_mode": True}), ((0, 2, 4, 4), {}), ((3, 4, 4), {"kernel_size": 4}),
     ((1, 1, 1, 1), {"kernel_size": 1}),
+    # ceil_mode: one window larger than the padded input, hanging over its end
+    ((1, 1, 1, 5), {"kernel_size": 3, "stride": (3, 2), "padding": (0, 1), "ceil_mode": True}),
+    ((2, 1, 2, 2), {"kernel_size": 3, "stride": 2, "ceil_mode": True}),
 ]
 
 

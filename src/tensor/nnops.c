@@ -873,8 +873,11 @@ static bool opt_pads(const char *fn, const int64_t *p, int np, int64_t *out) {
 
 /* Checks that a window fits in the padded input along each of the nk spatial dims; sp = their sizes,
  * pads = (before, after) per dim. */
+/* Does every window fit the padded input? With ceil_s (a ceil_mode pool's strides) the last window
+ * may hang over the end, as in tinygrad and PyTorch: there must only be one window, ceil((ip - span)
+ * / s) + 1 >= 1, i.e. ip - span > -s. */
 static bool window_fits(const char *fn, UOp *a, int nk, const int64_t *sp, const int64_t *pads, const int64_t *k,
-                        const int64_t *d) {
+                        const int64_t *d, const int64_t *ceil_s) {
   for (int j = 0; j < nk; j++) {
     int64_t ip = sp[j] + pads[2 * j] + pads[2 * j + 1], span;
     if (__builtin_mul_overflow(d[j], k[j] - 1, &span)) {
@@ -882,7 +885,7 @@ static bool window_fits(const char *fn, UOp *a, int nk, const int64_t *sp, const
                    (long long)k[j], (long long)d[j]);
       return false;
     }
-    if (ip <= span) {
+    if (ceil_s ? ip - (span + 1) <= -ceil_s[j] : ip <= span) {
       char what[32];
       if (nk == 2) snprintf(what, sizeof what, "%s", j ? "horizontal" : "vertical");
       else snprintf(what, sizeof what, "spatial dim %d", j);
@@ -954,7 +957,7 @@ static bool pool_args(const char *fn, UOp *a, const tg_pool2d_opts *opts, PoolAr
     return false;
   pa->sp[0] = a->shape[a->ndim - 2], pa->sp[1] = a->shape[a->ndim - 1];
   pa->ceil_mode = opts->ceil_mode, pa->exclude_pad = opts->exclude_pad;
-  return window_fits(fn, a, 2, pa->sp, pa->pads, pa->k, pa->d);
+  return window_fits(fn, a, 2, pa->sp, pa->pads, pa->k, pa->d, pa->ceil_mode ? pa->s : NULL);
 }
 
 /* ---- n-d window options (tg_window_opts) ---- */
@@ -1055,7 +1058,7 @@ static bool pool_args_nd(const char *fn, UOp *a, int nk, const tg_window_opts *o
     return false;
   for (int j = 0; j < nk; j++) pa->sp[j] = a->shape[a->ndim - nk + j];
   pa->ceil_mode = opts->ceil_mode, pa->exclude_pad = opts->exclude_pad;
-  return window_fits(fn, a, nk, pa->sp, pa->pads, pa->k, pa->d);
+  return window_fits(fn, a, nk, pa->sp, pa->pads, pa->k, pa->d, pa->ceil_mode ? pa->s : NULL);
 }
 
 static const int last_axes[TG_WINDOW_MAXDIMS] = {-1, -2, -3, -4, -5, -6, -7, -8};
@@ -1291,7 +1294,7 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
       !opt_pads(fn, opts->padding, opts->npadding, pads))
     return NONE;
   int64_t hw[2] = {a->shape[2], a->shape[3]};
-  if (!window_fits(fn, a, 2, hw, pads, k, d)) return NONE;
+  if (!window_fits(fn, a, 2, hw, pads, k, d, NULL)) return NONE;
   int64_t oy = cdiv(hw[0] + pads[0] + pads[1] - d[0] * (kh - 1), s[0]),
           ox = cdiv(hw[1] + pads[2] + pads[3] - d[1] * (kw - 1), s[1]);
   int64_t rcout = cout / groups;
@@ -1470,7 +1473,7 @@ tg_tensor conv_nd_resolved(const char *fn, tg_tensor x, tg_tensor weight, tg_ten
   int nsp = w->ndim - 2;
   int64_t sp[TG_WINDOW_MAXDIMS], k[TG_WINDOW_MAXDIMS];
   for (int j = 0; j < nsp; j++) sp[j] = a->shape[2 + j], k[j] = w->shape[2 + j];
-  if (!window_fits(fn, a, nsp, sp, pads, k, d)) return NONE;
+  if (!window_fits(fn, a, nsp, sp, pads, k, d, NULL)) return NONE;
   if (nsp > 2) return conv_generic(fn, x, a, weight, w, bias, nsp, groups, s, d, pads);
   NnOp op = begin(fn);
   tg_conv2d_opts co = {0};

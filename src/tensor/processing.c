@@ -445,7 +445,8 @@ static bool pool_args(const char *fn, UOp *a, const tg_pool2d_opts *opts, bool c
   pa->hw[0] = a->shape[a->ndim - 2], pa->hw[1] = a->shape[a->ndim - 1];
   for (int j = 0; check_window && j < 2; j++) {
     int64_t ip = pa->hw[j] + q[2 * j] + q[2 * j + 1], span = pa->d[j] * (pa->k[j] - 1) + 1;
-    if (ip < span) {
+    /* (with ceil_mode the one window may hang over the end, as in tg_max_pool2d) */
+    if (opts->ceil_mode ? ip - span <= -pa->s[j] : ip < span) {
       fail("%s: the %s window (kernel %lld, dilation %lld spans %lld) is larger than the padded input (%lld) "
            "of "
            "shape %s",
