@@ -245,6 +245,16 @@ tg_status tg_set_error(tg_status st, const char *fmt, ...) {
   return st;
 }
 
+void error_name_call(const char *fn) {
+  ThreadState *ts = tl_state;
+  if (!ts || !ts->err_set || !fn || strncmp(ts->err_msg, "tg_", 3) == 0) return;
+  SB b;
+  sb_init(&b);
+  sb_printf(&b, "%s: %s", fn, ts->err_msg);
+  free(ts->err_msg);
+  ts->err_msg = b.s, ts->err_cap = b.cap;
+}
+
 bool tg_has_error(void) { return tl_state && tl_state->err_set; }
 
 const char *tg_last_error(void) { return tg_has_error() ? tl_state->err_msg : NULL; }

@@ -49,6 +49,9 @@ size_t host_memory_limit(void);
 /* Records an error (if none recorded yet) with printf formatting. Always returns TG_ERR-status `st`. */
 tg_status tg_set_error(tg_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 bool tg_has_error(void);
+/* The recorded error, if its message names no public function (one raised deep in the engine: a
+ * compiler missing, a kernel that cannot load), is prefixed with fn, the call that reached it. */
+void error_name_call(const char *fn);
 
 /* ---- settings ---- */
 /* Integer setting from Context override, else environment, else def. Cached env lookups are fine:

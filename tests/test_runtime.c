@@ -663,6 +663,21 @@ TEST(compile_missing_compiler) {
   st = cpu_device_vt.compile(device_get("CPU")->state, NOP_SRC, &lib, &len);
   CHECK(st == TG_ERR_COMPILE);
   CHECK_STR_CONTAINS(tg_last_error(), "not found");
+  tg_clear_error();
+  /* through the API, the error names the call that needed the kernel */
+  tg_context_set("TIERED", "0");
+  tg_context_set("DISABLE_COMPILER_CACHE", "1");
+  tg_scope_begin();
+  tg_tensor x = tg_mul_s(tg_arange(0, 37, 1, NULL), 3.25);
+  CHECK(tg_realize(x) == TG_ERR_COMPILE);
+  const char *e = tg_last_error();
+  CHECK_MSG(e && strncmp(e, "tg_realize: ", 12) == 0 && strstr(e, "not found (set CC)"), "%s", e ? e : "no error");
+  tg_clear_error();
+  float v[37];
+  CHECK(tg_data(tg_add_s(x, 1), v, sizeof v) == TG_ERR_COMPILE);
+  e = tg_last_error();
+  CHECK_MSG(e && strncmp(e, "tg_data: ", 9) == 0, "%s", e ? e : "no error");
+  tg_scope_end();
   tg_context_end();
   tg_clear_error();
 }

@@ -617,6 +617,7 @@ static tg_status realize_many(const char *fn, const tg_tensor *ts, int n) {
   tg_status st = realize_uops(us, n);
   for (int i = 0; i < n; i++) uop_unref(us[i]);
   free(us);
+  if (st != TG_OK) error_name_call(fn);
   return st;
 }
 
@@ -661,7 +662,13 @@ static tg_status refuse_read_in_capture(const char *fn) {
                       fn);
 }
 
+static tg_status data_impl(tg_tensor t, void *out, size_t nbytes);
 tg_status tg_data(tg_tensor t, void *out, size_t nbytes) {
+  tg_status st = data_impl(t, out, nbytes);
+  if (st != TG_OK) error_name_call("tg_data");
+  return st;
+}
+static tg_status data_impl(tg_tensor t, void *out, size_t nbytes) {
   if (engine_capturing()) return refuse_read_in_capture("tg_data");
   UOp *u = t_get(t, "tg_data");
   if (!u) return TG_ERR_HANDLE;
