@@ -1693,6 +1693,10 @@ typedef struct {
  * and libm, compiles as C11 and C++, runs single-threaded, or
  * splits kernels over pthreads as the CPU device does with -DTG_EXPORT_THREADS; compiled with the
  * runtime's flags (-O2 -march=native -ffp-contract=fast) it computes the library's bits.
+ * The files are replaced as tg_safe_save replaces its file: each is written to a temporary file
+ * next to it, and all of them are renamed into place only once every one is complete, so a failed
+ * export leaves existing files as they were; a path that is not a regular file (a directory, a FIFO,
+ * a device) is refused before anything is written, and so are two outputs naming the same file.
  * Errors (nothing is left written): a jit that captured nothing, a capture on another device than
  * CPU, a function that writes its inputs or keeps state across calls, a bad name, a file that cannot
  * be written (TG_ERR_IO), embedded weights over 256 MiB (use weights_path). */
