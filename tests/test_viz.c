@@ -207,7 +207,11 @@ TEST(write_page_and_trace_results_unchanged) {
   }
   CHECK_HAS(data, "REDUCE_AXIS MAX axes=(1,)");
   CHECK_HAS(data, "REDUCE_AXIS ADD axes=(2,)");
-  CHECK_HAS(data, "\"svg\": \"\\u003csvg");
+  CHECK_HAS(data, "\"svgs\": [\"\\u003csvg");
+  CHECK_HAS(data, "\"svg\": 0,");
+  /* the jit's two recorded calls realize one graph: one layout, stored once, for both (each realize's
+   * edges used to come out in a different order, and each got a layout of its own) */
+  CHECK(count(data, "\"svg\": 2,") == 2 && count(data, "\"svgs\": [") == 1 && count(data, "\\u003csvg ") == 3);
   CHECK_HAS(data, " STORE float \\u003c- ");
   CHECK_HAS(data, "\"dot_error\": null");
   /* kernels are recorded once (the softmax's two reductions are different kernels of one name; the
@@ -276,6 +280,25 @@ TEST(unwritable_dirs_are_clear_errors) {
   err = slurp(c2.err);
   CHECK_HAS(err, "it exists and is not a directory");
   free(err);
+  /* a symbolic link planted where a page file goes (VIZ_DIR in a shared /tmp) is not written through */
+  char dir[400], victim[420], link[440], env3[420];
+  snprintf(dir, sizeof dir, "%s/planted", tmpdir());
+  snprintf(victim, sizeof victim, "%s/victim.txt", tmpdir());
+  snprintf(link, sizeof link, "%s/index.html", dir);
+  CHECK(mkdir(dir, 0755) == 0);
+  f = fopen(victim, "w");
+  CHECK(f && fputs("keep me", f) >= 0 && fclose(f) == 0);
+  CHECK(symlink(victim, link) == 0);
+  snprintf(env3, sizeof env3, "VIZ_DIR=%s", dir);
+  const char *env4[] = {"VIZ=-1", env3, NULL};
+  Child c3 = child_start("planted", env4);
+  CHECK(child_wait(&c3, 60) == 0);
+  err = slurp(c3.err);
+  CHECK_HAS(err, "cannot write");
+  free(err);
+  char *v = slurp(victim);
+  CHECK(strcmp(v, "keep me") == 0);
+  free(v);
 }
 
 /* An HTTP request to 127.0.0.1:port; the whole answer (malloc'd), "" if none. */
@@ -342,6 +365,18 @@ TEST(serve_answers_its_own_paths_until_interrupted) {
   CHECK_HAS(r, "HTTP/1.0 200 OK\r\n");
   CHECK_HAS(r, "window.TG_VIZ = {");
   CHECK_HAS(r, "\"src\": \"");
+  free(r);
+  /* a request another site's page made: a rebound name in Host, or a browser's cross-site fetch
+   * (a script tag reading data.js) */
+  r = http(port, "GET /data.js HTTP/1.1\r\nHost: evil.example:8000\r\n\r\n");
+  CHECK_HAS(r, "HTTP/1.0 403 Forbidden\r\n");
+  CHECK(!strstr(r, "TG_VIZ"));
+  free(r);
+  r = http(port, "GET /data.js HTTP/1.1\r\nHost: 127.0.0.1\r\nSec-Fetch-Site: cross-site\r\n\r\n");
+  CHECK_HAS(r, "HTTP/1.0 403 Forbidden\r\n");
+  free(r);
+  r = http(port, "GET /data.js HTTP/1.1\r\nhost: LOCALHOST:1\r\nsec-fetch-site: same-origin\r\n\r\n");
+  CHECK_HAS(r, "window.TG_VIZ = {");
   free(r);
   r = http(port, "GET /viz.js HTTP/1.0\r\n\r\n");
   CHECK_HAS(r, "text/javascript");

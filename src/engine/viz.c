@@ -191,7 +191,7 @@ void viz_schedule(const Schedule *s, UOp *const *targets, int n) {
   }
   /* nodes from the targets down, stopping at buffers and realized nodes (explicit stack: a graph may
    * be a long chain) */
-  PtrVec stack = {0};
+  PtrVec stack = {0}, order = {0}; /* order: the recorded nodes by id */
   int capn = 0, cape = 0;
   for (int t = 0; t < n; t++) {
     if (pm_has(&index, (uint64_t)(uintptr_t)targets[t])) continue;
@@ -213,16 +213,17 @@ void viz_schedule(const Schedule *s, UOp *const *targets, int n) {
       intptr_t w = (intptr_t)pm_get(&writer, (uint64_t)(uintptr_t)u);
       vs->nodes[id] = (VNode){node_label(u, leaf), u->op, w ? (int)w - 1 : -1};
       pm_put(&index, (uint64_t)(uintptr_t)u, (void *)(intptr_t)(id + 1));
+      pv_push(&order, u);
       if (leaf) continue;
       for (uint32_t k = u->nsrc; k-- > 0;)
         if (!pm_has(&index, (uint64_t)(uintptr_t)u->src[k])) pv_push(&stack, u->src[k]);
     }
   }
-  /* edges between recorded nodes */
-  for (size_t slot = 0; slot < index.cap; slot++) {
-    if (!index.keys[slot]) continue;
-    UOp *u = (UOp *)(uintptr_t)index.keys[slot];
-    int dst = (int)(intptr_t)index.vals[slot] - 1;
+  /* edges between recorded nodes, in node order: the same graph gives the same edge list (and so
+   * the same DOT text, which the layouts are shared by) on every realize */
+  for (size_t o = 0; o < order.n; o++) {
+    UOp *u = order.p[o];
+    int dst = (int)o;
     if (u->op == OP_BUFFER || uop_realized(u)) continue;
     for (uint32_t k = 0; k < u->nsrc; k++) {
       intptr_t src = (intptr_t)pm_get(&index, (uint64_t)(uintptr_t)u->src[k]);
@@ -252,7 +253,7 @@ void viz_schedule(const Schedule *s, UOp *const *targets, int n) {
       for (uint32_t k = 0; k < u->nsrc; k++) pv_push(&stack, u->src[k]);
     }
   }
-  pv_free(&stack);
+  pv_free(&stack), pv_free(&order);
   pm_free(&writer), pm_free(&index);
   /* a training loop realizes the same graph every step: keep one copy */
   uint64_t h = hash_mix((uint64_t)vs->nnodes, (uint64_t)vs->nedges);
@@ -795,9 +796,11 @@ static char *page_data(void) {
     sb_printf(&b, ", \"targets\": %d, \"nodes\": %d, \"edges\": %d, \"truncated\": %s, \"items\": [",
               vs->ntargets, vs->nnodes, vs->nedges, vs->truncated ? "true" : "false");
     for (int j = 0; j < vs->nitems; j++) sb_printf(&b, "%s%d", j ? ", " : "", vs->item_kernel[j]);
+    /* the layout, by its index in "svgs": each distinct graph is written once (a training loop's
+     * realizes share one) */
     sb_puts(&b, "], \"svg\": ");
     if (svg)
-      json_str(&b, svg);
+      sb_printf(&b, "%d", gidx[i]);
     else
       sb_puts(&b, "null");
     sb_puts(&b, ", \"why\": ");
@@ -811,6 +814,12 @@ static char *page_data(void) {
     else
       json_str(&b, dots[i]);
     sb_putc(&b, '}');
+  }
+  sb_puts(&b, "],\n\"svgs\": [");
+  for (int i = 0; i < nsvgs; i++) {
+    if (i) sb_puts(&b, ",\n");
+    if (svgs[i]) json_str(&b, svgs[i]);
+    else sb_puts(&b, "null");
   }
   for (int i = 0; i < nscheds; i++) free(dots[i]);
   free(dots), free(uniq), free(gidx);

@@ -2,7 +2,8 @@
  * viz_serve.c -- writes the VIZ page's files to a directory, or serves them: a small HTTP/1.0 server
  * on 127.0.0.1 that answers GET for the page's own five paths (/, /index.html, /viz.js, /viz.css,
  * /data.js) -- names are compared whole, so no request reaches the file system -- 404 for any other
- * path, 405 for any other method, one connection at a time, until SIGINT or SIGTERM.
+ * path, 405 for any other method, 403 for a request another site's page made (Host, Sec-Fetch-Site),
+ * one connection at a time, each bounded in time, until SIGINT or SIGTERM.
  */
 #include "viz_serve.h"
 
@@ -16,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -28,11 +30,25 @@ extern char **environ;
 /* the page's files (build/gen/viz_assets.c, made from src/engine/viz_page/) */
 extern const char viz_page_index_html[], viz_page_viz_js[], viz_page_viz_css[];
 
+/* A file of the page (or a scratch file): written through no symbolic link (one planted where the
+ * page goes, in a shared directory, would have the page written over its target) and only as a
+ * regular file (O_NONBLOCK: a FIFO there fails instead of waiting for a reader). */
 bool viz_write_file(const char *path, const char *data, size_t len) {
-  FILE *f = fopen(path, "wb");
-  if (!f) return false;
-  bool ok = fwrite(data, 1, len, f) == len;
-  ok = fclose(f) == 0 && ok;
+  int fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0644);
+  if (fd < 0) return false;
+  struct stat st;
+  bool ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  if (!ok) errno = EINVAL;
+  ok = ok && ftruncate(fd, 0) == 0;
+  for (size_t done = 0; ok && done < len;) {
+    ssize_t w = write(fd, data + done, len - done);
+    if (w < 0 && errno == EINTR) continue;
+    ok = w > 0;
+    if (ok) done += (size_t)w;
+  }
+  int e = errno;
+  ok = close(fd) == 0 && ok;
+  if (!ok && e) errno = e;
   return ok;
 }
 
@@ -138,10 +154,22 @@ static void on_stop(int sig) {
   stop_serving = 1;
 }
 
-static void send_all(int fd, const char *data, size_t len) {
-  while (len) {
-    ssize_t w = send(fd, data, len, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
+/* Milliseconds left until deadline (a now_seconds() time), at least 0. */
+static int ms_left(double deadline) {
+  double l = (deadline - now_seconds()) * 1000.0;
+  return l <= 0 ? 0 : l > 1e9 ? 1000000000 : (int)l;
+}
+
+/* Sends until done, the deadline passes (a client that stops reading holds the server no longer)
+ * or a stop is asked for. */
+static void send_all(int fd, const char *data, size_t len, double deadline) {
+  while (len && !stop_serving) {
+    struct pollfd pf = {fd, POLLOUT, 0};
+    int r = poll(&pf, 1, ms_left(deadline));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return;
+    ssize_t w = send(fd, data, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (w <= 0) return;
     data += w;
     len -= (size_t)w;
@@ -155,17 +183,53 @@ static void respond(int fd, int code, const char *status, const char *type, cons
                    "HTTP/1.0 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nCache-Control: no-store\r\n"
                    "X-Content-Type-Options: nosniff\r\n%sConnection: close\r\n\r\n",
                    code, status, type, len, extra ? extra : "");
-  send_all(fd, head, (size_t)n);
-  send_all(fd, body, len);
+  /* 10 s, and 1 s more per MiB: time enough for a browser on this machine */
+  double deadline = now_seconds() + 10.0 + (double)len / (1 << 20);
+  send_all(fd, head, (size_t)n, deadline);
+  send_all(fd, body, len, deadline);
 }
 
-/* One request: reads its head (at most 8 KiB, 5 s), answers GET for the page's own paths. */
+/* The value of header `name` in the request head req (case-insensitive name; the value's leading
+ * blanks skipped, up to the end of the line) into out; false if absent. */
+static bool header(const char *req, const char *name, char *out, size_t outlen) {
+  size_t nl = strlen(name);
+  for (const char *l = strchr(req, '\n'); l; l = strchr(l + 1, '\n')) {
+    if (strncasecmp(l + 1, name, nl) != 0 || l[1 + nl] != ':') continue;
+    const char *v = l + 2 + nl;
+    while (*v == ' ' || *v == '\t') v++;
+    size_t n = strcspn(v, "\r\n");
+    if (n >= outlen) n = outlen - 1;
+    memcpy(out, v, n);
+    out[n] = 0;
+    return true;
+  }
+  return false;
+}
+
+/* Is the request one this machine's browser made for the page itself? A Host header must name the
+ * loopback address or localhost (a page elsewhere that rebinds its name to 127.0.0.1 sends its own
+ * name), and a browser's Sec-Fetch-Site must say same-origin or none (typed in): another site's page
+ * loading data.js with a script tag would read the recorded program (XSSI). */
+static bool request_allowed(const char *req) {
+  char v[256];
+  if (header(req, "Host", v, sizeof v)) {
+    v[strcspn(v, ":")] = 0; /* the name; the port does not matter */
+    if (strcmp(v, "127.0.0.1") != 0 && strcasecmp(v, "localhost") != 0) return false;
+  }
+  if (header(req, "Sec-Fetch-Site", v, sizeof v) && strcasecmp(v, "same-origin") != 0 && strcasecmp(v, "none") != 0)
+    return false;
+  return true;
+}
+
+/* One request: reads its head (at most 8 KiB, within 5 s in all: a client sending a byte at a time
+ * holds the server no longer), answers GET for the page's own paths. */
 static void serve_one(const VizPage *p, int fd) {
   char req[8192];
   size_t got = 0;
+  double deadline = now_seconds() + 5.0;
   while (got < sizeof req - 1 && !memmem(req, got, "\r\n\r\n", 4) && !memmem(req, got, "\n\n", 2)) {
     struct pollfd pf = {fd, POLLIN, 0};
-    int r = poll(&pf, 1, 5000);
+    int r = poll(&pf, 1, ms_left(deadline));
     if (r < 0 && errno == EINTR) {
       if (stop_serving) return;
       continue;
@@ -181,6 +245,11 @@ static void serve_one(const VizPage *p, int fd) {
   if (sscanf(req, "%15s %2047s", method, target) != 2) {
     const char *m = "bad request\n";
     respond(fd, 400, "Bad Request", "text/plain; charset=utf-8", m, strlen(m), NULL);
+    return;
+  }
+  if (!request_allowed(req)) {
+    const char *m = "forbidden: this server answers its own page, opened at http://127.0.0.1 or localhost\n";
+    respond(fd, 403, "Forbidden", "text/plain; charset=utf-8", m, strlen(m), NULL);
     return;
   }
   if (strcmp(method, "GET") != 0) {

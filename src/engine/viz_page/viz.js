@@ -92,12 +92,14 @@
     schedLis.forEach(function (li, j) { li.classList.toggle('on', j === i); });
     $('graph-title').textContent = 'realize ' + i + ': ' + s.nodes + ' nodes, ' + s.items.length + ' items' +
       (s.truncated ? ' (graph cut at ' + s.nodes + ' nodes)' : '');
-    var note = s.svg ? '' : (D.dot_error || s.why || '');
+    // s.svg: the index of its layout in D.svgs (distinct graphs are stored once), or null
+    var svgText = s.svg !== null && s.svg !== undefined ? D.svgs[s.svg] : null;
+    var note = svgText ? '' : (D.dot_error || s.why || '');
     $('graph-note').textContent = note;
     var box = $('graph-svg');
     box.innerHTML = '';
-    if (s.svg) {
-      box.innerHTML = s.svg;
+    if (svgText) {
+      box.innerHTML = svgText;
       var svg = box.querySelector('svg');
       if (svg) {
         // fitted to the pane (the viewBox scales it); a click on the background shows it at 1:1
