@@ -248,11 +248,15 @@ tg_status tg_set_error(tg_status st, const char *fmt, ...) {
 void error_name_call(const char *fn) {
   ThreadState *ts = tl_state;
   if (!ts || !ts->err_set || !fn || strncmp(ts->err_msg, "tg_", 3) == 0) return;
+  /* after the operation's last check point: a short allocation here must not be left noted for
+   * the next operation to report */
+  bool mark = tg_oom_mark();
   SB b;
   sb_init(&b);
   sb_printf(&b, "%s: %s", fn, ts->err_msg);
   free(ts->err_msg);
   ts->err_msg = b.s, ts->err_cap = b.cap;
+  tg_oom_forget(mark);
 }
 
 bool tg_has_error(void) { return tl_state && tl_state->err_set; }

@@ -69,6 +69,7 @@ struct FreeBlock {
   size_t nbytes;
   void **ptrs;
   size_t n, cap;
+  uint64_t used; /* the allocator's clock at this size's last put or take (eviction order) */
 };
 
 typedef struct {
@@ -81,6 +82,7 @@ typedef struct {
   size_t small_cached;  /* the part of pub.cached_bytes in small blocks (the bucket table) */
   size_t live_bytes;    /* block bytes held by buffers */
   size_t high_water;    /* the most live_bytes + cached_bytes has been */
+  uint64_t clock;       /* counts small-block puts and takes */
 } DeviceImpl;
 
 static pthread_mutex_t g_dev_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -329,9 +331,11 @@ void device_list_print(void) {
 /* ---------------------------------------------------------------------------------------------- */
 /* caching allocator                                                                               */
 
-/* Small blocks (under LARGE_MIN) are cached by exact size; past CACHE_CAP idle bytes of them the
- * whole small cache is returned to the device. */
-#define CACHE_CAP ((size_t)1 << 30)
+/* Small blocks (under LARGE_MIN) are cached by exact size. Past CACHE_CAP idle bytes of them, the
+ * sizes used longest ago are returned to the device until half the cap is left: the sizes a loop
+ * uses every step stay, one-off sizes (a batch of each length) go. (The whole cache used to be
+ * dropped at 1 GiB: a loop over varying sizes held about 1 GiB it never used again.) */
+#define CACHE_CAP ((size_t)256 << 20)
 #define BLOCK_ALIGN ((size_t)64)
 
 /* Large blocks are carved out of segments the device allocated: a request takes a free chunk of
@@ -430,6 +434,45 @@ static void small_cache_drop_locked(DeviceImpl *d) {
   d->small_cached = 0;
 }
 
+static int by_used(const void *a, const void *b) {
+  uint64_t x = (*(struct FreeBlock *const *)a)->used, y = (*(struct FreeBlock *const *)b)->used;
+  return x < y ? -1 : x > y;
+}
+
+/* Returns the cached small blocks of the sizes used longest ago to the device until at most keep
+ * idle bytes are left, and rebuilds the size table without the sizes that hold nothing. Caller
+ * holds d->lock. */
+static void small_cache_evict_locked(DeviceImpl *d, size_t keep) {
+  struct FreeBlock **order = tg_xmalloc(sizeof *order * (d->nbuckets + 1));
+  size_t n = 0;
+  for (size_t i = 0; i < d->nbuckets; i++)
+    if (d->pub.free_list[i].nbytes) order[n++] = &d->pub.free_list[i];
+  qsort(order, n, sizeof *order, by_used);
+  for (size_t i = 0; i < n && d->small_cached > keep; i++) {
+    struct FreeBlock *b = order[i];
+    for (size_t j = 0; j < b->n; j++) d->pub.vt->free(d->pub.state, b->ptrs[j], b->nbytes);
+    d->pub.cached_bytes -= b->n * b->nbytes;
+    d->small_cached -= b->n * b->nbytes;
+    b->n = 0;
+  }
+  free(order);
+  /* the table keeps only sizes with blocks (the open addressing has no deletion: rebuild it) */
+  struct FreeBlock *old = d->pub.free_list;
+  size_t oldcap = d->nbuckets;
+  d->pub.free_list = NULL;
+  d->nbuckets = d->nused = 0;
+  for (size_t i = 0; i < oldcap; i++) {
+    if (!old[i].nbytes) continue;
+    if (!old[i].n) {
+      free(old[i].ptrs);
+      continue;
+    }
+    struct FreeBlock *b = bucket_insert(d, old[i].nbytes);
+    *b = old[i];
+  }
+  free(old);
+}
+
 /* Frees every cached small block and every wholly free segment. Caller holds d->lock. */
 static void cache_drop_locked(DeviceImpl *d) {
   small_cache_drop_locked(d);
@@ -516,6 +559,7 @@ static void *cache_take(DeviceImpl *d, size_t nbytes) {
   pthread_mutex_lock(&d->lock);
   struct FreeBlock *b = bucket_find(d, nbytes);
   if (b && b->n) {
+    b->used = ++d->clock;
     p = b->ptrs[--b->n];
     d->pub.cached_bytes -= nbytes;
     d->small_cached -= nbytes;
@@ -529,9 +573,10 @@ static void *cache_take(DeviceImpl *d, size_t nbytes) {
 static void cache_put(DeviceImpl *d, void *ptr, size_t nbytes) {
   pthread_mutex_lock(&d->lock);
   d->live_bytes -= nbytes;
-  if (d->small_cached + nbytes > CACHE_CAP) small_cache_drop_locked(d);
+  if (d->small_cached + nbytes > CACHE_CAP) small_cache_evict_locked(d, CACHE_CAP / 2);
   struct FreeBlock *b = bucket_find(d, nbytes);
   if (!b) b = bucket_insert(d, nbytes);
+  b->used = ++d->clock;
   if (b->n == b->cap) {
     b->cap = b->cap ? b->cap * 2 : 4;
     b->ptrs = tg_xrealloc(b->ptrs, b->cap * sizeof *b->ptrs);
