@@ -85,6 +85,9 @@ typedef struct {
   X(Ref, LLVMOrcJITDylibCreateResourceTracker, (Ref))                                                  \
   X(Ref, LLVMOrcResourceTrackerRemove, (Ref))                                                          \
   X(void, LLVMOrcReleaseResourceTracker, (Ref))                                                        \
+  X(Ref, LLVMOrcLLJITGetExecutionSession, (Ref))                                                       \
+  X(Ref, LLVMOrcExecutionSessionGetSymbolStringPool, (Ref))                                            \
+  X(void, LLVMOrcSymbolStringPoolClearDeadEntries, (Ref))                                              \
   X(Ref, LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess, (Ref *, char, void *, void *))          \
   X(void, LLVMOrcJITDylibAddGenerator, (Ref, Ref))                                                     \
   X(Ref, LLVMOrcAbsoluteSymbols, (SymPair *, size_t))                                                  \
@@ -804,6 +807,12 @@ static void batch_release(BatchObj *b) {
   if (err) free(take_error(err));
   L.LLVMOrcReleaseResourceTracker(b->rt);
   free(b);
+  /* the JIT interns every symbol name it ever saw; names of removed objects stay in its pool until
+   * it is swept (a program that keeps making new kernels grew by ~60 bytes a kernel): every 64
+   * removals */
+  static _Atomic unsigned removed;
+  if (atomic_fetch_add(&removed, 1) % 64 == 63)
+    L.LLVMOrcSymbolStringPoolClearDeadEntries(L.LLVMOrcExecutionSessionGetSymbolStringPool(L.LLVMOrcLLJITGetExecutionSession(g_jit)));
 }
 
 /* Adds an object to the JIT under a new tracker; NULL + *why on failure. (Its symbols resolve at
