@@ -678,8 +678,13 @@ static void bg_at_exit(void) {
       pthread_join(g_bg_thread, NULL);
       return;
     }
+    /* first asked to stop (the compiler driver then removes its temporary files; a paused group is
+     * continued to see the signal), killed if it has not gone after 50 ms */
     pthread_mutex_lock(&g_pause_lock);
-    if (g_bg_pgid > 0) kill(-g_bg_pgid, SIGKILL);
+    if (g_bg_pgid > 0) {
+      kill(-g_bg_pgid, i < 50 ? SIGTERM : SIGKILL);
+      if (i == 0) kill(-g_bg_pgid, SIGCONT);
+    }
     pthread_mutex_unlock(&g_pause_lock);
     usleep(1000);
   }
