@@ -46,6 +46,16 @@ TEST(shard_roundtrip) {
   tg_tensor yl = tg_shard_like(y, s);
   CHECK(tg_shard_axis(yl) == 0 && tg_numel(tg_shard_get(yl, 3)) == 3);
   CHECK(maxdiff(yl, y) == 0);
+  /* gathering keeps every bit: -0.0 stays -0.0 (a join padded with +0.0 and summed made it +0.0),
+   * read back, moved to one device, or resharded by an op */
+  const float nz[6] = {-0.0f, 1, -0.0f, 2, -0.0f, 3};
+  tg_tensor z = tg_from_data(nz, TG_SHAPE(3, 2), NULL), zs = tg_shard(z, DEV4, 3, 0);
+  float back[6];
+  CHECK(tg_data(zs, back, sizeof back) == TG_OK && signbit(back[0]) && signbit(back[2]) && signbit(back[4]));
+  CHECK(tg_data(tg_to(zs, "CPU:1"), back, sizeof back) == TG_OK && signbit(back[0]) && signbit(back[4]));
+  tg_tensor ones = tg_shard(tg_ones(TG_SHAPE(3, 2), NULL), DEV4, 2, 1);
+  CHECK(tg_data(tg_reciprocal(tg_mul(ones, tg_shard(z, DEV4, 2, 0))), back, sizeof back) == TG_OK);
+  CHECK(isinf(back[0]) && back[0] < 0 && isinf(back[4]) && back[4] < 0 && back[1] == 1);
   END;
 }
 

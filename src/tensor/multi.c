@@ -77,8 +77,21 @@ static bool same_sharding(UOp *a, UOp *b) {
 
 /* ---- gather, replicate, reshard ---- */
 
+/* A join: the pieces of a tensor, each padded to the whole and summed. A float piece is padded with
+ * -0.0, the zero that leaves every value, -0.0 included, as it was when added (zero padding turned
+ * a -0.0 beside it into +0.0): a select on the padded region, which keeps the join differentiable. */
+static UOp *join_piece(UOp *x, const int64_t *pads) {
+  UOp *p = g_pad(x, pads);
+  if (!tg_dtype_is_float((tg_dtype)x->dtype)) return p;
+  UOp *t = g_const_shaped(1, TG_BOOL, x->device, x->shape, x->ndim), *in = g_pad(t, pads);
+  UOp *nz = g_const_shaped(-0.0, (tg_dtype)x->dtype, x->device, p->shape, p->ndim);
+  UOp *r = g_alu(OP_WHERE, (tg_dtype)x->dtype, in, p, nz);
+  uop_unref(t), uop_unref(in), uop_unref(nz), uop_unref(p);
+  return r;
+}
+
 /* The whole tensor on device `dev` (new ref): its replica there, or its shards copied there and
- * joined (each padded to the full length and summed: one fused kernel). */
+ * joined (each padded to the full length and summed: one fused kernel; join_piece). */
 UOp *m_gather(UOp *u, int dev) {
   int ax = m_axis(u), n = m_n(u);
   if (ax < 0) {
@@ -96,7 +109,7 @@ UOp *m_gather(UOp *u, int dev) {
     UOp *c = s->device == dev ? uop_ref(s) : g_copy(s, dev);
     memset(pads, 0, sizeof(int64_t) * 2 * (size_t)s->ndim);
     pads[2 * ax] = st, pads[2 * ax + 1] = total - st - sz;
-    UOp *p = g_pad(c, pads);
+    UOp *p = join_piece(c, pads);
     uop_unref(c);
     if (!acc) {
       acc = p;
@@ -246,7 +259,7 @@ static void allreduce(UOp **parts, int n, int op, UOp **out) {
       int64_t lo = c * per < numel ? c * per : numel, hi = (c + 1) * per < numel ? (c + 1) * per : numel;
       UOp *x = chunk[c]->device == fl[i]->device ? uop_ref(chunk[c]) : g_copy(chunk[c], fl[i]->device);
       int64_t pads[2] = {lo, numel - hi};
-      UOp *p = g_pad(x, pads);
+      UOp *p = join_piece(x, pads);
       uop_unref(x);
       joined = joined ? op2(OP_ADD, joined, p) : p;
     }
