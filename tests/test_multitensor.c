@@ -380,6 +380,12 @@ static tg_status jit_step(const tg_tensor *in, int nin, const double *args, int 
   return TG_OK;
 }
 
+static tg_status jit_colsum(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *user) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)user;
+  out[0] = tg_sum(in[0], (int[]){0}, 1, false);
+  return tg_last_status();
+}
+
 TEST(jit_sharded) {
   BEGIN;
   tg_tensor w = realized(tg_randn(TG_SHAPE(5, 3), NULL));
@@ -399,6 +405,18 @@ TEST(jit_sharded) {
   }
   CHECK(tg_jit_captured_kernels(j) > 4);
   tg_jit_free(j);
+  /* an input sharded otherwise, with shards of the same shapes (6 x 6 on axis 0 over 3 devices,
+   * then 2 x 18 on axis 1: shards of 2 x 6 both times), is refused: the replay ran the capture on
+   * it and answered the wrong shape */
+  tg_jit *js = tg_jit_new(jit_colsum, 1, NULL);
+  for (int it = 0; it < 3; it++) {
+    tg_tensor o, x6 = realized(tg_shard(realized(tg_randn(TG_SHAPE(6, 6), NULL)), DEV4, 3, 0));
+    CHECK(tg_jit_call(js, &x6, 1, NULL, 0, &o) == TG_OK);
+  }
+  tg_tensor o, x18 = realized(tg_shard(realized(tg_randn(TG_SHAPE(2, 18), NULL)), DEV4, 3, 1));
+  CHECK(tg_jit_call(js, &x18, 1, NULL, 0, &o) == TG_ERR_INVALID);
+  CHECK_ERR(TG_ERR_INVALID, "tg_jit_call", "input 0", "sharding");
+  tg_jit_free(js);
   END;
 }
 

@@ -63,6 +63,8 @@ struct tg_jit {
   bool multi;
   int nuser_out;     /* the user's nout (nout is the flattened count while a flattened call runs) */
   int *out_lay;      /* 3 per user output: shard count (0: a plain tensor), axis, tuple id */
+  uint64_t *in_key;  /* per user input of the first call: its layout and whole shape (in_key_of) */
+  int nin_key;
   int ncap_out;      /* entries of out_sig/out_buf (the nout of the captured call) */
 };
 
@@ -133,7 +135,7 @@ void tg_jit_free(tg_jit *j) {
                                    "tg_jit_call returns");
     return;
   }
-  free(j->out_lay);
+  free(j->out_lay), free(j->in_key);
   jit_reset(j);
   free(j);
 }
@@ -617,6 +619,19 @@ static void lay_of(tg_tensor t, int *lay) {
   lay[0] = m ? (int)g_resolve(u)->nsrc : 0, lay[1] = m ? m_axis(u) : 0, lay[2] = m ? u->device : 0;
 }
 
+/* An input's layout (lay_of) and whole shape, as one key: a replay takes the inputs' shards, whose
+ * shapes the capture checks, so a tensor sharded otherwise with shards of the same shapes (6 x 6 on
+ * axis 0 over 3 devices, then 2 x 18 on axis 1) must be told apart here. */
+static uint64_t in_key_of(tg_tensor t) {
+  int lay[3];
+  lay_of(t, lay);
+  uint64_t h = hash_bytes(lay, sizeof lay, 0x6a69746c);
+  UOp *u = t_get(t, "tg_jit_call");
+  if (u && !u->sym) /* (a symbolic shape varies with the call's variables) */
+    h = hash_mix(hash_bytes(u->shape, sizeof(int64_t) * (size_t)u->ndim, (uint64_t)u->ndim), h);
+  return h;
+}
+
 /* The user function, given the flattened inputs: joins them, calls it, flattens its outputs. */
 static tg_status multi_tramp(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *user) {
   MultiCall *c = user;
@@ -662,6 +677,25 @@ static tg_status jit_call_multi(tg_jit *j, const tg_tensor *in, int nin, const d
   for (int i = 0; i < nin && !any; i++) {
     UOp *u = t_get(in[i], "tg_jit_call");
     any = u && m_is(u);
+  }
+  /* the inputs' sharding is the first call's (the capture is of shards) */
+  if (any && j->in_key && getenv_int("JIT", 1) != 0) {
+    for (int i = 0; i < nin && i < j->nin_key; i++)
+      if (in_key_of(in[i]) != j->in_key[i]) {
+        int lay[3];
+        lay_of(in[i], lay);
+        char b[256];
+        UOp *u = t_get(in[i], "tg_jit_call");
+        return tg_set_error(TG_ERR_INVALID,
+                            "tg_jit_call: input %d (shape %s, %d shards on axis %d) changed its shape, devices or sharding "
+                            "since the first call; a TinyJit replays one layout: make a new jit for another",
+                            i, u ? fmt_shape(b, sizeof b, u->shape, u->ndim) : "?", lay[0], lay[1]);
+      }
+  }
+  if (!j->in_key && nin > 0) {
+    j->in_key = tg_xmalloc(sizeof(uint64_t) * (size_t)nin);
+    j->nin_key = nin;
+    for (int i = 0; i < nin; i++) j->in_key[i] = in_key_of(in[i]);
   }
   if (!any || j->calls == 0 || getenv_int("JIT", 1) == 0) {
     tg_status st = jit_call(j, in, nin, args, nargs, out, cv);
