@@ -46,6 +46,12 @@ TEST(shard_roundtrip) {
   tg_tensor yl = tg_shard_like(y, s);
   CHECK(tg_shard_axis(yl) == 0 && tg_numel(tg_shard_get(yl, 3)) == 3);
   CHECK(maxdiff(yl, y) == 0);
+  /* sharded again on its own tuple: the whole tensor split anew (it came out as its first shard
+   * split, 3 x 3 rows of 10; replicating left it sharded) */
+  tg_tensor s2 = tg_shard(s, DEV4, 4, 0), s3 = tg_shard(s, DEV4, 4, TG_SHARD_NONE), s4 = tg_shard(s, DEV4, 4, 1);
+  CHECK(tg_numel(s2) == 30 && maxdiff(s2, x) == 0 && tg_numel(tg_shard_get(s2, 0)) == 9);
+  CHECK(tg_shard_axis(s3) == TG_SHARD_NONE && maxdiff(tg_shard_get(s3, 3), x) == 0);
+  CHECK(tg_shard_axis(s4) == 1 && maxdiff(s4, x) == 0);
   /* gathering keeps every bit: -0.0 stays -0.0 (a join padded with +0.0 and summed made it +0.0),
    * read back, moved to one device, or resharded by an op */
   const float nz[6] = {-0.0f, 1, -0.0f, 2, -0.0f, 3};

@@ -746,6 +746,11 @@ tg_tensor tg_shard(tg_tensor t, const char *const *devices, int n, int axis) {
     /* a tensor already on a tuple: replicate it onto the new one, then take the shards (sized as
      * an even split of a plain tensor would be) */
     UOp *rep = m_copy(u, tuple);
+    if (m_axis(rep) >= 0) { /* (already on that tuple, sharded: m_copy left it as it was) */
+      UOp *whole = m_replicated(rep);
+      uop_unref(rep);
+      rep = whole;
+    }
     if (axis == TG_SHARD_NONE) return t_wrap(rep);
     UOp *even = split_single(m_src(rep, 0), tuple, axis, NULL); /* for its sizes only */
     UOp *r = m_reshard(rep, even);
