@@ -464,6 +464,14 @@ TEST(assign_setitem) {
     CHECK_MSG(maxdiff(s, want) == 0, "setitem, axis %d", ax);
     /* reading a shrink across the boundaries */
     CHECK(maxdiff(tg_shrink(s, TG_SHAPE(1, 8, 0, 4)), tg_shrink(want, TG_SHAPE(1, 8, 0, 4))) == 0);
+    /* an assign into a view of the sharded tensor writes the tensor (it went into a copy) */
+    tg_tensor cols = tg_shrink(s, TG_SHAPE(0, 10, 1, 3));
+    CHECK(tg_valid(tg_assign(cols, tg_shard_like(tg_full(TG_SHAPE(10, 2), 7.0, NULL), cols))));
+    CHECK(tg_realize(cols) == TG_OK);
+    tg_tensor want2 = tg_contiguous(want);
+    tg_realize(want2);
+    CHECK(tg_setitem_s(want2, TG_INDEX(TG_IX_SLICE(0, 10, 1), TG_IX_SLICE(1, 3, 1)), 7.0) == TG_OK);
+    CHECK_MSG(maxdiff(s, want2) == 0, "assign into a view, axis %d", ax);
   }
   END;
 }

@@ -884,8 +884,26 @@ static tg_tensor assign_node(tg_tensor target, UOp *tb, UOp *vu) {
  * to the target's sharding). A target whose shards are not buffers of their own gets them first. */
 static tg_tensor assign_multi(tg_tensor target, UOp *tu, UOp *vu) {
   UOp *tb = g_resolve(tu);
-  bool own = true;
-  for (uint32_t i = 0; i < tb->nsrc; i++) own = own && g_resolve(tb->src[i])->op == OP_BUFFER;
+  bool own = true, views = true;
+  for (uint32_t i = 0; i < tb->nsrc; i++) {
+    own = own && g_resolve(tb->src[i])->op == OP_BUFFER;
+    views = views && g_base_buffer(tb->src[i]) != NULL;
+  }
+  if (!own && views) {
+    /* views of buffers (a shrink of a realized sharded tensor): each shard's part of the value is
+     * written through its view into that buffer, as on one device (it went into a copy, and the
+     * sharded tensor the view was taken of never changed) */
+    UOp *v = m_reshard_like(vu, tb);
+    tg_status st = TG_OK;
+    for (uint32_t i = 0; st == TG_OK && i < tb->nsrc; i++) {
+      tg_tensor ti = t_wrap(uop_ref(tb->src[i])), vi = t_wrap(uop_ref(g_resolve(v)->src[i]));
+      st = tg_setitem(ti, NULL, 0, vi);
+      if (st == TG_OK) st = tg_realize(ti); /* (now: the shard's handle is a temporary one) */
+      tg_free(ti), tg_free(vi);
+    }
+    uop_unref(v);
+    return st == TG_OK ? target : NONE;
+  }
   if (!own) {
     UOp *c = g_contiguous(tu);
     tg_status st = realize_uops(&c, 1);

@@ -510,6 +510,8 @@ UOp *m_copy(UOp *a, int device) {
   return split_single(a, device, -1, NULL);
 }
 
+UOp *m_reshard_like(UOp *u, UOp *like) { return m_reshard(u, like); }
+
 UOp *m_assign(UOp *target, UOp *value) {
   UOp *v = m_reshard(value, target);
   int n = m_n(target);
