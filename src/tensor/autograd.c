@@ -437,6 +437,16 @@ static void buffer_nodes_free(PtrMap *by) {
     if (by->keys[i]) pv_free(by->vals[i]), free(by->vals[i]);
   pm_free(by);
 }
+/* root's graph walked (t) and its BUFFER nodes by buffer (by); graph_free releases both. */
+static void graph_index(UOp *root, Topo *t, PtrMap *by) {
+  memset(t, 0, sizeof *t);
+  topo_visit(t, root);
+  buffer_nodes(t, by);
+}
+static void graph_free(Topo *t, PtrMap *by) {
+  buffer_nodes_free(by);
+  pm_free(&t->idx), pv_free(&t->order);
+}
 /* Does the graph (by, from buffer_nodes) hold target u, itself or a twin? */
 static bool graph_holds(const Topo *t, const PtrMap *by, UOp *u) {
   if (pm_has(&t->idx, (uint64_t)(uintptr_t)u)) return true;
@@ -484,10 +494,8 @@ static void compute_grads_nodes(UOp *loss, UOp *seed, UOp **targets, int n, UOp 
 /* A BUFFER target takes the gradients of its twins in the graph (buffer_twin) too, summed. */
 static void compute_grads_plain(UOp *loss, UOp *seed, UOp **targets, int n, UOp **out) {
   Topo t;
-  memset(&t, 0, sizeof t);
-  topo_visit(&t, loss);
   PtrMap by;
-  buffer_nodes(&t, &by);
+  graph_index(loss, &t, &by);
   PtrVec ts = {0};
   int *first = tg_xmalloc(sizeof(int) * (size_t)(n + 1)), *count = tg_xcalloc((size_t)(n + 1), sizeof(int));
   bool twins = false;
@@ -498,8 +506,7 @@ static void compute_grads_plain(UOp *loss, UOp *seed, UOp **targets, int n, UOp 
     for (size_t j = 0; v && j < v->n; j++)
       if (v->p[j] != targets[i] && buffer_twin(targets[i], v->p[j])) pv_push(&ts, v->p[j]), count[i]++, twins = true;
   }
-  buffer_nodes_free(&by);
-  pm_free(&t.idx), pv_free(&t.order);
+  graph_free(&t, &by);
   if (!twins) {
     compute_grads_nodes(loss, seed, targets, n, out);
   } else {
@@ -690,7 +697,6 @@ static tg_status gradient_impl(const char *fn, tg_tensor loss, tg_tensor upstrea
    * copysign, a comparison) gets zeros, as in tinygrad, so several gradients can be asked for at
    * once; one that is not in the loss's graph at all is reported (the wrong tensor, most likely) */
   Topo tp;
-  memset(&tp, 0, sizeof tp);
   PtrMap by;
   bool walked = false;
   for (int i = 0; i < n; i++) {
@@ -706,14 +712,14 @@ static tg_status gradient_impl(const char *fn, tg_tensor loss, tg_tensor upstrea
                         tg_dtype_name((tg_dtype)ts[i]->dtype));
       continue;
     }
-    if (!walked) topo_visit(&tp, l), buffer_nodes(&tp, &by), walked = true;
+    if (!walked) graph_index(l, &tp, &by), walked = true;
     if (graph_holds(&tp, &by, ts[i]))
       out[i] = t_wrap(kconst(ts[i], 0, (tg_dtype)ts[i]->dtype));
     else
       st = tg_set_error(TG_ERR_INVALID, "%s: target %d (shape %s) is not part of the loss's graph", fn, i,
                         fmt_shape(b, sizeof b, ts[i]->shape, ts[i]->ndim));
   }
-  if (walked) pm_free(&tp.idx), pv_free(&tp.order), buffer_nodes_free(&by);
+  if (walked) graph_free(&tp, &by);
   if (st != TG_OK)
     for (int i = 0; i < n; i++) {
       tg_free(out[i]);
@@ -739,10 +745,8 @@ static tg_status backward_impl(const char *fn, tg_tensor loss, tg_tensor upstrea
   /* targets, as tinygrad's: every live float tensor in the loss graph not marked requires_grad false
    * (unset is tinygrad's None, and counts) */
   Topo t;
-  memset(&t, 0, sizeof t);
-  topo_visit(&t, l);
   PtrMap by;
-  buffer_nodes(&t, &by);
+  graph_index(l, &t, &by);
   PtrVec slots = {0};
   PtrVec nodes = {0};
   for (size_t i = 0; i < t_slot_count(); i++) {
@@ -755,9 +759,7 @@ static tg_status backward_impl(const char *fn, tg_tensor loss, tg_tensor upstrea
     pv_push(&slots, s);
     pv_push(&nodes, s->u);
   }
-  buffer_nodes_free(&by);
-  pm_free(&t.idx);
-  pv_free(&t.order);
+  graph_free(&t, &by);
   tg_status st = TG_OK;
   if (nodes.n == 0) {
     st = tg_set_error(TG_ERR_INVALID,
