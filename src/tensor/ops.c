@@ -292,7 +292,8 @@ static UOp *scalar_node_for(UOp *x, double v, Kind kind) {
  * (or not a whole number: it then promotes the comparison to a float one). */
 static int cmp_known(const UOp *x, double v, int op, bool swap) {
   tg_dtype dt = (tg_dtype)x->dtype;
-  if (!tg_dtype_is_int(dt) || !isfinite(v) || v != trunc(v) || (v >= dtype_min(dt) && v <= dtype_max(dt))) return -1;
+  if (!tg_dtype_is_int(dt) || x->sym || !isfinite(v) || v != trunc(v) || (v >= dtype_min(dt) && v <= dtype_max(dt)))
+    return -1;
   bool above = v > dtype_max(dt); /* every element is below v */
   if (op == OP_CMPEQ) return 0;
   if (op == OP_CMPNE) return 1;
