@@ -743,7 +743,7 @@ def test_gguf_plain_and_metadata():
         ("bool", "k.true", True), ("bool", "k.false", False), ("string", "k.str", "h\u00e9llo \"w\"\norld"),
         ("array", "k.arr_i", [1, 2, 3]), ("array", "k.arr_s", ["a", "b\"q", "\u2603"]),
         ("array", "k.arr_f", [0.5, -1.25]), ("array", "k.arr_b", [True, False]),
-        ("array", "k.nested", [[1, 2], [3]])]
+        ("array", "k.nested", [[1, 2], [3]]), ("float32", "k.f32tiny", 1e-45), ("float64", "k.f64tiny", 5e-324)]
   tensors = [("f32", f32, None), ("f16", f16, None), ("f64", f64, None), ("bf16", bf_bytes, Q.BF16)]
   tensors += [(f"i{np.dtype(d).itemsize * 8}", a, None) for d, a in ints.items()]
   gguf_write(path, tensors, kv)
@@ -762,7 +762,8 @@ def test_gguf_plain_and_metadata():
             "k.u32": "4000000000", "k.i32": "-2000000000", "k.f32": "0.1", "k.u64": str(2**64 - 1),
             "k.i64": str(-2**63), "k.f64": "0.3333333333333333", "k.true": "true", "k.false": "false",
             "k.str": "h\u00e9llo \"w\"\norld", "k.arr_i": "[1, 2, 3]", "k.arr_s": '["a", "b\\"q", "\u2603"]',
-            "k.arr_f": "[0.5, -1.25]", "k.arr_b": "[true, false]", "k.nested": "[[1, 2], [3]]"}
+            "k.arr_f": "[0.5, -1.25]", "k.arr_b": "[true, false]", "k.nested": "[[1, 2], [3]]",
+            "k.f32tiny": "1e-45", "k.f64tiny": "5e-324"}  # the shortest decimal that reads back exactly
     for k, v in want.items(): assert m.get(k) == v, f"metadata {k}: {m.get(k)!r} != {v!r}"
     assert list(m)[:2] == ["general.architecture", "k.u8"], list(m)[:3]
     # cross-check the key set against gguf's own reader

@@ -151,7 +151,7 @@ static void put_float(SB *b, double v, bool single) {
   if (isnan(v)) return sb_puts(b, "nan");
   if (isinf(v)) return sb_puts(b, v < 0 ? "-inf" : "inf");
   char buf[64];
-  for (int prec = single ? 6 : 15; prec <= 17; prec++) {
+  for (int prec = 1; prec <= 17; prec++) { /* the shortest that reads back exactly */
     snprintf(buf, sizeof buf, "%.*g", prec, v);
     if (single ? strtof(buf, NULL) == (float)v : strtod(buf, NULL) == v) break;
   }
