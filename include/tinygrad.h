@@ -1151,13 +1151,14 @@ tg_state_dict *tg_tar_extract(const char *path);
  * default) or the legacy format (_use_new_zipfile_serialization=False). NOTHING IN THE FILE IS
  * EXECUTED: the pickle is read by a restricted unpickler that only accepts the names needed to
  * rebuild tensors (collections.OrderedDict, torch._utils._rebuild_tensor_v2 / _rebuild_parameter[_
- * with_state], torch._tensor._rebuild_from_type_v2, the torch.<X>Storage types); any other global
+ * with_state], torch._tensor._rebuild_from_type_v2, the torch.<X>Storage types, and the values
+ * torch.load(weights_only=True) takes: torch.Size (its tuple) and the torch.<dtype> names); any other global
  * (os.system, builtins.eval, a model class, numpy) is an error "tg_torch_load: <path>: pickle
  * references forbidden global 'os.system'; only tensors can be loaded" (save model.state_dict()).
  * Every reachable tensor comes back realized, contiguous, in its dtype (float32/64, float16,
  * bfloat16, int8/16/32/64, uint8, bool; views with strides and storage offsets are materialized
  * row-major; requires_grad is not restored), on the default device, named by its path joined with dots: {"model": {"fc.weight": t}} gives "model.fc.weight",
- * list items are named by index, a bare torch.save(tensor) gives "tensor". A tensor reachable under
+ * list items are named by index, a tuple key by its repr ("(1, 2)"), a bare torch.save(tensor) gives "tensor". A tensor reachable under
  * several names (shared objects) is stored under each. Other values on the way (an epoch number,
  * hyper-parameters) become metadata text in Python repr style (a str stays plain), at most 4 KiB
  * each. Limits against hostile files: nesting depth 100, names of 4096 bytes, views that repeat

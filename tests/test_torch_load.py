@@ -337,6 +337,17 @@ def nested_checkpoint_and_metadata():
 
 
 @case
+def weights_only_values():
+  """values torch's own weights_only loader takes: a dtype and a torch.Size (metadata: their repr, the
+  Size as its tuple), a tuple key (named by its repr); each refused the whole file"""
+  obj = {"t": torch.arange(6.), "dtype": torch.float16, "shape": torch.Size([2, 3]), "grid": {(1, 2): torch.ones(2)}}
+  for fmt, p in save_both(obj, "weights_only"):
+    out, meta, _ = tg_load(p)
+    check_same(obj, out)
+    assert meta.get("dtype") == "torch.float16" and meta.get("shape") == "(2, 3)", f"{fmt}: {meta}"
+
+
+@case
 def bare_tensor_list_tuple_parameter():
   t = torch.randn(3, 2)
   for fmt, p in save_both(t, "bare"): check_same(t, tg_load(p)[0])

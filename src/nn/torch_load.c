@@ -81,6 +81,8 @@ typedef enum {
   G_TENSOR_TYPE,
   G_STORAGE_TYPE,
   G_CODECS_ENCODE,
+  G_TORCH_SIZE,
+  G_TORCH_DTYPE,
 } GlobalId;
 
 /* The allow-list: the only names a pickle may reference. */
@@ -109,6 +111,15 @@ static const struct {
     {"torch", "UntypedStorage", G_STORAGE_TYPE, TG_UINT8},
     /* protocol 2 pickles bytes objects as _codecs.encode(text, 'latin1'): a pure function */
     {"_codecs", "encode", G_CODECS_ENCODE, 0},
+    /* values torch's own weights_only loader takes: a shape (torch.Size(tuple) is the tuple) and a
+     * dtype (metadata: its name) */
+    {"torch", "Size", G_TORCH_SIZE, 0},
+    {"torch", "float16", G_TORCH_DTYPE, 0}, {"torch", "float32", G_TORCH_DTYPE, 0},
+    {"torch", "float64", G_TORCH_DTYPE, 0}, {"torch", "bfloat16", G_TORCH_DTYPE, 0},
+    {"torch", "int8", G_TORCH_DTYPE, 0}, {"torch", "int16", G_TORCH_DTYPE, 0},
+    {"torch", "int32", G_TORCH_DTYPE, 0}, {"torch", "int64", G_TORCH_DTYPE, 0},
+    {"torch", "uint8", G_TORCH_DTYPE, 0}, {"torch", "bool", G_TORCH_DTYPE, 0},
+    {"torch", "complex64", G_TORCH_DTYPE, 0}, {"torch", "complex128", G_TORCH_DTYPE, 0},
 };
 
 typedef struct Storage Storage;
@@ -604,8 +615,12 @@ static PkObj *call(Ctx *c, PkObj *fn, PkObj *args, int depth) {
   }
   case G_CODECS_ENCODE:
     return codecs_encode(c, a, n);
+  case G_TORCH_SIZE:
+    if (n != 1 || (a[0]->kind != PK_TUPLE && a[0]->kind != PK_LIST)) return cfail(c, "torch.Size: unsupported arguments");
+    return a[0];
   case G_TENSOR_TYPE:
   case G_STORAGE_TYPE:
+  case G_TORCH_DTYPE:
     break;
   }
   return cfail(c, "pickle calls '%s.%s', which is not a tensor rebuild function; only tensors can be loaded",
@@ -1311,7 +1326,8 @@ static void render(PkObj *o, SB *b, int depth) {
     sb_putc(b, '}');
     break;
   case PK_GLOBAL:
-    sb_printf(b, "<%s.%s>", k_globals[o->u.g].module, k_globals[o->u.g].name);
+    if (k_globals[o->u.g].id == G_TORCH_DTYPE) sb_printf(b, "torch.%s", k_globals[o->u.g].name); /* (Python's repr) */
+    else sb_printf(b, "<%s.%s>", k_globals[o->u.g].module, k_globals[o->u.g].name);
     break;
   case PK_STORAGE:
     sb_printf(b, "<%s storage of %" PRIu64 ">", tg_dtype_name(o->u.st->dt), o->u.st->numel);
@@ -1379,6 +1395,18 @@ static bool key_text(Ctx *c, PkObj *k, char *name, size_t *nlen) {
     s = "None";
     n = 4;
     break;
+  case PK_TUPLE: { /* its repr, "(1, 2)" */
+    SB b;
+    sb_init(&b);
+    render(k, &b, 0);
+    bool ok = b.len < sizeof tmp;
+    if (ok) memcpy(tmp, b.s, b.len + 1);
+    n = b.len;
+    sb_free(&b);
+    if (!ok) return cfail(c, "a dict with tensors has a tuple key longer than %zu characters", sizeof tmp - 1), false;
+    s = tmp;
+    break;
+  }
   default:
     return cfail(c, "a dict with tensors has a %s key", kind_name(k)), false;
   }
