@@ -1279,9 +1279,34 @@ static void render(PkObj *o, SB *b, int depth) {
   case PK_INT:
     sb_printf(b, "%" PRId64, o->u.i);
     break;
-  case PK_BIGINT: {
-    sb_puts(b, "0x"); /* wider than 64 bits: hexadecimal two's complement */
-    for (size_t i = o->u.s.n; i-- > 0 && b->len < META_VALUE_MAX;) sb_printf(b, "%02x", o->u.s.p[i]);
+  case PK_BIGINT: { /* wider than 64 bits (little-endian two's complement): in decimal, as Python */
+    size_t n = o->u.s.n;
+    if (n == 0 || n > 1024) { /* (a decimal of more than ~2500 digits would be cut anyway) */
+      sb_puts(b, n ? "<a very large int>" : "0");
+      break;
+    }
+    uint8_t *mag = tg_xmalloc(n);
+    bool neg = o->u.s.p[n - 1] & 0x80;
+    int carry = 1;
+    for (size_t i = 0; i < n; i++) { /* the magnitude: the bytes, negated if negative */
+      int v = neg ? (uint8_t)~o->u.s.p[i] + carry : o->u.s.p[i];
+      mag[i] = (uint8_t)v, carry = neg ? v >> 8 : 0;
+    }
+    char *dig = tg_xmalloc(n * 3 + 2);
+    size_t nd = 0, top = n;
+    while (top > 0) { /* repeated division by 10, most significant byte first */
+      unsigned rem = 0;
+      for (size_t i = top; i-- > 0;) {
+        unsigned cur = rem * 256 + mag[i];
+        mag[i] = (uint8_t)(cur / 10), rem = cur % 10;
+      }
+      dig[nd++] = (char)('0' + rem);
+      while (top > 0 && mag[top - 1] == 0) top--;
+    }
+    if (!nd) dig[nd++] = '0';
+    if (neg) sb_putc(b, '-');
+    while (nd > 0 && b->len < META_VALUE_MAX) sb_putc(b, dig[--nd]);
+    free(mag), free(dig);
     break;
   }
   case PK_FLOAT:
