@@ -356,6 +356,29 @@ TEST(serve_answers_its_own_paths_until_interrupted) {
     waitpid(c.pid, NULL, 0);
     return;
   }
+  /* a client that sends its request a byte a second is dropped 5 s after it connected (the limit
+   * was 5 s per byte, so such a client held the one-connection server for hours) */
+  {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0);
+    struct timespec t0, t1, one = {1, 0};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    bool closed = false;
+    for (int i = 0; i < 12 && !closed; i++) {
+      if (send(fd, "G", 1, MSG_NOSIGNAL) != 1) closed = true;
+      nanosleep(&one, NULL);
+      char ch;
+      if (!closed && recv(fd, &ch, 1, MSG_DONTWAIT) == 0) closed = true;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    CHECK_MSG(closed && secs < 8.5, "a trickling client: %s after %.1f s", closed ? "dropped" : "still connected", secs);
+    close(fd);
+  }
   char *r = http(port, "GET / HTTP/1.0\r\n\r\n");
   CHECK_HAS(r, "HTTP/1.0 200 OK\r\n");
   CHECK_HAS(r, "Content-Type: text/html");
