@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../nn/savefile.h"
+#include "../savefile.h"
 #include "engine.h"
 
 #define ALIGN 64

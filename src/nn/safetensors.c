@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 #include "../helpers.h"
-#include "savefile.h"
+#include "../savefile.h"
 #include "state_dict.h"
 
 #define MAX_HEADER ((uint64_t)100000000) /* the reference implementation's limit (100 MB) */

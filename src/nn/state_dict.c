@@ -20,6 +20,7 @@
 #include "../helpers.h"
 #include "../runtime/device.h"
 #include "../tensor/tensor.h"
+#include "../savefile.h"
 #include "state_dict.h"
 
 /* ---- a string -> index hash set (indices into a parallel array of strings) ---- */
@@ -347,17 +348,6 @@ void sd_own_mapping(tg_state_dict *sd, FileMap *m) {
 
 /* ---- files ---- */
 
-const char *file_kind(unsigned mode) {
-  mode_t m = (mode_t)mode;
-  return S_ISREG(m)    ? "a regular file"
-         : S_ISDIR(m)  ? "a directory"
-         : S_ISFIFO(m) ? "a FIFO"
-         : S_ISCHR(m)  ? "a character device"
-         : S_ISBLK(m)  ? "a block device"
-         : S_ISSOCK(m) ? "a socket"
-         : S_ISLNK(m)  ? "a symbolic link"
-                       : "of an unknown kind";
-}
 
 int open_regular(const char *fn, const char *path, struct stat *st) {
   /* O_NONBLOCK: opening a FIFO that has no writer must not wait for one (it is refused below) */

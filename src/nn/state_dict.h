@@ -89,8 +89,6 @@ void file_view_close(FileView *fv);
  * back, so a loader that copies tensor after tensor peaks at about the file's size, not twice it.
  * Anything else (the fuzz targets' inputs, a mapping) is left alone. */
 void sd_release_bytes(const uint8_t *p, size_t n);
-/* "a FIFO", "a character device", ... for a struct stat's st_mode, for messages. */
-const char *file_kind(unsigned mode);
 
 /* ---- in-memory loaders (the fuzz targets and the file loaders call these) ---- */
 /* `path` is only used in messages. For safe_load_mem with zero_copy, tensors wrap `data`: inside

@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <sys/types.h>
 
-#include "../helpers.h"
+#include "helpers.h"
 
 typedef struct {
   const char *fn;   /* the public function saving, for messages */
@@ -40,6 +40,8 @@ void savefile_close(SaveFile *f);
 /* Do two opened saves replace the same file (through links, "..", or another spelling)? */
 bool savefile_same_target(const SaveFile *a, const SaveFile *b);
 
+/* What kind of file a st_mode is, for messages ("a regular file", "a directory", "a FIFO", ...). */
+const char *file_kind(unsigned mode);
 /* write(2) until done, retrying on EINTR; false with errno set on failure. */
 bool fd_write_all(int fd, const void *p, size_t n);
 

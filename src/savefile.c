@@ -20,7 +20,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "state_dict.h" /* file_kind */
+
+const char *file_kind(unsigned mode) {
+  mode_t m = (mode_t)mode;
+  return S_ISREG(m)    ? "a regular file"
+         : S_ISDIR(m)  ? "a directory"
+         : S_ISFIFO(m) ? "a FIFO"
+         : S_ISCHR(m)  ? "a character device"
+         : S_ISBLK(m)  ? "a block device"
+         : S_ISSOCK(m) ? "a socket"
+         : S_ISLNK(m)  ? "a symbolic link"
+                       : "of an unknown kind";
+}
 
 bool fd_write_all(int fd, const void *buf, size_t n) {
   const unsigned char *p = buf;
