@@ -332,6 +332,24 @@ TEST(jit_two_variables) {
   CHECK_STR_CONTAINS(tg_last_error(), "unbound");
   tg_clear_error();
   tg_jit_free(jit);
+  /* a variable whose max is past what the tensors hold: replays with such a value are refused (the
+   * captured kernels read x[0:i] past its 12 columns, and y[0:j+1] past its 12 rows, with status OK) */
+  tg_symvar wi = tg_variable("i", 1, 1000), wj = tg_variable("j", 0, 1000);
+  tg_jit *jw = tg_jit_new(f_two, 1, NULL);
+  for (int call = 0; call < 3; call++) {
+    tg_symvar vars[2] = {tg_var_bind(wi, 3 + call), tg_var_bind(wj, 4)};
+    CHECK(tg_jit_call_vars(jw, in, 2, vars, 2, NULL, 0, out) == TG_OK);
+  }
+  tg_symvar ok[2] = {tg_var_bind(wi, 12), tg_var_bind(wj, 11)}, past_i[2] = {tg_var_bind(wi, 13), tg_var_bind(wj, 2)},
+            past_j[2] = {tg_var_bind(wi, 5), tg_var_bind(wj, 12)};
+  CHECK(tg_jit_call_vars(jw, in, 2, ok, 2, NULL, 0, out) == TG_OK);
+  CHECK(tg_jit_call_vars(jw, in, 2, past_i, 2, NULL, 0, out) == TG_ERR_INVALID);
+  CHECK_STR_CONTAINS(tg_last_error(), "variable 'i' = 13 is past what the captured graph can read (12");
+  tg_clear_error();
+  CHECK(tg_jit_call_vars(jw, in, 2, past_j, 2, NULL, 0, out) == TG_ERR_INVALID);
+  CHECK_STR_CONTAINS(tg_last_error(), "variable 'j' = 12 is past what the captured graph can read (11");
+  tg_clear_error();
+  tg_jit_free(jw);
   tg_scope_end();
   CHECK(tg_live_count() == 0);
 }

@@ -498,6 +498,7 @@ static tg_status check_vars(Ex *e) {
   for (int i = 0; i < e->nvars; i++) {
     const char *name = NULL;
     var_info(e->v.vars[i], &name, &e->vmin[i], &e->vmax[i]);
+    if (e->v.var_limit && e->v.var_limit[i] < e->vmax[i]) e->vmax[i] = e->v.var_limit[i]; /* (what the buffers hold) */
     e->vname[i] = name;
     upper(e->VNAME[i], name, sizeof e->VNAME[i]);
     int k = 0;

@@ -833,6 +833,12 @@ tg_tensor tg_shrink(tg_tensor x, const int64_t *bounds0, int nbounds) {
     if (bounds[2 * i] < 0 || bounds[2 * i] > bounds[2 * i + 1] || bounds[2 * i + 1] > a->shape[i])
       return fail(TG_ERR_INVALID, "tg_shrink: bounds (%lld, %lld) for dim %d of shape %s must satisfy 0 <= start <= end <= %lld",
                   (long long)bounds[2 * i], (long long)bounds[2 * i + 1], i, shp(b, sizeof b, a), (long long)a->shape[i]);
+  /* a symbolic end v + c on a dim of concrete size n holds for v <= n - c only: a jit's replays with
+   * other values must stay there */
+  for (int i = 0; syms && i < a->ndim; i++) {
+    SymDim e, sd;
+    if (sym_decode(bounds0[2 * i + 1], &e) && !(a->sym && sym_decode(a->sym[i], &sd))) jit_note_var_limit(e.var, a->shape[i] - e.offset);
+  }
   return t_wrap(g_shrink(a, bounds0));
 }
 
