@@ -88,6 +88,29 @@ TEST(shrink_to_v) {
   CHECK(tg_live_count() == 0);
 }
 
+/* A product and broadcasts over a symbolic dim bound to 1, where it is one of several size-1 dims
+ * once a matmul adds its own: the code stays on its dim (it went to the first size-1 dim, and then
+ * to a dim broadcast to 3: wrong values, or a read of 48 bytes from a buffer of 16). */
+TEST(matmul_over_v_bound_to_one) {
+  tg_scope_begin();
+  tg_symvar v = tg_variable("v", 1, 12);
+  tg_tensor X = tg_reshape(seq(48, 1.3f, 0.2f), TG_SHAPE(4, 12)), W = tg_reshape(seq(36, 0.7f, 0), TG_SHAPE(12, 3));
+  for (int val = 1; val <= 5; val += 4) {
+    tg_scope_begin();
+    int64_t L = tg_sym(tg_var_bind(v, val), 0);
+    tg_tensor xs = tg_shrink(X, TG_SHAPE(0, 4, 0, L)), a = tg_matmul(xs, tg_shrink(W, TG_SHAPE(0, L, 0, 3)));
+    tg_tensor c = tg_matmul(tg_shrink(X, TG_SHAPE(0, 4, 0, val)), tg_shrink(W, TG_SHAPE(0, val, 0, 3)));
+    int64_t ss[2];
+    CHECK(tg_shape_sym(a, ss) == 2 && ss[0] == 4 && ss[1] == 3);
+    CHECK_MSG(maxdiff(a, c, 12) < 1e-5, "v=%d", val);
+    tg_tensor g = tg_matmul(xs, tg_transpose(xs, 0, 1)); /* (4, v) @ (v, 4) */
+    CHECK(tg_shape_sym(g, ss) == 2 && ss[0] == 4 && ss[1] == 4);
+    tg_scope_end();
+  }
+  tg_scope_end();
+  CHECK(tg_live_count() == 0);
+}
+
 /* sums, max and softmax over a symbolic axis of a (4, v) view */
 TEST(reduce_softmax_over_v) {
   tg_scope_begin();

@@ -58,11 +58,16 @@ static tg_dtype scalar_dtype(tg_dtype xdt, double v) {
 /* ---------------------------------------------------------------------------------------------- */
 /* broadcasting                                                                                    */
 
+/* Dim i of u as a reshape argument: its tg_sym code when it is symbolic. A reshape that adds size-1
+ * dims must be given the codes: a symbolic dim bound to 1 is otherwise one of several size-1 dims,
+ * and the code would go to the wrong one (x(4, v=1) reshaped to (4, 1, 1) for a matmul). */
+static int64_t dim_arg(const UOp *u, int i) { return u->sym && sym_is_code(u->sym[i]) ? u->sym[i] : u->shape[i]; }
+
 static UOp *bcast_to(UOp *u, const int64_t *shape, int ndim) {
   int64_t tmp[64] = {0};
   int64_t *s = ndim <= 64 ? tmp : tg_xmalloc(sizeof(int64_t) * (size_t)ndim);
   int off = ndim - u->ndim;
-  for (int i = 0; i < ndim; i++) s[i] = i < off ? 1 : u->shape[i - off];
+  for (int i = 0; i < ndim; i++) s[i] = i < off ? 1 : dim_arg(u, i - off);
   UOp *r = g_reshape(u, s, ndim);
   UOp *e = g_expand(r, shape);
   uop_unref(r);
@@ -1123,9 +1128,9 @@ static tg_tensor matmul_impl(const char *fn, tg_tensor x, tg_tensor w, tg_dtype 
   /* x: (..., n, k) -> (..., n, 1, k); w: (..., k, m) -> (..., 1, m, k) */
   int64_t sa[64], sbb[64];
   int na = 0, nb = 0;
-  for (int i = 0; i < a->ndim - 1; i++) sa[na++] = a->shape[i];
+  for (int i = 0; i < a->ndim - 1; i++) sa[na++] = dim_arg(a, i);
   if (b->ndim >= 2) sa[na++] = 1;
-  sa[na++] = k;
+  sa[na++] = dim_arg(a, a->ndim - 1);
   UOp *xa = g_reshape(a, sa, na);
   UOp *wt;
   if (b->ndim >= 2) {
@@ -1133,10 +1138,10 @@ static tg_tensor matmul_impl(const char *fn, tg_tensor x, tg_tensor w, tg_dtype 
     for (int i = 0; i < b->ndim; i++) o[i] = i;
     o[b->ndim - 1] = b->ndim - 2, o[b->ndim - 2] = b->ndim - 1;
     UOp *p = g_permute(b, o);
-    for (int i = 0; i < b->ndim - 2; i++) sbb[nb++] = b->shape[i];
+    for (int i = 0; i < b->ndim - 2; i++) sbb[nb++] = dim_arg(p, i);
     sbb[nb++] = 1;
-    sbb[nb++] = b->shape[b->ndim - 1];
-    sbb[nb++] = k;
+    sbb[nb++] = dim_arg(p, b->ndim - 2);
+    sbb[nb++] = dim_arg(p, b->ndim - 1);
     wt = g_reshape(p, sbb, nb);
     uop_unref(p);
   } else {

@@ -273,6 +273,11 @@ int64_t *sym_infer(const UOp *u, bool *lost, bool *baked) {
   case OP_EXPAND:
     for (int i = 0; i < nd; i++) {
       if (has_codes && sym_is_code(args[i])) out[i] = args[i];
+      else if (ss && s0->shape[i] == 1 && code_of(ss, i, &d) && u->shape[i] != 1)
+        /* a symbolic dim bound to 1 broadcast to a plain size: it was a broadcast dim all along (a
+         * reshape put the code on the wrong one of several size-1 dims); the size is the plain one,
+         * and what was built for the value 1 is not symbolic (a capture of it is refused) */
+        *baked = true;
       else if (ss && (s0->shape[i] != 1 || code_of(ss, i, &d))) out[i] = ss[i];
     }
     break;
