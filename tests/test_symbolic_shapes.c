@@ -105,6 +105,13 @@ TEST(matmul_over_v_bound_to_one) {
     CHECK_MSG(maxdiff(a, c, 12) < 1e-5, "v=%d", val);
     tg_tensor g = tg_matmul(xs, tg_transpose(xs, 0, 1)); /* (4, v) @ (v, 4) */
     CHECK(tg_shape_sym(g, ss) == 2 && ss[0] == 4 && ss[1] == 4);
+    /* a symbolic size in an index spec is an error (it read as a huge negative index: x[:, 0:v]
+     * came out empty, and a setitem wrote nothing) */
+    CHECK(!tg_valid(tg_getitem(X, TG_INDEX(TG_IX_ALL, TG_IX_SLICE(0, L, 1)))));
+    CHECK_STR_CONTAINS(tg_last_error(), "tg_getitem: entry 1 holds a symbolic size");
+    tg_clear_error();
+    CHECK(tg_setitem_s(X, TG_INDEX(TG_IX_ALL, TG_IX_SLICE(L, L + 1, 1)), 5) == TG_ERR_INVALID);
+    tg_clear_error();
     tg_scope_end();
   }
   tg_scope_end();

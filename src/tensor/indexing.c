@@ -206,6 +206,17 @@ static int parse_index(const char *fn, UOp *a, const tg_index_spec *spec, int n,
       break;
     case TG_INDEX_SLICE:
     case TG_INDEX_INT:
+      /* a symbolic size (tg_sym) is a movement op's argument only: here it read as a huge negative
+       * index (x[:, 0:sp+1] came out empty, x[:, sp:sp+1] = 5 wrote nothing) */
+      if ((spec[i].kind == TG_INDEX_INT && sym_is_code(spec[i].index)) ||
+          (spec[i].kind == TG_INDEX_SLICE && ((spec[i].has_start && sym_is_code(spec[i].start)) ||
+                                              (spec[i].has_stop && sym_is_code(spec[i].stop)) || sym_is_code(spec[i].step))))
+        return tg_set_error(TG_ERR_INVALID,
+                            "%s: entry %d holds a symbolic size (tg_sym); index with it through tg_shrink (and write "
+                            "with tg_assign into the shrink)", fn, i),
+               -1;
+      nreal++;
+      break;
     case TG_INDEX_TENSOR:
       nreal++;
       break;
