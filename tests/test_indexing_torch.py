@@ -1121,6 +1121,20 @@ def _none_propagates():
 case("ops given none report the function", _none_propagates)
 
 
+def _uint64_index_past_int64():
+  # an index of 2^63 or more is out of range (reads 0, writes nothing), not a negative index counted
+  # from the end (2^64 - 1 read and wrote the last element)
+  x = Tensor(np.arange(10, 15, dtype=np.float32))
+  idx = Tensor(np.array([2 ** 64 - 1, 2 ** 63, 1], dtype=np.uint64))
+  assert np.array_equal(getitem(x, (idx,)).numpy(), [0, 0, 11]), getitem(x, (idx,)).numpy()
+  y = Tensor(np.zeros(5, np.float32))
+  setitem(y, (idx,), 1.0)
+  assert np.array_equal(y.numpy(), [0, 1, 0, 0, 0]), y.numpy()
+
+
+case("uint64 indices of 2^63 and more are out of range", _uint64_index_past_int64)
+
+
 # =====================================================================================================
 def main(): return tg.run_cases(CASES, "test_indexing_torch")
 

@@ -390,7 +390,12 @@ static tg_tensor wrapped_index(const Index *ix, int j) {
   for (int i = 0; i < ix->n; i++)
     if (ix->e[i].kind == E_TENSOR && c++ == j) e = &ix->e[i];
   tg_tensor t = tg_cast(e->t, TG_INT64);
-  return tg_where(tg_lt_s(t, 0), tg_add_s(t, (double)e->size), t);
+  t = tg_where(tg_lt_s(t, 0), tg_add_s(t, (double)e->size), t);
+  /* a uint64 index of 2^63 or more is out of range, not a negative one (2^64 - 1 read the last
+   * element): it becomes `size`, which every caller treats as out of range */
+  if (tg_dtype_of(e->t) == TG_UINT64)
+    t = tg_where(tg_logical_not(tg_lt_s(e->t, 9223372036854775808.0)), tg_full_like(t, (double)e->size, NULL), t);
+  return t;
 }
 
 /* Advanced getitem on the view v (shape X): the tensor dims are permuted to the front, merged into
