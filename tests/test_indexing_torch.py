@@ -1135,6 +1135,29 @@ def _uint64_index_past_int64():
 case("uint64 indices of 2^63 and more are out of range", _uint64_index_past_int64)
 
 
+def _views_read_pending_writes():
+  # a view taken before a setitem, read before the tensor, sees the write (it read the old values);
+  # and the tensor sees a write made through a view that is the tensor itself (t[:, :], a no-op
+  # reshape), also before that view is read
+  base = np.arange(12, dtype=np.float32).reshape(3, 4)
+  t = Tensor(base.copy()); t.realize()
+  v = getitem(t, (1,))
+  setitem(t, (1, 2), -5.0)
+  assert np.array_equal(v.numpy(), [4, 5, -5, 7]), v.numpy()
+  t = Tensor(base.copy()); t.realize()
+  v, u = getitem(t, (1,)), getitem(t, (1,))
+  setitem(u, (2,), -5.0)
+  assert np.array_equal(v.numpy(), [4, 5, -5, 7]), v.numpy()
+  for spec in [(slice(None), slice(None)), (Ellipsis,)]:
+    t = Tensor(base.copy()); t.realize()
+    r = getitem(t, spec)
+    setitem(r, (0, 0), 42.0)
+    assert t.numpy()[0, 0] == 42 and r.numpy()[0, 0] == 42, (spec, t.numpy()[0])
+
+
+case("views read the writes pending into their buffer", _views_read_pending_writes)
+
+
 # =====================================================================================================
 def main(): return tg.run_cases(CASES, "test_indexing_torch")
 

@@ -686,6 +686,16 @@ static tg_status data_impl(tg_tensor t, void *out, size_t nbytes) {
     if (st != TG_OK) return st;
     u = uop_ref(t_get(t, "tg_data"));
   }
+  /* a view of a buffer (or the buffer itself) that other handles have a pending write into (t[1]
+   * taken before t[1, 2] = -5, or t read after a setitem through t[:, :]) reads it after the write,
+   * as the same memory would */
+  if (!u->sym && g_base_buffer(u) && !uop_realized(u)) {
+    st = t_realize_pending_writes(g_buffer_of(g_base_buffer(u)));
+    if (st != TG_OK) {
+      uop_unref(u);
+      return st;
+    }
+  }
   if (u->sym) {
     /* read the bound-size elements through a view with the bound values */
     UOp *c = g_concrete(u);

@@ -4,6 +4,7 @@
  * other threads. Inputs are assumed valid: the public ops check arguments and report errors before
  * calling these.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -476,7 +477,11 @@ UOp *g_allreduce(UOp *const *parts, int n, int op, int member) {
   return uop_new_meta(OP_COLLECTIVE, (tg_dtype)p->dtype, parts, n, &iop, 1, arg, p->shape, p->ndim, p->device);
 }
 
+/* ASSIGN nodes made since the last time none was pending (handles.c: t_realize_pending_writes) */
+_Atomic long g_assigns_made;
+
 UOp *g_assign(UOp *target, UOp *value) {
+  atomic_fetch_add(&g_assigns_made, 1);
   if (m_is(target)) return m_assign(target, value);
   UOp *s[2] = {target, value};
   UArg z = {0};
@@ -514,6 +519,7 @@ UOp *g_sym_count(UOp *a, const bool *red, bool keepdim, tg_dtype dt) {
 /* An assign of value into the region bounds (2 per dim, tg_sym codes allowed) of target, whose
  * shape stays the target's: tinygrad's assign to a shrink of a buffer, written in place. */
 UOp *g_assign_region(UOp *target, UOp *value, const int64_t *bounds0) {
+  atomic_fetch_add(&g_assigns_made, 1);
   if (m_is(target)) return m_assign_region(target, value, bounds0);
   int n = 2 * target->ndim;
   int64_t cb[128] = {0};

@@ -283,7 +283,9 @@ int t_replace_buffer_everywhere(Buffer *b, UOp *to) {
 }
 
 tg_status t_realize_pending_writes(Buffer *b) {
-  int n = 0;
+  long made = atomic_load(&g_assigns_made);
+  if (!made) return TG_OK; /* no write made since none was pending: nothing to scan for */
+  int n = 0, any = 0;
   size_t cap = 0;
   UOp **pend = NULL;
   pthread_mutex_lock(&h_lock);
@@ -291,6 +293,7 @@ tg_status t_realize_pending_writes(Buffer *b) {
     Slot *sl = slot_at(i);
     UOp *u = g_view_base(sl->scope < 0 ? NULL : sl->u); /* the write itself or a view of it */
     if (!u || u->op != OP_ASSIGN || uop_realized(u) || u->nsrc < 1) continue;
+    any++;
     if (g_buffer_of(g_base_buffer(u->src[0])) != b) continue;
     bool dup = false;
     for (int k = 0; k < n && !dup; k++) dup = pend[k] == u;
@@ -298,6 +301,8 @@ tg_status t_realize_pending_writes(Buffer *b) {
     if ((size_t)n == cap) pend = tg_xrealloc(pend, sizeof(UOp *) * (cap = cap ? cap * 2 : 8));
     pend[n++] = uop_ref(u);
   }
+  /* no handle holds a pending write: the count restarts (unless a write was made meanwhile) */
+  if (!any) atomic_compare_exchange_strong(&g_assigns_made, &made, 0);
   pthread_mutex_unlock(&h_lock);
   tg_status st = n ? realize_uops(pend, n) : TG_OK;
   for (int k = 0; k < n; k++) uop_unref(pend[k]);

@@ -53,6 +53,8 @@ bool t_axes_count_ok(const char *fn, const int *axes, int naxes, int ndim);
 /* Realizes every write into b still pending in a handle (an ASSIGN a handle holds, or views it),
  * so that a new write through another view of b builds on them. */
 tg_status t_realize_pending_writes(Buffer *b);
+/* ASSIGN nodes made since no write was last seen pending (graph.c; t_realize_pending_writes resets it) */
+extern _Atomic long g_assigns_made;
 Slot *t_slot_at(size_t i);
 
 /* ---- graph builders (new references) ---- */
