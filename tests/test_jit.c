@@ -106,6 +106,12 @@ TEST(jit_divergence_errors) {
   tg_jit *j = tg_jit_new(f_affine, 1, NULL);
   double k = 2.0;
   tg_tensor out;
+  /* an input that is a view (or not realized) is refused from the first call on (the first call
+   * took it, and the second refused it) */
+  tg_tensor view_in[2] = {tg_transpose(mk(1, 16), 0, 1), mk(2, 16)};
+  CHECK(tg_jit_call(j, view_in, 2, &k, 1, &out) == TG_ERR_INVALID);
+  CHECK_STR_CONTAINS(tg_last_error(), "input 0 is not realized (or is a view)");
+  tg_clear_error();
   for (int it = 0; it < 2; it++) {
     tg_tensor in[2] = {mk(1, 16), mk(2, 16)};
     CHECK(tg_jit_call(j, in, 2, &k, 1, &out) == TG_OK);
