@@ -490,7 +490,7 @@ static void compute_grads(UOp *loss, UOp *seed, UOp **targets, int n, UOp **out)
   free(ts), free(gs);
 }
 
-static void compute_grads_nodes(UOp *loss, UOp *seed, UOp **targets, int n, UOp **out);
+static void compute_grads_nodes(const Topo *t, UOp *loss, UOp *seed, UOp **targets, int n, UOp **out);
 /* A BUFFER target takes the gradients of its twins in the graph (buffer_twin) too, summed. */
 static void compute_grads_plain(UOp *loss, UOp *seed, UOp **targets, int n, UOp **out) {
   Topo t;
@@ -506,12 +506,11 @@ static void compute_grads_plain(UOp *loss, UOp *seed, UOp **targets, int n, UOp 
     for (size_t j = 0; v && j < v->n; j++)
       if (v->p[j] != targets[i] && buffer_twin(targets[i], v->p[j])) pv_push(&ts, v->p[j]), count[i]++, twins = true;
   }
-  graph_free(&t, &by);
   if (!twins) {
-    compute_grads_nodes(loss, seed, targets, n, out);
+    compute_grads_nodes(&t, loss, seed, targets, n, out);
   } else {
     UOp **gs = tg_xmalloc(sizeof(UOp *) * ts.n);
-    compute_grads_nodes(loss, seed, (UOp **)ts.p, (int)ts.n, gs);
+    compute_grads_nodes(&t, loss, seed, (UOp **)ts.p, (int)ts.n, gs);
     for (int i = 0; i < n; i++) {
       UOp *g = NULL;
       for (int j = first[i]; j < first[i] + count[i]; j++) {
@@ -528,20 +527,19 @@ static void compute_grads_plain(UOp *loss, UOp *seed, UOp **targets, int n, UOp 
     }
     free(gs);
   }
+  graph_free(&t, &by);
   pv_free(&ts);
   free(first), free(count);
 }
 
-static void compute_grads_nodes(UOp *loss, UOp *seed, UOp **targets, int n, UOp **out) {
-  Topo t;
-  memset(&t, 0, sizeof t);
-  topo_visit(&t, loss);
+/* t: loss's graph, walked (graph_index) */
+static void compute_grads_nodes(const Topo *t, UOp *loss, UOp *seed, UOp **targets, int n, UOp **out) {
   /* nodes on a path to a target */
   PtrMap on_path;
   pm_init(&on_path);
   for (int i = 0; i < n; i++) pm_put(&on_path, (uint64_t)(uintptr_t)targets[i], (void *)1);
-  for (size_t i = 0; i < t.order.n; i++) {
-    UOp *u = t.order.p[i];
+  for (size_t i = 0; i < t->order.n; i++) {
+    UOp *u = t->order.p[i];
     if (u->op == OP_ASSIGN) continue;
     Custom *c = custom_of(u);
     int ns = c ? c->n : (int)u->nsrc;
@@ -551,8 +549,8 @@ static void compute_grads_nodes(UOp *loss, UOp *seed, UOp **targets, int n, UOp 
   PtrMap grads; /* node -> owned grad */
   pm_init(&grads);
   pm_put(&grads, (uint64_t)(uintptr_t)loss, uop_ref(seed));
-  for (size_t k = t.order.n; k-- > 0;) {
-    UOp *u = t.order.p[k];
+  for (size_t k = t->order.n; k-- > 0;) {
+    UOp *u = t->order.p[k];
     UOp *g = pm_get(&grads, (uint64_t)(uintptr_t)u);
     if (!g || u->op == OP_ASSIGN || !pm_has(&on_path, (uint64_t)(uintptr_t)u)) continue;
     bool is_target = false;
@@ -622,8 +620,6 @@ static void compute_grads_nodes(UOp *loss, UOp *seed, UOp **targets, int n, UOp 
     if (grads.keys[i]) uop_unref(grads.vals[i]);
   pm_free(&grads);
   pm_free(&on_path);
-  pm_free(&t.idx);
-  pv_free(&t.order);
 }
 
 /* The gradient of the output to start from: ones for a scalar loss, else the caller's (t's shape,
