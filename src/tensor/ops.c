@@ -291,27 +291,30 @@ static UOp *scalar_node_for(UOp *x, double v, Kind kind) {
   return g_const(v, dt, x->device);
 }
 
+/* Where a whole number lies against what x's integer dtype holds: -1 below its minimum, 1 above its
+ * maximum, 0 inside it (or x is not an integer tensor, or v not a whole number). */
+static int int_range_side(const UOp *x, double v) {
+  tg_dtype dt = (tg_dtype)x->dtype;
+  if (!tg_dtype_is_int(dt) || !isfinite(v) || v != trunc(v)) return 0;
+  return v < dtype_min(dt) ? -1 : v > dtype_max(dt) ? 1 : 0;
+}
+
 /* A comparison of an integer tensor with a whole number its dtype cannot hold has one answer for
  * every element, as in tinygrad (which compares with the number, not with it wrapped into the
  * dtype: uint8 x < 300 is all true, x > -1 too). Returns 0 or 1, or -1 when the scalar is in range
  * (or not a whole number: it then promotes the comparison to a float one). */
 static int cmp_known(const UOp *x, double v, int op, bool swap) {
-  tg_dtype dt = (tg_dtype)x->dtype;
-  if (!tg_dtype_is_int(dt) || x->sym || !isfinite(v) || v != trunc(v) || (v >= dtype_min(dt) && v <= dtype_max(dt)))
-    return -1;
-  bool above = v > dtype_max(dt); /* every element is below v */
+  int side = x->sym ? 0 : int_range_side(x, v);
+  if (!side) return -1;
   if (op == OP_CMPEQ) return 0;
   if (op == OP_CMPNE) return 1;
-  return swap ? !above : above; /* x < v, or (swapped) v < x */
+  return swap ? side < 0 : side > 0; /* x < v, or (swapped) v < x */
 }
 
 /* The maximum (or minimum) of an integer tensor and a whole number below (above) everything its
  * dtype holds is the tensor (tinygrad: uint8 x.maximum(-1) is x; the number wrapped into the dtype
  * gave 255 everywhere). A bound on the other side has no value in the dtype and wraps, as in tinygrad. */
-static bool extreme_is_x(const UOp *x, double v, bool max) {
-  tg_dtype dt = (tg_dtype)x->dtype;
-  return tg_dtype_is_int(dt) && isfinite(v) && v == trunc(v) && (max ? v < dtype_min(dt) : v > dtype_max(dt));
-}
+static bool extreme_is_x(const UOp *x, double v, bool max) { return int_range_side(x, v) == (max ? -1 : 1); }
 
 #define SCALAR_OP(name, fnname, kind, op, swap)                                                    \
   tg_tensor name {                                                                                 \
@@ -841,8 +844,8 @@ tg_tensor tg_shrink(tg_tensor x, const int64_t *bounds0, int nbounds) {
   /* a symbolic end v + c on a dim of concrete size n holds for v <= n - c only: a jit's replays with
    * other values must stay there */
   for (int i = 0; syms && i < a->ndim; i++) {
-    SymDim e, sd;
-    if (sym_decode(bounds0[2 * i + 1], &e) && !(a->sym && sym_decode(a->sym[i], &sd))) jit_note_var_limit(e.var, a->shape[i] - e.offset);
+    SymDim e;
+    if (sym_decode(bounds0[2 * i + 1], &e) && !(a->sym && sym_is_code(a->sym[i]))) jit_note_var_limit(e.var, a->shape[i] - e.offset);
   }
   return t_wrap(g_shrink(a, bounds0));
 }
