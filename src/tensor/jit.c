@@ -557,10 +557,11 @@ static tg_status replay(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs, 
 
 static tg_status jit_call(tg_jit *j, const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out,
                           const CallVars *cv) {
-  if (getenv_int("JIT", 1) == 0 || j->calls == 0) {
+  bool jit_on = getenv_int("JIT", 1) != 0;
+  if (!jit_on || j->calls == 0) {
     /* the inputs a capture and its replays will take: checked on the first call too (a view was
      * taken by it and refused from the second call on) */
-    for (int i = 0; j->calls == 0 && getenv_int("JIT", 1) != 0 && i < nin; i++) {
+    for (int i = 0; jit_on && i < nin; i++) {
       UOp *u = t_get(in[i], "tg_jit_call");
       if (u && !m_is(u) && !input_buffer(in[i], i)) return tg_last_status();
     }
