@@ -257,6 +257,23 @@ TEST(missing_dot_is_said_on_the_page) {
   free(data);
 }
 
+static bool put_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  if (!f) return false;
+  bool ok = fputs(text, f) >= 0;
+  return fclose(f) == 0 && ok;
+}
+
+/* Runs the child with VIZ=-1 VIZ_DIR=dir (it must exit 0); what it printed on stderr (malloc'd). */
+static char *page_to_dir(const char *tag, const char *dir) {
+  char env[420];
+  snprintf(env, sizeof env, "VIZ_DIR=%s", dir);
+  const char *envs[] = {"VIZ=-1", env, NULL};
+  Child c = child_start(tag, envs);
+  CHECK(child_wait(&c, 60) == 0);
+  return slurp(c.err);
+}
+
 TEST(unwritable_dirs_are_clear_errors) {
   const char *env[] = {"VIZ=-1", "VIZ_DIR=/proc/no/such/dir", "PROFILE=1",
                        "PROFILE_PATH=/proc/no/such/trace.json", NULL};
@@ -269,31 +286,21 @@ TEST(unwritable_dirs_are_clear_errors) {
   CHECK(strcmp(out, plain()) == 0);
   free(err), free(out);
   /* a file where the directory should be */
-  char file[400], env1[420];
+  char file[400];
   snprintf(file, sizeof file, "%s/plainfile", tmpdir());
-  FILE *f = fopen(file, "w");
-  CHECK(f && fputs("x", f) >= 0 && fclose(f) == 0);
-  snprintf(env1, sizeof env1, "VIZ_DIR=%s", file);
-  const char *env2[] = {"VIZ=-1", env1, NULL};
-  Child c2 = child_start("notdir", env2);
-  CHECK(child_wait(&c2, 60) == 0);
-  err = slurp(c2.err);
+  CHECK(put_text(file, "x"));
+  err = page_to_dir("notdir", file);
   CHECK_HAS(err, "it exists and is not a directory");
   free(err);
   /* a symbolic link planted where a page file goes (VIZ_DIR in a shared /tmp) is not written through */
-  char dir[400], victim[420], link[440], env3[420];
+  char dir[400], victim[420], link[440];
   snprintf(dir, sizeof dir, "%s/planted", tmpdir());
   snprintf(victim, sizeof victim, "%s/victim.txt", tmpdir());
   snprintf(link, sizeof link, "%s/index.html", dir);
   CHECK(mkdir(dir, 0755) == 0);
-  f = fopen(victim, "w");
-  CHECK(f && fputs("keep me", f) >= 0 && fclose(f) == 0);
+  CHECK(put_text(victim, "keep me"));
   CHECK(symlink(victim, link) == 0);
-  snprintf(env3, sizeof env3, "VIZ_DIR=%s", dir);
-  const char *env4[] = {"VIZ=-1", env3, NULL};
-  Child c3 = child_start("planted", env4);
-  CHECK(child_wait(&c3, 60) == 0);
-  err = slurp(c3.err);
+  err = page_to_dir("planted", dir);
   CHECK_HAS(err, "cannot write");
   free(err);
   char *v = slurp(victim);
