@@ -777,6 +777,86 @@ TEST(llvm_symbolic) {
   CHECK(tg_live_count() == 0);
 }
 
+/* scans, masks and positions over a symbolic axis (tinygrad's cumsum/cumprod/triu/pad(value=) over
+ * a Variable): jitted over changing v, each against the same op on the concrete [0, v) slice, one
+ * capture for every value. Their positions come from a symbolic arange, not from the bound value. */
+#define NSCAN 12
+static const char *const scan_names[NSCAN] = {"cumsum", "cumprod", "cummax", "cummax indices", "cummin indices",
+                                              "logcumsumexp", "argmax", "argmin", "triu", "tril", "pad value",
+                                              "cumsum 80 rows"};
+static tg_tensor scan_op(int k, tg_tensor x) {
+  tg_tensor v, ix;
+  switch (k) {
+  case 0: return tg_cumsum(x, 1);
+  case 1: return tg_cumprod(x, 1);
+  case 2: return tg_cummax(x, 1, &v, &ix) == TG_OK ? v : (tg_tensor){0};
+  case 3: return tg_cummax(x, 1, &v, &ix) == TG_OK ? ix : (tg_tensor){0};
+  case 4: return tg_cummin(x, 1, &v, &ix) == TG_OK ? ix : (tg_tensor){0};
+  case 5: return tg_logcumsumexp(x, 1);
+  case 6: return tg_argmax(x, TG_AXES(1), false);
+  case 7: return tg_argmin(x, TG_AXES(1), true);
+  case 8: return tg_triu(tg_unsqueeze(x, 0), 1);
+  case 9: return tg_tril(tg_unsqueeze(x, 0), -1);
+  case 10: return tg_pad(x, TG_SHAPE(1, 0, 2, 1), 5.0);
+  default: return tg_cumsum(tg_transpose(x, 0, 1), 0);
+  }
+}
+static int scan_k;
+static tg_status f_scan(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
+  out[0] = tg_cast(scan_op(scan_k, tg_shrink(in[0], TG_SHAPE(0, 3, 0, tg_sym(tg_jit_var(0), 0)))), TG_FLOAT64);
+  return TG_OK;
+}
+
+TEST(jit_scans_over_v) {
+  tg_scope_begin();
+  tg_symvar v = tg_variable("v", 1, 80);
+  float xd[240];
+  for (int i = 0; i < 240; i++) xd[i] = (float)cos(i * 0.61) * 1.1f + (i % 7 == 0 ? 0.4f : 0.0f);
+  xd[5] = xd[4]; /* a tie */
+  tg_tensor in[1] = {tg_from_data(xd, TG_SHAPE(3, 80), NULL)};
+  for (scan_k = 0; scan_k < NSCAN; scan_k++) {
+    tg_jit *j = tg_jit_new(f_scan, 1, NULL);
+    const int vals[] = {2, 5, 3, 9, 1, 17, 80, 4};
+    for (int c = 0; c < 8; c++) {
+      tg_scope_begin();
+      int val = scan_k == NSCAN - 1 ? vals[c] * 8 % 81 : vals[c];
+      tg_symvar b = tg_var_bind(v, val);
+      tg_tensor out[1];
+      uint64_t c0 = compiles();
+      tg_status st = tg_jit_call_vars(j, in, 1, &b, 1, NULL, 0, out);
+      CHECK_MSG(st == TG_OK, "%s v=%d: %s", scan_names[scan_k], val, tg_last_error());
+      /* the replays compile nothing */
+      if (c > 2 && val > 1) CHECK_MSG(compiles() == c0, "%s v=%d compiled again", scan_names[scan_k], val);
+      tg_tensor want = tg_cast(scan_op(scan_k, tg_shrink(in[0], TG_SHAPE(0, 3, 0, val))), TG_FLOAT64);
+      int64_t n = tg_numel(want);
+      double *o = calloc((size_t)n + 1, sizeof(double)), *w = calloc((size_t)n + 1, sizeof(double));
+      if (st == TG_OK) {
+        CHECK(tg_numel(out[0]) == n);
+        CHECK(tg_data(out[0], o, sizeof(double) * (size_t)n) == TG_OK && tg_data(want, w, sizeof(double) * (size_t)n) == TG_OK);
+        double md = 0;
+        for (int64_t i = 0; i < n; i++) md = fmax(md, fabs(o[i] - w[i]) / (1 + fabs(w[i])));
+        CHECK_MSG(md < 1e-5, "%s v=%d: off by %g", scan_names[scan_k], val, md);
+      }
+      free(o), free(w);
+      if (c >= 2) CHECK(tg_jit_captured_kernels(j) > 0);
+      tg_scope_end();
+    }
+    tg_jit_free(j);
+  }
+  /* a dim that would need two symbolic terms is refused where it is made */
+  tg_symvar b = tg_var_bind(v, 2);
+  tg_clear_error();
+  CHECK(!tg_valid(tg_pad(in[0], TG_SHAPE(0, 0, tg_sym(b, 0), tg_sym(b, 1)), 0.0)));
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_pad: dim 1 of shape (3, 80) would be a sum of 2 symbolic sizes");
+  tg_clear_error();
+  CHECK(!tg_valid(tg_pad(tg_shrink(in[0], TG_SHAPE(0, 3, 0, tg_sym(b, 0))), TG_SHAPE(0, 0, 0, tg_sym(b, 0)), 1.0)));
+  CHECK_STR_CONTAINS(tg_last_error(), "symbolic sizes");
+  tg_clear_error();
+  tg_scope_end();
+  CHECK(tg_live_count() == 0);
+}
+
 TEST(errors) {
   tg_scope_begin();
   tg_symvar v = tg_variable("len", 1, 10);

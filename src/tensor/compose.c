@@ -18,6 +18,19 @@ tg_tensor op_fail(const char *fmt, ...) {
   return (tg_tensor){0};
 }
 
+tg_tensor dim_arange(UOp *a, int dim) {
+  if (a->sym && sym_is_code(a->sym[dim])) return t_wrap(g_iota(a->sym[dim], TG_INT32, a->device));
+  tg_opts o = {0};
+  o.dtype = TG_INT32;
+  o.device = device_by_id(a->device)->name;
+  return tg_arange(0, (double)a->shape[dim], 1, &o);
+}
+
+bool t_dim_sym(tg_tensor x, int dim) {
+  UOp *a = tg_valid(x) ? t_get(x, "t_dim_sym") : NULL;
+  return a && dim >= 0 && dim < a->ndim && a->sym && sym_is_code(a->sym[dim]);
+}
+
 OpScope op_scope_begin(const char *fn) {
   OpScope o = {fn, tg_has_error()};
   tg_scope_begin();

@@ -43,6 +43,13 @@ tg_tensor image_conv2d(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor 
                        const int64_t *d, const int64_t *pads);
 tg_tensor image_dot(const char *fn, tg_tensor x, tg_tensor w);
 
+/* [0, n) as int32 on a's device, n = a's size along dim (tinygrad's arange(x.shape[dim])): symbolic
+ * when that dim is (a tg_sym size), so the positions of a scan or a mask over a symbolic axis hold
+ * for every value of its variable. */
+tg_tensor dim_arange(UOp *a, int dim);
+/* Is dim of x a symbolic size? (false for an invalid handle) */
+bool t_dim_sym(tg_tensor x, int dim);
+
 /* Ceiling division for window sizes (b > 0). */
 int64_t ceil_div(int64_t a, int64_t b);
 

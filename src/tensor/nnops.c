@@ -594,6 +594,14 @@ static tg_tensor arg_impl(const char *fn, tg_tensor x, const int *axes, int naxe
   int64_t rs[MAXD];
   rs[0] = n;
   for (int i = 1; i < nd - ax; i++) rs[i] = 1;
+  if (naxes == 1 && t_dim_sym(src, ax)) {
+    /* a symbolic axis: the first position holding the extreme, as the least of where(m, i, max) (the
+     * positions n..1 below would need n as a value) */
+    rs[0] = a->sym[ax];
+    tg_tensor pos = tg_reshape(dim_arange(a, ax), rs, nd - ax);
+    tg_tensor far = tg_cast(tg_const_like(pos, 2147483647.0), TG_INT32);
+    return done(o, tg_min(tg_where(m, pos, far), axv, 1, keepdim));
+  }
   /* the positions n..1 as int32 (tinygrad's), or as float32 for a float input of at most 2^24
    * positions, where they are exact: the selection is then a float max, which vectorizes (the
    * integer one ran as scalar code, 2x slower with LLVM's code than with gcc's). Its max is taken
@@ -722,7 +730,7 @@ tg_tensor pool_windows(tg_tensor x, const int64_t *xs, int n, int nk, const int6
  * the outputs at and after it. A row longer than 16 is padded with zeros to a multiple of 16 (the
  * vector width) and the padding's outputs dropped. */
 static tg_tensor cumalu_last(tg_tensor x, const int64_t *xs, int n) {
-  int64_t s = xs[n - 1], s16 = s > 16 ? cdiv(s, 16) * 16 : s;
+  int64_t s = xs[n - 1], s16 = s > 16 && !t_dim_sym(x, n - 1) ? cdiv(s, 16) * 16 : s;
   if (s16 != s) {
     int64_t pads[2 * MAXD] = {0}, b[2 * MAXD], ps[MAXD];
     pads[2 * (n - 1) + 1] = s16 - s;
@@ -732,7 +740,9 @@ static tg_tensor cumalu_last(tg_tensor x, const int64_t *xs, int n) {
     for (int k = 0; k < n; k++) b[2 * k] = 0, b[2 * k + 1] = xs[k];
     return tg_shrink(r, b, 2 * n);
   }
-  tg_tensor j = arange_on(t_get(x, "tg_cumsum"), 0, (double)s, 1);
+  UOp *a = t_get(x, "tg_cumsum");
+  if (!a) return NONE;
+  tg_tensor j = dim_arange(a, n - 1);
   tg_tensor lower = tg_le(j, tg_unsqueeze(j, -1)); /* [i][j]: j <= i */
   tg_tensor z = tg_cast(tg_const_like(x, 0), tg_dtype_of(x));
   return tg_sum(tg_where(lower, tg_unsqueeze(x, -2), z), (const int[]){-1}, 1, false);
@@ -747,7 +757,7 @@ static tg_tensor cumalu_last(tg_tensor x, const int64_t *xs, int n) {
  * work per element on AVX2 (1M elements: chunks of 8 1.1-1.4 ms, of 16 1.6-1.9 ms). */
 static tg_tensor cumsum_last(tg_tensor t, const int64_t *ts, int n, int64_t split) {
   int64_t s = ts[n - 1];
-  if (s <= 64) return cumalu_last(t, ts, n);
+  if (s <= 64 || t_dim_sym(t, n - 1)) return cumalu_last(t, ts, n);
   /* up to 64 chunks of 16 the rows are short: fewer levels (kernels) matter more there */
   const int64_t SPLIT = s <= 64 * 16 ? 16 : split;
   int64_t padded = cdiv(s, SPLIT) * SPLIT, nch = padded / SPLIT, pads[2 * MAXD] = {0}, cs[MAXD], bs[MAXD];
@@ -795,10 +805,10 @@ tg_tensor tg_cumsum(tg_tensor x, int axis) {
   return done(o, tg_transpose(cumsum_last(t, ts, n, cumsum_split(a->device)), ax, -1));
 }
 
-/* tinygrad's _tri: arange(r)[:, None] + diagonal <= arange(c) */
-static tg_tensor tri(UOp *a, int64_t r, int64_t c, int64_t diagonal) {
-  tg_tensor rr = tg_unsqueeze(arange_on(a, 0, (double)r, 1), -1);
-  return tg_le(tg_add_s(rr, (double)diagonal), arange_on(a, 0, (double)c, 1));
+/* tinygrad's _tri over a's last two dims: arange(r)[:, None] + diagonal <= arange(c) */
+static tg_tensor tri(UOp *a, int64_t diagonal) {
+  tg_tensor rr = tg_unsqueeze(dim_arange(a, a->ndim - 2), -1);
+  return tg_le(tg_add_s(rr, (double)diagonal), dim_arange(a, a->ndim - 1));
 }
 
 static tg_tensor tri_op(const char *fn, tg_tensor x, int64_t diagonal, bool upper) {
@@ -808,9 +818,8 @@ static tg_tensor tri_op(const char *fn, tg_tensor x, int64_t diagonal, bool uppe
   if (diagonal > ((int64_t)1 << 40) || diagonal < -((int64_t)1 << 40))
     return fail("%s: diagonal %lld is out of range", fn, (long long)diagonal);
   NnOp o = begin(fn);
-  int64_t r = a->shape[a->ndim - 2], c = a->shape[a->ndim - 1];
   tg_tensor z = tg_cast(tg_const_like(x, 0), (tg_dtype)a->dtype); /* bool x: false, not int 0 */
-  tg_tensor res = upper ? tg_where(tri(a, r, c, diagonal), x, z) : tg_where(tri(a, r, c, diagonal + 1), z, x);
+  tg_tensor res = upper ? tg_where(tri(a, diagonal), x, z) : tg_where(tri(a, diagonal + 1), z, x);
   return done(o, res);
 }
 tg_tensor tg_triu(tg_tensor x, int64_t diagonal) { return tri_op("tg_triu", x, diagonal, true); }

@@ -861,6 +861,12 @@ tg_tensor tg_pad(tg_tensor x, const int64_t *pads0, int npads, double value) {
   for (int i = 0; syms && i < npads; i++)
     if (sym_is_code(pads0[i]) && pads[i] < 0)
       return fail(TG_ERR_INVALID, "tg_pad: symbolic pad %d stands for %lld now; a symbolic pad must not be negative", i, (long long)pads[i]);
+  for (int i = 0; syms && i < a->ndim; i++) {
+    int parts = (a->sym && sym_is_code(a->sym[i])) + sym_is_code(pads0[2 * i]) + sym_is_code(pads0[2 * i + 1]);
+    if (parts > 1)
+      return fail(TG_ERR_INVALID, "tg_pad: dim %d of shape %s would be a sum of %d symbolic sizes, which is not expressible "
+                  "as variable + constant; pad a symbolic amount on one side of a dim of plain size only", i, shp(b, sizeof b, a), parts);
+  }
   int64_t sb[128], pp[128];
   bool neg = false;
   for (int i = 0; i < a->ndim; i++) {
@@ -885,7 +891,8 @@ tg_tensor tg_pad(tg_tensor x, const int64_t *pads0, int npads, double value) {
   UOp *s = neg ? g_shrink(a, sb) : uop_ref(a);
   UOp *p = g_pad(s, pp);
   if (value != 0.0) {
-    UOp *t = g_const_shaped(1, TG_BOOL, s->device, s->shape, s->ndim);
+    /* the mask has the symbolic dims of what it pads */
+    UOp *t = g_const_shaped(1, TG_BOOL, s->device, s->sym ? s->sym : s->shape, s->ndim);
     UOp *mask = g_pad(t, pp);
     UOp *v = n_const_like(p, value, (tg_dtype)a->dtype);
     UOp *w = g_alu(OP_WHERE, (tg_dtype)a->dtype, mask, p, v);

@@ -120,9 +120,10 @@ static tg_tensor contiguous2(tg_tensor x) {
   return y;
 }
 
-/* (n, n) bool mask [i, j] = j <= i (lower = true) or i <= j (lower = false), on a's device */
-static tg_tensor tri_mask(UOp *a, int64_t n, bool lower) {
-  tg_tensor r = tg_unsqueeze(iarange(a, 0, (double)n, 1), -1), c = iarange(a, 0, (double)n, 1);
+/* (n, n) bool mask [i, j] = j <= i (lower = true) or i <= j (lower = false), n = a's size along dim
+ * (symbolic where that dim is), on a's device */
+static tg_tensor tri_mask(UOp *a, int dim, bool lower) {
+  tg_tensor c = dim_arange(a, dim), r = tg_unsqueeze(c, -1);
   return lower ? tg_le(c, r) : tg_le(r, c);
 }
 
@@ -260,8 +261,14 @@ static tg_tensor split_cum(tg_tensor x, int ax, CumOp op) {
   if (n < 1) return NONE;
   int64_t s = ts[n - 1];
   const int64_t SPLIT = 256;
+  UOp *a = t_get(x, "scan");
   tg_tensor r;
-  if (s <= 2 * SPLIT) {
+  if (a && t_dim_sym(x, ax)) {
+    /* a symbolic axis can be neither padded by its own length nor split into chunks: the (v, v)
+     * lower-triangular selection of the identity, reduced (v^2 work per row) */
+    tg_tensor id = tg_cast(tg_const_like(t, cum_identity(op, tg_dtype_of(t))), tg_dtype_of(t));
+    r = cum_reduce(tg_where(tri_mask(a, ax, true), tg_unsqueeze(t, -2), id), op, -1);
+  } else if (s <= 2 * SPLIT) {
     r = cum_last(t, op);
   } else {
     double idv = cum_identity(op, tg_dtype_of(t));
@@ -310,13 +317,12 @@ static void cummax_(UOp *a, tg_tensor x, int ax, bool want_idx, tg_tensor *v, tg
   *v = split_cum(x, ax, CUM_MAX);
   *idx = NONE;
   if (!want_idx) return;
-  int64_t n = a->shape[ax];
   tg_tensor xt = tg_transpose(x, ax, -1), vt = tg_transpose(*v, ax, -1);
   tg_tensor eq = tg_eq(tg_unsqueeze(xt, -1), tg_unsqueeze(vt, -2));
   /* from a NaN on the running max is NaN (PyTorch's values): its index is the latest NaN's */
   if (tg_dtype_is_float((tg_dtype)a->dtype)) eq = tg_bitwise_or(eq, tg_isnan(tg_unsqueeze(xt, -1)));
-  tg_tensor match = tg_bitwise_and(eq, tri_mask(a, n, false));
-  tg_tensor pos = tg_unsqueeze(iarange(a, 1, (double)n + 1, 1), -1);
+  tg_tensor match = tg_bitwise_and(eq, tri_mask(a, ax, false));
+  tg_tensor pos = tg_unsqueeze(tg_add_s(dim_arange(a, ax), 1), -1);
   tg_tensor w = tg_where(match, pos, tg_const_like(pos, 0));
   tg_tensor r = tg_sub_s(tg_max(w, (const int[]){-2}, 1, false), 1);
   *idx = tg_transpose(r, ax, -1);
@@ -362,7 +368,6 @@ tg_tensor tg_logcumsumexp(tg_tensor x, int axis) {
   tg_dtype dt = tg_dtype_is_float((tg_dtype)a->dtype) ? (tg_dtype)a->dtype : tg_default_float();
   tg_tensor xf = tg_cast(x, dt);
   if (a->ndim == 0 || shape_numel(a->shape, a->ndim) == 0) return done(o, xf);
-  int64_t n = a->shape[ax];
   tg_tensor xt = tg_transpose(xf, ax, -1);
   tg_tensor v, unused;
   cummax_(a, xt, a->ndim - 1, false, &v, &unused);
@@ -371,7 +376,7 @@ tg_tensor tg_logcumsumexp(tg_tensor x, int axis) {
   tg_tensor m = tg_detach(tg_where(tg_isfinite(v), v, tg_const_like(v, 0)));
   /* [i, j] = x_j - m_i for j <= i, else -inf (exp gives 0) */
   tg_tensor d = tg_sub(tg_unsqueeze(xt, -2), tg_unsqueeze(m, -1));
-  tg_tensor e = tg_exp(tg_where(tri_mask(a, n, true), d, tg_const_like(d, -INFINITY)));
+  tg_tensor e = tg_exp(tg_where(tri_mask(a, ax, true), d, tg_const_like(d, -INFINITY)));
   tg_tensor r = tg_add(tg_log(tg_sum(e, (const int[]){-1}, 1, false)), m);
   return done(o, tg_transpose(r, ax, -1));
 }
@@ -1099,7 +1104,7 @@ static void sort_(UOp *a, tg_tensor x, int ax, bool descending, bool want_idx, t
   *values = tg_transpose(y, ax, -1);
   *indices = NONE;
   if (!want_idx) return;
-  tg_tensor low = tri_mask(a, n, true);
+  tg_tensor low = tri_mask(a, ax, true);
   const int last[1] = {-1}, second[1] = {-2};
   /* count[i] = #{j <= i : t[j] == t[i]} (NaNs equal to each other) */
   tg_tensor co =
