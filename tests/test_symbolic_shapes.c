@@ -780,9 +780,10 @@ TEST(llvm_symbolic) {
 /* scans, masks and positions over a symbolic axis (tinygrad's cumsum/cumprod/triu/pad(value=) over
  * a Variable): jitted over changing v, each against the same op on the concrete [0, v) slice, one
  * capture for every value. Their positions come from a symbolic arange, not from the bound value. */
-#define NSCAN 12
+#define NSCAN 15
 static const char *const scan_names[NSCAN] = {"cumsum", "cumprod", "cummax", "cummax indices", "cummin indices",
                                               "logcumsumexp", "argmax", "argmin", "triu", "tril", "pad value",
+                                              "gather", "roll of a plain dim", "repeat of a plain dim",
                                               "cumsum 80 rows"};
 static tg_tensor scan_op(int k, tg_tensor x) {
   tg_tensor v, ix;
@@ -798,6 +799,9 @@ static tg_tensor scan_op(int k, tg_tensor x) {
   case 8: return tg_triu(tg_unsqueeze(x, 0), 1);
   case 9: return tg_tril(tg_unsqueeze(x, 0), -1);
   case 10: return tg_pad(x, TG_SHAPE(1, 0, 2, 1), 5.0);
+  case 11: return tg_gather(x, 1, tg_cast(tg_gt_s(x, 0.3), TG_INT32));
+  case 12: return tg_roll(x, TG_SHAPE(1), TG_AXES(0));
+  case 13: return tg_repeat(x, TG_SHAPE(2, 1));
   default: return tg_cumsum(tg_transpose(x, 0, 1), 0);
   }
 }
@@ -805,6 +809,12 @@ static int scan_k;
 static tg_status f_scan(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
   (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
   out[0] = tg_cast(scan_op(scan_k, tg_shrink(in[0], TG_SHAPE(0, 3, 0, tg_sym(tg_jit_var(0), 0)))), TG_FLOAT64);
+  return TG_OK;
+}
+
+static tg_status f_pool(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
+  out[0] = tg_max_pool2d(tg_unsqueeze(tg_shrink(in[0], TG_SHAPE(0, 3, 0, tg_sym(tg_jit_var(0), 0))), 0), NULL);
   return TG_OK;
 }
 
@@ -852,6 +862,27 @@ TEST(jit_scans_over_v) {
   tg_clear_error();
   CHECK(!tg_valid(tg_pad(tg_shrink(in[0], TG_SHAPE(0, 3, 0, tg_sym(b, 0))), TG_SHAPE(0, 0, 0, tg_sym(b, 0)), 1.0)));
   CHECK_STR_CONTAINS(tg_last_error(), "symbolic sizes");
+  tg_clear_error();
+  tg_tensor xs = tg_shrink(in[0], TG_SHAPE(0, 3, 0, tg_sym(b, 0)));
+  CHECK(!tg_valid(tg_roll(xs, TG_SHAPE(1), TG_AXES(1))));
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_roll: dim 1 of shape (3, 2) is symbolic");
+  tg_clear_error();
+  CHECK(!tg_valid(tg_repeat(xs, TG_SHAPE(1, 2))));
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_repeat: dim 1 of shape (3, 2) is symbolic");
+  tg_clear_error();
+  /* a pool's window count over a symbolic dim would come from the bound value (a replay at another
+   * value would read the wrong windows): refused at every value, in the jit and outside it */
+  tg_jit *j = tg_jit_new(f_pool, 1, NULL);
+  for (int c = 0; c < 3; c++) {
+    tg_symvar bc = tg_var_bind(v, 3 + c);
+    tg_tensor out[1];
+    CHECK(tg_jit_call_vars(j, in, 1, &bc, 1, NULL, 0, out) != TG_OK);
+    CHECK_STR_CONTAINS(tg_last_error(), "tg_max_pool2d: windows over dim 2, a symbolic size");
+    tg_clear_error();
+  }
+  tg_jit_free(j);
+  CHECK(!tg_valid(tg_avg_pool2d(tg_unsqueeze(xs, 0), NULL)));
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_avg_pool2d: windows over dim 2, a symbolic size");
   tg_clear_error();
   tg_scope_end();
   CHECK(tg_live_count() == 0);

@@ -33,7 +33,7 @@ bool t_dim_sym(tg_tensor x, int dim) {
 
 OpScope op_scope_begin(const char *fn) {
   OpScope o = {fn, tg_has_error()};
-  tg_scope_begin();
+  t_scope_begin_library();
   return o;
 }
 

@@ -29,6 +29,7 @@ static inline Slot *slot_at(size_t i) { return &chunks[i >> CHUNK_BITS][i & (CHU
 typedef struct {
   uint64_t *ids;
   size_t n, cap;
+  bool library; /* opened by t_scope_begin_library */
 } IdList;
 static _Thread_local IdList *scope_stack;
 static _Thread_local int scope_depth, scope_cap;
@@ -193,7 +194,14 @@ void tg_scope_begin(void) {
   }
   scope_stack[scope_depth].ids = NULL;
   scope_stack[scope_depth].n = scope_stack[scope_depth].cap = 0;
+  scope_stack[scope_depth].library = false;
   scope_depth++;
+}
+
+void t_scope_begin_library(void) {
+  tg_scope_begin();
+  scope_stack[scope_depth - 1].library = true;
+  sym_library(1);
 }
 
 void tg_scope_end(void) {
@@ -217,6 +225,7 @@ void tg_scope_end(void) {
   for (size_t i = 0; i < dead.n; i++) uop_unref(dead.p[i]);
   pv_free(&dead);
   free(l->ids);
+  if (l->library) sym_library(-1);
   scope_depth--;
   if (scope_depth == 0) {
     free(scope_stack);

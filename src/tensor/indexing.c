@@ -1124,9 +1124,15 @@ tg_tensor tg_roll(tg_tensor x, const int64_t *shifts, int nshifts, const int *di
     for (int i = 0; i < ndims; i++) {
       int d;
       if (norm_axis(fn, dims[i], nd, &d) < 0) return NONE;
+      if (t_dim_sym(x, d))
+        return fail("%s: dim %d of shape %s is symbolic; rolling it would cut it at an offset computed from its "
+                    "bound value (roll only plain dims)", fn, d, SHP(a));
       sh[d] += shifts[i] % (a->shape[d] ? a->shape[d] : 1);
     }
   }
+  if (ndims == 0 && a->sym)
+    return fail("%s: shape %s has a symbolic dim, so it cannot be flattened for a roll without dims (give the dims "
+                "to roll)", fn, SHP(a));
   Op_ o = begin(fn);
   if (ndims == 0) {
     int64_t n = numel_of(a->shape, nd);

@@ -151,6 +151,10 @@ tg_tensor tg_repeat(tg_tensor x, const int64_t *repeats, int nrepeats) {
     if (__builtin_mul_overflow(repeats[i], i < off ? 1 : a->shape[i - off], &size))
       return fail("%s: repeat count %lld for dim %d of shape %s overflows int64", fn, (long long)repeats[i],
                   i, SHP(a));
+    if (i >= off && repeats[i] != 1 && t_dim_sym(x, i - off))
+      return fail("%s: dim %d of shape %s is symbolic; %lld copies of it make a multiple of its variable, which "
+                  "is not expressible as variable + constant (repeat only its plain dims)", fn, i - off, SHP(a),
+                  (long long)repeats[i]);
   }
   NnOp o = begin(fn);
   return done(o, repeat_impl(x, a, repeats, nrepeats));
@@ -345,12 +349,12 @@ int tg_chunk(tg_tensor x, int chunks, int dim, tg_tensor *out, int out_cap) {
 
 /* gather as tinygrad writes it: out[..., i, ...] = sum over k of (index[..., i, ...] == k) * x[..., k, ...].
  * O(index elements x dim size); the forward below is one load per element, and this remains the
- * gradient's form. */
+ * gradient's form and the forward where x or index has a symbolic dim. */
 static tg_tensor gather_onehot(tg_tensor x, UOp *a, int d, tg_tensor index, UOp *ix) {
   int64_t b[2 * MAXD];
   for (int j = 0; j < a->ndim; j++) b[2 * j] = 0, b[2 * j + 1] = j == d ? a->shape[j] : ix->shape[j];
   tg_tensor xs = tg_transpose(tg_unsqueeze(tg_shrink(x, b, 2 * a->ndim), -1), -1, d);
-  tg_tensor oh = tg_eq(tg_unsqueeze(index, -1), arange_on(a, 0, (double)a->shape[d], 1));
+  tg_tensor oh = tg_eq(tg_unsqueeze(index, -1), dim_arange(a, d));
   tg_tensor w = tg_where(oh, xs, tg_const_like(xs, 0));
   return tg_cast(tg_sum(w, (const int[]){-1}, 1, false), (tg_dtype)a->dtype);
 }
@@ -363,7 +367,7 @@ static void gather_grad(UOp *out, UOp *g, UOp *const *inputs, int n, UOp **grads
   int d = (int)inputs[2]->arg.i, nd = a->ndim;
   tg_scope_begin();
   tg_tensor gt = t_wrap(uop_ref(g)), it = t_wrap(uop_ref(ix));
-  tg_tensor oh = tg_eq(tg_unsqueeze(it, -1), arange_on(a, 0, (double)a->shape[d], 1));
+  tg_tensor oh = tg_eq(tg_unsqueeze(it, -1), dim_arange(a, d));
   tg_tensor w = tg_where(oh, tg_unsqueeze(gt, -1), tg_zeros_like(tg_unsqueeze(gt, -1), NULL));
   tg_tensor sm = tg_sum(w, (const int[]){d}, 1, false); /* the other dims, then x's dim d last */
   int perm[MAXD];
@@ -383,7 +387,8 @@ static tg_tensor gather_impl(tg_tensor x, UOp *a, int d, tg_tensor index, UOp *i
   int nd = a->ndim;
   int64_t sh[MAXD], total = 1;
   for (int j = 0; j < nd; j++) sh[j] = j == d ? a->shape[j] : ix->shape[j], total *= sh[j];
-  if (total == 0 || shape_numel(ix->shape, ix->ndim) == 0) return gather_onehot(x, a, d, index, ix);
+  /* (a symbolic dim cannot be flattened into the row list) */
+  if (total == 0 || shape_numel(ix->shape, ix->ndim) == 0 || a->sym || ix->sym) return gather_onehot(x, a, d, index, ix);
   int64_t b[2 * MAXD];
   for (int j = 0; j < nd; j++) b[2 * j] = 0, b[2 * j + 1] = sh[j];
   tg_tensor xs = tg_shrink(x, b, 2 * nd);
@@ -655,6 +660,10 @@ tg_tensor tg_all(tg_tensor x, const int *axes, int naxes, bool keepdim) {
 tg_tensor pool_windows(tg_tensor x, const int64_t *xs, int n, int nk, const int64_t *k, const int64_t *s,
                            const int64_t *d) {
   int noop = n - nk;
+  for (int j = 0; j < nk; j++)
+    if (t_dim_sym(x, noop + j))
+      return fail("windows over dim %d, a symbolic size, would split it at sizes computed from its bound value "
+                  "(pool or convolve over plain dims only)", noop + j);
   int64_t o[8] = {0}, f[8] = {0}, reps[MAXD] = {0}, sh[MAXD] = {0}, b[2 * MAXD] = {0};
   bool disjoint = true;
   for (int j = 0; j < nk; j++) disjoint = disjoint && d[j] == 1 && s[j] >= k[j];

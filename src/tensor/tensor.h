@@ -46,6 +46,8 @@ Slot *t_slot(tg_tensor t);
 /* Iterates live slots: returns the number of slots (some free); t_slot_at(i) may be free (scope -1). */
 size_t t_slot_count(void);
 int t_scope_depth(void); /* the scopes open on this thread */
+/* tg_scope_begin for one of the library's composed ops (closed by tg_scope_end): see sym_library */
+void t_scope_begin_library(void);
 /* The axes argument of a call that takes each axis at most once: not NULL with naxes > 0, naxes not
  * negative and at most ndim (1 for a 0-d tensor), checked before any entry is read; false and an
  * error naming fn otherwise. */

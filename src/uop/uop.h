@@ -264,6 +264,11 @@ const int64_t *uop_move_args(const UOp *u, int *n);
  * its sources' and its own codes; *lost when a reshape merged or split a symbolic dim, *baked when
  * a concrete size that is not a broadcast meets a symbolic dim (UOPF_SYM_BAKED). */
 int64_t *sym_infer(const UOp *u, bool *lost, bool *baked);
+/* Inside one of the library's own composed ops (on this thread: sym_library(+1) on entry, -1 on
+ * exit)? A shrink there that cuts a symbolic dim to a plain size computed that size from the bound
+ * value (a pool's window count, say), so sym_infer marks it baked; the same shrink written by the
+ * user (x[:, :2] of a dim of v >= 2) holds for every value. */
+void sym_library(int delta);
 /* Groups matching the dims of a reshape: dims of `a` and of `b` get group numbers (a size-1 dim
  * that is not symbolic gets -1); a group is either one symbolic dim on each side or concrete dims
  * of equal product. Returns the group count, or -1 when a symbolic dim would be merged or split.

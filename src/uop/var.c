@@ -238,6 +238,9 @@ static bool size_free_dim(const UOp *x, int i, int depth) {
   }
 }
 
+static _Thread_local int library_depth;
+void sym_library(int delta) { library_depth += delta; }
+
 int64_t *sym_infer(const UOp *u, bool *lost, bool *baked) {
   int nd = u->ndim;
   *lost = false;
@@ -297,6 +300,7 @@ int64_t *sym_infer(const UOp *u, bool *lost, bool *baked) {
       else if (ce && cs) out[i] = d.var == e.var ? en - st : TG_SYM_NONE;
       else if (cs) out[i] = TG_SYM_NONE; /* c - v is not v + c */
       else if (code_of(ss, i, &d) && en == s0->shape[i]) out[i] = shifted(&d, d.offset - st);
+      else if (code_of(ss, i, &d) && library_depth > 0) *baked = true;
       if (out[i] == TG_SYM_NONE) out[i] = en - st, *lost = true;
     }
     break;
