@@ -199,9 +199,9 @@ TEST(cl_binary_cache_and_launch) {
   CHECK(buffer_copyin(bi, in, sizeof in) == TG_OK);
   void *bufs[2] = {bo->ptr, bi->ptr};
   int64_t gs[3] = {8, 8, 1}, ls[3] = {4, 2, 1};
-  double t = program_exec(p, bufs, 2, gs, ls, true); /* timed by the device's events */
+  double t = program_exec(p, bufs, 2, 0, gs, ls, true); /* timed by the device's events */
   CHECK(t >= 0 && t < 10);
-  CHECK(program_exec(p, bufs, 2, gs, NULL, false) == 0.0);
+  CHECK(program_exec(p, bufs, 2, 0, gs, NULL, false) == 0.0);
   cl->vt->synchronize(cl->state);
   CHECK(buffer_copyout(bo, out, sizeof out) == TG_OK);
   bool ok = true;
@@ -209,7 +209,7 @@ TEST(cl_binary_cache_and_launch) {
   CHECK(ok);
   /* a work-group size that does not divide the global size is a launch error, not a crash */
   int64_t bad[3] = {3, 1, 1};
-  CHECK(program_exec(p, bufs, 2, gs, bad, true) < 0);
+  CHECK(program_exec(p, bufs, 2, 0, gs, bad, true) < 0);
   CHECK_STR_CONTAINS(tg_last_error(), "CL: launch on CL:0 failed");
   tg_clear_error();
   buffer_unref(bi), buffer_unref(bo);

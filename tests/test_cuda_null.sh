@@ -2,7 +2,8 @@
 # test_cuda_null.sh -- CUDA codegen without a GPU: the kernels of the PyTorch differential suite
 # (every 8th case of test_ops_torch.py) are rendered in CUDA C and compiled with NVRTC for sm_80 and
 # sm_90 on the compile-only NULL device. Results are zeros there by design, so the check is that no
-# kernel failed to compile and no case raised a library error; plus the NULL device's error paths,
+# kernel failed to compile and no case raised a library error; the same for test_symbolic_shapes'
+# kernels (variables as parameters, guarded global loops); plus the NULL device's error paths,
 # DEBUG=7's PTX and SASS listing (nvdisasm) and its note without a disassembler, and DEV=CUDA's
 # error without the NVIDIA driver (the CUDA device itself: tests/test_cuda_fake.c).
 # Usage: tests/test_cuda_null.sh BUILD_DIR PYTHON   (skips, exit 0, without an NVRTC in CUDA_PATH)
@@ -41,6 +42,10 @@ if [ -n "$nvd_dir" ]; then
 fi
 mkdir "$tmp/cuda-nobin" && ln -s "$CUDA/lib64" "$tmp/cuda-nobin/lib64" && ln -s "$CUDA/include" "$tmp/cuda-nobin/include"
 PATH="/usr/bin:/bin" CUDA_PATH="$tmp/cuda-nobin" DEV=NULL:CUDA:sm_90 DEBUG=7 "$BUILD/examples/quickstart" >"$tmp/nosass.log" 2>&1
+# symbolic kernels (tg_sym sizes: the KV cache, scans over v): each variable a `long` parameter after
+# the buffers, a global loop of variable length launched at its max behind a guard; the suite's
+# values are zeros here, so the check is that it ran to its summary with every kernel compiled
+DEV=NULL:CUDA:sm_90 DEBUG=4 "$BUILD/tests/test_symbolic_shapes" >"$tmp/sym.log" 2>&1
 # DEV=CUDA through the public API without the NVIDIA driver: the reason, not a crash
 TG_CUDA_LIB=/nonexistent/libcuda.so.1 DEV=CUDA "$BUILD/examples/quickstart" >"$tmp/nolib.log" 2>&1
 nolib_rc=$?
@@ -67,6 +72,10 @@ if ! grep -q "NULL:CUDA: arch 'sm_7x' is not an sm_XX" "$tmp/arch.log"; then
 else passed=$((passed + 1)); fi
 if [ "$top_rc" -ne 2 ] || grep -q 'NVRTC (sm_' "$tmp/top.log" || ! grep -q '__syncthreads();' "$tmp/top.log" || ! grep -q 'tg_lmin(' "$tmp/top.log"; then
   echo "FAIL test_cuda_null: GROUPTOP kernels ($top_rc of 2 launched)"; tail -20 "$tmp/top.log"; fail=$((fail + 1))
+else passed=$((passed + 1)); fi
+if ! grep -q '^test_symbolic_shapes.c: [0-9]* passed' "$tmp/sym.log" || grep -q 'NVRTC (sm_\|codegen:' "$tmp/sym.log" ||
+   ! grep -q ', const long start_pos_0) {' "$tmp/sym.log" || ! grep -q ' if (ridx[0-9]* < ' "$tmp/sym.log"; then
+  echo "FAIL test_cuda_null: symbolic kernels"; grep -m 5 -A 6 'NVRTC (sm_\|codegen:' "$tmp/sym.log"; tail -3 "$tmp/sym.log"; fail=$((fail + 1))
 else passed=$((passed + 1)); fi
 if [ -z "$nvd_dir" ]; then
   echo "FAIL test_cuda_null: no nvdisasm or cuobjdump (in $CUDA/bin, PATH or $PYTHON's nvidia-cuda-nvdisasm wheel; scripts/deps.sh installs the wheel)"

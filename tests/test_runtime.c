@@ -406,7 +406,7 @@ TEST(kernel_add_two_threads) {
   for (size_t t = 0; t < sizeof threads_opts / sizeof threads_opts[0]; t++) {
     memset(C->ptr, 0, N * sizeof(float));
     int64_t gs[3] = {N, 1, 1}, ls[3] = {threads_opts[t], 1, 1};
-    double el = program_exec(p, bufs, 3, gs, ls, true);
+    double el = program_exec(p, bufs, 3, 0, gs, ls, true);
     CHECK(el >= 0);
     buffer_copyout(C, c, N * sizeof(float));
     int bad = 0;
@@ -467,7 +467,7 @@ TEST(kernel_chunks_cover_range) {
       int calls = 0;
       void *bufs[2] = {hits, &calls};
       int64_t gs[3] = {n, 1, 1}, ls[3] = {lt, 1, 1};
-      program_exec(p, bufs, 2, gs, ls, false);
+      program_exec(p, bufs, 2, 0, gs, ls, false);
       int bad = 0;
       for (int64_t i = 0; i < n; i++) bad += hits[i] != 1;
       int64_t want = lt == 0 || lt > maxt ? maxt : lt;
@@ -483,7 +483,7 @@ TEST(kernel_chunks_cover_range) {
   int calls = 0;
   void *bufs[2] = {NULL, &calls};
   int64_t gs[3] = {0, 1, 1};
-  CHECK(program_exec(p, bufs, 2, gs, NULL, true) >= 0);
+  CHECK(program_exec(p, bufs, 2, 0, gs, NULL, true) >= 0);
   CHECK(calls == 0);
 }
 
@@ -496,7 +496,7 @@ static void *exec_worker(void *arg) {
     int calls = 0;
     void *bufs[2] = {hits, &calls};
     int64_t gs[3] = {N, 1, 1};
-    program_exec(p, bufs, 2, gs, NULL, false);
+    program_exec(p, bufs, 2, 0, gs, NULL, false);
     for (int i = 0; i < N; i++)
       if (hits[i] != 1) return (void *)1;
   }
@@ -537,7 +537,7 @@ TEST(program_cache_in_memory) {
   float x[4] = {1, 2, 3, 4};
   void *bufs[1] = {x};
   int64_t gs[3] = {4, 1, 1};
-  if (q) program_exec(q, bufs, 1, gs, NULL, true);
+  if (q) program_exec(q, bufs, 1, 0, gs, NULL, true);
   CHECK(x[0] == 2 && x[3] == 8);
   /* different source, same name: a different program */
   const char *src2 = "#include <stdint.h>\n"
@@ -547,11 +547,11 @@ TEST(program_cache_in_memory) {
                      "}\n";
   Program *r = program_get(c0, "scale2", src2);
   CHECK(r != NULL && r != p);
-  if (r) program_exec(r, bufs, 1, gs, NULL, true);
+  if (r) program_exec(r, bufs, 1, 0, gs, NULL, true);
   CHECK(x[0] == 6);
   CHECK(g_counters.compile_count == before + 2);
   /* loads from the same path string must not alias: the second program is really the new code */
-  if (p) program_exec(p, bufs, 1, gs, NULL, true);
+  if (p) program_exec(p, bufs, 1, 0, gs, NULL, true);
   CHECK(x[0] == 12);
 }
 
@@ -593,7 +593,7 @@ TEST(program_batch_counts_kernels) {
   for (int i = 0; i < 3; i++) {
     Program *p = program_get(d, names[i], sp[i]);
     CHECK(p != NULL);
-    if (p) program_exec(p, bufs, 1, gs, NULL, true), program_release(p);
+    if (p) program_exec(p, bufs, 1, 0, gs, NULL, true), program_release(p);
   }
   CHECK(x[0] == 6 && x[3] == 6);
   CHECK(g_counters.compile_count == before + 2);
@@ -697,7 +697,7 @@ static bool lib_works(const uint8_t *lib, size_t len, const char *fname) {
   int x[8] = {0};
   void *bufs[1] = {x};
   int64_t gs[3] = {8, 1, 1};
-  cpu_device_vt.exec(NULL, prg, bufs, 1, gs, NULL, true);
+  cpu_device_vt.exec(NULL, prg, bufs, 1, 0, gs, NULL, true);
   cpu_device_vt.unload(NULL, prg);
   for (int i = 0; i < 8; i++)
     if (x[i] != i * 3) return false;
@@ -824,7 +824,7 @@ static bool lib_computes(const uint8_t *lib, size_t len, const char *fname, int 
   int x[8] = {0};
   void *bufs[1] = {x};
   int64_t gs[3] = {8, 1, 1};
-  cpu_device_vt.exec(NULL, prg, bufs, 1, gs, NULL, true);
+  cpu_device_vt.exec(NULL, prg, bufs, 1, 0, gs, NULL, true);
   cpu_device_vt.unload(NULL, prg);
   for (int i = 0; i < 8; i++)
     if (x[i] != i * k) return false;
@@ -836,7 +836,7 @@ static bool prog_computes(Program *p, int k) {
   int x[8] = {0};
   void *bufs[1] = {x};
   int64_t gs[3] = {8, 1, 1};
-  if (program_exec(p, bufs, 1, gs, NULL, true) < 0) return false;
+  if (program_exec(p, bufs, 1, 0, gs, NULL, true) < 0) return false;
   for (int i = 0; i < 8; i++)
     if (x[i] != i * k) return false;
   return true;
@@ -1181,11 +1181,11 @@ static const char *SPIN_SRC = "#include <stdint.h>\n"
 
 static double time_exec(Program *p, void **bufs, int64_t n, int64_t threads, int iters) {
   int64_t gs[3] = {n, 1, 1}, ls[3] = {threads, 1, 1};
-  for (int i = 0; i < iters / 10 + 1; i++) program_exec(p, bufs, 1, gs, ls, false);
+  for (int i = 0; i < iters / 10 + 1; i++) program_exec(p, bufs, 1, 0, gs, ls, false);
   double best = 1e9;
   for (int rep = 0; rep < 5; rep++) {
     double t0 = now_seconds();
-    for (int i = 0; i < iters; i++) program_exec(p, bufs, 1, gs, ls, false);
+    for (int i = 0; i < iters; i++) program_exec(p, bufs, 1, 0, gs, ls, false);
     double dt = (now_seconds() - t0) / iters;
     if (dt < best) best = dt;
   }
@@ -1215,7 +1215,7 @@ TEST(bench_exec_latency) {
   for (int i = 0; i < 20; i++) {
     usleep(2000);
     double t0 = now_seconds();
-    program_exec(spin, bufs, 1, gs, ls, false);
+    program_exec(spin, bufs, 1, 0, gs, ls, false);
     double dt = now_seconds() - t0;
     total += dt;
     if (dt > worst) worst = dt;

@@ -489,12 +489,6 @@ static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptList 
     }
   }
   LKernel *k = lower_kernel_for(ast, caps, opts);
-  if (gpu && k->nvars) {
-    /* the GPU kernel model takes its sizes from the launch: a variable's loop would need a guard */
-    tg_set_error(TG_ERR_INVALID, "codegen: kernels with symbolic sizes (tg_sym) run on CPU devices only for now");
-    lkernel_free(k);
-    return NULL;
-  }
   int64_t gs[3] = {1, 1, 1}, ls[3] = {1, 1, 1};
   if (gpu && k->ng > 64) tg_set_error(TG_ERR_INVALID, "codegen: a GPU kernel of %d global loops (at most 64)", k->ng);
   else if (gpu && !k->opts_failed && !gpu_launch(k, caps, gs, ls)) k->opts_failed = true;
@@ -512,6 +506,12 @@ static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptList 
                  "device (at most %lld work-items per group, %lld bytes of local memory)", buf, loops.s,
                  (long long)caps->max_local, (long long)caps->local_mem);
     sb_free(&loops);
+  }
+  if (k->opts_failed && !opts && !(gpu && k->ng > 64)) {
+    /* the heuristic's choice does not fit (it should): the kernel without optimizations */
+    lkernel_free(k);
+    static const OptList none = {.n = 0};
+    return codegen_impl(ast, caps, &none, false);
   }
   if (k->opts_failed || (gpu && k->ng > 64) || !image_ok(k, caps)) {
     lkernel_free(k);

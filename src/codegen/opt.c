@@ -221,6 +221,13 @@ static void vr_free(VR *v) {
 /* a loop of variable length (its end is an expression of a variable): never split, vectorized,
  * unrolled or padded */
 static bool sym_range(const UOp *r) { return r && r->nsrc > 0; }
+/* a global loop of variable length: on a GPU its work-items past the end skip the body, so no
+ * work-group barrier (GROUP) may follow */
+static bool sym_global(const LKernel *k) {
+  for (int g = 0; g < k->ng; g++)
+    if (sym_range(k->granges[g])) return true;
+  return false;
+}
 
 /* Tries to vectorize global axis g by W lanes. On success updates k (value/sidx/rbody hold the
  * rewritten expressions; sidx holds the store's base offset) and returns true. */
@@ -963,13 +970,14 @@ static void apply_from(LKernel *k, const OptList *l, int from, const DeviceCaps 
       if (ok) k->threads = o->arg;
       break;
     case OPT_LOCAL: /* (on a CPU device: tiles, see cpu_tiles; the upcasts' copies come first) */
-      ok = !k->nolocals && k->nlocal < 3 && o->axis < k->ng && o->arg >= 1 && (!k->gpu || k->granges[o->axis]->iarg[0] % o->arg == 0);
+      ok = !k->nolocals && k->nlocal < 3 && o->axis < k->ng && o->arg >= 1 &&
+           (!k->gpu || (k->granges[o->axis]->iarg[0] % o->arg == 0 && !sym_range(k->granges[o->axis])));
       for (int j = 0; ok && j < k->nlocal; j++) ok = k->local_axis[j] != o->axis;
       if (ok) k->local_axis[k->nlocal] = o->axis, k->local_arg[k->nlocal++] = o->arg;
       break;
     case OPT_GROUP: case OPT_GROUPTOP: /* (scalar accumulators: not after vector lanes) */
       ok = k->gpu && !k->nolocals && !k->group && !k->vw && !k->rvw && k->rbody && !k->sop && o->axis < k->nr && o->arg >= 2 &&
-           o->arg <= caps->max_local_dims[0] && o->arg <= caps->max_local;
+           o->arg <= caps->max_local_dims[0] && o->arg <= caps->max_local && !sym_global(k);
       if (ok) k->group = o->arg, k->group_axis = o->axis, k->group_top = o->op == OPT_GROUPTOP;
       break;
     case OPT_SWAP:
@@ -1044,7 +1052,7 @@ void gpu_heuristic(LKernel *k, const DeviceCaps *caps, int *next_axis) {
     int64_t n = k->rranges[ri]->iarg[0];
     int64_t G = n >= 1024 ? 256 : n >= 256 ? 64 : n >= 64 ? 16 : 0;
     while (G >= 2 && (G > caps->max_local_dims[0] || G > caps->max_local || G * 8 > caps->local_mem)) G /= 2;
-    if (outs <= 4096 && G >= 2) l.o[l.n++] = (Opt){OPT_GROUP, ri, (int)G};
+    if (outs <= 4096 && G >= 2 && !sym_global(k) && !sym_range(k->rranges[ri])) l.o[l.n++] = (Opt){OPT_GROUP, ri, (int)G};
   }
   int vg = -1, applied = 0; /* the vector UPCAST is applied here (it tells which axes are free) */
   for (int g = k->ng - 1; l.n == 0 && g >= 0 && vg < 0; g--)
@@ -1073,6 +1081,8 @@ void gpu_heuristic(LKernel *k, const DeviceCaps *caps, int *next_axis) {
     int64_t n1 = k->granges[a1]->iarg[0], n0 = a0 >= 0 ? k->granges[a0]->iarg[0] : 0;
     int f0 = a0 >= 0 && n0 % 8 == 0 && n0 >= 16 ? 8 : a0 >= 0 && n0 % 4 == 0 && n0 >= 8 ? 4 : 1;
     int f1 = n1 % 4 == 0 && n1 >= 8 ? 4 : 1;
+    if (a0 >= 0 && sym_range(k->granges[a0])) f0 = 1; /* (loops of variable length are left whole) */
+    if (sym_range(k->granges[a1])) f1 = 1;
     if (f0 > 1) l.o[l.n++] = (Opt){OPT_UPCAST, a0, f0};
     if (f1 > 1) l.o[l.n++] = (Opt){OPT_UPCAST, a1, f1};
     if (f1 > 1 && (n1 / f1) % 16 == 0 && caps->max_local >= 16 && caps->max_local_dims[0] >= 16)

@@ -151,7 +151,7 @@ static double time_one(Bench *b, Cand *c, double best) {
   double t = INFINITY;
   for (int rep = 0; rep < 3; rep++) {
     if (b->orig && buffer_copyin(b->scratch, b->orig, b->nbytes) != TG_OK) return INFINITY;
-    double r = program_exec(c->prg, b->bufs, b->nbufs, c->kc->global_size, c->kc->local_size, true);
+    double r = program_exec(c->prg, b->bufs, b->nbufs, 0, c->kc->global_size, c->kc->local_size, true);
     if (r < 0) {
       tg_clear_error();
       return INFINITY;

@@ -621,7 +621,7 @@ static tg_status run_items(const Capture *c, const bool *run, Buffer *const *fro
       for (int j = 0; j < it->nbufs; j++) p[j] = b[j]->ptr;
       kernel_var_args(it, p, vars, vals, nvars);
       buffer_written(b[0]);
-      double t = program_exec(it->prg, p, it->nbufs, it->code->global_size, it->code->local_size, dbg >= 2 || viz_on);
+      double t = program_exec(it->prg, p, it->nbufs, nv, it->code->global_size, it->code->local_size, dbg >= 2 || viz_on);
       if (p != ps) free(p);
       if (t >= 0 && viz_on) viz_run(-1, it->prg->dev, it->code, NULL, t, it->mem);
       if (t < 0) {
@@ -1113,7 +1113,10 @@ static tg_status run_schedule_items(Schedule *s, bool *ran) {
       } else {
         ck = get_kernel(it->ast, it->dev);
       }
-      if (!ck) return tg_last_status();
+      if (!ck) {
+        if (!tg_last_status()) tg_set_error(TG_ERR_COMPILE, "realize: no kernel could be made for an item on %s", it->dev->name);
+        return tg_last_status();
+      }
       ck_retain(ck); /* kept while it runs, whatever the cache drops meanwhile */
       void *ptrs[16];
       int nv = ck->code->nvars;
@@ -1133,7 +1136,7 @@ static tg_status run_schedule_items(Schedule *s, bool *ran) {
         bufs[it->nbufs + k] = (void *)(intptr_t)vals[k];
       }
       buffer_written(out->buf);
-      double t = program_exec(ck->prg, bufs, it->nbufs, ck->code->global_size, ck->code->local_size, dbg >= 2 || viz_on);
+      double t = program_exec(ck->prg, bufs, it->nbufs, nv, ck->code->global_size, ck->code->local_size, dbg >= 2 || viz_on);
       if (bufs != ptrs) free(bufs);
       if (t >= 0 && viz_on) viz_run(i, it->dev, ck->code, it->ast, t, mem);
       if (g_capture) {

@@ -1541,7 +1541,11 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
       sb_printf(&body, "{ long ridx%d = (long)%s", lv - 1, cuda && g->dim > 0 && gsz[g->dim] > 1 ? strided[g->dim] : L->gid[g->dim]);
       if (g->div > 1) sb_printf(&body, " / %lldL", (long long)g->div);
       if (g->mod) sb_printf(&body, " %% %lldL", (long long)g->mod);
-      sb_puts(&body, ";\n");
+      sb_puts(&body, ";");
+      /* a loop of variable length is launched at its largest extent: the work-items past the
+       * variable's end do nothing (a block, not a return: CUDA's strided ids loop around it) */
+      if (rg->nsrc) sb_printf(&body, " if (ridx%d < %s) {", lv - 1, hi);
+      sb_puts(&body, "\n");
     } else if (lv == 1 && k->ng > 0 && rg->nsrc) {
       /* the threads split the loop's largest extent; those past the variable's end do nothing */
       sb_printf(&body, "for (long long ridx0 = gstart; ridx0 < gend && ridx0 < %s; ridx0++) {\n", hi);
@@ -1593,7 +1597,8 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
         }
         r.indent--;
         ind(&r);
-        sb_puts(&body, "}\n");
+        /* (and the guard of a GPU global loop of variable length) */
+        sb_puts(&body, gpu && cl <= k->ng && k->granges[cl - 1]->nsrc ? "}}\n" : "}\n");
       }
     }
   }
@@ -1761,6 +1766,8 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
       if (k->pimg[i]) sb_printf(&out, "%s%s image2d_t data%d", i ? ", " : "", i ? "read_only" : "write_only", i);
       else sb_printf(&out, "%s%s%s%s *%s data%d", i ? ", " : "", L->gptr, i ? "const " : "", stype(k->pdt[i]), L->restr, i);
     }
+    /* a symbolic kernel's variables, by value after the buffers (the runtime's nvals) */
+    for (int i = 0; i < k->nvars; i++) sb_printf(&out, "%sconst long %s", k->np + i ? ", " : "", nm(&r, k->vars[i]));
     sb_puts(&out, ") {\n");
     /* CUDA grids have at most 65535 blocks along y and z, fewer than a launch may need: the ids of
      * dimensions 1 and 2 stride over the grid, so the runtime may launch fewer blocks there and each

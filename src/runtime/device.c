@@ -1084,15 +1084,15 @@ char *program_disasm(Program *p) {
   return s;
 }
 
-double program_exec(Program *p, void **bufs, int nbufs, const int64_t *global_size, const int64_t *local_size,
+double program_exec(Program *p, void **bufs, int nbufs, int nvals, const int64_t *global_size, const int64_t *local_size,
                     bool wait) {
   if (!p) {
     tg_set_error(TG_ERR_INVALID, "program_exec: no program");
     return -1.0;
   }
   void *h = atomic_load_explicit(&p->handle, memory_order_acquire);
-  if (!h && p->stand_in) return program_exec(p->stand_in, bufs, nbufs, global_size, local_size, wait);
-  return p->dev->vt->exec(p->dev->state, h, bufs, nbufs, global_size, local_size, wait);
+  if (!h && p->stand_in) return program_exec(p->stand_in, bufs, nbufs, nvals, global_size, local_size, wait);
+  return p->dev->vt->exec(p->dev->state, h, bufs, nbufs, nvals, global_size, local_size, wait);
 }
 
 static uint64_t prog_hash(const char *fname, const char *src, size_t srclen) {

@@ -86,9 +86,10 @@ typedef struct DeviceVT {
   /* Binary -> loaded program (opaque). NULL + error on failure. */
   void *(*load)(void *state, const char *fname, const uint8_t *lib, size_t liblen);
   void (*unload)(void *state, void *prg);
-  /* Runs prg over bufs. global_size/local_size have 3 entries. If `wait`, blocks until done and
-   * returns elapsed seconds (>= 0); else may return 0 immediately. Negative on failure. */
-  double (*exec)(void *state, void *prg, void **bufs, int nbufs, const int64_t *global_size,
+  /* Runs prg over bufs: nbufs buffers, then nvals integers (a symbolic kernel's variables, each
+   * an intptr_t in its slot). global_size/local_size have 3 entries. If `wait`, blocks until done
+   * and returns elapsed seconds (>= 0); else may return 0 immediately. Negative on failure. */
+  double (*exec)(void *state, void *prg, void **bufs, int nbufs, int nvals, const int64_t *global_size,
                  const int64_t *local_size, bool wait);
   void (*synchronize)(void *state);
   /* Identifies the compiler + flags (part of every cache key). Static string. */
@@ -283,7 +284,7 @@ void program_tier_wait(void);
  * C renderer (objdump, from binutils), the target machine's assembly for LLVM. malloc'd text the
  * caller frees, or NULL + error (no disassembler installed, a device that cannot show its code). */
 char *program_disasm(Program *p);
-double program_exec(Program *p, void **bufs, int nbufs, const int64_t *global_size,
+double program_exec(Program *p, void **bufs, int nbufs, int nvals, const int64_t *global_size,
                     const int64_t *local_size, bool wait);
 
 /* The on-disk kernel cache (ops_cpu.c), shared by the CPU renderers: the entry for (id, src) --

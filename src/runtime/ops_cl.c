@@ -34,6 +34,7 @@
 typedef int32_t cl_int;
 typedef uint32_t cl_uint;
 typedef uint64_t cl_ulong;
+typedef int64_t cl_long;
 typedef cl_ulong cl_bitfield;
 typedef struct _cl_platform_id *cl_platform_id;
 typedef struct _cl_device_id *cl_device_id;
@@ -669,7 +670,7 @@ static void cl_unload(void *state, void *prg) {
 }
 
 /* local_size[0] <= 0 (or NULL): the driver chooses the work-group size. */
-static double cl_exec(void *state, void *prg, void **bufs, int nbufs, const int64_t *global_size,
+static double cl_exec(void *state, void *prg, void **bufs, int nbufs, int nvals, const int64_t *global_size,
                       const int64_t *local_size, bool wait) {
   ClState *s = state;
   ClProgram *p = prg;
@@ -690,6 +691,11 @@ static double cl_exec(void *state, void *prg, void **bufs, int nbufs, const int6
   for (int i = 0; i < nbufs && err == CL_SUCCESS; i++) {
     cl_mem m = (cl_mem)bufs[i];
     err = g_cl.clSetKernelArg(p->kernel, (cl_uint)i, sizeof m, &m);
+  }
+  /* a symbolic kernel's variables: `long` arguments after the buffers */
+  for (int i = 0; i < nvals && err == CL_SUCCESS; i++) {
+    cl_long v = (cl_long)(intptr_t)bufs[nbufs + i];
+    err = g_cl.clSetKernelArg(p->kernel, (cl_uint)(nbufs + i), sizeof v, &v);
   }
   if (err == CL_SUCCESS)
     err = g_cl.clEnqueueNDRangeKernel(s->queue, p->kernel, 3, NULL, gs, have_local ? ls : NULL, 0, NULL, wait ? &ev : NULL);

@@ -825,10 +825,10 @@ static void cpu_unload(void *state, void *prg) {
   free(p);
 }
 
-static double cpu_exec(void *state, void *prg, void **bufs, int nbufs, const int64_t *global_size,
+static double cpu_exec(void *state, void *prg, void **bufs, int nbufs, int nvals, const int64_t *global_size,
                        const int64_t *local_size, bool wait) {
   (void)state;
-  (void)nbufs;
+  (void)nbufs, (void)nvals; /* (the kernel reads its variables from bufs itself) */
   const CpuProgram *p = prg;
   if (!p) {
     tg_set_error(TG_ERR_INVALID, "exec: no program");

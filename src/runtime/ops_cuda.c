@@ -785,8 +785,9 @@ static void kernel_args(CUdeviceptr *vals, void **args, void **bufs, int nbufs) 
   }
 }
 
-static double cuda_exec(void *state, void *prg, void **bufs, int nbufs, const int64_t *global_size,
+static double cuda_exec(void *state, void *prg, void **bufs, int nbufs, int nvals, const int64_t *global_size,
                         const int64_t *local_size, bool wait) {
+  nbufs += nvals; /* a variable is a 64-bit parameter (`long`) after the buffers, the same size as a pointer */
   CuState *s = state;
   CuProgram *p = prg;
   if (!p) {

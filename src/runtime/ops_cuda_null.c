@@ -98,9 +98,9 @@ static void nullcuda_unload(void *state, void *prg) {
   (void)state;
   free(prg);
 }
-static double nullcuda_exec(void *state, void *prg, void **bufs, int nbufs, const int64_t *global_size,
+static double nullcuda_exec(void *state, void *prg, void **bufs, int nbufs, int nvals, const int64_t *global_size,
                             const int64_t *local_size, bool wait) {
-  (void)state, (void)prg, (void)bufs, (void)nbufs, (void)global_size, (void)local_size, (void)wait;
+  (void)state, (void)prg, (void)bufs, (void)nbufs, (void)nvals, (void)global_size, (void)local_size, (void)wait;
   return 0.0;
 }
 static void nullcuda_synchronize(void *state) { (void)state; }

@@ -897,9 +897,9 @@ static void llvm_unload(void *state, void *prg) {
   free(p);
 }
 
-static double llvm_exec(void *state, void *prg, void **bufs, int nbufs, const int64_t *global_size,
+static double llvm_exec(void *state, void *prg, void **bufs, int nbufs, int nvals, const int64_t *global_size,
                         const int64_t *local_size, bool wait) {
-  (void)state, (void)nbufs;
+  (void)state, (void)nbufs, (void)nvals; /* (the kernel reads its variables from bufs itself) */
   const LlvmProgram *p = prg;
   if (!p) {
     tg_set_error(TG_ERR_INVALID, "exec: no program");
