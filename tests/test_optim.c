@@ -732,4 +732,35 @@ TEST(options_zero_values_are_literal) {
   CHECK(tg_live_count() == 0);
 }
 
+/* Adam, AdamW and LAMB on a float16 parameter with small gradients: the moments' increments are
+ * formed in their float32 state (rounded to float16, (1 - b2) * g * g was 0 below |g| ~ 8e-3, and
+ * the step lr * g / eps took a weight to -4732); one step with lr 0.01 moves every weight by lr
+ * (Adam's first step is lr * sign(g)), as tinygrad's and torch.optim's */
+TEST(adam_lamb_float16_small_gradients) {
+  tg_context_begin();
+  tg_context_set_int("TRAINING", 1);
+  for (int k = 0; k < 3; k++) {
+    tg_scope_begin();
+    float w0[3] = {0.5f, 0.5f, 0.5f}, c[3] = {0.004734f, 0.001f, 0.05f};
+    tg_tensor w = tg_persist(tg_contiguous(tg_cast(tg_from_data(w0, TG_SHAPE(3), NULL), TG_FLOAT16)));
+    CHECK(tg_realize(w) == TG_OK);
+    tg_optim *o = k == 0   ? tg_optim_adam(&w, 1, TG_ADAM_OPTS(.lr = 0.01))
+                  : k == 1 ? tg_optim_adamw(&w, 1, TG_ADAMW_OPTS(.lr = 0.01))
+                           : tg_optim_lamb(&w, 1, TG_LAMB_OPTS(.lr = 0.01));
+    tg_tensor gc = tg_cast(tg_from_data(c, TG_SHAPE(3), NULL), TG_FLOAT16);
+    CHECK(tg_backward(tg_sum(tg_mul(w, gc), NULL, 0, false)) == TG_OK);
+    CHECK(tg_optim_step(o) == TG_OK);
+    float out[3];
+    CHECK(tg_data(tg_cast(w, TG_FLOAT32), out, sizeof out) == TG_OK);
+    /* LAMB: the trust ratio |w| / |update| scales lr * sign(g) to lr / 2 */
+    double want = k == 2 ? 0.495 : 0.49;
+    for (int i = 0; i < 3; i++) CHECK_MSG(fabs(out[i] - want) < 1e-3, "optimizer %d weight %d: %g, want %g", k, i, out[i], want);
+    tg_optim_free(o);
+    tg_free(w);
+    tg_scope_end();
+  }
+  tg_context_end();
+  CHECK(tg_live_count() == 0);
+}
+
 int main(void) { return RUN_TESTS(); }

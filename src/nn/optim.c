@@ -324,8 +324,12 @@ static tg_tensor lars_update(tg_optim *o, int i, tg_tensor t, tg_tensor g, tg_te
 static tg_tensor lamb_update(tg_optim *o, int i, tg_tensor t, tg_tensor g, tg_tensor lr0, tg_tensor b1t,
                              tg_tensor b2t) {
   tg_dtype mdt = tg_dtype_of(o->m[i]), vdt = tg_dtype_of(o->v[i]);
-  tg_assign(o->m[i], tg_cast(tg_add(tg_mul_s(o->m[i], o->b1), tg_mul_s(g, 1.0 - o->b1)), mdt));
-  tg_assign(o->v[i], tg_cast(tg_add(tg_mul_s(o->v[i], o->b2), tg_mul_s(tg_mul(g, g), 1.0 - o->b2)), vdt));
+  /* the moments' increments in the moments' own (float32) precision: for a float16 parameter,
+   * (1 - b2) * g * g rounded to float16 is 0 below |g| of about 8e-3, and v = 0 makes the step
+   * lr * g / eps (tinygrad computes the expression in float32 too) */
+  tg_tensor gm = tg_cast(g, mdt), gv = tg_cast(g, vdt);
+  tg_assign(o->m[i], tg_cast(tg_add(tg_mul_s(o->m[i], o->b1), tg_mul_s(gm, 1.0 - o->b1)), mdt));
+  tg_assign(o->v[i], tg_cast(tg_add(tg_mul_s(o->v[i], o->b2), tg_mul_s(tg_mul(gv, gv), 1.0 - o->b2)), vdt));
   tg_tensor m_hat = tg_div(o->m[i], tg_rsub_s(1.0, b1t));
   tg_tensor v_hat = tg_div(o->v[i], tg_rsub_s(1.0, b2t));
   tg_tensor td = tg_detach(t);
@@ -333,7 +337,7 @@ static tg_tensor lamb_update(tg_optim *o, int i, tg_tensor t, tg_tensor g, tg_te
   if (o->wd) up = tg_add(up, tg_mul_s(to_dev(td, o->device), o->wd));
   tg_tensor scale = lr0;
   if (!o->adam) {
-    tg_tensor r1 = norm2(to_dev(td, o->device)), r2 = norm2(up);
+    tg_tensor r1 = norm2(tg_cast(to_dev(td, o->device), tg_dtype_of(up))), r2 = norm2(up); /* (a float16 weight's norm in float32) */
     scale = tg_mul(lr0, ratio_or_one(r1, r2, tg_div(r1, r2)));
   }
   return tg_cast(tg_mul(scale, up), tg_dtype_of(t));
