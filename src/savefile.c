@@ -4,7 +4,8 @@
  *
  * In: a path from the user. Out: the file replaced whole, or left as it was with an error.
  * Invariants: nothing but the temporary file is written before the rename; a temporary file is
- * removed on every failure; a save killed before its rename leaves "<target>.tmp.<pid>.<n>", which
+ * removed on every failure; a save killed before its rename leaves "<target>.tmp.<pid>.<n>" (the
+ * target's name cut to 223 bytes where it is longer), which
  * the next save to that target removes once process <pid> is gone.
  */
 #include "savefile.h"
@@ -58,6 +59,13 @@ static long long parse_decimal(const char *s, size_t n) {
   return v;
 }
 
+/* How much of a target's file name its temporary files' names begin with: all of it, unless the
+ * name and the ".tmp.<pid>.<n>" after it would pass NAME_MAX (255 bytes on Linux file systems). */
+static size_t temp_base_len(const char *base) {
+  size_t blen = strlen(base);
+  return blen > 255 - 32 ? 255 - 32 : blen;
+}
+
 /* Removes the temporary files that saves to `target` by processes now gone left behind: regular
  * files named "<base>.tmp.<pid>.<n>" next to it whose pid no longer exists (kill(pid, 0) says
  * ESRCH). A live process's file -- a save in progress, in this process or another -- is never
@@ -65,7 +73,7 @@ static long long parse_decimal(const char *s, size_t n) {
 static void remove_stale_temps(const char *fn, const char *target) {
   const char *slash = strrchr(target, '/');
   const char *base = slash ? slash + 1 : target;
-  size_t blen = strlen(base);
+  size_t blen = temp_base_len(base);
   char *dir = slash ? tg_xstrdup(target) : tg_xstrdup(".");
   if (slash) dir[slash == target ? 1 : (size_t)(slash - target)] = '\0';
   int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -187,11 +195,13 @@ tg_status savefile_open(SaveFile *f, const char *fn, const char *path) {
   remove_stale_temps(fn, target);
   /* a temporary file next to the target: O_EXCL with a unique name, mode 0666 & ~umask */
   size_t plen = strlen(target);
+  const char *slash = strrchr(target, '/');
+  int keep = (int)((size_t)(slash ? slash + 1 - target : 0) + temp_base_len(slash ? slash + 1 : target));
   char *tmp = tg_xmalloc(plen + 64);
   static unsigned counter;
   int fd = -1;
   for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
-    snprintf(tmp, plen + 64, "%s.tmp.%ld.%u", target, (long)getpid(), __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
+    snprintf(tmp, plen + 64, "%.*s.tmp.%ld.%u", keep, target, (long)getpid(), __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
     fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0 && errno != EEXIST) break;
   }

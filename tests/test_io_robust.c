@@ -593,6 +593,59 @@ TEST(mmap_documented_limits) {
   CHECK(tg_live_count() == 0);
 }
 
+/* A file name of 250 bytes (NAME_MAX is 255): its temporary file's name is cut to fit, the save
+ * lands, nothing is left behind, and a save of the same name replaces it */
+TEST(safe_save_long_file_name) {
+  char name[251];
+  memset(name, 'n', 250);
+  memcpy(name + 250 - 12, ".safetensors", 12);
+  name[250] = '\0';
+  const char *path = tpath(name);
+  for (int round = 0; round < 2; round++) {
+    tg_state_dict *sd = small_dict((float)round);
+    CHECK_MSG(tg_safe_save(sd, path) == TG_OK, "%s", take_error());
+    tg_state_dict_free(sd);
+    CHECK(holds_dict(path, (float)round));
+    CHECK(temp_files_left() == 0);
+  }
+  unlink(path);
+}
+
+/* fp8 tensors as safetensors' F8_E4M3 / F8_E5M2 (tinygrad's safe_dtypes): saved with that dtype
+ * name, read back bit for bit; 1.0 is 0x38 in e4m3 and 0x3c in e5m2 */
+TEST(safe_fp8_round_trip) {
+  const tg_dtype dts[2] = {TG_FP8E4M3, TG_FP8E5M2};
+  const char *names[2] = {"\"F8_E4M3\"", "\"F8_E5M2\""};
+  const unsigned char one[2] = {0x38, 0x3c};
+  for (int k = 0; k < 2; k++) {
+    const float x[4] = {1.0f, -2.0f, 0.5f, 0.0f};
+    tg_state_dict *sd = tg_state_dict_new();
+    tg_scope_begin();
+    tg_state_dict_set(sd, "a", tg_cast(tg_from_data(x, TG_SHAPE(4), NULL), dts[k]));
+    tg_scope_end();
+    const char *path = tpath("fp8.safetensors");
+    CHECK_MSG(tg_safe_save(sd, path) == TG_OK, "%s", take_error());
+    tg_state_dict_free(sd);
+    size_t n = 0;
+    char *raw = tt_read_file(path, &n);
+    CHECK(raw && strstr(raw + 8, names[k]));
+    free(raw);
+    tg_state_dict *back = tg_safe_load(path);
+    CHECK_MSG(back != NULL, "%s", take_error());
+    if (!back) continue;
+    tg_tensor a = tg_state_dict_get(back, "a");
+    unsigned char bits[4] = {0};
+    float f[4] = {0};
+    CHECK(tg_dtype_of(a) == dts[k] && tg_data(a, bits, sizeof bits) == TG_OK && bits[0] == one[k]);
+    tg_scope_begin();
+    CHECK(tg_data(tg_cast(a, TG_FLOAT32), f, sizeof f) == TG_OK);
+    tg_scope_end();
+    for (int i = 0; i < 4; i++) CHECK_MSG(f[i] == x[i], "%s %d: %g", names[k], i, f[i]);
+    tg_state_dict_free(back);
+    unlink(path);
+  }
+}
+
 int main(void) {
   int rc = RUN_TESTS();
   tmpdir_remove();

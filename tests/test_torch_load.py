@@ -685,6 +685,20 @@ def bad_opcodes_and_corrupt_pickles():
     struct.pack_into("<I", good, cd + 16, 0)
     cd = good.find(b"PK\x01\x02", cd + 4)
   assert tg_load(write("nocrc.pt", bytes(good)))[0]["a"][1].tobytes() == b"\1" * 16
+  # two members over the same bytes (storage 't''s directory entry pointing at 's''s local header):
+  # refused, where the second tensor read the pages the loader gave back after copying the first
+  two = {"a": rebuild(FakeStorage("s", torch.FloatStorage, 4096), 0, (4096,), (1,)),
+         "b": rebuild(FakeStorage("t", torch.FloatStorage, 4096), 0, (4096,), (1,))}
+  good = bytearray(make_zip(pickle_obj(two), {"s": np.arange(4096, dtype=np.float32).tobytes(),
+                                              "t": np.arange(4096, dtype=np.float32).tobytes()}))
+  ents = {i.filename: i for i in zipfile.ZipFile(io.BytesIO(bytes(good))).infolist()}
+  cd = good.index(b"PK\x01\x02")
+  while cd >= 0:
+    nlen = struct.unpack_from("<H", good, cd + 28)[0]
+    if good[cd + 46:cd + 46 + nlen] == b"archive/data/t":
+      struct.pack_into("<I", good, cd + 42, ents["archive/data/s"].header_offset)
+    cd = good.find(b"PK\x01\x02", cd + 4)
+  expect_fail(write("alias.pt", bytes(good)), "entries 'archive/data/s' and 'archive/data/t' overlap")
   # a dict that names two tensors the same way after flattening
   s = FakeStorage("s", torch.FloatStorage, 4)
   expect_fail(write("dup.pt", make_zip(pickle_obj({"a.b": rebuild(s, 0, (4,), (1,)), "a": {"b": rebuild(s, 0, (4,), (1,))}}),

@@ -36,7 +36,7 @@ static const struct {
 } st_dtypes[] = {
     {"BOOL", TG_BOOL},     {"U8", TG_UINT8},    {"I8", TG_INT8},     {"I16", TG_INT16},  {"U16", TG_UINT16},
     {"I32", TG_INT32},     {"U32", TG_UINT32},  {"I64", TG_INT64},   {"U64", TG_UINT64}, {"F16", TG_FLOAT16},
-    {"BF16", TG_BFLOAT16}, {"F32", TG_FLOAT32}, {"F64", TG_FLOAT64},
+    {"BF16", TG_BFLOAT16}, {"F32", TG_FLOAT32}, {"F64", TG_FLOAT64}, {"F8_E4M3", TG_FP8E4M3}, {"F8_E5M2", TG_FP8E5M2},
 };
 
 static const char *st_name_of(tg_dtype dt) {
@@ -332,7 +332,7 @@ static bool parse_entry(J *j, Entry *e, Dims *dims) {
       if (!e->dt) {
         j_fail(j,
                "tensor '%.200s': unsupported dtype \"%.40s\" (supported: BOOL U8 I8 I16 U16 I32 U32 I64 U64 "
-               "F16 BF16 F32 F64)",
+               "F16 BF16 F32 F64 F8_E4M3 F8_E5M2)",
                e->name, val.s);
         goto out;
       }
@@ -783,10 +783,15 @@ tg_status tg_safe_save(const tg_state_dict *sd, const char *path) {
       st = tg_set_error(TG_ERR_INVALID, "%s: %s: tensor name '%.200s' is not valid UTF-8", fn, path, name);
       goto done;
     }
-    if (!tg_valid(t) || tg_ndim(t) > MAX_NDIM || !st_name_of(tg_dtype_of(t))) {
+    if (!tg_valid(t)) {
       st = tg_set_error(TG_ERR_HANDLE,
                         "%s: %s: tensor '%.200s' is not a valid handle (freed behind the dict's back?)", fn,
                         path, name);
+      goto done;
+    }
+    if (tg_ndim(t) > MAX_NDIM || !st_name_of(tg_dtype_of(t))) {
+      st = tg_set_error(TG_ERR_INVALID, "%s: %s: tensor '%.200s' (dtype %s, %d dims) has no safetensors form (at most %d dims)",
+                        fn, path, name, tg_dtype_name(tg_dtype_of(t)), tg_ndim(t), MAX_NDIM);
       goto done;
     }
   }

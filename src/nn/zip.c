@@ -94,6 +94,11 @@ static int zip64_extra(const uint8_t *ex, size_t exlen, uint64_t *usize, uint64_
   return (need_u || need_c || need_o) ? -1 : 0;
 }
 
+static int cmp_offset(const void *a, const void *b) {
+  uint64_t x = (*(ZipEntry *const *)a)->header_offset, y = (*(ZipEntry *const *)b)->header_offset;
+  return x < y ? -1 : x > y;
+}
+
 int zip_open(ZipArchive *z, const uint8_t *d, size_t len, char *err, size_t errlen) {
   memset(z, 0, sizeof *z);
   z->data = d;
@@ -198,6 +203,7 @@ int zip_open(ZipArchive *z, const uint8_t *d, size_t len, char *err, size_t errl
     }
     memcpy(e->name, name, nlen);
     e->name[nlen] = 0;
+    e->header_offset = loff;
     e->data_offset = doff;
     e->csize = csize;
     e->usize = usize;
@@ -206,6 +212,27 @@ int zip_open(ZipArchive *z, const uint8_t *d, size_t len, char *err, size_t errl
     z->by_name[z->n] = e;
     z->n++;
   }
+  /* members must not share bytes: a loader done with one member gives its pages back (the file's
+   * copy, sd_release_bytes), and a second member over them would read zeros */
+  ZipEntry **by_off = calloc(z->n ? z->n : 1, sizeof *by_off);
+  if (!by_off) {
+    zip_close(z);
+    return fail(err, errlen, "out of memory reading the central directory");
+  }
+  for (size_t i = 0; i < z->n; i++) by_off[i] = &z->entries[i];
+  qsort(by_off, z->n, sizeof *by_off, cmp_offset);
+  for (size_t i = 1; i < z->n; i++) {
+    const ZipEntry *a = by_off[i - 1], *b = by_off[i];
+    if (a->data_offset + a->csize > b->header_offset) {
+      char na[208], nb[208];
+      snprintf(na, sizeof na, "%.200s", a->name);
+      snprintf(nb, sizeof nb, "%.200s", b->name);
+      free(by_off);
+      zip_close(z);
+      return fail(err, errlen, "entries '%s' and '%s' overlap in the archive (a crafted or damaged zip)", na, nb);
+    }
+  }
+  free(by_off);
   qsort(z->by_name, z->n, sizeof *z->by_name, cmp_name);
   for (size_t i = 1; i < z->n; i++) {
     if (strcmp(z->by_name[i - 1]->name, z->by_name[i]->name) == 0) {

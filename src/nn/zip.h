@@ -12,6 +12,7 @@
 
 typedef struct {
   char *name;           /* NUL-terminated copy (names containing NUL bytes are rejected) */
+  uint64_t header_offset; /* its local header's first byte */
   uint64_t data_offset; /* first byte of the member's (compressed) data in the archive */
   uint64_t csize, usize;
   uint32_t crc;
