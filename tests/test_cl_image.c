@@ -334,6 +334,35 @@ TEST(image_refused_without_images) {
   END;
 }
 
+/* BEAM over image kernels: the lists that cannot store into an image are no candidates, and leave
+ * no error behind (a later call of the program failed with one) */
+TEST(image_beam_leaves_no_error) {
+  if (!g_cl || !g_cl->caps.images) return;
+  BEGIN;
+  const int64_t shapes[2][3] = {{1, 3, 5}, {7, 17, 3}};
+  for (int k = 0; k < 2; k++) {
+    const int64_t *s = shapes[k];
+    tg_tensor x = mk("CL", (const int64_t[]){s[0], s[1]}, 2, 0.3f), w = mk("CL", (const int64_t[]){s[1], s[2]}, 2, 1.1f);
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s", tpath(k ? "beam-image-1" : "beam-image-0")); /* a search, not a cached choice */
+    tg_context_begin();
+    tg_context_set("BEAM", "1");
+    tg_context_set("IMAGE", "1");
+    tg_context_set("TINYGRAD_CACHE_DIR", dir);
+    tg_tensor y = tg_matmul(x, w);
+    tg_status st = tg_realize(y);
+    tg_context_end();
+    CHECK_MSG(st == TG_OK && tg_last_error() == NULL, "matmul %d: %s", k, tg_last_error() ? tg_last_error() : "");
+    tg_clear_error();
+    int64_t n = 0;
+    float *got = values(y, &n), *want = values(tg_matmul(x, w), &n);
+    CHECK(got && want);
+    for (int64_t i = 0; got && want && i < n; i++) CHECK_MSG(fabsf(got[i] - want[i]) < 1e-4f, "matmul %d [%lld]", k, (long long)i);
+    free(got), free(want);
+  }
+  END;
+}
+
 int main(void) {
   tg_clear_error();
   g_cl = device_get("CL");
@@ -344,6 +373,7 @@ int main(void) {
     printf("test_cl_image: CL:0 has no image support; the image tests check only the error\n");
   }
   int rc = RUN_TESTS();
+  tmpdir_remove();
   CHECK(tg_live_count() == 0);
   return rc;
 }

@@ -648,6 +648,65 @@ TEST(beam_choices_agree) {
   g_beam = NULL;
 }
 
+/* The list BEAM chose for the one kernel of f() (NULL: none or several cached), searched in a private
+ * cache directory `name` */
+static char *beam_choice(const char *name, tg_tensor (*f)(void)) {
+  char dir[4096], bd[4200], p[4500];
+  snprintf(dir, sizeof dir, "%s", tpath(name));
+  if (mkdir(dir, 0755) != 0) return NULL;
+  tg_context_begin();
+  tg_context_set("BEAM", "2");
+  tg_context_set("TINYGRAD_CACHE_DIR", dir);
+  tg_scope_begin();
+  tg_status st = tg_realize(f());
+  tg_scope_end();
+  tg_context_end();
+  if (st != TG_OK) return NULL;
+  snprintf(bd, sizeof bd, "%s/beam", dir);
+  DIR *d = opendir(bd);
+  char *line = NULL;
+  int n = 0;
+  for (struct dirent *e; d && (e = readdir(d));) {
+    if (!strstr(e->d_name, ".opts")) continue;
+    n++;
+    snprintf(p, sizeof p, "%s/%s", bd, e->d_name);
+    size_t len = 0;
+    free(line);
+    line = tt_read_file(p, &len);
+  }
+  if (d) closedir(d);
+  if (n != 1) free(line), line = NULL;
+  return line;
+}
+static tg_tensor inf_row_max(void) {
+  float *x = malloc(sizeof(float) * 64 * 4093);
+  for (int i = 0; i < 64 * 4093; i++) x[i] = (float)((i * 37) % 101) * 0.01f;
+  for (int j = 0; j < 4093; j++) x[5 * 4093 + j] = -INFINITY;
+  tg_tensor t = tg_max(tg_from_data(x, TG_SHAPE(64, 4093), NULL), TG_AXES(1), false);
+  free(x);
+  return t;
+}
+static tg_tensor g_ha, g_hb; /* float16 inputs, realized before the search */
+static tg_tensor half_matmul(void) { return tg_matmul(g_ha, g_hb); }
+
+/* BEAM compares each candidate's output with the unoptimized kernel's: an output with an infinity
+ * (a max over a row of -inf) matches where both are the same infinity (inf - inf is NaN: every
+ * candidate, the heuristics' own list too, was dropped and the kernel ran unoptimized, 30x slower),
+ * and float16 outputs within a few of their rounding steps (other summation orders round
+ * differently: compared byte for byte, only the unoptimized kernel remained) */
+TEST(beam_compares_inf_and_half_outputs) {
+  char *l = beam_choice("beam-inf", inf_row_max);
+  CHECK_MSG(l && l[0] && l[0] != '\n', "the -inf max kept no optimization: '%s'", l ? l : "(no choice)");
+  free(l);
+  tg_scope_begin();
+  g_ha = tg_cast(mkrand(63, 129, 5), TG_FLOAT16), g_hb = tg_cast(mkrand(129, 33, 6), TG_FLOAT16);
+  CHECK(tg_realize(g_ha) == TG_OK && tg_realize(g_hb) == TG_OK);
+  l = beam_choice("beam-half", half_matmul);
+  tg_scope_end();
+  CHECK_MSG(l && l[0] && l[0] != '\n', "the float16 matmul kept no optimization: '%s'", l ? l : "(no choice)");
+  free(l);
+}
+
 /* Runs this test binary's beam_cache_odd_entries as a child with BEAM=2 and TINYGRAD_CACHE_DIR=dir
  * (a fresh process: no choice cached in memory), under `timeout 120`; its exit status, or -1. */
 static int beam_child(const char *dir) {
@@ -1052,6 +1111,7 @@ TEST(half_lanes_bit_exact) {
 
 int main(void) {
   int rc = RUN_TESTS();
+  tmpdir_remove();
   if (tg_live_count() != 0) {
     fprintf(stderr, "live handles left: %zu\n", tg_live_count());
     rc = 1;
