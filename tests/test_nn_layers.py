@@ -67,7 +67,7 @@ class RMSNormOpts(ctypes.Structure):
 
 
 class BatchNormOpts(ctypes.Structure):
-  _fields_ = [("eps", _D), ("affine", _B), ("track_running_stats", _B), ("momentum", _D)]
+  _fields_ = [("eps", _D), ("affine", _B), ("track_running_stats", _B), ("momentum", _D), ("unsynced", _B), ("dist", _B)]
   def __init__(self, eps=1e-5, affine=True, track_running_stats=True, momentum=0.1):
     super().__init__(eps, affine, track_running_stats, momentum)
 
