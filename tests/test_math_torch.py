@@ -309,6 +309,7 @@ BIN_OPS = [
     B("logaddexp", torch.logaddexp, lambda a, b: op("logaddexp", a, b)),
     B("copysign", torch.copysign, lambda a, b: op("copysign", a, b)),
     B("fmod", torch.fmod, lambda a, b: op("fmod", a, b), nonzero=True, gatol=1e-3),
+    B("mod", torch.remainder, lambda a, b: op("mod", a, b), nonzero=True, gatol=1e-3),
     B("div_trunc", lambda a, b: torch.div(a, b, rounding_mode="trunc"), lambda a, b: op("div_mode", a, b, DIV_TRUNC),
       nonzero=True, exact=True, ints=True),
     B("div_floor", lambda a, b: torch.div(a, b, rounding_mode="floor"), lambda a, b: op("div_mode", a, b, DIV_FLOOR),

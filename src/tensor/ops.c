@@ -237,6 +237,19 @@ tg_tensor tg_minimum(tg_tensor x, tg_tensor y) {
   return minimum_nodes("tg_minimum", a, b);
 }
 
+/* d(x mod y) for floats, as tinygrad's x - floor(x / y) * y: dx = g, dy = -g * floor(x / y) (the
+ * modulo primitive and the sign fix have no gradient of their own: x got none, y the fix's 1) */
+static void fmod_grad(UOp *out, UOp *g, UOp *const *inputs, int n, UOp **grads) {
+  (void)out, (void)n;
+  tg_scope_begin();
+  tg_tensor x = t_wrap(uop_ref(inputs[0])), y = t_wrap(uop_ref(inputs[1])), gt = t_wrap(uop_ref(g));
+  tg_tensor dy = tg_neg(tg_mul(gt, tg_floor(tg_div(x, y))));
+  UOp *du = tg_valid(dy) ? t_get(dy, "tg_backward") : NULL;
+  grads[0] = uop_ref(g);
+  grads[1] = du ? uop_ref(du) : NULL;
+  tg_scope_end();
+}
+
 /* Python modulo: the result takes the sign of the divisor. */
 static tg_tensor mod_nodes(const char *fn, UOp *a, UOp *b) {
   tg_dtype dt = tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)b->dtype);
@@ -256,6 +269,10 @@ static tg_tensor mod_nodes(const char *fn, UOp *a, UOp *b) {
     uop_unref(z), uop_unref(rnz), uop_unref(rneg), uop_unref(yneg), uop_unref(diff), uop_unref(fix), uop_unref(ry);
     uop_unref(r);
     r = w;
+  }
+  if (tg_dtype_is_float(dt)) {
+    UOp *ins[2] = {x, y};
+    ag_set_custom_grad(r, ins, 2, fmod_grad);
   }
   uop_unref(x), uop_unref(y), uop_unref(bb[0]), uop_unref(bb[1]);
   return t_wrap(r);
