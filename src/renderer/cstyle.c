@@ -376,13 +376,21 @@ static void render_expr(R *r, UOp *u, SB *e) {
     return;
   }
   case OP_IDIV:
+  case OP_MOD:
+    if (!fl && u->src[1]->op == OP_CONST && u->src[1]->arg.i != 0 && u->src[1]->arg.i != -1) {
+      /* a constant divisor other than 0 and -1 needs no guard (OpenCL C compilers warn of the
+       * constant `7L==0||7L==-1`) */
+      sb_printf(e, "(%s)(%s%s%s)", ctype(dt), a, u->op == OP_IDIV ? "/" : "%", b);
+      return;
+    }
+    if (u->op == OP_MOD) goto mod;
     if (fl) sb_printf(e, "%s(%strunc%s(%s/%s))", rd, L->math, fsuf(dt), a, b);
     else if (tg_dtype_is_unsigned(dt) || dt == TG_BOOL) sb_printf(e, "(%s ? (%s)(%s/%s) : 0)", b, ctype(dt), a, b);
     /* by 0: 0; by -1: the negation, which wraps for the most negative value (-fwrapv) as narrower
      * types do after promotion, instead of trapping */
     else sb_printf(e, "(%s==0 ? 0 : %s==-1 ? (%s)(-%s) : (%s)(%s/%s))", b, b, ctype(dt), a, ctype(dt), a, b);
     return;
-  case OP_MOD:
+  mod:
     if (fl) sb_printf(e, "%s(%sfmod%s(%s,%s))", rd, L->math, fsuf(dt), a, b);
     else if (tg_dtype_is_unsigned(dt) || dt == TG_BOOL) sb_printf(e, "(%s ? (%s)(%s%%%s) : 0)", b, ctype(dt), a, b);
     else sb_printf(e, "((%s==0||%s==-1) ? 0 : (%s)(%s%%%s))", b, b, ctype(dt), a, b);
