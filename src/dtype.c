@@ -384,6 +384,15 @@ static int64_t double_to_i64(double v) {
   return (int64_t)v;
 }
 
+int64_t double_wrap_i64(double v) {
+  if (!isfinite(v)) return 0;
+  v = trunc(v);
+  if (v >= -9223372036854775808.0 && v < 9223372036854775808.0) return (int64_t)v;
+  double m = fmod(v, 18446744073709551616.0); /* exact; |v| >= 2^63 is a multiple of 2^11 */
+  if (m < 0) m += 18446744073709551616.0;
+  return (int64_t)(m >= 9223372036854775808.0 ? (uint64_t)(m - 9223372036854775808.0) + ((uint64_t)1 << 63) : (uint64_t)m);
+}
+
 static uint64_t double_to_u64_bits(double v) {
   /* values in [2^63, 2^64) only fit the unsigned conversion */
   if (v >= 9223372036854775808.0 && v < 18446744073709551616.0) return (uint64_t)v;

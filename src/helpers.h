@@ -135,6 +135,10 @@ void dtype_store(tg_dtype dt, void *dst, double v);          /* C cast semantics
 void dtype_store_i64(tg_dtype dt, void *dst, int64_t v);
 double dtype_load(tg_dtype dt, const void *src);
 int64_t dtype_load_i64(tg_dtype dt, const void *src);
+/* A whole number v as two's-complement bits, modulo 2^64 (exact for every double: 2^63 is INT64_MIN,
+ * 1e30 its value mod 2^64), as tinygrad truncates a Python int to an integer dtype; narrower dtypes
+ * then keep the low bits. NaN and infinities give 0 (callers that saturate them check first). */
+int64_t double_wrap_i64(double v);
 float half_to_float(uint16_t h);
 uint16_t float_to_half(float f);   /* round to nearest even */
 float bf16_to_float(uint16_t h);

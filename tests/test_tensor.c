@@ -580,6 +580,30 @@ TEST(empty_zeros_ones_full_like) {
     CHECK_VALUES(tg_clamp(i8, -200, 300), 0, -128, 0, 127);
     CHECK_VALUES(tg_clamp(i8, -5, 300), 0, -5, 0, 127);
   }
+  /* the 64-bit limits: 2^63 (int64) and 2^64 (uint64) are above the dtype (as doubles INT64_MAX and
+   * UINT64_MAX round up to them, and the scalar was taken for the maximum); an integer scalar the
+   * result must hold wraps modulo 2^64, as tinygrad's constants (x + 2^63 adds INT64_MIN) */
+  {
+    const int64_t xd[3] = {INT64_MAX, INT64_MIN, 0};
+    const uint64_t ud[4] = {UINT64_MAX, (uint64_t)1 << 63, 5, 0};
+    tg_tensor x = tg_from_data(xd, TG_SHAPE(3), TG_OPTS(.dtype = TG_INT64));
+    tg_tensor u = tg_from_data(ud, TG_SHAPE(4), TG_OPTS(.dtype = TG_UINT64));
+    bool b[4] = {0};
+    int64_t r[3] = {0};
+    uint64_t q[4] = {0};
+    CHECK(tg_data(tg_lt_s(x, 9223372036854775808.0), b, 3) == TG_OK && b[0] && b[1] && b[2]);
+    CHECK(tg_data(tg_eq_s(x, 9223372036854775808.0), b, 3) == TG_OK && !b[0] && !b[1] && !b[2]);
+    CHECK(tg_data(tg_add_s(x, 9223372036854775808.0), r, sizeof r) == TG_OK && r[0] == -1 && r[1] == 0 && r[2] == INT64_MIN);
+    CHECK(tg_data(tg_lt_s(u, 18446744073709551616.0), b, 4) == TG_OK && b[0] && b[1] && b[2] && b[3]);
+    CHECK(tg_data(tg_clamp(u, 0, 18446744073709551616.0), q, sizeof q) == TG_OK && !memcmp(q, ud, sizeof q));
+    CHECK(tg_data(tg_minimum_s(u, 18446744073709551616.0), q, sizeof q) == TG_OK && !memcmp(q, ud, sizeof q));
+    /* uint32 + (2^32 + 5) adds 5; the double 1e30 is a multiple of 2^32 (its low bits are zeros),
+     * so uint32 + 1e30 adds 0 (it saturated to x - 1) */
+    tg_tensor u32 = tg_from_data((const uint32_t[]){7}, TG_SHAPE(1), TG_OPTS(.dtype = TG_UINT32));
+    uint32_t w = 0;
+    CHECK(tg_data(tg_add_s(u32, 4294967301.0), &w, sizeof w) == TG_OK && w == 12u);
+    CHECK(tg_data(tg_add_s(u32, 1e30), &w, sizeof w) == TG_OK && w == 7u);
+  }
   /* an integer fill the dtype cannot hold at all is an error (PyTorch's too); in-range ones wrap */
   CHECK(!tg_valid(tg_full(TG_SHAPE(2), NAN, I32)));
   CHECK_ERR(TG_ERR_INVALID, "tg_full", "nan", "int");

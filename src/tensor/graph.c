@@ -4,6 +4,7 @@
  * other threads. Inputs are assumed valid: the public ops check arguments and report errors before
  * calling these.
  */
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,8 +79,11 @@ UOp *g_const(double v, tg_dtype dt, int device) {
   } else if (dt == TG_BOOL) {
     a.i = v != 0;
   } else {
+    /* an integer scalar the dtype cannot hold wraps (x + 2^63 on int64, x + 1e30 on uint32), as
+     * tinygrad's constants do */
     unsigned char tmp[8];
-    dtype_store(dt, tmp, v);
+    if (isfinite(v)) dtype_store_i64(dt, tmp, double_wrap_i64(v));
+    else dtype_store(dt, tmp, v); /* (an infinity saturates, NaN is 0) */
     a.i = dtype_load_i64(dt, tmp);
   }
   int64_t dev = device;

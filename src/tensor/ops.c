@@ -313,7 +313,9 @@ static UOp *scalar_node_for(UOp *x, double v, Kind kind) {
 static int int_range_side(const UOp *x, double v) {
   tg_dtype dt = (tg_dtype)x->dtype;
   if (!tg_dtype_is_int(dt) || !isfinite(v) || v != trunc(v)) return 0;
-  return v < dtype_min(dt) ? -1 : v > dtype_max(dt) ? 1 : 0;
+  /* (the 64-bit maxima round up to 2^63 and 2^64 as doubles: those values are above already) */
+  double hi = dtype_max(dt);
+  return v < dtype_min(dt) ? -1 : v > hi || (tg_dtype_itemsize(dt) == 8 && v >= hi) ? 1 : 0;
 }
 
 /* A comparison of an integer tensor with a whole number its dtype cannot hold has one answer for
