@@ -1148,7 +1148,8 @@ tg_state_dict *tg_tar_extract(const char *path);
 /* PyTorch checkpoints, IDX files, datasets                                                        */
 
 /* Loads a PyTorch checkpoint written by torch.save (tinygrad's torch_load): the zip format (the
- * default) or the legacy format (_use_new_zipfile_serialization=False). NOTHING IN THE FILE IS
+ * default) or the legacy format (_use_new_zipfile_serialization=False), pickle protocols 1 to 5
+ * (protocol 0, which torch.load cannot read either, is an error saying so). NOTHING IN THE FILE IS
  * EXECUTED: the pickle is read by a restricted unpickler that only accepts the names needed to
  * rebuild tensors (collections.OrderedDict, torch._utils._rebuild_tensor_v2 / _rebuild_parameter[_
  * with_state], torch._tensor._rebuild_from_type_v2, the torch.<X>Storage types, and the values

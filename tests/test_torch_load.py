@@ -115,12 +115,12 @@ def check_same(obj, loaded):
     assert g.tobytes() == e.tobytes(), f"{n}: values differ\n got {g.ravel()[:8]}\n exp {e.ravel()[:8]}"
 
 
-def save_both(obj, name):
+def save_both(obj, name, protocol=2):
   """torch.save in both formats; returns [(format, path)]."""
   out = []
   for fmt in ("zip", "legacy"):
     p = os.path.join(TMP, f"{name}.{fmt}.pt")
-    torch.save(obj, p, _use_new_zipfile_serialization=(fmt == "zip"))
+    torch.save(obj, p, _use_new_zipfile_serialization=(fmt == "zip"), pickle_protocol=protocol)
     out.append((fmt, p))
   return out
 
@@ -334,6 +334,25 @@ def nested_checkpoint_and_metadata():
     for k, v in exp.items(): assert meta.get(k) == v, f"{fmt}: meta[{k}] = {meta.get(k)!r}, expected {v!r}"
     assert meta["big"] == str(2 ** 80), meta["big"]
     assert "optimizer.param_groups" in meta and "'lr': 0.1" in meta["optimizer.param_groups"], meta.get("optimizer.param_groups")
+
+
+@case
+def every_pickle_protocol():
+  """protocols 1 to 5 in both formats (1: the INT and LONG opcodes are text, the legacy format's magic
+  number among them); protocol 0, which torch.load cannot read either, is refused with the reason"""
+  sd = collections.OrderedDict(w=torch.arange(6.).reshape(2, 3), b=torch.tensor([True, False]), n=torch.tensor(-5),
+                               i=torch.arange(4).reshape(2, 2).t())
+  obj = {"model": sd, "epoch": 3, "lr": 0.1, "flag": True, "off": False, "big": 2 ** 70, "neg": -2 ** 70, "nb": -129,
+         "edge": [2 ** 63, -2 ** 63, 255, -128, 2 ** 64 - 1], "t": (1, 2.5)}
+  for proto in (1, 2, 3, 4, 5):
+    for fmt, p in save_both(obj, f"proto{proto}", protocol=proto):
+      out, meta, _ = tg_load(p)
+      check_same(obj, out)
+      want = {"epoch": "3", "lr": "0.1", "flag": "True", "off": "False", "big": str(2 ** 70), "neg": str(-2 ** 70),
+              "nb": "-129", "edge": repr(obj["edge"]), "t": "(1, 2.5)"}
+      for k, v in want.items(): assert meta.get(k) == v, f"protocol {proto} {fmt}: meta[{k}] = {meta.get(k)!r}, expected {v!r}"
+  for fmt, p in save_both({"w": torch.ones(2)}, "proto0", protocol=0):
+    expect_fail(p, "pickle protocol 0", "pickle_protocol 1 or later")
 
 
 @case

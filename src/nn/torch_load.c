@@ -713,6 +713,58 @@ static int64_t le_signed(const uint8_t *p, size_t n) {
   return (int64_t)v;
 }
 
+/* The decimal text of a protocol 0/1 INT or LONG ("-12", "01", "119547037146038801333356L"): an
+ * int, a bool (INT's "01" / "00"), or past int64 a PK_BIGINT in LONG1's little-endian two's
+ * complement bytes (the legacy format's magic number is one). */
+static PkObj *text_int(Ctx *c, const uint8_t *t, size_t n, bool is_long) {
+  if (is_long && n && t[n - 1] == 'L') n--;
+  if (!is_long && n == 2 && t[0] == '0' && (t[1] == '0' || t[1] == '1')) return const_obj(c, PK_BOOL, t[1] == '1');
+  bool neg = n && t[0] == '-';
+  size_t d0 = neg || (n && t[0] == '+') ? 1 : 0;
+  if (n <= d0 || n - d0 > 4096) return cfail(c, "corrupt pickle: bad integer text of %zu characters", n);
+  /* the magnitude in base 256, little-endian */
+  size_t cap = (n - d0) / 2 + 2, used = 1;
+  if (!charge(c, cap + 1)) return NULL;
+  uint8_t *mag = tg_xcalloc(cap + 1, 1);
+  for (size_t i = d0; i < n; i++) {
+    if (t[i] < '0' || t[i] > '9') {
+      free(mag);
+      return cfail(c, "corrupt pickle: bad integer text (character 0x%02x)", t[i]);
+    }
+    unsigned carry = (unsigned)(t[i] - '0');
+    for (size_t k = 0; k < used; k++) {
+      unsigned v = mag[k] * 10u + carry;
+      mag[k] = (uint8_t)v, carry = v >> 8;
+    }
+    if (carry) mag[used++] = (uint8_t)carry;
+  }
+  while (used > 1 && !mag[used - 1]) used--;
+  /* two's complement: negate a negative magnitude; one more byte where the sign bit would be wrong */
+  if (neg) {
+    unsigned carry = 1;
+    for (size_t k = 0; k < used; k++) {
+      unsigned v = (uint8_t)~mag[k] + carry;
+      mag[k] = (uint8_t)v, carry = v >> 8;
+    }
+    if (!(mag[used - 1] & 0x80)) mag[used++] = 0xFF;
+    while (used > 1 && mag[used - 1] == 0xFF && (mag[used - 2] & 0x80)) used--;
+  } else if (mag[used - 1] & 0x80) {
+    mag[used++] = 0;
+  }
+  PkObj *o;
+  if (used <= 8) {
+    o = new_obj(c, PK_INT);
+    o->u.i = le_signed(mag, used);
+    free(mag);
+  } else {
+    o = new_obj(c, PK_BIGINT);
+    o->own = mag;
+    o->u.s.p = mag;
+    o->u.s.n = used;
+  }
+  return o;
+}
+
 /* Runs one pickle from p[0..len); returns the object at STOP and the bytes consumed. */
 static PkObj *unpickle(Ctx *c, const uint8_t *p, size_t len, size_t *consumed) {
   Machine m = {.c = c};
@@ -902,6 +954,21 @@ static PkObj *unpickle(Ctx *c, const uint8_t *p, size_t len, size_t *consumed) {
       push(&m, o);
       break;
     }
+    case 'I':
+    case 'L': { /* INT, LONG (protocols 0 and 1): decimal text to the end of the line ("I01" True, "I00"
+                 * False; a LONG ends in 'L') */
+      const uint8_t *nl = memchr(p + pos, '\n', len - pos);
+      if (!nl) {
+        cfail(c, "truncated pickle (text %s at offset %zu has no end of line)", op == 'I' ? "INT" : "LONG", pos - 1);
+        goto done;
+      }
+      size_t n = (size_t)(nl - (p + pos));
+      o = text_int(c, p + pos, n, op == 'L');
+      if (!o) goto done;
+      pos += n + 1;
+      push(&m, o);
+      break;
+    }
     case 0x8a:
     case 0x8b: { /* LONG1, LONG4: little-endian two's complement */
       size_t hk = op == 0x8a ? 1 : 4;
@@ -1073,7 +1140,11 @@ static PkObj *unpickle(Ctx *c, const uint8_t *p, size_t len, size_t *consumed) {
       push(&m, m.v[m.n - 1]);
       break;
     default:
-      cfail(c, "unsupported pickle opcode 0x%02x at offset %zu", op, pos - 1);
+      if (op && strchr("pgSVFP", op)) /* text opcodes only protocol 0 writes */
+        cfail(c, "unsupported pickle opcode 0x%02x ('%c') at offset %zu: a pickle protocol 0 checkpoint, which "
+                 "torch.load cannot read either; save with pickle_protocol 1 or later", op, op, pos - 1);
+      else
+        cfail(c, "unsupported pickle opcode 0x%02x at offset %zu", op, pos - 1);
       goto done;
     }
   }
@@ -1599,7 +1670,8 @@ tg_state_dict *torch_load_mem(const char *fn, const char *path, const uint8_t *d
   PkObj *root = NULL;
   if (len >= 4 && memcmp(data, "PK\x03\x04", 4) == 0) {
     root = load_zip(&c);
-  } else if (len >= 2 && data[0] == 0x80) {
+  } else if (len >= 2 && (data[0] == 0x80 || data[0] == 'L')) {
+    /* (protocol 2 and up begin with PROTO; 0 and 1 with the magic number as a text LONG) */
     root = load_legacy(&c);
   } else if (len >= 262 && memcmp(data + 257, "ustar", 5) == 0) {
     cfail(&c, "tar-format checkpoints (PyTorch before 0.4) are not supported");
