@@ -908,6 +908,10 @@ GGUF_HOSTILE = [
     ("bad_bool", gguf_bytes([gs("a") + struct.pack("<IB", 7, 2) + b"\0" * 12]), ["bool"]),
     ("string_nul", gguf_bytes([gs("a") + struct.pack("<I", 8) + gs(b"x\0y")]), ["NUL"]),
     ("string_past_end", gguf_bytes([gs("a") + struct.pack("<IQ", 8, 1000) + b"abc"]), ["length 1000"]),
+    # strings are UTF-8 (gguf's reader and tinygrad decode them so): keys, values, tensor names
+    ("key_not_utf8", gguf_bytes([gs(b"k\xfe") + struct.pack("<IB", 0, 1)]), ["metadata key is not valid UTF-8"]),
+    ("string_not_utf8", gguf_bytes([gs("a") + struct.pack("<I", 8) + gs(b"\xc3\x28")]), ["metadata string is not valid UTF-8"]),
+    ("name_not_utf8", gguf_bytes(tensors=[(b"t\xff", [1], 0, 0)], data=b"\0" * 4), ["tensor name is not valid UTF-8"]),
     ("array_huge", gguf_bytes([gs("a") + struct.pack("<IIQ", 9, 4, 2**61) + b"\0" * 16]), ["does not fit"]),
     ("array_bad_elem", gguf_bytes([gs("a") + struct.pack("<IIQ", 9, 99, 1) + b"\0" * 16]), ["element type 99"]),
     ("array_nested_deep", gguf_bytes([gs("a") + struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * 20 + struct.pack("<IQ", 0, 0)]),

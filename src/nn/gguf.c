@@ -103,6 +103,8 @@ static bool r_str(R *r, const char **s, size_t *n, const char *what) {
     return r_err(r, "%s has length %llu but only %zu bytes are left", what, (unsigned long long)len,
                  r_left(r) - 8);
   }
+  if (!utf8_valid(r->p, (size_t)len)) /* (gguf's reader and tinygrad's decode them as UTF-8 too) */
+    return r_err(r, "%s is not valid UTF-8", what);
   *s = (const char *)r->p;
   *n = (size_t)len;
   r->p += len;
