@@ -363,6 +363,33 @@ TEST(image_beam_leaves_no_error) {
   END;
 }
 
+/* a matmul whose rows make a prime count of texels past the device's image width has no exact image
+ * shape: the ordinary kernels compute it (IMAGE=1 was an error there), equal to IMAGE=0 */
+TEST(image_matmul_unfactorable_rows) {
+  if (!g_cl || !g_cl->caps.images) return;
+  BEGIN;
+  int64_t p = g_cl->caps.image_max_w > g_cl->caps.image_max_h ? g_cl->caps.image_max_w : g_cl->caps.image_max_h;
+  for (bool prime = false; !prime;) {
+    p++;
+    prime = true;
+    for (int64_t q = 2; q * q <= p && prime; q++) prime = p % q != 0;
+  }
+  tg_tensor x = mk("CL", (const int64_t[]){p, 4}, 2, 0.2f), w = mk("CL", (const int64_t[]){4, 5}, 2, 0.9f);
+  tg_context_begin();
+  tg_context_set("IMAGE", "1");
+  tg_tensor y = tg_matmul(x, w);
+  tg_context_end();
+  CHECK_MSG(tg_valid(y), "%s", tg_last_error() ? tg_last_error() : "");
+  int64_t n = 0;
+  float *got = tg_valid(y) ? values(y, &n) : NULL, *want = values(tg_matmul(x, w), &n);
+  CHECK(got && want && n == p * 5);
+  double md = 0;
+  for (int64_t i = 0; got && want && i < n; i++) md = fmax(md, fabs((double)got[i] - want[i]));
+  CHECK_MSG(md < 1e-4, "rows %lld: off by %g", (long long)p, md);
+  free(got), free(want);
+  END;
+}
+
 int main(void) {
   tg_clear_error();
   g_cl = device_get("CL");

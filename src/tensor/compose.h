@@ -42,6 +42,11 @@ int image_mode(const char *fn, const UOp *a, const UOp *w, const UOp *b);
 tg_tensor image_conv2d(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, int64_t groups, const int64_t *s,
                        const int64_t *d, const int64_t *pads);
 tg_tensor image_dot(const char *fn, tg_tensor x, tg_tensor w);
+/* Do the images of such a convolution (input, weight, result) each fit the device's image limits
+ * (an exact w x h of its texels)? cin is the weight's (per group); pads (top, bottom, left, right).
+ * Where one does not (a prime row count past the width limit), the ordinary kernels compute it. */
+bool image_conv_fits(int device, int64_t bs, int64_t cin, int64_t iy, int64_t ix, int64_t cout, int64_t kh, int64_t kw,
+                     int64_t groups, const int64_t *s, const int64_t *d, const int64_t *pads);
 
 /* [0, n) as int32 on a's device, n = a's size along dim (tinygrad's arange(x.shape[dim])): symbolic
  * when that dim is (a tg_sym size), so the positions of a scan or a mask over a symbolic axis hold

@@ -34,6 +34,29 @@ int image_mode(const char *fn, const UOp *a, const UOp *w, const UOp *b) {
   return 1;
 }
 
+/* Is there a w x h image (w, h within the device's limits) of exactly `texels` texels? */
+static bool texels_fit(const Device *dev, int64_t texels, int64_t rows) {
+  int64_t mw = dev->caps.image_max_w, mh = dev->caps.image_max_h;
+  int64_t h = rows > 0 && texels % rows == 0 ? rows : 1;
+  if (texels / h <= mw && h <= mh) return true;
+  for (int64_t c = mw < texels ? mw : texels; c >= 1; c--)
+    if (texels % c == 0 && texels / c <= mh) return true;
+  return false;
+}
+
+static int64_t round4(int64_t v) { return (v + 3) / 4 * 4; }
+
+bool image_conv_fits(int device, int64_t bs, int64_t cin, int64_t iy, int64_t ix, int64_t cout, int64_t kh, int64_t kw,
+                     int64_t groups, const int64_t *s, const int64_t *d, const int64_t *pads) {
+  const Device *dev = device_by_id(device);
+  if (!dev) return false;
+  int64_t cinp = round4(cin), rcoutp = round4(cout / groups);
+  int64_t oy = (iy + pads[0] + pads[1] - d[0] * (kh - 1) - 1) / s[0] + 1, ox = (ix + pads[2] + pads[3] - d[1] * (kw - 1) - 1) / s[1] + 1;
+  return texels_fit(dev, bs * iy * ix * groups * cinp / 4, bs * iy) &&
+         texels_fit(dev, groups * rcoutp / 4 * kh * kw * cinp, groups * rcoutp / 4) &&
+         texels_fit(dev, bs * oy * ox * groups * rcoutp / 4, bs * oy);
+}
+
 /* t (float32, last dim a multiple of 4) materialized in an image of `rows` rows where the device
  * allows, else the nearest shape that fits: any w x h with w*h texels holds it, since texel i is
  * at (i % w, i / w). */
@@ -56,8 +79,6 @@ static tg_tensor image_contig(const char *fn, tg_tensor t, int64_t rows) {
   }
   return t_wrap(g_image(u, w, h));
 }
-
-static int64_t round4(int64_t v) { return (v + 3) / 4 * 4; }
 
 tg_tensor image_conv2d(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, int64_t groups,
                        const int64_t *s, const int64_t *d, const int64_t *pads) {

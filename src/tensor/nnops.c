@@ -1318,7 +1318,8 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
   int64_t rcout = cout / groups;
   int im = image_mode(fn, a, w, b);
   if (im < 0) return NONE;
-  if (im) return image_conv2d(fn, x, weight, bias, groups, s, d, pads);
+  if (im && image_conv_fits(a->device, a->shape[0], w->shape[1], hw[0], hw[1], cout, kh, kw, groups, s, d, pads))
+    return image_conv2d(fn, x, weight, bias, groups, s, d, pads);
   NnOp o = begin(fn);
   bool simple = groups == 1 && s[0] == 1 && s[1] == 1 && d[0] == 1 && d[1] == 1;
   tg_tensor xin = x;

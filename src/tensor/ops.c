@@ -1136,7 +1136,10 @@ static tg_tensor matmul_impl(const char *fn, tg_tensor x, tg_tensor w, tg_dtype 
   if (dtype == TG_DTYPE_DEFAULT && b->ndim == 2) { /* IMAGE=1 on a GPU device: a 1x1 image convolution */
     int im = image_mode(fn, a, b, NULL);
     if (im < 0) return NONE;
-    if (im) return image_dot(fn, x, w);
+    static const int64_t one[2] = {1, 1}, zero[4] = {0, 0, 0, 0};
+    int64_t rows = 1;
+    for (int i = 0; i < a->ndim - 1; i++) rows *= a->shape[i];
+    if (im && image_conv_fits(a->device, 1, b->shape[0], rows, 1, b->shape[1], 1, 1, 1, one, one, zero)) return image_dot(fn, x, w);
   }
   /* (..., n, k) @ (k, m): the leading axes are rows too (a 3-D linear's (B, L, in) input), so it
    * takes the 2-D path and the result is reshaped back -- unless a dim is symbolic (merging it into
