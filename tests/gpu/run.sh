@@ -15,8 +15,8 @@
 #   3. bench       bench/matmul.py on CUDA against PyTorch CUDA (1024, 2048, 4096)
 #   4. suites      in parallel on the GPU: the differential suites with DEV=CUDA (every case of
 #                  test_ops_torch, test_nn_torch, test_math_torch, test_edges_torch,
-#                  test_indexing_torch, test_processing_torch, test_nd_args_torch), test_jit and
-#                  test_fusion with DEV=CUDA, test_cuda_fake (host-side), test_tc (tc_on_cuda_gpu: the
+#                  test_indexing_torch, test_processing_torch, test_nd_args_torch), test_jit,
+#                  test_fusion and test_symbolic_shapes with DEV=CUDA, test_cuda_fake (host-side), test_tc (tc_on_cuda_gpu: the
 #                  tensor cores' hardware layout, f16/bf16/tf32 and padded shapes, exact against
 #                  float64 for small integers), beautiful_mnist (70 steps)
 #                  with DEV=CUDA, failing below 83% test accuracy (the example's documented target),
@@ -134,6 +134,7 @@ for s in ops nn math edges indexing processing nd_args; do
 done
 par test_jit 300 env DEV=CUDA build/tests/test_jit
 par test_fusion 300 env DEV=CUDA build/tests/test_fusion
+par test_symbolic_shapes 300 env DEV=CUDA build/tests/test_symbolic_shapes
 par test_cuda_fake 120 build/tests/test_cuda_fake
 par test_tc 300 build/tests/test_tc
 if [ -n "$MNIST" ]; then
@@ -145,7 +146,7 @@ for p in "${pids[@]}"; do wait "$p"; done
 for s in ops nn math edges indexing processing nd_args; do
   [ -f "$OUT/test_${s}_torch.log" ] && note "  test_${s}_torch: $(counts "test_${s}_torch" || echo 'no count line')"
 done
-for s in test_jit test_fusion test_cuda_fake test_tc; do [ -f "$OUT/$s.log" ] && note "  $s: $(counts $s || echo 'no count line')"; done
+for s in test_jit test_fusion test_symbolic_shapes test_cuda_fake test_tc; do [ -f "$OUT/$s.log" ] && note "  $s: $(counts $s || echo 'no count line')"; done
 
 # ---- 4b. NCCL: a CUDA tensor's tg_dist_allreduce through the real libnccl (one rank: a
 # communicator of one), where mpirun and libnccl exist
