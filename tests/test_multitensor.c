@@ -472,7 +472,101 @@ TEST(assign_setitem) {
     tg_realize(want2);
     CHECK(tg_setitem_s(want2, TG_INDEX(TG_IX_SLICE(0, 10, 1), TG_IX_SLICE(1, 3, 1)), 7.0) == TG_OK);
     CHECK_MSG(maxdiff(s, want2) == 0, "assign into a view, axis %d", ax);
+    /* a setitem through a view of the realized sharded tensor lands in it, as on one device (it went
+     * into the view's own copy): a reshape, a getitem and a permute (a reshape that does not keep the
+     * sharded axis whole in its shards -- rows in shards of 3 and 1 into pairs, columns into rows of 8
+     * -- gathers the tensor first: that view is of the gathered copy) */
+    tg_tensor want3 = tg_contiguous(want2);
+    tg_realize(want3);
+    if (ax < 0) {
+      tg_tensor rv = tg_reshape(s, TG_SHAPE(5, 8)), wrv = tg_reshape(want3, TG_SHAPE(5, 8));
+      CHECK(tg_setitem_s(rv, TG_INDEX(TG_IX_INT(1)), -1.0) == TG_OK && tg_setitem_s(wrv, TG_INDEX(TG_IX_INT(1)), -1.0) == TG_OK);
+    }
+    tg_tensor pv = tg_permute(s, (int[]){1, 0}, 2), wpv = tg_permute(want3, (int[]){1, 0}, 2);
+    CHECK(tg_setitem_s(pv, TG_INDEX(TG_IX_SLICE(0, 1, 1), TG_IX_SLICE(4, 9, 1)), -2.0) == TG_OK);
+    CHECK(tg_setitem_s(wpv, TG_INDEX(TG_IX_SLICE(0, 1, 1), TG_IX_SLICE(4, 9, 1)), -2.0) == TG_OK);
+    CHECK(tg_realize(s) == TG_OK && tg_realize(want3) == TG_OK);
+    CHECK_MSG(maxdiff(s, want3) == 0, "setitem through views, axis %d", ax);
   }
+  END;
+}
+
+/* symbolic sizes on sharded tensors under TinyJit: a dim that is not split between the shards keeps
+ * its variable (a KV cache sharded on its batch axis, written and read at start_pos: every replay
+ * right, through tg_assign and through tg_setitem); the sharded axis itself splits at the bound
+ * value, so such a capture is refused rather than replayed with the captured sizes, and an unbound
+ * variable there is an error */
+static tg_tensor g_kv;
+static int g_kv_setitem;
+static tg_status kv_step(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
+  tg_symvar sp = tg_jit_var(0);
+  tg_tensor region = tg_shrink(g_kv, TG_SHAPE(0, 4, tg_sym(sp, 0), tg_sym(sp, 1)));
+  if (g_kv_setitem) {
+    if (tg_setitem(region, NULL, 0, in[0]) != TG_OK) return TG_ERR_INVALID;
+  } else if (!tg_valid(tg_assign(region, in[0]))) {
+    return TG_ERR_INVALID;
+  }
+  out[0] = tg_sum(tg_shrink(g_kv, TG_SHAPE(0, 4, 0, tg_sym(sp, 1))), (int[]){1}, 1, false);
+  return TG_OK;
+}
+static tg_status sum_to_n(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
+  out[0] = tg_sum(tg_mul_s(tg_shrink(in[0], TG_SHAPE(0, tg_sym(tg_jit_var(0), 0), 0, 3)), 2), (int[]){0}, 1, false);
+  return TG_OK;
+}
+
+TEST(jit_symbolic_sharded) {
+  BEGIN;
+  tg_symvar v = tg_variable("sp", 0, 7);
+  for (int mode = 0; mode < 3; mode++) { /* single device; sharded on axis 0 through tg_assign; through tg_setitem */
+    tg_scope_begin();
+    g_kv_setitem = mode == 2;
+    g_kv = realized(tg_zeros(TG_SHAPE(4, 8), NULL));
+    if (mode) g_kv = realized(tg_shard(g_kv, DEV2, 2, 0));
+    tg_jit *j = tg_jit_new(kv_step, 1, NULL);
+    for (int p = 0; p < 7; p++) {
+      tg_scope_begin();
+      tg_tensor nw = tg_full(TG_SHAPE(4, 1), p + 1, NULL);
+      if (mode) nw = tg_shard(nw, DEV2, 2, 0);
+      nw = realized(nw);
+      tg_symvar b = tg_var_bind(v, p);
+      tg_tensor o;
+      CHECK_MSG(tg_jit_call_vars(j, &nw, 1, &b, 1, NULL, 0, &o) == TG_OK, "mode %d sp %d: %s", mode, p, tg_last_error());
+      float r[4] = {0};
+      CHECK(tg_data(o, r, sizeof r) == TG_OK);
+      for (int i = 0; i < 4; i++) CHECK_MSG(r[i] == (p + 1) * (p + 2) / 2, "mode %d sp %d row %d: %g", mode, p, i, r[i]);
+      tg_scope_end();
+    }
+    CHECK(tg_jit_captured_kernels(j) > 0);
+    tg_jit_free(j);
+    tg_scope_end();
+  }
+  /* the sharded axis at a symbolic size: right outside the jit, refused by it after the first call */
+  float xd[24];
+  for (int i = 0; i < 24; i++) xd[i] = (float)i;
+  tg_tensor x = realized(tg_shard(tg_from_data(xd, TG_SHAPE(8, 3), NULL), DEV2, 2, 0));
+  tg_symvar n = tg_variable("n", 1, 8);
+  tg_jit *j = tg_jit_new(sum_to_n, 1, NULL);
+  const int vals[] = {5, 6, 7};
+  for (int c = 0; c < 3; c++) {
+    tg_scope_begin();
+    tg_symvar b = tg_var_bind(n, vals[c]);
+    tg_tensor o;
+    tg_status st = tg_jit_call_vars(j, &x, 1, &b, 1, NULL, 0, &o);
+    if (c == 0) {
+      float r[3] = {0}, want = 0;
+      for (int i = 0; i < vals[c]; i++) want += 2 * xd[3 * i];
+      CHECK(st == TG_OK && tg_data(o, r, sizeof r) == TG_OK && r[0] == want);
+    } else {
+      CHECK_MSG(st != TG_OK && strstr(tg_last_error(), "computed from its bound value"), "call %d", c);
+      tg_clear_error();
+    }
+    tg_scope_end();
+  }
+  tg_jit_free(j);
+  CHECK(!tg_valid(tg_shrink(x, TG_SHAPE(0, tg_sym(n, 0), 0, 3))));
+  CHECK_ERR(TG_ERR_INVALID, "tg_shrink", "variable 'n' is unbound", "sharded axis");
   END;
 }
 

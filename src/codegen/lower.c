@@ -483,8 +483,9 @@ static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptList 
     f8 = f8 || uses_dtype(ast, TG_FP8E5M2, &seen);
     pm_free(&seen);
     if (f8) {
-      tg_set_error(TG_ERR_INVALID, "codegen: fp8 dtypes are computed on CPU devices only; cast to float16 or float32 "
-                                   "first, or move the tensor to the CPU with tg_to");
+      tg_set_error(TG_ERR_INVALID, "codegen: fp8 dtypes are computed on CPU devices only (a cast, or a copy of a "
+                                   "view, is a computation): move the fp8 tensor itself, not a view of it, to the CPU "
+                                   "with tg_to and cast or rearrange it there");
       return NULL;
     }
   }

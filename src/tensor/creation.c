@@ -800,7 +800,7 @@ tg_tensor tg_detach(tg_tensor t) {
 /* Is t a chain of shrinks, one with a symbolic argument, over a buffer (or a pending assign into
  * one)? Such a target is written in place (an ASSIGN of a region); a concrete shrink keeps the
  * setitem path. */
-static bool region_target(UOp *t) {
+bool t_region_target(UOp *t) {
   bool sym = false;
   while (t->op == OP_SHRINK && !uop_realized(t)) {
     int n;
@@ -892,14 +892,21 @@ static tg_tensor assign_node(tg_tensor target, UOp *tb, UOp *vu) {
 
 /* tg_assign to a multi-device target: each shard's buffer takes its part of the value (resharded
  * to the target's sharding). A target whose shards are not buffers of their own gets them first. */
-static tg_tensor assign_multi(tg_tensor target, UOp *tu, UOp *vu) {
+bool m_is_view_of_buffers(UOp *tu) {
   UOp *tb = g_resolve(tu);
   bool own = true, views = true;
   for (uint32_t i = 0; i < tb->nsrc; i++) {
     own = own && g_resolve(tb->src[i])->op == OP_BUFFER;
     views = views && g_base_buffer(tb->src[i]) != NULL;
   }
-  if (!own && views) {
+  return !own && views;
+}
+
+static tg_tensor assign_multi(tg_tensor target, UOp *tu, UOp *vu) {
+  UOp *tb = g_resolve(tu);
+  bool own = true;
+  for (uint32_t i = 0; i < tb->nsrc; i++) own = own && g_resolve(tb->src[i])->op == OP_BUFFER;
+  if (m_is_view_of_buffers(tu)) {
     /* views of buffers (a shrink of a realized sharded tensor): each shard's part of the value is
      * written through its view into that buffer, as on one device (it went into a copy, and the
      * sharded tensor the view was taken of never changed) */
@@ -977,7 +984,7 @@ tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
       uop_unref(a0);
       tu = tb = ts->u;
     }
-    if (tb->op != OP_BUFFER && tb->sym == NULL && region_target(tb)) {
+    if (tb->op != OP_BUFFER && tb->sym == NULL && t_region_target(tb)) {
       /* a shrink of a buffer at a symbolic offset (a KV cache at start_pos): written in place */
       return assign_region(target, tb, vu);
     }

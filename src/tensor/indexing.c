@@ -595,6 +595,11 @@ static tg_status write_through(const char *fn, tg_tensor x, UOp *const *chain, i
         for (int d = 0; d < nd; d++)
           pads[2 * d] = u->iarg[2 * d], pads[2 * d + 1] = src->shape[d] - u->iarg[2 * d + 1];
         t[j] = tg_pad(t[j], pads, 2 * nd, 0.0);
+        /* a view at a symbolic offset put back at the bound value's position: right for that value
+         * only (a TinyJit capture is refused) */
+        int na;
+        UOp *tu = tg_valid(t[j]) ? t_get(t[j], fn) : NULL;
+        if (tu && uop_move_args(u, &na) != u->iarg) uop_mark_sym_baked(tu);
         break;
       }
       case OP_PAD: {
@@ -689,6 +694,33 @@ static tg_status setitem_impl(const char *fn, tg_tensor x, const tg_index_spec *
     v = t_get(value, fn);
     if (!v) return TG_ERR_HANDLE;
     if (!same_device(fn, a, v, "value")) return TG_ERR_INVALID;
+  }
+  if (m_is(a) && m_is_view_of_buffers(a)) {
+    /* a view of a realized sharded tensor: the write goes through each shard's view into its buffer
+     * (tg_assign's multi-device path), as a write through a view does on one device */
+    for (int i = 0; i < n; i++)
+      if (spec && spec[i].kind == TG_INDEX_TENSOR)
+        return tg_set_error(TG_ERR_INVALID, "%s: a tensor index into a view of a multi-device tensor is not supported; "
+                            "setitem into the sharded tensor itself", fn);
+    tg_scope_begin();
+    tg_tensor t = n ? tg_getitem(x, spec, n) : x;
+    UOp *tu = tg_valid(t) ? t_get(t, fn) : NULL;
+    tg_tensor vb = !tu ? NONE : scalar ? tg_full_like(t, sval, NULL) : tg_expand(tg_cast(value, (tg_dtype)a->dtype), tu->shape, tu->ndim);
+    tg_tensor as = tg_valid(vb) ? tg_assign(t, vb) : NONE;
+    tg_status st = tg_valid(as) ? TG_OK : tg_last_status() ? tg_last_status() : TG_ERR_INVALID;
+    tg_scope_end();
+    return st;
+  }
+  if (n == 0 && !a->sym && t_region_target(a) && (scalar || bcast_to_ok(v->shape, v->ndim, a->shape, a->ndim))) {
+    /* the whole of a view at a symbolic offset (cache[:, sp:sp+1] = new): tg_assign's in-place
+     * region write, whose kernel holds for every value (the where over the base below would be
+     * built at the bound value's position) */
+    tg_scope_begin();
+    tg_tensor vb = scalar ? tg_full_like(x, sval, NULL) : tg_expand(tg_cast(value, (tg_dtype)a->dtype), a->shape, a->ndim);
+    tg_tensor as = tg_assign(x, vb);
+    tg_status st = tg_valid(as) ? TG_OK : tg_last_status() ? tg_last_status() : TG_ERR_INVALID;
+    tg_scope_end();
+    return st;
   }
   Index ix;
   if (parse_index(fn, a, spec, n, &ix) < 0) return tg_last_status();

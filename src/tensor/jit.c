@@ -667,6 +667,15 @@ static void lay_of(tg_tensor t, int *lay) {
   lay[0] = m ? (int)g_resolve(u)->nsrc : 0, lay[1] = m ? m_axis(u) : 0, lay[2] = m ? u->device : 0;
 }
 
+/* A layout in words: "on CPU", "sharded on axis 0 over (CPU, CPU:1)", "replicated over (...)". */
+static const char *lay_text(char *buf, size_t n, const int *lay) {
+  const char *dev = device_by_id(lay[2]) ? device_by_id(lay[2])->name : "?";
+  if (!lay[0]) snprintf(buf, n, "on one device, not sharded");
+  else if (lay[1] < 0) snprintf(buf, n, "replicated over %s", dev);
+  else snprintf(buf, n, "sharded on axis %d over %s", lay[1], dev);
+  return buf;
+}
+
 /* An input's layout (lay_of) and whole shape, as one key: a replay takes the inputs' shards, whose
  * shapes the capture checks, so a tensor sharded otherwise with shards of the same shapes (6 x 6 on
  * axis 0 over 3 devices, then 2 x 18 on axis 1) must be told apart here. */
@@ -705,8 +714,9 @@ static tg_status multi_tramp(const tg_tensor *in, int nin, const double *args, i
     int lay[3];
     lay_of(uout[k], lay);
     if (memcmp(lay, j->out_lay + 3 * k, sizeof lay)) {
-      st = tg_set_error(TG_ERR_INVALID, "tg_jit_call: output %d changed its devices or sharding since the first call (%d shards on axis %d, was %d on axis %d)",
-                        k, lay[0], lay[1], j->out_lay[3 * k], j->out_lay[3 * k + 1]);
+      char b1[300], b2[300];
+      st = tg_set_error(TG_ERR_INVALID, "tg_jit_call: output %d changed its devices or sharding since the first call (now %s, was %s)",
+                        k, lay_text(b1, sizeof b1, lay), lay_text(b2, sizeof b2, j->out_lay + 3 * k));
       break;
     }
     if (!lay[0]) out[p++] = uout[k];
@@ -732,12 +742,12 @@ static tg_status jit_call_multi(tg_jit *j, const tg_tensor *in, int nin, const d
       if (in_key_of(in[i]) != j->in_key[i]) {
         int lay[3];
         lay_of(in[i], lay);
-        char b[256];
+        char b[256], lb[300];
         UOp *u = t_get(in[i], "tg_jit_call");
         return tg_set_error(TG_ERR_INVALID,
-                            "tg_jit_call: input %d (shape %s, %d shards on axis %d) changed its shape, devices or sharding "
+                            "tg_jit_call: input %d (shape %s, %s) changed its shape, devices or sharding "
                             "since the first call; a TinyJit replays one layout: make a new jit for another",
-                            i, u ? fmt_shape(b, sizeof b, u->shape, u->ndim) : "?", lay[0], lay[1]);
+                            i, u ? fmt_shape(b, sizeof b, u->shape, u->ndim) : "?", lay_text(lb, sizeof lb, lay));
       }
   }
   if (!j->in_key && nin > 0) {

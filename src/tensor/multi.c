@@ -355,11 +355,26 @@ static UOp *do_reshape(UOp *s, const void *ctx) {
   return g_reshape(s, p + 1, (int)p[0]);
 }
 
+/* Symbolic sizes on a multi-device tensor: the shards keep a dim's codes where the dim is not split
+ * between them (a replicated tensor's, or another axis than the sharded one), so their kernels are
+ * symbolic as on one device. Where the sharded axis itself takes a symbolic size, each shard's part
+ * is computed from the bound value: the shard nodes are marked as holding it (right for that value;
+ * a TinyJit capture is refused rather than replayed with the captured sizes). */
+static bool any_code(const int64_t *v, int n) {
+  for (int i = 0; i < n; i++)
+    if (sym_is_code(v[i])) return true;
+  return false;
+}
+static void mark_baked(UOp **sh, int n) {
+  for (int i = 0; i < n; i++)
+    if (sh[i]) uop_mark_sym_baked(sh[i]);
+}
+
 UOp *m_reshape(UOp *a, const int64_t *shape, int ndim) {
   int ax = m_axis(a), n = m_n(a);
   int64_t *ctx = tg_xmalloc(sizeof(int64_t) * (size_t)(ndim + 1));
   ctx[0] = ndim;
-  for (int i = 0; i < ndim; i++) ctx[i + 1] = sym_concrete(shape[i]);
+  for (int i = 0; i < ndim; i++) ctx[i + 1] = ax < 0 ? shape[i] : sym_concrete(shape[i]);
   UOp *r = NULL;
   if (ax < 0) {
     r = m_map(a, do_reshape, ctx);
@@ -389,9 +404,11 @@ UOp *m_reshape(UOp *a, const int64_t *shape, int ndim) {
         loc[k] = merge ? ls * (nk / dim) : ls / (dim / nk);
         sh[i] = g_reshape(m_src(a, i), loc, ndim);
       }
+      if (any_code(shape, ndim)) mark_baked(sh, n);
       r = m_make(sh, n, k, a->device);
       free(sh), free(loc);
     } else {
+      for (int i = 0; i < ndim; i++) ctx[i + 1] = shape[i]; /* (the gathered tensor keeps the codes) */
       r = via_replicated(a, do_reshape, ctx);
     }
   }
@@ -458,9 +475,9 @@ UOp *m_shrink(UOp *a, const int64_t *bounds) {
   for (int i = 0; i < n; i++) {
     UOp *s = m_src(a, i);
     memcpy(loc, bounds, sizeof(int64_t) * 2 * (size_t)a->ndim);
-    for (int d = 0; d < 2 * a->ndim; d++) loc[d] = sym_concrete(loc[d]);
     /* each shard keeps its part of the range (possibly none): the shards become uneven */
     if (ax >= 0) {
+      loc[2 * ax] = sym_concrete(loc[2 * ax]), loc[2 * ax + 1] = sym_concrete(loc[2 * ax + 1]);
       int64_t st = shard_start(a, i), en = st + s->shape[ax];
       int64_t lo = loc[2 * ax] > st ? loc[2 * ax] : st, hi = loc[2 * ax + 1] < en ? loc[2 * ax + 1] : en;
       if (hi < lo) hi = lo;
@@ -469,6 +486,7 @@ UOp *m_shrink(UOp *a, const int64_t *bounds) {
     }
     sh[i] = g_shrink(s, loc);
   }
+  if (ax >= 0 && any_code(bounds + 2 * ax, 2)) mark_baked(sh, n);
   UOp *r = m_make(sh, n, ax, a->device);
   free(sh);
   return r;
@@ -530,11 +548,12 @@ UOp *m_assign_region(UOp *target, UOp *value, const int64_t *bounds) {
   UOp **sh = tg_xmalloc(sizeof(UOp *) * (size_t)n);
   for (int i = 0; i < n; i++) {
     UOp *t = m_src(target, i), *vi = m_src(v, i);
-    for (int d = 0; d < 2 * target->ndim; d++) loc[d] = sym_concrete(bounds[d]);
+    memcpy(loc, bounds, sizeof(int64_t) * 2 * (size_t)target->ndim);
     if (ax < 0) {
       sh[i] = g_assign_region(t, vi, loc);
       continue;
     }
+    loc[2 * ax] = sym_concrete(loc[2 * ax]), loc[2 * ax + 1] = sym_concrete(loc[2 * ax + 1]);
     int64_t st = shard_start(target, i), en = st + t->shape[ax];
     int64_t lo = loc[2 * ax] > st ? loc[2 * ax] : st, hi = loc[2 * ax + 1] < en ? loc[2 * ax + 1] : en;
     if (hi <= lo) { /* the region misses this shard: it keeps its contents */
@@ -546,6 +565,7 @@ UOp *m_assign_region(UOp *target, UOp *value, const int64_t *bounds) {
     UOp *part = g_shrink(vi, vb);
     loc[2 * ax] = lo - st, loc[2 * ax + 1] = hi - st;
     sh[i] = g_assign_region(t, part, loc);
+    if (any_code(bounds + 2 * ax, 2)) uop_mark_sym_baked(sh[i]); /* (not a shard it leaves alone: that is t) */
     uop_unref(part);
   }
   UOp *r = m_make(sh, n, ax, target->device);

@@ -860,6 +860,18 @@ tg_tensor tg_shrink(tg_tensor x, const int64_t *bounds0, int nbounds) {
     if (bounds[2 * i] < 0 || bounds[2 * i] > bounds[2 * i + 1] || bounds[2 * i + 1] > a->shape[i])
       return fail(TG_ERR_INVALID, "tg_shrink: bounds (%lld, %lld) for dim %d of shape %s must satisfy 0 <= start <= end <= %lld",
                   (long long)bounds[2 * i], (long long)bounds[2 * i + 1], i, shp(b, sizeof b, a), (long long)a->shape[i]);
+  /* the sharded axis of a multi-device tensor is split at sizes computed from the bound value (see
+   * multi.c): an unbound variable there has none */
+  int max_ = m_is(a) ? m_axis(a) : -1;
+  for (int k = 0; syms && max_ >= 0 && k < 2; k++) {
+    SymDim e;
+    if (sym_decode(bounds0[2 * max_ + k], &e) && e.value < 0) {
+      const char *vn = "?";
+      var_info(e.var, &vn, NULL, NULL);
+      return fail(TG_ERR_INVALID, "tg_shrink: variable '%s' is unbound, and dim %d is the sharded axis of a multi-device "
+                  "tensor, whose shards split at the bound value (bind it with tg_var_bind)", vn, max_);
+    }
+  }
   /* a symbolic end v + c on a dim of concrete size n holds for v <= n - c only: a jit's replays with
    * other values must stay there */
   for (int i = 0; syms && i < a->ndim; i++) {

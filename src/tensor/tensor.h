@@ -46,6 +46,12 @@ Slot *t_slot(tg_tensor t);
 /* Iterates live slots: returns the number of slots (some free); t_slot_at(i) may be free (scope -1). */
 size_t t_slot_count(void);
 int t_scope_depth(void); /* the scopes open on this thread */
+/* Is t a chain of shrinks, one with a symbolic argument, over a buffer (or a pending assign into
+ * one)? tg_assign writes such a view in place (an ASSIGN of a region: a KV cache at start_pos). */
+bool t_region_target(UOp *t);
+/* Is the multi-device node tu a view of its shards' buffers (a shrink, permute, reshape of a realized
+ * sharded tensor), not the sharded tensor itself? A write into it goes through to those buffers. */
+bool m_is_view_of_buffers(UOp *tu);
 /* tg_scope_begin for one of the library's composed ops (closed by tg_scope_end): see sym_library */
 void t_scope_begin_library(void);
 /* The axes argument of a call that takes each axis at most once: not NULL with naxes > 0, naxes not

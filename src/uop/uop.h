@@ -176,6 +176,9 @@ UOp *uop_new_meta(int op, tg_dtype dt, UOp *const *src, int nsrc, const int64_t 
 /* The node's flag bits (UOPF_*), set and read atomically: threads building graphs over shared nodes
  * may mark one while another reads it. */
 static inline uint8_t uop_flags(const UOp *u) { return __atomic_load_n(&u->flags, __ATOMIC_ACQUIRE); }
+/* Marks u as holding a size computed from a variable's bound value (UOPF_SYM_BAKED): right for that
+ * value, never captured by TinyJit for others. */
+static inline void uop_mark_sym_baked(UOp *u) { __atomic_fetch_or(&u->flags, (uint8_t)UOPF_SYM_BAKED, __ATOMIC_RELEASE); }
 /* true once any node got UOPF_GRAD_LEAF (never cleared): until then no graph can need a gradient,
  * and the walks that look for one are skipped */
 extern bool uop_any_grad_leaf;
