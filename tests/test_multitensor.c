@@ -519,16 +519,17 @@ static tg_status sum_to_n(const tg_tensor *in, int nin, const double *args, int 
 TEST(jit_symbolic_sharded) {
   BEGIN;
   tg_symvar v = tg_variable("sp", 0, 7);
-  for (int mode = 0; mode < 3; mode++) { /* single device; sharded on axis 0 through tg_assign; through tg_setitem */
+  for (int mode = 0; mode < 4; mode++) { /* tg_assign, then tg_setitem (mode 2, 3); sharded on axis 0 (1, 2) */
     tg_scope_begin();
-    g_kv_setitem = mode == 2;
+    bool sharded = mode == 1 || mode == 2;
+    g_kv_setitem = mode >= 2;
     g_kv = realized(tg_zeros(TG_SHAPE(4, 8), NULL));
-    if (mode) g_kv = realized(tg_shard(g_kv, DEV2, 2, 0));
+    if (sharded) g_kv = realized(tg_shard(g_kv, DEV2, 2, 0));
     tg_jit *j = tg_jit_new(kv_step, 1, NULL);
     for (int p = 0; p < 7; p++) {
       tg_scope_begin();
       tg_tensor nw = tg_full(TG_SHAPE(4, 1), p + 1, NULL);
-      if (mode) nw = tg_shard(nw, DEV2, 2, 0);
+      if (sharded) nw = tg_shard(nw, DEV2, 2, 0);
       nw = realized(nw);
       tg_symvar b = tg_var_bind(v, p);
       tg_tensor o;
