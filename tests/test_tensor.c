@@ -2182,4 +2182,31 @@ TEST(assigns_through_two_views) {
   END;
 }
 
+/* a handle that is the tensor under another name (a full shrink, a same-shape reshape, tg_to its own
+ * device, tg_detach): an assign through it is a write of the tensor, seen by graphs built after it
+ * and kept when the alias is freed before the tensor is read (it was lost, or seen by tg_data only) */
+TEST(assign_through_aliases) {
+  BEGIN;
+  for (int k = 0; k < 8; k++) {
+    tg_scope_begin();
+    tg_tensor x = tg_full(TG_SHAPE(2, 4), 1, NULL);
+    CHECK(tg_realize(x) == TG_OK);
+    tg_scope_begin();
+    int a = k % 4;
+    tg_tensor v = a == 0 ? tg_shrink(x, TG_SHAPE(0, 2, 0, 4)) : a == 1 ? tg_reshape(x, TG_SHAPE(2, 4)) : a == 2 ? tg_to(x, "CPU") : tg_detach(x);
+    CHECK(tg_valid(tg_assign(v, tg_add_s(tg_mul_s(v, 10), 1))));
+    if (k < 4) {
+      tg_tensor y = tg_mul_s(x, 2); /* built after the write */
+      float o[8] = {0};
+      CHECK_MSG(tg_data(y, o, sizeof o) == TG_OK && o[0] == 22 && o[7] == 22, "alias %d: x*2 = %g", a, o[0]);
+    } else {
+      CHECK(tg_realize(x) == TG_OK); /* x itself, then the alias goes */
+    }
+    tg_scope_end(); /* the alias is freed */
+    CHECK_MSG(vals_are(x, (const float[]){11, 11, 11, 11, 11, 11, 11, 11}, 8), "alias %d (%s)", a, k < 4 ? "x*2 read" : "x realized");
+    tg_scope_end();
+  }
+  END;
+}
+
 int main(void) { return RUN_TESTS(); }

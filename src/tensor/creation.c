@@ -880,6 +880,9 @@ static tg_tensor assign_region(tg_tensor target, UOp *tb, UOp *vu) {
 /* The lazy write of vu (cast to tb's dtype) into tb, the target's storage: target's handle holds the
  * ASSIGN node from now on. */
 static tg_tensor assign_node(tg_tensor target, UOp *tb, UOp *vu) {
+  /* a write another handle holds pending into the same storage goes first (built on the buffer
+   * alone, this one would drop it) */
+  if (tb->op == OP_BUFFER && t_realize_pending_writes(g_buffer_of(tb)) != TG_OK) return NONE;
   UOp *v = g_cast(vu, (tg_dtype)tb->dtype);
   UOp *a = g_assign(tb, v);
   uop_unref(v);
@@ -887,6 +890,9 @@ static tg_tensor assign_node(tg_tensor target, UOp *tb, UOp *vu) {
   UOp *old = s->u;
   s->u = a;
   uop_unref(old);
+  /* every other handle of that storage (an alias: a full shrink, a same-shape reshape, tg_to its own
+   * device) sees the write, in graphs built after it and when the target handle is freed first */
+  if (tb->op == OP_BUFFER) t_replace_buffer_everywhere(g_buffer_of(tb), a);
   return target;
 }
 
@@ -955,8 +961,11 @@ tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
   if (tu->device != vu->device)
     return tg_set_error(TG_ERR_INVALID, "tg_assign: value is on %s but the target is on %s", device_by_id(vu->device)->name, device_by_id(tu->device)->name), NONE;
   if (m_is(tu)) return assign_multi(target, tu, vu);
-  /* the target must be backed by its own contiguous buffer */
+  /* the target must be backed by its own contiguous buffer; a detached handle of a tensor with
+   * storage shares it (PyTorch's detach().add_() writes the tensor) */
   UOp *tb = uop_realized(tu) ? uop_realized(tu) : tu;
+  while (tb->op == OP_DETACH && tb->nsrc == 1 && (tb->src[0]->op == OP_BUFFER || uop_realized(tb->src[0])))
+    tb = uop_realized(tb->src[0]) ? uop_realized(tb->src[0]) : tb->src[0];
   if (tb->op != OP_BUFFER) {
     if (tb->op == OP_ASSIGN) {
       if (tg_realize(target) != TG_OK) return NONE;
