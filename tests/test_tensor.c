@@ -798,6 +798,14 @@ TEST(random_distributions) {
   CHECK_ERR(TG_ERR_INVALID, "tg_rand", "int");
   CHECK(tg_randint(TG_SHAPE(2), 5, 5, NULL).id == 0);
   CHECK_ERR(TG_ERR_INVALID, "tg_randint", "low=5", "high=5");
+  /* uniform needs low < high, normal std >= 0 (tinygrad's ValueErrors; uniform(2, 1) drew from (1, 2]) */
+  CHECK(!tg_valid(tg_uniform(TG_SHAPE(2), 2, 1, NULL)));
+  CHECK_ERR(TG_ERR_INVALID, "tg_uniform", "low=2", "high=1");
+  CHECK(!tg_valid(tg_uniform(TG_SHAPE(2), 0, NAN, NULL)));
+  CHECK_ERR(TG_ERR_INVALID, "tg_uniform");
+  CHECK(!tg_valid(tg_normal(TG_SHAPE(2), 0, -1, NULL)));
+  CHECK_ERR(TG_ERR_INVALID, "tg_normal", "std=-1");
+  CHECK(tg_valid(tg_normal(TG_SHAPE(2), 0, 0, NULL))); /* std 0: the mean */
   END;
 }
 

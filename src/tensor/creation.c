@@ -520,9 +520,13 @@ tg_tensor tg_randn(const int64_t *shape, int ndim, const tg_opts *opts) {
   return rand_shaped("tg_randn", shape, ndim, opts, 1, 0, true, true);
 }
 tg_tensor tg_uniform(const int64_t *shape, int ndim, double low, double high, const tg_opts *opts) {
+  if (!(low < high) || !isfinite(high - low))
+    return tg_set_error(TG_ERR_INVALID, "tg_uniform: low=%g must be below high=%g (both finite)", low, high), NONE;
   return rand_shaped("tg_uniform", shape, ndim, opts, high - low, low, false, false);
 }
 tg_tensor tg_normal(const int64_t *shape, int ndim, double mean, double std, const tg_opts *opts) {
+  if (!(std >= 0) || !isfinite(std) || !isfinite(mean))
+    return tg_set_error(TG_ERR_INVALID, "tg_normal: std=%g must be finite and >= 0 (mean=%g finite)", std, mean), NONE;
   return rand_shaped("tg_normal", shape, ndim, opts, std, mean, true, false);
 }
 tg_tensor tg_randint(const int64_t *shape, int ndim, int64_t low, int64_t high, const tg_opts *opts) {
