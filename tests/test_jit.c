@@ -185,6 +185,33 @@ TEST(jit_random_differs_per_replay) {
   CHECK(tg_live_count() == live);
 }
 
+/* a function that seeds, then draws: every call (replays too) draws the same numbers, the eager
+ * call's, as in tinygrad (the seed's counter reset is part of the capture: replays continued the
+ * stream) */
+static tg_status f_seeded_rand(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
+  tg_manual_seed(1234);
+  out[0] = tg_add(in[0], tg_add(tg_rand(TG_SHAPE(8), NULL), tg_rand(TG_SHAPE(8), NULL)));
+  return TG_OK;
+}
+
+TEST(jit_seed_inside_repeats) {
+  size_t live = tg_live_count();
+  tg_scope_begin();
+  tg_jit *j = tg_jit_new(f_seeded_rand, 1, NULL);
+  float first[8], cur[8], zeros[8] = {0};
+  for (int it = 0; it < 5; it++) {
+    tg_tensor x = tg_from_data(zeros, TG_SHAPE(8), NULL), out;
+    CHECK(tg_jit_call(j, &x, 1, NULL, 0, &out) == TG_OK);
+    CHECK(tg_data(out, it ? cur : first, sizeof cur) == TG_OK);
+    if (it) CHECK_MSG(memcmp(first, cur, sizeof cur) == 0, "call %d drew other numbers", it + 1);
+  }
+  CHECK(tg_jit_captured_kernels(j) > 0);
+  tg_jit_free(j);
+  tg_scope_end();
+  CHECK(tg_live_count() == live);
+}
+
 TEST(jit_disabled_with_env) {
   tg_scope_begin();
   tg_context_begin();

@@ -341,7 +341,11 @@ static UOp *next_counter_locked(int device) {
     nrng_ctr = device + 1;
   }
   int64_t one = 1;
-  if (!rng_ctr[device]) {
+  /* a counter new since the seed was set counts from 0 as a constant, not from its buffer: the
+   * first advance writes 1 whatever the buffer holds, so a TinyJit capture of a function that
+   * seeds and draws replays the same numbers each call (the seed's reset is part of the capture) */
+  bool fresh = !rng_ctr[device];
+  if (fresh) {
     Buffer *b = buffer_new(device_by_id(device), 4);
     if (!b) return NULL;
     uint32_t zero = 0;
@@ -352,10 +356,11 @@ static UOp *next_counter_locked(int device) {
     rng_ctr[device] = g_buffer(b, TG_UINT32, &one, 1);
   }
   UOp *c = rng_ctr[device];
-  UOp *k1 = u32c(c, 1), *nv = u32op(OP_ADD, c, k1);
+  UOp *from = fresh ? u32c(c, 0) : uop_ref(c);
+  UOp *k1 = u32c(c, 1), *nv = u32op(OP_ADD, from, k1);
   UOp *a = g_assign(c, nv);
   UOp *snap = g_contiguous(a);
-  uop_unref(k1), uop_unref(nv);
+  uop_unref(k1), uop_unref(nv), uop_unref(from);
   tg_status st = realize_uops(&snap, 1);
   uop_unref(a);
   if (st != TG_OK) {
