@@ -198,7 +198,7 @@ tg_tensor tg_linspace(double start, double stop, int64_t steps, const tg_opts *o
  * gives the same numbers on every device and in every run. */
 void tg_manual_seed(uint64_t seed);
 /* Uniform [0, 1) in every float dtype (float16 / bfloat16 values lie on their own 2^-10 / 2^-7 grid,
- * so none rounds up to 1). */
+ * so none rounds up to 1; float32 has 23 random bits, float64 53). */
 tg_tensor tg_rand(const int64_t *shape, int ndim, const tg_opts *opts);
 /* Standard normal. With an integer or bool dtype it is drawn in float32 and cast (truncated toward
  * zero), as tinygrad's. */

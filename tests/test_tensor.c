@@ -806,6 +806,32 @@ TEST(random_distributions) {
   CHECK(!tg_valid(tg_normal(TG_SHAPE(2), 0, -1, NULL)));
   CHECK_ERR(TG_ERR_INVALID, "tg_normal", "std=-1");
   CHECK(tg_valid(tg_normal(TG_SHAPE(2), 0, 0, NULL))); /* std 0: the mean */
+  /* float64 draws have 53 random bits (they had float32's 23: every value on the 2^-23 grid) */
+  {
+    tg_tensor r64 = tg_rand(TG_SHAPE(1000), TG_OPTS(.dtype = TG_FLOAT64));
+    double d[1000];
+    CHECK(tg_data(r64, d, sizeof d) == TG_OK);
+    int off = 0, in01 = 1;
+    for (int i = 0; i < 1000; i++) off += ldexp(d[i], 23) != floor(ldexp(d[i], 23)), in01 &= d[i] >= 0 && d[i] < 1;
+    CHECK_MSG(off > 990 && in01, "%d of 1000 off the 2^-23 grid", off);
+    tg_tensor u64 = tg_uniform(TG_SHAPE(1000), -3, 5, TG_OPTS(.dtype = TG_FLOAT64));
+    CHECK(tg_data(u64, d, sizeof d) == TG_OK);
+    double lo = 9, hi = -9;
+    for (int i = 0; i < 1000; i++) lo = fmin(lo, d[i]), hi = fmax(hi, d[i]);
+    CHECK(lo >= -3 && lo < -2.9 && hi < 5 && hi > 4.9);
+  }
+  /* a tensor of more than 2^32 elements does not repeat with period 2^32 (computed lazily: only the
+   * two windows compared are drawn) */
+  {
+    const int64_t big = ((int64_t)1 << 32) + 64;
+    tg_tensor r = tg_rand(&big, 1, NULL);
+    float a[16], b[16];
+    CHECK(tg_data(tg_shrink(r, TG_SHAPE(8, 24)), a, sizeof a) == TG_OK);
+    CHECK(tg_data(tg_shrink(r, TG_SHAPE(((int64_t)1 << 32) + 8, ((int64_t)1 << 32) + 24)), b, sizeof b) == TG_OK);
+    int same = 0;
+    for (int i = 0; i < 16; i++) same += a[i] == b[i];
+    CHECK_MSG(same == 0, "%d of 16 repeat at 2^32", same);
+  }
   END;
 }
 

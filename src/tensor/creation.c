@@ -397,7 +397,16 @@ static UOp *random_bits(const char *fn, int device, int64_t n, UOp **second) {
   UOp *ctr = next_counter(device, &seed);
   if (!ctr) return NULL;
   uint32_t k0 = (uint32_t)(seed ^ (seed >> 32));
-  UOp *c = g_iota(n, TG_UINT32, device); /* element index, computed in the kernel */
+  UOp *c = g_iota(n, TG_UINT32, device), *hi = NULL; /* element index, computed in the kernel */
+  if (n > (int64_t)UINT32_MAX) {
+    /* past 2^32 elements the counter's second word takes the index's high half (it was 0 and the
+     * numbers repeated with period 2^32; below, nothing changes) */
+    UOp *c64 = g_iota(n, TG_UINT64, device), *k32 = g_const_shaped(32, TG_UINT64, device, c64->shape, 1);
+    UOp *h64 = g_alu(OP_SHR, TG_UINT64, c64, k32, NULL);
+    uop_unref(c);
+    c = g_cast(c64, TG_UINT32), hi = g_cast(h64, TG_UINT32);
+    uop_unref(c64), uop_unref(k32), uop_unref(h64);
+  }
   UOp *ks[3];
   ks[0] = u32c(c, k0);
   ks[1] = g_expand(ctr, c->shape);
@@ -407,7 +416,8 @@ static UOp *random_bits(const char *fn, int device, int64_t n, UOp **second) {
   uop_unref(ctr);
   static const int R[8] = {13, 15, 26, 6, 17, 29, 16, 24};
   UOp *x0 = u32add(c, ks[0]);
-  UOp *x1 = uop_ref(ks[1]);
+  UOp *x1 = hi ? u32add(hi, ks[1]) : uop_ref(ks[1]);
+  if (hi) uop_unref(hi);
   for (int i = 0; i < 5; i++) {
     for (int j = 0; j < 4; j++) {
       UOp *s = u32add(x0, x1);
@@ -465,6 +475,28 @@ static tg_tensor rand_shaped(const char *fn, const int64_t *shape, int ndim, con
   if (!d) return NONE;
   if (!d->vt) return on_first_member(d, opts, rand_shaped(fn, shape, ndim, member_opts(d, opts), scale, shift, normal, int_ok));
   UOp *r;
+  if (!normal && dt == TG_FLOAT64) {
+    /* 53 random bits, from both words of each call: (w0 >> 5) * 2^-27 + (w1 >> 6) * 2^-53 */
+    UOp *w1 = NULL, *w0 = random_bits(fn, d->id, n, &w1);
+    if (!w0) return NONE;
+    UOp *s5 = u32c(w0, 5), *s6 = u32c(w1, 6);
+    UOp *a = u32op(OP_SHR, w0, s5), *b = u32op(OP_SHR, w1, s6);
+    UOp *af = g_cast(a, TG_FLOAT64), *bf = g_cast(b, TG_FLOAT64);
+    UOp *ka = g_const_shaped(ldexp(1, -27), TG_FLOAT64, d->id, w0->shape, 1), *kb = g_const_shaped(ldexp(1, -53), TG_FLOAT64, d->id, w0->shape, 1);
+    UOp *ma = g_alu(OP_MUL, TG_FLOAT64, af, ka, NULL), *mb = g_alu(OP_MUL, TG_FLOAT64, bf, kb, NULL);
+    UOp *u = g_alu(OP_ADD, TG_FLOAT64, ma, mb, NULL);
+    UOp *all[] = {w0, w1, s5, s6, a, b, af, bf, ka, kb, ma, mb};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) uop_unref(all[i]);
+    if (scale != 1.0 || shift != 0.0) {
+      UOp *ks = g_const_shaped(scale, TG_FLOAT64, d->id, u->shape, 1), *kt = g_const_shaped(shift, TG_FLOAT64, d->id, u->shape, 1);
+      UOp *m = g_alu(OP_MUL, TG_FLOAT64, u, ks, NULL), *p2 = g_alu(OP_ADD, TG_FLOAT64, m, kt, NULL);
+      uop_unref(ks), uop_unref(kt), uop_unref(m), uop_unref(u);
+      u = p2;
+    }
+    UOp *rs = g_reshape(u, shape, ndim);
+    uop_unref(u);
+    return finish(rs, opts);
+  }
   if (!normal) {
     r = rand01(fn, d->id, n, NULL);
     /* [0, 1) in float32 has 2^-24 steps; rounded to float16's 11, bfloat16's 8 or fp8's 3-4 significant bits,
