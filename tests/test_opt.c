@@ -1049,6 +1049,53 @@ static size_t half_run(hfn f, tg_tensor x, tg_tensor y, bool noopt, uint16_t *ou
   return st == TG_OK;
 }
 
+/* the value after a reduction whose lanes run along the output axis reads the vector accumulators:
+ * it vectorizes by the same rules as the rest (a float -> int cast of it was left to the renderer,
+ * which wrote it as a mask: float(argmax(x, 0)) was -1 where the answer was 1) */
+TEST(post_reduce_casts_in_lanes) {
+  tg_scope_begin();
+  float d[12] = {5, 1, 9, 7, 6, 8, 0, 8, 0, 3, 4, -1}; /* argmax over axis 0: 1 1 0 1 */
+  tg_tensor x = tg_from_data(d, TG_SHAPE(3, 4), NULL);
+  float o[4];
+  CHECK(tg_data(tg_cast(tg_argmax(x, TG_AXES(0), false), TG_FLOAT32), o, sizeof o) == TG_OK);
+  CHECK_MSG(o[0] == 1 && o[1] == 1 && o[2] == 0 && o[3] == 1, "float(argmax) = %g %g %g %g", o[0], o[1], o[2], o[3]);
+  CHECK(tg_data(tg_add_s(tg_argmin(x, TG_AXES(0), false), 0.5), o, sizeof o) == TG_OK);
+  CHECK_MSG(o[0] == 2.5 && o[1] == 0.5 && o[2] == 1.5 && o[3] == 2.5, "argmin + 0.5 = %g %g %g %g", o[0], o[1], o[2], o[3]);
+  float e[64];
+  for (int i = 0; i < 64; i++) e[i] = (float)i * 0.75f;
+  tg_tensor y = tg_from_data(e, TG_SHAPE(4, 16), NULL);
+  float s[16];
+  CHECK(tg_data(tg_cast(tg_cast(tg_sum(y, TG_AXES(0), false), TG_INT32), TG_FLOAT32), s, sizeof s) == TG_OK);
+  for (int j = 0; j < 16; j++) {
+    float want = (float)(int)(0.75f * (float)(4 * j + 96));
+    CHECK_MSG(s[j] == want, "float(int(sum))[%d] = %g, want %g", j, s[j], want);
+  }
+  tg_scope_end();
+}
+
+/* cummax's indices compare the input with its running max: an input that rounds (softmax's exp2),
+ * computed in vector lanes for one and in scalar code for the other, could differ in its last bit
+ * and match no position (index -1); both read one materialized copy */
+TEST(cummax_indices_read_one_copy) {
+  tg_scope_begin();
+  float yd[12];
+  for (int i = 0; i < 12; i++) yd[i] = (float)sin(i * 0.77 + 13.0) * 1.2f + 0.1f * (float)((i * 7 + 10) % 5);
+  tg_tensor t = tg_softmax(tg_from_data(yd, TG_SHAPE(3, 4), NULL), 0);
+  t = tg_tril(t, 1);
+  t = tg_sub(t, tg_max(t, TG_AXES(1), true));
+  tg_tensor v, ix;
+  CHECK(tg_cummax(t, 0, &v, &ix) == TG_OK);
+  int io[12];
+  float vf[12], tf[12];
+  CHECK(tg_data(ix, io, sizeof io) == TG_OK && tg_data(v, vf, sizeof vf) == TG_OK && tg_data(t, tf, sizeof tf) == TG_OK);
+  /* each index points at a position at or before it holding the running max */
+  for (int i = 0; i < 12; i++) {
+    int r = i / 4, c = i % 4;
+    CHECK_MSG(io[i] >= 0 && io[i] <= r && fabsf(tf[io[i] * 4 + c] - vf[i]) <= 1e-6f, "index [%d][%d] = %d", r, c, io[i]);
+  }
+  tg_scope_end();
+}
+
 TEST(half_lanes_bit_exact) {
   BEGIN;
   static uint16_t xb[65536], yb[65536], o1[65536], o2[65536], o3[65536];

@@ -43,12 +43,14 @@ typedef struct {
   PtrMap dep;  /* node -> 1 (depends on lane) / 2 (does not) */
   PtrMap memo; /* node -> rewritten node (owned) */
   bool fail;
+  UOp *vacc;   /* the reduce result's placeholder (k->rplace) when the reduction runs in the lanes: the
+                * value after the reduce depends on them through it, so it must vectorize too */
 } VR;
 
 static bool dep_lane(VR *v, UOp *u) {
   intptr_t d = (intptr_t)pm_get(&v->dep, (uint64_t)(uintptr_t)u);
   if (d) return d == 1;
-  bool r = u == v->lane;
+  bool r = u == v->lane || (v->vacc && u == v->vacc);
   for (uint32_t i = 0; i < u->nsrc && !r; i++) r = dep_lane(v, u->src[i]);
   pm_put(&v->dep, (uint64_t)(uintptr_t)u, (void *)(intptr_t)(r ? 1 : 2));
   return r;
@@ -159,7 +161,7 @@ static UOp *vr(VR *v, UOp *u) {
   if (m) return uop_ref(m);
   UOp *r = NULL;
   if (v->fail) return NULL;
-  if (!dep_lane(v, u)) {
+  if (!dep_lane(v, u) || u == v->vacc) { /* (the accumulator: a vector already) */
     r = uop_ref(u);
   } else if (u->op == OP_LOAD) {
     bool dt_ok = vflt(v, u->dtype) || (!v->gpu && vec_int_load_dtype((tg_dtype)u->dtype));
@@ -257,6 +259,10 @@ static bool try_vectorize_g(LKernel *k, int g, int W, int *next_axis, bool gathe
   v.gpu = k->gpu;
   v.half = half_lanes(k);
   UOp *sbase = contiguous_base(&v, sidx);
+  /* a reduction whose body runs in the lanes has vector accumulators: the value after it (reading
+   * them through the placeholder) is vectorized, or refused, like any other lane-dependent value
+   * (it was left scalar, and a float -> int cast of it rendered as a mask) */
+  if (rb && k->rplace && dep_lane(&v, rb)) v.vacc = k->rplace;
   UOp *nval = sbase ? vr(&v, val) : NULL;
   UOp *nrb = (nval && rb) ? vr(&v, rb) : NULL;
   bool ok = sbase && nval && (!rb || nrb) && !v.fail && vflt(&v, k->pdt[0]);

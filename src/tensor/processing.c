@@ -314,6 +314,11 @@ tg_tensor tg_cumprod(tg_tensor x, int axis) {
 /* cummax of x (ndim >= 1, non-empty): values and (if want_idx) int32 indices; torch's tie rule: the
  * latest i <= j with x[i] == values[j], i.e. max over i of (i + 1) * match[i, j], minus 1. */
 static void cummax_(UOp *a, tg_tensor x, int ax, bool want_idx, tg_tensor *v, tg_tensor *idx) {
+  /* the running max and the comparison with it must read the same bits: an input that rounds
+   * (exp2, a division) recomputed in two kernels, vector lanes in one and scalar code in the other,
+   * could differ in its last bit and match no position (an index of -1) */
+  UOp *xu = want_idx ? t_get(x, "cummax") : NULL;
+  if (xu) x = t_wrap(g_stable(xu));
   *v = split_cum(x, ax, CUM_MAX);
   *idx = NONE;
   if (!want_idx) return;
