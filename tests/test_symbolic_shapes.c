@@ -888,6 +888,50 @@ TEST(jit_scans_over_v) {
   CHECK(tg_live_count() == 0);
 }
 
+/* a prefill: cache[:, 0:v] = x[:, 0:v] (a region of symbolic size at a plain start) written in place
+ * for every v under TinyJit, through tg_assign and through tg_setitem (it went through the setitem
+ * form, a mask built at the bound value, and wrote the wrong elements) */
+static tg_tensor g_cache3;
+static int g_prefill_setitem;
+static tg_status f_prefill(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
+  int64_t S = tg_sym(tg_jit_var(0), 0);
+  tg_tensor dst = tg_shrink(g_cache3, TG_SHAPE(0, 3, 0, S, 0, 4)), src = tg_shrink(in[0], TG_SHAPE(0, 3, 0, S, 0, 4));
+  if (g_prefill_setitem ? tg_setitem(dst, NULL, 0, src) != TG_OK : !tg_valid(tg_assign(dst, src))) return TG_ERR_INVALID;
+  out[0] = tg_sum(tg_shrink(g_cache3, TG_SHAPE(0, 3, 0, S, 0, 4)), TG_AXES(1), false);
+  return TG_OK;
+}
+
+TEST(jit_prefill_symbolic_region) {
+  tg_scope_begin();
+  float xd[144];
+  for (int i = 0; i < 144; i++) xd[i] = (float)(i + 1);
+  tg_tensor x = tg_from_data(xd, TG_SHAPE(3, 12, 4), NULL);
+  tg_symvar v = tg_variable("v", 1, 11);
+  for (g_prefill_setitem = 0; g_prefill_setitem < 2; g_prefill_setitem++) {
+    tg_jit *j = tg_jit_new(f_prefill, 1, NULL);
+    const int vals[] = {3, 5, 2, 9, 4};
+    g_cache3 = tg_contiguous(tg_zeros(TG_SHAPE(3, 12, 4), NULL)); /* one cache: the capture writes its buffer */
+    CHECK(tg_realize(g_cache3) == TG_OK);
+    for (int c = 0; c < 5; c++) {
+      tg_scope_begin();
+      CHECK(tg_valid(tg_assign(g_cache3, tg_zeros(TG_SHAPE(3, 12, 4), NULL))) && tg_realize(g_cache3) == TG_OK);
+      tg_symvar b = tg_var_bind(v, vals[c]);
+      tg_tensor out[1];
+      CHECK_MSG(tg_jit_call_vars(j, &x, 1, &b, 1, NULL, 0, out) == TG_OK, "%s", tg_last_error());
+      float o[144];
+      CHECK(tg_data(g_cache3, o, sizeof o) == TG_OK);
+      int bad = 0;
+      for (int i = 0; i < 144; i++) bad += o[i] != ((i / 4) % 12 < vals[c] ? xd[i] : 0.0f);
+      CHECK_MSG(bad == 0, "%s v=%d: %d elements wrong", g_prefill_setitem ? "setitem" : "assign", vals[c], bad);
+      tg_scope_end();
+    }
+    tg_jit_free(j);
+  }
+  tg_scope_end();
+  CHECK(tg_live_count() == 0);
+}
+
 TEST(errors) {
   tg_scope_begin();
   tg_symvar v = tg_variable("len", 1, 10);

@@ -894,8 +894,12 @@ static tg_tensor assign_region(tg_tensor target, UOp *tb, UOp *vu) {
   int64_t bounds[128];
   for (int i = 0; i < nd; i++) {
     bounds[2 * i] = lo[i];
-    SymDim d;
+    SymDim d, z;
+    bool ssym = tb->sym && sym_decode(tb->sym[i], &z); /* a region of symbolic size (cache[:, 0:v]) */
+    if (sym_decode(lo[i], &d) && ssym)
+      return tg_set_error(TG_ERR_INVALID, "tg_assign: dim %d of the target view starts and extends symbolically", i), (tg_tensor){0};
     if (sym_decode(lo[i], &d)) bounds[2 * i + 1] = sym_encode(d.var, d.value, d.offset + tb->shape[i]);
+    else if (ssym) bounds[2 * i + 1] = sym_encode(z.var, z.value, z.offset + loc[i]);
     else bounds[2 * i + 1] = loc[i] + tb->shape[i];
   }
   UOp *v = g_cast(vu, (tg_dtype)bn->dtype);
@@ -1034,7 +1038,7 @@ tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
       uop_unref(a0);
       tu = tb = ts->u;
     }
-    if (tb->op != OP_BUFFER && tb->sym == NULL && t_region_target(tb)) {
+    if (tb->op != OP_BUFFER && t_region_target(tb)) {
       /* a shrink of a buffer at a symbolic offset (a KV cache at start_pos): written in place */
       return assign_region(target, tb, vu);
     }

@@ -711,7 +711,7 @@ static tg_status setitem_impl(const char *fn, tg_tensor x, const tg_index_spec *
     tg_scope_end();
     return st;
   }
-  if (n == 0 && !a->sym && t_region_target(a) && (scalar || bcast_to_ok(v->shape, v->ndim, a->shape, a->ndim))) {
+  if (n == 0 && t_region_target(a) && (scalar || bcast_to_ok(v->shape, v->ndim, a->shape, a->ndim))) {
     /* the whole of a view at a symbolic offset (cache[:, sp:sp+1] = new): tg_assign's in-place
      * region write, whose kernel holds for every value (the where over the base below would be
      * built at the bound value's position) */
