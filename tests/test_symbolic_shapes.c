@@ -902,6 +902,51 @@ static tg_status f_prefill(const tg_tensor *in, int nin, const double *args, int
   return TG_OK;
 }
 
+/* sizes a library op computes from a symbolic dim's bound value (the second part's offset in a
+ * tg_cat along it, tg_chunk's piece size, interpolate's sampling positions): right for that value,
+ * never replayed at another (a capture is refused; interpolate refuses the dim outright) */
+static int g_baked_op;
+static tg_status f_baked(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
+  tg_tensor xs = tg_shrink(in[0], TG_SHAPE(0, 1, 0, 1, 0, tg_sym(tg_jit_var(0), 0)));
+  tg_tensor pieces[8];
+  if (g_baked_op == 0) out[0] = tg_cat((tg_tensor[]){xs, tg_mul_s(xs, 2)}, 2, 2);
+  else if (g_baked_op == 1) out[0] = tg_chunk(xs, 2, 2, pieces, 8) > 0 ? pieces[0] : (tg_tensor){0};
+  else out[0] = tg_interpolate(xs, TG_SHAPE(5), NULL);
+  return tg_valid(out[0]) ? TG_OK : TG_ERR_INVALID;
+}
+
+TEST(jit_refuses_sizes_from_bound_values) {
+  tg_scope_begin();
+  float xd[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  tg_tensor x = tg_from_data(xd, TG_SHAPE(1, 1, 8), NULL);
+  tg_symvar v = tg_variable("v", 1, 8);
+  for (g_baked_op = 0; g_baked_op < 3; g_baked_op++) {
+    tg_jit *j = tg_jit_new(f_baked, 1, NULL);
+    const int vals[] = {3, 5, 2};
+    for (int c = 0; c < 3; c++) {
+      tg_scope_begin();
+      tg_symvar b = tg_var_bind(v, vals[c]);
+      tg_tensor out[1];
+      tg_status st = tg_jit_call_vars(j, &x, 1, &b, 1, NULL, 0, out);
+      if (g_baked_op == 2) {
+        CHECK(st != TG_OK);
+        CHECK_STR_CONTAINS(tg_last_error(), "tg_interpolate: dim 2 of shape (1, 1, ");
+      } else if (c == 0) {
+        CHECK_MSG(st == TG_OK && tg_numel(out[0]) == (g_baked_op == 0 ? 2 * vals[c] : 2), "op %d: %s", g_baked_op, tg_last_error());
+      } else {
+        CHECK_MSG(st != TG_OK, "op %d v=%d replayed", g_baked_op, vals[c]);
+        CHECK_STR_CONTAINS(tg_last_error(), "computed from its bound value");
+      }
+      tg_clear_error();
+      tg_scope_end();
+    }
+    tg_jit_free(j);
+  }
+  tg_scope_end();
+  CHECK(tg_live_count() == 0);
+}
+
 TEST(jit_prefill_symbolic_region) {
   tg_scope_begin();
   float xd[144];

@@ -281,6 +281,8 @@ static int split_impl(const char *fn, tg_tensor x, UOp *a, int d, int64_t c, con
                         out_cap, d, SHP(a), (long long)count),
            -1;
   int64_t start = 0;
+  /* (pieces of a symbolic dim are cut at the bound value: marked as such, see sym_library) */
+  sym_library(1);
   for (int64_t i = 0; i < count; i++) {
     int64_t sz = forced > 0 ? 0 : sizes ? sizes[i] : (c < dim_sz - start ? c : dim_sz - start);
     int64_t b[2 * MAXD];
@@ -289,10 +291,12 @@ static int split_impl(const char *fn, tg_tensor x, UOp *a, int d, int64_t c, con
     start += sz;
     out[i] = tg_shrink(x, b, 2 * a->ndim);
     if (!tg_valid(out[i])) {
+      sym_library(-1);
       for (int64_t j = 0; j <= i; j++) tg_free(out[j]), out[j] = NONE;
       return -1;
     }
   }
+  sym_library(-1);
   return (int)count;
 }
 

@@ -892,6 +892,9 @@ tg_tensor tg_interpolate(tg_tensor x, const int64_t *size, int nsize, const tg_i
     if (size[i] < 1 || size[i] > ((int64_t)1 << 31) || in < 1)
       return fail("%s: input size %lld and output size %lld of dim %d must be positive (input shape %s)", fn,
                   (long long)in, (long long)size[i], n - nsize + i, SHP(a));
+    if (t_dim_sym(x, n - nsize + i))
+      return fail("%s: dim %d of shape %s is symbolic; its sampling positions would be computed from the bound "
+                  "value (resize plain dims only)", fn, n - nsize + i, SHP(a));
   }
   POp o = begin(fn);
   tg_tensor r = same(a);

@@ -317,6 +317,9 @@ int64_t *sym_infer(const UOp *u, bool *lost, bool *baked) {
       }
       if (nsym == 1) out[i] = shifted(&w, w.offset + rest);
       if (nsym > 1 || out[i] == TG_SYM_NONE) out[i] = u->shape[i], *lost = true;
+      /* a plain pad of a symbolic dim inside a library op: its amount came from a bound value (the
+       * other part of a tg_cat along the dim) */
+      else if (library_depth > 0 && nsym == 1 && sym_is_code(parts[0]) && (parts[1] || parts[2])) *baked = true;
     }
     break;
   }
