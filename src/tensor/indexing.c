@@ -594,12 +594,13 @@ static tg_status write_through(const char *fn, tg_tensor x, UOp *const *chain, i
         int64_t pads[2 * MAXD];
         for (int d = 0; d < nd; d++)
           pads[2 * d] = u->iarg[2 * d], pads[2 * d + 1] = src->shape[d] - u->iarg[2 * d + 1];
+        UOp *before = tg_valid(t[j]) ? t_get(t[j], fn) : NULL;
         t[j] = tg_pad(t[j], pads, 2 * nd, 0.0);
         /* a view at a symbolic offset put back at the bound value's position: right for that value
-         * only (a TinyJit capture is refused) */
+         * only (a TinyJit capture is refused); a pad of nothing is the node it was given */
         int na;
         UOp *tu = tg_valid(t[j]) ? t_get(t[j], fn) : NULL;
-        if (tu && uop_move_args(u, &na) != u->iarg) uop_mark_sym_baked(tu);
+        if (tu && tu != before && uop_move_args(u, &na) != u->iarg) uop_mark_sym_baked(tu);
         break;
       }
       case OP_PAD: {

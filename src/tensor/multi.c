@@ -365,9 +365,9 @@ static bool any_code(const int64_t *v, int n) {
     if (sym_is_code(v[i])) return true;
   return false;
 }
-static void mark_baked(UOp **sh, int n) {
-  for (int i = 0; i < n; i++)
-    if (sh[i]) uop_mark_sym_baked(sh[i]);
+static void mark_baked(UOp **sh, int n, UOp *from) {
+  for (int i = 0; i < n; i++) /* (not a shard the op left as it was: that node is the tensor's own) */
+    if (sh[i] && sh[i] != m_src(from, i)) uop_mark_sym_baked(sh[i]);
 }
 
 UOp *m_reshape(UOp *a, const int64_t *shape, int ndim) {
@@ -404,7 +404,7 @@ UOp *m_reshape(UOp *a, const int64_t *shape, int ndim) {
         loc[k] = merge ? ls * (nk / dim) : ls / (dim / nk);
         sh[i] = g_reshape(m_src(a, i), loc, ndim);
       }
-      if (any_code(shape, ndim)) mark_baked(sh, n);
+      if (any_code(shape, ndim)) mark_baked(sh, n, a);
       r = m_make(sh, n, k, a->device);
       free(sh), free(loc);
     } else {
@@ -486,7 +486,7 @@ UOp *m_shrink(UOp *a, const int64_t *bounds) {
     }
     sh[i] = g_shrink(s, loc);
   }
-  if (ax >= 0 && any_code(bounds + 2 * ax, 2)) mark_baked(sh, n);
+  if (ax >= 0 && any_code(bounds + 2 * ax, 2)) mark_baked(sh, n, a);
   UOp *r = m_make(sh, n, ax, a->device);
   free(sh);
   return r;
