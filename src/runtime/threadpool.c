@@ -97,7 +97,12 @@ static void futex_wake(_Atomic uint32_t *addr, int count) {
 
 int tp_threads_setting(int64_t want, long ncpu) {
   if (ncpu <= 0) ncpu = 1;
-  if (want < 1) want = 1;
+  if (want < 1) {
+    char v[32];
+    snprintf(v, sizeof v, "%lld", (long long)want);
+    env_warn("THREADS", v, "at least one thread", "1");
+    want = 1;
+  }
   /* more threads than 8 per CPU only add switching (and THREADS=1000000000 asked the pool for a
    * billion threads): capped, with a warning */
   int64_t cap = 8 * (int64_t)ncpu < 256 ? 256 : 8 * (int64_t)ncpu;
