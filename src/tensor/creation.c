@@ -927,7 +927,8 @@ static tg_tensor assign_region(tg_tensor target, UOp *tb, UOp *vu) {
 static tg_tensor assign_node(tg_tensor target, UOp *tb, UOp *vu) {
   /* a write another handle holds pending into the same storage goes first (built on the buffer
    * alone, this one would drop it) */
-  if (tb->op == OP_BUFFER && t_realize_pending_writes(g_buffer_of(tb)) != TG_OK) return NONE;
+  Buffer *buf = tb->op == OP_BUFFER ? g_buffer_of(tb) : NULL; /* (tb may be the slot's node, freed below) */
+  if (buf && t_realize_pending_writes(buf) != TG_OK) return NONE;
   UOp *v = g_cast(vu, (tg_dtype)tb->dtype);
   UOp *a = g_assign(tb, v);
   uop_unref(v);
@@ -937,7 +938,7 @@ static tg_tensor assign_node(tg_tensor target, UOp *tb, UOp *vu) {
   uop_unref(old);
   /* every other handle of that storage (an alias: a full shrink, a same-shape reshape, tg_to its own
    * device) sees the write, in graphs built after it and when the target handle is freed first */
-  if (tb->op == OP_BUFFER) t_replace_buffer_everywhere(g_buffer_of(tb), a);
+  if (buf) t_replace_buffer_everywhere(buf, a);
   return target;
 }
 
