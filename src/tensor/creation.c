@@ -484,20 +484,10 @@ static tg_tensor rand_shaped(const char *fn, const int64_t *shape, int ndim, con
     UOp *af = g_cast(a, TG_FLOAT64), *bf = g_cast(b, TG_FLOAT64);
     UOp *ka = g_const_shaped(ldexp(1, -27), TG_FLOAT64, d->id, w0->shape, 1), *kb = g_const_shaped(ldexp(1, -53), TG_FLOAT64, d->id, w0->shape, 1);
     UOp *ma = g_alu(OP_MUL, TG_FLOAT64, af, ka, NULL), *mb = g_alu(OP_MUL, TG_FLOAT64, bf, kb, NULL);
-    UOp *u = g_alu(OP_ADD, TG_FLOAT64, ma, mb, NULL);
+    r = g_alu(OP_ADD, TG_FLOAT64, ma, mb, NULL);
     UOp *all[] = {w0, w1, s5, s6, a, b, af, bf, ka, kb, ma, mb};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) uop_unref(all[i]);
-    if (scale != 1.0 || shift != 0.0) {
-      UOp *ks = g_const_shaped(scale, TG_FLOAT64, d->id, u->shape, 1), *kt = g_const_shaped(shift, TG_FLOAT64, d->id, u->shape, 1);
-      UOp *m = g_alu(OP_MUL, TG_FLOAT64, u, ks, NULL), *p2 = g_alu(OP_ADD, TG_FLOAT64, m, kt, NULL);
-      uop_unref(ks), uop_unref(kt), uop_unref(m), uop_unref(u);
-      u = p2;
-    }
-    UOp *rs = g_reshape(u, shape, ndim);
-    uop_unref(u);
-    return finish(rs, opts);
-  }
-  if (!normal) {
+  } else if (!normal) {
     r = rand01(fn, d->id, n, NULL);
     /* [0, 1) in float32 has 2^-24 steps; rounded to float16's 11, bfloat16's 8 or fp8's 3-4 significant bits,
      * the values just below 1 would become 1. Truncate to the dtype's own grid (tinygrad fills the
@@ -531,15 +521,16 @@ static tg_tensor rand_shaped(const char *fn, const int64_t *shape, int ndim, con
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) uop_unref(all[i]);
   }
   if (!r) return NONE;
+  tg_dtype rdt = (tg_dtype)r->dtype; /* (float32, or float64's own draw) */
   if (scale != 1.0) {
-    UOp *s = g_const_shaped(scale, TG_FLOAT32, d->id, r->shape, 1);
-    UOp *m = g_alu(OP_MUL, TG_FLOAT32, r, s, NULL);
+    UOp *s = g_const_shaped(scale, rdt, d->id, r->shape, 1);
+    UOp *m = g_alu(OP_MUL, rdt, r, s, NULL);
     uop_unref(s), uop_unref(r);
     r = m;
   }
   if (shift != 0.0) {
-    UOp *s = g_const_shaped(shift, TG_FLOAT32, d->id, r->shape, 1);
-    UOp *m = g_alu(OP_ADD, TG_FLOAT32, r, s, NULL);
+    UOp *s = g_const_shaped(shift, rdt, d->id, r->shape, 1);
+    UOp *m = g_alu(OP_ADD, rdt, r, s, NULL);
     uop_unref(s), uop_unref(r);
     r = m;
   }
@@ -944,21 +935,23 @@ static tg_tensor assign_node(tg_tensor target, UOp *tb, UOp *vu) {
 
 /* tg_assign to a multi-device target: each shard's buffer takes its part of the value (resharded
  * to the target's sharding). A target whose shards are not buffers of their own gets them first. */
+static bool shards_are_buffers(UOp *tb) {
+  for (uint32_t i = 0; i < tb->nsrc; i++)
+    if (g_resolve(tb->src[i])->op != OP_BUFFER) return false;
+  return true;
+}
+
 bool m_is_view_of_buffers(UOp *tu) {
   UOp *tb = g_resolve(tu);
-  bool own = true, views = true;
-  for (uint32_t i = 0; i < tb->nsrc; i++) {
-    own = own && g_resolve(tb->src[i])->op == OP_BUFFER;
-    views = views && g_base_buffer(tb->src[i]) != NULL;
-  }
-  return !own && views;
+  bool views = true;
+  for (uint32_t i = 0; i < tb->nsrc; i++) views = views && g_base_buffer(tb->src[i]) != NULL;
+  return views && !shards_are_buffers(tb);
 }
 
 static tg_tensor assign_multi(tg_tensor target, UOp *tu, UOp *vu) {
   UOp *tb = g_resolve(tu);
-  bool own = true;
-  for (uint32_t i = 0; i < tb->nsrc; i++) own = own && g_resolve(tb->src[i])->op == OP_BUFFER;
-  if (m_is_view_of_buffers(tu)) {
+  bool own = shards_are_buffers(tb);
+  if (!own && m_is_view_of_buffers(tu)) {
     /* views of buffers (a shrink of a realized sharded tensor): each shard's part of the value is
      * written through its view into that buffer, as on one device (it went into a copy, and the
      * sharded tensor the view was taken of never changed) */

@@ -604,13 +604,13 @@ static tg_tensor arg_impl(const char *fn, tg_tensor x, const int *axes, int naxe
   rs[0] = n;
   for (int i = 1; i < nd - ax; i++) rs[i] = 1;
   SymDim sd;
-  if (naxes == 1 && t_dim_sym(src, ax) && sym_decode(a->sym[ax], &sd) && sd.min + sd.offset < 1) {
-    tg_scope_end();
-    return fail("%s: the symbolic axis %d may be empty (its variable goes down to %lld): an argmax/argmin of an "
-                "empty dimension has no answer; give the variable a minimum that keeps it non-empty",
-                fn, ax, (long long)sd.min);
-  }
-  if (naxes == 1 && t_dim_sym(src, ax)) {
+  if (naxes == 1 && t_dim_sym(src, ax) && sym_decode(a->sym[ax], &sd)) {
+    if (sd.min + sd.offset < 1) {
+      tg_scope_end();
+      return fail("%s: the symbolic axis %d may be empty (its variable goes down to %lld): an argmax/argmin of an "
+                  "empty dimension has no answer; give the variable a minimum that keeps it non-empty",
+                  fn, ax, (long long)sd.min);
+    }
     /* a symbolic axis: the first position holding the extreme, as the least of where(m, i, max) (the
      * positions n..1 below would need n as a value) */
     rs[0] = a->sym[ax];
