@@ -165,11 +165,13 @@ typedef struct {
 #define TG_AXES(...) ((const int[]){__VA_ARGS__}), ((int)(sizeof((const int[]){__VA_ARGS__}) / sizeof(int)))
 #define TG_ALL_AXES NULL, 0
 
-/* Copies nbytes-worth of data (numel * itemsize of dtype) from `data` into a new realized tensor. */
+/* Copies numel elements of opts->dtype from `data` into a new realized tensor. Without a dtype
+ * (NULL opts or TG_DTYPE_DEFAULT), `data` is a C float array and the tensor is DEFAULT_FLOAT: under
+ * DEFAULT_FLOAT=half the floats are rounded to half, as tinygrad's Tensor([...]) does. */
 tg_tensor tg_from_data(const void *data, const int64_t *shape, int ndim, const tg_opts *opts);
 /* Wraps a caller's buffer without copying (CPU devices only). The caller keeps ownership and must keep
  * the memory alive and unmoved while any tensor or result uses it. Writes through tg_assign land in
- * the caller's memory. */
+ * the caller's memory. Without a dtype the memory is float32, whatever DEFAULT_FLOAT says. */
 tg_tensor tg_from_blob(void *data, const int64_t *shape, int ndim, const tg_opts *opts);
 /* A 0-d tensor holding one value (dtype default: DEFAULT_FLOAT). */
 tg_tensor tg_scalar(double value, const tg_opts *opts);

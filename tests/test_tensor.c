@@ -969,9 +969,17 @@ TEST(default_float_context) {
   CHECK(tg_dtype_of(tg_div(tg_arange(0, 3, 1, NULL), tg_arange(1, 4, 1, NULL))) == TG_FLOAT16);
   CHECK(tg_dtype_of(tg_rand(TG_SHAPE(2), NULL)) == TG_FLOAT16);
   CHECK_VALUES(tg_add_s(o, 0.5), 0, 1.5, 1.5, 1.5);
+  /* a C float array without a dtype: its values, in DEFAULT_FLOAT; a blob stays float32 */
+  float fdata[3] = {0.1f, -2.5f, 70000.0f};
+  tg_tensor fd = tg_from_data(fdata, TG_SHAPE(3), NULL);
+  CHECK(tg_dtype_of(fd) == TG_FLOAT16);
+  CHECK_VALUES(tg_cast(fd, TG_FLOAT32), 0, 0.0999755859375, -2.5, INFINITY);
+  CHECK(tg_dtype_of(tg_from_blob(fdata, TG_SHAPE(3), NULL)) == TG_FLOAT32);
+  CHECK_VALUES(tg_from_blob(fdata, TG_SHAPE(3), NULL), 0, 0.1f, -2.5, 70000.0);
   tg_context_begin();
   CHECK(tg_context_set("DEFAULT_FLOAT", "float64") == TG_OK);
   CHECK(tg_dtype_of(tg_zeros(TG_SHAPE(1), NULL)) == TG_FLOAT64);
+  CHECK_VALUES(tg_from_data(fdata, TG_SHAPE(3), NULL), 0, 0.1f, -2.5, 70000.0);
   tg_context_end();
   CHECK(tg_dtype_of(tg_zeros(TG_SHAPE(1), NULL)) == TG_FLOAT16);
   tg_context_end();

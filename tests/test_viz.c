@@ -240,6 +240,13 @@ TEST(write_page_and_trace_results_unchanged) {
   free(tr), free(data), free(out), free(err);
 }
 
+static bool put_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  if (!f) return false;
+  bool ok = fputs(text, f) >= 0;
+  return fclose(f) == 0 && ok;
+}
+
 TEST(missing_dot_is_said_on_the_page) {
   char dir[400], env1[420];
   snprintf(dir, sizeof dir, "%s/nodot", tmpdir());
@@ -257,12 +264,35 @@ TEST(missing_dot_is_said_on_the_page) {
   free(data);
 }
 
-static bool put_text(const char *path, const char *text) {
-  FILE *f = fopen(path, "w");
-  if (!f) return false;
-  bool ok = fputs(text, f) >= 0;
-  return fclose(f) == 0 && ok;
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+
+/* a dot that never finishes: the program still exits, within VIZ_DOT_TIMEOUT, and the page says why
+ * the graphs are text */
+TEST(slow_dot_is_cut_off) {
+  char dir[400], env1[420], script[400], env2[420];
+  snprintf(dir, sizeof dir, "%s/slowdot", tmpdir());
+  snprintf(script, sizeof script, "%s/slowdot.sh", tmpdir());
+  CHECK(put_text(script, "#!/bin/sh\nexec sleep 60\n") && chmod(script, 0755) == 0);
+  snprintf(env1, sizeof env1, "VIZ_DIR=%s", dir);
+  snprintf(env2, sizeof env2, "VIZ_DOT=%s", script);
+  const char *env[] = {"VIZ=-1", env1, env2, "VIZ_DOT_TIMEOUT=0.5", NULL};
+  double t0 = now_s();
+  Child c = child_start("slowdot", env);
+  CHECK(child_wait(&c, 30) == 0);
+  CHECK_MSG(now_s() - t0 < 20, "the child took %.1f s", now_s() - t0);
+  char p[500];
+  snprintf(p, sizeof p, "%s/data.js", dir);
+  char *data = slurp(p), *err = slurp(c.err);
+  CHECK_HAS(data, "did not finish in VIZ_DOT_TIMEOUT=0.5 s");
+  CHECK_HAS(data, "\"dot\": \"digraph schedule");
+  CHECK_HAS(err, "VIZ: Graphviz's dot did not finish laying out");
+  free(data), free(err);
+}
+
 
 /* Runs the child with VIZ=-1 VIZ_DIR=dir (it must exit 0); what it printed on stderr (malloc'd). */
 static char *page_to_dir(const char *tag, const char *dir) {

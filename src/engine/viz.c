@@ -525,6 +525,7 @@ typedef struct {
   char *tmpdir;
   const char *dot;
   char *dot_error; /* why no graph was laid out (dot missing or failing), NULL if fine */
+  double dot_timeout; /* seconds all of dot's runs may take together (VIZ_DOT_TIMEOUT); 0: no limit */
 } Tools;
 
 /* dot -Tsvg of texts[0..n): the graphs are split into one input file per core, each laid out by its
@@ -532,7 +533,8 @@ typedef struct {
  * <svg> element (malloc'd; the XML prologue is dropped: the page puts the element into the
  * document). Graphs of more than 300 nodes get fewer crossing-minimization and ranking passes (a
  * 1200-node training step: 3 s -> 1.5 s). When dot cannot run or a part fails, that part's svgs stay
- * NULL and t->dot_error says why. */
+ * NULL and t->dot_error says why. All of them together get t->dot_timeout seconds: dot can take
+ * minutes on a few big graphs, and the program is waiting to exit. */
 #define DOT_PARTS_MAX 8
 static void run_dot(Tools *t, char *const *texts, int n, char **svgs) {
   for (int i = 0; i < n; i++) svgs[i] = NULL;
@@ -568,8 +570,17 @@ static void run_dot(Tools *t, char *const *texts, int n, char **svgs) {
     char *argv[] = {(char *)t->dot, "-Tsvg", in[p], NULL};
     pids[p] = ok ? viz_spawn(argv, NULL, out[p], err[p]) : -2;
   }
+  double deadline = t->dot_timeout > 0 ? now_seconds() + t->dot_timeout : 0;
+  bool said = false;
   for (int p = 0; p < parts; p++) {
-    int rc = pids[p] == -2 ? -1 : viz_wait(pids[p]);
+    int rc = pids[p] == -2 ? -1 : viz_wait_until(pids[p], deadline);
+    if (rc == VIZ_TIMED_OUT && !said) {
+      fprintf(stderr,
+              "VIZ: Graphviz's dot did not finish laying out %d graphs in %g s, so some are shown as DOT text "
+              "(set VIZ_DOT_TIMEOUT to allow more seconds, 0 for no limit)\n",
+              n, t->dot_timeout);
+      said = true;
+    }
     int want = (n - p + parts - 1) / parts;
     char *text = rc == 0 ? read_all(out[p], NULL) : NULL;
     int got = 0;
@@ -578,7 +589,12 @@ static void run_dot(Tools *t, char *const *texts, int n, char **svgs) {
       if (!t->dot_error) {
         SB m;
         sb_init(&m);
-        if (rc == 127)
+        if (rc == VIZ_TIMED_OUT)
+          sb_printf(&m,
+                    "Graphviz's '%s' did not finish in VIZ_DOT_TIMEOUT=%g s, so %d of the graphs are not drawn; "
+                    "their DOT text is shown instead.",
+                    t->dot, t->dot_timeout, want);
+        else if (rc == 127)
           sb_printf(
               &m,
               "Graphviz's '%s' program was not found, so the graphs are not drawn (install the graphviz "
@@ -691,6 +707,16 @@ static void tools_init(Tools *t) {
   }
   const char *d = getenv("VIZ_DOT");
   t->dot = d && *d ? d : "dot";
+  t->dot_timeout = 60;
+  const char *to = getenv("VIZ_DOT_TIMEOUT");
+  if (to && *to) {
+    char *end;
+    double v = strtod(to, &end);
+    if (*end || !(v >= 0) || v > 1e9)
+      fprintf(stderr, "tinygrad.c: ignoring VIZ_DOT_TIMEOUT=%s (seconds >= 0 expected); using 60\n", to);
+    else
+      t->dot_timeout = v;
+  }
 }
 
 static void tools_free(Tools *t) {

@@ -21,6 +21,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../helpers.h"
@@ -72,6 +73,23 @@ int viz_wait(int pid) {
   while (waitpid((pid_t)pid, &status, 0) < 0)
     if (errno != EINTR) return -1;
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int viz_wait_until(int pid, double deadline) {
+  if (pid < 0) return 127;
+  int status;
+  for (;;) {
+    pid_t r = waitpid((pid_t)pid, &status, WNOHANG);
+    if (r == (pid_t)pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    if (r < 0 && errno != EINTR) return -1;
+    if (deadline > 0 && now_seconds() >= deadline) {
+      kill((pid_t)pid, SIGKILL);
+      while (waitpid((pid_t)pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      return VIZ_TIMED_OUT;
+    }
+    nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+  }
 }
 
 int viz_run_program(char *const argv[], const char *in_path, const char *out_path, const char *err_path) {

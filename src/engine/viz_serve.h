@@ -38,5 +38,9 @@ int viz_run_program(char *const argv[], const char *in_path, const char *out_pat
  * status as above; 127 for pid -1). */
 int viz_spawn(char *const argv[], const char *in_path, const char *out_path, const char *err_path);
 int viz_wait(int pid);
+/* viz_wait with a deadline (CLOCK_MONOTONIC seconds; <= 0: none): past it the program is killed and
+ * VIZ_TIMED_OUT returned. */
+#define VIZ_TIMED_OUT (-3)
+int viz_wait_until(int pid, double deadline);
 
 #endif

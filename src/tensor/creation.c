@@ -103,6 +103,8 @@ static tg_tensor on_first_member(Device *tuple, const tg_opts *opts, tg_tensor t
   return finish(c, opts);
 }
 
+static void *host_alloc(const char *fn, int64_t n, size_t sz, bool zero);
+
 tg_tensor tg_from_data(const void *data, const int64_t *shape, int ndim, const tg_opts *opts) {
   int64_t n;
   tg_dtype dt;
@@ -111,20 +113,31 @@ tg_tensor tg_from_data(const void *data, const int64_t *shape, int ndim, const t
   Device *d = opts_device("tg_from_data", opts);
   if (!d) return NONE;
   if (!d->vt) return on_first_member(d, opts, tg_from_data(data, shape, ndim, member_opts(d, opts)));
+  /* no dtype given: the data is a C float array, and the tensor takes DEFAULT_FLOAT (tinygrad's
+   * Tensor([1.0, 2.0]) under DEFAULT_FLOAT=half is a half tensor of those values) */
+  unsigned char *conv = NULL;
+  if ((!opts || opts->dtype == TG_DTYPE_DEFAULT) && dt != TG_FLOAT32 && n > 0) {
+    size_t isz = tg_dtype_itemsize(dt);
+    if (!(conv = host_alloc("tg_from_data", n, isz, false))) return NONE;
+    for (int64_t i = 0; i < n; i++) dtype_store(dt, conv + (size_t)i * isz, ((const float *)data)[i]);
+    data = conv;
+  }
   size_t nbytes = (size_t)n * tg_dtype_itemsize(dt);
   Buffer *b = buffer_new(d, nbytes);
-  if (!b) return NONE;
-  if (nbytes && buffer_copyin(b, data, nbytes) != TG_OK) {
+  if (b && nbytes && buffer_copyin(b, data, nbytes) != TG_OK) {
     buffer_unref(b);
-    return NONE;
+    b = NULL;
   }
+  free(conv);
+  if (!b) return NONE;
   return finish(g_buffer(b, dt, shape, ndim), opts);
 }
 
 tg_tensor tg_from_blob(void *data, const int64_t *shape, int ndim, const tg_opts *opts) {
   int64_t n;
   tg_dtype dt;
-  if (!check_shape("tg_from_blob", shape, ndim, &n) || !opts_dtype("tg_from_blob", opts, tg_default_float(), &dt)) return NONE;
+  /* no dtype given: the memory is a C float array, whatever DEFAULT_FLOAT is (wrapping cannot convert) */
+  if (!check_shape("tg_from_blob", shape, ndim, &n) || !opts_dtype("tg_from_blob", opts, TG_FLOAT32, &dt)) return NONE;
   if (!data) return tg_set_error(TG_ERR_INVALID, "tg_from_blob: data is NULL"), NONE;
   Device *d = opts_device("tg_from_blob", opts);
   if (!d) return NONE;
