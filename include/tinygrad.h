@@ -260,9 +260,10 @@ tg_tensor tg_to(tg_tensor t, const char *device);
  * when libnccl opens (TG_NCCL_LIB=<path>, that file alone, else libnccl.so.2; NCCL=0 declines it);
  * a failing NCCL call is an error (TG_ERR_RUNTIME) naming it, after DIST_TIMEOUT seconds at most.
  * docs/DESIGN.md describes the rules. */
-#define TG_SHARD_NONE (-1)
+#define TG_SHARD_NONE (-2147483647 - 1)
 /* t split along `axis` over the n devices (names as tg_to takes them; each listed once), in order:
- * shard i holds the i-th ceil(size/n) slice (the last ones may be smaller or empty). TG_SHARD_NONE
+ * shard i holds the i-th ceil(size/n) slice (the last ones may be smaller or empty). A negative axis
+ * counts from the end, as in tinygrad (-1 is the last axis); TG_SHARD_NONE (tinygrad's axis=None)
  * replicates. Lazy: new handle. */
 tg_tensor tg_shard(tg_tensor t, const char *const *devices, int n, int axis);
 /* tinygrad's shard_: t itself becomes the sharded tensor (realized; the handle, its requires_grad

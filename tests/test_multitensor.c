@@ -15,6 +15,9 @@ static const char *DEV2[] = {"CPU:0", "CPU:1"};
 /* max |a - b| of two tensors of equal numel (a may be multi-device: tg_data gathers) */
 static double maxdiff(tg_tensor a, tg_tensor b) { return tensor_maxdiff(a, b); }
 
+/* the sharding axes a 2-d tensor can take: replicated, 0, 1 */
+static const int SHARD_AXES[3] = {TG_SHARD_NONE, 0, 1};
+
 static tg_tensor realized(tg_tensor t) {
   tg_realize(t);
   return t;
@@ -23,7 +26,7 @@ static tg_tensor realized(tg_tensor t) {
 TEST(shard_roundtrip) {
   BEGIN;
   tg_tensor x = realized(tg_randn(TG_SHAPE(10, 3), NULL));
-  for (int axis = -1; axis < 2; axis++) {
+  for (int ax_i = 0, axis; ax_i < 3 && (axis = SHARD_AXES[ax_i], 1); ax_i++) {
     tg_tensor s = tg_shard(x, DEV4, 4, axis);
     CHECK(tg_shard_axis(s) == axis);
     CHECK(tg_shard_count(s) == 4);
@@ -34,6 +37,12 @@ TEST(shard_roundtrip) {
     CHECK(strcmp(tg_device_of(back), "CPU") == 0);
     CHECK(maxdiff(back, x) == 0);
   }
+  /* a negative axis counts from the end, as in tinygrad (-1 is not "replicate") */
+  CHECK(tg_shard_axis(tg_shard(x, DEV4, 4, -1)) == 1 && tg_shard_axis(tg_shard(x, DEV4, 4, -2)) == 0);
+  CHECK(maxdiff(tg_shard(x, DEV4, 4, -1), x) == 0);
+  CHECK(!tg_valid(tg_shard(x, DEV4, 4, -3)));
+  CHECK_STR_CONTAINS(tg_last_error(), "axis -3 is out of range for shape (10, 3) (-2..1, or TG_SHARD_NONE to replicate)");
+  tg_clear_error();
   /* uneven: 10 rows over 4 devices are 3, 3, 3, 1 */
   tg_tensor s = tg_shard(x, DEV4, 4, 0);
   CHECK(tg_numel(tg_shard_get(s, 0)) == 9 && tg_numel(tg_shard_get(s, 3)) == 3);
@@ -88,7 +97,7 @@ TEST(elementwise) {
   BEGIN;
   tg_tensor a = realized(tg_randn(TG_SHAPE(7, 6), NULL)), b = realized(tg_randn(TG_SHAPE(7, 6), NULL));
   tg_tensor want = tg_add(tg_mul(a, b), tg_exp(a));
-  int axes[] = {-1, 0, 1};
+  int axes[] = {TG_SHARD_NONE, 0, 1};
   for (int i = 0; i < 3; i++)
     for (int j = 0; j < 3; j++) {
       tg_tensor sa = tg_shard(a, DEV4, 4, axes[i]), sb = tg_shard(b, DEV4, 4, axes[j]);
@@ -106,7 +115,7 @@ TEST(elementwise) {
 TEST(reduce) {
   BEGIN;
   tg_tensor a = realized(tg_randn(TG_SHAPE(9, 5), NULL));
-  for (int ax = -1; ax < 2; ax++) {
+  for (int ax_i = 0, ax; ax_i < 3 && (ax = SHARD_AXES[ax_i], 1); ax_i++) {
     tg_tensor s = tg_shard(a, DEV4, 4, ax);
     for (int r = 0; r < 2; r++) {
       int axis[] = {r};
@@ -122,7 +131,7 @@ TEST(reduce) {
 TEST(movement) {
   BEGIN;
   tg_tensor a = realized(tg_randn(TG_SHAPE(8, 6), NULL));
-  for (int ax = -1; ax < 2; ax++) {
+  for (int ax_i = 0, ax; ax_i < 3 && (ax = SHARD_AXES[ax_i], 1); ax_i++) {
     tg_tensor s = tg_shard(a, DEV4, 4, ax);
     CHECK(maxdiff(tg_reshape(s, TG_SHAPE(48)), tg_reshape(a, TG_SHAPE(48))) == 0);
     CHECK(maxdiff(tg_reshape(s, TG_SHAPE(4, 2, 6)), tg_reshape(a, TG_SHAPE(4, 2, 6))) == 0);
@@ -146,7 +155,7 @@ TEST(matmul_9) {
   BEGIN;
   tg_tensor x = realized(tg_randn(TG_SHAPE(8, 12), NULL)), w = realized(tg_randn(TG_SHAPE(12, 4), NULL));
   tg_tensor want = tg_matmul(x, w);
-  int axes[] = {-1, 0, 1};
+  int axes[] = {TG_SHARD_NONE, 0, 1};
   for (int i = 0; i < 3; i++)
     for (int j = 0; j < 3; j++) {
       tg_tensor got = tg_matmul(tg_shard(x, DEV4, 4, axes[i]), tg_shard(w, DEV4, 4, axes[j]));
@@ -260,7 +269,7 @@ TEST(conv2d_weight_sharded) {
   CHECK(tg_gradient(tg_sum(tg_square(want), NULL, 0, false), all, 3, g1) == TG_OK);
   for (int wa = -1; wa < 2; wa++)
     for (int xa = -1; xa < 2; xa++) {
-      tg_tensor sx = tg_shard(x, DEV2, 2, xa), sw = tg_shard(w, DEV2, 2, wa);
+      tg_tensor sx = tg_shard(x, DEV2, 2, xa < 0 ? TG_SHARD_NONE : xa), sw = tg_shard(w, DEV2, 2, wa < 0 ? TG_SHARD_NONE : wa);
       tg_tensor sb = tg_shard(b, DEV2, 2, wa == 0 ? 0 : TG_SHARD_NONE);
       tg_tensor got = tg_conv2d(sx, sw, sb, NULL);
       tg_tensor ins[3] = {sx, sw, sb};
@@ -285,7 +294,7 @@ TEST(embedding) {
   CHECK(tg_gradient(tg_sum(tg_square(want), NULL, 0, false), &w, 1, &g1) == TG_OK);
   for (int wa = -1; wa < 1; wa++)
     for (int ia = -1; ia < 1; ia++) {
-      tg_tensor sw = tg_shard(w, DEV2, 2, wa), si = tg_shard(idx, DEV2, 2, ia);
+      tg_tensor sw = tg_shard(w, DEV2, 2, wa < 0 ? TG_SHARD_NONE : wa), si = tg_shard(idx, DEV2, 2, ia < 0 ? TG_SHARD_NONE : ia);
       tg_tensor got = tg_index(sw, si);
       CHECK(tg_gradient(tg_sum(tg_square(got), NULL, 0, false), &sw, 1, &g2) == TG_OK);
       CHECK_MSG(maxdiff(got, want) == 0, "weight axis %d, idx axis %d", wa, ia);
@@ -450,7 +459,7 @@ TEST(rand_on_shards) {
 TEST(assign_setitem) {
   BEGIN;
   tg_tensor a = realized(tg_randn(TG_SHAPE(10, 4), NULL)), v = realized(tg_randn(TG_SHAPE(10, 4), NULL));
-  for (int ax = -1; ax < 2; ax++) {
+  for (int ax_i = 0, ax; ax_i < 3 && (ax = SHARD_AXES[ax_i], 1); ax_i++) {
     tg_tensor s = realized(tg_shard(a, DEV4, 4, ax));
     CHECK(tg_valid(tg_assign(s, tg_shard(v, DEV4, 4, ax == 0 ? 1 : 0)))); /* a value sharded differently */
     CHECK(tg_realize(s) == TG_OK);

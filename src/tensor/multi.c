@@ -757,12 +757,13 @@ tg_tensor tg_shard(tg_tensor t, const char *const *devices, int n, int axis) {
   if (!u) return NONE_T();
   int tuple;
   if (!tuple_from_names("tg_shard", devices, n, &tuple)) return NONE_T();
-  if (axis != TG_SHARD_NONE && (axis < 0 || axis >= u->ndim)) {
+  if (axis != TG_SHARD_NONE && (axis < -u->ndim || axis >= u->ndim)) {
     char b[256];
-    tg_set_error(TG_ERR_INVALID, "tg_shard: axis %d is out of range for shape %s (0..%d, or TG_SHARD_NONE to replicate)", axis,
-                 fmt_shape(b, sizeof b, u->shape, u->ndim), u->ndim - 1);
+    tg_set_error(TG_ERR_INVALID, "tg_shard: axis %d is out of range for shape %s (-%d..%d, or TG_SHARD_NONE to replicate)", axis,
+                 fmt_shape(b, sizeof b, u->shape, u->ndim), u->ndim, u->ndim - 1);
     return NONE_T();
   }
+  if (axis != TG_SHARD_NONE && axis < 0) axis += u->ndim;
   if (u->sym) return tg_set_error(TG_ERR_INVALID, "tg_shard: tensors of symbolic shape cannot be sharded"), NONE_T();
   if (device_is_tuple(u->device)) {
     /* a tensor already on a tuple: replicate it onto the new one, then take the shards (sized as
@@ -804,7 +805,7 @@ tg_tensor tg_shard_like(tg_tensor t, tg_tensor like) {
 int tg_shard_axis(tg_tensor t) {
   UOp *u = t_get(t, "tg_shard_axis");
   if (!u) return -2;
-  return device_is_tuple(u->device) ? m_axis(u) : TG_SHARD_NONE;
+  return device_is_tuple(u->device) && m_axis(u) >= 0 ? m_axis(u) : TG_SHARD_NONE;
 }
 
 int tg_shard_count(tg_tensor t) {
