@@ -18,12 +18,21 @@ tg_tensor op_fail(const char *fmt, ...) {
   return (tg_tensor){0};
 }
 
+tg_opts on_device(UOp *a, tg_dtype dt) {
+  tg_opts o = {0};
+  o.dtype = dt;
+  o.device = device_by_id(a->device)->name;
+  return o;
+}
+
+tg_tensor iarange(UOp *a, double start, double stop, double step) {
+  tg_opts o = on_device(a, TG_INT32);
+  return tg_arange(start, stop, step, &o);
+}
+
 tg_tensor dim_arange(UOp *a, int dim) {
   if (a->sym && sym_is_code(a->sym[dim])) return t_wrap(g_iota(a->sym[dim], TG_INT32, a->device));
-  tg_opts o = {0};
-  o.dtype = TG_INT32;
-  o.device = device_by_id(a->device)->name;
-  return tg_arange(0, (double)a->shape[dim], 1, &o);
+  return iarange(a, 0, (double)a->shape[dim], 1);
 }
 
 bool t_dim_sym(tg_tensor x, int dim) {

@@ -52,6 +52,10 @@ bool image_conv_fits(int device, int64_t bs, int64_t cin, int64_t iy, int64_t ix
  * when that dim is (a tg_sym size), so the positions of a scan or a mask over a symbolic axis hold
  * for every value of its variable. */
 tg_tensor dim_arange(UOp *a, int dim);
+/* creation options: dtype dt on a's device */
+tg_opts on_device(UOp *a, tg_dtype dt);
+/* an int32 arange on a's device */
+tg_tensor iarange(UOp *a, double start, double stop, double step);
 /* Is dim of x a symbolic size? (false for an invalid handle) */
 bool t_dim_sym(tg_tensor x, int dim);
 

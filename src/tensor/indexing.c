@@ -47,12 +47,6 @@ typedef OpScope Op_;
 
 static int64_t round_up(int64_t a, int64_t b) { return cdiv(a, b) * b; }
 
-static tg_opts on_device(UOp *a, tg_dtype dt) {
-  tg_opts o = {0};
-  o.dtype = dt;
-  o.device = device_by_id(a->device)->name;
-  return o;
-}
 
 static bool same_device(const char *fn, UOp *a, UOp *b, const char *what) {
   if (a->device == b->device) return true;

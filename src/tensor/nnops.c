@@ -104,17 +104,7 @@ static int reduced_shape(UOp *a, const bool *red, bool keepdim, int64_t *out) {
   return k;
 }
 
-static tg_opts on_device(UOp *a, tg_dtype dt) {
-  tg_opts o = {0};
-  o.dtype = dt;
-  o.device = device_by_id(a->device)->name;
-  return o;
-}
 
-static tg_tensor arange_on(UOp *a, double start, double stop, double step) {
-  tg_opts o = on_device(a, TG_INT32);
-  return tg_arange(start, stop, step, &o);
-}
 
 static tg_tensor reshape_n(tg_tensor x, const int64_t *shape, int n) { return tg_reshape(x, shape, n); }
 
@@ -623,7 +613,7 @@ static tg_tensor arg_impl(const char *fn, tg_tensor x, const int *axes, int naxe
    * integer one ran as scalar code, 2x slower with LLVM's code than with gcc's). Its max is taken
    * without tg_max's stable copy (that is for a gradient, and these products round nothing). */
   bool fpos = tg_dtype_is_float((tg_dtype)a->dtype) && n <= ((int64_t)1 << 24);
-  tg_tensor pos = arange_on(a, (double)n, 0, -1);
+  tg_tensor pos = iarange(a, (double)n, 0, -1);
   if (fpos) pos = tg_cast(pos, TG_FLOAT32);
   tg_tensor idx = tg_mul(m, tg_reshape(pos, rs, nd - ax)), best;
   if (fpos) {
@@ -1648,7 +1638,7 @@ tg_tensor tg_one_hot(tg_tensor x, int64_t num_classes) {
                 (long long)num_classes);
   if (a->ndim >= MAXD) return fail("%s: too many dimensions", fn);
   NnOp o = begin(fn);
-  tg_tensor eq = tg_eq(tg_unsqueeze(x, -1), arange_on(a, 0, (double)num_classes, 1));
+  tg_tensor eq = tg_eq(tg_unsqueeze(x, -1), iarange(a, 0, (double)num_classes, 1));
   return done(o, tg_cast(eq, TG_INT32));
 }
 
@@ -1980,7 +1970,7 @@ tg_tensor tg_sparse_categorical_crossentropy(tg_tensor logits, tg_tensor labels,
                                                  TG_OPTS(.dtype = TG_INT64, .device = tg_device_of(labels))))
                        : tg_ones_like(labels, TG_OPTS(.dtype = TG_BOOL));
   tg_tensor oh =
-      tg_bitwise_and(tg_eq(tg_unsqueeze(labels, -1), arange_on(a, 0, (double)a->shape[a->ndim - 1], 1)),
+      tg_bitwise_and(tg_eq(tg_unsqueeze(labels, -1), iarange(a, 0, (double)a->shape[a->ndim - 1], 1)),
                      tg_unsqueeze(mask, -1));
   /* the label's log-probability picked out by a select, not a product with the one-hot: a -inf
    * logit in another column (probability 0) leaves the loss finite, as in tinygrad (whose graph
@@ -2017,7 +2007,7 @@ tg_tensor tg_cross_entropy(tg_tensor x, tg_tensor y, const tg_loss_opts *opts) {
     int64_t rs[MAXD];
     rs[0] = c;
     for (int i = 1; i < a->ndim - cdim; i++) rs[i] = 1;
-    yy = tg_eq(tg_unsqueeze(y, cdim), tg_reshape(arange_on(a, 0, (double)c, 1), rs, a->ndim - cdim));
+    yy = tg_eq(tg_unsqueeze(y, cdim), tg_reshape(iarange(a, 0, (double)c, 1), rs, a->ndim - cdim));
   }
   tg_dtype ydt = probs && tg_dtype_is_float((tg_dtype)t->dtype) ? (tg_dtype)t->dtype : tg_default_float();
   int cd[1] = {cdim};

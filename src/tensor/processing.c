@@ -69,17 +69,6 @@ static tg_tensor same(UOp *u) { return t_wrap(uop_ref(u)); }
 #define cdiv ceil_div
 static int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 
-static tg_opts on_device(UOp *a, tg_dtype dt) {
-  tg_opts o = {0};
-  o.dtype = dt;
-  o.device = device_by_id(a->device)->name;
-  return o;
-}
-/* int32 arange on a's device */
-static tg_tensor iarange(UOp *a, double start, double stop, double step) {
-  tg_opts o = on_device(a, TG_INT32);
-  return tg_arange(start, stop, step, &o);
-}
 
 static bool is_half(tg_dtype dt) { return dt == TG_FLOAT16 || dt == TG_BFLOAT16; }
 
