@@ -264,6 +264,34 @@ TEST(missing_dot_is_said_on_the_page) {
   free(data);
 }
 
+/* a program whose file name is not UTF-8: data.js names it with U+FFFD for the bad bytes (raw bytes
+ * made the page's script invalid, and the page blank) */
+TEST(non_utf8_program_name) {
+  char copy[400], dir[400], env1[420], saved[sizeof self_path];
+  snprintf(copy, sizeof copy, "%s/prog\xff\xfe-\xe2\x80\xa8-\xc3\xa9", tmpdir());
+  snprintf(dir, sizeof dir, "%s/badname", tmpdir());
+  snprintf(env1, sizeof env1, "VIZ_DIR=%s", dir);
+  FILE *in = fopen(self_path, "rb"), *out = fopen(copy, "wb");
+  CHECK(in && out);
+  char buf[65536];
+  size_t n;
+  while (in && out && (n = fread(buf, 1, sizeof buf, in)) > 0) CHECK(fwrite(buf, 1, n, out) == n);
+  if (in) fclose(in);
+  CHECK(out && fclose(out) == 0 && chmod(copy, 0755) == 0);
+  memcpy(saved, self_path, sizeof saved);
+  snprintf(self_path, sizeof self_path, "%s", copy);
+  const char *env[] = {"VIZ=-1", env1, NULL};
+  Child c = child_start("badname", env);
+  memcpy(self_path, saved, sizeof saved);
+  CHECK(child_wait(&c, 60) == 0);
+  char p[500];
+  snprintf(p, sizeof p, "%s/data.js", dir);
+  char *data = slurp(p);
+  CHECK_HAS(data, "/prog\\ufffd\\ufffd-\\u2028-\xc3\xa9\"");
+  free(data);
+  unlink(copy);
+}
+
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -418,11 +418,32 @@ void viz_copy(int item, Device *dst, Device *src, size_t nbytes, double secs) {
 
 /* ---- JSON -------------------------------------------------------------------------------------- */
 
+/* The length of the well-formed UTF-8 sequence at p (2..4), 0 if there is none. */
+static int utf8_seq(const unsigned char *p) {
+  unsigned char c = p[0];
+  int n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+  for (int i = 1; i < n; i++)
+    if ((p[i] & 0xc0) != 0x80) return 0;
+  if (n == 3 && ((c == 0xe0 && p[1] < 0xa0) || (c == 0xed && p[1] >= 0xa0))) return 0; /* overlong, surrogate */
+  if (n == 4 && ((c == 0xf0 && p[1] < 0x90) || (c == 0xf4 && p[1] >= 0x90))) return 0; /* overlong, > U+10FFFF */
+  return n;
+}
+
+/* A JSON string that is also a safe JavaScript literal inside a script: bytes that are not UTF-8 (a
+ * file name, a kernel name from a user's label) become U+FFFD, and U+2028/U+2029 are escaped. */
 static void json_str(SB *b, const char *s) {
   sb_putc(b, '"');
   for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
     unsigned char c = *p;
-    if (c == '"' || c == '\\')
+    if (c >= 0x80) {
+      int n = utf8_seq(p);
+      if (!n)
+        sb_puts(b, "\\ufffd");
+      else if (n == 3 && c == 0xe2 && p[1] == 0x80 && (p[2] == 0xa8 || p[2] == 0xa9))
+        sb_printf(b, "\\u%04x", p[2] == 0xa8 ? 0x2028 : 0x2029), p += 2;
+      else
+        sb_printf(b, "%.*s", n, (const char *)p), p += n - 1;
+    } else if (c == '"' || c == '\\')
       sb_printf(b, "\\%c", c);
     else if (c == '\n')
       sb_puts(b, "\\n");
