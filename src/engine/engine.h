@@ -69,6 +69,7 @@ typedef struct {
   int nslots, slotcap;
   bool sym_unit; /* a captured schedule had a symbolic size of 0 or 1 (Schedule.sym_unit) */
   bool sym_baked; /* a captured schedule had a size computed from a bound value (Schedule.sym_baked) */
+  bool seeded; /* tg_manual_seed ran inside the captured function (its draws restart on every replay) */
   /* Constant work (capture_hoist): hoisted[i] marks an item that reads only realized buffers nothing
    * in the capture writes (weights) and writes a transient (a packed or converted copy of them). A
    * replay runs those items only when one of deps[] changed since they last ran (its version is not

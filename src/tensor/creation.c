@@ -328,6 +328,7 @@ static pthread_mutex_t rng_lock = PTHREAD_MUTEX_INITIALIZER;
 void tg_manual_seed(uint64_t seed) {
   pthread_mutex_lock(&rng_lock);
   rng_seed = seed;
+  if (g_capture) g_capture->seeded = true;
   for (int i = 0; i < nrng_ctr; i++) {
     uop_unref(rng_ctr[i]);
     rng_ctr[i] = NULL;
@@ -354,9 +355,11 @@ static UOp *next_counter_locked(int device) {
     nrng_ctr = device + 1;
   }
   int64_t one = 1;
-  /* a counter new since the seed was set counts from 0 as a constant, not from its buffer: the
-   * first advance writes 1 whatever the buffer holds, so a TinyJit capture of a function that
-   * seeds and draws replays the same numbers each call (the seed's reset is part of the capture) */
+  /* a counter new since a seed set inside the TinyJit function being captured counts from 0 as a
+   * constant, not from its buffer: the first advance writes 1 whatever the buffer holds, so each
+   * replay draws what the function's plain call draws (the seed's reset is part of the capture).
+   * Seeded before the capture, the counter is read from its buffer (which starts at 0): a constant
+   * there made every replay repeat the capture's numbers. */
   bool fresh = !rng_ctr[device];
   if (fresh) {
     Buffer *b = buffer_new(device_by_id(device), 4);
@@ -369,7 +372,7 @@ static UOp *next_counter_locked(int device) {
     rng_ctr[device] = g_buffer(b, TG_UINT32, &one, 1);
   }
   UOp *c = rng_ctr[device];
-  UOp *from = fresh ? u32c(c, 0) : uop_ref(c);
+  UOp *from = fresh && g_capture && g_capture->seeded ? u32c(c, 0) : uop_ref(c);
   UOp *k1 = u32c(c, 1), *nv = u32op(OP_ADD, from, k1);
   UOp *a = g_assign(c, nv);
   UOp *snap = g_contiguous(a);
