@@ -308,7 +308,7 @@ tg_tensor tg_assign(tg_tensor target, tg_tensor value);
 tg_tensor tg_clone(tg_tensor t);
 /* The same data, cut off from autograd. */
 tg_tensor tg_detach(tg_tensor t);
-/* Number of devices the CPU backend exposes ("CPU", "CPU:1", ...). */
+/* The default device's name (DEV, or "CPU"), as tensors made without a device get it. */
 const char *tg_default_device(void);
 /* Blocks until all queued work on the device is done. */
 tg_status tg_synchronize(const char *device);

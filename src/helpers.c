@@ -401,6 +401,17 @@ int64_t getenv_int(const char *name, int64_t def) {
   return def;
 }
 
+int64_t getenv_int_in(const char *name, int64_t def, int64_t lo, int64_t hi) {
+  int64_t v = getenv_int(name, def);
+  if (v >= lo && v <= hi) return v;
+  int64_t c = v < lo ? lo : hi;
+  char why[96], used[32];
+  snprintf(why, sizeof why, "outside %lld..%lld", (long long)lo, (long long)hi);
+  snprintf(used, sizeof used, "%lld", (long long)c);
+  env_warn(name, getenv_str(name, ""), why, used);
+  return c;
+}
+
 int64_t tg_getenv_int(const char *name, int64_t def) {
   if (!name) {
     tg_set_error(TG_ERR_INVALID, "tg_getenv_int: name is NULL");

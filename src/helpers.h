@@ -57,6 +57,8 @@ void error_name_call(const char *fn);
 /* Integer setting from Context override, else environment, else def. Cached env lookups are fine:
  * Context overrides always take precedence. */
 int64_t getenv_int(const char *name, int64_t def);
+/* getenv_int clamped to [lo, hi]; a value outside is reported once, with the value used. */
+int64_t getenv_int_in(const char *name, int64_t def, int64_t lo, int64_t hi);
 /* String setting (Context override, else environment, else def). Returned string valid until the
  * Context level that set it ends / process end. */
 const char *getenv_str(const char *name, const char *def);

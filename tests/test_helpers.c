@@ -13,6 +13,7 @@
 
 #include "helpers.h"
 #include "runtime/threadpool.h"
+#include "schedule/schedule.h"
 #include "test.h"
 
 /* ---- errors ---- */
@@ -112,6 +113,32 @@ TEST(bad_settings_are_reported) {
   CHECK_MSG(strstr(out, "ignoring DEFAULT_FLOAT=int8") != NULL, "stderr: %s", out);
   char *first = strstr(out, "TG_TEST_ENV_GARBAGE");
   CHECK(first && !strstr(first + 1, "TG_TEST_ENV_GARBAGE"));
+}
+
+static int64_t g_range;
+static void read_range_setting(void) { g_range = getenv_int_in("TG_TEST_ENV_RANGE", 50, 8, 100); }
+
+static int64_t g_depth[2];
+static void read_depth_settings(void) {
+  tg_context_begin();
+  tg_context_set("DEPTH_SPLIT", "abc");
+  g_depth[0] = schedule_depth_bound();
+  tg_context_set("DEPTH_SPLIT", "3");
+  g_depth[1] = getenv_int_in("DEPTH_SPLIT", 256, 8, 100000);
+  tg_context_end();
+}
+
+/* a setting that is not a number names the default actually used (DEPTH_SPLIT said 0 and used 256),
+ * and one outside its range is clamped and said so */
+TEST(out_of_range_settings_are_reported) {
+  char out[1024];
+  capture_stderr(read_depth_settings, out, sizeof out);
+  CHECK(g_depth[0] == 256 && g_depth[1] == 8);
+  CHECK_MSG(strstr(out, "ignoring DEPTH_SPLIT=abc (not an integer); using 256") != NULL, "stderr: %s", out);
+  setenv("TG_TEST_ENV_RANGE", "3", 1);
+  capture_stderr(read_range_setting, out, sizeof out);
+  CHECK(g_range == 8);
+  CHECK_MSG(strstr(out, "ignoring TG_TEST_ENV_RANGE=3 (outside 8..100); using 8") != NULL, "stderr: %s", out);
 }
 
 static int g_threads[4];

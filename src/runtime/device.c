@@ -886,8 +886,7 @@ static void prog_free(ProgEntry *e) {
 }
 
 static size_t max_loaded(void) {
-  int64_t m = getenv_int("MAX_LOADED_KERNELS", 4096);
-  return m < 1 ? 1 : (size_t)m;
+  return (size_t)getenv_int_in("MAX_LOADED_KERNELS", 4096, 1, INT64_MAX);
 }
 
 /* Caller holds g_prog_lock. Takes unheld entries out of the table, least recently used first, until

@@ -194,7 +194,7 @@ typedef struct {
 SchedKey *schedule_key(UOp **targets, int n) {
   if (!getenv_int("SCACHE", 1)) return NULL;
   SchedKey *k = key_new();
-  put_word(k, (uint64_t)getenv_int("DEPTH_SPLIT", 0));
+  put_word(k, (uint64_t)schedule_depth_bound());
   put_word(k, (uint64_t)getenv_int("FUSE_WINDOW", 1));
   KFrame st[64], *sp = st;
   size_t cap = sizeof st / sizeof *st;

@@ -87,10 +87,7 @@ static bool is_leaf_node(UOp *n) { return uop_realized(n) || n->op == OP_BUFFER 
  * far shallower, so this changes nothing for them; DEPTH_SPLIT sets another bound (at least 8). */
 #define DEPTH_SPLIT_DEFAULT 256
 
-static int depth_bound(void) {
-  int64_t b = getenv_int("DEPTH_SPLIT", DEPTH_SPLIT_DEFAULT);
-  return b < 8 ? 8 : b > 100000 ? 100000 : (int)b;
-}
+int schedule_depth_bound(void) { return (int)getenv_int_in("DEPTH_SPLIT", DEPTH_SPLIT_DEFAULT, 8, 100000); }
 
 /* What a node adds to the depth of the kernels reading it: 0 when they load it from a buffer. */
 static int depth_seen_by_consumers(const NI *x) {
@@ -1823,7 +1820,7 @@ tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf) {
   memset(&c, 0, sizeof c);
   c.s = s;
   memset(s, 0, sizeof *s);
-  int bound = depth_bound();
+  int bound = schedule_depth_bound();
   for (int i = 0; i < n; i++) visit(&c, targets[i], true, bound);
   tg_status vst = collect_vars(&c);
   if (vst != TG_OK) {

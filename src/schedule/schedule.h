@@ -59,6 +59,8 @@ typedef struct {
 /* Builds the schedule realizing `targets` (nodes already realized or plain buffer views produce no
  * items). On success each target that needs a buffer has tbuf[i] = index into s->bufs (else -1). */
 tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf);
+/* The depth bound of a kernel's expression (DEPTH_SPLIT, default 256, 8..100000). */
+int schedule_depth_bound(void);
 void schedule_free(Schedule *s);
 
 /* The schedule cache (schedcache.c). schedule_key writes out the structure of the graph of `targets`
