@@ -18,6 +18,11 @@ tg_tensor op_fail(const char *fmt, ...) {
   return (tg_tensor){0};
 }
 
+bool half_via_float32(UOp *a, tg_dtype dt) {
+  Device *d = device_by_id(a->device);
+  return (dt == TG_FLOAT16 || dt == TG_BFLOAT16) && d && (!d->caps.gpu || !d->caps.fp16);
+}
+
 tg_opts on_device(UOp *a, tg_dtype dt) {
   tg_opts o = {0};
   o.dtype = dt;

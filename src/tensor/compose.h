@@ -52,6 +52,10 @@ bool image_conv_fits(int device, int64_t bs, int64_t cin, int64_t iy, int64_t ix
  * when that dim is (a tg_sym size), so the positions of a scan or a mask over a symbolic axis hold
  * for every value of its variable. */
 tg_tensor dim_arange(UOp *a, int dim);
+/* Is dt float16/bfloat16 on a device without half arithmetic (the CPU, PoCL)? A matmul or convolution
+ * there multiplies and sums in float32 and rounds once, as tinygrad's kernels do (a product that only
+ * feeds the float32 accumulator is not rounded), on the float32 kernels. */
+bool half_via_float32(UOp *a, tg_dtype dt);
 /* creation options: dtype dt on a's device */
 tg_opts on_device(UOp *a, tg_dtype dt);
 /* an int32 arange on a's device */

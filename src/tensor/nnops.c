@@ -45,6 +45,27 @@ static tg_tensor same(UOp *u) { return t_wrap(uop_ref(u)); }
 static bool is_data_view(UOp *u);
 static int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 
+/* A float16/bfloat16 convolution where halves are computed in float32 (half_via_float32): the
+ * convolution of the float32 values (exact products, a float32 sum) rounded once, then the bias added
+ * in its dtype -- tinygrad's (x * w).sum(dtype=float32).cast(half) + bias. Rounding every product, as
+ * the half kernels did, put 174 of 420 results of a small float16 convolution off by an ulp. false
+ * when the dtypes do not call for it; else true with the result (NONE on error) in *out. */
+static bool conv_half_via_float32(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, UOp *a, UOp *w,
+                                  tg_tensor (*conv)(tg_tensor, tg_tensor, void *), void *ctx, tg_tensor *out) {
+  tg_dtype dt = tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)w->dtype);
+  if (!half_via_float32(a, dt)) return false;
+  OpScope o = op_scope_begin(fn);
+  tg_tensor r = tg_cast(conv(tg_cast(x, TG_FLOAT32), tg_cast(weight, TG_FLOAT32), ctx), dt);
+  if (bias.id) {
+    int64_t bs[2 + TG_WINDOW_MAXDIMS];
+    bs[0] = w->shape[0];
+    for (int j = 1; j < a->ndim - 1; j++) bs[j] = 1;
+    r = tg_add(r, tg_reshape(bias, bs, a->ndim - 1));
+  }
+  *out = op_scope_done(o, r);
+  return true;
+}
+
 static bool same_device(const char *fn, UOp *a, UOp *b, const char *what) {
   if (a->device == b->device) return true;
   tg_set_error(TG_ERR_INVALID, "%s: %s is on %s but the input is on %s; move it with tg_to", fn, what,
@@ -1255,6 +1276,8 @@ static void conv_valid_grad(UOp *out, UOp *g, UOp *const *in, int n, UOp **grads
   tg_scope_end();
 }
 
+static tg_tensor conv2d_nobias(tg_tensor x, tg_tensor w, void *opts) { return tg_conv2d(x, w, (tg_tensor){0}, opts); }
+
 tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv2d_opts *opts) {
   const char *fn = "tg_conv2d";
   static const tg_conv2d_opts zero;
@@ -1317,6 +1340,8 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
   int64_t oy = cdiv(hw[0] + pads[0] + pads[1] - d[0] * (kh - 1), s[0]),
           ox = cdiv(hw[1] + pads[2] + pads[3] - d[1] * (kw - 1), s[1]);
   int64_t rcout = cout / groups;
+  tg_tensor hr;
+  if (conv_half_via_float32(fn, x, weight, bias, a, w, conv2d_nobias, (void *)opts, &hr)) return hr;
   int im = image_mode(fn, a, w, b);
   if (im < 0) return NONE;
   if (im && image_conv_fits(a->device, a->shape[0], w->shape[1], hw[0], hw[1], cout, kh, kw, groups, s, d, pads))
@@ -1484,6 +1509,16 @@ static bool conv_shapes_ok(const char *fn, UOp *a, UOp *w, UOp *b, int64_t group
 /* The n-d convolution once its options are resolved (pads: (before, after) per spatial dim). One and
  * two spatial dims run as tg_conv2d (a 1-d one on (bs, cin, 1, L)), which has the tuned kernels and
  * backward; more go through conv_generic. */
+typedef struct {
+  const char *fn;
+  int64_t groups;
+  const int64_t *s, *d, *pads;
+} ConvNdArgs;
+static tg_tensor conv_nd_nobias(tg_tensor x, tg_tensor w, void *ctx) {
+  const ConvNdArgs *c = ctx;
+  return conv_nd_resolved(c->fn, x, w, (tg_tensor){0}, c->groups, c->s, c->d, c->pads);
+}
+
 tg_tensor conv_nd_resolved(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, int64_t groups,
                            const int64_t *s, const int64_t *d, const int64_t *pads) {
   UOp *a = t_get(x, fn), *w = a ? t_get(weight, fn) : NULL, *b = NULL;
@@ -1494,7 +1529,12 @@ tg_tensor conv_nd_resolved(const char *fn, tg_tensor x, tg_tensor weight, tg_ten
   int64_t sp[TG_WINDOW_MAXDIMS], k[TG_WINDOW_MAXDIMS];
   for (int j = 0; j < nsp; j++) sp[j] = a->shape[2 + j], k[j] = w->shape[2 + j];
   if (!window_fits(fn, a, nsp, sp, pads, k, d, NULL)) return NONE;
-  if (nsp > 2) return conv_generic(fn, x, a, weight, w, bias, nsp, groups, s, d, pads);
+  if (nsp > 2) {
+    ConvNdArgs ca = {fn, groups, s, d, pads};
+    tg_tensor hr;
+    if (conv_half_via_float32(fn, x, weight, bias, a, w, conv_nd_nobias, &ca, &hr)) return hr;
+    return conv_generic(fn, x, a, weight, w, bias, nsp, groups, s, d, pads);
+  }
   NnOp op = begin(fn);
   tg_conv2d_opts co = {0};
   co.groups = groups, co.npadding = 4;

@@ -1128,8 +1128,7 @@ static tg_tensor matmul_impl(const char *fn, tg_tensor x, tg_tensor w, tg_dtype 
    * a 64x512x64 float16 matmul differ from exact products summed, by the order of the sum, and 1712
    * from rounded ones) -- and it runs on the float32 kernels, packing included. The same on a GPU
    * device without half arithmetic (PoCL: halves are stored, and computed in float32). */
-  Device *mdev = device_by_id(a->device);
-  if (dtype == TG_DTYPE_DEFAULT && (dt == TG_FLOAT16 || dt == TG_BFLOAT16) && mdev && (!mdev->caps.gpu || !mdev->caps.fp16)) {
+  if (dtype == TG_DTYPE_DEFAULT && half_via_float32(a, dt)) {
     OpScope o = op_scope_begin(fn);
     tg_tensor x32 = tg_cast(x, TG_FLOAT32), w32 = tg_cast(w, TG_FLOAT32);
     /* a large product reads each operand value many times: converted once into float32 buffers,
