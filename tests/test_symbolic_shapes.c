@@ -1003,6 +1003,15 @@ TEST(errors) {
   CHECK(!tg_valid(tg_argmax(tg_reshape(tg_shrink(x, TG_SHAPE(0, tg_sym(zv, 0))), TG_SHAPE(1, tg_sym(zv, 0))), TG_AXES(1), false)));
   CHECK_STR_CONTAINS(tg_last_error(), "tg_argmax: the symbolic axis 1 may be empty");
   tg_clear_error();
+  /* a size that is negative at the variable's minimum (or now): an error, not a -1 read as "infer"
+   * (the scheduler stopped the process on it) */
+  tg_tensor six = seq(6, 1, 0);
+  CHECK(!tg_valid(tg_reshape(six, TG_SHAPE(2, tg_sym(zv, -4)))));
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_reshape: size 1 is len0-4, which is -4 at len0's minimum 0 (-1 now)");
+  tg_clear_error();
+  CHECK(!tg_valid(tg_expand(tg_reshape(six, TG_SHAPE(1, 6)), TG_SHAPE(tg_sym(zv, -1), 6))));
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_expand: size 0 is len0-1, which is -1 at len0's minimum 0");
+  tg_clear_error();
   /* garbage that looks like a code */
   CHECK(!tg_valid(tg_reshape(x, TG_SHAPE(-((int64_t)1 << 62) - 5))));
   tg_clear_error();

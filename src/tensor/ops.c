@@ -748,12 +748,30 @@ static int sym_args(const char *fn, const int64_t *args, int n, int64_t *conc) {
   return any;
 }
 
+/* A symbolic size given to tg_reshape or tg_expand must not be negative for any value of its variable
+ * (a negative one now read as -1, "infer" or "keep", and the scheduler stopped on it). */
+static bool sym_sizes_nonneg(const char *fn, const int64_t *codes, int n) {
+  for (int i = 0; i < n; i++) {
+    SymDim d;
+    if (!sym_decode(codes[i], &d) || d.min + d.offset >= 0) continue;
+    const char *name = "?";
+    var_info(d.var, &name, NULL, NULL);
+    tg_set_error(TG_ERR_INVALID,
+                 "%s: size %d is %s%+lld, which is %lld at %s's minimum %lld (%lld now); a size must not be negative for any "
+                 "value of the variable (give %s a minimum of at least %lld)",
+                 fn, i, name, (long long)d.offset, (long long)(d.min + d.offset), name, (long long)d.min,
+                 (long long)sym_concrete(codes[i]), name, (long long)-d.offset);
+    return false;
+  }
+  return true;
+}
+
 tg_tensor tg_reshape(tg_tensor x, const int64_t *shape0, int ndim) {
   GET(a, x, "tg_reshape");
   if (!check_ndim("tg_reshape", ndim, shape0)) return NONE;
   int64_t shape[64];
   int syms = sym_args("tg_reshape", shape0, ndim, shape);
-  if (syms < 0) return NONE;
+  if (syms < 0 || (syms && !sym_sizes_nonneg("tg_reshape", shape0, ndim))) return NONE;
   int64_t sh[64];
   int infer = -1;
   int64_t known = 1;
@@ -820,7 +838,7 @@ tg_tensor tg_expand(tg_tensor x, const int64_t *shape0, int ndim) {
   if (!check_ndim("tg_expand", ndim, shape0)) return NONE;
   int64_t shape[64];
   int syms = sym_args("tg_expand", shape0, ndim, shape);
-  if (syms < 0) return NONE;
+  if (syms < 0 || (syms && !sym_sizes_nonneg("tg_expand", shape0, ndim))) return NONE;
   char b1[256], b2[256];
   if (ndim < a->ndim)
     return fail(TG_ERR_INVALID, "tg_expand: cannot expand %s to fewer dims %s", shp(b1, sizeof b1, a), fmt_shape(b2, sizeof b2, shape, ndim));
