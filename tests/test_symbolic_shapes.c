@@ -322,6 +322,16 @@ static tg_status f_two(const tg_tensor *in, int nin, const double *args, int nar
   return TG_OK;
 }
 
+/* rows [w-2, w) of in[1], summed, plus the sum of a pad of w - 1 ones */
+static tg_status f_window(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
+  tg_symvar w = tg_jit_var(0);
+  tg_tensor rows = tg_sum(tg_shrink(in[1], TG_SHAPE(tg_sym(w, -2), tg_sym(w, 0), 0, 3)), TG_AXES(0), false);
+  tg_tensor pad = tg_sum(tg_pad(tg_zeros(TG_SHAPE(3, 1), NULL), TG_SHAPE(0, 0, 0, tg_sym(w, -1)), 1.0), TG_AXES(1), false);
+  out[0] = tg_realize(rows) == TG_OK ? tg_add(rows, pad) : rows;
+  return TG_OK;
+}
+
 TEST(jit_two_variables) {
   tg_scope_begin();
   tg_symvar vi = tg_variable("i", 1, 12), vj = tg_variable("j", 0, 11);
@@ -380,6 +390,24 @@ TEST(jit_two_variables) {
   CHECK_STR_CONTAINS(tg_last_error(), "variable 'j' = 12 is past what the captured graph can read (11");
   tg_clear_error();
   tg_jit_free(jw);
+  /* and one below what the graph can use: a window x[v-2:v] (a replay at v = 1 read the row before
+   * the tensor, with status OK) and a symbolic pad of v - 1 */
+  tg_jit *jl = tg_jit_new(f_window, 1, NULL);
+  tg_symvar wv = tg_variable("w", 0, 12);
+  for (int call = 0; call < 3; call++) {
+    tg_symvar b = tg_var_bind(wv, 4 + call);
+    CHECK(tg_jit_call_vars(jl, in, 2, &b, 1, NULL, 0, out) == TG_OK);
+    float got[3];
+    CHECK(tg_data(out[0], got, sizeof got) == TG_OK);
+    for (int c = 0; c < 3; c++) /* rows 2+call and 3+call of y, and the pad's sum of ones */
+      CHECK_MSG(fabsf(got[c] - (yd[(2 + call) * 3 + c] + yd[(3 + call) * 3 + c] + (float)(3 + call))) < 1e-5, "call %d col %d", call, c);
+  }
+  tg_symvar low = tg_var_bind(wv, 1), edge = tg_var_bind(wv, 2);
+  CHECK(tg_jit_call_vars(jl, in, 2, &edge, 1, NULL, 0, out) == TG_OK);
+  CHECK(tg_jit_call_vars(jl, in, 2, &low, 1, NULL, 0, out) == TG_ERR_INVALID);
+  CHECK_STR_CONTAINS(tg_last_error(), "variable 'w' = 1 is below what the captured graph can use (2");
+  tg_clear_error();
+  tg_jit_free(jl);
   tg_scope_end();
   CHECK(tg_live_count() == 0);
 }

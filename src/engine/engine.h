@@ -140,6 +140,7 @@ typedef struct {
   int nvars;
   const int *vars; /* the variables of the captured call (var.c indices) */
   const int64_t *var_limit; /* per variable: the largest value the capture reads in bounds (NULL: its max) */
+  const int64_t *var_floor; /* per variable: the least such value (NULL: its min) */
 } JitView;
 void jit_view(const tg_jit *j, JitView *v);
 /* tg_jit_export's work on a jit's view (v->in and v->out are freed here, whatever happens). */

@@ -499,6 +499,7 @@ static tg_status check_vars(Ex *e) {
     const char *name = NULL;
     var_info(e->v.vars[i], &name, &e->vmin[i], &e->vmax[i]);
     if (e->v.var_limit && e->v.var_limit[i] < e->vmax[i]) e->vmax[i] = e->v.var_limit[i]; /* (what the buffers hold) */
+    if (e->v.var_floor && e->v.var_floor[i] > e->vmin[i]) e->vmin[i] = e->v.var_floor[i];
     e->vname[i] = name;
     upper(e->VNAME[i], name, sizeof e->VNAME[i]);
     int k = 0;

@@ -57,7 +57,8 @@ struct tg_jit {
   bool free_pending; /* tg_jit_free was called from inside the running function: freed when it returns */
   int *vars;         /* the variables passed to the captured call (indices), whose values replays pass on */
   int nvars;
-  int64_t *var_limit; /* per vars[k]: the largest value the captured graph reads in bounds (jit_note_var_limit) */
+  int64_t *var_limit; /* per vars[k]: the largest value the captured graph reads in bounds (jit_note_var_range) */
+  int64_t *var_floor; /* per vars[k]: the least such value */
   /* multi-device tensors: the captured call sees their shards as separate tensors (flattened), and
    * the user function sees them joined again; the layout of each output (shards, axis, tuple) is
    * taken from the first call. */
@@ -78,24 +79,26 @@ static _Thread_local int tl_nvars;
 tg_symvar tg_jit_var(int i) { return tl_vars && i >= 0 && i < tl_nvars ? tl_vars[i] : (tg_symvar){0}; }
 
 /* The bounds the jitted function's graph puts on its variables while it runs on this thread: a
- * symbolic shrink of a dim of n ending at v + c reads in bounds only for v <= n - c. The capture keeps
- * them, and a replay refuses a value past them (it would read or write outside the buffers: the
- * graph's own checks ran only for the values of the first calls). */
+ * symbolic shrink of a dim of n ending at v + c reads in bounds only for v <= n - c, one starting at
+ * v + c only for v >= -c, a symbolic pad v + c is a size only for v >= -c. The capture keeps them,
+ * and a replay refuses a value outside them (it would read or write outside the buffers: the graph's
+ * own checks ran only for the values of the first calls). */
 #define MAX_VAR_LIMITS 64
 static _Thread_local struct {
   int var;
-  int64_t max;
+  int64_t min, max;
 } tl_limits[MAX_VAR_LIMITS];
 static _Thread_local int tl_nlimits;
 
-void jit_note_var_limit(int var, int64_t max) {
+void jit_note_var_range(int var, int64_t min, int64_t max) {
   if (tl_depth <= 0) return;
   for (int i = 0; i < tl_nlimits; i++)
     if (tl_limits[i].var == var) {
       if (max < tl_limits[i].max) tl_limits[i].max = max;
+      if (min > tl_limits[i].min) tl_limits[i].min = min;
       return;
     }
-  if (tl_nlimits < MAX_VAR_LIMITS) tl_limits[tl_nlimits].var = var, tl_limits[tl_nlimits++].max = max;
+  if (tl_nlimits < MAX_VAR_LIMITS) tl_limits[tl_nlimits].var = var, tl_limits[tl_nlimits].min = min, tl_limits[tl_nlimits++].max = max;
 }
 
 tg_jit *tg_jit_new_opts(tg_jit_fn fn, int nout, void *user, const tg_jit_opts *opts) {
@@ -136,8 +139,8 @@ static void jit_reset(tg_jit *j) {
   sig_free(j->out_sig, j->ncap_out);
   j->ncap_out = 0;
   free(j->args);
-  free(j->vars), free(j->var_limit);
-  j->vars = NULL, j->var_limit = NULL;
+  free(j->vars), free(j->var_limit), free(j->var_floor);
+  j->vars = NULL, j->var_limit = NULL, j->var_floor = NULL;
   j->nvars = 0;
   j->in_buf = j->out_buf = NULL;
   j->in_sig = j->out_sig = NULL;
@@ -385,12 +388,16 @@ static tg_status capture(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs,
     j->vars = tg_xmalloc(sizeof(int) * (size_t)cv->n);
     memcpy(j->vars, cv->idx, sizeof(int) * (size_t)cv->n);
     j->var_limit = tg_xmalloc(sizeof(int64_t) * (size_t)cv->n);
+    j->var_floor = tg_xmalloc(sizeof(int64_t) * (size_t)cv->n);
     for (int k = 0; k < cv->n; k++) {
-      int64_t mx = INT64_MAX;
-      var_info(cv->idx[k], NULL, NULL, &mx);
+      int64_t mn = 0, mx = INT64_MAX;
+      var_info(cv->idx[k], NULL, &mn, &mx);
       for (int q = 0; q < tl_nlimits; q++)
-        if (tl_limits[q].var == cv->idx[k] && tl_limits[q].max < mx) mx = tl_limits[q].max;
-      j->var_limit[k] = mx;
+        if (tl_limits[q].var == cv->idx[k]) {
+          if (tl_limits[q].max < mx) mx = tl_limits[q].max;
+          if (tl_limits[q].min > mn) mn = tl_limits[q].min;
+        }
+      j->var_limit[k] = mx, j->var_floor[k] = mn;
     }
     j->nvars = cv->n;
   }
@@ -504,6 +511,14 @@ static tg_status replay(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs, 
                             "tg_jit_call_vars: variable '%s' = %lld is past what the captured graph can read (%lld: a "
                             "symbolic tg_shrink ends past its dim beyond that); give the variable a max the tensors hold",
                             name, (long long)cv->val[q], (long long)j->var_limit[k]);
+      } else if (j->vars[k] == cv->idx[q] && j->var_floor && cv->val[q] < j->var_floor[k]) {
+        const char *name = "?";
+        var_info(cv->idx[q], &name, NULL, NULL);
+        return tg_set_error(TG_ERR_INVALID,
+                            "tg_jit_call_vars: variable '%s' = %lld is below what the captured graph can use (%lld: a "
+                            "symbolic tg_shrink would start before its dim or end before its start, or a symbolic pad "
+                            "would be negative, below that); give the variable a min the graph holds",
+                            name, (long long)cv->val[q], (long long)j->var_floor[k]);
       }
   if (nin != j->nin) return tg_set_error(TG_ERR_INVALID, "tg_jit_call: called with %d inputs, captured with %d", nin, j->nin);
   for (int i = 0; i < nin; i++) {
@@ -835,7 +850,7 @@ void jit_view(const tg_jit *j, JitView *v) {
     const Sig *s = &j->out_sig[i];
     v->out[i] = (JitIO){j->out_buf[i], s->dtype, s->ndim, s->shape, s->sym, s->base};
   }
-  v->nvars = j->nvars, v->vars = j->vars, v->var_limit = j->var_limit;
+  v->nvars = j->nvars, v->vars = j->vars, v->var_limit = j->var_limit, v->var_floor = j->var_floor;
 }
 
 tg_status tg_jit_export(const tg_jit *j, const char *path, const tg_jit_export_opts *opts) {

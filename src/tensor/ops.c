@@ -890,11 +890,15 @@ tg_tensor tg_shrink(tg_tensor x, const int64_t *bounds0, int nbounds) {
                   "tensor, whose shards split at the bound value (bind it with tg_var_bind)", vn, max_);
     }
   }
-  /* a symbolic end v + c on a dim of concrete size n holds for v <= n - c only: a jit's replays with
-   * other values must stay there */
+  /* a symbolic end v + c on a dim of concrete size n holds for v <= n - c only, and for v >= start - c
+   * after a concrete start; a symbolic start v + c for v >= -c: a jit's replays with other values
+   * must stay there */
   for (int i = 0; syms && i < a->ndim; i++) {
-    SymDim e;
-    if (sym_decode(bounds0[2 * i + 1], &e) && !(a->sym && sym_is_code(a->sym[i]))) jit_note_var_limit(e.var, a->shape[i] - e.offset);
+    SymDim e, s;
+    bool es = sym_decode(bounds0[2 * i + 1], &e), ss = sym_decode(bounds0[2 * i], &s);
+    if (ss) jit_note_var_range(s.var, -s.offset, INT64_MAX);
+    if (es && !ss) jit_note_var_range(e.var, bounds[2 * i] - e.offset, INT64_MAX);
+    if (es && !(a->sym && sym_is_code(a->sym[i]))) jit_note_var_range(e.var, INT64_MIN, a->shape[i] - e.offset);
   }
   return t_wrap(g_shrink(a, bounds0));
 }
@@ -907,9 +911,12 @@ tg_tensor tg_pad(tg_tensor x, const int64_t *pads0, int npads, double value) {
   int64_t pads[128];
   int syms = sym_args("tg_pad", pads0, npads, pads);
   if (syms < 0) return NONE;
-  for (int i = 0; syms && i < npads; i++)
-    if (sym_is_code(pads0[i]) && pads[i] < 0)
+  for (int i = 0; syms && i < npads; i++) {
+    SymDim d;
+    if (sym_decode(pads0[i], &d) && pads[i] < 0)
       return fail(TG_ERR_INVALID, "tg_pad: symbolic pad %d stands for %lld now; a symbolic pad must not be negative", i, (long long)pads[i]);
+    if (sym_decode(pads0[i], &d)) jit_note_var_range(d.var, -d.offset, INT64_MAX); /* (a jit's replays too) */
+  }
   for (int i = 0; syms && i < a->ndim; i++) {
     int parts = (a->sym && sym_is_code(a->sym[i])) + sym_is_code(pads0[2 * i]) + sym_is_code(pads0[2 * i + 1]);
     if (parts > 1)
