@@ -942,25 +942,30 @@ static tg_tensor assign_node(tg_tensor target, UOp *tb, UOp *vu) {
   Slot *s = t_slot(target);
   UOp *old = s->u;
   s->u = a;
-  uop_unref(old);
   /* every other handle of that storage (an alias: a full shrink, a same-shape reshape, tg_to its own
-   * device) sees the write, in graphs built after it and when the target handle is freed first */
+   * device) sees the write, in graphs built after it and when the target handle is freed first; for a
+   * multi-device tensor of buffers, every handle of the same node (a full shrink of a sharded tensor
+   * is that node: the write stayed pending in the view's handle, and the tensor never saw it) */
   if (buf) t_replace_buffer_everywhere(buf, a);
+  else if (old == tb && tb->op == OP_MULTI) t_replace_node_everywhere(tb, a);
+  uop_unref(old);
   return target;
 }
 
 /* tg_assign to a multi-device target: each shard's buffer takes its part of the value (resharded
  * to the target's sharding). A target whose shards are not buffers of their own gets them first. */
-static bool shards_are_buffers(UOp *tb) {
+bool shards_are_buffers(UOp *tb) {
   for (uint32_t i = 0; i < tb->nsrc; i++)
     if (g_resolve(tb->src[i])->op != OP_BUFFER) return false;
   return true;
 }
 
+/* (an empty shard -- a view that keeps none of a member's part -- counts: there is nothing to write) */
 bool m_is_view_of_buffers(UOp *tu) {
   UOp *tb = g_resolve(tu);
   bool views = true;
-  for (uint32_t i = 0; i < tb->nsrc; i++) views = views && g_base_buffer(tb->src[i]) != NULL;
+  for (uint32_t i = 0; i < tb->nsrc; i++)
+    views = views && (g_base_buffer(tb->src[i]) != NULL || shape_numel(tb->src[i]->shape, tb->src[i]->ndim) == 0);
   return views && !shards_are_buffers(tb);
 }
 
@@ -974,6 +979,7 @@ static tg_tensor assign_multi(tg_tensor target, UOp *tu, UOp *vu) {
     UOp *v = m_reshard_like(vu, tb);
     tg_status st = TG_OK;
     for (uint32_t i = 0; st == TG_OK && i < tb->nsrc; i++) {
+      if (shape_numel(tb->src[i]->shape, tb->src[i]->ndim) == 0) continue;
       tg_tensor ti = t_wrap(uop_ref(tb->src[i])), vi = t_wrap(uop_ref(g_resolve(v)->src[i]));
       st = tg_setitem(ti, NULL, 0, vi);
       if (st == TG_OK) st = tg_realize(ti); /* (now: the shard's handle is a temporary one) */

@@ -291,6 +291,21 @@ int t_replace_buffer_everywhere(Buffer *b, UOp *to) {
   return n;
 }
 
+int t_replace_node_everywhere(UOp *from, UOp *to) {
+  int n = 0;
+  pthread_mutex_lock(&h_lock);
+  for (size_t i = 0; i < nslots; i++) {
+    Slot *sl = slot_at(i);
+    if (sl->scope < 0 || sl->u != from) continue;
+    sl->u = uop_ref(to);
+    if (sl->requires_grad == 1) uop_set_flag(to, UOPF_GRAD_LEAF);
+    n++;
+  }
+  pthread_mutex_unlock(&h_lock);
+  for (int i = 0; i < n; i++) uop_unref(from);
+  return n;
+}
+
 tg_status t_realize_pending_writes(Buffer *b) {
   long made = atomic_load(&g_assigns_made);
   if (!made) return TG_OK; /* no write made since none was pending: nothing to scan for */

@@ -680,6 +680,21 @@ static tg_status write_through(const char *fn, tg_tensor x, UOp *const *chain, i
   return TG_OK;
 }
 
+/* The writes pending into the storage under a multi-device view (a setitem through another view of
+ * the same sharded tensor, not realized yet) run now, so that the view is one of buffers again and a
+ * write through it lands there (it was updated functionally, and lost). */
+static tg_status m_realize_pending(UOp *a) {
+  UOp *tb = g_resolve(g_view_base(a));
+  UOp *pend[64];
+  int np = 0;
+  if (tb->op == OP_ASSIGN && !uop_realized(tb)) pend[np++] = tb;
+  for (uint32_t i = 0; tb->op == OP_MULTI && i < tb->nsrc && np < 64; i++) {
+    UOp *s = g_view_base(tb->src[i]);
+    if (s && s->op == OP_ASSIGN && !uop_realized(s)) pend[np++] = s;
+  }
+  return np ? realize_uops(pend, np) : TG_OK;
+}
+
 static tg_status setitem_impl(const char *fn, tg_tensor x, const tg_index_spec *spec, int n, tg_tensor value,
                               bool scalar, double sval) {
   UOp *a = t_get(x, fn);
@@ -690,6 +705,7 @@ static tg_status setitem_impl(const char *fn, tg_tensor x, const tg_index_spec *
     if (!v) return TG_ERR_HANDLE;
     if (!same_device(fn, a, v, "value")) return TG_ERR_INVALID;
   }
+  if (m_is(a) && !m_is_view_of_buffers(a) && m_realize_pending(a) != TG_OK) return tg_last_status();
   if (m_is(a) && m_is_view_of_buffers(a)) {
     /* a view of a realized sharded tensor: the write goes through each shard's view into its buffer
      * (tg_assign's multi-device path), as a write through a view does on one device */
@@ -701,6 +717,30 @@ static tg_status setitem_impl(const char *fn, tg_tensor x, const tg_index_spec *
     tg_tensor t = n ? tg_getitem(x, spec, n) : x;
     UOp *tu = tg_valid(t) ? t_get(t, fn) : NULL;
     tg_tensor vb = !tu ? NONE : scalar ? tg_full_like(t, sval, NULL) : tg_expand(tg_cast(value, (tg_dtype)a->dtype), tu->shape, tu->ndim);
+    /* integers and unit-step slices select a box: taken as a shrink, which keeps the sharding (an
+     * integer's removed dim, or getitem's view of a one-wide slice of the sharded axis, was a
+     * gathered copy, and the write went into it); the value is reshaped to the box (t above checked
+     * the indices) */
+    bool box = n <= a->ndim && tg_valid(vb);
+    for (int i = 0; box && i < n; i++)
+      box = spec[i].kind == TG_INDEX_INT || (spec[i].kind == TG_INDEX_SLICE && (spec[i].step == 0 || spec[i].step == 1));
+    if (box && n) {
+      int64_t bounds[2 * MAXD];
+      for (int i = 0; i < a->ndim; i++) {
+        int64_t sz = a->shape[i], lo = 0, hi = sz;
+        if (i < n && spec[i].kind == TG_INDEX_INT) {
+          lo = spec[i].index < 0 ? spec[i].index + sz : spec[i].index, hi = lo + 1;
+        } else if (i < n) {
+          if (spec[i].has_start) lo = spec[i].start < 0 ? spec[i].start + sz : spec[i].start;
+          if (spec[i].has_stop) hi = spec[i].stop < 0 ? spec[i].stop + sz : spec[i].stop;
+          lo = lo < 0 ? 0 : lo > sz ? sz : lo, hi = hi < lo ? lo : hi > sz ? sz : hi;
+        }
+        bounds[2 * i] = lo, bounds[2 * i + 1] = hi;
+      }
+      t = tg_shrink(x, bounds, 2 * a->ndim);
+      UOp *ku = tg_valid(t) ? t_get(t, fn) : NULL;
+      vb = ku ? tg_reshape(vb, ku->shape, ku->ndim) : NONE;
+    }
     tg_tensor as = tg_valid(vb) ? tg_assign(t, vb) : NONE;
     tg_status st = tg_valid(as) ? TG_OK : tg_last_status() ? tg_last_status() : TG_ERR_INVALID;
     tg_scope_end();
@@ -746,8 +786,11 @@ static tg_status setitem_impl(const char *fn, tg_tensor x, const tg_index_spec *
   UOp *base = a;
   while (op_is_movement(base->op) && !uop_realized(base) && nc < (int)(sizeof chain / sizeof *chain))
     chain[nc++] = base, base = base->src[0];
-  bool stored =
-      base->op == OP_BUFFER || base->op == OP_ASSIGN || (uop_realized(base) && uop_realized(base)->op == OP_BUFFER);
+  /* (a multi-device tensor of buffers has storage too: a full shrink of a realized sharded tensor,
+   * which is that tensor's node, was updated functionally, and the tensor never saw the write) */
+  bool stored = base->op == OP_BUFFER || base->op == OP_ASSIGN ||
+                (uop_realized(base) && uop_realized(base)->op == OP_BUFFER) ||
+                (m_is(base) && shards_are_buffers(g_resolve(base)));
   if (!stored && (tg_dtype_is_float(dt) || !advanced)) {
     /* tinygrad: a tensor without storage is updated functionally (only this handle, and
      * differentiably: the gradient reaches the value and the untouched part of x) */

@@ -31,6 +31,9 @@ int t_replace_each(UOp *from, UOp *const *tos, int ntos);
 /* Replaces the UOp of every live handle that holds a BUFFER node of buffer b (or a node realized as
  * one) with `to`: several BUFFER nodes may name one buffer. Returns how many it changed. */
 int t_replace_buffer_everywhere(Buffer *b, UOp *to);
+/* Every handle holding exactly `from` holds `to` from now on (the aliases of a multi-device tensor of
+ * buffers: a full shrink of it is the same node). Returns how many. */
+int t_replace_node_everywhere(UOp *from, UOp *to);
 /* Handle slot fields used by autograd. */
 typedef struct Slot {
   UOp *u;
@@ -52,6 +55,8 @@ bool t_region_target(UOp *t);
 /* Is the multi-device node tu a view of its shards' buffers (a shrink, permute, reshape of a realized
  * sharded tensor), not the sharded tensor itself? A write into it goes through to those buffers. */
 bool m_is_view_of_buffers(UOp *tu);
+/* Is every shard of the (resolved) multi-device node tb a buffer of its own? */
+bool shards_are_buffers(UOp *tb);
 /* tg_scope_begin for one of the library's composed ops (closed by tg_scope_end): see sym_library */
 void t_scope_begin_library(void);
 /* The axes argument of a call that takes each axis at most once: not NULL with naxes > 0, naxes not
