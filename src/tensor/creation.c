@@ -975,7 +975,16 @@ static tg_tensor assign_multi(tg_tensor target, UOp *tu, UOp *vu) {
   if (!own && m_is_view_of_buffers(tu)) {
     /* views of buffers (a shrink of a realized sharded tensor): each shard's part of the value is
      * written through its view into that buffer, as on one device (it went into a copy, and the
-     * sharded tensor the view was taken of never changed) */
+     * sharded tensor the view was taken of never changed). Not a value of symbolic size along the
+     * sharded axis (a region cut there at a symbolic size: the shards hold the bound value's split,
+     * and such writes read and wrote outside their buffers) */
+    int ax = m_axis(tb);
+    UOp *v0 = ax >= 0 && m_is(vu) ? g_resolve(vu)->src[0] : vu;
+    if (ax >= 0 && ax < v0->ndim && v0->sym && sym_is_code(v0->sym[ax]))
+      return tg_set_error(TG_ERR_INVALID, "tg_assign: the value has a symbolic size on the sharded axis (%d) of the "
+                          "multi-device target, whose shards split at the bound value; write a region of plain size "
+                          "there (the bound value), or shard another axis", ax),
+             NONE;
     UOp *v = m_reshard_like(vu, tb);
     tg_status st = TG_OK;
     for (uint32_t i = 0; st == TG_OK && i < tb->nsrc; i++) {
