@@ -1040,6 +1040,17 @@ TEST(errors) {
   CHECK(!tg_valid(tg_expand(tg_reshape(six, TG_SHAPE(1, 6)), TG_SHAPE(tg_sym(zv, -1), 6))));
   CHECK_STR_CONTAINS(tg_last_error(), "tg_expand: size 0 is len0-1, which is -1 at len0's minimum 0");
   tg_clear_error();
+  CHECK(!tg_valid(tg_arange_sym(tg_sym(zv, -3), NULL)));
+  CHECK_STR_CONTAINS(tg_last_error(), "it is -3 at the variable's minimum 0");
+  tg_clear_error();
+  /* a handle that is no variable, given to a jit call: the error names the call's argument */
+  tg_jit *gj = tg_jit_new(f_window, 1, NULL);
+  tg_symvar junk = {987654321};
+  tg_tensor ins[2] = {x, x}, outs[1];
+  CHECK(tg_jit_call_vars(gj, ins, 2, &junk, 1, NULL, 0, outs) != TG_OK);
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_jit_call_vars: vars[0] is not a variable");
+  tg_clear_error();
+  tg_jit_free(gj);
   /* garbage that looks like a code */
   CHECK(!tg_valid(tg_reshape(x, TG_SHAPE(-((int64_t)1 << 62) - 5))));
   tg_clear_error();

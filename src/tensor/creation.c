@@ -1119,7 +1119,8 @@ tg_tensor tg_arange_sym(int64_t stop, const tg_opts *opts) {
     return tg_set_error(TG_ERR_INVALID, "tg_arange_sym: stop %lld is neither a size nor a symbolic size (tg_sym)", (long long)stop),
            (tg_tensor){0};
   if (n < 0 || (sym && d.min + d.offset < 0))
-    return tg_set_error(TG_ERR_INVALID, "tg_arange_sym: length %lld must not be negative (for any value of the variable)", (long long)n),
+    return tg_set_error(TG_ERR_INVALID, "tg_arange_sym: length %lld must not be negative (for any value of the variable: it is %lld at the "
+                        "variable's minimum %lld)", (long long)n, (long long)(sym ? d.min + d.offset : n), (long long)(sym ? d.min : 0)),
            (tg_tensor){0};
   if (!tg_dtype_is_int(dt) || (sym ? sym_maxval(stop) : n) - 1 > dtype_max(dt))
     return tg_set_error(TG_ERR_INVALID, "tg_arange_sym: dtype %s cannot hold every index below %lld", tg_dtype_name(dt),

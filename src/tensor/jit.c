@@ -615,7 +615,9 @@ tg_status tg_jit_call_vars(tg_jit *j, const tg_tensor *in, int nin, const tg_sym
     cv.val = tg_xmalloc(sizeof(int64_t) * (size_t)nvars);
   }
   for (int i = 0; i < nvars; i++) {
+    bool had = tg_has_error();
     int64_t code = vars[i].id ? tg_sym(vars[i], 0) : TG_SYM_NONE;
+    if (!had && tg_has_error()) tg_clear_error(); /* (tg_sym's complaint: this call names the argument below) */
     SymDim d;
     tg_status vs = TG_OK;
     if (!sym_decode(code, &d)) {
