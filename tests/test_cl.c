@@ -670,6 +670,29 @@ TEST(cl_sin_tiny_lanes_beside_huge_ones) {
   END;
 }
 
+/* kernels that PoCL's default work-group method ("loopvec") handed to LLVM 15's vectorizers, whose
+ * x86 back end then aborted the process ("Cannot select X86ISD::VBROADCAST"): an argsort of 200
+ * floats, a bfloat16 sort. The library opens the driver with POCL_WORK_GROUP_METHOD=loops. */
+TEST(cl_sorts_that_crashed_the_driver) {
+  tg_clear_error();
+  if (!device_get("CL")) return;
+  BEGIN;
+  float x[200];
+  for (int i = 0; i < 200; i++) x[i] = (float)((i * 37) % 101);
+  int32_t idx[200];
+  CHECK(tg_data(tg_argsort(tg_from_data(x, TG_SHAPE(200), TG_OPTS(.device = "CL")), -1, false), idx, sizeof idx) == TG_OK);
+  for (int i = 1; i < 200; i++) CHECK(x[idx[i - 1]] < x[idx[i]] || (x[idx[i - 1]] == x[idx[i]] && idx[i - 1] < idx[i]));
+  CHECK(idx[0] == 0 && idx[199] == 131);
+  tg_tensor b = tg_cast(tg_arange(40, 0, -1, TG_OPTS(.device = "CL")), TG_BFLOAT16);
+  tg_tensor sv, si;
+  CHECK(tg_sort(b, -1, false, &sv, &si) == TG_OK);
+  float v[40];
+  int32_t vi[40];
+  CHECK(tg_data(tg_cast(sv, TG_FLOAT32), v, sizeof v) == TG_OK && tg_data(si, vi, sizeof vi) == TG_OK);
+  for (int i = 0; i < 40; i++) CHECK(v[i] == (float)(i + 1) && vi[i] == 39 - i);
+  END;
+}
+
 /* float64 on a device without cl_khr_fp64 is an error naming the extension, not a build failure */
 TEST(cl_float64_needs_fp64) {
   tg_clear_error();

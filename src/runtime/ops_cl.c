@@ -155,6 +155,12 @@ static bool cl_api_load(void) {
   if (!ok) {
     const char *name = getenv_str("TG_OPENCL_LIB", CL_LIBRARY);
     if (!name || !*name) name = CL_LIBRARY;
+    /* PoCL's default work-group method ("loopvec") runs LLVM's vectorizers over each kernel, and
+     * LLVM 15's x86 back end aborts the process on some of what they make from our kernels (an argsort
+     * of 200 floats, a bfloat16 sort: "Cannot select X86ISD::VBROADCAST"). Our kernels carry their own
+     * vector types, so "loops" costs nothing measurable (bench/ops and beautiful_mnist on DEV=CL alike).
+     * Set before PoCL starts, unless the user chose one; other drivers ignore it. */
+    setenv("POCL_WORK_GROUP_METHOD", "loops", 0);
     void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
       const char *why = dlerror();
