@@ -394,6 +394,8 @@ tg_tensor tg_sum(tg_tensor x, const int *axes, int naxes, bool keepdim);
 tg_tensor tg_prod(tg_tensor x, const int *axes, int naxes, bool keepdim);
 tg_tensor tg_max(tg_tensor x, const int *axes, int naxes, bool keepdim);
 tg_tensor tg_min(tg_tensor x, const int *axes, int naxes, bool keepdim);
+/* The mean keeps a float dtype; integer and bool input gives float32 (tinygrad's rule, whatever
+ * DEFAULT_FLOAT says). */
 tg_tensor tg_mean(tg_tensor x, const int *axes, int naxes, bool keepdim);
 /* softmax and log_softmax along one axis. */
 tg_tensor tg_softmax(tg_tensor x, int axis);
@@ -464,7 +466,7 @@ typedef struct {
 tg_status tg_meshgrid(const tg_tensor *ts, int n, tg_tensor *out, const tg_meshgrid_opts *opts);
 
 /* Variance over axes (naxes == 0: all) with divisor max(N - correction, 0) (tinygrad's default
- * correction is 1, Bessel's). Float result (DEFAULT_FLOAT for integer input). */
+ * correction is 1, Bessel's). Float result (float32 for integer input, as tg_mean). */
 tg_tensor tg_var(tg_tensor x, const int *axes, int naxes, bool keepdim, double correction);
 tg_tensor tg_std(tg_tensor x, const int *axes, int naxes, bool keepdim, double correction);
 /* Both statistics at once (torch.var_mean / std_mean): two new handles into *var_out / *std_out and

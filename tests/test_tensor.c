@@ -967,6 +967,11 @@ TEST(default_float_context) {
   CHECK(tg_dtype_of(o) == TG_FLOAT16);
   CHECK(tg_dtype_of(tg_arange(0, 1, 0.5, NULL)) == TG_FLOAT16);
   CHECK(tg_dtype_of(tg_div(tg_arange(0, 3, 1, NULL), tg_arange(1, 4, 1, NULL))) == TG_FLOAT16);
+  /* but a mean (and var, std) of integers is float32, as in tinygrad */
+  tg_tensor ints = tg_arange(0, 4, 1, NULL);
+  CHECK(tg_dtype_of(tg_mean(ints, NULL, 0, false)) == TG_FLOAT32 && tg_dtype_of(tg_var(ints, NULL, 0, false, 1)) == TG_FLOAT32 &&
+        tg_dtype_of(tg_std(ints, NULL, 0, false, 1)) == TG_FLOAT32);
+  CHECK_VALUES(tg_var(tg_cast(tg_add_s(tg_mul_s(ints, 2), 70000), TG_INT32), NULL, 0, false, 1), 1e-6, 20.0 / 3.0);
   CHECK(tg_dtype_of(tg_rand(TG_SHAPE(2), NULL)) == TG_FLOAT16);
   CHECK_VALUES(tg_add_s(o, 0.5), 0, 1.5, 1.5, 1.5);
   /* a C float array without a dtype: its values, in DEFAULT_FLOAT; a blob stays float32 */

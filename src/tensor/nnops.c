@@ -507,7 +507,7 @@ static tg_tensor var_impl(const char *fn, tg_tensor x, const int *axes, int naxe
   int64_t n = reduce_flags(fn, a, axes, naxes, red);
   if (n < 0) return NONE;
   if (!isfinite(correction)) return fail("%s: correction %g must be finite", fn, correction);
-  tg_dtype out = tg_dtype_is_float((tg_dtype)a->dtype) ? (tg_dtype)a->dtype : tg_default_float();
+  tg_dtype out = tg_dtype_is_float((tg_dtype)a->dtype) ? (tg_dtype)a->dtype : TG_FLOAT32; /* (as tg_mean) */
   tg_tensor m = tg_mean(x, axes, naxes, true);
   tg_tensor dd = tg_sub(x, m);
   tg_tensor num = tg_sum(tg_mul(dd, dd), axes, naxes, keepdim);

@@ -627,7 +627,7 @@ tg_tensor tg_min(tg_tensor x, const int *axes, int naxes, bool keepdim) {
 tg_tensor tg_mean(tg_tensor x, const int *axes, int naxes, bool keepdim) {
   GET(a, x, "tg_mean");
   tg_dtype dt = (tg_dtype)a->dtype;
-  tg_dtype out = float_of(dt);
+  tg_dtype out = tg_dtype_is_float(dt) ? dt : TG_FLOAT32; /* tinygrad: float32 for integers, whatever DEFAULT_FLOAT says */
   int64_t ax[64];
   if (a->ndim > 64) return fail(TG_ERR_INVALID, "tg_mean: more than 64 dimensions are not supported");
   int nax = norm_axes("tg_mean", a, axes, naxes, ax);
