@@ -1136,6 +1136,20 @@ def _cumsum_inf_nan():
 case("cumsum with inf and NaN inside long and short rows", _cumsum_inf_nan)
 
 
+def _cumsum_half_long():
+  # float16/bfloat16 rows longer than 64: the levels in float32, one rounding (torch's float
+  # accumulation on GPUs): each level rounded to 16 bits ended a bfloat16 cumsum of 100000 ones at 99328
+  for dt, tdt, n, v in [(tg.BFLOAT16, torch.bfloat16, 100000, 1.0), (tg.FLOAT16, torch.float16, 20000, 0.7), (tg.FLOAT16, torch.float16, 300, -1.3)]:
+    want = torch.cumsum(torch.full((n,), v).to(tdt).double(), 0).to(tdt).float().numpy()  # exact, rounded once
+    got = cumsum(Tensor(np.full(n, v, np.float32)).cast(dt), 0)
+    assert got.dtype == dt
+    g = got.cast(tg.FLOAT32).numpy()
+    assert (g != want).sum() == 0, f"{tg.dtype_name(dt)} n={n}: {(g != want).sum()} differ, last {g[-1]} vs {want[-1]}"
+
+
+case("float16/bfloat16 cumsum of long rows rounds once", _cumsum_half_long)
+
+
 def _cumsum_long():
   # above 64 * 512 elements the chunk totals are split again (three levels for 70000): exact for
   # integers, float64 to rounding, and the gradient (a reversed cumsum) too
