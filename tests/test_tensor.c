@@ -1819,6 +1819,23 @@ TEST(error_reshape_permute_expand) {
   END;
 }
 
+/* a pad value an integer or bool tensor cannot hold promotes it to DEFAULT_FLOAT (tinygrad's where
+ * with a Python float); a whole value keeps the dtype */
+TEST(pad_value_promotes) {
+  BEGIN;
+  tg_tensor i = tg_arange(0, 3, 1, NULL);
+  tg_tensor p = tg_pad(i, TG_SHAPE(1, 1), 1.5);
+  CHECK(tg_dtype_of(p) == TG_FLOAT32);
+  CHECK_VALUES(p, 0, 1.5, 0, 1, 2, 1.5);
+  CHECK(tg_dtype_of(tg_pad(i, TG_SHAPE(1, 1), 7)) == TG_INT32);
+  CHECK_VALUES(tg_pad(i, TG_SHAPE(1, 0), 7), 0, 7, 0, 1, 2);
+  tg_tensor b = tg_pad(tg_gt_s(i, 0), TG_SHAPE(0, 1), 0.5);
+  CHECK(tg_dtype_of(b) == TG_FLOAT32);
+  CHECK_VALUES(b, 0, 0, 1, 1, 0.5);
+  CHECK(tg_dtype_of(tg_pad(i, TG_SHAPE(0, 1), NAN)) == TG_FLOAT32);
+  END;
+}
+
 TEST(error_pad_shrink) {
   BEGIN;
   tg_tensor a = tg_ones(TG_SHAPE(3, 4), NULL);

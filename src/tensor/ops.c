@@ -906,6 +906,15 @@ tg_tensor tg_shrink(tg_tensor x, const int64_t *bounds0, int nbounds) {
 tg_tensor tg_pad(tg_tensor x, const int64_t *pads0, int npads, double value) {
   GET(a, x, "tg_pad");
   char b[256];
+  /* a value an integer or bool tensor cannot hold (1.5, inf, NaN) makes the result DEFAULT_FLOAT, as
+   * tinygrad's where with a Python float does (it was truncated into the dtype) */
+  if (!tg_dtype_is_float((tg_dtype)a->dtype) && !(isfinite(value) && value == trunc(value))) {
+    tg_scope_begin();
+    tg_tensor r = tg_pad(tg_cast(x, tg_default_float()), pads0, npads, value);
+    if (tg_valid(r)) r = tg_keep(r);
+    tg_scope_end();
+    return r;
+  }
   if (npads != 2 * a->ndim || (npads && !pads0))
     return fail(TG_ERR_INVALID, "tg_pad: expected %d pads (before, after per dim) for shape %s, got %d", 2 * a->ndim, shp(b, sizeof b, a), npads);
   int64_t pads[128];
