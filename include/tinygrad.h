@@ -477,7 +477,8 @@ tg_status tg_std_mean(tg_tensor x, const int *axes, int naxes, bool keepdim, dou
 /* log(sum(exp(x))) over axes, computed as max + log(sum(exp(x - max))). */
 tg_tensor tg_logsumexp(tg_tensor x, const int *axes, int naxes, bool keepdim);
 /* Index (int32) of the largest / smallest element along one axis (naxes == 1), or of the flattened
- * tensor (naxes == 0; keepdim then gives shape (1,)). Ties give the first index. */
+ * tensor (naxes == 0; keepdim then keeps every dim, of size 1, as PyTorch: tinygrad ignores it and
+ * gives shape ()). Ties give the first index. */
 tg_tensor tg_argmax(tg_tensor x, const int *axes, int naxes, bool keepdim);
 tg_tensor tg_argmin(tg_tensor x, const int *axes, int naxes, bool keepdim);
 /* Logical or / and over axes (bool result; any of nothing is false, all of nothing true). */

@@ -496,8 +496,10 @@ def _arg_dtypes_views():
   for kind in VIEWS:
     close(red("argmax", view_of(a, kind), 1).numpy(), a.argmax(1), what=kind)
     close(red("argmin", view_of(a, kind), None).numpy(), a.argmin(), what=kind)
-  r = red("argmax", Tensor(a), None, True)
-  assert r.shape == (1,), r.shape
+  r = red("argmax", Tensor(a), None, True)  # every dim kept, of size 1, as torch
+  want = torch.tensor(a.astype(np.float32)).argmax(dim=None, keepdim=True)
+  assert r.shape == tuple(want.shape) == (1,) * a.ndim, (r.shape, want.shape)
+  close(r.numpy(), want.numpy(), what="argmax keepdim")
 
 
 case("argmax/argmin over dtypes (int8, uint8, int64, half, bool) and views", _arg_dtypes_views)

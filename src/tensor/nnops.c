@@ -647,6 +647,11 @@ static tg_tensor arg_impl(const char *fn, tg_tensor x, const int *axes, int naxe
   }
   tg_tensor r = tg_cast(tg_rsub_s((double)n, best), TG_INT32);
   if (a->ndim == 0 && naxes == 1) r = keepdim ? tg_reshape(r, NULL, 0) : r;
+  if (naxes == 0 && keepdim) { /* every dim kept, of size 1 (PyTorch's; tinygrad ignores keepdim here) */
+    int64_t ones[MAXD];
+    for (int i = 0; i < a->ndim; i++) ones[i] = 1;
+    r = tg_reshape(r, ones, a->ndim);
+  }
   return done(o, r);
 }
 
