@@ -69,7 +69,12 @@ static int fail(const char *what) {
 int main(void) {
   int64_t bs = tg_getenv_int("BS", 512), steps = tg_getenv_int("STEPS", 70);
   const char *target_s = getenv("TARGET_EVAL_ACC_PCT");
-  double target = target_s ? atof(target_s) : 0.0;
+  char *tend = NULL;
+  double target = target_s && *target_s ? strtod(target_s, &tend) : 0.0;
+  if (tend && (*tend || !(target >= 0 && target <= 100))) {
+    fprintf(stderr, "beautiful_mnist: TARGET_EVAL_ACC_PCT=%s is not a percentage (0..100)\n", target_s);
+    return 1;
+  }
   const char *dir = getenv("MNIST_DIR");
   bool fashion = dir && *dir ? tg_getenv_int("FASHION", 0) != 0 : true;
   const char *save = getenv("MNIST_SAVE") ? getenv("MNIST_SAVE") : "mnist.safetensors";
@@ -77,7 +82,7 @@ int main(void) {
   bool bench = tg_getenv_int("BENCH", 0) != 0;
   int nevals = 0;
   if (bench) setvbuf(stdout, NULL, _IOLBF, 0); /* bench/mnist.py reads the lines as they come */
-  if (bs <= 0 || steps < 0) {
+  if (bs <= 0 || steps <= 0) {
     fprintf(stderr, "beautiful_mnist: BS=%lld and STEPS=%lld must be positive\n", (long long)bs, (long long)steps);
     return 1;
   }

@@ -165,7 +165,7 @@ int main(void) {
       tg_tensor lo;
       if (tg_jit_call(jtrain, NULL, 0, NULL, 0, &lo) != TG_OK || tg_item(lo, &loss) != TG_OK) return fail("train step");
       tg_scope_end();
-      fprintf(stderr, "\rtraining (no %s): step %lld/%lld, loss %.3f", load, (long long)i + 1, (long long)steps, loss);
+      fprintf(stderr, "\rtraining (no %s): step %lld/%lld, loss %.3f", *load ? load : "weights file (MNIST_LOAD is empty)", (long long)i + 1, (long long)steps, loss);
     }
     fprintf(stderr, "\n");
     tg_jit_free(jtrain);

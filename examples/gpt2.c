@@ -1381,6 +1381,11 @@ static int run(const Args *a) {
   if (a->seed >= 0) tg_manual_seed((uint64_t)a->seed);
   Tokenizer tk;
   bool have_tok = false;
+  struct stat st;
+  if (stat(a->model_dir, &st) != 0 || !S_ISDIR(st.st_mode))
+    return fail("%s: %s (--model or GPT2_MODEL names the model's directory: model.safetensors or "
+                "pytorch_model.bin, config.json and the tokenizer files)",
+                a->model_dir, stat(a->model_dir, &st) != 0 ? strerror(errno) : "not a directory");
   bool need_tok = a->encode || a->decode || (!a->tokens && a->benchmark < 0);
   if (need_tok) {
     if (tok_load(&tk, a->model_dir)) return -1;
