@@ -392,6 +392,10 @@ tg_tensor tg_const_like(tg_tensor like, double value);
  * sum of bool/small ints accumulates in int32/uint32 (tinygrad's sum_acc_dtype). */
 tg_tensor tg_sum(tg_tensor x, const int *axes, int naxes, bool keepdim);
 tg_tensor tg_prod(tg_tensor x, const int *axes, int naxes, bool keepdim);
+/* tinygrad's sum(dtype=) and prod(dtype=): x cast to dtype, reduced in it (no widening: an int8 sum
+ * wraps in int8), the result in dtype. */
+tg_tensor tg_sum_dtype(tg_tensor x, const int *axes, int naxes, bool keepdim, tg_dtype dtype);
+tg_tensor tg_prod_dtype(tg_tensor x, const int *axes, int naxes, bool keepdim, tg_dtype dtype);
 tg_tensor tg_max(tg_tensor x, const int *axes, int naxes, bool keepdim);
 tg_tensor tg_min(tg_tensor x, const int *axes, int naxes, bool keepdim);
 /* The mean keeps a float dtype; integer and bool input gives float32 (tinygrad's rule, whatever
@@ -417,6 +421,12 @@ tg_tensor tg_transpose(tg_tensor x, int dim0, int dim1);
 tg_tensor tg_flatten(tg_tensor x, int start_dim, int end_dim);
 tg_tensor tg_unsqueeze(tg_tensor x, int dim);
 tg_tensor tg_squeeze(tg_tensor x, int dim);
+/* Every size-1 dim removed (tinygrad's squeeze() with no dim). */
+tg_tensor tg_squeeze_all(tg_tensor x);
+/* tinygrad's shrink_to / pad_to: each dim cut to (0, shape[i]) or padded at its end to shape[i] (with
+ * value, as tg_pad); -1 keeps a dim. ndim must be x's. */
+tg_tensor tg_shrink_to(tg_tensor x, const int64_t *shape, int ndim);
+tg_tensor tg_pad_to(tg_tensor x, const int64_t *shape, int ndim, double value);
 
 /* x[idx] (tinygrad's advanced indexing on dim 0): the rows of x chosen by the integer tensor idx (a
  * bool idx is an error, as in tinygrad: it is not a mask here);
@@ -669,6 +679,9 @@ tg_tensor tg_leaky_relu(tg_tensor x, double neg_slope); /* x < 0 ? neg_slope x :
  * (or NAN) for a side without a bound: that side is then not applied, so an integer x keeps its
  * dtype. tg_clip is the same function; tg_hardtanh is the activation (tinygrad defaults -1, 1). */
 tg_tensor tg_clamp(tg_tensor x, double min, double max);
+/* tinygrad's clamp with tensor bounds: where(x < min, min, x), then where(> max, max, .); either bound
+ * may be none (not both). Broadcasts and promotes as tg_where. */
+tg_tensor tg_clamp_t(tg_tensor x, tg_tensor min, tg_tensor max);
 tg_tensor tg_clip(tg_tensor x, double min, double max);
 tg_tensor tg_hardtanh(tg_tensor x, double min_val, double max_val);
 

@@ -1819,6 +1819,43 @@ TEST(error_reshape_permute_expand) {
   END;
 }
 
+/* tinygrad's sum(dtype=), prod(dtype=), squeeze(), shrink_to, pad_to and clamp with tensor bounds */
+TEST(tinygrad_forms_sum_dtype_squeeze_to_clamp) {
+  BEGIN;
+  const int8_t i8[4] = {100, 100, 100, -3};
+  tg_tensor a = tg_from_data(i8, TG_SHAPE(4), TG_OPTS(.dtype = TG_INT8));
+  CHECK(tg_dtype_of(tg_sum(a, NULL, 0, false)) == TG_INT32);
+  tg_tensor s8 = tg_sum_dtype(a, NULL, 0, false, TG_INT8); /* 297 wraps in int8: 41 */
+  CHECK(tg_dtype_of(s8) == TG_INT8);
+  CHECK_VALUES(s8, 0, 41);
+  CHECK_VALUES(tg_sum_dtype(a, NULL, 0, false, TG_FLOAT32), 0, 297);
+  CHECK_VALUES(tg_prod_dtype(tg_arange(1, 6, 1, NULL), NULL, 0, false, TG_FLOAT64), 0, 120);
+  CHECK(tg_dtype_of(tg_prod_dtype(a, NULL, 0, false, TG_INT64)) == TG_INT64);
+  CHECK(!tg_valid(tg_sum_dtype(a, NULL, 0, false, (tg_dtype)99)));
+  CHECK_ERR(TG_ERR_INVALID, "tg_sum_dtype", "invalid dtype 99");
+  tg_tensor z = tg_zeros(TG_SHAPE(2, 1, 3, 1), NULL);
+  CHECK_SHAPE(tg_squeeze_all(z), 2, 3);
+  CHECK_SHAPE(tg_squeeze_all(tg_zeros(TG_SHAPE(1, 1), NULL)));
+  tg_tensor m = tg_reshape(tg_arange(0, 12, 1, NULL), TG_SHAPE(3, 4));
+  CHECK_SHAPE(tg_shrink_to(m, TG_SHAPE(2, -1)), 2, 4);
+  CHECK_VALUES(tg_shrink_to(m, TG_SHAPE(1, 2)), 0, 0, 1);
+  tg_tensor p = tg_pad_to(m, TG_SHAPE(-1, 5), 9);
+  CHECK_SHAPE(p, 3, 5);
+  CHECK_VALUES(tg_shrink(p, TG_SHAPE(0, 1, 0, 5)), 0, 0, 1, 2, 3, 9);
+  CHECK(!tg_valid(tg_pad_to(m, TG_SHAPE(2, 4), 0)));
+  CHECK_ERR(TG_ERR_INVALID, "tg_pad_to", "dim 0", "cannot pad to 2");
+  CHECK(!tg_valid(tg_shrink_to(m, TG_SHAPE(3))));
+  CHECK_ERR(TG_ERR_INVALID, "tg_shrink_to", "shape has 1 dims");
+  const float xv[4] = {-2, 0.5f, 3, 7}, lo[4] = {-1, 1, 1, 1}, hi = 4;
+  tg_tensor x = tg_from_data(xv, TG_SHAPE(4), NULL), l = tg_from_data(lo, TG_SHAPE(4), NULL),
+            h = tg_from_data(&hi, TG_SHAPE(1), NULL);
+  CHECK_VALUES(tg_clamp_t(x, l, h), 0, -1, 1, 3, 4);
+  CHECK_VALUES(tg_clamp_t(x, (tg_tensor){0}, h), 0, -2, 0.5, 3, 4);
+  CHECK(!tg_valid(tg_clamp_t(x, (tg_tensor){0}, (tg_tensor){0})));
+  CHECK_ERR(TG_ERR_INVALID, "tg_clamp_t", "at least one");
+  END;
+}
+
 /* a pad value an integer or bool tensor cannot hold promotes it to DEFAULT_FLOAT (tinygrad's where
  * with a Python float); a whole value keeps the dtype */
 TEST(pad_value_promotes) {

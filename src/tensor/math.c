@@ -376,6 +376,17 @@ tg_tensor tg_leaky_relu(tg_tensor x, double neg_slope) {
   return done(tg_where(tg_lt_s(x, 0), tg_mul_s(x, neg_slope), x));
 }
 
+tg_tensor tg_clamp_t(tg_tensor x, tg_tensor min, tg_tensor max) {
+  if (!t_get(x, "tg_clamp_t") || (min.id && !t_get(min, "tg_clamp_t")) || (max.id && !t_get(max, "tg_clamp_t"))) return NONE;
+  if (!min.id && !max.id)
+    return tg_set_error(TG_ERR_INVALID, "tg_clamp_t: at least one of min and max must be given (tinygrad's rule)"), NONE;
+  tg_scope_begin();
+  tg_tensor r = same(x);
+  if (min.id) r = tg_where(tg_lt(r, min), min, r);
+  if (max.id) r = tg_where(tg_gt(r, max), max, r);
+  return done(r);
+}
+
 tg_tensor tg_clamp(tg_tensor x, double min, double max) {
   BEGIN("tg_clamp", x);
   tg_tensor r = same(x);

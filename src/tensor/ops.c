@@ -586,6 +586,19 @@ tg_tensor tg_prod(tg_tensor x, const int *axes, int naxes, bool keepdim) {
   tg_dtype dt = (tg_dtype)a->dtype;
   return reduce_nodes("tg_prod", a, OP_MUL, axes, naxes, keepdim, dt, dt);
 }
+/* tinygrad's sum(dtype=) / prod(dtype=): cast to dtype, reduce in it, result in it */
+static tg_tensor reduce_in(const char *fn, tg_tensor x, int op, const int *axes, int naxes, bool keepdim, tg_dtype dtype) {
+  GET(a, x, fn);
+  if ((int)dtype <= 0 || dtype >= TG_DTYPE_COUNT)
+    return fail(TG_ERR_INVALID, "%s: invalid dtype %d (use a TG_* dtype)", fn, (int)dtype);
+  return reduce_nodes(fn, a, op, axes, naxes, keepdim, dtype, dtype);
+}
+tg_tensor tg_sum_dtype(tg_tensor x, const int *axes, int naxes, bool keepdim, tg_dtype dtype) {
+  return reduce_in("tg_sum_dtype", x, OP_ADD, axes, naxes, keepdim, dtype);
+}
+tg_tensor tg_prod_dtype(tg_tensor x, const int *axes, int naxes, bool keepdim, tg_dtype dtype) {
+  return reduce_in("tg_prod_dtype", x, OP_MUL, axes, naxes, keepdim, dtype);
+}
 tg_tensor tg_max(tg_tensor x, const int *axes, int naxes, bool keepdim) {
   GET(a, x, "tg_max");
   UOp *sa = g_stable(a); /* the gradient compares each input with the maximum */
@@ -1036,6 +1049,47 @@ tg_tensor tg_squeeze(tg_tensor x, int dim) {
   for (int i = 0; i < a->ndim; i++)
     if (i != d) sh[k++] = a->shape[i];
   return t_wrap(g_reshape(a, sh, k));
+}
+
+tg_tensor tg_squeeze_all(tg_tensor x) {
+  GET(a, x, "tg_squeeze_all");
+  int64_t sh[64];
+  int k = 0;
+  for (int i = 0; i < a->ndim; i++) {
+    bool sym = a->sym && sym_is_code(a->sym[i]);
+    if (sym || a->shape[i] != 1) sh[k++] = sym ? a->sym[i] : a->shape[i];
+  }
+  return k == a->ndim ? t_wrap(uop_ref(a)) : t_wrap(g_reshape(a, sh, k));
+}
+
+/* tinygrad's shrink_to / pad_to: (0, shape[i]) on each dim, -1 keeping a dim as it is */
+static bool to_shape(const char *fn, UOp *a, const int64_t *shape, int ndim, bool grow, int64_t *out) {
+  char b[256];
+  if (ndim != a->ndim || (ndim && !shape))
+    return tg_set_error(TG_ERR_INVALID, "%s: shape has %d dims but x has shape %s", fn, ndim, shp(b, sizeof b, a)), false;
+  for (int i = 0; i < ndim; i++) {
+    int64_t s = shape[i] == -1 ? a->shape[i] : shape[i];
+    if (s < 0 || (grow ? s < a->shape[i] : s > a->shape[i]))
+      return tg_set_error(TG_ERR_INVALID, "%s: dim %d of x %s cannot %s to %lld (-1 keeps a dim)", fn, i, shp(b, sizeof b, a),
+                          grow ? "pad" : "shrink", (long long)shape[i]),
+             false;
+    out[2 * i] = 0, out[2 * i + 1] = grow ? s - a->shape[i] : s;
+  }
+  return true;
+}
+
+tg_tensor tg_shrink_to(tg_tensor x, const int64_t *shape, int ndim) {
+  GET(a, x, "tg_shrink_to");
+  int64_t b[128];
+  if (!to_shape("tg_shrink_to", a, shape, ndim, false, b)) return NONE;
+  return tg_shrink(x, b, 2 * ndim);
+}
+
+tg_tensor tg_pad_to(tg_tensor x, const int64_t *shape, int ndim, double value) {
+  GET(a, x, "tg_pad_to");
+  int64_t p[128];
+  if (!to_shape("tg_pad_to", a, shape, ndim, true, p)) return NONE;
+  return tg_pad(x, p, 2 * ndim, value);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
