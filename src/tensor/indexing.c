@@ -47,7 +47,6 @@ typedef OpScope Op_;
 
 static int64_t round_up(int64_t a, int64_t b) { return cdiv(a, b) * b; }
 
-
 static bool same_device(const char *fn, UOp *a, UOp *b, const char *what) {
   if (a->device == b->device) return true;
   tg_set_error(TG_ERR_INVALID, "%s: %s is on %s but the input is on %s; move it with tg_to", fn, what,
@@ -722,6 +721,7 @@ static tg_status setitem_impl(const char *fn, tg_tensor x, const tg_index_spec *
      * gathered copy, and the write went into it); the value is reshaped to the box (t above checked
      * the indices) */
     bool box = n <= a->ndim && tg_valid(vb);
+    for (int i = 0; box && a->sym && i < a->ndim; i++) box = !sym_is_code(a->sym[i]); /* (bounds would bake the value) */
     for (int i = 0; box && i < n; i++)
       box = spec[i].kind == TG_INDEX_INT || (spec[i].kind == TG_INDEX_SLICE && (spec[i].step == 0 || spec[i].step == 1));
     if (box && n) {
