@@ -332,6 +332,43 @@ static tg_status f_window(const tg_tensor *in, int nin, const double *args, int 
   return TG_OK;
 }
 
+/* plain sizes cut from a symbolic input dim n: x[0:3] (needs n >= 3), a pad of -3 (the same), and
+ * x[v:v+2] of the input (needs v + 2 <= n): replays outside read past the input with status OK */
+static int g_cut_mode;
+static tg_status f_cut(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
+  tg_symvar v = tg_jit_var(0);
+  tg_tensor r = g_cut_mode == 0   ? tg_shrink(in[0], TG_SHAPE(0, 3))
+                : g_cut_mode == 1 ? tg_pad(in[0], TG_SHAPE(-3, 0), 0)
+                                  : tg_shrink(in[0], TG_SHAPE(tg_sym(v, 0), tg_sym(v, 2)));
+  out[0] = tg_contiguous(tg_mul_s(r, 2));
+  return tg_valid(out[0]) ? TG_OK : tg_last_status();
+}
+
+TEST(jit_plain_cuts_of_symbolic_dims) {
+  tg_scope_begin();
+  tg_symvar nv = tg_variable("rows", 1, 10), vv = tg_variable("at", 0, 10);
+  float d[16];
+  for (int i = 0; i < 16; i++) d[i] = (float)i;
+  tg_tensor full = tg_from_data(d, TG_SHAPE(16), NULL);
+  for (g_cut_mode = 0; g_cut_mode < 3; g_cut_mode++) {
+    tg_jit *j = tg_jit_new(f_cut, 1, NULL);
+    const int ns[] = {5, 6, 7, 4, 2}, vs[] = {1, 2, 3, 2, 5};
+    for (int c = 0; c < 5; c++) {
+      tg_symvar b[2] = {g_cut_mode == 2 ? tg_var_bind(vv, vs[c]) : tg_var_bind(nv, ns[c]), tg_var_bind(nv, ns[c])};
+      tg_tensor x = tg_shrink(full, TG_SHAPE(0, tg_sym(b[g_cut_mode == 2 ? 1 : 0], 0))), out;
+      tg_status st = tg_jit_call_vars(j, &x, 1, b, g_cut_mode == 2 ? 2 : 1, NULL, 0, &out);
+      bool fits = g_cut_mode == 2 ? vs[c] + 2 <= ns[c] : ns[c] >= 3;
+      CHECK_MSG((st == TG_OK) == fits, "mode %d call %d: status %d (%s)", g_cut_mode, c, st, st ? tg_last_error() : "");
+      if (!fits) CHECK_STR_CONTAINS(tg_last_error(), g_cut_mode == 2 ? "break what the captured graph needs (at+2 <= rows+0" : "is below what the captured graph can use (3");
+      tg_clear_error();
+    }
+    tg_jit_free(j);
+  }
+  tg_scope_end();
+  CHECK(tg_live_count() == 0);
+}
+
 TEST(jit_two_variables) {
   tg_scope_begin();
   tg_symvar vi = tg_variable("i", 1, 12), vj = tg_variable("j", 0, 11);

@@ -10,6 +10,15 @@
 #include "../codegen/codegen.h"
 #include "../runtime/device.h"
 
+/* A relation a TinyJit capture needs between two of its variables: value(va) + ca <= value(vb) + cb
+ * (a symbolic shrink ending at va + ca on a dim of symbolic size vb + cb). */
+typedef struct {
+  int va;
+  int64_t ca;
+  int vb;
+  int64_t cb;
+} JitVarLe;
+
 /* What the tensor layer does with a realize's results. engine_realize calls them while it holds the
  * realize lock, so no other realize sees a result half handed out. Buffers are borrowed (a hook takes
  * its own references). */
@@ -141,6 +150,8 @@ typedef struct {
   const int *vars; /* the variables of the captured call (var.c indices) */
   const int64_t *var_limit; /* per variable: the largest value the capture reads in bounds (NULL: its max) */
   const int64_t *var_floor; /* per variable: the least such value (NULL: its min) */
+  const JitVarLe *rel;      /* relations between two variables the capture needs */
+  int nrel;
 } JitView;
 void jit_view(const tg_jit *j, JitView *v);
 /* tg_jit_export's work on a jit's view (v->in and v->out are freed here, whatever happens). */

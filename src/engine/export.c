@@ -938,6 +938,20 @@ static tg_status gen_source(const Ex *e, const char *hbase, const uint8_t *w, ui
     sb_printf(&b, "  if (%s < %lld || %s > %lld) return tgx_fail(%s_ERR_RANGE, \"%s: %s = %%d is outside its bounds [%lld, %lld]\", %s);\n",
               e->vname[v], (long long)e->vmin[v], e->vname[v], (long long)e->vmax[v], N, e->name, e->vname[v],
               (long long)e->vmin[v], (long long)e->vmax[v], e->vname[v]);
+  for (int r = 0; r < e->v.nrel; r++) { /* relations the capture needs between two variables */
+    const JitVarLe *q = &e->v.rel[r];
+    int pa = -1, pb = -1;
+    for (int v = 0; v < e->nvars; v++) {
+      if (e->v.vars[v] == q->va) pa = v;
+      if (e->v.vars[v] == q->vb) pb = v;
+    }
+    if (pa < 0 || pb < 0) continue;
+    sb_printf(&b,
+              "  if ((long long)%s + %lldLL > (long long)%s + %lldLL) return tgx_fail(%s_ERR_RANGE, \"%s: %s = %%d and %s = %%d "
+              "break %s%+lld <= %s%+lld\", %s, %s);\n",
+              e->vname[pa], (long long)q->ca, e->vname[pb], (long long)q->cb, N, e->name, e->vname[pa], e->vname[pb],
+              e->vname[pa], (long long)q->ca, e->vname[pb], (long long)q->cb, e->vname[pa], e->vname[pb]);
+  }
   if (e->nweights) sb_puts(&b, "  const unsigned char *const tgx_W = tgx_w;\n");
   if (e->arena >= HUGE_ARENA) sb_puts(&b, "  tgx_arena_init();\n");
   if (e->arena) sb_puts(&b, "  unsigned char *const tgx_A = tgx_arena;\n");

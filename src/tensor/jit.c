@@ -59,6 +59,8 @@ struct tg_jit {
   int nvars;
   int64_t *var_limit; /* per vars[k]: the largest value the captured graph reads in bounds (jit_note_var_range) */
   int64_t *var_floor; /* per vars[k]: the least such value */
+  JitVarLe *rel;      /* relations between two of vars[] the captured graph needs (jit_note_var_le) */
+  int nrel;
   /* multi-device tensors: the captured call sees their shards as separate tensors (flattened), and
    * the user function sees them joined again; the layout of each output (shards, axis, tuple) is
    * taken from the first call. */
@@ -89,6 +91,27 @@ static _Thread_local struct {
   int64_t min, max;
 } tl_limits[MAX_VAR_LIMITS];
 static _Thread_local int tl_nlimits;
+static _Thread_local JitVarLe tl_rel[MAX_VAR_LIMITS];
+static _Thread_local int tl_nrel;
+
+void jit_note_var_le(int va, int64_t ca, int vb, int64_t cb) {
+  if (tl_depth <= 0) return;
+  if (va == vb) return; /* (a constant relation: the graph's own check holds for every value) */
+  if (va < 0) { /* ca <= vb + cb */
+    jit_note_var_range(vb, ca - cb, INT64_MAX);
+    return;
+  }
+  if (vb < 0) { /* va + ca <= cb */
+    jit_note_var_range(va, INT64_MIN, cb - ca);
+    return;
+  }
+  for (int i = 0; i < tl_nrel; i++)
+    if (tl_rel[i].va == va && tl_rel[i].vb == vb) {
+      if (cb - ca < tl_rel[i].cb - tl_rel[i].ca) tl_rel[i].ca = ca, tl_rel[i].cb = cb;
+      return;
+    }
+  if (tl_nrel < MAX_VAR_LIMITS) tl_rel[tl_nrel++] = (JitVarLe){va, ca, vb, cb};
+}
 
 void jit_note_var_range(int var, int64_t min, int64_t max) {
   if (tl_depth <= 0) return;
@@ -139,8 +162,8 @@ static void jit_reset(tg_jit *j) {
   sig_free(j->out_sig, j->ncap_out);
   j->ncap_out = 0;
   free(j->args);
-  free(j->vars), free(j->var_limit), free(j->var_floor);
-  j->vars = NULL, j->var_limit = NULL, j->var_floor = NULL;
+  free(j->vars), free(j->var_limit), free(j->var_floor), free(j->rel);
+  j->vars = NULL, j->var_limit = NULL, j->var_floor = NULL, j->rel = NULL, j->nrel = 0;
   j->nvars = 0;
   j->in_buf = j->out_buf = NULL;
   j->in_sig = j->out_sig = NULL;
@@ -230,7 +253,7 @@ static tg_status run_fn(tg_jit *j, const tg_tensor *in, int nin, const double *a
   tg_scope_begin();
   int depth = t_scope_depth();
   for (int i = 0; i < j->nout; i++) out[i] = (tg_tensor){0};
-  tl_nlimits = 0;
+  tl_nlimits = 0, tl_nrel = 0;
   tl_depth++;
   tg_status st = j->fn(in, nin, args, nargs, out, j->nout, j->user);
   tl_depth--;
@@ -400,6 +423,10 @@ static tg_status capture(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs,
       j->var_limit[k] = mx, j->var_floor[k] = mn;
     }
     j->nvars = cv->n;
+    /* relations between two of the call's variables (a variable that is not one keeps its value) */
+    j->rel = tg_xmalloc(sizeof(JitVarLe) * (size_t)(tl_nrel + 1));
+    for (int q = 0; q < tl_nrel; q++)
+      if (call_var(cv, tl_rel[q].va, NULL) && call_var(cv, tl_rel[q].vb, NULL)) j->rel[j->nrel++] = tl_rel[q];
   }
   for (int i = 0; i < j->nout; i++) {
     UOp *u = t_get(out[i], "tg_jit_call");
@@ -516,10 +543,21 @@ static tg_status replay(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs, 
         var_info(cv->idx[q], &name, NULL, NULL);
         return tg_set_error(TG_ERR_INVALID,
                             "tg_jit_call_vars: variable '%s' = %lld is below what the captured graph can use (%lld: a "
-                            "symbolic tg_shrink would start before its dim or end before its start, or a symbolic pad "
-                            "would be negative, below that); give the variable a min the graph holds",
+                            "shrink or pad in it would start before a dim, end before its start or past a dim of that "
+                            "variable, or pad by a negative size, below that); give the variable a min the graph holds",
                             name, (long long)cv->val[q], (long long)j->var_floor[k]);
       }
+  for (int r = 0; r < j->nrel; r++) {
+    const JitVarLe *e = &j->rel[r];
+    int64_t a = 0, b = 0;
+    if (!call_var(cv, e->va, &a) || !call_var(cv, e->vb, &b) || a + e->ca <= b + e->cb) continue;
+    const char *na = "?", *nb = "?";
+    var_info(e->va, &na, NULL, NULL), var_info(e->vb, &nb, NULL, NULL);
+    return tg_set_error(TG_ERR_INVALID,
+                        "tg_jit_call_vars: variables '%s' = %lld and '%s' = %lld break what the captured graph needs "
+                        "(%s%+lld <= %s%+lld: a symbolic tg_shrink ends past a symbolic dim)",
+                        na, (long long)a, nb, (long long)b, na, (long long)e->ca, nb, (long long)e->cb);
+  }
   if (nin != j->nin) return tg_set_error(TG_ERR_INVALID, "tg_jit_call: called with %d inputs, captured with %d", nin, j->nin);
   for (int i = 0; i < nin; i++) {
     UOp *u = t_get(in[i], "tg_jit_call");
@@ -853,6 +891,7 @@ void jit_view(const tg_jit *j, JitView *v) {
     v->out[i] = (JitIO){j->out_buf[i], s->dtype, s->ndim, s->shape, s->sym, s->base};
   }
   v->nvars = j->nvars, v->vars = j->vars, v->var_limit = j->var_limit, v->var_floor = j->var_floor;
+  v->rel = j->rel, v->nrel = j->nrel;
 }
 
 tg_status tg_jit_export(const tg_jit *j, const char *path, const tg_jit_export_opts *opts) {

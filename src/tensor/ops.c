@@ -903,15 +903,19 @@ tg_tensor tg_shrink(tg_tensor x, const int64_t *bounds0, int nbounds) {
                   "tensor, whose shards split at the bound value (bind it with tg_var_bind)", vn, max_);
     }
   }
-  /* a symbolic end v + c on a dim of concrete size n holds for v <= n - c only, and for v >= start - c
-   * after a concrete start; a symbolic start v + c for v >= -c: a jit's replays with other values
-   * must stay there */
-  for (int i = 0; syms && i < a->ndim; i++) {
-    SymDim e, s;
-    bool es = sym_decode(bounds0[2 * i + 1], &e), ss = sym_decode(bounds0[2 * i], &s);
-    if (ss) jit_note_var_range(s.var, -s.offset, INT64_MAX);
-    if (es && !ss) jit_note_var_range(e.var, bounds[2 * i] - e.offset, INT64_MAX);
-    if (es && !(a->sym && sym_is_code(a->sym[i]))) jit_note_var_range(e.var, INT64_MIN, a->shape[i] - e.offset);
+  /* what a jit's replays with other values must keep: 0 <= start <= end <= the dim, each side a
+   * plain size or v + c (a start v + c holds for v >= -c; an end v + c on a dim of n for v <= n - c,
+   * after a plain start s for v >= s - c; a plain end e on a dim of w + c for w >= e - c; an end on a
+   * dim of another variable's size, the relation between the two) */
+  for (int i = 0; i < a->ndim; i++) {
+    SymDim e, s, d;
+    bool es = syms && sym_decode(bounds0[2 * i + 1], &e), ss = syms && sym_decode(bounds0[2 * i], &s);
+    bool ds = a->sym && sym_decode(a->sym[i], &d);
+    if (!es && !ss && (!ds || (bounds[2 * i] == 0 && bounds[2 * i + 1] == a->shape[i]))) continue; /* (a whole symbolic dim is kept symbolic) */
+    if (ss) jit_note_var_le(-1, 0, s.var, s.offset);
+    if (es && !ss) jit_note_var_le(-1, bounds[2 * i], e.var, e.offset);
+    if (ds) jit_note_var_le(es ? e.var : -1, es ? e.offset : bounds[2 * i + 1], d.var, d.offset);
+    else if (es) jit_note_var_le(e.var, e.offset, -1, a->shape[i]);
   }
   return t_wrap(g_shrink(a, bounds0));
 }
@@ -938,6 +942,12 @@ tg_tensor tg_pad(tg_tensor x, const int64_t *pads0, int npads, double value) {
     if (sym_decode(pads0[i], &d) && pads[i] < 0)
       return fail(TG_ERR_INVALID, "tg_pad: symbolic pad %d stands for %lld now; a symbolic pad must not be negative", i, (long long)pads[i]);
     if (sym_decode(pads0[i], &d)) jit_note_var_range(d.var, -d.offset, INT64_MAX); /* (a jit's replays too) */
+  }
+  /* negative pads of a symbolic dim w + c cut it: replays need w + c >= what they cut */
+  for (int i = 0; a->sym && i < a->ndim; i++) {
+    SymDim d;
+    int64_t cut = (pads[2 * i] < 0 ? -pads[2 * i] : 0) + (pads[2 * i + 1] < 0 ? -pads[2 * i + 1] : 0);
+    if (cut && sym_decode(a->sym[i], &d)) jit_note_var_le(-1, cut, d.var, d.offset);
   }
   for (int i = 0; syms && i < a->ndim; i++) {
     int parts = (a->sym && sym_is_code(a->sym[i])) + sym_is_code(pads0[2 * i]) + sym_is_code(pads0[2 * i + 1]);
