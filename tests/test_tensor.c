@@ -1870,6 +1870,16 @@ TEST(pad_value_promotes) {
   CHECK(tg_dtype_of(b) == TG_FLOAT32);
   CHECK_VALUES(b, 0, 0, 1, 1, 0.5);
   CHECK(tg_dtype_of(tg_pad(i, TG_SHAPE(0, 1), NAN)) == TG_FLOAT32);
+  /* a whole number past the dtype (it wrapped: 3e9 into int32 was -1294967296), and a bool padded
+   * with 2 (it was True) */
+  tg_tensor big = tg_pad(i, TG_SHAPE(0, 1), 3e9);
+  CHECK(tg_dtype_of(big) == TG_FLOAT32);
+  CHECK_VALUES(big, 0, 0, 1, 2, 3e9);
+  CHECK(tg_dtype_of(tg_pad(tg_cast(i, TG_INT64), TG_SHAPE(0, 1), 9223372036854775808.0)) == TG_FLOAT32);
+  tg_tensor b2 = tg_pad(tg_gt_s(i, 0), TG_SHAPE(0, 1), 2);
+  CHECK(tg_dtype_of(b2) == TG_INT32);
+  CHECK_VALUES(b2, 0, 0, 1, 1, 2);
+  CHECK(tg_dtype_of(tg_pad(tg_gt_s(i, 0), TG_SHAPE(0, 1), 1)) == TG_BOOL);
   END;
 }
 
