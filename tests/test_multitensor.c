@@ -514,6 +514,12 @@ TEST(assign_setitem) {
       CHECK(tg_setitem_s(tg_shrink(s, cases[c].b, 4), cases[c].ix, cases[c].n, val) == TG_OK);
       CHECK(tg_setitem_s(tg_shrink(want4, cases[c].b, 4), cases[c].ix, cases[c].n, val) == TG_OK);
     }
+    /* a getitem view one wide on the sharded axis (it came back gathered: a reshape to its own shape
+     * gathered the uneven shards), and an integer with a flipped one-element slice */
+    tg_tensor gv = tg_getitem(s, TG_INDEX(TG_IX_SLICE(2, 3, 1))), wgv = tg_getitem(want4, TG_INDEX(TG_IX_SLICE(2, 3, 1)));
+    CHECK(tg_setitem_s(gv, NULL, 0, 50) == TG_OK && tg_setitem_s(wgv, NULL, 0, 50) == TG_OK);
+    CHECK(tg_setitem_s(tg_shrink(s, TG_SHAPE(0, 3, 0, 4)), TG_INDEX(TG_IX_INT(1), TG_IX_SLICE(3, 2, -1)), 51) == TG_OK);
+    CHECK(tg_setitem_s(tg_shrink(want4, TG_SHAPE(0, 3, 0, 4)), TG_INDEX(TG_IX_INT(1), TG_IX_SLICE(3, 2, -1)), 51) == TG_OK);
     CHECK(tg_realize(s) == TG_OK && tg_realize(want4) == TG_OK);
     CHECK_MSG(maxdiff(s, want4) == 0, "setitem with integers through views, axis %d", ax);
   }

@@ -373,6 +373,13 @@ static tg_tensor apply_views(tg_tensor x, UOp *a, const Index *ix) {
     r = tg_shrink(r, cut, 4 * nd);
     r = tg_reshape(r, fin, nd);
   }
+  /* (a reshape to the same shape is not made: on a multi-device tensor whose sharded axis a one-wide
+   * slice left uneven, it gathered the tensor, and a write through the view went into the copy) */
+  int64_t cur[MAXD];
+  UOp *ru = tg_valid(r) ? t_get(r, "tg_getitem") : NULL;
+  if (ru && ru->ndim == ix->nX && tg_shape(r, cur) == ix->nX && (ix->nX == 0 || !memcmp(cur, ix->X, sizeof(int64_t) * (size_t)ix->nX)) &&
+      !(ru->sym))
+    return r;
   return tg_reshape(r, ix->X, ix->nX);
 }
 
@@ -740,6 +747,25 @@ static tg_status setitem_impl(const char *fn, tg_tensor x, const tg_index_spec *
       t = tg_shrink(x, bounds, 2 * a->ndim);
       UOp *ku = tg_valid(t) ? t_get(t, fn) : NULL;
       vb = ku ? tg_reshape(vb, ku->shape, ku->ndim) : NONE;
+    } else if (n && tg_valid(vb)) {
+      /* other slices (steps, flips): the integers still become one-wide slices, so that no dim is
+       * dropped (a dropped sharded axis gathers the view) */
+      bool ints = false;
+      for (int i = 0; i < n; i++) ints = ints || spec[i].kind == TG_INDEX_INT;
+      tg_index_spec *keep = ints ? tg_xmalloc(sizeof *keep * (size_t)n) : NULL;
+      for (int i = 0; ints && i < n; i++) {
+        keep[i] = spec[i];
+        int64_t k = spec[i].index;
+        if (spec[i].kind == TG_INDEX_INT)
+          keep[i] = k == -1 ? (tg_index_spec){.kind = TG_INDEX_SLICE, .start = -1, .step = 1, .has_start = true}
+                            : (tg_index_spec){.kind = TG_INDEX_SLICE, .start = k, .stop = k + 1, .step = 1, .has_start = true, .has_stop = true};
+      }
+      if (ints) {
+        t = tg_getitem(x, keep, n);
+        free(keep);
+        UOp *ku = tg_valid(t) ? t_get(t, fn) : NULL;
+        vb = ku ? tg_reshape(vb, ku->shape, ku->ndim) : NONE;
+      }
     }
     tg_tensor as = tg_valid(vb) ? tg_assign(t, vb) : NONE;
     tg_status st = tg_valid(as) ? TG_OK : tg_last_status() ? tg_last_status() : TG_ERR_INVALID;
