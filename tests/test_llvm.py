@@ -92,6 +92,7 @@ def test_arch_errors():
       ("CPU:LLVM:x86_64,znver2,+nosuchfeature", "no 'nosuchfeature'"),
       ("CPU:LLVM:x86_64,zn ver2", "bad CPU name"),
       ("CPU:LLVM:x86_64,znver2,av$x", "bad feature"),
+      ("CPU:LLVM:x86_64,x86-64,-sse,-sse2", "'-sse' leaves LLVM no registers"),  # (LLVM stopped the process)
       ("CPU:LLVM:,znver2", "bad architecture name"),
       ("CPU:C:x86_64", "has no arch"),
       ("CPU:FORTRAN", "no renderer 'FORTRAN'"),

@@ -497,6 +497,13 @@ static bool parse_arch(LlvmState *s, const char *arch) {
       sb_free(&f);
       return false;
     }
+    if (off && nn == 3 && !strncmp(name, "sse", 3)) { /* (x86-64 returns floats in SSE registers) */
+      tg_set_error(TG_ERR_INVALID, "device_get: CPU:LLVM arch '%s': '-sse' leaves LLVM no registers for the x86-64 calling "
+                   "convention's float values (its back end stops the process on the first kernel calling a math function); "
+                   "turn off wider extensions (-avx512f, -avx2, -sse4.1, ...) instead", arch);
+      sb_free(&f);
+      return false;
+    }
     if (!off && !host_has(name, nn)) {
       tg_set_error(TG_ERR_INVALID, "device_get: CPU:LLVM arch '%s': this CPU has no '%.*s' (its kernels would not run here)",
                    arch, (int)nn, name);
