@@ -373,13 +373,6 @@ static tg_tensor apply_views(tg_tensor x, UOp *a, const Index *ix) {
     r = tg_shrink(r, cut, 4 * nd);
     r = tg_reshape(r, fin, nd);
   }
-  /* (a reshape to the same shape is not made: on a multi-device tensor whose sharded axis a one-wide
-   * slice left uneven, it gathered the tensor, and a write through the view went into the copy) */
-  int64_t cur[MAXD];
-  UOp *ru = tg_valid(r) ? t_get(r, "tg_getitem") : NULL;
-  if (ru && ru->ndim == ix->nX && tg_shape(r, cur) == ix->nX && (ix->nX == 0 || !memcmp(cur, ix->X, sizeof(int64_t) * (size_t)ix->nX)) &&
-      !(ru->sym))
-    return r;
   return tg_reshape(r, ix->X, ix->nX);
 }
 
