@@ -924,29 +924,32 @@ tg_tensor tg_shrink(tg_tensor x, const int64_t *bounds0, int nbounds) {
   return t_wrap(g_shrink(a, bounds0));
 }
 
+/* The dtype a pad of an x of dtype dt with value makes (see tg_pad) */
+static tg_dtype pad_value_dtype(tg_dtype dt, double value) {
+  if (tg_dtype_is_float(dt)) return dt;
+  if (!(isfinite(value) && value == trunc(value))) return tg_default_float();
+  if (dt == TG_BOOL) {
+    if (value == 0 || value == 1) return dt;
+    return value >= dtype_min(TG_INT32) && value <= dtype_max(TG_INT32) ? TG_INT32 : tg_default_float();
+  }
+  bool past = value < dtype_min(dt) || value > dtype_max(dt) ||
+              (value == dtype_max(dt) && (dt == TG_INT64 || dt == TG_UINT64)); /* (2^63 and 2^64 as doubles) */
+  return past ? tg_default_float() : dt;
+}
+
 tg_tensor tg_pad(tg_tensor x, const int64_t *pads0, int npads, double value) {
   GET(a, x, "tg_pad");
   char b[256];
   /* a value an integer or bool tensor cannot hold makes the result wider, as tinygrad's where with a
    * Python number does (it was truncated or wrapped into the dtype): DEFAULT_FLOAT for 1.5, inf, NaN
    * or a whole number past the dtype's range; int32 for a bool padded with another whole number */
-  tg_dtype pdt = (tg_dtype)a->dtype;
-  if (!tg_dtype_is_float(pdt)) {
-    bool whole = isfinite(value) && value == trunc(value);
-    tg_dtype to = !whole ? tg_default_float()
-                  : pdt == TG_BOOL && value != 0 && value != 1
-                      ? (value >= dtype_min(TG_INT32) && value <= dtype_max(TG_INT32) ? TG_INT32 : tg_default_float())
-                  : pdt != TG_BOOL && (value < dtype_min(pdt) || value > dtype_max(pdt) ||
-                                       (value == dtype_max(pdt) && (pdt == TG_INT64 || pdt == TG_UINT64))) /* (2^63, 2^64) */
-                      ? tg_default_float()
-                                                                                           : pdt;
-    if (to != pdt) {
-      tg_scope_begin();
-      tg_tensor r = tg_pad(tg_cast(x, to), pads0, npads, value);
-      if (tg_valid(r)) r = tg_keep(r);
-      tg_scope_end();
-      return r;
-    }
+  tg_dtype to = pad_value_dtype((tg_dtype)a->dtype, value);
+  if (to != (tg_dtype)a->dtype) {
+    tg_scope_begin();
+    tg_tensor r = tg_pad(tg_cast(x, to), pads0, npads, value);
+    if (tg_valid(r)) r = tg_keep(r);
+    tg_scope_end();
+    return r;
   }
   if (npads != 2 * a->ndim || (npads && !pads0))
     return fail(TG_ERR_INVALID, "tg_pad: expected %d pads (before, after per dim) for shape %s, got %d", 2 * a->ndim, shp(b, sizeof b, a), npads);
