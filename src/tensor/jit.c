@@ -174,9 +174,8 @@ static void jit_reset(tg_jit *j) {
 void tg_jit_free(tg_jit *j) {
   if (!j) return;
   if (atomic_load(&j->busy)) {
-    /* inside its own function (a jit runs one call at a time, and nesting is refused): freed when the
-     * call returns; from another thread while a call runs: refused (freeing it would pull the memory
-     * from under that call) */
+    /* inside its own function (or one it calls): freed when the call returns; from another thread
+     * while a call runs: refused (freeing it would pull the memory from under that call) */
     if (tl_depth > 0) j->free_pending = true;
     else
       tg_set_error(TG_ERR_INVALID, "tg_jit_free: the jit is running a call in another thread; free it after that "
@@ -684,17 +683,20 @@ static tg_status tg_jit_call_impl(tg_jit *j, const tg_tensor *in, int nin, const
   if (!j) return tg_set_error(TG_ERR_INVALID, "tg_jit_call: jit is NULL");
   if (nin < 0 || nargs < 0 || (nin && !in) || (nargs && !args) || (j->nout && !out))
     return tg_set_error(TG_ERR_INVALID, "tg_jit_call: NULL arrays or negative counts (nin=%d nargs=%d)", nin, nargs);
-  /* tinygrad: "having TinyJit inside another TinyJit is not supported". A nested replay would not
-   * be captured by the outer jit, and a jit re-entering itself would recurse without end. */
-  if (tl_depth > 0)
+  /* tinygrad: "having TinyJit inside another TinyJit is not supported" while the outer one captures
+   * (a nested replay would not be captured by it). A jit whose function runs plainly -- its first
+   * call, or JIT=0 -- may call another one, as in tinygrad. */
+  if (tl_depth > 0 && g_capture)
     return tg_set_error(TG_ERR_INVALID,
-                        "tg_jit_call: called from inside a jitted function (a jit calling itself or another jit); "
-                        "TinyJit inside another TinyJit is not supported: call the inner function directly");
+                        "tg_jit_call: called from inside a jitted function while that jit captures; TinyJit inside "
+                        "another TinyJit is not supported: call the inner function directly");
   bool was = false;
   if (!atomic_compare_exchange_strong(&j->busy, &was, true))
     return tg_set_error(TG_ERR_INVALID,
-                        "tg_jit_call: this jit is running a call in another thread; a tg_jit serves one call at a "
-                        "time (give each thread its own jit)");
+                        tl_depth > 0 ? "tg_jit_call: this jit is already running a call (its function calls it again, "
+                                       "which would recurse without end, or another thread's call runs)"
+                                     : "tg_jit_call: this jit is running a call in another thread; a tg_jit serves "
+                                       "one call at a time (give each thread its own jit)");
   tg_status st = check_distinct(in, nin);
   const tg_symvar *saved_vars = tl_vars;
   int saved_n = tl_nvars;
