@@ -693,6 +693,40 @@ TEST(cl_sorts_that_crashed_the_driver) {
   END;
 }
 
+/* fp8 on CL (a device with float64): every bit pattern to float32, a sweep of floats (ties, subnormals,
+ * overflow, inf, NaN) to both fp8 formats, and a view of fp8 data copied, all equal to the CPU's
+ * (CL refused every fp8 computation) */
+TEST(cl_fp8_matches_cpu) {
+  tg_clear_error();
+  if (!device_get("CL")) return;
+  BEGIN;
+  uint8_t bits[256];
+  for (int i = 0; i < 256; i++) bits[i] = (uint8_t)i;
+  enum { NF = 600 };
+  float f[NF];
+  for (int i = 0; i < NF; i++) f[i] = (float)ldexp(1.0 + (i % 37) / 16.0, i / 37 - 12) * (i % 2 ? -1.0f : 1.0f);
+  f[0] = INFINITY, f[1] = -INFINITY, f[2] = NAN, f[3] = 448.0f, f[4] = 464.0f, f[5] = 57344.0f, f[6] = 61440.0f, f[7] = 0x1p-9f, f[8] = 0x1p-17f;
+  for (int fmt = 0; fmt < 2; fmt++) {
+    tg_dtype dt = fmt ? TG_FP8E5M2 : TG_FP8E4M3;
+    float a[256], b[256];
+    uint8_t qa[NF], qb[NF];
+    CHECK(tg_data(tg_cast(tg_from_data(bits, TG_SHAPE(256), TG_OPTS(.dtype = dt, .device = "CL")), TG_FLOAT32), a, sizeof a) == TG_OK);
+    CHECK(tg_data(tg_cast(tg_from_data(bits, TG_SHAPE(256), TG_OPTS(.dtype = dt)), TG_FLOAT32), b, sizeof b) == TG_OK);
+    CHECK(memcmp(a, b, sizeof a) == 0);
+    CHECK(tg_data(tg_bitcast(tg_cast(tg_from_data(f, TG_SHAPE(NF), TG_OPTS(.dtype = TG_FLOAT32, .device = "CL")), dt), TG_UINT8), qa, sizeof qa) == TG_OK);
+    CHECK(tg_data(tg_bitcast(tg_cast(tg_from_data(f, TG_SHAPE(NF), TG_OPTS(.dtype = TG_FLOAT32)), dt), TG_UINT8), qb, sizeof qb) == TG_OK);
+    int bad = 0;
+    for (int i = 0; i < NF; i++) bad += qa[i] != qb[i];
+    CHECK_MSG(bad == 0, "%s: %d of %d conversions differ from the CPU's", tg_dtype_name(dt), bad, NF);
+    /* a copy of a view (a flip), as the CPU makes it */
+    uint8_t fa[256], fb[256];
+    CHECK(tg_data(tg_flip(tg_from_data(bits, TG_SHAPE(256), TG_OPTS(.dtype = dt, .device = "CL")), TG_AXES(0)), fa, sizeof fa) == TG_OK);
+    CHECK(tg_data(tg_flip(tg_from_data(bits, TG_SHAPE(256), TG_OPTS(.dtype = dt)), TG_AXES(0)), fb, sizeof fb) == TG_OK);
+    CHECK(memcmp(fa, fb, sizeof fa) == 0 && fa[0] == 255 && fa[255] == 0);
+  }
+  END;
+}
+
 /* float64 on a device without cl_khr_fp64 is an error naming the extension, not a build failure */
 TEST(cl_float64_needs_fp64) {
   tg_clear_error();

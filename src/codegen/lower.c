@@ -474,7 +474,7 @@ static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptList 
       return NULL;
     }
   }
-  if (gpu) {
+  if (gpu && !(caps->lang == LANG_OPENCL && caps->fp64)) { /* (OpenCL's fp8 conversions round through double) */
     PtrMap seen;
     pm_init(&seen);
     bool f8 = uses_dtype(ast, TG_FP8E4M3, &seen);
@@ -483,9 +483,9 @@ static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptList 
     f8 = f8 || uses_dtype(ast, TG_FP8E5M2, &seen);
     pm_free(&seen);
     if (f8) {
-      tg_set_error(TG_ERR_INVALID, "codegen: fp8 dtypes are computed on CPU devices only (a cast, or a copy of a "
-                                   "view, is a computation): move the fp8 tensor itself, not a view of it, to the CPU "
-                                   "with tg_to and cast or rearrange it there");
+      tg_set_error(TG_ERR_INVALID, "codegen: fp8 dtypes are computed on CPU devices and OpenCL devices with float64 "
+                                   "only (a cast, or a copy of a view, is a computation): move the fp8 tensor itself, "
+                                   "not a view of it, to the CPU with tg_to and cast or rearrange it there");
       return NULL;
     }
   }

@@ -188,6 +188,29 @@ static const char PRELUDE_FP8[] =
     "static inline float tg_r8a(double f){return tg_8a2f(tg_f28a(f));}\n"
     "static inline float tg_r8b(double f){return tg_8b2f(tg_f28b(f));}\n";
 
+/* The fp8 conversions in OpenCL C (needs cl_khr_fp64: the rounding works on the double's bits) */
+static const char PRELUDE_FP8_CL[] =
+    "static inline uchar tg_f2f8(double f,int M,int B,int ieee,ulong ovf,uchar mx){"
+    "ulong x=as_ulong(f);uchar s=(uchar)((x>>56)&0x80);"
+    "ulong a=x&0x7fffffffffffffffUL;"
+    "if(a>=0x7ff0000000000000UL){if(!ieee)return s|0x7f;return s|(a>0x7ff0000000000000UL?0x7f:0x7c);}"
+    "if(a>ovf)return s|mx;int E=(int)(a>>52)-1023;"
+    "if(E>=1-B){int sh=52-M;ulong rb=a&((1UL<<sh)-1),h=1UL<<(sh-1);"
+    "uint r=((uint)(E+B)<<M)|(uint)((a>>sh)&((1u<<M)-1));if(rb>h||(rb==h&&(r&1)))r++;return s|(uchar)r;}"
+    "if(E<-B-M)return s;int sh=53-B-M-E;ulong m=(a&0xfffffffffffffUL)|(1UL<<52),q=m>>sh,"
+    "rm=m&((1UL<<sh)-1),h=1UL<<(sh-1);if(rm>h||(rm==h&&(q&1)))q++;return s|(uchar)q;}\n"
+    "static inline float tg_f82f(uchar b,int M,int B,int ieee){int e=(b>>M)&((1<<(7-M))-1),m=b&((1<<M)-1);"
+    "float v;if(ieee&&e==(1<<(7-M))-1)v=m?as_float(0x7fc00000u):INFINITY;" /* (the CPU's quiet NaN, not PoCL's NAN) */
+    "else if(!ieee&&e==15&&m==7)v=as_float(0x7fc00000u);"
+    "else{uint pb=(uint)((e?e:1)-B-M+127)<<23;float p=as_float(pb);"
+    "v=(float)(e?(m|(1<<M)):m)*p;}return (b&0x80)?-v:v;}\n"
+    "static inline uchar tg_f28a(double f){return tg_f2f8(f,3,7,0,0x407D000000000000UL,0x7e);}\n"
+    "static inline uchar tg_f28b(double f){return tg_f2f8(f,2,15,1,0x40EE000000000000UL-1,0x7b);}\n"
+    "static inline float tg_8a2f(uchar b){return tg_f82f(b,3,7,0);}\n"
+    "static inline float tg_8b2f(uchar b){return tg_f82f(b,2,15,1);}\n"
+    "static inline float tg_r8a(double f){return tg_8a2f(tg_f28a(f));}\n"
+    "static inline float tg_r8b(double f){return tg_8b2f(tg_f28b(f));}\n";
+
 /* The same conversions in OpenCL C (as_float/as_uint instead of memcpy). float16 is stored as
  * its 16 bits and computed in float whether or not the device has cl_khr_fp16, converted by these
  * rather than vload_half/vstore_half_rte: those quiet signalling NaNs and drop NaN payloads
@@ -1624,13 +1647,14 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
                                        "tg_vhw", "tg_vhs", "tg_vselu", "tg_vh2f", "tg_vf2h", "tg_vb2f", "tg_vf2b", "tg_vrh",
                                        "tg_vrb", "tg_vlh", "tg_vlb", "tg_vsh", "tg_vsb", "tg_vhx", "tg_vshr", "tg_vrhx",
                                        "tg_vhxu", "tg_vlhq"};
-  if (gpu && !cuda && r.uses_f64) sb_puts(&out, "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n");
+  if (gpu && !cuda && (r.uses_f64 || r.uses_fp8)) sb_puts(&out, "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n");
   bool images = false;
   for (int i = 0; gpu && i < k->np; i++) images = images || k->pimg[i];
   if (images) sb_printf(&out, "#ifndef TG_IMAGE_H\n#define TG_IMAGE_H\n%s#endif\n", PRELUDE_IMAGE_CL);
   if (r.uses_half) sb_printf(&out, "#ifndef TG_HALF_H\n#define TG_HALF_H\n%s#endif\n", cuda ? PRELUDE_HALF_CUDA : gpu ? PRELUDE_HALF_CL : PRELUDE_HALF);
   if (r.uses_bf16) sb_printf(&out, "#ifndef TG_BF16_H\n#define TG_BF16_H\n%s#endif\n", cuda ? PRELUDE_BF16_CUDA : gpu ? PRELUDE_BF16_CL : PRELUDE_BF16);
-  if (r.uses_fp8) sb_printf(&out, "#ifndef TG_FP8_H\n#define TG_FP8_H\n%s#endif\n", PRELUDE_FP8); /* C only: codegen refuses fp8 on GPU devices */
+  if (r.uses_fp8) /* (codegen refuses fp8 on CUDA, and on OpenCL devices without float64) */
+    sb_printf(&out, "#ifndef TG_FP8_H\n#define TG_FP8_H\n%s#endif\n", gpu && !cuda ? PRELUDE_FP8_CL : PRELUDE_FP8);
   if (strstr(body.s ? body.s : "", "tg_ipow"))
     sb_printf(&out, "#ifndef TG_IPOW_H\n#define TG_IPOW_H\n%s %s tg_ipow(%s b,%s e){%s r=1;if(e<0)return b==1?1:(b==-1?((e&1)?-1:1):0);"
                     "while(e){if(e&1)r*=b;b*=b;e>>=1;}return r;}\n#endif\n", L->fn, L->i64, L->i64, L->i64, L->i64);
