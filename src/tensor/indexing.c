@@ -127,6 +127,7 @@ typedef struct {
   bool front;      /* tensor dims are not adjacent: the broadcast dims go first */
   int64_t R[MAXD]; /* result shape */
   int nR;
+  bool baked;      /* a position was computed from a symbolic dim's bound value (x[-3:] of a dim of n) */
 } Index;
 
 static void index_free(Index *ix) {
@@ -256,12 +257,18 @@ static int parse_index(const char *fn, UOp *a, const tg_index_spec *spec, int n,
                    fn, (long long)v, d, (long long)size, SHP(a), (long long)-size, (long long)size - 1),
                -1;
       if (v < 0) v += size;
+      if (s->index < 0 && a->sym && sym_is_code(a->sym[d])) ix->baked = true;
       e->kind = E_VIEW, e->collapse = true, e->size = 1, e->b0 = v, e->b1 = v + 1, e->stride = 1;
       e->xdim = d++;
       break;
     }
     case TG_INDEX_SLICE:
       parse_slice(s, a->shape[d], e);
+      /* from the end, backwards, or clamped to the size: the positions hold for the bound value only */
+      if (a->sym && sym_is_code(a->sym[d]) &&
+          ((s->has_start && (s->start < 0 || s->start > a->shape[d])) || (s->has_stop && (s->stop < 0 || s->stop > a->shape[d])) ||
+           s->step < 0))
+        ix->baked = true;
       e->xdim = d++;
       break;
     case TG_INDEX_TENSOR: {
@@ -451,6 +458,10 @@ tg_tensor tg_getitem(tg_tensor x, const tg_index_spec *spec, int n) {
   Op_ o = begin(fn);
   tg_tensor r = apply_views(x, a, &ix);
   if (ix.nt) r = adv_get(r, &ix);
+  /* (a TinyJit capture of it is then refused, not replayed with the captured positions: x[-3:] of a
+   * dim of n replayed x[4:n] for every n after a capture at 7) */
+  UOp *ru = ix.baked && tg_valid(r) ? t_get(r, fn) : NULL;
+  if (ru) uop_mark_sym_baked(ru);
   index_free(&ix);
   return done(o, r);
 }
