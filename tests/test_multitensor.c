@@ -520,6 +520,15 @@ TEST(assign_setitem) {
     CHECK(tg_setitem_s(gv, NULL, 0, 50) == TG_OK && tg_setitem_s(wgv, NULL, 0, 50) == TG_OK);
     CHECK(tg_setitem_s(tg_shrink(s, TG_SHAPE(0, 3, 0, 4)), TG_INDEX(TG_IX_INT(1), TG_IX_SLICE(3, 2, -1)), 51) == TG_OK);
     CHECK(tg_setitem_s(tg_shrink(want4, TG_SHAPE(0, 3, 0, 4)), TG_INDEX(TG_IX_INT(1), TG_IX_SLICE(3, 2, -1)), 51) == TG_OK);
+    /* a one-wide sharded axis beside an integer or a stepped slice of another axis (their reshapes
+     * dropped or split size-1 dims and gathered the uneven shards; on axis 0 the integer and the step
+     * are on the sharded axis: views of a gathered copy, as documented) */
+    if (ax != 0) {
+      CHECK(tg_setitem_s(tg_getitem(s, TG_INDEX(TG_IX_INT(2), TG_IX_SLICE(3, 4, 1))), NULL, 0, 52) == TG_OK);
+      CHECK(tg_setitem_s(tg_getitem(want4, TG_INDEX(TG_IX_INT(2), TG_IX_SLICE(3, 4, 1))), NULL, 0, 52) == TG_OK);
+      CHECK(tg_setitem_s(tg_getitem(s, TG_INDEX(TG_IX_STEP(2), TG_IX_SLICE(1, 2, 1))), NULL, 0, 53) == TG_OK);
+      CHECK(tg_setitem_s(tg_getitem(want4, TG_INDEX(TG_IX_STEP(2), TG_IX_SLICE(1, 2, 1))), NULL, 0, 53) == TG_OK);
+    }
     CHECK(tg_realize(s) == TG_OK && tg_realize(want4) == TG_OK);
     CHECK_MSG(maxdiff(s, want4) == 0, "setitem with integers through views, axis %d", ax);
   }

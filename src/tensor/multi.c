@@ -389,6 +389,14 @@ UOp *m_reshape(UOp *a, const int64_t *shape, int ndim) {
       if (i < ndim) nb *= ctx[i + 1];
       if (nb > before) break;
     }
+    if (k < 0 && a->shape[ax] == 1) { /* a sharded axis of size 1 (a one-wide slice) maps to a size-1 dim */
+      nb = 1;
+      for (int i = 0; i < ndim && k < 0; i++) {
+        if (nb == before) k = i;
+        nb *= ctx[i + 1];
+        if (nb > before) break;
+      }
+    }
     bool ok = k >= 0 && a->shape[ax] > 0;
     int64_t dim = ok ? a->shape[ax] : 0, nk = ok ? ctx[k + 1] : 0;
     bool merge = ok && nk % dim == 0;
