@@ -734,7 +734,7 @@ static void tools_init(Tools *t) {
     char *end;
     double v = strtod(to, &end);
     if (*end || !(v >= 0) || v > 1e9)
-      fprintf(stderr, "tinygrad.c: ignoring VIZ_DOT_TIMEOUT=%s (seconds >= 0 expected); using 60\n", to);
+      env_warn("VIZ_DOT_TIMEOUT", to, "seconds >= 0 expected", "60");
     else
       t->dot_timeout = v;
   }

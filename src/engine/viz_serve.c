@@ -76,13 +76,13 @@ int viz_wait(int pid) {
 }
 
 int viz_wait_until(int pid, double deadline) {
-  if (pid < 0) return 127;
+  if (pid < 0 || deadline <= 0) return viz_wait(pid);
   int status;
   for (;;) {
     pid_t r = waitpid((pid_t)pid, &status, WNOHANG);
     if (r == (pid_t)pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     if (r < 0 && errno != EINTR) return -1;
-    if (deadline > 0 && now_seconds() >= deadline) {
+    if (now_seconds() >= deadline) {
       kill((pid_t)pid, SIGKILL);
       while (waitpid((pid_t)pid, &status, 0) < 0 && errno == EINTR) {
       }

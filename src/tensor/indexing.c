@@ -727,49 +727,24 @@ static tg_status setitem_impl(const char *fn, tg_tensor x, const tg_index_spec *
     tg_tensor t = n ? tg_getitem(x, spec, n) : x;
     UOp *tu = tg_valid(t) ? t_get(t, fn) : NULL;
     tg_tensor vb = !tu ? NONE : scalar ? tg_full_like(t, sval, NULL) : tg_expand(tg_cast(value, (tg_dtype)a->dtype), tu->shape, tu->ndim);
-    /* integers and unit-step slices select a box: taken as a shrink, which keeps the sharding (an
-     * integer's removed dim, or getitem's view of a one-wide slice of the sharded axis, was a
-     * gathered copy, and the write went into it); the value is reshaped to the box (t above checked
+    /* integers become one-wide slices, so that no dim is dropped (a dropped sharded axis gathers the
+     * view, and the write went into the copy); the value is reshaped to that view (t above checked
      * the indices) */
-    bool box = n <= a->ndim && tg_valid(vb);
-    for (int i = 0; box && a->sym && i < a->ndim; i++) box = !sym_is_code(a->sym[i]); /* (bounds would bake the value) */
-    for (int i = 0; box && i < n; i++)
-      box = spec[i].kind == TG_INDEX_INT || (spec[i].kind == TG_INDEX_SLICE && (spec[i].step == 0 || spec[i].step == 1));
-    if (box && n) {
-      int64_t bounds[2 * MAXD];
-      for (int i = 0; i < a->ndim; i++) {
-        int64_t sz = a->shape[i], lo = 0, hi = sz;
-        if (i < n && spec[i].kind == TG_INDEX_INT) {
-          lo = spec[i].index < 0 ? spec[i].index + sz : spec[i].index, hi = lo + 1;
-        } else if (i < n) {
-          if (spec[i].has_start) lo = spec[i].start < 0 ? spec[i].start + sz : spec[i].start;
-          if (spec[i].has_stop) hi = spec[i].stop < 0 ? spec[i].stop + sz : spec[i].stop;
-          lo = lo < 0 ? 0 : lo > sz ? sz : lo, hi = hi < lo ? lo : hi > sz ? sz : hi;
-        }
-        bounds[2 * i] = lo, bounds[2 * i + 1] = hi;
-      }
-      t = tg_shrink(x, bounds, 2 * a->ndim);
-      UOp *ku = tg_valid(t) ? t_get(t, fn) : NULL;
-      vb = ku ? tg_reshape(vb, ku->shape, ku->ndim) : NONE;
-    } else if (n && tg_valid(vb)) {
-      /* other slices (steps, flips): the integers still become one-wide slices, so that no dim is
-       * dropped (a dropped sharded axis gathers the view) */
-      bool ints = false;
-      for (int i = 0; i < n; i++) ints = ints || spec[i].kind == TG_INDEX_INT;
-      tg_index_spec *keep = ints ? tg_xmalloc(sizeof *keep * (size_t)n) : NULL;
-      for (int i = 0; ints && i < n; i++) {
+    bool ints = false;
+    for (int i = 0; i < n; i++) ints = ints || spec[i].kind == TG_INDEX_INT;
+    if (ints && tg_valid(vb)) {
+      tg_index_spec *keep = tg_xmalloc(sizeof *keep * (size_t)n);
+      for (int i = 0; i < n; i++) {
         keep[i] = spec[i];
         int64_t k = spec[i].index;
         if (spec[i].kind == TG_INDEX_INT)
           keep[i] = k == -1 ? (tg_index_spec){.kind = TG_INDEX_SLICE, .start = -1, .step = 1, .has_start = true}
                             : (tg_index_spec){.kind = TG_INDEX_SLICE, .start = k, .stop = k + 1, .step = 1, .has_start = true, .has_stop = true};
       }
-      if (ints) {
-        t = tg_getitem(x, keep, n);
-        free(keep);
-        UOp *ku = tg_valid(t) ? t_get(t, fn) : NULL;
-        vb = ku ? tg_reshape(vb, ku->shape, ku->ndim) : NONE;
-      }
+      t = tg_getitem(x, keep, n);
+      free(keep);
+      UOp *ku = tg_valid(t) ? t_get(t, fn) : NULL;
+      vb = ku ? tg_reshape(vb, ku->shape, ku->ndim) : NONE;
     }
     tg_tensor as = tg_valid(vb) ? tg_assign(t, vb) : NONE;
     tg_status st = tg_valid(as) ? TG_OK : tg_last_status() ? tg_last_status() : TG_ERR_INVALID;

@@ -57,7 +57,7 @@ struct tg_jit {
   bool free_pending; /* tg_jit_free was called from inside the running function: freed when it returns */
   int *vars;         /* the variables passed to the captured call (indices), whose values replays pass on */
   int nvars;
-  int64_t *var_limit; /* per vars[k]: the largest value the captured graph reads in bounds (jit_note_var_range) */
+  int64_t *var_limit; /* per vars[k]: the largest value the captured graph reads in bounds (jit_note_var_le) */
   int64_t *var_floor; /* per vars[k]: the least such value */
   JitVarLe *rel;      /* relations between two of vars[] the captured graph needs (jit_note_var_le) */
   int nrel;
@@ -94,6 +94,16 @@ static _Thread_local int tl_nlimits;
 static _Thread_local JitVarLe tl_rel[MAX_VAR_LIMITS];
 static _Thread_local int tl_nrel;
 
+static void jit_note_var_range(int var, int64_t min, int64_t max) {
+  for (int i = 0; i < tl_nlimits; i++)
+    if (tl_limits[i].var == var) {
+      if (max < tl_limits[i].max) tl_limits[i].max = max;
+      if (min > tl_limits[i].min) tl_limits[i].min = min;
+      return;
+    }
+  if (tl_nlimits < MAX_VAR_LIMITS) tl_limits[tl_nlimits].var = var, tl_limits[tl_nlimits].min = min, tl_limits[tl_nlimits++].max = max;
+}
+
 void jit_note_var_le(int va, int64_t ca, int vb, int64_t cb) {
   if (tl_depth <= 0) return;
   if (va == vb) return; /* (a constant relation: the graph's own check holds for every value) */
@@ -113,16 +123,6 @@ void jit_note_var_le(int va, int64_t ca, int vb, int64_t cb) {
   if (tl_nrel < MAX_VAR_LIMITS) tl_rel[tl_nrel++] = (JitVarLe){va, ca, vb, cb};
 }
 
-void jit_note_var_range(int var, int64_t min, int64_t max) {
-  if (tl_depth <= 0) return;
-  for (int i = 0; i < tl_nlimits; i++)
-    if (tl_limits[i].var == var) {
-      if (max < tl_limits[i].max) tl_limits[i].max = max;
-      if (min > tl_limits[i].min) tl_limits[i].min = min;
-      return;
-    }
-  if (tl_nlimits < MAX_VAR_LIMITS) tl_limits[tl_nlimits].var = var, tl_limits[tl_nlimits].min = min, tl_limits[tl_nlimits++].max = max;
-}
 
 tg_jit *tg_jit_new_opts(tg_jit_fn fn, int nout, void *user, const tg_jit_opts *opts) {
   if (!fn || nout < 0) {

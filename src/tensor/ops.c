@@ -960,7 +960,7 @@ tg_tensor tg_pad(tg_tensor x, const int64_t *pads0, int npads, double value) {
     SymDim d;
     if (sym_decode(pads0[i], &d) && pads[i] < 0)
       return fail(TG_ERR_INVALID, "tg_pad: symbolic pad %d stands for %lld now; a symbolic pad must not be negative", i, (long long)pads[i]);
-    if (sym_decode(pads0[i], &d)) jit_note_var_range(d.var, -d.offset, INT64_MAX); /* (a jit's replays too) */
+    if (sym_decode(pads0[i], &d)) jit_note_var_le(-1, 0, d.var, d.offset); /* (a jit's replays too) */
   }
   /* negative pads of a symbolic dim w + c cut it: replays need w + c >= what they cut */
   for (int i = 0; a->sym && i < a->ndim; i++) {

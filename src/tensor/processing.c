@@ -69,7 +69,6 @@ static tg_tensor same(UOp *u) { return t_wrap(uop_ref(u)); }
 #define cdiv ceil_div
 static int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 
-
 static bool is_half(tg_dtype dt) { return dt == TG_FLOAT16 || dt == TG_BFLOAT16; }
 
 /* tinygrad's _inverse: an order-reversing bijection (-x, ~x, not x). */

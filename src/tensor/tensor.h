@@ -159,9 +159,8 @@ UOp *m_index(UOp *data, UOp *idx);
 UOp *m_copy(UOp *a, int device);
 UOp *m_gather(UOp *u, int dev);
 UOp *m_assign(UOp *target, UOp *value);
-/* While a jitted function runs: variable var must stay <= max for its graph to read in bounds (jit.c). */
-void jit_note_var_range(int var, int64_t min, int64_t max);
-/* ... and value(va) + ca <= value(vb) + cb (va or vb -1: the constant 0) */
+/* While a jitted function runs: its graph reads in bounds only while value(va) + ca <= value(vb) + cb
+ * (va or vb -1: the constant 0), which its replays must keep (jit.c). */
 void jit_note_var_le(int va, int64_t ca, int vb, int64_t cb);
 /* u (on like's tuple) resharded to like's axis and shard sizes (new ref). */
 UOp *m_reshard_like(UOp *u, UOp *like);
