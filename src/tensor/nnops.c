@@ -125,7 +125,6 @@ static int reduced_shape(UOp *a, const bool *red, bool keepdim, int64_t *out) {
   return k;
 }
 
-
 static tg_tensor reshape_n(tg_tensor x, const int64_t *shape, int n) { return tg_reshape(x, shape, n); }
 
 /* ---------------------------------------------------------------------------------------------- */
