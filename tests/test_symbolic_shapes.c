@@ -969,7 +969,8 @@ static tg_status f_prefill(const tg_tensor *in, int nin, const double *args, int
 
 /* sizes a library op computes from a symbolic dim's bound value (the second part's offset in a
  * tg_cat along it, tg_chunk's piece size, interpolate's sampling positions): right for that value,
- * never replayed at another (a capture is refused; interpolate refuses the dim outright) */
+ * never replayed at another (a capture is refused; interpolate refuses the dim outright). Positions
+ * counted from the end of the dim (x[-1], x[-2:], x[-3:-1]) are symbolic and replay. */
 static int g_baked_op;
 static tg_status f_baked(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
   (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
@@ -977,8 +978,12 @@ static tg_status f_baked(const tg_tensor *in, int nin, const double *args, int n
   tg_tensor pieces[8];
   if (g_baked_op == 0) out[0] = tg_cat((tg_tensor[]){xs, tg_mul_s(xs, 2)}, 2, 2);
   else if (g_baked_op == 1) out[0] = tg_chunk(xs, 2, 2, pieces, 8) > 0 ? pieces[0] : (tg_tensor){0};
-  else if (g_baked_op == 3) /* x[..., -2:]: its start n - 2 comes from the bound value (replays read x[n0-2:n]) */
+  else if (g_baked_op == 3) /* x[..., -2:] ends at n: symbolic positions n - 2, n (replays read x[n-2:n]) */
     out[0] = tg_contiguous(tg_getitem(xs, TG_INDEX(TG_IX_ELLIPSIS, TG_IX_FROM(-2, 1))));
+  else if (g_baked_op == 4) /* x[..., -1] and x[..., -3:-1] */
+    out[0] = tg_cat((tg_tensor[]){tg_getitem(xs, TG_INDEX(TG_IX_ELLIPSIS, TG_IX_INT(-1))),
+                                  tg_reshape(tg_getitem(xs, TG_INDEX(TG_IX_ELLIPSIS, TG_IX_SLICE(-3, -1, 1))), TG_SHAPE(1, 2))},
+                    2, 1);
   else out[0] = tg_interpolate(xs, TG_SHAPE(5), NULL);
   return tg_valid(out[0]) ? TG_OK : TG_ERR_INVALID;
 }
@@ -988,10 +993,10 @@ TEST(jit_refuses_sizes_from_bound_values) {
   float xd[8] = {1, 2, 3, 4, 5, 6, 7, 8};
   tg_tensor x = tg_from_data(xd, TG_SHAPE(1, 1, 8), NULL);
   tg_symvar v = tg_variable("v", 1, 8);
-  for (g_baked_op = 0; g_baked_op < 4; g_baked_op++) {
+  for (g_baked_op = 0; g_baked_op < 5; g_baked_op++) {
     tg_jit *j = tg_jit_new(f_baked, 1, NULL);
-    const int vals[] = {3, 5, 2};
-    for (int c = 0; c < 3; c++) {
+    const int vals[] = {3, 5, 8, 2};
+    for (int c = 0; c < 4; c++) {
       tg_scope_begin();
       tg_symvar b = tg_var_bind(v, vals[c]);
       tg_tensor out[1];
@@ -999,10 +1004,18 @@ TEST(jit_refuses_sizes_from_bound_values) {
       if (g_baked_op == 2) {
         CHECK(st != TG_OK);
         CHECK_STR_CONTAINS(tg_last_error(), "tg_interpolate: dim 2 of shape (1, 1, ");
-      } else if (c == 0) {
-        CHECK_MSG(st == TG_OK && tg_numel(out[0]) == (g_baked_op == 0 ? 2 * vals[c] : 2), "op %d: %s", g_baked_op, tg_last_error());
-        float got[2];
-        if (g_baked_op == 3) CHECK(tg_data(out[0], got, sizeof got) == TG_OK && got[0] == 2 && got[1] == 3);
+      } else if (g_baked_op == 4 && vals[c] == 2) {
+        /* x[..., -3:-1] starts at n - 3: a replay at n = 2 would read before the dim */
+        CHECK(st != TG_OK);
+        CHECK_STR_CONTAINS(tg_last_error(), "below what the captured graph can use");
+      } else if (c == 0 || g_baked_op >= 3) {
+        CHECK_MSG(st == TG_OK && tg_numel(out[0]) == (g_baked_op == 0 ? 2 * vals[c] : g_baked_op == 4 ? 3 : 2), "op %d v=%d: %s",
+                  g_baked_op, vals[c], tg_last_error());
+        float got[3] = {0}, n = (float)vals[c];
+        if (g_baked_op == 3) CHECK(tg_data(out[0], got, 2 * sizeof(float)) == TG_OK && got[0] == n - 1 && got[1] == n);
+        if (g_baked_op == 4)
+          CHECK_MSG(tg_data(out[0], got, sizeof got) == TG_OK && got[0] == n && got[1] == n - 2 && got[2] == n - 1,
+                    "v=%d: %g %g %g", vals[c], got[0], got[1], got[2]);
       } else {
         CHECK_MSG(st != TG_OK, "op %d v=%d replayed", g_baked_op, vals[c]);
         CHECK_STR_CONTAINS(tg_last_error(), "computed from its bound value");

@@ -185,7 +185,22 @@ static void parse_slice(const tg_index_spec *s, int64_t size, Entry *e) {
   e->b0 = b0, e->b1 = b1, e->stride = step;
 }
 
-static int parse_index(const char *fn, UOp *a, const tg_index_spec *spec, int n, Index *ix) {
+/* Positions counted from the end of a symbolic dim (size v + c) as symbolic positions v + c + k, so
+ * that they hold for every value of v: x[-1] and x[-3:] / x[-3:-1] (step 1) of a dim that holds them
+ * at its bound value (no clamping: the size is the same constant for every v). Sets e's range to
+ * the codes and returns true; false leaves e as parse_slice or the int case made it. Only getitem
+ * takes them (setitem computes pads from the positions). */
+static bool sym_tail_range(UOp *a, int d, int64_t k0, int64_t k1, Entry *e) {
+  if (!a->sym || !sym_is_code(a->sym[d]) || k0 >= k1 || k1 > 0 || k0 < -a->shape[d]) return false;
+  int64_t off;
+  tg_symvar v = tg_sym_variable(a->sym[d], &off);
+  int64_t b0 = tg_sym(v, off + k0), b1 = k1 == 0 ? a->sym[d] : tg_sym(v, off + k1);
+  if (b0 == TG_SYM_NONE || b1 == TG_SYM_NONE) return false;
+  e->b0 = b0, e->b1 = b1, e->size = k1 - k0, e->stride = 1;
+  return true;
+}
+
+static int parse_index(const char *fn, UOp *a, const tg_index_spec *spec, int n, bool sym_pos, Index *ix) {
   memset(ix, 0, sizeof *ix);
   ix->nd = a->ndim;
   if (n < 0 || (n > 0 && !spec))
@@ -257,8 +272,9 @@ static int parse_index(const char *fn, UOp *a, const tg_index_spec *spec, int n,
                    fn, (long long)v, d, (long long)size, SHP(a), (long long)-size, (long long)size - 1),
                -1;
       if (v < 0) v += size;
-      if (s->index < 0 && a->sym && sym_is_code(a->sym[d])) ix->baked = true;
       e->kind = E_VIEW, e->collapse = true, e->size = 1, e->b0 = v, e->b1 = v + 1, e->stride = 1;
+      if (s->index < 0 && a->sym && sym_is_code(a->sym[d]) && !(sym_pos && sym_tail_range(a, d, s->index, s->index + 1, e)))
+        ix->baked = true;
       e->xdim = d++;
       break;
     }
@@ -267,7 +283,9 @@ static int parse_index(const char *fn, UOp *a, const tg_index_spec *spec, int n,
       /* from the end, backwards, or clamped to the size: the positions hold for the bound value only */
       if (a->sym && sym_is_code(a->sym[d]) &&
           ((s->has_start && (s->start < 0 || s->start > a->shape[d])) || (s->has_stop && (s->stop < 0 || s->stop > a->shape[d])) ||
-           s->step < 0))
+           s->step < 0) &&
+          !(sym_pos && (s->step == 0 || s->step == 1) && s->has_start && s->start < 0 && (!s->has_stop || s->stop < 0) &&
+            sym_tail_range(a, d, s->start, s->has_stop ? s->stop : 0, e)))
         ix->baked = true;
       e->xdim = d++;
       break;
@@ -359,7 +377,7 @@ static tg_tensor apply_views(tg_tensor x, UOp *a, const Index *ix) {
     if (e->kind == E_NEW) continue;
     int d = e->xdim;
     bounds[2 * d] = e->b0, bounds[2 * d + 1] = e->b1;
-    shp[d] = e->b1 - e->b0;
+    shp[d] = sym_is_code(e->b0) ? e->size : e->b1 - e->b0; /* (symbolic positions: step 1) */
     st[d] = e->stride < 0 ? -e->stride : e->stride;
     if (e->stride < 0) flips[nf++] = d;
     strided = strided || st[d] != 1;
@@ -454,7 +472,7 @@ tg_tensor tg_getitem(tg_tensor x, const tg_index_spec *spec, int n) {
   UOp *a = t_get(x, fn);
   if (!a) return NONE;
   Index ix;
-  if (parse_index(fn, a, spec, n, &ix) < 0) return NONE;
+  if (parse_index(fn, a, spec, n, true, &ix) < 0) return NONE;
   Op_ o = begin(fn);
   tg_tensor r = apply_views(x, a, &ix);
   if (ix.nt) r = adv_get(r, &ix);
@@ -763,7 +781,7 @@ static tg_status setitem_impl(const char *fn, tg_tensor x, const tg_index_spec *
     return st;
   }
   Index ix;
-  if (parse_index(fn, a, spec, n, &ix) < 0) return tg_last_status();
+  if (parse_index(fn, a, spec, n, false, &ix) < 0) return tg_last_status();
   if (v && !bcast_to_ok(v->shape, v->ndim, ix.R, ix.nR)) {
     char s1[256];
     fmt_shape(s1, sizeof s1, ix.R, ix.nR);
