@@ -23,6 +23,7 @@
  * of one process with the same BS. The initial weights are rank 0's; rank 0 alone prints progress
  * and writes MNIST_SAVE and MNIST_TRACE.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -162,8 +163,10 @@ int main(void) {
     if (bench && lead) printf("bench step=%lld ms=%.3f\n", (long long)i, (now() - ts) * 1e3);
     if (fsamples) {
       if (tg_data(lo[1], idx, sizeof(int32_t) * (size_t)bs) != TG_OK) return fail("MNIST_TRACE: reading the batch");
-      fwrite(idx, sizeof(int32_t), (size_t)bs, fsamples);
-      fprintf(flosses, "%.9g\n", loss);
+      if (fwrite(idx, sizeof(int32_t), (size_t)bs, fsamples) != (size_t)bs || fprintf(flosses, "%.9g\n", loss) < 0) {
+        fprintf(stderr, "beautiful_mnist: MNIST_TRACE: cannot write to %s: %s\n", trace, strerror(errno));
+        return 1;
+      }
     }
     if (i % 10 == 9 || i == steps - 1) {
       tg_tensor a;
@@ -176,7 +179,16 @@ int main(void) {
     if (lead) progress(desc, (int)i + 1, (int)steps, t0);
   }
   if (lead) fprintf(stderr, "\n");
-  if (fsamples) fclose(fsamples), fclose(flosses), free(idx);
+  if (fsamples) {
+    /* (a full disk shows at the last flush: a short trace would be replayed as if whole) */
+    bool ok = fclose(fsamples) == 0;
+    ok = fclose(flosses) == 0 && ok;
+    free(idx);
+    if (!ok) {
+      fprintf(stderr, "beautiful_mnist: MNIST_TRACE: cannot write to %s: %s\n", trace, strerror(errno));
+      return 1;
+    }
+  }
   /* BENCH: the last of these is a TinyJit replay. The evaluation reads no input, only the weights,
    * so jtest's replays skip it while the weights stay unchanged (its result stays in the jit's
    * buffers): the timed jit runs every kernel on every replay instead. */

@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,35 @@ bool fd_write_all(int fd, const void *buf, size_t n) {
     n -= (size_t)w;
   }
   return true;
+}
+
+unsigned char *file_read_regular(const char *path, size_t max, size_t *len) {
+  /* O_NONBLOCK: opening a FIFO must not wait for a writer; it is then refused as not regular */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return NULL;
+  struct stat st;
+  unsigned char *buf = NULL;
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size <= max) {
+    size_t n = (size_t)st.st_size, got = 0;
+    buf = malloc(n ? n : 1);
+    while (buf && got < n) {
+      ssize_t r = read(fd, buf + got, n - got);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) break;
+      got += (size_t)r;
+    }
+    if (buf && got != n) {
+      free(buf);
+      buf = NULL;
+    }
+    if (buf) *len = n;
+  }
+  close(fd);
+  return buf;
+}
+
+int file_create_new(const char *path, unsigned mode) {
+  return open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, (mode_t)mode);
 }
 
 /* "<digits>" of at most 19 characters: its value; else -1. */

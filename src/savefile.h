@@ -45,4 +45,14 @@ const char *file_kind(unsigned mode);
 /* write(2) until done, retrying on EINTR; false with errno set on failure. */
 bool fd_write_all(int fd, const void *p, size_t n);
 
+/* Files the library reads and writes on its own (kernel caches, traces), in directories other users
+ * may share:
+ * file_read_regular -- the whole of path if it is a regular file of at most max bytes (malloc'd,
+ *   *len set); NULL otherwise, with no error set and nothing read past the check: the open does not
+ *   wait on a FIFO, and a huge entry is refused before any memory is taken for it.
+ * file_create_new -- creates path for writing (mode & ~umask), or -1 if anything is there already:
+ *   a link planted at a predictable temporary name is never followed (O_EXCL). */
+unsigned char *file_read_regular(const char *path, size_t max, size_t *len);
+int file_create_new(const char *path, unsigned mode);
+
 #endif

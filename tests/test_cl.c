@@ -9,11 +9,14 @@
  * library); the binary cache goes to a fresh temporary directory.
  */
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <tinygrad.h>
 #include <unistd.h>
 
@@ -247,6 +250,88 @@ TEST(cl_binary_cache_and_launch) {
   CHECK_STR_CONTAINS(tg_last_error(), "CL: launch on CL:0 failed");
   tg_clear_error();
   buffer_unref(bi), buffer_unref(bo);
+}
+
+/* The names of dir's entries (ending .bin), into names; their count. */
+static int new_bins(const char *dir, char names[][256], int cap) {
+  DIR *d = opendir(dir);
+  int n = 0;
+  for (struct dirent *e; d && (e = readdir(d)) && n < cap;)
+    if (strstr(e->d_name, ".bin")) snprintf(names[n++], 256, "%s", e->d_name);
+  if (d) closedir(d);
+  return n;
+}
+
+/* Cache entries other users could plant in a shared cache directory: a FIFO at an entry's path
+ * (the open waited forever for a writer), a huge file there (read whole), and links at the names of
+ * the temporary files a new entry is written through (followed: their targets were overwritten).
+ * Each is rebuilt over or refused; no link target changes. */
+TEST(cl_cache_planted_entries) {
+  tg_clear_error();
+  Device *cl = device_get("CL");
+  if (!cl) return;
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/cl", g_cache);
+  char victim[600];
+  snprintf(victim, sizeof victim, "%s/victim", g_cache);
+  FILE *vf = fopen(victim, "w");
+  CHECK(vf && fputs("precious data\n", vf) >= 0 && fclose(vf) == 0);
+  /* links at the next temporary names this thread would write (the counter is process-wide) */
+  char link[700];
+  mkdir(dir, 0755);
+  for (int n = 0; n < 400; n++) {
+    snprintf(link, sizeof link, "%s/.tmp-%d-%ld-%d", dir, (int)getpid(), (long)syscall(SYS_gettid), n);
+    if (symlink(victim, link) != 0 && errno != EEXIST) break;
+  }
+  for (int kind = 0; kind < 3; kind++) {
+    char src[400];
+    snprintf(src, sizeof src,
+             "__kernel void planted%d(__global float *restrict o, __global const float *restrict i) {\n"
+             "  long g = (long)get_global_id(0); o[g] = %d.0f + i[g];\n}\n", kind, kind + 3);
+    char before[64][256], after[64][256];
+    int nb = new_bins(dir, before, 64);
+    uint8_t *lib = NULL;
+    size_t len = 0;
+    CHECK(cl->vt->compile(cl->state, src, &lib, &len) == TG_OK && len > 0);
+    free(lib);
+    if (kind == 0) { /* links in the way: no entry was written, nothing else changed */
+      CHECK(new_bins(dir, after, 64) == nb);
+      for (int n = 0; n < 400; n++) {
+        snprintf(link, sizeof link, "%s/.tmp-%d-%ld-%d", dir, (int)getpid(), (long)syscall(SYS_gettid), n);
+        unlink(link);
+      }
+      continue;
+    }
+    /* the new entry: plant a FIFO (kind 1) or a 4 GB sparse file (kind 2) in its place */
+    int na = new_bins(dir, after, 64);
+    const char *name = NULL;
+    for (int i = 0; i < na && !name; i++) {
+      bool old = false;
+      for (int j = 0; j < nb; j++) old = old || strcmp(after[i], before[j]) == 0;
+      if (!old) name = after[i];
+    }
+    CHECK_MSG(name != NULL, "kind %d: no new entry", kind);
+    if (!name) continue;
+    char path[900];
+    snprintf(path, sizeof path, "%s/%.255s", dir, name);
+    CHECK(unlink(path) == 0);
+    if (kind == 1) CHECK(mkfifo(path, 0644) == 0);
+    else {
+      int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      CHECK(fd >= 0 && ftruncate(fd, (off_t)4 << 30) == 0);
+      if (fd >= 0) close(fd);
+    }
+    alarm(60); /* a hang fails the test (SIGALRM) instead of stalling the suite */
+    lib = NULL;
+    CHECK(cl->vt->compile(cl->state, src, &lib, &len) == TG_OK && len > 0);
+    alarm(0);
+    free(lib);
+  }
+  vf = fopen(victim, "r");
+  char got[64] = {0};
+  CHECK(vf && fgets(got, sizeof got, vf) && strcmp(got, "precious data\n") == 0);
+  if (vf) fclose(vf);
+  CHECK(!tg_has_error());
 }
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -409,6 +409,37 @@ TEST(export_symbolic_inner_dim_refused) {
   END;
 }
 
+/* A variable's name is an argument of the entry point: a macro of the headers the generated C
+ * includes (EOF, EINVAL, SIZE_MAX) or of the export itself (MODEL_OK) would not compile there, and
+ * is refused; so is a header file name the #include line cannot spell. */
+TEST(export_names_the_generated_c_cannot_take) {
+  BEGIN;
+  tg_tensor x = tg_contiguous(tg_ones(TG_SHAPE(12, 3), NULL));
+  CHECK(tg_realize(x) == TG_OK);
+  const char *names[] = {"EOF", "EINVAL", "SIZE_MAX", "MODEL_OK", "INT32_MAX", "stdout", "rows"};
+  for (int k = 0; k < 7; k++) {
+    tg_symvar v = tg_variable(names[k], 1, 12);
+    tg_jit *j = tg_jit_new(rowsum_fn, 1, NULL);
+    tg_tensor out;
+    for (int n = 4; n < 7; n++) {
+      tg_symvar b = tg_var_bind(v, n);
+      tg_tensor in = tg_shrink(x, TG_SHAPE(0, tg_sym(b, 0), 0, 3));
+      CHECK_MSG(tg_jit_call_vars(j, &in, 1, &b, 1, NULL, 0, &out) == TG_OK, "%s", tg_last_error());
+    }
+    tg_status st = tg_jit_export(j, tpath("names.c"), NULL);
+    if (k < 6) {
+      CHECK_MSG(st == TG_ERR_INVALID, "variable %s exported", names[k]);
+      CHECK_ERR(TG_ERR_INVALID, "tg_jit_export", "cannot name an argument");
+    } else {
+      CHECK_MSG(st == TG_OK, "%s", tg_last_error());
+      CHECK(tg_jit_export(j, tpath("q\"uote.c"), NULL) == TG_ERR_INVALID);
+      CHECK_ERR(TG_ERR_INVALID, "tg_jit_export", "quote");
+    }
+    tg_jit_free(j);
+  }
+  END;
+}
+
 /* ---- the beautiful_mnist model (examples/mnist_model.h), random weights, eval mode ---- */
 
 #include "../examples/mnist_model.h"
@@ -600,8 +631,9 @@ TEST(export_errors) {
   CHECK(tg_jit_export(j, p, TG_JIT_EXPORT_OPTS(.name = "my-net")) == TG_ERR_INVALID);
   CHECK_ERR(TG_ERR_INVALID, "not a C identifier");
   /* names the generated C could not define: a keyword, a C library function it calls, main */
-  const char *reserved[] = {"int", "memcpy", "main", "__x"};
-  for (int i = 0; i < 4; i++) {
+  const char *reserved[] = {"int", "memcpy", "main", "__x", "exp", "puts", "FILE", "uint8_t", "EOF", "stdout", "time",
+                            "read", "strange", "expf", "INFINITY", "pthread_run", "TGX_X"};
+  for (int i = 0; i < 17; i++) {
     CHECK(tg_jit_export(j, p, TG_JIT_EXPORT_OPTS(.name = reserved[i])) == TG_ERR_INVALID);
     CHECK_ERR(TG_ERR_INVALID, "reserved");
   }

@@ -6,6 +6,7 @@
  */
 #include <dirent.h>
 #include <math.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -977,6 +978,27 @@ TEST(disk_cache_fifo_does_not_hang) {
   free(lib);
   struct stat sb;
   CHECK(lstat(e, &sb) == 0 && S_ISREG(sb.st_mode));
+  CHECK(!tg_has_error());
+}
+
+/* An entry far larger than any kernel (a sparse 100 GB file, or a link to one) is rebuilt over, not
+ * read into memory (the allocation of its whole size aborted the program). */
+TEST(disk_cache_huge_entry_is_rebuilt) {
+  tg_clear_error();
+  char a[512], e[1024];
+  times_src(a, sizeof a, "huge_k", 6, "huge");
+  CHECK(entry_of(a, e, sizeof e));
+  CHECK(unlink(e) == 0);
+  int fd = open(e, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  CHECK(fd >= 0 && ftruncate(fd, (off_t)100 << 30) == 0);
+  if (fd >= 0) close(fd);
+  uint8_t *lib = NULL;
+  size_t len = 0;
+  CHECK(cpu_device_vt.compile(device_get("CPU")->state, a, &lib, &len) == TG_OK);
+  CHECK(lib && lib_computes(lib, len, "huge_k", 6));
+  free(lib);
+  struct stat sb;
+  CHECK(stat(e, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size < (off_t)1 << 30);
   CHECK(!tg_has_error());
 }
 

@@ -463,6 +463,17 @@ TEST(serve_answers_its_own_paths_until_interrupted) {
   r = http(port, "GET /data.js HTTP/1.1\r\nHost: 127.0.0.1\r\nSec-Fetch-Site: cross-site\r\n\r\n");
   CHECK_HAS(r, "HTTP/1.0 403 Forbidden\r\n");
   free(r);
+  /* a request line longer than the head buffer pushed those headers out of it, and they passed */
+  {
+    static char lr[9200];
+    int n = snprintf(lr, sizeof lr, "GET /data.js?");
+    memset(lr + n, 'A', 9000);
+    snprintf(lr + n + 9000, sizeof lr - (size_t)n - 9000, " HTTP/1.1\r\nHost: evil.example\r\nSec-Fetch-Site: cross-site\r\n\r\n");
+    r = http(port, lr);
+    CHECK_HAS(r, "HTTP/1.0 431 Request Header Fields Too Large\r\n");
+    CHECK(!strstr(r, "TG_VIZ"));
+    free(r);
+  }
   r = http(port, "GET /data.js HTTP/1.1\r\nhost: LOCALHOST:1\r\nsec-fetch-site: same-origin\r\n\r\n");
   CHECK_HAS(r, "window.TG_VIZ = {");
   free(r);

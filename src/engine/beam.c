@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 
 #include "../codegen/codegen.h"
 #include "../runtime/device.h"
+#include "../savefile.h"
 #include "../uop/ptrmap.h"
 
 typedef struct {
@@ -110,8 +112,11 @@ static bool cache_read(const char *dir, uint64_t h, const char *ext, char *path,
  * a half-written choice behind. */
 static void cache_write(const char *path, const char *line) {
   char tmp[4200];
-  snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
-  FILE *f = fopen(tmp, "w");
+  static _Atomic unsigned counter;
+  snprintf(tmp, sizeof tmp, "%s.%d.%u.tmp", path, (int)getpid(), atomic_fetch_add(&counter, 1));
+  int fd = file_create_new(tmp, 0644); /* (a link planted at the temporary name is not followed) */
+  FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+  if (!f && fd >= 0) close(fd), unlink(tmp);
   if (f) {
     fprintf(f, "%s\n", line);
     /* (a rename that fails -- a directory at path -- must not leave the temporary file behind) */

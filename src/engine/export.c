@@ -100,6 +100,121 @@ static const char *const RESERVED[] = {
     "fclose", "fread", "fwrite", "fseek", "ftell", "printf", "fprintf", "snprintf", "strlen", "strcmp", "strncmp",
     "exit", "abort", "exp2f", "log2f", "sqrtf", "sinf", "exp2", "log2", "sqrt", "sin", "fmaf", "fma", "errno"};
 
+/* What the headers the generated files include declare (<errno.h> <math.h> <stdarg.h> <stdint.h>
+ * <stdio.h> <stdlib.h> <string.h> <stdbool.h>, and <pthread.h> <sched.h> <time.h> <unistd.h>
+ * <sys/mman.h> under TG_EXPORT_THREADS or a huge arena, with _GNU_SOURCE): a name one of them
+ * #defines cannot name anything in the generated code (a variable's argument included), one they
+ * declare cannot name the entry point (a global function). Whole names, then prefixes. */
+static const char *const HDR_MACROS[] = {
+    "EOF", "BUFSIZ", "FILENAME_MAX", "FOPEN_MAX", "L_tmpnam", "TMP_MAX", "NULL", "EXIT_FAILURE", "EXIT_SUCCESS",
+    "RAND_MAX", "MB_CUR_MAX", "INFINITY", "NAN", "HUGE_VAL", "HUGE_VALF", "HUGE_VALL", "CLOCKS_PER_SEC", "TIME_UTC",
+    "R_OK", "W_OK", "X_OK", "F_OK", "stdin", "stdout", "stderr", "errno", "va_start", "va_arg", "va_end", "va_copy",
+    "math_errhandling", "isinf", "isnan", "isfinite", "isnormal", "signbit", "fpclassify", "isgreater",
+    "isgreaterequal", "isless", "islessequal", "islessgreater", "isunordered", "getc", "putc", "alignas", "alignof",
+    "static_assert", "noreturn", "offsetof", "assert", "restrict", "L_tmpnam", "L_ctermid"};
+static const char *const HDR_MACRO_PREFIXES[] = {
+    "SIZE_", "PTRDIFF_", "SIG_ATOMIC_", "WCHAR_", "WINT_", "FP_", "MATH_", "M_", "SEEK_", "STDIN_", "STDOUT_", "STDERR_",
+    "PTHREAD_", "SCHED_", "CLOCK_", "TIMER_", "MAP_", "PROT_", "MADV_", "MS_", "MCL_", "TGX_"};
+static const char *const HDR_NAMES[] = {
+    /* stdio.h */
+    "FILE", "fpos_t", "remove", "rename", "tmpfile", "tmpnam", "fflush", "freopen", "setbuf", "setvbuf", "scanf",
+    "fscanf", "sscanf", "sprintf", "vprintf", "vfprintf", "vsprintf", "vsnprintf", "vscanf", "vfscanf", "vsscanf",
+    "fgetc", "fgets", "fputc", "fputs", "getchar", "gets", "putchar", "puts", "ungetc", "fgetpos", "fsetpos", "rewind",
+    "clearerr", "feof", "ferror", "perror", "fileno", "fdopen", "popen", "pclose", "getline", "getdelim", "dprintf",
+    "asprintf", "vasprintf", "fmemopen", "open_memstream", "flockfile", "funlockfile", "ftello", "fseeko", "ctermid",
+    "cuserid", "tempnam", "setlinebuf", "setbuffer", "fcloseall", "renameat",
+    /* stdlib.h */
+    "div_t", "ldiv_t", "lldiv_t", "size_t", "wchar_t", "atof", "atoi", "atol", "atoll", "strtod", "strtof", "strtold",
+    "strtol", "strtoll", "strtoul", "strtoull", "rand", "srand", "random", "srandom", "drand48", "lrand48", "mrand48",
+    "srand48", "rand_r", "atexit", "at_quick_exit", "quick_exit", "_Exit", "getenv", "secure_getenv", "setenv",
+    "unsetenv", "putenv", "clearenv", "system", "bsearch", "qsort", "abs", "labs", "llabs", "div", "ldiv", "lldiv",
+    "mblen", "mbtowc", "wctomb", "mbstowcs", "wcstombs", "posix_memalign", "valloc", "mkstemp", "mkdtemp", "mktemp",
+    "realpath", "ptsname", "grantpt", "unlockpt", "posix_openpt", "getloadavg", "reallocarray", "alloca",
+    "initstate", "setstate", "a64l", "l64a", "ecvt", "fcvt", "gcvt",
+    /* string.h (str*, mem*, wcs* below) */
+    "bzero", "bcopy", "bcmp", "index", "rindex", "ffs", "ffsl", "ffsll", "basename", "stpcpy", "stpncpy", "rawmemchr",
+    /* time.h */
+    "time_t", "clock_t", "tm", "timespec", "time", "clock", "difftime", "mktime", "strftime", "gmtime", "localtime",
+    "asctime", "ctime", "timespec_get", "nanosleep", "clock_gettime", "clock_settime", "clock_getres", "gmtime_r",
+    "localtime_r", "asctime_r", "ctime_r", "tzset", "tzname", "timezone", "daylight", "timegm", "timelocal", "stime",
+    "strptime", "getdate", "dysize",
+    /* unistd.h */
+    "read", "write", "close", "pread", "pwrite", "lseek", "sleep", "usleep", "pause", "alarm", "getpid", "getppid",
+    "getuid", "geteuid", "getgid", "getegid", "setuid", "setgid", "fork", "vfork", "execv", "execve", "execvp", "execl",
+    "execlp", "execle", "execvpe", "pipe", "pipe2", "dup", "dup2", "dup3", "access", "chdir", "fchdir", "getcwd",
+    "rmdir", "unlink", "link", "symlink", "readlink", "chown", "fchown", "lchown", "truncate", "ftruncate", "fsync",
+    "fdatasync", "sync", "sysconf", "pathconf", "fpathconf", "confstr", "isatty", "ttyname", "getopt", "optarg",
+    "optind", "opterr", "optopt", "gethostname", "sethostname", "getlogin", "getpgid", "setpgid", "getpgrp", "setsid",
+    "getsid", "nice", "brk", "sbrk", "environ", "crypt", "encrypt", "swab", "getpagesize", "getdtablesize", "daemon",
+    "chroot", "acct", "syscall", "lockf", "ualarm", "tcgetpgrp", "tcsetpgrp", "ssize_t", "off_t", "pid_t", "uid_t",
+    "gid_t", "useconds_t", "intptr_t", "faccessat", "fchownat", "linkat", "symlinkat", "readlinkat", "unlinkat",
+    "getentropy", "gettid", "copy_file_range", "euidaccess", "eaccess", "get_current_dir_name", "getwd", "setreuid",
+    "setregid", "seteuid", "setegid", "getgroups", "setgroups", "vhangup", "revoke", "profil", "getusershell",
+    "setusershell", "endusershell", "syncfs", "sync_file_range",
+    /* sys/mman.h, sched.h */
+    "mmap", "munmap", "mprotect", "msync", "madvise", "posix_madvise", "mlock", "munlock", "mlockall", "munlockall",
+    "mremap", "shm_open", "shm_unlink", "memfd_create", "mincore", "remap_file_pages", "cpu_set_t", "clone", "unshare",
+    "setns", "getcpu", "sched_param",
+    /* math.h beyond the function list (types, GNU extras) */
+    "float_t", "double_t", "j0", "j1", "jn", "y0", "y1", "yn", "drem", "gamma", "significand", "exp10", "pow10",
+    "sincos", "finite", "scalb", "lgamma_r", "signgam", "matherr", "isinfl", "isnanl", "nexttowardf",
+    /* stdarg.h, stdint.h */
+    "va_list", "int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t", "uint32_t", "uint64_t", "intmax_t",
+    "uintmax_t", "uintptr_t", "ptrdiff_t"};
+/* the math functions, also with an f or l suffix */
+static const char *const HDR_MATH[] = {
+    "acos", "asin", "atan", "atan2", "cos", "sin", "tan", "acosh", "asinh", "atanh", "cosh", "sinh", "tanh", "exp",
+    "exp2", "expm1", "frexp", "ilogb", "ldexp", "log", "log10", "log1p", "log2", "logb", "modf", "scalbn", "scalbln",
+    "cbrt", "fabs", "hypot", "pow", "sqrt", "erf", "erfc", "lgamma", "tgamma", "ceil", "floor", "nearbyint", "rint",
+    "lrint", "llrint", "round", "lround", "llround", "trunc", "fmod", "remainder", "remquo", "copysign", "nan",
+    "nextafter", "nexttoward", "fdim", "fmax", "fmin", "fma", "roundeven", "exp10", "sincos", "j0", "j1", "jn", "y0",
+    "y1", "yn", "gamma", "significand", "drem", "scalb", "finite", "pow10"};
+static const char *const HDR_PREFIXES[] = {"str", "mem", "wcs", "pthread_", "sched_", "posix_", "__"};
+
+static bool in_list(const char *s, const char *const *l, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(s, l[i])) return true;
+  return false;
+}
+static bool has_prefix(const char *s, const char *const *l, size_t n, bool lower_next) {
+  for (size_t i = 0; i < n; i++) {
+    size_t k = strlen(l[i]);
+    /* (str, mem, wcs: only followed by a lowercase letter, as the C standard reserves them) */
+    if (!strncmp(s, l[i], k) && (!lower_next || (s[k] >= 'a' && s[k] <= 'z'))) return true;
+  }
+  return false;
+}
+#define NELEM(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Is s a macro of a header the generated files include (or of the export itself: TGX_...)? Such a
+ * name cannot name anything in them, a function's argument included. E followed by a digit or
+ * uppercase letter is <errno.h>'s. */
+static bool header_macro(const char *s) {
+  if (in_list(s, HDR_MACROS, NELEM(HDR_MACROS)) || has_prefix(s, HDR_MACRO_PREFIXES, NELEM(HDR_MACRO_PREFIXES), false))
+    return true;
+  /* <stdint.h>'s INT..._MAX/_MIN/_C and UINT..., <inttypes.h>'s PRI/SCN followed by a lowercase letter or X */
+  size_t n = strlen(s);
+  bool lim = (n > 4 && !strcmp(s + n - 4, "_MAX")) || (n > 4 && !strcmp(s + n - 4, "_MIN")) || (n > 2 && !strcmp(s + n - 2, "_C"));
+  if (lim && (!strncmp(s, "INT", 3) || !strncmp(s, "UINT", 4))) return true;
+  if ((!strncmp(s, "PRI", 3) || !strncmp(s, "SCN", 3)) && ((s[3] >= 'a' && s[3] <= 'z') || s[3] == 'X')) return true;
+  return s[0] == 'E' && ((s[1] >= '0' && s[1] <= '9') || (s[1] >= 'A' && s[1] <= 'Z'));
+}
+
+/* Is s declared (or defined) by a header the generated files include, so that it cannot name the
+ * entry point? Also every name ending in _t (POSIX reserves them for types). */
+static bool header_name(const char *s) {
+  if (header_macro(s) || in_list(s, HDR_NAMES, NELEM(HDR_NAMES)) || in_list(s, HDR_MATH, NELEM(HDR_MATH))) return true;
+  if (has_prefix(s, HDR_PREFIXES, 3, true) || has_prefix(s, HDR_PREFIXES + 3, NELEM(HDR_PREFIXES) - 3, false)) return true;
+  size_t n = strlen(s);
+  if (n > 2 && !strcmp(s + n - 2, "_t")) return true;
+  if (n > 1 && (s[n - 1] == 'f' || s[n - 1] == 'l')) {
+    char stem[64];
+    snprintf(stem, sizeof stem, "%.*s", (int)(n - 1), s);
+    if (in_list(stem, HDR_MATH, NELEM(HDR_MATH))) return true;
+  }
+  return false;
+}
+
 static bool is_ident(const char *s) {
   if (!s || !*s || (*s >= '0' && *s <= '9')) return false;
   for (const char *p = s; *p; p++)
@@ -107,7 +222,7 @@ static bool is_ident(const char *s) {
   if (s[0] == '_' && (s[1] == '_' || (s[1] >= 'A' && s[1] <= 'Z'))) return false; /* the implementation's */
   for (size_t i = 0; i < sizeof RESERVED / sizeof *RESERVED; i++)
     if (!strcmp(s, RESERVED[i])) return false;
-  return strlen(s) < 48;
+  return strlen(s) < 48 && !header_name(s);
 }
 
 /* Memory plan: intermediates whose lives [first, last] overlap never share bytes. Largest first,
@@ -504,9 +619,12 @@ static tg_status check_vars(Ex *e) {
     upper(e->VNAME[i], name, sizeof e->VNAME[i]);
     int k = 0;
     bool io_name = (sscanf(name, "in%d", &k) == 1 || sscanf(name, "out%d", &k) == 1) && strspn(name, "inout0123456789") == strlen(name);
-    if (c_keyword(name) || io_name || !strcmp(name, e->name))
+    size_t nl = strlen(e->NAME);
+    bool own_macro = !strncmp(name, e->NAME, nl) && name[nl] == '_'; /* MODEL_OK, MODEL_NUM_INPUTS, ... */
+    if (c_keyword(name) || io_name || !strcmp(name, e->name) || header_macro(name) || own_macro)
       return tg_set_error(TG_ERR_INVALID, "%s: variable '%s' cannot name an argument of the entry point (a C keyword, an "
-                          "input or output's name, the entry point's, or a reserved prefix); rename the tg_variable", fn, name);
+                          "input or output's name, the entry point's, a macro of the C headers the export includes or "
+                          "of the export itself (%s_...), or a reserved prefix); rename the tg_variable", fn, name, e->NAME);
     for (int q = 0; q < i; q++)
       if (!strcmp(e->vname[q], name))
         return tg_set_error(TG_ERR_INVALID, "%s: two variables are named '%s' (with other bounds); the entry point needs one "
@@ -1011,8 +1129,8 @@ tg_status export_capture(const JitView *v, const char *path, const tg_jit_export
   if (!is_ident(e.name) || !strncmp(e.name, "tgx_", 4)) {
     free(e.v.in), free(e.v.out);
     return tg_set_error(TG_ERR_INVALID,
-                        "%s: name \"%s\" is not a C identifier of at most 47 characters, or is reserved (a C keyword, a C "
-                        "library function the export calls, main, tgx_...)",
+                        "%s: name \"%s\" is not a C identifier of at most 47 characters, or is reserved (a C keyword, a "
+                        "name the C headers the export includes declare or define, main, tgx_...)",
                         fn, e.name);
   }
   upper(e.NAME, e.name, sizeof e.NAME);
@@ -1034,7 +1152,13 @@ tg_status export_capture(const JitView *v, const char *path, const tg_jit_export
   const char *hbase = strrchr(hpath, '/') ? strrchr(hpath, '/') + 1 : hpath;
   uint8_t *w = NULL;
   char *sthdr = NULL, *src = NULL, *hdr = NULL;
-  tg_status st = check_vars(&e);
+  tg_status st = TG_OK;
+  /* the .c includes the header by its file name, in quotes */
+  for (const char *c = hbase; *c && st == TG_OK; c++)
+    if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20 || *c == 0x7f)
+      st = tg_set_error(TG_ERR_INVALID, "%s: the file name of %s holds a quote, a backslash or a control character, which "
+                        "the generated #include \"...\" line cannot spell; choose another file name", fn, path);
+  if (st == TG_OK) st = check_vars(&e);
   if (st == TG_OK) st = classify(&e);
   if (st == TG_OK && !e.wpath && e.wbytes > EMBED_MAX)
     st = tg_set_error(TG_ERR_INVALID,

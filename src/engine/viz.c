@@ -12,6 +12,8 @@
 #include "viz.h"
 #include "viz_serve.h"
 
+#include "../savefile.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -911,12 +913,22 @@ static char *page_data(void) {
 static void profile_write(void) {
   const char *path = getenv("PROFILE_PATH");
   char def[4096];
+  FILE *f = NULL;
   if (!path || !*path) {
+    /* a new file in the (shared) temporary directory: never one that is there already, so a link or
+     * a FIFO planted at the predictable name is neither followed nor waited on */
     const char *tmp = getenv("TMPDIR");
-    snprintf(def, sizeof def, "%s/tinygrad-profile-%d.json", tmp && *tmp ? tmp : "/tmp", (int)getpid());
+    for (int n = 0; n < 100 && !f; n++) {
+      if (n) snprintf(def, sizeof def, "%s/tinygrad-profile-%d-%d.json", tmp && *tmp ? tmp : "/tmp", (int)getpid(), n);
+      else snprintf(def, sizeof def, "%s/tinygrad-profile-%d.json", tmp && *tmp ? tmp : "/tmp", (int)getpid());
+      int fd = file_create_new(def, 0644);
+      if (fd >= 0 && !(f = fdopen(fd, "w"))) close(fd);
+      if (fd < 0 && errno != EEXIST) break;
+    }
     path = def;
+  } else {
+    f = fopen(path, "w");
   }
-  FILE *f = fopen(path, "w");
   if (!f) {
     fprintf(stderr,
             "PROFILE: cannot write the trace to PROFILE_PATH=%s: %s (set PROFILE_PATH to a writable file)\n",

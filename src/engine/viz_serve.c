@@ -240,7 +240,8 @@ static bool request_allowed(const char *req) {
 }
 
 /* One request: reads its head (at most 8 KiB, within 5 s in all: a client sending a byte at a time
- * holds the server no longer), answers GET for the page's own paths. */
+ * holds the server no longer; a head that does not end within them is refused), answers GET for
+ * the page's own paths. */
 static void serve_one(const VizPage *p, int fd) {
   char req[8192];
   size_t got = 0;
@@ -259,6 +260,29 @@ static void serve_one(const VizPage *p, int fd) {
     got += (size_t)k;
   }
   req[got] = 0;
+  /* the head must end within the buffer: the checks below read headers that a longer request line
+   * would push out of it (a 9 KB query string hid a foreign Host) */
+  if (!memmem(req, got, "\r\n\r\n", 4) && !memmem(req, got, "\n\n", 2)) {
+    const char *m = got >= sizeof req - 1 ? "request head too large: this server reads at most 8 KiB\n"
+                                          : "bad request: the request head did not end\n";
+    if (got < sizeof req - 1) {
+      respond(fd, 400, "Bad Request", "text/plain; charset=utf-8", m, strlen(m), NULL);
+      return;
+    }
+    respond(fd, 431, "Request Header Fields Too Large", "text/plain; charset=utf-8", m, strlen(m), NULL);
+    /* read what the client still sends (for at most 1 s, 1 MiB), so that closing with it unread
+     * does not reset the connection before the client reads the answer */
+    shutdown(fd, SHUT_WR);
+    double end = now_seconds() + 1.0;
+    for (size_t drained = 0; drained < (1u << 20);) {
+      struct pollfd pf = {fd, POLLIN, 0};
+      if (poll(&pf, 1, ms_left(end)) <= 0) break;
+      ssize_t k = recv(fd, req, sizeof req, 0);
+      if (k <= 0) break;
+      drained += (size_t)k;
+    }
+    return;
+  }
   char method[16], target[2048];
   if (sscanf(req, "%15s %2047s", method, target) != 2) {
     const char *m = "bad request\n";

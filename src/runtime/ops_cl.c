@@ -27,6 +27,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "../savefile.h"
 #include "device.h"
 
 /* The few OpenCL types and constants used here, as the OpenCL 1.2 specification defines them (no
@@ -496,29 +497,29 @@ static char *cache_dir(void) {
 
 /* The entry's payload (malloc'd) if it is complete and intact; a damaged entry is deleted. */
 static uint8_t *cache_read(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  uint8_t hdr[CACHE_HDR];
-  uint8_t *buf = NULL;
+  /* a regular file of a plausible size only: a FIFO planted there must not block the open, a huge
+   * file must not be read into memory (either is rebuilt over) */
+  size_t n = 0;
+  uint8_t *buf = file_read_regular(path, (size_t)1 << 31, &n);
+  if (!buf) return NULL;
   uint64_t plen = 0, sum = 0;
   uint32_t ver = 0;
-  bool ok = fread(hdr, 1, CACHE_HDR, f) == CACHE_HDR && memcmp(hdr, CACHE_MAGIC, 4) == 0;
+  bool ok = n >= CACHE_HDR + 8 && memcmp(buf, CACHE_MAGIC, 4) == 0;
   if (ok) {
-    memcpy(&ver, hdr + 4, 4);
-    memcpy(&plen, hdr + 8, 8);
-    ok = ver == CACHE_VERSION && plen > 0 && plen < ((uint64_t)1 << 31);
+    memcpy(&ver, buf + 4, 4);
+    memcpy(&plen, buf + 8, 8);
+    ok = ver == CACHE_VERSION && plen > 0 && plen == n - CACHE_HDR - 8;
   }
   if (ok) {
-    buf = tg_xmalloc((size_t)plen);
-    ok = fread(buf, 1, (size_t)plen, f) == plen && fread(&sum, 1, 8, f) == 8 && fgetc(f) == EOF &&
-         sum == hash_bytes(buf, (size_t)plen, CACHE_SEED);
+    memcpy(&sum, buf + n - 8, 8);
+    ok = sum == hash_bytes(buf + CACHE_HDR, (size_t)plen, CACHE_SEED);
   }
-  fclose(f);
   if (!ok) {
     free(buf);
     unlink(path);
     return NULL;
   }
+  memmove(buf, buf + CACHE_HDR, (size_t)plen);
   *len = (size_t)plen;
   return buf;
 }
@@ -539,8 +540,12 @@ static void cache_write(const char *dir, const char *path, const uint8_t *p, siz
   char tmp[4096];
   snprintf(tmp, sizeof tmp, "%s/.tmp-%d-%ld-%llu", dir, (int)getpid(), (long)syscall(SYS_gettid),
            (unsigned long long)atomic_fetch_add(&g_tmp_counter, 1));
-  FILE *f = fopen(tmp, "wb");
-  if (!f) return;
+  int fd = file_create_new(tmp, 0644); /* (a link planted at the temporary name is not followed) */
+  FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+  if (!f) {
+    if (fd >= 0) close(fd), unlink(tmp);
+    return;
+  }
   uint8_t hdr[CACHE_HDR];
   uint32_t ver = CACHE_VERSION;
   uint64_t plen = n, sum = hash_bytes(p, n, CACHE_SEED);

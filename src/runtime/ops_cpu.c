@@ -40,6 +40,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../savefile.h"
 #include "device.h"
 #include "threadpool.h"
 
@@ -147,31 +148,10 @@ static bool write_all(int fd, const void *p, size_t n) {
   return true;
 }
 
-/* Whole file into a malloc'd buffer; NULL if it cannot be read. */
-static uint8_t *read_file(const char *path, size_t *len) {
-  /* O_NONBLOCK: opening a FIFO must not wait for a writer; it is then refused as not regular */
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return NULL;
-  struct stat st;
-  uint8_t *buf = NULL;
-  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
-    size_t n = (size_t)st.st_size, got = 0;
-    buf = tg_xmalloc(n ? n : 1);
-    while (got < n) {
-      ssize_t r = read(fd, buf + got, n - got);
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) break;
-      got += (size_t)r;
-    }
-    if (got != n) {
-      free(buf);
-      buf = NULL;
-    }
-    *len = n;
-  }
-  close(fd);
-  return buf;
-}
+/* Whole file into a malloc'd buffer; NULL if it cannot be read, is not a regular file, or is larger
+ * than any kernel library (a planted 100 GB file is refused, not allocated). */
+#define MAX_LIB_BYTES ((size_t)1 << 30)
+static uint8_t *read_file(const char *path, size_t *len) { return file_read_regular(path, MAX_LIB_BYTES, len); }
 
 static bool mkdir_p(const char *path) {
   char *p = tg_xstrdup(path);
@@ -446,7 +426,7 @@ static void cache_write(const char *dir, const char *path, const char *key, cons
   size_t klen = strlen(key);
   size_t total = CACHE_HDR + klen + len + CACHE_TRAILER;
   uint8_t *e = klen <= CACHE_MAX_KEY ? malloc(total) : NULL;
-  int fd = e ? open(tmp.s, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644) : -1;
+  int fd = e ? file_create_new(tmp.s, 0644) : -1;
   if (fd >= 0) {
     uint32_t version = CACHE_VERSION, k32 = (uint32_t)klen, zero = 0;
     uint64_t plen = len;
