@@ -419,6 +419,9 @@ tg_tensor tg_pad(tg_tensor x, const int64_t *pads, int npads, double value);
 tg_tensor tg_shrink(tg_tensor x, const int64_t *bounds, int nbounds);
 tg_tensor tg_flip(tg_tensor x, const int *axes, int naxes);
 tg_tensor tg_transpose(tg_tensor x, int dim0, int dim1);
+/* tinygrad's .T: tg_transpose(x, 1, 0), the first two dims swapped (a 3-d (2,3,4) gives (3,2,4), not
+ * numpy's full reversal); x needs at least 2 dims. */
+tg_tensor tg_T(tg_tensor x);
 tg_tensor tg_flatten(tg_tensor x, int start_dim, int end_dim);
 tg_tensor tg_unsqueeze(tg_tensor x, int dim);
 tg_tensor tg_squeeze(tg_tensor x, int dim);

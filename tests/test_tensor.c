@@ -1335,6 +1335,27 @@ TEST(flip_then_full_sum) {
   END;
 }
 
+/* tinygrad's .T swaps dims 0 and 1 only: Tensor.arange(24).reshape(2,3,4).T has shape (3, 2, 4) and
+ * the values below (tinygrad 0.14); a 1-d or 0-d tensor is an IndexError there. */
+TEST(transpose_T) {
+  BEGIN;
+  tg_tensor x = tg_reshape(tg_arange(0, 24, 1, F32), TG_SHAPE(2, 3, 4));
+  tg_tensor t = tg_T(x);
+  CHECK_SHAPE(t, 3, 2, 4);
+  CHECK_VALUES(t, 0, 0, 1, 2, 3, 12, 13, 14, 15, 4, 5, 6, 7, 16, 17, 18, 19, 8, 9, 10, 11, 20, 21, 22, 23);
+  tg_tensor m = f32((const float[]){0, 1, 2, 3, 4, 5}, TG_SHAPE(2, 3));
+  CHECK_SHAPE(tg_T(m), 3, 2);
+  CHECK_VALUES(tg_T(m), 0, 0, 3, 1, 4, 2, 5);
+  CHECK_VALUES(tg_T(tg_T(m)), 0, 0, 1, 2, 3, 4, 5);
+  CHECK(tg_T(tg_arange(0, 3, 1, NULL)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_T", "at least 2 dims", "(3,)");
+  CHECK(tg_T(tg_const_like(m, 1)).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_T", "at least 2 dims");
+  CHECK(tg_T(NONE_T).id == 0);
+  CHECK_ERR(TG_ERR_HANDLE, "tg_T");
+  END;
+}
+
 TEST(ops_movement) {
   BEGIN;
   const float v[] = {0, 1, 2, 3, 4, 5};

@@ -1035,6 +1035,20 @@ tg_tensor tg_transpose(tg_tensor x, int dim0, int dim1) {
   return t_wrap(g_permute(a, o));
 }
 
+/* tinygrad's .T is transpose() with its defaults (1, 0): the first two dims swap, whatever the
+ * rank (numpy's .T reverses them all); fewer than two dims is an error there too. */
+tg_tensor tg_T(tg_tensor x) {
+  GET(a, x, "tg_T");
+  if (a->ndim < 2) {
+    char b[256];
+    return fail(TG_ERR_INVALID,
+                "tg_T: swaps dims 0 and 1, so it needs at least 2 dims; got shape %s (a 1-d tensor is its own "
+                "transpose: use it as is, or tg_unsqueeze it into a row or a column first)",
+                shp(b, sizeof b, a));
+  }
+  return tg_transpose(x, 1, 0);
+}
+
 tg_tensor tg_flatten(tg_tensor x, int start_dim, int end_dim) {
   GET(a, x, "tg_flatten");
   int s, e;
