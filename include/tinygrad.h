@@ -1005,6 +1005,10 @@ typedef enum { TG_SCATTER_SUM = 0, TG_SCATTER_PROD, TG_SCATTER_MEAN, TG_SCATTER_
  * and src (amax / amin split the gradient between ties). */
 tg_tensor tg_scatter_reduce(tg_tensor x, int dim, tg_tensor index, tg_tensor src, tg_scatter_reduce_op reduce,
                             bool include_self);
+/* tinygrad's scatter(dim, index, value, reduce="add" / "multiply") takes a scalar value only (with a
+ * tensor src it refers to scatter_reduce) and is tg_scatter_reduce(x, dim, index, tg_full_like(index,
+ * value, TG_OPTS(.dtype = tg_dtype_of(x))), TG_SCATTER_SUM / TG_SCATTER_PROD, true): the value cast to
+ * x's dtype first (an int32 x adds 1 for 1.5), each target combined with x's value and every write. */
 
 /* Size of one element in bytes (torch's element_size), numel * that (nbytes); -1 on error. */
 int64_t tg_element_size(tg_tensor x);

@@ -1356,6 +1356,33 @@ TEST(transpose_T) {
   END;
 }
 
+/* tinygrad's scatter(reduce=) as the header spells it with tg_scatter_reduce; expected values from
+ * tinygrad 0.14: Tensor.full((2,4), 2.0).scatter(1, Tensor([[2],[3]]), 1.23, reduce='multiply'/'add'),
+ * Tensor.zeros(3).scatter(0, Tensor([0,0,2]), 1.0, reduce='add') -> [2, 0, 1], Tensor.full((3,), 2.0)
+ * .scatter(0, ..., 3.0, reduce='multiply') -> [18, 2, 6], and an int32 [1,2,3] with index [1,1]:
+ * 1.5 'add' -> [1, 4, 3], -2.5 'multiply' -> [1, 8, 3] (the value is cast to int32 first). */
+static tg_tensor scatter_value(tg_tensor x, int dim, tg_tensor index, double value, tg_scatter_reduce_op op) {
+  return tg_scatter_reduce(x, dim, index, tg_full_like(index, value, TG_OPTS(.dtype = tg_dtype_of(x))), op, true);
+}
+
+TEST(scatter_with_a_reduce_argument) {
+  BEGIN;
+  tg_tensor x = tg_full(TG_SHAPE(2, 4), 2.0, F32);
+  tg_tensor ix = tg_from_data((const int32_t[]){2, 3}, TG_SHAPE(2, 1), I32);
+  CHECK_VALUES(scatter_value(x, 1, ix, 1.23, TG_SCATTER_PROD), 1e-6, 2, 2, 2.46, 2, 2, 2, 2, 2.46);
+  CHECK_VALUES(scatter_value(x, 1, ix, 1.23, TG_SCATTER_SUM), 1e-6, 2, 2, 3.23, 2, 2, 2, 2, 3.23);
+  tg_tensor dup = tg_from_data((const int32_t[]){0, 0, 2}, TG_SHAPE(3), I32);
+  CHECK_VALUES(scatter_value(tg_zeros(TG_SHAPE(3), F32), 0, dup, 1.0, TG_SCATTER_SUM), 0, 2, 0, 1);
+  CHECK_VALUES(scatter_value(tg_full(TG_SHAPE(3), 2.0, F32), 0, dup, 3.0, TG_SCATTER_PROD), 0, 18, 2, 6);
+  tg_tensor xi = tg_from_data((const int32_t[]){1, 2, 3}, TG_SHAPE(3), I32);
+  tg_tensor i11 = tg_from_data((const int32_t[]){1, 1}, TG_SHAPE(2), I32);
+  tg_tensor ai = scatter_value(xi, 0, i11, 1.5, TG_SCATTER_SUM), mi = scatter_value(xi, 0, i11, -2.5, TG_SCATTER_PROD);
+  CHECK(tg_dtype_of(ai) == TG_INT32 && tg_dtype_of(mi) == TG_INT32);
+  CHECK_VALUES(ai, 0, 1, 4, 3);
+  CHECK_VALUES(mi, 0, 1, 8, 3);
+  END;
+}
+
 TEST(ops_movement) {
   BEGIN;
   const float v[] = {0, 1, 2, 3, 4, 5};
