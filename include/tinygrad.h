@@ -306,6 +306,11 @@ tg_tensor tg_contiguous(tg_tensor t);
 tg_tensor tg_assign(tg_tensor target, tg_tensor value);
 /* A copy of t's graph with the same data (lazy). */
 tg_tensor tg_clone(tg_tensor t);
+/* tinygrad's clone(device): a lazy copy of t with a buffer of its own on `device` (a name or a tuple,
+ * as tg_to takes; NULL: t's device), with t's requires_grad and, when t has a gradient, a clone of it
+ * on that device as its gradient (tg_clone copies the data alone). Unlike tg_to, the same device
+ * still gives a copy. */
+tg_tensor tg_clone_to(tg_tensor t, const char *device);
 /* The same data, cut off from autograd. */
 tg_tensor tg_detach(tg_tensor t);
 /* The default device's name (DEV, or "CPU"), as tensors made without a device get it. */

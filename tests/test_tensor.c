@@ -1692,6 +1692,51 @@ TEST(assign_reads_before_write_in_one_schedule) {
   END;
 }
 
+/* tinygrad's clone(device): t = Tensor([1.,2.]); (t*t).sum().backward(); c = t.clone("CPU:1") gives
+ * c.device "CPU:1", c.grad.device "CPU:1", c.grad [2, 4] (tinygrad 0.14). */
+TEST(clone_to_device) {
+  BEGIN;
+  tg_tensor x = tg_from_data((const float[]){1, 2, 3}, TG_SHAPE(3), TG_OPTS(.dtype = TG_FLOAT32, .requires_grad = true));
+  CHECK(tg_backward(tg_sum(tg_mul(x, x), TG_ALL_AXES, false)) == TG_OK);
+  tg_tensor c = tg_clone_to(x, "CPU:1");
+  CHECK(strcmp(tg_device_of(c), "CPU:1") == 0);
+  CHECK(tg_requires_grad(c));
+  tg_tensor gc = tg_grad(c);
+  CHECK(gc.id != 0 && strcmp(tg_device_of(gc), "CPU:1") == 0);
+  CHECK_VALUES(gc, 1e-6, 2, 4, 6);
+  /* NULL or t's own device: still a buffer of its own (tg_to to the same device is t itself) */
+  tg_tensor same = tg_clone_to(x, NULL), named = tg_clone_to(x, "CPU"), alias = tg_to(x, "CPU");
+  CHECK(strcmp(tg_device_of(same), "CPU") == 0 && strcmp(tg_device_of(named), "CPU") == 0);
+  CHECK(tg_grad(same).id != 0 && strcmp(tg_device_of(tg_grad(same)), "CPU") == 0);
+  CHECK(tg_realize_many((const tg_tensor[]){c, same, named}, 3) == TG_OK);
+  CHECK(tg_realize(tg_assign(x, tg_zeros_like(x, NULL))) == TG_OK);
+  CHECK_VALUES(alias, 0, 0, 0, 0);
+  CHECK_VALUES(c, 0, 1, 2, 3);
+  CHECK_VALUES(same, 0, 1, 2, 3);
+  CHECK_VALUES(named, 0, 1, 2, 3);
+  /* a lazy tensor without a gradient: none on the clone, requires_grad as t's */
+  tg_tensor l = tg_clone_to(tg_add_s(x, 5), "CPU:2");
+  CHECK(tg_grad(l).id == 0 && !tg_requires_grad(l));
+  CHECK_VALUES(l, 0, 5, 5, 5);
+  tg_tensor off = tg_clone_to(tg_set_requires_grad(tg_ones(TG_SHAPE(2), F32), false), "CPU:1");
+  CHECK(tg_valid(off) && !tg_requires_grad(off));
+  /* false is kept (unset would take a gradient here) */
+  CHECK(tg_backward(tg_set_requires_grad(tg_sum(off, TG_ALL_AXES, false), false)) == TG_ERR_INVALID);
+  CHECK_ERR(TG_ERR_INVALID, "requires_grad false");
+  tg_tensor unset = tg_clone_to(tg_ones(TG_SHAPE(2), F32), "CPU:1");
+  CHECK(tg_backward(tg_set_requires_grad(tg_sum(unset, TG_ALL_AXES, false), false)) == TG_OK);
+  CHECK_VALUES(tg_grad(unset), 0, 1, 1);
+  /* the clone is differentiable, as tg_clone is */
+  tg_tensor w = tg_from_data((const float[]){3, 4}, TG_SHAPE(2), TG_OPTS(.dtype = TG_FLOAT32, .requires_grad = true));
+  CHECK(tg_backward(tg_sum(tg_mul_s(tg_clone_to(w, NULL), 2), TG_ALL_AXES, false)) == TG_OK);
+  CHECK_VALUES(tg_grad(w), 0, 2, 2);
+  CHECK(tg_clone_to(x, "XYZ").id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_clone_to: unknown device 'XYZ'");
+  CHECK(tg_clone_to(NONE_T, "CPU:1").id == 0);
+  CHECK_ERR(TG_ERR_HANDLE, "tg_clone_to");
+  END;
+}
+
 TEST(clone_detach_contiguous) {
   BEGIN;
   const float v[] = {1, 2, 3, 4};

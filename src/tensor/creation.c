@@ -840,6 +840,25 @@ tg_tensor tg_clone(tg_tensor t) {
   return t_wrap(g_contiguous(u));
 }
 
+/* tinygrad's clone(device): a buffer of its own (a copy when the device differs, else what tg_clone
+ * makes), t's requires_grad, and t's gradient cloned onto that device (NULL: each stays where it is). */
+tg_tensor tg_clone_to(tg_tensor t, const char *device) {
+  const char *fn = "tg_clone_to";
+  GET(u, t, fn);
+  Device *d = NULL;
+  if (device && !(d = named_device(fn, device))) return NONE;
+  int dev = d ? d->id : u->device;
+  Slot *s = t_slot(t);
+  UOp *g = s->grad;
+  int8_t rg = s->requires_grad;
+  tg_tensor r = t_wrap(dev == u->device ? g_contiguous(u) : g_copy(u, dev));
+  if (!r.id) return NONE;
+  if (rg != TG_GRAD_UNSET) tg_set_requires_grad(r, rg != 0);
+  int gdev = d ? d->id : g ? g->device : dev;
+  if (g) t_slot(r)->grad = g->device == gdev ? g_contiguous(g) : g_copy(g, gdev);
+  return r;
+}
+
 tg_tensor tg_detach(tg_tensor t) {
   GET(u, t, "tg_detach");
   return t_wrap(g_detach(u));
