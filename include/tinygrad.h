@@ -1581,6 +1581,21 @@ tg_tensor tg_optim_lr(const tg_optim *o);
 tg_status tg_optim_state(const tg_optim *o, tg_state_dict *sd, const char *prefix);
 /* Frees the optimizer's state (not the parameters). NULL is a no-op. */
 void tg_optim_free(tg_optim *o);
+/* tinygrad's OptimizerGroup: one optimizer made of n others (Muon for the matrices and AdamW for the
+ * rest, say). tg_optim_zero_grad, tg_optim_schedule_step (each member's tensors in turn: realize them
+ * all in one tg_realize_many), tg_optim_step and tg_optim_free act on every member; tg_optim_state
+ * names member i's state "optimizers.<i>.lr", ... as tinygrad's get_state_dict does. The group TAKES
+ * OWNERSHIP of the members, also when it fails (NULL with an error: a NULL member, e.g. a failed
+ * constructor, an optimizer listed twice, or a parameter in two members), so that a one-line
+ * tg_optim_group((tg_optim *[]){tg_optim_muon(...), tg_optim_adamw(...)}, 2) leaks nothing. Members
+ * may be groups. Like tinygrad's, a group has no learning rate of its own: tg_optim_set_lr, _get_lr
+ * and _lr on it are errors; use its members' through tg_optim_group_get. */
+tg_optim *tg_optim_group(tg_optim *const *optims, int n);
+/* Member i of a group (tinygrad's group[i]), BORROWED: valid while the group lives. NULL with an error
+ * for an index out of range or an optimizer that is not a group. */
+tg_optim *tg_optim_group_get(const tg_optim *o, int i);
+/* The number of members of a group, 0 for a single optimizer, -1 with an error for NULL. */
+int tg_optim_group_count(const tg_optim *o);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Symbolic sizes (tinygrad's Variable)                                                            */

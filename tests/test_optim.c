@@ -732,6 +732,113 @@ TEST(options_zero_values_are_literal) {
   CHECK(tg_live_count() == 0);
 }
 
+/* tinygrad's OptimizerGroup. Expected values from tinygrad 0.14: a = [1, -2], b = [0.5, 1.5, -1],
+ * OptimizerGroup(Adam([a], lr=0.1), SGD([b], lr=0.1, momentum=0.9)), three steps of zero_grad,
+ * ((a*a).sum() + (b*b*b).sum()).backward(), step: a [0.70158923, -1.70062637], b [0.16619422,
+ * -0.71725941, -4.07047844], SGD's momentum buffer [1.37118292, 7.30571890, 19.93478584], Adam's m
+ * [0.48408288, -1.02603376]; get_state_dict(group) names them optimizers.0.m.0 and optimizers.1.b.0. */
+TEST(optimizer_group) {
+  tg_context_begin();
+  tg_context_set_int("TRAINING", 1);
+  tg_tensor a = tg_persist(tg_from_data((float[]){1, -2}, TG_SHAPE(2), NULL));
+  tg_tensor b = tg_persist(tg_from_data((float[]){0.5f, 1.5f, -1}, TG_SHAPE(3), NULL));
+  tg_optim *g = tg_optim_group((tg_optim *[]){tg_optim_adam(&a, 1, TG_ADAM_OPTS(.lr = 0.1)),
+                                              tg_optim_sgd(&b, 1, TG_SGD_OPTS(.lr = 0.1, .momentum = 0.9))},
+                               2);
+  CHECK(g != NULL && tg_optim_group_count(g) == 2);
+  tg_optim *adam = tg_optim_group_get(g, 0), *sgd = tg_optim_group_get(g, 1);
+  CHECK(adam && sgd && tg_optim_group_count(adam) == 0);
+  CHECK_CLOSE(tg_optim_get_lr(adam), 0.1, 1e-7);
+  /* Adam's b1_t, b2_t, m.0, v.0 and a, then SGD's momentum buffer and b */
+  CHECK(tg_optim_schedule_step(g, NULL, 0) == 4 + 1 + 2);
+  for (int step = 0; step < 3; step++) {
+    tg_scope_begin();
+    tg_optim_zero_grad(g);
+    tg_tensor loss = tg_add(tg_sum(tg_mul(a, a), TG_ALL_AXES, false), tg_sum(tg_mul(tg_mul(b, b), b), TG_ALL_AXES, false));
+    OK(tg_backward(loss));
+    if (step < 2) {
+      OK(tg_optim_step(g));
+    } else { /* the loss and both optimizers' updates in one schedule */
+      tg_tensor ts[8];
+      ts[0] = loss;
+      int n = tg_optim_schedule_step(g, ts + 1, 7);
+      CHECK(n == 7 && ts[5].id == a.id && ts[7].id == b.id); /* member by member, each parameters last */
+      OK(tg_realize_many(ts, n + 1));
+    }
+    tg_scope_end();
+  }
+  float av[2], bv[3];
+  OK(tg_data(a, av, sizeof av));
+  OK(tg_data(b, bv, sizeof bv));
+  CHECK_CLOSE(av[0], 0.70158923, 1e-5);
+  CHECK_CLOSE(av[1], -1.70062637, 1e-5);
+  CHECK_CLOSE(bv[0], 0.16619422, 1e-5);
+  CHECK_CLOSE(bv[1], -0.71725941, 1e-5);
+  CHECK_CLOSE(bv[2], -4.07047844, 1e-5);
+  int cnt = 0;
+  CHECK_CLOSE(state_value(g, "optimizers.1.b.0", &cnt), 1.37118292, 1e-5);
+  CHECK(cnt == 5 + 2); /* Adam's lr, b1_t, b2_t, m.0, v.0; SGD's lr, b.0 */
+  CHECK_CLOSE(state_value(g, "optimizers.0.m.0", &cnt), 0.48408288, 1e-5);
+  /* the members' learning rates, not the group's */
+  OK(tg_optim_set_lr(sgd, 0.05));
+  CHECK_CLOSE(state_value(g, "optimizers.1.lr", &cnt), 0.05, 1e-7);
+  CHECK(tg_optim_set_lr(g, 0.1) == TG_ERR_INVALID);
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_optim_set_lr: an optimizer group");
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_optim_group_get");
+  tg_clear_error();
+  CHECK(isnan(tg_optim_get_lr(g)) && tg_optim_lr(g).id == 0);
+  tg_clear_error();
+  CHECK(tg_optim_group_get(g, 2) == NULL);
+  CHECK_STR_CONTAINS(tg_last_error(), "index 2 is out of range for a group of 2");
+  tg_clear_error();
+  CHECK(tg_optim_group_get(adam, 0) == NULL);
+  CHECK_STR_CONTAINS(tg_last_error(), "not a group");
+  tg_clear_error();
+  /* nothing is assigned unless every member can step */
+  tg_optim_zero_grad(g);
+  tg_scope_begin();
+  OK(tg_backward(tg_sum(tg_mul(a, a), TG_ALL_AXES, false)));
+  CHECK(tg_optim_step(g) == TG_ERR_INVALID);
+  CHECK_STR_CONTAINS(tg_last_error(), "group member 1: SGD parameter 0 has no gradient");
+  tg_clear_error();
+  OK(tg_data(a, av, sizeof av));
+  CHECK_CLOSE(av[0], 0.70158923, 1e-5);
+  tg_scope_end();
+  tg_optim_zero_grad(g);
+  /* a group of a group: state names nest as in tinygrad */
+  tg_tensor c = tg_persist(tg_from_data((float[]){3}, TG_SHAPE(1), NULL));
+  tg_optim *outer = tg_optim_group((tg_optim *[]){g, tg_optim_sgd(&c, 1, NULL)}, 2);
+  CHECK(outer != NULL);
+  CHECK_CLOSE(state_value(outer, "optimizers.0.optimizers.1.lr", &cnt), 0.05, 1e-7);
+  CHECK_CLOSE(state_value(outer, "optimizers.1.lr", &cnt), 0.001, 1e-7);
+  tg_optim_free(outer); /* frees g and its members too */
+  /* errors: each frees what it was given */
+  CHECK(tg_optim_group(NULL, 1) == NULL);
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_optim_group: needs at least one optimizer");
+  tg_clear_error();
+  tg_tensor none = {0};
+  CHECK(tg_optim_group((tg_optim *[]){tg_optim_sgd(&a, 1, NULL), tg_optim_sgd(&none, 1, NULL)}, 2) == NULL);
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_optim_sgd"); /* the constructor's error comes first */
+  tg_clear_error();
+  CHECK(tg_optim_group((tg_optim *[]){tg_optim_sgd(&a, 1, NULL), NULL}, 2) == NULL);
+  CHECK_STR_CONTAINS(tg_last_error(), "optimizer 1 is NULL");
+  tg_clear_error();
+  CHECK(tg_optim_group((tg_optim *[]){tg_optim_sgd(&b, 1, NULL), tg_optim_adam((tg_tensor[]){a, b}, 2, NULL)}, 2) == NULL);
+  CHECK_STR_CONTAINS(tg_last_error(), "parameter 1 of optimizer 1 (Adam) is also in optimizer 0 (SGD)");
+  tg_clear_error();
+  tg_optim *once = tg_optim_sgd(&a, 1, NULL);
+  CHECK(tg_optim_group((tg_optim *[]){once, once}, 2) == NULL);
+  CHECK_STR_CONTAINS(tg_last_error(), "listed twice");
+  tg_clear_error();
+  tg_optim *inner = tg_optim_group((tg_optim *[]){tg_optim_sgd(&a, 1, NULL)}, 1);
+  CHECK(tg_optim_group((tg_optim *[]){inner, tg_optim_group_get(inner, 0)}, 2) == NULL);
+  CHECK_STR_CONTAINS(tg_last_error(), "listed twice");
+  tg_clear_error();
+  tg_free(a), tg_free(b), tg_free(c);
+  tg_context_end();
+  CHECK(tg_live_count() == 0);
+}
+
 /* Adam, AdamW and LAMB on a float16 parameter with small gradients: the moments' increments are
  * formed in their float32 state (rounded to float16, (1 - b2) * g * g was 0 below |g| ~ 8e-3, and
  * the step lr * g / eps took a weight to -4732); one step with lr 0.01 moves every weight by lr

@@ -8,7 +8,8 @@
  * Invariants: the optimizer owns its state handles (root scope: lr, momentum buffers, moments, the
  * b1^t / b2^t counters), all realized at construction so that tg_assign writes them in place; the
  * update formulas follow tinygrad's optim.py line by line, including its dtypes (state in float32, lr
- * in at least float32, updates cast to the parameter's dtype).
+ * in at least float32, updates cast to the parameter's dtype). A group (tinygrad's OptimizerGroup)
+ * owns its member optimizers and has no state of its own; no parameter is in two of its members.
  */
 #include <math.h>
 #include <stdio.h>
@@ -20,7 +21,7 @@
 
 #define NONE ((tg_tensor){0})
 
-typedef enum { K_LARS, K_LAMB } Kind;
+typedef enum { K_LARS, K_LAMB, K_GROUP } Kind;
 
 struct tg_optim {
   Kind kind;
@@ -41,6 +42,9 @@ struct tg_optim {
   bool adam;
   tg_tensor b1_t, b2_t; /* owned, (1,) float32 */
   tg_tensor *m, *v;     /* owned */
+  /* group */
+  tg_optim **members; /* owned */
+  int nmembers;
 };
 
 /* ---- construction ---- */
@@ -259,6 +263,8 @@ static void free_list(tg_tensor *ts, int n) {
 
 void tg_optim_free(tg_optim *o) {
   if (!o) return;
+  for (int i = 0; i < o->nmembers; i++) tg_optim_free(o->members[i]);
+  free(o->members);
   tg_free(o->lr);
   tg_free(o->b1_t);
   tg_free(o->b2_t);
@@ -274,10 +280,12 @@ void tg_optim_free(tg_optim *o) {
 
 void tg_optim_zero_grad(tg_optim *o) {
   if (!o) return;
+  for (int i = 0; i < o->nmembers; i++) tg_optim_zero_grad(o->members[i]);
   for (int i = 0; i < o->n; i++) tg_zero_grad(o->params[i]);
 }
 
 static int extra_count(const tg_optim *o) {
+  if (o->kind == K_GROUP) return 0;
   if (o->kind == K_LAMB) return 2 + 2 * o->n;
   return o->b ? o->n : 0;
 }
@@ -343,10 +351,41 @@ static tg_tensor lamb_update(tg_optim *o, int i, tg_tensor t, tg_tensor g, tg_te
   return tg_cast(tg_mul(scale, up), tg_dtype_of(t));
 }
 
+/* Can o step (every parameter alive and with a gradient)? Checked for every member of a group before
+ * any of them assigns anything. `where` names the group member in messages ("group member 1: "). */
+static bool ready(const tg_optim *o, const char *fn, const char *where) {
+  for (int i = 0; i < o->nmembers; i++) {
+    char w[256];
+    snprintf(w, sizeof w, "%.200s%smember %d: ", where, where[0] ? "" : "group ", i);
+    if (!ready(o->members[i], fn, w)) return false;
+  }
+  for (int i = 0; i < o->n; i++) {
+    if (!tg_valid(o->params[i]))
+      return tg_set_error(TG_ERR_HANDLE, "%s: %s%s parameter %d was freed (the optimizer borrows its parameters)",
+                          fn, where, o->name, i),
+             false;
+    tg_tensor g = tg_grad(o->params[i]);
+    bool has = g.id != 0;
+    tg_free(g);
+    if (!has)
+      return tg_set_error(TG_ERR_INVALID,
+                          "%s: %s%s parameter %d has no gradient; call tg_backward on a loss that uses it first",
+                          fn, where, o->name, i),
+             false;
+  }
+  return true;
+}
+
+static int total_count(const tg_optim *o) {
+  int total = extra_count(o) + o->n + o->nbuf;
+  for (int i = 0; i < o->nmembers; i++) total += total_count(o->members[i]);
+  return total;
+}
+
 int tg_optim_schedule_step(tg_optim *o, tg_tensor *out, int cap) {
   const char *fn = "tg_optim_schedule_step";
   if (!o) return tg_set_error(TG_ERR_INVALID, "%s: optimizer is NULL", fn), -1;
-  int total = extra_count(o) + o->n + o->nbuf;
+  int total = total_count(o);
   if (!out) return total;
   if (cap < total)
     return tg_set_error(TG_ERR_INVALID, "%s: out has room for %d tensors, the step needs %d", fn, cap, total),
@@ -358,24 +397,19 @@ int tg_optim_schedule_step(tg_optim *o, tg_tensor *out, int cap) {
                         "first (tinygrad's Context(TRAINING=1))",
                         fn),
            -1;
-  bool had = tg_has_error();
   /* every parameter must have a gradient before anything is assigned */
-  for (int i = 0; i < o->n; i++) {
-    if (!tg_valid(o->params[i]))
-      return tg_set_error(TG_ERR_HANDLE,
-                          "%s: %s parameter %d was freed (the optimizer borrows its parameters)", fn, o->name,
-                          i),
-             -1;
-    tg_tensor g = tg_grad(o->params[i]);
-    bool has = g.id != 0;
-    tg_free(g);
-    if (!has)
-      return tg_set_error(
-                 TG_ERR_INVALID,
-                 "%s: %s parameter %d has no gradient; call tg_backward on a loss that uses it first", fn,
-                 o->name, i),
-             -1;
+  if (!ready(o, fn, "")) return -1;
+  if (o->kind == K_GROUP) {
+    /* each member's tensors in turn (tinygrad's OptimizerGroup.schedule_step) */
+    int k = 0;
+    for (int i = 0; i < o->nmembers; i++) {
+      int m = tg_optim_schedule_step(o->members[i], out + k, cap - k);
+      if (m < 0) return -1;
+      k += m;
+    }
+    return k;
   }
+  bool had = tg_has_error();
   tg_scope_begin();
   tg_tensor lr0 = tg_reshape(o->lr, NULL, 0); /* 0-d view: broadcasts against any parameter shape */
   tg_tensor b1t = NONE, b2t = NONE;
@@ -425,8 +459,19 @@ tg_status tg_optim_step(tg_optim *o) {
   return st;
 }
 
+/* A group has no learning rate of its own (nor has tinygrad's OptimizerGroup). */
+static bool not_group(const tg_optim *o, const char *fn) {
+  if (!o) return tg_set_error(TG_ERR_INVALID, "%s: optimizer is NULL", fn), false;
+  if (o->kind != K_GROUP) return true;
+  tg_set_error(TG_ERR_INVALID,
+               "%s: an optimizer group (of %d optimizers) has no learning rate of its own, as in tinygrad; use "
+               "its members' (tg_optim_group_get(group, i))",
+               fn, o->nmembers);
+  return false;
+}
+
 tg_status tg_optim_set_lr(tg_optim *o, double lr) {
-  if (!o) return tg_set_error(TG_ERR_INVALID, "tg_optim_set_lr: optimizer is NULL");
+  if (!not_group(o, "tg_optim_set_lr")) return tg_last_status();
   if (!(lr >= 0) || !isfinite(lr))
     return tg_set_error(TG_ERR_INVALID, "tg_optim_set_lr: invalid learning rate %g", lr);
   tg_scope_begin();
@@ -438,10 +483,7 @@ tg_status tg_optim_set_lr(tg_optim *o, double lr) {
 
 double tg_optim_get_lr(const tg_optim *o) {
   double v = NAN;
-  if (!o) {
-    tg_set_error(TG_ERR_INVALID, "tg_optim_get_lr: optimizer is NULL");
-    return v;
-  }
+  if (!not_group(o, "tg_optim_get_lr")) return v;
   tg_scope_begin();
   if (tg_item(o->lr, &v) != TG_OK) v = NAN;
   tg_scope_end();
@@ -449,7 +491,7 @@ double tg_optim_get_lr(const tg_optim *o) {
 }
 
 tg_tensor tg_optim_lr(const tg_optim *o) {
-  if (!o) return tg_set_error(TG_ERR_INVALID, "tg_optim_lr: optimizer is NULL"), NONE;
+  if (!not_group(o, "tg_optim_lr")) return NONE;
   return o->lr;
 }
 
@@ -467,6 +509,17 @@ tg_status tg_optim_state(const tg_optim *o, tg_state_dict *sd, const char *prefi
   if (!o || !sd)
     return tg_set_error(TG_ERR_INVALID, "tg_optim_state: %s is NULL", o ? "state dict" : "optimizer");
   if (!prefix) prefix = "";
+  if (o->kind == K_GROUP) {
+    /* tinygrad's get_state_dict of an OptimizerGroup: "optimizers.<i>." before each member's names */
+    tg_status st = TG_OK;
+    const char *dot = prefix[0] && prefix[strlen(prefix) - 1] != '.' ? "." : "";
+    for (int i = 0; st == TG_OK && i < o->nmembers; i++) {
+      char sub[512];
+      snprintf(sub, sizeof sub, "%.400s%soptimizers.%d", prefix, dot, i);
+      st = tg_optim_state(o->members[i], sd, sub);
+    }
+    return st;
+  }
   tg_status st = put_named(sd, prefix, "lr", -1, o->lr);
   if (st == TG_OK && o->b1_t.id) st = put_named(sd, prefix, "b1_t", -1, o->b1_t);
   if (st == TG_OK && o->b2_t.id) st = put_named(sd, prefix, "b2_t", -1, o->b2_t);
@@ -474,4 +527,112 @@ tg_status tg_optim_state(const tg_optim *o, tg_state_dict *sd, const char *prefi
   for (int i = 0; st == TG_OK && o->v && i < o->n; i++) st = put_named(sd, prefix, "v", i, o->v[i]);
   for (int i = 0; st == TG_OK && o->b && i < o->n; i++) st = put_named(sd, prefix, "b", i, o->b[i]);
   return st;
+}
+
+/* ---- groups ---- */
+
+typedef struct {
+  tg_optim **v;
+  int n, cap;
+} OptimList;
+
+/* Adds o to l unless it is there already; returns whether it was. */
+static bool list_add(OptimList *l, tg_optim *o) {
+  for (int i = 0; i < l->n; i++)
+    if (l->v[i] == o) return true;
+  if (l->n == l->cap) l->cap = l->cap ? 2 * l->cap : 8, l->v = tg_xrealloc(l->v, sizeof(tg_optim *) * (size_t)l->cap);
+  l->v[l->n++] = o;
+  return false;
+}
+
+/* Collects the single optimizers under o (o itself when it is one) into leaves and the groups into
+ * groups, each once; returns whether a single optimizer was met twice. */
+static bool collect(tg_optim *o, OptimList *leaves, OptimList *groups) {
+  if (o->kind != K_GROUP) return list_add(leaves, o);
+  bool twice = false;
+  if (!list_add(groups, o))
+    for (int i = 0; i < o->nmembers; i++) twice = collect(o->members[i], leaves, groups) || twice;
+  else
+    twice = true;
+  return twice;
+}
+
+/* The failure path of tg_optim_group: frees every optimizer it was given exactly once (the same one
+ * may be listed twice, or sit inside a listed group too). */
+static void free_given(tg_optim *const *optims, int n) {
+  OptimList leaves = {0}, groups = {0};
+  for (int i = 0; i < n; i++)
+    if (optims[i]) collect(optims[i], &leaves, &groups);
+  for (int i = 0; i < groups.n; i++) groups.v[i]->nmembers = 0; /* the members go with the leaves */
+  for (int i = 0; i < leaves.n; i++) tg_optim_free(leaves.v[i]);
+  for (int i = 0; i < groups.n; i++) tg_optim_free(groups.v[i]);
+  free(leaves.v);
+  free(groups.v);
+}
+
+tg_optim *tg_optim_group(tg_optim *const *optims, int n) {
+  const char *fn = "tg_optim_group";
+  if (n < 1 || !optims) {
+    tg_set_error(TG_ERR_INVALID, "%s: needs at least one optimizer (got %s, n=%d)", fn, optims ? "a list" : "NULL", n);
+    return NULL;
+  }
+  for (int i = 0; i < n; i++)
+    if (!optims[i]) {
+      if (!tg_has_error())
+        tg_set_error(TG_ERR_INVALID, "%s: optimizer %d is NULL (did its constructor fail?); the others were freed", fn, i);
+      free_given(optims, n);
+      return NULL;
+    }
+  /* every single optimizer once, and every parameter in one of them only */
+  OptimList leaves = {0}, groups = {0};
+  bool twice = false;
+  for (int i = 0; i < n; i++) twice = collect(optims[i], &leaves, &groups) || twice;
+  int bi = -1, bj = -1, bp = -1;
+  for (int i = 0; i < leaves.n && !twice && bi < 0; i++)
+    for (int j = 0; j < i && bi < 0; j++)
+      for (int p = 0; p < leaves.v[i]->n && bi < 0; p++)
+        for (int q = 0; q < leaves.v[j]->n; q++)
+          if (leaves.v[i]->params[p].id == leaves.v[j]->params[q].id) {
+            bi = j, bj = i, bp = p;
+            break;
+          }
+  const char *ni = bi >= 0 ? leaves.v[bi]->name : "", *nj = bj >= 0 ? leaves.v[bj]->name : "";
+  free(leaves.v);
+  free(groups.v);
+  if (twice || bi >= 0) {
+    if (twice)
+      tg_set_error(TG_ERR_INVALID, "%s: an optimizer is listed twice (directly or inside a group); each one can be in a "
+                   "group once (all were freed)", fn);
+    else
+      tg_set_error(TG_ERR_INVALID, "%s: parameter %d of optimizer %d (%s) is also in optimizer %d (%s), counting the "
+                   "members of groups in order; a parameter can be updated by one optimizer only (all were freed)",
+                   fn, bp, bj, nj, bi, ni);
+    free_given(optims, n);
+    return NULL;
+  }
+  tg_optim *o = tg_xcalloc(1, sizeof *o);
+  o->kind = K_GROUP;
+  o->name = "OptimizerGroup";
+  o->members = tg_xmalloc(sizeof(tg_optim *) * (size_t)n);
+  memcpy(o->members, optims, sizeof(tg_optim *) * (size_t)n);
+  o->nmembers = n;
+  return o;
+}
+
+tg_optim *tg_optim_group_get(const tg_optim *o, int i) {
+  const char *fn = "tg_optim_group_get";
+  if (!o) return tg_set_error(TG_ERR_INVALID, "%s: optimizer is NULL", fn), NULL;
+  if (o->kind != K_GROUP)
+    return tg_set_error(TG_ERR_INVALID, "%s: this %s optimizer is not a group (tg_optim_group makes one)", fn, o->name),
+           NULL;
+  if (i < 0 || i >= o->nmembers)
+    return tg_set_error(TG_ERR_INVALID, "%s: index %d is out of range for a group of %d optimizers (0..%d)", fn, i,
+                        o->nmembers, o->nmembers - 1),
+           NULL;
+  return o->members[i];
+}
+
+int tg_optim_group_count(const tg_optim *o) {
+  if (!o) return tg_set_error(TG_ERR_INVALID, "tg_optim_group_count: optimizer is NULL"), -1;
+  return o->kind == K_GROUP ? o->nmembers : 0;
 }
