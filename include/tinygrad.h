@@ -374,6 +374,14 @@ tg_tensor tg_rshift(tg_tensor x, tg_tensor y);
 tg_tensor tg_pow(tg_tensor x, tg_tensor y);
 /* where(cond, x, y): cond is cast to bool; x and y promote. */
 tg_tensor tg_where(tg_tensor cond, tg_tensor x, tg_tensor y);
+/* where with numbers (tinygrad's cond.where(x, 0), .where(1, y), .where(1, 0)): tg_where_s takes a
+ * scalar y, tg_rwhere_s a scalar x, tg_where_ss both. A number next to a tensor branch follows the
+ * Python-scalar rule below (an integral one keeps an integer tensor's dtype, a fractional one makes it
+ * DEFAULT_FLOAT); two numbers give int32 when both are whole, else DEFAULT_FLOAT (a bool result needs
+ * tg_cast). The shape is cond's broadcast with the tensor branch. */
+tg_tensor tg_where_s(tg_tensor cond, tg_tensor x, double y);
+tg_tensor tg_rwhere_s(tg_tensor cond, double x, tg_tensor y);
+tg_tensor tg_where_ss(tg_tensor cond, double x, double y);
 
 /* Scalar right operands with Python-scalar semantics: an integer-valued scalar keeps x's dtype, a
  * fractional scalar promotes an integer x to DEFAULT_FLOAT, as tinygrad does with Python numbers. */
@@ -677,6 +685,7 @@ tg_tensor tg_celu(tg_tensor x, double alpha);    /* x > 0 ? x : alpha (exp(x/alp
 tg_tensor tg_softplus(tg_tensor x, double beta); /* log(1 + exp(beta x)) / beta; beta != 0 (default 1) */
 /* log(exp(x) + exp(y)), broadcast; float result of the promoted dtype. */
 tg_tensor tg_logaddexp(tg_tensor x, tg_tensor y);
+tg_tensor tg_logaddexp_s(tg_tensor x, double y); /* y a Python number (typed as tg_const_like) */
 
 /* Piecewise-linear activations keep x's dtype (a fractional parameter promotes an integer x to
  * DEFAULT_FLOAT, like a Python float). */
@@ -746,9 +755,15 @@ tg_tensor tg_lerp(tg_tensor x, tg_tensor end, tg_tensor weight);
 tg_tensor tg_lerp_s(tg_tensor x, tg_tensor end, double weight);
 /* |x| with the sign of y (-0.0 counts as negative); broadcast; result in the promoted dtype. */
 tg_tensor tg_copysign(tg_tensor x, tg_tensor y);
+/* y a Python number (typed as tg_const_like: copysign of an int32 x by -2 stays int32, by -2.5 is
+ * DEFAULT_FLOAT; a bool x with a whole number gives int32). */
+tg_tensor tg_copysign_s(tg_tensor x, double y);
 /* C remainder, sign of x (PyTorch's fmod; tg_mod is Python's %). Integers exact (0 for y == 0);
  * floats x - trunc(x/y) * y as tinygrad, accurate while |x/y| < 2^24 (float32). */
 tg_tensor tg_fmod(tg_tensor x, tg_tensor y);
+/* y a Python number (typed as tg_const_like: a whole y keeps an integer x's dtype, wrapping into it as
+ * tinygrad does, so uint8 x fmod 300 divides by 44; a fractional one makes x DEFAULT_FLOAT). */
+tg_tensor tg_fmod_s(tg_tensor x, double y);
 
 /* Division with a rounding mode (tinygrad's div(rounding_mode=...)). Integer / integer stays integer
  * for TRUNC and FLOOR (division by zero gives 0); otherwise true division, then trunc or floor. */

@@ -1383,6 +1383,86 @@ TEST(scatter_with_a_reduce_argument) {
   END;
 }
 
+/* Scalar forms of where, copysign, logaddexp and fmod, against tinygrad 0.14 with Python numbers
+ * (cb = [True, False], xi int32 [10, 20], xu8 uint8 [10, 20], xh half [1, 2], xb bool [True, True]):
+ * cb.where(xi, 2.5) float [10, 2.5]; cb.where(xi, 2) int [10, 2]; cb.where(2.5, xi) float [2.5, 20];
+ * cb.where(xu8, 300) uchar [10, 44]; cb.where(xu8, -1) uchar [10, 255]; cb.where(7, xu8) uchar [7, 20];
+ * cb.where(7.5, xh) half [7.5, 2]; cb.where(xb, 2) int [1, 2]; cb.where(xi, inf) float [10, inf];
+ * cb.where(1, 3) int [1, 3]; cb.where(1.5, 3) float [1.5, 3]; xi.copysign(-2.5) float [-10, -20];
+ * xi.copysign(-2) int [-10, -20]; xf.copysign(-0.) [-1, -2]; xb.copysign(-1) int [-1, -1];
+ * xi.logaddexp(1) float [10.000123, 20]; xf.logaddexp(1) [1.6931472, 2.3132617]; xf.logaddexp(-inf)
+ * [1, 2]; int32 [-7, 7].fmod(3) and .fmod(-3) [-1, 1], .fmod(2.5) float [-2, 2]; float [-7, 7]
+ * .fmod(2.5) [-2, 2]; uint8 [7, 250].fmod(300) [7, 30]. (int fmod 0 is 0 here, as documented.) */
+TEST(scalar_forms_where_copysign_logaddexp_fmod) {
+  BEGIN;
+  tg_tensor cb = tg_from_data((const bool[]){true, false}, TG_SHAPE(2), TG_OPTS(.dtype = TG_BOOL));
+  tg_tensor xi = tg_from_data((const int32_t[]){10, 20}, TG_SHAPE(2), I32);
+  tg_tensor xu8 = tg_from_data((const uint8_t[]){10, 20}, TG_SHAPE(2), TG_OPTS(.dtype = TG_UINT8));
+  tg_tensor xh = tg_cast(f32((const float[]){1, 2}, TG_SHAPE(2)), TG_FLOAT16);
+  tg_tensor xb = tg_from_data((const bool[]){true, true}, TG_SHAPE(2), TG_OPTS(.dtype = TG_BOOL));
+  tg_tensor xf = f32((const float[]){1, 2}, TG_SHAPE(2));
+#define CHECK_DT_VALUES(t, dt, tol, ...)                                                                     \
+  do {                                                                                                       \
+    tg_tensor tt_r = (t);                                                                                    \
+    CHECK_MSG(tg_dtype_of(tt_r) == (dt), "%s: dtype %s", #t, tg_dtype_name(tg_dtype_of(tt_r)));              \
+    CHECK_VALUES(tt_r, tol, __VA_ARGS__);                                                                    \
+  } while (0)
+  CHECK_DT_VALUES(tg_where_s(cb, xi, 2.5), TG_FLOAT32, 0, 10, 2.5);
+  CHECK_DT_VALUES(tg_where_s(cb, xi, 2), TG_INT32, 0, 10, 2);
+  CHECK_DT_VALUES(tg_rwhere_s(cb, 2.5, xi), TG_FLOAT32, 0, 2.5, 20);
+  CHECK_DT_VALUES(tg_where_s(cb, xu8, 300), TG_UINT8, 0, 10, 44);
+  CHECK_DT_VALUES(tg_where_s(cb, xu8, -1), TG_UINT8, 0, 10, 255);
+  CHECK_DT_VALUES(tg_rwhere_s(cb, 7, xu8), TG_UINT8, 0, 7, 20);
+  CHECK_DT_VALUES(tg_rwhere_s(cb, 7.5, xh), TG_FLOAT16, 0, 7.5, 2);
+  CHECK_DT_VALUES(tg_where_s(cb, xb, 2), TG_INT32, 0, 1, 2);
+  CHECK_DT_VALUES(tg_where_s(cb, xi, INFINITY), TG_FLOAT32, 0, 10, INFINITY);
+  CHECK_DT_VALUES(tg_where_ss(cb, 1, 3), TG_INT32, 0, 1, 3);
+  CHECK_DT_VALUES(tg_where_ss(cb, 1.5, 3), TG_FLOAT32, 0, 1.5, 3);
+  /* broadcasting: a (2, 1) condition against a (3,) branch */
+  tg_tensor c21 = tg_reshape(cb, TG_SHAPE(2, 1));
+  tg_tensor w = tg_where_s(c21, f32((const float[]){1, 2, 3}, TG_SHAPE(3)), 0);
+  CHECK_SHAPE(w, 2, 3);
+  CHECK_VALUES(w, 0, 1, 2, 3, 0, 0, 0);
+  CHECK_SHAPE(tg_where_ss(c21, 1, 0), 2, 1);
+  CHECK_DT_VALUES(tg_copysign_s(xi, -2.5), TG_FLOAT32, 0, -10, -20);
+  CHECK_DT_VALUES(tg_copysign_s(xi, -2), TG_INT32, 0, -10, -20);
+  CHECK_DT_VALUES(tg_copysign_s(xf, -0.0), TG_FLOAT32, 0, -1, -2);
+  CHECK_DT_VALUES(tg_copysign_s(xb, -1), TG_INT32, 0, -1, -1);
+  CHECK_DT_VALUES(tg_logaddexp_s(xi, 1), TG_FLOAT32, 1e-6, 10.000123, 20);
+  CHECK_DT_VALUES(tg_logaddexp_s(xf, 1), TG_FLOAT32, 1e-6, 1.6931472, 2.3132617);
+  CHECK_DT_VALUES(tg_logaddexp_s(xf, -INFINITY), TG_FLOAT32, 1e-7, 1, 2);
+  tg_tensor i7 = tg_from_data((const int32_t[]){-7, 7}, TG_SHAPE(2), I32);
+  CHECK_DT_VALUES(tg_fmod_s(i7, 3), TG_INT32, 0, -1, 1);
+  CHECK_DT_VALUES(tg_fmod_s(i7, -3), TG_INT32, 0, -1, 1);
+  CHECK_DT_VALUES(tg_fmod_s(i7, 2.5), TG_FLOAT32, 0, -2, 2);
+  CHECK_DT_VALUES(tg_fmod_s(i7, 0), TG_INT32, 0, 0, 0);
+  CHECK_DT_VALUES(tg_fmod_s(f32((const float[]){-7, 7}, TG_SHAPE(2)), 2.5), TG_FLOAT32, 0, -2, 2);
+  tg_tensor u = tg_from_data((const uint8_t[]){7, 250}, TG_SHAPE(2), TG_OPTS(.dtype = TG_UINT8));
+  CHECK_DT_VALUES(tg_fmod_s(u, 300), TG_UINT8, 0, 7, 30);
+#undef CHECK_DT_VALUES
+  /* differentiable in the tensor operand */
+  tg_tensor p = tg_from_data((const float[]){1, -2}, TG_SHAPE(2), TG_OPTS(.dtype = TG_FLOAT32, .requires_grad = true));
+  tg_tensor loss = tg_sum(tg_add(tg_mul_s(tg_where_s(cb, p, 0), 3), tg_rwhere_s(cb, 0, p)), TG_ALL_AXES, false);
+  CHECK(tg_backward(loss) == TG_OK);
+  CHECK_VALUES(tg_grad(p), 0, 3, 1);
+  /* errors name the scalar form */
+  CHECK(tg_where_s(NONE_T, xi, 1).id == 0);
+  CHECK_ERR(TG_ERR_HANDLE, "tg_where_s");
+  CHECK(tg_rwhere_s(cb, 1, NONE_T).id == 0);
+  CHECK_ERR(TG_ERR_HANDLE, "tg_rwhere_s");
+  CHECK(tg_where_ss(NONE_T, 1, 0).id == 0);
+  CHECK_ERR(TG_ERR_HANDLE, "tg_where_ss");
+  CHECK(tg_where_s(tg_ones(TG_SHAPE(3), NULL), xi, 1).id == 0);
+  CHECK_ERR(TG_ERR_INVALID, "tg_where_s", "(3,)", "(2,)");
+  CHECK(tg_copysign_s(NONE_T, 1).id == 0);
+  CHECK_ERR(TG_ERR_HANDLE, "tg_copysign_s");
+  CHECK(tg_logaddexp_s(NONE_T, 1).id == 0);
+  CHECK_ERR(TG_ERR_HANDLE, "tg_logaddexp_s");
+  CHECK(tg_fmod_s(NONE_T, 1).id == 0);
+  CHECK_ERR(TG_ERR_HANDLE, "tg_fmod_s");
+  END;
+}
+
 TEST(ops_movement) {
   BEGIN;
   const float v[] = {0, 1, 2, 3, 4, 5};

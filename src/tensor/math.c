@@ -577,6 +577,22 @@ tg_tensor tg_fmod(tg_tensor x, tg_tensor y) {
   return done(tg_where(fix, tg_sub(r, b), r));
 }
 
+/* The same with a Python-number y (typed against x as tg_const_like does). */
+tg_tensor tg_logaddexp_s(tg_tensor x, double y) {
+  BEGIN("tg_logaddexp_s", x);
+  return done(tg_logaddexp(x, K(x, y)));
+}
+
+tg_tensor tg_copysign_s(tg_tensor x, double y) {
+  BEGIN("tg_copysign_s", x);
+  return done(tg_copysign(x, K(x, y)));
+}
+
+tg_tensor tg_fmod_s(tg_tensor x, double y) {
+  BEGIN("tg_fmod_s", x);
+  return done(tg_fmod(x, K(x, y)));
+}
+
 tg_tensor tg_div_mode(tg_tensor x, tg_tensor y, tg_div_rounding mode) {
   BEGIN2("tg_div_mode", x, y);
   if (mode != TG_DIV_TRUE && mode != TG_DIV_TRUNC && mode != TG_DIV_FLOOR) {

@@ -284,18 +284,22 @@ tg_tensor tg_mod(tg_tensor x, tg_tensor y) {
   return mod_nodes("tg_mod", a, b);
 }
 
-tg_tensor tg_where(tg_tensor cond, tg_tensor x, tg_tensor y) {
-  GET(c, cond, "tg_where");
-  GET(a, x, "tg_where");
-  GET(b, y, "tg_where");
+static tg_tensor where_nodes(const char *fn, UOp *c, UOp *a, UOp *b) {
   UOp *in[3] = {c, a, b}, *bb[3];
-  if (broadcast_n("tg_where", in, 3, bb) < 0) return NONE;
+  if (broadcast_n(fn, in, 3, bb) < 0) return NONE;
   tg_dtype dt = tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)b->dtype);
   UOp *cc = g_cast(bb[0], TG_BOOL), *xa = g_cast(bb[1], dt), *yb = g_cast(bb[2], dt);
   UOp *r = g_alu(OP_WHERE, dt, cc, xa, yb);
   uop_unref(cc), uop_unref(xa), uop_unref(yb);
   for (int i = 0; i < 3; i++) uop_unref(bb[i]);
   return t_wrap(r);
+}
+
+tg_tensor tg_where(tg_tensor cond, tg_tensor x, tg_tensor y) {
+  GET(c, cond, "tg_where");
+  GET(a, x, "tg_where");
+  GET(b, y, "tg_where");
+  return where_nodes("tg_where", c, a, b);
 }
 
 /* ---- scalar right operands ---- */
@@ -384,6 +388,35 @@ tg_tensor tg_minimum_s(tg_tensor x, double y) {
   UOp *s = scalar_node(a, y);
   tg_tensor r = minimum_nodes("tg_minimum_s", a, s);
   uop_unref(s);
+  return r;
+}
+
+/* tinygrad's where with Python numbers for x and/or y: each number is typed against the tensor
+ * branch (tg_const_like's rule), or, when both are numbers, as a Python number on its own: int32
+ * for a whole one, DEFAULT_FLOAT otherwise (tinygrad's weak int and float). */
+tg_tensor tg_where_s(tg_tensor cond, tg_tensor x, double y) {
+  GET(c, cond, "tg_where_s");
+  GET(a, x, "tg_where_s");
+  UOp *s = scalar_node(a, y);
+  tg_tensor r = where_nodes("tg_where_s", c, a, s);
+  uop_unref(s);
+  return r;
+}
+
+tg_tensor tg_rwhere_s(tg_tensor cond, double x, tg_tensor y) {
+  GET(c, cond, "tg_rwhere_s");
+  GET(b, y, "tg_rwhere_s");
+  UOp *s = scalar_node(b, x);
+  tg_tensor r = where_nodes("tg_rwhere_s", c, s, b);
+  uop_unref(s);
+  return r;
+}
+
+tg_tensor tg_where_ss(tg_tensor cond, double x, double y) {
+  GET(c, cond, "tg_where_ss");
+  UOp *sx = g_const(x, scalar_dtype(TG_BOOL, x), c->device), *sy = g_const(y, scalar_dtype(TG_BOOL, y), c->device);
+  tg_tensor r = where_nodes("tg_where_ss", c, sx, sy);
+  uop_unref(sx), uop_unref(sy);
   return r;
 }
 
