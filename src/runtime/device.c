@@ -336,10 +336,14 @@ void device_list_print(void) {
  * sizes used longest ago are returned to the device until half the cap is left: the sizes a loop
  * uses every step stay, one-off sizes (a batch of each length) go. (The whole cache used to be
  * dropped at 1 GiB: a loop over varying sizes held about 1 GiB it never used again.) A device whose
- * memory is not the host's caches its large blocks the same way, and there the cap is the most its
- * buffers have held at once when that is more: a training step frees more than CACHE_CAP of
- * activations, and returning them made every step map them afresh (on PoCL, page faults took a
- * quarter of beautiful_mnist's step). */
+ * memory is not the host's caches all its blocks by exact size (device handles have no addresses to
+ * carve), and returns idle ones, the sizes used longest ago first, only when a request the cache
+ * cannot serve would take the device's footprint (live + idle) past twice the most its buffers have
+ * held at once: a phase of the program whose buffers cannot be carved out of another phase's keeps
+ * them too. (A fixed cap returned a training step's activations, and the high-water mark alone an
+ * evaluation's 737 MB convolution output, which the next evaluation could not reuse; PoCL mapped and
+ * faulted them in afresh every time: a quarter of beautiful_mnist's CL step, half of its
+ * evaluation.) */
 #define CACHE_CAP ((size_t)256 << 20)
 #define BLOCK_ALIGN ((size_t)64)
 
@@ -580,9 +584,7 @@ static void *cache_take(DeviceImpl *d, size_t nbytes) {
 static void cache_put(DeviceImpl *d, void *ptr, size_t nbytes) {
   pthread_mutex_lock(&d->lock);
   d->live_bytes -= nbytes;
-  size_t cap = CACHE_CAP;
-  if (!d->kind->host_memory && d->peak_live > cap) cap = d->peak_live;
-  if (d->small_cached + nbytes > cap) small_cache_evict_locked(d, cap / 2);
+  if (d->kind->host_memory && d->small_cached + nbytes > CACHE_CAP) small_cache_evict_locked(d, CACHE_CAP / 2);
   struct FreeBlock *b = bucket_find(d, nbytes);
   if (!b) b = bucket_insert(d, nbytes);
   b->used = ++d->clock;
@@ -640,6 +642,12 @@ static void *block_new(DeviceImpl *d, size_t sz, Chunk **chunk) {
     }
   } else if ((ptr = cache_take(d, sz))) {
     return ptr;
+  } else if (!d->kind->host_memory) {
+    pthread_mutex_lock(&d->lock);
+    size_t peak = d->live_bytes + sz > d->peak_live ? d->live_bytes + sz : d->peak_live, limit = 2 * peak;
+    if (d->small_cached && d->live_bytes + dev->cached_bytes + sz > limit)
+      small_cache_evict_locked(d, limit - d->live_bytes - sz);
+    pthread_mutex_unlock(&d->lock);
   }
   for (int attempt = 0; attempt < 2; attempt++) {
     bool had_error = tg_has_error();
