@@ -141,6 +141,40 @@ TEST(out_of_range_settings_are_reported) {
   CHECK_MSG(strstr(out, "ignoring TG_TEST_ENV_RANGE=3 (outside 8..100); using 8") != NULL, "stderr: %s", out);
 }
 
+static tg_status add_one(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
+  out[0] = tg_add_s(in[0], 1);
+  return TG_OK;
+}
+static float g_jit_out;
+static tg_status g_conv_st;
+static void read_jit_image_settings(void) {
+  tg_context_begin();
+  tg_context_set("JIT", "99999999999");
+  tg_context_set("IMAGE", "7");
+  tg_jit *j = tg_jit_new(add_one, 1, NULL);
+  tg_scope_begin();
+  tg_tensor x = tg_contiguous(tg_full(TG_SHAPE(1), 2, NULL)), out;
+  tg_realize(x);
+  for (int k = 0; k < 3; k++)
+    if (tg_jit_call(j, &x, 1, NULL, 0, &out) == TG_OK) tg_data(out, &g_jit_out, sizeof g_jit_out);
+    else fprintf(stderr, "jit: %s\n", tg_last_error());
+  tg_tensor c = tg_conv2d(tg_ones(TG_SHAPE(1, 1, 4, 4), NULL), tg_ones(TG_SHAPE(1, 1, 3, 3), NULL), (tg_tensor){0}, NULL);
+  g_conv_st = tg_realize(c);
+  tg_scope_end();
+  tg_jit_free(j);
+  tg_context_end();
+}
+
+/* JIT and IMAGE take 0..2, as tinygrad's: a value past that is clamped and said so */
+TEST(jit_and_image_levels_are_checked) {
+  char out[1024];
+  capture_stderr(read_jit_image_settings, out, sizeof out);
+  CHECK_MSG(g_jit_out == 3 && g_conv_st == TG_OK, "jit out %g, conv %d; stderr: %s", g_jit_out, (int)g_conv_st, out);
+  CHECK_MSG(strstr(out, "ignoring JIT=99999999999 (outside 0..2); using 2") != NULL, "stderr: %s", out);
+  CHECK_MSG(strstr(out, "ignoring IMAGE=7 (outside 0..2); using 2") != NULL, "stderr: %s", out);
+}
+
 static int g_threads[4];
 static void read_thread_settings(void) {
   g_threads[0] = tp_threads_setting(3, 2);

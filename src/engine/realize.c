@@ -693,7 +693,7 @@ static tg_status graph_plan(Capture *c, const bool *run, Buffer *const *pin) {
  * changed (new input buffers, variables) and submit it. */
 static int graph_replay(Capture *c, const bool *run, Buffer *const *from, Buffer *const *to, int n, const int *vars,
                         const int64_t *vals, int nvars) {
-  if (c->gfailed || getenv_int("JIT", 1) != 1 || debug_level() >= 2 || viz_on) return 0;
+  if (c->gfailed || getenv_int_in("JIT", 1, 0, 2) != 1 || debug_level() >= 2 || viz_on) return 0;
   Device *d = NULL;
   int nk = 0;
   for (int i = 0; i < c->n; i++) {

@@ -17,7 +17,7 @@
 #define NONE ((tg_tensor){0})
 
 int image_mode(const char *fn, const UOp *a, const UOp *w, const UOp *b) {
-  int64_t level = getenv_int("IMAGE", 0);
+  int64_t level = getenv_int_in("IMAGE", 0, 0, 2);
   if (level <= 0 || a->device != w->device || (b && b->device != a->device)) return 0;
   Device *dev = device_by_id(a->device);
   /* tinygrad's image path is for GPU devices; the CPU has no image memory and keeps its kernels */

@@ -609,7 +609,7 @@ static tg_status replay(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs, 
 
 static tg_status jit_call(tg_jit *j, const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out,
                           const CallVars *cv) {
-  bool jit_on = getenv_int("JIT", 1) != 0;
+  bool jit_on = getenv_int_in("JIT", 1, 0, 2) != 0;
   if (!jit_on || j->calls == 0) {
     /* the inputs a capture and its replays will take: checked on the first call too (a view was
      * taken by it and refused from the second call on) */
@@ -794,7 +794,7 @@ static tg_status jit_call_multi(tg_jit *j, const tg_tensor *in, int nin, const d
     any = u && m_is(u);
   }
   /* the inputs' sharding is the first call's (the capture is of shards) */
-  if (any && j->in_key && getenv_int("JIT", 1) != 0) {
+  if (any && j->in_key && getenv_int_in("JIT", 1, 0, 2) != 0) {
     for (int i = 0; i < nin && i < j->nin_key; i++)
       if (in_key_of(in[i]) != j->in_key[i]) {
         int lay[3];
@@ -812,7 +812,7 @@ static tg_status jit_call_multi(tg_jit *j, const tg_tensor *in, int nin, const d
     j->nin_key = nin;
     for (int i = 0; i < nin; i++) j->in_key[i] = in_key_of(in[i]);
   }
-  if (!any || j->calls == 0 || getenv_int("JIT", 1) == 0) {
+  if (!any || j->calls == 0 || getenv_int_in("JIT", 1, 0, 2) == 0) {
     tg_status st = jit_call(j, in, nin, args, nargs, out, cv);
     if (st == TG_OK && !j->out_lay) {
       j->out_lay = tg_xcalloc((size_t)j->nout * 3 + 1, sizeof(int));
