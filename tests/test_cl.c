@@ -520,6 +520,16 @@ static tg_tensor f_sum_pool(const char *d) {
   return tg_max_pool2d(tg_add_s(tg_relu(c), 0.25), NULL);
 }
 
+/* two 5x5 convolutions with bias and relu, then a 2x2 max-pool (beautiful_mnist's first layers) */
+static tg_tensor f_conv5_pool(const char *d) {
+  tg_tensor x = tg_reshape(mk(d, 32, 28 * 28, 4, TG_FLOAT32), TG_SHAPE(32, 1, 28, 28));
+  tg_tensor w1 = tg_mul_s(tg_reshape(mk(d, 32, 25, 6, TG_FLOAT32), TG_SHAPE(32, 1, 5, 5)), 0.1);
+  tg_tensor w2 = tg_mul_s(tg_reshape(mk(d, 32, 32 * 25, 5, TG_FLOAT32), TG_SHAPE(32, 32, 5, 5)), 0.02);
+  tg_tensor b1 = tg_reshape(mk(d, 1, 32, 7, TG_FLOAT32), TG_SHAPE(32)), b2 = tg_reshape(mk(d, 1, 32, 8, TG_FLOAT32), TG_SHAPE(32));
+  tg_tensor h = tg_relu(tg_conv2d(x, w1, b1, NULL));
+  return tg_max_pool2d(tg_relu(tg_conv2d(h, w2, b2, NULL)), NULL);
+}
+
 TEST(cl_window_pool_opts) {
   tg_clear_error();
   Device *cl = device_get("CL");
@@ -530,6 +540,7 @@ TEST(cl_window_pool_opts) {
     same_on_cl_set(lists[i], f_sum_pool, 1e-5, "GPU_OPTS", lists[i]);
   same_on_cl_set("BEAM=2 sum + pool", f_sum_pool, 1e-5, "BEAM", "2");
   same_on_cl_set("NOOPT=1 sum + pool", f_sum_pool, 1e-5, "NOOPT", "1");
+  same_on_cl_set("conv5 + pool", f_conv5_pool, 1e-4, NULL, NULL);
   BEGIN;
   DeviceCaps gcaps = cl->caps;
   gcaps.cpu_cores = false;

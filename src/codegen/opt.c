@@ -611,6 +611,13 @@ static int cpu_max_lanes(const LKernel *k) {
 /* Enough vector registers (32) for the 8-row register tiles; AVX2's 16 hold a 4-row tile. */
 static bool cpu_many_regs(const LKernel *k) { return !k->caps || !k->caps->vec_regs || k->caps->vec_regs >= 32; }
 
+/* The number of positions of a GPU kernel's window (take_window's loops), 1 without one. */
+static int64_t window_positions(const LKernel *k) {
+  int64_t p = 1;
+  for (int w = 0; w < k->nwr; w++) p *= k->wranges[w]->iarg[0];
+  return p;
+}
+
 /* The largest divisor of n from 8 to at most m, or 0 (a tile of a transposing copy's loop). */
 static int64_t tile_div(int64_t n, int64_t m) {
   for (int64_t t = m < n ? m : n; t >= 8; t--)
@@ -650,8 +657,10 @@ static void heuristic(LKernel *k, int *next_axis) {
      * read more rows at once; the vector axis's copy below reads each row further instead */
     bool stream_only = vg_every_load && lanes;
     /* (a GPU kernel's window positions are its tile already: their copies share every load the
-     * window does not move, a convolution's weights) */
-    for (int g = 0; g < k->ng && !k->nwr; g++) {
+     * window does not move, a convolution's weights -- on a device of CPU cores with 32 vector
+     * registers, a window of 4 positions leaves room for 2 copies of another axis, below) */
+    bool win_room = k->nwr && k->caps && k->caps->cpu_cores && cpu_many_regs(k) && window_positions(k) <= 4;
+    for (int g = 0; g < k->ng && (!k->nwr || win_room); g++) {
       if (g == vg || sym_range(k->granges[g])) continue;
       int64_t n = k->granges[g]->iarg[0];
       bool free_axis = lanes && !loads_depend(k->rbody, lanes, k->granges[g], ANY_LOAD);
@@ -694,7 +703,7 @@ static void heuristic(LKernel *k, int *next_axis) {
       }
     } else if (best >= 0) {
       int64_t n = k->granges[best]->iarg[0];
-      f = padded ? 4 : n % 4 != 0 ? (int)n : n % 8 == 0 && n >= 16 && cpu_many_regs(k) ? 8 : 4;
+      f = win_room ? 2 : padded ? 4 : n % 4 != 0 ? (int)n : n % 8 == 0 && n >= 16 && cpu_many_regs(k) ? 8 : 4;
       if (padded) push_opt(&l, OPT_PADTO, best, f);
       ups[nup].axis = best, ups[nup++].factor = f;
       push_opt(&l, OPT_UPCAST, best, f);
