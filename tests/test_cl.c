@@ -542,6 +542,19 @@ TEST(cl_window_pool_opts) {
   same_on_cl_set("NOOPT=1 sum + pool", f_sum_pool, 1e-5, "NOOPT", "1");
   same_on_cl_set("conv5 + pool", f_conv5_pool, 1e-4, NULL, NULL);
   BEGIN;
+  /* on a device of CPU cores a work-group is the whole of the two fastest dimensions when they are
+   * small (one image's output positions share its input through the cache), the driver's choice
+   * on a GPU */
+  KernelCode *kp = last_kernel(f_conv5_pool("CL"), &cl->caps, NULL);
+  CHECK(kp != NULL);
+  if (kp) {
+    CHECK_MSG(kp->global_size[0] * kp->global_size[1] <= 1024 && kp->global_size[2] >= 16 &&
+                  kp->local_size[0] == kp->global_size[0] && kp->local_size[1] == kp->global_size[1] && kp->local_size[2] == 1,
+              "%s: global %lldx%lldx%lld local %lldx%lldx%lld", kp->name, (long long)kp->global_size[0],
+              (long long)kp->global_size[1], (long long)kp->global_size[2], (long long)kp->local_size[0],
+              (long long)kp->local_size[1], (long long)kp->local_size[2]);
+    kernel_code_free(kp);
+  }
   DeviceCaps gcaps = cl->caps;
   gcaps.cpu_cores = false;
   KernelCode *kc = last_kernel(f_sum_pool("CL"), &gcaps, NULL);
