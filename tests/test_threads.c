@@ -5,6 +5,9 @@
  * which must report nothing.
  */
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "tinygrad.h"
 #include "test.h"
@@ -181,6 +184,140 @@ TEST(threads_read_shared_lazy_tensors) {
   }
   model_free();
   END;
+}
+
+/* ---- walks over every live handle while other threads free theirs ---- */
+
+static atomic_int g_stop;
+static int g_walk_mode; /* 0: tg_backward, 1: tg_load_state_dict */
+static atomic_int g_walk_errors;
+
+static void *walker(void *arg) {
+  (void)arg;
+  float w0[32], x[128];
+  for (int i = 0; i < 32; i++) w0[i] = (float)(i % 7) / 7.0f;
+  for (int i = 0; i < 128; i++) x[i] = (float)(i % 5) / 5.0f;
+  tg_tensor W = tg_from_data(w0, TG_SHAPE(8, 4), TG_OPTS(.requires_grad = true));
+  tg_tensor X = tg_from_data(x, TG_SHAPE(16, 8), NULL);
+  tg_state_dict *model = tg_state_dict_new(), *src = tg_state_dict_new();
+  tg_tensor ones = tg_ones(TG_SHAPE(8, 4), NULL);
+  tg_state_dict_set(model, "w", W);
+  tg_state_dict_set(src, "w", ones);
+  tg_free(ones);
+  for (int it = 0; it < 3000; it++) {
+    tg_scope_begin();
+    tg_status st;
+    if (g_walk_mode) {
+      st = tg_load_state_dict(model, src, true);
+    } else {
+      tg_zero_grad(W);
+      st = tg_backward(tg_sum(tg_matmul(X, W), TG_ALL_AXES, false));
+    }
+    if (st != TG_OK) atomic_fetch_add(&g_walk_errors, 1);
+    tg_clear_error();
+    tg_scope_end();
+  }
+  tg_state_dict_free(model), tg_state_dict_free(src);
+  tg_free(W), tg_free(X);
+  atomic_store(&g_stop, 1);
+  return NULL;
+}
+
+static void *churn(void *arg) {
+  (void)arg;
+  while (!atomic_load(&g_stop)) tg_free(tg_ones(TG_SHAPE(4), NULL));
+  return NULL;
+}
+
+/* tg_backward and tg_load_state_dict look at every live handle; another thread freeing its own
+ * handles meanwhile (allowed) handed the walk a slot without a node: a crash. */
+TEST(threads_walk_handles_while_others_free) {
+  BEGIN;
+  tg_context_begin();
+  tg_context_set_int("TRAINING", 1);
+  for (g_walk_mode = 0; g_walk_mode < 2; g_walk_mode++) {
+    atomic_store(&g_stop, 0);
+    atomic_store(&g_walk_errors, 0);
+    pthread_t a, b, c;
+    pthread_create(&a, NULL, walker, NULL);
+    pthread_create(&b, NULL, churn, NULL);
+    pthread_create(&c, NULL, churn, NULL);
+    pthread_join(a, NULL), pthread_join(b, NULL), pthread_join(c, NULL);
+    CHECK_MSG(atomic_load(&g_walk_errors) == 0, "mode %d: %d calls failed", g_walk_mode, atomic_load(&g_walk_errors));
+  }
+  tg_context_end();
+  END;
+}
+
+/* ---- random draws replayed by TinyJits on several threads ---- */
+
+#define DRAWS 1500
+#define NDRAW_THREADS 4
+static float g_draws[NDRAW_THREADS][DRAWS];
+
+static tg_status draw_fn(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *u) {
+  (void)in, (void)nin, (void)args, (void)nargs, (void)nout, (void)u;
+  out[0] = tg_rand(TG_SHAPE(1), NULL);
+  return TG_OK;
+}
+
+static void *drawer(void *arg) {
+  float *mine = arg;
+  tg_jit *j = tg_jit_new(draw_fn, 1, NULL);
+  for (int i = 0; i < DRAWS; i++) {
+    tg_scope_begin();
+    tg_tensor out;
+    if (tg_jit_call(j, NULL, 0, NULL, 0, &out) != TG_OK || tg_data(out, &mine[i], sizeof(float)) != TG_OK) mine[i] = -1;
+    tg_scope_end();
+  }
+  tg_jit_free(j);
+  return NULL;
+}
+
+static int cmp_float(const void *a, const void *b) {
+  float x = *(const float *)a, y = *(const float *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Each thread replays its own jit of tg_rand (as the header prescribes): every draw takes its own
+ * counter value (the replays advanced the device's counter without the random lock, and concurrent
+ * ones drew the same numbers). */
+TEST(threads_jit_random_draws_differ) {
+  BEGIN;
+  pthread_t t[NDRAW_THREADS];
+  for (int i = 0; i < NDRAW_THREADS; i++) pthread_create(&t[i], NULL, drawer, g_draws[i]);
+  for (int i = 0; i < NDRAW_THREADS; i++) pthread_join(t[i], NULL);
+  float *all = malloc(sizeof g_draws);
+  memcpy(all, g_draws, sizeof g_draws);
+  int n = NDRAW_THREADS * DRAWS, failed = 0, dup = 0;
+  qsort(all, (size_t)n, sizeof(float), cmp_float);
+  for (int i = 0; i < n; i++) failed += all[i] < 0, dup += i && all[i] >= 0 && all[i] == all[i - 1];
+  /* (float32 uniforms from 2^23 values: about 0.7 equal pairs by chance in 6000 honest draws) */
+  CHECK_MSG(failed == 0 && dup <= 4, "%d failed draws, %d equal pairs among %d", failed, dup, n);
+  free(all);
+  END;
+}
+
+/* ---- a thread that exits with a scope open ---- */
+
+static void *leave_scope_open(void *arg) {
+  (void)arg;
+  tg_scope_begin();
+  tg_tensor a = tg_ones(TG_SHAPE(3), NULL);
+  tg_scope_begin();
+  tg_add_s(a, 1);
+  return NULL; /* both scopes still open */
+}
+
+/* its scopes end when it exits, as tg_scope_end would end them (their handles stayed live forever) */
+TEST(threads_exit_ends_open_scopes) {
+  size_t live = tg_live_count();
+  for (int i = 0; i < 20; i++) {
+    pthread_t t;
+    pthread_create(&t, NULL, leave_scope_open, NULL);
+    pthread_join(t, NULL);
+  }
+  CHECK_MSG(tg_live_count() == live, "%zu handles live, %zu before", tg_live_count(), live);
 }
 
 int main(void) {

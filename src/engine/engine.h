@@ -7,6 +7,8 @@
 #ifndef TG_ENGINE_H
 #define TG_ENGINE_H
 
+#include <pthread.h>
+
 #include "../codegen/codegen.h"
 #include "../runtime/device.h"
 
@@ -79,6 +81,10 @@ typedef struct {
   bool sym_unit; /* a captured schedule had a symbolic size of 0 or 1 (Schedule.sym_unit) */
   bool sym_baked; /* a captured schedule had a size computed from a bound value (Schedule.sym_baked) */
   bool seeded; /* tg_manual_seed ran inside the captured function (its draws restart on every replay) */
+  /* held for the whole of every replay (NULL: none): the tensor layer's random-counter lock, for a
+   * capture that advances a device's counter, so concurrent replays (and draws) each get their own
+   * counter values */
+  pthread_mutex_t *serial;
   /* Constant work (capture_hoist): hoisted[i] marks an item that reads only realized buffers nothing
    * in the capture writes (weights) and writes a transient (a packed or converted copy of them). A
    * replay runs those items only when one of deps[] changed since they last ran (its version is not

@@ -770,10 +770,12 @@ tg_status capture_replay(Capture *c, Buffer *const *from, Buffer *const *to, int
       run = kept;
     }
   }
+  if (c->serial) pthread_mutex_lock(c->serial);
   cpu_background_pause(true);
   int g = graph_replay(c, run, from, to, n, vars, vals, nvars);
   tg_status st = g > 0 ? TG_OK : g < 0 ? tg_last_status() : run_items(c, run, from, to, n, c->pin, vars, vals, nvars);
   cpu_background_pause(false);
+  if (c->serial) pthread_mutex_unlock(c->serial);
   if (c->nhoisted) c->fresh = st == TG_OK; /* a failed run may have left a pin half written */
   free(kept);
   return st;

@@ -1240,28 +1240,51 @@ static UOp *slot_buffer(const Slot *s, bool *pending) {
   return u->op == OP_BUFFER ? u : NULL;
 }
 
-static tg_tensor slot_handle(size_t i) {
-  Slot *s = t_slot_at(i);
-  return (tg_tensor){((uint64_t)s->gen << 32) | (uint64_t)(i + 1)};
+typedef struct {
+  Buffer *b;
+  tg_tensor self, best;
+  int best_score;
+} OwnerScan;
+static void owner_scan(void *ctx, Slot *s, tg_tensor h) {
+  OwnerScan *o = ctx;
+  if (h.id == o->self.id) return;
+  bool pend;
+  UOp *bn = slot_buffer(s, &pend);
+  if (!bn || g_buffer_of(bn) != o->b) return;
+  /* requires_grad true, then unset (a dict's own aliases are false), then root scope */
+  int score = (s->requires_grad == 1 ? 4 : s->requires_grad < 0 ? 2 : 0) + (s->scope == 0 ? 1 : 0);
+  if (score > o->best_score) o->best = h, o->best_score = score;
 }
 
 /* The live handle that owns buffer b, other than the dict entry `self` (the fallback when nothing
  * else holds it): preferring requires_grad true, then unset, then root scope, then the oldest slot. */
 static tg_tensor owner_of(Buffer *b, tg_tensor self) {
-  long best = -1;
-  int best_score = -1;
-  size_t n = t_slot_count();
-  for (size_t i = 0; i < n; i++) {
-    Slot *s = t_slot_at(i);
-    if (s->scope < 0 || slot_handle(i).id == self.id) continue;
-    bool pend;
-    UOp *bn = slot_buffer(s, &pend);
-    if (!bn || g_buffer_of(bn) != b) continue;
-    /* requires_grad true, then unset (a dict's own aliases are false), then root scope */
-    int score = (s->requires_grad == 1 ? 4 : s->requires_grad < 0 ? 2 : 0) + (s->scope == 0 ? 1 : 0);
-    if (score > best_score) best = (long)i, best_score = score;
-  }
-  return best < 0 ? self : slot_handle((size_t)best);
+  OwnerScan o = {b, self, self, -1};
+  t_each_live(owner_scan, &o);
+  return o.best;
+}
+
+/* Live handles' nodes on the buffers bufs[0..n) (t_each_live's walk; references in found, each node
+ * once): with `pending`, the pending ASSIGNs into them (an optimizer step not yet realized); without,
+ * the handles that are the buffer node itself (not `except`). */
+typedef struct {
+  Buffer *const *bufs;
+  int n;
+  bool pending;
+  PtrVec found;
+  UOp *except;
+} BufScan;
+static void buf_scan(void *ctx, Slot *s, tg_tensor h) {
+  (void)h;
+  BufScan *bs = ctx;
+  bool pend;
+  UOp *bn = slot_buffer(s, &pend);
+  if (!bn || pend != bs->pending || (!pend && (bn == bs->except || s->u != bn))) return;
+  UOp *take = pend ? s->u : bn;
+  bool mine = false;
+  for (int k = 0; k < bs->n && !mine; k++) mine = bs->bufs[k] == g_buffer_of(bn);
+  for (size_t j = 0; j < bs->found.n && mine; j++) mine = bs->found.p[j] != take;
+  if (mine) pv_push(&bs->found, uop_ref(take));
 }
 
 int tg_state_dict_parameters(const tg_state_dict *sd, bool trainable_only, tg_tensor *out, int cap) {
@@ -1410,42 +1433,25 @@ tg_status tg_load_state_dict(tg_state_dict *model, const tg_state_dict *loaded, 
   }
   /* pending assigns on these buffers (an optimizer step not yet realized) happen before the load */
   if (st == TG_OK) {
-    size_t ns = t_slot_count();
-    for (size_t i = 0; i < ns && st == TG_OK; i++) {
-      Slot *s = t_slot_at(i);
-      bool pend;
-      UOp *bn = s->scope >= 0 ? slot_buffer(s, &pend) : NULL;
-      if (!bn || !pend) continue;
-      for (int k = 0; k < m; k++)
-        if (bufs[k] == g_buffer_of(bn)) {
-          st = tg_realize(slot_handle(i));
-          break;
-        }
-    }
+    BufScan bs = {bufs, m, true, {0}, NULL};
+    t_each_live(buf_scan, &bs);
+    if (bs.found.n) st = realize_uops((UOp **)bs.found.p, (int)bs.found.n);
+    for (size_t i = 0; i < bs.found.n; i++) uop_unref(bs.found.p[i]);
+    pv_free(&bs.found);
   }
   for (int k = 0; k < m && st == TG_OK; k++)
     if (!tg_assign(tmp[k], vals[k]).id) st = tg_last_status();
   if (st == TG_OK && m) st = tg_realize_many(tmp, m);
   /* 3. every live handle of a written buffer moves to the written version; the dict entries too */
   if (st == TG_OK) {
-    PtrVec old = {0};
     for (int k = 0; k < m; k++) {
       UOp *nn = t_get(tmp[k], fn);
       if (!nn) continue;
-      old.n = 0;
-      size_t ns = t_slot_count();
-      for (size_t i = 0; i < ns; i++) {
-        Slot *s = t_slot_at(i);
-        bool pend;
-        UOp *bn = s->scope >= 0 ? slot_buffer(s, &pend) : NULL;
-        if (!bn || pend || bn == nn || g_buffer_of(bn) != bufs[k] || s->u != bn) continue;
-        bool seen = false;
-        for (size_t j = 0; j < old.n && !seen; j++) seen = old.p[j] == bn;
-        if (!seen) pv_push(&old, bn);
-      }
-      for (size_t j = 0; j < old.n; j++) t_replace_everywhere((UOp *)old.p[j], nn);
+      BufScan bs = {&bufs[k], 1, false, {0}, nn};
+      t_each_live(buf_scan, &bs);
+      for (size_t j = 0; j < bs.found.n; j++) t_replace_everywhere((UOp *)bs.found.p[j], nn), uop_unref(bs.found.p[j]);
+      pv_free(&bs.found);
     }
-    pv_free(&old);
     for (int i = 0; i < n && st == TG_OK; i++)
       for (int k = 0; k < m && ebuf[i]; k++)
         if (ebuf[i] == bufs[k]) {

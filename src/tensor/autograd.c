@@ -264,7 +264,7 @@ bool ag_set_custom_grad(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn) {
 }
 
 static void set_custom(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn) {
-  uop_free_hook = custom_drop;
+  __atomic_store_n(&uop_free_hook, custom_drop, __ATOMIC_RELEASE); /* (read by other threads' releases) */
   pthread_mutex_lock(&custom_lock);
   bool have = pm_get(&customs, (uint64_t)(uintptr_t)out) != NULL;
   pthread_mutex_unlock(&custom_lock);
@@ -733,29 +733,42 @@ tg_status tg_gradient_with_grad(tg_tensor t, tg_tensor gradient, const tg_tensor
   return gradient_impl("tg_gradient_with_grad", t, gradient, targets, n, out);
 }
 
+/* The targets of a backward: every live float handle in the loss graph not marked requires_grad
+ * false (unset is tinygrad's None, and counts), with a reference to its node (t_each_live's walk). */
+typedef struct {
+  Topo t;
+  PtrMap by;
+  PtrVec nodes;
+  tg_tensor *h;
+  size_t cap;
+} TargetScan;
+static void target_scan(void *ctx, Slot *s, tg_tensor h) {
+  TargetScan *ts = ctx;
+  if (s->requires_grad == 0 || !tg_dtype_is_float((tg_dtype)s->u->dtype)) return;
+  bool in = graph_holds(&ts->t, &ts->by, s->u);
+  if (!in && m_is(s->u)) /* a multi-device tensor is in the graph through its shards */
+    for (uint32_t j = 0; j < g_resolve(s->u)->nsrc && !in; j++) in = graph_holds(&ts->t, &ts->by, g_resolve(s->u)->src[j]);
+  if (!in) return;
+  if (ts->nodes.n == ts->cap) {
+    ts->cap = ts->cap ? 2 * ts->cap : 16;
+    ts->h = tg_xrealloc(ts->h, sizeof(tg_tensor) * ts->cap);
+  }
+  ts->h[ts->nodes.n] = h;
+  pv_push(&ts->nodes, uop_ref(s->u));
+}
+
 static tg_status backward_impl(const char *fn, tg_tensor loss, tg_tensor upstream) {
   UOp *l = t_get(loss, fn);
   if (!l) return TG_ERR_HANDLE;
   UOp *seed = loss_seed(fn, l, upstream);
   if (!seed) return TG_ERR_INVALID;
-  /* targets, as tinygrad's: every live float tensor in the loss graph not marked requires_grad false
-   * (unset is tinygrad's None, and counts) */
-  Topo t;
-  PtrMap by;
-  graph_index(l, &t, &by);
-  PtrVec slots = {0};
-  PtrVec nodes = {0};
-  for (size_t i = 0; i < t_slot_count(); i++) {
-    Slot *s = t_slot_at(i);
-    if (s->scope < 0 || s->requires_grad == 0 || !tg_dtype_is_float((tg_dtype)s->u->dtype)) continue;
-    bool in = graph_holds(&t, &by, s->u);
-    if (!in && m_is(s->u)) /* a multi-device tensor is in the graph through its shards */
-      for (uint32_t j = 0; j < g_resolve(s->u)->nsrc && !in; j++) in = graph_holds(&t, &by, g_resolve(s->u)->src[j]);
-    if (!in) continue;
-    pv_push(&slots, s);
-    pv_push(&nodes, s->u);
-  }
-  graph_free(&t, &by);
+  TargetScan ts;
+  memset(&ts, 0, sizeof ts);
+  graph_index(l, &ts.t, &ts.by);
+  t_each_live(target_scan, &ts);
+  graph_free(&ts.t, &ts.by);
+  PtrVec nodes = ts.nodes;
+  tg_tensor *handles = ts.h;
   tg_status st = TG_OK;
   if (nodes.n == 0) {
     st = tg_set_error(TG_ERR_INVALID,
@@ -764,16 +777,18 @@ static tg_status backward_impl(const char *fn, tg_tensor loss, tg_tensor upstrea
                       fn);
   } else {
     UOp **gs = tg_xmalloc(sizeof(UOp *) * nodes.n);
+    bool *had = tg_xcalloc(nodes.n, sizeof(bool));
     compute_grads(l, seed, (UOp **)nodes.p, (int)nodes.n, gs);
     size_t got = 0;
     for (size_t i = 0; i < nodes.n; i++) {
-      Slot *s = slots.p[i];
       if (!gs[i]) continue;
       got++;
-      if (s->grad) { /* the new total; committed below */
-        UOp *sum = bin(OP_ADD, s->grad, gs[i]);
-        uop_unref(gs[i]);
+      UOp *old = t_grad_ref(handles[i]);
+      if (old) { /* the new total; committed below */
+        UOp *sum = bin(OP_ADD, old, gs[i]);
+        uop_unref(gs[i]), uop_unref(old);
         gs[i] = sum;
+        had[i] = true;
       }
     }
     /* An accumulated gradient is stored, as tinygrad's t.grad.assign(t.grad + g) stores it when the
@@ -783,21 +798,14 @@ static tg_status backward_impl(const char *fn, tg_tensor loss, tg_tensor upstrea
     UOp **acc = tg_xmalloc(sizeof(UOp *) * nodes.n);
     int nacc = 0;
     for (size_t i = 0; i < nodes.n; i++)
-      if (gs[i] && ((Slot *)slots.p[i])->grad) acc[nacc++] = gs[i];
+      if (gs[i] && had[i]) acc[nacc++] = gs[i];
     if (nacc && realize_uops(acc, nacc) != TG_OK) st = tg_last_status();
     free(acc);
     /* short of memory on the way: no gradient changes, so the call can simply be repeated */
     bool oom = st != TG_OK || tg_oom_check("tg_backward");
-    for (size_t i = 0; i < nodes.n; i++) {
-      Slot *s = slots.p[i];
-      if (!gs[i]) continue;
-      if (oom) {
-        uop_unref(gs[i]);
-      } else {
-        uop_unref(s->grad);
-        s->grad = gs[i];
-      }
-    }
+    for (size_t i = 0; i < nodes.n; i++)
+      if (gs[i]) uop_unref(oom ? gs[i] : t_grad_swap(handles[i], gs[i])); /* (a handle freed meanwhile: dropped) */
+    free(had);
     if (oom) st = st != TG_OK ? st : TG_ERR_RUNTIME;
     else if (!got)
       st = tg_set_error(TG_ERR_INVALID,
@@ -807,8 +815,9 @@ static tg_status backward_impl(const char *fn, tg_tensor loss, tg_tensor upstrea
     free(gs);
   }
   uop_unref(seed);
-  pv_free(&slots);
+  for (size_t i = 0; i < nodes.n; i++) uop_unref(nodes.p[i]);
   pv_free(&nodes);
+  free(handles);
   return st;
 }
 

@@ -360,6 +360,7 @@ static UOp *next_counter_locked(int device) {
    * replay draws what the function's plain call draws (the seed's reset is part of the capture).
    * Seeded before the capture, the counter is read from its buffer (which starts at 0): a constant
    * there made every replay repeat the capture's numbers. */
+  if (g_capture) g_capture->serial = &rng_lock; /* (its replays advance the counter too) */
   bool fresh = !rng_ctr[device];
   if (fresh) {
     Buffer *b = buffer_new(device_by_id(device), 4);

@@ -77,9 +77,33 @@ Slot *t_slot(tg_tensor t) {
   pthread_mutex_unlock(&h_lock);
   return s;
 }
-size_t t_slot_count(void) { return nslots; }
 int t_scope_depth(void) { return scope_depth; }
-Slot *t_slot_at(size_t i) { return slot_at(i); }
+
+void t_each_live(void (*visit)(void *ctx, Slot *s, tg_tensor h), void *ctx) {
+  pthread_mutex_lock(&h_lock);
+  for (size_t i = 0; i < nslots; i++) {
+    Slot *s = slot_at(i);
+    if (s->scope >= 0 && s->u) visit(ctx, s, (tg_tensor){((uint64_t)s->gen << 32) | (uint64_t)(i + 1)});
+  }
+  pthread_mutex_unlock(&h_lock);
+}
+
+UOp *t_grad_ref(tg_tensor h) {
+  pthread_mutex_lock(&h_lock);
+  Slot *s = slot_lookup(h.id);
+  UOp *g = s && s->grad ? uop_ref(s->grad) : NULL;
+  pthread_mutex_unlock(&h_lock);
+  return g;
+}
+
+UOp *t_grad_swap(tg_tensor h, UOp *g) {
+  pthread_mutex_lock(&h_lock);
+  Slot *s = slot_lookup(h.id);
+  UOp *old = g;
+  if (s) old = s->grad, s->grad = g;
+  pthread_mutex_unlock(&h_lock);
+  return old;
+}
 
 static void scope_push_id(uint64_t id) {
   if (scope_depth == 0) return;
@@ -187,7 +211,25 @@ size_t tg_live_count(void) {
   return n;
 }
 
+/* A thread that exits with scopes open: they end as tg_scope_end would end them (nobody else can;
+ * their handles were lost with the thread's stack of scopes). */
+static pthread_key_t scope_key;
+static pthread_once_t scope_key_once = PTHREAD_ONCE_INIT;
+static void scopes_at_exit(void *p) {
+  (void)p;
+  while (scope_depth > 0) tg_scope_end();
+  free(scope_stack);
+  scope_stack = NULL;
+  scope_cap = 0;
+}
+static bool scope_key_ok;
+static void scope_key_create(void) { scope_key_ok = pthread_key_create(&scope_key, scopes_at_exit) == 0; }
+
 void tg_scope_begin(void) {
+  if (scope_cap == 0) { /* this thread's first scope: close what it leaves open when it exits */
+    pthread_once(&scope_key_once, scope_key_create);
+    if (scope_key_ok) pthread_setspecific(scope_key, (void *)1);
+  }
   if (scope_depth == scope_cap) {
     scope_cap = scope_cap ? scope_cap * 2 : 8;
     scope_stack = tg_xrealloc(scope_stack, (size_t)scope_cap * sizeof(IdList));

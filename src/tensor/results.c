@@ -59,12 +59,18 @@ static int hand_out(UOp *t, UOp *bn, Buffer *b) {
   return holders;
 }
 
+typedef struct {
+  void (*visit)(void *ctx, UOp *u);
+  void *ctx;
+} HeldWalk;
+static void held_one(void *ctx, Slot *s, tg_tensor h) {
+  (void)h;
+  HeldWalk *w = ctx;
+  w->visit(w->ctx, s->u);
+}
 static void each_held(void (*visit)(void *ctx, UOp *u), void *ctx) {
-  size_t ns = t_slot_count();
-  for (size_t k = 0; k < ns; k++) {
-    Slot *sl = t_slot_at(k);
-    if (sl->scope >= 0 && sl->u) visit(ctx, sl->u);
-  }
+  HeldWalk w = {visit, ctx};
+  t_each_live(held_one, &w);
 }
 
 static void computed(UOp *t, Buffer *b) {

@@ -46,8 +46,15 @@ typedef struct Slot {
   UOp *grad;        /* owned; NULL when no gradient */
 } Slot;
 Slot *t_slot(tg_tensor t);
-/* Iterates live slots: returns the number of slots (some free); t_slot_at(i) may be free (scope -1). */
-size_t t_slot_count(void);
+/* Calls visit for every live handle (its slot and id), holding the handle lock throughout, so that
+ * another thread freeing its handles cannot hand the walk a slot without a node (it crashed
+ * tg_backward). visit must not create, free or look up handles; what it keeps of a node past the
+ * walk it takes a reference to. */
+void t_each_live(void (*visit)(void *ctx, Slot *s, tg_tensor h), void *ctx);
+/* h's gradient (a new reference; NULL without one or for a freed h), and swapping in g (taken):
+ * returns the old gradient to release, or g itself when h was freed meanwhile. */
+UOp *t_grad_ref(tg_tensor h);
+UOp *t_grad_swap(tg_tensor h, UOp *g);
 int t_scope_depth(void); /* the scopes open on this thread */
 /* Is t a chain of shrinks, one with a symbolic argument, over a buffer (or a pending assign into
  * one)? tg_assign writes such a view in place (an ASSIGN of a region: a KV cache at start_pos). */
@@ -68,7 +75,6 @@ bool t_axes_count_ok(const char *fn, const int *axes, int naxes, int ndim);
 tg_status t_realize_pending_writes(Buffer *b);
 /* ASSIGN nodes made since no write was last seen pending (graph.c; t_realize_pending_writes resets it) */
 extern _Atomic long g_assigns_made;
-Slot *t_slot_at(size_t i);
 
 /* ---- graph builders (new references) ---- */
 UOp *g_buffer(Buffer *b, tg_dtype dt, const int64_t *shape, int ndim); /* takes the Buffer ref */

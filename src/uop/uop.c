@@ -235,8 +235,8 @@ UOp *uop_ref(UOp *u) {
 }
 
 /* BUFFER nodes own a Buffer reference; the tensor layer registers how to drop it so this file stays
- * independent of the runtime. Written and read atomically: any thread may create the first buffer
- * node while another frees one. */
+ * independent of the runtime. Both hooks are written and read atomically: any thread may create the
+ * first buffer node (or custom-gradient node) while another frees one. */
 void (*uop_buffer_release_hook)(void *buf);
 void (*uop_free_hook)(UOp *u);
 
@@ -301,7 +301,8 @@ void uop_unref(UOp *u) {
       UOp *x = dead.p[i];
       void (*release)(void *) = __atomic_load_n(&uop_buffer_release_hook, __ATOMIC_ACQUIRE);
       if (x->op == OP_BUFFER && release) release(x->arg.p);
-      if ((uop_flags(x) & UOPF_HOOKED) && uop_free_hook) uop_free_hook(x); /* may push onto stack */
+      void (*on_free)(UOp *) = __atomic_load_n(&uop_free_hook, __ATOMIC_ACQUIRE);
+      if ((uop_flags(x) & UOPF_HOOKED) && on_free) on_free(x); /* may push onto stack */
       if (!x->shape_inline) free(x->shape);
       free(x->sym);
       free(x);
