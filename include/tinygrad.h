@@ -32,8 +32,9 @@
  * Threads. Safe from any number of threads at once, also over tensors that several threads share
  * (an inference server: one model's realized weights, one request per thread): creating tensors,
  * building graphs with any op, reading shapes and dtypes, realizing and reading data (tg_realize,
- * tg_data, tg_item), scopes, tg_free of a thread's own handles, loading files. Scopes and the error
- * state are per thread. Realizations are serialized inside the library (one schedule runs at a
+ * tg_data, tg_item), scopes, tg_free of a thread's own handles, loading files, each thread's own
+ * tg_jit (random draws in replays included). Scopes and the error state are per thread; a thread
+ * that exits with scopes open ends them (their handles are freed, as tg_scope_end frees them). Realizations are serialized inside the library (one schedule runs at a
  * time, each on every core), so threads gain concurrency in graph building, not in kernels.
  * Not safe without the caller's own locking: changing a shared tensor (tg_assign or an optimizer
  * step into it, tg_backward or tg_zero_grad over tensors another thread uses, requires_grad
