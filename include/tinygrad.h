@@ -1764,7 +1764,7 @@ typedef struct {
  * export leaves existing files as they were; a path that is not a regular file (a directory, a FIFO,
  * a device) is refused before anything is written, and so are two outputs naming the same file.
  * Errors (nothing is left written): a jit that captured nothing, a capture on another device than
- * CPU, a function that writes its inputs or keeps state across calls, a bad name (a C keyword, a
+ * CPU, a function that writes its inputs or keeps state across calls, a bad name (a C or C++ keyword, a
  * name the C headers the generated file includes declare -- exp, time, FILE, str..., ..._t -- or,
  * for a variable, a macro of theirs or of the export: EOF, SIZE_MAX, MODEL_OK), a file name the
  * generated #include cannot spell (a quote, a backslash, a control character), a file that cannot

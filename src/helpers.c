@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/sysinfo.h>
 #include <time.h>
 
@@ -134,6 +135,16 @@ size_t host_memory_limit(void) {
     atomic_store_explicit(&limit, lim, memory_order_relaxed);
   }
   return lim;
+}
+
+size_t host_free_memory(void) {
+  struct sysinfo si;
+  return sysinfo(&si) == 0 ? (size_t)(si.freeram + si.bufferram) * si.mem_unit : SIZE_MAX;
+}
+
+size_t host_address_limit(void) {
+  struct rlimit rl;
+  return getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? (size_t)rl.rlim_cur : SIZE_MAX;
 }
 
 void *tg_xrealloc(void *p, size_t n) {

@@ -44,6 +44,10 @@ long tg__alloc_calls(void);
 /* RAM plus swap in bytes (read once): more than this can never be held, whatever the kernel's
  * overcommit policy lets an allocation call return. */
 size_t host_memory_limit(void);
+/* RAM free now (free + buffers, in bytes), and the process's address-space limit (RLIMIT_AS;
+ * SIZE_MAX: none). */
+size_t host_free_memory(void);
+size_t host_address_limit(void);
 
 /* ---- errors: first error of the thread wins until tg_clear_error ---- */
 /* Records an error (if none recorded yet) with printf formatting. Always returns TG_ERR-status `st`. */

@@ -1428,6 +1428,9 @@ TEST(scalar_forms_where_copysign_logaddexp_fmod) {
   CHECK_DT_VALUES(tg_copysign_s(xi, -2), TG_INT32, 0, -10, -20);
   CHECK_DT_VALUES(tg_copysign_s(xf, -0.0), TG_FLOAT32, 0, -1, -2);
   CHECK_DT_VALUES(tg_copysign_s(xb, -1), TG_INT32, 0, -1, -1);
+  /* the sign is the number's: an unsigned x negated wraps, as tinygrad's [1, 2].copysign(-1) = [255, 254] */
+  CHECK_DT_VALUES(tg_copysign_s(xu8, -1), TG_UINT8, 0, 246, 236);
+  CHECK_DT_VALUES(tg_copysign_s(xu8, 3), TG_UINT8, 0, 10, 20);
   CHECK_DT_VALUES(tg_logaddexp_s(xi, 1), TG_FLOAT32, 1e-6, 10.000123, 20);
   CHECK_DT_VALUES(tg_logaddexp_s(xf, 1), TG_FLOAT32, 1e-6, 1.6931472, 2.3132617);
   CHECK_DT_VALUES(tg_logaddexp_s(xf, -INFINITY), TG_FLOAT32, 1e-7, 1, 2);

@@ -171,6 +171,17 @@ static const char *const HDR_MATH[] = {
     "y1", "yn", "gamma", "significand", "drem", "scalb", "finite", "pow10"};
 static const char *const HDR_PREFIXES[] = {"str", "mem", "wcs", "pthread_", "sched_", "posix_", "__"};
 
+/* C++'s keywords and alternative tokens (the generated files compile as C++ too) and the macros gcc
+ * predefines in its default GNU mode: no name of the export may be one. */
+static const char *const CXX_AND_GNU[] = {
+    "alignas", "alignof", "and", "and_eq", "asm", "bitand", "bitor", "catch", "char8_t", "char16_t", "char32_t",
+    "class", "co_await", "co_return", "co_yield", "compl", "concept", "consteval", "constexpr", "constinit",
+    "const_cast", "decltype", "delete", "dynamic_cast", "explicit", "export", "friend", "module", "mutable",
+    "namespace", "new", "noexcept", "not", "not_eq", "nullptr", "operator", "or", "or_eq", "private", "protected",
+    "public", "reinterpret_cast", "requires", "static_assert", "static_cast", "template", "this", "thread_local",
+    "throw", "try", "typeid", "typename", "typeof", "using", "virtual", "wchar_t", "xor", "xor_eq", "linux", "unix",
+    "i386", "i686", "x86_64", "amd64"};
+
 static bool in_list(const char *s, const char *const *l, size_t n) {
   for (size_t i = 0; i < n; i++)
     if (!strcmp(s, l[i])) return true;
@@ -203,7 +214,9 @@ static bool header_macro(const char *s) {
 /* Is s declared (or defined) by a header the generated files include, so that it cannot name the
  * entry point? Also every name ending in _t (POSIX reserves them for types). */
 static bool header_name(const char *s) {
-  if (header_macro(s) || in_list(s, HDR_NAMES, NELEM(HDR_NAMES)) || in_list(s, HDR_MATH, NELEM(HDR_MATH))) return true;
+  if (header_macro(s) || in_list(s, HDR_NAMES, NELEM(HDR_NAMES)) || in_list(s, HDR_MATH, NELEM(HDR_MATH)) ||
+      in_list(s, CXX_AND_GNU, NELEM(CXX_AND_GNU)))
+    return true;
   if (has_prefix(s, HDR_PREFIXES, 3, true) || has_prefix(s, HDR_PREFIXES + 3, NELEM(HDR_PREFIXES) - 3, false)) return true;
   size_t n = strlen(s);
   if (n > 2 && !strcmp(s + n - 2, "_t")) return true;
@@ -601,7 +614,7 @@ static bool c_keyword(const char *s) {
                                    "void", "volatile", "while", "errno", "NULL", "alignas", "static_assert"};
   for (size_t i = 0; i < sizeof kw / sizeof kw[0]; i++)
     if (!strcmp(s, kw[i])) return true;
-  return s[0] == '_' || !strncmp(s, "tgx_", 4);
+  return s[0] == '_' || !strncmp(s, "tgx_", 4) || in_list(s, CXX_AND_GNU, NELEM(CXX_AND_GNU));
 }
 
 /* The capture's variables become the entry point's int arguments; its symbolic inputs and outputs

@@ -645,8 +645,16 @@ static void *block_new(DeviceImpl *d, size_t sz, Chunk **chunk) {
   } else if (!d->kind->host_memory) {
     pthread_mutex_lock(&d->lock);
     size_t peak = d->live_bytes + sz > d->peak_live ? d->live_bytes + sz : d->peak_live, limit = 2 * peak;
+    if (d->small_cached && dev->caps.cpu_cores) {
+      /* its memory is the host's, taken lazily (PoCL maps a buffer at its first use and aborts
+       * when it cannot): idle blocks never hold more than half the address-space limit, and go
+       * back when the host has less free memory than the request */
+      size_t as = host_address_limit();
+      if (as != SIZE_MAX && as / 2 < limit) limit = as / 2;
+      if (sz > host_free_memory()) limit = 0;
+    }
     if (d->small_cached && d->live_bytes + dev->cached_bytes + sz > limit)
-      small_cache_evict_locked(d, limit - d->live_bytes - sz);
+      small_cache_evict_locked(d, limit > d->live_bytes + sz ? limit - d->live_bytes - sz : 0);
     pthread_mutex_unlock(&d->lock);
   }
   for (int attempt = 0; attempt < 2; attempt++) {

@@ -303,6 +303,8 @@ static int parse_index(const char *fn, UOp *a, const tg_index_spec *spec, int n,
       if (!same_device(fn, a, t, "an index tensor")) return index_free(ix), -1;
       e->kind = E_TENSOR, e->size = a->shape[d], e->b0 = 0, e->b1 = a->shape[d], e->stride = 1,
       e->t = s->tensor;
+      /* negative positions wrap, and positions past the end read 0, by the dim's bound value */
+      if (a->sym && sym_is_code(a->sym[d])) ix->baked = true;
       e->xdim = d++;
       break;
     }

@@ -585,7 +585,12 @@ tg_tensor tg_logaddexp_s(tg_tensor x, double y) {
 
 tg_tensor tg_copysign_s(tg_tensor x, double y) {
   BEGIN("tg_copysign_s", x);
-  return done(tg_copysign(x, K(x, y)));
+  tg_tensor r = tg_copysign(x, K(x, y));
+  if (!tg_valid(r) || tg_dtype_is_float(tg_dtype_of(r))) return done(r);
+  /* an integer result takes its sign from the number itself (scalars compare by value): -1 typed as
+   * uint8 is 255, yet tinygrad negates, wrapping ([1, 2] copysign -1 is [255, 254]) */
+  tg_tensor mag = abs_(tg_cast(x, tg_dtype_of(r)));
+  return done(signbit(y) ? tg_neg(mag) : mag);
 }
 
 tg_tensor tg_fmod_s(tg_tensor x, double y) {
