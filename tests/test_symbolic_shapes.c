@@ -984,6 +984,10 @@ static tg_status f_baked(const tg_tensor *in, int nin, const double *args, int n
     out[0] = tg_cat((tg_tensor[]){tg_getitem(xs, TG_INDEX(TG_IX_ELLIPSIS, TG_IX_INT(-1))),
                                   tg_reshape(tg_getitem(xs, TG_INDEX(TG_IX_ELLIPSIS, TG_IX_SLICE(-3, -1, 1))), TG_SHAPE(1, 2))},
                     2, 1);
+  else if (g_baked_op == 6) /* x[..., 0] and x[..., :3]: positions from the start, for every n >= 3 */
+    out[0] = tg_cat((tg_tensor[]){tg_getitem(xs, TG_INDEX(TG_IX_ELLIPSIS, TG_IX_INT(0))),
+                                  tg_reshape(tg_getitem(xs, TG_INDEX(TG_IX_ELLIPSIS, TG_IX_SLICE(0, 3, 1))), TG_SHAPE(1, 3))},
+                    2, 1);
   else if (g_baked_op == 5) /* x[..., [-1, -2]]: a tensor index wraps and range-checks by the bound value */
     out[0] = tg_contiguous(tg_getitem(xs, TG_INDEX(TG_IX_ELLIPSIS, TG_IX_TENSOR(tg_from_data((int32_t[]){-1, -2}, TG_SHAPE(2), TG_OPTS(.dtype = TG_INT32))))));
   else out[0] = tg_interpolate(xs, TG_SHAPE(5), NULL);
@@ -995,7 +999,7 @@ TEST(jit_refuses_sizes_from_bound_values) {
   float xd[8] = {1, 2, 3, 4, 5, 6, 7, 8};
   tg_tensor x = tg_from_data(xd, TG_SHAPE(1, 1, 8), NULL);
   tg_symvar v = tg_variable("v", 1, 8);
-  for (g_baked_op = 0; g_baked_op < 6; g_baked_op++) {
+  for (g_baked_op = 0; g_baked_op < 7; g_baked_op++) {
     tg_jit *j = tg_jit_new(f_baked, 1, NULL);
     const int vals[] = {3, 5, 8, 2};
     for (int c = 0; c < 4; c++) {
@@ -1006,15 +1010,18 @@ TEST(jit_refuses_sizes_from_bound_values) {
       if (g_baked_op == 2) {
         CHECK(st != TG_OK);
         CHECK_STR_CONTAINS(tg_last_error(), "tg_interpolate: dim 2 of shape (1, 1, ");
-      } else if (g_baked_op == 4 && vals[c] == 2) {
+      } else if ((g_baked_op == 4 || g_baked_op == 6) && vals[c] == 2) {
         /* x[..., -3:-1] starts at n - 3: a replay at n = 2 would read before the dim */
         CHECK(st != TG_OK);
         CHECK_STR_CONTAINS(tg_last_error(), "below what the captured graph can use");
-      } else if (c == 0 || g_baked_op == 3 || g_baked_op == 4) {
-        CHECK_MSG(st == TG_OK && tg_numel(out[0]) == (g_baked_op == 0 ? 2 * vals[c] : g_baked_op == 4 ? 3 : 2), "op %d v=%d: %s",
+      } else if (c == 0 || g_baked_op == 3 || g_baked_op == 4 || g_baked_op == 6) {
+        CHECK_MSG(st == TG_OK && tg_numel(out[0]) == (g_baked_op == 0 ? 2 * vals[c] : g_baked_op == 4 ? 3 : g_baked_op == 6 ? 4 : 2), "op %d v=%d: %s",
                   g_baked_op, vals[c], tg_last_error());
         float got[3] = {0}, n = (float)vals[c];
         if (g_baked_op == 3) CHECK(tg_data(out[0], got, 2 * sizeof(float)) == TG_OK && got[0] == n - 1 && got[1] == n);
+        float g4[4] = {0};
+        if (g_baked_op == 6)
+          CHECK(tg_data(out[0], g4, sizeof g4) == TG_OK && g4[0] == 1 && g4[1] == 1 && g4[2] == 2 && g4[3] == 3);
         if (g_baked_op == 5) CHECK(tg_data(out[0], got, 2 * sizeof(float)) == TG_OK && got[0] == n && got[1] == n - 1);
         if (g_baked_op == 4)
           CHECK_MSG(tg_data(out[0], got, sizeof got) == TG_OK && got[0] == n && got[1] == n - 2 && got[2] == n - 1,

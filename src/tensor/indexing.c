@@ -384,7 +384,11 @@ static tg_tensor apply_views(tg_tensor x, UOp *a, const Index *ix) {
     if (e->stride < 0) flips[nf++] = d;
     strided = strided || st[d] != 1;
   }
+  /* the positions are the caller's (those computed from a bound value mark the result baked, in
+   * tg_getitem): the shrink is not counted as the library's own, as getitem's scope would count it */
+  sym_library(-1);
   tg_tensor r = tg_shrink(x, bounds, 2 * nd);
+  sym_library(+1);
   if (nf) r = tg_flip(r, flips, nf);
   if (strided) {
     int64_t pads[2 * MAXD], pairs[2 * MAXD], cut[4 * MAXD], fin[MAXD];
