@@ -219,6 +219,49 @@ static uint64_t allreduce_kernels(tg_tensor x, int ring, tg_tensor want, double 
   return k;
 }
 
+/* A sharded value read before its backward (the loss printed first, an intermediate inspected)
+ * still passes the gradient on to the sharded leaves, as one device's does: its handles held the
+ * realized shards without their graph, and the gradient was none with status OK. */
+TEST(autograd_after_reading) {
+  BEGIN;
+  tg_context_begin();
+  tg_context_set_int("TRAINING", 1);
+  const float d[6] = {1, 2, 3, 4, 5, 6};
+  const int axes[2] = {0, TG_SHARD_NONE};
+  for (int a = 0; a < 2; a++) {
+    tg_tensor s = tg_shard(tg_from_data(d, TG_SHAPE(6), NULL), DEV2, 2, axes[a]);
+    CHECK(tg_realize(s) == TG_OK);
+    tg_set_requires_grad(s, true);
+    tg_tensor y = tg_mul(s, s);
+    float yv[6];
+    CHECK(tg_data(y, yv, sizeof yv) == TG_OK && yv[5] == 36);
+    CHECK(tg_backward(tg_sum(y, TG_ALL_AXES, false)) == TG_OK);
+    tg_tensor g = tg_grad(s);
+    float gv[6] = {0};
+    CHECK_MSG(tg_valid(g) && tg_data(g, gv, sizeof gv) == TG_OK, "axis %d: no gradient", axes[a]);
+    for (int i = 0; i < 6; i++) CHECK_MSG(gv[i] == 2 * d[i], "axis %d: grad[%d] = %g", axes[a], i, gv[i]);
+  }
+  /* data-parallel: the batch sharded, the weight replicated, the loss read before backward */
+  float xd[8], wd[4] = {0.5f, -1, 2, 0.25f};
+  for (int i = 0; i < 8; i++) xd[i] = (float)i - 3;
+  tg_tensor g1 = {0}, g2 = {0};
+  for (int sharded = 0; sharded < 2; sharded++) {
+    tg_tensor x = tg_from_data(xd, TG_SHAPE(4, 2), NULL), w = tg_from_data(wd, TG_SHAPE(2, 2), NULL);
+    if (sharded) x = tg_shard(x, DEV2, 2, 0), w = tg_shard(w, DEV2, 2, TG_SHARD_NONE);
+    CHECK(tg_realize(x) == TG_OK && tg_realize(w) == TG_OK);
+    tg_set_requires_grad(w, true);
+    tg_tensor loss = tg_sum(tg_mul(tg_matmul(x, w), tg_matmul(x, w)), TG_ALL_AXES, false);
+    double lv = 0;
+    CHECK(tg_item(loss, &lv) == TG_OK);
+    CHECK(tg_backward(loss) == TG_OK);
+    if (sharded) g2 = tg_to(tg_grad(w), "CPU:0");
+    else g1 = tg_grad(w);
+  }
+  CHECK_MSG(tg_valid(g1) && tg_valid(g2) && maxdiff(g1, g2) < 1e-5, "data-parallel gradient after reading the loss");
+  tg_context_end();
+  END;
+}
+
 TEST(allreduce_ring_vs_naive) {
   BEGIN;
   tg_tensor x = realized(tg_randn(TG_SHAPE(8, 1000), NULL));

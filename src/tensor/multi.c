@@ -632,8 +632,13 @@ tg_status realize_multi(UOp **targets, int n) {
     free(sh);
     if (uop_flags(t) & UOPF_GRAD_LEAF) uop_set_flag(mr, UOPF_GRAD_LEAF);
     uop_ref(t);
-    t_replace_everywhere(t, mr);
+    int holders = t_replace_everywhere(t, mr);
     uop_set_realized(t, mr); /* owned */
+    /* each realized shard keeps its shard's graph for autograd, as a realized node does on one
+     * device: a sharded tensor read before its backward (the loss printed first) still passes the
+     * gradient on (its handles hold mr, not the shards, so the realize's own hand-out skipped them) */
+    for (int j = 0; holders > 0 && j < k; j++)
+      if (uop_realized(t->src[j]) && uop_realized(t->src[j]) == mr->src[j]) ag_attach_history(mr->src[j], t->src[j]);
     uop_unref(t);
   }
   return TG_OK;
