@@ -262,6 +262,26 @@ TEST(autograd_after_reading) {
   END;
 }
 
+/* A stepped slice of the sharded axis, given to setitem on a view of a sharded tensor, selects a
+ * gathered copy: the write would not reach the shards and was lost with status OK; it is refused.
+ * Step 1 there still writes through. */
+TEST(setitem_view_stepped_refused) {
+  BEGIN;
+  float d[12];
+  for (int i = 0; i < 12; i++) d[i] = (float)i;
+  tg_tensor x = tg_shard(tg_from_data(d, TG_SHAPE(2, 6), NULL), DEV2, 2, 1);
+  CHECK(tg_realize(x) == TG_OK);
+  tg_tensor v = tg_permute(x, TG_AXES(1, 0)); /* x.T: the sharded axis first */
+  CHECK(tg_setitem_s(v, TG_INDEX(TG_IX_SLICE(0, 6, 2)), -1) == TG_ERR_INVALID);
+  CHECK_STR_CONTAINS(tg_last_error(), "gathered copy");
+  tg_clear_error();
+  float o[12];
+  CHECK(tg_data(x, o, sizeof o) == TG_OK && o[0] == 0 && o[2] == 2);
+  CHECK(tg_setitem_s(v, TG_INDEX(TG_IX_SLICE(0, 3, 1)), -1) == TG_OK);
+  CHECK(tg_data(x, o, sizeof o) == TG_OK && o[0] == -1 && o[2] == -1 && o[3] == 3 && o[6] == -1);
+  END;
+}
+
 TEST(allreduce_ring_vs_naive) {
   BEGIN;
   tg_tensor x = realized(tg_randn(TG_SHAPE(8, 1000), NULL));

@@ -770,6 +770,17 @@ static tg_status setitem_impl(const char *fn, tg_tensor x, const tg_index_spec *
       UOp *ku = tg_valid(t) ? t_get(t, fn) : NULL;
       vb = ku ? tg_reshape(vb, ku->shape, ku->ndim) : NONE;
     }
+    /* a stepped or flipped slice of the sharded axis gathers the view: the write would change only
+     * that copy, and was lost with status OK */
+    UOp *tt = tg_valid(vb) && tg_valid(t) ? t_get(t, fn) : NULL;
+    if (tt && !(m_is(tt) && m_is_view_of_buffers(tt))) {
+      tg_scope_end();
+      return tg_set_error(TG_ERR_INVALID,
+                          "%s: this index of a view of a multi-device tensor selects a gathered copy of it (a stepped or "
+                          "flipped slice of the sharded axis), which the write could not reach the shards' buffers "
+                          "through; use a step of 1 on that axis, or setitem into the sharded tensor itself",
+                          fn);
+    }
     tg_tensor as = tg_valid(vb) ? tg_assign(t, vb) : NONE;
     tg_status st = tg_valid(as) ? TG_OK : tg_last_status() ? tg_last_status() : TG_ERR_INVALID;
     tg_scope_end();
