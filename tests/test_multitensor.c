@@ -258,6 +258,31 @@ TEST(autograd_after_reading) {
     else g1 = tg_grad(w);
   }
   CHECK_MSG(tg_valid(g1) && tg_valid(g2) && maxdiff(g1, g2) < 1e-5, "data-parallel gradient after reading the loss");
+  /* and after optimizer steps replaced the weight's node: every step's gradient arrives */
+  tg_tensor wf[2] = {{0}, {0}};
+  for (int sharded = 0; sharded < 2; sharded++) {
+    tg_tensor w = tg_from_data(wd, TG_SHAPE(2, 2), NULL);
+    if (sharded) w = tg_shard(w, DEV2, 2, TG_SHARD_NONE);
+    CHECK(tg_realize(w) == TG_OK);
+    tg_set_requires_grad(w, true);
+    tg_optim *o = tg_optim_sgd(&w, 1, TG_SGD_OPTS(.lr = 0.05));
+    for (int step = 0; step < 3; step++) {
+      tg_scope_begin();
+      tg_tensor x = tg_from_data(xd, TG_SHAPE(4, 2), NULL);
+      if (sharded) x = tg_shard(x, DEV2, 2, 0);
+      tg_optim_zero_grad(o);
+      tg_tensor loss = tg_sum(tg_matmul(x, w), TG_ALL_AXES, false);
+      double lv = 0;
+      CHECK(tg_item(loss, &lv) == TG_OK && tg_backward(loss) == TG_OK);
+      tg_tensor g = tg_grad(w);
+      CHECK_MSG(tg_valid(g), "sharded %d step %d: no gradient", sharded, step);
+      CHECK(tg_optim_step(o) == TG_OK);
+      tg_scope_end();
+    }
+    wf[sharded] = sharded ? tg_to(w, "CPU:0") : w;
+    tg_optim_free(o);
+  }
+  CHECK_MSG(maxdiff(wf[0], wf[1]) < 1e-5, "weights after 3 steps differ by %g", maxdiff(wf[0], wf[1]));
   tg_context_end();
   END;
 }
