@@ -24,6 +24,7 @@
 #include <sys/resource.h>
 #include <sys/sysinfo.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "helpers.h"
 
@@ -145,6 +146,15 @@ size_t host_free_memory(void) {
 size_t host_address_limit(void) {
   struct rlimit rl;
   return getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? (size_t)rl.rlim_cur : SIZE_MAX;
+}
+
+size_t process_vm_bytes(void) {
+  FILE *f = fopen("/proc/self/statm", "r");
+  unsigned long long pages = 0;
+  bool ok = f && fscanf(f, "%llu", &pages) == 1;
+  if (f) fclose(f);
+  long ps = sysconf(_SC_PAGESIZE);
+  return ok && ps > 0 ? (size_t)pages * (size_t)ps : 0;
 }
 
 void *tg_xrealloc(void *p, size_t n) {

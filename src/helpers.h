@@ -48,6 +48,8 @@ size_t host_memory_limit(void);
  * SIZE_MAX: none). */
 size_t host_free_memory(void);
 size_t host_address_limit(void);
+/* The process's mapped address space now (bytes; 0 if unknown). */
+size_t process_vm_bytes(void);
 
 /* ---- errors: first error of the thread wins until tg_clear_error ---- */
 /* Records an error (if none recorded yet) with printf formatting. Always returns TG_ERR-status `st`. */

@@ -655,7 +655,19 @@ static void *block_new(DeviceImpl *d, size_t sz, Chunk **chunk) {
     }
     if (d->small_cached && d->live_bytes + dev->cached_bytes + sz > limit)
       small_cache_evict_locked(d, limit > d->live_bytes + sz ? limit - d->live_bytes - sz : 0);
+    /* a request the address-space limit cannot take is an error here: PoCL would take the buffer
+     * and abort the process at its first use */
+    size_t as = dev->caps.cpu_cores ? host_address_limit() : SIZE_MAX, vm = as != SIZE_MAX ? process_vm_bytes() : 0;
+    if (as != SIZE_MAX && vm + sz > as && d->small_cached) {
+      small_cache_drop_locked(d);
+      vm = process_vm_bytes();
+    }
     pthread_mutex_unlock(&d->lock);
+    if (as != SIZE_MAX && vm + sz > as) {
+      tg_set_error(TG_ERR_RUNTIME, "%s: cannot allocate %zu bytes: the process's address-space limit (ulimit -v, %zu bytes) "
+                   "has %zu bytes left", dev->name, sz, as, vm < as ? as - vm : 0);
+      return NULL;
+    }
   }
   for (int attempt = 0; attempt < 2; attempt++) {
     bool had_error = tg_has_error();
