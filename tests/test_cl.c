@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <tinygrad.h>
 #include <unistd.h>
@@ -908,7 +909,53 @@ TEST(cl_float64_needs_fp64) {
   END;
 }
 
+/* The child of cl_address_space_limit: lowers its own address-space limit to what it maps now plus
+ * 700 MB, then asks CL for five 300 MB buffers (each written, so PoCL maps it). Exit 0 when the ones
+ * past the limit were refused with the error naming it and the others hold their data; PoCL aborted
+ * the process at a buffer's first use before. */
+static int address_space_child(void) {
+  Device *cl = device_get("CL");
+  if (!cl) return 3;
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_AS, &rl) != 0) return 4;
+  rl.rlim_cur = (rlim_t)(process_vm_bytes() + ((size_t)700 << 20));
+  if (setrlimit(RLIMIT_AS, &rl) != 0) return 5;
+  const size_t SZ = (size_t)300 << 20;
+  char *host = malloc(SZ);
+  if (!host) return 6;
+  memset(host, 7, SZ);
+  Buffer *b[5] = {0};
+  int got = 0, refused = 0;
+  for (int i = 0; i < 5; i++) {
+    tg_clear_error();
+    b[i] = buffer_new(cl, SZ);
+    if (b[i] && buffer_copyin(b[i], host, SZ) == TG_OK) got++;
+    else if (!b[i] && tg_last_error() && strstr(tg_last_error(), "address-space limit")) refused++;
+  }
+  for (int i = 0; i < 5; i++) buffer_unref(b[i]);
+  free(host);
+  return got >= 1 && refused >= 1 && got + refused == 5 ? 0 : 10 + got * 10 + refused;
+}
+
+/* (sys/wait.h brings signal.h, whose SI_KERNEL the schedule's enum also names) */
+pid_t waitpid(pid_t pid, int *status, int options);
+
+TEST(cl_address_space_limit) {
+  if (!device_get("CL")) return;
+  pid_t pid = fork();
+  if (pid == 0) { /* a fresh process: PoCL's threads do not survive a fork */
+    setenv("TG_TEST_CL_ADDRESS_CHILD", "1", 1);
+    execl("/proc/self/exe", "test_cl", (char *)NULL);
+    _exit(127);
+  }
+  int ws = 0;
+  CHECK(pid > 0 && waitpid(pid, &ws, 0) == pid);
+  CHECK_MSG(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "child: %s %d", WIFEXITED(ws) ? "exit" : "signal",
+            WIFEXITED(ws) ? WEXITSTATUS(ws) : WIFSIGNALED(ws) ? WTERMSIG(ws) : -1);
+}
+
 int main(void) {
+  if (getenv("TG_TEST_CL_ADDRESS_CHILD")) return address_space_child();
   snprintf(g_cache, sizeof g_cache, "%s/tg-test-cl-XXXXXX", getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
   if (!mkdtemp(g_cache)) return 2;
   setenv("TINYGRAD_CACHE_DIR", g_cache, 1);
