@@ -90,12 +90,15 @@ static int xb_of(XBufs *t, const Capture *c, const CapItem *it, int j) {
   return k;
 }
 
-/* Names the export cannot take for its function: C's keywords, and what the generated file or its
- * user's program already defines (the C library calls it makes, main). */
-static const char *const RESERVED[] = {
+/* C's keywords (with stdbool's names): no name of the export may be one. */
+static const char *const C_KEYWORDS[] = {
     "auto", "break", "case", "char", "const", "continue", "default", "do", "double", "else", "enum", "extern", "float",
     "for", "goto", "if", "inline", "int", "long", "register", "restrict", "return", "short", "signed", "sizeof",
-    "static", "struct", "switch", "typedef", "union", "unsigned", "void", "volatile", "while", "bool", "true", "false",
+    "static", "struct", "switch", "typedef", "union", "unsigned", "void", "volatile", "while", "bool", "true", "false"};
+
+/* Names the export cannot take for its function besides those: what the generated file or its user's
+ * program already defines (the C library calls it makes, main). */
+static const char *const RESERVED[] = {
     "main", "memcpy", "memset", "memmove", "memcmp", "malloc", "calloc", "realloc", "free", "aligned_alloc", "fopen",
     "fclose", "fread", "fwrite", "fseek", "ftell", "printf", "fprintf", "snprintf", "strlen", "strcmp", "strncmp",
     "exit", "abort", "exp2f", "log2f", "sqrtf", "sinf", "exp2", "log2", "sqrt", "sin", "fmaf", "fma", "errno"};
@@ -111,7 +114,7 @@ static const char *const HDR_MACROS[] = {
     "R_OK", "W_OK", "X_OK", "F_OK", "stdin", "stdout", "stderr", "errno", "va_start", "va_arg", "va_end", "va_copy",
     "math_errhandling", "isinf", "isnan", "isfinite", "isnormal", "signbit", "fpclassify", "isgreater",
     "isgreaterequal", "isless", "islessequal", "islessgreater", "isunordered", "getc", "putc", "alignas", "alignof",
-    "static_assert", "noreturn", "offsetof", "assert", "restrict", "L_tmpnam", "L_ctermid"};
+    "static_assert", "noreturn", "offsetof", "assert", "restrict", "L_ctermid"};
 static const char *const HDR_MACRO_PREFIXES[] = {
     "SIZE_", "PTRDIFF_", "SIG_ATOMIC_", "WCHAR_", "WINT_", "FP_", "MATH_", "M_", "SEEK_", "STDIN_", "STDOUT_", "STDERR_",
     "PTHREAD_", "SCHED_", "CLOCK_", "TIMER_", "MAP_", "PROT_", "MADV_", "MS_", "MCL_", "TGX_"};
@@ -233,8 +236,7 @@ static bool is_ident(const char *s) {
   for (const char *p = s; *p; p++)
     if (!(*p == '_' || (*p >= '0' && *p <= '9') || ((*p | 32) >= 'a' && (*p | 32) <= 'z'))) return false;
   if (s[0] == '_' && (s[1] == '_' || (s[1] >= 'A' && s[1] <= 'Z'))) return false; /* the implementation's */
-  for (size_t i = 0; i < sizeof RESERVED / sizeof *RESERVED; i++)
-    if (!strcmp(s, RESERVED[i])) return false;
+  if (in_list(s, C_KEYWORDS, NELEM(C_KEYWORDS)) || in_list(s, RESERVED, NELEM(RESERVED))) return false;
   return strlen(s) < 48 && !header_name(s);
 }
 
@@ -605,16 +607,11 @@ typedef struct {
   int64_t vmin[16], vmax[16];
 } Ex;
 
+/* A name no variable may take (beside the headers' macros, header_macro): C's and C++'s keywords,
+ * gcc's predefined macros, and the implementation's and the export's own prefixes. */
 static bool c_keyword(const char *s) {
-  static const char *const kw[] = {"auto", "bool", "break", "case", "catch", "char", "class", "const", "continue", "default",
-                                   "delete", "do", "double", "else", "enum", "extern", "false", "float", "for", "goto", "if",
-                                   "inline", "int", "long", "new", "operator", "private", "protected", "public", "register",
-                                   "restrict", "return", "short", "signed", "sizeof", "static", "struct", "switch", "template",
-                                   "this", "throw", "true", "try", "typedef", "typename", "union", "unsigned", "using", "virtual",
-                                   "void", "volatile", "while", "errno", "NULL", "alignas", "static_assert"};
-  for (size_t i = 0; i < sizeof kw / sizeof kw[0]; i++)
-    if (!strcmp(s, kw[i])) return true;
-  return s[0] == '_' || !strncmp(s, "tgx_", 4) || in_list(s, CXX_AND_GNU, NELEM(CXX_AND_GNU));
+  return in_list(s, C_KEYWORDS, NELEM(C_KEYWORDS)) || in_list(s, CXX_AND_GNU, NELEM(CXX_AND_GNU)) || s[0] == '_' ||
+         !strncmp(s, "tgx_", 4);
 }
 
 /* The capture's variables become the entry point's int arguments; its symbolic inputs and outputs
