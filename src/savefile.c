@@ -39,8 +39,9 @@ bool fd_write_all(int fd, const void *buf, size_t n) {
   const unsigned char *p = buf;
   while (n) {
     ssize_t w = write(fd, p, n > (1u << 30) ? (1u << 30) : n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) { /* (a write of nothing would loop forever) */
+      if (w == 0) errno = EIO;
       return false;
     }
     p += w;

@@ -263,12 +263,12 @@ static void serve_one(const VizPage *p, int fd) {
   /* the head must end within the buffer: the checks below read headers that a longer request line
    * would push out of it (a 9 KB query string hid a foreign Host) */
   if (!memmem(req, got, "\r\n\r\n", 4) && !memmem(req, got, "\n\n", 2)) {
-    const char *m = got >= sizeof req - 1 ? "request head too large: this server reads at most 8 KiB\n"
-                                          : "bad request: the request head did not end\n";
     if (got < sizeof req - 1) {
+      const char *m = "bad request: the request head did not end\n";
       respond(fd, 400, "Bad Request", "text/plain; charset=utf-8", m, strlen(m), NULL);
       return;
     }
+    const char *m = "request head too large: this server reads at most 8 KiB\n";
     respond(fd, 431, "Request Header Fields Too Large", "text/plain; charset=utf-8", m, strlen(m), NULL);
     /* read what the client still sends (for at most 1 s, 1 MiB), so that closing with it unread
      * does not reset the connection before the client reads the answer */

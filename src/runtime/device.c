@@ -643,21 +643,22 @@ static void *block_new(DeviceImpl *d, size_t sz, Chunk **chunk) {
   } else if ((ptr = cache_take(d, sz))) {
     return ptr;
   } else if (!d->kind->host_memory) {
+    /* a device of CPU cores: its memory is the host's, taken lazily (PoCL maps a buffer at its first
+     * use and aborts when it cannot), so the address-space limit and the host's free memory bound it */
+    size_t as = dev->caps.cpu_cores ? host_address_limit() : SIZE_MAX;
     pthread_mutex_lock(&d->lock);
     size_t peak = d->live_bytes + sz > d->peak_live ? d->live_bytes + sz : d->peak_live, limit = 2 * peak;
     if (d->small_cached && dev->caps.cpu_cores) {
-      /* its memory is the host's, taken lazily (PoCL maps a buffer at its first use and aborts
-       * when it cannot): idle blocks never hold more than half the address-space limit, and go
-       * back when the host has less free memory than the request */
-      size_t as = host_address_limit();
+      /* idle blocks never hold more than half the address-space limit, and go back when the host
+       * has less free memory than the request */
       if (as != SIZE_MAX && as / 2 < limit) limit = as / 2;
       if (sz > host_free_memory()) limit = 0;
     }
     if (d->small_cached && d->live_bytes + dev->cached_bytes + sz > limit)
       small_cache_evict_locked(d, limit > d->live_bytes + sz ? limit - d->live_bytes - sz : 0);
-    /* a request the address-space limit cannot take is an error here: PoCL would take the buffer
-     * and abort the process at its first use */
-    size_t as = dev->caps.cpu_cores ? host_address_limit() : SIZE_MAX, vm = as != SIZE_MAX ? process_vm_bytes() : 0;
+    /* a request the address-space limit cannot take is an error here (PoCL would take the buffer
+     * and abort the process at its first use) */
+    size_t vm = as != SIZE_MAX ? process_vm_bytes() : 0;
     if (as != SIZE_MAX && vm + sz > as && d->small_cached) {
       small_cache_drop_locked(d);
       vm = process_vm_bytes();

@@ -136,18 +136,6 @@ static _Atomic uint64_t g_file_counter;
 /* ---------------------------------------------------------------------------------------------- */
 /* small file and process helpers                                                                  */
 
-static bool write_all(int fd, const void *p, size_t n) {
-  const uint8_t *c = p;
-  while (n) {
-    ssize_t w = write(fd, c, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    c += w;
-    n -= (size_t)w;
-  }
-  return true;
-}
-
 /* Whole file into a malloc'd buffer; NULL if it cannot be read, is not a regular file, or is larger
  * than any kernel library (a planted 100 GB file is refused, not allocated). */
 #define MAX_LIB_BYTES ((size_t)1 << 30)
@@ -439,7 +427,7 @@ static void cache_write(const char *dir, const char *path, const char *key, cons
     memcpy(e + CACHE_HDR + klen, lib, len);
     uint64_t sum = hash_bytes(e, total - CACHE_TRAILER, CACHE_SEED);
     memcpy(e + total - CACHE_TRAILER, &sum, 8);
-    bool ok = write_all(fd, e, total);
+    bool ok = fd_write_all(fd, e, total);
     ok = close(fd) == 0 && ok;
     if (!ok || rename(tmp.s, path) != 0) unlink(tmp.s);
   }
@@ -476,7 +464,7 @@ static tg_status compile_now(CompilerInfo *ci, const char *src, uint8_t **lib, s
     sb_free(&cpath);
     return st;
   }
-  bool wrote = write_all(fd, src, strlen(src));
+  bool wrote = fd_write_all(fd, src, strlen(src));
   close(fd);
   /* The .c name is ours (mkstemps), so the matching .so name cannot collide either. */
   sb_printf(&opath, "%.*s.so", (int)(cpath.len - 2), cpath.s);
@@ -714,7 +702,7 @@ char *host_disassemble(const char *tool, const char *const *args, const uint8_t 
   if (fd < 0) {
     tg_set_error(TG_ERR_RUNTIME, "disassembly: cannot create a file in %s: %s", tmpdir, strerror(errno));
   } else {
-    bool ok = write_all(fd, bin, len);
+    bool ok = fd_write_all(fd, bin, len);
     ok = close(fd) == 0 && ok;
     size_t nargs = 0;
     while (args && args[nargs]) nargs++;
@@ -773,7 +761,7 @@ static void *cpu_load(void *state, const char *fname, const uint8_t *lib, size_t
     if (len < 0 || (size_t)len >= sizeof path) continue;
     int fd = mkstemps(path, 3);
     if (fd < 0) continue;
-    bool ok = write_all(fd, lib, liblen);
+    bool ok = fd_write_all(fd, lib, liblen);
     ok = close(fd) == 0 && ok;
     if (ok) {
       dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);

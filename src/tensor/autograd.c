@@ -833,9 +833,7 @@ tg_tensor tg_set_requires_grad(tg_tensor t, bool requires_grad) {
     return NONE;
   }
   s->requires_grad = requires_grad ? 1 : 0;
-  if (requires_grad && s->u) uop_set_flag(s->u, UOPF_GRAD_LEAF);
-  if (requires_grad && s->u && m_is(s->u))
-    for (uint32_t j = 0; j < g_resolve(s->u)->nsrc; j++) uop_set_flag(g_resolve(s->u)->src[j], UOPF_GRAD_LEAF);
+  if (requires_grad && s->u) t_flag_grad_leaf(s->u);
   return t;
 }
 

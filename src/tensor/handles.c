@@ -105,10 +105,7 @@ UOp *t_grad_swap(tg_tensor h, UOp *g) {
   return old;
 }
 
-/* A node a requires_grad handle now holds is a gradient leaf; a multi-device one's shards too (as
- * tg_set_requires_grad flags them), so that the graph of a sharded value realized from it (a loss
- * read before its backward, after an optimizer step replaced the weights' node) keeps its way back. */
-static void flag_leaf(UOp *to) {
+void t_flag_grad_leaf(UOp *to) {
   uop_set_flag(to, UOPF_GRAD_LEAF);
   if (m_is(to))
     for (uint32_t j = 0; j < g_resolve(to)->nsrc; j++) uop_set_flag(g_resolve(to)->src[j], UOPF_GRAD_LEAF);
@@ -331,7 +328,7 @@ int t_replace_buffer_everywhere(Buffer *b, UOp *to) {
     if ((size_t)n == cap) olds = tg_xrealloc(olds, sizeof(UOp *) * (cap *= 2));
     olds[n++] = sl->u;
     sl->u = to;
-    if (sl->requires_grad == 1) flag_leaf(to);
+    if (sl->requires_grad == 1) t_flag_grad_leaf(to);
   }
   pthread_mutex_unlock(&h_lock);
   for (int i = 0; i < n; i++) {
@@ -349,7 +346,7 @@ int t_replace_node_everywhere(UOp *from, UOp *to) {
     Slot *sl = slot_at(i);
     if (sl->scope < 0 || sl->u != from) continue;
     sl->u = uop_ref(to);
-    if (sl->requires_grad == 1) flag_leaf(to);
+    if (sl->requires_grad == 1) t_flag_grad_leaf(to);
     n++;
   }
   pthread_mutex_unlock(&h_lock);
@@ -394,7 +391,7 @@ int t_replace_each(UOp *from, UOp *const *tos, int ntos) {
     if (sl->scope >= 0 && sl->u == from && sl->thread == me) {
       UOp *to = tos[n++];
       sl->u = uop_ref(to);
-      if (sl->requires_grad == 1) flag_leaf(to);
+      if (sl->requires_grad == 1) t_flag_grad_leaf(to);
     }
   }
   pthread_mutex_unlock(&h_lock);
@@ -410,7 +407,7 @@ int t_replace_everywhere(UOp *from, UOp *to) {
     Slot *sl = slot_at(i);
     if (sl->scope >= 0 && sl->u == from && sl->thread == me) {
       sl->u = to;
-      if (sl->requires_grad == 1) flag_leaf(to);
+      if (sl->requires_grad == 1) t_flag_grad_leaf(to);
       n++;
     }
   }

@@ -55,6 +55,10 @@ void t_each_live(void (*visit)(void *ctx, Slot *s, tg_tensor h), void *ctx);
  * returns the old gradient to release, or g itself when h was freed meanwhile. */
 UOp *t_grad_ref(tg_tensor h);
 UOp *t_grad_swap(tg_tensor h, UOp *g);
+/* Marks the node a requires_grad handle holds as a gradient leaf, and a multi-device node's shards
+ * too, so that the graph of a (sharded) value realized from it keeps its way back to it (a loss read
+ * before its backward, after an optimizer step replaced the weights' node). */
+void t_flag_grad_leaf(UOp *u);
 int t_scope_depth(void); /* the scopes open on this thread */
 /* Is t a chain of shrinks, one with a symbolic argument, over a buffer (or a pending assign into
  * one)? tg_assign writes such a view in place (an ASSIGN of a region: a KV cache at start_pos). */
