@@ -201,6 +201,54 @@ TEST(gradient_reaches_a_parameter_written_after_the_graph) {
   END_T;
 }
 
+/* A lazy leaf (tg_ones, tg_randn) realized after a graph was built from it: the graph holds the
+ * computation it came from and the handle its buffer, and the gradient still finds it, as in tinygrad
+ * (x = Tensor.ones(3); x.requires_grad = True; y = (x*2).sum(); x.realize(); y.backward() gives 2s).
+ * Read through both (built before and after the realize), the two paths add up; a computed tensor
+ * realized after the loss was built gets its gradient once, and the leaf beneath it its own. */
+TEST(gradient_reaches_a_leaf_realized_after_the_graph) {
+  BEGIN_T;
+  tg_tensor x = tg_set_requires_grad(tg_ones(TG_SHAPE(3), NULL), true);
+  tg_tensor z = sumall(tg_mul_s(x, 2));
+  OK(tg_realize(x));
+  OK(tg_backward(z));
+  CHECK_VALS(tg_grad(x), 0, 2, 2, 2);
+  tg_zero_grad(x);
+  tg_tensor x2 = tg_set_requires_grad(tg_randn(TG_SHAPE(3), NULL), true);
+  tg_tensor z2 = sumall(tg_mul_s(x2, 2));
+  OK(tg_realize(x2));
+  OK(tg_backward(tg_add(z2, sumall(tg_mul_s(x2, 5)))));
+  CHECK_VALS(tg_grad(x2), 0, 7, 7, 7);
+  tg_tensor h = tg_mul_s(x, 2);
+  tg_tensor l = sumall(tg_mul_s(h, 3));
+  OK(tg_realize(h));
+  OK(tg_backward(tg_add(l, sumall(h))));
+  CHECK_VALS(tg_grad(h), 0, 4, 4, 4);
+  CHECK_VALS(tg_grad(x), 0, 8, 8, 8);
+  END_T;
+}
+
+/* Equal creations are one hash-consed node; as leaves they are different tensors, as in tinygrad: two
+ * lazy tg_zeros(3) marked requires_grad each take only their own gradient (both took the sum), and a
+ * lazy tg_ones(3) takes none from a tg_randn(3)'s backward (its threefry reads a ones of that shape). */
+TEST(equal_creations_are_different_leaves) {
+  BEGIN_T;
+  tg_tensor a = tg_set_requires_grad(tg_zeros(TG_SHAPE(3), NULL), true);
+  tg_tensor b = tg_set_requires_grad(tg_zeros(TG_SHAPE(3), NULL), true);
+  OK(tg_backward(sumall(tg_mul_s(b, 2))));
+  CHECK(!tg_valid(tg_grad(a)));
+  CHECK_VALS(tg_grad(b), 0, 2, 2, 2);
+  OK(tg_backward(tg_add(sumall(tg_mul_s(a, 3)), sumall(b))));
+  CHECK_VALS(tg_grad(a), 0, 3, 3, 3);
+  CHECK_VALS(tg_grad(b), 0, 3, 3, 3);
+  tg_tensor x = tg_set_requires_grad(tg_ones(TG_SHAPE(3), NULL), true);
+  tg_tensor r = tg_set_requires_grad(tg_randn(TG_SHAPE(3), NULL), true);
+  OK(tg_backward(sumall(tg_mul_s(r, 2))));
+  CHECK(!tg_valid(tg_grad(x)));
+  CHECK_VALS(tg_grad(r), 0, 2, 2, 2);
+  END_T;
+}
+
 TEST(state_dict_aliases_take_no_gradient) {
   BEGIN_T;
   /* a dict entry is a second handle of the model's tensor: repeated backward passes must not pile

@@ -416,19 +416,30 @@ static void topo_visit(Topo *t, UOp *u) {
  * tensor written by a realized assign (an optimizer step) holds a new node while a graph built
  * before the write reads the buffer through the old one. tinygrad keeps one node per buffer, so its
  * gradient finds the tensor in such a graph; here every BUFFER node of the graph that wraps the
- * target's buffer whole (same dtype and shape) stands for the target. */
-static bool buffer_twin(const UOp *a, const UOp *b) {
-  return a->op == OP_BUFFER && b->op == OP_BUFFER && a->arg.p == b->arg.p && a->dtype == b->dtype &&
-         a->ndim == b->ndim && (a->ndim == 0 || memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) == 0);
+ * target's buffer whole (same dtype and shape) stands for the target. So does a computed node of the
+ * graph realized into that buffer since (a leaf x realized after y = f(x) was built: x's handle
+ * holds the BUFFER node, y's graph the computation it came from; tinygrad finds x there, as its
+ * realize puts the buffer in place of the computation in every graph). */
+static const UOp *buffer_of(const UOp *u) {
+  const UOp *r = u->op == OP_BUFFER ? u : uop_realized(u);
+  return r && r->op == OP_BUFFER ? r : NULL;
 }
-/* The graph's BUFFER nodes by buffer (Buffer * -> PtrVec * of nodes, owned). */
+static bool buffer_twin(const UOp *a, const UOp *b) {
+  a = buffer_of(a), b = buffer_of(b);
+  return a && b && a->arg.p == b->arg.p && a->dtype == b->dtype && a->ndim == b->ndim &&
+         (a->ndim == 0 || memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) == 0);
+}
+/* The graph's BUFFER nodes and realized nodes by buffer (Buffer * -> PtrVec * of nodes, owned). */
 static void buffer_nodes(const Topo *t, PtrMap *by) {
   pm_init(by);
   for (size_t i = 0; i < t->order.n; i++) {
     UOp *u = t->order.p[i];
-    if (u->op != OP_BUFFER) continue;
-    PtrVec *v = pm_get(by, (uint64_t)(uintptr_t)u->arg.p);
-    if (!v) v = tg_xcalloc(1, sizeof *v), pm_put(by, (uint64_t)(uintptr_t)u->arg.p, v);
+    const UOp *b = buffer_of(u);
+    /* (not a creation: equal creations are one node, and this one may stand for another tensor's
+     * value; a requires_grad creation is realized when it is marked, tg_set_requires_grad) */
+    if (!b || (u != b && t_reads_no_buffer(u))) continue;
+    PtrVec *v = pm_get(by, (uint64_t)(uintptr_t)b->arg.p);
+    if (!v) v = tg_xcalloc(1, sizeof *v), pm_put(by, (uint64_t)(uintptr_t)b->arg.p, v);
     pv_push(v, u);
   }
 }
@@ -450,7 +461,8 @@ static void graph_free(Topo *t, PtrMap *by) {
 /* Does the graph (by, from buffer_nodes) hold target u, itself or a twin? */
 static bool graph_holds(const Topo *t, const PtrMap *by, UOp *u) {
   if (pm_has(&t->idx, (uint64_t)(uintptr_t)u)) return true;
-  const PtrVec *v = u->op == OP_BUFFER ? pm_get(by, (uint64_t)(uintptr_t)u->arg.p) : NULL;
+  const UOp *b = buffer_of(u);
+  const PtrVec *v = b ? pm_get(by, (uint64_t)(uintptr_t)b->arg.p) : NULL;
   for (size_t i = 0; v && i < v->n; i++)
     if (buffer_twin(u, v->p[i])) return true;
   return false;
@@ -491,6 +503,18 @@ static void compute_grads(UOp *loss, UOp *seed, UOp **targets, int n, UOp **out)
 }
 
 static void compute_grads_nodes(const Topo *t, UOp *loss, UOp *seed, UOp **targets, int n, UOp **out);
+/* Does u's gradient flow on, unchanged, into another of the n nodes standing for one target? A
+ * buffer node carrying the history of the computation realized into it (ag_attach_history) passes
+ * its gradient to that computation; where the graph holds both, the computation's gradient already
+ * counts the buffer node's. */
+static bool passed_on(UOp *u, UOp *const *twins, int n) {
+  Custom *c = u->op == OP_BUFFER ? custom_of(u) : NULL;
+  if (!c || !c->history) return false;
+  for (int i = 0; i < n; i++)
+    if (twins[i] == c->inputs[0]) return true;
+  return false;
+}
+
 /* A BUFFER target takes the gradients of its twins in the graph (buffer_twin) too, summed. */
 static void compute_grads_plain(UOp *loss, UOp *seed, UOp **targets, int n, UOp **out) {
   Topo t;
@@ -502,7 +526,8 @@ static void compute_grads_plain(UOp *loss, UOp *seed, UOp **targets, int n, UOp 
   for (int i = 0; i < n; i++) {
     first[i] = (int)ts.n;
     pv_push(&ts, targets[i]), count[i] = 1;
-    const PtrVec *v = targets[i]->op == OP_BUFFER ? pm_get(&by, (uint64_t)(uintptr_t)targets[i]->arg.p) : NULL;
+    const UOp *b = buffer_of(targets[i]);
+    const PtrVec *v = b ? pm_get(&by, (uint64_t)(uintptr_t)b->arg.p) : NULL;
     for (size_t j = 0; v && j < v->n; j++)
       if (v->p[j] != targets[i] && buffer_twin(targets[i], v->p[j])) pv_push(&ts, v->p[j]), count[i]++, twins = true;
   }
@@ -514,7 +539,7 @@ static void compute_grads_plain(UOp *loss, UOp *seed, UOp **targets, int n, UOp 
     for (int i = 0; i < n; i++) {
       UOp *g = NULL;
       for (int j = first[i]; j < first[i] + count[i]; j++) {
-        if (!gs[j]) continue;
+        if (!gs[j] || passed_on(ts.p[j], (UOp *const *)ts.p + first[i], count[i])) continue;
         if (!g) {
           g = gs[j];
         } else {
@@ -833,6 +858,16 @@ tg_tensor tg_set_requires_grad(tg_tensor t, bool requires_grad) {
     return NONE;
   }
   s->requires_grad = requires_grad ? 1 : 0;
+  UOp *u = s->u;
+  if (requires_grad && u && !uop_realized(u) && u->op != OP_BUFFER && !u->sym && !m_is(u) && t_reads_no_buffer(u)) {
+    /* A creation (tg_zeros, tg_ones, tg_full, ...) is one node with every equal creation, whoever
+     * made it (two zero biases of one shape, a randn's own constants): marked as a leaf lazily, each
+     * of them would take the others' gradients. It gets its own buffer now, as tinygrad's tensors
+     * each have theirs (realize hands each holder its copy), so graphs built from it read that. */
+    if (tg_realize(t) != TG_OK) return NONE;
+    s = t_slot(t);
+    if (!s) return NONE;
+  }
   if (requires_grad && s->u) t_flag_grad_leaf(s->u);
   return t;
 }

@@ -25,6 +25,16 @@ static bool reads_no_buffer(UOp *t, PtrMap *seen) {
   return true;
 }
 
+bool t_reads_no_buffer(UOp *t) {
+  if (t->op == OP_BUFFER) return false;
+  PtrMap seen;
+  pm_init(&seen);
+  bool r = true; /* t's own realization aside: its inputs tell */
+  for (uint32_t i = 0; r && i < t->nsrc; i++) r = reads_no_buffer(t->src[i], &seen);
+  pm_free(&seen);
+  return r;
+}
+
 /* Hands the buffer node bn (b's) of the just realized t to the live handles holding t. Creating a
  * tensor (tg_zeros, tg_full, tg_arange, ...) makes a new tensor each time, as in tinygrad, where each
  * creation gets its own buffer; here hash-consing makes two creations of one shape one node. So when

@@ -25,6 +25,10 @@ void t_set_borrowed(tg_tensor t, bool borrowed);
  * value): only a handle's own thread ever changes or drops its reference, so a pointer that thread
  * borrowed with t_get stays valid while another thread realizes the same node. */
 int t_replace_everywhere(UOp *from, UOp *to); /* returns how many handles it changed */
+/* Does t's value come from no buffer at all (a creation: tg_zeros, tg_full, tg_arange, tg_eye, maybe
+ * cast, reshaped or made contiguous), whether or not t itself has been realized since? Such nodes are
+ * hash-consed: equal creations share one node. */
+bool t_reads_no_buffer(UOp *t);
 /* As t_replace_everywhere, but the i-th handle holding `from` (in slot order) gets tos[i]: each
  * takes its own reference; at most ntos handles change. Returns how many did. */
 int t_replace_each(UOp *from, UOp *const *tos, int ntos);
