@@ -79,6 +79,54 @@ TEST(conv_transpose_nd_1d) {
   END;
 }
 
+/* WINO=1: a convolution whose kernel is 3 wide in every spatial dim (stride and dilation 1) goes through
+ * Winograd's F(4, 3) tiles: more kernels, the same values and gradients as the direct sum up to
+ * float rounding, in 1, 2 and 3 spatial dims, grouped, with padding and sizes the tiles do not divide */
+TEST(winograd_matches_direct) {
+  BEGIN;
+  static const int64_t xs[3][5] = {{2, 4, 11}, {2, 4, 9, 7}, {1, 2, 5, 6, 4}}, ws[3][5] = {{6, 2, 3}, {6, 2, 3, 3}, {4, 1, 3, 3, 3}};
+  static const int groups[3] = {2, 2, 2};
+  for (int c = 0; c < 3; c++) {
+    int nd = 3 + c;
+    float out[2][2 * 6 * 9 * 7 * 4], gx[2][2 * 4 * 11 * 9], gw[2][6 * 2 * 27];
+    size_t ny = 0, nx = 1, nw = 1;
+    for (int j = 0; j < nd; j++) nx *= (size_t)xs[c][j], nw *= (size_t)ws[c][j];
+    for (int wino = 0; wino < 2; wino++) {
+      tg_context_begin();
+      CHECK(tg_context_set("WINO", wino ? "1" : "0") == TG_OK);
+      tg_manual_seed(7);
+      tg_tensor x = tg_set_requires_grad(tg_randn(xs[c], nd, NULL), true);
+      tg_tensor w = tg_set_requires_grad(tg_randn(ws[c], nd, NULL), true);
+      tg_tensor b = tg_randn(TG_SHAPE(ws[c][0]), NULL);
+      tg_tensor y = tg_conv2d(x, w, b, TG_CONV2D_OPTS(.groups = groups[c], .padding = {1}, .npadding = 1));
+      int64_t sh[8];
+      int n = tg_shape(y, sh);
+      CHECK_MSG(n == nd, "%s", tg_last_error());
+      ny = 1;
+      for (int j = 0; j < n; j++) ny *= (size_t)sh[j];
+      CHECK(ny * sizeof(float) <= sizeof out[0]);
+      CHECK(tg_realize(x) == TG_OK && tg_realize(w) == TG_OK && tg_realize(b) == TG_OK);
+      tg_tensor wts = tg_cos(tg_arange(0, (double)ny, 1, NULL));
+      CHECK(tg_backward(tg_sum(tg_mul(tg_reshape(y, (const int64_t[]){-1}, 1), wts), NULL, 0, false)) == TG_OK);
+      get_f32(y, out[wino], ny);
+      get_f32(tg_grad(x), gx[wino], nx);
+      get_f32(tg_grad(w), gw[wino], nw);
+      /* (after the backward: a realize cuts a graph, and an equal convolution is the same node) */
+      tg_tensor yk = tg_conv2d(x, w, b, TG_CONV2D_OPTS(.groups = groups[c], .padding = {1}, .npadding = 1));
+      tg_global_counters_reset();
+      CHECK(tg_realize(yk) == TG_OK);
+      /* the direct convolution is one kernel; Winograd's transforms and channel sums are several */
+      uint64_t k = tg_global_counters().kernel_count;
+      CHECK_MSG(wino ? k >= 4 : k <= 2, "%d-d wino=%d: %llu kernels", nd - 2, wino, (unsigned long long)k);
+      tg_context_end();
+    }
+    for (size_t i = 0; i < ny; i++) CHECK_CLOSE(out[1][i], out[0][i], 1e-4);
+    for (size_t i = 0; i < nx; i++) CHECK_CLOSE(gx[1][i], gx[0][i], 1e-4);
+    for (size_t i = 0; i < nw; i++) CHECK_CLOSE(gw[1][i], gw[0][i], 2e-4);
+  }
+  END;
+}
+
 TEST(fixed_size_selection) {
   BEGIN;
   const float xd[6] = {5, 0, 7, 0, 0, 9};

@@ -1114,6 +1114,36 @@ def _half_conv_products():
 case("float16 and bfloat16 convolutions: products summed unrounded, bias after the rounding", _half_conv_products)
 
 
+def _winograd():
+  # WINO=1 (tinygrad's): convolutions with 3-wide kernels, stride and dilation 1, go through Winograd's
+  # F(4, 3) tiles; the values and gradients are PyTorch's direct convolution's up to float rounding,
+  # in 1, 2 and 3 spatial dims, grouped, padded unevenly, with sizes the 4-wide tiles do not divide
+  cases = [((1, 1, 5, 5), (1, 1, 3, 3), {}), ((2, 3, 7, 6), (4, 3, 3, 3), {"padding": 1}),
+           ((2, 4, 9, 10), (6, 2, 3, 3), {"groups": 2, "padding": (1, 0, 2, 1)}), ((1, 2, 4, 4), (3, 2, 3, 3), {"padding": 2}),
+           ((3, 8, 12, 12), (16, 8, 3, 3), {"padding": 1}), ((2, 3, 11), (5, 3, 3), {"padding": 1}),
+           ((1, 2, 6, 5, 7), (3, 2, 3, 3, 3), {"padding": 1})]
+  with tg.context(WINO=1):
+    for xs, ws, kw in cases:
+      conv = {3: F.conv1d, 4: _torch_conv, 5: F.conv3d}[len(xs)]
+      for with_bias in (False, True):
+        arrs = [rnd(*xs), rnd(*ws)] + ([rnd(ws[0])] if with_bias else [])
+        ref = (lambda x, w, b=None, kw=kw, conv=conv: conv(x, w, b, kw) if conv is _torch_conv else
+               conv(x, w, b, padding=kw.get("padding", 0), groups=kw.get("groups", 1)))
+        check_fwd_bwd(lambda x, w, b=None, kw=kw: conv2d(x, w, b, **kw), ref, arrs, atol=2e-4, gatol=5e-4)
+    # it is the Winograd path: the input and weight transforms, the channel sums and the output
+    # transform are kernels of their own (the direct convolution is one kernel); a 5x5 kernel or a
+    # stride of 2 stays direct
+    x, w = Tensor(rnd(2, 3, 8, 8)).realize(), Tensor(rnd(4, 3, 3, 3)).realize()
+    assert kernels(lambda: conv2d(x, w)) >= 4
+    assert kernels(lambda: conv2d(x, Tensor(rnd(4, 3, 5, 5)).realize())) == 1
+    assert kernels(lambda: conv2d(x, w, stride=2)) == 1
+  with tg.context(WINO=0):
+    assert kernels(lambda: conv2d(x, w)) == 1
+
+
+case("WINO=1: Winograd F(4, 3) convolutions equal the direct ones, forward and backward", _winograd)
+
+
 def _cumsum_kernels():
   for shape, most in [((4, 64), 1), ((4, 100), 3), ((2, 1000), 3), ((1, 100000), 7)]:
     x = Tensor(rnd(*shape)).realize()

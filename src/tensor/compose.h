@@ -48,6 +48,14 @@ tg_tensor image_dot(const char *fn, tg_tensor x, tg_tensor w);
 bool image_conv_fits(int device, int64_t bs, int64_t cin, int64_t iy, int64_t ix, int64_t cout, int64_t kh, int64_t kw,
                      int64_t groups, const int64_t *s, const int64_t *d, const int64_t *pads);
 
+/* WINO (winograd.c): wino_applies says whether a convolution of input a and weight w over nsp spatial
+ * dims with strides s, dilations d and pads (before, after per dim) takes Winograd's F(4, 3) under
+ * WINO=1 (every kernel dim 3, stride and dilation 1, float, no symbolic or empty dims); wino_conv
+ * computes it from checked arguments. */
+bool wino_applies(const UOp *a, const UOp *w, int nsp, const int64_t *s, const int64_t *d, const int64_t *pads);
+tg_tensor wino_conv(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, int64_t groups, int nsp,
+                    const int64_t *pads);
+
 /* [0, n) as int32 on a's device, n = a's size along dim (tinygrad's arange(x.shape[dim])): symbolic
  * when that dim is (a tg_sym size), so the positions of a scan or a mask over a symbolic axis hold
  * for every value of its variable. */
