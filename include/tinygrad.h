@@ -93,6 +93,10 @@ typedef enum {
   TG_FLOAT64,
   TG_FP8E4M3, /* OCP fp8 (tinygrad's fp8e4m3): 4 exponent bits, 3 mantissa bits, no inf, max 448 */
   TG_FP8E5M2, /* OCP fp8 (tinygrad's fp8e5m2): 5 exponent bits, 2 mantissa bits, inf, max 57344 */
+  /* AMD's fnuz fp8 (tinygrad's fp8e4m3fnuz / fp8e5m2fnuz): finite values in every exponent, one NaN
+   * (0x80), no inf, no negative zero; inf and NaN convert to NaN, finite overflow saturates */
+  TG_FP8E4M3FNUZ, /* 4 exponent bits (bias 8), 3 mantissa bits, max 240 */
+  TG_FP8E5M2FNUZ, /* 5 exponent bits (bias 16), 2 mantissa bits, max 57344 */
   TG_DTYPE_COUNT
 } tg_dtype;
 

@@ -35,6 +35,8 @@ static const DTypeInfo dtype_table[TG_DTYPE_COUNT] = {
     [TG_FLOAT64] = {"double", "double", 8, 'f'},
     [TG_FP8E4M3] = {"float8_e4m3", "unsigned char", 1, 'f'},
     [TG_FP8E5M2] = {"float8_e5m2", "unsigned char", 1, 'f'},
+    [TG_FP8E4M3FNUZ] = {"float8_e4m3fnuz", "unsigned char", 1, 'f'},
+    [TG_FP8E5M2FNUZ] = {"float8_e5m2fnuz", "unsigned char", 1, 'f'},
 };
 
 bool dtype_valid(tg_dtype dt) { return (int)dt > 0 && (int)dt < TG_DTYPE_COUNT; }
@@ -97,6 +99,10 @@ static const struct {
     {"float8_e4m3fn", TG_FP8E4M3},
     {"fp8e5m2", TG_FP8E5M2},
     {"float8_e5m2", TG_FP8E5M2},
+    {"fp8e4m3fnuz", TG_FP8E4M3FNUZ},
+    {"float8_e4m3fnuz", TG_FP8E4M3FNUZ},
+    {"fp8e5m2fnuz", TG_FP8E5M2FNUZ},
+    {"float8_e5m2fnuz", TG_FP8E5M2FNUZ},
 };
 
 tg_dtype dtype_from_name(const char *name) {
@@ -119,7 +125,7 @@ tg_dtype tg_default_float(void) {
  * tinygrad's lattice (JAX JEP 9407 without complex). A signed integer and uint64 share no integer
  * supertype; in tinygrad they meet at the weak float, which becomes the default float once
  * materialised. We model that weak float as one extra node. The fp8 types sit between the weak float and
- * half/bfloat16: an integer meets an fp8 at the fp8, the two fp8s meet at float16. */
+ * half/bfloat16: an integer meets an fp8 at the fp8, two different fp8s meet at float16. */
 enum { NODE_WEAKFLOAT = TG_DTYPE_COUNT, NODE_COUNT };
 
 /* Edges as bitmasks of direct parents. */
@@ -133,9 +139,11 @@ static const unsigned lattice_up[NODE_COUNT] = {
     [TG_UINT16] = 1u << TG_INT32 | 1u << TG_UINT32,
     [TG_UINT32] = 1u << TG_INT64 | 1u << TG_UINT64,
     [TG_UINT64] = 1u << NODE_WEAKFLOAT,
-    [NODE_WEAKFLOAT] = 1u << TG_FP8E4M3 | 1u << TG_FP8E5M2,
+    [NODE_WEAKFLOAT] = 1u << TG_FP8E4M3 | 1u << TG_FP8E5M2 | 1u << TG_FP8E4M3FNUZ | 1u << TG_FP8E5M2FNUZ,
     [TG_FP8E4M3] = 1u << TG_FLOAT16 | 1u << TG_BFLOAT16,
     [TG_FP8E5M2] = 1u << TG_FLOAT16 | 1u << TG_BFLOAT16,
+    [TG_FP8E4M3FNUZ] = 1u << TG_FLOAT16 | 1u << TG_BFLOAT16,
+    [TG_FP8E5M2FNUZ] = 1u << TG_FLOAT16 | 1u << TG_BFLOAT16,
     [TG_FLOAT16] = 1u << TG_FLOAT32,
     [TG_BFLOAT16] = 1u << TG_FLOAT32,
     [TG_FLOAT32] = 1u << TG_FLOAT64,
@@ -144,10 +152,10 @@ static const unsigned lattice_up[NODE_COUNT] = {
 
 /* The lattice's total order used to pick the least of the common supertypes (tinygrad's DType
  * priority; it differs from the enum order: uint8 ranks between int8 and int16). */
-static const int lattice_order[] = {TG_BOOL,    TG_INT8,     TG_UINT8,   TG_INT16,  TG_UINT16,
-                                    TG_INT32,   TG_UINT32,   TG_INT64,   TG_UINT64, NODE_WEAKFLOAT,
-                                    TG_FP8E4M3, TG_FP8E5M2,  TG_FLOAT16, TG_BFLOAT16, TG_FLOAT32,
-                                    TG_FLOAT64};
+static const int lattice_order[] = {TG_BOOL,     TG_INT8,        TG_UINT8,   TG_INT16,       TG_UINT16,
+                                    TG_INT32,    TG_UINT32,      TG_INT64,   TG_UINT64,      NODE_WEAKFLOAT,
+                                    TG_FP8E4M3,  TG_FP8E4M3FNUZ, TG_FP8E5M2, TG_FP8E5M2FNUZ, TG_FLOAT16,
+                                    TG_BFLOAT16, TG_FLOAT32,     TG_FLOAT64};
 
 static unsigned lattice_closure(int node) {
   unsigned mask = 1u << node;
@@ -188,6 +196,8 @@ tg_dtype dtype_sum_acc(tg_dtype dt) {
   case TG_BFLOAT16:
   case TG_FP8E4M3:
   case TG_FP8E5M2:
+  case TG_FP8E4M3FNUZ:
+  case TG_FP8E5M2FNUZ:
     return TG_FLOAT32;
   default:
     return dt;
@@ -221,6 +231,10 @@ double dtype_min(tg_dtype dt) {
     return -INFINITY;
   case TG_FP8E4M3:
     return -448; /* no inf: its lowest value */
+  case TG_FP8E4M3FNUZ:
+    return -240;
+  case TG_FP8E5M2FNUZ:
+    return -57344;
   default:
     return 0;
   }
@@ -254,6 +268,10 @@ double dtype_max(tg_dtype dt) {
     return INFINITY;
   case TG_FP8E4M3:
     return 448;
+  case TG_FP8E4M3FNUZ:
+    return 240;
+  case TG_FP8E5M2FNUZ:
+    return 57344;
   default:
     return 0;
   }
@@ -332,42 +350,74 @@ float bf16_to_float(uint16_t h) {
 uint16_t float_to_bf16(float f) { return round_to_small_float(f, 8, 7); }
 
 /* ---- fp8 ----
- * tinygrad's conversions (OCP formats, nearest-even from the double's bits). e4m3: bias 7, no inf (inf
- * and nan become nan 0x7f / 0xff), finite values beyond 464 saturate to 448. e5m2: bias 15, inf and
- * nan kept, finite values from 61440 on saturate to 57344. */
+ * tinygrad's conversions, nearest-even from the double's bits (one rounding for float and double
+ * sources). Four formats differ in mantissa bits, bias and what their top codes mean:
+ *  - OCP e4m3 (bias 7): no inf; 0x7f / 0xff are NaN, and inf and NaN both become NaN (0x7f | sign);
+ *  - OCP e5m2 (bias 15): IEEE-like, exponent 31 holds inf (0x7c) and NaN (0x7d..0x7f);
+ *  - fnuz e4m3 / e5m2 (bias 8 / 16, AMD's): every exponent is finite, 0x80 (the would-be -0) is the
+ *    one NaN, there is no inf and no -0: inf and NaN become 0x80, a result of zero is +0.
+ * Finite values at or past halfway beyond the largest code saturate to it (for OCP e4m3 that halfway
+ * point, 464, rounds to 448 anyway). */
+enum { FP8_E4M3, FP8_E5M2, FP8_FNUZ };
+typedef struct {
+  int mant, bias, kind;
+  uint8_t maxcode; /* the largest finite code */
+  uint64_t sat;    /* double bits from which finite values saturate to maxcode */
+} Fp8Format;
+static const Fp8Format fp8_formats[] = {
+    [TG_FP8E4M3 - TG_FP8E4M3] = {3, 7, FP8_E4M3, 0x7e, 0x407D000000000000ULL},      /* 448, from 464 */
+    [TG_FP8E5M2 - TG_FP8E4M3] = {2, 15, FP8_E5M2, 0x7b, 0x40EE000000000000ULL},     /* 57344, from 61440 */
+    [TG_FP8E4M3FNUZ - TG_FP8E4M3] = {3, 8, FP8_FNUZ, 0x7f, 0x406F000000000000ULL},  /* 240, from 248 */
+    [TG_FP8E5M2FNUZ - TG_FP8E4M3] = {2, 16, FP8_FNUZ, 0x7f, 0x40EE000000000000ULL}, /* 57344, from 61440 */
+};
+
+bool dtype_is_fp8(tg_dtype dt) { return dt >= TG_FP8E4M3 && dt <= TG_FP8E5M2FNUZ; }
+
+int dtype_mant_bits(tg_dtype dt) {
+  if (dtype_is_fp8(dt)) return fp8_formats[dt - TG_FP8E4M3].mant;
+  return dt == TG_FLOAT16 ? 10 : dt == TG_BFLOAT16 ? 7 : 0;
+}
+
 uint8_t double_to_fp8(double d, tg_dtype dt) {
-  bool e4 = dt == TG_FP8E4M3;
-  int M = e4 ? 3 : 2, B = e4 ? 7 : 15;
+  TG_ASSERT(dtype_is_fp8(dt));
+  const Fp8Format *f = &fp8_formats[dt - TG_FP8E4M3];
+  int M = f->mant, B = f->bias, kind = f->kind;
   uint64_t x = double_bits(d), a = x & 0x7fffffffffffffffULL;
   uint8_t s = (uint8_t)((x >> 56) & 0x80);
   if (a >= 0x7ff0000000000000ULL) {
-    if (e4) return s | 0x7f;
+    if (kind == FP8_FNUZ) return 0x80;
+    if (kind == FP8_E4M3) return s | 0x7f;
     return s | (a > 0x7ff0000000000000ULL ? 0x7f : 0x7c);
   }
-  if (a > (e4 ? 0x407D000000000000ULL : 0x40EE000000000000ULL - 1)) return s | (e4 ? 0x7e : 0x7b);
+  if (a >= f->sat) return s | f->maxcode;
   int E = (int)(a >> 52) - 1023;
+  unsigned r;
   if (E >= 1 - B) { /* normal: keep M mantissa bits */
     int sh = 52 - M;
     uint64_t rb = a & ((1ULL << sh) - 1), h = 1ULL << (sh - 1);
-    unsigned r = ((unsigned)(E + B) << M) | (unsigned)((a >> sh) & ((1u << M) - 1));
+    r = ((unsigned)(E + B) << M) | (unsigned)((a >> sh) & ((1u << M) - 1));
     if (rb > h || (rb == h && (r & 1))) r++;
-    return s | (uint8_t)r;
+  } else if (E < -B - M) { /* below half the smallest subnormal */
+    r = 0;
+  } else {
+    int sh = 53 - B - M - E; /* subnormal: the significand's bits above 2^(1-B-M) */
+    uint64_t m = (a & 0xfffffffffffffULL) | (1ULL << 52), rm = m & ((1ULL << sh) - 1), h = 1ULL << (sh - 1);
+    r = (unsigned)(m >> sh);
+    if (rm > h || (rm == h && (r & 1))) r++;
   }
-  if (E < -B - M) return s; /* below half the smallest subnormal */
-  int sh = 53 - B - M - E;  /* subnormal: the significand's bits above 2^(1-B-M) */
-  uint64_t m = (a & 0xfffffffffffffULL) | (1ULL << 52), q = m >> sh, rm = m & ((1ULL << sh) - 1),
-           h = 1ULL << (sh - 1);
-  if (rm > h || (rm == h && (q & 1))) q++;
-  return s | (uint8_t)q;
+  if (r == 0 && kind == FP8_FNUZ) return 0; /* no -0 */
+  return s | (uint8_t)r;
 }
 
 double fp8_to_double(uint8_t b, tg_dtype dt) {
-  bool e4 = dt == TG_FP8E4M3;
-  int M = e4 ? 3 : 2, B = e4 ? 7 : 15, emax = (1 << (7 - M)) - 1;
-  int e = (b >> M) & emax, m = b & ((1 << M) - 1);
+  TG_ASSERT(dtype_is_fp8(dt));
+  const Fp8Format *f = &fp8_formats[dt - TG_FP8E4M3];
+  int M = f->mant, B = f->bias, kind = f->kind;
+  int emax = (1 << (7 - M)) - 1, e = (b >> M) & emax, m = b & ((1 << M) - 1);
+  if (kind == FP8_FNUZ && b == 0x80) return NAN;
   double v;
-  if (!e4 && e == emax) v = m ? NAN : INFINITY;
-  else if (e4 && e == emax && m == (1 << M) - 1) v = NAN;
+  if (kind == FP8_E5M2 && e == emax) v = m ? NAN : INFINITY;
+  else if (kind == FP8_E4M3 && e == emax && m == (1 << M) - 1) v = NAN;
   else if (e == 0) v = ldexp(m, 1 - B - M);
   else v = ldexp(m | (1 << M), e - B - M);
   return (b & 0x80) ? -v : v;
@@ -461,7 +511,9 @@ void dtype_store(tg_dtype dt, void *dst, double v) {
     memcpy(dst, &v, 8);
     return;
   case TG_FP8E4M3:
-  case TG_FP8E5M2: {
+  case TG_FP8E5M2:
+  case TG_FP8E4M3FNUZ:
+  case TG_FP8E5M2FNUZ: {
     uint8_t b = double_to_fp8(v, dt);
     memcpy(dst, &b, 1);
     return;
@@ -504,7 +556,9 @@ void dtype_store_i64(tg_dtype dt, void *dst, int64_t v) {
     return;
   }
   case TG_FP8E4M3:
-  case TG_FP8E5M2: {
+  case TG_FP8E5M2:
+  case TG_FP8E4M3FNUZ:
+  case TG_FP8E5M2FNUZ: {
     uint8_t b = double_to_fp8(i64_to_double_sticky(v), dt);
     memcpy(dst, &b, 1);
     return;
@@ -610,7 +664,9 @@ double dtype_load(tg_dtype dt, const void *src) {
     return d;
   }
   case TG_FP8E4M3:
-  case TG_FP8E5M2: {
+  case TG_FP8E5M2:
+  case TG_FP8E4M3FNUZ:
+  case TG_FP8E5M2FNUZ: {
     uint8_t b;
     memcpy(&b, src, 1);
     return fp8_to_double(b, dt);

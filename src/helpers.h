@@ -151,7 +151,12 @@ float half_to_float(uint16_t h);
 uint16_t float_to_half(float f);   /* round to nearest even */
 float bf16_to_float(uint16_t h);
 uint16_t float_to_bf16(float f);   /* round to nearest even */
-/* tinygrad's fp8 conversions (dt TG_FP8E4M3 or TG_FP8E5M2): nearest even, saturating, see dtype.c */
+/* The fp8 dtypes: OCP e4m3 / e5m2 and the fnuz e4m3 / e5m2. */
+bool dtype_is_fp8(tg_dtype dt);
+/* Stored mantissa bits of a float dtype narrower than float32 (float16 10, bfloat16 7, fp8 3 or 2); 0
+ * for the others. */
+int dtype_mant_bits(tg_dtype dt);
+/* tinygrad's fp8 conversions (dt one of the four fp8 dtypes): nearest even, saturating, see dtype.c */
 uint8_t double_to_fp8(double d, tg_dtype dt);
 double fp8_to_double(uint8_t b, tg_dtype dt);
 

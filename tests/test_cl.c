@@ -857,8 +857,8 @@ TEST(cl_sorts_that_crashed_the_driver) {
 }
 
 /* fp8 on CL (a device with float64): every bit pattern to float32, a sweep of floats (ties, subnormals,
- * overflow, inf, NaN) to both fp8 formats, and a view of fp8 data copied, all equal to the CPU's
- * (CL refused every fp8 computation) */
+ * overflow, inf, NaN, -0 and negatives that round to zero) to the OCP and the fnuz fp8 formats, and a
+ * view of fp8 data copied, all equal to the CPU's (CL refused every fp8 computation) */
 TEST(cl_fp8_matches_cpu) {
   tg_clear_error();
   if (!device_get("CL")) return;
@@ -869,8 +869,10 @@ TEST(cl_fp8_matches_cpu) {
   float f[NF];
   for (int i = 0; i < NF; i++) f[i] = (float)ldexp(1.0 + (i % 37) / 16.0, i / 37 - 12) * (i % 2 ? -1.0f : 1.0f);
   f[0] = INFINITY, f[1] = -INFINITY, f[2] = NAN, f[3] = 448.0f, f[4] = 464.0f, f[5] = 57344.0f, f[6] = 61440.0f, f[7] = 0x1p-9f, f[8] = 0x1p-17f;
-  for (int fmt = 0; fmt < 2; fmt++) {
-    tg_dtype dt = fmt ? TG_FP8E5M2 : TG_FP8E4M3;
+  f[9] = 244.0f, f[10] = 248.0f, f[11] = -0x1p-12f, f[12] = -0.0f, f[13] = -0x1p-19f, f[14] = -NAN;
+  const tg_dtype fmts[4] = {TG_FP8E4M3, TG_FP8E5M2, TG_FP8E4M3FNUZ, TG_FP8E5M2FNUZ};
+  for (int fmt = 0; fmt < 4; fmt++) {
+    tg_dtype dt = fmts[fmt];
     float a[256], b[256];
     uint8_t qa[NF], qb[NF];
     CHECK(tg_data(tg_cast(tg_from_data(bits, TG_SHAPE(256), TG_OPTS(.dtype = dt, .device = "CL")), TG_FLOAT32), a, sizeof a) == TG_OK);
@@ -890,7 +892,8 @@ TEST(cl_fp8_matches_cpu) {
   END;
 }
 
-/* float64 on a device without cl_khr_fp64 is an error naming the extension, not a build failure */
+/* float64 on a device without cl_khr_fp64 is an error naming the extension, not a build failure; so
+ * is fp8 (OCP or fnuz), whose conversions work on the double */
 TEST(cl_float64_needs_fp64) {
   tg_clear_error();
   Device *cl = device_get("CL");
@@ -906,6 +909,18 @@ TEST(cl_float64_needs_fp64) {
   KernelCode *kc = last_kernel(x, &caps, NULL);
   CHECK(kc != NULL && strstr(kc->src, "double") != NULL);
   kernel_code_free(kc);
+  /* the fp8 conversions round the double's bits: every fp8 dtype, OCP and fnuz, needs it too */
+  for (int dt = TG_FP8E4M3; dt <= TG_FP8E5M2FNUZ; dt++) {
+    tg_tensor y = tg_add(mk("CL", 3, 40, 0, (tg_dtype)dt), mk("CL", 3, 40, 1, (tg_dtype)dt));
+    caps.fp64 = false;
+    CHECK(last_kernel(y, &caps, NULL) == NULL);
+    CHECK_STR_CONTAINS(tg_last_error(), "fp8 dtypes");
+    tg_clear_error();
+    caps.fp64 = true;
+    kc = last_kernel(y, &caps, NULL);
+    CHECK_MSG(kc != NULL && strstr(kc->src, "tg_f2f8") != NULL, "%s", tg_dtype_name((tg_dtype)dt));
+    kernel_code_free(kc);
+  }
   END;
 }
 

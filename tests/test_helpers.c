@@ -294,8 +294,10 @@ TEST(default_float) {
 TEST(dtype_table) {
   static const char *names[] = {"default", "bool", "char",  "short", "int",      "long",  "uchar",
                                 "ushort",  "uint", "ulong", "half",  "bfloat16", "float", "double",
-                                "float8_e4m3", "float8_e5m2"};
-  static const size_t sizes[] = {0, 1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2, 4, 8, 1, 1};
+                                "float8_e4m3", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"};
+  static const size_t sizes[] = {0, 1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2, 4, 8, 1, 1, 1, 1};
+  _Static_assert(sizeof names / sizeof *names == TG_DTYPE_COUNT, "a name per dtype");
+  _Static_assert(sizeof sizes / sizeof *sizes == TG_DTYPE_COUNT, "a size per dtype");
   for (int d = 0; d < TG_DTYPE_COUNT; d++) {
     CHECK_MSG(strcmp(tg_dtype_name((tg_dtype)d), names[d]) == 0, "dtype %d name %s", d,
               tg_dtype_name((tg_dtype)d));
@@ -322,6 +324,24 @@ TEST(dtype_table) {
   CHECK(strcmp(dtype_info(TG_FLOAT16)->cname, "_Float16") == 0);
   CHECK(dtype_info(TG_INT8)->kind == 'i' && dtype_info(TG_UINT16)->kind == 'u');
   CHECK(dtype_info(TG_BOOL)->kind == 'b' && dtype_info(TG_BFLOAT16)->kind == 'f');
+  /* tinygrad's attribute names of the fp8 dtypes, and their DType names, round trip */
+  static const struct {
+    const char *attr, *name;
+    tg_dtype dt;
+  } fp8[] = {{"fp8e4m3", "float8_e4m3", TG_FP8E4M3},
+             {"fp8e5m2", "float8_e5m2", TG_FP8E5M2},
+             {"fp8e4m3fnuz", "float8_e4m3fnuz", TG_FP8E4M3FNUZ},
+             {"fp8e5m2fnuz", "float8_e5m2fnuz", TG_FP8E5M2FNUZ}};
+  for (size_t i = 0; i < sizeof fp8 / sizeof *fp8; i++) {
+    CHECK(dtype_from_name(fp8[i].attr) == fp8[i].dt && dtype_from_name(fp8[i].name) == fp8[i].dt);
+    CHECK(strcmp(tg_dtype_name(fp8[i].dt), fp8[i].name) == 0 && dtype_from_name(tg_dtype_name(fp8[i].dt)) == fp8[i].dt);
+    CHECK(tg_dtype_is_float(fp8[i].dt) && !tg_dtype_is_int(fp8[i].dt) && tg_dtype_itemsize(fp8[i].dt) == 1);
+    CHECK(dtype_is_fp8(fp8[i].dt) && dtype_sum_acc(fp8[i].dt) == TG_FLOAT32);
+  }
+  CHECK(dtype_from_name("FP8E4M3FNUZ") == TG_FP8E4M3FNUZ && dtype_from_name("float8_e4m3fn") == TG_FP8E4M3);
+  CHECK(!dtype_is_fp8(TG_FLOAT16) && !dtype_is_fp8(TG_UINT8) && !dtype_is_fp8(TG_DTYPE_COUNT));
+  CHECK(dtype_mant_bits(TG_FP8E4M3FNUZ) == 3 && dtype_mant_bits(TG_FP8E5M2FNUZ) == 2);
+  CHECK(dtype_mant_bits(TG_BFLOAT16) == 7 && dtype_mant_bits(TG_FLOAT16) == 10 && dtype_mant_bits(TG_FLOAT32) == 0);
 }
 
 TEST(dtype_promotion) {
@@ -358,6 +378,23 @@ TEST(dtype_promotion) {
               tg_dtype_name(cases[i].a), tg_dtype_name(cases[i].b), tg_dtype_name(r1), tg_dtype_name(r2),
               tg_dtype_name(cases[i].want));
   }
+  /* the fnuz fp8s against every dtype (bool .. fp8e5m2fnuz, enum order): tinygrad 0.14's
+   * least_upper_dtype. Every integer meets them at themselves, any other fp8 at half. */
+  static const tg_dtype fnuz[2] = {TG_FP8E4M3FNUZ, TG_FP8E5M2FNUZ};
+  static const tg_dtype fnuz_row[2][TG_DTYPE_COUNT - 1] = {
+      {TG_FP8E4M3FNUZ, TG_FP8E4M3FNUZ, TG_FP8E4M3FNUZ, TG_FP8E4M3FNUZ, TG_FP8E4M3FNUZ, TG_FP8E4M3FNUZ,
+       TG_FP8E4M3FNUZ, TG_FP8E4M3FNUZ, TG_FP8E4M3FNUZ, TG_FLOAT16, TG_BFLOAT16, TG_FLOAT32, TG_FLOAT64, TG_FLOAT16,
+       TG_FLOAT16, TG_FP8E4M3FNUZ, TG_FLOAT16},
+      {TG_FP8E5M2FNUZ, TG_FP8E5M2FNUZ, TG_FP8E5M2FNUZ, TG_FP8E5M2FNUZ, TG_FP8E5M2FNUZ, TG_FP8E5M2FNUZ,
+       TG_FP8E5M2FNUZ, TG_FP8E5M2FNUZ, TG_FP8E5M2FNUZ, TG_FLOAT16, TG_BFLOAT16, TG_FLOAT32, TG_FLOAT64, TG_FLOAT16,
+       TG_FLOAT16, TG_FLOAT16, TG_FP8E5M2FNUZ},
+  };
+  for (int i = 0; i < 2; i++)
+    for (int b = 1; b < TG_DTYPE_COUNT; b++) {
+      tg_dtype r1 = tg_dtype_promote(fnuz[i], (tg_dtype)b), r2 = tg_dtype_promote((tg_dtype)b, fnuz[i]);
+      CHECK_MSG(r1 == fnuz_row[i][b - 1] && r2 == r1, "promote(%s,%s) = %s/%s, want %s", tg_dtype_name(fnuz[i]),
+                tg_dtype_name((tg_dtype)b), tg_dtype_name(r1), tg_dtype_name(r2), tg_dtype_name(fnuz_row[i][b - 1]));
+    }
   tg_context_set("DEFAULT_FLOAT", "half");
   CHECK(tg_dtype_promote(TG_INT64, TG_UINT64) == TG_FLOAT16);
   tg_context_end();
@@ -390,6 +427,10 @@ TEST(dtype_sum_acc_and_limits) {
   CHECK(dtype_min(TG_INT32) == -2147483648.0 && dtype_max(TG_INT16) == 32767);
   CHECK(dtype_min(TG_BOOL) == 0 && dtype_max(TG_BOOL) == 1);
   CHECK(dtype_min(TG_INT64) == -9223372036854775808.0);
+  /* the fp8s without inf: their largest finite values */
+  CHECK(dtype_min(TG_FP8E4M3) == -448 && dtype_max(TG_FP8E5M2) == INFINITY);
+  CHECK(dtype_min(TG_FP8E4M3FNUZ) == -240 && dtype_max(TG_FP8E4M3FNUZ) == 240);
+  CHECK(dtype_min(TG_FP8E5M2FNUZ) == -57344 && dtype_max(TG_FP8E5M2FNUZ) == 57344);
 }
 
 /* ---- float16 / bfloat16 ---- */

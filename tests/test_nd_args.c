@@ -1,5 +1,5 @@
 /* test_nd_args.c -- the C side of tinygrad's argument forms: n-d convolutions and pools, fixed-size
- * selection, Newton-Schulz and Muon, fp8 storage; values small enough to check by hand, error
+ * selection, Newton-Schulz and Muon, fp8 storage (OCP and fnuz); values small enough to check by hand, error
  * messages, and no leaked handles (run under ASan by make asan). The differential tests against
  * PyTorch are tests/test_nd_args_torch.py. */
 #include <math.h>
@@ -209,6 +209,62 @@ TEST(fp8_storage_and_casts) {
   /* the sum of an fp8 tensor keeps its dtype, as tinygrad's: 896 in float32 saturates to 448 */
   CHECK(tg_item(tg_sum(f, NULL, 0, false), &item) == TG_OK);
   CHECK_CLOSE(item, 448.0, 0);
+  END;
+}
+
+/* The fnuz fp8s (AMD's) on every CPU renderer and CL: values whose codes were taken from tinygrad 0.14's
+ * float_to_fp8 -- ties, saturation (244 and 248 -> 240), subnormals, and the traps of the format: inf
+ * and NaN become the one NaN 0x80, and a negative value that rounds to zero is +0 (0x80 would be NaN).
+ * The exhaustive comparison is tests/test_nd_args_torch.py's. */
+TEST(fp8_fnuz_casts) {
+  BEGIN;
+  CHECK(strcmp(tg_dtype_name(TG_FP8E4M3FNUZ), "float8_e4m3fnuz") == 0 && tg_dtype_itemsize(TG_FP8E5M2FNUZ) == 1);
+  CHECK(strcmp(tg_dtype_name(TG_FP8E5M2FNUZ), "float8_e5m2fnuz") == 0 && tg_dtype_is_float(TG_FP8E4M3FNUZ));
+  CHECK(tg_dtype_promote(TG_FP8E4M3FNUZ, TG_FP8E5M2FNUZ) == TG_FLOAT16 && tg_dtype_promote(TG_FP8E4M3, TG_FP8E4M3FNUZ) == TG_FLOAT16);
+  CHECK(tg_dtype_promote(TG_UINT64, TG_FP8E4M3FNUZ) == TG_FP8E4M3FNUZ && tg_dtype_promote(TG_FP8E5M2FNUZ, TG_BFLOAT16) == TG_BFLOAT16);
+  enum { N = 17 };
+  const float v[N] = {0.3f, 244.0f, 248.0f, 1000.0f, INFINITY, NAN, -1e-4f, -0.0f, 57344.0f, 61440.0f, 0x1p-10f,
+                      0x1p-11f, 0x3p-12f, 0x1p-17f, 0x1p-18f, 0x3p-19f, -0x1p-19f};
+  const unsigned char want[2][N] = {{50, 127, 127, 127, 128, 128, 0, 0, 127, 127, 1, 0, 1, 0, 0, 0, 0},
+                                    {57, 96, 96, 104, 128, 128, 139, 0, 127, 127, 24, 20, 22, 1, 0, 1, 0}};
+  /* codes -> float32: tinygrad's fp8_to_float (0x80 is NaN, 0x00 the only zero) */
+  const unsigned char codes[9] = {0x00, 0x01, 0x07, 0x08, 0x40, 0x7f, 0x80, 0x81, 0xff};
+  const float dec[2][9] = {{0, 0x1p-10f, 0x7p-10f, 0x1p-7f, 1, 240, NAN, -0x1p-10f, -240},
+                           {0, 0x1p-17f, 0x7p-17f, 0x1p-14f, 1, 57344, NAN, -0x1p-17f, -57344}};
+  const char *devs[3] = {"CPU", "CPU:LLVM", "CL"};
+  for (int d = 0; d < 3; d++) {
+    tg_tensor probe = tg_from_data(v, TG_SHAPE(1), TG_OPTS(.device = devs[d]));
+    if (d == 2 && !tg_valid(probe)) { /* (no OpenCL device) */
+      tg_clear_error();
+      continue;
+    }
+    for (int k = 0; k < 2; k++) {
+      tg_dtype dt = k ? TG_FP8E5M2FNUZ : TG_FP8E4M3FNUZ;
+      unsigned char got[N];
+      CHECK_MSG(tg_data(tg_cast(tg_from_data(v, TG_SHAPE(N), TG_OPTS(.device = devs[d])), dt), got, N) == TG_OK, "%s",
+                tg_last_error());
+      for (int i = 0; i < N; i++)
+        CHECK_MSG(got[i] == want[k][i], "%s on %s: %g -> %u, tinygrad %u", tg_dtype_name(dt), devs[d], v[i], got[i], want[k][i]);
+      float f[9];
+      CHECK(tg_data(tg_cast(tg_from_data(codes, TG_SHAPE(9), TG_OPTS(.dtype = dt, .device = devs[d])), TG_FLOAT32), f, sizeof f) == TG_OK);
+      for (int i = 0; i < 9; i++)
+        CHECK_MSG(isnan(dec[k][i]) ? isnan(f[i]) && !signbit(f[i]) : f[i] == dec[k][i] && !signbit(f[i]) == !signbit(dec[k][i]),
+                  "%s on %s: code 0x%02x -> %g, tinygrad %g", tg_dtype_name(dt), devs[d], codes[i], f[i], dec[k][i]);
+      /* storage made on the host (tg_full) rounds the same way */
+      for (int i = 0; i < N; i++) {
+        unsigned char h[1];
+        CHECK(tg_data(tg_full(TG_SHAPE(1), v[i], TG_OPTS(.dtype = dt, .device = devs[d])), h, 1) == TG_OK);
+        CHECK_MSG(h[0] == want[k][i], "tg_full(%g, %s) on %s: %u, tinygrad %u", v[i], tg_dtype_name(dt), devs[d], h[0], want[k][i]);
+      }
+    }
+  }
+  /* no inf: a max reduction's identity is the largest finite value, and a sum saturates at it */
+  tg_tensor z = tg_full(TG_SHAPE(3), 200.0, TG_OPTS(.dtype = TG_FP8E4M3FNUZ));
+  double item;
+  CHECK(tg_item(tg_sum(z, NULL, 0, false), &item) == TG_OK);
+  CHECK_CLOSE(item, 240.0, 0);
+  CHECK(tg_item(tg_max(tg_neg(z), NULL, 0, false), &item) == TG_OK);
+  CHECK_CLOSE(item, -192.0, 0); /* (200 is 192 in e4m3fnuz) */
   END;
 }
 

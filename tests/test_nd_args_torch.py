@@ -789,20 +789,24 @@ case("Muon optimizer: 3 steps against tinygrad's algorithm (defaults, lr, no nes
 
 
 # =====================================================================================================
-# fp8 dtypes. The reference is written from the OCP formats with tinygrad's choices: nearest, ties to
-# the even code; e4m3 has no inf (inf and nan -> nan 0x7f | sign) and saturates finite values to 448;
-# e5m2 keeps inf / nan (nan -> 0x7f | sign) and saturates finite values to 57344.
+# fp8 dtypes. The reference is written from the formats with tinygrad's choices: nearest, ties to the
+# even code, finite values saturate to the largest code. OCP e4m3 has no inf (inf and nan -> nan 0x7f |
+# sign) and saturates to 448; OCP e5m2 keeps inf / nan (nan -> 0x7f | sign) and saturates to 57344. The
+# fnuz formats (AMD's: bias 8 / 16, max 240 / 57344) use every exponent for finite values; 0x80 is their
+# one NaN, they have no inf (inf and nan -> 0x80) and no -0 (a zero result is 0x00).
 from fractions import Fraction  # noqa: E402
 
-FP8 = {tg.FP8E4M3: (3, 7, False), tg.FP8E5M2: (2, 15, True)}  # mantissa bits, bias, has inf
+FP8 = {tg.FP8E4M3: (3, 7, "e4m3"), tg.FP8E5M2: (2, 15, "ieee"),  # mantissa bits, bias, kind
+       tg.FP8E4M3FNUZ: (3, 8, "fnuz"), tg.FP8E5M2FNUZ: (2, 16, "fnuz")}
 
 
 def fp8_decode(b, dt):
-  m_bits, bias, ieee = FP8[dt]
+  m_bits, bias, kind = FP8[dt]
+  if kind == "fnuz" and b == 0x80: return float("nan")
   emax = (1 << (7 - m_bits)) - 1
   e, m, neg = (b >> m_bits) & emax, b & ((1 << m_bits) - 1), b & 0x80
-  if ieee and e == emax: v = float("nan") if m else float("inf")
-  elif not ieee and e == emax and m == (1 << m_bits) - 1: v = float("nan")
+  if kind == "ieee" and e == emax: v = float("nan") if m else float("inf")
+  elif kind == "e4m3" and e == emax and m == (1 << m_bits) - 1: v = float("nan")
   elif e == 0: v = m * 2.0 ** (1 - bias - m_bits)
   else: v = (m | (1 << m_bits)) * 2.0 ** (e - bias - m_bits)
   return -v if neg else v
@@ -815,9 +819,11 @@ def _finite_codes(dt):
 
 def fp8_encode(x, dt):
   """float (double) -> fp8 bits: the nearest finite code, ties to the even code (saturating)."""
+  kind = FP8[dt][2]
   neg = 0x80 if np.signbit(x) else 0
+  if kind == "fnuz" and not np.isfinite(x): return 0x80
   if np.isnan(x): return neg | 0x7f
-  if np.isinf(x): return neg | (0x7c if FP8[dt][2] else 0x7f)
+  if np.isinf(x): return neg | (0x7c if kind == "ieee" else 0x7f)
   codes, vals = _finite_codes(dt)
   a = Fraction(abs(float(x)))
   import bisect
@@ -827,7 +833,7 @@ def fp8_encode(x, dt):
     if 0 <= j < len(vals):
       d = abs(Fraction(vals[j]) - a)
       if best is None or d < best[0] or (d == best[0] and codes[j] % 2 == 0): best = (d, codes[j])
-  return neg | best[1]
+  return 0 if kind == "fnuz" and best[1] == 0 else neg | best[1]
 
 
 def _fp8_probe_values(dt):
@@ -847,44 +853,82 @@ def _fp8_probe_values(dt):
   return np.concatenate([ps, -ps])
 
 
-def _fp8_casts_exhaustive():
+def _fp8_devices():
+  """CPU, CPU:LLVM and, where this machine has one, CL (a device with float64 computes fp8)."""
+  devs = ["CPU", "CPU:LLVM"]
+  with tg.scope():
+    try:
+      if float(Tensor(np.array([2.0], np.float32), device="CL").cast(tg.FP8E4M3FNUZ).numpy()[0]) == 2.0: devs.append("CL")
+    except Exception:  # noqa: BLE001 (no OpenCL device)
+      pass
+  lib.tg_clear_error()
+  return devs
+
+
+# sha256 of tinygrad 0.14's conversions of the fnuz formats (tinygrad.dtype's fp8_to_float of the 256
+# codes as float32, then float_to_fp8 of every _fp8_probe_values probe), computed once with tinygrad
+# itself: the reference above agrees with tinygrad's own code, not only with this file's reading of it.
+TINYGRAD_FNUZ_SHA256 = {tg.FP8E4M3FNUZ: "22659bfadf4cefaabca1f3246f79f87aefcf544a7042ee4e74b5ee92b1d0638c",
+                        tg.FP8E5M2FNUZ: "0f54b76402abdf7cbcad306160c4e8eb1fd4f618af472aae74f11acf6bc9ed18"}
+
+
+def _fp8_reference_is_tinygrads():
+  import hashlib
+  for dt, want in TINYGRAD_FNUZ_SHA256.items():
+    dec = np.array([fp8_decode(b, dt) for b in range(256)], np.float32)
+    enc = np.array([fp8_encode(float(v), dt) for v in _fp8_probe_values(dt)], np.uint8)
+    got = hashlib.sha256(dec.tobytes() + enc.tobytes()).hexdigest()
+    assert got == want, (tg.DTYPE_NAMES[dt], got)
+
+
+case("fp8 fnuz reference: tinygrad 0.14's fp8_to_float / float_to_fp8 on every code and probe", _fp8_reference_is_tinygrads)
+
+
+def _fp8_casts_exhaustive(dev):
   for dt in FP8:
-    name = tg.DTYPE_NAMES[dt]
+    name = f"{tg.DTYPE_NAMES[dt]} on {dev}"
     assert lib.tg_dtype_itemsize(dt) == 1 and lib.tg_dtype_is_float(dt)
-    assert lib.tg_dtype_name(dt).decode() == name, lib.tg_dtype_name(dt)
-    # every bit pattern -> float32 (the kernel's conversion)
+    assert lib.tg_dtype_name(dt).decode() == tg.DTYPE_NAMES[dt], lib.tg_dtype_name(dt)
+    # every bit pattern -> float32 (the kernel's conversion), bit for bit (NaN's too, 0x7fc00000 for fnuz)
     bits = np.arange(256, dtype=np.uint8)
-    got = Tensor(bits).bitcast(dt).cast(tg.FLOAT32).numpy()
+    got = Tensor(bits, device=dev).bitcast(dt).cast(tg.FLOAT32).numpy()
     ref = np.array([fp8_decode(int(b), dt) for b in bits], np.float32)
-    close(got, ref, atol=0, rtol=0, what=f"{name} -> float32, all 256 codes")
-    assert np.array_equal(np.signbit(got[~np.isnan(got)]), np.signbit(ref[~np.isnan(ref)])), "signs of zeros"
+    bad = np.nonzero(got.view(np.uint32) != ref.view(np.uint32))[0]
+    assert bad.size == 0, f"{name} -> float32: codes {bad[:5]} give {got[bad[:5]]}, reference {ref[bad[:5]]}"
     # float32 -> fp8 (kernel), every code round-trips and every rounding boundary is right
     ps = _fp8_probe_values(dt)
-    got = Tensor(ps).cast(dt).bitcast(tg.UINT8).numpy()
+    got = Tensor(ps, device=dev).cast(dt).bitcast(tg.UINT8).numpy()
     ref = np.array([fp8_encode(float(v), dt) for v in ps], np.uint8)
     bad = np.nonzero(got != ref)[0]
     assert bad.size == 0, f"{name}: float32 {ps[bad[:5]]} -> {got[bad[:5]]}, reference {ref[bad[:5]]}"
-    rt = Tensor(bits).bitcast(dt).cast(tg.FLOAT32).cast(dt).bitcast(tg.UINT8).numpy()
+    rt = Tensor(bits, device=dev).bitcast(dt).cast(tg.FLOAT32).cast(dt).bitcast(tg.UINT8).numpy()
     nan = np.isnan(np.array([fp8_decode(int(b), dt) for b in bits]))
     assert np.array_equal(rt[~nan], bits[~nan]), f"{name}: a code does not round-trip"
     # float64 -> fp8 rounds once from the double (not through float32): just above a tie goes up
     _, vals = _finite_codes(dt)
     tie = (vals[9] + vals[10]) / 2
-    for v in [tie + tie * 2.0 ** -40, tie - tie * 2.0 ** -40, tie]:
-      g = int(Tensor(np.array([v], np.float64)).cast(dt).bitcast(tg.UINT8).numpy()[0])
+    for v in [tie + tie * 2.0 ** -40, tie - tie * 2.0 ** -40, tie, -tie, -2.0 ** -30, 1e300, -np.inf, np.nan]:
+      g = int(Tensor(np.array([v], np.float64), device=dev).cast(dt).bitcast(tg.UINT8).numpy()[0])
       assert g == fp8_encode(v, dt), (name, v, g, fp8_encode(v, dt))
     # host-side stores (tg_full) use the same rounding
-    for v in [0.3, -1000.0, 1e-6, 460.0, 465.0, 60000.0, 62000.0, float("inf")]:
-      g = int(Tensor.full((2,), v, dtype=dt).bitcast(tg.UINT8).numpy()[0])
+    for v in [0.3, -1000.0, 1e-6, -1e-9, 244.0, 248.0, 460.0, 465.0, 60000.0, 62000.0, float("inf"), float("nan")]:
+      g = int(Tensor.full((2,), v, dtype=dt, device=dev).bitcast(tg.UINT8).numpy()[0])
       assert g == fp8_encode(v, dt), (name, "full", v, g, fp8_encode(v, dt))
     # integers -> fp8
-    ints = np.array([0, 1, -3, 17, 255, 448, 449, 1000, -70000], np.int32)
-    g = Tensor(ints).cast(dt).bitcast(tg.UINT8).numpy()
+    ints = np.array([0, 1, -3, 17, 240, 248, 255, 448, 449, 1000, -70000], np.int32)
+    g = Tensor(ints, device=dev).cast(dt).bitcast(tg.UINT8).numpy()
     close(g, np.array([fp8_encode(float(v), dt) for v in ints], np.uint8), what=f"int32 -> {name}")
+    # fp8 -> fp8 goes through the value (no -0 / NaN code is carried over as bits)
+    for dt2 in FP8:
+      g = Tensor(bits, device=dev).bitcast(dt).cast(dt2).bitcast(tg.UINT8).numpy()
+      want = np.array([fp8_encode(fp8_decode(int(b), dt), dt2) for b in bits], np.uint8)
+      bad = np.nonzero(g != want)[0]
+      assert bad.size == 0, f"{name} -> {tg.DTYPE_NAMES[dt2]}: codes {bad[:5]} give {g[bad[:5]]}, want {want[bad[:5]]}"
 
 
-case("fp8e4m3 / fp8e5m2 casts: all 256 codes, every rounding boundary, saturation, inf / nan, float64 and int sources",
-     _fp8_casts_exhaustive)
+for _dev in _fp8_devices():
+  case(f"fp8 casts on {_dev}: all 256 codes, every rounding boundary, saturation, inf / nan, float64, int and fp8 "
+       "sources, OCP and fnuz", _fp8_casts_exhaustive, _dev)
 
 
 def _fp8_promotion():
@@ -894,9 +938,17 @@ def _fp8_promotion():
                   (tg.INT64, E5, E5), (E4, tg.FLOAT16, tg.FLOAT16), (E5, tg.BFLOAT16, tg.BFLOAT16),
                   (E4, tg.FLOAT32, tg.FLOAT32), (E5, tg.FLOAT64, tg.FLOAT64)]:
     assert P(a, b) == r and P(b, a) == r, (a, b, P(a, b), r)
+  # the fnuz fp8s (tinygrad 0.14's least_upper_dtype): an fp8 of another format meets them at half
+  Z4, Z5 = tg.FP8E4M3FNUZ, tg.FP8E5M2FNUZ
+  for a, b, r in [(Z4, Z5, tg.FLOAT16), (Z4, Z4, Z4), (Z5, Z5, Z5), (Z4, E4, tg.FLOAT16), (Z4, E5, tg.FLOAT16),
+                  (Z5, E4, tg.FLOAT16), (Z5, E5, tg.FLOAT16), (tg.INT8, Z4, Z4), (tg.UINT64, Z5, Z5), (tg.BOOL, Z5, Z5),
+                  (Z4, tg.BFLOAT16, tg.BFLOAT16), (Z5, tg.FLOAT16, tg.FLOAT16), (Z4, tg.FLOAT32, tg.FLOAT32),
+                  (Z5, tg.FLOAT64, tg.FLOAT64)]:
+    assert P(a, b) == r and P(b, a) == r, (a, b, P(a, b), r)
   # a Python-float scalar keeps the fp8 dtype (weak float below the fp8s)
-  x = Tensor(np.array([1.0, 2.5, -3.0], np.float32)).cast(E4)
-  assert (x * 2.0).dtype == E4 and (x + Tensor(np.array([1], np.int32))).dtype == E4
+  for dt in FP8:
+    x = Tensor(np.array([1.0, 2.5, -3.0], np.float32)).cast(dt)
+    assert (x * 2.0).dtype == dt and (x + Tensor(np.array([1], np.int32))).dtype == dt
 
 
 case("fp8 promotion rules (tinygrad's lattice)", _fp8_promotion)

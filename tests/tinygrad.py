@@ -25,15 +25,18 @@ import numpy as np
 # ---- dtypes (tg_dtype enum order) ---------------------------------------------------------------
 DEFAULT, BOOL, INT8, INT16, INT32, INT64, UINT8, UINT16, UINT32, UINT64, FLOAT16, BFLOAT16, FLOAT32, FLOAT64 = range(14)
 FP8E4M3, FP8E5M2 = 14, 15  # not in ALL_DTYPES / FLOATS (torch has no fp8); .numpy() upcasts them to float32
+FP8E4M3FNUZ, FP8E5M2FNUZ = 16, 17  # (the same)
+FP8S = (FP8E4M3, FP8E5M2, FP8E4M3FNUZ, FP8E5M2FNUZ)
 ALL_DTYPES = [BOOL, INT8, INT16, INT32, INT64, UINT8, UINT16, UINT32, UINT64, FLOAT16, BFLOAT16, FLOAT32, FLOAT64]
 DTYPE_NAMES = {BOOL: "bool", INT8: "int8", INT16: "int16", INT32: "int32", INT64: "int64", UINT8: "uint8",
                UINT16: "uint16", UINT32: "uint32", UINT64: "uint64", FLOAT16: "float16", BFLOAT16: "bfloat16",
-               FP8E4M3: "float8_e4m3", FP8E5M2: "float8_e5m2",
+               FP8E4M3: "float8_e4m3", FP8E5M2: "float8_e5m2", FP8E4M3FNUZ: "float8_e4m3fnuz",
+               FP8E5M2FNUZ: "float8_e5m2fnuz",
                FLOAT32: "float32", FLOAT64: "float64"}
 # numpy storage dtype of each tg dtype (bfloat16 is stored as its 16 raw bits)
 NP_STORAGE = {BOOL: np.bool_, INT8: np.int8, INT16: np.int16, INT32: np.int32, INT64: np.int64, UINT8: np.uint8,
               UINT16: np.uint16, UINT32: np.uint32, UINT64: np.uint64, FLOAT16: np.float16, BFLOAT16: np.uint16,
-              FP8E4M3: np.uint8, FP8E5M2: np.uint8,
+              FP8E4M3: np.uint8, FP8E5M2: np.uint8, FP8E4M3FNUZ: np.uint8, FP8E5M2FNUZ: np.uint8,
               FLOAT32: np.float32, FLOAT64: np.float64}
 FLOATS = [FLOAT16, BFLOAT16, FLOAT32, FLOAT64]
 SINTS = [INT8, INT16, INT32, INT64]
@@ -354,7 +357,7 @@ class Tensor:
     return out
 
   def numpy(self):
-    if self.dtype in (FP8E4M3, FP8E5M2): return self.cast(FLOAT32).numpy()
+    if self.dtype in FP8S: return self.cast(FLOAT32).numpy()
     r = self.raw()
     return bf16_bits_to_f32(r).reshape(r.shape) if self.dtype == BFLOAT16 else r
 

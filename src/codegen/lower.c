@@ -416,15 +416,16 @@ void gpu_global_dims(const LKernel *k, GDim *dims, int64_t global_size[3]) {
   }
 }
 
-/* Does any node of the kernel compute or move float64? */
-static bool uses_dtype(UOp *u, tg_dtype dt, PtrMap *seen) {
+/* Does any node of the kernel compute or move a dtype that `is` accepts (float64, an fp8)? */
+static bool uses_dtype(UOp *u, bool (*is)(tg_dtype), PtrMap *seen) {
   if (!u || pm_has(seen, (uint64_t)(uintptr_t)u)) return false;
   pm_put(seen, (uint64_t)(uintptr_t)u, (void *)1);
-  if (u->dtype == dt) return true;
+  if (is((tg_dtype)u->dtype)) return true;
   for (uint32_t i = 0; i < u->nsrc; i++)
-    if (uses_dtype(u->src[i], dt, seen)) return true;
+    if (uses_dtype(u->src[i], is, seen)) return true;
   return false;
 }
+static bool is_f64(tg_dtype dt) { return dt == TG_FLOAT64; }
 
 /* GPU launch geometry: the global size, and the work-group size from the LOCAL and GROUP actions
  * (each LOCAL axis must own its dimension). False when it does not fit the device. */
@@ -467,7 +468,7 @@ static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptList 
   if (gpu && !caps->fp64) {
     PtrMap seen;
     pm_init(&seen);
-    bool f64 = uses_dtype(ast, TG_FLOAT64, &seen);
+    bool f64 = uses_dtype(ast, is_f64, &seen);
     pm_free(&seen);
     if (f64) {
       tg_set_error(TG_ERR_INVALID, "codegen: this device has no float64 (OpenCL extension cl_khr_fp64); cast to float32 first");
@@ -477,10 +478,7 @@ static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptList 
   if (gpu && !(caps->lang == LANG_OPENCL && caps->fp64)) { /* (OpenCL's fp8 conversions round through double) */
     PtrMap seen;
     pm_init(&seen);
-    bool f8 = uses_dtype(ast, TG_FP8E4M3, &seen);
-    pm_free(&seen);
-    pm_init(&seen);
-    f8 = f8 || uses_dtype(ast, TG_FP8E5M2, &seen);
+    bool f8 = uses_dtype(ast, dtype_is_fp8, &seen);
     pm_free(&seen);
     if (f8) {
       tg_set_error(TG_ERR_INVALID, "codegen: fp8 dtypes are computed on CPU devices and OpenCL devices with float64 "

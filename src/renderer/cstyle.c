@@ -50,14 +50,16 @@ static const Lang LANG_TABLE[] = {
     [LANG_C] = {{[TG_BOOL] = "_Bool", [TG_INT8] = "signed char", [TG_INT16] = "short", [TG_INT32] = "int",
                  [TG_INT64] = "long long", [TG_UINT8] = "unsigned char", [TG_UINT16] = "unsigned short",
                  [TG_UINT32] = "unsigned int", [TG_UINT64] = "unsigned long long", [TG_FLOAT16] = "float",
-                 [TG_BFLOAT16] = "float", [TG_FLOAT32] = "float", [TG_FLOAT64] = "double", [TG_FP8E4M3] = "float", [TG_FP8E5M2] = "float"},
+                 [TG_BFLOAT16] = "float", [TG_FLOAT32] = "float", [TG_FLOAT64] = "double", [TG_FP8E4M3] = "float", [TG_FP8E5M2] = "float",
+                 [TG_FP8E4M3FNUZ] = "float", [TG_FP8E5M2FNUZ] = "float"},
                 "_Bool", "unsigned short", "unsigned short", "unsigned int", "long long", "LL", "ULL",
                 "__builtin_inf()", "__builtin_inff()", "__builtin_nan(\"\")", "__builtin_nanf(\"\")", "__builtin_", true, false, "", false,
                 "__builtin_memcpy", "-__builtin_inf()", "-__builtin_inff()", "static inline", "", "", {"", "", ""}, {"", "", ""}, "", "", "", false},
     [LANG_OPENCL] = {{[TG_BOOL] = "bool", [TG_INT8] = "char", [TG_INT16] = "short", [TG_INT32] = "int",
                       [TG_INT64] = "long", [TG_UINT8] = "uchar", [TG_UINT16] = "ushort", [TG_UINT32] = "uint",
                       [TG_UINT64] = "ulong", [TG_FLOAT16] = "float", [TG_BFLOAT16] = "float", [TG_FLOAT32] = "float",
-                      [TG_FLOAT64] = "double", [TG_FP8E4M3] = "float", [TG_FP8E5M2] = "float"},
+                      [TG_FLOAT64] = "double", [TG_FP8E4M3] = "float", [TG_FP8E5M2] = "float",
+                 [TG_FP8E4M3FNUZ] = "float", [TG_FP8E5M2FNUZ] = "float"},
                      "uchar", "ushort", "ushort", "uint", "long", "L", "UL", "((double)INFINITY)", "INFINITY", "((double)NAN)",
                      "NAN", "", false, true, "__global ", true, "__builtin_memcpy", "(-(double)INFINITY)", "(-INFINITY)",
                      "static inline", "__kernel", "restrict", {"get_global_id(0)", "get_global_id(1)", "get_global_id(2)"},
@@ -68,7 +70,8 @@ static const Lang LANG_TABLE[] = {
     [LANG_CUDA] = {{[TG_BOOL] = "bool", [TG_INT8] = "signed char", [TG_INT16] = "short", [TG_INT32] = "int",
                     [TG_INT64] = "long long", [TG_UINT8] = "unsigned char", [TG_UINT16] = "unsigned short",
                     [TG_UINT32] = "unsigned int", [TG_UINT64] = "unsigned long long", [TG_FLOAT16] = "float",
-                    [TG_BFLOAT16] = "float", [TG_FLOAT32] = "float", [TG_FLOAT64] = "double", [TG_FP8E4M3] = "float", [TG_FP8E5M2] = "float"},
+                    [TG_BFLOAT16] = "float", [TG_FLOAT32] = "float", [TG_FLOAT64] = "double", [TG_FP8E4M3] = "float", [TG_FP8E5M2] = "float",
+                 [TG_FP8E4M3FNUZ] = "float", [TG_FP8E5M2FNUZ] = "float"},
                    "unsigned char", "unsigned short", "unsigned short", "unsigned int", "long long", "LL", "ULL",
                    "__longlong_as_double(0x7ff0000000000000LL)", "__int_as_float(0x7f800000)",
                    "__longlong_as_double(0x7ff8000000000000LL)", "__int_as_float(0x7fc00000)", "", true, false, "", false,
@@ -83,16 +86,15 @@ static _Thread_local const Lang *L = &LANG_TABLE[LANG_C];
 
 static const char *ctype(tg_dtype dt) { return dt > 0 && dt < TG_DTYPE_COUNT ? L->types[dt] : "int"; }
 /* storage type in memory */
-static bool is_fp8(tg_dtype dt) { return dt == TG_FP8E4M3 || dt == TG_FP8E5M2; }
 static const char *stype(tg_dtype dt) {
   if (dt == TG_FLOAT16) return L->half_store;
   if (dt == TG_BFLOAT16) return L->u16;
-  if (is_fp8(dt)) return ctype(TG_UINT8);
+  if (dtype_is_fp8(dt)) return ctype(TG_UINT8);
   if (dt == TG_BOOL) return L->bool_store;
   return ctype(dt);
 }
 /* floats narrower than float32: stored as their bits, computed in float */
-static bool is_half(tg_dtype dt) { return dt == TG_FLOAT16 || dt == TG_BFLOAT16 || is_fp8(dt); }
+static bool is_half(tg_dtype dt) { return dt == TG_FLOAT16 || dt == TG_BFLOAT16 || dtype_is_fp8(dt); }
 /* rounding wrapper for the narrow floats computed in float */
 static const char *rnd(tg_dtype dt) {
   switch (dt) {
@@ -100,6 +102,8 @@ static const char *rnd(tg_dtype dt) {
   case TG_BFLOAT16: return "tg_rb";
   case TG_FP8E4M3: return "tg_r8a";
   case TG_FP8E5M2: return "tg_r8b";
+  case TG_FP8E4M3FNUZ: return "tg_r8c";
+  case TG_FP8E5M2FNUZ: return "tg_r8d";
   default: return "";
   }
 }
@@ -125,6 +129,8 @@ static const char *to_f(tg_dtype dt) {
   case TG_BFLOAT16: return "tg_b2f";
   case TG_FP8E4M3: return "tg_8a2f";
   case TG_FP8E5M2: return "tg_8b2f";
+  case TG_FP8E4M3FNUZ: return "tg_8c2f";
+  case TG_FP8E5M2FNUZ: return "tg_8d2f";
   default: return "";
   }
 }
@@ -134,6 +140,8 @@ static const char *from_f(tg_dtype dt) {
   case TG_BFLOAT16: return "tg_f2b";
   case TG_FP8E4M3: return "tg_f28a";
   case TG_FP8E5M2: return "tg_f28b";
+  case TG_FP8E4M3FNUZ: return "tg_f28c";
+  case TG_FP8E5M2FNUZ: return "tg_f28d";
   default: return "";
   }
 }
@@ -163,53 +171,70 @@ static const char PRELUDE_BF16[] =
     "static inline unsigned short tg_f2b(float f){unsigned int x;__builtin_memcpy(&x,&f,4);if((x&0x7fffffffu)>0x7f800000u)"
     "return (unsigned short)((x>>16)&0x7f?(x>>16):((x>>16)|0x40));x+=0x7fffu+((x>>16)&1);return (unsigned short)(x>>16);}\n"
     "static inline float tg_rb(float f){return tg_b2f(tg_f2b(f));}\n";
-/* OCP fp8 as tinygrad converts it (from the value's double bits, nearest-even): e4m3 (bias 7, 3
- * mantissa bits) has no inf -- inf and nan become nan (0x7f), finite overflow saturates to 448; e5m2
- * (bias 15, 2 bits) keeps inf and nan, finite overflow saturates to 57344. */
+/* fp8 as tinygrad converts it (from the value's double bits, nearest-even; dtype.c's double_to_fp8
+ * and fp8_to_double). k is the format's kind: 0 OCP e4m3 (bias 7, 3 mantissa bits) has no inf -- inf
+ * and nan become nan (0x7f), finite overflow saturates to 448; 1 OCP e5m2 (bias 15, 2 bits) keeps inf
+ * and nan, finite overflow saturates to 57344; 2 fnuz (e4m3 bias 8, max 240; e5m2 bias 16, max 57344):
+ * no inf and no -0, inf and nan become the one nan 0x80 and a zero result is +0. */
 static const char PRELUDE_FP8[] =
-    "static inline unsigned char tg_f2f8(double f,int M,int B,int ieee,unsigned long long ovf,unsigned char mx){"
+    "static inline unsigned char tg_f2f8(double f,int M,int B,int k,unsigned long long ovf,unsigned char mx){"
     "unsigned long long x;__builtin_memcpy(&x,&f,8);unsigned char s=(unsigned char)((x>>56)&0x80);"
     "unsigned long long a=x&0x7fffffffffffffffULL;"
-    "if(a>=0x7ff0000000000000ULL){if(!ieee)return s|0x7f;return s|(a>0x7ff0000000000000ULL?0x7f:0x7c);}"
+    "if(a>=0x7ff0000000000000ULL){if(k==2)return 0x80;if(!k)return s|0x7f;return s|(a>0x7ff0000000000000ULL?0x7f:0x7c);}"
     "if(a>ovf)return s|mx;int E=(int)(a>>52)-1023;"
     "if(E>=1-B){int sh=52-M;unsigned long long rb=a&((1ULL<<sh)-1),h=1ULL<<(sh-1);"
     "unsigned r=((unsigned)(E+B)<<M)|(unsigned)((a>>sh)&((1u<<M)-1));if(rb>h||(rb==h&&(r&1)))r++;return s|(unsigned char)r;}"
-    "if(E<-B-M)return s;int sh=53-B-M-E;unsigned long long m=(a&0xfffffffffffffULL)|(1ULL<<52),q=m>>sh,"
-    "rm=m&((1ULL<<sh)-1),h=1ULL<<(sh-1);if(rm>h||(rm==h&&(q&1)))q++;return s|(unsigned char)q;}\n"
-    "static inline float tg_f82f(unsigned char b,int M,int B,int ieee){int e=(b>>M)&((1<<(7-M))-1),m=b&((1<<M)-1);"
-    "float v;if(ieee&&e==(1<<(7-M))-1)v=m?__builtin_nanf(\"\"):__builtin_inff();"
-    "else if(!ieee&&e==15&&m==7)v=__builtin_nanf(\"\");"
+    "if(E<-B-M)return k==2?0:s;int sh=53-B-M-E;unsigned long long m=(a&0xfffffffffffffULL)|(1ULL<<52),q=m>>sh,"
+    "rm=m&((1ULL<<sh)-1),h=1ULL<<(sh-1);if(rm>h||(rm==h&&(q&1)))q++;return q||k!=2?s|(unsigned char)q:0;}\n"
+    "static inline float tg_f82f(unsigned char b,int M,int B,int k){if(k==2&&b==0x80)return __builtin_nanf(\"\");"
+    "int e=(b>>M)&((1<<(7-M))-1),m=b&((1<<M)-1);"
+    "float v;if(k==1&&e==(1<<(7-M))-1)v=m?__builtin_nanf(\"\"):__builtin_inff();"
+    "else if(!k&&e==15&&m==7)v=__builtin_nanf(\"\");"
     "else{unsigned int pb=(unsigned int)((e?e:1)-B-M+127)<<23;float p;__builtin_memcpy(&p,&pb,4);"
     "v=(float)(e?(m|(1<<M)):m)*p;}return (b&0x80)?-v:v;}\n"
     "static inline unsigned char tg_f28a(double f){return tg_f2f8(f,3,7,0,0x407D000000000000ULL,0x7e);}\n"
     "static inline unsigned char tg_f28b(double f){return tg_f2f8(f,2,15,1,0x40EE000000000000ULL-1,0x7b);}\n"
+    "static inline unsigned char tg_f28c(double f){return tg_f2f8(f,3,8,2,0x406F000000000000ULL-1,0x7f);}\n"
+    "static inline unsigned char tg_f28d(double f){return tg_f2f8(f,2,16,2,0x40EE000000000000ULL-1,0x7f);}\n"
     "static inline float tg_8a2f(unsigned char b){return tg_f82f(b,3,7,0);}\n"
     "static inline float tg_8b2f(unsigned char b){return tg_f82f(b,2,15,1);}\n"
+    "static inline float tg_8c2f(unsigned char b){return tg_f82f(b,3,8,2);}\n"
+    "static inline float tg_8d2f(unsigned char b){return tg_f82f(b,2,16,2);}\n"
     "static inline float tg_r8a(double f){return tg_8a2f(tg_f28a(f));}\n"
-    "static inline float tg_r8b(double f){return tg_8b2f(tg_f28b(f));}\n";
+    "static inline float tg_r8b(double f){return tg_8b2f(tg_f28b(f));}\n"
+    "static inline float tg_r8c(double f){return tg_8c2f(tg_f28c(f));}\n"
+    "static inline float tg_r8d(double f){return tg_8d2f(tg_f28d(f));}\n";
 
 /* The fp8 conversions in OpenCL C (needs cl_khr_fp64: the rounding works on the double's bits) */
 static const char PRELUDE_FP8_CL[] =
-    "static inline uchar tg_f2f8(double f,int M,int B,int ieee,ulong ovf,uchar mx){"
+    "static inline uchar tg_f2f8(double f,int M,int B,int k,ulong ovf,uchar mx){"
     "ulong x=as_ulong(f);uchar s=(uchar)((x>>56)&0x80);"
     "ulong a=x&0x7fffffffffffffffUL;"
-    "if(a>=0x7ff0000000000000UL){if(!ieee)return s|0x7f;return s|(a>0x7ff0000000000000UL?0x7f:0x7c);}"
+    "if(a>=0x7ff0000000000000UL){if(k==2)return 0x80;if(!k)return s|0x7f;return s|(a>0x7ff0000000000000UL?0x7f:0x7c);}"
     "if(a>ovf)return s|mx;int E=(int)(a>>52)-1023;"
     "if(E>=1-B){int sh=52-M;ulong rb=a&((1UL<<sh)-1),h=1UL<<(sh-1);"
     "uint r=((uint)(E+B)<<M)|(uint)((a>>sh)&((1u<<M)-1));if(rb>h||(rb==h&&(r&1)))r++;return s|(uchar)r;}"
-    "if(E<-B-M)return s;int sh=53-B-M-E;ulong m=(a&0xfffffffffffffUL)|(1UL<<52),q=m>>sh,"
-    "rm=m&((1UL<<sh)-1),h=1UL<<(sh-1);if(rm>h||(rm==h&&(q&1)))q++;return s|(uchar)q;}\n"
-    "static inline float tg_f82f(uchar b,int M,int B,int ieee){int e=(b>>M)&((1<<(7-M))-1),m=b&((1<<M)-1);"
-    "float v;if(ieee&&e==(1<<(7-M))-1)v=m?as_float(0x7fc00000u):INFINITY;" /* (the CPU's quiet NaN, not PoCL's NAN) */
-    "else if(!ieee&&e==15&&m==7)v=as_float(0x7fc00000u);"
+    "if(E<-B-M)return k==2?0:s;int sh=53-B-M-E;ulong m=(a&0xfffffffffffffUL)|(1UL<<52),q=m>>sh,"
+    "rm=m&((1UL<<sh)-1),h=1UL<<(sh-1);if(rm>h||(rm==h&&(q&1)))q++;return q||k!=2?s|(uchar)q:0;}\n"
+    /* (NaN is the CPU's quiet NaN, not PoCL's NAN) */
+    "static inline float tg_f82f(uchar b,int M,int B,int k){if(k==2&&b==0x80)return as_float(0x7fc00000u);"
+    "int e=(b>>M)&((1<<(7-M))-1),m=b&((1<<M)-1);"
+    "float v;if(k==1&&e==(1<<(7-M))-1)v=m?as_float(0x7fc00000u):INFINITY;"
+    "else if(!k&&e==15&&m==7)v=as_float(0x7fc00000u);"
     "else{uint pb=(uint)((e?e:1)-B-M+127)<<23;float p=as_float(pb);"
     "v=(float)(e?(m|(1<<M)):m)*p;}return (b&0x80)?-v:v;}\n"
     "static inline uchar tg_f28a(double f){return tg_f2f8(f,3,7,0,0x407D000000000000UL,0x7e);}\n"
     "static inline uchar tg_f28b(double f){return tg_f2f8(f,2,15,1,0x40EE000000000000UL-1,0x7b);}\n"
+    "static inline uchar tg_f28c(double f){return tg_f2f8(f,3,8,2,0x406F000000000000UL-1,0x7f);}\n"
+    "static inline uchar tg_f28d(double f){return tg_f2f8(f,2,16,2,0x40EE000000000000UL-1,0x7f);}\n"
     "static inline float tg_8a2f(uchar b){return tg_f82f(b,3,7,0);}\n"
     "static inline float tg_8b2f(uchar b){return tg_f82f(b,2,15,1);}\n"
+    "static inline float tg_8c2f(uchar b){return tg_f82f(b,3,8,2);}\n"
+    "static inline float tg_8d2f(uchar b){return tg_f82f(b,2,16,2);}\n"
     "static inline float tg_r8a(double f){return tg_8a2f(tg_f28a(f));}\n"
-    "static inline float tg_r8b(double f){return tg_8b2f(tg_f28b(f));}\n";
+    "static inline float tg_r8b(double f){return tg_8b2f(tg_f28b(f));}\n"
+    "static inline float tg_r8c(double f){return tg_8c2f(tg_f28c(f));}\n"
+    "static inline float tg_r8d(double f){return tg_8d2f(tg_f28d(f));}\n";
 
 /* The same conversions in OpenCL C (as_float/as_uint instead of memcpy). float16 is stored as
  * its 16 bits and computed in float whether or not the device has cl_khr_fp16, converted by these
@@ -378,7 +403,7 @@ static void render_expr(R *r, UOp *u, SB *e) {
     return;
   case OP_CAST:
     if (dt == TG_BOOL) sb_printf(e, "(%s != 0)", a);
-    else if (fl && is_fp8(dt)) sb_printf(e, "%s((double)%s)", rd, a); /* one rounding, also from double */
+    else if (fl && dtype_is_fp8(dt)) sb_printf(e, "%s((double)%s)", rd, a); /* one rounding, also from double */
     else if (fl && is_half(dt)) /* exact, unless the bits kept cannot be a signalling NaN's */
       sb_printf(e, "%s((float)%s)", float_arith_result(u->src[0]) || !pm_has(&r->bits, (uint64_t)(uintptr_t)u) ? rnd_arith(dt) : rnd(dt), a);
     else sb_printf(e, "(%s)(%s)", ctype(dt), a);
@@ -1455,7 +1480,7 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
     if (u->dtype == TG_FLOAT16) r.uses_half = true;
     if (u->dtype == TG_FLOAT64) r.uses_f64 = true;
     if (u->dtype == TG_BFLOAT16) r.uses_bf16 = true;
-    if (is_fp8((tg_dtype)u->dtype)) r.uses_fp8 = true;
+    if (dtype_is_fp8((tg_dtype)u->dtype)) r.uses_fp8 = true;
     if (u->op == OP_CONST) pm_put(&r.names, (uint64_t)(uintptr_t)u, const_str((tg_dtype)u->dtype, u));
     if (u->op == OP_DEFINE_GLOBAL) {
       char buf[32];
@@ -1479,11 +1504,11 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
     if (k->pdt[i] == TG_FLOAT64) r.uses_f64 = true;
     if (k->pdt[i] == TG_FLOAT16) r.uses_half = true;
     if (k->pdt[i] == TG_BFLOAT16) r.uses_bf16 = true;
-    if (is_fp8(k->pdt[i])) r.uses_fp8 = true;
+    if (dtype_is_fp8(k->pdt[i])) r.uses_fp8 = true;
   }
   if (k->rbody && k->racc == TG_FLOAT16) r.uses_half = true;
   if (k->rbody && k->racc == TG_BFLOAT16) r.uses_bf16 = true;
-  if (k->rbody && is_fp8(k->racc)) r.uses_fp8 = true;
+  if (k->rbody && dtype_is_fp8(k->racc)) r.uses_fp8 = true;
 
   r.indent = 1;
   for (int i = 0; i < k->np && !gpu; i++) {

@@ -30,8 +30,7 @@
 #include "../codegen/codegen.h"
 #include "../uop/ptrmap.h"
 
-static bool is_fp8(tg_dtype dt) { return dt == TG_FP8E4M3 || dt == TG_FP8E5M2; }
-static bool is_narrow(tg_dtype dt) { return dt == TG_FLOAT16 || dt == TG_BFLOAT16 || is_fp8(dt); }
+static bool is_narrow(tg_dtype dt) { return dt == TG_FLOAT16 || dt == TG_BFLOAT16 || dtype_is_fp8(dt); }
 
 /* register type of a value */
 static const char *lty(tg_dtype dt) {
@@ -41,13 +40,14 @@ static const char *lty(tg_dtype dt) {
   case TG_INT16: case TG_UINT16: return "i16";
   case TG_INT32: case TG_UINT32: return "i32";
   case TG_FLOAT64: return "double";
-  case TG_FLOAT16: case TG_BFLOAT16: case TG_FLOAT32: case TG_FP8E4M3: case TG_FP8E5M2: return "float";
+  case TG_FLOAT16: case TG_BFLOAT16: case TG_FLOAT32: return "float";
+  case TG_FP8E4M3: case TG_FP8E5M2: case TG_FP8E4M3FNUZ: case TG_FP8E5M2FNUZ: return "float";
   default: return "i64";
   }
 }
 /* memory type */
 static const char *sty(tg_dtype dt) {
-  if (dt == TG_BOOL || is_fp8(dt)) return "i8";
+  if (dt == TG_BOOL || dtype_is_fp8(dt)) return "i8";
   if (dt == TG_FLOAT16 || dt == TG_BFLOAT16) return "i16";
   return lty(dt);
 }
@@ -62,6 +62,8 @@ static const char *rnd_fn(tg_dtype dt) {
   case TG_BFLOAT16: return "tg_llvm_rb";
   case TG_FP8E4M3: return "tg_llvm_r8a";
   case TG_FP8E5M2: return "tg_llvm_r8b";
+  case TG_FP8E4M3FNUZ: return "tg_llvm_r8c";
+  case TG_FP8E5M2FNUZ: return "tg_llvm_r8d";
   default: return NULL;
   }
 }
@@ -71,6 +73,8 @@ static const char *tof_fn(tg_dtype dt) {
   case TG_BFLOAT16: return "tg_llvm_b2f";
   case TG_FP8E4M3: return "tg_llvm_8a2f";
   case TG_FP8E5M2: return "tg_llvm_8b2f";
+  case TG_FP8E4M3FNUZ: return "tg_llvm_8c2f";
+  case TG_FP8E5M2FNUZ: return "tg_llvm_8d2f";
   default: return NULL;
   }
 }
@@ -80,6 +84,8 @@ static const char *fromf_fn(tg_dtype dt) {
   case TG_BFLOAT16: return "tg_llvm_f2b";
   case TG_FP8E4M3: return "tg_llvm_f28a";
   case TG_FP8E5M2: return "tg_llvm_f28b";
+  case TG_FP8E4M3FNUZ: return "tg_llvm_f28c";
+  case TG_FP8E5M2FNUZ: return "tg_llvm_f28d";
   default: return NULL;
   }
 }
@@ -93,10 +99,16 @@ static const char DECLS[] =
     "declare float @tg_llvm_rb(float)\n"
     "declare float @tg_llvm_8a2f(i8 zeroext)\n"
     "declare float @tg_llvm_8b2f(i8 zeroext)\n"
+    "declare float @tg_llvm_8c2f(i8 zeroext)\n"
+    "declare float @tg_llvm_8d2f(i8 zeroext)\n"
     "declare zeroext i8 @tg_llvm_f28a(double)\n"
     "declare zeroext i8 @tg_llvm_f28b(double)\n"
+    "declare zeroext i8 @tg_llvm_f28c(double)\n"
+    "declare zeroext i8 @tg_llvm_f28d(double)\n"
     "declare float @tg_llvm_r8a(double)\n"
     "declare float @tg_llvm_r8b(double)\n"
+    "declare float @tg_llvm_r8c(double)\n"
+    "declare float @tg_llvm_r8d(double)\n"
     "declare i64 @tg_llvm_ipow(i64, i64)\n";
 
 typedef struct {
@@ -185,7 +197,7 @@ static void call_round(LR *r, tg_dtype dt, char *val) {
   if (!f || !is_fl(dt)) return;
   char t[32];
   fresh(r, t);
-  if (is_fp8(dt)) {
+  if (dtype_is_fp8(dt)) {
     char d[32];
     fresh(r, d);
     sb_printf(r->b, "  %s = fpext float %s to double\n", d, val);
@@ -364,7 +376,7 @@ static void convert(LR *r, bool v, tg_dtype sdt, tg_dtype dt, const char *a, cha
     bool up = sdt != TG_FLOAT64 && dt == TG_FLOAT64;
     sb_printf(r->b, "  %s = %s %s %s to %s\n", out, up ? "fpext" : "fptrunc", st, a, dty);
     if (!v && rnd_fn(dt)) {
-      if (is_fp8(dt)) {
+      if (dtype_is_fp8(dt)) {
         /* one rounding from the double value */
         char t[32];
         fresh(r, t);
@@ -379,7 +391,7 @@ static void convert(LR *r, bool v, tg_dtype sdt, tg_dtype dt, const char *a, cha
   if (is_fl(dt)) {
     sb_printf(r->b, "  %s = %s %s %s to %s\n", out, is_uns(sdt) ? "uitofp" : "sitofp", st, a, dty);
     if (!v && rnd_fn(dt)) {
-      if (is_fp8(dt)) {
+      if (dtype_is_fp8(dt)) {
         char d[32], t[32];
         fresh(r, d), fresh(r, t);
         sb_printf(r->b, "  %s = %s %s %s to double\n", d, is_uns(sdt) ? "uitofp" : "sitofp", st, a);
@@ -623,7 +635,7 @@ static void emit_node_f(LR *r, UOp *u, char *out) {
     else snprintf(ity, sizeof ity, "i%d", nb);
     if (!v && is_narrow(sdt)) {
       fresh(r, bitsv);
-      if (is_fp8(sdt)) {
+      if (dtype_is_fp8(sdt)) {
         char d[32];
         fresh(r, d);
         sb_printf(r->b, "  %s = fpext float %s to double\n", d, a);
@@ -1244,7 +1256,7 @@ static void emit_store(LR *r, int c) {
     sb_printf(r->b, "  %s = zext i1 %s to i8\n", sv, x);
   } else if (is_narrow(odt)) {
     fresh(r, sv);
-    if (is_fp8(odt)) {
+    if (dtype_is_fp8(odt)) {
       char d[32];
       fresh(r, d);
       sb_printf(r->b, "  %s = fpext float %s to double\n", d, x);

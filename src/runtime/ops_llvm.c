@@ -224,49 +224,19 @@ static uint16_t f2b(float f) {
   return (uint16_t)(x >> 16);
 }
 static float rb(float f) { return b2f(f2b(f)); }
-static uint8_t f2f8(double f, int M, int B, int ieee, uint64_t ovf, uint8_t mx) {
-  uint64_t x;
-  memcpy(&x, &f, 8);
-  uint8_t s = (uint8_t)((x >> 56) & 0x80);
-  uint64_t a = x & 0x7fffffffffffffffULL;
-  if (a >= 0x7ff0000000000000ULL) {
-    if (!ieee) return s | 0x7f;
-    return s | (a > 0x7ff0000000000000ULL ? 0x7f : 0x7c);
-  }
-  if (a > ovf) return s | mx;
-  int E = (int)(a >> 52) - 1023;
-  if (E >= 1 - B) {
-    int sh = 52 - M;
-    uint64_t rbits = a & ((1ULL << sh) - 1), h = 1ULL << (sh - 1);
-    unsigned r = ((unsigned)(E + B) << M) | (unsigned)((a >> sh) & ((1u << M) - 1));
-    if (rbits > h || (rbits == h && (r & 1))) r++;
-    return s | (uint8_t)r;
-  }
-  if (E < -B - M) return s;
-  int sh = 53 - B - M - E;
-  uint64_t m = (a & 0xfffffffffffffULL) | (1ULL << 52), q = m >> sh, rm = m & ((1ULL << sh) - 1), h = 1ULL << (sh - 1);
-  if (rm > h || (rm == h && (q & 1))) q++;
-  return s | (uint8_t)q;
-}
-static float f82f(uint8_t b, int M, int B, int ieee) {
-  int e = (b >> M) & ((1 << (7 - M)) - 1), m = b & ((1 << M) - 1);
-  float v;
-  if (ieee && e == (1 << (7 - M)) - 1) v = m ? __builtin_nanf("") : __builtin_inff();
-  else if (!ieee && e == 15 && m == 7) v = __builtin_nanf("");
-  else {
-    uint32_t pb = (uint32_t)((e ? e : 1) - B - M + 127) << 23;
-    float p;
-    memcpy(&p, &pb, 4);
-    v = (float)(e ? (m | (1 << M)) : m) * p;
-  }
-  return (b & 0x80) ? -v : v;
-}
-static uint8_t f28a(double f) { return f2f8(f, 3, 7, 0, 0x407D000000000000ULL, 0x7e); }
-static uint8_t f28b(double f) { return f2f8(f, 2, 15, 1, 0x40EE000000000000ULL - 1, 0x7b); }
-static float f8a2f(uint8_t b) { return f82f(b, 3, 7, 0); }
-static float f8b2f(uint8_t b) { return f82f(b, 2, 15, 1); }
+/* fp8: the host's conversions (dtype.c), which the C prelude's tg_f2f8 / tg_f82f spell for kernels */
+static uint8_t f28a(double f) { return double_to_fp8(f, TG_FP8E4M3); }
+static uint8_t f28b(double f) { return double_to_fp8(f, TG_FP8E5M2); }
+static uint8_t f28c(double f) { return double_to_fp8(f, TG_FP8E4M3FNUZ); }
+static uint8_t f28d(double f) { return double_to_fp8(f, TG_FP8E5M2FNUZ); }
+static float f8a2f(uint8_t b) { return (float)fp8_to_double(b, TG_FP8E4M3); }
+static float f8b2f(uint8_t b) { return (float)fp8_to_double(b, TG_FP8E5M2); }
+static float f8c2f(uint8_t b) { return (float)fp8_to_double(b, TG_FP8E4M3FNUZ); }
+static float f8d2f(uint8_t b) { return (float)fp8_to_double(b, TG_FP8E5M2FNUZ); }
 static float r8a(double f) { return f8a2f(f28a(f)); }
 static float r8b(double f) { return f8b2f(f28b(f)); }
+static float r8c(double f) { return f8c2f(f28c(f)); }
+static float r8d(double f) { return f8d2f(f28d(f)); }
 static int64_t ipow(int64_t b, int64_t e) {
   if (e < 0) return b == 1 ? 1 : (b == -1 ? ((e & 1) ? -1 : 1) : 0);
   uint64_t r = 1, ub = (uint64_t)b; /* wraps like the C kernels' (-fwrapv) */
@@ -284,8 +254,10 @@ static const struct {
 } HELPERS[] = {
     {"tg_llvm_h2f", (void *)h2f},   {"tg_llvm_f2h", (void *)f2h},   {"tg_llvm_rh", (void *)rh},
     {"tg_llvm_b2f", (void *)b2f},   {"tg_llvm_f2b", (void *)f2b},   {"tg_llvm_rb", (void *)rb},
-    {"tg_llvm_8a2f", (void *)f8a2f}, {"tg_llvm_8b2f", (void *)f8b2f}, {"tg_llvm_f28a", (void *)f28a},
-    {"tg_llvm_f28b", (void *)f28b}, {"tg_llvm_r8a", (void *)r8a},   {"tg_llvm_r8b", (void *)r8b},
+    {"tg_llvm_8a2f", (void *)f8a2f}, {"tg_llvm_8b2f", (void *)f8b2f}, {"tg_llvm_8c2f", (void *)f8c2f},
+    {"tg_llvm_8d2f", (void *)f8d2f}, {"tg_llvm_f28a", (void *)f28a},  {"tg_llvm_f28b", (void *)f28b},
+    {"tg_llvm_f28c", (void *)f28c},  {"tg_llvm_f28d", (void *)f28d},  {"tg_llvm_r8a", (void *)r8a},
+    {"tg_llvm_r8b", (void *)r8b},    {"tg_llvm_r8c", (void *)r8c},    {"tg_llvm_r8d", (void *)r8d},
     {"tg_llvm_ipow", (void *)ipow},
 };
 #define NHELPERS (sizeof HELPERS / sizeof HELPERS[0])

@@ -509,7 +509,7 @@ static tg_tensor rand_shaped(const char *fn, const int64_t *shape, int ndim, con
     /* [0, 1) in float32 has 2^-24 steps; rounded to float16's 11, bfloat16's 8 or fp8's 3-4 significant bits,
      * the values just below 1 would become 1. Truncate to the dtype's own grid (tinygrad fills the
      * dtype's mantissa bits), which keeps every value below 1. */
-    int nmant = dt == TG_FLOAT16 ? 10 : dt == TG_BFLOAT16 ? 7 : dt == TG_FP8E4M3 ? 3 : dt == TG_FP8E5M2 ? 2 : 0;
+    int nmant = dtype_mant_bits(dt);
     if (r && nmant) {
       UOp *k = g_const_shaped(ldexp(1, nmant), TG_FLOAT32, d->id, r->shape, 1);
       UOp *ik = g_const_shaped(ldexp(1, -nmant), TG_FLOAT32, d->id, r->shape, 1);

@@ -462,7 +462,7 @@ static UOp *mul_const(UOp *a, double c) {
 UOp *n_exp(UOp *a);
 UOp *n_exp(UOp *a) {
   /* 16-bit floats compute in float32, as tinygrad's exp does: 1/ln2 rounded to half costs |x| * 2e-4 */
-  if (a->dtype == TG_FLOAT16 || a->dtype == TG_BFLOAT16 || a->dtype == TG_FP8E4M3 || a->dtype == TG_FP8E5M2) {
+  if (a->dtype == TG_FLOAT16 || a->dtype == TG_BFLOAT16 || dtype_is_fp8((tg_dtype)a->dtype)) {
     UOp *c = g_cast(a, TG_FLOAT32), *e = n_exp(c), *r = g_cast(e, (tg_dtype)a->dtype);
     uop_unref(c), uop_unref(e);
     return r;
@@ -610,7 +610,7 @@ static tg_tensor reduce_nodes(const char *fn, UOp *a, int op, const int *axes, i
 tg_tensor tg_sum(tg_tensor x, const int *axes, int naxes, bool keepdim) {
   GET(a, x, "tg_sum");
   tg_dtype dt = (tg_dtype)a->dtype, acc = dtype_sum_acc(dt);
-  tg_dtype out = (dt == TG_FLOAT16 || dt == TG_BFLOAT16 || dt == TG_FP8E4M3 || dt == TG_FP8E5M2) ? dt : acc;
+  tg_dtype out = (dt == TG_FLOAT16 || dt == TG_BFLOAT16 || dtype_is_fp8(dt)) ? dt : acc;
   return reduce_nodes("tg_sum", a, OP_ADD, axes, naxes, keepdim, acc, out);
 }
 tg_tensor tg_prod(tg_tensor x, const int *axes, int naxes, bool keepdim) {
