@@ -611,13 +611,14 @@ TEST(safe_save_long_file_name) {
   unlink(path);
 }
 
-/* fp8 tensors as safetensors' F8_E4M3 / F8_E5M2 (tinygrad's safe_dtypes): saved with that dtype
- * name, read back bit for bit; 1.0 is 0x38 in e4m3 and 0x3c in e5m2 */
+/* fp8 tensors as safetensors' F8_E4M3 / F8_E5M2 (tinygrad's safe_dtypes) and F8_E4M3FNUZ /
+ * F8_E5M2FNUZ (the safetensors format's names): saved with that dtype name, read back bit for bit;
+ * 1.0 is 0x38 in e4m3, 0x3c in e5m2 and 0x40 in both fnuz formats (their biases are one larger) */
 TEST(safe_fp8_round_trip) {
-  const tg_dtype dts[2] = {TG_FP8E4M3, TG_FP8E5M2};
-  const char *names[2] = {"\"F8_E4M3\"", "\"F8_E5M2\""};
-  const unsigned char one[2] = {0x38, 0x3c};
-  for (int k = 0; k < 2; k++) {
+  const tg_dtype dts[4] = {TG_FP8E4M3, TG_FP8E5M2, TG_FP8E4M3FNUZ, TG_FP8E5M2FNUZ};
+  const char *names[4] = {"\"F8_E4M3\"", "\"F8_E5M2\"", "\"F8_E4M3FNUZ\"", "\"F8_E5M2FNUZ\""};
+  const unsigned char one[4] = {0x38, 0x3c, 0x40, 0x40};
+  for (int k = 0; k < 4; k++) {
     const float x[4] = {1.0f, -2.0f, 0.5f, 0.0f};
     tg_state_dict *sd = tg_state_dict_new();
     tg_scope_begin();

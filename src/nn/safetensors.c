@@ -37,6 +37,7 @@ static const struct {
     {"BOOL", TG_BOOL},     {"U8", TG_UINT8},    {"I8", TG_INT8},     {"I16", TG_INT16},  {"U16", TG_UINT16},
     {"I32", TG_INT32},     {"U32", TG_UINT32},  {"I64", TG_INT64},   {"U64", TG_UINT64}, {"F16", TG_FLOAT16},
     {"BF16", TG_BFLOAT16}, {"F32", TG_FLOAT32}, {"F64", TG_FLOAT64}, {"F8_E4M3", TG_FP8E4M3}, {"F8_E5M2", TG_FP8E5M2},
+    {"F8_E4M3FNUZ", TG_FP8E4M3FNUZ}, {"F8_E5M2FNUZ", TG_FP8E5M2FNUZ},
 };
 
 static const char *st_name_of(tg_dtype dt) {
@@ -332,7 +333,7 @@ static bool parse_entry(J *j, Entry *e, Dims *dims) {
       if (!e->dt) {
         j_fail(j,
                "tensor '%.200s': unsupported dtype \"%.40s\" (supported: BOOL U8 I8 I16 U16 I32 U32 I64 U64 "
-               "F16 BF16 F32 F64 F8_E4M3 F8_E5M2)",
+               "F16 BF16 F32 F64 F8_E4M3 F8_E5M2 F8_E4M3FNUZ F8_E5M2FNUZ)",
                e->name, val.s);
         goto out;
       }
