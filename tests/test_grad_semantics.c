@@ -249,6 +249,28 @@ TEST(equal_creations_are_different_leaves) {
   END_T;
 }
 
+/* An infinite gradient stays where it belongs, as in tinygrad and PyTorch: the backward of a tensor
+ * index puts it in the rows that were read only (a one-hot product made 0 * inf = nan in every other
+ * row), and sigmoid's and tanh's backward pass it on as inf for negative x too (their two composed
+ * paths made inf - inf) */
+TEST(infinite_gradients_stay_in_place) {
+  BEGIN_T;
+  tg_tensor x = tg_set_requires_grad(tg_from_data((const float[]){1, 2, 3, 4, 5, 6}, TG_SHAPE(2, 3), NULL), true);
+  tg_tensor rows = tg_index(x, tg_from_data((const int32_t[]){1}, TG_SHAPE(1), TG_OPTS(.dtype = TG_INT32)));
+  OK(tg_backward(sumall(tg_mul(rows, tg_from_data((const float[]){INFINITY, 1, 1}, TG_SHAPE(1, 3), NULL)))));
+  float g[7];
+  OK(tg_data(tg_grad(x), g, 6 * sizeof(float)));
+  CHECK_MSG(g[0] == 0 && g[1] == 0 && g[2] == 0 && isinf(g[3]) && g[3] > 0 && g[4] == 1 && g[5] == 1,
+            "index: %g %g %g / %g %g %g", g[0], g[1], g[2], g[3], g[4], g[5]);
+  for (int f = 0; f < 2; f++) {
+    tg_tensor v = tg_set_requires_grad(F32V(-3, -0.7f, -0.1f, 0, 0.1f, 0.5f, 3), true);
+    OK(tg_backward_with_grad(f ? tg_tanh(v) : tg_sigmoid(v), tg_full(TG_SHAPE(7), INFINITY, NULL)));
+    OK(tg_data(tg_grad(v), g, sizeof g));
+    for (int i = 0; i < 7; i++) CHECK_MSG(isinf(g[i]) && g[i] > 0, "%s: [%d] = %g", f ? "tanh" : "sigmoid", i, g[i]);
+  }
+  END_T;
+}
+
 TEST(state_dict_aliases_take_no_gradient) {
   BEGIN_T;
   /* a dict entry is a second handle of the model's tensor: repeated backward passes must not pile

@@ -190,14 +190,18 @@ static void grad_rule(UOp *n, UOp *g, UOp **out) {
     break;
   }
   case OP_INDEX: {
-    /* d data[r] = sum of the output gradients of the positions that read row r: a one-hot matmul */
+    /* d data[r] = sum of the output gradients of the positions that read row r: selected, not
+     * multiplied by a one-hot mask, so an inf or NaN gradient stays in the rows that were read (0 * inf
+     * put NaN in every other row; tinygrad's mask.where(g, 0) keeps them 0) */
     tg_scope_begin();
     int64_t rows = a->shape[0], m = shape_numel(b->shape, b->ndim), rest = rows ? shape_numel(a->shape, a->ndim) / rows : 0;
     tg_tensor gt = t_wrap(uop_ref(g)), it = t_wrap(uop_ref(b));
     tg_tensor w = tg_where(tg_lt_s(it, 0), tg_add_s(it, (double)rows), it);
     tg_opts o = {.dtype = TG_INT64, .device = device_by_id(a->device)->name};
-    tg_tensor oh = tg_cast(tg_eq(tg_reshape(tg_cast(w, TG_INT64), (const int64_t[]){m, 1}, 2), tg_arange(0, (double)rows, 1, &o)), dt);
-    tg_tensor gd = tg_matmul(tg_transpose(oh, 0, 1), tg_reshape(gt, (const int64_t[]){m, rest}, 2));
+    tg_tensor sel = tg_eq(tg_reshape(tg_cast(w, TG_INT64), (const int64_t[]){1, m, 1}, 3),
+                          tg_reshape(tg_arange(0, (double)rows, 1, &o), (const int64_t[]){rows, 1, 1}, 3));
+    tg_tensor g3 = tg_reshape(gt, (const int64_t[]){1, m, rest}, 3);
+    tg_tensor gd = tg_sum(tg_where(sel, g3, tg_const_like(g3, 0)), (const int[]){1}, 1, false);
     tg_tensor r = tg_reshape(gd, a->shape, a->ndim);
     UOp *ru = t_get(r, "tg_backward");
     out[0] = ru ? uop_ref(ru) : NULL;

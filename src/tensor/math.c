@@ -106,11 +106,29 @@ static bool bcast_ok(const char *fn, tg_tensor x, tg_tensor y) {
 /* tinygrad: 1/(1+exp(-x)). Its backward is nan at |x| > ~88 (0 * inf in exp2's gradient) unless
  * the stable-sigmoid codegen rewrite fires, so we write it with t = exp(-|x|) <= 1:
  * x >= 0: 1/(1+t); x < 0: t/(1+t). Same value, finite gradient everywhere, one kernel. */
+static tg_tensor sigmoid_t(tg_tensor x) { return tg_exp(tg_where(tg_lt_s(x, 0), x, tg_neg(x))); }
+
+/* d sigmoid(x) = t / (1 + t)^2 for either sign of x, one product with the incoming gradient (the
+ * composed graph's two paths, g*s and g*t*(-s^2) for x < 0, made inf - inf = nan of an infinite
+ * gradient, where tinygrad and PyTorch give inf) */
+static void sigmoid_grad(UOp *out, UOp *g, UOp *const *in, int n, UOp **grads) {
+  (void)out, (void)n;
+  tg_scope_begin();
+  tg_tensor t = sigmoid_t(t_wrap(uop_ref(in[0])));
+  tg_tensor s = tg_reciprocal(tg_add_s(t, 1));
+  UOp *u = t_get(tg_mul(t_wrap(uop_ref(g)), tg_mul(tg_mul(t, s), s)), "tg_sigmoid");
+  grads[0] = u ? uop_ref(u) : NULL;
+  tg_scope_end();
+}
+
 static tg_tensor sigmoid_(tg_tensor x) {
   tg_tensor n = tg_lt_s(x, 0);
-  tg_tensor t = tg_exp(tg_where(n, x, tg_neg(x)));
+  tg_tensor t = sigmoid_t(x);
   tg_tensor s = tg_reciprocal(tg_add_s(t, 1));
-  return tg_where(n, tg_mul(t, s), s);
+  tg_tensor r = tg_where(n, tg_mul(t, s), s);
+  UOp *ru = t_get(r, "tg_sigmoid"), *xu = t_get(x, "tg_sigmoid");
+  if (ru && xu && tg_dtype_is_float((tg_dtype)ru->dtype)) ag_set_custom_grad(ru, &xu, 1, sigmoid_grad);
+  return r;
 }
 
 static tg_tensor tanh_(tg_tensor x) { return tg_sub_s(tg_mul_s(sigmoid_(tg_mul_s(x, 2)), 2), 1); }
