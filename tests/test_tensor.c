@@ -118,6 +118,8 @@ static void check_values_at(const char *file, int line, tg_tensor t, const doubl
     }
     case TG_FP8E4M3:
     case TG_FP8E5M2:
+    case TG_FP8E4M3FNUZ:
+    case TG_FP8E5M2FNUZ:
       v = fp8_value(dt, *p);
       break;
     default:
@@ -166,9 +168,11 @@ static uint16_t to_bf16(float f) {
 
 /* Stores value v (small integers, exactly representable in every dtype) as dtype dt at p. */
 /* fp8 code -> value (OCP e4m3 / e5m2), for the round-trip tests */
+/* (the fnuz formats: bias one more, 0x80 their only NaN, no inf) */
 static double fp8_value(tg_dtype dt, unsigned b) {
-  int M = dt == TG_FP8E4M3 ? 3 : 2, B = dt == TG_FP8E4M3 ? 7 : 15, e = (int)(b >> M) & ((1 << (7 - M)) - 1),
-      m = (int)b & ((1 << M) - 1);
+  bool e4 = dt == TG_FP8E4M3 || dt == TG_FP8E4M3FNUZ, fnuz = dt == TG_FP8E4M3FNUZ || dt == TG_FP8E5M2FNUZ;
+  if (fnuz && b == 0x80) return NAN;
+  int M = e4 ? 3 : 2, B = (e4 ? 7 : 15) + fnuz, e = (int)(b >> M) & ((1 << (7 - M)) - 1), m = (int)b & ((1 << M) - 1);
   double v = e ? ldexp(m | (1 << M), e - B - M) : ldexp(m, 1 - B - M);
   return (b & 0x80) ? -v : v;
 }
@@ -176,7 +180,7 @@ static double fp8_value(tg_dtype dt, unsigned b) {
 static unsigned char fp8_code(tg_dtype dt, double v) {
   unsigned best = 0;
   for (unsigned b = 0; b < 256; b++) {
-    bool special = dt == TG_FP8E4M3 ? (b & 0x7f) == 0x7f : ((b >> 2) & 0x1f) == 0x1f;
+    bool special = dt == TG_FP8E4M3 ? (b & 0x7f) == 0x7f : dt == TG_FP8E5M2 ? ((b >> 2) & 0x1f) == 0x1f : b == 0x80;
     if (!special && fabs(fp8_value(dt, b) - v) < fabs(fp8_value(dt, best) - v)) best = b;
   }
   return (unsigned char)best;
@@ -186,6 +190,8 @@ static void store_as(tg_dtype dt, void *p, double v) {
   switch (dt) {
   case TG_FP8E4M3:
   case TG_FP8E5M2:
+  case TG_FP8E4M3FNUZ:
+  case TG_FP8E5M2FNUZ:
     *(unsigned char *)p = fp8_code(dt, v);
     break;
   case TG_BOOL:
@@ -477,7 +483,8 @@ TEST(from_data_every_dtype_round_trip) {
     for (int i = 0; i < 6; i++) {
       want[i] = dt == TG_BOOL ? (vals[i] != 0) : sgn ? svals[i] : vals[i];
       store_as(dt, in + (size_t)i * isz, want[i]);
-      if (dt == TG_FP8E4M3 || dt == TG_FP8E5M2) want[i] = fp8_value(dt, in[i]); /* e5m2: -100 is -96 */
+      if (dt == TG_FP8E4M3 || dt == TG_FP8E5M2 || dt == TG_FP8E4M3FNUZ || dt == TG_FP8E5M2FNUZ)
+        want[i] = fp8_value(dt, in[i]); /* e5m2: -100 is -96 */
     }
     tg_tensor t = tg_from_data(in, TG_SHAPE(2, 3), TG_OPTS(.dtype = dt));
     CHECK_MSG(t.id != 0, "%s: %s", tg_dtype_name(dt), tg_last_error());
