@@ -1309,8 +1309,25 @@ static int *choose_layout(SCtx *c, UOp *n, UOp *ast, const int *params) {
 
 /* Walks from u (node dim k of u is root dim d[k]) down to `reduce` through elementwise ops and
  * permutes; on arrival, out[j] = the root dim that reduce dim j is read at. False through anything
- * else (a reshape) or when the reduce is not reached. */
+ * else (a reshape) or when the reduce is not reached. Whether a node leads to the reduce does not
+ * depend on the dims carried, so the nodes that do not are remembered (`dead`): a graph of shared
+ * subexpressions (an iteration's x used twice per step) has exponentially many paths. */
+static bool dims_walk(SCtx *c, UOp *u, const int *d, UOp *reduce, int *out, int depth, PtrMap *dead);
 static bool dims_to_reduce(SCtx *c, UOp *u, const int *d, UOp *reduce, int *out, int depth) {
+  PtrMap dead;
+  pm_init(&dead);
+  bool r = dims_walk(c, u, d, reduce, out, depth, &dead);
+  pm_free(&dead);
+  return r;
+}
+static bool dims_step(SCtx *c, UOp *u, const int *d, UOp *reduce, int *out, int depth, PtrMap *dead);
+static bool dims_walk(SCtx *c, UOp *u, const int *d, UOp *reduce, int *out, int depth, PtrMap *dead) {
+  if (pm_has(dead, (uint64_t)(uintptr_t)u)) return false;
+  if (dims_step(c, u, d, reduce, out, depth, dead)) return true;
+  if (depth <= 64) pm_put(dead, (uint64_t)(uintptr_t)u, (void *)1); /* (past the depth bound: not known dead) */
+  return false;
+}
+static bool dims_step(SCtx *c, UOp *u, const int *d, UOp *reduce, int *out, int depth, PtrMap *dead) {
   if (depth > 64) return false;
   if (u == reduce) {
     memcpy(out, d, sizeof(int) * (size_t)u->ndim);
@@ -1321,7 +1338,7 @@ static bool dims_to_reduce(SCtx *c, UOp *u, const int *d, UOp *reduce, int *out,
   if (u->op == OP_PERMUTE) {
     int sd[MAXD];
     for (int k = 0; k < u->ndim; k++) sd[u->iarg[k]] = d[k];
-    return dims_to_reduce(c, u->src[0], sd, reduce, out, depth + 1);
+    return dims_walk(c, u->src[0], sd, reduce, out, depth + 1, dead);
   }
   if (u->op == OP_RESHAPE) { /* only one that adds or drops size-1 dims maps dims one to one */
     UOp *src = u->src[0];
@@ -1335,11 +1352,11 @@ static bool dims_to_reduce(SCtx *c, UOp *u, const int *d, UOp *reduce, int *out,
       sd[j++] = d[i++];
     }
     if (i != u->ndim || j != src->ndim) return false;
-    return dims_to_reduce(c, src, sd, reduce, out, depth + 1);
+    return dims_walk(c, src, sd, reduce, out, depth + 1, dead);
   }
   if (op_is_alu(u->op) || u->op == OP_DETACH || u->op == OP_CONTIGUOUS) {
     for (uint32_t i = 0; i < u->nsrc; i++)
-      if (u->src[i]->ndim == u->ndim && dims_to_reduce(c, u->src[i], d, reduce, out, depth + 1)) return true;
+      if (u->src[i]->ndim == u->ndim && dims_walk(c, u->src[i], d, reduce, out, depth + 1, dead)) return true;
   }
   return false;
 }

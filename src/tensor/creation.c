@@ -1079,6 +1079,7 @@ tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
       Slot *ts = t_slot(target);
       UOp *prev = ts->u;
       ts->u = uop_ref(uop_realized(a0));
+      if (vu == prev && t_slot(value) == ts) vu = ts->u; /* x assigned to itself: the value is what x holds now */
       uop_unref(prev);
       uop_unref(a0);
       tu = tb = ts->u;

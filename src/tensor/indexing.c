@@ -1597,6 +1597,8 @@ tg_tensor tg_masked_select(tg_tensor x, tg_tensor mask) {
   int64_t n = numel_of(a->shape, a->ndim);
   Op_ o = begin(fn);
   tg_tensor mb = tg_flatten(tg_expand(mask, a->shape, a->ndim), 0, -1);
+  /* reading the mask realizes x's graph too, and x's handle may let go of a: the device from before */
+  tg_opts io = on_device(a, TG_INT64);
   uint8_t *bits = tg_valid(mb) ? read_bool(mb, n) : NULL;
   if (!bits) return done(o, NONE);
   int64_t cnt = 0;
@@ -1605,7 +1607,6 @@ tg_tensor tg_masked_select(tg_tensor x, tg_tensor mask) {
   for (int64_t i = 0, k = 0; i < n; i++)
     if (bits[i]) idx[k++] = i;
   free(bits);
-  tg_opts io = on_device(a, TG_INT64);
   tg_tensor it = tg_from_data(idx, &cnt, 1, &io);
   free(idx);
   tg_tensor flat = tg_flatten(x, 0, -1);
@@ -1618,7 +1619,11 @@ tg_tensor tg_nonzero(tg_tensor x) {
   UOp *a = t_get(x, fn);
   if (!a) return NONE;
   int nd = a->ndim;
-  int64_t n = numel_of(a->shape, nd);
+  int64_t n = numel_of(a->shape, nd), shape[64];
+  memcpy(shape, a->shape, sizeof(int64_t) * (size_t)nd);
+  /* reading the mask realizes x's graph too, and x's handle may let go of a: its device and shape
+   * from before */
+  tg_opts io = on_device(a, TG_INT32);
   Op_ o = begin(fn);
   tg_tensor nz = tg_flatten(tg_ne_s(x, 0), 0, -1);
   uint8_t *bits = tg_valid(nz) ? read_bool(nz, n) : NULL;
@@ -1631,13 +1636,12 @@ tg_tensor tg_nonzero(tg_tensor x) {
     if (!bits[i]) continue;
     int64_t r = i;
     for (int d = nd - 1; d >= 0; d--) {
-      out[k * nd + d] = (int32_t)(r % a->shape[d]);
-      r /= a->shape[d];
+      out[k * nd + d] = (int32_t)(r % shape[d]);
+      r /= shape[d];
     }
     k++;
   }
   free(bits);
-  tg_opts io = on_device(a, TG_INT32);
   int64_t sh[2] = {cnt, nd};
   tg_tensor r = tg_from_data(out, sh, 2, &io);
   free(out);

@@ -812,6 +812,19 @@ static bool sym_sizes_nonneg(const char *fn, const int64_t *codes, int n) {
   return true;
 }
 
+/* Can the scheduler index a reshape of a to (cs: sizes, sh: the same with tg_sym codes) for every
+ * value of the variables? The dims must match in groups (schedule.c reshape_index): a symbolic dim
+ * bound to 1 may stand for a plain size-1 dim. */
+static bool sym_reshape_ok(const UOp *a, const int64_t *cs, const int64_t *sh, int ndim) {
+  int ga[64], gb[64];
+  if (a->ndim > 64) return false;
+  if (sym_reshape_groups(a->shape, a->sym, a->ndim, cs, sh, ndim, ga, gb) >= 0) return true;
+  int64_t fs[64], ts[64];
+  for (int i = 0; i < a->ndim; i++) fs[i] = a->sym && a->shape[i] != 1 ? a->sym[i] : a->shape[i];
+  for (int j = 0; j < ndim; j++) ts[j] = cs[j] != 1 ? sh[j] : cs[j];
+  return sym_reshape_groups(a->shape, fs, a->ndim, cs, ts, ndim, ga, gb) >= 0;
+}
+
 tg_tensor tg_reshape(tg_tensor x, const int64_t *shape0, int ndim) {
   GET(a, x, "tg_reshape");
   if (!check_ndim("tg_reshape", ndim, shape0)) return NONE;
@@ -848,8 +861,22 @@ tg_tensor tg_reshape(tg_tensor x, const int64_t *shape0, int ndim) {
     return fail(TG_ERR_INVALID,
                 "tg_reshape: new shape %s is too large (its non-zero dimensions multiply past 2^48)",
                 fmt_shape(b1, sizeof b1, sh, ndim));
+  int64_t cs[64]; /* the sizes at the variables' bound values */
+  memcpy(cs, sh, sizeof(int64_t) * (size_t)ndim);
   for (int i = 0; syms && i < ndim; i++)
     if (sym_is_code(shape0[i])) sh[i] = shape0[i];
+  if (syms && !sym_reshape_ok(a, cs, sh, ndim)) {
+    char dims[160];
+    size_t o = 0;
+    for (int i = 0; i < ndim && o < sizeof dims; i++)
+      if (sym_is_code(shape0[i])) o += (size_t)snprintf(dims + o, sizeof dims - o, o ? ", %d" : "%d", i);
+    return fail(TG_ERR_INVALID,
+                "tg_reshape: cannot reshape %s to %s (sizes at the variables' bound values; dim %s symbolic) for "
+                "every value of its variables: a symbolic size must come from an equal symbolic dim of the "
+                "input, not from concrete sizes; reshape with the concrete sizes, or shrink a symbolic dim to "
+                "the variable",
+                shp(b2, sizeof b2, a), fmt_shape(b1, sizeof b1, shape, ndim), dims);
+  }
   /* a multi-device tensor reshaped to its own shape is itself (the multi reshape gathered shards a
    * one-wide shrink had left uneven, and writes through such a view went into the copy) */
   if (m_is(a) && !syms && !a->sym && ndim == a->ndim && (ndim == 0 || !memcmp(sh, a->shape, sizeof(int64_t) * (size_t)ndim)))
