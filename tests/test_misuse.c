@@ -87,4 +87,15 @@ TEST(shared_subexpressions_schedule_quickly) {
   END;
 }
 
+/* an index of an empty tensor whose other dims multiply past int64: the result is refused like such
+ * a shape anywhere (the scheduler's flat index overflowed) */
+TEST(index_result_too_large) {
+  BEGIN;
+  tg_tensor x = tg_zeros(TG_SHAPE(0, 3037000500LL, 2), TG_OPTS(.dtype = TG_INT16));
+  tg_tensor r = tg_index(x, x);
+  CHECK(!tg_valid(r));
+  CHECK_ERR(TG_ERR_INVALID, "tg_index", "too large");
+  END;
+}
+
 int main(void) { return RUN_TESTS(); }

@@ -1437,6 +1437,12 @@ tg_tensor tg_index(tg_tensor x, tg_tensor idx) {
   if (ix->ndim + a->ndim - 1 > 64) return fail(TG_ERR_INVALID, "tg_index: result would have more than 64 dimensions (%s[%s])", shp(b1, sizeof b1, a), shp(b2, sizeof b2, ix));
   if (ix->device != a->device)
     return fail(TG_ERR_INVALID, "tg_index: indices are on %s but x is on %s", device_by_id(ix->device)->name, device_by_id(a->device)->name);
+  int64_t rs[64];
+  memcpy(rs, ix->shape, sizeof(int64_t) * (size_t)ix->ndim);
+  memcpy(rs + ix->ndim, a->shape + 1, sizeof(int64_t) * (size_t)(a->ndim - 1));
+  if (!shape_fits(rs, ix->ndim + a->ndim - 1)) /* (an empty result's other dims must fit too) */
+    return fail(TG_ERR_INVALID, "tg_index: the result %s[%s] would be too large (its non-zero dimensions multiply past 2^48)",
+                shp(b1, sizeof b1, a), shp(b2, sizeof b2, ix));
   if (ix->dtype == TG_UINT64) {
     /* a uint64 index of 2^63 or more is out of range (it reads 0, as any index past the end): read as
      * int64 it would be negative and count from the end */
