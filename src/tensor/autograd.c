@@ -513,7 +513,8 @@ static void compute_grads_nodes(const Topo *t, UOp *loss, UOp *seed, UOp **targe
  * counts the buffer node's. */
 static bool passed_on(UOp *u, UOp *const *twins, int n) {
   Custom *c = u->op == OP_BUFFER ? custom_of(u) : NULL;
-  if (!c || !c->history) return false;
+  /* (a requires_grad leaf's buffer node stops the pass: its gradient goes nowhere else) */
+  if (!c || !c->history || (uop_flags(u) & UOPF_GRAD_LEAF)) return false;
   for (int i = 0; i < n; i++)
     if (twins[i] == c->inputs[0]) return true;
   return false;
