@@ -1054,7 +1054,9 @@ tg_tensor tg_contiguous_backward(tg_tensor x);
  * optimizer turns unset parameters into true ones (tinygrad's Optimizer). Gradients accumulate:
  * each tg_backward adds to every reached tensor's gradient until tg_zero_grad, so a tensor kept
  * across training steps with requires_grad unset (a dataset held in one tensor) gathers a longer
- * graph every step: create it with TG_OPTS(.requires_grad = false). Returns t. */
+ * graph every step: create it with TG_OPTS(.requires_grad = false). A creation marked true (tg_zeros,
+ * tg_ones, tg_full, ... not yet realized) is realized at once into a buffer of its own: equal
+ * creations are one lazy node, and each must be its own leaf. Returns t (none if that realize fails). */
 tg_tensor tg_set_requires_grad(tg_tensor t, bool requires_grad);
 /* True only when requires_grad was set true (unset and false read false). */
 bool tg_requires_grad(tg_tensor t);
