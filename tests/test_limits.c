@@ -83,6 +83,28 @@ TEST(conv2d_groups_overflow) {
   END;
 }
 
+/* A ceil_mode pool over an empty dim padded only after it: the last window may not start in that
+ * padding, so the padding is trimmed away and no window is left (tinygrad asserts; this divided by
+ * the 0-sized dim). Padding before the dim leaves one window. */
+TEST(pool_ceil_mode_empty_dim) {
+  BEGIN;
+  tg_tensor x = tg_zeros(TG_SHAPE(1, 1, 3, 0), NULL);
+  tg_pool2d_opts o = {.kernel_size = {1, 1}, .dilation = {1, 2}, .padding = {0, 1, 0, 0}, .npadding = 4,
+                      .ceil_mode = true};
+  CHECK_NONE(tg_max_pool2d(x, &o), "tg_max_pool2d", "larger than", "(0;");
+  CHECK_NONE(tg_avg_pool2d(x, &o), "tg_avg_pool2d", "larger than");
+  tg_tensor v = {0}, ix = {0};
+  CHECK(tg_max_pool2d_with_indices(x, &o, &v, &ix) != TG_OK && !tg_valid(v) && !tg_valid(ix));
+  CHECK_ERR(TG_ERR_INVALID, "tg_max_pool2d_with_indices", "larger than");
+  o.padding[0] = 1, o.padding[1] = 0;
+  int64_t sh[4];
+  tg_tensor r = tg_max_pool2d(x, &o);
+  CHECK(tg_shape(r, sh) == 4 && sh[2] == 3 && sh[3] == 1);
+  CHECK(tg_realize(r) == TG_OK);
+  check_usable();
+  END;
+}
+
 TEST(conv_transpose2d_option_overflow) {
   BEGIN;
   tg_tensor x = tg_rand(TG_SHAPE(1, 2, 5, 5), NULL), w = tg_rand(TG_SHAPE(2, 2, 3, 3), NULL);

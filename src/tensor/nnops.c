@@ -721,7 +721,15 @@ tg_tensor pool_windows(tg_tensor x, const int64_t *xs, int n, int nk, const int6
     return tg_permute(r, perm, noop + 2 * nk);
   }
   for (int j = 0; j < nk; j++) {
-    int64_t i = xs[noop + j];
+    int64_t i = xs[noop + j], span;
+    /* tinygrad asserts this too. Callers check the window against the padded input, but a
+     * ceil_mode pool over an empty dim with no padding before it trims the padding after it back to
+     * nothing (a window may not start in the padding), leaving a 0-sized dim: the repeat below
+     * would divide by it. */
+    if (__builtin_mul_overflow(d[j], k[j] - 1, &span) || i <= span)
+      return fail("the window over dim %d (kernel %lld, dilation %lld) is larger than that dim of the padded "
+                  "input (%lld; a ceil_mode window may not start in the padding after the input)",
+                  noop + j, (long long)k[j], (long long)d[j], (long long)i);
     o[j] = cdiv(i - d[j] * (k[j] - 1), s[j]);
     f[j] = imax(1, cdiv(o[j] * s[j] - d[j], i));
   }
