@@ -98,6 +98,27 @@ static void drop_unit(LKernel *k, UOp **rs, int *n) {
   *n = m;
 }
 
+/* A reduction with a loop of size 0 sums (maxes, ...) no elements: its accumulator keeps the
+ * identity. Only that empty loop stays; the other reduce loops go (their variables 0, never read),
+ * so the kernel does not walk the product of their sizes doing nothing (a sum over an (n, 0, 2)
+ * view took n iterations; tinygrad folds such a reduce to its identity constant). */
+static void drop_around_empty(LKernel *k) {
+  int e = -1;
+  for (int i = 0; i < k->nr && e < 0; i++)
+    if (k->rranges[i]->iarg[0] == 0 && k->rranges[i]->nsrc == 0) e = i;
+  if (e < 0 || k->nr == 1) return;
+  for (int i = 0; i < k->nr; i++) {
+    if (i == e) continue;
+    UOp *z = s_const(0);
+    USubst s = {k->rranges[i], z};
+    subst_all(k, &s, 1);
+    uop_unref(z);
+    uop_unref(k->rranges[i]);
+  }
+  k->rranges[0] = k->rranges[e];
+  k->nr = 1;
+}
+
 static int next_axis;
 void optimize_kernel(LKernel *k, int *next_axis);
 
@@ -265,6 +286,7 @@ LKernel *lower_kernel_for(UOp *ast, const DeviceCaps *caps, const OptList *opts)
     k->value = v, k->rbody = NULL, k->rplace = NULL;
   }
   int ng1 = k->ng, nr1 = k->nr;
+  if (k->rbody) drop_around_empty(k);
   if (getenv_int("NOOPT", 0) == 0) {
     merge_all(k, k->granges, &k->ng);
     merge_all(k, k->rranges, &k->nr);
