@@ -250,8 +250,8 @@ tg_status tg_realize(tg_tensor t);
 /* Realizes several tensors in one schedule (shared work is computed once). */
 tg_status tg_realize_many(const tg_tensor *ts, int n);
 /* Lazy copy of t to another device ("CPU:1"). A comma-separated device tuple ("CPU:0,CPU:1")
- * replicates t onto every member (tinygrad's to(tuple)); a multi-device tensor sent to one device is
- * gathered there (the shards joined in order). */
+ * replicates t onto every member (tinygrad's to(tuple)); a tuple of one ("CPU:1,") is that device. A
+ * multi-device tensor sent to one device is gathered there (the shards joined in order). */
 tg_tensor tg_to(tg_tensor t, const char *device);
 
 /* ---- multi-device tensors (tinygrad's shard) ----
@@ -269,7 +269,8 @@ tg_tensor tg_to(tg_tensor t, const char *device);
 /* t split along `axis` over the n devices (names as tg_to takes them; each listed once), in order:
  * shard i holds the i-th ceil(size/n) slice (the last ones may be smaller or empty). A negative axis
  * counts from the end, as in tinygrad (-1 is the last axis); TG_SHARD_NONE (tinygrad's axis=None)
- * replicates. Lazy: new handle. */
+ * replicates. One device (n = 1) is tg_to that device, as in tinygrad: a plain tensor, not a tuple
+ * of one. Lazy: new handle. */
 tg_tensor tg_shard(tg_tensor t, const char *const *devices, int n, int axis);
 /* tinygrad's shard_: t itself becomes the sharded tensor (realized; the handle, its requires_grad
  * and whoever borrows it, an optimizer or a state dict, see the new value; a gradient it had is

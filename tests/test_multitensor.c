@@ -93,6 +93,30 @@ TEST(shard_errors) {
   END;
 }
 
+/* A shard over one device is tinygrad's `to` that device: a plain tensor there, which mixes with the
+ * other tensors on it (a tuple of one was named "CPU:1" yet refused them: "different devices (CPU:1
+ * and CPU:1)"), and so is a device tuple of one ("CPU:1,"). */
+TEST(shard_one_device_is_to) {
+  BEGIN;
+  const char *one[] = {"CPU:1"};
+  tg_tensor x = realized(tg_randn(TG_SHAPE(3, 2), NULL)), e = tg_eye(2, 2, TG_OPTS(.device = "CPU:1"));
+  tg_tensor s = tg_shard(x, one, 1, 1);
+  CHECK(strcmp(tg_device_of(s), "CPU:1") == 0 && tg_shard_count(s) == 1 && tg_shard_axis(s) == TG_SHARD_NONE);
+  tg_tensor m = tg_matmul(s, e);
+  CHECK_MSG(tg_valid(m), "%s", tg_last_error());
+  CHECK(maxdiff(m, x) == 0);
+  tg_tensor q, r;
+  CHECK(tg_qr(s, &q, &r) == TG_OK && maxdiff(tg_matmul(q, r), x) < 1e-5);
+  tg_tensor t = tg_to(x, "CPU:1,");
+  CHECK(strcmp(tg_device_of(t), "CPU:1") == 0 && tg_shard_count(t) == 1 && maxdiff(tg_add(t, s), tg_mul_s(x, 2)) == 0);
+  /* a sharded tensor sharded onto one device is gathered there */
+  tg_tensor g = tg_shard(tg_shard(x, DEV2, 2, 0), one, 1, 0);
+  CHECK(strcmp(tg_device_of(g), "CPU:1") == 0 && maxdiff(g, x) == 0 && maxdiff(tg_sub(g, s), tg_zeros_like(x, NULL)) == 0);
+  CHECK(!tg_valid(tg_shard(x, one, 1, 2)));
+  CHECK_ERR(TG_ERR_INVALID, "tg_shard", "axis 2");
+  END;
+}
+
 TEST(elementwise) {
   BEGIN;
   tg_tensor a = realized(tg_randn(TG_SHAPE(7, 6), NULL)), b = realized(tg_randn(TG_SHAPE(7, 6), NULL));

@@ -175,7 +175,9 @@ Device *device_by_id(int id);
  * of a comma-separated name ("CPU,CPU:1") and device_by_id of a tuple id return one. */
 #define DEVICE_TUPLE_BASE (1 << 20)
 static inline bool device_is_tuple(int id) { return id >= DEVICE_TUPLE_BASE; }
-Device *device_tuple_of(const int *ids, int n);   /* interned; NULL + error on a bad member */
+/* interned; NULL + error on a bad member. A tuple of one is that device itself (tinygrad: a shard
+ * to one device is a copy to it), so device_get("CPU,") is the CPU. */
+Device *device_tuple_of(const int *ids, int n);
 /* The compiler the device's kernels are built by now (its compiler_id: a stable string per compiler;
  * the CPU device follows CC), or NULL. Part of what a compiled program is. */
 const char *device_compiler_id(Device *dev);

@@ -5,7 +5,9 @@
  * multi-device tensor node carries one int device like any other node and every name lookup
  * (device_by_id(id)->name, device_get(name)) works on it. A tuple has no vtable: it holds no
  * buffers and runs no kernels (buffer_new refuses it); its members do. Tuples are interned by
- * their member list and live for the process, as open devices do.
+ * their member list and live for the process, as open devices do. There is no tuple of one
+ * device: it is the device (tinygrad's shard over one device is `to` that device), so a tensor
+ * never reports a device name ("CPU") that other tensors on "CPU" do not share.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -40,6 +42,7 @@ Device *device_tuple_of(const int *ids, int n) {
         return NULL;
       }
   }
+  if (n == 1) return device_by_id(ids[0]);
   pthread_mutex_lock(&g_lock);
   Tuple *t = NULL;
   for (int i = 0; i < g_ntuples && !t; i++)

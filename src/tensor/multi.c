@@ -777,6 +777,8 @@ tg_tensor tg_shard(tg_tensor t, const char *const *devices, int n, int axis) {
     return NONE_T();
   }
   if (axis != TG_SHARD_NONE && axis < 0) axis += u->ndim;
+  /* one device: the tensor copied there (gathered if it is sharded), as tinygrad's shard does */
+  if (!device_is_tuple(tuple)) return tg_to(t, device_by_id(tuple)->name);
   if (u->sym) return tg_set_error(TG_ERR_INVALID, "tg_shard: tensors of symbolic shape cannot be sharded"), NONE_T();
   if (device_is_tuple(u->device)) {
     /* a tensor already on a tuple: replicate it onto the new one, then take the shards (sized as
