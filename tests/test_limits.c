@@ -382,6 +382,14 @@ static tg_status f_double(const tg_tensor *in, int nin, const double *args, int 
   return TG_OK;
 }
 
+/* sets out[0] but not out[1] */
+static tg_status f_half_outputs(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out,
+                                int nout, void *user) {
+  (void)nin, (void)args, (void)nargs, (void)nout, (void)user;
+  out[0] = tg_add_s(in[0], 3);
+  return TG_OK;
+}
+
 TEST(jit_failing_function) {
   BEGIN;
   tg_tensor x = tg_rand(TG_SHAPE(4), NULL), out[1];
@@ -404,6 +412,21 @@ TEST(jit_failing_function) {
     CHECK_ERR(TG_ERR_INVALID, "tg_jit_call", "assigns to input 0");
   }
   tg_jit_free(j);
+  /* returns TG_OK but leaves an output unset: the error is the call's and names the output (it was
+   * "tg_realize_many: got a none tensor") */
+  j = tg_jit_new(f_half_outputs, 2, NULL);
+  tg_tensor out2[2];
+  for (int i = 0; i < 3; i++) {
+    CHECK(tg_jit_call(j, &x, 1, NULL, 0, out2) == TG_ERR_HANDLE);
+    CHECK(!tg_valid(out2[0]) && !tg_valid(out2[1]));
+    CHECK_ERR(TG_ERR_HANDLE, "tg_jit_call: the jitted function returned TG_OK but out[1] is none");
+  }
+  tg_jit_free(j);
+  /* each bad argument of tg_jit_new is named alone (it was "fn is NULL or nout=1 < 0") */
+  CHECK(tg_jit_new(NULL, 1, NULL) == NULL);
+  CHECK_ERR(TG_ERR_INVALID, "tg_jit_new: fn is NULL");
+  CHECK(tg_jit_new(f_double, -1, NULL) == NULL);
+  CHECK_ERR(TG_ERR_INVALID, "tg_jit_new: nout=-1 is negative");
   /* a working function still captures and replays */
   j = tg_jit_new(f_double, 1, NULL);
   float xv[4], ov[4];

@@ -87,6 +87,10 @@ TEST(shard_errors) {
   const char *none[] = {"CPU:1", NULL};
   CHECK(!tg_valid(tg_shard(x, none, 2, 0)));
   CHECK_ERR(TG_ERR_INVALID, "tg_shard", "device 1 is NULL");
+  /* an unknown device: the error is tg_shard's (it was device_get's), as tg_to's is */
+  const char *bogus[] = {"CPU:0", "BOGUS"};
+  CHECK(!tg_valid(tg_shard(x, bogus, 2, 0)));
+  CHECK_ERR(TG_ERR_INVALID, "tg_shard: device 1: unknown device 'BOGUS' (available: CPU");
   tg_tensor s = tg_shard(x, DEV2, 2, 0);
   CHECK(!tg_valid(tg_add(s, x)));
   CHECK_ERR(TG_ERR_INVALID, "tg_add");

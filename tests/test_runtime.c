@@ -142,6 +142,13 @@ TEST(device_get_errors) {
   device_get("XYZ");
   CHECK_STR_CONTAINS(tg_last_error(), "device_get: unknown device 'XYZ'");
   tg_clear_error();
+  /* a negative instance number is one, not a renderer's name ("CPU has no renderer '-1'") */
+  tg_tensor x = tg_zeros(TG_SHAPE(2), NULL);
+  CHECK(!tg_valid(tg_to(x, "CPU:-1")));
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_to: unknown device 'CPU:-1': instance numbers count from 0");
+  CHECK(tg_last_error() && !strstr(tg_last_error(), "renderer '-1'"));
+  tg_clear_error();
+  tg_free(x);
 }
 
 TEST(buffer_round_trip) {

@@ -152,6 +152,12 @@ static bool parse_device(const char *name, const DeviceKind **kind, int *index, 
       unknown_device(name, ": empty part");
       return false;
     }
+    size_t nd = 1;
+    while (nd < n && tok[nd] >= '0' && tok[nd] <= '9') nd++;
+    if (tok[0] == '-' && n > 1 && nd == n) { /* "CPU:-1": an instance number, not a renderer's name */
+      unknown_device(name, ": instance numbers count from 0 (no negative ones)");
+      return false;
+    }
     if (tok[0] >= '0' && tok[0] <= '9') {
       int64_t v = 0;
       for (size_t i = 0; i < n; i++) {

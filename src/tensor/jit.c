@@ -126,7 +126,8 @@ void jit_note_var_le(int va, int64_t ca, int vb, int64_t cb) {
 
 tg_jit *tg_jit_new_opts(tg_jit_fn fn, int nout, void *user, const tg_jit_opts *opts) {
   if (!fn || nout < 0) {
-    tg_set_error(TG_ERR_INVALID, "tg_jit_new: fn is NULL or nout=%d < 0", nout);
+    if (!fn) tg_set_error(TG_ERR_INVALID, "tg_jit_new: fn is NULL (give the function to capture)");
+    else tg_set_error(TG_ERR_INVALID, "tg_jit_new: nout=%d is negative (the number of outputs fn sets)", nout);
     return NULL;
   }
   tg_jit *j = tg_xcalloc(1, sizeof *j);
@@ -272,6 +273,12 @@ static tg_status run_fn(tg_jit *j, const tg_tensor *in, int nin, const double *a
   }
   /* realize first, then copy only what is still a view: an assigned input returned as itself stays
    * its own buffer (a contiguous copy of it would hide that the function writes the input) */
+  /* an output the function left unset (or freed) is its error, not one of the realize below */
+  for (int i = 0; st == TG_OK && i < j->nout; i++)
+    if (!tg_valid(out[i]))
+      st = tg_has_error() ? tg_last_status()
+                          : tg_set_error(TG_ERR_HANDLE, "tg_jit_call: the jitted function returned TG_OK but out[%d] is none "
+                                                        "(never set, or freed)", i);
   if (st == TG_OK) st = tg_realize_many(out, j->nout);
   bool views = false;
   for (int i = 0; st == TG_OK && i < j->nout; i++) {
