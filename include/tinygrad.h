@@ -161,7 +161,8 @@ void tg_clear_error(void);
 /* Options for creation functions. */
 typedef struct {
   tg_dtype dtype;     /* TG_DTYPE_DEFAULT: chosen by the function */
-  const char *device; /* "CPU", "CPU:1", "CL", ...; NULL = default device (DEV environment variable) */
+  const char *device; /* "CPU", "CPU:1", "CL", ...; NULL = default device (DEV environment variable);
+                       * "" is an error */
   int8_t requires_grad; /* true, false or TG_GRAD_UNSET (the default, tinygrad's None) */
 } tg_opts;
 #define TG_OPTS(...) TG_OPTS_WITH_(tg_opts, .requires_grad = TG_GRAD_UNSET, __VA_ARGS__)
@@ -249,9 +250,10 @@ tg_status tg_print(tg_tensor t);
 tg_status tg_realize(tg_tensor t);
 /* Realizes several tensors in one schedule (shared work is computed once). */
 tg_status tg_realize_many(const tg_tensor *ts, int n);
-/* Lazy copy of t to another device ("CPU:1"). A comma-separated device tuple ("CPU:0,CPU:1")
- * replicates t onto every member (tinygrad's to(tuple)); a tuple of one ("CPU:1,") is that device. A
- * multi-device tensor sent to one device is gathered there (the shards joined in order). */
+/* Lazy copy of t to another device ("CPU:1"; "" is an error, not the default device). A
+ * comma-separated device tuple ("CPU:0,CPU:1") replicates t onto every member (tinygrad's
+ * to(tuple)); a tuple of one ("CPU:1,") is that device. A multi-device tensor sent to one device is
+ * gathered there (the shards joined in order). */
 tg_tensor tg_to(tg_tensor t, const char *device);
 
 /* ---- multi-device tensors (tinygrad's shard) ----

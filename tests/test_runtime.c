@@ -86,7 +86,10 @@ TEST(device_get_names) {
   CHECK(device_get("cpu") == a);
   CHECK(device_get("Cpu:0") == a);
   CHECK(device_get(NULL) == a);
-  CHECK(device_get("") == a);
+  /* an empty name is not the default device: an error (tinygrad refuses "" too) */
+  CHECK(device_get("") == NULL);
+  CHECK_STR_CONTAINS(tg_last_error(), "device_get: the device name \"\" is empty");
+  tg_clear_error();
   CHECK(device_default() == a);
   Device *b = device_get("CPU:1");
   CHECK(b != NULL && b != a);
@@ -148,6 +151,11 @@ TEST(device_get_errors) {
   CHECK_STR_CONTAINS(tg_last_error(), "tg_to: unknown device 'CPU:-1': instance numbers count from 0");
   CHECK(tg_last_error() && !strstr(tg_last_error(), "renderer '-1'"));
   tg_clear_error();
+  /* an empty name (an unset setting passed along) is an error, not the default device */
+  CHECK(!tg_valid(tg_to(x, "")));
+  CHECK_ERR(TG_ERR_INVALID, "tg_to: the device name \"\" is empty");
+  CHECK(!tg_valid(tg_ones(TG_SHAPE(2), TG_OPTS(.device = ""))));
+  CHECK_ERR(TG_ERR_INVALID, "tg_ones: the device name \"\" is empty");
   tg_free(x);
 }
 

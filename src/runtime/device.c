@@ -304,7 +304,14 @@ const char *device_tuple_sep(const char *p) {
 }
 
 Device *device_get(const char *name) {
-  if (!name || !*name) name = getenv_str("DEV", "CPU");
+  /* NULL is the default device; an empty name is an error (an unset setting passed along), as
+   * tinygrad refuses "" rather than reading it as the default */
+  if (name && !*name) {
+    tg_set_error(TG_ERR_INVALID, "device_get: the device name \"\" is empty (give one such as \"CPU:1\", or NULL "
+                                 "for the default device)");
+    return NULL;
+  }
+  if (!name) name = getenv_str("DEV", "CPU");
   if (!name || !*name) name = "CPU";
   if (device_tuple_sep(name)) return device_tuple_get(name);
   const DeviceKind *k;

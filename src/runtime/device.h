@@ -164,7 +164,7 @@ struct Device {
 };
 
 /* Parses a tinygrad device string, DEVICE[:N][:RENDERER[:ARCH]] ("CPU", "cpu:1", "CL", "CL:1",
- * "CL:OpenCL"; NULL = default from DEV) and returns the opened device (opened once, kept for the
+ * "CL:OpenCL"; NULL = default from DEV, "" an error) and returns the opened device (opened once, kept for the
  * process). NULL + tg_set_error if the device, renderer or arch is unknown (the message lists what
  * exists) or the device cannot be opened (the message says why). */
 Device *device_get(const char *name);
