@@ -290,6 +290,9 @@ TEST(host_allocation_failure_is_an_error) {
   t = tg_linspace(0, 1, big, NULL);
   CHECK(!tg_valid(t));
   CHECK_ERR(TG_ERR_RUNTIME, "tg_linspace", "cannot allocate");
+  t = tg_empty(TG_SHAPE(huge, 3), TG_OPTS(.dtype = TG_INT32));
+  CHECK(!tg_valid(t));
+  CHECK_ERR(TG_ERR_RUNTIME, "tg_empty", "cannot allocate", "(70368744177664, 3)");
   /* (a float arange: an integer one of any length is lazy, int64 past int32's range) */
   t = tg_arange(0.5, (double)big, 1, NULL);
   CHECK(!tg_valid(t));

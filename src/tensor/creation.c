@@ -183,8 +183,20 @@ tg_tensor tg_empty(const int64_t *shape, int ndim, const tg_opts *opts) {
   Device *d = opts_device("tg_empty", opts);
   if (!d) return NONE;
   if (!d->vt) return on_first_member(d, opts, tg_empty(shape, ndim, member_opts(d, opts)));
+  bool had = tg_has_error();
   Buffer *b = buffer_new(d, (size_t)n * tg_dtype_itemsize(dt));
-  if (!b) return NONE;
+  if (!b) {
+    if (!had && tg_has_error()) { /* the allocator's message, under the public name */
+      char *msg = tg_xstrdup(tg_last_error());
+      tg_status st = tg_last_status();
+      tg_clear_error();
+      char b1[256];
+      tg_set_error(st, "tg_empty: %s (%lld elements of %s, shape %s)", msg, (long long)n, tg_dtype_name(dt),
+                   fmt_shape(b1, sizeof b1, shape, ndim));
+      free(msg);
+    }
+    return NONE;
+  }
   return finish(g_buffer(b, dt, shape, ndim), opts);
 }
 
