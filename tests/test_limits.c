@@ -559,6 +559,26 @@ TEST(uint64_index_past_int64) {
   END;
 }
 
+/* an inner step of tg_svd / tg_qr that fails (here the (m, m) identity of a lazy 3e9 x 2 matrix) gives
+ * an error naming the op and none results (tg_svd went on rotating none and wrote 2-byte entries into
+ * a buffer sized by the dtype of none) */
+TEST(svd_qr_inner_failure) {
+  BEGIN;
+  tg_tensor x = tg_zeros(TG_SHAPE(3000000000LL, 2), NULL);
+  tg_tensor u = {1}, s = {1}, vt = {1}, q = {1}, r = {1};
+  CHECK(tg_svd(x, false, &u, &s, &vt) == TG_ERR_INVALID);
+  CHECK(!tg_valid(u) && !tg_valid(s) && !tg_valid(vt));
+  CHECK_ERR(TG_ERR_INVALID, "tg_svd: tg_eye", "3000000000");
+  CHECK(tg_svd(tg_transpose(x, 0, 1), true, &u, &s, &vt) == TG_ERR_INVALID);
+  CHECK(!tg_valid(u) && !tg_valid(s) && !tg_valid(vt));
+  CHECK_ERR(TG_ERR_INVALID, "tg_svd: tg_eye", "3000000000");
+  CHECK(tg_qr(x, &q, &r) == TG_ERR_INVALID);
+  CHECK(!tg_valid(q) && !tg_valid(r));
+  CHECK_ERR(TG_ERR_INVALID, "tg_qr: tg_eye", "3000000000");
+  check_usable();
+  END;
+}
+
 int main(void) {
   int rc = RUN_TESTS();
   if (tg_live_count() != 0) {

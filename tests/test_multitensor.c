@@ -757,6 +757,25 @@ TEST(symbolic_region_on_sharded_axis) {
   END;
 }
 
+/* tg_svd of a tensor sharded over one device: the SVD, or an error naming tg_svd with none results
+ * (an inner op failed on it and the Jacobi rounds wrote past a buffer sized for none's dtype) */
+TEST(svd_one_device_shard) {
+  BEGIN;
+  tg_tensor x = realized(tg_from_data((float[]){3, 1, 1, 2}, TG_SHAPE(2, 2), NULL));
+  tg_tensor u = {1}, s = {1}, vt = {1};
+  tg_status st = tg_svd(tg_shard(x, DEV2, 1, 1), false, &u, &s, &vt);
+  if (st == TG_OK) {
+    tg_tensor u0, s0, vt0;
+    CHECK(tg_svd(x, false, &u0, &s0, &vt0) == TG_OK);
+    CHECK(maxdiff(s, s0) < 1e-5);
+  } else {
+    CHECK(!tg_valid(u) && !tg_valid(s) && !tg_valid(vt));
+    CHECK_STR_CONTAINS(tg_last_error(), "tg_svd: ");
+    tg_clear_error();
+  }
+  END;
+}
+
 TEST(cpu_and_cl) {
   BEGIN;
   tg_tensor probe = tg_zeros(TG_SHAPE(1), TG_OPTS(.device = "CL"));

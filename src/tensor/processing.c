@@ -1423,7 +1423,8 @@ static void qr_(UOp *a, tg_tensor x, tg_tensor *qo, tg_tensor *ro) {
   tg_tensor R = x, Q = beye(a, m, dt, xs, nb);
   tg_tensor idx = iarange(a, 0, (double)m, 1);
   const int last[1] = {-1};
-  for (int64_t i = 0; i < (m < n ? m : n); i++) {
+  /* once a step fails (R or Q none) the rest is none too: stop rather than build min(m, n) nones */
+  for (int64_t i = 0; i < (m < n ? m : n) && tg_valid(R) && tg_valid(Q); i++) {
     tg_scope_begin();
     tg_tensor at_i = tg_eq_s(idx, (double)i), below = tg_ge(idx, tg_const_like(idx, (double)i));
     int64_t b[2 * MAXD];
@@ -1473,7 +1474,9 @@ tg_status tg_qr(tg_tensor x, tg_tensor *q, tg_tensor *r) {
  * with P[a][b] = (a == perm[b]): every round is then the same kernels with a different small input. */
 static void jacobi_(UOp *a, tg_tensor *U, tg_tensor *V, int64_t num, const int64_t *batch, int nb) {
   int64_t h = num / 2;
-  if (h == 0) return;
+  /* U or V is none when a step before failed: nothing to rotate (the error is already recorded, and
+   * tg_dtype_of(none) says nothing about the width of the selector built below) */
+  if (h == 0 || !tg_valid(*U) || !tg_valid(*V)) return;
   tg_dtype dt = tg_dtype_of(*U);
   tg_opts fo = on_device(a, dt);
   int64_t *perm = tg_xmalloc(sizeof(int64_t) * (size_t)num), *tmp = tg_xmalloc(sizeof(int64_t) * (size_t)num);
@@ -1532,6 +1535,7 @@ static void jacobi_(UOp *a, tg_tensor *U, tg_tensor *V, int64_t num, const int64
     *U = tg_keep(contiguous2(tg_matmul(*U, R)));
     *V = tg_keep(contiguous2(tg_matmul(*V, R)));
     tg_scope_end();
+    if (!tg_valid(*U) || !tg_valid(*V)) break; /* a round failed: the rest would be none too */
     /* next pairing */
     if (num % 2 == 1) {
       for (int64_t i = 0; i < num; i++) perm[i] = ((perm[i] - 1) % num + num) % num;
