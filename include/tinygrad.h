@@ -886,14 +886,16 @@ tg_tensor tg_multinomial(tg_tensor probs, int64_t num_samples, bool replacement)
 
 /* QR decomposition of x (..., m, n) by Householder reflections (tinygrad's Tensor.qr): *q (..., m, m)
  * orthogonal and *r (..., m, n) upper triangular with x = q @ r (numpy's mode="complete"; the signs of
- * rows of r may differ from LAPACK's). Integer input becomes DEFAULT_FLOAT. */
+ * rows of r may differ from LAPACK's). Integer input becomes DEFAULT_FLOAT; fp8 input is decomposed in
+ * float32 and the results are cast back to its dtype. */
 tg_status tg_qr(tg_tensor x, tg_tensor *q, tg_tensor *r);
 /* Singular value decomposition of x (..., m, n) = u @ diag(s) @ vt (tinygrad's Tensor.svd: QR, then
  * one-sided Jacobi on the k x k triangle, k = min(m, n), in rounds of k/2 parallel rotations). The
  * round count is fixed: (ceil(log2 k) + 4) * k (tinygrad's 4k rounds are too few from k ~ 8 in float64,
  * 16 in float32). *s (..., k) descending, *u (..., m, m) and *vt (..., n, n) orthogonal
  * (full_matrices), or u (..., m, k) and vt (..., k, n). Singular vectors are unique only up to sign
- * (and within repeated values). Integer input becomes DEFAULT_FLOAT. */
+ * (and within repeated values). Integer input becomes DEFAULT_FLOAT; fp8 input is decomposed in float32
+ * and the results are cast back to its dtype. */
 tg_status tg_svd(tg_tensor x, bool full_matrices, tg_tensor *u, tg_tensor *s, tg_tensor *vt);
 
 /* ---------------------------------------------------------------------------------------------- */

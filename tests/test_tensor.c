@@ -2503,4 +2503,25 @@ TEST(assign_through_aliases) {
   END;
 }
 
+/* QR and SVD of fp8 run in float32 and come back in the fp8 dtype: the singular values are the true
+ * ones rounded to fp8 (tg_svd wrote 2-byte selector entries into a buffer of 1-byte ones) */
+TEST(svd_qr_fp8) {
+  BEGIN;
+  const float v[9] = {1, 2, 0, 0.5f, 3, 1, 2, 0, 1}; /* singular values 3.9216, 2.0809, 0.7352 */
+  const tg_dtype dts[2] = {TG_FP8E5M2, TG_FP8E4M3};
+  for (int k = 0; k < 2; k++) {
+    tg_tensor x = tg_cast(f32(v, TG_SHAPE(3, 3)), dts[k]);
+    tg_tensor u, s, vt, q, r;
+    CHECK(tg_svd(x, false, &u, &s, &vt) == TG_OK);
+    CHECK(tg_dtype_of(u) == dts[k] && tg_dtype_of(s) == dts[k] && tg_dtype_of(vt) == dts[k]);
+    CHECK_VALUES(s, 0, 4, 2, 0.75);
+    tg_tensor us = tg_mul(tg_cast(u, TG_FLOAT32), tg_unsqueeze(tg_cast(s, TG_FLOAT32), -2));
+    CHECK_VALUES(tg_matmul(us, tg_cast(vt, TG_FLOAT32)), 0.25, 1, 2, 0, 0.5, 3, 1, 2, 0, 1);
+    CHECK(tg_qr(x, &q, &r) == TG_OK);
+    CHECK(tg_dtype_of(q) == dts[k] && tg_dtype_of(r) == dts[k]);
+    CHECK_VALUES(tg_matmul(tg_cast(q, TG_FLOAT32), tg_cast(r, TG_FLOAT32)), 0.25, 1, 2, 0, 0.5, 3, 1, 2, 0, 1);
+  }
+  END;
+}
+
 int main(void) { return RUN_TESTS(); }

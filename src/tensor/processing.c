@@ -19,8 +19,10 @@
  * lanes), where tinygrad reverses every other run between merges, and its comparators exchange
  * values (tinygrad's max/min pair copies a NaN into both places); the SVD's round-robin
  * pairings are computed on the host (they do not depend on the data) so every Jacobi round is the same
- * kernels; cummax/cummin indices pick the latest tie like torch; max_unpool2d averages repeated indices
- * instead of adding them; einsum broadcasts size-1 dims and takes diagonals of any rank correctly.
+ * kernels; QR and SVD of fp8 run in float32 and cast their results back (in fp8 they come out
+ * tens of percent off); cummax/cummin indices pick the latest tie like torch; max_unpool2d averages
+ * repeated indices instead of adding them; einsum broadcasts size-1 dims and takes diagonals of any
+ * rank correctly.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -1403,6 +1405,15 @@ static UOp *linalg_args(const char *fn, tg_tensor x) {
   return a;
 }
 
+/* The dtype of the results: the input's if it is a float, else the default float. */
+static tg_dtype linalg_dtype(UOp *a) {
+  return tg_dtype_is_float((tg_dtype)a->dtype) ? (tg_dtype)a->dtype : tg_default_float();
+}
+/* The dtype the decomposition runs in: float32 for the 1-byte floats (fp8), whose 2-3 mantissa bits
+ * cannot carry a Householder reflection or a Jacobi rotation (tinygrad runs them in fp8 and its
+ * singular values come out tens of percent off); the results are cast back to the fp8 dtype. */
+static tg_dtype linalg_compute_dtype(tg_dtype dt) { return tg_dtype_itemsize(dt) < 2 ? TG_FLOAT32 : dt; }
+
 /* eye(m) expanded to batch + (m, m) */
 static tg_tensor beye(UOp *a, int64_t m, tg_dtype dt, const int64_t *batch, int nb) {
   tg_opts op = on_device(a, dt);
@@ -1462,9 +1473,10 @@ tg_status tg_qr(tg_tensor x, tg_tensor *q, tg_tensor *r) {
   UOp *a = linalg_args(fn, x);
   if (!a) return st_fail(outs, 2);
   POp o = begin(fn);
-  tg_dtype dt = tg_dtype_is_float((tg_dtype)a->dtype) ? (tg_dtype)a->dtype : tg_default_float();
+  tg_dtype dt = linalg_dtype(a), cdt = linalg_compute_dtype(dt);
   tg_tensor res[2];
-  qr_(a, tg_cast(x, dt), &res[0], &res[1]);
+  qr_(a, tg_cast(x, cdt), &res[0], &res[1]);
+  for (int i = 0; i < 2; i++) res[i] = tg_cast(res[i], dt);
   return done_n(o, outs, res, 2);
 }
 
@@ -1478,10 +1490,13 @@ static void jacobi_(UOp *a, tg_tensor *U, tg_tensor *V, int64_t num, const int64
    * tg_dtype_of(none) says nothing about the width of the selector built below) */
   if (h == 0 || !tg_valid(*U) || !tg_valid(*V)) return;
   tg_dtype dt = tg_dtype_of(*U);
-  tg_opts fo = on_device(a, dt);
+  /* the selector is uploaded as float64 or float32 (0 and 1 are exact in every float) and cast to dt:
+   * no per-dtype encoding here to get wrong for a dtype added later */
+  tg_dtype pdt = dt == TG_FLOAT64 ? TG_FLOAT64 : TG_FLOAT32;
+  tg_opts fo = on_device(a, pdt);
   int64_t *perm = tg_xmalloc(sizeof(int64_t) * (size_t)num), *tmp = tg_xmalloc(sizeof(int64_t) * (size_t)num);
   double *pm = tg_xcalloc((size_t)(num * 2 * h), sizeof(double));
-  void *pbuf = tg_xmalloc((size_t)(num * 2 * h) * tg_dtype_itemsize(dt));
+  void *pbuf = tg_xmalloc((size_t)(num * 2 * h) * tg_dtype_itemsize(pdt));
   for (int64_t i = 0; i < h; i++) perm[i] = i;
   for (int64_t i = h; i < num; i++) perm[i] = num - 1 - (i - h);
   tg_tensor eye = beye(a, num, dt, batch, nb);
@@ -1500,14 +1515,13 @@ static void jacobi_(UOp *a, tg_tensor *U, tg_tensor *V, int64_t num, const int64
     for (int64_t r = 0; r < num; r++)
       for (int64_t c = 0; c < 2 * h; c++) pm[r * 2 * h + c] = r == perm[c];
     for (int64_t i = 0; i < num * 2 * h; i++) {
-      if (dt == TG_FLOAT64)
+      if (pdt == TG_FLOAT64)
         ((double *)pbuf)[i] = pm[i];
-      else if (dt == TG_FLOAT32)
-        ((float *)pbuf)[i] = (float)pm[i];
       else
-        ((uint16_t *)pbuf)[i] = pm[i] != 0 ? (dt == TG_FLOAT16 ? 0x3c00 : 0x3f80) : 0;
+        ((float *)pbuf)[i] = (float)pm[i];
     }
     tg_tensor P = tg_from_data(pbuf, (const int64_t[]){num, 2 * h}, 2, &fo);
+    if (pdt != dt) P = tg_cast(P, dt);
     tg_tensor Up = tg_matmul(*U, P);
     tg_tensor parts[2];
     tg_split(Up, (const int64_t[]){h}, 1, -1, parts, 2);
@@ -1560,7 +1574,7 @@ tg_status tg_svd(tg_tensor x, bool full_matrices, tg_tensor *u, tg_tensor *s, tg
   int nd = a->ndim, nb = nd - 2;
   int64_t m = a->shape[nd - 2], n = a->shape[nd - 1], num = m < n ? m : n, qn = m < n ? n : m;
   POp o = begin(fn);
-  tg_dtype dt = tg_dtype_is_float((tg_dtype)a->dtype) ? (tg_dtype)a->dtype : tg_default_float();
+  tg_dtype odt = linalg_dtype(a), dt = linalg_compute_dtype(odt);
   tg_tensor xf = tg_cast(x, dt);
   if (m < n) xf = tg_transpose(xf, -2, -1);
   tg_tensor Q, R;
@@ -1599,5 +1613,6 @@ tg_status tg_svd(tg_tensor x, bool full_matrices, tg_tensor *u, tg_tensor *s, tg
     res[0] = U, res[2] = tg_transpose(V, -2, -1);
   else
     res[0] = V, res[2] = tg_transpose(U, -2, -1);
+  for (int i = 0; i < 3; i++) res[i] = tg_cast(res[i], odt);
   return done_n(o, outs, res, 3);
 }
