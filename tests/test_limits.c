@@ -579,6 +579,25 @@ TEST(svd_qr_inner_failure) {
   END;
 }
 
+/* the scans of a legal but huge lazy 1-d tensor (3037000500 elements, 11863283 chunks of 256): the
+ * running totals of the chunks need more elements than a tensor may have, so each scan fails cleanly
+ * naming itself (the shape of the failed step's none was used as -1 dims: a write at b[-4]) */
+TEST(scan_huge_inner_failure) {
+  BEGIN;
+  tg_tensor x = tg_zeros(TG_SHAPE(3037000500LL), NULL);
+  CHECK_NONE(tg_cumprod(x, 0), "tg_cumprod: ", "too many elements");
+  CHECK_NONE(tg_logcumsumexp(x, 0), "tg_logcumsumexp: ");
+  tg_tensor v = {1}, i = {1};
+  CHECK(tg_cummax(x, 0, &v, &i) == TG_ERR_INVALID);
+  CHECK(!tg_valid(v) && !tg_valid(i));
+  CHECK_ERR(TG_ERR_INVALID, "tg_cummax: ");
+  CHECK(tg_cummin(tg_reshape(x, TG_SHAPE(1, 3037000500LL)), 1, &v, &i) == TG_ERR_INVALID);
+  CHECK(!tg_valid(v) && !tg_valid(i));
+  CHECK_ERR(TG_ERR_INVALID, "tg_cummin: ");
+  check_usable();
+  END;
+}
+
 int main(void) {
   int rc = RUN_TESTS();
   if (tg_live_count() != 0) {

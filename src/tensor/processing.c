@@ -81,19 +81,24 @@ static tg_tensor inverse(tg_tensor x) {
   return tg_bitwise_not(x);
 }
 
-/* Pads the last dim of x (n dims) by (before, after) with value. */
+/* Pads the last dim of x (n dims) by (before, after) with value. n < 1 (the shape of a none handle
+ * whose error is already recorded) gives none. */
 static tg_tensor pad_last(tg_tensor x, int n, int64_t before, int64_t after, double value) {
+  if (n < 1 || n > MAXD) return NONE;
   int64_t p[2 * MAXD] = {0};
   p[2 * (n - 1)] = before, p[2 * (n - 1) + 1] = after;
   return tg_pad(x, p, 2 * n, value);
 }
-/* x[..., lo:hi] on the last dim (shape xs, n dims). */
+/* x[..., lo:hi] on the last dim (shape xs, n dims); none for n < 1, as pad_last. */
 static tg_tensor shrink_last(tg_tensor x, const int64_t *xs, int n, int64_t lo, int64_t hi) {
+  if (n < 1 || n > MAXD) return NONE;
   int64_t b[2 * MAXD];
   for (int j = 0; j < n; j++) b[2 * j] = 0, b[2 * j + 1] = xs[j];
   b[2 * (n - 1)] = lo, b[2 * (n - 1) + 1] = hi;
   return tg_shrink(x, b, 2 * n);
 }
+/* The shape of t into out; its ndim, or -1 (out untouched) for a none handle: every caller checks
+ * the count before indexing out[n - 1] (an inner step that failed leaves none behind). */
 static int shape_of(tg_tensor t, int64_t *out) { return tg_shape(t, out); }
 
 /* The gradient of a contiguous() is materialized too (tinygrad's contiguous_backward). Networks of
@@ -268,11 +273,13 @@ static tg_tensor split_cum(tg_tensor x, int ax, CumOp op) {
     tg_tensor chunks = cum_last(tg_reshape(pad_last(t, n, padded - s, 0, idv), cs, n + 1), op);
     int64_t cs2[MAXD + 1];
     int n2 = shape_of(chunks, cs2);
+    if (n2 != n + 1) return NONE; /* a step failed (the tensor is too large for the windows) */
     tg_tensor last = tg_squeeze(shrink_last(chunks, cs2, n2, SPLIT - 1, SPLIT), -1);
     tg_tensor base = pad_last(cum_last(last, op), n, 1, -1, idv);
     tg_tensor full = tg_flatten(cum_combine(chunks, tg_unsqueeze(base, -1), op), -2, -1);
     int64_t fs[MAXD];
     int nf = shape_of(full, fs);
+    if (nf != n) return NONE;
     r = shrink_last(full, fs, nf, padded - s, padded);
   }
   return tg_transpose(r, ax, -1);
@@ -592,7 +599,7 @@ static int subscript_letters(const char *fn, const char *s, size_t len, const ch
  * diagonal. */
 static tg_tensor take_diagonal(tg_tensor x, int nd, int j, int k) {
   int64_t xs[MAXD];
-  shape_of(x, xs);
+  if (shape_of(x, xs) != nd) return NONE;
   int perm[MAXD], m = 0;
   for (int i = 0; i < nd; i++)
     if (i != j && i != k) perm[m++] = i;
@@ -812,7 +819,10 @@ static tg_tensor einsum_impl(const char *fn, const char *formula, const tg_tenso
         for (int p = 0; p < nd; p++)
           if (s[p] == alpha[q]) perm[m++] = p;
       int64_t xs[MAXD], sh[MAXD];
-      shape_of(x, xs);
+      if (shape_of(x, xs) != nd) { /* a diagonal failed */
+        prod = NONE;
+        break;
+      }
       for (int q = 0; q < na; q++) {
         sh[q] = 1;
         for (int p = 0; p < nd; p++)
@@ -1082,7 +1092,10 @@ static void sort_(UOp *a, tg_tensor x, int ax, bool descending, bool want_idx, t
   /* the indices come from comparing x with the sorted values: x must read the same bits in every
    * kernel (g_stable stores a lazy x that could round differently) */
   tg_tensor xt = tg_transpose(want_idx ? t_wrap(g_stable(a)) : x, ax, -1);
-  shape_of(xt, ts);
+  if (shape_of(xt, ts) != nd) {
+    *values = *indices = NONE;
+    return;
+  }
   tg_dtype dt = (tg_dtype)a->dtype;
   tg_tensor w = dt == TG_BOOL ? tg_cast(xt, TG_UINT8) : xt;
   /* ascending = the inverse of a descending sort of the inverse, so padding is always the dtype's min;
@@ -1428,7 +1441,10 @@ static tg_tensor beye(UOp *a, int64_t m, tg_dtype dt, const int64_t *batch, int 
 static void qr_(UOp *a, tg_tensor x, tg_tensor *qo, tg_tensor *ro) {
   int nd = tg_ndim(x), nb = nd - 2;
   int64_t xs[MAXD];
-  shape_of(x, xs);
+  if (nd < 2 || shape_of(x, xs) != nd) {
+    *qo = *ro = NONE;
+    return;
+  }
   int64_t m = xs[nd - 2], n = xs[nd - 1];
   tg_dtype dt = tg_dtype_of(x);
   tg_tensor R = x, Q = beye(a, m, dt, xs, nb);
