@@ -598,6 +598,27 @@ TEST(scan_huge_inner_failure) {
   END;
 }
 
+/* a dim longer than int32 indices can number: tg_topk / tg_argsort / tg_sort with indices refuse it
+ * naming the op (tg_topk of 3037000512 elements returned TG_OK and two handles while tg_arange had
+ * recorded an overflow); a values-only sort does not need indices and stays a lazy result */
+TEST(topk_sort_indices_past_int32) {
+  BEGIN;
+  const int64_t lens[2] = {3037000512LL, 3037000500LL}; /* the chunked selection and the plain one */
+  for (int j = 0; j < 2; j++) {
+    tg_tensor x = tg_zeros(&lens[j], 1, NULL), v = {1}, i = {1};
+    CHECK(tg_topk(x, 4, 0, true, true, &v, &i) == TG_ERR_INVALID);
+    CHECK(!tg_valid(v) && !tg_valid(i));
+    CHECK_ERR(TG_ERR_INVALID, "tg_topk: dim 0 of shape", "int32 indices");
+    CHECK_NONE(tg_argsort(x, 0, false), "tg_argsort: dim 0", "int32 indices");
+    CHECK(tg_sort(x, -1, true, &v, &i) == TG_ERR_INVALID);
+    CHECK(!tg_valid(v) && !tg_valid(i));
+    CHECK_ERR(TG_ERR_INVALID, "tg_sort: dim -1", "int32 indices");
+    CHECK(tg_sort(x, 0, true, &v, NULL) == TG_OK && tg_valid(v) && tg_numel(v) == lens[j]);
+  }
+  check_usable();
+  END;
+}
+
 int main(void) {
   int rc = RUN_TESTS();
   if (tg_live_count() != 0) {

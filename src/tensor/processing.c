@@ -44,9 +44,10 @@ int norm_axis(const char *fn, int axis, int ndim, int *out); /* ops.c */
 typedef OpScope POp;
 
 /* Closes the op's scope for n results: each non-NULL out[i] gets r[i] (moved out), or every one gets
- * none if any result is invalid. */
+ * none if any result is invalid or a step inside recorded an error (a result need not depend on the
+ * step that failed, and a TG_OK beside a recorded error would be a contradiction). */
 static tg_status done_n(POp o, tg_tensor *const *out, const tg_tensor *r, int n) {
-  bool ok = true;
+  bool ok = o.had || !tg_has_error();
   for (int i = 0; i < n; i++)
     if (out[i] && !tg_valid(r[i])) ok = false;
   if (!ok) reword(o);
@@ -1130,12 +1131,19 @@ static void sort_(UOp *a, tg_tensor x, int ax, bool descending, bool want_idx, t
   *indices = tg_transpose(tg_cast(idx, TG_INT32), ax, -1);
 }
 
-static UOp *sort_args(const char *fn, tg_tensor x, int dim, int *ax) {
+/* want_idx: the int32 indices are asked for, so the dim may have at most 2^31 - 1 elements */
+static UOp *sort_args(const char *fn, tg_tensor x, int dim, bool want_idx, int *ax) {
   UOp *a = t_get(x, fn);
   if (!a) return NULL;
   if (norm_axis(fn, dim, a->ndim, ax) < 0) return NULL;
   if (a->ndim > MAXD - 4) {
     fail("%s: shape %s has more than %d dimensions", fn, SHP(a), MAXD - 4);
+    return NULL;
+  }
+  if (want_idx && a->ndim && a->shape[*ax] > INT32_MAX) {
+    fail("%s: dim %d of shape %s has %lld elements, more than its int32 indices can number (at most "
+         "2147483647); split the dim (tg_reshape) and work on the parts",
+         fn, dim, SHP(a), (long long)a->shape[*ax]);
     return NULL;
   }
   return a;
@@ -1159,7 +1167,7 @@ tg_status tg_sort(tg_tensor x, int dim, bool descending, tg_tensor *values, tg_t
   tg_tensor *outs[2] = {values, indices};
   int ax;
   if (!values && !indices) return tg_set_error(TG_ERR_INVALID, "%s: values and indices are both NULL", fn);
-  UOp *a = sort_args(fn, x, dim, &ax);
+  UOp *a = sort_args(fn, x, dim, indices != NULL, &ax);
   if (!a) return st_fail(outs, 2);
   POp o = begin(fn);
   tg_tensor r[2];
@@ -1170,7 +1178,7 @@ tg_status tg_sort(tg_tensor x, int dim, bool descending, tg_tensor *values, tg_t
 tg_tensor tg_argsort(tg_tensor x, int dim, bool descending) {
   const char *fn = "tg_argsort";
   int ax;
-  UOp *a = sort_args(fn, x, dim, &ax);
+  UOp *a = sort_args(fn, x, dim, true, &ax);
   if (!a) return NONE;
   POp o = begin(fn);
   tg_tensor v, i;
@@ -1344,7 +1352,7 @@ tg_status tg_topk(tg_tensor x, int64_t k, int dim, bool largest, bool sorted, tg
   tg_tensor *outs[2] = {values, indices};
   int ax;
   if (!values && !indices) return tg_set_error(TG_ERR_INVALID, "%s: values and indices are both NULL", fn);
-  UOp *a = sort_args(fn, x, dim, &ax);
+  UOp *a = sort_args(fn, x, dim, true, &ax); /* the values are gathered at the indices */
   if (!a) return st_fail(outs, 2);
   int64_t n = a->ndim ? a->shape[ax] : 1;
   if (k < 0 || k > n) {
