@@ -776,6 +776,36 @@ TEST(svd_one_device_shard) {
   END;
 }
 
+/* tg_bitcast to a dtype of another size bitcasts shard by shard (it dereferenced the buffer of a
+ * multi-device node, which has none): sharded on another axis, on the last one, replicated, with an
+ * empty shard; a shard whose part of the last dim is not whole elements of the new dtype is refused */
+TEST(bitcast_sharded_other_size) {
+  BEGIN;
+  const double d[6] = {1, 2, 3, 4, 5, 6};
+  tg_tensor base = tg_bitcast(tg_from_data(d, TG_SHAPE(6), TG_OPTS(.dtype = TG_FLOAT64)), TG_INT32); /* (12,) */
+  tg_tensor m = tg_reshape(base, TG_SHAPE(3, 4));
+  tg_tensor want = realized(tg_from_data(d, TG_SHAPE(3, 2), TG_OPTS(.dtype = TG_FLOAT64)));
+  const struct { tg_tensor x; int axis; } cases[] = {
+      {tg_shard(base, DEV2, 2, 0), 0},         {tg_shard(base, DEV2, 2, TG_SHARD_NONE), TG_SHARD_NONE},
+      {tg_shard(m, DEV2, 2, 0), 0},            {tg_shard(m, DEV2, 2, 1), 1},
+      {tg_shard(m, DEV4, 4, 0), 0} /* 1, 1, 1, 0 rows */};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    tg_tensor r = tg_bitcast(cases[c].x, TG_FLOAT64);
+    CHECK_MSG(tg_valid(r) && tg_dtype_of(r) == TG_FLOAT64, "case %zu: %s", c, tg_last_error() ? tg_last_error() : "");
+    if (!tg_valid(r)) continue;
+    CHECK(tg_shard_count(r) == tg_shard_count(cases[c].x) && tg_shard_axis(r) == cases[c].axis);
+    CHECK(tg_numel(r) == 6);
+    CHECK_MSG(maxdiff(tg_reshape(r, TG_SHAPE(3, 2)), want) == 0, "case %zu", c);
+  }
+  tg_tensor h = tg_bitcast(tg_shard(tg_arange(0, 6, 1, NULL), DEV2, 2, 0), TG_INT16); /* int32 -> 2 int16 */
+  int16_t o[12] = {0};
+  CHECK(tg_numel(h) == 12 && tg_data(h, o, sizeof o) == TG_OK && o[4] == 2 && o[5] == 0 && o[10] == 5);
+  CHECK(!tg_valid(tg_bitcast(tg_shard(base, DEV4, 4, 0), TG_FLOAT64))); /* 3 int32 a shard */
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_bitcast: shape (12,) is sharded on its last dim and shard 0 holds 3");
+  tg_clear_error();
+  END;
+}
+
 TEST(cpu_and_cl) {
   BEGIN;
   tg_tensor probe = tg_zeros(TG_SHAPE(1), TG_OPTS(.device = "CL"));

@@ -511,6 +511,19 @@ tg_tensor tg_cast(tg_tensor x, tg_dtype dtype) {
   return t_wrap(g_cast(a, dtype));
 }
 
+/* A realized node's buffer read as dtype, the last dim rescaled from si- to di-byte elements; NULL
+ * where bn is not a buffer. */
+static UOp *rebuffer(UOp *bn, tg_dtype dtype, size_t si, size_t di) {
+  Buffer *b = g_buffer_of(bn);
+  if (!b || bn->ndim < 1) return NULL;
+  int64_t *sh = tg_xmalloc(sizeof(int64_t) * (size_t)bn->ndim);
+  memcpy(sh, bn->shape, sizeof(int64_t) * (size_t)bn->ndim);
+  sh[bn->ndim - 1] = sh[bn->ndim - 1] * (int64_t)si / (int64_t)di;
+  UOp *r = g_buffer(buffer_ref(b), dtype, sh, bn->ndim);
+  free(sh);
+  return r;
+}
+
 tg_tensor tg_bitcast(tg_tensor x, tg_dtype dtype) {
   GET(a, x, "tg_bitcast");
   if (!dtype_valid(dtype)) return fail(TG_ERR_INVALID, "tg_bitcast: invalid dtype %d", (int)dtype);
@@ -523,6 +536,22 @@ tg_tensor tg_bitcast(tg_tensor x, tg_dtype dtype) {
     return fail(TG_ERR_INVALID, "tg_bitcast: last dimension of shape %s (%s, %zu bytes) is not a whole number of %s (%zu bytes)",
                 shp(b, sizeof b, a), tg_dtype_name((tg_dtype)a->dtype), si, tg_dtype_name(dtype), di);
   }
+  /* a multi-device tensor is bitcast shard by shard (tinygrad's rule): sharded on the last dim,
+   * every shard's part of it must be whole elements of the new dtype */
+  bool multi = m_is(a);
+  if (multi && m_axis(a) == a->ndim - 1) {
+    UOp *ra = g_resolve(a);
+    for (uint32_t j = 0; j < ra->nsrc; j++) {
+      int64_t sl = ra->src[j]->shape[a->ndim - 1];
+      if ((sl * (int64_t)si) % (int64_t)di != 0) {
+        char b[256];
+        return fail(TG_ERR_INVALID,
+                    "tg_bitcast: shape %s is sharded on its last dim and shard %u holds %lld %s (%zu bytes each) of "
+                    "it, not a whole number of %s (%zu bytes); bitcast before sharding, or shard on another axis",
+                    shp(b, sizeof b, a), j, (long long)sl, tg_dtype_name((tg_dtype)a->dtype), si, tg_dtype_name(dtype), di);
+      }
+    }
+  }
   /* different sizes reinterpret the realized contiguous bytes */
   UOp *c = g_contiguous(a);
   tg_status st = realize_uops(&c, 1);
@@ -530,13 +559,25 @@ tg_tensor tg_bitcast(tg_tensor x, tg_dtype dtype) {
     uop_unref(c);
     return NONE;
   }
-  UOp *bn = uop_realized(c);
-  int64_t *sh = tg_xmalloc(sizeof(int64_t) * (size_t)a->ndim);
-  memcpy(sh, a->shape, sizeof(int64_t) * (size_t)a->ndim);
-  sh[a->ndim - 1] = last * (int64_t)si / (int64_t)di;
-  UOp *r = g_buffer(buffer_ref(g_buffer_of(bn)), dtype, sh, a->ndim);
-  free(sh);
+  UOp *bn = uop_realized(c), *r = NULL;
+  if (!multi) {
+    r = rebuffer(bn, dtype, si, di);
+  } else if (bn && m_is(bn)) {
+    int n = (int)bn->nsrc;
+    UOp **sh = tg_xcalloc((size_t)n, sizeof(UOp *));
+    bool ok = true;
+    for (int j = 0; j < n && ok; j++) ok = (sh[j] = rebuffer(bn->src[j], dtype, si, di)) != NULL;
+    if (ok) r = m_from_shards(sh, n, m_axis(bn), bn->device);
+    for (int j = 0; j < n; j++)
+      if (sh[j]) uop_unref(sh[j]);
+    free(sh);
+  }
   uop_unref(c);
+  if (!r) {
+    char b[256];
+    return fail(TG_ERR_INVALID, "tg_bitcast: the contiguous copy of shape %s on %s did not realize into buffers", shp(b, sizeof b, a),
+                tg_device_of(x));
+  }
   return t_wrap(r);
 }
 
