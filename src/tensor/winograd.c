@@ -37,6 +37,7 @@ bool wino_applies(const UOp *a, const UOp *w, int nsp, const int64_t *s, const i
   for (int j = 0; j < nsp; j++)
     if (w->shape[2 + j] != 3 || s[j] != 1 || d[j] != 1 || pads[2 * j] < 0 || pads[2 * j + 1] < 0) return false;
   if (a->sym || w->sym) return false; /* symbolic sizes: the tiles would follow the bound value */
+  if (m_is(a) || m_is(w)) return false; /* sharded: the direct form (its shards' kernels) */
   for (int j = 0; j < a->ndim; j++)
     if (a->shape[j] <= 0) return false; /* empty tensors: direct */
   for (int j = 0; j < w->ndim; j++)
