@@ -271,6 +271,35 @@ TEST(infinite_gradients_stay_in_place) {
   END_T;
 }
 
+/* A creation marked requires_grad gets a buffer no other node reads: not its creation node's own
+ * realization (equal creations made later read that: a scatter's identity constant became the
+ * leaf), nor a view of an earlier, realized creation (tg_ones(3, 1) expands the (1, 1) one made
+ * before). y = 2a + 0.5, z = scatter_reduce(y, 0, arange, y, prod, include_self false) is y: d sum(z) /
+ * da = 2 every time (it was 4.5 once a tg_ones(1, 1) leaf had been made and realized). */
+static double scatter_prod_grad(int64_t n, bool lazy, bool realize_z) {
+  tg_scope_begin();
+  static const float one[3] = {1, 1, 1}, two[3] = {2, 2, 2}, half[3] = {0.5f, 0.5f, 0.5f};
+  static const int32_t iv[3] = {0, 1, 2};
+  int64_t sh[2] = {n, 1};
+  tg_tensor a = lazy ? tg_ones(sh, 2, NULL) : tg_from_data(one, sh, 2, NULL);
+  tg_set_requires_grad(a, true);
+  tg_tensor y = tg_add(tg_mul(a, tg_from_data(two, sh, 2, NULL)), tg_from_data(half, sh, 2, NULL));
+  tg_tensor z = tg_scatter_reduce(y, 0, tg_from_data(iv, sh, 2, TG_OPTS(.dtype = TG_INT32)), y, TG_SCATTER_PROD, false);
+  if (realize_z) tg_realize(z);
+  double g = NAN;
+  if (tg_backward(sumall(z)) == TG_OK) tg_item(tg_sum(tg_grad(a), TG_ALL_AXES, false), &g);
+  tg_scope_end();
+  return g / (double)n;
+}
+TEST(creation_leaves_read_no_shared_buffer) {
+  BEGIN_T;
+  CHECK_CLOSE(scatter_prod_grad(1, false, true), 2.0, 1e-6);
+  CHECK_CLOSE(scatter_prod_grad(1, true, false), 2.0, 1e-6);
+  CHECK_CLOSE(scatter_prod_grad(3, true, false), 2.0, 1e-6);
+  CHECK_CLOSE(scatter_prod_grad(3, true, true), 2.0, 1e-6);
+  END_T;
+}
+
 TEST(state_dict_aliases_take_no_gradient) {
   BEGIN_T;
   /* a dict entry is a second handle of the model's tensor: repeated backward passes must not pile

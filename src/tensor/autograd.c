@@ -864,14 +864,15 @@ tg_tensor tg_set_requires_grad(tg_tensor t, bool requires_grad) {
   }
   s->requires_grad = requires_grad ? 1 : 0;
   UOp *u = s->u;
-  if (requires_grad && u && !uop_realized(u) && u->op != OP_BUFFER && !u->sym && !m_is(u) && t_reads_no_buffer(u)) {
+  if (requires_grad && u && u->op != OP_BUFFER && !u->sym && !m_is(u) && shape_numel(u->shape, u->ndim) > 0 &&
+      t_reads_no_buffer(u)) {
     /* A creation (tg_zeros, tg_ones, tg_full, ...) is one node with every equal creation, whoever
-     * made it (two zero biases of one shape, a randn's own constants): marked as a leaf lazily, each
-     * of them would take the others' gradients. It gets its own buffer now, as tinygrad's tensors
-     * each have theirs (realize hands each holder its copy), so graphs built from it read that. */
-    if (tg_realize(t) != TG_OK) return NONE;
-    s = t_slot(t);
-    if (!s) return NONE;
+     * made it (two zero biases of one shape, a randn's own constants, a scatter's identity): marked as
+     * a leaf lazily, each of them would take the others' gradients. It gets its own buffer now, as
+     * tinygrad's tensors each have theirs, so graphs built from it read that. Not the creation
+     * node's own realization: equal creations made later read that buffer (a scatter's identity
+     * became the leaf), and a view of a realized creation stays a view. */
+    if (!t_own_buffer(s)) return NONE;
   }
   if (requires_grad && s->u) t_flag_grad_leaf(s->u);
   return t;

@@ -16,23 +16,44 @@
 
 /* Does t's value come from no buffer at all (a tg_zeros, tg_full, tg_arange or tg_eye, maybe cast,
  * reshaped or made contiguous)? seen: the nodes already known to. */
-static bool reads_no_buffer(UOp *t, PtrMap *seen) {
-  if (uop_realized(t) || t->op == OP_BUFFER) return false;
+static bool reads_no_buffer_(UOp *t, PtrMap *seen, bool realized_reads) {
+  if ((realized_reads && uop_realized(t)) || t->op == OP_BUFFER) return false;
   if (pm_has(seen, (uint64_t)(uintptr_t)t)) return true;
   for (uint32_t i = 0; i < t->nsrc; i++)
-    if (!reads_no_buffer(t->src[i], seen)) return false;
+    if (!reads_no_buffer_(t->src[i], seen, realized_reads)) return false;
   pm_put(seen, (uint64_t)(uintptr_t)t, t);
   return true;
 }
+static bool reads_no_buffer(UOp *t, PtrMap *seen) { return reads_no_buffer_(t, seen, true); }
 
 bool t_reads_no_buffer(UOp *t) {
-  if (t->op == OP_BUFFER) return false;
   PtrMap seen;
   pm_init(&seen);
-  bool r = true; /* t's own realization aside: its inputs tell */
-  for (uint32_t i = 0; r && i < t->nsrc; i++) r = reads_no_buffer(t->src[i], &seen);
+  bool r = reads_no_buffer_(t, &seen, false); /* realized or not: its structure tells */
   pm_free(&seen);
   return r;
+}
+
+bool t_own_buffer(Slot *s) {
+  /* the value written into a new buffer by an assign, as a lazy tg_assign target gets one: a view
+   * stays a view when realized, and a realized node's buffer may be another's */
+  UOp *u = s->u;
+  Buffer *nb = buffer_new(device_by_id(u->device), (size_t)shape_numel(u->shape, u->ndim) * tg_dtype_itemsize((tg_dtype)u->dtype));
+  if (!nb) return false;
+  UOp *e = g_buffer(nb, (tg_dtype)u->dtype, u->shape, u->ndim);
+  UOp *a0 = g_assign(e, u);
+  uop_unref(e);
+  tg_status st = realize_uops(&a0, 1);
+  UOp *r = uop_realized(a0);
+  if (st != TG_OK || !r) {
+    if (st == TG_OK) tg_set_error(TG_ERR_RUNTIME, "tg_set_requires_grad: could not give the tensor a buffer of its own");
+    uop_unref(a0);
+    return false;
+  }
+  s->u = uop_ref(r);
+  uop_unref(u);
+  uop_unref(a0);
+  return true;
 }
 
 /* Hands the buffer node bn (b's) of the just realized t to the live handles holding t. Creating a

@@ -26,8 +26,8 @@ void t_set_borrowed(tg_tensor t, bool borrowed);
  * borrowed with t_get stays valid while another thread realizes the same node. */
 int t_replace_everywhere(UOp *from, UOp *to); /* returns how many handles it changed */
 /* Does t's value come from no buffer at all (a creation: tg_zeros, tg_full, tg_arange, tg_eye, maybe
- * cast, reshaped or made contiguous), whether or not t itself has been realized since? Such nodes are
- * hash-consed: equal creations share one node. */
+ * cast, reshaped, expanded or made contiguous), whether or not t or its parts have been realized
+ * since? Such nodes are hash-consed: equal creations share one node. */
 bool t_reads_no_buffer(UOp *t);
 /* As t_replace_everywhere, but the i-th handle holding `from` (in slot order) gets tos[i]: each
  * takes its own reference; at most ntos handles change. Returns how many did. */
@@ -49,6 +49,9 @@ typedef struct Slot {
   uint32_t thread;  /* the thread that created the handle (t_replace_everywhere) */
   UOp *grad;        /* owned; NULL when no gradient */
 } Slot;
+/* The handle of slot s gets its value in a buffer of its own, as a BUFFER node no other node is
+ * realized into (false, with the error recorded, when that fails). */
+bool t_own_buffer(Slot *s);
 Slot *t_slot(tg_tensor t);
 /* Calls visit for every live handle (its slot and id), holding the handle lock throughout, so that
  * another thread freeing its handles cannot hand the walk a slot without a node (it crashed
