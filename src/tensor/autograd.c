@@ -544,7 +544,11 @@ static void compute_grads_plain(UOp *loss, UOp *seed, UOp **targets, int n, UOp 
     for (int i = 0; i < n; i++) {
       UOp *g = NULL;
       for (int j = first[i]; j < first[i] + count[i]; j++) {
-        if (!gs[j] || passed_on(ts.p[j], (UOp *const *)ts.p + first[i], count[i])) continue;
+        if (!gs[j]) continue;
+        if (passed_on(ts.p[j], (UOp *const *)ts.p + first[i], count[i])) {
+          uop_unref(gs[j]);
+          continue;
+        }
         if (!g) {
           g = gs[j];
         } else {
