@@ -876,7 +876,7 @@ tg_tensor tg_set_requires_grad(tg_tensor t, bool requires_grad) {
      * tinygrad's tensors each have theirs, so graphs built from it read that. Not the creation
      * node's own realization: equal creations made later read that buffer (a scatter's identity
      * became the leaf), and a view of a realized creation stays a view. */
-    if (!t_own_buffer(s)) return NONE;
+    if (!t_own_buffer(s, "tg_set_requires_grad")) return NONE;
   }
   if (requires_grad && s->u) t_flag_grad_leaf(s->u);
   return t;

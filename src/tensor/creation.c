@@ -1077,23 +1077,10 @@ tg_tensor tg_assign(tg_tensor target, tg_tensor value) {
       /* A lazy target gets a buffer of its own holding its current value. Realizing the node itself
        * would give that buffer to every handle holding the (hash-consed) node -- two tg_zeros of one
        * shape are one node -- and the assign would change all of them. */
-      Buffer *nb = buffer_new(device_by_id(tu->device), (size_t)shape_numel(tu->shape, tu->ndim) * tg_dtype_itemsize((tg_dtype)tu->dtype));
-      if (!nb) return NONE;
-      UOp *e = g_buffer(nb, (tg_dtype)tu->dtype, tu->shape, tu->ndim);
-      UOp *a0 = g_assign(e, tu);
-      uop_unref(e);
-      tg_status st = realize_uops(&a0, 1);
-      if (st != TG_OK || !uop_realized(a0)) {
-        if (st == TG_OK) tg_set_error(TG_ERR_RUNTIME, "tg_assign: could not materialize the target");
-        uop_unref(a0);
-        return NONE;
-      }
       Slot *ts = t_slot(target);
-      UOp *prev = ts->u;
-      ts->u = uop_ref(uop_realized(a0));
-      if (vu == prev && t_slot(value) == ts) vu = ts->u; /* x assigned to itself: the value is what x holds now */
-      uop_unref(prev);
-      uop_unref(a0);
+      bool self = vu == ts->u && t_slot(value) == ts; /* x assigned to itself */
+      if (!t_own_buffer(ts, "tg_assign")) return NONE;
+      if (self) vu = ts->u; /* the value is what x holds now */
       tu = tb = ts->u;
     }
     if (tb->op != OP_BUFFER && t_region_target(tb)) {

@@ -34,9 +34,7 @@ bool t_reads_no_buffer(UOp *t) {
   return r;
 }
 
-bool t_own_buffer(Slot *s) {
-  /* the value written into a new buffer by an assign, as a lazy tg_assign target gets one: a view
-   * stays a view when realized, and a realized node's buffer may be another's */
+bool t_own_buffer(Slot *s, const char *fn) {
   UOp *u = s->u;
   Buffer *nb = buffer_new(device_by_id(u->device), (size_t)shape_numel(u->shape, u->ndim) * tg_dtype_itemsize((tg_dtype)u->dtype));
   if (!nb) return false;
@@ -46,7 +44,7 @@ bool t_own_buffer(Slot *s) {
   tg_status st = realize_uops(&a0, 1);
   UOp *r = uop_realized(a0);
   if (st != TG_OK || !r) {
-    if (st == TG_OK) tg_set_error(TG_ERR_RUNTIME, "tg_set_requires_grad: could not give the tensor a buffer of its own");
+    if (st == TG_OK) tg_set_error(TG_ERR_RUNTIME, "%s: could not give the tensor a buffer of its own", fn);
     uop_unref(a0);
     return false;
   }

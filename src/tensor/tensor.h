@@ -50,8 +50,10 @@ typedef struct Slot {
   UOp *grad;        /* owned; NULL when no gradient */
 } Slot;
 /* The handle of slot s gets its value in a buffer of its own, as a BUFFER node no other node is
- * realized into (false, with the error recorded, when that fails). */
-bool t_own_buffer(Slot *s);
+ * realized into: assigned into a new buffer (a view stays a view when realized, and a realized
+ * node's buffer may be another handle's or another equal node's). false, with an error naming fn,
+ * when that fails. */
+bool t_own_buffer(Slot *s, const char *fn);
 Slot *t_slot(tg_tensor t);
 /* Calls visit for every live handle (its slot and id), holding the handle lock throughout, so that
  * another thread freeing its handles cannot hand the walk a slot without a node (it crashed
