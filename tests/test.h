@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Under AddressSanitizer, TT_LEAK_CHECK_AT_END=1 makes LeakSanitizer's check run when the tests end
@@ -140,6 +141,13 @@ static inline int tt_run(const char *prog) {
       CHECK_STR_CONTAINS(tg_last_error(), tt_needles[tt_i]);                                       \
     tg_clear_error();                                                                              \
   } while (0)
+
+/* Seconds on the monotonic clock, for tests that bound how long something takes. */
+static inline double tt_now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 /* A temporary directory for a test binary's files, made on first use (under $TMPDIR or /tmp);
  * tpath(name) is a path inside it, valid for the next 31 calls; tmpdir_remove() deletes it. */

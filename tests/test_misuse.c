@@ -8,16 +8,10 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "test.h"
 #include "tinygrad.h"
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 /* x.assign(x) of a lazy x is a no-op write (tinygrad): the lazy target got a buffer of its own and
  * let go of its node, which was the value's node too */
@@ -76,10 +70,10 @@ TEST(reshape_concrete_to_symbolic_is_an_error) {
 TEST(shared_subexpressions_schedule_quickly) {
   BEGIN;
   tg_tensor x = tg_from_data((const float[]){0.6f, 0.3f}, TG_SHAPE(2, 1), NULL);
-  double t0 = now_s();
+  double t0 = tt_now_s();
   tg_tensor r = tg_newton_schulz(x, 1, (const double[]){3.4445, -4.775, 2.0315}, 3, 1e-7);
   CHECK_MSG(tg_realize(r) == TG_OK, "%s", tg_last_error() ? tg_last_error() : "");
-  double dt = now_s() - t0;
+  double dt = tt_now_s() - t0;
   /* (a hang is the failure; the bound is far above the 10-100 ms it takes, even under a sanitizer) */
   CHECK_MSG(dt < 20, "newton_schulz of (2, 1) took %.1f s", dt);
   float v[2];

@@ -2341,11 +2341,6 @@ TEST(global_counters) {
   END;
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* tg_cat of many small tensors: linear in the total size (it was cubic: 2000 one-element tensors
  * took minutes), a bounded number of kernels, exact values, and a backward through it. */
@@ -2384,7 +2379,7 @@ TEST(cat_many_tensors) {
     float v = (float)i;
     ts[i] = tg_from_data(&v, TG_SHAPE(1), TG_OPTS(.dtype = TG_FLOAT32, .requires_grad = true));
   }
-  double t0 = now_s();
+  double t0 = tt_now_s();
   tg_counters c0 = tg_global_counters();
   tg_tensor c = tg_cat(ts, N, 0);
   int64_t sh[2] = {0};
@@ -2408,7 +2403,7 @@ TEST(cat_many_tensors) {
   for (int i = 0; i < N; i++) bad += out[i] != 0.5f * (float)i;
   CHECK_MSG(bad == 0, "%d wrong gradients", bad);
   free(gs);
-  double dt = now_s() - t0;
+  double dt = tt_now_s() - t0;
   printf("  cat of %d one-element tensors, forward and backward: %.2f s, %llu forward kernels\n", N, dt,
          (unsigned long long)kernels);
   CHECK_MSG(dt < 60, "took %.1f s", dt);

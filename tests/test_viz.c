@@ -292,11 +292,6 @@ TEST(non_utf8_program_name) {
   unlink(copy);
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* a dot that never finishes: the program still exits, within VIZ_DOT_TIMEOUT, and the page says why
  * the graphs are text */
@@ -308,10 +303,10 @@ TEST(slow_dot_is_cut_off) {
   snprintf(env1, sizeof env1, "VIZ_DIR=%s", dir);
   snprintf(env2, sizeof env2, "VIZ_DOT=%s", script);
   const char *env[] = {"VIZ=-1", env1, env2, "VIZ_DOT_TIMEOUT=0.5", NULL};
-  double t0 = now_s();
+  double t0 = tt_now_s();
   Child c = child_start("slowdot", env);
   CHECK(child_wait(&c, 30) == 0);
-  CHECK_MSG(now_s() - t0 < 20, "the child took %.1f s", now_s() - t0);
+  CHECK_MSG(tt_now_s() - t0 < 20, "the child took %.1f s", tt_now_s() - t0);
   char p[500];
   snprintf(p, sizeof p, "%s/data.js", dir);
   char *data = slurp(p), *err = slurp(c.err);
@@ -430,8 +425,8 @@ TEST(serve_answers_its_own_paths_until_interrupted) {
     a.sin_port = htons((uint16_t)port);
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     CHECK(fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0);
-    struct timespec t0, t1, one = {1, 0};
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    struct timespec one = {1, 0};
+    double t0 = tt_now_s();
     bool closed = false;
     for (int i = 0; i < 12 && !closed; i++) {
       if (send(fd, "G", 1, MSG_NOSIGNAL) != 1) closed = true;
@@ -439,8 +434,7 @@ TEST(serve_answers_its_own_paths_until_interrupted) {
       char ch;
       if (!closed && recv(fd, &ch, 1, MSG_DONTWAIT) == 0) closed = true;
     }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    double secs = tt_now_s() - t0;
     CHECK_MSG(closed && secs < 8.5, "a trickling client: %s after %.1f s", closed ? "dropped" : "still connected", secs);
     close(fd);
   }
