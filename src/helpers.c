@@ -266,18 +266,32 @@ tg_status tg_set_error(tg_status st, const char *fmt, ...) {
   return st;
 }
 
-void error_name_call(const char *fn) {
+void error_restate(tg_status st, const char *strip, const char *fmt, ...) {
   ThreadState *ts = tl_state;
-  if (!ts || !ts->err_set || !fn || strncmp(ts->err_msg, "tg_", 3) == 0) return;
+  if (!ts || !ts->err_set) return;
+  const char *m = ts->err_msg;
+  size_t sl = strip ? strlen(strip) : 0;
+  if (sl && strncmp(m, strip, sl) == 0) m += sl;
   /* after the operation's last check point: a short allocation here must not be left noted for
    * the next operation to report */
   bool mark = tg_oom_mark();
   SB b;
   sb_init(&b);
-  sb_printf(&b, "%s: %s", fn, ts->err_msg);
+  va_list ap;
+  va_start(ap, fmt);
+  sb_vprintf(&b, fmt, ap);
+  va_end(ap);
+  sb_printf(&b, ": %s", m);
   free(ts->err_msg);
   ts->err_msg = b.s, ts->err_cap = b.cap;
+  if (st < 0) ts->err_status = st;
   tg_oom_forget(mark);
+}
+
+void error_name_call(const char *fn) {
+  ThreadState *ts = tl_state;
+  if (!ts || !ts->err_set || !fn || strncmp(ts->err_msg, "tg_", 3) == 0) return;
+  error_restate(TG_OK, NULL, "%s", fn);
 }
 
 bool tg_has_error(void) { return tl_state && tl_state->err_set; }

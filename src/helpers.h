@@ -58,6 +58,11 @@ bool tg_has_error(void);
 /* The recorded error, if its message names no public function (one raised deep in the engine: a
  * compiler missing, a kernel that cannot load), is prefixed with fn, the call that reached it. */
 void error_name_call(const char *fn);
+/* The recorded error restated under the call that met it: "<prefix>: <message>", the prefix
+ * printf-formatted, the message without a leading `strip` (NULL: none; "device_get: " where a
+ * public function reports device_get's reason), with status st (TG_OK: the error's own). Nothing
+ * when no error is recorded. */
+void error_restate(tg_status st, const char *strip, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* ---- settings ---- */
 /* Integer setting from Context override, else environment, else def. Cached env lookups are fine:

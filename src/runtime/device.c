@@ -232,11 +232,8 @@ static Device *open_device(const DeviceKind *k, int index, const char *renderer,
     pthread_mutex_unlock(&g_dev_lock);
     /* the runtime's own reason first (a missing library, no such device) */
     if (!had_error && tg_has_error()) {
-      char *why = tg_xstrdup(tg_last_error());
-      tg_clear_error();
-      tg_set_error(TG_ERR_RUNTIME, "device_get: cannot open %s:%d%s%s: %s", k->name, index, vt != k->vt ? ":" : "",
-                   vt != k->vt ? renderer : "", why);
-      free(why);
+      error_restate(TG_ERR_RUNTIME, NULL, "device_get: cannot open %s:%d%s%s", k->name, index, vt != k->vt ? ":" : "",
+                    vt != k->vt ? renderer : "");
     } else {
       tg_set_error(TG_ERR_RUNTIME, "device_get: cannot open %s:%d", k->name, index);
     }

@@ -55,11 +55,7 @@ void op_relabel(OpScope o) {
   const char *m = tg_last_error();
   size_t fl = strlen(o.fn);
   if (!o.had && m && !(strncmp(m, o.fn, fl) == 0 && m[fl] == ':')) {
-    char buf[1200];
-    snprintf(buf, sizeof buf, "%s: %s", o.fn, m);
-    tg_status st = tg_last_status();
-    tg_clear_error();
-    tg_set_error(st, "%s", buf);
+    error_restate(TG_OK, NULL, "%s", o.fn);
   } else if (!tg_has_error()) {
     tg_set_error(TG_ERR_INVALID, "%s: failed", o.fn);
   }

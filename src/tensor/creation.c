@@ -30,13 +30,8 @@ static Device *named_device(const char *fn, const char *name) {
   bool had = tg_has_error();
   Device *d = device_get(name);
   if (!d && !had) {
-    const char *m = tg_last_error() ? tg_last_error() : "unknown device";
-    if (strncmp(m, "device_get: ", 12) == 0) m += 12;
-    char *msg = tg_xstrdup(m);
-    tg_status st = tg_last_status() != TG_OK ? tg_last_status() : TG_ERR_INVALID;
-    tg_clear_error();
-    tg_set_error(st, "%s: %s", fn, msg);
-    free(msg);
+    if (!tg_has_error()) tg_set_error(TG_ERR_INVALID, "unknown device");
+    error_restate(TG_OK, "device_get: ", "%s", fn);
   }
   return d;
 }
@@ -186,15 +181,8 @@ tg_tensor tg_empty(const int64_t *shape, int ndim, const tg_opts *opts) {
   bool had = tg_has_error();
   Buffer *b = buffer_new(d, (size_t)n * tg_dtype_itemsize(dt));
   if (!b) {
-    if (!had && tg_has_error()) { /* the allocator's message, under the public name */
-      char *msg = tg_xstrdup(tg_last_error());
-      tg_status st = tg_last_status();
-      tg_clear_error();
-      char b1[256];
-      tg_set_error(st, "tg_empty: %s (%lld elements of %s, shape %s)", msg, (long long)n, tg_dtype_name(dt),
-                   fmt_shape(b1, sizeof b1, shape, ndim));
-      free(msg);
-    }
+    char b1[256]; /* the allocator's message, under the public name */
+    if (!had) error_restate(TG_OK, NULL, "tg_empty of %s %s", tg_dtype_name(dt), fmt_shape(b1, sizeof b1, shape, ndim));
     return NONE;
   }
   return finish(g_buffer(b, dt, shape, ndim), opts);

@@ -745,15 +745,7 @@ static bool tuple_from_names(const char *fn, const char *const *devices, int n, 
       return false;
     }
     Device *d = device_get(devices[i]);
-    if (!d && !had && tg_has_error()) { /* device_get's reason, restated under the caller's name */
-      const char *m = tg_last_error();
-      if (strncmp(m, "device_get: ", 12) == 0) m += 12;
-      char *msg = tg_xstrdup(m);
-      tg_status st = tg_last_status();
-      tg_clear_error();
-      tg_set_error(st, "%s: device %d: %s", fn, i, msg);
-      free(msg);
-    }
+    if (!d && !had) error_restate(TG_OK, "device_get: ", "%s: device %d", fn, i); /* its reason, under fn */
     if (!d || !d->vt) {
       if (!tg_has_error() || d) tg_set_error(TG_ERR_INVALID, "%s: device %d ('%s') is not a single device", fn, i, devices[i]);
       free(ids);
