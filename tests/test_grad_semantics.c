@@ -483,4 +483,29 @@ TEST(randn_with_an_integer_dtype_casts) {
   END_T;
 }
 
+TEST(abs_clears_the_sign_bit_and_its_gradient_is_sign) {
+  BEGIN_T;
+  /* float32, float16 and bfloat16 take |x| as the sign bit cleared (with a gradient of its own):
+   * values and gradients as tinygrad's x * sign(x), with -0 -> +0 and nan kept */
+  const tg_dtype dts[] = {TG_FLOAT32, TG_FLOAT16, TG_BFLOAT16, TG_FLOAT64};
+  for (int k = 0; k < 4; k++) {
+    tg_scope_begin();
+    tg_tensor x = tg_set_requires_grad(tg_cast(F32V(-2, -0.0f, 0, 3, NAN, INFINITY, -INFINITY, -0.5f), dts[k]), true);
+    OK(tg_realize(x));
+    tg_tensor y = tg_abs(x);
+    CHECK(tg_dtype_of(y) == dts[k]);
+    OK(tg_backward(tg_sum(tg_mul(y, tg_arange(1, 9, 1, TG_OPTS(.dtype = dts[k]))), TG_ALL_AXES, false)));
+    float v[8], g[8];
+    OK(tg_data(tg_cast(y, TG_FLOAT32), v, sizeof v));
+    OK(tg_data(tg_cast(tg_grad(x), TG_FLOAT32), g, sizeof g));
+    const float wv[8] = {2, 0, 0, 3, NAN, INFINITY, INFINITY, 0.5f}, wg[8] = {-1, 0, 0, 4, 0, 6, -7, -8};
+    for (int i = 0; i < 8; i++) {
+      CHECK_MSG(i == 4 ? isnan(v[i]) : v[i] == wv[i] && !signbit(v[i]), "%s: |x|[%d] = %g", tg_dtype_name(dts[k]), i, v[i]);
+      CHECK_MSG(g[i] == wg[i], "%s: grad[%d] = %g, expected %g", tg_dtype_name(dts[k]), i, g[i], wg[i]);
+    }
+    tg_scope_end();
+  }
+  END_T;
+}
+
 int main(void) { return RUN_TESTS(); }

@@ -1761,6 +1761,9 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
       sb_printf(&out, "#ifndef TG_VANY%d_H\n#define TG_VANY%d_H\nstatic inline int tg_vany(tg_vm m){\n", W, W);
       if (W == 8) sb_puts(&out, "#if defined(__AVX__)\n  return __builtin_ia32_movmskps256((tg_vf)m);\n#else\n");
       else if (W == 4) sb_puts(&out, "#if defined(__SSE__)\n  return __builtin_ia32_movmskps((tg_vf)m);\n#else\n");
+      /* AVX-512: one compare into a mask register (gcc left the lane loop a store and 16 scalar
+       * ORs, which made log2 2.4x slower than exp2) */
+      else if (W == 16) sb_puts(&out, "#if defined(__AVX512F__)\n  return __builtin_ia32_cmpd512_mask(m, (tg_vm){0}, 4, (unsigned short)-1) != 0;\n#else\n");
       else sb_puts(&out, "#if 0\n#else\n");
       sb_printf(&out, "  int a = 0;\n  for (int l = 0; l < %d; l++) a |= m[l];\n  return a;\n#endif\n}\n#endif\n", W);
     }

@@ -231,11 +231,28 @@ static tg_tensor sign_(tg_tensor x) {
   return tg_where(tg_gt_s(x, 0), K(x, 1), tg_where(tg_lt_s(x, 0), K(x, -1), mid));
 }
 
+/* d|x| = sign(x) (tinygrad's: 0 at 0, and 0 for nan) */
+static void abs_grad(UOp *out, UOp *g, UOp *const *in, int n, UOp **grads) {
+  (void)out, (void)n;
+  tg_scope_begin();
+  UOp *u = t_get(tg_mul(t_wrap(uop_ref(g)), sign_(t_wrap(uop_ref(in[0])))), "tg_abs");
+  grads[0] = u ? uop_ref(u) : NULL;
+  tg_scope_end();
+}
+
 static tg_tensor abs_(tg_tensor x) {
   tg_dtype dt = tg_dtype_of(x);
   if (dt == TG_BOOL || tg_dtype_is_unsigned(dt)) return same(x);
   if (!tg_dtype_is_float(dt)) return wabs(x);
-  return tg_mul(x, sign_(x)); /* tinygrad: gradient sign(x), 0 at 0 */
+  if (dt != TG_FLOAT32 && !is_half(dt)) return tg_mul(x, sign_(x)); /* tinygrad: gradient sign(x), 0 at 0 */
+  /* the sign bit cleared: |x| for every x, -0 and nan included, in one instruction (x * sign(x)
+   * took three compares, a trunc, three selects and a multiply: log(|x|) ran at 1.3x log(x)) */
+  tg_dtype bits = dt == TG_FLOAT32 ? TG_UINT32 : TG_UINT16;
+  tg_tensor b = tg_bitcast(x, bits);
+  tg_tensor r = tg_bitcast(tg_bitwise_and(b, K(b, dt == TG_FLOAT32 ? 0x7fffffff : 0x7fff)), dt);
+  UOp *ru = t_get(r, "tg_abs"), *xu = t_get(x, "tg_abs");
+  if (ru && xu) ag_set_custom_grad(ru, &xu, 1, abs_grad);
+  return r;
 }
 
 static tg_tensor floor_(tg_tensor x) {
