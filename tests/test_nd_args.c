@@ -3,6 +3,7 @@
  * messages, and no leaked handles (run under ASan by make asan). The differential tests against
  * PyTorch are tests/test_nd_args_torch.py. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <tinygrad.h>
 
@@ -123,6 +124,80 @@ TEST(winograd_matches_direct) {
     for (size_t i = 0; i < ny; i++) CHECK_CLOSE(out[1][i], out[0][i], 1e-4);
     for (size_t i = 0; i < nx; i++) CHECK_CLOSE(gx[1][i], gx[0][i], 1e-4);
     for (size_t i = 0; i < nw; i++) CHECK_CLOSE(gw[1][i], gw[0][i], 2e-4);
+  }
+  END;
+}
+
+/* WINO=2: 5-wide kernels too, through F(4, 5)'s 8-point tiles, where the tiles pay (at least 8
+ * channels in and out, at least 12 outputs along every spatial dim): values and both gradients as
+ * the direct sum's up to float rounding in 1 and 2 dims, grouped too; a convolution below the sizes,
+ * a 5-wide one in 3 dims, and any 5-wide one under WINO=1 stay direct (the direct form is at most 3
+ * kernels: layout copies and the sum; Winograd's at least 7) */
+TEST(winograd_f45_matches_direct) {
+  BEGIN;
+  static const int64_t xs[3][4] = {{2, 8, 22}, {2, 8, 16, 14}, {2, 16, 13, 12}};
+  static const int64_t ws[3][4] = {{8, 8, 5}, {12, 8, 5, 5}, {16, 8, 5, 5}};
+  static const int groups[3] = {1, 1, 2};
+  static const int64_t pad[3] = {1, 2, 2};
+  for (int c = 0; c < 3; c++) {
+    int nd = c == 0 ? 3 : 4;
+    size_t ny = 0, nx = 1, nw = 1;
+    for (int j = 0; j < nd; j++) nx *= (size_t)xs[c][j], nw *= (size_t)ws[c][j];
+    float *out[2] = {0}, *gx[2], *gw[2];
+    for (int wino = 0; wino < 2; wino++) {
+      tg_context_begin();
+      CHECK(tg_context_set("WINO", wino ? "2" : "0") == TG_OK);
+      tg_manual_seed(11);
+      tg_tensor x = tg_set_requires_grad(tg_randn(xs[c], nd, NULL), true);
+      tg_tensor w = tg_set_requires_grad(tg_randn(ws[c], nd, NULL), true);
+      tg_tensor b = tg_randn(TG_SHAPE(ws[c][0]), NULL);
+      const tg_conv2d_opts *o = TG_CONV2D_OPTS(.groups = groups[c], .padding = {pad[c]}, .npadding = 1);
+      tg_tensor y = tg_conv2d(x, w, b, o);
+      CHECK(tg_realize(x) == TG_OK && tg_realize(w) == TG_OK && tg_realize(b) == TG_OK);
+      ny = (size_t)tg_numel(y);
+      CHECK_MSG(ny > 0, "%s", tg_last_error());
+      tg_tensor wts = tg_cos(tg_arange(0, (double)ny, 1, NULL));
+      CHECK(tg_backward(tg_sum(tg_mul(tg_reshape(y, (const int64_t[]){-1}, 1), wts), NULL, 0, false)) == TG_OK);
+      out[wino] = malloc(ny * sizeof(float)), gx[wino] = malloc(nx * sizeof(float)), gw[wino] = malloc(nw * sizeof(float));
+      get_f32(y, out[wino], ny);
+      get_f32(tg_grad(x), gx[wino], nx);
+      get_f32(tg_grad(w), gw[wino], nw);
+      tg_tensor yk = tg_conv2d(x, w, b, o);
+      tg_global_counters_reset();
+      CHECK(tg_realize(yk) == TG_OK);
+      uint64_t k = tg_global_counters().kernel_count;
+      CHECK_MSG(wino ? k >= 7 : k <= 3, "case %d wino=%d: %llu kernels", c, wino, (unsigned long long)k);
+      tg_context_end();
+    }
+    double sy = 0, sx = 0, sw = 0;
+    for (size_t i = 0; i < ny; i++) sy = fmax(sy, fabs(out[0][i]));
+    for (size_t i = 0; i < nx; i++) sx = fmax(sx, fabs(gx[0][i]));
+    for (size_t i = 0; i < nw; i++) sw = fmax(sw, fabs(gw[0][i]));
+    /* F(4, 5)'s transforms carry coefficients up to 21/4: errors of a few 1e-6 of the largest value */
+    for (size_t i = 0; i < ny; i++) CHECK_CLOSE(out[1][i] / sy, out[0][i] / sy, 2e-5);
+    for (size_t i = 0; i < nx; i++) CHECK_CLOSE(gx[1][i] / sx, gx[0][i] / sx, 2e-5);
+    for (size_t i = 0; i < nw; i++) CHECK_CLOSE(gw[1][i] / sw, gw[0][i] / sw, 2e-5);
+    for (int i = 0; i < 2; i++) free(out[i]), free(gx[i]), free(gw[i]);
+  }
+  /* below the sizes (10 outputs along a dim; 4 input channels), and 5-wide under WINO=1: direct */
+  const struct {
+    const char *lv;
+    int nd;
+    int64_t x[5], w[5];
+  } direct[4] = {{"2", 4, {2, 8, 14, 16}, {8, 8, 5, 5}},
+                 {"2", 4, {2, 4, 16, 16}, {8, 4, 5, 5}},
+                 {"1", 4, {2, 8, 16, 16}, {8, 8, 5, 5}},
+                 {"2", 5, {1, 8, 12, 13, 12}, {8, 8, 5, 5, 5}}};
+  for (int c = 0; c < 4; c++) {
+    tg_context_begin();
+    CHECK(tg_context_set("WINO", direct[c].lv) == TG_OK);
+    tg_tensor x = tg_randn(direct[c].x, direct[c].nd, NULL), w = tg_randn(direct[c].w, direct[c].nd, NULL);
+    CHECK(tg_realize(x) == TG_OK && tg_realize(w) == TG_OK);
+    tg_global_counters_reset();
+    CHECK(tg_realize(tg_conv2d(x, w, (tg_tensor){0}, NULL)) == TG_OK);
+    CHECK_MSG(tg_global_counters().kernel_count <= 3, "direct case %d: %llu kernels", c,
+              (unsigned long long)tg_global_counters().kernel_count);
+    tg_context_end();
   }
   END;
 }

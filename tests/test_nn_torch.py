@@ -1139,9 +1139,22 @@ def _winograd():
     assert kernels(lambda: conv2d(x, w, stride=2)) == 1
   with tg.context(WINO=0):
     assert kernels(lambda: conv2d(x, w)) == 1
+  # WINO=2: 5-wide kernels too (F(4, 5), 1 and 2 dims), where the tiles pay: at least 8 channels per
+  # group in and out, at least 12 outputs along every spatial dim
+  with tg.context(WINO=2):
+    for xs, ws, kw in [((2, 8, 16, 14), (12, 8, 5, 5), {"padding": 2}), ((2, 16, 13, 12), (16, 8, 5, 5), {"groups": 2, "padding": 2}),
+                       ((2, 8, 22), (8, 8, 5), {"padding": 1}), ((2, 8, 14, 13), (8, 8, 3, 3), {"padding": 1})]:
+      conv = F.conv1d if len(xs) == 3 else _torch_conv
+      arrs = [rnd(*xs), rnd(*ws), rnd(ws[0])]
+      ref = (lambda x, w, b, kw=kw, conv=conv: conv(x, w, b, kw) if conv is _torch_conv else conv(x, w, b, padding=kw["padding"]))
+      check_fwd_bwd(lambda x, w, b, kw=kw: conv2d(x, w, b, **kw), ref, arrs, atol=5e-4, gatol=1e-3)
+    x5 = Tensor(rnd(2, 8, 16, 16)).realize()
+    assert kernels(lambda: conv2d(x5, Tensor(rnd(8, 8, 5, 5)).realize(), padding=2)) >= 7
+    assert kernels(lambda: conv2d(x5, Tensor(rnd(8, 8, 5, 5)).realize(), padding=0)) >= 7  # 12 x 12 outputs: Winograd
+    assert kernels(lambda: conv2d(Tensor(rnd(2, 8, 14, 16)).realize(), Tensor(rnd(8, 8, 5, 5)).realize())) <= 3  # 10 outputs: direct
 
 
-case("WINO=1: Winograd F(4, 3) convolutions equal the direct ones, forward and backward", _winograd)
+case("WINO=1: Winograd F(4, 3) convolutions equal the direct ones, forward and backward; WINO=2: F(4, 5) too, where it pays", _winograd)
 
 
 def _cumsum_kernels():

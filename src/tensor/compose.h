@@ -52,7 +52,8 @@ bool image_conv_fits(int device, int64_t bs, int64_t cin, int64_t iy, int64_t ix
  * dims with strides s, dilations d and pads (before, after per dim) takes Winograd's F(4, 3) under
  * WINO=1 (every kernel dim 3, stride and dilation 1, float, no symbolic or empty dims); wino_conv
  * computes it from checked arguments. */
-bool wino_applies(const UOp *a, const UOp *w, int nsp, const int64_t *s, const int64_t *d, const int64_t *pads);
+bool wino_applies(const UOp *a, const UOp *w, int nsp, const int64_t *s, const int64_t *d, const int64_t *pads,
+                  int64_t groups);
 tg_tensor wino_conv(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, int64_t groups, int nsp,
                     const int64_t *pads);
 

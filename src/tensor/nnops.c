@@ -1362,7 +1362,7 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
   if (im < 0) return NONE;
   if (im && image_conv_fits(a->device, a->shape[0], w->shape[1], hw[0], hw[1], cout, kh, kw, groups, s, d, pads))
     return image_conv2d(fn, x, weight, bias, groups, s, d, pads);
-  if (wino_applies(a, w, 2, s, d, pads)) return wino_conv(fn, x, weight, bias, groups, 2, pads);
+  if (wino_applies(a, w, 2, s, d, pads, groups)) return wino_conv(fn, x, weight, bias, groups, 2, pads);
   NnOp o = begin(fn);
   bool simple = groups == 1 && s[0] == 1 && s[1] == 1 && d[0] == 1 && d[1] == 1;
   tg_tensor xin = x;
@@ -1550,7 +1550,7 @@ tg_tensor conv_nd_resolved(const char *fn, tg_tensor x, tg_tensor weight, tg_ten
     ConvNdArgs ca = {fn, groups, s, d, pads};
     tg_tensor hr;
     if (conv_half_via_float32(fn, x, weight, bias, a, w, conv_nd_nobias, &ca, &hr)) return hr;
-    if (wino_applies(a, w, nsp, s, d, pads)) return wino_conv(fn, x, weight, bias, groups, nsp, pads);
+    if (wino_applies(a, w, nsp, s, d, pads, groups)) return wino_conv(fn, x, weight, bias, groups, nsp, pads);
   }
   if (nsp > 2) {
     return conv_generic(fn, x, a, weight, w, bias, nsp, groups, s, d, pads);
