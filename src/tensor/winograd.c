@@ -58,12 +58,19 @@ static int wino_level(void) { return (int)getenv_int_in("WINO", 0, 0, 2); }
 /* WINO=2 takes a convolution only where the tiles pay for their transforms: 5-wide kernels too (in
  * 1 and 2 dims; in 3, F(4, 5)'s transforms, three deep, carry errors of 4e-5 of the largest value), but
  * only with at least 8 input and output channels per group (the channel sums are the only work the
- * tiles save) and at least 12 outputs along every spatial dim (a 6x6 output computes 8x8 in tiles) */
+ * tiles save), at least 12 outputs along every spatial dim (a 6x6 output computes 8x8 in tiles), and
+ * a transformed input of at most 2^26 floats (the transforms are passes over memory) */
 static bool wino_pays(const UOp *a, const UOp *w, int nsp, const int64_t *pads, int64_t groups) {
   if (w->shape[1] < 8 || w->shape[0] / groups < 8) return false;
-  for (int j = 0; j < nsp; j++)
-    if (a->shape[2 + j] + pads[2 * j] + pads[2 * j + 1] - w->shape[2 + j] + 1 < 12) return false;
-  return true;
+  int64_t r = w->shape[2], elems = a->shape[1] * a->shape[0];
+  for (int j = 0; j < nsp; j++) {
+    int64_t o = a->shape[2 + j] + pads[2 * j] + pads[2 * j + 1] - r + 1;
+    if (o < 12) return false;
+    elems *= (r + 3) * ((o + 3) / 4);
+  }
+  /* and whose transformed input stays under 256 MB: (r + 3)^2 / 16 = 4x the output for 5-wide
+   * kernels in 2-D, 2 GB for an evaluation of 10 000 MNIST images at once */
+  return elems <= ((int64_t)64 << 20);
 }
 
 bool wino_applies(const UOp *a, const UOp *w, int nsp, const int64_t *s, const int64_t *d, const int64_t *pads,
@@ -175,7 +182,20 @@ static void chansum_grad(UOp *out, UOp *g, UOp *const *in, int n, UOp **grads) {
   tg_scope_begin();
   tg_tensor gt = t_wrap(uop_ref(g)), vt = t_wrap(uop_ref(in[0])), ut = t_wrap(uop_ref(in[1]));
   UOp *gv = t_get(tg_matmul(gt, tg_contiguous(tg_transpose(ut, 1, 2))), "WINO");
-  UOp *gu = t_get(tg_matmul(tg_transpose(vt, 1, 2), gt), "WINO");
+  /* the weight's: a sum over N = batch * tiles, long against the (cin, cout) output, whose kernels
+   * keep a block of cin in registers and stream N once per block from memory; split into chunks of
+   * a few hundred that stay in the cache across the blocks, summed afterwards */
+  int64_t bt = tg_dim(vt, 0), nn = tg_dim(vt, 1), ci = tg_dim(vt, 2), co = tg_dim(gt, 2), ch = 0;
+  for (int64_t d = 512; d >= 128 && !ch; d--)
+    if (nn % d == 0 && nn / d > 1) ch = d;
+  tg_tensor wg;
+  if (ch) {
+    tg_tensor vc = tg_reshape(vt, (const int64_t[]){bt, nn / ch, ch, ci}, 4);
+    tg_tensor gc = tg_reshape(gt, (const int64_t[]){bt, nn / ch, ch, co}, 4);
+    wg = tg_sum(tg_contiguous(tg_matmul(tg_transpose(vc, 2, 3), gc)), (const int[]){1}, 1, false);
+  } else
+    wg = tg_matmul(tg_transpose(vt, 1, 2), gt);
+  UOp *gu = t_get(wg, "WINO");
   grads[0] = gv ? uop_ref(gv) : NULL;
   grads[1] = gu ? uop_ref(gu) : NULL;
   tg_scope_end();
