@@ -354,6 +354,28 @@ static int64_t axis_load_bytes(const LKernel *k, UOp *body, int g) {
   return total;
 }
 
+/* The bytes of the loads in `body` that do not depend on global axis g (counted as axis_load_bytes
+ * counts). */
+static int64_t axis_free_load_bytes(const LKernel *k, UOp *body, int g) {
+  PtrMap seen;
+  pm_init(&seen);
+  PtrVec loads = {0};
+  find_vloads(body, -1, &seen, &loads);
+  int64_t total = 0;
+  for (size_t i = 0; i < loads.n; i++) {
+    UOp *ld = loads.p[i];
+    if (uop_depends_on(ld->src[1], k->granges[g])) continue;
+    int64_t b = (int64_t)tg_dtype_itemsize((tg_dtype)ld->dtype) * (ld->arg.i > 1 ? ld->arg.i : 1);
+    for (int j = 0; j < k->ng + k->nr; j++) {
+      UOp *r = j < k->ng ? k->granges[j] : k->rranges[j - k->ng];
+      if (uop_depends_on(ld->src[1], r)) b *= r->iarg[0];
+    }
+    total += b;
+  }
+  pm_free(&seen), pv_free(&loads);
+  return total;
+}
+
 /* A global axis (other than the vector axis vg) along which some gathered (lane-strided) load of
  * the vectorized value is contiguous: its index moves by exactly 1 per step of the axis. -1: none. */
 static int gather_contiguous_axis(LKernel *k, int vg) {
@@ -804,7 +826,15 @@ static void heuristic(LKernel *k, int *next_axis) {
     /* ...but inside an outer batch-like axis that every load depends on (the batch groups of a
      * convolution's weight gradient): each of its iterations has its own small working set, and
      * it is the axis the threads split. As actions: SWAPs of neighbours that walk it there. */
-    int pos = vg > 1 && loads_depend(k->rbody, -1, k->granges[0], ALL_LOADS) ? 1 : 0;
+    /* (a load that does not depend on it counts only if it is larger than a quarter of L1: a small
+     * matrix applied to a batch of panels, the transforms of a Winograd tile, stays in cache anyway,
+     * and with the vector axis outermost every batch's panel became a separate stream: 64 read and
+     * 64 write streams of 128 bytes per step) */
+    int64_t l1 = k->caps && k->caps->l1d_bytes > 0 ? k->caps->l1d_bytes : 32 << 10;
+    int pos = vg > 1 && (loads_depend(k->rbody, -1, k->granges[0], ALL_LOADS) ||
+                         (loads_depend(k->rbody, -1, k->granges[0], ANY_LOAD) && axis_free_load_bytes(k, k->rbody, 0) <= l1 / 4))
+                  ? 1
+                  : 0;
     if (l.n + vg - pos <= OPTLIST_MAX) {
       swap_outer(k, vg, pos);
       for (int j = vg; j > pos; j--) push_opt(&l, OPT_SWAP, j - 1, j);
