@@ -238,8 +238,12 @@ tg_tensor wino_conv(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bia
   tg_tensor vt = tile_windows(tg_pad(xl, lpads, 2 * n, 0.0), nsp, tiles, v->a);
   vt = tg_contiguous_backward(tg_contiguous(apply_mats(tg_contiguous_backward(vt), nsp, v->bt, v->a, v->a)));
   /* (T, N, groups, cin) -> (T * groups, N, cin) */
-  vt = tg_reshape(tg_permute(tg_reshape(vt, (const int64_t[]){T, N, groups, cin}, 4), (const int[]){0, 2, 1, 3}, 4),
-                  (const int64_t[]){T * groups, N, cin}, 3);
+  /* (one group: a plain reshape, which the kernels index without the div/mod chains of a permute
+   * of size-1 dims) */
+  if (groups == 1) vt = tg_reshape(vt, (const int64_t[]){T, N, cin}, 3);
+  else
+    vt = tg_reshape(tg_permute(tg_reshape(vt, (const int64_t[]){T, N, groups, cin}, 4), (const int[]){0, 2, 1, 3}, 4),
+                    (const int64_t[]){T * groups, N, cin}, 3);
   /* weight (groups, rcout, cin, r...) -> (r..., groups, cin, rcout) -> (a..., groups, cin, rcout) */
   int64_t ws[3 + 3];
   ws[0] = groups, ws[1] = rcout, ws[2] = cin;
@@ -256,7 +260,7 @@ tg_tensor wino_conv(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bia
   UOp *mu = t_get(m, fn), *ins[2] = {t_get(vt, fn), t_get(ut, fn)};
   if (mu && ins[0] && ins[1]) ag_set_custom_grad(mu, ins, 2, chansum_grad);
   m = tg_contiguous_backward(m);
-  m = tg_permute(tg_reshape(m, (const int64_t[]){T, groups, N, rcout}, 4), (const int[]){0, 2, 1, 3}, 4);
+  if (groups > 1) m = tg_permute(tg_reshape(m, (const int64_t[]){T, groups, N, rcout}, 4), (const int[]){0, 2, 1, 3}, 4);
   int64_t ms[3 + 1 + 3 + 1];
   int r = 0;
   for (int j = 0; j < nsp; j++) ms[r++] = v->a;
