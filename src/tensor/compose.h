@@ -49,8 +49,9 @@ bool image_conv_fits(int device, int64_t bs, int64_t cin, int64_t iy, int64_t ix
                      int64_t groups, const int64_t *s, const int64_t *d, const int64_t *pads);
 
 /* WINO (winograd.c): wino_applies says whether a convolution of input a and weight w over nsp spatial
- * dims with strides s, dilations d and pads (before, after per dim) takes Winograd's F(4, 3) under
- * WINO=1 (every kernel dim 3, stride and dilation 1, float, no symbolic or empty dims); wino_conv
+ * dims with strides s, dilations d, pads (before, after per dim) and groups takes Winograd's tiles:
+ * F(4, 3) under WINO=1 (every kernel dim 3, stride and dilation 1, float, no symbolic or empty dims),
+ * and under WINO=2 also F(4, 5) (every kernel dim 5, 1 or 2 dims), where the tiles pay; wino_conv
  * computes it from checked arguments. */
 bool wino_applies(const UOp *a, const UOp *w, int nsp, const int64_t *s, const int64_t *d, const int64_t *pads,
                   int64_t groups);
