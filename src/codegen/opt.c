@@ -835,9 +835,9 @@ static void heuristic(LKernel *k, int *next_axis) {
     int64_t l1 = k->caps && k->caps->l1d_bytes > 0 ? k->caps->l1d_bytes : 32 << 10;
     int64_t out_bytes = (int64_t)k->vw * 4;
     for (int g = 0; g < k->ng; g++) out_bytes *= sym_range(k->granges[g]) ? 1 : k->granges[g]->iarg[0];
+    int64_t l2 = k->caps && k->caps->l2_bytes > 0 ? k->caps->l2_bytes : 1 << 20; /* (unknown: 1 MiB, as above) */
     int pos = vg > 1 && (loads_depend(k->rbody, -1, k->granges[0], ALL_LOADS) ||
-                         (axis_free_load_bytes(k, k->rbody, 0) <= l1 / 4 && k->caps && k->caps->l2_bytes > 0 &&
-                          out_bytes > 8 * k->caps->l2_bytes))
+                         (axis_free_load_bytes(k, k->rbody, 0) <= l1 / 4 && out_bytes > 8 * l2))
                   ? 1
                   : 0;
     if (l.n + vg - pos <= OPTLIST_MAX) {
