@@ -92,4 +92,17 @@ TEST(index_result_too_large) {
   END;
 }
 
+/* argmax/argmin return int32 positions (tinygrad's): an axis longer than that is refused by name,
+ * not by the internal tg_arange's "use a wider dtype" (argmax takes no dtype). Nothing is allocated. */
+TEST(argmax_axis_past_int32) {
+  BEGIN;
+  int64_t n = ((int64_t)1 << 31) + 37;
+  tg_tensor x = tg_zeros(TG_SHAPE(n), TG_OPTS(.dtype = TG_UINT8));
+  CHECK(!tg_valid(tg_argmax(x, TG_ALL_AXES, false)));
+  CHECK_ERR(TG_ERR_INVALID, "tg_argmax", "do not fit the int32 index");
+  CHECK(!tg_valid(tg_argmin(tg_reshape(x, TG_SHAPE(1, n)), TG_AXES(1), false)));
+  CHECK_ERR(TG_ERR_INVALID, "tg_argmin", "2147483685 positions along the axis");
+  END;
+}
+
 int main(void) { return RUN_TESTS(); }

@@ -679,6 +679,75 @@ TEST(jit_symbolic_batch) {
   CHECK(tg_live_count() == 0);
 }
 
+/* The call's variables are the only values a replay uses, so they must agree with what the
+ * capture saw: an input sized by the variable bound to another value than vars[] passes (a replay
+ * would read past the input's end: 30 rows of a 12-row buffer), a function that binds the call's
+ * variable to a value of its own (the capture ran with it, replays would not), and a variable of
+ * the same name with other bounds (another variable) are errors that say so */
+static tg_status f_sum2(const tg_tensor *in, int nin, const double *a, int na, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)a, (void)na, (void)nout, (void)u;
+  out[0] = tg_sum(tg_mul_s(in[0], 2), TG_AXES(0), false);
+  return TG_OK;
+}
+static float g_rows[40 * 4];
+static tg_status f_rebind(const tg_tensor *in, int nin, const double *a, int na, tg_tensor *out, int nout, void *u) {
+  (void)in, (void)nin, (void)a, (void)na, (void)nout;
+  /* (*(int *)u: 0 binds the call's variable to 5 here; 1 makes a variable of the same name, [1, 30]) */
+  tg_symvar v = *(int *)u ? tg_var_bind(tg_variable("m", 1, 30), 5) : tg_var_bind(tg_jit_var(0), 5);
+  tg_tensor x = tg_from_data(g_rows, TG_SHAPE(40, 4), NULL);
+  out[0] = tg_sum(tg_shrink(x, TG_SHAPE(0, tg_sym(v, 0), 0, 4)), TG_AXES(0), false);
+  return TG_OK;
+}
+
+TEST(jit_call_variables_must_agree) {
+  tg_scope_begin();
+  for (int i = 0; i < 40 * 4; i++) g_rows[i] = (float)(i % 7);
+  tg_symvar bv = tg_variable("b", 1, 40);
+  tg_jit *j = tg_jit_new(f_sum2, 1, NULL);
+  const int rows[] = {3, 4, 7, 12}, binds[] = {3, 4, 7, 30};
+  for (int c = 0; c < 4; c++) {
+    tg_scope_begin();
+    tg_tensor x = tg_from_data(g_rows, TG_SHAPE(rows[c], 4), NULL);
+    CHECK(tg_realize(x) == TG_OK);
+    tg_tensor in = tg_shrink(x, TG_SHAPE(0, tg_sym(tg_var_bind(bv, rows[c]), 0), 0, 4));
+    tg_symvar b = tg_var_bind(bv, binds[c]);
+    tg_tensor out[1];
+    tg_status st = tg_jit_call_vars(j, &in, 1, &b, 1, NULL, 0, out);
+    if (rows[c] == binds[c]) {
+      CHECK_MSG(st == TG_OK, "rows=%d: %s", rows[c], tg_last_error());
+    } else {
+      CHECK(st != TG_OK);
+      CHECK_STR_CONTAINS(tg_last_error(), "input 0's dim 0 is sized by variable 'b' bound to 12, but vars[] passes 'b' = 30");
+      tg_clear_error();
+    }
+    tg_scope_end();
+  }
+  tg_jit_free(j);
+  for (int mode = 0; mode < 2; mode++) {
+    tg_symvar mv = tg_variable("m", 1, 20);
+    j = tg_jit_new(f_rebind, 1, &mode);
+    int fails = 0;
+    for (int c = 0; c < 4; c++) {
+      tg_scope_begin();
+      tg_symvar m = tg_var_bind(mv, (const int[]){3, 4, 6, 7}[c]); /* (never the function's 5) */
+      tg_tensor out[1];
+      if (tg_jit_call_vars(j, NULL, 0, &m, 1, NULL, 0, out) != TG_OK) {
+        fails++;
+        CHECK_STR_CONTAINS(tg_last_error(), mode ? "takes variable 'm' in [1, 30], and the call passes 'm' in [1, 20]"
+                                                 : "ran with variable 'm' = 5, but the call passes");
+        tg_clear_error();
+      }
+      tg_scope_end();
+    }
+    /* the first call runs the function plainly; every capture after it is refused (one at the
+     * function's own value could not tell: tinygrad's replays, too, take the call's values) */
+    CHECK_MSG(fails == 3, "mode %d: %d calls failed", mode, fails);
+    tg_jit_free(j);
+  }
+  tg_scope_end();
+  CHECK(tg_live_count() == 0);
+}
+
 /* a window at a symbolic offset, x[v : v+3] (a concrete size), and a pad by a symbolic amount */
 TEST(symbolic_offset_and_pad) {
   tg_scope_begin();

@@ -402,12 +402,37 @@ static tg_status capture(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs,
   for (int k = 0; k < j->cap.n; k++) {
     const KernelCode *kc = j->cap.items[k].code;
     for (int v = 0; kc && v < kc->nvars; v++) {
-      if (call_var(cv, kc->vars[v], NULL)) continue;
+      int64_t val = 0, mn = 0, mx = 0;
       const char *name = "?";
-      var_info(kc->vars[v], &name, NULL, NULL);
-      st = tg_set_error(TG_ERR_INVALID, "tg_jit_call: kernel '%s' takes variable '%s', which is not an input of the "
-                        "call; pass it bound in tg_jit_call_vars' vars[] (a replay would use its captured value)",
-                        kc->name, name);
+      var_info(kc->vars[v], &name, &mn, &mx);
+      if (call_var(cv, kc->vars[v], &val)) {
+        /* the function bound the call's variable to another value (tg_var_bind inside it): the
+         * capture ran with that value, a replay would run with the call's */
+        const int64_t *cvals = j->cap.items[k].vals;
+        if (!cvals || cvals[v] == val) continue;
+        st = tg_set_error(TG_ERR_INVALID, "tg_jit_call_vars: kernel '%s' ran with variable '%s' = %lld, but the call "
+                          "passes %lld: the function binds it to another value; build the graph with the call's bound "
+                          "variables (tg_jit_var), whose values a replay changes",
+                          kc->name, name, (long long)cvals[v], (long long)val);
+      } else {
+        /* a variable of the same name with other bounds is another variable */
+        int other = -1;
+        for (int q = 0; q < cv->n && other < 0; q++) {
+          const char *cn = NULL;
+          if (var_info(cv->idx[q], &cn, NULL, NULL) && cn && !strcmp(cn, name)) other = q;
+        }
+        if (other >= 0) {
+          int64_t omn = 0, omx = 0;
+          var_info(cv->idx[other], NULL, &omn, &omx);
+          st = tg_set_error(TG_ERR_INVALID, "tg_jit_call_vars: kernel '%s' takes variable '%s' in [%lld, %lld], and the call "
+                            "passes '%s' in [%lld, %lld]: a variable is its name and its bounds, so these are two; "
+                            "build the graph with the call's variables (tg_jit_var)",
+                            kc->name, name, (long long)mn, (long long)mx, name, (long long)omn, (long long)omx);
+        } else
+          st = tg_set_error(TG_ERR_INVALID, "%s: kernel '%s' takes variable '%s', which is not an input of the "
+                            "call; pass it bound in tg_jit_call_vars' vars[] (a replay would use its captured value)",
+                            cv->n ? "tg_jit_call_vars" : "tg_jit_call", kc->name, name);
+      }
       jit_reset(j);
       free_outputs(j, out);
       return st;
@@ -679,6 +704,25 @@ tg_status tg_jit_call_vars(tg_jit *j, const tg_tensor *in, int nin, const tg_sym
       return vs;
     }
     cv.idx[cv.n] = d.var, cv.val[cv.n++] = d.value;
+  }
+  /* an input of symbolic shape is bound to the call's value of its variable (tinygrad merges the
+   * inputs' values with the call's and refuses a disagreement): a replay sizes its kernels by vars[],
+   * and an input bound to less than that would be read past its end */
+  for (int i = 0; in && i < nin; i++) {
+    UOp *u = tg_valid(in[i]) ? t_get(in[i], "tg_jit_call_vars") : NULL;
+    for (int dim = 0; u && u->sym && dim < u->ndim; dim++) {
+      SymDim d;
+      int64_t val = 0;
+      if (!sym_is_code(u->sym[dim]) || !sym_decode(u->sym[dim], &d) || d.value < 0 || !call_var(&cv, d.var, &val) ||
+          d.value == val)
+        continue;
+      const char *name = "?";
+      var_info(d.var, &name, NULL, NULL);
+      free(cv.idx), free(cv.val);
+      return tg_set_error(TG_ERR_INVALID, "tg_jit_call_vars: input %d's dim %d is sized by variable '%s' bound to %lld, "
+                          "but vars[] passes '%s' = %lld; bind both to this call's value", i, dim, name,
+                          (long long)d.value, name, (long long)val);
+    }
   }
   tg_status st = tg_jit_call_impl(j, in, nin, args, nargs, out, &cv, vars, nvars);
   free(cv.idx), free(cv.val);

@@ -603,6 +603,12 @@ static tg_tensor arg_impl(const char *fn, tg_tensor x, const int *axes, int naxe
     return fail("%s: cannot take the %s of an empty dimension (shape %s)", fn, is_min ? "argmin" : "argmax",
                 SHP(a));
   }
+  if (n > INT32_MAX) {
+    tg_scope_end();
+    return fail("%s: %lld positions along the %s (shape %s) do not fit the int32 index it returns (at most "
+                "2147483647, as tinygrad's); reduce a reshaped view in two steps (the argmax of each block, "
+                "then of the blocks' maxima)", fn, (long long)n, naxes ? "axis" : "flattened tensor", SHP(a));
+  }
   int axv[1] = {ax};
   tg_tensor mx = is_min ? tg_min(src, axv, 1, true) : tg_max(src, axv, 1, true);
   tg_tensor m = tg_eq(src, mx);
