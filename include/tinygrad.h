@@ -1733,8 +1733,9 @@ void tg_jit_free(tg_jit *j);
  * count); later calls pass the same variable at any value, over a tensor of any first size and the
  * same other sizes. An output of symbolic shape comes back as the [0, v + c) view of its buffer,
  * which is stored at the variable's max (tg_shape reports this call's size). Errors: a changed set
- * of variables, an unbound or repeated variable, a captured kernel or output whose variable is not
- * in vars[], and a capture whose
+ * of variables, an unbound or repeated variable, an input sized by a variable bound to another value
+ * than vars[] passes, a captured kernel or output whose variable is not in vars[] (or ran with
+ * another value of it: the function bound it itself), and a capture whose
  * graph holds a size computed from a bound value next to a symbolic one (tg_cat along a symbolic
  * dim): its kernels would hold for that value only. A call where a symbolic size is 0 or 1 (which
  * graphs may treat as a broadcastable size-1 dim) runs but is not captured; the next call captures.
