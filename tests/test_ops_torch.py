@@ -726,6 +726,29 @@ for _dt in [INT32, UINT32]:
     case(f"{_op} of one {N[_dt]} value by 16 amounts (vectorized)", t_shift_broadcast_value, _dt, _op)
 
 
+def t_shift_narrow_past_width(dt, op):
+  # 8- and 16-bit values shift as C's int (tinygrad's, PyTorch's): counts from the type's width up to
+  # 31 are defined there (0, or the sign for a right shift of a negative value), not taken mod 8 / 16
+  npd = tg.NP_STORAGE[dt]
+  tdt = {INT8: torch.int8, UINT8: torch.uint8, INT16: torch.int16, UINT16: torch.int16}[dt]
+  v = np.array([-128, 127, -5, 3, 1, 100, -1, 0] * 4 if dt in (INT8, INT16) else [255, 5, 128, 1, 0, 77, 200, 3] * 4).astype(npd)
+  amt = (np.arange(32) % 32).astype(npd)
+  got = getattr(Tensor(v), op)(Tensor(amt)).cast(FLOAT32).numpy()
+  tv = torch.tensor(v.astype(np.int64)).to(tdt) if dt != UINT16 else None
+  if tv is not None:
+    ta = torch.tensor(amt.astype(np.int64)).to(tdt)
+    want = (tv << ta if op == "lshift" else tv >> ta).to(torch.float32).numpy()
+  else:  # (torch has no uint16): C's int arithmetic
+    w = (v.astype(np.int64) << amt.astype(np.int64)) if op == "lshift" else (v.astype(np.int64) >> amt.astype(np.int64))
+    want = w.astype(np.uint16).astype(np.float32)
+  if not np.array_equal(got, want): raise CaseFailure(f"got {got}, want {want}")
+
+
+for _dt in [INT8, UINT8, INT16, UINT16]:
+  for _op in ["lshift", "rshift"]:
+    case(f"{_op} of {N[_dt]} by counts past its width (C's int promotion)", t_shift_narrow_past_width, _dt, _op)
+
+
 # ------------------------------------------------------------------------------------------------
 # where
 def t_where(cdt, xdt, ydt, si):

@@ -447,11 +447,15 @@ static void render_expr(R *r, UOp *u, SB *e) {
     if (fl) sb_printf(e, "((%s>%s||%s!=%s)?%s:%s)", a, b, a, a, a, b);
     else sb_printf(e, "(%s>%s?%s:%s)", a, b, a, b);
     return;
+  /* 8- and 16-bit values shift as C's int (tinygrad's, PyTorch's): counts up to 31, in 32 bits, the
+   * left shift unsigned */
   case OP_SHL:
-    sb_printf(e, "(%s)((%s)%s<<(%s&%d))", ctype(dt), utype(dt), a, b, (int)tg_dtype_itemsize(dt) * 8 - 1);
+    if (tg_dtype_itemsize(dt) < 4) sb_printf(e, "(%s)((%s)(%s)%s<<(%s&31))", ctype(dt), utype(TG_UINT32), utype(dt), a, b);
+    else sb_printf(e, "(%s)((%s)%s<<(%s&%d))", ctype(dt), utype(dt), a, b, (int)tg_dtype_itemsize(dt) * 8 - 1);
     return;
   case OP_SHR:
-    sb_printf(e, "(%s)(%s>>(%s&%d))", ctype(dt), a, b, (int)tg_dtype_itemsize(dt) * 8 - 1);
+    if (tg_dtype_itemsize(dt) < 4) sb_printf(e, "(%s)((%s)%s>>(%s&31))", ctype(dt), tg_dtype_is_unsigned(dt) ? utype(TG_UINT32) : ctype(TG_INT32), a, b);
+    else sb_printf(e, "(%s)(%s>>(%s&%d))", ctype(dt), a, b, (int)tg_dtype_itemsize(dt) * 8 - 1);
     return;
   case OP_POW:
     if (fl) sb_printf(e, "%s(%spow%s(%s,%s))", rd, L->math, fsuf(dt), a, b);

@@ -750,11 +750,24 @@ static void emit_node_f(LR *r, UOp *u, char *out) {
     char m[32];
     fresh(r, m), fresh(r, out);
     char lim[16], ml[2048];
-    snprintf(lim, sizeof lim, "%d", nb - 1);
+    /* 8- and 16-bit values shift as C's int (tinygrad's, PyTorch's): counts up to 31, in 32 bits */
+    bool narrow = nb < 32;
+    snprintf(lim, sizeof lim, "%d", narrow ? 31 : nb - 1);
     splat(r, v, lty(dt), lim, ml, sizeof ml);
     sb_printf(r->b, "  %s = and %s %s, %s\n", m, ty, b, ml);
     const char *op = u->op == OP_SHL ? "shl" : is_uns(dt) ? "lshr" : "ashr";
-    sb_printf(r->b, "  %s = %s %s %s, %s\n", out, op, ty, a, m);
+    if (!narrow) {
+      sb_printf(r->b, "  %s = %s %s %s, %s\n", out, op, ty, a, m);
+      return;
+    }
+    char wty[48], wa[32], wm[32], wr[32];
+    if (v) snprintf(wty, sizeof wty, "<%d x i32>", r->vw);
+    else snprintf(wty, sizeof wty, "i32");
+    fresh(r, wa), fresh(r, wm), fresh(r, wr);
+    sb_printf(r->b, "  %s = %s %s %s to %s\n", wa, is_uns(dt) ? "zext" : "sext", ty, a, wty);
+    sb_printf(r->b, "  %s = zext %s %s to %s\n", wm, ty, m, wty);
+    sb_printf(r->b, "  %s = %s %s %s, %s\n", wr, op, wty, wa, wm);
+    sb_printf(r->b, "  %s = trunc %s %s to %s\n", out, wty, wr, ty);
     return;
   }
   case OP_POW:
