@@ -749,6 +749,21 @@ for _dt in [INT8, UINT8, INT16, UINT16]:
     case(f"{_op} of {N[_dt]} by counts past its width (C's int promotion)", t_shift_narrow_past_width, _dt, _op)
 
 
+def t_const_float_to_int_cast():
+  # a float constant cast to an integer folds by the library's rule (NaN -> 0, truncate, saturate to
+  # int64, wrap to the width; tg_full of the integer dtype gives the same): the cast of an
+  # out-of-range literal, undefined in C, was folded by the compiler to an uninitialized value
+  cases = [(300.7, INT8, 44), (1e10, INT32, 1410065408), (float("nan"), INT32, 0), (-1e10, UINT32, 2884901888),
+           (float("inf"), INT64, 2**63 - 1), (-3.9, UINT8, 253)]
+  for v, dt, want in cases:
+    for _ in range(3):
+      got = Tensor.full((4,), v, dtype=FLOAT32).cast(dt).numpy()
+      if not (got == want).all(): raise CaseFailure(f"{v} -> {N[dt]}: got {got}, want {want}")
+
+
+case("a float constant cast to an integer dtype: folded by the library's rule, the same every call", t_const_float_to_int_cast)
+
+
 # ------------------------------------------------------------------------------------------------
 # where
 def t_where(cdt, xdt, ydt, si):

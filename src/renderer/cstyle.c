@@ -402,6 +402,19 @@ static void render_expr(R *r, UOp *u, SB *e) {
     else sb_printf(e, "(-%s)", a);
     return;
   case OP_CAST:
+    if (!fl && dt != TG_BOOL && u->src[0]->op == OP_CONST && tg_dtype_is_float(sdt)) {
+      /* a float constant into an integer: folded here by the library's rule (NaN -> 0, truncate,
+       * saturate to int64, wrap to the width). C (and OpenCL C, CUDA) leave the cast of an
+       * out-of-range literal undefined, and gcc folded it to an uninitialized value */
+      uint8_t bits[8];
+      dtype_store(dt, bits, u->src[0]->arg.f);
+      UOp c = {.op = OP_CONST, .dtype = dt};
+      c.arg.i = dtype_load_i64(dt, bits);
+      char *lit = const_str(dt, &c);
+      sb_printf(e, "(%s)(%s)", ctype(dt), lit);
+      free(lit);
+      return;
+    }
     if (dt == TG_BOOL) sb_printf(e, "(%s != 0)", a);
     else if (fl && dtype_is_fp8(dt)) sb_printf(e, "%s((double)%s)", rd, a); /* one rounding, also from double */
     else if (fl && is_half(dt)) /* exact, unless the bits kept cannot be a signalling NaN's */
