@@ -764,6 +764,26 @@ def t_const_float_to_int_cast():
 case("a float constant cast to an integer dtype: folded by the library's rule, the same every call", t_const_float_to_int_cast)
 
 
+def t_signed_overflow_wraps(dt):
+  # int32/int64 add, mul and negation wrap (PyTorch's, tinygrad's CPU result) on every device: OpenCL
+  # C leaves signed overflow undefined, and PoCL's compiler widened (int)(a + a) cast to long into a
+  # 64-bit add
+  npd = tg.NP_STORAGE[dt]
+  info = np.iinfo(npd)
+  v = np.array([info.max, info.min, info.max // 2 + 7, -3], npd)
+  tv = torch.tensor(v)
+  a = Tensor(v)
+  checks = [((a + a).cast(INT64 if dt == INT32 else dt), (tv + tv).to(torch.int64)), (a * 3, tv * 3), (-a, -tv),
+            ((a + 1).lt(a), (tv + 1) < tv), (a - 5, tv - 5)]
+  for got, want in checks:
+    g, w = got.numpy(), want.numpy()
+    if not np.array_equal(g, w): raise CaseFailure(f"got {g}, want {w}")
+
+
+for _dt in [INT32, INT64]:
+  case(f"{N[_dt]} add, mul, neg and sub wrap on overflow", t_signed_overflow_wraps, _dt)
+
+
 # ------------------------------------------------------------------------------------------------
 # where
 def t_where(cdt, xdt, ydt, si):

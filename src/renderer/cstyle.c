@@ -357,6 +357,14 @@ static const char *bin_op_str(int op) {
 
 static const char *fsuf(tg_dtype dt) { return dt == TG_FLOAT64 || !L->math_fsuf ? "" : "f"; }
 
+/* Signed 32/64-bit add, sub, mul (and negation) computed on unsigned values and converted back: OpenCL
+ * C and CUDA leave signed overflow undefined (PoCL's compiler folded (int)(a + a) widened to long
+ * into a 64-bit add: 2^31 - 1 doubled became 4294967294, not -2); C kernels are built with -fwrapv,
+ * where the plain operators wrap. */
+static bool wraps_unsigned(tg_dtype dt, int op) {
+  return L != &LANG_TABLE[LANG_C] && (dt == TG_INT32 || dt == TG_INT64) && (op == OP_ADD || op == OP_SUB || op == OP_MUL);
+}
+
 static const char *utype(tg_dtype dt) {
   switch (tg_dtype_itemsize(dt)) {
   case 1: return ctype(TG_UINT8);
@@ -399,6 +407,7 @@ static void render_expr(R *r, UOp *u, SB *e) {
   case OP_NEG:
     if (dt == TG_BOOL) sb_printf(e, "(!%s)", a);
     else if (tg_dtype_is_unsigned(dt)) sb_printf(e, "(%s)(0u-%s)", ctype(dt), a);
+    else if (wraps_unsigned(dt, OP_SUB)) sb_printf(e, "(%s)((%s)0-(%s)%s)", ctype(dt), utype(dt), utype(dt), a);
     else sb_printf(e, "(-%s)", a);
     return;
   case OP_CAST:
@@ -480,7 +489,8 @@ static void render_expr(R *r, UOp *u, SB *e) {
   const char *op = bin_op_str(u->op);
   TG_ASSERT(op != NULL);
   bool cmp = u->op == OP_CMPLT || u->op == OP_CMPNE || u->op == OP_CMPEQ;
-  if (fl && !cmp && *rd) sb_printf(e, "%s(%s%s%s)", rd, a, op, b);
+  if (wraps_unsigned(dt, u->op)) sb_printf(e, "(%s)((%s)%s%s(%s)%s)", ctype(dt), utype(dt), a, op, utype(dt), b);
+  else if (fl && !cmp && *rd) sb_printf(e, "%s(%s%s%s)", rd, a, op, b);
   else if (!fl && !cmp && dt != TG_BOOL && dt != DT_INDEX) sb_printf(e, "(%s)(%s%s%s)", ctype(dt), a, op, b);
   else sb_printf(e, "(%s%s%s)", a, op, b);
 }
@@ -668,6 +678,11 @@ static void render_vexpr_f(R *r, UOp *u, SB *e) {
     sb_puts(e, ")");
     return;
   case OP_NEG:
+    if (!amask && wraps_unsigned((tg_dtype)u->dtype, OP_SUB)) {
+      int ut = u->dtype == TG_INT64 ? TG_UINT64 : TG_UINT32;
+      sb_printf(e, "((tg_v%d)(%s - (tg_v%d)%s))", (int)u->dtype, vz(z, u->dtype == TG_INT64 ? "tg_vl" : "tg_vm"), ut, nm(r, a));
+      return;
+    }
     sb_printf(e, amask ? "(~%s)" : "(-%s)", nm(r, a));
     return;
   case OP_RECIP:
@@ -721,6 +736,15 @@ static void render_vexpr_f(R *r, UOp *u, SB *e) {
   const char *op = bin_op_str(u->op);
   TG_ASSERT(op != NULL);
   bool m = amask;
+  if (!amask && wraps_unsigned((tg_dtype)u->dtype, u->op)) {
+    int ut = u->dtype == TG_INT64 ? TG_UINT64 : TG_UINT32;
+    sb_printf(e, "((tg_v%d)((tg_v%d)", (int)u->dtype, ut);
+    vopnd(r, a, false, e);
+    sb_printf(e, "%s(tg_v%d)", op, ut);
+    vopnd(r, b, false, e);
+    sb_puts(e, "))");
+    return;
+  }
   sb_puts(e, "(");
   vopnd(r, a, m, e);
   sb_puts(e, op);
