@@ -1,21 +1,22 @@
 /*
- * winograd.c -- WINO=1: convolutions with a 3-wide kernel in every spatial dim (3, 3x3, 3x3x3), stride
- * and dilation 1, by Winograd's minimal filtering F(4, 3): tinygrad's WINO, in our own form.
+ * winograd.c -- WINO: convolutions by Winograd's minimal filtering. WINO=1 is tinygrad's: every
+ * convolution with a 3-wide kernel in every spatial dim (3, 3x3, 3x3x3), stride and dilation 1, by
+ * F(4, 3). WINO=2 adds 5-wide kernels in 1 and 2 dims by F(4, 5), and takes only convolutions where
+ * the tiles pay (wino_pays).
  *
  * In: the arguments of tg_conv2d / an n-d convolution, already checked (pads as (before, after) per
- * spatial dim). Out: the same values, summed in another order. The input is cut into 6-wide tiles
- * that overlap by 2 (a window view of stride 4), each tile and the weight are carried into the
- * transformed space by the constant matrices below (B^T d B and G g G^T along every spatial dim),
- * multiplied there and summed over the input channels (one product per transformed point instead of
- * 9 per output in 2-D: 36 products make a 4x4 output tile, against 144 directly), and brought back by
- * A^T m A. Everything is ordinary tensor ops, so autograd differentiates it (the gradients are again
- * Winograd-shaped: transposed transforms around the same channel sums) and the scheduler fuses the
- * transforms into elementwise kernels. The transformed input and weight are materialized once each,
- * as is the result, so nothing downstream recomputes a transform per read.
+ * spatial dim). Out: the same values, summed in another order. The input is cut into a-wide tiles
+ * (a = r + 3 for an r-wide kernel) that overlap by r - 1, each tile and the weight are carried into
+ * the transformed space by the constant matrices below (B^T d B and G g G^T along every spatial
+ * dim), multiplied there and summed over the input channels (one product per transformed point: 36
+ * make a 4x4 output tile of a 3x3 kernel, against 144 directly; 64 of a 5x5 one, against 400), and
+ * brought back by A^T m A. Everything is tensor ops, so autograd differentiates it; where the
+ * generic rules would build a poor backward graph (the transforms' matmuls, the channel sums) a
+ * custom gradient builds the same kind of kernels the forward pass has. Every intermediate is
+ * materialized, for the forward pass and for the gradient, so nothing recomputes a transform per read.
  *
- * Invariants: every spatial kernel dim is 3; the output tile is 4 wide, so the padded input spans
- * 4 * tiles + 2 elements per dim (the extra zeros only pad the last tile, whose extra outputs are cut
- * off at the end).
+ * Invariants: the output tile is 4 wide; the padded input spans 4 * (tiles + 1) elements per dim
+ * (the extra zeros only pad the last tile, whose extra outputs are cut off at the end).
  */
 #include "compose.h"
 
@@ -205,16 +206,17 @@ tg_tensor wino_conv(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bia
                     const int64_t *pads) {
   UOp *a = t_get(x, fn), *w = a ? t_get(weight, fn) : NULL;
   if (!a || !w) return NONE;
-  int64_t bs = a->shape[0], cin_ = a->shape[1], cout = w->shape[0], cin = w->shape[1], rcout = cout / groups;
+  int64_t bs = a->shape[0], cout = w->shape[0], cin = w->shape[1], rcout = cout / groups;
   const Wvar *v = &WV[w->shape[2] == 5];
-  int64_t outs[3], tiles[3], xpads[2 * (2 + 3)] = {0}, T = 1, N = bs;
+  /* lpads: the channels-last input's pads, (bs, sp..., C) */
+  int64_t outs[3], tiles[3], lpads[2 * (2 + 3)] = {0}, T = 1, N = bs;
   for (int j = 0; j < nsp; j++) {
     int64_t sp = a->shape[2 + j];
     outs[j] = sp + pads[2 * j] + pads[2 * j + 1] - (v->r - 1);
     tiles[j] = ceil_div(outs[j], 4);
-    xpads[4 + 2 * j] = pads[2 * j];
+    lpads[2 * (1 + j)] = pads[2 * j];
     /* 4 * (tiles + 1) >= the padded input (4 * tiles + r - 1 would do: the rest is never read) */
-    xpads[5 + 2 * j] = 4 * tiles[j] + 4 - sp - pads[2 * j];
+    lpads[2 * (1 + j) + 1] = 4 * tiles[j] + 4 - sp - pads[2 * j];
     T *= v->a, N *= tiles[j];
   }
   OpScope o = op_scope_begin(fn);
@@ -230,16 +232,12 @@ tg_tensor wino_conv(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bia
                 g_is_stored(a->src[0], false);
   for (int j = 2; chlast && j < n; j++) chlast = a->iarg[j] == j - 1;
   if (!chlast) xl = tg_contiguous(xl); /* x is not already a view of channels-last data */
-  int64_t lpads[2 * (2 + 3)] = {0};
-  for (int j = 0; j < nsp; j++) lpads[2 * (1 + j)] = xpads[4 + 2 * j], lpads[2 * (1 + j) + 1] = xpads[5 + 2 * j];
-  (void)cin_;
   /* tiles: (a..., bs, tiles..., C); the input transform's gradient is materialized before the tiles'
    * overlaps are summed back into the input */
   tg_tensor vt = tile_windows(tg_pad(xl, lpads, 2 * n, 0.0), nsp, tiles, v->a);
   vt = tg_contiguous_backward(tg_contiguous(apply_mats(tg_contiguous_backward(vt), nsp, v->bt, v->a, v->a)));
-  /* (T, N, groups, cin) -> (T * groups, N, cin) */
-  /* (one group: a plain reshape, which the kernels index without the div/mod chains of a permute
-   * of size-1 dims) */
+  /* (T, N, groups, cin) -> (T * groups, N, cin); one group: a plain reshape, which the kernels
+   * index without the div/mod chains of a permute of size-1 dims */
   if (groups == 1) vt = tg_reshape(vt, (const int64_t[]){T, N, cin}, 3);
   else
     vt = tg_reshape(tg_permute(tg_reshape(vt, (const int64_t[]){T, N, groups, cin}, 4), (const int[]){0, 2, 1, 3}, 4),
