@@ -80,50 +80,62 @@ TEST(conv_transpose_nd_1d) {
   END;
 }
 
+/* One convolution under WINO=lv: its values and the gradients of x and w for a cos-weighted sum
+ * (malloc'd into r), and the kernels an equal convolution takes to realize afterwards (the direct
+ * form: layout copies and the sum, at most 3; Winograd's transforms and channel sums, more) */
+typedef struct {
+  float *y, *gx, *gw;
+  size_t ny, nx, nw;
+  uint64_t kernels;
+} ConvRun;
+
+static ConvRun conv_run(const char *lv, const int64_t *xs, const int64_t *ws, int nd, int groups, int64_t pad, uint64_t seed) {
+  ConvRun r = {0};
+  r.nx = r.nw = 1;
+  for (int j = 0; j < nd; j++) r.nx *= (size_t)xs[j], r.nw *= (size_t)ws[j];
+  tg_context_begin();
+  CHECK(tg_context_set("WINO", lv) == TG_OK);
+  tg_manual_seed(seed);
+  tg_tensor x = tg_set_requires_grad(tg_randn(xs, nd, NULL), true);
+  tg_tensor w = tg_set_requires_grad(tg_randn(ws, nd, NULL), true);
+  tg_tensor b = tg_randn(TG_SHAPE(ws[0]), NULL);
+  const tg_conv2d_opts *o = TG_CONV2D_OPTS(.groups = groups, .padding = {pad}, .npadding = 1);
+  tg_tensor y = tg_conv2d(x, w, b, o);
+  CHECK_MSG(tg_ndim(y) == nd, "%s", tg_last_error());
+  r.ny = (size_t)tg_numel(y);
+  CHECK(tg_realize(x) == TG_OK && tg_realize(w) == TG_OK && tg_realize(b) == TG_OK);
+  tg_tensor wts = tg_cos(tg_arange(0, (double)r.ny, 1, NULL));
+  CHECK(tg_backward(tg_sum(tg_mul(tg_reshape(y, (const int64_t[]){-1}, 1), wts), NULL, 0, false)) == TG_OK);
+  r.y = malloc(r.ny * sizeof(float)), r.gx = malloc(r.nx * sizeof(float)), r.gw = malloc(r.nw * sizeof(float));
+  get_f32(y, r.y, r.ny);
+  get_f32(tg_grad(x), r.gx, r.nx);
+  get_f32(tg_grad(w), r.gw, r.nw);
+  /* (after the backward: a realize cuts a graph, and an equal convolution is the same node) */
+  tg_tensor yk = tg_conv2d(x, w, b, o);
+  tg_global_counters_reset();
+  CHECK(tg_realize(yk) == TG_OK);
+  r.kernels = tg_global_counters().kernel_count;
+  tg_context_end();
+  return r;
+}
+
+static void conv_run_free(ConvRun *r) { free(r->y), free(r->gx), free(r->gw); }
+
 /* WINO=1: a convolution whose kernel is 3 wide in every spatial dim (stride and dilation 1) goes through
  * Winograd's F(4, 3) tiles: more kernels, the same values and gradients as the direct sum up to
  * float rounding, in 1, 2 and 3 spatial dims, grouped, with padding and sizes the tiles do not divide */
 TEST(winograd_matches_direct) {
   BEGIN;
   static const int64_t xs[3][5] = {{2, 4, 11}, {2, 4, 9, 7}, {1, 2, 5, 6, 4}}, ws[3][5] = {{6, 2, 3}, {6, 2, 3, 3}, {4, 1, 3, 3, 3}};
-  static const int groups[3] = {2, 2, 2};
   for (int c = 0; c < 3; c++) {
     int nd = 3 + c;
-    float out[2][2 * 6 * 9 * 7 * 4], gx[2][2 * 4 * 11 * 9], gw[2][6 * 2 * 27];
-    size_t ny = 0, nx = 1, nw = 1;
-    for (int j = 0; j < nd; j++) nx *= (size_t)xs[c][j], nw *= (size_t)ws[c][j];
-    for (int wino = 0; wino < 2; wino++) {
-      tg_context_begin();
-      CHECK(tg_context_set("WINO", wino ? "1" : "0") == TG_OK);
-      tg_manual_seed(7);
-      tg_tensor x = tg_set_requires_grad(tg_randn(xs[c], nd, NULL), true);
-      tg_tensor w = tg_set_requires_grad(tg_randn(ws[c], nd, NULL), true);
-      tg_tensor b = tg_randn(TG_SHAPE(ws[c][0]), NULL);
-      tg_tensor y = tg_conv2d(x, w, b, TG_CONV2D_OPTS(.groups = groups[c], .padding = {1}, .npadding = 1));
-      int64_t sh[8];
-      int n = tg_shape(y, sh);
-      CHECK_MSG(n == nd, "%s", tg_last_error());
-      ny = 1;
-      for (int j = 0; j < n; j++) ny *= (size_t)sh[j];
-      CHECK(ny * sizeof(float) <= sizeof out[0]);
-      CHECK(tg_realize(x) == TG_OK && tg_realize(w) == TG_OK && tg_realize(b) == TG_OK);
-      tg_tensor wts = tg_cos(tg_arange(0, (double)ny, 1, NULL));
-      CHECK(tg_backward(tg_sum(tg_mul(tg_reshape(y, (const int64_t[]){-1}, 1), wts), NULL, 0, false)) == TG_OK);
-      get_f32(y, out[wino], ny);
-      get_f32(tg_grad(x), gx[wino], nx);
-      get_f32(tg_grad(w), gw[wino], nw);
-      /* (after the backward: a realize cuts a graph, and an equal convolution is the same node) */
-      tg_tensor yk = tg_conv2d(x, w, b, TG_CONV2D_OPTS(.groups = groups[c], .padding = {1}, .npadding = 1));
-      tg_global_counters_reset();
-      CHECK(tg_realize(yk) == TG_OK);
-      /* the direct convolution is one kernel; Winograd's transforms and channel sums are several */
-      uint64_t k = tg_global_counters().kernel_count;
-      CHECK_MSG(wino ? k >= 4 : k <= 2, "%d-d wino=%d: %llu kernels", nd - 2, wino, (unsigned long long)k);
-      tg_context_end();
-    }
-    for (size_t i = 0; i < ny; i++) CHECK_CLOSE(out[1][i], out[0][i], 1e-4);
-    for (size_t i = 0; i < nx; i++) CHECK_CLOSE(gx[1][i], gx[0][i], 1e-4);
-    for (size_t i = 0; i < nw; i++) CHECK_CLOSE(gw[1][i], gw[0][i], 2e-4);
+    ConvRun d = conv_run("0", xs[c], ws[c], nd, 2, 1, 7), wi = conv_run("1", xs[c], ws[c], nd, 2, 1, 7);
+    CHECK_MSG(d.kernels <= 2 && wi.kernels >= 4, "%d-d: %llu kernels direct, %llu Winograd", nd - 2,
+              (unsigned long long)d.kernels, (unsigned long long)wi.kernels);
+    for (size_t i = 0; i < d.ny && wi.ny == d.ny; i++) CHECK_CLOSE(wi.y[i], d.y[i], 1e-4);
+    for (size_t i = 0; i < d.nx; i++) CHECK_CLOSE(wi.gx[i], d.gx[i], 1e-4);
+    for (size_t i = 0; i < d.nw; i++) CHECK_CLOSE(wi.gw[i], d.gw[i], 2e-4);
+    conv_run_free(&d), conv_run_free(&wi);
   }
   END;
 }
@@ -141,45 +153,20 @@ TEST(winograd_f45_matches_direct) {
   static const int64_t pad[3] = {1, 2, 2};
   for (int c = 0; c < 3; c++) {
     int nd = c == 0 ? 3 : 4;
-    size_t ny = 0, nx = 1, nw = 1;
-    for (int j = 0; j < nd; j++) nx *= (size_t)xs[c][j], nw *= (size_t)ws[c][j];
-    float *out[2] = {0}, *gx[2], *gw[2];
-    for (int wino = 0; wino < 2; wino++) {
-      tg_context_begin();
-      CHECK(tg_context_set("WINO", wino ? "2" : "0") == TG_OK);
-      tg_manual_seed(11);
-      tg_tensor x = tg_set_requires_grad(tg_randn(xs[c], nd, NULL), true);
-      tg_tensor w = tg_set_requires_grad(tg_randn(ws[c], nd, NULL), true);
-      tg_tensor b = tg_randn(TG_SHAPE(ws[c][0]), NULL);
-      const tg_conv2d_opts *o = TG_CONV2D_OPTS(.groups = groups[c], .padding = {pad[c]}, .npadding = 1);
-      tg_tensor y = tg_conv2d(x, w, b, o);
-      CHECK(tg_realize(x) == TG_OK && tg_realize(w) == TG_OK && tg_realize(b) == TG_OK);
-      ny = (size_t)tg_numel(y);
-      CHECK_MSG(ny > 0, "%s", tg_last_error());
-      tg_tensor wts = tg_cos(tg_arange(0, (double)ny, 1, NULL));
-      CHECK(tg_backward(tg_sum(tg_mul(tg_reshape(y, (const int64_t[]){-1}, 1), wts), NULL, 0, false)) == TG_OK);
-      out[wino] = malloc(ny * sizeof(float)), gx[wino] = malloc(nx * sizeof(float)), gw[wino] = malloc(nw * sizeof(float));
-      get_f32(y, out[wino], ny);
-      get_f32(tg_grad(x), gx[wino], nx);
-      get_f32(tg_grad(w), gw[wino], nw);
-      tg_tensor yk = tg_conv2d(x, w, b, o);
-      tg_global_counters_reset();
-      CHECK(tg_realize(yk) == TG_OK);
-      uint64_t k = tg_global_counters().kernel_count;
-      CHECK_MSG(wino ? k >= 7 : k <= 3, "case %d wino=%d: %llu kernels", c, wino, (unsigned long long)k);
-      tg_context_end();
-    }
+    ConvRun d = conv_run("0", xs[c], ws[c], nd, groups[c], pad[c], 11), wi = conv_run("2", xs[c], ws[c], nd, groups[c], pad[c], 11);
+    CHECK_MSG(d.kernels <= 3 && wi.kernels >= 7, "case %d: %llu kernels direct, %llu Winograd", c,
+              (unsigned long long)d.kernels, (unsigned long long)wi.kernels);
     double sy = 0, sx = 0, sw = 0;
-    for (size_t i = 0; i < ny; i++) sy = fmax(sy, fabs(out[0][i]));
-    for (size_t i = 0; i < nx; i++) sx = fmax(sx, fabs(gx[0][i]));
-    for (size_t i = 0; i < nw; i++) sw = fmax(sw, fabs(gw[0][i]));
+    for (size_t i = 0; i < d.ny; i++) sy = fmax(sy, fabs(d.y[i]));
+    for (size_t i = 0; i < d.nx; i++) sx = fmax(sx, fabs(d.gx[i]));
+    for (size_t i = 0; i < d.nw; i++) sw = fmax(sw, fabs(d.gw[i]));
     /* F(4, 5)'s transforms carry coefficients up to 21/4: errors of a few 1e-6 of the largest value */
-    for (size_t i = 0; i < ny; i++) CHECK_CLOSE(out[1][i] / sy, out[0][i] / sy, 2e-5);
-    for (size_t i = 0; i < nx; i++) CHECK_CLOSE(gx[1][i] / sx, gx[0][i] / sx, 2e-5);
-    for (size_t i = 0; i < nw; i++) CHECK_CLOSE(gw[1][i] / sw, gw[0][i] / sw, 2e-5);
-    for (int i = 0; i < 2; i++) free(out[i]), free(gx[i]), free(gw[i]);
+    for (size_t i = 0; i < d.ny && wi.ny == d.ny; i++) CHECK_CLOSE(wi.y[i] / sy, d.y[i] / sy, 2e-5);
+    for (size_t i = 0; i < d.nx; i++) CHECK_CLOSE(wi.gx[i] / sx, d.gx[i] / sx, 2e-5);
+    for (size_t i = 0; i < d.nw; i++) CHECK_CLOSE(wi.gw[i] / sw, d.gw[i] / sw, 2e-5);
+    conv_run_free(&d), conv_run_free(&wi);
   }
-  /* below the sizes (10 outputs along a dim; 4 input channels), and 5-wide under WINO=1: direct */
+/* below the sizes (10 outputs along a dim; 4 input channels), and 5-wide under WINO=1: direct */
   const struct {
     const char *lv;
     int nd;

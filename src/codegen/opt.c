@@ -331,10 +331,10 @@ static bool has_half_load(UOp *body) {
   return h;
 }
 
-/* The bytes of the loads in `body` that depend on global axis g: for each, its element size times
- * the sizes of the loops (and its vector lanes) its index moves along -- the part of its buffer the
- * kernel reads. */
-static int64_t axis_load_bytes(const LKernel *k, UOp *body, int g) {
+/* The bytes of the loads in `body` that depend on global axis g (dep) or do not (!dep): for each, its
+ * element size times the sizes of the loops (and its vector lanes) its index moves along -- the part
+ * of its buffer the kernel reads. */
+static int64_t axis_loads_bytes(const LKernel *k, UOp *body, int g, bool dep) {
   PtrMap seen;
   pm_init(&seen);
   PtrVec loads = {0};
@@ -342,7 +342,7 @@ static int64_t axis_load_bytes(const LKernel *k, UOp *body, int g) {
   int64_t total = 0;
   for (size_t i = 0; i < loads.n; i++) {
     UOp *ld = loads.p[i];
-    if (!uop_depends_on(ld->src[1], k->granges[g])) continue;
+    if (uop_depends_on(ld->src[1], k->granges[g]) != dep) continue;
     int64_t b = (int64_t)tg_dtype_itemsize((tg_dtype)ld->dtype) * (ld->arg.i > 1 ? ld->arg.i : 1);
     for (int j = 0; j < k->ng + k->nr; j++) {
       UOp *r = j < k->ng ? k->granges[j] : k->rranges[j - k->ng];
@@ -353,28 +353,8 @@ static int64_t axis_load_bytes(const LKernel *k, UOp *body, int g) {
   pm_free(&seen), pv_free(&loads);
   return total;
 }
-
-/* The bytes of the loads in `body` that do not depend on global axis g (counted as axis_load_bytes
- * counts). */
-static int64_t axis_free_load_bytes(const LKernel *k, UOp *body, int g) {
-  PtrMap seen;
-  pm_init(&seen);
-  PtrVec loads = {0};
-  find_vloads(body, -1, &seen, &loads);
-  int64_t total = 0;
-  for (size_t i = 0; i < loads.n; i++) {
-    UOp *ld = loads.p[i];
-    if (uop_depends_on(ld->src[1], k->granges[g])) continue;
-    int64_t b = (int64_t)tg_dtype_itemsize((tg_dtype)ld->dtype) * (ld->arg.i > 1 ? ld->arg.i : 1);
-    for (int j = 0; j < k->ng + k->nr; j++) {
-      UOp *r = j < k->ng ? k->granges[j] : k->rranges[j - k->ng];
-      if (uop_depends_on(ld->src[1], r)) b *= r->iarg[0];
-    }
-    total += b;
-  }
-  pm_free(&seen), pv_free(&loads);
-  return total;
-}
+static int64_t axis_load_bytes(const LKernel *k, UOp *body, int g) { return axis_loads_bytes(k, body, g, true); }
+static int64_t axis_free_load_bytes(const LKernel *k, UOp *body, int g) { return axis_loads_bytes(k, body, g, false); }
 
 /* A global axis (other than the vector axis vg) along which some gathered (lane-strided) load of
  * the vectorized value is contiguous: its index moves by exactly 1 per step of the axis. -1: none. */
