@@ -678,9 +678,8 @@ static void render_vexpr_f(R *r, UOp *u, SB *e) {
     sb_puts(e, ")");
     return;
   case OP_NEG:
-    if (!amask && wraps_unsigned((tg_dtype)u->dtype, OP_SUB)) {
-      int ut = u->dtype == TG_INT64 ? TG_UINT64 : TG_UINT32;
-      sb_printf(e, "((tg_v%d)(%s - (tg_v%d)%s))", (int)u->dtype, vz(z, u->dtype == TG_INT64 ? "tg_vl" : "tg_vm"), ut, nm(r, a));
+    if (!amask && u->dtype == TG_INT32 && wraps_unsigned(TG_INT32, OP_SUB)) {
+      sb_printf(e, "as_int%d((uint%d)(0) - as_uint%d(%s))", r->vw, r->vw, r->vw, nm(r, a));
       return;
     }
     sb_printf(e, amask ? "(~%s)" : "(-%s)", nm(r, a));
@@ -736,11 +735,11 @@ static void render_vexpr_f(R *r, UOp *u, SB *e) {
   const char *op = bin_op_str(u->op);
   TG_ASSERT(op != NULL);
   bool m = amask;
-  if (!amask && wraps_unsigned((tg_dtype)u->dtype, u->op)) {
-    int ut = u->dtype == TG_INT64 ? TG_UINT64 : TG_UINT32;
-    sb_printf(e, "((tg_v%d)((tg_v%d)", (int)u->dtype, ut);
+  if (!amask && u->dtype == TG_INT32 && wraps_unsigned(TG_INT32, u->op)) {
+    /* (OpenCL C: vector types convert bit for bit only through as_<type>) */
+    sb_printf(e, "as_int%d(as_uint%d(", r->vw, r->vw);
     vopnd(r, a, false, e);
-    sb_printf(e, "%s(tg_v%d)", op, ut);
+    sb_printf(e, ")%sas_uint%d(", op, r->vw);
     vopnd(r, b, false, e);
     sb_puts(e, "))");
     return;
