@@ -6,7 +6,7 @@
 # Runs, in this order:
 #   1. $BUILD/tests/test_X for every tests/test_X.c (C unit tests, linked against libtinygrad.a;
 #      test_cuda_fake runs the CUDA device on the stand-in driver $BUILD/tests/libfakecuda.so);
-#      then test_jit, test_fusion and test_symbolic_shapes again with DEV=CL (OpenCL on PoCL), test_opt with
+#      then test_jit, test_fusion, test_symbolic_shapes and test_grad_semantics again with DEV=CL (OpenCL on PoCL), test_opt with
 #      DEV=CPU:LLVM (LLVM IR compiled in process) and, on an AVX-512 host, again with AVX-512 turned
 #      off (DEV=CPU:LLVM:x86_64,x86-64-v3,-avx512f), its half-precision lanes without F16C, and
 #      examples/devices
@@ -199,8 +199,9 @@ for src in tests/test_*.c; do
 done
 
 # ---- 1b. the same on OpenCL (PoCL): TinyJit replays and kernel counts with DEV=CL, symbolic kernels
-# (variables as kernel arguments, guarded global loops), the device list
-for name in test_jit test_fusion test_symbolic_shapes; do
+# (variables as kernel arguments, guarded global loops), gradients and random numbers in every float
+# dtype (vector bit casts), the device list
+for name in test_jit test_fusion test_symbolic_shapes test_grad_semantics; do
   [ -x "$BUILD/tests/$name" ] && run "$name (DEV=CL)" env DEV=CL "$BUILD/tests/$name"
 done
 # ---- 1c. the optimizer's checks (default opts and BEAM=2 against NOOPT) on the LLVM renderer

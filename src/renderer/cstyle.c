@@ -693,7 +693,9 @@ static void render_vexpr_f(R *r, UOp *u, SB *e) {
     return;
   }
   case OP_BITCAST: /* 32-bit lanes reinterpreted: float32 <-> int32/uint32 */
-    if (u->dtype == TG_FLOAT32) sb_printf(e, "((tg_vf)%s)", nm(r, a));
+    if (L->as_type) /* (OpenCL C: vector types convert bit for bit only through as_<type>) */
+      sb_printf(e, "as_%s%d(%s)", u->dtype == TG_FLOAT32 ? "float" : u->dtype == TG_INT32 ? "int" : "uint", r->vw, nm(r, a));
+    else if (u->dtype == TG_FLOAT32) sb_printf(e, "((tg_vf)%s)", nm(r, a));
     else sb_printf(e, "((tg_v%d)%s)", (int)u->dtype, nm(r, a));
     return;
   case OP_OR: {
