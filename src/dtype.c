@@ -687,3 +687,9 @@ int64_t dtype_load_i64(tg_dtype dt, const void *src) {
   if (tg_dtype_is_float(dt)) return double_to_i64(dtype_load(dt, src));
   return load_int_raw(dt, src, NULL);
 }
+
+int64_t dtype_int_of(tg_dtype dt, double v) {
+  unsigned char b[8];
+  dtype_store(dt, b, v);
+  return dtype_load_i64(dt, b);
+}

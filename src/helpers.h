@@ -148,6 +148,9 @@ void dtype_store(tg_dtype dt, void *dst, double v);          /* C cast semantics
 void dtype_store_i64(tg_dtype dt, void *dst, int64_t v);
 double dtype_load(tg_dtype dt, const void *src);
 int64_t dtype_load_i64(tg_dtype dt, const void *src);
+/* v as integer dtype dt holds it by dtype_store's rule (NaN 0, truncate, saturate to int64, wrap to the
+ * width), read back as dtype_load_i64 does: what a kernel's cast of a float constant folds to. */
+int64_t dtype_int_of(tg_dtype dt, double v);
 /* A whole number v as two's-complement bits, modulo 2^64 (exact for every double: 2^63 is INT64_MIN,
  * 1e30 its value mod 2^64), as tinygrad truncates a Python int to an integer dtype; narrower dtypes
  * then keep the low bits. NaN and infinities give 0 (callers that saturate them check first). */

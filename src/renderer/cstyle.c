@@ -415,10 +415,8 @@ static void render_expr(R *r, UOp *u, SB *e) {
       /* a float constant into an integer: folded here by the library's rule (NaN -> 0, truncate,
        * saturate to int64, wrap to the width). C (and OpenCL C, CUDA) leave the cast of an
        * out-of-range literal undefined, and gcc folded it to an uninitialized value */
-      uint8_t bits[8];
-      dtype_store(dt, bits, u->src[0]->arg.f);
       UOp c = {.op = OP_CONST, .dtype = dt};
-      c.arg.i = dtype_load_i64(dt, bits);
+      c.arg.i = dtype_int_of(dt, u->src[0]->arg.f);
       char *lit = const_str(dt, &c);
       sb_printf(e, "(%s)(%s)", ctype(dt), lit);
       free(lit);

@@ -625,10 +625,8 @@ static void emit_node_f(LR *r, UOp *u, char *out) {
     if (A->op == OP_CONST && tg_dtype_is_float(sdt) && tg_dtype_is_int(dt) && dt != TG_BOOL) {
       /* a float constant into an integer: folded by the library's rule (NaN -> 0, truncate,
        * saturate to int64, wrap to the width); fptosi of an out-of-range constant is poison */
-      uint8_t bits[8];
-      dtype_store(dt, bits, A->arg.f);
       char lit[32], sl[2048];
-      int64_t iv = dtype_load_i64(dt, bits);
+      int64_t iv = dtype_int_of(dt, A->arg.f);
       int nb = (int)tg_dtype_itemsize(dt) * 8;
       if (nb < 64) iv = (int64_t)((uint64_t)iv << (64 - nb)) >> (64 - nb); /* (LLVM's literals: signed in the width) */
       snprintf(lit, sizeof lit, "%lld", (long long)iv);

@@ -124,7 +124,6 @@ static tg_tensor tile_windows(tg_tensor t, int nsp, const int64_t *tiles, int a)
   return tg_permute(t, perm, np);
 }
 
-/* mat (m x n, row-major) applied along axis ax of t (size n there): out[i] = sum_k mat[i][k] t[k] */
 /* The gradient of c @ t (c constant) for t, as the same kind of matmul: c^T @ g, stored in the
  * layout of t (autograd's general matmul rule summed over a broadcast axis into a transposed
  * layout, and every pass of the backward was followed by a transposing copy) */
@@ -137,6 +136,7 @@ static void mat_grad(UOp *out, UOp *g, UOp *const *in, int n, UOp **grads) {
   tg_scope_end();
 }
 
+/* mat (m x n, row-major) applied along axis ax of t (size n there): out[i] = sum_k mat[i][k] t[k] */
 static tg_tensor apply_mat(tg_tensor t, UOp *u, int ax, const double *mat, int m, int n) {
   tg_dtype dt = (tg_dtype)u->dtype;
   tg_opts co = on_device(u, dt);
@@ -176,8 +176,8 @@ static tg_tensor apply_mats(tg_tensor t, int nsp, const double *mat, int m, int 
 
 /* The channel sums' gradients, (T, N, cin) @ (T, cin, cout): the input's against the transposed
  * transformed weight stored as such (read through a transposed view, the matmul summed along the
- * contiguous axis of both operands, a third of the step of a 5x5 convolution), the weight's as autograd
- * would build it */
+ * contiguous axis of both operands, a third of the step of a 5x5 convolution), the weight's over
+ * chunks of tiles (below) */
 static void chansum_grad(UOp *out, UOp *g, UOp *const *in, int n, UOp **grads) {
   (void)out, (void)n;
   tg_scope_begin();
