@@ -140,6 +140,36 @@ TEST(winograd_matches_direct) {
   END;
 }
 
+/* float16 and bfloat16 operands, alone or with a float32 one: the transforms run in float32 and the
+ * values are the direct convolution's up to float32 rounding (the transform matrix was read from
+ * float32 bytes as halves, results off by up to 2000x; transforms in bfloat16 were 4% off) */
+static void mixed_dtype_conv(const char *lv, const int64_t *xs, const int64_t *ws, tg_dtype xdt, tg_dtype wdt, float *y, size_t ny) {
+  tg_context_begin();
+  CHECK(tg_context_set("WINO", lv) == TG_OK);
+  tg_manual_seed(5);
+  tg_tensor x = tg_cast(tg_randn(xs, 4, NULL), xdt), w = tg_cast(tg_mul_s(tg_randn(ws, 4, NULL), 0.2), wdt);
+  get_f32(tg_cast(tg_conv2d(x, w, (tg_tensor){0}, TG_CONV2D_OPTS(.padding = {1}, .npadding = 1)), TG_FLOAT32), y, ny);
+  tg_context_end();
+}
+
+TEST(winograd_mixed_float_dtypes) {
+  BEGIN;
+  static const int64_t xs[2][4] = {{1, 3, 9, 10}, {1, 8, 16, 14}}, ws[2][4] = {{4, 3, 3, 3}, {8, 8, 5, 5}};
+  static const size_t ny[2] = {4 * 9 * 10, 8 * 14 * 12};
+  const tg_dtype pairs[4][2] = {{TG_FLOAT16, TG_FLOAT32}, {TG_FLOAT32, TG_FLOAT16}, {TG_BFLOAT16, TG_FLOAT32}, {TG_FLOAT16, TG_BFLOAT16}};
+  float *d = malloc(sizeof(float) * ny[1]), *wi = malloc(sizeof(float) * ny[1]);
+  for (int c = 0; c < 2; c++)
+    for (int p = 0; p < 4; p++) {
+      mixed_dtype_conv("0", xs[c], ws[c], pairs[p][0], pairs[p][1], d, ny[c]);
+      mixed_dtype_conv(c ? "2" : "1", xs[c], ws[c], pairs[p][0], pairs[p][1], wi, ny[c]);
+      double big = 0, err = 0;
+      for (size_t i = 0; i < ny[c]; i++) big = fmax(big, fabs(d[i])), err = fmax(err, fabs(wi[i] - d[i]));
+      CHECK_MSG(big > 0.5 && err <= 1e-4 * big, "case %d, dtype pair %d: max error %g of %g", c, p, err, big);
+    }
+  free(d), free(wi);
+  END;
+}
+
 /* WINO=2: 5-wide kernels too, through F(4, 5)'s 8-point tiles, where the tiles pay (at least 8
  * channels in and out, at least 12 outputs along every spatial dim): values and both gradients as
  * the direct sum's up to float rounding in 1 and 2 dims, grouped too; a convolution below the sizes,

@@ -138,8 +138,8 @@ static void mat_grad(UOp *out, UOp *g, UOp *const *in, int n, UOp **grads) {
 
 /* mat (m x n, row-major) applied along axis ax of t (size n there): out[i] = sum_k mat[i][k] t[k] */
 static tg_tensor apply_mat(tg_tensor t, UOp *u, int ax, const double *mat, int m, int n) {
-  tg_dtype dt = (tg_dtype)u->dtype;
-  tg_opts co = on_device(u, dt);
+  tg_dtype dt = (tg_dtype)u->dtype, mdt = dt == TG_FLOAT64 ? TG_FLOAT64 : TG_FLOAT32;
+  tg_opts co = on_device(u, mdt);
   /* a matmul of the (m, n) matrix with t: the matmul kernels hold the m outputs of each point in
    * registers and read each input once (a sum of n shrinks times coefficient columns was a
    * reduction kernel per output row; rows joined by a cat computed every row's terms under masks for
@@ -147,7 +147,9 @@ static tg_tensor apply_mat(tg_tensor t, UOp *u, int ax, const double *mat, int m
   double md[64];
   float mf[64];
   for (int i = 0; i < m * n; i++) md[i] = mat[i], mf[i] = (float)mat[i];
-  tg_tensor c = tg_from_data(dt == TG_FLOAT64 ? (const void *)md : (const void *)mf, (const int64_t[]){m, n}, 2, &co);
+  /* the matrix in t's dtype, as tinygrad's: given in float32 (float64) and cast */
+  tg_tensor c = tg_from_data(mdt == TG_FLOAT64 ? (const void *)md : (const void *)mf, (const int64_t[]){m, n}, 2, &co);
+  if (dt != mdt) c = tg_cast(c, dt);
   /* (pre, n, post) -> (pre, m, post): one (m, n) @ (n, post) per leading index, no copy of t */
   int64_t pre = 1, post = 1, sh[12];
   for (int i = 0; i < u->ndim; i++) {
@@ -208,6 +210,11 @@ tg_tensor wino_conv(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bia
   if (!a || !w) return NONE;
   int64_t bs = a->shape[0], cout = w->shape[0], cin = w->shape[1], rcout = cout / groups;
   const Wvar *v = &WV[w->shape[2] == 5];
+  /* Transforms in float16 or bfloat16 lose too much (with a bfloat16 operand, 4% of the largest
+   * output through F(4, 3), 4.5% through F(4, 5)): they run in float32, and the result is cast to
+   * the operands' promoted dtype below (tinygrad's run in the operands' dtypes) */
+  if ((a->dtype == TG_FLOAT16 || a->dtype == TG_BFLOAT16 || w->dtype == TG_FLOAT16 || w->dtype == TG_BFLOAT16))
+    x = tg_cast(x, TG_FLOAT32), weight = tg_cast(weight, TG_FLOAT32);
   /* lpads: the channels-last input's pads, (bs, sp..., C) */
   int64_t outs[3], tiles[3], lpads[2 * (2 + 3)] = {0}, T = 1, N = bs;
   for (int j = 0; j < nsp; j++) {
