@@ -508,4 +508,37 @@ TEST(abs_clears_the_sign_bit_and_its_gradient_is_sign) {
   END_T;
 }
 
+/* The gradient of a broadcast (a bias added over a batch) sums a narrow float in float32 and rounds
+ * once, as tg_sum does: summed in bfloat16, 10^4 terms of about 1 came out 10% off */
+TEST(broadcast_gradient_of_a_narrow_float_sums_in_float32) {
+  BEGIN_T;
+  enum { N = 3 * 57 * 59 };
+  static float gv[N];
+  double exact = 0;
+  uint32_t st = 7;
+  for (int i = 0; i < N; i++) {
+    st = st * 1664525u + 1013904223u;
+    gv[i] = (float)(st >> 8) / (float)(1u << 24) * 2.0f - 1.0f;
+  }
+  const tg_dtype dts[] = {TG_BFLOAT16, TG_FLOAT16};
+  for (int k = 0; k < 2; k++) {
+    tg_scope_begin();
+    tg_tensor g = tg_cast(tg_from_data(gv, TG_SHAPE(3, 1, 57, 59), NULL), dts[k]);
+    float gq[N];
+    OK(tg_data(tg_cast(g, TG_FLOAT32), gq, sizeof gq));
+    exact = 0;
+    for (int i = 0; i < N; i++) exact += gq[i];
+    tg_tensor b = tg_set_requires_grad(tg_zeros(TG_SHAPE(1), TG_OPTS(.dtype = dts[k])), true);
+    tg_tensor y = tg_add(tg_zeros(TG_SHAPE(3, 1, 57, 59), TG_OPTS(.dtype = dts[k])), tg_reshape(b, TG_SHAPE(1, 1, 1, 1)));
+    OK(tg_backward_with_grad(y, g));
+    float got;
+    OK(tg_data(tg_cast(tg_grad(b), TG_FLOAT32), &got, sizeof got));
+    /* within one rounding of the exact sum: half an ulp of the dtype at its magnitude */
+    double ulp = ldexp(1.0, (int)floor(log2(fabs(exact))) - (dts[k] == TG_BFLOAT16 ? 7 : 10));
+    CHECK_MSG(fabs(got - exact) <= 0.5 * ulp + 1e-9, "%s: bias gradient %.6g, exact sum %.6g", tg_dtype_name(dts[k]), got, exact);
+    tg_scope_end();
+  }
+  END_T;
+}
+
 int main(void) { return RUN_TESTS(); }
