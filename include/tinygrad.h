@@ -552,11 +552,18 @@ typedef struct {
   int64_t dilation[2]; /* default (1, 1) */
   int64_t padding[4];  /* as tg_pool2d_opts */
   int npadding;
+  tg_dtype dtype; /* tinygrad's conv2d(dtype=): TG_DTYPE_DEFAULT as today; see tg_conv2d */
 } tg_conv2d_opts;
 #define TG_CONV2D_OPTS(...) TG_OPTS_WITH_(tg_conv2d_opts, .groups = 1, .stride = {1, 1}, .dilation = {1, 1}, __VA_ARGS__)
 /* 2-D convolution (cross-correlation, as torch): x (batch, cin, H, W), weight (cout, cin/groups, kh,
  * kw), bias (cout,) or {0}. Windows are views of x (no im2col buffer): the convolution is one fused
- * reduce kernel. */
+ * reduce kernel. opts->dtype is tinygrad's conv2d(dtype=), the dtype of the final sum: the products
+ * are made in the operands' promoted dtype, cast to dtype and summed there (as tg_matmul_dtype: an
+ * int8 product wraps in int8, an int8 convolution with dtype TG_INT32 sums in int32), and the result
+ * has dtype (then promoted with the bias's). float16 / bfloat16 operands computed in float32 (the
+ * CPU) make exact products. TG_DTYPE_DEFAULT, or the promoted dtype itself, is the plain
+ * convolution. WINO honours it for TG_FLOAT32 / TG_FLOAT64 (the channel sums in dtype); other dtypes
+ * run the direct convolution. */
 tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv2d_opts *opts);
 /* N-d windows: tinygrad's conv2d, conv_transpose2d and pools take any number of spatial dims (the
  * trailing dims: a 1-d pool over (..., L), a 3-d convolution over (N, C, D, H, W)). tg_conv2d and
@@ -579,6 +586,7 @@ typedef struct {
   int noutput_padding;                       /* 0 or 1: output_padding[0] in every dim; nk: one per dim */
   bool ceil_mode;                            /* pools, as tg_pool2d_opts */
   bool exclude_pad;                          /* tg_avg_pool_nd, as tg_pool2d_opts */
+  tg_dtype dtype;                            /* convolutions: the sum's dtype, as tg_conv2d_opts */
 } tg_window_opts;
 #define TG_WINDOW_OPTS(...) (&(const tg_window_opts){__VA_ARGS__})
 /* Pooling over the trailing nk (1..TG_WINDOW_MAXDIMS) dims of x; tg_max_pool2d / tg_avg_pool2d are
@@ -1277,6 +1285,7 @@ typedef struct {
   int npadding;
   int64_t output_padding[2]; /* extra rows / columns at the end of the output */
   int noutput_padding;       /* 0 or 1: output_padding[0] for both dims; 2: (h, w) */
+  tg_dtype dtype;            /* the sum's dtype, as tg_conv2d_opts (tinygrad's conv2d(dtype=)) */
 } tg_conv_transpose2d_opts;
 #define TG_CONV_TRANSPOSE2D_OPTS(...) \
   TG_OPTS_WITH_(tg_conv_transpose2d_opts, .groups = 1, .stride = {1, 1}, .dilation = {1, 1}, __VA_ARGS__)

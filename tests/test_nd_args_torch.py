@@ -2,7 +2,7 @@
 the 2-d / default forms: n-d convolutions, transposed convolutions and pools (1-d and 3-d), exact
 gelu, softmin, normalize, one-sided isinf, parametrized selu / hardsigmoid, masked_select, nonzero
 with size / fill_value, batchnorm over any axes, attention with grouped-query heads, dtype arguments
-of softmax / matmul / einsum, the Muon optimizer and the fp8 dtypes.
+of softmax / matmul / einsum / the convolutions, the Muon optimizer and the fp8 dtypes.
 
 Forward values and gradients (tg_backward of sum(out * w)) against torch; errors must name the
 function. Every case runs in its own tg scope and the live handle count must be 0 at the end. Last
@@ -21,7 +21,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import tinygrad as tg  # noqa: E402
 from tinygrad import Tensor, _T, call, lib  # noqa: E402
-from torchcheck import backward, expect_error, grad, set_rg  # noqa: E402
+from torchcheck import backward, expect_error, grad, kernels, set_rg  # noqa: E402
 import torchcheck  # noqa: E402
 
 torch.set_num_threads(1)
@@ -37,7 +37,7 @@ def close(ours, ref, atol=1e-5, rtol=1e-3, what="value"): return torchcheck.clos
 class WindowOpts(ctypes.Structure):
   _fields_ = [("kernel_size", _I64 * MAXW), ("stride", _I64 * MAXW), ("dilation", _I64 * MAXW),
               ("padding", _I64 * (2 * MAXW)), ("npadding", _I), ("groups", _I64), ("output_padding", _I64 * MAXW),
-              ("noutput_padding", _I), ("ceil_mode", _B), ("exclude_pad", _B)]
+              ("noutput_padding", _I), ("ceil_mode", _B), ("exclude_pad", _B), ("dtype", _I)]
 
 
 class SdpaOpts(ctypes.Structure):
@@ -55,12 +55,13 @@ def muon_opts(lr=0.001, momentum=0.95, weight_decay=0.1, ns_steps=5, coefs=(3.44
 
 
 class ConvOpts(ctypes.Structure):
-  _fields_ = [("groups", _I64), ("stride", _I64 * 2), ("dilation", _I64 * 2), ("padding", _I64 * 4), ("npadding", _I)]
+  _fields_ = [("groups", _I64), ("stride", _I64 * 2), ("dilation", _I64 * 2), ("padding", _I64 * 4), ("npadding", _I),
+              ("dtype", _I)]
 
 
 class ConvTOpts(ctypes.Structure):
   _fields_ = [("groups", _I64), ("stride", _I64 * 2), ("dilation", _I64 * 2), ("padding", _I64 * 4), ("npadding", _I),
-              ("output_padding", _I64 * 2), ("noutput_padding", _I)]
+              ("output_padding", _I64 * 2), ("noutput_padding", _I), ("dtype", _I)]
 
 
 _WP = ctypes.POINTER(WindowOpts)
@@ -101,7 +102,7 @@ def _dims(v):
 
 
 def wopts(kernel_size=None, stride=None, dilation=None, padding=None, groups=0, output_padding=None, ceil_mode=False,
-          exclude_pad=False):
+          exclude_pad=False, dtype=0):
   if padding is None: pads, npad = (0,), 0
   elif isinstance(padding, int): pads, npad = (padding,), 1
   else: pads, npad = tuple(padding), len(padding)
@@ -109,7 +110,7 @@ def wopts(kernel_size=None, stride=None, dilation=None, padding=None, groups=0, 
   elif isinstance(output_padding, int): op, nop = (output_padding,), 1
   else: op, nop = tuple(output_padding), len(output_padding)
   return WindowOpts(_dims(kernel_size), _dims(stride), _dims(dilation), pads + (0,) * (2 * MAXW - len(pads)), npad,
-                    groups, _dims(op), nop, ceil_mode, exclude_pad)
+                    groups, _dims(op), nop, ceil_mode, exclude_pad, dtype)
 
 
 def conv_nd(x, w, b=None, **kw): return W(call("conv_nd", x.h, w.h, _h(b), ctypes.byref(wopts(**kw))))
@@ -663,6 +664,181 @@ def _einsum_dtype():
 
 
 case("einsum with a dtype argument: values and gradients", _einsum_dtype)
+
+
+# =====================================================================================================
+# conv2d(dtype=): tinygrad's accumulation dtype of a convolution (tg_conv2d_opts / tg_conv_transpose2d_opts
+# / tg_window_opts .dtype)
+def conv2d_dt(x, w, b=None, dtype=0, groups=0, stride=0, dilation=0, padding=None):
+  if padding is None: pads, npad = (0, 0, 0, 0), 0
+  elif isinstance(padding, int): pads, npad = (padding, 0, 0, 0), 1
+  else: pads, npad = tuple(padding) + (0,) * (4 - len(padding)), len(padding)
+  o = ConvOpts(groups, (stride, 0), (dilation, 0), pads, npad, dtype)
+  return W(call("conv2d", x.h, w.h, _h(b), ctypes.byref(o)))
+
+
+def conv_transpose2d_dt(x, w, b=None, dtype=0, groups=0, stride=0, padding=0, output_padding=0):
+  o = ConvTOpts(groups, (stride, 0), (0, 0), (padding, 0, 0, 0), 1, (output_padding, 0), 1, dtype)
+  return W(call("conv_transpose2d", x.h, w.h, _h(b), ctypes.byref(o)))
+
+
+def _tg_conv_inputs():
+  """Deterministic inputs of the tinygrad 0.14 reference below (int8 products fit in int8, the sums do not)."""
+  xi = ((np.arange(1 * 4 * 5 * 5).reshape(1, 4, 5, 5) * 7) % 23 - 11).astype(np.int8)
+  wi = ((np.arange(3 * 4 * 3 * 3).reshape(3, 4, 3, 3) * 5) % 21 - 10).astype(np.int8)
+  bi = np.array([100, -100, 7], np.int8)
+  xh = (((np.arange(1 * 2 * 5 * 6).reshape(1, 2, 5, 6) * 37) % 101) / 16.0 - 3.1).astype(np.float16)
+  wh = (((np.arange(4 * 2 * 3 * 3).reshape(4, 2, 3, 3) * 53) % 97) / 32.0 - 1.45).astype(np.float16)
+  bh = np.array([0.5, -0.25, 1.0, 2.0], np.float16)
+  return xi, wi, bi, xh, wh, bh
+
+
+# tinygrad 0.14 (DEV=CPU): Tensor(xi).conv2d(Tensor(wi), Tensor(bi), padding=1, dtype=dtypes.int32) -> int32 (1, 3, 5, 5)
+TG_CONV_I32 = [111, -298, 137, 204, 155, -95, 523, 226, -163, 56, 82, -134, 305, 284, 7, 121, 290, 16, -97, 188, -9, -6, 8,
+               -162, -19, 22, -78, -21, 151, -144, -25, -115, -190, -150, -147, -82, -76, -174, -249, -223, -70, 78, -250,
+               66, -69, -275, -32, -42, 40, 69, -75, 71, -208, -372, 53, 100, 163, 16, 191, -64, -212, -89, -52, 8, 295,
+               235, -226, 64, 32, -82, -45, 39, 47, -60, -145]
+# Tensor(xi).conv2d(Tensor(wi2), stride=2, dtype=dtypes.int32) -> (1, 3, 2, 2), wi2 the weight below
+TG_CONV_I32_S2 = [423, -263, 190, -197, -15, -50, 178, 166, 156, 184, -233, 25]
+# Tensor(xh).conv2d(Tensor(wh), Tensor(bh), padding=(1, 0), dtype=dtypes.float32) -> float32 (1, 4, 5, 4), bit patterns
+TG_CONV_F32_BITS = [
+    1083046187, 3208190888, 3210019624, 1090824006, 1095412650, 3234444545, 1089656350, 3233348680, 3237374540, 1076436820,
+    1083924211, 3231626604, 3235652211, 1088449026, 3234556390, 1082073624, 1092117271, 3221162348, 1065815796, 1088213597,
+    3210908912, 1077400648, 3240742516, 1093228473, 1094783616, 3246240711, 1084364298, 1084310013, 1084381903, 3246209624,
+    1100410201, 3246264396, 3246230133, 1084385471, 1084331186, 3246233318, 3231058263, 1093230213, 3240803151, 1077216399,
+    3236318406, 1089198612, 1069884176, 3217573008, 1078120920, 1083054500, 3233549144, 1089339584, 1092013268, 3230547927,
+    1084902356, 1078146603, 1084304501, 3232299258, 1090554450, 3233464398, 3242412966, 1091389182, 3199611216, 3194749608,
+    1046556608, 1083326846, 1083174894, 3233116690, 3234215482, 1093146126, 3235491122, 1085978897, 1086297510, 1082674619,
+    3233359647, 1093034832, 1093193691, 3235396232, 1086073978, 1082451068, 3231326615, 1077284157, 1085761070, 3236992900]
+
+
+def _conv_dtype_tinygrad():
+  xi, wi, bi, xh, wh, bh = _tg_conv_inputs()
+  r = conv2d_dt(Tensor(xi), Tensor(wi), Tensor(bi), dtype=tg.INT32, padding=1)
+  assert r.dtype == tg.INT32 and r.shape == (1, 3, 5, 5), (r.dtype, r.shape)
+  assert r.numpy().ravel().tolist() == TG_CONV_I32
+  wi2 = ((np.arange(4 * 3 * 3 * 3).reshape(3, 4, 3, 3) * 5) % 21 - 10).astype(np.int8)
+  r = conv2d_dt(Tensor(xi), Tensor(wi2), dtype=tg.INT32, stride=2)
+  assert r.numpy().ravel().tolist() == TG_CONV_I32_S2
+  want = np.array(TG_CONV_F32_BITS, np.uint32).view(np.float32)
+  for wino in (0, 1):
+    with tg.context(WINO=wino):
+      r = conv2d_dt(Tensor(xh), Tensor(wh), Tensor(bh), dtype=tg.FLOAT32, padding=(1, 0))
+      assert r.dtype == tg.FLOAT32 and r.shape == (1, 4, 5, 4), (r.dtype, r.shape)
+      close(r.numpy().ravel(), want, atol=2e-6 if not wino else 1e-4, rtol=1e-6, what=f"float16 -> float32 WINO={wino}")
+
+
+case("conv2d(dtype=) equals tinygrad 0.14's own results (int8 -> int32, float16 -> float32)", _conv_dtype_tinygrad)
+
+
+def _torch_conv2d_ref(x, w, b, kw):
+  """The exact convolution of the values (float64); None options as torch's defaults."""
+  r = F.conv2d(torch.tensor(x.astype(np.float64)), torch.tensor(w.astype(np.float64)),
+               None if b is None else torch.tensor(b.astype(np.float64)), stride=kw.get("stride") or 1,
+               padding=kw.get("padding") or 0, dilation=kw.get("dilation") or 1, groups=kw.get("groups") or 1)
+  return r.numpy()
+
+
+def _conv_dtype_values():
+  # products exact in the operands' dtype (small integers, halves computed in float32), so the exact
+  # convolution is the reference; the result has the sum's dtype, then promoted with the bias's
+  ints = lambda *s, lo=-11, hi=12, dt=np.int8: RNG.integers(lo, hi, s).astype(dt)  # noqa: E731
+  cases = [((2, 4, 7, 6), (8, 4, 3, 3), {"padding": 1}), ((1, 4, 8, 9), (6, 2, 3, 2), {"groups": 2, "stride": 2}),
+           ((2, 3, 9, 9), (4, 3, 2, 3), {"dilation": 2, "padding": 2}), ((1, 16, 6, 6), (8, 16, 3, 3), {})]
+  for xs, ws, kw in cases:
+    for with_bias in (False, True):
+      x, w = ints(*xs), ints(*ws)
+      b = ints(ws[0]) if with_bias else None
+      r = conv2d_dt(Tensor(x), Tensor(w), Tensor(b) if with_bias else None, dtype=tg.INT32, **kw)
+      assert r.dtype == tg.INT32, r.dtype
+      ref = _torch_conv2d_ref(x, w, b, kw)
+      assert np.array_equal(r.numpy(), ref.astype(np.int32)), f"int8 -> int32 {xs} {ws} {kw}"
+      assert np.abs(ref).max() > 127  # the int8 sum would have wrapped
+      xu, wu = ints(*xs, lo=0, hi=16, dt=np.uint8), ints(*ws, lo=0, hi=16, dt=np.uint8)
+      r = conv2d_dt(Tensor(xu), Tensor(wu), dtype=tg.INT64, **kw)
+      assert r.dtype == tg.INT64
+      assert np.array_equal(r.numpy(), _torch_conv2d_ref(xu, wu, None, kw).astype(np.int64)), f"uint8 -> int64 {xs}"
+      for tdt, ndt in ((tg.FLOAT32, np.float32), (tg.FLOAT64, np.float64)):
+        xh, wh = rnd(*xs).astype(np.float16), rnd(*ws).astype(np.float16)
+        bh = rnd(ws[0]).astype(np.float16) if with_bias else None
+        r = conv2d_dt(Tensor(xh), Tensor(wh), Tensor(bh) if with_bias else None, dtype=tdt, **kw)
+        assert r.dtype == tdt, (r.dtype, tdt)
+        close(r.numpy(), _torch_conv2d_ref(xh, wh, bh, kw).astype(ndt), atol=1e-5 if ndt == np.float32 else 1e-12,
+              rtol=1e-6, what=f"float16 -> {ndt.__name__} {xs} {ws} {kw}")
+  # float32 -> float64: values and gradients (back in float32), direct and through WINO's tiles
+  for wino in (0, 1):
+    with tg.context(WINO=wino):
+      for xs, ws, kw in [((2, 3, 7, 6), (8, 3, 3, 3), {"padding": 1}), ((1, 4, 6, 6), (4, 2, 3, 3), {"groups": 2})]:
+        check_fwd_bwd(lambda x, w, b: conv2d_dt(x, w, b, dtype=tg.FLOAT64, **kw),
+                      lambda x, w, b: F.conv2d(x.double(), w.double(), b.double(), **kw),
+                      [rnd(*xs), rnd(*ws), rnd(ws[0])], atol=1e-5 if wino else 1e-6, gatol=1e-4 if wino else 1e-5)
+        x, w = Tensor(rnd(*xs)), Tensor(rnd(*ws))
+        assert conv2d_dt(x, w, dtype=tg.FLOAT64, **kw).dtype == tg.FLOAT64
+  with tg.context(WINO=1):  # the tiles honour it: their transforms and channel sums are kernels of their own
+    x, w = Tensor(rnd(2, 3, 8, 8)).realize(), Tensor(rnd(4, 3, 3, 3)).realize()
+    assert kernels(lambda: conv2d_dt(x, w, dtype=tg.FLOAT64)) >= 4
+    xi, wi = Tensor(ints(2, 3, 8, 8)).realize(), Tensor(ints(4, 3, 3, 3)).realize()
+    assert kernels(lambda: conv2d_dt(xi, wi, dtype=tg.INT32)) == 1  # integer sums: direct
+  # TG_DTYPE_DEFAULT and the promoted dtype itself are the plain convolution
+  x, w = rnd(2, 3, 6, 6), rnd(4, 3, 3, 3)
+  plain = conv2d_dt(Tensor(x), Tensor(w)).numpy()
+  same = conv2d_dt(Tensor(x), Tensor(w), dtype=tg.FLOAT32)
+  assert same.dtype == tg.FLOAT32 and np.array_equal(same.numpy(), plain)
+  r = conv2d_dt(Tensor(x.astype(np.float16)), Tensor(w.astype(np.float16)), dtype=tg.FLOAT16)
+  assert r.dtype == tg.FLOAT16
+  assert np.array_equal(r.numpy(), conv2d_dt(Tensor(x.astype(np.float16)), Tensor(w.astype(np.float16))).numpy())
+
+
+case("conv2d(dtype=): integer and float16 inputs summed in a wider dtype, values, gradients, WINO", _conv_dtype_values)
+
+
+def _conv_transpose_nd_dtype():
+  ints = lambda *s: RNG.integers(-11, 12, s).astype(np.int8)  # noqa: E731
+  for xs, ws, kw in [((2, 4, 5, 5), (4, 3, 3, 3), {"stride": 2, "padding": 1, "output_padding": 1}),
+                     ((1, 4, 4, 6), (4, 2, 3, 3), {"groups": 2})]:
+    x, w, b = ints(*xs), ints(*ws), ints(ws[1] * kw.get("groups", 1))
+    r = conv_transpose2d_dt(Tensor(x), Tensor(w), Tensor(b), dtype=tg.INT32, **kw)
+    assert r.dtype == tg.INT32
+    ref = F.conv_transpose2d(torch.tensor(x).double(), torch.tensor(w).double(), torch.tensor(b).double(), **kw).numpy()
+    assert np.array_equal(r.numpy(), ref.astype(np.int32)) and np.abs(ref).max() > 127, f"conv_transpose2d int8 {xs}"
+    xh, wh = rnd(*xs).astype(np.float16), rnd(*ws).astype(np.float16)
+    r = conv_transpose2d_dt(Tensor(xh), Tensor(wh), dtype=tg.FLOAT32, **kw)
+    assert r.dtype == tg.FLOAT32
+    close(r.numpy(), F.conv_transpose2d(torch.tensor(xh).double(), torch.tensor(wh).double(), **kw).numpy(), atol=1e-5,
+          rtol=1e-6, what=f"conv_transpose2d float16 -> float32 {xs}")
+  # float32 -> float64 transposed: values and gradients
+  check_fwd_bwd(lambda x, w: conv_transpose2d_dt(x, w, dtype=tg.FLOAT64, stride=2),
+                lambda x, w: F.conv_transpose2d(x.double(), w.double(), stride=2), [rnd(1, 3, 4, 4), rnd(3, 2, 3, 3)],
+                atol=1e-6)
+  # n-d: tg_conv_nd / tg_conv_transpose_nd (3 spatial dims: the generic window form) and tg_conv2d with a 1-d weight
+  x, w = ints(1, 3, 4, 5, 4), ints(4, 3, 2, 3, 2)
+  r = conv_nd(Tensor(x), Tensor(w), padding=1, dtype=tg.INT32)
+  assert r.dtype == tg.INT32
+  ref = F.conv3d(torch.tensor(x).double(), torch.tensor(w).double(), padding=1).numpy()
+  assert np.array_equal(r.numpy(), ref.astype(np.int32)) and np.abs(ref).max() > 127
+  wt = ints(3, 2, 2, 2, 2)
+  r = conv_transpose_nd(Tensor(x), Tensor(wt), stride=(2, 1, 2), dtype=tg.INT32)
+  ref = F.conv_transpose3d(torch.tensor(x).double(), torch.tensor(wt).double(), stride=(2, 1, 2)).numpy()
+  assert r.dtype == tg.INT32 and np.array_equal(r.numpy(), ref.astype(np.int32))
+  xh, wh = rnd(2, 3, 9).astype(np.float16), rnd(4, 3, 3).astype(np.float16)
+  r = conv2d_dt(Tensor(xh), Tensor(wh), dtype=tg.FLOAT32, padding=1)
+  assert r.dtype == tg.FLOAT32
+  close(r.numpy(), F.conv1d(torch.tensor(xh).double(), torch.tensor(wh).double(), padding=1).numpy(), atol=1e-5, rtol=1e-6)
+  r = conv_nd(Tensor(xh), Tensor(wh), dtype=tg.FLOAT64)
+  assert r.dtype == tg.FLOAT64
+  close(r.numpy(), F.conv1d(torch.tensor(xh).double(), torch.tensor(wh).double()).numpy(), atol=1e-12, rtol=1e-12)
+  # errors name the function; a pool takes no dtype
+  x, w = Tensor(rnd(1, 2, 5, 5)), Tensor(rnd(3, 2, 3, 3))
+  expect_error("tg_conv2d", lambda: conv2d_dt(x, w, dtype=99), "dtype")
+  expect_error("tg_conv2d", lambda: conv2d_dt(x, w, dtype=-3), "dtype")
+  expect_error("tg_conv_transpose2d", lambda: conv_transpose2d_dt(x, Tensor(rnd(2, 3, 3, 3)), dtype=99), "dtype")
+  expect_error("tg_conv_nd", lambda: conv_nd(x, w, dtype=99), "dtype")
+  expect_error("tg_conv_transpose_nd", lambda: conv_transpose_nd(x, Tensor(rnd(2, 3, 3, 3)), dtype=99), "dtype")
+  expect_error("tg_max_pool_nd", lambda: max_pool_nd(x, 2, dtype=tg.FLOAT64), "dtype")
+  expect_error("tg_avg_pool_nd", lambda: avg_pool_nd(x, 2, dtype=tg.FLOAT64), "dtype")
+
+
+case("conv_transpose2d / conv_nd / conv_transpose_nd with a dtype; bad dtypes are errors", _conv_transpose_nd_dtype)
 
 
 # =====================================================================================================

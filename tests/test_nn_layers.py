@@ -43,12 +43,12 @@ class Opts(ctypes.Structure):
 
 
 class ConvOpts(ctypes.Structure):
-  _fields_ = [("groups", _I64), ("stride", _i64x2), ("dilation", _i64x2), ("padding", _i64x4), ("npadding", _I)]
+  _fields_ = [("groups", _I64), ("stride", _i64x2), ("dilation", _i64x2), ("padding", _i64x4), ("npadding", _I), ("dtype", _I)]
 
 
 class ConvTOpts(ctypes.Structure):
   _fields_ = [("groups", _I64), ("stride", _i64x2), ("dilation", _i64x2), ("padding", _i64x4), ("npadding", _I),
-              ("output_padding", _i64x2), ("noutput_padding", _I)]
+              ("output_padding", _i64x2), ("noutput_padding", _I), ("dtype", _I)]
 
 
 class Conv1dOpts(ctypes.Structure):

@@ -45,7 +45,7 @@ class PoolOpts(ctypes.Structure):
 
 class ConvOpts(ctypes.Structure):
   _fields_ = [("groups", _I64), ("stride", ctypes.c_int64 * 2), ("dilation", ctypes.c_int64 * 2),
-              ("padding", ctypes.c_int64 * 4), ("npadding", _I)]
+              ("padding", ctypes.c_int64 * 4), ("npadding", _I), ("dtype", _I)]
 
 
 class SdpaOpts(ctypes.Structure):

@@ -214,10 +214,11 @@ tg_tensor tg_randn_like(tg_tensor t, const tg_opts *opts) {
 /* ---------------------------------------------------------------------------------------------- */
 /* transposed convolution                                                                          */
 
-/* nsp spatial dims; pads: (before, after) per dim; op: output padding per dim. */
+/* nsp spatial dims; pads: (before, after) per dim; op: output padding per dim; dtype: the sum's
+ * dtype (TG_DTYPE_DEFAULT: the plain convolution), passed on to the equivalent convolution. */
 static tg_tensor conv_transpose_impl(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias,
                                      int64_t groups, int nsp, const int64_t *s, const int64_t *d,
-                                     const int64_t *pads, const int64_t *op) {
+                                     const int64_t *pads, const int64_t *op, tg_dtype dtype) {
   if (!t_get(x, fn) || !t_get(weight, fn) || (bias.id && !t_get(bias, fn))) return NONE;
   int64_t xs[64], ws[64];
   int xn = tg_shape(x, xs), wn = tg_shape(weight, ws);
@@ -284,7 +285,7 @@ static tg_tensor conv_transpose_impl(const char *fn, tg_tensor x, tg_tensor weig
     xd = tg_shrink(xd, b, 2 * (2 + nsp));
   }
   int64_t one[8] = {1, 1, 1, 1, 1, 1, 1, 1};
-  return op_done(o, conv_nd_resolved(fn, xd, w, bias, groups, one, d, cpad));
+  return op_done(o, conv_nd_resolved(fn, xd, w, bias, groups, one, d, cpad, dtype));
 }
 
 tg_tensor tg_conv_transpose_nd(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_window_opts *opts) {
@@ -294,7 +295,7 @@ tg_tensor tg_conv_transpose_nd(tg_tensor x, tg_tensor weight, tg_tensor bias, co
   if (nsp < 1) return fail("%s: weight %s must be (cin, cout/groups, kernel...)", fn, TSHP(weight));
   int64_t g, s[8], d[8], pads[16], op[8];
   if (!conv_opts_nd(fn, opts, nsp, true, &g, s, d, pads, op)) return NONE;
-  return conv_transpose_impl(fn, x, weight, bias, g, nsp, s, d, pads, op);
+  return conv_transpose_impl(fn, x, weight, bias, g, nsp, s, d, pads, op, opts ? opts->dtype : TG_DTYPE_DEFAULT);
 }
 
 /* tinygrad's padding forms -> (H before, H after, W before, W after) */
@@ -366,9 +367,10 @@ tg_tensor tg_conv_transpose2d(tg_tensor x, tg_tensor weight, tg_tensor bias,
                   fn, nsp, TSHP(weight));
     int64_t sn[8], dn[8], pn[16], on[8];
     for (int j = 0; j < nsp; j++) sn[j] = s[0], dn[j] = d[0], pn[2 * j] = pn[2 * j + 1] = pads[0], on[j] = op[0];
-    return conv_transpose_impl(fn, x, weight, bias, opts->groups ? opts->groups : 1, nsp, sn, dn, pn, on);
+    return conv_transpose_impl(fn, x, weight, bias, opts->groups ? opts->groups : 1, nsp, sn, dn, pn, on,
+                               opts->dtype);
   }
-  return conv_transpose_impl(fn, x, weight, bias, opts->groups ? opts->groups : 1, 2, s, d, pads, op);
+  return conv_transpose_impl(fn, x, weight, bias, opts->groups ? opts->groups : 1, 2, s, d, pads, op, opts->dtype);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -680,7 +682,7 @@ static tg_tensor conv1d_forward(const char *fn, const tg_nn_conv1d *l, tg_tensor
   } else {
     int64_t s[2] = {1, c->stride}, d[2] = {1, c->dilation}, pads[4] = {0, 0, c->padding, c->padding},
             op[2] = {0, c->output_padding};
-    r = conv_transpose_impl(fn, x4, w4, l->bias, c->groups, 2, s, d, pads, op);
+    r = conv_transpose_impl(fn, x4, w4, l->bias, c->groups, 2, s, d, pads, op, TG_DTYPE_DEFAULT);
   }
   return op_done(o, tg_squeeze(r, 2));
 }

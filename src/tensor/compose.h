@@ -28,11 +28,12 @@ tg_tensor pool_windows(tg_tensor x, const int64_t *xs, int n, int nk, const int6
                        const int64_t *d);
 
 /* n-d convolution (nnops.c): conv_opts_nd resolves tg_window_opts for nsp spatial dims (pads as
- * (before, after) per dim; outpad only when transposed); conv_nd_resolved convolves with them. */
+ * (before, after) per dim; outpad only when transposed; it checks opts->dtype); conv_nd_resolved
+ * convolves with them, summing in dtype (TG_DTYPE_DEFAULT: the plain convolution). */
 bool conv_opts_nd(const char *fn, const tg_window_opts *opts, int nsp, bool transposed, int64_t *groups,
                   int64_t *s, int64_t *d, int64_t *pads, int64_t *outpad);
 tg_tensor conv_nd_resolved(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, int64_t groups,
-                           const int64_t *s, const int64_t *d, const int64_t *pads);
+                           const int64_t *s, const int64_t *d, const int64_t *pads, tg_dtype dtype);
 
 /* IMAGE (image.c): image_mode says whether tg_conv2d / tg_matmul of a (weight w, bias b or NULL)
  * take the image path: 1 yes, 0 no (IMAGE unset, a CPU device, or not float32), -1 error recorded
@@ -52,11 +53,12 @@ bool image_conv_fits(int device, int64_t bs, int64_t cin, int64_t iy, int64_t ix
  * dims with strides s, dilations d, pads (before, after per dim) and groups takes Winograd's tiles:
  * F(4, 3) under WINO=1 (every kernel dim 3, stride and dilation 1, float, no symbolic or empty dims),
  * and under WINO=2 also F(4, 5) (every kernel dim 5, 1 or 2 dims), where the tiles pay; wino_conv
- * computes it from checked arguments. */
+ * computes it from checked arguments, the channel sums in dtype (TG_DTYPE_DEFAULT, TG_FLOAT32 or
+ * TG_FLOAT64). */
 bool wino_applies(const UOp *a, const UOp *w, int nsp, const int64_t *s, const int64_t *d, const int64_t *pads,
                   int64_t groups);
 tg_tensor wino_conv(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, int64_t groups, int nsp,
-                    const int64_t *pads);
+                    const int64_t *pads, tg_dtype dtype);
 
 /* [0, n) as int32 on a's device, n = a's size along dim (tinygrad's arange(x.shape[dim])): symbolic
  * when that dim is (a tg_sym size), so the positions of a scan or a mask over a symbolic axis hold

@@ -48,14 +48,19 @@ static int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 /* A float16/bfloat16 convolution where halves are computed in float32 (half_via_float32): the
  * convolution of the float32 values (exact products, a float32 sum) rounded once, then the bias added
  * in its dtype -- tinygrad's (x * w).sum(dtype=float32).cast(half) + bias. Rounding every product, as
- * the half kernels did, put 174 of 420 results of a small float16 convolution off by an ulp. false
- * when the dtypes do not call for it; else true with the result (NONE on error) in *out. */
+ * the half kernels did, put 174 of 420 results of a small float16 convolution off by an ulp. With a
+ * sum dtype (conv2d(dtype=), not the halves' own) the float32 convolution sums in it and the result
+ * stays in it. false when the dtypes do not call for it; else true with the result (NONE on error) in
+ * *out. */
 static bool conv_half_via_float32(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, UOp *a, UOp *w,
-                                  tg_tensor (*conv)(tg_tensor, tg_tensor, void *), void *ctx, tg_tensor *out) {
+                                  tg_dtype dtype, tg_tensor (*conv)(tg_tensor, tg_tensor, tg_dtype, void *), void *ctx,
+                                  tg_tensor *out) {
   tg_dtype dt = tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)w->dtype);
   if (!half_via_float32(a, dt)) return false;
   OpScope o = op_scope_begin(fn);
-  tg_tensor r = tg_cast(conv(tg_cast(x, TG_FLOAT32), tg_cast(weight, TG_FLOAT32), ctx), dt);
+  tg_dtype inner = dtype == TG_FLOAT32 ? TG_DTYPE_DEFAULT : dtype;
+  tg_tensor r = tg_cast(conv(tg_cast(x, TG_FLOAT32), tg_cast(weight, TG_FLOAT32), inner, ctx),
+                        dtype != TG_DTYPE_DEFAULT ? dtype : dt);
   if (bias.id) {
     int64_t bs[2 + TG_WINDOW_MAXDIMS];
     bs[0] = w->shape[0];
@@ -64,6 +69,12 @@ static bool conv_half_via_float32(const char *fn, tg_tensor x, tg_tensor weight,
   }
   *out = op_scope_done(o, r);
   return true;
+}
+
+/* WINO's tiles take a sum dtype of float32 or float64 (their transform matrices are made in those); a
+ * convolution summing in another dtype runs directly */
+static bool wino_dtype_ok(tg_dtype dtype) {
+  return dtype == TG_DTYPE_DEFAULT || dtype == TG_FLOAT32 || dtype == TG_FLOAT64;
 }
 
 static bool same_device(const char *fn, UOp *a, UOp *b, const char *what) {
@@ -1103,8 +1114,9 @@ static bool pool_args_nd(const char *fn, UOp *a, int nk, const tg_window_opts *o
                  nk, nk, MAXD_WINDOW - nk, SHP(a));
     return false;
   }
-  if (opts->groups || opts->noutput_padding)
-    return tg_set_error(TG_ERR_INVALID, "%s: groups and output_padding are convolution options; leave them 0", fn),
+  if (opts->groups || opts->noutput_padding || opts->dtype)
+    return tg_set_error(TG_ERR_INVALID, "%s: groups, output_padding and dtype are convolution options; leave them 0",
+                        fn),
            false;
   for (int j = 0; j < TG_WINDOW_MAXDIMS; j++)
     if (opts->output_padding[j])
@@ -1298,7 +1310,27 @@ static void conv_valid_grad(UOp *out, UOp *g, UOp *const *in, int n, UOp **grads
   tg_scope_end();
 }
 
-static tg_tensor conv2d_nobias(tg_tensor x, tg_tensor w, void *opts) { return tg_conv2d(x, w, (tg_tensor){0}, opts); }
+static tg_tensor conv2d_nobias(tg_tensor x, tg_tensor w, tg_dtype dtype, void *opts) {
+  tg_conv2d_opts co = *(const tg_conv2d_opts *)opts;
+  co.dtype = dtype;
+  return tg_conv2d(x, w, (tg_tensor){0}, &co);
+}
+
+/* conv2d(dtype=)'s argument: an error (false) for a value outside the dtypes; *out is dtype, or
+ * TG_DTYPE_DEFAULT where it is the convolution's own promoted dtype dt (the plain convolution). */
+static bool conv_sum_dtype(const char *fn, tg_dtype dtype, tg_dtype dt, tg_dtype *out) {
+  if ((int)dtype < 0 || dtype >= TG_DTYPE_COUNT)
+    return tg_set_error(TG_ERR_INVALID, "%s: invalid dtype %d (use a TG_* dtype or TG_DTYPE_DEFAULT)", fn, (int)dtype),
+           false;
+  *out = dtype == dt ? TG_DTYPE_DEFAULT : dtype;
+  return true;
+}
+
+/* The convolution's sum of products: tg_sum, or with a dtype tinygrad's sum(dtype=) (cast, then summed
+ * in dtype) */
+static tg_tensor conv_sum(tg_tensor prod, const int *axes, int naxes, bool keepdim, tg_dtype dtype) {
+  return dtype == TG_DTYPE_DEFAULT ? tg_sum(prod, axes, naxes, keepdim) : tg_sum_dtype(prod, axes, naxes, keepdim, dtype);
+}
 
 tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv2d_opts *opts) {
   const char *fn = "tg_conv2d";
@@ -1307,6 +1339,8 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
   UOp *a = t_get(x, fn), *w = a ? t_get(weight, fn) : NULL, *b = NULL;
   if (!a || !w) return NONE;
   if (bias.id && !(b = t_get(bias, fn))) return NONE;
+  tg_dtype sdt;
+  if (!conv_sum_dtype(fn, opts->dtype, tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)w->dtype), &sdt)) return NONE;
   if (a->ndim == w->ndim && w->ndim >= 3 && w->ndim != 4 && w->ndim - 2 <= TG_WINDOW_MAXDIMS) {
     /* tinygrad's conv2d takes any number of spatial dims; a (y, x) pair option only carries one value
      * per dim here when it is uniform */
@@ -1327,7 +1361,7 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
       if (s[j] < 1 || d[j] < 1)
         return fail("%s: stride %lld and dilation %lld must be positive", fn, (long long)s[j], (long long)d[j]);
     }
-    return conv_nd_resolved(fn, x, weight, bias, g, s, d, pads);
+    return conv_nd_resolved(fn, x, weight, bias, g, s, d, pads, sdt);
   }
   if (a->ndim != 4 || w->ndim != 4)
     return fail("%s: input %s must be (batch, cin, spatial...) and weight %s (cout, cin/groups, kernel...) with "
@@ -1363,12 +1397,15 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
           ox = cdiv(hw[1] + pads[2] + pads[3] - d[1] * (kw - 1), s[1]);
   int64_t rcout = cout / groups;
   tg_tensor hr;
-  if (conv_half_via_float32(fn, x, weight, bias, a, w, conv2d_nobias, (void *)opts, &hr)) return hr;
+  if (conv_half_via_float32(fn, x, weight, bias, a, w, sdt, conv2d_nobias, (void *)opts, &hr)) return hr;
   int im = image_mode(fn, a, w, b);
   if (im < 0) return NONE;
-  if (im && image_conv_fits(a->device, a->shape[0], w->shape[1], hw[0], hw[1], cout, kh, kw, groups, s, d, pads))
+  /* IMAGE's kernels sum in the input dtype: a sum dtype runs the direct convolution */
+  if (im && sdt == TG_DTYPE_DEFAULT &&
+      image_conv_fits(a->device, a->shape[0], w->shape[1], hw[0], hw[1], cout, kh, kw, groups, s, d, pads))
     return image_conv2d(fn, x, weight, bias, groups, s, d, pads);
-  if (wino_applies(a, w, 2, s, d, pads, groups)) return wino_conv(fn, x, weight, bias, groups, 2, pads);
+  if (wino_dtype_ok(sdt) && wino_applies(a, w, 2, s, d, pads, groups))
+    return wino_conv(fn, x, weight, bias, groups, 2, pads, sdt);
   NnOp o = begin(fn);
   bool simple = groups == 1 && s[0] == 1 && s[1] == 1 && d[0] == 1 && d[1] == 1;
   tg_tensor xin = x;
@@ -1424,19 +1461,20 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
         tg_tensor wl = tg_contiguous(tg_permute(wsrc, (const int[]){1, 2, 3, 0}, 4)); /* (cin, kh, kw, cout) */
         wr = tg_reshape(tg_permute(wl, (const int[]){3, 0, 1, 2}, 4), (const int64_t[]){1, 1, 1, cout, cin, kh, kw}, 7);
       }
-      r = tg_sum(tg_mul(win, wr), (const int[]){-1, -2, -3}, 3, false);
+      r = conv_sum(tg_mul(win, wr), (const int[]){-1, -2, -3}, 3, false, sdt);
       r = tg_permute(r, (const int[]){0, 3, 1, 2}, 4);
     } else {
       win = tg_reshape(win, (const int64_t[]){bs, groups, cin, 1, oy, ox, kh, kw}, 8);
       win = tg_expand(win, (const int64_t[]){bs, groups, cin, rcout, oy, ox, kh, kw}, 8);
       win = tg_permute(win, (const int[]){0, 1, 3, 4, 5, 2, 6, 7}, 8);
       tg_tensor wr = tg_reshape(weight, (const int64_t[]){1, groups, rcout, 1, 1, cin, kh, kw}, 8);
-      r = tg_sum(tg_mul(win, wr), (const int[]){-1, -2, -3}, 3, true);
+      r = conv_sum(tg_mul(win, wr), (const int[]){-1, -2, -3}, 3, true, sdt);
       r = tg_reshape(r, (const int64_t[]){bs, cout, oy, ox}, 4);
     }
     if (simple) {
       UOp *ru = t_get(r, fn), *wu = t_get(weight, fn);
-      if (ru && wu && tg_dtype_is_float((tg_dtype)ru->dtype)) {
+      if (ru && wu && tg_dtype_is_float((tg_dtype)ru->dtype) && tg_dtype_is_float((tg_dtype)wu->dtype) &&
+          tg_dtype_is_float((tg_dtype)ain->dtype)) {
         UOp *ins[2] = {ain, wu};
         if (!ag_set_custom_grad(ru, ins, 2, conv_valid_grad) && chlast && detach) continue;
       }
@@ -1444,7 +1482,7 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
     break;
   }
   tg_dtype dt = tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)w->dtype);
-  r = tg_cast(r, dt);
+  r = tg_cast(r, sdt != TG_DTYPE_DEFAULT ? sdt : dt);
   if (b) r = tg_add(r, tg_reshape(bias, (const int64_t[]){1, cout, 1, 1}, 4));
   return done(o, r);
 }
@@ -1453,7 +1491,8 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
  * conv2d on windows of the padded input, (bs, groups*cin, o..., k...) -> (bs, groups, rcout, o...,
  * cin, k...) times the weight, reduced over (cin, k...). Autograd differentiates the window views. */
 static tg_tensor conv_generic(const char *fn, tg_tensor x, UOp *a, tg_tensor weight, UOp *w, tg_tensor bias,
-                              int nsp, int64_t groups, const int64_t *s, const int64_t *d, const int64_t *pads) {
+                              int nsp, int64_t groups, const int64_t *s, const int64_t *d, const int64_t *pads,
+                              tg_dtype dtype) {
   int64_t bs = a->shape[0], cout = w->shape[0], cin = w->shape[1], rcout = cout / groups;
   int64_t sh[MAXD], o[TG_WINDOW_MAXDIMS], k[TG_WINDOW_MAXDIMS];
   for (int j = 0; j < nsp; j++) {
@@ -1484,12 +1523,12 @@ static tg_tensor conv_generic(const char *fn, tg_tensor x, UOp *a, tg_tensor wei
   tg_tensor wr = tg_reshape(weight, wsh, m);
   int ax[TG_WINDOW_MAXDIMS + 1];
   for (int j = 0; j <= nsp; j++) ax[j] = -1 - j;
-  tg_tensor r = tg_sum(tg_mul(win, wr), ax, nsp + 1, false); /* (bs, groups, rcout, o...) */
+  tg_tensor r = conv_sum(tg_mul(win, wr), ax, nsp + 1, false, dtype); /* (bs, groups, rcout, o...) */
   m = 0;
   sh[m++] = bs, sh[m++] = cout;
   for (int j = 0; j < nsp; j++) sh[m++] = o[j];
   r = tg_reshape(r, sh, m);
-  r = tg_cast(r, tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)w->dtype));
+  r = tg_cast(r, dtype != TG_DTYPE_DEFAULT ? dtype : tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)w->dtype));
   if (bias.id) {
     sh[1] = cout;
     for (int j = 0; j < m; j++) if (j != 1) sh[j] = 1;
@@ -1537,16 +1576,17 @@ typedef struct {
   int64_t groups;
   const int64_t *s, *d, *pads;
 } ConvNdArgs;
-static tg_tensor conv_nd_nobias(tg_tensor x, tg_tensor w, void *ctx) {
+static tg_tensor conv_nd_nobias(tg_tensor x, tg_tensor w, tg_dtype dtype, void *ctx) {
   const ConvNdArgs *c = ctx;
-  return conv_nd_resolved(c->fn, x, w, (tg_tensor){0}, c->groups, c->s, c->d, c->pads);
+  return conv_nd_resolved(c->fn, x, w, (tg_tensor){0}, c->groups, c->s, c->d, c->pads, dtype);
 }
 
 tg_tensor conv_nd_resolved(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, int64_t groups,
-                           const int64_t *s, const int64_t *d, const int64_t *pads) {
+                           const int64_t *s, const int64_t *d, const int64_t *pads, tg_dtype dtype) {
   UOp *a = t_get(x, fn), *w = a ? t_get(weight, fn) : NULL, *b = NULL;
   if (!a || !w) return NONE;
   if (bias.id && !(b = t_get(bias, fn))) return NONE;
+  if (!conv_sum_dtype(fn, dtype, tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)w->dtype), &dtype)) return NONE;
   if (!conv_shapes_ok(fn, a, w, b, groups)) return NONE;
   int nsp = w->ndim - 2;
   int64_t sp[TG_WINDOW_MAXDIMS], k[TG_WINDOW_MAXDIMS];
@@ -1555,15 +1595,16 @@ tg_tensor conv_nd_resolved(const char *fn, tg_tensor x, tg_tensor weight, tg_ten
   if (nsp != 2) {
     ConvNdArgs ca = {fn, groups, s, d, pads};
     tg_tensor hr;
-    if (conv_half_via_float32(fn, x, weight, bias, a, w, conv_nd_nobias, &ca, &hr)) return hr;
-    if (wino_applies(a, w, nsp, s, d, pads, groups)) return wino_conv(fn, x, weight, bias, groups, nsp, pads);
+    if (conv_half_via_float32(fn, x, weight, bias, a, w, dtype, conv_nd_nobias, &ca, &hr)) return hr;
+    if (wino_dtype_ok(dtype) && wino_applies(a, w, nsp, s, d, pads, groups))
+      return wino_conv(fn, x, weight, bias, groups, nsp, pads, dtype);
   }
   if (nsp > 2) {
-    return conv_generic(fn, x, a, weight, w, bias, nsp, groups, s, d, pads);
+    return conv_generic(fn, x, a, weight, w, bias, nsp, groups, s, d, pads, dtype);
   }
   NnOp op = begin(fn);
   tg_conv2d_opts co = {0};
-  co.groups = groups, co.npadding = 4;
+  co.groups = groups, co.npadding = 4, co.dtype = dtype;
   tg_tensor r;
   if (nsp == 2) {
     co.stride[0] = s[0], co.stride[1] = s[1], co.dilation[0] = d[0], co.dilation[1] = d[1];
@@ -1592,6 +1633,10 @@ bool conv_opts_nd(const char *fn, const tg_window_opts *opts, int nsp, bool tran
              false;
   if (opts->ceil_mode || opts->exclude_pad)
     return tg_set_error(TG_ERR_INVALID, "%s: ceil_mode and exclude_pad are pool options; leave them false", fn), false;
+  if ((int)opts->dtype < 0 || opts->dtype >= TG_DTYPE_COUNT)
+    return tg_set_error(TG_ERR_INVALID, "%s: invalid dtype %d (use a TG_* dtype or TG_DTYPE_DEFAULT)", fn,
+                        (int)opts->dtype),
+           false;
   *groups = opts->groups ? opts->groups : 1;
   if (!opt_dims(fn, "stride", opts->stride, nsp, one, s) || !opt_dims(fn, "dilation", opts->dilation, nsp, one, d) ||
       !opt_pads_nd(fn, opts->padding, opts->npadding, nsp, pads))
@@ -1633,7 +1678,7 @@ tg_tensor tg_conv_nd(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_win
   if (w->ndim < 3)
     return fail("%s: weight %s must be (cout, cin/groups, kernel...) with at least one spatial dim", fn, SHP(w));
   if (!conv_opts_nd(fn, opts, w->ndim - 2, false, &g, s, d, pads, NULL)) return NONE;
-  return conv_nd_resolved(fn, x, weight, bias, g, s, d, pads);
+  return conv_nd_resolved(fn, x, weight, bias, g, s, d, pads, opts ? opts->dtype : TG_DTYPE_DEFAULT);
 }
 
 tg_tensor tg_dot(tg_tensor x, tg_tensor w) {

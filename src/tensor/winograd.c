@@ -15,6 +15,10 @@
  * custom gradient builds the same kind of kernels the forward pass has. Every intermediate is
  * materialized, for the forward pass and for the gradient, so nothing recomputes a transform per read.
  *
+ * With a dtype (conv2d(dtype=), float32 or float64) the transforms of the input and the weight run in
+ * their own dtype and the channel sums, the output transform and the result in dtype (tinygrad's
+ * (gfactors * dfactors).sum(dtype=dtype)).
+ *
  * Invariants: the output tile is 4 wide; the padded input spans 4 * (tiles + 1) elements per dim
  * (the extra zeros only pad the last tile, whose extra outputs are cut off at the end).
  */
@@ -205,7 +209,7 @@ static void chansum_grad(UOp *out, UOp *g, UOp *const *in, int n, UOp **grads) {
 }
 
 tg_tensor wino_conv(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, int64_t groups, int nsp,
-                    const int64_t *pads) {
+                    const int64_t *pads, tg_dtype dtype) {
   UOp *a = t_get(x, fn), *w = a ? t_get(weight, fn) : NULL;
   if (!a || !w) return NONE;
   int64_t bs = a->shape[0], cout = w->shape[0], cin = w->shape[1], rcout = cout / groups;
@@ -261,9 +265,14 @@ tg_tensor wino_conv(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bia
   ut = tg_reshape(ut, (const int64_t[]){T * groups, cin, rcout}, 3);
   /* the channel sums, one matmul per transformed point and group: (T * groups, N, rcout) ->
    * (a..., bs, tiles..., cout) */
-  tg_tensor m = tg_matmul(vt, ut);
-  UOp *mu = t_get(m, fn), *ins[2] = {t_get(vt, fn), t_get(ut, fn)};
-  if (mu && ins[0] && ins[1]) ag_set_custom_grad(mu, ins, 2, chansum_grad);
+  tg_tensor m;
+  if (dtype == TG_DTYPE_DEFAULT) {
+    m = tg_matmul(vt, ut);
+    UOp *mu = t_get(m, fn), *ins[2] = {t_get(vt, fn), t_get(ut, fn)};
+    if (mu && ins[0] && ins[1]) ag_set_custom_grad(mu, ins, 2, chansum_grad);
+  } else {
+    m = tg_matmul_dtype(vt, ut, dtype); /* autograd's matmul and cast rules give its gradient */
+  }
   m = tg_contiguous_backward(m);
   if (groups > 1) m = tg_permute(tg_reshape(m, (const int64_t[]){T, groups, N, rcout}, 4), (const int[]){0, 2, 1, 3}, 4);
   int64_t ms[3 + 1 + 3 + 1];
@@ -283,7 +292,7 @@ tg_tensor wino_conv(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bia
   for (int j = 0; j < nsp; j++) rs[1 + j] = 4 * tiles[j], sh[2 + 2 * j] = 0, sh[3 + 2 * j] = outs[j];
   rs[n - 1] = cout, sh[2 * n - 2] = 0, sh[2 * n - 1] = cout;
   tg_tensor y = tg_shrink(tg_reshape(tg_permute(m, perm, np), rs, n), sh, 2 * n);
-  y = tg_cast(y, tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)w->dtype));
+  y = tg_cast(y, dtype != TG_DTYPE_DEFAULT ? dtype : tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)w->dtype));
   if (bias.id) y = tg_add(y, bias); /* bias (cout,) broadcasts along the last dim */
   /* stored channels-last, returned as the (bs, cout, o...) view */
   y = tg_contiguous_backward(tg_contiguous(y));
