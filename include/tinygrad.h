@@ -1252,6 +1252,20 @@ tg_tensor tg_idx_load(const char *path);
  * with fashion = false is an error asking for a directory. On error all four outputs are none. */
 tg_status tg_mnist_load(const char *dir, bool fashion, tg_tensor *X_train, tg_tensor *Y_train, tg_tensor *X_test,
                         tg_tensor *Y_test);
+/* CIFAR-10 as tinygrad's nn.datasets.cifar(device): *X_train (50000, 3, 32, 32) uint8, *Y_train
+ * (50000,) uint8 (tinygrad's dtypes: the label bytes), *X_test (10000, 3, 32, 32), *Y_test (10000,),
+ * new realized handles in the current scope, on `device` (NULL: the default device). Nothing is
+ * downloaded: `path` is cifar-10-binary.tar.gz (what tinygrad fetches: data_batch_1.bin ..
+ * data_batch_5.bin and test_batch.bin of 3073-byte records, a label byte and 3072 pixel bytes) or
+ * cifar-10-python.tar.gz (data_batch_1 .. 5 and test_batch, pickled dicts whose b'data' is a (N,
+ * 3072) uint8 numpy array and b'labels' a list of N ints; unpickled without executing anything), a
+ * tar of either, or a directory extracted from either (the batches in it or in its
+ * cifar-10-batches-bin/ or cifar-10-batches-py/). Any number of records per batch works (the train
+ * split is the five batches in order). Truncated or corrupt files, records that are not whole,
+ * labels outside 0..9 and pickles of anything else are TG_ERR_IO errors naming tg_cifar_load and the
+ * file; on error all four outputs are none. */
+tg_status tg_cifar_load(const char *path, const char *device, tg_tensor *X_train, tg_tensor *Y_train,
+                        tg_tensor *X_test, tg_tensor *Y_test);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* nn: initializers, transposed convolution, layers, model state, optimizers                      */

@@ -9,6 +9,12 @@
  * numel without overflow); a plain file's size must equal what the header declares; a compressed
  * file's buffer grows only with the bytes really inflated, so a lying header costs no more memory than
  * the data that is there; data beyond the declared size is an error.
+ *
+ * CIFAR-10 (tg_cifar_load) reads either published version -- the binary batches (3073-byte records)
+ * or the python ones (pickled dicts of a numpy array and a label list, read by torch_load.c's
+ * unpickler, which executes nothing) -- from the tarball (tar.c; gzip inflated in memory) or an
+ * extracted directory. Every batch is checked whole (record size, array shape and dtype, label
+ * count and range) before any tensor is made.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -400,4 +406,269 @@ tg_status tg_mnist_load(const char *dir, bool fashion, tg_tensor *X_train, tg_te
       tg_free(t[i]);
   }
   return st;
+}
+
+/* ---- CIFAR-10 ---------------------------------------------------------------------------------- */
+
+#define CIFAR_FN "tg_cifar_load"
+#define CIFAR_PIXELS 3072                /* 3 x 32 x 32 bytes per image */
+#define CIFAR_RECORD (1 + CIFAR_PIXELS)  /* the binary version: a label byte, then the pixels */
+#define CIFAR_MAX_INFLATED ((size_t)1 << 31) /* the tarballs inflate to about 180 MB */
+
+/* The batches in order: five training batches, then the test batch. */
+static void cifar_member(char *buf, size_t cap, int i, bool bin) {
+  if (i < 5) snprintf(buf, cap, "data_batch_%d%s", i + 1, bin ? ".bin" : "");
+  else snprintf(buf, cap, "test_batch%s", bin ? ".bin" : "");
+}
+
+/* The images and labels read so far, for one split. */
+typedef struct {
+  uint8_t *px, *lab;
+  size_t n, cap;
+} CifarSplit;
+
+static void split_add(CifarSplit *s, const uint8_t *px, const uint8_t *lab, size_t n, size_t lab_stride,
+                      size_t px_stride) {
+  if (s->n + n > s->cap) {
+    size_t nc = s->cap ? s->cap : 1024;
+    while (nc < s->n + n) nc *= 2;
+    s->px = tg_xrealloc(s->px, nc * CIFAR_PIXELS);
+    s->lab = tg_xrealloc(s->lab, nc);
+    s->cap = nc;
+  }
+  for (size_t i = 0; i < n; i++) {
+    memcpy(s->px + (s->n + i) * CIFAR_PIXELS, px + i * px_stride, CIFAR_PIXELS);
+    s->lab[s->n + i] = lab[i * lab_stride];
+  }
+  s->n += n;
+}
+
+/* One batch of the binary version: whole 3073-byte records, labels 0..9. */
+static bool cifar_bin_batch(const char *name, const uint8_t *d, size_t len, CifarSplit *s) {
+  if (len % CIFAR_RECORD)
+    return tg_set_error(TG_ERR_IO,
+                        CIFAR_FN ": %s: %zu bytes is not a whole number of %d-byte records (a label byte and "
+                                 "3072 pixels each): truncated or not CIFAR-10?",
+                        name, len, CIFAR_RECORD),
+           false;
+  size_t n = len / CIFAR_RECORD;
+  for (size_t i = 0; i < n; i++)
+    if (d[i * CIFAR_RECORD] > 9)
+      return tg_set_error(TG_ERR_IO, CIFAR_FN ": %s: record %zu has label %d, not a CIFAR-10 class (0..9)", name, i,
+                          d[i * CIFAR_RECORD]),
+             false;
+  split_add(s, d + 1, d, n, CIFAR_RECORD, CIFAR_RECORD);
+  return true;
+}
+
+/* One batch of the python version: a pickled dict whose b'data' is a (N, 3072) uint8 numpy array and
+ * b'labels' a list of N ints 0..9. */
+static bool cifar_py_batch(const char *name, const uint8_t *d, size_t len, CifarSplit *s) {
+  PickleField f[2] = {{.key = "data", .want_array = true}, {.key = "labels", .want_array = false}};
+  if (!pickle_fields_mem(CIFAR_FN, name, d, len, f, 2)) return false;
+  bool ok = false;
+  if (strcmp(f[0].dtype, "u1") || f[0].ndim != 2 || f[0].shape[1] != CIFAR_PIXELS)
+    tg_set_error(TG_ERR_IO, CIFAR_FN ": %s: 'data' is a %d-d numpy array of '%s', not (N, 3072) uint8", name,
+                 f[0].ndim, f[0].dtype);
+  else if ((uint64_t)f[0].shape[0] != f[1].nints)
+    tg_set_error(TG_ERR_IO, CIFAR_FN ": %s: 'data' has %" PRId64 " images but 'labels' %zu labels", name,
+                 f[0].shape[0], f[1].nints);
+  else {
+    uint8_t *lab = tg_xmalloc(f[1].nints ? f[1].nints : 1);
+    ok = true;
+    for (size_t i = 0; i < f[1].nints && ok; i++) {
+      if (f[1].ints[i] < 0 || f[1].ints[i] > 9)
+        ok = false, tg_set_error(TG_ERR_IO, CIFAR_FN ": %s: label %zu is %" PRId64 ", not a CIFAR-10 class (0..9)",
+                                 name, i, f[1].ints[i]);
+      else
+        lab[i] = (uint8_t)f[1].ints[i];
+    }
+    if (ok) split_add(s, f[0].data, lab, f[1].nints, 1, CIFAR_PIXELS);
+    free(lab);
+  }
+  pickle_fields_free(f, 2);
+  return ok;
+}
+
+/* A whole gzip stream (one or more members) inflated into a malloc'd buffer, at most
+ * CIFAR_MAX_INFLATED bytes. */
+static bool gunzip_all(const char *path, const uint8_t *d, size_t len, uint8_t **out, size_t *outlen) {
+  z_stream z;
+  memset(&z, 0, sizeof z);
+  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK)
+    return tg_set_error(TG_ERR_IO, CIFAR_FN ": %s: cannot start zlib: out of memory", path), false;
+  size_t cap = len * 2 + 4096, got = 0, pos = 0;
+  uint8_t *buf = tg_xmalloc(cap);
+  const char *err = NULL;
+  for (;;) {
+    if (got == cap) {
+      if (cap >= CIFAR_MAX_INFLATED) {
+        err = "inflates past 2 GiB: not a CIFAR-10 archive";
+        break;
+      }
+      cap = cap * 2 > CIFAR_MAX_INFLATED ? CIFAR_MAX_INFLATED : cap * 2;
+      buf = tg_xrealloc(buf, cap);
+    }
+    size_t ia = len - pos > (1u << 30) ? (1u << 30) : len - pos, oa = cap - got > (1u << 30) ? (1u << 30) : cap - got;
+    z.next_in = (Bytef *)(uintptr_t)(d + pos);
+    z.avail_in = (uInt)ia;
+    z.next_out = buf + got;
+    z.avail_out = (uInt)oa;
+    int rc = inflate(&z, Z_NO_FLUSH);
+    pos += ia - z.avail_in;
+    got += oa - z.avail_out;
+    if (rc == Z_STREAM_END) {
+      if (pos == len) break;
+      if (len - pos >= 2 && d[pos] == 0x1f && d[pos + 1] == 0x8b) {
+        inflateReset(&z);
+        continue;
+      }
+      err = "garbage after the gzip stream: a corrupt file?";
+      break;
+    }
+    if (rc == Z_OK && (z.avail_out == 0 || z.avail_in)) continue;
+    if (rc == Z_OK || rc == Z_BUF_ERROR) {
+      if (pos == len) {
+        err = "truncated gzip stream";
+        break;
+      }
+      continue;
+    }
+    err = rc == Z_MEM_ERROR ? "out of memory" : z.msg ? z.msg : "corrupt gzip data";
+    break;
+  }
+  inflateEnd(&z);
+  if (err) {
+    free(buf);
+    return tg_set_error(TG_ERR_IO, CIFAR_FN ": %s: %s", path, err), false;
+  }
+  *out = buf;
+  *outlen = got;
+  return true;
+}
+
+/* The batches of an archive (tar or tar.gz) at path, into the two splits. */
+static bool cifar_archive(const char *path, CifarSplit *sp) {
+  FileView fv;
+  if (file_view_open(&fv, CIFAR_FN, path, false) != TG_OK) return false;
+  uint8_t *tarb = NULL;
+  size_t tarn = fv.len;
+  const uint8_t *tard = fv.data;
+  if (fv.len >= 2 && fv.data[0] == 0x1f && fv.data[1] == 0x8b) {
+    if (!gunzip_all(path, fv.data, fv.len, &tarb, &tarn)) {
+      file_view_close(&fv);
+      return false;
+    }
+    tard = tarb;
+  }
+  tg_state_dict *sd = tarn ? tar_extract_mem(CIFAR_FN, path, tard, tarn) : NULL;
+  if (!tarn) tg_set_error(TG_ERR_IO, CIFAR_FN ": %s: the file is empty", path);
+  free(tarb);
+  file_view_close(&fv);
+  if (!sd) return false;
+  /* which version: the binary batches' directory, else the python one's (members also taken at the
+   * top level of the archive) */
+  static const char *dirs[4] = {"cifar-10-batches-bin/", "cifar-10-batches-py/", "", ""};
+  char name[128];
+  int which = -1;
+  for (int k = 0; k < 4 && which < 0; k++) {
+    snprintf(name, sizeof name, "%s%s", dirs[k], k % 2 == 0 ? "data_batch_1.bin" : "data_batch_1");
+    if (sd_get_quiet(sd, name).id) which = k;
+  }
+  bool ok = which >= 0;
+  if (!ok)
+    tg_set_error(TG_ERR_IO,
+                 CIFAR_FN ": %s: no cifar-10-batches-bin/data_batch_1.bin or cifar-10-batches-py/data_batch_1 in "
+                          "the archive: not cifar-10-binary.tar.gz or cifar-10-python.tar.gz",
+                 path);
+  bool bin = which % 2 == 0;
+  for (int i = 0; i < 6 && ok; i++) {
+    char member[64];
+    cifar_member(member, sizeof member, i, bin);
+    snprintf(name, sizeof name, "%s%s", dirs[which], member);
+    tg_tensor t = sd_get_quiet(sd, name);
+    char label[4200];
+    snprintf(label, sizeof label, "%s: %s", path, name);
+    if (!t.id) {
+      ok = false;
+      tg_set_error(TG_ERR_IO, CIFAR_FN ": %s: the archive has no %s", path, name);
+      break;
+    }
+    size_t n = (size_t)tg_numel(t);
+    uint8_t *b = tg_xmalloc(n ? n : 1);
+    ok = tg_data(t, b, n) == TG_OK;
+    if (ok) ok = bin ? cifar_bin_batch(label, b, n, &sp[i == 5]) : cifar_py_batch(label, b, n, &sp[i == 5]);
+    free(b);
+  }
+  tg_state_dict_free(sd);
+  return ok;
+}
+
+/* The batches of an extracted directory: dir itself, or its cifar-10-batches-bin / -py subdirectory. */
+static bool cifar_dir(const char *dir, CifarSplit *sp) {
+  static const char *subs[4] = {"", "", "/cifar-10-batches-bin", "/cifar-10-batches-py"};
+  size_t cap = strlen(dir) + 64;
+  char *p = tg_xmalloc(cap);
+  int which = -1;
+  for (int k = 0; k < 4 && which < 0; k++) {
+    snprintf(p, cap, "%s%s/%s", dir, subs[k], k % 2 == 0 ? "data_batch_1.bin" : "data_batch_1");
+    if (access(p, F_OK) == 0) which = k;
+  }
+  if (which < 0) {
+    free(p);
+    return tg_set_error(TG_ERR_IO,
+                        CIFAR_FN ": %s: no data_batch_1.bin or data_batch_1 here or in cifar-10-batches-bin/ or "
+                                 "cifar-10-batches-py/ (extract cifar-10-binary.tar.gz or cifar-10-python.tar.gz, or "
+                                 "pass the tarball)",
+                        dir),
+           false;
+  }
+  bool bin = which % 2 == 0, ok = true;
+  for (int i = 0; i < 6 && ok; i++) {
+    char member[64];
+    cifar_member(member, sizeof member, i, bin);
+    snprintf(p, cap, "%s%s/%s", dir, subs[which], member);
+    FileView fv;
+    if (file_view_open(&fv, CIFAR_FN, p, false) != TG_OK) {
+      ok = false;
+      break;
+    }
+    ok = bin ? cifar_bin_batch(p, fv.data, fv.len, &sp[i == 5]) : cifar_py_batch(p, fv.data, fv.len, &sp[i == 5]);
+    file_view_close(&fv);
+  }
+  free(p);
+  return ok;
+}
+
+tg_status tg_cifar_load(const char *path, const char *device, tg_tensor *X_train, tg_tensor *Y_train,
+                        tg_tensor *X_test, tg_tensor *Y_test) {
+  tg_tensor *outs[4] = {X_train, Y_train, X_test, Y_test};
+  for (int i = 0; i < 4; i++)
+    if (outs[i]) *outs[i] = NONE;
+  for (int i = 0; i < 4; i++)
+    if (!outs[i]) return tg_set_error(TG_ERR_INVALID, CIFAR_FN ": output pointer %d is NULL", i + 1);
+  if (!path)
+    return tg_set_error(TG_ERR_INVALID, CIFAR_FN ": CIFAR-10 is not packaged: pass cifar-10-python.tar.gz, "
+                                        "cifar-10-binary.tar.gz or a directory extracted from either");
+  struct stat st;
+  if (stat(path, &st) != 0) return tg_set_error(TG_ERR_IO, CIFAR_FN ": %s: cannot open: %s", path, strerror(errno));
+  CifarSplit sp[2] = {{0}, {0}};
+  bool ok = S_ISDIR(st.st_mode) ? cifar_dir(path, sp) : cifar_archive(path, sp);
+  tg_status rc = TG_OK;
+  if (!ok) rc = tg_last_status() ? tg_last_status() : TG_ERR_IO;
+  tg_tensor t[4] = {NONE, NONE, NONE, NONE};
+  tg_opts o = {.dtype = TG_UINT8, .device = device, .requires_grad = TG_GRAD_UNSET};
+  for (int i = 0; i < 2 && rc == TG_OK; i++) {
+    int64_t n = (int64_t)sp[i].n;
+    static const uint8_t empty[1];
+    t[2 * i] = tg_from_data(n ? sp[i].px : empty, (const int64_t[]){n, 3, 32, 32}, 4, &o);
+    t[2 * i + 1] = tg_from_data(n ? sp[i].lab : empty, (const int64_t[]){n}, 1, &o);
+    if (!t[2 * i].id || !t[2 * i + 1].id) rc = tg_last_status() ? tg_last_status() : TG_ERR_IO;
+  }
+  for (int i = 0; i < 2; i++) free(sp[i].px), free(sp[i].lab);
+  for (int i = 0; i < 4; i++) {
+    if (rc == TG_OK) *outs[i] = t[i];
+    else tg_free(t[i]);
+  }
+  return rc;
 }

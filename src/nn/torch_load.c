@@ -23,6 +23,12 @@
  * machine never recurses, and the walks over the result (flattening, repr) are depth-limited; memory
  * is bounded by a multiple of the file's size (views that repeat storage elements may materialize at
  * most 8x the storage bytes + 64 MiB in all; names, entries and metadata are capped).
+ *
+ * pickle_fields_mem (loaders.h) runs the same machine over a plain pickle of a dict holding numpy
+ * arrays and lists of ints (CIFAR-10's python batches): with it, and only with it, the allow-list
+ * also takes numpy's array and dtype reconstructors (_reconstruct + BUILD, and protocol 5's
+ * _frombuffer), which make array objects over bytes in the pickle, checked against their shape and
+ * dtype.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -70,6 +76,8 @@ typedef enum {
   PK_GLOBAL,
   PK_STORAGE,
   PK_TENSOR,
+  PK_NDARRAY, /* numpy array (pickle_fields_mem only): own is an NpArray */
+  PK_NPDTYPE, /* numpy dtype: own is an NpDtype */
 } PkKind;
 
 typedef enum {
@@ -83,6 +91,10 @@ typedef enum {
   G_CODECS_ENCODE,
   G_TORCH_SIZE,
   G_TORCH_DTYPE,
+  G_NP_RECONSTRUCT, /* numpy globals: pickle_fields_mem only */
+  G_NP_NDARRAY,
+  G_NP_DTYPE,
+  G_NP_FROMBUFFER,
 } GlobalId;
 
 /* The allow-list: the only names a pickle may reference. */
@@ -120,7 +132,30 @@ static const struct {
     {"torch", "int32", G_TORCH_DTYPE, 0}, {"torch", "int64", G_TORCH_DTYPE, 0},
     {"torch", "uint8", G_TORCH_DTYPE, 0}, {"torch", "bool", G_TORCH_DTYPE, 0},
     {"torch", "complex64", G_TORCH_DTYPE, 0}, {"torch", "complex128", G_TORCH_DTYPE, 0},
+    /* numpy arrays (numpy 1.x and 2.x module names), allowed in pickle_fields_mem only */
+    {"numpy.core.multiarray", "_reconstruct", G_NP_RECONSTRUCT, 0},
+    {"numpy._core.multiarray", "_reconstruct", G_NP_RECONSTRUCT, 0},
+    {"numpy", "ndarray", G_NP_NDARRAY, 0},
+    {"numpy", "dtype", G_NP_DTYPE, 0},
+    {"numpy.core.numeric", "_frombuffer", G_NP_FROMBUFFER, 0},
+    {"numpy._core.numeric", "_frombuffer", G_NP_FROMBUFFER, 0},
 };
+
+#define NP_MAX_NDIM 32
+/* a numpy dtype: its type string ("u1", "f4"), byte order ('|', '<', '=', '>'; '|' until BUILD) */
+typedef struct {
+  char str[8];
+  char order;
+} NpDtype;
+/* a numpy array: set once its shape, dtype and bytes are known (BUILD after _reconstruct) */
+typedef struct {
+  bool set;
+  NpDtype dt;
+  int ndim;
+  int64_t shape[NP_MAX_NDIM];
+  const uint8_t *data; /* nbytes, in the pickle or in a bytes object's own */
+  uint64_t nbytes;
+} NpArray;
 
 typedef struct Storage Storage;
 struct Storage {
@@ -200,6 +235,7 @@ typedef struct {
   uint64_t storage_bytes, materialized_bytes;
   size_t n_tensors, n_entries, visits, meta_bytes;
   tg_state_dict *sd;
+  bool numpy; /* pickle_fields_mem: numpy's reconstructors are allowed */
 } Ctx;
 
 static void *cfail(Ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -348,8 +384,9 @@ static void dict_put(Ctx *c, PkObj *o, PkObj *k, PkObj *v) {
 }
 
 static const char *kind_name(const PkObj *o) {
-  static const char *names[] = {"None",  "bool", "int", "int",  "float",  "str",     "bytes",
-                                "tuple", "list", "set", "dict", "global", "storage", "tensor"};
+  static const char *names[] = {"None", "bool",   "int",     "int",    "float",         "str",
+                                "bytes", "tuple", "list",    "set",    "dict",          "global",
+                                "storage", "tensor", "numpy array", "numpy dtype"};
   return names[o->kind];
 }
 
@@ -575,6 +612,119 @@ static PkObj *codecs_encode(Ctx *c, PkObj **a, size_t n) {
   return r;
 }
 
+/* ---- numpy arrays (pickle_fields_mem) -------------------------------------------------------- */
+
+/* A dtype from its type string ("u1", "<f4", "|b1"): kinds b, i, u, f of 1, 2, 4 or 8 bytes. */
+static bool np_dtype_parse(Ctx *c, PkObj *s, NpDtype *d) {
+  char tb[40];
+  if ((s->kind != PK_STR && s->kind != PK_BYTES) || s->u.s.n < 2 || s->u.s.n > 3)
+    return cfail(c, "numpy dtype: unsupported type '%s'",
+                 s->kind == PK_STR || s->kind == PK_BYTES ? printable(tb, sizeof tb, s->u.s.p, s->u.s.n) : kind_name(s)),
+           false;
+  const uint8_t *p = s->u.s.p;
+  size_t n = s->u.s.n;
+  memset(d, 0, sizeof *d);
+  d->order = '|';
+  if (n == 3) d->order = (char)*p++, n--;
+  bool size_ok = p[1] == '1' || p[1] == '2' || p[1] == '4' || p[1] == '8';
+  if (!strchr("<>|=", d->order) || !strchr("biuf", p[0]) || !p[0] || !size_ok || (p[0] == 'b' && p[1] != '1') ||
+      (p[0] == 'f' && p[1] == '1'))
+    return cfail(c, "numpy dtype: unsupported type '%s'", printable(tb, sizeof tb, s->u.s.p, s->u.s.n)), false;
+  d->str[0] = (char)p[0], d->str[1] = (char)p[1];
+  return true;
+}
+
+static uint64_t np_itemsize(const NpDtype *d) { return (uint64_t)(d->str[1] - '0'); }
+
+/* Fills a from its shape (a tuple of ints), dtype and bytes (bytes, or a Python 2 str), checking that
+ * the bytes are exactly what the shape and dtype need. */
+static bool np_set(Ctx *c, NpArray *a, PkObj *shape, PkObj *dt, PkObj *raw) {
+  if (a->set) return cfail(c, "corrupt pickle: a numpy array is built twice"), false;
+  if ((shape->kind != PK_TUPLE && shape->kind != PK_LIST) || shape->u.seq.n > NP_MAX_NDIM)
+    return cfail(c, "numpy array: the shape is a %s of %zu entries", kind_name(shape), shape->u.seq.n), false;
+  if (dt->kind != PK_NPDTYPE) return cfail(c, "numpy array: the dtype is a %s", kind_name(dt)), false;
+  a->dt = *(NpDtype *)dt->own;
+  uint64_t isz = np_itemsize(&a->dt), numel = 1, nz = 1;
+  if (a->dt.order == '>' && isz > 1) return cfail(c, "numpy array: big-endian data is not supported"), false;
+  a->ndim = (int)shape->u.seq.n;
+  for (int i = 0; i < a->ndim; i++) {
+    PkObj *v = shape->u.seq.v[i];
+    if (v->kind != PK_INT || v->u.i < 0) return cfail(c, "numpy array: shape entry %d is not a size", i), false;
+    a->shape[i] = v->u.i;
+    if ((v->u.i && __builtin_mul_overflow(nz, (uint64_t)v->u.i, &nz)) || nz > (UINT64_C(1) << 48))
+      return cfail(c, "numpy array: the shape is too large"), false;
+    numel *= (uint64_t)v->u.i;
+  }
+  if (raw->kind != PK_BYTES && raw->kind != PK_STR)
+    return cfail(c, "numpy array: the data is a %s, not bytes (object arrays are not supported)", kind_name(raw)),
+           false;
+  if (raw->u.s.n != numel * isz)
+    return cfail(c, "numpy array: shape and dtype need %" PRIu64 " bytes of data but the pickle has %zu",
+                 numel * isz, raw->u.s.n),
+           false;
+  a->data = raw->u.s.p;
+  a->nbytes = raw->u.s.n;
+  a->set = true;
+  return true;
+}
+
+static PkObj *new_ndarray(Ctx *c) {
+  PkObj *o = new_obj(c, PK_NDARRAY);
+  charge(c, sizeof(NpArray));
+  o->own = tg_xcalloc(1, sizeof(NpArray));
+  return o;
+}
+
+/* BUILD on a numpy array: (version, shape, dtype, is_fortran, data); on a dtype: (version, byteorder,
+ * ...) */
+static bool np_build(Ctx *c, PkObj *obj, PkObj *state) {
+  if (state->kind != PK_TUPLE) return cfail(c, "corrupt pickle: a numpy %s's state is a %s", obj->kind == PK_NDARRAY ? "array" : "dtype", kind_name(state)), false;
+  PkObj **s = state->u.seq.v;
+  size_t n = state->u.seq.n;
+  if (obj->kind == PK_NPDTYPE) {
+    if (n < 2 || (s[1]->kind != PK_STR && s[1]->kind != PK_BYTES) || s[1]->u.s.n != 1 || !strchr("<>|=", s[1]->u.s.p[0]) ||
+        !s[1]->u.s.p[0])
+      return cfail(c, "numpy dtype: unsupported state"), false;
+    ((NpDtype *)obj->own)->order = (char)s[1]->u.s.p[0];
+    return true;
+  }
+  if (n != 5 || s[0]->kind != PK_INT || (s[3]->kind != PK_BOOL && s[3]->kind != PK_INT))
+    return cfail(c, "numpy array: unsupported state (%zu entries)", n), false;
+  bool fortran = s[3]->kind == PK_BOOL ? s[3]->u.b : s[3]->u.i != 0;
+  NpArray *a = obj->own;
+  if (!np_set(c, a, s[1], s[2], s[4])) return false;
+  if (fortran && a->ndim > 1) return cfail(c, "numpy array: Fortran-order arrays are not supported"), false;
+  return true;
+}
+
+static PkObj *np_call(Ctx *c, GlobalId id, PkObj **a, size_t n) {
+  switch (id) {
+  case G_NP_RECONSTRUCT: /* _reconstruct(ndarray, (0,), b'b'): an empty array that BUILD fills */
+    if (n != 3 || a[0]->kind != PK_GLOBAL || k_globals[a[0]->u.g].id != G_NP_NDARRAY)
+      return cfail(c, "numpy _reconstruct: unsupported arguments (only numpy.ndarray)");
+    return new_ndarray(c);
+  case G_NP_DTYPE: { /* dtype('u1', align, copy) */
+    if (n < 1 || n > 3) return cfail(c, "numpy dtype: unsupported arguments");
+    PkObj *o = new_obj(c, PK_NPDTYPE);
+    charge(c, sizeof(NpDtype));
+    o->own = tg_xcalloc(1, sizeof(NpDtype));
+    if (!np_dtype_parse(c, a[0], o->own)) return NULL;
+    return o;
+  }
+  case G_NP_FROMBUFFER: { /* _frombuffer(buffer, dtype, shape, order) (protocol 5) */
+    if (n != 4 || (a[3]->kind != PK_STR && a[3]->kind != PK_BYTES) || a[3]->u.s.n != 1)
+      return cfail(c, "numpy _frombuffer: unsupported arguments");
+    PkObj *o = new_ndarray(c);
+    if (!np_set(c, o->own, a[2], a[1], a[0])) return NULL;
+    if (a[3]->u.s.p[0] != 'C' && ((NpArray *)o->own)->ndim > 1)
+      return cfail(c, "numpy array: Fortran-order arrays are not supported");
+    return o;
+  }
+  default:
+    return cfail(c, "pickle calls numpy.ndarray directly; only arrays numpy pickled can be loaded");
+  }
+}
+
 static PkObj *call(Ctx *c, PkObj *fn, PkObj *args, int depth) {
   if (fn->kind != PK_GLOBAL) return cfail(c, "pickle calls a %s, which is not callable", kind_name(fn));
   if (args->kind != PK_TUPLE)
@@ -622,6 +772,11 @@ static PkObj *call(Ctx *c, PkObj *fn, PkObj *args, int depth) {
   case G_STORAGE_TYPE:
   case G_TORCH_DTYPE:
     break;
+  case G_NP_RECONSTRUCT:
+  case G_NP_NDARRAY:
+  case G_NP_DTYPE:
+  case G_NP_FROMBUFFER:
+    return np_call(c, k_globals[fn->u.g].id, a, n);
   }
   return cfail(c, "pickle calls '%s.%s', which is not a tensor rebuild function; only tensors can be loaded",
                k_globals[fn->u.g].module, k_globals[fn->u.g].name);
@@ -629,6 +784,7 @@ static PkObj *call(Ctx *c, PkObj *fn, PkObj *args, int depth) {
 
 static PkObj *resolve_global(Ctx *c, const uint8_t *mod, size_t mlen, const uint8_t *name, size_t nlen) {
   for (size_t i = 0; i < sizeof k_globals / sizeof k_globals[0]; i++) {
+    if (k_globals[i].id >= G_NP_RECONSTRUCT && !c->numpy) continue;
     if (strlen(k_globals[i].module) == mlen && memcmp(k_globals[i].module, mod, mlen) == 0 &&
         strlen(k_globals[i].name) == nlen && memcmp(k_globals[i].name, name, nlen) == 0) {
       PkObj *o = new_obj(c, PK_GLOBAL);
@@ -1009,8 +1165,9 @@ static PkObj *unpickle(Ctx *c, const uint8_t *p, size_t len, size_t *consumed) {
     case 'T':    /* BINSTRING */
     case 'C':    /* SHORT_BINBYTES */
     case 'B':    /* BINBYTES */
+    case 0x96:   /* BYTEARRAY8 (protocol 5: a writable buffer pickled in band) */
     case 0x8e: { /* BINBYTES8 */
-      size_t hk = (op == 0x8c || op == 'U' || op == 'C') ? 1 : (op == 0x8d || op == 0x8e) ? 8 : 4;
+      size_t hk = (op == 0x8c || op == 'U' || op == 'C') ? 1 : (op == 0x8d || op == 0x8e || op == 0x96) ? 8 : 4;
       NEED(hk);
       uint64_t k = hk == 1 ? p[pos] : hk == 4 ? rd_u32le(p + pos) : rd_u64le(p + pos);
       if (op == 'T' && k > INT32_MAX) {
@@ -1019,7 +1176,7 @@ static PkObj *unpickle(Ctx *c, const uint8_t *p, size_t len, size_t *consumed) {
       }
       pos += hk;
       NEED(k);
-      o = new_obj(c, (op == 'C' || op == 'B' || op == 0x8e) ? PK_BYTES : PK_STR);
+      o = new_obj(c, (op == 'C' || op == 'B' || op == 0x8e || op == 0x96) ? PK_BYTES : PK_STR);
       o->u.s.p = p + pos;
       o->u.s.n = (size_t)k;
       pos += (size_t)k;
@@ -1102,10 +1259,14 @@ static PkObj *unpickle(Ctx *c, const uint8_t *p, size_t len, size_t *consumed) {
       push(&m, new_obj(c, PK_DICT));
       break;
     }
-    case 'b': { /* BUILD: obj.__setstate__(state); only the states of dicts and tensors, ignored */
+    case 'b': { /* BUILD: obj.__setstate__(state); the states of dicts and tensors are ignored, numpy's
+                 * arrays and dtypes take theirs */
       AVAIL(2);
       PkObj *state = POP(), *obj = m.v[m.n - 1];
-      (void)state;
+      if (obj->kind == PK_NDARRAY || obj->kind == PK_NPDTYPE) {
+        CHECK(np_build(c, obj, state));
+        break;
+      }
       if (obj->kind != PK_DICT && obj->kind != PK_TENSOR) {
         cfail(c, "corrupt pickle: BUILD on a %s", kind_name(obj));
         goto done;
@@ -1662,6 +1823,31 @@ static PkObj *load_legacy(Ctx *c) {
   return root;
 }
 
+/* Records the context's failure as the TG_ERR_IO error "fn: path: message". */
+static void ctx_error(Ctx *c) {
+  if (c->failed) {
+    /* names from the file may be anything: keep the message printable and valid UTF-8 */
+    bool ok = utf8_valid((const uint8_t *)c->err, strlen(c->err));
+    for (char *q = c->err; *q; q++)
+      if ((unsigned char)*q < 0x20 || *q == 0x7f || (!ok && (unsigned char)*q >= 0x80)) *q = '?';
+    tg_set_error(TG_ERR_IO, "%s: %s: %s", c->fn, c->path, c->err);
+  } else
+    tg_set_error(TG_ERR_IO, "%s: %s: failed to load", c->fn, c->path); /* an error of a called function is first */
+}
+
+static void ctx_free(Ctx *c) {
+  for (size_t i = 0; i < c->nobjs; i++) free_obj(obj_at(c, i));
+  for (size_t i = 0; i < c->nchunks; i++) free(c->chunks[i]);
+  free(c->chunks);
+  for (size_t i = 0; i < c->nst; i++) {
+    free(c->sts[i]->owned);
+    free(c->sts[i]);
+  }
+  free(c->sts);
+  map_free(&c->st_by_key);
+  if (c->have_zip) zip_close(&c->zip);
+}
+
 tg_state_dict *torch_load_mem(const char *fn, const char *path, const uint8_t *data, size_t len) {
   Ctx c = {.fn = fn, .path = path, .file = data, .file_len = len};
   static const char anchor = 0; /* per-process hash seed: key collisions can't be crafted */
@@ -1689,25 +1875,76 @@ tg_state_dict *torch_load_mem(const char *fn, const char *path, const uint8_t *d
     free(name);
     sd = c.sd;
   }
-  if (!sd && c.failed) {
-    /* names from the file may be anything: keep the message printable and valid UTF-8 */
-    bool ok = utf8_valid((const uint8_t *)c.err, strlen(c.err));
-    for (char *q = c.err; *q; q++)
-      if ((unsigned char)*q < 0x20 || *q == 0x7f || (!ok && (unsigned char)*q >= 0x80)) *q = '?';
-    tg_set_error(TG_ERR_IO, "%s: %s: %s", fn, path, c.err);
-  } else if (!sd)
-    tg_set_error(TG_ERR_IO, "%s: %s: failed to load", fn, path); /* an error of a called function is first */
-  for (size_t i = 0; i < c.nobjs; i++) free_obj(obj_at(&c, i));
-  for (size_t i = 0; i < c.nchunks; i++) free(c.chunks[i]);
-  free(c.chunks);
-  for (size_t i = 0; i < c.nst; i++) {
-    free(c.sts[i]->owned);
-    free(c.sts[i]);
-  }
-  free(c.sts);
-  map_free(&c.st_by_key);
-  if (c.have_zip) zip_close(&c.zip);
+  if (!sd) ctx_error(&c);
+  ctx_free(&c);
   return sd;
+}
+
+bool pickle_fields_mem(const char *fn, const char *path, const uint8_t *data, size_t len, PickleField *f, int nf) {
+  Ctx c = {.fn = fn, .path = path, .file = data, .file_len = len, .numpy = true};
+  c.mem_budget = MEM_FACTOR * (uint64_t)len + MEM_SLACK;
+  for (int i = 0; i < nf; i++) f[i].data = NULL, f[i].ints = NULL, f[i].nbytes = f[i].nints = 0, f[i].ndim = 0;
+  size_t used = 0;
+  PkObj *root = len && data[0] == 0x80 ? unpickle(&c, data, len, &used)
+                                        : cfail(&c, "not a pickle (protocol 2 or later: no PROTO opcode at the start)");
+  if (root && used != len) cfail(&c, "%zu bytes follow the pickle", len - used);
+  if (root && !c.failed && root->kind != PK_DICT) cfail(&c, "the pickle holds a %s, not a dict", kind_name(root));
+  for (int i = 0; i < nf && root && !c.failed; i++) {
+    PkObj *v = NULL;
+    size_t kl = strlen(f[i].key);
+    for (size_t j = 0; j < root->u.d.n && !v; j++) {
+      PkObj *k = root->u.d.k[j];
+      if ((k->kind == PK_STR || k->kind == PK_BYTES) && k->u.s.n == kl && memcmp(k->u.s.p, f[i].key, kl) == 0)
+        v = root->u.d.v[j];
+    }
+    if (!v) {
+      cfail(&c, "the dict has no key '%s'", f[i].key);
+      break;
+    }
+    if (f[i].want_array) {
+      NpArray *a = v->kind == PK_NDARRAY ? v->own : NULL;
+      if (!a || !a->set) {
+        cfail(&c, "'%s' is a %s, not a numpy array", f[i].key, kind_name(v));
+        break;
+      }
+      memcpy(f[i].dtype, a->dt.str, sizeof f[i].dtype);
+      f[i].ndim = a->ndim;
+      memcpy(f[i].shape, a->shape, sizeof(int64_t) * (size_t)a->ndim);
+      f[i].nbytes = (size_t)a->nbytes;
+      f[i].data = tg_xmalloc(a->nbytes ? (size_t)a->nbytes : 1);
+      if (a->nbytes) memcpy(f[i].data, a->data, (size_t)a->nbytes);
+    } else {
+      if (v->kind != PK_LIST && v->kind != PK_TUPLE) {
+        cfail(&c, "'%s' is a %s, not a list of ints", f[i].key, kind_name(v));
+        break;
+      }
+      f[i].nints = v->u.seq.n;
+      f[i].ints = tg_xmalloc((f[i].nints ? f[i].nints : 1) * sizeof(int64_t));
+      for (size_t j = 0; j < f[i].nints; j++) {
+        PkObj *e = v->u.seq.v[j];
+        if (e->kind != PK_INT) {
+          cfail(&c, "'%s'[%zu] is a %s, not an int", f[i].key, j, kind_name(e));
+          break;
+        }
+        f[i].ints[j] = e->u.i;
+      }
+    }
+  }
+  bool ok = root && !c.failed;
+  if (!ok) {
+    ctx_error(&c);
+    pickle_fields_free(f, nf);
+  }
+  ctx_free(&c);
+  return ok;
+}
+
+void pickle_fields_free(PickleField *f, int nf) {
+  for (int i = 0; i < nf; i++) {
+    free(f[i].data);
+    free(f[i].ints);
+    f[i].data = NULL, f[i].ints = NULL;
+  }
 }
 
 tg_state_dict *tg_torch_load(const char *path) {
