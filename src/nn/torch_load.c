@@ -797,7 +797,8 @@ static PkObj *resolve_global(Ctx *c, const uint8_t *mod, size_t mlen, const uint
   printable(nb, sizeof nb, name, nlen);
   if (mlen == 5 && memcmp(mod, "torch", 5) == 0 && nlen > 7 && memcmp(name + nlen - 7, "Storage", 7) == 0)
     return cfail(c, "unsupported storage type 'torch.%s' (no such dtype in tinygrad.c)", nb);
-  return cfail(c, "pickle references forbidden global '%s.%s'; only tensors can be loaded", mb, nb);
+  return cfail(c, "pickle references forbidden global '%s.%s'; only %s can be loaded", mb, nb,
+               c->numpy ? "numpy arrays, numbers, strings and containers" : "tensors");
 }
 
 /* ---- the pickle machine ---------------------------------------------------------------------- */
