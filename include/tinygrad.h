@@ -561,8 +561,9 @@ typedef struct {
  * are made in the operands' promoted dtype, cast to dtype and summed there (as tg_matmul_dtype: an
  * int8 product wraps in int8, an int8 convolution with dtype TG_INT32 sums in int32), and the result
  * has dtype (then promoted with the bias's). float16 / bfloat16 operands computed in float32 (the
- * CPU) make exact products. TG_DTYPE_DEFAULT, or the promoted dtype itself, is the plain
- * convolution. WINO honours it for TG_FLOAT32 / TG_FLOAT64 (the channel sums in dtype); other dtypes
+ * CPU) make exact products. TG_DTYPE_DEFAULT is the plain convolution: a float result has the
+ * operands' promoted dtype, an integer or bool one the dtype its sum accumulates in (int8 -> int32,
+ * uint8 -> uint32, bool -> int32, as tinygrad's conv2d and tg_sum). WINO honours it for TG_FLOAT32 / TG_FLOAT64 (the channel sums in dtype); other dtypes
  * run the direct convolution. */
 tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv2d_opts *opts);
 /* N-d windows: tinygrad's conv2d, conv_transpose2d and pools take any number of spatial dims (the

@@ -731,6 +731,26 @@ def _conv_dtype_tinygrad():
 case("conv2d(dtype=) equals tinygrad 0.14's own results (int8 -> int32, float16 -> float32)", _conv_dtype_tinygrad)
 
 
+def _conv_int_default_dtype():
+  # without dtype= the result of an integer or bool convolution is the sum's accumulation dtype, as
+  # tinygrad 0.14's conv2d(...).dtype (DEV=CPU): int8 -> int32 (the values above), uint8 -> uint32,
+  # bool -> int32; it was cast back to int8 and wrapped
+  xi, wi, bi, _, _, _ = _tg_conv_inputs()
+  r = conv2d_dt(Tensor(xi), Tensor(wi), Tensor(bi), padding=1)
+  assert r.dtype == tg.INT32 and r.numpy().ravel().tolist() == TG_CONV_I32, r.dtype
+  r = conv2d_dt(Tensor(np.abs(xi).astype(np.uint8)), Tensor(np.abs(wi).astype(np.uint8)))
+  assert r.dtype == tg.UINT32 and r.numpy().ravel()[:4].tolist() == [1121, 1070, 1071, 1076], r.dtype
+  r = conv2d_dt(Tensor(xi > 0), Tensor(wi > 0))
+  assert r.dtype == tg.INT32 and r.numpy().ravel()[:4].tolist() == [10, 9, 7, 6], r.dtype
+  # dtype=int8, the operands' own, is tinygrad's sum(dtype=int8): summed in int8, wrapping
+  r = conv2d_dt(Tensor(xi), Tensor(wi), dtype=tg.INT8, padding=1)
+  want = (np.array(TG_CONV_I32).reshape(1, 3, 5, 5) - bi.astype(np.int64).reshape(1, 3, 1, 1)).astype(np.int8)
+  assert r.dtype == tg.INT8 and np.array_equal(r.numpy(), want), r.dtype
+
+
+case("an integer or bool conv2d without dtype= keeps its accumulation dtype, as tinygrad's", _conv_int_default_dtype)
+
+
 def _torch_conv2d_ref(x, w, b, kw):
   """The exact convolution of the values (float64); None options as torch's defaults."""
   r = F.conv2d(torch.tensor(x.astype(np.float64)), torch.tensor(w.astype(np.float64)),

@@ -1322,8 +1322,17 @@ static bool conv_sum_dtype(const char *fn, tg_dtype dtype, tg_dtype dt, tg_dtype
   if ((int)dtype < 0 || dtype >= TG_DTYPE_COUNT)
     return tg_set_error(TG_ERR_INVALID, "%s: invalid dtype %d (use a TG_* dtype or TG_DTYPE_DEFAULT)", fn, (int)dtype),
            false;
-  *out = dtype == dt ? TG_DTYPE_DEFAULT : dtype;
+  /* (an integer's own dtype is not the default: that sums in int32 / uint32) */
+  *out = dtype == dt && tg_dtype_is_float(dt) ? TG_DTYPE_DEFAULT : dtype;
   return true;
+}
+
+/* A convolution's result dtype: tinygrad's conv2d ends in sum(dtype=), so without a sum dtype a float
+ * keeps the operands' promoted dtype and an integer or bool one stays in the dtype it accumulated
+ * in (sum_acc_dtype: int8 -> int32, uint8 -> uint32, bool -> int32) */
+static tg_dtype conv_out_dtype(tg_dtype sum_dtype, tg_dtype dt) {
+  if (sum_dtype != TG_DTYPE_DEFAULT) return sum_dtype;
+  return tg_dtype_is_float(dt) ? dt : dtype_sum_acc(dt);
 }
 
 /* The convolution's sum of products: tg_sum, or with a dtype tinygrad's sum(dtype=) (cast, then summed
@@ -1481,8 +1490,7 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
     }
     break;
   }
-  tg_dtype dt = tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)w->dtype);
-  r = tg_cast(r, sdt != TG_DTYPE_DEFAULT ? sdt : dt);
+  r = tg_cast(r, conv_out_dtype(sdt, tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)w->dtype)));
   if (b) r = tg_add(r, tg_reshape(bias, (const int64_t[]){1, cout, 1, 1}, 4));
   return done(o, r);
 }
@@ -1528,7 +1536,7 @@ static tg_tensor conv_generic(const char *fn, tg_tensor x, UOp *a, tg_tensor wei
   sh[m++] = bs, sh[m++] = cout;
   for (int j = 0; j < nsp; j++) sh[m++] = o[j];
   r = tg_reshape(r, sh, m);
-  r = tg_cast(r, dtype != TG_DTYPE_DEFAULT ? dtype : tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)w->dtype));
+  r = tg_cast(r, conv_out_dtype(dtype, tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)w->dtype)));
   if (bias.id) {
     sh[1] = cout;
     for (int j = 0; j < m; j++) if (j != 1) sh[j] = 1;

@@ -16,7 +16,7 @@
  * materialized, for the forward pass and for the gradient, so nothing recomputes a transform per read.
  *
  * With a dtype (conv2d(dtype=), float32 or float64) the transforms of the input and the weight run in
- * their own dtype and the channel sums, the output transform and the result in dtype (tinygrad's
+ * their own dtype (float16 / bfloat16 ones in float32, as without a dtype) and the channel sums, the output transform and the result in dtype (tinygrad's
  * (gfactors * dfactors).sum(dtype=dtype)).
  *
  * Invariants: the output tile is 4 wide; the padded input spans 4 * (tiles + 1) elements per dim
