@@ -1236,6 +1236,47 @@ tg_state_dict *tg_tar_extract(const char *path);
  * caller frees, or NULL with a TG_ERR_IO error naming the file and the problem. */
 tg_state_dict *tg_torch_load(const char *path);
 
+/* ---------------------------------------------------------------------------------------------- */
+/* ONNX models (tinygrad's nn.onnx OnnxRunner)                                                     */
+
+/* A loaded ONNX model: its weights as tensors and its graph, ready to run. Opaque; free with
+ * tg_onnx_free. One model may be run any number of times (not from two threads at once). */
+typedef struct tg_onnx tg_onnx;
+/* Loads an .onnx file (a protobuf ModelProto, read by the library's own bounds-checked decoder; no
+ * onnx or protobuf library is needed). Initializers and Constant nodes become realized tensors on
+ * `device` (NULL: the default device) once, here; raw_data and the typed float_data / int32_data /
+ * int64_data / double_data / uint64_data fields are read. Checked before anything runs: every op is
+ * supported (docs/DESIGN.md lists them; an unsupported one is an error naming the op and the node),
+ * every name a node reads is defined exactly once, the graph has no cycle (nodes may come in any
+ * order), tensors' dims match their data. Weights in an external data file, sparse initializers,
+ * subgraphs (If, Loop, Scan) and non-default domains are refused. Returns a new model, or NULL with
+ * a TG_ERR_IO error "tg_onnx_load: <path>: <what> (at byte N)" (the field and a hint). */
+tg_onnx *tg_onnx_load(const char *path, const char *device);
+/* Frees the model and its weight tensors. Tensors returned by tg_onnx_run stay valid. NULL is a no-op. */
+void tg_onnx_free(tg_onnx *m);
+/* The graph's inputs (initializers listed as inputs by old exporters excluded) and outputs, in the
+ * file's order. Counts are -1 for a NULL model. Names are owned by the model. The dtype is
+ * TG_DTYPE_DEFAULT where the file does not say. _shape writes up to cap dims into out (may be NULL)
+ * and returns the rank, -2 when the file gives no shape, -1 on error; a dynamic dim (a dim_param
+ * such as "batch", or none) is -1, and tg_onnx_input_dim_param names it (NULL if unnamed). */
+int tg_onnx_input_count(const tg_onnx *m);
+int tg_onnx_output_count(const tg_onnx *m);
+const char *tg_onnx_input_name(const tg_onnx *m, int i);
+const char *tg_onnx_output_name(const tg_onnx *m, int i);
+tg_dtype tg_onnx_input_dtype(const tg_onnx *m, int i);
+tg_dtype tg_onnx_output_dtype(const tg_onnx *m, int i);
+int tg_onnx_input_shape(const tg_onnx *m, int i, int64_t *out, int cap);
+int tg_onnx_output_shape(const tg_onnx *m, int i, int64_t *out, int cap);
+const char *tg_onnx_input_dim_param(const tg_onnx *m, int i, int dim);
+/* Runs the graph on inputs[0..nin) (the graph's input order; BORROWED) and writes one NEW lazy
+ * tensor per graph output into outputs[0..nout) (the caller's scope owns them: tg_realize or read
+ * them; nothing is realized here except where a shape argument is only known as tensor data).
+ * nin and nout must equal the counts; each input's dtype, rank and static dims must match the
+ * file's, and inputs sharing a named dim must agree on it. Small integer tensors that compute shapes
+ * (Shape -> Gather -> Concat -> Reshape) are evaluated on the host, so a model runs inside tg_jit.
+ * Errors name the node and op ("tg_onnx_run: node 'x' (Reshape): ..."); outputs are then {0}. */
+tg_status tg_onnx_run(tg_onnx *m, const tg_tensor *inputs, int nin, tg_tensor *outputs, int nout);
+
 /* Loads an IDX file (the MNIST format; gzip-compressed files are read transparently; regular files
  * only, as for tg_safe_load): a big-endian header 00 00 <type> <ndim>, ndim big-endian uint32 dims,
  * then the data. Types: 0x08 uint8, 0x09 int8, 0x0B int16, 0x0C int32, 0x0D float32, 0x0E float64

@@ -1,6 +1,7 @@
 /*
- * loaders.h -- in-memory entry points of the PyTorch checkpoint loader (torch_load.c) and the IDX
- * reader (datasets.c), for the file loaders and the fuzz targets. `path` is only used in messages.
+ * loaders.h -- in-memory entry points of the PyTorch checkpoint loader (torch_load.c), the IDX
+ * reader (datasets.c) and the ONNX loader (onnx.c), for the file loaders and the fuzz targets.
+ * `path` is only used in messages.
  */
 #ifndef TG_NN_LOADERS_H
 #define TG_NN_LOADERS_H
@@ -39,5 +40,9 @@ void pickle_fields_free(PickleField *f, int nf);
 
 /* An uncompressed IDX file held in data[0..len). Returns a new realized tensor or none with an error. */
 tg_tensor idx_load_mem(const char *fn, const char *path, const uint8_t *data, size_t len);
+
+/* An ONNX model held in data[0..len) (only read during the call), its tensors created on device
+ * (NULL: the default). Returns a new model or NULL with a TG_ERR_IO error "fn: path: ...". */
+tg_onnx *onnx_load_mem(const char *fn, const char *path, const uint8_t *data, size_t len, const char *device);
 
 #endif
