@@ -501,6 +501,52 @@ def realize_many(*ts):
   call("realize_many", arr, len(ts))
 
 
+# ---- ONNX models (tg_onnx_*) ---------------------------------------------------------------------
+_vp = ctypes.c_void_p
+for _name, (_res, _args) in {
+    "tg_onnx_load": (_vp, [_S, _S]), "tg_onnx_free": (_V, [_vp]), "tg_onnx_input_count": (_I, [_vp]),
+    "tg_onnx_output_count": (_I, [_vp]), "tg_onnx_input_name": (_S, [_vp, _I]), "tg_onnx_output_name": (_S, [_vp, _I]),
+    "tg_onnx_input_dtype": (_I, [_vp, _I]), "tg_onnx_output_dtype": (_I, [_vp, _I]),
+    "tg_onnx_input_shape": (_I, [_vp, _I, _i64p, _I]), "tg_onnx_output_shape": (_I, [_vp, _I, _i64p, _I]),
+    "tg_onnx_input_dim_param": (_S, [_vp, _I, _I]),
+    "tg_onnx_run": (_I, [_vp, ctypes.POINTER(_T), _I, ctypes.POINTER(_T), _I])}.items():
+  _f = getattr(lib, _name)
+  _f.restype, _f.argtypes = _res, _args
+
+
+class OnnxModel:
+  """An ONNX model loaded with tg_onnx_load: inputs()/outputs() describe the graph (name, dtype,
+  shape with -1 for dynamic dims, or None), run(*tensors) returns a list of Tensors (in the current
+  scope). free() (or the context manager) releases it."""
+
+  def __init__(self, path, device=None):
+    self.m = lib.tg_onnx_load(str(path).encode(), device.encode() if device else None)
+    if not self.m: _raise("tg_onnx_load")
+
+  def _desc(self, kind, i):
+    shp = (ctypes.c_int64 * 32)()
+    nd = getattr(lib, f"tg_onnx_{kind}_shape")(self.m, i, shp, 32)
+    return (getattr(lib, f"tg_onnx_{kind}_name")(self.m, i).decode(), getattr(lib, f"tg_onnx_{kind}_dtype")(self.m, i),
+            tuple(shp[:nd]) if nd >= 0 else None)
+
+  def inputs(self): return [self._desc("input", i) for i in range(lib.tg_onnx_input_count(self.m))]
+  def outputs(self): return [self._desc("output", i) for i in range(lib.tg_onnx_output_count(self.m))]
+
+  def run(self, *xs, nout=None):
+    nout = lib.tg_onnx_output_count(self.m) if nout is None else nout
+    ins = (_T * max(len(xs), 1))(*[x.h for x in xs])
+    outs = (_T * max(nout, 1))()
+    _check_status("tg_onnx_run", lib.tg_onnx_run(self.m, ins, len(xs), outs, nout))
+    return [Tensor(_h=outs[i]) for i in range(nout)]
+
+  def free(self):
+    if self.m: lib.tg_onnx_free(self.m)
+    self.m = None
+
+  def __enter__(self): return self
+  def __exit__(self, *a): self.free()
+
+
 def run_cases(cases, program, after_case=None):
   """Runs the (name, fn, args, kwargs) cases of a differential test program, each inside its own
   handle scope (TEST_FILTER=substring selects, TIMING=1 prints each case's time, VERBOSE=1 prints
