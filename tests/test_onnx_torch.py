@@ -274,7 +274,12 @@ def _outputs_owned():
 case("outputs outlive the model", _outputs_owned)
 
 
-def main(): return tg.run_cases(CASES, "test_onnx_torch")
+def main():
+  import shutil
+  try:
+    return tg.run_cases(CASES, "test_onnx_torch")
+  finally:
+    shutil.rmtree(TMP, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@
 #define ONNX_MAX_DEPTH 32     /* message nesting (ModelProto -> ... -> TensorShapeProto.Dimension is 7) */
 #define ONNX_MAX_DIMS 32      /* tensor rank */
 #define ONNX_HOST_MAX 4096    /* integer tensors up to this many elements are also kept on the host */
-#define ONNX_GATHER_SHRINK 16 /* Gather with at most this many constant indices uses shrink + cat */
+#define ONNX_GATHER_SHRINK 16
+#define ONNX_MAX_WINDOW ((int64_t)1 << 31) /* kernel sizes, strides, dilations, pads */ /* Gather with at most this many constant indices uses shrink + cat */
 
 /* ==== protobuf reader ========================================================================== */
 
@@ -1163,8 +1164,10 @@ static int host_map(Run *r, const Node *n, const HostVal **in, int nin, tg_dtype
     shape[d] = s;
   }
   int64_t numel = 1;
-  for (int d = 0; d < nd; d++) numel *= shape[d];
-  if (numel > ONNX_HOST_MAX) return 0;
+  for (int d = 0; d < nd; d++)
+    if (shape[d] == 0) numel = 0;
+  for (int d = 0; d < nd && numel; d++)
+    if ((numel *= shape[d]) > ONNX_HOST_MAX) return 0;
   HostVal *h = host_new(outdt, shape, nd);
   if (!h) return op_fail(r, "out of memory"), -1;
   for (int64_t o = 0; o < numel; o++) {
@@ -1595,7 +1598,8 @@ static bool axes_arg(Run *r, const Node *n, int k, int64_t *axes, int *na, bool 
 
 static bool reshape_target(Run *r, const Node *n, const int64_t *in, int nd, int64_t *out, int *ond) {
   int64_t numel = 1;
-  for (int i = 0; i < nd; i++) numel *= in[i];
+  for (int i = 0; i < nd; i++)
+    if (__builtin_mul_overflow(numel, in[i], &numel)) return op_fail(r, "the input's element count overflows");
   const I64s *sa = aints(n, "shape");
   HostVal *h = NULL;
   if (!sa && !(h = HIN(r, n, 1, "shape"))) return false;
@@ -1615,8 +1619,8 @@ static bool reshape_target(Run *r, const Node *n, const int64_t *in, int nd, int
       infer = i;
     } else if (d < 0)
       return op_fail(r, "target shape entry %d is %lld", i, (long long)d);
-    else
-      known *= d;
+    else if (__builtin_mul_overflow(known, d, &known))
+      return op_fail(r, "the target shape's element count overflows");
     out[i] = d;
   }
   if (infer >= 0) {
@@ -1880,18 +1884,19 @@ static bool slice_params(Run *r, const Node *n, const int64_t *shape, int nd, in
     seen[ax] = true;
     int64_t s = as_ ? as_->v[i] : hs->v[i], e = ae ? ae->v[i] : he->v[i], st = hp ? hp->v[i] : 1, dim = shape[ax];
     if (st == 0) return op_fail(r, "slice step is 0");
+    if (st == INT64_MIN) st = -INT64_MAX;
     if (s < 0) s = s < -dim ? 0 : s + dim;
     if (e < 0) e = e < -dim ? -1 : e + dim;
     int64_t c;
     if (st > 0) {
       s = s > dim ? dim : s;
       e = e < 0 ? 0 : e > dim ? dim : e;
-      c = e > s ? (e - s + st - 1) / st : 0;
+      c = e > s ? (e - s - 1) / st + 1 : 0;
     } else {
       s = s > dim - 1 ? dim - 1 : s;
       e = e > dim - 1 ? dim - 1 : e;
       if (s < 0) c = 0;
-      else c = s > e ? (s - e + (-st) - 1) / (-st) : 0;
+      else c = s > e ? (s - e - 1) / (-st) + 1 : 0;
     }
     start[ax] = c ? s : 0;
     step[ax] = st;
@@ -2117,7 +2122,7 @@ static int fold_Range(Run *r, const Node *n) {
   int64_t len = cnt < 0 ? 0 : (int64_t)cnt;
   HostVal *o = host_new(a->dt, &len, 1);
   if (!o) return op_fail(r, "out of memory"), -1;
-  for (int64_t i = 0; i < len; i++) o->v[i] = a->v[0] + i * d->v[0];
+  for (int64_t i = 0; i < len; i++) o->v[i] = (int64_t)((uint64_t)a->v[0] + (uint64_t)i * (uint64_t)d->v[0]);
   set_host(r, n, 0, o);
   return 1;
 }
@@ -2175,7 +2180,8 @@ static bool per_dim(Run *r, const Node *n, const char *name, int nk, int64_t def
   if (!a) return true;
   if (a->n != (size_t)nk) return op_fail(r, "%s has %zu entries for %d spatial dims", name, a->n, nk);
   for (int i = 0; i < nk; i++) {
-    if (a->v[i] < 1) return op_fail(r, "%s entry %lld must be at least 1", name, (long long)a->v[i]);
+    if (a->v[i] < 1 || a->v[i] > ONNX_MAX_WINDOW)
+      return op_fail(r, "%s entry %lld must be between 1 and %lld", name, (long long)a->v[i], (long long)ONNX_MAX_WINDOW);
     out[i] = a->v[i];
   }
   return true;
@@ -2190,7 +2196,7 @@ static bool geometry(Run *r, const Node *n, const int64_t *xs, int nk, const int
     g->k[i] = kernel ? kernel[i] : ks ? ks->v[i] : 0;
     if (kernel && ks && ks->v[i] != kernel[i])
       return op_fail(r, "kernel_shape %lld differs from the weight's %lld", (long long)ks->v[i], (long long)kernel[i]);
-    if (g->k[i] < 1) return op_fail(r, "kernel size %lld must be at least 1", (long long)g->k[i]);
+    if (g->k[i] < 1 || g->k[i] > ONNX_MAX_WINDOW) return op_fail(r, "kernel size %lld is out of range", (long long)g->k[i]);
   }
   if (!per_dim(r, n, "strides", nk, 1, g->s) || !per_dim(r, n, "dilations", nk, 1, g->d)) return false;
   const I64s *p = aints(n, "pads");
@@ -2199,6 +2205,7 @@ static bool geometry(Run *r, const Node *n, const int64_t *xs, int nk, const int
     g->pb[i] = p ? p->v[i] : 0;
     g->pe[i] = p ? p->v[i + nk] : 0;
     if (g->pb[i] < 0 || g->pe[i] < 0) return op_fail(r, "negative pads are not supported");
+    if (g->pb[i] > ONNX_MAX_WINDOW || g->pe[i] > ONNX_MAX_WINDOW) return op_fail(r, "pads larger than %lld", (long long)ONNX_MAX_WINDOW);
   }
   g->auto_pad = as(n, "auto_pad", "NOTSET");
   if (!strcmp(g->auto_pad, "VALID")) {
@@ -2263,13 +2270,17 @@ static bool op_ConvTranspose(Run *r, const Node *n) {
   int64_t op[TG_WINDOW_MAXDIMS] = {0};
   const I64s *opa = aints(n, "output_padding");
   if (opa && opa->n != (size_t)nk) return op_fail(r, "output_padding has %zu entries for %d spatial dims", opa->n, nk);
-  for (int i = 0; opa && i < nk; i++) op[i] = opa->v[i];
+  for (int i = 0; opa && i < nk; i++) {
+    op[i] = opa->v[i];
+    if (op[i] < 0 || op[i] > ONNX_MAX_WINDOW) return op_fail(r, "output_padding %lld is out of range", (long long)op[i]);
+  }
   const I64s *os = aints(n, "output_shape");
   if (os) { /* pads from the requested output size */
     if (os->n != (size_t)nk && os->n != (size_t)nd) return op_fail(r, "output_shape has %zu entries", os->n);
     bool upper = !strcmp(g.auto_pad, "SAME_UPPER");
     for (int i = 0; i < nk; i++) {
       int64_t want_ = os->v[os->n - nk + i];
+      if (want_ < 0 || want_ > ONNX_MAX_WINDOW) return op_fail(r, "output_shape entry %lld is out of range", (long long)want_);
       int64_t total = g.s[i] * (xs[2 + i] - 1) + op[i] + (g.k[i] - 1) * g.d[i] + 1 - want_;
       if (total < 0) { /* a larger output: the extra goes to output_padding */
         op[i] -= total;
