@@ -165,7 +165,7 @@ class Misc(nn.Module):
     r = torch.arange(x.shape[1], dtype=torch.float32)  # Range from a Shape
     z = torch.zeros(x.shape[0], 2)  # ConstantOfShape
     m = torch.where(a > 0, a, a * 0.5).sum(1, keepdim=True) + b.amax(1, keepdim=True) + b.mean(1, keepdim=True)
-    c = torch.cat([x * r, z, m.expand(-1, 2)], 1)
+    c = torch.cat([x * r, z, m.expand(-1, 2)], 1) + torch.arange(x.shape[0], dtype=torch.float32).unsqueeze(1)
     c = torch.clamp(c, -1.5, 2.0) + torch.exp(-c.abs()) - torch.sqrt(c.abs() + 1) + torch.log(c.abs() + 2) ** 2
     return c, c.argmax(1), (c - c.max()) / (c.min() - 3)
 
@@ -208,7 +208,8 @@ for opset in (13, 17):
   case(f"attention block opset {opset}", check_model, Attention(), (rn(2, 5, 16),), opset, "attn", rtol=2e-4, atol=2e-5)
   case(f"dynamic batch via Shape ops opset {opset}", check_model, DynFlatten(), (rn(3, 2, 5, 5),), opset, "dyn",
        dynamic={"in0": {0: "batch"}}, extra_args=[(rn(5, 2, 5, 5),)])
-  case(f"misc ops opset {opset}", check_model, Misc(), (rn(4, 8),), opset, "misc")
+  case(f"misc ops opset {opset}", check_model, Misc(), (rn(4, 8),), opset, "misc", dynamic={"in0": {0: "batch"}},
+       extra_args=[(rn(6, 8),)])
   case(f"pad + conv transpose opset {opset}", check_model, PadConvT(), (rn(2, 4, 5, 6),), opset, "padct")
   case(f"gather, equal, pow opset {opset}", check_model, Gathers(), (rn(3, 6).abs(), torch.tensor([[0, 5], [2, 2]])),
        opset, "gather")
