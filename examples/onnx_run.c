@@ -21,8 +21,10 @@ int main(int argc, char **argv) {
   bool rnd = false;
   int64_t dyn = 1;
   for (int i = 2; i < argc; i++) {
-    if (!strcmp(argv[i], "--rand")) rnd = true;
-    else dyn = atoll(argv[i]) > 0 ? atoll(argv[i]) : 1;
+    if (!strcmp(argv[i], "--rand"))
+      rnd = true;
+    else
+      dyn = atoll(argv[i]) > 0 ? atoll(argv[i]) : 1;
   }
   tg_onnx *m = tg_onnx_load(argv[1], NULL);
   if (!m) {

@@ -69,8 +69,10 @@ static B value_info(const char *name, int elem, const int64_t *dims, int nd) {
   B shape = {0}, tt = {0}, type = {0}, v = {0};
   for (int i = 0; i < nd; i++) {
     B d = {0};
-    if (dims[i] < 0) b_str(&d, 2, "batch");
-    else b_int(&d, 1, dims[i]);
+    if (dims[i] < 0)
+      b_str(&d, 2, "batch");
+    else
+      b_int(&d, 1, dims[i]);
     b_msg(&shape, 1, &d);
   }
   b_int(&tt, 1, elem);
@@ -80,7 +82,8 @@ static B value_info(const char *name, int elem, const int64_t *dims, int nd) {
   b_msg(&v, 2, &type);
   return v;
 }
-static B node(const char *op, const char *name, const char *const *ins, int nin, const char *const *outs, int nout) {
+static B node(const char *op, const char *name, const char *const *ins, int nin, const char *const *outs,
+              int nout) {
   B n = {0};
   for (int i = 0; i < nin; i++) b_str(&n, 1, ins[i]);
   for (int i = 0; i < nout; i++) b_str(&n, 2, outs[i]);
@@ -122,8 +125,8 @@ static const float Wv[12] = {1, -2, 3, 0.5f, -1, 2, 0.25f, -3, 0.5f, 1, -1, 2};
 static const float bv[4] = {0.1f, -0.2f, 0.3f, -0.4f};
 static B mlp_graph(const char *op2, bool with_out) {
   B g = {0}, t;
-  const char *mm_in[] = {"x", "W"}, *mm_out[] = {"h"}, *add_in[] = {"h", "b"}, *add_out[] = {"a"}, *r_in[] = {"a"},
-             *r_out[] = {"y"};
+  const char *mm_in[] = {"x", "W"}, *mm_out[] = {"h"}, *add_in[] = {"h", "b"}, *add_out[] = {"a"},
+             *r_in[] = {"a"}, *r_out[] = {"y"};
   t = node("MatMul", "mm", mm_in, 2, mm_out, 1);
   b_msg(&g, 1, &t);
   t = node("Add", "add", add_in, 2, add_out, 1);
@@ -194,9 +197,9 @@ TEST(mlp_matches_c) {
 /* Shape -> Gather(0) -> Unsqueeze -> Concat([-1]) -> Reshape: x (batch, 2, 3) -> (batch, 6), then * 2 */
 static B shape_graph(void) {
   B g = {0}, t;
-  const char *n1i[] = {"x"}, *n1o[] = {"s"}, *n2i[] = {"s", "zero"}, *n2o[] = {"b"}, *n3i[] = {"b", "ax0"}, *n3o[] = {"b1"},
-             *n4i[] = {"b1", "minus1"}, *n4o[] = {"shp"}, *n5i[] = {"x", "shp"}, *n5o[] = {"r"}, *n6i[] = {"r", "two"},
-             *n6o[] = {"y"};
+  const char *n1i[] = {"x"}, *n1o[] = {"s"}, *n2i[] = {"s", "zero"}, *n2o[] = {"b"}, *n3i[] = {"b", "ax0"},
+             *n3o[] = {"b1"}, *n4i[] = {"b1", "minus1"}, *n4o[] = {"shp"}, *n5i[] = {"x", "shp"},
+             *n5o[] = {"r"}, *n6i[] = {"r", "two"}, *n6o[] = {"y"};
   /* listed out of order on purpose: the loader sorts them */
   t = node("Mul", "scale", n6i, 2, n6o, 1);
   b_msg(&g, 1, &t);
@@ -229,7 +232,8 @@ static B shape_graph(void) {
   return g;
 }
 
-static tg_status jit_fn(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout, void *user) {
+static tg_status jit_fn(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout,
+                        void *user) {
   (void)args;
   (void)nargs;
   return tg_onnx_run((tg_onnx *)user, in, nin, out, nout);

@@ -31,11 +31,13 @@
 #include "loaders.h"
 #include "state_dict.h"
 
-#define ONNX_MAX_DEPTH 32     /* message nesting (ModelProto -> ... -> TensorShapeProto.Dimension is 7) */
-#define ONNX_MAX_DIMS 32      /* tensor rank */
-#define ONNX_HOST_MAX 4096    /* integer tensors up to this many elements are also kept on the host */
+#define ONNX_MAX_DEPTH 32  /* message nesting (ModelProto -> ... -> TensorShapeProto.Dimension is 7) */
+#define ONNX_MAX_DIMS 32   /* tensor rank */
+#define ONNX_HOST_MAX 4096 /* integer tensors up to this many elements are also kept on the host */
 #define ONNX_GATHER_SHRINK 16
-#define ONNX_MAX_WINDOW ((int64_t)1 << 31) /* kernel sizes, strides, dilations, pads */ /* Gather with at most this many constant indices uses shrink + cat */
+#define ONNX_MAX_WINDOW                                                                                      \
+  ((int64_t)1 << 31) /* kernel sizes, strides, dilations, pads */ /* Gather with at most this many constant  \
+                                                                     indices uses shrink + cat */
 
 /* ==== protobuf reader ========================================================================== */
 
@@ -67,7 +69,8 @@ static bool rd_varint(PB *pb, Cur *c, uint64_t *out, const char *field) {
   const uint8_t *at = c->p;
   for (int i = 0; i < 10; i++) {
     if (c->p >= c->end)
-      return pb_fail(pb, at, "%s: varint runs past the end of its message (truncated or corrupt file?)", field);
+      return pb_fail(pb, at, "%s: varint runs past the end of its message (truncated or corrupt file?)",
+                     field);
     uint8_t b = *c->p++;
     if (i == 9 && b > 1) return pb_fail(pb, at, "%s: varint overflows 64 bits (corrupt file?)", field);
     v |= (uint64_t)(b & 0x7f) << (7 * i);
@@ -86,10 +89,13 @@ static bool rd_tag(PB *pb, Cur *c, uint32_t *fid, int *wt, const char *msgname) 
   if (!rd_varint(pb, c, &v, msgname)) return false;
   *wt = (int)(v & 7);
   uint64_t f = v >> 3;
-  if (f == 0 || f > 0x1fffffff) return pb_fail(pb, at, "%s: invalid field number %llu (not a protobuf ONNX file?)", msgname, (unsigned long long)f);
+  if (f == 0 || f > 0x1fffffff)
+    return pb_fail(pb, at, "%s: invalid field number %llu (not a protobuf ONNX file?)", msgname,
+                   (unsigned long long)f);
   if (*wt != 0 && *wt != 1 && *wt != 2 && *wt != 5)
-    return pb_fail(pb, at, "%s: field %llu has wire type %d, which ONNX never uses (not a protobuf ONNX file?)", msgname,
-                   (unsigned long long)f, *wt);
+    return pb_fail(pb, at,
+                   "%s: field %llu has wire type %d, which ONNX never uses (not a protobuf ONNX file?)",
+                   msgname, (unsigned long long)f, *wt);
   *fid = (uint32_t)f;
   return true;
 }
@@ -99,8 +105,9 @@ static bool rd_sub(PB *pb, Cur *c, Cur *sub, const char *field) {
   uint64_t n;
   if (!rd_varint(pb, c, &n, field)) return false;
   if (n > (uint64_t)(c->end - c->p))
-    return pb_fail(pb, at, "%s: length %llu runs past the end of its message (%zu bytes left; truncated file?)", field,
-                   (unsigned long long)n, (size_t)(c->end - c->p));
+    return pb_fail(pb, at,
+                   "%s: length %llu runs past the end of its message (%zu bytes left; truncated file?)",
+                   field, (unsigned long long)n, (size_t)(c->end - c->p));
   sub->p = c->p;
   sub->end = c->p + n;
   c->p += n;
@@ -110,19 +117,23 @@ static bool rd_sub(PB *pb, Cur *c, Cur *sub, const char *field) {
 static bool want(PB *pb, Cur *c, int wt, int expect, const char *field) {
   static const char *names[] = {"varint", "fixed64", "length-delimited", "group", "group", "fixed32"};
   if (wt == expect) return true;
-  return pb_fail(pb, c->p, "%s: wire type %s where %s was expected (corrupt or not an ONNX file?)", field, names[wt], names[expect]);
+  return pb_fail(pb, c->p, "%s: wire type %s where %s was expected (corrupt or not an ONNX file?)", field,
+                 names[wt], names[expect]);
 }
 
 static bool skip_field(PB *pb, Cur *c, int wt, const char *msgname) {
   uint64_t v;
   Cur sub;
   switch (wt) {
-  case 0: return rd_varint(pb, c, &v, msgname);
-  case 2: return rd_sub(pb, c, &sub, msgname);
+  case 0:
+    return rd_varint(pb, c, &v, msgname);
+  case 2:
+    return rd_sub(pb, c, &sub, msgname);
   case 1:
   case 5: {
     size_t n = wt == 1 ? 8 : 4;
-    if ((size_t)(c->end - c->p) < n) return pb_fail(pb, c->p, "%s: fixed-size field runs past the end of its message", msgname);
+    if ((size_t)(c->end - c->p) < n)
+      return pb_fail(pb, c->p, "%s: fixed-size field runs past the end of its message", msgname);
     c->p += n;
     return true;
   }
@@ -132,7 +143,8 @@ static bool skip_field(PB *pb, Cur *c, int wt, const char *msgname) {
 
 static bool enter(PB *pb, Cur *c, const char *field) {
   if (++pb->depth > ONNX_MAX_DEPTH)
-    return pb_fail(pb, c->p, "%s: messages nested deeper than %d (corrupt or hostile file?)", field, ONNX_MAX_DEPTH);
+    return pb_fail(pb, c->p, "%s: messages nested deeper than %d (corrupt or hostile file?)", field,
+                   ONNX_MAX_DEPTH);
   return true;
 }
 
@@ -209,14 +221,16 @@ static bool rd_reals(PB *pb, Cur *c, int wt, F64s *a, bool dbl, const char *fiel
   size_t w = dbl ? 8 : 4;
   Cur s;
   if (wt == (dbl ? 1 : 5)) {
-    if ((size_t)(c->end - c->p) < w) return pb_fail(pb, c->p, "%s: value runs past the end of its message", field);
+    if ((size_t)(c->end - c->p) < w)
+      return pb_fail(pb, c->p, "%s: value runs past the end of its message", field);
     s.p = c->p;
     s.end = c->p + w;
     c->p += w;
   } else {
     if (!want(pb, c, wt, 2, field) || !rd_sub(pb, c, &s, field)) return false;
     if ((size_t)(s.end - s.p) % w)
-      return pb_fail(pb, s.p, "%s: packed length %zu is not a multiple of %zu", field, (size_t)(s.end - s.p), w);
+      return pb_fail(pb, s.p, "%s: packed length %zu is not a multiple of %zu", field, (size_t)(s.end - s.p),
+                     w);
   }
   for (; s.p < s.end; s.p += w) {
     double d;
@@ -273,7 +287,18 @@ typedef struct {
   tg_dtype dt;
 } Const;
 
-enum { AT_UNDEF = 0, AT_FLOAT = 1, AT_INT, AT_STRING, AT_TENSOR, AT_GRAPH, AT_FLOATS, AT_INTS, AT_STRINGS, AT_OTHER };
+enum {
+  AT_UNDEF = 0,
+  AT_FLOAT = 1,
+  AT_INT,
+  AT_STRING,
+  AT_TENSOR,
+  AT_GRAPH,
+  AT_FLOATS,
+  AT_INTS,
+  AT_STRINGS,
+  AT_OTHER
+};
 typedef struct {
   char *name;
   int type;
@@ -401,8 +426,9 @@ static void tp_free(TP *t) {
 
 static bool tp_kind(PB *pb, TP *t, int kind, const uint8_t *at) {
   if (t->kind && t->kind != kind)
-    return pb_fail(pb, at, "TensorProto '%s': more than one data field (raw_data, float_data, int32_data, ...) is set",
-                   t->name ? t->name : "");
+    return pb_fail(
+        pb, at, "TensorProto '%s': more than one data field (raw_data, float_data, int32_data, ...) is set",
+        t->name ? t->name : "");
   t->kind = kind;
   return true;
 }
@@ -418,35 +444,55 @@ static bool parse_tensor(PB *pb, Cur c, TP *t) {
     if (!rd_tag(pb, &c, &f, &wt, "TensorProto")) return false;
     bool ok = true;
     switch (f) {
-    case 1: ok = rd_ints(pb, &c, wt, &t->dims, "TensorProto.dims"); break;
+    case 1:
+      ok = rd_ints(pb, &c, wt, &t->dims, "TensorProto.dims");
+      break;
     case 2:
       ok = rd_i64(pb, &c, wt, &t->data_type, "TensorProto.data_type");
       t->has_type = true;
       break;
-    case 4: ok = tp_kind(pb, t, 4, at) && rd_reals(pb, &c, wt, &t->reals, false, "TensorProto.float_data"); break;
-    case 5: ok = tp_kind(pb, t, 5, at) && rd_ints(pb, &c, wt, &t->ints, "TensorProto.int32_data"); break;
-    case 6: return pb_fail(pb, at, "TensorProto '%s': string tensors are not supported", t->name ? t->name : "");
-    case 7: ok = tp_kind(pb, t, 7, at) && rd_ints(pb, &c, wt, &t->ints, "TensorProto.int64_data"); break;
-    case 8: ok = rd_str(pb, &c, wt, &t->name, "TensorProto.name"); break;
+    case 4:
+      ok = tp_kind(pb, t, 4, at) && rd_reals(pb, &c, wt, &t->reals, false, "TensorProto.float_data");
+      break;
+    case 5:
+      ok = tp_kind(pb, t, 5, at) && rd_ints(pb, &c, wt, &t->ints, "TensorProto.int32_data");
+      break;
+    case 6:
+      return pb_fail(pb, at, "TensorProto '%s': string tensors are not supported", t->name ? t->name : "");
+    case 7:
+      ok = tp_kind(pb, t, 7, at) && rd_ints(pb, &c, wt, &t->ints, "TensorProto.int64_data");
+      break;
+    case 8:
+      ok = rd_str(pb, &c, wt, &t->name, "TensorProto.name");
+      break;
     case 9: {
       Cur s;
-      ok = tp_kind(pb, t, 9, at) && want(pb, &c, wt, 2, "TensorProto.raw_data") && rd_sub(pb, &c, &s, "TensorProto.raw_data");
+      ok = tp_kind(pb, t, 9, at) && want(pb, &c, wt, 2, "TensorProto.raw_data") &&
+           rd_sub(pb, &c, &s, "TensorProto.raw_data");
       if (ok) {
         t->raw = s.p;
         t->rawlen = (size_t)(s.end - s.p);
       }
       break;
     }
-    case 10: ok = tp_kind(pb, t, 10, at) && rd_reals(pb, &c, wt, &t->reals, true, "TensorProto.double_data"); break;
-    case 11: ok = tp_kind(pb, t, 11, at) && rd_ints(pb, &c, wt, &t->ints, "TensorProto.uint64_data"); break;
-    case 13: ok = skip_field(pb, &c, wt, "TensorProto.external_data"), t->external = true; break;
+    case 10:
+      ok = tp_kind(pb, t, 10, at) && rd_reals(pb, &c, wt, &t->reals, true, "TensorProto.double_data");
+      break;
+    case 11:
+      ok = tp_kind(pb, t, 11, at) && rd_ints(pb, &c, wt, &t->ints, "TensorProto.uint64_data");
+      break;
+    case 13:
+      ok = skip_field(pb, &c, wt, "TensorProto.external_data"), t->external = true;
+      break;
     case 14: {
       int64_t loc;
       ok = rd_i64(pb, &c, wt, &loc, "TensorProto.data_location");
       if (loc == 1) t->external = true;
       break;
     }
-    default: ok = skip_field(pb, &c, wt, "TensorProto"); break;
+    default:
+      ok = skip_field(pb, &c, wt, "TensorProto");
+      break;
     }
     if (!ok) return false;
   }
@@ -456,76 +502,130 @@ static bool parse_tensor(PB *pb, Cur c, TP *t) {
 
 static tg_dtype onnx_dtype(int64_t t) {
   switch (t) {
-  case 1: return TG_FLOAT32;
-  case 2: return TG_UINT8;
-  case 3: return TG_INT8;
-  case 4: return TG_UINT16;
-  case 5: return TG_INT16;
-  case 6: return TG_INT32;
-  case 7: return TG_INT64;
-  case 9: return TG_BOOL;
-  case 10: return TG_FLOAT16;
-  case 11: return TG_FLOAT64;
-  case 12: return TG_UINT32;
-  case 13: return TG_UINT64;
-  case 16: return TG_BFLOAT16;
-  case 17: return TG_FP8E4M3;
-  case 18: return TG_FP8E4M3FNUZ;
-  case 19: return TG_FP8E5M2;
-  case 20: return TG_FP8E5M2FNUZ;
+  case 1:
+    return TG_FLOAT32;
+  case 2:
+    return TG_UINT8;
+  case 3:
+    return TG_INT8;
+  case 4:
+    return TG_UINT16;
+  case 5:
+    return TG_INT16;
+  case 6:
+    return TG_INT32;
+  case 7:
+    return TG_INT64;
+  case 9:
+    return TG_BOOL;
+  case 10:
+    return TG_FLOAT16;
+  case 11:
+    return TG_FLOAT64;
+  case 12:
+    return TG_UINT32;
+  case 13:
+    return TG_UINT64;
+  case 16:
+    return TG_BFLOAT16;
+  case 17:
+    return TG_FP8E4M3;
+  case 18:
+    return TG_FP8E4M3FNUZ;
+  case 19:
+    return TG_FP8E5M2;
+  case 20:
+    return TG_FP8E5M2FNUZ;
   }
   return TG_DTYPE_DEFAULT;
 }
 static const char *onnx_dtype_name(int64_t t) {
-  static const char *n[] = {"UNDEFINED", "FLOAT", "UINT8", "INT8", "UINT16", "INT16", "INT32", "INT64", "STRING",
-                            "BOOL", "FLOAT16", "DOUBLE", "UINT32", "UINT64", "COMPLEX64", "COMPLEX128", "BFLOAT16",
-                            "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "UINT4", "INT4", "FLOAT4E2M1"};
+  static const char *n[] = {"UNDEFINED",      "FLOAT",    "UINT8",        "INT8",           "UINT16",
+                            "INT16",          "INT32",    "INT64",        "STRING",         "BOOL",
+                            "FLOAT16",        "DOUBLE",   "UINT32",       "UINT64",         "COMPLEX64",
+                            "COMPLEX128",     "BFLOAT16", "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2",
+                            "FLOAT8E5M2FNUZ", "UINT4",    "INT4",         "FLOAT4E2M1"};
   return t >= 0 && t < (int64_t)(sizeof n / sizeof n[0]) ? n[t] : "unknown";
 }
 static bool is_intlike(tg_dtype dt) { return dt == TG_BOOL || tg_dtype_is_int(dt); }
 
 static void put_elem(uint8_t *dst, tg_dtype dt, size_t i, int64_t iv, double dv, bool is_real) {
   switch (dt) {
-  case TG_BOOL: dst[i] = is_real ? dv != 0 : iv != 0; break;
-  case TG_INT8: ((int8_t *)dst)[i] = (int8_t)iv; break;
-  case TG_UINT8: dst[i] = (uint8_t)iv; break;
-  case TG_INT16: ((int16_t *)dst)[i] = (int16_t)iv; break;
+  case TG_BOOL:
+    dst[i] = is_real ? dv != 0 : iv != 0;
+    break;
+  case TG_INT8:
+    ((int8_t *)dst)[i] = (int8_t)iv;
+    break;
+  case TG_UINT8:
+    dst[i] = (uint8_t)iv;
+    break;
+  case TG_INT16:
+    ((int16_t *)dst)[i] = (int16_t)iv;
+    break;
   case TG_UINT16:
   case TG_FLOAT16:
-  case TG_BFLOAT16: ((uint16_t *)dst)[i] = (uint16_t)iv; break;
+  case TG_BFLOAT16:
+    ((uint16_t *)dst)[i] = (uint16_t)iv;
+    break;
   case TG_FP8E4M3:
   case TG_FP8E5M2:
   case TG_FP8E4M3FNUZ:
-  case TG_FP8E5M2FNUZ: dst[i] = (uint8_t)iv; break;
-  case TG_INT32: ((int32_t *)dst)[i] = (int32_t)iv; break;
-  case TG_UINT32: ((uint32_t *)dst)[i] = (uint32_t)iv; break;
+  case TG_FP8E5M2FNUZ:
+    dst[i] = (uint8_t)iv;
+    break;
+  case TG_INT32:
+    ((int32_t *)dst)[i] = (int32_t)iv;
+    break;
+  case TG_UINT32:
+    ((uint32_t *)dst)[i] = (uint32_t)iv;
+    break;
   case TG_INT64:
-  case TG_UINT64: ((int64_t *)dst)[i] = iv; break;
-  case TG_FLOAT32: ((float *)dst)[i] = (float)dv; break;
-  case TG_FLOAT64: ((double *)dst)[i] = dv; break;
-  default: break;
+  case TG_UINT64:
+    ((int64_t *)dst)[i] = iv;
+    break;
+  case TG_FLOAT32:
+    ((float *)dst)[i] = (float)dv;
+    break;
+  case TG_FLOAT64:
+    ((double *)dst)[i] = dv;
+    break;
+  default:
+    break;
   }
 }
 
 static int64_t get_int_elem(const uint8_t *src, tg_dtype dt, size_t i) {
   switch (dt) {
-  case TG_BOOL: return src[i] != 0;
-  case TG_INT8: return ((const int8_t *)src)[i];
-  case TG_UINT8: return src[i];
-  case TG_INT16: return ((const int16_t *)src)[i];
-  case TG_UINT16: return ((const uint16_t *)src)[i];
-  case TG_INT32: return ((const int32_t *)src)[i];
-  case TG_UINT32: return ((const uint32_t *)src)[i];
+  case TG_BOOL:
+    return src[i] != 0;
+  case TG_INT8:
+    return ((const int8_t *)src)[i];
+  case TG_UINT8:
+    return src[i];
+  case TG_INT16:
+    return ((const int16_t *)src)[i];
+  case TG_UINT16:
+    return ((const uint16_t *)src)[i];
+  case TG_INT32:
+    return ((const int32_t *)src)[i];
+  case TG_UINT32:
+    return ((const uint32_t *)src)[i];
   case TG_INT64:
-  case TG_UINT64: return ((const int64_t *)src)[i];
-  default: return 0;
+  case TG_UINT64:
+    return ((const int64_t *)src)[i];
+  default:
+    return 0;
   }
 }
 static double get_real_elem(const uint8_t *src, tg_dtype dt, size_t i) {
   switch (dt) {
-  case TG_FLOAT32: return ((const float *)src)[i];
-  case TG_FLOAT64: return ((const double *)src)[i];
-  default: return (double)get_int_elem(src, dt, i);
+  case TG_FLOAT32:
+    return ((const float *)src)[i];
+  case TG_FLOAT64:
+    return ((const double *)src)[i];
+  default:
+    return (double)get_int_elem(src, dt, i);
   }
 }
 
@@ -533,19 +633,22 @@ static double get_real_elem(const uint8_t *src, tg_dtype dt, size_t i) {
 static bool make_const(PB *pb, tg_onnx *m, TP *t, const char *what, int *out_idx) {
   const char *nm = t->name ? t->name : "";
   if (t->external)
-    return pb_fail(pb, t->at,
-                   "%s '%s': its data is stored in an external file, which is not supported (save the model with "
-                   "the weights inside the .onnx file: onnx.save(model, path, save_as_external_data=False))",
-                   what, nm);
+    return pb_fail(
+        pb, t->at,
+        "%s '%s': its data is stored in an external file, which is not supported (save the model with "
+        "the weights inside the .onnx file: onnx.save(model, path, save_as_external_data=False))",
+        what, nm);
   if (!t->has_type) return pb_fail(pb, t->at, "%s '%s': TensorProto.data_type is missing", what, nm);
   tg_dtype dt = onnx_dtype(t->data_type);
   if (!dt)
-    return pb_fail(pb, t->at, "%s '%s': data type %lld (%s) is not supported", what, nm, (long long)t->data_type,
-                   onnx_dtype_name(t->data_type));
-  if (t->dims.n > ONNX_MAX_DIMS) return pb_fail(pb, t->at, "%s '%s': %zu dimensions (at most %d)", what, nm, t->dims.n, ONNX_MAX_DIMS);
+    return pb_fail(pb, t->at, "%s '%s': data type %lld (%s) is not supported", what, nm,
+                   (long long)t->data_type, onnx_dtype_name(t->data_type));
+  if (t->dims.n > ONNX_MAX_DIMS)
+    return pb_fail(pb, t->at, "%s '%s': %zu dimensions (at most %d)", what, nm, t->dims.n, ONNX_MAX_DIMS);
   uint64_t numel = 1;
   for (size_t i = 0; i < t->dims.n; i++) {
-    if (t->dims.v[i] < 0) return pb_fail(pb, t->at, "%s '%s': negative dimension %lld", what, nm, (long long)t->dims.v[i]);
+    if (t->dims.v[i] < 0)
+      return pb_fail(pb, t->at, "%s '%s': negative dimension %lld", what, nm, (long long)t->dims.v[i]);
     if (t->dims.v[i] && numel > (UINT64_MAX >> 1) / (uint64_t)t->dims.v[i])
       return pb_fail(pb, t->at, "%s '%s': the element count overflows", what, nm);
     numel *= (uint64_t)t->dims.v[i];
@@ -553,27 +656,39 @@ static bool make_const(PB *pb, tg_onnx *m, TP *t, const char *what, int *out_idx
   size_t isz = tg_dtype_itemsize(dt);
   size_t have;
   switch (t->kind) {
-  case 9: have = t->rawlen / isz; break;
+  case 9:
+    have = t->rawlen / isz;
+    break;
   case 4:
-  case 10: have = t->reals.n; break;
+  case 10:
+    have = t->reals.n;
+    break;
   case 5:
   case 7:
-  case 11: have = t->ints.n; break;
-  default: have = 0;
+  case 11:
+    have = t->ints.n;
+    break;
+  default:
+    have = 0;
   }
   if (t->kind == 9 && t->rawlen % isz)
-    return pb_fail(pb, t->at, "%s '%s': raw_data has %zu bytes, not a multiple of %s's %zu", what, nm, t->rawlen,
-                   tg_dtype_name(dt), isz);
+    return pb_fail(pb, t->at, "%s '%s': raw_data has %zu bytes, not a multiple of %s's %zu", what, nm,
+                   t->rawlen, tg_dtype_name(dt), isz);
   if ((uint64_t)have != numel)
-    return pb_fail(pb, t->at, "%s '%s': dims say %llu elements but the data holds %zu (truncated or corrupt tensor)", what, nm,
-                   (unsigned long long)numel, have);
+    return pb_fail(pb, t->at,
+                   "%s '%s': dims say %llu elements but the data holds %zu (truncated or corrupt tensor)",
+                   what, nm, (unsigned long long)numel, have);
   /* which typed field may carry which dtype */
-  if ((t->kind == 4 && dt != TG_FLOAT32) || (t->kind == 10 && dt != TG_FLOAT64) || (t->kind == 7 && dt != TG_INT64) ||
-      (t->kind == 11 && dt != TG_UINT32 && dt != TG_UINT64) ||
-      (t->kind == 5 && (dt == TG_FLOAT32 || dt == TG_FLOAT64 || dt == TG_INT64 || dt == TG_UINT32 || dt == TG_UINT64)))
-    return pb_fail(pb, t->at, "%s '%s': a %s tensor cannot be stored in that data field", what, nm, tg_dtype_name(dt));
+  if ((t->kind == 4 && dt != TG_FLOAT32) || (t->kind == 10 && dt != TG_FLOAT64) ||
+      (t->kind == 7 && dt != TG_INT64) || (t->kind == 11 && dt != TG_UINT32 && dt != TG_UINT64) ||
+      (t->kind == 5 &&
+       (dt == TG_FLOAT32 || dt == TG_FLOAT64 || dt == TG_INT64 || dt == TG_UINT32 || dt == TG_UINT64)))
+    return pb_fail(pb, t->at, "%s '%s': a %s tensor cannot be stored in that data field", what, nm,
+                   tg_dtype_name(dt));
   uint8_t *buf = malloc(numel * isz + 8);
-  if (!buf) return pb_fail(pb, t->at, "%s '%s': out of memory for %llu elements", what, nm, (unsigned long long)numel);
+  if (!buf)
+    return pb_fail(pb, t->at, "%s '%s': out of memory for %llu elements", what, nm,
+                   (unsigned long long)numel);
   if (t->kind == 9) {
     if (numel) memcpy(buf, t->raw, numel * isz);
   } else {
@@ -606,7 +721,8 @@ static bool make_const(PB *pb, tg_onnx *m, TP *t, const char *what, int *out_idx
     }
     for (size_t i = 0; i < numel; i++) k->h->v[i] = get_int_elem(buf, dt, i);
   }
-  k->t = tg_from_data(buf, shape, (int)t->dims.n, &(tg_opts){.dtype = dt, .device = m->device, .requires_grad = false});
+  k->t = tg_from_data(buf, shape, (int)t->dims.n,
+                      &(tg_opts){.dtype = dt, .device = m->device, .requires_grad = false});
   free(buf);
   if (!tg_valid(k->t)) {
     host_free(k->h);
@@ -639,7 +755,9 @@ static bool parse_attr(PB *pb, tg_onnx *m, Cur c, Attr *a) {
     if (!rd_tag(pb, &c, &f, &wt, "AttributeProto")) return false;
     bool ok = true;
     switch (f) {
-    case 1: ok = rd_str(pb, &c, wt, &a->name, "AttributeProto.name"); break;
+    case 1:
+      ok = rd_str(pb, &c, wt, &a->name, "AttributeProto.name");
+      break;
     case 2: {
       F64s one = {0};
       ok = want(pb, &c, wt, 5, "AttributeProto.f") && rd_reals(pb, &c, wt, &one, false, "AttributeProto.f");
@@ -647,36 +765,57 @@ static bool parse_attr(PB *pb, tg_onnx *m, Cur c, Attr *a) {
       free(one.v);
       break;
     }
-    case 3: ok = rd_i64(pb, &c, wt, &a->i, "AttributeProto.i"), a->has_i = true; break;
-    case 4: ok = rd_str(pb, &c, wt, &a->s, "AttributeProto.s"), a->has_s = true; break;
+    case 3:
+      ok = rd_i64(pb, &c, wt, &a->i, "AttributeProto.i"), a->has_i = true;
+      break;
+    case 4:
+      ok = rd_str(pb, &c, wt, &a->s, "AttributeProto.s"), a->has_s = true;
+      break;
     case 5: {
       Cur s;
       TP t;
       if (!want(pb, &c, wt, 2, "AttributeProto.t") || !rd_sub(pb, &c, &s, "AttributeProto.t")) return false;
-      if (a->t >= 0) return pb_fail(pb, at, "attribute '%s': more than one tensor value", a->name ? a->name : "");
+      if (a->t >= 0)
+        return pb_fail(pb, at, "attribute '%s': more than one tensor value", a->name ? a->name : "");
       ok = parse_tensor(pb, s, &t) && make_const(pb, m, &t, "attribute tensor", &a->t);
       tp_free(&t);
       a->has_t = ok;
       break;
     }
-    case 6: ok = skip_field(pb, &c, wt, "AttributeProto.g"), a->has_g = true; break;
-    case 7: ok = rd_reals(pb, &c, wt, &a->floats, false, "AttributeProto.floats"); break;
-    case 8: ok = rd_ints(pb, &c, wt, &a->ints, "AttributeProto.ints"); break;
+    case 6:
+      ok = skip_field(pb, &c, wt, "AttributeProto.g"), a->has_g = true;
+      break;
+    case 7:
+      ok = rd_reals(pb, &c, wt, &a->floats, false, "AttributeProto.floats");
+      break;
+    case 8:
+      ok = rd_ints(pb, &c, wt, &a->ints, "AttributeProto.ints");
+      break;
     case 20: {
       int64_t ty;
       ok = rd_i64(pb, &c, wt, &ty, "AttributeProto.type");
       a->type = ty >= 1 && ty <= 8 ? (int)ty : AT_OTHER;
       break;
     }
-    case 21: return pb_fail(pb, at, "attribute '%s': references to function attributes are not supported", a->name ? a->name : "");
-    default: ok = skip_field(pb, &c, wt, "AttributeProto"); break;
+    case 21:
+      return pb_fail(pb, at, "attribute '%s': references to function attributes are not supported",
+                     a->name ? a->name : "");
+    default:
+      ok = skip_field(pb, &c, wt, "AttributeProto");
+      break;
     }
     if (!ok) return false;
   }
   if (!a->name || !*a->name) return pb_fail(pb, start, "AttributeProto without a name");
   if (a->type == AT_UNDEF) { /* old files: infer from the field set */
-    a->type = a->has_f ? AT_FLOAT : a->has_i ? AT_INT : a->has_s ? AT_STRING : a->has_t ? AT_TENSOR : a->has_g ? AT_GRAPH
-            : a->floats.n ? AT_FLOATS : a->ints.n ? AT_INTS : AT_OTHER;
+    a->type = a->has_f      ? AT_FLOAT
+              : a->has_i    ? AT_INT
+              : a->has_s    ? AT_STRING
+              : a->has_t    ? AT_TENSOR
+              : a->has_g    ? AT_GRAPH
+              : a->floats.n ? AT_FLOATS
+              : a->ints.n   ? AT_INTS
+                            : AT_OTHER;
   }
   pb->depth--;
   return true;
@@ -721,28 +860,42 @@ static bool parse_node(PB *pb, tg_onnx *m, Cur c, Node *n) {
       char *str = NULL;
       ok = rd_str(pb, &c, wt, &str, f == 1 ? "NodeProto.input" : "NodeProto.output");
       if (ok && !grow((void **)&s->v, &s->cap, s->n, sizeof *s->v)) ok = pb_fail(pb, c.p, "out of memory");
-      if (ok) s->v[s->n++] = str;
-      else free(str);
+      if (ok)
+        s->v[s->n++] = str;
+      else
+        free(str);
       break;
     }
-    case 3: ok = rd_str(pb, &c, wt, &n->name, "NodeProto.name"); break;
-    case 4: ok = rd_str(pb, &c, wt, &n->op, "NodeProto.op_type"); break;
+    case 3:
+      ok = rd_str(pb, &c, wt, &n->name, "NodeProto.name");
+      break;
+    case 4:
+      ok = rd_str(pb, &c, wt, &n->op, "NodeProto.op_type");
+      break;
     case 5: {
       Cur s;
       ok = want(pb, &c, wt, 2, "NodeProto.attribute") && rd_sub(pb, &c, &s, "NodeProto.attribute");
-      if (ok && !grow((void **)&n->at, &capat, (size_t)n->nat, sizeof *n->at)) ok = pb_fail(pb, c.p, "out of memory");
+      if (ok && !grow((void **)&n->at, &capat, (size_t)n->nat, sizeof *n->at))
+        ok = pb_fail(pb, c.p, "out of memory");
       if (ok) {
         ok = parse_attr(pb, m, s, &n->at[n->nat]);
-        if (ok) n->nat++;
-        else attr_free(&n->at[n->nat]);
+        if (ok)
+          n->nat++;
+        else
+          attr_free(&n->at[n->nat]);
       }
       break;
     }
-    case 7: ok = rd_str(pb, &c, wt, &n->domain, "NodeProto.domain"); break;
-    default: ok = skip_field(pb, &c, wt, "NodeProto"); break;
+    case 7:
+      ok = rd_str(pb, &c, wt, &n->domain, "NodeProto.domain");
+      break;
+    default:
+      ok = skip_field(pb, &c, wt, "NodeProto");
+      break;
     }
   }
-  if (ok && (!n->op || !*n->op)) ok = pb_fail(pb, start, "NodeProto '%s' without an op_type", n->name ? n->name : "");
+  if (ok && (!n->op || !*n->op))
+    ok = pb_fail(pb, start, "NodeProto '%s' without an op_type", n->name ? n->name : "");
   if (ok) {
     n->nin = (int)ins.n;
     n->nout = (int)outs.n;
@@ -750,13 +903,16 @@ static bool parse_node(PB *pb, tg_onnx *m, Cur c, Node *n) {
     n->out = malloc((outs.n + 1) * sizeof *n->out);
     if (!n->in || !n->out) ok = pb_fail(pb, NULL, "out of memory");
     for (size_t i = 0; ok && i < ins.n; i++)
-      if ((n->in[i] = *ins.v[i] ? val_get(m, ins.v[i]) : -1) < 0 && *ins.v[i]) ok = pb_fail(pb, NULL, "out of memory");
+      if ((n->in[i] = *ins.v[i] ? val_get(m, ins.v[i]) : -1) < 0 && *ins.v[i])
+        ok = pb_fail(pb, NULL, "out of memory");
     for (size_t i = 0; ok && i < outs.n; i++)
-      if ((n->out[i] = *outs.v[i] ? val_get(m, outs.v[i]) : -1) < 0 && *outs.v[i]) ok = pb_fail(pb, NULL, "out of memory");
+      if ((n->out[i] = *outs.v[i] ? val_get(m, outs.v[i]) : -1) < 0 && *outs.v[i])
+        ok = pb_fail(pb, NULL, "out of memory");
     for (int i = 0; ok && i < n->nat; i++)
       for (int j = 0; j < i; j++)
         if (!strcmp(n->at[i].name, n->at[j].name)) {
-          ok = pb_fail(pb, start, "node '%s' (%s): attribute '%s' is given twice", n->name ? n->name : "", n->op, n->at[i].name);
+          ok = pb_fail(pb, start, "node '%s' (%s): attribute '%s' is given twice", n->name ? n->name : "",
+                       n->op, n->at[i].name);
           break;
         }
   }
@@ -781,7 +937,8 @@ static bool parse_dims(PB *pb, Cur c, VInfo *v) {
       continue;
     }
     Cur d;
-    if (!want(pb, &c, wt, 2, "TensorShapeProto.dim") || !rd_sub(pb, &c, &d, "TensorShapeProto.dim")) return false;
+    if (!want(pb, &c, wt, 2, "TensorShapeProto.dim") || !rd_sub(pb, &c, &d, "TensorShapeProto.dim"))
+      return false;
     if (v->ndim == ONNX_MAX_DIMS)
       return pb_fail(pb, d.p, "value '%s': more than %d dimensions", v->name ? v->name : "", ONNX_MAX_DIMS);
     int k = v->ndim++;
@@ -819,7 +976,8 @@ static bool parse_vinfo(PB *pb, Cur c, VInfo *v) {
       if (!rd_str(pb, &c, wt, &v->name, "ValueInfoProto.name")) return false;
     } else if (f == 2) { /* TypeProto */
       Cur t;
-      if (!want(pb, &c, wt, 2, "ValueInfoProto.type") || !rd_sub(pb, &c, &t, "ValueInfoProto.type")) return false;
+      if (!want(pb, &c, wt, 2, "ValueInfoProto.type") || !rd_sub(pb, &c, &t, "ValueInfoProto.type"))
+        return false;
       if (!enter(pb, &t, "TypeProto")) return false;
       while (t.p < t.end) {
         uint32_t g;
@@ -827,7 +985,8 @@ static bool parse_vinfo(PB *pb, Cur c, VInfo *v) {
         if (!rd_tag(pb, &t, &g, &wt2, "TypeProto")) return false;
         if (g == 1) {
           Cur tt;
-          if (!want(pb, &t, wt2, 2, "TypeProto.tensor_type") || !rd_sub(pb, &t, &tt, "TypeProto.tensor_type")) return false;
+          if (!want(pb, &t, wt2, 2, "TypeProto.tensor_type") || !rd_sub(pb, &t, &tt, "TypeProto.tensor_type"))
+            return false;
           if (!enter(pb, &tt, "TypeProto.Tensor")) return false;
           while (tt.p < tt.end) {
             uint32_t h;
@@ -838,12 +997,12 @@ static bool parse_vinfo(PB *pb, Cur c, VInfo *v) {
               if (!rd_i64(pb, &tt, wt3, &et, "TypeProto.Tensor.elem_type")) return false;
               v->dt = onnx_dtype(et);
               if (!v->dt && et != 0)
-                return pb_fail(pb, tt.p, "value '%s': element type %lld (%s) is not supported", v->name ? v->name : "",
-                               (long long)et, onnx_dtype_name(et));
+                return pb_fail(pb, tt.p, "value '%s': element type %lld (%s) is not supported",
+                               v->name ? v->name : "", (long long)et, onnx_dtype_name(et));
             } else if (h == 2) {
               Cur s;
-              if (!want(pb, &tt, wt3, 2, "TypeProto.Tensor.shape") || !rd_sub(pb, &tt, &s, "TypeProto.Tensor.shape") ||
-                  !parse_dims(pb, s, v))
+              if (!want(pb, &tt, wt3, 2, "TypeProto.Tensor.shape") ||
+                  !rd_sub(pb, &tt, &s, "TypeProto.Tensor.shape") || !parse_dims(pb, s, v))
                 return false;
             } else if (!skip_field(pb, &tt, wt3, "TypeProto.Tensor"))
               return false;
@@ -882,7 +1041,8 @@ static bool parse_graph(PB *pb, tg_onnx *m, Cur c) {
     case 1: {
       if (!want(pb, &c, wt, 2, "GraphProto.node") || !rd_sub(pb, &c, &s, "GraphProto.node")) return false;
       size_t cap = (size_t)m->capnodes;
-      if (!grow((void **)&m->nodes, &cap, (size_t)m->nnodes, sizeof *m->nodes)) return pb_fail(pb, at, "out of memory");
+      if (!grow((void **)&m->nodes, &cap, (size_t)m->nnodes, sizeof *m->nodes))
+        return pb_fail(pb, at, "out of memory");
       m->capnodes = (int)cap;
       if (!parse_node(pb, m, s, &m->nodes[m->nnodes])) {
         node_free(&m->nodes[m->nnodes]);
@@ -894,12 +1054,14 @@ static bool parse_graph(PB *pb, tg_onnx *m, Cur c) {
     case 5: {
       TP t;
       int idx;
-      if (!want(pb, &c, wt, 2, "GraphProto.initializer") || !rd_sub(pb, &c, &s, "GraphProto.initializer")) return false;
+      if (!want(pb, &c, wt, 2, "GraphProto.initializer") || !rd_sub(pb, &c, &s, "GraphProto.initializer"))
+        return false;
       bool ok = parse_tensor(pb, s, &t);
       if (ok && (!t.name || !*t.name)) ok = pb_fail(pb, at, "GraphProto.initializer without a name");
       if (ok) {
         int id = val_get(m, t.name);
-        if (id < 0) ok = pb_fail(pb, at, "out of memory");
+        if (id < 0)
+          ok = pb_fail(pb, at, "out of memory");
         else if (m->vals[id].kind != V_UNDEF)
           ok = pb_fail(pb, at, "initializer '%s' is defined twice (duplicate names; corrupt file?)", t.name);
         else if ((ok = make_const(pb, m, &t, "initializer", &idx))) {
@@ -928,7 +1090,9 @@ static bool parse_graph(PB *pb, tg_onnx *m, Cur c) {
       break;
     }
     case 15:
-      return pb_fail(pb, at, "GraphProto.sparse_initializer: sparse tensors are not supported (densify them before export)");
+      return pb_fail(
+          pb, at,
+          "GraphProto.sparse_initializer: sparse tensors are not supported (densify them before export)");
     default:
       if (!skip_field(pb, &c, wt, "GraphProto")) return false;
     }
@@ -948,21 +1112,26 @@ static bool parse_model(PB *pb, tg_onnx *m, Cur c) {
     if (!rd_tag(pb, &c, &f, &wt, "ModelProto")) return false;
     if (f == 7) {
       if (have_graph) return pb_fail(pb, at, "ModelProto.graph appears twice (corrupt file?)");
-      if (!want(pb, &c, wt, 2, "ModelProto.graph") || !rd_sub(pb, &c, &graph, "ModelProto.graph")) return false;
+      if (!want(pb, &c, wt, 2, "ModelProto.graph") || !rd_sub(pb, &c, &graph, "ModelProto.graph"))
+        return false;
       have_graph = true;
     } else if (f == 8) {
       Cur s;
       char *domain = NULL;
       int64_t version = 1;
-      if (!want(pb, &c, wt, 2, "ModelProto.opset_import") || !rd_sub(pb, &c, &s, "ModelProto.opset_import")) return false;
+      if (!want(pb, &c, wt, 2, "ModelProto.opset_import") || !rd_sub(pb, &c, &s, "ModelProto.opset_import"))
+        return false;
       while (s.p < s.end) {
         uint32_t g;
         int wt2;
         bool ok = rd_tag(pb, &s, &g, &wt2, "OperatorSetIdProto");
         if (ok) {
-          if (g == 1) ok = rd_str(pb, &s, wt2, &domain, "OperatorSetIdProto.domain");
-          else if (g == 2) ok = rd_i64(pb, &s, wt2, &version, "OperatorSetIdProto.version");
-          else ok = skip_field(pb, &s, wt2, "OperatorSetIdProto");
+          if (g == 1)
+            ok = rd_str(pb, &s, wt2, &domain, "OperatorSetIdProto.domain");
+          else if (g == 2)
+            ok = rd_i64(pb, &s, wt2, &version, "OperatorSetIdProto.version");
+          else
+            ok = skip_field(pb, &s, wt2, "OperatorSetIdProto");
         }
         if (!ok) {
           free(domain);
@@ -975,10 +1144,12 @@ static bool parse_model(PB *pb, tg_onnx *m, Cur c) {
       return false;
   }
   if (!have_graph)
-    return pb_fail(pb, NULL, "ModelProto.graph is missing (not an ONNX model file? an empty or truncated file?)");
+    return pb_fail(pb, NULL,
+                   "ModelProto.graph is missing (not an ONNX model file? an empty or truncated file?)");
   if (m->opset < 0) m->opset = 1;
   if (m->opset < 1 || m->opset > 1000)
-    return pb_fail(pb, NULL, "opset_import: default-domain opset version %lld is not valid", (long long)m->opset);
+    return pb_fail(pb, NULL, "opset_import: default-domain opset version %lld is not valid",
+                   (long long)m->opset);
   return parse_graph(pb, m, graph);
 }
 
@@ -1049,7 +1220,8 @@ static tg_tensor host_tensor(tg_onnx *m, const HostVal *h) {
     return (tg_tensor){0};
   }
   for (int64_t i = 0; i < h->n; i++) put_elem(buf, h->dt, (size_t)i, h->v[i], (double)h->v[i], false);
-  tg_tensor t = tg_from_data(buf, h->shape, h->ndim, &(tg_opts){.dtype = h->dt, .device = m->device, .requires_grad = false});
+  tg_tensor t = tg_from_data(buf, h->shape, h->ndim,
+                             &(tg_opts){.dtype = h->dt, .device = m->device, .requires_grad = false});
   free(buf);
   return t;
 }
@@ -1070,8 +1242,8 @@ static HostVal *HIN(Run *r, const Node *n, int k, const char *what) {
   int64_t numel = tg_numel(t);
   if (numel < 0) return NULL;
   if (numel > ONNX_HOST_MAX)
-    return op_fail(r, "input %d (%s) has %lld elements; a shape argument may have at most %d", k, what, (long long)numel,
-                   ONNX_HOST_MAX),
+    return op_fail(r, "input %d (%s) has %lld elements; a shape argument may have at most %d", k, what,
+                   (long long)numel, ONNX_HOST_MAX),
            NULL;
   int64_t shape[ONNX_MAX_DIMS];
   int nd = tg_shape(t, shape);
@@ -1103,7 +1275,8 @@ static bool scalar_in(Run *r, const Node *n, int k, double *out) {
     return true;
   }
   tg_tensor t = IN(r, n, k);
-  if (tg_numel(t) != 1) return op_fail(r, "input %d must have one element, not %lld", k, (long long)tg_numel(t));
+  if (tg_numel(t) != 1)
+    return op_fail(r, "input %d must have one element, not %lld", k, (long long)tg_numel(t));
   return tg_item(t, out) == TG_OK;
 }
 
@@ -1195,27 +1368,78 @@ static int host_map(Run *r, const Node *n, const HostVal **in, int nin, tg_dtype
   return 1;
 }
 
-static int64_t hf_add(const int64_t *a, bool *ok) { (void)ok; return (int64_t)((uint64_t)a[0] + (uint64_t)a[1]); }
-static int64_t hf_sub(const int64_t *a, bool *ok) { (void)ok; return (int64_t)((uint64_t)a[0] - (uint64_t)a[1]); }
-static int64_t hf_mul(const int64_t *a, bool *ok) { (void)ok; return (int64_t)((uint64_t)a[0] * (uint64_t)a[1]); }
+static int64_t hf_add(const int64_t *a, bool *ok) {
+  (void)ok;
+  return (int64_t)((uint64_t)a[0] + (uint64_t)a[1]);
+}
+static int64_t hf_sub(const int64_t *a, bool *ok) {
+  (void)ok;
+  return (int64_t)((uint64_t)a[0] - (uint64_t)a[1]);
+}
+static int64_t hf_mul(const int64_t *a, bool *ok) {
+  (void)ok;
+  return (int64_t)((uint64_t)a[0] * (uint64_t)a[1]);
+}
 static int64_t hf_div(const int64_t *a, bool *ok) {
   if (a[1] == 0 || (a[0] == INT64_MIN && a[1] == -1)) return *ok = false, 0;
   return a[0] / a[1];
 }
-static int64_t hf_eq(const int64_t *a, bool *ok) { (void)ok; return a[0] == a[1]; }
-static int64_t hf_lt(const int64_t *a, bool *ok) { (void)ok; return a[0] < a[1]; }
-static int64_t hf_gt(const int64_t *a, bool *ok) { (void)ok; return a[0] > a[1]; }
-static int64_t hf_le(const int64_t *a, bool *ok) { (void)ok; return a[0] <= a[1]; }
-static int64_t hf_ge(const int64_t *a, bool *ok) { (void)ok; return a[0] >= a[1]; }
-static int64_t hf_and(const int64_t *a, bool *ok) { (void)ok; return a[0] && a[1]; }
-static int64_t hf_or(const int64_t *a, bool *ok) { (void)ok; return a[0] || a[1]; }
-static int64_t hf_max(const int64_t *a, bool *ok) { (void)ok; return a[0] > a[1] ? a[0] : a[1]; }
-static int64_t hf_min(const int64_t *a, bool *ok) { (void)ok; return a[0] < a[1] ? a[0] : a[1]; }
-static int64_t hf_where(const int64_t *a, bool *ok) { (void)ok; return a[0] ? a[1] : a[2]; }
-static int64_t hf_neg(const int64_t *a, bool *ok) { (void)ok; return (int64_t)(0 - (uint64_t)a[0]); }
-static int64_t hf_abs(const int64_t *a, bool *ok) { (void)ok; return a[0] < 0 ? (int64_t)(0 - (uint64_t)a[0]) : a[0]; }
-static int64_t hf_not(const int64_t *a, bool *ok) { (void)ok; return !a[0]; }
-static int64_t hf_id(const int64_t *a, bool *ok) { (void)ok; return a[0]; }
+static int64_t hf_eq(const int64_t *a, bool *ok) {
+  (void)ok;
+  return a[0] == a[1];
+}
+static int64_t hf_lt(const int64_t *a, bool *ok) {
+  (void)ok;
+  return a[0] < a[1];
+}
+static int64_t hf_gt(const int64_t *a, bool *ok) {
+  (void)ok;
+  return a[0] > a[1];
+}
+static int64_t hf_le(const int64_t *a, bool *ok) {
+  (void)ok;
+  return a[0] <= a[1];
+}
+static int64_t hf_ge(const int64_t *a, bool *ok) {
+  (void)ok;
+  return a[0] >= a[1];
+}
+static int64_t hf_and(const int64_t *a, bool *ok) {
+  (void)ok;
+  return a[0] && a[1];
+}
+static int64_t hf_or(const int64_t *a, bool *ok) {
+  (void)ok;
+  return a[0] || a[1];
+}
+static int64_t hf_max(const int64_t *a, bool *ok) {
+  (void)ok;
+  return a[0] > a[1] ? a[0] : a[1];
+}
+static int64_t hf_min(const int64_t *a, bool *ok) {
+  (void)ok;
+  return a[0] < a[1] ? a[0] : a[1];
+}
+static int64_t hf_where(const int64_t *a, bool *ok) {
+  (void)ok;
+  return a[0] ? a[1] : a[2];
+}
+static int64_t hf_neg(const int64_t *a, bool *ok) {
+  (void)ok;
+  return (int64_t)(0 - (uint64_t)a[0]);
+}
+static int64_t hf_abs(const int64_t *a, bool *ok) {
+  (void)ok;
+  return a[0] < 0 ? (int64_t)(0 - (uint64_t)a[0]) : a[0];
+}
+static int64_t hf_not(const int64_t *a, bool *ok) {
+  (void)ok;
+  return !a[0];
+}
+static int64_t hf_id(const int64_t *a, bool *ok) {
+  (void)ok;
+  return a[0];
+}
 
 static int fold_map(Run *r, const Node *n, int nin, bool cmp, int64_t (*f)(const int64_t *, bool *)) {
   if (n->nin < nin || !all_host(r, n, nin)) return 0;
@@ -1229,7 +1453,7 @@ static int fold_map(Run *r, const Node *n, int nin, bool cmp, int64_t (*f)(const
   }
   return host_map(r, n, in, nin, cmp ? TG_BOOL : dt, f);
 }
-#define FOLD2(NAME, F, CMP) \
+#define FOLD2(NAME, F, CMP)                                                                                  \
   static int fold_##NAME(Run *r, const Node *n) { return fold_map(r, n, 2, CMP, F); }
 FOLD2(Add, hf_add, false)
 FOLD2(Sub, hf_sub, false)
@@ -1330,10 +1554,10 @@ static bool op_Shape(Run *r, const Node *n) { return fold_Shape(r, n) == 1; }
 static bool op_Size(Run *r, const Node *n) { return fold_Size(r, n) == 1; }
 
 /* ---- elementwise ---- */
-#define UNARY(NAME, EXPR)                           \
-  static bool op_##NAME(Run *r, const Node *n) {    \
-    tg_tensor x = IN(r, n, 0);                      \
-    return out1(r, n, EXPR);                        \
+#define UNARY(NAME, EXPR)                                                                                    \
+  static bool op_##NAME(Run *r, const Node *n) {                                                             \
+    tg_tensor x = IN(r, n, 0);                                                                               \
+    return out1(r, n, EXPR);                                                                                 \
   }
 UNARY(Relu, tg_relu(x))
 UNARY(Sigmoid, tg_sigmoid(x))
@@ -1360,7 +1584,8 @@ UNARY(IsNaN, tg_isnan(x))
 UNARY(LeakyRelu, tg_leaky_relu(x, af(n, "alpha", 0.01)))
 UNARY(Elu, tg_elu(x, af(n, "alpha", 1.0)))
 UNARY(Celu, tg_celu(x, af(n, "alpha", 1.0)))
-UNARY(Selu, tg_selu_ex(x, af(n, "alpha", 1.67326319217681884765625), af(n, "gamma", 1.05070102214813232421875)))
+UNARY(Selu,
+      tg_selu_ex(x, af(n, "alpha", 1.67326319217681884765625), af(n, "gamma", 1.05070102214813232421875)))
 UNARY(HardSigmoid, tg_hardsigmoid_ex(x, af(n, "alpha", 0.2), af(n, "beta", 0.5)))
 UNARY(Softplus, tg_softplus(x, 1.0))
 UNARY(Gelu, tg_gelu_ex(x, strcmp(as(n, "approximate", "none"), "tanh") ? "none" : "tanh"))
@@ -1371,14 +1596,15 @@ static bool op_Identity(Run *r, const Node *n) { return out1(r, n, IN(r, n, 0));
 static bool op_Dropout(Run *r, const Node *n) {
   tg_tensor x = IN(r, n, 0);
   if (!out1(r, n, x)) return false;
-  if (n->nout > 1 && n->out[1] >= 0) set_out(r, n, 1, tg_ones_like(x, &(tg_opts){.dtype = TG_BOOL, .requires_grad = TG_GRAD_UNSET}));
+  if (n->nout > 1 && n->out[1] >= 0)
+    set_out(r, n, 1, tg_ones_like(x, &(tg_opts){.dtype = TG_BOOL, .requires_grad = TG_GRAD_UNSET}));
   return n->nout < 2 || n->out[1] < 0 || tg_valid(r->v[n->out[1]].t);
 }
 
-#define BINARY(NAME, EXPR)                          \
-  static bool op_##NAME(Run *r, const Node *n) {    \
-    tg_tensor a = IN(r, n, 0), b = IN(r, n, 1);     \
-    return out1(r, n, EXPR);                        \
+#define BINARY(NAME, EXPR)                                                                                   \
+  static bool op_##NAME(Run *r, const Node *n) {                                                             \
+    tg_tensor a = IN(r, n, 0), b = IN(r, n, 1);                                                              \
+    return out1(r, n, EXPR);                                                                                 \
   }
 BINARY(Add, tg_add(a, b))
 BINARY(Sub, tg_sub(a, b))
@@ -1399,7 +1625,8 @@ BINARY(Mod, ai(n, "fmod", 0) ? tg_fmod(a, b) : tg_mod(a, b))
 
 static bool op_Div(Run *r, const Node *n) {
   tg_tensor a = IN(r, n, 0), b = IN(r, n, 1);
-  if (is_intlike(tg_dtype_of(a)) && is_intlike(tg_dtype_of(b))) return out1(r, n, tg_div_mode(a, b, TG_DIV_TRUNC));
+  if (is_intlike(tg_dtype_of(a)) && is_intlike(tg_dtype_of(b)))
+    return out1(r, n, tg_div_mode(a, b, TG_DIV_TRUNC));
   return out1(r, n, tg_div(a, b));
 }
 
@@ -1409,7 +1636,8 @@ static bool op_Pow(Run *r, const Node *n) {
   tg_dtype dt = tg_dtype_of(a);
   const Value *bv = &r->m->vals[n->in[1]];
   tg_tensor y;
-  if (bv->kind == V_CONST && r->m->consts[bv->ref].has_scalar && r->m->consts[bv->ref].scalar == 2.0 && !is_intlike(dt))
+  if (bv->kind == V_CONST && r->m->consts[bv->ref].has_scalar && r->m->consts[bv->ref].scalar == 2.0 &&
+      !is_intlike(dt))
     y = tg_mul(a, a); /* x^2 exactly, as the decomposed LayerNorm's variance wants */
   else if (is_intlike(dt))
     y = tg_cast(tg_round(tg_pow(tg_cast(a, TG_FLOAT64), tg_cast(b, TG_FLOAT64))), dt);
@@ -1433,14 +1661,20 @@ static bool op_Mean(Run *r, const Node *n) {
   return out1(r, n, tg_div_s(r->v[n->out[0]].t, (double)n->nin));
 }
 
-static bool op_Where(Run *r, const Node *n) { return out1(r, n, tg_where(IN(r, n, 0), IN(r, n, 1), IN(r, n, 2))); }
+static bool op_Where(Run *r, const Node *n) {
+  return out1(r, n, tg_where(IN(r, n, 0), IN(r, n, 1), IN(r, n, 2)));
+}
 
 static bool op_Cast(Run *r, const Node *n) {
   tg_dtype to = cast_target(n);
-  if (!to) return op_fail(r, "Cast to data type %lld (%s) is not supported", (long long)ai(n, "to", 0), onnx_dtype_name(ai(n, "to", 0)));
+  if (!to)
+    return op_fail(r, "Cast to data type %lld (%s) is not supported", (long long)ai(n, "to", 0),
+                   onnx_dtype_name(ai(n, "to", 0)));
   return out1(r, n, tg_cast(IN(r, n, 0), to));
 }
-static bool op_CastLike(Run *r, const Node *n) { return out1(r, n, tg_cast(IN(r, n, 0), tg_dtype_of(IN(r, n, 1)))); }
+static bool op_CastLike(Run *r, const Node *n) {
+  return out1(r, n, tg_cast(IN(r, n, 0), tg_dtype_of(IN(r, n, 1))));
+}
 
 static bool op_Clip(Run *r, const Node *n) {
   tg_tensor x = IN(r, n, 0);
@@ -1461,7 +1695,8 @@ static bool softmax_like(Run *r, const Node *n, bool logsm) {
   if (nd < 0) return false;
   int64_t axis = ai(n, "axis", r->m->opset >= 13 ? -1 : 1);
   if (!norm_axis(r, &axis, nd, "axis")) return false;
-  if (r->m->opset >= 13 || nd == 0) return out1(r, n, logsm ? tg_log_softmax(x, (int)axis) : tg_softmax(x, (int)axis));
+  if (r->m->opset >= 13 || nd == 0)
+    return out1(r, n, logsm ? tg_log_softmax(x, (int)axis) : tg_softmax(x, (int)axis));
   int64_t shape[ONNX_MAX_DIMS], two[2] = {1, 1};
   tg_shape(x, shape);
   for (int i = 0; i < nd; i++) two[i < axis ? 0 : 1] *= shape[i];
@@ -1525,21 +1760,41 @@ static bool reduce(Run *r, const Node *n, int kind) {
   }
   tg_tensor y;
   switch (kind) {
-  case R_SUM: y = tg_sum(x, axes, na, keep); break;
-  case R_MEAN: y = tg_mean(x, axes, na, keep); break;
-  case R_MAX: y = tg_max(x, axes, na, keep); break;
-  case R_MIN: y = tg_min(x, axes, na, keep); break;
-  case R_PROD: y = tg_prod(x, axes, na, keep); break;
-  case R_L1: y = tg_sum(tg_abs(x), axes, na, keep); break;
-  case R_L2: y = tg_sqrt(tg_sum(tg_mul(x, x), axes, na, keep)); break;
-  case R_SUMSQ: y = tg_sum(tg_mul(x, x), axes, na, keep); break;
-  case R_LOGSUM: y = tg_log(tg_sum(x, axes, na, keep)); break;
-  default: y = tg_logsumexp(x, axes, na, keep); break;
+  case R_SUM:
+    y = tg_sum(x, axes, na, keep);
+    break;
+  case R_MEAN:
+    y = tg_mean(x, axes, na, keep);
+    break;
+  case R_MAX:
+    y = tg_max(x, axes, na, keep);
+    break;
+  case R_MIN:
+    y = tg_min(x, axes, na, keep);
+    break;
+  case R_PROD:
+    y = tg_prod(x, axes, na, keep);
+    break;
+  case R_L1:
+    y = tg_sum(tg_abs(x), axes, na, keep);
+    break;
+  case R_L2:
+    y = tg_sqrt(tg_sum(tg_mul(x, x), axes, na, keep));
+    break;
+  case R_SUMSQ:
+    y = tg_sum(tg_mul(x, x), axes, na, keep);
+    break;
+  case R_LOGSUM:
+    y = tg_log(tg_sum(x, axes, na, keep));
+    break;
+  default:
+    y = tg_logsumexp(x, axes, na, keep);
+    break;
   }
   if (tg_valid(y) && kind != R_MEAN && tg_dtype_of(y) != tg_dtype_of(x)) y = tg_cast(y, tg_dtype_of(x));
   return out1(r, n, y);
 }
-#define REDUCE(NAME, K) \
+#define REDUCE(NAME, K)                                                                                      \
   static bool op_##NAME(Run *r, const Node *n) { return reduce(r, n, K); }
 REDUCE(ReduceSum, R_SUM)
 REDUCE(ReduceMean, R_MEAN)
@@ -1558,12 +1813,16 @@ static bool argext(Run *r, const Node *n, bool mx) {
   if (nd < 0) return false;
   int64_t axis = ai(n, "axis", 0);
   bool keep = ai(n, "keepdims", 1) != 0;
-  if (nd == 0) return out1(r, n, tg_zeros(NULL, 0, &(tg_opts){.dtype = TG_INT64, .device = r->m->device, .requires_grad = false}));
+  if (nd == 0)
+    return out1(
+        r, n,
+        tg_zeros(NULL, 0, &(tg_opts){.dtype = TG_INT64, .device = r->m->device, .requires_grad = false}));
   if (!norm_axis(r, &axis, nd, "axis")) return false;
   int ax = (int)axis;
   if (ai(n, "select_last_index", 0)) {
     int64_t last = tg_dim(x, ax) - 1;
-    tg_tensor fi = mx ? tg_argmax(tg_flip(x, &ax, 1), &ax, 1, keep) : tg_argmin(tg_flip(x, &ax, 1), &ax, 1, keep);
+    tg_tensor fi =
+        mx ? tg_argmax(tg_flip(x, &ax, 1), &ax, 1, keep) : tg_argmin(tg_flip(x, &ax, 1), &ax, 1, keep);
     return out1(r, n, tg_rsub_s((double)last, tg_cast(fi, TG_INT64)));
   }
   tg_tensor y = mx ? tg_argmax(x, &ax, 1, keep) : tg_argmin(x, &ax, 1, keep);
@@ -1599,19 +1858,23 @@ static bool axes_arg(Run *r, const Node *n, int k, int64_t *axes, int *na, bool 
 static bool reshape_target(Run *r, const Node *n, const int64_t *in, int nd, int64_t *out, int *ond) {
   int64_t numel = 1;
   for (int i = 0; i < nd; i++)
-    if (__builtin_mul_overflow(numel, in[i], &numel)) return op_fail(r, "the input's element count overflows");
+    if (__builtin_mul_overflow(numel, in[i], &numel))
+      return op_fail(r, "the input's element count overflows");
   const I64s *sa = aints(n, "shape");
   HostVal *h = NULL;
   if (!sa && !(h = HIN(r, n, 1, "shape"))) return false;
   int64_t cnt = sa ? (int64_t)sa->n : h->n;
-  if (cnt > ONNX_MAX_DIMS) return op_fail(r, "target shape has %lld dims (at most %d)", (long long)cnt, ONNX_MAX_DIMS);
+  if (cnt > ONNX_MAX_DIMS)
+    return op_fail(r, "target shape has %lld dims (at most %d)", (long long)cnt, ONNX_MAX_DIMS);
   bool allowzero = ai(n, "allowzero", 0) != 0;
   int infer = -1;
   int64_t known = 1;
   for (int i = 0; i < cnt; i++) {
     int64_t d = sa ? sa->v[i] : h->v[i];
     if (d == 0 && !allowzero) {
-      if (i >= nd) return op_fail(r, "target shape entry %d is 0 (copy the input's dim) but the input has %d dims", i, nd);
+      if (i >= nd)
+        return op_fail(r, "target shape entry %d is 0 (copy the input's dim) but the input has %d dims", i,
+                       nd);
       d = in[i];
     }
     if (d == -1) {
@@ -1624,7 +1887,9 @@ static bool reshape_target(Run *r, const Node *n, const int64_t *in, int nd, int
     out[i] = d;
   }
   if (infer >= 0) {
-    if (known == 0 || numel % known) return op_fail(r, "cannot infer the -1 dim: %lld elements into parts of %lld", (long long)numel, (long long)known);
+    if (known == 0 || numel % known)
+      return op_fail(r, "cannot infer the -1 dim: %lld elements into parts of %lld", (long long)numel,
+                     (long long)known);
     out[infer] = numel / known;
   } else if (known != numel)
     return op_fail(r, "cannot reshape %lld elements into %lld", (long long)numel, (long long)known);
@@ -1649,7 +1914,8 @@ static bool op_Reshape(Run *r, const Node *n) {
 
 static bool flatten_shape(Run *r, const Node *n, const int64_t *in, int nd, int64_t *two) {
   int64_t axis = ai(n, "axis", 1);
-  if (axis < -nd || axis > nd) return op_fail(r, "axis %lld is out of range for a %d-d tensor", (long long)axis, nd);
+  if (axis < -nd || axis > nd)
+    return op_fail(r, "axis %lld is out of range for a %d-d tensor", (long long)axis, nd);
   if (axis < 0) axis += nd;
   two[0] = two[1] = 1;
   for (int i = 0; i < nd; i++) two[i < axis ? 0 : 1] *= in[i];
@@ -1685,7 +1951,8 @@ static bool op_Transpose(Run *r, const Node *n) {
 }
 
 /* Squeeze / Unsqueeze: the output shape */
-static bool squeeze_shape(Run *r, const Node *n, const int64_t *in, int nd, int64_t *out, int *ond, bool unsq) {
+static bool squeeze_shape(Run *r, const Node *n, const int64_t *in, int nd, int64_t *out, int *ond,
+                          bool unsq) {
   int64_t axes[ONNX_MAX_DIMS];
   int na = 0;
   bool given = false;
@@ -1707,7 +1974,8 @@ static bool squeeze_shape(Run *r, const Node *n, const int64_t *in, int nd, int6
   bool mark[ONNX_MAX_DIMS] = {0};
   for (int i = 0; i < na; i++) {
     if (!norm_axis(r, &axes[i], nd, "axis")) return false;
-    if (in[axes[i]] != 1) return op_fail(r, "cannot squeeze axis %lld of size %lld", (long long)axes[i], (long long)in[axes[i]]);
+    if (in[axes[i]] != 1)
+      return op_fail(r, "cannot squeeze axis %lld of size %lld", (long long)axes[i], (long long)in[axes[i]]);
     mark[axes[i]] = true;
   }
   int od = 0;
@@ -1738,7 +2006,8 @@ static bool op_Unsqueeze(Run *r, const Node *n) { return op_squeeze(r, n, true);
 static bool expand_shape(Run *r, const Node *n, const int64_t *in, int nd, int64_t *out, int *ond) {
   HostVal *h = HIN(r, n, 1, "shape");
   if (!h) return false;
-  if (h->n > ONNX_MAX_DIMS) return op_fail(r, "shape has %lld dims (at most %d)", (long long)h->n, ONNX_MAX_DIMS);
+  if (h->n > ONNX_MAX_DIMS)
+    return op_fail(r, "shape has %lld dims (at most %d)", (long long)h->n, ONNX_MAX_DIMS);
   int od = (int)h->n > nd ? (int)h->n : nd;
   for (int i = 0; i < od; i++) {
     int a = i - (od - nd), b = i - (od - (int)h->n);
@@ -1837,12 +2106,15 @@ static bool op_Split(Run *r, const Node *n) {
   if (ok && (sa || has_in(n, 1))) {
     HostVal *h = sa ? NULL : HIN(r, n, 1, "split");
     int64_t c = sa ? (int64_t)sa->n : h ? h->n : -1;
-    if (c < 0) ok = false;
-    else if (c != n->nout) ok = op_fail(r, "split has %lld sizes for %d outputs", (long long)c, n->nout);
+    if (c < 0)
+      ok = false;
+    else if (c != n->nout)
+      ok = op_fail(r, "split has %lld sizes for %d outputs", (long long)c, n->nout);
     for (int i = 0; ok && i < cnt; i++) sizes[i] = sa ? sa->v[i] : h->v[i];
   } else if (ok) {
     int64_t parts = ai(n, "num_outputs", n->nout);
-    if (parts != n->nout || parts <= 0) ok = op_fail(r, "num_outputs %lld for %d outputs", (long long)parts, n->nout);
+    if (parts != n->nout || parts <= 0)
+      ok = op_fail(r, "num_outputs %lld for %d outputs", (long long)parts, n->nout);
     int64_t each = parts > 0 ? (dim + parts - 1) / parts : 0;
     for (int i = 0; ok && i < cnt; i++) {
       int64_t left = dim - each * i;
@@ -1857,7 +2129,8 @@ static bool op_Split(Run *r, const Node *n) {
 }
 
 /* Slice: per-dim start, step and count after ONNX's clamping rules */
-static bool slice_params(Run *r, const Node *n, const int64_t *shape, int nd, int64_t *start, int64_t *step, int64_t *count) {
+static bool slice_params(Run *r, const Node *n, const int64_t *shape, int nd, int64_t *start, int64_t *step,
+                         int64_t *count) {
   for (int d = 0; d < nd; d++) start[d] = 0, step[d] = 1, count[d] = shape[d];
   const I64s *as_ = aints(n, "starts"), *ae = aints(n, "ends");
   HostVal *hs = NULL, *he = NULL, *ha = NULL, *hp = NULL;
@@ -1867,11 +2140,13 @@ static bool slice_params(Run *r, const Node *n, const int64_t *shape, int nd, in
     cnt = (int64_t)as_->n;
   } else {
     if (!(hs = HIN(r, n, 1, "starts")) || !(he = HIN(r, n, 2, "ends"))) return false;
-    if (hs->n != he->n) return op_fail(r, "starts has %lld entries, ends %lld", (long long)hs->n, (long long)he->n);
+    if (hs->n != he->n)
+      return op_fail(r, "starts has %lld entries, ends %lld", (long long)hs->n, (long long)he->n);
     cnt = hs->n;
     if (has_in(n, 3) && !(ha = HIN(r, n, 3, "axes"))) return false;
     if (has_in(n, 4) && !(hp = HIN(r, n, 4, "steps"))) return false;
-    if ((ha && ha->n != cnt) || (hp && hp->n != cnt)) return op_fail(r, "axes/steps must have as many entries as starts");
+    if ((ha && ha->n != cnt) || (hp && hp->n != cnt))
+      return op_fail(r, "axes/steps must have as many entries as starts");
   }
   const I64s *aa = aints(n, "axes");
   if (aa && (int64_t)aa->n != cnt) return op_fail(r, "axes must have as many entries as starts");
@@ -1882,7 +2157,8 @@ static bool slice_params(Run *r, const Node *n, const int64_t *shape, int nd, in
     if (!norm_axis(r, &ax, nd, "axis")) return false;
     if (seen[ax]) return op_fail(r, "axis %lld is sliced twice", (long long)ax);
     seen[ax] = true;
-    int64_t s = as_ ? as_->v[i] : hs->v[i], e = ae ? ae->v[i] : he->v[i], st = hp ? hp->v[i] : 1, dim = shape[ax];
+    int64_t s = as_ ? as_->v[i] : hs->v[i], e = ae ? ae->v[i] : he->v[i], st = hp ? hp->v[i] : 1,
+            dim = shape[ax];
     if (st == 0) return op_fail(r, "slice step is 0");
     if (st == INT64_MIN) st = -INT64_MAX;
     if (s < 0) s = s < -dim ? 0 : s + dim;
@@ -1895,8 +2171,10 @@ static bool slice_params(Run *r, const Node *n, const int64_t *shape, int nd, in
     } else {
       s = s > dim - 1 ? dim - 1 : s;
       e = e > dim - 1 ? dim - 1 : e;
-      if (s < 0) c = 0;
-      else c = s > e ? (s - e - 1) / (-st) + 1 : 0;
+      if (s < 0)
+        c = 0;
+      else
+        c = s > e ? (s - e - 1) / (-st) + 1 : 0;
     }
     start[ax] = c ? s : 0;
     step[ax] = st;
@@ -1930,8 +2208,10 @@ static bool op_Slice(Run *r, const Node *n) {
   if (nd < 0 || !slice_params(r, n, shape, nd, start, step, count)) return false;
   tg_index_spec spec[ONNX_MAX_DIMS];
   for (int d = 0; d < nd; d++) {
-    if (count[d] == 0) spec[d] = TG_IX_SLICE(0, 0, 1);
-    else if (step[d] > 0) spec[d] = TG_IX_SLICE(start[d], start[d] + (count[d] - 1) * step[d] + 1, step[d]);
+    if (count[d] == 0)
+      spec[d] = TG_IX_SLICE(0, 0, 1);
+    else if (step[d] > 0)
+      spec[d] = TG_IX_SLICE(start[d], start[d] + (count[d] - 1) * step[d] + 1, step[d]);
     else {
       int64_t stop = start[d] + (count[d] - 1) * step[d] - 1;
       spec[d] = stop < 0 ? TG_IX_FROM(start[d], step[d]) : TG_IX_SLICE(start[d], stop, step[d]);
@@ -1964,7 +2244,9 @@ static int fold_Gather(Run *r, const Node *n) {
       int64_t idx = ix->v[j] < 0 ? ix->v[j] + dim : ix->v[j];
       if (idx < 0 || idx >= dim) {
         host_free(o);
-        return op_fail(r, "index %lld is out of range for a dim of size %lld", (long long)ix->v[j], (long long)dim), -1;
+        return op_fail(r, "index %lld is out of range for a dim of size %lld", (long long)ix->v[j],
+                       (long long)dim),
+               -1;
       }
       for (int64_t q = 0; q < inner; q++) o->v[pos++] = x->v[(i * dim + idx) * inner + q];
     }
@@ -1980,14 +2262,16 @@ static bool op_Gather(Run *r, const Node *n) {
   int64_t xs[ONNX_MAX_DIMS];
   tg_shape(x, xs);
   RV *iv = &r->v[n->in[1]];
-  if (iv->h && iv->h->n <= ONNX_GATHER_SHRINK && iv->h->n > 0) { /* constant indices: views, no data-dependent load */
+  if (iv->h && iv->h->n <= ONNX_GATHER_SHRINK &&
+      iv->h->n > 0) { /* constant indices: views, no data-dependent load */
     const HostVal *ix = iv->h;
     tg_tensor parts[ONNX_GATHER_SHRINK];
     int64_t b[2 * ONNX_MAX_DIMS];
     for (int64_t j = 0; j < ix->n; j++) {
       int64_t idx = ix->v[j] < 0 ? ix->v[j] + xs[axis] : ix->v[j];
       if (idx < 0 || idx >= xs[axis])
-        return op_fail(r, "index %lld is out of range for a dim of size %lld", (long long)ix->v[j], (long long)xs[axis]);
+        return op_fail(r, "index %lld is out of range for a dim of size %lld", (long long)ix->v[j],
+                       (long long)xs[axis]);
       for (int d = 0; d < nd; d++) b[2 * d] = d == axis ? idx : 0, b[2 * d + 1] = d == axis ? idx + 1 : xs[d];
       parts[j] = tg_shrink(x, b, 2 * nd);
     }
@@ -2031,7 +2315,8 @@ static bool op_Tile(Run *r, const Node *n) {
   HostVal *h = HIN(r, n, 1, "repeats");
   if (!h) return false;
   tg_tensor x = IN(r, n, 0);
-  if (h->n != rank(x)) return op_fail(r, "repeats has %lld entries for a %d-d tensor", (long long)h->n, rank(x));
+  if (h->n != rank(x))
+    return op_fail(r, "repeats has %lld entries for a %d-d tensor", (long long)h->n, rank(x));
   return out1(r, n, tg_repeat(x, h->v, (int)h->n));
 }
 
@@ -2065,11 +2350,16 @@ static bool op_Pad(Run *r, const Node *n) {
   if (has_in(n, 2) && !scalar_in(r, n, 2, &value)) return false;
   const char *mode = as(n, "mode", "constant");
   tg_padding_mode pm;
-  if (!strcmp(mode, "constant")) pm = TG_PAD_CONSTANT;
-  else if (!strcmp(mode, "reflect")) pm = TG_PAD_REFLECT;
-  else if (!strcmp(mode, "edge")) pm = TG_PAD_REPLICATE;
-  else if (!strcmp(mode, "wrap")) pm = TG_PAD_CIRCULAR;
-  else return op_fail(r, "pad mode '%s' is not supported (constant, reflect, edge, wrap)", mode);
+  if (!strcmp(mode, "constant"))
+    pm = TG_PAD_CONSTANT;
+  else if (!strcmp(mode, "reflect"))
+    pm = TG_PAD_REFLECT;
+  else if (!strcmp(mode, "edge"))
+    pm = TG_PAD_REPLICATE;
+  else if (!strcmp(mode, "wrap"))
+    pm = TG_PAD_CIRCULAR;
+  else
+    return op_fail(r, "pad mode '%s' is not supported (constant, reflect, edge, wrap)", mode);
   if (pm == TG_PAD_CONSTANT) {
     tg_tensor y = tg_pad(x, pads, 2 * nd, value);
     if (tg_valid(y) && tg_dtype_of(y) != tg_dtype_of(x)) y = tg_cast(y, tg_dtype_of(x));
@@ -2099,15 +2389,18 @@ static int fold_ConstantOfShape(Run *r, const Node *n) {
 static bool op_ConstantOfShape(Run *r, const Node *n) {
   HostVal *s = HIN(r, n, 0, "shape");
   if (!s) return false;
-  if (s->ndim > 1 || s->n > ONNX_MAX_DIMS) return op_fail(r, "shape must be a 1-d tensor of at most %d dims", ONNX_MAX_DIMS);
+  if (s->ndim > 1 || s->n > ONNX_MAX_DIMS)
+    return op_fail(r, "shape must be a 1-d tensor of at most %d dims", ONNX_MAX_DIMS);
   for (int64_t i = 0; i < s->n; i++)
     if (s->v[i] < 0) return op_fail(r, "shape entry %lld is negative", (long long)s->v[i]);
   const Attr *a = attr(n, "value");
   const Const *c = a && a->t >= 0 ? &r->m->consts[a->t] : NULL;
   if (c && tg_numel(c->t) != 1) return op_fail(r, "value must have one element");
   if (!c || c->has_scalar)
-    return out1(r, n, tg_full(s->v, (int)s->n, c ? c->scalar : 0.0,
-                              &(tg_opts){.dtype = c ? c->dt : TG_FLOAT32, .device = r->m->device, .requires_grad = false}));
+    return out1(
+        r, n,
+        tg_full(s->v, (int)s->n, c ? c->scalar : 0.0,
+                &(tg_opts){.dtype = c ? c->dt : TG_FLOAT32, .device = r->m->device, .requires_grad = false}));
   int64_t ones[ONNX_MAX_DIMS];
   for (int i = 0; i < s->n; i++) ones[i] = 1;
   return out1(r, n, tg_contiguous(tg_expand(tg_reshape(c->t, ones, (int)s->n), s->v, (int)s->n)));
@@ -2131,8 +2424,12 @@ static bool op_Range(Run *r, const Node *n) {
   if (!scalar_in(r, n, 0, &s) || !scalar_in(r, n, 1, &l) || !scalar_in(r, n, 2, &d)) return false;
   if (d == 0) return op_fail(r, "delta is 0");
   tg_dtype dt = tg_dtype_of(IN(r, n, 0));
-  if ((l - s) / d <= 0) return out1(r, n, tg_empty((int64_t[]){0}, 1, &(tg_opts){.dtype = dt, .device = r->m->device, .requires_grad = false}));
-  return out1(r, n, tg_arange(s, l, d, &(tg_opts){.dtype = dt, .device = r->m->device, .requires_grad = false}));
+  if ((l - s) / d <= 0)
+    return out1(
+        r, n,
+        tg_empty((int64_t[]){0}, 1, &(tg_opts){.dtype = dt, .device = r->m->device, .requires_grad = false}));
+  return out1(r, n,
+              tg_arange(s, l, d, &(tg_opts){.dtype = dt, .device = r->m->device, .requires_grad = false}));
 }
 
 /* ==== neural-network ops ======================================================================== */
@@ -2153,7 +2450,8 @@ static bool op_MatMul(Run *r, const Node *n) {
 
 static bool op_Gemm(Run *r, const Node *n) {
   tg_tensor a = IN(r, n, 0), b = IN(r, n, 1);
-  if (rank(a) != 2 || rank(b) != 2) return op_fail(r, "Gemm needs 2-d A and B, got %d-d and %d-d", rank(a), rank(b));
+  if (rank(a) != 2 || rank(b) != 2)
+    return op_fail(r, "Gemm needs 2-d A and B, got %d-d and %d-d", rank(a), rank(b));
   if (ai(n, "transA", 0)) a = tg_transpose(a, 0, 1);
   if (ai(n, "transB", 0)) b = tg_transpose(b, 0, 1);
   double alpha = af(n, "alpha", 1.0), beta = af(n, "beta", 1.0);
@@ -2170,7 +2468,8 @@ static bool op_Gemm(Run *r, const Node *n) {
  * dim first) and the padding in tg_window_opts order (pairs from the last dim back) */
 typedef struct {
   int nk;
-  int64_t k[TG_WINDOW_MAXDIMS], s[TG_WINDOW_MAXDIMS], d[TG_WINDOW_MAXDIMS], pb[TG_WINDOW_MAXDIMS], pe[TG_WINDOW_MAXDIMS];
+  int64_t k[TG_WINDOW_MAXDIMS], s[TG_WINDOW_MAXDIMS], d[TG_WINDOW_MAXDIMS], pb[TG_WINDOW_MAXDIMS],
+      pe[TG_WINDOW_MAXDIMS];
   const char *auto_pad;
 } Geo;
 
@@ -2181,31 +2480,39 @@ static bool per_dim(Run *r, const Node *n, const char *name, int nk, int64_t def
   if (a->n != (size_t)nk) return op_fail(r, "%s has %zu entries for %d spatial dims", name, a->n, nk);
   for (int i = 0; i < nk; i++) {
     if (a->v[i] < 1 || a->v[i] > ONNX_MAX_WINDOW)
-      return op_fail(r, "%s entry %lld must be between 1 and %lld", name, (long long)a->v[i], (long long)ONNX_MAX_WINDOW);
+      return op_fail(r, "%s entry %lld must be between 1 and %lld", name, (long long)a->v[i],
+                     (long long)ONNX_MAX_WINDOW);
     out[i] = a->v[i];
   }
   return true;
 }
 
-static bool geometry(Run *r, const Node *n, const int64_t *xs, int nk, const int64_t *kernel, Geo *g, bool transpose) {
+static bool geometry(Run *r, const Node *n, const int64_t *xs, int nk, const int64_t *kernel, Geo *g,
+                     bool transpose) {
   g->nk = nk;
-  if (nk < 1 || nk > TG_WINDOW_MAXDIMS) return op_fail(r, "%d spatial dims (1 to %d are supported)", nk, TG_WINDOW_MAXDIMS);
+  if (nk < 1 || nk > TG_WINDOW_MAXDIMS)
+    return op_fail(r, "%d spatial dims (1 to %d are supported)", nk, TG_WINDOW_MAXDIMS);
   const I64s *ks = aints(n, "kernel_shape");
-  if (ks && ks->n != (size_t)nk) return op_fail(r, "kernel_shape has %zu entries for %d spatial dims", ks->n, nk);
+  if (ks && ks->n != (size_t)nk)
+    return op_fail(r, "kernel_shape has %zu entries for %d spatial dims", ks->n, nk);
   for (int i = 0; i < nk; i++) {
     g->k[i] = kernel ? kernel[i] : ks ? ks->v[i] : 0;
     if (kernel && ks && ks->v[i] != kernel[i])
-      return op_fail(r, "kernel_shape %lld differs from the weight's %lld", (long long)ks->v[i], (long long)kernel[i]);
-    if (g->k[i] < 1 || g->k[i] > ONNX_MAX_WINDOW) return op_fail(r, "kernel size %lld is out of range", (long long)g->k[i]);
+      return op_fail(r, "kernel_shape %lld differs from the weight's %lld", (long long)ks->v[i],
+                     (long long)kernel[i]);
+    if (g->k[i] < 1 || g->k[i] > ONNX_MAX_WINDOW)
+      return op_fail(r, "kernel size %lld is out of range", (long long)g->k[i]);
   }
   if (!per_dim(r, n, "strides", nk, 1, g->s) || !per_dim(r, n, "dilations", nk, 1, g->d)) return false;
   const I64s *p = aints(n, "pads");
-  if (p && p->n != (size_t)(2 * nk)) return op_fail(r, "pads has %zu entries for %d spatial dims (2 per dim)", p->n, nk);
+  if (p && p->n != (size_t)(2 * nk))
+    return op_fail(r, "pads has %zu entries for %d spatial dims (2 per dim)", p->n, nk);
   for (int i = 0; i < nk; i++) {
     g->pb[i] = p ? p->v[i] : 0;
     g->pe[i] = p ? p->v[i + nk] : 0;
     if (g->pb[i] < 0 || g->pe[i] < 0) return op_fail(r, "negative pads are not supported");
-    if (g->pb[i] > ONNX_MAX_WINDOW || g->pe[i] > ONNX_MAX_WINDOW) return op_fail(r, "pads larger than %lld", (long long)ONNX_MAX_WINDOW);
+    if (g->pb[i] > ONNX_MAX_WINDOW || g->pe[i] > ONNX_MAX_WINDOW)
+      return op_fail(r, "pads larger than %lld", (long long)ONNX_MAX_WINDOW);
   }
   g->auto_pad = as(n, "auto_pad", "NOTSET");
   if (!strcmp(g->auto_pad, "VALID")) {
@@ -2249,7 +2556,8 @@ static bool op_Conv(Run *r, const Node *n) {
   int64_t xs[ONNX_MAX_DIMS], ws[ONNX_MAX_DIMS];
   int nd = in_shape(r, n, 0, xs), wd = in_shape(r, n, 1, ws);
   if (nd < 0 || wd < 0) return false;
-  if (nd < 3 || wd != nd) return op_fail(r, "Conv needs X (N, C, spatial...) and W of the same rank, got %d-d and %d-d", nd, wd);
+  if (nd < 3 || wd != nd)
+    return op_fail(r, "Conv needs X (N, C, spatial...) and W of the same rank, got %d-d and %d-d", nd, wd);
   Geo g;
   if (!geometry(r, n, xs, nd - 2, ws + 2, &g, false)) return false;
   tg_window_opts o;
@@ -2263,16 +2571,20 @@ static bool op_ConvTranspose(Run *r, const Node *n) {
   int64_t xs[ONNX_MAX_DIMS], ws[ONNX_MAX_DIMS];
   int nd = in_shape(r, n, 0, xs), wd = in_shape(r, n, 1, ws);
   if (nd < 0 || wd < 0) return false;
-  if (nd < 3 || wd != nd) return op_fail(r, "ConvTranspose needs X (N, C, spatial...) and W of the same rank, got %d-d and %d-d", nd, wd);
+  if (nd < 3 || wd != nd)
+    return op_fail(r, "ConvTranspose needs X (N, C, spatial...) and W of the same rank, got %d-d and %d-d",
+                   nd, wd);
   Geo g;
   int nk = nd - 2;
   if (!geometry(r, n, xs, nk, ws + 2, &g, true)) return false;
   int64_t op[TG_WINDOW_MAXDIMS] = {0};
   const I64s *opa = aints(n, "output_padding");
-  if (opa && opa->n != (size_t)nk) return op_fail(r, "output_padding has %zu entries for %d spatial dims", opa->n, nk);
+  if (opa && opa->n != (size_t)nk)
+    return op_fail(r, "output_padding has %zu entries for %d spatial dims", opa->n, nk);
   for (int i = 0; opa && i < nk; i++) {
     op[i] = opa->v[i];
-    if (op[i] < 0 || op[i] > ONNX_MAX_WINDOW) return op_fail(r, "output_padding %lld is out of range", (long long)op[i]);
+    if (op[i] < 0 || op[i] > ONNX_MAX_WINDOW)
+      return op_fail(r, "output_padding %lld is out of range", (long long)op[i]);
   }
   const I64s *os = aints(n, "output_shape");
   if (os) { /* pads from the requested output size */
@@ -2280,7 +2592,8 @@ static bool op_ConvTranspose(Run *r, const Node *n) {
     bool upper = !strcmp(g.auto_pad, "SAME_UPPER");
     for (int i = 0; i < nk; i++) {
       int64_t want_ = os->v[os->n - nk + i];
-      if (want_ < 0 || want_ > ONNX_MAX_WINDOW) return op_fail(r, "output_shape entry %lld is out of range", (long long)want_);
+      if (want_ < 0 || want_ > ONNX_MAX_WINDOW)
+        return op_fail(r, "output_shape entry %lld is out of range", (long long)want_);
       int64_t total = g.s[i] * (xs[2 + i] - 1) + op[i] + (g.k[i] - 1) * g.d[i] + 1 - want_;
       if (total < 0) { /* a larger output: the extra goes to output_padding */
         op[i] -= total;
@@ -2410,31 +2723,113 @@ static bool op_Einsum(Run *r, const Node *n) {
 
 /* ==== the op table ============================================================================= */
 
-#define OP(NAME, MIN, MAX, OUT) {#NAME, op_##NAME, NULL, MIN, MAX, OUT}
-#define OPF(NAME, MIN, MAX, OUT) {#NAME, op_##NAME, fold_##NAME, MIN, MAX, OUT}
+#define OP(NAME, MIN, MAX, OUT)                                                                              \
+  { #NAME, op_##NAME, NULL, MIN, MAX, OUT }
+#define OPF(NAME, MIN, MAX, OUT)                                                                             \
+  { #NAME, op_##NAME, fold_##NAME, MIN, MAX, OUT }
 static const OpDef ops[] = {
-    OPF(Add, 2, 2, 1), OPF(Sub, 2, 2, 1), OPF(Mul, 2, 2, 1), OPF(Div, 2, 2, 1), OP(Pow, 2, 2, 1), OP(Mod, 2, 2, 1),
-    OPF(Equal, 2, 2, 1), OPF(Less, 2, 2, 1), OPF(Greater, 2, 2, 1), OPF(LessOrEqual, 2, 2, 1), OPF(GreaterOrEqual, 2, 2, 1),
-    OPF(And, 2, 2, 1), OPF(Or, 2, 2, 1), OP(Xor, 2, 2, 1), OPF(Not, 1, 1, 1), OP(BitwiseAnd, 2, 2, 1), OP(BitwiseOr, 2, 2, 1),
-    OP(BitwiseXor, 2, 2, 1), OPF(Where, 3, 3, 1), OP(Sum, 1, 1 << 20, 1), OP(Mean, 1, 1 << 20, 1), OPF(Max, 1, 1 << 20, 1),
-    OPF(Min, 1, 1 << 20, 1), OP(PRelu, 2, 2, 1),
-    OP(Relu, 1, 1, 1), OP(Sigmoid, 1, 1, 1), OP(Tanh, 1, 1, 1), OP(Exp, 1, 1, 1), OP(Log, 1, 1, 1), OP(Sqrt, 1, 1, 1),
-    OPF(Neg, 1, 1, 1), OPF(Abs, 1, 1, 1), OP(Reciprocal, 1, 1, 1), OP(Floor, 1, 1, 1), OP(Ceil, 1, 1, 1), OP(Round, 1, 1, 1),
-    OP(Sin, 1, 1, 1), OP(Cos, 1, 1, 1), OP(Tan, 1, 1, 1), OP(Erf, 1, 1, 1), OP(Sign, 1, 1, 1), OP(Softsign, 1, 1, 1),
-    OP(HardSwish, 1, 1, 1), OP(Mish, 1, 1, 1), OP(IsNaN, 1, 1, 1), OP(IsInf, 1, 1, 1), OP(LeakyRelu, 1, 1, 1), OP(Elu, 1, 1, 1),
-    OP(Celu, 1, 1, 1), OP(Selu, 1, 1, 1), OP(HardSigmoid, 1, 1, 1), OP(Softplus, 1, 1, 1), OP(Gelu, 1, 1, 1),
-    OPF(Identity, 1, 1, 1), OP(Dropout, 1, 3, 2), OPF(Cast, 1, 1, 1), OP(CastLike, 2, 2, 1), OP(Clip, 1, 3, 1),
-    OP(Softmax, 1, 1, 1), OP(LogSoftmax, 1, 1, 1),
-    OP(ReduceSum, 1, 2, 1), OP(ReduceMean, 1, 2, 1), OP(ReduceMax, 1, 2, 1), OP(ReduceMin, 1, 2, 1), OP(ReduceProd, 1, 2, 1),
-    OP(ReduceL1, 1, 2, 1), OP(ReduceL2, 1, 2, 1), OP(ReduceSumSquare, 1, 2, 1), OP(ReduceLogSum, 1, 2, 1),
-    OP(ReduceLogSumExp, 1, 2, 1), OP(ArgMax, 1, 1, 1), OP(ArgMin, 1, 1, 1),
-    OPF(Shape, 1, 1, 1), OPF(Size, 1, 1, 1), OPF(Reshape, 1, 2, 1), OPF(Flatten, 1, 1, 1), OP(Transpose, 1, 1, 1),
-    OPF(Squeeze, 1, 2, 1), OPF(Unsqueeze, 1, 2, 1), OPF(Expand, 2, 2, 1), OPF(Concat, 1, 1 << 20, 1), OP(Split, 1, 2, 1 << 20),
-    OPF(Slice, 1, 5, 1), OPF(Gather, 2, 2, 1), OP(GatherElements, 2, 2, 1), OP(Tile, 2, 2, 1), OP(Pad, 1, 4, 1),
-    OPF(ConstantOfShape, 1, 1, 1), OPF(Range, 3, 3, 1),
-    OP(MatMul, 2, 2, 1), OP(Gemm, 2, 3, 1), OP(Conv, 2, 3, 1), OP(ConvTranspose, 2, 3, 1), OP(MaxPool, 1, 1, 1),
-    OP(AveragePool, 1, 1, 1), OP(GlobalAveragePool, 1, 1, 1), OP(GlobalMaxPool, 1, 1, 1), OP(BatchNormalization, 5, 5, 1),
-    OP(InstanceNormalization, 3, 3, 1), OP(LayerNormalization, 2, 3, 3), OP(CumSum, 2, 2, 1), OP(Trilu, 1, 2, 1),
+    OPF(Add, 2, 2, 1),
+    OPF(Sub, 2, 2, 1),
+    OPF(Mul, 2, 2, 1),
+    OPF(Div, 2, 2, 1),
+    OP(Pow, 2, 2, 1),
+    OP(Mod, 2, 2, 1),
+    OPF(Equal, 2, 2, 1),
+    OPF(Less, 2, 2, 1),
+    OPF(Greater, 2, 2, 1),
+    OPF(LessOrEqual, 2, 2, 1),
+    OPF(GreaterOrEqual, 2, 2, 1),
+    OPF(And, 2, 2, 1),
+    OPF(Or, 2, 2, 1),
+    OP(Xor, 2, 2, 1),
+    OPF(Not, 1, 1, 1),
+    OP(BitwiseAnd, 2, 2, 1),
+    OP(BitwiseOr, 2, 2, 1),
+    OP(BitwiseXor, 2, 2, 1),
+    OPF(Where, 3, 3, 1),
+    OP(Sum, 1, 1 << 20, 1),
+    OP(Mean, 1, 1 << 20, 1),
+    OPF(Max, 1, 1 << 20, 1),
+    OPF(Min, 1, 1 << 20, 1),
+    OP(PRelu, 2, 2, 1),
+    OP(Relu, 1, 1, 1),
+    OP(Sigmoid, 1, 1, 1),
+    OP(Tanh, 1, 1, 1),
+    OP(Exp, 1, 1, 1),
+    OP(Log, 1, 1, 1),
+    OP(Sqrt, 1, 1, 1),
+    OPF(Neg, 1, 1, 1),
+    OPF(Abs, 1, 1, 1),
+    OP(Reciprocal, 1, 1, 1),
+    OP(Floor, 1, 1, 1),
+    OP(Ceil, 1, 1, 1),
+    OP(Round, 1, 1, 1),
+    OP(Sin, 1, 1, 1),
+    OP(Cos, 1, 1, 1),
+    OP(Tan, 1, 1, 1),
+    OP(Erf, 1, 1, 1),
+    OP(Sign, 1, 1, 1),
+    OP(Softsign, 1, 1, 1),
+    OP(HardSwish, 1, 1, 1),
+    OP(Mish, 1, 1, 1),
+    OP(IsNaN, 1, 1, 1),
+    OP(IsInf, 1, 1, 1),
+    OP(LeakyRelu, 1, 1, 1),
+    OP(Elu, 1, 1, 1),
+    OP(Celu, 1, 1, 1),
+    OP(Selu, 1, 1, 1),
+    OP(HardSigmoid, 1, 1, 1),
+    OP(Softplus, 1, 1, 1),
+    OP(Gelu, 1, 1, 1),
+    OPF(Identity, 1, 1, 1),
+    OP(Dropout, 1, 3, 2),
+    OPF(Cast, 1, 1, 1),
+    OP(CastLike, 2, 2, 1),
+    OP(Clip, 1, 3, 1),
+    OP(Softmax, 1, 1, 1),
+    OP(LogSoftmax, 1, 1, 1),
+    OP(ReduceSum, 1, 2, 1),
+    OP(ReduceMean, 1, 2, 1),
+    OP(ReduceMax, 1, 2, 1),
+    OP(ReduceMin, 1, 2, 1),
+    OP(ReduceProd, 1, 2, 1),
+    OP(ReduceL1, 1, 2, 1),
+    OP(ReduceL2, 1, 2, 1),
+    OP(ReduceSumSquare, 1, 2, 1),
+    OP(ReduceLogSum, 1, 2, 1),
+    OP(ReduceLogSumExp, 1, 2, 1),
+    OP(ArgMax, 1, 1, 1),
+    OP(ArgMin, 1, 1, 1),
+    OPF(Shape, 1, 1, 1),
+    OPF(Size, 1, 1, 1),
+    OPF(Reshape, 1, 2, 1),
+    OPF(Flatten, 1, 1, 1),
+    OP(Transpose, 1, 1, 1),
+    OPF(Squeeze, 1, 2, 1),
+    OPF(Unsqueeze, 1, 2, 1),
+    OPF(Expand, 2, 2, 1),
+    OPF(Concat, 1, 1 << 20, 1),
+    OP(Split, 1, 2, 1 << 20),
+    OPF(Slice, 1, 5, 1),
+    OPF(Gather, 2, 2, 1),
+    OP(GatherElements, 2, 2, 1),
+    OP(Tile, 2, 2, 1),
+    OP(Pad, 1, 4, 1),
+    OPF(ConstantOfShape, 1, 1, 1),
+    OPF(Range, 3, 3, 1),
+    OP(MatMul, 2, 2, 1),
+    OP(Gemm, 2, 3, 1),
+    OP(Conv, 2, 3, 1),
+    OP(ConvTranspose, 2, 3, 1),
+    OP(MaxPool, 1, 1, 1),
+    OP(AveragePool, 1, 1, 1),
+    OP(GlobalAveragePool, 1, 1, 1),
+    OP(GlobalMaxPool, 1, 1, 1),
+    OP(BatchNormalization, 5, 5, 1),
+    OP(InstanceNormalization, 3, 3, 1),
+    OP(LayerNormalization, 2, 3, 3),
+    OP(CumSum, 2, 2, 1),
+    OP(Trilu, 1, 2, 1),
     OP(Einsum, 1, 16, 1),
 };
 
@@ -2469,15 +2864,18 @@ void tg_onnx_free(tg_onnx *m) {
 }
 
 static const char *node_label(const Node *n, int i, char *buf, size_t cap) {
-  if (n->name && *n->name) snprintf(buf, cap, "node '%.200s' (%.100s)", n->name, n->op);
-  else snprintf(buf, cap, "node #%d (%.100s)", i, n->op);
+  if (n->name && *n->name)
+    snprintf(buf, cap, "node '%.200s' (%.100s)", n->name, n->op);
+  else
+    snprintf(buf, cap, "node #%d (%.100s)", i, n->op);
   return buf;
 }
 
 /* a Constant node's value as a Const */
 static bool constant_node(PB *pb, tg_onnx *m, const Node *n, const char *lbl, int *idx) {
   const Attr *a;
-  if (n->nat != 1) return pb_fail(pb, NULL, "%s: a Constant needs exactly one value attribute, it has %d", lbl, n->nat);
+  if (n->nat != 1)
+    return pb_fail(pb, NULL, "%s: a Constant needs exactly one value attribute, it has %d", lbl, n->nat);
   a = &n->at[0];
   if (!strcmp(a->name, "value")) {
     if (a->t < 0) return pb_fail(pb, NULL, "%s: attribute 'value' is not a tensor", lbl);
@@ -2500,7 +2898,9 @@ static bool constant_node(PB *pb, tg_onnx *m, const Node *n, const char *lbl, in
     I64s one = {&(int64_t){a->i}, 1, 1};
     t.ints = scalar ? one : a->ints;
   } else
-    return pb_fail(pb, NULL, "%s: Constant attribute '%s' is not supported (value, value_float(s), value_int(s) are)", lbl, a->name);
+    return pb_fail(pb, NULL,
+                   "%s: Constant attribute '%s' is not supported (value, value_float(s), value_int(s) are)",
+                   lbl, a->name);
   int64_t d = scalar ? 0 : (int64_t)(t.kind == 4 ? t.reals.n : t.ints.n);
   if (!scalar) t.dims = (I64s){&d, 1, 1};
   return make_const(pb, m, &t, "Constant", idx);
@@ -2518,9 +2918,12 @@ static bool check_graph(PB *pb, tg_onnx *m) {
       vinfo_free(v);
       continue;
     }
-    if (m->vals[id].kind == V_INPUT) return pb_fail(pb, NULL, "graph input '%s' is listed twice (duplicate names; corrupt file?)", v->name);
+    if (m->vals[id].kind == V_INPUT)
+      return pb_fail(pb, NULL, "graph input '%s' is listed twice (duplicate names; corrupt file?)", v->name);
     if (v->not_tensor)
-      return pb_fail(pb, NULL, "graph input '%s' is not a tensor (sequence, map and optional types are not supported)", v->name);
+      return pb_fail(pb, NULL,
+                     "graph input '%s' is not a tensor (sequence, map and optional types are not supported)",
+                     v->name);
     m->vals[id].kind = V_INPUT;
     m->vals[id].ref = k;
     v->val = id;
@@ -2533,18 +2936,25 @@ static bool check_graph(PB *pb, tg_onnx *m) {
     Node *n = &m->nodes[i];
     node_label(n, i, lbl, sizeof lbl);
     if (n->domain && *n->domain && strcmp(n->domain, "ai.onnx"))
-      return pb_fail(pb, NULL, "%s: operator '%s' of domain '%s' is not supported (only the default ONNX domain is)", lbl, n->op, n->domain);
+      return pb_fail(pb, NULL,
+                     "%s: operator '%s' of domain '%s' is not supported (only the default ONNX domain is)",
+                     lbl, n->op, n->domain);
     bool is_const = !strcmp(n->op, "Constant");
     int cidx = -1;
     if (is_const) {
-      if (n->nin != 0 || n->nout != 1) return pb_fail(pb, NULL, "%s: a Constant has no inputs and one output", lbl);
+      if (n->nin != 0 || n->nout != 1)
+        return pb_fail(pb, NULL, "%s: a Constant has no inputs and one output", lbl);
       if (!constant_node(pb, m, n, lbl, &cidx)) return false;
     } else {
       n->def = op_find(n->op);
       if (!n->def)
-        return pb_fail(pb, NULL, "%s: operator '%s' is not supported (see docs/DESIGN.md, \"ONNX\", for the supported ops)", lbl, n->op);
+        return pb_fail(
+            pb, NULL,
+            "%s: operator '%s' is not supported (see docs/DESIGN.md, \"ONNX\", for the supported ops)", lbl,
+            n->op);
       if (n->nin < n->def->min_in || n->nin > n->def->max_in)
-        return pb_fail(pb, NULL, "%s: %d inputs (the op takes %d to %d)", lbl, n->nin, n->def->min_in, n->def->max_in);
+        return pb_fail(pb, NULL, "%s: %d inputs (the op takes %d to %d)", lbl, n->nin, n->def->min_in,
+                       n->def->max_in);
       for (int j = 0; j < n->def->min_in && j < n->nin; j++)
         if (n->in[j] < 0 && strcmp(n->op, "Clip") && strcmp(n->op, "Pad"))
           return pb_fail(pb, NULL, "%s: required input %d is empty", lbl, j);
@@ -2552,8 +2962,9 @@ static bool check_graph(PB *pb, tg_onnx *m) {
       for (int j = 0; j < n->nout; j++)
         if (n->out[j] >= 0) used = j + 1;
       if (used > n->def->max_out)
-        return pb_fail(pb, NULL, "%s: output %d is used but only %d output(s) are supported (e.g. MaxPool's Indices)", lbl,
-                       used - 1, n->def->max_out);
+        return pb_fail(pb, NULL,
+                       "%s: output %d is used but only %d output(s) are supported (e.g. MaxPool's Indices)",
+                       lbl, used - 1, n->def->max_out);
       if (!strcmp(n->op, "BatchNormalization") && ai(n, "training_mode", 0))
         return pb_fail(pb, NULL, "%s: training_mode=1 is not supported (export the model in eval mode)", lbl);
       if (!strcmp(n->op, "Split") && n->nout < 1) return pb_fail(pb, NULL, "%s: no outputs", lbl);
@@ -2563,8 +2974,11 @@ static bool check_graph(PB *pb, tg_onnx *m) {
       int id = n->out[j];
       if (id < 0) continue;
       if (m->vals[id].kind != V_UNDEF)
-        return pb_fail(pb, NULL, "%s: output '%s' is already defined (by %s; names must be unique)", lbl, m->vals[id].name,
-                       m->vals[id].kind == V_INPUT ? "a graph input" : m->vals[id].kind == V_CONST ? "an initializer or Constant" : "another node");
+        return pb_fail(pb, NULL, "%s: output '%s' is already defined (by %s; names must be unique)", lbl,
+                       m->vals[id].name,
+                       m->vals[id].kind == V_INPUT   ? "a graph input"
+                       : m->vals[id].kind == V_CONST ? "an initializer or Constant"
+                                                     : "another node");
       m->vals[id].kind = is_const ? V_CONST : V_NODE;
       m->vals[id].ref = is_const ? cidx : i;
     }
@@ -2573,13 +2987,15 @@ static bool check_graph(PB *pb, tg_onnx *m) {
     Node *n = &m->nodes[i];
     for (int j = 0; j < n->nin; j++)
       if (n->in[j] >= 0 && m->vals[n->in[j]].kind == V_UNDEF)
-        return pb_fail(pb, NULL, "%s: input '%s' is never defined (not a graph input, an initializer or a node output)",
+        return pb_fail(pb, NULL,
+                       "%s: input '%s' is never defined (not a graph input, an initializer or a node output)",
                        node_label(n, i, lbl, sizeof lbl), m->vals[n->in[j]].name);
   }
   for (int i = 0; i < m->noutputs; i++) {
     VInfo *v = &m->outputs[i];
     int id = val_find(m, v->name);
-    if (id < 0 || m->vals[id].kind == V_UNDEF) return pb_fail(pb, NULL, "graph output '%s' is never defined", v->name);
+    if (id < 0 || m->vals[id].kind == V_UNDEF)
+      return pb_fail(pb, NULL, "graph output '%s' is never defined", v->name);
     v->val = id;
   }
   if (m->noutputs == 0) return pb_fail(pb, NULL, "the graph has no outputs");
@@ -2621,7 +3037,8 @@ static bool check_graph(PB *pb, tg_onnx *m) {
   if (ok && qt < nn) {
     int bad = 0;
     while (indeg[bad] == 0) bad++;
-    ok = pb_fail(pb, NULL, "%s is part of a cycle (its inputs depend on its own output)", node_label(&m->nodes[bad], bad, lbl, sizeof lbl));
+    ok = pb_fail(pb, NULL, "%s is part of a cycle (its inputs depend on its own output)",
+                 node_label(&m->nodes[bad], bad, lbl, sizeof lbl));
   }
   (void)active;
   m->nnodes_run = cnt;
@@ -2633,7 +3050,8 @@ static bool check_graph(PB *pb, tg_onnx *m) {
   return ok;
 }
 
-tg_onnx *onnx_load_mem(const char *fn, const char *path, const uint8_t *data, size_t len, const char *device) {
+tg_onnx *onnx_load_mem(const char *fn, const char *path, const uint8_t *data, size_t len,
+                       const char *device) {
   tg_onnx *m = calloc(1, sizeof *m);
   if (!m) {
     tg_set_error(TG_ERR_IO, "%s: %s: out of memory", fn, path);
@@ -2676,7 +3094,8 @@ static const VInfo *vinfo_at(const tg_onnx *m, int i, bool out, const char *fn) 
   }
   int n = out ? m->noutputs : m->ninputs;
   if (i < 0 || i >= n) {
-    tg_set_error(TG_ERR_INVALID, "%s: index %d is out of range (the model has %d %s)", fn, i, n, out ? "outputs" : "inputs");
+    tg_set_error(TG_ERR_INVALID, "%s: index %d is out of range (the model has %d %s)", fn, i, n,
+                 out ? "outputs" : "inputs");
     return NULL;
   }
   return out ? &m->outputs[i] : &m->inputs[i];
@@ -2730,33 +3149,37 @@ static bool check_inputs(tg_onnx *m, const tg_tensor *in) {
     }
     tg_dtype dt = tg_dtype_of(in[i]);
     if (v->dt && dt != v->dt) {
-      tg_set_error(TG_ERR_INVALID, "tg_onnx_run: input %d ('%s') is %s, the model expects %s (tg_cast it)", i, v->name,
-                   tg_dtype_name(dt), tg_dtype_name(v->dt));
+      tg_set_error(TG_ERR_INVALID, "tg_onnx_run: input %d ('%s') is %s, the model expects %s (tg_cast it)", i,
+                   v->name, tg_dtype_name(dt), tg_dtype_name(v->dt));
       return false;
     }
     if (v->ndim < 0) continue;
     int64_t shape[ONNX_MAX_DIMS];
     int nd = tg_ndim(in[i]);
     if (nd != v->ndim) {
-      tg_set_error(TG_ERR_INVALID, "tg_onnx_run: input %d ('%s') has %d dims, the model expects %d", i, v->name, nd, v->ndim);
+      tg_set_error(TG_ERR_INVALID, "tg_onnx_run: input %d ('%s') has %d dims, the model expects %d", i,
+                   v->name, nd, v->ndim);
       return false;
     }
     tg_shape(in[i], shape);
     for (int d = 0; d < nd; d++) {
       if (v->shape[d] >= 0 && !v->dimparam[d] && shape[d] != v->shape[d]) {
-        tg_set_error(TG_ERR_INVALID, "tg_onnx_run: input %d ('%s') has size %lld in dim %d, the model expects %lld", i, v->name,
-                     (long long)shape[d], d, (long long)v->shape[d]);
+        tg_set_error(TG_ERR_INVALID,
+                     "tg_onnx_run: input %d ('%s') has size %lld in dim %d, the model expects %lld", i,
+                     v->name, (long long)shape[d], d, (long long)v->shape[d]);
         return false;
       }
       if (v->dimparam[d] && *v->dimparam[d]) {
         int k = 0;
         while (k < np && strcmp(pname[k], v->dimparam[d])) k++;
         if (k < np && pval[k] != shape[d]) {
-          tg_set_error(TG_ERR_INVALID, "tg_onnx_run: input %d ('%s') dim %d ('%s') is %lld but another input gave it %lld", i,
+          tg_set_error(TG_ERR_INVALID,
+                       "tg_onnx_run: input %d ('%s') dim %d ('%s') is %lld but another input gave it %lld", i,
                        v->name, d, v->dimparam[d], (long long)shape[d], (long long)pval[k]);
           return false;
         }
-        if (k == np && np < (int)(sizeof pval / sizeof pval[0])) pname[np] = v->dimparam[d], pval[np++] = shape[d];
+        if (k == np && np < (int)(sizeof pval / sizeof pval[0]))
+          pname[np] = v->dimparam[d], pval[np++] = shape[d];
       }
     }
   }
@@ -2787,10 +3210,11 @@ tg_status tg_onnx_run(tg_onnx *m, const tg_tensor *inputs, int nin, tg_tensor *o
   if (!m) return tg_set_error(TG_ERR_INVALID, "tg_onnx_run: the model is NULL");
   if (nin != m->ninputs || (nin && !inputs))
     return tg_set_error(TG_ERR_INVALID, "tg_onnx_run: the model takes %d input(s)%s%s%s, got %d", m->ninputs,
-                        m->ninputs ? " (first: '" : "", m->ninputs ? m->inputs[0].name : "", m->ninputs ? "')" : "", nin);
+                        m->ninputs ? " (first: '" : "", m->ninputs ? m->inputs[0].name : "",
+                        m->ninputs ? "')" : "", nin);
   if (nout != m->noutputs || !outputs)
-    return tg_set_error(TG_ERR_INVALID, "tg_onnx_run: the model has %d output(s), got room for %d%s", m->noutputs, nout,
-                        outputs ? "" : " (outputs is NULL)");
+    return tg_set_error(TG_ERR_INVALID, "tg_onnx_run: the model has %d output(s), got room for %d%s",
+                        m->noutputs, nout, outputs ? "" : " (outputs is NULL)");
   for (int i = 0; i < nout; i++) outputs[i] = (tg_tensor){0};
   if (!check_inputs(m, inputs)) return tg_last_status();
   RV *v = calloc((size_t)m->nvals + 1, sizeof *v);
