@@ -190,6 +190,45 @@ class Gathers(nn.Module):
     return g * 2, h.neg(), (x == x[0:1]).int(), x.pow(3) - x.pow(0.5 * x.abs())
 
 
+class Resizes(nn.Module):
+  """Resize as torch exports it: nn.Upsample / F.interpolate nearest (scales and sizes), bilinear
+  with align_corners False and True, bicubic"""
+
+  def forward(self, x):
+    return (nn.Upsample(scale_factor=2, mode="nearest")(x), F.interpolate(x, size=(7, 9), mode="nearest"),
+            F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False),
+            F.interpolate(x, size=(3, 8), mode="bilinear", align_corners=False),
+            F.interpolate(x, size=(9, 4), mode="bilinear", align_corners=True),
+            F.interpolate(x, scale_factor=(1.5, 2.5), mode="bilinear", align_corners=True),
+            F.interpolate(x, size=(8, 11), mode="bicubic", align_corners=False),
+            F.interpolate(x, size=(3, 7), mode="bicubic", align_corners=True),
+            F.interpolate(x[:, :, 0], scale_factor=3, mode="linear", align_corners=False))
+
+
+class TopKs(nn.Module):
+  def forward(self, x):
+    v, i = torch.topk(x, 3, dim=1)
+    w, j = torch.topk(x, 2, dim=-1, largest=False)
+    return v, i, w * 2, j, torch.topk(x, x.shape[0], dim=0)[1]
+
+
+class Blocks(nn.Module):
+  """GroupNorm (exported as InstanceNormalization + Reshape), PixelShuffle, PixelUnshuffle, max_pool2d
+  with indices"""
+
+  def __init__(self):
+    super().__init__()
+    self.gn = nn.GroupNorm(4, 8)
+    self.gn.weight.data.uniform_(0.5, 1.5)
+    self.gn.bias.data.uniform_(-0.5, 0.5)
+
+  def forward(self, x):
+    y = self.gn(x)
+    p, idx = F.max_pool2d(y, 2, return_indices=True)
+    q, idx2 = F.max_pool2d(y, 3, stride=2, padding=1, return_indices=True)
+    return y, F.pixel_shuffle(y, 2), F.pixel_unshuffle(y, 2), p, idx, q, idx2
+
+
 # ---- cases -----------------------------------------------------------------------------------------
 RNG = np.random.default_rng(0)
 
@@ -213,6 +252,11 @@ for opset in (13, 17):
   case(f"pad + conv transpose opset {opset}", check_model, PadConvT(), (rn(2, 4, 5, 6),), opset, "padct")
   case(f"gather, equal, pow opset {opset}", check_model, Gathers(), (rn(3, 6).abs(), torch.tensor([[0, 5], [2, 2]])),
        opset, "gather")
+  case(f"resize / upsample opset {opset}", check_model, Resizes(), (rn(2, 3, 5, 6),), opset, "resize")
+  case(f"topk opset {opset}", check_model, TopKs(), (torch.tensor(RNG.permutation(40).reshape(5, 8).astype(np.float32)),),
+       opset, "topk")
+  case(f"group norm, pixel shuffle, max pool indices opset {opset}", check_model, Blocks(), (rn(2, 8, 6, 6),), opset,
+       "blocks")
 
 
 def _describe():
@@ -248,13 +292,13 @@ def _errors():
     assert "tg_onnx_load" in str(e) and "ModelProto.graph" in str(e) and "past the end" in str(e), str(e)
 
   class Unsup(nn.Module):
-    def forward(self, x): return torch.topk(x, 2)[0]
+    def forward(self, x): return torch.nonzero(x)
   path = export(Unsup(), (rn(2, 3),), 13, "unsup")
   try:
     tg.OnnxModel(path)
     raise AssertionError("no error")
   except TGError as e:
-    assert "tg_onnx_load" in str(e) and "TopK" in str(e) and "not supported" in str(e), str(e)
+    assert "tg_onnx_load" in str(e) and "NonZero" in str(e) and "not supported" in str(e), str(e)
 
 
 case("load errors: truncated file, unsupported op", _errors)

@@ -35,6 +35,7 @@
 #define ONNX_MAX_DIMS 32   /* tensor rank */
 #define ONNX_HOST_MAX 4096 /* integer tensors up to this many elements are also kept on the host */
 #define ONNX_GATHER_SHRINK 16
+#define ONNX_HOST_REALS 64 /* float constants up to this many elements also keep their values on the host */
 #define ONNX_MAX_WINDOW                                                                                      \
   ((int64_t)1 << 31) /* kernel sizes, strides, dilations, pads */ /* Gather with at most this many constant  \
                                                                      indices uses shrink + cat */
@@ -284,6 +285,8 @@ typedef struct {
   HostVal *h;      /* integer/bool tensors of at most ONNX_HOST_MAX elements */
   bool has_scalar; /* one element: its value */
   double scalar;
+  double *fv; /* float tensors of at most ONNX_HOST_REALS elements (Resize's scales): values */
+  int64_t nfv;
   tg_dtype dt;
 } Const;
 
@@ -720,12 +723,21 @@ static bool make_const(PB *pb, tg_onnx *m, TP *t, const char *what, int *out_idx
       return pb_fail(pb, NULL, "out of memory");
     }
     for (size_t i = 0; i < numel; i++) k->h->v[i] = get_int_elem(buf, dt, i);
+  } else if ((dt == TG_FLOAT32 || dt == TG_FLOAT64) && numel <= ONNX_HOST_REALS) {
+    k->fv = malloc((numel ? numel : 1) * sizeof *k->fv);
+    if (!k->fv) {
+      free(buf);
+      return pb_fail(pb, NULL, "out of memory");
+    }
+    for (size_t i = 0; i < numel; i++) k->fv[i] = get_real_elem(buf, dt, i);
+    k->nfv = (int64_t)numel;
   }
   k->t = tg_from_data(buf, shape, (int)t->dims.n,
                       &(tg_opts){.dtype = dt, .device = m->device, .requires_grad = false});
   free(buf);
   if (!tg_valid(k->t)) {
     host_free(k->h);
+    free(k->fv);
     error_restate(TG_ERR_IO, NULL, "%s: %s: %s '%s'", pb->fn, pb->path, what, nm);
     return false;
   }
@@ -2628,9 +2640,37 @@ static bool pool(Run *r, const Node *n, bool mx) {
   o.exclude_pad = ai(n, "count_include_pad", 0) == 0;
   return out1(r, n, tg_avg_pool_nd(x, g.nk, &o));
 }
+/* MaxPool's optional Indices: flat indices into the whole input (N, C, H, W), row-major (storage_order
+ * 0) or with each plane column-major (1), from tg_max_pool2d_with_indices' per-plane h * W + w. */
 static bool op_MaxPool(Run *r, const Node *n) {
-  if (ai(n, "storage_order", 0)) return op_fail(r, "storage_order=1 is not supported");
-  return pool(r, n, true);
+  if (n->nout < 2 || n->out[1] < 0) return pool(r, n, true);
+  tg_tensor x = IN(r, n, 0);
+  int64_t xs[ONNX_MAX_DIMS];
+  int nd = in_shape(r, n, 0, xs);
+  if (nd < 0) return false;
+  if (nd != 4) return op_fail(r, "MaxPool's Indices output needs a 4-d input (N, C, H, W), got %d-d", nd);
+  const I64s *ks = aints(n, "kernel_shape");
+  if (!ks || ks->n != 2) return op_fail(r, "kernel_shape with 2 entries is required");
+  Geo g;
+  if (!geometry(r, n, xs, 2, NULL, &g, false)) return false;
+  tg_pool2d_opts o = {.kernel_size = {g.k[0], g.k[1]},
+                      .stride = {g.s[0], g.s[1]},
+                      .dilation = {g.d[0], g.d[1]},
+                      .padding = {g.pb[1], g.pe[1], g.pb[0], g.pe[0]},
+                      .npadding = 4,
+                      .ceil_mode = ai(n, "ceil_mode", 0) != 0};
+  tg_tensor v, ix;
+  if (tg_max_pool2d_with_indices(x, &o, &v, &ix) != TG_OK) return false;
+  ix = tg_cast(ix, TG_INT64);
+  if (ai(n, "storage_order", 0)) /* h * W + w -> w * H + h */
+    ix = tg_add(tg_mul_s(tg_mod(ix, tg_const_like(ix, (double)xs[3])), (double)xs[2]),
+                tg_idiv(ix, tg_const_like(ix, (double)xs[3])));
+  tg_tensor plane = tg_arange(0, (double)(xs[0] * xs[1]), 1,
+                              &(tg_opts){.dtype = TG_INT64, .device = r->m->device, .requires_grad = false});
+  plane = tg_reshape(tg_mul_s(plane, (double)(xs[2] * xs[3])), (int64_t[]){xs[0], xs[1], 1, 1}, 4);
+  set_out(r, n, 0, v);
+  set_out(r, n, 1, tg_add(ix, plane));
+  return tg_valid(r->v[n->out[1]].t);
 }
 static bool op_AveragePool(Run *r, const Node *n) { return pool(r, n, false); }
 
@@ -2719,6 +2759,362 @@ static bool op_Einsum(Run *r, const Node *n) {
   if (n->nin > 16) return op_fail(r, "more than 16 operands");
   for (int k = 0; k < n->nin; k++) ts[k] = IN(r, n, k);
   return out1(r, n, tg_einsum(eq, ts, n->nin));
+}
+
+/* ---- Resize / Upsample ---- */
+
+/* Up to cap values of input k as doubles: a float constant's host copy, a host integer tensor, or
+ * read from the tensor. *cnt -1 when the input is absent or empty (Resize's "" and empty roi/scales). */
+static bool reals_in(Run *r, const Node *n, int k, double *out, int cap, int *cnt, const char *what) {
+  *cnt = -1;
+  if (!has_in(n, k)) return true;
+  RV *v = &r->v[n->in[k]];
+  const Value *val = &r->m->vals[n->in[k]];
+  if (v->h) {
+    if (v->h->n > cap) return op_fail(r, "%s has %lld entries (at most %d)", what, (long long)v->h->n, cap);
+    for (int64_t i = 0; i < v->h->n; i++) out[i] = (double)v->h->v[i];
+    *cnt = v->h->n ? (int)v->h->n : -1;
+    return true;
+  }
+  if (val->kind == V_CONST && r->m->consts[val->ref].fv) {
+    const Const *c = &r->m->consts[val->ref];
+    if (c->nfv > cap) return op_fail(r, "%s has %lld entries (at most %d)", what, (long long)c->nfv, cap);
+    for (int64_t i = 0; i < c->nfv; i++) out[i] = c->fv[i];
+    *cnt = c->nfv ? (int)c->nfv : -1;
+    return true;
+  }
+  tg_tensor t = IN(r, n, k);
+  int64_t numel = tg_numel(t);
+  if (numel < 0) return false;
+  if (numel > cap) return op_fail(r, "%s has %lld entries (at most %d)", what, (long long)numel, cap);
+  if (numel == 0) return true;
+  if (tg_data(tg_cast(t, TG_FLOAT64), out, (size_t)numel * sizeof *out) != TG_OK) return false;
+  *cnt = (int)numel;
+  return true;
+}
+
+enum { RS_NEAREST, RS_LINEAR, RS_CUBIC };
+
+/* One resized axis: per output position up to 4 source indices (clamped into the input, as the
+ * spec's edge padding) and their weights, computed on the host, applied as gathers along the axis. */
+static tg_tensor resize_axis(Run *r, tg_tensor x, int axis, int64_t in, int64_t out, double scale, int mode,
+                             const char *ctm, const char *nmode, double A, bool exclude) {
+  int nt = mode == RS_NEAREST ? 1 : mode == RS_LINEAR ? 2 : 4;
+  int64_t *idx = malloc((size_t)(out * nt) * sizeof *idx);
+  double *w = malloc((size_t)(out * nt) * sizeof *w);
+  tg_tensor y = {0};
+  if (!idx || !w) {
+    op_fail(r, "out of memory");
+    goto done;
+  }
+  for (int64_t i = 0; i < out; i++) {
+    double xo, fi = (double)i;
+    if (!strcmp(ctm, "half_pixel"))
+      xo = (fi + 0.5) / scale - 0.5;
+    else if (!strcmp(ctm, "pytorch_half_pixel"))
+      xo = out > 1 ? (fi + 0.5) / scale - 0.5 : 0;
+    else if (!strcmp(ctm, "align_corners"))
+      xo = out > 1 ? fi * (double)(in - 1) / (double)(out - 1) : 0;
+    else if (!strcmp(ctm, "asymmetric"))
+      xo = fi / scale;
+    else if (!strcmp(ctm, "tf_half_pixel_for_nn"))
+      xo = (fi + 0.5) / scale;
+    else /* half_pixel_symmetric */
+      xo = (double)in / 2 * (1 - (double)out / (scale * (double)in)) + (fi + 0.5) / scale - 0.5;
+    int64_t *ix = idx + i * nt;
+    double *wi = w + i * nt;
+    if (mode == RS_NEAREST) {
+      double f = floor(xo), fr = xo - f, v;
+      if (!strcmp(nmode, "floor"))
+        v = f;
+      else if (!strcmp(nmode, "ceil"))
+        v = ceil(xo);
+      else if (!strcmp(nmode, "round_prefer_ceil"))
+        v = fr >= 0.5 ? f + 1 : f;
+      else /* round_prefer_floor */
+        v = fr > 0.5 ? f + 1 : f;
+      ix[0] = v < 0 ? 0 : v > (double)(in - 1) ? in - 1 : (int64_t)v;
+      wi[0] = 1;
+      continue;
+    }
+    double f = floor(xo), t = xo - f;
+    int64_t x0 = (int64_t)f;
+    if (mode == RS_LINEAR) {
+      ix[0] = x0, ix[1] = x0 + 1;
+      wi[0] = 1 - t, wi[1] = t;
+    } else {
+      double d[4] = {t + 1, t, 1 - t, 2 - t};
+      for (int j = 0; j < 4; j++) {
+        double a = d[j];
+        ix[j] = x0 - 1 + j;
+        wi[j] = a <= 1 ? ((A + 2) * a - (A + 3)) * a * a + 1 : ((A * a - 5 * A) * a + 8 * A) * a - 4 * A;
+      }
+    }
+    double sum = 0;
+    for (int j = 0; j < nt; j++) {
+      if (exclude && (ix[j] < 0 || ix[j] >= in)) wi[j] = 0;
+      sum += wi[j];
+      ix[j] = ix[j] < 0 ? 0 : ix[j] >= in ? in - 1 : ix[j];
+    }
+    if (exclude && sum != 0)
+      for (int j = 0; j < nt; j++) wi[j] /= sum;
+  }
+  {
+    int nd = rank(x);
+    int64_t xs[ONNX_MAX_DIMS], rs[ONNX_MAX_DIMS], es[ONNX_MAX_DIMS];
+    tg_shape(x, xs);
+    for (int d = 0; d < nd; d++) rs[d] = 1, es[d] = xs[d];
+    rs[axis] = es[axis] = out;
+    tg_opts io = {.dtype = TG_INT64, .device = r->m->device, .requires_grad = false};
+    tg_opts wo = {.dtype = TG_FLOAT64, .device = r->m->device, .requires_grad = false};
+    tg_tensor it = tg_from_data(idx, (int64_t[]){out, nt}, 2, &io);
+    tg_tensor wt = mode == RS_NEAREST ? it : tg_from_data(w, (int64_t[]){out, nt}, 2, &wo);
+    if (mode != RS_NEAREST && tg_valid(wt)) wt = tg_cast(wt, tg_dtype_of(x));
+    for (int j = 0; j < nt && tg_valid(it) && tg_valid(wt); j++) {
+      int64_t b[4] = {0, out, j, j + 1};
+      tg_tensor ij = tg_expand(tg_reshape(tg_shrink(it, b, 4), rs, nd), es, nd);
+      tg_tensor g = tg_gather(x, axis, ij);
+      if (mode == RS_NEAREST) {
+        y = g;
+        break;
+      }
+      tg_tensor term = tg_mul(g, tg_reshape(tg_shrink(wt, b, 4), rs, nd));
+      y = j ? tg_add(y, term) : term;
+    }
+  }
+done:
+  free(idx);
+  free(w);
+  return y;
+}
+
+/* Resize (opsets 10-19) and Upsample (7-9): scales (or sizes) -> output size per axis, then one
+ * separable pass per resized axis. */
+static bool resize(Run *r, const Node *n, bool upsample) {
+  tg_tensor x = IN(r, n, 0);
+  int64_t xs[ONNX_MAX_DIMS];
+  int nd = in_shape(r, n, 0, xs);
+  if (nd < 0) return false;
+  if (nd == 0) return op_fail(r, "%s of a 0-d tensor", n->op);
+  const char *mname = as(n, "mode", "nearest");
+  int mode = !strcmp(mname, "nearest")                                    ? RS_NEAREST
+             : !strcmp(mname, "linear") || !strcmp(mname, "bilinear")     ? RS_LINEAR
+             : !strcmp(mname, "cubic") && !upsample                       ? RS_CUBIC
+                                                                          : -1;
+  if (mode < 0) return op_fail(r, "%s mode '%s' is not one of nearest, linear%s", n->op, mname, upsample ? "" : ", cubic");
+  const char *ctm = upsample ? "asymmetric" : as(n, "coordinate_transformation_mode", "half_pixel");
+  const char *nmode = upsample ? "floor" : as(n, "nearest_mode", "round_prefer_floor");
+  static const char *ctms[] = {"half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric",
+                               "tf_half_pixel_for_nn", "half_pixel_symmetric"};
+  bool ok = false;
+  for (size_t i = 0; i < sizeof ctms / sizeof ctms[0]; i++) ok |= !strcmp(ctm, ctms[i]);
+  if (!strcmp(ctm, "tf_crop_and_resize"))
+    return op_fail(r, "Resize coordinate_transformation_mode tf_crop_and_resize is not supported");
+  if (!ok) return op_fail(r, "Resize coordinate_transformation_mode '%s' is not valid", ctm);
+  if (strcmp(nmode, "round_prefer_floor") && strcmp(nmode, "round_prefer_ceil") && strcmp(nmode, "floor") &&
+      strcmp(nmode, "ceil"))
+    return op_fail(r, "Resize nearest_mode '%s' is not valid", nmode);
+  if (ai(n, "antialias", 0)) return op_fail(r, "Resize antialias=1 is not supported");
+  bool exclude = ai(n, "exclude_outside", 0) != 0;
+  double A = af(n, "cubic_coeff_a", -0.75);
+  /* which axes the scales/sizes entries describe */
+  int axes[ONNX_MAX_DIMS], na = nd;
+  for (int i = 0; i < nd; i++) axes[i] = i;
+  const I64s *aa = aints(n, "axes");
+  if (aa && !upsample) {
+    if (aa->n < 1 || aa->n > (size_t)nd) return op_fail(r, "axes has %zu entries for a %d-d tensor", aa->n, nd);
+    na = (int)aa->n;
+    for (int i = 0; i < na; i++) {
+      int64_t a = aa->v[i];
+      if (!norm_axis(r, &a, nd, "axis")) return false;
+      for (int j = 0; j < i; j++)
+        if (axes[j] == a) return op_fail(r, "axis %lld is given twice", (long long)aa->v[i]);
+      axes[i] = (int)a;
+    }
+  }
+  double sc[ONNX_MAX_DIMS], sz[ONNX_MAX_DIMS];
+  int nsc = -1, nsz = -1;
+  if (upsample) {
+    const Attr *at = attr(n, "scales");
+    if (at && at->type == AT_FLOATS) {
+      if (at->floats.n > (size_t)ONNX_MAX_DIMS) return op_fail(r, "scales has %zu entries", at->floats.n);
+      nsc = (int)at->floats.n;
+      for (int i = 0; i < nsc; i++) sc[i] = at->floats.v[i];
+    } else if (!reals_in(r, n, 1, sc, ONNX_MAX_DIMS, &nsc, "scales"))
+      return false;
+  } else {
+    int ks = r->m->opset < 11 || n->nin == 2 ? 1 : 2;
+    if (!reals_in(r, n, ks, sc, ONNX_MAX_DIMS, &nsc, "scales")) return false;
+    if (ks == 2 && !reals_in(r, n, 3, sz, ONNX_MAX_DIMS, &nsz, "sizes")) return false;
+  }
+  if (nsc > 0 && nsz > 0) return op_fail(r, "%s has both scales and sizes; give one", n->op);
+  if (nsc < 0 && nsz < 0) return op_fail(r, "%s needs scales or sizes", n->op);
+  int cnt = nsc > 0 ? nsc : nsz;
+  if (cnt != na)
+    return op_fail(r, "%s has %d entries for %d axes", nsc > 0 ? "scales" : "sizes", cnt, na);
+  int64_t osz[ONNX_MAX_DIMS];
+  double scale[ONNX_MAX_DIMS];
+  for (int d = 0; d < nd; d++) osz[d] = xs[d], scale[d] = 1;
+  const char *policy = as(n, "keep_aspect_ratio_policy", "stretch");
+  if (nsz > 0 && strcmp(policy, "stretch")) {
+    bool larger = !strcmp(policy, "not_smaller");
+    if (!larger && strcmp(policy, "not_larger"))
+      return op_fail(r, "keep_aspect_ratio_policy '%s' is not one of stretch, not_larger, not_smaller", policy);
+    double s = 0;
+    for (int i = 0; i < na; i++) {
+      double si = sz[i] / (double)xs[axes[i]];
+      if (i == 0 || (larger ? si > s : si < s)) s = si;
+    }
+    for (int i = 0; i < na; i++) sz[i] = floor(s * (double)xs[axes[i]] + 0.5), sc[i] = s;
+  } else if (nsz > 0)
+    for (int i = 0; i < na; i++) sc[i] = sz[i] / (double)xs[axes[i]];
+  for (int i = 0; i < na; i++) {
+    double o = nsz > 0 ? sz[i] : floor((double)xs[axes[i]] * sc[i]);
+    if (!(sc[i] > 0) || !(o >= 0) || o > (double)ONNX_MAX_WINDOW)
+      return op_fail(r, "%s %g for axis %d (input size %lld) is not valid", nsz > 0 ? "size" : "scale",
+                     nsz > 0 ? sz[i] : sc[i], axes[i], (long long)xs[axes[i]]);
+    osz[axes[i]] = (int64_t)o;
+    scale[axes[i]] = sc[i];
+  }
+  for (int d = 0; d < nd; d++)
+    if (osz[d] == 0 || xs[d] == 0)
+      return out1(r, n, tg_empty(osz, nd, &(tg_opts){.dtype = tg_dtype_of(x), .device = r->m->device,
+                                                      .requires_grad = false}));
+  tg_dtype dt = tg_dtype_of(x);
+  bool conv = mode != RS_NEAREST && dt != TG_FLOAT32 && dt != TG_FLOAT64;
+  tg_tensor y = conv ? tg_cast(x, TG_FLOAT32) : x;
+  bool shifted = !strcmp(ctm, "tf_half_pixel_for_nn"); /* not the identity even at scale 1 */
+  for (int d = nd - 1; d >= 0 && tg_valid(y); d--)
+    if (osz[d] != xs[d] || scale[d] != 1 || shifted)
+      y = resize_axis(r, y, d, xs[d], osz[d], scale[d], mode, ctm, nmode, A, exclude);
+  if (conv && tg_valid(y)) y = tg_cast(is_intlike(dt) ? tg_round(y) : y, dt);
+  return out1(r, n, y);
+}
+static bool op_Resize(Run *r, const Node *n) { return resize(r, n, false); }
+static bool op_Upsample(Run *r, const Node *n) { return resize(r, n, true); }
+
+/* ---- TopK: k from the attribute (opset 1) or input 1 (10+); values and int64 indices ---- */
+static bool op_TopK(Run *r, const Node *n) {
+  tg_tensor x = IN(r, n, 0);
+  int nd = rank(x);
+  if (nd < 0) return false;
+  if (nd == 0) return op_fail(r, "TopK of a 0-d tensor");
+  int64_t axis = ai(n, "axis", -1);
+  if (!norm_axis(r, &axis, nd, "axis")) return false;
+  double kd;
+  if (has_in(n, 1)) {
+    if (!scalar_in(r, n, 1, &kd)) return false;
+  } else if (attr(n, "k"))
+    kd = (double)ai(n, "k", 0);
+  else
+    return op_fail(r, "TopK needs K (input 1, or the k attribute before opset 10)");
+  int64_t size = tg_dim(x, (int)axis);
+  if (!(kd >= 0) || kd > (double)size)
+    return op_fail(r, "K %g is out of range for a dim of size %lld", kd, (long long)size);
+  tg_tensor v, ix;
+  if (tg_topk(x, (int64_t)kd, (int)axis, ai(n, "largest", 1) != 0, ai(n, "sorted", 1) != 0, &v, &ix) != TG_OK)
+    return false;
+  set_out(r, n, 0, v);
+  set_out(r, n, 1, tg_cast(ix, TG_INT64));
+  return n->nout < 2 || n->out[1] < 0 || tg_valid(r->v[n->out[1]].t);
+}
+
+/* ---- GroupNormalization: scale and bias per channel (opset 21) or per group (opset 18's form) ---- */
+static bool op_GroupNormalization(Run *r, const Node *n) {
+  tg_tensor x = IN(r, n, 0), scale = IN(r, n, 1), bias = IN(r, n, 2);
+  int64_t xs[ONNX_MAX_DIMS];
+  int nd = in_shape(r, n, 0, xs);
+  if (nd < 0) return false;
+  if (nd < 2) return op_fail(r, "GroupNormalization needs (N, C, ...), got a %d-d tensor", nd);
+  int64_t g = ai(n, "num_groups", 0), c = xs[1];
+  if (g < 1 || c % g) return op_fail(r, "num_groups %lld does not divide %lld channels", (long long)g, (long long)c);
+  int64_t ns = tg_numel(scale), nb = tg_numel(bias);
+  if (ns < 0 || nb < 0) return false;
+  if ((ns != c && ns != g) || nb != ns)
+    return op_fail(r, "scale and bias have %lld and %lld elements; give %lld (channels) or %lld (groups)",
+                   (long long)ns, (long long)nb, (long long)c, (long long)g);
+  tg_dtype dt = tg_dtype_of(x);
+  bool up = dt != TG_FLOAT32 && dt != TG_FLOAT64 && ai(n, "stash_type", 1) == 1;
+  tg_tensor y = tg_reshape(up ? tg_cast(x, TG_FLOAT32) : x, (int64_t[]){xs[0], g, -1}, 3);
+  int ax = 2;
+  tg_tensor mean = tg_mean(y, &ax, 1, true);
+  tg_tensor cn = tg_sub(y, mean);
+  tg_tensor var = tg_mean(tg_mul(cn, cn), &ax, 1, true);
+  y = tg_mul(cn, tg_rsqrt(tg_add_s(var, af(n, "epsilon", 1e-5))));
+  if (up) y = tg_cast(y, dt);
+  int64_t cs[ONNX_MAX_DIMS];
+  if (ns == c && c != g) {
+    y = tg_reshape(y, xs, nd);
+    for (int i = 0; i < nd; i++) cs[i] = i == 1 ? c : 1;
+    return out1(r, n, tg_add(tg_mul(y, tg_reshape(scale, cs, nd)), tg_reshape(bias, cs, nd)));
+  }
+  int64_t gs[3] = {1, g, 1};
+  y = tg_add(tg_mul(y, tg_reshape(scale, gs, 3)), tg_reshape(bias, gs, 3));
+  return out1(r, n, tg_reshape(y, xs, nd));
+}
+
+/* ---- DepthToSpace (DCR, CRD) / SpaceToDepth on (N, C, H, W) ---- */
+static bool op_DepthToSpace(Run *r, const Node *n) {
+  tg_tensor x = IN(r, n, 0);
+  int64_t xs[ONNX_MAX_DIMS];
+  int nd = in_shape(r, n, 0, xs);
+  if (nd < 0) return false;
+  if (nd != 4) return op_fail(r, "DepthToSpace needs (N, C, H, W), got a %d-d tensor", nd);
+  int64_t b = ai(n, "blocksize", 0);
+  if (b < 1 || b > 65536 || xs[1] % (b * b))
+    return op_fail(r, "blocksize %lld does not divide the %lld channels into blocksize^2 groups", (long long)b,
+                   (long long)xs[1]);
+  const char *mode = as(n, "mode", "DCR");
+  bool crd = !strcmp(mode, "CRD");
+  if (!crd && strcmp(mode, "DCR")) return op_fail(r, "DepthToSpace mode '%s' is not DCR or CRD", mode);
+  int64_t c = xs[1] / (b * b);
+  int64_t s6[6] = {xs[0], b, b, c, xs[2], xs[3]}, c6[6] = {xs[0], c, b, b, xs[2], xs[3]};
+  int pd[6] = {0, 3, 4, 1, 5, 2}, pc[6] = {0, 1, 4, 2, 5, 3};
+  tg_tensor y = tg_permute(tg_reshape(x, crd ? c6 : s6, 6), crd ? pc : pd, 6);
+  return out1(r, n, tg_reshape(y, (int64_t[]){xs[0], c, xs[2] * b, xs[3] * b}, 4));
+}
+static bool op_SpaceToDepth(Run *r, const Node *n) {
+  tg_tensor x = IN(r, n, 0);
+  int64_t xs[ONNX_MAX_DIMS];
+  int nd = in_shape(r, n, 0, xs);
+  if (nd < 0) return false;
+  if (nd != 4) return op_fail(r, "SpaceToDepth needs (N, C, H, W), got a %d-d tensor", nd);
+  int64_t b = ai(n, "blocksize", 0);
+  if (b < 1 || b > 65536 || xs[2] % b || xs[3] % b)
+    return op_fail(r, "blocksize %lld does not divide H %lld and W %lld", (long long)b, (long long)xs[2],
+                   (long long)xs[3]);
+  int p[6] = {0, 3, 5, 1, 2, 4};
+  tg_tensor y = tg_reshape(x, (int64_t[]){xs[0], xs[1], xs[2] / b, b, xs[3] / b, b}, 6);
+  y = tg_permute(y, p, 6);
+  return out1(r, n, tg_reshape(y, (int64_t[]){xs[0], xs[1] * b * b, xs[2] / b, xs[3] / b}, 4));
+}
+
+/* ---- Hardmax: 1 at the first maximum along axis (opset < 13: of the 2-D flattening at axis) ---- */
+static bool op_Hardmax(Run *r, const Node *n) {
+  tg_tensor x = IN(r, n, 0);
+  int64_t xs[ONNX_MAX_DIMS];
+  int nd = in_shape(r, n, 0, xs);
+  if (nd < 0) return false;
+  if (nd == 0) return op_fail(r, "Hardmax of a 0-d tensor");
+  int64_t axis = ai(n, "axis", r->m->opset >= 13 ? -1 : 1);
+  if (!norm_axis(r, &axis, nd, "axis")) return false;
+  tg_tensor y = x;
+  int ax = (int)axis;
+  if (r->m->opset < 13) {
+    int64_t two[2] = {1, 1};
+    for (int i = 0; i < nd; i++) two[i < axis ? 0 : 1] *= xs[i];
+    y = tg_reshape(x, two, 2);
+    ax = 1;
+  }
+  int yn = r->m->opset < 13 ? 2 : nd;
+  int64_t size = tg_dim(y, ax);
+  tg_tensor am = tg_argmax(y, &ax, 1, true); /* the first maximum */
+  tg_tensor pos = tg_arange(0, (double)size, 1, &(tg_opts){.dtype = TG_INT32, .device = r->m->device,
+                                                           .requires_grad = false});
+  int64_t ps[ONNX_MAX_DIMS];
+  for (int i = 0; i < yn; i++) ps[i] = i == ax ? size : 1;
+  y = tg_cast(tg_eq(tg_cast(am, TG_INT32), tg_reshape(pos, ps, yn)), tg_dtype_of(x));
+  return out1(r, n, r->m->opset < 13 ? tg_reshape(y, xs, nd) : y);
 }
 
 /* ==== the op table ============================================================================= */
@@ -2821,7 +3217,7 @@ static const OpDef ops[] = {
     OP(Gemm, 2, 3, 1),
     OP(Conv, 2, 3, 1),
     OP(ConvTranspose, 2, 3, 1),
-    OP(MaxPool, 1, 1, 1),
+    OP(MaxPool, 1, 1, 2),
     OP(AveragePool, 1, 1, 1),
     OP(GlobalAveragePool, 1, 1, 1),
     OP(GlobalMaxPool, 1, 1, 1),
@@ -2831,6 +3227,13 @@ static const OpDef ops[] = {
     OP(CumSum, 2, 2, 1),
     OP(Trilu, 1, 2, 1),
     OP(Einsum, 1, 16, 1),
+    OP(Resize, 1, 4, 1),
+    OP(Upsample, 1, 2, 1),
+    OP(TopK, 1, 2, 2),
+    OP(GroupNormalization, 3, 3, 1),
+    OP(DepthToSpace, 1, 1, 1),
+    OP(SpaceToDepth, 1, 1, 1),
+    OP(Hardmax, 1, 1, 1),
 };
 
 static const OpDef *op_find(const char *name) {
@@ -2846,6 +3249,7 @@ void tg_onnx_free(tg_onnx *m) {
   for (int i = 0; i < m->nconsts; i++) {
     if (tg_valid(m->consts[i].t)) tg_free(m->consts[i].t);
     host_free(m->consts[i].h);
+    free(m->consts[i].fv);
   }
   free(m->consts);
   for (int i = 0; i < m->nnodes; i++) node_free(&m->nodes[i]);
