@@ -319,6 +319,248 @@ def _outputs_owned():
 case("outputs outlive the model", _outputs_owned)
 
 
+# ---- hand-built single-node models (attribute corners torch does not export) ------------------------
+def _varint(v):
+  v &= (1 << 64) - 1
+  out = bytearray()
+  while True:
+    b = v & 0x7f
+    v >>= 7
+    out.append(b | (0x80 if v else 0))
+    if not v: return bytes(out)
+
+
+def _fld(num, payload):  # length-delimited field
+  return _varint(num << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _int(num, v): return _varint(num << 3) + _varint(v)
+
+
+def _attr(name, v):
+  a = _fld(1, name.encode())
+  if isinstance(v, float): return a + _varint(2 << 3 | 5) + np.float32(v).tobytes() + _int(20, 1)
+  if isinstance(v, int): return a + _int(3, v) + _int(20, 2)
+  if isinstance(v, str): return a + _fld(4, v.encode()) + _int(20, 3)
+  if all(isinstance(e, float) for e in v): return a + b"".join(_varint(7 << 3 | 5) + np.float32(e).tobytes() for e in v) + _int(20, 6)
+  return a + b"".join(_int(8, e) for e in v) + _int(20, 7)
+
+
+_ONNX_DT = {np.dtype(np.float32): 1, np.dtype(np.uint8): 2, np.dtype(np.int8): 3, np.dtype(np.int32): 6,
+            np.dtype(np.int64): 7, np.dtype(np.float64): 11}
+
+
+def _tensor(name, a):
+  a = np.ascontiguousarray(a)
+  return b"".join(_int(1, d) for d in a.shape) + _int(2, _ONNX_DT[a.dtype]) + _fld(8, name.encode()) + _fld(9, a.tobytes())
+
+
+def _vinfo(name, a=None):
+  if a is None: return _fld(1, name.encode())
+  shape = b"".join(_fld(1, _int(1, d)) for d in a.shape)
+  return _fld(1, name.encode()) + _fld(2, _fld(1, _int(1, _ONNX_DT[a.dtype]) + _fld(2, shape)))
+
+
+def node_model(op, inputs, consts=(), attrs=None, nout=1, opset=13):
+  """A model of one node: inputs [(name, array)] are graph inputs, consts [(name, array)] initializers
+  (an empty name is an omitted optional input); outputs y0..y{nout-1}. Returns the file's path."""
+  names = [n for n, _ in inputs] + [n for n, _ in consts]
+  node = b"".join(_fld(1, n.encode()) for n in names) + b"".join(_fld(2, f"y{i}".encode()) for i in range(nout))
+  node += _fld(4, op.encode()) + b"".join(_fld(5, _attr(k, v)) for k, v in (attrs or {}).items())
+  g = _fld(1, node) + _fld(2, b"g") + b"".join(_fld(5, _tensor(n, a)) for n, a in consts if n)
+  g += b"".join(_fld(11, _vinfo(n, a)) for n, a in inputs) + b"".join(_fld(12, _vinfo(f"y{i}")) for i in range(nout))
+  model = _int(1, 8) + _fld(8, _fld(1, b"") + _int(2, opset)) + _fld(7, g)
+  path = os.path.join(TMP, f"node_{len(os.listdir(TMP))}.onnx")
+  with open(path, "wb") as f: f.write(model)
+  return path
+
+
+def run_node(op, inputs, consts=(), attrs=None, nout=1, opset=13):
+  with tg.OnnxModel(node_model(op, inputs, consts, attrs, nout, opset)) as m:
+    return [o.numpy() for o in m.run(*[to_tg(a) for _, a in inputs])]
+
+
+def expect_error(words, *a, **kw):
+  try:
+    run_node(*a, **kw)
+  except TGError as e:
+    assert all(w in str(e) for w in words), str(e)
+    return
+  raise AssertionError(f"no error (wanted {words})")
+
+
+def np_resize(x, sizes, scales, mode="nearest", ctm="half_pixel", nearest_mode="round_prefer_floor", a=-0.75,
+              exclude=False):
+  """the ONNX spec's Resize, one axis at a time, one output point at a time"""
+  for ax in range(x.ndim):
+    n_in, n_out, sc = x.shape[ax], sizes[ax], scales[ax]
+    if n_in == n_out and sc == 1 and ctm != "tf_half_pixel_for_nn": continue
+    xt = np.moveaxis(x, ax, -1)
+    y = np.zeros(xt.shape[:-1] + (n_out,), np.float64)
+    for i in range(n_out):
+      if ctm == "half_pixel": xo = (i + 0.5) / sc - 0.5
+      elif ctm == "pytorch_half_pixel": xo = (i + 0.5) / sc - 0.5 if n_out > 1 else 0.0
+      elif ctm == "align_corners": xo = i * (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+      elif ctm == "asymmetric": xo = i / sc
+      elif ctm == "tf_half_pixel_for_nn": xo = (i + 0.5) / sc
+      elif ctm == "half_pixel_symmetric": xo = n_in / 2 * (1 - n_out / (sc * n_in)) + (i + 0.5) / sc - 0.5
+      if mode == "nearest":
+        f = np.floor(xo)
+        k = {"floor": f, "ceil": np.ceil(xo), "round_prefer_floor": f + 1 if xo - f > 0.5 else f,
+             "round_prefer_ceil": f + 1 if xo - f >= 0.5 else f}[nearest_mode]
+        y[..., i] = xt[..., int(min(max(k, 0), n_in - 1))]
+        continue
+      f = int(np.floor(xo))
+      t = xo - f
+      if mode == "linear": taps, w = [f, f + 1], [1 - t, t]
+      else:
+        def k(d): return ((a + 2) * d - (a + 3)) * d * d + 1 if d <= 1 else ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+        taps, w = [f - 1, f, f + 1, f + 2], [k(t + 1), k(t), k(1 - t), k(2 - t)]
+      w = np.array(w)
+      if exclude:
+        w = np.where([0 <= p < n_in for p in taps], w, 0)
+        w = w / w.sum()
+      y[..., i] = sum(wj * xt[..., min(max(p, 0), n_in - 1)] for wj, p in zip(w, taps))
+    x = np.moveaxis(y, -1, ax)
+  return x
+
+
+def _resize_nodes():
+  x = RNG.standard_normal((2, 3, 5, 7)).astype(np.float32)
+  X = [("x", x)]
+  f32 = lambda *v: np.array(v, np.float32)  # noqa: E731
+  i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+  roi = ("", None)
+  for mode in ("nearest", "linear", "cubic"):
+    for ctm in ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "half_pixel_symmetric"):
+      for nm in (("round_prefer_floor", "round_prefer_ceil", "floor", "ceil") if mode == "nearest" else ("",)):
+        for sizes, scales in [((2, 3, 9, 4), None), (None, (1.0, 1.0, 1.7, 0.6)), (None, (1.0, 1.0, 2.0, 3.0)),
+                              ((2, 3, 1, 10), None)]:
+          attrs = {"mode": mode, "coordinate_transformation_mode": ctm}
+          if nm: attrs["nearest_mode"] = nm
+          for ex in ((0, 1) if mode == "cubic" else (0,)):
+            if ex: attrs["exclude_outside"] = 1
+            if mode == "cubic": attrs["cubic_coeff_a"] = -0.5
+            c = [roi, ("scales", f32(*scales))] if scales else [roi, ("", None), ("sizes", i64(*sizes))]
+            (got,) = run_node("Resize", X, c, attrs, opset=13)
+            szs = sizes or tuple(int(np.floor(s * sc)) for s, sc in zip(x.shape, np.float32(scales)))
+            scs = [float(np.float32(s)) for s in scales] if scales else [o / i for o, i in zip(sizes, x.shape)]
+            want = np_resize(x.astype(np.float64), szs, scs, mode, ctm, nm or "round_prefer_floor",
+                             -0.5 if mode == "cubic" else -0.75, bool(ex))
+            assert got.shape == want.shape, (attrs, got.shape, want.shape)
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=str((attrs, sizes, scales)))
+  # tf_half_pixel_for_nn (opset 11's nearest) at scale 1 still shifts
+  (got,) = run_node("Resize", X, [roi, ("scales", f32(1, 1, 1, 1))],
+                    {"coordinate_transformation_mode": "tf_half_pixel_for_nn", "nearest_mode": "ceil"}, opset=11)
+  np.testing.assert_array_equal(got, np_resize(x, x.shape, [1] * 4, "nearest", "tf_half_pixel_for_nn", "ceil"))
+  # opset 10: (X, scales); opset 18: axes and keep_aspect_ratio_policy
+  (got,) = run_node("Resize", X, [("scales", f32(1, 1, 2, 2))], opset=10)
+  np.testing.assert_array_equal(got, np_resize(x, (2, 3, 10, 14), [1, 1, 2, 2], "nearest", "half_pixel"))
+  (got,) = run_node("Resize", X, [roi, ("", None), ("sizes", i64(8, 3))], {"axes": [3, -2], "mode": "linear"},
+                    opset=18)
+  np.testing.assert_allclose(got, np_resize(x, (2, 3, 3, 8), [1, 1, 3 / 5, 8 / 7], "linear"), rtol=1e-5, atol=1e-6)
+  for pol, s in (("not_larger", 8 / 7), ("not_smaller", 9 / 5)):
+    (got,) = run_node("Resize", X, [roi, ("", None), ("sizes", i64(9, 8))],
+                      {"axes": [2, 3], "mode": "linear", "keep_aspect_ratio_policy": pol}, opset=18)
+    want = np_resize(x, (2, 3, int(5 * s + 0.5), int(7 * s + 0.5)), [1, 1, s, s], "linear")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  # integer input, resizing the channel dim too
+  xi = RNG.integers(0, 255, (1, 2, 3, 4)).astype(np.uint8)
+  (got,) = run_node("Resize", [("x", xi)], [roi, ("scales", f32(1, 2, 2, 1.5))], {"mode": "nearest"})
+  assert got.dtype == np.uint8
+  np.testing.assert_array_equal(got, np_resize(xi, (1, 4, 6, 6), [1, 2, 2, 1.5]).astype(np.uint8))
+  # scales computed at run time (a graph input, read from the tensor)
+  with tg.OnnxModel(node_model("Resize", [("x", x), ("roi", f32()), ("scales", f32(1, 1, 0.5, 2))], [],
+                               {"mode": "linear", "coordinate_transformation_mode": "asymmetric"})) as m:
+    (got,) = m.run(to_tg(x), to_tg(f32()), to_tg(f32(1, 1, 0.5, 2)))
+    np.testing.assert_allclose(got.numpy(), np_resize(x, (2, 3, 2, 14), [1, 1, 0.5, 2], "linear", "asymmetric"),
+                               rtol=1e-5, atol=1e-6)
+  # Upsample: scales as attribute (opset 7) and as input (opset 9); asymmetric, nearest = floor
+  for mode in ("nearest", "linear"):
+    want = np_resize(x, (2, 3, 15, 14), [1, 1, 3, 2], mode, "asymmetric", "floor")
+    (got,) = run_node("Upsample", X, [], {"mode": mode, "scales": [1.0, 1.0, 3.0, 2.0]}, opset=7)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    (got,) = run_node("Upsample", X, [("scales", f32(1, 1, 3, 2))], {"mode": mode}, opset=9)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  # refused attribute values
+  sc = [roi, ("scales", f32(1, 1, 2, 2))]
+  expect_error(["antialias"], "Resize", X, sc, {"mode": "linear", "antialias": 1}, opset=18)
+  expect_error(["tf_crop_and_resize"], "Resize", X, sc, {"coordinate_transformation_mode": "tf_crop_and_resize"})
+  expect_error(["nearest_mode", "round"], "Resize", X, sc, {"nearest_mode": "round"})
+  expect_error(["mode", "area"], "Resize", X, sc, {"mode": "area"})
+  expect_error(["Upsample", "cubic"], "Upsample", X, [], {"mode": "cubic", "scales": [1.0, 1.0, 2.0, 2.0]}, opset=7)
+  expect_error(["scales and sizes"], "Resize", X, [roi, ("scales", f32(1, 1, 2, 2)), ("sizes", i64(2, 3, 4, 4))])
+  expect_error(["scales", "3 entries", "4 axes"], "Resize", X, [roi, ("scales", f32(1, 2, 2))])
+
+
+case("Resize / Upsample nodes: every mode, coordinate mode, nearest mode against the spec", _resize_nodes)
+
+
+def _other_nodes():
+  x = RNG.permutation(2 * 3 * 4 * 5).reshape(2, 3, 4, 5).astype(np.float32)
+  X = [("x", x)]
+  # TopK: k attribute (opset 1) and input, largest/sorted, axis
+  for opset, kin, attrs in ((1, None, {"k": 3, "axis": 2}), (11, 3, {"axis": -2, "largest": 0}),
+                            (11, 2, {"axis": 3, "sorted": 1})):
+    v, i = run_node("TopK", X, [("k", np.array([kin], np.int64))] if kin else [], attrs, nout=2, opset=opset)
+    t = torch.topk(torch.tensor(x), kin or 3, dim=attrs["axis"], largest=bool(attrs.get("largest", 1)))
+    np.testing.assert_array_equal(v, t.values.numpy())
+    assert i.dtype == np.int64
+    np.testing.assert_array_equal(i, t.indices.numpy())
+  expect_error(["K", "out of range"], "TopK", X, [("k", np.array([9], np.int64))], {"axis": 2}, nout=2)
+  # GroupNormalization: per-group scale (opset 18) and per-channel (opset 21)
+  xg = RNG.standard_normal((2, 6, 3, 4)).astype(np.float32)
+  sg, bg = RNG.standard_normal(3).astype(np.float32), RNG.standard_normal(3).astype(np.float32)
+  sc, bc = RNG.standard_normal(6).astype(np.float32), RNG.standard_normal(6).astype(np.float32)
+  gn = F.group_norm(torch.tensor(xg), 3, None, None, 1e-3).numpy()
+  (got,) = run_node("GroupNormalization", [("x", xg)], [("s", sg), ("b", bg)], {"num_groups": 3, "epsilon": 1e-3},
+                    opset=18)
+  np.testing.assert_allclose(got, gn * np.repeat(sg, 2)[:, None, None] + np.repeat(bg, 2)[:, None, None], rtol=1e-4,
+                             atol=1e-5)
+  (got,) = run_node("GroupNormalization", [("x", xg)], [("s", sc), ("b", bc)], {"num_groups": 3, "epsilon": 1e-3},
+                    opset=21)
+  want = F.group_norm(torch.tensor(xg), 3, torch.tensor(sc), torch.tensor(bc), 1e-3).numpy()
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+  expect_error(["num_groups 4"], "GroupNormalization", [("x", xg)], [("s", sc), ("b", bc)], {"num_groups": 4},
+               opset=21)
+  # DepthToSpace DCR / CRD and SpaceToDepth, against the spec's reshape/transpose
+  xd = RNG.standard_normal((2, 8, 3, 2)).astype(np.float32)
+  (got,) = run_node("DepthToSpace", [("x", xd)], [], {"blocksize": 2})
+  want = xd.reshape(2, 2, 2, 2, 3, 2).transpose(0, 3, 4, 1, 5, 2).reshape(2, 2, 6, 4)
+  np.testing.assert_array_equal(got, want)
+  (got,) = run_node("DepthToSpace", [("x", xd)], [], {"blocksize": 2, "mode": "CRD"})
+  np.testing.assert_array_equal(got, F.pixel_shuffle(torch.tensor(xd), 2).numpy())
+  xs = x[..., :4]
+  (got,) = run_node("SpaceToDepth", [("x", xs)], [], {"blocksize": 2})
+  want = xs.reshape(2, 3, 2, 2, 2, 2).transpose(0, 3, 5, 1, 2, 4).reshape(2, 12, 2, 2)
+  np.testing.assert_array_equal(got, want)
+  expect_error(["blocksize 3"], "SpaceToDepth", [("x", xg)], [], {"blocksize": 3})
+  # Hardmax: opset 13 along the axis (first maximum), opset 11 on the 2-D flattening
+  xh = np.array([[[1, 3, 3], [2, 0, 1]], [[5, 5, 5], [0, 9, 1]]], np.float32)
+  (got,) = run_node("Hardmax", [("x", xh)], [], {"axis": 1}, opset=13)
+  np.testing.assert_array_equal(got, np.array([[[0, 1, 1], [1, 0, 0]], [[1, 0, 1], [0, 1, 0]]], np.float32))
+  (got,) = run_node("Hardmax", [("x", xh)], [], {"axis": 1}, opset=11)
+  want = np.zeros(12, np.float32).reshape(2, 6)
+  want[0, 1] = want[1, 4] = 1
+  np.testing.assert_array_equal(got, want.reshape(2, 2, 3))
+  # MaxPool's Indices: flat over the whole input, row-major and (storage_order=1) column-major planes
+  xm = RNG.standard_normal((2, 3, 5, 6)).astype(np.float32)
+  v, i = run_node("MaxPool", [("x", xm)], [], {"kernel_shape": [2, 3], "strides": [2, 2], "pads": [1, 0, 0, 1]},
+                  nout=2)
+  flat = xm.reshape(-1)
+  np.testing.assert_array_equal(flat[i], v)
+  tv, ti = F.max_pool2d(F.pad(torch.tensor(xm), (0, 1, 1, 0), value=-np.inf), (2, 3), 2, return_indices=True)
+  np.testing.assert_array_equal(v, tv.numpy())
+  v2, i2 = run_node("MaxPool", [("x", xm)], [], {"kernel_shape": [2, 2], "storage_order": 1}, nout=2)
+  h, w = (i2 % 30) % 5, (i2 % 30) // 5
+  np.testing.assert_array_equal(xm.reshape(6, 5, 6)[(i2 // 30).reshape(-1), h.reshape(-1), w.reshape(-1)],
+                                v2.reshape(-1))
+  expect_error(["Indices", "4-d"], "MaxPool", [("x", xm[0])], [], {"kernel_shape": [2]}, nout=2)
+
+
+case("TopK, GroupNormalization, DepthToSpace, SpaceToDepth, Hardmax, MaxPool Indices nodes", _other_nodes)
+
+
 def main():
   import shutil
   try:
