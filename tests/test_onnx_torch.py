@@ -6,7 +6,11 @@ with tg_onnx_run and compares the outputs with the torch model's (rtol 1e-4): an
 BatchNormalization kept as a node, a ResNet basic block, a 2-layer nn.TransformerEncoder, a model
 whose shapes come from Shape ops (dynamic batch, run at two batch sizes), and models covering the
 remaining ops (Split, Where, Expand, Range, ConstantOfShape, reductions with axes as input,
-ArgMax, Pad, ConvTranspose, ...). Also the graph description accessors and error messages. Each
+ArgMax, Pad, ConvTranspose, ...), Resize/Upsample as torch exports interpolation, TopK, GroupNorm,
+PixelShuffle and max_pool2d with indices. Hand-built single-node models (a small protobuf writer)
+cover attribute corners torch does not export: Resize against the spec's formulas in numpy,
+Upsample, GroupNormalization, DepthToSpace, SpaceToDepth, Hardmax, MaxPool's Indices, and the refused
+attribute values. Also the graph description accessors and error messages. Each
 case runs in its own scope and the live handle count must be 0 at the end.
 
 Run: TINYGRAD_LIB=build/libtinygrad.so /usr/bin/python3 tests/test_onnx_torch.py   (TEST_FILTER=substr)
