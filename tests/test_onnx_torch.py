@@ -565,6 +565,37 @@ def _other_nodes():
 case("TopK, GroupNormalization, DepthToSpace, SpaceToDepth, Hardmax, MaxPool Indices nodes", _other_nodes)
 
 
+def _quant_nodes():
+  x = (RNG.standard_normal((2, 3, 4)) * 3).astype(np.float32)
+  for dt, lo, hi in ((np.uint8, 0, 255), (np.int8, -128, 127)):
+    for scale, zp, axis in ((np.float32(0.05), dt(3), 1), (np.array([0.02, 0.1, 0.03], np.float32),
+                                                           np.array([1, 0, 2], dt), 1),
+                            (np.array([0.05, 0.07, 0.01, 0.2], np.float32), np.array([0, 5, 2, 1], dt), -1)):
+      shp = [1, 1, 1]
+      if np.ndim(scale): shp[axis] = -1
+      s, z = np.reshape(scale, shp), np.reshape(zp, shp).astype(np.float32)
+      want = np.clip(np.round(x / s) + z, lo, hi).astype(dt)  # np.round: half to even, as the spec
+      (q,) = run_node("QuantizeLinear", [("x", x)], [("s", np.array(scale)), ("z", np.array(zp))], {"axis": axis})
+      assert q.dtype == dt
+      np.testing.assert_array_equal(q, want)
+      (d,) = run_node("DequantizeLinear", [("q", q)], [("s", np.array(scale)), ("z", np.array(zp))], {"axis": axis})
+      np.testing.assert_allclose(d, (q.astype(np.float32) - z) * s, rtol=1e-6)
+  (q,) = run_node("QuantizeLinear", [("x", x)], [("s", np.array(0.1, np.float32))])  # no zero point: uint8
+  np.testing.assert_array_equal(q, np.clip(np.round(x / np.float32(0.1)), 0, 255).astype(np.uint8))
+  expect_error(["blocked"], "DequantizeLinear", [("q", q)], [("s", np.ones((2, 3), np.float32))])
+  a = RNG.integers(0, 255, (3, 5)).astype(np.uint8)
+  b = RNG.integers(-128, 127, (5, 4)).astype(np.int8)
+  for zps in ([], [("az", np.array(7, np.uint8))], [("az", np.array([1, 2, 3], np.uint8)), ("bz", np.array([4, -1, 0, 2], np.int8))]):
+    (y,) = run_node("MatMulInteger", [("a", a), ("b", b)], zps)
+    az = zps[0][1].astype(np.int32).reshape(-1, 1) if zps else 0
+    bz = zps[1][1].astype(np.int32) if len(zps) > 1 else 0
+    assert y.dtype == np.int32
+    np.testing.assert_array_equal(y, (a.astype(np.int32) - az) @ (b.astype(np.int32) - bz))
+
+
+case("QuantizeLinear, DequantizeLinear (per tensor, per axis), MatMulInteger nodes", _quant_nodes)
+
+
 def main():
   import shutil
   try:

@@ -2897,15 +2897,17 @@ static bool resize(Run *r, const Node *n, bool upsample) {
   if (nd < 0) return false;
   if (nd == 0) return op_fail(r, "%s of a 0-d tensor", n->op);
   const char *mname = as(n, "mode", "nearest");
-  int mode = !strcmp(mname, "nearest")                                    ? RS_NEAREST
-             : !strcmp(mname, "linear") || !strcmp(mname, "bilinear")     ? RS_LINEAR
-             : !strcmp(mname, "cubic") && !upsample                       ? RS_CUBIC
-                                                                          : -1;
-  if (mode < 0) return op_fail(r, "%s mode '%s' is not one of nearest, linear%s", n->op, mname, upsample ? "" : ", cubic");
+  int mode = !strcmp(mname, "nearest")                                ? RS_NEAREST
+             : !strcmp(mname, "linear") || !strcmp(mname, "bilinear") ? RS_LINEAR
+             : !strcmp(mname, "cubic") && !upsample                   ? RS_CUBIC
+                                                                      : -1;
+  if (mode < 0)
+    return op_fail(r, "%s mode '%s' is not one of nearest, linear%s", n->op, mname,
+                   upsample ? "" : ", cubic");
   const char *ctm = upsample ? "asymmetric" : as(n, "coordinate_transformation_mode", "half_pixel");
   const char *nmode = upsample ? "floor" : as(n, "nearest_mode", "round_prefer_floor");
-  static const char *ctms[] = {"half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric",
-                               "tf_half_pixel_for_nn", "half_pixel_symmetric"};
+  static const char *ctms[] = {"half_pixel", "pytorch_half_pixel",   "align_corners",
+                               "asymmetric", "tf_half_pixel_for_nn", "half_pixel_symmetric"};
   bool ok = false;
   for (size_t i = 0; i < sizeof ctms / sizeof ctms[0]; i++) ok |= !strcmp(ctm, ctms[i]);
   if (!strcmp(ctm, "tf_crop_and_resize"))
@@ -2922,7 +2924,8 @@ static bool resize(Run *r, const Node *n, bool upsample) {
   for (int i = 0; i < nd; i++) axes[i] = i;
   const I64s *aa = aints(n, "axes");
   if (aa && !upsample) {
-    if (aa->n < 1 || aa->n > (size_t)nd) return op_fail(r, "axes has %zu entries for a %d-d tensor", aa->n, nd);
+    if (aa->n < 1 || aa->n > (size_t)nd)
+      return op_fail(r, "axes has %zu entries for a %d-d tensor", aa->n, nd);
     na = (int)aa->n;
     for (int i = 0; i < na; i++) {
       int64_t a = aa->v[i];
@@ -2950,8 +2953,7 @@ static bool resize(Run *r, const Node *n, bool upsample) {
   if (nsc > 0 && nsz > 0) return op_fail(r, "%s has both scales and sizes; give one", n->op);
   if (nsc < 0 && nsz < 0) return op_fail(r, "%s needs scales or sizes", n->op);
   int cnt = nsc > 0 ? nsc : nsz;
-  if (cnt != na)
-    return op_fail(r, "%s has %d entries for %d axes", nsc > 0 ? "scales" : "sizes", cnt, na);
+  if (cnt != na) return op_fail(r, "%s has %d entries for %d axes", nsc > 0 ? "scales" : "sizes", cnt, na);
   int64_t osz[ONNX_MAX_DIMS];
   double scale[ONNX_MAX_DIMS];
   for (int d = 0; d < nd; d++) osz[d] = xs[d], scale[d] = 1;
@@ -2959,7 +2961,8 @@ static bool resize(Run *r, const Node *n, bool upsample) {
   if (nsz > 0 && strcmp(policy, "stretch")) {
     bool larger = !strcmp(policy, "not_smaller");
     if (!larger && strcmp(policy, "not_larger"))
-      return op_fail(r, "keep_aspect_ratio_policy '%s' is not one of stretch, not_larger, not_smaller", policy);
+      return op_fail(r, "keep_aspect_ratio_policy '%s' is not one of stretch, not_larger, not_smaller",
+                     policy);
     double s = 0;
     for (int i = 0; i < na; i++) {
       double si = sz[i] / (double)xs[axes[i]];
@@ -2978,8 +2981,10 @@ static bool resize(Run *r, const Node *n, bool upsample) {
   }
   for (int d = 0; d < nd; d++)
     if (osz[d] == 0 || xs[d] == 0)
-      return out1(r, n, tg_empty(osz, nd, &(tg_opts){.dtype = tg_dtype_of(x), .device = r->m->device,
-                                                      .requires_grad = false}));
+      return out1(
+          r, n,
+          tg_empty(osz, nd,
+                   &(tg_opts){.dtype = tg_dtype_of(x), .device = r->m->device, .requires_grad = false}));
   tg_dtype dt = tg_dtype_of(x);
   bool conv = mode != RS_NEAREST && dt != TG_FLOAT32 && dt != TG_FLOAT64;
   tg_tensor y = conv ? tg_cast(x, TG_FLOAT32) : x;
@@ -3027,7 +3032,8 @@ static bool op_GroupNormalization(Run *r, const Node *n) {
   if (nd < 0) return false;
   if (nd < 2) return op_fail(r, "GroupNormalization needs (N, C, ...), got a %d-d tensor", nd);
   int64_t g = ai(n, "num_groups", 0), c = xs[1];
-  if (g < 1 || c % g) return op_fail(r, "num_groups %lld does not divide %lld channels", (long long)g, (long long)c);
+  if (g < 1 || c % g)
+    return op_fail(r, "num_groups %lld does not divide %lld channels", (long long)g, (long long)c);
   int64_t ns = tg_numel(scale), nb = tg_numel(bias);
   if (ns < 0 || nb < 0) return false;
   if ((ns != c && ns != g) || nb != ns)
@@ -3062,8 +3068,8 @@ static bool op_DepthToSpace(Run *r, const Node *n) {
   if (nd != 4) return op_fail(r, "DepthToSpace needs (N, C, H, W), got a %d-d tensor", nd);
   int64_t b = ai(n, "blocksize", 0);
   if (b < 1 || b > 65536 || xs[1] % (b * b))
-    return op_fail(r, "blocksize %lld does not divide the %lld channels into blocksize^2 groups", (long long)b,
-                   (long long)xs[1]);
+    return op_fail(r, "blocksize %lld does not divide the %lld channels into blocksize^2 groups",
+                   (long long)b, (long long)xs[1]);
   const char *mode = as(n, "mode", "DCR");
   bool crd = !strcmp(mode, "CRD");
   if (!crd && strcmp(mode, "DCR")) return op_fail(r, "DepthToSpace mode '%s' is not DCR or CRD", mode);
@@ -3109,12 +3115,86 @@ static bool op_Hardmax(Run *r, const Node *n) {
   int yn = r->m->opset < 13 ? 2 : nd;
   int64_t size = tg_dim(y, ax);
   tg_tensor am = tg_argmax(y, &ax, 1, true); /* the first maximum */
-  tg_tensor pos = tg_arange(0, (double)size, 1, &(tg_opts){.dtype = TG_INT32, .device = r->m->device,
-                                                           .requires_grad = false});
+  tg_tensor pos = tg_arange(0, (double)size, 1,
+                            &(tg_opts){.dtype = TG_INT32, .device = r->m->device, .requires_grad = false});
   int64_t ps[ONNX_MAX_DIMS];
   for (int i = 0; i < yn; i++) ps[i] = i == ax ? size : 1;
   y = tg_cast(tg_eq(tg_cast(am, TG_INT32), tg_reshape(pos, ps, yn)), tg_dtype_of(x));
   return out1(r, n, r->m->opset < 13 ? tg_reshape(y, xs, nd) : y);
+}
+
+/* ---- QuantizeLinear / DequantizeLinear (per tensor or per axis; blocked forms refused) and
+ * MatMulInteger ---- */
+static bool quant_param(Run *r, const Node *n, int k, tg_tensor x, int64_t axis, tg_tensor *out) {
+  tg_tensor p = IN(r, n, k);
+  int nd = rank(x), pd = rank(p);
+  if (nd < 0 || pd < 0) return false;
+  int64_t np_ = tg_numel(p);
+  if (np_ == 1) {
+    *out = tg_reshape(p, NULL, 0);
+    return tg_valid(*out);
+  }
+  if (pd != 1)
+    return op_fail(r, "%s: blocked quantization (a %d-d scale or zero point) is not supported", n->op, pd);
+  if (!norm_axis(r, &axis, nd, "axis")) return false;
+  if (np_ != tg_dim(x, (int)axis))
+    return op_fail(r, "%s: %lld scales or zero points for axis %lld of size %lld", n->op, (long long)np_,
+                   (long long)axis, (long long)tg_dim(x, (int)axis));
+  int64_t s[ONNX_MAX_DIMS];
+  for (int i = 0; i < nd; i++) s[i] = i == axis ? np_ : 1;
+  *out = tg_reshape(p, s, nd);
+  return tg_valid(*out);
+}
+
+static bool op_DequantizeLinear(Run *r, const Node *n) {
+  tg_tensor x = IN(r, n, 0), scale, zp = {0};
+  if (ai(n, "block_size", 0)) return op_fail(r, "DequantizeLinear block_size is not supported");
+  int64_t axis = ai(n, "axis", 1);
+  if (!quant_param(r, n, 1, x, axis, &scale)) return false;
+  if (has_in(n, 2) && !quant_param(r, n, 2, x, axis, &zp)) return false;
+  tg_tensor xf = tg_cast(x, TG_FLOAT32);
+  if (zp.id) xf = tg_sub(xf, tg_cast(zp, TG_FLOAT32));
+  tg_tensor y = tg_mul(xf, tg_cast(scale, TG_FLOAT32));
+  return out1(r, n, tg_cast(y, tg_dtype_of(scale)));
+}
+
+static bool op_QuantizeLinear(Run *r, const Node *n) {
+  tg_tensor x = IN(r, n, 0), scale, zp = {0};
+  if (ai(n, "block_size", 0)) return op_fail(r, "QuantizeLinear block_size is not supported");
+  int64_t axis = ai(n, "axis", 1);
+  if (!quant_param(r, n, 1, x, axis, &scale)) return false;
+  if (has_in(n, 2) && !quant_param(r, n, 2, x, axis, &zp)) return false;
+  tg_dtype dt = zp.id                      ? tg_dtype_of(zp)
+                : ai(n, "output_dtype", 0) ? onnx_dtype(ai(n, "output_dtype", 0))
+                                           : TG_UINT8;
+  if (dt != TG_UINT8 && dt != TG_INT8 && dt != TG_UINT16 && dt != TG_INT16)
+    return op_fail(r, "QuantizeLinear to %s is not supported (uint8, int8, uint16, int16 are)",
+                   tg_dtype_name(dt));
+  double lo = dt == TG_UINT8 || dt == TG_UINT16 ? 0 : dt == TG_INT8 ? -128 : -32768;
+  double hi = dt == TG_UINT8 ? 255 : dt == TG_INT8 ? 127 : dt == TG_UINT16 ? 65535 : 32767;
+  tg_tensor y = tg_round(tg_div(tg_cast(x, TG_FLOAT32), tg_cast(scale, TG_FLOAT32)));
+  if (zp.id) y = tg_add(y, tg_cast(zp, TG_FLOAT32));
+  return out1(r, n, tg_cast(tg_clamp(y, lo, hi), dt));
+}
+
+static bool op_MatMulInteger(Run *r, const Node *n) {
+  tg_tensor a = tg_cast(IN(r, n, 0), TG_INT32), b = tg_cast(IN(r, n, 1), TG_INT32);
+  int na = rank(a), nb = rank(b);
+  if (na < 0 || nb < 0) return false;
+  if (na < 1 || nb < 1) return op_fail(r, "MatMulInteger of a 0-d tensor");
+  if (has_in(n, 2)) { /* scalar, or one per row of A */
+    tg_tensor z = tg_cast(IN(r, n, 2), TG_INT32);
+    if (tg_numel(z) != 1 && na >= 2) z = tg_unsqueeze(z, -1);
+    a = tg_sub(a, z);
+  }
+  if (has_in(n, 3)) b = tg_sub(b, tg_cast(IN(r, n, 3), TG_INT32)); /* scalar, or one per column of B */
+  bool sa = na == 1, sb = nb == 1;
+  if (sa) a = tg_unsqueeze(a, 0);
+  if (sb) b = tg_unsqueeze(b, 1);
+  tg_tensor y = tg_matmul(a, b);
+  if (sb) y = tg_squeeze(y, -1);
+  if (sa) y = tg_squeeze(y, -2 + (sb ? 1 : 0));
+  return out1(r, n, tg_valid(y) && tg_dtype_of(y) != TG_INT32 ? tg_cast(y, TG_INT32) : y);
 }
 
 /* ==== the op table ============================================================================= */
@@ -3234,6 +3314,9 @@ static const OpDef ops[] = {
     OP(DepthToSpace, 1, 1, 1),
     OP(SpaceToDepth, 1, 1, 1),
     OP(Hardmax, 1, 1, 1),
+    OP(QuantizeLinear, 2, 3, 1),
+    OP(DequantizeLinear, 2, 3, 1),
+    OP(MatMulInteger, 2, 4, 1),
 };
 
 static const OpDef *op_find(const char *name) {
