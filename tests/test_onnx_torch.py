@@ -257,8 +257,8 @@ for opset in (13, 17):
   case(f"gather, equal, pow opset {opset}", check_model, Gathers(), (rn(3, 6).abs(), torch.tensor([[0, 5], [2, 2]])),
        opset, "gather")
   case(f"resize / upsample opset {opset}", check_model, Resizes(), (rn(2, 3, 5, 6),), opset, "resize")
-  case(f"topk opset {opset}", check_model, TopKs(), (torch.tensor(RNG.permutation(40).reshape(5, 8).astype(np.float32)),),
-       opset, "topk")
+  perm = torch.tensor(RNG.permutation(40).reshape(5, 8).astype(np.float32))  # distinct values
+  case(f"topk opset {opset}", check_model, TopKs(), (perm,), opset, "topk")
   case(f"group norm, pixel shuffle, max pool indices opset {opset}", check_model, Blocks(), (rn(2, 8, 6, 6),), opset,
        "blocks")
 
@@ -346,7 +346,8 @@ def _attr(name, v):
   if isinstance(v, float): return a + _varint(2 << 3 | 5) + np.float32(v).tobytes() + _int(20, 1)
   if isinstance(v, int): return a + _int(3, v) + _int(20, 2)
   if isinstance(v, str): return a + _fld(4, v.encode()) + _int(20, 3)
-  if all(isinstance(e, float) for e in v): return a + b"".join(_varint(7 << 3 | 5) + np.float32(e).tobytes() for e in v) + _int(20, 6)
+  if all(isinstance(e, float) for e in v):
+    return a + b"".join(_varint(7 << 3 | 5) + np.float32(e).tobytes() for e in v) + _int(20, 6)
   return a + b"".join(_int(8, e) for e in v) + _int(20, 7)
 
 
@@ -356,7 +357,8 @@ _ONNX_DT = {np.dtype(np.float32): 1, np.dtype(np.uint8): 2, np.dtype(np.int8): 3
 
 def _tensor(name, a):
   a = np.ascontiguousarray(a)
-  return b"".join(_int(1, d) for d in a.shape) + _int(2, _ONNX_DT[a.dtype]) + _fld(8, name.encode()) + _fld(9, a.tobytes())
+  head = b"".join(_int(1, d) for d in a.shape) + _int(2, _ONNX_DT[a.dtype])
+  return head + _fld(8, name.encode()) + _fld(9, a.tobytes())
 
 
 def _vinfo(name, a=None):
@@ -585,7 +587,8 @@ def _quant_nodes():
   expect_error(["blocked"], "DequantizeLinear", [("q", q)], [("s", np.ones((2, 3), np.float32))])
   a = RNG.integers(0, 255, (3, 5)).astype(np.uint8)
   b = RNG.integers(-128, 127, (5, 4)).astype(np.int8)
-  for zps in ([], [("az", np.array(7, np.uint8))], [("az", np.array([1, 2, 3], np.uint8)), ("bz", np.array([4, -1, 0, 2], np.int8))]):
+  for zps in ([], [("az", np.array(7, np.uint8))],
+              [("az", np.array([1, 2, 3], np.uint8)), ("bz", np.array([4, -1, 0, 2], np.int8))]):
     (y,) = run_node("MatMulInteger", [("a", a), ("b", b)], zps)
     az = zps[0][1].astype(np.int32).reshape(-1, 1) if zps else 0
     bz = zps[1][1].astype(np.int32) if len(zps) > 1 else 0
