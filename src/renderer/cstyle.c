@@ -1262,15 +1262,8 @@ static const char PRELUDE_V_SIN[] =
  * then rounds the same way. Summing blocks of about sqrt(N) terms into a fresh partial and adding
  * the partials makes both chains about sqrt(N) long. The block is some iterations of one reduce
  * loop (with every loop inside it): the innermost loop whose iterations hold sqrt(N) terms between
- * them. Below BLOCK_MIN terms a chain is short enough as it is.
- * A register tile of products (TILE_ACCS accumulators or more, summing a multiply each: a matmul or
- * convolution) pays for each block: every partial is added into its accumulator, which waits on the
- * stack while the partials hold the registers: one addition per iters products. Blocks of 32 cost a
- * 1024-deep matmul 3% of its time, so such a kernel's blocks are at least TILE_BLOCK_ITERS long
- * (under 1%); its chains are then at most TILE_BLOCK_ITERS + n / TILE_BLOCK_ITERS terms. */
+ * them. Below BLOCK_MIN terms a chain is short enough as it is. */
 #define BLOCK_MIN 1024
-#define TILE_ACCS 8
-#define TILE_BLOCK_ITERS 128
 typedef struct {
   int level;     /* loop level (1-based, global loops first) that runs in blocks; 0 = none */
   int64_t iters; /* iterations of that loop per block */
@@ -1284,8 +1277,6 @@ static Blocking blocking(const LKernel *k) {
   for (int i = 0; i < k->nr; i++) n *= k->rranges[i]->iarg[0];
   if (n < BLOCK_MIN) return b;
   int64_t want = (int64_t)ceil(sqrt((double)n)), inner = 1;
-  if (k->ncopy >= TILE_ACCS && want < TILE_BLOCK_ITERS && k->rbodies[0] && k->rbodies[0]->op == OP_MUL)
-    want = TILE_BLOCK_ITERS;
   for (int i = k->nr - 1; i >= 0; i--) {
     int64_t sz = k->rranges[i]->iarg[0];
     if (inner * sz >= want) {
