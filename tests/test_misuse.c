@@ -105,4 +105,18 @@ TEST(argmax_axis_past_int32) {
   END;
 }
 
+/* A 0-d index (x[tensor(2)]) selects a row: its shape was a NULL pointer that tg_index copied from
+ * (undefined even for zero bytes; UBSan stopped the ONNX fuzzer on a Gather with a scalar index) */
+TEST(index_with_a_0d_index) {
+  BEGIN;
+  tg_tensor x = tg_reshape(tg_arange(0, 12, 1, NULL), TG_SHAPE(3, 4));
+  tg_tensor y = tg_index(x, tg_scalar(2, TG_OPTS(.dtype = TG_INT64)));
+  int64_t sh[4];
+  CHECK(tg_shape(y, sh) == 1 && sh[0] == 4);
+  float v[4];
+  CHECK(tg_data(tg_cast(y, TG_FLOAT32), v, sizeof v) == TG_OK);
+  CHECK(v[0] == 8 && v[3] == 11);
+  END;
+}
+
 int main(void) { return RUN_TESTS(); }

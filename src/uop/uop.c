@@ -163,6 +163,12 @@ static void fill_meta(UOp *u, const int64_t *shape, int ndim, int device, int64_
     u->shape = inl ? inl : tg_xmalloc(sizeof(int64_t) * (size_t)ndim);
     u->shape_inline = inl != NULL;
     memcpy(u->shape, shape, sizeof(int64_t) * (size_t)ndim);
+  } else {
+    /* a 0-d node's shape is an empty array, never NULL: copying its ndim entries (none) with memcpy
+     * is then defined (a NULL source is undefined even for 0 bytes) */
+    static int64_t no_dims[1];
+    u->shape = no_dims;
+    u->shape_inline = true;
   }
   bool lost = false, baked = false;
   u->sym = ndim ? sym_infer(u, &lost, &baked) : NULL;

@@ -129,7 +129,7 @@ struct UOp {
   int64_t *iarg;     /* op argument: shape, axes, pads... (part of identity) */
   UArg arg;          /* scalar argument (part of identity): CONST value, BUFFER pointer, RANGE axis */
   /* derived, not part of identity */
-  int64_t *shape;    /* tensor-graph nodes: the shape; NULL for 0-d and kernel nodes */
+  int64_t *shape;    /* tensor-graph nodes: the shape (an empty array for 0-d); NULL for kernel nodes */
   int64_t *sym;      /* tensor-graph nodes with symbolic dims: the shape with those dims as tg_sym codes */
   int ndim;
   int device;        /* device id (tensor-graph nodes) */
