@@ -567,6 +567,24 @@ def _other_nodes():
 case("TopK, GroupNormalization, DepthToSpace, SpaceToDepth, Hardmax, MaxPool Indices nodes", _other_nodes)
 
 
+def _corner_nodes():
+  x = np.arange(20, dtype=np.float32).reshape(4, 5)
+  # Trilu: a diagonal far past the matrix (int64 max / min) selects all or nothing, as numpy (the cast of
+  # 2^63 from a double was undefined, and the node failed "diagonal ... out of range")
+  for k, upper in ((2**63 - 1, 1), (-2**63, 1), (2**63 - 1, 0), (-2**63, 0), (2**40, 1)):
+    (y,) = run_node("Trilu", [("x", x)], [("k", np.array(k, np.int64))], {"upper": upper}, opset=14)
+    want = np.triu(x, max(min(k, 99), -99)) if upper else np.tril(x, max(min(k, 99), -99))
+    np.testing.assert_array_equal(y, want)
+  # Pad: a constant_value beside another mode is ignored (ONNX), not an error
+  for mode in ("reflect", "edge", "wrap"):
+    (y,) = run_node("Pad", [("x", x)], [("p", np.array([2, 3, 1, 2], np.int64)), ("c", np.array(1.5, np.float32))],
+                    {"mode": mode}, opset=19)
+    np.testing.assert_array_equal(y, np.pad(x, ((2, 1), (3, 2)), mode=mode))
+
+
+case("Trilu with a diagonal past the matrix, Pad's constant_value beside another mode", _corner_nodes)
+
+
 def _quant_nodes():
   x = (RNG.standard_normal((2, 3, 4)) * 3).astype(np.float32)
   for dt, lo, hi in ((np.uint8, 0, 255), (np.int8, -128, 127)):

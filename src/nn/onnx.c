@@ -2377,7 +2377,8 @@ static bool op_Pad(Run *r, const Node *n) {
     if (tg_valid(y) && tg_dtype_of(y) != tg_dtype_of(x)) y = tg_cast(y, tg_dtype_of(x));
     return out1(r, n, y);
   }
-  return out1(r, n, tg_pad_mode(x, pads, 2 * nd, pm, value));
+  /* (a constant_value given with another mode is ignored, as ONNX says) */
+  return out1(r, n, tg_pad_mode(x, pads, 2 * nd, pm, pm == TG_PAD_CONSTANT ? value : 0.0));
 }
 
 static int fold_ConstantOfShape(Run *r, const Node *n) {
@@ -2749,6 +2750,8 @@ static bool op_Trilu(Run *r, const Node *n) {
   double k = 0;
   if (has_in(n, 1) && !scalar_in(r, n, 1, &k)) return false;
   tg_tensor x = IN(r, n, 0);
+  /* (past +-2^62 every diagonal is off the matrix; the cast of a larger double is undefined) */
+  k = k > 0x1p62 ? 0x1p62 : k < -0x1p62 ? -0x1p62 : k;
   return out1(r, n, ai(n, "upper", 1) ? tg_triu(x, (int64_t)k) : tg_tril(x, (int64_t)k));
 }
 

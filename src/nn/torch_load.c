@@ -384,7 +384,7 @@ static void dict_put(Ctx *c, PkObj *o, PkObj *k, PkObj *v) {
 }
 
 static const char *kind_name(const PkObj *o) {
-  static const char *names[] = {"None", "bool",   "int",     "int",    "float",         "str",
+  static const char *names[] = {"None", "bool",   "int",     "big int (past 64 bits)", "float", "str",
                                 "bytes", "tuple", "list",    "set",    "dict",          "global",
                                 "storage", "tensor", "numpy array", "numpy dtype"};
   return names[o->kind];

@@ -879,6 +879,13 @@ static tg_tensor tri_op(const char *fn, tg_tensor x, int64_t diagonal, bool uppe
   UOp *a = t_get(x, fn);
   if (!a) return NONE;
   if (a->ndim < 2) return fail("%s: needs a tensor with at least 2 dimensions, got shape %s", fn, SHP(a));
+  /* a diagonal past the matrix selects all or nothing, as the nearest one on its edge does (tinygrad
+   * and numpy take any integer) */
+  if (!t_dim_sym(x, a->ndim - 2) && !t_dim_sym(x, a->ndim - 1)) {
+    int64_t rows = a->shape[a->ndim - 2], cols = a->shape[a->ndim - 1];
+    if (diagonal > cols) diagonal = cols;
+    if (diagonal < -rows) diagonal = -rows;
+  }
   if (diagonal > ((int64_t)1 << 40) || diagonal < -((int64_t)1 << 40))
     return fail("%s: diagonal %lld is out of range", fn, (long long)diagonal);
   NnOp o = begin(fn);
