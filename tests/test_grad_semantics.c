@@ -541,4 +541,31 @@ TEST(broadcast_gradient_of_a_narrow_float_sums_in_float32) {
   END_T;
 }
 
+/* A convolution of an integer input (uint8 images) with a float weight: the weight still gets its
+ * gradient (the channels-last form reads a detached weight and relies on its custom backward, which
+ * a check on the input's dtype had skipped: beautiful_mnist's first layer lost its gradient) */
+TEST(conv_of_integer_input_gives_the_weight_a_gradient) {
+  BEGIN_T;
+  uint8_t xv[2 * 3 * 7 * 7];
+  for (int i = 0; i < (int)sizeof xv; i++) xv[i] = (uint8_t)(i * 37 % 251);
+  tg_tensor x = tg_from_data(xv, TG_SHAPE(2, 3, 7, 7), TG_OPTS(.dtype = TG_UINT8));
+  tg_tensor w = tg_set_requires_grad(tg_ones(TG_SHAPE(16, 3, 3, 3), NULL), true);
+  OK(tg_realize(w));
+  OK(tg_backward(tg_sum(tg_conv2d(x, w, (tg_tensor){0}, NULL), TG_ALL_AXES, false)));
+  CHECK(tg_valid(tg_grad(w)));
+  float g[16 * 27];
+  OK(tg_data(tg_grad(w), g, sizeof g));
+  /* d sum / d w[o][c][i][j] = the sum of x[n][c][i:i+5][j:j+5] over n, for every o */
+  for (int c = 0; c < 3; c++)
+    for (int i = 0; i < 3; i++)
+      for (int j = 0; j < 3; j++) {
+        double want = 0;
+        for (int n = 0; n < 2; n++)
+          for (int y = 0; y < 5; y++)
+            for (int z = 0; z < 5; z++) want += xv[((n * 3 + c) * 7 + i + y) * 7 + j + z];
+        for (int o = 0; o < 16; o += 5) CHECK_MSG(g[o * 27 + c * 9 + i * 3 + j] == want, "grad[%d][%d][%d][%d] %g, want %g", o, c, i, j, g[o * 27 + c * 9 + i * 3 + j], want);
+      }
+  END_T;
+}
+
 int main(void) { return RUN_TESTS(); }

@@ -1489,11 +1489,14 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
     }
     if (simple) {
       UOp *ru = t_get(r, fn), *wu = t_get(weight, fn);
-      if (ru && wu && tg_dtype_is_float((tg_dtype)ru->dtype) && tg_dtype_is_float((tg_dtype)wu->dtype) &&
-          tg_dtype_is_float((tg_dtype)ain->dtype)) {
+      bool custom = false;
+      if (ru && wu && tg_dtype_is_float((tg_dtype)ru->dtype)) {
         UOp *ins[2] = {ain, wu};
-        if (!ag_set_custom_grad(ru, ins, 2, conv_valid_grad) && chlast && detach) continue;
+        custom = ag_set_custom_grad(ru, ins, 2, conv_valid_grad);
       }
+      /* without the custom backward (an integer input, such as uint8 images, times a float weight) the
+       * weight must not stay detached: autograd then differentiates the graph */
+      if (!custom && chlast && detach) continue;
     }
     break;
   }
