@@ -1186,17 +1186,9 @@ typedef struct OpDef {
   int min_in, max_in, max_out;
 } OpDef;
 
-static bool op_fail(Run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static bool op_fail(Run *r, const char *fmt, ...) {
-  char msg[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  tg_set_error(TG_ERR_INVALID, "%s", msg);
-  (void)r;
-  return false;
-}
+/* An op's error (false): the thread's error, which the run prefixes with the node */
+static bool as_false(tg_status st) { return (void)st, false; }
+#define op_fail(r, ...) ((void)(r), as_false(tg_set_error(TG_ERR_INVALID, __VA_ARGS__)))
 
 /* ---- attributes ---- */
 static const Attr *attr(const Node *n, const char *name) {
