@@ -490,81 +490,57 @@ static bool cifar_py_batch(const char *name, const uint8_t *d, size_t len, Cifar
   return ok;
 }
 
-/* A whole gzip stream (one or more members) inflated into a malloc'd buffer, at most
+/* The whole file at path into a malloc'd buffer: plain bytes, or a gzip stream of one or more members
+ * inflated (IdxReader: the same checks of truncation and of what follows the last member), at most
  * CIFAR_MAX_INFLATED bytes. */
-static bool gunzip_all(const char *path, const uint8_t *d, size_t len, uint8_t **out, size_t *outlen) {
-  z_stream z;
-  memset(&z, 0, sizeof z);
-  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK)
-    return tg_set_error(TG_ERR_IO, CIFAR_FN ": %s: cannot start zlib: out of memory", path), false;
-  size_t cap = len * 2 + 4096, got = 0, pos = 0;
-  uint8_t *buf = tg_xmalloc(cap);
-  const char *err = NULL;
-  for (;;) {
-    if (got == cap) {
-      if (cap >= CIFAR_MAX_INFLATED) {
-        err = "inflates past 2 GiB: not a CIFAR-10 archive";
+static bool cifar_read(const char *path, uint8_t **out, size_t *outlen) {
+  struct stat st;
+  int fd = open_regular(CIFAR_FN, path, &st);
+  if (fd < 0) return false;
+  IdxReader *rd = malloc(sizeof *rd);
+  uint8_t *buf = NULL;
+  bool ok = false;
+  if (!rd) {
+    tg_set_error(TG_ERR_IO, CIFAR_FN ": %s: cannot open: out of memory", path);
+    close(fd);
+    return false;
+  }
+  if (rd_open(rd, CIFAR_FN, path, fd)) {
+    size_t cap = rd->gz ? (size_t)1 << 20 : (size_t)st.st_size + 1, got = 0;
+    buf = tg_xmalloc(cap);
+    for (;;) {
+      int64_t r = rd_read(rd, buf + got, cap - got);
+      if (r < 0) break;
+      got += (size_t)r;
+      if (got < cap) {
+        ok = true;
         break;
       }
-      cap = cap * 2 > CIFAR_MAX_INFLATED ? CIFAR_MAX_INFLATED : cap * 2;
+      if (rd->gz && cap >= CIFAR_MAX_INFLATED) {
+        tg_set_error(TG_ERR_IO, CIFAR_FN ": %s: inflates past 2 GiB: not a CIFAR-10 archive", path);
+        break;
+      }
+      cap = rd->gz && cap * 2 > CIFAR_MAX_INFLATED ? CIFAR_MAX_INFLATED : cap * 2;
       buf = tg_xrealloc(buf, cap);
     }
-    size_t ia = len - pos > (1u << 30) ? (1u << 30) : len - pos, oa = cap - got > (1u << 30) ? (1u << 30) : cap - got;
-    z.next_in = (Bytef *)(uintptr_t)(d + pos);
-    z.avail_in = (uInt)ia;
-    z.next_out = buf + got;
-    z.avail_out = (uInt)oa;
-    int rc = inflate(&z, Z_NO_FLUSH);
-    pos += ia - z.avail_in;
-    got += oa - z.avail_out;
-    if (rc == Z_STREAM_END) {
-      if (pos == len) break;
-      if (len - pos >= 2 && d[pos] == 0x1f && d[pos + 1] == 0x8b) {
-        inflateReset(&z);
-        continue;
-      }
-      err = "garbage after the gzip stream: a corrupt file?";
-      break;
-    }
-    if (rc == Z_OK && (z.avail_out == 0 || z.avail_in)) continue;
-    if (rc == Z_OK || rc == Z_BUF_ERROR) {
-      if (pos == len) {
-        err = "truncated gzip stream";
-        break;
-      }
-      continue;
-    }
-    err = rc == Z_MEM_ERROR ? "out of memory" : z.msg ? z.msg : "corrupt gzip data";
-    break;
+    *outlen = got;
   }
-  inflateEnd(&z);
-  if (err) {
-    free(buf);
-    return tg_set_error(TG_ERR_IO, CIFAR_FN ": %s: %s", path, err), false;
-  }
+  rd_close(rd);
+  free(rd);
+  close(fd);
+  if (!ok) free(buf), buf = NULL;
   *out = buf;
-  *outlen = got;
-  return true;
+  return ok;
 }
 
 /* The batches of an archive (tar or tar.gz) at path, into the two splits. */
 static bool cifar_archive(const char *path, CifarSplit *sp) {
-  FileView fv;
-  if (file_view_open(&fv, CIFAR_FN, path, false) != TG_OK) return false;
-  uint8_t *tarb = NULL;
-  size_t tarn = fv.len;
-  const uint8_t *tard = fv.data;
-  if (fv.len >= 2 && fv.data[0] == 0x1f && fv.data[1] == 0x8b) {
-    if (!gunzip_all(path, fv.data, fv.len, &tarb, &tarn)) {
-      file_view_close(&fv);
-      return false;
-    }
-    tard = tarb;
-  }
-  tg_state_dict *sd = tarn ? tar_extract_mem(CIFAR_FN, path, tard, tarn) : NULL;
+  uint8_t *tarb;
+  size_t tarn;
+  if (!cifar_read(path, &tarb, &tarn)) return false;
+  tg_state_dict *sd = tarn ? tar_extract_mem(CIFAR_FN, path, tarb, tarn) : NULL;
   if (!tarn) tg_set_error(TG_ERR_IO, CIFAR_FN ": %s: the file is empty", path);
   free(tarb);
-  file_view_close(&fv);
   if (!sd) return false;
   /* which version: the binary batches' directory, else the python one's (members also taken at the
    * top level of the archive) */
