@@ -404,10 +404,27 @@ static bool parse_int(const char *s, int64_t *out) {
   return true;
 }
 
+/* The library reads its settings by string literal, several times per realize: a small per-thread
+ * cache keyed by the literal's address skips the hash and the compare. (A value, once read, never
+ * changes or moves: see env_cached.) Names from the user (tg_getenv_int) may live in reused buffers,
+ * so they take the full lookup. */
+typedef struct {
+  const char *lit, *value;
+} LitSlot;
+static _Thread_local LitSlot tl_lits[64];
+
+static const char *env_lit(const char *name) {
+  LitSlot *s = &tl_lits[((uintptr_t)name * 0x9e3779b97f4a7c15ULL) >> 58];
+  if (s->lit == name) return s->value;
+  const char *v = env_cached(name);
+  s->lit = name, s->value = v;
+  return v;
+}
+
 const char *getenv_str(const char *name, const char *def) {
   const char *v = ctx_lookup(name);
   if (v) return v;
-  v = env_cached(name);
+  v = env_lit(name);
   return v ? v : def;
 }
 
@@ -425,9 +442,9 @@ void env_warn(const char *name, const char *value, const char *why, const char *
   if (!seen) fprintf(stderr, "tinygrad.c: ignoring %s=%s (%s); using %s\n", name, value, why, instead);
 }
 
-int64_t getenv_int(const char *name, int64_t def) {
+/* name's value s read as an integer; def (with a warning) if it is not one */
+static int64_t env_int_of(const char *name, const char *s, int64_t def) {
   int64_t v;
-  const char *s = getenv_str(name, NULL);
   if (!s || !*s) return def;
   if (parse_int(s, &v)) return v;
   char d[32];
@@ -435,6 +452,8 @@ int64_t getenv_int(const char *name, int64_t def) {
   env_warn(name, s, "not an integer", d);
   return def;
 }
+
+int64_t getenv_int(const char *name, int64_t def) { return env_int_of(name, getenv_str(name, NULL), def); }
 
 int64_t getenv_int_in(const char *name, int64_t def, int64_t lo, int64_t hi) {
   int64_t v = getenv_int(name, def);
@@ -452,7 +471,8 @@ int64_t tg_getenv_int(const char *name, int64_t def) {
     tg_set_error(TG_ERR_INVALID, "tg_getenv_int: name is NULL");
     return def;
   }
-  return getenv_int(name, def);
+  const char *v = ctx_lookup(name);
+  return env_int_of(name, v ? v : env_cached(name), def);
 }
 
 /* DEBUG from the environment; INT_MIN until first read. */

@@ -185,7 +185,7 @@ UOp *uop_new_meta(int op, tg_dtype dt, UOp *const *src, int nsrc, const int64_t 
   size_t b = h & (g_nbuckets - 1);
   for (UOp *u = g_buckets[b]; u; u = u->next) {
     if (u->hash == h && uop_eq(u, op, dt, src, nsrc, iarg, niarg, arg)) {
-      u->rc++;
+      __atomic_fetch_add(&u->rc, 1, __ATOMIC_RELAXED);
       if (ndim >= 0 && !(__atomic_load_n(&u->flags, __ATOMIC_RELAXED) & UOPF_META)) fill_meta(u, shape, ndim, device, NULL);
       pthread_mutex_unlock(&g_lock);
       return u;
@@ -210,7 +210,7 @@ UOp *uop_new_meta(int op, tg_dtype dt, UOp *const *src, int nsrc, const int64_t 
     tail += sizeof(UOp *) * (size_t)nsrc;
     for (int i = 0; i < nsrc; i++) {
       u->src[i] = src[i];
-      src[i]->rc++;
+      __atomic_fetch_add(&src[i]->rc, 1, __ATOMIC_RELAXED);
     }
   }
   if (niarg) {
@@ -232,11 +232,12 @@ UOp *uop_new(int op, tg_dtype dt, UOp *const *src, int nsrc, const int64_t *iarg
   return uop_new_meta(op, dt, src, nsrc, iarg, niarg, arg, NULL, -1, -1);
 }
 
+/* Reference counts are atomic. A count reaches zero only under g_lock, in the same critical section
+ * that unlinks the node, and the table hands out a node only under g_lock: so a caller that already
+ * holds a reference may add one, or drop one that is not the last, without the lock. */
 UOp *uop_ref(UOp *u) {
   if (!u) return NULL;
-  pthread_mutex_lock(&g_lock);
-  u->rc++;
-  pthread_mutex_unlock(&g_lock);
+  __atomic_fetch_add(&u->rc, 1, __ATOMIC_RELAXED);
   return u;
 }
 
@@ -277,6 +278,10 @@ static _Thread_local RelStack *tl_releasing;
 
 void uop_unref(UOp *u) {
   if (!u) return;
+  /* not the last reference: drop it without the lock (see uop_ref) */
+  uint32_t rc = __atomic_load_n(&u->rc, __ATOMIC_RELAXED);
+  while (rc > 1)
+    if (__atomic_compare_exchange_n(&u->rc, &rc, rc - 1, true, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) return;
   if (tl_releasing) {
     rs_push(tl_releasing, u);
     return;
@@ -291,7 +296,7 @@ void uop_unref(UOp *u) {
     pthread_mutex_lock(&g_lock);
     while (stack.n) {
       UOp *x = stack.p[--stack.n];
-      if (--x->rc) continue;
+      if (__atomic_sub_fetch(&x->rc, 1, __ATOMIC_ACQ_REL)) continue;
       /* unlink from the intern table */
       size_t b = x->hash & (g_nbuckets - 1);
       UOp **pp = &g_buckets[b];
