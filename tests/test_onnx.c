@@ -404,6 +404,47 @@ TEST(run_error_names_node) {
   END;
 }
 
+/* An attribute of the wrong type is the node's error, not a silent fall back to the default: a
+ * Softmax over axis 0 written with "axis" as a FLOAT would otherwise run over the last axis. */
+TEST(wrongly_typed_attribute_is_an_error) {
+  BEGIN;
+  const char *types[] = {"float", "string"};
+  for (int k = 0; k < 2; k++) {
+    B g = {0}, t, a = {0};
+    const char *si[] = {"x"}, *so[] = {"y"};
+    t = node("Softmax", "sm", si, 1, so, 1);
+    b_str(&a, 1, "axis");
+    if (k == 0) {
+      float f = 0.0f;
+      b_tag(&a, 2, 5); /* AttributeProto.f, fixed32 */
+      b_put(&a, &f, 4);
+      b_int(&a, 20, 1);
+    } else {
+      b_str(&a, 4, "0");
+      b_int(&a, 20, 3);
+    }
+    b_msg(&t, 5, &a);
+    b_msg(&g, 1, &t);
+    t = value_info("x", 1, (int64_t[]){2, 3}, 2);
+    b_msg(&g, 11, &t);
+    t = value_info("y", 1, NULL, 0);
+    b_msg(&g, 12, &t);
+    B m = model(&g, 13);
+    char *path = write_file("attr_type.onnx", m.p, m.n);
+    tg_onnx *om = tg_onnx_load(path, NULL);
+    CHECK_MSG(om != NULL, "%s", tg_last_error());
+    if (om) {
+      tg_tensor x = tg_zeros(TG_SHAPE(2, 3), NULL), y = {0};
+      CHECK_MSG(tg_onnx_run(om, &x, 1, &y, 1) != TG_OK, "axis as a %s ran", types[k]);
+      CHECK_ERR(TG_ERR_INVALID, "tg_onnx_run", "'sm'", "attribute 'axis' is", "expected INT");
+      tg_clear_error();
+      tg_onnx_free(om);
+    }
+    free(m.p);
+  }
+  END;
+}
+
 int main(void) {
   snprintf(onnx_dir, sizeof onnx_dir, "/tmp/tg_onnx_XXXXXX");
   if (!mkdtemp(onnx_dir)) return 1;

@@ -1196,21 +1196,37 @@ static const Attr *attr(const Node *n, const char *name) {
     if (!strcmp(n->at[i].name, name)) return &n->at[i];
   return NULL;
 }
+/* An attribute of the wrong type is an error of the node that reads it (reported by run_node once
+ * the op returns), never a silent fall back to the default. */
+static _Thread_local const Attr *tl_bad_attr;
+static _Thread_local const char *tl_bad_want;
+static const char *const attr_type_names[] = {"UNDEFINED", "FLOAT", "INT",    "STRING", "TENSOR",
+                                              "GRAPH",     "FLOATS", "INTS", "STRINGS", "another type"};
+static const Attr *attr_of(const Node *n, const char *name, bool ok1, bool ok2, const char *want) {
+  const Attr *a = attr(n, name);
+  if (!a || ok1 || ok2) return a;
+  if (!tl_bad_attr) tl_bad_attr = a, tl_bad_want = want;
+  return NULL;
+}
 static int64_t ai(const Node *n, const char *name, int64_t def) {
   const Attr *a = attr(n, name);
-  return a && a->type == AT_INT ? a->i : def;
+  a = a ? attr_of(n, name, a->type == AT_INT, false, "INT") : NULL;
+  return a ? a->i : def;
 }
 static double af(const Node *n, const char *name, double def) {
   const Attr *a = attr(n, name);
-  return a && a->type == AT_FLOAT ? a->f : a && a->type == AT_INT ? (double)a->i : def;
+  a = a ? attr_of(n, name, a->type == AT_FLOAT, a->type == AT_INT, "FLOAT") : NULL;
+  return a ? (a->type == AT_FLOAT ? a->f : (double)a->i) : def;
 }
 static const char *as(const Node *n, const char *name, const char *def) {
   const Attr *a = attr(n, name);
-  return a && a->type == AT_STRING && a->s ? a->s : def;
+  a = a ? attr_of(n, name, a->type == AT_STRING && a->s, false, "STRING") : NULL;
+  return a ? a->s : def;
 }
 static const I64s *aints(const Node *n, const char *name) {
   const Attr *a = attr(n, name);
-  return a && (a->type == AT_INTS || (a->type == AT_OTHER && a->ints.n)) ? &a->ints : NULL;
+  a = a ? attr_of(n, name, a->type == AT_INTS, a->type == AT_OTHER && a->ints.n, "INTS") : NULL;
+  return a ? &a->ints : NULL;
 }
 
 /* ---- inputs / outputs ---- */
@@ -3668,15 +3684,31 @@ static bool check_inputs(tg_onnx *m, const tg_tensor *in) {
   return true;
 }
 
+/* had: the thread had an error before the node ran (it is kept) */
+static bool bad_attr(bool had) {
+  const Attr *a = tl_bad_attr;
+  if (!a) return false;
+  tl_bad_attr = NULL;
+  if (had) return true;
+  tg_clear_error(); /* the attribute is the cause of whatever the op's default then did */
+  tg_set_error(TG_ERR_INVALID, "attribute '%s' is %s, expected %s (a malformed model?)", a->name,
+               attr_type_names[a->type >= AT_UNDEF && a->type <= AT_OTHER ? a->type : AT_OTHER], tl_bad_want);
+  return true;
+}
+
 static bool run_node(Run *r, const Node *n) {
   r->n = n;
   const OpDef *d = n->def;
+  tl_bad_attr = NULL;
+  bool had = tg_has_error();
   if (d->fold) {
     int f = d->fold(r, n);
-    if (f < 0) return false;
+    if (bad_attr(had) || f < 0) return false;
     if (f > 0) return true;
   }
-  if (!d->fn(r, n)) {
+  bool ok = d->fn(r, n);
+  if (bad_attr(had)) return false;
+  if (!ok) {
     if (!tg_has_error()) tg_set_error(TG_ERR_INVALID, "the op failed");
     return false;
   }
