@@ -281,7 +281,8 @@ tg_status tg_shard_(tg_tensor t, const char *const *devices, int n, int axis);
 /* ---- across processes and machines: MPI (Open MPI's libmpi, opened at run time) ----
  * tg_dist_init starts MPI (a process not started by mpirun is a world of one) and makes its calls
  * return errors instead of aborting (MPI_ERRORS_RETURN): TG_ERR_RUNTIME naming what is missing when
- * libmpi cannot be opened (TG_LIBMPI=<path> picks one). Rank and size are -1 before it. */
+ * libmpi cannot be opened (TG_LIBMPI=<path>: that file alone, else libmpi.so.40). Rank and size are
+ * -1 before it. MPI cannot start again after tg_dist_finalize (TG_ERR_INVALID). */
 tg_status tg_dist_init(void);
 int tg_dist_rank(void);
 int tg_dist_size(void);
@@ -290,7 +291,12 @@ tg_status tg_dist_finalize(void);
  * (MPI_Bcast): a new lazy tensor with t's shape, dtype, device and sharding, realized with the rest
  * of its graph. Differentiable (an allreduce's gradient is the allreduce of the gradient), and
  * TinyJit captures it: each replay runs the MPI call again. Every rank must build and realize the
- * same collectives, with the same shapes and dtypes, in the same order. A CUDA tensor's collective
+ * same collectives, with the same shapes and dtypes, in the same order: the ranks check that they
+ * agree before each one (a small MPI call), and where they differ every rank gets TG_ERR_INVALID
+ * naming what differs (no data is exchanged; the world stays usable). A rank that does not come to
+ * a collective within DIST_TIMEOUT seconds (default 600; it died, hangs, or skipped it) ends the
+ * others' wait with TG_ERR_RUNTIME; MPI cannot be used again in that process (later collectives and
+ * tg_dist_finalize say so), which should exit: mpirun then ends the job. A CUDA tensor's collective
  * runs as the NCCL call on its device when libnccl opens (TG_NCCL_LIB=<path>, that file alone,
  * else libnccl.so.2; NCCL=0 declines it), with one communicator per device over the ranks; without
  * NCCL it goes through host memory and MPI. A NCCL call that a dead or silent peer holds up ends in
@@ -1455,9 +1461,10 @@ typedef struct {
                              * take the mean of the devices' statistics. Otherwise as synced. */
   bool dist;                /* default false. true: while MPI runs several ranks (tg_dist_init), the
                              * batch statistics are over all ranks' inputs together (PyTorch's
-                             * SyncBatchNorm): sums allreduced (tg_dist_allreduce), gradients too.
-                             * Every rank passes the same shape. Data-parallel training then equals
-                             * one process on the whole batch. */
+                             * SyncBatchNorm): sums allreduced (tg_dist_allreduce), gradients too,
+                             * and the count: ranks may pass different batch sizes (the other dims
+                             * must agree). Data-parallel training then equals one process on the
+                             * whole batch. */
 } tg_batchnorm_opts;
 #define TG_BATCHNORM_OPTS(...) \
   TG_OPTS_WITH_(tg_batchnorm_opts, .eps = 1e-5, .affine = true, .track_running_stats = true, .momentum = 0.1, __VA_ARGS__)

@@ -56,6 +56,48 @@ TEST(dist_rank_dies) {
   CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) != 124 && dt < 55, "status %d after %.0f s", rc, dt);
 }
 
+/* A rank that stops making the collectives (here rank 1 finalizes while rank 0 allreduces) ends
+ * the wait after DIST_TIMEOUT with an error naming it, and the job ends: never a hang. */
+TEST(dist_rank_stops_collectives) {
+  char cmd[8192];
+  snprintf(cmd, sizeof cmd, "TG_DIST_CHILD=stop DIST_TIMEOUT=2 ASAN_OPTIONS=detect_leaks=0 timeout 60 mpirun --oversubscribe %s -x DIST_TIMEOUT -np 2 %s 2>&1",
+           geteuid() == 0 ? "--allow-run-as-root" : "", self);
+  double t0 = (double)time(NULL);
+  FILE *p = popen(cmd, "r");
+  CHECK(p != NULL);
+  if (!p) return;
+  char line[1024];
+  bool named = false;
+  while (fgets(line, sizeof line, p)) named = named || strstr(line, "rank 0: did not finish in 2 s (DIST_TIMEOUT)");
+  int rc = pclose(p);
+  double dt = (double)time(NULL) - t0;
+  CHECK_MSG(named, "rank 0 did not report the timeout");
+  CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) != 124 && dt < 50, "status %d after %.0f s", rc, dt);
+}
+
+static int child_stop(void) {
+  if (tg_dist_init() != TG_OK) return 1;
+  tg_scope_begin();
+  tg_tensor t = tg_ones(TG_SHAPE(10), NULL);
+  if (tg_dist_rank() == 1) {
+    tg_scope_end();
+    tg_dist_finalize();
+    return 0;
+  }
+  tg_status st = tg_realize(tg_dist_allreduce(t));
+  if (st == TG_ERR_RUNTIME && strstr(tg_last_error(), "did not finish in 2 s (DIST_TIMEOUT)")) printf("rank 0: did not finish in 2 s (DIST_TIMEOUT)\n");
+  fflush(stdout);
+  /* the world is unusable now: later collectives and finalize say so */
+  tg_clear_error();
+  bool later = tg_realize(tg_dist_allreduce(tg_mul_s(t, 2))) == TG_ERR_RUNTIME && strstr(tg_last_error(), "cannot be used again");
+  tg_clear_error();
+  bool fin = tg_dist_finalize() == TG_ERR_RUNTIME && strstr(tg_last_error(), "MPI_Finalize skipped");
+  tg_clear_error();
+  tg_scope_end();
+  fprintf(stderr, "rank 0: later collective %s, finalize %s\n", later ? "refused" : "NOT refused", fin ? "skipped" : "NOT skipped");
+  return later && fin ? 2 : 3;
+}
+
 static tg_status jit_allreduce(const tg_tensor *in, int nin, const double *args, int nargs, tg_tensor *out, int nout,
                                void *user) {
   (void)nin, (void)args, (void)nargs, (void)nout, (void)user;
@@ -225,9 +267,51 @@ static int child(void) {
   /* bad input: an error, not an abort */
   EXPECT(!tg_valid(tg_dist_broadcast(t, 5)));
   tg_clear_error();
+  /* a bare constant (0-d, no buffer) and an arange are stored before the call */
+  float z = 0;
+  EXPECT(tg_data(tg_dist_allreduce(tg_full(NULL, 0, 3.0, NULL)), &z, sizeof z) == TG_OK && z == 6.0f);
+  EXPECT(tg_data(tg_dist_broadcast(tg_full(NULL, 0, 1.0 + r, NULL), 1), &z, sizeof z) == TG_OK && z == 2.0f);
+  int32_t ar[3];
+  EXPECT(tg_data(tg_dist_allreduce(tg_arange(0, 3, 1, NULL)), ar, sizeof ar) == TG_OK && ar[2] == 4);
+  /* BatchNorm over ranks holding batches of different sizes (2 rows and 4): the statistics of all
+   * 6 rows, as PyTorch's SyncBatchNorm (running_mean (0.35, 3.5), running_var (1.25, 35.9)) */
+  {
+    float rows[6][2] = {{1, 10}, {2, 20}, {3, 30}, {4, 40}, {5, 50}, {6, 60}};
+    tg_nn_batchnorm bn;
+    tg_nn_batchnorm_init(&bn, 2, TG_BATCHNORM_OPTS(.dist = true));
+    tg_tensor xb6 = tg_from_data(r == 0 ? &rows[0][0] : &rows[2][0], TG_SHAPE(r == 0 ? 2 : 4, 2), NULL);
+    tg_context_begin();
+    tg_context_set_int("TRAINING", 1);
+    tg_tensor yb = tg_nn_batchnorm_forward(&bn, xb6);
+    tg_context_end();
+    float rm[2], rv[2], y0[8];
+    EXPECT(tg_data(yb, y0, sizeof(float) * (r == 0 ? 4 : 8)) == TG_OK && tg_data(bn.running_mean, rm, sizeof rm) == TG_OK &&
+           tg_data(bn.running_var, rv, sizeof rv) == TG_OK);
+    EXPECT(fabsf(rm[0] - 0.35f) < 1e-5f && fabsf(rm[1] - 3.5f) < 1e-5f && fabsf(rv[0] - 1.25f) < 1e-5f && fabsf(rv[1] - 35.9f) < 1e-4f);
+    EXPECT(fabsf(y0[0] - (r == 0 ? -1.4638476f : -0.2927695f)) < 1e-4f && fabsf(y0[1] - y0[0]) < 1e-4f);
+    tg_nn_batchnorm_free(&bn);
+  }
+  /* collectives that differ between the ranks: an error on every rank, no exchanged data */
+  float four[5] = {1, 2, 3, 4, 5};
+  EXPECT(tg_realize(tg_dist_allreduce(tg_from_data(four, TG_SHAPE(4 + r), NULL))) == TG_ERR_INVALID &&
+         strstr(tg_last_error(), "element count ranges over 4..5"));
+  tg_clear_error();
+  tg_tensor k = tg_from_data(four, TG_SHAPE(4), NULL);
+  EXPECT(tg_realize(r == 0 ? tg_dist_allreduce(k) : tg_dist_broadcast(k, 0)) == TG_ERR_INVALID &&
+         strstr(tg_last_error(), "every rank must make the same collectives"));
+  tg_clear_error();
+  EXPECT(tg_realize(tg_dist_allreduce(r == 0 ? k : tg_cast(k, TG_INT32))) == TG_ERR_INVALID && strstr(tg_last_error(), "dtype"));
+  tg_clear_error();
+  EXPECT(tg_realize(tg_dist_broadcast(k, r)) == TG_ERR_INVALID && strstr(tg_last_error(), "kind or root"));
+  tg_clear_error();
+  /* and the world still works after them */
+  EXPECT(tg_data(tg_dist_allreduce(k), o, 4 * sizeof(float)) == TG_OK && o[3] == 8.0f);
   tg_scope_end();
   EXPECT(tg_live_count() == 0);
   EXPECT(tg_dist_finalize() == TG_OK);
+  /* MPI cannot start again once finalized: an error, not Open MPI's abort */
+  EXPECT(tg_dist_init() == TG_ERR_INVALID && strstr(tg_last_error(), "finalized"));
+  tg_clear_error();
   if (!bad) printf("rank %d ok\n", r);
   fflush(stdout);
   return bad ? 1 : 0;
@@ -324,6 +408,7 @@ int main(int argc, char **argv) {
   (void)argc;
   if (getenv("TG_DIST_CHILD")) {
     if (!strcmp(getenv("TG_DIST_CHILD"), "die")) return child_die();
+    if (!strcmp(getenv("TG_DIST_CHILD"), "stop")) return child_stop();
     if (!strcmp(getenv("TG_DIST_CHILD"), "cuda")) return child_cuda();
     return child();
   }

@@ -24,6 +24,7 @@
 #include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,9 +37,14 @@ static struct {
   void *lib;
   bool inited;
   int rank, size;
-  MPI_Handle world, f32, f64, i32, i64, sum, errors_return;
+  int64_t seq;        /* collectives made so far (the same count on every rank) */
+  char broken[512];   /* why the world cannot be used any more ("" while it can) */
+  MPI_Handle world, f32, f64, i32, i64, sum, max, errors_return;
   int (*Init)(int *, char ***);
   int (*Initialized)(int *);
+  int (*Finalized)(int *);
+  int (*Iallreduce)(const void *, void *, int, MPI_Handle, MPI_Handle, MPI_Handle, MPI_Handle *);
+  int (*Test)(MPI_Handle *, int *, void *);
   int (*Comm_rank)(MPI_Handle, int *);
   int (*Comm_size)(MPI_Handle, int *);
   int (*Comm_set_errhandler)(MPI_Handle, MPI_Handle);
@@ -97,33 +103,46 @@ static tg_status mpi_fail(const char *fn, const char *what, int rc) {
 tg_status tg_dist_init(void) {
   pthread_mutex_lock(&dist_lock);
   tg_status st = TG_OK;
+  const char *lib = "libmpi.so.40";
   if (M.inited) goto out;
-  const char *names[] = {getenv("TG_LIBMPI"), "libmpi.so.40", "libmpi.so", NULL};
-  for (int i = 0; i < 3 && !M.lib; i++)
-    if (names[i] && *names[i]) M.lib = dlopen(names[i], RTLD_NOW | RTLD_GLOBAL);
   if (!M.lib) {
-    st = tg_set_error(TG_ERR_RUNTIME, "tg_dist_init: cannot open libmpi (%s); install Open MPI (Debian: openmpi-bin libopenmpi-dev) or set TG_LIBMPI",
-                      dlerror());
-    goto out;
+    /* TG_LIBMPI names that file alone (a wrong path is an error, not a quiet fall back) */
+    const char *env = getenv("TG_LIBMPI");
+    const char *names[] = {"libmpi.so.40", "libmpi.so"};
+    if (env && *env) M.lib = dlopen(lib = env, RTLD_NOW | RTLD_GLOBAL);
+    for (int i = 0; i < 2 && !M.lib && !(env && *env); i++) M.lib = dlopen(lib = names[i], RTLD_NOW | RTLD_GLOBAL);
+    if (!M.lib) {
+      st = tg_set_error(TG_ERR_RUNTIME, "tg_dist_init: cannot open %s (%s); install Open MPI (Debian: openmpi-bin libopenmpi-dev) or set TG_LIBMPI",
+                        env && *env ? env : "libmpi", dlerror());
+      goto out;
+    }
   }
+  /* (a library that lacks a symbol is closed again: a later call may name another) */
 #define SYM(field, name)                                                                                                 \
   if (!(*(void **)&M.field = dlsym(M.lib, name))) {                                                                     \
-    st = tg_set_error(TG_ERR_RUNTIME, "tg_dist_init: libmpi lacks %s (tinygrad.c speaks Open MPI's ABI)", name);      \
-    goto out;                                                                                                           \
+    st = tg_set_error(TG_ERR_RUNTIME, "tg_dist_init: %s lacks %s (tinygrad.c speaks Open MPI's ABI)", lib, name);     \
+    goto bad_lib;                                                                                                       \
   }
-  SYM(Init, "MPI_Init") SYM(Initialized, "MPI_Initialized") SYM(Comm_rank, "MPI_Comm_rank") SYM(Comm_size, "MPI_Comm_size")
-  SYM(Comm_set_errhandler, "MPI_Comm_set_errhandler") SYM(Allreduce, "MPI_Allreduce") SYM(Bcast, "MPI_Bcast") SYM(Reduce, "MPI_Reduce")
+  SYM(Init, "MPI_Init") SYM(Initialized, "MPI_Initialized") SYM(Finalized, "MPI_Finalized") SYM(Comm_rank, "MPI_Comm_rank")
+  SYM(Comm_size, "MPI_Comm_size") SYM(Comm_set_errhandler, "MPI_Comm_set_errhandler") SYM(Allreduce, "MPI_Allreduce")
+  SYM(Bcast, "MPI_Bcast") SYM(Reduce, "MPI_Reduce") SYM(Iallreduce, "MPI_Iallreduce") SYM(Test, "MPI_Test")
   SYM(Error_string, "MPI_Error_string") SYM(Finalize, "MPI_Finalize")
 #undef SYM
 #define OBJ(field, name)                                                                                                 \
   if (!(M.field = dlsym(M.lib, name))) {                                                                                \
-    st = tg_set_error(TG_ERR_RUNTIME, "tg_dist_init: libmpi lacks %s (tinygrad.c speaks Open MPI's ABI)", name);      \
-    goto out;                                                                                                           \
+    st = tg_set_error(TG_ERR_RUNTIME, "tg_dist_init: %s lacks %s (tinygrad.c speaks Open MPI's ABI)", lib, name);     \
+    goto bad_lib;                                                                                                       \
   }
   OBJ(world, "ompi_mpi_comm_world") OBJ(f32, "ompi_mpi_float") OBJ(f64, "ompi_mpi_double") OBJ(i32, "ompi_mpi_int")
-  OBJ(i64, "ompi_mpi_long_long_int") OBJ(sum, "ompi_mpi_op_sum") OBJ(errors_return, "ompi_mpi_errors_return")
+  OBJ(i64, "ompi_mpi_long_long_int") OBJ(sum, "ompi_mpi_op_sum") OBJ(max, "ompi_mpi_op_max")
+  OBJ(errors_return, "ompi_mpi_errors_return")
 #undef OBJ
   int flag = 0, rc;
+  M.Finalized(&flag);
+  if (flag) {
+    st = tg_set_error(TG_ERR_INVALID, "tg_dist_init: MPI was finalized (tg_dist_finalize) in this process; it cannot start again");
+    goto out;
+  }
   M.Initialized(&flag);
   if (!flag && (rc = M.Init(NULL, NULL)) != 0) {
     st = mpi_fail("tg_dist_init", "MPI_Init", rc);
@@ -135,6 +154,12 @@ tg_status tg_dist_init(void) {
     goto out;
   }
   M.inited = true;
+  M.seq = 0;
+  M.broken[0] = '\0';
+  goto out;
+bad_lib:
+  dlclose(M.lib);
+  M.lib = NULL;
 out:
   pthread_mutex_unlock(&dist_lock);
   return st;
@@ -150,8 +175,13 @@ tg_status tg_dist_finalize(void) {
     for (int i = 0; i < N.ncomm; i++) /* (an aborted one is gone already) */
       if (N.dev[i]) N.CommDestroy(N.comm[i]);
     N.ncomm = 0;
-    int rc = M.Finalize();
-    if (rc) st = mpi_fail("tg_dist_finalize", "MPI_Finalize", rc);
+    if (M.broken[0]) {
+      /* a collective is left pending: MPI_Finalize could wait for it forever */
+      st = tg_set_error(TG_ERR_RUNTIME, "tg_dist_finalize: MPI_Finalize skipped: %s", M.broken);
+    } else {
+      int rc = M.Finalize();
+      if (rc) st = mpi_fail("tg_dist_finalize", "MPI_Finalize", rc);
+    }
     M.inited = false;
   }
   pthread_mutex_unlock(&dist_lock);
@@ -168,6 +198,70 @@ static MPI_Handle mpi_type(tg_dtype dt) {
   }
 }
 
+/* Waits for a nonblocking MPI call, at most DIST_TIMEOUT seconds (600). Open MPI progresses it
+ * inside MPI_Test, so the loop polls: back to back at first, then yielding the core, then (after a
+ * second: a peer is busy or gone) every 100 us. A timeout or a failure leaves the call pending, so
+ * the world is marked broken. */
+static tg_status mpi_wait(MPI_Handle *req, const char *what) {
+  double t0 = now_seconds(), limit = (double)getenv_int("DIST_TIMEOUT", 600);
+  for (long spin = 0;; spin++) {
+    int done = 0, rc = M.Test(req, &done, NULL);
+    if (rc) {
+      mpi_fail("tg_dist", what, rc);
+      snprintf(M.broken, sizeof M.broken, "%s failed", what);
+      return tg_last_status();
+    }
+    if (done) return TG_OK;
+    double t = spin < 4096 ? 0 : now_seconds() - t0;
+    if (t > limit) {
+      snprintf(M.broken, sizeof M.broken, "%s did not finish in %.0f s (DIST_TIMEOUT): a rank died, is stuck, or stopped making the "
+               "same collectives", what, limit);
+      return tg_set_error(TG_ERR_RUNTIME, "tg_dist: %s; this process's MPI cannot be used again: end it (mpirun then ends the job)", M.broken);
+    }
+    if (t > 1.0) {
+      struct timespec ts = {0, 100000};
+      nanosleep(&ts, NULL);
+    } else if (spin >= 4096) {
+      sched_yield();
+    }
+  }
+}
+
+static void describe_call(char *out, size_t cap, int64_t kind, tg_dtype dt, int64_t n) {
+  if (kind == -1) snprintf(out, cap, "an allreduce of %lld %s", (long long)n, tg_dtype_name(dt));
+  else if (kind >= 0) snprintf(out, cap, "a broadcast from rank %lld of %lld %s", (long long)kind, (long long)n, tg_dtype_name(dt));
+  else snprintf(out, cap, "a reduce to rank %lld of %lld %s", (long long)(-2 - kind), (long long)n, tg_dtype_name(dt));
+}
+
+/* Before each collective the ranks agree on what it is (a tiny MPI_Iallreduce of its number, kind,
+ * root, dtype and count, as maxima of the values and of their negations): a rank whose program made
+ * another collective gets an error on every rank instead of a truncated, reinterpreted or
+ * mismatched buffer, and a rank that never comes ends the wait after DIST_TIMEOUT instead of a hang.
+ * (The data call itself is the blocking one: a peer that passed this point makes it too.) */
+static tg_status mpi_agree(int64_t kind, tg_dtype dt, int64_t n) {
+  int64_t seq = M.seq++;
+  int64_t d[4] = {seq, kind, (int64_t)dt, n}, v[8], r[8];
+  for (int i = 0; i < 4; i++) v[i] = d[i], v[4 + i] = -d[i];
+  MPI_Handle req = NULL;
+  int rc = M.Iallreduce(v, r, 8, M.i64, M.max, M.world, &req);
+  if (rc) {
+    snprintf(M.broken, sizeof M.broken, "MPI_Iallreduce failed");
+    return mpi_fail("tg_dist", "MPI_Iallreduce (the collective's description)", rc);
+  }
+  tg_status st = mpi_wait(&req, "the collective's agreement (MPI_Iallreduce)");
+  if (st != TG_OK) return st;
+  static const char *const field[4] = {"collective number", "kind or root", "dtype", "element count"};
+  for (int i = 0; i < 4; i++)
+    if (r[i] != -r[4 + i]) {
+      char mine[160];
+      describe_call(mine, sizeof mine, kind, dt, n);
+      return tg_set_error(TG_ERR_INVALID, "tg_dist: the ranks' collective #%lld differ (%s ranges over %lld..%lld; this rank's is %s): "
+                          "every rank must make the same collectives, in the same order, with the same shapes and dtypes",
+                          (long long)seq, field[i], (long long)-r[4 + i], (long long)r[i], mine);
+    }
+  return TG_OK;
+}
+
 /* The collective over n elements, in int-sized pieces (MPI counts are int): MPI_Allreduce of send
  * into buf (root -1), MPI_Bcast of buf from root (root >= 0), or MPI_Reduce of send into buf on
  * rank -2-root (root <= -2). */
@@ -179,7 +273,11 @@ static tg_status mpi_run(const char *send, char *buf, int64_t n, size_t isz, MPI
     int rc = root >= 0    ? M.Bcast(at, cnt, ty, (int)root, M.world)
              : root == -1 ? M.Allreduce(from, at, cnt, ty, M.sum, M.world)
                           : M.Reduce(from, at, cnt, ty, M.sum, (int)(-2 - root), M.world);
-    if (rc) return mpi_fail("tg_dist", root >= 0 ? "MPI_Bcast" : root == -1 ? "MPI_Allreduce" : "MPI_Reduce", rc);
+    if (rc) {
+      const char *what = root >= 0 ? "MPI_Bcast" : root == -1 ? "MPI_Allreduce" : "MPI_Reduce";
+      snprintf(M.broken, sizeof M.broken, "%s failed", what);
+      return mpi_fail("tg_dist", what, rc);
+    }
     off += cnt;
   }
   return TG_OK;
@@ -337,19 +435,24 @@ tg_status dist_exec(Buffer *out, Buffer *in, size_t n, tg_dtype dt, int64_t root
   tg_status st = TG_OK;
   size_t isz = tg_dtype_itemsize(dt);
   buffer_written(out);
-  if (M.inited && out->dev->vt->stream && N.lib) {
-    st = nccl_exec(out, in, n, dt, root);
-    pthread_mutex_unlock(&dist_lock);
-    return st;
-  }
-  MPI_Handle ty = M.inited ? mpi_type(dt) : NULL;
+  bool nccl = M.inited && out->dev->vt->stream && N.lib;
+  MPI_Handle ty = mpi_type(dt);
+  /* a rank that cannot make the call still takes part in the agreement (with an impossible count),
+   * so the others stop there with an error instead of waiting in the call */
+  const char *local = nccl || (out->ptr && in->ptr && ty) ? NULL : "the collective's buffers are not in host memory";
   if (!M.inited)
     st = tg_set_error(TG_ERR_INVALID, "tg_dist: a collective was realized after tg_dist_finalize; realize it before finalizing");
-  else if (!out->ptr || !in->ptr || !ty)
-    st = tg_set_error(TG_ERR_RUNTIME, "tg_dist: the collective's buffers are not in host memory");
-  if (st == TG_OK && root >= 0 && M.rank == root) memcpy(out->ptr, in->ptr, n);
-  if (st == TG_OK && n) st = mpi_run(in->ptr, out->ptr, (int64_t)(n / isz), isz, ty, root);
-  if (st == TG_OK && root <= -2 && M.rank != -2 - root) memset(out->ptr, 0, n);
+  else if (M.broken[0])
+    st = tg_set_error(TG_ERR_RUNTIME, "tg_dist: an earlier collective failed (%s); this process's MPI cannot be used again: end it", M.broken);
+  else if ((st = mpi_agree(root, dt, local ? -1 : (int64_t)(n / isz))) == TG_OK && local)
+    st = tg_set_error(TG_ERR_RUNTIME, "tg_dist: %s", local);
+  if (st == TG_OK && nccl) {
+    st = nccl_exec(out, in, n, dt, root);
+  } else if (st == TG_OK) {
+    if (root >= 0 && M.rank == root) memcpy(out->ptr, in->ptr, n);
+    if (n) st = mpi_run(in->ptr, out->ptr, (int64_t)(n / isz), isz, ty, root);
+    if (st == TG_OK && root <= -2 && M.rank != -2 - root) memset(out->ptr, 0, n);
+  }
   pthread_mutex_unlock(&dist_lock);
   return st;
 }

@@ -820,19 +820,29 @@ tg_tensor tg_nn_batchnorm_forward(tg_nn_batchnorm *l, tg_tensor x) {
     invstd = tg_rsqrt(tg_add_s(l->running_var, l->eps));
   } else {
     /* two passes over x; d(var)/d(mean) = 0, so the mean is detached inside the variance. Over MPI
-     * ranks (dist): each pass's sums are allreduced and divided by the count over all ranks */
+     * ranks (dist): each pass's sums are allreduced and divided by the count over all ranks, itself
+     * an allreduce (ranks may hold batches of different sizes, as PyTorch's SyncBatchNorm allows) */
     int ranks = l->dist && tg_dist_size() > 1 ? tg_dist_size() : 1;
-    double total = (double)(prod(xs, nd) / xs[1]) * ranks;
-    tg_tensor bm = ranks > 1 ? tg_div_s(tg_dist_allreduce(tg_sum(x, axes, na, false)), total) : tg_mean(x, axes, na, false);
-    tg_tensor y = tg_sub(x, tg_reshape(tg_detach(bm), mask, nd));
-    tg_tensor bv = ranks > 1 ? tg_div_s(tg_dist_allreduce(tg_sum(tg_mul(y, y), axes, na, false)), total)
-                             : tg_mean(tg_mul(y, y), axes, na, false);
+    double local = (double)(prod(xs, nd) / xs[1]);
+    tg_tensor bm, bv, y, total = NONE;
+    if (ranks > 1) {
+      tg_tensor sx = tg_sum(x, axes, na, false);
+      total = tg_cast(tg_dist_allreduce(tg_full(TG_SHAPE(1), local, TG_OPTS(.dtype = TG_FLOAT64))), tg_dtype_of(sx));
+      bm = tg_div(tg_dist_allreduce(sx), total);
+      y = tg_sub(x, tg_reshape(tg_detach(bm), mask, nd));
+      bv = tg_div(tg_dist_allreduce(tg_sum(tg_mul(y, y), axes, na, false)), total);
+    } else {
+      bm = tg_mean(x, axes, na, false);
+      y = tg_sub(x, tg_reshape(tg_detach(bm), mask, nd));
+      bv = tg_mean(tg_mul(y, y), axes, na, false);
+    }
     if (l->track_running_stats && training) {
-      int64_t n = prod(xs, nd) * ranks;
-      if (n - xs[1] <= 0)
+      if (ranks == 1 && local <= 1)
         return op_done(o,
                        fail("%s: training needs more than one value per channel, got input %s", fn, TSHP(x)));
-      bn_update_running(l, bm, bv, l->momentum * (double)n / (double)(n - xs[1]));
+      /* the running variance is the unbiased one: n / (n - 1) times the batch's */
+      if (ranks > 1) bn_update_running(l, bm, tg_div(tg_mul(bv, total), tg_sub_s(total, 1.0)), l->momentum);
+      else bn_update_running(l, bm, bv, l->momentum * local / (local - 1));
     }
     mean = bm;
     invstd = tg_rsqrt(tg_add_s(bv, l->eps));

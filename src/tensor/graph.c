@@ -467,10 +467,20 @@ UOp *g_copy(UOp *a, int device) {
   return u;
 }
 
+/* A collective reads a buffer: a bare constant or arange (a leaf with none, e.g. a 0-d tg_full) is
+ * stored first. A new reference either way. */
+static UOp *collective_source(UOp *a) {
+  if (!uop_realized(a) && (a->op == OP_CONST || a->op == OP_IOTA)) return g_contiguous(a);
+  return uop_ref(a);
+}
+
 UOp *g_collective(UOp *a, int root) {
   UArg arg;
   arg.i = root;
-  return uop_new_meta(OP_COLLECTIVE, (tg_dtype)a->dtype, &a, 1, NULL, 0, arg, a->shape, a->ndim, a->device);
+  UOp *src = collective_source(a);
+  UOp *u = uop_new_meta(OP_COLLECTIVE, (tg_dtype)a->dtype, &src, 1, NULL, 0, arg, a->shape, a->ndim, a->device);
+  uop_unref(src);
+  return u;
 }
 
 UOp *g_allreduce(UOp *const *parts, int n, int op, int member) {
@@ -478,7 +488,12 @@ UOp *g_allreduce(UOp *const *parts, int n, int op, int member) {
   arg.i = member;
   const int64_t iop = op;
   const UOp *p = parts[member];
-  return uop_new_meta(OP_COLLECTIVE, (tg_dtype)p->dtype, parts, n, &iop, 1, arg, p->shape, p->ndim, p->device);
+  UOp **src = tg_xmalloc(sizeof(UOp *) * (size_t)n);
+  for (int i = 0; i < n; i++) src[i] = collective_source(parts[i]);
+  UOp *u = uop_new_meta(OP_COLLECTIVE, (tg_dtype)p->dtype, src, n, &iop, 1, arg, p->shape, p->ndim, p->device);
+  for (int i = 0; i < n; i++) uop_unref(src[i]);
+  free(src);
+  return u;
 }
 
 /* ASSIGN nodes made since the last time none was pending (handles.c: t_realize_pending_writes) */
