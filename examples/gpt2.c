@@ -6,7 +6,8 @@
  * DIR holds config.json, the weights (model.safetensors or pytorch_model.bin) and the tokenizer
  * (vocab.json + merges.txt, or tokenizer.json), as `save_pretrained` or a clone of the hub's gpt2,
  * gpt2-medium, gpt2-large or gpt2-xl repository leaves them. Conv1D weights (in, out) are transposed
- * into Linear's (out, in) layout once at load; lm_head is tied to wte.
+ * into Linear's (out, in) layout once at load; lm_head is tied to wte unless config.json says
+ * tie_word_embeddings false.
  *
  * Generation: the prompt runs through the model once (prefill; it writes the keys and values of every
  * layer into a KV cache of max_context positions), then each new token is one TinyJit'd decode step,
@@ -493,6 +494,11 @@ typedef struct {
   char byte_sym[256][3]; /* mapped UTF-8 of each byte (2 bytes at most) */
   int byte_len[256];
   int eot; /* id of <|endoftext|> or -1 */
+  /* added tokens (tokenizer.json's added_tokens; else <|endoftext|>): matched in the raw text before
+   * BPE, as the tokenizers package does, each its own id */
+  char **add_str;
+  size_t *add_len;
+  int *add_id, n_add;
 } Tokenizer;
 
 static void tok_init_bytes(Tokenizer *t) {
@@ -510,7 +516,21 @@ static void tok_init_bytes(Tokenizer *t) {
   }
 }
 
+static void tok_add_special(Tokenizer *t, const char *str, size_t len, int id) {
+  if (!len) return;
+  t->add_str = xrealloc(t->add_str, sizeof *t->add_str * (size_t)(t->n_add + 1));
+  t->add_len = xrealloc(t->add_len, sizeof *t->add_len * (size_t)(t->n_add + 1));
+  t->add_id = xrealloc(t->add_id, sizeof *t->add_id * (size_t)(t->n_add + 1));
+  t->add_str[t->n_add] = xmalloc(len + 1);
+  memcpy(t->add_str[t->n_add], str, len);
+  t->add_str[t->n_add][len] = '\0';
+  t->add_len[t->n_add] = len;
+  t->add_id[t->n_add++] = id;
+}
+
 static void tok_free(Tokenizer *t) {
+  for (int i = 0; i < t->n_add; i++) free(t->add_str[i]);
+  free(t->add_str), free(t->add_len), free(t->add_id);
   smap_free(&t->vocab);
   smap_free(&t->merges);
   for (int i = 0; i < t->n_tok; i++) free(t->tok[i]);
@@ -633,12 +653,14 @@ static int tok_load(Tokenizer *t, const char *dir) {
         r = fail("%s: merge %zu is neither \"a b\" nor [\"a\", \"b\"]", tj, i + 1);
       }
     }
-    /* added tokens (<|endoftext|>) that the vocabulary lacks */
+    /* added tokens (<|endoftext|>, <pad>, ...): the vocabulary gets those it lacks, and every one is
+     * matched whole in the text */
     const JVal *added = jget(&v, "added_tokens");
     for (size_t i = 0; !r && added && added->t == J_ARR && i < added->n; i++) {
       const JVal *c = jget(&added->items[i], "content"), *id = jget(&added->items[i], "id");
-      if (c && c->t == J_STR && id && id->t == J_NUM && !smap_find(&t->vocab, c->str, c->slen))
-        r = tok_add_vocab(t, tj, c->str, c->slen, id->num);
+      if (!c || c->t != J_STR || !id || id->t != J_NUM) continue;
+      if (!smap_find(&t->vocab, c->str, c->slen)) r = tok_add_vocab(t, tj, c->str, c->slen, id->num);
+      if (!r && id->num >= 0 && id->num < t->n_tok && id->num == floor(id->num)) tok_add_special(t, c->str, c->slen, (int)id->num);
     }
     jfree(&v);
   } else {
@@ -653,6 +675,7 @@ done:
                  b);
     int *e = smap_find(&t->vocab, "<|endoftext|>", 13);
     t->eot = e ? *e : -1;
+    if (!t->n_add && t->eot >= 0) tok_add_special(t, "<|endoftext|>", 13, t->eot);
   }
   free(vj), free(mt), free(tj);
   if (r) tok_free(t);
@@ -822,27 +845,31 @@ static int bpe_word(const Tokenizer *t, const unsigned char *w, size_t n, int **
   return r;
 }
 
-/* Token ids of text (n bytes). <|endoftext|> in the text is that special token (as tiktoken's
- * allowed_special and the tokenizers package treat it), not its spelling. Returns the count, or -1
- * with an error. *ids is malloc'd. */
+/* Token ids of text (n bytes). An added token in the text (<|endoftext|>, or tokenizer.json's
+ * added_tokens) is that token, not its spelling: the leftmost match, the longest there, as the
+ * tokenizers package (and tiktoken's allowed_special) treat them. Returns the count, or -1 with an
+ * error. *ids is malloc'd. */
 static long tok_encode(const Tokenizer *t, const char *text, size_t n, int **ids) {
-  static const char eot[] = "<|endoftext|>";
-  const size_t eotn = sizeof eot - 1;
   size_t nids = 0, cap = 0;
   *ids = NULL;
   const unsigned char *s = (const unsigned char *)text;
   for (size_t i = 0; i < n;) {
-    const unsigned char *sp = t->eot >= 0 ? memmem(s + i, n - i, eot, eotn) : NULL;
-    size_t end = sp ? (size_t)(sp - s) : n;
+    size_t end = n, len = 0;
+    int id = -1;
+    for (int k = 0; k < t->n_add; k++) {
+      const unsigned char *sp = memmem(s + i, n - i, t->add_str[k], t->add_len[k]);
+      size_t at = sp ? (size_t)(sp - s) : n;
+      if (sp && (at < end || (at == end && t->add_len[k] > len))) end = at, len = t->add_len[k], id = t->add_id[k];
+    }
     while (i < end) {
       size_t l = pretoken_len(s + i, end - i);
       if (bpe_word(t, s + i, l, ids, &nids, &cap)) return free(*ids), *ids = NULL, -1;
       i += l;
     }
-    if (sp) {
+    if (id >= 0) {
       if (nids == cap) *ids = xrealloc(*ids, sizeof **ids * (cap = cap * 2 + 16));
-      (*ids)[nids++] = t->eot;
-      i = end + eotn;
+      (*ids)[nids++] = id;
+      i = end + len;
     }
   }
   return (long)nids;
@@ -885,6 +912,7 @@ typedef struct {
   int n_layer, n_head, n_embd, n_positions, vocab_size;
   double eps;
   bool gelu_exact; /* activation_function "gelu" (erf) instead of gelu_new (tanh) */
+  bool tied;       /* tie_word_embeddings (default true): lm_head is wte */
 } Config;
 
 typedef struct {
@@ -897,7 +925,8 @@ typedef struct {
   tg_dtype dt;
   int max_ctx;
   Layer *l;
-  tg_tensor wte, wpe, lnf_w, lnf_b; /* lm_head is wte */
+  tg_tensor wte, wpe, lnf_w, lnf_b;
+  tg_tensor lm_head; /* untied checkpoints only; else lm_head is wte */
   /* sampling */
   double temperature, top_p;
   int top_k;
@@ -960,6 +989,12 @@ static int config_load(const char *dir, Config *c) {
              strcmp(act->str, "gelu_fast"))
       r = fail("%s: activation_function \"%s\" is not supported (gelu_new or gelu)", path, act->str);
   }
+  const JVal *tie = jget(&cfg, "tie_word_embeddings");
+  c->tied = true;
+  if (!r && tie) {
+    if (tie->t != J_BOOL) r = fail("%s: tie_word_embeddings is not true or false", path);
+    else c->tied = tie->b;
+  }
   const JVal *inv = jget(&cfg, "scale_attn_by_inverse_layer_idx");
   if (!r && inv && inv->t == J_BOOL && inv->b)
     r = fail("%s: scale_attn_by_inverse_layer_idx is not supported", path);
@@ -970,9 +1005,19 @@ static int config_load(const char *dir, Config *c) {
   return r;
 }
 
+/* t's shape into sh (room for 8); its ndim, or -1 past 8 (no GPT-2 weight has that many) */
+static int shape8(tg_tensor t, int64_t sh[8]) {
+  int nd = tg_ndim(t);
+  return nd < 0 || nd > 8 ? -1 : tg_shape(t, sh);
+}
+
 static const char *shape_str(tg_tensor t, char *buf, size_t n) {
   int64_t sh[8];
-  int nd = tg_shape(t, sh);
+  int nd = shape8(t, sh);
+  if (nd < 0) {
+    snprintf(buf, n, "(%d dims)", tg_ndim(t));
+    return buf;
+  }
   size_t o = (size_t)snprintf(buf, n, "(");
   for (int i = 0; i < nd && o < n; i++)
     o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)sh[i]);
@@ -993,7 +1038,7 @@ static int take(Model *m, tg_state_dict *sd, const char *file, const char *name,
                 name);
   tg_tensor t = tg_state_dict_get(sd, key);
   int64_t sh[8];
-  int nd = tg_shape(t, sh);
+  int nd = shape8(t, sh);
   bool ok = d1 ? (nd == 2 && sh[0] == d0 && sh[1] == d1) : (nd == 1 && sh[0] == d0);
   if (!ok) {
     char b[128];
@@ -1016,7 +1061,7 @@ static int take(Model *m, tg_state_dict *sd, const char *file, const char *name,
 }
 
 static void model_free(Model *m) {
-  tg_tensor *all[] = {&m->wte, &m->wpe, &m->lnf_w, &m->lnf_b};
+  tg_tensor *all[] = {&m->wte, &m->wpe, &m->lnf_w, &m->lnf_b, &m->lm_head};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tg_free(*all[i]), *all[i] = (tg_tensor){0};
   for (int i = 0; m->l && i < m->c.n_layer; i++) {
     Layer *L = &m->l[i];
@@ -1073,11 +1118,17 @@ static int model_load(Model *m, const char *dir) {
     W(fc2_b, "mlp.c_proj.bias", C, 0, false);
 #undef W
   }
-  /* lm_head is tied to wte: a checkpoint that stores it must hold the same matrix */
-  if (!r && tg_state_dict_has(sd, "lm_head.weight")) {
+  /* lm_head is tied to wte (a stored one is then ignored, as transformers' tie_weights does), unless
+   * config.json says tie_word_embeddings false: then the checkpoint's own lm_head.weight */
+  if (!r && !c->tied) {
+    if (!tg_state_dict_has(sd, "lm_head.weight"))
+      r = fail("%s: config.json has tie_word_embeddings false but there is no \"lm_head.weight\"", file);
+    else
+      r = take(m, sd, file, "lm_head.weight", V, C, false, &m->lm_head);
+  } else if (!r && tg_state_dict_has(sd, "lm_head.weight")) {
     tg_tensor lm = tg_state_dict_get(sd, "lm_head.weight");
     int64_t sh[8];
-    int nd = tg_shape(lm, sh);
+    int nd = shape8(lm, sh);
     char b[128];
     if (nd != 2 || sh[0] != V || sh[1] != C)
       r = fail("%s: \"lm_head.weight\" has shape %s, expected (%lld, %lld)", file, shape_str(lm, b, sizeof b),
@@ -1202,7 +1253,7 @@ static tg_tensor forward(Model *m, tg_tensor tokens, int T, tg_tensor pos, tg_sy
    * projection is a quarter of a 32-token prefill's work otherwise) */
   if (last_only && T > 1) h = tg_shrink(h, (const int64_t[]){0, 1, T - 1, T, 0, C}, 6);
   h = ln(h, m->lnf_w, m->lnf_b, c->eps);
-  return linear(m, h, m->wte, (tg_tensor){0});
+  return linear(m, h, m->lm_head.id ? m->lm_head : m->wte, (tg_tensor){0});
 }
 
 /* The next token (1,) int32 from one row of logits (V,), inside the graph. */
@@ -1442,11 +1493,14 @@ static int run(const Args *a) {
   } else {
     T = tok_encode(&tk, a->prompt, strlen(a->prompt), &prompt);
   }
-  if (T == 0) r = fail("the prompt is empty (no tokens)");
+  if (T < 0) r = -1; /* (the error is printed) */
+  else if (T == 0) r = fail("the prompt is empty (no tokens)");
   for (long i = 0; !r && T > 0 && i < T; i++)
     if (prompt[i] >= c->vocab_size)
       r = fail("token id %d is outside the vocabulary (0..%d)", prompt[i], c->vocab_size - 1);
   int total = (int)T + a->count;
+  if (!r && T > c->n_positions)
+    r = fail("prompt (%ld tokens) exceeds the model's %d positions", T, c->n_positions);
   if (!r && T > 0 && total - 1 > c->n_positions)
     r = fail("prompt (%ld tokens) + count (%d) exceeds the model's %d positions", T, a->count,
              c->n_positions);

@@ -226,6 +226,48 @@ def sampling_seeded_topk_topp():
   assert len(set(got)) > 1, f"temperature 2 top-3 sampling always picked {got[0]}"
 
 
+@case
+def untied_lm_head_is_used():
+  """tie_word_embeddings false: the checkpoint's own lm_head.weight projects, as transformers does"""
+  if not ref.HAVE_TRANSFORMERS:
+    return
+  from transformers import GPT2Config, GPT2LMHeadModel
+  d = os.path.join(TMP, "untied")
+  cfg = ref.config(1, 2, 16, 16, V)
+  cfg["tie_word_embeddings"] = False
+  hf = GPT2LMHeadModel(GPT2Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype")})).eval()
+  sd = ref.random_state_dict(cfg, 3)
+  sd["lm_head.weight"] = torch.randn(V, 16, generator=torch.Generator().manual_seed(5))
+  hf.load_state_dict(sd, strict=False)
+  hf.save_pretrained(d)
+  for f in ("vocab.json", "merges.txt"):
+    shutil.copy(os.path.join(MODEL, f), d)
+  gen, ours = ours_logits(d, [1, 2, 3], 2)
+  with torch.no_grad():
+    want = hf(torch.tensor([[1, 2, 3] + gen[:-1]])).logits[0].numpy()
+  err = np.abs(ours - want).max()
+  assert err < 1e-4, f"untied lm_head: max |diff| {err} vs transformers"
+
+
+@case
+def added_tokens_match_whole():
+  """tokenizer.json's added tokens (special or not) are matched in the text before BPE"""
+  from tokenizers import Tokenizer
+  d = os.path.join(TMP, "added")
+  os.makedirs(d, exist_ok=True)
+  tok = Tokenizer.from_file(os.path.join(MODEL, "tokenizer.json"))
+  tok.add_special_tokens(["<pad>", "<|im_start|>", "<|im"])
+  tok.add_tokens(["hello world"])
+  tok.save(os.path.join(d, "tokenizer.json"))
+  for t in ("a<pad>b", "<|im_start|>user hi<|im", "say hello world now<pad><pad>", "x<|endoftext|>y<|im_start", "<pad"):
+    path = os.path.join(TMP, "added.txt")
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(t)
+    _, out, _ = run("--model", d, "--encode", path)
+    ours, want = [int(x) for x in out.split()], tok.encode(t).ids
+    assert ours == want, f"{t!r}: ids {ours} vs HF {want}"
+
+
 def broken(name, mutate):
   d = os.path.join(TMP, "bad-" + name)
   shutil.rmtree(d, ignore_errors=True)
@@ -247,6 +289,13 @@ def bad_files_give_clear_errors():
   def truncate(d):
     p = os.path.join(d, "model.safetensors")
     os.truncate(p, os.path.getsize(p) // 2)
+
+  def many_dims(d):  # the same bytes under a 41-dim shape
+    from safetensors.torch import load_file, save_file
+    p = os.path.join(d, "model.safetensors")
+    sd = load_file(p)
+    sd["transformer.ln_f.bias"] = sd["transformer.ln_f.bias"].reshape([1] * 40 + [-1])
+    save_file(sd, p)
 
   def drop_tensor(d):
     from safetensors.torch import load_file, save_file
@@ -270,6 +319,8 @@ def bad_files_give_clear_errors():
     ("no-tokenizer", lambda d: [os.remove(os.path.join(d, f)) for f in ("vocab.json", "merges.txt", "tokenizer.json")],
      "no tokenizer"),
     ("bad-merges", lambda d: open(os.path.join(d, "merges.txt"), "w").write("#version: 0.2\na b c\n"), "merges.txt:2"),
+    ("many-dims", many_dims, "has shape (41 dims), expected (64,)"),
+    ("untied-no-head", cfg_edit(tie_word_embeddings=False), "no \"lm_head.weight\""),
   ]
   for name, mutate, want in cases:
     d = broken(name, mutate)
@@ -282,6 +333,16 @@ def bad_files_give_clear_errors():
   assert rc == 1 and "outside the vocabulary" in err, err
   rc, _, err = run("--model", MODEL, "--count", "-3", check=False)
   assert rc == 1 and "--count" in err, err
+  for ids in ("1,x", "abc", "-5", "1,,2"):
+    rc, _, err = run("--model", MODEL, "--tokens", ids, "--count", 2, check=False)
+    assert rc == 1 and "is not a list of ids" in err, f"--tokens {ids}: exit {rc}, {err!r}"
+  rc, _, err = run("--model", MODEL, "--tokens", ",".join(["1"] * 65), "--count", 0, check=False)
+  assert rc == 1 and "exceeds the model's 64 positions" in err, err
+  # a merge whose result the vocabulary lacks: the tokenizer's error, not a crash
+  d = broken("merge-not-in-vocab", lambda d: [os.remove(os.path.join(d, "tokenizer.json")),
+                                              open(os.path.join(d, "merges.txt"), "a").write("h i\n")])
+  rc, _, err = run("--model", d, "--prompt", "hi there", "--count", 2, check=False)
+  assert rc == 1 and "not in the vocabulary" in err, f"exit {rc}, {err!r}"
 
 
 def main():
