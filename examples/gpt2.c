@@ -24,7 +24,7 @@
  * one multinomial draw.
  *
  * Options: --prompt S, --count N (tokens to generate, default 100), --temperature T (default 0.8),
- * --top-k K (0: all), --top-p P (1: all), --seed N, --model DIR (default $GPT2_MODEL or ./gpt2),
+ * --top-k K (0: all), --top-p P (1: all), --seed N (default: from the clock), --model DIR (default $GPT2_MODEL or ./gpt2),
  * --timing (tokens/s and ms per token), --benchmark N (an N-token prompt of fixed ids, no tokenizer
  * needed; implies --timing), --max-context N (KV cache length; default prompt + count, at most
  * n_positions). HALF=1 keeps weights, activations and the cache in float16.
@@ -47,6 +47,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 #include <tinygrad.h>
 
 #include "gpt2_unicode.h"
@@ -410,9 +411,10 @@ static int json_load(const char *path, JVal *v) {
   return r;
 }
 
+/* o[key]; of a key given twice, the last (as Python's json, which transformers reads it with) */
 static const JVal *jget(const JVal *o, const char *key) {
   if (!o || o->t != J_OBJ) return NULL;
-  for (size_t i = 0; i < o->n; i++)
+  for (size_t i = o->n; i-- > 0;)
     if (!strcmp(o->keys[i], key)) return &o->items[i];
   return NULL;
 }
@@ -1086,7 +1088,10 @@ static int model_load(Model *m, const char *dir) {
     file = pt;
     sd = tg_torch_load(pt);
   } else {
-    fail("%s: no weights: neither model.safetensors nor pytorch_model.bin", dir);
+    struct stat sb;
+    const char *odd = stat(st, &sb) == 0 ? st : stat(pt, &sb) == 0 ? pt : NULL;
+    if (odd) fail("%s: not a regular file", odd);
+    else fail("%s: no weights: neither model.safetensors nor pytorch_model.bin", dir);
     free(st), free(pt);
     return -1;
   }
@@ -1429,7 +1434,9 @@ static int write_logits(FILE *f, tg_tensor logits, int64_t rows, int64_t V) {
 }
 
 static int run(const Args *a) {
+  /* without --seed, a new seed each run (tinygrad seeds from the clock too) */
   if (a->seed >= 0) tg_manual_seed((uint64_t)a->seed);
+  else tg_manual_seed((uint64_t)time(NULL) ^ (uint64_t)getpid() << 32);
   Tokenizer tk;
   bool have_tok = false;
   struct stat st;

@@ -321,6 +321,8 @@ def bad_files_give_clear_errors():
     ("bad-merges", lambda d: open(os.path.join(d, "merges.txt"), "w").write("#version: 0.2\na b c\n"), "merges.txt:2"),
     ("many-dims", many_dims, "has shape (41 dims), expected (64,)"),
     ("untied-no-head", cfg_edit(tie_word_embeddings=False), "no \"lm_head.weight\""),
+    ("weights-dir", lambda d: os.remove(os.path.join(d, "model.safetensors")) or os.mkdir(os.path.join(d, "model.safetensors")),
+     "model.safetensors: not a regular file"),
   ]
   for name, mutate, want in cases:
     d = broken(name, mutate)
@@ -338,6 +340,14 @@ def bad_files_give_clear_errors():
     assert rc == 1 and "is not a list of ids" in err, f"--tokens {ids}: exit {rc}, {err!r}"
   rc, _, err = run("--model", MODEL, "--tokens", ",".join(["1"] * 65), "--count", 0, check=False)
   assert rc == 1 and "exceeds the model's 64 positions" in err, err
+  # a key given twice in config.json: the last one counts (Python's json, as transformers reads it)
+  def dup_key(d):
+    p = os.path.join(d, "config.json")
+    txt = open(p).read().strip()
+    open(p, "w").write(txt[:-1] + ', "n_layer": 2}' if '"n_layer": 7' in txt else '{"n_layer": 7, ' + txt[1:])
+  d = broken("dup-key", dup_key)
+  rc, _, err = run("--model", d, "--tokens", "1,2", "--count", 2, check=False)
+  assert rc == 0, f"config.json with n_layer 7 then 2: exit {rc}, {err!r}"
   # a merge whose result the vocabulary lacks: the tokenizer's error, not a crash
   d = broken("merge-not-in-vocab", lambda d: [os.remove(os.path.join(d, "tokenizer.json")),
                                               open(os.path.join(d, "merges.txt"), "a").write("h i\n")])
