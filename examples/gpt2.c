@@ -501,7 +501,9 @@ typedef struct {
   char **add_str;
   size_t *add_len;
   int *add_id, n_add;
+  unsigned char *add_flags; /* AF_* */
 } Tokenizer;
+enum { AF_LSTRIP = 1, AF_RSTRIP = 2, AF_SINGLE_WORD = 4, AF_NORMALIZED = 8 };
 
 static void tok_init_bytes(Tokenizer *t) {
   int n = 0;
@@ -518,11 +520,13 @@ static void tok_init_bytes(Tokenizer *t) {
   }
 }
 
-static void tok_add_special(Tokenizer *t, const char *str, size_t len, int id) {
+static void tok_add_special(Tokenizer *t, const char *str, size_t len, int id, unsigned flags) {
   if (!len) return;
   t->add_str = xrealloc(t->add_str, sizeof *t->add_str * (size_t)(t->n_add + 1));
   t->add_len = xrealloc(t->add_len, sizeof *t->add_len * (size_t)(t->n_add + 1));
   t->add_id = xrealloc(t->add_id, sizeof *t->add_id * (size_t)(t->n_add + 1));
+  t->add_flags = xrealloc(t->add_flags, (size_t)(t->n_add + 1));
+  t->add_flags[t->n_add] = (unsigned char)flags;
   t->add_str[t->n_add] = xmalloc(len + 1);
   memcpy(t->add_str[t->n_add], str, len);
   t->add_str[t->n_add][len] = '\0';
@@ -532,7 +536,7 @@ static void tok_add_special(Tokenizer *t, const char *str, size_t len, int id) {
 
 static void tok_free(Tokenizer *t) {
   for (int i = 0; i < t->n_add; i++) free(t->add_str[i]);
-  free(t->add_str), free(t->add_len), free(t->add_id);
+  free(t->add_str), free(t->add_len), free(t->add_id), free(t->add_flags);
   smap_free(&t->vocab);
   smap_free(&t->merges);
   for (int i = 0; i < t->n_tok; i++) free(t->tok[i]);
@@ -662,7 +666,17 @@ static int tok_load(Tokenizer *t, const char *dir) {
       const JVal *c = jget(&added->items[i], "content"), *id = jget(&added->items[i], "id");
       if (!c || c->t != J_STR || !id || id->t != J_NUM) continue;
       if (!smap_find(&t->vocab, c->str, c->slen)) r = tok_add_vocab(t, tj, c->str, c->slen, id->num);
-      if (!r && id->num >= 0 && id->num < t->n_tok && id->num == floor(id->num)) tok_add_special(t, c->str, c->slen, (int)id->num);
+      const JVal *sp = jget(&added->items[i], "special"), *nm = jget(&added->items[i], "normalized");
+      bool special = sp && sp->t == J_BOOL && sp->b;
+      unsigned fl = (nm && nm->t == J_BOOL ? nm->b : !special) ? AF_NORMALIZED : 0; /* tokenizers' default */
+      static const struct { const char *key; unsigned flag; } fk[] = {
+          {"lstrip", AF_LSTRIP}, {"rstrip", AF_RSTRIP}, {"single_word", AF_SINGLE_WORD}};
+      for (int f = 0; f < 3; f++) {
+        const JVal *b = jget(&added->items[i], fk[f].key);
+        if (b && b->t == J_BOOL && b->b) fl |= fk[f].flag;
+      }
+      if (!r && id->num >= 0 && id->num < t->n_tok && id->num == floor(id->num))
+        tok_add_special(t, c->str, c->slen, (int)id->num, fl);
     }
     jfree(&v);
   } else {
@@ -677,7 +691,7 @@ done:
                  b);
     int *e = smap_find(&t->vocab, "<|endoftext|>", 13);
     t->eot = e ? *e : -1;
-    if (!t->n_add && t->eot >= 0) tok_add_special(t, "<|endoftext|>", 13, t->eot);
+    if (!t->n_add && t->eot >= 0) tok_add_special(t, "<|endoftext|>", 13, t->eot, 0);
   }
   free(vj), free(mt), free(tj);
   if (r) tok_free(t);
@@ -847,33 +861,76 @@ static int bpe_word(const Tokenizer *t, const unsigned char *w, size_t n, int **
   return r;
 }
 
+/* The code point that ends at s[i] (i > 0), and its length */
+static uint32_t utf8_prev(const unsigned char *s, size_t i, int *len) {
+  size_t j = i - 1;
+  while (j > 0 && i - j < 4 && (s[j] & 0xC0) == 0x80) j--;
+  int l;
+  uint32_t cp = utf8_next(s + j, i - j, &l);
+  if ((size_t)l != i - j) return *len = 1, 0xFFFFFFFFu;
+  return *len = l, cp;
+}
+
+static bool word_char(uint32_t cp) {
+  int c = char_class(cp);
+  return c == C_LETTER || c == C_NUMBER || cp == '_';
+}
+
+static void push_id(int id, int **ids, size_t *nids, size_t *cap) {
+  if (*nids == *cap) *ids = xrealloc(*ids, sizeof **ids * (*cap = *cap * 2 + 16));
+  (*ids)[(*nids)++] = id;
+}
+
+/* Encodes s[a, b) as the tokenizers package does: pass 0 splits out the added tokens that are not
+ * normalized (the special ones, by default), pass 1 the others in what is left, pass 2 is BPE.
+ * Within a pass the matches are the leftmost-longest ones, left to right without overlap; a
+ * single_word token that touches a word character is no match (its text stays), lstrip/rstrip
+ * tokens also take the whitespace before/after them. */
+static int enc_pass(const Tokenizer *t, const unsigned char *s, size_t a, size_t b, int pass, int **ids, size_t *nids,
+                    size_t *cap) {
+  if (pass == 2) {
+    while (a < b) {
+      size_t l = pretoken_len(s + a, b - a);
+      if (bpe_word(t, s + a, l, ids, nids, cap)) return -1;
+      a += l;
+    }
+    return 0;
+  }
+  size_t done = a; /* text before it is encoded */
+  for (size_t from = a; from < b;) {
+    size_t at = b, len = 0;
+    int k = -1;
+    for (int j = 0; j < t->n_add; j++) {
+      if (!(t->add_flags[j] & AF_NORMALIZED) != (pass == 0) || t->add_len[j] > b - from) continue;
+      const unsigned char *sp = memmem(s + from, b - from, t->add_str[j], t->add_len[j]);
+      size_t p = sp ? (size_t)(sp - s) : b;
+      if (sp && (p < at || (p == at && t->add_len[j] > len))) at = p, len = t->add_len[j], k = j;
+    }
+    if (k < 0) break;
+    size_t st = at, en = at + len;
+    from = en;
+    int l;
+    if ((t->add_flags[k] & AF_SINGLE_WORD) &&
+        ((st > a && word_char(utf8_prev(s, st, &l))) || (en < b && word_char(utf8_next(s + en, b - en, &l)))))
+      continue;
+    if (t->add_flags[k] & AF_LSTRIP)
+      while (st > done && char_class(utf8_prev(s, st, &l)) == C_SPACE) st -= (size_t)l;
+    if (t->add_flags[k] & AF_RSTRIP)
+      while (en < b && char_class(utf8_next(s + en, b - en, &l)) == C_SPACE) en += (size_t)l;
+    if (enc_pass(t, s, done, st, pass + 1, ids, nids, cap)) return -1;
+    push_id(t->add_id[k], ids, nids, cap);
+    done = from = en;
+  }
+  return enc_pass(t, s, done, b, pass + 1, ids, nids, cap);
+}
+
 /* Token ids of text (n bytes). An added token in the text (<|endoftext|>, or tokenizer.json's
- * added_tokens) is that token, not its spelling: the leftmost match, the longest there, as the
- * tokenizers package (and tiktoken's allowed_special) treat them. Returns the count, or -1 with an
- * error. *ids is malloc'd. */
+ * added_tokens) is that token, not its spelling (see enc_pass; tiktoken's allowed_special treats
+ * <|endoftext|> alike). Returns the count, or -1 with an error. *ids is malloc'd. */
 static long tok_encode(const Tokenizer *t, const char *text, size_t n, int **ids) {
   size_t nids = 0, cap = 0;
   *ids = NULL;
-  const unsigned char *s = (const unsigned char *)text;
-  for (size_t i = 0; i < n;) {
-    size_t end = n, len = 0;
-    int id = -1;
-    for (int k = 0; k < t->n_add; k++) {
-      const unsigned char *sp = memmem(s + i, n - i, t->add_str[k], t->add_len[k]);
-      size_t at = sp ? (size_t)(sp - s) : n;
-      if (sp && (at < end || (at == end && t->add_len[k] > len))) end = at, len = t->add_len[k], id = t->add_id[k];
-    }
-    while (i < end) {
-      size_t l = pretoken_len(s + i, end - i);
-      if (bpe_word(t, s + i, l, ids, &nids, &cap)) return free(*ids), *ids = NULL, -1;
-      i += l;
-    }
-    if (id >= 0) {
-      if (nids == cap) *ids = xrealloc(*ids, sizeof **ids * (cap = cap * 2 + 16));
-      (*ids)[nids++] = id;
-      i = end + len;
-    }
-  }
+  if (enc_pass(t, (const unsigned char *)text, 0, n, 0, ids, &nids, &cap)) return free(*ids), *ids = NULL, -1;
   return (long)nids;
 }
 

@@ -255,11 +255,13 @@ def added_tokens_match_whole():
   from tokenizers import Tokenizer
   d = os.path.join(TMP, "added")
   os.makedirs(d, exist_ok=True)
+  from tokenizers import AddedToken
   tok = Tokenizer.from_file(os.path.join(MODEL, "tokenizer.json"))
-  tok.add_special_tokens(["<pad>", "<|im_start|>", "<|im"])
-  tok.add_tokens(["hello world"])
+  tok.add_special_tokens(["<pad>", "<|im_start|>", "<|im", AddedToken("<m>", lstrip=True, rstrip=True), "<s>"])
+  tok.add_tokens(["hello world", AddedToken("cat", single_word=True), "a<s"])
   tok.save(os.path.join(d, "tokenizer.json"))
-  for t in ("a<pad>b", "<|im_start|>user hi<|im", "say hello world now<pad><pad>", "x<|endoftext|>y<|im_start", "<pad"):
+  for t in ("a<pad>b", "<|im_start|>user hi<|im", "say hello world now<pad><pad>", "x<|endoftext|>y<|im_start", "<pad",
+            "a <m> b", "a \u3000 <m>\t\nb <m>", "concatenate cat cats _cat", "a<s>", "ba<s>c", "a<sa"):
     path = os.path.join(TMP, "added.txt")
     with open(path, "w", encoding="utf-8") as f:
       f.write(t)
