@@ -293,7 +293,9 @@ tg_status tg_dist_finalize(void);
  * TinyJit captures it: each replay runs the MPI call again. Every rank must build and realize the
  * same collectives, with the same shapes and dtypes, in the same order: the ranks check that they
  * agree before each one (a small MPI call), and where they differ every rank gets TG_ERR_INVALID
- * naming what differs (no data is exchanged; the world stays usable). A rank that does not come to
+ * naming what differs (no data is exchanged; the world stays usable). MPI pairs calls by their order,
+ * so a rank's collectives must be realized in one order its program fixes: two threads realizing
+ * collectives at once may pair different tensors of equal shape. A rank that does not come to
  * a collective within DIST_TIMEOUT seconds (default 600; it died, hangs, or skipped it) ends the
  * others' wait with TG_ERR_RUNTIME; MPI cannot be used again in that process (later collectives and
  * tg_dist_finalize say so), which should exit: mpirun then ends the job. A CUDA tensor's collective
