@@ -1220,8 +1220,8 @@ static double af(const Node *n, const char *name, double def) {
 }
 static const char *as(const Node *n, const char *name, const char *def) {
   const Attr *a = attr(n, name);
-  a = a ? attr_of(n, name, a->type == AT_STRING && a->s, false, "STRING") : NULL;
-  return a ? a->s : def;
+  a = a ? attr_of(n, name, a->type == AT_STRING, false, "STRING") : NULL;
+  return a && a->s ? a->s : def; /* (a writer may leave out an empty string's bytes) */
 }
 static const I64s *aints(const Node *n, const char *name) {
   const Attr *a = attr(n, name);
