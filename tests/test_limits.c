@@ -232,6 +232,21 @@ TEST(empty_reduce_does_not_walk_other_dims) {
   END;
 }
 
+/* A max pool of an empty batch's convolution is empty too (a (0, 2, 2, 2) result, as tinygrad and
+ * PyTorch give), and so are its gradients: the window fusion once built an index modulo 0. */
+TEST(empty_batch_conv_max_pool) {
+  BEGIN;
+  tg_tensor x = tg_set_requires_grad(tg_zeros(TG_SHAPE(0, 1, 6, 6), NULL), true);
+  tg_tensor w = tg_set_requires_grad(tg_ones(TG_SHAPE(2, 1, 3, 3), NULL), true);
+  tg_tensor y = tg_max_pool2d(tg_relu(tg_conv2d(x, w, (tg_tensor){0}, NULL)), NULL);
+  int64_t s[4] = {-1, -1, -1, -1};
+  CHECK(tg_realize(y) == TG_OK && tg_shape(y, s) == 4 && s[0] == 0 && s[1] == 2 && s[2] == 2 && s[3] == 2);
+  CHECK(tg_backward(tg_sum(y, NULL, 0, false)) == TG_OK);
+  float g[18] = {1};
+  CHECK(tg_data(tg_grad(w), g, sizeof g) == TG_OK && g[0] == 0.0f && g[17] == 0.0f);
+  END;
+}
+
 TEST(layer_init_size_overflow) {
   BEGIN;
   tg_nn_conv2d c;

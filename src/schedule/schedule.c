@@ -1603,8 +1603,9 @@ static bool fuse_window(Schedule *s, int j, int i) {
   int64_t win = 1;
   for (uint32_t r = 1; r < w->nsrc; r++) win *= w->src[r]->iarg[0];
   if (win < 2 || win > WINDOW_MAX) return false;
-  /* every element of B read exactly once: as many (output, window position) pairs as elements */
-  if (s->bufs[k2->bufs[0]].nbytes / 4 * (size_t)win != s->bufs[B].nbytes / 4) return false;
+  /* every element of B read exactly once: as many (output, window position) pairs as elements (and
+   * some: an empty tensor has no ranges to fuse) */
+  if (s->bufs[k2->bufs[0]].nbytes / 4 * (size_t)win != s->bufs[B].nbytes / 4 || s->bufs[B].nbytes == 0) return false;
   PtrVec red1 = {0}, red2 = {0};
   uop_collect(st1->src[2], OP_REDUCE, &red1);
   uop_collect(w->src[0], OP_REDUCE, &red2);
