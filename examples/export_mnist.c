@@ -123,6 +123,20 @@ static bool write_idx(const char *path, const uint8_t *data, long n, bool images
   return fclose(f) == 0 && ok;
 }
 
+/* s as one single-quoted shell word ('\'' for each quote): paths go into the commands system() runs */
+static const char *shq(const char *s, char *out, size_t cap) {
+  size_t o = 0;
+  if (cap < 3) return "''";
+  out[o++] = '\'';
+  for (; *s && o + 5 < cap; s++) {
+    if (*s == '\'') memcpy(out + o, "'\\''", 4), o += 4;
+    else out[o++] = *s;
+  }
+  out[o++] = '\'';
+  out[o] = '\0';
+  return out;
+}
+
 int main(void) {
   int64_t bs = tg_getenv_int("BS", 128), steps = tg_getenv_int("STEPS", 40), ebs = tg_getenv_int("EXPORT_BS", 100);
   const char *load = getenv("MNIST_LOAD") ? getenv("MNIST_LOAD") : "mnist.safetensors";
@@ -173,8 +187,12 @@ int main(void) {
 
   /* the library's predictions for every test image, EXPORT_BS at a time (the last batch padded) */
   long n = (long)tg_dim(c.X_test, 0);
+  if (ebs >= n) /* (a jit captures on its second call) */
+    return fprintf(stderr, "export_mnist: EXPORT_BS %lld must be below the test set's %ld images: the export needs two batches\n",
+                   (long long)ebs, n), 1;
   uint8_t *img = calloc((size_t)(n + ebs) * 784, 1), *lab = malloc((size_t)n);
   int32_t *want = malloc(sizeof(int32_t) * (size_t)(n + ebs)), *got = malloc(sizeof(int32_t) * (size_t)(n + ebs));
+  if (!img || !lab || !want || !got) return fprintf(stderr, "export_mnist: out of memory\n"), 1;
   if (tg_data(c.X_test, img, (size_t)n * 784) != TG_OK || tg_data(c.Y_test, lab, (size_t)n) != TG_OK) return fail("reading the test set");
   tg_jit *jc = tg_jit_new(classify, 1, &c);
   double t_lib = 0;
@@ -210,16 +228,24 @@ int main(void) {
   snprintf(ppath, sizeof ppath, "%s/predictions.bin", dir);
   if (!write_idx(ipath, img, n, true) || !write_idx(lpath, lab, n, false))
     return fprintf(stderr, "export_mnist: cannot write the IDX files in %s\n", dir), 1;
-  char wdef[4200] = "";
-  if (wfile) snprintf(wdef, sizeof wdef, "'-DMNIST_NET_WEIGHTS=\"%s\"'", wpath);
-  /* the library's kernel flags: the same bits as the library */
+  char wdef[4200] = "", q[4][8300], def[4200];
+  if (wfile) {
+    /* (a C string literal inside one shell word) */
+    snprintf(def, sizeof def, "-DMNIST_NET_WEIGHTS=\"%s\"", wpath);
+    shq(def, wdef, sizeof wdef);
+    if (strpbrk(wpath, "\"\\")) return fprintf(stderr, "export_mnist: EXPORT_DIR may not hold a quote or a backslash with EXPORT_WEIGHTS_FILE\n"), 1;
+  }
+  /* the library's kernel flags: the same bits as the library (CC is a command, as make's) */
   snprintf(cmd, sizeof cmd,
-           "cd '%s' && %s -std=c11 -O2 -march=native -ffp-contract=fast -fno-math-errno -fwrapv -fno-stack-protector -Wall -Wextra %s %s -o classify "
+           "cd %s && %s -std=c11 -O2 -march=native -ffp-contract=fast -fno-math-errno -fwrapv -fno-stack-protector -Wall -Wextra %s %s -o classify "
            "classify.c mnist_net.c -lm",
-           dir, cc, threads ? "-DTG_EXPORT_THREADS -pthread" : "", wdef);
+           shq(dir, q[0], sizeof q[0]), cc, threads ? "-DTG_EXPORT_THREADS -pthread" : "", wdef);
   printf("%s\n", cmd);
   if (system(cmd) != 0) return fprintf(stderr, "export_mnist: compiling the exported classifier failed\n"), 1;
-  snprintf(cmd, sizeof cmd, "'%s/classify' '%s' '%s' '%s'", dir, ipath, lpath, ppath);
+  char exe[4200];
+  snprintf(exe, sizeof exe, "%s/classify", dir);
+  snprintf(cmd, sizeof cmd, "%s %s %s %s", shq(exe, q[0], sizeof q[0]), shq(ipath, q[1], sizeof q[1]), shq(lpath, q[2], sizeof q[2]),
+           shq(ppath, q[3], sizeof q[3]));
   double t0 = now();
   if (system(cmd) != 0) return fprintf(stderr, "export_mnist: the exported classifier failed\n"), 1;
   double t_run = now() - t0;
@@ -239,7 +265,7 @@ int main(void) {
     if (c_lib < cpu_lib) cpu_lib = c_lib;
     if (r_lib > best_lib) best_lib = r_lib;
     /* its fastest of two passes: a warm process, as the library's replays run in one */
-    snprintf(cmd, sizeof cmd, "CLASSIFY_PASSES=2 '%s/classify' '%s'", dir, ipath);
+    snprintf(cmd, sizeof cmd, "CLASSIFY_PASSES=2 %s %s", shq(exe, q[0], sizeof q[0]), shq(ipath, q[1], sizeof q[1]));
     FILE *pp = popen(cmd, "r");
     char line[512];
     while (pp && fgets(line, sizeof line, pp)) {

@@ -21,10 +21,13 @@ int main(int argc, char **argv) {
   bool rnd = false;
   int64_t dyn = 1;
   for (int i = 2; i < argc; i++) {
-    if (!strcmp(argv[i], "--rand"))
+    char *end;
+    if (!strcmp(argv[i], "--rand")) {
       rnd = true;
-    else
-      dyn = atoll(argv[i]) > 0 ? atoll(argv[i]) : 1;
+    } else if ((dyn = strtoll(argv[i], &end, 10)) <= 0 || *end || end == argv[i]) {
+      fprintf(stderr, "%s: \"%s\" is neither --rand nor a positive dynamic-dim size\n", argv[0], argv[i]);
+      return 2;
+    }
   }
   tg_onnx *m = tg_onnx_load(argv[1], NULL);
   if (!m) {
