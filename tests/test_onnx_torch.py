@@ -580,9 +580,14 @@ def _corner_nodes():
     (y,) = run_node("Pad", [("x", x)], [("p", np.array([2, 3, 1, 2], np.int64)), ("c", np.array(1.5, np.float32))],
                     {"mode": mode}, opset=19)
     np.testing.assert_array_equal(y, np.pad(x, ((2, 1), (3, 2)), mode=mode))
+  # Range of int64 constants past 2^53: its length in exact integers (doubles made it 0 here)
+  for a, b, d in ((2**60 + 1, 2**60 + 10, 3), (2**60 + 10, 2**60 + 1, -4), (-2**62, -2**62 + 7, 2)):
+    (y,) = run_node("Range", [], [("a", np.array(a, np.int64)), ("b", np.array(b, np.int64)), ("d", np.array(d, np.int64))],
+                    opset=13)
+    np.testing.assert_array_equal(y, np.arange(a, b, d, dtype=np.int64))
 
 
-case("Trilu with a diagonal past the matrix, Pad's constant_value beside another mode", _corner_nodes)
+case("Trilu with a diagonal past the matrix, Pad's constant_value beside another mode, int64 Range past 2^53", _corner_nodes)
 
 
 def _quant_nodes():

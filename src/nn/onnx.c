@@ -2431,9 +2431,11 @@ static int fold_Range(Run *r, const Node *n) {
   if (!all_host(r, n, 3)) return 0;
   const HostVal *a = r->v[n->in[0]].h, *b = r->v[n->in[1]].h, *d = r->v[n->in[2]].h;
   if (a->n != 1 || b->n != 1 || d->n != 1 || d->v[0] == 0) return 0;
-  double cnt = ceil(((double)b->v[0] - (double)a->v[0]) / (double)d->v[0]);
-  if (cnt > ONNX_HOST_MAX) return 0;
-  int64_t len = cnt < 0 ? 0 : (int64_t)cnt;
+  /* ceil((limit - start) / delta) in exact integers (doubles round past 2^53) */
+  __int128 diff = (__int128)b->v[0] - a->v[0], dd = d->v[0], q = diff / dd;
+  if (diff % dd != 0 && (diff > 0) == (dd > 0)) q++;
+  if (q > ONNX_HOST_MAX) return 0;
+  int64_t len = q < 0 ? 0 : (int64_t)q;
   HostVal *o = host_new(a->dt, &len, 1);
   if (!o) return op_fail(r, "out of memory"), -1;
   for (int64_t i = 0; i < len; i++) o->v[i] = (int64_t)((uint64_t)a->v[0] + (uint64_t)i * (uint64_t)d->v[0]);
