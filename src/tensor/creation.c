@@ -225,19 +225,30 @@ static void *host_alloc(const char *fn, int64_t n, size_t sz, bool zero) {
 }
 
 /* Host-computed small index tensors: float aranges, linspace and eye are uploaded once (they are
- * tiny next to the data that uses them); an integer arange is an IOTA computed in the kernel */
-static tg_tensor from_doubles(const char *fn, const double *v, const int64_t *shape, int ndim, tg_dtype dt, const tg_opts *opts) {
+ * tiny next to the data that uses them); an integer arange is an IOTA computed in the kernel. Each
+ * value is computed straight into the staging buffer in the dtype (no array of doubles beside it). */
+typedef double (*ValueAt)(int64_t i, const double *p);
+static tg_tensor from_values(const char *fn, ValueAt at, const double *p, const int64_t *shape, int ndim, tg_dtype dt,
+                             const tg_opts *opts) {
   if (!opts_device(fn, opts)) return NONE;
   int64_t n = shape_numel(shape, ndim);
   size_t isz = tg_dtype_itemsize(dt);
   unsigned char *buf = host_alloc(fn, n, isz, false);
   if (!buf) return NONE;
-  for (int64_t i = 0; i < n; i++) dtype_store(dt, buf + (size_t)i * isz, v[i]);
+  for (int64_t i = 0; i < n; i++) dtype_store(dt, buf + (size_t)i * isz, at(i, p));
   tg_opts o = opts ? *opts : *TG_OPTS();
   o.dtype = dt;
   tg_tensor t = tg_from_data(buf, shape, ndim, &o);
   free(buf);
   return t;
+}
+static double arange_at(int64_t i, const double *p) { return p[0] + (double)i * p[1]; }
+static double linspace_at(int64_t i, const double *p) {
+  return p[2] == 1 ? p[0] : p[0] + (p[1] - p[0]) * (double)i / (p[2] - 1);
+}
+static double eye_at(int64_t i, const double *p) {
+  int64_t m = (int64_t)p[0];
+  return i / m == i % m ? 1.0 : 0.0;
 }
 
 tg_tensor tg_arange(double start, double stop, double step, const tg_opts *opts) {
@@ -273,12 +284,8 @@ tg_tensor tg_arange(double start, double stop, double step, const tg_opts *opts)
     uop_unref(io), uop_unref(st), uop_unref(s0), uop_unref(m);
     return t_wrap(r);
   }
-  double *v = host_alloc("tg_arange", n, sizeof(double), false);
-  if (!v) return NONE;
-  for (int64_t i = 0; i < n; i++) v[i] = start + (double)i * step;
-  tg_tensor t = from_doubles("tg_arange", v, &n, 1, dt, opts);
-  free(v);
-  return t;
+  const double p[2] = {start, step};
+  return from_values("tg_arange", arange_at, p, &n, 1, dt, opts);
 }
 
 tg_tensor tg_linspace(double start, double stop, int64_t steps, const tg_opts *opts) {
@@ -287,12 +294,8 @@ tg_tensor tg_linspace(double start, double stop, int64_t steps, const tg_opts *o
   tg_dtype dt;
   if (!opts_dtype("tg_linspace", opts, tg_default_float(), &dt)) return NONE;
   if (dt == TG_BOOL) return tg_set_error(TG_ERR_INVALID, "tg_linspace: dtype bool is not supported (use a numeric dtype and compare)"), NONE;
-  double *v = host_alloc("tg_linspace", steps, sizeof(double), false);
-  if (!v) return NONE;
-  for (int64_t i = 0; i < steps; i++) v[i] = steps == 1 ? start : start + (stop - start) * (double)i / (double)(steps - 1);
-  tg_tensor t = from_doubles("tg_linspace", v, &steps, 1, dt, opts);
-  free(v);
-  return t;
+  const double p[3] = {start, stop, (double)steps};
+  return from_values("tg_linspace", linspace_at, p, &steps, 1, dt, opts);
 }
 
 tg_tensor tg_eye(int64_t n, int64_t m, const tg_opts *opts) {
@@ -303,13 +306,9 @@ tg_tensor tg_eye(int64_t n, int64_t m, const tg_opts *opts) {
            NONE;
   tg_dtype dt;
   if (!opts_dtype("tg_eye", opts, tg_default_float(), &dt)) return NONE;
-  double *v = host_alloc("tg_eye", n * m, sizeof(double), true);
-  if (!v) return NONE;
-  for (int64_t i = 0; i < n && i < m; i++) v[i * m + i] = 1;
   int64_t sh[2] = {n, m};
-  tg_tensor t = from_doubles("tg_eye", v, sh, 2, dt, opts);
-  free(v);
-  return t;
+  const double p[1] = {(double)m};
+  return from_values("tg_eye", eye_at, p, sh, 2, dt, opts);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
