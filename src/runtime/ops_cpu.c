@@ -171,6 +171,34 @@ void cpu_background_pause(bool pause) {
   pthread_mutex_unlock(&g_pause_lock);
 }
 
+/* The background compiler thread does not read `environ`: a setenv on the caller's thread may
+ * reallocate it meanwhile (a heap use-after-free under ASan). Each of its jobs carries a copy of
+ * the environment taken on the caller's thread, which it passes to the compiler and reads TMPDIR
+ * from (tl_envp; NULL on other threads, which read the process's). */
+static _Thread_local char **tl_envp;
+
+static char **env_snapshot(void) {
+  size_t n = 0, bytes = 0;
+  for (char **e = environ; e && *e; e++) n++, bytes += strlen(*e) + 1;
+  char **v = tg_xmalloc(sizeof(char *) * (n + 1) + bytes);
+  char *p = (char *)(v + n + 1);
+  for (size_t i = 0; i < n; i++) {
+    size_t l = strlen(environ[i]) + 1;
+    memcpy(p, environ[i], l);
+    v[i] = p, p += l;
+  }
+  v[n] = NULL;
+  return v;
+}
+
+static const char *env_of(const char *name) {
+  if (!tl_envp) return getenv(name);
+  size_t l = strlen(name);
+  for (char **e = tl_envp; *e; e++)
+    if (!strncmp(*e, name, l) && (*e)[l] == '=') return *e + l + 1;
+  return NULL;
+}
+
 /* Runs the program at `path` with stdin from /dev/null; stdout and stderr go to `out` (the first
  * `keep` bytes; the rest is drained so the child never blocks). Returns 0 and the wait status, or
  * the errno of a failed spawn. */
@@ -189,7 +217,7 @@ static int run_capture(const char *path, char *const argv[], SB *out, size_t kee
     posix_spawnattr_setpgroup(&at, 0);
   }
   pid_t pid;
-  int rc = posix_spawn(&pid, path, &fa, &at, argv, environ);
+  int rc = posix_spawn(&pid, path, &fa, &at, argv, tl_envp ? tl_envp : environ);
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&at);
   if (rc == 0 && tl_background) {
@@ -450,7 +478,7 @@ static void kernel_name(const char *src, char *out, size_t cap) {
 
 static tg_status compile_now(CompilerInfo *ci, const char *src, uint8_t **lib, size_t *liblen) {
   if (!ci->path) return tg_set_error(TG_ERR_COMPILE, "C compiler '%s' not found (set CC)", ci->cc);
-  const char *tmpdir = getenv("TMPDIR");
+  const char *tmpdir = env_of("TMPDIR");
   if (!tmpdir || !*tmpdir) tmpdir = "/tmp";
   SB cpath, opath, diag;
   sb_init(&cpath);
@@ -571,6 +599,7 @@ typedef struct BgJob {
   char *src, *dir, *entry, *key;
   void (*done)(void *ctx, const uint8_t *lib, size_t liblen, const char *err);
   void *ctx;
+  char **envp; /* the caller's environment (env_snapshot) */
   struct BgJob *next;
 } BgJob;
 
@@ -581,7 +610,7 @@ static bool g_bg_started, g_bg_stop, g_bg_exited;
 static pthread_t g_bg_thread;
 
 static void bg_job_free(BgJob *j) {
-  free(j->src), free(j->dir), free(j->entry), free(j->key);
+  free(j->src), free(j->dir), free(j->entry), free(j->key), free(j->envp);
   free(j);
 }
 
@@ -602,6 +631,7 @@ static void *bg_main(void *arg) {
     uint8_t *lib = NULL;
     size_t len = 0;
     char *err = NULL;
+    tl_envp = j->envp;
     if (!(j->entry && (lib = cache_read(j->entry, j->key, &len)))) {
       if (compile_now(j->ci, j->src, &lib, &len) == TG_OK) {
         if (j->entry && mkdir_p(j->dir)) cache_write(j->dir, j->entry, j->key, lib, len);
@@ -615,6 +645,7 @@ static void *bg_main(void *arg) {
     pthread_mutex_unlock(&g_bg_lock);
     if (stop) j->done(j->ctx, NULL, 0, NULL);
     else j->done(j->ctx, lib, len, err ? err : lib ? NULL : "compile failed");
+    tl_envp = NULL;
     free(lib), free(err);
     bg_job_free(j);
     pthread_mutex_lock(&g_bg_lock);
@@ -670,6 +701,7 @@ static bool cpu_compile_async(void *state, const char *src,
   j->key = j->entry ? cache_key(ci->id, src) : NULL;
   j->done = done;
   j->ctx = ctx;
+  j->envp = env_snapshot();
   pthread_mutex_lock(&g_bg_lock);
   bool ok = !g_bg_stop;
   if (ok && !g_bg_started) {
@@ -750,7 +782,7 @@ static void *cpu_load(void *state, const char *fname, const uint8_t *lib, size_t
     return NULL;
   }
   /* tmpfs first (no disk I/O); the others in case it is missing, full or mounted noexec. */
-  const char *dirs[] = {"/dev/shm", getenv("TMPDIR"), "/tmp"};
+  const char *dirs[] = {"/dev/shm", env_of("TMPDIR"), "/tmp"}; /* (also on the background thread: tier_done) */
   void *dl = NULL;
   char why[512] = "no writable temporary directory";
   for (size_t i = 0; i < sizeof dirs / sizeof dirs[0] && !dl; i++) {
