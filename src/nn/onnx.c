@@ -1202,30 +1202,30 @@ static _Thread_local const Attr *tl_bad_attr;
 static _Thread_local const char *tl_bad_want;
 static const char *const attr_type_names[] = {"UNDEFINED", "FLOAT", "INT",    "STRING", "TENSOR",
                                               "GRAPH",     "FLOATS", "INTS", "STRINGS", "another type"};
-static const Attr *attr_of(const Node *n, const char *name, bool ok1, bool ok2, const char *want) {
-  const Attr *a = attr(n, name);
-  if (!a || ok1 || ok2) return a;
+/* a, when it has the type the caller reads (ok); otherwise NULL, the first such attribute recorded */
+static const Attr *typed(const Attr *a, bool ok, const char *want) {
+  if (!a || ok) return a;
   if (!tl_bad_attr) tl_bad_attr = a, tl_bad_want = want;
   return NULL;
 }
 static int64_t ai(const Node *n, const char *name, int64_t def) {
   const Attr *a = attr(n, name);
-  a = a ? attr_of(n, name, a->type == AT_INT, false, "INT") : NULL;
+  a = typed(a, a && a->type == AT_INT, "INT");
   return a ? a->i : def;
 }
 static double af(const Node *n, const char *name, double def) {
   const Attr *a = attr(n, name);
-  a = a ? attr_of(n, name, a->type == AT_FLOAT, a->type == AT_INT, "FLOAT") : NULL;
+  a = typed(a, a && (a->type == AT_FLOAT || a->type == AT_INT), "FLOAT");
   return a ? (a->type == AT_FLOAT ? a->f : (double)a->i) : def;
 }
 static const char *as(const Node *n, const char *name, const char *def) {
   const Attr *a = attr(n, name);
-  a = a ? attr_of(n, name, a->type == AT_STRING, false, "STRING") : NULL;
+  a = typed(a, a && a->type == AT_STRING, "STRING");
   return a && a->s ? a->s : def; /* (a writer may leave out an empty string's bytes) */
 }
 static const I64s *aints(const Node *n, const char *name) {
   const Attr *a = attr(n, name);
-  a = a ? attr_of(n, name, a->type == AT_INTS, a->type == AT_OTHER && a->ints.n, "INTS") : NULL;
+  a = typed(a, a && (a->type == AT_INTS || (a->type == AT_OTHER && a->ints.n)), "INTS");
   return a ? &a->ints : NULL;
 }
 
