@@ -495,13 +495,15 @@ typedef struct {
   int n_tok;
   char byte_sym[256][3]; /* mapped UTF-8 of each byte (2 bytes at most) */
   int byte_len[256];
-  int eot; /* id of <|endoftext|> or -1 */
   /* added tokens (tokenizer.json's added_tokens; else <|endoftext|>): matched in the raw text before
    * BPE, as the tokenizers package does, each its own id */
-  char **add_str;
-  size_t *add_len;
-  int *add_id, n_add;
-  unsigned char *add_flags; /* AF_* */
+  struct Added {
+    char *str;
+    size_t len;
+    int id;
+    unsigned flags; /* AF_* */
+  } *add;
+  int n_add;
 } Tokenizer;
 enum { AF_LSTRIP = 1, AF_RSTRIP = 2, AF_SINGLE_WORD = 4, AF_NORMALIZED = 8 };
 
@@ -522,21 +524,17 @@ static void tok_init_bytes(Tokenizer *t) {
 
 static void tok_add_special(Tokenizer *t, const char *str, size_t len, int id, unsigned flags) {
   if (!len) return;
-  t->add_str = xrealloc(t->add_str, sizeof *t->add_str * (size_t)(t->n_add + 1));
-  t->add_len = xrealloc(t->add_len, sizeof *t->add_len * (size_t)(t->n_add + 1));
-  t->add_id = xrealloc(t->add_id, sizeof *t->add_id * (size_t)(t->n_add + 1));
-  t->add_flags = xrealloc(t->add_flags, (size_t)(t->n_add + 1));
-  t->add_flags[t->n_add] = (unsigned char)flags;
-  t->add_str[t->n_add] = xmalloc(len + 1);
-  memcpy(t->add_str[t->n_add], str, len);
-  t->add_str[t->n_add][len] = '\0';
-  t->add_len[t->n_add] = len;
-  t->add_id[t->n_add++] = id;
+  t->add = xrealloc(t->add, sizeof *t->add * (size_t)(t->n_add + 1));
+  struct Added *a = &t->add[t->n_add++];
+  a->str = xmalloc(len + 1);
+  memcpy(a->str, str, len);
+  a->str[len] = '\0';
+  a->len = len, a->id = id, a->flags = flags;
 }
 
 static void tok_free(Tokenizer *t) {
-  for (int i = 0; i < t->n_add; i++) free(t->add_str[i]);
-  free(t->add_str), free(t->add_len), free(t->add_id), free(t->add_flags);
+  for (int i = 0; i < t->n_add; i++) free(t->add[i].str);
+  free(t->add);
   smap_free(&t->vocab);
   smap_free(&t->merges);
   for (int i = 0; i < t->n_tok; i++) free(t->tok[i]);
@@ -588,7 +586,6 @@ static int tok_vocab_from_json(Tokenizer *t, const JVal *v, const char *file) {
 static int tok_load(Tokenizer *t, const char *dir) {
   memset(t, 0, sizeof *t);
   tok_init_bytes(t);
-  t->eot = -1;
   char *vj = path_join(dir, "vocab.json"), *mt = path_join(dir, "merges.txt"),
        *tj = path_join(dir, "tokenizer.json");
   int r = 0;
@@ -689,9 +686,8 @@ done:
       if (!smap_find(&t->vocab, t->byte_sym[b], (size_t)t->byte_len[b]))
         r = fail("%s: the vocabulary lacks the token of byte 0x%02X (not a byte-level BPE vocabulary)", dir,
                  b);
-    int *e = smap_find(&t->vocab, "<|endoftext|>", 13);
-    t->eot = e ? *e : -1;
-    if (!t->n_add && t->eot >= 0) tok_add_special(t, "<|endoftext|>", 13, t->eot, 0);
+    int *eot = smap_find(&t->vocab, "<|endoftext|>", 13);
+    if (!t->n_add && eot) tok_add_special(t, "<|endoftext|>", 13, *eot, 0);
   }
   free(vj), free(mt), free(tj);
   if (r) tok_free(t);
@@ -901,24 +897,25 @@ static int enc_pass(const Tokenizer *t, const unsigned char *s, size_t a, size_t
     size_t at = b, len = 0;
     int k = -1;
     for (int j = 0; j < t->n_add; j++) {
-      if (!(t->add_flags[j] & AF_NORMALIZED) != (pass == 0) || t->add_len[j] > b - from) continue;
-      const unsigned char *sp = memmem(s + from, b - from, t->add_str[j], t->add_len[j]);
+      const struct Added *c = &t->add[j];
+      if (!(c->flags & AF_NORMALIZED) != (pass == 0) || c->len > b - from) continue;
+      const unsigned char *sp = memmem(s + from, b - from, c->str, c->len);
       size_t p = sp ? (size_t)(sp - s) : b;
-      if (sp && (p < at || (p == at && t->add_len[j] > len))) at = p, len = t->add_len[j], k = j;
+      if (sp && (p < at || (p == at && c->len > len))) at = p, len = c->len, k = j;
     }
     if (k < 0) break;
     size_t st = at, en = at + len;
     from = en;
     int l;
-    if ((t->add_flags[k] & AF_SINGLE_WORD) &&
+    if ((t->add[k].flags & AF_SINGLE_WORD) &&
         ((st > a && word_char(utf8_prev(s, st, &l))) || (en < b && word_char(utf8_next(s + en, b - en, &l)))))
       continue;
-    if (t->add_flags[k] & AF_LSTRIP)
+    if (t->add[k].flags & AF_LSTRIP)
       while (st > done && char_class(utf8_prev(s, st, &l)) == C_SPACE) st -= (size_t)l;
-    if (t->add_flags[k] & AF_RSTRIP)
+    if (t->add[k].flags & AF_RSTRIP)
       while (en < b && char_class(utf8_next(s + en, b - en, &l)) == C_SPACE) en += (size_t)l;
     if (enc_pass(t, s, done, st, pass + 1, ids, nids, cap)) return -1;
-    push_id(t->add_id[k], ids, nids, cap);
+    push_id(t->add[k].id, ids, nids, cap);
     done = from = en;
   }
   return enc_pass(t, s, done, b, pass + 1, ids, nids, cap);
