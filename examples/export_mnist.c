@@ -231,9 +231,9 @@ int main(void) {
   char wdef[4200] = "", q[4][8300], def[4200];
   if (wfile) {
     /* (a C string literal inside one shell word) */
+    if (strpbrk(wpath, "\"\\")) return fprintf(stderr, "export_mnist: EXPORT_DIR may not hold a quote or a backslash with EXPORT_WEIGHTS_FILE\n"), 1;
     snprintf(def, sizeof def, "-DMNIST_NET_WEIGHTS=\"%s\"", wpath);
     shq(def, wdef, sizeof wdef);
-    if (strpbrk(wpath, "\"\\")) return fprintf(stderr, "export_mnist: EXPORT_DIR may not hold a quote or a backslash with EXPORT_WEIGHTS_FILE\n"), 1;
   }
   /* the library's kernel flags: the same bits as the library (CC is a command, as make's) */
   snprintf(cmd, sizeof cmd,
