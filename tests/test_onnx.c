@@ -376,6 +376,21 @@ TEST(graph_errors) {
   END;
 }
 
+/* Graph g (its nodes and initializers written) with input x, float32 (2, 3), and output y, as an
+ * opset-13 model in file `name`, loaded (NULL, with a failed check, if it does not load). */
+static tg_onnx *load_x23_graph(B *g, const char *name) {
+  B t = value_info("x", 1, (int64_t[]){2, 3}, 2);
+  b_msg(g, 11, &t);
+  t = value_info("y", 1, NULL, 0);
+  b_msg(g, 12, &t);
+  B m = model(g, 13);
+  char *path = write_file(name, m.p, m.n);
+  free(m.p);
+  tg_onnx *om = tg_onnx_load(path, NULL);
+  CHECK_MSG(om != NULL, "%s", tg_last_error());
+  return om;
+}
+
 TEST(run_error_names_node) {
   BEGIN;
   /* a Reshape to an impossible shape fails at run time with the node named */
@@ -386,21 +401,13 @@ TEST(run_error_names_node) {
   int64_t shp[2] = {4, 4};
   t = tensor_raw("shp", 7, (int64_t[]){2}, 1, shp, sizeof shp);
   b_msg(&g, 5, &t);
-  t = value_info("x", 1, (int64_t[]){2, 3}, 2);
-  b_msg(&g, 11, &t);
-  t = value_info("y", 1, NULL, 0);
-  b_msg(&g, 12, &t);
-  B m = model(&g, 13);
-  char *path = write_file("reshape.onnx", m.p, m.n);
-  tg_onnx *om = tg_onnx_load(path, NULL);
-  CHECK_MSG(om != NULL, "%s", tg_last_error());
+  tg_onnx *om = load_x23_graph(&g, "reshape.onnx");
   if (om) {
     tg_tensor x = tg_zeros(TG_SHAPE(2, 3), NULL), y;
     CHECK(tg_onnx_run(om, &x, 1, &y, 1) != TG_OK);
     CHECK_ERR(TG_ERR_INVALID, "tg_onnx_run", "bad_reshape", "Reshape");
     tg_onnx_free(om);
   }
-  free(m.p);
   END;
 }
 
@@ -425,14 +432,7 @@ TEST(wrongly_typed_attribute_is_an_error) {
     }
     b_msg(&t, 5, &a);
     b_msg(&g, 1, &t);
-    t = value_info("x", 1, (int64_t[]){2, 3}, 2);
-    b_msg(&g, 11, &t);
-    t = value_info("y", 1, NULL, 0);
-    b_msg(&g, 12, &t);
-    B m = model(&g, 13);
-    char *path = write_file("attr_type.onnx", m.p, m.n);
-    tg_onnx *om = tg_onnx_load(path, NULL);
-    CHECK_MSG(om != NULL, "%s", tg_last_error());
+    tg_onnx *om = load_x23_graph(&g, "attr_type.onnx");
     if (om) {
       tg_tensor x = tg_zeros(TG_SHAPE(2, 3), NULL), y = {0};
       CHECK_MSG(tg_onnx_run(om, &x, 1, &y, 1) != TG_OK, "axis as a %s ran", types[k]);
@@ -440,7 +440,6 @@ TEST(wrongly_typed_attribute_is_an_error) {
       tg_clear_error();
       tg_onnx_free(om);
     }
-    free(m.p);
   }
   END;
 }
