@@ -98,6 +98,15 @@ TEXTS = [
 ]
 
 
+def encode(model_dir, text):
+  """the example's token ids of text (--encode of a file holding it)"""
+  path = os.path.join(TMP, "text.txt")
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(text)
+  _, out, _ = run("--model", model_dir, "--encode", path)
+  return [int(x) for x in out.split()]
+
+
 @case
 def tokenizer_ids_match_hf():
   from tokenizers import Tokenizer
@@ -109,11 +118,7 @@ def tokenizer_ids_match_hf():
     for f in files:
       shutil.copy(os.path.join(MODEL, f), d)
     for t in TEXTS:
-      path = os.path.join(TMP, "text.txt")
-      with open(path, "w", encoding="utf-8") as f:
-        f.write(t)
-      _, out, _ = run("--model", d, "--encode", path)
-      ours, want = [int(x) for x in out.split()], tok.encode(t).ids
+      ours, want = encode(d, t), tok.encode(t).ids
       assert ours == want, f"{layout}: {t!r}: ids {ours[:16]}... vs HF {want[:16]}..."
       r = subprocess.run([EXE, "--model", d, "--decode", ",".join(map(str, want))], capture_output=True, timeout=60)
       assert r.returncode == 0 and r.stdout.decode("utf-8") == t, f"{layout}: decode of {t!r} gave {r.stdout!r}"
@@ -252,21 +257,16 @@ def untied_lm_head_is_used():
 @case
 def added_tokens_match_whole():
   """tokenizer.json's added tokens (special or not) are matched in the text before BPE"""
-  from tokenizers import Tokenizer
+  from tokenizers import AddedToken, Tokenizer
   d = os.path.join(TMP, "added")
   os.makedirs(d, exist_ok=True)
-  from tokenizers import AddedToken
   tok = Tokenizer.from_file(os.path.join(MODEL, "tokenizer.json"))
   tok.add_special_tokens(["<pad>", "<|im_start|>", "<|im", AddedToken("<m>", lstrip=True, rstrip=True), "<s>"])
   tok.add_tokens(["hello world", AddedToken("cat", single_word=True), "a<s"])
   tok.save(os.path.join(d, "tokenizer.json"))
   for t in ("a<pad>b", "<|im_start|>user hi<|im", "say hello world now<pad><pad>", "x<|endoftext|>y<|im_start", "<pad",
             "a <m> b", "a \u3000 <m>\t\nb <m>", "concatenate cat cats _cat", "a<s>", "ba<s>c", "a<sa"):
-    path = os.path.join(TMP, "added.txt")
-    with open(path, "w", encoding="utf-8") as f:
-      f.write(t)
-    _, out, _ = run("--model", d, "--encode", path)
-    ours, want = [int(x) for x in out.split()], tok.encode(t).ids
+    ours, want = encode(d, t), tok.encode(t).ids
     assert ours == want, f"{t!r}: ids {ours} vs HF {want}"
 
 
