@@ -30,9 +30,11 @@
 /* the layouts                                                                                     */
 
 /* PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type" and "... mma.m16n8k8"
- * (.tf32), with groupID = laneid >> 2 and threadID_in_group = laneid % 4. */
+ * (.tf32), with groupID = laneid >> 2 and threadID_in_group = laneid % 4; and "Matrix Fragments for
+ * wgmma.mma_async.m64nNk16 / m64nNk8": warp w of the warpgroup holds rows 16 w to 16 w + 15 of A
+ * and D in the same per-warp layout, D's repeating every 8 columns. */
 static void isa_a(const TensorCore *tc, int lane, int i, int *row, int *col) {
-  int g = lane >> 2, t = lane % 4;
+  int g = lane % 32 >> 2, t = lane % 4, w = tc->wg ? lane / 32 : 0;
   if (tc->k == 16) { /* .f16/.bf16 A: a0..a7 */
     *row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
     *col = t * 2 + (i & 1) + (i >= 4 ? 8 : 0);
@@ -40,6 +42,7 @@ static void isa_a(const TensorCore *tc, int lane, int i, int *row, int *col) {
     *row = (i == 0 || i == 2) ? g : g + 8;
     *col = (i < 2) ? t : t + 4;
   }
+  *row += 16 * w;
 }
 static void isa_b(const TensorCore *tc, int lane, int i, int *row, int *col) {
   int g = lane >> 2, t = lane % 4;
@@ -47,10 +50,10 @@ static void isa_b(const TensorCore *tc, int lane, int i, int *row, int *col) {
   else *row = i == 0 ? t : t + 4;
   *col = g;
 }
-static void isa_c(int lane, int i, int *row, int *col) {
-  int g = lane >> 2, t = lane % 4;
-  *row = i < 2 ? g : g + 8;
-  *col = t * 2 + (i & 1);
+static void isa_c(const TensorCore *tc, int lane, int i, int *row, int *col) {
+  int g = lane % 32 >> 2, t = lane % 4, w = tc->wg ? lane / 32 : 0;
+  *row = (i % 4 < 2 ? g : g + 8) + 16 * w;
+  *col = t * 2 + (i & 1) + 8 * (i / 4);
 }
 
 /* Each (row, col) of a rows x cols tile is held by exactly one (lane, element); the table agrees
@@ -58,11 +61,11 @@ static void isa_c(int lane, int i, int *row, int *col) {
 static void check_layout(const char *what, const TensorCore *tc, const TcPos *tab, int nel, int rows, int cols,
                          void (*isa)(const TensorCore *, int, int, int *, int *)) {
   int *hits = calloc((size_t)(rows * cols), sizeof(int));
-  int out = 0, differ = 0;
-  for (int lane = 0; lane < 32; lane++)
+  int out = 0, differ = 0, lanes = TC_LANES(tc);
+  for (int lane = 0; lane < lanes; lane++)
     for (int e = 0; e < nel; e++) {
       int r, c, ir, ic;
-      tc_pos(&tab[e], lane, &r, &c);
+      tc_pos(tc, &tab[e], lane, &r, &c);
       isa(tc, lane, e, &ir, &ic);
       if (r != ir || c != ic) differ++;
       if (r < 0 || r >= rows || c < 0 || c >= cols) out++;
@@ -70,32 +73,64 @@ static void check_layout(const char *what, const TensorCore *tc, const TcPos *ta
     }
   int bad = 0;
   for (int i = 0; i < rows * cols; i++) bad += hits[i] != 1;
-  CHECK_MSG(32 * nel == rows * cols && out == 0 && bad == 0, "%s %s: %d outside the tile, %d positions not held exactly once",
+  CHECK_MSG(lanes * nel == rows * cols && out == 0 && bad == 0, "%s %s: %d outside the tile, %d positions not held exactly once",
             tc->name, what, out, bad);
   CHECK_MSG(differ == 0, "%s %s: %d (lane, element) pairs differ from the PTX ISA", tc->name, what, differ);
   free(hits);
 }
-static void isa_c3(const TensorCore *tc, int lane, int i, int *row, int *col) {
-  (void)tc;
-  isa_c(lane, i, row, col);
+
+/* A warpgroup's staged B block of k x cols: the lanes' elements (lane + 128 j, row-major) cover it
+ * once, and tc_smem_b places them one to one on [0, k * cols), at the PTX ISA's canonical K-major
+ * offsets without swizzling: column c, depth kk at (c % 8) * T + (c / 8) * SBO + (kk % T) + (kk / T)
+ * * LBO (elements; T = 16 bytes of elements), every 16-byte row of a core matrix contiguous and
+ * 16-byte aligned. */
+static void check_smem_b(const TensorCore *tc, int cols) {
+  int esize = tc->in == TG_FLOAT32 ? 4 : 2, T = 16 / esize, n = tc->k * cols, bad = 0;
+  CHECK(n % 128 == 0 && tc->k == 2 * T);
+  int *hits = calloc((size_t)n, sizeof(int));
+  for (int j = 0; j < n / 128; j++)
+    for (int lane = 0; lane < 128; lane++) {
+      int el = lane + 128 * j, kk = el / cols, c = el % cols;
+      int64_t off = tc_smem_b(kk, c, esize), want = c % 8 * T + c / 8 * (256 / esize) + kk % T + kk / T * (128 / esize);
+      if (off != want || off < 0 || off >= n) bad++;
+      else hits[off]++;
+      if (kk % T == 0 && off * esize % 16 != 0) bad++;
+    }
+  for (int i = 0; i < n; i++) bad += hits[i] != 1;
+  CHECK_MSG(bad == 0, "%s: B block of %d columns: %d misplaced elements", tc->name, cols, bad);
+  free(hits);
 }
 
 TEST(tc_layouts_match_the_ptx_isa) {
   int n;
   const TensorCore *t = tc_table(&n);
-  CHECK(n == 3);
+  CHECK(n == 6);
   for (int i = 0; i < n; i++) {
     const TensorCore *tc = &t[i];
-    CHECK(tc->m == 16 && tc->n == 8 && (tc->k == 16 || tc->k == 8));
+    CHECK(tc->wg == (i >= 3)); /* (TC_SELECT's numbering) */
+    CHECK(tc->m == (tc->wg ? 64 : 16) && (tc->k == 16 || tc->k == 8));
+    CHECK(tc->n == (tc->wg && tc->k == 8 ? 16 : 8));
     CHECK(tc->per_reg == (tc->in == TG_FLOAT32 ? 1 : 2));
     check_layout("A", tc, tc->a, tc->na, tc->m, tc->k, isa_a);
-    check_layout("B", tc, tc->b, tc->nb, tc->k, tc->n, isa_b);
-    check_layout("C", tc, tc->c, tc->nc, tc->m, tc->n, isa_c3);
+    if (tc->wg) {
+      CHECK(tc->nb == 1 && tc->k * tc->n == 128 && tc->b == NULL);
+      for (int cols = tc->n; cols <= 256; cols += tc->n) check_smem_b(tc, cols);
+    } else {
+      check_layout("B", tc, tc->b, tc->nb, tc->k, tc->n, isa_b);
+    }
+    check_layout("C", tc, tc->c, tc->nc, tc->m, tc->n, isa_c);
     /* the instruction's shape and types are those of the table row */
-    char shape[32];
-    snprintf(shape, sizeof shape, ".m%dn%dk%d.row.col.f32.", tc->m, tc->n, tc->k);
-    CHECK_STR_CONTAINS(tc->ptx, shape);
-    CHECK_STR_CONTAINS(tc->ptx, tc->in == TG_FLOAT16 ? ".f16.f16.f32" : tc->in == TG_BFLOAT16 ? ".bf16.bf16.f32" : ".tf32.tf32.f32");
+    char shape[48], ptx[160];
+    if (tc->wg) {
+      snprintf(ptx, sizeof ptx, tc->ptx, 8 * tc->n);
+      snprintf(shape, sizeof shape, "wgmma.mma_async.sync.aligned.m64n%dk%d.f32.", 8 * tc->n, tc->k);
+      CHECK_STR_CONTAINS(ptx, tc->in == TG_FLOAT16 ? ".f32.f16.f16" : tc->in == TG_BFLOAT16 ? ".f32.bf16.bf16" : ".f32.tf32.tf32");
+    } else {
+      snprintf(ptx, sizeof ptx, "%s", tc->ptx);
+      snprintf(shape, sizeof shape, ".m%dn%dk%d.row.col.f32.", tc->m, tc->n, tc->k);
+      CHECK_STR_CONTAINS(ptx, tc->in == TG_FLOAT16 ? ".f16.f16.f32" : tc->in == TG_BFLOAT16 ? ".bf16.bf16.f32" : ".tf32.tf32.f32");
+    }
+    CHECK_STR_CONTAINS(ptx, shape);
   }
 }
 
@@ -160,9 +195,10 @@ static double *values(tg_tensor t, int64_t *n) {
 static void on_dev(const char *dev, const Case *c, const char *opts, bool ints, double tol) {
   BEGIN;
   char what[200];
-  snprintf(what, sizeof what, "%s %s %s[%lld]%lldx%lldx%lld%s%s (%s)", dev, opts ? opts : "heuristics", tg_dtype_name(c->dt), (long long)c->b,
-           (long long)c->m, (long long)c->n, (long long)c->k, c->bt ? " B^T" : "", c->epilogue ? " +epilogue" : "",
-           ints ? "integers" : "fractions");
+  const char *sel = getenv_str("TC_SELECT", NULL);
+  snprintf(what, sizeof what, "%s %s%s%s %s[%lld]%lldx%lldx%lld%s%s (%s)", dev, opts ? opts : "heuristics", sel ? " TC_SELECT=" : "",
+           sel ? sel : "", tg_dtype_name(c->dt), (long long)c->b, (long long)c->m, (long long)c->n, (long long)c->k, c->bt ? " B^T" : "",
+           c->epilogue ? " +epilogue" : "", ints ? "integers" : "fractions");
   double *v[3];
   int64_t n[3];
   for (int run = 0; run < 3; run++) {
@@ -234,6 +270,38 @@ TEST(tc_emulated_on_cl_matches_noopt) {
   on_cl(&f32, "TC:0:0", true, 0);
   tg_context_end();
 
+  /* the warpgroup instruction (TC_SELECT=3/4/5: sm_90's wgmma; on OpenCL the emulation reads B back
+   * from the staged block through the descriptor's layout): 64-row tiles, B staged by every lane,
+   * column tiles up to the instruction's N, more row tiles, a batch, B transposed, an epilogue,
+   * padding, the other way round, fractions, tf32 */
+  {
+    tg_context_begin();
+    tg_context_set("TC_SELECT", "3");
+    const Case wc[] = {{0, 64, 8, 16, TG_FLOAT16, false, false}, {0, 128, 64, 48, TG_FLOAT16, false, false},
+                       {2, 64, 32, 32, TG_FLOAT16, true, true}, {0, 64, 256, 16, TG_FLOAT16, false, false}};
+    for (size_t i = 0; i < sizeof wc / sizeof wc[0]; i++) on_cl(&wc[i], "TC:0:0", true, 0);
+    on_cl(&wc[1], "TC:0:0,UPCAST:1:8", true, 0);
+    on_cl(&wc[1], "TC:0:0,UPCAST:0:2,UPCAST:1:4", true, 0);
+    on_cl(&wc[3], "TC:0:0,UPCAST:1:32", true, 0);
+    on_cl(&wc[2], "TC:0:0,UPCAST:2:4", true, 0);
+    on_cl(&wc[1], "TC:1:0,UPCAST:0:2", true, 0);
+    on_cl(&wc[1], "TC:0:0,UPCAST:1:4", false, 1e-5);
+    const Case wp[] = {{0, 37, 13, 29, TG_FLOAT16, false, false}, {3, 21, 11, 19, TG_FLOAT16, true, true},
+                       {0, 100, 40, 29, TG_FLOAT16, false, false}};
+    for (size_t i = 0; i < sizeof wp / sizeof wp[0]; i++) on_cl(&wp[i], "TC:0:2", true, 0);
+    on_cl(&wp[2], "TC:0:2,UPCAST:1:4", true, 0);
+    tg_context_set("TC_SELECT", "4");
+    Case wb = {0, 64, 32, 48, TG_BFLOAT16, false, false};
+    on_cl(&wb, "TC:0:0,UPCAST:1:4", true, 0);
+    tg_context_set("TC_SELECT", "5");
+    tg_context_set("ALLOW_TF32", "1");
+    Case wf = {0, 64, 32, 24, TG_FLOAT32, false, false};
+    on_cl(&wf, "TC:0:0", true, 0);
+    on_cl(&wf, "TC:0:0,UPCAST:1:2", true, 0);
+    Case wfp = {0, 70, 20, 13, TG_FLOAT32, false, true};
+    on_cl(&wfp, "TC:0:2", true, 0);
+    tg_context_end();
+  }
   /* what TC refuses: float32 without ALLOW_TF32, a shape the tiles do not divide, actions after it
    * other than UPCASTs of its axes, TC not first, a kernel that is not a product */
   struct {
@@ -281,7 +349,9 @@ static bool ptxas_ok(const uint8_t *ptx, size_t n, int sm) {
   if (!f) return false;
   fwrite(ptx, 1, n && !ptx[n - 1] ? n - 1 : n, f); /* (NVRTC's size counts the terminating NUL) */
   fclose(f);
-  snprintf(cmd, sizeof cmd, "'%s' -arch=sm_%d '%s' -o '%s.cubin' 2>&1", exe, sm, in, in);
+  /* (Hopper's warpgroup instructions: the arch-specific sm_90a) */
+  bool a = strstr((const char *)ptx, ".target sm_90a") != NULL;
+  snprintf(cmd, sizeof cmd, "'%s' -arch=sm_%d%s '%s' -o '%s.cubin' 2>&1", exe, sm, a ? "a" : "", in, in);
   int rc = system(cmd);
   return rc == 0;
 }
@@ -305,25 +375,29 @@ TEST(tc_cuda_null_heuristics_nvrtc_ptxas) {
     DeviceCaps caps = d->caps;
     CHECK(caps.lang == LANG_CUDA && (caps.sm == 0 || caps.sm == sm));
     caps.sm = sm;
+    /* sm_80 runs mma.sync, sm_90 the warpgroup's wgmma where its 64-row tiles fit, with as many
+     * 8-column tiles as divide the columns up to 128 */
     struct {
       tg_dtype dt;
       bool tf32;
-      const char *ptx;
+      const char *ptx80, *ptx90;
       int64_t m, n, k, b;
       bool expect;
     } cs[] = {
-        {TG_FLOAT16, false, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", 64, 32, 48, 0, true},
-        {TG_FLOAT16, false, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", 512, 256, 64, 0, true},
-        {TG_BFLOAT16, false, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", 64, 32, 48, 2, true},
-        {TG_FLOAT32, true, "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", 64, 32, 48, 0, true},
-        {TG_FLOAT32, false, NULL, 64, 32, 48, 0, false},  /* exact float32 by default */
-        /* 20 rows, not a multiple of 16: the instruction's columns (8) take them, 20 -> 24 padded */
-        {TG_FLOAT16, false, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", 20, 32, 48, 0, true},
+        {TG_FLOAT16, false, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16", 64, 32, 48, 0, true},
+        {TG_FLOAT16, false, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", 512, 256, 64, 0, true},
+        {TG_BFLOAT16, false, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16", 64, 32, 48, 2, true},
+        {TG_FLOAT32, true, "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", "wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32", 64, 32, 48, 0, true},
+        {TG_FLOAT32, false, NULL, NULL, 64, 32, 48, 0, false},  /* exact float32 by default */
+        /* 20 rows, not a multiple of 16: the instruction's columns (8) take them, 20 -> 24 padded (64-row
+         * warpgroup tiles would be mostly padding: sm_90 takes mma.sync too) */
+        {TG_FLOAT16, false, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", 20, 32, 48, 0, true},
         /* 1001 columns (a vocabulary projection), padded to 1008 */
-        {TG_FLOAT16, false, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", 64, 1001, 48, 0, true},
-        {TG_FLOAT16, false, NULL, 5, 3, 7, 0, false},     /* padding would be most of the work */
+        {TG_FLOAT16, false, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16", 64, 1001, 48, 0, true},
+        {TG_FLOAT16, false, NULL, NULL, 5, 3, 7, 0, false},     /* padding would be most of the work */
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+      const char *want = sm == 90 ? cs[i].ptx90 : cs[i].ptx80;
       BEGIN;
       tg_context_begin();
       if (cs[i].tf32) tg_context_set("ALLOW_TF32", "1");
@@ -332,8 +406,8 @@ TEST(tc_cuda_null_heuristics_nvrtc_ptxas) {
       KernelCode *kc = last_kernel(x, &caps, NULL);
       CHECK_MSG(kc && first_is_tc(kc) == cs[i].expect, "sm_%d %s %lldx%lldx%lld: heuristics chose '%s'", sm, tg_dtype_name(cs[i].dt),
                 (long long)cs[i].m, (long long)cs[i].n, (long long)cs[i].k, kc ? kc->opts : "(no kernel)");
-      if (kc && cs[i].ptx) {
-        CHECK_STR_CONTAINS(kc->src, cs[i].ptx);
+      if (kc && want) {
+        CHECK_STR_CONTAINS(kc->src, want);
         uint8_t *ptx = NULL;
         size_t n = 0;
         tg_status st = d->vt->compile(d->state, kc->src, &ptx, &n);
@@ -343,14 +417,14 @@ TEST(tc_cuda_null_heuristics_nvrtc_ptxas) {
           char *t = malloc(n + 1);
           memcpy(t, ptx, n);
           t[n] = 0;
-          CHECK_STR_CONTAINS(t, cs[i].ptx);
+          CHECK_STR_CONTAINS(t, want);
           CHECK_MSG(ptxas_ok(ptx, n, sm), "ptxas -arch=sm_%d rejected the PTX of %s", sm, kc->name);
           free(t);
         }
         free(ptx);
       }
       /* a device known to be older than sm_80: neither the heuristics nor a forced TC */
-      if (kc && cs[i].ptx) {
+      if (kc && want) {
         DeviceCaps old = caps;
         old.sm = 75;
         KernelCode *k75 = last_kernel(x, &old, NULL);
@@ -445,6 +519,42 @@ TEST(tc_on_cuda_gpu) {
   on_dev("CUDA", &f32, NULL, true, 0);
   /* fractions through tf32: 10 mantissa bits per input, float32 sums */
   on_dev("CUDA", &f32, "TC:0:0", false, 1e-2);
+  tg_context_end();
+  if (d->caps.sm != 90) return;
+  /* sm_90: TC:0 above was the warpgroup's wgmma; mma.sync (TC_SELECT=0..2) on the same cases, and
+   * wgmma's own: every column-tile count to its 256, 128 rows a warpgroup, B transposed, padding */
+  tg_context_begin();
+  for (int sel = 0; sel < 2; sel++) {
+    tg_context_set("TC_SELECT", sel ? "1" : "0");
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+      if ((cs[i].dt == TG_BFLOAT16) == (sel == 1)) on_dev("CUDA", &cs[i], "TC:0:0", true, 0);
+  }
+  tg_context_set("TC_SELECT", "3");
+  const Case wc[] = {{0, 64, 8, 16, TG_FLOAT16, false, false}, {0, 128, 64, 48, TG_FLOAT16, false, false},
+                     {2, 64, 32, 32, TG_FLOAT16, true, true}, {0, 64, 256, 16, TG_FLOAT16, false, false},
+                     {0, 1024, 1024, 256, TG_FLOAT16, false, false}};
+  for (size_t i = 0; i < sizeof wc / sizeof wc[0]; i++) on_dev("CUDA", &wc[i], "TC:0:0", true, 0);
+  on_dev("CUDA", &wc[1], "TC:0:0,UPCAST:1:8", true, 0);
+  on_dev("CUDA", &wc[1], "TC:0:0,UPCAST:0:2,UPCAST:1:4", true, 0);
+  on_dev("CUDA", &wc[3], "TC:0:0,UPCAST:1:32", true, 0);
+  on_dev("CUDA", &wc[2], "TC:0:0,UPCAST:2:4", true, 0);
+  on_dev("CUDA", &wc[1], "TC:1:0,UPCAST:0:2", true, 0);
+  on_dev("CUDA", &wc[4], NULL, true, 0);
+  on_dev("CUDA", &wc[1], "TC:0:0,UPCAST:1:4", false, 1e-5);
+  const Case wp[] = {{0, 37, 13, 29, TG_FLOAT16, false, false}, {3, 21, 11, 19, TG_FLOAT16, true, true},
+                     {0, 100, 40, 29, TG_FLOAT16, false, false}};
+  for (size_t i = 0; i < sizeof wp / sizeof wp[0]; i++) on_dev("CUDA", &wp[i], "TC:0:2", true, 0);
+  on_dev("CUDA", &wp[2], "TC:0:2,UPCAST:1:4", true, 0);
+  tg_context_set("TC_SELECT", "4");
+  Case wb = {0, 64, 32, 48, TG_BFLOAT16, false, false};
+  on_dev("CUDA", &wb, "TC:0:0,UPCAST:1:4", true, 0);
+  tg_context_set("TC_SELECT", "5");
+  tg_context_set("ALLOW_TF32", "1");
+  Case wf = {0, 64, 32, 24, TG_FLOAT32, false, false}, wfp = {0, 70, 20, 13, TG_FLOAT32, false, true};
+  on_dev("CUDA", &wf, "TC:0:0", true, 0);
+  on_dev("CUDA", &wf, "TC:0:0,UPCAST:1:2", true, 0);
+  on_dev("CUDA", &wfp, "TC:0:2", true, 0);
+  on_dev("CUDA", &wf, "TC:0:0", false, 1e-2);
   tg_context_end();
 }
 

@@ -67,13 +67,33 @@ typedef struct {
   int m, n, k;
   int na, nb, nc;        /* elements per lane of A, B, C */
   int per_reg;           /* A and B elements per 32-bit register (2 for 16-bit inputs, 1 for tf32) */
-  const char *ptx;       /* the instruction */
+  const char *ptx;       /* the instruction (a warpgroup's: "%d" is the column count of all its tiles) */
   const TcPos *a, *b, *c;
+  /* A warpgroup instruction (sm_90's wgmma): 128 lanes, four warps; warp w = L / 32 holds rows
+   * 16 w on of A and C, at the table's positions with g = (L % 32) / 4. B is not in registers: the
+   * work-group stages the k x (n * tiles) block in shared memory, element L + 128 j of it row-major
+   * by lane L (nb = 1 per lane and tile), in the instruction's K-major layout without swizzling,
+   * which a 64-bit descriptor names (tc_smem_b). One instruction per 64 rows covers every column
+   * tile (N = n * tiles, at most 256). */
+  bool wg;
 } TensorCore;
+/* a tensor core's lanes: a warp's 32, a warpgroup's 128 */
+#define TC_LANES(tc) ((tc)->wg ? 128 : 32)
+/* (warpgroup) B element (row kk, column c) of the block in shared memory: its element offset, for
+ * elements of esize bytes. The PTX ISA's canonical K-major layout without swizzling,
+ * ((8, m), (T, 2k)) : ((T, SBO), (1, LBO)) with T = 16 / esize: a core matrix is 8 columns of
+ * 16 contiguous bytes of k; LBO steps to the next 16 bytes of k (128 B), SBO to the next 8
+ * columns (256 B: the two core matrices of a k step of 2T lie between). */
+#define TC_WG_LBO 128
+#define TC_WG_SBO 256
+static inline int64_t tc_smem_b(int64_t kk, int64_t c, int esize) {
+  int64_t T = 16 / esize;
+  return c % 8 * T + c / 8 * (TC_WG_SBO / esize) + kk % T + kk / T * (TC_WG_LBO / esize);
+}
 /* Every tensor core codegen knows (n of them). */
 const TensorCore *tc_table(int *n);
-/* Where lane `lane`'s element at p sits in its tile. */
-void tc_pos(const TcPos *p, int lane, int *row, int *col);
+/* Where lane `lane`'s element at p sits in its tile (for a warpgroup's A and C: with its warp's rows). */
+void tc_pos(const TensorCore *tc, const TcPos *p, int lane, int *row, int *col);
 
 
 typedef struct {
@@ -129,7 +149,7 @@ typedef struct {
   const TensorCore *tc;
   int tc_gm, tc_gn, tc_kr; /* its axes: rows of A and of the output, columns of B and of the output, the sum */
   int tc_um, tc_un;        /* tiles per warp along rows and columns (UPCASTs after TC) */
-  int tc_lane;             /* the lane axis: a global loop of 32, one warp per work-group */
+  int tc_lane;             /* the lane axis: a global loop of 32 (128), one warp (warpgroup) per work-group */
   bool tc_pad;             /* TC(i, 2): axes the tiles do not divide are padded */
   UOp *tc_opa, *tc_opb;    /* (until the copies) the product's operands that feed A and B (owned) */
   UOp **tc_frag;           /* A's na elements per tile row, then B's nb per tile column (owned); copy

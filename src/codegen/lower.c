@@ -593,8 +593,9 @@ static KernelCode *codegen_impl(UOp *ast, const DeviceCaps *caps, const OptList 
   int64_t lanes = k->vw ? k->vw : 1;
   uint64_t rl = k->rvw > 1 ? (uint64_t)k->rvw : 1;
   kc->ops = (uint64_t)(outer * lanes) * (post + (k->rbody ? (uint64_t)inner * body * rl + (rl - 1) * (uint64_t)k->ncopy : 0));
-  /* a tensor core: per warp (32 lanes) and k step, a multiply and an add per element of each tile */
-  if (k->tc) kc->ops += (uint64_t)(outer / 32 * inner) * (uint64_t)(k->tc_um * k->tc_un) * (uint64_t)(2 * k->tc->m * k->tc->n * k->tc->k);
+  /* a tensor core: per warp (32 lanes; a warpgroup: 128) and k step, a multiply and an add per
+   * element of each tile */
+  if (k->tc) kc->ops += (uint64_t)(outer / TC_LANES(k->tc) * inner) * (uint64_t)(k->tc_um * k->tc_un) * (uint64_t)(2 * k->tc->m * k->tc->n * k->tc->k);
   kc->nparams = k->np;
   if (k->nvars) {
     kc->vars = tg_xmalloc(sizeof(int) * (size_t)k->nvars);

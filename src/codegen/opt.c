@@ -579,7 +579,8 @@ static void describe(LKernel *k) {
   optlist_format(&k->applied, k->opts, sizeof k->opts);
   size_t o = strlen(k->opts);
   if (k->tc && k->ncopy && k->tc_frag)
-    snprintf(k->opts + o, sizeof k->opts - o, " [tensor core %s, %dx%d tiles per warp]", k->tc->name, k->tc_um, k->tc_un);
+    snprintf(k->opts + o, sizeof k->opts - o, " [tensor core %s, %dx%d tiles per %s]", k->tc->name, k->tc_um, k->tc_un,
+             k->tc->wg ? "warpgroup" : "warp");
   if (k->vw || k->rvw)
     snprintf(k->opts + o, sizeof k->opts - o, "%s[%d %slanes]", o ? " " : "", k->vw ? k->vw : k->rvw, k->rvw ? "reduce " : "");
 }
@@ -1070,8 +1071,17 @@ void gpu_heuristic(LKernel *k, const DeviceCaps *caps, int *next_axis) {
   if (caps->lang == LANG_CUDA && caps->sm >= 80 && tc_apply_heuristic(k, caps, next_axis, &tci, &tcarg)) {
     push_opt(&l, OPT_TC, tci, tcarg);
     int64_t M = k->granges[k->tc_gm]->iarg[0], N = k->granges[k->tc_gn]->iarg[0];
-    if (M >= 256 && M % (2 * k->tc->m) == 0) push_opt(&l, OPT_UPCAST, k->tc_gm, 2);
-    if (N >= 256 && N % (2 * k->tc->n) == 0) push_opt(&l, OPT_UPCAST, k->tc_gn, 2);
+    if (k->tc->wg) {
+      /* a warpgroup instruction: as many column tiles as divide N, up to 128 columns (64 accumulators
+       * a lane), and 128 rows of a large M */
+      int f = 1;
+      while (k->tc->n * f * 2 <= 128 && N % (k->tc->n * f * 2) == 0) f *= 2;
+      if (f > 1) push_opt(&l, OPT_UPCAST, k->tc_gn, f);
+      if (M >= 256 && M % (2 * k->tc->m) == 0) push_opt(&l, OPT_UPCAST, k->tc_gm, 2);
+    } else {
+      if (M >= 256 && M % (2 * k->tc->m) == 0) push_opt(&l, OPT_UPCAST, k->tc_gm, 2);
+      if (N >= 256 && N % (2 * k->tc->n) == 0) push_opt(&l, OPT_UPCAST, k->tc_gn, 2);
+    }
     apply_from(k, &l, 1, caps, next_axis);
     return;
   }

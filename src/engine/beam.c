@@ -369,6 +369,8 @@ bool beam_search(UOp *ast, Device *dev, Buffer **bufs, int nbufs, int beam, OptL
   const char *cid = device_compiler_id(dev);
   sb_printf(&key, "opts|%s|%s|%s|%d", dev->vt->name, cid ? cid : "", base->src, beam);
   if (getenv_int("ALLOW_TF32", 0)) sb_puts(&key, "|tf32"); /* (TC may take float32 kernels) */
+  int64_t sel = getenv_int("TC_SELECT", -1);
+  if (sel >= 0) sb_printf(&key, "|tc%lld", (long long)sel); /* (which tensor core TC means) */
   uint64_t h = hash_bytes(key.s, key.len, 0x6265616d);
   sb_free(&key);
   pthread_mutex_lock(&mem_lock);

@@ -185,11 +185,12 @@ size_t kernel_cache_count(void) {
 }
 
 /* The cache key of a kernel: its AST, the device (programs are loaded per device), and the
- * settings that change the code generated for it (NOOPT, LOOP_BOUNDS, ALLOW_TF32), so that turning
- * one of them on in a context compiles anew. */
+ * settings that change the code generated for it (NOOPT, LOOP_BOUNDS, ALLOW_TF32, TC_SELECT), so
+ * that turning one of them on in a context compiles anew. */
 static uint64_t kkey(UOp *ast, Device *dev) {
   uint64_t v = (getenv_int("NOOPT", 0) ? 1u : 0u) | (getenv_int("LOOP_BOUNDS", 1) ? 0u : 2u) | (getenv_int("ALLOW_TF32", 0) ? 4u : 0u);
-  return (uint64_t)(uintptr_t)ast ^ (v << 60) ^ ((uint64_t)(dev->id & 0xff) << 48);
+  uint64_t sel = (uint64_t)(getenv_int("TC_SELECT", -1) + 1) & 0xf;
+  return (uint64_t)(uintptr_t)ast ^ (v << 60) ^ (sel << 56) ^ ((uint64_t)(dev->id & 0xff) << 48);
 }
 
 /* BEAM's width: tinygrad's values are a few to a hundred; past BEAM_MAX the search's candidate

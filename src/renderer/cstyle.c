@@ -971,9 +971,99 @@ static void emit_post_and_store(R *r, Lin *l, const LKernel *k, int level) {
 }
 
 /* A tensor core's row or column of an element, as text over the lane variable (the layout's
- * coefficients: see TcPos) */
-static void tc_pos_text(char *buf, size_t n, const char *lane, int cg, int ct, int c0) {
-  snprintf(buf, n, "(%d * (%s / 4) + %d * (%s %% 4) + %d)", cg, lane, ct, lane, c0);
+ * coefficients: see TcPos; wrow: a warpgroup's row, which adds its warp's 16 rows) */
+static void tc_pos_text(char *buf, size_t n, const char *lane, int cg, int ct, int c0, bool wrow) {
+  if (wrow) snprintf(buf, n, "(%d * (%s %% 32 / 4) + %d * (%s %% 4) + %d + %s / 32 * 16)", cg, lane, ct, lane, c0, lane);
+  else snprintf(buf, n, "(%d * (%s / 4) + %d * (%s %% 4) + %d)", cg, lane, ct, lane, c0);
+}
+
+/* The element offset in the staged B block (tc_smem_b) of block element (lane + 128 j) for a
+ * block of `cols` columns, as text */
+static void tc_smem_text(char *buf, size_t n, const char *lane, int j, int cols, int esize) {
+  int T = 16 / esize;
+  snprintf(buf, n, "((%s + %d) %% %d %% 8 * %d + (%s + %d) %% %d / 8 * %d + (%s + %d) / %d %% %d + (%s + %d) / %d / %d * %d)", lane, 128 * j,
+           cols, T, lane, 128 * j, cols, TC_WG_SBO / esize, lane, 128 * j, cols, T, lane, 128 * j, cols, T, TC_WG_LBO / esize);
+}
+
+/* One k step of a warpgroup tensor core (TensorCore.wg). CUDA: the B block into shared memory
+ * (each lane its elements, where tc_smem_b puts them), made visible to the tensor core's async
+ * proxy, then per 64 rows one wgmma of A from registers and B through the block's descriptor
+ * (tg_wdesc), committed and waited for at once. OpenCL: the emulation -- A through local memory by
+ * the layout table, B read back from the staged block through the same canonical layout. */
+static void emit_tc_wg(R *r, const LKernel *k, bool cuda) {
+  const TensorCore *tc = k->tc;
+  const char *lane = nm(r, k->granges[k->tc_lane]);
+  int um = k->tc_um, un = k->tc_un, cols = tc->n * un, esize = tc->in == TG_FLOAT32 ? 4 : 2;
+  char off[512], row[160], col[160];
+  ind(r);
+  sb_printf(r->b, "%s\n", cuda ? "__syncthreads();" : L->barrier); /* the previous step's reads are done */
+  const char *bits = tc->in == TG_FLOAT16 ? "tg_f2h" : tc->in == TG_BFLOAT16 ? "tg_f2b" : "__float_as_uint";
+  for (int j = 0; j < un; j++) {
+    tc_smem_text(off, sizeof off, lane, j, cols, esize);
+    ind(r);
+    if (cuda) sb_printf(r->b, "tg_wb[%s] = %s(%s);\n", off, bits, nm(r, k->tc_frag[um * tc->na + j]));
+    else sb_printf(r->b, "tg_wb[%s] = %s;\n", off, nm(r, k->tc_frag[um * tc->na + j]));
+  }
+  if (cuda) {
+    ind(r);
+    sb_puts(r->b, "asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");\n");
+    ind(r);
+    sb_puts(r->b, "__syncthreads();\n");
+    int ra = tc->na / tc->per_reg;
+    for (int f = 0; f < um * tc->na; f += tc->per_reg) {
+      ind(r);
+      sb_printf(r->b, "unsigned int tg_a%d = ", f / tc->per_reg);
+      if (tc->per_reg == 2) sb_printf(r->b, "(unsigned int)%s(%s) | ((unsigned int)%s(%s) << 16);\n", bits, nm(r, k->tc_frag[f]), bits, nm(r, k->tc_frag[f + 1]));
+      else sb_printf(r->b, "%s(%s);\n", bits, nm(r, k->tc_frag[f]));
+    }
+    ind(r);
+    sb_puts(r->b, "asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n");
+    int nd = un * tc->nc; /* accumulators of one instruction */
+    for (int im = 0; im < um; im++) {
+      char ins[128];
+      snprintf(ins, sizeof ins, tc->ptx, cols);
+      ind(r);
+      sb_printf(r->b, "asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n%s {", nd + ra + 1, ins);
+      for (int i = 0; i < nd; i++) sb_printf(r->b, "%s%%%d", i ? "," : "", i);
+      sb_puts(r->b, "}, {");
+      for (int i = 0; i < ra; i++) sb_printf(r->b, "%s%%%d", i ? "," : "", nd + i);
+      /* scale-d p (accumulate), A and B scaled by 1, B not transposed (K-major; tf32 has no such operand) */
+      sb_printf(r->b, "}, %%%d, p, 1, 1%s;\\n}\\n\" : ", nd + ra, tc->in == TG_FLOAT32 ? "" : ", 0");
+      for (int i = 0; i < nd; i++) sb_printf(r->b, "%s\"+f\"(acc%d)", i ? ", " : "", im * nd + i);
+      sb_puts(r->b, " : ");
+      for (int i = 0; i < ra; i++) sb_printf(r->b, "\"r\"(tg_a%d), ", im * ra + i);
+      sb_puts(r->b, "\"l\"(tg_wdesc), \"r\"(1) : \"memory\");\n");
+    }
+    ind(r);
+    sb_puts(r->b, "asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n");
+    ind(r);
+    sb_puts(r->b, "asm volatile(\"wgmma.wait_group.sync.aligned 0;\" ::: \"memory\");\n");
+    return;
+  }
+  for (int f = 0; f < um * tc->na; f++) {
+    const TcPos *p = &tc->a[f % tc->na];
+    tc_pos_text(row, sizeof row, lane, p->rg, p->rt, p->r0, true);
+    tc_pos_text(col, sizeof col, lane, p->cg, p->ct, p->c0, false);
+    ind(r);
+    sb_printf(r->b, "tg_ta[%d + %s * %d + %s] = %s;\n", f / tc->na * tc->m * tc->k, row, tc->k, col, nm(r, k->tc_frag[f]));
+  }
+  ind(r);
+  sb_printf(r->b, "%s\n", L->barrier);
+  ind(r);
+  sb_printf(r->b, "for (int kk_ = 0; kk_ < %d; kk_++) {\n", tc->k);
+  int T = 16 / esize;
+  for (int c = 0; c < k->ncopy; c++) {
+    int e = c % tc->nc, in = (c / tc->nc) % un, im = c / tc->nc / un;
+    const TcPos *p = &tc->c[e];
+    tc_pos_text(row, sizeof row, lane, p->rg, p->rt, p->r0, true);
+    tc_pos_text(col, sizeof col, lane, p->cg, p->ct, p->c0 + in * tc->n, false);
+    ind(r);
+    /* B(kk, col) where the descriptor's layout reads it: ((8, m), (T, 2k)) : ((T, SBO), (1, LBO)) */
+    sb_printf(r->b, "  acc%d = fma(tg_ta[%d + %s * %d + kk_], tg_wb[%s %% 8 * %d + %s / 8 * %d + kk_ %% %d + kk_ / %d * %d], acc%d);\n", c,
+              im * tc->m * tc->k, row, tc->k, col, T, col, TC_WG_SBO / esize, T, T, TC_WG_LBO / esize, c);
+  }
+  ind(r);
+  sb_puts(r->b, "}\n");
 }
 
 /* One k step of a tensor-core kernel (LKernel.tc), after the lane's fragment elements (tc_frag)
@@ -985,6 +1075,10 @@ static void tc_pos_text(char *buf, size_t n, const char *lane, int cg, int ct, i
  * the table's, only a run on a GPU shows. */
 static void emit_tc(R *r, const LKernel *k, bool cuda) {
   const TensorCore *tc = k->tc;
+  if (tc->wg) {
+    emit_tc_wg(r, k, cuda);
+    return;
+  }
   const char *lane = nm(r, k->granges[k->tc_lane]);
   int um = k->tc_um, un = k->tc_un;
   if (cuda) {
@@ -1026,8 +1120,8 @@ static void emit_tc(R *r, const LKernel *k, bool cuda) {
     bool is_a = f < um * tc->na;
     int e = is_a ? f % tc->na : (f - um * tc->na) % tc->nb, t = is_a ? f / tc->na : (f - um * tc->na) / tc->nb;
     const TcPos *p = is_a ? &tc->a[e] : &tc->b[e];
-    tc_pos_text(row, sizeof row, lane, p->rg, p->rt, p->r0);
-    tc_pos_text(col, sizeof col, lane, p->cg, p->ct, p->c0);
+    tc_pos_text(row, sizeof row, lane, p->rg, p->rt, p->r0, false);
+    tc_pos_text(col, sizeof col, lane, p->cg, p->ct, p->c0, false);
     ind(r);
     if (is_a) sb_printf(r->b, "tg_ta[%d + %s * %d + %s] = %s;\n", t * tc->m * tc->k, row, tc->k, col, nm(r, k->tc_frag[f]));
     else sb_printf(r->b, "tg_tb[%d + %s * %d + %s] = %s;\n", t * tc->k * tc->n, row, tc->n, col, nm(r, k->tc_frag[f]));
@@ -1039,8 +1133,8 @@ static void emit_tc(R *r, const LKernel *k, bool cuda) {
   for (int c = 0; c < k->ncopy; c++) {
     int e = c % tc->nc, in = (c / tc->nc) % un, im = c / tc->nc / un;
     const TcPos *p = &tc->c[e];
-    tc_pos_text(row, sizeof row, lane, p->rg, p->rt, p->r0);
-    tc_pos_text(col, sizeof col, lane, p->cg, p->ct, p->c0);
+    tc_pos_text(row, sizeof row, lane, p->rg, p->rt, p->r0, false);
+    tc_pos_text(col, sizeof col, lane, p->cg, p->ct, p->c0, false);
     ind(r);
     sb_printf(r->b, "  acc%d = fma(tg_ta[%d + %s * %d + kk_], tg_tb[%d + kk_ * %d + %s], acc%d);\n", c, im * tc->m * tc->k, row,
               tc->k, in * tc->k * tc->n, tc->n, col, c);
@@ -1574,7 +1668,18 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
   if (gpu && !cuda && k->tc) {
     /* (the OpenCL emulation of a tensor core) the work-group's -- the warp's -- A and B tiles */
     ind(&r);
-    sb_printf(&body, "%s float tg_ta[%d], tg_tb[%d];\n", L->shared, k->tc_um * k->tc->m * k->tc->k, k->tc_un * k->tc->k * k->tc->n);
+    sb_printf(&body, "%s float tg_ta[%d], %s[%d];\n", L->shared, k->tc_um * k->tc->m * k->tc->k, k->tc->wg ? "tg_wb" : "tg_tb",
+              k->tc_un * k->tc->k * k->tc->n);
+  }
+  if (cuda && k->tc && k->tc->wg) {
+    /* a warpgroup's B block in shared memory, and its descriptor: the start address, LBO and SBO
+     * (each in 16-byte units), no swizzle (the PTX ISA's "Matrix Descriptor Format") */
+    ind(&r);
+    sb_printf(&body, "__shared__ __align__(128) %s tg_wb[%d];\n", k->tc->in == TG_FLOAT32 ? "unsigned int" : "unsigned short",
+              k->tc_un * k->tc->k * k->tc->n);
+    ind(&r);
+    sb_printf(&body, "const unsigned long long tg_wdesc = (((unsigned long long)__cvta_generic_to_shared(tg_wb) & 0x3FFFF) >> 4) | "
+                     "((unsigned long long)(%d >> 4) << 16) | ((unsigned long long)(%d >> 4) << 32);\n", TC_WG_LBO, TC_WG_SBO);
   }
   emit_level(&r, &l, 0, false);
   if (k->ng == 0) {

@@ -145,7 +145,10 @@ tg_status nvrtc_compile(const char *who, const char *src, int sm, bool cubin, ui
   nvrtcResult r = g_nv.nvrtcCreateProgram(&p, src, "tg_kernel.cu", 0, NULL, NULL);
   if (r) return tg_set_error(TG_ERR_COMPILE, "%s: nvrtcCreateProgram: %s", who, g_nv.nvrtcGetErrorString(r));
   char arch[64], inc[1100];
-  snprintf(arch, sizeof arch, "--gpu-architecture=%s_%d", cubin ? "sm" : "compute", sm);
+  /* a kernel with Hopper's warpgroup instructions compiles for sm_90a, the arch-specific target
+   * they need (it runs on sm_90 alone, which the heuristics choose them for) */
+  bool arch_specific = sm == 90 && strstr(src, "wgmma.") != NULL;
+  snprintf(arch, sizeof arch, "--gpu-architecture=%s_%d%s", cubin ? "sm" : "compute", sm, arch_specific ? "a" : "");
   snprintf(inc, sizeof inc, "-I%s/include", cuda_path());
   const char *opts[] = {arch, inc, "-std=c++17", "-w"};
   r = g_nv.nvrtcCompileProgram(p, 4, opts);
