@@ -14,6 +14,9 @@ and against tinygrad on DEV=CL (both on PoCL here), in one run; the CPU librarie
 With DEV=CUDA (or NV) it measures the NVIDIA GPU: tinygrad.c on it against PyTorch's CUDA matmul
 (cuBLAS, TF32 off) when the Python running it has a CUDA PyTorch:
   DEV=CUDA python3 bench/matmul.py 1024 4096
+and MATMUL_DTYPE=float16 or bfloat16 times half matmuls there (operands and result in that dtype,
+float32 sums: the tensor cores' work; PyTorch's a.half() @ b.half()):
+  DEV=CUDA MATMUL_DTYPE=bfloat16 python3 bench/matmul.py 4096 8192
 """
 import os, subprocess, sys, time
 
@@ -93,15 +96,19 @@ if os.environ.get("DEV", "CPU").split(":")[0].upper() == "CL":
   print("(GFLOPS, fp32, default opts; ratios are throughputs, tinygrad.c on CL / other, measured in this run)")
   sys.exit(0)
 
+DTYPE = os.environ.get("MATMUL_DTYPE", "float32") or "float32"
+
 def torch_cuda_gflops(n):
-  """PyTorch's fp32 matmul on the GPU (TF32 off, as tinygrad.c computes in fp32); None without CUDA."""
+  """PyTorch's matmul on the GPU in DTYPE (fp32 with TF32 off, as tinygrad.c computes in fp32);
+  None without CUDA."""
   try:
     import torch
     if not torch.cuda.is_available(): return None
   except ImportError:
     return None
   torch.backends.cuda.matmul.allow_tf32 = False
-  a, b = torch.rand(n, n, device="cuda"), torch.rand(n, n, device="cuda")
+  dt = {"float16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16}.get(DTYPE, torch.float32)
+  a, b = torch.rand(n, n, device="cuda").to(dt), torch.rand(n, n, device="cuda").to(dt)
   best, end = 1e30, time.perf_counter() + 3
   for i in range(20):
     torch.cuda.synchronize(); t = time.perf_counter(); a @ b; torch.cuda.synchronize(); t = time.perf_counter() - t
@@ -116,7 +123,8 @@ if os.environ.get("DEV", "CPU").split(":")[0].upper() in ("CUDA", "NV"):
   for n in sizes:
     tt = torch_cuda_gflops(n)
     print(f"{n:>6} {gpu[n]:>15.1f} {tt or float('nan'):>12.1f} {gpu[n] / tt if tt else float('nan'):>7.3f}", flush=True)
-  print("(GFLOPS, fp32 without TF32, default opts; c/torch: tinygrad.c's throughput / PyTorch's, measured in this run)")
+  what = "fp32 without TF32" if DTYPE in ("float32", "float") else f"{DTYPE} operands and result, float32 sums"
+  print(f"(GFLOPS, {what}, default opts; c/torch: tinygrad.c's throughput / PyTorch's, measured in this run)")
   sys.exit(0)
 
 sys.path.insert(0, here)

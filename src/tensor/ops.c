@@ -1360,7 +1360,8 @@ static tg_tensor matmul_impl(const char *fn, tg_tensor x, tg_tensor w, tg_dtype 
    * a 64x512x64 float16 matmul differ from exact products summed, by the order of the sum, and 1712
    * from rounded ones) -- and it runs on the float32 kernels, packing included. The same on a GPU
    * device without half arithmetic (PoCL: halves are stored, and computed in float32). */
-  if (dtype == TG_DTYPE_DEFAULT && half_via_float32(a, dt)) {
+  if ((dtype == TG_DTYPE_DEFAULT || dtype == TG_FLOAT32) && half_via_float32(a, dt)) {
+    /* (tg_matmul_dtype(.., float32): the same float32 products and sum, without the rounding) */
     OpScope o = op_scope_begin(fn);
     tg_tensor x32 = tg_cast(x, TG_FLOAT32), w32 = tg_cast(w, TG_FLOAT32);
     /* a large product reads each operand value many times: converted once into float32 buffers,
@@ -1374,7 +1375,7 @@ static tg_tensor matmul_impl(const char *fn, tg_tensor x, tg_tensor w, tg_dtype 
       if (rows >= 16 && !takes_packed(a, b, rows, k, mcols, &pl)) w32 = tg_contiguous(w32);
     }
     tg_tensor r = matmul_impl(fn, x32, w32, TG_DTYPE_DEFAULT);
-    return op_scope_done(o, tg_valid(r) ? tg_cast(r, dt) : r);
+    return op_scope_done(o, tg_valid(r) && dtype == TG_DTYPE_DEFAULT ? tg_cast(r, dt) : r);
   }
   if (dtype == TG_DTYPE_DEFAULT && b->ndim == 2) { /* IMAGE=1 on a GPU device: a 1x1 image convolution */
     int im = image_mode(fn, a, b, NULL);

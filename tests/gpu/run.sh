@@ -12,7 +12,8 @@
 #   1. build       make -j$(nproc) lib examples tests bench (TG_SKIP_DEPS=1: no package installs)
 #   2. devices     examples/devices must compute [1,2,3]*2 on CUDA and NV; DEBUG=1 and DEBUG=7
 #                  (describe, PTX and SASS) of quickstart on CUDA
-#   3. bench       bench/matmul.py on CUDA against PyTorch CUDA (1024, 2048, 4096)
+#   3. bench       bench/matmul.py on CUDA against PyTorch CUDA (fp32 1024, 2048, 4096; float16 and
+#                  bfloat16 4096, 8192, and those through mma.sync alone, TC_SELECT=0/1)
 #   4. suites      in parallel on the GPU: the differential suites with DEV=CUDA (every case of
 #                  test_ops_torch, test_nn_torch, test_math_torch, test_edges_torch,
 #                  test_indexing_torch, test_processing_torch, test_nd_args_torch), test_jit,
@@ -125,6 +126,14 @@ grep -q '^// SASS' "$OUT/debug1_debug7.log" && note "  DEBUG=7 showed SASS" || n
 # ---- 3. matmul against PyTorch's CUDA matmul, while the GPU has nothing else to do ---------------
 step bench_matmul 120 env DEV=CUDA "$PYTHON" bench/matmul.py 1024 2048 4096
 [ -f "$OUT/bench_matmul.log" ] && grep -E '^ +[0-9]+ ' "$OUT/bench_matmul.log" | sed 's/^/  matmul /' | tee -a "$SUMMARY"
+# half matmuls on the tensor cores: the default (wgmma on sm_90) and mma.sync (TC_SELECT=0/1)
+for hd in float16 bfloat16; do
+  sel=0; [ "$hd" = bfloat16 ] && sel=1
+  step bench_matmul_$hd 90 env DEV=CUDA MATMUL_DTYPE=$hd "$PYTHON" bench/matmul.py 4096 8192
+  [ -f "$OUT/bench_matmul_$hd.log" ] && grep -E '^ +[0-9]+ ' "$OUT/bench_matmul_$hd.log" | sed "s/^/  matmul $hd /" | tee -a "$SUMMARY"
+  step bench_matmul_${hd}_mma 60 env DEV=CUDA MATMUL_DTYPE=$hd TC_SELECT=$sel build/bench/matmul 4096 8192
+  [ -f "$OUT/bench_matmul_${hd}_mma.log" ] && sed "s/^/  matmul $hd mma.sync (N GFLOPS) /" "$OUT/bench_matmul_${hd}_mma.log" | tee -a "$SUMMARY"
+done
 
 # ---- 4. the suites, in parallel on the GPU ------------------------------------------------------
 pids=()
