@@ -441,8 +441,9 @@ tg_tensor tg_permute(tg_tensor x, const int *order, int ndim);
 /* Size-1 dimensions broadcast to the new size; -1 keeps a size; new leading dimensions allowed. */
 tg_tensor tg_expand(tg_tensor x, const int64_t *shape, int ndim);
 /* pads holds 2*ndim values: (before, after) for dim 0, dim 1, ... Negative values shrink. A value an
- * integer or bool x cannot hold makes the result wider, as in tinygrad: DEFAULT_FLOAT for 1.5, inf,
- * NaN or a whole number past the dtype's range, int32 for a bool padded with another whole number. */
+ * integer or bool x cannot hold makes the result wider, as in tinygrad: DEFAULT_FLOAT for 1.5, inf or
+ * NaN, int32 for a bool padded with another whole number; a whole number past an integer dtype's
+ * range wraps into it (uint8 padded with -1 holds 255), as tinygrad's and PyTorch's pads. */
 tg_tensor tg_pad(tg_tensor x, const int64_t *pads, int npads, double value);
 /* bounds holds 2*ndim values: (start, end) for each dim, 0 <= start <= end <= size. */
 tg_tensor tg_shrink(tg_tensor x, const int64_t *bounds, int nbounds);

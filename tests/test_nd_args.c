@@ -278,6 +278,18 @@ TEST(newton_schulz_and_muon) {
   tg_optim *ob = tg_optim_muon((tg_tensor[]){v, buf0}, 2, NULL);
   CHECK(ob != NULL);
   tg_optim_free(ob);
+  /* an empty parameter: refused by name (its first step failed inside a reshape of (0, -1)) */
+  tg_tensor e = tg_set_requires_grad(tg_zeros(TG_SHAPE(0, 3), NULL), true);
+  CHECK(tg_optim_muon((tg_tensor[]){v, e}, 2, NULL) == NULL);
+  CHECK_ERR(TG_ERR_INVALID, "tg_optim_muon", "parameter 1 is empty");
+  /* a negative weight decay is refused as AdamW's and LAMB's are (tinygrad ignores it) */
+  tg_tensor q = tg_set_requires_grad(tg_ones(TG_SHAPE(2, 2), NULL), true);
+  CHECK(tg_optim_muon(&q, 1, TG_MUON_OPTS(.weight_decay = -0.5)) == NULL);
+  CHECK_ERR(TG_ERR_INVALID, "tg_optim_muon", "weight_decay", "-0.5");
+  CHECK(tg_optim_sgd(&q, 1, TG_SGD_OPTS(.weight_decay = -0.5)) == NULL);
+  CHECK_ERR(TG_ERR_INVALID, "tg_optim_sgd", "weight_decay", "-0.5");
+  CHECK(tg_optim_lars(&q, 1, TG_LARS_OPTS(.weight_decay = -1)) == NULL);
+  CHECK_ERR(TG_ERR_INVALID, "tg_optim_lars", "weight_decay");
   END;
 }
 

@@ -481,6 +481,18 @@ def _bn_errors_and_init():
   expect_error("tg_nn_batchnorm_forward", lambda: l(Tensor(rnd(2, 4))), "channels")
   with tg.context(TRAINING=1):
     expect_error("tg_nn_batchnorm_forward", lambda: l(Tensor(rnd(1, 3))), "more than one value")
+  # an empty batch in training, as PyTorch: an empty output, the running statistics unchanged, one
+  # more batch counted (it was the "more than one value" error)
+  tm = torch.nn.BatchNorm1d(3)
+  tm.train()
+  ty = tm(torch.zeros(0, 3, 4))
+  rm, rv, nb = l.p("running_mean").numpy().copy(), l.p("running_var").numpy().copy(), l.p("num_batches_tracked").numpy().item()
+  with tg.context(TRAINING=1):
+    y = l(Tensor(np.zeros((0, 3, 4), np.float32)))
+    assert y.shape == tuple(ty.shape) == (0, 3, 4), y.shape
+  close(l.p("running_mean").numpy(), rm, what="running_mean after an empty batch")
+  close(l.p("running_var").numpy(), rv, what="running_var after an empty batch")
+  assert l.p("num_batches_tracked").numpy().item() == nb + 1 and tm.num_batches_tracked.item() == 1
   l.free()
   expect_error("tg_nn_batchnorm_forward", lambda: l(Tensor(rnd(2, 3))), "not initialised")
   expect_error("tg_nn_batchnorm_init", lambda: Layer("batchnorm", 0, None), "num_features")

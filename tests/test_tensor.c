@@ -2040,7 +2040,8 @@ TEST(tinygrad_forms_sum_dtype_squeeze_to_clamp) {
 }
 
 /* a pad value an integer or bool tensor cannot hold promotes it to DEFAULT_FLOAT (tinygrad's where
- * with a Python float); a whole value keeps the dtype */
+ * with a Python float); a whole value keeps the dtype, wrapping into it when it is past its range
+ * (tinygrad's where with a Python int, PyTorch's F.pad, and this library's tg_where_s and tg_full) */
 TEST(pad_value_promotes) {
   BEGIN;
   tg_tensor i = tg_arange(0, 3, 1, NULL);
@@ -2053,12 +2054,21 @@ TEST(pad_value_promotes) {
   CHECK(tg_dtype_of(b) == TG_FLOAT32);
   CHECK_VALUES(b, 0, 0, 1, 1, 0.5);
   CHECK(tg_dtype_of(tg_pad(i, TG_SHAPE(0, 1), NAN)) == TG_FLOAT32);
-  /* a whole number past the dtype (it wrapped: 3e9 into int32 was -1294967296), and a bool padded
-   * with 2 (it was True) */
+  /* a whole number past the dtype wraps (tinygrad: int32 padded with 3000000000 holds -1294967296;
+   * uint8 with -1 holds 255, int8 with 300 holds 44), and a bool padded with 2 is int32 (it was True) */
   tg_tensor big = tg_pad(i, TG_SHAPE(0, 1), 3e9);
-  CHECK(tg_dtype_of(big) == TG_FLOAT32);
-  CHECK_VALUES(big, 0, 0, 1, 2, 3e9);
-  CHECK(tg_dtype_of(tg_pad(tg_cast(i, TG_INT64), TG_SHAPE(0, 1), 9223372036854775808.0)) == TG_FLOAT32);
+  CHECK(tg_dtype_of(big) == TG_INT32);
+  CHECK_VALUES(big, 0, 0, 1, 2, -1294967296.0);
+  tg_tensor u8 = tg_pad(tg_cast(i, TG_UINT8), TG_SHAPE(1, 1), -1);
+  CHECK(tg_dtype_of(u8) == TG_UINT8);
+  CHECK_VALUES(u8, 0, 255, 0, 1, 2, 255);
+  tg_tensor i8 = tg_pad(tg_cast(i, TG_INT8), TG_SHAPE(0, 1), 300);
+  CHECK(tg_dtype_of(i8) == TG_INT8);
+  CHECK_VALUES(i8, 0, 0, 1, 2, 44);
+  tg_tensor w = tg_where_s(tg_gt_s(tg_cast(i, TG_UINT8), 5), tg_cast(i, TG_UINT8), -1);
+  CHECK_VALUES(w, 0, 255, 255, 255);
+  tg_tensor i64 = tg_pad(tg_cast(i, TG_INT64), TG_SHAPE(0, 1), 9223372036854775808.0);
+  CHECK(tg_dtype_of(i64) == TG_INT64);
   tg_tensor b2 = tg_pad(tg_gt_s(i, 0), TG_SHAPE(0, 1), 2);
   CHECK(tg_dtype_of(b2) == TG_INT32);
   CHECK_VALUES(b2, 0, 0, 1, 1, 2);

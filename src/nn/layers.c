@@ -837,6 +837,12 @@ tg_tensor tg_nn_batchnorm_forward(tg_nn_batchnorm *l, tg_tensor x) {
       bv = tg_mean(tg_mul(y, y), axes, na, false);
     }
     if (l->track_running_stats && training) {
+      /* an empty batch (PyTorch's): an empty output, the running statistics as they were, one more
+       * batch counted */
+      if (ranks == 1 && local == 0) {
+        tg_assign(l->num_batches_tracked, tg_add_s(l->num_batches_tracked, 1));
+        return op_done(o, tg_batchnorm(x, l->weight, l->bias, l->running_mean, tg_rsqrt(tg_add_s(l->running_var, l->eps))));
+      }
       if (ranks == 1 && local <= 1)
         return op_done(o,
                        fail("%s: training needs more than one value per channel, got input %s", fn, TSHP(x)));

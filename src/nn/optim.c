@@ -151,6 +151,11 @@ static tg_optim *lars_new(const char *fn, const char *name, const tg_tensor *par
     tg_set_error(TG_ERR_INVALID, "%s: weight_decay %g and tcoef %g must be finite", fn, wd, tcoef);
     return NULL;
   }
+  /* (tinygrad skips a negative one silently; PyTorch, and AdamW and LAMB here, refuse it) */
+  if (wd < 0) {
+    tg_set_error(TG_ERR_INVALID, "%s: invalid weight_decay value %g (it must be >= 0)", fn, wd);
+    return NULL;
+  }
   tg_optim *o = optim_new(fn, name, params, n, lr);
   if (!o) return NULL;
   o->kind = K_LARS;
@@ -200,8 +205,9 @@ tg_optim *tg_optim_muon(const tg_tensor *params, int n, const tg_muon_opts *opts
   for (int i = 0; i < n && params; i++)
     /* every tensor the optimizer takes as a parameter: requires_grad true or unset (a buffer, marked
      * false, is not updated) */
-    if (tg_valid(params[i]) && t_slot(params[i])->requires_grad != 0 && tg_ndim(params[i]) < 1) {
-      tg_set_error(TG_ERR_INVALID, "%s: parameter %d is 0-d; Muon views each parameter as (shape[0], -1)", fn, i);
+    if (tg_valid(params[i]) && t_slot(params[i])->requires_grad != 0 && (tg_ndim(params[i]) < 1 || tg_numel(params[i]) == 0)) {
+      tg_set_error(TG_ERR_INVALID, "%s: parameter %d is %s; Muon views each parameter as (shape[0], -1), which needs at least one "
+                   "dim and one element", fn, i, tg_ndim(params[i]) < 1 ? "0-d" : "empty (0 elements)");
       return NULL;
     }
   tg_optim *o = lars_new(fn, "Muon", params, n, opts->lr, mom, wd, 0.0, opts->nesterov, false);

@@ -396,6 +396,8 @@ tg_tensor tg_relu6(tg_tensor x) {
 /* x * relu6(x + 3) / 6 (nan at -inf, as PyTorch) */
 tg_tensor tg_hardswish(tg_tensor x) {
   BEGIN("tg_hardswish", x);
+  /* integers as floats: x + 3 and x * relu6(..) would wrap in uint8/int8 */
+  if (!tg_dtype_is_float(tg_dtype_of(x))) x = tg_cast(x, tg_default_float());
   return done(tg_mul_s(tg_mul(x, relu_clamp_(tg_add_s(x, 3), 0, 6)), 1.0 / 6));
 }
 

@@ -576,10 +576,12 @@ tg_tensor tg_logsumexp(tg_tensor x, const int *axes, int naxes, bool keepdim) {
   int64_t os[MAXD];
   int on = reduced_shape(a, red, keepdim, os);
   NnOp o = begin(fn);
+  /* integers and bools as floats: x - max(x) would wrap (and bools have no subtraction) */
+  if (!tg_dtype_is_float((tg_dtype)a->dtype)) x = tg_cast(x, tg_default_float());
   tg_tensor m = tg_detach(tg_max(x, axes, naxes, true));
   /* an infinite max is shifted by 0 instead (as PyTorch's): inf - inf would make a row holding +inf
    * NaN rather than +inf, and a row of -inf NaN rather than -inf */
-  if (tg_dtype_is_float((tg_dtype)a->dtype)) m = tg_where(tg_isinf(m), tg_zeros_like(m, NULL), m);
+  m = tg_where(tg_isinf(m), tg_zeros_like(m, NULL), m);
   tg_tensor l = tg_log(tg_sum(tg_exp(tg_sub(x, m)), axes, naxes, keepdim));
   return done(o, tg_add(l, keepdim ? m : reshape_n(m, os, on)));
 }

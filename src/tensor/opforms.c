@@ -120,7 +120,8 @@ tg_tensor tg_softmin(tg_tensor x, int axis, tg_dtype dtype) {
   if (!t_get(x, fn)) return NONE;
   OpScope o = op_scope_begin(fn);
   tg_tensor m, e, s;
-  if (!softmax_parts(fn, tg_neg(x), axis, dtype, &m, &e, &s)) return op_scope_done(o, NONE);
+  /* (an integer is negated as a float: -x of an unsigned tensor would wrap) */
+  if (!softmax_parts(fn, tg_neg(tg_cast(x, float_of(tg_dtype_of(x)))), axis, dtype, &m, &e, &s)) return op_scope_done(o, NONE);
   return op_scope_done(o, tg_mul(e, tg_reciprocal(s)));
 }
 
@@ -134,6 +135,9 @@ tg_tensor tg_normalize(tg_tensor x, double p, int dim, double eps) {
   if (tg_ndim(x) == 0) return op_fail("%s: x is 0-d; it needs a dimension to normalize along", fn);
   OpScope o = op_scope_begin(fn);
   int ax[1] = {dim};
+  /* an integer tensor is normalized as floats: |x|^p in its own dtype would wrap (tinygrad's p is a
+   * Python float, which promotes) */
+  x = tg_cast(x, float_of(tg_dtype_of(x)));
   tg_tensor den = p == 0 ? tg_sum(tg_ne_s(x, 0), ax, 1, true)
                          : tg_pow_s(tg_sum(tg_pow_s(tg_abs(x), p), ax, 1, true), 1.0 / p);
   return op_scope_done(o, tg_div(x, tg_maximum_s(den, eps)));

@@ -1033,17 +1033,16 @@ static tg_dtype pad_value_dtype(tg_dtype dt, double value) {
     if (value == 0 || value == 1) return dt;
     return value >= dtype_min(TG_INT32) && value <= dtype_max(TG_INT32) ? TG_INT32 : tg_default_float();
   }
-  bool past = value < dtype_min(dt) || value > dtype_max(dt) ||
-              (value == dtype_max(dt) && (dt == TG_INT64 || dt == TG_UINT64)); /* (2^63 and 2^64 as doubles) */
-  return past ? tg_default_float() : dt;
+  return dt; /* (a whole number past the dtype's range wraps into it, as tinygrad's does) */
 }
 
 tg_tensor tg_pad(tg_tensor x, const int64_t *pads0, int npads, double value) {
   GET(a, x, "tg_pad");
   char b[256];
   /* a value an integer or bool tensor cannot hold makes the result wider, as tinygrad's where with a
-   * Python number does (it was truncated or wrapped into the dtype): DEFAULT_FLOAT for 1.5, inf, NaN
-   * or a whole number past the dtype's range; int32 for a bool padded with another whole number */
+   * Python number does: DEFAULT_FLOAT for 1.5, inf or NaN; int32 for a bool padded with another whole
+   * number. A whole number past an integer dtype's range wraps into it (uint8 -1 is 255), as
+   * tinygrad's and PyTorch's pads do */
   tg_dtype to = pad_value_dtype((tg_dtype)a->dtype, value);
   if (to != (tg_dtype)a->dtype) {
     tg_scope_begin();
