@@ -420,6 +420,57 @@ TEST(embedding) {
 }
 
 
+/* ops with a custom gradient on every combination of shardings, against one device: gather (its
+ * gradient on the shards only where each gathers from its own shard along an unsplit axis: a
+ * replicated x with a sharded index scattered every shard's gradient into the top rows), float mod
+ * (elementwise: a replicated or differently split y is resharded like the output, as the forward
+ * does; it failed to broadcast, or left x without a gradient), sigmoid and abs */
+TEST(custom_gradients_any_sharding) {
+  BEGIN;
+  tg_tensor x = realized(tg_randn(TG_SHAPE(6, 4), NULL));
+  int32_t iv[] = {0, 1, 1, 3, 2, 0, 3, 3, 1, 0, 2, 2, 1, 1, 1, 0, 0, 3, 2, 1, 3, 0, 0, 2};
+  tg_tensor idx1 = tg_from_data(iv, TG_SHAPE(6, 4), TG_OPTS(.dtype = TG_INT32));
+  int32_t jv[] = {5, 0, 2, 1, 3, 3, 4, 0, 1, 2, 5, 4, 0, 0, 1, 2, 3, 4, 5, 5, 2, 1, 0, 3};
+  tg_tensor idx0 = tg_from_data(jv, TG_SHAPE(6, 4), TG_OPTS(.dtype = TG_INT32));
+  tg_tensor y = realized(tg_add_s(tg_abs(tg_randn(TG_SHAPE(6, 4), NULL)), 0.5)), y1 = realized(tg_add_s(tg_abs(tg_randn(TG_SHAPE(1, 4), NULL)), 0.5));
+  for (int nd = 2; nd <= 3; nd++)
+    for (int xa = -1; xa < 2; xa++)
+      for (int ia = -1; ia < 2; ia++) {
+        for (int dim = 0; dim < 2; dim++) {
+          tg_tensor idx = dim ? idx1 : idx0, g1, g2;
+          tg_tensor want = tg_gather(x, dim, idx);
+          CHECK(tg_gradient(tg_sum(tg_mul(want, want), NULL, 0, false), &x, 1, &g1) == TG_OK);
+          tg_tensor sx = tg_shard(x, DEV4, nd, xa < 0 ? TG_SHARD_NONE : xa), si = tg_shard(idx, DEV4, nd, ia < 0 ? TG_SHARD_NONE : ia);
+          tg_tensor got = tg_gather(sx, dim, si);
+          CHECK(tg_gradient(tg_sum(tg_mul(got, got), NULL, 0, false), &sx, 1, &g2) == TG_OK);
+          CHECK_MSG(maxdiff(got, want) == 0, "gather dim %d on %d devices: x axis %d, index axis %d", dim, nd, xa, ia);
+          CHECK_MSG(maxdiff(g2, g1) < 1e-5, "gather grad dim %d on %d devices: x axis %d, index axis %d: %g", dim, nd, xa, ia, maxdiff(g2, g1));
+        }
+        for (int b = 0; b < 2; b++) {
+          tg_tensor yy = b ? y1 : y, t[2] = {x, yy}, g1[2], g2[2];
+          tg_tensor want = tg_mod(x, yy);
+          CHECK(tg_gradient(tg_sum(tg_mul(want, want), NULL, 0, false), t, 2, g1) == TG_OK);
+          tg_tensor st[2] = {tg_shard(x, DEV4, nd, xa < 0 ? TG_SHARD_NONE : xa),
+                             tg_shard(yy, DEV4, nd, ia < 0 || (b && ia == 0) ? TG_SHARD_NONE : ia)};
+          tg_tensor got = tg_mod(st[0], st[1]);
+          CHECK_MSG(tg_gradient(tg_sum(tg_mul(got, got), NULL, 0, false), st, 2, g2) == TG_OK, "%s", tg_last_error());
+          tg_clear_error();
+          CHECK_MSG(maxdiff(got, want) < 1e-6, "mod on %d devices: x axis %d, y axis %d%s", nd, xa, ia, b ? " (1, 4)" : "");
+          for (int k = 0; k < 2; k++)
+            CHECK_MSG(tg_valid(g2[k]) && maxdiff(g2[k], g1[k]) < 1e-4, "mod grad %d on %d devices: x axis %d, y axis %d%s", k, nd, xa, ia,
+                      b ? " (1, 4)" : "");
+        }
+      }
+  for (int xa = -1; xa < 2; xa++) {
+    tg_tensor sx = tg_shard(x, DEV2, 2, xa < 0 ? TG_SHARD_NONE : xa), g1, g2;
+    tg_tensor want = tg_add(tg_sigmoid(x), tg_abs(x)), got = tg_add(tg_sigmoid(sx), tg_abs(sx));
+    CHECK(tg_gradient(tg_sum(tg_mul(want, x), NULL, 0, false), &x, 1, &g1) == TG_OK);
+    CHECK(tg_gradient(tg_sum(tg_mul(got, sx), NULL, 0, false), &sx, 1, &g2) == TG_OK);
+    CHECK_MSG(maxdiff(g2, g1) < 1e-5, "sigmoid + abs grad, x axis %d", xa);
+  }
+  END;
+}
+
 /* a layer's parameters replicated on DEV2 in place (the layer keeps the new handles) */
 static void replicate2(tg_tensor *const *p, int n) {
   for (int i = 0; i < n; i++) {

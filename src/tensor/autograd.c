@@ -248,27 +248,45 @@ static void set_custom(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn);
  * too, with the inputs' shards, when that is the same computation per shard -- every sharded input
  * split exactly as the output (a batch-sharded convolution with replicated weights); replicated
  * inputs then collect one contribution per replica, which the join of their gradient sums. */
-bool ag_set_custom_grad(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn) {
+bool ag_set_custom_grad_mode(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn, int mode) {
   set_custom(out, inputs, n, fn);
   if (!m_is(out)) return true;
   UOp *o = g_resolve(out);
   int ns = (int)o->nsrc, ax = m_axis(o);
-  for (int k = 0; k < n; k++) {
-    if (!m_is(inputs[k]) || inputs[k]->device != out->device) return false;
-    UOp *in = g_resolve(inputs[k]);
+  /* the inputs as each shard reads them (new refs) */
+  UOp **res = tg_xcalloc((size_t)n + 1, sizeof(UOp *));
+  bool ok = true;
+  for (int k = 0; k < n && ok; k++) {
+    if (!m_is(inputs[k]) || inputs[k]->device != out->device) {
+      ok = false;
+      break;
+    }
+    res[k] = mode == AG_SHARD_ELEMENTWISE ? m_reshard_like(inputs[k], out) : uop_ref(inputs[k]);
+    UOp *in = g_resolve(res[k]);
     int ia = m_axis(in);
-    if (ia < 0) continue;
-    if (ia != ax || (int)in->nsrc != ns) return false;
-    for (int i = 0; i < ns; i++)
-      if (in->src[i]->shape[ia] != o->src[i]->shape[ax]) return false;
+    if ((int)in->nsrc != ns) ok = false;
+    else if (ia < 0) {
+      /* a replicated input: whole per shard, unless out is split and the op needs it split too (a
+       * constant, the same on every device, always fits) */
+      if (mode == AG_SHARD_ALIGNED && ax >= 0 && in->src[0]->op != OP_CONST) ok = false;
+    } else if (ia != ax) {
+      ok = false;
+    } else {
+      for (int i = 0; i < ns && ok; i++)
+        if (in->src[i]->shape[ia] != o->src[i]->shape[ax]) ok = false;
+    }
   }
-  UOp **ins = tg_xmalloc(sizeof(UOp *) * (size_t)(n + 1));
-  for (int i = 0; i < ns; i++) {
-    for (int k = 0; k < n; k++) ins[k] = g_resolve(inputs[k])->src[i];
-    set_custom(o->src[i], ins, n, fn);
+  if (ok) {
+    UOp **ins = tg_xmalloc(sizeof(UOp *) * (size_t)(n + 1));
+    for (int i = 0; i < ns; i++) {
+      for (int k = 0; k < n; k++) ins[k] = g_resolve(res[k])->src[i];
+      set_custom(o->src[i], ins, n, fn);
+    }
+    free(ins);
   }
-  free(ins);
-  return true;
+  for (int k = 0; k < n; k++) uop_unref(res[k]);
+  free(res);
+  return ok;
 }
 
 static void set_custom(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn) {

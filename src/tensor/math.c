@@ -127,7 +127,7 @@ static tg_tensor sigmoid_(tg_tensor x) {
   tg_tensor s = tg_reciprocal(tg_add_s(t, 1));
   tg_tensor r = tg_where(n, tg_mul(t, s), s);
   UOp *ru = t_get(r, "tg_sigmoid"), *xu = t_get(x, "tg_sigmoid");
-  if (ru && xu && tg_dtype_is_float((tg_dtype)ru->dtype)) ag_set_custom_grad(ru, &xu, 1, sigmoid_grad);
+  if (ru && xu && tg_dtype_is_float((tg_dtype)ru->dtype)) ag_set_custom_grad_mode(ru, &xu, 1, sigmoid_grad, AG_SHARD_ELEMENTWISE);
   return r;
 }
 
@@ -251,7 +251,7 @@ static tg_tensor abs_(tg_tensor x) {
   tg_tensor b = tg_bitcast(x, bits);
   tg_tensor r = tg_bitcast(tg_bitwise_and(b, K(b, dt == TG_FLOAT32 ? 0x7fffffff : 0x7fff)), dt);
   UOp *ru = t_get(r, "tg_abs"), *xu = t_get(x, "tg_abs");
-  if (ru && xu) ag_set_custom_grad(ru, &xu, 1, abs_grad);
+  if (ru && xu) ag_set_custom_grad_mode(ru, &xu, 1, abs_grad, AG_SHARD_ELEMENTWISE);
   return r;
 }
 

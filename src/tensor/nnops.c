@@ -444,7 +444,9 @@ static tg_tensor gather_impl(tg_tensor x, UOp *a, int d, tg_tensor index, UOp *i
   if (ru) {
     UOp *dc = g_const((double)d, TG_INT64, a->device);
     UOp *ins[3] = {a, ix, dc};
-    ag_set_custom_grad(ru, ins, 3, gather_grad);
+    /* on several devices only where each shard gathers from its own shard of x, at positions along
+     * an unsplit axis; otherwise autograd differentiates the index graph itself */
+    if (!m_is(ru) || m_axis(ru) != d) ag_set_custom_grad_mode(ru, ins, 3, gather_grad, AG_SHARD_ALIGNED);
     uop_unref(dc);
   }
   return r;

@@ -272,7 +272,7 @@ static tg_tensor mod_nodes(const char *fn, UOp *a, UOp *b) {
   }
   if (tg_dtype_is_float(dt)) {
     UOp *ins[2] = {x, y};
-    ag_set_custom_grad(r, ins, 2, fmod_grad);
+    ag_set_custom_grad_mode(r, ins, 2, fmod_grad, AG_SHARD_ELEMENTWISE);
   }
   uop_unref(x), uop_unref(y), uop_unref(bb[0]), uop_unref(bb[1]);
   return t_wrap(r);

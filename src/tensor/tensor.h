@@ -148,8 +148,19 @@ const char *fmt_shape(char *buf, size_t n, const int64_t *shape, int ndim);
  * (convolutions). The registration lives as long as the node. */
 typedef void (*ag_custom_fn)(UOp *out, UOp *g, UOp *const *inputs, int n, UOp **grads);
 /* Returns whether the gradient is where autograd will look for it: always for a single-device out;
- * for a multi-device one, only when it could be registered on every shard (consumers read shards). */
-bool ag_set_custom_grad(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn);
+ * for a multi-device one, only when it could be registered on every shard (consumers read shards).
+ * How a shard of out relates to the inputs' (mode):
+ *   AG_SHARD_WHOLE        a sharded input split as out gives its shard; a replicated one is used
+ *                         whole by every shard (a batch-sharded convolution's weight)
+ *   AG_SHARD_ELEMENTWISE  out's shard i is the op on the inputs' shards i after each is resharded
+ *                         like out (a replicated input sliced, another axis moved): what m_alu
+ *                         computes, so every sharding registers
+ *   AG_SHARD_ALIGNED      every input that is not a constant must be split exactly as out */
+enum { AG_SHARD_WHOLE, AG_SHARD_ELEMENTWISE, AG_SHARD_ALIGNED };
+bool ag_set_custom_grad_mode(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn, int mode);
+static inline bool ag_set_custom_grad(UOp *out, UOp *const *inputs, int n, ag_custom_fn fn) {
+  return ag_set_custom_grad_mode(out, inputs, n, fn, AG_SHARD_WHOLE);
+}
 /* History of a realized tensor: after realizing computed node t into the BUFFER node bn that the
  * handles now hold, a later loss built on bn still differentiates through t's graph (reading a loss
  * before tg_backward, as tinygrad and PyTorch allow). Only when t's graph reaches a tensor with
