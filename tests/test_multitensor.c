@@ -94,6 +94,21 @@ TEST(shard_errors) {
   tg_tensor s = tg_shard(x, DEV2, 2, 0);
   CHECK(!tg_valid(tg_add(s, x)));
   CHECK_ERR(TG_ERR_INVALID, "tg_add");
+  CHECK(!tg_valid(tg_shard(tg_scalar(3, NULL), DEV2, 2, 0)));
+  CHECK_ERR(TG_ERR_INVALID, "tg_shard", "0-d tensor has no axis");
+  CHECK(!tg_valid(tg_to(x, ",CPU:1")));
+  CHECK_ERR(TG_ERR_INVALID, "member 0", "is empty");
+  /* a tuple too long for a device's fixed-size name: tg_device_of still names every member, so
+   * tg_to(t, tg_device_of(x)) lands on all of them (it kept the first 24 of 40) */
+  enum { NT = 40 };
+  const char *many[NT];
+  char names[NT][16];
+  for (int i = 0; i < NT; i++) snprintf(names[i], sizeof names[i], "CPU:%d", i), many[i] = names[i];
+  tg_tensor big = tg_shard(tg_ones(TG_SHAPE(NT, 2), NULL), many, NT, 0);
+  CHECK(tg_shard_count(big) == NT);
+  tg_tensor moved = tg_to(tg_ones(TG_SHAPE(3), NULL), tg_device_of(big));
+  CHECK_MSG(tg_shard_count(moved) == NT, "%d shards", tg_shard_count(moved));
+  CHECK(tg_valid(tg_add(tg_sum(big, NULL, 0, false), tg_sum(moved, NULL, 0, false))));
   END;
 }
 

@@ -188,6 +188,8 @@ Device *device_tuple_get(const char *names);
 const char *device_tuple_sep(const char *p);
 Device *device_tuple_by_id(int id);
 int device_tuple_members(int id, const int **ids); /* member count (0 if not a tuple) */
+/* d's whole name: a tuple's every member (its d->name may end in ",..." where they do not fit) */
+const char *device_full_name(const Device *d);
 /* Prints the device list (DEBUG>=1 at first use). */
 void device_list_print(void);
 /* Number of registered device kinds; the i-th kind's name and its renderers (default first,

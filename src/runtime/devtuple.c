@@ -10,6 +10,7 @@
  * never reports a device name ("CPU") that other tensors on "CPU" do not share.
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +20,7 @@ typedef struct Tuple {
   Device d; /* first: a Tuple is a Device */
   int n;
   int *ids;
+  char *full; /* the whole name (d.name holds as many members as fit) */
 } Tuple;
 
 static Tuple **g_tuples;
@@ -53,16 +55,27 @@ Device *device_tuple_of(const int *ids, int n) {
     t->n = n;
     t->ids = tg_xmalloc(sizeof(int) * (size_t)n);
     memcpy(t->ids, ids, sizeof(int) * (size_t)n);
-    size_t o = 0;
+    size_t o = 0, total = 1;
+    for (int i = 0; i < n; i++) total += strlen(device_by_id(ids[i])->name) + 1;
+    t->full = tg_xmalloc(total);
     for (int i = 0; i < n; i++) {
       const char *nm = device_by_id(ids[i])->name;
       size_t l = strlen(nm);
-      if (o + l + 2 >= sizeof t->d.name) break; /* long tuples keep a truncated name */
-      if (i) t->d.name[o++] = ',';
-      memcpy(t->d.name + o, nm, l);
+      if (i) t->full[o++] = ',';
+      memcpy(t->full + o, nm, l);
       o += l;
     }
-    t->d.name[o] = 0;
+    t->full[o] = 0;
+    /* d.name: the members that fit, then ",..." (messages); tg_device_of gives the whole name */
+    snprintf(t->d.name, sizeof t->d.name, "%s", t->full);
+    if (o >= sizeof t->d.name) {
+      char *cut = strrchr(t->d.name, ',');
+      while (cut && (size_t)(cut - t->d.name) + 5 > sizeof t->d.name) {
+        *cut = 0;
+        cut = strrchr(t->d.name, ',');
+      }
+      if (cut) strcpy(cut, ",...");
+    }
     t->d.renderer = device_by_id(ids[0])->renderer;
     t->d.caps = device_by_id(ids[0])->caps;
     t->d.index = -1;
@@ -81,6 +94,11 @@ Device *device_tuple_by_id(int id) {
   Device *d = k >= 0 && k < g_ntuples ? &g_tuples[k]->d : NULL;
   pthread_mutex_unlock(&g_lock);
   return d;
+}
+
+const char *device_full_name(const Device *d) {
+  Tuple *t = d && d->id >= DEVICE_TUPLE_BASE ? (Tuple *)device_tuple_by_id(d->id) : NULL;
+  return t ? t->full : d ? d->name : NULL;
 }
 
 int device_tuple_members(int id, const int **ids) {
@@ -105,7 +123,8 @@ Device *device_tuple_get(const char *names) {
     if (l == 0 && !e && n > 0) break; /* a trailing comma: "CPU," is a tuple of one */
     char one[160];
     if (l == 0 || l >= sizeof one) {
-      tg_set_error(TG_ERR_INVALID, "device_get: empty or too long member in device tuple '%s'", names);
+      tg_set_error(TG_ERR_INVALID, "device_get: member %d of device tuple '%s' is %s (members are device names separated by "
+                   "single commas, e.g. 'CPU:0,CPU:1')", n, names, l ? "too long" : "empty");
       goto out;
     }
     memcpy(one, p, l);

@@ -634,7 +634,7 @@ tg_dtype tg_dtype_of(tg_tensor t) {
 }
 const char *tg_device_of(tg_tensor t) {
   UOp *u = t_get(t, "tg_device_of");
-  return u ? device_by_id(u->device)->name : NULL;
+  return u ? device_full_name(device_by_id(u->device)) : NULL;
 }
 bool tg_is_realized(tg_tensor t) {
   Slot *s = t_slot(t);

@@ -774,8 +774,11 @@ tg_tensor tg_shard(tg_tensor t, const char *const *devices, int n, int axis) {
   if (!tuple_from_names("tg_shard", devices, n, &tuple)) return NONE_T();
   if (axis != TG_SHARD_NONE && (axis < -u->ndim || axis >= u->ndim)) {
     char b[256];
-    tg_set_error(TG_ERR_INVALID, "tg_shard: axis %d is out of range for shape %s (-%d..%d, or TG_SHARD_NONE to replicate)", axis,
-                 fmt_shape(b, sizeof b, u->shape, u->ndim), u->ndim, u->ndim - 1);
+    if (u->ndim == 0)
+      tg_set_error(TG_ERR_INVALID, "tg_shard: axis %d: a 0-d tensor has no axis to split (TG_SHARD_NONE replicates it)", axis);
+    else
+      tg_set_error(TG_ERR_INVALID, "tg_shard: axis %d is out of range for shape %s (-%d..%d, or TG_SHARD_NONE to replicate)", axis,
+                   fmt_shape(b, sizeof b, u->shape, u->ndim), u->ndim, u->ndim - 1);
     return NONE_T();
   }
   if (axis != TG_SHARD_NONE && axis < 0) axis += u->ndim;
