@@ -184,6 +184,31 @@ TEST(depth_split_kernel_count) {
   CHECK(tg_live_count() == 0);
 }
 
+/* DEPTH_SPLIT past its range is clamped to 512 (10 000 overflowed the stack building a 20 000-add
+ * chain's first kernel), on the tests' small stack too */
+static void *depth_split_huge(void *arg) {
+  (void)arg;
+  tg_tensor x0 = vec4(false);
+  tg_scope_begin();
+  tg_context_begin();
+  tg_context_set_int("DEPTH_SPLIT", 100000);
+  tg_tensor x = add_chain(x0, 20000);
+  float out[4] = {0};
+  tg_global_counters_reset();
+  CHECK_MSG(tg_data(x, out, sizeof out) == TG_OK, "%s", tg_last_error());
+  CHECK(out[0] == 20001.0f && out[3] == 80004.0f);
+  CHECK_MSG(tg_global_counters().kernel_count >= 39, "%llu kernels", (unsigned long long)tg_global_counters().kernel_count);
+  tg_context_end();
+  tg_scope_end();
+  tg_free(x0);
+  return NULL;
+}
+
+TEST(depth_split_clamped) {
+  on_small_stack(depth_split_huge);
+  CHECK(tg_live_count() == 0);
+}
+
 /* A matmul at the end of a graph deeper than the bound (a transformer's last layer) must not get its
  * broadcast product x[:, None, :] * w (or the EXPAND under it) stored as the depth cut. With
  * DEPTH_SPLIT=8, chains of 1 to 12 ops into a 64x64 matmul: wherever the bound falls, the kernels

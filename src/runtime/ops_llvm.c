@@ -469,6 +469,17 @@ static bool parse_arch(LlvmState *s, const char *arch) {
       sb_free(&f);
       return false;
     }
+    if (nn >= 8 && !strncmp(name + nn - 8, "bit-mode", 8)) { /* (the triple sets the mode) */
+      tg_set_error(TG_ERR_INVALID, "device_get: CPU:LLVM arch '%s': '%.*s' is the code's mode, which the architecture sets "
+                   "(x86_64: 64-bit), not a feature to choose", arch, (int)n, tok);
+      sb_free(&f);
+      return false;
+    }
+    if (off && nn == 5 && !strncmp(name, "64bit", 5)) {
+      tg_set_error(TG_ERR_INVALID, "device_get: CPU:LLVM arch '%s': '-64bit': x86_64 code needs the 64-bit instructions", arch);
+      sb_free(&f);
+      return false;
+    }
     if (off && nn == 3 && !strncmp(name, "sse", 3)) { /* (x86-64 returns floats in SSE registers) */
       tg_set_error(TG_ERR_INVALID, "device_get: CPU:LLVM arch '%s': '-sse' leaves LLVM no registers for the x86-64 calling "
                    "convention's float values (its back end stops the process on the first kernel calling a math function); "
@@ -484,6 +495,11 @@ static bool parse_arch(LlvmState *s, const char *arch) {
     }
     sb_printf(&f, "%s%c%.*s", f.len ? "," : "", off ? '-' : '+', (int)nn, name);
   }
+  /* x86-64 code needs the CPU's 64-bit instructions, which a CPU LLVM does not know ("native") or a
+   * 32-bit one ("i386", "pentium") lacks: LLVM's back end then stopped the process ("64-bit code
+   * requested on a subtarget that doesn't support it"). They are asked for explicitly, so such a
+   * CPU name only tunes (LLVM says once that it does not know it). */
+  if (!strcmp(target_family(host_arch), "X86")) sb_printf(&f, "%s+64bit", f.len ? "," : "");
   s->features = f.s ? sb_take(&f) : tg_xstrdup("");
   return true;
 }

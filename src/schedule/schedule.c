@@ -84,10 +84,12 @@ static bool is_leaf_node(UOp *n) { return uop_realized(n) || n->op == OP_BUFFER 
  * materialized node) is materialized itself. A lazy graph built by a loop (x = x + y, a million
  * times) is then a chain of kernels of bounded depth instead of one kernel whose building, lowering,
  * rendering and compiling would each recurse a million levels deep. Kernels of ordinary models are
- * far shallower, so this changes nothing for them; DEPTH_SPLIT sets another bound (at least 8). */
+ * far shallower, so this changes nothing for them; DEPTH_SPLIT sets another bound, 8 to 512: building
+ * a kernel recurses about once per level (about 1 KB of stack a level): 10 000 levels overflowed an
+ * 8 MB stack, 2048 a thread's 1 MB one. */
 #define DEPTH_SPLIT_DEFAULT 256
 
-int schedule_depth_bound(void) { return (int)getenv_int_in("DEPTH_SPLIT", DEPTH_SPLIT_DEFAULT, 8, 100000); }
+int schedule_depth_bound(void) { return (int)getenv_int_in("DEPTH_SPLIT", DEPTH_SPLIT_DEFAULT, 8, 512); }
 
 /* What a node adds to the depth of the kernels reading it: 0 when they load it from a buffer. */
 static int depth_seen_by_consumers(const NI *x) {

@@ -59,7 +59,7 @@ typedef struct {
 /* Builds the schedule realizing `targets` (nodes already realized or plain buffer views produce no
  * items). On success each target that needs a buffer has tbuf[i] = index into s->bufs (else -1). */
 tg_status schedule_build(Schedule *s, UOp **targets, int n, int *tbuf);
-/* The depth bound of a kernel's expression (DEPTH_SPLIT, default 256, 8..100000). */
+/* The depth bound of a kernel's expression (DEPTH_SPLIT, default 256, 8..512). */
 int schedule_depth_bound(void);
 void schedule_free(Schedule *s);
 
