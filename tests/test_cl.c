@@ -282,6 +282,64 @@ static int new_bins(const char *dir, char names[][256], int cap) {
   return n;
 }
 
+/* An entry holds its whole key: two kernels' entries swapped on disk (or one copied over the other)
+ * are rebuilt, never run in each other's place (the entries held only a checksum of their payload,
+ * and the swapped binaries ran: a*2 gave a+1's values). */
+TEST(cl_cache_swapped_entries_rebuilt) {
+  tg_clear_error();
+  Device *cl = device_get("CL");
+  if (!cl) return;
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/cl", g_cache);
+  const char *src[2] = {"__kernel void same(__global float *restrict o, __global const float *restrict i) {\n"
+                        "  long g = (long)get_global_id(0); o[g] = 2.0f * i[g];\n}\n",
+                        "__kernel void same(__global float *restrict o, __global const float *restrict i) {\n"
+                        "  long g = (long)get_global_id(0); o[g] = 1.0f + i[g];\n}\n"};
+  char before[64][256], after[64][256], path[2][900];
+  uint8_t *lib[2] = {NULL, NULL};
+  size_t len[2] = {0, 0};
+  for (int k = 0; k < 2; k++) {
+    int nb = new_bins(dir, before, 64);
+    CHECK(cl->vt->compile(cl->state, src[k], &lib[k], &len[k]) == TG_OK);
+    int na = new_bins(dir, after, 64);
+    path[k][0] = 0;
+    for (int i = 0; i < na && !path[k][0]; i++) {
+      bool old = false;
+      for (int j = 0; j < nb; j++) old = old || strcmp(after[i], before[j]) == 0;
+      if (!old) snprintf(path[k], sizeof path[k], "%s/%.255s", dir, after[i]);
+    }
+    CHECK_MSG(path[k][0], "kernel %d wrote no entry", k);
+  }
+  if (!path[0][0] || !path[1][0]) return;
+  char tmp[920];
+  snprintf(tmp, sizeof tmp, "%s.swap", path[0]);
+  CHECK(rename(path[0], tmp) == 0 && rename(path[1], path[0]) == 0 && rename(tmp, path[1]) == 0);
+  for (int k = 0; k < 2; k++) {
+    uint8_t *again = NULL;
+    size_t n = 0;
+    CHECK(cl->vt->compile(cl->state, src[k], &again, &n) == TG_OK);
+    /* rebuilt from its own source: the same binary as its first build, not the other's */
+    CHECK_MSG(n == len[k] && again && lib[k] && memcmp(again, lib[k], n) == 0, "kernel %d got another binary", k);
+    free(again);
+  }
+  Program *p = program_get(cl, "same", src[0]);
+  CHECK_MSG(p != NULL, "%s", tg_last_error());
+  if (p) {
+    float in[4] = {0, 1, 2, 3}, out[4] = {0};
+    Buffer *bi = buffer_new(cl, sizeof in), *bo = buffer_new(cl, sizeof out);
+    CHECK(buffer_copyin(bi, in, sizeof in) == TG_OK);
+    void *bufs[2] = {bo->ptr, bi->ptr};
+    int64_t gs[3] = {4, 1, 1};
+    CHECK(program_exec(p, bufs, 2, 0, gs, NULL, false) == 0.0);
+    cl->vt->synchronize(cl->state);
+    CHECK(buffer_copyout(bo, out, sizeof out) == TG_OK);
+    CHECK_MSG(out[3] == 6.0f, "a*2 of 3 gave %g", out[3]);
+    buffer_unref(bi), buffer_unref(bo);
+  }
+  free(lib[0]), free(lib[1]);
+}
+
+
 /* Cache entries other users could plant in a shared cache directory: a FIFO at an entry's path
  * (the open waited forever for a writer), a huge file there (read whole), and links at the names of
  * the temporary files a new entry is written through (followed: their targets were overwritten).

@@ -477,9 +477,11 @@ static void cl_synchronize(void *state) { g_cl.clFinish(((ClState *)state)->queu
 /* on-disk cache of program binaries                                                               */
 
 #define CACHE_MAGIC "TGCL"
-#define CACHE_VERSION 1u
-#define CACHE_HDR 16
+#define CACHE_VERSION 2u
+#define CACHE_HDR 24 /* magic, version, key length, payload length */
 #define CACHE_SEED 0x5447434c42494e31ULL
+/* an entry larger than this is not read (a program binary is far smaller) */
+#define CACHE_MAX ((size_t)1 << 30)
 
 static _Atomic uint64_t g_tmp_counter;
 
@@ -495,36 +497,42 @@ static char *cache_dir(void) {
   return sb_take(&b);
 }
 
-/* The entry's payload (malloc'd) if it is complete and intact; a damaged entry is deleted. */
-static uint8_t *cache_read(const char *path, size_t *len) {
+/* An entry: CACHE_HDR bytes (magic, version, key length, payload length), the key (the device's id,
+ * a NUL, the source), the payload, and a checksum of key and payload. The key is compared whole, so
+ * an entry of another kernel or device at this name (two files swapped, a hash collision) is
+ * rebuilt over rather than run. */
+
+/* The entry's payload (malloc'd) if it is complete, intact and for this key; another is deleted. */
+static uint8_t *cache_read(const char *path, const char *key, size_t klen, size_t *len) {
   /* a regular file of a plausible size only: a FIFO planted there must not block the open, a huge
    * file must not be read into memory (either is rebuilt over) */
   size_t n = 0;
-  uint8_t *buf = file_read_regular(path, (size_t)1 << 31, &n);
+  uint8_t *buf = file_read_regular(path, CACHE_MAX, &n);
   if (!buf) return NULL;
-  uint64_t plen = 0, sum = 0;
+  uint64_t plen = 0, sum = 0, kl = 0;
   uint32_t ver = 0;
   bool ok = n >= CACHE_HDR + 8 && memcmp(buf, CACHE_MAGIC, 4) == 0;
   if (ok) {
     memcpy(&ver, buf + 4, 4);
-    memcpy(&plen, buf + 8, 8);
-    ok = ver == CACHE_VERSION && plen > 0 && plen == n - CACHE_HDR - 8;
+    memcpy(&kl, buf + 8, 8);
+    memcpy(&plen, buf + 16, 8);
+    ok = ver == CACHE_VERSION && plen > 0 && kl == klen && kl <= n && plen <= n && CACHE_HDR + kl + plen + 8 == n;
   }
   if (ok) {
     memcpy(&sum, buf + n - 8, 8);
-    ok = sum == hash_bytes(buf + CACHE_HDR, (size_t)plen, CACHE_SEED);
+    ok = sum == hash_bytes(buf + CACHE_HDR, (size_t)(kl + plen), CACHE_SEED) && memcmp(buf + CACHE_HDR, key, klen) == 0;
   }
   if (!ok) {
     free(buf);
     unlink(path);
     return NULL;
   }
-  memmove(buf, buf + CACHE_HDR, (size_t)plen);
+  memmove(buf, buf + CACHE_HDR + kl, (size_t)plen);
   *len = (size_t)plen;
   return buf;
 }
 
-static void cache_write(const char *dir, const char *path, const uint8_t *p, size_t n) {
+static void cache_write(const char *dir, const char *path, const char *key, size_t klen, const uint8_t *p, size_t n) {
   for (char *d = tg_xstrdup(dir), *c = d + 1;; c++) { /* mkdir -p */
     if (*c == '/' || !*c) {
       char t = *c;
@@ -548,13 +556,31 @@ static void cache_write(const char *dir, const char *path, const uint8_t *p, siz
   }
   uint8_t hdr[CACHE_HDR];
   uint32_t ver = CACHE_VERSION;
-  uint64_t plen = n, sum = hash_bytes(p, n, CACHE_SEED);
+  uint64_t plen = n, kl = klen;
+  /* the checksum of key and payload as one byte string, as cache_read computes it */
+  uint8_t *both = tg_xmalloc(klen + n);
+  memcpy(both, key, klen);
+  memcpy(both + klen, p, n);
+  uint64_t sum = hash_bytes(both, klen + n, CACHE_SEED);
+  free(both);
   memcpy(hdr, CACHE_MAGIC, 4);
   memcpy(hdr + 4, &ver, 4);
-  memcpy(hdr + 8, &plen, 8);
-  bool ok = fwrite(hdr, 1, CACHE_HDR, f) == CACHE_HDR && fwrite(p, 1, n, f) == n && fwrite(&sum, 1, 8, f) == 8;
+  memcpy(hdr + 8, &kl, 8);
+  memcpy(hdr + 16, &plen, 8);
+  bool ok = fwrite(hdr, 1, CACHE_HDR, f) == CACHE_HDR && fwrite(key, 1, klen, f) == klen && fwrite(p, 1, n, f) == n &&
+            fwrite(&sum, 1, 8, f) == 8;
   ok = fclose(f) == 0 && ok;
   if (!ok || rename(tmp, path) != 0) unlink(tmp);
+}
+
+/* The whole key of src on this device: its id, a NUL, the source (malloc'd; *n its length). */
+static char *cache_key(const ClState *s, const char *src, size_t *n) {
+  size_t il = strlen(s->id), sl = strlen(src);
+  char *k = tg_xmalloc(il + 1 + sl + 1);
+  memcpy(k, s->id, il + 1);
+  memcpy(k + il + 1, src, sl + 1);
+  *n = il + 1 + sl;
+  return k;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -636,16 +662,20 @@ static tg_status cl_compile(void *state, const char *src, uint8_t **lib, size_t 
   if (!src) return tg_set_error(TG_ERR_INVALID, "compile: no source");
   char *dir = getenv_int("DISABLE_COMPILER_CACHE", 0) ? NULL : cache_dir();
   char path[4096] = "";
+  size_t klen = 0;
+  char *key = dir ? cache_key(s, src, &klen) : NULL;
   if (dir) {
     cache_path(s, dir, src, path, sizeof path);
-    if ((*lib = cache_read(path, liblen))) {
+    if ((*lib = cache_read(path, key, klen, liblen))) {
       free(dir);
+      free(key);
       return TG_OK;
     }
   }
   tg_status st = build_from_source(s, src, lib, liblen);
-  if (st == TG_OK && dir) cache_write(dir, path, *lib, *liblen);
+  if (st == TG_OK && dir) cache_write(dir, path, key, klen, *lib, *liblen);
   free(dir);
+  free(key);
   return st;
 }
 
