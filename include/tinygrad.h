@@ -1192,8 +1192,10 @@ tg_state_dict *tg_safe_load_mmap(const char *path);
 /* Writes the dict as .safetensors (tinygrad's safe_save): tensors in dict order, realized and made
  * contiguous as needed, the dict's metadata as __metadata__; names and metadata must be valid UTF-8
  * and no tensor may be named "__metadata__". Atomic: writes a temporary file in the same directory,
- * fsyncs it and renames it over path (keeping a replaced file's permissions), so on any failure an
- * existing file at path is left untouched and no temporary file remains. A symbolic link at path is
+ * fsyncs it and renames it over path (keeping a replaced file's permissions, and its owner and group
+ * where the process may set them), so on any failure an existing file at path is left untouched and
+ * no temporary file remains. A file the process may not write (made read-only) is refused, as
+ * open(path, "w") refuses it; a hard link to the old file keeps the old contents. A symbolic link at path is
  * followed: the file it leads to is replaced (the temporary file is made next to that file) and the
  * link stays; a link to a missing file creates that file. Only regular files are replaced: if path
  * (or the file its links lead to) is a directory, a FIFO, a device or a socket, the save fails with

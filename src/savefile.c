@@ -223,6 +223,15 @@ tg_status savefile_open(SaveFile *f, const char *fn, const char *path) {
     free(target);
     return st;
   }
+  /* a file this process may not write is not replaced either (the rename would only need the
+   * directory's permission): as open(path, "w") -- Python's, which tinygrad and torch.save use --
+   * refuses it */
+  if (exists && access(target, W_OK) != 0) {
+    tg_status st = tg_set_error(TG_ERR_IO, "%s: %s: %s (mode %03o); nothing was written: make it writable or save elsewhere",
+                                fn, path, strerror(errno), (unsigned)(mode & 0777));
+    free(target);
+    return st;
+  }
   remove_stale_temps(fn, target);
   /* a temporary file next to the target: O_EXCL with a unique name, mode 0666 & ~umask */
   size_t plen = strlen(target);
@@ -240,6 +249,13 @@ tg_status savefile_open(SaveFile *f, const char *fn, const char *path) {
     tg_status st = tg_set_error(TG_ERR_IO, "%s: %s: cannot create a temporary file next to it: %s", fn, path, strerror(errno));
     free(tmp), free(target);
     return st;
+  }
+  /* the replacement keeps the old file's owner and group where this process may set them (root
+   * saving a user's file), as writing into it would; best effort */
+  struct stat old_st;
+  if (exists && stat(target, &old_st) == 0 && (old_st.st_uid != geteuid() || old_st.st_gid != getegid())) {
+    int rc = fchown(fd, old_st.st_uid, old_st.st_gid); /* (refused for others: the saver owns the new file) */
+    (void)rc;
   }
   if (exists && fchmod(fd, mode & 07777) != 0) { /* keeping the old permissions is best effort */
   }

@@ -5,8 +5,11 @@
  * durable (fsync) and renames it over the target, so the old file stays whole until the new one is
  * complete. The target is the path, or the file its symbolic links lead to (the links stay links);
  * only a regular file (or a missing one) is ever replaced: a FIFO, a device, a socket or a directory
- * at the path is an error before anything is written. On any failure the temporary file is removed
- * and the path is left as it was. Errors are TG_ERR_IO, "fn: path: what".
+ * at the path is an error before anything is written, and so is a file this process may not write
+ * (as open(path, "w") would refuse it). The new file keeps the old one's permissions and, where the
+ * process may set them, its owner and group; a hard link to the old file keeps the old contents. On
+ * any failure the temporary file is removed and the path is left as it was. Errors are TG_ERR_IO,
+ * "fn: path: what".
  */
 #ifndef TG_SAVEFILE_H
 #define TG_SAVEFILE_H

@@ -153,6 +153,45 @@ TEST(safe_save_refuses_fifo) {
   CHECK(tg_live_count() == 0);
 }
 
+/* A file its owner made read-only is not replaced (Python's open(path, "wb"), which tinygrad's
+ * safe_save and torch.save use, refuses it; the rename only needed the directory's permission), and
+ * root saving over another user's file leaves it theirs. As root, the read-only case runs in a child
+ * that drops to nobody (root may write any file). */
+TEST(safe_save_read_only_and_owner) {
+  /* (a directory of its own in /tmp: the tests' directory is root's alone, which nobody cannot enter) */
+  char dir[512] = "/tmp/tg-test-ro-XXXXXX";
+  CHECK(mkdtemp(dir) != NULL && chmod(dir, 0777) == 0);
+  char path[600];
+  snprintf(path, sizeof path, "%s/w.safetensors", dir);
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) _exit(3);
+    tg_state_dict *sd = small_dict(0);
+    if (tg_safe_save(sd, path) != TG_OK || chmod(path, 0444) != 0) _exit(4);
+    tg_state_dict *sd2 = small_dict(5);
+    tg_status st = tg_safe_save(sd2, path);
+    bool said = tg_last_error() && strstr(tg_last_error(), "Permission denied (mode 444)") && strstr(tg_last_error(), "nothing was written");
+    bool kept = holds_dict(path, 0);
+    tg_state_dict_free(sd), tg_state_dict_free(sd2);
+    _exit(st == TG_ERR_IO && said && kept ? 0 : 5);
+  }
+  int status = 0;
+  CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+  CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
+  if (geteuid() == 0) {
+    /* root replacing nobody's file: the new file is still nobody's, with its mode */
+    CHECK(chmod(path, 0640) == 0 && chown(path, 65534, 65534) == 0);
+    tg_state_dict *sd = small_dict(7);
+    CHECK(tg_safe_save(sd, path) == TG_OK);
+    struct stat st;
+    CHECK(stat(path, &st) == 0 && st.st_uid == 65534 && st.st_gid == 65534 && (st.st_mode & 0777) == 0640);
+    CHECK(holds_dict(path, 7));
+    tg_state_dict_free(sd);
+  }
+  unlink(path);
+  CHECK(rmdir(dir) == 0); /* (empty: no temporary file left beside the target) */
+}
+
 TEST(safe_save_through_symlinks) {
   tg_state_dict *sd = small_dict(0);
   /* an absolute link to an existing file: the file gets the data, the link stays */

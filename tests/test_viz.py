@@ -51,11 +51,16 @@ def cl_available():
   return r.returncode == 0
 
 
-def run_child(env_extra, with_cl):
+def run_child(env_extra, with_cl, fsize=None):
   env = {k: v for k, v in os.environ.items() if k not in ("VIZ", "PROFILE", "VIZ_DIR", "PROFILE_PATH", "DEBUG")}
   env.update(env_extra)
   code = CHILD % (os.path.join(ROOT, "tests"), with_cl)
-  return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+  def limit():  # files of at most fsize bytes; a larger write fails (EFBIG) instead of killing the child
+    import resource, signal
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+  return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+                        preexec_fn=limit if fsize else None)
 
 
 PROFILE_DIR = None  # chromium's profile: a directory of the test's own (HOME may be unwritable)
@@ -86,6 +91,24 @@ def main():
           "results with VIZ=-1 and PROFILE=1 equal the results without")
     check(f"VIZ: wrote the page to {os.path.realpath(page)}/index.html" in viz.stderr, "the page's place is printed")
     check(f"PROFILE: wrote" in viz.stderr and trace in viz.stderr, "the trace's place is printed")
+    # a write that fails (a file size limit) leaves the previous trace and page whole, and says so
+    # (they were written in place: a cut trace of invalid JSON, a cut data.js); a FIFO at
+    # PROFILE_PATH is refused at exit (the process waited forever for a reader)
+    with open(trace, "rb") as f: old_trace = f.read()
+    with open(os.path.join(page, "data.js"), "rb") as f: old_data = f.read()
+    lim = run_child({"VIZ": "-1", "VIZ_DIR": page, "PROFILE": "1", "PROFILE_PATH": trace}, with_cl, fsize=1024)
+    with open(trace, "rb") as f: new_trace = f.read()
+    with open(os.path.join(page, "data.js"), "rb") as f: new_data = f.read()
+    check(new_trace == old_trace and new_data == old_data and "PROFILE: writing the trace failed" in lim.stderr and
+          "VIZ: cannot write the page" in lim.stderr, "a failed write keeps the old trace and page", lim.stderr[-600:])
+    json.loads(new_trace)
+    fifo = os.path.join(tmp, "trace.fifo")
+    os.mkfifo(fifo)
+    try:
+      ff = run_child({"PROFILE": "1", "PROFILE_PATH": fifo}, False)
+      check(ff.returncode == 0 and "is not a regular file (a FIFO)" in ff.stderr, "PROFILE_PATH naming a FIFO is refused", ff.stderr[-400:])
+    except subprocess.TimeoutExpired:
+      check(False, "PROFILE_PATH naming a FIFO is refused", "the child hung")
 
     # the kernel runs DEBUG=2 reported: "*** CPU      1 r_1_25   arg  2 ..."
     ran = re.findall(r"^\*\*\* (\S+)\s+\d+ (\S+)\s+arg", viz.stderr, re.M)

@@ -910,11 +910,34 @@ static char *page_data(void) {
 
 /* ---- PROFILE: the Chrome trace-event file -------------------------------------------------------- */
 
+/* The trace's destination: a new file in the temporary directory, or PROFILE_PATH through a
+ * SaveFile (a temporary file renamed over it: a failed write leaves the old trace whole; a FIFO or
+ * a directory there is refused, not waited on). */
+typedef struct {
+  FILE *f;
+  SaveFile sf;
+  bool save, ok;
+} ProfOut;
+
+static void prof_put(ProfOut *o, const char *p, size_t n) {
+  if (!o->ok) return;
+  if (o->save) o->ok = savefile_write(&o->sf, p, n) == TG_OK;
+  else o->ok = fwrite(p, 1, n, o->f) == n;
+}
+
 static void profile_write(void) {
   const char *path = getenv("PROFILE_PATH");
   char def[4096];
   FILE *f = NULL;
-  if (!path || !*path) {
+  ProfOut out = {.ok = true};
+  if (path && *path) {
+    if (savefile_open(&out.sf, "PROFILE", path) != TG_OK) {
+      fprintf(stderr, "PROFILE: cannot write the trace: %s (set PROFILE_PATH to a writable file)\n", tg_last_error());
+      tg_clear_error();
+      return;
+    }
+    out.save = true;
+  } else {
     /* a new file in the (shared) temporary directory: never one that is there already, so a link or
      * a FIFO planted at the predictable name is neither followed nor waited on */
     const char *tmp = getenv("TMPDIR");
@@ -926,14 +949,11 @@ static void profile_write(void) {
       if (fd < 0 && errno != EEXIST) break;
     }
     path = def;
-  } else {
-    f = fopen(path, "w");
-  }
-  if (!f) {
-    fprintf(stderr,
-            "PROFILE: cannot write the trace to PROFILE_PATH=%s: %s (set PROFILE_PATH to a writable file)\n",
-            path, strerror(errno));
-    return;
+    if (!f) {
+      fprintf(stderr, "PROFILE: cannot write the trace to %s: %s (set PROFILE_PATH to a writable file)\n", path, strerror(errno));
+      return;
+    }
+    out.f = f;
   }
   SB b;
   sb_init(&b);
@@ -990,7 +1010,7 @@ static void profile_write(void) {
     }
     events++;
     if (b.len > (1 << 20)) {
-      fwrite(b.s, 1, b.len, f);
+      prof_put(&out, b.s, b.len);
       b.len = 0;
       b.s[0] = 0;
     }
@@ -1000,19 +1020,29 @@ static void profile_write(void) {
     json_num(&b, mems[i].t * 1e6);
     sb_printf(&b, ", \"args\": {\"bytes\": %lld}}", (long long)mems[i].bytes);
     if (b.len > (1 << 20)) {
-      fwrite(b.s, 1, b.len, f);
+      prof_put(&out, b.s, b.len);
       b.len = 0;
       b.s[0] = 0;
     }
   }
 #undef SEP
   sb_puts(&b, "\n]}\n");
-  bool ok = fwrite(b.s, 1, b.len, f) == b.len;
-  ok = fclose(f) == 0 && ok;
+  prof_put(&out, b.s, b.len);
   sb_free(&b);
-  if (!ok) {
-    fprintf(stderr, "PROFILE: writing the trace to %s failed: %s\n", path, strerror(errno));
-    return;
+  bool ok = out.ok;
+  if (out.save) {
+    ok = ok && savefile_finish(&out.sf) == TG_OK && savefile_rename(&out.sf) == TG_OK;
+    if (!ok) fprintf(stderr, "PROFILE: writing the trace failed: %s\n", tg_last_error());
+    savefile_close(&out.sf);
+    tg_clear_error();
+    if (!ok) return;
+  } else {
+    int e = errno;
+    ok = fclose(out.f) == 0 && ok;
+    if (!ok) {
+      fprintf(stderr, "PROFILE: writing the trace to %s failed: %s\n", path, strerror(errno ? errno : e));
+      return;
+    }
   }
   fprintf(stderr,
           "PROFILE: wrote %ld kernel runs and copies%s to %s (open it in Perfetto or chrome://tracing)\n",

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "../helpers.h"
+#include "../savefile.h"
 
 extern char **environ;
 
@@ -124,8 +125,17 @@ static bool page_write(const VizPage *p, const char *dir, char *why, size_t whyl
   for (int i = 0; i < 4; i++) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, p->files[i].path);
-    if (!viz_write_file(path, p->files[i].data, p->files[i].len)) {
-      snprintf(why, whylen, "cannot write %s: %s", path, strerror(errno));
+    /* through a temporary file renamed over the old one: a failed write (a full disk, a file size
+     * limit) leaves the previous page's file whole, not cut short */
+    SaveFile sf;
+    tg_status st = savefile_open(&sf, "VIZ", path);
+    if (st == TG_OK) st = savefile_write(&sf, p->files[i].data, p->files[i].len);
+    if (st == TG_OK) st = savefile_finish(&sf);
+    if (st == TG_OK) st = savefile_rename(&sf);
+    savefile_close(&sf);
+    if (st != TG_OK) {
+      snprintf(why, whylen, "%s", tg_last_error());
+      tg_clear_error();
       return false;
     }
   }
