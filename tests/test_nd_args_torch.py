@@ -587,9 +587,15 @@ case("scaled_dot_product_attention with enable_gqa: values and gradients", _sdpa
 # =====================================================================================================
 # dtype arguments of matmul, dot, linear and einsum
 def _np_dot_dtype(x, w, dt):
-  """tinygrad's dot(dtype=): products in the operands' promoted dtype, then cast to dt and summed."""
+  """tinygrad 0.14's dot(dtype=): products in the operands' promoted dtype, then cast to dt and summed --
+  except where dt is a wider integer, or float32/float64 for 8- and 16-bit floats: those products are exact
+  (the operands widened first; measured on tinygrad 0.14: int8 dot dtype=int32 does not wrap, float16 dot
+  dtype=float32 equals the float32 product of the widened operands)."""
   w2 = w if w.ndim >= 2 else w[:, None]
-  p = (x[..., :, None] * w2)  # (..., k, m) in the promoted dtype (numpy rounds / wraps per element like the kernel)
+  src, to = np.result_type(x, w2), np.dtype(dt)
+  wide = (src.kind in "iu" and to.kind in "iu" and to.itemsize > src.itemsize) or \
+         (src.kind == "f" and src.itemsize <= 2 and to.kind == "f" and to.itemsize >= 4)
+  p = (x.astype(dt)[..., :, None] * w2.astype(dt)) if wide else (x[..., :, None] * w2)  # (..., k, m)
   r = p.astype(dt).sum(-2, dtype=dt)
   return r if w.ndim >= 2 else r[..., 0]
 
@@ -604,11 +610,18 @@ def _matmul_dtype():
       r = W(call(name, Tensor(x).h, Tensor(w).h, tdt))
       assert r.dtype == tdt, (name, r.dtype)
       close(r.numpy(), _np_dot_dtype(x, w, ndt), atol=1e-6, rtol=1e-6, what=f"{name} {xs} {ws} {sdt}")
-  # integers: the int8 products wrap in int8 (tinygrad multiplies in the operands' dtype), the sum is int32
+  # integers: int8 products summed as int32 are exact (they wrapped in int8; tinygrad 0.14 gives the exact sums)
   x, w = RNG.integers(-100, 100, (4, 6)).astype(np.int8), RNG.integers(-100, 100, (6, 3)).astype(np.int8)
   r = W(call("matmul_dtype", Tensor(x).h, Tensor(w).h, tg.INT32))
   assert r.dtype == tg.INT32
+  close(r.numpy(), x.astype(np.int32) @ w.astype(np.int32))
   close(r.numpy(), _np_dot_dtype(x, w, np.int32))
+  # and so does an int8 convolution summed as int32 (tinygrad 0.14: the exact sums)
+  xc, wc = RNG.integers(-100, 100, (1, 3, 5, 5)).astype(np.int8), RNG.integers(-100, 100, (2, 3, 3, 3)).astype(np.int8)
+  opts = ConvOpts(1, (1, 1), (1, 1), (0, 0, 0, 0), 0, tg.INT32)
+  r = W(lib.tg_conv2d(Tensor(xc).h, Tensor(wc).h, NONE_T, ctypes.byref(opts)))
+  assert r.dtype == tg.INT32
+  close(r.numpy(), F.conv2d(torch.tensor(xc, dtype=torch.float64), torch.tensor(wc, dtype=torch.float64)).numpy())
   r = W(call("matmul_dtype", Tensor(x[0]).h, Tensor(w).h, tg.INT8))  # 1-d @ 2-d keeps the 1-d shape
   assert r.dtype == tg.INT8 and r.shape == (3,), (r.dtype, r.shape)
   close(r.numpy(), _np_dot_dtype(x[0], w, np.int8))
@@ -654,7 +667,8 @@ def _einsum_dtype():
   a, b = rnd(2, 3, 4).astype(np.float16), rnd(2, 4, 5).astype(np.float16)
   r = einsum_dtype("bij,bjk->bki", [Tensor(a), Tensor(b)], tg.FLOAT32)
   assert r.dtype == tg.FLOAT32
-  ref = (a[:, :, :, None] * b[:, None, :, :]).astype(np.float32).sum(2).transpose(0, 2, 1)
+  # (float16 products into float32 are exact, as tinygrad 0.14's)
+  ref = (a.astype(np.float32)[:, :, :, None] * b.astype(np.float32)[:, None, :, :]).sum(2).transpose(0, 2, 1)
   close(r.numpy(), ref, atol=1e-6)
   r = einsum_dtype("ij->ji", [Tensor(rnd(2, 3))], tg.FLOAT64)  # no summation: a cast
   assert r.dtype == tg.FLOAT64

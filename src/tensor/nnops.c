@@ -1346,6 +1346,26 @@ static tg_dtype conv_out_dtype(tg_dtype sum_dtype, tg_dtype dt) {
   return tg_dtype_is_float(dt) ? dt : dtype_sum_acc(dt);
 }
 
+/* A convolution whose sum dtype is wider than its products are exact in (dot_products_dtype: int8
+ * operands summed as int32, 16-bit floats as float32) runs on operands widened first, so no product
+ * wraps or rounds, as tinygrad 0.14's (measured: int8 conv2d dtype=int32 equals the exact sums).
+ * conv(x, w, bias, dtype, ctx) is the convolution itself. */
+typedef tg_tensor (*ConvFn)(tg_tensor x, tg_tensor w, tg_tensor bias, tg_dtype dtype, void *ctx);
+static bool conv_exact_products(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, UOp *a, UOp *w, tg_dtype sdt,
+                                ConvFn conv, void *ctx, tg_tensor *out) {
+  tg_dtype dt = tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)w->dtype), pd = dot_products_dtype(dt, sdt);
+  if (sdt == TG_DTYPE_DEFAULT || pd == dt) return false;
+  OpScope o = op_scope_begin(fn);
+  *out = op_scope_done(o, conv(tg_cast(x, pd), tg_cast(weight, pd), bias, sdt, ctx));
+  return true;
+}
+
+static tg_tensor conv2d_opts_fn(tg_tensor x, tg_tensor w, tg_tensor bias, tg_dtype dtype, void *opts) {
+  tg_conv2d_opts co = *(const tg_conv2d_opts *)opts;
+  co.dtype = dtype;
+  return tg_conv2d(x, w, bias, &co);
+}
+
 /* The convolution's sum of products: tg_sum, or with a dtype tinygrad's sum(dtype=) (cast, then summed
  * in dtype) */
 static tg_tensor conv_sum(tg_tensor prod, const int *axes, int naxes, bool keepdim, tg_dtype dtype) {
@@ -1361,6 +1381,8 @@ tg_tensor tg_conv2d(tg_tensor x, tg_tensor weight, tg_tensor bias, const tg_conv
   if (bias.id && !(b = t_get(bias, fn))) return NONE;
   tg_dtype sdt;
   if (!conv_sum_dtype(fn, opts->dtype, tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)w->dtype), &sdt)) return NONE;
+  tg_tensor wide;
+  if (conv_exact_products(fn, x, weight, bias, a, w, sdt, conv2d_opts_fn, (void *)opts, &wide)) return wide;
   if (a->ndim == w->ndim && w->ndim >= 3 && w->ndim != 4 && w->ndim - 2 <= TG_WINDOW_MAXDIMS) {
     /* tinygrad's conv2d takes any number of spatial dims; a (y, x) pair option only carries one value
      * per dim here when it is uniform */
@@ -1603,12 +1625,22 @@ static tg_tensor conv_nd_nobias(tg_tensor x, tg_tensor w, tg_dtype dtype, void *
   return conv_nd_resolved(c->fn, x, w, (tg_tensor){0}, c->groups, c->s, c->d, c->pads, dtype);
 }
 
+static tg_tensor conv_nd_dtype_fn(tg_tensor x, tg_tensor w, tg_tensor bias, tg_dtype dtype, void *ctx) {
+  const ConvNdArgs *c = ctx;
+  return conv_nd_resolved(c->fn, x, w, bias, c->groups, c->s, c->d, c->pads, dtype);
+}
+
 tg_tensor conv_nd_resolved(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, int64_t groups,
                            const int64_t *s, const int64_t *d, const int64_t *pads, tg_dtype dtype) {
   UOp *a = t_get(x, fn), *w = a ? t_get(weight, fn) : NULL, *b = NULL;
   if (!a || !w) return NONE;
   if (bias.id && !(b = t_get(bias, fn))) return NONE;
   if (!conv_sum_dtype(fn, dtype, tg_dtype_promote((tg_dtype)a->dtype, (tg_dtype)w->dtype), &dtype)) return NONE;
+  {
+    ConvNdArgs ca0 = {fn, groups, s, d, pads};
+    tg_tensor wide;
+    if (conv_exact_products(fn, x, weight, bias, a, w, dtype, conv_nd_dtype_fn, &ca0, &wide)) return wide;
+  }
   if (!conv_shapes_ok(fn, a, w, b, groups)) return NONE;
   int nsp = w->ndim - 2;
   int64_t sp[TG_WINDOW_MAXDIMS], k[TG_WINDOW_MAXDIMS];

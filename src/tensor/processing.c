@@ -831,6 +831,11 @@ static tg_tensor einsum_impl(const char *fn, const char *formula, const tg_tenso
       }
       if (nd > 1) x = tg_permute(x, perm, nd);
       x = tg_reshape(x, sh, na);
+      /* exact products where dtype= is wider (dot_products_dtype): the operands widened first */
+      if (dtype != TG_DTYPE_DEFAULT) {
+        tg_dtype pd = dot_products_dtype(tg_dtype_of(x), dtype);
+        if (pd != tg_dtype_of(x)) x = tg_cast(x, pd);
+      }
       prod = i == 0 ? x : tg_mul(prod, x);
     }
     int red[MAXD], nr = 0;
