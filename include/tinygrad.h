@@ -1305,7 +1305,7 @@ tg_tensor tg_idx_load(const char *path);
  * uint8, *X_test (10000, 1, 28, 28), *Y_test (10000,), new handles in the current scope. `dir` holds
  * train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and
  * t10k-labels-idx1-ubyte, each optionally with .gz (any image count N works, as long as images and
- * labels agree). dir NULL with fashion = true reads Fashion-MNIST from Debian's dataset-fashion-mnist
+ * labels agree, and every label is a class 0..9: another value is TG_ERR_IO naming it). dir NULL with fashion = true reads Fashion-MNIST from Debian's dataset-fashion-mnist
  * package (/usr/share/datasets/fashion-mnist); the original MNIST has no Debian package, so dir NULL
  * with fashion = false is an error asking for a directory. On error all four outputs are none. */
 tg_status tg_mnist_load(const char *dir, bool fashion, tg_tensor *X_train, tg_tensor *Y_train, tg_tensor *X_test,

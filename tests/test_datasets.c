@@ -430,6 +430,22 @@ TEST(mnist_errors) {
   CHECK_STR_CONTAINS(tg_last_error(), "3 images but train-labels-idx1-ubyte has 4 labels");
   CHECK(!X.id && !Y.id && !Xt.id && !Yt.id);
   CHECK(tg_live_count() == 0);
+  /* a label that is not a digit (it trained silently to a loss of 0) */
+  {
+    char d2[512], lp[600];
+    snprintf(d2, sizeof d2, "%s/mnist_label", tmpdir());
+    write_mnist_dir(d2, 3, 3, false);
+    uint8_t buf[64], lab[2] = {4, 200};
+    uint32_t d1[1] = {2};
+    size_t n = make_idx(buf, 0x08, 1, d1, lab, 1, 2);
+    snprintf(lp, sizeof lp, "%s/t10k-labels-idx1-ubyte", d2);
+    write_file(lp, buf, n, false);
+    tg_clear_error();
+    CHECK(tg_mnist_load(d2, false, &X, &Y, &Xt, &Yt) == TG_ERR_IO);
+    CHECK_STR_CONTAINS(tg_last_error(), "t10k-labels-idx1-ubyte: label 200 at index 1 is not a class 0..9");
+    CHECK(!X.id && !Y.id && !Xt.id && !Yt.id);
+    CHECK(tg_live_count() == 0);
+  }
   /* a missing file */
   snprintf(p, sizeof p, "%s/t10k-labels-idx1-ubyte", dir);
   unlink(p);

@@ -392,6 +392,18 @@ tg_status tg_mnist_load(const char *dir, bool fashion, tg_tensor *X_train, tg_te
                         names[i], tg_dim(t[i], 0), names[i + 1], tg_dim(t[i + 1], 0));
     }
   }
+  /* MNIST's labels are digits (Fashion-MNIST's ten classes): a file holding another value is not
+   * MNIST, and a label past the classifier's outputs would train silently to a loss of 0 */
+  for (int i = 1; i < 4 && st == TG_OK; i += 2) {
+    int64_t n = tg_numel(t[i]);
+    uint8_t *lab = tg_xmalloc((size_t)(n ? n : 1));
+    st = tg_data(t[i], lab, (size_t)n);
+    for (int64_t j = 0; j < n && st == TG_OK; j++)
+      if (lab[j] > 9)
+        st = tg_set_error(TG_ERR_IO, "tg_mnist_load: %s: %s: label %d at index %" PRId64 " is not a class 0..9 (not an MNIST label file)",
+                          dir, names[i], lab[j], j);
+    free(lab);
+  }
   for (int i = 0; i < 4 && st == TG_OK; i += 2) { /* (N, H, W) -> (N, 1, H, W) */
     int64_t shape[4] = {tg_dim(t[i], 0), 1, tg_dim(t[i], 1), tg_dim(t[i], 2)};
     tg_tensor r = tg_reshape(t[i], shape, 4);
