@@ -932,7 +932,8 @@ static void profile_write(void) {
   ProfOut out = {.ok = true};
   if (path && *path) {
     if (savefile_open(&out.sf, "PROFILE", path) != TG_OK) {
-      fprintf(stderr, "PROFILE: cannot write the trace: %s (set PROFILE_PATH to a writable file)\n", tg_last_error());
+      fprintf(stderr, "PROFILE: cannot write the trace to PROFILE_PATH=%s (%s; set PROFILE_PATH to a writable file)\n", path,
+              tg_last_error());
       tg_clear_error();
       return;
     }

@@ -125,17 +125,25 @@ static bool page_write(const VizPage *p, const char *dir, char *why, size_t whyl
   for (int i = 0; i < 4; i++) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, p->files[i].path);
-    /* through a temporary file renamed over the old one: a failed write (a full disk, a file size
-     * limit) leaves the previous page's file whole, not cut short */
-    SaveFile sf;
-    tg_status st = savefile_open(&sf, "VIZ", path);
-    if (st == TG_OK) st = savefile_write(&sf, p->files[i].data, p->files[i].len);
-    if (st == TG_OK) st = savefile_finish(&sf);
-    if (st == TG_OK) st = savefile_rename(&sf);
-    savefile_close(&sf);
-    if (st != TG_OK) {
-      snprintf(why, whylen, "%s", tg_last_error());
-      tg_clear_error();
+    /* only a regular file is replaced (a link planted in a shared directory is not written
+     * through), and through a new temporary file renamed over it: a failed write (a full disk, a
+     * file size limit) leaves the previous page's file whole, not cut short. (A link planted after
+     * the check is replaced by the rename, never followed.) */
+    struct stat ps;
+    if (lstat(path, &ps) == 0 && !S_ISREG(ps.st_mode)) {
+      snprintf(why, whylen, "cannot write %s: it is %s, not a regular file", path, file_kind(ps.st_mode));
+      return false;
+    }
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%ld", dir, p->files[i].path, (long)getpid());
+    int fd = file_create_new(tmp, 0644);
+    bool ok = fd >= 0 && fd_write_all(fd, p->files[i].data, p->files[i].len);
+    int e = errno;
+    if (fd >= 0 && close(fd) != 0 && ok) ok = false, e = errno;
+    if (ok && rename(tmp, path) != 0) ok = false, e = errno;
+    if (!ok) {
+      if (fd >= 0) unlink(tmp);
+      snprintf(why, whylen, "cannot write %s: %s (the previous file, if any, is kept)", path, strerror(e));
       return false;
     }
   }
