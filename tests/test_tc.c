@@ -423,6 +423,15 @@ TEST(tc_cuda_null_heuristics_nvrtc_ptxas) {
         }
         free(ptx);
       }
+      /* sm_90 where wgmma may not be used (an NVRTC before 12.0, or code for sm_90 on a newer GPU):
+       * mma.sync, as on sm_80 */
+      if (kc && want && sm == 90) {
+        DeviceCaps nowg = caps;
+        nowg.wgmma = false;
+        KernelCode *km = last_kernel(x, &nowg, NULL);
+        CHECK(km && first_is_tc(km) && strstr(km->src, "mma.sync.aligned") && !strstr(km->src, "wgmma"));
+        kernel_code_free(km);
+      }
       /* a device known to be older than sm_80: neither the heuristics nor a forced TC */
       if (kc && want) {
         DeviceCaps old = caps;

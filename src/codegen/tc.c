@@ -88,7 +88,7 @@ static int tc_for(const DeviceCaps *caps, tg_dtype in, const TensorCore **out) {
   bool cuda = caps->lang == LANG_CUDA;
   for (int pass = 0; pass < 2; pass++) {
     bool wg = cuda ? pass == 0 : pass == 1;
-    if (wg && cuda && caps->sm != 90) continue; /* (wgmma is sm_90a's alone: Blackwell has none) */
+    if (wg && cuda && (caps->sm != 90 || !caps->wgmma)) continue; /* (sm_90a's alone: Blackwell has none) */
     for (int i = 0; i < NTCS; i++)
       if (TCS[i].in == in && TCS[i].wg == wg && (sel < 0 || sel == i)) out[n++] = &TCS[i];
   }

@@ -1016,6 +1016,18 @@ static void emit_tc_wg(R *r, const LKernel *k, bool cuda) {
       if (tc->per_reg == 2) sb_printf(r->b, "(unsigned int)%s(%s) | ((unsigned int)%s(%s) << 16);\n", bits, nm(r, k->tc_frag[f]), bits, nm(r, k->tc_frag[f + 1]));
       else sb_printf(r->b, "%s(%s);\n", bits, nm(r, k->tc_frag[f]));
     }
+    /* the registers the instruction reads and writes are fenced as its operands (CUTLASS's
+     * warpgroup_fence_operand): the ISA leaves a register access between wgmma.fence and the
+     * wgmma that uses it undefined, and the compiler would otherwise move the accumulators' first
+     * zeroing or the A packing there */
+    for (int c = 0; c < k->ncopy; c++) {
+      ind(r);
+      sb_printf(r->b, "asm volatile(\"\" : \"+f\"(acc%d) :: \"memory\");\n", c);
+    }
+    for (int f = 0; f < um * tc->na; f += tc->per_reg) {
+      ind(r);
+      sb_printf(r->b, "asm volatile(\"\" : \"+r\"(tg_a%d) :: \"memory\");\n", f / tc->per_reg);
+    }
     ind(r);
     sb_puts(r->b, "asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n");
     int nd = un * tc->nc; /* accumulators of one instruction */
@@ -1038,6 +1050,10 @@ static void emit_tc_wg(R *r, const LKernel *k, bool cuda) {
     sb_puts(r->b, "asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n");
     ind(r);
     sb_puts(r->b, "asm volatile(\"wgmma.wait_group.sync.aligned 0;\" ::: \"memory\");\n");
+    for (int c = 0; c < k->ncopy; c++) {
+      ind(r);
+      sb_printf(r->b, "asm volatile(\"\" : \"+f\"(acc%d) :: \"memory\");\n", c);
+    }
     return;
   }
   for (int f = 0; f < um * tc->na; f++) {
@@ -1979,9 +1995,17 @@ char *render_kernel(const LKernel *k, const char *name, int lang) {
      * block then takes several. Every work-item of a block makes the same number of steps (the
      * block divides the launch), so a barrier inside stays uniform. */
     for (int d = 2; cuda && d >= 1; d--)
-      if (gsz[d] > 1)
-        sb_printf(&out, "  for (long tg_gid%d = %s; tg_gid%d < %lldL; tg_gid%d += (long)gridDim.%c * (long)blockDim.%c)\n", d, L->gid[d], d,
-                  (long long)gsz[d], d, "xyz"[d], "xyz"[d]);
+      if (gsz[d] > 1) {
+        /* a tensor-core kernel's blocks are one warp(group) along x alone: its ids along y and z are
+         * the block's, which ptxas then sees are uniform (threadIdx.y in them made it serialize a
+         * warpgroup's consecutive wgmmas as if in a divergent path) */
+        if (k->tc)
+          sb_printf(&out, "  for (long tg_gid%d = (long)blockIdx.%c; tg_gid%d < %lldL; tg_gid%d += (long)gridDim.%c)\n", d, "xyz"[d], d,
+                    (long long)gsz[d], d, "xyz"[d]);
+        else
+          sb_printf(&out, "  for (long tg_gid%d = %s; tg_gid%d < %lldL; tg_gid%d += (long)gridDim.%c * (long)blockDim.%c)\n", d, L->gid[d],
+                    d, (long long)gsz[d], d, "xyz"[d], "xyz"[d]);
+      }
     if (cuda && (gsz[1] > 1 || gsz[2] > 1)) sb_puts(&out, "  {\n");
   } else {
     sb_printf(&out, "void %s(void **restrict bufs, long long gstart, long long gend) {\n", name);

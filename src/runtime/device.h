@@ -48,6 +48,9 @@ typedef struct DeviceCaps {
   int max_dims;              /* global dimensions (3 for OpenCL) */
   int sm;                    /* (CUDA) the compute capability, 80 for sm_80; 0: unknown. Tensor cores
                               * (TC) need 80; the heuristics choose them only where it is known */
+  bool wgmma;                /* (CUDA) Hopper's warpgroup MMA may be used: code is compiled for sm_90
+                              * itself, for a GPU that is sm_90 (sm_90a runs nowhere else), by an
+                              * NVRTC of 12.0 or later (the first with sm_90a) */
   int64_t image_max_w, image_max_h; /* 2-D image limits in texels (images only) */
   int vec_bytes;             /* (CPU) width of the widest SIMD register the kernels may use, in bytes:
                               * 64 with AVX-512, 32 with AVX2, 16 with SSE or NEON; 0: unknown (as 64) */

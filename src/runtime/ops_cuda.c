@@ -309,6 +309,7 @@ static bool pick_target(CuState *s, const char *arch) {
   s->caps.sm = want; /* what codegen may use (tensor cores from sm_80) */
   int major, minor;
   nvrtc_version(&major, &minor);
+  s->caps.wgmma = t == 90 && s->sm == 90 && major >= 12;
   snprintf(s->id, sizeof s->id, "nvrtc-%d.%d-sm_%d-%s", major, minor, t, s->cubin ? "cubin" : "ptx");
   return true;
 }

@@ -41,6 +41,9 @@ static void nullcuda_close(void *state) { free(state); }
 static void nullcuda_caps(void *state, DeviceCaps *c) {
   memset(c, 0, sizeof *c);
   c->sm = ((NullCuda *)state)->sm;
+  int major, minor;
+  nvrtc_version(&major, &minor);
+  c->wgmma = c->sm == 90 && major >= 12; /* (compile-only: "the GPU" is the arch named) */
   c->lang = LANG_CUDA;
   c->gpu = true;
   c->fp16 = c->fp64 = true;
