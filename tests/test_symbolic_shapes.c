@@ -1138,6 +1138,38 @@ TEST(jit_prefill_symbolic_region) {
   CHECK(tg_live_count() == 0);
 }
 
+static tg_status f_affine(const tg_tensor *in, int nin, const double *a, int na, tg_tensor *out, int nout, void *u) {
+  (void)nin, (void)a, (void)na, (void)nout, (void)u;
+  out[0] = tg_add_s(tg_mul_s(in[0], 2), 1);
+  return TG_OK;
+}
+
+/* the messages of a negative nvars, of a concrete input where a symbolic one was captured (both
+ * printed as (7, 3) before), and of a symbolic size given to a creation function (its raw code) */
+TEST(jit_and_creation_messages) {
+  tg_scope_begin();
+  tg_symvar q = tg_variable("q", 0, 16);
+  tg_tensor x = tg_contiguous(tg_zeros(TG_SHAPE(16, 3), NULL));
+  CHECK(tg_realize(x) == TG_OK);
+  tg_jit *j = tg_jit_new(f_affine, 1, NULL);
+  tg_symvar b = tg_var_bind(q, 7);
+  tg_tensor in = tg_shrink(x, TG_SHAPE(0, tg_sym(b, 0), 0, 3)), o;
+  for (int c = 0; c < 3; c++) CHECK(tg_jit_call_vars(j, &in, 1, &b, 1, NULL, 0, &o) == TG_OK);
+  CHECK(tg_jit_call_vars(j, &in, 1, &b, -1, NULL, 0, &o) == TG_ERR_INVALID);
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_jit_call_vars: nvars=-1 is negative");
+  tg_clear_error();
+  tg_tensor y = tg_contiguous(tg_zeros(TG_SHAPE(7, 3), NULL));
+  CHECK(tg_realize(y) == TG_OK);
+  CHECK(tg_jit_call_vars(j, &y, 1, &b, 1, NULL, 0, &o) == TG_ERR_INVALID);
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_jit_call_vars: input 0 is float (7, 3) on CPU, but was float (q, 3) on CPU when captured (a symbolic dim");
+  tg_clear_error();
+  CHECK(!tg_valid(tg_zeros(TG_SHAPE(tg_sym(b, 0)), NULL)));
+  CHECK_STR_CONTAINS(tg_last_error(), "tg_zeros: dimension 0 is symbolic");
+  tg_clear_error();
+  tg_jit_free(j);
+  tg_scope_end();
+}
+
 TEST(errors) {
   tg_scope_begin();
   tg_symvar v = tg_variable("len", 1, 10);

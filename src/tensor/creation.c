@@ -59,6 +59,11 @@ static bool check_shape(const char *fn, const int64_t *shape, int ndim, int64_t 
   }
   for (int i = 0; i < ndim; i++) {
     char b[256];
+    if (shape[i] < 0 && sym_is_code(shape[i])) {
+      tg_set_error(TG_ERR_INVALID, "%s: dimension %d is symbolic (a tg_sym size); this function makes concrete shapes: make the "
+                   "variable's largest size and tg_shrink it to the variable", fn, i);
+      return false;
+    }
     if (shape[i] < 0) {
       tg_set_error(TG_ERR_INVALID, "%s: negative dimension %lld in shape %s", fn, (long long)shape[i], fmt_shape(b, sizeof b, shape, ndim));
       return false;

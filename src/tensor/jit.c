@@ -220,6 +220,25 @@ static Sig sig_of(UOp *u) {
 
 /* Same dtype, device and shape; a symbolic dim must be the same variable + offset (any value), and
  * the buffer behind a symbolic view the same shape past its first dim (which no index reads). */
+/* A shape for messages: "(7, 3)", a symbolic dim by its variable's name ("(q, 3)", "(q+1, 3)"). */
+static const char *shape_text(char *buf, size_t n, const int64_t *shape, const int64_t *sym, int ndim) {
+  size_t o = 0;
+  o += (size_t)snprintf(buf + o, n - o, "(");
+  for (int d = 0; d < ndim && o < n; d++) {
+    SymDim v;
+    const char *name = "?";
+    if (sym && sym_decode(sym[d], &v)) {
+      var_info(v.var, &name, NULL, NULL);
+      if (v.offset) o += (size_t)snprintf(buf + o, n - o, "%s%s%+lld", d ? ", " : "", name, (long long)v.offset);
+      else o += (size_t)snprintf(buf + o, n - o, "%s%s", d ? ", " : "", name);
+    } else {
+      o += (size_t)snprintf(buf + o, n - o, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    }
+  }
+  if (o < n) snprintf(buf + o, n - o, ndim == 1 ? ",)" : ")");
+  return buf;
+}
+
 static bool sig_eq(const Sig *s, UOp *u) {
   if (s->dtype != (tg_dtype)u->dtype || s->device != u->device || s->ndim != u->ndim) return false;
   UOp *b = NULL;
@@ -594,10 +613,14 @@ static tg_status replay(tg_jit *j, const tg_tensor *in, int nin, Buffer **bufs, 
     UOp *u = t_get(in[i], "tg_jit_call");
     if (!sig_eq(&j->in_sig[i], u)) {
       char a[256], b[256];
-      return tg_set_error(TG_ERR_INVALID, "tg_jit_call: input %d is %s %s on %s, but was %s %s on %s when captured", i,
-                          tg_dtype_name((tg_dtype)u->dtype), fmt_shape(a, sizeof a, u->shape, u->ndim), device_by_id(u->device)->name,
-                          tg_dtype_name(j->in_sig[i].dtype), fmt_shape(b, sizeof b, j->in_sig[i].shape, j->in_sig[i].ndim),
-                          device_by_id(j->in_sig[i].device)->name);
+      UOp *base = NULL;
+      bool usym = sym_view(u, &base);
+      const Sig *c = &j->in_sig[i];
+      return tg_set_error(TG_ERR_INVALID, "%s: input %d is %s %s on %s, but was %s %s on %s when captured%s", cv->n ? "tg_jit_call_vars" : "tg_jit_call", i,
+                          tg_dtype_name((tg_dtype)u->dtype), shape_text(a, sizeof a, u->shape, usym ? u->sym : NULL, u->ndim),
+                          device_by_id(u->device)->name, tg_dtype_name(c->dtype), shape_text(b, sizeof b, c->shape, c->sym, c->ndim),
+                          device_by_id(c->device)->name,
+                          c->sym && !usym ? " (a symbolic dim takes a tensor with that variable's dim: a tg_shrink to it, not a concrete size)" : "");
     }
   }
   if (nargs != j->nargs) return tg_set_error(TG_ERR_INVALID, "tg_jit_call: called with %d non-tensor arguments, captured with %d", nargs, j->nargs);
@@ -677,7 +700,8 @@ tg_status tg_jit_call(tg_jit *j, const tg_tensor *in, int nin, const double *arg
 tg_status tg_jit_call_vars(tg_jit *j, const tg_tensor *in, int nin, const tg_symvar *vars, int nvars, const double *args,
                            int nargs, tg_tensor *out) {
   if (!j) return tg_set_error(TG_ERR_INVALID, "tg_jit_call: jit is NULL");
-  if (nvars < 0 || (nvars && !vars)) return tg_set_error(TG_ERR_INVALID, "tg_jit_call_vars: vars is NULL with nvars=%d", nvars);
+  if (nvars < 0) return tg_set_error(TG_ERR_INVALID, "tg_jit_call_vars: nvars=%d is negative", nvars);
+  if (nvars && !vars) return tg_set_error(TG_ERR_INVALID, "tg_jit_call_vars: vars is NULL with nvars=%d", nvars);
   CallVars cv = {NULL, NULL, 0};
   if (nvars) {
     cv.idx = tg_xmalloc(sizeof(int) * (size_t)nvars);
