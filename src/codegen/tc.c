@@ -105,9 +105,9 @@ typedef struct {
 static bool tiles_fit(int64_t n, int64_t t, bool pad) { return n > 0 && (n % t == 0 || pad); }
 static int64_t padded(int64_t n, int64_t t) { return (n + t - 1) / t * t; }
 
-/* The i-th way k runs on a tensor core (ways are counted innermost column axis first, then row
- * axis, then reduce axis, then which operand is A); returns how many there are when i < 0 or i is
- * past them. */
+/* The i-th way k runs on a tensor core (ways are counted per instruction in the device's order,
+ * tc_for, then innermost column axis first, then row axis, then reduce axis, then which operand is
+ * A); returns how many there are when i < 0 or i is past them. */
 static int tc_ways(const LKernel *k, const DeviceCaps *caps, int i, TcWay *out, bool pad) {
   if (!caps || !k->gpu || (caps->lang != LANG_CUDA && caps->lang != LANG_OPENCL) || (caps->lang == LANG_CUDA && caps->sm && caps->sm < 80))
     return 0;
@@ -124,23 +124,23 @@ static int tc_ways(const LKernel *k, const DeviceCaps *caps, int i, TcWay *out, 
   const TensorCore *tcs[NTCS];
   int ntc = tc_for(caps, (tg_dtype)la->dtype, tcs), n = 0;
   for (int ti = 0; ti < ntc; ti++) {
-  const TensorCore *tc = tcs[ti];
-  if (caps->max_local < TC_LANES(tc) || caps->max_local_dims[0] < TC_LANES(tc)) continue;
-  for (int kr = k->nr - 1; kr >= 0; kr--) {
-    UOp *rk = k->rranges[kr];
-    if (rk->nsrc || !tiles_fit(rk->iarg[0], tc->k, pad) || !uop_depends_on(la, rk) || !uop_depends_on(lb, rk)) continue;
-    for (int gn = k->ng - 1; gn >= 0; gn--)
-      for (int gm = k->ng - 1; gm >= 0; gm--) {
-        UOp *rm = k->granges[gm], *rn = k->granges[gn];
-        if (gm == gn || rm->nsrc || rn->nsrc || !tiles_fit(rm->iarg[0], tc->m, pad) || !tiles_fit(rn->iarg[0], tc->n, pad)) continue;
-        for (int sw = 0; sw < 2; sw++) {
-          UOp *a = mul->src[sw], *b = mul->src[1 - sw];
-          if (!uop_depends_on(a, rm) || uop_depends_on(a, rn) || !uop_depends_on(b, rn) || uop_depends_on(b, rm)) continue;
-          if (n == i && out) *out = (TcWay){tc, gm, gn, kr, a, b};
-          n++;
+    const TensorCore *tc = tcs[ti];
+    if (caps->max_local < TC_LANES(tc) || caps->max_local_dims[0] < TC_LANES(tc)) continue;
+    for (int kr = k->nr - 1; kr >= 0; kr--) {
+      UOp *rk = k->rranges[kr];
+      if (rk->nsrc || !tiles_fit(rk->iarg[0], tc->k, pad) || !uop_depends_on(la, rk) || !uop_depends_on(lb, rk)) continue;
+      for (int gn = k->ng - 1; gn >= 0; gn--)
+        for (int gm = k->ng - 1; gm >= 0; gm--) {
+          UOp *rm = k->granges[gm], *rn = k->granges[gn];
+          if (gm == gn || rm->nsrc || rn->nsrc || !tiles_fit(rm->iarg[0], tc->m, pad) || !tiles_fit(rn->iarg[0], tc->n, pad)) continue;
+          for (int sw = 0; sw < 2; sw++) {
+            UOp *a = mul->src[sw], *b = mul->src[1 - sw];
+            if (!uop_depends_on(a, rm) || uop_depends_on(a, rn) || !uop_depends_on(b, rn) || uop_depends_on(b, rm)) continue;
+            if (n == i && out) *out = (TcWay){tc, gm, gn, kr, a, b};
+            n++;
+          }
         }
-      }
-  }
+    }
   }
   return n;
 }
