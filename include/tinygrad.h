@@ -475,10 +475,10 @@ tg_tensor tg_sequential(tg_tensor x, const tg_layer_fn *fns, void *const *ctxs, 
 tg_tensor tg_matmul(tg_tensor x, tg_tensor y);
 /* tinygrad's matmul(dtype=) / dot(dtype=): the elementwise products (in the promoted dtype) are cast
  * to dtype and summed there, and the result has dtype (float16 sums accumulate in float32 inside the
- * kernel and round once, as tg_sum does). Where dtype is wider than a product is exact in (integers
- * into a wider integer, 8- and 16-bit floats into float32 or float64) the operands are widened
- * first, so no product wraps or rounds, as tinygrad 0.14 computes (int8 operands with TG_INT32 give
- * the exact sums). TG_DTYPE_DEFAULT is the plain op. */
+ * kernel and round once, as tg_sum does). Where dtype is one the products should not wrap or round
+ * before (integers into a wider integer or any float, 8- and 16-bit floats into float32 or float64)
+ * the operands are widened to dtype first, as tinygrad 0.14 computes (int8 operands with TG_INT32 or
+ * TG_FLOAT32 give the exact sums). TG_DTYPE_DEFAULT is the plain op. */
 tg_tensor tg_matmul_dtype(tg_tensor x, tg_tensor y, tg_dtype dtype);
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -570,9 +570,9 @@ typedef struct {
 /* 2-D convolution (cross-correlation, as torch): x (batch, cin, H, W), weight (cout, cin/groups, kh,
  * kw), bias (cout,) or {0}. Windows are views of x (no im2col buffer): the convolution is one fused
  * reduce kernel. opts->dtype is tinygrad's conv2d(dtype=), the dtype of the final sum: the products
- * are made in the operands' promoted dtype, cast to dtype and summed there, except that a dtype wider
- * than the products are exact in widens the operands first (as tg_matmul_dtype: an int8 convolution
- * with dtype TG_INT32 makes exact products and sums them in int32), and the result
+ * are made in the operands' promoted dtype, cast to dtype and summed there, except that a dtype the
+ * products should not wrap or round before widens the operands first (as tg_matmul_dtype: an int8
+ * convolution with dtype TG_INT32 makes exact products and sums them in int32), and the result
  * has dtype (then promoted with the bias's). float16 / bfloat16 operands computed in float32 (the
  * CPU) make exact products. TG_DTYPE_DEFAULT is the plain convolution: a float result has the
  * operands' promoted dtype, an integer or bool one the dtype its sum accumulates in (int8 -> int32,
@@ -865,7 +865,8 @@ tg_tensor tg_max_unpool2d(tg_tensor x, tg_tensor indices, const tg_pool2d_opts *
  * 1 (broadcast). Operands are aligned to one alphabet, multiplied and summed in one fused kernel. */
 tg_tensor tg_einsum(const char *formula, const tg_tensor *ts, int n);
 /* tinygrad's einsum(dtype=): the product is cast to dtype before the summation; the result has dtype.
- * A dtype wider than the products are exact in widens the operands first (as tg_matmul_dtype). */
+ * A dtype the products should not wrap or round before widens the operands first (by their promoted
+ * dtype, as tg_matmul_dtype). */
 tg_tensor tg_einsum_dtype(const char *formula, const tg_tensor *ts, int n, tg_dtype dtype);
 
 typedef enum {

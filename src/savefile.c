@@ -226,7 +226,7 @@ tg_status savefile_open(SaveFile *f, const char *fn, const char *path) {
   /* a file this process may not write is not replaced either (the rename would only need the
    * directory's permission): as open(path, "w") -- Python's, which tinygrad and torch.save use --
    * refuses it */
-  if (exists && access(target, W_OK) != 0) {
+  if (exists && faccessat(AT_FDCWD, target, W_OK, AT_EACCESS) != 0) {
     tg_status st = tg_set_error(TG_ERR_IO, "%s: %s: %s (mode %03o); nothing was written: make it writable or save elsewhere",
                                 fn, path, strerror(errno), (unsigned)(mode & 0777));
     free(target);

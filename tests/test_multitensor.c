@@ -109,6 +109,13 @@ TEST(shard_errors) {
   tg_tensor moved = tg_to(tg_ones(TG_SHAPE(3), NULL), tg_device_of(big));
   CHECK_MSG(tg_shard_count(moved) == NT, "%d shards", tg_shard_count(moved));
   CHECK(tg_valid(tg_add(tg_sum(big, NULL, 0, false), tg_sum(moved, NULL, 0, false))));
+  /* and ops that make tensors on a tensor's device use the whole name too (they failed on the
+   * shortened one: "unknown device 'CPU:23,...'") */
+  CHECK(tg_shard_count(tg_zeros_like(big, NULL)) == NT);
+  tg_tensor cs = tg_cumsum(big, 1);
+  CHECK_MSG(tg_valid(cs) && tg_shard_count(cs) == NT, "%s", tg_last_error());
+  tg_clear_error();
+  CHECK(tg_shard_count(tg_triu(big, 0)) == NT);
   END;
 }
 

@@ -616,6 +616,16 @@ def _matmul_dtype():
   assert r.dtype == tg.INT32
   close(r.numpy(), x.astype(np.int32) @ w.astype(np.int32))
   close(r.numpy(), _np_dot_dtype(x, w, np.int32))
+  # int8 summed as float32 too (each product wrapped in int8: 100 * 100 gave 32), by matmul and einsum
+  big = np.full((1, 2), 100, np.int8)
+  close(W(call("matmul_dtype", Tensor(big).h, Tensor(big.T.copy()).h, tg.FLOAT32)).numpy(), np.array([[20000.0]]))
+  close(einsum_dtype("ij,jk->ik", [Tensor(big), Tensor(big.T.copy())], tg.FLOAT32).numpy(), np.array([[20000.0]]))
+  # einsum widens by the operands' promoted dtype, as matmul: float16 x float32 into float64 keeps float32
+  # products (it widened the float16 operand alone, making one float64 product)
+  h, f = np.array([[2047]], np.float16), np.array([[0.1]], np.float32)
+  e = einsum_dtype("ij,jk->ik", [Tensor(h), Tensor(f)], tg.FLOAT64).numpy()
+  m = W(call("matmul_dtype", Tensor(h).h, Tensor(f).h, tg.FLOAT64)).numpy()
+  assert e[0, 0] == m[0, 0] == float(np.float32(2047) * np.float32(0.1)), (e, m)
   # and so does an int8 convolution summed as int32 (tinygrad 0.14: the exact sums)
   xc, wc = RNG.integers(-100, 100, (1, 3, 5, 5)).astype(np.int8), RNG.integers(-100, 100, (2, 3, 3, 3)).astype(np.int8)
   opts = ConvOpts(1, (1, 1), (1, 1), (0, 0, 0, 0), 0, tg.INT32)

@@ -106,9 +106,12 @@ def main():
     os.mkfifo(fifo)
     try:
       ff = run_child({"PROFILE": "1", "PROFILE_PATH": fifo}, False)
-      check(ff.returncode == 0 and "is not a regular file (a FIFO)" in ff.stderr, "PROFILE_PATH naming a FIFO is refused", ff.stderr[-400:])
+      check(ff.returncode == 0 and "a FIFO nobody reads" in ff.stderr, "PROFILE_PATH naming a FIFO is refused", ff.stderr[-400:])
     except subprocess.TimeoutExpired:
       check(False, "PROFILE_PATH naming a FIFO is refused", "the child hung")
+    # a device is written directly, as open(path, "w") does (the replace-by-rename refused it)
+    dn = run_child({"PROFILE": "1", "PROFILE_PATH": "/dev/null"}, False)
+    check(dn.returncode == 0 and "PROFILE: wrote" in dn.stderr and "/dev/null" in dn.stderr, "PROFILE_PATH=/dev/null is written", dn.stderr[-400:])
 
     # the kernel runs DEBUG=2 reported: "*** CPU      1 r_1_25   arg  2 ..."
     ran = re.findall(r"^\*\*\* (\S+)\s+\d+ (\S+)\s+arg", viz.stderr, re.M)

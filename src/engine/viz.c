@@ -15,6 +15,7 @@
 #include "../savefile.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -930,10 +931,31 @@ static void profile_write(void) {
   char def[4096];
   FILE *f = NULL;
   ProfOut out = {.ok = true};
-  if (path && *path) {
+  struct stat ps;
+  if (path && *path && lstat(path, &ps) == 0 && !S_ISREG(ps.st_mode) && !S_ISDIR(ps.st_mode)) {
+    /* a link, a device or a pipe (/dev/stdout, /dev/null): written directly, as open(path, "w") does;
+     * a FIFO nobody reads is an error at once, not a wait (O_NONBLOCK) */
+    int fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+      int e = errno;
+      fprintf(stderr, "PROFILE: cannot write the trace to PROFILE_PATH=%s: %s%s (set PROFILE_PATH to a writable file)\n", path,
+              strerror(e), e == ENXIO ? ": a FIFO nobody reads" : "");
+      return;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    if (!(f = fdopen(fd, "w"))) {
+      close(fd);
+      fprintf(stderr, "PROFILE: cannot write the trace to PROFILE_PATH=%s: %s\n", path, strerror(errno));
+      return;
+    }
+    out.f = f;
+  } else if (path && *path) {
+    /* a regular file (or a new one) is replaced through a temporary file renamed over it */
     if (savefile_open(&out.sf, "PROFILE", path) != TG_OK) {
-      fprintf(stderr, "PROFILE: cannot write the trace to PROFILE_PATH=%s (%s; set PROFILE_PATH to a writable file)\n", path,
-              tg_last_error());
+      const char *e = tg_last_error(), *why = e ? strstr(e, path) : NULL;
+      why = why ? why + strlen(path) + (why[strlen(path)] == ':' ? 2 : 0) : e ? e : "?";
+      fprintf(stderr, "PROFILE: cannot write the trace to PROFILE_PATH=%s: %s (set PROFILE_PATH to a writable file)\n", path, why);
       tg_clear_error();
       return;
     }

@@ -135,8 +135,12 @@ static bool page_write(const VizPage *p, const char *dir, char *why, size_t whyl
       return false;
     }
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%ld", dir, p->files[i].path, (long)getpid());
-    int fd = file_create_new(tmp, 0644);
+    int fd = -1;
+    for (int n = 0; n < 100 && fd < 0; n++) { /* (a name left or planted there is skipped) */
+      snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%ld.%d", dir, p->files[i].path, (long)getpid(), n);
+      fd = file_create_new(tmp, 0644);
+      if (fd < 0 && errno != EEXIST) break;
+    }
     bool ok = fd >= 0 && fd_write_all(fd, p->files[i].data, p->files[i].len);
     int e = errno;
     if (fd >= 0 && close(fd) != 0 && ok) ok = false, e = errno;

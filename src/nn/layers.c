@@ -1437,7 +1437,7 @@ tg_status tg_load_state_dict(tg_state_dict *model, const tg_state_dict *loaded, 
     bool rs;
     same_shape(tg_state_dict_tensor(model, i), lt, &rs);
     if (rs) v = tg_reshape(v, bn->shape, bn->ndim);
-    const char *dev = device_by_id(bn->device)->name;
+    const char *dev = device_full_name(device_by_id(bn->device));
     if (strcmp(tg_device_of(v), dev) != 0) v = tg_to(v, dev);
     int k = 0;
     while (k < m && bufs[k] != g_buffer_of(bn)) k++;

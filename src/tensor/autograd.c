@@ -201,7 +201,7 @@ static void grad_rule(UOp *n, UOp *g, UOp **out) {
     int64_t rows = a->shape[0], m = shape_numel(b->shape, b->ndim), rest = rows ? shape_numel(a->shape, a->ndim) / rows : 0;
     tg_tensor gt = t_wrap(uop_ref(g)), it = t_wrap(uop_ref(b));
     tg_tensor w = tg_where(tg_lt_s(it, 0), tg_add_s(it, (double)rows), it);
-    tg_opts o = {.dtype = TG_INT64, .device = device_by_id(a->device)->name};
+    tg_opts o = {.dtype = TG_INT64, .device = device_full_name(device_by_id(a->device))};
     tg_tensor sel = tg_eq(tg_reshape(tg_cast(w, TG_INT64), (const int64_t[]){1, m, 1}, 3),
                           tg_reshape(tg_arange(0, (double)rows, 1, &o), (const int64_t[]){rows, 1, 1}, 3));
     tg_tensor g3 = tg_reshape(gt, (const int64_t[]){1, m, rest}, 3);

@@ -26,7 +26,7 @@ bool half_via_float32(UOp *a, tg_dtype dt) {
 tg_opts on_device(UOp *a, tg_dtype dt) {
   tg_opts o = {0};
   o.dtype = dt;
-  o.device = device_by_id(a->device)->name;
+  o.device = device_full_name(device_by_id(a->device));
   return o;
 }
 

@@ -196,7 +196,7 @@ tg_tensor tg_empty(const int64_t *shape, int ndim, const tg_opts *opts) {
 static tg_opts like_opts(UOp *u, const tg_opts *o) {
   tg_opts r = o ? *o : *TG_OPTS();
   if (r.dtype == TG_DTYPE_DEFAULT) r.dtype = (tg_dtype)u->dtype;
-  if (!r.device) r.device = device_by_id(u->device)->name;
+  if (!r.device) r.device = device_full_name(device_by_id(u->device));
   return r;
 }
 tg_tensor tg_empty_like(tg_tensor t, const tg_opts *opts) {

@@ -791,6 +791,13 @@ static tg_tensor einsum_impl(const char *fn, const char *formula, const tg_tenso
   {
     POp o = begin(fn);
     tg_tensor prod = NONE;
+    /* the products' dtype: the operands' promoted one, or dtype= where that keeps them exact */
+    tg_dtype pdt = TG_DTYPE_DEFAULT;
+    if (dtype != TG_DTYPE_DEFAULT) {
+      tg_dtype pro = (tg_dtype)us[0]->dtype;
+      for (int i = 1; i < n; i++) pro = tg_dtype_promote(pro, (tg_dtype)us[i]->dtype);
+      if (dot_products_dtype(pro, dtype) != pro) pdt = dtype;
+    }
     for (int i = 0; i < n; i++) {
       tg_tensor x = same(us[i]);
       int nd = (int)strlen(sub[i]);
@@ -831,11 +838,9 @@ static tg_tensor einsum_impl(const char *fn, const char *formula, const tg_tenso
       }
       if (nd > 1) x = tg_permute(x, perm, nd);
       x = tg_reshape(x, sh, na);
-      /* exact products where dtype= is wider (dot_products_dtype): the operands widened first */
-      if (dtype != TG_DTYPE_DEFAULT) {
-        tg_dtype pd = dot_products_dtype(tg_dtype_of(x), dtype);
-        if (pd != tg_dtype_of(x)) x = tg_cast(x, pd);
-      }
+      /* exact products where dtype= is wider than the operands' promoted dtype (dot_products_dtype,
+       * as matmul): every operand widened first */
+      if (pdt != TG_DTYPE_DEFAULT) x = tg_cast(x, pdt);
       prod = i == 0 ? x : tg_mul(prod, x);
     }
     int red[MAXD], nr = 0;

@@ -141,15 +141,15 @@ bool shape_fits(const int64_t *shape, int ndim);
 /* Formats a shape "(3, 4)" into buf (static-size safe: truncates). */
 const char *fmt_shape(char *buf, size_t n, const int64_t *shape, int ndim);
 
-/* The dtype a contraction's products are computed in (matmul, einsum): the operands' promoted dtype
- * dt, except where dtype= asks for a sum wider than a product that is exact there -- integers into
- * a wider integer, 8- and 16-bit floats into float32 or float64 -- whose products are then exact, as
- * tinygrad 0.14 computes them (measured: int8 dot/einsum dtype=int32 do not wrap, float16 dot
- * dtype=float32 equals the float32 product of the widened operands; float32 dot dtype=float64 keeps
- * float32 products). */
+/* The dtype a contraction's products are computed in (matmul, einsum, conv): the operands' promoted
+ * dtype dt, except where dtype= asks for a sum the products should not wrap or round before --
+ * integers into a wider integer or into a float, 8- and 16-bit floats into float32 or float64 --
+ * whose operands are then widened to dtype first, as tinygrad 0.14 computes them (measured: int8
+ * dot/einsum/conv2d with dtype=int32 or float32 do not wrap, float16 dot dtype=float32 equals the
+ * float32 product of the widened operands; float32 dot dtype=float64 keeps float32 products). */
 static inline tg_dtype dot_products_dtype(tg_dtype dt, tg_dtype dtype) {
   if (dtype == TG_DTYPE_DEFAULT || dt == TG_BOOL || dtype == TG_BOOL) return dt;
-  bool ints = !tg_dtype_is_float(dt) && !tg_dtype_is_float(dtype) && tg_dtype_itemsize(dtype) > tg_dtype_itemsize(dt);
+  bool ints = !tg_dtype_is_float(dt) && (tg_dtype_is_float(dtype) || tg_dtype_itemsize(dtype) > tg_dtype_itemsize(dt));
   bool narrow = tg_dtype_is_float(dt) && tg_dtype_itemsize(dt) <= 2 && tg_dtype_is_float(dtype) && tg_dtype_itemsize(dtype) >= 4;
   return ints || narrow ? dtype : dt;
 }
