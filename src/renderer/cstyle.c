@@ -977,6 +977,31 @@ static void tc_pos_text(char *buf, size_t n, const char *lane, int cg, int ct, i
   else snprintf(buf, n, "(%d * (%s / 4) + %d * (%s %% 4) + %d)", cg, lane, ct, lane, c0);
 }
 
+/* CUDA: the function giving a tensor core input's bits (16 for half and bfloat16, 32 for tf32) */
+static const char *tc_bits(const TensorCore *tc) {
+  return tc->in == TG_FLOAT16 ? "tg_f2h" : tc->in == TG_BFLOAT16 ? "tg_f2b" : "__float_as_uint";
+}
+
+/* CUDA: "unsigned int tg_<ab><reg> = ...": fragment elements f (and f + 1 for 16-bit inputs) packed
+ * into one 32-bit register, the lower index in the low half (tf32 passes the float's bits) */
+static void emit_tc_reg(R *r, const LKernel *k, char ab, int reg, int f) {
+  const TensorCore *tc = k->tc;
+  const char *bits = tc_bits(tc);
+  ind(r);
+  sb_printf(r->b, "unsigned int tg_%c%d = ", ab, reg);
+  if (tc->per_reg == 2) sb_printf(r->b, "(unsigned int)%s(%s) | ((unsigned int)%s(%s) << 16);\n", bits, nm(r, k->tc_frag[f]), bits, nm(r, k->tc_frag[f + 1]));
+  else sb_printf(r->b, "%s(%s);\n", bits, nm(r, k->tc_frag[f]));
+}
+
+/* CUDA: every accumulator fenced as an operand of the warpgroup instruction (an empty asm that
+ * reads and writes it: CUTLASS's warpgroup_fence_operand) */
+static void emit_acc_fences(R *r, const LKernel *k) {
+  for (int c = 0; c < k->ncopy; c++) {
+    ind(r);
+    sb_printf(r->b, "asm volatile(\"\" : \"+f\"(acc%d) :: \"memory\");\n", c);
+  }
+}
+
 /* The element offset in the staged B block (tc_smem_b) of block element (lane + 128 j) for a
  * block of `cols` columns, as text */
 static void tc_smem_text(char *buf, size_t n, const char *lane, int j, int cols, int esize) {
@@ -997,11 +1022,10 @@ static void emit_tc_wg(R *r, const LKernel *k, bool cuda) {
   char off[512], row[160], col[160];
   ind(r);
   sb_printf(r->b, "%s\n", cuda ? "__syncthreads();" : L->barrier); /* the previous step's reads are done */
-  const char *bits = tc->in == TG_FLOAT16 ? "tg_f2h" : tc->in == TG_BFLOAT16 ? "tg_f2b" : "__float_as_uint";
   for (int j = 0; j < un; j++) {
     tc_smem_text(off, sizeof off, lane, j, cols, esize);
     ind(r);
-    if (cuda) sb_printf(r->b, "tg_wb[%s] = %s(%s);\n", off, bits, nm(r, k->tc_frag[um * tc->na + j]));
+    if (cuda) sb_printf(r->b, "tg_wb[%s] = %s(%s);\n", off, tc_bits(tc), nm(r, k->tc_frag[um * tc->na + j]));
     else sb_printf(r->b, "tg_wb[%s] = %s;\n", off, nm(r, k->tc_frag[um * tc->na + j]));
   }
   if (cuda) {
@@ -1010,20 +1034,12 @@ static void emit_tc_wg(R *r, const LKernel *k, bool cuda) {
     ind(r);
     sb_puts(r->b, "__syncthreads();\n");
     int ra = tc->na / tc->per_reg;
-    for (int f = 0; f < um * tc->na; f += tc->per_reg) {
-      ind(r);
-      sb_printf(r->b, "unsigned int tg_a%d = ", f / tc->per_reg);
-      if (tc->per_reg == 2) sb_printf(r->b, "(unsigned int)%s(%s) | ((unsigned int)%s(%s) << 16);\n", bits, nm(r, k->tc_frag[f]), bits, nm(r, k->tc_frag[f + 1]));
-      else sb_printf(r->b, "%s(%s);\n", bits, nm(r, k->tc_frag[f]));
-    }
+    for (int f = 0; f < um * tc->na; f += tc->per_reg) emit_tc_reg(r, k, 'a', f / tc->per_reg, f);
     /* the registers the instruction reads and writes are fenced as its operands (CUTLASS's
      * warpgroup_fence_operand): the ISA leaves a register access between wgmma.fence and the
      * wgmma that uses it undefined, and the compiler would otherwise move the accumulators' first
      * zeroing or the A packing there */
-    for (int c = 0; c < k->ncopy; c++) {
-      ind(r);
-      sb_printf(r->b, "asm volatile(\"\" : \"+f\"(acc%d) :: \"memory\");\n", c);
-    }
+    emit_acc_fences(r, k);
     for (int f = 0; f < um * tc->na; f += tc->per_reg) {
       ind(r);
       sb_printf(r->b, "asm volatile(\"\" : \"+r\"(tg_a%d) :: \"memory\");\n", f / tc->per_reg);
@@ -1050,10 +1066,7 @@ static void emit_tc_wg(R *r, const LKernel *k, bool cuda) {
     sb_puts(r->b, "asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n");
     ind(r);
     sb_puts(r->b, "asm volatile(\"wgmma.wait_group.sync.aligned 0;\" ::: \"memory\");\n");
-    for (int c = 0; c < k->ncopy; c++) {
-      ind(r);
-      sb_printf(r->b, "asm volatile(\"\" : \"+f\"(acc%d) :: \"memory\");\n", c);
-    }
+    emit_acc_fences(r, k);
     return;
   }
   for (int f = 0; f < um * tc->na; f++) {
@@ -1098,15 +1111,10 @@ static void emit_tc(R *r, const LKernel *k, bool cuda) {
   const char *lane = nm(r, k->granges[k->tc_lane]);
   int um = k->tc_um, un = k->tc_un;
   if (cuda) {
-    const char *bits = tc->in == TG_FLOAT16 ? "tg_f2h" : tc->in == TG_BFLOAT16 ? "tg_f2b" : "__float_as_uint";
     int ra = tc->na / tc->per_reg, rb = tc->nb / tc->per_reg;
     for (int f = 0; f < k->nfrag; f += tc->per_reg) {
       bool is_a = f < um * tc->na;
-      int reg = is_a ? f / tc->per_reg : (f - um * tc->na) / tc->per_reg;
-      ind(r);
-      sb_printf(r->b, "unsigned int tg_%c%d = ", is_a ? 'a' : 'b', reg);
-      if (tc->per_reg == 2) sb_printf(r->b, "(unsigned int)%s(%s) | ((unsigned int)%s(%s) << 16);\n", bits, nm(r, k->tc_frag[f]), bits, nm(r, k->tc_frag[f + 1]));
-      else sb_printf(r->b, "%s(%s);\n", bits, nm(r, k->tc_frag[f]));
+      emit_tc_reg(r, k, is_a ? 'a' : 'b', is_a ? f / tc->per_reg : (f - um * tc->na) / tc->per_reg, f);
     }
     for (int im = 0; im < um; im++)
       for (int in = 0; in < un; in++) {
