@@ -498,9 +498,14 @@ static char *cache_dir(void) {
 }
 
 /* An entry: CACHE_HDR bytes (magic, version, key length, payload length), the key (the device's id,
- * a NUL, the source), the payload, and a checksum of key and payload. The key is compared whole, so
+ * a NUL, the source), the payload, and a checksum of key and payload (entry_sum). The key is compared whole, so
  * an entry of another kernel or device at this name (two files swapped, a hash collision) is
  * rebuilt over rather than run. */
+
+/* The checksum of an entry's key and payload: the payload's hash seeded with the key's */
+static uint64_t entry_sum(const void *key, size_t klen, const void *p, size_t n) {
+  return hash_bytes(p, n, hash_bytes(key, klen, CACHE_SEED));
+}
 
 /* The entry's payload (malloc'd) if it is complete, intact and for this key; another is deleted. */
 static uint8_t *cache_read(const char *path, const char *key, size_t klen, size_t *len) {
@@ -520,7 +525,7 @@ static uint8_t *cache_read(const char *path, const char *key, size_t klen, size_
   }
   if (ok) {
     memcpy(&sum, buf + n - 8, 8);
-    ok = sum == hash_bytes(buf + CACHE_HDR, (size_t)(kl + plen), CACHE_SEED) && memcmp(buf + CACHE_HDR, key, klen) == 0;
+    ok = sum == entry_sum(buf + CACHE_HDR, klen, buf + CACHE_HDR + kl, (size_t)plen) && memcmp(buf + CACHE_HDR, key, klen) == 0;
   }
   if (!ok) {
     free(buf);
@@ -556,13 +561,7 @@ static void cache_write(const char *dir, const char *path, const char *key, size
   }
   uint8_t hdr[CACHE_HDR];
   uint32_t ver = CACHE_VERSION;
-  uint64_t plen = n, kl = klen;
-  /* the checksum of key and payload as one byte string, as cache_read computes it */
-  uint8_t *both = tg_xmalloc(klen + n);
-  memcpy(both, key, klen);
-  memcpy(both + klen, p, n);
-  uint64_t sum = hash_bytes(both, klen + n, CACHE_SEED);
-  free(both);
+  uint64_t plen = n, kl = klen, sum = entry_sum(key, klen, p, n);
   memcpy(hdr, CACHE_MAGIC, 4);
   memcpy(hdr + 4, &ver, 4);
   memcpy(hdr + 8, &kl, 8);

@@ -1346,9 +1346,9 @@ static tg_dtype conv_out_dtype(tg_dtype sum_dtype, tg_dtype dt) {
   return tg_dtype_is_float(dt) ? dt : dtype_sum_acc(dt);
 }
 
-/* A convolution whose sum dtype is wider than its products are exact in (dot_products_dtype: int8
- * operands summed as int32, 16-bit floats as float32) runs on operands widened first, so no product
- * wraps or rounds, as tinygrad 0.14's (measured: int8 conv2d dtype=int32 equals the exact sums).
+/* A convolution whose sum dtype its products must not wrap or round before (dot_products_dtype:
+ * int8 operands summed as int32 or float32, 16-bit floats as float32) runs on operands widened to
+ * it first, as tinygrad 0.14's (measured: int8 conv2d dtype=int32 equals the exact sums).
  * conv(x, w, bias, dtype, ctx) is the convolution itself. */
 typedef tg_tensor (*ConvFn)(tg_tensor x, tg_tensor w, tg_tensor bias, tg_dtype dtype, void *ctx);
 static bool conv_exact_products(const char *fn, tg_tensor x, tg_tensor weight, tg_tensor bias, UOp *a, UOp *w, tg_dtype sdt,

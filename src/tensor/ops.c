@@ -1426,11 +1426,8 @@ static tg_tensor matmul_impl(const char *fn, tg_tensor x, tg_tensor w, tg_dtype 
   int rc = broadcast_n(fn, in, 2, bb);
   uop_unref(xa), uop_unref(wt);
   if (rc < 0) return NONE;
-  /* the products' dtype: the operands' own, except where dtype= asks for a sum wider than a product
-   * that is exact there -- integers into a wider integer, 8- and 16-bit floats into float32 or
-   * float64 -- whose products are then exact, as tinygrad 0.14 computes them (measured: int8 dot
-   * dtype=int32 does not wrap, float16 dot dtype=float32 equals the float32 product of the widened
-   * operands; float32 dot dtype=float64 keeps float32 products) */
+  /* the products' dtype: the operands' own, or dtype= where the products must not wrap or round
+   * before the sum (dot_products_dtype) */
   tg_dtype pd = dot_products_dtype(dt, dtype);
   UOp *cx = g_cast(bb[0], pd), *cw = g_cast(bb[1], pd);
   UOp *m = g_alu(OP_MUL, pd, cx, cw, NULL);
