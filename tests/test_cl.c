@@ -282,6 +282,16 @@ static int new_bins(const char *dir, char names[][256], int cap) {
   return n;
 }
 
+/* The first of after[0..na) that is not among before[0..nb) (an entry a compile added), or NULL */
+static const char *added_bin(char after[][256], int na, char before[][256], int nb) {
+  for (int i = 0; i < na; i++) {
+    bool old = false;
+    for (int j = 0; j < nb; j++) old = old || strcmp(after[i], before[j]) == 0;
+    if (!old) return after[i];
+  }
+  return NULL;
+}
+
 /* An entry holds its whole key: two kernels' entries swapped on disk (or one copied over the other)
  * are rebuilt, never run in each other's place (the entries held only a checksum of their payload,
  * and the swapped binaries ran: a*2 gave a+1's values). */
@@ -301,13 +311,9 @@ TEST(cl_cache_swapped_entries_rebuilt) {
   for (int k = 0; k < 2; k++) {
     int nb = new_bins(dir, before, 64);
     CHECK(cl->vt->compile(cl->state, src[k], &lib[k], &len[k]) == TG_OK);
-    int na = new_bins(dir, after, 64);
+    const char *name = added_bin(after, new_bins(dir, after, 64), before, nb);
     path[k][0] = 0;
-    for (int i = 0; i < na && !path[k][0]; i++) {
-      bool old = false;
-      for (int j = 0; j < nb; j++) old = old || strcmp(after[i], before[j]) == 0;
-      if (!old) snprintf(path[k], sizeof path[k], "%s/%.255s", dir, after[i]);
-    }
+    if (name) snprintf(path[k], sizeof path[k], "%s/%.255s", dir, name);
     CHECK_MSG(path[k][0], "kernel %d wrote no entry", k);
   }
   if (!path[0][0] || !path[1][0]) return;
@@ -381,13 +387,7 @@ TEST(cl_cache_planted_entries) {
       continue;
     }
     /* the new entry: plant a FIFO (kind 1) or a 4 GB sparse file (kind 2) in its place */
-    int na = new_bins(dir, after, 64);
-    const char *name = NULL;
-    for (int i = 0; i < na && !name; i++) {
-      bool old = false;
-      for (int j = 0; j < nb; j++) old = old || strcmp(after[i], before[j]) == 0;
-      if (!old) name = after[i];
-    }
+    const char *name = added_bin(after, new_bins(dir, after, 64), before, nb);
     CHECK_MSG(name != NULL, "kind %d: no new entry", kind);
     if (!name) continue;
     char path[900];
